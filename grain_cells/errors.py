@@ -1,0 +1,36 @@
+"""Errors raised for bad input.
+
+Every error names the file, the element inside it, what was expected and what
+was found, and the fix when there is one. They subclass builtins so callers can
+catch them broadly (`ValueError`, `KeyError`, `IndexError`).
+"""
+
+from __future__ import annotations
+
+
+class AnnDataFormatError(ValueError):
+    """A file is not a readable AnnData `.h5ad`, or an element is malformed."""
+
+
+class UnsupportedLayoutError(AnnDataFormatError):
+    """An element is valid AnnData but stored in a layout this reader refuses."""
+
+
+class CorruptDataError(AnnDataFormatError):
+    """Stored values contradict the format (e.g. `indptr` decreasing)."""
+
+
+class SourceChangedError(AnnDataFormatError):
+    """A file changed on disk after the `AnnDataSource` was built."""
+
+
+class GeneMismatchError(ValueError):
+    """Files of one source do not share the same genes in the same order."""
+
+
+class MissingColumnError(KeyError):
+    """A requested obs column (or gene, or layer) does not exist."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; this one is a sentence.
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,195 @@
+"""Reading row ranges of one file's matrix (CSR or dense) into reused buffers.
+
+`CsrReader.read` takes sorted, disjoint row ranges and fills a `RowBuffer`
+with their rows concatenated: first every range's `indptr` slice (one batched
+read), then the `data` and `indices` spans they point to (one batched read
+each). Stored values are checked on the way: `indptr` must not decrease and
+column indices must lie inside the matrix; a violation names the file and row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.h5ad import CSR, MatrixInfo
+from grain_cells.hdf5_reads import RangeReader
+
+
+@dataclasses.dataclass
+class CsrRows:
+    """Rows of a CSR matrix, as views into a `RowBuffer`.
+
+    Attributes:
+        data: Stored values, in the file's dtype.
+        indices: Column of each stored value, in the file's index dtype.
+        indptr: int64 row pointers, `len(rows) + 1` entries starting at 0.
+        n_vars: Number of columns.
+    """
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    n_vars: int
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows."""
+        return self.indptr.shape[0] - 1
+
+
+class RowBuffer:
+    """Growable arrays reused across reads, so steady state allocates nothing.
+
+    A buffer is not thread-safe: give each thread its own.
+    """
+
+    def __init__(self):
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Returns a C-contiguous view of `shape`, reallocating only to grow."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        arr = self._arrays.get(name)
+        if arr is None or arr.size < n:
+            arr = np.empty(max(n, 2 * (arr.size if arr is not None else 0)), np.uint8)
+            self._arrays[name] = arr
+        return arr[:n].view(dtype).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(a.size for a in self._arrays.values())
+
+
+def merge_touching(starts: np.ndarray, stops: np.ndarray):
+    """Merges sorted disjoint ranges where one ends where the next starts."""
+    if starts.size <= 1:
+        return starts, stops
+    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
+    return (starts[np.concatenate([[0], breaks])],
+            stops[np.concatenate([breaks - 1, [starts.size - 1]])])
+
+
+class CsrReader:
+    """Reads row ranges of one file's CSR matrix."""
+
+    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None,
+                 userblock: int = 0):
+        if info.encoding != CSR:
+            raise ValueError(f"{info.path}: {info.element} is not CSR")
+        self.info = info
+        path = info.path
+        self._data = RangeReader(group["data"], path, fd, userblock=userblock)
+        self._indices = RangeReader(group["indices"], path, fd, userblock=userblock)
+        self._indptr = RangeReader(group["indptr"], path, fd, userblock=userblock)
+
+    @property
+    def direct(self) -> bool:
+        """Whether data and indices are read without h5py."""
+        return self._data.direct and self._indices.direct
+
+    def read(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer,
+             pool=None, check_indices: bool = True) -> CsrRows:
+        """Reads rows `[starts[i], stops[i])`, concatenated in range order.
+
+        Args:
+            starts: Sorted local row starts.
+            stops: Matching exclusive ends; ranges must not overlap.
+            buf: Buffer the returned views point into; valid until its next use.
+            pool: Optional thread pool for concurrent reads.
+            check_indices: Check that column indices lie in `[0, n_vars)`.
+
+        Returns:
+            The rows as CSR views into `buf`.
+
+        Raises:
+            errors.CorruptDataError: `indptr` decreases or points outside
+                `data`, or a column index is out of range; names file and row.
+        """
+        info = self.info
+        starts, stops = merge_touching(np.asarray(starts, np.int64),
+                                       np.asarray(stops, np.int64))
+        lengths = stops - starts
+        n_rows = int(lengths.sum())
+        # Every range's indptr slice has one entry more than it has rows.
+        ptr = buf.get("ptr", (n_rows + starts.size,), self._indptr.dtype)
+        self._indptr.read(starts, stops + 1, ptr, pool)
+        ptr = ptr.astype(np.int64, copy=False)
+        heads = np.cumsum(lengths + 1) - (lengths + 1)
+        firsts = ptr[heads]
+        lasts = ptr[heads + lengths]
+        self._check_indptr(ptr, heads, lengths, starts)
+        spans = lasts - firsts
+        nnz = int(spans.sum())
+        # Row pointers relative to the buffer: drop each range's head entry.
+        body = np.ones(ptr.size, bool)
+        body[heads] = False
+        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
+        indptr = buf.get("indptr", (n_rows + 1,), np.int64)
+        indptr[0] = 0
+        np.subtract(ptr[body], shift, out=indptr[1:])
+        data = buf.get("data", (nnz,), self._data.dtype)
+        indices = buf.get("indices", (nnz,), self._indices.dtype)
+        self._data.read(firsts, lasts, data, pool)
+        self._indices.read(firsts, lasts, indices, pool)
+        if check_indices and nnz:
+            lo, hi = indices.min(), indices.max()
+            if lo < 0 or hi >= info.n_vars:
+                bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
+                pos = int(np.searchsorted(indptr, bad, side="right")) - 1
+                row = int(np.repeat(starts, lengths)[pos]
+                          + (pos - np.repeat(np.cumsum(lengths) - lengths,
+                                             lengths)[pos]))
+                raise errors.CorruptDataError(
+                    f"{info.path}: {info.element}/indices holds column "
+                    f"{int(indices[bad])} in row {row}; columns must lie in "
+                    f"[0, {info.n_vars})"
+                )
+        return CsrRows(data, indices, indptr, info.n_vars)
+
+    def _check_indptr(self, ptr, heads, lengths, starts) -> None:
+        info = self.info
+        step = np.diff(ptr)
+        step[heads[1:] - 1] = 0  # the step from one range into the next
+        bad_step = step < 0
+        out_of_data = (ptr < 0) | (ptr > info.nnz)
+        if not (bad_step.any() or out_of_data.any()):
+            return
+        pos = int(np.flatnonzero(np.concatenate([bad_step, [False]]) | out_of_data)[0])
+        rng = int(np.searchsorted(heads, pos, side="right")) - 1
+        row = int(starts[rng] + (pos - heads[rng]))
+        raise errors.CorruptDataError(
+            f"{info.path}: {info.element}/indptr is corrupt at row {row}: "
+            f"indptr[{row}]={int(ptr[pos])}, indptr[{row + 1}]="
+            f"{int(ptr[min(pos + 1, ptr.size - 1)])}; entries must not decrease "
+            f"and must lie in [0, {info.nnz}]"
+        )
+
+
+class DenseReader:
+    """Reads row ranges of one file's dense 2-D matrix."""
+
+    def __init__(self, dataset: h5py.Dataset, info: MatrixInfo, fd: int | None,
+                 userblock: int = 0):
+        self.info = info
+        self._x = RangeReader(dataset, info.path, fd, userblock=userblock)
+
+    @property
+    def direct(self) -> bool:
+        """Whether rows are read without h5py."""
+        return self._x.direct
+
+    def read(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer,
+             pool=None) -> np.ndarray:
+        """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        n_rows = int((stops - starts).sum())
+        out = buf.get("dense", (n_rows, self.info.n_vars), self._x.dtype)
+        self._x.read(starts, stops, out, pool)
+        return out
