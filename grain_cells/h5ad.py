@@ -260,7 +260,7 @@ def available_matrices(f: h5py.File) -> list[str]:
     if "X" in f:
         found.append("X")
     if "layers" in f and isinstance(f["layers"], h5py.Group):
-        found += [f"layers/{k}" for k in f["layers"].keys()]
+        found += [f"layers/{k}" for k in f["layers"]]
     if "raw" in f and "X" in f["raw"]:
         found.append("raw/X")
     return found
@@ -293,7 +293,7 @@ def obs_columns(f: h5py.File) -> list[str]:
     order = group.attrs.get("column-order")
     if order is not None and len(order):
         return [c.decode() if isinstance(c, bytes) else str(c) for c in order]
-    return [k for k in group.keys() if k != index and not k.startswith("__")]
+    return [k for k in group if k != index and not k.startswith("__")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +318,9 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     Raises:
         errors.MissingColumnError: No such column; the message lists the
             columns that exist.
+        errors.AnnDataFormatError: The column cannot be read (a malformed or
+            truncated element) or its length differs from obs's index.
+        errors.UnsupportedLayoutError: The column's dtype is not usable.
     """
     path = f.filename
     group = f["obs"]
@@ -326,13 +329,33 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
             f"{path}: obs has no column {name!r}; it has {obs_columns(f)}"
         )
     elem = group[name]
-    if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
-        # anndata < 0.8 stored codes here and categories under obs/__categories;
-        # only the whole-dataframe reader resolves that reference.
-        series = read_elem(group)[name]
-    else:
-        series = read_elem(elem)
-    return _to_column(path, name, series)
+    try:
+        if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
+            # anndata < 0.8 stored codes here and categories under
+            # obs/__categories; only the whole-dataframe reader resolves that
+            # reference.
+            series = read_elem(group)[name]
+        else:
+            series = read_elem(elem)
+    except Exception as e:  # anndata and h5py raise many types here
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} cannot be read as an anndata element "
+            f"({type(e).__name__}: {e}); the file may be corrupt"
+        ) from e
+    column = _to_column(path, name, series)
+    shape = column.values.shape
+    if len(shape) != 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has shape {shape}; expected one value "
+            "per cell (1-D)"
+        )
+    n_rows = _n_rows_of_frame(group)
+    if n_rows is not None and shape[0] != n_rows:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
+            f"has {n_rows} cells"
+        )
+    return column
 
 
 def _to_column(path: str, name: str, values) -> ObsColumn:

@@ -158,6 +158,10 @@ class AnnDataSource:
         self._block_size = int(block_size)
         self._layer = layer
         self._element = h5ad.matrix_element(layer)
+        if isinstance(obs_columns, str):
+            obs_columns = [obs_columns]
+        if isinstance(genes, str):
+            genes = [genes]
         self._obs_names = tuple(obs_columns)
         if len(set(self._obs_names)) != len(self._obs_names):
             raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
@@ -276,6 +280,10 @@ class AnnDataSource:
                     "old one)."
                 )
             fd = os.open(path, os.O_RDONLY)
+        except BaseException:
+            f.close()
+            raise
+        try:
             userblock = f.id.get_create_plist().get_userblock()
             element = f[self._element]
             if info.encoding == h5ad.CSR:
@@ -290,6 +298,7 @@ class AnnDataSource:
                           else _remap_codes(column.values, code_map))
             return _OpenFile(f, fd, reader, obs)
         except BaseException:
+            os.close(fd)
             f.close()
             raise
 
@@ -458,6 +467,11 @@ class AnnDataSource:
             else:
                 parts.append(handle.reader.read(
                     starts[g] - offset, stops[g] - offset, part_buf, pool))
+        if not parts:  # nothing asked: an empty read of the first file
+            reader = self._file(0).reader
+            empty = np.zeros(0, np.int64)
+            parts.append(reader.read(empty, empty, buf, None) if not self._sparse
+                         else reader.read(empty, empty, buf, None, False))
         obs = self._obs_for(files, starts, lengths, row_ids)
         if self._sparse:
             csr = parts[0] if len(parts) == 1 else _concat_csr(parts, buf)
@@ -492,7 +506,7 @@ class AnnDataSource:
         file_of_row = np.repeat(files, lengths)
         local = row_ids - self._cell_offsets[file_of_row]
         out = {}
-        present = np.unique(files)
+        present = np.unique(files) if files.size else np.zeros(1, np.int64)
         for c in self._obs_names:
             arrays = {int(i): self._file(int(i)).obs[c] for i in present}
             if len(arrays) == 1:
@@ -538,6 +552,8 @@ class AnnDataSource:
             IndexError: A row is outside `[0, num_cells)`.
         """
         rows = np.asarray(rows).reshape(-1)
+        if rows.size == 0:
+            rows = rows.astype(np.int64)
         if rows.dtype.kind not in "iu":
             raise TypeError(f"rows must be integers, got dtype {rows.dtype}")
         rows = rows.astype(np.int64, copy=False)
@@ -629,8 +645,8 @@ def _check_same_genes(first_path, first, path, names) -> None:
     diff = np.flatnonzero(first[:n] != names[:n])
     if diff.size:
         i = int(diff[0])
-        where = (f"first difference at position {i}: {first[i]!r} in {first_path}, "
-                 f"{names[i]!r} in {path}")
+        where = (f"first difference at position {i}: {str(first[i])!r} in "
+                 f"{first_path}, {str(names[i])!r} in {path}")
     else:
         where = f"{len(first)} genes in {first_path}, {len(names)} in {path}"
     raise errors.GeneMismatchError(
