@@ -4,6 +4,11 @@ Public API::
 
     source = grain_cells.AnnDataSource(paths, block_size=16, obs_columns=[...])
     cells = source.read(rows)          # batched read, rows in the order asked
+    loader = grain_cells.DataLoader(   # a grain.DataLoader
+        data_source=source,
+        sampler=grain_cells.BlockSampler(len(source), seed=0),
+        operations=grain_cells.fetch_operations(source, batch_size=64),
+        worker_count=2)
 """
 
 from grain_cells.cells import Cells
@@ -15,18 +20,38 @@ from grain_cells.errors import (
     SourceChangedError,
     UnsupportedLayoutError,
 )
+from grain_cells.fetch import FetchConfig, SplitFetch, fetch_operations
 from grain_cells.h5ad import MatrixInfo
+from grain_cells.loader import (
+    READ_OPTIONS,
+    CheckedIterator,
+    CheckpointMismatchError,
+    DataLoader,
+)
+from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
+from grain_cells.sampler import BlockSampler
 from grain_cells.source import AnnDataSource, Block
 
 __all__ = [
+    "READ_OPTIONS",
     "AnnDataFormatError",
     "AnnDataSource",
     "Block",
+    "BlockSampler",
     "Cells",
+    "CheckedIterator",
+    "CheckpointMismatchError",
     "CorruptDataError",
+    "CsrOutput",
+    "DataLoader",
+    "DenseOutput",
+    "FetchConfig",
     "GeneMismatchError",
     "MatrixInfo",
     "MissingColumnError",
+    "PaddedSparseOutput",
     "SourceChangedError",
+    "SplitFetch",
     "UnsupportedLayoutError",
+    "fetch_operations",
 ]

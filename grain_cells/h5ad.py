@@ -154,8 +154,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
                 "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
             )
         raise errors.MissingColumnError(
-            f"{path}: has no {element}.{hint} Matrices in this file: "
-            f"{have or 'none'}"
+            f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
     obj = f[element]
     enc = _encoding(obj)

@@ -22,6 +22,7 @@ nothing here re-implements the file format.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 from collections.abc import Sequence
 
@@ -135,8 +136,46 @@ class RangeReader:
         self._chunk_len = chunk_len
         self._chunk_offsets = offsets + self._userblock
 
-    def read(self, starts: np.ndarray, stops: np.ndarray, out: np.ndarray,
-             pool: concurrent.futures.Executor | None = None) -> None:
+    def will_need(self) -> None:
+        """Asks the OS to read the whole dataset into the page cache, async.
+
+        Used for `indptr`: every batch starts with one small, latency-bound
+        read of it per range, and on a cold cache those dominate. The pages
+        are shared by every process reading the file.
+        """
+        if not self.direct or not hasattr(os, "posix_fadvise"):
+            return
+        length = self._chunk_len * self._row_bytes
+        for offset in self._chunk_offsets.tolist():
+            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Hints the OS to start reading these ranges into the page cache.
+
+        Returns at once (the reads are asynchronous); a no-op for data read
+        through h5py.
+        """
+        if not self.direct or not hasattr(os, "posix_fadvise"):
+            return
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        keep = stops > starts
+        if not keep.all():
+            starts, stops = starts[keep], stops[keep]
+        if starts.size == 0:
+            return
+        offsets, nbytes = self._pieces(starts, stops)
+        fd = self._fd
+        for off, n in zip(offsets.tolist(), nbytes.tolist(), strict=True):
+            os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+
+    def read(
+        self,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        out: np.ndarray,
+        pool: concurrent.futures.Executor | None = None,
+    ) -> None:
         """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
 
         Args:
@@ -208,17 +247,30 @@ class RangeReader:
             )
         fd = self._fd
         if pool is None or total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
-            _pread_all(fd, dest, offsets.tolist(), nbytes.tolist(),
-                       dest_starts.tolist(), self)
+            _pread_all(
+                fd, dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), self
+            )
             return
-        n_jobs = min(getattr(pool, "_max_workers", 4), nbytes.size,
-                     total // _MIN_BYTES_PER_THREAD)
-        cuts = np.searchsorted(np.cumsum(nbytes), np.linspace(0, total, n_jobs + 1)[1:-1])
+        n_jobs = min(
+            getattr(pool, "_max_workers", 4),
+            nbytes.size,
+            total // _MIN_BYTES_PER_THREAD,
+        )
+        cuts = np.searchsorted(
+            np.cumsum(nbytes), np.linspace(0, total, n_jobs + 1)[1:-1]
+        )
         bounds = [0, *cuts.tolist(), nbytes.size]
         futures = [
-            pool.submit(_pread_all, fd, dest, offsets[a:b].tolist(),
-                        nbytes[a:b].tolist(), dest_starts[a:b].tolist(), self)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            pool.submit(
+                _pread_all,
+                fd,
+                dest,
+                offsets[a:b].tolist(),
+                nbytes[a:b].tolist(),
+                dest_starts[a:b].tolist(),
+                self,
+            )
+            for a, b in itertools.pairwise(bounds)
             if b > a
         ]
         for f in futures:
@@ -231,8 +283,8 @@ class RangeReader:
         pos = 0
         try:
             for lo in range(0, starts.size, _MAX_HYPERSLABS_PER_READ):
-                s = starts[lo: lo + _MAX_HYPERSLABS_PER_READ]
-                e = stops[lo: lo + _MAX_HYPERSLABS_PER_READ]
+                s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ]
+                e = stops[lo : lo + _MAX_HYPERSLABS_PER_READ]
                 n_rows = int((e - s).sum())
                 fspace = ds.id.get_space()
                 fspace.select_none()
@@ -244,7 +296,7 @@ class RangeReader:
                     )
                 mshape = (n_rows, *tail)
                 mspace = h5py.h5s.create_simple(mshape)
-                chunk = flat[pos: pos + n_rows * row_items].reshape(mshape)
+                chunk = flat[pos : pos + n_rows * row_items].reshape(mshape)
                 ds.id.read(mspace, fspace, chunk)
                 pos += n_rows * row_items
         except (OSError, RuntimeError) as e:
@@ -254,14 +306,19 @@ class RangeReader:
             ) from e
 
 
-def _pread_all(fd: int, dest: np.ndarray, offsets: Sequence[int],
-               nbytes: Sequence[int], dest_starts: Sequence[int],
-               reader: RangeReader) -> None:
+def _pread_all(
+    fd: int,
+    dest: np.ndarray,
+    offsets: Sequence[int],
+    nbytes: Sequence[int],
+    dest_starts: Sequence[int],
+    reader: RangeReader,
+) -> None:
     view = memoryview(dest)
     for off, n, d in zip(offsets, nbytes, dest_starts, strict=True):
-        got = os.preadv(fd, [view[d: d + n]], off)
+        got = os.preadv(fd, [view[d : d + n]], off)
         while got < n:  # short reads are legal; zero means end of file
-            more = os.preadv(fd, [view[d + got: d + n]], off + got)
+            more = os.preadv(fd, [view[d + got : d + n]], off + got)
             if more == 0:
                 raise errors.CorruptDataError(
                     f"{reader.path}: {reader.name} ends at byte {off + got} of the "

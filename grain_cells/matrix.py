@@ -71,15 +71,18 @@ def merge_touching(starts: np.ndarray, stops: np.ndarray):
     if starts.size <= 1:
         return starts, stops
     breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
-    return (starts[np.concatenate([[0], breaks])],
-            stops[np.concatenate([breaks - 1, [starts.size - 1]])])
+    return (
+        starts[np.concatenate([[0], breaks])],
+        stops[np.concatenate([breaks - 1, [starts.size - 1]])],
+    )
 
 
 class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
 
-    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None,
-                 userblock: int = 0):
+    def __init__(
+        self, group: h5py.Group, info: MatrixInfo, fd: int | None, userblock: int = 0
+    ):
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
@@ -87,14 +90,21 @@ class CsrReader:
         self._data = RangeReader(group["data"], path, fd, userblock=userblock)
         self._indices = RangeReader(group["indices"], path, fd, userblock=userblock)
         self._indptr = RangeReader(group["indptr"], path, fd, userblock=userblock)
+        self._indptr.will_need()
 
     @property
     def direct(self) -> bool:
         """Whether data and indices are read without h5py."""
         return self._data.direct and self._indices.direct
 
-    def read(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer,
-             pool=None, check_indices: bool = True) -> CsrRows:
+    def read(
+        self,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        buf: RowBuffer,
+        pool=None,
+        check_indices: bool = True,
+    ) -> CsrRows:
         """Reads rows `[starts[i], stops[i])`, concatenated in range order.
 
         Args:
@@ -112,8 +122,9 @@ class CsrReader:
                 `data`, or a column index is out of range; names file and row.
         """
         info = self.info
-        starts, stops = merge_touching(np.asarray(starts, np.int64),
-                                       np.asarray(stops, np.int64))
+        starts, stops = merge_touching(
+            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        )
         lengths = stops - starts
         n_rows = int(lengths.sum())
         # Every range's indptr slice has one entry more than it has rows.
@@ -142,9 +153,10 @@ class CsrReader:
             if lo < 0 or hi >= info.n_vars:
                 bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
                 pos = int(np.searchsorted(indptr, bad, side="right")) - 1
-                row = int(np.repeat(starts, lengths)[pos]
-                          + (pos - np.repeat(np.cumsum(lengths) - lengths,
-                                             lengths)[pos]))
+                row = int(
+                    np.repeat(starts, lengths)[pos]
+                    + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
+                )
                 raise errors.CorruptDataError(
                     f"{info.path}: {info.element}/indices holds column "
                     f"{int(indices[bad])} in row {row}; columns must lie in "
@@ -174,8 +186,13 @@ class CsrReader:
 class DenseReader:
     """Reads row ranges of one file's dense 2-D matrix."""
 
-    def __init__(self, dataset: h5py.Dataset, info: MatrixInfo, fd: int | None,
-                 userblock: int = 0):
+    def __init__(
+        self,
+        dataset: h5py.Dataset,
+        info: MatrixInfo,
+        fd: int | None,
+        userblock: int = 0,
+    ):
         self.info = info
         self._x = RangeReader(dataset, info.path, fd, userblock=userblock)
 
@@ -184,8 +201,9 @@ class DenseReader:
         """Whether rows are read without h5py."""
         return self._x.direct
 
-    def read(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer,
-             pool=None) -> np.ndarray:
+    def read(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
+    ) -> np.ndarray:
         """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
         starts = np.asarray(starts, np.int64)
         stops = np.asarray(stops, np.int64)

@@ -185,9 +185,9 @@ class AnnDataSource:
                     raise errors.MissingColumnError(
                         f"{path}: obs has no column(s) {missing}; it has {have}"
                     )
-                file_categories.append({
-                    c: h5ad.read_obs_column(f, c).categories for c in self._obs_names
-                })
+                file_categories.append(
+                    {c: h5ad.read_obs_column(f, c).categories for c in self._obs_names}
+                )
             infos.append(info)
         encodings = {i.encoding for i in infos}
         if len(encodings) > 1:
@@ -200,8 +200,7 @@ class AnnDataSource:
         self._sparse = infos[0].encoding == h5ad.CSR
         self._dtype = np.result_type(*(i.dtype for i in infos))
         self._all_var_names = var_names
-        self._categories, self._code_maps = _harmonise(self._obs_names,
-                                                       file_categories)
+        self._categories, self._code_maps = _harmonise(self._obs_names, file_categories)
 
         n_obs = np.array([i.n_obs for i in infos], np.int64)
         self._cell_offsets = np.concatenate([[0], np.cumsum(n_obs)])
@@ -213,8 +212,9 @@ class AnnDataSource:
             self._column_map = None
         else:
             self._column_map = np.full(len(var_names), -1, np.int32)
-            self._column_map[self._columns] = np.arange(self._columns.size,
-                                                        dtype=np.int32)
+            self._column_map[self._columns] = np.arange(
+                self._columns.size, dtype=np.int32
+            )
         self._init_process_state()
 
     # -- per-process state -------------------------------------------------
@@ -250,7 +250,7 @@ class AnnDataSource:
         try:
             if os.getpid() == self._pid:
                 self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
+        except Exception:
             pass
 
     def _file(self, i: int) -> _OpenFile:
@@ -294,8 +294,11 @@ class AnnDataSource:
             for c in self._obs_names:
                 column = h5ad.read_obs_column(f, c)
                 code_map = self._code_maps[c][i]
-                obs[c] = (column.values if code_map is None
-                          else _remap_codes(column.values, code_map))
+                obs[c] = (
+                    column.values
+                    if code_map is None
+                    else _remap_codes(column.values, code_map)
+                )
             return _OpenFile(f, fd, reader, obs)
         except BaseException:
             os.close(fd)
@@ -315,7 +318,8 @@ class AnnDataSource:
             with self._lock:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(
-                        self._read_threads, thread_name_prefix="grain_cells_read")
+                        self._read_threads, thread_name_prefix="grain_cells_read"
+                    )
         return self._pool
 
     # -- Grain's RandomAccessDataSource protocol ---------------------------
@@ -334,16 +338,24 @@ class AnnDataSource:
             )
         f = int(np.searchsorted(self._block_offsets, k, side="right")) - 1
         start = int(self._cell_offsets[f]) + (k - int(self._block_offsets[f])) * (
-            self._block_size)
+            self._block_size
+        )
         stop = min(start + self._block_size, int(self._cell_offsets[f + 1]))
         return Block(k, f, start, stop)
 
     def __repr__(self) -> str:
-        files = ", ".join(f"{p!r} ({i.n_obs} cells)"
-                          for p, i in zip(self._paths, self._infos, strict=True))
-        genes = "all" if self._columns is None else (
-            f"{self._columns.size} sha1:"
-            f"{hashlib.sha1(self._columns.tobytes()).hexdigest()[:12]}")
+        files = ", ".join(
+            f"{p!r} ({i.n_obs} cells)"
+            for p, i in zip(self._paths, self._infos, strict=True)
+        )
+        genes = (
+            "all"
+            if self._columns is None
+            else (
+                f"{self._columns.size} sha1:"
+                f"{hashlib.sha1(self._columns.tobytes()).hexdigest()[:12]}"
+            )
+        )
         return (
             f"AnnDataSource(files=[{files}], layer={self._layer!r}, "
             f"block_size={self._block_size}, obs_columns={list(self._obs_names)}, "
@@ -386,7 +398,7 @@ class AnnDataSource:
 
     @property
     def dtype(self) -> np.dtype:
-        """dtype of the values read (the common type of all files)."""
+        """Dtype of the values read (the common type of all files)."""
         return self._dtype
 
     @property
@@ -461,17 +473,29 @@ class AnnDataSource:
             handle = self._file(i)
             part_buf = buf if len(groups) == 1 else _sub_buffer(buf, len(parts))
             if self._sparse:
-                parts.append(handle.reader.read(
-                    starts[g] - offset, stops[g] - offset, part_buf, pool,
-                    check_indices=self._check_indices))
+                parts.append(
+                    handle.reader.read(
+                        starts[g] - offset,
+                        stops[g] - offset,
+                        part_buf,
+                        pool,
+                        check_indices=self._check_indices,
+                    )
+                )
             else:
-                parts.append(handle.reader.read(
-                    starts[g] - offset, stops[g] - offset, part_buf, pool))
+                parts.append(
+                    handle.reader.read(
+                        starts[g] - offset, stops[g] - offset, part_buf, pool
+                    )
+                )
         if not parts:  # nothing asked: an empty read of the first file
             reader = self._file(0).reader
             empty = np.zeros(0, np.int64)
-            parts.append(reader.read(empty, empty, buf, None) if not self._sparse
-                         else reader.read(empty, empty, buf, None, False))
+            parts.append(
+                reader.read(empty, empty, buf, None)
+                if not self._sparse
+                else reader.read(empty, empty, buf, None, False)
+            )
         obs = self._obs_for(files, starts, lengths, row_ids)
         if self._sparse:
             csr = parts[0] if len(parts) == 1 else _concat_csr(parts, buf)
@@ -481,8 +505,9 @@ class AnnDataSource:
 
     def _check_ranges(self, starts, stops) -> None:
         n = self.num_cells
-        if starts.size and (starts.min() < 0 or stops.max() > n
-                            or (stops < starts).any()):
+        if starts.size and (
+            starts.min() < 0 or stops.max() > n or (stops < starts).any()
+        ):
             bad = int(np.flatnonzero((starts < 0) | (stops > n) | (stops < starts))[0])
             raise IndexError(
                 f"rows [{starts[bad]}, {stops[bad]}) out of range: the source has "
@@ -491,8 +516,9 @@ class AnnDataSource:
         if starts.size > 1 and (starts[1:] < stops[:-1]).any():
             raise ValueError("row ranges overlap; pass disjoint ranges")
         f_start = np.searchsorted(self._cell_offsets, starts, side="right")
-        f_last = np.searchsorted(self._cell_offsets, np.maximum(stops - 1, starts),
-                                 side="right")
+        f_last = np.searchsorted(
+            self._cell_offsets, np.maximum(stops - 1, starts), side="right"
+        )
         if (f_start != f_last).any():
             bad = int(np.flatnonzero(f_start != f_last)[0])
             raise IndexError(
@@ -566,13 +592,18 @@ class AnnDataSource:
             )
         uniq = np.unique(rows)
         # Runs of consecutive ids, split at file boundaries.
-        breaks = np.flatnonzero(
-            (np.diff(uniq) != 1)
-            | np.isin(uniq[1:], self._cell_offsets[1:-1])
-        ) + 1
+        breaks = (
+            np.flatnonzero(
+                (np.diff(uniq) != 1) | np.isin(uniq[1:], self._cell_offsets[1:-1])
+            )
+            + 1
+        )
         run_starts = uniq[np.concatenate([[0], breaks])] if uniq.size else uniq
-        run_stops = (uniq[np.concatenate([breaks - 1, [uniq.size - 1]])] + 1
-                     if uniq.size else uniq)
+        run_stops = (
+            uniq[np.concatenate([breaks - 1, [uniq.size - 1]])] + 1
+            if uniq.size
+            else uniq
+        )
         fetched = self.fetch_ranges(run_starts, run_stops)
         return self._take(fetched, np.searchsorted(fetched.row_ids, rows))
 
@@ -586,11 +617,14 @@ class AnnDataSource:
         row_ids = fetched.row_ids[positions]
         if fetched.csr is not None:
             data, indices, indptr = take_csr(fetched.csr, positions, self._column_map)
-            X = sp.csr_matrix((data.astype(self._dtype, copy=False), indices, indptr),
-                              shape=(positions.size, self.num_genes))
+            X = sp.csr_matrix(
+                (data.astype(self._dtype, copy=False), indices, indptr),
+                shape=(positions.size, self.num_genes),
+            )
         else:
             X = take_dense(fetched.dense, positions, self._columns).astype(
-                self._dtype, copy=False)
+                self._dtype, copy=False
+            )
         return Cells(X, obs, row_ids)
 
 
@@ -619,9 +653,9 @@ def _concat_csr(parts: list[CsrRows], buf: RowBuffer) -> CsrRows:
     indptr[0] = 0
     v = r = 0
     for p in parts:
-        data[v: v + p.data.size] = p.data
-        indices[v: v + p.data.size] = p.indices
-        indptr[r + 1: r + 1 + p.n_rows] = p.indptr[1:] + v
+        data[v : v + p.data.size] = p.data
+        indices[v : v + p.data.size] = p.indices
+        indptr[r + 1 : r + 1 + p.n_rows] = p.indptr[1:] + v
         v += p.data.size
         r += p.n_rows
     return CsrRows(data, indices, indptr, parts[0].n_vars)
@@ -633,7 +667,7 @@ def _concat_dense(parts: list[np.ndarray], buf: RowBuffer) -> np.ndarray:
     out = buf.get("cat_dense", (n_rows, parts[0].shape[1]), dtype)
     r = 0
     for p in parts:
-        out[r: r + p.shape[0]] = p
+        out[r : r + p.shape[0]] = p
         r += p.shape[0]
     return out
 
@@ -645,8 +679,10 @@ def _check_same_genes(first_path, first, path, names) -> None:
     diff = np.flatnonzero(first[:n] != names[:n])
     if diff.size:
         i = int(diff[0])
-        where = (f"first difference at position {i}: {str(first[i])!r} in "
-                 f"{first_path}, {str(names[i])!r} in {path}")
+        where = (
+            f"first difference at position {i}: {str(first[i])!r} in "
+            f"{first_path}, {str(names[i])!r} in {path}"
+        )
     else:
         where = f"{len(first)} genes in {first_path}, {len(names)} in {path}"
     raise errors.GeneMismatchError(
@@ -703,8 +739,7 @@ def _harmonise(names, per_file):
             continue
         if any(x is None for x in lists):
             raise errors.AnnDataFormatError(
-                f"obs column {c!r} is categorical in some files and numeric in "
-                "others"
+                f"obs column {c!r} is categorical in some files and numeric in others"
             )
         merged = list(lists[0])
         seen = {v: i for i, v in enumerate(merged)}

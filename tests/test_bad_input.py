@@ -54,8 +54,9 @@ def expected_x(n_obs=N_OBS, n_vars=N_VARS, *, row_offset=0, seed=0) -> sp.csr_ma
     return x
 
 
-def make_adata(n_obs=N_OBS, n_vars=N_VARS, *, layout="csr", row_offset=0,
-               var_names=None, seed=0) -> anndata.AnnData:
+def make_adata(
+    n_obs=N_OBS, n_vars=N_VARS, *, layout="csr", row_offset=0, var_names=None, seed=0
+) -> anndata.AnnData:
     x = expected_x(n_obs, n_vars, row_offset=row_offset, seed=seed)
     if layout == "dense":
         x = x.toarray()
@@ -88,8 +89,12 @@ def write(path, *, compression=None, chunks=None, **kwargs):
                 values, attrs = ds[()], dict(ds.attrs)
                 name = ds.name
                 del f[name]
-                new = f.create_dataset(name, data=values, compression=compression,
-                                       chunks=(chunks, *values.shape[1:]))
+                new = f.create_dataset(
+                    name,
+                    data=values,
+                    compression=compression,
+                    chunks=(chunks, *values.shape[1:]),
+                )
                 new.attrs.update(attrs)
     return path
 
@@ -140,11 +145,13 @@ def x_byte_ranges(path) -> list[tuple[int, int]]:
         datasets = [x] if isinstance(x, h5py.Dataset) else [x[k] for k in x]
         for ds in datasets:
             if ds.chunks is None:
-                out.append((ds.id.get_offset(), ds.id.get_offset()
-                            + ds.id.get_storage_size()))
+                out.append(
+                    (ds.id.get_offset(), ds.id.get_offset() + ds.id.get_storage_size())
+                )
             else:
                 ds.id.chunk_iter(
-                    lambda c: out.append((c.byte_offset, c.byte_offset + c.size)))
+                    lambda c: out.append((c.byte_offset, c.byte_offset + c.size))
+                )
     return out
 
 
@@ -297,8 +304,9 @@ def test_csc(tmp_path):
     "frame, message",
     [
         pytest.param("obs", f"X has {N_OBS} rows but obs has {N_OBS - 1}", id="obs"),
-        pytest.param("var", f"X has {N_VARS} columns but its var has {N_VARS - 1}",
-                     id="var"),
+        pytest.param(
+            "var", f"X has {N_VARS} columns but its var has {N_VARS - 1}", id="var"
+        ),
     ],
 )
 def test_matrix_and_frame_disagree(tmp_path, frame, message):
@@ -339,7 +347,7 @@ def test_indptr_decreasing(tmp_path, layout):
     fails(source.read_blocks, [r // 4])
     # Rows whose indptr entries are intact still read correctly (rows r and
     # r + 1 share the bad entry).
-    good = np.r_[0:r, r + 2: N_OBS]
+    good = np.r_[0:r, r + 2 : N_OBS]
     assert_reads(source, good, expected)
     assert_reads(source, good[::-1], expected)
 
@@ -368,7 +376,7 @@ def test_index_out_of_range(tmp_path, layout, bad_column):
     path = write(tmp_path / "x.h5ad", **layout)
     r = BAD_INDEX_ROW
     with h5py.File(path, "r+") as f:
-        start, stop = f["X/indptr"][r: r + 2]
+        start, stop = f["X/indptr"][r : r + 2]
         assert stop - start >= 2
         f["X/indices"][start + 1] = bad_column
     expected = expected_x()
@@ -380,7 +388,7 @@ def test_index_out_of_range(tmp_path, layout, bad_column):
                 source.read(rows)
             assert f"holds column {bad_column} in row {r};" in str(e.value)
     source = AnnDataSource(path)
-    good = np.r_[0:r, r + 1: N_OBS]
+    good = np.r_[0:r, r + 1 : N_OBS]
     assert_reads(source, good, expected)
 
 
@@ -398,12 +406,21 @@ def test_missing_obs_column(tmp_path):
 @pytest.mark.parametrize(
     "var_names, where",
     [
-        pytest.param([f"g{k}" if k != 5 else "x5" for k in range(N_VARS)],
-                     ["position 5:", "g5", "x5"], id="renamed"),
-        pytest.param([f"g{k}" for k in range(N_VARS + 1)],
-                     [f"{N_VARS} genes in", f"{N_VARS + 1} in"], id="extra-gene"),
-        pytest.param([f"g{k}" for k in reversed(range(N_VARS))],
-                     ["position 0:", "g0", f"g{N_VARS - 1}"], id="reordered"),
+        pytest.param(
+            [f"g{k}" if k != 5 else "x5" for k in range(N_VARS)],
+            ["position 5:", "g5", "x5"],
+            id="renamed",
+        ),
+        pytest.param(
+            [f"g{k}" for k in range(N_VARS + 1)],
+            [f"{N_VARS} genes in", f"{N_VARS + 1} in"],
+            id="extra-gene",
+        ),
+        pytest.param(
+            [f"g{k}" for k in reversed(range(N_VARS))],
+            ["position 0:", "g0", f"g{N_VARS - 1}"],
+            id="reordered",
+        ),
     ],
 )
 def test_gene_mismatch(tmp_path, var_names, where):
@@ -513,8 +530,9 @@ def test_obs_column_wrong_length(tmp_path):
         values = f["obs/n_counts"][:-1]
         del f["obs/n_counts"]
         f["obs/n_counts"] = values
-        f["obs/n_counts"].attrs.update({"encoding-type": "array",
-                                        "encoding-version": "0.2.0"})
+        f["obs/n_counts"].attrs.update(
+            {"encoding-type": "array", "encoding-version": "0.2.0"}
+        )
     with pytest.raises(AnnDataFormatError, match=path_re(path)) as e:
         AnnDataSource(path, obs_columns=["n_counts"])
     assert "'n_counts'" in str(e.value)
@@ -563,8 +581,9 @@ def test_errors_do_not_poison_state(tmp_path):
         start = f["X/indptr"][BAD_INDEX_ROW]
         f["X/indices"][start] = 10**6
     expected = sp.vstack([expected_x(), expected_x(row_offset=N_OBS)]).tocsr()
-    source = AnnDataSource([good_path, bad_path], obs_columns=["cell_line"],
-                           block_size=8)
+    source = AnnDataSource(
+        [good_path, bad_path], obs_columns=["cell_line"], block_size=8
+    )
     n = source.num_cells
     sample = np.array([0, 299, 5, 6, 7, 150, 300, 599, 301])
     bad_row = N_OBS + BAD_INDEX_ROW
@@ -586,11 +605,12 @@ def test_errors_do_not_poison_state(tmp_path):
             call()
         assert_reads(source, sample, expected)
         assert_reads(source, np.arange(N_OBS), expected)
-        good_rows = np.r_[0:bad_row, bad_row + 1: n]
+        good_rows = np.r_[0:bad_row, bad_row + 1 : n]
         assert_reads(source, good_rows, expected)
         cells = source.read_ranges([10, N_OBS + 20], [18, N_OBS + 30])
         np.testing.assert_array_equal(
-            as_dense(cells.X), expected[np.r_[10:18, N_OBS + 20: N_OBS + 30]].toarray())
+            as_dense(cells.X), expected[np.r_[10:18, N_OBS + 20 : N_OBS + 30]].toarray()
+        )
     source.close()
 
 

@@ -1,0 +1,232 @@
+"""Batched fetching (scDataset) as Grain operations.
+
+`fetch_operations(source, batch_size=m, fetch_factor=f)` returns the two
+operations that go after a `BlockSampler` in a `grain.DataLoader`:
+
+1. `Batch(G)` groups `G = m * f / block_size` consecutive block records of
+   each worker's stream into one *fetch*;
+2. a `FlatMap` reads the fetch's blocks in one batched pass (one positional
+   read per contiguous piece, into a reused buffer), shuffles its cells in
+   memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
+   `m` cells, each gathered once into its output format.
+
+**Determinism.** The in-memory shuffle is seeded by `(seed, the fetch's block
+ids in sampler order)`; a fetch is therefore re-created bit for bit when an
+iterator is restored in its middle (Grain's FlatMap state is "the fetch's
+parent state plus the index inside it").
+
+**Which cells come out.** A fetch holds `G * block_size` cells, fewer when it
+includes the short last block of a file or is a worker's last fetch of the
+stream. Its last minibatch is then short: with `remainder="pad"` (default)
+it is padded to `m` rows with `mask=False`, so every visited cell comes out
+exactly once and shapes stay static; with `remainder="drop"` it is dropped
+(those cells are not seen in that pass). Fetches may span an epoch boundary of
+an endless stream, so an epoch's last cells share minibatches with the next
+epoch's first ones rather than forming short minibatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import grain
+import numpy as np
+import scipy.sparse as sp
+
+from grain_cells.matrix import CsrRows
+from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
+from grain_cells.source import AnnDataSource
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchConfig:
+    """How a fetch is formed and split; its `repr` identifies a pipeline.
+
+    Attributes:
+        batch_size: Cells per minibatch (`m`).
+        fetch_factor: Minibatches per fetch (`f`).
+        block_size: Cells per block (from the source).
+        shuffle: Shuffle cells inside a fetch.
+        seed: Seed of that shuffle.
+        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+        output: The output format.
+    """
+
+    batch_size: int
+    fetch_factor: int
+    block_size: int
+    shuffle: bool
+    seed: int
+    remainder: str
+    output: Output
+
+    @property
+    def blocks_per_fetch(self) -> int:
+        """Blocks read together (`G`)."""
+        return max(1, self.batch_size * self.fetch_factor // self.block_size)
+
+    @property
+    def max_minibatches(self) -> int:
+        """Most minibatches one fetch yields."""
+        return math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+
+
+def _group_blocks(blocks) -> np.ndarray:
+    """Batch function: a fetch is an int64 array of (index, file, start, stop)."""
+    return np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+
+
+class _GroupBlocks:
+    """Picklable batch function for `grain.transforms.Batch`."""
+
+    def __call__(self, blocks):
+        return _group_blocks(blocks)
+
+    def __repr__(self) -> str:
+        return "GroupBlocks()"
+
+
+class SplitFetch(grain.experimental.FlatMapTransform):
+    """Reads one fetch of blocks and splits it into shuffled minibatches."""
+
+    def __init__(self, source: AnnDataSource, config: FetchConfig):
+        """Binds the transform to its source and configuration."""
+        self.source = source
+        self.config = config
+        self.max_fan_out = config.max_minibatches
+
+    def __repr__(self) -> str:
+        return f"SplitFetch({self.config!r})"
+
+    def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
+        """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
+
+        A block that appears twice in one fetch (an endless stream's epoch
+        boundary) contributes its cells twice.
+        """
+        starts, stops = blocks[:, 2], blocks[:, 3]
+        lengths = stops - starts
+        cells = np.arange(int(lengths.sum()), dtype=np.int64)
+        cells += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        positions = np.searchsorted(row_ids, cells)
+        if self.config.shuffle:
+            rng = np.random.default_rng(
+                np.concatenate([[self.config.seed], blocks[:, 0]]).astype(np.uint64)
+            )
+            positions = positions[rng.permutation(positions.size)]
+        return positions
+
+    def flat_map(self, blocks: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """Returns the fetch's minibatches."""
+        cfg = self.config
+        source = self.source
+        unique = np.unique(blocks[:, 0], return_index=True)[1]
+        read = blocks[np.sort(unique)]
+        fetched = source.fetch_ranges(read[:, 2], read[:, 3])
+        order = self.cell_order(blocks, fetched.row_ids)
+        m = cfg.batch_size
+        csr = fetched.csr
+        if csr is None and not isinstance(cfg.output, DenseOutput):
+            csr = _dense_to_csr(fetched.dense)
+        out = []
+        for lo in range(0, order.size, m):
+            rows = order[lo : lo + m]
+            n_real = rows.size
+            if n_real < m and cfg.remainder == "drop":
+                break
+            if csr is None:
+                batch = cfg.output.format_dense(fetched.dense, rows, m, source.columns)
+            else:
+                batch = cfg.output.format(
+                    csr, rows, n_real, m, source.column_map, source.num_genes
+                )
+            row_ids = np.full(m, -1, np.int64)
+            row_ids[:n_real] = fetched.row_ids[rows]
+            batch["row_ids"] = row_ids
+            mask = np.zeros(m, bool)
+            mask[:n_real] = True
+            batch["mask"] = mask
+            for name, values in fetched.obs.items():
+                col = np.zeros(
+                    m, values.dtype if values.dtype.kind == "f" else np.int32
+                )
+                col[:n_real] = values[rows]
+                batch[f"obs/{name}"] = col
+            out.append(batch)
+        return out
+
+
+def _dense_to_csr(dense: np.ndarray) -> CsrRows:
+    m = sp.csr_matrix(dense)
+    return CsrRows(m.data, m.indices, m.indptr.astype(np.int64), dense.shape[1])
+
+
+def fetch_operations(
+    source: AnnDataSource,
+    *,
+    batch_size: int,
+    fetch_factor: int = 16,
+    output: Output | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    remainder: str = "pad",
+) -> list:
+    """The operations that turn block records into shuffled minibatches.
+
+    Args:
+        source: The source the sampler walks.
+        batch_size: Cells per minibatch (`m`).
+        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
+            are read together and their cells shuffled in memory.
+        output: `CsrOutput()` (default), `PaddedSparseOutput(width)` or
+            `DenseOutput()`.
+        shuffle: Shuffle cells inside each fetch (turn off together with the
+            sampler's shuffle for a sequential pass).
+        seed: Seed of the in-fetch shuffle (use the sampler's).
+        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+
+    Returns:
+        `[grain.transforms.Batch(...), SplitFetch(...)]` for
+        `grain.DataLoader(operations=...)`.
+
+    Raises:
+        ValueError: An argument is out of range, or a fetch's cells are not a
+            whole number of minibatches.
+    """
+    if batch_size < 1 or fetch_factor < 1:
+        raise ValueError(
+            f"batch_size and fetch_factor must be positive, got batch_size="
+            f"{batch_size}, fetch_factor={fetch_factor}"
+        )
+    if remainder not in ("pad", "drop"):
+        raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+    output = output or CsrOutput()
+    if not isinstance(output, (CsrOutput, PaddedSparseOutput, DenseOutput)):
+        raise TypeError(
+            f"output must be CsrOutput, PaddedSparseOutput or "
+            f"DenseOutput, got {output!r}"
+        )
+    config = FetchConfig(
+        batch_size,
+        fetch_factor,
+        source.block_size,
+        bool(shuffle),
+        int(seed),
+        remainder,
+        output,
+    )
+    cells = config.blocks_per_fetch * source.block_size
+    if cells % batch_size:
+        raise ValueError(
+            f"a fetch of {config.blocks_per_fetch} blocks of {source.block_size} "
+            f"cells holds {cells} cells, not a multiple of batch_size="
+            f"{batch_size}; choose block_size and batch_size * fetch_factor so "
+            "that one divides the other (e.g. powers of two)"
+        )
+    return [
+        grain.transforms.Batch(
+            config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()
+        ),
+        SplitFetch(source, config),
+    ]

@@ -1,0 +1,134 @@
+"""`DataLoader`: a `grain.DataLoader` with grain_cells' defaults and checks.
+
+It is a `grain.DataLoader` in every respect (same arguments, same iterator,
+same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with three
+differences:
+
+* **Read options.** Records are block descriptors that cost nothing to read,
+  so Grain's default of 16 reader threads only adds contention (about 160 µs
+  per record against 25 µs inline). The default here is
+  `ReadOptions(num_threads=0, prefetch_buffer_size=0)`: the batched fetch does
+  the I/O. Memory per worker is then bounded by one fetch (its read buffer,
+  about `batch_size * fetch_factor` cells, and its minibatches) plus
+  `worker_buffer_size` minibatches in flight, whatever the block size.
+* **Checked restores.** With a FlatMap in the pipeline Grain restores state
+  without checking it, and a state from another configuration fails deep
+  inside Grain (or silently yields other data). The iterator here stamps its
+  state with the worker count, sampler, source and operations, and refuses a
+  state whose stamp differs, saying what differs.
+* **absl flags.** Grain's worker processes read an absl flag; in programs
+  that never parse flags (notebooks, pytest) that fails. The loader marks
+  flags as parsed when they are not.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grain
+from absl import flags
+
+READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+_STAMP = "grain_cells"
+
+
+class CheckpointMismatchError(ValueError):
+    """An iterator state was saved under a different pipeline configuration."""
+
+
+class DataLoader(grain.DataLoader):
+    """A `grain.DataLoader` whose iterator checks restored state.
+
+    Example:
+        >>> source = grain_cells.AnnDataSource(paths, obs_columns=["plate"])
+        >>> loader = grain_cells.DataLoader(
+        ...     data_source=source,
+        ...     sampler=grain_cells.BlockSampler(len(source), seed=0),
+        ...     operations=grain_cells.fetch_operations(source, batch_size=64),
+        ...     worker_count=2)
+        >>> for batch in loader: ...
+    """
+
+    def __init__(
+        self,
+        *,
+        data_source,
+        sampler,
+        operations=(),
+        worker_count=0,
+        worker_buffer_size=1,
+        shard_options=None,
+        read_options=None,
+        enable_profiling=False,
+    ):
+        """Same arguments as `grain.DataLoader`; `read_options` defaults to
+        `READ_OPTIONS`."""  # noqa: D205, D209
+        if worker_count and not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        operations = list(operations)
+        self._stamp = {
+            "worker_count": int(worker_count or 0),
+            "sampler": repr(sampler),
+            "data_source": repr(data_source),
+            "operations": [repr(op) for op in operations],
+        }
+        super().__init__(
+            data_source=data_source,
+            sampler=sampler,
+            operations=operations,
+            worker_count=worker_count,
+            worker_buffer_size=worker_buffer_size,
+            shard_options=shard_options,
+            read_options=read_options or READ_OPTIONS,
+            enable_profiling=enable_profiling,
+        )
+
+    @property
+    def stamp(self) -> dict:
+        """What a saved state must match to be restored by this loader."""
+        return dict(self._stamp)
+
+    def __iter__(self) -> CheckedIterator:
+        return CheckedIterator(self, state=None, validate_state=False)
+
+
+class CheckedIterator(grain.DataLoaderIterator):
+    """A `grain.DataLoaderIterator` whose state carries its loader's stamp."""
+
+    def get_state(self) -> bytes:
+        """Returns the JSON state: Grain's, plus the loader's stamp."""
+        inner = json.loads(super().get_state())
+        return json.dumps(
+            {_STAMP: self._data_loader.stamp, "grain": inner}, indent=1
+        ).encode()
+
+    def set_state(self, state: bytes):
+        """Restores a state saved by a loader with the same configuration.
+
+        Raises:
+            CheckpointMismatchError: The state was saved by a loader with a
+                different worker count, sampler, source or operations, or not
+                by a `grain_cells.DataLoader`.
+        """
+        try:
+            obj = json.loads(state)
+        except (ValueError, TypeError) as e:
+            raise CheckpointMismatchError(f"iterator state is not JSON: {e}") from e
+        if not isinstance(obj, dict) or _STAMP not in obj:
+            raise CheckpointMismatchError(
+                "iterator state was not saved by a grain_cells.DataLoader (no "
+                f"{_STAMP!r} stamp); restore it with the loader that saved it"
+            )
+        saved, current = obj[_STAMP], self._data_loader.stamp
+        diffs = [
+            f"{key}: saved {saved.get(key)!r}, now {current[key]!r}"
+            for key in current
+            if saved.get(key) != current[key]
+        ]
+        if diffs:
+            raise CheckpointMismatchError(
+                "cannot restore the data iterator: the pipeline differs from the "
+                "one that saved it (" + "; ".join(diffs) + "). Restore with the "
+                "same configuration, or start the data iterator afresh."
+            )
+        super().set_state(json.dumps(obj["grain"]).encode())

@@ -1,0 +1,173 @@
+"""Output formats of a minibatch: CSR, padded sparse (static shapes), dense.
+
+Every minibatch is a dict of NumPy arrays with, besides the expression:
+
+* `row_ids` (int64 `[batch]`): global row id of each cell (-1 for padding);
+* `mask` (bool `[batch]`): True for real cells, False for padding;
+* `obs/<column>` (`[batch]`): the chosen obs columns (integer codes for
+  categorical columns, see `AnnDataSource.categories`; 0 for padding).
+
+and the expression in one of three formats:
+
+* `CsrOutput`: `data` `[nnz]`, `indices` (int32 `[nnz]`) and `indptr`
+  (int64 `[batch + 1]`); padding rows are empty. Shapes vary per batch.
+* `PaddedSparseOutput(width)`: `values` `[batch, width]`, `indices` (int32
+  `[batch, width]`) and `nnz` (int32 `[batch]`, the stored values the cell
+  really has). Static shapes for `jax.jit`; unused slots hold index 0 and
+  value 0, so scatter-adding them is harmless (see
+  `grain_cells.jax_utils.densify`). A cell with more than `width` stored
+  values is truncated by the explicit policy `truncate`:
+  `"largest"` keeps its `width` largest values (ties: lower column first),
+  `"first"` keeps its first `width` values in column order, `"error"` raises.
+  `nnz > width` tells which cells were truncated.
+* `DenseOutput()`: `X` `[batch, genes]` in `dtype` (float32 by default) over
+  all genes or the source's gene subset. A dense minibatch over 62,710 genes
+  is 250 KB per cell: subset genes, or use padded sparse and densify on the
+  accelerator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from grain_cells.cells import take_csr
+from grain_cells.matrix import CsrRows
+
+
+@dataclasses.dataclass(frozen=True)
+class CsrOutput:
+    """CSR pieces per minibatch (`data`, `indices`, `indptr`).
+
+    Attributes:
+        dtype: dtype of `data`; None keeps the file's dtype.
+    """
+
+    dtype: str | None = "float32"
+
+    def format(
+        self,
+        csr: CsrRows,
+        rows: np.ndarray,
+        n_real: int,
+        batch_size: int,
+        column_map,
+        n_genes: int,
+    ) -> dict[str, np.ndarray]:
+        """Gathers `rows` of the buffer into CSR arrays padded to batch_size."""
+        data, indices, indptr = take_csr(csr, rows, column_map)
+        if self.dtype is not None:
+            data = data.astype(self.dtype, copy=False)
+        if n_real < batch_size:
+            indptr = np.concatenate(
+                [indptr, np.full(batch_size - n_real, indptr[-1], np.int64)]
+            )
+        return {"data": data, "indices": indices, "indptr": indptr}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedSparseOutput:
+    """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`.
+
+    Attributes:
+        width: Stored values kept per cell.
+        truncate: `"largest"`, `"first"` or `"error"` for cells with more
+            than `width` stored values.
+        dtype: dtype of `values`.
+    """
+
+    width: int = 4096
+    truncate: str = "largest"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"width must be positive, got width={self.width}")
+        if self.truncate not in ("largest", "first", "error"):
+            raise ValueError(
+                "truncate must be 'largest', 'first' or 'error', got "
+                f"truncate={self.truncate!r}"
+            )
+
+    def format(
+        self,
+        csr: CsrRows,
+        rows: np.ndarray,
+        n_real: int,
+        batch_size: int,
+        column_map,
+        n_genes: int,
+    ) -> dict[str, np.ndarray]:
+        """Gathers `rows` into `[batch_size, width]` padded arrays."""
+        data, indices, indptr = take_csr(csr, rows, column_map)
+        lengths = np.diff(indptr)
+        w = self.width
+        over = np.flatnonzero(lengths > w)
+        if over.size and self.truncate == "error":
+            raise ValueError(
+                f"a cell has {int(lengths[over[0]])} stored values, more than "
+                f"PaddedSparseOutput(width={w}); raise width or choose "
+                "truncate='largest' or 'first'"
+            )
+        values = np.zeros((batch_size, w), self.dtype)
+        cols = np.zeros((batch_size, w), np.int32)
+        kept = np.minimum(lengths, w)
+        # Position of each kept value: the first `kept` values of its row ...
+        row_of = np.repeat(np.arange(lengths.size), kept)
+        slot = np.arange(row_of.size) - np.repeat(np.cumsum(kept) - kept, kept)
+        src = indptr[row_of] + slot
+        # ... except in truncated rows under "largest", patched row by row.
+        if over.size and self.truncate == "largest":
+            starts = np.cumsum(kept) - kept
+            for r in over.tolist():
+                a, b = indptr[r], indptr[r + 1]
+                top = np.argsort(-data[a:b], kind="stable")[:w]
+                src[starts[r] : starts[r] + w] = a + np.sort(top)
+        values[row_of, slot] = data[src]
+        cols[row_of, slot] = indices[src]
+        nnz = np.zeros(batch_size, np.int32)
+        nnz[: lengths.size] = lengths
+        return {"values": values, "indices": cols, "nnz": nnz}
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseOutput:
+    """A dense `X` `[batch, genes]` per minibatch.
+
+    Attributes:
+        dtype: dtype of `X`.
+    """
+
+    dtype: str = "float32"
+
+    def format(
+        self,
+        csr: CsrRows,
+        rows: np.ndarray,
+        n_real: int,
+        batch_size: int,
+        column_map,
+        n_genes: int,
+    ) -> dict[str, np.ndarray]:
+        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array."""
+        data, indices, indptr = take_csr(csr, rows, column_map)
+        X = np.zeros((batch_size, n_genes), self.dtype)
+        row_of = np.repeat(np.arange(rows.size), np.diff(indptr))
+        X[row_of, indices] = data
+        return {"X": X}
+
+    def format_dense(
+        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, columns
+    ) -> dict[str, np.ndarray]:
+        """Gathers `rows` (and gene columns) of a dense buffer."""
+        X = np.zeros(
+            (batch_size, dense.shape[1] if columns is None else columns.size),
+            self.dtype,
+        )
+        src = dense[rows] if columns is None else dense[np.ix_(rows, columns)]
+        X[: rows.size] = src
+        return {"X": X}
+
+
+Output = CsrOutput | PaddedSparseOutput | DenseOutput

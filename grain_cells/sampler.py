@@ -1,0 +1,182 @@
+"""`BlockSampler`: scDataset's block sampling as a Grain sampler.
+
+The sampler walks the blocks (records) of an `AnnDataSource`, epoch after
+epoch. With `shuffle=True` each epoch visits the blocks in a new order, a pure
+function of `(seed, epoch, position)` computed by Grain's index shuffle (a
+Feistel permutation: no table in memory), so an iterator's state is just a
+position.
+
+**Sharding.** Grain's `DataLoader` gives shard `s` of `S` the sampler
+positions `s, s + S, s + 2S, ...`. So that every shard gets the same number of
+blocks in every epoch (no data-parallel replica waits at an epoch's end), an
+epoch is `num_blocks - num_blocks % S` positions long: the last
+`num_blocks % S` blocks of each epoch's order are skipped in that epoch (with
+shuffling, different blocks each epoch; without, always the last ones). With
+one shard nothing is skipped. `skipped_blocks(epoch)` names them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import grain
+import numpy as np
+from grain import sharding
+
+# Rounds of the Feistel network: Grain's own choice for its global shuffle.
+_SHUFFLE_ROUNDS = 4
+
+
+class BlockSampler:
+    """Samples blocks of contiguous cells, shuffled per epoch.
+
+    Implements Grain's `Sampler` protocol: `__getitem__(position)` returns the
+    `RecordMetadata` of the block at that position of the stream, `__len__`
+    is the stream length, it pickles, and its `repr` is stable (Grain compares
+    it when restoring an iterator).
+
+    Pass the shard options here, not to the `DataLoader`: the `DataLoader`
+    picks them up from the sampler, and the sampler needs them to size epochs.
+
+    Example:
+        >>> source = grain_cells.AnnDataSource(paths, block_size=16)
+        >>> sampler = BlockSampler(len(source), seed=0, num_epochs=None,
+        ...                        shard_options=grain.sharding.ShardByJaxProcess())
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        shard_options: sharding.ShardOptions | None = None,
+    ):
+        """Creates the sampler.
+
+        Args:
+            num_blocks: Number of blocks (`len(source)`); a source is accepted.
+            shuffle: Visit blocks in a new random order each epoch.
+            seed: Seed of the shuffle, in `[0, 2**31)`.
+            num_epochs: Epochs in the stream, or None for an endless stream.
+            shard_options: `grain.sharding.NoSharding()` (default),
+                `ShardOptions(index, count)` or `ShardByJaxProcess()`.
+
+        Raises:
+            ValueError: An argument is out of range, or there are fewer blocks
+                than shards.
+        """
+        if not isinstance(num_blocks, (int, np.integer)):
+            num_blocks = len(num_blocks)
+        num_blocks = int(num_blocks)
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if num_epochs is not None and (int(num_epochs) != num_epochs or num_epochs < 1):
+            raise ValueError(
+                f"num_epochs must be a positive int or None, got {num_epochs!r}"
+            )
+        if not 0 <= int(seed) < 2**31:
+            raise ValueError(f"seed must lie in [0, 2**31), got {seed}")
+        shard_options = shard_options or sharding.NoSharding()
+        count = shard_options.shard_count
+        if not 0 <= shard_options.shard_index < count:
+            raise ValueError(
+                f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
+            )
+        if num_blocks < count:
+            raise ValueError(
+                f"{num_blocks} blocks cannot be split over {count} shards; use a "
+                "smaller block_size or fewer shards"
+            )
+        self._num_blocks = num_blocks
+        self._shuffle = bool(shuffle)
+        self._seed = int(seed)
+        self._num_epochs = None if num_epochs is None else int(num_epochs)
+        # Read by grain.DataLoader when it is given no shard_options.
+        self._shard_options = shard_options
+        self._epoch_length = num_blocks - num_blocks % count
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the source."""
+        return self._num_blocks
+
+    @property
+    def epoch_length(self) -> int:
+        """Positions per epoch over all shards (a multiple of the shard count)."""
+        return self._epoch_length
+
+    @property
+    def shard_options(self) -> sharding.ShardOptions:
+        """The sharding the sampler sizes epochs for."""
+        return self._shard_options
+
+    @property
+    def seed(self) -> int:
+        """Seed of the shuffle."""
+        return self._seed
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether epochs are shuffled."""
+        return self._shuffle
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs in the stream (None: endless)."""
+        return self._num_epochs
+
+    def __len__(self) -> int:
+        if self._num_epochs is None:
+            return sys.maxsize
+        return self._num_epochs * self._epoch_length
+
+    def block_at(self, position: int) -> int:
+        """The block at a stream position (no bounds check on epochs)."""
+        epoch, offset = divmod(int(position), self._epoch_length)
+        if not self._shuffle or self._num_blocks == 1:
+            return offset
+        return grain.experimental.index_shuffle(
+            offset,
+            max_index=self._num_blocks - 1,
+            seed=self._epoch_seed(epoch),
+            rounds=_SHUFFLE_ROUNDS,
+        )
+
+    def _epoch_seed(self, epoch: int) -> int:
+        # index_shuffle takes a 32-bit seed; mix seed and epoch into one.
+        mixed = np.random.SeedSequence([self._seed, epoch]).generate_state(1)
+        return int(mixed[0] & 0x7FFFFFFF)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """All blocks in the order epoch `epoch` visits them (all shards)."""
+        start = epoch * self._epoch_length
+        return np.array(
+            [self.block_at(start + i) for i in range(self._epoch_length)], np.int64
+        )
+
+    def skipped_blocks(self, epoch: int) -> np.ndarray:
+        """Blocks that epoch `epoch` skips so that shards stay equal."""
+        if self._epoch_length == self._num_blocks:
+            return np.zeros(0, np.int64)
+        visited = np.zeros(self._num_blocks, bool)
+        visited[self.epoch_order(epoch)] = True
+        return np.flatnonzero(~visited)
+
+    def __getitem__(self, index: int) -> grain.RecordMetadata:
+        index = int(index)
+        if index < 0 or (self._num_epochs is not None and index >= len(self)):
+            raise IndexError(
+                f"position {index} is past the end of the stream ({len(self)} "
+                "positions)"
+            )
+        return grain.RecordMetadata(index=index, record_key=self.block_at(index))
+
+    def __repr__(self) -> str:
+        so = self._shard_options
+        return (
+            f"BlockSampler(num_blocks={self._num_blocks}, shuffle={self._shuffle}, "
+            f"seed={self._seed}, num_epochs={self._num_epochs}, "
+            f"shard_index={so.shard_index}, shard_count={so.shard_count})"
+        )
