@@ -164,6 +164,26 @@ class CsrReader:
                 )
         return CsrRows(data, indices, indptr, info.n_vars)
 
+    def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
+        """Hints the OS to start reading these rows (sorted, disjoint).
+
+        Reads the ranges' `indptr` ends (cached: `indptr` is read ahead when
+        the file opens) and advises the `data` and `indices` spans.
+        """
+        starts, stops = merge_touching(
+            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        )
+        if starts.size == 0:
+            return
+        points = np.unique(np.concatenate([starts, stops]))
+        values = buf.get("advise_ptr", (points.size,), self._indptr.dtype)
+        self._indptr.read(points, points + 1, values)
+        values = values.astype(np.int64)
+        first = values[np.searchsorted(points, starts)]
+        last = values[np.searchsorted(points, stops)]
+        self._data.advise(first, last)
+        self._indices.advise(first, last)
+
     def _check_indptr(self, ptr, heads, lengths, starts) -> None:
         info = self.info
         step = np.diff(ptr)
@@ -200,6 +220,10 @@ class DenseReader:
     def direct(self) -> bool:
         """Whether rows are read without h5py."""
         return self._x.direct
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
+        """Hints the OS to start reading these rows."""
+        self._x.advise(starts, stops)
 
     def read(
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None

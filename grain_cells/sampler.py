@@ -13,6 +13,13 @@ epoch is `num_blocks - num_blocks % S` positions long: the last
 `num_blocks % S` blocks of each epoch's order are skipped in that epoch (with
 shuffling, different blocks each epoch; without, always the last ones). With
 one shard nothing is skipped. `skipped_blocks(epoch)` names them.
+
+**Read-ahead.** Given the `AnnDataSource` itself (rather than its length),
+the sampler also tells the OS which blocks its stream will need next
+(`AnnDataSource.will_need`), `readahead_cells` ahead, so that on a cold page
+cache the disk works while the CPU shuffles and gathers. The stream's future
+is a pure function of the position, so this costs no state worth saving; the
+hints follow each worker's own positions (Grain gives a worker every N-th).
 """
 
 from __future__ import annotations
@@ -52,23 +59,32 @@ class BlockSampler:
         seed: int = 0,
         num_epochs: int | None = 1,
         shard_options: sharding.ShardOptions | None = None,
+        readahead_cells: int = 16384,
     ):
         """Creates the sampler.
 
         Args:
-            num_blocks: Number of blocks (`len(source)`); a source is accepted.
+            num_blocks: Number of blocks (`len(source)`), or the
+                `AnnDataSource` itself to also read ahead.
             shuffle: Visit blocks in a new random order each epoch.
             seed: Seed of the shuffle, in `[0, 2**31)`.
             num_epochs: Epochs in the stream, or None for an endless stream.
             shard_options: `grain.sharding.NoSharding()` (default),
                 `ShardOptions(index, count)` or `ShardByJaxProcess()`.
+            readahead_cells: With a source, hint the OS this many cells ahead
+                of the stream; 0 turns read-ahead off.
 
         Raises:
             ValueError: An argument is out of range, or there are fewer blocks
                 than shards.
         """
+        self._source = None
         if not isinstance(num_blocks, (int, np.integer)):
+            if hasattr(num_blocks, "will_need"):
+                self._source = num_blocks
             num_blocks = len(num_blocks)
+        if readahead_cells < 0:
+            raise ValueError(f"readahead_cells must be >= 0, got {readahead_cells}")
         num_blocks = int(num_blocks)
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
@@ -96,6 +112,48 @@ class BlockSampler:
         # Read by grain.DataLoader when it is given no shard_options.
         self._shard_options = shard_options
         self._epoch_length = num_blocks - num_blocks % count
+        if self._source is None or readahead_cells == 0:
+            self._readahead = 0
+        else:
+            self._readahead = max(2, -(-readahead_cells // self._source.block_size))
+        self._reset_readahead()
+
+    def _reset_readahead(self) -> None:
+        self._last_index: int | None = None
+        self._stride = 1
+        self._hinted_until = -1
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in ("_last_index", "_stride", "_hinted_until"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset_readahead()
+
+    def _read_ahead(self, index: int) -> None:
+        """Hints the blocks of this stream's next positions."""
+        last = self._last_index
+        self._last_index = index
+        if last is not None and index > last:
+            self._stride = index - last
+        elif last is not None:  # restored or restarted: start over
+            self._hinted_until = -1
+        stride = self._stride
+        window = self._readahead * stride
+        if self._hinted_until > index + window // 2:
+            return
+        first = max(self._hinted_until, index + stride)
+        end = index + window
+        if self._num_epochs is not None:
+            end = min(end, len(self))
+        if first >= end:
+            return
+        positions = range(first, end, stride)
+        self._source.will_need([self.block_at(p) for p in positions])
+        self._hinted_until = positions[-1] + stride
 
     @property
     def num_blocks(self) -> int:
@@ -146,8 +204,13 @@ class BlockSampler:
 
     def _epoch_seed(self, epoch: int) -> int:
         # index_shuffle takes a 32-bit seed; mix seed and epoch into one.
+        cached = self.__dict__.get("_seed_memo")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
         mixed = np.random.SeedSequence([self._seed, epoch]).generate_state(1)
-        return int(mixed[0] & 0x7FFFFFFF)
+        value = int(mixed[0] & 0x7FFFFFFF)
+        self.__dict__["_seed_memo"] = (epoch, value)
+        return value
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """All blocks in the order epoch `epoch` visits them (all shards)."""
@@ -171,6 +234,8 @@ class BlockSampler:
                 f"position {index} is past the end of the stream ({len(self)} "
                 "positions)"
             )
+        if self._readahead:
+            self._read_ahead(index)
         return grain.RecordMetadata(index=index, record_key=self.block_at(index))
 
     def __repr__(self) -> str:

@@ -437,6 +437,47 @@ class AnnDataSource:
 
     # -- batched reads -----------------------------------------------------
 
+    def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
+        keys = np.asarray(keys, np.int64).reshape(-1)
+        if keys.size and (keys.min() < 0 or keys.max() >= len(self)):
+            raise IndexError(
+                f"block keys must lie in [0, {len(self)}); got {keys.min()}.."
+                f"{keys.max()}"
+            )
+        files = np.searchsorted(self._block_offsets, keys, side="right") - 1
+        starts = (
+            self._cell_offsets[files]
+            + (keys - self._block_offsets[files]) * self._block_size
+        )
+        stops = np.minimum(starts + self._block_size, self._cell_offsets[files + 1])
+        return files, starts, stops
+
+    def will_need(self, keys) -> None:
+        """Asks the OS to start reading these blocks into the page cache.
+
+        Returns quickly: the reads run in the background, so a later batched
+        read of the blocks finds them cached. Advisory only: it never raises
+        (a bad file is reported by the read itself) and does nothing for
+        compressed data, which h5py reads.
+
+        Args:
+            keys: Block record keys.
+        """
+        try:
+            files, starts, stops = self.block_ranges(np.unique(keys))
+            buf = getattr(self._local, "advise_buf", None)
+            if buf is None:
+                buf = self._local.advise_buf = RowBuffer()
+            for i in np.unique(files).tolist():
+                sel = files == i
+                offset = self._cell_offsets[i]
+                self._file(i).reader.advise(
+                    starts[sel] - offset, stops[sel] - offset, buf
+                )
+        except Exception:  # a hint must never fail the pipeline
+            return
+
     def fetch_ranges(self, starts: np.ndarray, stops: np.ndarray) -> FetchedRows:
         """Reads global row ranges into this thread's reused buffer.
 
