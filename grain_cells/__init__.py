@@ -53,5 +53,15 @@ __all__ = [
     "SourceChangedError",
     "SplitFetch",
     "UnsupportedLayoutError",
+    "densify",  # noqa: F822 - resolved lazily by __getattr__
     "fetch_operations",
 ]
+
+
+def __getattr__(name: str):
+    # JAX is imported only when the helper is used (workers never need it).
+    if name == "densify":
+        from grain_cells.jax_utils import densify
+
+        return densify
+    raise AttributeError(f"module 'grain_cells' has no attribute {name!r}")

@@ -27,6 +27,7 @@ epoch's first ones rather than forming short minibatches.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 
@@ -34,9 +35,10 @@ import grain
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells.matrix import CsrRows
+from grain_cells import transport
+from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
-from grain_cells.source import AnnDataSource
+from grain_cells.source import AnnDataSource, FetchedRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,44 +119,95 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             positions = positions[rng.permutation(positions.size)]
         return positions
 
-    def flat_map(self, blocks: np.ndarray) -> list[dict[str, np.ndarray]]:
-        """Returns the fetch's minibatches."""
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_buffer", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        # Unpickled: this copy runs in a Grain worker whose outputs are pickled
+        # to the trainer; send them through reusable shared-memory slots.
+        self._send_via_slots = transport.in_worker_process()
+
+    def flat_map(self, blocks: np.ndarray) -> Minibatches:
+        """Reads the fetch's blocks; returns its minibatches (built lazily)."""
         cfg = self.config
-        source = self.source
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
-        fetched = source.fetch_ranges(read[:, 2], read[:, 3])
+        buffer = self.__dict__.get("_buffer")
+        if buffer is None:
+            buffer = self.__dict__["_buffer"] = RowBuffer()
+        fetched = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
         order = self.cell_order(blocks, fetched.row_ids)
+        n = order.size
+        if cfg.remainder == "drop":
+            n -= n % cfg.batch_size
+        return Minibatches(
+            self, fetched, order[:n], self.__dict__.get("_send_via_slots", False)
+        )
+
+    def minibatch(self, fetched: FetchedRows, rows: np.ndarray) -> dict:
+        """Formats one minibatch from rows of the fetch buffer."""
+        cfg = self.config
+        source = self.source
         m = cfg.batch_size
-        csr = fetched.csr
-        if csr is None and not isinstance(cfg.output, DenseOutput):
-            csr = _dense_to_csr(fetched.dense)
-        out = []
-        for lo in range(0, order.size, m):
-            rows = order[lo : lo + m]
-            n_real = rows.size
-            if n_real < m and cfg.remainder == "drop":
-                break
+        n_real = rows.size
+        if fetched.csr is None and isinstance(cfg.output, DenseOutput):
+            batch = cfg.output.format_dense(fetched.dense, rows, m, source.columns)
+        else:
+            csr = fetched.csr
             if csr is None:
-                batch = cfg.output.format_dense(fetched.dense, rows, m, source.columns)
-            else:
-                batch = cfg.output.format(
-                    csr, rows, n_real, m, source.column_map, source.num_genes
-                )
-            row_ids = np.full(m, -1, np.int64)
-            row_ids[:n_real] = fetched.row_ids[rows]
-            batch["row_ids"] = row_ids
-            mask = np.zeros(m, bool)
-            mask[:n_real] = True
-            batch["mask"] = mask
-            for name, values in fetched.obs.items():
-                col = np.zeros(
-                    m, values.dtype if values.dtype.kind == "f" else np.int32
-                )
-                col[:n_real] = values[rows]
-                batch[f"obs/{name}"] = col
-            out.append(batch)
-        return out
+                csr = _dense_to_csr(fetched.dense)
+            batch = cfg.output.format(
+                csr, rows, n_real, m, source.column_map, source.num_genes
+            )
+        row_ids = np.full(m, -1, np.int64)
+        row_ids[:n_real] = fetched.row_ids[rows]
+        batch["row_ids"] = row_ids
+        mask = np.zeros(m, bool)
+        mask[:n_real] = True
+        batch["mask"] = mask
+        for name, values in fetched.obs.items():
+            col = np.zeros(m, values.dtype if values.dtype.kind == "f" else np.int32)
+            col[:n_real] = values[rows]
+            batch[f"obs/{name}"] = col
+        return batch
+
+
+class Minibatches(collections.abc.Sequence):
+    """The minibatches of one fetch, formatted when first asked for.
+
+    Grain's FlatMap indexes the sequence in order, so only one minibatch is
+    materialised at a time; the fetch buffer stays alive meanwhile.
+    """
+
+    def __init__(
+        self,
+        split: SplitFetch,
+        fetched: FetchedRows,
+        order: np.ndarray,
+        via_slots: bool,
+    ):
+        self._split = split
+        self._fetched = fetched
+        self._order = order
+        self._via_slots = via_slots
+
+    def __len__(self) -> int:
+        return -(-self._order.size // self._split.config.batch_size)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
+        i %= len(self)
+        m = self._split.config.batch_size
+        batch = self._split.minibatch(self._fetched, self._order[i * m : (i + 1) * m])
+        if self._via_slots:
+            return transport.worker_ring(2 * len(self) + 8).put(batch)
+        return batch
 
 
 def _dense_to_csr(dense: np.ndarray) -> CsrRows:

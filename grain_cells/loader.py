@@ -93,7 +93,23 @@ class DataLoader(grain.DataLoader):
 
 
 class CheckedIterator(grain.DataLoaderIterator):
-    """A `grain.DataLoaderIterator` whose state carries its loader's stamp."""
+    """A `grain.DataLoaderIterator` whose state carries its loader's stamp.
+
+    Also closable: `close()` (or leaving a `with` block) stops the worker
+    processes and frees their shared memory at once, instead of at garbage
+    collection.
+    """
+
+    def close(self) -> None:
+        """Stops the workers; the iterator cannot be used afterwards."""
+        # The DataLoaderIterator's pipeline iterator is a Grain DatasetIterator.
+        self._iterator.close()
+
+    def __enter__(self) -> CheckedIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def get_state(self) -> bytes:
         """Returns the JSON state: Grain's, plus the loader's stamp."""

@@ -431,6 +431,24 @@ class AnnDataSource:
         """Stored column of each output gene, or None when all are kept."""
         return self._columns
 
+    def obs_values(self, column: str) -> np.ndarray:
+        """One obs column for every cell of the source, in row-id order.
+
+        Categorical columns come back as codes into `categories[column]`
+        (harmonised across files). Loads the column of every file into this
+        process.
+
+        Raises:
+            errors.MissingColumnError: `column` is not one of `obs_columns`.
+        """
+        if column not in self._obs_names:
+            raise errors.MissingColumnError(
+                f"obs column {column!r} was not requested; this source has "
+                f"obs_columns={list(self._obs_names)}"
+            )
+        parts = [self._file(i).obs[column] for i in range(len(self._paths))]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
     def file_info(self, i: int) -> h5ad.MatrixInfo:
         """What file `i`'s matrix holds."""
         return self._infos[i]
@@ -478,7 +496,12 @@ class AnnDataSource:
         except Exception:  # a hint must never fail the pipeline
             return
 
-    def fetch_ranges(self, starts: np.ndarray, stops: np.ndarray) -> FetchedRows:
+    def fetch_ranges(
+        self,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        buffer: RowBuffer | None = None,
+    ) -> FetchedRows:
         """Reads global row ranges into this thread's reused buffer.
 
         The lowest-level read: ranges are grouped by file and sorted, read with
@@ -489,6 +512,7 @@ class AnnDataSource:
         Args:
             starts: Global first rows; ranges must not overlap or straddle files.
             stops: Matching exclusive ends.
+            buffer: Buffer to read into; defaults to the calling thread's.
 
         Raises:
             IndexError: A range is outside the source or straddles two files.
@@ -499,7 +523,7 @@ class AnnDataSource:
         starts, stops = starts[order], stops[order]
         self._check_ranges(starts, stops)
         files = np.searchsorted(self._cell_offsets, starts, side="right") - 1
-        buf = self._buffer()
+        buf = buffer if buffer is not None else self._buffer()
         pool = self._thread_pool()
         bounds = np.flatnonzero(np.diff(files)) + 1
         groups = np.split(np.arange(starts.size), bounds)

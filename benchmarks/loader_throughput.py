@@ -1,0 +1,173 @@
+r"""End-to-end throughput of grain_cells through `grain.DataLoader`.
+
+For each output format x worker count x cache state, builds
+`grain_cells.DataLoader(AnnDataSource, BlockSampler, fetch_operations)`,
+times the first minibatch, skips `--warmup` minibatches, then measures cells/s
+over `--minibatches` minibatches (real cells only: padding is not counted).
+Reports the peak RSS of the main process and of each worker (VmHWM).
+
+"cold" evicts the file from the page cache before the loader starts; "warm"
+reads the whole file once first.
+
+Usage:
+  python benchmarks/loader_throughput.py                  # 400k synthetic cells
+  python benchmarks/loader_throughput.py --data=a.h5ad,b.h5ad --obs_column=cell_type
+  python benchmarks/loader_throughput.py --n_cells=50000 --minibatches=500
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import bench_util
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from configs import loader_throughput as config_lib  # noqa: E402
+
+import grain_cells  # noqa: E402
+
+_CONFIG = config_lib.get_config()
+_DATA = flags.DEFINE_list(
+    "data",
+    None,
+    "Comma-separated .h5ad files; default: "
+    "a synthetic Tahoe-shaped file of --n_cells cells.",
+)
+_JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+for _key, _value in _CONFIG.items():
+    if isinstance(_value, int):
+        flags.DEFINE_integer(_key, _value, f"Default {_value}.")
+    else:
+        flags.DEFINE_string(_key, _value, f"Default {_value!r}.")
+FLAGS = flags.FLAGS
+
+
+def _children_peak_rss_mb() -> list[float]:
+    """VmHWM of this process's children (Linux), in MiB."""
+    out = []
+    pid = os.getpid()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    kids = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+    for k in kids:
+        try:
+            with open(f"/proc/{k}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        out.append(int(line.split()[1]) / 1024)
+        except OSError:
+            pass
+    return out
+
+
+def make_output(name: str):
+    """The output format named on the command line."""
+    if name == "csr":
+        return grain_cells.CsrOutput()
+    if name == "padded":
+        return grain_cells.PaddedSparseOutput(FLAGS.padded_width)
+    if name == "dense":
+        return grain_cells.DenseOutput()
+    raise app.UsageError(f"unknown output {name!r}: expected csr, padded or dense")
+
+
+def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
+    """Measures one configuration; returns its figures."""
+    genes = None
+    if output == "dense" and FLAGS.dense_genes:
+        # An evenly spread subset of genes (a stand-in for highly variable genes).
+        n_genes = grain_cells.AnnDataSource(paths[0]).num_genes
+        genes = np.linspace(0, n_genes - 1, FLAGS.dense_genes).astype(np.int64)
+    if cache == "cold":
+        bench_util.evict_page_cache(paths)
+    else:
+        bench_util.warm_page_cache(paths)
+    obs = [FLAGS.obs_column] if FLAGS.obs_column else []
+    start = time.perf_counter()
+    source = grain_cells.AnnDataSource(
+        paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes
+    )
+    sampler = grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None)
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=grain_cells.fetch_operations(
+            source,
+            batch_size=FLAGS.batch_size,
+            fetch_factor=FLAGS.fetch_factor,
+            output=make_output(output),
+            seed=FLAGS.seed,
+        ),
+        worker_count=worker_count,
+    )
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter() - start
+    for _ in range(FLAGS.warmup):
+        next(iterator)
+    cells = 0
+    t0 = time.perf_counter()
+    for _ in range(FLAGS.minibatches):
+        cells += int(next(iterator)["mask"].sum())
+    rate = cells / (time.perf_counter() - t0)
+    workers = _children_peak_rss_mb() if worker_count else []
+    iterator.close()
+    return {
+        "output": output,
+        "worker_count": worker_count,
+        "cache": cache,
+        "cells_per_s": round(rate),
+        "first_batch_s": round(first, 3),
+        "main_peak_rss_mb": round(bench_util.peak_rss_mb(), 1),
+        "worker_peak_rss_mb": [round(w, 1) for w in workers],
+        "genes": None if genes is None else int(genes.size),
+    }
+
+
+def main(argv):
+    del argv
+    paths = bench_util.resolve_data(_DATA.value, FLAGS.n_cells, FLAGS.n_genes)
+    results = []
+    print(
+        f"{'output':7s} {'workers':>7s} {'cache':5s} {'cells/s':>10s} "
+        f"{'first(s)':>8s} {'main RSS':>9s}  worker peak RSS (MiB)"
+    )
+    for output in FLAGS.outputs.split(","):
+        for wc in [int(w) for w in FLAGS.worker_counts.split(",")]:
+            for cache in FLAGS.cache.split(","):
+                r = run_point(paths, output, wc, cache)
+                results.append(r)
+                print(
+                    f"{output:7s} {wc:7d} {cache:5s} {r['cells_per_s']:10,d} "
+                    f"{r['first_batch_s']:8.2f} {r['main_peak_rss_mb']:9.0f}  "
+                    f"{r['worker_peak_rss_mb']}",
+                    flush=True,
+                )
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump(
+                {
+                    "files": paths,
+                    "flags": {k: getattr(FLAGS, k) for k in _CONFIG},
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    app.run(main)

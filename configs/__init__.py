@@ -1,0 +1,1 @@
+"""Default configurations of the benchmark and example binaries."""

@@ -1,0 +1,21 @@
+"""Defaults of `benchmarks/loader_throughput.py` (each key is also a flag)."""
+
+
+def get_config() -> dict:
+    """The issue's reference point: Tahoe-shaped file, batch 64, block 16."""
+    return {
+        "n_cells": 400_000,  # synthetic file when --data is not given
+        "n_genes": 62_710,
+        "batch_size": 64,
+        "block_size": 16,
+        "fetch_factor": 16,
+        "worker_counts": "0,2",
+        "outputs": "csr,dense",  # csr, padded, dense
+        "dense_genes": 2_000,  # gene subset for dense output (0: all genes)
+        "padded_width": 4_096,
+        "obs_column": "plate",
+        "cache": "cold,warm",
+        "warmup": 200,  # minibatches before the window (includes worker start)
+        "minibatches": 3_000,  # the measured window
+        "seed": 0,
+    }

@@ -1,0 +1,39 @@
+"""JAX helpers for grain_cells minibatches (import this module explicitly).
+
+Kept out of `grain_cells/__init__.py`'s imports so that Grain worker
+processes, which import the package to run the pipeline, do not pay for
+importing JAX; `grain_cells.densify` resolves here lazily.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def densify(values: jax.Array, indices: jax.Array, num_genes: int) -> jax.Array:
+    """Turns a padded-sparse batch into a dense `[batch, num_genes]` array.
+
+    Works inside `jax.jit` (`num_genes` must be static). Padding slots hold
+    value 0 at index 0, so scatter-adding them changes nothing; indices at or
+    past `num_genes` are dropped.
+
+    Args:
+        values: `[batch, width]` stored values (`PaddedSparseOutput`'s
+            `values`).
+        indices: `[batch, width]` int32 gene indices.
+        num_genes: Width of the dense output.
+
+    Returns:
+        `[batch, num_genes]` array of `values.dtype`.
+
+    Example:
+        >>> @jax.jit
+        ... def step(batch):
+        ...     x = densify(batch["values"], batch["indices"], 2000)
+        ...     return jnp.log1p(x).sum()
+    """
+    batch = values.shape[0]
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], indices.shape)
+    dense = jnp.zeros((batch, num_genes), values.dtype)
+    return dense.at[rows, indices].add(values, mode="drop")
