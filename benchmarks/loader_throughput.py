@@ -27,9 +27,8 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from configs import loader_throughput as config_lib  # noqa: E402
-
-import grain_cells  # noqa: E402
+import grain_cells
+from configs import loader_throughput as config_lib
 
 _CONFIG = config_lib.get_config()
 _DATA = flags.DEFINE_list(

@@ -53,7 +53,7 @@ __all__ = [
     "SourceChangedError",
     "SplitFetch",
     "UnsupportedLayoutError",
-    "densify",  # noqa: F822 - resolved lazily by __getattr__
+    "densify",
     "fetch_operations",
 ]
 

@@ -21,6 +21,9 @@ slow consumer never deadlocks a worker.
 
 from __future__ import annotations
 
+import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
+import contextlib
+import mmap
 import multiprocessing
 import multiprocessing.util
 import os
@@ -28,8 +31,6 @@ import secrets
 import time
 from collections.abc import Mapping
 
-import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
-import mmap
 import numpy as np
 
 # Slots a ring may grow to. Grain's DataLoader materialises a whole fetch
@@ -72,10 +73,8 @@ def _open(name: str, size: int) -> mmap.mmap:
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         _posixshmem.shm_unlink(name)
-    except FileNotFoundError:
-        pass
 
 
 def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
