@@ -99,33 +99,37 @@ class PaddedSparseOutput:
         column_map,
         n_genes: int,
     ) -> dict[str, np.ndarray]:
-        """Gathers `rows` into `[batch_size, width]` padded arrays."""
-        data, indices, indptr = take_csr(csr, rows, column_map)
-        lengths = np.diff(indptr)
+        """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
+        if column_map is None:
+            data, indices, indptr = csr.data, csr.indices, csr.indptr
+            src = rows
+        else:  # map and filter columns first; rows are then 0..n-1
+            data, indices, indptr = take_csr(csr, rows, column_map)
+            src = np.arange(rows.size)
+        begin = indptr[src]
+        lengths = indptr[src + 1] - begin
         w = self.width
-        over = np.flatnonzero(lengths > w)
-        if over.size and self.truncate == "error":
+        if self.truncate == "error" and lengths.size and lengths.max() > w:
+            r = int(np.argmax(lengths))
             raise ValueError(
-                f"a cell has {int(lengths[over[0]])} stored values, more than "
+                f"a cell has {int(lengths[r])} stored values, more than "
                 f"PaddedSparseOutput(width={w}); raise width or choose "
                 "truncate='largest' or 'first'"
             )
         values = np.zeros((batch_size, w), self.dtype)
         cols = np.zeros((batch_size, w), np.int32)
-        kept = np.minimum(lengths, w)
-        # Position of each kept value: the first `kept` values of its row ...
-        row_of = np.repeat(np.arange(lengths.size), kept)
-        slot = np.arange(row_of.size) - np.repeat(np.cumsum(kept) - kept, kept)
-        src = indptr[row_of] + slot
-        # ... except in truncated rows under "largest", patched row by row.
-        if over.size and self.truncate == "largest":
-            starts = np.cumsum(kept) - kept
-            for r in over.tolist():
-                a, b = indptr[r], indptr[r + 1]
-                top = np.argsort(-data[a:b], kind="stable")[:w]
-                src[starts[r] : starts[r] + w] = a + np.sort(top)
-        values[row_of, slot] = data[src]
-        cols[row_of, slot] = indices[src]
+        largest = self.truncate == "largest"
+        for r, (a, n) in enumerate(zip(begin.tolist(), lengths.tolist(), strict=True)):
+            if n <= w:
+                values[r, :n] = data[a : a + n]
+                cols[r, :n] = indices[a : a + n]
+            elif largest:  # the w largest values, ties to the lower column
+                keep = a + np.sort(np.argsort(-data[a : a + n], kind="stable")[:w])
+                values[r] = data[keep]
+                cols[r] = indices[keep]
+            else:
+                values[r] = data[a : a + w]
+                cols[r] = indices[a : a + w]
         nnz = np.zeros(batch_size, np.int32)
         nnz[: lengths.size] = lengths
         return {"values": values, "indices": cols, "nnz": nnz}
@@ -150,11 +154,14 @@ class DenseOutput:
         column_map,
         n_genes: int,
     ) -> dict[str, np.ndarray]:
-        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array."""
+        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
+
+        With a gene subset, stored values of other genes are dropped first (one
+        pass over the values: cheaper than scattering them anywhere).
+        """
         data, indices, indptr = take_csr(csr, rows, column_map)
         X = np.zeros((batch_size, n_genes), self.dtype)
-        row_of = np.repeat(np.arange(rows.size), np.diff(indptr))
-        X[row_of, indices] = data
+        X[np.repeat(np.arange(rows.size), np.diff(indptr)), indices] = data
         return {"X": X}
 
     def format_dense(
