@@ -29,6 +29,7 @@ from grain_cells.loader import (
     DataLoader,
 )
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
+from grain_cells.pipeline import cell_dataset
 from grain_cells.sampler import BlockSampler
 from grain_cells.source import AnnDataSource, Block
 
@@ -53,6 +54,7 @@ __all__ = [
     "SourceChangedError",
     "SplitFetch",
     "UnsupportedLayoutError",
+    "cell_dataset",
     "densify",
     "fetch_operations",
 ]
