@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import weakref
 
 import grain
 import numpy as np
@@ -121,8 +122,23 @@ class SplitFetch(grain.experimental.FlatMapTransform):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_buffer", None)
+        state.pop("_buffers", None)
         return state
+
+    def _lend_buffer(self) -> tuple[RowBuffer, list]:
+        """A read buffer no live fetch is using, and its owner cell.
+
+        Fetches are formatted lazily from their buffer, and two iterators of
+        one pipeline may be alive at once (or one restored while another
+        runs), so a buffer is reused only once the fetch that filled it is gone.
+        """
+        pool = self.__dict__.setdefault("_buffers", [])
+        for buffer, owner in pool:
+            if owner[0] is None or owner[0]() is None:
+                return buffer, owner
+        entry = (RowBuffer(), [None])
+        pool.append(entry)
+        return entry
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -135,17 +151,19 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         cfg = self.config
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
-        buffer = self.__dict__.get("_buffer")
-        if buffer is None:
-            buffer = self.__dict__["_buffer"] = RowBuffer()
+        buffer, owner = self._lend_buffer()
         fetched = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        if fetched.csr is None and not isinstance(cfg.output, DenseOutput):
+            fetched.csr = _dense_to_csr(fetched.dense)  # once per fetch
         order = self.cell_order(blocks, fetched.row_ids)
         n = order.size
         if cfg.remainder == "drop":
             n -= n % cfg.batch_size
-        return Minibatches(
+        batches = Minibatches(
             self, fetched, order[:n], self.__dict__.get("_send_via_slots", False)
         )
+        owner[0] = weakref.ref(batches)
+        return batches
 
     def minibatch(self, fetched: FetchedRows, rows: np.ndarray) -> dict:
         """Formats one minibatch from rows of the fetch buffer."""
@@ -153,14 +171,11 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         source = self.source
         m = cfg.batch_size
         n_real = rows.size
-        if fetched.csr is None and isinstance(cfg.output, DenseOutput):
+        if fetched.csr is None:  # dense file, dense output
             batch = cfg.output.format_dense(fetched.dense, rows, m, source.columns)
         else:
-            csr = fetched.csr
-            if csr is None:
-                csr = _dense_to_csr(fetched.dense)
             batch = cfg.output.format(
-                csr, rows, n_real, m, source.column_map, source.num_genes
+                fetched.csr, rows, n_real, m, source.column_map, source.num_genes
             )
         row_ids = np.full(m, -1, np.int64)
         row_ids[:n_real] = fetched.row_ids[rows]

@@ -109,3 +109,21 @@ def test_shards_are_disjoint_and_equal(path):
         np.sort(np.concatenate([all_rows, missing])), np.arange(N_OBS)
     )
     assert len({len(r) for r in per_shard}) <= 2  # equal blocks; a short one
+
+
+def test_interleaved_iterators_do_not_share_fetch_buffers(path):
+    source = grain_cells.AnnDataSource(path, block_size=4)
+    x = ad.read_h5ad(path).X
+    ds = grain_cells.cell_dataset(source, batch_size=8, fetch_factor=4, seed=5)
+    a, b = iter(ds), iter(ds)
+    next(b)  # b's first fetch is read while a's is not yet
+    for _ in range(10):
+        for it in (a, b):
+            batch = next(it)
+            real = np.flatnonzero(batch["mask"])
+            m = sp.csr_matrix(
+                (batch["data"], batch["indices"], batch["indptr"]), shape=(8, N_VARS)
+            )
+            np.testing.assert_array_equal(
+                m[real].toarray(), x[batch["row_ids"][real]].toarray()
+            )
