@@ -221,7 +221,9 @@ class Minibatches(collections.abc.Sequence):
         m = self._split.config.batch_size
         batch = self._split.minibatch(self._fetched, self._order[i * m : (i + 1) * m])
         if self._via_slots:
-            return transport.worker_ring(2 * len(self) + 8).put(batch)
+            # The fetch (materialised by Grain), the worker's queue (16 by
+            # default) and what the trainer holds.
+            return transport.worker_ring(2 * len(self) + 24).put(batch)
         return batch
 
 

@@ -16,6 +16,11 @@ differences:
   inside Grain (or silently yields other data). The iterator here stamps its
   state with the worker count, sampler, source and operations, and refuses a
   state whose stamp differs, saying what differs.
+* **Worker buffer.** `worker_buffer_size` defaults to 16 minibatches per
+  worker (Grain: 1). Elements travel as small handles to shared-memory slots,
+  so a deeper queue costs little, and with a queue of one the round-robin over
+  workers stalls whenever one worker is mid-fetch (two workers: 118k -> 155k
+  cells/s).
 * **absl flags.** Grain's worker processes read an absl flag; in programs
   that never parse flags (notebooks, pytest) that fails. The loader marks
   flags as parsed when they are not.
@@ -56,13 +61,13 @@ class DataLoader(grain.DataLoader):
         sampler,
         operations=(),
         worker_count=0,
-        worker_buffer_size=1,
+        worker_buffer_size=16,
         shard_options=None,
         read_options=None,
         enable_profiling=False,
     ):
         """Same arguments as `grain.DataLoader`; `read_options` defaults to
-        `READ_OPTIONS`."""  # noqa: D205, D209
+        `READ_OPTIONS` and `worker_buffer_size` to 16."""  # noqa: D205, D209
         if worker_count and not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
         operations = list(operations)

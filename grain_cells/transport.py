@@ -36,7 +36,7 @@ import numpy as np
 # Slots a ring may grow to. Grain's DataLoader materialises a whole fetch
 # (fan-out minibatches) before queueing any, so a ring needs about that many
 # plus the queue's depth; beyond the cap a worker falls back to one-off segments.
-_MAX_SLOTS = 64
+_MAX_SLOTS = 128
 _WAIT_S = 2.0
 _ALIGN = 64
 
