@@ -297,3 +297,38 @@ def test_repr_is_stable_and_describes_source(tmp_path):
     c = grain_cells.AnnDataSource(path, block_size=16, obs_columns=["idx"])
     assert repr(a) == repr(b) != repr(c)
     assert f"{N_OBS} cells" in repr(a) and "block_size=8" in repr(a)
+
+
+def test_anndata_07_legacy_categoricals(tmp_path):
+    """obs written the anndata 0.7 way: codes with a reference to __categories."""
+    import h5py
+
+    path = tmp_path / "legacy.h5ad"
+    n = 30
+    a = _adata(n, 5)
+    a.obs = pd.DataFrame(index=a.obs_names)
+    a.write_h5ad(path)
+    text = h5py.special_dtype(vlen=str)
+    with h5py.File(path, "r+") as f:
+        del f["obs"]
+        obs = f.create_group("obs")
+        obs.attrs["_index"] = "_index"
+        obs.attrs["column-order"] = np.array(["cell_type", "n"], dtype=object).astype(
+            text
+        )
+        obs.attrs["encoding-type"] = "dataframe"
+        obs.attrs["encoding-version"] = "0.1.0"
+        obs.create_dataset(
+            "_index", data=np.array(a.obs_names, dtype=object), dtype=text
+        )
+        cats = obs.create_group("__categories").create_dataset(
+            "cell_type", data=np.array(["B", "NK", "T"], dtype=object), dtype=text
+        )
+        codes = obs.create_dataset("cell_type", data=(np.arange(n) % 3).astype(np.int8))
+        codes.attrs["categories"] = cats.ref
+        obs.create_dataset("n", data=np.arange(n))
+    source = grain_cells.AnnDataSource(path, obs_columns=["cell_type", "n"])
+    cells = source.read(np.arange(n)[::-1])
+    np.testing.assert_array_equal(source.categories["cell_type"], ["B", "NK", "T"])
+    np.testing.assert_array_equal(cells.obs["cell_type"], (np.arange(n) % 3)[::-1])
+    np.testing.assert_array_equal(cells.obs["n"], np.arange(n)[::-1])
