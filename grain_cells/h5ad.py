@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import warnings
 
+import anndata
 import h5py
 import numpy as np
 import pandas as pd
@@ -329,13 +331,17 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
         )
     elem = group[name]
     try:
-        if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
-            # anndata < 0.8 stored codes here and categories under
-            # obs/__categories; only the whole-dataframe reader resolves that
-            # reference.
-            series = read_elem(group)[name]
-        else:
-            series = read_elem(elem)
+        with warnings.catch_warnings():
+            # Legacy files are expected input; anndata's warning is not
+            # actionable at every read.
+            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
+                # anndata < 0.8 stored codes here and categories under
+                # obs/__categories; only the whole-dataframe reader resolves
+                # that reference.
+                series = read_elem(group)[name]
+            else:
+                series = read_elem(elem)
     except Exception as e:  # anndata and h5py raise many types here
         raise errors.AnnDataFormatError(
             f"{path}: obs column {name!r} cannot be read as an anndata element "
