@@ -140,12 +140,6 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         pool.append(entry)
         return entry
 
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        # Unpickled: this copy runs in a Grain worker whose outputs are pickled
-        # to the trainer; send them through reusable shared-memory slots.
-        self._send_via_slots = transport.in_worker_process()
-
     def flat_map(self, blocks: np.ndarray) -> Minibatches:
         """Reads the fetch's blocks; returns its minibatches (built lazily)."""
         cfg = self.config
@@ -159,9 +153,9 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         n = order.size
         if cfg.remainder == "drop":
             n -= n % cfg.batch_size
-        batches = Minibatches(
-            self, fetched, order[:n], self.__dict__.get("_send_via_slots", False)
-        )
+        # In a Grain worker, outputs are pickled to the trainer: send them
+        # through reusable shared-memory slots instead of fresh segments.
+        batches = Minibatches(self, fetched, order[:n], transport.in_grain_worker())
         owner[0] = weakref.ref(batches)
         return batches
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
 import contextlib
 import mmap
-import multiprocessing
 import multiprocessing.util
 import os
 import secrets
@@ -98,9 +97,20 @@ def _read(mm: mmap.mmap, layout) -> dict[str, np.ndarray]:
     return out
 
 
-def in_worker_process() -> bool:
-    """Whether this is a child process (a Grain worker, when pipelines run)."""
-    return multiprocessing.parent_process() is not None
+def in_grain_worker() -> bool:
+    """Whether this code runs inside a Grain worker process right now.
+
+    Only there are outputs pickled to the trainer, so only there may they
+    travel as slot handles. Asked of Grain itself (its process-prefetch
+    module sets a flag in its workers); if Grain ever drops that function,
+    outputs stay plain dicts, which is always correct.
+    """
+    try:
+        from grain._src.python.dataset.transformations import process_prefetch
+    except ImportError:  # pragma: no cover - other Grain layouts
+        return False
+    check = getattr(process_prefetch, "is_in_worker_process", None)
+    return bool(check()) if callable(check) else False
 
 
 class SlotRing:
