@@ -41,6 +41,35 @@ class CsrRows:
         return self.indptr.shape[0] - 1
 
 
+@dataclasses.dataclass
+class CsrPlan:
+    """Row ranges of one file whose `indptr` has been read and checked.
+
+    Attributes:
+        starts: Local first row of each (merged) range.
+        lengths: Rows per range.
+        firsts: Offset in `data` of each range's first value.
+        lasts: Offset in `data` one past each range's last value.
+        indptr: int64 row pointers of the planned rows, from 0.
+    """
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    firsts: np.ndarray
+    lasts: np.ndarray
+    indptr: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        """Stored values the planned rows hold."""
+        return int(self.indptr[-1])
+
+    @property
+    def n_rows(self) -> int:
+        """Rows planned."""
+        return self.indptr.shape[0] - 1
+
+
 class RowBuffer:
     """Growable arrays reused across reads, so steady state allocates nothing.
 
@@ -97,6 +126,92 @@ class CsrReader:
         """Whether data and indices are read without h5py."""
         return self._data.direct and self._indices.direct
 
+    @property
+    def dtypes(self) -> tuple[np.dtype, np.dtype]:
+        """Dtypes of the stored values and of the column indices."""
+        return self._data.dtype, self._indices.dtype
+
+    def plan(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
+    ) -> CsrPlan:
+        """Reads and checks the `indptr` of row ranges: phase one of a read.
+
+        Args:
+            starts: Sorted local row starts.
+            stops: Matching exclusive ends; ranges must not overlap.
+            buf: Scratch for the `indptr` slices (entry `key`).
+            key: Name of the scratch entry, distinct per live plan.
+
+        Raises:
+            errors.CorruptDataError: `indptr` decreases or points outside
+                `data`; names file and row.
+        """
+        starts, stops = merge_touching(
+            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        )
+        lengths = stops - starts
+        n_rows = int(lengths.sum())
+        # Every range's indptr slice has one entry more than it has rows.
+        ptr = buf.get(key, (n_rows + starts.size,), self._indptr.dtype)
+        self._indptr.read(starts, stops + 1, ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        heads = np.cumsum(lengths + 1) - (lengths + 1)
+        firsts = ptr[heads]
+        lasts = ptr[heads + lengths]
+        self._check_indptr(ptr, heads, lengths, starts)
+        spans = lasts - firsts
+        # Row pointers relative to the values read: drop each range's head.
+        body = np.ones(ptr.size, bool)
+        body[heads] = False
+        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
+        indptr = np.empty(n_rows + 1, np.int64)
+        indptr[0] = 0
+        np.subtract(ptr[body], shift, out=indptr[1:])
+        return CsrPlan(starts, lengths, firsts, lasts, indptr)
+
+    def read_values(
+        self,
+        plan: CsrPlan,
+        data: np.ndarray,
+        indices: np.ndarray,
+        pool=None,
+        check_indices: bool = True,
+    ) -> None:
+        """Phase two: reads the planned rows' values into `data`, `indices`.
+
+        Args:
+            plan: From `plan`.
+            data: Destination of `plan.nnz` values, in this file's dtype.
+            indices: Destination of `plan.nnz` indices, in this file's dtype.
+            pool: Optional thread pool for concurrent reads.
+            check_indices: Check that column indices lie in `[0, n_vars)`.
+
+        Raises:
+            errors.CorruptDataError: A column index is out of range; names the
+                file and row.
+        """
+        self._data.read(plan.firsts, plan.lasts, data, pool)
+        self._indices.read(plan.firsts, plan.lasts, indices, pool)
+        if check_indices and plan.nnz:
+            self._check_indices(plan, indices)
+
+    def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
+        info = self.info
+        if indices.min() >= 0 and indices.max() < info.n_vars:
+            return
+        bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
+        pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1
+        lengths = plan.lengths
+        row = int(
+            np.repeat(plan.starts, lengths)[pos]
+            + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
+        )
+        raise errors.CorruptDataError(
+            f"{info.path}: {info.element}/indices holds column "
+            f"{int(indices[bad])} in row {row}; columns must lie in "
+            f"[0, {info.n_vars})"
+        )
+
     def read(
         self,
         starts: np.ndarray,
@@ -121,48 +236,11 @@ class CsrReader:
             errors.CorruptDataError: `indptr` decreases or points outside
                 `data`, or a column index is out of range; names file and row.
         """
-        info = self.info
-        starts, stops = merge_touching(
-            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        )
-        lengths = stops - starts
-        n_rows = int(lengths.sum())
-        # Every range's indptr slice has one entry more than it has rows.
-        ptr = buf.get("ptr", (n_rows + starts.size,), self._indptr.dtype)
-        self._indptr.read(starts, stops + 1, ptr, pool)
-        ptr = ptr.astype(np.int64, copy=False)
-        heads = np.cumsum(lengths + 1) - (lengths + 1)
-        firsts = ptr[heads]
-        lasts = ptr[heads + lengths]
-        self._check_indptr(ptr, heads, lengths, starts)
-        spans = lasts - firsts
-        nnz = int(spans.sum())
-        # Row pointers relative to the buffer: drop each range's head entry.
-        body = np.ones(ptr.size, bool)
-        body[heads] = False
-        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
-        indptr = buf.get("indptr", (n_rows + 1,), np.int64)
-        indptr[0] = 0
-        np.subtract(ptr[body], shift, out=indptr[1:])
-        data = buf.get("data", (nnz,), self._data.dtype)
-        indices = buf.get("indices", (nnz,), self._indices.dtype)
-        self._data.read(firsts, lasts, data, pool)
-        self._indices.read(firsts, lasts, indices, pool)
-        if check_indices and nnz:
-            lo, hi = indices.min(), indices.max()
-            if lo < 0 or hi >= info.n_vars:
-                bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
-                pos = int(np.searchsorted(indptr, bad, side="right")) - 1
-                row = int(
-                    np.repeat(starts, lengths)[pos]
-                    + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
-                )
-                raise errors.CorruptDataError(
-                    f"{info.path}: {info.element}/indices holds column "
-                    f"{int(indices[bad])} in row {row}; columns must lie in "
-                    f"[0, {info.n_vars})"
-                )
-        return CsrRows(data, indices, indptr, info.n_vars)
+        plan = self.plan(starts, stops, buf)
+        data = buf.get("data", (plan.nnz,), self._data.dtype)
+        indices = buf.get("indices", (plan.nnz,), self._indices.dtype)
+        self.read_values(plan, data, indices, pool, check_indices)
+        return CsrRows(data, indices, plan.indptr, self.info.n_vars)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to start reading these rows (sorted, disjoint).

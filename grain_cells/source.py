@@ -385,6 +385,11 @@ class AnnDataSource:
         return len(self.var_names)
 
     @property
+    def num_genes_stored(self) -> int:
+        """Columns stored in the files (before the gene subset)."""
+        return len(self._all_var_names)
+
+    @property
     def var_names(self) -> np.ndarray:
         """Gene ids of the output columns, in output order."""
         if self._columns is None:
@@ -526,47 +531,62 @@ class AnnDataSource:
         buf = buffer if buffer is not None else self._buffer()
         pool = self._thread_pool()
         bounds = np.flatnonzero(np.diff(files)) + 1
-        groups = np.split(np.arange(starts.size), bounds)
+        groups = [g for g in np.split(np.arange(starts.size), bounds) if g.size]
         lengths = stops - starts
         row_ids = _expand_ranges(starts, lengths)
-        parts = []
-        for g in groups:
-            if g.size == 0:
-                continue
-            i = int(files[g[0]])
-            offset = self._cell_offsets[i]
-            handle = self._file(i)
-            part_buf = buf if len(groups) == 1 else _sub_buffer(buf, len(parts))
-            if self._sparse:
-                parts.append(
-                    handle.reader.read(
-                        starts[g] - offset,
-                        stops[g] - offset,
-                        part_buf,
-                        pool,
-                        check_indices=self._check_indices,
-                    )
+        if not groups:  # nothing asked: an empty read of the first file
+            groups = [np.zeros(0, np.int64)]
+            files = np.zeros(0, np.int64)
+        file_of = [int(files[g[0]]) if g.size else 0 for g in groups]
+        local = [
+            (starts[g] - self._cell_offsets[i], stops[g] - self._cell_offsets[i])
+            for g, i in zip(groups, file_of, strict=True)
+        ]
+        readers = [self._file(i).reader for i in file_of]
+        obs = self._obs_for(files, starts, lengths, row_ids)
+        if not self._sparse:
+            parts = [
+                r.read(a, b, buf if len(readers) == 1 else RowBuffer(), pool)
+                for r, (a, b) in zip(readers, local, strict=True)
+            ]
+            dense = parts[0] if len(parts) == 1 else _concat_dense(parts, buf)
+            return FetchedRows(None, dense, row_ids, obs)
+        # Phase one per file (indptr), then every file's values straight into
+        # one buffer: no per-file copy to concatenate.
+        plans = [
+            r.plan(a, b, buf, key=f"ptr{k}")
+            for k, (r, (a, b)) in enumerate(zip(readers, local, strict=True))
+        ]
+        dtypes = {r.dtypes for r in readers}
+        nnz = sum(p.nnz for p in plans)
+        n_rows = sum(p.n_rows for p in plans)
+        if len(dtypes) == 1:
+            data_dtype, index_dtype = dtypes.pop()
+        else:  # files store different dtypes: read each as is, then cast
+            data_dtype = np.result_type(*(d for d, _ in dtypes))
+            index_dtype = np.result_type(*(i for _, i in dtypes))
+        data = buf.get("data", (nnz,), data_dtype)
+        indices = buf.get("indices", (nnz,), index_dtype)
+        indptr = buf.get("indptr", (n_rows + 1,), np.int64)
+        indptr[0] = 0
+        v = r_ = 0
+        for reader, plan in zip(readers, plans, strict=True):
+            span = slice(v, v + plan.nnz)
+            if reader.dtypes == (data_dtype, index_dtype):
+                reader.read_values(
+                    plan, data[span], indices[span], pool, self._check_indices
                 )
             else:
-                parts.append(
-                    handle.reader.read(
-                        starts[g] - offset, stops[g] - offset, part_buf, pool
-                    )
-                )
-        if not parts:  # nothing asked: an empty read of the first file
-            reader = self._file(0).reader
-            empty = np.zeros(0, np.int64)
-            parts.append(
-                reader.read(empty, empty, buf, None)
-                if not self._sparse
-                else reader.read(empty, empty, buf, None, False)
-            )
-        obs = self._obs_for(files, starts, lengths, row_ids)
-        if self._sparse:
-            csr = parts[0] if len(parts) == 1 else _concat_csr(parts, buf)
-            return FetchedRows(csr, None, row_ids, obs)
-        dense = parts[0] if len(parts) == 1 else _concat_dense(parts, buf)
-        return FetchedRows(None, dense, row_ids, obs)
+                d = np.empty(plan.nnz, reader.dtypes[0])
+                i = np.empty(plan.nnz, reader.dtypes[1])
+                reader.read_values(plan, d, i, pool, self._check_indices)
+                data[span] = d
+                indices[span] = i
+            indptr[r_ + 1 : r_ + 1 + plan.n_rows] = plan.indptr[1:] + v
+            v += plan.nnz
+            r_ += plan.n_rows
+        csr = CsrRows(data, indices, indptr, self.num_genes_stored)
+        return FetchedRows(csr, None, row_ids, obs)
 
     def _check_ranges(self, starts, stops) -> None:
         n = self.num_cells
@@ -698,32 +718,6 @@ def _expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     out = np.arange(total, dtype=np.int64)
     out += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     return out
-
-
-def _sub_buffer(buf: RowBuffer, i: int) -> RowBuffer:
-    subs = buf.__dict__.setdefault("_subs", [])
-    while len(subs) <= i:
-        subs.append(RowBuffer())
-    return subs[i]
-
-
-def _concat_csr(parts: list[CsrRows], buf: RowBuffer) -> CsrRows:
-    nnz = sum(p.data.size for p in parts)
-    n_rows = sum(p.n_rows for p in parts)
-    dtype = np.result_type(*(p.data.dtype for p in parts))
-    idx_dtype = np.result_type(*(p.indices.dtype for p in parts))
-    data = buf.get("cat_data", (nnz,), dtype)
-    indices = buf.get("cat_indices", (nnz,), idx_dtype)
-    indptr = buf.get("cat_indptr", (n_rows + 1,), np.int64)
-    indptr[0] = 0
-    v = r = 0
-    for p in parts:
-        data[v : v + p.data.size] = p.data
-        indices[v : v + p.data.size] = p.indices
-        indptr[r + 1 : r + 1 + p.n_rows] = p.indptr[1:] + v
-        v += p.data.size
-        r += p.n_rows
-    return CsrRows(data, indices, indptr, parts[0].n_vars)
 
 
 def _concat_dense(parts: list[np.ndarray], buf: RowBuffer) -> np.ndarray:

@@ -213,7 +213,7 @@ def _parse_value(key: str, text: str, default):
             return float(text)
     except ValueError:
         raise ValueError(
-            f"--config.{key}={text}: expected a {type(default).__name__}"
+            f"--config.{key}={text}: expected a value of type {type(default).__name__}"
         ) from None
     return text
 
@@ -649,6 +649,63 @@ def _checkpoint_manager(workdir: str, cfg: Config) -> ocp.CheckpointManager:
     )
 
 
+class _StepFiles:
+    """The per-step test hooks: row ids and parameter hashes, appended."""
+
+    def __init__(self, workdir: str, cfg: Config):
+        self._row_ids = self._params = None
+        if cfg.dump_row_ids:
+            self._row_ids = open(_process_file(workdir, "row_ids", ".txt"), "a")  # noqa: SIM115
+        if cfg.dump_params_hash:
+            self._params = open(_process_file(workdir, "params_hash", ".txt"), "a")  # noqa: SIM115
+
+    def write(self, step: int, batch, state) -> None:
+        if self._row_ids is not None:
+            ids = np.asarray(batch["row_ids"])[np.asarray(batch["mask"])]
+            self._row_ids.write(f"{step} {' '.join(map(str, ids))}\n")
+            self._row_ids.flush()
+        if self._params is not None:
+            self._params.write(f"{step} {params_hash(state.params)}\n")
+            self._params.flush()
+
+    def close(self) -> None:
+        for f in (self._row_ids, self._params):
+            if f is not None:
+                f.close()
+
+
+def _save(manager: ocp.CheckpointManager, step: int, state, iterator) -> None:
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(iterator),
+        ),
+    )
+    manager.wait_until_finished()
+    _log(f"checkpoint saved at step {step}")
+
+
+def _restore(manager: ocp.CheckpointManager, state, iterator):
+    """Restores the latest checkpoint into `state` and `iterator`, if any.
+
+    Returns:
+        The state, and the step restored (None when there is no checkpoint).
+    """
+    step = manager.latest_step()
+    if step is None:
+        return state, None
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(state),
+            data=grain.checkpoint.CheckpointRestore(iterator),
+        ),
+    )
+    _log(f"resumed from step {step}")
+    return restored["state"], step
+
+
 def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
     """Trains (resuming from `workdir` when it holds a checkpoint), then evaluates.
 
@@ -662,11 +719,11 @@ def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
 
     Returns:
         Figures of the run: `step`, `resumed_from`, `steps_per_sec` and
-        `cells_per_sec` (over this invocation's steps after the first, all
-        processes' cells), `loss` and `train_accuracy` (mean over the last
-        `log_every` steps), `eval_accuracy`, `eval_cells`, `majority_accuracy`
-        (always predicting the held-out split's most common class),
-        `num_classes`, `num_genes`, `width`.
+        `cells_per_sec` (over this invocation's steps after the first, which
+        compiles; cells of all processes), `loss` and `train_accuracy` (mean
+        over the last `log_every` steps), `eval_accuracy`, `eval_cells`,
+        `majority_accuracy` (always predicting the held-out split's most common
+        class), `num_classes`, `num_genes`, `width`.
     """
     cfg = Config.from_mapping(config)
     workdir = os.path.abspath(workdir)
@@ -678,19 +735,10 @@ def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
     keys = _batch_keys(data)
     iterator = iter(train_loader(data, cfg))
     manager = _checkpoint_manager(workdir, cfg)
+    step_files = _StepFiles(workdir, cfg)
     try:
-        resumed_from = manager.latest_step()
-        if resumed_from is not None:
-            restored = manager.restore(
-                resumed_from,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(state),
-                    data=grain.checkpoint.CheckpointRestore(iterator),
-                ),
-            )
-            state = restored["state"]
-            _log(f"resumed from step {resumed_from}")
-        step = int(local_value(state.step))
+        state, resumed_from = _restore(manager, state, iterator)
+        step = start_step = int(local_value(state.step))
         _log(
             f"data: {data.source.num_cells} cells ({data.train_blocks} of "
             f"{len(data.source)} blocks for training), {data.num_genes} genes, "
@@ -698,12 +746,7 @@ def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
             f"{len(data.label.names)} classes; {jax.process_count()} process(es), "
             f"batch {cfg.batch_size}"
         )
-        row_ids_file = params_file = None
-        if cfg.dump_row_ids:
-            row_ids_file = open(_process_file(workdir, "row_ids", ".txt"), "a")  # noqa: SIM115
-        if cfg.dump_params_hash:
-            params_file = open(_process_file(workdir, "params_hash", ".txt"), "a")  # noqa: SIM115
-        start_step, t0, timed_cells = step, None, 0.0
+        t0, timed_cells = None, 0.0
         window: list[dict] = []
         last = {"loss": float("nan"), "accuracy": float("nan")}
         while step < cfg.num_steps:
@@ -711,16 +754,11 @@ def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
             state, metrics = train_step(state, global_batch(batch, keys, mesh))
             step += 1
             window.append(metrics)
-            if row_ids_file is not None:
-                ids = np.asarray(batch["row_ids"])[np.asarray(batch["mask"])]
-                row_ids_file.write(f"{step} {' '.join(map(str, ids))}\n")
-                row_ids_file.flush()
-            if params_file is not None:
-                params_file.write(f"{step} {params_hash(state.params)}\n")
-                params_file.flush()
-            if step == start_step + 1:  # compiled, workers started: start the clock
+            step_files.write(step, batch, state)
+            if t0 is None:  # compiled, workers started: start the clock
                 jax.block_until_ready(state)
-                t0, window = time.perf_counter(), []
+                t0 = time.perf_counter()
+                timed_cells -= float(local_value(metrics["count"]))
             if step % cfg.log_every == 0 or step == cfg.num_steps:
                 last, cells = _summarise(window)
                 timed_cells += cells
@@ -730,37 +768,27 @@ def train_and_evaluate(config: Mapping | Config, workdir: str) -> dict:
                     f"accuracy={last['accuracy']:.4f}"
                 )
             if step % cfg.checkpoint_every == 0 or step == cfg.num_steps:
-                manager.save(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(state),
-                        data=grain.checkpoint.CheckpointSave(iterator),
-                    ),
-                )
-                manager.wait_until_finished()
-                _log(f"checkpoint saved at step {step}")
+                _save(manager, step, state, iterator)
         jax.block_until_ready(state)
         elapsed = time.perf_counter() - t0 if t0 is not None else float("nan")
-        timed_steps = step - start_step - 1
-        for f in (row_ids_file, params_file):
-            if f is not None:
-                f.close()
     finally:
+        step_files.close()
         _close(iterator)
         manager.close()
 
     np.savez(
         _process_file(workdir, "final_params", ".npz"), **_flat_params(state.params)
     )
-    evaluation = evaluate(state, data, cfg)
+    timed_steps = step - start_step - 1
+    nan = float("nan")
     result = {
         "step": step,
         "resumed_from": resumed_from,
-        "steps_per_sec": timed_steps / elapsed if timed_steps > 0 else float("nan"),
-        "cells_per_sec": timed_cells / elapsed if timed_steps > 0 else float("nan"),
+        "steps_per_sec": timed_steps / elapsed if timed_steps > 0 else nan,
+        "cells_per_sec": timed_cells / elapsed if timed_steps > 0 else nan,
         "loss": last["loss"],
         "train_accuracy": last["accuracy"],
-        **evaluation,
+        **evaluate(state, data, cfg),
         "num_classes": len(data.label.names),
         "num_genes": data.num_genes,
         "width": data.width,

@@ -332,3 +332,21 @@ def test_anndata_07_legacy_categoricals(tmp_path):
     np.testing.assert_array_equal(source.categories["cell_type"], ["B", "NK", "T"])
     np.testing.assert_array_equal(cells.obs["cell_type"], (np.arange(n) % 3)[::-1])
     np.testing.assert_array_equal(cells.obs["n"], np.arange(n)[::-1])
+
+
+def test_files_with_different_dtypes_share_one_fetch(tmp_path):
+    """float32/int32 and float64/int64 files read together, values exact."""
+    a = _adata(50, N_VARS, seed=1)
+    b = _adata(40, N_VARS, seed=2)
+    b.X = b.X.astype(np.float64)
+    b.X.indices = b.X.indices.astype(np.int64)
+    b.X.indptr = b.X.indptr.astype(np.int64)
+    paths = [tmp_path / "a.h5ad", tmp_path / "b.h5ad"]
+    a.write_h5ad(paths[0])
+    b.write_h5ad(paths[1])
+    source = grain_cells.AnnDataSource(paths, block_size=8)
+    assert source.dtype == np.float64
+    rows = np.r_[45:50, 50:60, 0:3]
+    cells = source.read(rows)
+    want = sp.vstack([a.X, b.X]).tocsr()[rows].toarray()
+    np.testing.assert_array_equal(cells.X.toarray(), want)
