@@ -33,6 +33,8 @@ import json
 import grain
 from absl import flags
 
+from grain_cells import transport
+
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 _STAMP = "grain_cells"
 
@@ -103,12 +105,33 @@ class CheckedIterator(grain.DataLoaderIterator):
     Also closable: `close()` (or leaving a `with` block) stops the worker
     processes and frees their shared memory at once, instead of at garbage
     collection.
+
+    Once `next` has raised (a worker died, a file went bad), every later call
+    raises again: Grain would otherwise go on with the surviving workers'
+    minibatches only, silently skipping the dead worker's share.
     """
+
+    _failure: BaseException | None = None
+
+    def __next__(self):
+        if self._failure is not None:
+            raise RuntimeError(
+                "the data iterator failed earlier and cannot continue; restore "
+                "it from a checkpoint or start a new one"
+            ) from self._failure
+        try:
+            return super().__next__()
+        except StopIteration:
+            raise
+        except Exception as e:
+            self._failure = e
+            raise
 
     def close(self) -> None:
         """Stops the workers; the iterator cannot be used afterwards."""
         # The DataLoaderIterator's pipeline iterator is a Grain DatasetIterator.
         self._iterator.close()
+        transport.release_dead_rings()
 
     def __enter__(self) -> CheckedIterator:
         return self
@@ -153,3 +176,4 @@ class CheckedIterator(grain.DataLoaderIterator):
                 "same configuration, or start the data iterator afresh."
             )
         super().set_state(json.dumps(obj["grain"]).encode())
+        self._failure = None

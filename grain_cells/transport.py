@@ -229,8 +229,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class ExpiredBatch(dict):
+    """Stands for a minibatch whose worker exited before it was received.
+
+    Grain drains its queues when an iterator stops, after the worker has
+    unlinked its segments; what is drained is discarded. If one ever reaches
+    user code, touching it says what happened instead of returning data.
+    """
+
+    def __getitem__(self, key):
+        raise RuntimeError(
+            "this minibatch's shared memory was released before it was "
+            "received: its Grain worker process exited (or was stopped)"
+        )
+
+
 def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
     """Copies a minibatch out of shared memory and frees its slot."""
+    try:
+        return _receive_or_raise(ring, slot, segment, size, layout, pid)
+    except FileNotFoundError:
+        return ExpiredBatch()
+
+
+def _receive_or_raise(ring, slot, segment, size, layout, pid):
     global _unpacked
     if ring is None:
         mm = _open(segment, size)
@@ -253,6 +275,11 @@ def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
     if _unpacked % _PRUNE_EVERY == 0:
         _prune()
     return out
+
+
+def release_dead_rings() -> None:
+    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
+    _prune()
 
 
 def _prune() -> None:
