@@ -20,8 +20,9 @@ Usage (from the repository root)::
 
 **Held-out split.** The cells of `--config.eval_data` files, or else the last
 `eval_fraction` of the blocks of the training files, are never trained on;
-the final accuracy is measured on them. Both splits are blocks of one source,
-so categorical codes agree. With the synthetic data only `n_counts` (total
+the final accuracy is measured on them (in a plate-sorted file the last
+blocks are the last plate: an unseen-plate split). Both splits are blocks of
+one source, so categorical codes agree. With the synthetic data only `n_counts` (total
 counts, the default label) is tied to the expression; `cell_line`, `drug` and
 `plate` are drawn independently of it, so they train to chance level.
 

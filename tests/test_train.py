@@ -1,0 +1,315 @@
+"""`python -m grain_cells.train`: kill and resume, two JAX processes, the binary.
+
+Every run is a subprocess (`python -m grain_cells.train`, as a user runs it) on
+a small synthetic file: 3,200 cells x 200 genes, blocks of 16 cells, the last
+8 blocks held out, so 192 training blocks (3,072 cells). A kill is SIGKILL to
+the run's process group (the trainer and its Grain workers) right after the
+trainer reports a randomly chosen step past its first checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import psutil
+import pytest
+
+from grain_cells import synthetic
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+N_CELLS, BLOCK, HELD_OUT_BLOCKS = 3_200, 16, 8
+TRAIN_CELLS = N_CELLS - HELD_OUT_BLOCKS * BLOCK
+NUM_STEPS, CHECKPOINT_EVERY = 40, 8
+# Two processes, global batch 64: an epoch of the training cells is 48 steps.
+STEPS_PER_EPOCH = TRAIN_CELLS // 64
+TWO_PROCESS_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY
+RUN_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("train_data") / "cells.h5ad"
+    synthetic.write_tahoe_like(path, N_CELLS, n_genes=200, mean_nnz=40)
+    return str(path)
+
+
+def config_flags(data_file: str, **overrides) -> list[str]:
+    config = {
+        "data": data_file,
+        "eval_fraction": HELD_OUT_BLOCKS * BLOCK / N_CELLS,
+        "num_genes": 64,
+        "batch_size": 32,
+        "block_size": BLOCK,
+        "fetch_factor": 4,
+        "hidden_size": 32,
+        "num_steps": NUM_STEPS,
+        "checkpoint_every": CHECKPOINT_EVERY,
+        "log_every": 1,
+        **overrides,
+    }
+    return [f"--config.{k}={v}" for k, v in config.items()]
+
+
+class Run:
+    """One `python -m grain_cells.train` process, its output in a file."""
+
+    def __init__(self, workdir, flags, log: pathlib.Path):
+        self.log = log
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "grain_cells.train",
+                    f"--workdir={workdir}",
+                    *flags,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: the workers die with it
+            )
+        self.deadline = time.monotonic() + RUN_TIMEOUT_S
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str) -> None:
+        """Waits until the output has a line matching `pattern`."""
+        regex = re.compile(pattern, re.MULTILINE)
+        while not regex.search(self.text()):
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"exited ({self.proc.returncode}) before {pattern!r}:\n"
+                    + self.text()[-3000:]
+                )
+            if time.monotonic() > self.deadline:
+                raise AssertionError(f"timed out waiting for {pattern!r}")
+            time.sleep(0.005)
+
+    def finish(self) -> str:
+        """Waits for a clean exit; returns the output."""
+        try:
+            self.proc.wait(max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("run timed out:\n" + self.text()[-3000:]) from None
+        assert self.proc.returncode == 0, self.text()[-3000:]
+        return self.text()
+
+    def kill(self) -> None:
+        """SIGKILLs the run's process group; unlinks its workers' segments."""
+        if self.proc.poll() is None:
+            try:
+                children = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                children = []
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            for child in children:  # grain_cells' slot rings: /gcells_<pid>_...
+                for name in pathlib.Path("/dev/shm").glob(f"gcells_{child.pid}_*"):
+                    name.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def runs():
+    """Collects `Run`s and kills whatever is still running on the way out."""
+    started: list[Run] = []
+    try:
+        yield started
+    finally:
+        for run in started:
+            run.kill()
+
+
+def train(workdir, flags, tmp_path, name: str, processes: int = 1) -> list[str]:
+    """Runs to completion (`processes` JAX processes); returns their outputs."""
+    with runs() as started:
+        for run_flags in _process_flags(flags, processes):
+            started.append(Run(workdir, run_flags, tmp_path / f"{name}-{len(started)}"))
+        return [run.finish() for run in started]
+
+
+def train_killed_then_resumed(
+    workdir, flags, tmp_path, kill_step, num_steps=NUM_STEPS, processes=1
+):
+    """Kills the run after it reports `kill_step`, then runs it again to the end."""
+    with runs() as started:
+        for run_flags in _process_flags(flags, processes):
+            started.append(Run(workdir, run_flags, tmp_path / f"killed-{len(started)}"))
+        started[0].wait_for(rf"^(\[process 0/\d\] )?step {kill_step}:")
+        for run in started:
+            run.kill()
+    saved = [
+        int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()
+    ]
+    assert saved and CHECKPOINT_EVERY <= max(saved) < num_steps, saved
+    outputs = train(workdir, flags, tmp_path, "resumed", processes)
+    for out in outputs:
+        assert re.search(rf"resumed from step {max(saved)}$", out, re.MULTILINE), out
+    return outputs
+
+
+def _process_flags(flags, processes: int) -> list[list[str]]:
+    if processes == 1:
+        return [flags]
+    address = f"localhost:{portpicker.pick_unused_port()}"
+    return [
+        [
+            *flags,
+            f"--num_processes={processes}",
+            f"--process_id={i}",
+            f"--coordinator_address={address}",
+        ]
+        for i in range(processes)
+    ]
+
+
+def final_params(workdir, process: int = 0, processes: int = 1) -> dict:
+    path = workdir / "final_params" / f"process_{process}-of-{processes}.npz"
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert a[key].tobytes() == b[key].tobytes(), key
+
+
+def kill_step(seed: int, num_steps: int = NUM_STEPS) -> int:
+    """A reproducible 'random' step after the first checkpoint, well before the end
+    (the run goes on for the few milliseconds the test takes to notice)."""
+    rng = np.random.default_rng(seed)
+    return int(rng.integers(CHECKPOINT_EVERY + 1, num_steps - CHECKPOINT_EVERY))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_file, tmp_path_factory):
+    """Uninterrupted single-process runs, by worker count: (workdir, output)."""
+    done = {}
+
+    def get(worker_count: int):
+        if worker_count not in done:
+            tmp = tmp_path_factory.mktemp(f"uninterrupted{worker_count}")
+            flags = config_flags(data_file, worker_count=worker_count)
+            (out,) = train(tmp / "work", flags, tmp, "run")
+            done[worker_count] = (tmp / "work", out)
+        return done[worker_count]
+
+    return get
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_sigkill_and_resume_is_bitwise_identical(
+    data_file, uninterrupted, tmp_path, worker_count
+):
+    reference, _ = uninterrupted(worker_count)
+    workdir = tmp_path / "work"
+    flags = config_flags(data_file, worker_count=worker_count)
+    train_killed_then_resumed(workdir, flags, tmp_path, kill_step(worker_count))
+    assert_bitwise_equal(final_params(workdir), final_params(reference))
+
+
+def test_main_prints_figures(uninterrupted):
+    _, out = uninterrupted(0)
+    done = re.search(r"^done at step (\d+): (.*)$", out, re.MULTILINE)
+    assert done, out[-2000:]
+    assert int(done.group(1)) == NUM_STEPS
+    pairs = re.findall(r"([a-z/ ]+)=([^,\s]+)", done.group(2))
+    figures = {name.strip(): float(value) for name, value in pairs}
+    for name in ("steps/s", "cells/s", "loss", "accuracy"):
+        assert figures[name] > 0, (name, done.group(0))
+    assert figures["accuracy"] <= 1
+    assert re.search(rf"^checkpoint saved at step {NUM_STEPS}$", out, re.MULTILINE)
+
+
+def test_measure_loader_overhead(data_file, tmp_path):
+    flags = config_flags(data_file, overhead_steps=40)
+    (out,) = train(
+        tmp_path / "work", [*flags, "--measure_loader_overhead"], tmp_path, "m"
+    )
+    for what in ("fed by the loader", "fed from memory", "the loader alone"):
+        line = re.search(rf"{what}: steps/s=([\d.]+), cells/s=(\d+)", out)
+        assert line and float(line.group(1)) > 0, out[-2000:]
+
+
+@pytest.fixture(scope="module")
+def two_processes(data_file, tmp_path_factory):
+    """An uninterrupted two-process run with per-step dumps: (workdir, flags)."""
+    tmp = tmp_path_factory.mktemp("two_processes")
+    flags = config_flags(
+        data_file,
+        batch_size=64,
+        num_steps=TWO_PROCESS_STEPS,
+        dump_row_ids="true",
+        dump_params_hash="true",
+    )
+    train(tmp / "work", flags, tmp, "run", processes=2)
+    return tmp / "work", flags
+
+
+def _per_step(path: pathlib.Path) -> dict[int, list[str]]:
+    out = {}
+    for line in path.read_text().splitlines():
+        step, *rest = line.split()
+        out[int(step)] = rest
+    return out
+
+
+def test_two_processes_see_each_cell_of_an_epoch_once(two_processes):
+    workdir, _ = two_processes
+    seen = []
+    for p in range(2):
+        rows = _per_step(workdir / "row_ids" / f"process_{p}-of-2.txt")
+        assert sorted(rows) == list(range(1, TWO_PROCESS_STEPS + 1))
+        seen.append(
+            np.array([int(r) for s in rows if s <= STEPS_PER_EPOCH for r in rows[s]])
+        )
+        held_out = [int(r) for s in rows for r in rows[s] if int(r) >= TRAIN_CELLS]
+        assert not held_out, f"process {p} trained on held-out cells {held_out[:5]}"
+    assert seen[0].size == seen[1].size == TRAIN_CELLS // 2
+    everything = np.concatenate(seen)
+    np.testing.assert_array_equal(np.sort(everything), np.arange(TRAIN_CELLS))
+
+
+def test_two_processes_keep_identical_parameters(two_processes):
+    workdir, _ = two_processes
+    hashes = [
+        _per_step(workdir / "params_hash" / f"process_{p}-of-2.txt") for p in range(2)
+    ]
+    assert sorted(hashes[0]) == list(range(1, TWO_PROCESS_STEPS + 1))
+    assert hashes[0] == hashes[1]
+    assert len({h[0] for h in hashes[0].values()}) == TWO_PROCESS_STEPS  # they move
+    assert_bitwise_equal(final_params(workdir, 0, 2), final_params(workdir, 1, 2))
+
+
+def test_two_processes_sigkill_and_resume(two_processes, tmp_path):
+    reference, flags = two_processes
+    workdir = tmp_path / "work"
+    train_killed_then_resumed(
+        workdir,
+        flags,
+        tmp_path,
+        kill_step(7, TWO_PROCESS_STEPS),
+        num_steps=TWO_PROCESS_STEPS,
+        processes=2,
+    )
+    for p in range(2):
+        assert_bitwise_equal(final_params(workdir, p, 2), final_params(reference, p, 2))
+    for p in range(2):  # the checkpoint holds each process's own iterator
+        data = workdir / "checkpoints" / str(TWO_PROCESS_STEPS) / "data"
+        assert (data / f"process_{p}-of-2.json").is_file()
