@@ -30,6 +30,7 @@ from grain_cells.loader import (
 )
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 from grain_cells.pipeline import cell_dataset
+from grain_cells.preshuffling import preshuffle
 from grain_cells.sampler import BlockSampler
 from grain_cells.source import AnnDataSource, Block
 
@@ -57,6 +58,7 @@ __all__ = [
     "cell_dataset",
     "densify",
     "fetch_operations",
+    "preshuffle",
 ]
 
 

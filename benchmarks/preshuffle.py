@@ -1,0 +1,117 @@
+r"""Time `grain_cells.preshuffle` writing a shuffled copy of `.h5ad` files.
+
+Prints the writer's wall time, seconds per million cells, the output's size
+and this process's peak RSS. Parts already in `--output_dir` from an earlier
+run (those listed in its `preshuffle.json`) are deleted first, so the timing
+always covers a full write.
+
+Usage:
+  python benchmarks/preshuffle.py --data=/tmp/synth400k.h5ad \
+      --output_dir=/tmp/preshuffled
+  python benchmarks/preshuffle.py --n_cells=50000 --output_dir=/tmp/ps50k
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+
+import bench_util
+from absl import app, flags
+
+from grain_cells import preshuffling as preshuffle_lib
+
+_DATA = flags.DEFINE_list(
+    "data", None, "Comma-separated .h5ad files; default: a synthetic Tahoe-shaped file."
+)
+_N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Cells of the synthetic file.")
+_N_GENES = flags.DEFINE_integer("n_genes", 62_710, "Genes of the synthetic file.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Folder for the parts.")
+_CELLS_PER_FILE = flags.DEFINE_integer(
+    "cells_per_file", None, "Cells per output part; default: one part."
+)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the permutation.")
+_COMPRESSION = flags.DEFINE_enum(
+    "compression", "none", ["none", "gzip", "lzf"], "Compression of the output."
+)
+_BUDGET_MB = flags.DEFINE_integer(
+    "memory_budget_mb", 2048, "memory_budget_bytes, in MiB."
+)
+_CACHE = flags.DEFINE_enum(
+    "cache",
+    "warm",
+    ["warm", "cold", "asis"],
+    "Page-cache state of the inputs before the write: warm reads them once, "
+    "cold evicts them (do not use on files others are benchmarking), asis "
+    "leaves them.",
+)
+_JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+flags.mark_flag_as_required("output_dir")
+
+
+def remove_previous_output(output_dir: pathlib.Path) -> None:
+    """Deletes the parts and manifest of an earlier run into `output_dir`."""
+    manifest = output_dir / preshuffle_lib.MANIFEST
+    if not manifest.is_file():
+        return
+    with open(manifest) as f:
+        parts = json.load(f)["parts"]
+    for part in parts:
+        (output_dir / part["file"]).unlink(missing_ok=True)
+    manifest.unlink()
+
+
+def main(argv):
+    del argv
+    paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, _N_GENES.value)
+    output_dir = pathlib.Path(_OUTPUT_DIR.value)
+    remove_previous_output(output_dir)
+    if _CACHE.value == "warm":
+        bench_util.warm_page_cache(paths)
+    elif _CACHE.value == "cold":
+        bench_util.evict_page_cache(paths)
+    compression = None if _COMPRESSION.value == "none" else _COMPRESSION.value
+    start = time.perf_counter()
+    parts = preshuffle_lib.preshuffle(
+        paths,
+        output_dir,
+        cells_per_file=_CELLS_PER_FILE.value,
+        seed=_SEED.value,
+        compression=compression,
+        memory_budget_bytes=_BUDGET_MB.value << 20,
+    )
+    wall = time.perf_counter() - start
+    with open(output_dir / preshuffle_lib.MANIFEST) as f:
+        manifest = json.load(f)
+    cells = manifest["cells"]
+    in_bytes = sum(os.path.getsize(p) for p in paths)
+    out_bytes = sum(p.stat().st_size for p in parts)
+    results = {
+        "inputs": paths,
+        "cells": cells,
+        "parts": len(parts),
+        "windows": sum(p["windows"] for p in manifest["parts"]),
+        "compression": _COMPRESSION.value,
+        "memory_budget_mb": _BUDGET_MB.value,
+        "cache": _CACHE.value,
+        "wall_s": round(wall, 2),
+        "s_per_million_cells": round(wall / max(cells, 1) * 1e6, 2),
+        "input_gb": round(in_bytes / 1e9, 3),
+        "output_gb": round(out_bytes / 1e9, 3),
+        "peak_rss_mb": round(bench_util.peak_rss_mb(), 1),
+    }
+    print(
+        f"preshuffled {cells:,} cells ({results['input_gb']} GB) into "
+        f"{len(parts)} part(s), {results['output_gb']} GB, in {wall:.1f} s: "
+        f"{results['s_per_million_cells']} s per million cells, "
+        f"{results['windows']} window(s), peak RSS {results['peak_rss_mb']} MiB"
+    )
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
