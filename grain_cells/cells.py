@@ -2,9 +2,11 @@
 
 `Cells` is what `AnnDataSource.read` returns: the expression rows (a SciPy CSR
 matrix or a dense array), the chosen obs columns and each row's global id.
-`take_csr` and `take_dense` pick rows out of a read buffer in any order and
-apply a gene subset in the same pass; they are shared by the source's public
-reads and the batched-fetch transform.
+`take_csr` picks rows out of a CSR read buffer in any order (optionally
+mapping columns in the same pass); it is shared by the source's public reads
+and the output formats. Read buffers are already in output columns (genes
+aligned and selected per file as they are read, see `grain_cells.genes`), so
+dense rows need only `buffer[rows]`.
 """
 
 from __future__ import annotations
@@ -82,12 +84,3 @@ def take_csr(rows_buf: CsrRows, rows: np.ndarray, column_map: np.ndarray | None 
     kept = np.zeros(keep.size + 1, np.int64)
     np.cumsum(keep, out=kept[1:])
     return data[keep], mapped[keep], kept[indptr]
-
-
-def take_dense(
-    dense_buf: np.ndarray, rows: np.ndarray, columns: np.ndarray | None = None
-) -> np.ndarray:
-    """Gathers `rows` (and a gene subset) of a dense buffer into a new array."""
-    if columns is None:
-        return dense_buf[rows]
-    return dense_buf[np.ix_(rows, columns)]

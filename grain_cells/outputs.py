@@ -19,6 +19,8 @@ and the expression in one of three formats:
   values is truncated by the explicit policy `truncate`:
   `"largest"` keeps its `width` largest values (ties: lower column first),
   `"first"` keeps its first `width` values in column order, `"error"` raises.
+  ("Column order" is the stored order where a source's `join` or `genes`
+  reorders a file's genes; see `AnnDataSource`.)
   `nnz > width` tells which cells were truncated.
 * `DenseOutput()`: `X` `[batch, genes]` in `dtype` (float32 by default) over
   all genes or the source's gene subset. A dense minibatch over 62,710 genes

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -35,8 +34,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from grain_cells import errors, h5ad
-from grain_cells.cells import Cells, take_csr, take_dense
+from grain_cells.cells import Cells, take_csr
+from grain_cells.genes import JOINS, align_genes, gather_dense, remap_csr
 from grain_cells.matrix import CsrReader, CsrRows, DenseReader, RowBuffer
+from grain_cells.obs import OBS_MISSING, ColumnKind, harmonise
 
 
 class Block(NamedTuple):
@@ -75,7 +76,8 @@ class _OpenFile:
 class FetchedRows:
     """Rows of several ranges read into a reused buffer (unordered).
 
-    Views stay valid until the same thread reads again.
+    Views stay valid until the same thread reads again. The rows are in
+    output columns: genes aligned over files and the gene selection applied.
 
     Attributes:
         csr: The rows when the files are sparse, else None.
@@ -107,9 +109,46 @@ class AnnDataSource:
         >>> cells.obs["cell_line"]             # integer codes
         >>> source.categories["cell_line"]     # their labels
 
+    **Genes over several files.** `join` decides the genes a source outputs
+    when files list different var names (`source.var_names`):
+
+    * `"exact"` (default): every file must list the same var names in the
+      same order; else `GeneMismatchError` names the first difference.
+    * `"inner"`: the genes every file has, in the first file's order.
+    * `"outer"`: every gene of any file: the first file's genes in order, then
+      each later file's new genes in order of first appearance. A file reads
+      0 for the genes it lacks (as `anndata.concat(join="outer")` does for
+      sparse matrices).
+
+    `genes` then selects and orders output genes within those: with
+    `join="outer"`, `genes=[...]` gives a fixed gene list in which genes a
+    file lacks read as 0 (each must be in some file). Genes are matched by
+    name for `"inner"` and `"outer"` (var names must then be unique within
+    each file), by position for `"exact"`.
+
+        >>> source = AnnDataSource(paths, join="outer", genes=hvg_names)
+
+    Alignment is applied as rows are read (one gather over the fetched
+    values per file whose columns are not the output's; none when they are),
+    so every read and output format sees output columns. Where a file stores
+    its genes in another order than the output, a row's values keep the
+    file's order: `Cells.X` from `read` is sorted (canonical CSR), but
+    minibatches' `indices` may be unsorted within a row.
+
+    **obs over several files.** A categorical column's codes index one shared
+    category list (the first file's categories, then new ones in order of
+    appearance), so a label has the same code in every file. A column some
+    files lack raises `MissingColumnError` (`obs_missing="error"`, the
+    default) or, with `obs_missing="fill"`, reads as missing in those files:
+    code -1 for categorical columns, NaN for numeric ones, which then come
+    back as floats (float64 for int32 and int64 columns). See
+    `grain_cells.obs`.
+
     Memory per process: the chosen obs columns of the files read so far
     (one value per cell and column, in the smallest integer type that holds
-    the codes), plus the read buffers (about 2x the largest batch read).
+    the codes), the column maps of files whose genes differ from the output
+    (4 bytes per stored gene, shared by files with equal var names), plus the
+    read buffers (about 2x the largest batch read).
     """
 
     def __init__(
@@ -120,6 +159,8 @@ class AnnDataSource:
         layer: str | None = None,
         obs_columns: Sequence[str] = (),
         genes: Sequence[str] | np.ndarray | None = None,
+        join: str = "exact",
+        obs_missing: str = "error",
         check_indices: bool = True,
         read_threads: int = 4,
     ):
@@ -135,8 +176,13 @@ class AnnDataSource:
                 string and boolean columns come back as integer codes into
                 `categories[name]` (shared by all files); numeric columns as
                 numbers.
-            genes: Optional gene subset applied at read time: var names (output
-                in this order), a boolean mask over var, or integer positions.
+            genes: Optional gene selection applied at read time, within the
+                genes `join` aligns: names (output in this order), a boolean
+                mask or integer positions over the aligned genes.
+            join: `"exact"`, `"inner"` or `"outer"`: how genes of files with
+                different var names are aligned (see the class docstring).
+            obs_missing: `"error"` or `"fill"`: what a file that lacks one of
+                `obs_columns` gives (see the class docstring).
             check_indices: Check at every read that column indices are inside
                 the matrix (one pass over the indices, a few percent of a read).
             read_threads: Threads per process that issue positional reads
@@ -145,48 +191,60 @@ class AnnDataSource:
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
             FileNotFoundError: A path does not exist.
-            errors.AnnDataFormatError: A file is not AnnData or is malformed.
+            errors.AnnDataFormatError: A file is not AnnData or is malformed,
+                or an obs column is categorical in one file, numeric in another.
             errors.UnsupportedLayoutError: A matrix is CSC or otherwise unusable.
             errors.MissingColumnError: An obs column, gene or layer is missing.
-            errors.GeneMismatchError: Files have different var names.
+            errors.GeneMismatchError: With `join="exact"`, files have different
+                var names; with `"inner"`, no gene is in every file; with
+                `"inner"` or `"outer"`, a file repeats a var name.
         """
         if not isinstance(block_size, (int, np.integer)) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if read_threads < 0:
             raise ValueError(f"read_threads must be >= 0, got {read_threads}")
+        if join not in JOINS:
+            raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
+        if obs_missing not in OBS_MISSING:
+            raise ValueError(
+                f"obs_missing must be one of {list(OBS_MISSING)}, got "
+                f"obs_missing={obs_missing!r}"
+            )
         self._paths = tuple(h5ad.resolve_paths(paths))
         self._block_size = int(block_size)
         self._layer = layer
         self._element = h5ad.matrix_element(layer)
         if isinstance(obs_columns, str):
             obs_columns = [obs_columns]
-        if isinstance(genes, str):
-            genes = [genes]
         self._obs_names = tuple(obs_columns)
         if len(set(self._obs_names)) != len(self._obs_names):
             raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
+        self._obs_missing = obs_missing
         self._check_indices = bool(check_indices)
         self._read_threads = int(read_threads)
 
         infos: list[h5ad.MatrixInfo] = []
-        var_names = None
-        file_categories: list[dict[str, np.ndarray | None]] = []
+        var_names: list[np.ndarray] = []
+        obs_kinds: list[dict[str, ColumnKind | None]] = []
         for path in self._paths:
             with h5ad.open_file(path) as f:
                 info = h5ad.inspect_matrix(f, self._element)
-                names = h5ad.read_var_names(f, self._element)
-                if var_names is None:
-                    var_names = names
-                else:
-                    _check_same_genes(self._paths[0], var_names, path, names)
+                var_names.append(h5ad.read_var_names(f, self._element))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in self._obs_names if c not in have]
-                if missing:
+                if missing and obs_missing == "error":
                     raise errors.MissingColumnError(
-                        f"{path}: obs has no column(s) {missing}; it has {have}"
+                        f"{path}: obs has no column(s) {missing}; it has {have}. "
+                        "Pass obs_missing='fill' to read them as missing in "
+                        "files that lack them."
                     )
-                file_categories.append(
-                    {c: h5ad.read_obs_column(f, c).categories for c in self._obs_names}
+                obs_kinds.append(
+                    {
+                        c: None
+                        if c in missing
+                        else ColumnKind.of(h5ad.read_obs_column(f, c))
+                        for c in self._obs_names
+                    }
                 )
             infos.append(info)
         encodings = {i.encoding for i in infos}
@@ -199,22 +257,13 @@ class AnnDataSource:
         self._infos = tuple(infos)
         self._sparse = infos[0].encoding == h5ad.CSR
         self._dtype = np.result_type(*(i.dtype for i in infos))
-        self._all_var_names = var_names
-        self._categories, self._code_maps = _harmonise(self._obs_names, file_categories)
+        self._genes = align_genes(self._paths, var_names, join, genes)
+        self._obs = harmonise(self._paths, self._obs_names, obs_kinds, obs_missing)
 
         n_obs = np.array([i.n_obs for i in infos], np.int64)
         self._cell_offsets = np.concatenate([[0], np.cumsum(n_obs)])
         n_blocks = -(-n_obs // self._block_size)
         self._block_offsets = np.concatenate([[0], np.cumsum(n_blocks)])
-
-        self._columns = _resolve_genes(genes, var_names, self._paths[0])
-        if self._columns is None:
-            self._column_map = None
-        else:
-            self._column_map = np.full(len(var_names), -1, np.int32)
-            self._column_map[self._columns] = np.arange(
-                self._columns.size, dtype=np.int32
-            )
         self._init_process_state()
 
     # -- per-process state -------------------------------------------------
@@ -292,13 +341,9 @@ class AnnDataSource:
                 reader = DenseReader(element, info, fd, userblock)
             obs = {}
             for c in self._obs_names:
-                column = h5ad.read_obs_column(f, c)
-                code_map = self._code_maps[c][i]
-                obs[c] = (
-                    column.values
-                    if code_map is None
-                    else _remap_codes(column.values, code_map)
-                )
+                spec = self._obs[c]
+                column = h5ad.read_obs_column(f, c) if spec.present[i] else None
+                obs[c] = spec.file_values(i, column, info.n_obs)
             return _OpenFile(f, fd, reader, obs)
         except BaseException:
             os.close(fd)
@@ -348,18 +393,16 @@ class AnnDataSource:
             f"{p!r} ({i.n_obs} cells)"
             for p, i in zip(self._paths, self._infos, strict=True)
         )
-        genes = (
-            "all"
-            if self._columns is None
-            else (
-                f"{self._columns.size} sha1:"
-                f"{hashlib.sha1(self._columns.tobytes()).hexdigest()[:12]}"
-            )
+        # Defaults print as before alignment existed, so saved reprs still match.
+        obs_missing = (
+            ""
+            if self._obs_missing == "error"
+            else f", obs_missing={self._obs_missing!r}"
         )
         return (
             f"AnnDataSource(files=[{files}], layer={self._layer!r}, "
             f"block_size={self._block_size}, obs_columns={list(self._obs_names)}, "
-            f"genes={genes})"
+            f"{self._genes.describe()}{obs_missing})"
         )
 
     # -- metadata ----------------------------------------------------------
@@ -381,20 +424,39 @@ class AnnDataSource:
 
     @property
     def num_genes(self) -> int:
-        """Columns of the output (after the gene subset)."""
-        return len(self.var_names)
+        """Columns of the output (aligned genes, after the `genes` selection)."""
+        return len(self._genes.var_names)
 
     @property
     def num_genes_stored(self) -> int:
-        """Columns stored in the files (before the gene subset)."""
-        return len(self._all_var_names)
+        """Aligned genes before the `genes` selection.
+
+        With `join="exact"`, the columns every file stores.
+        """
+        return self._genes.num_aligned
 
     @property
     def var_names(self) -> np.ndarray:
         """Gene ids of the output columns, in output order."""
-        if self._columns is None:
-            return self._all_var_names
-        return self._all_var_names[self._columns]
+        return self._genes.var_names
+
+    @property
+    def join(self) -> str:
+        """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
+        return self._genes.join
+
+    @property
+    def obs_missing(self) -> str:
+        """What files lacking an obs column give: `"error"` or `"fill"`."""
+        return self._obs_missing
+
+    def file_column_map(self, i: int) -> np.ndarray | None:
+        """Output column of each column file `i` stores (-1: not output).
+
+        None when the file's columns are the output columns (no remapping).
+        """
+        column_map = self._genes.maps[i]
+        return None if column_map is None else column_map.out.copy()
 
     @property
     def is_sparse(self) -> bool:
@@ -424,17 +486,25 @@ class AnnDataSource:
     @property
     def categories(self) -> dict[str, np.ndarray | None]:
         """Per obs column, the labels that codes index (None for numeric)."""
-        return dict(self._categories)
+        return {c: spec.categories for c, spec in self._obs.items()}
 
     @property
-    def column_map(self) -> np.ndarray | None:
-        """Output column of each stored gene (-1: dropped), or None for all."""
-        return self._column_map
+    def column_map(self) -> None:
+        """Column map for `fetch_ranges` rows: always None.
+
+        `fetch_ranges` returns rows already in output columns (genes aligned
+        and selected per file, see `file_column_map`), so output formats have
+        nothing left to map.
+        """
+        return None
 
     @property
-    def columns(self) -> np.ndarray | None:
-        """Stored column of each output gene, or None when all are kept."""
-        return self._columns
+    def columns(self) -> None:
+        """Columns to gather from `fetch_ranges` dense rows: always None.
+
+        As for `column_map`: those rows are already in output columns.
+        """
+        return None
 
     def obs_values(self, column: str) -> np.ndarray:
         """One obs column for every cell of the source, in row-id order.
@@ -512,7 +582,8 @@ class AnnDataSource:
         The lowest-level read: ranges are grouped by file and sorted, read with
         one batched call per file and dataset, and returned in *file order*
         (not the order given) as views into a buffer that the calling thread's
-        next read overwrites. `row_ids` says which row is where.
+        next read overwrites. `row_ids` says which row is where. Rows are in
+        output columns (`var_names`): each file's genes aligned and selected.
 
         Args:
             starts: Global first rows; ranges must not overlap or straddle files.
@@ -544,12 +615,22 @@ class AnnDataSource:
         ]
         readers = [self._file(i).reader for i in file_of]
         obs = self._obs_for(files, starts, lengths, row_ids)
+        maps = [self._genes.maps[i] for i in file_of]
         if not self._sparse:
-            parts = [
-                r.read(a, b, buf if len(readers) == 1 else RowBuffer(), pool)
-                for r, (a, b) in zip(readers, local, strict=True)
-            ]
-            dense = parts[0] if len(parts) == 1 else _concat_dense(parts, buf)
+            if len(readers) == 1 and maps[0] is None:  # rows as read
+                dense = readers[0].read(*local[0], buf, pool)
+                return FetchedRows(None, dense, row_ids, obs)
+            # Each file's rows into one buffer, in output columns.
+            dense = buf.get(
+                "aligned_dense",
+                (row_ids.size, self.num_genes),
+                np.result_type(*(r.info.dtype for r in readers)),
+            )
+            r_ = 0
+            for reader, (a, b), column_map in zip(readers, local, maps, strict=True):
+                part = reader.read(a, b, buf, pool)
+                gather_dense(part, column_map, dense[r_ : r_ + part.shape[0]])
+                r_ += part.shape[0]
             return FetchedRows(None, dense, row_ids, obs)
         # Phase one per file (indptr), then every file's values straight into
         # one buffer: no per-file copy to concatenate.
@@ -570,8 +651,10 @@ class AnnDataSource:
         indptr = buf.get("indptr", (n_rows + 1,), np.int64)
         indptr[0] = 0
         v = r_ = 0
-        for reader, plan in zip(readers, plans, strict=True):
+        spans = []
+        for reader, plan, column_map in zip(readers, plans, maps, strict=True):
             span = slice(v, v + plan.nnz)
+            spans.append((v, v + plan.nnz, column_map))
             if reader.dtypes == (data_dtype, index_dtype):
                 reader.read_values(
                     plan, data[span], indices[span], pool, self._check_indices
@@ -585,7 +668,10 @@ class AnnDataSource:
             indptr[r_ + 1 : r_ + 1 + plan.n_rows] = plan.indptr[1:] + v
             v += plan.nnz
             r_ += plan.n_rows
-        csr = CsrRows(data, indices, indptr, self.num_genes_stored)
+        data, indices, indptr = remap_csr(
+            data, indices, indptr, spans, buf, self._check_indices
+        )
+        csr = CsrRows(data, indices, indptr, self.num_genes)
         return FetchedRows(csr, None, row_ids, obs)
 
     def _check_ranges(self, starts, stops) -> None:
@@ -701,15 +787,15 @@ class AnnDataSource:
         obs = {c: v[positions] for c, v in fetched.obs.items()}
         row_ids = fetched.row_ids[positions]
         if fetched.csr is not None:
-            data, indices, indptr = take_csr(fetched.csr, positions, self._column_map)
+            data, indices, indptr = take_csr(fetched.csr, positions)
             X = sp.csr_matrix(
                 (data.astype(self._dtype, copy=False), indices, indptr),
                 shape=(positions.size, self.num_genes),
             )
+            if self._genes.reorders:  # rows kept a file's own gene order
+                X.sort_indices()
         else:
-            X = take_dense(fetched.dense, positions, self._columns).astype(
-                self._dtype, copy=False
-            )
+            X = fetched.dense[positions].astype(self._dtype, copy=False)
         return Cells(X, obs, row_ids)
 
 
@@ -718,104 +804,3 @@ def _expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     out = np.arange(total, dtype=np.int64)
     out += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     return out
-
-
-def _concat_dense(parts: list[np.ndarray], buf: RowBuffer) -> np.ndarray:
-    n_rows = sum(p.shape[0] for p in parts)
-    dtype = np.result_type(*(p.dtype for p in parts))
-    out = buf.get("cat_dense", (n_rows, parts[0].shape[1]), dtype)
-    r = 0
-    for p in parts:
-        out[r : r + p.shape[0]] = p
-        r += p.shape[0]
-    return out
-
-
-def _check_same_genes(first_path, first, path, names) -> None:
-    if len(first) == len(names) and np.array_equal(first, names):
-        return
-    n = min(len(first), len(names))
-    diff = np.flatnonzero(first[:n] != names[:n])
-    if diff.size:
-        i = int(diff[0])
-        where = (
-            f"first difference at position {i}: {str(first[i])!r} in "
-            f"{first_path}, {str(names[i])!r} in {path}"
-        )
-    else:
-        where = f"{len(first)} genes in {first_path}, {len(names)} in {path}"
-    raise errors.GeneMismatchError(
-        f"{path}: var names differ from {first_path} ({where}). Files of one "
-        "source must list the same genes in the same order."
-    )
-
-
-def _resolve_genes(genes, var_names: np.ndarray, path: str) -> np.ndarray | None:
-    if genes is None:
-        return None
-    arr = np.asarray(genes)
-    if arr.dtype == bool:
-        if arr.shape != var_names.shape:
-            raise ValueError(
-                f"genes mask has {arr.size} entries; var has {var_names.size}"
-            )
-        return np.flatnonzero(arr).astype(np.int64)
-    if arr.dtype.kind in "iu":
-        if arr.size and (arr.min() < 0 or arr.max() >= var_names.size):
-            raise IndexError(
-                f"genes positions must lie in [0, {var_names.size}); got "
-                f"{arr.min()}..{arr.max()}"
-            )
-        columns = arr.astype(np.int64)
-    else:
-        lookup = {name: i for i, name in enumerate(var_names.tolist())}
-        missing = [g for g in arr.tolist() if g not in lookup]
-        if missing:
-            raise errors.MissingColumnError(
-                f"{path}: {len(missing)} of the requested genes are not in var, "
-                f"e.g. {missing[:5]}"
-            )
-        columns = np.array([lookup[g] for g in arr.tolist()], np.int64)
-    if np.unique(columns).size != columns.size:
-        raise ValueError("genes lists a gene more than once")
-    return columns
-
-
-def _harmonise(names, per_file):
-    """One category list per column over all files, and per-file code maps."""
-    categories = {}
-    code_maps = {}
-    for c in names:
-        lists = [f[c] for f in per_file]
-        if lists[0] is None:
-            if any(x is not None for x in lists):
-                raise errors.AnnDataFormatError(
-                    f"obs column {c!r} is numeric in some files and categorical "
-                    "in others"
-                )
-            categories[c] = None
-            code_maps[c] = [None] * len(lists)
-            continue
-        if any(x is None for x in lists):
-            raise errors.AnnDataFormatError(
-                f"obs column {c!r} is categorical in some files and numeric in others"
-            )
-        merged = list(lists[0])
-        seen = {v: i for i, v in enumerate(merged)}
-        for x in lists[1:]:
-            for v in x.tolist():
-                if v not in seen:
-                    seen[v] = len(merged)
-                    merged.append(v)
-        categories[c] = np.asarray(merged)
-        maps = []
-        for x in lists:
-            m = np.array([seen[v] for v in x.tolist()], np.int64)
-            maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
-        code_maps[c] = maps
-    return categories, code_maps
-
-
-def _remap_codes(codes: np.ndarray, code_map: np.ndarray) -> np.ndarray:
-    out = np.where(codes >= 0, code_map[np.maximum(codes, 0)], -1)
-    return out.astype(np.min_scalar_type(-max(int(code_map.max(initial=0)), 1)))
