@@ -38,6 +38,16 @@ _MAX_HYPERSLABS_PER_READ = 1024
 _MIN_BYTES_PER_THREAD = 1 << 20
 
 
+def _nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges as int64 arrays, without the empty ones."""
+    starts = np.asarray(starts, np.int64)
+    stops = np.asarray(stops, np.int64)
+    keep = stops > starts
+    if not keep.all():
+        starts, stops = starts[keep], stops[keep]
+    return starts, stops
+
+
 def _merge_ranges(
     starts: np.ndarray, stops: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -157,11 +167,7 @@ class RangeReader:
         """
         if not self.direct or not hasattr(os, "posix_fadvise"):
             return
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        keep = stops > starts
-        if not keep.all():
-            starts, stops = starts[keep], stops[keep]
+        starts, stops = _nonempty(starts, stops)
         if starts.size == 0:
             return
         offsets, nbytes = self._pieces(starts, stops)
@@ -189,11 +195,7 @@ class RangeReader:
             errors.AnnDataFormatError: The file is shorter than HDF5 says
                 (truncated) or the read fails.
         """
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        keep = stops > starts
-        if not keep.all():
-            starts, stops = starts[keep], stops[keep]
+        starts, stops = _nonempty(starts, stops)
         if starts.size == 0:
             return
         if stops[-1] > self.shape[0] or starts[0] < 0:
