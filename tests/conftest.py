@@ -1,0 +1,208 @@
+"""Shared fixtures: small `.h5ad` files whose every stored value names its cell.
+
+Three files of 97, 130 and 61 cells (so no block size divides them) over 12
+genes. The value stored at (global row i, gene j) is `i * 100 + j + 1`
+(float32, exact), a row holds 0 to 8 stored values and every tenth row none.
+obs has `plate` (categorical, sorted in runs of 40 cells that cross file
+boundaries, so per-file categories differ), `cell_type` (categorical, random,
+its categories listed in a different order in the middle file) and `idx` (int,
+the global row). Expected values always come from `anndata.read_h5ad`, not
+from the generator.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import grain_cells
+
+FILE_SIZES = (97, 130, 61)
+N_CELLS = sum(FILE_SIZES)
+N_GENES = 12
+GENES = [f"g{j}" for j in range(N_GENES)]
+OBS = ("plate", "cell_type", "idx")
+CELL_TYPES = ["B", "T", "NK", "Mono", "DC"]
+
+
+def write_files(directory, *, dense=False, seed=0) -> list[str]:
+    """Writes the files described in the module docstring; returns their paths."""
+    rng = np.random.default_rng(seed)
+    paths, offset = [], 0
+    for f, n in enumerate(FILE_SIZES):
+        rows = np.arange(offset, offset + n)
+        nnz = rng.integers(0, 9, n)
+        nnz[rows % 10 == 3] = 0
+        i = np.repeat(np.arange(n), nnz)
+        j = np.concatenate(
+            [np.sort(rng.choice(N_GENES, k, replace=False)) for k in nnz]
+        )
+        values = ((i + offset) * 100 + j + 1).astype(np.float32)
+        x = sp.csr_matrix((values, (i, j)), shape=(n, N_GENES))
+        x.sort_indices()
+        labels = CELL_TYPES[::-1] if f == 1 else CELL_TYPES
+        obs = pd.DataFrame(
+            {
+                "plate": pd.Categorical([f"plate{r // 40}" for r in rows]),
+                "cell_type": pd.Categorical(rng.choice(labels, n), categories=labels),
+                "idx": rows.astype(np.int64),
+            },
+            index=[f"cell{r}" for r in rows],
+        )
+        adata = anndata.AnnData(
+            X=x.toarray() if dense else x, obs=obs, var=pd.DataFrame(index=GENES)
+        )
+        path = str(directory / f"part{f}.h5ad")
+        adata.write_h5ad(path)
+        paths.append(path)
+        offset += n
+    return paths
+
+
+@pytest.fixture(scope="session")
+def csr_paths(tmp_path_factory) -> list[str]:
+    return write_files(tmp_path_factory.mktemp("csr"))
+
+
+@pytest.fixture(scope="session")
+def dense_paths(tmp_path_factory) -> list[str]:
+    return write_files(tmp_path_factory.mktemp("dense"), dense=True)
+
+
+@functools.cache
+def _read(path: str) -> tuple[np.ndarray, pd.DataFrame, pd.Index]:
+    """A file as anndata reads it: dense X, obs and var names."""
+    adata = anndata.read_h5ad(path)
+    x = adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
+    return x, adata.obs, adata.var_names
+
+
+class Truth:
+    """What the files of a source hold, read back with anndata."""
+
+    def __init__(self, source: grain_cells.AnnDataSource, paths):
+        self.files = [_read(str(p)) for p in paths]
+        self.offsets = source.cell_offsets
+        assert self.offsets[-1] == sum(x.shape[0] for x, _, _ in self.files)
+
+    def locate(self, row_ids):
+        """(file, local row) of each global row id."""
+        row_ids = np.asarray(row_ids, np.int64)
+        files = np.searchsorted(self.offsets, row_ids, side="right") - 1
+        return files, row_ids - self.offsets[files]
+
+    def x(self, row_ids, genes=None) -> np.ndarray:
+        """Dense expression of the rows, over `genes` (names) or all genes."""
+        files, local = self.locate(row_ids)
+        width = N_GENES if genes is None else len(genes)
+        out = np.zeros((files.size, width), np.float32)
+        for f, (x, _, var_names) in enumerate(self.files):
+            sel = files == f
+            cols = slice(None) if genes is None else var_names.get_indexer(genes)
+            out[sel] = x[local[sel]][:, cols]
+        return out
+
+    def obs(self, row_ids, column) -> np.ndarray:
+        """The obs values (labels for categorical columns) of the rows."""
+        files, local = self.locate(row_ids)
+        out = np.empty(files.size, object)
+        for f, (_, obs, _) in enumerate(self.files):
+            sel = files == f
+            out[sel] = obs[column].to_numpy()[local[sel]]
+        return out
+
+
+def build(
+    paths,
+    *,
+    block_size=5,
+    batch_size=4,
+    fetch_factor=5,
+    seed=0,
+    shuffle=True,
+    num_epochs=1,
+    shard=None,
+    worker_count=0,
+    output=None,
+    remainder="pad",
+    genes=None,
+):
+    """A source, its sampler and a `grain_cells.DataLoader` over them."""
+    source = grain_cells.AnnDataSource(
+        paths, block_size=block_size, obs_columns=OBS, genes=genes
+    )
+    sampler = grain_cells.BlockSampler(
+        len(source),
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=num_epochs,
+        shard_options=shard,
+    )
+    operations = grain_cells.fetch_operations(
+        source,
+        batch_size=batch_size,
+        fetch_factor=fetch_factor,
+        output=output,
+        shuffle=shuffle,
+        seed=seed,
+        remainder=remainder,
+    )
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=operations,
+        worker_count=worker_count,
+    )
+    return source, sampler, loader
+
+
+def close_iterator(iterator) -> None:
+    """Stops an iterator's worker processes now rather than at garbage collection."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def detach(batch: dict) -> dict:
+    """Plain NumPy copies (worker outputs live in shared memory)."""
+    return {k: np.array(v) for k, v in batch.items()}
+
+
+def take(iterator, n=None) -> list[dict]:
+    """The next `n` minibatches (all when None), detached."""
+    out = []
+    for batch in iterator:
+        out.append(detach(batch))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def run(loader, n=None) -> list[dict]:
+    """The first `n` minibatches (all when None) of a fresh iterator."""
+    iterator = iter(loader)
+    try:
+        return take(iterator, n)
+    finally:
+        close_iterator(iterator)
+
+
+@pytest.fixture(scope="session")
+def helpers():
+    """The helpers above, for test modules (conftest is not meant to be imported)."""
+    return types.SimpleNamespace(
+        build=build,
+        run=run,
+        take=take,
+        detach=detach,
+        close_iterator=close_iterator,
+        Truth=Truth,
+        N_CELLS=N_CELLS,
+        N_GENES=N_GENES,
+    )
