@@ -28,6 +28,7 @@ differences:
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import grain
@@ -132,6 +133,11 @@ class CheckedIterator(grain.DataLoaderIterator):
         # The DataLoaderIterator's pipeline iterator is a Grain DatasetIterator.
         self._iterator.close()
         transport.release_dead_rings()
+
+    def __del__(self):
+        # Dropping the iterator must release what close() releases.
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __enter__(self) -> CheckedIterator:
         return self

@@ -12,10 +12,11 @@ arrays a user holds never alias memory a worker will overwrite.
 
 Lifetimes: a segment's name is unlinked as soon as the trainer has mapped it
 (the mapping outlives the name), and every name a worker created is unlinked
-when the worker exits. A worker that is SIGKILLed between creating a slot and
-handing it over leaves that one segment behind, as Grain's own transport
-does. When every slot is busy for `_WAIT_S` (the trainer is not consuming),
-the worker sends a one-off segment that the trainer unlinks on receipt, so a
+when the worker exits. Segments of a worker that was SIGKILLed before it
+handed them over are unlinked by the trainer when it notices the worker is
+gone (Linux; it knows the ring's name from the worker's first minibatch).
+When every slot is busy for `_WAIT_S` (the trainer is not consuming), the
+worker sends a one-off segment that the trainer unlinks on receipt, so a
 slow consumer never deadlocks a worker.
 """
 
@@ -204,6 +205,7 @@ class _RingView:
 
     def __init__(self, state_name: str, pid: int):
         self.pid = pid
+        self.prefix = state_name[: -len("_state")]
         self.state_mm = _open(state_name, _MAX_SLOTS)
         _unlink(state_name)
         self.state = np.frombuffer(self.state_mm, np.uint8)
@@ -283,10 +285,26 @@ def release_dead_rings() -> None:
 
 
 def _prune() -> None:
-    """Drops the mappings of rings whose worker has exited."""
+    """Drops the mappings of rings whose worker has exited.
+
+    A worker that was killed could not unlink the segments it had made but not
+    yet handed over; their names share the ring's prefix, so they go too.
+    """
     for name, view in list(_RINGS.items()):
         if not _alive(view.pid):
             del _RINGS[name]
+            _unlink_prefix(view.prefix)
+
+
+def _unlink_prefix(prefix: str) -> None:
+    """Unlinks every shared-memory name that starts with `prefix`."""
+    folder = "/dev/shm"  # where Linux keeps POSIX shared memory names
+    if not os.path.isdir(folder):
+        return
+    stem = prefix.lstrip("/")
+    for entry in os.listdir(folder):
+        if entry.startswith(stem + "_"):
+            _unlink("/" + entry)
 
 
 _local_ring: SlotRing | None = None

@@ -500,13 +500,6 @@ def test_close_unmaps(csr_paths, helpers):
     iterator = None  # drop the last reference
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an iterator dropped without close() leaves the trainer's mappings "
-    "of its workers' slot rings (grain_cells/transport.py _RINGS: one fd and "
-    "one shared segment per slot) until a later iterator receives from a new "
-    "worker; only CheckedIterator.close() prunes them",
-)
 def test_drop_unmaps(csr_paths, helpers):
     rings_before = ring_pids()
     *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
