@@ -13,6 +13,9 @@ Usage:
   python benchmarks/loader_throughput.py                  # 400k synthetic cells
   python benchmarks/loader_throughput.py --data=a.h5ad,b.h5ad --obs_column=cell_type
   python benchmarks/loader_throughput.py --n_cells=50000 --minibatches=500
+  # a pre-shuffled file: big blocks, no in-fetch shuffle needed
+  python benchmarks/loader_throughput.py --data=shuffled/part-00000.h5ad \
+      --block_size=256 --fetch_factor=1 --fetch_shuffle=0
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
             batch_size=FLAGS.batch_size,
             fetch_factor=FLAGS.fetch_factor,
             output=make_output(output),
+            shuffle=bool(FLAGS.fetch_shuffle),
             seed=FLAGS.seed,
         ),
         worker_count=worker_count,

@@ -9,6 +9,7 @@ def get_config() -> dict:
         "batch_size": 64,
         "block_size": 16,
         "fetch_factor": 16,
+        "fetch_shuffle": 1,  # shuffle cells inside a fetch (0 for pre-shuffled files)
         "worker_counts": "0,2",
         "outputs": "csr,dense",  # csr, padded, dense
         "dense_genes": 2_000,  # gene subset for dense output (0: all genes)
