@@ -9,6 +9,10 @@ Public API::
         sampler=grain_cells.BlockSampler(len(source), seed=0),
         operations=grain_cells.fetch_operations(source, batch_size=64),
         worker_count=2)
+    view = source.select(where={"cell_type": ["B", "T"]})   # a source too
+    splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
+    sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
+        source, grain_cells.balanced_block_weights(source, "cell_type"))
 """
 
 from grain_cells.cells import Cells
@@ -31,8 +35,14 @@ from grain_cells.loader import (
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 from grain_cells.pipeline import cell_dataset
 from grain_cells.preshuffling import preshuffle
-from grain_cells.sampler import BlockSampler
+from grain_cells.sampler import BlockSampler, WeightedBlockSampler
+from grain_cells.selection import split_by_fraction, split_by_obs
 from grain_cells.source import AnnDataSource, Block
+from grain_cells.weighting import (
+    balanced_block_weights,
+    block_weights,
+    expected_shares,
+)
 
 __all__ = [
     "READ_OPTIONS",
@@ -55,10 +65,16 @@ __all__ = [
     "SourceChangedError",
     "SplitFetch",
     "UnsupportedLayoutError",
+    "WeightedBlockSampler",
+    "balanced_block_weights",
+    "block_weights",
     "cell_dataset",
     "densify",
+    "expected_shares",
     "fetch_operations",
     "preshuffle",
+    "split_by_fraction",
+    "split_by_obs",
 ]
 
 

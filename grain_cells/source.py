@@ -23,7 +23,9 @@ threads race on first use); the source pickles without any open handle.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import dataclasses
+import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -33,7 +35,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import errors, h5ad
+from grain_cells import errors, h5ad, selection
 from grain_cells.cells import Cells, take_csr
 from grain_cells.genes import JOINS, align_genes, gather_dense, remap_csr
 from grain_cells.matrix import CsrReader, CsrRows, DenseReader, RowBuffer
@@ -143,6 +145,16 @@ class AnnDataSource:
     code -1 for categorical columns, NaN for numeric ones, which then come
     back as floats (float64 for int32 and int64 columns). See
     `grain_cells.obs`.
+
+    **Views over a subset of cells.** `source.select(cells, where=...)`
+    returns a source over the matching cells only, its records blocks over
+    runs of selected cells (never across a file or a gap);
+    `grain_cells.split_by_fraction` and `split_by_obs` return such views,
+    and `with_blocks(starts, stops)` builds one from any block table. A view
+    keeps its block table (16 bytes per block) and its `repr` names a hash of
+    it; row ids stay global. See `grain_cells.selection`.
+
+        >>> b_cells = source.select(where={"cell_type": ["B"]})
 
     Memory per process: the chosen obs columns of the files read so far
     (one value per cell and column, in the smallest integer type that holds
@@ -264,6 +276,11 @@ class AnnDataSource:
         self._cell_offsets = np.concatenate([[0], np.cumsum(n_obs)])
         n_blocks = -(-n_obs // self._block_size)
         self._block_offsets = np.concatenate([[0], np.cumsum(n_blocks)])
+        # A view (`select`, `with_blocks`) lists its blocks' rows; None: the
+        # regular grid of block_size cells per file.
+        self._block_starts: np.ndarray | None = None
+        self._block_stops: np.ndarray | None = None
+        self._blocks_id = ""
         self._init_process_state()
 
     # -- per-process state -------------------------------------------------
@@ -382,6 +399,8 @@ class AnnDataSource:
                 f"up to {self._block_size} cells"
             )
         f = int(np.searchsorted(self._block_offsets, k, side="right")) - 1
+        if self._block_starts is not None:
+            return Block(k, f, int(self._block_starts[k]), int(self._block_stops[k]))
         start = int(self._cell_offsets[f]) + (k - int(self._block_offsets[f])) * (
             self._block_size
         )
@@ -399,11 +418,125 @@ class AnnDataSource:
             if self._obs_missing == "error"
             else f", obs_missing={self._obs_missing!r}"
         )
+        # A view adds its block table's identity; the full source prints as
+        # before views existed.
+        blocks = f", blocks={self._blocks_id}" if self._blocks_id else ""
         return (
             f"AnnDataSource(files=[{files}], layer={self._layer!r}, "
             f"block_size={self._block_size}, obs_columns={list(self._obs_names)}, "
-            f"{self._genes.describe()}{obs_missing})"
+            f"{self._genes.describe()}{obs_missing}{blocks})"
         )
+
+    # -- views over a subset of cells --------------------------------------
+
+    def select(self, cells=None, *, where=None) -> AnnDataSource:
+        """A view of this source over the cells that match; see `selection`.
+
+        Records of the view are blocks over *runs* of selected cells: up to
+        `block_size` consecutive selected cells of one file, so a block never
+        straddles a file or a gap in the selection (a run shorter than
+        `block_size`, or a run's tail, makes a short block). Row ids stay
+        global (`num_cells`, `read`, `obs_values` and minibatch `row_ids`
+        refer to all cells of the files). On a view, only cells already in it
+        can be selected.
+
+        Example:
+            >>> immune = source.select(where={"cell_type": ["B", "T"]})
+            >>> fresh = source.select(where={"n_genes": lambda v: v > 200})
+            >>> some = source.select(row_ids)          # or a boolean mask
+
+        Args:
+            cells: A boolean mask over `num_cells`, or global row ids, or None.
+            where: obs column name to the labels to keep, or to an elementwise
+                predicate (see `grain_cells.selection.where_mask`). Columns
+                must be among `obs_columns`.
+
+        Returns:
+            A new `AnnDataSource` (its own file handles) whose records are the
+            selected blocks. Its `repr` names a hash of its block table.
+
+        Raises:
+            ValueError: The selection is empty or malformed.
+            errors.MissingColumnError: A `where` column is not an obs column.
+        """
+        mask = selection.selection_mask(self, cells, where)
+        starts, stops = selection.blocks_over_runs(
+            mask, self._cell_offsets, self._block_size
+        )
+        return self.with_blocks(starts, stops)
+
+    def with_blocks(self, starts, stops) -> AnnDataSource:
+        """A view of this source whose records are the given row ranges.
+
+        The low-level constructor behind `select` and the splits: record `k`
+        of the view is global rows `[starts[k], stops[k])`. The view keeps a
+        block table of 16 bytes per block (two int64 arrays), pickled to
+        every worker with the source.
+
+        Args:
+            starts: Global first rows, strictly increasing.
+            stops: Exclusive ends; each range holds 1 to `block_size` rows of
+                one file, and ranges do not overlap.
+
+        Returns:
+            A new `AnnDataSource` with its own file handles.
+
+        Raises:
+            ValueError: No range, or ranges out of order, overlapping, empty,
+                longer than `block_size` or straddling two files.
+        """
+        starts = np.asarray(starts).reshape(-1)
+        stops = np.asarray(stops).reshape(-1)
+        if starts.dtype.kind not in "iu" or stops.dtype.kind not in "iu":
+            raise TypeError(
+                f"block starts and stops must be integers, got dtypes "
+                f"{starts.dtype} and {stops.dtype}"
+            )
+        starts = starts.astype(np.int64)
+        stops = stops.astype(np.int64)
+        if starts.shape != stops.shape or starts.size == 0:
+            raise ValueError(
+                f"with_blocks needs as many stops as starts, at least one: got "
+                f"{starts.size} starts and {stops.size} stops"
+            )
+        lengths = stops - starts
+        bad = (lengths < 1) | (lengths > self._block_size)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"block {k} is rows [{starts[k]}, {stops[k]}): a block holds 1 to "
+                f"block_size={self._block_size} rows"
+            )
+        if starts[0] < 0 or stops[-1] > self.num_cells:
+            raise ValueError(
+                f"blocks span rows [{starts.min()}, {stops.max()}); the source has "
+                f"{self.num_cells} cells"
+            )
+        if (starts[1:] < stops[:-1]).any():
+            k = int(np.flatnonzero(starts[1:] < stops[:-1])[0]) + 1
+            raise ValueError(
+                f"block {k} (rows [{starts[k]}, {stops[k]})) starts before block "
+                f"{k - 1} ends ({stops[k - 1]}): blocks must be sorted and disjoint"
+            )
+        first_file = np.searchsorted(self._cell_offsets, starts, side="right")
+        last_file = np.searchsorted(self._cell_offsets, stops - 1, side="right")
+        if (first_file != last_file).any():
+            k = int(np.flatnonzero(first_file != last_file)[0])
+            raise ValueError(
+                f"block {k} (rows [{starts[k]}, {stops[k]})) straddles two files; "
+                f"file boundaries are at {self._cell_offsets[1:-1].tolist()}"
+            )
+        view = copy.copy(self)  # through __getstate__: fresh handles and locks
+        view._block_starts = starts
+        view._block_stops = stops
+        view._block_offsets = np.searchsorted(starts, self._cell_offsets, "left")
+        digest = hashlib.sha256(starts.astype("<i8").tobytes())
+        digest.update(stops.astype("<i8").tobytes())
+        view._blocks_id = (
+            f"{starts.size} blocks of {int(lengths.sum())} cells "
+            f"sha256:{digest.hexdigest()[:16]}"
+        )
+        return view
 
     # -- metadata ----------------------------------------------------------
 
@@ -419,8 +552,15 @@ class AnnDataSource:
 
     @property
     def num_cells(self) -> int:
-        """Cells over all files."""
+        """Cells over all files (a view's row ids still range over these)."""
         return int(self._cell_offsets[-1])
+
+    @property
+    def num_selected_cells(self) -> int:
+        """Cells the blocks hold: `num_cells`, or fewer for a view."""
+        if self._block_starts is None:
+            return self.num_cells
+        return int((self._block_stops - self._block_starts).sum())
 
     @property
     def num_genes(self) -> int:
@@ -539,6 +679,8 @@ class AnnDataSource:
                 f"{keys.max()}"
             )
         files = np.searchsorted(self._block_offsets, keys, side="right") - 1
+        if self._block_starts is not None:
+            return files, self._block_starts[keys], self._block_stops[keys]
         starts = (
             self._cell_offsets[files]
             + (keys - self._block_offsets[files]) * self._block_size
