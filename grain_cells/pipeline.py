@@ -20,8 +20,6 @@ on the worker count; their interleaving does.
 
 from __future__ import annotations
 
-import sys
-
 import grain
 from grain import sharding
 
@@ -58,6 +56,7 @@ def cell_dataset(
     shard_options: sharding.ShardOptions | None = None,
     remainder: str = "pad",
     readahead_cells: int = 16384,
+    sampler=None,
 ) -> grain.IterDataset:
     """Shuffled minibatches of `source` as a Grain `IterDataset`.
 
@@ -73,6 +72,11 @@ def cell_dataset(
         shard_options: This process's shard (e.g. `ShardByJaxProcess()`).
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
         readahead_cells: How far ahead the sampler asks the OS for blocks.
+        sampler: A sampler over `source`'s blocks to use instead of a
+            `BlockSampler` built from the arguments above (e.g. a
+            `WeightedBlockSampler`); `shuffle`, `seed` (of the block order),
+            `num_epochs`, `shard_options` and `readahead_cells` then come
+            from it.
 
     Returns:
         An `IterDataset` of minibatch dicts (see `grain_cells.outputs`).
@@ -82,14 +86,15 @@ def cell_dataset(
         >>> ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
         >>> it = iter(ds); batch = next(it); state = it.get_state()
     """
-    sampler = BlockSampler(
-        source,
-        shuffle=shuffle,
-        seed=seed,
-        num_epochs=num_epochs,
-        shard_options=shard_options,
-        readahead_cells=readahead_cells,
-    )
+    if sampler is None:
+        sampler = BlockSampler(
+            source,
+            shuffle=shuffle,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            readahead_cells=readahead_cells,
+        )
     batch_op, split = fetch_operations(
         source,
         batch_size=batch_size,
@@ -100,7 +105,7 @@ def cell_dataset(
         remainder=remainder,
     )
     count = sampler.shard_options.shard_count
-    positions = sys.maxsize if num_epochs is None else len(sampler) // count
+    positions = len(sampler) // count  # sys.maxsize // count when endless
     blocks = grain.MapDataset.range(positions).map(_BlockAt(source, sampler))
     fetches = blocks.batch(
         batch_op.batch_size, drop_remainder=False, batch_fn=_GroupBlocks()

@@ -128,3 +128,23 @@ def test_live_fetches_do_not_share_read_buffers(path):
             np.testing.assert_array_equal(
                 m[real].toarray(), x[batch["row_ids"][real]].toarray()
             )
+
+
+def test_weighted_sampler_drives_cell_dataset(path):
+    source = grain_cells.AnnDataSource(path, block_size=4, obs_columns=["idx"])
+    weights = np.zeros(source.num_cells)
+    weights[:8] = 1.0  # only the first two blocks may be drawn
+    sampler = grain_cells.WeightedBlockSampler(
+        source, grain_cells.block_weights(source, weights), epoch_blocks=12, seed=1
+    )
+    ds = grain_cells.cell_dataset(source, batch_size=8, fetch_factor=2, sampler=sampler)
+    rows = _rows(list(ds))
+    assert rows.size == 12 * 4
+    assert set(rows.tolist()) <= set(range(8))
+    it = iter(ds)
+    next(it)
+    state = it.get_state()
+    want = next(it)
+    again = iter(ds)
+    again.set_state(state)
+    np.testing.assert_array_equal(next(again)["row_ids"], want["row_ids"])
