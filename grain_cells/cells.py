@@ -2,11 +2,10 @@
 
 `Cells` is what `AnnDataSource.read` returns: the expression rows (a SciPy CSR
 matrix or a dense array), the chosen obs columns and each row's global id.
-`take_csr` picks rows out of a CSR read buffer in any order (optionally
-mapping columns in the same pass); it is shared by the source's public reads
-and the output formats. Read buffers are already in output columns (genes
-aligned and selected per file as they are read, see `grain_cells.genes`), so
-dense rows need only `buffer[rows]`.
+`take_csr` picks rows out of a CSR read buffer in any order; it is shared by
+the source's public reads and the output formats. Read buffers are already
+in output columns (genes aligned and selected per file as they are read, see
+`grain_cells.genes`), so dense rows need only `buffer[rows]`.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ class Cells:
         return int(self.row_ids.shape[0])
 
 
-def take_csr(rows_buf: CsrRows, rows: np.ndarray, column_map: np.ndarray | None = None):
-    """Gathers `rows` of a CSR buffer, optionally keeping a gene subset.
+def take_csr(rows_buf: CsrRows, rows: np.ndarray):
+    """Gathers `rows` of a CSR buffer into fresh arrays.
 
     Consecutive rows are coalesced into runs and each run is copied as one
     slice: per-slice copies beat fancy indexing (which first builds an int64
@@ -48,8 +47,6 @@ def take_csr(rows_buf: CsrRows, rows: np.ndarray, column_map: np.ndarray | None 
     Args:
         rows_buf: Rows read into a buffer.
         rows: Positions within the buffer, in output order (repeats allowed).
-        column_map: For a gene subset, the output column of each stored
-            column, or -1 to drop it.
 
     Returns:
         `(data, indices, indptr)`: fresh arrays; indices are int32, indptr
@@ -77,10 +74,4 @@ def take_csr(rows_buf: CsrRows, rows: np.ndarray, column_map: np.ndarray | None 
         for a, b, c, d in zip(s_from, s_to, d_from, d_to, strict=True):
             data[c:d] = src_data[a:b]
             indices[c:d] = src_idx[a:b]
-    if column_map is None:
-        return data, indices, indptr
-    mapped = column_map[indices]
-    keep = mapped >= 0
-    kept = np.zeros(keep.size + 1, np.int64)
-    np.cumsum(keep, out=kept[1:])
-    return data[keep], mapped[keep], kept[indptr]
+    return data, indices, indptr

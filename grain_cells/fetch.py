@@ -166,11 +166,9 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         m = cfg.batch_size
         n_real = rows.size
         if fetched.csr is None:  # dense file, dense output
-            batch = cfg.output.format_dense(fetched.dense, rows, m, source.columns)
+            batch = cfg.output.format_dense(fetched.dense, rows, m)
         else:
-            batch = cfg.output.format(
-                fetched.csr, rows, n_real, m, source.column_map, source.num_genes
-            )
+            batch = cfg.output.format(fetched.csr, rows, n_real, m, source.num_genes)
         row_ids = np.full(m, -1, np.int64)
         row_ids[:n_real] = fetched.row_ids[rows]
         batch["row_ids"] = row_ids

@@ -54,11 +54,10 @@ class CsrOutput:
         rows: np.ndarray,
         n_real: int,
         batch_size: int,
-        column_map,
         n_genes: int,
     ) -> dict[str, np.ndarray]:
         """Gathers `rows` of the buffer into CSR arrays padded to batch_size."""
-        data, indices, indptr = take_csr(csr, rows, column_map)
+        data, indices, indptr = take_csr(csr, rows)
         if self.dtype is not None:
             data = data.astype(self.dtype, copy=False)
         if n_real < batch_size:
@@ -98,18 +97,12 @@ class PaddedSparseOutput:
         rows: np.ndarray,
         n_real: int,
         batch_size: int,
-        column_map,
         n_genes: int,
     ) -> dict[str, np.ndarray]:
         """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
-        if column_map is None:
-            data, indices, indptr = csr.data, csr.indices, csr.indptr
-            src = rows
-        else:  # map and filter columns first; rows are then 0..n-1
-            data, indices, indptr = take_csr(csr, rows, column_map)
-            src = np.arange(rows.size)
-        begin = indptr[src]
-        lengths = indptr[src + 1] - begin
+        data, indices, indptr = csr.data, csr.indices, csr.indptr
+        begin = indptr[rows]
+        lengths = indptr[rows + 1] - begin
         w = self.width
         if self.truncate == "error" and lengths.size and lengths.max() > w:
             r = int(np.argmax(lengths))
@@ -153,7 +146,6 @@ class DenseOutput:
         rows: np.ndarray,
         n_real: int,
         batch_size: int,
-        column_map,
         n_genes: int,
     ) -> dict[str, np.ndarray]:
         """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
@@ -161,21 +153,17 @@ class DenseOutput:
         With a gene subset, stored values of other genes are dropped first (one
         pass over the values: cheaper than scattering them anywhere).
         """
-        data, indices, indptr = take_csr(csr, rows, column_map)
+        data, indices, indptr = take_csr(csr, rows)
         X = np.zeros((batch_size, n_genes), self.dtype)
         X[np.repeat(np.arange(rows.size), np.diff(indptr)), indices] = data
         return {"X": X}
 
     def format_dense(
-        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, columns
+        self, dense: np.ndarray, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
-        """Gathers `rows` (and gene columns) of a dense buffer."""
-        X = np.zeros(
-            (batch_size, dense.shape[1] if columns is None else columns.size),
-            self.dtype,
-        )
-        src = dense[rows] if columns is None else dense[np.ix_(rows, columns)]
-        X[: rows.size] = src
+        """Gathers `rows` of a dense buffer (already in output columns)."""
+        X = np.zeros((batch_size, dense.shape[1]), self.dtype)
+        X[: rows.size] = dense[rows]
         return {"X": X}
 
 

@@ -628,24 +628,6 @@ class AnnDataSource:
         """Per obs column, the labels that codes index (None for numeric)."""
         return {c: spec.categories for c, spec in self._obs.items()}
 
-    @property
-    def column_map(self) -> None:
-        """Column map for `fetch_ranges` rows: always None.
-
-        `fetch_ranges` returns rows already in output columns (genes aligned
-        and selected per file, see `file_column_map`), so output formats have
-        nothing left to map.
-        """
-        return None
-
-    @property
-    def columns(self) -> None:
-        """Columns to gather from `fetch_ranges` dense rows: always None.
-
-        As for `column_map`: those rows are already in output columns.
-        """
-        return None
-
     def obs_values(self, column: str) -> np.ndarray:
         """One obs column for every cell of the source, in row-id order.
 
