@@ -1,12 +1,22 @@
-"""Helpers shared by the benchmark binaries: page-cache eviction, RSS, data."""
+"""Helpers shared by the benchmark binaries: page cache, RSS, data, timing.
+
+`measure_loader` times any loader (cells/s, label entropy, first batch, RSS).
+
+Imports nothing heavy at module level: peer loaders' spawned workers import
+it too (see `peers.py`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from grain_cells import synthetic
+import numpy as np
 
 
 def evict_page_cache(paths) -> None:
@@ -30,9 +40,52 @@ def warm_page_cache(paths, chunk: int = 1 << 24) -> None:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process, in MiB."""
+    """Peak resident set size of this process over its life, in MiB."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restarts this process's VmHWM from its current RSS (Linux >= 4.0).
+
+    Lets one process report a peak per measurement (`vm_hwm_mb`). Returns
+    False where the kernel does not allow it.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def vm_hwm_mb(pid: int | str = "self") -> float | None:
+    """A process's peak RSS since start or `reset_peak_rss` (VmHWM), in MiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def children_peak_rss_mb() -> list[float]:
+    """VmHWM of this process's children (Linux), in MiB."""
+    pid = os.getpid()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+    return [m for m in (vm_hwm_mb(k) for k in kids) if m is not None]
 
 
 def resolve_data(data: list[str] | None, n_cells: int, n_genes: int) -> list[str]:
@@ -44,5 +97,98 @@ def resolve_data(data: list[str] | None, n_cells: int, n_genes: int) -> list[str
         f"x {n_genes} genes (made once, cached)",
         file=sys.stderr,
     )
+    from grain_cells import synthetic  # imports Grain and JAX
+
     path = synthetic.cached_tahoe_like(n_cells, n_genes=n_genes, progress=True)
     return [str(path)]
+
+
+@dataclasses.dataclass
+class Loader:
+    """A started loader, as `measure_loader` takes it.
+
+    Attributes:
+        batches: Iterator of minibatches.
+        labels: The label codes (integers) of a minibatch's cells, padding
+            rows excluded.
+        close: Stops the loader and its workers.
+    """
+
+    batches: Iterator
+    labels: Callable[[Any], np.ndarray]
+    close: Callable[[], None]
+
+
+def entropies(labels: list[np.ndarray]) -> np.ndarray:
+    """Shannon entropy (log2) of the label codes of each minibatch."""
+    out = np.empty(len(labels))
+    for i, codes in enumerate(labels):
+        counts = np.unique(codes, return_counts=True)[1]
+        p = counts / counts.sum()
+        out[i] = -(p * np.log2(p)).sum()
+    return out
+
+
+def measure_loader(
+    start: Callable[[], Loader],
+    *,
+    workers: int,
+    warmup: int,
+    minibatches: int,
+    max_seconds: float,
+    min_seconds: float = 0.0,
+) -> dict:
+    """Times a loader: first minibatch, warm-up, then a window of minibatches.
+
+    Args:
+        start: Opens the files and starts the loader (timed as part of the
+            first minibatch).
+        workers: The loader's worker processes (the largest children).
+        warmup: Minibatches skipped after the first one.
+        minibatches: Minibatches in the measured window (at least one).
+        max_seconds: The warm-up and the window each stop after this long.
+        min_seconds: The window goes on past `minibatches` until this long.
+
+    Returns:
+        cells/s over the window (real cells), mean and std of the label's
+        per-minibatch entropy over the window, the time to the first
+        minibatch, this process's peak RSS since `start` (VmHWM), the peak
+        RSS of each worker, the window's length in minibatches and seconds.
+    """
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    loader = start()
+    try:
+        next(loader.batches)
+        first = time.perf_counter() - t0
+        deadline = time.perf_counter() + max_seconds
+        for _ in range(warmup):
+            next(loader.batches)
+            if time.perf_counter() > deadline:
+                break
+        labels = []
+        t1 = time.perf_counter()
+        while True:
+            labels.append(np.asarray(loader.labels(next(loader.batches))))
+            seconds = time.perf_counter() - t1
+            if seconds > max_seconds or (
+                len(labels) >= minibatches and seconds >= min_seconds
+            ):
+                break
+        # The workers are the largest children; the others are helpers such
+        # as multiprocessing's resource tracker.
+        kids = sorted(children_peak_rss_mb(), reverse=True)[:workers]
+        main = vm_hwm_mb()
+    finally:
+        loader.close()
+    e = entropies(labels)
+    return {
+        "cells_per_s": round(sum(x.size for x in labels) / seconds),
+        "entropy_mean": round(float(e.mean()), 3),
+        "entropy_std": round(float(e.std()), 3),
+        "first_batch_s": round(first, 3),
+        "main_peak_rss_mb": None if main is None else round(main, 1),
+        "worker_peak_rss_mb": [round(k, 1) for k in kids],
+        "window_minibatches": len(labels),
+        "window_s": round(seconds, 2),
+    }

@@ -49,32 +49,6 @@ for _key, _value in _CONFIG.items():
 FLAGS = flags.FLAGS
 
 
-def _children_peak_rss_mb() -> list[float]:
-    """VmHWM of this process's children (Linux), in MiB."""
-    out = []
-    pid = os.getpid()
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    kids = []
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                kids += [int(k) for k in f.read().split()]
-        except OSError:
-            pass
-    for k in kids:
-        try:
-            with open(f"/proc/{k}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        out.append(int(line.split()[1]) / 1024)
-        except OSError:
-            pass
-    return out
-
-
 def make_output(name: str):
     """The output format named on the command line."""
     if name == "csr":
@@ -126,7 +100,7 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
     for _ in range(FLAGS.minibatches):
         cells += int(next(iterator)["mask"].sum())
     rate = cells / (time.perf_counter() - t0)
-    workers = _children_peak_rss_mb() if worker_count else []
+    workers = bench_util.children_peak_rss_mb() if worker_count else []
     iterator.close()
     return {
         "output": output,

@@ -1,0 +1,212 @@
+"""Every binary in benchmarks/ runs on a tiny config, so none of them rots.
+
+Each runs as a subprocess, as a person runs it, on a 2,000-cell x 300-gene
+synthetic file in a temporary folder (grid.py also makes its own synthetic
+file, to cover the no-`--data` path), with `GRAIN_CELLS_CACHE` pointed at the
+temporary folder and short windows. Checked: exit status 0, the lines each
+prints and the files each writes. The peers of grid.py run where they are
+installed (`.[bench]`) and must otherwise be skipped with a message.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from grain_cells import synthetic
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TIMEOUT_S = 120
+PEER_MODULES = {
+    "scdataset": ("scdataset", "torch"),
+    "annloader": ("torch",),
+    "grain_per_cell": ("grain",),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("benchmarks")
+
+
+@pytest.fixture(scope="module")
+def data_file(workdir) -> str:
+    path = workdir / "tiny.h5ad"
+    synthetic.write_tahoe_like(path, 2_000, n_genes=300, mean_nnz=30)
+    return str(path)
+
+
+def run(workdir: pathlib.Path, binary: str, *flags: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / binary), *flags],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=workdir,
+        env={**os.environ, "GRAIN_CELLS_CACHE": str(workdir / "cache")},
+        check=False,
+    )
+    assert done.returncode == 0, f"{binary} failed:\n{done.stderr[-3000:]}"
+    return done
+
+
+def test_read_throughput(workdir, data_file):
+    out = workdir / "read.json"
+    done = run(
+        workdir,
+        "read_throughput.py",
+        f"--data={data_file}",
+        "--reads=5",
+        "--blocks_per_read=4",
+        f"--json={out}",
+    )
+    for state in ("cold", "warm"):
+        for how in ("fetch", "read_blocks"):
+            assert f"{state:5s} {how:12s}" in done.stdout
+            assert json.loads(out.read_text())[f"{state}_{how}_cells_per_s"] > 0
+
+
+def test_loader_throughput(workdir, data_file):
+    out = workdir / "loader.json"
+    done = run(
+        workdir,
+        "loader_throughput.py",
+        f"--data={data_file}",
+        "--outputs=csr,padded",
+        "--worker_counts=0,2",
+        "--cache=warm",
+        "--padded_width=64",
+        "--warmup=2",
+        "--minibatches=20",
+        f"--json={out}",
+    )
+    results = json.loads(out.read_text())["results"]
+    assert [(r["output"], r["worker_count"]) for r in results] == [
+        ("csr", 0),
+        ("csr", 2),
+        ("padded", 0),
+        ("padded", 2),
+    ]
+    for r in results:
+        assert r["cells_per_s"] > 0
+        assert len(r["worker_peak_rss_mb"]) >= r["worker_count"]
+    assert done.stdout.count("warm") == 4
+
+
+def test_diversity(workdir, data_file):
+    out = workdir / "diversity.json"
+    done = run(
+        workdir,
+        "diversity.py",
+        f"--data={data_file}",
+        "--blocks=4,16",
+        "--fetches=4,16",
+        "--minibatches=50",
+        f"--json={out}",
+    )
+    assert "random sampling (block 1, fetch 1)" in done.stdout
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 4
+    for r in results:
+        assert 0 <= r["mean"] <= math.log2(14)
+
+
+def test_disk_ceiling(workdir, data_file):
+    out = workdir / "disk.json"
+    done = run(
+        workdir,
+        "disk_ceiling.py",
+        f"--data={data_file}",
+        "--depths=1,4",
+        "--bytes=200000",
+        f"--json={out}",
+    )
+    assert "sequential 8 MiB reads" in done.stdout
+    assert done.stdout.count("random ") == 2
+    figures = json.loads(out.read_text())
+    assert figures["bytes_per_cell"] > 0
+    assert "random_qd4_GBps" in figures
+
+
+def test_preshuffle(workdir, data_file):
+    out = workdir / "preshuffled"
+    done = run(
+        workdir,
+        "preshuffle.py",
+        f"--data={data_file}",
+        f"--output_dir={out}",
+        "--cells_per_file=1000",
+        "--cache=asis",
+        f"--json={workdir / 'preshuffle.json'}",
+    )
+    assert done.stdout.strip()
+    assert len(list(out.glob("*.h5ad"))) == 2
+
+
+def test_grid(workdir):
+    """No --data: the synthetic file is made in GRAIN_CELLS_CACHE."""
+    out = workdir / "grid"
+    blocks, fetches = [1, 16], [1, 4]
+    done = run(
+        workdir,
+        "grid.py",
+        "--n_cells=2000",
+        "--n_genes=2000",
+        "--blocks=1,16",
+        "--fetches=1,4",
+        "--worker_counts=0",
+        "--cache=cold",
+        "--block_size=16",
+        "--fetch_factor=4",
+        "--warmup=2",
+        "--minibatches=20",
+        "--min_window_s=0",
+        "--max_window_s=2",
+        "--peers=scdataset,annloader,grain_per_cell",
+        "--peer_worker_counts=0",
+        f"--output_dir={out}",
+    )
+    assert list((workdir / "cache").glob("tahoe_like-n2000-g2000-*.h5ad"))
+    assert "[1/" in done.stderr  # progress lines
+
+    points = json.loads((out / "grid.json").read_text())["points"]
+    ours = {(p["block"], p["fetch"]): p for p in points if p["loader"] == "grain_cells"}
+    assert set(ours) == {(b, f) for b in blocks for f in fetches}
+    for p in ours.values():
+        assert "error" not in p, p
+        assert p["cells_per_s"] > 0
+        assert 0 <= p["entropy_mean"] <= math.log2(14)
+        assert p["first_batch_s"] > 0
+        assert p["main_peak_rss_mb"] > 0
+    # Block 16 x fetch factor 1: each minibatch holds four blocks of 16 cells,
+    # so fewer plates than a random minibatch.
+    assert ours[(16, 1)]["entropy_mean"] < ours[(1, 1)]["entropy_mean"]
+
+    for name, modules in PEER_MODULES.items():
+        runs = [p for p in points if p["loader"] == name]
+        if all(importlib.util.find_spec(m) for m in modules):
+            assert len(runs) == 1 and "error" not in runs[0], runs
+            assert runs[0]["cells_per_s"] > 0
+            assert runs[0]["speedup_reference"] > 0
+            assert f"| {name} | 0 |" in done.stdout
+        else:
+            assert f"{name} skipped: " in done.stderr
+
+    with open(out / "grid.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(points)
+    if importlib.util.find_spec("matplotlib"):
+        for picture in ("throughput.png", "entropy.png", "tradeoff.png"):
+            assert (out / picture).read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert "matplotlib not installed" in done.stderr
+    summary = (out / "summary.md").read_text()
+    assert "## grain_cells, csr, 0 workers, cold" in summary
+    assert "## Every point" in summary
