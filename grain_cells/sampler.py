@@ -44,8 +44,28 @@ from grain_cells import counter_rng
 _SHUFFLE_ROUNDS = 4
 
 
+def _check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
+    """Validates the arguments every sampler takes; returns the shard options."""
+    if num_epochs is not None and (int(num_epochs) != num_epochs or num_epochs < 1):
+        raise ValueError(
+            f"num_epochs must be a positive int or None, got {num_epochs!r}"
+        )
+    if not 0 <= int(seed) < 2**31:
+        raise ValueError(f"seed must lie in [0, 2**31), got {seed}")
+    shard_options = shard_options or sharding.NoSharding()
+    count = shard_options.shard_count
+    if not 0 <= shard_options.shard_index < count:
+        raise ValueError(
+            f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
+        )
+    return shard_options
+
+
 class _ReadsAhead:
     """Read-ahead hints for a sampler whose stream is a function of position.
+
+    Also holds what every sampler of blocks shares: its sizes, seed, sharding
+    and length.
 
     A subclass sets `_source` (None: no hints), `_readahead` (positions per
     window, 0: off) and `_num_epochs`, and defines `blocks_at(positions)`.
@@ -54,6 +74,40 @@ class _ReadsAhead:
     _source = None
     _readahead = 0
     _num_epochs: int | None = 1
+    _num_blocks: int
+    _epoch_length: int
+    _seed: int
+    _shard_options: sharding.ShardOptions
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the source."""
+        return self._num_blocks
+
+    @property
+    def epoch_length(self) -> int:
+        """Positions per epoch over all shards (a multiple of the shard count)."""
+        return self._epoch_length
+
+    @property
+    def shard_options(self) -> sharding.ShardOptions:
+        """The sharding the sampler sizes epochs for."""
+        return self._shard_options
+
+    @property
+    def seed(self) -> int:
+        """Seed of the stream's randomness."""
+        return self._seed
+
+    @property
+    def num_epochs(self) -> int | None:
+        """Epochs in the stream (None: endless)."""
+        return self._num_epochs
+
+    def __len__(self) -> int:
+        if self._num_epochs is None:
+            return sys.maxsize
+        return self._num_epochs * self._epoch_length
 
     def _reset_readahead(self) -> None:
         self._last_index: int | None = None
@@ -158,18 +212,8 @@ class BlockSampler(_ReadsAhead):
         num_blocks = int(num_blocks)
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        if num_epochs is not None and (int(num_epochs) != num_epochs or num_epochs < 1):
-            raise ValueError(
-                f"num_epochs must be a positive int or None, got {num_epochs!r}"
-            )
-        if not 0 <= int(seed) < 2**31:
-            raise ValueError(f"seed must lie in [0, 2**31), got {seed}")
-        shard_options = shard_options or sharding.NoSharding()
+        shard_options = _check_stream_args(num_epochs, seed, shard_options)
         count = shard_options.shard_count
-        if not 0 <= shard_options.shard_index < count:
-            raise ValueError(
-                f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
-            )
         if num_blocks < count:
             raise ValueError(
                 f"{num_blocks} blocks cannot be split over {count} shards; use a "
@@ -185,39 +229,9 @@ class BlockSampler(_ReadsAhead):
         self._reset_readahead()
 
     @property
-    def num_blocks(self) -> int:
-        """Blocks of the source."""
-        return self._num_blocks
-
-    @property
-    def epoch_length(self) -> int:
-        """Positions per epoch over all shards (a multiple of the shard count)."""
-        return self._epoch_length
-
-    @property
-    def shard_options(self) -> sharding.ShardOptions:
-        """The sharding the sampler sizes epochs for."""
-        return self._shard_options
-
-    @property
-    def seed(self) -> int:
-        """Seed of the shuffle."""
-        return self._seed
-
-    @property
     def shuffle(self) -> bool:
         """Whether epochs are shuffled."""
         return self._shuffle
-
-    @property
-    def num_epochs(self) -> int | None:
-        """Epochs in the stream (None: endless)."""
-        return self._num_epochs
-
-    def __len__(self) -> int:
-        if self._num_epochs is None:
-            return sys.maxsize
-        return self._num_epochs * self._epoch_length
 
     def block_at(self, position: int) -> int:
         """The block at a stream position (no bounds check on epochs)."""
@@ -378,18 +392,8 @@ class WeightedBlockSampler(_ReadsAhead):
             )
         if not (w > 0).any():
             raise ValueError("weights are all 0: no block can be drawn")
-        if num_epochs is not None and (int(num_epochs) != num_epochs or num_epochs < 1):
-            raise ValueError(
-                f"num_epochs must be a positive int or None, got {num_epochs!r}"
-            )
-        if not 0 <= int(seed) < 2**31:
-            raise ValueError(f"seed must lie in [0, 2**31), got {seed}")
-        shard_options = shard_options or sharding.NoSharding()
+        shard_options = _check_stream_args(num_epochs, seed, shard_options)
         count = shard_options.shard_count
-        if not 0 <= shard_options.shard_index < count:
-            raise ValueError(
-                f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
-            )
         if epoch_blocks is not None and epoch_cells is not None:
             raise ValueError(
                 f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
@@ -426,39 +430,9 @@ class WeightedBlockSampler(_ReadsAhead):
         self._reset_readahead()
 
     @property
-    def num_blocks(self) -> int:
-        """Blocks of the source."""
-        return self._num_blocks
-
-    @property
-    def epoch_length(self) -> int:
-        """Draws per epoch over all shards (a multiple of the shard count)."""
-        return self._epoch_length
-
-    @property
-    def shard_options(self) -> sharding.ShardOptions:
-        """The sharding the sampler sizes epochs for."""
-        return self._shard_options
-
-    @property
-    def seed(self) -> int:
-        """Seed of the draws."""
-        return self._seed
-
-    @property
-    def num_epochs(self) -> int | None:
-        """Epochs in the stream (None: endless)."""
-        return self._num_epochs
-
-    @property
     def probabilities(self) -> np.ndarray:
         """Probability of each block per draw."""
         return np.diff(self._cdf, prepend=0.0) / self._total
-
-    def __len__(self) -> int:
-        if self._num_epochs is None:
-            return sys.maxsize
-        return self._num_epochs * self._epoch_length
 
     def block_at(self, position: int) -> int:
         """The block drawn at a stream position (no bounds check on epochs)."""
