@@ -68,7 +68,8 @@ class _ReadsAhead:
     and length.
 
     A subclass sets `_source` (None: no hints), `_readahead` (positions per
-    window, 0: off) and `_num_epochs`, and defines `blocks_at(positions)`.
+    window, 0: off) and `_num_epochs`, and defines `block_at(position)` and
+    `blocks_at(positions)`; Grain's `__getitem__` is shared.
     """
 
     _source = None
@@ -108,6 +109,17 @@ class _ReadsAhead:
         if self._num_epochs is None:
             return sys.maxsize
         return self._num_epochs * self._epoch_length
+
+    def __getitem__(self, index: int) -> grain.RecordMetadata:
+        index = int(index)
+        if index < 0 or (self._num_epochs is not None and index >= len(self)):
+            raise IndexError(
+                f"position {index} is past the end of the stream ({len(self)} "
+                "positions)"
+            )
+        if self._readahead:
+            self._read_ahead(index)
+        return grain.RecordMetadata(index=index, record_key=self.block_at(index))
 
     def _reset_readahead(self) -> None:
         self._last_index: int | None = None
@@ -273,17 +285,6 @@ class BlockSampler(_ReadsAhead):
         visited = np.zeros(self._num_blocks, bool)
         visited[self.epoch_order(epoch)] = True
         return np.flatnonzero(~visited)
-
-    def __getitem__(self, index: int) -> grain.RecordMetadata:
-        index = int(index)
-        if index < 0 or (self._num_epochs is not None and index >= len(self)):
-            raise IndexError(
-                f"position {index} is past the end of the stream ({len(self)} "
-                "positions)"
-            )
-        if self._readahead:
-            self._read_ahead(index)
-        return grain.RecordMetadata(index=index, record_key=self.block_at(index))
 
     def __repr__(self) -> str:
         so = self._shard_options
@@ -453,17 +454,6 @@ class WeightedBlockSampler(_ReadsAhead):
         """The blocks epoch `epoch` draws, in stream order (all shards)."""
         start = int(epoch) * self._epoch_length
         return self.blocks_at(np.arange(start, start + self._epoch_length))
-
-    def __getitem__(self, index: int) -> grain.RecordMetadata:
-        index = int(index)
-        if index < 0 or (self._num_epochs is not None and index >= len(self)):
-            raise IndexError(
-                f"position {index} is past the end of the stream ({len(self)} "
-                "positions)"
-            )
-        if self._readahead:
-            self._read_ahead(index)
-        return grain.RecordMetadata(index=index, record_key=self.block_at(index))
 
     def __repr__(self) -> str:
         so = self._shard_options
