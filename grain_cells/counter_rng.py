@@ -17,6 +17,7 @@ that they agree.
 Example:
     >>> hash64(7, 0, np.arange(3))        # three uint64 hashes
     >>> uniform(7, 0, np.arange(3))       # three floats in [0, 1)
+    >>> permutation(5, 7, 42)             # 0..4 in an order fixed by (7, 42)
 """
 
 from __future__ import annotations
@@ -70,6 +71,25 @@ def hash64_int(*words: int) -> int:
     for w in words:
         h = _mix_int(((h ^ w) + _GOLDEN) & _MASK)
     return h
+
+
+def permutation(n: int, *words: int) -> np.ndarray:
+    """A permutation of `range(n)`, a pure function of `(n, words)`.
+
+    The argsort of `hash64(hash64_int(*words), arange(n))`. For a fixed key
+    the hash is a bijection of the position, so no two positions tie and the
+    result does not depend on the sort algorithm: it is the same on every
+    platform and every NumPy version (unlike `Generator.permutation`).
+
+    Args:
+        n: Length of the permutation.
+        *words: Non-negative ints below 2**64 (a seed, then any counters).
+
+    Returns:
+        An int64 array holding `0 .. n-1` once each.
+    """
+    key = hash64_int(*words)
+    return np.argsort(hash64(_U64(key), np.arange(n, dtype=_U64)), kind="stable")
 
 
 def uniform(*words) -> np.ndarray:

@@ -10,10 +10,12 @@ operations that go after a `BlockSampler` in a `grain.DataLoader`:
    memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
    `m` cells, each gathered once into its output format.
 
-**Determinism.** The in-memory shuffle is seeded by `(seed, the fetch's block
-ids in sampler order)`; a fetch is therefore re-created bit for bit when an
-iterator is restored in its middle (Grain's FlatMap state is "the fetch's
-parent state plus the index inside it").
+**Determinism.** The in-memory shuffle is `counter_rng.permutation` of
+`(seed, the fetch's block ids in sampler order)`, a pure function that no
+NumPy upgrade changes (pinned by `tests/test_golden.py`); a fetch is
+therefore re-created bit for bit when an iterator is restored in its middle
+(Grain's FlatMap state is "the fetch's parent state plus the index inside
+it").
 
 **Which cells come out.** A fetch holds `G * block_size` cells, fewer when it
 includes the short last block of a file or is a worker's last fetch of the
@@ -36,7 +38,7 @@ import grain
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import transport
+from grain_cells import counter_rng, transport
 from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
 from grain_cells.source import AnnDataSource, FetchedRows
@@ -114,10 +116,12 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         cells += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
         positions = np.searchsorted(row_ids, cells)
         if self.config.shuffle:
-            rng = np.random.default_rng(
-                np.concatenate([[self.config.seed], blocks[:, 0]]).astype(np.uint64)
+            # Owned by grain_cells (counter_rng), so that no NumPy upgrade
+            # changes the order a saved iterator resumes into.
+            order = counter_rng.permutation(
+                positions.size, self.config.seed, *blocks[:, 0].tolist()
             )
-            positions = positions[rng.permutation(positions.size)]
+            positions = positions[order]
         return positions
 
     def __getstate__(self):
