@@ -54,6 +54,7 @@ import bench_util
 import loader_throughput
 import numpy as np
 import peers
+import tqdm
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -634,10 +635,6 @@ def summary(header: dict, results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _clock(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
-
-
 def _describe(p: dict) -> str:
     return (
         f"{p['loader']} {p['output']} workers={p['workers']} {p['cache']} "
@@ -670,25 +667,18 @@ def main(argv):
         f"{len(points)} points on {', '.join(paths)}; writing to {FLAGS.output_dir}",
         file=sys.stderr,
     )
-    for i, p in enumerate(points):
-        elapsed = time.time() - started
-        left = elapsed / i * (len(points) - i) if i else float("nan")
-        print(
-            f"[{i + 1}/{len(points)}] {_clock(elapsed)} elapsed"
-            + (f", ~{_clock(left)} left" if i else "")
-            + f": {_describe(p)}",
-            file=sys.stderr,
-            flush=True,
-        )
+    bar = tqdm.tqdm(points, desc="grid", unit="point", file=sys.stderr)
+    for p in bar:
+        bar.set_postfix_str(_describe(p))
         r = run_point(paths, p)
         results.append(r)
         if "error" not in r:
-            print(
+            tqdm.tqdm.write(
                 f"{_describe(p)}: {r['cells_per_s']:,} cells/s, entropy "
                 f"{r['entropy_mean']:.2f} +- {r['entropy_std']:.2f}, first "
                 f"{r['first_batch_s']:.2f} s, RSS main {r['main_peak_rss_mb']} "
                 f"workers {r['worker_peak_rss_mb']} MiB",
-                flush=True,
+                file=sys.stdout,
             )
         add_ratios(results)
         write_tables(out("grid.json"), out("grid.csv"), header, results)

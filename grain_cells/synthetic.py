@@ -44,11 +44,11 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 import h5py
 import numpy as np
 import pandas as pd
+import tqdm
 
 __all__ = ["cached_tahoe_like", "write_tahoe_like"]
 
@@ -140,7 +140,7 @@ def write_tahoe_like(
             sensible for small ``n_genes``.
         chunk_cells: Cells generated and written per step, > 0; bounds the
             memory used (about 30 bytes per stored value of a step).
-        progress: Print a one-line progress report to stderr while writing.
+        progress: Show a progress bar (tqdm, on stderr) while writing.
 
     Returns:
         The path written, as a ``pathlib.Path``.
@@ -209,8 +209,15 @@ def write_tahoe_like(
     del obs, var
 
     writer = _DenseWriter if dense else _CsrWriter
-    start_time = time.perf_counter()
-    with h5py.File(path, "a") as f:
+    bar = tqdm.tqdm(
+        total=n_cells,
+        desc=f"write_tahoe_like {path.name}",
+        unit="cells",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
+    )
+    with bar, h5py.File(path, "a") as f:
         out = writer(f, n_cells, n_genes, compression)
         for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
             stop = min(start + chunk_cells, n_cells)
@@ -219,8 +226,7 @@ def write_tahoe_like(
                 rng, molecules[start:stop], gene_of_rank
             )
             out.append(indptr, indices, data)
-            if progress:
-                _report(path, stop, n_cells, start_time, done=stop == n_cells)
+            bar.update(stop - start)
     return path
 
 
@@ -510,16 +516,3 @@ class _DenseWriter:
             block[rows, indices[lo:hi]] = data[lo:hi]
             self.x[self.rows + r0 : self.rows + r1] = block
         self.rows += n_rows
-
-
-def _report(
-    path: pathlib.Path, written: int, total: int, start: float, done: bool
-) -> None:
-    elapsed = time.perf_counter() - start
-    print(
-        f"\rwrite_tahoe_like {path.name}: {written:,}/{total:,} cells "
-        f"({100 * written / total:.0f}%) in {elapsed:.1f} s",
-        end="\n" if done else "",
-        file=sys.stderr,
-        flush=True,
-    )

@@ -183,6 +183,7 @@ def test_loader_outputs_equal_anndata_concat(files, join, output):
     _check_loader(source, paths, join, output, worker_count=0)
 
 
+@pytest.mark.slow
 def test_loader_with_workers_outer_join(csr_files):
     source = grain_cells.AnnDataSource(
         csr_files, join="outer", block_size=4, obs_columns=["idx"]

@@ -176,7 +176,9 @@ COVERAGE = [
     pytest.param(16, 8, 4, 1, 0, True, id="b16-m8-f4"),
     pytest.param(16, 8, 1, 2, 0, False, id="b16-m8-f1-2shards-inorder"),
     pytest.param(16, 4, 4, 3, 0, True, id="b16-m4-f4-3shards"),
-    pytest.param(16, 4, 4, 2, 2, True, id="b16-m4-f4-2shards-2workers"),
+    pytest.param(
+        16, 4, 4, 2, 2, True, id="b16-m4-f4-2shards-2workers", marks=pytest.mark.slow
+    ),
 ]
 
 
@@ -290,6 +292,7 @@ def test_values(request, helpers, output, layout, genes):
     check_values(batches, helpers.Truth(source, paths), source, genes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "output, layout, genes",
     [

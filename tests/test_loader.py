@@ -111,7 +111,7 @@ def call_with_deadline(fn, timeout=DEADLINE_S):
     [
         pytest.param(0, 1, id="0-workers"),
         pytest.param(0, None, id="0-workers-endless"),
-        pytest.param(2, 1, id="2-workers"),
+        pytest.param(2, 1, id="2-workers", marks=pytest.mark.slow),
     ],
 )
 def test_resume_through_orbax(csr_paths, helpers, tmp_path, workers, num_epochs):
@@ -361,6 +361,7 @@ def remove_segments_of(pid) -> list[str]:
     return left
 
 
+@pytest.mark.slow
 def test_killed_worker_raises(csr_paths, helpers):
     before, iterator, victim = kill_a_worker(csr_paths, helpers, num_epochs=None)
     try:
@@ -382,6 +383,7 @@ def test_killed_worker_raises(csr_paths, helpers):
     assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
 
 
+@pytest.mark.slow
 def test_killed_worker_keeps_failing(csr_paths, helpers):
     """After the error, no minibatch of the surviving worker slips through."""
     before, iterator, victim = kill_a_worker(csr_paths, helpers, num_epochs=1)
@@ -417,6 +419,7 @@ def test_killed_worker_keeps_failing(csr_paths, helpers):
     assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
 
 
+@pytest.mark.slow
 def test_error_in_worker_raises(csr_paths, helpers):
     before = worker_pids()
     output = PaddedSparseOutput(width=3, truncate="error")
@@ -430,6 +433,7 @@ def test_error_in_worker_raises(csr_paths, helpers):
     assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["close", "drop"])
 def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
     """Closing or dropping an iterator one minibatch per worker in must not fail.
@@ -487,6 +491,7 @@ def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
     assert not unraisable, unraisable
 
 
+@pytest.mark.slow
 def test_close_unmaps(csr_paths, helpers):
     """close() "frees their shared memory at once" (CheckedIterator docstring)."""
     rings_before = ring_pids()
@@ -500,6 +505,7 @@ def test_close_unmaps(csr_paths, helpers):
     iterator = None  # drop the last reference
 
 
+@pytest.mark.slow
 def test_drop_unmaps(csr_paths, helpers):
     rings_before = ring_pids()
     *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
@@ -606,7 +612,7 @@ def many_iterators(loader, helpers, seen):
         del iterator  # not closed: garbage collection stops the workers
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_no_leaks(csr_paths, helpers, workers):
     *_, loader = helpers.build(csr_paths, worker_count=workers, **CONFIG)
     # Warm up: the source's files opened here (without workers); the resource

@@ -72,6 +72,7 @@ def test_resume_at_any_minibatch(path, stop):
             np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.slow
 def test_workers_give_the_same_minibatches(path):
     flags.FLAGS.mark_as_parsed()
     source = grain_cells.AnnDataSource(path, block_size=4)

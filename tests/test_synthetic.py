@@ -262,7 +262,7 @@ def test_progress(tmp_path, capsys):
         progress=True,
     )
     err = capsys.readouterr().err
-    assert "300/300 cells (100%)" in err
+    assert "write_tahoe_like p.h5ad: 100%" in err and "300/300" in err
     assert err.endswith("\n")
     write_tahoe_like(tmp_path / "q.h5ad", 300, n_genes=50, mean_nnz=10)
     assert capsys.readouterr().err == ""

@@ -214,6 +214,7 @@ def uninterrupted(data_file, tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("worker_count", [0, 2])
 def test_sigkill_and_resume_is_bitwise_identical(
     data_file, uninterrupted, tmp_path, worker_count
@@ -238,6 +239,7 @@ def test_main_prints_figures(uninterrupted):
     assert re.search(rf"^checkpoint saved at step {NUM_STEPS}$", out, re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_measure_loader_overhead(data_file, tmp_path):
     flags = config_flags(data_file, overhead_steps=40)
     (out,) = train(
@@ -271,6 +273,7 @@ def _per_step(path: pathlib.Path) -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_see_each_cell_of_an_epoch_once(two_processes):
     workdir, _ = two_processes
     seen = []
@@ -287,6 +290,7 @@ def test_two_processes_see_each_cell_of_an_epoch_once(two_processes):
     np.testing.assert_array_equal(np.sort(everything), np.arange(TRAIN_CELLS))
 
 
+@pytest.mark.slow
 def test_two_processes_keep_identical_parameters(two_processes):
     workdir, _ = two_processes
     hashes = [
@@ -298,6 +302,7 @@ def test_two_processes_keep_identical_parameters(two_processes):
     assert_bitwise_equal(final_params(workdir, 0, 2), final_params(workdir, 1, 2))
 
 
+@pytest.mark.slow
 def test_two_processes_sigkill_and_resume(two_processes, tmp_path):
     reference, flags = two_processes
     workdir = tmp_path / "work"
@@ -331,6 +336,7 @@ def small_config(data_file: str, **overrides):
     return config
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_one_step_in_process(data_file, tmp_path, capsys):
     from grain_cells.examples.train import train_and_evaluate
 
@@ -374,14 +380,30 @@ def test_random_held_out_split_is_disjoint_from_training(data_file):
     assert eval_rows.min() < N_CELLS // 2  # drawn, not the last blocks
 
 
-def test_bad_config_value_is_a_usage_error(data_file, tmp_path):
-    flags = config_flags(data_file, eval_split="middle")
-    with runs() as started:
-        started.append(Run(tmp_path / "work", flags, tmp_path / "log"))
-        started[0].proc.wait(RUN_TIMEOUT_S)
-    out = started[0].text()
-    assert started[0].proc.returncode != 0
-    assert "config.eval_split must be 'last' or 'random', got 'middle'" in out
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        pytest.param(
+            {"eval_split": "middle"},
+            "config.eval_split must be 'last' or 'random', got 'middle'",
+            id="eval_split",
+        ),
+        pytest.param(
+            {"num_steps": 0}, "config.num_steps must be positive, got 0", id="steps"
+        ),
+        pytest.param(
+            {"eval_fraction": 1.0},
+            r"config.eval_fraction must lie in \[0, 1\), got 1.0",
+            id="eval_fraction",
+        ),
+    ],
+)
+def test_bad_config_value_is_refused_by_name(data_file, tmp_path, overrides, message):
+    from grain_cells.examples.train import train_and_evaluate
+
+    with pytest.raises(ValueError, match=message):
+        train_and_evaluate(small_config(data_file, **overrides), str(tmp_path))
+    assert not any(tmp_path.iterdir())  # refused before touching the workdir
 
 
 @pytest.mark.slow

@@ -226,7 +226,7 @@ def test_draw_frequencies_follow_weights():
         pytest.param(0, 0, id="inline-start"),
         pytest.param(0, 5, id="inline-mid-fetch"),
         pytest.param(0, 16, id="inline-fetch-boundary"),
-        pytest.param(2, 7, id="two-workers"),
+        pytest.param(2, 7, id="two-workers", marks=pytest.mark.slow),
     ],
 )
 def test_resume_through_the_loader(source, helpers, workers, stop):

@@ -110,6 +110,7 @@ def data_paths(config: ml_collections.ConfigDict) -> tuple[list[str], list[str]]
             mean_nnz=config.synthetic_mean_nnz,
             seed=config.synthetic_seed,
             cache_dir=config.synthetic_dir or None,
+            progress=jax.process_index() == 0,
         )
 
     if jax.process_index() == 0:
