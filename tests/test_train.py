@@ -414,13 +414,25 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
     installs the wheel alone, `--no-deps`); its own site-packages comes
     first, so `grain_cells` is the wheel's.
     """
+    import shutil
     import sysconfig
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["JAX_PLATFORMS"] = "cpu"
+    # Build from a copy: no build/ or egg-info left in the source tree, and no
+    # stale build/lib of an earlier build slips into the wheel.
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.h5ad",
+            ".ruff_cache", ".pytest_cache", "out",
+        ),
+    )  # fmt: skip
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
         check=True,
         capture_output=True,
         env=env,
