@@ -182,6 +182,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     held_out = (
         f"accuracy={result['eval_accuracy']:.4f} on {result['eval_cells']} "
         f"held-out cells (majority class: {result['majority_accuracy']:.4f})"
+        if result["eval_cells"]
+        else "no held-out cells"
     )
     if step == start_step:
         log(f"done at step {step}, trained nothing in this run: {held_out}")
