@@ -491,3 +491,25 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert re.search(r"^done at step 4: ", run.stdout, re.MULTILINE), run.stdout
+
+
+def test_unknown_config_key_is_named_without_a_traceback(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grain_cells.examples.train",
+            f"--workdir={tmp_path}",
+            "--config.num_step=3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert done.returncode != 0
+    assert "names a key the config does not have: 'num_step'" in done.stderr
+    assert 'Did you mean "num_steps"' in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 from absl import app, flags, logging
@@ -21,13 +22,35 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "default.py"
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Checkpoints and outputs (required to train)."
 )
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    DEFAULT_CONFIG,
-    "File with get_config() (default: the shipped configs/default.py); "
-    "override keys with --config.KEY=VALUE.",
-    lock_config=True,
-)
+
+
+def _define_config_flag():
+    """`--config`, or a one-line error when an override names no key.
+
+    ml_collections applies `--config.KEY=VALUE` overrides while it defines
+    the flag, and meets a key the config lacks with a bare AttributeError.
+    """
+    try:
+        return config_flags.DEFINE_config_file(
+            "config",
+            DEFAULT_CONFIG,
+            "File with get_config() (default: the shipped configs/default.py); "
+            "override keys with --config.KEY=VALUE.",
+            lock_config=True,
+        )
+    except (AttributeError, KeyError) as e:
+        inner = e  # AttributeError(KeyError("'key'\nDid you mean ...?"))
+        while isinstance(inner, BaseException) and inner.args:
+            inner = inner.args[0]
+        reason = ". ".join(str(inner).splitlines())
+        sys.exit(
+            f"FATAL Flags parsing error: --config.KEY=VALUE names a key the "
+            f"config does not have: {reason}. The keys and their meaning are in "
+            f"{DEFAULT_CONFIG}"
+        )
+
+
+_CONFIG = _define_config_flag()
 _MEASURE = flags.DEFINE_bool(
     "measure_loader_overhead",
     False,
