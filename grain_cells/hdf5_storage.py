@@ -150,7 +150,7 @@ def _check_virtual_sources(path: str, dataset: h5py.Dataset) -> None:
             where = f"dataset {inner} of {name}"
         if not ok:
             raise errors.CorruptDataError(
-                f"{path}: {dataset.name} is a virtual dataset whose source "
+                f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose source "
                 f"({where}) is missing; HDF5 would read that part as fill "
                 "values (zeros). Restore the source file, or rebuild the file "
                 "with its data copied in."
@@ -199,7 +199,7 @@ def check_filters(path: str, dataset: h5py.Dataset) -> None:
                 "it; install an HDF5 plugin that does (HDF5_PLUGIN_PATH)."
             )
         raise errors.UnsupportedLayoutError(
-            f"{path}: {dataset.name} is compressed with HDF5 filter {code} "
+            f"{path}: {dataset.name.lstrip('/')} is compressed with HDF5 filter {code} "
             f"({label}), which is not available to this HDF5. {fix}"
         )
 
