@@ -323,6 +323,7 @@ def test_anndata_pre_0_7_layout(tmp_path):
 
 
 def test_scanpy_bundled_pbmc68k_reduced():
+    """scanpy <= 1.11 bundles it in the anndata < 0.7 layout, 1.12 re-saved it."""
     spec = importlib.util.find_spec("scanpy")
     if spec is None:
         pytest.skip("scanpy is not installed: its bundled pbmc68k_reduced is untested")
