@@ -355,3 +355,36 @@ def test_file_held_by_a_writer(tmp_path):
     finally:
         writer.communicate("", timeout=60)
     AnnDataSource(path)  # readable once the writer is gone
+
+
+@pytest.mark.slow  # starts worker processes
+def test_userblock_and_external_link_in_worker_processes(tmp_path):
+    """Workers open the files themselves: same rules, same values."""
+    import grain_cells
+
+    write(tmp_path / "data.h5ad", "dense", chunks=8)
+    plain = tmp_path / "linking.h5ad"
+    make_adata(with_x=False).write_h5ad(plain)
+    with h5py.File(plain, "r+") as f:
+        f["X"] = h5py.ExternalLink("data.h5ad", "/X")
+    dense = write(tmp_path / "dense.h5ad", "dense")
+    paths = [plain, with_userblock(dense, tmp_path / "ub.h5ad")]
+    source = AnnDataSource(paths, block_size=4)
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(len(source), seed=1, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=8, fetch_factor=2, output=DenseOutput(), seed=1
+        ),
+        worker_count=2,
+    )
+    got = np.full((source.num_cells, N_VARS), np.nan)
+    iterator = iter(loader)
+    try:
+        for batch in iterator:
+            keep = np.array(batch["mask"])
+            got[np.array(batch["row_ids"])[keep]] = np.array(batch["X"])[keep]
+    finally:
+        iterator.close()
+    expected = value_matrix().toarray()
+    np.testing.assert_array_equal(got, np.concatenate([expected, expected]))
