@@ -604,7 +604,7 @@ class AnnDataSource:
 
     @property
     def dtype(self) -> np.dtype:
-        """Dtype of the values read (the common type of all files)."""
+        """Dtype of values read: the files' common type (native, float16 as float32)."""
         return self._dtype
 
     @property

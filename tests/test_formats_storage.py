@@ -388,3 +388,30 @@ def test_userblock_and_external_link_in_worker_processes(tmp_path):
         iterator.close()
     expected = value_matrix().toarray()
     np.testing.assert_array_equal(got, np.concatenate([expected, expected]))
+
+
+def test_file_left_open_by_a_crashed_writer(tmp_path):
+    plain = write(tmp_path / "plain.h5ad")
+    path = tmp_path / "x.h5ad"
+    with h5py.File(plain) as a, h5py.File(path, "w", libver="latest") as b:
+        b.attrs.update(dict(a.attrs))
+        for key in a:
+            a.copy(a[key], b, key)
+    # A writer of a superblock-v3 file SIGKILLed before it closed the file
+    # leaves HDF5's "open for write" flag set.
+    crashed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, h5py\n"
+            f"f = h5py.File({str(path)!r}, 'a', libver='latest')\n"
+            "f.flush()\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n",
+        ],
+        timeout=60,
+    )
+    assert crashed.returncode == -9
+    with pytest.raises(AnnDataFormatError, match=re.escape(str(path))) as e:
+        AnnDataSource(path)
+    assert "its writer did not close it" in str(e.value)
+    assert "h5clear -s" in str(e.value)
