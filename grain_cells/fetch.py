@@ -179,8 +179,12 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         mask = np.zeros(m, bool)
         mask[:n_real] = True
         batch["mask"] = mask
+        categories = source.categories
         for name, values in fetched.obs.items():
-            col = np.zeros(m, values.dtype if values.dtype.kind == "f" else np.int32)
+            # Codes are int32 whatever the number of categories; numeric
+            # columns keep their dtype (an int64 column stays int64).
+            dtype = values.dtype if categories[name] is None else np.int32
+            col = np.zeros(m, dtype)
             col[:n_real] = values[rows]
             batch[f"obs/{name}"] = col
         return batch

@@ -156,7 +156,9 @@ def align_genes(
         for path, file_names in zip(paths, names, strict=True):
             _check_unique(path, file_names, join)
         aligned = _join(paths, names, join)
-    selected, missing = _select(genes, aligned)
+    selected, missing = _select(
+        genes, aligned, paths[0] if join == "exact" else _files(paths)
+    )
     if missing:
         raise _missing_genes_error(paths, names, join, missing)
     out_names = aligned if selected is None else aligned[selected]
@@ -210,7 +212,7 @@ def _join(paths, names, join: str) -> np.ndarray:
     return np.asarray(list(union), dtype=str)
 
 
-def _select(genes, aligned: np.ndarray) -> tuple[np.ndarray | None, list]:
+def _select(genes, aligned: np.ndarray, where: str) -> tuple[np.ndarray | None, list]:
     """Positions of `genes` in `aligned`, and the names it does not hold."""
     if genes is None:
         return None, []
@@ -229,12 +231,25 @@ def _select(genes, aligned: np.ndarray) -> tuple[np.ndarray | None, list]:
             )
         columns = arr.astype(np.int64).reshape(-1)
     else:
-        lookup = {name: i for i, name in enumerate(aligned.tolist())}
+        positions: dict[str, list[int]] = {}
+        for i, name in enumerate(aligned.tolist()):
+            positions.setdefault(name, []).append(i)
         wanted = arr.reshape(-1).tolist()
-        missing = [g for g in wanted if g not in lookup]
+        missing = [g for g in wanted if g not in positions]
         if missing:
             return None, missing
-        columns = np.array([lookup[g] for g in wanted], np.int64)
+        ambiguous = {g: positions[g] for g in wanted if len(positions[g]) > 1}
+        if ambiguous:
+            listed = "; ".join(
+                f"{g!r} at positions {p}" for g, p in list(ambiguous.items())[:5]
+            )
+            raise ValueError(
+                f"{where}: genes names {len(ambiguous)} gene(s) that var lists "
+                f"more than once, so a name does not say which column: {listed}. Pass "
+                "integer positions (or a boolean mask) instead, or make var "
+                "names unique first (AnnData.var_names_make_unique())."
+            )
+        columns = np.array([positions[g][0] for g in wanted], np.int64)
     if np.unique(columns).size != columns.size:
         raise ValueError("genes lists a gene more than once")
     return columns, []

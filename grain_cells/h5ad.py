@@ -1,30 +1,49 @@
 """The AnnData on-disk format (`.h5ad`): what is where, and is it sane.
 
 This module opens files, locates the matrix to read (`X`, `layers/<name>` or
-`raw/X`), checks its encoding cheaply, and reads metadata: var names and obs
-columns. obs columns go through anndata's own element reader, which knows
-every encoding anndata has written since 0.7; nothing here re-implements the
-dataframe spec. Reading rows of the matrix is `grain_cells.matrix`'s job.
+`raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
+cheaply, and reads metadata. Dataframes (var names, obs columns) are
+`grain_cells.frames`' job, storage HDF5 could get wrong (links, virtual
+datasets, missing filters) `grain_cells.hdf5_storage`'s, and reading rows of
+the matrix `grain_cells.matrix`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import pathlib
-import warnings
 
-import anndata
 import h5py
 import numpy as np
-import pandas as pd
 
-from grain_cells import errors
+from grain_cells import errors, hdf5_storage
+from grain_cells.frames import (
+    ObsColumn,
+    encoding_of,
+    n_rows,
+    obs_columns,
+    read_obs_column,
+    read_var_names,
+    var_group_name,
+)
 
-try:  # anndata >= 0.11
-    from anndata.io import read_elem
-except ImportError:  # pragma: no cover - anndata 0.10
-    from anndata.experimental import read_elem
+__all__ = [
+    "CSR",
+    "DENSE",
+    "MatrixInfo",
+    "ObsColumn",
+    "available_matrices",
+    "inspect_matrix",
+    "matrix_element",
+    "obs_columns",
+    "open_file",
+    "read_obs_column",
+    "read_var_names",
+    "resolve_paths",
+    "value_dtype",
+]
 
 CSR = "csr_matrix"
 CSC = "csc_matrix"
@@ -51,11 +70,13 @@ class MatrixInfo:
 
     Attributes:
         path: The file.
-        element: HDF5 path of the matrix (`X`, `layers/counts`, `raw/X`).
+        element: HDF5 path of the matrix (`X`, `layers/counts`, `raw/X`,
+            or `raw.X` in files from anndata < 0.7).
         encoding: `"csr_matrix"` or `"array"` (dense).
         n_obs: Rows (cells).
         n_vars: Columns (genes).
-        dtype: dtype of the stored values.
+        dtype: dtype of the stored values (see `value_dtype` for the dtype
+            they are read into).
         nnz: Stored values of a sparse matrix; None for dense.
     """
 
@@ -76,17 +97,44 @@ class MatrixInfo:
         )
 
 
+def value_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype stored values are read into: native byte order, at least 32 bits.
+
+    Big-endian values are read in native byte order, and float16 as float32
+    (exactly; SciPy's sparse matrices have no float16), so every read and
+    output format sees the same values whatever the file stores.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" and dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return dtype.newbyteorder("=")
+
+
 def open_file(path: str | os.PathLike) -> h5py.File:
     """Opens an `.h5ad` file read-only with errors that name the file.
 
     Raises:
-        FileNotFoundError: The path does not exist.
-        errors.AnnDataFormatError: The file is not HDF5, is truncated, or has
-            no `obs`/`var` groups (not AnnData).
+        FileNotFoundError: The path does not exist (or is a dangling symlink).
+        errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
+            by a writer, is a symlink loop or a MuData file, or has no
+            `obs`/`var` (not AnnData).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileNotFoundError(
+                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+            ) from None
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise errors.AnnDataFormatError(
+                f"{path}: a loop of symbolic links ({path} -> "
+                f"{os.readlink(path)} -> ...); point it at the real file"
+            ) from e
+        raise errors.AnnDataFormatError(f"{path}: cannot be opened ({e})") from e
     if os.path.isdir(path):
         raise errors.AnnDataFormatError(
             f"{path}: is a directory, expected an .h5ad file (zarr stores are "
@@ -100,10 +148,18 @@ def open_file(path: str | os.PathLike) -> h5py.File:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise errors.AnnDataFormatError(
-            f"{path}: HDF5 cannot open it ({e}); the file is probably truncated "
-            "or corrupt"
-        ) from e
+        raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
+    if encoding_of(f) == "MuData" or isinstance(f.get("mod"), h5py.Group):
+        modalities = sorted(f["mod"]) if isinstance(f.get("mod"), h5py.Group) else []
+        f.close()
+        first = modalities[0] if modalities else "rna"
+        raise errors.UnsupportedLayoutError(
+            f"{path}: a MuData (.h5mu) file with modalities {modalities}; "
+            "grain_cells reads AnnData (.h5ad). Write the modality you want as "
+            "its own .h5ad once, e.g. with anndata alone: `with h5py.File(path) "
+            f"as f: anndata.io.read_elem(f['mod/{first}']).write_h5ad("
+            f"'{first}.h5ad')` (or mudata.read_h5mu(path)['{first}'])."
+        )
     missing = [k for k in ("obs", "var") if k not in f]
     if missing:
         found = sorted(f.keys())
@@ -115,39 +171,73 @@ def open_file(path: str | os.PathLike) -> h5py.File:
     return f
 
 
-def _encoding(obj) -> str | None:
-    value = obj.attrs.get("encoding-type")
-    if isinstance(value, bytes):
-        value = value.decode()
-    return value
+def _open_failure(e: OSError) -> str:
+    """Why HDF5 refused to open a file that has an HDF5 signature."""
+    message = str(e)
+    if "lock" in message.lower():
+        return (
+            f"another process holds it open for writing (HDF5 file lock: "
+            f"{message}). Wait until the writer closes it. Only if no process "
+            "writes it any more (a writer crashed), set HDF5_USE_FILE_LOCKING="
+            "FALSE to read it."
+        )
+    if "already open for write" in message:
+        return (
+            f"its writer did not close it, or has it open now ({message}). If "
+            "no process writes it, clear the flag with `h5clear -s <file>` (HDF5 "
+            "tools), then read it."
+        )
+    return f"HDF5 cannot open it ({message}); the file is probably truncated or corrupt"
 
 
-def _n_rows_of_frame(group: h5py.Group) -> int | None:
-    """Rows of an obs/var dataframe group, without reading it."""
-    if not isinstance(group, h5py.Group):
+def _get(group: h5py.Group, name: str):
+    """`group[name]`, or None when it is absent or a link does not resolve."""
+    try:
+        return group.get(name)
+    except (KeyError, OSError):  # a dangling external link "is in" the group
         return None
-    index = group.attrs.get("_index")
-    if isinstance(index, bytes):
-        index = index.decode()
-    if index is not None and index in group:
-        return int(group[index].shape[0])
-    return None
+
+
+def _locate(f: h5py.File, element: str) -> str:
+    """The element to read: `raw.X` stands in for `raw/X` in anndata < 0.7."""
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        return "raw.X"
+    return element
+
+
+def _sparse_encoding(obj: h5py.Group) -> tuple[str | None, object]:
+    """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
+    enc = encoding_of(obj)
+    if enc is None and "h5sparse_format" in obj.attrs:
+        fmt = obj.attrs["h5sparse_format"]
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
+    return enc, obj.attrs.get("shape")
 
 
 def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
     """Locates and checks the matrix at `element`.
 
-    Reads only attributes, shapes and two `indptr` values.
+    Reads only attributes, shapes, storage properties and two `indptr` values.
 
     Raises:
         errors.MissingColumnError: There is no such element; the message lists
             the matrices the file does have.
         errors.UnsupportedLayoutError: The matrix is CSC (row reads would touch
-            every column) or an encoding this reader does not handle.
-        errors.AnnDataFormatError: The element contradicts the format.
+            every column), an encoding this reader does not handle, or
+            compressed with a filter that is not available.
+        errors.CorruptDataError: A virtual dataset's source is missing, or
+            `indptr`'s ends contradict `data`.
+        errors.AnnDataFormatError: The element contradicts the format, or a
+            link on its path is dangling.
     """
     path = f.filename
-    if element not in f:
+    element = _locate(f, element)
+    obj = _get(f, element)
+    if obj is None:
+        problem = hdf5_storage.link_problem(f, element)
+        if problem is not None:
+            raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = available_matrices(f)
         hint = ""
         if element == "X":
@@ -158,74 +248,8 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
         raise errors.MissingColumnError(
             f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
-    obj = f[element]
-    enc = _encoding(obj)
     if isinstance(obj, h5py.Group):
-        if enc == CSC:
-            raise errors.UnsupportedLayoutError(
-                f"{path}: {element} is stored as csc_matrix; row reads would touch "
-                "every column. Convert it once to CSR, e.g. with anndata: "
-                "`a = anndata.read_h5ad(path); a.X = a.X.tocsr(); "
-                "a.write_h5ad(new_path)` (use a layer name instead of X as needed)."
-            )
-        if enc != CSR:
-            raise errors.UnsupportedLayoutError(
-                f"{path}: {element} is a group with encoding-type {enc!r}; expected "
-                "'csr_matrix' (sparse) or a dense 2-D dataset"
-            )
-        for name in ("data", "indices", "indptr"):
-            if name not in obj or not isinstance(obj[name], h5py.Dataset):
-                raise errors.AnnDataFormatError(
-                    f"{path}: {element} is a csr_matrix without the dataset "
-                    f"'{name}'; found {sorted(obj.keys())}"
-                )
-        shape = obj.attrs.get("shape")
-        if shape is None or len(shape) != 2:
-            raise errors.AnnDataFormatError(
-                f"{path}: {element} has no 2-element 'shape' attribute (found "
-                f"{shape!r})"
-            )
-        n_obs, n_vars = int(shape[0]), int(shape[1])
-        data, indices, indptr = obj["data"], obj["indices"], obj["indptr"]
-        nnz = int(data.shape[0])
-        if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
-            raise errors.AnnDataFormatError(
-                f"{path}: {element}/data, indices and indptr must be 1-D; found "
-                f"shapes {data.shape}, {indices.shape}, {indptr.shape}"
-            )
-        if indptr.shape[0] != n_obs + 1:
-            raise errors.AnnDataFormatError(
-                f"{path}: {element}/indptr has {indptr.shape[0]} entries; the "
-                f"shape attribute {n_obs}x{n_vars} needs {n_obs + 1}"
-            )
-        if indices.shape[0] != nnz:
-            raise errors.AnnDataFormatError(
-                f"{path}: {element}/indices has {indices.shape[0]} entries but "
-                f"data has {nnz}; they must match"
-            )
-        if indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
-            raise errors.AnnDataFormatError(
-                f"{path}: {element}/indices and indptr must be integers; found "
-                f"{indices.dtype} and {indptr.dtype}"
-            )
-        if data.dtype.kind not in "biuf":
-            raise errors.UnsupportedLayoutError(
-                f"{path}: {element}/data has dtype {data.dtype}; expected a "
-                "numeric dtype"
-            )
-        try:
-            ends = indptr[[0, n_obs]] if n_obs else indptr[[0]]
-        except OSError as e:
-            raise errors.AnnDataFormatError(
-                f"{path}: reading {element}/indptr failed ({e}); the file is "
-                "probably truncated"
-            ) from e
-        if int(ends[0]) != 0 or int(ends[-1]) != nnz:
-            raise errors.CorruptDataError(
-                f"{path}: {element}/indptr runs from {int(ends[0])} to "
-                f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
-            )
-        info = MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz)
+        info = _inspect_sparse(path, element, obj)
     elif isinstance(obj, h5py.Dataset):
         if obj.ndim != 2:
             raise errors.UnsupportedLayoutError(
@@ -236,23 +260,95 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
+        hdf5_storage.check_dataset(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
         info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None)
     else:  # pragma: no cover - h5py only has groups and datasets
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
-    frame_rows = _n_rows_of_frame(f["raw/var" if element == "raw/X" else "var"])
-    obs_rows = _n_rows_of_frame(f["obs"])
+    var_rows = n_rows(f[var_group_name(element)])
+    obs_rows = n_rows(f["obs"])
     if obs_rows is not None and obs_rows != info.n_obs:
         raise errors.AnnDataFormatError(
             f"{path}: {element} has {info.n_obs} rows but obs has {obs_rows}"
         )
-    if frame_rows is not None and frame_rows != info.n_vars:
+    if var_rows is not None and var_rows != info.n_vars:
         raise errors.AnnDataFormatError(
             f"{path}: {element} has {info.n_vars} columns but its var has "
-            f"{frame_rows} rows"
+            f"{var_rows} rows"
         )
     return info
+
+
+def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
+    enc, shape = _sparse_encoding(obj)
+    if enc == CSC:
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element} is stored as csc_matrix; row reads would touch "
+            "every column. Convert it once to CSR, e.g. with anndata: "
+            "`a = anndata.read_h5ad(path); a.X = a.X.tocsr(); "
+            "a.write_h5ad(new_path)` (use a layer name instead of X as needed)."
+        )
+    if enc != CSR:
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element} is a group with encoding-type {enc!r}; expected "
+            "'csr_matrix' (sparse) or a dense 2-D dataset"
+        )
+    for name in ("data", "indices", "indptr"):
+        if not isinstance(_get(obj, name), h5py.Dataset):
+            problem = hdf5_storage.link_problem(obj.file, f"{element}/{name}")
+            if problem is not None:
+                raise errors.AnnDataFormatError(f"{path}: {problem}")
+            raise errors.AnnDataFormatError(
+                f"{path}: {element} is a csr_matrix without the dataset "
+                f"'{name}'; found {sorted(obj.keys())}"
+            )
+    if shape is None or len(shape) != 2:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element} has no 2-element 'shape' attribute (found {shape!r})"
+        )
+    n_obs, n_vars = int(shape[0]), int(shape[1])
+    data, indices, indptr = obj["data"], obj["indices"], obj["indptr"]
+    nnz = int(data.shape[0])
+    if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/data, indices and indptr must be 1-D; found "
+            f"shapes {data.shape}, {indices.shape}, {indptr.shape}"
+        )
+    if indptr.shape[0] != n_obs + 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indptr has {indptr.shape[0]} entries; the "
+            f"shape attribute {n_obs}x{n_vars} needs {n_obs + 1}"
+        )
+    if indices.shape[0] != nnz:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indices has {indices.shape[0]} entries but "
+            f"data has {nnz}; they must match"
+        )
+    if indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indices and indptr must be integers; found "
+            f"{indices.dtype} and {indptr.dtype}"
+        )
+    if data.dtype.kind not in "biuf":
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
+        )
+    for dataset in (indptr, indices, data):
+        hdf5_storage.check_dataset(path, dataset)
+    try:
+        ends = indptr[[0, n_obs]] if n_obs else indptr[[0]]
+    except OSError as e:
+        raise errors.AnnDataFormatError(
+            f"{path}: reading {element}/indptr failed ({e}); the file is "
+            "probably truncated"
+        ) from e
+    if int(ends[0]) != 0 or int(ends[-1]) != nnz:
+        raise errors.CorruptDataError(
+            f"{path}: {element}/indptr runs from {int(ends[0])} to "
+            f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
+        )
+    return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz)
 
 
 def available_matrices(f: h5py.File) -> list[str]:
@@ -262,137 +358,11 @@ def available_matrices(f: h5py.File) -> list[str]:
         found.append("X")
     if "layers" in f and isinstance(f["layers"], h5py.Group):
         found += [f"layers/{k}" for k in f["layers"]]
-    if "raw" in f and "X" in f["raw"]:
+    if "raw" in f and isinstance(f["raw"], h5py.Group) and "X" in f["raw"]:
         found.append("raw/X")
+    if "raw.X" in f:
+        found.append("raw.X")
     return found
-
-
-def read_var_names(f: h5py.File, element: str) -> np.ndarray:
-    """Var names (gene ids) of the matrix at `element`, as a str array."""
-    group = f["raw/var"] if element == "raw/X" else f["var"]
-    index = read_elem(group[_index_key(f.filename, group)])
-    return np.asarray(index, dtype=str)
-
-
-def _index_key(path: str, group: h5py.Group) -> str:
-    key = group.attrs.get("_index", "_index")
-    if isinstance(key, bytes):
-        key = key.decode()
-    if key not in group:
-        raise errors.AnnDataFormatError(
-            f"{path}: {group.name} has no index dataset {key!r}"
-        )
-    return key
-
-
-def obs_columns(f: h5py.File) -> list[str]:
-    """Names of the obs columns stored in the file."""
-    group = f["obs"]
-    index = group.attrs.get("_index", "_index")
-    if isinstance(index, bytes):
-        index = index.decode()
-    order = group.attrs.get("column-order")
-    if order is not None and len(order):
-        return [c.decode() if isinstance(c, bytes) else str(c) for c in order]
-    return [k for k in group if k != index and not k.startswith("__")]
-
-
-@dataclasses.dataclass(frozen=True)
-class ObsColumn:
-    """One obs column as arrays a model can use.
-
-    Attributes:
-        values: Integer codes for categorical, string and boolean columns
-            (-1 where missing), otherwise the numeric values (nullable
-            integers become float64 with NaN where missing).
-        categories: The category labels codes index into, or None for numeric
-            columns.
-    """
-
-    values: np.ndarray
-    categories: np.ndarray | None
-
-
-def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
-    """Reads one obs column through anndata's element reader.
-
-    Raises:
-        errors.MissingColumnError: No such column; the message lists the
-            columns that exist.
-        errors.AnnDataFormatError: The column cannot be read (a malformed or
-            truncated element) or its length differs from obs's index.
-        errors.UnsupportedLayoutError: The column's dtype is not usable.
-    """
-    path = f.filename
-    group = f["obs"]
-    if name not in group or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: obs has no column {name!r}; it has {obs_columns(f)}"
-        )
-    elem = group[name]
-    try:
-        with warnings.catch_warnings():
-            # Legacy files are expected input; anndata's warning is not
-            # actionable at every read.
-            warnings.simplefilter("ignore", anndata.OldFormatWarning)
-            if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
-                # anndata < 0.8 stored codes here and categories under
-                # obs/__categories; only the whole-dataframe reader resolves
-                # that reference.
-                series = read_elem(group)[name]
-            else:
-                series = read_elem(elem)
-    except Exception as e:  # anndata and h5py raise many types here
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} cannot be read as an anndata element "
-            f"({type(e).__name__}: {e}); the file may be corrupt"
-        ) from e
-    column = _to_column(path, name, series)
-    shape = column.values.shape
-    if len(shape) != 1:
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has shape {shape}; expected one value "
-            "per cell (1-D)"
-        )
-    n_rows = _n_rows_of_frame(group)
-    if n_rows is not None and shape[0] != n_rows:
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
-            f"has {n_rows} cells"
-        )
-    return column
-
-
-def _to_column(path: str, name: str, values) -> ObsColumn:
-    if isinstance(values, pd.Series):
-        values = values.array
-    if isinstance(values, pd.Categorical):
-        codes = np.asarray(values.codes)
-        return ObsColumn(codes, np.asarray(values.categories))
-    if isinstance(values, pd.api.extensions.ExtensionArray):
-        dtype = values.dtype
-        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
-            return _factorize(values)
-        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
-            return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
-        raise errors.UnsupportedLayoutError(
-            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
-            "string, boolean or numeric"
-        )
-    arr = np.asarray(values)
-    if arr.dtype.kind in "OUSb":
-        return _factorize(arr)
-    if arr.dtype.kind in "iuf":
-        return ObsColumn(arr, None)
-    raise errors.UnsupportedLayoutError(
-        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
-        "categorical, string, boolean or numeric"
-    )
-
-
-def _factorize(values) -> ObsColumn:
-    codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
-    return ObsColumn(codes.astype(np.int32), np.asarray(uniques))
 
 
 def resolve_paths(paths) -> list[str]:

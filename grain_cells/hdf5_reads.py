@@ -16,7 +16,11 @@ allows:
   decompresses each chunk once per batch.
 
 The byte offsets come from HDF5 itself (`H5Dget_offset`, `H5Dchunk_iter`);
-nothing here re-implements the file format.
+nothing here re-implements the file format. They are absolute positions in
+the file that holds the dataset, counted from its first byte: a user block
+(every `.h5mu`, some `.h5ad`) is already included, so nothing is added to
+them. A dataset reached through an external link lives in another file, and
+is read through h5py.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.h5ad import value_dtype
+from grain_cells.hdf5_storage import stored_in
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -77,29 +83,27 @@ class RangeReader:
         dataset: h5py.Dataset,
         path: str,
         fd: int | None,
-        *,
-        userblock: int = 0,
     ):
         """Inspects the dataset's storage once.
 
         Args:
             dataset: An open 1-D or 2-D dataset.
             path: The file's path, for error messages.
-            fd: An `os.open` descriptor of the same file, or None to always
-                read through h5py.
-            userblock: The file's user block size; offsets from HDF5 are
-                relative to its end.
+            fd: An `os.open` descriptor of the file `path`, or None to always
+                read through h5py. It is used only when the dataset's bytes
+                are in that file (not behind an external link).
         """
         self.name = dataset.name
         self.path = path
-        self.dtype = dataset.dtype
+        # Values are read in native byte order and float16 as float32; a
+        # dataset stored otherwise goes through h5py, which converts.
+        self.dtype = value_dtype(dataset.dtype)
         self.shape = dataset.shape
         self.row_shape = dataset.shape[1:]
         self._row_items = int(np.prod(self.row_shape, dtype=np.int64))
         self._row_bytes = self._row_items * self.dtype.itemsize
         self._dataset = dataset
         self._fd = fd
-        self._userblock = userblock
         # Byte layout for the positional path: chunk_len rows per chunk at
         # chunk_offsets[i] (one "chunk" spanning everything when contiguous).
         self._chunk_len: int | None = None
@@ -114,7 +118,9 @@ class RangeReader:
 
     def _map_bytes(self) -> None:
         ds = self._dataset
-        if not self.dtype.isnative or self.dtype.hasobject:
+        if self.dtype != ds.dtype or self.dtype.hasobject:
+            return
+        if not stored_in(ds, self.path):  # behind an external link
             return
         if ds.id.get_create_plist().get_nfilters() != 0:
             return
@@ -124,7 +130,7 @@ class RangeReader:
             if offset is None:  # never written: HDF5 would return fill values
                 return
             self._chunk_len = max(n, 1)
-            self._chunk_offsets = np.array([offset + self._userblock], np.int64)
+            self._chunk_offsets = np.array([offset], np.int64)
             return
         if tuple(ds.chunks[1:]) != tuple(self.row_shape):
             return  # chunks split rows: a row is not contiguous in the file
@@ -144,7 +150,7 @@ class RangeReader:
         if not sizes_ok or (offsets < 0).any():
             return
         self._chunk_len = chunk_len
-        self._chunk_offsets = offsets + self._userblock
+        self._chunk_offsets = offsets
 
     def will_need(self) -> None:
         """Asks the OS to read the whole dataset into the page cache, async.

@@ -109,16 +109,14 @@ def merge_touching(starts: np.ndarray, stops: np.ndarray):
 class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
 
-    def __init__(
-        self, group: h5py.Group, info: MatrixInfo, fd: int | None, userblock: int = 0
-    ):
+    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None):
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
         path = info.path
-        self._data = RangeReader(group["data"], path, fd, userblock=userblock)
-        self._indices = RangeReader(group["indices"], path, fd, userblock=userblock)
-        self._indptr = RangeReader(group["indptr"], path, fd, userblock=userblock)
+        self._data = RangeReader(group["data"], path, fd)
+        self._indices = RangeReader(group["indices"], path, fd)
+        self._indptr = RangeReader(group["indptr"], path, fd)
         self._indptr.will_need()
 
     @property
@@ -289,10 +287,9 @@ class DenseReader:
         dataset: h5py.Dataset,
         info: MatrixInfo,
         fd: int | None,
-        userblock: int = 0,
     ):
         self.info = info
-        self._x = RangeReader(dataset, info.path, fd, userblock=userblock)
+        self._x = RangeReader(dataset, info.path, fd)
 
     @property
     def direct(self) -> bool:

@@ -26,6 +26,11 @@ and the expression in one of three formats:
   all genes or the source's gene subset. A dense minibatch over 62,710 genes
   is 250 KB per cell: subset genes, or use padded sparse and densify on the
   accelerator.
+
+A row that stores one column more than once (a duplicate index, which SciPy
+and anndata allow) means the sum of its values, in every format: CSR and
+padded outputs keep the duplicates (`densify` and SciPy add them), while
+`DenseOutput` and `AnnDataSource.read(...).X.toarray()` add them.
 """
 
 from __future__ import annotations
@@ -155,7 +160,13 @@ class DenseOutput:
         """
         data, indices, indptr = take_csr(csr, rows)
         X = np.zeros((batch_size, n_genes), self.dtype)
-        X[np.repeat(np.arange(rows.size), np.diff(indptr)), indices] = data
+        # Adding (not assigning) sums a row's duplicate column indices, as
+        # SciPy and anndata do; and np.add.at is faster than the assignment.
+        flat = np.repeat(
+            np.arange(rows.size, dtype=np.int64) * n_genes, np.diff(indptr)
+        )
+        flat += indices
+        np.add.at(X.reshape(-1), flat, data.astype(X.dtype, copy=False))
         return {"X": X}
 
     def format_dense(

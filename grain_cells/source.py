@@ -268,7 +268,7 @@ class AnnDataSource:
             )
         self._infos = tuple(infos)
         self._sparse = infos[0].encoding == h5ad.CSR
-        self._dtype = np.result_type(*(i.dtype for i in infos))
+        self._dtype = np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos))
         self._genes = align_genes(self._paths, var_names, join, genes)
         self._obs = harmonise(self._paths, self._obs_names, obs_kinds, obs_missing)
 
@@ -350,12 +350,11 @@ class AnnDataSource:
             f.close()
             raise
         try:
-            userblock = f.id.get_create_plist().get_userblock()
-            element = f[self._element]
+            element = f[info.element]
             if info.encoding == h5ad.CSR:
-                reader = CsrReader(element, info, fd, userblock)
+                reader = CsrReader(element, info, fd)
             else:
-                reader = DenseReader(element, info, fd, userblock)
+                reader = DenseReader(element, info, fd)
             obs = {}
             for c in self._obs_names:
                 spec = self._obs[c]
@@ -605,7 +604,7 @@ class AnnDataSource:
 
     @property
     def dtype(self) -> np.dtype:
-        """Dtype of the values read (the common type of all files)."""
+        """Dtype of values read: the files' common type (native, float16 as float32)."""
         return self._dtype
 
     @property
@@ -748,7 +747,7 @@ class AnnDataSource:
             dense = buf.get(
                 "aligned_dense",
                 (row_ids.size, self.num_genes),
-                np.result_type(*(r.info.dtype for r in readers)),
+                np.result_type(*(h5ad.value_dtype(r.info.dtype) for r in readers)),
             )
             r_ = 0
             for reader, (a, b), column_map in zip(readers, local, maps, strict=True):

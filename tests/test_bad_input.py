@@ -312,11 +312,11 @@ def test_csc(tmp_path):
 def test_matrix_and_frame_disagree(tmp_path, frame, message):
     path = write(tmp_path / "x.h5ad")
     with h5py.File(path, "r+") as f:
-        index = f[f"{frame}/_index"]
-        values, attrs = index.asstr()[:-1], dict(index.attrs)
+        # Whatever encoding this anndata wrote the index in (a string array,
+        # or a nullable-string-array group with anndata 0.13 and pandas 3).
+        values = anndata.io.read_elem(f[f"{frame}/_index"])[:-1]
         del f[f"{frame}/_index"]
-        f.create_dataset(f"{frame}/_index", data=values, dtype=h5py.string_dtype())
-        f[f"{frame}/_index"].attrs.update(attrs)
+        anndata.io.write_elem(f[frame], "_index", values)
     with pytest.raises(AnnDataFormatError, match=path_re(path)) as e:
         AnnDataSource(path)
     assert message in str(e.value)

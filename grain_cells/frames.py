@@ -1,0 +1,260 @@
+"""obs and var dataframes on disk: their index, their columns, their length.
+
+Dataframes go through anndata's own element reader (`anndata.io.read_elem`),
+which knows every encoding anndata has written since 0.7, including the
+`nullable-string-array` groups that anndata >= 0.11 writes for string
+indexes and columns (the default under pandas 3). Two layouts it does not
+read element by element are handled here:
+
+* **anndata < 0.7** stored obs and var as one compound (structured) HDF5
+  dataset whose first field is the index, categorical columns as integer
+  codes with their labels in `uns/<column>_categories`, and `raw` as the
+  root elements `raw.X` and `raw.var`. `read_elem` decodes the compound
+  dataset; the index and categories are applied as `anndata.read_h5ad` does
+  (codes become a categorical only when every code indexes the labels).
+* A categorical column group **without `encoding-type` attributes** (written
+  by hand-rolled writers) is read from its `codes` and `categories`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import anndata
+import h5py
+import numpy as np
+import pandas as pd
+
+from grain_cells import errors
+
+try:  # anndata >= 0.11
+    from anndata.io import read_elem
+except ImportError:  # pragma: no cover - anndata 0.10
+    from anndata.experimental import read_elem
+
+
+def encoding_of(obj) -> str | None:
+    """The `encoding-type` attribute of an element, or None."""
+    value = obj.attrs.get("encoding-type")
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value
+
+
+def _attr_str(obj, name: str, default=None):
+    value = obj.attrs.get(name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def is_legacy_frame(obj) -> bool:
+    """Whether a dataframe is an anndata < 0.7 compound dataset."""
+    return isinstance(obj, h5py.Dataset) and obj.dtype.names is not None
+
+
+def var_group_name(element: str) -> str:
+    """The var dataframe that describes the columns of the matrix `element`."""
+    if element == "raw/X":
+        return "raw/var"
+    if element == "raw.X":  # anndata < 0.7
+        return "raw.var"
+    return "var"
+
+
+def _element_length(obj) -> int | None:
+    """Entries of a 1-D array element (dataset or encoded group), unread."""
+    if isinstance(obj, h5py.Dataset):
+        return int(obj.shape[0]) if obj.ndim else None
+    for key in ("values", "codes"):  # nullable-* arrays, categoricals
+        if key in obj and isinstance(obj[key], h5py.Dataset):
+            return int(obj[key].shape[0])
+    return None
+
+
+def n_rows(frame) -> int | None:
+    """Rows of an obs/var dataframe, without reading it (None: unknown)."""
+    if is_legacy_frame(frame):
+        return int(frame.shape[0])
+    if not isinstance(frame, h5py.Group):
+        return None
+    index = _attr_str(frame, "_index")
+    if index is not None and index in frame:
+        return _element_length(frame[index])
+    return None
+
+
+def _legacy_table(path: str, frame: h5py.Dataset) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            return read_elem(frame)
+    except Exception as e:  # anndata and h5py raise many types here
+        raise errors.AnnDataFormatError(
+            f"{path}: {frame.name} is an anndata < 0.7 compound dataframe that "
+            f"cannot be read ({type(e).__name__}: {e}); the file may be corrupt"
+        ) from e
+
+
+def read_var_names(f: h5py.File, element: str) -> np.ndarray:
+    """Var names (gene ids) of the matrix at `element`, as a str array."""
+    path = f.filename
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    frame = f[var_group_name(element)]
+    if is_legacy_frame(frame):
+        table = _legacy_table(path, frame)
+        return np.asarray(table[table.dtype.names[0]], dtype=str)
+    key = _attr_str(frame, "_index", "_index")
+    if not isinstance(frame, h5py.Group) or key not in frame:
+        raise errors.AnnDataFormatError(
+            f"{path}: {frame.name} has no index element {key!r}"
+        )
+    return np.asarray(read_elem(frame[key]), dtype=str)
+
+
+def obs_columns(f: h5py.File) -> list[str]:
+    """Names of the obs columns stored in the file."""
+    group = f["obs"]
+    if is_legacy_frame(group):
+        return list(group.dtype.names[1:])
+    if not isinstance(group, h5py.Group):
+        return []
+    index = _attr_str(group, "_index", "_index")
+    order = group.attrs.get("column-order")
+    if order is not None and len(order):
+        return [c.decode() if isinstance(c, bytes) else str(c) for c in order]
+    return [k for k in group if k != index and not k.startswith("__")]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObsColumn:
+    """One obs column as arrays a model can use.
+
+    Attributes:
+        values: Integer codes for categorical, string and boolean columns
+            (-1 where missing), otherwise the numeric values in their stored
+            dtype (nullable integers become float64 with NaN where missing).
+        categories: The category labels codes index into, or None for numeric
+            columns.
+    """
+
+    values: np.ndarray
+    categories: np.ndarray | None
+
+
+def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
+    """Reads one obs column as `anndata.read_h5ad` would.
+
+    Raises:
+        errors.MissingColumnError: No such column; the message lists the
+            columns that exist.
+        errors.AnnDataFormatError: The column cannot be read (a malformed or
+            truncated element) or its length differs from obs's index.
+        errors.UnsupportedLayoutError: The column's dtype is not usable.
+    """
+    path = f.filename
+    group = f["obs"]
+    if name not in obs_columns(f) or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: obs has no column {name!r}; it has {obs_columns(f)}"
+        )
+    if is_legacy_frame(group):
+        series = _legacy_column(f, _legacy_table(path, group), name)
+    else:
+        series = _read_column(path, group, name)
+    column = _to_column(path, name, series)
+    shape = column.values.shape
+    if len(shape) != 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has shape {shape}; expected one value "
+            "per cell (1-D)"
+        )
+    rows = n_rows(group)
+    if rows is not None and shape[0] != rows:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
+            f"has {rows} cells"
+        )
+    return column
+
+
+def _read_column(path: str, group: h5py.Group, name: str):
+    elem = group[name]
+    try:
+        with warnings.catch_warnings():
+            # Legacy files are expected input; anndata's warning is not
+            # actionable at every read.
+            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
+                # anndata < 0.8 stored codes here and categories under
+                # obs/__categories; only the whole-dataframe reader resolves
+                # that reference.
+                return read_elem(group)[name]
+            if (
+                isinstance(elem, h5py.Group)
+                and encoding_of(elem) is None
+                and {"codes", "categories"} <= set(elem)
+            ):
+                # A categorical written without encoding attributes.
+                return pd.Categorical.from_codes(
+                    np.asarray(read_elem(elem["codes"])),
+                    pd.Index(read_elem(elem["categories"])),
+                    ordered=bool(elem.attrs.get("ordered", False)),
+                )
+            return read_elem(elem)
+    except Exception as e:  # anndata and h5py raise many types here
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} cannot be read as an anndata element "
+            f"({type(e).__name__}: {e}); the file may be corrupt"
+        ) from e
+
+
+def _legacy_column(f: h5py.File, table: np.ndarray, name: str):
+    """A column of an anndata < 0.7 compound obs, categories applied."""
+    values = table[name]
+    cats_name = f"uns/{name}_categories"
+    if cats_name in f and isinstance(f[cats_name], h5py.Dataset):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
+        if cats.dtype.kind == "S":
+            cats = cats.astype(str)
+        # anndata's rule (`_clean_uns`): codes become a categorical only when
+        # they all index the labels.
+        if values.dtype.kind in "iu" and np.all(values < len(cats)):
+            return pd.Categorical.from_codes(values, cats)
+    return values
+
+
+def _to_column(path: str, name: str, values) -> ObsColumn:
+    if isinstance(values, pd.Series):
+        values = values.array
+    if isinstance(values, pd.Categorical):
+        codes = np.asarray(values.codes)
+        return ObsColumn(codes, np.asarray(values.categories))
+    if isinstance(values, pd.api.extensions.ExtensionArray):
+        dtype = values.dtype
+        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+            return _factorize(values)
+        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
+            return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
+        raise errors.UnsupportedLayoutError(
+            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
+            "string, boolean or numeric"
+        )
+    arr = np.asarray(values)
+    if arr.dtype.kind in "OUSb":
+        return _factorize(arr)
+    if arr.dtype.kind in "iuf":
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        return ObsColumn(arr, None)
+    raise errors.UnsupportedLayoutError(
+        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
+        "categorical, string, boolean or numeric"
+    )
+
+
+def _factorize(values) -> ObsColumn:
+    codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
+    return ObsColumn(codes.astype(np.int32), np.asarray(uniques))
