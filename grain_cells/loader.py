@@ -82,7 +82,7 @@ class DataLoader(grain.DataLoader):
         operations = list(operations)
         _check_sampler_fits(sampler, data_source)
         # What a restore checks a state against (not Grain's attributes).
-        self._checked_parts = (sampler, data_source, tuple(operations))
+        self._checked_parts = (sampler, data_source, tuple(operations), shard_options)
         self._stamp = {
             "worker_count": int(worker_count or 0),
             "sampler": repr(sampler),
@@ -236,7 +236,7 @@ class CheckedIterator(grain.DataLoaderIterator):
                 "one that saved it (" + "; ".join(diffs) + "). Restore with the "
                 "same configuration, or start the data iterator afresh."
             )
-        sampler, data_source, operations = self._data_loader._checked_parts
+        sampler, data_source, operations, shards = self._data_loader._checked_parts
         verify = getattr(data_source, "verify_files", None)
         if verify is not None:
             verify("when an iterator state was restored")
@@ -246,6 +246,7 @@ class CheckedIterator(grain.DataLoaderIterator):
             data_source=data_source,
             operations=operations,
             worker_count=current["worker_count"],
+            shard_options=shards,
         )
         super().set_state(json.dumps(obj["grain"]).encode())
         self._failure = None

@@ -50,11 +50,12 @@ def _int(state: dict, key: str, field: str, low: int, high: int | None) -> int:
 class _Fetches:
     """Counts the minibatches of a worker's fetch, from the pipeline's parts."""
 
-    def __init__(self, sampler, data_source, split, worker_count: int):
+    def __init__(self, sampler, data_source, split, worker_count, shard_options):
         self.sampler = sampler
         self.source = data_source
         self.config = split.config
-        options = getattr(sampler, "shard_options", None)
+        # As Grain's DataLoader: its own shard options, else the sampler's.
+        options = shard_options or getattr(sampler, "shard_options", None)
         self.shard_count = options.shard_count if options is not None else 1
         self.shard_index = options.shard_index if options is not None else 0
         self.workers = max(worker_count, 1)
@@ -112,7 +113,9 @@ def _check_generic(value, field: str) -> None:
         raise _fail(field, value, "an int")
 
 
-def check_state(state, *, sampler, data_source, operations, worker_count) -> None:
+def check_state(
+    state, *, sampler, data_source, operations, worker_count, shard_options=None
+) -> None:
     """Checks every field of Grain's part of a restored state.
 
     Args:
@@ -121,6 +124,8 @@ def check_state(state, *, sampler, data_source, operations, worker_count) -> Non
         data_source: The loader's source.
         operations: The loader's operations.
         worker_count: The loader's worker count.
+        shard_options: The shard options given to the loader, if any (else
+            the sampler's apply).
 
     Raises:
         CheckpointMismatchError: A field is missing, of the wrong type or out
@@ -131,7 +136,7 @@ def check_state(state, *, sampler, data_source, operations, worker_count) -> Non
     split = next((op for op in operations if hasattr(op, "cell_order")), None)
     fetches = None
     if split is not None and hasattr(data_source, "block_ranges"):
-        fetches = _Fetches(sampler, data_source, split, worker_count)
+        fetches = _Fetches(sampler, data_source, split, worker_count, shard_options)
     if worker_count == 0:
         if "next_index_in_buffer" in state:
             _check_flat_map(state, "grain", fetches, 0)

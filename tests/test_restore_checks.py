@@ -9,6 +9,7 @@ import re
 
 import grain
 import pytest
+from grain import sharding
 
 import grain_cells
 from grain_cells import CheckpointMismatchError, state_checks
@@ -81,9 +82,17 @@ def restore(loader, state) -> None:
     iter(loader).set_state(json.dumps(state).encode())
 
 
-@pytest.mark.parametrize("remainder", ["pad", "drop"])
-def test_in_fetch_index_checked_against_that_fetch(h, remainder):
-    loader, states, _ = states_by_step(h, remainder=remainder)
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({}, id="pad"),
+        pytest.param({"remainder": "drop"}, id="drop"),
+        pytest.param({"shard": sharding.ShardOptions(1, 2)}, id="shard-1-of-2"),
+        pytest.param({"num_epochs": 2, "seed": 5}, id="two-epochs"),
+    ],
+)
+def test_in_fetch_index_checked_against_that_fetch(h, change):
+    loader, states, _ = states_by_step(h, **change)
     lengths = fetch_lengths(states)
     assert len(set(lengths.values())) > 1  # some fetches are shorter
     for state in states:
