@@ -89,6 +89,9 @@ class DataLoader(grain.DataLoader):
             "data_source": _source_stamp(data_source),
             "operations": [repr(op) for op in operations],
         }
+        # States saved before sources were stamped by content carry the
+        # source's repr (with its paths): still accepted where it matches.
+        self._legacy_stamp = {"data_source": repr(data_source)}
         super().__init__(
             data_source=data_source,
             sampler=sampler,
@@ -133,12 +136,12 @@ def _check_sampler_fits(sampler, data_source) -> None:
         )
 
 
-def _stamp_diffs(saved: dict, current: dict) -> list[str]:
+def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:
     """What differs between two stamps, one entry per top-level key."""
     diffs = []
     for key, now in current.items():
         then = saved.get(key)
-        if then == now:
+        if then == now or (key in legacy and then == legacy[key]):
             continue
         if isinstance(then, dict) and isinstance(now, dict):
             parts = [
@@ -226,7 +229,7 @@ class CheckedIterator(grain.DataLoaderIterator):
             )
         saved, current = obj[_STAMP], self._data_loader.stamp
         diffs = (
-            _stamp_diffs(saved, current)
+            _stamp_diffs(saved, current, self._data_loader._legacy_stamp)
             if isinstance(saved, dict)
             else [f"stamp: saved {saved!r}"]
         )
