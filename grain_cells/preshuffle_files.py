@@ -6,7 +6,12 @@ was made from. Before any HDF5 write, the temporary reserves the disk space
 the part needs (`reserve_space`), so a full disk is reported as a clean
 `OSError` naming the folder and the bytes needed, before HDF5 could fail in
 the middle of a write: HDF5 cannot close a file whose writes failed, and the
-interpreter then crashes at exit.
+interpreter then crashes at exit. The reservation is an upper bound of the
+part's size (whole chunks, uncompressed), and the space is the file's own,
+so other writers cannot take it. Should HDF5 still meet a full disk (a file
+system that only pretends to allocate, or an estimate proved wrong), the
+error is still raised as a clean `OSError` and the temporary removed, but
+HDF5 may then crash the interpreter when it exits.
 """
 
 from __future__ import annotations
