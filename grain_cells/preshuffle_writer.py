@@ -9,6 +9,7 @@ temporary file that holds its disk space in advance
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -87,16 +88,18 @@ class Writer:
                 f.attrs[files.MARKER_ATTR] = json.dumps(marker)
                 f.close()  # truncates the file to what HDF5 used
             except BaseException as e:
-                files.abandon(f, tmp)
-                if files.is_disk_full(e):
-                    raise OSError(
-                        errno.ENOSPC,
-                        f"{plan.output_dir}: the disk filled up while writing part "
-                        f"{final.name} ({e}); its temporary file was removed and no "
-                        "part looks complete. Free some space and run preshuffle "
-                        "again: complete parts are kept.",
-                    ) from e
-                raise
+                if not files.is_disk_full(e):
+                    with contextlib.suppress(Exception):
+                        f.close()
+                    raise
+                files.abandon(f, tmp)  # HDF5 cannot close it: see abandon
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{plan.output_dir}: the disk filled up while writing part "
+                    f"{final.name} ({e}); its temporary file was removed and no "
+                    "part looks complete. Free some space and run preshuffle "
+                    "again: complete parts are kept.",
+                ) from e
             files.fsync_path(tmp)
             os.replace(tmp, final)
             files.fsync_path(plan.output_dir)
