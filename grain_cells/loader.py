@@ -42,6 +42,7 @@ import grain
 from absl import flags
 
 from grain_cells import identity, state_checks, transport
+from grain_cells import sampler as sampler_lib
 from grain_cells.errors import CheckpointMismatchError
 
 __all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
@@ -80,7 +81,7 @@ class DataLoader(grain.DataLoader):
         if worker_count and not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
         operations = list(operations)
-        _check_sampler_fits(sampler, data_source)
+        sampler_lib.check_sampler_fits(sampler, data_source)
         # What a restore checks a state against (not Grain's attributes).
         self._checked_parts = (sampler, data_source, tuple(operations), shard_options)
         self._stamp = {
@@ -117,23 +118,6 @@ def _source_stamp(data_source):
     if hasattr(data_source, "file_identity"):
         return identity.source_identity(data_source)
     return repr(data_source)
-
-
-def _check_sampler_fits(sampler, data_source) -> None:
-    """Refuses a sampler that visits more blocks than the source has."""
-    num_blocks = getattr(sampler, "num_blocks", None)
-    try:
-        available = len(data_source)
-    except TypeError:
-        return
-    if num_blocks is not None and num_blocks > available:
-        raise ValueError(
-            f"the sampler walks num_blocks={num_blocks} blocks but the data "
-            f"source has {available} (len(data_source)); Grain would wrap the "
-            "extra record keys around and repeat blocks. Build the sampler "
-            "from this source: BlockSampler(len(source), ...) or "
-            "BlockSampler(source, ...)."
-        )
 
 
 def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:

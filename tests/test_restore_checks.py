@@ -37,6 +37,13 @@ def test_sampler_longer_than_source_is_refused(csr_paths, extra, kind):
         )
 
 
+def test_sampler_longer_than_source_is_refused_by_cell_dataset(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5)
+    sampler = grain_cells.BlockSampler(len(source) + 3)
+    with pytest.raises(ValueError, match="wrap"):
+        grain_cells.cell_dataset(source, batch_size=4, sampler=sampler)
+
+
 def test_sampler_of_a_view_over_the_full_source_is_refused(csr_paths):
     source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
     view = source.select(where={"plate": ["plate0"]})
