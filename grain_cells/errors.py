@@ -34,3 +34,11 @@ class MissingColumnError(KeyError):
     def __str__(self) -> str:
         # KeyError quotes its message; this one is a sentence.
         return str(self.args[0]) if self.args else ""
+
+
+class CheckpointMismatchError(ValueError):
+    """An iterator state does not fit the loader restoring it.
+
+    It was saved under another pipeline (data, sampler, operations, worker
+    count), or one of its fields is out of range.
+    """

@@ -15,7 +15,14 @@ differences:
   without checking it, and a state from another configuration fails deep
   inside Grain (or silently yields other data). The iterator here stamps its
   state with the worker count, sampler, source and operations, and refuses a
-  state whose stamp differs, saying what differs.
+  state whose stamp differs, saying what differs. The source is stamped by
+  content (`grain_cells.identity.source_identity`: cell counts, file sizes,
+  metadata and value digests, genes, obs categories, configuration), not by
+  paths, so the data copied to another folder restores. A restore also
+  checks that the files are unchanged since the source was built, and that
+  every field of the state lies in range (`grain_cells.state_checks`).
+* **Sampler length.** A sampler over more blocks than the source has is
+  refused (Grain would wrap the extra record keys around).
 * **Worker buffer.** `worker_buffer_size` defaults to 16 minibatches per
   worker (Grain: 1). Elements travel as small handles to shared-memory slots,
   so a deeper queue costs little, and with a queue of one the round-robin over
@@ -34,14 +41,14 @@ import json
 import grain
 from absl import flags
 
-from grain_cells import transport
+from grain_cells import identity, state_checks, transport
+from grain_cells import sampler as sampler_lib
+from grain_cells.errors import CheckpointMismatchError
+
+__all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
 
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 _STAMP = "grain_cells"
-
-
-class CheckpointMismatchError(ValueError):
-    """An iterator state was saved under a different pipeline configuration."""
 
 
 class DataLoader(grain.DataLoader):
@@ -74,12 +81,18 @@ class DataLoader(grain.DataLoader):
         if worker_count and not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
         operations = list(operations)
+        sampler_lib.check_sampler_fits(sampler, data_source)
+        # What a restore checks a state against (not Grain's attributes).
+        self._checked_parts = (sampler, data_source, tuple(operations), shard_options)
         self._stamp = {
             "worker_count": int(worker_count or 0),
             "sampler": repr(sampler),
-            "data_source": repr(data_source),
+            "data_source": _source_stamp(data_source),
             "operations": [repr(op) for op in operations],
         }
+        # States saved before sources were stamped by content carry the
+        # source's repr (with its paths): still accepted where it matches.
+        self._legacy_stamp = {"data_source": repr(data_source)}
         super().__init__(
             data_source=data_source,
             sampler=sampler,
@@ -98,6 +111,32 @@ class DataLoader(grain.DataLoader):
 
     def __iter__(self) -> CheckedIterator:
         return CheckedIterator(self, state=None, validate_state=False)
+
+
+def _source_stamp(data_source):
+    """An `AnnDataSource` by content; any other source by its `repr`."""
+    if hasattr(data_source, "file_identity"):
+        return identity.source_identity(data_source)
+    return repr(data_source)
+
+
+def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:
+    """What differs between two stamps, one entry per top-level key."""
+    diffs = []
+    for key, now in current.items():
+        then = saved.get(key)
+        if then == now or (key in legacy and then == legacy[key]):
+            continue
+        if isinstance(then, dict) and isinstance(now, dict):
+            parts = [
+                f"{k}={then.get(k)!r}, now {k}={now.get(k)!r}"
+                for k in now
+                if then.get(k) != now.get(k)
+            ]
+            diffs.append(f"{key}: saved " + "; saved ".join(parts))
+        else:
+            diffs.append(f"{key}: saved {then!r}, now {now!r}")
+    return diffs
 
 
 class CheckedIterator(grain.DataLoaderIterator):
@@ -157,8 +196,11 @@ class CheckedIterator(grain.DataLoaderIterator):
 
         Raises:
             CheckpointMismatchError: The state was saved by a loader with a
-                different worker count, sampler, source or operations, or not
-                by a `grain_cells.DataLoader`.
+                different worker count, sampler, source (data or
+                configuration) or operations, or not by a
+                `grain_cells.DataLoader`, or a field of it is out of range.
+            errors.SourceChangedError: A file changed since the source was
+                built.
         """
         try:
             obj = json.loads(state)
@@ -170,16 +212,28 @@ class CheckedIterator(grain.DataLoaderIterator):
                 f"{_STAMP!r} stamp); restore it with the loader that saved it"
             )
         saved, current = obj[_STAMP], self._data_loader.stamp
-        diffs = [
-            f"{key}: saved {saved.get(key)!r}, now {current[key]!r}"
-            for key in current
-            if saved.get(key) != current[key]
-        ]
+        diffs = (
+            _stamp_diffs(saved, current, self._data_loader._legacy_stamp)
+            if isinstance(saved, dict)
+            else [f"stamp: saved {saved!r}"]
+        )
         if diffs:
             raise CheckpointMismatchError(
                 "cannot restore the data iterator: the pipeline differs from the "
                 "one that saved it (" + "; ".join(diffs) + "). Restore with the "
                 "same configuration, or start the data iterator afresh."
             )
+        sampler, data_source, operations, shards = self._data_loader._checked_parts
+        verify = getattr(data_source, "verify_files", None)
+        if verify is not None:
+            verify("when an iterator state was restored")
+        state_checks.check_state(
+            obj.get("grain"),
+            sampler=sampler,
+            data_source=data_source,
+            operations=operations,
+            worker_count=current["worker_count"],
+            shard_options=shards,
+        )
         super().set_state(json.dumps(obj["grain"]).encode())
         self._failure = None

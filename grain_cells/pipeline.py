@@ -25,7 +25,7 @@ from grain import sharding
 
 from grain_cells.fetch import _GroupBlocks, fetch_operations
 from grain_cells.loader import READ_OPTIONS
-from grain_cells.sampler import BlockSampler
+from grain_cells.sampler import BlockSampler, check_sampler_fits
 from grain_cells.source import AnnDataSource
 
 
@@ -95,6 +95,7 @@ def cell_dataset(
             shard_options=shard_options,
             readahead_cells=readahead_cells,
         )
+    check_sampler_fits(sampler, source)
     batch_op, split = fetch_operations(
         source,
         batch_size=batch_size,

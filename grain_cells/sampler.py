@@ -61,6 +61,30 @@ def _check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions
     return shard_options
 
 
+def check_sampler_fits(sampler, data_source) -> None:
+    """Refuses a sampler that walks more blocks than the source has.
+
+    Grain's `DataLoader` takes record keys modulo `len(data_source)`, so a
+    longer sampler would silently repeat blocks.
+
+    Raises:
+        ValueError: `sampler.num_blocks > len(data_source)`.
+    """
+    num_blocks = getattr(sampler, "num_blocks", None)
+    try:
+        available = len(data_source)
+    except TypeError:
+        return
+    if num_blocks is not None and num_blocks > available:
+        raise ValueError(
+            f"the sampler walks num_blocks={num_blocks} blocks but the data "
+            f"source has {available} (len(data_source)); Grain would wrap the "
+            "extra record keys around and repeat blocks. Build the sampler "
+            "from this source: BlockSampler(len(source), ...) or "
+            "BlockSampler(source, ...)."
+        )
+
+
 class _ReadsAhead:
     """Read-ahead hints for a sampler whose stream is a function of position.
 

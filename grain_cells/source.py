@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from grain_cells import errors, h5ad, selection
 from grain_cells.cells import Cells, take_csr
 from grain_cells.genes import JOINS, align_genes, gather_dense, remap_csr
+from grain_cells.identity import FileIdentity, FileStat, stat_of_h5
 from grain_cells.matrix import CsrReader, CsrRows, DenseReader, RowBuffer
 from grain_cells.obs import OBS_MISSING, ColumnKind, harmonise
 
@@ -238,9 +239,11 @@ class AnnDataSource:
         infos: list[h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
         obs_kinds: list[dict[str, ColumnKind | None]] = []
+        identities: list[FileIdentity] = []
         for path in self._paths:
             with h5ad.open_file(path) as f:
                 info = h5ad.inspect_matrix(f, self._element)
+                identities.append(FileIdentity.take(f, path, info.element))
                 var_names.append(h5ad.read_var_names(f, self._element))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in self._obs_names if c not in have]
@@ -267,6 +270,7 @@ class AnnDataSource:
                 "all files of one source must share an encoding"
             )
         self._infos = tuple(infos)
+        self._identities = tuple(identities)
         self._sparse = infos[0].encoding == h5ad.CSR
         self._dtype = np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos))
         self._genes = align_genes(self._paths, var_names, join, genes)
@@ -345,11 +349,15 @@ class AnnDataSource:
                     "new source (and do not restore iterator state saved for the "
                     "old one)."
                 )
+            identity = self._identities[i]
+            identity.check_stat(stat_of_h5(f, path), "when a process opened it")
+            identity.check_layout(f, "when a process opened it")
             fd = os.open(path, os.O_RDONLY)
         except BaseException:
             f.close()
             raise
         try:
+            identity.check_stat(FileStat.of(os.fstat(fd)), "when a process opened it")
             element = f[info.element]
             if info.encoding == h5ad.CSR:
                 reader = CsrReader(element, info, fd)
@@ -649,6 +657,33 @@ class AnnDataSource:
         """What file `i`'s matrix holds."""
         return self._infos[i]
 
+    @property
+    def blocks_id(self) -> str:
+        """A view's block table, summarised and hashed; "" for the full grid."""
+        return self._blocks_id
+
+    def file_identity(self, i: int) -> FileIdentity:
+        """File `i`'s identity, taken when the source was built."""
+        return self._identities[i]
+
+    def verify_files(self, when: str = "on request") -> None:
+        """Checks that every file is still the one the source was built on.
+
+        One `stat` per file (see `grain_cells.identity` for what that detects).
+
+        Raises:
+            errors.SourceChangedError: A file was written, replaced or removed.
+        """
+        for identity in self._identities:
+            try:
+                now = FileStat.of(os.stat(identity.path))
+            except FileNotFoundError:
+                raise errors.SourceChangedError(
+                    f"{identity.path}: removed since the AnnDataSource was built "
+                    f"(detected {when}). Build a new source."
+                ) from None
+            identity.check_stat(now, when)
+
     # -- batched reads -----------------------------------------------------
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -736,7 +771,13 @@ class AnnDataSource:
             (starts[g] - self._cell_offsets[i], stops[g] - self._cell_offsets[i])
             for g, i in zip(groups, file_of, strict=True)
         ]
-        readers = [self._file(i).reader for i in file_of]
+        handles = [self._file(i) for i in file_of]
+        for i, handle in zip(file_of, handles, strict=True):
+            if handle.fd is not None:  # one fstat per file and fetch (~10 us)
+                self._identities[i].check_stat(
+                    FileStat.of(os.fstat(handle.fd)), "at a read"
+                )
+        readers = [handle.reader for handle in handles]
         obs = self._obs_for(files, starts, lengths, row_ids)
         maps = [self._genes.maps[i] for i in file_of]
         if not self._sparse:

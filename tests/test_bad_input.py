@@ -615,15 +615,21 @@ def test_errors_do_not_poison_state(tmp_path):
 
 
 def test_failed_open_is_retried_not_cached(tmp_path):
-    """A file that fails to open fails every read, then works once fixed."""
+    """A file that fails to open fails every read; once restored from a backup
+    it is another file (new times), which the source refuses by name and a
+    new source reads."""
     path = write(tmp_path / "x.h5ad")
     backup = tmp_path / "backup.h5ad"
-    shutil.copy(path, backup)
+    shutil.copy2(path, backup)
     source = AnnDataSource(path)
     os.truncate(path, os.path.getsize(path) // 2)
     for _ in range(2):
         with pytest.raises(AnnDataFormatError, match=path_re(path)):
             source.read([0])
-    shutil.copy(backup, path)
-    assert_reads(source, np.arange(N_OBS), expected_x())
+    shutil.copy2(backup, path)  # even with its mtime restored
+    with pytest.raises(SourceChangedError, match="inode changed"):
+        source.read([0])
     source.close()
+    fresh = AnnDataSource(path)
+    assert_reads(fresh, np.arange(N_OBS), expected_x())
+    fresh.close()

@@ -213,3 +213,20 @@ def test_grid(workdir):
     summary = (out / "summary.md").read_text()
     assert "## grain_cells, csr, 0 workers, cold" in summary
     assert "## Every point" in summary
+
+
+def test_identity_cost(workdir, data_file):
+    out = workdir / "identity.json"
+    done = run(
+        workdir,
+        "identity_cost.py",
+        f"--data={data_file}",
+        "--repeats=2",
+        "--checks=100",
+        "--fetches=5",
+        "--blocks_per_read=4",
+        f"--json={out}",
+    )
+    assert "check_share_of_fetch" in done.stdout
+    figures = json.loads(out.read_text())
+    assert figures["check_us"] > 0 and figures["fetch_ms"] > 0

@@ -9,10 +9,13 @@ exactly which input cell each output cell is.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import anndata
 import h5py
@@ -22,6 +25,7 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
+from grain_cells import preshuffle_writer
 from grain_cells import preshuffling as preshuffle_lib
 from grain_cells.preshuffling import preshuffle
 
@@ -257,8 +261,8 @@ def clean_run(inputs, tmp_path_factory):
 def test_crash_mid_write_then_rerun_completes(inputs, clean_run, tmp_path, monkeypatch):
     paths = inputs[(3, False)]
     out = tmp_path / "out"
-    scatter = preshuffle_lib._scatter_csr
-    write_part = preshuffle_lib._Writer.write_part
+    scatter = preshuffle_writer._scatter_csr
+    write_part = preshuffle_writer.Writer.write_part
     state = {"part": None, "calls": 0}
 
     def tracking_write_part(self, index, report):
@@ -272,8 +276,8 @@ def test_crash_mid_write_then_rerun_completes(inputs, clean_run, tmp_path, monke
                 raise RuntimeError("simulated crash")
         return scatter(*args, **kwargs)
 
-    monkeypatch.setattr(preshuffle_lib._Writer, "write_part", tracking_write_part)
-    monkeypatch.setattr(preshuffle_lib, "_scatter_csr", crash_in_second_part)
+    monkeypatch.setattr(preshuffle_writer.Writer, "write_part", tracking_write_part)
+    monkeypatch.setattr(preshuffle_writer, "_scatter_csr", crash_in_second_part)
     with pytest.raises(RuntimeError, match="simulated crash"):
         # A budget of ~60 cells per window: several windows per part.
         preshuffle(
@@ -281,7 +285,7 @@ def test_crash_mid_write_then_rerun_completes(inputs, clean_run, tmp_path, monke
         )
     assert sorted(p.name for p in out.iterdir()) == ["part-00000.h5ad"]
     first = (out / "part-00000.h5ad").stat()
-    monkeypatch.setattr(preshuffle_lib, "_scatter_csr", scatter)
+    monkeypatch.setattr(preshuffle_writer, "_scatter_csr", scatter)
     assert state["calls"] == 3
 
     # A hard crash would leave its temporary file behind: the rerun removes it.
@@ -304,7 +308,7 @@ def test_rerun_skips_complete_parts(inputs, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("nothing should be rewritten")
 
-    monkeypatch.setattr(preshuffle_lib._Writer, "write_part", fail)
+    monkeypatch.setattr(preshuffle_writer.Writer, "write_part", fail)
     assert preshuffle(paths, tmp_path, cells_per_file=100, progress=False) == parts
 
 
@@ -335,9 +339,11 @@ def test_completion_marker_records_the_arguments(inputs, tmp_path):
         marker = json.loads(f.attrs[preshuffle_lib.MARKER_ATTR])
     assert marker["part"] == 1 and marker["parts"] == 3
     assert marker["fingerprint"]["seed"] == 3
-    assert [i["path"] for i in marker["fingerprint"]["inputs"]] == [
-        os.path.abspath(p) for p in paths
-    ]
+    inputs = marker["fingerprint"]["inputs"]  # by content, not path
+    assert [i["cells"] for i in inputs] == [97, 130, 61]
+    assert [i["bytes"] for i in inputs] == [os.path.getsize(p) for p in paths]
+    assert all(len(i["layout"]) == len(i["sample"]) == 16 for i in inputs)
+    assert paths[0] not in json.dumps(marker)
 
 
 def test_fewer_parts_on_rerun_removes_stale_parts(inputs, tmp_path):
@@ -437,3 +443,181 @@ def test_input_that_is_an_output_part_is_refused(inputs, tmp_path):
 def test_progress_line_on_stderr(inputs, tmp_path, capsys):
     preshuffle(inputs[(3, False)], tmp_path, progress=True)
     assert f"{sum(SIZES)}/{sum(SIZES)} cells (100%)" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- #
+# Restarts by content, gene alignment, full disk.
+# --------------------------------------------------------------------------- #
+
+
+def negate_in_place_keep_mtime(path):
+    """Rewrites X's values (same size and layout), then restores the mtime."""
+    st = os.stat(path)
+    with h5py.File(path, "r+") as f:
+        data = f["X/data"]
+        data[...] = -data[...]
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size
+
+
+def test_input_changed_with_mtime_restored_is_redone(tmp_path):
+    paths = write_inputs(tmp_path / "in", sizes=(40, 30))
+    out = tmp_path / "out"
+    preshuffle(paths, out, cells_per_file=35, progress=False)
+    negate_in_place_keep_mtime(paths[1])  # as `cp -p` of changed data would
+    parts = preshuffle(paths, out, cells_per_file=35, progress=False)
+    got = read_back(parts)
+    ref = read_back(paths)
+    order = np.argsort(got.obs["idx"].to_numpy())
+    np.testing.assert_array_equal(dense_x(got)[order], dense_x(ref))
+    assert dense_x(ref)[40:].min() < 0  # the new values, not the stale ones
+
+
+def test_inputs_moved_to_another_folder_are_not_redone(tmp_path, monkeypatch):
+    paths = write_inputs(tmp_path / "in", sizes=(40, 30))
+    out = tmp_path / "out"
+    parts = preshuffle(paths, out, cells_per_file=35, progress=False)
+    moved = shutil.copytree(tmp_path / "in", tmp_path / "moved")
+    new_paths = [str(moved / os.path.basename(p)) for p in paths]
+
+    def fail(*args, **kwargs):
+        raise AssertionError("nothing should be rewritten")
+
+    monkeypatch.setattr(preshuffle_writer.Writer, "write_part", fail)
+    assert preshuffle(new_paths, out, cells_per_file=35, progress=False) == parts
+
+
+def write_other_genes(a_path, b_path):
+    """File b: a's cells renamed, its genes reversed and g5 renamed "other"."""
+    adata = anndata.read_h5ad(a_path)
+    b = adata[:, ::-1].copy()
+    b.var_names = ["other" if g == "g5" else g for g in b.var_names]
+    b.obs_names = [f"b_{n}" for n in b.obs_names]
+    b.obs["idx"] = b.obs["idx"] + 1000
+    b.obs["barcode"] = [f"b_{v}" for v in b.obs["barcode"]]
+    b.write_h5ad(b_path, convert_strings_to_categoricals=False)
+    return str(b_path)
+
+
+@pytest.mark.parametrize(
+    "join, genes",
+    [
+        pytest.param("inner", None, id="inner"),
+        pytest.param("outer", None, id="outer"),
+        pytest.param("outer", ["g3", "other", "g1"], id="outer-genes"),
+        pytest.param("inner", ["g7", "g0"], id="inner-genes"),
+    ],
+)
+def test_gene_alignment(tmp_path, join, genes):
+    (a,) = write_inputs(tmp_path / "a", sizes=(30,))
+    b = write_other_genes(a, tmp_path / "b.h5ad")
+    parts = preshuffle(
+        [a, b], tmp_path / "out", join=join, genes=genes, seed=1, progress=False
+    )
+    got = anndata.read_h5ad(parts[0])
+    source = grain_cells.AnnDataSource([a, b], join=join, genes=genes)
+    np.testing.assert_array_equal(got.var_names, source.var_names)
+    if genes is not None:
+        assert list(got.var_names) == genes
+    elif join == "inner":
+        assert list(got.var_names) == [g for g in GENES if g != "g5"]
+    else:
+        assert list(got.var_names) == [*GENES, "other"]
+    assert got.X.has_sorted_indices
+    ref = anndata.concat(
+        [anndata.read_h5ad(a), anndata.read_h5ad(b)], join="outer", merge="same"
+    )
+    ref = ref[got.obs_names, list(got.var_names)]
+    np.testing.assert_array_equal(dense_x(got), dense_x(ref))
+    assert got.n_obs == 60
+
+
+def test_gene_alignment_changes_the_fingerprint(tmp_path):
+    (a,) = write_inputs(tmp_path / "a", sizes=(30,))
+    b = write_other_genes(a, tmp_path / "b.h5ad")
+    out = tmp_path / "out"
+    preshuffle([a, b], out, join="inner", progress=False)
+    (outer,) = preshuffle([a, b], out, join="outer", progress=False)
+    assert anndata.read_h5ad(outer).n_vars == N_GENES + 1
+
+
+def test_gene_mismatch_error_suggests_join_which_works(tmp_path):
+    (a,) = write_inputs(tmp_path / "a", sizes=(30,))
+    b = write_other_genes(a, tmp_path / "b.h5ad")
+    with pytest.raises(grain_cells.GeneMismatchError, match="join="):
+        preshuffle([a, b], tmp_path / "out", progress=False)
+    preshuffle([a, b], tmp_path / "out", join="inner", progress=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 4 MiB tmpfs (needs root; skipped where mounting is not permitted)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def write_big_inputs(directory, n=20000, genes=200):
+    """One CSR input of 3.2 MB of values: a quarter of it fits in 4 MiB, not two."""
+    directory.mkdir(parents=True, exist_ok=True)
+    x = sp.random(n, genes, density=0.1, format="csr", dtype=np.float32, rng=0)
+    obs = pd.DataFrame({"idx": np.arange(n)}, index=[f"c{i}" for i in range(n)])
+    var = pd.DataFrame(index=[f"g{j}" for j in range(genes)])
+    path = directory / "big.h5ad"
+    anndata.AnnData(X=x, obs=obs, var=var).write_h5ad(path)
+    return [str(path)]
+
+
+def test_disk_full_raises_cleanly_and_keeps_complete_parts(tmp_path, tiny_disk):
+    paths = write_big_inputs(tmp_path / "in")
+    out = tiny_disk / "out"
+    with pytest.raises(OSError) as e:
+        preshuffle(paths, out, cells_per_file=5000, progress=False)
+    assert e.value.errno == errno.ENOSPC
+    message = str(e.value)
+    assert str(out) in message and "bytes" in message and "free" in message
+    names = sorted(p.name for p in out.iterdir())
+    assert leftovers(out) == []  # no temporary left
+    assert preshuffle_lib.MANIFEST not in names  # the run does not look done
+    # The parts written before the disk filled are kept, and complete.
+    assert 0 < len(names) < 4
+    assert names == [f"part-{i:05d}.h5ad" for i in range(len(names))]
+    for name in names:
+        got = anndata.read_h5ad(out / name)
+        assert got.n_obs == 5000
+        ref = anndata.read_h5ad(paths[0])[got.obs_names]
+        np.testing.assert_array_equal(dense_x(got), dense_x(ref))
+
+
+def test_disk_full_in_a_subprocess_exits_normally(tmp_path, tiny_disk):
+    """No SIGBUS/SIGSEGV at exit, even when HDF5 itself meets the full disk
+    (here the space reservation is bypassed)."""
+    paths = write_big_inputs(tmp_path / "in")
+    script = (
+        "import sys\n"
+        "from grain_cells import preshuffle\n"
+        "try:\n"
+        "    preshuffle([sys.argv[1]], sys.argv[2], progress=False)\n"
+        "except OSError as e:\n"
+        "    print('ENOSPC' if e.errno == 28 else e)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        [sys.executable, "-c", script, paths[0], str(tiny_disk / "out")],
+        capture_output=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().strip() == "ENOSPC"
+    assert list((tiny_disk / "out").iterdir()) == []
