@@ -34,12 +34,11 @@ import weakref
 
 import grain
 import numpy as np
-import scipy.sparse as sp
 
-from grain_cells import transport
-from grain_cells.matrix import CsrRows, RowBuffer
-from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
-from grain_cells.source import AnnDataSource, FetchedRows
+from grain_cells import counter_rng, transport
+from grain_cells.matrix import RowBuffer
+from grain_cells.outputs import CsrOutput, Fetch, Output
+from grain_cells.source import AnnDataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,10 +145,18 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
-        fetched = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
-        if fetched.csr is None and not isinstance(cfg.output, DenseOutput):
-            fetched.csr = _dense_to_csr(fetched.dense)  # once per fetch
-        order = self.cell_order(blocks, fetched.row_ids)
+        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        fetched = _Fetched(
+            Fetch(
+                rows.dense,
+                rows.row_ids,
+                self.source.num_genes,
+                fetch_key(cfg.seed, blocks[:, 0]),
+                _csr=rows.csr,
+            ),
+            rows.obs,
+        )
+        order = self.cell_order(blocks, rows.row_ids)
         n = order.size
         if cfg.remainder == "drop":
             n -= n % cfg.batch_size
@@ -159,18 +166,14 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         owner[0] = weakref.ref(batches)
         return batches
 
-    def minibatch(self, fetched: FetchedRows, rows: np.ndarray) -> dict:
+    def minibatch(self, fetched: _Fetched, rows: np.ndarray) -> dict:
         """Formats one minibatch from rows of the fetch buffer."""
         cfg = self.config
-        source = self.source
         m = cfg.batch_size
         n_real = rows.size
-        if fetched.csr is None:  # dense file, dense output
-            batch = cfg.output.format_dense(fetched.dense, rows, m)
-        else:
-            batch = cfg.output.format(fetched.csr, rows, n_real, m, source.num_genes)
+        batch = cfg.output.format(fetched.fetch, rows, m)
         row_ids = np.full(m, -1, np.int64)
-        row_ids[:n_real] = fetched.row_ids[rows]
+        row_ids[:n_real] = fetched.fetch.row_ids[rows]
         batch["row_ids"] = row_ids
         mask = np.zeros(m, bool)
         mask[:n_real] = True
@@ -192,7 +195,7 @@ class Minibatches(collections.abc.Sequence):
     def __init__(
         self,
         split: SplitFetch,
-        fetched: FetchedRows,
+        fetched: _Fetched,
         order: np.ndarray,
         via_slots: bool,
     ):
@@ -219,9 +222,22 @@ class Minibatches(collections.abc.Sequence):
         return batch
 
 
-def _dense_to_csr(dense: np.ndarray) -> CsrRows:
-    m = sp.csr_matrix(dense)
-    return CsrRows(m.data, m.indices, m.indptr.astype(np.int64), dense.shape[1])
+@dataclasses.dataclass
+class _Fetched:
+    """A fetch as the output formats see it, and its obs columns."""
+
+    fetch: Fetch
+    obs: dict[str, np.ndarray]
+
+
+def fetch_key(seed: int, block_ids: np.ndarray) -> int:
+    """The 64-bit key of a fetch: a hash of the seed and its blocks in order.
+
+    Outputs draw their random choices from `(key, row id, ...)`: a fetch
+    re-created on restore has the same key, and a cell seen again in another
+    epoch (another fetch) gets new draws.
+    """
+    return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))
 
 
 def fetch_operations(
@@ -241,8 +257,9 @@ def fetch_operations(
         batch_size: Cells per minibatch (`m`).
         fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
             are read together and their cells shuffled in memory.
-        output: `CsrOutput()` (default), `PaddedSparseOutput(width)` or
-            `DenseOutput()`.
+        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
+            `DenseOutput()`, a token output (`grain_cells.RankValueTokens`,
+            `ValueBinTokens`), or any `grain_cells.Output`.
         shuffle: Shuffle cells inside each fetch (turn off together with the
             sampler's shuffle for a sequential pass).
         seed: Seed of the in-fetch shuffle (use the sampler's).
@@ -264,10 +281,11 @@ def fetch_operations(
     if remainder not in ("pad", "drop"):
         raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
     output = output or CsrOutput()
-    if not isinstance(output, (CsrOutput, PaddedSparseOutput, DenseOutput)):
+    if not isinstance(output, Output) or isinstance(output, (str, bytes)):
         raise TypeError(
-            f"output must be CsrOutput, PaddedSparseOutput or "
-            f"DenseOutput, got {output!r}"
+            f"output must be an output format (CsrOutput, PaddedSparseOutput, "
+            f"DenseOutput, RankValueTokens, ValueBinTokens or any object with "
+            f"format(fetch, rows, batch_size)), got {output!r}"
         )
     config = FetchConfig(
         batch_size,
