@@ -181,7 +181,7 @@ def corpus_stats(
     min_octave: int = -12,
     max_octave: int = 20,
     exact_bytes: int = 2 << 30,
-    chunk_cells: int = 16384,
+    chunk_cells: int = 2048,
     cache: bool = True,
     progress: bool = True,
 ) -> CorpusStats:
@@ -299,7 +299,7 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
                 with np.errstate(divide="ignore"):
                     b = np.floor(np.log2(np.abs(values)) * bpo).astype(np.int64)
                 b = np.clip(b - lo * bpo, 0, n_bins - 1)
-                np.add.at(hist, genes * n_bins + b, 1)
+                _count_into(hist, genes * n_bins + b)
             num_cells += lengths.size
             bar.update(lengths.size)
     if hist is None:
@@ -316,6 +316,16 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
         target_sum,
         key,
     )
+
+
+def _count_into(hist: np.ndarray, keys: np.ndarray) -> None:
+    """`np.add.at(hist, keys, 1)`, sorted first: memory is walked in order."""
+    if not keys.size:
+        return
+    keys.sort()
+    heads = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    counts = np.diff(np.concatenate([heads, [keys.size]]))
+    hist[keys[heads]] += counts.astype(hist.dtype)
 
 
 def normalise(data: np.ndarray, lengths: np.ndarray, target_sum) -> np.ndarray:

@@ -27,8 +27,11 @@ def float_bits(values: np.ndarray) -> np.ndarray:
 
 def desc_keys(values: np.ndarray, tokens: np.ndarray, token_bits: int) -> np.ndarray:
     """Keys ordering by value descending, then token ascending."""
-    inv = _U32_MAX - float_bits(values)
-    return (inv << np.uint64(token_bits)) | tokens.astype(np.uint64)
+    inv = ~np.ascontiguousarray(values, np.float32).view(np.uint32)
+    keys = inv.astype(np.uint64)
+    keys <<= np.uint64(token_bits)
+    keys |= tokens.astype(np.uint64)
+    return keys
 
 
 def key_values(keys: np.ndarray, token_bits: int) -> np.ndarray:
@@ -38,13 +41,13 @@ def key_values(keys: np.ndarray, token_bits: int) -> np.ndarray:
 
 
 def sorted_rows(
-    indptr: np.ndarray, keep: np.ndarray, keys: np.ndarray, key_bits: int
+    indptr: np.ndarray, keep: np.ndarray | None, keys: np.ndarray, key_bits: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each row's kept keys, sorted ascending, in a 2-D array.
 
     Args:
         indptr: CSR row pointers of the rows.
-        keep: Which stored values take part.
+        keep: Which stored values take part (None: all).
         keys: One key per stored value, below `2**key_bits - 1`.
         key_bits: Bits of a key; the sentinel is `2**key_bits - 1`.
 
@@ -59,8 +62,10 @@ def sorted_rows(
     out = np.full((n_rows, width), sentinel, np.uint64)
     pos = np.arange(keys.size, dtype=np.int64)
     pos += np.repeat(np.arange(n_rows, dtype=np.int64) * width - indptr[:-1], lengths)
-    out.reshape(-1)[pos] = np.where(keep, keys, sentinel)
+    out.reshape(-1)[pos] = keys if keep is None else np.where(keep, keys, sentinel)
     out.sort(axis=1)
+    if keep is None:
+        return out, lengths
     kept = np.zeros(keys.size + 1, np.int64)
     np.cumsum(keep, out=kept[1:])
     return out, kept[indptr[1:]] - kept[indptr[:-1]]
@@ -85,15 +90,22 @@ def bins_of_sorted(
     with the difference taken in float32), and a value's bin is
     `np.digitize(value, edges)`: the number of edges <= value.
 
+    Args:
+        keys: `[n_rows, width]` sorted keys from `sorted_rows`. Modified in
+            place: the row number is written above the key's bits (the
+            token bits stay as they were).
+        n_kept: Kept values per row.
+        token_bits: Bits of the token in a key.
+        n_bins: Bins `B`.
+
     Returns:
         int32 `[n_rows, width]` bins (0 past each row's kept values).
     """
     n_rows, width = keys.shape
-    bins = np.zeros((n_rows, width), np.int32)
     nz = np.flatnonzero(n_kept)
     if nz.size == 0:
-        return bins
-    values = key_values(keys, token_bits)  # [n_rows, width], descending
+        return np.zeros((n_rows, width), np.int32)
+    key_bits = 32 + token_bits
     q = np.linspace(0, 1, n_bins - 1)
     n = n_kept[nz][:, None]
     virtual = (n - 1) * q[None, :]
@@ -105,8 +117,9 @@ def bins_of_sorted(
     nxt = np.where(above, prev, np.minimum(prev + 1, n - 1))
     # Ascending index j of a row is descending column n - 1 - j.
     rows = nz[:, None]
-    a = values[rows, n - 1 - prev]
-    b = values[rows, n - 1 - nxt]
+    low = np.uint64((1 << key_bits) - 1)
+    a = key_values(keys[rows, n - 1 - prev] & low, token_bits)
+    b = key_values(keys[rows, n - 1 - nxt] & low, token_bits)
     diff = b - a  # float32, as NumPy computes it
     d64 = diff.astype(np.float64)
     edges = a.astype(np.float64) + d64 * gamma
@@ -114,34 +127,43 @@ def bins_of_sorted(
     edges[hi] = (b.astype(np.float64) - d64 * (1 - gamma))[hi]
     # x >= e  <=>  x >= c, c the smallest float32 >= e (x is a float32).
     c = edges.astype(np.float32)
-    low = c.astype(np.float64) < edges
-    c[low] = np.nextafter(c[low], np.float32(np.inf))
-    # A row's values are at columns [0, n) in descending order; the value at
-    # column p counts edge k when p < end_k, the first column whose value
-    # is below c_k. Find end_k by binary search in the row's keys.
-    cut = (_U32_MAX - float_bits(c)) << np.uint64(token_bits)
+    up = c.astype(np.float64) < edges
+    c[up] = np.nextafter(c[up], np.float32(np.inf))
+    # A row's values sit at columns [0, n), descending; the value at column p
+    # counts edge k when p < end_k, the first column whose value is below
+    # c_k. Find every end_k by one binary search over all rows, their row
+    # number written above the keys so that the rows sort one after another.
+    cut = (np.uint64(0xFFFFFFFF) - float_bits(c)) << np.uint64(token_bits)
     cut |= np.uint64((1 << token_bits) - 1)
     row_bits = max(1, int(n_rows - 1).bit_length())
-    key_bits = 32 + token_bits
     if row_bits + key_bits <= 64:
         shift = np.uint64(key_bits)
-        flat = keys | (np.arange(n_rows, dtype=np.uint64)[:, None] << shift)
-        needles = cut | (nz.astype(np.uint64)[:, None] << shift)
-        ends = np.searchsorted(flat.reshape(-1), needles.reshape(-1), side="right")
-        ends = ends.reshape(needles.shape) - rows * width
+        keys |= np.arange(n_rows, dtype=np.uint64)[:, None] << shift
+        cut |= nz.astype(np.uint64)[:, None] << shift
+        ends = np.searchsorted(keys.reshape(-1), cut.reshape(-1), side="right")
+        ends = ends.reshape(cut.shape) - rows * width
     else:  # too many rows for one key: search row by row of the chunk
         ends = np.stack(
             [np.searchsorted(keys[i], cut[k], side="right") for k, i in enumerate(nz)]
         )
-    # bins[p] = #{k : end_k > p} = (n_bins - 1) - #{k : end_k <= p}.
-    marks = np.zeros((nz.size, width + 1), np.int64)
-    np.add.at(
-        marks, (np.broadcast_to(np.arange(nz.size)[:, None], ends.shape), ends), 1
+    # Ends shrink as k grows (edges grow, values descend): columns
+    # [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
+    # [end_0, width) 0 (the padding past n included).
+    bounds = np.concatenate(
+        [
+            np.zeros((nz.size, 1), np.int64),
+            ends[:, ::-1],
+            np.full((nz.size, 1), width),
+        ],
+        axis=1,
     )
-    passed = np.cumsum(marks[:, :width], axis=1)
-    counted = (n_bins - 1) - passed
-    valid = np.arange(width)[None, :] < n
-    bins[nz] = np.where(valid, counted, 0)
+    runs = np.diff(bounds, axis=1).reshape(-1)
+    levels = np.tile(np.arange(n_bins - 1, -1, -1, dtype=np.int32), nz.size)
+    filled = np.repeat(levels, runs).reshape(nz.size, width)
+    if nz.size == n_rows:
+        return filled
+    bins = np.zeros((n_rows, width), np.int32)
+    bins[nz] = filled
     return bins
 
 

@@ -125,6 +125,7 @@ class _Tokens:
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
         self.token_bits = max(1, int(column_tokens.max(initial=0)).bit_length())
+        self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:
             raise ValueError(
@@ -158,20 +159,24 @@ class _Tokens:
         return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
 
     def _prepare(self, fetch: Fetch, values_for_order):
-        """Keys of the fetch's stored values; who is kept and who dropped."""
+        """Keys of the fetch's stored values; who is kept (None: all), dropped."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
+        n_rows = csr.indptr.size - 1
+        order_values = values_for_order(values, csr.indices)
+        if self._all_in_vocabulary and (not values.size or values.min() > 0):
+            keys = kernels.desc_keys(order_values, tokens, self.token_bits)
+            return csr.indptr, None, keys, np.zeros(n_rows, np.int32)
         positive = values > 0
         keep = positive & (tokens >= 0)
-        out_of_vocab = np.zeros(values.size + 1, np.int64)
+        out_of_vocab = np.zeros(values.size + 1, np.int32)
         np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
         dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        order_values = values_for_order(values, csr.indices)
         keys = kernels.desc_keys(
             order_values, np.where(keep, tokens, 0), self.token_bits
         )
-        return csr.indptr, keep, keys, dropped.astype(np.int32)
+        return csr.indptr, keep, keys, dropped
 
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
         """Sequences from each row's gene tokens (and bins).
@@ -197,8 +202,10 @@ class _Tokens:
             ids[np.arange(n_rows), used] = self.eos_id
             used = used + 1
         attention = np.arange(self.length)[None, :] < used[:, None]
-        gene_positions = np.zeros((n_rows, self.length), bool)
-        gene_positions[:, offset : offset + self.slots] = is_gene
+        gene_positions = None
+        if self.mlm_probability > 0:
+            gene_positions = np.zeros((n_rows, self.length), bool)
+            gene_positions[:, offset : offset + self.slots] = is_gene
         values = None
         if bins is not None:
             values = np.full((n_rows, self.length), self.pad_value, np.int32)
@@ -337,7 +344,7 @@ class RankValueTokens(_Tokens):
             values = slice(indptr[a], indptr[b])
             rows, n_expr[a:b] = kernels.sorted_rows(
                 indptr[a : b + 1] - indptr[a],
-                keep[values],
+                None if keep is None else keep[values],
                 keys[values],
                 32 + self.token_bits,
             )
@@ -480,7 +487,10 @@ class ValueBinTokens(_Tokens):
         for a, b in kernels.row_chunks(indptr):
             values = slice(indptr[a], indptr[b])
             rows, n_kept = kernels.sorted_rows(
-                indptr[a : b + 1] - indptr[a], keep[values], keys[values], 32 + tb
+                indptr[a : b + 1] - indptr[a],
+                None if keep is None else keep[values],
+                keys[values],
+                32 + tb,
             )
             n_expr[a:b] = n_kept
             row_bins = kernels.bins_of_sorted(rows, n_kept, tb, self.n_bins)

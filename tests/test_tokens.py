@@ -222,9 +222,12 @@ def test_corpus_stats_cache(files, tmp_path, monkeypatch):
 # -- outputs on random cells ------------------------------------------------------
 
 
+@pytest.mark.parametrize("full_vocabulary", [False, True], ids=["dropped", "all"])
 @pytest.mark.parametrize("length", [6, 12, 48])
-def test_rank_value_equals_reference(parts, length):
+def test_rank_value_equals_reference(parts, length, full_vocabulary):
     source, vocab, stats, x = parts
+    if full_vocabulary:  # every gene in the vocabulary: the fast path
+        vocab = grain_cells.GeneVocabulary.from_genes(source.var_names[::-1])
     out = grain_cells.RankValueTokens.for_source(source, vocab, stats, length=length)
     rows = np.random.default_rng(length).choice(sum(SIZES), 64, replace=False)
     rows[:3] = [0, 1, 12]  # all-zero, tied top genes, tied
