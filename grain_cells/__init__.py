@@ -33,6 +33,7 @@ from grain_cells.loader import (
     CheckpointMismatchError,
     DataLoader,
 )
+from grain_cells.matrices import Layer, Obsm
 from grain_cells.outputs import (
     CsrOutput,
     DenseOutput,
@@ -71,8 +72,10 @@ __all__ = [
     "FetchConfig",
     "GeneMismatchError",
     "GeneVocabulary",
+    "Layer",
     "MatrixInfo",
     "MissingColumnError",
+    "Obsm",
     "Output",
     "PaddedSparseOutput",
     "RankValueTokens",

@@ -35,7 +35,7 @@ import weakref
 import grain
 import numpy as np
 
-from grain_cells import counter_rng, transport
+from grain_cells import counter_rng, matrices, transport
 from grain_cells.matrix import RowBuffer
 from grain_cells.outputs import CsrOutput, Fetch, Output
 from grain_cells.source import AnnDataSource
@@ -62,6 +62,7 @@ class FetchConfig:
     seed: int
     remainder: str
     output: Output
+    numeric_obs: str = dataclasses.field(default="native", repr=False)
 
     @property
     def blocks_per_fetch(self) -> int:
@@ -92,14 +93,21 @@ class _GroupBlocks:
 class SplitFetch(grain.experimental.FlatMapTransform):
     """Reads one fetch of blocks and splits it into shuffled minibatches."""
 
-    def __init__(self, source: AnnDataSource, config: FetchConfig):
+    def __init__(
+        self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
+    ):
         """Binds the transform to its source and configuration."""
         self.source = source
         self.config = config
         self.max_fan_out = config.max_minibatches
+        self.extra = matrices.readers(source, extra)
 
     def __repr__(self) -> str:
-        return f"SplitFetch({self.config!r})"
+        # Defaults print as before extra matrices existed.
+        more = f", extra={self.extra!r}" if self.extra else ""
+        if self.config.numeric_obs != "native":
+            more += f", numeric_obs={self.config.numeric_obs!r}"
+        return f"SplitFetch({self.config!r}{more})"
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
@@ -146,15 +154,11 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
         rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        key = fetch_key(cfg.seed, blocks[:, 0])
         fetched = _Fetched(
-            Fetch(
-                rows.dense,
-                rows.row_ids,
-                self.source.num_genes,
-                fetch_key(cfg.seed, blocks[:, 0]),
-                _csr=rows.csr,
-            ),
+            Fetch(rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr),
             rows.obs,
+            self._read_extra(read, key, rows.row_ids),
         )
         order = self.cell_order(blocks, rows.row_ids)
         n = order.size
@@ -165,6 +169,21 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         batches = Minibatches(self, fetched, order[:n], transport.in_grain_worker())
         owner[0] = weakref.ref(batches)
         return batches
+
+    def _read_extra(self, read: np.ndarray, key: int, row_ids: np.ndarray) -> dict:
+        """The extra matrices' rows, in the order of X's fetch buffer."""
+        if not self.extra:
+            return {}
+        read = read[np.argsort(read[:, 2], kind="stable")]
+        out = {}
+        for name, reader in self.extra.items():
+            if isinstance(reader, matrices.ObsmReader):
+                out[name] = reader.read(read[:, 2], read[:, 3])
+            else:
+                out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
+                if not np.array_equal(out[name].row_ids, row_ids):
+                    raise RuntimeError(f"extra matrix {name!r} read other rows")
+        return out
 
     def minibatch(self, fetched: _Fetched, rows: np.ndarray) -> dict:
         """Formats one minibatch from rows of the fetch buffer."""
@@ -179,9 +198,26 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         mask[:n_real] = True
         batch["mask"] = mask
         for name, values in fetched.obs.items():
-            col = np.zeros(m, values.dtype if values.dtype.kind == "f" else np.int32)
+            float_out = values.dtype.kind == "f" or (
+                cfg.numeric_obs == "float32" and self.source.categories[name] is None
+            )
+            dtype = (
+                (values.dtype if values.dtype.kind == "f" else np.float32)
+                if (float_out)
+                else np.int32
+            )
+            col = np.zeros(m, dtype)
             col[:n_real] = values[rows]
             batch[f"obs/{name}"] = col
+        for name, part in fetched.extra.items():
+            if isinstance(part, np.ndarray):  # an obsm array
+                values = np.zeros((m, part.shape[1]), part.dtype)
+                values[:n_real] = part[rows]
+                batch[name] = values
+                continue
+            spec = self.extra[name].spec
+            for k, v in spec.output.format(part, rows, m).items():
+                batch[f"{name}/{k}"] = v
         return batch
 
 
@@ -228,6 +264,7 @@ class _Fetched:
 
     fetch: Fetch
     obs: dict[str, np.ndarray]
+    extra: dict = dataclasses.field(default_factory=dict)
 
 
 def fetch_key(seed: int, block_ids: np.ndarray) -> int:
@@ -249,6 +286,8 @@ def fetch_operations(
     shuffle: bool = True,
     seed: int = 0,
     remainder: str = "pad",
+    extra: dict | None = None,
+    numeric_obs: str = "native",
 ) -> list:
     """The operations that turn block records into shuffled minibatches.
 
@@ -264,6 +303,12 @@ def fetch_operations(
             sampler's shuffle for a sequential pass).
         seed: Seed of the in-fetch shuffle (use the sampler's).
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+        extra: More matrices of the same cells per minibatch, by output key:
+            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
+            or `grain_cells.Obsm(name)` (see `grain_cells.matrices`).
+        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
+            integers come as int32) or `"float32"` (every numeric column as
+            float32, beside the int32 codes of categorical ones).
 
     Returns:
         `[grain.transforms.Batch(...), SplitFetch(...)]` for
@@ -280,6 +325,10 @@ def fetch_operations(
         )
     if remainder not in ("pad", "drop"):
         raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+    if numeric_obs not in ("native", "float32"):
+        raise ValueError(
+            f"numeric_obs must be 'native' or 'float32', got {numeric_obs!r}"
+        )
     output = output or CsrOutput()
     if not isinstance(output, Output) or isinstance(output, (str, bytes)):
         raise TypeError(
@@ -295,6 +344,7 @@ def fetch_operations(
         int(seed),
         remainder,
         output,
+        numeric_obs,
     )
     cells = config.blocks_per_fetch * source.block_size
     if cells % batch_size:
@@ -308,5 +358,5 @@ def fetch_operations(
         grain.transforms.Batch(
             config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()
         ),
-        SplitFetch(source, config),
+        SplitFetch(source, config, extra),
     ]
