@@ -16,6 +16,7 @@ Public API::
 """
 
 from grain_cells.cells import Cells
+from grain_cells.conditions import ConditionBlockSampler, condition_blocks
 from grain_cells.corpus_stats import CorpusStats, corpus_stats
 from grain_cells.errors import (
     AnnDataFormatError,
@@ -63,6 +64,7 @@ __all__ = [
     "Cells",
     "CheckedIterator",
     "CheckpointMismatchError",
+    "ConditionBlockSampler",
     "CorpusStats",
     "CorruptDataError",
     "CsrOutput",
@@ -87,6 +89,7 @@ __all__ = [
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",
+    "condition_blocks",
     "corpus_stats",
     "densify",
     "expected_shares",

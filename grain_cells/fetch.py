@@ -63,6 +63,7 @@ class FetchConfig:
     remainder: str
     output: Output
     numeric_obs: str = dataclasses.field(default="native", repr=False)
+    condition: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def blocks_per_fetch(self) -> int:
@@ -71,8 +72,13 @@ class FetchConfig:
 
     @property
     def max_minibatches(self) -> int:
-        """Most minibatches one fetch yields."""
-        return math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+        """Most minibatches one fetch yields.
+
+        With a condition, each block may start a condition of its own, whose
+        last minibatch is short.
+        """
+        n = math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+        return n + self.blocks_per_fetch if self.condition else n
 
 
 def _group_blocks(blocks) -> np.ndarray:
@@ -107,6 +113,8 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         more = f", extra={self.extra!r}" if self.extra else ""
         if self.config.numeric_obs != "native":
             more += f", numeric_obs={self.config.numeric_obs!r}"
+        if self.config.condition is not None:
+            more += f", condition={self.config.condition!r}"
         return f"SplitFetch({self.config!r}{more})"
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
@@ -161,14 +169,44 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             self._read_extra(read, key, rows.row_ids),
         )
         order = self.cell_order(blocks, rows.row_ids)
-        n = order.size
-        if cfg.remainder == "drop":
-            n -= n % cfg.batch_size
+        bounds = None
+        if cfg.condition is not None:
+            order, bounds = self._by_condition(order, rows.obs[cfg.condition])
+        else:
+            n = order.size
+            if cfg.remainder == "drop":
+                n -= n % cfg.batch_size
+            order = order[:n]
         # In a Grain worker, outputs are pickled to the trainer: send them
         # through reusable shared-memory slots instead of fresh segments.
-        batches = Minibatches(self, fetched, order[:n], transport.in_grain_worker())
+        batches = Minibatches(self, fetched, order, transport.in_grain_worker(), bounds)
         owner[0] = weakref.ref(batches)
         return batches
+
+    def _by_condition(self, order: np.ndarray, values: np.ndarray):
+        """The fetch's shuffled cells grouped by condition, cut per condition.
+
+        Returns:
+            `(order, bounds)`: cells grouped by condition (shuffled order kept
+            within each), and minibatch `i`'s cells `order[bounds[i]:
+            bounds[i + 1]]`: at most `batch_size`, one condition each.
+        """
+        m = self.config.batch_size
+        perm = np.argsort(values[order], kind="stable")
+        order = order[perm]
+        codes = values[order]
+        heads = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ends = np.r_[heads[1:], codes.size]
+        chunks = -(-(ends - heads) // m)
+        starts = np.repeat(heads, chunks) + m * (
+            np.arange(int(chunks.sum())) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+        )
+        stops = np.minimum(starts + m, np.repeat(ends, chunks))
+        if self.config.remainder == "drop":  # whole minibatches only
+            starts = starts[stops - starts == m]
+            order = order[(starts[:, None] + np.arange(m)[None, :]).reshape(-1)]
+            return order, np.arange(0, order.size + 1, m, dtype=np.int64)
+        return order, np.r_[starts, order.size].astype(np.int64)
 
     def _read_extra(self, read: np.ndarray, key: int, row_ids: np.ndarray) -> dict:
         """The extra matrices' rows, in the order of X's fetch buffer."""
@@ -234,14 +272,19 @@ class Minibatches(collections.abc.Sequence):
         fetched: _Fetched,
         order: np.ndarray,
         via_slots: bool,
+        bounds: np.ndarray | None = None,
     ):
         self._split = split
         self._fetched = fetched
         self._order = order
         self._via_slots = via_slots
+        m = split.config.batch_size
+        if bounds is None:
+            bounds = np.r_[np.arange(0, order.size, m), order.size]
+        self._bounds = bounds.astype(np.int64)
 
     def __len__(self) -> int:
-        return -(-self._order.size // self._split.config.batch_size)
+        return self._bounds.size - 1
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -249,8 +292,8 @@ class Minibatches(collections.abc.Sequence):
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
         i %= len(self)
-        m = self._split.config.batch_size
-        batch = self._split.minibatch(self._fetched, self._order[i * m : (i + 1) * m])
+        a, b = self._bounds[i], self._bounds[i + 1]
+        batch = self._split.minibatch(self._fetched, self._order[a:b])
         if self._via_slots:
             # The fetch (materialised by Grain), the worker's queue (16 by
             # default) and what the trainer holds.
@@ -288,6 +331,7 @@ def fetch_operations(
     remainder: str = "pad",
     extra: dict | None = None,
     numeric_obs: str = "native",
+    condition: str | None = None,
 ) -> list:
     """The operations that turn block records into shuffled minibatches.
 
@@ -309,6 +353,10 @@ def fetch_operations(
         numeric_obs: `"native"` (numeric obs columns keep a float dtype,
             integers come as int32) or `"float32"` (every numeric column as
             float32, beside the int32 codes of categorical ones).
+        condition: An obs column of the source: every minibatch then holds
+            cells of one value of it (each condition's cells of a fetch are
+            cut into minibatches, the last one short and padded). Pair with
+            `grain_cells.ConditionBlockSampler`; see `grain_cells.conditions`.
 
     Returns:
         `[grain.transforms.Batch(...), SplitFetch(...)]` for
@@ -345,7 +393,13 @@ def fetch_operations(
         remainder,
         output,
         numeric_obs,
+        condition,
     )
+    if condition is not None and condition not in source.obs_columns:
+        raise ValueError(
+            f"condition={condition!r} is not one of the source's obs_columns "
+            f"{list(source.obs_columns)}; add it there"
+        )
     cells = config.blocks_per_fetch * source.block_size
     if cells % batch_size:
         raise ValueError(
