@@ -98,7 +98,7 @@ def test_impure_blocks_still_give_pure_minibatches(csr_paths, helpers):
 def test_shards_partition_the_cells(csr_paths, helpers):
     parts = []
     for i in range(2):
-        source, sampler, loader = build(csr_paths, shard=sharding.ShardOptions(i, 2))
+        source, _, loader = build(csr_paths, shard=sharding.ShardOptions(i, 2))
         batches = helpers.run(loader)
         check_pure(batches, helpers.Truth(source, csr_paths), "plate")
         parts.append(np.concatenate([b["row_ids"][b["mask"]] for b in batches]))
@@ -109,7 +109,7 @@ def test_shards_partition_the_cells(csr_paths, helpers):
 
 
 def test_weights_choose_conditions(csr_paths, helpers):
-    source, sampler, loader = build(csr_paths, weights={"plate2": 1.0, "plate5": 3.0})
+    source, _, loader = build(csr_paths, weights={"plate2": 1.0, "plate5": 3.0})
     truth = helpers.Truth(source, csr_paths)
     batches = helpers.run(loader)
     check_pure(batches, truth, "plate")
