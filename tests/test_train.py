@@ -1,6 +1,7 @@
-"""`python -m grain_cells.train`: kill and resume, two JAX processes, the binary.
+"""The training example: kill and resume, two JAX processes, the binary, a wheel.
 
-Every run is a subprocess (`python -m grain_cells.train`, as a user runs it) on
+Most runs are subprocesses (`python -m grain_cells.examples.train`, as a user
+runs it) on
 a small synthetic file: 3,200 cells x 200 genes, blocks of 16 cells, the last
 8 blocks held out, so 192 training blocks (3,072 cells). A kill is SIGKILL to
 the run's process group (the trainer and its Grain workers) right after the
@@ -60,7 +61,7 @@ def config_flags(data_file: str, **overrides) -> list[str]:
 
 
 class Run:
-    """One `python -m grain_cells.train` process, its output in a file."""
+    """One `python -m grain_cells.examples.train` process, its output in a file."""
 
     def __init__(self, workdir, flags, log: pathlib.Path):
         self.log = log
@@ -70,7 +71,7 @@ class Run:
                 [
                     sys.executable,
                     "-m",
-                    "grain_cells.train",
+                    "grain_cells.examples.train",
                     f"--workdir={workdir}",
                     *flags,
                 ],
@@ -313,3 +314,146 @@ def test_two_processes_sigkill_and_resume(two_processes, tmp_path):
     for p in range(2):  # the checkpoint holds each process's own iterator
         data = workdir / "checkpoints" / str(TWO_PROCESS_STEPS) / "data"
         assert (data / f"process_{p}-of-2.json").is_file()
+
+
+def small_config(data_file: str, **overrides):
+    from grain_cells.examples.train import get_config
+
+    config = get_config()
+    config.data = data_file
+    config.eval_fraction = HELD_OUT_BLOCKS * BLOCK / N_CELLS
+    config.num_genes = 64
+    config.batch_size = 32
+    config.fetch_factor = 4
+    config.hidden_size = 32
+    config.log_every = 1
+    config.update(overrides)
+    return config
+
+
+def test_train_and_evaluate_one_step_in_process(data_file, tmp_path, capsys):
+    from grain_cells.examples.train import train_and_evaluate
+
+    config = small_config(data_file, num_steps=1, checkpoint_every=1)
+    result = train_and_evaluate(config, str(tmp_path))
+    assert result["step"] == 1 and result["resumed_from"] is None
+    assert np.isfinite(result["loss"]) and 0 <= result["train_accuracy"] <= 1
+    assert result["eval_cells"] == HELD_OUT_BLOCKS * BLOCK
+    assert 0 <= result["eval_accuracy"] <= 1
+    assert (result["num_genes"], result["num_classes"]) == (64, 4)
+    assert (tmp_path / "checkpoints" / "1").is_dir()
+    assert (tmp_path / "final_params" / "process_0-of-1.npz").is_file()
+    first = final_params(tmp_path)
+
+    # Run again: already at num_steps, so it says so and only evaluates.
+    capsys.readouterr()
+    again = train_and_evaluate(config, str(tmp_path))
+    out = capsys.readouterr().out
+    assert again["resumed_from"] == 1 and again["step"] == 1
+    assert "already at step 1 (num_steps=1): nothing to train" in out
+    assert "nan" not in out, out
+    assert again["eval_accuracy"] == result["eval_accuracy"]
+    assert_bitwise_equal(final_params(tmp_path), first)
+
+
+def test_random_held_out_split_is_disjoint_from_training(data_file):
+    from grain_cells.examples.train import input_pipeline
+
+    data = input_pipeline.prepare_data(
+        small_config(data_file, eval_split="random", eval_fraction=0.25)
+    )
+    try:
+        train_rows = data.train.read_blocks(np.arange(len(data.train))).row_ids
+        eval_rows = data.eval.read_blocks(np.arange(len(data.eval))).row_ids
+    finally:
+        data.close()
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([train_rows, eval_rows])), np.arange(N_CELLS)
+    )
+    assert 0.2 < eval_rows.size / N_CELLS < 0.3
+    assert eval_rows.min() < N_CELLS // 2  # drawn, not the last blocks
+
+
+def test_bad_config_value_is_a_usage_error(data_file, tmp_path):
+    flags = config_flags(data_file, eval_split="middle")
+    with runs() as started:
+        started.append(Run(tmp_path / "work", flags, tmp_path / "log"))
+        started[0].proc.wait(RUN_TIMEOUT_S)
+    out = started[0].text()
+    assert started[0].proc.returncode != 0
+    assert "config.eval_split must be 'last' or 'random', got 'middle'" in out
+
+
+@pytest.mark.slow
+def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
+    """`python -m build --wheel`, installed in a venv, run outside the source tree.
+
+    The venv sees the test venv's dependencies through a `.pth` file (pip
+    installs the wheel alone, `--no-deps`); its own site-packages comes
+    first, so `grain_cells` is the wheel's.
+    """
+    import sysconfig
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["JAX_PLATFORMS"] = "cpu"
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
+    (wheel,) = dist.glob("grain_cells-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    deps = sysconfig.get_paths()["purelib"]
+    pathlib.Path(purelib, "test_venv_deps.pth").write_text(deps + "\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--quiet",
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    workdir = tmp_path / "work"
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    where = subprocess.run(
+        [python, "-c", "import grain_cells; print(grain_cells.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+    ).stdout.strip()
+    assert where.startswith(purelib), where
+    flags = config_flags(data_file, num_steps=4, checkpoint_every=2)
+    run = subprocess.run(
+        [python, "-m", "grain_cells.examples.train", f"--workdir={workdir}", *flags],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert re.search(r"^done at step 4: ", run.stdout, re.MULTILINE), run.stdout

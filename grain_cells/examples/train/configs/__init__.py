@@ -1,0 +1,1 @@
+"""Configs of `python -m grain_cells.examples.train` (`default.py`: defaults)."""
