@@ -1,23 +1,34 @@
 """Vectorised kernels behind `grain_cells.tokens`: per-row sorts and bins.
 
 The fetch's CSR values are laid out as a 2-D array, one row per cell (padded
-with a sentinel to the longest row), of 64-bit keys `(order bits << tb) |
-token`, and sorted along rows with one `np.sort(axis=1)` call: rows are
-short enough to sort in cache, which is several times faster than sorting
-all values at once with the row in the key, and no argsort or gather is
-needed since the token travels in the key. Floats are compared through
-their IEEE-754 bit patterns: for positive float32 values the bits, read as
-an unsigned integer, order like the values.
+with a sentinel to the longest row), of 64-bit keys whose high word orders
+the values and whose low word is the token, and sorted along rows with one
+`np.sort(axis=1)` call: rows are short enough to sort in cache, which is
+several times faster than sorting all values at once with the row in the
+key, and no argsort or gather is needed since the token travels in the key.
+The two words are written straight into the 2-D array through a `uint32`
+view (no 64-bit arithmetic per value). Floats are compared through their
+IEEE-754 bit patterns: for positive float32 values the bits, read as an
+unsigned integer, order like the values; their complement orders them
+descending.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
 from grain_cells import counter_rng
 
-_U32_MAX = np.uint64(0xFFFFFFFF)
+_U32_MAX = np.uint32(0xFFFFFFFF)
+_SHIFT = np.uint64(32)
 MAX_CELLS_PER_CHUNK_VALUES = 1 << 23  # keys per 2-D sort (64 MB)
+
+
+def inverted(values: np.ndarray) -> np.ndarray:
+    """uint32 complements of float32 bit patterns: descending for positives."""
+    return ~np.ascontiguousarray(values, np.float32).view(np.uint32)
 
 
 def float_bits(values: np.ndarray) -> np.ndarray:
@@ -25,48 +36,57 @@ def float_bits(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
 
 
-def desc_keys(values: np.ndarray, tokens: np.ndarray, token_bits: int) -> np.ndarray:
-    """Keys ordering by value descending, then token ascending."""
-    inv = ~np.ascontiguousarray(values, np.float32).view(np.uint32)
-    keys = inv.astype(np.uint64)
-    keys <<= np.uint64(token_bits)
-    keys |= tokens.astype(np.uint64)
-    return keys
+def key_values(keys: np.ndarray) -> np.ndarray:
+    """The float32 values back from keys (`inverted` in the high word)."""
+    return (~(keys >> _SHIFT).astype(np.uint32)).view(np.float32)
 
 
-def key_values(keys: np.ndarray, token_bits: int) -> np.ndarray:
-    """The float32 values back from `desc_keys`."""
-    bits = (_U32_MAX - (keys >> np.uint64(token_bits))).astype(np.uint32)
-    return bits.view(np.float32)
+def key_tokens(keys: np.ndarray, width: int) -> np.ndarray:
+    """The int32 tokens (low words) of the first `width` columns of keys."""
+    return keys[:, :width].view(np.uint32)[:, 0::2].view(np.int32)
 
 
 def sorted_rows(
-    indptr: np.ndarray, keep: np.ndarray | None, keys: np.ndarray, key_bits: int
+    indptr: np.ndarray,
+    keep: np.ndarray | None,
+    inv: np.ndarray,
+    tokens: np.ndarray,
+    pad: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's kept keys, sorted ascending, in a 2-D array.
+    """Each row's kept `(inv, token)` keys, sorted ascending, in a 2-D array.
 
     Args:
         indptr: CSR row pointers of the rows.
         keep: Which stored values take part (None: all).
-        keys: One key per stored value, below `2**key_bits - 1`.
-        key_bits: Bits of a key; the sentinel is `2**key_bits - 1`.
+        inv: uint32 order word of each stored value (`inverted`); a kept
+            value's must be below `2**32 - 1`.
+        tokens: Token of each stored value (non-negative, below `2**31`).
+        pad: Token of the sentinel that fills each row past its kept keys.
 
     Returns:
         `(sorted_keys [n_rows, width], n_kept [n_rows])`: row `i` holds its
-        `n_kept[i]` keys first, then sentinels.
+        `n_kept[i]` keys first, then sentinels (high word `2**32 - 1`, low
+        word `pad`).
     """
     lengths = np.diff(indptr)
     n_rows = lengths.size
     width = max(1, int(lengths.max(initial=0)))
-    sentinel = np.uint64((1 << key_bits) - 1)
+    sentinel = (np.uint64(0xFFFFFFFF) << _SHIFT) | np.uint64(pad)
     out = np.full((n_rows, width), sentinel, np.uint64)
-    pos = np.arange(keys.size, dtype=np.int64)
-    pos += np.repeat(np.arange(n_rows, dtype=np.int64) * width - indptr[:-1], lengths)
-    out.reshape(-1)[pos] = keys if keep is None else np.where(keep, keys, sentinel)
+    if keep is not None:
+        inv = np.where(keep, inv, _U32_MAX)
+        tokens = np.where(keep, tokens, pad)
+    inside = np.arange(width)[None, :] < lengths[:, None]
+    if sys.byteorder == "little":
+        halves = out.view(np.uint32).reshape(n_rows, width, 2)
+        halves[:, :, 0][inside] = tokens
+        halves[:, :, 1][inside] = inv
+    else:
+        out[inside] = (inv.astype(np.uint64) << _SHIFT) | tokens.astype(np.uint64)
     out.sort(axis=1)
     if keep is None:
         return out, lengths
-    kept = np.zeros(keys.size + 1, np.int64)
+    kept = np.zeros(keep.size + 1, np.int64)
     np.cumsum(keep, out=kept[1:])
     return out, kept[indptr[1:]] - kept[indptr[:-1]]
 
@@ -81,7 +101,7 @@ def row_chunks(indptr: np.ndarray) -> list[tuple[int, int]]:
 
 
 def bins_of_sorted(
-    keys: np.ndarray, n_kept: np.ndarray, token_bits: int, n_bins: int
+    keys: np.ndarray, n_kept: np.ndarray, n_bins: int, pad_value: int = 0
 ) -> np.ndarray:
     """Bins (scGPT's) of rows sorted by value descending (`desc_keys`).
 
@@ -91,21 +111,18 @@ def bins_of_sorted(
     `np.digitize(value, edges)`: the number of edges <= value.
 
     Args:
-        keys: `[n_rows, width]` sorted keys from `sorted_rows`. Modified in
-            place: the row number is written above the key's bits (the
-            token bits stay as they were).
+        keys: `[n_rows, width]` sorted keys from `sorted_rows`.
         n_kept: Kept values per row.
-        token_bits: Bits of the token in a key.
         n_bins: Bins `B`.
+        pad_value: The value past each row's kept values.
 
     Returns:
-        int32 `[n_rows, width]` bins (0 past each row's kept values).
+        int32 `[n_rows, width]` bins (`pad_value` past each row's kept values).
     """
     n_rows, width = keys.shape
     nz = np.flatnonzero(n_kept)
     if nz.size == 0:
-        return np.zeros((n_rows, width), np.int32)
-    key_bits = 32 + token_bits
+        return np.full((n_rows, width), pad_value, np.int32)
     q = np.linspace(0, 1, n_bins - 1)
     n = n_kept[nz][:, None]
     virtual = (n - 1) * q[None, :]
@@ -117,9 +134,8 @@ def bins_of_sorted(
     nxt = np.where(above, prev, np.minimum(prev + 1, n - 1))
     # Ascending index j of a row is descending column n - 1 - j.
     rows = nz[:, None]
-    low = np.uint64((1 << key_bits) - 1)
-    a = key_values(keys[rows, n - 1 - prev] & low, token_bits)
-    b = key_values(keys[rows, n - 1 - nxt] & low, token_bits)
+    a = key_values(keys[rows, n - 1 - prev])
+    b = key_values(keys[rows, n - 1 - nxt])
     diff = b - a  # float32, as NumPy computes it
     d64 = diff.astype(np.float64)
     edges = a.astype(np.float64) + d64 * gamma
@@ -131,24 +147,17 @@ def bins_of_sorted(
     c[up] = np.nextafter(c[up], np.float32(np.inf))
     # A row's values sit at columns [0, n), descending; the value at column p
     # counts edge k when p < end_k, the first column whose value is below
-    # c_k. Find every end_k by one binary search over all rows, their row
-    # number written above the keys so that the rows sort one after another.
-    cut = (np.uint64(0xFFFFFFFF) - float_bits(c)) << np.uint64(token_bits)
-    cut |= np.uint64((1 << token_bits) - 1)
-    row_bits = max(1, int(n_rows - 1).bit_length())
-    if row_bits + key_bits <= 64:
-        shift = np.uint64(key_bits)
-        keys |= np.arange(n_rows, dtype=np.uint64)[:, None] << shift
-        cut |= nz.astype(np.uint64)[:, None] << shift
-        ends = np.searchsorted(keys.reshape(-1), cut.reshape(-1), side="right")
-        ends = ends.reshape(cut.shape) - rows * width
-    else:  # too many rows for one key: search row by row of the chunk
-        ends = np.stack(
-            [np.searchsorted(keys[i], cut[k], side="right") for k, i in enumerate(nz)]
-        )
+    # c_k. Find every end_k by one binary search over all rows: the order
+    # words with the row number above them sort one row after another.
+    flat = keys >> _SHIFT
+    flat |= np.arange(n_rows, dtype=np.uint64)[:, None] << _SHIFT
+    cut = inverted(c).astype(np.uint64) | (nz.astype(np.uint64)[:, None] << _SHIFT)
+    ends = np.searchsorted(flat.reshape(-1), cut.reshape(-1), side="right")
+    ends = ends.reshape(cut.shape) - rows * width
     # Ends shrink as k grows (edges grow, values descend): columns
     # [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
-    # [end_0, width) 0 (the padding past n included).
+    # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
+    # that last run is the padding.
     bounds = np.concatenate(
         [
             np.zeros((nz.size, 1), np.int64),
@@ -158,11 +167,13 @@ def bins_of_sorted(
         axis=1,
     )
     runs = np.diff(bounds, axis=1).reshape(-1)
-    levels = np.tile(np.arange(n_bins - 1, -1, -1, dtype=np.int32), nz.size)
+    steps = np.arange(n_bins - 1, -1, -1, dtype=np.int32)
+    steps[-1] = pad_value
+    levels = np.tile(steps, nz.size)
     filled = np.repeat(levels, runs).reshape(nz.size, width)
     if nz.size == n_rows:
         return filled
-    bins = np.zeros((n_rows, width), np.int32)
+    bins = np.full((n_rows, width), pad_value, np.int32)
     bins[nz] = filled
     return bins
 

@@ -124,7 +124,6 @@ class _Tokens:
         self.eos_id = int(eos_id)
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
-        self.token_bits = max(1, int(column_tokens.max(initial=0)).bit_length())
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:
@@ -148,10 +147,17 @@ class _Tokens:
             arrays = fetch.cache[key] = self.tokenize(fetch)
         out = {}
         for name, a in arrays.items():
-            fill = self.pad_fill(name)
-            b = np.full((batch_size, *a.shape[1:]), fill, a.dtype)
+            if name.startswith("_"):
+                continue
+            if rows.size == batch_size:
+                out[name] = a[rows]
+                continue
+            b = np.full((batch_size, *a.shape[1:]), self.pad_fill(name), a.dtype)
             b[: rows.size] = a[rows]
             out[name] = b
+        used = np.zeros(batch_size, np.int64)
+        used[: rows.size] = arrays["_used"][rows]
+        out["attention_mask"] = np.arange(self.length)[None, :] < used[:, None]
         return out
 
     def pad_fill(self, name: str):
@@ -159,62 +165,67 @@ class _Tokens:
         return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
 
     def _prepare(self, fetch: Fetch, values_for_order):
-        """Keys of the fetch's stored values; who is kept (None: all), dropped."""
+        """Order words and tokens of the fetch's stored values.
+
+        Returns:
+            `(indptr, keep, inv, tokens, dropped)`: `keep` None when every
+            value is kept; `dropped` the positive values per row whose gene
+            is outside the vocabulary.
+        """
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
         n_rows = csr.indptr.size - 1
-        order_values = values_for_order(values, csr.indices)
+        inv = kernels.inverted(values_for_order(values, csr.indices))
         if self._all_in_vocabulary and (not values.size or values.min() > 0):
-            keys = kernels.desc_keys(order_values, tokens, self.token_bits)
-            return csr.indptr, None, keys, np.zeros(n_rows, np.int32)
+            return csr.indptr, None, inv, tokens, np.zeros(n_rows, np.int32)
         positive = values > 0
         keep = positive & (tokens >= 0)
         out_of_vocab = np.zeros(values.size + 1, np.int32)
         np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
         dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        keys = kernels.desc_keys(
-            order_values, np.where(keep, tokens, 0), self.token_bits
-        )
-        return csr.indptr, keep, keys, dropped
+        return csr.indptr, keep, inv, tokens, dropped
 
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
         """Sequences from each row's gene tokens (and bins).
 
         Args:
-            genes: int32 `[n_rows, slots]`, each row's genes first.
+            genes: int32 `[n_rows, slots]`, each row's genes first, then
+                `<pad>`.
             n_genes: Genes per row.
-            bins: Optional int32 `[n_rows, slots]` values beside the genes.
+            bins: Optional int32 `[n_rows, slots]` values beside the genes,
+                then `pad_value`.
 
         Returns:
-            `(gene_ids, attention_mask, values, gene_positions)`.
+            `(gene_ids, used, values, gene_positions)`: `used` is the count
+            of attended positions per row.
         """
         n_rows = n_genes.size
         offset = 1 if self.cls_id >= 0 else 0
         col = np.arange(self.slots)
-        is_gene = col[None, :] < n_genes[:, None]
-        ids = np.full((n_rows, self.length), self.pad_id, np.int32)
-        ids[:, offset : offset + self.slots] = np.where(is_gene, genes, self.pad_id)
+        ids = np.empty((n_rows, self.length), np.int32)
+        ids[:, offset : offset + self.slots] = genes
+        ids[:, offset + self.slots :] = self.pad_id
         if offset:
             ids[:, 0] = self.cls_id
         used = offset + n_genes
         if self.eos_id >= 0:
             ids[np.arange(n_rows), used] = self.eos_id
             used = used + 1
-        attention = np.arange(self.length)[None, :] < used[:, None]
         gene_positions = None
         if self.mlm_probability > 0:
             gene_positions = np.zeros((n_rows, self.length), bool)
-            gene_positions[:, offset : offset + self.slots] = is_gene
-        values = None
-        if bins is not None:
-            values = np.full((n_rows, self.length), self.pad_value, np.int32)
-            values[:, offset : offset + self.slots] = np.where(
-                is_gene, bins, self.pad_value
+            gene_positions[:, offset : offset + self.slots] = (
+                col[None, :] < n_genes[:, None]
             )
+        values = None
+        if bins is not None:  # `pad_value` past each row's genes already
+            values = np.empty((n_rows, self.length), np.int32)
+            values[:, offset : offset + self.slots] = bins
+            values[:, offset + self.slots :] = self.pad_value
             if offset:
                 values[:, 0] = 0
-        return ids, attention, values, gene_positions
+        return ids, used, values, gene_positions
 
     def _mlm(self, fetch: Fetch, ids: np.ndarray, genes: np.ndarray):
         """Masked positions: `uniform(key, row id, token, 7) < p` on genes."""
@@ -333,30 +344,30 @@ class RankValueTokens(_Tokens):
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
         medians = self.column_medians
-        indptr, keep, keys, dropped = self._prepare(
+        indptr, keep, inv, tokens, dropped = self._prepare(
             fetch, lambda values, columns: values / medians[columns]
         )
         n_rows = indptr.size - 1
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        token_mask = np.uint64((1 << self.token_bits) - 1)
         for a, b in kernels.row_chunks(indptr):
             values = slice(indptr[a], indptr[b])
             rows, n_expr[a:b] = kernels.sorted_rows(
                 indptr[a : b + 1] - indptr[a],
                 None if keep is None else keep[values],
-                keys[values],
-                32 + self.token_bits,
+                inv[values],
+                tokens[values],
+                self.pad_id,
             )
             w = min(rows.shape[1], self.slots)
-            genes[a:b, :w] = (rows[:, :w] & token_mask).astype(np.int32)
+            genes[a:b, :w] = kernels.key_tokens(rows, w)
         n_genes = np.minimum(n_expr, self.slots)
-        ids, attention, _, positions = self._assemble(genes, n_genes)
+        ids, used, _, positions = self._assemble(genes, n_genes)
         out = {
             "gene_ids": ids,
-            "attention_mask": attention,
             "n_expressed": n_expr.astype(np.int32),
             "n_dropped": dropped,
+            "_used": used,
         }
         if self.mlm_probability > 0:
             masked = self._mlm(fetch, ids, positions)
@@ -477,47 +488,50 @@ class ValueBinTokens(_Tokens):
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
-        indptr, keep, keys, dropped = self._prepare(fetch, lambda v, _: v)
+        indptr, keep, inv, tokens, dropped = self._prepare(fetch, lambda v, _: v)
         n_rows = indptr.size - 1
-        tb = self.token_bits
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        bins = np.zeros((n_rows, self.slots), np.int32)
+        bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        token_mask = np.uint64((1 << tb) - 1)
         for a, b in kernels.row_chunks(indptr):
             values = slice(indptr[a], indptr[b])
             rows, n_kept = kernels.sorted_rows(
                 indptr[a : b + 1] - indptr[a],
                 None if keep is None else keep[values],
-                keys[values],
-                32 + tb,
+                inv[values],
+                tokens[values],
+                self.pad_id,
             )
             n_expr[a:b] = n_kept
-            row_bins = kernels.bins_of_sorted(rows, n_kept, tb, self.n_bins)
-            row_genes = (rows & token_mask).astype(np.int32)
+            row_bins = kernels.bins_of_sorted(rows, n_kept, self.n_bins, self.pad_value)
+            width = rows.shape[1]
             if self.selection == "random":
+                row_genes = kernels.key_tokens(rows, width)
                 h = counter_rng.hash64(
                     np.uint64(fetch.key),
                     fetch.row_ids[a:b].astype(np.uint64)[:, None],
                     row_genes.astype(np.uint64),
                 ) >> np.uint64(16)
-                h[np.arange(rows.shape[1])[None, :] >= n_kept[:, None]] = ~np.uint64(0)
+                h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
                 order = np.argsort(h, axis=1, kind="stable")
                 row_genes = np.take_along_axis(row_genes, order, axis=1)
                 row_bins = np.take_along_axis(row_bins, order, axis=1)
-            w = min(rows.shape[1], self.slots)
-            genes[a:b, :w] = row_genes[:, :w]
+                w = min(width, self.slots)
+                genes[a:b, :w] = row_genes[:, :w]
+            else:
+                w = min(width, self.slots)
+                genes[a:b, :w] = kernels.key_tokens(rows, w)
             bins[a:b, :w] = row_bins[:, :w]
         n_genes = np.minimum(n_expr, self.slots)
         if self.pad_zeros and self.vocab_columns.size:
             n_genes = self._add_zero_genes(fetch, keep, genes, bins, n_genes, n_expr)
-        ids, attention, values, positions = self._assemble(genes, n_genes, bins)
+        ids, used, values, positions = self._assemble(genes, n_genes, bins)
         out = {
             "gene_ids": ids,
             "values": values,
-            "attention_mask": attention,
             "n_expressed": n_expr.astype(np.int32),
             "n_dropped": dropped,
+            "_used": used,
         }
         if self.mlm_probability > 0:
             masked = self._mlm(fetch, ids, positions)
