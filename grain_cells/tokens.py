@@ -350,17 +350,17 @@ class RankValueTokens(_Tokens):
         n_rows = indptr.size - 1
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        for a, b in kernels.row_chunks(indptr):
-            values = slice(indptr[a], indptr[b])
-            rows, n_expr[a:b] = kernels.sorted_rows(
-                indptr[a : b + 1] - indptr[a],
+        lengths = np.diff(indptr)
+        for chunk, values in kernels.length_chunks(indptr):
+            rows, n_expr[chunk] = kernels.sorted_rows(
+                lengths[chunk],
                 None if keep is None else keep[values],
                 inv[values],
                 tokens[values],
                 self.pad_id,
             )
             w = min(rows.shape[1], self.slots)
-            genes[a:b, :w] = kernels.key_tokens(rows, w)
+            genes[chunk, :w] = kernels.key_tokens(rows, w)
         n_genes = np.minimum(n_expr, self.slots)
         ids, used, _, positions = self._assemble(genes, n_genes)
         out = {
@@ -493,35 +493,34 @@ class ValueBinTokens(_Tokens):
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        for a, b in kernels.row_chunks(indptr):
-            values = slice(indptr[a], indptr[b])
+        lengths = np.diff(indptr)
+        for chunk, values in kernels.length_chunks(indptr):
             rows, n_kept = kernels.sorted_rows(
-                indptr[a : b + 1] - indptr[a],
+                lengths[chunk],
                 None if keep is None else keep[values],
                 inv[values],
                 tokens[values],
                 self.pad_id,
             )
-            n_expr[a:b] = n_kept
+            n_expr[chunk] = n_kept
             row_bins = kernels.bins_of_sorted(rows, n_kept, self.n_bins, self.pad_value)
             width = rows.shape[1]
+            w = min(width, self.slots)
             if self.selection == "random":
                 row_genes = kernels.key_tokens(rows, width)
                 h = counter_rng.hash64(
                     np.uint64(fetch.key),
-                    fetch.row_ids[a:b].astype(np.uint64)[:, None],
+                    fetch.row_ids[chunk].astype(np.uint64)[:, None],
                     row_genes.astype(np.uint64),
                 ) >> np.uint64(16)
                 h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
                 order = np.argsort(h, axis=1, kind="stable")
                 row_genes = np.take_along_axis(row_genes, order, axis=1)
                 row_bins = np.take_along_axis(row_bins, order, axis=1)
-                w = min(width, self.slots)
-                genes[a:b, :w] = row_genes[:, :w]
+                genes[chunk, :w] = row_genes[:, :w]
             else:
-                w = min(width, self.slots)
-                genes[a:b, :w] = kernels.key_tokens(rows, w)
-            bins[a:b, :w] = row_bins[:, :w]
+                genes[chunk, :w] = kernels.key_tokens(rows, w)
+            bins[chunk, :w] = row_bins[:, :w]
         n_genes = np.minimum(n_expr, self.slots)
         if self.pad_zeros and self.vocab_columns.size:
             n_genes = self._add_zero_genes(fetch, keep, genes, bins, n_genes, n_expr)
