@@ -1,9 +1,10 @@
 """Cells as token sequences for transformer foundation models (static shapes).
 
 Two output formats (`grain_cells.outputs` protocol) turn each fetch's CSR
-rows into fixed-length token sequences, vectorised over the whole fetch (one
-sort of the fetch's stored values, no loop over cells), then hand out
-minibatches of them:
+rows into fixed-length token sequences, vectorised over the whole fetch
+(`grain_cells.token_kernels`: 2-D sorts of per-cell keys, 128 cells of
+similar length at a time, no loop over cells), then hand out minibatches of
+them:
 
 **`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
 gene's score is its value divided by the gene's non-zero median over the

@@ -401,3 +401,39 @@ def test_random_tokens_resume_exactly(parts, helpers, workers):
     # Draws depend on the epoch's fetches: another seed, other samples.
     other = helpers.run(_loader(parts, output, 0, seed=4), 1)[0]
     assert not np.array_equal(other["gene_ids"], everything[0]["gene_ids"])
+
+
+@pytest.mark.parametrize("join", ["inner", "outer"])
+def test_token_ids_stable_across_files_and_joins(tmp_path, join):
+    """Files listing genes in other orders (and other genes) give one id per name."""
+    rng = np.random.default_rng(11)
+    names = [[f"g{j}" for j in range(10)], [f"g{j}" for j in range(12)][::-1]]
+    paths, dense = [], []
+    for f, genes in enumerate(names):
+        x = rng.integers(0, 4, (30, len(genes))).astype(np.float32)
+        x[::5] = 0
+        adata = anndata.AnnData(
+            X=sp.csr_matrix(x),
+            var=pd.DataFrame(index=genes),
+            obs=pd.DataFrame(index=[f"f{f}c{i}" for i in range(30)]),
+        )
+        path = str(tmp_path / f"j{f}.h5ad")
+        adata.write_h5ad(path)
+        paths.append(path)
+        dense.append(anndata.read_h5ad(path).to_df())
+    source = grain_cells.AnnDataSource(paths, block_size=5, join=join)
+    vocab = grain_cells.GeneVocabulary.from_genes([f"g{j}" for j in range(12)][::-1])
+    out = grain_cells.ValueBinTokens.for_source(source, vocab, length=14, n_bins=4)
+    rows = np.arange(60)
+    batch = out.format(fetch_of(source, rows), rows, 60)
+    for r in rows:
+        df = dense[r // 30]
+        cell = df.iloc[r % 30]
+        cell = cell[[g for g in cell.index if g in set(source.var_names)]]
+        genes = sorted(
+            (g for g in cell.index if cell[g] > 0), key=lambda g: (-cell[g], vocab[g])
+        )
+        expected = [vocab.special("cls")] + [vocab[g] for g in genes]
+        got = batch["gene_ids"][r][: len(expected)].tolist()
+        assert got == expected, (join, r)
+        assert batch["attention_mask"][r].sum() == len(expected)
