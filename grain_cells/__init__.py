@@ -47,7 +47,8 @@ from grain_cells.preshuffling import preshuffle
 from grain_cells.sampler import BlockSampler, WeightedBlockSampler
 from grain_cells.selection import split_by_fraction, split_by_obs
 from grain_cells.source import AnnDataSource, Block
-from grain_cells.tokens import RankValueTokens, ValueBinTokens
+from grain_cells.tokens import RankValueTokens
+from grain_cells.value_bins import ValueBinTokens
 from grain_cells.vocabulary import GeneVocabulary
 from grain_cells.weighting import (
     balanced_block_weights,
