@@ -180,3 +180,23 @@ def test_missing_extra_matrix(paths, spec, error, message):
         grain_cells.fetch_operations(
             source, batch_size=8, fetch_factor=2, extra={"m": spec}
         )
+
+
+def test_extra_matrices_through_cell_dataset(paths, truth):
+    source = grain_cells.AnnDataSource(paths, block_size=4)
+    ds = grain_cells.cell_dataset(
+        source,
+        batch_size=8,
+        fetch_factor=2,
+        extra={"pca": grain_cells.Obsm("X_pca"), "counts": grain_cells.Layer("counts")},
+    )
+    seen = 0
+    for batch in ds:
+        real = batch["mask"]
+        rows = batch["row_ids"][real]
+        np.testing.assert_array_equal(batch["pca"][real], truth["pca"][rows])
+        np.testing.assert_array_equal(
+            csr_rows(batch, "counts/", N_GENES)[real], truth["counts"][rows]
+        )
+        seen += rows.size
+    assert seen == sum(SIZES)
