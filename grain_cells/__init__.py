@@ -16,6 +16,8 @@ Public API::
 """
 
 from grain_cells.cells import Cells
+from grain_cells.conditions import ConditionBlockSampler, condition_blocks
+from grain_cells.corpus_stats import CorpusStats, corpus_stats
 from grain_cells.errors import (
     AnnDataFormatError,
     CorruptDataError,
@@ -32,12 +34,22 @@ from grain_cells.loader import (
     CheckpointMismatchError,
     DataLoader,
 )
-from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
+from grain_cells.matrices import Layer, Obsm
+from grain_cells.outputs import (
+    CsrOutput,
+    DenseOutput,
+    Fetch,
+    Output,
+    PaddedSparseOutput,
+)
 from grain_cells.pipeline import cell_dataset
 from grain_cells.preshuffling import preshuffle
 from grain_cells.sampler import BlockSampler, WeightedBlockSampler
 from grain_cells.selection import split_by_fraction, split_by_obs
 from grain_cells.source import AnnDataSource, Block
+from grain_cells.tokens import RankValueTokens
+from grain_cells.value_bins import ValueBinTokens
+from grain_cells.vocabulary import GeneVocabulary
 from grain_cells.weighting import (
     balanced_block_weights,
     block_weights,
@@ -53,22 +65,33 @@ __all__ = [
     "Cells",
     "CheckedIterator",
     "CheckpointMismatchError",
+    "ConditionBlockSampler",
+    "CorpusStats",
     "CorruptDataError",
     "CsrOutput",
     "DataLoader",
     "DenseOutput",
+    "Fetch",
     "FetchConfig",
     "GeneMismatchError",
+    "GeneVocabulary",
+    "Layer",
     "MatrixInfo",
     "MissingColumnError",
+    "Obsm",
+    "Output",
     "PaddedSparseOutput",
+    "RankValueTokens",
     "SourceChangedError",
     "SplitFetch",
     "UnsupportedLayoutError",
+    "ValueBinTokens",
     "WeightedBlockSampler",
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",
+    "condition_blocks",
+    "corpus_stats",
     "densify",
     "expected_shares",
     "fetch_operations",

@@ -36,12 +36,11 @@ import weakref
 
 import grain
 import numpy as np
-import scipy.sparse as sp
 
-from grain_cells import counter_rng, transport
-from grain_cells.matrix import CsrRows, RowBuffer
-from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
-from grain_cells.source import AnnDataSource, FetchedRows
+from grain_cells import counter_rng, matrices, transport
+from grain_cells.matrix import RowBuffer
+from grain_cells.outputs import CsrOutput, Fetch, Output
+from grain_cells.source import AnnDataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +64,8 @@ class FetchConfig:
     seed: int
     remainder: str
     output: Output
+    numeric_obs: str = dataclasses.field(default="native", repr=False)
+    condition: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def blocks_per_fetch(self) -> int:
@@ -73,8 +74,13 @@ class FetchConfig:
 
     @property
     def max_minibatches(self) -> int:
-        """Most minibatches one fetch yields."""
-        return math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+        """Most minibatches one fetch yields.
+
+        With a condition, each block may start a condition of its own, whose
+        last minibatch is short.
+        """
+        n = math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+        return n + self.blocks_per_fetch if self.condition else n
 
 
 def _group_blocks(blocks) -> np.ndarray:
@@ -95,14 +101,23 @@ class _GroupBlocks:
 class SplitFetch(grain.experimental.FlatMapTransform):
     """Reads one fetch of blocks and splits it into shuffled minibatches."""
 
-    def __init__(self, source: AnnDataSource, config: FetchConfig):
+    def __init__(
+        self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
+    ):
         """Binds the transform to its source and configuration."""
         self.source = source
         self.config = config
         self.max_fan_out = config.max_minibatches
+        self.extra = matrices.readers(source, extra)
 
     def __repr__(self) -> str:
-        return f"SplitFetch({self.config!r})"
+        # Defaults print as before extra matrices existed.
+        more = f", extra={self.extra!r}" if self.extra else ""
+        if self.config.numeric_obs != "native":
+            more += f", numeric_obs={self.config.numeric_obs!r}"
+        if self.config.condition is not None:
+            more += f", condition={self.config.condition!r}"
+        return f"SplitFetch({self.config!r}{more})"
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
@@ -150,43 +165,100 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
-        fetched = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
-        if fetched.csr is None and not isinstance(cfg.output, DenseOutput):
-            fetched.csr = _dense_to_csr(fetched.dense)  # once per fetch
-        order = self.cell_order(blocks, fetched.row_ids)
-        n = order.size
-        if cfg.remainder == "drop":
-            n -= n % cfg.batch_size
+        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        key = fetch_key(cfg.seed, blocks[:, 0])
+        fetched = _Fetched(
+            Fetch(rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr),
+            rows.obs,
+            self._read_extra(read, key, rows.row_ids),
+        )
+        order = self.cell_order(blocks, rows.row_ids)
+        bounds = None
+        if cfg.condition is not None:
+            order, bounds = self._by_condition(order, rows.obs[cfg.condition])
+        else:
+            n = order.size
+            if cfg.remainder == "drop":
+                n -= n % cfg.batch_size
+            order = order[:n]
         # In a Grain worker, outputs are pickled to the trainer: send them
         # through reusable shared-memory slots instead of fresh segments.
-        batches = Minibatches(self, fetched, order[:n], transport.in_grain_worker())
+        batches = Minibatches(self, fetched, order, transport.in_grain_worker(), bounds)
         owner[0] = weakref.ref(batches)
         return batches
 
-    def minibatch(self, fetched: FetchedRows, rows: np.ndarray) -> dict:
+    def _by_condition(self, order: np.ndarray, values: np.ndarray):
+        """The fetch's shuffled cells grouped by condition, cut per condition.
+
+        Returns:
+            `(order, bounds)`: cells grouped by condition (shuffled order kept
+            within each), and minibatch `i`'s cells `order[bounds[i]:
+            bounds[i + 1]]`: at most `batch_size`, one condition each.
+        """
+        m = self.config.batch_size
+        perm = np.argsort(values[order], kind="stable")
+        order = order[perm]
+        codes = values[order]
+        heads = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ends = np.r_[heads[1:], codes.size]
+        chunks = -(-(ends - heads) // m)
+        starts = np.repeat(heads, chunks) + m * (
+            np.arange(int(chunks.sum())) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+        )
+        stops = np.minimum(starts + m, np.repeat(ends, chunks))
+        if self.config.remainder == "drop":  # whole minibatches only
+            starts = starts[stops - starts == m]
+            order = order[(starts[:, None] + np.arange(m)[None, :]).reshape(-1)]
+            return order, np.arange(0, order.size + 1, m, dtype=np.int64)
+        return order, np.r_[starts, order.size].astype(np.int64)
+
+    def _read_extra(self, read: np.ndarray, key: int, row_ids: np.ndarray) -> dict:
+        """The extra matrices' rows, in the order of X's fetch buffer."""
+        if not self.extra:
+            return {}
+        read = read[np.argsort(read[:, 2], kind="stable")]
+        out = {}
+        for name, reader in self.extra.items():
+            if isinstance(reader, matrices.ObsmReader):
+                out[name] = reader.read(read[:, 2], read[:, 3])
+            else:
+                out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
+                if not np.array_equal(out[name].row_ids, row_ids):
+                    raise RuntimeError(f"extra matrix {name!r} read other rows")
+        return out
+
+    def minibatch(self, fetched: _Fetched, rows: np.ndarray) -> dict:
         """Formats one minibatch from rows of the fetch buffer."""
         cfg = self.config
-        source = self.source
         m = cfg.batch_size
         n_real = rows.size
-        if fetched.csr is None:  # dense file, dense output
-            batch = cfg.output.format_dense(fetched.dense, rows, m)
-        else:
-            batch = cfg.output.format(fetched.csr, rows, n_real, m, source.num_genes)
+        batch = cfg.output.format(fetched.fetch, rows, m)
         row_ids = np.full(m, -1, np.int64)
-        row_ids[:n_real] = fetched.row_ids[rows]
+        row_ids[:n_real] = fetched.fetch.row_ids[rows]
         batch["row_ids"] = row_ids
         mask = np.zeros(m, bool)
         mask[:n_real] = True
         batch["mask"] = mask
-        categories = source.categories
+        categories = self.source.categories
         for name, values in fetched.obs.items():
-            # Codes are int32 whatever the number of categories; numeric
-            # columns keep their dtype (an int64 column stays int64).
-            dtype = values.dtype if categories[name] is None else np.int32
+            if categories[name] is not None:
+                dtype = np.int32  # codes, whatever the number of categories
+            elif cfg.numeric_obs == "float32" and values.dtype.kind != "f":
+                dtype = np.float32
+            else:
+                dtype = values.dtype  # numeric columns keep theirs (int64 stays)
             col = np.zeros(m, dtype)
             col[:n_real] = values[rows]
             batch[f"obs/{name}"] = col
+        for name, part in fetched.extra.items():
+            if isinstance(part, np.ndarray):  # an obsm array
+                values = np.zeros((m, part.shape[1]), part.dtype)
+                values[:n_real] = part[rows]
+                batch[name] = values
+                continue
+            spec = self.extra[name].spec
+            for k, v in spec.output.format(part, rows, m).items():
+                batch[f"{name}/{k}"] = v
         return batch
 
 
@@ -200,17 +272,22 @@ class Minibatches(collections.abc.Sequence):
     def __init__(
         self,
         split: SplitFetch,
-        fetched: FetchedRows,
+        fetched: _Fetched,
         order: np.ndarray,
         via_slots: bool,
+        bounds: np.ndarray | None = None,
     ):
         self._split = split
         self._fetched = fetched
         self._order = order
         self._via_slots = via_slots
+        m = split.config.batch_size
+        if bounds is None:
+            bounds = np.r_[np.arange(0, order.size, m), order.size]
+        self._bounds = bounds.astype(np.int64)
 
     def __len__(self) -> int:
-        return -(-self._order.size // self._split.config.batch_size)
+        return self._bounds.size - 1
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -218,8 +295,8 @@ class Minibatches(collections.abc.Sequence):
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
         i %= len(self)
-        m = self._split.config.batch_size
-        batch = self._split.minibatch(self._fetched, self._order[i * m : (i + 1) * m])
+        a, b = self._bounds[i], self._bounds[i + 1]
+        batch = self._split.minibatch(self._fetched, self._order[a:b])
         if self._via_slots:
             # The fetch (materialised by Grain), the worker's queue (16 by
             # default) and what the trainer holds.
@@ -227,9 +304,23 @@ class Minibatches(collections.abc.Sequence):
         return batch
 
 
-def _dense_to_csr(dense: np.ndarray) -> CsrRows:
-    m = sp.csr_matrix(dense)
-    return CsrRows(m.data, m.indices, m.indptr.astype(np.int64), dense.shape[1])
+@dataclasses.dataclass
+class _Fetched:
+    """A fetch as the output formats see it, and its obs columns."""
+
+    fetch: Fetch
+    obs: dict[str, np.ndarray]
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def fetch_key(seed: int, block_ids: np.ndarray) -> int:
+    """The 64-bit key of a fetch: a hash of the seed and its blocks in order.
+
+    Outputs draw their random choices from `(key, row id, ...)`: a fetch
+    re-created on restore has the same key, and a cell seen again in another
+    epoch (another fetch) gets new draws.
+    """
+    return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))
 
 
 def fetch_operations(
@@ -241,6 +332,9 @@ def fetch_operations(
     shuffle: bool = True,
     seed: int = 0,
     remainder: str = "pad",
+    extra: dict | None = None,
+    numeric_obs: str = "native",
+    condition: str | None = None,
 ) -> list:
     """The operations that turn block records into shuffled minibatches.
 
@@ -249,12 +343,23 @@ def fetch_operations(
         batch_size: Cells per minibatch (`m`).
         fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
             are read together and their cells shuffled in memory.
-        output: `CsrOutput()` (default), `PaddedSparseOutput(width)` or
-            `DenseOutput()`.
+        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
+            `DenseOutput()`, a token output (`grain_cells.RankValueTokens`,
+            `ValueBinTokens`), or any `grain_cells.Output`.
         shuffle: Shuffle cells inside each fetch (turn off together with the
             sampler's shuffle for a sequential pass).
         seed: Seed of the in-fetch shuffle (use the sampler's).
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+        extra: More matrices of the same cells per minibatch, by output key:
+            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
+            or `grain_cells.Obsm(name)` (see `grain_cells.matrices`).
+        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
+            integers come as int32) or `"float32"` (every numeric column as
+            float32, beside the int32 codes of categorical ones).
+        condition: An obs column of the source: every minibatch then holds
+            cells of one value of it (each condition's cells of a fetch are
+            cut into minibatches, the last one short and padded). Pair with
+            `grain_cells.ConditionBlockSampler`; see `grain_cells.conditions`.
 
     Returns:
         `[grain.transforms.Batch(...), SplitFetch(...)]` for
@@ -271,11 +376,16 @@ def fetch_operations(
         )
     if remainder not in ("pad", "drop"):
         raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+    if numeric_obs not in ("native", "float32"):
+        raise ValueError(
+            f"numeric_obs must be 'native' or 'float32', got {numeric_obs!r}"
+        )
     output = output or CsrOutput()
-    if not isinstance(output, (CsrOutput, PaddedSparseOutput, DenseOutput)):
+    if not isinstance(output, Output) or isinstance(output, (str, bytes)):
         raise TypeError(
-            f"output must be CsrOutput, PaddedSparseOutput or "
-            f"DenseOutput, got {output!r}"
+            f"output must be an output format (CsrOutput, PaddedSparseOutput, "
+            f"DenseOutput, RankValueTokens, ValueBinTokens or any object with "
+            f"format(fetch, rows, batch_size)), got {output!r}"
         )
     config = FetchConfig(
         batch_size,
@@ -285,7 +395,14 @@ def fetch_operations(
         int(seed),
         remainder,
         output,
+        numeric_obs,
+        condition,
     )
+    if condition is not None and condition not in source.obs_columns:
+        raise ValueError(
+            f"condition={condition!r} is not one of the source's obs_columns "
+            f"{list(source.obs_columns)}; add it there"
+        )
     cells = config.blocks_per_fetch * source.block_size
     if cells % batch_size:
         raise ValueError(
@@ -298,5 +415,5 @@ def fetch_operations(
         grain.transforms.Batch(
             config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()
         ),
-        SplitFetch(source, config),
+        SplitFetch(source, config, extra),
     ]

@@ -31,16 +31,74 @@ A row that stores one column more than once (a duplicate index, which SciPy
 and anndata allow) means the sum of its values, in every format: CSR and
 padded outputs keep the duplicates (`densify` and SciPy add them), while
 `DenseOutput` and `AnnDataSource.read(...).X.toarray()` add them.
+
+Token sequences for transformer foundation models (`RankValueTokens`,
+`ValueBinTokens`) are further implementations of the same protocol; see
+`grain_cells.tokens`.
+
+**The protocol.** An output format is any object with a stable `repr` (it
+identifies the pipeline in checkpoints), that pickles, and has
+`format(fetch, rows, batch_size) -> dict[str, np.ndarray]`: `fetch` is the
+`Fetch` being split (its rows, their row ids, the fetch's random key and a
+per-fetch cache for work done once per fetch), `rows` the positions in the
+fetch of the minibatch's real cells (at most `batch_size`), and every array
+returned has `batch_size` rows (padding rows after the real ones), except
+CSR's flat arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+import scipy.sparse as sp
 
 from grain_cells.cells import take_csr
 from grain_cells.matrix import CsrRows
+
+
+@dataclasses.dataclass
+class Fetch:
+    """The rows of one fetch, as output formats see them.
+
+    Attributes:
+        dense: The rows as a dense array when the files are dense, else None.
+        row_ids: Global row id of each fetched row.
+        n_genes: Output columns.
+        key: A 64-bit key of the fetch (its seed and blocks): random choices
+            of an output are functions of `(key, row id, ...)`, so a restored
+            iterator repeats them.
+        cache: Work an output does once per fetch, keyed by the output.
+    """
+
+    dense: np.ndarray | None
+    row_ids: np.ndarray
+    n_genes: int
+    key: int = 0
+    cache: dict = dataclasses.field(default_factory=dict)
+    _csr: CsrRows | None = None
+
+    @property
+    def csr(self) -> CsrRows:
+        """The rows as CSR (converted once per fetch from a dense file)."""
+        if self._csr is None:
+            m = sp.csr_matrix(self.dense)
+            self._csr = CsrRows(
+                m.data, m.indices, m.indptr.astype(np.int64), self.dense.shape[1]
+            )
+        return self._csr
+
+
+@runtime_checkable
+class Output(Protocol):
+    """What an output format implements (see the module docstring)."""
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """Formats the fetch's `rows` as one minibatch of `batch_size` rows."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +112,11 @@ class CsrOutput:
     dtype: str | None = "float32"
 
     def format(
-        self,
-        csr: CsrRows,
-        rows: np.ndarray,
-        n_real: int,
-        batch_size: int,
-        n_genes: int,
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
         """Gathers `rows` of the buffer into CSR arrays padded to batch_size."""
-        data, indices, indptr = take_csr(csr, rows)
+        n_real = rows.size
+        data, indices, indptr = take_csr(fetch.csr, rows)
         if self.dtype is not None:
             data = data.astype(self.dtype, copy=False)
         if n_real < batch_size:
@@ -97,14 +151,10 @@ class PaddedSparseOutput:
             )
 
     def format(
-        self,
-        csr: CsrRows,
-        rows: np.ndarray,
-        n_real: int,
-        batch_size: int,
-        n_genes: int,
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
         """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
+        csr = fetch.csr
         data, indices, indptr = csr.data, csr.indices, csr.indptr
         begin = indptr[rows]
         lengths = indptr[rows + 1] - begin
@@ -146,19 +196,16 @@ class DenseOutput:
     dtype: str = "float32"
 
     def format(
-        self,
-        csr: CsrRows,
-        rows: np.ndarray,
-        n_real: int,
-        batch_size: int,
-        n_genes: int,
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
         """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
 
-        With a gene subset, stored values of other genes are dropped first (one
-        pass over the values: cheaper than scattering them anywhere).
+        Rows of a dense file are gathered as they are.
         """
-        data, indices, indptr = take_csr(csr, rows)
+        if fetch.dense is not None:
+            return self.format_dense(fetch.dense, rows, batch_size)
+        data, indices, indptr = take_csr(fetch.csr, rows)
+        n_genes = fetch.n_genes
         X = np.zeros((batch_size, n_genes), self.dtype)
         # Adding (not assigning) sums a row's duplicate column indices, as
         # SciPy and anndata do; and np.add.at is faster than the assignment.
@@ -176,6 +223,3 @@ class DenseOutput:
         X = np.zeros((batch_size, dense.shape[1]), self.dtype)
         X[: rows.size] = dense[rows]
         return {"X": X}
-
-
-Output = CsrOutput | PaddedSparseOutput | DenseOutput

@@ -57,6 +57,9 @@ def cell_dataset(
     remainder: str = "pad",
     readahead_cells: int = 16384,
     sampler=None,
+    extra: dict | None = None,
+    numeric_obs: str = "native",
+    condition: str | None = None,
 ) -> grain.IterDataset:
     """Shuffled minibatches of `source` as a Grain `IterDataset`.
 
@@ -77,6 +80,12 @@ def cell_dataset(
             `WeightedBlockSampler`); `shuffle`, `seed` (of the block order),
             `num_epochs`, `shard_options` and `readahead_cells` then come
             from it.
+        extra: More matrices per minibatch (`grain_cells.Layer`,
+            `grain_cells.Obsm`), as in `fetch_operations`.
+        numeric_obs: `"native"` or `"float32"`, as in `fetch_operations`.
+        condition: One condition per minibatch, as in `fetch_operations`
+            (pair with `grain_cells.ConditionBlockSampler(...,
+            worker_count=0)`: fetches form before `mp_prefetch` splits them).
 
     Returns:
         An `IterDataset` of minibatch dicts (see `grain_cells.outputs`).
@@ -104,6 +113,9 @@ def cell_dataset(
         shuffle=shuffle,
         seed=seed,
         remainder=remainder,
+        extra=extra,
+        numeric_obs=numeric_obs,
+        condition=condition,
     )
     count = sampler.shard_options.shard_count
     positions = len(sampler) // count  # sys.maxsize // count when endless

@@ -230,3 +230,21 @@ def test_identity_cost(workdir, data_file):
     assert "check_share_of_fetch" in done.stdout
     figures = json.loads(out.read_text())
     assert figures["check_us"] > 0 and figures["fetch_ms"] > 0
+def test_token_throughput(workdir, data_file):
+    out = workdir / "tokens.json"
+    done = run(
+        workdir,
+        "token_throughput.py",
+        f"--data={data_file}",
+        "--worker_counts=0",
+        "--length=32",
+        "--n_bins=5",
+        "--warmup=2",
+        "--minibatches=10",
+        f"--json={out}",
+    )
+    results = json.loads(out.read_text())["results"]
+    assert [r["output"] for r in results] == ["csr", "rank_value", "value_bin"]
+    assert results[0]["ratio_to_csr"] == 1.0
+    assert all(r["cells_per_s"] > 0 and r["ratio_to_csr"] > 0 for r in results)
+    assert "rank_value" in done.stdout

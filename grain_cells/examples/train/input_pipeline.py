@@ -60,12 +60,14 @@ class Data:
             codes agree with `train`'s.
         label: The target.
         width: `PaddedSparseOutput` width.
+        tokens: The token output when the model reads tokens, else None.
     """
 
     train: grain_cells.AnnDataSource
     eval: grain_cells.AnnDataSource | None
     label: Label
     width: int
+    tokens: grain_cells.RankValueTokens | None = None
 
     @property
     def num_genes(self) -> int:
@@ -73,13 +75,17 @@ class Data:
         return self.train.num_genes
 
     @property
-    def output(self) -> grain_cells.PaddedSparseOutput:
+    def output(self):
         """The minibatch format."""
+        if self.tokens is not None:
+            return self.tokens
         return grain_cells.PaddedSparseOutput(self.width)
 
     @property
     def batch_keys(self) -> tuple[str, ...]:
         """The minibatch entries the model uses."""
+        if self.tokens is not None:
+            return ("gene_ids", "attention_mask", "mask", self.label.key)
         return ("values", "indices", "mask", self.label.key)
 
     def close(self) -> None:
@@ -182,7 +188,20 @@ def prepare_data(config: ml_collections.ConfigDict) -> Data:
     train, held_out = _split(source, len(train_paths), config)
     if train is not source:
         source.close()
-    return Data(train, held_out, label, width)
+    return Data(train, held_out, label, width, _tokens(train, config))
+
+
+def _tokens(
+    train: grain_cells.AnnDataSource, config
+) -> grain_cells.RankValueTokens | None:
+    """Rank-value tokens over the input genes, medians from the training cells."""
+    if config.get("model", "mlp") != "transformer":
+        return None
+    vocab = grain_cells.GeneVocabulary.from_genes(train.var_names)
+    stats = grain_cells.corpus_stats(train, progress=jax.process_index() == 0)
+    return grain_cells.RankValueTokens.for_source(
+        train, vocab, stats, length=config.token_length
+    )
 
 
 def _rows_of(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:

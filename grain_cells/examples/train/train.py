@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 from grain_cells.examples.train import checkpointing, distributed, input_pipeline
 from grain_cells.examples.train.distributed import local_value, log
 from grain_cells.examples.train.models import MLP, features
+from grain_cells.examples.train.transformer import CellTransformer, token_inputs
 
 _POSITIVE = (
     "num_steps",
@@ -43,6 +44,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"config.eval_split must be 'last' or 'random', got {config.eval_split!r}"
         )
+    if config.get("model", "mlp") not in ("mlp", "transformer"):
+        raise ValueError(
+            f"config.model must be 'mlp' or 'transformer', got {config.model!r}"
+        )
     if config.worker_count < 0:
         raise ValueError(f"config.worker_count must be >= 0, got {config.worker_count}")
 
@@ -51,19 +56,36 @@ def create_state(
     config: ml_collections.ConfigDict, data: input_pipeline.Data, mesh
 ) -> train_state.TrainState:
     """Fresh parameters and adam state, replicated over the mesh."""
-    model = MLP(config.hidden_size, config.num_layers, len(data.label.names))
+    if data.tokens is not None:
+        model = CellTransformer(
+            vocab_size=int(data.tokens.column_tokens.max()) + 1,
+            length=data.tokens.length,
+            width=config.hidden_size,
+            heads=config.num_heads,
+            num_layers=config.num_layers,
+            num_classes=len(data.label.names),
+        )
+        inputs = (
+            jnp.zeros((1, data.tokens.length), jnp.int32),
+            jnp.ones((1, data.tokens.length), bool),
+        )
+    else:
+        model = MLP(config.hidden_size, config.num_layers, len(data.label.names))
+        inputs = (jnp.zeros((1, data.num_genes), jnp.float32),)
     tx = optax.adam(config.learning_rate)
 
     def init():
-        x = jnp.zeros((1, data.num_genes), jnp.float32)
-        params = model.init(jax.random.key(config.seed), x)["params"]
+        params = model.init(jax.random.key(config.seed), *inputs)["params"]
         return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
     return jax.jit(init, out_shardings=distributed.replicated(mesh))()
 
 
 def _loss_and_metrics(params, apply_fn, batch, num_genes: int, label):
-    logits = apply_fn({"params": params}, features(batch, num_genes))
+    if "gene_ids" in batch:  # token minibatches: the transformer
+        logits = apply_fn({"params": params}, *token_inputs(batch))
+    else:
+        logits = apply_fn({"params": params}, features(batch, num_genes))
     labels = label.classes(batch[label.key])
     mask = batch["mask"] & (labels >= 0)
     losses = optax.softmax_cross_entropy_with_integer_labels(

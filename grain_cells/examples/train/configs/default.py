@@ -41,7 +41,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.block_size = 16
     config.fetch_factor = 16
     config.worker_count = 0  # Grain worker processes per JAX process
-    # Model and optimiser.
+    # Model and optimiser. model: "mlp" over padded-sparse expression, or
+    # "transformer" over rank-value tokens (see configs/transformer.py).
+    config.model = "mlp"
+    config.token_length = 64  # transformer: tokens per cell
+    config.num_heads = 4  # transformer: attention heads
     config.hidden_size = 256
     config.num_layers = 2
     config.learning_rate = 1e-3
