@@ -18,6 +18,7 @@ Public API::
 from grain_cells.cells import Cells
 from grain_cells.errors import (
     AnnDataFormatError,
+    CorruptChunkError,
     CorruptDataError,
     GeneMismatchError,
     MissingColumnError,
@@ -53,6 +54,7 @@ __all__ = [
     "Cells",
     "CheckedIterator",
     "CheckpointMismatchError",
+    "CorruptChunkError",
     "CorruptDataError",
     "CsrOutput",
     "DataLoader",

@@ -18,6 +18,11 @@ from grain_cells import errors
 from grain_cells.h5ad import CSR, MatrixInfo
 from grain_cells.hdf5_reads import RangeReader
 
+# Decoded `indptr` chunks kept per file when `indptr` is compressed: every
+# fetch reads a few entries per block, which would otherwise decode a whole
+# chunk each. 64 MiB holds the pointers of 8 million cells.
+INDPTR_CACHE_BYTES = 64 << 20
+
 
 @dataclasses.dataclass
 class CsrRows:
@@ -118,7 +123,13 @@ class CsrReader:
         path = info.path
         self._data = RangeReader(group["data"], path, fd, userblock=userblock)
         self._indices = RangeReader(group["indices"], path, fd, userblock=userblock)
-        self._indptr = RangeReader(group["indptr"], path, fd, userblock=userblock)
+        self._indptr = RangeReader(
+            group["indptr"],
+            path,
+            fd,
+            userblock=userblock,
+            cache_bytes=INDPTR_CACHE_BYTES,
+        )
         self._indptr.will_need()
 
     @property
@@ -190,10 +201,43 @@ class CsrReader:
             errors.CorruptDataError: A column index is out of range; names the
                 file and row.
         """
-        self._data.read(plan.firsts, plan.lasts, data, pool)
-        self._indices.read(plan.firsts, plan.lasts, indices, pool)
+        try:
+            self._data.read(plan.firsts, plan.lasts, data, pool)
+            self._indices.read(plan.firsts, plan.lasts, indices, pool)
+        except errors.CorruptChunkError as e:
+            raise self._with_cells(e) from None
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
+
+    def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
+        """The same error, naming the cells whose values the chunk holds."""
+        first, stop = e.rows
+        try:
+            lo = self._row_of_value(first)
+            hi = self._row_of_value(stop - 1)
+        except errors.AnnDataFormatError:
+            return e
+        return errors.CorruptChunkError(
+            f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
+            f"{self.info.element}.",
+            path=e.path,
+            dataset=e.dataset,
+            byte_offset=e.byte_offset,
+            rows=(lo, hi + 1),
+        )
+
+    def _row_of_value(self, k: int) -> int:
+        """The row whose values include value `k` (binary search on indptr)."""
+        lo, hi = 0, self.info.n_obs  # indptr[lo] <= k < indptr[hi]
+        one = np.empty(1, self._indptr.dtype)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            self._indptr.read(np.array([mid]), np.array([mid + 1]), one)
+            if int(one[0]) <= k:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
