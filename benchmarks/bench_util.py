@@ -88,18 +88,54 @@ def children_peak_rss_mb() -> list[float]:
     return [m for m in (vm_hwm_mb(k) for k in kids) if m is not None]
 
 
-def resolve_data(data: list[str] | None, n_cells: int, n_genes: int) -> list[str]:
-    """The files to benchmark: `data`, or a cached synthetic Tahoe-like file."""
+def parse_compression(compression: str, chunks: str) -> dict:
+    """`--compression` and `--chunks` flags as `write_tahoe_like` arguments.
+
+    `compression`: `none`, `gzip` or `lzf`. `chunks`: `atlas` (anndata's
+    chunking for a file of the full size: h5py's guess), `default` (the
+    maker's fixed 2**16 elements when compressed), or an element count.
+    Chunks matter only for compressed files (uncompressed ones keep the
+    maker's default, so existing cached files are reused).
+    """
+    if compression in ("", "none", None):
+        return {}
+    if compression not in ("gzip", "lzf"):
+        raise ValueError(
+            f"--compression must be none, gzip or lzf, got {compression!r}"
+        )
+    out = {"compression": compression}
+    if chunks == "atlas":
+        out["chunks"] = "atlas"
+    elif chunks not in ("", "default"):
+        out["chunks"] = int(chunks)
+    return out
+
+
+def resolve_data(
+    data: list[str] | None,
+    n_cells: int,
+    n_genes: int,
+    compression: str = "none",
+    chunks: str = "atlas",
+) -> list[str]:
+    """The files to benchmark: `data`, or a cached synthetic Tahoe-like file.
+
+    `compression` and `chunks` pick the synthetic file (see
+    `parse_compression`); they are ignored when `data` is given.
+    """
     if data:
         return list(data)
+    kwargs = parse_compression(compression, chunks)
     print(
         f"no --data: using a synthetic Tahoe-shaped file of {n_cells} cells "
-        f"x {n_genes} genes (made once, cached)",
+        f"x {n_genes} genes {kwargs or ''}(made once, cached)",
         file=sys.stderr,
     )
     from grain_cells import synthetic  # imports Grain and JAX
 
-    path = synthetic.cached_tahoe_like(n_cells, n_genes=n_genes, progress=True)
+    path = synthetic.cached_tahoe_like(
+        n_cells, n_genes=n_genes, progress=True, **kwargs
+    )
     return [str(path)]
 
 

@@ -76,6 +76,8 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
     source = grain_cells.AnnDataSource(
         paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes
     )
+    if FLAGS.chunk_aligned:
+        source = grain_cells.chunk_aligned(source)
     sampler = grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None)
     loader = grain_cells.DataLoader(
         data_source=source,
@@ -116,7 +118,9 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
 
 def main(argv):
     del argv
-    paths = bench_util.resolve_data(_DATA.value, FLAGS.n_cells, FLAGS.n_genes)
+    paths = bench_util.resolve_data(
+        _DATA.value, FLAGS.n_cells, FLAGS.n_genes, FLAGS.compression, FLAGS.chunks
+    )
     results = []
     print(
         f"{'output':7s} {'workers':>7s} {'cache':5s} {'cells/s':>10s} "

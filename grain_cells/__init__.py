@@ -13,9 +13,11 @@ Public API::
     splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
+    aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
 """
 
 from grain_cells.cells import Cells
+from grain_cells.chunk_blocks import chunk_aligned, mean_cells_per_chunk
 from grain_cells.errors import (
     AnnDataFormatError,
     CorruptChunkError,
@@ -71,9 +73,11 @@ __all__ = [
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",
+    "chunk_aligned",
     "densify",
     "expected_shares",
     "fetch_operations",
+    "mean_cells_per_chunk",
     "preshuffle",
     "split_by_fraction",
     "split_by_obs",

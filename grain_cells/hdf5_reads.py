@@ -131,6 +131,12 @@ class RangeReader:
         return self._chunk_offsets is not None
 
     @property
+    def chunk_length(self) -> int | None:
+        """Rows (first-axis elements) per HDF5 chunk; None when contiguous."""
+        chunks = self._dataset.chunks
+        return None if chunks is None else int(chunks[0])
+
+    @property
     def decoded(self) -> bool:
         """Whether compressed chunks are decoded here, in threads (not h5py)."""
         return self._chunked is not None

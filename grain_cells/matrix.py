@@ -209,6 +209,23 @@ class CsrReader:
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
 
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of `data` begins (`[0]` if contiguous).
+
+        Row r belongs to the chunk that holds its first value. Reads the
+        whole `indptr` (8 bytes per row, transient).
+        """
+        length = self._data.chunk_length
+        n = self.info.n_obs
+        if length is None or n == 0:
+            return np.zeros(1, np.int64)
+        ptr = np.empty(n + 1, self._indptr.dtype)
+        self._indptr.read(np.array([0]), np.array([n + 1]), ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        n_chunks = max(1, -(-int(ptr[-1]) // length))
+        firsts = np.arange(n_chunks, dtype=np.int64) * length
+        return np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+
     def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
         """The same error, naming the cells whose values the chunk holds."""
         first, stop = e.rows
@@ -342,6 +359,13 @@ class DenseReader:
     def direct(self) -> bool:
         """Whether rows are read without h5py."""
         return self._x.direct
+
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of rows begins (`[0]` when contiguous)."""
+        length = self._x.chunk_length
+        if length is None:
+            return np.zeros(1, np.int64)
+        return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to start reading these rows."""
