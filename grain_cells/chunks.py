@@ -274,11 +274,16 @@ class ChunkedReader:
             for j in range(a, b):
                 k = int(uniq[j])
                 chunk = cached[j - a]
+                p_lo, p_hi = int(piece_lo[j]), int(piece_hi[j])
                 if chunk is None:
                     lo = int(self._offsets[k]) - first_off
-                    chunk = self._decode(k, raw[lo : lo + int(self._sizes[k])])
+                    # Pieces of a chunk are in order: the last ends furthest.
+                    need = (
+                        None if self._cache_bytes else src[p_hi - 1] + nbytes[p_hi - 1]
+                    )
+                    chunk = self._decode(k, raw[lo : lo + int(self._sizes[k])], need)
                     self._remember(k, chunk)
-                for p in range(int(piece_lo[j]), int(piece_hi[j])):
+                for p in range(p_lo, p_hi):
                     s, d, n = src[p], dst[p], nbytes[p]
                     dest[d : d + n] = chunk[s : s + n]
 
@@ -296,9 +301,9 @@ class ChunkedReader:
             got += more
         return view
 
-    def _decode(self, k: int, raw) -> np.ndarray:
+    def _decode(self, k: int, raw, need: int | None = None) -> np.ndarray:
         try:
-            return self.pipeline.decode(raw, int(self._masks[k]))
+            return self.pipeline.decode(raw, int(self._masks[k]), need)
         except ChunkDecodeError as e:
             first = k * self.chunk_len
             stop = min(first + self.chunk_len, self.shape[0])

@@ -409,3 +409,37 @@ def test_synthetic_chunks(tmp_path, chunks):
     ).endswith("" if chunks is None else f"-k{chunks}.h5ad")
     with pytest.raises(ValueError, match="chunks must be positive"):
         synthetic.write_tahoe_like(tmp_path / "t.h5ad", 10, chunks=0, **args)
+
+
+def test_prefix_decode_equals_the_whole_chunk(tmp_path):
+    """A read that needs only a chunk's start inflates only that prefix."""
+    path = tmp_path / "p.h5"
+    values = np.arange(4_000, dtype=np.float32) % 97
+    with h5py.File(path, "w") as f:
+        f.create_dataset("v", data=values, chunks=(1_000,), compression="gzip")
+        f.create_dataset(
+            "s", data=values, chunks=(1_000,), compression="gzip", shuffle=True
+        )
+    with h5py.File(path) as f:
+        pipe = codecs.Pipeline.for_dataset(f["v"])
+        _, raw = f["v"].id.read_direct_chunk((1_000,))
+        whole = pipe.decode(raw)
+        part = pipe.decode(raw, need=400)
+        assert part.size < whole.size  # only a prefix was inflated
+        np.testing.assert_array_equal(part[:400], whole[:400])
+        np.testing.assert_array_equal(whole.view(np.float32), values[1_000:2_000])
+        with pytest.raises(codecs.ChunkDecodeError, match="deflate"):
+            pipe.decode(raw[:2] + bytes(40) + raw[42:], need=400)
+        # Shuffled chunks are always inflated whole.
+        spipe = codecs.Pipeline.for_dataset(f["s"])
+        _, sraw = f["s"].id.read_direct_chunk((0,))
+        assert spipe.decode(sraw, need=400).size == 4_000
+    # Through a source: blocks that end early in a chunk.
+    gz = write_compressed(
+        tmp_path / "q.h5ad", {"chunks": (400,), "compression": "gzip"}
+    )
+    source = grain_cells.AnnDataSource(gz)
+    starts = np.arange(0, N_OBS - 3, 7)
+    cells = source.read_ranges(starts, starts + 2)
+    rows = (starts[:, None] + np.arange(2)).ravel()
+    np.testing.assert_array_equal(_dense(cells.X), _expected(gz, None, rows))
