@@ -135,8 +135,8 @@ def main(argv):
         ("uncompressed_baseline_2", plain, [*ref, "--peers="], _BASELINE.value),
         ("uncompressed_2", plain, [*ref, "--peers="], None),
     ):
-        if name.startswith("uncompressed_baseline") and not _BASELINE.value:
-            continue
+        if name.startswith("uncompressed_") and not _BASELINE.value:
+            continue  # the repeat is there to pair with the baseline
         for p in _grid(name, data, extra, checkout):
             rows.append({"run": name, **p})
     scd = {

@@ -151,7 +151,7 @@ def codec_table(data: _Dataset, indices: _Dataset, n_chunks: int = 200) -> dict:
         if filters != [codecs.FILTER_DEFLATE]:
             print(f"--codecs: {name} is {ds.pipeline.describe()}, not plain deflate")
             continue
-        raws = [ds.raw(k)[0] for k in range(min(n_chunks, ds.offsets.size))]
+        raws = [ds.raw(k)[1] for k in range(min(n_chunks, ds.offsets.size))]
         n_out = ds.pipeline.chunk_nbytes
         for codec, fn in candidates.items():
             best = float("inf")

@@ -260,7 +260,6 @@ def test_compressed_suite(workdir):
         "compressed",
         "compressed_chunk_aligned",
         "uncompressed",
-        "uncompressed_2",
     }
     assert all(p["cells_per_s"] > 0 for p in points)
     assert (
