@@ -169,9 +169,9 @@ def main(argv):
     with open(os.path.join(_OUT.value, "compressed.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [
-        "| run | loader | workers | cache | block/fetch | cells/s | entropy | "
-        "worker RSS MiB | x scDataset | x ceiling (fetch / aligned) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| run | loader | workers | cache | block/fetch | cells/s | cells/CPU-s | "
+        "entropy | worker RSS MiB | x scDataset | x ceiling (fetch / aligned) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
@@ -181,6 +181,7 @@ def main(argv):
         lines.append(
             f"| {r['run']} | {r['loader']} | {r['workers']} | {r['cache']} | "
             f"{r['block']}/{r['fetch']} | {r['cells_per_s']:,} | "
+            f"{r.get('cells_per_cpu_s', 0):,} | "
             f"{r['entropy_mean']:.2f} | {max(rss) if rss else '-'} | "
             f"{r.get('x_scdataset', '')} | {r.get('x_fetch_ceiling', '-')} / "
             f"{r.get('x_aligned_ceiling', '-')} |"
