@@ -98,10 +98,12 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
     for _ in range(FLAGS.warmup):
         next(iterator)
     cells = 0
+    c0 = bench_util.cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(FLAGS.minibatches):
         cells += int(next(iterator)["mask"].sum())
     rate = cells / (time.perf_counter() - t0)
+    per_cpu = cells / max(bench_util.cpu_seconds() - c0, 1e-9)
     workers = bench_util.children_peak_rss_mb() if worker_count else []
     iterator.close()
     return {
@@ -109,6 +111,7 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
         "worker_count": worker_count,
         "cache": cache,
         "cells_per_s": round(rate),
+        "cells_per_cpu_s": round(per_cpu),
         "first_batch_s": round(first, 3),
         "main_peak_rss_mb": round(bench_util.peak_rss_mb(), 1),
         "worker_peak_rss_mb": [round(w, 1) for w in workers],
