@@ -39,8 +39,9 @@ from grain_cells import errors
 from grain_cells.codecs import ChunkDecodeError, Pipeline
 
 MAX_RUN_BYTES = 4 << 20
-# Tasks per pool thread of one read: enough to balance uneven chunks.
-_TASKS_PER_THREAD = 4
+# Tasks one read is split into when a pool is given: enough to balance
+# uneven chunks over a reader pool of a few threads.
+_MAX_TASKS = 16
 
 
 class ChunkedReader:
@@ -219,11 +220,10 @@ class ChunkedReader:
         runs = self._runs(uniq)
         pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
         work = (uniq, piece_lo, piece_hi, pieces, dest)
-        n_threads = getattr(pool, "_max_workers", 1) if pool is not None else 1
-        if pool is None or len(runs) < 2 or n_threads < 2:
+        if pool is None or len(runs) < 2:
             self._read_runs(runs, work)
             return
-        n_tasks = min(len(runs), n_threads * _TASKS_PER_THREAD)
+        n_tasks = min(len(runs), _MAX_TASKS)
         bounds = np.linspace(0, len(runs), n_tasks + 1).astype(int)
         futures = [
             pool.submit(self._read_runs, runs[a:b], work)

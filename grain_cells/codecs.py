@@ -54,7 +54,10 @@ FILTER_LZF = 32000
 # Decode only a chunk's prefix (stdlib zlib, stopping early) when a read uses
 # at most this share of it from the start; else the whole chunk (libdeflate,
 # 3-5x faster per byte). Chunks whose last cell spills a few values into the
-# next chunk make such prefixes common.
+# next chunk make such prefixes common. A prefix cannot be checked against
+# the stream's adler32 (stored at its end): a corrupt stream is still caught
+# when its structure breaks, but a flipped literal inside the prefix is not.
+# 0 turns prefixes off (every chunk inflated whole and its checksum checked).
 PREFIX_FRACTION = 0.25
 
 # Filters HDF5 may lack, and where they come from (HDF Group's registry).
