@@ -248,7 +248,7 @@ def test_corrupt_chunk_names_file_dataset_offset_and_cells(tmp_path, kwargs, rea
     assert clone.rows == e.rows and str(clone) == message
 
 
-def test_corrupt_chunk_through_workers_is_an_error_not_garbage(tmp_path, helpers):
+def test_corrupt_chunk_through_the_loader_is_an_error_not_garbage(tmp_path, helpers):
     path = write_compressed(tmp_path / "w.h5ad", {**SPARSE, "compression": "gzip"})
     _corrupt_chunk(path, "X/indices", 3)
     source = grain_cells.AnnDataSource(path, block_size=5)
