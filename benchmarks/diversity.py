@@ -36,6 +36,18 @@ _MINIBATCHES = flags.DEFINE_integer(
     "minibatches", 4_000, "Minibatches per point (from epoch 0)."
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of sampler and fetch shuffle.")
+_COMPRESSION = flags.DEFINE_string(
+    "compression", "none", "Synthetic file's X: none, gzip or lzf."
+)
+_CHUNKS = flags.DEFINE_string(
+    "chunks", "atlas", "Compressed chunks: atlas, default or an element count."
+)
+_CHUNK_ALIGNED = flags.DEFINE_bool(
+    "chunk_aligned",
+    False,
+    "Blocks follow X's chunk grid (grain_cells.chunk_aligned), at most --blocks "
+    "cells each.",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 # scDataset (ICML 2025) Table 2: plate entropy on Tahoe-100M, batch 64.
@@ -51,10 +63,19 @@ PAPER_RANDOM = 3.63
 
 
 def minibatch_entropies(
-    paths, label: str, block: int, fetch: int, batch: int, n_minibatches: int, seed: int
+    paths,
+    label: str,
+    block: int,
+    fetch: int,
+    batch: int,
+    n_minibatches: int,
+    seed: int,
+    chunk_aligned: bool = False,
 ) -> np.ndarray:
     """Entropy (log2) of `label` in each of the first minibatches of a stream."""
     source = grain_cells.AnnDataSource(paths, block_size=block, obs_columns=[label])
+    if chunk_aligned:
+        source = grain_cells.chunk_aligned(source)
     labels = source.obs_values(label).astype(np.int64)
     n_classes = int(labels.max()) + 1
     sampler = grain_cells.BlockSampler(len(source), seed=seed, num_epochs=None)
@@ -89,7 +110,9 @@ def minibatch_entropies(
 
 def main(argv):
     del argv
-    paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, 62_710)
+    paths = bench_util.resolve_data(
+        _DATA.value, _N_CELLS.value, 62_710, _COMPRESSION.value, _CHUNKS.value
+    )
     results = []
     args = (_LABEL.value, _BATCH.value)
     rand = minibatch_entropies(
@@ -107,7 +130,14 @@ def main(argv):
     for b in (int(x) for x in _BLOCKS.value):
         for f in (int(x) for x in _FETCHES.value):
             e = minibatch_entropies(
-                paths, _LABEL.value, b, f, _BATCH.value, _MINIBATCHES.value, _SEED.value
+                paths,
+                _LABEL.value,
+                b,
+                f,
+                _BATCH.value,
+                _MINIBATCHES.value,
+                _SEED.value,
+                _CHUNK_ALIGNED.value,
             )
             paper = PAPER.get((b, f))
             diff = "" if paper is None else f"{e.mean() - paper:+.2f}"
@@ -131,6 +161,7 @@ def main(argv):
                 {
                     "files": paths,
                     "label": _LABEL.value,
+                    "chunk_aligned": _CHUNK_ALIGNED.value,
                     "random": float(rand.mean()),
                     "results": results,
                 },

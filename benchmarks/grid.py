@@ -74,6 +74,9 @@ _HELP = {
     "cache": "Page-cache states: cold, warm or cold,warm.",
     "padded_width": "Width of the padded output.",
     "dense_genes": "Gene subset of the dense output (0: all genes).",
+    "compression": "Synthetic file's X: none, gzip or lzf (ignored with --data).",
+    "chunks": "Compressed chunks: atlas (anndata's at this size), default or a length.",
+    "chunk_aligned": "1: grain_cells blocks follow X's chunk grid (at most --blocks).",
     "fetch_shuffle": "Shuffle cells inside a fetch (0 for pre-shuffled files).",
     "seed": "Seed of every sampler and shuffle.",
     "warmup": "Minibatches skipped after the first one, before the window.",
@@ -148,6 +151,8 @@ def open_grain_cells(
     source = grain_cells.AnnDataSource(
         paths, block_size=block, obs_columns=[FLAGS.obs_column], genes=genes
     )
+    if FLAGS.chunk_aligned:
+        source = grain_cells.chunk_aligned(source)
     loader = grain_cells.DataLoader(
         data_source=source,
         sampler=grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None),
@@ -648,7 +653,9 @@ def main(argv):
         print(json.dumps(measure_grain_cells(FLAGS.data, json.loads(_POINT.value))))
         return
     started = time.time()
-    paths = bench_util.resolve_data(FLAGS.data, FLAGS.n_cells, FLAGS.n_genes)
+    paths = bench_util.resolve_data(
+        FLAGS.data, FLAGS.n_cells, FLAGS.n_genes, FLAGS.compression, FLAGS.chunks
+    )
     points = plan()
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     out = lambda name: os.path.join(FLAGS.output_dir, name)  # noqa: E731

@@ -76,6 +76,8 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
     source = grain_cells.AnnDataSource(
         paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes
     )
+    if FLAGS.chunk_aligned:
+        source = grain_cells.chunk_aligned(source)
     sampler = grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None)
     loader = grain_cells.DataLoader(
         data_source=source,
@@ -96,10 +98,12 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
     for _ in range(FLAGS.warmup):
         next(iterator)
     cells = 0
+    c0 = bench_util.cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(FLAGS.minibatches):
         cells += int(next(iterator)["mask"].sum())
     rate = cells / (time.perf_counter() - t0)
+    per_cpu = cells / max(bench_util.cpu_seconds() - c0, 1e-9)
     workers = bench_util.children_peak_rss_mb() if worker_count else []
     iterator.close()
     return {
@@ -107,6 +111,7 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
         "worker_count": worker_count,
         "cache": cache,
         "cells_per_s": round(rate),
+        "cells_per_cpu_s": round(per_cpu),
         "first_batch_s": round(first, 3),
         "main_peak_rss_mb": round(bench_util.peak_rss_mb(), 1),
         "worker_peak_rss_mb": [round(w, 1) for w in workers],
@@ -116,7 +121,9 @@ def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
 
 def main(argv):
     del argv
-    paths = bench_util.resolve_data(_DATA.value, FLAGS.n_cells, FLAGS.n_genes)
+    paths = bench_util.resolve_data(
+        _DATA.value, FLAGS.n_cells, FLAGS.n_genes, FLAGS.compression, FLAGS.chunks
+    )
     results = []
     print(
         f"{'output':7s} {'workers':>7s} {'cache':5s} {'cells/s':>10s} "

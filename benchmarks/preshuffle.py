@@ -47,6 +47,12 @@ _CACHE = flags.DEFINE_enum(
     "cold evicts them (do not use on files others are benchmarking), asis "
     "leaves them.",
 )
+_CHUNK_CELLS = flags.DEFINE_integer(
+    "chunk_cells",
+    None,
+    "Cells per HDF5 chunk of the output (e.g. the block size you will read "
+    "with); default: the writer's.",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 flags.mark_flag_as_required("output_dir")
 
@@ -80,6 +86,7 @@ def main(argv):
         cells_per_file=_CELLS_PER_FILE.value,
         seed=_SEED.value,
         compression=compression,
+        chunk_cells=_CHUNK_CELLS.value,
         memory_budget_bytes=_BUDGET_MB.value << 20,
     )
     wall = time.perf_counter() - start
@@ -94,6 +101,7 @@ def main(argv):
         "parts": len(parts),
         "windows": sum(p["windows"] for p in manifest["parts"]),
         "compression": _COMPRESSION.value,
+        "chunk_cells": _CHUNK_CELLS.value,
         "memory_budget_mb": _BUDGET_MB.value,
         "cache": _CACHE.value,
         "wall_s": round(wall, 2),

@@ -13,6 +13,13 @@ def get_config() -> dict:
         # The data: --data files, else a synthetic Tahoe-shaped file of this size.
         "n_cells": 400_000,
         "n_genes": 62_710,
+        # Synthetic file's X: none, gzip or lzf; compressed chunks: "atlas"
+        # (anndata's for a file this size), "default" (2**16) or a length.
+        "compression": "none",
+        "chunks": "atlas",
+        # 1: grain_cells' blocks follow X's chunk grid (grain_cells.chunk_aligned),
+        # at most `block` cells each; peers are unaffected.
+        "chunk_aligned": 0,
         "obs_column": "plate",  # the label whose per-minibatch entropy is reported
         "batch_size": 64,
         # The sweep: block size x fetch factor x worker count x output x cache.

@@ -6,6 +6,13 @@ def get_config() -> dict:
     return {
         "n_cells": 400_000,  # synthetic file when --data is not given
         "n_genes": 62_710,
+        # Synthetic file's X: none, gzip or lzf; compressed chunks: "atlas"
+        # (anndata's for a file this size), "default" (2**16) or a length.
+        "compression": "none",
+        "chunks": "atlas",
+        # 1: blocks follow X's chunk grid (grain_cells.chunk_aligned), at most
+        # block_size cells each.
+        "chunk_aligned": 0,
         "batch_size": 64,
         "block_size": 16,
         "fetch_factor": 16,

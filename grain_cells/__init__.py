@@ -13,13 +13,16 @@ Public API::
     splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
+    aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
 """
 
 from grain_cells.cells import Cells
+from grain_cells.chunk_blocks import chunk_aligned, mean_cells_per_chunk
 from grain_cells.conditions import ConditionBlockSampler, condition_blocks
 from grain_cells.corpus_stats import CorpusStats, corpus_stats
 from grain_cells.errors import (
     AnnDataFormatError,
+    CorruptChunkError,
     CorruptDataError,
     GeneMismatchError,
     MissingColumnError,
@@ -67,6 +70,7 @@ __all__ = [
     "CheckpointMismatchError",
     "ConditionBlockSampler",
     "CorpusStats",
+    "CorruptChunkError",
     "CorruptDataError",
     "CsrOutput",
     "DataLoader",
@@ -90,11 +94,13 @@ __all__ = [
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",
+    "chunk_aligned",
     "condition_blocks",
     "corpus_stats",
     "densify",
     "expected_shares",
     "fetch_operations",
+    "mean_cells_per_chunk",
     "preshuffle",
     "split_by_fraction",
     "split_by_obs",

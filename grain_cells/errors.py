@@ -20,6 +20,36 @@ class CorruptDataError(AnnDataFormatError):
     """Stored values contradict the format (e.g. `indptr` decreasing)."""
 
 
+class CorruptChunkError(CorruptDataError):
+    """A compressed chunk fails to decode or fails its checksum.
+
+    Attributes:
+        path: The file.
+        dataset: The HDF5 dataset holding the chunk.
+        byte_offset: Where the chunk is stored in the file.
+        rows: `(first, stop)`: the rows (elements of a 1-D dataset) it holds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        dataset: str | None = None,
+        byte_offset: int | None = None,
+        rows: tuple[int, int] | None = None,
+    ):
+        super().__init__(message)
+        self.path = path
+        self.dataset = dataset
+        self.byte_offset = byte_offset
+        self.rows = rows
+
+    def __reduce__(self):
+        # Crosses worker processes intact (attributes are keyword-only).
+        return (type(self), self.args, self.__dict__)
+
+
 class SourceChangedError(AnnDataFormatError):
     """A file changed on disk after the `AnnDataSource` was built."""
 

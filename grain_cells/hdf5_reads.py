@@ -11,9 +11,13 @@ allows:
   so a thread pool can keep several reads in flight on a cold cache. This is
   the hot path: per-call overhead, not bytes, limits h5py at block sizes, and
   these reads skip it.
-* **Compressed** (or otherwise filtered) data is read through h5py: one
-  `H5Dread` per batch over the union of the ranges' hyperslabs, so HDF5
-  decompresses each chunk once per batch.
+* **Compressed** chunked data whose filters `grain_cells.codecs` decodes
+  (deflate/gzip, shuffle, fletcher32, lzf) is read by
+  `grain_cells.chunks.ChunkedReader`: the stored chunks a batch needs, each
+  once, by positional reads, decoded in a thread pool.
+* Anything else (other filters, chunks that split rows, unwritten chunks) is
+  read through h5py: one `H5Dread` per batch over the union of the ranges'
+  hyperslabs, so HDF5 decompresses each chunk once per batch.
 
 The byte offsets come from HDF5 itself (`H5Dget_offset`, `H5Dchunk_iter`);
 nothing here re-implements the file format. They are absolute positions in
@@ -34,8 +38,9 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.chunks import ChunkedReader
 from grain_cells.h5ad import value_dtype
-from grain_cells.hdf5_storage import stored_in
+from grain_cells.hdf5_storage import check_filters, stored_in
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -83,6 +88,8 @@ class RangeReader:
         dataset: h5py.Dataset,
         path: str,
         fd: int | None,
+        *,
+        cache_bytes: int = 0,
     ):
         """Inspects the dataset's storage once.
 
@@ -92,6 +99,12 @@ class RangeReader:
             fd: An `os.open` descriptor of the file `path`, or None to always
                 read through h5py. It is used only when the dataset's bytes
                 are in that file (not behind an external link).
+            cache_bytes: For compressed data decoded here, decoded bytes kept
+                in an LRU cache (for small datasets every read touches).
+
+        Raises:
+            errors.UnsupportedLayoutError: The dataset uses an HDF5 filter
+                that this HDF5 cannot apply.
         """
         self.name = dataset.name
         self.path = path
@@ -108,13 +121,30 @@ class RangeReader:
         # chunk_offsets[i] (one "chunk" spanning everything when contiguous).
         self._chunk_len: int | None = None
         self._chunk_offsets: np.ndarray | None = None
+        self._chunked: ChunkedReader | None = None
+        check_filters(path, dataset)
         if fd is not None:
             self._map_bytes()
+            if self._chunk_offsets is None:
+                self._chunked = ChunkedReader.create(
+                    dataset, path, fd, cache_bytes=cache_bytes
+                )
 
     @property
     def direct(self) -> bool:
         """Whether reads bypass h5py with positional reads."""
         return self._chunk_offsets is not None
+
+    @property
+    def chunk_length(self) -> int | None:
+        """Rows (first-axis elements) per HDF5 chunk; None when contiguous."""
+        chunks = self._dataset.chunks
+        return None if chunks is None else int(chunks[0])
+
+    @property
+    def decoded(self) -> bool:
+        """Whether compressed chunks are decoded here, in threads (not h5py)."""
+        return self._chunked is not None
 
     def _map_bytes(self) -> None:
         ds = self._dataset
@@ -159,6 +189,9 @@ class RangeReader:
         read of it per range, and on a cold cache those dominate. The pages
         are shared by every process reading the file.
         """
+        if self._chunked is not None:
+            self._chunked.will_need()
+            return
         if not self.direct or not hasattr(os, "posix_fadvise"):
             return
         length = self._chunk_len * self._row_bytes
@@ -171,10 +204,13 @@ class RangeReader:
         Returns at once (the reads are asynchronous); a no-op for data read
         through h5py.
         """
-        if not self.direct or not hasattr(os, "posix_fadvise"):
-            return
         starts, stops = _nonempty(starts, stops)
         if starts.size == 0:
+            return
+        if self._chunked is not None:
+            self._chunked.advise(starts, stops)
+            return
+        if not self.direct or not hasattr(os, "posix_fadvise"):
             return
         offsets, nbytes = self._pieces(starts, stops)
         fd = self._fd
@@ -212,6 +248,8 @@ class RangeReader:
         starts, stops = _merge_ranges(starts, stops)
         if self.direct:
             self._read_direct(starts, stops, out, pool)
+        elif self._chunked is not None:
+            self._chunked.read(starts, stops, out, pool)
         else:
             self._read_h5py(starts, stops, out)
 

@@ -18,6 +18,11 @@ from grain_cells import errors
 from grain_cells.h5ad import CSR, MatrixInfo
 from grain_cells.hdf5_reads import RangeReader
 
+# Decoded `indptr` chunks kept per file when `indptr` is compressed: every
+# fetch reads a few entries per block, which would otherwise decode a whole
+# chunk each. 64 MiB holds the pointers of 8 million cells.
+INDPTR_CACHE_BYTES = 64 << 20
+
 
 @dataclasses.dataclass
 class CsrRows:
@@ -116,7 +121,9 @@ class CsrReader:
         path = info.path
         self._data = RangeReader(group["data"], path, fd)
         self._indices = RangeReader(group["indices"], path, fd)
-        self._indptr = RangeReader(group["indptr"], path, fd)
+        self._indptr = RangeReader(
+            group["indptr"], path, fd, cache_bytes=INDPTR_CACHE_BYTES
+        )
         self._indptr.will_need()
 
     @property
@@ -188,10 +195,60 @@ class CsrReader:
             errors.CorruptDataError: A column index is out of range; names the
                 file and row.
         """
-        self._data.read(plan.firsts, plan.lasts, data, pool)
-        self._indices.read(plan.firsts, plan.lasts, indices, pool)
+        try:
+            self._data.read(plan.firsts, plan.lasts, data, pool)
+            self._indices.read(plan.firsts, plan.lasts, indices, pool)
+        except errors.CorruptChunkError as e:
+            raise self._with_cells(e) from None
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
+
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of `data` begins (`[0]` if contiguous).
+
+        Row r belongs to the chunk that holds its first value. Reads the
+        whole `indptr` (8 bytes per row, transient).
+        """
+        length = self._data.chunk_length
+        n = self.info.n_obs
+        if length is None or n == 0:
+            return np.zeros(1, np.int64)
+        ptr = np.empty(n + 1, self._indptr.dtype)
+        self._indptr.read(np.array([0]), np.array([n + 1]), ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        n_chunks = max(1, -(-int(ptr[-1]) // length))
+        firsts = np.arange(n_chunks, dtype=np.int64) * length
+        return np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+
+    def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
+        """The same error, naming the cells whose values the chunk holds."""
+        first, stop = e.rows
+        try:
+            lo = self._row_of_value(first)
+            hi = self._row_of_value(stop - 1)
+        except errors.AnnDataFormatError:
+            return e
+        return errors.CorruptChunkError(
+            f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
+            f"{self.info.element}.",
+            path=e.path,
+            dataset=e.dataset,
+            byte_offset=e.byte_offset,
+            rows=(lo, hi + 1),
+        )
+
+    def _row_of_value(self, k: int) -> int:
+        """The row whose values include value `k` (binary search on indptr)."""
+        lo, hi = 0, self.info.n_obs  # indptr[lo] <= k < indptr[hi]
+        one = np.empty(1, self._indptr.dtype)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            self._indptr.read(np.array([mid]), np.array([mid + 1]), one)
+            if int(one[0]) <= k:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
@@ -295,6 +352,13 @@ class DenseReader:
     def direct(self) -> bool:
         """Whether rows are read without h5py."""
         return self._x.direct
+
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of rows begins (`[0]` when contiguous)."""
+        length = self._x.chunk_length
+        if length is None:
+            return np.zeros(1, np.int64)
+        return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to start reading these rows."""

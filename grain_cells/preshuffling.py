@@ -34,8 +34,9 @@ disk sustains about 350 MB/s once the kernel's dirty-page limit is reached,
 so the 5.2 GB of output alone take about 15 s. For inputs far larger than RAM
 on a slow disk, each window costs one random read per cell; give it a large
 `memory_budget_bytes` (fewer, denser sweeps over the inputs). Compressed
-inputs are read through h5py, which decompresses every chunk a window
-touches: decompress them once first or use a large budget.
+inputs decode every chunk a read batch touches (in threads, see
+`grain_cells.chunks`; through h5py for filters decoded there only): use a
+large budget so that a chunk serves many cells of one batch.
 
 **Output layout.** `X` is CSR when the inputs are sparse (`data`, `indices`
 int32 when the genes allow, `indptr` int64) or dense when they are dense.

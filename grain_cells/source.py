@@ -653,6 +653,20 @@ class AnnDataSource:
         parts = [self._file(i).obs[column] for i in range(len(self._paths))]
         return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
+    def chunk_starts(self) -> np.ndarray:
+        """Global rows where an HDF5 chunk of the matrix begins, per file.
+
+        For CSR, a row belongs to the chunk of `data` that holds its first
+        value; for dense, chunks are runs of rows. Each file's first row is
+        included; a contiguous matrix contributes only that. Opens every file
+        in this process (and, for CSR, reads each `indptr` once).
+        """
+        parts = [
+            self._file(i).reader.chunk_starts() + self._cell_offsets[i]
+            for i in range(len(self._paths))
+        ]
+        return np.unique(np.concatenate(parts))
+
     def file_info(self, i: int) -> h5ad.MatrixInfo:
         """What file `i`'s matrix holds."""
         return self._infos[i]

@@ -67,6 +67,8 @@ _CSR_CHUNK_COMPRESSED = 2**16  # same, when a compression filter is set
 _DENSE_CHUNK_BYTES = 2**20  # target HDF5 chunk size of a compressed dense X
 _DENSE_BLOCK_BYTES = 2**26  # densify at most this much of a chunk at a time
 _COMPRESSIONS = (None, "gzip", "lzf")
+# `chunks="atlas"`: HDF5 chunks as anndata writes them for a file this size.
+ATLAS_CHUNKS = "atlas"
 
 _DEFAULTS = {
     "n_genes": 62_710,
@@ -78,6 +80,7 @@ _DEFAULTS = {
     "compression": None,
     "dense": False,
     "chunk_cells": 16_384,
+    "chunks": None,
     "progress": False,
 }
 
@@ -95,6 +98,7 @@ def write_tahoe_like(
     compression: str | None = None,
     dense: bool = False,
     chunk_cells: int = 16_384,
+    chunks: int | str | None = None,
     progress: bool = False,
 ) -> pathlib.Path:
     """Writes a synthetic plate-sorted, Tahoe-100M-like dataset to ``.h5ad``.
@@ -112,9 +116,14 @@ def write_tahoe_like(
     anndata's ``csr_matrix`` encoding: group ``X`` with datasets ``data``
     (float32), ``indices`` (int32, sorted and unique within each row) and
     ``indptr`` (int64), all chunked and resizable (``maxshape=(None,)``), with
-    HDF5 chunks of 2**18 elements (2**16 when compressed). With ``dense=True``
-    X is a 2-D float32 dataset ``(n_cells, n_genes)`` holding exactly the
-    values the CSR variant would hold for the same arguments; it is contiguous
+    HDF5 chunks of 2**18 elements (2**16 when compressed) unless ``chunks``
+    says otherwise. ``chunks="atlas"`` gives the chunks anndata writes for a
+    file of this size: h5py's guess for a dataset of the full expected length
+    (``n_cells * mean_nnz`` values), e.g. 39,063 elements (about 24 cells) at
+    400,000 Tahoe-shaped cells, 14,649 at 20,000 cells of 1,500 values.
+    With ``dense=True`` X is a 2-D float32 dataset ``(n_cells, n_genes)``
+    holding exactly the values the CSR variant would hold for the same
+    arguments; it is contiguous
     when ``compression`` is None, otherwise chunked by whole rows with about
     1 MiB per chunk (at most 1024 rows).
 
@@ -140,6 +149,10 @@ def write_tahoe_like(
             sensible for small ``n_genes``.
         chunk_cells: Cells generated and written per step, > 0; bounds the
             memory used (about 30 bytes per stored value of a step).
+        chunks: HDF5 chunk length (elements) of the CSR ``data``, ``indices``
+            and ``indptr``: None for the defaults above, ``"atlas"`` for
+            anndata's (h5py's guess at full size), or an int > 0. Ignored
+            with ``dense=True``.
         progress: Show a progress bar (tqdm, on stderr) while writing.
 
     Returns:
@@ -179,6 +192,8 @@ def write_tahoe_like(
         )
     if not isinstance(dense, bool):
         raise ValueError(f"dense must be a bool, got dense={dense!r}")
+    if chunks is not None and chunks != ATLAS_CHUNKS:
+        _check_int("chunks", chunks, 1)
     if not isinstance(progress, bool):
         raise ValueError(f"progress must be a bool, got progress={progress!r}")
     try:
@@ -208,7 +223,6 @@ def write_tahoe_like(
     anndata.AnnData(obs=obs, var=var).write_h5ad(path)
     del obs, var
 
-    writer = _DenseWriter if dense else _CsrWriter
     bar = tqdm.tqdm(
         total=n_cells,
         desc=f"write_tahoe_like {path.name}",
@@ -218,7 +232,11 @@ def write_tahoe_like(
         file=sys.stderr,
     )
     with bar, h5py.File(path, "a") as f:
-        out = writer(f, n_cells, n_genes, compression)
+        if dense:
+            out = _DenseWriter(f, n_cells, n_genes, compression)
+        else:
+            length = _csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+            out = _CsrWriter(f, n_cells, n_genes, compression, length)
         for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
             stop = min(start + chunk_cells, n_cells)
             rng = np.random.default_rng([seed, _STREAM_MOLECULES, chunk_index])
@@ -320,6 +338,7 @@ def _cache_name(n_cells: int, args: dict) -> str:
         "n_drugs": lambda v: f"d{v}",
         "dense": lambda v: "dense",
         "chunk_cells": lambda v: f"c{v}",
+        "chunks": lambda v: f"k{v}",
     }
     for key, tag in tags.items():
         if args[key] != _DEFAULTS[key]:
@@ -457,15 +476,35 @@ def _make_var(n_genes: int) -> pd.DataFrame:
     return pd.DataFrame({"gene_symbol": symbols}, index=index)
 
 
+def _csr_chunk_length(chunks, compression, n_cells: int, mean_nnz: float) -> int:
+    """HDF5 chunk length of the CSR datasets for `write_tahoe_like(chunks=)`."""
+    if chunks is None:
+        return _CSR_CHUNK if compression is None else _CSR_CHUNK_COMPRESSED
+    if chunks != ATLAS_CHUNKS:
+        return int(chunks)
+    # h5py's own guess (what anndata gets) for a float32 dataset of the full
+    # expected length, asked of a throwaway in-memory file: HDF5 allocates
+    # chunks lazily, so nothing of that size is made.
+    length = max(1, round(n_cells * mean_nnz))
+    with h5py.File(
+        f"atlas-chunks-{os.getpid()}", "w", driver="core", backing_store=False
+    ) as mem:
+        probe = mem.create_dataset(
+            "probe", (length,), np.float32, maxshape=(None,), chunks=True
+        )
+        return int(probe.chunks[0])
+
+
 class _CsrWriter:
     """Streams CSR rows into group ``X`` in anndata's csr_matrix encoding."""
 
-    def __init__(self, f: h5py.File, n_cells: int, n_genes: int, compression):
+    def __init__(
+        self, f: h5py.File, n_cells: int, n_genes: int, compression, chunk: int
+    ):
         group = f.create_group("X")
         group.attrs["encoding-type"] = "csr_matrix"
         group.attrs["encoding-version"] = "0.1.0"
         group.attrs["shape"] = np.array([n_cells, n_genes], dtype=np.int64)
-        chunk = _CSR_CHUNK if compression is None else _CSR_CHUNK_COMPRESSED
         opts = {"maxshape": (None,), "chunks": (chunk,), "compression": compression}
         self.data = group.create_dataset("data", (0,), np.float32, **opts)
         self.indices = group.create_dataset("indices", (0,), np.int32, **opts)

@@ -230,6 +230,8 @@ def test_identity_cost(workdir, data_file):
     assert "check_share_of_fetch" in done.stdout
     figures = json.loads(out.read_text())
     assert figures["check_us"] > 0 and figures["fetch_ms"] > 0
+
+
 def test_token_throughput(workdir, data_file):
     out = workdir / "tokens.json"
     done = run(
@@ -248,3 +250,59 @@ def test_token_throughput(workdir, data_file):
     assert results[0]["ratio_to_csr"] == 1.0
     assert all(r["cells_per_s"] > 0 and r["ratio_to_csr"] > 0 for r in results)
     assert "rank_value" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def gzip_file(workdir) -> str:
+    path = workdir / "tiny-gzip.h5ad"
+    synthetic.write_tahoe_like(
+        path, 2_000, n_genes=300, mean_nnz=30, compression="gzip", chunks=500
+    )
+    return str(path)
+
+
+def test_decode_ceiling(workdir, gzip_file):
+    out = workdir / "ceiling.json"
+    run(
+        workdir,
+        "decode_ceiling.py",
+        f"--data={gzip_file}",
+        "--fetches=3",
+        "--repeats=1",
+        "--codecs",
+        f"--json={out}",
+    )
+    figures = json.loads(out.read_text())
+    assert figures["pipeline"] == {"data": "deflate", "indices": "deflate"}
+    assert figures["chunk_elements"]["data"] == 500
+    assert figures["fetch_cells_per_s"] > 0
+    assert figures["chunk_aligned_cells_per_s"] > 0
+    assert figures["codec_mb_per_s_one_core"]["zlib"]["data"] > 0
+
+
+def test_compressed_suite(workdir):
+    """The one-run comparison, tiny: no peers, one worker count, warm only."""
+    out = workdir / "compressed"
+    done = run(
+        workdir,
+        "compressed.py",
+        "--n_cells=2000",
+        "--n_genes=2000",
+        "--worker_counts=0",
+        "--cache=warm",
+        "--minibatches=10",
+        "--max_window_s=1",
+        "--peers=",
+        f"--output_dir={out}",
+    )
+    points = json.loads((out / "compressed.json").read_text())["points"]
+    assert {p["run"] for p in points} == {
+        "compressed",
+        "compressed_chunk_aligned",
+        "uncompressed",
+    }
+    assert all(p["cells_per_s"] > 0 for p in points)
+    assert (
+        "| compressed_chunk_aligned | grain_cells | 0 | warm | 32/32 |" in done.stdout
+    )
+    assert list((workdir / "cache").glob("tahoe_like-n2000-g2000-s0-gzip-katlas.h5ad"))

@@ -1,0 +1,67 @@
+"""Chunk-aware blocks: block boundaries that follow X's HDF5 chunk grid.
+
+In a compressed file the unit of decoding is a chunk, not a cell. anndata's
+chunks of a Tahoe-shaped atlas hold tens to hundreds of cells, so a random
+block of 16 cells decodes one or two whole chunks (of `data` and of
+`indices`) to use a fraction of each, and the neighbouring blocks that share
+those chunks are decoded again by other fetches.
+
+`chunk_aligned(source)` returns a view of the source (`with_blocks`) whose
+blocks are the cells of one chunk each: the cells whose first value lies in
+chunk `k` form one block (split into pieces of at most `block_size` cells
+when a chunk holds more). A block then decodes its own chunk plus at most
+the start of the next one (its last cell's values may run over), so every
+decoded chunk serves all its cells within one fetch.
+
+Because the result is an ordinary view, `BlockSampler`,
+`WeightedBlockSampler`, sharding, splits, selection and exact resume work on
+it unchanged; only the block table differs. Diversity follows the number of
+blocks per fetch (`batch_size * fetch_factor / block_size`): with
+`block_size` at least the cells per chunk, raise `fetch_factor` to keep it
+(see `benchmarks/RESULTS.md` for entropy, cells/s and memory).
+
+Example:
+    >>> source = grain_cells.AnnDataSource("atlas_gzip.h5ad", block_size=32,
+    ...                                    obs_columns=["plate"])
+    >>> aligned = grain_cells.chunk_aligned(source)
+    >>> sampler = grain_cells.BlockSampler(aligned, seed=0)
+    >>> ops = grain_cells.fetch_operations(aligned, batch_size=64,
+    ...                                    fetch_factor=32)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grain_cells import selection
+
+if TYPE_CHECKING:
+    from grain_cells.source import AnnDataSource
+
+
+def chunk_aligned(source: AnnDataSource) -> AnnDataSource:
+    """A view of `source` whose blocks follow the matrix's chunk grid.
+
+    Works on views too: only the cells the source already holds are kept,
+    and blocks are cut at chunk starts, at gaps in the selection, at file
+    boundaries and every `block_size` cells.
+
+    Args:
+        source: An `AnnDataSource` (or a view of one).
+
+    Returns:
+        A new `AnnDataSource` view (its own file handles); its `repr` names
+        a hash of its block table, so checkpoints bind to the alignment.
+    """
+    mask = selection.cell_mask(source)
+    cuts = np.union1d(source.cell_offsets, source.chunk_starts())
+    starts, stops = selection.blocks_over_runs(mask, cuts, source.block_size)
+    return source.with_blocks(starts, stops)
+
+
+def mean_cells_per_chunk(source: AnnDataSource) -> float:
+    """Average cells per chunk of the matrix over all files (for sizing)."""
+    starts = np.union1d(source.cell_offsets[:-1], source.chunk_starts())
+    return source.num_cells / max(1, starts.size)
