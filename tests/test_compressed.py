@@ -413,8 +413,14 @@ def test_synthetic_chunks(tmp_path, chunks):
         synthetic.write_tahoe_like(tmp_path / "t.h5ad", 10, chunks=0, **args)
 
 
-def test_prefix_decode_equals_the_whole_chunk(tmp_path):
-    """A read that needs only a chunk's start inflates only that prefix."""
+def test_prefix_decode_is_off_by_default():
+    """Every chunk is inflated whole, so its adler32 is always checked."""
+    assert codecs.PREFIX_FRACTION == 0
+
+
+def test_prefix_decode_equals_the_whole_chunk(tmp_path, monkeypatch):
+    """Opted in, a read that needs only a chunk's start inflates only that."""
+    monkeypatch.setattr(codecs, "PREFIX_FRACTION", 0.25)
     path = tmp_path / "p.h5"
     values = np.arange(4_000, dtype=np.float32) % 97
     with h5py.File(path, "w") as f:
