@@ -65,7 +65,9 @@ def write_compressed(path, kwargs, *, dense=False, userblock=0, x=None) -> str:
         anndata.io.write_elem(f, "/", adata)
         for element in ("X", "layers/counts", "raw/X"):
             del f[element]
-            anndata.io.write_elem(f, element, value, dataset_kwargs=kwargs)
+            parent, _, name = element.rpartition("/")
+            group = f[parent] if parent else f
+            anndata.io.write_elem(group, name, value, dataset_kwargs=kwargs)
     return str(path)
 
 
