@@ -36,7 +36,7 @@ import grain
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import transport
+from grain_cells import transport, worker_process
 from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
 from grain_cells.source import AnnDataSource, FetchedRows
@@ -123,7 +123,18 @@ class SplitFetch(grain.experimental.FlatMapTransform):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_buffers", None)
+        state.pop("_via_slots", None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        # Grain sends the pipeline to its worker processes pickled; unpickled
+        # in such a child, minibatches go back to the parent pickled, so they
+        # travel as slot-ring handles (see `transport`), and the worker exits
+        # with its parent.
+        self._via_slots = worker_process.in_child_process()
+        if self._via_slots:
+            worker_process.exit_with_parent()
 
     def _lend_buffer(self) -> tuple[RowBuffer, list]:
         """A read buffer no live fetch is using, and its owner cell.
@@ -153,9 +164,10 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         n = order.size
         if cfg.remainder == "drop":
             n -= n % cfg.batch_size
-        # In a Grain worker, outputs are pickled to the trainer: send them
+        # In a worker process, outputs are pickled to the trainer: send them
         # through reusable shared-memory slots instead of fresh segments.
-        batches = Minibatches(self, fetched, order[:n], transport.in_grain_worker())
+        via_slots = self.__dict__.get("_via_slots", False)
+        batches = Minibatches(self, fetched, order[:n], via_slots)
         owner[0] = weakref.ref(batches)
         return batches
 
