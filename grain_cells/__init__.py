@@ -32,6 +32,7 @@ from grain_cells.loader import (
     CheckpointMismatchError,
     DataLoader,
 )
+from grain_cells.main_guard import MainGuardError
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 from grain_cells.pipeline import cell_dataset
 from grain_cells.preshuffling import preshuffle
@@ -59,6 +60,7 @@ __all__ = [
     "DenseOutput",
     "FetchConfig",
     "GeneMismatchError",
+    "MainGuardError",
     "MatrixInfo",
     "MissingColumnError",
     "PaddedSparseOutput",

@@ -37,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from grain_cells import transport, worker_process
+from grain_cells.main_guard import check_main_guard
 from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
 from grain_cells.source import AnnDataSource, FetchedRows
@@ -268,6 +269,14 @@ def fetch_operations(
         ValueError: An argument is out of range, or a fetch's cells are not a
             whole number of minibatches.
     """
+    if worker_process.in_child_process():
+        # A spawned worker importing a script whose top level builds the
+        # pipeline: say so once, instead of workers dying one by one.
+        check_main_guard("a grain_cells pipeline with worker processes")
+    else:
+        # Grain reads an absl flag when it starts worker processes (from
+        # whichever spelling: grain.DataLoader, mp_prefetch).
+        worker_process.allow_unparsed_flags()
     if batch_size < 1 or fetch_factor < 1:
         raise ValueError(
             f"batch_size and fetch_factor must be positive, got batch_size="

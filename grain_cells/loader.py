@@ -32,9 +32,9 @@ import contextlib
 import json
 
 import grain
-from absl import flags
 
-from grain_cells import transport
+from grain_cells import shm_names, transport, worker_process
+from grain_cells.main_guard import check_main_guard
 
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 _STAMP = "grain_cells"
@@ -71,8 +71,8 @@ class DataLoader(grain.DataLoader):
     ):
         """Same arguments as `grain.DataLoader`; `read_options` defaults to
         `READ_OPTIONS` and `worker_buffer_size` to 16."""  # noqa: D205, D209
-        if worker_count and not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
+        if worker_count:
+            worker_process.allow_unparsed_flags()
         operations = list(operations)
         self._stamp = {
             "worker_count": int(worker_count or 0),
@@ -97,6 +97,10 @@ class DataLoader(grain.DataLoader):
         return dict(self._stamp)
 
     def __iter__(self) -> CheckedIterator:
+        workers = self.multiprocessing_options.num_workers
+        if workers:
+            check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
+            shm_names.remove_stale()  # of trainers and workers that were killed
         return CheckedIterator(self, state=None, validate_state=False)
 
 

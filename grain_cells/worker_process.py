@@ -36,6 +36,20 @@ def in_child_process() -> bool:
     return multiprocessing.parent_process() is not None
 
 
+def allow_unparsed_flags() -> None:
+    """Marks absl flags parsed in a program that never parsed them.
+
+    Grain reads one of its absl flags when it starts worker processes, which
+    raises `UnparsedFlagAccessError` in programs that never call
+    `absl.app.run` or `FLAGS(argv)` (scripts, notebooks, pytest). Flags that
+    were parsed are left alone, so absl programs see no change.
+    """
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
 def on_orphaned(cleanup: Callable[[], None]) -> None:
     """Runs `cleanup` before this process exits because its parent died."""
     with _lock:
