@@ -30,13 +30,14 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import warnings
 import weakref
 
 import grain
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import transport, worker_process
+from grain_cells import arguments, transport, worker_process
 from grain_cells.main_guard import check_main_guard
 from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
@@ -237,6 +238,24 @@ def _dense_to_csr(dense: np.ndarray) -> CsrRows:
     return CsrRows(m.data, m.indices, m.indptr.astype(np.int64), dense.shape[1])
 
 
+def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
+    """Warns when `remainder="drop"` leaves (almost) no minibatch per pass."""
+    selected, blocks = source.num_selected_cells, len(source)
+    per_fetch = min(config.blocks_per_fetch, blocks) * selected / blocks
+    if per_fetch >= config.batch_size:
+        return
+    how = "no" if selected < config.batch_size else "almost no"
+    warnings.warn(
+        f"fetch_operations(batch_size={config.batch_size}, remainder='drop'): "
+        f"a fetch holds about {per_fetch:.0f} cells ({len(source)} blocks of "
+        f"{selected / blocks:.1f} cells on average, {selected} cells in all), "
+        f"fewer than one minibatch, and drop discards them: a pass over the "
+        f"source yields {how} minibatches. Use remainder='pad', a smaller "
+        "batch_size or a larger fetch_factor.",
+        stacklevel=3,
+    )
+
+
 def fetch_operations(
     source: AnnDataSource,
     *,
@@ -277,11 +296,9 @@ def fetch_operations(
         # Grain reads an absl flag when it starts worker processes (from
         # whichever spelling: grain.DataLoader, mp_prefetch).
         worker_process.allow_unparsed_flags()
-    if batch_size < 1 or fetch_factor < 1:
-        raise ValueError(
-            f"batch_size and fetch_factor must be positive, got batch_size="
-            f"{batch_size}, fetch_factor={fetch_factor}"
-        )
+    batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
+    fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
+    seed = arguments.check_seed(seed)
     if remainder not in ("pad", "drop"):
         raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
     output = output or CsrOutput()
@@ -307,6 +324,8 @@ def fetch_operations(
             f"{batch_size}; choose block_size and batch_size * fetch_factor so "
             "that one divides the other (e.g. powers of two)"
         )
+    if remainder == "drop":
+        _warn_if_nothing_left(source, config)
     return [
         grain.transforms.Batch(
             config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()
