@@ -26,12 +26,15 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
         ArgumentTypeError: `value` is not an integer (None, a float, a bool).
         ValueError: `value` is below `minimum`.
     """
+    kind = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
+        minimum, f"an int >= {minimum}"
+    )
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentTypeError(
-            f"{name} must be an int, got {name}={value!r} ({type(value).__name__})"
+            f"{name} must be {kind}, got {name}={value!r} ({type(value).__name__})"
         )
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value!r}")
+        raise ValueError(f"{name} must be {kind}, got {name}={value!r}")
     return int(value)
 
 
