@@ -12,10 +12,13 @@ import multiprocessing
 import os
 import time
 
+import grain
 import numpy as np
 import psutil
 import pytest
+import scipy.sparse as sp
 
+import grain_cells
 from grain_cells import shm_names, transport
 
 N_BATCHES = 400
@@ -133,3 +136,30 @@ def test_stale_names_of_dead_processes_are_removed():
     finally:
         shm_names.unlink(stale)
         shm_names.unlink(live)
+
+
+@pytest.mark.slow
+def test_dataset_api_workers_use_the_ring(csr_paths, helpers):
+    """Grain ships the pipeline to `mp_prefetch` workers pickled, so their
+    minibatches come through the ring (not Grain's per-array segments), and
+    every value is right."""
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["idx"])
+    ds = grain_cells.cell_dataset(source, batch_size=4, fetch_factor=5, seed=2)
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    before = set(transport._RINGS)
+    iterator = iter(ds)
+    batches = [helpers.detach(b) for b in iterator]
+    rings = {transport._RINGS[name].pid for name in set(transport._RINGS) - before}
+    del iterator
+    truth = helpers.Truth(source, csr_paths)
+    rows = np.concatenate([b["row_ids"][b["mask"]] for b in batches])
+    assert sorted(rows) == list(range(helpers.N_CELLS))
+    for b in batches:
+        ids = b["row_ids"][b["mask"]]
+        np.testing.assert_array_equal(b["obs/idx"][: ids.size], ids)
+        x = sp.csr_matrix(
+            (b["data"], b["indices"], b["indptr"]), shape=(4, helpers.N_GENES)
+        ).toarray()
+        np.testing.assert_array_equal(x[: ids.size], truth.x(ids))
+    assert len(rings) == 2, "mp_prefetch workers did not send through the ring"
+    transport.release_dead_rings()
