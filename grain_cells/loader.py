@@ -1,7 +1,7 @@
 """`DataLoader`: a `grain.DataLoader` with grain_cells' defaults and checks.
 
 It is a `grain.DataLoader` in every respect (same arguments, same iterator,
-same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with three
+same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with these
 differences:
 
 * **Read options.** Records are block descriptors that cost nothing to read,
@@ -21,9 +21,14 @@ differences:
   so a deeper queue costs little, and with a queue of one the round-robin over
   workers stalls whenever one worker is mid-fetch (two workers: 118k -> 155k
   cells/s).
-* **absl flags.** Grain's worker processes read an absl flag; in programs
-  that never parse flags (notebooks, pytest) that fails. The loader marks
-  flags as parsed when they are not.
+* **absl flags.** Grain reads an absl flag when it starts workers; in
+  programs that never parse flags (scripts, notebooks, pytest) that fails.
+  The loader (and `fetch_operations`, for the plain `grain.DataLoader`) marks
+  flags as parsed when nothing parsed them.
+* **Scripts without the `__main__` guard.** Iterating a loader with workers
+  from a script's unguarded top level raises `MainGuardError` at once (spawned
+  workers would re-run that code), and shared memory of dead grain_cells
+  processes is removed when a loader with workers starts.
 """
 
 from __future__ import annotations
