@@ -40,6 +40,7 @@ import multiprocessing.util
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Mapping
 
@@ -57,6 +58,7 @@ _ALIGN = 64
 
 # Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
 _RINGS: dict[str, _RingView] = {}
+_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
 _PRUNE_EVERY = 256
 _unpacked = 0
 # A send to a worker that has exited must raise, not raise SIGPIPE.
@@ -324,8 +326,11 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid):
         return {}
     view = _RINGS.get(ring)
     if view is None:
-        _prune()
-        view = _RINGS[ring] = _RingView(ring, pid)
+        with _RINGS_LOCK:
+            view = _RINGS.get(ring)
+            if view is None:
+                _prune()
+                view = _RINGS[ring] = _RingView(ring, pid)
     out = _read(view.segment(slot, segment, size), layout)
     view.hand_back(slot)
     _unpacked += 1
@@ -346,8 +351,7 @@ def _prune() -> None:
     yet handed over; their names share the ring's prefix, so they go too.
     """
     for name, view in list(_RINGS.items()):
-        if not shm_names.alive(view.pid):
-            del _RINGS[name]
+        if not shm_names.alive(view.pid) and _RINGS.pop(name, None) is view:
             view.close()
             shm_names.unlink_prefix(view.prefix)
 
