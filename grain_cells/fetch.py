@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import os
 import warnings
 import weakref
 
@@ -126,15 +127,19 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         state = self.__dict__.copy()
         state.pop("_buffers", None)
         state.pop("_via_slots", None)
+        state["_pickled_in"] = os.getpid()
         return state
 
     def __setstate__(self, state):
+        pickled_in = state.pop("_pickled_in", None)
         self.__dict__.update(state)
         # Grain sends the pipeline to its worker processes pickled; unpickled
-        # in such a child, minibatches go back to the parent pickled, so they
-        # travel as slot-ring handles (see `transport`), and the worker exits
-        # with its parent.
-        self._via_slots = worker_process.in_child_process()
+        # in such a child (not merely copied within one process), minibatches
+        # go back to the parent pickled, so they travel as slot-ring handles
+        # (see `transport`), and the worker exits with its parent.
+        self._via_slots = (
+            pickled_in != os.getpid() and worker_process.in_child_process()
+        )
         if self._via_slots:
             worker_process.exit_with_parent()
 

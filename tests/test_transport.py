@@ -163,3 +163,29 @@ def test_dataset_api_workers_use_the_ring(csr_paths, helpers):
         np.testing.assert_array_equal(x[: ids.size], truth.x(ids))
     assert len(rings) == 2, "mp_prefetch workers did not send through the ring"
     transport.release_dead_rings()
+
+
+def copy_in_child(queue, paths) -> None:
+    """In a multiprocessing child: a deep copy of the fetch transform."""
+    import copy
+
+    source = grain_cells.AnnDataSource(paths, block_size=5)
+    _, split = grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5)
+    blocks = np.array([source[k] for k in range(5)], np.int64)
+    batch = copy.deepcopy(split).flat_map(blocks)[0]
+    queue.put(type(batch).__name__)
+
+
+def test_a_copy_in_one_process_returns_dicts(csr_paths):
+    """Only a transform unpickled in another process than the one that pickled
+    it sends slot handles; a copy made inside a child returns plain dicts."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=copy_in_child, args=(queue, csr_paths))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == "dict"
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
