@@ -34,6 +34,7 @@ worker.
 from __future__ import annotations
 
 import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
+import atexit
 import contextlib
 import mmap
 import multiprocessing.util
@@ -330,6 +331,7 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid):
             view = _RINGS.get(ring)
             if view is None:
                 _prune()
+                _close_views_at_exit()
                 view = _RINGS[ring] = _RingView(ring, pid)
     out = _read(view.segment(slot, segment, size), layout)
     view.hand_back(slot)
@@ -354,6 +356,22 @@ def _prune() -> None:
         if not shm_names.alive(view.pid) and _RINGS.pop(name, None) is view:
             view.close()
             shm_names.unlink_prefix(view.prefix)
+
+
+def _close_views() -> None:
+    for view in list(_RINGS.values()):
+        view.close()
+
+
+def _close_views_at_exit() -> None:
+    """Closes the views' sockets before the interpreter goes (once per process)."""
+    global _at_exit
+    if not _at_exit:
+        atexit.register(_close_views)
+        _at_exit = True
+
+
+_at_exit = False
 
 
 _local_ring: SlotRing | None = None
