@@ -37,6 +37,7 @@ from grain_cells.loader import (
     CheckpointMismatchError,
     DataLoader,
 )
+from grain_cells.main_guard import MainGuardError
 from grain_cells.matrices import Layer, Obsm
 from grain_cells.outputs import (
     CsrOutput,
@@ -80,6 +81,7 @@ __all__ = [
     "GeneMismatchError",
     "GeneVocabulary",
     "Layer",
+    "MainGuardError",
     "MatrixInfo",
     "MissingColumnError",
     "Obsm",

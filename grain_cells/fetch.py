@@ -32,12 +32,15 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import os
+import warnings
 import weakref
 
 import grain
 import numpy as np
 
-from grain_cells import counter_rng, matrices, transport
+from grain_cells import arguments, counter_rng, matrices, transport, worker_process
+from grain_cells.main_guard import check_main_guard
 from grain_cells.matrix import RowBuffer
 from grain_cells.outputs import CsrOutput, Fetch, Output
 from grain_cells.source import AnnDataSource
@@ -142,7 +145,22 @@ class SplitFetch(grain.experimental.FlatMapTransform):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_buffers", None)
+        state.pop("_via_slots", None)
+        state["_pickled_in"] = os.getpid()
         return state
+
+    def __setstate__(self, state):
+        pickled_in = state.pop("_pickled_in", None)
+        self.__dict__.update(state)
+        # Grain sends the pipeline to its worker processes pickled; unpickled
+        # in such a child (not merely copied within one process), minibatches
+        # go back to the parent pickled, so they travel as slot-ring handles
+        # (see `transport`), and the worker exits with its parent.
+        self._via_slots = (
+            pickled_in != os.getpid() and worker_process.in_child_process()
+        )
+        if self._via_slots:
+            worker_process.exit_with_parent()
 
     def _lend_buffer(self) -> tuple[RowBuffer, list]:
         """A read buffer no live fetch is using, and its owner cell.
@@ -181,9 +199,10 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             if cfg.remainder == "drop":
                 n -= n % cfg.batch_size
             order = order[:n]
-        # In a Grain worker, outputs are pickled to the trainer: send them
+        # In a worker process, outputs are pickled to the trainer: send them
         # through reusable shared-memory slots instead of fresh segments.
-        batches = Minibatches(self, fetched, order, transport.in_grain_worker(), bounds)
+        via_slots = self.__dict__.get("_via_slots", False)
+        batches = Minibatches(self, fetched, order, via_slots, bounds)
         owner[0] = weakref.ref(batches)
         return batches
 
@@ -323,6 +342,24 @@ def fetch_key(seed: int, block_ids: np.ndarray) -> int:
     return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))
 
 
+def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
+    """Warns when `remainder="drop"` leaves (almost) no minibatch per pass."""
+    selected, blocks = source.num_selected_cells, len(source)
+    per_fetch = min(config.blocks_per_fetch, blocks) * selected / blocks
+    if per_fetch >= config.batch_size:
+        return
+    how = "no" if selected < config.batch_size else "almost no"
+    warnings.warn(
+        f"fetch_operations(batch_size={config.batch_size}, remainder='drop'): "
+        f"a fetch holds about {per_fetch:.0f} cells ({len(source)} blocks of "
+        f"{selected / blocks:.1f} cells on average, {selected} cells in all), "
+        f"fewer than one minibatch, and drop discards them: a pass over the "
+        f"source yields {how} minibatches. Use remainder='pad', a smaller "
+        "batch_size or a larger fetch_factor.",
+        stacklevel=3,
+    )
+
+
 def fetch_operations(
     source: AnnDataSource,
     *,
@@ -369,11 +406,17 @@ def fetch_operations(
         ValueError: An argument is out of range, or a fetch's cells are not a
             whole number of minibatches.
     """
-    if batch_size < 1 or fetch_factor < 1:
-        raise ValueError(
-            f"batch_size and fetch_factor must be positive, got batch_size="
-            f"{batch_size}, fetch_factor={fetch_factor}"
-        )
+    if worker_process.in_child_process():
+        # A spawned worker importing a script whose top level builds the
+        # pipeline: say so once, instead of workers dying one by one.
+        check_main_guard("a grain_cells pipeline with worker processes")
+    else:
+        # Grain reads an absl flag when it starts worker processes (from
+        # whichever spelling: grain.DataLoader, mp_prefetch).
+        worker_process.allow_unparsed_flags()
+    batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
+    fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
+    seed = arguments.check_seed(seed)
     if remainder not in ("pad", "drop"):
         raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
     if numeric_obs not in ("native", "float32"):
@@ -411,6 +454,8 @@ def fetch_operations(
             f"{batch_size}; choose block_size and batch_size * fetch_factor so "
             "that one divides the other (e.g. powers of two)"
         )
+    if remainder == "drop":
+        _warn_if_nothing_left(source, config)
     return [
         grain.transforms.Batch(
             config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()

@@ -1,7 +1,7 @@
 """`DataLoader`: a `grain.DataLoader` with grain_cells' defaults and checks.
 
 It is a `grain.DataLoader` in every respect (same arguments, same iterator,
-same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with three
+same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with these
 differences:
 
 * **Read options.** Records are block descriptors that cost nothing to read,
@@ -28,9 +28,14 @@ differences:
   so a deeper queue costs little, and with a queue of one the round-robin over
   workers stalls whenever one worker is mid-fetch (two workers: 118k -> 155k
   cells/s).
-* **absl flags.** Grain's worker processes read an absl flag; in programs
-  that never parse flags (notebooks, pytest) that fails. The loader marks
-  flags as parsed when they are not.
+* **absl flags.** Grain reads an absl flag when it starts workers; in
+  programs that never parse flags (scripts, notebooks, pytest) that fails.
+  The loader (and `fetch_operations`, for the plain `grain.DataLoader`) marks
+  flags as parsed when nothing parsed them.
+* **Scripts without the `__main__` guard.** Iterating a loader with workers
+  from a script's unguarded top level raises `MainGuardError` at once (spawned
+  workers would re-run that code), and shared memory of dead grain_cells
+  processes is removed when a loader with workers starts.
 """
 
 from __future__ import annotations
@@ -39,11 +44,11 @@ import contextlib
 import json
 
 import grain
-from absl import flags
 
-from grain_cells import identity, state_checks, transport
+from grain_cells import identity, shm_names, state_checks, transport, worker_process
 from grain_cells import sampler as sampler_lib
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.main_guard import check_main_guard
 
 __all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
 
@@ -78,8 +83,8 @@ class DataLoader(grain.DataLoader):
     ):
         """Same arguments as `grain.DataLoader`; `read_options` defaults to
         `READ_OPTIONS` and `worker_buffer_size` to 16."""  # noqa: D205, D209
-        if worker_count and not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
+        if worker_count:
+            worker_process.allow_unparsed_flags()
         operations = list(operations)
         sampler_lib.check_sampler_fits(sampler, data_source)
         # What a restore checks a state against (not Grain's attributes).
@@ -110,6 +115,10 @@ class DataLoader(grain.DataLoader):
         return dict(self._stamp)
 
     def __iter__(self) -> CheckedIterator:
+        workers = self.multiprocessing_options.num_workers
+        if workers:
+            check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
+            shm_names.remove_stale()  # of trainers and workers that were killed
         return CheckedIterator(self, state=None, validate_state=False)
 
 

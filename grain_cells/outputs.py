@@ -237,4 +237,3 @@ def _all_distinct(flat: np.ndarray) -> bool:
         return True
     ordered = np.sort(flat)
     return bool((ordered[1:] != ordered[:-1]).all())
-

@@ -38,7 +38,7 @@ import grain
 import numpy as np
 from grain import sharding
 
-from grain_cells import counter_rng
+from grain_cells import arguments, counter_rng
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
@@ -46,12 +46,9 @@ _SHUFFLE_ROUNDS = 4
 
 def _check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
     """Validates the arguments every sampler takes; returns the shard options."""
-    if num_epochs is not None and (int(num_epochs) != num_epochs or num_epochs < 1):
-        raise ValueError(
-            f"num_epochs must be a positive int or None, got {num_epochs!r}"
-        )
-    if not 0 <= int(seed) < 2**31:
-        raise ValueError(f"seed must lie in [0, 2**31), got {seed}")
+    if num_epochs is not None:
+        arguments.check_int("num_epochs", num_epochs, minimum=1)
+    arguments.check_seed(seed)
     shard_options = shard_options or sharding.NoSharding()
     count = shard_options.shard_count
     if not 0 <= shard_options.shard_index < count:

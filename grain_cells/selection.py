@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grain_cells import counter_rng, errors
+from grain_cells import arguments, counter_rng, errors
 
 if TYPE_CHECKING:
     from grain_cells.source import AnnDataSource
@@ -110,6 +110,23 @@ def blocks_over_runs(
     starts = run_starts[run_of_block] + j * block_size
     stops = np.minimum(starts + block_size, run_stops[run_of_block])
     return starts.astype(np.int64), stops.astype(np.int64)
+
+
+def fragmented(lengths: np.ndarray, block_size: int) -> bool:
+    """Whether blocks hold on average less than half of `block_size` cells."""
+    return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
+
+
+def fragment_note(lengths: np.ndarray, block_size: int) -> str:
+    """Says what fragmented blocks cost, and what to do about it."""
+    mean = float(np.mean(lengths))
+    return (
+        f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
+        f"average, of block_size={block_size}, so each read is "
+        f"{block_size / mean:.1f}x shorter than the block size allows and "
+        "fetches hold fewer cells. Select longer runs of cells, or pre-shuffle "
+        "(grain_cells.preshuffle) so that the cells you select are contiguous."
+    )
 
 
 def cell_mask(source: AnnDataSource) -> np.ndarray:
@@ -439,9 +456,10 @@ def _fraction_bounds(fractions) -> tuple[list[str], np.ndarray]:
 
 
 def _check_seed(seed) -> int:
-    if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-    return int(seed)
+    seed = arguments.check_int("seed", seed)
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got seed={seed!r}")
+    return seed
 
 
 def _cut(keys, sizes, bounds, seed, names, what) -> np.ndarray:

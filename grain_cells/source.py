@@ -26,6 +26,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -35,12 +36,14 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import errors, h5ad, selection
+from grain_cells import arguments, errors, h5ad, selection
 from grain_cells.cells import Cells, take_csr
 from grain_cells.genes import JOINS, align_genes, gather_dense, remap_csr
 from grain_cells.identity import FileIdentity, FileStat, stat_of_h5
 from grain_cells.matrix import CsrReader, CsrRows, DenseReader, RowBuffer
 from grain_cells.obs import OBS_MISSING, ColumnKind, harmonise
+
+_log = logging.getLogger("grain_cells")
 
 
 class Block(NamedTuple):
@@ -212,10 +215,10 @@ class AnnDataSource:
                 var names; with `"inner"`, no gene is in every file; with
                 `"inner"` or `"outer"`, a file repeats a var name.
         """
-        if not isinstance(block_size, (int, np.integer)) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        if read_threads < 0:
-            raise ValueError(f"read_threads must be >= 0, got {read_threads}")
+        block_size = arguments.check_int("block_size", block_size, minimum=1)
+        read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+        genes = arguments.check_genes(genes)
+        paths = arguments.paths_of(paths)  # a backed AnnData: its file
         if join not in JOINS:
             raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
         if obs_missing not in OBS_MISSING:
@@ -428,6 +431,10 @@ class AnnDataSource:
         # A view adds its block table's identity; the full source prints as
         # before views existed.
         blocks = f", blocks={self._blocks_id}" if self._blocks_id else ""
+        if self._blocks_id and selection.fragmented(
+            self._block_stops - self._block_starts, self._block_size
+        ):
+            blocks += " (fragmented)"
         return (
             f"AnnDataSource(files=[{files}], layer={self._layer!r}, "
             f"block_size={self._block_size}, obs_columns={list(self._obs_names)}, "
@@ -543,6 +550,12 @@ class AnnDataSource:
             f"{starts.size} blocks of {int(lengths.sum())} cells "
             f"sha256:{digest.hexdigest()[:16]}"
         )
+        if selection.fragmented(lengths, self._block_size):
+            _log.warning(
+                "%s: %s",
+                view._blocks_id,
+                selection.fragment_note(lengths, self._block_size),
+            )
         return view
 
     # -- metadata ----------------------------------------------------------

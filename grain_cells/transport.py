@@ -7,43 +7,63 @@ move: more than reading and shuffling it. Here each worker keeps a small ring
 of slots, shared segments that stay mapped in both processes, and writes a
 minibatch's arrays into one slot; what crosses Grain's queue is a small
 handle. Unpickling the handle in the trainer maps the slot (once per slot),
-copies the arrays out into ordinary private memory and frees the slot, so the
-arrays a user holds never alias memory a worker will overwrite.
+copies the arrays out into ordinary private memory and hands the slot back,
+so the arrays a user holds never alias memory a worker will overwrite.
 
-Lifetimes: a segment's name is unlinked as soon as the trainer has mapped it
-(the mapping outlives the name), and every name a worker created is unlinked
-when the worker exits. Segments of a worker that was SIGKILLed before it
-handed them over are unlinked by the trainer when it notices the worker is
-gone (Linux; it knows the ring's name from the worker's first minibatch).
-When every slot is busy for `_WAIT_S` (the trainer is not consuming), the
-worker sends a one-off segment that the trainer unlinks on receipt, so a
-slow consumer never deadlocks a worker.
+**Hand-back.** The trainer returns a slot by sending its number (one byte)
+over a Unix stream socket to the worker that owns the ring (an abstract
+socket name, which the kernel removes with the worker). The send comes after
+the copy in program order, and the kernel's socket locks order them for the
+worker's receive (release/acquire), so a worker never reuses a slot whose
+copy is still reading it, on any CPU (aarch64 included). A worker with no
+free slot blocks in `select` on the socket (no polling); the handle in the
+other direction travels through Grain's queue, itself a pipe.
+
+Lifetimes: a name is unlinked as soon as the trainer has opened it (the
+mapping or descriptor outlives the name), and every name a worker created is
+unlinked when the worker exits, or when its parent dies
+(`worker_process.exit_with_parent`). Names of a worker that was SIGKILLed
+before handing them over are unlinked by the trainer when it notices the
+worker is gone, and names of any dead grain_cells process by the next ring
+or loader that starts (`shm_names.remove_stale`). When every slot is busy for
+`_WAIT_S` (the trainer is not consuming), the worker sends a one-off segment
+that the trainer unlinks on receipt, so a slow consumer never deadlocks a
+worker.
 """
 
 from __future__ import annotations
 
 import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
+import atexit
 import contextlib
 import mmap
 import multiprocessing.util
 import os
-import secrets
+import select
+import socket
+import threading
 import time
 from collections.abc import Mapping
 
 import numpy as np
 
-# Slots a ring may grow to. Grain's DataLoader materialises a whole fetch
-# (fan-out minibatches) before queueing any, so a ring needs about that many
-# plus the queue's depth; beyond the cap a worker falls back to one-off segments.
+from grain_cells import shm_names, worker_process
+
+# Slots a ring may grow to (a slot number is one byte on the FIFO). Grain's
+# DataLoader materialises a whole fetch (fan-out minibatches) before queueing
+# any, so a ring needs about that many plus the queue's depth; beyond the cap
+# a worker falls back to one-off segments.
 _MAX_SLOTS = 128
 _WAIT_S = 2.0
 _ALIGN = 64
 
 # Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
 _RINGS: dict[str, _RingView] = {}
+_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
 _PRUNE_EVERY = 256
 _unpacked = 0
+# A send to a worker that has exited must raise, not raise SIGPIPE.
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 def _layout(arrays: Mapping[str, np.ndarray]):
@@ -72,11 +92,6 @@ def _open(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-def _unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink(name)
-
-
 def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
     for (_, offset, dtype, shape), arr in zip(layout, arrays.values(), strict=True):
         count = int(np.prod(shape, dtype=np.int64))
@@ -98,35 +113,30 @@ def _read(mm: mmap.mmap, layout) -> dict[str, np.ndarray]:
     return out
 
 
-def in_grain_worker() -> bool:
-    """Whether this code runs inside a Grain worker process right now.
-
-    Only there are outputs pickled to the trainer, so only there may they
-    travel as slot handles. Asked of Grain itself (its process-prefetch
-    module sets a flag in its workers); if Grain ever drops that function,
-    outputs stay plain dicts, which is always correct.
-    """
-    try:
-        from grain._src.python.dataset.transformations import process_prefetch
-    except ImportError:  # pragma: no cover - other Grain layouts
-        return False
-    check = getattr(process_prefetch, "is_in_worker_process", None)
-    return bool(check()) if callable(check) else False
+def _address(ring: str) -> str:
+    """The abstract Unix socket name on which a ring takes slots back."""
+    return "\0" + ring.lstrip("/")
 
 
 class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
     def __init__(self, max_slots: int = 8):
+        shm_names.remove_stale()
         self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
-        self._prefix = f"/gcells_{os.getpid()}_{secrets.token_hex(4)}"
-        self.state_name = self._prefix + "_state"
-        self._state_mm = _create(self.state_name, _MAX_SLOTS)
-        self._state = np.frombuffer(self._state_mm, np.uint8)
+        self._prefix = shm_names.new_prefix()
+        self.name = self._prefix + "_ring"
+        self._names: list[str] = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(_address(self.name))
+        self._listener.listen(4)
+        self._listener.setblocking(False)
+        self._peers: list[socket.socket] = []
         self._slots: list[tuple[str, int, mmap.mmap]] = []
-        self._names = [self.state_name]
+        self._busy: list[bool] = []
         self._serial = 0
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
+        worker_process.on_orphaned(self.close)
 
     def reserve(self, n: int) -> None:
         """Lets the ring grow to at least `n` slots (up to the hard cap)."""
@@ -134,9 +144,13 @@ class SlotRing:
 
     def close(self) -> None:
         """Unlinks every name this ring created (mappings die with the process)."""
-        for name in self._names:
-            _unlink(name)
-        self._names = []
+        names, self._names = self._names, []
+        for name in names:
+            shm_names.unlink(name)
+
+    def release(self, slot: int) -> None:
+        """Marks a slot free (its handle was unpickled in this process)."""
+        self._busy[slot] = False
 
     def _new_name(self) -> str:
         self._serial += 1
@@ -144,24 +158,50 @@ class SlotRing:
         self._names.append(name)
         return name
 
+    def _collect(self, timeout: float) -> None:
+        """Marks the slots handed back free, waiting up to `timeout` for one."""
+        ready = select.select([self._listener, *self._peers], [], [], timeout)[0]
+        for sock in ready:
+            if sock is self._listener:
+                with contextlib.suppress(BlockingIOError):
+                    peer = self._listener.accept()[0]
+                    peer.setblocking(False)
+                    self._peers.append(peer)
+                continue
+            while True:
+                try:
+                    freed = sock.recv(4096)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    freed = b""
+                if not freed:  # the trainer closed its end
+                    self._peers.remove(sock)
+                    sock.close()
+                    break
+                for slot in freed:
+                    self._busy[slot] = False
+
     def _free_slot(self, nbytes: int) -> int | None:
+        self._collect(0)
         deadline = None
         while True:
-            free = np.flatnonzero(self._state[: len(self._slots)] == 0)
-            fits = [i for i in free.tolist() if self._slots[i][1] >= nbytes]
+            free = [i for i, busy in enumerate(self._busy) if not busy]
+            fits = [i for i in free if self._slots[i][1] >= nbytes]
             if fits:
                 return fits[0]
-            if free.size:  # a free slot too small: replace its segment
-                i = int(free[0])
-                self._slots[i] = self._segment(nbytes)
-                return i
+            if free:  # a free slot too small: replace its segment
+                self._slots[free[0]] = self._segment(nbytes)
+                return free[0]
             if len(self._slots) < self._max_slots:
                 self._slots.append(self._segment(nbytes))
+                self._busy.append(False)
                 return len(self._slots) - 1
             deadline = deadline or time.monotonic() + _WAIT_S
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return None
-            time.sleep(0.0005)
+            self._collect(left)
 
     def _segment(self, nbytes: int) -> tuple[str, int, mmap.mmap]:
         size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
@@ -180,8 +220,8 @@ class SlotRing:
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
         name, size, mm = self._slots[slot]
         _write(mm, layout, arrays)
-        self._state[slot] = 1
-        return SlotHandle(self.state_name, slot, name, size, layout, os.getpid())
+        self._busy[slot] = True
+        return SlotHandle(self.name, slot, name, size, layout, os.getpid())
 
 
 class SlotHandle:
@@ -199,36 +239,54 @@ class SlotHandle:
             (self.ring, self.slot, self.segment, self.size, self.layout, self.pid),
         )
 
+    def __getitem__(self, key):
+        raise TypeError(
+            "this minibatch is a grain_cells shared-memory handle, meant to be "
+            "pickled to the process that started the worker; it reached code "
+            "in the worker itself. The fetch transform uses the slot ring when "
+            "it is unpickled in a multiprocessing child: build the pipeline in "
+            "the process that iterates it."
+        )
+
 
 class _RingView:
     """The trainer's mappings of one worker's ring."""
 
-    def __init__(self, state_name: str, pid: int):
+    def __init__(self, ring: str, pid: int):
         self.pid = pid
-        self.prefix = state_name[: -len("_state")]
-        self.state_mm = _open(state_name, _MAX_SLOTS)
-        _unlink(state_name)
-        self.state = np.frombuffer(self.state_mm, np.uint8)
+        self.prefix = ring[: -len("_ring")]
+        self.sock: socket.socket | None = socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM
+        )
+        try:
+            self.sock.connect(_address(ring))
+        except OSError:  # the worker (and its socket) is gone
+            self.close()
         self.slots: dict[int, tuple[str, mmap.mmap]] = {}
 
     def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
         held = self.slots.get(slot)
         if held is None or held[0] != name:
             mm = _open(name, size)
-            _unlink(name)
+            shm_names.unlink(name)
             self.slots[slot] = (name, mm)
             return mm
         return held[1]
 
+    def hand_back(self, slot: int) -> None:
+        """Returns a slot to the worker, after its arrays were copied out."""
+        if self.sock is None:
+            return
+        try:
+            self.sock.send(bytes((slot,)), _NO_SIGNAL)
+        except OSError:  # the worker has exited
+            self.close()
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    def close(self) -> None:
+        """Closes the socket to the worker (its mappings go with the view)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 class ExpiredBatch(dict):
@@ -247,7 +305,7 @@ class ExpiredBatch(dict):
 
 
 def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
-    """Copies a minibatch out of shared memory and frees its slot."""
+    """Copies a minibatch out of shared memory and hands its slot back."""
     try:
         return _receive_or_raise(ring, slot, segment, size, layout, pid)
     except FileNotFoundError:
@@ -258,21 +316,25 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid):
     global _unpacked
     if ring is None:
         mm = _open(segment, size)
-        _unlink(segment)
+        shm_names.unlink(segment)
         try:
             return _read(mm, layout)
         finally:
             mm.close()
-    if ring == getattr(_local_ring, "state_name", None):
+    if _local_ring is not None and ring == _local_ring.name:
         # Unpickled by the worker itself (Grain drains its own queue on stop).
-        _local_ring._state[slot] = 0
+        _local_ring.release(slot)
         return {}
     view = _RINGS.get(ring)
     if view is None:
-        _prune()
-        view = _RINGS[ring] = _RingView(ring, pid)
+        with _RINGS_LOCK:
+            view = _RINGS.get(ring)
+            if view is None:
+                _prune()
+                _close_views_at_exit()
+                view = _RINGS[ring] = _RingView(ring, pid)
     out = _read(view.segment(slot, segment, size), layout)
-    view.state[slot] = 0
+    view.hand_back(slot)
     _unpacked += 1
     if _unpacked % _PRUNE_EVERY == 0:
         _prune()
@@ -291,20 +353,25 @@ def _prune() -> None:
     yet handed over; their names share the ring's prefix, so they go too.
     """
     for name, view in list(_RINGS.items()):
-        if not _alive(view.pid):
-            del _RINGS[name]
-            _unlink_prefix(view.prefix)
+        if not shm_names.alive(view.pid) and _RINGS.pop(name, None) is view:
+            view.close()
+            shm_names.unlink_prefix(view.prefix)
 
 
-def _unlink_prefix(prefix: str) -> None:
-    """Unlinks every shared-memory name that starts with `prefix`."""
-    folder = "/dev/shm"  # where Linux keeps POSIX shared memory names
-    if not os.path.isdir(folder):
-        return
-    stem = prefix.lstrip("/")
-    for entry in os.listdir(folder):
-        if entry.startswith(stem + "_"):
-            _unlink("/" + entry)
+def _close_views() -> None:
+    for view in list(_RINGS.values()):
+        view.close()
+
+
+def _close_views_at_exit() -> None:
+    """Closes the views' sockets before the interpreter goes (once per process)."""
+    global _at_exit
+    if not _at_exit:
+        atexit.register(_close_views)
+        _at_exit = True
+
+
+_at_exit = False
 
 
 _local_ring: SlotRing | None = None

@@ -103,6 +103,23 @@ def test_loader_throughput(workdir, data_file):
     assert done.stdout.count("warm") == 4
 
 
+def test_transport_throughput(workdir):
+    baseline = workdir / "transport_copy.py"  # "another checkout's" ring
+    baseline.write_text((ROOT / "grain_cells" / "transport.py").read_text())
+    done = run(
+        workdir,
+        "transport_throughput.py",
+        "--minibatches=30",
+        "--repeats=1",
+        "--values_per_cell=50",
+        "--ways=baseline,ring,pickle",
+        f"--baseline={baseline}",
+    )
+    lines = done.stdout.splitlines()
+    for way in ("baseline", "ring", "pickle"):
+        assert any(line.startswith(way) and "minibatches/s" in line for line in lines)
+
+
 def test_diversity(workdir, data_file):
     out = workdir / "diversity.json"
     done = run(

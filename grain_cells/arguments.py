@@ -1,0 +1,117 @@
+"""Checks of the arguments users pass, shared by every public entry point.
+
+Each check returns the normalised value or raises an error that names the
+argument and the value given: `seed=1.7` must not silently become 1,
+`block_size=True` must not become 1, and `genes=[]` must not mean "no genes".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+SEED_LIMIT = 2**31  # the samplers' index shuffle takes 31-bit seeds
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a `TypeError`, and a `ValueError` as before)."""
+
+
+def check_int(name: str, value, *, minimum: int | None = None) -> int:
+    """An integer argument: `int`/`np.integer`, never a bool or a float.
+
+    Raises:
+        ArgumentTypeError: `value` is not an integer (None, a float, a bool).
+        ValueError: `value` is below `minimum`.
+    """
+    kind = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
+        minimum, f"an int >= {minimum}"
+    )
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(
+            f"{name} must be {kind}, got {name}={value!r} ({type(value).__name__})"
+        )
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {kind}, got {name}={value!r}")
+    return int(value)
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """A seed: an int in `[0, 2**31)`.
+
+    Raises:
+        ArgumentTypeError: The seed is not an int (None, a float, a bool).
+        ValueError: The seed is negative or too large.
+    """
+    seed = check_int(name, value)
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{name} must lie in [0, 2**31), got {name}={value!r}")
+    return seed
+
+
+def check_genes(genes):
+    """A gene selection: None (all genes) or a non-empty sequence or mask.
+
+    Raises:
+        ArgumentTypeError: `genes` is a single string (a sequence of characters).
+        ValueError: `genes` selects no gene.
+    """
+    if genes is None:
+        return None
+    if isinstance(genes, (str, bytes)):
+        raise ArgumentTypeError(
+            f"genes must be a sequence of gene names, a boolean mask or integer "
+            f"positions, got the string genes={genes!r}; for one gene pass "
+            f"genes=[{genes!r}]"
+        )
+    array = np.asarray(genes)
+    if array.size == 0 or (array.dtype == bool and not array.any()):
+        raise ValueError(
+            f"genes={_short(genes)} selects no gene; pass genes=None for all "
+            "genes, or the names (or positions) of the genes to read"
+        )
+    return genes
+
+
+def paths_of(paths) -> str | os.PathLike | list:
+    """`paths` with AnnData objects replaced by the file they are backed by.
+
+    Raises:
+        TypeError: An AnnData object is in memory (not backed by a file).
+    """
+    if _is_anndata(paths):
+        return _backing_file(paths)
+    if isinstance(paths, Sequence) and not isinstance(paths, (str, bytes)):
+        return [_backing_file(p) if _is_anndata(p) else p for p in paths]
+    return paths
+
+
+def _is_anndata(obj) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "AnnData" and cls.__module__.startswith("anndata")
+
+
+def _backing_file(adata) -> str:
+    if adata.isbacked and adata.is_view:
+        raise TypeError(
+            f"got a view ({adata.n_obs} x {adata.n_vars}) of the backed AnnData "
+            f"of {adata.filename}; AnnDataSource would read the whole file. Pass "
+            "the path and choose cells with source.select(...) or genes=..."
+        )
+    filename = getattr(adata, "filename", None) if adata.isbacked else None
+    if filename is None:
+        raise TypeError(
+            "AnnDataSource reads .h5ad files in place, and got an AnnData object "
+            f"held in memory ({adata.n_obs} x {adata.n_vars}). Pass the path of "
+            "its file, or write it first: adata.write_h5ad('cells.h5ad') and "
+            "AnnDataSource('cells.h5ad'). (A backed AnnData, "
+            "anndata.read_h5ad(path, backed='r'), is read from its file.)"
+        )
+    return os.fspath(filename)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

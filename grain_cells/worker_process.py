@@ -1,0 +1,87 @@
+"""What a grain_cells worker process knows about itself and its parent.
+
+Grain starts its workers with `spawn` and sends them the pipeline with
+cloudpickle, so grain_cells' fetch transform is *unpickled* in each worker,
+never in the trainer (which builds it). `in_child_process()` is therefore
+asked when the transform is unpickled: there, and only there, minibatches
+are pickled back to a parent and may travel through the slot ring.
+
+Grain's workers are daemon processes of the trainer, but a trainer that is
+SIGKILLed (or killed by the OOM killer) cannot stop them: they would go on
+reading and hold their shared memory. `exit_with_parent()` starts a thread
+that waits on the parent's sentinel (a pipe the parent holds open; it reads
+EOF when the parent is gone, with no polling), unlinks what this process
+created and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+from collections.abc import Callable
+
+# Exit status of a worker that outlived its parent (EX_SOFTWARE).
+ORPHAN_EXIT_CODE = 70
+
+_lock = threading.Lock()
+_watcher: threading.Thread | None = None
+_cleanups: list[Callable[[], None]] = []
+
+
+def in_child_process() -> bool:
+    """Whether this process was started by `multiprocessing` (a worker)."""
+    return multiprocessing.parent_process() is not None
+
+
+def allow_unparsed_flags() -> None:
+    """Marks absl flags parsed in a program that never parsed them.
+
+    Grain reads one of its absl flags when it starts worker processes, which
+    raises `UnparsedFlagAccessError` in programs that never call
+    `absl.app.run` or `FLAGS(argv)` (scripts, notebooks, pytest). Flags that
+    were parsed are left alone, so absl programs see no change.
+    """
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def on_orphaned(cleanup: Callable[[], None]) -> None:
+    """Runs `cleanup` before this process exits because its parent died."""
+    with _lock:
+        _cleanups.append(cleanup)
+
+
+def exit_with_parent() -> None:
+    """In a `multiprocessing` child: exit as soon as the parent is gone.
+
+    Idempotent; does nothing in a process without a multiprocessing parent.
+    """
+    global _watcher
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    with _lock:
+        if _watcher is not None and _watcher.is_alive():
+            return
+        _watcher = threading.Thread(
+            target=_watch,
+            args=(parent.sentinel,),
+            name="grain_cells-exit-with-parent",
+            daemon=True,
+        )
+        _watcher.start()
+
+
+def _watch(sentinel) -> None:
+    multiprocessing.connection.wait([sentinel])
+    with _lock:
+        cleanups = list(_cleanups)
+    for cleanup in cleanups:
+        with contextlib.suppress(Exception):  # exiting anyway: free what we can
+            cleanup()
+    os._exit(ORPHAN_EXIT_CODE)

@@ -1,0 +1,132 @@
+"""A trainer SIGKILLed mid-stream: its workers exit, its shared memory goes.
+
+The trainer runs in a subprocess (a script with the `__main__` guard, as a
+user's would be), iterates a loader with two workers, and is SIGKILLed
+together with one of its workers: the other worker must notice and exit
+within seconds, unlinking its names; what the killed worker left is removed
+by the next loader that starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from grain_cells import shm_names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TRAINER = textwrap.dedent(
+    """
+    import json
+    import sys
+    import time
+
+    import psutil
+
+    import grain_cells
+
+
+    def main():
+        paths = json.loads(sys.argv[1])
+        source = grain_cells.AnnDataSource(paths, block_size=5)
+        loader = grain_cells.DataLoader(
+            data_source=source,
+            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
+            operations=grain_cells.fetch_operations(
+                source, batch_size=4, fetch_factor=5),
+            worker_count=2,
+        )
+        iterator = iter(loader)
+        for _ in range(12):
+            next(iterator)
+        workers = [
+            c.pid for c in psutil.Process().children()
+            if "resource_tracker" not in " ".join(c.cmdline())
+        ]
+        print(json.dumps(workers), flush=True)
+        time.sleep(600)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def names_of(pids) -> list[str]:
+    return sorted(
+        n
+        for n in os.listdir(shm_names.SHM_DIR)
+        if n.startswith(shm_names.STEM) and shm_names.owner_pid(n) in pids
+    )
+
+
+def wait_until(condition, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.slow
+def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), json.dumps(csr_paths)],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    try:
+        line = trainer.stdout.readline()
+        assert line, trainer.stderr.read()[-3000:]
+        workers = json.loads(line)
+        assert len(workers) == 2
+        # The trainer and one worker die at once; neither can clean up.
+        victim, survivor = workers
+        os.kill(trainer.pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
+        trainer.wait(10)
+        start = time.monotonic()
+        assert wait_until(lambda: gone(survivor), 10), "a worker outlived its trainer"
+        assert time.monotonic() - start < 10
+        assert not names_of([survivor]), "the surviving worker left its names"
+        # A stale name of the dead trainer, as a crash mid-create would leave.
+        stale = f"/{shm_names.STEM}{trainer.pid}_0badf00d_1"
+        fd = os.open(shm_names.SHM_DIR + stale, os.O_CREAT | os.O_RDWR, 0o600)
+        os.close(fd)
+        # The next start removes everything of dead processes.
+        *_, loader = helpers.build(csr_paths, worker_count=2)
+        iterator = iter(loader)
+        helpers.close_iterator(iterator)
+        assert not names_of([victim, survivor, trainer.pid])
+    finally:
+        for pid in [trainer.pid, *workers]:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        for name in names_of([trainer.pid, *workers]):
+            shm_names.unlink("/" + name)
+        trainer.wait(10)
+        trainer.stdout.close()
+        trainer.stderr.close()

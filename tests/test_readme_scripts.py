@@ -1,0 +1,212 @@
+"""The README's code, pasted into scripts and run as a new user runs them.
+
+Each script runs in a fresh interpreter (spawned workers re-import it, orbax
+must finish writing before it exits), over small files written by anndata
+whose values encode their row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = {"plate1.h5ad": 150, "plate2.h5ad": 90}
+GENES = [f"g{j}" for j in range(12)]
+HVG = ["g1", "g3", "g5", "g7"]
+
+
+def readme_block(heading: str) -> str:
+    """The first ```python block after `heading` in README.md."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    at = text.index(heading + "\n")
+    match = re.compile(r"```python\n(.*?)```", re.S).search(text, at)
+    return match.group(1)
+
+
+def write_plates(folder) -> None:
+    """plate1/plate2.h5ad with obs cell_line and drug; X[i, j] = i * 100 + j + 1."""
+    offset = 0
+    for name, n in SIZES.items():
+        rows = np.arange(offset, offset + n)
+        x = (rows[:, None] * 100 + np.arange(len(GENES)) + 1).astype(np.float32)
+        x[rows % 3 == 0, ::2] = 0
+        obs = pd.DataFrame(
+            {
+                "cell_line": pd.Categorical([f"line{r % 4}" for r in rows]),
+                "drug": pd.Categorical([f"drug{r % 3}" for r in rows]),
+            },
+            index=[f"cell{r}" for r in rows],
+        )
+        adata = anndata.AnnData(
+            sp.csr_matrix(x), obs=obs, var=pd.DataFrame(index=GENES)
+        )
+        adata.write_h5ad(folder / name)
+        offset += n
+
+
+def run_script(folder, name: str, code: str, timeout: float = 240):
+    """Runs `code` as `folder/name` with this checkout importable."""
+    path = folder / name
+    path.write_text(code)
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done, time.monotonic() - start
+
+
+def use_script(*, guarded: bool) -> str:
+    """README "Use", with 1 epoch, 2 workers, and the loop body printing rows."""
+    code = readme_block("## Use")
+    for old, new in [
+        ("num_epochs=None", "num_epochs=1"),
+        ("worker_count=8", "worker_count=2"),
+        ("        ...\n", '        print("ROWS", *batch["row_ids"][batch["mask"]])\n'),
+    ]:
+        assert old in code, f"README 'Use' no longer has {old!r}"
+        code = code.replace(old, new)
+    if not guarded:
+        code = re.sub(r'if __name__ == "__main__":.*\n\s+main\(\)', "main()", code)
+        assert "__main__" not in code
+    return f"hvg_names = {HVG!r}\n" + code
+
+
+@pytest.mark.slow
+def test_readme_use_block_runs_as_a_script(tmp_path):
+    write_plates(tmp_path)
+    done, _ = run_script(tmp_path, "use.py", use_script(guarded=True))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [
+        int(r)
+        for line in done.stdout.splitlines()
+        if line.startswith("ROWS")
+        for r in line.split()[1:]
+    ]
+    assert sorted(rows) == list(range(sum(SIZES.values())))
+
+
+def test_unguarded_script_fails_at_once_with_one_error(tmp_path):
+    write_plates(tmp_path)
+    done, seconds = run_script(tmp_path, "use.py", use_script(guarded=False))
+    assert done.returncode != 0
+    assert "MainGuardError" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr
+    assert "use.py (line" in done.stderr
+    assert done.stderr.count("Traceback") == 1, done.stderr
+    assert len(done.stderr.splitlines()) < 40, done.stderr
+    assert seconds < 60
+
+
+SETUP = """
+import json
+import os
+
+import grain
+import numpy as np
+
+import grain_cells
+
+workdir = os.path.abspath("ckpt")
+step = 3
+train_state = {"w": np.arange(4.0) * 7}
+source = grain_cells.AnnDataSource(
+    ["plate1.h5ad", "plate2.h5ad"], block_size=8, obs_columns=["cell_line"])
+loader = grain_cells.DataLoader(
+    data_source=source,
+    sampler=grain_cells.BlockSampler(source, seed=1, num_epochs=None),
+    operations=grain_cells.fetch_operations(source, batch_size=16, seed=1),
+)
+"""
+
+AFTER = """
+rows = [next(iterator)["row_ids"].tolist() for _ in range(5)]
+print("RESULT", json.dumps({"rows": rows, "w": np.asarray(train_state["w"]).tolist()}))
+"""
+
+
+def result(done) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.mark.slow
+def test_readme_checkpoint_block_saves_and_restores_in_a_new_process(tmp_path):
+    write_plates(tmp_path)
+    block = readme_block("### Checkpoints")
+    save, restore = block.split("# ... later, in a new process:\n")
+    first = "iterator = iter(loader)\n"
+    assert save.count(first) == 1
+    save = save.replace(first, first + "for _ in range(step):\n    next(iterator)\n")
+    done, _ = run_script(tmp_path, "save.py", SETUP + save + AFTER)
+    saved = result(done)
+    # A fresh process, and a train_state of the right structure but other values.
+    fresh = SETUP.replace("np.arange(4.0) * 7", "np.zeros(4)")
+    done, _ = run_script(tmp_path, "restore.py", fresh + restore + AFTER)
+    restored = result(done)
+    assert restored == saved
+
+
+def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
+    """README: "The plain grain.DataLoader works too", in a program that never
+    parsed absl flags."""
+    write_plates(tmp_path)
+    code = textwrap.dedent(
+        """
+        import grain
+        import grain_cells
+        from absl import flags
+
+        def main():
+            assert not flags.FLAGS.is_parsed()
+            source = grain_cells.AnnDataSource(
+                ["plate1.h5ad", "plate2.h5ad"], block_size=8)
+            loader = grain.DataLoader(
+                data_source=source,
+                sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+                operations=grain_cells.fetch_operations(source, batch_size=16),
+                worker_count=2,
+                read_options=grain_cells.READ_OPTIONS,
+            )
+            for batch in loader:
+                x = batch["data"].reshape(-1)
+                ids = batch["row_ids"][batch["mask"]]
+                # every stored value of row r lies in (r * 100, r * 100 + 13)
+                rows = np.repeat(ids, np.diff(batch["indptr"])[: ids.size])
+                assert ((x > rows * 100) & (x < rows * 100 + 13)).all()
+                print("ROWS", *ids)
+
+        import numpy as np
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    done, _ = run_script(tmp_path, "plain.py", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [
+        int(r)
+        for line in done.stdout.splitlines()
+        if line.startswith("ROWS")
+        for r in line.split()[1:]
+    ]
+    assert sorted(rows) == list(range(sum(SIZES.values())))
