@@ -23,6 +23,9 @@ import pytest
 
 from grain_cells import synthetic
 
+# Each test runs a benchmark binary in a subprocess: seconds each.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
 PEER_MODULES = {
@@ -58,7 +61,6 @@ def run(workdir: pathlib.Path, binary: str, *flags: str) -> subprocess.Completed
     return done
 
 
-@pytest.mark.slow
 def test_read_throughput(workdir, data_file):
     out = workdir / "read.json"
     done = run(
@@ -75,7 +77,6 @@ def test_read_throughput(workdir, data_file):
             assert json.loads(out.read_text())[f"{state}_{how}_cells_per_s"] > 0
 
 
-@pytest.mark.slow
 def test_loader_throughput(workdir, data_file):
     out = workdir / "loader.json"
     done = run(
@@ -170,7 +171,6 @@ def test_preshuffle(workdir, data_file):
     assert len(list(out.glob("*.h5ad"))) == 2
 
 
-@pytest.mark.slow
 def test_grid(workdir):
     """No --data: the synthetic file is made in GRAIN_CELLS_CACHE."""
     out = workdir / "grid"

@@ -168,6 +168,7 @@ def test_weighted_sampling_on_aligned_blocks(gz_paths):
     assert keys.min() >= 0 and keys.max() < len(aligned)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(gz_paths):
     _, aligned = _aligned(gz_paths)
     loader = grain_cells.DataLoader(

@@ -166,6 +166,7 @@ def test_readme_checkpoint_block_saves_and_restores_in_a_new_process(tmp_path):
     assert restored == saved
 
 
+@pytest.mark.slow
 def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
     """README: "The plain grain.DataLoader works too", in a program that never
     parsed absl flags."""

@@ -226,6 +226,7 @@ def test_sigkill_and_resume_is_bitwise_identical(
     assert_bitwise_equal(final_params(workdir), final_params(reference))
 
 
+@pytest.mark.slow
 def test_main_prints_figures(uninterrupted):
     _, out = uninterrupted(0)
     done = re.search(r"^done at step (\d+): (.*)$", out, re.MULTILINE)

@@ -93,6 +93,7 @@ def hold_one_slot(queue, ready, done) -> None:
     ring.close()
 
 
+@pytest.mark.slow
 def test_waiting_for_a_slot_does_not_spin():
     ctx = multiprocessing.get_context("spawn")
     queue, ready, done = ctx.Queue(), ctx.Event(), ctx.Queue()
