@@ -9,6 +9,7 @@ it too (see `peers.py`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import resource
 import sys
@@ -266,3 +267,11 @@ def measure_loader(
         "window_minibatches": len(labels),
         "window_s": round(seconds, 2),
     }
+
+
+def write_json(path: str, files: list[str], flag_values: dict, results: list) -> None:
+    """Writes a binary's files, flags and result points as indented JSON."""
+    with open(path, "w") as f:
+        json.dump(
+            {"files": files, "flags": flag_values, "results": results}, f, indent=2
+        )

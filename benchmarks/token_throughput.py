@@ -18,7 +18,6 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -143,16 +142,8 @@ def main(argv):
                     flush=True,
                 )
     if _JSON.value:
-        with open(_JSON.value, "w") as f:
-            json.dump(
-                {
-                    "files": paths,
-                    "flags": {k: getattr(FLAGS, k) for k in _CONFIG},
-                    "results": results,
-                },
-                f,
-                indent=2,
-            )
+        flag_values = {k: getattr(FLAGS, k) for k in _CONFIG}
+        bench_util.write_json(_JSON.value, paths, flag_values, results)
 
 
 if __name__ == "__main__":
