@@ -74,19 +74,7 @@ def vm_hwm_mb(pid: int | str = "self") -> float | None:
 
 def children_peak_rss_mb() -> list[float]:
     """VmHWM of this process's children (Linux), in MiB."""
-    pid = os.getpid()
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    kids = []
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                kids += [int(k) for k in f.read().split()]
-        except OSError:
-            pass
-    return [m for m in (vm_hwm_mb(k) for k in kids) if m is not None]
+    return [m for m in (vm_hwm_mb(k) for k in _children()) if m is not None]
 
 
 def parse_compression(compression: str, chunks: str) -> dict:
