@@ -58,6 +58,7 @@ import numpy as np
 from grain_cells import arguments, counter_rng, errors
 
 if TYPE_CHECKING:
+    from grain_cells.block_table import BlockTable
     from grain_cells.source import AnnDataSource
 
 _FRACTION_TOLERANCE = 1e-6
@@ -112,33 +113,30 @@ def blocks_over_runs(
     return starts.astype(np.int64), stops.astype(np.int64)
 
 
-def fragmented(lengths: np.ndarray, block_size: int) -> bool:
-    """Whether blocks hold on average less than half of `block_size` cells."""
-    return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
-
-
-def fragment_note(lengths: np.ndarray, block_size: int) -> str:
-    """Says what fragmented blocks cost, and what to do about it."""
-    mean = float(np.mean(lengths))
-    return (
-        f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
-        f"average, of block_size={block_size}, so each read is "
-        f"{block_size / mean:.1f}x shorter than the block size allows and "
-        "fetches hold fewer cells. Select longer runs of cells, or pre-shuffle "
-        "(grain_cells.preshuffle) so that the cells you select are contiguous."
-    )
-
-
 def cell_mask(source: AnnDataSource) -> np.ndarray:
     """One bool per global row: whether one of the source's blocks holds it."""
-    n = source.num_cells
-    if source.num_selected_cells == n:
-        return np.ones(n, bool)
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
-    edges = np.zeros(n + 1, np.int8)
-    edges[starts] = 1
-    edges[stops] -= 1  # a stop may be the next block's start: 1 - 1 = 0
-    return np.cumsum(edges[:-1], dtype=np.int8).view(bool)
+    return source.block_table.cell_mask()
+
+
+def selected_blocks(source: AnnDataSource, cells=None, where=None) -> BlockTable:
+    """The block table of `source.select(cells, where=where)`.
+
+    A pure function of the source's cells, obs columns and the arguments:
+    blocks over the runs of matching cells (`blocks_over_runs`).
+
+    Args:
+        source: The source (a view selects only among its own cells).
+        cells: A boolean mask over `num_cells`, or global row ids, or None.
+        where: Mapping of obs column to a condition (see `where_mask`).
+
+    Raises:
+        See `selection_mask`.
+    """
+    mask = selection_mask(source, cells, where)
+    table = source.block_table
+    return table.with_blocks(
+        *blocks_over_runs(mask, table.cell_offsets, table.block_size)
+    )
 
 
 # -- selection -----------------------------------------------------------------
@@ -520,6 +518,7 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
 __all__ = [
     "blocks_over_runs",
     "cell_mask",
+    "selected_blocks",
     "selection_mask",
     "split_by_fraction",
     "split_by_obs",

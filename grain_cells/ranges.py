@@ -1,0 +1,84 @@
+"""Row ranges and runs: the index arithmetic every read path shares.
+
+A *range* is `[start, stop)` over row ids (or any integer positions); a
+*run* is a maximal stretch of consecutive ids. All functions are vectorised
+(no Python loop per id) and return int64 arrays.
+
+Example:
+    >>> expand_ranges(np.array([10, 20]), np.array([2, 3]))
+    array([10, 11, 20, 21, 22])
+    >>> runs(np.array([3, 4, 5, 9, 10]))
+    (array([3, 9]), array([ 6, 11]))
+    >>> merge_touching(np.array([0, 5, 9]), np.array([5, 7, 12]))
+    (array([0, 9]), array([ 7, 12]))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Every id of ranges `[starts[i], starts[i] + lengths[i])`, range after range.
+
+    Args:
+        starts: First id of each range.
+        lengths: Non-negative length of each range.
+
+    Returns:
+        An int64 array of `lengths.sum()` ids.
+    """
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    out = np.arange(total, dtype=np.int64)
+    out += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return out
+
+
+def runs(
+    sorted_ids: np.ndarray, cuts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive ids in sorted, distinct ids, as ranges.
+
+    Args:
+        sorted_ids: Sorted distinct integer ids.
+        cuts: Optional ids where a run must start even if the previous id
+            precedes it by one (file boundaries, chunk starts).
+
+    Returns:
+        `(starts, stops)`: one `[start, stop)` per run, in order.
+    """
+    ids = np.asarray(sorted_ids, np.int64).reshape(-1)
+    if ids.size == 0:
+        return ids.copy(), ids.copy()
+    new_run = np.diff(ids) != 1
+    if cuts is not None:
+        new_run |= np.isin(ids[1:], cuts)
+    breaks = np.flatnonzero(new_run) + 1
+    starts = ids[np.concatenate([[0], breaks])]
+    stops = ids[np.concatenate([breaks - 1, [ids.size - 1]])] + 1
+    return starts, stops
+
+
+def merge_touching(
+    starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merges sorted, disjoint ranges where one stops at the next one's start.
+
+    Args:
+        starts: Range starts, sorted.
+        stops: Matching exclusive ends; ranges do not overlap.
+
+    Returns:
+        `(starts, stops)` of the merged ranges (the inputs when at most one).
+    """
+    if starts.size <= 1:
+        return starts, stops
+    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
+    first = np.concatenate([[0], breaks])
+    last = np.concatenate([breaks - 1, [starts.size - 1]])
+    return starts[first], stops[last]
+
+
+__all__ = ["expand_ranges", "merge_touching", "runs"]
