@@ -49,8 +49,8 @@ from grain_cells.outputs import (
 from grain_cells.pipeline import cell_dataset
 from grain_cells.preshuffling import preshuffle
 from grain_cells.sampler import BlockSampler, WeightedBlockSampler
-from grain_cells.selection import split_by_fraction, split_by_obs
 from grain_cells.source import AnnDataSource, Block
+from grain_cells.splits import split_by_fraction, split_by_obs
 from grain_cells.tokens import RankValueTokens
 from grain_cells.value_bins import ValueBinTokens
 from grain_cells.vocabulary import GeneVocabulary

@@ -72,7 +72,7 @@ class AnnDataSource(SourceInfo):
     `grain_cells.split_by_fraction` and `split_by_obs` return such views,
     and `with_blocks(starts, stops)` builds one from any block table. A view
     keeps its block table (16 bytes per block) and its `repr` names a hash of
-    it; row ids stay global. See `grain_cells.selection`.
+    it; row ids stay global. See `grain_cells.selection` and `grain_cells.splits`.
 
         >>> b_cells = source.select(where={"cell_type": ["B"]})
 

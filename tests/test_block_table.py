@@ -109,3 +109,28 @@ def test_source_view_needs_a_table_of_its_files(csr_paths):
     finally:
         source.close()
         other.close()
+
+
+def test_selection_and_splits_are_tables(csr_paths):
+    from grain_cells import selection, splits
+
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
+    try:
+        before = repr(source)
+        table = selection.selected_blocks(source, where={"plate": ["plate1"]})
+        assert repr(source) == before and table.num_selected_cells == 40
+        np.testing.assert_array_equal(np.flatnonzero(table.cell_mask()), range(40, 80))
+        view = source.select(where={"plate": ["plate1"]})
+        assert view.blocks_id == table.blocks_id
+        tables = splits.fraction_split_blocks(source, {"a": 0.5, "b": 0.5}, seed=3)
+        views = grain_cells.split_by_fraction(source, {"a": 0.5, "b": 0.5}, seed=3)
+        assert {k: t.blocks_id for k, t in tables.items()} == {
+            k: v.blocks_id for k, v in views.items()
+        }
+        held = splits.obs_split_blocks(source, "plate", {"val": ["plate0"]})
+        assert held["val"].num_selected_cells == 40
+        assert held["train"].num_selected_cells == source.num_cells - 40
+        for v in (view, *views.values()):
+            v.close()
+    finally:
+        source.close()
