@@ -51,6 +51,7 @@ import numpy as np
 from grain import sharding
 
 from grain_cells import counter_rng
+from grain_cells.ranges import expand_ranges
 from grain_cells.sampler import _check_stream_args, _readahead_positions, _ReadsAhead
 
 _GROUP_WORD = 1 << 40
@@ -71,8 +72,7 @@ def condition_blocks(source, column: str):
     values = source.obs_values(column)
     _, starts, stops = source.block_ranges(np.arange(len(source)))
     lengths = stops - starts
-    cells = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-    cells += np.arange(cells.size)
+    cells = expand_ranges(starts, lengths)
     first = np.zeros(cells.size, bool)
     first[np.cumsum(lengths) - lengths] = True
     change = np.ones(cells.size, bool)

@@ -43,6 +43,7 @@ from grain_cells import arguments, counter_rng, matrices, transport, worker_proc
 from grain_cells.main_guard import check_main_guard
 from grain_cells.matrix import RowBuffer
 from grain_cells.outputs import CsrOutput, Fetch, Output
+from grain_cells.ranges import expand_ranges
 from grain_cells.source import AnnDataSource
 
 
@@ -130,8 +131,7 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         """
         starts, stops = blocks[:, 2], blocks[:, 3]
         lengths = stops - starts
-        cells = np.arange(int(lengths.sum()), dtype=np.int64)
-        cells += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        cells = expand_ranges(starts, lengths)
         positions = np.searchsorted(row_ids, cells)
         if self.config.shuffle:
             # Owned by grain_cells (counter_rng), so that no NumPy upgrade

@@ -17,6 +17,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells.h5ad import CSR, MatrixInfo
 from grain_cells.hdf5_reads import RangeReader
+from grain_cells.ranges import merge_touching
 
 # Decoded `indptr` chunks kept per file when `indptr` is compressed: every
 # fetch reads a few entries per block, which would otherwise decode a whole
@@ -98,17 +99,6 @@ class RowBuffer:
     def nbytes(self) -> int:
         """Bytes held."""
         return sum(a.size for a in self._arrays.values())
-
-
-def merge_touching(starts: np.ndarray, stops: np.ndarray):
-    """Merges sorted disjoint ranges where one ends where the next starts."""
-    if starts.size <= 1:
-        return starts, stops
-    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
-    return (
-        starts[np.concatenate([[0], breaks])],
-        stops[np.concatenate([breaks - 1, [starts.size - 1]])],
-    )
 
 
 class CsrReader:

@@ -25,6 +25,7 @@ from grain_cells import preshuffle_frames as frames
 from grain_cells.matrix import RowBuffer
 from grain_cells.preshuffle_plan import Plan
 from grain_cells.preshuffle_windows import Progress, Slot, WritePipeline, cuts
+from grain_cells.ranges import runs
 
 _GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
 _INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
@@ -186,7 +187,7 @@ class Writer:
             out_indices = slot.array("indices", most, plan.index_dtype)[: hi - lo]
             out_ptr = (indptr[a : b + 1] - lo).tolist()
             for sub_rows, dest in self._reads(rows[a:b]):
-                starts, stops = _runs(sub_rows)
+                starts, stops = runs(sub_rows)
                 got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
                 _check_rows(got.row_ids, sub_rows)
                 _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
@@ -226,7 +227,7 @@ class Writer:
             out = slot.array("X", most * plan.n_vars, plan.dtype)
             out = out[: (b - a) * plan.n_vars].reshape(b - a, plan.n_vars)
             for sub_rows, dest in self._reads(rows[a:b]):
-                starts, stops = _runs(sub_rows)
+                starts, stops = runs(sub_rows)
                 got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
                 _check_rows(got.row_ids, sub_rows)
                 out[dest] = got.dense[: sub_rows.size]
@@ -291,14 +292,6 @@ def _filter_options(compression: str | None) -> dict:
     if compression == "gzip":
         return {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
     return {"compression": compression, "shuffle": True}
-
-
-def _runs(sorted_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ranges `[starts, stops)` of consecutive ids in sorted distinct rows."""
-    breaks = np.flatnonzero(np.diff(sorted_rows) != 1) + 1
-    starts = sorted_rows[np.concatenate([[0], breaks])]
-    stops = sorted_rows[np.concatenate([breaks - 1, [sorted_rows.size - 1]])] + 1
-    return starts, stops
 
 
 def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:

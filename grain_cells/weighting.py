@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.ranges import expand_ranges
 from grain_cells.selection import cell_mask
 
 if TYPE_CHECKING:
@@ -148,8 +149,7 @@ def _composition(source: AnnDataSource, column: str) -> _Composition:
     parts = []
     for a, b in itertools.pairwise(bounds.tolist()):  # chunks of blocks
         n = lengths[a:b]
-        first = np.repeat(starts[a:b] - (np.cumsum(n) - n), n)
-        rows = np.arange(int(n.sum()), dtype=np.int64) + first
+        rows = expand_ranges(starts[a:b], n)
         key = np.repeat(np.arange(a, b, dtype=np.int64), n) * width
         key += codes[rows].astype(np.int64) + 1
         parts.append(np.unique(key, return_counts=True))
