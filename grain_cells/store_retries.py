@@ -107,6 +107,17 @@ def _mapping(storage_options, key: str) -> dict[str, Any]:
 _RETRIES = re.compile(r"after (\d+) retries")
 _STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>")
+# What hyper/reqwest say (in obstore's debug text) of a connection cut short.
+_DROPPED = (
+    "IncompleteMessage",
+    "IncompleteBody",
+    "UnexpectedEof",
+    "ConnectionReset",
+    "ConnectionAborted",
+    "BrokenPipe",
+    "body error",
+    "error sending request",
+)
 
 
 def describe(error: BaseException) -> tuple[int | None, str, int | None]:
@@ -123,6 +134,8 @@ def describe(error: BaseException) -> tuple[int | None, str, int | None]:
     """
     text = str(error)
     first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
+    what = first_line.split("  - ", 1)[-1].strip()
     retries = _RETRIES.search(text)
     status = _STATUS.search(text)
     code = _CODE.search(text)
@@ -130,12 +143,12 @@ def describe(error: BaseException) -> tuple[int | None, str, int | None]:
         cause = f"HTTP {status.group(1)} {(status.group(2) or '').strip()}".strip()
         if code:
             cause += f" ({code.group(1)})"
-    elif "timed out" in text.lower() or "timeout" in text.lower():
-        cause = f"timed out: {first_line}"
-    elif "body error" in text or "connection" in text.lower():
-        cause = f"connection dropped: {first_line}"
+    elif "TimedOut" in text or "kind: Timeout" in text:
+        cause = f"timed out ({what})"
+    elif any(mark in text for mark in _DROPPED):
+        cause = f"connection dropped ({what})"
     else:
-        cause = first_line
+        cause = what
     return (
         int(status.group(1)) if status else None,
         cause,

@@ -104,6 +104,27 @@ def test_loader_throughput(workdir, data_file):
     assert done.stdout.count("warm") == 4
 
 
+def test_object_store(workdir, data_file):
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    out = workdir / "object_store.json"
+    done = run(
+        workdir,
+        "object_store.py",
+        f"--data={data_file}",
+        f"--bucket_root={workdir / 'buckets'}",
+        "--worker_counts=0",
+        "--rtt_ms=2",
+        "--warmup=1",
+        "--minibatches=10",
+        f"--json={out}",
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["worker_count"] == 0
+    assert row["local_cold_cells_per_s"] > 0 and row["s3_cold_cells_per_s"] > 0
+    assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
+    assert "s3 cold" in done.stdout
+
+
 def test_transport_throughput(workdir):
     baseline = workdir / "transport_copy.py"  # "another checkout's" ring
     baseline.write_text((ROOT / "grain_cells" / "transport.py").read_text())

@@ -256,7 +256,7 @@ def test_exhausted_retries_through_the_loader(proxy, csr_paths):
     loader = grain_cells.DataLoader(
         data_source=source,
         sampler=grain_cells.BlockSampler(len(source), seed=0, num_epochs=1),
-        operations=grain_cells.fetch_operations(source, batch_size=4, fetch_factor=2),
+        operations=grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5),
     )
     proxy.set_rule(always(Fault.slow_down()))
     start = time.monotonic()

@@ -7,12 +7,14 @@ client and such a server.
 
 from grain_cells.testing.fault_proxy import Fault, FaultProxy, Request, always, every
 from grain_cells.testing.s3_folder_server import S3FolderServer, object_etag
+from grain_cells.testing.served_folder import ServedFolder
 
 __all__ = [
     "Fault",
     "FaultProxy",
     "Request",
     "S3FolderServer",
+    "ServedFolder",
     "always",
     "every",
     "object_etag",

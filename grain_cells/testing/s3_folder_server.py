@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import email.utils
 import http.server
+import json
 import os
 import re
 import sys
 import tempfile
 import threading
+import time
 import urllib.parse
 from xml.sax.saxutils import escape
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# Counters as JSON (`?reset=1` zeroes them), as FaultProxy answers them.
+STATS_PATH = "/__proxy__/stats"
 
 
 def object_etag(stat: os.stat_result) -> str:
@@ -89,17 +93,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -- verbs --------------------------------------------------------------
 
+    def _count(self, **add: int) -> None:
+        counts = self.server.counts
+        with self.server.counts_lock:
+            for name, value in add.items():
+                counts[name] = counts.get(name, 0) + value
+
+    def _begin(self) -> None:
+        self._count(
+            requests=1,
+            range_gets=int(self.command == "GET" and "Range" in self.headers),
+        )
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
+
     def do_HEAD(self):
+        self._begin()
         self._get(send_body=False)
 
     def do_GET(self):
+        if self.path.startswith(STATS_PATH):
+            self._stats()
+            return
+        self._begin()
         bucket, key, query = self._split()
         if not key:
             self._list(bucket, query)
         else:
             self._get(send_body=True)
 
+    def _stats(self) -> None:
+        with self.server.counts_lock:
+            body = json.dumps(self.server.counts).encode()
+            if "reset=1" in self.path:
+                self.server.counts = {}
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_PUT(self):
+        self._begin()
         bucket, key, _ = self._split()
         body = self._drain_body()
         folder = os.path.join(self.root, bucket)
@@ -196,6 +231,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if send_body:
                 self.wfile.flush()
                 _sendfile(self.connection, f.fileno(), start, stop - start)
+                self._count(response_bytes=stop - start)
 
 
 def _parse_range(spec: str, size: int) -> tuple[int, int] | None:
@@ -245,11 +281,23 @@ class S3FolderServer:
       root: Folder whose subfolders are the buckets.
       host: Address to listen on (loopback only in tests).
       port: Port, or 0 for a free one.
+      latency_s: Seconds to hold every request before answering it (added
+        round-trip time without a proxy).
     """
 
-    def __init__(self, root: str | os.PathLike, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        latency_s: float = 0.0,
+    ):
         handler = type("Handler", (_Handler,), {"root": os.fspath(root)})
         self._server = _Server((host, port), handler)
+        self._server.latency_s = latency_s
+        self._server.counts = {}
+        self._server.counts_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     @property

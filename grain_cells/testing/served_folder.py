@@ -15,59 +15,93 @@ import contextlib
 import json
 import multiprocessing
 import os
+import urllib.parse
 import urllib.request
 
 
-def _serve(root: str, rtt_s: float, conn) -> None:
-    from grain_cells.testing.fault_proxy import FaultProxy
+def _serve_folder(root: str, latency_s: float, conn) -> None:
     from grain_cells.testing.s3_folder_server import S3FolderServer
 
-    server = S3FolderServer(root).start()
-    proxy = FaultProxy(server.address, rtt_s=rtt_s).start()
-    conn.send((server.endpoint_url, proxy.endpoint_url))
+    server = S3FolderServer(root, latency_s=latency_s).start()
+    conn.send(server.endpoint_url)
     conn.recv()  # until told to stop (or the parent's end closes)
-    proxy.stop()
     server.stop()
 
 
+def _serve_proxy(upstream: tuple[str, int], rtt_s: float, conn) -> None:
+    from grain_cells.testing.fault_proxy import FaultProxy
+
+    proxy = FaultProxy(upstream, rtt_s=rtt_s).start()
+    conn.send(proxy.endpoint_url)
+    conn.recv()
+    proxy.stop()
+
+
 class ServedFolder:
-    """Serves `root`'s subfolders as S3 buckets, with `rtt_s` added, in a child.
+    """Serves `root`'s subfolders as S3 buckets with added latency, in children.
+
+    The server and the proxy each run in a process of their own (their Python
+    threads would otherwise share one GIL).
 
     Args:
       root: Folder whose subfolders are the buckets.
-      rtt_s: Round-trip time the proxy adds to every request.
-      timeout_s: How long to wait for the child to start.
+      rtt_s: Round-trip time added to every request.
+      via_proxy: True: the proxy adds `rtt_s` (as in the fault tests). False:
+        no proxy; the server holds each answer `rtt_s` (no extra hop, so the
+        cost of the proxy itself can be told apart).
+      timeout_s: How long to wait for the children to start.
     """
 
-    def __init__(self, root: str | os.PathLike, *, rtt_s: float = 0.0, timeout_s=30.0):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        rtt_s: float = 0.0,
+        via_proxy: bool = True,
+        timeout_s: float = 30.0,
+    ):
         self.root = os.fspath(root)
         self.rtt_s = rtt_s
+        self.via_proxy = via_proxy
         self._timeout_s = timeout_s
-        self._process = None
-        self._conn = None
+        self._children: list[tuple] = []
         self.server_url = self.endpoint_url = ""
 
+    def _spawn(self, target, *args) -> str:
+        ctx = multiprocessing.get_context("spawn")
+        conn, child = ctx.Pipe()
+        process = ctx.Process(target=target, args=(*args, child), daemon=True)
+        process.start()
+        child.close()
+        self._children.append((process, conn))
+        try:
+            if not conn.poll(self._timeout_s):
+                raise EOFError
+            return conn.recv()
+        except (EOFError, OSError):
+            self.stop()
+            raise RuntimeError(
+                f"the S3 folder server for {self.root} did not start (see its "
+                "error above; scripts that start it need the "
+                "`if __name__ == '__main__':` guard)"
+            ) from None
+
     def start(self) -> ServedFolder:
-        """Starts the child; returns self once it listens.
+        """Starts the children; returns self once they listen.
 
         Raises:
-          RuntimeError: The child did not start in time.
+          RuntimeError: A child did not start in time.
         """
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_serve, args=(self.root, self.rtt_s, child), daemon=True
-        )
-        self._process.start()
-        child.close()
-        if not self._conn.poll(self._timeout_s):
-            self.stop()
-            raise RuntimeError(f"the S3 folder server for {self.root} did not start")
-        self.server_url, self.endpoint_url = self._conn.recv()
+        latency = 0.0 if self.via_proxy else self.rtt_s
+        self.server_url = self._spawn(_serve_folder, self.root, latency)
+        self.endpoint_url = self.server_url
+        if self.via_proxy:
+            host, port = urllib.parse.urlsplit(self.server_url).netloc.split(":")
+            self.endpoint_url = self._spawn(_serve_proxy, (host, int(port)), self.rtt_s)
         return self
 
     def storage_options(self, **extra) -> dict:
-        """Storage options that reach the buckets through the proxy."""
+        """Storage options that reach the buckets (through the proxy if any)."""
         return {
             "endpoint_url": self.endpoint_url,
             "access_key_id": "grain-cells",
@@ -77,24 +111,25 @@ class ServedFolder:
         }
 
     def stats(self, reset: bool = False) -> dict[str, int]:
-        """The proxy's counters (requests, range GETs, response bytes, ...)."""
+        """The proxy's counters (requests, range GETs, response bytes, ...).
+
+        Without a proxy, the server's (requests, range GETs, response bytes).
+        """
         url = f"{self.endpoint_url}/__proxy__/stats" + ("?reset=1" if reset else "")
         with urllib.request.urlopen(url, timeout=30) as response:
             return json.loads(response.read())
 
     def stop(self) -> None:
-        """Stops the child."""
-        if self._conn is not None:
+        """Stops the children."""
+        for process, conn in reversed(self._children):
             with contextlib.suppress(OSError):
-                self._conn.send("stop")
-            self._conn.close()
-            self._conn = None
-        if self._process is not None:
-            self._process.join(10)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._process = None
+                conn.send("stop")
+            conn.close()
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._children = []
 
     def __enter__(self) -> ServedFolder:
         return self.start()
