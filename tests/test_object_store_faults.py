@@ -150,6 +150,26 @@ def test_server_serves_ranges_and_etags(served, proxy, csr_paths):
     assert stats["range_gets"] == 2 and stats["requests"] == 4  # + HEAD, LIST
 
 
+@pytest.mark.parametrize("after", [0, 150, 1500], ids=["no-answer", "headers", "body"])
+def test_dropped_connections_are_retried(served, proxy, csr_paths, after):
+    root, _ = served
+    name = os.path.basename(csr_paths[1])
+    data = (root / BUCKET / name).read_bytes()
+    store = obstore.store.S3Store(
+        BUCKET,
+        endpoint=proxy.endpoint_url,
+        access_key_id="test",
+        secret_access_key="test",
+        region="us-east-1",
+        client_options={"allow_http": True},
+        retry_config=FAST_RETRIES,
+    )
+    proxy.set_rule(every(2, Fault.drop(after_bytes=after)))
+    got = obstore.get(store, name, options={"range": (0, 4000)}).bytes()
+    assert bytes(got) == data[:4000]
+    assert proxy.stats()["faults"] == 1
+
+
 def test_retry_policy_defaults_and_overrides():
     assert store_retries.retry_config()["max_retries"] == 10
     merged = store_retries.retry_config(
@@ -185,7 +205,7 @@ def test_clean_remote_run_equals_local(proxy, csr_paths, clean):
     [
         pytest.param(every(2, Fault.server_error()), id="500"),
         pytest.param(every(2, Fault.slow_down(), first=1), id="503-slowdown"),
-        pytest.param(every(3, Fault.drop(after_bytes=300)), id="dropped"),
+        pytest.param(every(3, Fault.drop(after_bytes=100)), id="dropped"),
         pytest.param(every(5, Fault.stall(1.0), limit=2), id="stalled"),
     ],
 )
@@ -215,7 +235,7 @@ def test_retried_faults_with_workers(proxy, csr_paths, clean):
     [
         pytest.param(Fault.server_error(), 500, "HTTP 500", id="500"),
         pytest.param(Fault.slow_down(), 503, "SlowDown", id="503-slowdown"),
-        pytest.param(Fault.drop(after_bytes=300), None, "dropped", id="dropped"),
+        pytest.param(Fault.drop(after_bytes=100), None, "dropped", id="dropped"),
         pytest.param(Fault.stall(30.0), None, "timed out", id="stalled"),
     ],
 )
