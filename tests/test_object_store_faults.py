@@ -219,13 +219,18 @@ def test_retried_faults_give_identical_minibatches(proxy, csr_paths, clean, rule
 
 
 @pytest.mark.slow
-def test_retried_faults_with_workers(proxy, csr_paths, clean):
+def test_retried_faults_with_workers(proxy, csr_paths):
+    clean = minibatches(csr_paths, worker_count=2)  # the order follows workers
     def mixed(request):
-        kinds = [None, Fault.server_error(), Fault.slow_down(), Fault.drop(200)]
-        return kinds[request.index % 4] if request.index >= 0 else None
+        # Every other range GET fails, in turns: 500, 503 SlowDown, dropped.
+        kinds = [None, Fault.server_error(), None, Fault.slow_down(), None]
+        kinds.append(Fault.drop(100))
+        return kinds[request.index % 6] if request.index >= 0 else None
 
     proxy.set_rule(mixed)
-    got = minibatches(urls(csr_paths), options(proxy), worker_count=2)
+    # Two processes' requests interleave: allow runs of faults.
+    retry = {**FAST_RETRIES, "max_retries": 10}
+    got = minibatches(urls(csr_paths), options(proxy, retry), worker_count=2)
     assert proxy.stats()["faults"] > 0
     assert_same(got, clean)
 
