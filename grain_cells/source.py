@@ -36,10 +36,11 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from grain_cells import arguments, errors, h5ad, selection
+from grain_cells import arguments, errors, h5ad, object_store, remote_h5, selection
+from grain_cells.byte_readers import ByteReader
 from grain_cells.cells import Cells, take_csr
 from grain_cells.genes import JOINS, align_genes, gather_dense, remap_csr
-from grain_cells.identity import FileIdentity, FileStat, stat_of_h5
+from grain_cells.identity import FileIdentity
 from grain_cells.matrix import CsrReader, CsrRows, DenseReader, RowBuffer
 from grain_cells.obs import OBS_MISSING, ColumnKind, harmonise
 
@@ -67,13 +68,13 @@ class _OpenFile:
     """A file's handles in one process."""
 
     h5: h5py.File
-    fd: int | None
+    fd: ByteReader | None
     reader: CsrReader | DenseReader
     obs: dict[str, np.ndarray]
 
     def close(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            self.fd.close()
             self.fd = None
         self.h5.close()
 
@@ -179,6 +180,7 @@ class AnnDataSource:
         obs_missing: str = "error",
         check_indices: bool = True,
         read_threads: int = 4,
+        storage_options: dict | None = None,
     ):
         """Opens every file once to check it and read its metadata.
 
@@ -203,6 +205,9 @@ class AnnDataSource:
                 the matrix (one pass over the indices, a few percent of a read).
             read_threads: Threads per process that issue positional reads
                 concurrently on large batches (cold cache). 0 reads inline.
+            storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
+                configuration (credentials, `endpoint_url`, `anon`, ...); see
+                `grain_cells.object_store`. Pickled with the source.
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
@@ -238,15 +243,17 @@ class AnnDataSource:
         self._obs_missing = obs_missing
         self._check_indices = bool(check_indices)
         self._read_threads = int(read_threads)
+        self._storage_options = dict(storage_options or {})
 
         infos: list[h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
         for path in self._paths:
-            with h5ad.open_file(path) as f:
+            with remote_h5.open_h5(path, self._storage_options) as f:
                 info = h5ad.inspect_matrix(f, self._element)
-                identities.append(FileIdentity.take(f, path, info.element))
+                stat = remote_h5.stat_of(f, path)
+                identities.append(FileIdentity.take(f, path, info.element, stat))
                 var_names.append(h5ad.read_var_names(f, self._element))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in self._obs_names if c not in have]
@@ -289,6 +296,9 @@ class AnnDataSource:
         self._block_stops: np.ndarray | None = None
         self._blocks_id = ""
         self._init_process_state()
+        for i, path in enumerate(self._paths):  # metadata of objects read once
+            if object_store.is_url(path):
+                self._file(i)
 
     # -- per-process state -------------------------------------------------
 
@@ -342,7 +352,8 @@ class AnnDataSource:
     def _open_file(self, i: int) -> _OpenFile:
         expected = self._infos[i]
         path = expected.path
-        f = h5ad.open_file(path)
+        identity = self._identities[i]
+        f = remote_h5.open_h5(path, self._storage_options, identity.stat)
         try:
             info = h5ad.inspect_matrix(f, self._element)
             if info.describe() != expected.describe():
@@ -352,15 +363,14 @@ class AnnDataSource:
                     "new source (and do not restore iterator state saved for the "
                     "old one)."
                 )
-            identity = self._identities[i]
-            identity.check_stat(stat_of_h5(f, path), "when a process opened it")
+            identity.check_stat(remote_h5.stat_of(f, path), "when a process opened it")
             identity.check_layout(f, "when a process opened it")
-            fd = os.open(path, os.O_RDONLY)
+            fd = remote_h5.open_bytes(path, self._storage_options, identity.stat)
         except BaseException:
             f.close()
             raise
         try:
-            identity.check_stat(FileStat.of(os.fstat(fd)), "when a process opened it")
+            identity.check_stat(fd.stat(), "when a process opened it")
             element = f[info.element]
             if info.encoding == h5ad.CSR:
                 reader = CsrReader(element, info, fd)
@@ -371,9 +381,10 @@ class AnnDataSource:
                 spec = self._obs[c]
                 column = h5ad.read_obs_column(f, c) if spec.present[i] else None
                 obs[c] = spec.file_values(i, column, info.n_obs)
+            remote_h5.opened(f)
             return _OpenFile(f, fd, reader, obs)
         except BaseException:
-            os.close(fd)
+            fd.close()
             f.close()
             raise
 
@@ -703,7 +714,7 @@ class AnnDataSource:
         """
         for identity in self._identities:
             try:
-                now = FileStat.of(os.stat(identity.path))
+                now = remote_h5.stat_path(identity.path, self._storage_options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "
@@ -801,9 +812,7 @@ class AnnDataSource:
         handles = [self._file(i) for i in file_of]
         for i, handle in zip(file_of, handles, strict=True):
             if handle.fd is not None:  # one fstat per file and fetch (~10 us)
-                self._identities[i].check_stat(
-                    FileStat.of(os.fstat(handle.fd)), "at a read"
-                )
+                self._identities[i].check_stat(handle.fd.stat(), "at a read")
         readers = [handle.reader for handle in handles]
         obs = self._obs_for(files, starts, lengths, row_ids)
         maps = [self._genes.maps[i] for i in file_of]
