@@ -26,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -102,9 +103,30 @@ def main(argv):
                 None, FLAGS.n_cells, FLAGS.n_genes, compression, FLAGS.chunks
             )
             file_sets.append((compression, paths))
+    # Hard links to the files (no copy); a folder made here is removed after.
     root = _ROOT.value or tempfile.mkdtemp(
-        prefix="grain-cells-s3-", dir=os.path.dirname(file_sets[0][1][0])
+        prefix=".grain-cells-s3-", dir=os.path.dirname(file_sets[0][1][0])
     )
+    try:
+        results = measure(root, file_sets)
+    finally:
+        if not _ROOT.value:
+            shutil.rmtree(root, ignore_errors=True)
+    if loader_throughput._JSON.value:
+        flag_values = {
+            "rtt_ms": _RTT_MS.value,
+            "via_proxy": _VIA_PROXY.value,
+            "object_store_options": _READ_OPTIONS.value,
+            **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
+        }
+        all_paths = [p for _, ps in file_sets for p in ps]
+        bench_util.write_json(
+            loader_throughput._JSON.value, all_paths, flag_values, results
+        )
+
+
+def measure(root: str, file_sets) -> list[dict]:
+    """Local cold, then s3 cold, for each file set and worker count."""
     os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
     workers = [int(w) for w in FLAGS.worker_counts.split(",")]
     fetches = (1 + FLAGS.warmup + FLAGS.minibatches) / FLAGS.fetch_factor
@@ -154,17 +176,7 @@ def main(argv):
                     f"{remote['first_batch_s']:8.2f}",
                     flush=True,
                 )
-    if loader_throughput._JSON.value:
-        flag_values = {
-            "rtt_ms": _RTT_MS.value,
-            "via_proxy": _VIA_PROXY.value,
-            "object_store_options": _READ_OPTIONS.value,
-            **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
-        }
-        all_paths = [p for _, ps in file_sets for p in ps]
-        bench_util.write_json(
-            loader_throughput._JSON.value, all_paths, flag_values, results
-        )
+    return results
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
 * `anon=True`: unsigned requests (public buckets);
 * `endpoint_url` (an alias of obstore's `endpoint`) for S3-compatible stores;
   an `http://` endpoint allows plain HTTP;
-* `client_options` and `retry_config`: passed to obstore as is.
+* `client_options` and `retry_config`: obstore's, over grain_cells' defaults
+  (timeouts, retries: `grain_cells.store_retries`).
 
 Credentials not given come from the standard environment variables
 (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
@@ -31,9 +32,10 @@ import collections
 import dataclasses
 import os
 import threading
+import time
 import urllib.parse
 
-from grain_cells import errors
+from grain_cells import errors, store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
@@ -125,8 +127,10 @@ def _build_store(root: str, options: dict):
             "pip install 'grain_cells[cloud]'"
         ) from None
 
-    client_options = dict(options.pop("client_options", None) or {})
-    retry_config = options.pop("retry_config", None)
+    client_options = store_retries.client_options(options)
+    retry_config = store_retries.retry_config(options)
+    for key in store_retries.POLICY_KEYS:
+        options.pop(key, None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
     endpoint = str(options.get("endpoint", ""))
@@ -212,7 +216,8 @@ def get_range(
     Raises:
         errors.SourceChangedError: The object changed or was removed.
         errors.CorruptDataError: The object ends before `end`.
-        OSError: The request failed after obstore's retries; names URL, range.
+        errors.ObjectStoreError: The request failed after obstore's retries
+            (`grain_cells.store_retries`); names URL, range, status, attempts.
     """
     import obstore
     from obstore import exceptions as ox
@@ -223,6 +228,7 @@ def get_range(
     if etag:
         options["if_match"] = etag
     _count("get")
+    began = time.monotonic()
     try:
         data = obstore.get(store, key, options=options).bytes()
     except ox.PreconditionError:
@@ -238,8 +244,13 @@ def get_range(
             f"read of bytes [{start}, {end})). Build a new source."
         ) from None
     except (ox.BaseError, OSError) as e:
-        raise OSError(
-            f"{url}: reading bytes [{start}, {end}) failed: {_first_line(e)}"
+        # Retries ran out (see store_retries for the policy).
+        raise store_retries.named_error(
+            e,
+            url=url,
+            ranges=[(int(start), int(end))],
+            retry=store_retries.retry_config(storage_options),
+            elapsed_s=time.monotonic() - began,
         ) from None
     if len(data) != end - start:
         raise errors.CorruptDataError(

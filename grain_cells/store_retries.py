@@ -31,6 +31,7 @@ defaults one by one (`backoff` too is merged key by key).
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -83,15 +84,52 @@ def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, 
 def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `client_options` for obstore: timeouts by default, updated from options.
 
+    Client settings obstore would read from the environment
+    (`AWS_ALLOW_HTTP`, `AWS_PROXY_URL`, ...; also `GOOGLE_`, `AZURE_`) are
+    kept: an explicit `client_options` would otherwise drop them.
+
     Args:
       storage_options: The source's storage options; its `client_options`
         (obstore's `ClientConfig` keys, e.g. `allow_http`, `timeout`) are
-        added to, and override, the default timeouts.
+        added to, and override, the defaults and the environment.
 
     Returns:
       A new dict to pass as `client_options=` to an obstore store.
     """
-    return {**DEFAULT_CLIENT, **_mapping(storage_options, "client_options")}
+    return {
+        **DEFAULT_CLIENT,
+        **_client_options_from_env(),
+        **_mapping(storage_options, "client_options"),
+    }
+
+
+# obstore's ClientConfig keys that its stores also read from the environment
+# (`AWS_ALLOW_HTTP`, ...). Passing `client_options` replaces what obstore took
+# from there, so they are read here and kept (below explicit options).
+_ENV_CLIENT_KEYS = (
+    "allow_http",
+    "allow_invalid_certificates",
+    "connect_timeout",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "proxy_url",
+    "proxy_ca_certificate",
+    "proxy_excludes",
+    "timeout",
+    "user_agent",
+)
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
+
+def _client_options_from_env() -> dict[str, str]:
+    out = {}
+    for key in _ENV_CLIENT_KEYS:
+        for prefix in _ENV_PREFIXES:
+            value = os.environ.get(prefix + key.upper())
+            if value is not None:
+                out[key] = value
+                break
+    return out
 
 
 def _mapping(storage_options, key: str) -> dict[str, Any]:

@@ -26,13 +26,7 @@ obstore = pytest.importorskip(
 
 import grain_cells  # noqa: E402
 from grain_cells import store_retries  # noqa: E402
-from grain_cells.testing import (  # noqa: E402
-    Fault,
-    FaultProxy,
-    S3FolderServer,
-    always,
-    every,
-)
+from grain_cells.testing import Fault, ServedFolder, always, every  # noqa: E402
 
 BUCKET = "cells"
 HANG_GUARD_S = 20.0
@@ -48,28 +42,30 @@ FAST_RETRIES = {
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, csr_paths):
-    """The conftest files in a bucket, served on loopback behind a proxy."""
+    """The conftest files in a bucket, served on loopback behind a proxy.
+
+    Both run in child processes (`ServedFolder`): never in threads of the
+    process that holds h5py's lock while it waits for them.
+    """
     root = tmp_path_factory.mktemp("buckets")
     (root / BUCKET).mkdir()
     for path in csr_paths:
         shutil.copy(path, root / BUCKET / os.path.basename(path))
     try:
-        server = S3FolderServer(root).start()
-    except OSError as e:
+        stack = ServedFolder(root).start()
+    except RuntimeError as e:
         pytest.skip(f"cannot start the local S3 server on loopback: {e}")
-    proxy = FaultProxy(server.address).start()
-    yield root, proxy
-    proxy.stop()
-    server.stop()
+    yield root, stack
+    stack.stop()
 
 
 @pytest.fixture
 def proxy(served):
-    _, proxy = served
-    proxy.set_rule(None)
-    proxy.stats(reset=True)
-    yield proxy
-    proxy.set_rule(None)
+    _, stack = served
+    stack.set_rule(None)
+    stack.stats(reset=True)
+    yield stack
+    stack.set_rule(None)
 
 
 def urls(csr_paths) -> list[str]:
@@ -186,6 +182,14 @@ def test_retry_policy_defaults_and_overrides():
         store_retries.retry_config({"retry_config": {"retries": 2}})
 
 
+def test_client_options_keep_the_environment(monkeypatch):
+    # Explicit client options replace obstore's own reading of these.
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    assert store_retries.client_options()["allow_http"] == "true"
+    given = {"client_options": {"allow_http": False}}
+    assert store_retries.client_options(given)["allow_http"] is False
+
+
 # -- through the source and the loader ---------------------------------------
 
 
@@ -221,6 +225,7 @@ def test_retried_faults_give_identical_minibatches(proxy, csr_paths, clean, rule
 @pytest.mark.slow
 def test_retried_faults_with_workers(proxy, csr_paths):
     clean = minibatches(csr_paths, worker_count=2)  # the order follows workers
+
     def mixed(request):
         # Every other range GET fails, in turns: 500, 503 SlowDown, dropped.
         kinds = [None, Fault.server_error(), None, Fault.slow_down(), None]

@@ -1,8 +1,11 @@
 """`S3FolderServer` behind a `FaultProxy`, in a process of their own.
 
-Benchmarks start the stack here so that the server's and proxy's Python code
-does not share a GIL with the loader it serves. Tests start the two parts in
-their own process (threads) instead, to set fault rules as they go.
+Tests and benchmarks start the stack here, never in threads of their own
+process: the server's and proxy's Python code would share a GIL with the
+loader, and, worse, a server thread that garbage-collects an h5py object
+waits for h5py's global lock while the reader holding it waits for the
+server (a deadlock). Fault rules travel to the proxy's process pickled with
+cloudpickle (`set_rule`).
 
 Example:
   >>> with ServedFolder("/tmp/buckets", rtt_s=0.02) as served:  # doctest: +SKIP
@@ -29,11 +32,21 @@ def _serve_folder(root: str, latency_s: float, conn) -> None:
 
 
 def _serve_proxy(upstream: tuple[str, int], rtt_s: float, conn) -> None:
+    import cloudpickle
+
     from grain_cells.testing.fault_proxy import FaultProxy
 
     proxy = FaultProxy(upstream, rtt_s=rtt_s).start()
     conn.send(proxy.endpoint_url)
-    conn.recv()
+    while True:  # until told to stop (or the parent's end closes)
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message[0] != "rule":
+            break
+        proxy.set_rule(cloudpickle.loads(message[1]))
+        conn.send("ok")
     proxy.stop()
 
 
@@ -100,6 +113,20 @@ class ServedFolder:
             self.endpoint_url = self._spawn(_serve_proxy, (host, int(port)), self.rtt_s)
         return self
 
+    def set_rule(self, rule) -> None:
+        """Sets the proxy's fault rule (see `FaultProxy.set_rule`).
+
+        Raises:
+          ValueError: There is no proxy (`via_proxy=False`).
+        """
+        import cloudpickle
+
+        if not self.via_proxy or len(self._children) < 2:
+            raise ValueError("no proxy to set a fault rule on (via_proxy=False)")
+        _, conn = self._children[1]
+        conn.send(("rule", cloudpickle.dumps(rule)))
+        conn.recv()
+
     def storage_options(self, **extra) -> dict:
         """Storage options that reach the buckets (through the proxy if any)."""
         return {
@@ -123,7 +150,7 @@ class ServedFolder:
         """Stops the children."""
         for process, conn in reversed(self._children):
             with contextlib.suppress(OSError):
-                conn.send("stop")
+                conn.send(("stop",))
             conn.close()
             process.join(10)
             if process.is_alive():
