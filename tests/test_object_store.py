@@ -287,3 +287,34 @@ def test_read_ahead_serves_hinted_blocks(parts, s3):  # noqa: F811
         _dense(source.read_blocks(other).X), _dense(local.read_blocks(other).X)
     )
     assert _counts_since(before)["get"] > hinted["get"]
+
+
+def test_gene_join_over_urls(tmp_path, s3):  # noqa: F811
+    full = _write_rich(tmp_path / "full.h5ad")
+    adata = anndata.read_h5ad(full)
+    part = str(tmp_path / "part.h5ad")
+    adata[:20, ::2].copy().write_h5ad(part)  # every other gene
+    paths = [full, part]
+    urls = [s3.upload(p, f"join/{i}.h5ad") for i, p in enumerate(paths)]
+    for join in ("inner", "outer"):
+        remote = grain_cells.AnnDataSource(urls, join=join, storage_options=s3.options)
+        local = grain_cells.AnnDataSource(paths, join=join)
+        np.testing.assert_array_equal(remote.var_names, local.var_names)
+        rows = np.arange(remote.num_cells)
+        np.testing.assert_array_equal(
+            _dense(remote.read(rows).X), _dense(local.read(rows).X)
+        )
+
+
+def test_anonymous_and_http_urls(rich, s3):  # noqa: F811
+    path, _ = rich["csr"]
+    url = s3.upload(path, "public/csr.h5ad")
+    s3.client.put_object_acl(Bucket=s3.bucket, Key="public/csr.h5ad", ACL="public-read")
+    want = _dense(grain_cells.AnnDataSource(path).read(np.arange(10)).X)
+    anon = {"endpoint_url": s3.endpoint, "region": "us-east-1", "anon": True}
+    http = f"{s3.endpoint}/{s3.bucket}/public/csr.h5ad"  # path-style URL
+    for source in (
+        grain_cells.AnnDataSource(url, storage_options=anon),
+        grain_cells.AnnDataSource(http),
+    ):
+        np.testing.assert_array_equal(_dense(source.read(np.arange(10)).X), want)
