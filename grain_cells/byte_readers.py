@@ -13,7 +13,12 @@ in a destination buffer. Two implementations:
   `MAX_REQUEST_BYTES`; up to `MAX_IN_FLIGHT` requests run at once per
   process. `will_need` (used for each CSR file's `indptr`, which every fetch
   reads) fetches the ranges into memory once, up to `PIN_BYTES` per reader;
-  `advise` (read-ahead of future blocks) is a no-op for now.
+  `advise` (the sampler's read-ahead of future blocks) starts their GETs in
+  background threads (`grain_cells.read_ahead`, up to `READAHEAD_BYTES` per
+  reader held at once).
+
+Memory per process and remote file: up to `PIN_BYTES` pinned, up to
+`READAHEAD_BYTES` read ahead, plus the requests of the fetch being read.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ import numpy as np
 
 from grain_cells import object_store
 from grain_cells.identity import FileStat
+from grain_cells.read_ahead import ReadAhead
 
 MERGE_GAP = 64 << 10
 MAX_REQUEST_BYTES = 16 << 20
 MAX_IN_FLIGHT = 16
 PIN_BYTES = 64 << 20
+READAHEAD_BYTES = 256 << 20
+READAHEAD_THREADS = 16
 
 
 class TruncatedError(EOFError):
@@ -133,21 +141,33 @@ class LocalByteReader:
             self.fd = None
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 _pool_pid = os.getpid()
 
 
-def _request_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's pool of request threads (`MAX_IN_FLIGHT` of them)."""
-    global _pool, _pool_pid
+def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    global _pool_pid
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                MAX_IN_FLIGHT, thread_name_prefix="grain_cells_get"
-            )
+        if _pool_pid != os.getpid():  # forked: threads belong to the parent
+            _pools.clear()
             _pool_pid = os.getpid()
-        return _pool
+        pool = _pools.get(name)
+        if pool is None:
+            pool = _pools[name] = concurrent.futures.ThreadPoolExecutor(
+                threads, thread_name_prefix=f"grain_cells_{name}"
+            )
+        return pool
+
+
+def _request_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's threads for reads' GETs (`MAX_IN_FLIGHT` of them)."""
+    return _pool("get", MAX_IN_FLIGHT)
+
+
+def _ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's threads for read-ahead GETs (`READAHEAD_THREADS`)."""
+    return _pool("ahead", READAHEAD_THREADS)
 
 
 def plan_requests(
@@ -194,6 +214,7 @@ class RemoteByteReader:
         self._pinned: list[tuple[int, bytes]] = []
         self._pinned_bytes = 0
         self._lock = threading.Lock()
+        self._ahead = ReadAhead(self._get, _ahead_pool, READAHEAD_BYTES)
 
     def _get(self, start: int, end: int):
         if end > self._stat.size:
@@ -217,7 +238,7 @@ class RemoteByteReader:
         offsets = np.asarray(offsets, np.int64).reshape(-1)
         nbytes = np.asarray(nbytes, np.int64).reshape(-1)
         dest_starts = np.asarray(dest_starts, np.int64).reshape(-1)
-        if self._pinned:
+        if self._pinned or self._ahead.held_bytes:
             keep = np.ones(offsets.size, bool)
             pieces = zip(
                 offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), strict=True
@@ -226,6 +247,8 @@ class RemoteByteReader:
                 piece = self._from_pinned(off, n)
                 if piece is not None:
                     dest[d : d + n] = piece
+                    keep[i] = False
+                elif self._ahead.held_bytes and self._ahead.take(off, n, dest, d):
                     keep[i] = False
             offsets, nbytes, dest_starts = (
                 offsets[keep],
@@ -257,8 +280,21 @@ class RemoteByteReader:
             f.result()
 
     def advise(self, offsets, nbytes) -> None:
-        """A no-op: read-ahead of future blocks is not implemented for objects."""
-        return  # read-ahead of future blocks is not implemented for objects
+        """Starts GETs of these pieces in the background (see `read_ahead`)."""
+        try:
+            offsets = np.asarray(offsets, np.int64).reshape(-1)
+            nbytes = np.asarray(nbytes, np.int64).reshape(-1)
+            order = np.argsort(offsets, kind="stable")
+            offsets, nbytes = offsets[order], nbytes[order]
+            sums = np.concatenate([[0], np.cumsum(nbytes)])
+            self._ahead.hint(
+                [
+                    (start, end, int(sums[b] - sums[a]))
+                    for start, end, a, b in plan_requests(offsets, nbytes)
+                ]
+            )
+        except Exception:  # a hint must never fail the pipeline
+            return
 
     def will_need(self, offsets, nbytes) -> None:
         """Fetches the pieces into memory (within `PIN_BYTES` per reader)."""
@@ -285,7 +321,8 @@ class RemoteByteReader:
         return self._stat
 
     def close(self) -> None:
-        """Drops the pinned pieces."""
+        """Drops the pinned and read-ahead pieces."""
+        self._ahead.clear()
         with self._lock:
             self._pinned_starts.clear()
             self._pinned.clear()

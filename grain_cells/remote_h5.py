@@ -14,7 +14,8 @@ inspected is recorded and saved to a *metadata cache* on local disk, keyed
 by URL, ETag and size (`$GRAIN_CELLS_CACHE_DIR/remote/`, default
 `~/.cache/grain_cells/remote/`). The next open of the same object version,
 in any process on this machine (each of a loader's workers, a later run),
-finds those bytes there: h5py walks the same structures and sends no
+finds those bytes there (the key also holds the last-modified time, for
+servers that send no ETag): h5py walks the same structures and sends no
 request. A worker on another machine without the cache fetches them itself
 (correct, just slower). A changed object has another ETag, hence another
 cache entry; stale entries are never read.
@@ -64,7 +65,8 @@ class _Metadata:
     """Bytes of one object version read by h5py, kept in memory and on disk."""
 
     def __init__(self, url: str, stat: FileStat):
-        digest = hashlib.sha256(f"{url}\0{stat.etag}\0{stat.size}".encode())
+        key = f"{url}\0{stat.etag}\0{stat.size}\0{stat.mtime_ns}"
+        digest = hashlib.sha256(key.encode())
         self.path = cache_dir() / f"{digest.hexdigest()[:32]}.npz"
         self.starts: list[int] = []
         self.pieces: list[bytes] = []
@@ -132,7 +134,7 @@ class _Metadata:
 
 
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
-    key = (url, stat.etag, stat.size, os.getpid())
+    key = (url, stat.etag, stat.size, stat.mtime_ns, os.getpid())
     with _metadata_lock:
         meta = _metadata.get(key)
         if meta is None:

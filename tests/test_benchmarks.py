@@ -344,3 +344,22 @@ def test_compressed_suite(workdir):
         "| compressed_chunk_aligned | grain_cells | 0 | warm | 32/32 |" in done.stdout
     )
     assert list((workdir / "cache").glob("tahoe_like-n2000-g2000-s0-gzip-katlas.h5ad"))
+
+
+def test_object_store_choice(workdir):
+    pytest.importorskip("moto.server", reason="needs moto[server] (test extra)")
+    out = workdir / "choice.json"
+    done = run(
+        workdir,
+        "object_store_choice.py",
+        "--object_mb=1",
+        "--sizes=256,16384",
+        "--reps=2",
+        "--ranges=4",
+        "--range_kb=16",
+        "--batches=2",
+        f"--json={out}",
+    )
+    assert "GET       256 B  obstore" in done.stdout
+    rates = json.loads(out.read_text())["batch_mb_s"]
+    assert rates["grain_cells RemoteByteReader"] > 0
