@@ -125,6 +125,16 @@ def test_object_store(workdir, data_file):
     assert "s3 cold" in done.stdout
 
 
+def test_s3_servers(workdir):
+    pytest.importorskip("moto", reason="moto is not installed (.[test])")
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    out = workdir / "s3_servers.json"
+    done = run(workdir, "s3_servers.py", "--sizes_mb=1", "--gets=2", f"--json={out}")
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["moto_ms_per_get"] > 0 and row["folder_ms_per_get"] > 0
+    assert "folder ms/GET" in done.stdout
+
+
 def test_transport_throughput(workdir):
     baseline = workdir / "transport_copy.py"  # "another checkout's" ring
     baseline.write_text((ROOT / "grain_cells" / "transport.py").read_text())
