@@ -277,7 +277,10 @@ def test_exhausted_retries_raise_the_named_error(
         assert proxy.stats()["faults"] == 3
 
 
-def test_exhausted_retries_through_the_loader(proxy, csr_paths):
+@pytest.mark.parametrize(
+    "workers", [0, pytest.param(2, marks=pytest.mark.slow, id="2")], ids=str
+)
+def test_exhausted_retries_through_the_loader(proxy, csr_paths, workers):
     retry = {**FAST_RETRIES, "max_retries": 1}
     paths = urls(csr_paths)
     source = grain_cells.AnnDataSource(
@@ -287,13 +290,16 @@ def test_exhausted_retries_through_the_loader(proxy, csr_paths):
         data_source=source,
         sampler=grain_cells.BlockSampler(len(source), seed=0, num_epochs=1),
         operations=grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5),
+        worker_count=workers,
     )
     proxy.set_rule(always(Fault.slow_down()))
     start = time.monotonic()
-    with pytest.raises(grain_cells.ObjectStoreError, match="SlowDown"):
+    with pytest.raises(grain_cells.ObjectStoreError, match="SlowDown") as info:
         for _ in loader:
             pass
     assert time.monotonic() - start < HANG_GUARD_S
+    # Intact across worker processes: the attributes, not only the text.
+    assert info.value.url in paths and info.value.status == 503
 
 
 def test_object_replaced_mid_run_raises(served, proxy, csr_paths, tmp_path):
