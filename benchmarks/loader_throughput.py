@@ -59,21 +59,33 @@ def make_output(name: str):
     raise app.UsageError(f"unknown output {name!r}: expected csr, padded or dense")
 
 
-def run_point(paths, output: str, worker_count: int, cache: str) -> dict:
-    """Measures one configuration; returns its figures."""
+def run_point(
+    paths,
+    output: str,
+    worker_count: int,
+    cache: str,
+    storage_options: dict | None = None,
+    local_files: list[str] | None = None,
+) -> dict:
+    """Measures one configuration; returns its figures.
+
+    `paths` may be URLs read with `storage_options`; the page cache state is
+    then set on `local_files` (the files the object store serves).
+    """
+    remote = {"storage_options": storage_options} if storage_options else {}
     genes = None
     if output == "dense" and FLAGS.dense_genes:
         # An evenly spread subset of genes (a stand-in for highly variable genes).
-        n_genes = grain_cells.AnnDataSource(paths[0]).num_genes
+        n_genes = grain_cells.AnnDataSource(paths[0], **remote).num_genes
         genes = np.linspace(0, n_genes - 1, FLAGS.dense_genes).astype(np.int64)
     if cache == "cold":
-        bench_util.evict_page_cache(paths)
+        bench_util.evict_page_cache(local_files or paths)
     else:
-        bench_util.warm_page_cache(paths)
+        bench_util.warm_page_cache(local_files or paths)
     obs = [FLAGS.obs_column] if FLAGS.obs_column else []
     start = time.perf_counter()
     source = grain_cells.AnnDataSource(
-        paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes
+        paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes, **remote
     )
     if FLAGS.chunk_aligned:
         source = grain_cells.chunk_aligned(source)

@@ -26,6 +26,7 @@ from grain_cells.errors import (
     CorruptDataError,
     GeneMismatchError,
     MissingColumnError,
+    ObjectStoreError,
     SourceChangedError,
     UnsupportedLayoutError,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "MainGuardError",
     "MatrixInfo",
     "MissingColumnError",
+    "ObjectStoreError",
     "Obsm",
     "Output",
     "PaddedSparseOutput",

@@ -29,13 +29,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import itertools
-import os
 import threading
 
 import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.byte_readers import ByteReader, TruncatedError, as_byte_reader
 from grain_cells.codecs import ChunkDecodeError, Pipeline
 
 MAX_RUN_BYTES = 4 << 20
@@ -60,7 +60,7 @@ class ChunkedReader:
         self,
         dataset: h5py.Dataset,
         path: str,
-        fd: int,
+        fd: int | ByteReader,
         pipeline: Pipeline,
         offsets: np.ndarray,
         sizes: np.ndarray,
@@ -78,7 +78,7 @@ class ChunkedReader:
         self._row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64)) * (
             self.dtype.itemsize
         )
-        self._fd = fd
+        self._fd = as_byte_reader(fd, path)
         self._offsets = offsets
         self._sizes = sizes
         self._masks = masks
@@ -91,7 +91,12 @@ class ChunkedReader:
 
     @classmethod
     def create(
-        cls, dataset: h5py.Dataset, path: str, fd: int, *, cache_bytes: int = 0
+        cls,
+        dataset: h5py.Dataset,
+        path: str,
+        fd: int | ByteReader,
+        *,
+        cache_bytes: int = 0,
     ) -> ChunkedReader | None:
         """A reader for `dataset`, or None if it must be read through h5py.
 
@@ -103,7 +108,7 @@ class ChunkedReader:
         Args:
             dataset: An open 1-D or 2-D dataset.
             path: The file's path, for error messages.
-            fd: An `os.open` descriptor of the same file.
+            fd: An `os.open` descriptor of the same file, or its `ByteReader`.
             cache_bytes: Decoded bytes to keep in an LRU cache (0: none).
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
@@ -147,20 +152,12 @@ class ChunkedReader:
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
-        if not hasattr(os, "posix_fadvise"):
-            return
         chunks = self._chunks_of(starts, stops)
-        for off, n in zip(
-            self._offsets[chunks].tolist(), self._sizes[chunks].tolist(), strict=True
-        ):
-            os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_WILLNEED)
+        self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
     def will_need(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
-        if not hasattr(os, "posix_fadvise"):
-            return
-        for off, n in zip(self._offsets.tolist(), self._sizes.tolist(), strict=True):
-            os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_WILLNEED)
+        self._fd.will_need(self._offsets.tolist(), self._sizes.tolist())
 
     def _chunks_of(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         c = self.chunk_len
@@ -289,16 +286,14 @@ class ChunkedReader:
 
     def _pread(self, offset: int, nbytes: int, chunk: int) -> memoryview:
         view = self._scratch(nbytes)
-        got = 0
-        while got < nbytes:  # short reads are legal; zero means end of file
-            more = os.preadv(self._fd, [view[got:]], offset + got)
-            if more == 0:
-                raise errors.CorruptDataError(
-                    f"{self.path}: {self.name} ends at byte {offset + got} of the "
-                    f"file but HDF5 places chunk {chunk} up to byte "
-                    f"{offset + nbytes}: the file is truncated."
-                )
-            got += more
+        try:
+            self._fd.read_into(view, [offset], [nbytes], [0])
+        except TruncatedError as e:
+            raise errors.CorruptDataError(
+                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
+                f"file but HDF5 places chunk {chunk} up to byte "
+                f"{offset + nbytes}: the file is truncated."
+            ) from None
         return view
 
     def _decode(self, k: int, raw, need: int | None = None) -> np.ndarray:

@@ -72,3 +72,42 @@ class CheckpointMismatchError(ValueError):
     It was saved under another pipeline (data, sampler, operations, worker
     count), or one of its fields is out of range.
     """
+
+
+class ObjectStoreError(OSError):
+    """A range read from an object store failed and its retries ran out.
+
+    Attributes:
+        url: The object.
+        byte_range: `(start, stop)`: the bytes the read asked for.
+        status: The last HTTP status (None when no answer came: a dropped
+            connection, a timeout).
+        cause: One line: status and S3 error code, or the transport error.
+        attempts: Requests made for the read (None when the store did not
+            say).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        byte_range: tuple[int, int] | None = None,
+        status: int | None = None,
+        cause: str | None = None,
+        attempts: int | None = None,
+    ):
+        super().__init__(message)
+        self.url = url
+        self.byte_range = byte_range
+        self.status = status
+        self.cause = cause
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        # OSError's str() of one argument is that argument.
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        # Crosses worker processes intact (attributes are keyword-only).
+        return (type(self), self.args, self.__dict__)

@@ -66,9 +66,10 @@ from collections.abc import Sequence
 import h5py
 import numpy as np
 
-from grain_cells import errors, h5ad
+from grain_cells import errors, h5ad, remote_h5
+from grain_cells.byte_readers import ByteReader
 from grain_cells.genes import GeneAlignment, align_genes
-from grain_cells.identity import FileIdentity, FileStat, stat_of_h5
+from grain_cells.identity import FileIdentity
 from grain_cells.matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.obs import ColumnKind, HarmonisedColumn, harmonise
 
@@ -87,6 +88,9 @@ class FileSet:
         obs: Per obs column, its harmonised categories and per-file presence.
         sparse: Whether the matrices are CSR (else dense).
         dtype: Dtype of values read: the files' common type.
+        storage_options: For URLs, the object-store configuration
+            (`grain_cells.object_store`); pickled with the set, so each
+            worker builds its own client.
     """
 
     paths: tuple[str, ...]
@@ -98,6 +102,7 @@ class FileSet:
     obs: dict[str, HarmonisedColumn]
     sparse: bool
     dtype: np.dtype
+    storage_options: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def inspect(
@@ -109,6 +114,7 @@ class FileSet:
         genes,
         join: str,
         obs_missing: str,
+        storage_options: dict | None = None,
     ) -> FileSet:
         """Opens every file once to check it and read its metadata.
 
@@ -119,19 +125,22 @@ class FileSet:
             genes: Checked gene selection (`arguments.check_genes`), or None.
             join: `"exact"`, `"inner"` or `"outer"`.
             obs_missing: `"error"` or `"fill"`.
+            storage_options: For URLs: obstore configuration.
 
         Raises:
             See `AnnDataSource`.
         """
         paths = tuple(paths)
+        storage_options = dict(storage_options or {})
         infos: list[h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
         for path in paths:
-            with h5ad.open_file(path) as f:
+            with remote_h5.open_h5(path, storage_options) as f:
                 info = h5ad.inspect_matrix(f, element)
-                identities.append(FileIdentity.take(f, path, info.element))
+                stat = remote_h5.stat_of(f, path)
+                identities.append(FileIdentity.take(f, path, info.element, stat))
                 var_names.append(h5ad.read_var_names(f, element))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in obs_names if c not in have]
@@ -167,6 +176,7 @@ class FileSet:
             obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
             sparse=infos[0].encoding == h5ad.CSR,
             dtype=np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos)),
+            storage_options=storage_options,
         )
 
     @property
@@ -187,7 +197,7 @@ class FileSet:
         """
         for identity in self.identities:
             try:
-                now = FileStat.of(os.stat(identity.path))
+                now = remote_h5.stat_path(identity.path, self.storage_options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "
@@ -201,14 +211,14 @@ class OpenFile:
     """A file's handles in one process."""
 
     h5: h5py.File
-    fd: int | None
+    fd: ByteReader | None
     reader: CsrReader | DenseReader
     obs: dict[str, np.ndarray]
 
     def close(self) -> None:
         """Closes the descriptor and the h5py file."""
         if self.fd is not None:
-            os.close(self.fd)
+            self.fd.close()
             self.fd = None
         self.h5.close()
 
@@ -221,7 +231,8 @@ def open_file(files: FileSet, i: int) -> OpenFile:
     """
     expected = files.infos[i]
     path = expected.path
-    f = h5ad.open_file(path)
+    identity = files.identities[i]
+    f = remote_h5.open_h5(path, files.storage_options, identity.stat)
     try:
         info = h5ad.inspect_matrix(f, files.element)
         if info.describe() != expected.describe():
@@ -231,15 +242,14 @@ def open_file(files: FileSet, i: int) -> OpenFile:
                 "new source (and do not restore iterator state saved for the "
                 "old one)."
             )
-        identity = files.identities[i]
-        identity.check_stat(stat_of_h5(f, path), "when a process opened it")
+        identity.check_stat(remote_h5.stat_of(f, path), "when a process opened it")
         identity.check_layout(f, "when a process opened it")
-        fd = os.open(path, os.O_RDONLY)
+        fd = remote_h5.open_bytes(path, files.storage_options, identity.stat)
     except BaseException:
         f.close()
         raise
     try:
-        identity.check_stat(FileStat.of(os.fstat(fd)), "when a process opened it")
+        identity.check_stat(fd.stat(), "when a process opened it")
         element = f[info.element]
         if info.encoding == h5ad.CSR:
             reader = CsrReader(element, info, fd)
@@ -250,9 +260,10 @@ def open_file(files: FileSet, i: int) -> OpenFile:
             spec = files.obs[c]
             column = h5ad.read_obs_column(f, c) if spec.present[i] else None
             obs[c] = spec.file_values(i, column, info.n_obs)
+        remote_h5.opened(f)
         return OpenFile(f, fd, reader, obs)
     except BaseException:
-        os.close(fd)
+        fd.close()
         f.close()
         raise
 
@@ -307,9 +318,7 @@ class OpenFiles:
         """`file(i)`, checked with one `fstat` (~10 us) to be unchanged."""
         handle = self.file(i)
         if handle.fd is not None:
-            self.files.identities[i].check_stat(
-                FileStat.of(os.fstat(handle.fd)), "at a read"
-            )
+            self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
         return handle
 
     def buffer(self, name: str = "buf") -> RowBuffer:

@@ -18,7 +18,7 @@ import pathlib
 import h5py
 import numpy as np
 
-from grain_cells import errors, hdf5_storage
+from grain_cells import errors, hdf5_storage, object_store
 from grain_cells.frames import (
     ObsColumn,
     encoding_of,
@@ -120,6 +120,10 @@ def open_file(path: str | os.PathLike) -> h5py.File:
             `obs`/`var` (not AnnData).
     """
     path = os.fspath(path)
+    if object_store.is_url(path):  # storage options from the environment
+        from grain_cells import remote_h5
+
+        return remote_h5.open_h5(path)
     try:
         os.stat(path)
     except FileNotFoundError:
@@ -149,6 +153,17 @@ def open_file(path: str | os.PathLike) -> h5py.File:
         f = h5py.File(path, "r")
     except OSError as e:
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
+    check_anndata(f, path)
+    return f
+
+
+def check_anndata(f: h5py.File, path: str) -> None:
+    """Closes `f` and raises unless it is an AnnData file (not MuData).
+
+    Raises:
+        errors.UnsupportedLayoutError: A MuData file.
+        errors.AnnDataFormatError: No `obs`/`var` at the root.
+    """
     if encoding_of(f) == "MuData" or isinstance(f.get("mod"), h5py.Group):
         modalities = sorted(f["mod"]) if isinstance(f.get("mod"), h5py.Group) else []
         f.close()
@@ -168,7 +183,6 @@ def open_file(path: str | os.PathLike) -> h5py.File:
             f"{path}: HDF5 but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
         )
-    return f
 
 
 def _open_failure(e: OSError) -> str:
@@ -373,7 +387,13 @@ def resolve_paths(paths) -> list[str]:
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    out = [os.fspath(pathlib.Path(p)) for p in paths]
+    # URLs of objects stay as they are; file:// URLs become local paths.
+    out = [
+        p
+        if object_store.is_url(p)
+        else os.fspath(pathlib.Path(object_store.local_path(p)))
+        for p in paths
+    ]
     if not out:
         raise ValueError("paths is empty: expected one or more .h5ad files")
     return out

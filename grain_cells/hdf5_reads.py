@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import os
 from collections.abc import Sequence
 
 import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.byte_readers import ByteReader, TruncatedError, as_byte_reader
 from grain_cells.chunks import ChunkedReader
 from grain_cells.h5ad import value_dtype
 from grain_cells.hdf5_storage import check_filters, stored_in
@@ -87,7 +87,7 @@ class RangeReader:
         self,
         dataset: h5py.Dataset,
         path: str,
-        fd: int | None,
+        fd: int | ByteReader | None,
         *,
         cache_bytes: int = 0,
     ):
@@ -96,8 +96,9 @@ class RangeReader:
         Args:
             dataset: An open 1-D or 2-D dataset.
             path: The file's path, for error messages.
-            fd: An `os.open` descriptor of the file `path`, or None to always
-                read through h5py. It is used only when the dataset's bytes
+            fd: An `os.open` descriptor of the file `path`, or a `ByteReader`
+                of it (a local file or an object), or None to always read
+                through h5py. It is used only when the dataset's bytes
                 are in that file (not behind an external link).
             cache_bytes: For compressed data decoded here, decoded bytes kept
                 in an LRU cache (for small datasets every read touches).
@@ -116,7 +117,7 @@ class RangeReader:
         self._row_items = int(np.prod(self.row_shape, dtype=np.int64))
         self._row_bytes = self._row_items * self.dtype.itemsize
         self._dataset = dataset
-        self._fd = fd
+        self._fd = fd = as_byte_reader(fd, path)
         # Byte layout for the positional path: chunk_len rows per chunk at
         # chunk_offsets[i] (one "chunk" spanning everything when contiguous).
         self._chunk_len: int | None = None
@@ -192,11 +193,11 @@ class RangeReader:
         if self._chunked is not None:
             self._chunked.will_need()
             return
-        if not self.direct or not hasattr(os, "posix_fadvise"):
+        if not self.direct:
             return
-        length = self._chunk_len * self._row_bytes
-        for offset in self._chunk_offsets.tolist():
-            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
+        length = min(self._chunk_len, max(self.shape[0], 1)) * self._row_bytes
+        offsets = self._chunk_offsets.tolist()
+        self._fd.will_need(offsets, [length] * len(offsets))
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints the OS to start reading these ranges into the page cache.
@@ -210,12 +211,10 @@ class RangeReader:
         if self._chunked is not None:
             self._chunked.advise(starts, stops)
             return
-        if not self.direct or not hasattr(os, "posix_fadvise"):
+        if not self.direct:
             return
         offsets, nbytes = self._pieces(starts, stops)
-        fd = self._fd
-        for off, n in zip(offsets.tolist(), nbytes.tolist(), strict=True):
-            os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+        self._fd.advise(offsets.tolist(), nbytes.tolist())
 
     def read(
         self,
@@ -353,22 +352,18 @@ class RangeReader:
 
 
 def _pread_all(
-    fd: int,
+    fd: ByteReader,
     dest: np.ndarray,
     offsets: Sequence[int],
     nbytes: Sequence[int],
     dest_starts: Sequence[int],
     reader: RangeReader,
 ) -> None:
-    view = memoryview(dest)
-    for off, n, d in zip(offsets, nbytes, dest_starts, strict=True):
-        got = os.preadv(fd, [view[d : d + n]], off)
-        while got < n:  # short reads are legal; zero means end of file
-            more = os.preadv(fd, [view[d + got : d + n]], off + got)
-            if more == 0:
-                raise errors.CorruptDataError(
-                    f"{reader.path}: {reader.name} ends at byte {off + got} of the "
-                    f"file but HDF5 places data up to byte {off + n}: the file is "
-                    "truncated."
-                )
-            got += more
+    try:
+        fd.read_into(dest, offsets, nbytes, dest_starts)
+    except TruncatedError as e:
+        raise errors.CorruptDataError(
+            f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
+            f"file but HDF5 places data up to byte {e.needed}: the file is "
+            "truncated."
+        ) from None

@@ -107,6 +107,8 @@ def stored_in(dataset: h5py.Dataset, path: str) -> bool:
     in the file that holds the dataset, counted from the start of that file
     (a user block included).
     """
+    if "://" in path:  # an object: h5py names its file-like by the URL
+        return dataset.file.filename == path
     try:
         return os.path.samefile(dataset.file.filename, path)
     except OSError:

@@ -63,6 +63,7 @@ class FileStat:
     size: int
     mtime_ns: int
     ctime_ns: int
+    etag: str = ""  # objects in a store: their ETag (dev, ino and ctime are 0)
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStat:
@@ -72,6 +73,8 @@ class FileStat:
     def changes(self, now: FileStat) -> list[str]:
         """What differs between this (then) and `now`, in words."""
         out = []
+        if self.etag != now.etag:
+            out.append(f"ETag {self.etag or 'none'} then, {now.etag or 'none'} now")
         if (self.dev, self.ino) != (now.dev, now.ino):
             out.append(
                 f"the path now names another file (inode {self.ino} on device "
@@ -108,16 +111,19 @@ class FileIdentity:
     sample: str
 
     @classmethod
-    def take(cls, f: h5py.File, path: str, element: str) -> FileIdentity:
+    def take(
+        cls, f: h5py.File, path: str, element: str, stat: FileStat | None = None
+    ) -> FileIdentity:
         """The identity of an open file's matrix at `element`.
 
-        The `stat` comes from the descriptor HDF5 opened, so it describes the
-        very file the digests were computed from.
+        The `stat` comes from the descriptor HDF5 opened (unless given: an
+        object's ETag, size and time), so it describes the very file the
+        digests were computed from.
         """
         return cls(
             os.fspath(path),
             element,
-            stat_of_h5(f, path),
+            stat_of_h5(f, path) if stat is None else stat,
             layout_digest(f, element),
             sample_digest(f, element),
         )

@@ -30,7 +30,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grain_cells import arguments, block_table, h5ad, range_reads, selection
+from grain_cells import (
+    arguments,
+    block_table,
+    h5ad,
+    object_store,
+    range_reads,
+    selection,
+)
 from grain_cells.block_table import Block, BlockTable
 from grain_cells.cells import Cells
 from grain_cells.file_set import FileSet, OpenFile, OpenFiles
@@ -95,6 +102,7 @@ class AnnDataSource(SourceInfo):
         obs_missing: str = "error",
         check_indices: bool = True,
         read_threads: int = 4,
+        storage_options: dict | None = None,
     ):
         """Opens every file once to check it and read its metadata.
 
@@ -119,6 +127,9 @@ class AnnDataSource(SourceInfo):
                 the matrix (one pass over the indices, a few percent of a read).
             read_threads: Threads per process that issue positional reads
                 concurrently on large batches (cold cache). 0 reads inline.
+            storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
+                configuration (credentials, `endpoint_url`, `anon`, ...); see
+                `grain_cells.object_store`. Pickled with the source.
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
@@ -159,9 +170,13 @@ class AnnDataSource(SourceInfo):
             genes=genes,
             join=join,
             obs_missing=obs_missing,
+            storage_options=storage_options,
         )
         self._table = BlockTable.grid(self._files.n_obs, block_size)
         self._handles = OpenFiles(self._files, read_threads)
+        for i, path in enumerate(self._files.paths):  # objects' metadata once
+            if object_store.is_url(path):
+                self._handles.file(i)
 
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.

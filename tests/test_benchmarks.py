@@ -104,6 +104,37 @@ def test_loader_throughput(workdir, data_file):
     assert done.stdout.count("warm") == 4
 
 
+def test_object_store(workdir, data_file):
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    out = workdir / "object_store.json"
+    done = run(
+        workdir,
+        "object_store.py",
+        f"--data={data_file}",
+        f"--bucket_root={workdir / 'buckets'}",
+        "--worker_counts=0",
+        "--rtt_ms=2",
+        "--warmup=1",
+        "--minibatches=10",
+        f"--json={out}",
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["worker_count"] == 0
+    assert row["local_cold_cells_per_s"] > 0 and row["s3_cold_cells_per_s"] > 0
+    assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
+    assert "s3 cold" in done.stdout
+
+
+def test_s3_servers(workdir):
+    pytest.importorskip("moto", reason="moto is not installed (.[test])")
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    out = workdir / "s3_servers.json"
+    done = run(workdir, "s3_servers.py", "--sizes_mb=1", "--gets=2", f"--json={out}")
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["moto_ms_per_get"] > 0 and row["folder_ms_per_get"] > 0
+    assert "folder ms/GET" in done.stdout
+
+
 def test_transport_throughput(workdir):
     baseline = workdir / "transport_copy.py"  # "another checkout's" ring
     baseline.write_text((ROOT / "grain_cells" / "transport.py").read_text())
@@ -323,3 +354,22 @@ def test_compressed_suite(workdir):
         "| compressed_chunk_aligned | grain_cells | 0 | warm | 32/32 |" in done.stdout
     )
     assert list((workdir / "cache").glob("tahoe_like-n2000-g2000-s0-gzip-katlas.h5ad"))
+
+
+def test_object_store_choice(workdir):
+    pytest.importorskip("moto.server", reason="needs moto[server] (test extra)")
+    out = workdir / "choice.json"
+    done = run(
+        workdir,
+        "object_store_choice.py",
+        "--object_mb=1",
+        "--sizes=256,16384",
+        "--reps=2",
+        "--ranges=4",
+        "--range_kb=16",
+        "--batches=2",
+        f"--json={out}",
+    )
+    assert "GET       256 B  obstore" in done.stdout
+    rates = json.loads(out.read_text())["batch_mb_s"]
+    assert rates["grain_cells RemoteByteReader"] > 0

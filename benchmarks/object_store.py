@@ -1,0 +1,183 @@
+r"""grain_cells reading .h5ad from an S3-compatible store, beside local disk.
+
+The Tahoe-shaped synthetic files (uncompressed and gzip, `--compressions`)
+are served by a local S3-compatible server (`grain_cells.testing.
+S3FolderServer`: range GETs answered from the file) through `FaultProxy`
+adding `--rtt_ms` of round-trip time per request, both in a child process.
+For each file and worker count, in one run and back to back:
+
+1. local disk, cold (the file evicted from the page cache);
+2. the same file as `s3://bench/NAME` through the proxy, cold (evicted
+   again, so the server reads it from disk).
+
+Both points are `loader_throughput.run_point` (CSR output with the
+`--obs_column` label, `--block_size` / `--fetch_factor` / `--batch_size`,
+`--warmup` then `--minibatches` timed). Reported: cells/s, the ratio
+remote / local, and the range GETs and bytes per fetch (`fetch_factor`
+minibatches) the proxy saw over the whole point (metadata and read-ahead
+included).
+
+Usage:
+  python benchmarks/object_store.py                     # 400k cells, ~10 min
+  python benchmarks/object_store.py --compressions=none --worker_counts=2
+  python benchmarks/object_store.py --data=a.h5ad --rtt_ms=20
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import bench_util
+import loader_throughput  # its flags: block_size, fetch_factor, warmup, ...
+from absl import app, flags
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from grain_cells.testing import ServedFolder
+
+_COMPRESSIONS = flags.DEFINE_list(
+    "compressions", ["none", "gzip"], "Synthetic files to serve (ignored with --data)."
+)
+_RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
+_VIA_PROXY = flags.DEFINE_boolean(
+    "via_proxy",
+    True,
+    "Add the round-trip time with FaultProxy (a TCP hop of its own); "
+    "--novia_proxy: the server holds each answer instead (tells the proxy's "
+    "own cost apart).",
+)
+_ROOT = flags.DEFINE_string(
+    "bucket_root",
+    None,
+    "Folder for the served bucket (hard links to the files; same filesystem). "
+    "Default: a temporary folder beside the first file.",
+)
+_READ_OPTIONS = flags.DEFINE_string(
+    "object_store_options",
+    "",
+    "Extra storage options, key=value,... (ints where they parse), e.g. "
+    "tuning options of the remote reader.",
+)
+
+FLAGS = flags.FLAGS
+BUCKET = "bench"
+
+
+def parse_options(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def link_into(folder: str, path: str) -> str:
+    """A hard link to `path` in `folder` (the served bucket); its name."""
+    name = os.path.basename(path)
+    target = os.path.join(folder, name)
+    if not os.path.exists(target):
+        try:
+            os.link(path, target)
+        except OSError as e:
+            raise app.UsageError(
+                f"cannot hard-link {path} into {folder} ({e}): pass "
+                "--bucket_root on the same filesystem as the file"
+            ) from None
+    return name
+
+
+def main(argv):
+    del argv
+    file_sets = []
+    if loader_throughput._DATA.value:
+        file_sets.append(("data", list(loader_throughput._DATA.value)))
+    else:
+        for compression in _COMPRESSIONS.value:
+            paths = bench_util.resolve_data(
+                None, FLAGS.n_cells, FLAGS.n_genes, compression, FLAGS.chunks
+            )
+            file_sets.append((compression, paths))
+    # Hard links to the files (no copy); a folder made here is removed after.
+    root = _ROOT.value or tempfile.mkdtemp(
+        prefix=".grain-cells-s3-", dir=os.path.dirname(file_sets[0][1][0])
+    )
+    try:
+        results = measure(root, file_sets)
+    finally:
+        if not _ROOT.value:
+            shutil.rmtree(root, ignore_errors=True)
+    if loader_throughput._JSON.value:
+        flag_values = {
+            "rtt_ms": _RTT_MS.value,
+            "via_proxy": _VIA_PROXY.value,
+            "object_store_options": _READ_OPTIONS.value,
+            **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
+        }
+        all_paths = [p for _, ps in file_sets for p in ps]
+        bench_util.write_json(
+            loader_throughput._JSON.value, all_paths, flag_values, results
+        )
+
+
+def measure(root: str, file_sets) -> list[dict]:
+    """Local cold, then s3 cold, for each file set and worker count."""
+    os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
+    workers = [int(w) for w in FLAGS.worker_counts.split(",")]
+    fetches = (1 + FLAGS.warmup + FLAGS.minibatches) / FLAGS.fetch_factor
+    results = []
+    print(
+        f"{'file':5s} {'workers':>7s} {'local cold':>11s} {'s3 cold':>9s} "
+        f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s}"
+    )
+    with ServedFolder(
+        root, rtt_s=_RTT_MS.value / 1000, via_proxy=_VIA_PROXY.value
+    ) as served:
+        options = served.storage_options(**parse_options(_READ_OPTIONS.value))
+        for label, paths in file_sets:
+            names = [link_into(os.path.join(root, BUCKET), p) for p in paths]
+            urls = [f"s3://{BUCKET}/{n}" for n in names]
+            for wc in workers:
+                local = loader_throughput.run_point(paths, "csr", wc, "cold")
+                served.stats(reset=True)
+                remote = loader_throughput.run_point(
+                    urls, "csr", wc, "cold", storage_options=options, local_files=paths
+                )
+                stats = served.stats()
+                row = {
+                    "file": label,
+                    "worker_count": wc,
+                    "rtt_ms": _RTT_MS.value,
+                    "local_cold_cells_per_s": local["cells_per_s"],
+                    "s3_cold_cells_per_s": remote["cells_per_s"],
+                    "ratio": round(remote["cells_per_s"] / local["cells_per_s"], 3),
+                    "s3_cells_per_cpu_s": remote["cells_per_cpu_s"],
+                    "s3_first_batch_s": remote["first_batch_s"],
+                    "range_gets_per_fetch": round(
+                        stats.get("range_gets", 0) / fetches, 1
+                    ),
+                    "mb_per_fetch": round(
+                        stats.get("response_bytes", 0) / fetches / 1e6, 2
+                    ),
+                    "via_proxy": _VIA_PROXY.value,
+                    "local": local,
+                    "s3": remote,
+                }
+                results.append(row)
+                print(
+                    f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} "
+                    f"{remote['cells_per_s']:9,d} {row['ratio']:6.2f} "
+                    f"{row['range_gets_per_fetch']:10.1f} {row['mb_per_fetch']:9.2f} "
+                    f"{remote['first_batch_s']:8.2f}",
+                    flush=True,
+                )
+    return results
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,244 @@
+"""Retries, timeouts and the named error of object-store range reads.
+
+obstore (Rust `object_store`) retries each request itself: 5xx answers
+(S3's 503 SlowDown throttling included), connection errors, dropped
+connections and timeouts of read-only requests, with exponential backoff and
+jitter. This module sets that policy's defaults for grain_cells, lets
+`storage_options` override it, and turns a failure whose retries ran out into
+one `ObjectStoreError` that names the URL, the byte range, the HTTP status or
+cause and the attempts made.
+
+Defaults (`DEFAULT_RETRY`, `DEFAULT_CLIENT`):
+
+| setting | default | obstore's own |
+| --- | --- | --- |
+| `max_retries` | 10 | 10 |
+| backoff | 100 ms doubling, at most 5 s | 100 ms doubling, at most 15 s |
+| `retry_timeout` (no new attempt after) | 60 s | 3 min |
+| `connect_timeout` | 5 s | 5 s |
+| `timeout` (one request, connect to last byte) | 30 s | 30 s |
+
+So a read that keeps failing raises within about `retry_timeout + timeout`
+(90 s) at worst; one that fails fast (a steady 500) within the sum of the
+backoffs (about 20 s for 10 retries).
+
+Override through `storage_options` with obstore's own spelling, e.g.
+`{"retry_config": {"max_retries": 3, "retry_timeout": timedelta(seconds=10)},
+"client_options": {"timeout": "5s"}}`; keys given there replace the
+defaults one by one (`backoff` too is merged key by key).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from grain_cells.errors import ObjectStoreError
+
+DEFAULT_RETRY: dict[str, Any] = {
+    "max_retries": 10,
+    "backoff": {
+        "init_backoff": datetime.timedelta(milliseconds=100),
+        "max_backoff": datetime.timedelta(seconds=5),
+        "base": 2,
+    },
+    "retry_timeout": datetime.timedelta(seconds=60),
+}
+DEFAULT_CLIENT: dict[str, Any] = {
+    "connect_timeout": datetime.timedelta(seconds=5),
+    "timeout": datetime.timedelta(seconds=30),
+}
+
+# Keys of `storage_options` this module owns (the rest is the store's config).
+POLICY_KEYS = ("retry_config", "client_options")
+
+
+def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `retry_config` for obstore: the defaults, updated from `storage_options`.
+
+    Args:
+      storage_options: The source's storage options; its `retry_config`
+        (obstore's `RetryConfig` keys) overrides the defaults key by key.
+
+    Returns:
+      A new dict to pass as `retry_config=` to an obstore store.
+
+    Raises:
+      ValueError: `retry_config` is not a mapping, or has an unknown key.
+    """
+    given = _mapping(storage_options, "retry_config")
+    unknown = set(given) - set(DEFAULT_RETRY)
+    if unknown:
+        raise ValueError(
+            f"storage_options['retry_config'] has unknown keys {sorted(unknown)}; "
+            f"expected some of {sorted(DEFAULT_RETRY)} (obstore's RetryConfig)"
+        )
+    out = {**DEFAULT_RETRY, **given}
+    out["backoff"] = {**DEFAULT_RETRY["backoff"], **dict(given.get("backoff", {}))}
+    return out
+
+
+def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `client_options` for obstore: timeouts by default, updated from options.
+
+    Client settings obstore would read from the environment
+    (`AWS_ALLOW_HTTP`, `AWS_PROXY_URL`, ...; also `GOOGLE_`, `AZURE_`) are
+    kept: an explicit `client_options` would otherwise drop them.
+
+    Args:
+      storage_options: The source's storage options; its `client_options`
+        (obstore's `ClientConfig` keys, e.g. `allow_http`, `timeout`) are
+        added to, and override, the defaults and the environment.
+
+    Returns:
+      A new dict to pass as `client_options=` to an obstore store.
+    """
+    return {
+        **DEFAULT_CLIENT,
+        **_client_options_from_env(),
+        **_mapping(storage_options, "client_options"),
+    }
+
+
+# obstore's ClientConfig keys that its stores also read from the environment
+# (`AWS_ALLOW_HTTP`, ...). Passing `client_options` replaces what obstore took
+# from there, so they are read here and kept (below explicit options).
+_ENV_CLIENT_KEYS = (
+    "allow_http",
+    "allow_invalid_certificates",
+    "connect_timeout",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "proxy_url",
+    "proxy_ca_certificate",
+    "proxy_excludes",
+    "timeout",
+    "user_agent",
+)
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
+
+def _client_options_from_env() -> dict[str, str]:
+    out = {}
+    for key in _ENV_CLIENT_KEYS:
+        for prefix in _ENV_PREFIXES:
+            value = os.environ.get(prefix + key.upper())
+            if value is not None:
+                out[key] = value
+                break
+    return out
+
+
+def _mapping(storage_options, key: str) -> dict[str, Any]:
+    value = (storage_options or {}).get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"storage_options[{key!r}] must be a dict of obstore settings, "
+            f"got {type(value).__name__}"
+        )
+    return dict(value)
+
+
+_RETRIES = re.compile(r"after (\d+) retries")
+_STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
+_CODE = re.compile(r"<Code>([^<]+)</Code>")
+# What hyper/reqwest say (in obstore's debug text) of a connection cut short.
+_DROPPED = (
+    "IncompleteMessage",
+    "IncompleteBody",
+    "UnexpectedEof",
+    "ConnectionReset",
+    "ConnectionAborted",
+    "BrokenPipe",
+    "body error",
+    "error sending request",
+)
+
+
+def describe(error: BaseException) -> tuple[int | None, str, int | None]:
+    """What an obstore error says: `(status, cause, retries)`.
+
+    Args:
+      error: An exception raised by obstore.
+
+    Returns:
+      The HTTP status (None when no answer came: a dropped connection, a
+      timeout), a one-line cause (status and S3 error code, or the transport
+      error), and the retries obstore reports having made (None when its
+      message does not say).
+    """
+    text = str(error)
+    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
+    what = first_line.split("  - ", 1)[-1].strip()
+    retries = _RETRIES.search(text)
+    status = _STATUS.search(text)
+    code = _CODE.search(text)
+    if status:
+        cause = f"HTTP {status.group(1)} {(status.group(2) or '').strip()}".strip()
+        if code:
+            cause += f" ({code.group(1)})"
+    elif "TimedOut" in text or "kind: Timeout" in text:
+        cause = f"timed out ({what})"
+    elif any(mark in text for mark in _DROPPED):
+        cause = f"connection dropped ({what})"
+    else:
+        cause = what
+    return (
+        int(status.group(1)) if status else None,
+        cause,
+        int(retries.group(1)) if retries else None,
+    )
+
+
+def named_error(
+    error: BaseException,
+    *,
+    url: str,
+    ranges: list[tuple[int, int]],
+    retry: Mapping[str, Any],
+    elapsed_s: float,
+) -> ObjectStoreError:
+    """The `ObjectStoreError` for a range read that failed for good.
+
+    Args:
+      error: What obstore raised.
+      url: The object's URL.
+      ranges: `(start, stop)` byte ranges of the failed read.
+      retry: The `retry_config` in force (for the attempt limit).
+      elapsed_s: Seconds from the first attempt to the failure.
+
+    Returns:
+      The error to raise (`raise named_error(...) from error`).
+    """
+    status, cause, retries = describe(error)
+    limit = retry.get("max_retries", DEFAULT_RETRY["max_retries"])
+    attempts = retries + 1 if retries is not None else None
+    said = (
+        f"{attempts} attempts"
+        if attempts is not None
+        else f"up to {limit + 1} attempts (obstore did not say how many)"
+    )
+    lo = min(start for start, _ in ranges)
+    hi = max(stop for _, stop in ranges)
+    where = f"bytes {lo}-{hi - 1}" + (
+        f" ({len(ranges)} ranges)" if len(ranges) > 1 else ""
+    )
+    timeout = retry.get("retry_timeout", DEFAULT_RETRY["retry_timeout"])
+    message = (
+        f"{url}: range read of {where} failed after {said} in {elapsed_s:.1f} s: "
+        f"{cause}. Retries allow {limit} retries within {timeout}; if the "
+        "store is throttling or slow, raise storage_options['retry_config'] "
+        "(max_retries, retry_timeout) or ['client_options'] (timeout)."
+    )
+    return ObjectStoreError(
+        message,
+        url=url,
+        byte_range=(lo, hi),
+        status=status,
+        cause=cause,
+        attempts=attempts,
+    )

@@ -1,0 +1,21 @@
+"""Local object-store parts for tests and benchmarks (loopback only).
+
+`S3FolderServer` serves a folder's files as S3 objects (range GETs straight
+from the file); `FaultProxy` adds round-trip time and injects faults between a
+client and such a server.
+"""
+
+from grain_cells.testing.fault_proxy import Fault, FaultProxy, Request, always, every
+from grain_cells.testing.s3_folder_server import S3FolderServer, object_etag
+from grain_cells.testing.served_folder import ServedFolder
+
+__all__ = [
+    "Fault",
+    "FaultProxy",
+    "Request",
+    "S3FolderServer",
+    "ServedFolder",
+    "always",
+    "every",
+    "object_etag",
+]

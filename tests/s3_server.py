@@ -1,0 +1,144 @@
+"""An S3-compatible server on localhost for tests: moto's server mode.
+
+`s3` (session-scoped fixture) starts moto's server (`python -m moto.server`)
+in a child process on 127.0.0.1 and a free port, creates a bucket and
+returns an `S3` helper: `upload(path, key)` puts a local file and returns its
+`s3://` URL, and `options` are the storage options that reach the server.
+When moto is not installed or the server does not answer within
+`START_SECONDS`, every test using the fixture is skipped with the reason
+(never passed silently).
+
+The server runs in its own process, not in a thread of the test process: a
+request sent from inside an h5py call holds h5py's global lock, and a
+server thread of the same process that garbage-collects an h5py object
+would wait for that lock while the request waits for the server.
+
+moto reads a whole object for every range GET: keep test objects small.
+The metadata cache of remote files goes to a temporary folder for the
+session (`GRAIN_CELLS_CACHE_DIR`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+BUCKET = "cells"
+KEYS = {"access_key_id": "testing", "secret_access_key": "testing"}
+START_SECONDS = 60
+
+
+@dataclasses.dataclass
+class S3:
+    """A running server and a bucket on it."""
+
+    endpoint: str
+    bucket: str
+    client: object  # boto3 S3 client
+
+    @property
+    def options(self) -> dict:
+        """Storage options for `AnnDataSource(..., storage_options=...)`."""
+        return {"endpoint_url": self.endpoint, "region": "us-east-1", **KEYS}
+
+    def env(self) -> dict:
+        """The same settings as AWS environment variables."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": KEYS["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": KEYS["secret_access_key"],
+        }
+
+    def upload(self, path, key: str | None = None) -> str:
+        """Puts a local file into the bucket; returns its URL."""
+        key = key or pathlib.Path(path).name
+        self.client.upload_file(str(path), self.bucket, key)
+        return f"s3://{self.bucket}/{key}"
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Puts bytes as an object; returns its URL."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return f"s3://{self.bucket}/{key}"
+
+
+def start_moto(port: int, log: pathlib.Path) -> subprocess.Popen:
+    """Starts moto's S3 server on 127.0.0.1:`port`; waits until it answers.
+
+    Args:
+        port: A free port.
+        log: Where the server's output goes.
+
+    Raises:
+        RuntimeError: It exited or did not answer in `START_SECONDS`.
+    """
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + START_SECONDS
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(
+                f"moto.server exited with {server.returncode}: "
+                f"{log.read_text(errors='replace')[-500:]}"
+            )
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
+            return server
+        except OSError:
+            if time.monotonic() > deadline:
+                server.kill()
+                server.wait()
+                raise RuntimeError(f"no answer on 127.0.0.1:{port}") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A moto S3 server on localhost with an empty bucket (see the module doc)."""
+    try:
+        import boto3
+        import moto.server  # noqa: F401
+        import portpicker
+    except ImportError as e:
+        pytest.skip(f"moto[server] is not installed ({e}): pip install 'moto[server]'")
+    port = portpicker.pick_unused_port()
+    try:
+        server = start_moto(port, tmp_path_factory.mktemp("moto") / "server.log")
+    except (OSError, RuntimeError) as e:  # e.g. a sandbox without loopback
+        pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEYS["access_key_id"],
+        aws_secret_access_key=KEYS["secret_access_key"],
+    )
+    client.create_bucket(Bucket=BUCKET)
+    old = os.environ.get("GRAIN_CELLS_CACHE_DIR")
+    os.environ["GRAIN_CELLS_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        yield S3(endpoint, BUCKET, client)
+    finally:
+        if old is None:
+            os.environ.pop("GRAIN_CELLS_CACHE_DIR", None)
+        else:
+            os.environ["GRAIN_CELLS_CACHE_DIR"] = old
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

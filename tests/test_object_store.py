@@ -1,0 +1,320 @@
+"""Reading `.h5ad` objects in place from an S3-compatible store (moto, localhost).
+
+Every file here is written by anndata, uploaded to a moto server started by
+`s3_server.s3` and read back by URL; the oracle is `anndata.read_h5ad` of
+the local copy, and the same file read locally by `AnnDataSource`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+from conftest import OBS, close_iterator, take, write_files
+from s3_server import s3  # noqa: F401  (the fixture)
+
+import grain_cells
+from grain_cells import errors, object_store
+
+CONFIG = dict(block_size=5, batch_size=4, fetch_factor=5)
+
+
+def _counts_since(before: dict) -> dict:
+    now = object_store.request_counts()
+    return {k: now.get(k, 0) - before.get(k, 0) for k in ("head", "get")}
+
+
+def _write_rich(path, *, dense=False, compression=None) -> str:
+    """X, a layer `counts` (2 X) and raw/X (3 X); value (i, j) = i * 100 + j + 1."""
+    rng = np.random.default_rng(1)
+    n, g = 57, 9
+    mask = rng.random((n, g)) < 0.4
+    values = (np.arange(n)[:, None] * 100 + np.arange(g) + 1).astype(np.float32)
+    x = np.where(mask, values, 0).astype(np.float32)
+    m = x if dense else sp.csr_matrix(x)
+    obs = pd.DataFrame(
+        {
+            "kind": pd.Categorical(rng.choice(["a", "b", "c"], n)),
+            "idx": np.arange(n, dtype=np.int64),
+        },
+        index=[f"c{i}" for i in range(n)],
+    )
+    var = pd.DataFrame(index=[f"g{j}" for j in range(g)])
+    adata = anndata.AnnData(X=m, obs=obs, var=var, layers={"counts": m * 2})
+    adata.raw = anndata.AnnData(X=m * 3, obs=obs, var=var)
+    adata.write_h5ad(path, compression=compression)
+    return str(path)
+
+
+def _dense(x) -> np.ndarray:
+    return x.toarray() if sp.issparse(x) else np.asarray(x)
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory, s3):  # noqa: F811
+    """Local path and URL of CSR, dense and gzip-compressed rich files."""
+    d = tmp_path_factory.mktemp("rich")
+    out = {}
+    for name, kwargs in {
+        "csr": {},
+        "dense": {"dense": True},
+        "gzip": {"compression": "gzip"},
+    }.items():
+        path = _write_rich(d / f"{name}.h5ad", **kwargs)
+        out[name] = (path, s3.upload(path, f"rich/{name}.h5ad"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory, s3):  # noqa: F811
+    """conftest's three CSR files: local paths and URLs."""
+    paths = write_files(tmp_path_factory.mktemp("parts"))
+    return paths, [s3.upload(p, f"parts/{i}.h5ad") for i, p in enumerate(paths)]
+
+
+@pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
+@pytest.mark.parametrize("layer", [None, "counts", "raw"])
+def test_values_equal_local_and_anndata(rich, s3, kind, layer):  # noqa: F811
+    path, url = rich[kind]
+    remote = grain_cells.AnnDataSource(
+        url, layer=layer, obs_columns=["kind", "idx"], storage_options=s3.options
+    )
+    local = grain_cells.AnnDataSource(path, layer=layer, obs_columns=["kind", "idx"])
+    rows = np.random.default_rng(0).permutation(remote.num_cells)
+    got, want = remote.read(rows), local.read(rows)
+    adata = anndata.read_h5ad(path)
+    oracle = {None: adata.X, "counts": adata.layers["counts"], "raw": adata.raw.X}
+    np.testing.assert_array_equal(_dense(got.X), _dense(oracle[layer])[rows])
+    np.testing.assert_array_equal(_dense(got.X), _dense(want.X))
+    np.testing.assert_array_equal(got.obs["idx"], rows)
+    labels = remote.categories["kind"][got.obs["kind"]]
+    np.testing.assert_array_equal(labels, adata.obs["kind"].to_numpy()[rows])
+    assert repr(remote).startswith(f"AnnDataSource(files=[{url!r}")
+
+
+def _loader(paths, *, worker_count=0, output=None, options=None, seed=0):
+    source = grain_cells.AnnDataSource(
+        paths,
+        block_size=CONFIG["block_size"],
+        obs_columns=OBS,
+        storage_options=options,
+    )
+    # Given the source, the sampler hints blocks ahead: remote reads take them
+    # from read-ahead GETs.
+    sampler = grain_cells.BlockSampler(source, seed=seed, readahead_cells=40)
+    operations = grain_cells.fetch_operations(
+        source,
+        batch_size=CONFIG["batch_size"],
+        fetch_factor=CONFIG["fetch_factor"],
+        output=output,
+        seed=seed,
+    )
+    return grain_cells.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=operations,
+        worker_count=worker_count,
+    )
+
+
+def _run(loader, n=None) -> list[dict]:
+    iterator = iter(loader)
+    try:
+        return take(iterator, n)
+    finally:
+        close_iterator(iterator)
+
+
+def _assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        pytest.param(None, id="csr"),
+        pytest.param(grain_cells.PaddedSparseOutput(8), id="padded"),
+        pytest.param(grain_cells.DenseOutput(), id="dense"),
+    ],
+)
+def test_loader_batches_equal_local(parts, s3, output):  # noqa: F811
+    paths, urls = parts
+    got = _run(_loader(urls, output=output, options=s3.options))
+    want = _run(_loader(paths, output=output))
+    _assert_same(got, want)
+
+
+def test_loader_with_workers_reads_every_cell_once(parts, s3):  # noqa: F811
+    paths, urls = parts
+    batches = _run(_loader(urls, worker_count=2, options=s3.options))
+    local = grain_cells.AnnDataSource(paths, obs_columns=OBS)
+    rows, x = [], []
+    for b in batches:  # CSR minibatches, padded at the end of a fetch
+        keep = b["mask"]
+        dense = sp.csr_matrix(
+            (b["data"], b["indices"], b["indptr"]), shape=(keep.size, local.num_genes)
+        ).toarray()
+        rows.append(b["row_ids"][keep])
+        x.append(dense[keep])
+    rows = np.concatenate(rows)
+    np.testing.assert_array_equal(np.sort(rows), np.arange(local.num_cells))
+    np.testing.assert_array_equal(np.concatenate(x), _dense(local.read(rows).X))
+
+
+def test_urls_and_paths_mix_and_split(parts, s3):  # noqa: F811
+    paths, urls = parts
+    mixed = grain_cells.AnnDataSource(
+        [urls[0], paths[1], urls[2]], obs_columns=OBS, storage_options=s3.options
+    )
+    local = grain_cells.AnnDataSource(paths, obs_columns=OBS)
+    rows = np.arange(mixed.num_cells)
+    np.testing.assert_array_equal(
+        _dense(mixed.read(rows).X), _dense(local.read(rows).X)
+    )
+    splits = grain_cells.split_by_fraction(mixed, {"train": 0.8, "val": 0.2})
+    local_splits = grain_cells.split_by_fraction(local, {"train": 0.8, "val": 0.2})
+    for name, view in splits.items():
+        other = local_splits[name]
+        assert view.blocks_id == other.blocks_id
+        keys = np.arange(len(view))
+        np.testing.assert_array_equal(
+            _dense(view.read_blocks(keys).X), _dense(other.read_blocks(keys).X)
+        )
+
+
+def test_metadata_read_once(parts, s3):  # noqa: F811
+    _, urls = parts
+    before = object_store.request_counts()
+    first = grain_cells.AnnDataSource(urls, obs_columns=OBS, storage_options=s3.options)
+    built = _counts_since(before)
+    assert built["head"] == len(urls)
+
+    before = object_store.request_counts()
+    grain_cells.AnnDataSource(urls, obs_columns=OBS, storage_options=s3.options)
+    again = _counts_since(before)
+    # One HEAD per object; each object's indptr (one GET); no metadata GET.
+    assert again == {"head": len(urls), "get": len(urls)}, again
+
+    worker = pickle.loads(pickle.dumps(first))  # what a worker process gets
+    before = object_store.request_counts()
+    worker.read_blocks([0])  # opens one file: its indptr, then data+indices
+    started = _counts_since(before)
+    assert started["head"] == 0 and started["get"] <= 3, started
+
+
+def test_changed_object_raises(tmp_path, s3):  # noqa: F811
+    path = _write_rich(tmp_path / "a.h5ad")
+    url = s3.upload(path, "changing/a.h5ad")
+    source = grain_cells.AnnDataSource(url, storage_options=s3.options)
+    source.read([0, 1])
+    other = _write_rich(tmp_path / "b.h5ad", dense=True)
+    s3.upload(other, "changing/a.h5ad")
+    with pytest.raises(errors.SourceChangedError, match=r"changing/a\.h5ad.*ETag"):
+        source.verify_files()
+    fresh = pickle.loads(pickle.dumps(source))  # a worker opening it now
+    with pytest.raises(errors.SourceChangedError, match=r"changing/a\.h5ad"):
+        fresh.read([3, 4])
+
+
+def test_checkpoint_restores_with_a_fresh_source(parts, s3):  # noqa: F811
+    _, urls = parts
+    everything = _run(_loader(urls, options=s3.options))
+    iterator = iter(_loader(urls, options=s3.options))
+    take(iterator, 3)
+    state = iterator.get_state()
+    close_iterator(iterator)
+    assert json.loads(state)["grain_cells"]
+    restored = iter(_loader(urls, options=s3.options))  # nothing shared
+    restored.set_state(state)
+    _assert_same(take(restored), everything[3:])
+    close_iterator(restored)
+
+
+def test_preshuffle_from_bucket(parts, s3, tmp_path, monkeypatch):  # noqa: F811
+    paths, urls = parts
+    for key, value in s3.env().items():  # credentials from the environment
+        monkeypatch.setenv(key, value)
+    out = grain_cells.preshuffle(urls, tmp_path / "out", seed=3, progress=False)
+    want = grain_cells.preshuffle(paths, tmp_path / "ref", seed=3, progress=False)
+    assert len(out) == len(want)
+    for a, b in zip(out, want, strict=True):
+        x, y = anndata.read_h5ad(a), anndata.read_h5ad(b)
+        np.testing.assert_array_equal(_dense(x.X), _dense(y.X))
+        pd.testing.assert_frame_equal(x.obs, y.obs)
+
+
+def test_missing_object_and_bad_option(s3):  # noqa: F811
+    with pytest.raises(FileNotFoundError, match=r"s3://cells/nope\.h5ad"):
+        grain_cells.AnnDataSource("s3://cells/nope.h5ad", storage_options=s3.options)
+    with pytest.raises(ValueError, match="no_such_key"):
+        grain_cells.AnnDataSource(
+            "s3://cells/nope.h5ad", storage_options={**s3.options, "no_such_key": 1}
+        )
+
+
+def test_read_ahead_serves_hinted_blocks(parts, s3):  # noqa: F811
+    paths, urls = parts
+    source = grain_cells.AnnDataSource(urls, block_size=4, storage_options=s3.options)
+    local = grain_cells.AnnDataSource(paths, block_size=4)
+    keys = np.random.default_rng(2).permutation(len(source))[:20]
+    source.read_blocks(keys[:1])  # opens the files (indptr pinned)
+    before = object_store.request_counts()
+    source.will_need(keys)  # returns at once; the GETs run in the background
+    hinted, deadline = _counts_since(before), time.monotonic() + 10
+    while time.monotonic() < deadline:  # until they have all been sent
+        time.sleep(0.5)
+        now = _counts_since(before)
+        if now == hinted and now["get"]:
+            break
+        hinted = now
+    assert hinted["get"] >= 1
+    got = source.read_blocks(keys)
+    assert _counts_since(before) == hinted  # every piece came from read-ahead
+    np.testing.assert_array_equal(_dense(got.X), _dense(local.read_blocks(keys).X))
+    # An unhinted read still sends its own GETs and gets the same values.
+    other = np.setdiff1d(np.arange(len(source)), keys)[:5]
+    np.testing.assert_array_equal(
+        _dense(source.read_blocks(other).X), _dense(local.read_blocks(other).X)
+    )
+    assert _counts_since(before)["get"] > hinted["get"]
+
+
+def test_gene_join_over_urls(tmp_path, s3):  # noqa: F811
+    full = _write_rich(tmp_path / "full.h5ad")
+    adata = anndata.read_h5ad(full)
+    part = str(tmp_path / "part.h5ad")
+    adata[:20, ::2].copy().write_h5ad(part)  # every other gene
+    paths = [full, part]
+    urls = [s3.upload(p, f"join/{i}.h5ad") for i, p in enumerate(paths)]
+    for join in ("inner", "outer"):
+        remote = grain_cells.AnnDataSource(urls, join=join, storage_options=s3.options)
+        local = grain_cells.AnnDataSource(paths, join=join)
+        np.testing.assert_array_equal(remote.var_names, local.var_names)
+        rows = np.arange(remote.num_cells)
+        np.testing.assert_array_equal(
+            _dense(remote.read(rows).X), _dense(local.read(rows).X)
+        )
+
+
+def test_anonymous_and_http_urls(rich, s3):  # noqa: F811
+    path, _ = rich["csr"]
+    url = s3.upload(path, "public/csr.h5ad")
+    s3.client.put_object_acl(Bucket=s3.bucket, Key="public/csr.h5ad", ACL="public-read")
+    want = _dense(grain_cells.AnnDataSource(path).read(np.arange(10)).X)
+    anon = {"endpoint_url": s3.endpoint, "region": "us-east-1", "anon": True}
+    http = f"{s3.endpoint}/{s3.bucket}/public/csr.h5ad"  # path-style URL
+    for source in (
+        grain_cells.AnnDataSource(url, storage_options=anon),
+        grain_cells.AnnDataSource(http),
+    ):
+        np.testing.assert_array_equal(_dense(source.read(np.arange(10)).X), want)
