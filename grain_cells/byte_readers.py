@@ -58,9 +58,12 @@ class ByteReader(Protocol):
 
     Attributes:
         name: The path or URL, for messages.
+        remote: Whether each read is a round trip to a store (callers then
+            `advise` what they will read next before reading).
     """
 
     name: str
+    remote: bool
 
     def read_into(
         self,
@@ -97,6 +100,8 @@ def as_byte_reader(fd, name: str) -> ByteReader | None:
 
 class LocalByteReader:
     """Positional reads (`os.preadv`) of a local file."""
+
+    remote = False
 
     def __init__(self, fd: int, name: str, *, owned: bool = True):
         """Wraps an open descriptor; closes it on `close` if `owned`."""
@@ -198,6 +203,8 @@ def plan_requests(
 
 class RemoteByteReader:
     """Range GETs of one object version (ETag), merged and concurrent."""
+
+    remote = True
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
         """Binds an object version; sends no request.

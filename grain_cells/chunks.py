@@ -215,6 +215,8 @@ class ChunkedReader:
         uniq, piece_lo = np.unique(chunk, return_index=True)
         piece_hi = np.append(piece_lo[1:], chunk.size)
         runs = self._runs(uniq)
+        if self._fd.remote and not self._cache_bytes and len(runs) > 1:
+            self._hint_runs(uniq, runs)  # every run's GET in flight at once
         pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
         work = (uniq, piece_lo, piece_hi, pieces, dest)
         if pool is None or len(runs) < 2:
@@ -251,6 +253,13 @@ class ChunkedReader:
         if uniq.size:
             runs.append((a, uniq.size))
         return runs
+
+    def _hint_runs(self, uniq: np.ndarray, runs: list[tuple[int, int]]) -> None:
+        first = np.array([a for a, _ in runs])
+        last = np.array([b - 1 for _, b in runs])
+        starts = self._offsets[uniq[first]]
+        ends = self._offsets[uniq[last]] + self._sizes[uniq[last]]
+        self._fd.advise(starts.tolist(), (ends - starts).tolist())
 
     def _scratch(self, nbytes: int) -> memoryview:
         buf = getattr(self._local, "raw", None)

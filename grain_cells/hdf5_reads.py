@@ -137,6 +137,11 @@ class RangeReader:
         return self._chunk_offsets is not None
 
     @property
+    def remote(self) -> bool:
+        """Whether bytes come from an object store (each read a round trip)."""
+        return bool(getattr(self._fd, "remote", False))
+
+    @property
     def chunk_length(self) -> int | None:
         """Rows (first-axis elements) per HDF5 chunk; None when contiguous."""
         chunks = self._dataset.chunks

@@ -28,6 +28,12 @@ What is detected, exactly:
 * A restore (or a preshuffle rerun) on a file whose size, matrix layout,
   sampled `indptr` or sampled values differ from those recorded.
 
+Objects in a store (`s3://...`, see `grain_cells.object_store`) have no
+device, inode or ctime: their `FileStat` holds the size, last-modified time
+and ETag, taken by one HEAD when the source is built, and every range GET
+carries `If-Match: <ETag>`, so any overwrite is detected at the next read in
+any process (`verify_files` sends a HEAD per object).
+
 Not detected: a replacement after a process opened the file by rename (that
 process keeps reading the original inode, which stays consistent); a change
 to a file that the matrix only links to (HDF5 external links and virtual

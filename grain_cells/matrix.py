@@ -185,6 +185,8 @@ class CsrReader:
             errors.CorruptDataError: A column index is out of range; names the
                 file and row.
         """
+        if plan.nnz and self._indices.remote:  # both datasets' GETs at once
+            self._indices.advise(plan.firsts, plan.lasts)
         try:
             self._data.read(plan.firsts, plan.lasts, data, pool)
             self._indices.read(plan.firsts, plan.lasts, indices, pool)

@@ -23,6 +23,7 @@ cache entry; stale entries are never read.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import io
@@ -88,38 +89,46 @@ class _Metadata:
 
     def find(self, off: int, n: int):
         with self.lock:
-            k = np.searchsorted(self.starts, off, side="right") - 1
+            k = bisect.bisect_right(self.starts, off) - 1
             if k >= 0 and off + n <= self.starts[k] + len(self.pieces[k]):
                 lo = off - self.starts[k]
                 return memoryview(self.pieces[k])[lo : lo + n]
         return None
 
     def add(self, off: int, data: bytes) -> None:
+        # Kept unmerged until `save` (merging at every add is quadratic); a
+        # read spanning two pieces misses here and hits the block cache.
         with self.lock:
-            k = int(np.searchsorted(self.starts, off, side="right"))
+            k = bisect.bisect_right(self.starts, off)
             self.starts.insert(k, off)
             self.pieces.insert(k, bytes(data))
-            self._merge()
             self.dirty = True
 
     def _merge(self) -> None:
+        """Joins overlapping or touching pieces (sorted by start), in one pass."""
         starts, pieces = [], []
+        run: list[bytes] = []
+        run_start = run_end = 0
         for s, p in zip(self.starts, self.pieces, strict=True):
-            if starts and s <= starts[-1] + len(pieces[-1]):
-                end = max(starts[-1] + len(pieces[-1]), s + len(p))
-                merged = bytearray(end - starts[-1])
-                merged[: len(pieces[-1])] = pieces[-1]
-                merged[s - starts[-1] : s - starts[-1] + len(p)] = p
-                pieces[-1] = bytes(merged)
+            if run and s <= run_end:
+                if s + len(p) > run_end:
+                    run.append(p[run_end - s :])
+                    run_end = s + len(p)
                 continue
-            starts.append(s)
-            pieces.append(p)
+            if run:
+                starts.append(run_start)
+                pieces.append(b"".join(run))
+            run, run_start, run_end = [p], s, s + len(p)
+        if run:
+            starts.append(run_start)
+            pieces.append(b"".join(run))
         self.starts, self.pieces = starts, pieces
 
     def save(self) -> None:
         with self.lock:
             if not self.dirty:
                 return
+            self._merge()
             offsets = np.array(self.starts, np.int64)
             sizes = np.array([len(p) for p in self.pieces], np.int64)
             data = np.frombuffer(b"".join(self.pieces), np.uint8)
