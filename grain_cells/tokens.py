@@ -76,7 +76,7 @@ import hashlib
 
 import numpy as np
 
-from grain_cells import counter_rng
+from grain_cells import counter_rng, token_jit
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
 from grain_cells.vocabulary import GeneVocabulary
@@ -112,8 +112,17 @@ class TokenOutput:
         eos_id: int,
         mask_id: int,
         mlm_probability: float,
+        kernels: str = "auto",
     ):
         column_tokens = np.asarray(column_tokens, np.int32)
+        if kernels not in ("auto", "numba", "numpy"):
+            raise ValueError(
+                f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
+            )
+        if kernels == "numba" and not token_jit.available():
+            raise ImportError(
+                "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
+            )
         if length < 1:
             raise ValueError(f"length must be positive, got length={length}")
         if not 0.0 <= mlm_probability < 1.0:
@@ -131,6 +140,7 @@ class TokenOutput:
         self.eos_id = int(eos_id)
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
+        self.kernels = kernels
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:
@@ -193,6 +203,30 @@ class TokenOutput:
         dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
         return csr.indptr, keep, inv, tokens, dropped
 
+    def _compiled(self) -> bool:
+        """True when `tokenize` runs the numba kernels (`grain_cells.token_jit`)."""
+        return self.kernels == "numba" or (
+            self.kernels == "auto" and token_jit.available()
+        )
+
+    def _csr_for_jit(self, fetch: Fetch):
+        """`(data float32, indices, indptr int64)` of the fetch for the kernels."""
+        csr = fetch.csr
+        return (
+            np.ascontiguousarray(csr.data, np.float32),
+            np.ascontiguousarray(csr.indices),
+            np.ascontiguousarray(csr.indptr, np.int64),
+        )
+
+    def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
+        """bool `[n_rows, length]`: True on each row's gene positions."""
+        offset = 1 if self.cls_id >= 0 else 0
+        positions = np.zeros((n_genes.size, self.length), bool)
+        positions[:, offset : offset + self.slots] = (
+            np.arange(self.slots)[None, :] < n_genes[:, None]
+        )
+        return positions
+
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
         """Sequences from each row's gene tokens (and bins).
 
@@ -209,7 +243,6 @@ class TokenOutput:
         """
         n_rows = n_genes.size
         offset = 1 if self.cls_id >= 0 else 0
-        col = np.arange(self.slots)
         ids = np.empty((n_rows, self.length), np.int32)
         ids[:, offset : offset + self.slots] = genes
         ids[:, offset + self.slots :] = self.pad_id
@@ -221,10 +254,7 @@ class TokenOutput:
             used = used + 1
         gene_positions = None
         if self.mlm_probability > 0:
-            gene_positions = np.zeros((n_rows, self.length), bool)
-            gene_positions[:, offset : offset + self.slots] = (
-                col[None, :] < n_genes[:, None]
-            )
+            gene_positions = self._gene_positions(n_genes)
         values = None
         if bins is not None:  # `pad_value` past each row's genes already
             values = np.empty((n_rows, self.length), np.int32)
@@ -266,6 +296,7 @@ class RankValueTokens(TokenOutput):
         eos_id: int = -1,
         mask_id: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ):
         """Low-level constructor over the source's output columns.
 
@@ -280,6 +311,9 @@ class RankValueTokens(TokenOutput):
             eos_id: Id of `<eos>` (-1: none).
             mask_id: Id of `<mask>` (-1: none).
             mlm_probability: Share of gene positions masked.
+            kernels: `"numba"` (compiled, `grain_cells.token_jit`),
+                `"numpy"` (`grain_cells.token_kernels`) or `"auto"` (numba
+                when installed). Both give the same arrays, bit for bit.
         """
         medians = np.asarray(column_medians, np.float32)
         column_tokens = np.asarray(column_tokens, np.int32).copy()
@@ -299,6 +333,7 @@ class RankValueTokens(TokenOutput):
             eos_id=eos_id,
             mask_id=mask_id,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
         self.column_medians = np.where(usable, medians, np.float32(1))
 
@@ -313,6 +348,7 @@ class RankValueTokens(TokenOutput):
         cls_token: bool = True,
         eos_token: bool = True,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ) -> RankValueTokens:
         """Rank-value tokens for `source`'s genes.
 
@@ -325,6 +361,7 @@ class RankValueTokens(TokenOutput):
             cls_token: Start with `<cls>`.
             eos_token: End with `<eos>`.
             mlm_probability: Share of gene positions replaced by `<mask>`.
+            kernels: `"auto"`, `"numba"` or `"numpy"` (see `__init__`).
         """
         genes = source.var_names
         return RankValueTokens(
@@ -338,6 +375,7 @@ class RankValueTokens(TokenOutput):
             if vocabulary.has_special("mask")
             else -1,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
 
     def __repr__(self) -> str:
@@ -350,6 +388,8 @@ class RankValueTokens(TokenOutput):
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
+        if self._compiled():
+            return self._tokenize_compiled(fetch)
         medians = self.column_medians
         indptr, keep, inv, tokens, dropped = self._prepare(
             fetch, lambda values, columns: values / medians[columns]
@@ -377,6 +417,44 @@ class RankValueTokens(TokenOutput):
             "_used": used,
         }
         if self.mlm_probability > 0:
+            masked = self._mlm(fetch, ids, positions)
+            out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
+            ids[masked] = self.mask_id
+        return out
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` on the numba kernels (`grain_cells.token_jit`)."""
+        unit = self.__dict__.get("_unit_keys")
+        if unit is None:
+            unit = self._unit_keys = token_jit.unit_keys(
+                self.column_tokens, self.column_medians
+            )
+        data, indices, indptr = self._csr_for_jit(fetch)
+        ids = np.empty((indptr.size - 1, self.length), np.int32)
+        offset = 1 if self.cls_id >= 0 else 0
+        if offset:
+            ids[:, 0] = self.cls_id
+        n_expr, dropped, used = token_jit.rank_value_rows(
+            data,
+            indices,
+            indptr,
+            self.column_tokens,
+            self.column_medians,
+            unit,
+            ids,
+            offset,
+            self.slots,
+            self.pad_id,
+            self.eos_id,
+        )
+        out = {
+            "gene_ids": ids,
+            "n_expressed": n_expr,
+            "n_dropped": dropped,
+            "_used": used,
+        }
+        if self.mlm_probability > 0:
+            positions = self._gene_positions(np.minimum(n_expr, self.slots))
             masked = self._mlm(fetch, ids, positions)
             out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
             ids[masked] = self.mask_id

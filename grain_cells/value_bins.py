@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells import counter_rng
+from grain_cells import counter_rng, token_jit
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
 from grain_cells.tokens import IGNORE, ZERO_STREAM, TokenOutput, special_id
@@ -37,6 +37,7 @@ class ValueBinTokens(TokenOutput):
         pad_value: int = -2,
         mask_value: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ):
         """Low-level constructor over the source's output columns.
 
@@ -54,6 +55,9 @@ class ValueBinTokens(TokenOutput):
             pad_value: Bin value of `<pad>` positions.
             mask_value: Bin value of masked positions.
             mlm_probability: Share of gene positions whose value is masked.
+            kernels: `"numba"` (compiled, `grain_cells.token_jit`; used for
+                `selection="top"`), `"numpy"` or `"auto"` (numba when
+                installed). Both give the same arrays, bit for bit.
         """
         if n_bins < 3:
             raise ValueError(f"n_bins must be at least 3, got n_bins={n_bins}")
@@ -69,6 +73,7 @@ class ValueBinTokens(TokenOutput):
             eos_id=-1,
             mask_id=max(mask_id, 0) if mlm_probability > 0 else mask_id,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
         self.n_bins = int(n_bins)
         self.selection = selection
@@ -91,6 +96,7 @@ class ValueBinTokens(TokenOutput):
         pad_value: int = -2,
         mask_value: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ) -> ValueBinTokens:
         """Value-bin tokens for `source`'s genes.
 
@@ -108,6 +114,7 @@ class ValueBinTokens(TokenOutput):
             pad_value=pad_value,
             mask_value=mask_value,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
 
     def __repr__(self) -> str:
@@ -127,6 +134,8 @@ class ValueBinTokens(TokenOutput):
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
+        if self.selection == "top" and self._compiled():
+            return self._tokenize_compiled(fetch)
         indptr, keep, inv, tokens, dropped = self._prepare(fetch, lambda v, _: v)
         n_rows = indptr.size - 1
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
@@ -171,6 +180,60 @@ class ValueBinTokens(TokenOutput):
             "n_dropped": dropped,
             "_used": used,
         }
+        return self._masked(fetch, out, positions)
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` (top genes) on the numba kernels (`grain_cells.token_jit`)."""
+        unit = self.__dict__.get("_unit_keys")
+        if unit is None:
+            unit = self._unit_keys = token_jit.unit_keys(self.column_tokens, None)
+        data, indices, indptr = self._csr_for_jit(fetch)
+        n_rows = indptr.size - 1
+        ids = np.empty((n_rows, self.length), np.int32)
+        values = np.empty((n_rows, self.length), np.int32)
+        offset = 1 if self.cls_id >= 0 else 0
+        if offset:
+            ids[:, 0] = self.cls_id
+        n_expr, dropped, n_genes = token_jit.value_bin_rows(
+            data,
+            indices,
+            indptr,
+            self.column_tokens,
+            unit,
+            np.linspace(0, 1, self.n_bins - 1),
+            ids,
+            values,
+            offset,
+            self.slots,
+            self.pad_id,
+            self.pad_value,
+        )
+        if self.pad_zeros and self.vocab_columns.size:
+            tokens = self.column_tokens[indices]
+            keep = (data > 0) & (tokens >= 0)
+            n_genes = self._add_zero_genes(
+                fetch,
+                keep,
+                ids[:, offset : offset + self.slots],
+                values[:, offset : offset + self.slots],
+                n_genes.astype(np.int64),
+                n_expr.astype(np.int64),
+            )
+        out = {
+            "gene_ids": ids,
+            "values": values,
+            "n_expressed": n_expr,
+            "n_dropped": dropped,
+            "_used": offset + n_genes,
+        }
+        positions = None
+        if self.mlm_probability > 0:
+            positions = self._gene_positions(n_genes)
+        return self._masked(fetch, out, positions)
+
+    def _masked(self, fetch: Fetch, out: dict, positions) -> dict:
+        """Applies masked-language masking (if any) to `out`'s values."""
+        ids, values = out["gene_ids"], out["values"]
         if self.mlm_probability > 0:
             masked = self._mlm(fetch, ids, positions)
             out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)

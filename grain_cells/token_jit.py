@@ -1,0 +1,317 @@
+"""Compiled (numba) kernels of the token outputs: one pass per cell.
+
+The NumPy kernels (`grain_cells.token_kernels`) make about thirty passes over
+a fetch's stored values and sort 64-bit keys along padded rows. Here one
+compiled loop over the fetch's rows does everything a row needs while its
+values sit in cache: look up tokens and medians, divide, build the keys
+`(~float32 bits of the order value) << 32 | token`, sort them, and write the
+sequence (and, for value binning, the quantile bins) straight into the
+output arrays. The outputs are bit for bit those of the NumPy kernels
+(`tests/test_token_jit.py` compares them on random fetches).
+
+**The sort.** Keys are ordered exactly (order value descending, then token
+ascending), by a bucket pass and an insertion pass. Cells hold few distinct
+order values (integer counts; medians shared by many genes), so the keys are
+first scattered, stably, into up to `2 * n` buckets of equal width over the
+row's range of order words, then an insertion sort on the full keys finishes
+the job: its cost is the number of inversions left, which is small when
+buckets hold one order word each and ties arrive in token order (stored
+order is column order, and a vocabulary in column order gives ascending
+tokens). A row whose insertion pass passes a budget of `16 n + 256` moves is
+sorted by `np.sort` instead, so the worst case stays `O(n log n)`.
+
+**Floating point.** Divisions, the quantile lerp and the rounding of edges
+to float32 follow NumPy's operations one by one (no fast-math, so no fused
+multiply-adds), which is what makes the outputs equal.
+
+numba is optional (`pip install grain_cells[tokens]`): `available()` says
+whether these kernels can be used; the outputs fall back to the NumPy
+kernels without it. Functions are compiled on first use and cached on disk
+(`cache=True`), so later processes, workers included, load them in well under
+a second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is an optional extra
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    numba = None
+
+_U32 = np.uint64(0xFFFFFFFF)
+_DROPPED = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def unit_keys(tokens: np.ndarray, medians: np.ndarray | None) -> np.ndarray:
+    """Each column's key for the stored value 1 (`_DROPPED`: no token).
+
+    Args:
+        tokens: int32 token per column (-1: dropped).
+        medians: float32 divisor per column (rank-value), or None (value
+            binning orders by the value itself).
+    """
+    one = np.ones(tokens.size, np.float32)
+    if medians is not None:
+        one = one / medians
+    words = (one.view(np.uint32) ^ np.uint32(0xFFFFFFFF)).astype(np.uint64)
+    keys = (words << np.uint64(32)) | tokens.astype(np.uint64)
+    keys[tokens < 0] = _DROPPED
+    return keys
+
+
+def available() -> bool:
+    """True when numba is importable (the compiled kernels can run)."""
+    return numba is not None
+
+
+def _njit(fn):
+    if numba is None:  # pragma: no cover
+        return fn
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+@_njit
+def _sort_keys(keys, m, lo, hi, out, counts):
+    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`."""
+    if m == 0:
+        return
+    span = np.uint64(hi - lo)
+    limit = np.uint64(max(m, 16))
+    shift = np.uint64(0)
+    while (span >> shift) >= limit:
+        shift += np.uint64(1)
+    nb = int(span >> shift) + 1
+    for b in range(nb + 1):
+        counts[b] = 0
+    base = np.uint64(lo)
+    for i in range(m):
+        b = int(((keys[i] >> np.uint64(32)) - base) >> shift)
+        counts[b + 1] += 1
+    for b in range(nb):
+        counts[b + 1] += counts[b]
+    for i in range(m):
+        k = keys[i]
+        b = int(((k >> np.uint64(32)) - base) >> shift)
+        out[counts[b]] = k
+        counts[b] += 1
+    budget = 16 * m + 256
+    moves = 0
+    for i in range(1, m):
+        k = out[i]
+        j = i - 1
+        while j >= 0 and out[j] > k:
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = k
+        moves += i - 1 - j
+        if moves > budget:
+            out[:m] = np.sort(out[:m])
+            return
+
+
+@_njit
+def _row_keys(data, indices, a, b, tokens, medians, use_medians, unit_keys, keys):
+    """Keys of one row's expressed values; returns (m, lo, hi, dropped).
+
+    `unit_keys[c]` is column `c`'s key for the value 1 (the most common
+    value of count data), which saves the division; `_DROPPED` for columns
+    outside the vocabulary.
+    """
+    m = 0
+    dropped = 0
+    lo = _U32
+    hi = np.uint64(0)
+    for j in range(a, b):
+        v = data[j]
+        if not v > 0:
+            continue
+        c = indices[j]
+        if v == 1:
+            k = unit_keys[c]
+            if k == _DROPPED:
+                dropped += 1
+                continue
+        else:
+            t = tokens[c]
+            if t < 0:
+                dropped += 1
+                continue
+            s = v / medians[c] if use_medians else v
+            w = np.uint64(np.float32(s).view(np.uint32)) ^ _U32
+            k = (w << np.uint64(32)) | np.uint64(t)
+        w = k >> np.uint64(32)
+        lo = min(lo, w)
+        hi = max(hi, w)
+        keys[m] = k
+        m += 1
+    return m, lo, hi, dropped
+
+
+@_njit
+def rank_value_rows(
+    data, indices, indptr, tokens, medians, unit, ids, offset, slots, pad_id, eos_id
+):
+    """Rank-value sequences of every row, written into `ids`.
+
+    Args:
+        data: float32 stored values.
+        indices: Output column of each stored value.
+        indptr: int64 row pointers.
+        tokens: int32 token of each column (-1: dropped).
+        medians: float32 median of each column.
+        ids: int32 `[n_rows, length]` output (every entry is written).
+        offset: 1 with `<cls>` (written by the caller), else 0.
+        slots: Gene positions per row.
+        pad_id: `<pad>`.
+        eos_id: `<eos>` (-1: none).
+
+    Returns:
+        `(n_expressed, n_dropped, used)` per row, int32.
+    """
+    n_rows = indptr.size - 1
+    longest = 0
+    for r in range(n_rows):
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    keys = np.empty(longest, np.uint64)
+    out = np.empty(longest, np.uint64)
+    counts = np.empty(longest + 18, np.int32)
+    n_expr = np.empty(n_rows, np.int32)
+    n_drop = np.empty(n_rows, np.int32)
+    used = np.empty(n_rows, np.int32)
+    length = ids.shape[1]
+    for r in range(n_rows):
+        m, lo, hi, dropped = _row_keys(
+            data, indices, indptr[r], indptr[r + 1], tokens, medians, True, unit, keys
+        )
+        _sort_keys(keys, m, lo, hi, out, counts)
+        n = min(m, slots)
+        row = ids[r]
+        for i in range(n):
+            row[offset + i] = np.int32(out[i] & _U32)
+        p = offset + n
+        if eos_id >= 0:
+            row[p] = eos_id
+            p += 1
+        used[r] = p
+        for i in range(p, length):
+            row[i] = pad_id
+        n_expr[r] = m
+        n_drop[r] = dropped
+    return n_expr, n_drop, used
+
+
+@_njit
+def value_bin_rows(
+    data,
+    indices,
+    indptr,
+    tokens,
+    unit,
+    q,
+    ids,
+    values,
+    offset,
+    slots,
+    pad_id,
+    pad_value,
+):
+    """Value-bin sequences (top genes) of every row, into `ids` and `values`.
+
+    Args:
+        data: float32 stored values.
+        indices: Output column of each stored value.
+        indptr: int64 row pointers.
+        tokens: int32 token of each column (-1: dropped).
+        q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
+        ids: int32 `[n_rows, length]` gene ids (every entry is written).
+        values: int32 `[n_rows, length]` bins (every entry is written).
+        offset: 1 with `<cls>` (its id written by the caller), else 0.
+        slots: Gene positions per row.
+        pad_id: `<pad>`.
+        pad_value: Bin of `<pad>` positions.
+
+    Returns:
+        `(n_expressed, n_dropped, n_genes)` per row, int32.
+    """
+    n_rows = indptr.size - 1
+    longest = 0
+    for r in range(n_rows):
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    keys = np.empty(longest, np.uint64)
+    out = np.empty(longest, np.uint64)
+    counts = np.empty(longest + 18, np.int32)
+    n_expr = np.empty(n_rows, np.int32)
+    n_drop = np.empty(n_rows, np.int32)
+    n_genes = np.empty(n_rows, np.int32)
+    n_edges = q.size
+    edges = np.empty(n_edges, np.float32)
+    length = ids.shape[1]
+    dummy = np.empty(1, np.float32)
+    for r in range(n_rows):
+        m, lo, hi, dropped = _row_keys(
+            data, indices, indptr[r], indptr[r + 1], tokens, dummy, False, unit, keys
+        )
+        _sort_keys(keys, m, lo, hi, out, counts)
+        n = min(m, slots)
+        row = ids[r]
+        vrow = values[r]
+        if offset:
+            vrow[0] = 0
+        if m > 0:
+            _edges(out, m, q, edges)
+        k = n_edges
+        for i in range(n):
+            key = out[i]
+            row[offset + i] = np.int32(key & _U32)
+            x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
+            while k > 0 and edges[k - 1] > x:
+                k -= 1
+            vrow[offset + i] = k
+        for i in range(offset + n, length):
+            row[i] = pad_id
+            vrow[i] = pad_value
+        n_expr[r] = m
+        n_drop[r] = dropped
+        n_genes[r] = n
+    return n_expr, n_drop, n_genes
+
+
+@_njit
+def _value_at(out, i):
+    """float32 value of sorted key `i` (descending order)."""
+    return np.uint32((out[i] >> np.uint64(32)) ^ _U32).view(np.float32)
+
+
+@_njit
+def _edges(out, m, q, edges):
+    """`np.quantile(values, q)` of the row's `m` values, rounded up to float32.
+
+    Values are `out[:m]` in descending order; ascending index `j` is
+    `m - 1 - j`. The lerp is NumPy's (`_lerp`, difference in float32); each
+    edge `e` becomes the smallest float32 `c >= e`, so `x >= e <=> x >= c`.
+    """
+    last = m - 1
+    for k in range(q.size):
+        virtual = last * q[k]
+        prev_f = np.floor(virtual)
+        gamma = virtual - prev_f
+        prev = int(prev_f)
+        if virtual >= last:
+            prev = last
+            nxt = last
+        else:
+            nxt = min(prev + 1, last)
+        a = _value_at(out, last - prev)
+        b = _value_at(out, last - nxt)
+        diff = np.float32(b - a)
+        d64 = np.float64(diff)
+        if gamma >= 0.5:
+            e = np.float64(b) - d64 * (1 - gamma)
+        else:
+            e = np.float64(a) + d64 * gamma
+        c = np.float32(e)
+        if np.float64(c) < e:
+            c = np.nextafter(c, np.float32(np.inf))
+        edges[k] = c
