@@ -161,6 +161,7 @@ def rank_value_rows(
         indptr: int64 row pointers.
         tokens: int32 token of each column (-1: dropped).
         medians: float32 median of each column.
+        unit: `unit_keys(tokens, medians)`.
         ids: int32 `[n_rows, length]` output (every entry is written).
         offset: 1 with `<cls>` (written by the caller), else 0.
         slots: Gene positions per row.
@@ -224,6 +225,7 @@ def value_bin_rows(
         indices: Output column of each stored value.
         indptr: int64 row pointers.
         tokens: int32 token of each column (-1: dropped).
+        unit: `unit_keys(tokens, None)`.
         q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
         ids: int32 `[n_rows, length]` gene ids (every entry is written).
         values: int32 `[n_rows, length]` bins (every entry is written).

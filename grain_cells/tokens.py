@@ -219,7 +219,7 @@ class TokenOutput:
         )
 
     def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
-        """bool `[n_rows, length]`: True on each row's gene positions."""
+        """Each row's gene positions: bool `[n_rows, length]`."""
         offset = 1 if self.cls_id >= 0 else 0
         positions = np.zeros((n_genes.size, self.length), bool)
         positions[:, offset : offset + self.slots] = (
