@@ -58,7 +58,7 @@ def make_outputs(source) -> dict:
             corpus = source.select(rows[(rows // 1024) % step == 0])
             stats = grain_cells.corpus_stats(corpus, method="histogram")
             outputs[name] = grain_cells.RankValueTokens.for_source(
-                source, vocab, stats, length=FLAGS.length
+                source, vocab, stats, length=FLAGS.length, kernels=FLAGS.kernels
             )
         elif name == "value_bin":
             outputs[name] = grain_cells.ValueBinTokens.for_source(
@@ -67,6 +67,7 @@ def make_outputs(source) -> dict:
                 length=FLAGS.length,
                 n_bins=FLAGS.n_bins,
                 selection=FLAGS.selection,
+                kernels=FLAGS.kernels,
             )
         else:
             raise app.UsageError(

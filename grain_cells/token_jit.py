@@ -150,57 +150,104 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, unit_keys, keys
 
 
 @_njit
+def _scratch(indptr, rows):
+    """Key buffers and bucket counters for the longest of `rows`."""
+    longest = 0
+    for r in rows:
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    keys = np.empty(longest, np.uint64)
+    out = np.empty(longest, np.uint64)
+    counts = np.empty(longest + 18, np.int32)
+    return keys, out, counts
+
+
+@_njit
 def rank_value_rows(
-    data, indices, indptr, tokens, medians, unit, ids, offset, slots, pad_id, eos_id
+    data,
+    indices,
+    indptr,
+    rows,
+    tokens,
+    medians,
+    unit,
+    ids,
+    mask,
+    cls_id,
+    slots,
+    pad_id,
+    eos_id,
 ):
-    """Rank-value sequences of every row, written into `ids`.
+    """Rank-value sequences of `rows`, written into row `i` of `ids`, `mask`.
+
+    Rows of the outputs past `rows.size` are padding: `<pad>` everywhere,
+    mask False.
 
     Args:
         data: float32 stored values.
         indices: Output column of each stored value.
         indptr: int64 row pointers.
+        rows: int64 rows of the CSR arrays to encode.
         tokens: int32 token of each column (-1: dropped).
         medians: float32 median of each column.
         unit: `unit_keys(tokens, medians)`.
-        ids: int32 `[n_rows, length]` output (every entry is written).
-        offset: 1 with `<cls>` (written by the caller), else 0.
+        ids: int32 `[n, length]` output, `n >= rows.size` (all written).
+        mask: bool `[n, length]` attention mask (all written).
+        cls_id: `<cls>` (-1: none).
         slots: Gene positions per row.
         pad_id: `<pad>`.
         eos_id: `<eos>` (-1: none).
 
     Returns:
-        `(n_expressed, n_dropped, used)` per row, int32.
+        `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    n_rows = indptr.size - 1
-    longest = 0
-    for r in range(n_rows):
-        longest = max(longest, indptr[r + 1] - indptr[r])
-    keys = np.empty(longest, np.uint64)
-    out = np.empty(longest, np.uint64)
-    counts = np.empty(longest + 18, np.int32)
-    n_expr = np.empty(n_rows, np.int32)
-    n_drop = np.empty(n_rows, np.int32)
-    used = np.empty(n_rows, np.int32)
-    length = ids.shape[1]
-    for r in range(n_rows):
-        m, lo, hi, dropped = _row_keys(
-            data, indices, indptr[r], indptr[r + 1], tokens, medians, True, unit, keys
-        )
-        _sort_keys(keys, m, lo, hi, out, counts)
-        n = min(m, slots)
-        row = ids[r]
-        for i in range(n):
-            row[offset + i] = np.int32(out[i] & _U32)
-        p = offset + n
-        if eos_id >= 0:
-            row[p] = eos_id
-            p += 1
-        used[r] = p
-        for i in range(p, length):
-            row[i] = pad_id
-        n_expr[r] = m
-        n_drop[r] = dropped
-    return n_expr, n_drop, used
+    keys, out, counts = _scratch(indptr, rows)
+    n_out, length = ids.shape
+    n_expr = np.zeros(n_out, np.int32)
+    n_drop = np.zeros(n_out, np.int32)
+    n_genes = np.zeros(n_out, np.int32)
+    offset = 1 if cls_id >= 0 else 0
+    for i in range(n_out):
+        row = ids[i]
+        p = 0
+        if i < rows.size:
+            r = rows[i]
+            m, lo, hi, dropped = _row_keys(
+                data,
+                indices,
+                indptr[r],
+                indptr[r + 1],
+                tokens,
+                medians,
+                True,
+                unit,
+                keys,
+            )
+            _sort_keys(keys, m, lo, hi, out, counts)
+            n = min(m, slots)
+            if offset:
+                row[0] = cls_id
+            for g in range(n):
+                row[offset + g] = np.int32(out[g] & _U32)
+            p = offset + n
+            if eos_id >= 0:
+                row[p] = eos_id
+                p += 1
+            n_expr[i] = m
+            n_drop[i] = dropped
+            n_genes[i] = n
+        for g in range(p, length):
+            row[g] = pad_id
+        _fill_mask(mask[i], p)
+    return n_expr, n_drop, n_genes
+
+
+@_njit
+def _fill_mask(mask_row, used):
+    """True on the first `used` positions, False after."""
+    for g in range(used):
+        mask_row[g] = True
+    for g in range(used, mask_row.size):
+        mask_row[g] = False
 
 
 @_njit
@@ -208,75 +255,90 @@ def value_bin_rows(
     data,
     indices,
     indptr,
+    rows,
     tokens,
     unit,
     q,
     ids,
     values,
-    offset,
+    mask,
+    cls_id,
     slots,
     pad_id,
     pad_value,
 ):
-    """Value-bin sequences (top genes) of every row, into `ids` and `values`.
+    """Value-bin sequences (top genes) of `rows`, into `ids`, `values`, `mask`.
+
+    Rows of the outputs past `rows.size` are padding (`<pad>`, `pad_value`,
+    mask False).
 
     Args:
         data: float32 stored values.
         indices: Output column of each stored value.
         indptr: int64 row pointers.
+        rows: int64 rows of the CSR arrays to encode.
         tokens: int32 token of each column (-1: dropped).
         unit: `unit_keys(tokens, None)`.
         q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
-        ids: int32 `[n_rows, length]` gene ids (every entry is written).
-        values: int32 `[n_rows, length]` bins (every entry is written).
-        offset: 1 with `<cls>` (its id written by the caller), else 0.
+        ids: int32 `[n, length]` gene ids, `n >= rows.size` (all written).
+        values: int32 `[n, length]` bins (all written).
+        mask: bool `[n, length]` attention mask (all written).
+        cls_id: `<cls>` (-1: none); its value is 0.
         slots: Gene positions per row.
         pad_id: `<pad>`.
         pad_value: Bin of `<pad>` positions.
 
     Returns:
-        `(n_expressed, n_dropped, n_genes)` per row, int32.
+        `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    n_rows = indptr.size - 1
-    longest = 0
-    for r in range(n_rows):
-        longest = max(longest, indptr[r + 1] - indptr[r])
-    keys = np.empty(longest, np.uint64)
-    out = np.empty(longest, np.uint64)
-    counts = np.empty(longest + 18, np.int32)
-    n_expr = np.empty(n_rows, np.int32)
-    n_drop = np.empty(n_rows, np.int32)
-    n_genes = np.empty(n_rows, np.int32)
-    n_edges = q.size
-    edges = np.empty(n_edges, np.float32)
-    length = ids.shape[1]
+    keys, out, counts = _scratch(indptr, rows)
+    n_out, length = ids.shape
+    n_expr = np.zeros(n_out, np.int32)
+    n_drop = np.zeros(n_out, np.int32)
+    n_genes = np.zeros(n_out, np.int32)
+    edges = np.empty(q.size, np.float32)
     dummy = np.empty(1, np.float32)
-    for r in range(n_rows):
-        m, lo, hi, dropped = _row_keys(
-            data, indices, indptr[r], indptr[r + 1], tokens, dummy, False, unit, keys
-        )
-        _sort_keys(keys, m, lo, hi, out, counts)
-        n = min(m, slots)
-        row = ids[r]
-        vrow = values[r]
-        if offset:
-            vrow[0] = 0
-        if m > 0:
-            _edges(out, m, q, edges)
-        k = n_edges
-        for i in range(n):
-            key = out[i]
-            row[offset + i] = np.int32(key & _U32)
-            x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
-            while k > 0 and edges[k - 1] > x:
-                k -= 1
-            vrow[offset + i] = k
-        for i in range(offset + n, length):
-            row[i] = pad_id
-            vrow[i] = pad_value
-        n_expr[r] = m
-        n_drop[r] = dropped
-        n_genes[r] = n
+    offset = 1 if cls_id >= 0 else 0
+    for i in range(n_out):
+        row = ids[i]
+        vrow = values[i]
+        p = 0
+        if i < rows.size:
+            r = rows[i]
+            m, lo, hi, dropped = _row_keys(
+                data,
+                indices,
+                indptr[r],
+                indptr[r + 1],
+                tokens,
+                dummy,
+                False,
+                unit,
+                keys,
+            )
+            _sort_keys(keys, m, lo, hi, out, counts)
+            n = min(m, slots)
+            if offset:
+                row[0] = cls_id
+                vrow[0] = 0
+            if m > 0:
+                _edges(out, m, q, edges)
+            k = q.size
+            for g in range(n):
+                key = out[g]
+                row[offset + g] = np.int32(key & _U32)
+                x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
+                while k > 0 and edges[k - 1] > x:
+                    k -= 1
+                vrow[offset + g] = k
+            p = offset + n
+            n_expr[i] = m
+            n_drop[i] = dropped
+            n_genes[i] = n
+        for g in range(p, length):
+            row[g] = pad_id
+            vrow[g] = pad_value
+        _fill_mask(mask[i], p)
     return n_expr, n_drop, n_genes
 
 

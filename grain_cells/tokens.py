@@ -157,7 +157,17 @@ class TokenOutput:
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
-        """One minibatch: the fetch's token arrays (made once) at `rows`."""
+        """One minibatch: the fetch's `rows` as token arrays.
+
+        The compiled kernels encode the rows straight into the minibatch's
+        arrays; the NumPy kernels encode the whole fetch once (cached in
+        `fetch.cache`) and the rows are gathered from it.
+        """
+        if self._per_minibatch():
+            rows = np.asarray(rows, np.int64)
+            out, n_genes = self._encode(fetch, rows, batch_size)
+            self._mask_genes(fetch, rows, out, n_genes)
+            return out
         key = (self._cache_name, id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
@@ -202,6 +212,35 @@ class TokenOutput:
         np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
         dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
         return csr.indptr, keep, inv, tokens, dropped
+
+    def _per_minibatch(self) -> bool:
+        """True when `format` encodes each minibatch's rows itself."""
+        return self._compiled()
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding of `rows` into `n_out` output rows.
+
+        Returns:
+            `(arrays, n_genes)`: the minibatch's arrays (`attention_mask`
+            included, no masking yet) and the genes placed per row.
+        """
+        raise NotImplementedError
+
+    def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
+        """Masked-language masking of `out` (compiled path), in place."""
+        if self.mlm_probability <= 0:
+            return
+        ids = out["gene_ids"]
+        row_ids = np.zeros(ids.shape[0], np.int64)
+        row_ids[: rows.size] = fetch.row_ids[rows]
+        masked = self._mlm(fetch.key, row_ids, ids, self._gene_positions(n_genes))
+        self._apply_mask(out, masked)
+
+    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
+        """Writes `labels` and masks `out` where `masked`."""
+        ids = out["gene_ids"]
+        out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
+        ids[masked] = self.mask_id
 
     def _compiled(self) -> bool:
         """True when `tokenize` runs the numba kernels (`grain_cells.token_jit`)."""
@@ -264,12 +303,14 @@ class TokenOutput:
                 values[:, 0] = 0
         return ids, used, values, gene_positions
 
-    def _mlm(self, fetch: Fetch, ids: np.ndarray, genes: np.ndarray):
+    def _mlm(self, key: int, row_ids, ids: np.ndarray, genes: np.ndarray):
         """Masked positions: `uniform(key, row id, token, 7) < p` on genes."""
         r, c = np.nonzero(genes)
-        row_ids = fetch.row_ids[r].astype(np.uint64)
         u = counter_rng.uniform(
-            np.uint64(fetch.key), row_ids, ids[r, c].astype(np.uint64), _MLM_WORD
+            np.uint64(key),
+            row_ids[r].astype(np.uint64),
+            ids[r, c].astype(np.uint64),
+            _MLM_WORD,
         )
         hit = u < self.mlm_probability
         masked = np.zeros(ids.shape, bool)
@@ -417,32 +458,42 @@ class RankValueTokens(TokenOutput):
             "_used": used,
         }
         if self.mlm_probability > 0:
-            masked = self._mlm(fetch, ids, positions)
-            out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
-            ids[masked] = self.mask_id
+            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
+            self._apply_mask(out, masked)
         return out
 
     def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """`tokenize` on the numba kernels (`grain_cells.token_jit`)."""
+        """`tokenize` on the compiled kernels (all rows of the fetch)."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        out["_used"] = (
+            n_genes.astype(np.int64) + (self.cls_id >= 0) + (self.eos_id >= 0)
+        )
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding (`grain_cells.token_jit.rank_value_rows`)."""
         unit = self.__dict__.get("_unit_keys")
         if unit is None:
             unit = self._unit_keys = token_jit.unit_keys(
                 self.column_tokens, self.column_medians
             )
         data, indices, indptr = self._csr_for_jit(fetch)
-        ids = np.empty((indptr.size - 1, self.length), np.int32)
-        offset = 1 if self.cls_id >= 0 else 0
-        if offset:
-            ids[:, 0] = self.cls_id
-        n_expr, dropped, used = token_jit.rank_value_rows(
+        ids = np.empty((n_out, self.length), np.int32)
+        mask = np.empty((n_out, self.length), bool)
+        n_expr, dropped, n_genes = token_jit.rank_value_rows(
             data,
             indices,
             indptr,
+            rows,
             self.column_tokens,
             self.column_medians,
             unit,
             ids,
-            offset,
+            mask,
+            self.cls_id,
             self.slots,
             self.pad_id,
             self.eos_id,
@@ -451,11 +502,6 @@ class RankValueTokens(TokenOutput):
             "gene_ids": ids,
             "n_expressed": n_expr,
             "n_dropped": dropped,
-            "_used": used,
+            "attention_mask": mask,
         }
-        if self.mlm_probability > 0:
-            positions = self._gene_positions(np.minimum(n_expr, self.slots))
-            masked = self._mlm(fetch, ids, positions)
-            out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
-            ids[masked] = self.mask_id
-        return out
+        return out, n_genes

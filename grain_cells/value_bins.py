@@ -180,65 +180,75 @@ class ValueBinTokens(TokenOutput):
             "n_dropped": dropped,
             "_used": used,
         }
-        return self._masked(fetch, out, positions)
+        if self.mlm_probability > 0:
+            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
+            self._apply_mask(out, masked)
+        return out
+
+    def _per_minibatch(self) -> bool:
+        """Compiled, top genes and no zero genes: encode per minibatch."""
+        return self.selection == "top" and not self.pad_zeros and self._compiled()
 
     def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """`tokenize` (top genes) on the numba kernels (`grain_cells.token_jit`)."""
+        """`tokenize` (top genes) on the compiled kernels, all rows."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        offset = 1 if self.cls_id >= 0 else 0
+        if self.pad_zeros and self.vocab_columns.size:
+            data, indices, _ = self._csr_for_jit(fetch)
+            keep = (data > 0) & (self.column_tokens[indices] >= 0)
+            n_genes = self._add_zero_genes(
+                fetch,
+                keep,
+                out["gene_ids"][:, offset : offset + self.slots],
+                out["values"][:, offset : offset + self.slots],
+                n_genes.astype(np.int64),
+                out["n_expressed"].astype(np.int64),
+            )
+        out["_used"] = offset + n_genes.astype(np.int64)
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding (`grain_cells.token_jit.value_bin_rows`)."""
         unit = self.__dict__.get("_unit_keys")
         if unit is None:
             unit = self._unit_keys = token_jit.unit_keys(self.column_tokens, None)
         data, indices, indptr = self._csr_for_jit(fetch)
-        n_rows = indptr.size - 1
-        ids = np.empty((n_rows, self.length), np.int32)
-        values = np.empty((n_rows, self.length), np.int32)
-        offset = 1 if self.cls_id >= 0 else 0
-        if offset:
-            ids[:, 0] = self.cls_id
+        ids = np.empty((n_out, self.length), np.int32)
+        values = np.empty((n_out, self.length), np.int32)
+        mask = np.empty((n_out, self.length), bool)
         n_expr, dropped, n_genes = token_jit.value_bin_rows(
             data,
             indices,
             indptr,
+            rows,
             self.column_tokens,
             unit,
             np.linspace(0, 1, self.n_bins - 1),
             ids,
             values,
-            offset,
+            mask,
+            self.cls_id,
             self.slots,
             self.pad_id,
             self.pad_value,
         )
-        if self.pad_zeros and self.vocab_columns.size:
-            tokens = self.column_tokens[indices]
-            keep = (data > 0) & (tokens >= 0)
-            n_genes = self._add_zero_genes(
-                fetch,
-                keep,
-                ids[:, offset : offset + self.slots],
-                values[:, offset : offset + self.slots],
-                n_genes.astype(np.int64),
-                n_expr.astype(np.int64),
-            )
         out = {
             "gene_ids": ids,
             "values": values,
             "n_expressed": n_expr,
             "n_dropped": dropped,
-            "_used": offset + n_genes,
+            "attention_mask": mask,
         }
-        positions = None
-        if self.mlm_probability > 0:
-            positions = self._gene_positions(n_genes)
-        return self._masked(fetch, out, positions)
+        return out, n_genes
 
-    def _masked(self, fetch: Fetch, out: dict, positions) -> dict:
-        """Applies masked-language masking (if any) to `out`'s values."""
-        ids, values = out["gene_ids"], out["values"]
-        if self.mlm_probability > 0:
-            masked = self._mlm(fetch, ids, positions)
-            out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)
-            values[masked] = self.mask_value
-        return out
+    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
+        """Writes `labels` (the bins) and masks the values where `masked`."""
+        values = out["values"]
+        out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)
+        values[masked] = self.mask_value
 
     def _add_zero_genes(self, fetch, keep, genes, bins, n_genes, n_expr):
         """Writes sampled non-expressed genes after each row's expressed ones."""

@@ -76,12 +76,22 @@ def _medians(seed: int) -> np.ndarray:
 
 
 def _assert_same(make, fetch):
-    expected = make("numpy").tokenize(fetch)
-    got = make("numba").tokenize(fetch)
-    assert sorted(got) == sorted(expected)
-    for name, a in expected.items():
-        np.testing.assert_array_equal(got[name], a, err_msg=name)
-        assert got[name].shape == a.shape, name
+    """tokenize() and format() (a full and a short minibatch) agree."""
+    numpy_out, numba_out = make("numpy"), make("numba")
+    pairs = [(numpy_out.tokenize(fetch), numba_out.tokenize(fetch))]
+    order = np.random.default_rng(fetch.key).permutation(fetch.row_ids.size)
+    for rows, batch_size in [(order[:32], 32), (order[32:50], 24)]:
+        pairs.append(
+            (
+                numpy_out.format(fetch, rows, batch_size),
+                numba_out.format(fetch, rows, batch_size),
+            )
+        )
+    for expected, got in pairs:
+        assert sorted(got) == sorted(expected)
+        for name, a in expected.items():
+            np.testing.assert_array_equal(got[name], a, err_msg=name)
+            assert got[name].dtype == a.dtype, name
 
 
 VOCABULARIES = ["full", "ordered", "reversed", "shuffled"]
