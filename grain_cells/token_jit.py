@@ -41,24 +41,6 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 _U32 = np.uint64(0xFFFFFFFF)
-_DROPPED = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def unit_keys(tokens: np.ndarray, medians: np.ndarray | None) -> np.ndarray:
-    """Each column's key for the stored value 1 (`_DROPPED`: no token).
-
-    Args:
-        tokens: int32 token per column (-1: dropped).
-        medians: float32 divisor per column (rank-value), or None (value
-            binning orders by the value itself).
-    """
-    one = np.ones(tokens.size, np.float32)
-    if medians is not None:
-        one = one / medians
-    words = (one.view(np.uint32) ^ np.uint32(0xFFFFFFFF)).astype(np.uint64)
-    keys = (words << np.uint64(32)) | tokens.astype(np.uint64)
-    keys[tokens < 0] = _DROPPED
-    return keys
 
 
 def available() -> bool:
@@ -112,39 +94,39 @@ def _sort_keys(keys, m, lo, hi, out, counts):
 
 
 @_njit
-def _row_keys(data, indices, a, b, tokens, medians, use_medians, unit_keys, keys):
+def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
-    `unit_keys[c]` is column `c`'s key for the value 1 (the most common
-    value of count data), which saves the division; `_DROPPED` for columns
-    outside the vocabulary.
+    With `checked` False the caller knows every value is positive and every
+    column has a token, and the loop skips both tests (no branches).
     """
     m = 0
     dropped = 0
     lo = _U32
     hi = np.uint64(0)
+    if not checked:
+        for j in range(a, b):
+            c = indices[j]
+            s = data[j] / medians[c] if use_medians else data[j]
+            w = np.uint64(np.float32(s).view(np.uint32)) ^ _U32
+            lo = min(lo, w)
+            hi = max(hi, w)
+            keys[j - a] = (w << np.uint64(32)) | np.uint64(tokens[c])
+        return b - a, lo, hi, 0
     for j in range(a, b):
         v = data[j]
         if not v > 0:
             continue
         c = indices[j]
-        if v == 1:
-            k = unit_keys[c]
-            if k == _DROPPED:
-                dropped += 1
-                continue
-        else:
-            t = tokens[c]
-            if t < 0:
-                dropped += 1
-                continue
-            s = v / medians[c] if use_medians else v
-            w = np.uint64(np.float32(s).view(np.uint32)) ^ _U32
-            k = (w << np.uint64(32)) | np.uint64(t)
-        w = k >> np.uint64(32)
+        t = tokens[c]
+        if t < 0:
+            dropped += 1
+            continue
+        s = v / medians[c] if use_medians else v
+        w = np.uint64(np.float32(s).view(np.uint32)) ^ _U32
         lo = min(lo, w)
         hi = max(hi, w)
-        keys[m] = k
+        keys[m] = (w << np.uint64(32)) | np.uint64(t)
         m += 1
     return m, lo, hi, dropped
 
@@ -169,7 +151,7 @@ def rank_value_rows(
     rows,
     tokens,
     medians,
-    unit,
+    checked,
     ids,
     mask,
     cls_id,
@@ -189,7 +171,8 @@ def rank_value_rows(
         rows: int64 rows of the CSR arrays to encode.
         tokens: int32 token of each column (-1: dropped).
         medians: float32 median of each column.
-        unit: `unit_keys(tokens, medians)`.
+        checked: False when every value is positive and every column has a
+            token (the loop then skips both tests).
         ids: int32 `[n, length]` output, `n >= rows.size` (all written).
         mask: bool `[n, length]` attention mask (all written).
         cls_id: `<cls>` (-1: none).
@@ -219,7 +202,7 @@ def rank_value_rows(
                 tokens,
                 medians,
                 True,
-                unit,
+                checked,
                 keys,
             )
             _sort_keys(keys, m, lo, hi, out, counts)
@@ -257,7 +240,7 @@ def value_bin_rows(
     indptr,
     rows,
     tokens,
-    unit,
+    checked,
     q,
     ids,
     values,
@@ -278,7 +261,7 @@ def value_bin_rows(
         indptr: int64 row pointers.
         rows: int64 rows of the CSR arrays to encode.
         tokens: int32 token of each column (-1: dropped).
-        unit: `unit_keys(tokens, None)`.
+        checked: As for `rank_value_rows`.
         q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
         ids: int32 `[n, length]` gene ids, `n >= rows.size` (all written).
         values: int32 `[n, length]` bins (all written).
@@ -313,7 +296,7 @@ def value_bin_rows(
                 tokens,
                 dummy,
                 False,
-                unit,
+                checked,
                 keys,
             )
             _sort_keys(keys, m, lo, hi, out, counts)

@@ -249,13 +249,25 @@ class TokenOutput:
         )
 
     def _csr_for_jit(self, fetch: Fetch):
-        """`(data float32, indices, indptr int64)` of the fetch for the kernels."""
-        csr = fetch.csr
-        return (
-            np.ascontiguousarray(csr.data, np.float32),
-            np.ascontiguousarray(csr.indices),
-            np.ascontiguousarray(csr.indptr, np.int64),
-        )
+        """The fetch's CSR arrays for the kernels, made once per fetch.
+
+        Returns:
+            `(data float32, indices, indptr int64, checked)`: `checked` False
+            when every stored value is positive and every column has a token.
+        """
+        key = ("jit_csr", id(self))
+        arrays = fetch.cache.get(key)
+        if arrays is None:
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            arrays = fetch.cache[key] = (
+                data,
+                np.ascontiguousarray(csr.indices),
+                np.ascontiguousarray(csr.indptr, np.int64),
+                not (self._all_in_vocabulary and positive),
+            )
+        return arrays
 
     def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
         """Each row's gene positions: bool `[n_rows, length]`."""
@@ -475,12 +487,7 @@ class RankValueTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.token_jit.rank_value_rows`)."""
-        unit = self.__dict__.get("_unit_keys")
-        if unit is None:
-            unit = self._unit_keys = token_jit.unit_keys(
-                self.column_tokens, self.column_medians
-            )
-        data, indices, indptr = self._csr_for_jit(fetch)
+        data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
         mask = np.empty((n_out, self.length), bool)
         n_expr, dropped, n_genes = token_jit.rank_value_rows(
@@ -490,7 +497,7 @@ class RankValueTokens(TokenOutput):
             rows,
             self.column_tokens,
             self.column_medians,
-            unit,
+            checked,
             ids,
             mask,
             self.cls_id,

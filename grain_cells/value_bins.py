@@ -196,7 +196,7 @@ class ValueBinTokens(TokenOutput):
         del out["attention_mask"]
         offset = 1 if self.cls_id >= 0 else 0
         if self.pad_zeros and self.vocab_columns.size:
-            data, indices, _ = self._csr_for_jit(fetch)
+            data, indices, _, _ = self._csr_for_jit(fetch)
             keep = (data > 0) & (self.column_tokens[indices] >= 0)
             n_genes = self._add_zero_genes(
                 fetch,
@@ -212,10 +212,7 @@ class ValueBinTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.token_jit.value_bin_rows`)."""
-        unit = self.__dict__.get("_unit_keys")
-        if unit is None:
-            unit = self._unit_keys = token_jit.unit_keys(self.column_tokens, None)
-        data, indices, indptr = self._csr_for_jit(fetch)
+        data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
         values = np.empty((n_out, self.length), np.int32)
         mask = np.empty((n_out, self.length), bool)
@@ -225,7 +222,7 @@ class ValueBinTokens(TokenOutput):
             indptr,
             rows,
             self.column_tokens,
-            unit,
+            checked,
             np.linspace(0, 1, self.n_bins - 1),
             ids,
             values,
