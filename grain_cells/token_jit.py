@@ -12,7 +12,7 @@ output arrays. The outputs are bit for bit those of the NumPy kernels
 **The sort.** Keys are ordered exactly (order value descending, then token
 ascending), by a bucket pass and an insertion pass. Cells hold few distinct
 order values (integer counts; medians shared by many genes), so the keys are
-first scattered, stably, into up to `2 * n` buckets of equal width over the
+first scattered, stably, into up to `n` buckets of equal width over the
 row's range of order words, then an insertion sort on the full keys finishes
 the job: its cost is the number of inversions left, which is small when
 buckets hold one order word each and ties arrive in token order (stored
@@ -24,33 +24,22 @@ sorted by `np.sort` instead, so the worst case stays `O(n log n)`.
 to float32 follow NumPy's operations one by one (no fast-math, so no fused
 multiply-adds), which is what makes the outputs equal.
 
-numba is optional (`pip install grain_cells[tokens]`): `available()` says
-whether these kernels can be used; the outputs fall back to the NumPy
-kernels without it. Functions are compiled on first use and cached on disk
-(`cache=True`), so later processes, workers included, load them in well under
-a second.
+numba is optional (`pip install grain_cells[tokens]`): this module imports
+it, so `grain_cells.tokens` imports this module only when an output first
+encodes with it (importing numba takes seconds). Functions are compiled on
+first use and cached on disk (`cache=True`), so later processes, workers
+included, only load them.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-
-try:  # numba is an optional extra
-    import numba
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
 
 _U32 = np.uint64(0xFFFFFFFF)
 
 
-def available() -> bool:
-    """True when numba is importable (the compiled kernels can run)."""
-    return numba is not None
-
-
 def _njit(fn):
-    if numba is None:  # pragma: no cover
-        return fn
     return numba.njit(cache=True, nogil=True)(fn)
 
 

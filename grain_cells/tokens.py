@@ -72,11 +72,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 
 import numpy as np
 
-from grain_cells import counter_rng, token_jit
+from grain_cells import counter_rng
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
 from grain_cells.vocabulary import GeneVocabulary
@@ -84,6 +86,12 @@ from grain_cells.vocabulary import GeneVocabulary
 IGNORE = -100  # `labels` where nothing is masked
 ZERO_STREAM = 1 << 40  # counter offset of the zero-gene stream
 _MLM_WORD = 7
+
+
+@functools.cache
+def numba_available() -> bool:
+    """True when numba is installed (the compiled kernels can run)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
@@ -119,7 +127,7 @@ class TokenOutput:
             raise ValueError(
                 f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
             )
-        if kernels == "numba" and not token_jit.available():
+        if kernels == "numba" and not numba_available():
             raise ImportError(
                 "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
             )
@@ -245,7 +253,7 @@ class TokenOutput:
     def _compiled(self) -> bool:
         """True when `tokenize` runs the numba kernels (`grain_cells.token_jit`)."""
         return self.kernels == "numba" or (
-            self.kernels == "auto" and token_jit.available()
+            self.kernels == "auto" and numba_available()
         )
 
     def _csr_for_jit(self, fetch: Fetch):
@@ -487,6 +495,8 @@ class RankValueTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.token_jit.rank_value_rows`)."""
+        from grain_cells import token_jit  # imports numba: only when used
+
         data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
         mask = np.empty((n_out, self.length), bool)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells import counter_rng, token_jit
+from grain_cells import counter_rng
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
 from grain_cells.tokens import IGNORE, ZERO_STREAM, TokenOutput, special_id
@@ -212,6 +212,8 @@ class ValueBinTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.token_jit.value_bin_rows`)."""
+        from grain_cells import token_jit  # imports numba: only when used
+
         data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
         values = np.empty((n_out, self.length), np.int32)

@@ -176,3 +176,19 @@ def test_empty_fetch_and_bad_kernels():
     assert out.tokenize(fetch)["gene_ids"].shape == (0, 8)
     with pytest.raises(ValueError, match="kernels="):
         grain_cells.ValueBinTokens(tokens, kernels="c")
+
+
+def test_without_numba_auto_falls_back(monkeypatch):
+    import grain_cells.tokens as tokens_module
+
+    fetch = _fetch(11, kind="counts")
+    compiled = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    expected = compiled.tokenize(fetch)
+    monkeypatch.setattr(tokens_module, "numba_available", lambda: False)
+    fallback = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    assert not fallback._compiled()
+    got = fallback.tokenize(fetch)
+    for name, a in expected.items():
+        np.testing.assert_array_equal(got[name], a, err_msg=name)
+    with pytest.raises(ImportError, match=r"grain_cells\[tokens\]"):
+        grain_cells.ValueBinTokens(_tokens("full", 0), kernels="numba")
