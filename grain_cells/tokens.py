@@ -1,10 +1,14 @@
 """Cells as token sequences for transformer foundation models (static shapes).
 
 Two output formats (`grain_cells.outputs` protocol) turn each fetch's CSR
-rows into fixed-length token sequences, vectorised over the whole fetch
-(`grain_cells.token_kernels`: 2-D sorts of per-cell keys, 128 cells of
-similar length at a time, no loop over cells), then hand out minibatches of
-them:
+rows into fixed-length token sequences. Two kernels do it, with the same
+output bit for bit (`kernels=` of each output): `"numba"`
+(`grain_cells.token_jit`, the default when numba is installed: one compiled
+pass per cell that encodes each minibatch's cells straight into its
+arrays) and `"numpy"` (`grain_cells.token_kernels`, vectorised over the
+whole fetch: 2-D sorts of per-cell keys, 128 cells of similar length at a
+time, no loop over cells; also the path of `selection="random"` and
+`pad_zeros=True`, where the compiled one encodes the top genes only):
 
 **`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
 gene's score is its value divided by the gene's non-zero median over the

@@ -256,6 +256,8 @@ class ValueBinTokens(TokenOutput):
         lengths = np.diff(csr.indptr)
         rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
         tokens = self.column_tokens[csr.indices].astype(np.int64)
+        if keep is None:  # every stored value kept (`_prepare`'s fast path)
+            keep = np.ones(tokens.size, bool)
         expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
         need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
         need = np.maximum(need, 0)

@@ -3,10 +3,12 @@
 Both paths of `RankValueTokens` and `ValueBinTokens` run on random fetches
 built to hit every branch of the compiled sort and binning: integer counts
 (many ties, most values 1), continuous values, all-zero cells, stored zeros
-and negative values, cells longer than the sequence, genes outside the
-vocabulary, a vocabulary in reverse column order (ties arrive against token
-order, past the insertion budget) and duplicate columns in a row. The NumPy
-path is itself checked against per-cell references in `tests/test_tokens.py`.
+and negative values (and fetches without them, all genes in the vocabulary:
+the kernels' unchecked loop), cells longer than the sequence, genes outside
+the vocabulary, a vocabulary in reverse column order (ties arrive against
+token order, past the insertion budget) and duplicate columns in a row. The
+NumPy path is itself checked against per-cell references in
+`tests/test_tokens.py`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ def _fetch(seed: int, *, kind: str, n_rows: int = 96) -> Fetch:
         cols = np.sort(rng.choice(N_GENES, n, replace=False))
         if i % 23 == 7 and n > 2:
             cols[1] = cols[0]  # a duplicate column
-        if kind == "counts":
+        if kind in ("counts", "positive"):
             v = rng.geometric(0.6, n).astype(np.float32)  # mostly 1, ties
         else:
             v = rng.lognormal(0, 1, n).astype(np.float32)
             v[rng.random(n) < 0.3] = 1.0
-        v[rng.random(n) < 0.05] = 0.0  # stored zeros
-        v[rng.random(n) < 0.02] = -1.0  # negative values are not expressed
+        if kind != "positive":  # "positive": the kernels' branch-free key loop
+            v[rng.random(n) < 0.05] = 0.0  # stored zeros
+            v[rng.random(n) < 0.02] = -1.0  # negative values are not expressed
         if i % 13 == 3:
             v[:] = 2.0  # all tied
         data.append(v)
@@ -97,7 +100,7 @@ def _assert_same(make, fetch):
 VOCABULARIES = ["full", "ordered", "reversed", "shuffled"]
 
 
-@pytest.mark.parametrize("kind", ["counts", "continuous"])
+@pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
 @pytest.mark.parametrize("vocabulary", VOCABULARIES)
 @pytest.mark.parametrize(
     ("length", "cls", "eos", "mlm"),
@@ -125,7 +128,7 @@ def test_rank_value_compiled_equals_numpy(kind, vocabulary, length, cls, eos, ml
     _assert_same(make, fetch)
 
 
-@pytest.mark.parametrize("kind", ["counts", "continuous"])
+@pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
 @pytest.mark.parametrize("vocabulary", VOCABULARIES)
 @pytest.mark.parametrize(
     ("length", "n_bins", "cls", "pad_zeros", "mlm"),
