@@ -256,9 +256,7 @@ class TokenOutput:
 
     def _compiled(self) -> bool:
         """True when `tokenize` runs the numba kernels (`grain_cells.token_jit`)."""
-        return self.kernels == "numba" or (
-            self.kernels == "auto" and numba_available()
-        )
+        return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
 
     def _csr_for_jit(self, fetch: Fetch):
         """The fetch's CSR arrays for the kernels, made once per fetch.
