@@ -18,7 +18,9 @@ the job: its cost is the number of inversions left, which is small when
 buckets hold one order word each and ties arrive in token order (stored
 order is column order, and a vocabulary in column order gives ascending
 tokens). A row whose insertion pass passes a budget of `16 n + 256` moves is
-sorted by `np.sort` instead, so the worst case stays `O(n log n)`.
+sorted by numba's `np.sort` instead (a quicksort), so a bad row (ties that
+arrive against token order, e.g. a vocabulary in reverse column order) costs
+a sort, not a quadratic insertion.
 
 **Floating point.** Divisions, the quantile lerp and the rounding of edges
 to float32 follow NumPy's operations one by one (no fast-math, so no fused
