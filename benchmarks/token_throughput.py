@@ -14,10 +14,12 @@ Usage:
   python benchmarks/token_throughput.py                   # 400k synthetic cells
   python benchmarks/token_throughput.py --data=a.h5ad --cache=cold,warm
   python benchmarks/token_throughput.py --n_cells=50000 --minibatches=200
+  python benchmarks/token_throughput.py --kernels=numpy    # the NumPy kernels
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -37,6 +39,12 @@ _DATA = flags.DEFINE_list(
     "a synthetic Tahoe-shaped file of --n_cells cells.",
 )
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+flags.DEFINE_integer(
+    "repeats",
+    1,
+    "Runs of the outputs, in turn, per worker count and cache state (the "
+    "machine is shared: medians of same-run ratios are printed at the end).",
+)
 for _key, _value in _CONFIG.items():
     if isinstance(_value, int):
         flags.DEFINE_integer(_key, _value, f"Default {_value}.")
@@ -58,7 +66,7 @@ def make_outputs(source) -> dict:
             corpus = source.select(rows[(rows // 1024) % step == 0])
             stats = grain_cells.corpus_stats(corpus, method="histogram")
             outputs[name] = grain_cells.RankValueTokens.for_source(
-                source, vocab, stats, length=FLAGS.length
+                source, vocab, stats, length=FLAGS.length, kernels=FLAGS.kernels
             )
         elif name == "value_bin":
             outputs[name] = grain_cells.ValueBinTokens.for_source(
@@ -67,6 +75,7 @@ def make_outputs(source) -> dict:
                 length=FLAGS.length,
                 n_bins=FLAGS.n_bins,
                 selection=FLAGS.selection,
+                kernels=FLAGS.kernels,
             )
         else:
             raise app.UsageError(
@@ -124,11 +133,13 @@ def main(argv):
         f"{'x CSR':>6s} {'first(s)':>8s}"
     )
     for wc in [int(w) for w in FLAGS.worker_counts.split(",")]:
-        for cache in FLAGS.cache.split(","):
+        for cache, repeat in itertools.product(
+            FLAGS.cache.split(","), range(FLAGS.repeats)
+        ):
             csr_rate = None
             for name, output in outputs.items():
                 r = run_point(paths, output, wc, cache)
-                r.update(output=name, worker_count=wc, cache=cache)
+                r.update(output=name, worker_count=wc, cache=cache, repeat=repeat)
                 if name == "csr":
                     csr_rate = r["cells_per_s"]
                 r["ratio_to_csr"] = (
@@ -141,6 +152,20 @@ def main(argv):
                     f"{ratio:>6s} {r['first_batch_s']:8.2f}",
                     flush=True,
                 )
+    if FLAGS.repeats > 1:
+        print("medians over repeats:")
+        for key in dict.fromkeys(
+            (r["output"], r["worker_count"], r["cache"]) for r in results
+        ):
+            same = [
+                r
+                for r in results
+                if (r["output"], r["worker_count"], r["cache"]) == key
+            ]
+            rate = np.median([r["cells_per_s"] for r in same])
+            ratios = [r["ratio_to_csr"] for r in same if r["ratio_to_csr"]]
+            ratio = f"{np.median(ratios):6.2f}" if ratios else ""
+            print(f"{key[0]:11s} {key[1]:7d} {key[2]:5s} {rate:10,.0f} {ratio:>6s}")
     if _JSON.value:
         flag_values = {k: getattr(FLAGS, k) for k in _CONFIG}
         bench_util.write_json(_JSON.value, paths, flag_values, results)

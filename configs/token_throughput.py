@@ -15,6 +15,7 @@ def get_config() -> dict:
         "length": 2048,  # tokens per cell, special tokens included
         "n_bins": 51,  # value-bin tokens (scGPT's default)
         "selection": "top",  # value-bin gene choice: top or random
+        "kernels": "auto",  # token kernels: auto (numba if installed), numba, numpy
         "stats_stride": 8,  # corpus statistics over 1 of every N runs of 1,024 cells
         "obs_column": "plate",
         "warmup": 50,  # minibatches before the window (includes worker start)

@@ -1,10 +1,14 @@
 """Cells as token sequences for transformer foundation models (static shapes).
 
 Two output formats (`grain_cells.outputs` protocol) turn each fetch's CSR
-rows into fixed-length token sequences, vectorised over the whole fetch
-(`grain_cells.token_kernels`: 2-D sorts of per-cell keys, 128 cells of
-similar length at a time, no loop over cells), then hand out minibatches of
-them:
+rows into fixed-length token sequences. Two kernels do it, with the same
+output bit for bit (`kernels=` of each output): `"numba"`
+(`grain_cells.token_jit`, the default when numba is installed: one compiled
+pass per cell that encodes each minibatch's cells straight into its
+arrays) and `"numpy"` (`grain_cells.token_kernels`, vectorised over the
+whole fetch: 2-D sorts of per-cell keys, 128 cells of similar length at a
+time, no loop over cells; also the path of `selection="random"` and
+`pad_zeros=True`, where the compiled one encodes the top genes only):
 
 **`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
 gene's score is its value divided by the gene's non-zero median over the
@@ -72,7 +76,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 
 import numpy as np
 
@@ -84,6 +90,12 @@ from grain_cells.vocabulary import GeneVocabulary
 IGNORE = -100  # `labels` where nothing is masked
 ZERO_STREAM = 1 << 40  # counter offset of the zero-gene stream
 _MLM_WORD = 7
+
+
+@functools.cache
+def numba_available() -> bool:
+    """True when numba is installed (the compiled kernels can run)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
@@ -112,8 +124,17 @@ class TokenOutput:
         eos_id: int,
         mask_id: int,
         mlm_probability: float,
+        kernels: str = "auto",
     ):
         column_tokens = np.asarray(column_tokens, np.int32)
+        if kernels not in ("auto", "numba", "numpy"):
+            raise ValueError(
+                f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
+            )
+        if kernels == "numba" and not numba_available():
+            raise ImportError(
+                "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
+            )
         if length < 1:
             raise ValueError(f"length must be positive, got length={length}")
         if not 0.0 <= mlm_probability < 1.0:
@@ -131,6 +152,7 @@ class TokenOutput:
         self.eos_id = int(eos_id)
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
+        self.kernels = kernels
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:
@@ -147,7 +169,17 @@ class TokenOutput:
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int
     ) -> dict[str, np.ndarray]:
-        """One minibatch: the fetch's token arrays (made once) at `rows`."""
+        """One minibatch: the fetch's `rows` as token arrays.
+
+        The compiled kernels encode the rows straight into the minibatch's
+        arrays; the NumPy kernels encode the whole fetch once (cached in
+        `fetch.cache`) and the rows are gathered from it.
+        """
+        if self._per_minibatch():
+            rows = np.asarray(rows, np.int64)
+            out, n_genes = self._encode(fetch, rows, batch_size)
+            self._mask_genes(fetch, rows, out, n_genes)
+            return out
         key = (self._cache_name, id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
@@ -193,6 +225,69 @@ class TokenOutput:
         dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
         return csr.indptr, keep, inv, tokens, dropped
 
+    def _per_minibatch(self) -> bool:
+        """True when `format` encodes each minibatch's rows itself."""
+        return self._compiled()
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding of `rows` into `n_out` output rows.
+
+        Returns:
+            `(arrays, n_genes)`: the minibatch's arrays (`attention_mask`
+            included, no masking yet) and the genes placed per row.
+        """
+        raise NotImplementedError
+
+    def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
+        """Masked-language masking of `out` (compiled path), in place."""
+        if self.mlm_probability <= 0:
+            return
+        ids = out["gene_ids"]
+        row_ids = np.zeros(ids.shape[0], np.int64)
+        row_ids[: rows.size] = fetch.row_ids[rows]
+        masked = self._mlm(fetch.key, row_ids, ids, self._gene_positions(n_genes))
+        self._apply_mask(out, masked)
+
+    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
+        """Writes `labels` and masks `out` where `masked`."""
+        ids = out["gene_ids"]
+        out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
+        ids[masked] = self.mask_id
+
+    def _compiled(self) -> bool:
+        """True when `tokenize` runs the numba kernels (`grain_cells.token_jit`)."""
+        return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
+
+    def _csr_for_jit(self, fetch: Fetch):
+        """The fetch's CSR arrays for the kernels, made once per fetch.
+
+        Returns:
+            `(data float32, indices, indptr int64, checked)`: `checked` False
+            when every stored value is positive and every column has a token.
+        """
+        key = ("jit_csr", id(self))
+        arrays = fetch.cache.get(key)
+        if arrays is None:
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            arrays = fetch.cache[key] = (
+                data,
+                np.ascontiguousarray(csr.indices),
+                np.ascontiguousarray(csr.indptr, np.int64),
+                not (self._all_in_vocabulary and positive),
+            )
+        return arrays
+
+    def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
+        """Each row's gene positions: bool `[n_rows, length]`."""
+        offset = 1 if self.cls_id >= 0 else 0
+        positions = np.zeros((n_genes.size, self.length), bool)
+        positions[:, offset : offset + self.slots] = (
+            np.arange(self.slots)[None, :] < n_genes[:, None]
+        )
+        return positions
+
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
         """Sequences from each row's gene tokens (and bins).
 
@@ -209,7 +304,6 @@ class TokenOutput:
         """
         n_rows = n_genes.size
         offset = 1 if self.cls_id >= 0 else 0
-        col = np.arange(self.slots)
         ids = np.empty((n_rows, self.length), np.int32)
         ids[:, offset : offset + self.slots] = genes
         ids[:, offset + self.slots :] = self.pad_id
@@ -221,10 +315,7 @@ class TokenOutput:
             used = used + 1
         gene_positions = None
         if self.mlm_probability > 0:
-            gene_positions = np.zeros((n_rows, self.length), bool)
-            gene_positions[:, offset : offset + self.slots] = (
-                col[None, :] < n_genes[:, None]
-            )
+            gene_positions = self._gene_positions(n_genes)
         values = None
         if bins is not None:  # `pad_value` past each row's genes already
             values = np.empty((n_rows, self.length), np.int32)
@@ -234,12 +325,14 @@ class TokenOutput:
                 values[:, 0] = 0
         return ids, used, values, gene_positions
 
-    def _mlm(self, fetch: Fetch, ids: np.ndarray, genes: np.ndarray):
+    def _mlm(self, key: int, row_ids, ids: np.ndarray, genes: np.ndarray):
         """Masked positions: `uniform(key, row id, token, 7) < p` on genes."""
         r, c = np.nonzero(genes)
-        row_ids = fetch.row_ids[r].astype(np.uint64)
         u = counter_rng.uniform(
-            np.uint64(fetch.key), row_ids, ids[r, c].astype(np.uint64), _MLM_WORD
+            np.uint64(key),
+            row_ids[r].astype(np.uint64),
+            ids[r, c].astype(np.uint64),
+            _MLM_WORD,
         )
         hit = u < self.mlm_probability
         masked = np.zeros(ids.shape, bool)
@@ -266,6 +359,7 @@ class RankValueTokens(TokenOutput):
         eos_id: int = -1,
         mask_id: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ):
         """Low-level constructor over the source's output columns.
 
@@ -280,6 +374,9 @@ class RankValueTokens(TokenOutput):
             eos_id: Id of `<eos>` (-1: none).
             mask_id: Id of `<mask>` (-1: none).
             mlm_probability: Share of gene positions masked.
+            kernels: `"numba"` (compiled, `grain_cells.token_jit`),
+                `"numpy"` (`grain_cells.token_kernels`) or `"auto"` (numba
+                when installed). Both give the same arrays, bit for bit.
         """
         medians = np.asarray(column_medians, np.float32)
         column_tokens = np.asarray(column_tokens, np.int32).copy()
@@ -299,6 +396,7 @@ class RankValueTokens(TokenOutput):
             eos_id=eos_id,
             mask_id=mask_id,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
         self.column_medians = np.where(usable, medians, np.float32(1))
 
@@ -313,6 +411,7 @@ class RankValueTokens(TokenOutput):
         cls_token: bool = True,
         eos_token: bool = True,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ) -> RankValueTokens:
         """Rank-value tokens for `source`'s genes.
 
@@ -325,6 +424,7 @@ class RankValueTokens(TokenOutput):
             cls_token: Start with `<cls>`.
             eos_token: End with `<eos>`.
             mlm_probability: Share of gene positions replaced by `<mask>`.
+            kernels: `"auto"`, `"numba"` or `"numpy"` (see `__init__`).
         """
         genes = source.var_names
         return RankValueTokens(
@@ -338,6 +438,7 @@ class RankValueTokens(TokenOutput):
             if vocabulary.has_special("mask")
             else -1,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
 
     def __repr__(self) -> str:
@@ -350,6 +451,8 @@ class RankValueTokens(TokenOutput):
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
+        if self._compiled():
+            return self._tokenize_compiled(fetch)
         medians = self.column_medians
         indptr, keep, inv, tokens, dropped = self._prepare(
             fetch, lambda values, columns: values / medians[columns]
@@ -377,7 +480,47 @@ class RankValueTokens(TokenOutput):
             "_used": used,
         }
         if self.mlm_probability > 0:
-            masked = self._mlm(fetch, ids, positions)
-            out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
-            ids[masked] = self.mask_id
+            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
+            self._apply_mask(out, masked)
         return out
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` on the compiled kernels (all rows of the fetch)."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        out["_used"] = (
+            n_genes.astype(np.int64) + (self.cls_id >= 0) + (self.eos_id >= 0)
+        )
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding (`grain_cells.token_jit.rank_value_rows`)."""
+        from grain_cells import token_jit  # imports numba: only when used
+
+        data, indices, indptr, checked = self._csr_for_jit(fetch)
+        ids = np.empty((n_out, self.length), np.int32)
+        mask = np.empty((n_out, self.length), bool)
+        n_expr, dropped, n_genes = token_jit.rank_value_rows(
+            data,
+            indices,
+            indptr,
+            rows,
+            self.column_tokens,
+            self.column_medians,
+            checked,
+            ids,
+            mask,
+            self.cls_id,
+            self.slots,
+            self.pad_id,
+            self.eos_id,
+        )
+        out = {
+            "gene_ids": ids,
+            "n_expressed": n_expr,
+            "n_dropped": dropped,
+            "attention_mask": mask,
+        }
+        return out, n_genes

@@ -37,6 +37,7 @@ class ValueBinTokens(TokenOutput):
         pad_value: int = -2,
         mask_value: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ):
         """Low-level constructor over the source's output columns.
 
@@ -54,6 +55,9 @@ class ValueBinTokens(TokenOutput):
             pad_value: Bin value of `<pad>` positions.
             mask_value: Bin value of masked positions.
             mlm_probability: Share of gene positions whose value is masked.
+            kernels: `"numba"` (compiled, `grain_cells.token_jit`; used for
+                `selection="top"`), `"numpy"` or `"auto"` (numba when
+                installed). Both give the same arrays, bit for bit.
         """
         if n_bins < 3:
             raise ValueError(f"n_bins must be at least 3, got n_bins={n_bins}")
@@ -69,6 +73,7 @@ class ValueBinTokens(TokenOutput):
             eos_id=-1,
             mask_id=max(mask_id, 0) if mlm_probability > 0 else mask_id,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
         self.n_bins = int(n_bins)
         self.selection = selection
@@ -91,6 +96,7 @@ class ValueBinTokens(TokenOutput):
         pad_value: int = -2,
         mask_value: int = -1,
         mlm_probability: float = 0.0,
+        kernels: str = "auto",
     ) -> ValueBinTokens:
         """Value-bin tokens for `source`'s genes.
 
@@ -108,6 +114,7 @@ class ValueBinTokens(TokenOutput):
             pad_value=pad_value,
             mask_value=mask_value,
             mlm_probability=mlm_probability,
+            kernels=kernels,
         )
 
     def __repr__(self) -> str:
@@ -127,6 +134,8 @@ class ValueBinTokens(TokenOutput):
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
+        if self.selection == "top" and self._compiled():
+            return self._tokenize_compiled(fetch)
         indptr, keep, inv, tokens, dropped = self._prepare(fetch, lambda v, _: v)
         n_rows = indptr.size - 1
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
@@ -172,10 +181,73 @@ class ValueBinTokens(TokenOutput):
             "_used": used,
         }
         if self.mlm_probability > 0:
-            masked = self._mlm(fetch, ids, positions)
-            out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)
-            values[masked] = self.mask_value
+            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
+            self._apply_mask(out, masked)
         return out
+
+    def _per_minibatch(self) -> bool:
+        """Compiled, top genes and no zero genes: encode per minibatch."""
+        return self.selection == "top" and not self.pad_zeros and self._compiled()
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` (top genes) on the compiled kernels, all rows."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        offset = 1 if self.cls_id >= 0 else 0
+        if self.pad_zeros and self.vocab_columns.size:
+            data, indices, _, _ = self._csr_for_jit(fetch)
+            keep = (data > 0) & (self.column_tokens[indices] >= 0)
+            n_genes = self._add_zero_genes(
+                fetch,
+                keep,
+                out["gene_ids"][:, offset : offset + self.slots],
+                out["values"][:, offset : offset + self.slots],
+                n_genes.astype(np.int64),
+                out["n_expressed"].astype(np.int64),
+            )
+        out["_used"] = offset + n_genes.astype(np.int64)
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding (`grain_cells.token_jit.value_bin_rows`)."""
+        from grain_cells import token_jit  # imports numba: only when used
+
+        data, indices, indptr, checked = self._csr_for_jit(fetch)
+        ids = np.empty((n_out, self.length), np.int32)
+        values = np.empty((n_out, self.length), np.int32)
+        mask = np.empty((n_out, self.length), bool)
+        n_expr, dropped, n_genes = token_jit.value_bin_rows(
+            data,
+            indices,
+            indptr,
+            rows,
+            self.column_tokens,
+            checked,
+            np.linspace(0, 1, self.n_bins - 1),
+            ids,
+            values,
+            mask,
+            self.cls_id,
+            self.slots,
+            self.pad_id,
+            self.pad_value,
+        )
+        out = {
+            "gene_ids": ids,
+            "values": values,
+            "n_expressed": n_expr,
+            "n_dropped": dropped,
+            "attention_mask": mask,
+        }
+        return out, n_genes
+
+    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
+        """Writes `labels` (the bins) and masks the values where `masked`."""
+        values = out["values"]
+        out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)
+        values[masked] = self.mask_value
 
     def _add_zero_genes(self, fetch, keep, genes, bins, n_genes, n_expr):
         """Writes sampled non-expressed genes after each row's expressed ones."""
@@ -184,6 +256,8 @@ class ValueBinTokens(TokenOutput):
         lengths = np.diff(csr.indptr)
         rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
         tokens = self.column_tokens[csr.indices].astype(np.int64)
+        if keep is None:  # every stored value kept (`_prepare`'s fast path)
+            keep = np.ones(tokens.size, bool)
         expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
         need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
         need = np.maximum(need, 0)

@@ -300,6 +300,27 @@ def test_token_throughput(workdir, data_file):
     assert "rank_value" in done.stdout
 
 
+def test_token_steps(workdir, data_file):
+    out = workdir / "token_steps.json"
+    done = run(
+        workdir,
+        "token_steps.py",
+        f"--data={data_file}",
+        "--fetches=1",
+        "--repeats=1",
+        "--length=32",
+        "--n_bins=5",
+        f"--json={out}",
+    )
+    steps = {
+        r["step"]: r["ms_per_1024_cells"]
+        for r in json.loads(out.read_text())["results"]
+    }
+    assert {"read", "csr", "rank_value/numba", "value_bin/numpy"} <= set(steps)
+    assert all(ms >= 0 for ms in steps.values())
+    assert "kernel: + sort" in done.stdout
+
+
 @pytest.fixture(scope="module")
 def gzip_file(workdir) -> str:
     path = workdir / "tiny-gzip.h5ad"

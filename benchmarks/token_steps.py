@@ -1,0 +1,175 @@
+r"""Where the time of one fetch goes: read, CSR output, token outputs, kernel steps.
+
+For `--fetches` random fetches (block 16 x fetch 16 = 1,024 cells), times
+each step `--repeats` times and prints the best, in ms per 1,024 cells:
+
+* `read`: `AnnDataSource.fetch_ranges` of the fetch's 64 blocks (wall time:
+  the read uses threads);
+* `csr`, `rank_value`, `value_bin` (compiled and NumPy kernels): the
+  output's `format` of the fetch's 16 minibatches of 64, thread CPU time;
+* the compiled rank-value kernel's steps, thread CPU time: the key pass
+  (gather tokens and medians, divide, pack keys), the key pass plus the
+  sort (bucket and insertion passes), and the whole kernel (also writing
+  `gene_ids` and `attention_mask`).
+
+Thread CPU time, not wall time, so that other processes on a shared machine
+inflate the figures less; the load average is printed beside them.
+
+Usage:
+  python benchmarks/token_steps.py --data=a.h5ad
+  python benchmarks/token_steps.py --fetches=3 --repeats=5 --json=steps.json
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+
+import bench_util
+import numba
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import grain_cells
+from grain_cells import token_jit
+from grain_cells.matrix import CsrRows
+from grain_cells.outputs import Fetch
+
+_DATA = flags.DEFINE_list("data", None, "Comma-separated .h5ad files.")
+_N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Synthetic file without --data.")
+_N_GENES = flags.DEFINE_integer("n_genes", 62_710, "Synthetic file without --data.")
+_FETCHES = flags.DEFINE_integer("fetches", 5, "Random fetches timed.")
+_REPEATS = flags.DEFINE_integer("repeats", 7, "Timings per step and fetch.")
+_LENGTH = flags.DEFINE_integer("length", 2048, "Tokens per cell.")
+_N_BINS = flags.DEFINE_integer("n_bins", 51, "Value-bin bins.")
+_STRIDE = flags.DEFINE_integer("stats_stride", 8, "Corpus stats over 1 in N runs.")
+_JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+
+BLOCK, FETCH, BATCH = 16, 16, 64
+
+
+@numba.njit
+def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
+    """The key pass (and the sort) of the compiled kernel over every row."""
+    longest = 0
+    for r in range(indptr.size - 1):
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    keys = np.empty(longest, np.uint64)
+    out = np.empty(longest, np.uint64)
+    counts = np.empty(longest + 18, np.int32)
+    total = 0
+    for r in range(indptr.size - 1):
+        m, lo, hi, _ = token_jit._row_keys(
+            data,
+            indices,
+            indptr[r],
+            indptr[r + 1],
+            tokens,
+            medians,
+            True,
+            checked,
+            keys,
+        )
+        if sort:
+            token_jit._sort_keys(keys, m, lo, hi, out, counts)
+        total += m
+    return total
+
+
+def _format_all(output, row_ids, csr, order) -> None:
+    """`output.format` of every minibatch of one fetch, as the loader calls it."""
+    fetch = Fetch(None, row_ids, csr.n_vars, 5, _csr=csr)
+    for i in range(0, order.size, BATCH):
+        output.format(fetch, order[i : i + BATCH], BATCH)
+
+
+def _best(fn, repeats: int, clock=time.thread_time) -> float:
+    times = []
+    for _ in range(repeats):
+        t = clock()
+        fn()
+        times.append(clock() - t)
+    return min(times) * 1e3
+
+
+def main(argv):
+    del argv
+    paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, _N_GENES.value)
+    source = grain_cells.AnnDataSource(paths, block_size=BLOCK)
+    vocab = grain_cells.GeneVocabulary.from_genes(source.var_names)
+    rows = np.arange(source.num_cells)
+    stats = grain_cells.corpus_stats(
+        source.select(rows[(rows // 1024) % max(1, _STRIDE.value) == 0]),
+        method="histogram",
+    )
+    outputs = {"csr": grain_cells.CsrOutput()}
+    for kernels in ("numba", "numpy"):
+        outputs[f"rank_value/{kernels}"] = grain_cells.RankValueTokens.for_source(
+            source, vocab, stats, length=_LENGTH.value, kernels=kernels
+        )
+        outputs[f"value_bin/{kernels}"] = grain_cells.ValueBinTokens.for_source(
+            source, vocab, length=_LENGTH.value, n_bins=_N_BINS.value, kernels=kernels
+        )
+    rank = outputs["rank_value/numba"]
+    rng = np.random.default_rng(0)
+    best: dict[str, float] = {}
+    n_blocks = source.num_cells // BLOCK
+    n_cells = FETCH * BATCH  # one fetch: 64 blocks of 16
+    for _ in range(_FETCHES.value):
+        starts = np.sort(rng.choice(n_blocks, n_cells // BLOCK, replace=False)) * BLOCK
+
+        def read(starts=starts):
+            return source.fetch_ranges(starts, starts + BLOCK)
+
+        steps = {"read": _best(read, _REPEATS.value, time.perf_counter)}
+        got = read()
+        csr = CsrRows(
+            got.csr.data.copy(),
+            got.csr.indices.copy(),
+            got.csr.indptr.copy(),
+            source.num_genes,
+        )
+        row_ids = got.row_ids.copy()
+        order = rng.permutation(row_ids.size)
+        for name, output in outputs.items():
+            fmt = functools.partial(_format_all, output, row_ids, csr, order)
+            fmt()  # compiles or loads the kernels once
+            steps[name] = _best(fmt, _REPEATS.value)
+        fetch = Fetch(None, row_ids, source.num_genes, 5, _csr=csr)
+        data, indices, indptr, checked = rank._csr_for_jit(fetch)
+        args = (data, indices, indptr, rank.column_tokens, rank.column_medians)
+        for name, sort in (("kernel: key pass", False), ("kernel: + sort", True)):
+            run = functools.partial(_kernel_steps, *args, checked, sort)
+            run()
+            steps[name] = _best(run, _REPEATS.value)
+        everything = np.arange(row_ids.size, dtype=np.int64)
+        encode = functools.partial(rank._encode, fetch, everything, everything.size)
+        steps["kernel: + gene_ids, mask"] = _best(encode, _REPEATS.value)
+        for name, ms in steps.items():
+            best[name] = min(best.get(name, np.inf), ms * 1024 / row_ids.size)
+    load = os.getloadavg()
+    print(
+        f"ms per 1,024 cells (best of {_FETCHES.value} x {_REPEATS.value}); "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for name, ms in best.items():
+        print(f"{name:28s} {ms:8.2f}")
+    if _JSON.value:
+        flag_values = {
+            "fetches": _FETCHES.value,
+            "repeats": _REPEATS.value,
+            "length": _LENGTH.value,
+            "n_bins": _N_BINS.value,
+            "load_average": load,
+        }
+        results = [
+            {"step": k, "ms_per_1024_cells": round(v, 3)} for k, v in best.items()
+        ]
+        bench_util.write_json(_JSON.value, paths, flag_values, results)
+
+
+if __name__ == "__main__":
+    app.run(main)

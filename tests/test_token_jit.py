@@ -1,0 +1,197 @@
+"""The compiled token kernels (numba) against the NumPy kernels, bit for bit.
+
+Both paths of `RankValueTokens` and `ValueBinTokens` run on random fetches
+built to hit every branch of the compiled sort and binning: integer counts
+(many ties, most values 1), continuous values, all-zero cells, stored zeros
+and negative values (and fetches without them, all genes in the vocabulary:
+the kernels' unchecked loop), cells longer than the sequence, genes outside
+the vocabulary, a vocabulary in reverse column order (ties arrive against
+token order, past the insertion budget) and duplicate columns in a row. The
+NumPy path is itself checked against per-cell references in
+`tests/test_tokens.py`.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import grain_cells
+from grain_cells.matrix import CsrRows
+from grain_cells.outputs import Fetch
+
+pytest.importorskip("numba")
+
+N_GENES = 300
+
+
+def _fetch(seed: int, *, kind: str, n_rows: int = 96) -> Fetch:
+    """A random fetch; row `i` has about `i * 4` stored values, some rows long."""
+    rng = np.random.default_rng(seed)
+    data, indices, lengths = [], [], []
+    for i in range(n_rows):
+        n = 0 if i % 9 == 0 else int(rng.integers(0, min(N_GENES, 4 * i + 2)))
+        if i % 17 == 5:
+            n = N_GENES  # longer than any sequence below
+        cols = np.sort(rng.choice(N_GENES, n, replace=False))
+        if i % 23 == 7 and n > 2:
+            cols[1] = cols[0]  # a duplicate column
+        if kind in ("counts", "positive"):
+            v = rng.geometric(0.6, n).astype(np.float32)  # mostly 1, ties
+        else:
+            v = rng.lognormal(0, 1, n).astype(np.float32)
+            v[rng.random(n) < 0.3] = 1.0
+        if kind != "positive":  # "positive": the kernels' branch-free key loop
+            v[rng.random(n) < 0.05] = 0.0  # stored zeros
+            v[rng.random(n) < 0.02] = -1.0  # negative values are not expressed
+        if i % 13 == 3:
+            v[:] = 2.0  # all tied
+        data.append(v)
+        indices.append(cols.astype(np.int32))
+        lengths.append(n)
+    indptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    csr = CsrRows(np.concatenate(data), np.concatenate(indices), indptr, N_GENES)
+    row_ids = rng.choice(10**6, n_rows, replace=False)
+    return Fetch(None, row_ids, N_GENES, key=seed * 7919, _csr=csr)
+
+
+def _tokens(vocabulary: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    tokens = np.arange(4, 4 + N_GENES, dtype=np.int32)
+    if vocabulary == "reversed":
+        tokens = tokens[::-1].copy()
+    elif vocabulary == "shuffled":
+        tokens = rng.permutation(tokens)
+    if vocabulary != "full":
+        tokens[rng.random(N_GENES) < 0.1] = -1  # genes outside the vocabulary
+    return tokens
+
+
+def _medians(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    levels = rng.lognormal(0, 1, 12).astype(np.float32)  # few distinct medians
+    medians = levels[rng.integers(0, levels.size, N_GENES)]
+    medians[rng.random(N_GENES) < 0.03] = np.nan  # no median: dropped
+    return medians
+
+
+def _assert_same(make, fetch):
+    """tokenize() and format() (a full and a short minibatch) agree."""
+    numpy_out, numba_out = make("numpy"), make("numba")
+    pairs = [(numpy_out.tokenize(fetch), numba_out.tokenize(fetch))]
+    order = np.random.default_rng(fetch.key).permutation(fetch.row_ids.size)
+    for rows, batch_size in [(order[:32], 32), (order[32:50], 24)]:
+        pairs.append(
+            (
+                numpy_out.format(fetch, rows, batch_size),
+                numba_out.format(fetch, rows, batch_size),
+            )
+        )
+    for expected, got in pairs:
+        assert sorted(got) == sorted(expected)
+        for name, a in expected.items():
+            np.testing.assert_array_equal(got[name], a, err_msg=name)
+            assert got[name].dtype == a.dtype, name
+
+
+VOCABULARIES = ["full", "ordered", "reversed", "shuffled"]
+
+
+@pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize(
+    ("length", "cls", "eos", "mlm"),
+    [(48, 1, 2, 0.0), (301, -1, -1, 0.0), (120, 1, -1, 0.2), (3, -1, 2, 0.0)],
+    ids=["cls-eos", "long-plain", "cls-mlm", "short-eos"],
+)
+def test_rank_value_compiled_equals_numpy(kind, vocabulary, length, cls, eos, mlm):
+    seed = zlib.crc32(f"{kind}{vocabulary}{length}".encode()) % 1000
+    fetch = _fetch(seed, kind=kind)
+    tokens, medians = _tokens(vocabulary, seed), _medians(seed)
+
+    def make(kernels):
+        return grain_cells.RankValueTokens(
+            tokens,
+            medians,
+            length=length,
+            pad_id=0,
+            cls_id=cls,
+            eos_id=eos,
+            mask_id=3,
+            mlm_probability=mlm,
+            kernels=kernels,
+        )
+
+    _assert_same(make, fetch)
+
+
+@pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize(
+    ("length", "n_bins", "cls", "pad_zeros", "mlm"),
+    [
+        (48, 51, 1, False, 0.0),
+        (301, 7, -1, False, 0.0),
+        (120, 11, 1, True, 0.0),
+        (64, 3, 1, True, 0.25),
+    ],
+    ids=["cls", "long-plain", "zeros", "zeros-mlm"],
+)
+def test_value_bins_compiled_equal_numpy(
+    kind, vocabulary, length, n_bins, cls, pad_zeros, mlm
+):
+    seed = zlib.crc32(f"{kind}{vocabulary}{length}bins".encode()) % 1000
+    fetch = _fetch(seed, kind=kind)
+    tokens = _tokens(vocabulary, seed)
+
+    def make(kernels):
+        return grain_cells.ValueBinTokens(
+            tokens,
+            length=length,
+            n_bins=n_bins,
+            pad_zeros=pad_zeros,
+            pad_id=0,
+            cls_id=cls,
+            mlm_probability=mlm,
+            kernels=kernels,
+        )
+
+    _assert_same(make, fetch)
+
+
+def test_empty_fetch_and_bad_kernels():
+    fetch = Fetch(
+        None,
+        np.zeros(0, np.int64),
+        N_GENES,
+        _csr=CsrRows(
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int32),
+            np.zeros(1, np.int64),
+            N_GENES,
+        ),
+    )
+    tokens = _tokens("full", 0)
+    out = grain_cells.ValueBinTokens(tokens, length=8, kernels="numba")
+    assert out.tokenize(fetch)["gene_ids"].shape == (0, 8)
+    with pytest.raises(ValueError, match="kernels="):
+        grain_cells.ValueBinTokens(tokens, kernels="c")
+
+
+def test_without_numba_auto_falls_back(monkeypatch):
+    import grain_cells.tokens as tokens_module
+
+    fetch = _fetch(11, kind="counts")
+    compiled = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    expected = compiled.tokenize(fetch)
+    monkeypatch.setattr(tokens_module, "numba_available", lambda: False)
+    fallback = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    assert not fallback._compiled()
+    got = fallback.tokenize(fetch)
+    for name, a in expected.items():
+        np.testing.assert_array_equal(got[name], a, err_msg=name)
+    with pytest.raises(ImportError, match=r"grain_cells\[tokens\]"):
+        grain_cells.ValueBinTokens(_tokens("full", 0), kernels="numba")
