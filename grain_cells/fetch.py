@@ -179,6 +179,18 @@ class SplitFetch(grain.experimental.FlatMapTransform):
 
     def flat_map(self, blocks: np.ndarray) -> Minibatches:
         """Reads the fetch's blocks; returns its minibatches (built lazily)."""
+        # In a worker process, outputs are pickled to the trainer: send them
+        # through reusable shared-memory slots instead of fresh segments.
+        return self.read(blocks, self.__dict__.get("_via_slots", False))
+
+    def read(self, blocks: np.ndarray, via_slots: bool = False) -> Minibatches:
+        """Reads the fetch's blocks; returns its minibatches (built lazily).
+
+        Args:
+            blocks: Rows of (block id, file, start, stop), in sampler order.
+            via_slots: Return each minibatch as a handle to a slot of this
+                worker's shared-memory ring rather than as arrays.
+        """
         cfg = self.config
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
@@ -199,9 +211,6 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             if cfg.remainder == "drop":
                 n -= n % cfg.batch_size
             order = order[:n]
-        # In a worker process, outputs are pickled to the trainer: send them
-        # through reusable shared-memory slots instead of fresh segments.
-        via_slots = self.__dict__.get("_via_slots", False)
         batches = Minibatches(self, fetched, order, via_slots, bounds)
         owner[0] = weakref.ref(batches)
         return batches
