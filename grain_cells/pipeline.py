@@ -33,8 +33,9 @@ import grain
 from grain import sharding
 
 from grain_cells import arguments, state_checks, transport
-from grain_cells.fetch import SplitFetch, fetch_operations
+from grain_cells.fetch import SplitFetch
 from grain_cells.fetch_stage import ReadFetch, unpack
+from grain_cells.operations import fetch_operations
 from grain_cells.resume import Position, hand_over
 from grain_cells.sampler import BlockSampler, check_sampler_fits
 from grain_cells.source import AnnDataSource
