@@ -32,9 +32,6 @@ import numpy as np
 
 from grain_cells import transport
 
-# Separates a minibatch's number from its key in a packed fetch.
-_SEP = ":"
-
 
 class FetchPlan:
     """Which sampler positions each fetch of one shard holds (picklable).
@@ -117,31 +114,15 @@ def count_minibatches(config, source, keys: np.ndarray) -> int:
     return math.ceil(cells / config.batch_size)
 
 
-def pack(batches) -> dict[str, np.ndarray]:
-    """A fetch's minibatches as one flat dict (one shared-memory slot)."""
-    return {f"{i}{_SEP}{k}": v for i, b in enumerate(batches) for k, v in b.items()}
-
-
-def unpack(packed: dict[str, np.ndarray]) -> list[dict]:
-    """Inverse of `pack`."""
-    out: list[dict] = []
-    for name, value in packed.items():
-        i, key = name.split(_SEP, 1)
-        i = int(i)
-        while len(out) <= i:
-            out.append({})
-        out[i][key] = value
-    return out
-
-
 class ReadFetch(grain.transforms.Map):
     """Fetch number -> that fetch's minibatches (Grain `Map`, picklable).
 
     In the process that built the pipeline the result is the lazy
     `fetch.Minibatches` sequence; in a worker process (where the transform
-    arrives pickled) all minibatches are formatted there and travel as one
-    slot of the worker's shared-memory ring (`transport`), which unpickles to
-    a packed dict in the trainer (`unpack` splits it).
+    arrives pickled) all minibatches are formatted there, each into a slot of
+    the worker's shared-memory ring (`transport`), and the fetch travels as
+    one list of slot handles, which unpickles to a list of minibatch dicts in
+    the trainer.
     """
 
     def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
@@ -167,7 +148,7 @@ class ReadFetch(grain.transforms.Map):
         return f"ReadFetch({self.split!r})"
 
     def map(self, n):
-        """Reads fetch `n`; returns its minibatches (a packed dict in a worker)."""
+        """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
         n = int(n)
         source = self.split.source
         batches = self.split.read(
@@ -176,10 +157,11 @@ class ReadFetch(grain.transforms.Map):
         self._read_ahead(n)
         if not self.split.__dict__.get("_via_slots", False):
             return batches
-        packed = pack(batches[i] for i in range(len(batches)))
-        # The fetch being built, the worker's queue and the one the trainer
-        # is copying: a few fetches, each one slot.
-        return transport.worker_ring(8).put(packed)
+        # One slot per minibatch, written as soon as it is formatted (each
+        # formatted array is dropped at once): the fetch being built, the
+        # worker's queue and the fetch the trainer is copying.
+        ring = transport.worker_ring(4 * len(batches) + 8)
+        return [ring.put(batches[i]) for i in range(len(batches))]
 
     def _read_ahead(self, n: int) -> None:
         if not self.ahead or not hasattr(self.split.source, "will_need"):

@@ -20,13 +20,13 @@ under any worker count, and under another shard count (see `resume`).
 
 **Memory per worker**: the fetch being read (its read buffer, about
 `batch_size * fetch_factor` cells, and its formatted minibatches), plus
-`worker_buffer_size` finished fetches waiting in the worker's queue, each one
-slot of its shared-memory ring; in the trainer, the fetch being handed out.
+`worker_buffer_size` finished fetches waiting in the worker's queue, one
+slot of its shared-memory ring per minibatch; in the trainer, the fetch being
+handed out.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 
 import grain
@@ -34,7 +34,7 @@ from grain import sharding
 
 from grain_cells import arguments, state_checks, transport
 from grain_cells.fetch import SplitFetch
-from grain_cells.fetch_stage import ReadFetch, unpack
+from grain_cells.fetch_stage import ReadFetch
 from grain_cells.operations import fetch_operations
 from grain_cells.resume import Position, hand_over
 from grain_cells.sampler import BlockSampler, check_sampler_fits
@@ -152,11 +152,8 @@ class CellIterator(grain.DatasetIterator):
     def _next_fetch(self) -> None:
         if self._inner is None:
             self._start()
-        element = next(self._inner)
-        if isinstance(element, collections.abc.Sequence):
-            self._batches = element
-        else:  # a packed fetch from a worker
-            self._batches = unpack(element)
+        # A fetch's minibatches: lazy in this process, a list from a worker.
+        self._batches = next(self._inner)
 
     def __next__(self) -> dict:
         if self._failure is not None:
