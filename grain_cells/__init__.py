@@ -4,11 +4,11 @@ Public API::
 
     source = grain_cells.AnnDataSource(paths, block_size=16, obs_columns=[...])
     cells = source.read(rows)          # batched read, rows in the order asked
-    loader = grain_cells.DataLoader(   # a grain.DataLoader
+    loader = grain_cells.DataLoader(   # grain.DataLoader's arguments;
         data_source=source,
         sampler=grain_cells.BlockSampler(len(source), seed=0),
         operations=grain_cells.fetch_operations(source, batch_size=64),
-        worker_count=2)
+        worker_count=2)                # same minibatches for any count
     view = source.select(where={"cell_type": ["B", "T"]})   # a source too
     splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
@@ -30,7 +30,7 @@ from grain_cells.errors import (
     SourceChangedError,
     UnsupportedLayoutError,
 )
-from grain_cells.fetch import FetchConfig, SplitFetch, fetch_operations
+from grain_cells.fetch import FetchConfig, SplitFetch
 from grain_cells.h5ad import MatrixInfo
 from grain_cells.loader import (
     READ_OPTIONS,
@@ -40,6 +40,7 @@ from grain_cells.loader import (
 )
 from grain_cells.main_guard import MainGuardError
 from grain_cells.matrices import Layer, Obsm
+from grain_cells.operations import fetch_operations
 from grain_cells.outputs import (
     CsrOutput,
     DenseOutput,
@@ -47,7 +48,7 @@ from grain_cells.outputs import (
     Output,
     PaddedSparseOutput,
 )
-from grain_cells.pipeline import cell_dataset
+from grain_cells.pipeline import CellDataset, cell_dataset
 from grain_cells.preshuffling import preshuffle
 from grain_cells.sampler import BlockSampler, WeightedBlockSampler
 from grain_cells.source import AnnDataSource, Block
@@ -67,6 +68,7 @@ __all__ = [
     "AnnDataSource",
     "Block",
     "BlockSampler",
+    "CellDataset",
     "Cells",
     "CheckedIterator",
     "CheckpointMismatchError",

@@ -51,8 +51,8 @@ import numpy as np
 from grain import sharding
 
 from grain_cells import counter_rng
+from grain_cells.block_stream import BlockStream, check_stream_args, readahead_positions
 from grain_cells.ranges import expand_ranges
-from grain_cells.sampler import _check_stream_args, _readahead_positions, _ReadsAhead
 
 _GROUP_WORD = 1 << 40
 _DRAW_WORD = 1 << 41
@@ -82,7 +82,7 @@ def condition_blocks(source, column: str):
     return source.with_blocks(cells[heads], cells[tails] + 1)
 
 
-class ConditionBlockSampler(_ReadsAhead):
+class ConditionBlockSampler(BlockStream):
     """Blocks in groups of one condition, one group per fetch; see the module.
 
     Example:
@@ -128,14 +128,14 @@ class ConditionBlockSampler(_ReadsAhead):
         Raises:
             ValueError: An argument is out of range, or no weight is positive.
         """
-        shard_options = _check_stream_args(num_epochs, seed, shard_options)
+        shard_options = check_stream_args(num_epochs, seed, shard_options)
         if blocks_per_fetch < 1 or worker_count < 0:
             raise ValueError(
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
                 f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
             )
         self._source = source
-        self._readahead = _readahead_positions(source, readahead_cells)
+        self._readahead = readahead_positions(source, readahead_cells)
         self._column = column
         self._g = int(blocks_per_fetch)
         self._lanes = shard_options.shard_count * max(1, int(worker_count))

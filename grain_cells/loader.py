@@ -1,63 +1,72 @@
-"""`DataLoader`: a `grain.DataLoader` with grain_cells' defaults and checks.
+"""`DataLoader`: grain.DataLoader's arguments, one worker-independent pipeline.
 
-It is a `grain.DataLoader` in every respect (same arguments, same iterator,
-same orbax checkpointing through `grain.checkpoint.CheckpointSave`) with these
-differences:
+`grain_cells.DataLoader(data_source=..., sampler=..., operations=
+fetch_operations(...), worker_count=N)` takes the arguments of
+`grain.DataLoader` but is not one: it builds `grain_cells.pipeline`'s
+pipeline on Grain's public dataset API (fetch numbers -> read and format a
+whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
 
-* **Read options.** Records are block descriptors that cost nothing to read,
-  so Grain's default of 16 reader threads only adds contention (about 160 µs
-  per record against 25 µs inline). The default here is
-  `ReadOptions(num_threads=0, prefetch_buffer_size=0)`: the batched fetch does
-  the I/O. Memory per worker is then bounded by one fetch (its read buffer,
-  about `batch_size * fetch_factor` cells, and its minibatches) plus
-  `worker_buffer_size` minibatches in flight, whatever the block size.
-* **Checked restores.** With a FlatMap in the pipeline Grain restores state
-  without checking it, and a state from another configuration fails deep
-  inside Grain (or silently yields other data). The iterator here stamps its
-  state with the worker count, sampler, source and operations, and refuses a
-  state whose stamp differs, saying what differs. The source is stamped by
-  content (`grain_cells.identity.source_identity`: cell counts, file sizes,
-  metadata and value digests, genes, obs categories, configuration), not by
-  paths, so the data copied to another folder restores. A restore also
-  checks that the files are unchanged since the source was built, and that
-  every field of the state lies in range (`grain_cells.state_checks`).
-* **Sampler length.** A sampler over more blocks than the source has is
-  refused (Grain would wrap the extra record keys around).
-* **Worker buffer.** `worker_buffer_size` defaults to 16 minibatches per
-  worker (Grain: 1). Elements travel as small handles to shared-memory slots,
-  so a deeper queue costs little, and with a queue of one the round-robin over
-  workers stalls whenever one worker is mid-fetch (two workers: 118k -> 155k
-  cells/s).
-* **absl flags.** Grain reads an absl flag when it starts workers; in
-  programs that never parse flags (scripts, notebooks, pytest) that fails.
-  The loader (and `fetch_operations`, for the plain `grain.DataLoader`) marks
-  flags as parsed when nothing parsed them.
-* **Scripts without the `__main__` guard.** Iterating a loader with workers
-  from a script's unguarded top level raises `MainGuardError` at once (spawned
-  workers would re-run that code), and shared memory of dead grain_cells
-  processes is removed when a loader with workers starts.
+* **The minibatch sequence does not depend on `worker_count`**: 0, 2 or 3
+  workers yield the same minibatches in the same order. (A plain
+  `grain.DataLoader` with the same arguments forms fetches inside each worker
+  from that worker's share of the sampler's records: its sequence depends on
+  the worker count, and its state restores only under the same count.)
+* **The state is a position** (`grain_cells.resume`), checked by
+  `grain_cells.state_checks` against a stamp of the sampler, the source's
+  content and the fetch configuration: it restores under any worker count,
+  and under another shard count (JAX processes), with every remaining cell
+  visited exactly once. Checkpoint through orbax as with Grain:
+  `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterator)`
+  (the state is JSON bytes).
+* **Memory**: each worker holds the fetch it reads plus `worker_buffer_size`
+  minibatches' worth of finished fetches (rounded up to whole fetches).
+* **absl flags / `__main__` guard**: flags are marked parsed when nothing
+  parsed them (Grain's workers read one), and iterating with workers from a
+  script's unguarded top level raises `MainGuardError` at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import grain
 
-from grain_cells import identity, shm_names, state_checks, transport, worker_process
-from grain_cells import sampler as sampler_lib
+from grain_cells import shm_names, worker_process
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.fetch import SplitFetch
 from grain_cells.main_guard import check_main_guard
+from grain_cells.pipeline import READ_OPTIONS, CellDataset, CellIterator
 
 __all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
 
-READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-_STAMP = "grain_cells"
+
+def _split_of(operations) -> tuple[SplitFetch, tuple]:
+    """The fetch transform of `operations`, and the Maps after it."""
+    ops = list(operations)
+    where = [i for i, op in enumerate(ops) if isinstance(op, SplitFetch)]
+    if len(where) != 1:
+        raise ValueError(
+            "grain_cells.DataLoader needs operations=grain_cells.fetch_operations("
+            f"...) (one fetch transform), got {ops!r}; for other operations use "
+            "grain.DataLoader"
+        )
+    before, after = ops[: where[0]], ops[where[0] + 1 :]
+    if len(before) != 1 or not isinstance(before[0], grain.transforms.Batch):
+        raise ValueError(
+            f"grain_cells.DataLoader: the fetch transform must follow the Batch "
+            f"of fetch_operations(...), got {before!r} before it"
+        )
+    for op in after:
+        if not isinstance(op, grain.transforms.Map):
+            raise ValueError(
+                f"grain_cells.DataLoader runs operations after the fetch as "
+                f"per-minibatch grain.transforms.Map only, got {op!r}"
+            )
+    return ops[where[0]], tuple(after)
 
 
-class DataLoader(grain.DataLoader):
-    """A `grain.DataLoader` whose iterator checks restored state.
+class DataLoader:
+    """Shuffled minibatches with `grain.DataLoader`'s arguments.
 
     Example:
         >>> source = grain_cells.AnnDataSource(paths, obs_columns=["plate"])
@@ -81,133 +90,83 @@ class DataLoader(grain.DataLoader):
         read_options=None,
         enable_profiling=False,
     ):
-        """Same arguments as `grain.DataLoader`; `read_options` defaults to
-        `READ_OPTIONS` and `worker_buffer_size` to 16."""  # noqa: D205, D209
+        """Same arguments as `grain.DataLoader`.
+
+        Args:
+            data_source: An `AnnDataSource` (or view).
+            sampler: A sampler over its blocks (`BlockSampler`, ...).
+            operations: `fetch_operations(...)`, optionally followed by
+                `grain.transforms.Map`s applied to each minibatch.
+            worker_count: Worker processes (0: read in this process).
+            worker_buffer_size: Minibatches each worker may hold ahead.
+            shard_options: The shard; default: the sampler's.
+            read_options: Accepted for compatibility; unused (records are
+                fetch numbers, read inline).
+            enable_profiling: Accepted for compatibility; unused.
+
+        Raises:
+            ValueError: `operations` is not `fetch_operations(...)`, or the
+                sampler walks more blocks than the source has.
+        """
+        del read_options, enable_profiling
         if worker_count:
             worker_process.allow_unparsed_flags()
-        operations = list(operations)
-        sampler_lib.check_sampler_fits(sampler, data_source)
-        # What a restore checks a state against (not Grain's attributes).
-        self._checked_parts = (sampler, data_source, tuple(operations), shard_options)
-        self._stamp = {
-            "worker_count": int(worker_count or 0),
-            "sampler": repr(sampler),
-            "data_source": _source_stamp(data_source),
-            "operations": [repr(op) for op in operations],
-        }
-        # States saved before sources were stamped by content carry the
-        # source's repr (with its paths): still accepted where it matches.
-        self._legacy_stamp = {"data_source": repr(data_source)}
-        super().__init__(
-            data_source=data_source,
-            sampler=sampler,
-            operations=operations,
+        split, after = _split_of(operations)
+        per_fetch = split.config.fetch_factor
+        self._dataset = CellDataset(
+            data_source,
+            sampler,
+            split,
             worker_count=worker_count,
-            worker_buffer_size=worker_buffer_size,
+            worker_buffer_size=max(1, -(-int(worker_buffer_size) // per_fetch)),
             shard_options=shard_options,
-            read_options=read_options or READ_OPTIONS,
-            enable_profiling=enable_profiling,
+            after=after,
         )
+
+    @property
+    def dataset(self) -> CellDataset:
+        """The pipeline, as a Grain `IterDataset`."""
+        return self._dataset
 
     @property
     def stamp(self) -> dict:
         """What a saved state must match to be restored by this loader."""
-        return dict(self._stamp)
+        return dict(self._dataset.stamp)
 
     def __iter__(self) -> CheckedIterator:
-        workers = self.multiprocessing_options.num_workers
+        workers = self._dataset.worker_count
         if workers:
             check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
             shm_names.remove_stale()  # of trainers and workers that were killed
-        return CheckedIterator(self, state=None, validate_state=False)
+        return CheckedIterator(iter(self._dataset))
 
 
-def _source_stamp(data_source):
-    """An `AnnDataSource` by content; any other source by its `repr`."""
-    if hasattr(data_source, "file_identity"):
-        return identity.source_identity(data_source)
-    return repr(data_source)
+class CheckedIterator:
+    """A `DataLoader`'s iterator: JSON-bytes states, like Grain's loader.
 
-
-def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:
-    """What differs between two stamps, one entry per top-level key."""
-    diffs = []
-    for key, now in current.items():
-        then = saved.get(key)
-        if then == now or (key in legacy and then == legacy[key]):
-            continue
-        if isinstance(then, dict) and isinstance(now, dict):
-            parts = [
-                f"{k}={then.get(k)!r}, now {k}={now.get(k)!r}"
-                for k in now
-                if then.get(k) != now.get(k)
-            ]
-            diffs.append(f"{key}: saved " + "; saved ".join(parts))
-        else:
-            diffs.append(f"{key}: saved {then!r}, now {now!r}")
-    return diffs
-
-
-class CheckedIterator(grain.DataLoaderIterator):
-    """A `grain.DataLoaderIterator` whose state carries its loader's stamp.
-
-    Also closable: `close()` (or leaving a `with` block) stops the worker
-    processes and frees their shared memory at once, instead of at garbage
-    collection.
-
-    Once `next` has raised (a worker died, a file went bad), every later call
-    raises again: Grain would otherwise go on with the surviving workers'
-    minibatches only, silently skipping the dead worker's share.
+    Closable (`close()`, or a `with` block) to stop its workers at once.
     """
 
-    _failure: BaseException | None = None
+    def __init__(self, iterator: CellIterator):
+        """Wraps the pipeline's iterator."""
+        self._it = iterator
 
-    def __next__(self):
-        if self._failure is not None:
-            raise RuntimeError(
-                "the data iterator failed earlier and cannot continue; restore "
-                "it from a checkpoint or start a new one"
-            ) from self._failure
-        try:
-            return super().__next__()
-        except StopIteration:
-            raise
-        except Exception as e:
-            self._failure = e
-            raise
-
-    def close(self) -> None:
-        """Stops the workers; the iterator cannot be used afterwards."""
-        # The DataLoaderIterator's pipeline iterator is a Grain DatasetIterator.
-        self._iterator.close()
-        transport.release_dead_rings()
-
-    def __del__(self):
-        # Dropping the iterator must release what close() releases.
-        with contextlib.suppress(Exception):
-            self.close()
-
-    def __enter__(self) -> CheckedIterator:
+    def __iter__(self) -> CheckedIterator:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __next__(self) -> dict:
+        return next(self._it)
 
     def get_state(self) -> bytes:
-        """Returns the JSON state: Grain's, plus the loader's stamp."""
-        inner = json.loads(super().get_state())
-        return json.dumps(
-            {_STAMP: self._data_loader.stamp, "grain": inner}, indent=1
-        ).encode()
+        """The state as JSON bytes (what orbax's Grain handler writes)."""
+        return json.dumps(self._it.get_state(), indent=1).encode()
 
-    def set_state(self, state: bytes):
-        """Restores a state saved by a loader with the same configuration.
+    def set_state(self, state: bytes) -> None:
+        """Restores a state saved under any worker (or shard) count.
 
         Raises:
-            CheckpointMismatchError: The state was saved by a loader with a
-                different worker count, sampler, source (data or
-                configuration) or operations, or not by a
-                `grain_cells.DataLoader`, or a field of it is out of range.
+            CheckpointMismatchError: Not a grain_cells state, another pipeline,
+                or a field out of range (see `grain_cells.state_checks`).
             errors.SourceChangedError: A file changed since the source was
                 built.
         """
@@ -215,34 +174,18 @@ class CheckedIterator(grain.DataLoaderIterator):
             obj = json.loads(state)
         except (ValueError, TypeError) as e:
             raise CheckpointMismatchError(f"iterator state is not JSON: {e}") from e
-        if not isinstance(obj, dict) or _STAMP not in obj:
-            raise CheckpointMismatchError(
-                "iterator state was not saved by a grain_cells.DataLoader (no "
-                f"{_STAMP!r} stamp); restore it with the loader that saved it"
-            )
-        saved, current = obj[_STAMP], self._data_loader.stamp
-        diffs = (
-            _stamp_diffs(saved, current, self._data_loader._legacy_stamp)
-            if isinstance(saved, dict)
-            else [f"stamp: saved {saved!r}"]
-        )
-        if diffs:
-            raise CheckpointMismatchError(
-                "cannot restore the data iterator: the pipeline differs from the "
-                "one that saved it (" + "; ".join(diffs) + "). Restore with the "
-                "same configuration, or start the data iterator afresh."
-            )
-        sampler, data_source, operations, shards = self._data_loader._checked_parts
-        verify = getattr(data_source, "verify_files", None)
-        if verify is not None:
-            verify("when an iterator state was restored")
-        state_checks.check_state(
-            obj.get("grain"),
-            sampler=sampler,
-            data_source=data_source,
-            operations=operations,
-            worker_count=current["worker_count"],
-            shard_options=shards,
-        )
-        super().set_state(json.dumps(obj["grain"]).encode())
-        self._failure = None
+        self._it.set_state(obj)
+
+    def start_prefetch(self) -> None:
+        """Starts the workers now (orbax calls this after a restore)."""
+        self._it.start_prefetch()
+
+    def close(self) -> None:
+        """Stops the workers; the iterator cannot be used afterwards."""
+        self._it.close()
+
+    def __enter__(self) -> CheckedIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

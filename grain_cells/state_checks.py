@@ -1,31 +1,68 @@
-"""Validation of a restored iterator state, field by field.
+"""What a restored iterator state must match, and validation field by field.
 
-A `grain_cells.DataLoader` state holds Grain's own state under `"grain"`.
-Grain restores whatever numbers it is given: an in-fetch index past the
-fetch's end, a negative position or a string where a count belongs would
-resume at the wrong place (or fail deep inside Grain, in a worker). Before a
-state reaches Grain, `check_state` checks every field it knows the meaning
-of and raises `CheckpointMismatchError` naming the field, its value and the
-valid range.
+A state of `grain_cells.cell_dataset` / `grain_cells.DataLoader` is
+`{"grain_cells": stamp, "position": {...}}` (see `grain_cells.resume`). The
+stamp says which pipeline saved it: the sampler (without its shard, which may
+change), its epoch length, the source by content
+(`grain_cells.identity.source_identity`: cell counts, file sizes, metadata
+and value digests, genes, obs categories, configuration; not paths, so a
+copy of the data elsewhere restores) and the fetch transform. The worker
+count is not part of it: a state restores under any.
 
-The states checked are those of a pipeline ending in the batched fetch
-(`fetch_operations`): Grain's FlatMap state, `{"parent": {"next_index": p},
-"next_index_in_buffer": k}`, where `p` is the position (in the worker's
-stream of block records) of the current fetch's first block and `k` the
-minibatches of that fetch already emitted; with workers, one such state per
-worker inside Grain's multiprocess state. `k` is checked against the exact
-number of minibatches of the fetch at `p` (worker `w` of `N` reads records
-`w, w + N, ...` of its shard, Grain's slicing). Fields of other pipelines'
-states are checked for type and sign only.
+`check_state` refuses, with `CheckpointMismatchError` naming the field, its
+value and what was expected: a state of another pipeline or of another
+program, and any position field out of range (a fetch past the stream, a
+minibatch past its fetch's end, a negative step...), which would otherwise
+resume at the wrong place.
 """
 
 from __future__ import annotations
 
-import math
+import re
 
-import numpy as np
-
+from grain_cells import identity
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.fetch_stage import count_minibatches
+from grain_cells.resume import Position
+
+STAMP = "grain_cells"
+# Bumped when the mapping from a position to cells changes.
+_PIPELINE_VERSION = 2
+_SHARD_IN_REPR = re.compile(r", shard_index=\d+, shard_count=\d+")
+
+
+def stamp(source, sampler, split) -> dict:
+    """What a saved state must match to be restored by this pipeline."""
+    if hasattr(source, "file_identity"):
+        data = identity.source_identity(source)
+    else:
+        data = repr(source)
+    return {
+        "pipeline": _PIPELINE_VERSION,
+        "sampler": _SHARD_IN_REPR.sub("", repr(sampler)),
+        "epoch_length": int(getattr(sampler, "epoch_length", len(sampler))),
+        "data_source": data,
+        "operations": [repr(split)],
+    }
+
+
+def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:
+    """What differs between two stamps, one entry per top-level key."""
+    diffs = []
+    for key, now in current.items():
+        then = saved.get(key)
+        if then == now or (key in legacy and then == legacy[key]):
+            continue
+        if isinstance(then, dict) and isinstance(now, dict):
+            parts = [
+                f"{k}={then.get(k)!r}, now {k}={now.get(k)!r}"
+                for k in now
+                if then.get(k) != now.get(k)
+            ]
+            diffs.append(f"{key}: saved " + "; saved ".join(parts))
+        else:
+            diffs.append(f"{key}: saved {then!r}, now {now!r}")
+    return diffs
 
 
 def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
@@ -36,10 +73,9 @@ def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
     )
 
 
-def _int(state: dict, key: str, field: str, low: int, high: int | None) -> int:
-    """`state[key]` checked to be an int in `[low, high]` (`high` None: no cap)."""
+def _int(value, field: str, low: int, high: int | None = None) -> int:
+    """`value` checked to be an int in `[low, high]` (`high` None: no cap)."""
     valid = f"an int in [{low}, {'inf' if high is None else high}]"
-    value = state.get(key) if isinstance(state, dict) else None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(field, value, valid)
     if value < low or (high is not None and value > high):
@@ -47,139 +83,95 @@ def _int(state: dict, key: str, field: str, low: int, high: int | None) -> int:
     return value
 
 
-class _Fetches:
-    """Counts the minibatches of a worker's fetch, from the pipeline's parts."""
-
-    def __init__(self, sampler, data_source, split, worker_count, shard_options):
-        self.sampler = sampler
-        self.source = data_source
-        self.config = split.config
-        # As Grain's DataLoader: its own shard options, else the sampler's.
-        options = shard_options or getattr(sampler, "shard_options", None)
-        self.shard_count = options.shard_count if options is not None else 1
-        self.shard_index = options.shard_index if options is not None else 0
-        self.workers = max(worker_count, 1)
-        self.records = len(sampler) // self.shard_count  # Grain's shard length
-
-    def worker_records(self, worker: int) -> int:
-        """Records (block positions) in worker `worker`'s stream."""
-        return max(0, -(-(self.records - worker) // self.workers))
-
-    def minibatches(self, worker: int, first: int) -> int:
-        """Minibatches of the fetch whose first record is `first` of `worker`."""
-        g = self.config.blocks_per_fetch
-        last = min(first + g, self.worker_records(worker))
-        if last <= first:
-            return 0
-        local = worker + self.workers * np.arange(first, last, dtype=np.int64)
-        positions = local * self.shard_count + self.shard_index
-        keys = [self.sampler[int(p)].record_key for p in positions]
-        _, starts, stops = self.source.block_ranges(keys)
-        cells = int((stops - starts).sum())
-        m = self.config.batch_size
-        if self.config.remainder == "drop":
-            return cells // m
-        return math.ceil(cells / m)
+def _check_stamp(state, current: dict, legacy: dict) -> None:
+    if not isinstance(state, dict) or STAMP not in state:
+        if isinstance(state, dict) and "grain" in state:
+            raise CheckpointMismatchError(
+                "iterator state was saved by an older grain_cells (Grain's "
+                "DataLoader state, per worker); this version's states are "
+                "positions in its own fetch stream. Restore it with the version "
+                "that saved it, or start the data iterator afresh."
+            )
+        raise CheckpointMismatchError(
+            "iterator state was not saved by a grain_cells pipeline (no "
+            f"{STAMP!r} stamp); restore it with the loader that saved it"
+        )
+    saved = state[STAMP]
+    diffs = (
+        _stamp_diffs(saved, current, legacy)
+        if isinstance(saved, dict)
+        else [f"stamp: saved {saved!r}"]
+    )
+    if diffs:
+        raise CheckpointMismatchError(
+            "cannot restore the data iterator: the pipeline differs from the "
+            "one that saved it (" + "; ".join(diffs) + "). Restore with the "
+            "same configuration, or start the data iterator afresh."
+        )
 
 
-def _check_flat_map(state, field: str, fetches: _Fetches | None, worker: int):
-    """One worker's (or the only) FlatMap state."""
-    if not isinstance(state, dict):
-        raise _fail(field, state, "a dict with 'parent' and 'next_index_in_buffer'")
-    parent = state.get("parent")
-    high = fetches.worker_records(worker) if fetches is not None else None
-    first = _int(parent, "next_index", f"{field}.parent.next_index", 0, high)
-    count = fetches.minibatches(worker, first) if fetches is not None else None
-    if fetches is not None:
-        count = count if count else fetches.config.max_minibatches
-    _int(state, "next_index_in_buffer", f"{field}.next_index_in_buffer", 0, count)
-
-
-def _check_generic(value, field: str) -> None:
-    """Ints must be non-negative (a 'last_*' index may be -1); recurse."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_generic(v, f"{field}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_generic(v, f"{field}[{i}]")
-    elif isinstance(value, bool) or value is None or isinstance(value, str):
-        return
-    elif isinstance(value, int):
-        low = -1 if field.rsplit(".", 1)[-1].startswith("last_") else 0
-        if value < low:
-            raise _fail(field, value, f"an int >= {low}")
-    elif isinstance(value, float):
-        raise _fail(field, value, "an int")
-
-
-def check_state(
-    state, *, sampler, data_source, operations, worker_count, shard_options=None
-) -> None:
-    """Checks every field of Grain's part of a restored state.
+def check_state(state, current: dict, sampler, source, split) -> Position:
+    """Checks a state's stamp and every field of its position.
 
     Args:
-        state: The `"grain"` part of the state (parsed JSON).
-        sampler: The loader's sampler.
-        data_source: The loader's source.
-        operations: The loader's operations.
-        worker_count: The loader's worker count.
-        shard_options: The shard options given to the loader, if any (else
-            the sampler's apply).
+        state: The state (parsed JSON).
+        current: The restoring pipeline's `stamp(...)`.
+        sampler: Its sampler.
+        source: Its source.
+        split: Its `fetch.SplitFetch`.
+
+    Returns:
+        The saved position.
 
     Raises:
-        CheckpointMismatchError: A field is missing, of the wrong type or out
-            of range; the message names the field, its value and the range.
+        CheckpointMismatchError: The stamp differs (saying what), or a field
+            is missing, of the wrong type or out of range (naming it).
     """
-    if not isinstance(state, dict):
-        raise _fail("grain", state, "a dict (Grain's iterator state)")
-    split = next((op for op in operations if hasattr(op, "cell_order")), None)
-    fetches = None
-    if split is not None and hasattr(data_source, "block_ranges"):
-        fetches = _Fetches(sampler, data_source, split, worker_count, shard_options)
-    if worker_count == 0:
-        if "next_index_in_buffer" in state:
-            _check_flat_map(state, "grain", fetches, 0)
+    # States saved before sources were stamped by content carry the source's
+    # repr (with its paths): still accepted where it matches.
+    _check_stamp(state, current, {"data_source": repr(source)})
+    pos = state.get("position")
+    if not isinstance(pos, dict):
+        raise _fail("position", pos, "a dict")
+    length = len(sampler)
+    count = _int(pos.get("count"), "position.count", 1, length)
+    index = _int(pos.get("index"), "position.index", 0, count - 1)
+    origin = _int(pos.get("origin"), "position.origin", 0, length)
+    pieces = pos.get("pieces")
+    if not isinstance(pieces, list):
+        raise _fail("position.pieces", pieces, "a list of [positions, skip]")
+    for i, piece in enumerate(pieces):
+        field = f"position.pieces[{i}]"
+        if not (isinstance(piece, list) and len(piece) == 2):
+            raise _fail(field, piece, "[positions, skip]")
+        if not isinstance(piece[0], list) or not piece[0]:
+            raise _fail(f"{field}[0]", piece[0], "a non-empty list of positions")
+        for p in piece[0]:
+            _int(p, f"{field}[0]", 0, length - 1)
+        _int(piece[1], f"{field}[1]", 0)
+    saved = Position(origin, count, index, [(p, k) for p, k in pieces])
+    plan = saved.plan(sampler, split.config.blocks_per_fetch)
+    saved.fetch = _int(pos.get("fetch"), "position.fetch", 0, plan.num_fetches())
+    saved.step = _int(pos.get("step"), "position.step", 0)
+    high = None
+    if saved.fetch < plan.num_fetches():
+        keys = plan.keys(plan.positions(saved.fetch))
+        if split.config.condition is None:
+            high = count_minibatches(split.config, source, keys)
         else:
-            _check_generic(state, "grain")
-        return
-    if "iterators_in_use_states" not in state:
-        _check_generic(state, "grain")
-        return
-    n = worker_count
-    workers = state["iterators_in_use_states"]
-    if not isinstance(workers, list) or len(workers) != n:
-        raise _fail(
-            "grain.iterators_in_use_states", workers, f"a list of {n} worker states"
+            high = split.config.max_minibatches
+    low = plan.skip(saved.fetch)
+    saved.minibatch = _int(pos.get("minibatch"), "position.minibatch", low, high)
+    return saved
+
+
+def check_hand_over(saved: Position, split) -> None:
+    """Refuses a shard change the state cannot follow (see `resume`)."""
+    if split.config.condition is not None:
+        raise CheckpointMismatchError(
+            f"cannot restore a state saved as shard {saved.index} of "
+            f"{saved.count} under another shard: with condition="
+            f"{split.config.condition!r} the minibatches per fetch depend on "
+            "the data, so the other shards' positions are unknown. Restore "
+            "under the same shard count and index."
         )
-    for w, worker_state in enumerate(workers):
-        field = f"grain.iterators_in_use_states[{w}]"
-        if isinstance(worker_state, dict) and "next_index_in_buffer" in worker_state:
-            _check_flat_map(worker_state, field, fetches, w)
-        else:  # None once the datasets are used up
-            _check_generic(worker_state, field)
-    # Grain's interleave over the workers' datasets.
-    _int(state, "next_index_in_datasets", "grain.next_index_in_datasets", 0, n)
-    if "next_index_in_cycle" in state:
-        _int(state, "next_index_in_cycle", "grain.next_index_in_cycle", 0, n - 1)
-    in_use = state.get("iterators_in_use_indices")
-    if not isinstance(in_use, list) or len(in_use) != n:
-        raise _fail("grain.iterators_in_use_indices", in_use, f"a list of {n} ints")
-    for i in range(n):
-        _int({"v": in_use[i]}, "v", f"grain.iterators_in_use_indices[{i}]", 0, n - 1)
-    exhausted = state.get("exhausted")
-    if (
-        not isinstance(exhausted, list)
-        or len(exhausted) != n
-        or any(v not in (0, 1) for v in exhausted)
-    ):
-        raise _fail("grain.exhausted", exhausted, f"a list of {n} values 0 or 1")
-    for key, value in state.items():
-        if key not in (
-            "iterators_in_use_states",
-            "next_index_in_datasets",
-            "next_index_in_cycle",
-            "iterators_in_use_indices",
-            "exhausted",
-        ):
-            _check_generic(value, f"grain.{key}")

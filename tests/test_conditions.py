@@ -46,7 +46,8 @@ def build(
         source,
         column,
         blocks_per_fetch=ops[0].batch_size,
-        worker_count=workers,
+        # grain_cells.DataLoader forms fetches before its workers: one lane.
+        worker_count=0,
         seed=seed,
         shard_options=shard,
         weights=weights,

@@ -230,13 +230,9 @@ def test_state_at_the_end(csr_paths, helpers):
 @pytest.mark.parametrize(
     "change, names",
     [
-        pytest.param({"worker_count": 2}, ["worker_count"], id="worker_count"),
         pytest.param({"seed": 4}, ["sampler", "operations"], id="seed"),
         pytest.param({"shuffle": False}, ["sampler", "operations"], id="shuffle"),
         pytest.param({"num_epochs": 2}, ["sampler"], id="num_epochs"),
-        pytest.param(
-            {"shard": sharding.ShardOptions(0, 2)}, ["sampler"], id="shard_count"
-        ),
         pytest.param(
             {"block_size": 10, "fetch_factor": 5},
             ["data_source", "sampler", "operations"],
@@ -262,10 +258,10 @@ def test_restore_under_another_configuration(csr_paths, helpers, change, names):
     with pytest.raises(CheckpointMismatchError) as e:
         target.set_state(state)
     message = str(e.value)
-    for key in ("worker_count", "sampler", "data_source", "operations"):
+    for key in ("sampler", "data_source", "operations"):
         assert (f"{key}: saved" in message) == (key in names), (key, message)
     # The refused state left the iterator alone.
-    if not other.multiprocessing_options.num_workers:
+    if not other.dataset.worker_count:
         assert_same_batches(helpers.take(target, 3), helpers.run(other, 3))
 
 
@@ -605,7 +601,7 @@ def break_early_del(loader, helpers, seen):
 
 
 def many_iterators(loader, helpers, seen):
-    for _ in range(5 if loader.multiprocessing_options.num_workers else 50):
+    for _ in range(5 if loader.dataset.worker_count else 50):
         iterator = iter(loader)
         next(iterator)
         seen |= worker_pids()

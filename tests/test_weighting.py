@@ -284,7 +284,9 @@ def test_shards_are_equal_and_disjoint(source, count):
     order = np.concatenate([samplers[0].epoch_order(e) for e in range(2)])
     positions = []
     for i, s in enumerate(samplers):
-        loader = grain_cells.DataLoader(data_source=source, sampler=s)
+        loader = grain.DataLoader(
+            data_source=source, sampler=s, read_options=grain_cells.READ_OPTIONS
+        )
         records = list(loader)
         assert len(records) == 2 * length // count  # equal shards
         np.testing.assert_array_equal([r.index for r in records], order[i::count])
