@@ -11,7 +11,7 @@ import numpy as np
 from grain_cells import counter_rng
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
-from grain_cells.tokens import IGNORE, ZERO_STREAM, TokenOutput, special_id
+from grain_cells.token_output import IGNORE, ZERO_STREAM, TokenOutput, special_id
 from grain_cells.vocabulary import GeneVocabulary
 
 

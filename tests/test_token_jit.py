@@ -182,7 +182,7 @@ def test_empty_fetch_and_bad_kernels():
 
 
 def test_without_numba_auto_falls_back(monkeypatch):
-    import grain_cells.tokens as tokens_module
+    import grain_cells.token_output as tokens_module
 
     fetch = _fetch(11, kind="counts")
     compiled = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
