@@ -403,6 +403,11 @@ def test_killed_worker_keeps_failing(csr_paths, helpers):
         errors = [i for i, o in enumerate(outcomes) if o != "minibatch"]
         assert errors, "the stream went on without the dead worker's share"
         first = errors[0]
+        if outcomes[first] == "end":
+            # The victim had handed over its whole share before the kill:
+            # then, and only then, may the epoch end, with nothing missing.
+            assert 3 + first == helpers.N_CELLS // CONFIG["batch_size"], outcomes
+            return
         assert "terminated unexpectedly" in outcomes[first]
         after = outcomes[first + 1 :]
         assert len(after) == 5

@@ -274,10 +274,9 @@ def test_exhausted_retries_raise_the_named_error(
     assert "retry_config" in message  # the fix
     if status is not None:  # obstore counts retries of answered requests
         assert error.attempts == 3
-        # Each failed GET was sent 3 times; a read may send its indices and
-        # data GETs at once, so 3 per request in flight.
-        faults = proxy.stats()["faults"]
-        assert faults >= 3 and faults % 3 == 0, faults
+        # The failed GET was sent 3 times; a read may send its indices and
+        # data GETs at once, and the other one stops when the first fails.
+        assert proxy.stats()["faults"] >= 3
 
 
 @pytest.mark.parametrize(
