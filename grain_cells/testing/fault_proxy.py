@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import socket
@@ -37,7 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
-_STATS_PATH = "/__proxy__/stats"
+from grain_cells.testing.tcp_server import STATS_PATH, TcpServer, close_socket
+
 _BUFFER = 1 << 20
 
 
@@ -127,7 +127,7 @@ def always(fault: Fault) -> Rule:
     return lambda request: fault if request.index >= 0 else None
 
 
-class FaultProxy:
+class FaultProxy(TcpServer):
     """Proxies loopback TCP connections to `upstream`, with delay and faults.
 
     Args:
@@ -147,31 +147,15 @@ class FaultProxy:
         host: str = "127.0.0.1",
         port: int = 0,
     ):
+        super().__init__(host, port, backlog=128, name="fault-proxy")
         self.upstream = upstream
         self.rtt_s = rtt_s
         self._rule = rule
-        self._listener = socket.create_server((host, port), backlog=128)
-        self._lock = threading.Lock()
         self._stats = self._zero()
-        self._closing = False
-        self._thread: threading.Thread | None = None
-        self._conns: set[socket.socket] = set()
 
     @staticmethod
     def _zero() -> dict[str, int]:
         return dict(connections=0, requests=0, range_gets=0, response_bytes=0, faults=0)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """`(host, port)` the proxy listens on."""
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
-
-    @property
-    def endpoint_url(self) -> str:
-        """`http://host:port` of the proxy."""
-        host, port = self.address
-        return f"http://{host}:{port}"
 
     def set_rule(self, rule: Rule | None) -> None:
         """Replaces the fault rule (None: relay everything plainly)."""
@@ -186,49 +170,7 @@ class FaultProxy:
                 self._stats = self._zero()
         return out
 
-    def start(self) -> FaultProxy:
-        """Starts accepting in a daemon thread; returns self."""
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stops accepting and closes every open connection."""
-        self._closing = True
-        with contextlib.suppress(OSError):
-            # Wake accept() with a connection of our own.
-            socket.create_connection(self.address, timeout=1).close()
-        if self._thread is not None:
-            self._thread.join(5)
-        self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            _close(conn)
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- connections --------------------------------------------------------
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._closing:
-                client.close()
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _track(self, *socks: socket.socket, add: bool = True) -> None:
-        with self._lock:
-            for s in socks:
-                (self._conns.add if add else self._conns.discard)(s)
 
     def _serve(self, client: socket.socket) -> None:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -238,7 +180,7 @@ class FaultProxy:
                 time.sleep(self.rtt_s)  # the handshake's round trip
             upstream = socket.create_connection(self.upstream)
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._track(client, upstream)
+            self._track(upstream)  # the client is tracked since accept
             with self._lock:
                 self._stats["connections"] += 1
             plan = _ResponsePlan()
@@ -250,10 +192,7 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            _close(client)
-            if upstream is not None:
-                _close(upstream)
-                self._track(client, upstream, add=False)
+            self._forget(*(s for s in (client, upstream) if s is not None))
 
     def _relay_requests(self, client, upstream, plan: _ResponsePlan) -> None:
         pending = b""
@@ -274,7 +213,7 @@ class FaultProxy:
                     return
                 pending += data
             body, pending = pending[:length], pending[length:]
-            if target.startswith(_STATS_PATH):
+            if target.startswith(STATS_PATH):
                 _answer(client, 200, json.dumps(self.stats("reset=1" in target)))
                 continue
             fault = self._decide(method, target, headers)
@@ -328,8 +267,8 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            _close(client)
-            _close(upstream)
+            close_socket(client)
+            close_socket(upstream)
 
 
 class _ResponsePlan:
@@ -399,9 +338,3 @@ def _answer(sock, status: int, body: str, content_type: str = "application/json"
         f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()

@@ -25,21 +25,19 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import json
 import os
 import re
 import socket
 import tempfile
-import threading
 import time
 import urllib.parse
 from xml.sax.saxutils import escape
 
+from grain_cells.testing.tcp_server import STATS_PATH, TcpServer
+
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-# Counters as JSON (`?reset=1` zeroes them), as FaultProxy answers them.
-STATS_PATH = "/__proxy__/stats"
 _REASONS = {
     200: "OK",
     206: "Partial Content",
@@ -57,7 +55,7 @@ def object_etag(stat: os.stat_result) -> str:
     return f'"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}"'
 
 
-class S3FolderServer:
+class S3FolderServer(TcpServer):
     """Serves `root`'s subfolders as S3 buckets on a loopback port, in threads.
 
     One thread per connection (clients keep connections alive).
@@ -78,70 +76,13 @@ class S3FolderServer:
         *,
         latency_s: float = 0.0,
     ):
+        super().__init__(host, port, backlog=256, name="s3-folder-server")
         self.root = os.path.realpath(os.fspath(root))
         self.latency_s = latency_s
-        self._listener = socket.create_server((host, port), backlog=256)
-        self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._paths: dict[str, str | None] = {}
-        self._conns: set[socket.socket] = set()
-        self._closing = False
-        self._thread: threading.Thread | None = None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """`(host, port)` the server listens on."""
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
-
-    @property
-    def endpoint_url(self) -> str:
-        """`http://host:port`, for `storage_options={"endpoint_url": ...}`."""
-        host, port = self.address
-        return f"http://{host}:{port}"
-
-    def start(self) -> S3FolderServer:
-        """Starts serving in a daemon thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._accept, name="s3-folder-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stops serving and closes every connection."""
-        self._closing = True
-        with contextlib.suppress(OSError):
-            socket.create_connection(self.address, timeout=1).close()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
-        self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            _close(conn)
-
-    def __enter__(self) -> S3FolderServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- connections --------------------------------------------------------
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._closing:
-                conn.close()
-                return
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _count(self, **add: int) -> None:
         with self._lock:
@@ -178,9 +119,7 @@ class S3FolderServer:
         except OSError:
             pass  # the client (or the fault proxy) hung up
         finally:
-            with self._lock:
-                self._conns.discard(conn)
-            _close(conn)
+            self._forget(conn)
 
     # -- requests -----------------------------------------------------------
 
@@ -359,9 +298,3 @@ def _iso(seconds: float) -> str:
 
     moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
-
-
-def _close(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
-    conn.close()
