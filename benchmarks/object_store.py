@@ -52,8 +52,8 @@ _VIA_PROXY = flags.DEFINE_boolean(
 _ROOT = flags.DEFINE_string(
     "bucket_root",
     None,
-    "Folder for the served bucket (hard links to the files; same filesystem). "
-    "Default: a temporary folder beside the first file.",
+    "Folder the server runs on (it holds no data: the files are served from "
+    "where they lie). Default: a temporary folder.",
 )
 _READ_OPTIONS = flags.DEFINE_string(
     "object_store_options",
@@ -77,19 +77,17 @@ def parse_options(text: str) -> dict:
     return out
 
 
-def link_into(folder: str, path: str) -> str:
-    """A hard link to `path` in `folder` (the served bucket); its name."""
-    name = os.path.basename(path)
-    target = os.path.join(folder, name)
-    if not os.path.exists(target):
-        try:
-            os.link(path, target)
-        except OSError as e:
-            raise app.UsageError(
-                f"cannot hard-link {path} into {folder} ({e}): pass "
-                "--bucket_root on the same filesystem as the file"
-            ) from None
-    return name
+def served_names(file_sets) -> dict[str, str]:
+    """`{"bucket/key": path}` of every file: served in place, never linked.
+
+    A hard link would change the file's link count and ctime, which a run
+    reading the same file at the same time takes for a changed file.
+    """
+    objects = {}
+    for _, paths in file_sets:
+        for path in paths:
+            objects[f"{BUCKET}/{os.path.basename(path)}"] = os.path.realpath(path)
+    return objects
 
 
 def main(argv):
@@ -103,10 +101,8 @@ def main(argv):
                 None, FLAGS.n_cells, FLAGS.n_genes, compression, FLAGS.chunks
             )
             file_sets.append((compression, paths))
-    # Hard links to the files (no copy); a folder made here is removed after.
-    root = _ROOT.value or tempfile.mkdtemp(
-        prefix=".grain-cells-s3-", dir=os.path.dirname(file_sets[0][1][0])
-    )
+    # The server's folder (empty; the files are served in place).
+    root = _ROOT.value or tempfile.mkdtemp(prefix="grain-cells-s3-")
     try:
         results = measure(root, file_sets)
     finally:
@@ -136,12 +132,14 @@ def measure(root: str, file_sets) -> list[dict]:
         f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s}"
     )
     with ServedFolder(
-        root, rtt_s=_RTT_MS.value / 1000, via_proxy=_VIA_PROXY.value
+        root,
+        rtt_s=_RTT_MS.value / 1000,
+        via_proxy=_VIA_PROXY.value,
+        objects=served_names(file_sets),
     ) as served:
         options = served.storage_options(**parse_options(_READ_OPTIONS.value))
         for label, paths in file_sets:
-            names = [link_into(os.path.join(root, BUCKET), p) for p in paths]
-            urls = [f"s3://{BUCKET}/{n}" for n in names]
+            urls = [f"s3://{BUCKET}/{os.path.basename(p)}" for p in paths]
             for wc in workers:
                 local = loader_throughput.run_point(paths, "csr", wc, "cold")
                 served.stats(reset=True)

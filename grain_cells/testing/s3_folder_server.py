@@ -13,7 +13,12 @@ Served: `HEAD` and `GET` of an object (`Range: bytes=a-b`, `a-`, `-n`;
 (written to a temporary file and renamed in, so readers of the old object
 never see a mix), and `ListObjectsV2` (`GET /bucket?list-type=2&prefix=`).
 Buckets are the folders directly under `root`; keys are paths below them;
-requests are path-style (`http://host:port/bucket/key`).
+requests are path-style (`http://host:port/bucket/key`). Files elsewhere are
+served under a name given in `objects` (`{"bucket/key": "/path/to/file"}`),
+read from where they lie: no copy and no hard link, which would change the
+file's link count and ctime (and with them the identity that a loader
+reading the same file at the same time checks, see `grain_cells.identity`).
+Serving never writes to a served file or its metadata.
 
 The ETag of an object is derived from its inode, size and modification time,
 so replacing or rewriting the file changes it.
@@ -33,6 +38,7 @@ import socket
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
 from grain_cells.testing.tcp_server import STATS_PATH, TcpServer
@@ -43,6 +49,7 @@ _REASONS = {
     206: "Partial Content",
     304: "Not Modified",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     412: "Precondition Failed",
@@ -66,6 +73,13 @@ class S3FolderServer(TcpServer):
       port: Port, or 0 for a free one.
       latency_s: Seconds to hold every request before answering it (added
         round-trip time without a proxy).
+      objects: Extra objects, `{"bucket/key": path}`: the file at `path` is
+        served as `key` of `bucket` (read in place; the bucket need not be a
+        folder under `root`). They shadow files of the same name in `root`
+        and are read-only (a PUT of one is refused).
+
+    Raises:
+      ValueError: A name in `objects` is not `bucket/key`.
     """
 
     def __init__(
@@ -75,12 +89,22 @@ class S3FolderServer(TcpServer):
         port: int = 0,
         *,
         latency_s: float = 0.0,
+        objects: Mapping[str, str | os.PathLike] | None = None,
     ):
+        self.objects = {}
+        for name, path in (objects or {}).items():
+            bucket, _, key = name.strip("/").partition("/")
+            if not bucket or not key:
+                raise ValueError(
+                    f"objects: {name!r} is not 'bucket/key'; name each file "
+                    "as its bucket and key, e.g. 'bench/a.h5ad'"
+                )
+            self.objects[f"{bucket}/{key}"] = os.path.realpath(os.fspath(path))
         super().__init__(host, port, backlog=256, name="s3-folder-server")
         self.root = os.path.realpath(os.fspath(root))
         self.latency_s = latency_s
         self._counts: dict[str, int] = {}
-        self._paths: dict[str, str | None] = {}
+        self._paths: dict[str, str | None] = dict(self.objects)
 
     # -- connections --------------------------------------------------------
 
@@ -208,6 +232,9 @@ class S3FolderServer(TcpServer):
                 self._count(response_bytes=stop - start)
 
     def _put(self, conn, target, bucket, key, body) -> None:
+        if f"{bucket}/{key}" in self.objects:
+            _error(conn, "PUT", target, 403, "AccessDenied", "a read-only object")
+            return
         path = self._path(bucket, key)
         if path is None or not os.path.isdir(os.path.join(self.root, bucket)):
             _error(conn, "PUT", target, 404, "NoSuchBucket", f"no bucket {bucket!r}")
@@ -221,20 +248,28 @@ class S3FolderServer(TcpServer):
 
     def _list(self, conn, target, bucket, query) -> None:
         folder = os.path.join(self.root, bucket)
-        if not os.path.isdir(folder):
+        mapped = {
+            name.partition("/")[2]: path
+            for name, path in self.objects.items()
+            if name.partition("/")[0] == bucket
+        }
+        if not os.path.isdir(folder) and not mapped:
             _error(conn, "GET", target, 404, "NoSuchBucket", f"no bucket {bucket!r}")
             return
         prefix = query.get("prefix", [""])[0]
-        entries = []
+        found = {}
         for dirpath, _, names in os.walk(folder):
             for name in names:
                 if name.startswith(".put-"):
                     continue
                 path = os.path.join(dirpath, name)
-                key = os.path.relpath(path, folder).replace(os.sep, "/")
-                if key.startswith(prefix):
-                    entries.append((key, os.stat(path)))
-        entries.sort()
+                found[os.path.relpath(path, folder).replace(os.sep, "/")] = path
+        found.update(mapped)
+        entries = sorted(
+            (key, os.stat(path))
+            for key, path in found.items()
+            if key.startswith(prefix)
+        )
         contents = "".join(
             f"<Contents><Key>{escape(key)}</Key><Size>{st.st_size}</Size>"
             f"<ETag>{escape(object_etag(st))}</ETag><LastModified>"

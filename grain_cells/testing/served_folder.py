@@ -20,12 +20,13 @@ import multiprocessing
 import os
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 
 
-def _serve_folder(root: str, latency_s: float, conn) -> None:
+def _serve_folder(root: str, latency_s: float, objects: dict, conn) -> None:
     from grain_cells.testing.s3_folder_server import S3FolderServer
 
-    server = S3FolderServer(root, latency_s=latency_s).start()
+    server = S3FolderServer(root, latency_s=latency_s, objects=objects).start()
     conn.send(server.endpoint_url)
     conn.recv()  # until told to stop (or the parent's end closes)
     server.stop()
@@ -63,6 +64,8 @@ class ServedFolder:
         no proxy; the server holds each answer `rtt_s` (no extra hop, so the
         cost of the proxy itself can be told apart).
       timeout_s: How long to wait for the children to start.
+      objects: Files served from where they lie, `{"bucket/key": path}`
+        (see `S3FolderServer`): no copy or link into `root`.
     """
 
     def __init__(
@@ -72,8 +75,10 @@ class ServedFolder:
         rtt_s: float = 0.0,
         via_proxy: bool = True,
         timeout_s: float = 30.0,
+        objects: Mapping[str, str | os.PathLike] | None = None,
     ):
         self.root = os.fspath(root)
+        self.objects = {k: os.fspath(v) for k, v in (objects or {}).items()}
         self.rtt_s = rtt_s
         self.via_proxy = via_proxy
         self._timeout_s = timeout_s
@@ -106,7 +111,7 @@ class ServedFolder:
           RuntimeError: A child did not start in time.
         """
         latency = 0.0 if self.via_proxy else self.rtt_s
-        self.server_url = self._spawn(_serve_folder, self.root, latency)
+        self.server_url = self._spawn(_serve_folder, self.root, latency, self.objects)
         self.endpoint_url = self.server_url
         if self.via_proxy:
             host, port = urllib.parse.urlsplit(self.server_url).netloc.split(":")
