@@ -21,9 +21,13 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
 * `client_options` and `retry_config`: obstore's, over grain_cells' defaults
   (timeouts, retries: `grain_cells.store_retries`).
 
+* `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
+  (`grain_cells.aws_profiles`: obstore does not read profiles itself).
+
 Credentials not given come from the standard environment variables
 (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
-...) and instance metadata, as obstore reads them.
+...) and instance metadata, as obstore reads them, or from `AWS_PROFILE` and
+the shared AWS files (`grain_cells.aws_profiles`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import threading
 import time
 import urllib.parse
 
-from grain_cells import errors, store_retries
+from grain_cells import aws_profiles, errors, store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
@@ -106,7 +110,13 @@ def store_for(url: str, storage_options: dict | None = None):
     global _stores_pid
     root, _ = split_url(url)
     options = dict(storage_options or {})
-    key = (root, repr(sorted(options.items(), key=lambda kv: kv[0])))
+    # The environment's profile settings are part of the key: a process that
+    # changes AWS_PROFILE gets a store with that profile's credentials.
+    key = (
+        root,
+        repr(sorted(options.items(), key=lambda kv: kv[0])),
+        aws_profiles.cache_key(),
+    )
     with _stores_lock:
         if _stores_pid != os.getpid():  # forked: clients belong to the parent
             _stores.clear()
@@ -133,17 +143,35 @@ def _build_store(root: str, options: dict):
         options.pop(key, None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
-    endpoint = str(options.get("endpoint", ""))
-    if endpoint.startswith("http://") or root.startswith("http://"):
-        client_options.setdefault("allow_http", True)
     anon = options.pop("anon", False)
     if anon and not root.startswith(("http://", "https://")):
         options["skip_signature"] = True
+    extra = {}
+    is_s3 = root.split("://", 1)[0].lower() in ("s3", "s3a")
+    if is_s3:
+        provider = aws_profiles.apply_profile(root, options)
+        if provider is not None:
+            extra["credential_provider"] = provider
+    elif "profile" in options:
+        raise ValueError(
+            f"{root}: storage_options['profile'] names an AWS profile, which only "
+            "s3:// URLs use"
+        )
+    # An http:// endpoint (given, from a profile, or AWS_ENDPOINT_URL) means
+    # plain HTTP is wanted; obstore would refuse it without allow_http.
+    endpoint = str(options.get("endpoint") or "")
+    if is_s3 and not endpoint:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
+            "AWS_ENDPOINT", ""
+        )
+    if endpoint.startswith("http://") or root.startswith("http://"):
+        client_options.setdefault("allow_http", True)
     try:
         return from_url(
             root,
             client_options=client_options or None,
             retry_config=retry_config,
+            **extra,
             **options,
         )
     except UnknownConfigurationKeyError as e:
@@ -184,13 +212,15 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
     _count("head")
     try:
         meta = obstore.head(store, key)
-    except (ox.NotFoundError, FileNotFoundError):
-        raise FileNotFoundError(f"{url}: no such object") from None
+    except (ox.NotFoundError, FileNotFoundError) as e:
+        raise missing_bucket_or_object(url, storage_options, e) from None
     except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
         raise PermissionError(
-            f"{url}: access refused ({_first_line(e)}). Pass credentials in "
-            "storage_options, set them in the environment, or anon=True for a "
-            "public bucket."
+            f"{url}: access refused ({first_line(e)}). The credentials in use "
+            "(storage_options, else the AWS_*/GOOGLE_* environment, AWS_PROFILE "
+            "or ~/.aws profiles, instance roles) may not read it: pass others "
+            "(e.g. storage_options={'profile': NAME}), ask for read access, or "
+            "use anon=True for a public bucket."
         ) from None
     modified = meta.get("last_modified")
     ns = int(modified.timestamp() * 1e9) if modified is not None else 0
@@ -260,6 +290,56 @@ def get_range(
     return data
 
 
-def _first_line(e: BaseException) -> str:
+def missing_bucket_or_object(
+    url: str, storage_options: dict | None, error: BaseException, what: str = "read"
+) -> FileNotFoundError:
+    """The error for a 404: names a missing bucket, or the keys beside a missing key.
+
+    Sends one LIST request (of the key's folder) to tell the two apart.
+    """
+    import obstore
+
+    root, key = split_url(url)
+    scheme, _, bucket = root.partition("://")
+    if scheme.lower() in ("http", "https"):
+        return FileNotFoundError(f"{url}: no such object (HTTP 404); check the URL")
+    folder = key.rpartition("/")[0]
+    try:
+        store = store_for(url, storage_options)
+        listed = obstore.list_with_delimiter(store, folder or None)
+    except Exception as e:  # any failure: say what we know
+        if "NoSuchBucket" in str(e) or "NoSuchBucket" in str(error):
+            options = storage_options or {}
+            endpoint = (
+                options.get("endpoint_url")
+                or options.get("endpoint")
+                or os.environ.get("AWS_ENDPOINT_URL")
+                or "the provider's default endpoint"
+            )
+            return FileNotFoundError(
+                f"{url}: bucket {bucket!r} does not exist at {endpoint} "
+                f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
+                "S3-compatible stores endpoint_url and region in storage_options "
+                "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
+                "write to it."
+            )
+        return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
+    names = [m["path"].rpartition("/")[2] for m in listed["objects"]]
+    beside = (
+        f"{len(names)} object(s) there: {', '.join(names[:5])}"
+        + (", ..." if len(names) > 5 else "")
+        if names
+        else "none there"
+    )
+    where = f"{root}/{folder}/" if folder else f"{root}/"
+    return FileNotFoundError(
+        f"{url}: no such object: bucket {bucket!r} has no key {key!r} ({what} "
+        f"failed; objects under {where}: {beside}). Check the key (keys are "
+        "case-sensitive)."
+    )
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (obstore's run to many lines)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

@@ -142,3 +142,116 @@ def s3(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@dataclasses.dataclass
+class AuthS3:
+    """A moto server that checks signatures, with two users and a bucket.
+
+    `keys` may do anything (an IAM policy allowing `s3:*`); `denied_keys`
+    belong to a user with no policy (every request refused with 403).
+    """
+
+    endpoint: str
+    bucket: str
+    client: object  # boto3 S3 client with `keys`
+    keys: dict
+    denied_keys: dict
+
+
+# Requests moto serves before it starts checking signatures: enough for the
+# IAM setup below; the rest are used up by refused probes (`_enforce`).
+_NO_AUTH_REQUESTS = 20
+
+
+def _enforce(endpoint: str) -> None:
+    """Sends unsigned-for-real requests until moto refuses one (auth is on)."""
+    import boto3
+    import botocore.exceptions
+
+    probe = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="AKIANOTAUSER",
+        aws_secret_access_key="wrong",
+    )
+    for _ in range(_NO_AUTH_REQUESTS + 5):
+        try:
+            probe.list_buckets()
+        except botocore.exceptions.ClientError:
+            return
+    raise RuntimeError("moto never started checking signatures")
+
+
+@pytest.fixture(scope="session")
+def s3_auth(tmp_path_factory):
+    """A moto S3 server with IAM authentication on (see `AuthS3`)."""
+    try:
+        import boto3
+        import moto.server  # noqa: F401
+        import portpicker
+    except ImportError as e:
+        pytest.skip(f"moto[server] is not installed ({e}): pip install 'moto[server]'")
+    import json
+
+    port = portpicker.pick_unused_port()
+    old = os.environ.get("INITIAL_NO_AUTH_ACTION_COUNT")
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = str(_NO_AUTH_REQUESTS)
+    try:
+        server = start_moto(port, tmp_path_factory.mktemp("moto-auth") / "server.log")
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
+    finally:
+        if old is None:
+            os.environ.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
+        else:
+            os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = old
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        iam = boto3.client(
+            "iam", endpoint_url=endpoint, region_name="us-east-1", **_boto(KEYS)
+        )
+        users = {}
+        for name in ("reader", "nobody"):
+            iam.create_user(UserName=name)
+            key = iam.create_access_key(UserName=name)["AccessKey"]
+            users[name] = {
+                "access_key_id": key["AccessKeyId"],
+                "secret_access_key": key["SecretAccessKey"],
+            }
+        policy = iam.create_policy(
+            PolicyName="s3-all",
+            PolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+                    ],
+                }
+            ),
+        )
+        iam.attach_user_policy(UserName="reader", PolicyArn=policy["Policy"]["Arn"])
+        _enforce(endpoint)
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            **_boto(users["reader"]),
+        )
+        client.create_bucket(Bucket=BUCKET)
+        yield AuthS3(endpoint, BUCKET, client, users["reader"], users["nobody"])
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _boto(keys: dict) -> dict:
+    return {
+        "aws_access_key_id": keys["access_key_id"],
+        "aws_secret_access_key": keys["secret_access_key"],
+    }
