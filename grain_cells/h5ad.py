@@ -110,8 +110,13 @@ def value_dtype(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=")
 
 
-def open_file(path: str | os.PathLike) -> h5py.File:
+def open_file(
+    path: str | os.PathLike, storage_options: dict | None = None
+) -> h5py.File:
     """Opens an `.h5ad` file read-only with errors that name the file.
+
+    A URL is opened through `remote_h5.open_h5` with `storage_options`
+    (None: from the environment).
 
     Raises:
         FileNotFoundError: The path does not exist (or is a dangling symlink).
@@ -120,10 +125,10 @@ def open_file(path: str | os.PathLike) -> h5py.File:
             `obs`/`var` (not AnnData).
     """
     path = os.fspath(path)
-    if object_store.is_url(path):  # storage options from the environment
+    if object_store.is_url(path):
         from grain_cells import remote_h5
 
-        return remote_h5.open_h5(path)
+        return remote_h5.open_h5(path, storage_options)
     try:
         os.stat(path)
     except FileNotFoundError:

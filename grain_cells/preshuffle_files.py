@@ -26,7 +26,7 @@ import shutil
 
 import h5py
 
-from grain_cells import h5ad
+from grain_cells import h5ad, object_store
 from grain_cells.preshuffle_plan import FORMAT, Plan
 
 MANIFEST = "preshuffle.json"
@@ -39,12 +39,14 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _ABANDONED: list = []  # HDF5 files that failed mid-write: never released
 
 
-def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
-    """The part's marker if `path` is a complete part of this run, else None."""
-    if not path.is_file():
+def completed_marker(
+    path: pathlib.Path | str, plan: Plan, index: int, storage_options=None
+) -> dict | None:
+    """The part's marker if `path` (or a URL) is a complete part of this run."""
+    if not object_store.is_url(path) and not pathlib.Path(path).is_file():
         return None
     try:
-        with h5ad.open_file(path) as f:
+        with open_part(path, storage_options) as f:
             raw = f.attrs.get(MARKER_ATTR)
             if raw is None:
                 return None
@@ -61,6 +63,11 @@ def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
             return marker
     except Exception:  # unreadable, truncated, foreign: not complete
         return None
+
+
+def open_part(path, storage_options=None) -> h5py.File:
+    """Opens an output part (a local file or, by URL, an object) read-only."""
+    return h5ad.open_file(path, storage_options)
 
 
 def create_temporary(directory: pathlib.Path, name: str):

@@ -25,11 +25,13 @@ except ImportError:  # pragma: no cover - anndata 0.10
     from anndata.experimental import read_elem, write_elem
 
 
-def read_obs(paths: list[str], columns: list[str]) -> pd.DataFrame:
+def read_obs(
+    paths: list[str], columns: list[str], storage_options: dict | None = None
+) -> pd.DataFrame:
     """The chosen obs columns of all inputs, concatenated, with obs names."""
     names, per_column = [], {c: [] for c in columns}
     for path in paths:
-        with h5ad.open_file(path) as f:
+        with h5ad.open_file(path, storage_options) as f:
             group = f["obs"]
             index_key = group.attrs.get("_index", "_index")
             if isinstance(index_key, bytes):
@@ -89,8 +91,8 @@ def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
     return pd.concat(parts, ignore_index=True).array
 
 
-def _read_var(path: str, element: str) -> pd.DataFrame:
-    with h5ad.open_file(path) as f:
+def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
+    with h5ad.open_file(path, storage_options) as f:
         group = f["raw/var"] if element == "raw/X" else f["var"]
         try:
             var = read_elem(group)
@@ -109,7 +111,7 @@ def read_var(plan: Plan) -> pd.DataFrame:
     output genes, in output order; when some output gene is not in the
     first input (`join="outer"`), only the gene names.
     """
-    var = _read_var(plan.paths[0], plan.element)
+    var = _read_var(plan.paths[0], plan.element, plan.storage_options)
     column_map = plan.column_map_first
     if column_map is None:
         return var

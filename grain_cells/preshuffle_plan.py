@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from grain_cells import errors, h5ad, identity
+from grain_cells import errors, h5ad, identity, object_store
 from grain_cells.source import AnnDataSource
 
 FORMAT = 2  # bump when the output of identical arguments changes
@@ -61,6 +61,7 @@ class Plan:
 
         join = kwargs["join"]
         genes = kwargs["genes"]
+        self.storage_options = dict(kwargs.get("storage_options") or {})
         # Checks every input: AnnData, aligned genes, a usable matrix; takes
         # each input's identity (grain_cells.identity).
         self.source = AnnDataSource(
@@ -70,10 +71,11 @@ class Plan:
             join=join,
             genes=genes,
             read_threads=0,
+            storage_options=self.storage_options,
         )
         self.paths = list(self.source.paths)
         self.element = h5ad.matrix_element(layer)
-        with h5ad.open_file(self.paths[0]) as f:
+        with h5ad.open_file(self.paths[0], self.storage_options) as f:
             first_columns = h5ad.obs_columns(f)
         if obs_columns is None:
             obs_columns = first_columns
@@ -81,7 +83,7 @@ class Plan:
         if len(set(obs_columns)) != len(obs_columns):
             raise ValueError(f"obs_columns has duplicates: {obs_columns}")
         for path in self.paths:
-            with h5ad.open_file(path) as f:
+            with h5ad.open_file(path, self.storage_options) as f:
                 have = h5ad.obs_columns(f)
             missing = [c for c in obs_columns if c not in have]
             if missing:
@@ -121,6 +123,8 @@ class Plan:
         self.part_paths = [output_dir / f"part-{i:05d}.h5ad" for i in range(n_parts)]
         for path in self.paths:
             for part in self.part_paths:
+                if object_store.is_url(path):
+                    continue  # a bucket output checks its URLs itself
                 if part.exists() and os.path.samefile(path, part):
                     raise ValueError(
                         f"{path}: is an input and also output part {part.name} of "

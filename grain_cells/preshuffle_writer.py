@@ -48,7 +48,7 @@ class Writer:
         self.offsets = plan.source.cell_offsets
         self.buffer = RowBuffer()
         self.lengths = _row_lengths(plan, self.buffer) if plan.sparse else None
-        self.obs = frames.read_obs(plan.paths, plan.obs_columns)
+        self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
         self.var = frames.read_var(plan)
 
     def write_part(self, index: int, report: Progress) -> dict:
@@ -346,7 +346,7 @@ def _row_lengths(plan: Plan, buffer: RowBuffer) -> np.ndarray:
                 got = plan.source.fetch_ranges([start + a], [start + b], buffer)
                 out[start + a : start + b] = np.diff(got.csr.indptr)
             continue
-        with h5ad.open_file(path) as f:
+        with h5ad.open_file(path, plan.storage_options) as f:
             ptr = f[plan.element]["indptr"]
             for a in range(0, n, step):
                 b = min(a + step, n)

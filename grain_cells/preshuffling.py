@@ -99,8 +99,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grain_cells import object_store
 from grain_cells import preshuffle_files as files
 from grain_cells.preshuffle_files import MANIFEST, MARKER_ATTR
+from grain_cells.preshuffle_output import BucketOutput
 from grain_cells.preshuffle_plan import Plan
 from grain_cells.preshuffle_windows import Progress
 from grain_cells.preshuffle_writer import Writer
@@ -122,7 +124,10 @@ def preshuffle(
     progress: bool = True,
     join: str = "exact",
     genes: Sequence[str] | np.ndarray | None = None,
-) -> list[pathlib.Path]:
+    storage_options: dict | None = None,
+    output_storage_options: dict | None = None,
+    staging_dir: str | os.PathLike | None = None,
+) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
     The inputs are concatenated along cells (they must list the same genes in
@@ -130,6 +135,13 @@ def preshuffle(
     of every input. Parts are named `part-00000.h5ad`, `part-00001.h5ad`, ...
     in `output_dir`. See the module docstring for the algorithm, the layout
     and how interrupted runs resume.
+
+    Inputs may be URLs of objects (`s3://`, `gs://`, `https://`, ... as in
+    `AnnDataSource`), read in place with `storage_options`. `output_dir`
+    may be a URL too (`s3://bucket/shuffled`): each part is then written to
+    a local staging folder, uploaded (multipart when large) and deleted
+    before the next, so the local disk needs room for one part (see
+    `grain_cells.preshuffle_output`).
 
     Each part holds: `X` (the chosen matrix of the inputs, CSR or dense as
     stored), `obs` (the chosen columns and the obs names; categorical columns
@@ -145,8 +157,10 @@ def preshuffle(
         >>> anndata.read_h5ad(parts[0], backed="r")  # plain AnnData
 
     Args:
-        inputs: One `.h5ad` path or a sequence of them, concatenated in order.
-        output_dir: Folder for the parts, created if missing.
+        inputs: One `.h5ad` path or URL or a sequence of them, concatenated
+            in order.
+        output_dir: Folder for the parts, created if missing; or the URL of
+            a prefix in a bucket (the bucket must exist).
         cells_per_file: Cells per output part (the last part holds the rest);
             None writes one part.
         seed: Seed of the permutation (an int >= 0). Same seed and inputs give
@@ -170,9 +184,16 @@ def preshuffle(
             `"inner"` or `"outer"`, as in `AnnDataSource`.
         genes: Optional output genes within those `join` aligns (names, a
             boolean mask or positions), as in `AnnDataSource`.
+        storage_options: For URL inputs: obstore configuration and
+            credentials, as in `AnnDataSource` (None: from the environment).
+        output_storage_options: For a URL `output_dir`: the same for the
+            output store; None uses `storage_options`.
+        staging_dir: For a URL `output_dir`: local folder under which each
+            part is written before its upload (default: the system's
+            temporary folder, `TMPDIR`); needs room for one part.
 
     Returns:
-        The paths of the parts, in order.
+        The paths of the parts, in order (their URLs for a URL `output_dir`).
 
     Raises:
         ValueError: `inputs` is empty, an argument is out of range, or an
@@ -182,31 +203,61 @@ def preshuffle(
         errors.GeneMismatchError: With `join="exact"`, the inputs list
             different var names (and see `AnnDataSource` for the others).
         OSError: The output folder's disk lacks the space for a part (the
-            message names the folder, the bytes needed and free).
+            message names the folder, the bytes needed and free), or an
+            upload failed after retries.
+        PermissionError: The credentials may not read an input or write
+            the output (names the URL and the fix).
         errors.MissingColumnError: An obs column, layer or X is missing.
         errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
             inputs and dense in others.
         errors.AnnDataFormatError: An input is not readable AnnData, or an obs
             column cannot be merged over the inputs.
     """
-    plan = Plan.make(
-        inputs,
-        output_dir,
-        cells_per_file=cells_per_file,
-        seed=seed,
-        layer=layer,
-        obs_columns=obs_columns,
-        compression=compression,
-        chunk_cells=chunk_cells,
-        memory_budget_bytes=memory_budget_bytes,
-        join=join,
-        genes=genes,
-    )
+    bucket = None
+    if object_store.is_url(os.fspath(output_dir)):
+        if output_storage_options is None:
+            output_storage_options = storage_options
+        bucket = BucketOutput(
+            os.fspath(output_dir), output_storage_options, staging_dir
+        )
+    try:
+        if bucket is not None:
+            bucket.check_bucket()
+        return _preshuffle(
+            inputs,
+            output_dir if bucket is None else bucket.staging,
+            bucket,
+            progress=progress,
+            cells_per_file=cells_per_file,
+            seed=seed,
+            layer=layer,
+            obs_columns=obs_columns,
+            compression=compression,
+            chunk_cells=chunk_cells,
+            memory_budget_bytes=memory_budget_bytes,
+            join=join,
+            genes=genes,
+            storage_options=storage_options,
+        )
+    finally:
+        if bucket is not None:
+            bucket.close()
+
+
+def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **kw):
+    plan = Plan.make(inputs, output_dir, **kw)
+    if bucket is not None:
+        bucket.check_inputs(plan)
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     files.remove_temporaries(plan.output_dir)
-    done = {
-        i: files.completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
-    }
+    if bucket is None:
+        done = {
+            i: files.completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
+        }
+    else:
+        done = {
+            i: bucket.completed_marker(plan, i) for i in range(len(plan.part_paths))
+        }
     todo = [i for i, marker in done.items() if marker is None]
     report = Progress(plan, todo, enabled=progress)
     try:
@@ -214,9 +265,15 @@ def preshuffle(
             writer = Writer(plan)
             for i in todo:
                 done[i] = writer.write_part(i, report)
+                if bucket is not None:
+                    bucket.publish(plan, i)
         report.finish()
     finally:
         plan.source.close()
+    if bucket is not None:
+        bucket.remove_stale_parts(plan)
+        bucket.write_manifest(plan, done)
+        return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
     files.remove_stale_parts(plan)
     files.write_manifest(plan, done)
     return list(plan.part_paths)
