@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 
-from grain_cells import object_store
+from grain_cells import object_store, store_retries
 
 UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
 _MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
@@ -108,20 +108,25 @@ def _call(url: str, storage_options, what: str, request):
 
     try:
         return request()
-    except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
-        raise PermissionError(
-            f"{url}: {what} refused ({object_store.first_line(e)}). The "
-            "credentials in use may not write there: pass others in "
-            "storage_options (or output_storage_options), set AWS_PROFILE or "
-            "the AWS_* variables, or ask for write access to the bucket."
-        ) from None
-    except (ox.NotFoundError, FileNotFoundError, ox.GenericError) as e:
-        if "NoSuchBucket" in str(e) or isinstance(
-            e, (ox.NotFoundError, FileNotFoundError)
+    except Exception as e:
+        if not isinstance(e, (ox.BaseError, OSError)):
+            raise
+        status, _, _ = store_retries.describe(e)
+        if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
+            status in (401, 403)
+        ):
+            raise PermissionError(
+                f"{url}: {what} refused ({object_store.first_line(e)}). The "
+                "credentials in use may not do that there: pass others in "
+                "storage_options (or output_storage_options), set AWS_PROFILE or "
+                "the AWS_* variables, or ask for write access to the bucket."
+            ) from None
+        if (
+            isinstance(e, (ox.NotFoundError, FileNotFoundError))
+            or status == 404
+            or "NoSuchBucket" in str(e)
         ):
             raise object_store.missing_bucket_or_object(
                 url, storage_options, e, what=what
             ) from None
-        raise OSError(f"{url}: {what} failed: {object_store.first_line(e)}") from None
-    except ox.BaseError as e:
         raise OSError(f"{url}: {what} failed: {object_store.first_line(e)}") from None

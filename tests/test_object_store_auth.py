@@ -113,10 +113,10 @@ def test_default_profile_from_home(files, home):
     _same_as_local(urls, paths)
 
 
-def test_aws_profile_variable_also_in_workers(files, home, monkeypatch):
+def test_aws_profile_variable(files, home, monkeypatch):
     paths, urls = files
     monkeypatch.setenv("AWS_PROFILE", "reader")
-    _same_as_local(urls, paths, worker_count=2)  # spawned workers read it too
+    _same_as_local(urls, paths, worker_count=0)
     monkeypatch.setenv("AWS_PROFILE", "nobody")
     with pytest.raises(PermissionError, match=r"s3://cells/auth/0\.h5ad.*profile"):
         grain_cells.AnnDataSource(urls[0])
@@ -146,6 +146,13 @@ def test_environment_keys_and_explicit_keys(files, home, monkeypatch, s3_auth): 
     _same_as_local(urls, paths)
     explicit = {"endpoint_url": s3_auth.endpoint, "region": "us-east-1"}
     _same_as_local(urls, paths, {**explicit, **s3_auth.keys})
+
+
+@pytest.mark.slow
+def test_aws_profile_in_spawned_workers(files, home, monkeypatch):
+    paths, urls = files
+    monkeypatch.setenv("AWS_PROFILE", "reader")
+    _same_as_local(urls, paths, worker_count=2)  # each worker builds its store
 
 
 @pytest.mark.parametrize("whose", ["unknown keys", "user without permission"])

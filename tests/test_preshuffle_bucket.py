@@ -1,0 +1,204 @@
+"""`preshuffle` from a bucket into a bucket (moto on localhost).
+
+The oracle is the same run with local inputs and a local output folder:
+every part read back from the bucket (downloaded, `anndata.read_h5ad`)
+equals its local twin, and so do the minibatches of a loader reading the
+parts in place by URL, with 0 and 2 workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+from conftest import OBS, close_iterator, take, write_files
+from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
+
+import grain_cells
+from grain_cells import object_writes
+
+pytest.importorskip("obstore", reason="obstore is not installed")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, s3):  # noqa: F811
+    """conftest's three CSR files: local paths and URLs."""
+    paths = write_files(tmp_path_factory.mktemp("ps-in"))
+    return paths, [s3.upload(p, f"ps-in/{i}.h5ad") for i, p in enumerate(paths)]
+
+
+def _download(s3, url: str, path) -> str:  # noqa: F811
+    key = url.split(f"s3://{s3.bucket}/", 1)[1]
+    s3.client.download_file(s3.bucket, key, str(path))
+    return str(path)
+
+
+def _dense(x) -> np.ndarray:
+    return x.toarray() if sp.issparse(x) else np.asarray(x)
+
+
+def _batches(paths, worker_count, options=None) -> list[dict]:
+    source = grain_cells.AnnDataSource(
+        paths, block_size=8, obs_columns=OBS, storage_options=options
+    )
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=8, fetch_factor=4, seed=1
+        ),
+        worker_count=worker_count,
+    )
+    iterator = iter(loader)
+    try:
+        return take(iterator)
+    finally:
+        close_iterator(iterator)
+
+
+def _etags(s3, prefix: str) -> dict[str, str]:  # noqa: F811
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)
+    return {o["Key"]: o["ETag"] for o in listed.get("Contents", [])}
+
+
+@pytest.fixture(scope="module")
+def shuffled(inputs, s3, tmp_path_factory):  # noqa: F811
+    """One run bucket -> bucket and its local twin: `(urls, paths, staging, tmp)`."""
+    paths, urls = inputs
+    tmp = tmp_path_factory.mktemp("ps-out")
+    kwargs = dict(cells_per_file=100, seed=5, progress=False)
+    staging = tmp / "staging"
+    got = grain_cells.preshuffle(
+        urls,
+        f"s3://{s3.bucket}/shuffled/",
+        storage_options=s3.options,
+        staging_dir=staging,
+        **kwargs,
+    )
+    want = grain_cells.preshuffle(paths, tmp / "local", **kwargs)
+    return got, [str(p) for p in want], staging, tmp
+
+
+def test_bucket_to_bucket_equals_local_run(shuffled, s3):  # noqa: F811
+    got, want, staging, tmp = shuffled
+    assert got == [f"s3://{s3.bucket}/shuffled/part-{i:05d}.h5ad" for i in range(3)]
+    assert os.listdir(staging) == []  # each part deleted after its upload
+    for i, (url, path) in enumerate(zip(got, want, strict=True)):
+        remote = anndata.read_h5ad(_download(s3, url, tmp / f"{i}.h5ad"))
+        local = anndata.read_h5ad(path)
+        np.testing.assert_array_equal(_dense(remote.X), _dense(local.X))
+        pd.testing.assert_frame_equal(remote.obs, local.obs)
+        pd.testing.assert_frame_equal(remote.var, local.var)
+    body = s3.client.get_object(Bucket=s3.bucket, Key="shuffled/preshuffle.json")
+    manifest = json.loads(body["Body"].read())
+    local_manifest = json.loads((tmp / "local" / "preshuffle.json").read_text())
+    assert manifest["fingerprint"] == local_manifest["fingerprint"]
+    assert [p["file"] for p in manifest["parts"]] == [os.path.basename(p) for p in want]
+
+
+@pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_loader_reads_the_bucket_parts_in_place(shuffled, s3, worker_count):  # noqa: F811
+    got, want, _, _ = shuffled
+    remote_batches = _batches(got, worker_count, s3.options)
+    local_batches = _batches(want, worker_count)
+    assert len(remote_batches) == len(local_batches) > 0
+    for a, b in zip(remote_batches, local_batches, strict=True):
+        for key in b:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_rerun_keeps_complete_parts_and_drops_stale_ones(
+    inputs,
+    s3,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    paths, _ = inputs  # local inputs, bucket output
+    out = f"s3://{s3.bucket}/rerun"
+    kwargs = dict(seed=2, progress=False, output_storage_options=s3.options)
+    grain_cells.preshuffle(paths, out, cells_per_file=120, **kwargs)
+    first = _etags(s3, "rerun/")
+    assert sorted(first) == [
+        "rerun/part-00000.h5ad",
+        "rerun/part-00001.h5ad",
+        "rerun/part-00002.h5ad",
+        "rerun/preshuffle.json",
+    ]
+    calls = []
+    monkeypatch.setattr(
+        object_writes, "put_file", lambda *a: calls.append(a) or pytest.fail("upload")
+    )
+    grain_cells.preshuffle(paths, out, cells_per_file=120, **kwargs)
+    assert calls == []  # every part found complete in the bucket
+    assert _etags(s3, "rerun/") == first
+    monkeypatch.undo()
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    parts = grain_cells.preshuffle(paths, out, cells_per_file=200, **kwargs)
+    assert sorted(_etags(s3, "rerun/")) == [
+        "rerun/part-00000.h5ad",
+        "rerun/part-00001.h5ad",
+        "rerun/preshuffle.json",
+    ]
+    rows = [
+        anndata.read_h5ad(_download(s3, u, tmp_path / f"r{i}.h5ad")).obs["idx"]
+        for i, u in enumerate(parts)
+    ]
+    total = sum(len(r) for r in rows)
+    assert total == grain_cells.AnnDataSource(paths).num_cells
+
+
+def test_large_part_goes_up_in_several_parts(s3, tmp_path, monkeypatch):  # noqa: F811
+    """A part larger than an upload part is a multipart upload (S3 ETag '-N')."""
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(object_writes, "UPLOAD_PART_BYTES", 5 << 20)  # S3's minimum
+    n, g = 1500, 1000  # ~6 MB dense float32: two upload parts
+    x = (np.arange(n)[:, None] * 1000 + np.arange(g)).astype(np.float32)
+    path = tmp_path / "dense.h5ad"
+    anndata.AnnData(
+        X=x,
+        obs=pd.DataFrame({"idx": np.arange(n)}, index=[f"c{i}" for i in range(n)]),
+        var=pd.DataFrame(index=[f"g{j}" for j in range(g)]),
+    ).write_h5ad(path)
+    (url,) = grain_cells.preshuffle(
+        str(path),
+        f"s3://{s3.bucket}/big",
+        output_storage_options=s3.options,
+        progress=False,
+    )
+    etag = s3.client.head_object(Bucket=s3.bucket, Key="big/part-00000.h5ad")["ETag"]
+    assert etag.strip('"').endswith("-2"), etag
+    back = anndata.read_h5ad(_download(s3, url, tmp_path / "back.h5ad"))
+    idx = back.obs["idx"].to_numpy()
+    np.testing.assert_array_equal(np.sort(idx), np.arange(n))
+    np.testing.assert_array_equal(back.X, x[idx])
+
+
+def test_missing_bucket_and_refused_writes(inputs, s3, s3_auth, tmp_path):  # noqa: F811
+    paths, _ = inputs
+    staging = tmp_path / "staging"
+    with pytest.raises(
+        FileNotFoundError, match=r"s3://nobucket/out.*bucket 'nobucket' does not exist"
+    ):
+        grain_cells.preshuffle(
+            paths,
+            "s3://nobucket/out",
+            output_storage_options=s3.options,
+            staging_dir=staging,
+            progress=False,
+        )
+    assert os.listdir(staging) == []  # failed before any part was written
+    denied = {
+        "endpoint_url": s3_auth.endpoint,
+        "region": "us-east-1",
+        **s3_auth.denied_keys,
+    }
+    with pytest.raises(PermissionError, match=r"s3://cells/out.*refused.*write access"):
+        grain_cells.preshuffle(
+            paths, "s3://cells/out", output_storage_options=denied, progress=False
+        )
