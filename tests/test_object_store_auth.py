@@ -188,3 +188,46 @@ def test_missing_bucket_and_object_name_the_fix(s3, monkeypatch, tmp_path):  # n
         grain_cells.AnnDataSource(
             "s3://cells/errs/Here.h5ad", storage_options=s3.options
         )
+
+
+@pytest.mark.slow  # starting the server and proxy processes takes seconds
+def test_https_with_headers(tmp_path, monkeypatch):
+    """HTTP(S) URLs send `client_options['default_headers']` on every request."""
+    import shutil
+
+    from grain_cells.testing import Fault, ServedFolder
+
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "in").mkdir()
+    paths = write_files(tmp_path / "in")
+    root = tmp_path / "root"
+    (root / "web").mkdir(parents=True)
+    shutil.copy(paths[0], root / "web" / "a.h5ad")
+    try:
+        served = ServedFolder(root).start()
+    except RuntimeError as e:
+        pytest.skip(f"cannot start the local S3 server on loopback: {e}")
+    try:
+        # The proxy refuses any request without the token (a server that
+        # wants an Authorization header).
+        served.set_rule(
+            lambda request: (
+                None
+                if request.headers.get("authorization") == "Bearer t0ken"
+                else Fault(status=403, code="AccessDenied")
+            )
+        )
+        url = f"{served.endpoint_url}/web/a.h5ad"
+        with pytest.raises(PermissionError, match=r"/web/a\.h5ad: access refused"):
+            grain_cells.AnnDataSource(url)
+        headers = {
+            "client_options": {"default_headers": {"Authorization": "Bearer t0ken"}}
+        }
+        remote = grain_cells.AnnDataSource(url, storage_options=headers)
+        local = grain_cells.AnnDataSource(paths[0])
+        rows = np.arange(local.num_cells)
+        np.testing.assert_array_equal(
+            remote.read(rows).X.toarray(), local.read(rows).X.toarray()
+        )
+    finally:
+        served.stop()
