@@ -78,8 +78,10 @@ names when `join="outer"` brings genes the first input lacks).
 **Modules.** This one holds the entry point; `preshuffle_plan` validates
 arguments and lays out the parts, `preshuffle_writer` writes them (with
 `preshuffle_windows`: slots, the background writer, progress),
-`preshuffle_frames` merges obs and var, and `preshuffle_files` owns markers,
-temporaries, the manifest and the disk reservation.
+`preshuffle_frames` merges obs and var, `preshuffle_files` owns markers,
+temporaries, the manifest and the disk reservation, and `preshuffle_output`
+the output to a bucket (a local staging folder, one part at a time, then an
+upload: local disk for one part is needed).
 
 **Overlap.** Once the kernel's dirty-page limit is reached, writing is
 disk-bound; a background thread writes one window (h5py releases the GIL
