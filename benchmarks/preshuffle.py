@@ -5,10 +5,17 @@ and this process's peak RSS. Parts already in `--output_dir` from an earlier
 run (those listed in its `preshuffle.json`) are deleted first, so the timing
 always covers a full write.
 
+Inputs (`--data`) and `--output_dir` may be URLs of a bucket
+(`s3://bucket/prefix`), reached with `--storage_options` (key=value,...;
+credentials otherwise from the environment or an AWS profile); a bucket
+output is staged on local disk one part at a time (`--staging_dir`).
+
 Usage:
   python benchmarks/preshuffle.py --data=/tmp/synth400k.h5ad \
       --output_dir=/tmp/preshuffled
   python benchmarks/preshuffle.py --n_cells=50000 --output_dir=/tmp/ps50k
+  python benchmarks/preshuffle.py --data=s3://atlas/a.h5ad \
+      --output_dir=s3://atlas/shuffled --storage_options=profile=lab
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 import bench_util
 from absl import app, flags
 
+from grain_cells import object_store, object_writes
 from grain_cells import preshuffling as preshuffle_lib
 
 _DATA = flags.DEFINE_list(
@@ -53,12 +61,40 @@ _CHUNK_CELLS = flags.DEFINE_integer(
     "Cells per HDF5 chunk of the output (e.g. the block size you will read "
     "with); default: the writer's.",
 )
+_OPTIONS = flags.DEFINE_string(
+    "storage_options",
+    "",
+    "Storage options of URL inputs and output, key=value,... (ints where "
+    "they parse), e.g. endpoint_url=http://127.0.0.1:9000,region=us-east-1.",
+)
+_STAGING = flags.DEFINE_string(
+    "staging_dir", None, "Local folder for parts before upload (URL output)."
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 flags.mark_flag_as_required("output_dir")
 
 
-def remove_previous_output(output_dir: pathlib.Path) -> None:
+def parse_options(text: str) -> dict:
+    """`key=value,...` as a dict (ints where they parse)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def remove_previous_output(output_dir, options: dict) -> None:
     """Deletes the parts and manifest of an earlier run into `output_dir`."""
+    if object_store.is_url(output_dir):
+        names = object_writes.list_names(output_dir, options)
+        for name in [*object_writes.part_names(names), preshuffle_lib.MANIFEST]:
+            if name in names:
+                object_writes.delete(object_writes.join(output_dir, name), options)
+        return
+    output_dir = pathlib.Path(output_dir)
     manifest = output_dir / preshuffle_lib.MANIFEST
     if not manifest.is_file():
         return
@@ -72,12 +108,14 @@ def remove_previous_output(output_dir: pathlib.Path) -> None:
 def main(argv):
     del argv
     paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, _N_GENES.value)
-    output_dir = pathlib.Path(_OUTPUT_DIR.value)
-    remove_previous_output(output_dir)
+    options = parse_options(_OPTIONS.value)
+    output_dir = _OUTPUT_DIR.value
+    remove_previous_output(output_dir, options)
+    local = [p for p in paths if not object_store.is_url(p)]
     if _CACHE.value == "warm":
-        bench_util.warm_page_cache(paths)
+        bench_util.warm_page_cache(local)
     elif _CACHE.value == "cold":
-        bench_util.evict_page_cache(paths)
+        bench_util.evict_page_cache(local)
     compression = None if _COMPRESSION.value == "none" else _COMPRESSION.value
     start = time.perf_counter()
     parts = preshuffle_lib.preshuffle(
@@ -88,13 +126,14 @@ def main(argv):
         compression=compression,
         chunk_cells=_CHUNK_CELLS.value,
         memory_budget_bytes=_BUDGET_MB.value << 20,
+        storage_options=options,
+        staging_dir=_STAGING.value,
     )
     wall = time.perf_counter() - start
-    with open(output_dir / preshuffle_lib.MANIFEST) as f:
-        manifest = json.load(f)
+    manifest = json.loads(read_bytes(output_dir, preshuffle_lib.MANIFEST, options))
     cells = manifest["cells"]
-    in_bytes = sum(os.path.getsize(p) for p in paths)
-    out_bytes = sum(p.stat().st_size for p in parts)
+    in_bytes = sum(size_of(p, options) for p in paths)
+    out_bytes = sum(size_of(p, options) for p in parts)
     results = {
         "inputs": paths,
         "cells": cells,
@@ -119,6 +158,22 @@ def main(argv):
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def size_of(path, options: dict) -> int:
+    """Bytes of a local file or an object."""
+    if object_store.is_url(os.fspath(path)):
+        return object_store.head(os.fspath(path), options).size
+    return os.path.getsize(path)
+
+
+def read_bytes(folder, name: str, options: dict) -> bytes:
+    """A small file of a folder or an object under a prefix, whole."""
+    if not object_store.is_url(os.fspath(folder)):
+        return (pathlib.Path(folder) / name).read_bytes()
+    url = object_writes.join(os.fspath(folder), name)
+    size = object_store.head(url, options).size
+    return bytes(object_store.get_range(url, options, 0, size, ""))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from s3_server import s3  # noqa: F401  (the fixture)
 
 from grain_cells import synthetic
 
@@ -200,6 +201,32 @@ def test_preshuffle(workdir, data_file):
     )
     assert done.stdout.strip()
     assert len(list(out.glob("*.h5ad"))) == 2
+
+
+def test_preshuffle_bucket_to_bucket(workdir, data_file, s3):  # noqa: F811
+    """The binary's URL inputs and output (moto on localhost)."""
+    url = s3.upload(data_file, "bench-in/tiny.h5ad")
+    options = ",".join(f"{k}={v}" for k, v in s3.options.items())
+    for _ in range(2):  # the second run deletes the first's parts first
+        done = run(
+            workdir,
+            "preshuffle.py",
+            f"--data={url}",
+            f"--output_dir=s3://{s3.bucket}/bench-out",
+            f"--storage_options={options}",
+            "--cells_per_file=1000",
+            f"--staging_dir={workdir / 'staging'}",
+            f"--json={workdir / 'preshuffle-s3.json'}",
+        )
+        assert "into 2 part(s)" in done.stdout
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="bench-out/")
+    assert sorted(o["Key"] for o in listed["Contents"]) == [
+        "bench-out/part-00000.h5ad",
+        "bench-out/part-00001.h5ad",
+        "bench-out/preshuffle.json",
+    ]
+    figures = json.loads((workdir / "preshuffle-s3.json").read_text())
+    assert figures["cells"] == 2000 and figures["output_gb"] > 0
 
 
 def test_grid(workdir):
