@@ -56,14 +56,17 @@ def fetch_boundaries(source, sampler, batch_size, g) -> list[int]:
 
 
 def worker_pids() -> set[int]:
-    """Grain's worker processes under this one (not the resource tracker)."""
+    """Grain's worker processes under this one (not the resource tracker, nor
+    the session's moto S3 servers of `s3_server.py`)."""
     out = set()
     for child in psutil.Process().children(recursive=True):
         try:
             cmdline = " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if "resource_tracker" not in cmdline and child.status() != "zombie":
+        if "resource_tracker" in cmdline or "moto.server" in cmdline:
+            continue
+        if child.status() != "zombie":
             out.add(child.pid)
     return out
 
