@@ -65,8 +65,13 @@ epoch skips `num_blocks % num_processes` blocks so shards stay equal), feeds
 a mesh of every device of every process, and the jitted step averages
 gradients across processes (XLA all-reduce; Gloo on CPU), so parameters stay
 replicated and identical. Every process writes its part of each checkpoint:
-orbax the arrays, Grain `process_<i>-of-<n>.json` with its iterator. The data
-files and the workdir must be visible to every host under the same paths.
+orbax the arrays, `grain_cells.checkpoint.IteratorSave` its iterator as
+`process_<i>-of-<n>.json` (Grain's file). A checkpoint restores on another
+number of processes when the per-process batch (`batch_size /
+num_processes`) stays the same (e.g. `batch_size=64` on 2 processes, then 32
+on 1): the rest of the data stream is handed over, every remaining cell once.
+The data files and the workdir must be visible to every host under the same
+paths.
 On one machine, set `JAX_PLATFORMS=cpu` and start the processes with
 different `--process_id`s (see `tests/test_train.py`).
 
