@@ -110,6 +110,7 @@ def test_restore_under_every_other_worker_count(
             assert counts.tolist() == [2] * helpers.N_CELLS
 
 
+@pytest.mark.slow  # a restore at every step (~5 s)
 def test_grain_checks_restores_at_every_step(csr_paths):
     source = grain_cells.AnnDataSource(csr_paths, block_size=4)
     ds = grain_cells.cell_dataset(

@@ -222,7 +222,9 @@ def uninterrupted(data_file, tmp_path_factory):
 def test_sigkill_and_resume_is_bitwise_identical(
     data_file, uninterrupted, tmp_path, worker_count
 ):
-    reference, _ = uninterrupted(worker_count)
+    # The minibatches do not depend on the worker count: both resume to the
+    # 0-worker run's parameters (one uninterrupted run fewer).
+    reference, _ = uninterrupted(0)
     workdir = tmp_path / "work"
     flags = config_flags(data_file, worker_count=worker_count)
     train_killed_then_resumed(workdir, flags, tmp_path, kill_step(worker_count))
@@ -552,6 +554,7 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
     assert re.search(r"^done at step 4: ", run.stdout, re.MULTILINE), run.stdout
 
 
+@pytest.mark.slow  # a subprocess that imports JAX
 def test_unknown_config_key_is_named_without_a_traceback(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
