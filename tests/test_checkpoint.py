@@ -11,6 +11,7 @@ with `process_index=q, process_count=Q`. The two-process trainer runs of
 from __future__ import annotations
 
 import json
+import shutil
 
 import grain
 import numpy as np
@@ -152,11 +153,17 @@ def test_dataset_iterator_state_is_json_like_grains(csr_paths, tmp_path):
 # -- refusals -----------------------------------------------------------------
 
 
-@pytest.fixture
-def saved_two(csr_paths, helpers, tmp_path):
-    folder = tmp_path / "data"
+@pytest.fixture(scope="module")
+def saved_two_once(csr_paths, helpers, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved_two") / "data"
     save_lock_step(helpers, csr_paths, folder, 2, 3)
     return folder
+
+
+@pytest.fixture
+def saved_two(saved_two_once, tmp_path):
+    """Two processes' states at step 3, in a folder of this test's own."""
+    return shutil.copytree(saved_two_once, tmp_path / "data")
 
 
 def restore_one(helpers, paths, folder):
