@@ -14,8 +14,8 @@ Public API::
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
     aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
-    ocp.args.Composite(data=grain_cells.IteratorSave(iterator))  # orbax; restores
-        # with IteratorRestore on any JAX process count
+    # orbax: Grain's files; IteratorRestore also on another JAX process count
+    args = ocp.args.Composite(data=grain_cells.IteratorSave(iterator))
 """
 
 from grain_cells.cells import Cells

@@ -46,9 +46,10 @@ the optimiser state and the data iterator's position together; the line
 command again resumes from the latest checkpoint: the run continues with
 exactly the minibatches and parameters of an uninterrupted one, bit for bit
 (CPU; on GPU, XLA reductions may not be deterministic), also after SIGKILL.
-A run already at `num_steps` says so and only evaluates. Restoring under
-other data, worker count or batch configuration raises
-`grain_cells.CheckpointMismatchError`; start a new workdir instead.
+A run already at `num_steps` says so and only evaluates. The worker count
+may change between runs (same minibatches); other data, another per-process
+batch or fetch configuration raise `grain_cells.CheckpointMismatchError`;
+start a new workdir instead.
 
 **Several JAX processes.** The same command runs once per process::
 
