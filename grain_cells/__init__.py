@@ -14,6 +14,8 @@ Public API::
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
     aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
+    # orbax: Grain's files; IteratorRestore also on another JAX process count
+    args = ocp.args.Composite(data=grain_cells.IteratorSave(iterator))
 """
 
 from grain_cells.cells import Cells
@@ -83,6 +85,9 @@ __all__ = [
     "FetchConfig",
     "GeneMismatchError",
     "GeneVocabulary",
+    "IteratorHandler",
+    "IteratorRestore",
+    "IteratorSave",
     "Layer",
     "MainGuardError",
     "MatrixInfo",
@@ -113,10 +118,18 @@ __all__ = [
 ]
 
 
+_CHECKPOINT = ("IteratorHandler", "IteratorRestore", "IteratorSave")
+
+
 def __getattr__(name: str):
     # JAX is imported only when the helper is used (workers never need it).
     if name == "densify":
         from grain_cells.jax_utils import densify
 
         return densify
+    # orbax (the `checkpoint` extra) only when its handler is used.
+    if name in _CHECKPOINT:
+        from grain_cells import checkpoint
+
+        return getattr(checkpoint, name)
     raise AttributeError(f"module 'grain_cells' has no attribute {name!r}")

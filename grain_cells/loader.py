@@ -15,9 +15,11 @@ whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
   `grain_cells.state_checks` against a stamp of the sampler, the source's
   content and the fetch configuration: it restores under any worker count,
   and under another shard count (JAX processes), with every remaining cell
-  visited exactly once. Checkpoint through orbax as with Grain:
-  `grain.checkpoint.CheckpointSave(iterator)` / `CheckpointRestore(iterator)`
-  (the state is JSON bytes).
+  visited exactly once. Checkpoint through orbax with
+  `grain_cells.IteratorSave(iterator)` / `IteratorRestore(iterator)` (Grain's
+  `grain.checkpoint.CheckpointSave` / `CheckpointRestore` write the same
+  files but restore on the saving process count only; the state is JSON
+  bytes).
 * **Memory**: each worker holds the fetch it reads plus `worker_buffer_size`
   minibatches' worth of finished fetches (rounded up to whole fetches).
 * **absl flags / `__main__` guard**: flags are marked parsed when nothing

@@ -21,8 +21,8 @@ import scipy.sparse as sp
 
 from grain_cells import h5ad
 from grain_cells.cells import Cells, take_csr
+from grain_cells.column_maps import gather_dense, remap_csr
 from grain_cells.file_set import OpenFiles
-from grain_cells.genes import gather_dense, remap_csr
 from grain_cells.matrix import CsrRows, RowBuffer
 from grain_cells.ranges import expand_ranges, runs
 

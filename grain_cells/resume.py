@@ -102,9 +102,13 @@ def hand_over(
         dataclasses.replace(saved, index=r).plan(sampler, g) for r in range(saved.count)
     ]
     cursors = [_cursor(plan, counts, saved.step) for plan in old]
-    # The furthest plan fetch any old shard has begun (-1: none).
+    # The furthest plan fetch any old shard has begun (-1: none). A shard at
+    # the start of fetch n (nothing of it emitted) has begun only n - 1: at
+    # fetch boundaries nothing is handed over as a piece, and the new shards
+    # continue the stream evenly.
     furthest = max(
-        n - plan.own_pieces for plan, (n, _) in zip(old, cursors, strict=True)
+        n - plan.own_pieces - (j <= plan.skip(n))
+        for plan, (n, j) in zip(old, cursors, strict=True)
     )
     furthest = max(furthest, -1)
     left_pieces, plan_pieces = [], []

@@ -19,7 +19,9 @@ reads by several times. To read data directly, use `read(rows)`,
 The class binds three parts to Grain's protocol: `grain_cells.file_set`
 (the files, and each process's handles; the source pickles without any),
 `grain_cells.block_table` (which rows each block holds; a view is a new
-table) and `grain_cells.range_reads` (the batched reads).
+table) and `grain_cells.range_reads` (the batched reads, offered as methods
+by `grain_cells.source_reads`; the read-only properties are in
+`grain_cells.source_info`).
 """
 
 from __future__ import annotations
@@ -35,22 +37,19 @@ from grain_cells import (
     block_table,
     h5ad,
     object_store,
-    range_reads,
     selection,
 )
 from grain_cells.block_table import Block, BlockTable
-from grain_cells.cells import Cells
 from grain_cells.file_set import FileSet, OpenFile, OpenFiles
 from grain_cells.genes import JOINS
-from grain_cells.matrix import RowBuffer
 from grain_cells.obs import OBS_MISSING
 from grain_cells.range_reads import FetchedRows
-from grain_cells.source_info import SourceInfo
+from grain_cells.source_reads import SourceReads
 
 _log = logging.getLogger("grain_cells")
 
 
-class AnnDataSource(SourceInfo):
+class AnnDataSource(SourceReads):
     """Cells of one or many `.h5ad` files, concatenated, as blocks.
 
     Implements Grain's `RandomAccessDataSource` protocol over *blocks* of
@@ -305,107 +304,6 @@ class AnnDataSource(SourceInfo):
                 longer than `block_size` or straddling two files.
         """
         return self.view(self._table.with_blocks(starts, stops))
-
-    # -- batched reads -----------------------------------------------------
-
-    def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
-        return self._table.ranges(keys)
-
-    def will_need(self, keys) -> None:
-        """Asks the OS to start reading these blocks into the page cache.
-
-        Returns quickly: the reads run in the background, so a later batched
-        read of the blocks finds them cached. Advisory only: it never raises
-        (a bad file is reported by the read itself) and does nothing for
-        compressed data, which h5py reads.
-
-        Args:
-            keys: Block record keys.
-        """
-        try:
-            files, starts, stops = self._table.ranges(np.unique(keys))
-            range_reads.advise(
-                self._handles, self._table.cell_offsets, files, starts, stops
-            )
-        except Exception:  # a hint must never fail the pipeline
-            return
-
-    def fetch_ranges(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        buffer: RowBuffer | None = None,
-    ) -> FetchedRows:
-        """Reads global row ranges into this thread's reused buffer.
-
-        The lowest-level read: ranges are grouped by file and sorted, read with
-        one batched call per file and dataset, and returned in *file order*
-        (not the order given) as views into a buffer that the calling thread's
-        next read overwrites. `row_ids` says which row is where. Rows are in
-        output columns (`var_names`): each file's genes aligned and selected.
-
-        Args:
-            starts: Global first rows; ranges must not overlap or straddle files.
-            stops: Matching exclusive ends.
-            buffer: Buffer to read into; defaults to the calling thread's.
-
-        Raises:
-            IndexError: A range is outside the source or straddles two files.
-        """
-        return range_reads.fetch_ranges(
-            self._handles,
-            self._table.cell_offsets,
-            starts,
-            stops,
-            buffer,
-            check_indices=self._check_indices,
-        )
-
-    def read_ranges(self, starts, stops) -> Cells:
-        """Reads global row ranges `[starts[i], stops[i])`, in the order given.
-
-        Args:
-            starts: First rows (global ids).
-            stops: Exclusive ends. Ranges must not overlap or straddle files.
-
-        Returns:
-            The rows, range after range, as fresh arrays owned by the caller.
-        """
-        return range_reads.read_ranges(
-            self._handles,
-            self._table.cell_offsets,
-            starts,
-            stops,
-            check_indices=self._check_indices,
-        )
-
-    def read(self, rows) -> Cells:
-        """Reads rows by global id, in the order given (repeats allowed).
-
-        Rows are coalesced into runs of consecutive ids, read with one batched
-        call per file and dataset, then gathered into the order asked.
-
-        Args:
-            rows: Global row ids (ints).
-
-        Returns:
-            The rows as fresh arrays owned by the caller.
-
-        Raises:
-            IndexError: A row is outside `[0, num_cells)`.
-        """
-        return range_reads.read_rows(
-            self._handles,
-            self._table.cell_offsets,
-            rows,
-            check_indices=self._check_indices,
-        )
-
-    def read_blocks(self, keys) -> Cells:
-        """Reads whole blocks (records), in the order given."""
-        blocks = [self[int(k)] for k in np.asarray(keys).reshape(-1)]
-        return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
 
 
 __all__ = ["AnnDataSource", "Block", "FetchedRows"]

@@ -359,11 +359,15 @@ def _batch_rows(batch, output, n_genes) -> np.ndarray:
             0,
             id="csr-padded-subset-0",
         ),
-        pytest.param("csr", DenseOutput(), None, 2, id="csr-dense-2"),
+        pytest.param(
+            "csr", DenseOutput(), None, 2, id="csr-dense-2", marks=pytest.mark.slow
+        ),
         pytest.param(
             "dense", DenseOutput(), ["g11", "g3"], 0, id="dense-dense-subset-0"
         ),
-        pytest.param("dense", CsrOutput(), None, 2, id="dense-csr-2"),
+        pytest.param(
+            "dense", CsrOutput(), None, 2, id="dense-csr-2", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_loader_values(request, helpers, layout, output, genes, workers):

@@ -112,7 +112,7 @@ def test_on_a_view_keeps_only_its_cells(gz_paths):
     )
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_loader_exactly_once_with_anndata_values(gz_paths, helpers, workers):
     source, aligned = _aligned(gz_paths)
     loader = grain_cells.DataLoader(

@@ -126,7 +126,7 @@ def test_dense_file_rewritten_with_x_moved(tmp_path, dense_paths):
         assert identity.layout_digest(f, "X") != before
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_file_replaced_before_workers_open_it(files, helpers, tmp_path, workers):
     *_, loader = helpers.build(files, worker_count=workers, **CONFIG)
     replace_with_other_data(files[2], tmp_path)

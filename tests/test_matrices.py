@@ -132,6 +132,7 @@ def test_layers_raw_obsm_equal_anndata(paths, truth, helpers, workers):
     assert sorted(seen) == list(range(sum(SIZES)))
 
 
+@pytest.mark.slow  # compiles the token kernels (~6 s)
 def test_token_output_for_a_layer(paths, truth, helpers):
     """Tokens from raw counts beside normalised X: any output fits a layer."""
     source = grain_cells.AnnDataSource(paths, block_size=4)

@@ -154,6 +154,7 @@ def test_loader_batches_equal_local(parts, s3, output):  # noqa: F811
     _assert_same(got, want)
 
 
+@pytest.mark.slow  # starts workers
 def test_loader_with_workers_reads_every_cell_once(parts, s3):  # noqa: F811
     paths, urls = parts
     batches = _run(_loader(urls, worker_count=2, options=s3.options))

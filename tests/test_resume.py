@@ -110,6 +110,7 @@ def test_restore_under_every_other_worker_count(
             assert counts.tolist() == [2] * helpers.N_CELLS
 
 
+@pytest.mark.slow  # a restore at every step (~5 s)
 def test_grain_checks_restores_at_every_step(csr_paths):
     source = grain_cells.AnnDataSource(csr_paths, block_size=4)
     ds = grain_cells.cell_dataset(
@@ -196,3 +197,27 @@ def test_shard_change_with_a_condition_is_refused(csr_paths):
     one = iter(grain_cells.cell_dataset(source, **kw))
     with pytest.raises(CheckpointMismatchError, match="condition='plate'"):
         one.set_state(it.get_state())
+
+
+def test_hand_over_at_a_fetch_boundary_hands_no_fetch_over_whole(csr_paths, helpers):
+    """Saved with nothing of the next fetch emitted: the new shards continue the
+    stream from there, evenly; mid-fetch, the rest of that fetch is a piece."""
+    kw = {"num_epochs": None}
+    (one,) = shards(helpers, csr_paths, 1, **kw)
+    next(one)
+    mid = one.get_state()
+    while json.loads(one.get_state())["position"]["fetch"] < 3:
+        next(one)
+    boundary = one.get_state()
+    saved = json.loads(boundary)["position"]
+    assert (saved["fetch"], saved["minibatch"]) == (3, 0)
+    g = CONFIG["batch_size"] * CONFIG["fetch_factor"] // CONFIG["block_size"]
+    for q, it in enumerate(shards(helpers, csr_paths, 2, **kw)):
+        it.set_state(boundary)
+        position = json.loads(it.get_state())["position"]
+        assert (position["pieces"], position["origin"]) == ([], 3 * g)
+        it.set_state(mid)
+        position = json.loads(it.get_state())["position"]
+        assert len(position["pieces"]) == 1 and position["origin"] == g
+        # Shard 0 goes on with the piece's second minibatch; shard 1 with the plan.
+        assert (position["fetch"], position["minibatch"]) == (0, 1 - q)

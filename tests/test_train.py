@@ -14,6 +14,7 @@ import contextlib
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,7 +207,9 @@ def uninterrupted(data_file, tmp_path_factory):
     def get(worker_count: int):
         if worker_count not in done:
             tmp = tmp_path_factory.mktemp(f"uninterrupted{worker_count}")
-            flags = config_flags(data_file, worker_count=worker_count)
+            flags = config_flags(
+                data_file, worker_count=worker_count, dump_row_ids="true"
+            )
             (out,) = train(tmp / "work", flags, tmp, "run")
             done[worker_count] = (tmp / "work", out)
         return done[worker_count]
@@ -219,7 +222,9 @@ def uninterrupted(data_file, tmp_path_factory):
 def test_sigkill_and_resume_is_bitwise_identical(
     data_file, uninterrupted, tmp_path, worker_count
 ):
-    reference, _ = uninterrupted(worker_count)
+    # The minibatches do not depend on the worker count: both resume to the
+    # 0-worker run's parameters (one uninterrupted run fewer).
+    reference, _ = uninterrupted(0)
     workdir = tmp_path / "work"
     flags = config_flags(data_file, worker_count=worker_count)
     train_killed_then_resumed(workdir, flags, tmp_path, kill_step(worker_count))
@@ -320,6 +325,61 @@ def test_two_processes_sigkill_and_resume(two_processes, tmp_path):
     for p in range(2):  # the checkpoint holds each process's own iterator
         data = workdir / "checkpoints" / str(TWO_PROCESS_STEPS) / "data"
         assert (data / f"process_{p}-of-2.json").is_file()
+
+
+def _epoch_rows(workdir, processes: int, steps) -> np.ndarray:
+    """The row ids the `processes` processes trained on at `steps`."""
+    out = []
+    for p in range(processes):
+        rows = _per_step(workdir / "row_ids" / f"process_{p}-of-{processes}.txt")
+        out += [int(r) for s in steps for r in rows[s]]
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_on_one(two_processes, data_file, tmp_path):
+    """A checkpoint of 2 JAX processes restores on 1 (same per-process batch):
+    the rest of the epoch visits every remaining training cell once."""
+    reference, _ = two_processes
+    workdir = tmp_path / "work"
+    shutil.copytree(reference, workdir)
+    saved = TWO_PROCESS_STEPS  # 8 steps (512 cells) into the second epoch
+    rest = (TRAIN_CELLS - (saved - STEPS_PER_EPOCH) * 64) // 32
+    flags = config_flags(
+        data_file, batch_size=32, num_steps=saved + rest, dump_row_ids="true"
+    )
+    (out,) = train(workdir, flags, tmp_path, "one")
+    assert re.search(rf"^resumed from step {saved}$", out, re.MULTILINE), out
+    seen = np.concatenate(
+        [
+            _epoch_rows(workdir, 2, range(STEPS_PER_EPOCH + 1, saved + 1)),
+            _epoch_rows(workdir, 1, range(saved + 1, saved + rest + 1)),
+        ]
+    )
+    np.testing.assert_array_equal(np.sort(seen), np.arange(TRAIN_CELLS))
+
+
+@pytest.mark.slow
+def test_one_process_resumes_on_two(uninterrupted, data_file, tmp_path):
+    """A checkpoint of 1 JAX process restores on 2 (global batch 64, 32 each):
+    the rest of the epoch visits every remaining training cell once."""
+    reference, _ = uninterrupted(0)
+    workdir = tmp_path / "work"
+    shutil.copytree(reference, workdir)
+    rest = (TRAIN_CELLS - NUM_STEPS * 32) // 64
+    flags = config_flags(
+        data_file, batch_size=64, num_steps=NUM_STEPS + rest, dump_row_ids="true"
+    )
+    outputs = train(workdir, flags, tmp_path, "two", processes=2)
+    for out in outputs:
+        assert re.search(rf"resumed from step {NUM_STEPS}$", out, re.MULTILINE), out
+    seen = np.concatenate(
+        [
+            _epoch_rows(workdir, 1, range(1, NUM_STEPS + 1)),
+            _epoch_rows(workdir, 2, range(NUM_STEPS + 1, NUM_STEPS + rest + 1)),
+        ]
+    )
+    np.testing.assert_array_equal(np.sort(seen), np.arange(TRAIN_CELLS))
 
 
 def small_config(data_file: str, **overrides):
@@ -494,6 +554,7 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
     assert re.search(r"^done at step 4: ", run.stdout, re.MULTILINE), run.stdout
 
 
+@pytest.mark.slow  # a subprocess that imports JAX
 def test_unknown_config_key_is_named_without_a_traceback(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(

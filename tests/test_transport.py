@@ -52,7 +52,7 @@ def check(received: dict, i: int) -> None:
         np.testing.assert_array_equal(received[key], want, err_msg=f"{i}/{key}")
 
 
-@pytest.mark.parametrize("slots", [1, 3])
+@pytest.mark.parametrize("slots", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_value_survives_slot_reuse(slots):
     ctx = multiprocessing.get_context("spawn")
     to_consumer, to_producer = ctx.Queue(maxsize=8), ctx.Queue()

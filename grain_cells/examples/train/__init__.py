@@ -46,9 +46,10 @@ the optimiser state and the data iterator's position together; the line
 command again resumes from the latest checkpoint: the run continues with
 exactly the minibatches and parameters of an uninterrupted one, bit for bit
 (CPU; on GPU, XLA reductions may not be deterministic), also after SIGKILL.
-A run already at `num_steps` says so and only evaluates. Restoring under
-other data, worker count or batch configuration raises
-`grain_cells.CheckpointMismatchError`; start a new workdir instead.
+A run already at `num_steps` says so and only evaluates. The worker count
+may change between runs (same minibatches); other data, another per-process
+batch or fetch configuration raise `grain_cells.CheckpointMismatchError`;
+start a new workdir instead.
 
 **Several JAX processes.** The same command runs once per process::
 
@@ -65,8 +66,13 @@ epoch skips `num_blocks % num_processes` blocks so shards stay equal), feeds
 a mesh of every device of every process, and the jitted step averages
 gradients across processes (XLA all-reduce; Gloo on CPU), so parameters stay
 replicated and identical. Every process writes its part of each checkpoint:
-orbax the arrays, Grain `process_<i>-of-<n>.json` with its iterator. The data
-files and the workdir must be visible to every host under the same paths.
+orbax the arrays, `grain_cells.checkpoint.IteratorSave` its iterator as
+`process_<i>-of-<n>.json` (Grain's file). A checkpoint restores on another
+number of processes when the per-process batch (`batch_size /
+num_processes`) stays the same (e.g. `batch_size=64` on 2 processes, then 32
+on 1): the rest of the data stream is handed over, every remaining cell once.
+The data files and the workdir must be visible to every host under the same
+paths.
 On one machine, set `JAX_PLATFORMS=cpu` and start the processes with
 different `--process_id`s (see `tests/test_train.py`).
 

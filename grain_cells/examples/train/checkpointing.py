@@ -1,7 +1,12 @@
 """Checkpoints of a run and the per-process files it writes into its workdir.
 
 A checkpoint holds the parameters, the optimiser state and the data
-iterator's position together.
+iterator's position together. The iterator goes through
+`grain_cells.checkpoint` (Grain's file names and content), so a run restores
+a checkpoint saved by another number of JAX processes: the rest of the data
+stream is handed over (every remaining cell once), provided the per-process
+batch (`batch_size / processes`) and the rest of the configuration are the
+same.
 """
 
 from __future__ import annotations
@@ -10,12 +15,12 @@ import contextlib
 import hashlib
 import os
 
-import grain
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from grain_cells.checkpoint import IteratorRestore, IteratorSave
 from grain_cells.examples.train.distributed import local_value, log
 
 
@@ -43,7 +48,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state, iterator) -> None:
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(iterator),
+            data=IteratorSave(iterator),
         ),
     )
     mngr.wait_until_finished()
@@ -63,7 +68,7 @@ def restore(mngr: ocp.CheckpointManager, state, iterator):
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardRestore(state),
-            data=grain.checkpoint.CheckpointRestore(iterator),
+            data=IteratorRestore(iterator),
         ),
     )
     log(f"resumed from step {step}")
