@@ -60,6 +60,7 @@ def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
     keys = np.empty(longest, np.uint64)
     out = np.empty(longest, np.uint64)
     counts = np.empty(longest + 18, np.int32)
+    bucket = np.empty(longest, np.int32)
     total = 0
     for r in range(indptr.size - 1):
         m, lo, hi, _ = token_jit._row_keys(
@@ -74,7 +75,7 @@ def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
             keys,
         )
         if sort:
-            token_jit._sort_keys(keys, m, lo, hi, out, counts)
+            token_jit._sort_keys(keys, m, lo, hi, out, counts, bucket)
         total += m
     return total
 

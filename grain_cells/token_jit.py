@@ -46,8 +46,12 @@ def _njit(fn):
 
 
 @_njit
-def _sort_keys(keys, m, lo, hi, out, counts):
-    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`."""
+def _sort_keys(keys, m, lo, hi, out, counts, bucket):
+    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`.
+
+    `bucket` holds each key's bucket between the counting and the scatter
+    pass (recomputing it in the scatter pass costs more than the store).
+    """
     if m == 0:
         return
     span = np.uint64(hi - lo)
@@ -61,13 +65,13 @@ def _sort_keys(keys, m, lo, hi, out, counts):
     base = np.uint64(lo)
     for i in range(m):
         b = int(((keys[i] >> np.uint64(32)) - base) >> shift)
+        bucket[i] = b
         counts[b + 1] += 1
     for b in range(nb):
         counts[b + 1] += counts[b]
     for i in range(m):
-        k = keys[i]
-        b = int(((k >> np.uint64(32)) - base) >> shift)
-        out[counts[b]] = k
+        b = bucket[i]
+        out[counts[b]] = keys[i]
         counts[b] += 1
     budget = 16 * m + 256
     moves = 0
@@ -124,14 +128,15 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys):
 
 @_njit
 def _scratch(indptr, rows):
-    """Key buffers and bucket counters for the longest of `rows`."""
+    """Key buffers, bucket counters and indices for the longest of `rows`."""
     longest = 0
     for r in rows:
         longest = max(longest, indptr[r + 1] - indptr[r])
     keys = np.empty(longest, np.uint64)
     out = np.empty(longest, np.uint64)
     counts = np.empty(longest + 18, np.int32)
-    return keys, out, counts
+    bucket = np.empty(longest, np.int32)
+    return keys, out, counts, bucket
 
 
 @_njit
@@ -174,7 +179,7 @@ def rank_value_rows(
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    keys, out, counts = _scratch(indptr, rows)
+    keys, out, counts, bucket = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
@@ -196,7 +201,7 @@ def rank_value_rows(
                 checked,
                 keys,
             )
-            _sort_keys(keys, m, lo, hi, out, counts)
+            _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
             if offset:
                 row[0] = cls_id
@@ -265,7 +270,7 @@ def value_bin_rows(
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    keys, out, counts = _scratch(indptr, rows)
+    keys, out, counts, bucket = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
@@ -290,7 +295,7 @@ def value_bin_rows(
                 checked,
                 keys,
             )
-            _sort_keys(keys, m, lo, hi, out, counts)
+            _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
             if offset:
                 row[0] = cls_id
