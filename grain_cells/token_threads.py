@@ -42,7 +42,11 @@ def resolve_threads(threads: int | str) -> int:
     if threads == "auto":
         if multiprocessing.parent_process() is not None:  # a Grain worker
             return 1
-        return max(1, min(MAX_AUTO, len(os.sched_getaffinity(0))))
+        if hasattr(os, "sched_getaffinity"):  # Linux: the cores we may run on
+            cores = len(os.sched_getaffinity(0))
+        else:
+            cores = os.cpu_count() or 1
+        return max(1, min(MAX_AUTO, cores))
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
         raise ValueError(
             f"threads must be 'auto' or a positive integer, got threads={threads!r}"
