@@ -6,7 +6,10 @@ each step `--repeats` times and prints the best, in ms per 1,024 cells:
 * `read`: `AnnDataSource.fetch_ranges` of the fetch's 64 blocks (wall time:
   the read uses threads);
 * `csr`, `rank_value`, `value_bin` (compiled and NumPy kernels): the
-  output's `format` of the fetch's 16 minibatches of 64, thread CPU time;
+  output's `format` of the fetch's 16 minibatches of 64 in one thread,
+  thread CPU time;
+* the compiled outputs with `threads="auto"` (one thread per core, up to
+  4; `grain_cells.token_threads`), wall time;
 * the compiled rank-value kernel's steps, thread CPU time: the key pass
   (gather tokens and medians, divide, pack keys), the key pass plus the
   sort (bucket and insertion passes), and the whole kernel (also writing
@@ -60,6 +63,8 @@ def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
     keys = np.empty(longest, np.uint64)
     out = np.empty(longest, np.uint64)
     counts = np.empty(longest + 18, np.int32)
+    bucket = np.empty(longest, np.int32)
+    quot = np.empty(longest, np.float32)
     total = 0
     for r in range(indptr.size - 1):
         m, lo, hi, _ = token_jit._row_keys(
@@ -72,9 +77,10 @@ def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
             True,
             checked,
             keys,
+            quot,
         )
         if sort:
-            token_jit._sort_keys(keys, m, lo, hi, out, counts)
+            token_jit._sort_keys(keys, m, lo, hi, out, counts, bucket)
         total += m
     return total
 
@@ -108,11 +114,25 @@ def main(argv):
     outputs = {"csr": grain_cells.CsrOutput()}
     for kernels in ("numba", "numpy"):
         outputs[f"rank_value/{kernels}"] = grain_cells.RankValueTokens.for_source(
-            source, vocab, stats, length=_LENGTH.value, kernels=kernels
+            source, vocab, stats, length=_LENGTH.value, kernels=kernels, threads=1
         )
         outputs[f"value_bin/{kernels}"] = grain_cells.ValueBinTokens.for_source(
-            source, vocab, length=_LENGTH.value, n_bins=_N_BINS.value, kernels=kernels
+            source,
+            vocab,
+            length=_LENGTH.value,
+            n_bins=_N_BINS.value,
+            kernels=kernels,
+            threads=1,
         )
+    threaded = {
+        "rank_value/numba": grain_cells.RankValueTokens.for_source(
+            source, vocab, stats, length=_LENGTH.value
+        ),
+        "value_bin/numba": grain_cells.ValueBinTokens.for_source(
+            source, vocab, length=_LENGTH.value, n_bins=_N_BINS.value
+        ),
+    }
+    n_threads = threaded["rank_value/numba"].threads
     rank = outputs["rank_value/numba"]
     rng = np.random.default_rng(0)
     best: dict[str, float] = {}
@@ -138,6 +158,12 @@ def main(argv):
             fmt = functools.partial(_format_all, output, row_ids, csr, order)
             fmt()  # compiles or loads the kernels once
             steps[name] = _best(fmt, _REPEATS.value)
+        for name, output in threaded.items():
+            fmt = functools.partial(_format_all, output, row_ids, csr, order)
+            fmt()
+            steps[f"{name}, {n_threads} threads (wall)"] = _best(
+                fmt, _REPEATS.value, time.perf_counter
+            )
         fetch = Fetch(None, row_ids, source.num_genes, 5, _csr=csr)
         data, indices, indptr, checked = rank._csr_for_jit(fetch)
         args = (data, indices, indptr, rank.column_tokens, rank.column_medians)
@@ -156,7 +182,7 @@ def main(argv):
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     for name, ms in best.items():
-        print(f"{name:28s} {ms:8.2f}")
+        print(f"{name:40s} {ms:8.2f}")
     if _JSON.value:
         flag_values = {
             "fetches": _FETCHES.value,
@@ -164,6 +190,7 @@ def main(argv):
             "length": _LENGTH.value,
             "n_bins": _N_BINS.value,
             "load_average": load,
+            "threads": n_threads,
         }
         results = [
             {"step": k, "ms_per_1024_cells": round(v, 3)} for k, v in best.items()

@@ -15,6 +15,7 @@ Usage:
   python benchmarks/token_throughput.py --data=a.h5ad --cache=cold,warm
   python benchmarks/token_throughput.py --n_cells=50000 --minibatches=200
   python benchmarks/token_throughput.py --kernels=numpy    # the NumPy kernels
+  python benchmarks/token_throughput.py --threads=1,auto   # 1 and auto kernel threads
 """
 
 from __future__ import annotations
@@ -54,33 +55,49 @@ FLAGS = flags.FLAGS
 
 
 def make_outputs(source) -> dict:
-    """The outputs named by --outputs, built for `source`."""
+    """The outputs named by --outputs, built for `source`.
+
+    With several --threads values each token output is built once per value
+    and named `name/threads=N`.
+    """
     vocab = grain_cells.GeneVocabulary.from_genes(source.var_names)
     outputs = {}
+    all_threads = [t if t == "auto" else int(t) for t in FLAGS.threads.split(",")]
     for name in FLAGS.outputs.split(","):
         if name == "csr":
             outputs[name] = grain_cells.CsrOutput()
-        elif name == "rank_value":
+            continue
+        if name not in ("rank_value", "value_bin"):
+            raise app.UsageError(
+                f"unknown output {name!r}: expected csr, rank_value or value_bin"
+            )
+        stats = None
+        if name == "rank_value":
             step = max(1, FLAGS.stats_stride)
             rows = np.arange(source.num_cells)
             corpus = source.select(rows[(rows // 1024) % step == 0])
             stats = grain_cells.corpus_stats(corpus, method="histogram")
-            outputs[name] = grain_cells.RankValueTokens.for_source(
-                source, vocab, stats, length=FLAGS.length, kernels=FLAGS.kernels
-            )
-        elif name == "value_bin":
-            outputs[name] = grain_cells.ValueBinTokens.for_source(
-                source,
-                vocab,
-                length=FLAGS.length,
-                n_bins=FLAGS.n_bins,
-                selection=FLAGS.selection,
-                kernels=FLAGS.kernels,
-            )
-        else:
-            raise app.UsageError(
-                f"unknown output {name!r}: expected csr, rank_value or value_bin"
-            )
+        for threads in all_threads:
+            key = name if len(all_threads) == 1 else f"{name}/threads={threads}"
+            if name == "rank_value":
+                outputs[key] = grain_cells.RankValueTokens.for_source(
+                    source,
+                    vocab,
+                    stats,
+                    length=FLAGS.length,
+                    kernels=FLAGS.kernels,
+                    threads=threads,
+                )
+            else:
+                outputs[key] = grain_cells.ValueBinTokens.for_source(
+                    source,
+                    vocab,
+                    length=FLAGS.length,
+                    n_bins=FLAGS.n_bins,
+                    selection=FLAGS.selection,
+                    kernels=FLAGS.kernels,
+                    threads=threads,
+                )
     return outputs
 
 
@@ -129,7 +146,7 @@ def main(argv):
     outputs = make_outputs(grain_cells.AnnDataSource(paths, block_size=16))
     results = []
     print(
-        f"{'output':11s} {'workers':>7s} {'cache':5s} {'cells/s':>10s} "
+        f"{'output':24s} {'workers':>7s} {'cache':5s} {'cells/s':>10s} "
         f"{'x CSR':>6s} {'first(s)':>8s}"
     )
     for wc in [int(w) for w in FLAGS.worker_counts.split(",")]:
@@ -148,7 +165,7 @@ def main(argv):
                 results.append(r)
                 ratio = "" if csr_rate is None else f"{r['ratio_to_csr']:6.2f}"
                 print(
-                    f"{name:11s} {wc:7d} {cache:5s} {r['cells_per_s']:10,d} "
+                    f"{name:24s} {wc:7d} {cache:5s} {r['cells_per_s']:10,d} "
                     f"{ratio:>6s} {r['first_batch_s']:8.2f}",
                     flush=True,
                 )
@@ -165,7 +182,7 @@ def main(argv):
             rate = np.median([r["cells_per_s"] for r in same])
             ratios = [r["ratio_to_csr"] for r in same if r["ratio_to_csr"]]
             ratio = f"{np.median(ratios):6.2f}" if ratios else ""
-            print(f"{key[0]:11s} {key[1]:7d} {key[2]:5s} {rate:10,.0f} {ratio:>6s}")
+            print(f"{key[0]:24s} {key[1]:7d} {key[2]:5s} {rate:10,.0f} {ratio:>6s}")
     if _JSON.value:
         flag_values = {k: getattr(FLAGS, k) for k in _CONFIG}
         bench_util.write_json(_JSON.value, paths, flag_values, results)

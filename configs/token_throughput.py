@@ -16,6 +16,7 @@ def get_config() -> dict:
         "n_bins": 51,  # value-bin tokens (scGPT's default)
         "selection": "top",  # value-bin gene choice: top or random
         "kernels": "auto",  # token kernels: auto (numba if installed), numba, numpy
+        "threads": "auto",  # kernel threads per minibatch: auto, N, or a list (1,auto)
         "stats_stride": 8,  # corpus statistics over 1 of every N runs of 1,024 cells
         "obs_column": "plate",
         "warmup": 50,  # minibatches before the window (includes worker start)

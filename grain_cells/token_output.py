@@ -16,7 +16,7 @@ import importlib.util
 
 import numpy as np
 
-from grain_cells import counter_rng
+from grain_cells import counter_rng, token_threads
 from grain_cells import token_kernels as kernels
 from grain_cells.outputs import Fetch
 from grain_cells.vocabulary import GeneVocabulary
@@ -59,6 +59,7 @@ class TokenOutput:
         mask_id: int,
         mlm_probability: float,
         kernels: str = "auto",
+        threads: int | str = "auto",
     ):
         column_tokens = np.asarray(column_tokens, np.int32)
         if kernels not in ("auto", "numba", "numpy"):
@@ -87,6 +88,7 @@ class TokenOutput:
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
+        self.threads = token_threads.resolve_threads(threads)
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:

@@ -195,3 +195,58 @@ def test_without_numba_auto_falls_back(monkeypatch):
         np.testing.assert_array_equal(got[name], a, err_msg=name)
     with pytest.raises(ImportError, match=r"grain_cells\[tokens\]"):
         grain_cells.ValueBinTokens(_tokens("full", 0), kernels="numba")
+
+
+@pytest.mark.parametrize("kind", ["counts", "positive"])
+def test_threads_give_the_arrays_of_one_thread(kind):
+    """Minibatches split over 3 threads (a slice of padding rows, an empty
+    one) equal one thread's, for both outputs, with masking."""
+    fetch = _fetch(5, kind=kind)
+    tokens, medians = _tokens("ordered", 5), _medians(5)
+    makers = {
+        "rank_value": lambda threads: grain_cells.RankValueTokens(
+            tokens,
+            medians,
+            length=60,
+            cls_id=1,
+            eos_id=2,
+            mask_id=3,
+            mlm_probability=0.2,
+            threads=threads,
+        ),
+        "value_bin": lambda threads: grain_cells.ValueBinTokens(
+            tokens,
+            length=60,
+            n_bins=11,
+            cls_id=1,
+            mlm_probability=0.2,
+            threads=threads,
+        ),
+    }
+    order = np.random.default_rng(5).permutation(fetch.row_ids.size)
+    for name, make in makers.items():
+        one, three = make(1), make(3)
+        assert (one.threads, three.threads) == (1, 3)
+        for rows, batch_size in [(order[:64], 64), (order[64:90], 64), (order[:0], 48)]:
+            expected = one.format(fetch, rows, batch_size)
+            got = three.format(fetch, rows, batch_size)
+            assert sorted(got) == sorted(expected), name
+            for key, a in expected.items():
+                np.testing.assert_array_equal(got[key], a, err_msg=f"{name} {key}")
+        np.testing.assert_array_equal(
+            three.tokenize(fetch)["gene_ids"], one.tokenize(fetch)["gene_ids"]
+        )
+
+
+def test_threads_argument(monkeypatch):
+    import multiprocessing
+
+    tokens = _tokens("full", 0)
+    for bad in (0, -1, 1.5, "many", True):
+        with pytest.raises(ValueError, match="threads"):
+            grain_cells.ValueBinTokens(tokens, threads=bad)
+    assert 1 <= grain_cells.ValueBinTokens(tokens).threads <= 4
+    # In a Grain worker (a child process) "auto" is one thread.
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    assert grain_cells.ValueBinTokens(tokens).threads == 1
+    assert grain_cells.ValueBinTokens(tokens, threads=2).threads == 2
