@@ -10,15 +10,19 @@ in a destination buffer. Two implementations:
 * `RemoteByteReader`: range GETs of an object (`grain_cells.object_store.
   get_range`, each carrying `If-Match` with the object's ETag). Pieces less
   than `MERGE_GAP` apart are merged into one request of at most
-  `MAX_REQUEST_BYTES`; up to `MAX_IN_FLIGHT` requests run at once per
-  process. `will_need` (used for each CSR file's `indptr`, which every fetch
-  reads) fetches the ranges into memory once, up to `PIN_BYTES` per reader;
-  `advise` (the sampler's read-ahead of future blocks) starts their GETs in
-  background threads (`grain_cells.read_ahead`, up to `READAHEAD_BYTES` per
-  reader held at once).
+  `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a storage option,
+  `object_store.DEFAULT_MAX_IN_FLIGHT` by default) run at once per process
+  for the fetch being read, and as many for read-ahead. `will_need` (used
+  for each CSR file's `indptr`, which every fetch reads) fetches the ranges
+  into memory once, up to `PIN_BYTES` per reader;
+  `advise` (the fetch stage's read-ahead of future fetches) starts their
+  GETs in background threads (`grain_cells.read_ahead`, up to
+  `READAHEAD_BYTES` per reader held at once, in flight included).
 
 Memory per process and remote file: up to `PIN_BYTES` pinned, up to
-`READAHEAD_BYTES` read ahead, plus the requests of the fetch being read.
+`READAHEAD_BYTES` read ahead, plus the requests of the fetch being read
+(the fetch's own bytes, at most `max_in_flight` requests of at most
+`MAX_REQUEST_BYTES` at once).
 """
 
 from __future__ import annotations
@@ -38,10 +42,8 @@ from grain_cells.read_ahead import ReadAhead
 
 MERGE_GAP = 64 << 10
 MAX_REQUEST_BYTES = 16 << 20
-MAX_IN_FLIGHT = 16
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
-READAHEAD_THREADS = 16
 
 
 class TruncatedError(EOFError):
@@ -165,14 +167,14 @@ def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
         return pool
 
 
-def _request_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's threads for reads' GETs (`MAX_IN_FLIGHT` of them)."""
-    return _pool("get", MAX_IN_FLIGHT)
+def _request_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's `threads` threads for reads' GETs."""
+    return _pool(f"get{threads}", threads)
 
 
-def _ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's threads for read-ahead GETs (`READAHEAD_THREADS`)."""
-    return _pool("ahead", READAHEAD_THREADS)
+def _ahead_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's `threads` threads for read-ahead GETs."""
+    return _pool(f"ahead{threads}", threads)
 
 
 def plan_requests(
@@ -221,7 +223,10 @@ class RemoteByteReader:
         self._pinned: list[tuple[int, bytes]] = []
         self._pinned_bytes = 0
         self._lock = threading.Lock()
-        self._ahead = ReadAhead(self._get, _ahead_pool, READAHEAD_BYTES)
+        self._in_flight = object_store.max_in_flight(storage_options)
+        self._ahead = ReadAhead(
+            self._get, lambda: _ahead_pool(self._in_flight), READAHEAD_BYTES
+        )
 
     def _get(self, start: int, end: int):
         if end > self._stat.size:
@@ -282,7 +287,8 @@ class RemoteByteReader:
         if len(requests) == 1:
             run(requests[0])
             return
-        futures = [_request_pool().submit(run, r) for r in requests]
+        pool = _request_pool(self._in_flight)
+        futures = [pool.submit(run, r) for r in requests]
         for f in futures:
             f.result()
 

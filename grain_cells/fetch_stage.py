@@ -19,8 +19,11 @@ hand out *pieces*: what was left of the old shards' fetches (see
 
 **Read-ahead.** The stage knows which fetch its process reads next (`n +
 stride`, the stride being the worker count), so after each fetch it asks the
-OS for the blocks of the next ones (`AnnDataSource.will_need`), about
-`readahead_cells` ahead.
+OS (or the object store) for the blocks of its own next fetches
+(`AnnDataSource.will_need`) within the next `readahead_cells` cells of the
+stream: with `W` workers each hints about `readahead_cells / W` cells, so
+the read-ahead held (and left unread when iteration stops) does not grow
+with the worker count.
 """
 
 from __future__ import annotations
@@ -166,9 +169,13 @@ class ReadFetch(grain.transforms.Map):
     def _read_ahead(self, n: int) -> None:
         if not self.ahead or not hasattr(self.split.source, "will_need"):
             return
-        last = min(n + self.ahead * self.stride, self.plan.num_fetches() - 1)
+        # The window is `ahead` fetches of the whole stream (all workers'),
+        # of which this process hints its own: every worker together holds
+        # about `readahead_cells`, whatever the worker count.
+        window = max(self.ahead, self.stride)
+        last = min(n + window, self.plan.num_fetches() - 1)
         first = max(n + self.stride, self._hinted + self.stride)
-        if first > last or self._hinted > n + self.ahead * self.stride // 2:
+        if first > last or self._hinted > n + window // 2:
             return
         wanted = range(first, last + 1, self.stride)
         keys = [self.plan.keys(self.plan.positions(m)) for m in wanted]

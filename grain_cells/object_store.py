@@ -19,8 +19,10 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
 * `endpoint_url` (an alias of obstore's `endpoint`) for S3-compatible stores;
   an `http://` endpoint allows plain HTTP;
 * `client_options` and `retry_config`: obstore's, over grain_cells' defaults
-  (timeouts, retries: `grain_cells.store_retries`).
-
+  (timeouts, retries: `grain_cells.store_retries`);
+* `max_in_flight` (default `DEFAULT_MAX_IN_FLIGHT`): range GETs in flight at
+  once per process and kind (a fetch's own GETs; read-ahead GETs), see
+  `grain_cells.byte_readers`;
 * `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
   (`grain_cells.aws_profiles`: obstore does not read profiles itself).
 
@@ -43,6 +45,13 @@ from grain_cells import aws_profiles, errors, store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
+
+# Keys of `storage_options` that tune grain_cells' reader, not the store.
+READER_KEYS = ("max_in_flight",)
+# Chosen by measurement (benchmarks/RESULTS.md, issue 13): at 20 ms round
+# trip, 64 GETs in flight per process and kind reach about 3,000 GETs/s.
+DEFAULT_MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT_LIMIT = 1024
 
 _stores: dict[tuple, object] = {}
 _stores_lock = threading.Lock()
@@ -101,6 +110,26 @@ def _count(kind: str) -> None:
         _counts[kind] += 1
 
 
+def max_in_flight(storage_options: dict | None) -> int:
+    """The `max_in_flight` storage option (default `DEFAULT_MAX_IN_FLIGHT`).
+
+    Raises:
+        ValueError: Not an integer in `[1, MAX_IN_FLIGHT_LIMIT]`.
+    """
+    value = (storage_options or {}).get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_IN_FLIGHT_LIMIT
+    ):
+        raise ValueError(
+            f"storage_options['max_in_flight'] must be an integer from 1 to "
+            f"{MAX_IN_FLIGHT_LIMIT} (range GETs in flight per process), got "
+            f"{value!r}"
+        )
+    return value
+
+
 def store_for(url: str, storage_options: dict | None = None):
     """The (per-process, cached) obstore store for `url`'s bucket or host.
 
@@ -109,7 +138,7 @@ def store_for(url: str, storage_options: dict | None = None):
     """
     global _stores_pid
     root, _ = split_url(url)
-    options = dict(storage_options or {})
+    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
     key = (

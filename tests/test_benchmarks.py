@@ -126,6 +126,24 @@ def test_object_store(workdir, data_file):
     assert "s3 cold" in done.stdout
 
 
+def test_object_store_cpu(workdir, data_file):
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    out = workdir / "object_store_cpu.json"
+    run(
+        workdir,
+        "object_store_cpu.py",
+        f"--data={data_file}",
+        "--in_flight=4",
+        "--rtt_ms=2",
+        "--warmup=1",
+        "--minibatches=5",
+        f"--json={out}",
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["max_in_flight"] == 4 and row["cells_per_s"] > 0
+    assert row["reader_cores"] > 0 and "server_cores" in row and "proxy_cores" in row
+
+
 def test_s3_servers(workdir):
     pytest.importorskip("moto", reason="moto is not installed (.[test])")
     pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")

@@ -142,6 +142,12 @@ class ServedFolder:
             **extra,
         }
 
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids of the children: `server` and, with a proxy, `proxy`."""
+        names = ("server", "proxy")
+        return {n: p.pid for n, (p, _) in zip(names, self._children, strict=False)}
+
     def stats(self, reset: bool = False) -> dict[str, int]:
         """The proxy's counters (requests, range GETs, response bytes, ...).
 
