@@ -15,9 +15,11 @@ For a CSR file whose `data` and `indices` are compressed, this binary
 
 No loader reading block-16 fetches of this file can beat that figure. It also
 reports the *chunk-aligned* ceiling: consecutive chunks, each decoded once,
-serving every cell whose values start in them (what chunk-aware sampling
-needs), and with `--codecs` a single-core table of the candidate inflaters
-(stdlib zlib, isal, zlib-ng, libdeflate) on this file's chunks.
+serving every cell whose values start in them (no sampling can beat it), the
+ceiling of random fetches of chunk-aware blocks of `--aligned_chunks` chunks
+(each block also decodes the chunk its last cell runs into), and with
+`--codecs` a single-core table of the candidate inflaters (stdlib zlib, isal,
+zlib-ng, libdeflate) on this file's chunks.
 
 Usage:
   python benchmarks/decode_ceiling.py                   # 400k gzip synthetic cells
@@ -52,6 +54,16 @@ _FETCHES = flags.DEFINE_integer("fetches", 30, "Fetches sampled.")
 _THREADS = flags.DEFINE_integer("threads", 0, "Decoding threads (0: every core).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats; the best is kept.")
 _CODECS = flags.DEFINE_bool("codecs", False, "Also time each inflater on one core.")
+_ALIGNED_CHUNKS = flags.DEFINE_list(
+    "aligned_chunks",
+    ["1", "4"],
+    "Chunk-aware blocks of this many chunks: also time random fetches of "
+    "--aligned_blocks such blocks (each decodes its chunks and the one its "
+    "last cell runs into).",
+)
+_ALIGNED_BLOCKS = flags.DEFINE_integer(
+    "aligned_blocks", 48, "Blocks per fetch of the chunk-aware ceilings."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the block sample.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
@@ -120,6 +132,31 @@ def _time_decode(work, threads: int, repeats: int) -> float:
             list(pool.map(decode, work, chunksize=8))
             best = min(best, time.perf_counter() - t)
     return best
+
+
+def aligned_fetch_work(data, indices, indptr, chunks_per_block, rng):
+    """Decode work and cells of random fetches of chunk-aware blocks.
+
+    A block is the cells whose first value lies in `chunks_per_block`
+    consecutive chunks of `data` (as `grain_cells.chunk_aligned` cuts them);
+    each fetch decodes, once, every chunk of `data` and `indices` its blocks'
+    values lie in (the last cell of a block usually runs into one more).
+    """
+    n = chunks_per_block
+    n_blocks = -(-data.offsets.size // n)
+    per_fetch = min(_ALIGNED_BLOCKS.value, n_blocks)
+    work, cells = [], 0
+    for _ in range(_FETCHES.value):
+        keys = np.sort(rng.choice(n_blocks, per_fetch, replace=False))
+        lo = np.searchsorted(indptr[:-1], keys * n * data.chunk_len, side="left")
+        hi = np.searchsorted(indptr[:-1], (keys + 1) * n * data.chunk_len, "left")
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        cells += int((hi - lo).sum())
+        for ds in (data, indices):
+            chunks, _ = ds.chunks_of(indptr[lo], indptr[hi])
+            work.extend(ds.raw(k) for k in chunks.tolist())
+    return work, cells
 
 
 def codec_table(data: _Dataset, indices: _Dataset, n_chunks: int = 200) -> dict:
@@ -234,6 +271,12 @@ def main(argv):
             ),
             "chunk_aligned_cells_per_s": round((last_cell - first_cell) / aligned_s),
         }
+        for n in (int(x) for x in _ALIGNED_CHUNKS.value):
+            work_n, cells_n = aligned_fetch_work(data, indices, indptr, n, rng)
+            seconds = _time_decode(work_n, threads, _REPEATS.value)
+            result.setdefault("aligned_blocks_cells_per_s", {})[str(n)] = round(
+                cells_n / seconds
+            )
         if _CODECS.value:
             result["codec_mb_per_s_one_core"] = codec_table(data, indices)
     os.close(fd)
