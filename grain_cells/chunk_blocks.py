@@ -6,12 +6,14 @@ block of 16 cells decodes one or two whole chunks (of `data` and of
 `indices`) to use a fraction of each, and the neighbouring blocks that share
 those chunks are decoded again by other fetches.
 
-`chunk_aligned(source)` returns a view of the source (`with_blocks`) whose
-blocks are the cells of one chunk each: the cells whose first value lies in
-chunk `k` form one block (split into pieces of at most `block_size` cells
-when a chunk holds more). A block then decodes its own chunk plus at most
-the start of the next one (its last cell's values may run over), so every
-decoded chunk serves all its cells within one fetch.
+`chunk_aligned(source, chunks_per_block=n)` returns a view of the source
+(`with_blocks`) whose blocks are the cells of `n` consecutive chunks each:
+the cells whose first value lies in chunks `k*n` to `k*n + n - 1` form one
+block (split into pieces of at most `block_size` cells when they are more).
+A block then decodes its own chunks plus the next one, which its last
+cell's values usually run into (decoded whole: its checksum covers all of
+it), so every decoded chunk serves all its cells within one fetch, and a
+block decodes about `n + 1` chunks for `n` chunks of cells.
 
 Because the result is an ordinary view, `BlockSampler`,
 `WeightedBlockSampler`, sharding, splits, selection and exact resume work on
@@ -23,7 +25,7 @@ blocks per fetch (`batch_size * fetch_factor / block_size`): with
 Example:
     >>> source = grain_cells.AnnDataSource("atlas_gzip.h5ad", block_size=32,
     ...                                    obs_columns=["plate"])
-    >>> aligned = grain_cells.chunk_aligned(source)
+    >>> aligned = grain_cells.chunk_aligned(source)  # or chunks_per_block=4
     >>> sampler = grain_cells.BlockSampler(aligned, seed=0)
     >>> ops = grain_cells.fetch_operations(aligned, batch_size=64,
     ...                                    fetch_factor=32)
