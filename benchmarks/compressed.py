@@ -150,6 +150,16 @@ def main(argv):
                 r["x_aligned_ceiling"] = round(
                     rate / ceiling["chunk_aligned_cells_per_s"], 2
                 )
+                # Per CPU-second on both sides: what load on a shared
+                # machine disturbs least.
+                per_cpu = r.get("cells_per_cpu_s")
+                if per_cpu:
+                    r["x_fetch_ceiling_cpu"] = round(
+                        per_cpu / ceiling["fetch_cells_per_cpu_s"], 2
+                    )
+                    r["x_aligned_ceiling_cpu"] = round(
+                        per_cpu / ceiling["chunk_aligned_cells_per_cpu_s"], 2
+                    )
     result = {
         "command": " ".join(sys.argv),
         "files": {"compressed": packed, "uncompressed": plain},
@@ -166,8 +176,9 @@ def main(argv):
         json.dump(result, f, indent=1)
     lines = [
         "| run | loader | workers | cache | block/fetch | cells/s | cells/CPU-s | "
-        "entropy | worker RSS MiB | x scDataset | x ceiling (fetch / aligned) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "entropy | worker RSS MiB | x scDataset | x ceiling (fetch / aligned) | "
+        "x ceiling per CPU-s (fetch / aligned) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
@@ -180,12 +191,18 @@ def main(argv):
             f"{r.get('cells_per_cpu_s', 0):,} | "
             f"{r['entropy_mean']:.2f} | {max(rss) if rss else '-'} | "
             f"{r.get('x_scdataset', '')} | {r.get('x_fetch_ceiling', '-')} / "
-            f"{r.get('x_aligned_ceiling', '-')} |"
+            f"{r.get('x_aligned_ceiling', '-')} | "
+            f"{r.get('x_fetch_ceiling_cpu', '-')} / "
+            f"{r.get('x_aligned_ceiling_cpu', '-')} |"
         )
     lines.append(
         f"\ndecode ceiling ({ceiling['threads']} threads): block-{_BLOCK.value} "
         f"fetches {ceiling['fetch_cells_per_s']:,} cells/s, chunk-aligned "
-        f"{ceiling['chunk_aligned_cells_per_s']:,} cells/s; codecs (MB/s, one "
+        f"{ceiling['chunk_aligned_cells_per_s']:,} cells/s (per CPU-s: "
+        f"{ceiling['fetch_cells_per_cpu_s']:,} / "
+        f"{ceiling['chunk_aligned_cells_per_cpu_s']:,}); chunk-aware blocks of "
+        f"n chunks {ceiling.get('aligned_blocks_cells_per_s')} (per CPU-s "
+        f"{ceiling.get('aligned_blocks_cells_per_cpu_s')}); codecs (MB/s, one "
         f"core): {ceiling.get('codec_mb_per_s_one_core')}"
     )
     text = "\n".join(lines)
