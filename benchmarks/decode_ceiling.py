@@ -141,7 +141,7 @@ def _time_decode(work, threads: int, repeats: int) -> float:
             wall = time.perf_counter() - t
             if wall < best:
                 best = wall
-                _CPU_SECONDS[id(work)] = time.process_time() - c
+                _CPU_SECONDS[id(work)] = max(time.process_time() - c, 1e-9)
     return best
 
 
