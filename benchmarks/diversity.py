@@ -42,11 +42,11 @@ _COMPRESSION = flags.DEFINE_string(
 _CHUNKS = flags.DEFINE_string(
     "chunks", "atlas", "Compressed chunks: atlas, default or an element count."
 )
-_CHUNK_ALIGNED = flags.DEFINE_bool(
+_CHUNK_ALIGNED = flags.DEFINE_integer(
     "chunk_aligned",
-    False,
-    "Blocks follow X's chunk grid (grain_cells.chunk_aligned), at most --blocks "
-    "cells each.",
+    0,
+    "N > 0: blocks follow X's chunk grid (grain_cells.chunk_aligned), N chunks "
+    "per block, at most --blocks cells each.",
 )
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
@@ -70,12 +70,12 @@ def minibatch_entropies(
     batch: int,
     n_minibatches: int,
     seed: int,
-    chunk_aligned: bool = False,
+    chunk_aligned: int = 0,
 ) -> np.ndarray:
     """Entropy (log2) of `label` in each of the first minibatches of a stream."""
     source = grain_cells.AnnDataSource(paths, block_size=block, obs_columns=[label])
     if chunk_aligned:
-        source = grain_cells.chunk_aligned(source)
+        source = grain_cells.chunk_aligned(source, chunk_aligned)
     labels = source.obs_values(label).astype(np.int64)
     n_classes = int(labels.max()) + 1
     sampler = grain_cells.BlockSampler(len(source), seed=seed, num_epochs=None)

@@ -76,7 +76,8 @@ _HELP = {
     "dense_genes": "Gene subset of the dense output (0: all genes).",
     "compression": "Synthetic file's X: none, gzip or lzf (ignored with --data).",
     "chunks": "Compressed chunks: atlas (anndata's at this size), default or a length.",
-    "chunk_aligned": "1: grain_cells blocks follow X's chunk grid (at most --blocks).",
+    "chunk_aligned": "N > 0: grain_cells blocks follow X's chunk grid, N chunks a "
+    "block (at most --blocks cells).",
     "fetch_shuffle": "Shuffle cells inside a fetch (0 for pre-shuffled files).",
     "seed": "Seed of every sampler and shuffle.",
     "warmup": "Minibatches skipped after the first one, before the window.",
@@ -152,7 +153,7 @@ def open_grain_cells(
         paths, block_size=block, obs_columns=[FLAGS.obs_column], genes=genes
     )
     if FLAGS.chunk_aligned:
-        source = grain_cells.chunk_aligned(source)
+        source = grain_cells.chunk_aligned(source, FLAGS.chunk_aligned)
     loader = grain_cells.DataLoader(
         data_source=source,
         sampler=grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None),

@@ -88,7 +88,7 @@ def run_point(
         paths, block_size=FLAGS.block_size, obs_columns=obs, genes=genes, **remote
     )
     if FLAGS.chunk_aligned:
-        source = grain_cells.chunk_aligned(source)
+        source = grain_cells.chunk_aligned(source, FLAGS.chunk_aligned)
     sampler = grain_cells.BlockSampler(source, seed=FLAGS.seed, num_epochs=None)
     loader = grain_cells.DataLoader(
         data_source=source,

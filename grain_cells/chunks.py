@@ -44,6 +44,17 @@ MAX_RUN_BYTES = 4 << 20
 _MAX_TASKS = 16
 
 
+def wait_all(futures: list[concurrent.futures.Future]) -> None:
+    """Waits for every future, then raises the first one's error, if any.
+
+    Waiting for all before raising keeps no task writing into a buffer that
+    the caller reuses after the error.
+    """
+    concurrent.futures.wait(futures)
+    for f in futures:
+        f.result()
+
+
 class ChunkedReader:
     """Reads sorted, disjoint ranges of a compressed dataset's first axis.
 
@@ -175,6 +186,7 @@ class ChunkedReader:
         stops: np.ndarray,
         out: np.ndarray,
         pool: concurrent.futures.Executor | None = None,
+        pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
         """Reads rows `[starts[i], stops[i])`, concatenated, into `out`.
 
@@ -184,6 +196,10 @@ class ChunkedReader:
             stops: Matching exclusive ends.
             out: Contiguous destination of at least the ranges' rows.
             pool: Optional thread pool that decodes chunks concurrently.
+            pending: With a pool, a list that receives the read's futures
+                instead of waiting for them: the caller waits (`result()`),
+                e.g. after starting another dataset's read, so both decode
+                in one wave. `out` is complete only then.
 
         Raises:
             errors.CorruptChunkError: A chunk fails to decode or its checksum
@@ -229,8 +245,10 @@ class ChunkedReader:
             for a, b in itertools.pairwise(bounds.tolist())
             if b > a
         ]
-        for f in futures:
-            f.result()
+        if pending is not None:
+            pending.extend(futures)
+            return
+        wait_all(futures)
 
     def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Positions `[a, b)` into `uniq` of chunks read with one pread each."""

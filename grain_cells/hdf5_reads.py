@@ -227,6 +227,7 @@ class RangeReader:
         stops: np.ndarray,
         out: np.ndarray,
         pool: concurrent.futures.Executor | None = None,
+        pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
         """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
 
@@ -236,6 +237,10 @@ class RangeReader:
             out: Contiguous destination with at least `sum(stops - starts)`
                 rows of this dataset's dtype and row shape.
             pool: Optional thread pool for concurrent positional reads.
+            pending: For compressed data decoded here, with a pool: a list
+                that receives the decoding futures instead of waiting for
+                them (see `ChunkedReader.read`); other reads complete
+                before returning and add nothing.
 
         Raises:
             errors.AnnDataFormatError: The file is shorter than HDF5 says
@@ -253,7 +258,7 @@ class RangeReader:
         if self.direct:
             self._read_direct(starts, stops, out, pool)
         elif self._chunked is not None:
-            self._chunked.read(starts, stops, out, pool)
+            self._chunked.read(starts, stops, out, pool, pending)
         else:
             self._read_h5py(starts, stops, out)
 

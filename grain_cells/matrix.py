@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.chunks import wait_all
 from grain_cells.h5ad import CSR, MatrixInfo
 from grain_cells.hdf5_reads import RangeReader
 from grain_cells.ranges import merge_touching
@@ -188,8 +189,14 @@ class CsrReader:
         if plan.nnz and self._indices.remote:  # both datasets' GETs at once
             self._indices.advise(plan.firsts, plan.lasts)
         try:
-            self._data.read(plan.firsts, plan.lasts, data, pool)
-            self._indices.read(plan.firsts, plan.lasts, indices, pool)
+            # Compressed: both datasets' chunks decode in one wave of tasks
+            # (no idle threads between them); other reads finish in `read`.
+            pending: list = []
+            try:
+                self._data.read(plan.firsts, plan.lasts, data, pool, pending)
+                self._indices.read(plan.firsts, plan.lasts, indices, pool, pending)
+            finally:
+                wait_all(pending)
         except errors.CorruptChunkError as e:
             raise self._with_cells(e) from None
         if check_indices and plan.nnz:

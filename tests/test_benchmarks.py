@@ -407,18 +407,17 @@ def test_compressed_suite(workdir):
         "--minibatches=10",
         "--max_window_s=1",
         "--peers=",
+        "--aligned=2/64/32",
         f"--output_dir={out}",
     )
     points = json.loads((out / "compressed.json").read_text())["points"]
     assert {p["run"] for p in points} == {
         "compressed",
-        "compressed_chunk_aligned",
+        "compressed_aligned_c2",
         "uncompressed",
     }
     assert all(p["cells_per_s"] > 0 for p in points)
-    assert (
-        "| compressed_chunk_aligned | grain_cells | 0 | warm | 32/32 |" in done.stdout
-    )
+    assert "| compressed_aligned_c2 | grain_cells | 0 | warm | 64/32 |" in done.stdout
     assert list((workdir / "cache").glob("tahoe_like-n2000-g2000-s0-gzip-katlas.h5ad"))
 
 

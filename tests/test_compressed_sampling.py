@@ -85,6 +85,37 @@ def test_blocks_follow_the_chunk_grid(gz_paths):
     )
 
 
+def test_chunks_per_block_cuts_at_every_nth_chunk_of_each_file(gz_paths):
+    source, aligned = _aligned(gz_paths, block_size=40, chunks_per_block=3)
+    starts, stops = _blocks(aligned)
+    np.testing.assert_array_equal(starts[1:], stops[:-1])
+    assert starts[0] == 0 and stops[-1] == source.num_cells
+    offsets = source.cell_offsets
+    for f, path in enumerate(gz_paths):
+        with h5py.File(path) as h:
+            indptr = h["X/indptr"][:]
+        lo, hi = offsets[f], offsets[f + 1]
+        sel = (starts >= lo) & (starts < hi)
+        a, b = starts[sel] - lo, stops[sel] - lo
+        chunk_of_row = np.minimum(indptr[:-1], max(indptr[-1] - 1, 0)) // 11
+        # Chunks 0-2, 3-5, ... of each file: a block's cells start their
+        # values in one group of three chunks, and each group starts a block.
+        group = chunk_of_row // 3
+        assert (group[a] == group[b - 1]).all()
+        np.testing.assert_array_equal(
+            a, np.flatnonzero(np.r_[True, np.diff(group) != 0])
+        )
+    # Fewer, larger blocks than one chunk per block; the same cells.
+    _, one = _aligned(gz_paths, block_size=40)
+    assert len(aligned) < len(one)
+    np.testing.assert_array_equal(
+        aligned.read_blocks(np.arange(len(aligned))).row_ids,
+        np.arange(source.num_cells),
+    )
+    with pytest.raises(ValueError, match="chunks_per_block"):
+        grain_cells.chunk_aligned(source, chunks_per_block=0)
+
+
 def test_dense_blocks_follow_row_chunks(gz_dense_paths):
     source, aligned = _aligned(gz_dense_paths)
     starts, stops = _blocks(aligned)
