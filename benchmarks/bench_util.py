@@ -77,6 +77,18 @@ def children_peak_rss_mb() -> list[float]:
     return [m for m in (vm_hwm_mb(k) for k in _children()) if m is not None]
 
 
+def parse_options(text: str) -> dict:
+    """`key=value,...` as a dict (ints where they parse)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def parse_compression(compression: str, chunks: str) -> dict:
     """`--compression` and `--chunks` flags as `write_tahoe_like` arguments.
 

@@ -66,17 +66,6 @@ FLAGS = flags.FLAGS
 BUCKET = "bench"
 
 
-def parse_options(text: str) -> dict:
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def served_names(file_sets) -> dict[str, str]:
     """`{"bucket/key": path}` of every file: served in place, never linked.
 
@@ -137,7 +126,9 @@ def measure(root: str, file_sets) -> list[dict]:
         via_proxy=_VIA_PROXY.value,
         objects=served_names(file_sets),
     ) as served:
-        options = served.storage_options(**parse_options(_READ_OPTIONS.value))
+        options = served.storage_options(
+            **bench_util.parse_options(_READ_OPTIONS.value)
+        )
         for label, paths in file_sets:
             urls = [f"s3://{BUCKET}/{os.path.basename(p)}" for p in paths]
             for wc in workers:

@@ -74,18 +74,6 @@ _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 flags.mark_flag_as_required("output_dir")
 
 
-def parse_options(text: str) -> dict:
-    """`key=value,...` as a dict (ints where they parse)."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def remove_previous_output(output_dir, options: dict) -> None:
     """Deletes the parts and manifest of an earlier run into `output_dir`."""
     if object_store.is_url(output_dir):
@@ -108,7 +96,7 @@ def remove_previous_output(output_dir, options: dict) -> None:
 def main(argv):
     del argv
     paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, _N_GENES.value)
-    options = parse_options(_OPTIONS.value)
+    options = bench_util.parse_options(_OPTIONS.value)
     output_dir = _OUTPUT_DIR.value
     remove_previous_output(output_dir, options)
     local = [p for p in paths if not object_store.is_url(p)]

@@ -20,8 +20,8 @@ session (`GRAIN_CELLS_CACHE_DIR`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
 import pathlib
 import subprocess
 import sys
@@ -104,44 +104,53 @@ def start_moto(port: int, log: pathlib.Path) -> subprocess.Popen:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """A moto S3 server on localhost with an empty bucket (see the module doc)."""
+@contextlib.contextmanager
+def moto_endpoint(tmp_path_factory, name: str, env: dict | None = None):
+    """A moto server process on a free port, stopped on exit; yields its endpoint.
+
+    The test is skipped, with the reason, when moto is not installed or the
+    server does not start. `env` is set for the server process only.
+    """
     try:
-        import boto3
+        import boto3  # noqa: F401
         import moto.server  # noqa: F401
         import portpicker
     except ImportError as e:
         pytest.skip(f"moto[server] is not installed ({e}): pip install 'moto[server]'")
     port = portpicker.pick_unused_port()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        try:
+            server = start_moto(port, tmp_path_factory.mktemp(name) / "server.log")
+        except (OSError, RuntimeError) as e:  # e.g. a sandbox without loopback
+            pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
     try:
-        server = start_moto(port, tmp_path_factory.mktemp("moto") / "server.log")
-    except (OSError, RuntimeError) as e:  # e.g. a sandbox without loopback
-        pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=KEYS["access_key_id"],
-        aws_secret_access_key=KEYS["secret_access_key"],
-    )
-    client.create_bucket(Bucket=BUCKET)
-    old = os.environ.get("GRAIN_CELLS_CACHE_DIR")
-    os.environ["GRAIN_CELLS_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    try:
-        yield S3(endpoint, BUCKET, client)
+        yield f"http://127.0.0.1:{port}"
     finally:
-        if old is None:
-            os.environ.pop("GRAIN_CELLS_CACHE_DIR", None)
-        else:
-            os.environ["GRAIN_CELLS_CACHE_DIR"] = old
         server.terminate()
         try:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A moto S3 server on localhost with an empty bucket (see the module doc)."""
+    with (
+        moto_endpoint(tmp_path_factory, "moto") as endpoint,
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        import boto3  # present: moto_endpoint skips without it
+
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", **_boto(KEYS)
+        )
+        client.create_bucket(Bucket=BUCKET)
+        patch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield S3(endpoint, BUCKET, client)
 
 
 @dataclasses.dataclass
@@ -187,28 +196,12 @@ def _enforce(endpoint: str) -> None:
 @pytest.fixture(scope="session")
 def s3_auth(tmp_path_factory):
     """A moto S3 server with IAM authentication on (see `AuthS3`)."""
-    try:
-        import boto3
-        import moto.server  # noqa: F401
-        import portpicker
-    except ImportError as e:
-        pytest.skip(f"moto[server] is not installed ({e}): pip install 'moto[server]'")
     import json
 
-    port = portpicker.pick_unused_port()
-    old = os.environ.get("INITIAL_NO_AUTH_ACTION_COUNT")
-    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = str(_NO_AUTH_REQUESTS)
-    try:
-        server = start_moto(port, tmp_path_factory.mktemp("moto-auth") / "server.log")
-    except (OSError, RuntimeError) as e:
-        pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
-    finally:
-        if old is None:
-            os.environ.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
-        else:
-            os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = old
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
+    env = {"INITIAL_NO_AUTH_ACTION_COUNT": str(_NO_AUTH_REQUESTS)}
+    with moto_endpoint(tmp_path_factory, "moto-auth", env) as endpoint:
+        import boto3  # present: moto_endpoint skips without it
+
         iam = boto3.client(
             "iam", endpoint_url=endpoint, region_name="us-east-1", **_boto(KEYS)
         )
@@ -241,13 +234,6 @@ def s3_auth(tmp_path_factory):
         )
         client.create_bucket(Bucket=BUCKET)
         yield AuthS3(endpoint, BUCKET, client, users["reader"], users["nobody"])
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def _boto(keys: dict) -> dict:

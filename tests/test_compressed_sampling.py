@@ -58,6 +58,18 @@ def _blocks(source):
     return starts, stops
 
 
+def _file_blocks(source, paths, starts, stops):
+    """Per file: block starts and stops in its rows, and each row's chunk of 11."""
+    offsets = source.cell_offsets
+    for f, path in enumerate(paths):
+        with h5py.File(path) as h:
+            indptr = h["X/indptr"][:]
+        lo, hi = offsets[f], offsets[f + 1]
+        sel = (starts >= lo) & (starts < hi)
+        chunk_of_row = np.minimum(indptr[:-1], max(indptr[-1] - 1, 0)) // 11
+        yield starts[sel] - lo, stops[sel] - lo, hi - lo, chunk_of_row
+
+
 def test_blocks_follow_the_chunk_grid(gz_paths):
     source, aligned = _aligned(gz_paths)
     starts, stops = _blocks(aligned)
@@ -65,16 +77,9 @@ def test_blocks_follow_the_chunk_grid(gz_paths):
     np.testing.assert_array_equal(starts[1:], stops[:-1])
     assert starts[0] == 0 and stops[-1] == source.num_cells
     assert ((stops - starts) >= 1).all() and ((stops - starts) <= 5).all()
-    offsets = source.cell_offsets
-    for f, path in enumerate(gz_paths):
-        with h5py.File(path) as h:
-            indptr = h["X/indptr"][:]
-        lo, hi = offsets[f], offsets[f + 1]
-        sel = (starts >= lo) & (starts < hi)
-        a, b = starts[sel] - lo, stops[sel] - lo
-        assert (b <= hi - lo).all()  # never across files
+    for a, b, n_rows, chunk_of_row in _file_blocks(source, gz_paths, starts, stops):
+        assert (b <= n_rows).all()  # never across files
         # A block's cells start their values in one chunk ...
-        chunk_of_row = np.minimum(indptr[:-1], max(indptr[-1] - 1, 0)) // 11
         assert (chunk_of_row[a] == chunk_of_row[b - 1]).all()
         # ... and a new chunk starts a new block.
         new_chunk = np.flatnonzero(np.diff(chunk_of_row) != 0) + 1
@@ -90,14 +95,7 @@ def test_chunks_per_block_cuts_at_every_nth_chunk_of_each_file(gz_paths):
     starts, stops = _blocks(aligned)
     np.testing.assert_array_equal(starts[1:], stops[:-1])
     assert starts[0] == 0 and stops[-1] == source.num_cells
-    offsets = source.cell_offsets
-    for f, path in enumerate(gz_paths):
-        with h5py.File(path) as h:
-            indptr = h["X/indptr"][:]
-        lo, hi = offsets[f], offsets[f + 1]
-        sel = (starts >= lo) & (starts < hi)
-        a, b = starts[sel] - lo, stops[sel] - lo
-        chunk_of_row = np.minimum(indptr[:-1], max(indptr[-1] - 1, 0)) // 11
+    for a, b, _, chunk_of_row in _file_blocks(source, gz_paths, starts, stops):
         # Chunks 0-2, 3-5, ... of each file: a block's cells start their
         # values in one group of three chunks, and each group starts a block.
         group = chunk_of_row // 3

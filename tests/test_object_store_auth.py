@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import OBS, close_iterator, take, write_files
+from conftest import OBS, run, write_files
 from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
 
 pytest.importorskip("obstore", reason="obstore is not installed")
@@ -99,11 +99,7 @@ def _batches(source, worker_count) -> list[dict]:
         ),
         worker_count=worker_count,
     )
-    iterator = iter(loader)
-    try:
-        return take(iterator)
-    finally:
-        close_iterator(iterator)
+    return run(loader)
 
 
 def test_default_profile_from_home(files, home):

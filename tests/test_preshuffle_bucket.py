@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
-from conftest import OBS, close_iterator, take, write_files
+from conftest import OBS, run, write_files
 from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
 
 import grain_cells
@@ -54,11 +54,7 @@ def _batches(paths, worker_count, options=None) -> list[dict]:
         ),
         worker_count=worker_count,
     )
-    iterator = iter(loader)
-    try:
-        return take(iterator)
-    finally:
-        close_iterator(iterator)
+    return run(loader)
 
 
 def _etags(s3, prefix: str) -> dict[str, str]:  # noqa: F811
