@@ -88,13 +88,19 @@ class TokenOutput:
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
-        self.threads = token_threads.resolve_threads(threads)
+        token_threads.resolve_threads(threads)  # refuses a bad value now
+        self._threads = threads  # "auto" resolves in the process that encodes
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
         if self.slots < 1:
             raise ValueError(
                 f"length={length} leaves no room for genes after special tokens"
             )
+
+    @property
+    def threads(self) -> int:
+        """Threads per minibatch in this process (`"auto"`: one in a worker)."""
+        return token_threads.resolve_threads(self._threads)
 
     def _digest(self, *arrays) -> str:
         h = hashlib.sha256(self.column_tokens.tobytes())

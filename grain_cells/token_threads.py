@@ -17,6 +17,7 @@ The threads are those of one pool per process, started on first use.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import multiprocessing
 import os
@@ -33,6 +34,14 @@ _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_pid: int | None = None
 
 
+@functools.cache
+def _cores() -> int:
+    """The cores this process may run on (Linux: its affinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def resolve_threads(threads: int | str) -> int:
     """Threads per minibatch for a `threads` argument (`"auto"` or >= 1).
 
@@ -42,11 +51,7 @@ def resolve_threads(threads: int | str) -> int:
     if threads == "auto":
         if multiprocessing.parent_process() is not None:  # a Grain worker
             return 1
-        if hasattr(os, "sched_getaffinity"):  # Linux: the cores we may run on
-            cores = len(os.sched_getaffinity(0))
-        else:
-            cores = os.cpu_count() or 1
-        return max(1, min(MAX_AUTO, cores))
+        return max(1, min(MAX_AUTO, _cores()))
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
         raise ValueError(
             f"threads must be 'auto' or a positive integer, got threads={threads!r}"
