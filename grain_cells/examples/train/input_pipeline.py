@@ -260,26 +260,48 @@ def local_batch_size(config: ml_collections.ConfigDict) -> int:
     return config.batch_size // n
 
 
+def _loader(
+    source: grain_cells.AnnDataSource,
+    config: ml_collections.ConfigDict,
+    output,
+    *,
+    shuffle: bool,
+    num_epochs: int | None,
+    worker_count: int = 0,
+) -> grain_cells.DataLoader:
+    """A loader over this process's shard of `source`'s blocks."""
+    seed = config.seed if shuffle else 0  # unused without shuffling
+    return grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(
+            source,
+            shuffle=shuffle,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
+        ),
+        operations=grain_cells.fetch_operations(
+            source,
+            batch_size=local_batch_size(config),
+            fetch_factor=config.fetch_factor,
+            shuffle=shuffle,
+            seed=seed,
+            output=output,
+        ),
+        worker_count=worker_count,
+    )
+
+
 def train_loader(
     data: Data, config: ml_collections.ConfigDict
 ) -> grain_cells.DataLoader:
     """The endless, shuffled, sharded stream of training minibatches."""
-    sampler = grain_cells.BlockSampler(
+    return _loader(
         data.train,
-        seed=config.seed,
+        config,
+        data.output,
+        shuffle=True,
         num_epochs=None,
-        shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
-    )
-    return grain_cells.DataLoader(
-        data_source=data.train,
-        sampler=sampler,
-        operations=grain_cells.fetch_operations(
-            data.train,
-            batch_size=local_batch_size(config),
-            fetch_factor=config.fetch_factor,
-            seed=config.seed,
-            output=data.output,
-        ),
         worker_count=config.worker_count,
     )
 
@@ -294,20 +316,4 @@ def eval_loader(
     """
     if data.eval is None:
         return None
-    sampler = grain_cells.BlockSampler(
-        data.eval,
-        shuffle=False,
-        num_epochs=1,
-        shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
-    )
-    return grain_cells.DataLoader(
-        data_source=data.eval,
-        sampler=sampler,
-        operations=grain_cells.fetch_operations(
-            data.eval,
-            batch_size=local_batch_size(config),
-            fetch_factor=config.fetch_factor,
-            shuffle=False,
-            output=data.output,
-        ),
-    )
+    return _loader(data.eval, config, data.output, shuffle=False, num_epochs=1)
