@@ -8,7 +8,8 @@ always covers a full write.
 Inputs (`--data`) and `--output_dir` may be URLs of a bucket
 (`s3://bucket/prefix`), reached with `--storage_options` (key=value,...;
 credentials otherwise from the environment or an AWS profile); a bucket
-output is staged on local disk one part at a time (`--staging_dir`).
+output is staged on local disk, at most two parts at a time: one uploading, one
+being written (`--staging_dir`).
 
 Usage:
   python benchmarks/preshuffle.py --data=/tmp/synth400k.h5ad \

@@ -5,11 +5,14 @@ its B-trees and headers), so each part is written as for a local folder,
 into a *staging* folder on local disk, uploaded with obstore's `put`
 (`grain_cells.object_writes.put_file`: a multipart upload for large
 parts, parts of it sent concurrently; the object appears only once
-complete) and removed before the next part is written. Local disk needed:
-one part, counted as `preshuffle` reserves it (uncompressed, whole chunks),
-at most about `cells_per_file` x stored values per cell x (value + index
-bytes) plus obs; the staging folder (a new folder under `staging_dir`,
-default the system's temporary folder) is removed when the run ends.
+complete) and removed. A part uploads in a background thread while the next
+one is written; one upload at a time, so local disk holds at most two
+parts. Each is counted as `preshuffle` reserves it (uncompressed, whole
+chunks), at most about `cells_per_file` x stored values per cell x (value +
+index bytes) plus obs; the staging folder (a new folder under
+`staging_dir`, default the system's temporary folder) is removed when the
+run ends. An upload that fails raises at the next `publish` or at
+`wait`, so the run stops with the upload's error.
 
 Restarts work as locally: a part is complete when the object exists and its
 `grain_cells_preshuffle` attribute (read through range GETs) records this
@@ -20,6 +23,7 @@ run's count are deleted.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -50,6 +54,10 @@ class BucketOutput:
         self.staging = pathlib.Path(
             tempfile.mkdtemp(prefix="grain-cells-preshuffle-", dir=parent)
         )
+        self._uploads = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="grain_cells_upload"
+        )
+        self._pending: concurrent.futures.Future | None = None
 
     def check_bucket(self) -> None:
         """Lists the output prefix once, before any work.
@@ -88,7 +96,18 @@ class BucketOutput:
         return files.completed_marker(url, plan, index, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
-        """Uploads part `index` from the staging folder, then deletes it there."""
+        """Starts uploading part `index` from the staging folder, in the background.
+
+        Waits for the previous upload first (one at a time); the staged file
+        is deleted when its upload ends, done or failed.
+
+        Raises:
+            OSError: The previous upload failed (see `object_writes.put_file`).
+        """
+        self.wait()
+        self._pending = self._uploads.submit(self._upload, plan, index)
+
+    def _upload(self, plan: Plan, index: int) -> None:
         local = plan.part_paths[index]
         try:
             object_writes.put_file(
@@ -96,6 +115,12 @@ class BucketOutput:
             )
         finally:
             local.unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        """Returns when no upload is running; raises the last one's error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def remove_stale_parts(self, plan: Plan) -> None:
         """Deletes parts of an earlier run into this prefix beyond this run's count."""
@@ -131,5 +156,13 @@ class BucketOutput:
         )
 
     def close(self) -> None:
-        """Removes the staging folder."""
+        """Lets a running upload end, then removes the staging folder.
+
+        An upload's error is not raised here: `close` runs when the run ends
+        either way, after `wait` (done) or while another error propagates.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            concurrent.futures.wait([pending])
+        self._uploads.shutdown(wait=True)
         shutil.rmtree(self.staging, ignore_errors=True)

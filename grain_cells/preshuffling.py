@@ -268,7 +268,9 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
             for i in todo:
                 done[i] = writer.write_part(i, report)
                 if bucket is not None:
-                    bucket.publish(plan, i)
+                    bucket.publish(plan, i)  # uploads while the next part is written
+            if bucket is not None:
+                bucket.wait()
         report.finish()
     finally:
         plan.source.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import anndata
 import numpy as np
@@ -20,7 +21,7 @@ from conftest import OBS, run, write_files
 from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
 
 import grain_cells
-from grain_cells import object_writes
+from grain_cells import object_writes, preshuffle_writer
 
 pytest.importorskip("obstore", reason="obstore is not installed")
 
@@ -198,3 +199,54 @@ def test_missing_bucket_and_refused_writes(inputs, s3, s3_auth, tmp_path):  # no
         grain_cells.preshuffle(
             paths, "s3://cells/out", output_storage_options=denied, progress=False
         )
+
+
+def test_a_part_uploads_while_the_next_is_written(inputs, s3, tmp_path, monkeypatch):  # noqa: F811
+    """Part i's upload runs beside part i + 1's write; the run returns after all."""
+    paths, _ = inputs
+    events = []
+    put, write = object_writes.put_file, preshuffle_writer.Writer.write_part
+
+    def slow_put(url, path, options):
+        time.sleep(0.3)  # an upload slower than writing the next small part
+        put(url, path, options)
+        events.append(("uploaded", int(url[-10:-5])))
+
+    def recording_write(self, index, report):
+        events.append(("write", index))
+        return write(self, index, report)
+
+    monkeypatch.setattr(object_writes, "put_file", slow_put)
+    monkeypatch.setattr(preshuffle_writer.Writer, "write_part", recording_write)
+    got = grain_cells.preshuffle(
+        paths,
+        f"s3://{s3.bucket}/overlap",
+        output_storage_options=s3.options,
+        cells_per_file=100,
+        progress=False,
+    )
+    assert len(got) == 3
+    assert events.index(("write", 1)) < events.index(("uploaded", 0))
+    assert events.index(("write", 2)) < events.index(("uploaded", 1))
+    assert events[-1] == ("uploaded", 2)  # waited for the last upload
+
+
+def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):  # noqa: F811
+    paths, _ = inputs
+    staging = tmp_path / "staging"
+
+    def failing_put(url, path, options):
+        raise OSError(f"{url}: upload failed (injected)")
+
+    monkeypatch.setattr(object_writes, "put_file", failing_put)
+    with pytest.raises(OSError, match=r"part-00000\.h5ad: upload failed"):
+        grain_cells.preshuffle(
+            paths,
+            f"s3://{s3.bucket}/failing",
+            output_storage_options=s3.options,
+            cells_per_file=100,
+            staging_dir=staging,
+            progress=False,
+        )
+    assert os.listdir(staging) == []  # staged parts removed
+    assert not _etags(s3, "failing/")  # nothing published, no manifest
