@@ -21,6 +21,10 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+# Session fixtures defined once here: imported into each test module instead,
+# each module would get its own instance (one moto server per module).
+from s3_server import s3, s3_auth  # noqa: F401
+
 import grain_cells
 
 FILE_SIZES = (97, 130, 61)

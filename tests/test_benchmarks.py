@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-from s3_server import s3  # noqa: F401  (the fixture)
 
 from grain_cells import synthetic
 
@@ -221,7 +220,7 @@ def test_preshuffle(workdir, data_file):
     assert len(list(out.glob("*.h5ad"))) == 2
 
 
-def test_preshuffle_bucket_to_bucket(workdir, data_file, s3):  # noqa: F811
+def test_preshuffle_bucket_to_bucket(workdir, data_file, s3):
     """The binary's URL inputs and output (moto on localhost)."""
     url = s3.upload(data_file, "bench-in/tiny.h5ad")
     options = ",".join(f"{k}={v}" for k, v in s3.options.items())

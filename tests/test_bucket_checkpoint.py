@@ -17,7 +17,6 @@ import textwrap
 import numpy as np
 import pytest
 from conftest import OBS, close_iterator, take, write_files
-from s3_server import s3  # noqa: F401  (the fixture)
 
 import grain_cells
 
@@ -62,7 +61,7 @@ np.savez(out, **named)
 """
 
 
-def test_restore_in_a_new_process(s3, tmp_path):  # noqa: F811
+def test_restore_in_a_new_process(s3, tmp_path):
     import grain
 
     (tmp_path / "in").mkdir()

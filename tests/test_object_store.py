@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 from conftest import OBS, close_iterator, take, write_files
-from s3_server import s3  # noqa: F401  (the fixture)
 
 import grain_cells
 from grain_cells import errors, object_store
@@ -57,7 +56,7 @@ def _dense(x) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def rich(tmp_path_factory, s3):  # noqa: F811
+def rich(tmp_path_factory, s3):
     """Local path and URL of CSR, dense and gzip-compressed rich files."""
     d = tmp_path_factory.mktemp("rich")
     out = {}
@@ -72,7 +71,7 @@ def rich(tmp_path_factory, s3):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory, s3):  # noqa: F811
+def parts(tmp_path_factory, s3):
     """conftest's three CSR files: local paths and URLs."""
     paths = write_files(tmp_path_factory.mktemp("parts"))
     return paths, [s3.upload(p, f"parts/{i}.h5ad") for i, p in enumerate(paths)]
@@ -80,7 +79,7 @@ def parts(tmp_path_factory, s3):  # noqa: F811
 
 @pytest.mark.parametrize("kind", ["csr", "dense", "gzip"])
 @pytest.mark.parametrize("layer", [None, "counts", "raw"])
-def test_values_equal_local_and_anndata(rich, s3, kind, layer):  # noqa: F811
+def test_values_equal_local_and_anndata(rich, s3, kind, layer):
     path, url = rich[kind]
     remote = grain_cells.AnnDataSource(
         url, layer=layer, obs_columns=["kind", "idx"], storage_options=s3.options
@@ -147,7 +146,7 @@ def _assert_same(a: list[dict], b: list[dict]) -> None:
         pytest.param(grain_cells.DenseOutput(), id="dense"),
     ],
 )
-def test_loader_batches_equal_local(parts, s3, output):  # noqa: F811
+def test_loader_batches_equal_local(parts, s3, output):
     paths, urls = parts
     got = _run(_loader(urls, output=output, options=s3.options))
     want = _run(_loader(paths, output=output))
@@ -155,7 +154,7 @@ def test_loader_batches_equal_local(parts, s3, output):  # noqa: F811
 
 
 @pytest.mark.slow  # starts workers
-def test_loader_with_workers_reads_every_cell_once(parts, s3):  # noqa: F811
+def test_loader_with_workers_reads_every_cell_once(parts, s3):
     paths, urls = parts
     batches = _run(_loader(urls, worker_count=2, options=s3.options))
     local = grain_cells.AnnDataSource(paths, obs_columns=OBS)
@@ -172,7 +171,7 @@ def test_loader_with_workers_reads_every_cell_once(parts, s3):  # noqa: F811
     np.testing.assert_array_equal(np.concatenate(x), _dense(local.read(rows).X))
 
 
-def test_urls_and_paths_mix_and_split(parts, s3):  # noqa: F811
+def test_urls_and_paths_mix_and_split(parts, s3):
     paths, urls = parts
     mixed = grain_cells.AnnDataSource(
         [urls[0], paths[1], urls[2]], obs_columns=OBS, storage_options=s3.options
@@ -193,7 +192,7 @@ def test_urls_and_paths_mix_and_split(parts, s3):  # noqa: F811
         )
 
 
-def test_metadata_read_once(parts, s3):  # noqa: F811
+def test_metadata_read_once(parts, s3):
     _, urls = parts
     before = object_store.request_counts()
     first = grain_cells.AnnDataSource(urls, obs_columns=OBS, storage_options=s3.options)
@@ -213,7 +212,7 @@ def test_metadata_read_once(parts, s3):  # noqa: F811
     assert started["head"] == 0 and started["get"] <= 3, started
 
 
-def test_changed_object_raises(tmp_path, s3):  # noqa: F811
+def test_changed_object_raises(tmp_path, s3):
     path = _write_rich(tmp_path / "a.h5ad")
     url = s3.upload(path, "changing/a.h5ad")
     source = grain_cells.AnnDataSource(url, storage_options=s3.options)
@@ -227,7 +226,7 @@ def test_changed_object_raises(tmp_path, s3):  # noqa: F811
         fresh.read([3, 4])
 
 
-def test_checkpoint_restores_with_a_fresh_source(parts, s3):  # noqa: F811
+def test_checkpoint_restores_with_a_fresh_source(parts, s3):
     _, urls = parts
     everything = _run(_loader(urls, options=s3.options))
     iterator = iter(_loader(urls, options=s3.options))
@@ -241,7 +240,7 @@ def test_checkpoint_restores_with_a_fresh_source(parts, s3):  # noqa: F811
     close_iterator(restored)
 
 
-def test_preshuffle_from_bucket(parts, s3, tmp_path, monkeypatch):  # noqa: F811
+def test_preshuffle_from_bucket(parts, s3, tmp_path, monkeypatch):
     paths, urls = parts
     for key, value in s3.env().items():  # credentials from the environment
         monkeypatch.setenv(key, value)
@@ -254,7 +253,7 @@ def test_preshuffle_from_bucket(parts, s3, tmp_path, monkeypatch):  # noqa: F811
         pd.testing.assert_frame_equal(x.obs, y.obs)
 
 
-def test_missing_object_and_bad_option(s3):  # noqa: F811
+def test_missing_object_and_bad_option(s3):
     with pytest.raises(FileNotFoundError, match=r"s3://cells/nope\.h5ad"):
         grain_cells.AnnDataSource("s3://cells/nope.h5ad", storage_options=s3.options)
     with pytest.raises(ValueError, match="no_such_key"):
@@ -263,7 +262,7 @@ def test_missing_object_and_bad_option(s3):  # noqa: F811
         )
 
 
-def test_read_ahead_serves_hinted_blocks(parts, s3):  # noqa: F811
+def test_read_ahead_serves_hinted_blocks(parts, s3):
     paths, urls = parts
     source = grain_cells.AnnDataSource(urls, block_size=4, storage_options=s3.options)
     local = grain_cells.AnnDataSource(paths, block_size=4)
@@ -290,7 +289,7 @@ def test_read_ahead_serves_hinted_blocks(parts, s3):  # noqa: F811
     assert _counts_since(before)["get"] > hinted["get"]
 
 
-def test_gene_join_over_urls(tmp_path, s3):  # noqa: F811
+def test_gene_join_over_urls(tmp_path, s3):
     full = _write_rich(tmp_path / "full.h5ad")
     adata = anndata.read_h5ad(full)
     part = str(tmp_path / "part.h5ad")
@@ -307,7 +306,7 @@ def test_gene_join_over_urls(tmp_path, s3):  # noqa: F811
         )
 
 
-def test_anonymous_and_http_urls(rich, s3):  # noqa: F811
+def test_anonymous_and_http_urls(rich, s3):
     path, _ = rich["csr"]
     url = s3.upload(path, "public/csr.h5ad")
     s3.client.put_object_acl(Bucket=s3.bucket, Key="public/csr.h5ad", ACL="public-read")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import OBS, run, write_files
-from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
 
 pytest.importorskip("obstore", reason="obstore is not installed")
 pytest.importorskip("boto3", reason="boto3 is not installed")
@@ -39,7 +38,7 @@ _AWS_ENV = (
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, s3_auth):  # noqa: F811
+def files(tmp_path_factory, s3_auth):
     """conftest's CSR files: local paths and their URLs on the auth server."""
     paths = write_files(tmp_path_factory.mktemp("auth"))
     urls = []
@@ -50,7 +49,7 @@ def files(tmp_path_factory, s3_auth):  # noqa: F811
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch, s3_auth):  # noqa: F811
+def home(tmp_path, monkeypatch, s3_auth):
     """A clean AWS environment and a HOME whose ~/.aws has three profiles."""
     for name in _AWS_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -118,7 +117,7 @@ def test_aws_profile_variable(files, home, monkeypatch):
         grain_cells.AnnDataSource(urls[0])
 
 
-def test_profile_option_wins_over_environment_keys(files, home, monkeypatch, s3_auth):  # noqa: F811
+def test_profile_option_wins_over_environment_keys(files, home, monkeypatch, s3_auth):
     paths, urls = files
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_auth.denied_keys["access_key_id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
@@ -131,7 +130,7 @@ def test_profile_option_wins_over_environment_keys(files, home, monkeypatch, s3_
         )
 
 
-def test_environment_keys_and_explicit_keys(files, home, monkeypatch, s3_auth):  # noqa: F811
+def test_environment_keys_and_explicit_keys(files, home, monkeypatch, s3_auth):
     paths, urls = files
     (home / ".aws" / "credentials").unlink()  # the environment alone
     (home / ".aws" / "config").unlink()
@@ -152,7 +151,7 @@ def test_aws_profile_in_spawned_workers(files, home, monkeypatch):
 
 
 @pytest.mark.parametrize("whose", ["unknown keys", "user without permission"])
-def test_refused_credentials_name_url_and_fix(files, home, s3_auth, whose):  # noqa: F811
+def test_refused_credentials_name_url_and_fix(files, home, s3_auth, whose):
     _, urls = files
     keys = (
         {"access_key_id": "AKIAUNKNOWN", "secret_access_key": "x"}
@@ -167,7 +166,7 @@ def test_refused_credentials_name_url_and_fix(files, home, s3_auth, whose):  # n
         grain_cells.AnnDataSource(urls[1], storage_options=options)
 
 
-def test_missing_bucket_and_object_name_the_fix(s3, monkeypatch, tmp_path):  # noqa: F811
+def test_missing_bucket_and_object_name_the_fix(s3, monkeypatch, tmp_path):
     monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path))
     s3.put_bytes("errs/here.h5ad", b"x")
     with pytest.raises(

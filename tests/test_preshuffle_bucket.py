@@ -18,7 +18,6 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 from conftest import OBS, run, write_files
-from s3_server import s3, s3_auth  # noqa: F401  (the fixtures)
 
 import grain_cells
 from grain_cells import object_writes, preshuffle_writer
@@ -27,13 +26,13 @@ pytest.importorskip("obstore", reason="obstore is not installed")
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, s3):  # noqa: F811
+def inputs(tmp_path_factory, s3):
     """conftest's three CSR files: local paths and URLs."""
     paths = write_files(tmp_path_factory.mktemp("ps-in"))
     return paths, [s3.upload(p, f"ps-in/{i}.h5ad") for i, p in enumerate(paths)]
 
 
-def _download(s3, url: str, path) -> str:  # noqa: F811
+def _download(s3, url: str, path) -> str:
     key = url.split(f"s3://{s3.bucket}/", 1)[1]
     s3.client.download_file(s3.bucket, key, str(path))
     return str(path)
@@ -58,13 +57,13 @@ def _batches(paths, worker_count, options=None) -> list[dict]:
     return run(loader)
 
 
-def _etags(s3, prefix: str) -> dict[str, str]:  # noqa: F811
+def _etags(s3, prefix: str) -> dict[str, str]:
     listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)
     return {o["Key"]: o["ETag"] for o in listed.get("Contents", [])}
 
 
 @pytest.fixture(scope="module")
-def shuffled(inputs, s3, tmp_path_factory):  # noqa: F811
+def shuffled(inputs, s3, tmp_path_factory):
     """One run bucket -> bucket and its local twin: `(urls, paths, staging, tmp)`."""
     paths, urls = inputs
     tmp = tmp_path_factory.mktemp("ps-out")
@@ -81,7 +80,7 @@ def shuffled(inputs, s3, tmp_path_factory):  # noqa: F811
     return got, [str(p) for p in want], staging, tmp
 
 
-def test_bucket_to_bucket_equals_local_run(shuffled, s3):  # noqa: F811
+def test_bucket_to_bucket_equals_local_run(shuffled, s3):
     got, want, staging, tmp = shuffled
     assert got == [f"s3://{s3.bucket}/shuffled/part-{i:05d}.h5ad" for i in range(3)]
     assert os.listdir(staging) == []  # each part deleted after its upload
@@ -99,7 +98,7 @@ def test_bucket_to_bucket_equals_local_run(shuffled, s3):  # noqa: F811
 
 
 @pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
-def test_loader_reads_the_bucket_parts_in_place(shuffled, s3, worker_count):  # noqa: F811
+def test_loader_reads_the_bucket_parts_in_place(shuffled, s3, worker_count):
     got, want, _, _ = shuffled
     remote_batches = _batches(got, worker_count, s3.options)
     local_batches = _batches(want, worker_count)
@@ -111,7 +110,7 @@ def test_loader_reads_the_bucket_parts_in_place(shuffled, s3, worker_count):  # 
 
 def test_rerun_keeps_complete_parts_and_drops_stale_ones(
     inputs,
-    s3,  # noqa: F811
+    s3,
     tmp_path,
     monkeypatch,
 ):
@@ -150,7 +149,7 @@ def test_rerun_keeps_complete_parts_and_drops_stale_ones(
     assert total == grain_cells.AnnDataSource(paths).num_cells
 
 
-def test_large_part_goes_up_in_several_parts(s3, tmp_path, monkeypatch):  # noqa: F811
+def test_large_part_goes_up_in_several_parts(s3, tmp_path, monkeypatch):
     """A part larger than an upload part is a multipart upload (S3 ETag '-N')."""
     monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(object_writes, "UPLOAD_PART_BYTES", 5 << 20)  # S3's minimum
@@ -176,7 +175,7 @@ def test_large_part_goes_up_in_several_parts(s3, tmp_path, monkeypatch):  # noqa
     np.testing.assert_array_equal(back.X, x[idx])
 
 
-def test_missing_bucket_and_refused_writes(inputs, s3, s3_auth, tmp_path):  # noqa: F811
+def test_missing_bucket_and_refused_writes(inputs, s3, s3_auth, tmp_path):
     paths, _ = inputs
     staging = tmp_path / "staging"
     with pytest.raises(
@@ -201,7 +200,7 @@ def test_missing_bucket_and_refused_writes(inputs, s3, s3_auth, tmp_path):  # no
         )
 
 
-def test_a_part_uploads_while_the_next_is_written(inputs, s3, tmp_path, monkeypatch):  # noqa: F811
+def test_a_part_uploads_while_the_next_is_written(inputs, s3, tmp_path, monkeypatch):
     """Part i's upload runs beside part i + 1's write; the run returns after all."""
     paths, _ = inputs
     events = []
@@ -231,7 +230,7 @@ def test_a_part_uploads_while_the_next_is_written(inputs, s3, tmp_path, monkeypa
     assert events[-1] == ("uploaded", 2)  # waited for the last upload
 
 
-def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):  # noqa: F811
+def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
     paths, _ = inputs
     staging = tmp_path / "staging"
 
