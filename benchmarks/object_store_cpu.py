@@ -34,6 +34,12 @@ _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.
 _WARMUP = flags.DEFINE_integer("warmup", 100, "Minibatches before timing.")
 _MINIBATCHES = flags.DEFINE_integer("minibatches", 400, "Minibatches timed.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+_VIA_PROXY = flags.DEFINE_boolean(
+    "via_proxy",
+    True,
+    "Add the round-trip time in FaultProxy (a relay process); --novia_proxy: "
+    "the server holds each answer instead.",
+)
 _DATA = flags.DEFINE_string(
     "data", None, "An uncompressed .h5ad (default: the cached Tahoe-shaped file)."
 )
@@ -91,7 +97,9 @@ def main(argv):
         os.link(path, os.path.join(root, "bench", os.path.basename(path)))
         url = f"s3://bench/{os.path.basename(path)}"
         results = []
-        with ServedFolder(root, rtt_s=_RTT_MS.value / 1000) as served:
+        with ServedFolder(
+            root, rtt_s=_RTT_MS.value / 1000, via_proxy=_VIA_PROXY.value
+        ) as served:
             for k in [int(v) for v in _IN_FLIGHT.value]:
                 row = point(served, url, k)
                 results.append(row)
