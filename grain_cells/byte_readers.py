@@ -224,15 +224,24 @@ class RemoteByteReader:
         self._pinned_bytes = 0
         self._lock = threading.Lock()
         self._in_flight = object_store.max_in_flight(storage_options)
+        self._store_of_pid: tuple[int, object] = (-1, None)
         self._ahead = ReadAhead(
             self._get, lambda: _ahead_pool(self._in_flight), READAHEAD_BYTES
         )
+
+    def _store(self):
+        """This process's store for the object (a forked child builds its own)."""
+        pid, store = self._store_of_pid
+        if pid != os.getpid():
+            store = object_store.store_for(self.name, self._options)
+            self._store_of_pid = (os.getpid(), store)
+        return store
 
     def _get(self, start: int, end: int):
         if end > self._stat.size:
             raise TruncatedError(self._stat.size, end)
         return object_store.get_range(
-            self.name, self._options, start, end, self._stat.etag
+            self.name, self._options, start, end, self._stat.etag, self._store()
         )
 
     def _from_pinned(self, off: int, n: int):

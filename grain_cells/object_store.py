@@ -262,12 +262,16 @@ def get_range(
     start: int,
     end: int,
     etag: str,
+    store=None,
 ):
     """Bytes `[start, end)` of the object at `url`, if its ETag is still `etag`.
 
     The one function through which every remote read goes. The GET carries
     `If-Match: etag`, so the server refuses it once the object has changed:
     a read never mixes bytes of two versions.
+
+    `store` is `store_for(url, storage_options)` when the caller holds it
+    (a reader sending many GETs skips the lookup).
 
     Returns:
         A buffer (`obstore.Bytes`) of exactly `end - start` bytes.
@@ -281,7 +285,8 @@ def get_range(
     import obstore
     from obstore import exceptions as ox
 
-    store = store_for(url, storage_options)
+    if store is None:
+        store = store_for(url, storage_options)
     _, key = split_url(url)
     options = {"range": (int(start), int(end))}
     if etag:
