@@ -89,6 +89,46 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
 
 
 @_njit
+def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
+    """`_sort_keys`, with the keys of the row's smallest value set apart.
+
+    In count data most expressed values of a cell are its smallest (1, or
+    its normalised value), and they sort last, by token. They arrive in
+    column order, which is token order for a vocabulary in column order: one
+    pass moves them to `tail` (checking that order) and only the others are
+    sorted; otherwise (tokens against column order) every key is sorted.
+    Keys and output as for `_sort_keys` (it scrambles `keys[:m]`).
+    """
+    if m < 64:
+        _sort_keys(keys, m, lo, hi, out, counts, bucket)
+        return
+    c = 0
+    t = 0
+    top = np.uint64(0)
+    prev = np.uint64(0)
+    in_order = True
+    for j in range(m):
+        k = keys[j]
+        w = k >> np.uint64(32)
+        if w == hi:
+            if t and k < prev:
+                in_order = False
+            prev = k
+            tail[t] = k
+            t += 1
+        else:
+            keys[c] = k
+            top = max(top, w)
+            c += 1
+    if not in_order:
+        keys[c:m] = tail[:t]
+        _sort_keys(keys, m, lo, hi, out, counts, bucket)
+        return
+    _sort_keys(keys, c, lo, top, out, counts, bucket)
+    out[c:m] = tail[:t]
+
+
+@_njit
 def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
@@ -140,7 +180,7 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, 
 
 @_njit
 def _scratch(indptr, rows):
-    """Scratch (keys, sorted keys, bucket counters and indices, quotients)."""
+    """Scratch (keys, sorted keys, bucket counters and indices, quotients, tail)."""
     longest = 0
     for r in rows:
         longest = max(longest, indptr[r + 1] - indptr[r])
@@ -149,7 +189,8 @@ def _scratch(indptr, rows):
     counts = np.empty(longest + 18, np.int32)
     bucket = np.empty(longest, np.int32)
     quot = np.empty(longest, np.float32)
-    return keys, out, counts, bucket, quot
+    tail = np.empty(longest, np.uint64)
+    return keys, out, counts, bucket, quot, tail
 
 
 @_njit
@@ -192,7 +233,7 @@ def rank_value_rows(
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    keys, out, counts, bucket, quot = _scratch(indptr, rows)
+    keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
@@ -284,7 +325,7 @@ def value_bin_rows(
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
     """
-    keys, out, counts, bucket, quot = _scratch(indptr, rows)
+    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
@@ -310,7 +351,7 @@ def value_bin_rows(
                 keys,
                 quot,
             )
-            _sort_keys(keys, m, lo, hi, out, counts, bucket)
+            _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
             n = min(m, slots)
             if offset:
                 row[0] = cls_id
