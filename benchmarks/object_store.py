@@ -2,19 +2,24 @@ r"""grain_cells reading .h5ad from an S3-compatible store, beside local disk.
 
 The Tahoe-shaped synthetic files (uncompressed and gzip, `--compressions`)
 are served by a local S3-compatible server (`grain_cells.testing.
-S3FolderServer`: range GETs answered from the file) through `FaultProxy`
-adding `--rtt_ms` of round-trip time per request, both in a child process.
+S3FolderServer`: range GETs answered from the file, in a child process)
+that holds each answer `--rtt_ms` before sending it: 20 ms of round-trip
+time per request, as a network between the reader and a remote store adds,
+and like a network it costs the reader's machine no CPU. (`--via_proxy`
+adds the time in `FaultProxy`, a relay process of its own, as the fault
+tests do; on this 2-core machine the relay took ~0.4 cores that a real
+network would not, see benchmarks/RESULTS.md.)
 For each file and worker count, in one run and back to back:
 
 1. local disk, cold (the file evicted from the page cache);
-2. the same file as `s3://bench/NAME` through the proxy, cold (evicted
-   again, so the server reads it from disk).
+2. the same file as `s3://bench/NAME`, cold (evicted again, so the server
+   reads it from disk).
 
 Both points are `loader_throughput.run_point` (CSR output with the
 `--obs_column` label, `--block_size` / `--fetch_factor` / `--batch_size`,
 `--warmup` then `--minibatches` timed). Reported: cells/s, the ratio
 remote / local, and the range GETs and bytes per fetch (`fetch_factor`
-minibatches) the proxy saw over the whole point (metadata and read-ahead
+minibatches) the server saw over the whole point (metadata and read-ahead
 included).
 
 Usage:
@@ -44,10 +49,10 @@ _COMPRESSIONS = flags.DEFINE_list(
 _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
 _VIA_PROXY = flags.DEFINE_boolean(
     "via_proxy",
-    True,
-    "Add the round-trip time with FaultProxy (a TCP hop of its own); "
-    "--novia_proxy: the server holds each answer instead (tells the proxy's "
-    "own cost apart).",
+    False,
+    "Add the round-trip time with FaultProxy (a relay process and TCP hop of "
+    "its own, using CPU a network would not); default: the server holds each "
+    "answer --rtt_ms.",
 )
 _ROOT = flags.DEFINE_string(
     "bucket_root",

@@ -1,7 +1,8 @@
 r"""Where the CPU of an s3 read goes: the reader, the server, the proxy.
 
 Serves the uncompressed Tahoe-shaped file as `s3://bench/NAME`
-(`ServedFolder`: `S3FolderServer` behind `FaultProxy` adding `--rtt_ms`),
+(`ServedFolder`: `S3FolderServer` holding each answer `--rtt_ms`, or
+behind `FaultProxy` adding it with `--via_proxy`),
 reads it with 0 workers (block 16 / fetch 16, batch 64, CSR + plate),
 `--warmup` minibatches, then times `--minibatches` and reports cells/s and
 the CPU cores used by the reading process (all its threads), the server's
@@ -36,9 +37,9 @@ _MINIBATCHES = flags.DEFINE_integer("minibatches", 400, "Minibatches timed.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 _VIA_PROXY = flags.DEFINE_boolean(
     "via_proxy",
-    True,
-    "Add the round-trip time in FaultProxy (a relay process); --novia_proxy: "
-    "the server holds each answer instead.",
+    False,
+    "Add the round-trip time in FaultProxy (a relay process); default: the "
+    "server holds each answer (as object_store.py).",
 )
 _DATA = flags.DEFINE_string(
     "data", None, "An uncompressed .h5ad (default: the cached Tahoe-shaped file)."
