@@ -101,25 +101,25 @@ def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
     if m < 64:
         _sort_keys(keys, m, lo, hi, out, counts, bucket)
         return
+    # Branch-free: a row's 1s and others interleave at random, and a
+    # mispredicted branch per key cost more than the two stores.
     c = 0
     t = 0
     top = np.uint64(0)
     prev = np.uint64(0)
-    in_order = True
+    disorder = 0
     for j in range(m):
         k = keys[j]
         w = k >> np.uint64(32)
-        if w == hi:
-            if t and k < prev:
-                in_order = False
-            prev = k
-            tail[t] = k
-            t += 1
-        else:
-            keys[c] = k
-            top = max(top, w)
-            c += 1
-    if not in_order:
+        last = w == hi
+        tail[t] = k
+        keys[c] = k
+        disorder += last & (k < prev)
+        prev = k if last else prev
+        top = top if last else max(top, w)
+        t += last
+        c += 1 - last
+    if disorder:
         keys[c:m] = tail[:t]
         _sort_keys(keys, m, lo, hi, out, counts, bucket)
         return
