@@ -162,6 +162,58 @@ def test_value_bins_compiled_equal_numpy(
     _assert_same(make, fetch)
 
 
+def _rows_fetch(rows: list[tuple[np.ndarray, np.ndarray]], key: int) -> Fetch:
+    """A fetch of the given (columns, values) rows."""
+    indptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([c.size for c, _ in rows], out=indptr[1:])
+    csr = CsrRows(
+        np.concatenate([v for _, v in rows]).astype(np.float32),
+        np.concatenate([c for c, _ in rows]).astype(np.int32),
+        indptr,
+        N_GENES,
+    )
+    return Fetch(None, np.arange(len(rows)), N_GENES, key=key, _csr=csr)
+
+
+@pytest.mark.parametrize("vocabulary", ["full", "reversed", "shuffled"])
+@pytest.mark.parametrize("length", [16, 301])
+def test_value_bins_smallest_value_last(vocabulary, length):
+    """The value-bin kernel's split of a row's smallest value, row by row.
+
+    Rows of 64 values or more (the split's threshold) whose smallest value
+    is: all of the row (nothing else to sort), most of it, one entry, ties
+    with a duplicate column; and a row of 63 values (the plain sort), an
+    all-zero cell and a cell with fewer genes than the sequence.
+    """
+    rng = np.random.default_rng(5)
+    cols = np.arange(0, 2 * 100, 2)  # 100 columns, in order
+    ones = np.ones(100)
+    mostly = np.where(rng.random(100) < 0.8, 1.0, rng.integers(2, 9, 100))
+    one_min = np.full(100, 3.0)
+    one_min[57] = 1.0
+    dup_cols = cols.copy()
+    dup_cols[10] = dup_cols[9]
+    rows = [
+        (cols, ones),
+        (cols, mostly),
+        (cols, one_min),
+        (dup_cols, mostly),
+        (cols[:63], mostly[:63]),
+        (cols[:0], ones[:0]),
+        (cols[:5], mostly[:5]),
+        (cols + 1, 0.5 * mostly),  # smallest value not 1
+    ]
+    fetch = _rows_fetch(rows * 12, key=11)
+    tokens = _tokens(vocabulary, 3)
+
+    def make(kernels):
+        return grain_cells.ValueBinTokens(
+            tokens, length=length, n_bins=11, pad_id=0, cls_id=1, kernels=kernels
+        )
+
+    _assert_same(make, fetch)
+
+
 def test_empty_fetch_and_bad_kernels():
     fetch = Fetch(
         None,
