@@ -127,6 +127,11 @@ class SlotRing:
         self._prefix = shm_names.new_prefix()
         self.name = self._prefix + "_ring"
         self._names: list[str] = []
+        # Names are created under this lock and `close` takes it too: the
+        # exit-with-parent thread closes the ring while the worker's thread
+        # may be making a segment, which must not appear after the unlinks.
+        self._names_lock = threading.Lock()
+        self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(_address(self.name))
         self._listener.listen(4)
@@ -143,20 +148,29 @@ class SlotRing:
         self._max_slots = max(self._max_slots, min(n, _MAX_SLOTS))
 
     def close(self) -> None:
-        """Unlinks every name this ring created (mappings die with the process)."""
-        names, self._names = self._names, []
-        for name in names:
-            shm_names.unlink(name)
+        """Unlinks every name this ring created (mappings die with the process).
+
+        The ring makes no segment after this (`_create_named` raises).
+        """
+        with self._names_lock:
+            self._closed = True
+            names, self._names = self._names, []
+            for name in names:
+                shm_names.unlink(name)
 
     def release(self, slot: int) -> None:
         """Marks a slot free (its handle was unpickled in this process)."""
         self._busy[slot] = False
 
-    def _new_name(self) -> str:
-        self._serial += 1
-        name = f"{self._prefix}_{self._serial}"
-        self._names.append(name)
-        return name
+    def _create_named(self, size: int) -> tuple[str, mmap.mmap]:
+        """A new named segment of `size` bytes, recorded for `close`."""
+        with self._names_lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: closed (the worker is exiting)")
+            self._serial += 1
+            name = f"{self._prefix}_{self._serial}"
+            self._names.append(name)
+            return name, _create(name, size)
 
     def _collect(self, timeout: float) -> None:
         """Marks the slots handed back free, waiting up to `timeout` for one."""
@@ -205,16 +219,15 @@ class SlotRing:
 
     def _segment(self, nbytes: int) -> tuple[str, int, mmap.mmap]:
         size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
-        name = self._new_name()
-        return name, size, _create(name, size)
+        name, mm = self._create_named(size)
+        return name, size, mm
 
     def put(self, arrays: Mapping[str, np.ndarray]) -> SlotHandle:
         """Writes `arrays` into a free slot; returns the handle to send."""
         layout, nbytes = _layout(arrays)
         slot = self._free_slot(nbytes)
         if slot is None:  # every slot busy: a one-off segment
-            name = self._new_name()
-            mm = _create(name, nbytes)
+            name, mm = self._create_named(nbytes)
             _write(mm, layout, arrays)
             mm.close()
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
