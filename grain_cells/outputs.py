@@ -70,6 +70,10 @@ class Fetch:
             of an output are functions of `(key, row id, ...)`, so a restored
             iterator repeats them.
         cache: Work an output does once per fetch, keyed by the output.
+        order: The fetch's rows in the order its minibatches take them
+            (minibatch `i` is a contiguous slice), when the fetch is split
+            into minibatches; None otherwise. An output may format every
+            minibatch at once from it (see `grain_cells.token_output`).
     """
 
     dense: np.ndarray | None
@@ -78,6 +82,7 @@ class Fetch:
     key: int = 0
     cache: dict = dataclasses.field(default_factory=dict)
     _csr: CsrRows | None = None
+    order: np.ndarray | None = None
 
     @property
     def csr(self) -> CsrRows:

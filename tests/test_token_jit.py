@@ -302,3 +302,50 @@ def test_threads_argument(monkeypatch):
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     assert grain_cells.ValueBinTokens(tokens).threads == 1
     assert grain_cells.ValueBinTokens(tokens, threads=2).threads == 2
+
+
+@pytest.mark.parametrize("mlm", [0.0, 0.2])
+def test_whole_fetch_encoding_gives_the_minibatches_of_one_thread(mlm):
+    """With `fetch.order` set (as `SplitFetch` sets it) and 2 threads, the
+    whole fetch is encoded at its first minibatch; each minibatch, asked in
+    any order and twice, equals one thread's per-minibatch arrays, and the
+    padded remainder and rows off the order fall back to the minibatch's
+    own encoding."""
+    fetch = _fetch(8, kind="counts", n_rows=150)
+    tokens, medians = _tokens("ordered", 8), _medians(8)
+    order = np.random.default_rng(8).permutation(fetch.row_ids.size)[:140]
+    fetch.order = order
+    makers = {
+        "rank_value": lambda threads: grain_cells.RankValueTokens(
+            tokens,
+            medians,
+            length=60,
+            cls_id=1,
+            eos_id=2,
+            mask_id=3,
+            mlm_probability=mlm,
+            threads=threads,
+        ),
+        "value_bin": lambda threads: grain_cells.ValueBinTokens(
+            tokens,
+            length=60,
+            n_bins=11,
+            cls_id=1,
+            mlm_probability=mlm,
+            threads=threads,
+        ),
+    }
+    m = 32
+    slices = [(a, min(a + m, order.size)) for a in range(0, order.size, m)]
+    for name, make in makers.items():
+        one, two = make(1), make(2)
+        plain = Fetch(None, fetch.row_ids, N_GENES, key=fetch.key, _csr=fetch.csr)
+        for a, b in [*slices[::-1], slices[1], (3, 3 + m)]:
+            rows = order[a:b]
+            expected = one.format(plain, rows, m)
+            got = two.format(fetch, rows, m)
+            assert sorted(got) == sorted(expected), name
+            for key, arr in expected.items():
+                np.testing.assert_array_equal(got[key], arr, err_msg=f"{name} {key}")
+        assert ("whole_fetch", id(two)) in fetch.cache
+        assert ("whole_fetch", id(one)) not in plain.cache
