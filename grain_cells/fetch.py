@@ -210,10 +210,10 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             if cfg.remainder == "drop":
                 n -= n % cfg.batch_size
             order = order[:n]
-        fetched.fetch.order = order
-        for part in fetched.extra.values():
-            if isinstance(part, Fetch):  # a layer's rows: in X's order
-                part.order = order
+            fetched.fetch.order = order  # minibatch i: order[i*m:(i+1)*m]
+            for part in fetched.extra.values():
+                if isinstance(part, Fetch):  # a layer's rows: in X's order
+                    part.order = order
         batches = Minibatches(self, fetched, order, via_slots, bounds)
         owner[0] = weakref.ref(batches)
         return batches

@@ -70,10 +70,12 @@ class Fetch:
             of an output are functions of `(key, row id, ...)`, so a restored
             iterator repeats them.
         cache: Work an output does once per fetch, keyed by the output.
-        order: The fetch's rows in the order its minibatches take them
-            (minibatch `i` is a contiguous slice), when the fetch is split
-            into minibatches; None otherwise. An output may format every
-            minibatch at once from it (see `grain_cells.token_output`).
+        order: The fetch's rows in the order its minibatches take them,
+            minibatch `i` being `order[i * batch_size:(i + 1) * batch_size]`
+            (the last may be shorter); None when minibatches are cut
+            otherwise (one condition each) or the fetch is not split. An
+            output may format every minibatch at once from it (see
+            `grain_cells.token_output`).
     """
 
     dense: np.ndarray | None
