@@ -128,6 +128,16 @@ def _children() -> list[int]:
     return kids
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of one live process, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its live children.
 

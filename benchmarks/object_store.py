@@ -1,14 +1,22 @@
 r"""grain_cells reading .h5ad from an S3-compatible store, beside local disk.
 
 The Tahoe-shaped synthetic files (uncompressed and gzip, `--compressions`)
-are served by a local S3-compatible server (`grain_cells.testing.
-S3FolderServer`: range GETs answered from the file, in a child process)
-that holds each answer `--rtt_ms` before sending it: 20 ms of round-trip
-time per request, as a network between the reader and a remote store adds,
-and like a network it costs the reader's machine no CPU. (`--via_proxy`
-adds the time in `FaultProxy`, a relay process of its own, as the fault
-tests do; on this 2-core machine the relay took ~0.4 cores that a real
-network would not, see benchmarks/RESULTS.md.)
+are served by a local S3-compatible server that holds each answer
+`--rtt_ms` before sending it: 20 ms of round-trip time per request, as a
+network between the reader and a remote store adds, and like a network it
+costs the reader's machine no CPU. `--server` picks the server:
+
+* `nginx` (default; `grain_cells.testing.NginxFolder`, Debian's
+  `nginx-light` and `libnginx-mod-http-echo`): a compiled server, ~0.1 ms
+  of CPU per range GET, so that on a machine where it shares the reader's
+  cores the figure is the reader's, as with a real store elsewhere;
+* `python` (`grain_cells.testing.S3FolderServer` in a child process, range
+  GETs by `os.sendfile`): the suite's own server, ~0.2-0.4 ms of CPU per
+  GET taken from the reader's cores. `--via_proxy` adds the time in
+  `FaultProxy` instead, a relay process of its own, as the fault tests do
+  (another ~0.13 ms per GET that a real network would not cost).
+
+The server's CPU is reported beside the figures (`server cores`).
 For each file and worker count, in one run and back to back:
 
 1. local disk, cold (the file evicted from the page cache);
@@ -26,6 +34,7 @@ Usage:
   python benchmarks/object_store.py                     # 400k cells, ~10 min
   python benchmarks/object_store.py --compressions=none --worker_counts=2
   python benchmarks/object_store.py --data=a.h5ad --rtt_ms=20
+  python benchmarks/object_store.py --server=python   # the suite's server
 """
 
 from __future__ import annotations
@@ -41,12 +50,15 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from grain_cells.testing import ServedFolder
+from grain_cells.testing import NginxFolder, ServedFolder
 
 _COMPRESSIONS = flags.DEFINE_list(
     "compressions", ["none", "gzip"], "Synthetic files to serve (ignored with --data)."
 )
 _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
+_SERVER = flags.DEFINE_enum(
+    "server", "nginx", ["nginx", "python"], "The S3-compatible server (see above)."
+)
 _VIA_PROXY = flags.DEFINE_boolean(
     "via_proxy",
     False,
@@ -106,6 +118,7 @@ def main(argv):
         flag_values = {
             "rtt_ms": _RTT_MS.value,
             "via_proxy": _VIA_PROXY.value,
+            "server": _SERVER.value,
             "object_store_options": _READ_OPTIONS.value,
             **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
         }
@@ -113,6 +126,16 @@ def main(argv):
         bench_util.write_json(
             loader_throughput._JSON.value, all_paths, flag_values, results
         )
+
+
+def serve(root: str, objects: dict):
+    """The `--server` serving `objects`, with `--rtt_ms` per request."""
+    rtt_s = _RTT_MS.value / 1000
+    if _SERVER.value == "nginx":
+        if _VIA_PROXY.value:
+            raise app.UsageError("--via_proxy needs --server=python")
+        return NginxFolder(root, rtt_s=rtt_s, objects=objects)
+    return ServedFolder(root, rtt_s=rtt_s, via_proxy=_VIA_PROXY.value, objects=objects)
 
 
 def measure(root: str, file_sets) -> list[dict]:
@@ -123,14 +146,10 @@ def measure(root: str, file_sets) -> list[dict]:
     results = []
     print(
         f"{'file':5s} {'workers':>7s} {'local cold':>11s} {'s3 cold':>9s} "
-        f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s}"
+        f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s} "
+        f"{'server us/GET':>13s}"
     )
-    with ServedFolder(
-        root,
-        rtt_s=_RTT_MS.value / 1000,
-        via_proxy=_VIA_PROXY.value,
-        objects=served_names(file_sets),
-    ) as served:
+    with serve(root, served_names(file_sets)) as served:
         options = served.storage_options(
             **bench_util.parse_options(_READ_OPTIONS.value)
         )
@@ -139,8 +158,12 @@ def measure(root: str, file_sets) -> list[dict]:
             for wc in workers:
                 local = loader_throughput.run_point(paths, "csr", wc, "cold")
                 served.stats(reset=True)
+                server_cpu = bench_util.process_cpu_s(served.pids["server"])
                 remote = loader_throughput.run_point(
                     urls, "csr", wc, "cold", storage_options=options, local_files=paths
+                )
+                server_cpu = (
+                    bench_util.process_cpu_s(served.pids["server"]) - server_cpu
                 )
                 stats = served.stats()
                 row = {
@@ -159,6 +182,10 @@ def measure(root: str, file_sets) -> list[dict]:
                         stats.get("response_bytes", 0) / fetches / 1e6, 2
                     ),
                     "via_proxy": _VIA_PROXY.value,
+                    "server": _SERVER.value,
+                    "server_cpu_us_per_get": round(
+                        1e6 * server_cpu / max(1, stats.get("range_gets", 0)), 1
+                    ),
                     "local": local,
                     "s3": remote,
                 }
@@ -167,7 +194,8 @@ def measure(root: str, file_sets) -> list[dict]:
                     f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} "
                     f"{remote['cells_per_s']:9,d} {row['ratio']:6.2f} "
                     f"{row['range_gets_per_fetch']:10.1f} {row['mb_per_fetch']:9.2f} "
-                    f"{remote['first_batch_s']:8.2f}",
+                    f"{remote['first_batch_s']:8.2f} "
+                    f"{row['server_cpu_us_per_get']:13.1f}",
                     flush=True,
                 )
     return results

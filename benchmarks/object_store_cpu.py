@@ -1,8 +1,9 @@
 r"""Where the CPU of an s3 read goes: the reader, the server, the proxy.
 
 Serves the uncompressed Tahoe-shaped file as `s3://bench/NAME`
-(`ServedFolder`: `S3FolderServer` holding each answer `--rtt_ms`, or
-behind `FaultProxy` adding it with `--via_proxy`),
+(`--server=python`: `ServedFolder`, `S3FolderServer` holding each answer
+`--rtt_ms`, or behind `FaultProxy` adding it with `--via_proxy`;
+`--server=nginx`: `NginxFolder`, as in object_store.py),
 reads it with 0 workers (block 16 / fetch 16, batch 64, CSR + plate),
 `--warmup` minibatches, then times `--minibatches` and reports cells/s and
 the CPU cores used by the reading process (all its threads), the server's
@@ -28,7 +29,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import grain_cells
-from grain_cells.testing import ServedFolder
+from grain_cells.testing import NginxFolder, ServedFolder
 
 _IN_FLIGHT = flags.DEFINE_list("in_flight", ["16", "64"], "max_in_flight values.")
 _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
@@ -40,6 +41,9 @@ _VIA_PROXY = flags.DEFINE_boolean(
     False,
     "Add the round-trip time in FaultProxy (a relay process); default: the "
     "server holds each answer (as object_store.py).",
+)
+_SERVER = flags.DEFINE_enum(
+    "server", "python", ["python", "nginx"], "The S3-compatible server."
 )
 _DATA = flags.DEFINE_string(
     "data", None, "An uncompressed .h5ad (default: the cached Tahoe-shaped file)."
@@ -98,15 +102,25 @@ def main(argv):
         os.link(path, os.path.join(root, "bench", os.path.basename(path)))
         url = f"s3://bench/{os.path.basename(path)}"
         results = []
-        with ServedFolder(
-            root, rtt_s=_RTT_MS.value / 1000, via_proxy=_VIA_PROXY.value
-        ) as served:
+        rtt_s = _RTT_MS.value / 1000
+        if _SERVER.value == "nginx":
+            if _VIA_PROXY.value:
+                raise app.UsageError("--via_proxy needs --server=python")
+            served = NginxFolder(root, rtt_s=rtt_s)
+        else:
+            served = ServedFolder(root, rtt_s=rtt_s, via_proxy=_VIA_PROXY.value)
+        with served:
             for k in [int(v) for v in _IN_FLIGHT.value]:
                 row = point(served, url, k)
                 results.append(row)
                 print(row, flush=True)
     if _JSON.value:
-        bench_util.write_json(_JSON.value, [path], {"rtt_ms": _RTT_MS.value}, results)
+        bench_util.write_json(
+            _JSON.value,
+            [path],
+            {"rtt_ms": _RTT_MS.value, "server": _SERVER.value},
+            results,
+        )
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ def test_object_store(workdir, data_file):
         "object_store.py",
         f"--data={data_file}",
         f"--bucket_root={workdir / 'buckets'}",
+        "--server=python",
         "--worker_counts=0",
         "--rtt_ms=2",
         "--warmup=1",
@@ -123,6 +124,32 @@ def test_object_store(workdir, data_file):
     assert row["local_cold_cells_per_s"] > 0 and row["s3_cold_cells_per_s"] > 0
     assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
     assert "s3 cold" in done.stdout
+
+
+def test_object_store_nginx(workdir, data_file):
+    pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+    from grain_cells.testing import nginx_folder
+
+    if nginx_folder.find_nginx() is None or nginx_folder.echo_module() is None:
+        pytest.skip(
+            f"nginx with its echo module is not installed: {nginx_folder.INSTALL_HINT}"
+        )
+    out = workdir / "object_store_nginx.json"
+    done = run(
+        workdir,
+        "object_store.py",
+        f"--data={data_file}",
+        "--server=nginx",
+        "--worker_counts=0",
+        "--rtt_ms=2",
+        "--warmup=1",
+        "--minibatches=10",
+        f"--json={out}",
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["server"] == "nginx" and row["s3_cold_cells_per_s"] > 0
+    assert row["range_gets_per_fetch"] > 0 and row["server_cpu_us_per_get"] >= 0
+    assert "server us/GET" in done.stdout
 
 
 def test_range_get_cpu(workdir, data_file):

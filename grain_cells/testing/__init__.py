@@ -2,16 +2,19 @@
 
 `S3FolderServer` serves a folder's files as S3 objects (range GETs straight
 from the file); `FaultProxy` adds round-trip time and injects faults between a
-client and such a server.
+client and such a server. `NginxFolder` serves files for range reads
+through nginx (a compiled server, for benchmarks on few cores).
 """
 
 from grain_cells.testing.fault_proxy import Fault, FaultProxy, Request, always, every
+from grain_cells.testing.nginx_folder import NginxFolder
 from grain_cells.testing.s3_folder_server import S3FolderServer, object_etag
 from grain_cells.testing.served_folder import ServedFolder
 
 __all__ = [
     "Fault",
     "FaultProxy",
+    "NginxFolder",
     "Request",
     "S3FolderServer",
     "ServedFolder",
