@@ -1,8 +1,9 @@
 r"""CPU per range GET: obstore's calling styles against the local S3 server.
 
 Serves one file (`--data`, default the cached uncompressed Tahoe-shaped file)
-with `ServedFolder` (no added latency; the server reads the page cache
-after the first pass) and sends `--gets` range GETs of `--range_kib` at
+with `ServedFolder` (`--server=python`) or `NginxFolder` (`--server=nginx`;
+no added latency; the server reads the page cache after the first pass)
+and sends `--gets` range GETs of `--range_kib` at
 random offsets, in each of:
 
 * `threads=K`: `obstore.get(..., options={"range": ...}).bytes()` from K
@@ -19,6 +20,7 @@ warms the server's page cache; `--repeat` runs the list again.
 Usage:
   python benchmarks/range_get_cpu.py
   python benchmarks/range_get_cpu.py --range_kib=10,100 --gets=2000
+  python benchmarks/range_get_cpu.py --server=nginx
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from grain_cells.testing import ServedFolder
+from grain_cells.testing import NginxFolder, ServedFolder
 
 _DATA = flags.DEFINE_string("data", None, "File to serve (default: the cached one).")
 _GETS = flags.DEFINE_integer("gets", 3000, "Range GETs per style.")
@@ -48,6 +50,9 @@ _STYLES = flags.DEFINE_list(
     "threads=K, async=K or get_ranges (the first run also warms the server).",
 )
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+_SERVER = flags.DEFINE_enum(
+    "server", "python", ["python", "nginx"], "The S3-compatible server."
+)
 
 
 def _own_cpu() -> float:
@@ -109,7 +114,11 @@ def main(argv):
     results = []
     with (
         tempfile.TemporaryDirectory() as root,
-        ServedFolder(root, via_proxy=False, objects={"bench/x": path}) as served,
+        (
+            NginxFolder(root, objects={"bench/x": path})
+            if _SERVER.value == "nginx"
+            else ServedFolder(root, via_proxy=False, objects={"bench/x": path})
+        ) as served,
     ):
         store = S3Store(
             "bench",
@@ -148,7 +157,12 @@ def main(argv):
                     flush=True,
                 )
     if _JSON.value:
-        bench_util.write_json(_JSON.value, [path], {"gets": _GETS.value}, results)
+        bench_util.write_json(
+            _JSON.value,
+            [path],
+            {"gets": _GETS.value, "server": _SERVER.value},
+            results,
+        )
 
 
 if __name__ == "__main__":
