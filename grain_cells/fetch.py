@@ -191,6 +191,8 @@ class SplitFetch(grain.experimental.FlatMapTransform):
                 worker's shared-memory ring rather than as arrays.
         """
         cfg = self.config
+        if self.__dict__.get("_via_slots", False):  # unpickled in a worker
+            worker_process.fetch_starting()
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
