@@ -128,6 +128,23 @@ def _children() -> list[int]:
     return kids
 
 
+def s3_server(kind: str, root: str, *, rtt_s=0.0, via_proxy=False, objects=None):
+    """The local S3 stand-in a `--server` flag names (not started).
+
+    `nginx`: `grain_cells.testing.NginxFolder`; `python`: `ServedFolder`
+    (`S3FolderServer`, behind `FaultProxy` with `via_proxy`).
+    """
+    from absl import app
+
+    from grain_cells.testing import NginxFolder, ServedFolder
+
+    if kind == "nginx":
+        if via_proxy:
+            raise app.UsageError("--via_proxy needs --server=python")
+        return NginxFolder(root, rtt_s=rtt_s, objects=objects)
+    return ServedFolder(root, rtt_s=rtt_s, via_proxy=via_proxy, objects=objects)
+
+
 def process_cpu_s(pid: int) -> float:
     """CPU time (user + system) of one live process, 0 if it is gone."""
     try:

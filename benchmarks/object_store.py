@@ -50,8 +50,6 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from grain_cells.testing import NginxFolder, ServedFolder
-
 _COMPRESSIONS = flags.DEFINE_list(
     "compressions", ["none", "gzip"], "Synthetic files to serve (ignored with --data)."
 )
@@ -128,16 +126,6 @@ def main(argv):
         )
 
 
-def serve(root: str, objects: dict):
-    """The `--server` serving `objects`, with `--rtt_ms` per request."""
-    rtt_s = _RTT_MS.value / 1000
-    if _SERVER.value == "nginx":
-        if _VIA_PROXY.value:
-            raise app.UsageError("--via_proxy needs --server=python")
-        return NginxFolder(root, rtt_s=rtt_s, objects=objects)
-    return ServedFolder(root, rtt_s=rtt_s, via_proxy=_VIA_PROXY.value, objects=objects)
-
-
 def measure(root: str, file_sets) -> list[dict]:
     """Local cold, then s3 cold, for each file set and worker count."""
     os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
@@ -149,7 +137,13 @@ def measure(root: str, file_sets) -> list[dict]:
         f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s} "
         f"{'server us/GET':>13s}"
     )
-    with serve(root, served_names(file_sets)) as served:
+    with bench_util.s3_server(
+        _SERVER.value,
+        root,
+        rtt_s=_RTT_MS.value / 1000,
+        via_proxy=_VIA_PROXY.value,
+        objects=served_names(file_sets),
+    ) as served:
         options = served.storage_options(
             **bench_util.parse_options(_READ_OPTIONS.value)
         )

@@ -29,7 +29,6 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import grain_cells
-from grain_cells.testing import NginxFolder, ServedFolder
 
 _IN_FLIGHT = flags.DEFINE_list("in_flight", ["16", "64"], "max_in_flight values.")
 _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
@@ -50,18 +49,12 @@ _DATA = flags.DEFINE_string(
 )
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _self_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-def point(served: ServedFolder, url: str, in_flight: int) -> dict:
+def point(served, url: str, in_flight: int) -> dict:
     options = served.storage_options(max_in_flight=in_flight)
     source = grain_cells.AnnDataSource(
         url, block_size=16, obs_columns=["plate"], storage_options=options
@@ -75,13 +68,16 @@ def point(served: ServedFolder, url: str, in_flight: int) -> dict:
     for _ in range(_WARMUP.value):
         next(iterator)
     pids = served.pids
-    before = {n: _cpu_s(p) for n, p in pids.items()}
+    before = {n: bench_util.process_cpu_s(p) for n, p in pids.items()}
     own, t0, cells = _self_cpu_s(), time.perf_counter(), 0
     for _ in range(_MINIBATCHES.value):
         cells += int(next(iterator)["mask"].sum())
     seconds = time.perf_counter() - t0
     own = _self_cpu_s() - own
-    cores = {n: round((_cpu_s(p) - before[n]) / seconds, 2) for n, p in pids.items()}
+    cores = {
+        n: round((bench_util.process_cpu_s(p) - before[n]) / seconds, 2)
+        for n, p in pids.items()
+    }
     iterator.close()
     return {
         "max_in_flight": in_flight,
@@ -102,14 +98,12 @@ def main(argv):
         os.link(path, os.path.join(root, "bench", os.path.basename(path)))
         url = f"s3://bench/{os.path.basename(path)}"
         results = []
-        rtt_s = _RTT_MS.value / 1000
-        if _SERVER.value == "nginx":
-            if _VIA_PROXY.value:
-                raise app.UsageError("--via_proxy needs --server=python")
-            served = NginxFolder(root, rtt_s=rtt_s)
-        else:
-            served = ServedFolder(root, rtt_s=rtt_s, via_proxy=_VIA_PROXY.value)
-        with served:
+        with bench_util.s3_server(
+            _SERVER.value,
+            root,
+            rtt_s=_RTT_MS.value / 1000,
+            via_proxy=_VIA_PROXY.value,
+        ) as served:
             for k in [int(v) for v in _IN_FLIGHT.value]:
                 row = point(served, url, k)
                 results.append(row)

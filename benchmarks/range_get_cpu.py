@@ -39,8 +39,6 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from grain_cells.testing import NginxFolder, ServedFolder
-
 _DATA = flags.DEFINE_string("data", None, "File to serve (default: the cached one).")
 _GETS = flags.DEFINE_integer("gets", 3000, "Range GETs per style.")
 _RANGE_KIB = flags.DEFINE_list("range_kib", ["100"], "Bytes per GET (KiB).")
@@ -114,11 +112,7 @@ def main(argv):
     results = []
     with (
         tempfile.TemporaryDirectory() as root,
-        (
-            NginxFolder(root, objects={"bench/x": path})
-            if _SERVER.value == "nginx"
-            else ServedFolder(root, via_proxy=False, objects={"bench/x": path})
-        ) as served,
+        bench_util.s3_server(_SERVER.value, root, objects={"bench/x": path}) as served,
     ):
         store = S3Store(
             "bench",

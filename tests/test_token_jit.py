@@ -249,13 +249,9 @@ def test_without_numba_auto_falls_back(monkeypatch):
         grain_cells.ValueBinTokens(_tokens("full", 0), kernels="numba")
 
 
-@pytest.mark.parametrize("kind", ["counts", "positive"])
-def test_threads_give_the_arrays_of_one_thread(kind):
-    """Minibatches split over 3 threads (a slice of padding rows, an empty
-    one) equal one thread's, for both outputs, with masking."""
-    fetch = _fetch(5, kind=kind)
-    tokens, medians = _tokens("ordered", 5), _medians(5)
-    makers = {
+def _threaded_outputs(tokens, medians, mlm_probability: float) -> dict:
+    """Both outputs (specials, masking) as functions of `threads`."""
+    return {
         "rank_value": lambda threads: grain_cells.RankValueTokens(
             tokens,
             medians,
@@ -263,7 +259,7 @@ def test_threads_give_the_arrays_of_one_thread(kind):
             cls_id=1,
             eos_id=2,
             mask_id=3,
-            mlm_probability=0.2,
+            mlm_probability=mlm_probability,
             threads=threads,
         ),
         "value_bin": lambda threads: grain_cells.ValueBinTokens(
@@ -271,10 +267,19 @@ def test_threads_give_the_arrays_of_one_thread(kind):
             length=60,
             n_bins=11,
             cls_id=1,
-            mlm_probability=0.2,
+            mlm_probability=mlm_probability,
             threads=threads,
         ),
     }
+
+
+@pytest.mark.parametrize("kind", ["counts", "positive"])
+def test_threads_give_the_arrays_of_one_thread(kind):
+    """Minibatches split over 3 threads (a slice of padding rows, an empty
+    one) equal one thread's, for both outputs, with masking."""
+    fetch = _fetch(5, kind=kind)
+    tokens, medians = _tokens("ordered", 5), _medians(5)
+    makers = _threaded_outputs(tokens, medians, 0.2)
     order = np.random.default_rng(5).permutation(fetch.row_ids.size)
     for name, make in makers.items():
         one, three = make(1), make(3)
@@ -315,26 +320,7 @@ def test_whole_fetch_encoding_gives_the_minibatches_of_one_thread(mlm):
     tokens, medians = _tokens("ordered", 8), _medians(8)
     order = np.random.default_rng(8).permutation(fetch.row_ids.size)[:140]
     fetch.order = order
-    makers = {
-        "rank_value": lambda threads: grain_cells.RankValueTokens(
-            tokens,
-            medians,
-            length=60,
-            cls_id=1,
-            eos_id=2,
-            mask_id=3,
-            mlm_probability=mlm,
-            threads=threads,
-        ),
-        "value_bin": lambda threads: grain_cells.ValueBinTokens(
-            tokens,
-            length=60,
-            n_bins=11,
-            cls_id=1,
-            mlm_probability=mlm,
-            threads=threads,
-        ),
-    }
+    makers = _threaded_outputs(tokens, medians, mlm)
     m = 32
     slices = [(a, min(a + m, order.size)) for a in range(0, order.size, m)]
     for name, make in makers.items():

@@ -35,6 +35,8 @@ import tempfile
 import time
 from collections.abc import Mapping
 
+from grain_cells.testing.served_folder import loopback_storage_options
+
 _MODULE_DIRS = ("/usr/lib/nginx/modules", "/usr/share/nginx/modules")
 INSTALL_HINT = "apt-get install nginx-light libnginx-mod-http-echo"
 
@@ -93,8 +95,7 @@ class NginxFolder:
         self._log_offset = 0
         self.endpoint_url = ""
 
-    def _config(self, port: int, docroot: str) -> str:
-        nginx = find_nginx()
+    def _config(self, nginx: str, port: int, docroot: str) -> str:
         lines = []
         if self.rtt_s > 0:
             module = echo_module()
@@ -158,6 +159,15 @@ http {{
         if nginx is None:
             raise RuntimeError(f"NginxFolder needs nginx on PATH: {INSTALL_HINT}")
         self._dir = tempfile.mkdtemp(prefix="grain-cells-nginx-")
+        try:
+            self._launch(nginx)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, nginx: str) -> None:
+        """Writes the private folder and config, starts nginx, waits for it."""
         docroot = os.path.join(self._dir, "root")
         os.makedirs(docroot)
         for name in os.listdir(self.root):
@@ -172,7 +182,7 @@ http {{
         port = _free_port()
         conf = os.path.join(self._dir, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(self._config(port, docroot))
+            f.write(self._config(nginx, port, docroot))
         self._process = subprocess.Popen(
             [nginx, "-c", conf, "-p", self._dir],
             stdout=subprocess.DEVNULL,
@@ -183,7 +193,6 @@ http {{
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 err = self._process.stderr.read().decode(errors="replace")
-                self.stop()
                 raise RuntimeError(
                     f"nginx did not start ({err.strip()}); {INSTALL_HINT}"
                 )
@@ -191,22 +200,15 @@ http {{
                 contextlib.suppress(OSError),
                 socket.create_connection(("127.0.0.1", port), timeout=1),
             ):
-                return self
+                return
             time.sleep(0.05)
-        self.stop()
         raise RuntimeError(
             f"nginx did not listen on port {port} in {self._timeout_s} s"
         )
 
     def storage_options(self, **extra) -> dict:
         """Storage options that reach the buckets."""
-        return {
-            "endpoint_url": self.endpoint_url,
-            "access_key_id": "grain-cells",
-            "secret_access_key": "grain-cells",
-            "region": "us-east-1",
-            **extra,
-        }
+        return loopback_storage_options(self.endpoint_url, **extra)
 
     @property
     def pids(self) -> dict[str, int]:

@@ -51,6 +51,17 @@ def _serve_proxy(upstream: tuple[str, int], rtt_s: float, conn) -> None:
     proxy.stop()
 
 
+def loopback_storage_options(endpoint_url: str, **extra) -> dict:
+    """Storage options for a local S3 stand-in at `endpoint_url` (no auth)."""
+    return {
+        "endpoint_url": endpoint_url,
+        "access_key_id": "grain-cells",
+        "secret_access_key": "grain-cells",
+        "region": "us-east-1",
+        **extra,
+    }
+
+
 class ServedFolder:
     """Serves `root`'s subfolders as S3 buckets with added latency, in children.
 
@@ -134,13 +145,7 @@ class ServedFolder:
 
     def storage_options(self, **extra) -> dict:
         """Storage options that reach the buckets (through the proxy if any)."""
-        return {
-            "endpoint_url": self.endpoint_url,
-            "access_key_id": "grain-cells",
-            "secret_access_key": "grain-cells",
-            "region": "us-east-1",
-            **extra,
-        }
+        return loopback_storage_options(self.endpoint_url, **extra)
 
     @property
     def pids(self) -> dict[str, int]:
