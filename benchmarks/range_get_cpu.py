@@ -11,7 +11,10 @@ random offsets, in each of:
 * `async=K`: `obstore.get_async` + `bytes_async` under an asyncio semaphore
   of K, on one event loop;
 * `get_ranges`: `obstore.get_ranges` of 64 ranges per call (concurrency
-  inside Rust; it cannot send `If-Match`).
+  inside Rust; it cannot send `If-Match`);
+* `verified=G/K`: `get_ranges` of G ranges (no coalescing) then a HEAD
+  comparing the ETag, from K Python threads (a check after the GETs in
+  place of `If-Match` on each).
 
 Reported per style: GETs/s, this process's CPU per GET (all its threads,
 obstore's runtime included) and the server process's. The first style also
@@ -91,6 +94,21 @@ def _send(style: str, store, key: str, starts: list[int], size: int, etag: str):
 
         for got in asyncio.run(all_gets()):
             assert len(got) == size
+    elif name == "verified":
+        group, _, threads = k.partition("/")
+        group = int(group)
+
+        def batch(part):
+            ends = [s + size for s in part]
+            got = obstore.get_ranges(store, key, starts=part, ends=ends, coalesce=0)
+            if obstore.head(store, key)["e_tag"] != etag:
+                raise RuntimeError("changed")
+            return got
+
+        parts = [starts[i : i + group] for i in range(0, len(starts), group)]
+        with concurrent.futures.ThreadPoolExecutor(int(threads)) as pool:
+            for got in pool.map(batch, parts):
+                assert all(len(g) == size for g in got)
     elif name == "get_ranges":
         for i in range(0, len(starts), 64):
             part = starts[i : i + 64]

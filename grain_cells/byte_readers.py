@@ -7,12 +7,15 @@ in a destination buffer. Two implementations:
 
 * `LocalByteReader`: `os.preadv` on a file descriptor (releases the GIL),
   read-ahead hints through `posix_fadvise`.
-* `RemoteByteReader`: range GETs of an object (`grain_cells.object_store.
-  get_range`, each carrying `If-Match` with the object's ETag). Pieces less
-  than `MERGE_GAP` apart are merged into one request of at most
+* `RemoteByteReader`: range GETs of an object, in batches of up to
+  `BATCH` requests (`grain_cells.object_store.get_ranges`: one call into
+  obstore per batch, then a HEAD that checks the object's version). Pieces
+  less than `MERGE_GAP` apart are merged into one request of at most
   `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a storage option,
   `object_store.DEFAULT_MAX_IN_FLIGHT` by default) run at once per process
-  for the fetch being read, and as many for read-ahead. `will_need` (used
+  for the fetch being read (`max_in_flight // BATCH` threads, each sending
+  one batch at a time, or one thread sending batches of `max_in_flight`
+  when that is below `BATCH`), and as many for read-ahead. `will_need` (used
   for each CSR file's `indptr`, which every fetch reads) fetches the ranges
   into memory once, up to `PIN_BYTES` per reader;
   `advise` (the fetch stage's read-ahead of future fetches) starts their
@@ -41,6 +44,8 @@ from grain_cells.identity import FileStat
 from grain_cells.read_ahead import ReadAhead
 
 MERGE_GAP = 64 << 10
+# Requests per obstore call: `obstore.get_ranges` sends up to 10 at once.
+BATCH = 8
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
@@ -223,10 +228,15 @@ class RemoteByteReader:
         self._pinned: list[tuple[int, bytes]] = []
         self._pinned_bytes = 0
         self._lock = threading.Lock()
-        self._in_flight = object_store.max_in_flight(storage_options)
+        in_flight = object_store.max_in_flight(storage_options)
+        self._batch = min(BATCH, in_flight)
+        self._threads = in_flight // self._batch  # batches in flight at once
         self._store_of_pid: tuple[int, object] = (-1, None)
         self._ahead = ReadAhead(
-            self._get, lambda: _ahead_pool(self._in_flight), READAHEAD_BYTES
+            self._get_many,
+            lambda: _ahead_pool(self._threads),
+            READAHEAD_BYTES,
+            batch=self._batch,
         )
 
     def _store(self):
@@ -237,11 +247,15 @@ class RemoteByteReader:
             self._store_of_pid = (os.getpid(), store)
         return store
 
-    def _get(self, start: int, end: int):
+    def _get_many(self, ranges: list[tuple[int, int]]) -> list:
+        end = max(e for _, e in ranges)
         if end > self._stat.size:
             raise TruncatedError(self._stat.size, end)
-        return object_store.get_range(
-            self.name, self._options, start, end, self._stat.etag, self._store()
+        version = object_store.ObjectStat(
+            self._stat.size, self._stat.etag, self._stat.mtime_ns
+        )
+        return object_store.get_ranges(
+            self.name, self._options, ranges, version, self._store()
         )
 
     def _from_pinned(self, off: int, n: int):
@@ -281,23 +295,24 @@ class RemoteByteReader:
         order = np.argsort(offsets, kind="stable")
         offsets, nbytes, dest_starts = offsets[order], nbytes[order], dest_starts[order]
         requests = plan_requests(offsets, nbytes)
+        offsets, nbytes = offsets.tolist(), nbytes.tolist()
+        dest_starts = dest_starts.tolist()
 
-        def run(request) -> None:
-            start, end, a, b = request
-            data = memoryview(self._get(start, end))
-            for off, n, d in zip(
-                offsets[a:b].tolist(),
-                nbytes[a:b].tolist(),
-                dest_starts[a:b].tolist(),
-                strict=True,
-            ):
-                dest[d : d + n] = data[off - start : off - start + n]
+        def run(batch) -> None:
+            datas = self._get_many([(start, end) for start, end, _, _ in batch])
+            for (start, _, a, b), data in zip(batch, datas, strict=True):
+                data = memoryview(data)
+                for i in range(a, b):
+                    off, n, d = offsets[i] - start, nbytes[i], dest_starts[i]
+                    dest[d : d + n] = data[off : off + n]
 
-        if len(requests) == 1:
-            run(requests[0])
+        k = self._batch
+        batches = [requests[i : i + k] for i in range(0, len(requests), k)]
+        if len(batches) == 1:
+            run(batches[0])
             return
-        pool = _request_pool(self._in_flight)
-        futures = [pool.submit(run, r) for r in requests]
+        pool = _request_pool(self._threads)
+        futures = [pool.submit(run, b) for b in batches]
         for f in futures:
             f.result()
 
@@ -339,7 +354,7 @@ class RemoteByteReader:
             return
 
     def stat(self) -> FileStat:
-        """The version read (no request: every GET checks the ETag)."""
+        """The version read (no request: every batch of GETs checks it)."""
         return self._stat
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ CONFIG = dict(block_size=5, batch_size=4, fetch_factor=5)
 
 def _counts_since(before: dict) -> dict:
     now = object_store.request_counts()
-    return {k: now.get(k, 0) - before.get(k, 0) for k in ("head", "get")}
+    return {k: now.get(k, 0) - before.get(k, 0) for k in ("head", "get", "check")}
 
 
 def _write_rich(path, *, dense=False, compression=None) -> str:
@@ -202,14 +202,16 @@ def test_metadata_read_once(parts, s3):
     before = object_store.request_counts()
     grain_cells.AnnDataSource(urls, obs_columns=OBS, storage_options=s3.options)
     again = _counts_since(before)
-    # One HEAD per object; each object's indptr (one GET); no metadata GET.
-    assert again == {"head": len(urls), "get": len(urls)}, again
+    # One HEAD per object; each object's indptr (one GET, then the HEAD that
+    # checks its version); no metadata GET.
+    assert again == {"head": len(urls), "get": len(urls), "check": len(urls)}, again
 
     worker = pickle.loads(pickle.dumps(first))  # what a worker process gets
     before = object_store.request_counts()
     worker.read_blocks([0])  # opens one file: its indptr, then data+indices
     started = _counts_since(before)
     assert started["head"] == 0 and started["get"] <= 3, started
+    assert started["check"] <= started["get"], started
 
 
 def test_changed_object_raises(tmp_path, s3):

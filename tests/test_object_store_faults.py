@@ -321,3 +321,60 @@ def test_object_replaced_mid_run_raises(served, proxy, csr_paths, tmp_path):
     os.replace(fresh, target)
     with pytest.raises(grain_cells.SourceChangedError, match=url):
         source.read_blocks(list(range(len(source))))
+
+
+def _same_layout_pair(tmp_path) -> tuple[str, str]:
+    """Two .h5ad files whose X pieces sit at the same byte offsets but whose
+    values and gene indices differ: bytes of one read as if of the other
+    would give cells of neither."""
+    import anndata
+    import h5py
+    import scipy.sparse
+
+    pattern = scipy.sparse.random(300, 40, density=0.3, format="csr", random_state=1)
+    rows = np.repeat(np.arange(300), np.diff(pattern.indptr))
+    paths = []
+    for sign, name in ((1, "old.h5ad"), (-1, "new.h5ad")):
+        x = pattern.copy()
+        x.data = (sign * (rows * 1000 + x.indices + 1)).astype(np.float32)
+        if sign < 0:  # the same row lengths, other genes
+            x.indices = (39 - x.indices).astype(x.indices.dtype)
+            x.has_sorted_indices = False
+            x.sort_indices()
+        path = str(tmp_path / name)
+        anndata.AnnData(X=x).write_h5ad(path)
+        paths.append(path)
+    with h5py.File(paths[0]) as a, h5py.File(paths[1]) as b:
+        for key in ("X/data", "X/indices", "X/indptr"):
+            assert a[key].id.get_offset() == b[key].id.get_offset(), key
+    return paths[0], paths[1]
+
+
+def test_object_replaced_between_the_gets_of_a_batch_raises(served, proxy, tmp_path):
+    """GETs of one batch carry no `If-Match`: the object is replaced (same
+    layout, other values) after the batch's first GET, so its second returns
+    the new version's bytes; the HEAD after the batch must refuse the mix."""
+    root, _ = served
+    old, new = _same_layout_pair(tmp_path)
+    target = root / BUCKET / "mixed.h5ad"
+    shutil.copy(old, target)
+    staged = root / "staged.h5ad"  # outside the bucket, same file system
+    shutil.copy(new, staged)
+    url = f"s3://{BUCKET}/mixed.h5ad"
+    source = grain_cells.AnnDataSource(
+        url, block_size=5, storage_options=options(proxy)
+    )
+    assert len(source.read_blocks([0])) == 5  # indptr is read and pinned
+    seen = [0]
+
+    def replace_before_the_second_get(request):
+        if request.index >= 0:
+            seen[0] += 1
+            if seen[0] == 2:
+                os.replace(staged, target)
+        return None
+
+    proxy.set_rule(replace_before_the_second_get)
+    with pytest.raises(grain_cells.SourceChangedError, match="mixed.h5ad"):
+        source.read_blocks(list(range(len(source))))
+    assert not staged.exists()  # the replacement did happen mid-read
