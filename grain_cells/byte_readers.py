@@ -7,20 +7,21 @@ in a destination buffer. Two implementations:
 
 * `LocalByteReader`: `os.preadv` on a file descriptor (releases the GIL),
   read-ahead hints through `posix_fadvise`.
-* `RemoteByteReader`: range GETs of an object, in batches of up to
-  `BATCH` requests (`grain_cells.object_store.get_ranges`: one call into
-  obstore per batch, then a HEAD that checks the object's version). Pieces
-  less than `MERGE_GAP` apart are merged into one request of at most
-  `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a storage option,
-  `object_store.DEFAULT_MAX_IN_FLIGHT` by default) run at once per process
-  for the fetch being read (`max_in_flight // BATCH` threads, each sending
-  one batch at a time, or one thread sending batches of `max_in_flight`
-  when that is below `BATCH`), and as many for read-ahead. `will_need` (used
-  for each CSR file's `indptr`, which every fetch reads) fetches the ranges
-  into memory once, up to `PIN_BYTES` per reader;
-  `advise` (the fetch stage's read-ahead of future fetches) starts their
-  GETs in background threads (`grain_cells.read_ahead`, up to
-  `READAHEAD_BYTES` per reader held at once, in flight included).
+* `RemoteByteReader`: range GETs of an object, in batches
+  (`grain_cells.object_store.get_ranges`: one call into obstore per batch,
+  `PARALLEL` of its GETs in flight at once, then a HEAD that checks the
+  object's version). Pieces less than `MERGE_GAP` apart are merged into one
+  request of at most `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a
+  storage option, `object_store.DEFAULT_MAX_IN_FLIGHT` by default) run at
+  once per process for the fetch being read (`max_in_flight // PARALLEL`
+  threads, one call each; below `PARALLEL`, one thread whose calls hold
+  `max_in_flight` requests), and as many for read-ahead, whose calls hold
+  up to `BATCH` requests. `will_need` (used for each CSR file's `indptr`,
+  which every fetch reads) fetches the ranges into memory once, up to
+  `PIN_BYTES` per reader; `advise` (the fetch stage's read-ahead of future
+  fetches) starts their GETs in background threads (`grain_cells.
+  read_ahead`, up to `READAHEAD_BYTES` per reader held at once, in flight
+  included).
 
 Memory per process and remote file: up to `PIN_BYTES` pinned, up to
 `READAHEAD_BYTES` read ahead, plus the requests of the fetch being read
@@ -44,8 +45,12 @@ from grain_cells.identity import FileStat
 from grain_cells.read_ahead import ReadAhead
 
 MERGE_GAP = 64 << 10
-# Requests per obstore call: `obstore.get_ranges` sends up to 10 at once.
-BATCH = 8
+# `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
+# read-ahead call sends up to BATCH (one version check per BATCH GETs; 64
+# measured 23-25k cells per reader CPU second against 19-20k for 8, and 128
+# or more waits on round trips: benchmarks/RESULTS.md, round 6).
+PARALLEL = 10
+BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
@@ -229,8 +234,10 @@ class RemoteByteReader:
         self._pinned_bytes = 0
         self._lock = threading.Lock()
         in_flight = object_store.max_in_flight(storage_options)
-        self._batch = min(BATCH, in_flight)
-        self._threads = in_flight // self._batch  # batches in flight at once
+        # Below PARALLEL, a call's size is what bounds its GETs in flight.
+        self._small = in_flight < PARALLEL
+        self._batch = in_flight if self._small else BATCH
+        self._threads = max(1, in_flight // PARALLEL)  # calls at once
         self._store_of_pid: tuple[int, object] = (-1, None)
         self._ahead = ReadAhead(
             self._get_many,
@@ -306,7 +313,10 @@ class RemoteByteReader:
                     off, n, d = offsets[i] - start, nbytes[i], dest_starts[i]
                     dest[d : d + n] = data[off : off + n]
 
+        # As many calls as threads, each of PARALLEL to BATCH requests.
         k = self._batch
+        if not self._small:
+            k = min(BATCH, max(PARALLEL, -(-len(requests) // self._threads)))
         batches = [requests[i : i + k] for i in range(0, len(requests), k)]
         if len(batches) == 1:
             run(batches[0])

@@ -146,6 +146,14 @@ class ReadFetch(grain.transforms.Map):
         per_fetch = plan.blocks_per_fetch * block
         self.ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
         self._hinted = -1
+        self._keys: dict[int, np.ndarray] = {}  # of fetches hinted, not yet read
+
+    def _keys_of(self, n: int) -> np.ndarray:
+        """Fetch `n`'s block keys (computed once: read-ahead, then the read)."""
+        keys = self._keys.pop(n, None)
+        if keys is None:
+            keys = self.plan.keys(self.plan.positions(n))
+        return keys
 
     def __repr__(self) -> str:
         return f"ReadFetch({self.split!r})"
@@ -154,9 +162,7 @@ class ReadFetch(grain.transforms.Map):
         """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
         n = int(n)
         source = self.split.source
-        batches = self.split.read(
-            fetch_blocks(source, self.plan.keys(self.plan.positions(n)))
-        )
+        batches = self.split.read(fetch_blocks(source, self._keys_of(n)))
         self._read_ahead(n)
         if not self.split.__dict__.get("_via_slots", False):
             return batches
@@ -178,7 +184,11 @@ class ReadFetch(grain.transforms.Map):
         if first > last or self._hinted > n + window // 2:
             return
         wanted = range(first, last + 1, self.stride)
-        keys = [self.plan.keys(self.plan.positions(m)) for m in wanted]
+        for m in list(self._keys):
+            if m <= n:  # hinted but never read here (a seek, another order)
+                self._keys.pop(m, None)
+        keys = [self._keys_of(m) for m in wanted]
+        self._keys.update(zip(wanted, keys, strict=True))
         if keys:
             self.split.source.will_need(np.concatenate(keys))
             self._hinted = wanted[-1]

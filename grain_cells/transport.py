@@ -36,6 +36,7 @@ from __future__ import annotations
 import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
 import atexit
 import contextlib
+import math
 import mmap
 import multiprocessing.util
 import os
@@ -94,7 +95,7 @@ def _open(name: str, size: int) -> mmap.mmap:
 
 def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
     for (_, offset, dtype, shape), arr in zip(layout, arrays.values(), strict=True):
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if count:
             dst = np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
             dst[:] = arr.reshape(-1)
@@ -103,7 +104,7 @@ def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
 def _read(mm: mmap.mmap, layout) -> dict[str, np.ndarray]:
     out = {}
     for key, offset, dtype, shape in layout:
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         arr = np.empty(shape, dtype)
         if count:
             arr.reshape(-1)[:] = np.frombuffer(
