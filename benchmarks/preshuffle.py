@@ -29,7 +29,7 @@ import time
 import bench_util
 from absl import app, flags
 
-from grain_cells import object_store, object_writes
+from grain_cells import object_store, object_writes, range_gets
 from grain_cells import preshuffling as preshuffle_lib
 
 _DATA = flags.DEFINE_list(
@@ -162,7 +162,7 @@ def read_bytes(folder, name: str, options: dict) -> bytes:
         return (pathlib.Path(folder) / name).read_bytes()
     url = object_writes.join(os.fspath(folder), name)
     size = object_store.head(url, options).size
-    return bytes(object_store.get_range(url, options, 0, size, ""))
+    return bytes(range_gets.get_range(url, options, 0, size, ""))
 
 
 if __name__ == "__main__":

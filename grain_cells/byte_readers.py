@@ -8,7 +8,7 @@ in a destination buffer. Two implementations:
 * `LocalByteReader`: `os.preadv` on a file descriptor (releases the GIL),
   read-ahead hints through `posix_fadvise`.
 * `RemoteByteReader`: range GETs of an object, in batches
-  (`grain_cells.object_store.get_ranges`: one call into obstore per batch,
+  (`grain_cells.range_gets.get_ranges`: one call into obstore per batch,
   `PARALLEL` of its GETs in flight at once, then a HEAD that checks the
   object's version). Pieces less than `MERGE_GAP` apart are merged into one
   request of at most `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a
@@ -40,7 +40,7 @@ from typing import Protocol
 
 import numpy as np
 
-from grain_cells import object_store
+from grain_cells import object_store, range_gets
 from grain_cells.identity import FileStat
 from grain_cells.read_ahead import ReadAhead
 
@@ -261,7 +261,7 @@ class RemoteByteReader:
         version = object_store.ObjectStat(
             self._stat.size, self._stat.etag, self._stat.mtime_ns
         )
-        return object_store.get_ranges(
+        return range_gets.get_ranges(
             self.name, self._options, ranges, version, self._store()
         )
 

@@ -1,14 +1,13 @@
 """Objects in S3, GCS, Azure or on HTTP servers, read by byte range.
 
-Every request grain_cells makes to an object store goes through this module:
-`head` (size, ETag, last-modified of an object) and `get_range` (one range
-GET). `get_range` is the one function every remote read passes through, so
-retry policy, timeouts and error naming live in one place. The client is
-`obstore` (Rust `object_store` crate): it issues requests concurrently
-without the GIL, retries 5xx and throttling with exponential backoff
-(configurable through `retry_config`), and sends `If-Match` preconditions,
-so a range GET of an object that changed fails instead of returning new
-bytes. See BUILD.md for the measurement that chose it over fsspec/s3fs.
+Every request grain_cells makes to an object store goes through this module
+(`head`: size, ETag, last-modified of an object) or `grain_cells.range_gets`
+(range GETs of one version of an object), which builds on it: stores, retry
+policy, timeouts and error naming live in one place. The client is `obstore`
+(Rust `object_store` crate): it issues requests concurrently without the
+GIL, retries 5xx and throttling with exponential backoff (configurable
+through `retry_config`), and sends `If-Match` preconditions. See BUILD.md
+for the measurement that chose it over fsspec/s3fs.
 
 Stores are built per process from *storage options* (a plain, picklable
 dict) and cached; a live client is never pickled. Storage options are
@@ -38,10 +37,9 @@ import collections
 import dataclasses
 import os
 import threading
-import time
 import urllib.parse
 
-from grain_cells import aws_profiles, errors, store_retries
+from grain_cells import aws_profiles, store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
@@ -107,7 +105,8 @@ def request_counts() -> dict[str, int]:
         return dict(_counts)
 
 
-def _count(kind: str, n: int = 1) -> None:
+def count_request(kind: str, n: int = 1) -> None:
+    """Counts `n` requests of `kind` (see `request_counts`)."""
     with _counts_lock:
         _counts[kind] += n
 
@@ -240,7 +239,7 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
 
     store = store_for(url, storage_options)
     _, key = split_url(url)
-    _count("head")
+    count_request("head")
     try:
         meta = obstore.head(store, key)
     except (ox.NotFoundError, FileNotFoundError) as e:
@@ -253,164 +252,14 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
             "(e.g. storage_options={'profile': NAME}), ask for read access, or "
             "use anon=True for a public bucket."
         ) from None
-    return _stat_of(meta)
+    return stat_of(meta)
 
 
-def _stat_of(meta) -> ObjectStat:
+def stat_of(meta) -> ObjectStat:
     """The `ObjectStat` of obstore's `ObjectMeta`."""
     modified = meta.get("last_modified")
     ns = int(modified.timestamp() * 1e9) if modified is not None else 0
     return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
-
-
-def get_range(
-    url: str,
-    storage_options: dict | None,
-    start: int,
-    end: int,
-    etag: str,
-    store=None,
-):
-    """Bytes `[start, end)` of the object at `url`, if its ETag is still `etag`.
-
-    The one function through which every remote read goes. The GET carries
-    `If-Match: etag`, so the server refuses it once the object has changed:
-    a read never mixes bytes of two versions.
-
-    `store` is `store_for(url, storage_options)` when the caller holds it
-    (a reader sending many GETs skips the lookup).
-
-    Returns:
-        A buffer (`obstore.Bytes`) of exactly `end - start` bytes.
-
-    Raises:
-        errors.SourceChangedError: The object changed or was removed.
-        errors.CorruptDataError: The object ends before `end`.
-        errors.ObjectStoreError: The request failed after obstore's retries
-            (`grain_cells.store_retries`); names URL, range, status, attempts.
-    """
-    import obstore
-    from obstore import exceptions as ox
-
-    if store is None:
-        store = store_for(url, storage_options)
-    _, key = split_url(url)
-    options = {"range": (int(start), int(end))}
-    if etag:
-        options["if_match"] = etag
-    _count("get")
-    began = time.monotonic()
-    try:
-        data = obstore.get(store, key, options=options).bytes()
-    except ox.PreconditionError:
-        raise errors.SourceChangedError(
-            f"{url}: changed since the AnnDataSource was built: its ETag is no "
-            f"longer {etag} (detected at a read of bytes [{start}, {end})). "
-            "Build a new source (and do not restore iterator state saved for "
-            "the old data)."
-        ) from None
-    except (ox.NotFoundError, FileNotFoundError):
-        raise errors.SourceChangedError(
-            f"{url}: removed since the AnnDataSource was built (detected at a "
-            f"read of bytes [{start}, {end})). Build a new source."
-        ) from None
-    except (ox.BaseError, OSError) as e:
-        # Retries ran out (see store_retries for the policy).
-        raise store_retries.named_error(
-            e,
-            url=url,
-            ranges=[(int(start), int(end))],
-            retry=store_retries.retry_config(storage_options),
-            elapsed_s=time.monotonic() - began,
-        ) from None
-    if len(data) != end - start:
-        raise errors.CorruptDataError(
-            f"{url}: asked for bytes [{start}, {end}), got {len(data)} bytes: the "
-            "object ends before HDF5 says its data does (truncated upload?)"
-        )
-    return data
-
-
-def get_ranges(
-    url: str,
-    storage_options: dict | None,
-    ranges: list[tuple[int, int]],
-    stat: ObjectStat,
-    store=None,
-) -> list:
-    """Bytes of each `[start, end)` of the object, if it is still version `stat`.
-
-    The batched form of `get_range`, for a reader's many GETs: one call into
-    obstore sends all of `ranges` (`obstore.get_ranges`, up to 10 in
-    parallel, no coalescing: callers merge neighbours themselves), then one
-    HEAD checks that the object still has `stat`'s ETag, size and
-    last-modified time. The thread crosses from Python to Rust once per
-    batch instead of once per GET: about 150 us of CPU per GET with the
-    HEAD, against 230-270 us for `get_range` (`benchmarks/range_get_cpu.py`,
-    `verified=16/8`).
-
-    `obstore.get_ranges` takes no `If-Match`, hence the HEAD after: S3, GCS
-    and HTTP servers answer reads after writes consistently, so if any GET
-    returned bytes of a newer version, the HEAD (sent after every GET has
-    ended) sees that version or a later one, with another ETag or
-    last-modified time. Only a rewrite back to byte-identical content with
-    the same last-modified second could pass, and such bytes equal those
-    read.
-
-    Returns:
-        One buffer (`obstore.Bytes`) of exactly `end - start` bytes per range.
-
-    Raises:
-        errors.SourceChangedError: The object changed or was removed.
-        errors.CorruptDataError: The object ends before a range does.
-        errors.ObjectStoreError: A request failed after obstore's retries.
-    """
-    import obstore
-    from obstore import exceptions as ox
-
-    if store is None:
-        store = store_for(url, storage_options)
-    _, key = split_url(url)
-    starts = [int(a) for a, _ in ranges]
-    ends = [int(b) for _, b in ranges]
-    _count("get", len(ranges))
-    _count("check")  # the HEAD after the batch
-    began = time.monotonic()
-    try:
-        datas = obstore.get_ranges(store, key, starts=starts, ends=ends, coalesce=0)
-        meta = obstore.head(store, key)
-    except (ox.NotFoundError, FileNotFoundError):
-        raise errors.SourceChangedError(
-            f"{url}: removed since the AnnDataSource was built (detected at a "
-            f"read of {len(ranges)} ranges in bytes [{min(starts)}, {max(ends)})). "
-            "Build a new source."
-        ) from None
-    except (ox.BaseError, OSError) as e:
-        raise store_retries.named_error(
-            e,
-            url=url,
-            ranges=list(zip(starts, ends, strict=True)),
-            retry=store_retries.retry_config(storage_options),
-            elapsed_s=time.monotonic() - began,
-        ) from None
-    now = _stat_of(meta)
-    if (now.etag, now.size) != (stat.etag, stat.size) or (
-        stat.last_modified_ns and now.last_modified_ns != stat.last_modified_ns
-    ):
-        raise errors.SourceChangedError(
-            f"{url}: changed since the AnnDataSource was built (ETag "
-            f"{stat.etag or 'none'}, {stat.size} bytes then; {now.etag or 'none'}, "
-            f"{now.size} bytes now; detected after a read of bytes "
-            f"[{min(starts)}, {max(ends)})). Build a new source (and do not "
-            "restore iterator state saved for the old data)."
-        ) from None
-    for data, a, b in zip(datas, starts, ends, strict=True):
-        if len(data) != b - a:
-            raise errors.CorruptDataError(
-                f"{url}: asked for bytes [{a}, {b}), got {len(data)} bytes: the "
-                "object ends before HDF5 says its data does (truncated upload?)"
-            )
-    return datas
 
 
 def missing_bucket_or_object(

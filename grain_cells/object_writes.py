@@ -1,6 +1,6 @@
 """Writing, listing and deleting objects: what `preshuffle` does to a bucket.
 
-Reads go through `grain_cells.object_store` (`head`, `get_range`); the few
+Reads go through `grain_cells.object_store` (`head`) and `range_gets`; the few
 requests that change a bucket live here, on the same per-process stores
 (`object_store.store_for`) and storage options. Each failure is raised as a
 builtin error that names the URL and the fix: `FileNotFoundError` for a

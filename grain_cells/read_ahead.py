@@ -9,7 +9,7 @@ piece that no hint covers, or whose GET failed, falls back to its own GET,
 so hints never change what is read, only when.
 
 Requests are sent in batches of up to `batch` (one background task, one
-`get_many` call: `grain_cells.object_store.get_ranges`), which costs far
+`get_many` call: `grain_cells.range_gets.get_ranges`), which costs far
 less CPU per request than one task per request.
 
 Memory is bounded: at most `budget` bytes of requests are held per reader;
@@ -156,8 +156,10 @@ class ReadAhead:
         return True
 
     def clear(self) -> None:
-        """Drops every request: batches not started are cancelled, those in
-        flight finish unheld."""
+        """Drops every request; cancels the batches that have not started.
+
+        Batches in flight finish, unheld.
+        """
         with self._lock:
             for request in self._requests.values():
                 request.future.cancel()

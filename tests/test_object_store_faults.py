@@ -375,6 +375,6 @@ def test_object_replaced_between_the_gets_of_a_batch_raises(served, proxy, tmp_p
         return None
 
     proxy.set_rule(replace_before_the_second_get)
-    with pytest.raises(grain_cells.SourceChangedError, match="mixed.h5ad"):
+    with pytest.raises(grain_cells.SourceChangedError, match=r"mixed\.h5ad"):
         source.read_blocks(list(range(len(source))))
     assert not staged.exists()  # the replacement did happen mid-read
