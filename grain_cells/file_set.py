@@ -74,6 +74,14 @@ from grain_cells.matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.obs import ColumnKind, HarmonisedColumn, harmonise
 
 
+class ReadPool(concurrent.futures.ThreadPoolExecutor):
+    """A process's read threads, with their count public (`threads`)."""
+
+    def __init__(self, threads: int, **kwargs):
+        super().__init__(threads, **kwargs)
+        self.threads = threads
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class FileSet:
     """One or many `.h5ad` files concatenated along cells, as checked at build.
@@ -291,7 +299,7 @@ class OpenFiles:
         self._lock = threading.Lock()
         self._open: dict[int, OpenFile] = {}
         self._local = threading.local()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: ReadPool | None = None
         self._pid = os.getpid()
 
     def __reduce__(self):
@@ -330,7 +338,7 @@ class OpenFiles:
             setattr(self._local, name, buf)
         return buf
 
-    def thread_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+    def thread_pool(self) -> ReadPool | None:
         """The read threads (started on first use), or None to read inline."""
         if self.read_threads == 0:
             return None
@@ -338,7 +346,7 @@ class OpenFiles:
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self._pool = ReadPool(
                         self.read_threads, thread_name_prefix="grain_cells_read"
                     )
         return self._pool
@@ -361,4 +369,4 @@ class OpenFiles:
             pass
 
 
-__all__ = ["FileSet", "OpenFile", "OpenFiles", "open_file"]
+__all__ = ["FileSet", "OpenFile", "OpenFiles", "ReadPool", "open_file"]

@@ -307,7 +307,7 @@ class RangeReader:
             )
             return
         n_jobs = min(
-            getattr(pool, "_max_workers", 4),
+            getattr(pool, "threads", 4),  # file_set.ReadPool
             nbytes.size,
             total // _MIN_BYTES_PER_THREAD,
         )
