@@ -21,17 +21,31 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import anndata
 import h5py
 import numpy as np
-import pandas as pd
 
 from grain_cells import errors
 
-try:  # anndata >= 0.11
-    from anndata.io import read_elem
-except ImportError:  # pragma: no cover - anndata 0.10
-    from anndata.experimental import read_elem
+# anndata and pandas (0.7 s to import) are imported only where they are
+# needed (var names, uncommon obs encodings), not with the package: every
+# Grain worker imports the package and opens the files again
+# (`tests/test_loader.py::test_workers_do_not_import_anndata_or_pandas`).
+
+
+def read_elem(elem):
+    """`anndata.io.read_elem` of an HDF5 element (anndata imported on first use)."""
+    try:  # anndata >= 0.11
+        from anndata.io import read_elem as read
+    except ImportError:  # pragma: no cover - anndata 0.10
+        from anndata.experimental import read_elem as read
+    return read(elem)
+
+
+def _quiet_old_format() -> None:
+    """Silences anndata's OldFormatWarning in the enclosing catch_warnings."""
+    import anndata
+
+    warnings.simplefilter("ignore", anndata.OldFormatWarning)
 
 
 def encoding_of(obj) -> str | None:
@@ -86,7 +100,7 @@ def n_rows(frame) -> int | None:
 def _legacy_table(path: str, frame: h5py.Dataset) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            _quiet_old_format()
             return read_elem(frame)
     except Exception as e:  # anndata and h5py raise many types here
         raise errors.AnnDataFormatError(
@@ -159,10 +173,13 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
             f"{path}: obs has no column {name!r}; it has {obs_columns(f)}"
         )
     if is_legacy_frame(group):
-        series = _legacy_column(f, _legacy_table(path, group), name)
+        column = _to_column(
+            path, name, _legacy_column(f, _legacy_table(path, group), name)
+        )
     else:
-        series = _read_column(path, group, name)
-    column = _to_column(path, name, series)
+        column = _plain_column(group[name])
+        if column is None:
+            column = _to_column(path, name, _read_column(path, group, name))
     shape = column.values.shape
     if len(shape) != 1:
         raise errors.AnnDataFormatError(
@@ -178,13 +195,53 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     return column
 
 
+def _plain_column(elem) -> ObsColumn | None:
+    """A column read with h5py alone, or None: `read_elem`'s to read.
+
+    The common cases need neither anndata nor pandas, which Grain workers,
+    opening the files again, would otherwise import for them: a numeric
+    `encoding-type: array` dataset, and a categorical (anndata >= 0.7: a
+    group of integer `codes` and a string `categories` dataset). The result
+    is what `_to_column` makes of `anndata.io.read_elem`'s
+    (`tests/test_source.py` compares); every other encoding goes through
+    `read_elem`.
+    """
+    encoding = encoding_of(elem)
+    if encoding == "array" and isinstance(elem, h5py.Dataset):
+        if elem.ndim != 1 or elem.dtype.kind not in "iuf":
+            return None
+        values = np.asarray(elem[...])
+        if not values.dtype.isnative:
+            values = values.astype(values.dtype.newbyteorder("="))
+        return ObsColumn(values, None)
+    if encoding != "categorical" or not isinstance(elem, h5py.Group):
+        return None
+    codes, categories = elem.get("codes"), elem.get("categories")
+    if not (
+        isinstance(codes, h5py.Dataset)
+        and isinstance(categories, h5py.Dataset)
+        and codes.ndim == 1
+        and categories.ndim == 1
+        and codes.dtype.kind in "iu"
+        and h5py.check_string_dtype(categories.dtype) is not None
+    ):
+        return None
+    labels = np.asarray(categories.asstr()[...], dtype=object)
+    values = np.asarray(codes[...])
+    if values.size and (values.max() >= labels.size or values.min() < -1):
+        return None  # let anndata's reader report it
+    return ObsColumn(values, labels)
+
+
 def _read_column(path: str, group: h5py.Group, name: str):
+    import pandas as pd
+
     elem = group[name]
     try:
         with warnings.catch_warnings():
             # Legacy files are expected input; anndata's warning is not
             # actionable at every read.
-            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            _quiet_old_format()
             if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
                 # anndata < 0.8 stored codes here and categories under
                 # obs/__categories; only the whole-dataframe reader resolves
@@ -211,11 +268,13 @@ def _read_column(path: str, group: h5py.Group, name: str):
 
 def _legacy_column(f: h5py.File, table: np.ndarray, name: str):
     """A column of an anndata < 0.7 compound obs, categories applied."""
+    import pandas as pd
+
     values = table[name]
     cats_name = f"uns/{name}_categories"
     if cats_name in f and isinstance(f[cats_name], h5py.Dataset):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            _quiet_old_format()
             cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
         if cats.dtype.kind == "S":
             cats = cats.astype(str)
@@ -227,6 +286,8 @@ def _legacy_column(f: h5py.File, table: np.ndarray, name: str):
 
 
 def _to_column(path: str, name: str, values) -> ObsColumn:
+    import pandas as pd
+
     if isinstance(values, pd.Series):
         values = values.array
     if isinstance(values, pd.Categorical):
@@ -256,5 +317,7 @@ def _to_column(path: str, name: str, values) -> ObsColumn:
 
 
 def _factorize(values) -> ObsColumn:
+    import pandas as pd
+
     codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
     return ObsColumn(codes.astype(np.int32), np.asarray(uniques))

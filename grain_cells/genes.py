@@ -27,12 +27,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from grain_cells import errors
 from grain_cells.column_maps import ColumnMap
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 JOINS = ("exact", "inner", "outer")
 
@@ -133,6 +136,8 @@ def align_genes(
             out[selected] = np.arange(selected.size, dtype=np.int32)
             maps = (ColumnMap.from_out(out),) * len(paths)
     else:
+        import pandas as pd  # here only: Grain workers never align genes
+
         index = pd.Index(out_names)
         by_names: dict[bytes, ColumnMap | None] = {}
         built = []

@@ -640,6 +640,29 @@ def many_iterators(loader, helpers, seen):
         del iterator  # not closed: garbage collection stops the workers
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_workers_do_not_import_anndata_or_pandas(csr_paths, helpers):
+    """Workers read blocks and obs codes with h5py and NumPy. anndata and
+    pandas (about 0.7 s to import) are the trainer's, for reading obs and
+    var when the source is built; imported with the package, they would
+    lengthen every worker's start. pandas' extension modules in a worker's
+    memory map would show it imported."""
+    *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
+    iterator = iter(loader)
+    try:
+        batches = [next(iterator) for _ in range(3)]  # both workers have read
+        assert all("obs/plate" in b for b in batches)  # obs read in workers
+        pids = worker_pids()
+        assert len(pids) >= 2
+        for pid in pids:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+            assert "numpy" in maps  # a Python worker that has read
+            assert "pandas/_libs" not in maps, f"worker {pid} imported pandas"
+    finally:
+        helpers.close_iterator(iterator)
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_no_leaks(csr_paths, helpers, workers):
     *_, loader = helpers.build(csr_paths, worker_count=workers, **CONFIG)

@@ -231,6 +231,56 @@ def test_obs_encodings(tmp_path):
     assert cats["idx"] is None and cats["count"] is None
 
 
+def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
+    """Numeric arrays and string categoricals are read with h5py alone (no
+    anndata or pandas in Grain workers); codes, dtypes and labels equal what
+    the column becomes through `anndata.io.read_elem`, and every other
+    encoding is left to it."""
+    import h5py
+
+    from grain_cells import frames
+
+    n = 300
+    rng = np.random.default_rng(0)
+    obs = pd.DataFrame(index=[f"c{i}" for i in range(n)])
+    obs["small"] = pd.Categorical(rng.choice(["a", "b", "c"], n))
+    obs["wide"] = pd.Categorical([f"g{i % 200}" for i in range(n)])  # int16 codes
+    obs["missing"] = pd.Categorical(rng.choice(["x", "y", None], n))
+    obs["ordered"] = pd.Categorical(
+        rng.choice(["lo", "hi"], n), categories=["lo", "hi"], ordered=True
+    )
+    obs["unicode"] = pd.Categorical(rng.choice(["β-cell", "T cell", ""], n))
+    obs["strings"] = rng.choice(["p", "q"], n)  # written as a categorical
+    obs["i64"] = np.arange(n, dtype=np.int64)
+    obs["f32"] = rng.random(n).astype(np.float32)
+    obs["u8"] = (np.arange(n) % 7).astype(np.uint8)
+    fallback = {
+        "num_cat": pd.Categorical(rng.choice([1, 2, 3], n)),
+        "flag": rng.random(n) > 0.5,
+        "nullable": pd.array(np.arange(n), dtype="Int64"),
+    }
+    for name, values in fallback.items():
+        obs[name] = values
+    path = tmp_path / "obs.h5ad"
+    ad.AnnData(sp.csr_matrix((n, 3), dtype=np.float32), obs=obs).write_h5ad(path)
+    with h5py.File(path) as f:
+        for name in obs.columns:
+            plain = frames._plain_column(f["obs"][name])
+            if name in fallback:
+                assert plain is None, name
+                continue
+            want = frames._to_column(
+                str(path), name, frames._read_column(str(path), f["obs"], name)
+            )
+            assert plain.values.dtype == want.values.dtype, name
+            np.testing.assert_array_equal(plain.values, want.values, err_msg=name)
+            if want.categories is None:
+                assert plain.categories is None, name
+            else:
+                assert plain.categories.dtype == want.categories.dtype, name
+                assert list(plain.categories) == list(want.categories), name
+
+
 def test_dataloader_with_workers_reads_every_cell_correctly(tmp_path):
     path = tmp_path / "a.h5ad"
     _write(path, "csr")
