@@ -49,10 +49,12 @@ class Writer:
         self.lengths = _row_lengths(plan, self.buffer) if plan.sparse else None
         # anndata and pandas are imported here, not with grain_cells
         # (every Grain worker imports the package).
-        from grain_cells import preshuffle_frames as frames
+        from grain_cells import preshuffle_frames
 
-        self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
-        self.var = frames.read_var(plan)
+        self.obs = preshuffle_frames.read_obs(
+            plan.paths, plan.obs_columns, plan.storage_options
+        )
+        self.var = preshuffle_frames.read_var(plan)
 
     def write_part(self, index: int, report: Progress) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
