@@ -72,7 +72,9 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _send(style: str, store, key: str, starts: list[int], size: int, etag: str):
+def _send(
+    style: str, store, key: str, starts: list[int], size: int, etag: str, endpoint: str
+):
     import obstore
 
     def one(start: int):
@@ -115,7 +117,7 @@ def _send(style: str, store, key: str, starts: list[int], size: int, etag: str):
             for got in pool.map(batch, parts):
                 assert all(len(g) == size for g in got)
     elif name == "curl":
-        _send_curl(int(k), key, starts, size, etag)
+        _send_curl(int(k), f"{endpoint}/bench/{key}", starts, size, etag)
     elif name == "get_ranges":
         for i in range(0, len(starts), 64):
             part = starts[i : i + 64]
@@ -126,7 +128,7 @@ def _send(style: str, store, key: str, starts: list[int], size: int, etag: str):
         raise app.UsageError(f"unknown style {style!r}")
 
 
-def _send_curl(k: int, key: str, starts: list[int], size: int, etag: str) -> None:
+def _send_curl(k: int, url: str, starts: list[int], size: int, etag: str) -> None:
     import pycurl
 
     def handle() -> pycurl.Curl:
@@ -147,7 +149,7 @@ def _send_curl(k: int, key: str, starts: list[int], size: int, etag: str) -> Non
             c, start = free.pop(), todo.pop()
             body: list = []
             bodies[id(c)] = body
-            c.setopt(pycurl.URL, f"{_ENDPOINT[0]}/bench/{key}")
+            c.setopt(pycurl.URL, url)
             c.setopt(
                 pycurl.HTTPHEADER,
                 [f"Range: bytes={start}-{start + size - 1}", f"If-Match: {etag}"],
@@ -174,9 +176,6 @@ def _send_curl(k: int, key: str, starts: list[int], size: int, etag: str) -> Non
             multi.select(1.0)
 
 
-_ENDPOINT: list[str] = []  # the served endpoint, for `curl=K`
-
-
 def main(argv):
     del argv
     import obstore
@@ -199,7 +198,6 @@ def main(argv):
             region="us-east-1",
         )
         etag = obstore.head(store, "x")["e_tag"]
-        _ENDPOINT[:] = [served.endpoint_url]
         server = served.pids["server"]
         header = ("style", "KiB", "GETs/s", "us CPU/GET", "server us/GET")
         print("{:>12s} {:>5s} {:>8s} {:>11s} {:>14s}".format(*header))
@@ -208,7 +206,7 @@ def main(argv):
             starts = rng.integers(0, file_size - size, _GETS.value).tolist()
             for style in _STYLES.value:
                 own, srv, t0 = _own_cpu(), _cpu_of(server), time.perf_counter()
-                _send(style, store, "x", starts, size, etag)
+                _send(style, store, "x", starts, size, etag, served.endpoint_url)
                 seconds = time.perf_counter() - t0
                 n = len(starts)
                 own, srv = _own_cpu() - own, _cpu_of(server) - srv

@@ -21,6 +21,7 @@ import numpy as np
 
 from grain_cells import h5ad
 from grain_cells import preshuffle_files as files
+from grain_cells import preshuffle_frames as frames
 from grain_cells.matrix import RowBuffer
 from grain_cells.preshuffle_plan import Plan
 from grain_cells.preshuffle_windows import Progress, Slot, WritePipeline, cuts
@@ -47,14 +48,8 @@ class Writer:
         self.offsets = plan.source.cell_offsets
         self.buffer = RowBuffer()
         self.lengths = _row_lengths(plan, self.buffer) if plan.sparse else None
-        # anndata and pandas are imported here, not with grain_cells
-        # (every Grain worker imports the package).
-        from grain_cells import preshuffle_frames
-
-        self.obs = preshuffle_frames.read_obs(
-            plan.paths, plan.obs_columns, plan.storage_options
-        )
-        self.var = preshuffle_frames.read_var(plan)
+        self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
+        self.var = frames.read_var(plan)
 
     def write_part(self, index: int, report: Progress) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
@@ -72,9 +67,7 @@ class Writer:
             files.reserve_space(tmp, self._part_bytes(rows), f"part {final.name}")
             f = h5py.File(tmp, "a")
             try:
-                from grain_cells import preshuffle_frames
-
-                preshuffle_frames.write_frames(f, self.obs.iloc[rows], self.var)
+                frames.write_frames(f, self.obs.iloc[rows], self.var)
                 if plan.sparse:
                     nnz, windows, largest = self._write_csr(f, rows, report)
                 else:

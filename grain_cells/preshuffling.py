@@ -107,7 +107,6 @@ from grain_cells.preshuffle_files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle_output import BucketOutput
 from grain_cells.preshuffle_plan import Plan
 from grain_cells.preshuffle_windows import Progress
-from grain_cells.preshuffle_writer import Writer
 
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
 
@@ -264,6 +263,11 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     report = Progress(plan, todo, enabled=progress)
     try:
         if todo:
+            # Imported here: the writer reads and writes obs/var through
+            # anndata and pandas, which `import grain_cells` (and so every
+            # Grain worker) does not import.
+            from grain_cells.preshuffle_writer import Writer
+
             writer = Writer(plan)
             for i in todo:
                 done[i] = writer.write_part(i, report)
