@@ -155,6 +155,23 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_read_bytes(pid: int) -> int:
+    """Bytes one live process has had read from storage (0 if unknown).
+
+    `read_bytes` of `/proc/PID/io`: what the block layer fetched for the
+    process (page-cache fills, kernel read-ahead included), not what it
+    asked for.
+    """
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its live children.
 

@@ -16,25 +16,38 @@ costs the reader's machine no CPU. `--server` picks the server:
   `FaultProxy` instead, a relay process of its own, as the fault tests do
   (another ~0.13 ms per GET that a real network would not cost).
 
-The server's CPU is reported beside the figures (`server cores`).
 For each file and worker count, in one run and back to back:
 
 1. local disk, cold (the file evicted from the page cache);
-2. the same file as `s3://bench/NAME`, cold (evicted again, so the server
-   reads it from disk).
+2. the same file as `s3://bench/NAME`, once per `--server_caches`:
+   * `cold`: evicted again, so the server reads its disk while serving,
+     on the reader's cores;
+   * `warm`: the server's copy read into the page cache first, as a store
+     elsewhere serves from its own disks and caches at no CPU cost to the
+     reader. The reader's side is the same in both (nothing of the file is
+     cached in the reader's process; every byte crosses TCP after
+     `--rtt_ms`).
 
-Both points are `loader_throughput.run_point` (CSR output with the
+   Why both: a server here reads more from disk than it sends (on a disk
+   with a large read-ahead, e.g. 8 MiB of `read_ahead_kb`, nginx's
+   `sendfile` of a 100 KiB range fills ~0.5 MiB of page cache), and those
+   page-cache fills take the reader's two cores. The `disk/served` column
+   shows the factor.
+
+Every point is `loader_throughput.run_point` (CSR output with the
 `--obs_column` label, `--block_size` / `--fetch_factor` / `--batch_size`,
 `--warmup` then `--minibatches` timed). Reported: cells/s, the ratio
-remote / local, and the range GETs and bytes per fetch (`fetch_factor`
+remote / local cold, the range GETs and bytes per fetch (`fetch_factor`
 minibatches) the server saw over the whole point (metadata and read-ahead
-included).
+included), the server's CPU per GET (`server us/GET`) and the bytes the
+server's process read from disk per byte it sent (`disk/served`).
 
 Usage:
   python benchmarks/object_store.py                     # 400k cells, ~10 min
   python benchmarks/object_store.py --compressions=none --worker_counts=2
   python benchmarks/object_store.py --data=a.h5ad --rtt_ms=20
   python benchmarks/object_store.py --server=python   # the suite's server
+  python benchmarks/object_store.py --server_caches=cold  # as before round 8
 """
 
 from __future__ import annotations
@@ -63,6 +76,11 @@ _VIA_PROXY = flags.DEFINE_boolean(
     "Add the round-trip time with FaultProxy (a relay process and TCP hop of "
     "its own, using CPU a network would not); default: the server holds each "
     "answer --rtt_ms.",
+)
+_SERVER_CACHES = flags.DEFINE_list(
+    "server_caches",
+    ["cold", "warm"],
+    "Page-cache states of the served file for the s3 points (see above).",
 )
 _ROOT = flags.DEFINE_string(
     "bucket_root",
@@ -117,6 +135,7 @@ def main(argv):
             "rtt_ms": _RTT_MS.value,
             "via_proxy": _VIA_PROXY.value,
             "server": _SERVER.value,
+            "server_caches": _SERVER_CACHES.value,
             "object_store_options": _READ_OPTIONS.value,
             **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
         }
@@ -127,15 +146,14 @@ def main(argv):
 
 
 def measure(root: str, file_sets) -> list[dict]:
-    """Local cold, then s3 cold, for each file set and worker count."""
+    """Local cold, then s3 per server cache state, per file set and worker count."""
     os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
     workers = [int(w) for w in FLAGS.worker_counts.split(",")]
-    fetches = (1 + FLAGS.warmup + FLAGS.minibatches) / FLAGS.fetch_factor
     results = []
     print(
-        f"{'file':5s} {'workers':>7s} {'local cold':>11s} {'s3 cold':>9s} "
-        f"{'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} {'first(s)':>8s} "
-        f"{'server us/GET':>13s}"
+        f"{'file':5s} {'workers':>7s} {'local cold':>11s} {'server':>6s} "
+        f"{'s3':>9s} {'ratio':>6s} {'GETs/fetch':>10s} {'MB/fetch':>9s} "
+        f"{'first(s)':>8s} {'server us/GET':>13s} {'disk/served':>11s}"
     )
     with bench_util.s3_server(
         _SERVER.value,
@@ -151,48 +169,60 @@ def measure(root: str, file_sets) -> list[dict]:
             urls = [f"s3://{BUCKET}/{os.path.basename(p)}" for p in paths]
             for wc in workers:
                 local = loader_throughput.run_point(paths, "csr", wc, "cold")
-                served.stats(reset=True)
-                server_cpu = bench_util.process_cpu_s(served.pids["server"])
-                remote = loader_throughput.run_point(
-                    urls, "csr", wc, "cold", storage_options=options, local_files=paths
-                )
-                server_cpu = (
-                    bench_util.process_cpu_s(served.pids["server"]) - server_cpu
-                )
-                stats = served.stats()
-                row = {
-                    "file": label,
-                    "worker_count": wc,
-                    "rtt_ms": _RTT_MS.value,
-                    "local_cold_cells_per_s": local["cells_per_s"],
-                    "s3_cold_cells_per_s": remote["cells_per_s"],
-                    "ratio": round(remote["cells_per_s"] / local["cells_per_s"], 3),
-                    "s3_cells_per_cpu_s": remote["cells_per_cpu_s"],
-                    "s3_first_batch_s": remote["first_batch_s"],
-                    "range_gets_per_fetch": round(
-                        stats.get("range_gets", 0) / fetches, 1
-                    ),
-                    "mb_per_fetch": round(
-                        stats.get("response_bytes", 0) / fetches / 1e6, 2
-                    ),
-                    "via_proxy": _VIA_PROXY.value,
-                    "server": _SERVER.value,
-                    "server_cpu_us_per_get": round(
-                        1e6 * server_cpu / max(1, stats.get("range_gets", 0)), 1
-                    ),
-                    "local": local,
-                    "s3": remote,
-                }
-                results.append(row)
-                print(
-                    f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} "
-                    f"{remote['cells_per_s']:9,d} {row['ratio']:6.2f} "
-                    f"{row['range_gets_per_fetch']:10.1f} {row['mb_per_fetch']:9.2f} "
-                    f"{remote['first_batch_s']:8.2f} "
-                    f"{row['server_cpu_us_per_get']:13.1f}",
-                    flush=True,
-                )
+                for cache in _SERVER_CACHES.value:
+                    row = _remote_point(served, urls, paths, wc, cache, options)
+                    cells_per_s = local["cells_per_s"]
+                    row.update(
+                        file=label,
+                        local_cold_cells_per_s=cells_per_s,
+                        ratio=round(row["s3_cells_per_s"] / cells_per_s, 3),
+                        local=local,
+                    )
+                    results.append(row)
+                    print(
+                        f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} {cache:>6s} "
+                        f"{row['s3_cells_per_s']:9,d} {row['ratio']:6.2f} "
+                        f"{row['range_gets_per_fetch']:10.1f} "
+                        f"{row['mb_per_fetch']:9.2f} "
+                        f"{row['s3']['first_batch_s']:8.2f} "
+                        f"{row['server_cpu_us_per_get']:13.1f} "
+                        f"{row['server_disk_per_byte_served']:11.2f}",
+                        flush=True,
+                    )
     return results
+
+
+def _remote_point(served, urls, paths, wc: int, cache: str, options) -> dict:
+    """One s3 point, the server's file `cache` (cold or warm) at its start."""
+    fetches = (1 + FLAGS.warmup + FLAGS.minibatches) / FLAGS.fetch_factor
+    server = served.pids["server"]
+    if cache == "warm":  # before the counters: the warming is not the point's
+        bench_util.warm_page_cache(paths)
+    served.stats(reset=True)
+    cpu, disk = bench_util.process_cpu_s(server), bench_util.process_read_bytes(server)
+    # run_point evicts or warms `paths` (the served files) itself.
+    remote = loader_throughput.run_point(
+        urls, "csr", wc, cache, storage_options=options, local_files=paths
+    )
+    cpu = bench_util.process_cpu_s(server) - cpu
+    disk = bench_util.process_read_bytes(server) - disk
+    stats = served.stats()
+    gets, sent = stats.get("range_gets", 0), stats.get("response_bytes", 0)
+    return {
+        "worker_count": wc,
+        "server_cache": cache,
+        "rtt_ms": _RTT_MS.value,
+        "s3_cells_per_s": remote["cells_per_s"],
+        "s3_cells_per_cpu_s": remote["cells_per_cpu_s"],
+        "s3_first_batch_s": remote["first_batch_s"],
+        "range_gets_per_fetch": round(gets / fetches, 1),
+        "mb_per_fetch": round(sent / fetches / 1e6, 2),
+        "via_proxy": _VIA_PROXY.value,
+        "server": _SERVER.value,
+        "server_cpu_us_per_get": round(1e6 * cpu / max(1, gets), 1),
+        "server_disk_per_byte_served": round(disk / max(1, sent), 3),
+        "s3": remote,
+    }
 
 
 if __name__ == "__main__":

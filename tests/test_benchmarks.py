@@ -128,12 +128,16 @@ def test_object_store(workdir, data_file, server):
         "--minibatches=10",
         f"--json={out}",
     )
-    (row,) = json.loads(out.read_text())["results"]
-    assert row["worker_count"] == 0 and row["server"] == server
-    assert row["local_cold_cells_per_s"] > 0 and row["s3_cold_cells_per_s"] > 0
-    assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
-    assert row["server_cpu_us_per_get"] >= 0
-    assert "s3 cold" in done.stdout and "server us/GET" in done.stdout
+    rows = json.loads(out.read_text())["results"]
+    assert [r["server_cache"] for r in rows] == ["cold", "warm"]
+    for row in rows:
+        assert row["worker_count"] == 0 and row["server"] == server
+        assert row["local_cold_cells_per_s"] > 0 and row["s3_cells_per_s"] > 0
+        assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
+        assert row["server_cpu_us_per_get"] >= 0
+        assert row["server_disk_per_byte_served"] >= 0
+    assert rows[0]["local"] == rows[1]["local"]  # one local point per count
+    assert "server us/GET" in done.stdout and "disk/served" in done.stdout
 
 
 def test_range_get_cpu(workdir, data_file):
