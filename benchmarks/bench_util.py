@@ -131,7 +131,8 @@ def _children() -> list[int]:
 def s3_server(kind: str, root: str, *, rtt_s=0.0, via_proxy=False, objects=None):
     """The local S3 stand-in a `--server` flag names (not started).
 
-    `nginx`: `grain_cells.testing.NginxFolder`; `python`: `ServedFolder`
+    `nginx`: `grain_cells.testing.NginxFolder` (`immutable`: the benchmarks'
+    files do not change while served); `python`: `ServedFolder`
     (`S3FolderServer`, behind `FaultProxy` with `via_proxy`).
     """
     from absl import app
@@ -141,7 +142,7 @@ def s3_server(kind: str, root: str, *, rtt_s=0.0, via_proxy=False, objects=None)
     if kind == "nginx":
         if via_proxy:
             raise app.UsageError("--via_proxy needs --server=python")
-        return NginxFolder(root, rtt_s=rtt_s, objects=objects)
+        return NginxFolder(root, rtt_s=rtt_s, objects=objects, immutable=True)
     return ServedFolder(root, rtt_s=rtt_s, via_proxy=via_proxy, objects=objects)
 
 

@@ -86,6 +86,28 @@ def test_if_match_and_latency(path, tmp_path):
             obstore.get(store, "c.h5ad", options={"range": (0, 1), "if_match": '"x"'})
 
 
+def test_immutable_counts_every_get_of_its_buffered_log(path, tmp_path):
+    """`immutable=True` (open files cached, log buffered): same bytes, full counts."""
+    want = path.read_bytes()
+    objects = {"b/c.h5ad": path}
+    with NginxFolder(tmp_path, rtt_s=0.002, objects=objects, immutable=True) as s:
+        store = obstore.store.S3Store(
+            "b",
+            endpoint=s.endpoint_url,
+            virtual_hosted_style_request=False,
+            client_options={"allow_http": True},
+            skip_signature=True,
+            region="us-east-1",
+        )
+        s.stats(reset=True)
+        ranges = [(k * 997, k * 997 + 300) for k in range(25)]
+        for a, b in ranges:
+            got = obstore.get(store, "c.h5ad", options={"range": (a, b)}).bytes()
+            assert bytes(got) == want[a:b]
+        stats = s.stats()
+        assert stats["range_gets"] == 25 and stats["response_bytes"] == 25 * 300
+
+
 def test_missing_nginx_names_the_install(monkeypatch, tmp_path):
     monkeypatch.setattr(nginx_folder, "find_nginx", lambda: None)
     with pytest.raises(RuntimeError, match="apt-get install nginx-light"):
