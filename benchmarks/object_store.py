@@ -44,6 +44,7 @@ server's process read from disk per byte it sent (`disk/served`).
 
 Usage:
   python benchmarks/object_store.py                     # 400k cells, ~10 min
+  python benchmarks/object_store.py --minibatches=5000   # RESULTS round 8
   python benchmarks/object_store.py --compressions=none --worker_counts=2
   python benchmarks/object_store.py --data=a.h5ad --rtt_ms=20
   python benchmarks/object_store.py --server=python   # the suite's server
