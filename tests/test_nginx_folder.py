@@ -65,16 +65,21 @@ def test_reads_equal_the_local_file_through_the_loader(path, tmp_path):
         assert server.pids["server"] > 0
 
 
+def _bucket(server: NginxFolder):
+    """obstore's store for bucket `b` of `server`, unsigned."""
+    return obstore.store.S3Store(
+        "b",
+        endpoint=server.endpoint_url,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True},
+        skip_signature=True,
+        region="us-east-1",
+    )
+
+
 def test_if_match_and_latency(path, tmp_path):
     with NginxFolder(tmp_path, rtt_s=0.05, objects={"b/c.h5ad": path}) as server:
-        store = obstore.store.S3Store(
-            "b",
-            endpoint=server.endpoint_url,
-            virtual_hosted_style_request=False,
-            client_options={"allow_http": True},
-            skip_signature=True,
-            region="us-east-1",
-        )
+        store = _bucket(server)
         etag = obstore.head(store, "c.h5ad")["e_tag"]
         began = time.monotonic()
         data = obstore.get(
@@ -91,14 +96,7 @@ def test_immutable_counts_every_get_of_its_buffered_log(path, tmp_path):
     want = path.read_bytes()
     objects = {"b/c.h5ad": path}
     with NginxFolder(tmp_path, rtt_s=0.002, objects=objects, immutable=True) as s:
-        store = obstore.store.S3Store(
-            "b",
-            endpoint=s.endpoint_url,
-            virtual_hosted_style_request=False,
-            client_options={"allow_http": True},
-            skip_signature=True,
-            region="us-east-1",
-        )
+        store = _bucket(s)
         s.stats(reset=True)
         ranges = [(k * 997, k * 997 + 300) for k in range(25)]
         for a, b in ranges:
