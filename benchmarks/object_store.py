@@ -45,6 +45,8 @@ server's process read from disk per byte it sent (`disk/served`).
 Usage:
   python benchmarks/object_store.py                     # 400k cells, ~10 min
   python benchmarks/object_store.py --minibatches=5000   # RESULTS round 8
+  python benchmarks/object_store.py --compressions=none --server_caches=warm \
+      --minibatches=5000 --repeats=3                     # medians of 3 rounds
   python benchmarks/object_store.py --compressions=none --worker_counts=2
   python benchmarks/object_store.py --data=a.h5ad --rtt_ms=20
   python benchmarks/object_store.py --server=python   # the suite's server
@@ -53,8 +55,10 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -82,6 +86,13 @@ _SERVER_CACHES = flags.DEFINE_list(
     "server_caches",
     ["cold", "warm"],
     "Page-cache states of the served file for the s3 points (see above).",
+)
+_REPEATS = flags.DEFINE_integer(
+    "repeats",
+    1,
+    "Rounds of every point (each round in the order above); with more than "
+    "one, the medians per file, worker count and server cache are printed "
+    "and added to the JSON (rows with `repeats`).",
 )
 _ROOT = flags.DEFINE_string(
     "bucket_root",
@@ -131,18 +142,22 @@ def main(argv):
     finally:
         if not _ROOT.value:
             shutil.rmtree(root, ignore_errors=True)
+    summary = medians(results)
+    if _REPEATS.value > 1:
+        print_medians(summary)
     if loader_throughput._JSON.value:
         flag_values = {
             "rtt_ms": _RTT_MS.value,
             "via_proxy": _VIA_PROXY.value,
             "server": _SERVER.value,
             "server_caches": _SERVER_CACHES.value,
+            "repeats": _REPEATS.value,
             "object_store_options": _READ_OPTIONS.value,
             **{k: getattr(FLAGS, k) for k in loader_throughput._CONFIG},
         }
         all_paths = [p for _, ps in file_sets for p in ps]
         bench_util.write_json(
-            loader_throughput._JSON.value, all_paths, flag_values, results
+            loader_throughput._JSON.value, all_paths, flag_values, results + summary
         )
 
 
@@ -166,31 +181,71 @@ def measure(root: str, file_sets) -> list[dict]:
         options = served.storage_options(
             **bench_util.parse_options(_READ_OPTIONS.value)
         )
-        for label, paths in file_sets:
+        for repeat, (label, paths), wc in itertools.product(
+            range(_REPEATS.value), file_sets, workers
+        ):
             urls = [f"s3://{BUCKET}/{os.path.basename(p)}" for p in paths]
-            for wc in workers:
-                local = loader_throughput.run_point(paths, "csr", wc, "cold")
-                for cache in _SERVER_CACHES.value:
-                    row = _remote_point(served, urls, paths, wc, cache, options)
-                    cells_per_s = local["cells_per_s"]
-                    row.update(
-                        file=label,
-                        local_cold_cells_per_s=cells_per_s,
-                        ratio=round(row["s3_cells_per_s"] / cells_per_s, 3),
-                        local=local,
-                    )
-                    results.append(row)
-                    print(
-                        f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} {cache:>6s} "
-                        f"{row['s3_cells_per_s']:9,d} {row['ratio']:6.2f} "
-                        f"{row['range_gets_per_fetch']:10.1f} "
-                        f"{row['mb_per_fetch']:9.2f} "
-                        f"{row['s3']['first_batch_s']:8.2f} "
-                        f"{row['server_cpu_us_per_get']:13.1f} "
-                        f"{row['server_disk_per_byte_served']:11.2f}",
-                        flush=True,
-                    )
+            local = loader_throughput.run_point(paths, "csr", wc, "cold")
+            for cache in _SERVER_CACHES.value:
+                row = _remote_point(served, urls, paths, wc, cache, options)
+                cells_per_s = local["cells_per_s"]
+                row.update(
+                    file=label,
+                    repeat=repeat,
+                    local_cold_cells_per_s=cells_per_s,
+                    ratio=round(row["s3_cells_per_s"] / cells_per_s, 3),
+                    local=local,
+                )
+                results.append(row)
+                print(
+                    f"{label:5s} {wc:7d} {local['cells_per_s']:11,d} {cache:>6s} "
+                    f"{row['s3_cells_per_s']:9,d} {row['ratio']:6.2f} "
+                    f"{row['range_gets_per_fetch']:10.1f} "
+                    f"{row['mb_per_fetch']:9.2f} "
+                    f"{row['s3']['first_batch_s']:8.2f} "
+                    f"{row['server_cpu_us_per_get']:13.1f} "
+                    f"{row['server_disk_per_byte_served']:11.2f}",
+                    flush=True,
+                )
     return results
+
+
+def medians(results: list[dict]) -> list[dict]:
+    """Per file, worker count and server cache: medians over the repeats."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in results:
+        key = (row["file"], row["worker_count"], row["server_cache"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for (label, wc, cache), rows in groups.items():
+        out.append(
+            {
+                "file": label,
+                "worker_count": wc,
+                "server_cache": cache,
+                "repeats": len(rows),
+                **{
+                    f"median_{k}": statistics.median(r[k] for r in rows)
+                    for k in ("local_cold_cells_per_s", "s3_cells_per_s", "ratio")
+                },
+            }
+        )
+    return out
+
+
+def print_medians(summary: list[dict]) -> None:
+    """The medians' table (printed after the points when there are repeats)."""
+    print(
+        f"medians: {'file':5s} {'workers':>7s} {'server':>6s} {'repeats':>7s} "
+        f"{'local cold':>11s} {'s3':>9s} {'ratio':>6s}"
+    )
+    for m in summary:
+        print(
+            f"         {m['file']:5s} {m['worker_count']:7d} "
+            f"{m['server_cache']:>6s} {m['repeats']:7d} "
+            f"{m['median_local_cold_cells_per_s']:11,.0f} "
+            f"{m['median_s3_cells_per_s']:9,.0f} {m['median_ratio']:6.2f}"
+        )
 
 
 def _remote_point(served, urls, paths, wc: int, cache: str, options) -> dict:

@@ -126,17 +126,33 @@ def test_object_store(workdir, data_file, server):
         "--rtt_ms=2",
         "--warmup=1",
         "--minibatches=10",
+        "--repeats=2",
         f"--json={out}",
     )
-    rows = json.loads(out.read_text())["results"]
-    assert [r["server_cache"] for r in rows] == ["cold", "warm"]
+    results = json.loads(out.read_text())["results"]
+    rows = [r for r in results if "repeats" not in r]
+    assert [(r["repeat"], r["server_cache"]) for r in rows] == [
+        (0, "cold"),
+        (0, "warm"),
+        (1, "cold"),
+        (1, "warm"),
+    ]
+    medians = [r for r in results if "repeats" in r]
+    assert [(m["server_cache"], m["repeats"]) for m in medians] == [
+        ("cold", 2),
+        ("warm", 2),
+    ]
+    for m, cache in zip(medians, ["cold", "warm"], strict=True):
+        ratios = sorted(r["ratio"] for r in rows if r["server_cache"] == cache)
+        assert m["median_ratio"] == pytest.approx(sum(ratios) / 2)
+    assert "medians:" in done.stdout
     for row in rows:
         assert row["worker_count"] == 0 and row["server"] == server
         assert row["local_cold_cells_per_s"] > 0 and row["s3_cells_per_s"] > 0
         assert row["range_gets_per_fetch"] > 0 and row["mb_per_fetch"] > 0
         assert row["server_cpu_us_per_get"] >= 0
         assert row["server_disk_per_byte_served"] >= 0
-    assert rows[0]["local"] == rows[1]["local"]  # one local point per count
+    assert rows[0]["local"] == rows[1]["local"]  # one local point per round
     assert "server us/GET" in done.stdout and "disk/served" in done.stdout
 
 
