@@ -142,8 +142,8 @@ def main(argv):
     finally:
         if not _ROOT.value:
             shutil.rmtree(root, ignore_errors=True)
-    summary = medians(results)
-    if _REPEATS.value > 1:
+    summary = medians(results) if _REPEATS.value > 1 else []
+    if summary:
         print_medians(summary)
     if loader_throughput._JSON.value:
         flag_values = {
@@ -252,11 +252,10 @@ def _remote_point(served, urls, paths, wc: int, cache: str, options) -> dict:
     """One s3 point, the server's file `cache` (cold or warm) at its start."""
     fetches = (1 + FLAGS.warmup + FLAGS.minibatches) / FLAGS.fetch_factor
     server = served.pids["server"]
-    if cache == "warm":  # before the counters: the warming is not the point's
-        bench_util.warm_page_cache(paths)
     served.stats(reset=True)
     cpu, disk = bench_util.process_cpu_s(server), bench_util.process_read_bytes(server)
-    # run_point evicts or warms `paths` (the served files) itself.
+    # run_point evicts or warms `paths` (the served files) from this process,
+    # so neither counts in the server's CPU or disk reads.
     remote = loader_throughput.run_point(
         urls, "csr", wc, cache, storage_options=options, local_files=paths
     )
