@@ -37,7 +37,9 @@ class Cells:
         return int(self.row_ids.shape[0])
 
 
-def take_csr(rows_buf: CsrRows, rows: np.ndarray):
+def take_csr(
+    rows_buf: CsrRows, rows: np.ndarray, *, dtype=None, n_rows=None, empty=np.empty
+):
     """Gathers `rows` of a CSR buffer into fresh arrays.
 
     Consecutive rows are coalesced into runs and each run is copied as one
@@ -47,6 +49,11 @@ def take_csr(rows_buf: CsrRows, rows: np.ndarray):
     Args:
         rows_buf: Rows read into a buffer.
         rows: Positions within the buffer, in output order (repeats allowed).
+        dtype: dtype of `data` (cast while copying); None keeps the buffer's.
+        n_rows: Rows of the result (at least `rows.size`): empty rows pad
+            the end. None: `rows.size`.
+        empty: Allocates the results (`np.empty`'s signature; see
+            `grain_cells.slot_writer`).
 
     Returns:
         `(data, indices, indptr)`: fresh arrays; indices are int32, indptr
@@ -56,11 +63,14 @@ def take_csr(rows_buf: CsrRows, rows: np.ndarray):
     src = rows_buf.indptr
     begin = src[rows]
     lengths = src[rows + 1] - begin
-    indptr = np.zeros(rows.size + 1, np.int64)
-    np.cumsum(lengths, out=indptr[1:])
-    total = int(indptr[-1])
-    data = np.empty(total, rows_buf.data.dtype)
-    indices = np.empty(total, np.int32)
+    n_rows = rows.size if n_rows is None else int(n_rows)
+    indptr = empty((n_rows + 1,), np.int64)
+    indptr[0] = 0
+    np.cumsum(lengths, out=indptr[1 : rows.size + 1])
+    total = int(indptr[rows.size])
+    indptr[rows.size + 1 :] = total
+    data = empty((total,), rows_buf.data.dtype if dtype is None else dtype)
+    indices = empty((total,), np.int32)
     if rows.size:
         # Runs of rows that follow each other in the buffer copy as one slice.
         breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1

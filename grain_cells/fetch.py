@@ -39,7 +39,7 @@ import weakref
 import grain
 import numpy as np
 
-from grain_cells import counter_rng, matrices, transport, worker_process
+from grain_cells import counter_rng, matrices, outputs, transport, worker_process
 from grain_cells.matrix import RowBuffer
 from grain_cells.outputs import Fetch, Output
 from grain_cells.ranges import expand_ranges
@@ -260,17 +260,23 @@ class SplitFetch(grain.experimental.FlatMapTransform):
                     raise RuntimeError(f"extra matrix {name!r} read other rows")
         return out
 
-    def minibatch(self, fetched: _Fetched, rows: np.ndarray) -> dict:
-        """Formats one minibatch from rows of the fetch buffer."""
+    def minibatch(self, fetched: _Fetched, rows: np.ndarray, empty=np.empty) -> dict:
+        """Formats one minibatch from rows of the fetch buffer.
+
+        Every array is allocated with `empty` (`np.empty`'s signature; in a
+        worker, the slot the minibatch is sent in: `slot_writer`).
+        """
         cfg = self.config
         m = cfg.batch_size
         n_real = rows.size
-        batch = cfg.output.format(fetched.fetch, rows, m)
-        row_ids = np.full(m, -1, np.int64)
+        batch = outputs.format_with(cfg.output, fetched.fetch, rows, m, empty)
+        row_ids = empty((m,), np.int64)
         row_ids[:n_real] = fetched.fetch.row_ids[rows]
+        row_ids[n_real:] = -1
         batch["row_ids"] = row_ids
-        mask = np.zeros(m, bool)
+        mask = empty((m,), bool)
         mask[:n_real] = True
+        mask[n_real:] = False
         batch["mask"] = mask
         categories = self.source.categories
         for name, values in fetched.obs.items():
@@ -280,17 +286,18 @@ class SplitFetch(grain.experimental.FlatMapTransform):
                 dtype = np.float32
             else:
                 dtype = values.dtype  # numeric columns keep theirs (int64 stays)
-            col = np.zeros(m, dtype)
+            col = outputs.zeros(empty, (m,), dtype)
             col[:n_real] = values[rows]
             batch[f"obs/{name}"] = col
         for name, part in fetched.extra.items():
             if isinstance(part, np.ndarray):  # an obsm array
-                values = np.zeros((m, part.shape[1]), part.dtype)
+                values = outputs.zeros(empty, (m, part.shape[1]), part.dtype)
                 values[:n_real] = part[rows]
                 batch[name] = values
                 continue
             spec = self.extra[name].spec
-            for k, v in spec.output.format(part, rows, m).items():
+            formatted = outputs.format_with(spec.output, part, rows, m, empty)
+            for k, v in formatted.items():
                 batch[f"{name}/{k}"] = v
         return batch
 
@@ -328,13 +335,21 @@ class Minibatches(collections.abc.Sequence):
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
         i %= len(self)
-        a, b = self._bounds[i], self._bounds[i + 1]
-        batch = self._split.minibatch(self._fetched, self._order[a:b])
         if self._via_slots:
             # The fetch (materialised by Grain), the worker's queue (16 by
             # default) and what the trainer holds.
-            return transport.worker_ring(2 * len(self) + 24).put(batch)
-        return batch
+            return self.send(i, transport.worker_ring(2 * len(self) + 24))
+        return self.format(i)
+
+    def format(self, i: int, empty=np.empty) -> dict:
+        """Minibatch `i` (in range), its arrays allocated with `empty`."""
+        a, b = self._bounds[i], self._bounds[i + 1]
+        return self._split.minibatch(self._fetched, self._order[a:b], empty)
+
+    def send(self, i: int, ring: transport.SlotRing) -> transport.SlotHandle:
+        """Minibatch `i` formatted straight into a slot of `ring`; its handle."""
+        writer = ring.writer()
+        return writer.send(self.format(i, writer.empty))
 
 
 @dataclasses.dataclass

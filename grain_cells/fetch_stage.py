@@ -170,7 +170,7 @@ class ReadFetch(grain.transforms.Map):
         # formatted array is dropped at once): the fetch being built, the
         # worker's queue and the fetch the trainer is copying.
         ring = transport.worker_ring(4 * len(batches) + 8)
-        return [ring.put(batches[i]) for i in range(len(batches))]
+        return [batches.send(i, ring) for i in range(len(batches))]
 
     def _read_ahead(self, n: int) -> None:
         if not self.ahead or not hasattr(self.split.source, "will_need"):

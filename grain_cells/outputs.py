@@ -43,12 +43,18 @@ identifies the pipeline in checkpoints), that pickles, and has
 per-fetch cache for work done once per fetch), `rows` the positions in the
 fetch of the minibatch's real cells (at most `batch_size`), and every array
 returned has `batch_size` rows (padding rows after the real ones), except
-CSR's flat arrays.
+CSR's flat arrays. `format` may also take a keyword `empty` (a function
+with `np.empty`'s signature): the built-in formats allocate every array they
+return with it, and in a Grain worker it hands out the worker's shared
+memory, so the minibatch is written where the trainer copies it from
+(`grain_cells.slot_writer`); formats without it work as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -119,17 +125,12 @@ class CsrOutput:
     dtype: str | None = "float32"
 
     def format(
-        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Gathers `rows` of the buffer into CSR arrays padded to batch_size."""
-        n_real = rows.size
-        data, indices, indptr = take_csr(fetch.csr, rows)
-        if self.dtype is not None:
-            data = data.astype(self.dtype, copy=False)
-        if n_real < batch_size:
-            indptr = np.concatenate(
-                [indptr, np.full(batch_size - n_real, indptr[-1], np.int64)]
-            )
+        data, indices, indptr = take_csr(
+            fetch.csr, rows, dtype=self.dtype, n_rows=batch_size, empty=empty
+        )
         return {"data": data, "indices": indices, "indptr": indptr}
 
 
@@ -158,7 +159,7 @@ class PaddedSparseOutput:
             )
 
     def format(
-        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
         csr = fetch.csr
@@ -173,8 +174,8 @@ class PaddedSparseOutput:
                 f"PaddedSparseOutput(width={w}); raise width or choose "
                 "truncate='largest' or 'first'"
             )
-        values = np.zeros((batch_size, w), self.dtype)
-        cols = np.zeros((batch_size, w), np.int32)
+        values = zeros(empty, (batch_size, w), self.dtype)
+        cols = zeros(empty, (batch_size, w), np.int32)
         largest = self.truncate == "largest"
         for r, (a, n) in enumerate(zip(begin.tolist(), lengths.tolist(), strict=True)):
             if n <= w:
@@ -187,7 +188,7 @@ class PaddedSparseOutput:
             else:
                 values[r] = data[a : a + w]
                 cols[r] = indices[a : a + w]
-        nnz = np.zeros(batch_size, np.int32)
+        nnz = zeros(empty, (batch_size,), np.int32)
         nnz[: lengths.size] = lengths
         return {"values": values, "indices": cols, "nnz": nnz}
 
@@ -203,17 +204,17 @@ class DenseOutput:
     dtype: str = "float32"
 
     def format(
-        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
 
         Rows of a dense file are gathered as they are.
         """
         if fetch.dense is not None:
-            return self.format_dense(fetch.dense, rows, batch_size)
+            return self.format_dense(fetch.dense, rows, batch_size, empty)
         data, indices, indptr = take_csr(fetch.csr, rows)
         n_genes = fetch.n_genes
-        X = np.zeros((batch_size, n_genes), self.dtype)
+        X = zeros(empty, (batch_size, n_genes), self.dtype)
         flat = np.repeat(
             np.arange(rows.size, dtype=np.int64) * n_genes, np.diff(indptr)
         )
@@ -226,12 +227,37 @@ class DenseOutput:
         return {"X": X}
 
     def format_dense(
-        self, dense: np.ndarray, rows: np.ndarray, batch_size: int
+        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Gathers `rows` of a dense buffer (already in output columns)."""
-        X = np.zeros((batch_size, dense.shape[1]), self.dtype)
+        X = empty((batch_size, dense.shape[1]), self.dtype)
         X[: rows.size] = dense[rows]
+        X[rows.size :] = 0
         return {"X": X}
+
+
+def zeros(empty, shape: tuple, dtype) -> np.ndarray:
+    """`np.zeros` through an allocator with `np.empty`'s signature."""
+    out = empty(shape, dtype)
+    out[...] = 0
+    return out
+
+
+@functools.cache
+def takes_empty(output_type: type) -> bool:
+    """Whether an output type's `format` takes the keyword `empty`."""
+    try:
+        params = inspect.signature(output_type.format).parameters
+    except (TypeError, ValueError):
+        return False
+    return "empty" in params
+
+
+def format_with(output, fetch: Fetch, rows, batch_size: int, empty=np.empty):
+    """`output.format(...)`, passing `empty` when the output takes it."""
+    if empty is not np.empty and takes_empty(type(output)):
+        return output.format(fetch, rows, batch_size, empty=empty)
+    return output.format(fetch, rows, batch_size)
 
 
 def _all_distinct(flat: np.ndarray) -> bool:

@@ -5,8 +5,9 @@ shared-memory segment. Fresh shared pages cost about 3.5 µs each to fault in,
 so a 64-cell CSR minibatch (about 800 KB in 6 leaves) costs about 1.2 ms to
 move: more than reading and shuffling it. Here each worker keeps a small ring
 of slots, shared segments that stay mapped in both processes, and writes a
-minibatch's arrays into one slot; what crosses Grain's queue is a small
-handle. Unpickling the handle in the trainer maps the slot (once per slot),
+minibatch's arrays into one slot (formatted there in the first place through
+a `slot_writer.SlotWriter`, so no extra copy); what crosses Grain's queue is a
+small handle. Unpickling the handle in the trainer maps the slot (once per slot),
 copies the arrays out into ordinary private memory and hands the slot back,
 so the arrays a user holds never alias memory a worker will overwrite.
 
@@ -141,6 +142,7 @@ class SlotRing:
         self._slots: list[tuple[str, int, mmap.mmap]] = []
         self._busy: list[bool] = []
         self._serial = 0
+        self._largest = 0  # bytes of the largest minibatch sent
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         worker_process.on_orphaned(self.close)
 
@@ -223,10 +225,23 @@ class SlotRing:
         name, mm = self._create_named(size)
         return name, size, mm
 
-    def put(self, arrays: Mapping[str, np.ndarray]) -> SlotHandle:
-        """Writes `arrays` into a free slot; returns the handle to send."""
+    def put(
+        self, arrays: Mapping[str, np.ndarray], wait: bool = True, avoid=None
+    ) -> SlotHandle:
+        """Writes `arrays` into a free slot; returns the handle to send.
+
+        With `wait=False` a busy ring gives a one-off segment at once; slot
+        `avoid` (where `arrays` may lie) is not written to.
+        """
         layout, nbytes = _layout(arrays)
-        slot = self._free_slot(nbytes)
+        self._largest = max(self._largest, nbytes)
+        if avoid is not None:
+            self._busy[avoid] = True
+        try:
+            slot = self._free_slot(nbytes) if wait else None
+        finally:
+            if avoid is not None:
+                self._busy[avoid] = False
         if slot is None:  # every slot busy: a one-off segment
             name, mm = self._create_named(nbytes)
             _write(mm, layout, arrays)
@@ -234,6 +249,28 @@ class SlotRing:
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
         name, size, mm = self._slots[slot]
         _write(mm, layout, arrays)
+        self._busy[slot] = True
+        return SlotHandle(self.name, slot, name, size, layout, os.getpid())
+
+    def writer(self):
+        """A free slot to format the next minibatch in (`slot_writer.SlotWriter`).
+
+        The slot fits the largest minibatch sent so far (none at first: the
+        first minibatch is written by `put`).
+        """
+        from grain_cells.slot_writer import SlotWriter
+
+        if not self._largest:
+            return SlotWriter(self, None, None)
+        slot = self._free_slot(self._largest)
+        if slot is None:  # every slot busy for _WAIT_S: a one-off segment
+            return SlotWriter(self, None, None, wait=False)
+        return SlotWriter(self, slot, self._slots[slot][2])
+
+    def send_slot(self, slot: int, layout, nbytes: int) -> SlotHandle:
+        """The handle of a minibatch written in `slot` at `layout` by a writer."""
+        self._largest = max(self._largest, nbytes)
+        name, size, _ = self._slots[slot]
         self._busy[slot] = True
         return SlotHandle(self.name, slot, name, size, layout, os.getpid())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import time
 
 import grain
@@ -25,39 +26,74 @@ N_BATCHES = 400
 ROWS = 4096  # 4096 x 8 float64 + 4096 int64: ~300 KB per minibatch
 
 
-def batch(i: int) -> dict[str, np.ndarray]:
-    """Minibatch `i`: every value names i and its position."""
-    base = np.arange(ROWS * 8, dtype=np.float64).reshape(ROWS, 8)
+def batch(i: int, mode: str = "put") -> dict[str, np.ndarray]:
+    """Minibatch `i`: every value names i and its position.
+
+    With `mode="writer"` sizes vary (1-4x, rising and falling), so a
+    writer's slot is sometimes too small.
+    """
+    rows = ROWS * (1 + (i * 7 // 5) % 4) if mode == "writer" else ROWS
+    base = np.arange(rows * 8, dtype=np.float64).reshape(rows, 8)
     return {
         "values": base + i * 1e6,
-        "row_ids": np.arange(ROWS, dtype=np.int64) + i * ROWS,
+        "row_ids": np.arange(rows, dtype=np.int64) + i * ROWS,
         "i": np.array([i], np.int32),
     }
 
 
-def produce(queue, done, n: int, slots: int) -> None:
+def written(ring: transport.SlotRing, i: int) -> transport.SlotHandle:
+    """Minibatch `i` formatted through `ring.writer()`, as a worker does.
+
+    Its arrays are allocated in the slot except "i" (private: `send` copies
+    it in), and every third minibatch also allocates scratch it does not
+    send, so the slot can overflow while the minibatch alone would fit (the
+    arrays must then not be moved over themselves).
+    """
+    writer = ring.writer()
+    out = {}
+    for key, arr in batch(i, "writer").items():
+        if key == "i":
+            out[key] = arr
+            continue
+        if i % 3 == 0:
+            writer.empty((arr.size // 2,), arr.dtype)[...] = -1
+        dst = writer.empty(arr.shape, arr.dtype)
+        dst[...] = arr
+        out[key] = dst
+    return writer.send(out)
+
+
+def produce(queue, done, n: int, slots: int, mode: str = "put") -> None:
     """Producer: `n` minibatches through a ring of `slots` slots."""
     ring = transport.SlotRing(max_slots=slots)
     for i in range(n):
-        queue.put(ring.put(batch(i)))
+        queue.put(ring.put(batch(i)) if mode == "put" else written(ring, i))
     queue.put(None)
     done.get()  # keep the ring's names until the consumer is through
     ring.close()
 
 
-def check(received: dict, i: int) -> None:
-    expected = batch(i)
+def check(received: dict, i: int, mode: str = "put") -> None:
+    expected = batch(i, mode)
     assert received.keys() == expected.keys()
     for key, want in expected.items():
         np.testing.assert_array_equal(received[key], want, err_msg=f"{i}/{key}")
 
 
-@pytest.mark.parametrize("slots", [1, pytest.param(3, marks=pytest.mark.slow)])
-def test_every_value_survives_slot_reuse(slots):
+@pytest.mark.parametrize(
+    "slots, mode",
+    [
+        (1, "put"),
+        pytest.param(3, "put", marks=pytest.mark.slow),
+        (1, "writer"),
+        (3, "writer"),
+    ],
+)
+def test_every_value_survives_slot_reuse(slots, mode):
     ctx = multiprocessing.get_context("spawn")
     to_consumer, to_producer = ctx.Queue(maxsize=8), ctx.Queue()
     producer = ctx.Process(
-        target=produce, args=(to_consumer, to_producer, N_BATCHES, slots)
+        target=produce, args=(to_consumer, to_producer, N_BATCHES, slots, mode)
     )
     producer.start()
     try:
@@ -65,13 +101,13 @@ def test_every_value_survives_slot_reuse(slots):
         for i in range(N_BATCHES):
             got = to_consumer.get(timeout=60)  # unpickling copies out, hands back
             assert not isinstance(got, transport.ExpiredBatch)
-            check(got, i)
+            check(got, i, mode)
             held.append(got)
             if i % 7 == 0:  # hold some copies: they must not change either
-                check(held[i // 2], i // 2)
+                check(held[i // 2], i // 2, mode)
         assert to_consumer.get(timeout=60) is None
         for i in range(0, N_BATCHES, 37):
-            check(held[i], i)
+            check(held[i], i, mode)
         to_producer.put("done")
         producer.join(30)
         assert producer.exitcode == 0
@@ -79,6 +115,25 @@ def test_every_value_survives_slot_reuse(slots):
         if producer.is_alive():
             producer.kill()
         transport.release_dead_rings()
+
+
+def test_a_writer_formats_in_place_and_survives_overflows():
+    # In one process: each handle unpickles through the ring's socket as in
+    # the trainer. After the first minibatch, arrays are written in the slot
+    # (`put` only when the slot overflows) and every value comes back.
+    ring = transport.SlotRing(max_slots=2)
+    fallbacks = []
+    put = ring.put
+    ring.put = lambda *args, **kw: fallbacks.append(kw) or put(*args, **kw)
+    try:
+        for i in range(40):
+            check(pickle.loads(pickle.dumps(written(ring, i))), i, "writer")
+    finally:
+        ring.close()
+        view = transport._RINGS.pop(ring.name, None)
+        if view is not None:
+            view.close()
+    assert 1 < len(fallbacks) < 10, fallbacks  # the first one, then growth
 
 
 def hold_one_slot(queue, ready, done) -> None:
