@@ -301,7 +301,16 @@ class RangeReader:
                 f"destination holds {dest.size} bytes, the ranges need {total}"
             )
         fd = self._fd
-        if pool is None or total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
+        # A remote reader runs its own GETs concurrently and copies what
+        # read-ahead holds with the GIL held: splitting its read over the
+        # pool's threads only adds GIL hand-offs (a third of a 0-worker
+        # reader's time went waiting on them).
+        if (
+            pool is None
+            or total < 2 * _MIN_BYTES_PER_THREAD
+            or nbytes.size < 2
+            or fd.remote
+        ):
             _pread_all(
                 fd, dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), self
             )

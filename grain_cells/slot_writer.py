@@ -73,8 +73,9 @@ class SlotWriter:
     def empty(self, shape, dtype) -> np.ndarray:
         """An uninitialised array inside the slot (private when full)."""
         dtype = np.dtype(dtype)
-        count = math.prod(shape) if isinstance(shape, tuple) else int(shape)
-        offset = self._take(count * dtype.itemsize)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(shape)
+        count = math.prod(shape)
+        offset = None if dtype.hasobject else self._take(count * dtype.itemsize)
         if offset is None:
             return np.empty(shape, dtype)
         return (
