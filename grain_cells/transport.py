@@ -199,7 +199,7 @@ class SlotRing:
                 for slot in freed:
                     self._busy[slot] = False
 
-    def _free_slot(self, nbytes: int) -> int | None:
+    def _free_slot(self, nbytes: int, wait_s: float = _WAIT_S) -> int | None:
         self._collect(0)
         deadline = None
         while True:
@@ -214,7 +214,7 @@ class SlotRing:
                 self._slots.append(self._segment(nbytes))
                 self._busy.append(False)
                 return len(self._slots) - 1
-            deadline = deadline or time.monotonic() + _WAIT_S
+            deadline = deadline or time.monotonic() + wait_s
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -230,15 +230,18 @@ class SlotRing:
     ) -> SlotHandle:
         """Writes `arrays` into a free slot; returns the handle to send.
 
-        With `wait=False` a busy ring gives a one-off segment at once; slot
-        `avoid` (where `arrays` may lie) is not written to.
+        With `wait=False` a busy ring gives a one-off segment at once. Slot
+        `avoid` (where a writer put `arrays`) is not written to, and without
+        another slot free at once a one-off segment is used: waiting would
+        hold a minibatch whose own slot is free.
         """
         layout, nbytes = _layout(arrays)
         self._largest = max(self._largest, nbytes)
         if avoid is not None:
             self._busy[avoid] = True
         try:
-            slot = self._free_slot(nbytes) if wait else None
+            wait_s = _WAIT_S if avoid is None else 0.0
+            slot = self._free_slot(nbytes, wait_s) if wait else None
         finally:
             if avoid is not None:
                 self._busy[avoid] = False
