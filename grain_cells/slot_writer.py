@@ -33,8 +33,9 @@ class SlotWriter:
     no copy into shared memory. `send(arrays)` returns the handle, copying
     in only the arrays that are not in the slot yet (each at most once).
     When the slot is full (or the ring had none free), `empty` returns
-    private memory and `send` writes the whole minibatch into a slot that
-    fits, as `SlotRing.put` does. Arrays handed out must not be used after
+    private memory and `send` writes the whole minibatch into another slot
+    that fits, or a one-off segment when none is free at once
+    (`SlotRing.put` with `avoid`). Arrays handed out must not be used after
     `send`: the trainer hands the slot back for reuse.
     """
 
