@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from grain_cells.transport import ALIGN
+
 if TYPE_CHECKING:
     from grain_cells.transport import SlotHandle, SlotRing
-
-ALIGN = 64  # as transport's layout
 
 
 class SlotWriter:

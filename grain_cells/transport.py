@@ -57,7 +57,7 @@ from grain_cells import shm_names, worker_process
 # a worker falls back to one-off segments.
 _MAX_SLOTS = 128
 _WAIT_S = 2.0
-_ALIGN = 64
+ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
 
 # Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
 _RINGS: dict[str, _RingView] = {}
@@ -71,7 +71,7 @@ _NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 def _layout(arrays: Mapping[str, np.ndarray]):
     layout, total = [], 0
     for key, arr in arrays.items():
-        offset = -(-total // _ALIGN) * _ALIGN
+        offset = -(-total // ALIGN) * ALIGN
         layout.append((key, offset, arr.dtype.str, arr.shape))
         total = offset + arr.nbytes
     return layout, max(total, 1)
@@ -250,10 +250,8 @@ class SlotRing:
             _write(mm, layout, arrays)
             mm.close()
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
-        name, size, mm = self._slots[slot]
-        _write(mm, layout, arrays)
-        self._busy[slot] = True
-        return SlotHandle(self.name, slot, name, size, layout, os.getpid())
+        _write(self._slots[slot][2], layout, arrays)
+        return self.send_slot(slot, layout, nbytes)
 
     def writer(self):
         """A free slot to format the next minibatch in (`slot_writer.SlotWriter`).
@@ -271,7 +269,7 @@ class SlotRing:
         return SlotWriter(self, slot, self._slots[slot][2])
 
     def send_slot(self, slot: int, layout, nbytes: int) -> SlotHandle:
-        """The handle of a minibatch written in `slot` at `layout` by a writer."""
+        """The handle of a minibatch written in `slot` at `layout`."""
         self._largest = max(self._largest, nbytes)
         name, size, _ = self._slots[slot]
         self._busy[slot] = True
