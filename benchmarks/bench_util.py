@@ -211,7 +211,7 @@ def resolve_data(
         f"x {n_genes} genes {kwargs or ''}(made once, cached)",
         file=sys.stderr,
     )
-    from grain_cells import synthetic  # imports Grain and JAX
+    from grain_cells.synthetic import _tahoe as synthetic  # imports Grain and JAX
 
     path = synthetic.cached_tahoe_like(
         n_cells, n_genes=n_genes, progress=True, **kwargs

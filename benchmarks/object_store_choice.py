@@ -87,9 +87,9 @@ def main(argv):
         s3fs = None
         print("s3fs is not installed (pip install s3fs): timing obstore only")
 
-    from grain_cells import object_store
-    from grain_cells.byte_readers import RemoteByteReader
-    from grain_cells.remote_h5 import file_stat
+    from grain_cells.hdf5._remote import file_stat
+    from grain_cells.storage._readers import RemoteByteReader
+    from grain_cells.storage.remote import _store as object_store
 
     port = portpicker.pick_unused_port()
     endpoint = f"http://127.0.0.1:{port}"

@@ -29,8 +29,10 @@ import time
 import bench_util
 from absl import app, flags
 
-from grain_cells import object_store, object_writes, range_gets
-from grain_cells import preshuffling as preshuffle_lib
+from grain_cells.preshuffle import _preshuffle as preshuffle_lib
+from grain_cells.storage.remote import _range_gets as range_gets
+from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _writes as object_writes
 
 _DATA = flags.DEFINE_list(
     "data", None, "Comma-separated .h5ad files; default: a synthetic Tahoe-shaped file."

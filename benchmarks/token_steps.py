@@ -9,7 +9,7 @@ each step `--repeats` times and prints the best, in ms per 1,024 cells:
   output's `format` of the fetch's 16 minibatches of 64 in one thread,
   thread CPU time;
 * the compiled outputs with `threads="auto"` (one thread per core, up to
-  4; `grain_cells.token_threads`), wall time;
+  4; `grain_cells.tokens._threads`), wall time;
 * the compiled rank-value kernel's steps, thread CPU time: the key pass
   (gather tokens and medians, divide, pack keys), the key pass plus the
   sort (bucket and insertion passes), and the whole kernel (also writing
@@ -37,9 +37,9 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import grain_cells
-from grain_cells import token_jit
-from grain_cells.matrix import CsrRows
+from grain_cells.io._matrix import CsrRows
 from grain_cells.outputs import Fetch
+from grain_cells.tokens import _jit as token_jit
 
 _DATA = flags.DEFINE_list("data", None, "Comma-separated .h5ad files.")
 _N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Synthetic file without --data.")
@@ -105,18 +105,20 @@ def main(argv):
     del argv
     paths = bench_util.resolve_data(_DATA.value, _N_CELLS.value, _N_GENES.value)
     source = grain_cells.AnnDataSource(paths, block_size=BLOCK)
-    vocab = grain_cells.GeneVocabulary.from_genes(source.var_names)
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names)
     rows = np.arange(source.num_cells)
-    stats = grain_cells.corpus_stats(
+    stats = grain_cells.tokens.corpus_stats(
         source.select(rows[(rows // 1024) % max(1, _STRIDE.value) == 0]),
         method="histogram",
     )
     outputs = {"csr": grain_cells.CsrOutput()}
     for kernels in ("numba", "numpy"):
-        outputs[f"rank_value/{kernels}"] = grain_cells.RankValueTokens.for_source(
-            source, vocab, stats, length=_LENGTH.value, kernels=kernels, threads=1
+        outputs[f"rank_value/{kernels}"] = (
+            grain_cells.tokens.RankValueTokens.for_source(
+                source, vocab, stats, length=_LENGTH.value, kernels=kernels, threads=1
+            )
         )
-        outputs[f"value_bin/{kernels}"] = grain_cells.ValueBinTokens.for_source(
+        outputs[f"value_bin/{kernels}"] = grain_cells.tokens.ValueBinTokens.for_source(
             source,
             vocab,
             length=_LENGTH.value,
@@ -125,10 +127,10 @@ def main(argv):
             threads=1,
         )
     threaded = {
-        "rank_value/numba": grain_cells.RankValueTokens.for_source(
+        "rank_value/numba": grain_cells.tokens.RankValueTokens.for_source(
             source, vocab, stats, length=_LENGTH.value
         ),
-        "value_bin/numba": grain_cells.ValueBinTokens.for_source(
+        "value_bin/numba": grain_cells.tokens.ValueBinTokens.for_source(
             source, vocab, length=_LENGTH.value, n_bins=_N_BINS.value
         ),
     }

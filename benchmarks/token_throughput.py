@@ -7,7 +7,7 @@ tokens, one after the other, and prints each one's cells/s and its ratio to
 the CSR output's cells/s of the same worker count and cache state.
 
 The gene vocabulary is the file's own genes; the rank-value medians come from
-`grain_cells.corpus_stats` over one in `--stats_stride` runs of 1,024 cells
+`grain_cells.tokens._corpus_stats` over one in `--stats_stride` runs of 1,024 cells
 (histogram method; cached beside the data, not timed).
 
 Usage:
@@ -60,7 +60,7 @@ def make_outputs(source) -> dict:
     With several --threads values each token output is built once per value
     and named `name/threads=N`.
     """
-    vocab = grain_cells.GeneVocabulary.from_genes(source.var_names)
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names)
     outputs = {}
     all_threads = [t if t == "auto" else int(t) for t in FLAGS.threads.split(",")]
     for name in FLAGS.outputs.split(","):
@@ -76,11 +76,11 @@ def make_outputs(source) -> dict:
             step = max(1, FLAGS.stats_stride)
             rows = np.arange(source.num_cells)
             corpus = source.select(rows[(rows // 1024) % step == 0])
-            stats = grain_cells.corpus_stats(corpus, method="histogram")
+            stats = grain_cells.tokens.corpus_stats(corpus, method="histogram")
         for threads in all_threads:
             key = name if len(all_threads) == 1 else f"{name}/threads={threads}"
             if name == "rank_value":
-                outputs[key] = grain_cells.RankValueTokens.for_source(
+                outputs[key] = grain_cells.tokens.RankValueTokens.for_source(
                     source,
                     vocab,
                     stats,
@@ -89,7 +89,7 @@ def make_outputs(source) -> dict:
                     threads=threads,
                 )
             else:
-                outputs[key] = grain_cells.ValueBinTokens.for_source(
+                outputs[key] = grain_cells.tokens.ValueBinTokens.for_source(
                     source,
                     vocab,
                     length=FLAGS.length,

@@ -35,7 +35,7 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from grain_cells import transport
+from grain_cells.transport import _ring as transport
 
 _MINIBATCHES = flags.DEFINE_integer("minibatches", 3000, "Minibatches per run.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")

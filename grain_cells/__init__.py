@@ -1,4 +1,4 @@
-"""grain_cells: train JAX/Flax models on `.h5ad` single-cell atlases with Grain.
+"""grain_cells: train JAX/Flax models on AnnData single-cell atlases with Grain.
 
 Public API::
 
@@ -14,122 +14,84 @@ Public API::
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
     aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
-    # orbax: Grain's files; IteratorRestore also on another JAX process count
-    args = ocp.args.Composite(data=grain_cells.IteratorSave(iterator))
+
+Sub-packages a user imports by name: `grain_cells.errors` (every error
+raised for bad input), `grain_cells.tokens` (token outputs for transformers),
+`grain_cells.checkpoint` (orbax handlers that restore on another process
+count), `grain_cells.synthetic` (Tahoe-shaped test data). The rest
+(`pipeline`, `sampling`, `blocks`, `outputs`, `source`, `preshuffle`) are
+re-exported here; `io`, `hdf5`, `storage`, `transport` are internal.
 """
 
-from grain_cells.cells import Cells
-from grain_cells.chunk_blocks import chunk_aligned, mean_cells_per_chunk
-from grain_cells.conditions import ConditionBlockSampler, condition_blocks
-from grain_cells.corpus_stats import CorpusStats, corpus_stats
-from grain_cells.errors import (
-    AnnDataFormatError,
-    CorruptChunkError,
-    CorruptDataError,
-    GeneMismatchError,
-    MissingColumnError,
-    ObjectStoreError,
-    SourceChangedError,
-    UnsupportedLayoutError,
-)
-from grain_cells.fetch import FetchConfig, SplitFetch
-from grain_cells.h5ad import MatrixInfo
-from grain_cells.loader import (
-    READ_OPTIONS,
-    CheckedIterator,
-    CheckpointMismatchError,
-    DataLoader,
-)
-from grain_cells.main_guard import MainGuardError
-from grain_cells.matrices import Layer, Obsm
-from grain_cells.operations import fetch_operations
-from grain_cells.outputs import (
-    CsrOutput,
-    DenseOutput,
-    Fetch,
-    Output,
-    PaddedSparseOutput,
-)
-from grain_cells.pipeline import CellDataset, cell_dataset
-from grain_cells.preshuffling import preshuffle
-from grain_cells.sampler import BlockSampler, WeightedBlockSampler
-from grain_cells.source import AnnDataSource, Block
-from grain_cells.splits import split_by_fraction, split_by_obs
-from grain_cells.tokens import RankValueTokens
-from grain_cells.value_bins import ValueBinTokens
-from grain_cells.vocabulary import GeneVocabulary
-from grain_cells.weighting import (
+from importlib import metadata as _metadata
+
+from grain_cells import errors as errors
+from grain_cells import tokens as tokens
+from grain_cells.blocks import (
     balanced_block_weights,
     block_weights,
+    chunk_aligned,
     expected_shares,
+    split_by_fraction,
+    split_by_obs,
 )
+from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
+from grain_cells.pipeline import (
+    DataLoader,
+    Layer,
+    Obsm,
+    cell_dataset,
+    fetch_operations,
+)
+from grain_cells.preshuffle import preshuffle
+from grain_cells.sampling import (
+    BlockSampler,
+    ConditionBlockSampler,
+    WeightedBlockSampler,
+    condition_blocks,
+)
+from grain_cells.source import AnnDataSource
+
+try:
+    __version__ = _metadata.version("grain_cells")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "READ_OPTIONS",
-    "AnnDataFormatError",
     "AnnDataSource",
-    "Block",
     "BlockSampler",
-    "CellDataset",
-    "Cells",
-    "CheckedIterator",
-    "CheckpointMismatchError",
     "ConditionBlockSampler",
-    "CorpusStats",
-    "CorruptChunkError",
-    "CorruptDataError",
     "CsrOutput",
     "DataLoader",
     "DenseOutput",
-    "Fetch",
-    "FetchConfig",
-    "GeneMismatchError",
-    "GeneVocabulary",
-    "IteratorHandler",
-    "IteratorRestore",
-    "IteratorSave",
     "Layer",
-    "MainGuardError",
-    "MatrixInfo",
-    "MissingColumnError",
-    "ObjectStoreError",
     "Obsm",
     "Output",
     "PaddedSparseOutput",
-    "RankValueTokens",
-    "SourceChangedError",
-    "SplitFetch",
-    "UnsupportedLayoutError",
-    "ValueBinTokens",
     "WeightedBlockSampler",
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",
     "chunk_aligned",
     "condition_blocks",
-    "corpus_stats",
     "densify",
     "expected_shares",
     "fetch_operations",
-    "mean_cells_per_chunk",
     "preshuffle",
     "split_by_fraction",
     "split_by_obs",
 ]
 
 
-_CHECKPOINT = ("IteratorHandler", "IteratorRestore", "IteratorSave")
-
-
 def __getattr__(name: str):
-    # JAX is imported only when the helper is used (workers never need it).
+    # JAX is imported only when the helper is used (workers never need it);
+    # orbax (the `checkpoint` extra) only when `grain_cells.checkpoint` is.
     if name == "densify":
-        from grain_cells.jax_utils import densify
+        from grain_cells.outputs._densify import densify
 
         return densify
-    # orbax (the `checkpoint` extra) only when its handler is used.
-    if name in _CHECKPOINT:
-        from grain_cells import checkpoint
+    if name == "checkpoint":
+        import grain_cells.checkpoint
 
-        return getattr(checkpoint, name)
+        return grain_cells.checkpoint
     raise AttributeError(f"module 'grain_cells' has no attribute {name!r}")

@@ -111,3 +111,7 @@ class ObjectStoreError(OSError):
     def __reduce__(self):
         # Crosses worker processes intact (attributes are keyword-only).
         return (type(self), self.args, self.__dict__)
+
+
+class MainGuardError(RuntimeError):
+    """Worker processes were started from a script's unguarded top level."""

@@ -17,8 +17,8 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import GeneMismatchError, MissingColumnError
-from grain_cells.matrix import RowBuffer
+from grain_cells.errors import GeneMismatchError, MissingColumnError
+from grain_cells.io._matrix import RowBuffer
 
 # Per file: cells, var names (in stored order), cell_type categories (in
 # order), and obs columns it lacks.
@@ -418,7 +418,7 @@ def test_obs_column_of_two_kinds_names_both_files(tmp_path):
     paths = [str(tmp_path / "a.h5ad"), str(tmp_path / "b.h5ad")]
     a.write_h5ad(paths[0])
     b.write_h5ad(paths[1])
-    with pytest.raises(grain_cells.AnnDataFormatError) as e:
+    with pytest.raises(grain_cells.errors.AnnDataFormatError) as e:
         grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
     message = str(e.value)
     assert f"categorical in {paths[0]}" in message

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells import arguments
+from grain_cells._util import arguments
 
 BAD_INTS = [
     pytest.param(None, id="None"),
@@ -151,7 +151,7 @@ def test_drop_that_empties_a_pass_warns_and_is_true(csr_paths, helpers):
         data_source=few,
         sampler=grain_cells.BlockSampler(few, seed=0, num_epochs=1),
         operations=operations,
-        read_options=grain_cells.READ_OPTIONS,
+        read_options=grain_cells.pipeline.READ_OPTIONS,
     )
     assert helpers.run(loader) == []  # the warning told the truth
     # With pad, or when a pass holds minibatches, nothing to say (warnings

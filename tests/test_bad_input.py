@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from grain_cells import (
+from grain_cells import AnnDataSource
+from grain_cells.errors import (
     AnnDataFormatError,
-    AnnDataSource,
     CorruptDataError,
     GeneMismatchError,
     MissingColumnError,

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 
 # Each test runs a benchmark binary in a subprocess: seconds each.
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells import ranges
-from grain_cells.block_table import Block, BlockTable
+from grain_cells._util import ranges
+from grain_cells.source import Block, BlockTable
 
 FILE_SIZES = (97, 130, 61)  # conftest's files
 
@@ -112,7 +112,8 @@ def test_source_view_needs_a_table_of_its_files(csr_paths):
 
 
 def test_selection_and_splits_are_tables(csr_paths):
-    from grain_cells import selection, splits
+    from grain_cells.blocks import _splits as splits
+    from grain_cells.source import _selection as selection
 
     source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
     try:

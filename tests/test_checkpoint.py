@@ -20,8 +20,8 @@ import pytest
 from grain import sharding
 
 import grain_cells
-from grain_cells import CheckpointMismatchError
 from grain_cells.checkpoint import IteratorHandler, IteratorRestore, IteratorSave
+from grain_cells.errors import CheckpointMismatchError
 
 # 74 blocks of 4 cells (an even count: the epoch is the same for 1 and 2
 # shards); fetches of 4 blocks, 4 minibatches of 4 cells.

@@ -20,7 +20,8 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import codecs, errors
+from grain_cells import errors
+from grain_cells.hdf5 import _codecs as codecs
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 
 N_OBS, N_VARS = 203, 40
@@ -393,7 +394,7 @@ def test_loader_values(request, helpers, layout, output, genes, workers):
 
 @pytest.mark.parametrize("chunks", [None, 500, "atlas"])
 def test_synthetic_chunks(tmp_path, chunks):
-    from grain_cells import synthetic
+    from grain_cells.synthetic import _tahoe as synthetic
 
     args = {"n_genes": 300, "mean_nnz": 40.0, "chunk_cells": 400}
     path = synthetic.write_tahoe_like(

@@ -84,7 +84,7 @@ def test_blocks_follow_the_chunk_grid(gz_paths):
         # ... and a new chunk starts a new block.
         new_chunk = np.flatnonzero(np.diff(chunk_of_row) != 0) + 1
         assert np.isin(new_chunk, a).all()
-    assert grain_cells.mean_cells_per_chunk(source) == pytest.approx(
+    assert grain_cells.blocks.mean_cells_per_chunk(source) == pytest.approx(
         source.num_cells / (np.unique(np.r_[source.cell_offsets[:-1], starts]).size),
         rel=0.5,
     )

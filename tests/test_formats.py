@@ -23,14 +23,8 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import (
-    AnnDataFormatError,
-    AnnDataSource,
-    CsrOutput,
-    DenseOutput,
-    PaddedSparseOutput,
-    UnsupportedLayoutError,
-)
+from grain_cells import AnnDataSource, CsrOutput, DenseOutput, PaddedSparseOutput
+from grain_cells.errors import AnnDataFormatError, UnsupportedLayoutError
 
 N_OBS, N_VARS = 23, 7
 

@@ -22,13 +22,10 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from grain_cells import (
+from grain_cells import AnnDataSource, CsrOutput, DenseOutput, PaddedSparseOutput
+from grain_cells.errors import (
     AnnDataFormatError,
-    AnnDataSource,
     CorruptDataError,
-    CsrOutput,
-    DenseOutput,
-    PaddedSparseOutput,
     UnsupportedLayoutError,
 )
 
@@ -285,7 +282,7 @@ def test_filter_plugin_in_a_fresh_process(tmp_path, importable):
         try:
             source = grain_cells.AnnDataSource({str(path)!r})
             print(source.read([{N_OBS - 1}]).X.toarray().tolist())
-        except grain_cells.UnsupportedLayoutError as e:
+        except grain_cells.errors.UnsupportedLayoutError as e:
             print(e)
         """
     )

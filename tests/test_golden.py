@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells import counter_rng
+from grain_cells._util import counter_rng
 
 # The conftest files: 97 + 130 + 61 = 288 cells; blocks of 4 give 74 blocks.
 BLOCK = 4

@@ -24,7 +24,9 @@ from absl import flags
 from grain import sharding
 
 import grain_cells
-from grain_cells import CheckpointMismatchError, PaddedSparseOutput, transport
+from grain_cells import PaddedSparseOutput
+from grain_cells.errors import CheckpointMismatchError
+from grain_cells.transport import _ring as transport
 
 # Minibatches of 4 cells, 4 blocks of 5 cells (20 cells, 5 minibatches) per fetch.
 CONFIG = {"block_size": 5, "batch_size": 4, "fetch_factor": 5, "seed": 3}

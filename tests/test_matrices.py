@@ -136,8 +136,10 @@ def test_layers_raw_obsm_equal_anndata(paths, truth, helpers, workers):
 def test_token_output_for_a_layer(paths, truth, helpers):
     """Tokens from raw counts beside normalised X: any output fits a layer."""
     source = grain_cells.AnnDataSource(paths, block_size=4)
-    vocab = grain_cells.GeneVocabulary.from_genes(source.var_names)
-    bins = grain_cells.ValueBinTokens.for_source(source, vocab, length=6, n_bins=5)
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names)
+    bins = grain_cells.tokens.ValueBinTokens.for_source(
+        source, vocab, length=6, n_bins=5
+    )
     ops = grain_cells.fetch_operations(
         source,
         batch_size=8,
@@ -162,13 +164,13 @@ def test_token_output_for_a_layer(paths, truth, helpers):
     [
         pytest.param(
             grain_cells.Obsm("X_umap"),
-            grain_cells.MissingColumnError,
+            grain_cells.errors.MissingColumnError,
             r"m0\.h5ad: obsm has no array 'X_umap'; it has \['X_pca'\]",
             id="obsm",
         ),
         pytest.param(
             grain_cells.Layer("spliced"),
-            grain_cells.MissingColumnError,
+            grain_cells.errors.MissingColumnError,
             "spliced",
             id="layer",
         ),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 from grain_cells.testing import NginxFolder, nginx_folder
 
 obstore = pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")

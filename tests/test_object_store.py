@@ -19,7 +19,8 @@ import scipy.sparse as sp
 from conftest import OBS, close_iterator, take, write_files
 
 import grain_cells
-from grain_cells import errors, object_store
+from grain_cells import errors
+from grain_cells.storage.remote import _store as object_store
 
 CONFIG = dict(block_size=5, batch_size=4, fetch_factor=5)
 

@@ -25,7 +25,7 @@ obstore = pytest.importorskip(
 )
 
 import grain_cells  # noqa: E402
-from grain_cells import store_retries  # noqa: E402
+from grain_cells.storage.remote import _retries as store_retries  # noqa: E402
 from grain_cells.testing import Fault, ServedFolder, always, every  # noqa: E402
 
 BUCKET = "cells"
@@ -259,7 +259,7 @@ def test_exhausted_retries_raise_the_named_error(
     )
     proxy.set_rule(always(fault))
     start = time.monotonic()
-    with pytest.raises(grain_cells.ObjectStoreError) as info:
+    with pytest.raises(grain_cells.errors.ObjectStoreError) as info:
         source.read_blocks([0])
     elapsed = time.monotonic() - start
     assert elapsed < HANG_GUARD_S
@@ -296,7 +296,7 @@ def test_exhausted_retries_through_the_loader(proxy, csr_paths, workers):
     )
     proxy.set_rule(always(Fault.slow_down()))
     start = time.monotonic()
-    with pytest.raises(grain_cells.ObjectStoreError, match="SlowDown") as info:
+    with pytest.raises(grain_cells.errors.ObjectStoreError, match="SlowDown") as info:
         for _ in loader:
             pass
     assert time.monotonic() - start < HANG_GUARD_S
@@ -319,7 +319,7 @@ def test_object_replaced_mid_run_raises(served, proxy, csr_paths, tmp_path):
     fresh = tmp_path / "new.h5ad"
     shutil.copy(csr_paths[1], fresh)
     os.replace(fresh, target)
-    with pytest.raises(grain_cells.SourceChangedError, match=url):
+    with pytest.raises(grain_cells.errors.SourceChangedError, match=url):
         source.read_blocks(list(range(len(source))))
 
 
@@ -382,6 +382,6 @@ def test_object_replaced_between_the_gets_of_a_batch_raises(served, proxy, tmp_p
     # Blocks ~90 KB apart: no two pieces merge, so each dataset's pieces
     # are several requests of one batch (a lone request carries If-Match).
     keys = list(range(1, len(source), 150))
-    with pytest.raises(grain_cells.SourceChangedError, match="after a read"):
+    with pytest.raises(grain_cells.errors.SourceChangedError, match="after a read"):
         source.read_blocks(keys)
     assert not staged.exists()  # the replacement did happen mid-read

@@ -20,8 +20,8 @@ import scipy.sparse as sp
 from conftest import close_iterator, take
 
 import grain_cells
-from grain_cells import object_store
-from grain_cells.fetch_stage import FetchPlan, ReadFetch
+from grain_cells.pipeline._stage import FetchPlan, ReadFetch
+from grain_cells.storage.remote import _store as object_store
 from grain_cells.testing import ServedFolder
 
 BUCKET = "cells"

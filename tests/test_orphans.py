@@ -20,7 +20,7 @@ import time
 import psutil
 import pytest
 
-from grain_cells import shm_names
+from grain_cells.transport import _shm_names as shm_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,7 +140,7 @@ def _objects_frozen_by_fetches(n: int) -> int:
     """
     import gc
 
-    from grain_cells import worker_process
+    from grain_cells.transport import _worker as worker_process
 
     before = gc.get_freeze_count()
     for _ in range(n):

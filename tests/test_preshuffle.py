@@ -25,9 +25,9 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import preshuffle_writer
-from grain_cells import preshuffling as preshuffle_lib
-from grain_cells.preshuffling import preshuffle
+from grain_cells.preshuffle import _preshuffle as preshuffle_lib
+from grain_cells.preshuffle import _writer as preshuffle_writer
+from grain_cells.preshuffle import preshuffle
 
 SIZES = (97, 130, 61)
 N_GENES = 12
@@ -394,7 +394,7 @@ def test_budget_below_one_cell_still_works(inputs, tmp_path):
 def test_inputs_with_different_var_names(tmp_path):
     a = write_inputs(tmp_path / "a", sizes=(20,))
     b = write_inputs(tmp_path / "b", sizes=(20,), genes=[*GENES[:-1], "other"])
-    with pytest.raises(grain_cells.GeneMismatchError, match="other") as info:
+    with pytest.raises(grain_cells.errors.GeneMismatchError, match="other") as info:
         preshuffle([*a, *b], tmp_path / "out", progress=False)
     assert a[0] in str(info.value) and b[0] in str(info.value)
     assert not (tmp_path / "out").exists()
@@ -429,7 +429,7 @@ def test_bad_arguments(inputs, tmp_path, kwargs, match):
 
 def test_missing_obs_column_names_the_file(inputs, tmp_path):
     paths = inputs[(3, False)]
-    with pytest.raises(grain_cells.MissingColumnError, match="nope") as info:
+    with pytest.raises(grain_cells.errors.MissingColumnError, match="nope") as info:
         preshuffle(paths, tmp_path, obs_columns=["idx", "nope"], progress=False)
     assert paths[0] in str(info.value)
 
@@ -544,7 +544,7 @@ def test_gene_alignment_changes_the_fingerprint(tmp_path):
 def test_gene_mismatch_error_suggests_join_which_works(tmp_path):
     (a,) = write_inputs(tmp_path / "a", sizes=(30,))
     b = write_other_genes(a, tmp_path / "b.h5ad")
-    with pytest.raises(grain_cells.GeneMismatchError, match="join="):
+    with pytest.raises(grain_cells.errors.GeneMismatchError, match="join="):
         preshuffle([a, b], tmp_path / "out", progress=False)
     preshuffle([a, b], tmp_path / "out", join="inner", progress=False)
 

@@ -20,7 +20,8 @@ import scipy.sparse as sp
 from conftest import OBS, run, write_files
 
 import grain_cells
-from grain_cells import object_writes, preshuffle_writer
+from grain_cells.preshuffle import _writer as preshuffle_writer
+from grain_cells.storage.remote import _writes as object_writes
 
 pytest.importorskip("obstore", reason="obstore is not installed")
 

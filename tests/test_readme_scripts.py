@@ -186,7 +186,7 @@ def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
                 sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
                 operations=grain_cells.fetch_operations(source, batch_size=16),
                 worker_count=2,
-                read_options=grain_cells.READ_OPTIONS,
+                read_options=grain_cells.pipeline.READ_OPTIONS,
             )
             for batch in loader:
                 x = batch["data"].reshape(-1)

@@ -12,7 +12,8 @@ import pytest
 from grain import sharding
 
 import grain_cells
-from grain_cells import CheckpointMismatchError, state_checks
+from grain_cells.errors import CheckpointMismatchError
+from grain_cells.pipeline import _state_checks as state_checks
 
 CONFIG = {"block_size": 5, "batch_size": 4, "fetch_factor": 5, "seed": 3}
 

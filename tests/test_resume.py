@@ -13,7 +13,7 @@ from absl import flags
 from grain import sharding
 
 import grain_cells
-from grain_cells import CheckpointMismatchError
+from grain_cells.errors import CheckpointMismatchError
 
 # 74 blocks of 4 cells (an even count: epochs are equally long for 1 and 2
 # shards); fetches of 4 blocks, 4 minibatches of 4 cells; files of 97, 130

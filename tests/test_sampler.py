@@ -316,7 +316,9 @@ def test_sampler_sharding_reaches_the_dataloader(csr_paths):
     shard = sharding.ShardOptions(1, 3)
     sampler = BlockSampler(len(source), seed=2, shard_options=shard)
     loader = grain.DataLoader(
-        data_source=source, sampler=sampler, read_options=grain_cells.READ_OPTIONS
+        data_source=source,
+        sampler=sampler,
+        read_options=grain_cells.pipeline.READ_OPTIONS,
     )
     blocks = [b.index for b in loader]
     np.testing.assert_array_equal(blocks, sampler.epoch_order(0)[1::3])

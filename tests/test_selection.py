@@ -10,7 +10,7 @@ import pytest
 from grain import sharding
 
 import grain_cells
-from grain_cells.selection import blocks_over_runs, cell_mask
+from grain_cells.source._selection import blocks_over_runs, cell_mask
 
 OBS = ("plate", "cell_type", "idx")
 

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import hdf5_reads
+from grain_cells.hdf5 import _reads as hdf5_reads
 
 N_OBS, N_VARS = 230, 37
 
@@ -147,7 +147,7 @@ def test_read_ranges_and_blocks(tmp_path):
     blocks = source.read_blocks([32, 0])  # block 32 is the short last one
     np.testing.assert_array_equal(blocks.row_ids, np.r_[224:230, 0:7])
     assert len(source) == -(-N_OBS // 7)
-    assert source[32] == grain_cells.Block(32, 0, 224, 230)
+    assert source[32] == grain_cells.source.Block(32, 0, 224, 230)
 
 
 def test_several_files_concatenate_with_harmonised_categories(tmp_path):
@@ -168,7 +168,7 @@ def test_several_files_concatenate_with_harmonised_categories(tmp_path):
     np.testing.assert_array_equal(source.cell_offsets, [0, 40, 105, 136])
     # 3 + 5 + 2 blocks: blocks never straddle files.
     assert len(source) == 10
-    assert source[3] == grain_cells.Block(3, 1, 40, 56)
+    assert source[3] == grain_cells.source.Block(3, 1, 40, 56)
     rows = np.arange(136)[::-1]
     cells = source.read(rows)
     labels = source.categories["cell_type"][cells.obs["cell_type"]]
@@ -238,7 +238,7 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     encoding is left to it."""
     import h5py
 
-    from grain_cells import frames
+    from grain_cells.io import _frames as frames
 
     n = 300
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 from grain_cells.synthetic import cached_tahoe_like, write_tahoe_like
 
 SMALL = {"n_genes": 2_000, "mean_nnz": 150.0, "chunk_cells": 700}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells.matrix import CsrRows
+from grain_cells.io._matrix import CsrRows
 from grain_cells.outputs import Fetch
 
 pytest.importorskip("numba")
@@ -113,7 +113,7 @@ def test_rank_value_compiled_equals_numpy(kind, vocabulary, length, cls, eos, ml
     tokens, medians = _tokens(vocabulary, seed), _medians(seed)
 
     def make(kernels):
-        return grain_cells.RankValueTokens(
+        return grain_cells.tokens.RankValueTokens(
             tokens,
             medians,
             length=length,
@@ -148,7 +148,7 @@ def test_value_bins_compiled_equal_numpy(
     tokens = _tokens(vocabulary, seed)
 
     def make(kernels):
-        return grain_cells.ValueBinTokens(
+        return grain_cells.tokens.ValueBinTokens(
             tokens,
             length=length,
             n_bins=n_bins,
@@ -207,7 +207,7 @@ def test_value_bins_smallest_value_last(vocabulary, length):
     tokens = _tokens(vocabulary, 3)
 
     def make(kernels):
-        return grain_cells.ValueBinTokens(
+        return grain_cells.tokens.ValueBinTokens(
             tokens, length=length, n_bins=11, pad_id=0, cls_id=1, kernels=kernels
         )
 
@@ -227,32 +227,32 @@ def test_empty_fetch_and_bad_kernels():
         ),
     )
     tokens = _tokens("full", 0)
-    out = grain_cells.ValueBinTokens(tokens, length=8, kernels="numba")
+    out = grain_cells.tokens.ValueBinTokens(tokens, length=8, kernels="numba")
     assert out.tokenize(fetch)["gene_ids"].shape == (0, 8)
     with pytest.raises(ValueError, match="kernels="):
-        grain_cells.ValueBinTokens(tokens, kernels="c")
+        grain_cells.tokens.ValueBinTokens(tokens, kernels="c")
 
 
 def test_without_numba_auto_falls_back(monkeypatch):
-    import grain_cells.token_output as tokens_module
+    import grain_cells.tokens._base as tokens_module
 
     fetch = _fetch(11, kind="counts")
-    compiled = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    compiled = grain_cells.tokens.RankValueTokens(_tokens("ordered", 11), _medians(11))
     expected = compiled.tokenize(fetch)
     monkeypatch.setattr(tokens_module, "numba_available", lambda: False)
-    fallback = grain_cells.RankValueTokens(_tokens("ordered", 11), _medians(11))
+    fallback = grain_cells.tokens.RankValueTokens(_tokens("ordered", 11), _medians(11))
     assert not fallback._compiled()
     got = fallback.tokenize(fetch)
     for name, a in expected.items():
         np.testing.assert_array_equal(got[name], a, err_msg=name)
     with pytest.raises(ImportError, match=r"grain_cells\[tokens\]"):
-        grain_cells.ValueBinTokens(_tokens("full", 0), kernels="numba")
+        grain_cells.tokens.ValueBinTokens(_tokens("full", 0), kernels="numba")
 
 
 def _threaded_outputs(tokens, medians, mlm_probability: float) -> dict:
     """Both outputs (specials, masking) as functions of `threads`."""
     return {
-        "rank_value": lambda threads: grain_cells.RankValueTokens(
+        "rank_value": lambda threads: grain_cells.tokens.RankValueTokens(
             tokens,
             medians,
             length=60,
@@ -262,7 +262,7 @@ def _threaded_outputs(tokens, medians, mlm_probability: float) -> dict:
             mlm_probability=mlm_probability,
             threads=threads,
         ),
-        "value_bin": lambda threads: grain_cells.ValueBinTokens(
+        "value_bin": lambda threads: grain_cells.tokens.ValueBinTokens(
             tokens,
             length=60,
             n_bins=11,
@@ -301,12 +301,12 @@ def test_threads_argument(monkeypatch):
     tokens = _tokens("full", 0)
     for bad in (0, -1, 1.5, "many", True):
         with pytest.raises(ValueError, match="threads"):
-            grain_cells.ValueBinTokens(tokens, threads=bad)
-    assert 1 <= grain_cells.ValueBinTokens(tokens).threads <= 4
+            grain_cells.tokens.ValueBinTokens(tokens, threads=bad)
+    assert 1 <= grain_cells.tokens.ValueBinTokens(tokens).threads <= 4
     # In a Grain worker (a child process) "auto" is one thread.
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
-    assert grain_cells.ValueBinTokens(tokens).threads == 1
-    assert grain_cells.ValueBinTokens(tokens, threads=2).threads == 2
+    assert grain_cells.tokens.ValueBinTokens(tokens).threads == 1
+    assert grain_cells.tokens.ValueBinTokens(tokens, threads=2).threads == 2
 
 
 @pytest.mark.parametrize("mlm", [0.0, 0.2])

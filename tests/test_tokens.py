@@ -19,9 +19,9 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import counter_rng
+from grain_cells._util import counter_rng
 from grain_cells.outputs import Fetch
-from grain_cells.tokens import IGNORE
+from grain_cells.tokens._rank_value import IGNORE
 
 N_GENES = 40
 SIZES = (150, 90)
@@ -64,8 +64,8 @@ def files(tmp_path_factory):
 def parts(files, tmp_path_factory):
     paths, vocab_path, x = files
     source = grain_cells.AnnDataSource(paths, block_size=4)
-    vocab = grain_cells.GeneVocabulary.load(vocab_path)
-    stats = grain_cells.corpus_stats(
+    vocab = grain_cells.tokens.GeneVocabulary.load(vocab_path)
+    stats = grain_cells.tokens.corpus_stats(
         source, method="exact", cache=False, progress=False
     )
     return source, vocab, stats, x
@@ -151,7 +151,7 @@ def ref_value_bins(
 def fetch_of(source, rows, key=99):
     cells = source.read(rows)
     x = cells.X.tocsr()
-    csr = grain_cells.outputs.CsrRows(
+    csr = grain_cells.outputs._formats.CsrRows(
         x.data, x.indices, x.indptr.astype(np.int64), x.shape[1]
     )
     return Fetch(None, cells.row_ids, source.num_genes, key=key, _csr=csr)
@@ -162,7 +162,7 @@ def fetch_of(source, rows, key=99):
 
 def test_vocabulary_from_file_honoured(files, tmp_path):
     _, vocab_path, _ = files
-    vocab = grain_cells.GeneVocabulary.load(vocab_path)
+    vocab = grain_cells.tokens.GeneVocabulary.load(vocab_path)
     with open(vocab_path) as f:
         genes = f.read().split()
     assert [vocab.special(r) for r in ("pad", "cls", "eos", "mask")] == [0, 1, 2, 3]
@@ -173,13 +173,13 @@ def test_vocabulary_from_file_honoured(files, tmp_path):
     # A JSON token dictionary keeps its own ids.
     table = {"<pad>": 7, "<cls>": 3, "<eos>": 5, "<mask>": 1, "g0": 100, "g1": 11}
     (tmp_path / "v.json").write_text(json.dumps(table))
-    loaded = grain_cells.GeneVocabulary.load(tmp_path / "v.json")
+    loaded = grain_cells.tokens.GeneVocabulary.load(tmp_path / "v.json")
     assert loaded["g0"] == 100 and loaded.special("pad") == 7 and len(loaded) == 101
     assert loaded.map_genes(["g1", "g9", "g0"]).tokens.tolist() == [11, -1, 100]
     del table["<pad>"]
     (tmp_path / "w.json").write_text(json.dumps(table))
     with pytest.raises(ValueError, match=r"w\.json.*pad"):
-        grain_cells.GeneVocabulary.load(tmp_path / "w.json")
+        grain_cells.tokens.GeneVocabulary.load(tmp_path / "w.json")
 
 
 def test_corpus_stats_exact(parts):
@@ -193,7 +193,7 @@ def test_corpus_stats_exact(parts):
 
 def test_corpus_stats_histogram_error_bound(parts):
     source, _, _, x = parts
-    stats = grain_cells.corpus_stats(
+    stats = grain_cells.tokens.corpus_stats(
         source, method="histogram", cache=False, progress=False
     )
     ref = ref_medians(x)
@@ -205,18 +205,20 @@ def test_corpus_stats_cache(files, tmp_path, monkeypatch):
     paths, _, _ = files
     monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path))
     source = grain_cells.AnnDataSource(paths, block_size=4)
-    first = grain_cells.corpus_stats(source, progress=False)
+    first = grain_cells.tokens.corpus_stats(source, progress=False)
     cached = list(tmp_path.glob("grain_cells-corpus-stats-*.npz"))
     assert len(cached) == 1
     # Reused: a run that cannot compute (reads fail) still gets the figures.
-    module = importlib.import_module("grain_cells.corpus_stats")
+    module = importlib.import_module("grain_cells.tokens._corpus_stats")
     monkeypatch.setattr(module, "_compute", lambda *a: 1 / 0)
-    again = grain_cells.corpus_stats(grain_cells.AnnDataSource(paths, block_size=4))
+    again = grain_cells.tokens.corpus_stats(
+        grain_cells.AnnDataSource(paths, block_size=4)
+    )
     np.testing.assert_array_equal(again.nonzero_median, first.nonzero_median)
     # Another selection of cells is other data: a new key.
     view = source.select(np.arange(100))
     with pytest.raises(ZeroDivisionError):
-        grain_cells.corpus_stats(view, progress=False)
+        grain_cells.tokens.corpus_stats(view, progress=False)
 
 
 # -- outputs on random cells ------------------------------------------------------
@@ -227,8 +229,10 @@ def test_corpus_stats_cache(files, tmp_path, monkeypatch):
 def test_rank_value_equals_reference(parts, length, full_vocabulary):
     source, vocab, stats, x = parts
     if full_vocabulary:  # every gene in the vocabulary: the fast path
-        vocab = grain_cells.GeneVocabulary.from_genes(source.var_names[::-1])
-    out = grain_cells.RankValueTokens.for_source(source, vocab, stats, length=length)
+        vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names[::-1])
+    out = grain_cells.tokens.RankValueTokens.for_source(
+        source, vocab, stats, length=length
+    )
     rows = np.random.default_rng(length).choice(sum(SIZES), 64, replace=False)
     rows[:3] = [0, 1, 12]  # all-zero, tied top genes, tied
     batch = out.format(fetch_of(source, rows), np.arange(64), 70)
@@ -253,7 +257,7 @@ def test_rank_value_equals_reference(parts, length, full_vocabulary):
 def test_value_bins_equal_reference(parts, selection, pad_zeros, length):
     source, vocab, _, x = parts
     n_bins = 7
-    out = grain_cells.ValueBinTokens.for_source(
+    out = grain_cells.tokens.ValueBinTokens.for_source(
         source,
         vocab,
         length=length,
@@ -286,8 +290,10 @@ def test_value_bins_equal_reference(parts, selection, pad_zeros, length):
 def test_mlm_masks_gene_positions_only(parts):
     source, vocab, stats, _ = parts
     rows = np.arange(64)
-    plain = grain_cells.RankValueTokens.for_source(source, vocab, stats, length=30)
-    masked = grain_cells.RankValueTokens.for_source(
+    plain = grain_cells.tokens.RankValueTokens.for_source(
+        source, vocab, stats, length=30
+    )
+    masked = grain_cells.tokens.RankValueTokens.for_source(
         source, vocab, stats, length=30, mlm_probability=0.3
     )
     a = plain.format(fetch_of(source, rows), rows, 64)
@@ -309,11 +315,11 @@ def test_mlm_masks_gene_positions_only(parts):
 def test_bad_arguments(parts):
     source, vocab, stats, _ = parts
     with pytest.raises(ValueError, match="length=2 leaves no room"):
-        grain_cells.RankValueTokens.for_source(source, vocab, stats, length=2)
+        grain_cells.tokens.RankValueTokens.for_source(source, vocab, stats, length=2)
     with pytest.raises(ValueError, match="selection"):
-        grain_cells.ValueBinTokens.for_source(source, vocab, selection="best")
+        grain_cells.tokens.ValueBinTokens.for_source(source, vocab, selection="best")
     with pytest.raises(ValueError, match="n_bins"):
-        grain_cells.ValueBinTokens.for_source(source, vocab, n_bins=2)
+        grain_cells.tokens.ValueBinTokens.for_source(source, vocab, n_bins=2)
 
 
 # -- through the loader -----------------------------------------------------------
@@ -337,7 +343,9 @@ WORKERS = [0, pytest.param(2, marks=pytest.mark.slow)]
 @pytest.mark.parametrize("workers", WORKERS)
 def test_tokens_through_loader(parts, helpers, workers):
     source, vocab, stats, x = parts
-    rank = grain_cells.RankValueTokens.for_source(source, vocab, stats, length=16)
+    rank = grain_cells.tokens.RankValueTokens.for_source(
+        source, vocab, stats, length=16
+    )
     ids = vocab_ids(vocab)
     seen = []
     for batch in helpers.run(_loader(parts, rank, workers)):
@@ -349,7 +357,9 @@ def test_tokens_through_loader(parts, helpers, workers):
             assert batch["gene_ids"][i].tolist() == seq
             seen.append(r)
     assert sorted(seen) == list(range(sum(SIZES)))
-    bins = grain_cells.ValueBinTokens.for_source(source, vocab, length=10, n_bins=5)
+    bins = grain_cells.tokens.ValueBinTokens.for_source(
+        source, vocab, length=10, n_bins=5
+    )
     for batch in helpers.run(_loader(parts, bins, workers), 6):
         for i, r in enumerate(batch["row_ids"]):
             if r < 0:
@@ -372,7 +382,7 @@ def test_tokens_through_loader(parts, helpers, workers):
 @pytest.mark.parametrize("workers", WORKERS)
 def test_random_tokens_resume_exactly(parts, helpers, workers):
     source, vocab, _, _ = parts
-    output = grain_cells.ValueBinTokens.for_source(
+    output = grain_cells.tokens.ValueBinTokens.for_source(
         source,
         vocab,
         length=12,
@@ -422,8 +432,12 @@ def test_token_ids_stable_across_files_and_joins(tmp_path, join):
         paths.append(path)
         dense.append(anndata.read_h5ad(path).to_df())
     source = grain_cells.AnnDataSource(paths, block_size=5, join=join)
-    vocab = grain_cells.GeneVocabulary.from_genes([f"g{j}" for j in range(12)][::-1])
-    out = grain_cells.ValueBinTokens.for_source(source, vocab, length=14, n_bins=4)
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(
+        [f"g{j}" for j in range(12)][::-1]
+    )
+    out = grain_cells.tokens.ValueBinTokens.for_source(
+        source, vocab, length=14, n_bins=4
+    )
     rows = np.arange(60)
     batch = out.format(fetch_of(source, rows), rows, 60)
     for r in rows:

@@ -25,7 +25,7 @@ import portpicker
 import psutil
 import pytest
 
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 N_CELLS, BLOCK, HELD_OUT_BLOCKS = 3_200, 16, 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 
 jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")

@@ -20,7 +20,9 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import shm_names, transport
+from grain_cells.transport import _ring as transport
+from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport._slot_writer import writer_for
 
 N_BATCHES = 400
 ROWS = 4096  # 4096 x 8 float64 + 4096 int64: ~300 KB per minibatch
@@ -42,14 +44,14 @@ def batch(i: int, mode: str = "put") -> dict[str, np.ndarray]:
 
 
 def written(ring: transport.SlotRing, i: int) -> transport.SlotHandle:
-    """Minibatch `i` formatted through `ring.writer()`, as a worker does.
+    """Minibatch `i` formatted through `writer_for(ring)`, as a worker does.
 
     Its arrays are allocated in the slot except "i" (private: `send` copies
     it in), and every third minibatch also allocates scratch it does not
     send, so the slot can overflow while the minibatch alone would fit (the
     arrays must then not be moved over themselves).
     """
-    writer = ring.writer()
+    writer = writer_for(ring)
     out = {}
     for key, arr in batch(i, "writer").items():
         if key == "i":

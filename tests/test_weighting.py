@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from grain import sharding
 
 import grain_cells
-from grain_cells import WeightedBlockSampler, counter_rng
+from grain_cells import WeightedBlockSampler
+from grain_cells._util import counter_rng
 
 # A label-sorted atlas, 80/15/5, in two files; the class boundaries (1601,
 # 1898) fall inside blocks of 4, so two blocks mix classes.
@@ -258,7 +259,7 @@ def test_resume_through_the_loader(source, helpers, workers, stop):
     other = WeightedBlockSampler(source, np.ones(len(source)), epoch_blocks=160, seed=2)
     mismatched = iter(loader_for(source, other, worker_count=workers))
     try:
-        with pytest.raises(grain_cells.CheckpointMismatchError, match="sampler"):
+        with pytest.raises(grain_cells.errors.CheckpointMismatchError, match="sampler"):
             mismatched.set_state(state)
     finally:
         helpers.close_iterator(mismatched)
@@ -285,7 +286,9 @@ def test_shards_are_equal_and_disjoint(source, count):
     positions = []
     for i, s in enumerate(samplers):
         loader = grain.DataLoader(
-            data_source=source, sampler=s, read_options=grain_cells.READ_OPTIONS
+            data_source=source,
+            sampler=s,
+            read_options=grain_cells.pipeline.READ_OPTIONS,
         )
         records = list(loader)
         assert len(records) == 2 * length // count  # equal shards
@@ -321,7 +324,7 @@ def test_on_a_split(source, helpers):
     weights = grain_cells.balanced_block_weights(train, "label")
     sampler = WeightedBlockSampler(train, weights, epoch_cells=2000, seed=1)
     rows = real(helpers.run(loader_for(train, sampler)))
-    val_rows = grain_cells.selection.cell_mask(splits["val"])
+    val_rows = grain_cells.source._selection.cell_mask(splits["val"])
     assert not val_rows[rows].any()
 
 

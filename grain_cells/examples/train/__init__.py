@@ -48,7 +48,7 @@ exactly the minibatches and parameters of an uninterrupted one, bit for bit
 (CPU; on GPU, XLA reductions may not be deterministic), also after SIGKILL.
 A run already at `num_steps` says so and only evaluates. The worker count
 may change between runs (same minibatches); other data, another per-process
-batch or fetch configuration raise `grain_cells.CheckpointMismatchError`;
+batch or fetch configuration raise `grain_cells.errors.CheckpointMismatchError`;
 start a new workdir instead.
 
 **Several JAX processes.** The same command runs once per process::

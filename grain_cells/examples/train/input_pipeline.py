@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import grain_cells
-from grain_cells import synthetic
+from grain_cells.synthetic import _tahoe as synthetic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Data:
     eval: grain_cells.AnnDataSource | None
     label: Label
     width: int
-    tokens: grain_cells.RankValueTokens | None = None
+    tokens: grain_cells.tokens.RankValueTokens | None = None
 
     @property
     def num_genes(self) -> int:
@@ -193,13 +193,13 @@ def prepare_data(config: ml_collections.ConfigDict) -> Data:
 
 def _tokens(
     train: grain_cells.AnnDataSource, config
-) -> grain_cells.RankValueTokens | None:
+) -> grain_cells.tokens.RankValueTokens | None:
     """Rank-value tokens over the input genes, medians from the training cells."""
     if config.get("model", "mlp") != "transformer":
         return None
-    vocab = grain_cells.GeneVocabulary.from_genes(train.var_names)
-    stats = grain_cells.corpus_stats(train, progress=jax.process_index() == 0)
-    return grain_cells.RankValueTokens.for_source(
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(train.var_names)
+    stats = grain_cells.tokens.corpus_stats(train, progress=jax.process_index() == 0)
+    return grain_cells.tokens.RankValueTokens.for_source(
         train, vocab, stats, length=config.token_length
     )
 

@@ -1,7 +1,7 @@
 """A small transformer over rank-value gene tokens (Geneformer-style input).
 
 Each cell arrives as `gene_ids` `[batch, length]` and `attention_mask`
-(`grain_cells.RankValueTokens`): `<cls>`, its genes ranked by expression
+(`grain_cells.tokens.RankValueTokens`): `<cls>`, its genes ranked by expression
 relative to the corpus, `<eos>`, padding. The model embeds the tokens (the
 position in the sequence is the rank, so a learned position embedding
 carries the expression order), runs `num_layers` pre-norm encoder layers

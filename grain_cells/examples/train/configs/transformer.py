@@ -4,8 +4,8 @@
     --config=grain_cells/examples/train/configs/transformer.py  (one line)
 
 Everything else as `default.py`: the same synthetic data, label and loader;
-the minibatches are `grain_cells.RankValueTokens` over the input genes (the
-corpus medians from `grain_cells.corpus_stats` over the training cells,
+the minibatches are `grain_cells.tokens.RankValueTokens` over the input genes (the
+corpus medians from `grain_cells.tokens._corpus_stats` over the training cells,
 cached), `token_length` tokens per cell.
 """
 

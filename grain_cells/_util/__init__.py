@@ -1,0 +1,1 @@
+"""Argument checks, row-range arithmetic and counter-based random numbers (private)."""

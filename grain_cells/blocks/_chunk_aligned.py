@@ -1,0 +1,94 @@
+"""Chunk-aware blocks: block boundaries that follow X's HDF5 chunk grid.
+
+In a compressed file the unit of decoding is a chunk, not a cell. anndata's
+chunks of a Tahoe-shaped atlas hold tens to hundreds of cells, so a random
+block of 16 cells decodes one or two whole chunks (of `data` and of
+`indices`) to use a fraction of each, and the neighbouring blocks that share
+those chunks are decoded again by other fetches.
+
+`chunk_aligned(source, chunks_per_block=n)` returns a view of the source
+(`with_blocks`) whose blocks are the cells of `n` consecutive chunks each:
+the cells whose first value lies in chunks `k*n` to `k*n + n - 1` form one
+block (split into pieces of at most `block_size` cells when they are more).
+A block then decodes its own chunks plus the next one, which its last
+cell's values usually run into (decoded whole: its checksum covers all of
+it), so every decoded chunk serves all its cells within one fetch, and a
+block decodes about `n + 1` chunks for `n` chunks of cells.
+
+Because the result is an ordinary view, `BlockSampler`,
+`WeightedBlockSampler`, sharding, splits, selection and exact resume work on
+it unchanged; only the block table differs. Diversity follows the number of
+blocks per fetch (`batch_size * fetch_factor / block_size`): with
+`block_size` at least the cells per chunk, raise `fetch_factor` to keep it
+(see `benchmarks/RESULTS.md` for entropy, cells/s and memory).
+
+Example:
+    >>> source = grain_cells.AnnDataSource("atlas_gzip.h5ad", block_size=32,
+    ...                                    obs_columns=["plate"])
+    >>> aligned = grain_cells.chunk_aligned(source)  # or chunks_per_block=4
+    >>> sampler = grain_cells.BlockSampler(aligned, seed=0)
+    >>> ops = grain_cells.fetch_operations(aligned, batch_size=64,
+    ...                                    fetch_factor=32)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grain_cells.source import _selection as selection
+
+if TYPE_CHECKING:
+    from grain_cells.source._source import AnnDataSource
+
+
+def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:
+    """A view of `source` whose blocks follow the matrix's chunk grid.
+
+    Works on views too: only the cells the source already holds are kept,
+    and blocks are cut at every `chunks_per_block`-th chunk start of each
+    file, at gaps in the selection, at file boundaries and every
+    `block_size` cells.
+
+    A block's last cell usually runs over into the next chunk, which must
+    then be decoded whole as well (its checksum covers all of it): a block
+    of `n` chunks decodes about `n + 1`, so `chunks_per_block=2` decodes
+    about 1.5 chunks per chunk of cells instead of 2. Give the source a
+    `block_size` of at least `n` times the cells per chunk
+    (`mean_cells_per_chunk`, plus a margin: chunks hold varying cell
+    counts), else blocks are split every `block_size` cells.
+
+    Args:
+        source: An `AnnDataSource` (or a view of one).
+        chunks_per_block: Chunks of the matrix per block (at least 1).
+
+    Returns:
+        A new `AnnDataSource` view (its own file handles); its `repr` names
+        a hash of its block table, so checkpoints bind to the alignment.
+    """
+    n = int(chunks_per_block)
+    if n < 1:
+        raise ValueError(f"chunks_per_block must be at least 1, got {chunks_per_block}")
+    mask = selection.cell_mask(source)
+    cuts = np.union1d(source.cell_offsets, _every_nth_chunk(source, n))
+    starts, stops = selection.blocks_over_runs(mask, cuts, source.block_size)
+    return source.with_blocks(starts, stops)
+
+
+def _every_nth_chunk(source: AnnDataSource, n: int) -> np.ndarray:
+    """Every `n`-th chunk start of each file, counted from the file's first."""
+    starts = source.chunk_starts()
+    if n == 1:
+        return starts
+    offsets = np.asarray(source.cell_offsets, np.int64)
+    files = np.searchsorted(offsets, starts, side="right") - 1
+    first = np.searchsorted(starts, offsets[:-1], side="left")
+    rank = np.arange(starts.size) - first[files]
+    return starts[rank % n == 0]
+
+
+def mean_cells_per_chunk(source: AnnDataSource) -> float:
+    """Average cells per chunk of the matrix over all files (for sizing)."""
+    starts = np.union1d(source.cell_offsets[:-1], source.chunk_starts())
+    return source.num_cells / max(1, starts.size)

@@ -1,0 +1,325 @@
+"""Deterministic train/validation/test splits, as block tables of a source.
+
+Each split is a view (`AnnDataSource.view` of a block table that
+`fraction_split_blocks` or `obs_split_blocks` computes, as pure functions),
+usable as its own data source with its own `BlockSampler` or
+`WeightedBlockSampler` and `fetch_operations`. Splits depend only on the
+source, the arguments and the seed, never on worker or shard counts or on
+any position in a stream: they are disjoint, and together they cover the
+source's cells (a view's selection).
+
+* `split_by_fraction(source, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0)`
+  assigns *units* to splits by a seeded hash of each unit's key, cutting the
+  hash order at the fractions of cells (each split is within one unit of
+  its fraction). The unit is, by default, one block of the source (reads stay
+  whole blocks); `unit_cells=n` uses a fixed grid of `n` rows per file
+  instead, so the split does not change with `block_size`; `by="donor"`
+  uses the groups of an obs column (a donor, a plate, a study goes wholly to
+  one split).
+* `split_by_obs(source, "donor", {"val": ["D3"], "test": ["D7"]},
+  rest="train")` holds out the cells with the given labels.
+
+Example:
+    >>> source = grain_cells.AnnDataSource(paths, obs_columns=["donor"])
+    >>> splits = grain_cells.split_by_fraction(
+    ...     source, {"train": 0.9, "val": 0.1}, seed=0, by="donor")
+    >>> train = splits["train"]                 # an AnnDataSource view
+    >>> sampler = grain_cells.BlockSampler(train, seed=0, num_epochs=None)
+    >>> ops = grain_cells.fetch_operations(train, batch_size=64)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells._util import arguments, counter_rng
+from grain_cells.source._selection import (
+    cell_mask,
+    describe_condition,
+    selected_blocks,
+    where_mask,
+)
+
+if TYPE_CHECKING:
+    from grain_cells.source._source import AnnDataSource
+    from grain_cells.source._table import BlockTable
+
+_FRACTION_TOLERANCE = 1e-6
+
+
+def split_by_fraction(
+    source: AnnDataSource,
+    fractions: Mapping[str, float],
+    *,
+    seed: int = 0,
+    unit_cells: int | None = None,
+    by: str | None = None,
+) -> dict[str, AnnDataSource]:
+    """Splits a source's cells into views by fraction of cells.
+
+    Units (blocks, a grid of rows, or obs groups) are ordered by
+    `hash64(seed, unit key)` and the order is cut where the cumulative cell
+    count crosses each fraction: a unit goes to the split whose share of
+    cells holds its midpoint. A unit's key is its first global row (blocks,
+    grid) or a hash of its label (groups), so the split depends only on the
+    source, the arguments and `seed`.
+
+    Example:
+        >>> splits = split_by_fraction(source, {"train": 0.8, "val": 0.2})
+        >>> by_donor = split_by_fraction(source, {"train": 0.8, "val": 0.2},
+        ...                              by="donor", seed=1)
+
+    Args:
+        source: The source or view to split.
+        fractions: Split name to its fraction of cells; all positive, summing
+            to 1. The result keeps this order.
+        seed: Seed of the assignment, a non-negative int.
+        unit_cells: None (default) to assign the source's blocks, or a number
+            of rows: the grid of `unit_cells` rows from each file's start
+            (intersected with the selection), so that the split does not
+            depend on `block_size`.
+        by: An obs column (one of `obs_columns`) whose groups are the units:
+            all cells of a label go to one split (cells with a missing label
+            form one group). Exclusive with `unit_cells`.
+
+    Returns:
+        Split name to an `AnnDataSource` view of its cells.
+
+    Raises:
+        ValueError: Bad fractions, or fewer units than splits so that some
+            split would be empty.
+    """
+    tables = fraction_split_blocks(
+        source, fractions, seed=seed, unit_cells=unit_cells, by=by
+    )
+    return {name: source.view(table) for name, table in tables.items()}
+
+
+def split_by_obs(
+    source: AnnDataSource,
+    column: str,
+    holdout: Mapping[str, Sequence | Callable[[np.ndarray], np.ndarray]],
+    *,
+    rest: str | None = "train",
+) -> dict[str, AnnDataSource]:
+    """Holds out the cells with given obs values (a donor, a plate, a study).
+
+    Example:
+        >>> splits = split_by_obs(source, "donor", {"val": ["D3"], "test": ["D7"]})
+        >>> splits["train"], splits["val"], splits["test"]
+
+    Args:
+        source: The source or view to split.
+        column: One of `source.obs_columns`.
+        holdout: Split name to the labels (or values, or an elementwise
+            predicate, as in `where_mask`) of its cells. Splits must not share
+            a cell.
+        rest: Name of the split holding every other cell, or None to leave
+            those cells out.
+
+    Returns:
+        Split name to an `AnnDataSource` view: the holdout splits in order,
+        then `rest` (omitted when no cell is left).
+
+    Raises:
+        ValueError: Two splits share cells, a split would be empty, or `rest`
+            repeats a holdout name.
+    """
+    tables = obs_split_blocks(source, column, holdout, rest=rest)
+    return {name: source.view(table) for name, table in tables.items()}
+
+
+def fraction_split_blocks(
+    source: AnnDataSource,
+    fractions: Mapping[str, float],
+    *,
+    seed: int = 0,
+    unit_cells: int | None = None,
+    by: str | None = None,
+) -> dict[str, BlockTable]:
+    """The block tables of `split_by_fraction`: split name to a `BlockTable`.
+
+    A pure function of the source's cells and obs, the arguments and the
+    seed; `split_by_fraction` binds each table to a view (`source.view`).
+    Arguments and errors as in `split_by_fraction`.
+    """
+    names, bounds = _fraction_bounds(fractions)
+    seed = _check_seed(seed)
+    if unit_cells is not None and by is not None:
+        raise ValueError(
+            f"pass unit_cells or by, not both (got unit_cells={unit_cells!r}, "
+            f"by={by!r})"
+        )
+    if unit_cells is None and by is None:  # units: the source's blocks
+        _, starts, stops = source.block_ranges(np.arange(len(source)))
+        split_of = _cut(starts, stops - starts, bounds, seed, names, "blocks")
+        return {
+            name: source.block_table.with_blocks(
+                starts[split_of == i], stops[split_of == i]
+            )
+            for i, name in enumerate(names)
+        }
+    mask = cell_mask(source)
+    if by is not None:
+        unit_of_row, keys = _groups(source, by)
+        sizes = np.bincount(unit_of_row[mask], minlength=keys.size)
+        present = np.flatnonzero(sizes)
+        split_of = np.zeros(keys.size, np.int64)
+        split_of[present] = _cut(
+            keys[present], sizes[present], bounds, seed, names, f"{by!r} groups"
+        )
+        split_of_row = split_of[unit_of_row]
+    else:
+        if not isinstance(unit_cells, (int, np.integer)) or unit_cells < 1:
+            raise ValueError(
+                f"unit_cells must be a positive int or None, got {unit_cells!r}"
+            )
+        offsets = source.cell_offsets
+        rows = np.flatnonzero(mask)
+        first = offsets[np.searchsorted(offsets, rows, side="right") - 1]
+        grid = first + (rows - first) // unit_cells * unit_cells
+        del first
+        # The grid is sorted with the rows: a unit begins where it changes.
+        begins = np.flatnonzero(np.diff(grid, prepend=-1))
+        keys, sizes = grid[begins], np.diff(begins, append=grid.size)
+        del grid
+        split_of_unit = _cut(keys, sizes, bounds, seed, names, "units")
+        split_of_row = np.full(source.num_cells, -1, np.int64)
+        split_of_row[rows] = np.repeat(split_of_unit, sizes)
+    return {
+        name: selected_blocks(source, mask & (split_of_row == i))
+        for i, name in enumerate(names)
+    }
+
+
+def obs_split_blocks(
+    source: AnnDataSource,
+    column: str,
+    holdout: Mapping[str, Sequence | Callable[[np.ndarray], np.ndarray]],
+    *,
+    rest: str | None = "train",
+) -> dict[str, BlockTable]:
+    """The block tables of `split_by_obs`: split name to a `BlockTable`.
+
+    A pure function of the source's cells and obs, the arguments and the
+    seed; `split_by_obs` binds each table to a view (`source.view`).
+    Arguments and errors as in `split_by_obs`.
+    """
+    if not isinstance(holdout, Mapping) or not holdout:
+        raise ValueError(
+            f"holdout must map split names to labels, got holdout={holdout!r}"
+        )
+    if rest is not None and rest in holdout:
+        raise ValueError(f"rest={rest!r} is also a holdout split; rename one")
+    mask = cell_mask(source)
+    taken = np.zeros_like(mask)
+    out = {}
+    for name, condition in holdout.items():
+        split = mask & where_mask(source, column, condition)
+        if not split.any():
+            raise ValueError(
+                f"holdout[{name!r}]: no cell of the source has {column!r} in "
+                f"{describe_condition(condition)}"
+            )
+        if (split & taken).any():
+            raise ValueError(
+                f"holdout[{name!r}] shares cells with an earlier split: its "
+                f"{column!r} values overlap"
+            )
+        taken |= split
+        out[name] = selected_blocks(source, split)
+    left = mask & ~taken
+    if rest is not None and left.any():
+        out[rest] = selected_blocks(source, left)
+    return out
+
+
+def _fraction_bounds(fractions) -> tuple[list[str], np.ndarray]:
+    if not isinstance(fractions, Mapping) or not fractions:
+        raise ValueError(
+            f"fractions must map split names to fractions, got {fractions!r}"
+        )
+    names = list(fractions)
+    values = np.array([float(fractions[k]) for k in names])
+    if not np.isfinite(values).all() or (values <= 0).any():
+        raise ValueError(f"fractions must be positive, got {dict(fractions)}")
+    if abs(values.sum() - 1) > _FRACTION_TOLERANCE:
+        raise ValueError(
+            f"fractions must sum to 1, got {values.sum():g} ({dict(fractions)})"
+        )
+    return names, np.cumsum(values)[:-1] / values.sum()
+
+
+def _check_seed(seed) -> int:
+    seed = arguments.check_int("seed", seed)
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got seed={seed!r}")
+    return seed
+
+
+def _cut(keys, sizes, bounds, seed, names, what) -> np.ndarray:
+    """Split index of each unit: hash order cut at the fractions of cells."""
+    if keys.size < len(names):
+        raise ValueError(
+            f"{keys.size} {what} cannot fill {len(names)} splits {names}; use "
+            "smaller units (block_size, unit_cells) or fewer splits"
+        )
+    order = np.argsort(counter_rng.hash64(seed, keys.astype(np.uint64)), kind="stable")
+    sizes = sizes[order].astype(np.float64)
+    middle = (np.cumsum(sizes) - sizes / 2) / sizes.sum()
+    split_of = np.empty(keys.size, np.int64)
+    split_of[order] = np.searchsorted(bounds, middle, side="right")
+    counts = np.bincount(split_of, minlength=len(names))
+    if (counts == 0).any():
+        empty = [n for n, c in zip(names, counts, strict=True) if c == 0]
+        raise ValueError(
+            f"splits {empty} get none of the {keys.size} {what}: their fractions "
+            "are smaller than one unit; use smaller units or larger fractions"
+        )
+    return split_of
+
+
+def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Group index of each global row, and each group's uint64 key.
+
+    A categorical column's groups are its categories plus "missing"
+    (index 0); a numeric column's are its distinct values. Keys hash the
+    label's text, so they do not depend on category order or file order.
+    """
+    if column not in source.obs_columns:
+        raise errors.MissingColumnError(
+            f"by={column!r} is not one of the source's obs_columns "
+            f"{list(source.obs_columns)}; build the AnnDataSource with "
+            "obs_columns including it"
+        )
+    values = source.obs_values(column)
+    categories = source.categories[column]
+    if categories is None:
+        labels, group_of_row = np.unique(values, return_inverse=True)
+        texts = [repr(float(v)) for v in labels]
+    else:
+        group_of_row = values.astype(np.int64) + 1
+        texts = ["\x00missing", *(str(c) for c in categories.tolist())]
+    keys = np.array(
+        [
+            int.from_bytes(
+                hashlib.blake2b(t.encode(), digest_size=8).digest(), "little"
+            )
+            for t in texts
+        ],
+        np.uint64,
+    )
+    return group_of_row.reshape(-1), keys
+
+
+__all__ = [
+    "fraction_split_blocks",
+    "obs_split_blocks",
+    "split_by_fraction",
+    "split_by_obs",
+]

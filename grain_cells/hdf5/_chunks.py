@@ -1,0 +1,360 @@
+"""Reading rows of a compressed, chunked dataset by decoding chunks in threads.
+
+`ChunkedReader` is the compressed counterpart of the positional path in
+`grain_cells.hdf5._reads`. Once per dataset it takes every chunk's byte
+offset, stored size and filter mask from HDF5 (`DatasetID.chunk_iter`, one
+call). For a read of sorted row ranges it then
+
+1. lists the chunks the ranges touch, each once (however many ranges share
+   it);
+2. reads their stored bytes with positional reads (`os.preadv`), chunks that
+   are neighbours in the file merged into one read of at most
+   `MAX_RUN_BYTES`;
+3. decodes each chunk with `grain_cells.hdf5._codecs.Pipeline` (libdeflate and
+   NumPy release the GIL) in the caller's thread pool, and copies the rows
+   the ranges need straight into the destination, so a decoded chunk lives
+   only as long as its copy.
+
+Memory per reading thread: one merged run of stored bytes (at most
+`MAX_RUN_BYTES`, 4 MiB) and one or two decoded chunks (anndata's chunks are
+at most 1 MiB). An optional LRU cache keeps decoded chunks of small, hot
+datasets (`indptr`, read by every fetch) up to `cache_bytes`.
+
+Byte offsets from `chunk_iter` are absolute file offsets: they already
+include any user block.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import threading
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.hdf5._codecs import ChunkDecodeError, Pipeline
+from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
+
+MAX_RUN_BYTES = 4 << 20
+# Tasks one read is split into when a pool is given: enough to balance
+# uneven chunks over a reader pool of a few threads.
+_MAX_TASKS = 16
+
+
+def wait_all(futures: list[concurrent.futures.Future]) -> None:
+    """Waits for every future, then raises the first one's error, if any.
+
+    Waiting for all before raising keeps no task writing into a buffer that
+    the caller reuses after the error.
+    """
+    concurrent.futures.wait(futures)
+    for f in futures:
+        f.result()
+
+
+class ChunkedReader:
+    """Reads sorted, disjoint ranges of a compressed dataset's first axis.
+
+    Thread-safe. Build with `ChunkedReader.create`, which returns None when
+    the dataset is not a case this reader handles (then read through h5py).
+
+    Example:
+        >>> reader = ChunkedReader.create(h5file["X/data"], "/data/a.h5ad", fd)
+        >>> out = np.empty(30, reader.dtype)
+        >>> reader.read(np.array([0, 100]), np.array([10, 120]), out, pool)
+    """
+
+    def __init__(
+        self,
+        dataset: h5py.Dataset,
+        path: str,
+        fd: int | ByteReader,
+        pipeline: Pipeline,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        masks: np.ndarray,
+        *,
+        cache_bytes: int = 0,
+    ):
+        """Binds a dataset's chunk table; prefer `create`."""
+        self.name = dataset.name
+        self.path = path
+        self.dtype = dataset.dtype
+        self.shape = dataset.shape
+        self.pipeline = pipeline
+        self.chunk_len = int(dataset.chunks[0])
+        self._row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64)) * (
+            self.dtype.itemsize
+        )
+        self._fd = as_byte_reader(fd, path)
+        self._offsets = offsets
+        self._sizes = sizes
+        self._masks = masks
+        self._local = threading.local()
+        self._cache_bytes = int(cache_bytes)
+        self._cache: collections.OrderedDict[int, np.ndarray] = (
+            collections.OrderedDict()
+        )
+        self._cache_lock = threading.Lock()
+
+    @classmethod
+    def create(
+        cls,
+        dataset: h5py.Dataset,
+        path: str,
+        fd: int | ByteReader,
+        *,
+        cache_bytes: int = 0,
+    ) -> ChunkedReader | None:
+        """A reader for `dataset`, or None if it must be read through h5py.
+
+        None when: the dataset is not chunked or not filtered; a filter is
+        not one `Pipeline` decodes; chunks split a row (2-D chunks narrower
+        than the row); the dtype is not a native number; or a chunk was
+        never written (HDF5 fills those with the fill value).
+
+        Args:
+            dataset: An open 1-D or 2-D dataset.
+            path: The file's path, for error messages.
+            fd: An `os.open` descriptor of the same file, or its `ByteReader`.
+            cache_bytes: Decoded bytes to keep in an LRU cache (0: none).
+        """
+        if dataset.chunks is None or dataset.ndim not in (1, 2):
+            return None
+        if not dataset.dtype.isnative or dataset.dtype.hasobject:
+            return None
+        if tuple(dataset.chunks[1:]) != tuple(dataset.shape[1:]):
+            return None
+        pipeline = Pipeline.for_dataset(dataset)
+        if pipeline is None:
+            return None
+        chunk_len = dataset.chunks[0]
+        n_chunks = -(-dataset.shape[0] // chunk_len)
+        offsets = np.full(n_chunks, -1, np.int64)
+        sizes = np.zeros(n_chunks, np.int64)
+        masks = np.zeros(n_chunks, np.uint32)
+
+        def visit(info):
+            k = info.chunk_offset[0] // chunk_len
+            if k < n_chunks:
+                offsets[k] = info.byte_offset
+                sizes[k] = info.size
+                masks[k] = info.filter_mask
+
+        if n_chunks:
+            dataset.id.chunk_iter(visit)
+        if (offsets < 0).any():
+            return None
+        return cls(
+            dataset,
+            path,
+            fd,
+            pipeline,
+            offsets,
+            sizes,
+            masks,
+            cache_bytes=cache_bytes,
+        )
+
+    # -- hints -------------------------------------------------------------
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Asks the OS to read the stored chunks these ranges touch (async)."""
+        chunks = self._chunks_of(starts, stops)
+        self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
+
+    def will_need(self) -> None:
+        """Asks the OS to read every stored chunk of the dataset (async)."""
+        self._fd.will_need(self._offsets.tolist(), self._sizes.tolist())
+
+    def _chunks_of(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        c = self.chunk_len
+        first = starts // c
+        last = (stops - 1) // c
+        n = last - first + 1
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        return np.unique(np.repeat(first, n) + within)
+
+    # -- reads -------------------------------------------------------------
+
+    def read(
+        self,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        out: np.ndarray,
+        pool: concurrent.futures.Executor | None = None,
+        pending: list[concurrent.futures.Future] | None = None,
+    ) -> None:
+        """Reads rows `[starts[i], stops[i])`, concatenated, into `out`.
+
+        Args:
+            starts: Sorted, non-empty, disjoint int64 range starts, within
+                the dataset.
+            stops: Matching exclusive ends.
+            out: Contiguous destination of at least the ranges' rows.
+            pool: Optional thread pool that decodes chunks concurrently.
+            pending: With a pool, a list that receives the read's futures
+                instead of waiting for them: the caller waits (`result()`),
+                e.g. after starting another dataset's read, so both decode
+                in one wave. `out` is complete only then.
+
+        Raises:
+            errors.CorruptChunkError: A chunk fails to decode or its checksum
+                fails; names the file, dataset, chunk offset and its rows.
+            errors.CorruptDataError: The file ends before a chunk does.
+        """
+        c = self.chunk_len
+        rb = self._row_bytes
+        first = starts // c
+        last = (stops - 1) // c
+        n_pieces = last - first + 1
+        owner = np.repeat(np.arange(starts.size), n_pieces)
+        within = np.arange(int(n_pieces.sum())) - np.repeat(
+            np.cumsum(n_pieces) - n_pieces, n_pieces
+        )
+        chunk = first[owner] + within
+        p_start = np.maximum(starts[owner], chunk * c)
+        p_stop = np.minimum(stops[owner], (chunk + 1) * c)
+        nbytes = (p_stop - p_start) * rb
+        src = (p_start - chunk * c) * rb
+        dst = np.concatenate([[0], np.cumsum(nbytes)[:-1]])
+        total = int(nbytes.sum())
+        dest = out.reshape(-1).view(np.uint8)
+        if total > dest.size:
+            raise ValueError(
+                f"destination holds {dest.size} bytes, the ranges need {total}"
+            )
+        # Pieces are sorted by chunk: each chunk's pieces are one slice.
+        uniq, piece_lo = np.unique(chunk, return_index=True)
+        piece_hi = np.append(piece_lo[1:], chunk.size)
+        runs = self._runs(uniq)
+        if self._fd.remote and not self._cache_bytes and len(runs) > 1:
+            self._hint_runs(uniq, runs)  # every run's GET in flight at once
+        pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
+        work = (uniq, piece_lo, piece_hi, pieces, dest)
+        if pool is None or len(runs) < 2:
+            self._read_runs(runs, work)
+            return
+        n_tasks = min(len(runs), _MAX_TASKS)
+        bounds = np.linspace(0, len(runs), n_tasks + 1).astype(int)
+        futures = [
+            pool.submit(self._read_runs, runs[a:b], work)
+            for a, b in itertools.pairwise(bounds.tolist())
+            if b > a
+        ]
+        if pending is not None:
+            pending.extend(futures)
+            return
+        wait_all(futures)
+
+    def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
+        """Positions `[a, b)` into `uniq` of chunks read with one pread each."""
+        offsets = self._offsets[uniq]
+        sizes = self._sizes[uniq]
+        order_ok = uniq.size < 2 or bool((offsets[1:] > offsets[:-1]).all())
+        if not order_ok:  # chunks stored out of order: one read per chunk
+            return [(i, i + 1) for i in range(uniq.size)]
+        touching = offsets[1:] == offsets[:-1] + sizes[:-1]
+        runs = []
+        a = 0
+        run_bytes = int(sizes[0]) if uniq.size else 0
+        for i in range(1, uniq.size):
+            size = int(sizes[i])
+            if touching[i - 1] and run_bytes + size <= MAX_RUN_BYTES:
+                run_bytes += size
+                continue
+            runs.append((a, i))
+            a, run_bytes = i, size
+        if uniq.size:
+            runs.append((a, uniq.size))
+        return runs
+
+    def _hint_runs(self, uniq: np.ndarray, runs: list[tuple[int, int]]) -> None:
+        first = np.array([a for a, _ in runs])
+        last = np.array([b - 1 for _, b in runs])
+        starts = self._offsets[uniq[first]]
+        ends = self._offsets[uniq[last]] + self._sizes[uniq[last]]
+        self._fd.advise(starts.tolist(), (ends - starts).tolist())
+
+    def _scratch(self, nbytes: int) -> memoryview:
+        buf = getattr(self._local, "raw", None)
+        if buf is None or buf.size < nbytes:
+            buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+            self._local.raw = buf
+        return memoryview(buf)[:nbytes]
+
+    def _read_runs(self, runs, work) -> None:
+        uniq, piece_lo, piece_hi, (src, dst, nbytes), dest = work
+        for a, b in runs:
+            cached = [self._cached(int(k)) for k in uniq[a:b]]
+            raw = None
+            if any(x is None for x in cached):
+                first_off = int(self._offsets[uniq[a]])
+                end = int(self._offsets[uniq[b - 1]] + self._sizes[uniq[b - 1]])
+                raw = self._pread(first_off, end - first_off, int(uniq[a]))
+            for j in range(a, b):
+                k = int(uniq[j])
+                chunk = cached[j - a]
+                p_lo, p_hi = int(piece_lo[j]), int(piece_hi[j])
+                if chunk is None:
+                    lo = int(self._offsets[k]) - first_off
+                    # Pieces of a chunk are in order: the last ends furthest.
+                    need = (
+                        None if self._cache_bytes else src[p_hi - 1] + nbytes[p_hi - 1]
+                    )
+                    chunk = self._decode(k, raw[lo : lo + int(self._sizes[k])], need)
+                    self._remember(k, chunk)
+                for p in range(p_lo, p_hi):
+                    s, d, n = src[p], dst[p], nbytes[p]
+                    dest[d : d + n] = chunk[s : s + n]
+
+    def _pread(self, offset: int, nbytes: int, chunk: int) -> memoryview:
+        view = self._scratch(nbytes)
+        try:
+            self._fd.read_into(view, [offset], [nbytes], [0])
+        except TruncatedError as e:
+            raise errors.CorruptDataError(
+                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
+                f"file but HDF5 places chunk {chunk} up to byte "
+                f"{offset + nbytes}: the file is truncated."
+            ) from None
+        return view
+
+    def _decode(self, k: int, raw, need: int | None = None) -> np.ndarray:
+        try:
+            return self.pipeline.decode(raw, int(self._masks[k]), need)
+        except ChunkDecodeError as e:
+            first = k * self.chunk_len
+            stop = min(first + self.chunk_len, self.shape[0])
+            raise errors.CorruptChunkError(
+                f"{self.path}: {self.name} chunk {k} at byte offset "
+                f"{int(self._offsets[k])} ({int(self._sizes[k])} bytes stored, "
+                f"{self.pipeline.describe()}) is corrupt: {e}. It holds rows "
+                f"[{first}, {stop}) of {self.name}.",
+                path=self.path,
+                dataset=self.name,
+                byte_offset=int(self._offsets[k]),
+                rows=(first, stop),
+            ) from None
+
+    def _cached(self, k: int) -> np.ndarray | None:
+        if not self._cache_bytes:
+            return None
+        with self._cache_lock:
+            chunk = self._cache.get(k)
+            if chunk is not None:
+                self._cache.move_to_end(k)
+            return chunk
+
+    def _remember(self, k: int, chunk: np.ndarray) -> None:
+        if not self._cache_bytes or chunk.nbytes > self._cache_bytes:
+            return
+        with self._cache_lock:
+            self._cache[k] = chunk
+            held = len(self._cache) * self.pipeline.chunk_nbytes
+            while held > self._cache_bytes:
+                self._cache.popitem(last=False)
+                held -= self.pipeline.chunk_nbytes

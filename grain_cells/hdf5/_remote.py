@@ -1,0 +1,301 @@
+"""Opening `.h5ad` files by path or URL, and HDF5 metadata read once.
+
+The factory functions here (`open_remote`, `open_bytes`, `stat_path`, `stat_of`)
+take a local path or a URL (`grain_cells.storage.remote._store.is_url`) and return the
+same kinds of objects for both, so `AnnDataSource` treats them alike.
+
+**A remote file** is opened by h5py on a `RangeFile`: a read-only file-like
+object whose reads become range GETs of `BLOCK_BYTES`-aligned blocks, kept in
+a small LRU cache (`CACHE_BLOCKS` blocks). h5py walks the HDF5 metadata
+(object headers, B-trees of chunk indices, dataframe columns) through it.
+
+**Metadata once.** Every byte h5py reads while a file is opened and
+inspected is recorded and saved to a *metadata cache* on local disk, keyed
+by URL, ETag and size (`$GRAIN_CELLS_CACHE_DIR/remote/`, default
+`~/.cache/grain_cells/remote/`). The next open of the same object version,
+in any process on this machine (each of a loader's workers, a later run),
+finds those bytes there (the key also holds the last-modified time, for
+servers that send no ETag): h5py walks the same structures and sends no
+request. A worker on another machine without the cache fetches them itself
+(correct, just slower). A changed object has another ETag, hence another
+cache entry; stale entries are never read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import hashlib
+import io
+import logging
+import os
+import pathlib
+import threading
+import weakref
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.storage._identity import FileStat, stat_of_h5
+from grain_cells.storage._readers import LocalByteReader, RemoteByteReader
+from grain_cells.storage.remote import _store as object_store
+
+_log = logging.getLogger("grain_cells")
+
+BLOCK_BYTES = 64 << 10
+CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
+
+_range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_metadata: dict[tuple, _Metadata] = {}
+_metadata_lock = threading.Lock()
+
+
+def cache_dir() -> pathlib.Path:
+    """Where metadata of remote files is cached."""
+    root = os.environ.get("GRAIN_CELLS_CACHE_DIR")
+    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache/grain_cells"
+    return base / "remote"
+
+
+def file_stat(stat: object_store.ObjectStat) -> FileStat:
+    """An object's identity as a `FileStat` (no device or inode)."""
+    return FileStat(0, 0, stat.size, stat.last_modified_ns, 0, stat.etag)
+
+
+class _Metadata:
+    """Bytes of one object version read by h5py, kept in memory and on disk."""
+
+    def __init__(self, url: str, stat: FileStat):
+        key = f"{url}\0{stat.etag}\0{stat.size}\0{stat.mtime_ns}"
+        digest = hashlib.sha256(key.encode())
+        self.path = cache_dir() / f"{digest.hexdigest()[:32]}.npz"
+        self.starts: list[int] = []
+        self.pieces: list[bytes] = []
+        self.dirty = False
+        self.lock = threading.Lock()
+        try:
+            with np.load(self.path) as saved:
+                offsets, sizes, data = saved["offsets"], saved["sizes"], saved["data"]
+            ends = np.cumsum(sizes)
+            for o, s, e in zip(
+                offsets.tolist(), sizes.tolist(), ends.tolist(), strict=True
+            ):
+                self.starts.append(o)
+                self.pieces.append(data[e - s : e].tobytes())
+        except FileNotFoundError:
+            pass
+        except Exception as e:  # a damaged cache file: read the object again
+            _log.warning("%s: ignoring the metadata cache %s (%s)", url, self.path, e)
+
+    def find(self, off: int, n: int):
+        with self.lock:
+            k = bisect.bisect_right(self.starts, off) - 1
+            if k >= 0 and off + n <= self.starts[k] + len(self.pieces[k]):
+                lo = off - self.starts[k]
+                return memoryview(self.pieces[k])[lo : lo + n]
+        return None
+
+    def add(self, off: int, data: bytes) -> None:
+        # Kept unmerged until `save` (merging at every add is quadratic); a
+        # read spanning two pieces misses here and hits the block cache.
+        with self.lock:
+            k = bisect.bisect_right(self.starts, off)
+            self.starts.insert(k, off)
+            self.pieces.insert(k, bytes(data))
+            self.dirty = True
+
+    def _merge(self) -> None:
+        """Joins overlapping or touching pieces (sorted by start), in one pass."""
+        starts, pieces = [], []
+        run: list[bytes] = []
+        run_start = run_end = 0
+        for s, p in zip(self.starts, self.pieces, strict=True):
+            if run and s <= run_end:
+                if s + len(p) > run_end:
+                    run.append(p[run_end - s :])
+                    run_end = s + len(p)
+                continue
+            if run:
+                starts.append(run_start)
+                pieces.append(b"".join(run))
+            run, run_start, run_end = [p], s, s + len(p)
+        if run:
+            starts.append(run_start)
+            pieces.append(b"".join(run))
+        self.starts, self.pieces = starts, pieces
+
+    def save(self) -> None:
+        with self.lock:
+            if not self.dirty:
+                return
+            self._merge()
+            offsets = np.array(self.starts, np.int64)
+            sizes = np.array([len(p) for p in self.pieces], np.int64)
+            data = np.frombuffer(b"".join(self.pieces), np.uint8)
+            self.dirty = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            _log.warning("cannot write the metadata cache %s (%s)", self.path, e)
+
+
+def _metadata_of(url: str, stat: FileStat) -> _Metadata:
+    key = (url, stat.etag, stat.size, stat.mtime_ns, os.getpid())
+    with _metadata_lock:
+        meta = _metadata.get(key)
+        if meta is None:
+            meta = _metadata[key] = _Metadata(url, stat)
+        return meta
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file-like view of one object version, for h5py.
+
+    Reads come from the metadata cache, then from an LRU cache of blocks,
+    then from range GETs (with `If-Match`). While `recording`, bytes read
+    are added to the metadata cache.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
+        super().__init__()
+        self.url = url
+        self.stat = stat
+        self.recording = True
+        self._bytes = RemoteByteReader(url, storage_options, stat)
+        self._meta = _metadata_of(url, stat)
+        self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._pos = 0
+
+    def __repr__(self) -> str:  # h5py names the file by it
+        return self.url
+
+    def readable(self) -> bool:
+        """True."""
+        return True
+
+    def seekable(self) -> bool:
+        """True."""
+        return True
+
+    def tell(self) -> int:
+        """The position."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Moves the position."""
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
+        self._pos = base[whence] + int(offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        """Reads at the position into `b`."""
+        n = max(0, min(len(b), self.stat.size - self._pos))
+        if n:
+            memoryview(b).cast("B")[:n] = self._read(self._pos, n)
+            self._pos += n
+        return n
+
+    def _read(self, off: int, n: int):
+        hit = self._meta.find(off, n)
+        if hit is not None:
+            return hit
+        if n >= BLOCK_BYTES:
+            out = np.empty(n, np.uint8)
+            self._bytes.read_into(out, [off], [n], [0])
+            data = out.tobytes()
+        else:
+            first, last = off // BLOCK_BYTES, (off + n - 1) // BLOCK_BYTES
+            data = b"".join(self._block(k) for k in range(first, last + 1))
+            lo = off - first * BLOCK_BYTES
+            data = data[lo : lo + n]
+        if self.recording:
+            self._meta.add(off, data)
+        return data
+
+    def _block(self, k: int) -> bytes:
+        block = self._blocks.get(k)
+        if block is not None:
+            self._blocks.move_to_end(k)
+            return block
+        start = k * BLOCK_BYTES
+        n = min(BLOCK_BYTES, self.stat.size - start)
+        out = np.empty(n, np.uint8)
+        self._bytes.read_into(out, [start], [n], [0])
+        block = self._blocks[k] = out.tobytes()
+        while len(self._blocks) > CACHE_BLOCKS:
+            self._blocks.popitem(last=False)
+        return block
+
+    def save_metadata(self) -> None:
+        """Writes what was recorded to the disk cache and stops recording."""
+        self.recording = False
+        self._meta.save()
+
+
+def open_remote(
+    url: str, storage_options: dict | None = None, stat: FileStat | None = None
+) -> h5py.File:
+    """Opens an HDF5 object read-only through `RangeFile` (no AnnData check).
+
+    `grain_cells.io._open.open_file` is the opener callers use: it checks
+    that the file is AnnData.
+
+    Args:
+        url: The object's URL.
+        storage_options: See `grain_cells.storage.remote._store`.
+        stat: The version to read (reads fail once the object's ETag
+            differs); None asks the store (one HEAD).
+
+    Raises:
+        FileNotFoundError: No such object.
+        errors.AnnDataFormatError: HDF5 cannot open it.
+    """
+    if stat is None:
+        stat = file_stat(object_store.head(url, storage_options))
+    rf = RangeFile(url, storage_options, stat)
+    try:
+        f = h5py.File(rf, "r")
+    except OSError as e:
+        raise errors.AnnDataFormatError(
+            f"{url}: HDF5 cannot open it ({e}); the object is probably "
+            "truncated or not HDF5"
+        ) from e
+    _range_files[f] = rf
+    return f
+
+
+def opened(f: h5py.File) -> None:
+    """Marks the end of opening `f`: saves remote metadata read so far."""
+    rf = _range_files.get(f)
+    if rf is not None:
+        rf.save_metadata()
+
+
+def stat_of(f: h5py.File, path: str) -> FileStat:
+    """The stat of an open file (for a URL: the version it reads, no request)."""
+    rf = _range_files.get(f)
+    if rf is not None:
+        return rf.stat
+    return stat_of_h5(f, path)
+
+
+def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
+    """The stat of a path (`os.stat`) or of an object now (one HEAD).
+
+    Raises:
+        FileNotFoundError: No such file or object.
+    """
+    if object_store.is_url(path):
+        return file_stat(object_store.head(path, storage_options))
+    return FileStat.of(os.stat(path))
+
+
+def open_bytes(path: str, storage_options: dict | None, stat: FileStat):
+    """A `ByteReader` of the file, or of the object version `stat` names."""
+    if object_store.is_url(path):
+        return RemoteByteReader(path, storage_options, stat)
+    return LocalByteReader.open(path)

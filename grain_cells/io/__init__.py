@@ -1,0 +1,8 @@
+"""AnnData files: opening, elements, obs, genes, identity, row reads (private).
+
+`_open.open_file` is the one opener of paths and URLs; `_h5ad` locates the
+matrix and checks it; `_frames` and `_obs` read obs/var; `_genes` and
+`_column_maps` align genes over files; `_matrix` reads row ranges of one
+file; `_file_set` holds the files of a source and each process's handles;
+`_range_reads` reads global row ranges over a file set.
+"""

@@ -1,0 +1,375 @@
+"""The files of a source: what was checked when it was built, and open handles.
+
+`FileSet` is an immutable value: the files' paths, matrix metadata,
+identities (`grain_cells.storage._identity`), gene alignment and harmonised obs
+columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
+file is opened once, checked and closed). It pickles to workers as is.
+
+`OpenFiles` is one process's side of a file set: each file opened lazily,
+once, under a lock (Grain's reader threads race on first use) by
+`open_member`, the one place where a process opens a file of the set for reading; the
+per-thread read buffers; the pool of read threads. It pickles as its file
+set and options only, and a forked child drops its parent's handles on first
+use, so each process opens its own.
+
+**Genes over several files.** `AnnDataSource(..., join=...)` decides the
+genes a source outputs when files list different var names
+(`source.var_names`):
+
+* `"exact"` (default): every file must list the same var names in the
+  same order; else `GeneMismatchError` names the first difference.
+* `"inner"`: the genes every file has, in the first file's order.
+* `"outer"`: every gene of any file: the first file's genes in order, then
+  each later file's new genes in order of first appearance. A file reads
+  0 for the genes it lacks (as `anndata.concat(join="outer")` does for
+  sparse matrices).
+
+`genes` then selects and orders output genes within those: with
+`join="outer"`, `genes=[...]` gives a fixed gene list in which genes a
+file lacks read as 0 (each must be in some file). Genes are matched by
+name for `"inner"` and `"outer"` (var names must then be unique within
+each file), by position for `"exact"`.
+
+    >>> source = AnnDataSource(paths, join="outer", genes=hvg_names)
+
+Alignment is applied as rows are read (one gather over the fetched
+values per file whose columns are not the output's; none when they are),
+so every read and output format sees output columns. Where a file stores
+its genes in another order than the output, a row's values keep the
+file's order: `Cells.X` from `read` is sorted (canonical CSR), but
+minibatches' `indices` may be unsorted within a row.
+
+**obs over several files.** A categorical column's codes index one shared
+category list (the first file's categories, then new ones in order of
+appearance), so a label has the same code in every file. A column some
+files lack raises `MissingColumnError` (`obs_missing="error"`, the
+default) or, with `obs_missing="fill"`, reads as missing in those files:
+code -1 for categorical columns, NaN for numeric ones, which then come
+back as floats (float64 for int32 and int64 columns). See
+`grain_cells.io._obs`.
+
+Example:
+    >>> files = FileSet.inspect(["a.h5ad"], element="X", obs_names=(),
+    ...                         genes=None, join="exact", obs_missing="error")
+    >>> handles = OpenFiles(files, read_threads=4)
+    >>> handles.file(0).reader     # a CsrReader or DenseReader
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+from collections.abc import Sequence
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.hdf5 import _remote as remote_h5
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
+from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
+from grain_cells.io._open import open_file
+from grain_cells.storage._identity import FileIdentity
+from grain_cells.storage._readers import ByteReader
+
+
+class ReadPool(concurrent.futures.ThreadPoolExecutor):
+    """A process's read threads, with their count public (`threads`)."""
+
+    def __init__(self, threads: int, **kwargs):
+        super().__init__(threads, **kwargs)
+        self.threads = threads
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FileSet:
+    """One or many `.h5ad` files concatenated along cells, as checked at build.
+
+    Attributes:
+        paths: Resolved paths, in concatenation order.
+        element: The matrix read (`X`, `raw/X`, `layers/<name>`).
+        infos: What each file's matrix holds.
+        identities: Each file's identity, taken at build.
+        genes: How each file's genes map to the output columns.
+        obs_names: The obs columns read with every cell.
+        obs: Per obs column, its harmonised categories and per-file presence.
+        sparse: Whether the matrices are CSR (else dense).
+        dtype: Dtype of values read: the files' common type.
+        storage_options: For URLs, the object-store configuration
+            (`grain_cells.storage.remote._store`); pickled with the set, so each
+            worker builds its own client.
+    """
+
+    paths: tuple[str, ...]
+    element: str
+    infos: tuple[h5ad.MatrixInfo, ...]
+    identities: tuple[FileIdentity, ...]
+    genes: GeneAlignment
+    obs_names: tuple[str, ...]
+    obs: dict[str, HarmonisedColumn]
+    sparse: bool
+    dtype: np.dtype
+    storage_options: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def inspect(
+        cls,
+        paths: Sequence[str],
+        *,
+        element: str,
+        obs_names: tuple[str, ...],
+        genes,
+        join: str,
+        obs_missing: str,
+        storage_options: dict | None = None,
+    ) -> FileSet:
+        """Opens every file once to check it and read its metadata.
+
+        Args:
+            paths: Resolved paths.
+            element: The matrix element (`h5ad.matrix_element(layer)`).
+            obs_names: obs columns to read (distinct).
+            genes: Checked gene selection (`arguments.check_genes`), or None.
+            join: `"exact"`, `"inner"` or `"outer"`.
+            obs_missing: `"error"` or `"fill"`.
+            storage_options: For URLs: obstore configuration.
+
+        Raises:
+            See `AnnDataSource`.
+        """
+        paths = tuple(paths)
+        storage_options = dict(storage_options or {})
+        infos: list[h5ad.MatrixInfo] = []
+        var_names: list[np.ndarray] = []
+        obs_kinds: list[dict[str, ColumnKind | None]] = []
+        identities: list[FileIdentity] = []
+        for path in paths:
+            with open_file(path, storage_options) as f:
+                info = h5ad.inspect_matrix(f, element)
+                stat = remote_h5.stat_of(f, path)
+                identities.append(FileIdentity.take(f, path, info.element, stat))
+                var_names.append(h5ad.read_var_names(f, element))
+                have = h5ad.obs_columns(f)
+                missing = [c for c in obs_names if c not in have]
+                if missing and obs_missing == "error":
+                    raise errors.MissingColumnError(
+                        f"{path}: obs has no column(s) {missing}; it has {have}. "
+                        "Pass obs_missing='fill' to read them as missing in "
+                        "files that lack them."
+                    )
+                obs_kinds.append(
+                    {
+                        c: None
+                        if c in missing
+                        else ColumnKind.of(h5ad.read_obs_column(f, c))
+                        for c in obs_names
+                    }
+                )
+            infos.append(info)
+        encodings = {i.encoding for i in infos}
+        if len(encodings) > 1:
+            raise errors.UnsupportedLayoutError(
+                f"{element} is sparse in some files and dense in others "
+                f"({', '.join(f'{i.path}: {i.encoding}' for i in infos)}); "
+                "all files of one source must share an encoding"
+            )
+        return cls(
+            paths=paths,
+            element=element,
+            infos=tuple(infos),
+            identities=tuple(identities),
+            genes=align_genes(paths, var_names, join, genes),
+            obs_names=obs_names,
+            obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
+            sparse=infos[0].encoding == h5ad.CSR,
+            dtype=np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos)),
+            storage_options=storage_options,
+        )
+
+    @property
+    def n_obs(self) -> np.ndarray:
+        """Cells of each file."""
+        return np.array([i.n_obs for i in self.infos], np.int64)
+
+    @property
+    def num_genes(self) -> int:
+        """Output columns (aligned genes, after the `genes` selection)."""
+        return len(self.genes.var_names)
+
+    def verify(self, when: str) -> None:
+        """Checks with one `stat` per file that every file is unchanged.
+
+        Raises:
+            errors.SourceChangedError: A file was written, replaced or removed.
+        """
+        for identity in self.identities:
+            try:
+                now = remote_h5.stat_path(identity.path, self.storage_options)
+            except FileNotFoundError:
+                raise errors.SourceChangedError(
+                    f"{identity.path}: removed since the AnnDataSource was built "
+                    f"(detected {when}). Build a new source."
+                ) from None
+            identity.check_stat(now, when)
+
+
+@dataclasses.dataclass
+class OpenFile:
+    """A file's handles in one process."""
+
+    h5: h5py.File
+    fd: ByteReader | None
+    reader: CsrReader | DenseReader
+    obs: dict[str, np.ndarray]
+
+    def close(self) -> None:
+        """Closes the descriptor and the h5py file."""
+        if self.fd is not None:
+            self.fd.close()
+            self.fd = None
+        self.h5.close()
+
+
+def open_member(files: FileSet, i: int) -> OpenFile:
+    """Opens file `i` of `files` in this process, checking it is unchanged.
+
+    Raises:
+        errors.SourceChangedError: The file differs from when `files` was built.
+    """
+    expected = files.infos[i]
+    path = expected.path
+    identity = files.identities[i]
+    f = open_file(path, files.storage_options, identity.stat)
+    try:
+        info = h5ad.inspect_matrix(f, files.element)
+        if info.describe() != expected.describe():
+            raise errors.SourceChangedError(
+                f"{path}: changed since the AnnDataSource was built: "
+                f"{expected.describe()} then, {info.describe()} now. Build a "
+                "new source (and do not restore iterator state saved for the "
+                "old one)."
+            )
+        identity.check_stat(remote_h5.stat_of(f, path), "when a process opened it")
+        identity.check_layout(f, "when a process opened it")
+        fd = remote_h5.open_bytes(path, files.storage_options, identity.stat)
+    except BaseException:
+        f.close()
+        raise
+    try:
+        identity.check_stat(fd.stat(), "when a process opened it")
+        element = f[info.element]
+        if info.encoding == h5ad.CSR:
+            reader = CsrReader(element, info, fd)
+        else:
+            reader = DenseReader(element, info, fd)
+        obs = {}
+        for c in files.obs_names:
+            spec = files.obs[c]
+            column = h5ad.read_obs_column(f, c) if spec.present[i] else None
+            obs[c] = spec.file_values(i, column, info.n_obs)
+        remote_h5.opened(f)
+        return OpenFile(f, fd, reader, obs)
+    except BaseException:
+        fd.close()
+        f.close()
+        raise
+
+
+class OpenFiles:
+    """One process's open files of a `FileSet`, read buffers and read threads.
+
+    Thread-safe. Pickles without any handle (as its file set and options);
+    after a fork, the child opens its own handles on first use.
+    """
+
+    def __init__(self, files: FileSet, read_threads: int):
+        """Opens nothing yet.
+
+        Args:
+            files: The files.
+            read_threads: Threads that issue positional reads concurrently on
+                large batches; 0 reads inline.
+        """
+        self.files = files
+        self.read_threads = int(read_threads)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, OpenFile] = {}
+        self._local = threading.local()
+        self._pool: ReadPool | None = None
+        self._pid = os.getpid()
+
+    def __reduce__(self):
+        return OpenFiles, (self.files, self.read_threads)
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # forked: handles belong to the parent
+            self._reset()
+
+    def file(self, i: int) -> OpenFile:
+        """File `i`'s handles in this process, opened on first use."""
+        self._check_process()
+        handle = self._open.get(i)
+        if handle is not None:
+            return handle
+        with self._lock:
+            handle = self._open.get(i)
+            if handle is None:
+                handle = open_member(self.files, i)
+                self._open[i] = handle
+        return handle
+
+    def file_at_read(self, i: int) -> OpenFile:
+        """`file(i)`, checked with one `fstat` (~10 us) to be unchanged."""
+        handle = self.file(i)
+        if handle.fd is not None:
+            self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
+        return handle
+
+    def buffer(self, name: str = "buf") -> RowBuffer:
+        """The calling thread's reused buffer `name` (a read's, a hint's)."""
+        self._check_process()
+        buf = getattr(self._local, name, None)
+        if buf is None:
+            buf = RowBuffer()
+            setattr(self._local, name, buf)
+        return buf
+
+    def thread_pool(self) -> ReadPool | None:
+        """The read threads (started on first use), or None to read inline."""
+        if self.read_threads == 0:
+            return None
+        self._check_process()
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ReadPool(
+                        self.read_threads, thread_name_prefix="grain_cells_read"
+                    )
+        return self._pool
+
+    def close(self) -> None:
+        """Closes this process's handles; files reopen on next use."""
+        with self._lock:
+            for handle in self._open.values():
+                handle.close()
+            self._open.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+    def __del__(self):
+        try:
+            if os.getpid() == self._pid:
+                self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["FileSet", "OpenFile", "OpenFiles", "ReadPool", "open_member"]

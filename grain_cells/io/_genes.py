@@ -1,0 +1,290 @@
+"""Gene alignment: one output gene space over files whose var names differ.
+
+`align_genes` decides the genes a source outputs from each file's var names
+and the source's `join` and `genes` options, and gives each file a *column
+map* (`grain_cells.io._column_maps.ColumnMap`): the output column of every column
+the file stores, -1 where that gene is not output. `column_maps.remap_csr` and
+`column_maps.gather_dense` apply the maps to rows right after they are read,
+so every later step (gathers, output formats) sees output columns only.
+
+Joins:
+
+* `"exact"`: every file lists the same var names in the same order (else
+  `GeneMismatchError`); the aligned genes are those, matched by position.
+* `"inner"`: the genes every file has, in the first file's order.
+* `"outer"`: every gene any file has: the first file's genes in order, then
+  each later file's new genes in order of first appearance. A file reads 0
+  for the genes it lacks.
+
+`genes` then selects and orders output genes *within* the aligned genes.
+
+A file whose stored columns are exactly the output columns gets no map
+(`None`); what the other maps cost per read: `grain_cells.io._column_maps`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.io._column_maps import ColumnMap
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+JOINS = ("exact", "inner", "outer")
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneAlignment:
+    """The output genes of a source and each file's column map.
+
+    Attributes:
+        join: `"exact"`, `"inner"` or `"outer"`.
+        var_names: Output gene names, in output order.
+        num_aligned: Genes of the aligned space, before the `genes` selection.
+        maps: Per file, its `ColumnMap`, or None when its stored columns are
+            the output columns (nothing to do).
+        selected: Positions of the output genes in the aligned space, or None
+            when `genes` was not given.
+    """
+
+    join: str
+    var_names: np.ndarray
+    num_aligned: int
+    maps: tuple[ColumnMap | None, ...]
+    selected: np.ndarray | None
+
+    @property
+    def reorders(self) -> bool:
+        """Whether some file's stored gene order differs from the output order."""
+        return any(m is not None and not m.increasing for m in self.maps)
+
+    def describe(self) -> str:
+        """A stable summary for `repr`: join and output genes (hashed).
+
+        The `"exact"` form is unchanged from sources without alignment, so
+        their reprs (and the checkpoints that compare them) stay valid.
+        """
+        if self.join == "exact":
+            if self.selected is None:
+                return "genes=all"
+            digest = hashlib.sha1(self.selected.astype(np.int64).tobytes())
+            return f"genes={self.selected.size} sha1:{digest.hexdigest()[:12]}"
+        digest = hashlib.sha1("\0".join(self.var_names.tolist()).encode())
+        return (
+            f"join={self.join!r}, genes={self.var_names.size} "
+            f"sha1:{digest.hexdigest()[:12]}"
+        )
+
+
+def align_genes(
+    paths: Sequence[str],
+    names: Sequence[np.ndarray],
+    join: str,
+    genes,
+) -> GeneAlignment:
+    """Decides the output genes and each file's column map.
+
+    Args:
+        paths: The files, for error messages.
+        names: Each file's var names (str arrays).
+        join: `"exact"`, `"inner"` or `"outer"` (see the module docstring).
+        genes: None for all aligned genes, or a selection within them: names
+            (output in this order), a boolean mask or integer positions over
+            the aligned genes.
+
+    Returns:
+        The alignment.
+
+    Raises:
+        ValueError: `join` is unknown, or `genes` is malformed.
+        IndexError: A position in `genes` is outside the aligned genes.
+        errors.GeneMismatchError: With `"exact"`, var names differ between
+            files; with `"inner"` or `"outer"`, a file repeats a var name, or
+            (`"inner"`) no gene is in every file.
+        errors.MissingColumnError: A gene named in `genes` is not aligned.
+    """
+    if join not in JOINS:
+        raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
+    if isinstance(genes, str):
+        genes = [genes]
+    if join == "exact":
+        for path, file_names in zip(paths[1:], names[1:], strict=True):
+            _check_same_genes(paths[0], names[0], path, file_names)
+        aligned = names[0]
+    else:
+        for path, file_names in zip(paths, names, strict=True):
+            _check_unique(path, file_names, join)
+        aligned = _join(paths, names, join)
+    selected, missing = _select(
+        genes, aligned, paths[0] if join == "exact" else _files(paths)
+    )
+    if missing:
+        raise _missing_genes_error(paths, names, join, missing)
+    out_names = aligned if selected is None else aligned[selected]
+    if join == "exact":
+        if selected is None:
+            maps = (None,) * len(paths)
+        else:  # same stored columns in every file: one shared map
+            out = np.full(len(aligned), -1, np.int32)
+            out[selected] = np.arange(selected.size, dtype=np.int32)
+            maps = (ColumnMap.from_out(out),) * len(paths)
+    else:
+        import pandas as pd  # here only: Grain workers never align genes
+
+        index = pd.Index(out_names)
+        by_names: dict[bytes, ColumnMap | None] = {}
+        built = []
+        for file_names in names:
+            key = file_names.dtype.str.encode() + file_names.tobytes()
+            if key not in by_names:  # files with the same genes share a map
+                by_names[key] = _file_map(index, file_names)
+            built.append(by_names[key])
+        maps = tuple(built)
+    return GeneAlignment(join, out_names, len(aligned), maps, selected)
+
+
+def _file_map(index: pd.Index, file_names: np.ndarray) -> ColumnMap | None:
+    out = index.get_indexer(file_names).astype(np.int32)
+    if out.size == len(index) and np.array_equal(out, np.arange(out.size)):
+        return None
+    return ColumnMap.from_out(out)
+
+
+def _join(paths, names, join: str) -> np.ndarray:
+    if join == "inner":
+        common = set(names[0].tolist())
+        for file_names in names[1:]:
+            common.intersection_update(file_names.tolist())
+        aligned = [g for g in names[0].tolist() if g in common]
+        if not aligned:
+            examples = "; ".join(
+                f"{p}: {n[:3].tolist()}" for p, n in zip(paths, names, strict=True)
+            )
+            raise errors.GeneMismatchError(
+                f"{_files(paths)}: no gene is in every file's var, so "
+                f"join='inner' leaves no gene (first var names: {examples}). "
+                "Check that the files name genes the same way (e.g. all Ensembl "
+                "ids), or use join='outer'."
+            )
+        return np.asarray(aligned, dtype=str)
+    union = dict.fromkeys(names[0].tolist())
+    for file_names in names[1:]:
+        union.update(dict.fromkeys(file_names.tolist()))
+    return np.asarray(list(union), dtype=str)
+
+
+def _select(genes, aligned: np.ndarray, where: str) -> tuple[np.ndarray | None, list]:
+    """Positions of `genes` in `aligned`, and the names it does not hold."""
+    if genes is None:
+        return None, []
+    arr = np.asarray(genes)
+    if arr.dtype == bool:
+        if arr.shape != aligned.shape:
+            raise ValueError(
+                f"genes mask has {arr.size} entries; var has {aligned.size}"
+            )
+        return np.flatnonzero(arr).astype(np.int64), []
+    if arr.dtype.kind in "iu":
+        if arr.size and (arr.min() < 0 or arr.max() >= aligned.size):
+            raise IndexError(
+                f"genes positions must lie in [0, {aligned.size}); got "
+                f"{arr.min()}..{arr.max()}"
+            )
+        columns = arr.astype(np.int64).reshape(-1)
+    else:
+        positions: dict[str, list[int]] = {}
+        for i, name in enumerate(aligned.tolist()):
+            positions.setdefault(name, []).append(i)
+        wanted = arr.reshape(-1).tolist()
+        missing = [g for g in wanted if g not in positions]
+        if missing:
+            return None, missing
+        ambiguous = {g: positions[g] for g in wanted if len(positions[g]) > 1}
+        if ambiguous:
+            listed = "; ".join(
+                f"{g!r} at positions {p}" for g, p in list(ambiguous.items())[:5]
+            )
+            raise ValueError(
+                f"{where}: genes names {len(ambiguous)} gene(s) that var lists "
+                f"more than once, so a name does not say which column: {listed}. Pass "
+                "integer positions (or a boolean mask) instead, or make var "
+                "names unique first (AnnData.var_names_make_unique())."
+            )
+        columns = np.array([positions[g][0] for g in wanted], np.int64)
+    if np.unique(columns).size != columns.size:
+        raise ValueError("genes lists a gene more than once")
+    return columns, []
+
+
+def _missing_genes_error(paths, names, join, missing) -> errors.MissingColumnError:
+    if join == "exact":
+        return errors.MissingColumnError(
+            f"{paths[0]}: {len(missing)} of the requested genes are not in var, "
+            f"e.g. {missing[:5]}"
+        )
+    nowhere = set(missing)
+    for file_names in names:
+        nowhere.difference_update(file_names.tolist())
+    if nowhere or join == "outer":
+        absent = [g for g in missing if g in nowhere]
+        return errors.MissingColumnError(
+            f"{_files(paths)}: {len(absent)} of the requested genes are in no "
+            f"file's var, e.g. {absent[:5]}"
+        )
+    # Every missing gene is in some file, so some file lacks one.
+    for path, file_names in zip(paths, names, strict=True):
+        have = set(file_names.tolist())
+        lacking = [g for g in missing if g not in have]
+        if lacking:
+            return errors.MissingColumnError(
+                f"{path}: {len(lacking)} of the requested genes are not in var, "
+                f"e.g. {lacking[:5]}; join='inner' keeps only genes every file "
+                "has. Use join='outer' to read them as 0 in files that lack them."
+            )
+    return errors.MissingColumnError(f"genes not found: {missing[:5]}")
+
+
+def _check_same_genes(first_path, first, path, names) -> None:
+    if len(first) == len(names) and np.array_equal(first, names):
+        return
+    n = min(len(first), len(names))
+    diff = np.flatnonzero(first[:n] != names[:n])
+    if diff.size:
+        i = int(diff[0])
+        where = (
+            f"first difference at position {i}: {str(first[i])!r} in "
+            f"{first_path}, {str(names[i])!r} in {path}"
+        )
+    else:
+        where = f"{len(first)} genes in {first_path}, {len(names)} in {path}"
+    raise errors.GeneMismatchError(
+        f"{path}: var names differ from {first_path} ({where}). With "
+        "join='exact' (the default) files of one source must list the same "
+        "genes in the same order; pass join='inner' or join='outer' to align "
+        "them by name."
+    )
+
+
+def _check_unique(path, names: np.ndarray, join: str) -> None:
+    uniq, counts = np.unique(names, return_counts=True)
+    if uniq.size == names.size:
+        return
+    dup = uniq[counts > 1]
+    raise errors.GeneMismatchError(
+        f"{path}: var names are not unique ({dup.size} repeated, e.g. "
+        f"{dup[:5].tolist()}); join={join!r} aligns genes by name. Make them "
+        "unique (e.g. AnnData.var_names_make_unique()) or use join='exact'."
+    )
+
+
+def _files(paths: Sequence[str]) -> str:
+    if len(paths) <= 3:
+        return ", ".join(paths)
+    return f"{', '.join(paths[:3])} and {len(paths) - 3} more files"

@@ -1,0 +1,274 @@
+"""The AnnData on-disk format (`.h5ad`): what is where, and is it sane.
+
+This module locates the matrix to read (`X`, `layers/<name>` or
+`raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
+cheaply, and reads metadata; opening files is `grain_cells.io._open`' job
+(re-exported here). Dataframes (var names, obs columns) are
+`grain_cells.io._frames`' job, storage HDF5 could get wrong (links, virtual
+datasets, missing filters) `grain_cells.hdf5._layout`'s, and reading rows of
+the matrix `grain_cells.io._matrix`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.hdf5 import _layout as hdf5_storage
+from grain_cells.hdf5._layout import value_dtype
+from grain_cells.io._frames import (
+    ObsColumn,
+    encoding_of,
+    n_rows,
+    obs_columns,
+    read_obs_column,
+    read_var_names,
+    var_group_name,
+)
+from grain_cells.io._open import check_anndata, open_file, resolve_paths
+
+__all__ = [
+    "CSR",
+    "DENSE",
+    "MatrixInfo",
+    "ObsColumn",
+    "available_matrices",
+    "check_anndata",
+    "inspect_matrix",
+    "matrix_element",
+    "obs_columns",
+    "open_file",
+    "read_obs_column",
+    "read_var_names",
+    "resolve_paths",
+    "value_dtype",
+]
+
+CSR = "csr_matrix"
+CSC = "csc_matrix"
+DENSE = "array"
+
+
+def matrix_element(layer: str | None) -> str:
+    """Returns the HDF5 path of the matrix to read.
+
+    Args:
+        layer: None for `X`, `"raw"` (or `"raw/X"`) for `raw/X`, any other
+            name for `layers/<name>`.
+    """
+    if layer is None or layer == "X":
+        return "X"
+    if layer in ("raw", "raw/X"):
+        return "raw/X"
+    return f"layers/{layer}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixInfo:
+    """Where a file's matrix lives and what it holds.
+
+    Attributes:
+        path: The file.
+        element: HDF5 path of the matrix (`X`, `layers/counts`, `raw/X`,
+            or `raw.X` in files from anndata < 0.7).
+        encoding: `"csr_matrix"` or `"array"` (dense).
+        n_obs: Rows (cells).
+        n_vars: Columns (genes).
+        dtype: dtype of the stored values (see `value_dtype` for the dtype
+            they are read into).
+        nnz: Stored values of a sparse matrix; None for dense.
+    """
+
+    path: str
+    element: str
+    encoding: str
+    n_obs: int
+    n_vars: int
+    dtype: np.dtype
+    nnz: int | None
+
+    def describe(self) -> str:
+        """A one-line summary used to detect changed files."""
+        nnz = "" if self.nnz is None else f", nnz={self.nnz}"
+        return (
+            f"{self.element}: {self.encoding} {self.n_obs}x{self.n_vars} "
+            f"{self.dtype}{nnz}"
+        )
+
+
+def _get(group: h5py.Group, name: str):
+    """`group[name]`, or None when it is absent or a link does not resolve."""
+    try:
+        return group.get(name)
+    except (KeyError, OSError):  # a dangling external link "is in" the group
+        return None
+
+
+def _locate(f: h5py.File, element: str) -> str:
+    """The element to read: `raw.X` stands in for `raw/X` in anndata < 0.7."""
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        return "raw.X"
+    return element
+
+
+def _sparse_encoding(obj: h5py.Group) -> tuple[str | None, object]:
+    """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
+    enc = encoding_of(obj)
+    if enc is None and "h5sparse_format" in obj.attrs:
+        fmt = obj.attrs["h5sparse_format"]
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
+    return enc, obj.attrs.get("shape")
+
+
+def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
+    """Locates and checks the matrix at `element`.
+
+    Reads only attributes, shapes, storage properties and two `indptr` values.
+
+    Raises:
+        errors.MissingColumnError: There is no such element; the message lists
+            the matrices the file does have.
+        errors.UnsupportedLayoutError: The matrix is CSC (row reads would touch
+            every column), an encoding this reader does not handle, or
+            compressed with a filter that is not available.
+        errors.CorruptDataError: A virtual dataset's source is missing, or
+            `indptr`'s ends contradict `data`.
+        errors.AnnDataFormatError: The element contradicts the format, or a
+            link on its path is dangling.
+    """
+    path = f.filename
+    element = _locate(f, element)
+    obj = _get(f, element)
+    if obj is None:
+        problem = hdf5_storage.link_problem(f, element)
+        if problem is not None:
+            raise errors.AnnDataFormatError(f"{path}: {problem}")
+        have = available_matrices(f)
+        hint = ""
+        if element == "X":
+            hint = (
+                " anndata writes files without X when the AnnData had none "
+                "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
+            )
+        raise errors.MissingColumnError(
+            f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
+        )
+    if isinstance(obj, h5py.Group):
+        info = _inspect_sparse(path, element, obj)
+    elif isinstance(obj, h5py.Dataset):
+        if obj.ndim != 2:
+            raise errors.UnsupportedLayoutError(
+                f"{path}: {element} is a {obj.ndim}-D dataset; expected a 2-D "
+                "dense matrix or a csr_matrix group"
+            )
+        if obj.dtype.kind not in "biuf":
+            raise errors.UnsupportedLayoutError(
+                f"{path}: {element} has dtype {obj.dtype}; expected numeric"
+            )
+        hdf5_storage.check_dataset(path, obj)
+        n_obs, n_vars = (int(s) for s in obj.shape)
+        info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None)
+    else:  # pragma: no cover - h5py only has groups and datasets
+        raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
+
+    var_rows = n_rows(f[var_group_name(element)])
+    obs_rows = n_rows(f["obs"])
+    if obs_rows is not None and obs_rows != info.n_obs:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element} has {info.n_obs} rows but obs has {obs_rows}"
+        )
+    if var_rows is not None and var_rows != info.n_vars:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element} has {info.n_vars} columns but its var has "
+            f"{var_rows} rows"
+        )
+    return info
+
+
+def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
+    enc, shape = _sparse_encoding(obj)
+    if enc == CSC:
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element} is stored as csc_matrix; row reads would touch "
+            "every column. Convert it once to CSR, e.g. with anndata: "
+            "`a = anndata.read_h5ad(path); a.X = a.X.tocsr(); "
+            "a.write_h5ad(new_path)` (use a layer name instead of X as needed)."
+        )
+    if enc != CSR:
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element} is a group with encoding-type {enc!r}; expected "
+            "'csr_matrix' (sparse) or a dense 2-D dataset"
+        )
+    for name in ("data", "indices", "indptr"):
+        if not isinstance(_get(obj, name), h5py.Dataset):
+            problem = hdf5_storage.link_problem(obj.file, f"{element}/{name}")
+            if problem is not None:
+                raise errors.AnnDataFormatError(f"{path}: {problem}")
+            raise errors.AnnDataFormatError(
+                f"{path}: {element} is a csr_matrix without the dataset "
+                f"'{name}'; found {sorted(obj.keys())}"
+            )
+    if shape is None or len(shape) != 2:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element} has no 2-element 'shape' attribute (found {shape!r})"
+        )
+    n_obs, n_vars = int(shape[0]), int(shape[1])
+    data, indices, indptr = obj["data"], obj["indices"], obj["indptr"]
+    nnz = int(data.shape[0])
+    if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/data, indices and indptr must be 1-D; found "
+            f"shapes {data.shape}, {indices.shape}, {indptr.shape}"
+        )
+    if indptr.shape[0] != n_obs + 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indptr has {indptr.shape[0]} entries; the "
+            f"shape attribute {n_obs}x{n_vars} needs {n_obs + 1}"
+        )
+    if indices.shape[0] != nnz:
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indices has {indices.shape[0]} entries but "
+            f"data has {nnz}; they must match"
+        )
+    if indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
+        raise errors.AnnDataFormatError(
+            f"{path}: {element}/indices and indptr must be integers; found "
+            f"{indices.dtype} and {indptr.dtype}"
+        )
+    if data.dtype.kind not in "biuf":
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
+        )
+    for dataset in (indptr, indices, data):
+        hdf5_storage.check_dataset(path, dataset)
+    try:
+        ends = indptr[[0, n_obs]] if n_obs else indptr[[0]]
+    except OSError as e:
+        raise errors.AnnDataFormatError(
+            f"{path}: reading {element}/indptr failed ({e}); the file is "
+            "probably truncated"
+        ) from e
+    if int(ends[0]) != 0 or int(ends[-1]) != nnz:
+        raise errors.CorruptDataError(
+            f"{path}: {element}/indptr runs from {int(ends[0])} to "
+            f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
+        )
+    return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz)
+
+
+def available_matrices(f: h5py.File) -> list[str]:
+    """Matrix element paths present in the file (for error messages)."""
+    found = []
+    if "X" in f:
+        found.append("X")
+    if "layers" in f and isinstance(f["layers"], h5py.Group):
+        found += [f"layers/{k}" for k in f["layers"]]
+    if "raw" in f and isinstance(f["raw"], h5py.Group) and "X" in f["raw"]:
+        found.append("raw/X")
+    if "raw.X" in f:
+        found.append("raw.X")
+    return found

@@ -1,0 +1,375 @@
+"""Reading row ranges of one file's matrix (CSR or dense) into reused buffers.
+
+`CsrReader.read` takes sorted, disjoint row ranges and fills a `RowBuffer`
+with their rows concatenated: first every range's `indptr` slice (one batched
+read), then the `data` and `indices` spans they point to (one batched read
+each). Stored values are checked on the way: `indptr` must not decrease and
+column indices must lie inside the matrix; a violation names the file and row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells._util.ranges import merge_touching
+from grain_cells.hdf5._chunks import wait_all
+from grain_cells.hdf5._reads import RangeReader
+from grain_cells.io._h5ad import CSR, MatrixInfo
+
+# Decoded `indptr` chunks kept per file when `indptr` is compressed: every
+# fetch reads a few entries per block, which would otherwise decode a whole
+# chunk each. 64 MiB holds the pointers of 8 million cells.
+INDPTR_CACHE_BYTES = 64 << 20
+
+
+@dataclasses.dataclass
+class CsrRows:
+    """Rows of a CSR matrix, as views into a `RowBuffer`.
+
+    Attributes:
+        data: Stored values, in the file's dtype.
+        indices: Column of each stored value, in the file's index dtype.
+        indptr: int64 row pointers, `len(rows) + 1` entries starting at 0.
+        n_vars: Number of columns.
+    """
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    n_vars: int
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows."""
+        return self.indptr.shape[0] - 1
+
+
+@dataclasses.dataclass
+class CsrPlan:
+    """Row ranges of one file whose `indptr` has been read and checked.
+
+    Attributes:
+        starts: Local first row of each (merged) range.
+        lengths: Rows per range.
+        firsts: Offset in `data` of each range's first value.
+        lasts: Offset in `data` one past each range's last value.
+        indptr: int64 row pointers of the planned rows, from 0.
+    """
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    firsts: np.ndarray
+    lasts: np.ndarray
+    indptr: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        """Stored values the planned rows hold."""
+        return int(self.indptr[-1])
+
+    @property
+    def n_rows(self) -> int:
+        """Rows planned."""
+        return self.indptr.shape[0] - 1
+
+
+class RowBuffer:
+    """Growable arrays reused across reads, so steady state allocates nothing.
+
+    A buffer is not thread-safe: give each thread its own.
+    """
+
+    def __init__(self):
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Returns a C-contiguous view of `shape`, reallocating only to grow."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        arr = self._arrays.get(name)
+        if arr is None or arr.size < n:
+            arr = np.empty(max(n, 2 * (arr.size if arr is not None else 0)), np.uint8)
+            self._arrays[name] = arr
+        return arr[:n].view(dtype).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(a.size for a in self._arrays.values())
+
+
+class CsrReader:
+    """Reads row ranges of one file's CSR matrix."""
+
+    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None):
+        if info.encoding != CSR:
+            raise ValueError(f"{info.path}: {info.element} is not CSR")
+        self.info = info
+        path = info.path
+        self._data = RangeReader(group["data"], path, fd)
+        self._indices = RangeReader(group["indices"], path, fd)
+        self._indptr = RangeReader(
+            group["indptr"], path, fd, cache_bytes=INDPTR_CACHE_BYTES
+        )
+        self._indptr.will_need()
+
+    @property
+    def direct(self) -> bool:
+        """Whether data and indices are read without h5py."""
+        return self._data.direct and self._indices.direct
+
+    @property
+    def dtypes(self) -> tuple[np.dtype, np.dtype]:
+        """Dtypes of the stored values and of the column indices."""
+        return self._data.dtype, self._indices.dtype
+
+    def plan(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
+    ) -> CsrPlan:
+        """Reads and checks the `indptr` of row ranges: phase one of a read.
+
+        Args:
+            starts: Sorted local row starts.
+            stops: Matching exclusive ends; ranges must not overlap.
+            buf: Scratch for the `indptr` slices (entry `key`).
+            key: Name of the scratch entry, distinct per live plan.
+
+        Raises:
+            errors.CorruptDataError: `indptr` decreases or points outside
+                `data`; names file and row.
+        """
+        starts, stops = merge_touching(
+            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        )
+        lengths = stops - starts
+        n_rows = int(lengths.sum())
+        # Every range's indptr slice has one entry more than it has rows.
+        ptr = buf.get(key, (n_rows + starts.size,), self._indptr.dtype)
+        self._indptr.read(starts, stops + 1, ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        heads = np.cumsum(lengths + 1) - (lengths + 1)
+        firsts = ptr[heads]
+        lasts = ptr[heads + lengths]
+        self._check_indptr(ptr, heads, lengths, starts)
+        spans = lasts - firsts
+        # Row pointers relative to the values read: drop each range's head.
+        body = np.ones(ptr.size, bool)
+        body[heads] = False
+        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
+        indptr = np.empty(n_rows + 1, np.int64)
+        indptr[0] = 0
+        np.subtract(ptr[body], shift, out=indptr[1:])
+        return CsrPlan(starts, lengths, firsts, lasts, indptr)
+
+    def read_values(
+        self,
+        plan: CsrPlan,
+        data: np.ndarray,
+        indices: np.ndarray,
+        pool=None,
+        check_indices: bool = True,
+    ) -> None:
+        """Phase two: reads the planned rows' values into `data`, `indices`.
+
+        Args:
+            plan: From `plan`.
+            data: Destination of `plan.nnz` values, in this file's dtype.
+            indices: Destination of `plan.nnz` indices, in this file's dtype.
+            pool: Optional thread pool for concurrent reads.
+            check_indices: Check that column indices lie in `[0, n_vars)`.
+
+        Raises:
+            errors.CorruptDataError: A column index is out of range; names the
+                file and row.
+        """
+        if plan.nnz and self._indices.remote:  # both datasets' GETs at once
+            self._indices.advise(plan.firsts, plan.lasts)
+        try:
+            # Compressed: both datasets' chunks decode in one wave of tasks
+            # (no idle threads between them); other reads finish in `read`.
+            pending: list = []
+            try:
+                self._data.read(plan.firsts, plan.lasts, data, pool, pending)
+                self._indices.read(plan.firsts, plan.lasts, indices, pool, pending)
+            finally:
+                wait_all(pending)
+        except errors.CorruptChunkError as e:
+            raise self._with_cells(e) from None
+        if check_indices and plan.nnz:
+            self._check_indices(plan, indices)
+
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of `data` begins (`[0]` if contiguous).
+
+        Row r belongs to the chunk that holds its first value. Reads the
+        whole `indptr` (8 bytes per row, transient).
+        """
+        length = self._data.chunk_length
+        n = self.info.n_obs
+        if length is None or n == 0:
+            return np.zeros(1, np.int64)
+        ptr = np.empty(n + 1, self._indptr.dtype)
+        self._indptr.read(np.array([0]), np.array([n + 1]), ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        n_chunks = max(1, -(-int(ptr[-1]) // length))
+        firsts = np.arange(n_chunks, dtype=np.int64) * length
+        return np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+
+    def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
+        """The same error, naming the cells whose values the chunk holds."""
+        first, stop = e.rows
+        try:
+            lo = self._row_of_value(first)
+            hi = self._row_of_value(stop - 1)
+        except errors.AnnDataFormatError:
+            return e
+        return errors.CorruptChunkError(
+            f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
+            f"{self.info.element}.",
+            path=e.path,
+            dataset=e.dataset,
+            byte_offset=e.byte_offset,
+            rows=(lo, hi + 1),
+        )
+
+    def _row_of_value(self, k: int) -> int:
+        """The row whose values include value `k` (binary search on indptr)."""
+        lo, hi = 0, self.info.n_obs  # indptr[lo] <= k < indptr[hi]
+        one = np.empty(1, self._indptr.dtype)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            self._indptr.read(np.array([mid]), np.array([mid + 1]), one)
+            if int(one[0]) <= k:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
+        info = self.info
+        if indices.min() >= 0 and indices.max() < info.n_vars:
+            return
+        bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
+        pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1
+        lengths = plan.lengths
+        row = int(
+            np.repeat(plan.starts, lengths)[pos]
+            + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
+        )
+        raise errors.CorruptDataError(
+            f"{info.path}: {info.element}/indices holds column "
+            f"{int(indices[bad])} in row {row}; columns must lie in "
+            f"[0, {info.n_vars})"
+        )
+
+    def read(
+        self,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        buf: RowBuffer,
+        pool=None,
+        check_indices: bool = True,
+    ) -> CsrRows:
+        """Reads rows `[starts[i], stops[i])`, concatenated in range order.
+
+        Args:
+            starts: Sorted local row starts.
+            stops: Matching exclusive ends; ranges must not overlap.
+            buf: Buffer the returned views point into; valid until its next use.
+            pool: Optional thread pool for concurrent reads.
+            check_indices: Check that column indices lie in `[0, n_vars)`.
+
+        Returns:
+            The rows as CSR views into `buf`.
+
+        Raises:
+            errors.CorruptDataError: `indptr` decreases or points outside
+                `data`, or a column index is out of range; names file and row.
+        """
+        plan = self.plan(starts, stops, buf)
+        data = buf.get("data", (plan.nnz,), self._data.dtype)
+        indices = buf.get("indices", (plan.nnz,), self._indices.dtype)
+        self.read_values(plan, data, indices, pool, check_indices)
+        return CsrRows(data, indices, plan.indptr, self.info.n_vars)
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
+        """Hints the OS to start reading these rows (sorted, disjoint).
+
+        Reads the ranges' `indptr` ends (cached: `indptr` is read ahead when
+        the file opens) and advises the `data` and `indices` spans.
+        """
+        starts, stops = merge_touching(
+            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        )
+        if starts.size == 0:
+            return
+        points = np.unique(np.concatenate([starts, stops]))
+        values = buf.get("advise_ptr", (points.size,), self._indptr.dtype)
+        self._indptr.read(points, points + 1, values)
+        values = values.astype(np.int64)
+        first = values[np.searchsorted(points, starts)]
+        last = values[np.searchsorted(points, stops)]
+        self._data.advise(first, last)
+        self._indices.advise(first, last)
+
+    def _check_indptr(self, ptr, heads, lengths, starts) -> None:
+        info = self.info
+        step = np.diff(ptr)
+        step[heads[1:] - 1] = 0  # the step from one range into the next
+        bad_step = step < 0
+        out_of_data = (ptr < 0) | (ptr > info.nnz)
+        if not (bad_step.any() or out_of_data.any()):
+            return
+        pos = int(np.flatnonzero(np.concatenate([bad_step, [False]]) | out_of_data)[0])
+        rng = int(np.searchsorted(heads, pos, side="right")) - 1
+        row = int(starts[rng] + (pos - heads[rng]))
+        raise errors.CorruptDataError(
+            f"{info.path}: {info.element}/indptr is corrupt at row {row}: "
+            f"indptr[{row}]={int(ptr[pos])}, indptr[{row + 1}]="
+            f"{int(ptr[min(pos + 1, ptr.size - 1)])}; entries must not decrease "
+            f"and must lie in [0, {info.nnz}]"
+        )
+
+
+class DenseReader:
+    """Reads row ranges of one file's dense 2-D matrix."""
+
+    def __init__(
+        self,
+        dataset: h5py.Dataset,
+        info: MatrixInfo,
+        fd: int | None,
+    ):
+        self.info = info
+        self._x = RangeReader(dataset, info.path, fd)
+
+    @property
+    def direct(self) -> bool:
+        """Whether rows are read without h5py."""
+        return self._x.direct
+
+    def chunk_starts(self) -> np.ndarray:
+        """Local rows where a chunk of rows begins (`[0]` when contiguous)."""
+        length = self._x.chunk_length
+        if length is None:
+            return np.zeros(1, np.int64)
+        return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
+        """Hints the OS to start reading these rows."""
+        self._x.advise(starts, stops)
+
+    def read(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
+    ) -> np.ndarray:
+        """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        n_rows = int((stops - starts).sum())
+        out = buf.get("dense", (n_rows, self.info.n_vars), self._x.dtype)
+        self._x.read(starts, stops, out, pool)
+        return out

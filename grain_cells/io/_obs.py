@@ -1,0 +1,165 @@
+"""obs columns over the files of a source: one code space and one dtype each.
+
+**Categorical** columns (and string and boolean ones, which `grain_cells.io._h5ad`
+factorises) get one category list over all files: the first file's categories
+in order, then each later file's new ones in order of first appearance. Each
+file's codes are remapped into that list when the file opens, so a label has
+the same code in every file, whatever order each file lists its categories
+in. Code -1 means missing, as in pandas.
+
+**Numeric** columns get one dtype, the common type of the files' dtypes, so
+every read returns the same dtype whichever files it touches.
+
+**A column some files lack** is an error by default (`obs_missing="error"`).
+With `obs_missing="fill"` such files read as missing: code -1 for a
+categorical column (no category), NaN for a numeric one. A numeric column
+that some file lacks therefore comes back as floating point: the common type
+of the files' dtypes and float32 (float64 for int32 or int64 columns, float32
+for int8 or int16 ones). A column that no file has is always an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.io._h5ad import ObsColumn
+
+OBS_MISSING = ("error", "fill")
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnKind:
+    """What one file stores for one obs column (its values are not kept).
+
+    Attributes:
+        categories: Category labels of a categorical column, None if numeric.
+        dtype: dtype of the stored values (codes for categorical columns).
+    """
+
+    categories: np.ndarray | None
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, column: ObsColumn) -> ColumnKind:
+        """The kind of a column read by `h5ad.read_obs_column`."""
+        return cls(column.categories, column.values.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class HarmonisedColumn:
+    """One obs column, harmonised over the files of a source.
+
+    Attributes:
+        name: The column.
+        categories: The shared category labels, or None for numeric columns.
+        dtype: For numeric columns, the dtype every file's values are cast
+            to; None for categorical ones.
+        code_maps: Per file, the shared code of each of its codes, or None
+            when its codes are already the shared ones (or it lacks the
+            column).
+        present: Per file, whether it has the column.
+    """
+
+    name: str
+    categories: np.ndarray | None
+    dtype: np.dtype | None
+    code_maps: tuple[np.ndarray | None, ...]
+    present: tuple[bool, ...]
+
+    def file_values(self, i: int, column: ObsColumn | None, n_obs: int) -> np.ndarray:
+        """One file's values in the shared codes or dtype.
+
+        Args:
+            i: The file's index.
+            column: Its column as read, or None when the file lacks it.
+            n_obs: The file's cells.
+
+        Returns:
+            One value per cell of the file. For a file that lacks the
+            column, a read-only broadcast of the missing value (no memory).
+        """
+        if column is None:
+            if self.categories is None:
+                fill = np.array(np.nan, self.dtype)
+            else:
+                fill = np.array(-1, np.int8)
+            return np.broadcast_to(fill, (n_obs,))
+        if self.categories is None:
+            return column.values.astype(self.dtype, copy=False)
+        code_map = self.code_maps[i]
+        if code_map is None:
+            return column.values
+        codes = column.values
+        out = np.where(codes >= 0, code_map[np.maximum(codes, 0)], -1)
+        return out.astype(np.min_scalar_type(-max(int(code_map.max(initial=0)), 1)))
+
+
+def harmonise(
+    paths: Sequence[str],
+    names: Sequence[str],
+    kinds: Sequence[dict[str, ColumnKind | None]],
+    obs_missing: str,
+) -> dict[str, HarmonisedColumn]:
+    """One category list (or dtype) per column over all files.
+
+    Args:
+        paths: The files, for error messages.
+        names: The obs columns.
+        kinds: Per file, each column's kind, or None where the file lacks it.
+        obs_missing: `"error"` or `"fill"`; with `"error"`, files that lack a
+            column must have been refused before.
+
+    Returns:
+        Column name to its harmonised description.
+
+    Raises:
+        errors.MissingColumnError: No file has a column.
+        errors.AnnDataFormatError: A column is categorical in some files and
+            numeric in others.
+    """
+    out = {}
+    for c in names:
+        per_file = [k[c] for k in kinds]
+        present = tuple(k is not None for k in per_file)
+        if not any(present):
+            raise errors.MissingColumnError(
+                f"obs column {c!r} is in none of the files ({', '.join(paths)}); "
+                "obs_missing='fill' fills only files that lack a column others have"
+            )
+        categorical = [
+            i for i, k in enumerate(per_file) if k and k.categories is not None
+        ]
+        numeric = [i for i, k in enumerate(per_file) if k and k.categories is None]
+        if categorical and numeric:
+            a, b = categorical[0], numeric[0]
+            raise errors.AnnDataFormatError(
+                f"obs column {c!r} is categorical in {paths[a]} (dtype "
+                f"{per_file[a].categories.dtype}) but numeric in {paths[b]} (dtype "
+                f"{per_file[b].dtype}); it must have one kind in every file"
+            )
+        if numeric:
+            dtype = np.result_type(*(per_file[i].dtype for i in numeric))
+            if not all(present):
+                dtype = np.result_type(dtype, np.float32)  # to hold NaN
+            out[c] = HarmonisedColumn(c, None, dtype, (None,) * len(per_file), present)
+            continue
+        merged: list = []
+        seen: dict = {}
+        for i in categorical:
+            for v in per_file[i].categories.tolist():
+                if v not in seen:
+                    seen[v] = len(merged)
+                    merged.append(v)
+        maps = []
+        for k in per_file:
+            if k is None:
+                maps.append(None)
+                continue
+            m = np.array([seen[v] for v in k.categories.tolist()], np.int64)
+            maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
+    return out

@@ -1,0 +1,276 @@
+"""Reads of global row ranges over a file set: the data path's only reads.
+
+`fetch_ranges` is the lowest level: ranges are grouped by file and sorted,
+read with one batched call per file and dataset (positional reads, on the
+read threads for large batches), aligned to the output columns and returned
+in *file order* as views into a reused buffer, with each row's obs values.
+`read_ranges` and `read_rows` build on it and return fresh `Cells` in the
+order asked; `advise` asks the OS to prefetch ranges into the page cache.
+
+All functions take the process's `OpenFiles` and the files' `cell_offsets`
+(global row of each file's first cell, plus the total); `AnnDataSource`
+exposes them as methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import scipy.sparse as sp
+
+from grain_cells._util.ranges import expand_ranges, runs
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._cells import Cells, take_csr
+from grain_cells.io._column_maps import gather_dense, remap_csr
+from grain_cells.io._file_set import OpenFiles
+from grain_cells.io._matrix import CsrRows, RowBuffer
+
+
+@dataclasses.dataclass
+class FetchedRows:
+    """Rows of several ranges read into a reused buffer (unordered).
+
+    Views stay valid until the same thread reads again. The rows are in
+    output columns: genes aligned over files and the gene selection applied.
+
+    Attributes:
+        csr: The rows when the files are sparse, else None.
+        dense: The rows when the files are dense, else None.
+        row_ids: Global row id of each buffered row.
+        obs: obs column name to one value per buffered row.
+    """
+
+    csr: CsrRows | None
+    dense: np.ndarray | None
+    row_ids: np.ndarray
+    obs: dict[str, np.ndarray]
+
+
+def fetch_ranges(
+    handles: OpenFiles,
+    cell_offsets: np.ndarray,
+    starts: np.ndarray,
+    stops: np.ndarray,
+    buffer: RowBuffer | None = None,
+    *,
+    check_indices: bool = True,
+) -> FetchedRows:
+    """Reads global row ranges into a reused buffer, in file order.
+
+    See `AnnDataSource.fetch_ranges`.
+
+    Raises:
+        IndexError: A range is outside the files or straddles two files.
+        ValueError: Ranges overlap.
+    """
+    files_ = handles.files
+    starts = np.asarray(starts, np.int64).reshape(-1)
+    stops = np.asarray(stops, np.int64).reshape(-1)
+    order = np.argsort(starts, kind="stable")
+    starts, stops = starts[order], stops[order]
+    check_ranges(starts, stops, cell_offsets, files_.paths)
+    files = np.searchsorted(cell_offsets, starts, side="right") - 1
+    buf = buffer if buffer is not None else handles.buffer()
+    pool = handles.thread_pool()
+    bounds = np.flatnonzero(np.diff(files)) + 1
+    groups = [g for g in np.split(np.arange(starts.size), bounds) if g.size]
+    lengths = stops - starts
+    row_ids = expand_ranges(starts, lengths)
+    if not groups:  # nothing asked: an empty read of the first file
+        groups = [np.zeros(0, np.int64)]
+        files = np.zeros(0, np.int64)
+    file_of = [int(files[g[0]]) if g.size else 0 for g in groups]
+    local = [
+        (starts[g] - cell_offsets[i], stops[g] - cell_offsets[i])
+        for g, i in zip(groups, file_of, strict=True)
+    ]
+    readers = [handles.file_at_read(i).reader for i in file_of]
+    obs = _obs_for(handles, cell_offsets, files, lengths, row_ids)
+    maps = [files_.genes.maps[i] for i in file_of]
+    if not files_.sparse:
+        if len(readers) == 1 and maps[0] is None:  # rows as read
+            dense = readers[0].read(*local[0], buf, pool)
+            return FetchedRows(None, dense, row_ids, obs)
+        # Each file's rows into one buffer, in output columns.
+        dense = buf.get(
+            "aligned_dense",
+            (row_ids.size, files_.num_genes),
+            np.result_type(*(h5ad.value_dtype(r.info.dtype) for r in readers)),
+        )
+        r_ = 0
+        for reader, (a, b), column_map in zip(readers, local, maps, strict=True):
+            part = reader.read(a, b, buf, pool)
+            gather_dense(part, column_map, dense[r_ : r_ + part.shape[0]])
+            r_ += part.shape[0]
+        return FetchedRows(None, dense, row_ids, obs)
+    # Phase one per file (indptr), then every file's values straight into
+    # one buffer: no per-file copy to concatenate.
+    plans = [
+        r.plan(a, b, buf, key=f"ptr{k}")
+        for k, (r, (a, b)) in enumerate(zip(readers, local, strict=True))
+    ]
+    dtypes = {r.dtypes for r in readers}
+    nnz = sum(p.nnz for p in plans)
+    n_rows = sum(p.n_rows for p in plans)
+    if len(dtypes) == 1:
+        data_dtype, index_dtype = dtypes.pop()
+    else:  # files store different dtypes: read each as is, then cast
+        data_dtype = np.result_type(*(d for d, _ in dtypes))
+        index_dtype = np.result_type(*(i for _, i in dtypes))
+    data = buf.get("data", (nnz,), data_dtype)
+    indices = buf.get("indices", (nnz,), index_dtype)
+    indptr = buf.get("indptr", (n_rows + 1,), np.int64)
+    indptr[0] = 0
+    v = r_ = 0
+    spans = []
+    for reader, plan, column_map in zip(readers, plans, maps, strict=True):
+        span = slice(v, v + plan.nnz)
+        spans.append((v, v + plan.nnz, column_map))
+        if reader.dtypes == (data_dtype, index_dtype):
+            reader.read_values(plan, data[span], indices[span], pool, check_indices)
+        else:
+            d = np.empty(plan.nnz, reader.dtypes[0])
+            i = np.empty(plan.nnz, reader.dtypes[1])
+            reader.read_values(plan, d, i, pool, check_indices)
+            data[span] = d
+            indices[span] = i
+        indptr[r_ + 1 : r_ + 1 + plan.n_rows] = plan.indptr[1:] + v
+        v += plan.nnz
+        r_ += plan.n_rows
+    data, indices, indptr = remap_csr(data, indices, indptr, spans, buf, check_indices)
+    csr = CsrRows(data, indices, indptr, files_.num_genes)
+    return FetchedRows(csr, None, row_ids, obs)
+
+
+def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
+    """Checks sorted ranges: inside the files, disjoint, each within one file.
+
+    Raises:
+        IndexError: A range is out of range or straddles two files.
+        ValueError: Ranges overlap.
+    """
+    n = int(cell_offsets[-1])
+    if starts.size and (starts.min() < 0 or stops.max() > n or (stops < starts).any()):
+        bad = int(np.flatnonzero((starts < 0) | (stops > n) | (stops < starts))[0])
+        raise IndexError(
+            f"rows [{starts[bad]}, {stops[bad]}) out of range: the source has "
+            f"{n} cells ({', '.join(paths)})"
+        )
+    if starts.size > 1 and (starts[1:] < stops[:-1]).any():
+        raise ValueError("row ranges overlap; pass disjoint ranges")
+    f_start = np.searchsorted(cell_offsets, starts, side="right")
+    f_last = np.searchsorted(cell_offsets, np.maximum(stops - 1, starts), side="right")
+    if (f_start != f_last).any():
+        bad = int(np.flatnonzero(f_start != f_last)[0])
+        raise IndexError(
+            f"rows [{starts[bad]}, {stops[bad]}) straddle two files; split the "
+            "range at the file boundary (see cell_offsets)"
+        )
+
+
+def _obs_for(
+    handles: OpenFiles, cell_offsets, files, lengths, row_ids
+) -> dict[str, np.ndarray]:
+    """Each obs column's value for every fetched row."""
+    if not handles.files.obs_names:
+        return {}
+    file_of_row = np.repeat(files, lengths)
+    local = row_ids - cell_offsets[file_of_row]
+    out = {}
+    present = np.unique(files) if files.size else np.zeros(1, np.int64)
+    for c in handles.files.obs_names:
+        arrays = {int(i): handles.file(int(i)).obs[c] for i in present}
+        if len(arrays) == 1:
+            out[c] = next(iter(arrays.values()))[local]
+            continue
+        dtype = np.result_type(*arrays.values())
+        values = np.empty(row_ids.size, dtype)
+        for i, arr in arrays.items():
+            mask = file_of_row == i
+            values[mask] = arr[local[mask]]
+        out[c] = values
+    return out
+
+
+def read_ranges(
+    handles: OpenFiles, cell_offsets, starts, stops, *, check_indices: bool = True
+) -> Cells:
+    """Global row ranges as fresh `Cells`, range after range in the order given."""
+    starts = np.asarray(starts, np.int64).reshape(-1)
+    stops = np.asarray(stops, np.int64).reshape(-1)
+    fetched = fetch_ranges(
+        handles, cell_offsets, starts, stops, check_indices=check_indices
+    )
+    wanted = expand_ranges(starts, stops - starts)
+    return take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
+
+
+def read_rows(
+    handles: OpenFiles, cell_offsets, rows, *, check_indices: bool = True
+) -> Cells:
+    """Rows by global id as fresh `Cells`, in the order given (repeats allowed).
+
+    Rows are coalesced into runs of consecutive ids within a file and read
+    with `fetch_ranges`, then gathered into the order asked.
+
+    Raises:
+        TypeError: `rows` are not integers.
+        IndexError: A row is outside the files.
+    """
+    rows = np.asarray(rows).reshape(-1)
+    if rows.size == 0:
+        rows = rows.astype(np.int64)
+    if rows.dtype.kind not in "iu":
+        raise TypeError(f"rows must be integers, got dtype {rows.dtype}")
+    rows = rows.astype(np.int64, copy=False)
+    n = int(cell_offsets[-1])
+    if rows.size and (rows.min() < 0 or rows.max() >= n):
+        bad = int(rows[(rows < 0) | (rows >= n)][0])
+        raise IndexError(
+            f"row {bad} out of range: the source has {n} cells "
+            f"({', '.join(handles.files.paths)})"
+        )
+    run_starts, run_stops = runs(np.unique(rows), cuts=cell_offsets[1:-1])
+    fetched = fetch_ranges(
+        handles, cell_offsets, run_starts, run_stops, check_indices=check_indices
+    )
+    return take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
+
+
+def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
+    """Fetched rows at `positions` as fresh `Cells` of the files' dtype."""
+    files = handles.files
+    obs = {c: v[positions] for c, v in fetched.obs.items()}
+    row_ids = fetched.row_ids[positions]
+    if fetched.csr is not None:
+        data, indices, indptr = take_csr(fetched.csr, positions)
+        X = sp.csr_matrix(
+            (data.astype(files.dtype, copy=False), indices, indptr),
+            shape=(positions.size, files.num_genes),
+        )
+        if files.genes.reorders:  # rows kept a file's own gene order
+            X.sort_indices()
+    else:
+        X = fetched.dense[positions].astype(files.dtype, copy=False)
+    return Cells(X, obs, row_ids)
+
+
+def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
+    """Asks the OS to start reading ranges into the page cache (may raise)."""
+    buf = handles.buffer("advise_buf")
+    for i in np.unique(files).tolist():
+        sel = files == i
+        offset = cell_offsets[i]
+        handles.file(i).reader.advise(starts[sel] - offset, stops[sel] - offset, buf)
+
+
+__all__ = [
+    "FetchedRows",
+    "advise",
+    "check_ranges",
+    "fetch_ranges",
+    "read_ranges",
+    "read_rows",
+    "take",
+]

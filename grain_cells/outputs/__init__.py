@@ -1,0 +1,27 @@
+"""Output formats of a minibatch: CSR, padded sparse (static shapes), dense."""
+
+from grain_cells.outputs._formats import (
+    CsrOutput,
+    DenseOutput,
+    Fetch,
+    Output,
+    PaddedSparseOutput,
+)
+
+__all__ = [
+    "CsrOutput",
+    "DenseOutput",
+    "Fetch",
+    "Output",
+    "PaddedSparseOutput",
+    "densify",
+]
+
+
+def __getattr__(name: str):
+    # JAX is imported only when the helper is used (workers never need it).
+    if name == "densify":
+        from grain_cells.outputs._densify import densify
+
+        return densify
+    raise AttributeError(f"module 'grain_cells.outputs' has no attribute {name!r}")

@@ -1,0 +1,272 @@
+"""Output formats of a minibatch: CSR, padded sparse (static shapes), dense.
+
+Every minibatch is a dict of NumPy arrays with, besides the expression:
+
+* `row_ids` (int64 `[batch]`): global row id of each cell (-1 for padding);
+* `mask` (bool `[batch]`): True for real cells, False for padding;
+* `obs/<column>` (`[batch]`): the chosen obs columns (integer codes for
+  categorical columns, see `AnnDataSource.categories`; 0 for padding).
+
+and the expression in one of three formats:
+
+* `CsrOutput`: `data` `[nnz]`, `indices` (int32 `[nnz]`) and `indptr`
+  (int64 `[batch + 1]`); padding rows are empty. Shapes vary per batch.
+* `PaddedSparseOutput(width)`: `values` `[batch, width]`, `indices` (int32
+  `[batch, width]`) and `nnz` (int32 `[batch]`, the stored values the cell
+  really has). Static shapes for `jax.jit`; unused slots hold index 0 and
+  value 0, so scatter-adding them is harmless (see
+  `grain_cells.outputs._densify.densify`). A cell with more than `width` stored
+  values is truncated by the explicit policy `truncate`:
+  `"largest"` keeps its `width` largest values (ties: lower column first),
+  `"first"` keeps its first `width` values in column order, `"error"` raises.
+  ("Column order" is the stored order where a source's `join` or `genes`
+  reorders a file's genes; see `AnnDataSource`.)
+  `nnz > width` tells which cells were truncated.
+* `DenseOutput()`: `X` `[batch, genes]` in `dtype` (float32 by default) over
+  all genes or the source's gene subset. A dense minibatch over 62,710 genes
+  is 250 KB per cell: subset genes, or use padded sparse and densify on the
+  accelerator.
+
+A row that stores one column more than once (a duplicate index, which SciPy
+and anndata allow) means the sum of its values, in every format: CSR and
+padded outputs keep the duplicates (`densify` and SciPy add them), while
+`DenseOutput` and `AnnDataSource.read(...).X.toarray()` add them.
+
+Token sequences for transformer foundation models (`RankValueTokens`,
+`ValueBinTokens`) are further implementations of the same protocol; see
+`grain_cells.tokens`.
+
+**The protocol.** An output format is any object with a stable `repr` (it
+identifies the pipeline in checkpoints), that pickles, and has
+`format(fetch, rows, batch_size) -> dict[str, np.ndarray]`: `fetch` is the
+`Fetch` being split (its rows, their row ids, the fetch's random key and a
+per-fetch cache for work done once per fetch), `rows` the positions in the
+fetch of the minibatch's real cells (at most `batch_size`), and every array
+returned has `batch_size` rows (padding rows after the real ones), except
+CSR's flat arrays. `format` may also take a keyword `empty` (a function
+with `np.empty`'s signature): the built-in formats allocate every array they
+return with it, and in a Grain worker it hands out the worker's shared
+memory, so the minibatch is written where the trainer copies it from
+(`grain_cells.transport._slot_writer`); formats without it work as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import scipy.sparse as sp
+
+from grain_cells.io._cells import take_csr
+from grain_cells.io._matrix import CsrRows
+
+
+@dataclasses.dataclass
+class Fetch:
+    """The rows of one fetch, as output formats see them.
+
+    Attributes:
+        dense: The rows as a dense array when the files are dense, else None.
+        row_ids: Global row id of each fetched row.
+        n_genes: Output columns.
+        key: A 64-bit key of the fetch (its seed and blocks): random choices
+            of an output are functions of `(key, row id, ...)`, so a restored
+            iterator repeats them.
+        cache: Work an output does once per fetch, keyed by the output.
+        order: The fetch's rows in the order its minibatches take them,
+            minibatch `i` being `order[i * batch_size:(i + 1) * batch_size]`
+            (the last may be shorter); None when minibatches are cut
+            otherwise (one condition each) or the fetch is not split. An
+            output may format every minibatch at once from it (see
+            `grain_cells.tokens._base`).
+    """
+
+    dense: np.ndarray | None
+    row_ids: np.ndarray
+    n_genes: int
+    key: int = 0
+    cache: dict = dataclasses.field(default_factory=dict)
+    _csr: CsrRows | None = None
+    order: np.ndarray | None = None
+
+    @property
+    def csr(self) -> CsrRows:
+        """The rows as CSR (converted once per fetch from a dense file)."""
+        if self._csr is None:
+            m = sp.csr_matrix(self.dense)
+            self._csr = CsrRows(
+                m.data, m.indices, m.indptr.astype(np.int64), self.dense.shape[1]
+            )
+        return self._csr
+
+
+@runtime_checkable
+class Output(Protocol):
+    """What an output format implements (see the module docstring)."""
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """Formats the fetch's `rows` as one minibatch of `batch_size` rows."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CsrOutput:
+    """CSR pieces per minibatch (`data`, `indices`, `indptr`).
+
+    Attributes:
+        dtype: dtype of `data`; None keeps the file's dtype.
+    """
+
+    dtype: str | None = "float32"
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
+    ) -> dict[str, np.ndarray]:
+        """Gathers `rows` of the buffer into CSR arrays padded to batch_size."""
+        data, indices, indptr = take_csr(
+            fetch.csr, rows, dtype=self.dtype, n_rows=batch_size, empty=empty
+        )
+        return {"data": data, "indices": indices, "indptr": indptr}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedSparseOutput:
+    """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`.
+
+    Attributes:
+        width: Stored values kept per cell.
+        truncate: `"largest"`, `"first"` or `"error"` for cells with more
+            than `width` stored values.
+        dtype: dtype of `values`.
+    """
+
+    width: int = 4096
+    truncate: str = "largest"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"width must be positive, got width={self.width}")
+        if self.truncate not in ("largest", "first", "error"):
+            raise ValueError(
+                "truncate must be 'largest', 'first' or 'error', got "
+                f"truncate={self.truncate!r}"
+            )
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
+    ) -> dict[str, np.ndarray]:
+        """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
+        csr = fetch.csr
+        data, indices, indptr = csr.data, csr.indices, csr.indptr
+        begin = indptr[rows]
+        lengths = indptr[rows + 1] - begin
+        w = self.width
+        if self.truncate == "error" and lengths.size and lengths.max() > w:
+            r = int(np.argmax(lengths))
+            raise ValueError(
+                f"a cell has {int(lengths[r])} stored values, more than "
+                f"PaddedSparseOutput(width={w}); raise width or choose "
+                "truncate='largest' or 'first'"
+            )
+        values = zeros(empty, (batch_size, w), self.dtype)
+        cols = zeros(empty, (batch_size, w), np.int32)
+        largest = self.truncate == "largest"
+        for r, (a, n) in enumerate(zip(begin.tolist(), lengths.tolist(), strict=True)):
+            if n <= w:
+                values[r, :n] = data[a : a + n]
+                cols[r, :n] = indices[a : a + n]
+            elif largest:  # the w largest values, ties to the lower column
+                keep = a + np.sort(np.argsort(-data[a : a + n], kind="stable")[:w])
+                values[r] = data[keep]
+                cols[r] = indices[keep]
+            else:
+                values[r] = data[a : a + w]
+                cols[r] = indices[a : a + w]
+        nnz = zeros(empty, (batch_size,), np.int32)
+        nnz[: lengths.size] = lengths
+        return {"values": values, "indices": cols, "nnz": nnz}
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseOutput:
+    """A dense `X` `[batch, genes]` per minibatch.
+
+    Attributes:
+        dtype: dtype of `X`.
+    """
+
+    dtype: str = "float32"
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
+    ) -> dict[str, np.ndarray]:
+        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
+
+        Rows of a dense file are gathered as they are.
+        """
+        if fetch.dense is not None:
+            return self.format_dense(fetch.dense, rows, batch_size, empty)
+        data, indices, indptr = take_csr(fetch.csr, rows)
+        n_genes = fetch.n_genes
+        X = zeros(empty, (batch_size, n_genes), self.dtype)
+        flat = np.repeat(
+            np.arange(rows.size, dtype=np.int64) * n_genes, np.diff(indptr)
+        )
+        flat += indices
+        out, values = X.reshape(-1), data.astype(X.dtype, copy=False)
+        if _all_distinct(flat):
+            out[flat] = values
+        else:  # a row stores a column twice: sum, as SciPy and anndata do
+            np.add.at(out, flat, values)
+        return {"X": X}
+
+    def format_dense(
+        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, empty=np.empty
+    ) -> dict[str, np.ndarray]:
+        """Gathers `rows` of a dense buffer (already in output columns)."""
+        X = empty((batch_size, dense.shape[1]), self.dtype)
+        X[: rows.size] = dense[rows]
+        X[rows.size :] = 0
+        return {"X": X}
+
+
+def zeros(empty, shape: tuple, dtype) -> np.ndarray:
+    """`np.zeros` through an allocator with `np.empty`'s signature."""
+    out = empty(shape, dtype)
+    out[...] = 0
+    return out
+
+
+@functools.cache
+def takes_empty(output_type: type) -> bool:
+    """Whether an output type's `format` takes the keyword `empty`."""
+    try:
+        params = inspect.signature(output_type.format).parameters
+    except (TypeError, ValueError):
+        return False
+    return "empty" in params
+
+
+def format_with(output, fetch: Fetch, rows, batch_size: int, empty=np.empty):
+    """`output.format(...)`, passing `empty` when the output takes it."""
+    if empty is not np.empty and takes_empty(type(output)):
+        return output.format(fetch, rows, batch_size, empty=empty)
+    return output.format(fetch, rows, batch_size)
+
+
+def _all_distinct(flat: np.ndarray) -> bool:
+    """Whether no position repeats (cheap when rows store sorted columns).
+
+    Assignment is about 5x faster than `np.add.at` at minibatch sizes, so it
+    is used whenever no row holds a duplicate column.
+    """
+    if flat.size < 2 or (flat[1:] > flat[:-1]).all():
+        return True
+    ordered = np.sort(flat)
+    return bool((ordered[1:] != ordered[:-1]).all())

@@ -1,0 +1,20 @@
+"""The one pipeline: fetches read in workers, minibatches in order, resumable."""
+
+from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, cell_dataset
+from grain_cells.pipeline._extra import Layer, Obsm
+from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.pipeline._loader import CheckedIterator, DataLoader
+from grain_cells.pipeline._operations import fetch_operations
+
+__all__ = [
+    "READ_OPTIONS",
+    "CellDataset",
+    "CheckedIterator",
+    "DataLoader",
+    "FetchConfig",
+    "Layer",
+    "Obsm",
+    "SplitFetch",
+    "cell_dataset",
+    "fetch_operations",
+]

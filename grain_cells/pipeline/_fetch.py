@@ -1,0 +1,376 @@
+"""Batched fetching (scDataset): read a fetch of blocks, split it into minibatches.
+
+`fetch_operations(source, batch_size=m, fetch_factor=f)`
+(`grain_cells.pipeline._operations`) returns the two operations that go after a
+`BlockSampler` in a `grain.DataLoader`:
+
+1. `Batch(G)` groups `G = m * f / block_size` consecutive block records of
+   each worker's stream into one *fetch*;
+2. a `FlatMap` reads the fetch's blocks in one batched pass (one positional
+   read per contiguous piece, into a reused buffer), shuffles its cells in
+   memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
+   `m` cells, each gathered once into its output format.
+
+**Determinism.** The in-memory shuffle is `counter_rng.permutation` of
+`(seed, the fetch's block ids in sampler order)`, a pure function that no
+NumPy upgrade changes (pinned by `tests/test_golden.py`); a fetch is
+therefore re-created bit for bit when an iterator is restored in its middle
+(Grain's FlatMap state is "the fetch's parent state plus the index inside
+it").
+
+**Which cells come out.** A fetch holds `G * block_size` cells, fewer when it
+includes the short last block of a file or is a worker's last fetch of the
+stream. Its last minibatch is then short: with `remainder="pad"` (default)
+it is padded to `m` rows with `mask=False`, so every visited cell comes out
+exactly once and shapes stay static; with `remainder="drop"` it is dropped
+(those cells are not seen in that pass). Fetches may span an epoch boundary of
+an endless stream, so an epoch's last cells share minibatches with the next
+epoch's first ones rather than forming short minibatches.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import math
+import os
+import weakref
+
+import grain
+import numpy as np
+
+from grain_cells._util import counter_rng
+from grain_cells._util.ranges import expand_ranges
+from grain_cells.io._matrix import RowBuffer
+from grain_cells.outputs import _formats as outputs
+from grain_cells.outputs._formats import Fetch, Output
+from grain_cells.pipeline import _extra as matrices
+from grain_cells.source._source import AnnDataSource
+from grain_cells.transport import _ring as transport
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._slot_writer import writer_for
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchConfig:
+    """How a fetch is formed and split; its `repr` identifies a pipeline.
+
+    Attributes:
+        batch_size: Cells per minibatch (`m`).
+        fetch_factor: Minibatches per fetch (`f`).
+        block_size: Cells per block (from the source).
+        shuffle: Shuffle cells inside a fetch.
+        seed: Seed of that shuffle.
+        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+        output: The output format.
+    """
+
+    batch_size: int
+    fetch_factor: int
+    block_size: int
+    shuffle: bool
+    seed: int
+    remainder: str
+    output: Output
+    numeric_obs: str = dataclasses.field(default="native", repr=False)
+    condition: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def blocks_per_fetch(self) -> int:
+        """Blocks read together (`G`)."""
+        return max(1, self.batch_size * self.fetch_factor // self.block_size)
+
+    @property
+    def max_minibatches(self) -> int:
+        """Most minibatches one fetch yields.
+
+        With a condition, each block may start a condition of its own, whose
+        last minibatch is short.
+        """
+        n = math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
+        return n + self.blocks_per_fetch if self.condition else n
+
+
+def _group_blocks(blocks) -> np.ndarray:
+    """Batch function: a fetch is an int64 array of (index, file, start, stop)."""
+    return np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+
+
+class _GroupBlocks:
+    """Picklable batch function for `grain.transforms.Batch`."""
+
+    def __call__(self, blocks):
+        return _group_blocks(blocks)
+
+    def __repr__(self) -> str:
+        return "GroupBlocks()"
+
+
+class SplitFetch(grain.experimental.FlatMapTransform):
+    """Reads one fetch of blocks and splits it into shuffled minibatches."""
+
+    def __init__(
+        self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
+    ):
+        """Binds the transform to its source and configuration."""
+        self.source = source
+        self.config = config
+        self.max_fan_out = config.max_minibatches
+        self.extra = matrices.readers(source, extra)
+
+    def __repr__(self) -> str:
+        # Defaults print as before extra matrices existed.
+        more = f", extra={self.extra!r}" if self.extra else ""
+        if self.config.numeric_obs != "native":
+            more += f", numeric_obs={self.config.numeric_obs!r}"
+        if self.config.condition is not None:
+            more += f", condition={self.config.condition!r}"
+        return f"SplitFetch({self.config!r}{more})"
+
+    def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
+        """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
+
+        A block that appears twice in one fetch (an endless stream's epoch
+        boundary) contributes its cells twice.
+        """
+        starts, stops = blocks[:, 2], blocks[:, 3]
+        lengths = stops - starts
+        cells = expand_ranges(starts, lengths)
+        positions = np.searchsorted(row_ids, cells)
+        if self.config.shuffle:
+            # Owned by grain_cells (counter_rng), so that no NumPy upgrade
+            # changes the order a saved iterator resumes into.
+            order = counter_rng.permutation(
+                positions.size, self.config.seed, *blocks[:, 0].tolist()
+            )
+            positions = positions[order]
+        return positions
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_buffers", None)
+        state.pop("_via_slots", None)
+        state["_pickled_in"] = os.getpid()
+        return state
+
+    def __setstate__(self, state):
+        pickled_in = state.pop("_pickled_in", None)
+        self.__dict__.update(state)
+        # Grain sends the pipeline to its worker processes pickled; unpickled
+        # in such a child (not merely copied within one process), minibatches
+        # go back to the parent pickled, so they travel as slot-ring handles
+        # (see `transport`), and the worker exits with its parent.
+        self._via_slots = (
+            pickled_in != os.getpid() and worker_process.in_child_process()
+        )
+        if self._via_slots:
+            worker_process.exit_with_parent()
+
+    def _lend_buffer(self) -> tuple[RowBuffer, list]:
+        """A read buffer no live fetch is using, and its owner cell.
+
+        Fetches are formatted lazily from their buffer, and two iterators of
+        one pipeline may be alive at once (or one restored while another
+        runs), so a buffer is reused only once the fetch that filled it is gone.
+        """
+        pool = self.__dict__.setdefault("_buffers", [])
+        for buffer, owner in pool:
+            if owner[0] is None or owner[0]() is None:
+                return buffer, owner
+        entry = (RowBuffer(), [None])
+        pool.append(entry)
+        return entry
+
+    def flat_map(self, blocks: np.ndarray) -> Minibatches:
+        """Reads the fetch's blocks; returns its minibatches (built lazily)."""
+        # In a worker process, outputs are pickled to the trainer: send them
+        # through reusable shared-memory slots instead of fresh segments.
+        return self.read(blocks, self.__dict__.get("_via_slots", False))
+
+    def read(self, blocks: np.ndarray, via_slots: bool = False) -> Minibatches:
+        """Reads the fetch's blocks; returns its minibatches (built lazily).
+
+        Args:
+            blocks: Rows of (block id, file, start, stop), in sampler order.
+            via_slots: Return each minibatch as a handle to a slot of this
+                worker's shared-memory ring rather than as arrays.
+        """
+        cfg = self.config
+        if self.__dict__.get("_via_slots", False):  # unpickled in a worker
+            worker_process.fetch_starting()
+        unique = np.unique(blocks[:, 0], return_index=True)[1]
+        read = blocks[np.sort(unique)]
+        buffer, owner = self._lend_buffer()
+        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        key = fetch_key(cfg.seed, blocks[:, 0])
+        fetched = _Fetched(
+            Fetch(rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr),
+            rows.obs,
+            self._read_extra(read, key, rows.row_ids),
+        )
+        order = self.cell_order(blocks, rows.row_ids)
+        bounds = None
+        if cfg.condition is not None:
+            order, bounds = self._by_condition(order, rows.obs[cfg.condition])
+        else:
+            n = order.size
+            if cfg.remainder == "drop":
+                n -= n % cfg.batch_size
+            order = order[:n]
+            fetched.fetch.order = order  # minibatch i: order[i*m:(i+1)*m]
+            for part in fetched.extra.values():
+                if isinstance(part, Fetch):  # a layer's rows: in X's order
+                    part.order = order
+        batches = Minibatches(self, fetched, order, via_slots, bounds)
+        owner[0] = weakref.ref(batches)
+        return batches
+
+    def _by_condition(self, order: np.ndarray, values: np.ndarray):
+        """The fetch's shuffled cells grouped by condition, cut per condition.
+
+        Returns:
+            `(order, bounds)`: cells grouped by condition (shuffled order kept
+            within each), and minibatch `i`'s cells `order[bounds[i]:
+            bounds[i + 1]]`: at most `batch_size`, one condition each.
+        """
+        m = self.config.batch_size
+        perm = np.argsort(values[order], kind="stable")
+        order = order[perm]
+        codes = values[order]
+        heads = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ends = np.r_[heads[1:], codes.size]
+        chunks = -(-(ends - heads) // m)
+        starts = np.repeat(heads, chunks) + m * (
+            np.arange(int(chunks.sum())) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+        )
+        stops = np.minimum(starts + m, np.repeat(ends, chunks))
+        if self.config.remainder == "drop":  # whole minibatches only
+            starts = starts[stops - starts == m]
+            order = order[(starts[:, None] + np.arange(m)[None, :]).reshape(-1)]
+            return order, np.arange(0, order.size + 1, m, dtype=np.int64)
+        return order, np.r_[starts, order.size].astype(np.int64)
+
+    def _read_extra(self, read: np.ndarray, key: int, row_ids: np.ndarray) -> dict:
+        """The extra matrices' rows, in the order of X's fetch buffer."""
+        if not self.extra:
+            return {}
+        read = read[np.argsort(read[:, 2], kind="stable")]
+        out = {}
+        for name, reader in self.extra.items():
+            if isinstance(reader, matrices.ObsmReader):
+                out[name] = reader.read(read[:, 2], read[:, 3])
+            else:
+                out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
+                if not np.array_equal(out[name].row_ids, row_ids):
+                    raise RuntimeError(f"extra matrix {name!r} read other rows")
+        return out
+
+    def minibatch(self, fetched: _Fetched, rows: np.ndarray, empty=np.empty) -> dict:
+        """Formats one minibatch from rows of the fetch buffer.
+
+        Every array is allocated with `empty` (`np.empty`'s signature; in a
+        worker, the slot the minibatch is sent in: `slot_writer`).
+        """
+        cfg = self.config
+        m = cfg.batch_size
+        n_real = rows.size
+        batch = outputs.format_with(cfg.output, fetched.fetch, rows, m, empty)
+        row_ids = empty((m,), np.int64)
+        row_ids[:n_real] = fetched.fetch.row_ids[rows]
+        row_ids[n_real:] = -1
+        batch["row_ids"] = row_ids
+        mask = empty((m,), bool)
+        mask[:n_real] = True
+        mask[n_real:] = False
+        batch["mask"] = mask
+        categories = self.source.categories
+        for name, values in fetched.obs.items():
+            if categories[name] is not None:
+                dtype = np.int32  # codes, whatever the number of categories
+            elif cfg.numeric_obs == "float32" and values.dtype.kind != "f":
+                dtype = np.float32
+            else:
+                dtype = values.dtype  # numeric columns keep theirs (int64 stays)
+            col = outputs.zeros(empty, (m,), dtype)
+            col[:n_real] = values[rows]
+            batch[f"obs/{name}"] = col
+        for name, part in fetched.extra.items():
+            if isinstance(part, np.ndarray):  # an obsm array
+                values = outputs.zeros(empty, (m, part.shape[1]), part.dtype)
+                values[:n_real] = part[rows]
+                batch[name] = values
+                continue
+            spec = self.extra[name].spec
+            formatted = outputs.format_with(spec.output, part, rows, m, empty)
+            for k, v in formatted.items():
+                batch[f"{name}/{k}"] = v
+        return batch
+
+
+class Minibatches(collections.abc.Sequence):
+    """The minibatches of one fetch, formatted when first asked for.
+
+    Grain's FlatMap indexes the sequence in order, so only one minibatch is
+    materialised at a time; the fetch buffer stays alive meanwhile.
+    """
+
+    def __init__(
+        self,
+        split: SplitFetch,
+        fetched: _Fetched,
+        order: np.ndarray,
+        via_slots: bool,
+        bounds: np.ndarray | None = None,
+    ):
+        self._split = split
+        self._fetched = fetched
+        self._order = order
+        self._via_slots = via_slots
+        m = split.config.batch_size
+        if bounds is None:
+            bounds = np.r_[np.arange(0, order.size, m), order.size]
+        self._bounds = bounds.astype(np.int64)
+
+    def __len__(self) -> int:
+        return self._bounds.size - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
+        i %= len(self)
+        if self._via_slots:
+            # The fetch (materialised by Grain), the worker's queue (16 by
+            # default) and what the trainer holds.
+            return self.send(i, transport.worker_ring(2 * len(self) + 24))
+        return self.format(i)
+
+    def format(self, i: int, empty=np.empty) -> dict:
+        """Minibatch `i` (in range), its arrays allocated with `empty`."""
+        a, b = self._bounds[i], self._bounds[i + 1]
+        return self._split.minibatch(self._fetched, self._order[a:b], empty)
+
+    def send(self, i: int, ring: transport.SlotRing) -> transport.SlotHandle:
+        """Minibatch `i` formatted straight into a slot of `ring`; its handle."""
+        writer = writer_for(ring)
+        return writer.send(self.format(i, writer.empty))
+
+
+@dataclasses.dataclass
+class _Fetched:
+    """A fetch as the output formats see it, and its obs columns."""
+
+    fetch: Fetch
+    obs: dict[str, np.ndarray]
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def fetch_key(seed: int, block_ids: np.ndarray) -> int:
+    """The 64-bit key of a fetch: a hash of the seed and its blocks in order.
+
+    Outputs draw their random choices from `(key, row id, ...)`: a fetch
+    re-created on restore has the same key, and a cell seen again in another
+    epoch (another fetch) gets new draws.
+    """
+    return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))

@@ -1,0 +1,194 @@
+"""`DataLoader`: grain.DataLoader's arguments, one worker-independent pipeline.
+
+`grain_cells.DataLoader(data_source=..., sampler=..., operations=
+fetch_operations(...), worker_count=N)` takes the arguments of
+`grain.DataLoader` but is not one: it builds `grain_cells.pipeline`'s
+pipeline on Grain's public dataset API (fetch numbers -> read and format a
+whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
+
+* **The minibatch sequence does not depend on `worker_count`**: 0, 2 or 3
+  workers yield the same minibatches in the same order. (A plain
+  `grain.DataLoader` with the same arguments forms fetches inside each worker
+  from that worker's share of the sampler's records: its sequence depends on
+  the worker count, and its state restores only under the same count.)
+* **The state is a position** (`grain_cells.pipeline._resume`), checked by
+  `grain_cells.pipeline._state_checks` against a stamp of the sampler, the source's
+  content and the fetch configuration: it restores under any worker count,
+  and under another shard count (JAX processes), with every remaining cell
+  visited exactly once. Checkpoint through orbax with
+  `grain_cells.checkpoint.IteratorSave(iterator)` / `IteratorRestore(iterator)` (Grain's
+  `grain.checkpoint.CheckpointSave` / `CheckpointRestore` write the same
+  files but restore on the saving process count only; the state is JSON
+  bytes).
+* **Memory**: each worker holds the fetch it reads plus `worker_buffer_size`
+  minibatches' worth of finished fetches (rounded up to whole fetches).
+* **absl flags / `__main__` guard**: flags are marked parsed when nothing
+  parsed them (Grain's workers read one), and iterating with workers from a
+  script's unguarded top level raises `MainGuardError` at once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grain
+
+from grain_cells.errors import CheckpointMismatchError
+from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
+from grain_cells.pipeline._fetch import SplitFetch
+from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._main_guard import check_main_guard
+
+__all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
+
+
+def _split_of(operations) -> tuple[SplitFetch, tuple]:
+    """The fetch transform of `operations`, and the Maps after it."""
+    ops = list(operations)
+    where = [i for i, op in enumerate(ops) if isinstance(op, SplitFetch)]
+    if len(where) != 1:
+        raise ValueError(
+            "grain_cells.DataLoader needs operations=grain_cells.fetch_operations("
+            f"...) (one fetch transform), got {ops!r}; for other operations use "
+            "grain.DataLoader"
+        )
+    before, after = ops[: where[0]], ops[where[0] + 1 :]
+    if len(before) != 1 or not isinstance(before[0], grain.transforms.Batch):
+        raise ValueError(
+            f"grain_cells.DataLoader: the fetch transform must follow the Batch "
+            f"of fetch_operations(...), got {before!r} before it"
+        )
+    for op in after:
+        if not isinstance(op, grain.transforms.Map):
+            raise ValueError(
+                f"grain_cells.DataLoader runs operations after the fetch as "
+                f"per-minibatch grain.transforms.Map only, got {op!r}"
+            )
+    return ops[where[0]], tuple(after)
+
+
+class DataLoader:
+    """Shuffled minibatches with `grain.DataLoader`'s arguments.
+
+    Example:
+        >>> source = grain_cells.AnnDataSource(paths, obs_columns=["plate"])
+        >>> loader = grain_cells.DataLoader(
+        ...     data_source=source,
+        ...     sampler=grain_cells.BlockSampler(len(source), seed=0),
+        ...     operations=grain_cells.fetch_operations(source, batch_size=64),
+        ...     worker_count=2)
+        >>> for batch in loader: ...
+    """
+
+    def __init__(
+        self,
+        *,
+        data_source,
+        sampler,
+        operations=(),
+        worker_count=0,
+        worker_buffer_size=16,
+        shard_options=None,
+        read_options=None,
+        enable_profiling=False,
+    ):
+        """Same arguments as `grain.DataLoader`.
+
+        Args:
+            data_source: An `AnnDataSource` (or view).
+            sampler: A sampler over its blocks (`BlockSampler`, ...).
+            operations: `fetch_operations(...)`, optionally followed by
+                `grain.transforms.Map`s applied to each minibatch.
+            worker_count: Worker processes (0: read in this process).
+            worker_buffer_size: Minibatches each worker may hold ahead.
+            shard_options: The shard; default: the sampler's.
+            read_options: Accepted for compatibility; unused (records are
+                fetch numbers, read inline).
+            enable_profiling: Accepted for compatibility; unused.
+
+        Raises:
+            ValueError: `operations` is not `fetch_operations(...)`, or the
+                sampler walks more blocks than the source has.
+        """
+        del read_options, enable_profiling
+        if worker_count:
+            worker_process.allow_unparsed_flags()
+        split, after = _split_of(operations)
+        per_fetch = split.config.fetch_factor
+        self._dataset = CellDataset(
+            data_source,
+            sampler,
+            split,
+            worker_count=worker_count,
+            worker_buffer_size=max(1, -(-int(worker_buffer_size) // per_fetch)),
+            shard_options=shard_options,
+            after=after,
+        )
+
+    @property
+    def dataset(self) -> CellDataset:
+        """The pipeline, as a Grain `IterDataset`."""
+        return self._dataset
+
+    @property
+    def stamp(self) -> dict:
+        """What a saved state must match to be restored by this loader."""
+        return dict(self._dataset.stamp)
+
+    def __iter__(self) -> CheckedIterator:
+        workers = self._dataset.worker_count
+        if workers:
+            check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
+            shm_names.remove_stale()  # of trainers and workers that were killed
+        return CheckedIterator(iter(self._dataset))
+
+
+class CheckedIterator:
+    """A `DataLoader`'s iterator: JSON-bytes states, like Grain's loader.
+
+    Closable (`close()`, or a `with` block) to stop its workers at once.
+    """
+
+    def __init__(self, iterator: CellIterator):
+        """Wraps the pipeline's iterator."""
+        self._it = iterator
+
+    def __iter__(self) -> CheckedIterator:
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._it)
+
+    def get_state(self) -> bytes:
+        """The state as JSON bytes (what orbax's Grain handler writes)."""
+        return json.dumps(self._it.get_state(), indent=1).encode()
+
+    def set_state(self, state: bytes) -> None:
+        """Restores a state saved under any worker (or shard) count.
+
+        Raises:
+            CheckpointMismatchError: Not a grain_cells state, another pipeline,
+                or a field out of range (see `grain_cells.pipeline._state_checks`).
+            errors.SourceChangedError: A file changed since the source was
+                built.
+        """
+        try:
+            obj = json.loads(state)
+        except (ValueError, TypeError) as e:
+            raise CheckpointMismatchError(f"iterator state is not JSON: {e}") from e
+        self._it.set_state(obj)
+
+    def start_prefetch(self) -> None:
+        """Starts the workers now (orbax calls this after a restore)."""
+        self._it.start_prefetch()
+
+    def close(self) -> None:
+        """Stops the workers; the iterator cannot be used afterwards."""
+        self._it.close()
+
+    def __enter__(self) -> CheckedIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

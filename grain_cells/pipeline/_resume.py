@@ -1,0 +1,133 @@
+"""Where a stream of fetches stands, and resuming it under another shard count.
+
+An iterator's position is ours, not Grain's: the plan (`origin`, shard
+`count` and `index`, the `pieces` of a previous hand-over), the fetch `n`
+whose minibatch `j` comes next, and `step`, the minibatches this shard has
+emitted since the plan began. Restoring under any worker count rebuilds the
+pipeline from fetch `n` (fetches are pure functions of their number, so the
+sequence is the same).
+
+**Another shard count (JAX processes).** Training runs in lock-step: every
+process has emitted the same number of minibatches when a checkpoint is
+saved. So one state, read by any new process, tells where *every* old shard
+stood: walking shard `r`'s fetches and counting their minibatches (a
+function of the block table, no data read) locates step `step` in it.
+`hand_over` then lists what no old shard finished, as pieces: each old
+shard's partly emitted fetch (from its next minibatch on) and its untouched
+fetches up to the furthest any shard got (`K`); everything before sampler
+position `origin + (K + 1) * G * count` is then either emitted or a piece.
+The new plan starts there with the new count; new shard `q` emits pieces
+`q, q + Q, ...` first. Every remaining cell is visited exactly once.
+
+Requirements (else the restore is refused or wrong, as stated): all old
+processes saved at the same step (lock-step; a state cannot check the
+others); the sampler's stream is the same under both counts (its epoch
+length, `num_blocks - num_blocks % count` for a `BlockSampler`, must not
+change: refused otherwise); no `condition` (its minibatch counts depend on
+the data: refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grain_cells.pipeline._stage import FetchPlan, count_minibatches
+
+
+@dataclasses.dataclass
+class Position:
+    """An iterator's position (its state, less the stamp)."""
+
+    origin: int = 0
+    count: int = 1
+    index: int = 0
+    pieces: list = dataclasses.field(default_factory=list)
+    fetch: int = 0
+    minibatch: int = 0
+    step: int = 0
+
+    def to_json(self) -> dict:
+        """The position as JSON-ready ints and lists."""
+        d = dataclasses.asdict(self)
+        d["pieces"] = [[list(map(int, p)), int(k)] for p, k in self.pieces]
+        return d
+
+    def plan(self, sampler, blocks_per_fetch: int) -> FetchPlan:
+        """The fetch plan of this position's shard."""
+        return FetchPlan(
+            sampler,
+            blocks_per_fetch,
+            count=self.count,
+            index=self.index,
+            origin=self.origin,
+            pieces=self.pieces,
+        )
+
+
+def _cursor(plan: FetchPlan, counts, step: int) -> tuple[int, int]:
+    """(fetch, minibatch) of `plan`'s shard after `step` minibatches."""
+    n, left, total = 0, step, plan.num_fetches()
+    while n < total:
+        emitted = counts(plan.positions(n)) - plan.skip(n)
+        if left < emitted:
+            return n, plan.skip(n) + left
+        left -= emitted
+        n += 1
+    return total, 0
+
+
+def hand_over(
+    saved: Position, sampler, source, config, new_count: int, new_index: int
+) -> Position:
+    """The position of shard `new_index` of `new_count` that resumes `saved`.
+
+    Args:
+        saved: A position saved (at the same step as every other shard).
+        sampler: The stream (same under both shard counts).
+        source: The source (for block lengths).
+        config: The `fetch.FetchConfig`.
+        new_count: Shards now.
+        new_index: This shard now.
+
+    Returns:
+        A position at the start of the new plan (its pieces first).
+    """
+    g = config.blocks_per_fetch
+
+    def counts(positions):
+        plan = saved.plan(sampler, g)
+        return count_minibatches(config, source, plan.keys(positions))
+
+    old = [
+        dataclasses.replace(saved, index=r).plan(sampler, g) for r in range(saved.count)
+    ]
+    cursors = [_cursor(plan, counts, saved.step) for plan in old]
+    # The furthest plan fetch any old shard has begun (-1: none). A shard at
+    # the start of fetch n (nothing of it emitted) has begun only n - 1: at
+    # fetch boundaries nothing is handed over as a piece, and the new shards
+    # continue the stream evenly.
+    furthest = max(
+        n - plan.own_pieces - (j <= plan.skip(n))
+        for plan, (n, j) in zip(old, cursors, strict=True)
+    )
+    furthest = max(furthest, -1)
+    left_pieces, plan_pieces = [], []
+    for r, (plan, (n, j)) in enumerate(zip(old, cursors, strict=True)):
+        total = plan.num_fetches()
+        last = min(total - 1, plan.own_pieces + furthest)
+        for m in range(n, last + 1):
+            positions = plan.positions(m)
+            skip = j if m == n else plan.skip(m)
+            if positions.size == 0 or skip >= counts(positions):
+                continue
+            piece = (positions.tolist(), int(skip))
+            if m < plan.own_pieces:
+                left_pieces.append(piece)
+            else:
+                plan_pieces.append((m - plan.own_pieces, r, piece))
+    plan_pieces.sort(key=lambda t: t[:2])
+    pieces = left_pieces + [p for *_, p in plan_pieces]
+    origin = saved.origin + (furthest + 1) * g * saved.count
+    position = Position(origin, new_count, new_index, pieces, 0, 0, 0)
+    position.minibatch = position.plan(sampler, g).skip(0)
+    return position

@@ -1,0 +1,194 @@
+"""The fetch stage: fetch `n` of a process -> its blocks -> its minibatches.
+
+A fetch is a pure function of its number. `FetchPlan` says which sampler
+positions fetch `n` of one process (JAX process, shard) holds;
+`ReadFetch` (a Grain `MapTransform`) reads those blocks, shuffles their cells
+and formats the fetch's minibatches, in whichever process runs it. Because
+nothing here depends on which worker runs a fetch, the minibatch sequence of
+`grain_cells.cell_dataset` and `grain_cells.DataLoader` does not depend on the
+worker count.
+
+**Which positions.** Shard `s` of `C` (origin `o`, `G` blocks per fetch):
+fetch `g` holds sampler positions `o + (g * G + i) * C + s` for `i < G`, cut
+at the end of a finite stream. So the `C` shards' fetches `g` together cover
+positions `[o + g*G*C, o + (g+1)*G*C)`, and with one shard fetch `g` is
+positions `[g*G, (g+1)*G)`. A restore under another shard count may first
+hand out *pieces*: what was left of the old shards' fetches (see
+`grain_cells.pipeline._resume`); they come before the plan's fetches, piece `k` to shard
+`k % C`.
+
+**Read-ahead.** The stage knows which fetch its process reads next (`n +
+stride`, the stride being the worker count), so after each fetch it asks the
+OS (or the object store) for the blocks of its own next fetches
+(`AnnDataSource.will_need`) within the next `readahead_cells` cells of the
+stream: with `W` workers each hints about `readahead_cells / W` cells, so
+the read-ahead held (and left unread when iteration stops) does not grow
+with the worker count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import grain
+import numpy as np
+
+from grain_cells.transport import _ring as transport
+
+
+class FetchPlan:
+    """Which sampler positions each fetch of one shard holds (picklable).
+
+    Args:
+        sampler: The stream of blocks (a `BlockSampler` or any Grain sampler
+            over the source's blocks); positions are global (all shards).
+        blocks_per_fetch: Blocks per fetch (`G`).
+        count: Shards.
+        index: This shard.
+        origin: First sampler position of the plan.
+        pieces: Every shard's pieces before the plan (a restore under another
+            shard count): `(positions, skip)` pairs, piece `k` to shard
+            `k % count`; `skip` minibatches of it were already emitted.
+    """
+
+    def __init__(
+        self, sampler, blocks_per_fetch: int, *, count=1, index=0, origin=0, pieces=()
+    ):
+        self.sampler = sampler
+        self.blocks_per_fetch = int(blocks_per_fetch)
+        self.count = int(count)
+        self.index = int(index)
+        self.origin = int(origin)
+        self.pieces = tuple((tuple(int(p) for p in pos), int(k)) for pos, k in pieces)
+        self.length = len(sampler)
+        self._own = self.pieces[self.index :: self.count]
+
+    @property
+    def own_pieces(self) -> int:
+        """Pieces this shard emits before the plan's fetches."""
+        return len(self._own)
+
+    def num_fetches(self) -> int:
+        """Fetches of this shard (huge for an endless stream)."""
+        positions = -(-(self.length - self.origin - self.index) // self.count)
+        return len(self._own) + -(-max(0, positions) // self.blocks_per_fetch)
+
+    def positions(self, n: int) -> np.ndarray:
+        """Sampler positions of this shard's fetch `n`."""
+        if n < len(self._own):
+            return np.asarray(self._own[n][0], np.int64)
+        g = n - len(self._own)
+        i = np.arange(g * self.blocks_per_fetch, (g + 1) * self.blocks_per_fetch)
+        p = self.origin + i * self.count + self.index
+        return p[p < self.length]
+
+    def skip(self, n: int) -> int:
+        """Minibatches of fetch `n` emitted before (by the shard it came from)."""
+        return self._own[n][1] if n < len(self._own) else 0
+
+    def keys(self, positions: np.ndarray) -> np.ndarray:
+        """Record keys (block ids) at sampler positions."""
+        blocks_at = getattr(self.sampler, "blocks_at", None)
+        if blocks_at is not None:
+            return np.asarray(blocks_at(positions), np.int64).reshape(-1)
+        return np.array([self.sampler[int(p)].record_key for p in positions], np.int64)
+
+
+def fetch_blocks(source, keys: np.ndarray) -> np.ndarray:
+    """A fetch as `SplitFetch` takes it: rows of (block, file, start, stop)."""
+    files, starts, stops = source.block_ranges(keys)
+    return np.stack([keys, files, starts, stops], axis=1).astype(np.int64)
+
+
+def count_minibatches(config, source, keys: np.ndarray) -> int:
+    """Minibatches a fetch of these blocks yields, without reading it.
+
+    Raises:
+        ValueError: With a condition the count depends on the cells' values.
+    """
+    if config.condition is not None:
+        raise ValueError("with a condition, a fetch's minibatch count needs its data")
+    if keys.size == 0:
+        return 0
+    _, starts, stops = source.block_ranges(keys)
+    cells = int((stops - starts).sum())
+    if config.remainder == "drop":
+        return cells // config.batch_size
+    return math.ceil(cells / config.batch_size)
+
+
+class ReadFetch(grain.transforms.Map):
+    """Fetch number -> that fetch's minibatches (Grain `Map`, picklable).
+
+    In the process that built the pipeline the result is the lazy
+    `fetch.Minibatches` sequence; in a worker process (where the transform
+    arrives pickled) all minibatches are formatted there, each into a slot of
+    the worker's shared-memory ring (`transport`), and the fetch travels as
+    one list of slot handles, which unpickles to a list of minibatch dicts in
+    the trainer.
+    """
+
+    def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
+        """Binds the fetch stage to a `SplitFetch`, a plan and the stride.
+
+        Args:
+            split: The `fetch.SplitFetch` that reads and splits a fetch.
+            plan: Which positions each fetch holds.
+            stride: Fetches between this process's consecutive fetches (the
+                worker count, at least 1): what to read ahead.
+            readahead_cells: Cells to hint the OS about ahead of the stream;
+                0 turns read-ahead off.
+        """
+        self.split = split
+        self.plan = plan
+        self.stride = max(1, int(stride))
+        block = split.config.block_size
+        per_fetch = plan.blocks_per_fetch * block
+        self.ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
+        self._hinted = -1
+        self._keys: dict[int, np.ndarray] = {}  # of fetches hinted, not yet read
+
+    def _keys_of(self, n: int) -> np.ndarray:
+        """Fetch `n`'s block keys (computed once: read-ahead, then the read)."""
+        keys = self._keys.pop(n, None)
+        if keys is None:
+            keys = self.plan.keys(self.plan.positions(n))
+        return keys
+
+    def __repr__(self) -> str:
+        return f"ReadFetch({self.split!r})"
+
+    def map(self, n):
+        """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
+        n = int(n)
+        source = self.split.source
+        batches = self.split.read(fetch_blocks(source, self._keys_of(n)))
+        self._read_ahead(n)
+        if not self.split.__dict__.get("_via_slots", False):
+            return batches
+        # One slot per minibatch, written as soon as it is formatted (each
+        # formatted array is dropped at once): the fetch being built, the
+        # worker's queue and the fetch the trainer is copying.
+        ring = transport.worker_ring(4 * len(batches) + 8)
+        return [batches.send(i, ring) for i in range(len(batches))]
+
+    def _read_ahead(self, n: int) -> None:
+        if not self.ahead or not hasattr(self.split.source, "will_need"):
+            return
+        # The window is `ahead` fetches of the whole stream (all workers'),
+        # of which this process hints its own: every worker together holds
+        # about `readahead_cells`, whatever the worker count.
+        window = max(self.ahead, self.stride)
+        last = min(n + window, self.plan.num_fetches() - 1)
+        first = max(n + self.stride, self._hinted + self.stride)
+        if first > last or self._hinted > n + window // 2:
+            return
+        wanted = range(first, last + 1, self.stride)
+        for m in list(self._keys):
+            if m <= n:  # hinted but never read here (a seek, another order)
+                self._keys.pop(m, None)
+        keys = [self._keys_of(m) for m in wanted]
+        self._keys.update(zip(wanted, keys, strict=True))
+        if keys:
+            self.split.source.will_need(np.concatenate(keys))
+            self._hinted = wanted[-1]

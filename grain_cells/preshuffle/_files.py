@@ -1,0 +1,208 @@
+"""The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
+
+A part is written under a temporary name (`.part-00000.h5ad.<random>.tmp`)
+and renamed when complete; its root attribute `MARKER_ATTR` records what it
+was made from. Before any HDF5 write, the temporary reserves the disk space
+the part needs (`reserve_space`), so a full disk is reported as a clean
+`OSError` naming the folder and the bytes needed, before HDF5 could fail in
+the middle of a write: HDF5 cannot close a file whose writes failed, and the
+interpreter then crashes at exit. The reservation is an upper bound of the
+part's size (whole chunks, uncompressed), and the space is the file's own,
+so other writers cannot take it. Should HDF5 still meet a full disk (a file
+system that only pretends to allocate, or an estimate proved wrong), the
+error is still raised as a clean `OSError` and the temporary removed, but
+HDF5 may then crash the interpreter when it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import secrets
+import shutil
+
+import h5py
+
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.preshuffle._plan import FORMAT, Plan
+from grain_cells.storage.remote import _store as object_store
+
+MANIFEST = "preshuffle.json"
+"""Name of the manifest written last into the output folder."""
+
+MARKER_ATTR = "grain_cells_preshuffle"
+"""Root attribute of a complete output part (JSON: what it was made from)."""
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_ABANDONED: list = []  # HDF5 files that failed mid-write: never released
+
+
+def completed_marker(
+    path: pathlib.Path | str, plan: Plan, index: int, storage_options=None
+) -> dict | None:
+    """The part's marker if `path` (or a URL) is a complete part of this run."""
+    if not object_store.is_url(path) and not pathlib.Path(path).is_file():
+        return None
+    try:
+        with open_part(path, storage_options) as f:
+            raw = f.attrs.get(MARKER_ATTR)
+            if raw is None:
+                return None
+            marker = json.loads(raw)
+            if (
+                marker.get("fingerprint") != plan.fingerprint
+                or marker.get("part") != index
+                or marker.get("parts") != len(plan.part_paths)
+            ):
+                return None
+            info = h5ad.inspect_matrix(f, "X")
+            if info.n_obs != marker.get("cells") or info.nnz != marker.get("nnz"):
+                return None
+            return marker
+    except Exception:  # unreadable, truncated, foreign: not complete
+        return None
+
+
+def open_part(path, storage_options=None) -> h5py.File:
+    """Opens an output part (a local file or, by URL, an object) read-only."""
+    return h5ad.open_file(path, storage_options)
+
+
+def create_temporary(directory: pathlib.Path, name: str):
+    """Creates `.<name>.<random>.tmp` in `directory`: `(fd, path)`.
+
+    Unlike `tempfile.mkstemp` (mode 0600), the file gets the permissions of
+    any new file (0666 less the umask), which the renamed output keeps.
+    """
+    while True:
+        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        return fd, path
+
+
+def remove_temporaries(output_dir: pathlib.Path) -> None:
+    """Deletes temporaries left by an interrupted run (see `_create_temporary`)."""
+    for pattern in (".part-*.h5ad.*.tmp", f".{MANIFEST}.*.tmp"):
+        for path in output_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
+def remove_stale_parts(plan: Plan) -> None:
+    """Deletes parts of earlier runs into this folder beyond this run's count."""
+    keep = {p.name for p in plan.part_paths}
+    for path in plan.output_dir.glob("part-*.h5ad"):
+        if path.name in keep:
+            continue
+        try:
+            with h5py.File(path, "r") as f:
+                ours = MARKER_ATTR in f.attrs
+        except Exception:
+            ours = False
+        if ours:
+            path.unlink(missing_ok=True)
+
+
+def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
+    """Writes `MANIFEST` (the parts and their statistics), atomically."""
+    manifest = {
+        "format": FORMAT,
+        "fingerprint": plan.fingerprint,
+        "cells": plan.n_cells,
+        "parts": [
+            {"file": plan.part_paths[i].name, **markers[i]["stats"]}
+            for i in range(len(plan.part_paths))
+        ],
+    }
+    final = plan.output_dir / MANIFEST
+    fd, tmp = create_temporary(plan.output_dir, MANIFEST)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fsync_path(path: pathlib.Path) -> None:
+    """Flushes a file or folder to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
+    """Extends `path` by `nbytes` of allocated (not sparse) disk space.
+
+    HDF5 then writes into space the file already owns, and truncates the file
+    to what it used when it closes it.
+
+    Raises:
+        OSError: The disk (or quota) lacks the space; the message names the
+            folder, the bytes needed and the bytes free.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            os.posix_fallocate(fd, size, max(int(nbytes), 1))
+        except OSError as e:
+            if e.errno in _NO_SPACE:
+                raise _no_space(path, nbytes, what, e) from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            # A file system without fallocate: compare with the free space.
+            if shutil.disk_usage(path.parent).free < nbytes:
+                raise _no_space(path, nbytes, what, e) from e
+    finally:
+        os.close(fd)
+
+
+def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError:
+    free = shutil.disk_usage(path.parent).free
+    return OSError(
+        e.errno,
+        f"{path.parent}: not enough disk space to write {what}: it needs about "
+        f"{nbytes:,} bytes and {free:,} are free ({os.strerror(e.errno)}). "
+        "Nothing incomplete was left under a part's name; free some space (or "
+        "choose another output_dir, or smaller parts with cells_per_file) and "
+        "run preshuffle again: complete parts are kept.",
+    )
+
+
+def abandon(f: h5py.File, path: pathlib.Path) -> None:
+    """Gives up on a file whose writing failed, releasing its disk space.
+
+    HDF5 cannot close a file after a failed write (for lack of space): its
+    close, or the release of any of its objects, crashes the interpreter. So
+    the file is truncated (which frees the disk at once; the temporary is then
+    unlinked by the caller) and its handle is kept, never closed, for the
+    life of the process.
+    """
+    _ABANDONED.append(f)
+    with contextlib.suppress(OSError):  # through a descriptor of our own
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether an error (or one it wraps) is a lack of disk space."""
+    while e is not None:
+        if isinstance(e, OSError) and (
+            e.errno in _NO_SPACE or "No space left" in str(e)
+        ):
+            return True
+        e = e.__cause__ or e.__context__
+    return False

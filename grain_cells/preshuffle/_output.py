@@ -1,0 +1,169 @@
+"""`preshuffle` into a bucket: parts staged on local disk, then uploaded.
+
+HDF5 cannot write to an object store (it seeks back into a file to finish
+its B-trees and headers), so each part is written as for a local folder,
+into a *staging* folder on local disk, uploaded with obstore's `put`
+(`grain_cells.storage.remote._writes.put_file`: a multipart upload for large
+parts, parts of it sent concurrently; the object appears only once
+complete) and removed. A part uploads in a background thread while the next
+one is written; one upload at a time, so local disk holds at most two
+parts. Each is counted as `preshuffle` reserves it (uncompressed, whole
+chunks), at most about `cells_per_file` x stored values per cell x (value +
+index bytes) plus obs; the staging folder (a new folder under
+`staging_dir`, default the system's temporary folder) is removed when the
+run ends. An upload that fails raises at the next `publish` or at
+`wait`, so the run stops with the upload's error.
+
+Restarts work as locally: a part is complete when the object exists and its
+`grain_cells_preshuffle` attribute (read through range GETs) records this
+run's arguments; complete parts are kept, others rewritten. The manifest
+`preshuffle.json` is uploaded last; parts of an earlier run beyond this
+run's count are deleted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle._plan import FORMAT, Plan
+from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _writes as object_writes
+
+
+class BucketOutput:
+    """Parts of `preshuffle` in a bucket: `url/part-00000.h5ad`, ...
+
+    Args:
+        url: The output prefix (`s3://bucket/folder`).
+        storage_options: obstore configuration of the output store.
+        staging_dir: Local folder under which the staging folder is made.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None, staging_dir=None):
+        object_store.split_url(object_writes.join(url, "x"))  # a bucket is named
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        parent = None if staging_dir is None else os.fspath(staging_dir)
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        self.staging = pathlib.Path(
+            tempfile.mkdtemp(prefix="grain-cells-preshuffle-", dir=parent)
+        )
+        self._uploads = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="grain_cells_upload"
+        )
+        self._pending: concurrent.futures.Future | None = None
+
+    def check_bucket(self) -> None:
+        """Lists the output prefix once, before any work.
+
+        Raises:
+            FileNotFoundError: The bucket does not exist (names it and the fix).
+            PermissionError: The credentials may not list it.
+        """
+        object_writes.list_names(self.url, self.storage_options)
+
+    def part_url(self, plan: Plan, index: int) -> str:
+        """The URL of part `index`."""
+        return object_writes.join(self.url, plan.part_paths[index].name)
+
+    def check_inputs(self, plan: Plan) -> None:
+        """Refuses a run whose output would overwrite one of its inputs.
+
+        Raises:
+            ValueError: An input is one of the output URLs.
+        """
+        outputs = {self.part_url(plan, i) for i in range(len(plan.part_paths))}
+        for path in plan.paths:
+            if path in outputs:
+                raise ValueError(
+                    f"{path}: is an input and also an output part of {self.url}; "
+                    "write the parts to another prefix"
+                )
+
+    def completed_marker(self, plan: Plan, index: int) -> dict | None:
+        """The marker of part `index` if the bucket holds it complete, else None."""
+        url = self.part_url(plan, index)
+        try:
+            object_store.head(url, self.storage_options)
+        except FileNotFoundError:
+            return None
+        return files.completed_marker(url, plan, index, self.storage_options)
+
+    def publish(self, plan: Plan, index: int) -> None:
+        """Starts uploading part `index` from the staging folder, in the background.
+
+        Waits for the previous upload first (one at a time); the staged file
+        is deleted when its upload ends, done or failed.
+
+        Raises:
+            OSError: The previous upload failed (see `object_writes.put_file`).
+        """
+        self.wait()
+        self._pending = self._uploads.submit(self._upload, plan, index)
+
+    def _upload(self, plan: Plan, index: int) -> None:
+        local = plan.part_paths[index]
+        try:
+            object_writes.put_file(
+                self.part_url(plan, index), local, self.storage_options
+            )
+        finally:
+            local.unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        """Returns when no upload is running; raises the last one's error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def remove_stale_parts(self, plan: Plan) -> None:
+        """Deletes parts of an earlier run into this prefix beyond this run's count."""
+        keep = {p.name for p in plan.part_paths}
+        names = object_writes.list_names(self.url, self.storage_options)
+        for name in object_writes.part_names(names):
+            if name in keep:
+                continue
+            url = object_writes.join(self.url, name)
+            try:
+                with files.open_part(url, self.storage_options) as f:
+                    ours = files.MARKER_ATTR in f.attrs
+            except Exception:  # not HDF5, or gone: not ours to delete
+                ours = False
+            if ours:
+                object_writes.delete(url, self.storage_options)
+
+    def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
+        """Uploads `preshuffle.json` (the parts and their statistics)."""
+        manifest = {
+            "format": FORMAT,
+            "fingerprint": plan.fingerprint,
+            "cells": plan.n_cells,
+            "parts": [
+                {"file": plan.part_paths[i].name, **markers[i]["stats"]}
+                for i in range(len(plan.part_paths))
+            ],
+        }
+        object_writes.put_bytes(
+            object_writes.join(self.url, files.MANIFEST),
+            json.dumps(manifest, indent=1).encode(),
+            self.storage_options,
+        )
+
+    def close(self) -> None:
+        """Lets a running upload end, then removes the staging folder.
+
+        An upload's error is not raised here: `close` runs when the run ends
+        either way, after `wait` (done) or while another error propagates.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            concurrent.futures.wait([pending])
+        self._uploads.shutdown(wait=True)
+        shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,191 @@
+"""What `preshuffle` writes: validated arguments, inputs and output layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import pathlib
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.source._source import AnnDataSource
+from grain_cells.storage import _identity as identity
+from grain_cells.storage.remote import _store as object_store
+
+FORMAT = 2  # bump when the output of identical arguments changes
+COMPRESSIONS = (None, "gzip", "lzf")
+CHUNK_BYTES = 4 << 20  # default chunk of data/indices, uncompressed
+CHUNK_BYTES_COMPRESSED = 256 << 10  # same, compressed
+MAX_CHUNK_BYTES = (1 << 31) - 1  # HDF5 caps a chunk below 4 GiB; stay well under
+
+
+class Plan:
+    """Validated arguments, the inputs' metadata and the output layout."""
+
+    @classmethod
+    def make(cls, inputs, output_dir, **kwargs) -> Plan:
+        """Validates `preshuffle`'s arguments and inspects the inputs."""
+        self = cls()
+        try:
+            paths = h5ad.resolve_paths(inputs)
+        except ValueError:
+            raise ValueError(
+                "inputs is empty: expected one or more .h5ad files"
+            ) from None
+        output_dir = pathlib.Path(output_dir)
+        if output_dir.exists() and not output_dir.is_dir():
+            raise NotADirectoryError(
+                f"{output_dir}: exists and is not a folder; output_dir must be a "
+                "folder (it is created if missing)"
+            )
+        cells_per_file = kwargs["cells_per_file"]
+        if cells_per_file is not None:
+            check_int("cells_per_file", cells_per_file, 1)
+        check_int("seed", kwargs["seed"], 0)
+        chunk_cells = kwargs["chunk_cells"]
+        if chunk_cells is not None:
+            check_int("chunk_cells", chunk_cells, 1)
+        budget = kwargs["memory_budget_bytes"]
+        check_int("memory_budget_bytes", budget, 1)
+        compression = kwargs["compression"]
+        if compression not in COMPRESSIONS:
+            raise ValueError(
+                "compression must be None, 'gzip' or 'lzf', got "
+                f"compression={compression!r}"
+            )
+        layer = kwargs["layer"]
+        obs_columns = kwargs["obs_columns"]
+        if isinstance(obs_columns, str):
+            obs_columns = [obs_columns]
+
+        join = kwargs["join"]
+        genes = kwargs["genes"]
+        self.storage_options = dict(kwargs.get("storage_options") or {})
+        # Checks every input: AnnData, aligned genes, a usable matrix; takes
+        # each input's identity (grain_cells.storage._identity).
+        self.source = AnnDataSource(
+            paths,
+            block_size=1,
+            layer=layer,
+            join=join,
+            genes=genes,
+            read_threads=0,
+            storage_options=self.storage_options,
+        )
+        self.paths = list(self.source.paths)
+        self.element = h5ad.matrix_element(layer)
+        with h5ad.open_file(self.paths[0], self.storage_options) as f:
+            first_columns = h5ad.obs_columns(f)
+        if obs_columns is None:
+            obs_columns = first_columns
+        obs_columns = [str(c) for c in obs_columns]
+        if len(set(obs_columns)) != len(obs_columns):
+            raise ValueError(f"obs_columns has duplicates: {obs_columns}")
+        for path in self.paths:
+            with h5ad.open_file(path, self.storage_options) as f:
+                have = h5ad.obs_columns(f)
+            missing = [c for c in obs_columns if c not in have]
+            if missing:
+                raise errors.MissingColumnError(
+                    f"{path}: obs has no column(s) {missing}; it has {have}. Pass "
+                    "obs_columns=[...] naming columns every input has."
+                )
+        self.obs_columns = obs_columns
+
+        self.output_dir = output_dir
+        self.n_cells = self.source.num_cells
+        self.n_vars = len(self.source.var_names)
+        self.sparse = self.source.is_sparse
+        self.dtype = np.dtype(self.source.dtype)
+        self.index_dtype = np.dtype(np.int32 if self.n_vars < 2**31 else np.int64)
+        self.nnz = (
+            sum(self.source.file_info(i).nnz for i in range(len(self.paths)))
+            if self.sparse
+            else None
+        )
+        # Gene alignment: files whose stored columns are not the output's.
+        maps = [self.source.file_column_map(i) for i in range(len(self.paths))]
+        self.column_map_first = maps[0]
+        self.drops_genes = any(m is not None and (m < 0).any() for m in maps)
+        self.reorders_genes = any(
+            m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
+        )
+        self.seed = int(kwargs["seed"])
+        self.compression = compression
+        self.chunk_cells = chunk_cells
+        self.budget = int(budget)
+        size = cells_per_file or max(self.n_cells, 1)
+        n_parts = max(1, -(-self.n_cells // size))
+        self.part_bounds = [
+            (i * size, min((i + 1) * size, self.n_cells)) for i in range(n_parts)
+        ]
+        self.part_paths = [output_dir / f"part-{i:05d}.h5ad" for i in range(n_parts)]
+        for path in self.paths:
+            for part in self.part_paths:
+                if object_store.is_url(path):
+                    continue  # a bucket output checks its URLs itself
+                if part.exists() and os.path.samefile(path, part):
+                    raise ValueError(
+                        f"{path}: is an input and also output part {part.name} of "
+                        f"{output_dir}; write the parts to another folder"
+                    )
+        self.fingerprint = _json_normal(
+            {
+                "format": FORMAT,
+                # By content, not path or mtime: an input changed with its
+                # mtime restored (cp -p, rsync -t) is redone; a copy of the
+                # inputs in another folder is not.
+                "inputs": identity.source_identity(self.source)["files"],
+                "layer": layer,
+                "join": self.source.join,
+                "genes": identity.source_identity(self.source)["genes"],
+                "obs_columns": obs_columns,
+                "seed": self.seed,
+                "cells_per_file": cells_per_file,
+                "compression": compression,
+                "chunk_cells": chunk_cells,
+            }
+        )
+        return self
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one stored value of a CSR matrix (data plus index)."""
+        return self.dtype.itemsize + self.index_dtype.itemsize
+
+    def chunk_elements(self) -> int:
+        """Elements per HDF5 chunk of `data`/`indices` (CSR)."""
+        mean = self.nnz / max(self.n_cells, 1)
+        if self.chunk_cells is not None:
+            n = math.ceil(self.chunk_cells * max(mean, 1.0))
+        else:
+            target = CHUNK_BYTES if self.compression is None else CHUNK_BYTES_COMPRESSED
+            n = target // self.dtype.itemsize
+        return int(min(max(n, 1), MAX_CHUNK_BYTES // 8))
+
+    def chunk_rows(self) -> int:
+        """Rows per HDF5 chunk of a dense X."""
+        row_bytes = max(self.n_vars * self.dtype.itemsize, 1)
+        if self.chunk_cells is not None:
+            n = self.chunk_cells
+        else:
+            target = CHUNK_BYTES if self.compression is None else CHUNK_BYTES_COMPRESSED
+            n = target // row_bytes
+        return int(min(max(n, 1), max(MAX_CHUNK_BYTES // row_bytes, 1)))
+
+
+def _json_normal(value):
+    return json.loads(json.dumps(value))
+
+
+def check_int(name: str, value, low: int) -> None:
+    """Raises ValueError naming `name` unless `value` is an int >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {name}={value!r}")
+    if value < low:
+        what = "positive" if low == 1 else f">= {low}"
+        raise ValueError(f"{name} must be {what}, got {name}={value!r}")

@@ -1,0 +1,287 @@
+"""Pre-shuffled copies of `.h5ad` files, written once, read as plain AnnData.
+
+Block sampling reads contiguous blocks; on a plate-sorted file a block holds
+cells of one plate, so minibatches are less diverse than random sampling.
+`preshuffle` writes a copy of one or many files with the cells in a seeded
+random order across all inputs. Afterwards contiguous blocks of any size are
+random samples, so a loader can use large blocks (fast reads) at the
+diversity of random sampling. The copy is ordinary `.h5ad`: anndata and
+scanpy open it as usual (also backed), and `AnnDataSource` reads it on its
+positional-read fast path when it is uncompressed.
+
+**Algorithm: a windowed gather.** A seeded permutation maps each output
+position to an input row. Each output part is written in windows of
+consecutive output cells, sized from `memory_budget_bytes` and the exact
+number of stored values of the cells in the window. For each window the
+input rows it needs are sorted, split at file boundaries and read in batches
+(`AnnDataSource.fetch_ranges`: positional reads of each row's values, runs of
+consecutive rows coalesced), scattered into the window's arrays in output
+order, and the window is appended to the output with one HDF5 write per
+dataset. Every input value is read once and every output value written once,
+with no temporary copy on disk.
+
+Why not a two-pass bucket sort (stream the input, append each row to a
+temporary file per output window, then shuffle one bucket at a time)? It
+turns random reads into sequential ones, but doubles the disk traffic and
+needs scratch space as large as the input. When the inputs fit in the page
+cache (the common case for files up to a few tens of GB), random row reads
+cost a few microseconds each and the gather is cheaper. Measured with
+`benchmarks/preshuffle.py` on this project's shared 2-core machine, 400,000
+Tahoe-shaped cells (5.2 GB, uncompressed CSR) into one part at the default
+budget: about 50 s per million cells with the input in the page cache, 77 s
+with it evicted, peak RSS 2.0 GB. The write is the bottleneck there: this
+disk sustains about 350 MB/s once the kernel's dirty-page limit is reached,
+so the 5.2 GB of output alone take about 15 s. For inputs far larger than RAM
+on a slow disk, each window costs one random read per cell; give it a large
+`memory_budget_bytes` (fewer, denser sweeps over the inputs). Compressed
+inputs decode every chunk a read batch touches (in threads, see
+`grain_cells.hdf5._chunks`; through h5py for filters decoded there only): use a
+large budget so that a chunk serves many cells of one batch.
+
+**Output layout.** `X` is CSR when the inputs are sparse (`data`, `indices`
+int32 when the genes allow, `indptr` int64) or dense when they are dense.
+`data` and `indices` are chunked: by default about 4 MiB of values per chunk
+uncompressed (about 650 Tahoe-sized cells, so a random block of 16 to 1,024
+cells rarely straddles a chunk and chunks written in one call lie back to
+back in the file, where the positional reader merges them into one read) and
+256 KiB compressed (so a block read decompresses little beyond the block).
+Uncompressed chunks carry no filter, which the positional fast path needs.
+`indptr` is never compressed (8 bytes per cell; every read starts with it).
+Dense `X` is chunked by whole rows for the same reason.
+
+**Restarts.** Each part is written under a temporary name in the output
+folder and renamed when complete; the finished file carries an attribute
+(`grain_cells_preshuffle`, JSON) recording the inputs by content (cell
+count, size and the metadata and value digests of `grain_cells.storage._identity`,
+not path or modification time), seed, layer, gene alignment, obs columns,
+compression, chunking, part index and part count. A rerun with the same
+arguments skips the parts whose file opens and carries the same record, and
+rewrites the rest (a part is the unit of work lost to an interruption:
+choose `cells_per_file` accordingly). An input rewritten with its
+modification time restored (`cp -p`, `rsync -t`) is therefore redone, and
+inputs moved to another folder are not. Leftover temporary files are deleted
+at the start of a run. Two runs must not write to one folder at once.
+`preshuffle.json`, written last, lists the parts with per-part statistics.
+
+**Full disk.** Before writing a part, its temporary file reserves the space
+the part needs (`posix_fallocate`; values counted uncompressed, so a
+compressed part reserves more than it keeps, and gives the rest back when
+it closes). A disk without that space raises `OSError` (ENOSPC) naming the
+folder, the bytes needed and free, before anything is written; the
+temporary is removed and no part looks complete.
+
+**Genes.** `join` and `genes` align genes over inputs with different var
+names exactly as `AnnDataSource` does (the output's `X` columns are the
+aligned genes; its var is the first input's rows for them, or only the
+names when `join="outer"` brings genes the first input lacks).
+
+**Modules.** This one holds the entry point; `preshuffle_plan` validates
+arguments and lays out the parts, `preshuffle_writer` writes them (with
+`preshuffle_windows`: slots, the background writer, progress),
+`preshuffle_frames` merges obs and var, `preshuffle_files` owns markers,
+temporaries, the manifest and the disk reservation, and `preshuffle_output`
+the output to a bucket (a local staging folder, one part at a time, then an
+upload: local disk for one part is needed).
+
+**Overlap.** Once the kernel's dirty-page limit is reached, writing is
+disk-bound; a background thread writes one window (h5py releases the GIL
+while HDF5 writes) while the calling thread reads and scatters the next.
+
+Memory: the arrays of the two windows in flight plus a read buffer, together
+at most `memory_budget_bytes`; on top of that about 8 bytes per input cell
+(the permutation and row lengths) and the chosen obs columns of all inputs
+(held in memory while the parts are written).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
+from grain_cells.preshuffle._output import BucketOutput
+from grain_cells.preshuffle._plan import Plan
+from grain_cells.preshuffle._windows import Progress
+from grain_cells.storage.remote import _store as object_store
+
+__all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
+
+
+def preshuffle(
+    inputs: str | os.PathLike | Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    *,
+    cells_per_file: int | None = None,
+    seed: int = 0,
+    layer: str | None = None,
+    obs_columns: Sequence[str] | None = None,
+    compression: str | None = None,
+    chunk_cells: int | None = None,
+    memory_budget_bytes: int = 2 << 30,
+    progress: bool = True,
+    join: str = "exact",
+    genes: Sequence[str] | np.ndarray | None = None,
+    storage_options: dict | None = None,
+    output_storage_options: dict | None = None,
+    staging_dir: str | os.PathLike | None = None,
+) -> list[pathlib.Path] | list[str]:
+    """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
+
+    The inputs are concatenated along cells (they must list the same genes in
+    the same order) and shuffled together, so every output part mixes cells
+    of every input. Parts are named `part-00000.h5ad`, `part-00001.h5ad`, ...
+    in `output_dir`. See the module docstring for the algorithm, the layout
+    and how interrupted runs resume.
+
+    Inputs may be URLs of objects (`s3://`, `gs://`, `https://`, ... as in
+    `AnnDataSource`), read in place with `storage_options`. `output_dir`
+    may be a URL too (`s3://bucket/shuffled`): each part is then written to
+    a local staging folder, uploaded (multipart when large) and deleted
+    before the next, so the local disk needs room for one part (see
+    `grain_cells.preshuffle._output`).
+
+    Each part holds: `X` (the chosen matrix of the inputs, CSR or dense as
+    stored), `obs` (the chosen columns and the obs names; categorical columns
+    keep their categories, merged over the inputs in order of first
+    appearance) and `var` (copied from the first input; `raw/var` when
+    `layer="raw"`). Other elements (layers, obsm, uns, ...) are not copied.
+
+    Example:
+        >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
+        ...                    cells_per_file=1_000_000, seed=0)
+        >>> source = grain_cells.AnnDataSource(parts, block_size=256,
+        ...                                    obs_columns=["cell_line"])
+        >>> anndata.read_h5ad(parts[0], backed="r")  # plain AnnData
+
+    Args:
+        inputs: One `.h5ad` path or URL or a sequence of them, concatenated
+            in order.
+        output_dir: Folder for the parts, created if missing; or the URL of
+            a prefix in a bucket (the bucket must exist).
+        cells_per_file: Cells per output part (the last part holds the rest);
+            None writes one part.
+        seed: Seed of the permutation (an int >= 0). Same seed and inputs give
+            the same order.
+        layer: Matrix to copy as `X`: None for `X`, `"raw"` for `raw/X`, any
+            other name for `layers/<name>`.
+        obs_columns: obs columns to carry; None carries every column of the
+            first input (the others must have them too).
+        compression: None (default, enables the positional-read fast path),
+            `"gzip"` (level 1, with the shuffle filter) or `"lzf"`.
+        chunk_cells: Cells per HDF5 chunk of the output matrix (for CSR, the
+            chunk of `data`/`indices` holds `chunk_cells` times the mean
+            stored values per cell). None: about 4 MiB of values per chunk
+            uncompressed, 256 KiB compressed.
+        memory_budget_bytes: Bytes of matrix values held at once: two windows
+            (one being assembled while the other is written) plus the read
+            buffer. A window holds at least one cell, whatever the budget.
+        progress: Print a one-line progress report to stderr.
+        join: How genes of inputs with different var names are aligned:
+            `"exact"` (default: all inputs list the same var names),
+            `"inner"` or `"outer"`, as in `AnnDataSource`.
+        genes: Optional output genes within those `join` aligns (names, a
+            boolean mask or positions), as in `AnnDataSource`.
+        storage_options: For URL inputs: obstore configuration and
+            credentials, as in `AnnDataSource` (None: from the environment).
+        output_storage_options: For a URL `output_dir`: the same for the
+            output store; None uses `storage_options`.
+        staging_dir: For a URL `output_dir`: local folder under which each
+            part is written before its upload (default: the system's
+            temporary folder, `TMPDIR`); needs room for one part.
+
+    Returns:
+        The paths of the parts, in order (their URLs for a URL `output_dir`).
+
+    Raises:
+        ValueError: `inputs` is empty, an argument is out of range, or an
+            input would be overwritten by an output part.
+        NotADirectoryError: `output_dir` exists and is not a folder.
+        FileNotFoundError: An input does not exist.
+        errors.GeneMismatchError: With `join="exact"`, the inputs list
+            different var names (and see `AnnDataSource` for the others).
+        OSError: The output folder's disk lacks the space for a part (the
+            message names the folder, the bytes needed and free), or an
+            upload failed after retries.
+        PermissionError: The credentials may not read an input or write
+            the output (names the URL and the fix).
+        errors.MissingColumnError: An obs column, layer or X is missing.
+        errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
+            inputs and dense in others.
+        errors.AnnDataFormatError: An input is not readable AnnData, or an obs
+            column cannot be merged over the inputs.
+    """
+    bucket = None
+    if object_store.is_url(os.fspath(output_dir)):
+        if output_storage_options is None:
+            output_storage_options = storage_options
+        bucket = BucketOutput(
+            os.fspath(output_dir), output_storage_options, staging_dir
+        )
+    try:
+        if bucket is not None:
+            bucket.check_bucket()
+        return _preshuffle(
+            inputs,
+            output_dir if bucket is None else bucket.staging,
+            bucket,
+            progress=progress,
+            cells_per_file=cells_per_file,
+            seed=seed,
+            layer=layer,
+            obs_columns=obs_columns,
+            compression=compression,
+            chunk_cells=chunk_cells,
+            memory_budget_bytes=memory_budget_bytes,
+            join=join,
+            genes=genes,
+            storage_options=storage_options,
+        )
+    finally:
+        if bucket is not None:
+            bucket.close()
+
+
+def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **kw):
+    plan = Plan.make(inputs, output_dir, **kw)
+    if bucket is not None:
+        bucket.check_inputs(plan)
+    plan.output_dir.mkdir(parents=True, exist_ok=True)
+    files.remove_temporaries(plan.output_dir)
+    if bucket is None:
+        done = {
+            i: files.completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
+        }
+    else:
+        done = {
+            i: bucket.completed_marker(plan, i) for i in range(len(plan.part_paths))
+        }
+    todo = [i for i, marker in done.items() if marker is None]
+    report = Progress(plan, todo, enabled=progress)
+    try:
+        if todo:
+            # Imported here: the writer reads and writes obs/var through
+            # anndata and pandas, which `import grain_cells` (and so every
+            # Grain worker) does not import.
+            from grain_cells.preshuffle._writer import Writer
+
+            writer = Writer(plan)
+            for i in todo:
+                done[i] = writer.write_part(i, report)
+                if bucket is not None:
+                    bucket.publish(plan, i)  # uploads while the next part is written
+            if bucket is not None:
+                bucket.wait()
+        report.finish()
+    finally:
+        plan.source.close()
+    if bucket is not None:
+        bucket.remove_stale_parts(plan)
+        bucket.write_manifest(plan, done)
+        return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
+    files.remove_stale_parts(plan)
+    files.write_manifest(plan, done)
+    return list(plan.part_paths)

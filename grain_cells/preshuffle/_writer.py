@@ -1,0 +1,355 @@
+"""`preshuffle`'s writer: one part after another, in windows of cells.
+
+See `grain_cells.preshuffle._preshuffle` for the algorithm. Each part is assembled in
+windows (input rows read in sorted batches, scattered into output order) and
+written by a background thread (`preshuffle_windows.WritePipeline`) into a
+temporary file that holds its disk space in advance
+(`preshuffle_files.reserve_space`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import os
+import time
+
+import h5py
+import numpy as np
+
+from grain_cells._util.ranges import runs
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._matrix import RowBuffer
+from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle import _frames as frames
+from grain_cells.preshuffle._plan import Plan
+from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
+
+_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
+_INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
+_WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
+_SLOTS = 2  # windows in flight: one assembled while the other is written
+_READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
+_ALIGNED_PASS_VALUES = 1 << 24  # stored values per read when counting aligned rows
+
+
+class Writer:
+    """Writes the parts of a plan; holds the permutation and obs in memory."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        n = plan.n_cells
+        # Generator.permutation(n) is arange(n) shuffled; shuffling int32 in
+        # place gives the same order with half the memory.
+        self.perm = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        np.random.default_rng(plan.seed).shuffle(self.perm)
+        self.offsets = plan.source.cell_offsets
+        self.buffer = RowBuffer()
+        self.lengths = _row_lengths(plan, self.buffer) if plan.sparse else None
+        self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
+        self.var = frames.read_var(plan)
+
+    def write_part(self, index: int, report: Progress) -> dict:
+        """Writes part `index` under a temporary name, then renames it."""
+        plan = self.plan
+        final = plan.part_paths[index]
+        start, stop = plan.part_bounds[index]
+        rows = self.perm[start:stop]
+        t0 = time.perf_counter()
+        fd, tmp = files.create_temporary(plan.output_dir, final.name)
+        os.close(fd)
+        try:
+            with h5py.File(tmp, "w"):  # an empty HDF5 file ...
+                pass
+            # ... given the space it will need before HDF5 writes to it.
+            files.reserve_space(tmp, self._part_bytes(rows), f"part {final.name}")
+            f = h5py.File(tmp, "a")
+            try:
+                frames.write_frames(f, self.obs.iloc[rows], self.var)
+                if plan.sparse:
+                    nnz, windows, largest = self._write_csr(f, rows, report)
+                else:
+                    nnz, windows, largest = self._write_dense(f, rows, report)
+                marker = {
+                    "fingerprint": plan.fingerprint,
+                    "part": index,
+                    "parts": len(plan.part_paths),
+                    "cells": int(rows.size),
+                    "nnz": nnz,
+                    "stats": {
+                        "cells": int(rows.size),
+                        "nnz": nnz,
+                        "windows": windows,
+                        "largest_window_bytes": largest,
+                        "seconds": round(time.perf_counter() - t0, 3),
+                    },
+                }
+                f.attrs[files.MARKER_ATTR] = json.dumps(marker)
+                f.close()  # truncates the file to what HDF5 used
+            except BaseException as e:
+                if not files.is_disk_full(e):
+                    with contextlib.suppress(Exception):
+                        f.close()
+                    raise
+                files.abandon(f, tmp)  # HDF5 cannot close it: see abandon
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{plan.output_dir}: the disk filled up while writing part "
+                    f"{final.name} ({e}); its temporary file was removed and no "
+                    "part looks complete. Free some space and run preshuffle "
+                    "again: complete parts are kept.",
+                ) from e
+            files.fsync_path(tmp)
+            os.replace(tmp, final)
+            files.fsync_path(plan.output_dir)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return marker
+
+    def _part_bytes(self, rows: np.ndarray) -> int:
+        """An upper bound of a part's size on disk.
+
+        Every chunk counted whole and uncompressed (HDF5 allocates whole
+        chunks; a compressed chunk rewritten by a later window may leave its
+        old space unused, so those count twice), obs and var at twice their
+        size in memory, and a generous allowance for HDF5's metadata.
+        """
+        plan = self.plan
+        n = int(rows.size)
+        if plan.sparse:
+            nnz = int(self.lengths[rows].sum(dtype=np.int64))
+            chunk = _csr_chunk(plan, nnz)
+            n_chunks = -(-nnz // chunk)
+            matrix = n_chunks * chunk * plan.value_bytes
+            indptr_chunk = min(_INDPTR_CHUNK, n + 1)
+            matrix += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
+            chunk_bytes = chunk * plan.value_bytes
+            n_chunks += -(-(n + 1) // indptr_chunk)
+        else:
+            rows_per_chunk = min(plan.chunk_rows(), max(n, 1))
+            n_chunks = -(-n // rows_per_chunk)
+            chunk_bytes = rows_per_chunk * plan.n_vars * plan.dtype.itemsize
+            matrix = n_chunks * chunk_bytes
+        if plan.compression is not None:  # chunks straddling windows, twice
+            windows = matrix // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
+            matrix += (windows + 1) * chunk_bytes
+        obs = self.obs.iloc[rows]
+        frames_bytes = int(obs.memory_usage(index=True, deep=True).sum())
+        frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
+        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (len(obs.columns) + 16)
+        return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
+
+    # -- CSR ---------------------------------------------------------------
+
+    def _write_csr(self, f: h5py.File, rows: np.ndarray, report: Progress):
+        plan = self.plan
+        n = rows.size
+        lengths = self.lengths[rows]
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        nnz = int(indptr[-1])
+        group = f.create_group("X")
+        group.attrs["encoding-type"] = h5ad.CSR
+        group.attrs["encoding-version"] = "0.1.0"
+        group.attrs["shape"] = np.array([n, plan.n_vars], np.int64)
+        opts = _filter_options(plan.compression)
+        chunk = _csr_chunk(plan, nnz)
+        data = group.create_dataset(
+            "data", (nnz,), plan.dtype, maxshape=(None,), chunks=(chunk,), **opts
+        )
+        indices = group.create_dataset(
+            "indices",
+            (nnz,),
+            plan.index_dtype,
+            maxshape=(None,),
+            chunks=(chunk,),
+            **opts,
+        )
+        group.create_dataset(
+            "indptr",
+            data=indptr,
+            maxshape=(None,),
+            chunks=(min(_INDPTR_CHUNK, n + 1),),
+        )
+        # Bytes through each cell: its values plus its indptr entry.
+        through = indptr[1:] * plan.value_bytes + np.arange(1, n + 1) * 8
+        bounds = self._windows(through)
+        most = max(
+            (int(indptr[b] - indptr[a]) for a, b in itertools.pairwise(bounds)),
+            default=0,
+        )
+
+        def assemble(slot: Slot, a: int, b: int):
+            lo, hi = int(indptr[a]), int(indptr[b])
+            out_data = slot.array("data", most, plan.dtype)[: hi - lo]
+            out_indices = slot.array("indices", most, plan.index_dtype)[: hi - lo]
+            out_ptr = (indptr[a : b + 1] - lo).tolist()
+            for sub_rows, dest in self._reads(rows[a:b]):
+                starts, stops = runs(sub_rows)
+                got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
+                _check_rows(got.row_ids, sub_rows)
+                _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
+            if plan.reorders_genes:  # rows kept an input's gene order
+                _sort_rows(np.asarray(out_ptr), out_data, out_indices)
+
+            def write():
+                data[lo:hi] = out_data
+                indices[lo:hi] = out_indices
+
+            return write
+
+        self._run_windows(bounds, assemble, report)
+        return nnz, len(bounds) - 1, most * plan.value_bytes
+
+    # -- dense -------------------------------------------------------------
+
+    def _write_dense(self, f: h5py.File, rows: np.ndarray, report: Progress):
+        plan = self.plan
+        n = rows.size
+        chunk_rows = min(plan.chunk_rows(), max(n, 1))
+        x = f.create_dataset(
+            "X",
+            (n, plan.n_vars),
+            plan.dtype,
+            chunks=(chunk_rows, plan.n_vars) if n and plan.n_vars else None,
+            **(_filter_options(plan.compression) if n and plan.n_vars else {}),
+        )
+        x.attrs["encoding-type"] = h5ad.DENSE
+        x.attrs["encoding-version"] = "0.2.0"
+        row_bytes = max(plan.n_vars * plan.dtype.itemsize, 1)
+        through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
+        bounds = self._windows(through)
+        most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
+
+        def assemble(slot: Slot, a: int, b: int):
+            out = slot.array("X", most * plan.n_vars, plan.dtype)
+            out = out[: (b - a) * plan.n_vars].reshape(b - a, plan.n_vars)
+            for sub_rows, dest in self._reads(rows[a:b]):
+                starts, stops = runs(sub_rows)
+                got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
+                _check_rows(got.row_ids, sub_rows)
+                out[dest] = got.dense[: sub_rows.size]
+
+            def write():
+                x[a:b] = out
+
+            return write
+
+        self._run_windows(bounds, assemble, report)
+        return None, len(bounds) - 1, most * row_bytes
+
+    # -- windows -----------------------------------------------------------
+
+    def _windows(self, through: np.ndarray) -> list[int]:
+        """Window boundaries: each window's arrays fit one slot of the budget."""
+        return cuts(through, int(self.plan.budget * _WINDOW_SHARE / _SLOTS))
+
+    def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
+        """Assembles window after window; a second thread writes the last one.
+
+        Writing is disk-bound once the kernel's dirty-page limit is reached,
+        and h5py releases the GIL while HDF5 writes, so the next window's
+        reads and scatter run meanwhile. `_SLOTS` windows exist at once.
+        """
+        with WritePipeline(_SLOTS) as pipeline:
+            for a, b in itertools.pairwise(bounds):
+                slot = pipeline.free_slot()
+                pipeline.submit(
+                    slot, assemble(slot, a, b), lambda n=b - a: report.advance(n)
+                )
+
+    # -- reads -------------------------------------------------------------
+
+    def _reads(self, window_rows: np.ndarray):
+        """Yields `(sorted input rows, their positions in the window)` batches.
+
+        Batches hold rows of one file, sorted, at most about
+        `_READ_SHARE * budget` bytes each.
+        """
+        plan = self.plan
+        order = np.argsort(window_rows, kind="stable")
+        rows = window_rows[order].astype(np.int64)
+        if plan.sparse:
+            sizes = self.lengths[rows].astype(np.int64) * plan.value_bytes + 8
+        else:
+            sizes = np.full(rows.size, plan.n_vars * plan.dtype.itemsize + 1)
+        cap = int(plan.budget * _READ_SHARE)
+        file_bounds = np.searchsorted(rows, self.offsets[1:-1], side="left")
+        edges = [0, *file_bounds.tolist(), rows.size]
+        for fa, fb in itertools.pairwise(edges):
+            if fb <= fa:
+                continue
+            bounds = cuts(np.cumsum(sizes[fa:fb]), cap)
+            for a, b in itertools.pairwise(bounds):
+                yield rows[fa + a : fa + b], order[fa + a : fa + b]
+
+
+def _filter_options(compression: str | None) -> dict:
+    if compression is None:
+        return {}
+    if compression == "gzip":
+        return {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
+    return {"compression": compression, "shuffle": True}
+
+
+def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:
+    if got.shape != wanted.shape or not np.array_equal(got, wanted):
+        raise RuntimeError(
+            "AnnDataSource.fetch_ranges returned rows in an unexpected order; "
+            "preshuffle relies on it returning sorted ranges of one file in order"
+        )
+
+
+def _scatter_csr(src, dest: np.ndarray, out_ptr: list, out_data, out_indices):
+    """Copies each buffered row `k` to window row `dest[k]`."""
+    ptr = src.indptr.tolist()
+    data, indices = src.data, src.indices
+    for s0, s1, r in zip(ptr[:-1], ptr[1:], dest.tolist(), strict=True):
+        if s1 > s0:
+            o = out_ptr[r]
+            out_data[o : o + s1 - s0] = data[s0:s1]
+            out_indices[o : o + s1 - s0] = indices[s0:s1]
+
+
+def _csr_chunk(plan: Plan, nnz: int) -> int:
+    """Elements per chunk of a part's `data`/`indices`: no larger than the
+    part needs (HDF5 allocates whole chunks)."""  # noqa: D205, D209
+    return max(1, min(plan.chunk_elements(), nnz))
+
+
+def _sort_rows(indptr: np.ndarray, data: np.ndarray, indices: np.ndarray) -> None:
+    """Sorts each CSR row's values by column, in place (canonical CSR)."""
+    row_of = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    order = np.lexsort((indices, row_of))
+    data[:] = data[order]
+    indices[:] = indices[order]
+
+
+def _row_lengths(plan: Plan, buffer: RowBuffer) -> np.ndarray:
+    """Stored values per output row, over all inputs (int32).
+
+    From each input's `indptr`; when gene alignment drops some of an input's
+    genes, from its rows as aligned (one pass over the input).
+    """
+    out = np.empty(plan.n_cells, np.int32)
+    offsets = plan.source.cell_offsets
+    step = 1 << 22
+    for i, path in enumerate(plan.paths):
+        column_map = plan.source.file_column_map(i)
+        start, n = int(offsets[i]), int(offsets[i + 1] - offsets[i])
+        if column_map is not None and (column_map < 0).any():
+            cells = max(1, _ALIGNED_PASS_VALUES // max(plan.nnz // plan.n_cells, 1))
+            for a in range(0, n, cells):
+                b = min(a + cells, n)
+                got = plan.source.fetch_ranges([start + a], [start + b], buffer)
+                out[start + a : start + b] = np.diff(got.csr.indptr)
+            continue
+        with h5ad.open_file(path, plan.storage_options) as f:
+            ptr = f[plan.element]["indptr"]
+            for a in range(0, n, step):
+                b = min(a + step, n)
+                piece = ptr[a : b + 1].astype(np.int64)
+                out[start + a : start + b] = np.diff(piece)
+    return out

@@ -1,0 +1,283 @@
+"""One condition per minibatch: every minibatch's cells share an obs value.
+
+Some training objectives want minibatches that hold one condition only (one
+drug, one donor, one study). Three pieces give that:
+
+* `condition_blocks(source, column)`: a view of the source whose blocks
+  never straddle a change of the column's value (blocks are split there), so
+  every block is pure;
+* `ConditionBlockSampler(source, column, ...)`: the blocks in groups of one
+  condition, `blocks_per_fetch` blocks per group, so that each fetch (the
+  `G` consecutive records a worker's `Batch` groups) holds one condition. It
+  knows how Grain stripes records over shards and workers (shard `s` of `S`,
+  worker `w` of `N` gets positions `s + S * (w + N * k)`), so it takes the
+  loader's `worker_count`;
+* `fetch_operations(..., condition=column)`: splits each fetch into
+  minibatches by the column's value, so a minibatch is pure even where a
+  fetch is not (a condition's last, short group shares a fetch with the
+  next group): each condition's cells of the fetch are shuffled and cut into
+  minibatches, the last one padded (`mask=False`).
+
+**An epoch** (`weights=None`) visits every selected block once: each
+condition's blocks in a new order, cut into groups of `blocks_per_fetch`;
+the short groups (each condition's last) packed one after another into
+slots of `blocks_per_fetch` blocks (such a slot's fetch mixes conditions, and
+the fetch transform splits it); all slots in a new order, a short last one
+at the end; all pure functions of `(seed, epoch)`
+(`grain_cells._util.counter_rng`), so resume is exact. With padding
+(`remainder="pad"`) every cell comes out once per epoch.
+
+**Weighting.** With `weights={value: w}`, each fetch slot draws a condition
+with probability proportional to `w` (missing values: 0), then one of its
+groups uniformly (with replacement, `epoch_groups` slots per epoch); a short
+group fills its slot by repeating its blocks.
+
+**Diversity and speed.** A minibatch holds one condition, so its label
+entropy for that column is 0 by construction, and its cells come from the
+`G` blocks of one group: a condition's cells are still drawn from random
+blocks of the whole condition (block sampling inside the condition), but
+the in-fetch shuffle mixes only cells of that condition. Reads are the same
+block reads as `BlockSampler`'s, so cells/s is unchanged except for padding:
+a condition's last group and any fetch that mixes conditions leave one
+partial minibatch per condition in it, and blocks split at condition changes
+are shorter (more, smaller reads for conditions stored in short runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from grain import sharding
+
+from grain_cells._util import counter_rng
+from grain_cells._util.ranges import expand_ranges
+from grain_cells.sampling._stream import (
+    BlockStream,
+    check_stream_args,
+    readahead_positions,
+)
+
+_GROUP_WORD = 1 << 40
+_DRAW_WORD = 1 << 41
+
+
+def condition_blocks(source, column: str):
+    """A view of `source` whose blocks never straddle a change of `column`.
+
+    Args:
+        source: An `AnnDataSource` (or a view) with `column` in its
+            `obs_columns`.
+        column: The condition column.
+
+    Returns:
+        A view (`source.with_blocks`) over the same cells.
+    """
+    values = source.obs_values(column)
+    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    lengths = stops - starts
+    cells = expand_ranges(starts, lengths)
+    first = np.zeros(cells.size, bool)
+    first[np.cumsum(lengths) - lengths] = True
+    change = np.ones(cells.size, bool)
+    change[1:] = values[cells[1:]] != values[cells[:-1]]
+    heads = np.flatnonzero(first | change)
+    tails = np.append(heads[1:], cells.size) - 1
+    return source.with_blocks(cells[heads], cells[tails] + 1)
+
+
+class ConditionBlockSampler(BlockStream):
+    """Blocks in groups of one condition, one group per fetch; see the module.
+
+    Example:
+        >>> view = condition_blocks(source, "drug")
+        >>> sampler = ConditionBlockSampler(view, "drug", blocks_per_fetch=64,
+        ...                                 worker_count=2, seed=0)
+        >>> ops = fetch_operations(view, batch_size=64, fetch_factor=16,
+        ...                        condition="drug")
+    """
+
+    def __init__(
+        self,
+        source,
+        column: str,
+        *,
+        blocks_per_fetch: int,
+        worker_count: int = 0,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        shard_options: sharding.ShardOptions | None = None,
+        weights: dict | None = None,
+        epoch_groups: int | None = None,
+        readahead_cells: int = 16384,
+    ):
+        """Creates the sampler.
+
+        Args:
+            source: The `AnnDataSource` (view) the loader reads, with `column`
+                in its obs columns; best made by `condition_blocks`.
+            column: The condition column.
+            blocks_per_fetch: Blocks per fetch (`batch_size * fetch_factor /
+                block_size`, `FetchConfig.blocks_per_fetch`).
+            worker_count: The `DataLoader`'s worker count.
+            seed: Seed in `[0, 2**31)`.
+            num_epochs: Epochs, or None for an endless stream.
+            shard_options: This process's shard.
+            weights: Optional `{condition value: weight}`: draw conditions by
+                weight, with replacement (see the module docstring).
+            epoch_groups: Slots per epoch with `weights` (default: the number
+                of groups).
+            readahead_cells: Hint the OS this many cells ahead (0: off).
+
+        Raises:
+            ValueError: An argument is out of range, or no weight is positive.
+        """
+        shard_options = check_stream_args(num_epochs, seed, shard_options)
+        if blocks_per_fetch < 1 or worker_count < 0:
+            raise ValueError(
+                f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
+                f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
+            )
+        self._source = source
+        self._readahead = readahead_positions(source, readahead_cells)
+        self._column = column
+        self._g = int(blocks_per_fetch)
+        self._lanes = shard_options.shard_count * max(1, int(worker_count))
+        self._worker_count = int(worker_count)
+        self._seed = int(seed)
+        self._num_epochs = None if num_epochs is None else int(num_epochs)
+        self._shard_options = shard_options
+        self._num_blocks = len(source)
+        if self._num_blocks < shard_options.shard_count:
+            raise ValueError(
+                f"{self._num_blocks} blocks cannot be split over "
+                f"{shard_options.shard_count} shards"
+            )
+        _, starts, _ = source.block_ranges(np.arange(self._num_blocks))
+        codes = source.obs_values(column)[starts]
+        labels = source.categories[column]
+        self._conditions, self._block_condition = np.unique(codes, return_inverse=True)
+        self._names = (
+            self._conditions if labels is None else np.asarray(labels)[self._conditions]
+        )
+        self._weights = None
+        count = shard_options.shard_count
+        if weights is None:
+            self._epoch_length = self._num_blocks - self._num_blocks % count
+        else:
+            w = np.array(
+                [float(weights.get(n, weights.get(str(n), 0.0))) for n in self._names]
+            )
+            if (w < 0).any() or not (w > 0).any():
+                raise ValueError(
+                    f"weights must be >= 0 with one positive, got {weights!r} "
+                    f"for conditions {self._names.tolist()}"
+                )
+            self._weights = w
+            self._cdf = np.cumsum(w) / w.sum()
+            self._static = self._groups(epoch=None)
+            first = np.array([self._block_condition[g[0]] for g in self._static])
+            self._by_condition = [np.flatnonzero(first == c) for c in range(w.size)]
+            slots = epoch_groups or len(self._static)
+            self._epoch_length = -(-slots * self._g // count) * count
+        self._memo: tuple[int, np.ndarray] | None = None
+        self._reset_readahead()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_memo"] = None
+        return state
+
+    @property
+    def conditions(self) -> np.ndarray:
+        """The condition values (labels for categorical columns)."""
+        return self._names
+
+    def _groups(self, epoch: int | None) -> list[np.ndarray]:
+        """Each condition's blocks, shuffled, cut into groups of G; in order."""
+        words = (self._seed,) if epoch is None else (self._seed, epoch)
+        blocks = np.arange(self._num_blocks, dtype=np.int64)
+        rank = counter_rng.hash64(*words, blocks)
+        order = np.lexsort((rank, self._block_condition))
+        cond = self._block_condition[order]
+        bounds = np.flatnonzero(np.diff(cond)) + 1
+        groups = []
+        for run in np.split(order, bounds):
+            groups += np.split(run, np.arange(self._g, run.size, self._g))
+        return groups
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The blocks of epoch `epoch` in group order (before striping)."""
+        if self._memo is not None and self._memo[0] == epoch:
+            return self._memo[1]
+        groups = self._groups(epoch)
+        # Slots of G blocks stay aligned with fetches: whole groups are slots;
+        # the short groups (a condition's last) are packed together into
+        # slots, one after another; the slots are shuffled, and a short last
+        # slot goes last.
+        rank = counter_rng.hash64(
+            self._seed, epoch, _GROUP_WORD + np.arange(len(groups))
+        )
+        short = [groups[i] for i in np.argsort(rank) if groups[i].size < self._g]
+        slots = [g for g in groups if g.size == self._g]
+        if short:
+            packed = np.concatenate(short)
+            slots += np.split(packed, np.arange(self._g, packed.size, self._g))
+        last = [slots.pop()] if slots and slots[-1].size < self._g else []
+        order = np.argsort(
+            counter_rng.hash64(
+                self._seed, epoch, 2 * _GROUP_WORD + np.arange(len(slots))
+            )
+        )
+        groups = [slots[i] for i in order] + last
+        flat = np.concatenate(groups)[: self._epoch_length]
+        self._memo = (epoch, flat)
+        return flat
+
+    def _slot_position(self, offset: int) -> int:
+        """Where position `offset` of an epoch reads in the group sequence."""
+        chunk = self._lanes * self._g
+        full = self._epoch_length - self._epoch_length % chunk
+        if offset >= full:
+            return offset
+        base, o = divmod(offset, chunk)
+        lane, k = o % self._lanes, o // self._lanes
+        return base * chunk + lane * self._g + k  # the lane's fetch in this chunk
+
+    def block_at(self, position: int) -> int:
+        """The block at a stream position."""
+        epoch, offset = divmod(int(position), self._epoch_length)
+        slot = self._slot_position(offset)
+        if self._weights is None:
+            return int(self.epoch_order(epoch)[slot])
+        s, t = divmod(slot, self._g)
+        group = self._drawn_group(epoch, s)
+        return int(group[t % group.size])
+
+    def _drawn_group(self, epoch: int, slot: int) -> np.ndarray:
+        w = self._weights
+        u = counter_rng.uniform_int(self._seed, epoch, _DRAW_WORD + slot)
+        c = min(int(np.searchsorted(self._cdf, u, side="right")), w.size - 1)
+        while w[c] == 0:  # rounding at the top edge
+            c -= 1
+        ids = self._by_condition[c]
+        v = counter_rng.uniform_int(self._seed, epoch, 2 * _DRAW_WORD + slot)
+        return self._static[ids[int(v * ids.size)]]
+
+    def blocks_at(self, positions) -> np.ndarray:
+        """`block_at` of many positions."""
+        return np.array([self.block_at(p) for p in positions], np.int64)
+
+    def __repr__(self) -> str:
+        so = self._shard_options
+        weights = ""
+        if self._weights is not None:
+            digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
+            weights = f", weights=sha256:{digest}, epoch_length={self._epoch_length}"
+        return (
+            f"ConditionBlockSampler(num_blocks={self._num_blocks}, "
+            f"column={self._column!r}, blocks_per_fetch={self._g}, "
+            f"worker_count={self._worker_count}, seed={self._seed}, "
+            f"num_epochs={self._num_epochs}, shard_index={so.shard_index}, "
+            f"shard_count={so.shard_count}{weights})"
+        )

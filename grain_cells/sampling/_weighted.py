@@ -1,0 +1,187 @@
+"""`WeightedBlockSampler`: weighted and class-balanced draws of blocks."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+from grain import sharding
+
+from grain_cells._util import counter_rng
+from grain_cells.sampling._stream import (
+    BlockStream,
+    check_stream_args,
+    readahead_positions,
+)
+
+
+class WeightedBlockSampler(BlockStream):
+    """Draws blocks with replacement, each with probability proportional to
+    its weight: weighted and class-balanced sampling.
+
+    Implements Grain's `Sampler` protocol like `BlockSampler`. Position `p` of
+    epoch `e` (offset `o = p - e * epoch_length`) draws block
+    `searchsorted(cdf, u * total, side="right")` where `cdf` is the
+    cumulative sum of the weights and `u = uniform(seed, e, o)` is a
+    counter-based hash (`grain_cells._util.counter_rng`): every draw is a pure
+    function of `(seed, epoch, position)`, O(log num_blocks) and without any
+    per-epoch table, so Grain's iterator state (a position) restores the
+    stream exactly, and the stream is the same on every platform.
+
+    **Epoch.** An epoch is `epoch_length` draws, a number you choose
+    (`epoch_blocks`, or `epoch_cells` converted with the expected cells per
+    draw), rounded up to a multiple of the shard count so that every shard
+    gets the same number of draws (shard `s` of `S` gets positions `s, s + S,
+    ...`: disjoint positions, independent draws; a block may be drawn by
+    several shards). Default: `num_blocks` draws.
+
+    **Memory.** The cumulative weights: 8 bytes per block, pickled to every
+    worker with the sampler.
+
+    Weights come from `grain_cells.block_weights` (per-cell weights) or
+    `grain_cells.balanced_block_weights` (class balance); see
+    `grain_cells.blocks._weighting` for what weighting does to locality and diversity
+    (blocks repeat, and a fetch may hold a block twice: its cells then come
+    out twice).
+
+    Example:
+        >>> weights = grain_cells.balanced_block_weights(source, "cell_type")
+        >>> sampler = WeightedBlockSampler(source, weights, epoch_cells=100_000,
+        ...                                seed=0, num_epochs=None)
+        >>> loader = grain_cells.DataLoader(
+        ...     data_source=source, sampler=sampler,
+        ...     operations=grain_cells.fetch_operations(source, batch_size=64))
+    """  # noqa: D205
+
+    def __init__(
+        self,
+        source,
+        weights,
+        *,
+        epoch_blocks: int | None = None,
+        epoch_cells: int | None = None,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        shard_options: sharding.ShardOptions | None = None,
+        readahead_cells: int = 16384,
+    ):
+        """Creates the sampler.
+
+        Args:
+            source: The `AnnDataSource` (or view) whose blocks are drawn, or
+                just its number of blocks (then no read-ahead and no
+                `epoch_cells`).
+            weights: One non-negative finite weight per block, not all 0
+                (normalised internally).
+            epoch_blocks: Draws per epoch.
+            epoch_cells: Cells per epoch, in expectation: `epoch_cells`
+                divided by the expected cells per draw (exact when all blocks
+                are full), rounded up. Exclusive with `epoch_blocks`.
+            seed: Seed of the draws, in `[0, 2**31)`.
+            num_epochs: Epochs in the stream, or None for an endless stream.
+            shard_options: `grain.sharding.NoSharding()` (default),
+                `ShardOptions(index, count)` or `ShardByJaxProcess()`.
+            readahead_cells: With a source, hint the OS this many cells ahead
+                of the stream; 0 turns read-ahead off.
+
+        Raises:
+            ValueError: An argument is out of range: weights of the wrong
+                length, negative, non-finite or all 0; both or a non-positive
+                epoch length; a bad seed, epoch count or shard.
+        """
+        self._source = None
+        lengths = None
+        if isinstance(source, (int, np.integer)):
+            num_blocks = int(source)
+        else:
+            num_blocks = len(source)
+            if hasattr(source, "block_ranges"):
+                _, starts, stops = source.block_ranges(np.arange(num_blocks))
+                lengths = stops - starts
+            if hasattr(source, "will_need"):
+                self._source = source
+        self._readahead = readahead_positions(self._source, readahead_cells)
+        w = np.asarray(weights, np.float64)
+        if w.shape != (num_blocks,):
+            raise ValueError(
+                f"weights needs one value per block ({num_blocks}), got shape {w.shape}"
+            )
+        if not np.isfinite(w).all() or (w < 0).any():
+            bad = int(np.flatnonzero(~np.isfinite(w) | (w < 0))[0])
+            raise ValueError(
+                f"weights must be finite and >= 0; block {bad} has {w[bad]}"
+            )
+        if not (w > 0).any():
+            raise ValueError("weights are all 0: no block can be drawn")
+        shard_options = check_stream_args(num_epochs, seed, shard_options)
+        count = shard_options.shard_count
+        if epoch_blocks is not None and epoch_cells is not None:
+            raise ValueError(
+                f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
+                f"{epoch_blocks}, epoch_cells={epoch_cells})"
+            )
+        for name, value in (
+            ("epoch_blocks", epoch_blocks),
+            ("epoch_cells", epoch_cells),
+        ):
+            if value is not None and (
+                not isinstance(value, (int, np.integer)) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self._cdf = np.cumsum(w)
+        self._total = float(self._cdf[-1])
+        self._last_drawable = int(np.flatnonzero(w > 0)[-1])
+        if epoch_cells is not None:
+            if lengths is None:
+                raise ValueError(
+                    "epoch_cells needs the source (block lengths), not a block "
+                    "count; pass the AnnDataSource or use epoch_blocks"
+                )
+            per_draw = float(w @ lengths) / self._total
+            draws = math.ceil(epoch_cells / per_draw)
+        else:
+            draws = num_blocks if epoch_blocks is None else int(epoch_blocks)
+        self._epoch_length = -(-draws // count) * count
+        self._num_blocks = num_blocks
+        self._seed = int(seed)
+        self._num_epochs = None if num_epochs is None else int(num_epochs)
+        # Read by grain.DataLoader when it is given no shard_options.
+        self._shard_options = shard_options
+        self._weights_id = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()[:16]
+        self._reset_readahead()
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """Probability of each block per draw."""
+        return np.diff(self._cdf, prepend=0.0) / self._total
+
+    def block_at(self, position: int) -> int:
+        """The block drawn at a stream position (no bounds check on epochs)."""
+        epoch, offset = divmod(int(position), self._epoch_length)
+        u = counter_rng.uniform_int(self._seed, epoch, offset)
+        k = int(np.searchsorted(self._cdf, u * self._total, side="right"))
+        return min(k, self._last_drawable)
+
+    def blocks_at(self, positions) -> np.ndarray:
+        """`block_at` of many positions, vectorised."""
+        positions = np.asarray(positions, np.int64).reshape(-1)
+        epochs, offsets = np.divmod(positions, self._epoch_length)
+        u = counter_rng.uniform(self._seed, epochs, offsets)
+        k = np.searchsorted(self._cdf, u * self._total, side="right")
+        return np.minimum(k, self._last_drawable).astype(np.int64)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The blocks epoch `epoch` draws, in stream order (all shards)."""
+        start = int(epoch) * self._epoch_length
+        return self.blocks_at(np.arange(start, start + self._epoch_length))
+
+    def __repr__(self) -> str:
+        so = self._shard_options
+        return (
+            f"WeightedBlockSampler(num_blocks={self._num_blocks}, "
+            f"weights=sha256:{self._weights_id}, "
+            f"epoch_length={self._epoch_length}, seed={self._seed}, "
+            f"num_epochs={self._num_epochs}, shard_index={so.shard_index}, "
+            f"shard_count={so.shard_count})"
+        )

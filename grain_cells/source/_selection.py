@@ -1,0 +1,293 @@
+"""Cell selection: views over the runs of selected cells, as block tables.
+
+**Selection.** `AnnDataSource.select(cells, where=...)` keeps the cells that
+match a boolean mask, a list of row ids and/or obs predicates, and returns a
+*view*: an `AnnDataSource` over the same files whose records are blocks over
+the *runs* of selected cells (`blocks_over_runs`). A block never straddles a
+file nor a gap in the selection, so every read stays one contiguous slice; a
+run shorter than `block_size` (or a run's tail) makes a short block, and a
+selection of scattered cells makes many short blocks, each a separate read.
+
+Everything is vectorised over cells (no Python loop per cell). Memory while a
+selection or a split is built: a few boolean masks (1 byte per cell of the
+files each), the obs columns asked about (`AnnDataSource.obs_values`: codes
+in the smallest integer type that holds them) and, for splits by group or by
+`unit_cells`, int64 indices (8 bytes per cell, a few of them); kept
+afterwards: the view's block table, 16 bytes per block.
+
+Short blocks cost throughput, not correctness: `fetch_operations` groups a
+fixed number of blocks per fetch, so a fetch of short blocks holds fewer
+cells and its last minibatch is padded (`mask` False) or dropped. A selection
+of scattered cells is better served by a pre-shuffled or filtered copy
+(`grain_cells.preshuffle`) than by blocks of one or two cells.
+
+Splits (`grain_cells.blocks._splits`) are selections too: each split is a view.
+
+Example:
+    >>> source = grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
+    >>> b_cells = source.select(where={"cell_type": ["B"]})   # a view
+    >>> table = selected_blocks(source, where={"cell_type": ["B"]})
+    >>> b_cells.block_table.blocks_id == table.blocks_id
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.source._table import BlockTable
+
+
+class Selectable(Protocol):
+    """What a selection reads of a source (an `AnnDataSource` or a view)."""
+
+    block_table: BlockTable
+    obs_columns: tuple[str, ...]
+    categories: dict
+    num_cells: int
+    num_selected_cells: int
+
+    def obs_values(self, column: str) -> np.ndarray:
+        """The column's values (codes of categorical ones) over all cells."""
+
+
+# -- blocks over runs ---------------------------------------------------------
+
+
+def blocks_over_runs(
+    mask: np.ndarray, cell_offsets: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of up to `block_size` cells over the runs of True in `mask`.
+
+    A run is a maximal stretch of consecutive selected rows within one file.
+    Each run is cut into blocks of `block_size` rows from its start; its last
+    block may be short.
+
+    Example:
+        >>> blocks_over_runs(np.array([1, 1, 1, 0, 1], bool), np.array([0, 5]), 2)
+        (array([0, 2, 4]), array([2, 3, 5]))
+
+    Args:
+        mask: One bool per global row.
+        cell_offsets: Each file's first global row, plus the total.
+        block_size: Most rows per block.
+
+    Returns:
+        `(starts, stops)`: int64 global row ranges, sorted.
+    """
+    mask = np.asarray(mask, bool)
+    n = mask.size
+    inner = np.asarray(cell_offsets[1:-1], np.int64)
+    inner = inner[(inner > 0) & (inner < n)]
+    # A run starts where a selected row follows an unselected one or a file
+    # boundary, and stops likewise.
+    begins = mask.copy()
+    begins[1:] &= ~mask[:-1]
+    begins[inner] = mask[inner]
+    run_starts = np.flatnonzero(begins)
+    begins[:] = mask
+    begins[:-1] &= ~mask[1:]
+    begins[inner - 1] = mask[inner - 1]
+    run_stops = np.flatnonzero(begins) + 1
+    lengths = run_stops - run_starts
+    per_run = -(-lengths // block_size)
+    # Block j of run r starts at run_starts[r] + j * block_size.
+    run_of_block = np.repeat(np.arange(run_starts.size), per_run)
+    first_block = np.cumsum(per_run) - per_run
+    j = np.arange(run_of_block.size, dtype=np.int64) - first_block[run_of_block]
+    starts = run_starts[run_of_block] + j * block_size
+    stops = np.minimum(starts + block_size, run_stops[run_of_block])
+    return starts.astype(np.int64), stops.astype(np.int64)
+
+
+def cell_mask(source: Selectable) -> np.ndarray:
+    """One bool per global row: whether one of the source's blocks holds it."""
+    return source.block_table.cell_mask()
+
+
+def selected_blocks(source: Selectable, cells=None, where=None) -> BlockTable:
+    """The block table of `source.select(cells, where=where)`.
+
+    A pure function of the source's cells, obs columns and the arguments:
+    blocks over the runs of matching cells (`blocks_over_runs`).
+
+    Args:
+        source: The source (a view selects only among its own cells).
+        cells: A boolean mask over `num_cells`, or global row ids, or None.
+        where: Mapping of obs column to a condition (see `where_mask`).
+
+    Raises:
+        See `selection_mask`.
+    """
+    mask = selection_mask(source, cells, where)
+    table = source.block_table
+    return table.with_blocks(
+        *blocks_over_runs(mask, table.cell_offsets, table.block_size)
+    )
+
+
+# -- selection -----------------------------------------------------------------
+
+
+def where_mask(
+    source: Selectable,
+    column: str,
+    condition: Sequence | np.ndarray | Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """One bool per global row: whether its value in `column` matches.
+
+    Args:
+        source: The source whose obs column is read (`obs_values`).
+        column: One of `source.obs_columns`.
+        condition: The labels (categorical columns) or values (numeric ones)
+            to keep, or an elementwise predicate returning one bool per value.
+            For a categorical column the predicate is called once, on the
+            array of category labels (`source.categories[column]`), and cells
+            with a missing label (code -1) never match.
+
+    Returns:
+        A bool array of `source.num_cells`.
+
+    Raises:
+        errors.MissingColumnError: `column` is not one of `obs_columns`.
+        ValueError: A label is not a category of `column`, or the predicate
+            does not return one bool per value.
+    """
+    if column not in source.obs_columns:
+        raise errors.MissingColumnError(
+            f"where={{{column!r}: ...}}: {column!r} is not one of the source's "
+            f"obs_columns {list(source.obs_columns)}; build the AnnDataSource "
+            "with obs_columns including it"
+        )
+    categories = source.categories[column]
+    values = source.obs_values(column)
+    if categories is None:  # numeric
+        if callable(condition):
+            return _predicate(condition, values, column, "values")
+        return np.isin(values, np.asarray(condition))
+    if callable(condition):
+        keep = _predicate(condition, np.asarray(categories), column, "categories")
+    else:
+        keep = np.isin(categories, _labels(condition, categories, column))
+    # The last entry answers the missing code -1 (indexing from the end).
+    table = np.append(keep, False)
+    return table[values]
+
+
+def _labels(condition, categories: np.ndarray, column: str) -> np.ndarray:
+    if isinstance(condition, (str, bytes)) or not isinstance(
+        condition, (Sequence, np.ndarray, set, frozenset)
+    ):
+        raise TypeError(
+            f"where[{column!r}] must be a list of labels or a callable, got "
+            f"{condition!r}"
+        )
+    wanted = np.asarray(list(condition), dtype=object)
+    unknown = wanted[~np.isin(wanted, categories)]
+    if unknown.size:
+        shown = categories[:20].tolist()
+        more = f" (and {categories.size - 20} more)" if categories.size > 20 else ""
+        raise ValueError(
+            f"where[{column!r}]: {unknown.tolist()} not among the column's "
+            f"categories {shown}{more}"
+        )
+    return wanted
+
+
+def _predicate(fn, values: np.ndarray, column: str, what: str) -> np.ndarray:
+    out = np.asarray(fn(values))
+    if out.shape != values.shape or out.dtype != bool:
+        raise ValueError(
+            f"where[{column!r}]: the predicate must return one bool per "
+            f"{what[:-1]} (shape {values.shape}), got dtype {out.dtype} and "
+            f"shape {out.shape}"
+        )
+    return out
+
+
+def selection_mask(source: Selectable, cells=None, where=None) -> np.ndarray:
+    """One bool per global row: the source's cells that match every condition.
+
+    Args:
+        source: The source (a view selects only among its own cells).
+        cells: A boolean mask over `num_cells`, or global row ids, or None.
+        where: Mapping of obs column to a condition (see `where_mask`).
+
+    Returns:
+        A bool array of `source.num_cells`.
+
+    Raises:
+        ValueError: The result is empty, or `cells` has the wrong length or
+            rows out of range.
+        TypeError: `cells` is neither bool nor integer.
+    """
+    n = source.num_cells
+    mask = cell_mask(source)
+    if cells is not None:
+        cells = np.asarray(cells)
+        if cells.dtype == bool:
+            if cells.shape != (n,):
+                raise ValueError(
+                    f"cells: a boolean mask needs one value per cell of the files "
+                    f"(shape ({n},)), got shape {cells.shape}"
+                )
+            mask &= cells
+        elif cells.dtype.kind in "iu":
+            rows = cells.reshape(-1).astype(np.int64)
+            if rows.size and (rows.min() < 0 or rows.max() >= n):
+                bad = int(rows[(rows < 0) | (rows >= n)][0])
+                raise ValueError(
+                    f"cells: row id {bad} out of range; the files hold {n} cells"
+                )
+            chosen = np.zeros(n, bool)
+            chosen[rows] = True
+            mask &= chosen
+        else:
+            raise TypeError(
+                f"cells must be a boolean mask or integer row ids, got dtype "
+                f"{cells.dtype}"
+            )
+    if where is not None:
+        if not isinstance(where, Mapping):
+            raise TypeError(
+                f"where must map obs column names to conditions, got {where!r}"
+            )
+        for column, condition in where.items():
+            mask &= where_mask(source, column, condition)
+    if not mask.any():
+        raise ValueError(
+            f"the selection holds no cell (where={describe_condition(where)}, cells="
+            f"{describe_condition(cells)}, out of {source.num_selected_cells} cells)"
+        )
+    return mask
+
+
+def describe_condition(x) -> str:
+    """A short text for a condition or selection, for error messages."""
+    if isinstance(x, np.ndarray):
+        kind = "mask" if x.dtype == bool else "row ids"
+        return f"<{kind} of {x.size}>"
+    if isinstance(x, Mapping):
+        return (
+            "{"
+            + ", ".join(f"{k!r}: {describe_condition(v)}" for k, v in x.items())
+            + "}"
+        )
+    if callable(x):
+        return "<predicate>"
+    text = repr(x)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+__all__ = [
+    "blocks_over_runs",
+    "cell_mask",
+    "describe_condition",
+    "selected_blocks",
+    "selection_mask",
+    "where_mask",
+]

@@ -1,0 +1,9 @@
+"""Bytes: local files and object stores read by position (private).
+
+`_readers` gives a fetch its bytes (`ByteReader`: local `pread` or memory map;
+remote range GETs); `_identity` says whether a file is still the one a source
+was built from. `remote/` holds everything that talks to an object store:
+the store and its credentials (`_store`, `_aws`), retries (`_retries`),
+range GETs (`_range_gets`), read-ahead (`_read_ahead`) and writes
+(`_writes`).
+"""

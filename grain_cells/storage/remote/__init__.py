@@ -1,0 +1,1 @@
+"""Object stores (S3, GCS, Azure, HTTP) through obstore (private)."""

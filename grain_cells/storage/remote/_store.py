@@ -1,0 +1,319 @@
+"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range.
+
+Every request grain_cells makes to an object store goes through this module
+(`head`: size, ETag, last-modified of an object) or
+`grain_cells.storage.remote._range_gets`
+(range GETs of one version of an object), which builds on it: stores, retry
+policy, timeouts and error naming live in one place. The client is `obstore`
+(Rust `object_store` crate): it issues requests concurrently without the
+GIL, retries 5xx and throttling with exponential backoff (configurable
+through `retry_config`), and sends `If-Match` preconditions. See BUILD.md
+for the measurement that chose it over fsspec/s3fs.
+
+Stores are built per process from *storage options* (a plain, picklable
+dict) and cached; a live client is never pickled. Storage options are
+obstore's configuration keys for the URL's scheme (see `obstore.store.
+S3Store`, `GCSStore`, `HTTPStore`), plus:
+
+* `anon=True`: unsigned requests (public buckets);
+* `endpoint_url` (an alias of obstore's `endpoint`) for S3-compatible stores;
+  an `http://` endpoint allows plain HTTP;
+* `client_options` and `retry_config`: obstore's, over grain_cells' defaults
+  (timeouts, retries: `grain_cells.storage.remote._retries`);
+* `max_in_flight` (default `DEFAULT_MAX_IN_FLIGHT`): range GETs in flight at
+  once per process and kind (a fetch's own GETs; read-ahead GETs), see
+  `grain_cells.storage._readers`;
+* `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
+  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself).
+
+Credentials not given come from the standard environment variables
+(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
+...) and instance metadata, as obstore reads them, or from `AWS_PROFILE` and
+the shared AWS files (`grain_cells.storage.remote._aws`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+import urllib.parse
+
+from grain_cells.storage.remote import _aws as aws_profiles
+from grain_cells.storage.remote import _retries as store_retries
+
+# Schemes read through obstore; `file://` URLs are plain local paths.
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
+
+# Keys of `storage_options` that tune grain_cells' reader, not the store.
+READER_KEYS = ("max_in_flight",)
+# Chosen by measurement (benchmarks/RESULTS.md, issue 13, round 6): at 20 ms
+# round trip, with a version check (HEAD) after each batch of GETs, 256 per
+# process and kind reach 26-29k cells/s at 0 workers, 64 only 11k, 512 no more.
+DEFAULT_MAX_IN_FLIGHT = 256
+MAX_IN_FLIGHT_LIMIT = 1024
+
+_stores: dict[tuple, object] = {}
+_stores_lock = threading.Lock()
+_stores_pid = os.getpid()
+
+# Requests made by this process, by kind ("head": a source's HEADs, "get",
+# "check": the HEAD after each batch of GETs): for tests and benchmarks that
+# bound how many requests an operation makes.
+_counts: collections.Counter = collections.Counter()
+_counts_lock = threading.Lock()
+
+
+def is_url(path) -> bool:
+    """Whether `path` is a URL read through an object store (not `file://`)."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return path.split("://", 1)[0].lower() in SCHEMES
+
+
+def local_path(path: str) -> str:
+    """A `file://` URL as a local path; any other path unchanged."""
+    if isinstance(path, str) and path.lower().startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+    return path
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """`(store root, object key)` of a URL, e.g. `("s3://bucket", "a/b.h5ad")`.
+
+    Raises:
+        ValueError: The URL names no bucket/host or no object.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if not parts.netloc or not parts.path.strip("/"):
+        raise ValueError(
+            f"{url}: expected a URL of an object such as s3://bucket/key.h5ad, "
+            "gs://bucket/key.h5ad or https://host/path/key.h5ad"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(
+            f"{url}: URLs with a query or fragment are not supported; pass "
+            "credentials as storage_options"
+        )
+    return f"{parts.scheme}://{parts.netloc}", urllib.parse.unquote(
+        parts.path.lstrip("/")
+    )
+
+
+def request_counts() -> dict[str, int]:
+    """Requests this process has sent, by kind (`head`, `get`, `check`)."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def count_request(kind: str, n: int = 1) -> None:
+    """Counts `n` requests of `kind` (see `request_counts`)."""
+    with _counts_lock:
+        _counts[kind] += n
+
+
+def max_in_flight(storage_options: dict | None) -> int:
+    """The `max_in_flight` storage option (default `DEFAULT_MAX_IN_FLIGHT`).
+
+    Raises:
+        ValueError: Not an integer in `[1, MAX_IN_FLIGHT_LIMIT]`.
+    """
+    value = (storage_options or {}).get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_IN_FLIGHT_LIMIT
+    ):
+        raise ValueError(
+            f"storage_options['max_in_flight'] must be an integer from 1 to "
+            f"{MAX_IN_FLIGHT_LIMIT} (range GETs in flight per process), got "
+            f"{value!r}"
+        )
+    return value
+
+
+def store_for(url: str, storage_options: dict | None = None):
+    """The (per-process, cached) obstore store for `url`'s bucket or host.
+
+    Raises:
+        ValueError: An unknown storage option; names it.
+    """
+    global _stores_pid
+    root, _ = split_url(url)
+    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
+    # The environment's profile settings are part of the key: a process that
+    # changes AWS_PROFILE gets a store with that profile's credentials.
+    key = (
+        root,
+        repr(sorted(options.items(), key=lambda kv: kv[0])),
+        aws_profiles.cache_key(),
+    )
+    with _stores_lock:
+        if _stores_pid != os.getpid():  # forked: clients belong to the parent
+            _stores.clear()
+            _stores_pid = os.getpid()
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = _build_store(root, options)
+    return store
+
+
+def _build_store(root: str, options: dict):
+    try:
+        from obstore.exceptions import UnknownConfigurationKeyError
+        from obstore.store import from_url
+    except ImportError:
+        raise ImportError(
+            f"{root}: reading .h5ad files from object stores needs obstore: "
+            "pip install 'grain_cells[cloud]'"
+        ) from None
+
+    client_options = store_retries.client_options(options)
+    retry_config = store_retries.retry_config(options)
+    for key in store_retries.POLICY_KEYS:
+        options.pop(key, None)
+    if "endpoint_url" in options:
+        options["endpoint"] = options.pop("endpoint_url")
+    anon = options.pop("anon", False)
+    if anon and not root.startswith(("http://", "https://")):
+        options["skip_signature"] = True
+    extra = {}
+    is_s3 = root.split("://", 1)[0].lower() in ("s3", "s3a")
+    if is_s3:
+        provider = aws_profiles.apply_profile(root, options)
+        if provider is not None:
+            extra["credential_provider"] = provider
+    elif "profile" in options:
+        raise ValueError(
+            f"{root}: storage_options['profile'] names an AWS profile, which only "
+            "s3:// URLs use"
+        )
+    # An http:// endpoint (given, from a profile, or AWS_ENDPOINT_URL) means
+    # plain HTTP is wanted; obstore would refuse it without allow_http.
+    endpoint = str(options.get("endpoint") or "")
+    if is_s3 and not endpoint:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
+            "AWS_ENDPOINT", ""
+        )
+    if endpoint.startswith("http://") or root.startswith("http://"):
+        client_options.setdefault("allow_http", True)
+    try:
+        return from_url(
+            root,
+            client_options=client_options or None,
+            retry_config=retry_config,
+            **extra,
+            **options,
+        )
+    except UnknownConfigurationKeyError as e:
+        raise ValueError(
+            f"{root}: storage_options has a key obstore does not know ({e}). Use "
+            "obstore's configuration keys for this scheme (e.g. for S3: "
+            "access_key_id, secret_access_key, region, endpoint_url, anon)."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStat:
+    """What identifies one version of an object.
+
+    Attributes:
+        size: Bytes.
+        etag: The ETag (with its quotes, as the server sends it); "" if none.
+        last_modified_ns: Last-modified time in nanoseconds since the epoch.
+    """
+
+    size: int
+    etag: str
+    last_modified_ns: int
+
+
+def head(url: str, storage_options: dict | None = None) -> ObjectStat:
+    """Size, ETag and last-modified of the object at `url` (one HEAD).
+
+    Raises:
+        FileNotFoundError: No such object.
+        PermissionError: Credentials are missing or refused.
+    """
+    import obstore
+    from obstore import exceptions as ox
+
+    store = store_for(url, storage_options)
+    _, key = split_url(url)
+    count_request("head")
+    try:
+        meta = obstore.head(store, key)
+    except (ox.NotFoundError, FileNotFoundError) as e:
+        raise missing_bucket_or_object(url, storage_options, e) from None
+    except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
+        raise PermissionError(
+            f"{url}: access refused ({first_line(e)}). The credentials in use "
+            "(storage_options, else the AWS_*/GOOGLE_* environment, AWS_PROFILE "
+            "or ~/.aws profiles, instance roles) may not read it: pass others "
+            "(e.g. storage_options={'profile': NAME}), ask for read access, or "
+            "use anon=True for a public bucket."
+        ) from None
+    return stat_of(meta)
+
+
+def stat_of(meta) -> ObjectStat:
+    """The `ObjectStat` of obstore's `ObjectMeta`."""
+    modified = meta.get("last_modified")
+    ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
+
+
+def missing_bucket_or_object(
+    url: str, storage_options: dict | None, error: BaseException, what: str = "read"
+) -> FileNotFoundError:
+    """The error for a 404: names a missing bucket, or the keys beside a missing key.
+
+    Sends one LIST request (of the key's folder) to tell the two apart.
+    """
+    import obstore
+
+    root, key = split_url(url)
+    scheme, _, bucket = root.partition("://")
+    if scheme.lower() in ("http", "https"):
+        return FileNotFoundError(f"{url}: no such object (HTTP 404); check the URL")
+    folder = key.rpartition("/")[0]
+    try:
+        store = store_for(url, storage_options)
+        listed = obstore.list_with_delimiter(store, folder or None)
+    except Exception as e:  # any failure: say what we know
+        if "NoSuchBucket" in str(e) or "NoSuchBucket" in str(error):
+            options = storage_options or {}
+            endpoint = (
+                options.get("endpoint_url")
+                or options.get("endpoint")
+                or os.environ.get("AWS_ENDPOINT_URL")
+                or "the provider's default endpoint"
+            )
+            return FileNotFoundError(
+                f"{url}: bucket {bucket!r} does not exist at {endpoint} "
+                f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
+                "S3-compatible stores endpoint_url and region in storage_options "
+                "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
+                "write to it."
+            )
+        return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
+    names = [m["path"].rpartition("/")[2] for m in listed["objects"]]
+    beside = (
+        f"{len(names)} object(s) there: {', '.join(names[:5])}"
+        + (", ..." if len(names) > 5 else "")
+        if names
+        else "none there"
+    )
+    where = f"{root}/{folder}/" if folder else f"{root}/"
+    return FileNotFoundError(
+        f"{url}: no such object: bucket {bucket!r} has no key {key!r} ({what} "
+        f"failed; objects under {where}: {beside}). Check the key (keys are "
+        "case-sensitive)."
+    )
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (obstore's run to many lines)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,338 @@
+"""Synthetic, Tahoe-100M-shaped single-cell data written as ``.h5ad``.
+
+The files are meant for tests, benchmarks and demos: they look like a plate of
+the Tahoe-100M atlas from the point of view of a data loader (cells sorted by
+plate, categorical metadata, a sparse CSR count matrix with realistic row
+lengths and a skewed gene distribution), but they carry no biology.
+
+Generation model, per cell:
+
+* a target number of distinct genes is drawn from a lognormal distribution
+  with mean ``mean_nnz`` (clipped to ``[min(50, mean_nnz / 2), n_genes]``)
+  and converted into a number of sequenced molecules ``n_counts`` (at most
+  ``8 * n_genes + 64``, which caps the densest rows a little below
+  ``n_genes``);
+* that many molecules are drawn, with replacement, from a fixed Zipf-like
+  (log-uniform over gene rank) distribution over genes, so a few hundred genes
+  are seen in most cells, most genes are rare, and popular genes collect counts
+  > 1 (values are mostly 1-3 with a long tail);
+* duplicates are merged: the row stores each gene once, its value being the
+  number of molecules that hit it. ``obs["n_counts"]`` is therefore exactly the
+  row sum.
+
+Everything is vectorised per chunk of cells: the molecules of the whole chunk
+are drawn at once, keyed by ``row * n_genes + gene``, sorted, deduplicated and
+split back into rows; no Python loop runs per cell. The matrix is streamed to
+disk chunk by chunk, so memory is bounded by ``chunk_cells`` and never by
+``n_cells``.
+
+This module checks the arguments, names cached files and drives the writing;
+the generation model is in `grain_cells.synthetic._model`, the HDF5 writers
+and chunk choices in `grain_cells.synthetic._writers`.
+
+Example:
+    >>> import anndata
+    >>> from grain_cells.synthetic import write_tahoe_like
+    >>> path = write_tahoe_like("/tmp/demo.h5ad", 1_000, n_genes=2_000,
+    ...                         mean_nnz=200)
+    >>> adata = anndata.read_h5ad(path)
+    >>> adata.shape
+    (1000, 2000)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import pathlib
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import tqdm
+
+from grain_cells.synthetic import _model as synthetic_model
+from grain_cells.synthetic import _writers as synthetic_writers
+from grain_cells.synthetic._writers import ATLAS_CHUNKS
+
+__all__ = ["ATLAS_CHUNKS", "cached_tahoe_like", "write_tahoe_like"]
+
+_COMPRESSIONS = (None, "gzip", "lzf")
+
+_DEFAULTS = {
+    "n_genes": 62_710,
+    "mean_nnz": 1_600.0,
+    "n_plates": 14,
+    "n_cell_lines": 50,
+    "n_drugs": 380,
+    "seed": 0,
+    "compression": None,
+    "dense": False,
+    "chunk_cells": 16_384,
+    "chunks": None,
+    "progress": False,
+}
+
+
+def write_tahoe_like(
+    path: str | os.PathLike,
+    n_cells: int,
+    *,
+    n_genes: int = 62_710,
+    mean_nnz: float = 1_600.0,
+    n_plates: int = 14,
+    n_cell_lines: int = 50,
+    n_drugs: int = 380,
+    seed: int = 0,
+    compression: str | None = None,
+    dense: bool = False,
+    chunk_cells: int = 16_384,
+    chunks: int | str | None = None,
+    progress: bool = False,
+) -> pathlib.Path:
+    """Writes a synthetic plate-sorted, Tahoe-100M-like dataset to ``.h5ad``.
+
+    Cells are sorted by plate: plate ``i`` (0-based) holds cells
+    ``[i * n_cells // n_plates, (i + 1) * n_cells // n_plates)``. ``obs`` has
+    the categorical columns ``plate`` (``plate_01``, ...), ``cell_line``
+    (``CVCL_0001``, ...; a Zipf-like mix inside every plate) and ``drug``
+    (``drug_001``, ...; skewed, random per cell), the float32 column
+    ``n_counts`` (row sums of X) and the index ``cell_000000000``, ...
+    ``var`` is indexed by unique ``ENSG00000000001``-style ids and has a
+    ``gene_symbol`` string column.
+
+    X holds integer-valued float32 counts. As CSR (the default) it follows
+    anndata's ``csr_matrix`` encoding: group ``X`` with datasets ``data``
+    (float32), ``indices`` (int32, sorted and unique within each row) and
+    ``indptr`` (int64), all chunked and resizable (``maxshape=(None,)``), with
+    HDF5 chunks of 2**18 elements (2**16 when compressed) unless ``chunks``
+    says otherwise. ``chunks="atlas"`` gives the chunks anndata writes for a
+    file of this size: h5py's guess for a dataset of the full expected length
+    (``n_cells * mean_nnz`` values), e.g. 39,063 elements (about 24 cells) at
+    400,000 Tahoe-shaped cells, 14,649 at 20,000 cells of 1,500 values.
+    With ``dense=True`` X is a 2-D float32 dataset ``(n_cells, n_genes)``
+    holding exactly the values the CSR variant would hold for the same
+    arguments; it is contiguous
+    when ``compression`` is None, otherwise chunked by whole rows with about
+    1 MiB per chunk (at most 1024 rows).
+
+    The output is deterministic: the same arguments give identical ``X``,
+    ``obs`` and ``var``. Metadata and per-cell counts do not depend on
+    ``chunk_cells``, but the gene draws use one random stream per write step,
+    so changing ``chunk_cells`` changes which genes each cell holds.
+
+    Args:
+        path: Destination file; overwritten if it exists. Its folder must
+            exist.
+        n_cells: Number of cells (rows), > 0.
+        n_genes: Number of genes (columns), > 0 and < 2**31.
+        mean_nnz: Target mean number of stored values per cell, in
+            ``(0, n_genes]``; the realised mean is close to it when it is well
+            below ``n_genes``.
+        n_plates: Number of plates, > 0.
+        n_cell_lines: Number of cell lines, > 0.
+        n_drugs: Number of drugs, > 0.
+        seed: Non-negative seed of every random draw.
+        compression: None, ``"gzip"`` or ``"lzf"``; applied to X's datasets.
+        dense: Write X as a dense 2-D float32 dataset instead of CSR. Only
+            sensible for small ``n_genes``.
+        chunk_cells: Cells generated and written per step, > 0; bounds the
+            memory used (about 30 bytes per stored value of a step).
+        chunks: HDF5 chunk length (elements) of the CSR ``data``, ``indices``
+            and ``indptr``: None for the defaults above, ``"atlas"`` for
+            anndata's (h5py's guess at full size), or an int > 0. Ignored
+            with ``dense=True``.
+        progress: Show a progress bar (tqdm, on stderr) while writing.
+
+    Returns:
+        The path written, as a ``pathlib.Path``.
+
+    Raises:
+        ValueError: If an argument is out of range or of the wrong kind.
+
+    Example:
+        >>> import anndata
+        >>> p = write_tahoe_like("/tmp/tiny.h5ad", 500, n_genes=1_000,
+        ...                      mean_nnz=100, seed=1)
+        >>> anndata.read_h5ad(p).obs["plate"].nunique()
+        14
+    """
+    _check_int("n_cells", n_cells, 1)
+    _check_int("n_genes", n_genes, 1, 2**31 - 1)
+    _check_int("n_plates", n_plates, 1)
+    _check_int("n_cell_lines", n_cell_lines, 1)
+    _check_int("n_drugs", n_drugs, 1)
+    _check_int("seed", seed, 0)
+    _check_int("chunk_cells", chunk_cells, 1)
+    if (
+        isinstance(mean_nnz, bool)
+        or not isinstance(mean_nnz, numbers.Real)
+        or not math.isfinite(mean_nnz)
+        or not 0 < mean_nnz <= n_genes
+    ):
+        raise ValueError(
+            f"mean_nnz must be a finite number in (0, n_genes={n_genes}], "
+            f"got mean_nnz={mean_nnz!r}"
+        )
+    if compression not in _COMPRESSIONS:
+        raise ValueError(
+            f"compression must be None, 'gzip' or 'lzf', "
+            f"got compression={compression!r}"
+        )
+    if not isinstance(dense, bool):
+        raise ValueError(f"dense must be a bool, got dense={dense!r}")
+    if chunks is not None and chunks != ATLAS_CHUNKS:
+        _check_int("chunks", chunks, 1)
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be a bool, got progress={progress!r}")
+    try:
+        path = pathlib.Path(path)
+    except TypeError:
+        raise ValueError(
+            f"path must be a str or os.PathLike, got path={path!r}"
+        ) from None
+
+    n_cells, n_genes, seed = int(n_cells), int(n_genes), int(seed)
+    layout_rng = np.random.default_rng([seed, synthetic_model.STREAM_LAYOUT])
+    gene_of_rank = layout_rng.permutation(n_genes).astype(np.uint32)
+    line_perm = layout_rng.permutation(n_cell_lines)
+    drug_perm = layout_rng.permutation(n_drugs)
+
+    obs_rng = np.random.default_rng([seed, synthetic_model.STREAM_OBS])
+    molecules = synthetic_model.molecules_per_cell(
+        obs_rng, n_cells, n_genes, float(mean_nnz)
+    )
+    obs = synthetic_model.make_obs(
+        obs_rng, n_cells, n_plates, n_cell_lines, n_drugs, line_perm, drug_perm
+    )
+    obs["n_counts"] = molecules.astype(np.float32)
+    var = synthetic_model.make_var(n_genes)
+
+    # Lazy import: anndata is heavy and only needed to write obs/var.
+    import anndata
+
+    anndata.AnnData(obs=obs, var=var).write_h5ad(path)
+    del obs, var
+
+    bar = tqdm.tqdm(
+        total=n_cells,
+        desc=f"write_tahoe_like {path.name}",
+        unit="cells",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
+    )
+    with bar, h5py.File(path, "a") as f:
+        if dense:
+            out = synthetic_writers.DenseWriter(f, n_cells, n_genes, compression)
+        else:
+            length = synthetic_writers.csr_chunk_length(
+                chunks, compression, n_cells, mean_nnz
+            )
+            out = synthetic_writers.CsrWriter(f, n_cells, n_genes, compression, length)
+        for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
+            stop = min(start + chunk_cells, n_cells)
+            rng = np.random.default_rng(
+                [seed, synthetic_model.STREAM_MOLECULES, chunk_index]
+            )
+            indptr, indices, data = synthetic_model.generate_chunk(
+                rng, molecules[start:stop], gene_of_rank
+            )
+            out.append(indptr, indices, data)
+            bar.update(stop - start)
+    return path
+
+
+def cached_tahoe_like(
+    n_cells: int, *, cache_dir: str | os.PathLike | None = None, **kwargs
+) -> pathlib.Path:
+    """Returns a file made by ``write_tahoe_like`` with these arguments.
+
+    The file is made once per argument set and reused afterwards. Its name
+    encodes every argument that affects its content: always ``n_cells``,
+    ``n_genes``, ``seed`` and the compression (defaults give
+    ``tahoe_like-n400000-g62710-s0-none.h5ad``), plus a tag for each other
+    argument that differs from its default (e.g. ``-nnz300.0``, ``-dense``,
+    ``-c4096``). The file is written under a temporary name in the same folder
+    and renamed atomically when complete, so an interrupted run never leaves a
+    file that looks complete. The name holds no generator version: clear the
+    cache after changing the generator.
+
+    Args:
+        n_cells: Number of cells, as for ``write_tahoe_like``.
+        cache_dir: Folder of the cache, created if missing. Defaults to
+            ``$GRAIN_CELLS_CACHE`` or else ``~/.cache/grain_cells``.
+        **kwargs: Any keyword argument of ``write_tahoe_like``.
+
+    Returns:
+        The path of the cached file.
+
+    Raises:
+        TypeError: If ``kwargs`` holds an unknown argument.
+        ValueError: If an argument is invalid (see ``write_tahoe_like``).
+
+    Example:
+        >>> p = cached_tahoe_like(10_000, n_genes=5_000, mean_nnz=300)
+        >>> p.name
+        'tahoe_like-n10000-g5000-s0-none-nnz300.0.h5ad'
+    """
+    unknown = sorted(set(kwargs) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown argument(s) for write_tahoe_like: {unknown}")
+    args = {**_DEFAULTS, **kwargs}
+    _check_int("n_cells", n_cells, 1)
+    if cache_dir is None:
+        cache_dir = os.environ.get("GRAIN_CELLS_CACHE") or (
+            pathlib.Path.home() / ".cache" / "grain_cells"
+        )
+    cache_dir = pathlib.Path(cache_dir).expanduser()
+    name = _cache_name(int(n_cells), args)
+    final = cache_dir / name
+    if final.is_file():
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = pathlib.Path(tmp_name)
+    try:
+        write_tahoe_like(tmp, n_cells, **kwargs)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+    """Raises ValueError unless ``value`` is an int in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {name}={value!r}")
+    if value < low:
+        what = "positive" if low == 1 else f">= {low}"
+        raise ValueError(f"{name} must be {what}, got {name}={value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {name}={value!r}")
+
+
+def _cache_name(n_cells: int, args: dict) -> str:
+    parts = [
+        "tahoe_like",
+        f"n{n_cells}",
+        f"g{args['n_genes']}",
+        f"s{args['seed']}",
+        str(args["compression"]).lower(),
+    ]
+    tags = {
+        "mean_nnz": lambda v: f"nnz{float(v)!r}",
+        "n_plates": lambda v: f"p{v}",
+        "n_cell_lines": lambda v: f"l{v}",
+        "n_drugs": lambda v: f"d{v}",
+        "dense": lambda v: "dense",
+        "chunk_cells": lambda v: f"c{v}",
+        "chunks": lambda v: f"k{v}",
+    }
+    for key, tag in tags.items():
+        if args[key] != _DEFAULTS[key]:
+            parts.append(tag(args[key]))
+    return "-".join(parts) + ".h5ad"

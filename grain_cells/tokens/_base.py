@@ -1,0 +1,326 @@
+"""What the token outputs share: vocabulary map, special tokens, masking.
+
+`TokenOutput` is the base of `grain_cells.tokens.RankValueTokens` (`tokens.py`) and
+`grain_cells.tokens.ValueBinTokens` (`value_bins.py`): it maps the fetch's aligned
+genes to vocabulary ids, places the special tokens, chooses the kernels
+(compiled with numba when installed, else NumPy: the same output) and draws
+the masked-language-model masks from counters seeded by cell and fetch.
+See `tokens.py` for the published definitions both outputs follow.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+
+import numpy as np
+
+from grain_cells._util import counter_rng
+from grain_cells.outputs._formats import Fetch
+from grain_cells.tokens import _kernels as kernels
+from grain_cells.tokens import _threads as token_threads
+from grain_cells.tokens._vocabulary import GeneVocabulary
+
+IGNORE = -100  # `labels` where nothing is masked
+ZERO_STREAM = 1 << 40  # counter offset of the zero-gene stream
+_MLM_WORD = 7
+
+
+@functools.cache
+def numba_available() -> bool:
+    """True when numba is installed (the compiled kernels can run)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
+    """Id of a special token, or -1 when not wanted."""
+    if not wanted:
+        return -1
+    return vocab.special(role)
+
+
+class TokenOutput:
+    """What both token outputs share: the vocabulary map, specials, MLM.
+
+    `RankValueTokens` (here) and `ValueBinTokens` (`grain_cells.tokens._value_bins`)
+    subclass it and define `tokenize(fetch)`.
+    """
+
+    _cache_name = "tokens"
+
+    def __init__(
+        self,
+        column_tokens: np.ndarray,
+        *,
+        length: int,
+        pad_id: int,
+        cls_id: int,
+        eos_id: int,
+        mask_id: int,
+        mlm_probability: float,
+        kernels: str = "auto",
+        threads: int | str = "auto",
+    ):
+        column_tokens = np.asarray(column_tokens, np.int32)
+        if kernels not in ("auto", "numba", "numpy"):
+            raise ValueError(
+                f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
+            )
+        if kernels == "numba" and not numba_available():
+            raise ImportError(
+                "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
+            )
+        if length < 1:
+            raise ValueError(f"length must be positive, got length={length}")
+        if not 0.0 <= mlm_probability < 1.0:
+            raise ValueError(
+                f"mlm_probability must lie in [0, 1), got {mlm_probability}"
+            )
+        if mlm_probability > 0 and mask_id < 0:
+            raise ValueError(
+                "mlm_probability > 0 needs a mask token; the vocabulary has none"
+            )
+        self.column_tokens = column_tokens
+        self.length = int(length)
+        self.pad_id = int(pad_id)
+        self.cls_id = int(cls_id)
+        self.eos_id = int(eos_id)
+        self.mask_id = int(mask_id)
+        self.mlm_probability = float(mlm_probability)
+        self.kernels = kernels
+        token_threads.resolve_threads(threads)  # refuses a bad value now
+        self._threads = threads  # "auto" resolves in the process that encodes
+        self._all_in_vocabulary = bool((column_tokens >= 0).all())
+        self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
+        if self.slots < 1:
+            raise ValueError(
+                f"length={length} leaves no room for genes after special tokens"
+            )
+
+    @property
+    def threads(self) -> int:
+        """Threads per minibatch in this process (`"auto"`: one in a worker)."""
+        return token_threads.resolve_threads(self._threads)
+
+    def _digest(self, *arrays) -> str:
+        h = hashlib.sha256(self.column_tokens.tobytes())
+        for a in arrays:
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
+    def format(
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """One minibatch: the fetch's `rows` as token arrays.
+
+        The compiled kernels encode the rows straight into the minibatch's
+        arrays; the NumPy kernels encode the whole fetch once (cached in
+        `fetch.cache`) and the rows are gathered from it.
+        """
+        if self._per_minibatch():
+            rows = np.asarray(rows, np.int64)
+            whole = self._from_whole_fetch(fetch, rows, batch_size)
+            if whole is not None:
+                out, n_genes = whole
+            else:
+                out, n_genes = self._encode(fetch, rows, batch_size)
+            self._mask_genes(fetch, rows, out, n_genes)
+            return out
+        key = (self._cache_name, id(self))
+        arrays = fetch.cache.get(key)
+        if arrays is None:
+            arrays = fetch.cache[key] = self.tokenize(fetch)
+        out = {}
+        for name, a in arrays.items():
+            if name.startswith("_"):
+                continue
+            if rows.size == batch_size:
+                out[name] = a[rows]
+                continue
+            b = np.full((batch_size, *a.shape[1:]), self.pad_fill(name), a.dtype)
+            b[: rows.size] = a[rows]
+            out[name] = b
+        used = np.zeros(batch_size, np.int64)
+        used[: rows.size] = arrays["_used"][rows]
+        out["attention_mask"] = np.arange(self.length)[None, :] < used[:, None]
+        return out
+
+    def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
+        """A full minibatch as slices of the whole fetch, encoded once; or None.
+
+        With several threads, the compiled kernels encode all of the fetch's
+        rows at its first minibatch, in the order the minibatches take them
+        (`fetch.order`), so the rows are split over the threads once per
+        fetch rather than once per minibatch (each hand-off to the pool costs
+        tens of microseconds); each minibatch is then a slice (a view; a
+        copy of the arrays masking writes to, with masking). The arrays are
+        those of the per-minibatch encoding. The fetch holds them until it
+        is done: `fetch_factor * batch_size * length` positions of 5 bytes
+        (rank-value) or 9 (value-bin), 10 and 19 MB at 16 x 64 x 2048.
+        None (encode the minibatch on its own) with one thread (there the
+        fetch-sized arrays, fresh memory each fetch, cost more page faults
+        than the calls they save: value-bin 33 against 19-25 ms of CPU per
+        1,024 cells), without `fetch.order`, for a short minibatch (the
+        padded remainder) or rows that are not a slice of the order.
+        """
+        order = fetch.order
+        if order is None or rows.size != batch_size or self.threads < 2:
+            return None
+        key = ("whole_fetch", id(self))
+        whole = fetch.cache.get(key)
+        if whole is None:
+            out, n_genes = self._encode(fetch, order, order.size)
+            position = np.full(fetch.row_ids.size, -1, np.int64)
+            position[order] = np.arange(order.size)
+            whole = fetch.cache[key] = (out, n_genes, position)
+        out, n_genes, position = whole
+        a = int(position[rows[0]])
+        b = a + rows.size
+        if a < 0 or b > order.size or not np.array_equal(order[a:b], rows):
+            return None
+        copied = ("gene_ids", "values") if self.mlm_probability > 0 else ()
+        return {
+            name: array[a:b].copy() if name in copied else array[a:b]
+            for name, array in out.items()
+        }, n_genes[a:b]
+
+    def pad_fill(self, name: str):
+        """Value of padding rows in array `name`."""
+        return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
+
+    def _prepare(self, fetch: Fetch, values_for_order):
+        """Order words and tokens of the fetch's stored values.
+
+        Returns:
+            `(indptr, keep, inv, tokens, dropped)`: `keep` None when every
+            value is kept; `dropped` the positive values per row whose gene
+            is outside the vocabulary.
+        """
+        csr = fetch.csr
+        tokens = self.column_tokens[csr.indices]
+        values = csr.data.astype(np.float32, copy=False)
+        n_rows = csr.indptr.size - 1
+        inv = kernels.inverted(values_for_order(values, csr.indices))
+        if self._all_in_vocabulary and (not values.size or values.min() > 0):
+            return csr.indptr, None, inv, tokens, np.zeros(n_rows, np.int32)
+        positive = values > 0
+        keep = positive & (tokens >= 0)
+        out_of_vocab = np.zeros(values.size + 1, np.int32)
+        np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
+        dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
+        return csr.indptr, keep, inv, tokens, dropped
+
+    def _per_minibatch(self) -> bool:
+        """True when `format` encodes each minibatch's rows itself."""
+        return self._compiled()
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding of `rows` into `n_out` output rows.
+
+        Returns:
+            `(arrays, n_genes)`: the minibatch's arrays (`attention_mask`
+            included, no masking yet) and the genes placed per row.
+        """
+        raise NotImplementedError
+
+    def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
+        """Masked-language masking of `out` (compiled path), in place."""
+        if self.mlm_probability <= 0:
+            return
+        ids = out["gene_ids"]
+        row_ids = np.zeros(ids.shape[0], np.int64)
+        row_ids[: rows.size] = fetch.row_ids[rows]
+        masked = self._mlm(fetch.key, row_ids, ids, self._gene_positions(n_genes))
+        self._apply_mask(out, masked)
+
+    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
+        """Writes `labels` and masks `out` where `masked`."""
+        ids = out["gene_ids"]
+        out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
+        ids[masked] = self.mask_id
+
+    def _compiled(self) -> bool:
+        """True when `tokenize` runs the numba kernels (`grain_cells.tokens._jit`)."""
+        return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
+
+    def _csr_for_jit(self, fetch: Fetch):
+        """The fetch's CSR arrays for the kernels, made once per fetch.
+
+        Returns:
+            `(data float32, indices, indptr int64, checked)`: `checked` False
+            when every stored value is positive and every column has a token.
+        """
+        key = ("jit_csr", id(self))
+        arrays = fetch.cache.get(key)
+        if arrays is None:
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            arrays = fetch.cache[key] = (
+                data,
+                np.ascontiguousarray(csr.indices),
+                np.ascontiguousarray(csr.indptr, np.int64),
+                not (self._all_in_vocabulary and positive),
+            )
+        return arrays
+
+    def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
+        """Each row's gene positions: bool `[n_rows, length]`."""
+        offset = 1 if self.cls_id >= 0 else 0
+        positions = np.zeros((n_genes.size, self.length), bool)
+        positions[:, offset : offset + self.slots] = (
+            np.arange(self.slots)[None, :] < n_genes[:, None]
+        )
+        return positions
+
+    def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
+        """Sequences from each row's gene tokens (and bins).
+
+        Args:
+            genes: int32 `[n_rows, slots]`, each row's genes first, then
+                `<pad>`.
+            n_genes: Genes per row.
+            bins: Optional int32 `[n_rows, slots]` values beside the genes,
+                then `pad_value`.
+
+        Returns:
+            `(gene_ids, used, values, gene_positions)`: `used` is the count
+            of attended positions per row.
+        """
+        n_rows = n_genes.size
+        offset = 1 if self.cls_id >= 0 else 0
+        ids = np.empty((n_rows, self.length), np.int32)
+        ids[:, offset : offset + self.slots] = genes
+        ids[:, offset + self.slots :] = self.pad_id
+        if offset:
+            ids[:, 0] = self.cls_id
+        used = offset + n_genes
+        if self.eos_id >= 0:
+            ids[np.arange(n_rows), used] = self.eos_id
+            used = used + 1
+        gene_positions = None
+        if self.mlm_probability > 0:
+            gene_positions = self._gene_positions(n_genes)
+        values = None
+        if bins is not None:  # `pad_value` past each row's genes already
+            values = np.empty((n_rows, self.length), np.int32)
+            values[:, offset : offset + self.slots] = bins
+            values[:, offset + self.slots :] = self.pad_value
+            if offset:
+                values[:, 0] = 0
+        return ids, used, values, gene_positions
+
+    def _mlm(self, key: int, row_ids, ids: np.ndarray, genes: np.ndarray):
+        """Masked positions: `uniform(key, row id, token, 7) < p` on genes."""
+        r, c = np.nonzero(genes)
+        u = counter_rng.uniform(
+            np.uint64(key),
+            row_ids[r].astype(np.uint64),
+            ids[r, c].astype(np.uint64),
+            _MLM_WORD,
+        )
+        hit = u < self.mlm_probability
+        masked = np.zeros(ids.shape, bool)
+        masked[r[hit], c[hit]] = True
+        return masked

@@ -1,0 +1,323 @@
+"""Compiled (numba) kernels of the token outputs: one pass per cell.
+
+The NumPy kernels (`grain_cells.tokens._kernels`) make about thirty passes over
+a fetch's stored values and sort 64-bit keys along padded rows. Here one
+compiled loop over the fetch's rows does everything a row needs while its
+values sit in cache: look up tokens and medians, divide, build the keys
+`(~float32 bits of the order value) << 32 | token`, sort them, and write the
+sequence (and, for value binning, the quantile bins) straight into the
+output arrays. The outputs are bit for bit those of the NumPy kernels
+(`tests/test_token_jit.py` compares them on random fetches).
+
+**The sort** of each row's keys (order value descending, then token
+ascending) is `grain_cells.tokens._sort`'s.
+
+**Floating point.** Divisions, the quantile lerp and the rounding of edges
+to float32 follow NumPy's operations one by one (no fast-math, so no fused
+multiply-adds), which is what makes the outputs equal.
+
+numba is optional (`pip install grain_cells[tokens]`): this module imports
+it, so `grain_cells.tokens` imports this module only when an output first
+encodes with it (importing numba takes seconds). Functions are compiled on
+first use and cached on disk (`cache=True`), so later processes, workers
+included, only load them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grain_cells.tokens._sort import (
+    _U32,
+    _njit,
+    _sort_keys,
+    _sort_keys_min_last,
+)
+
+
+@_njit
+def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
+    """Keys of one row's expressed values; returns (m, lo, hi, dropped).
+
+    With `checked` False the caller knows every value is positive and every
+    column has a token, and the loop skips both tests (no branches); the
+    divisions then run in a loop of their own into `quot` (float32 scratch),
+    which the compiler vectorises (a gather and a division per lane).
+    """
+    m = 0
+    dropped = 0
+    lo = _U32
+    hi = np.uint64(0)
+    if not checked:
+        n = b - a
+        values = data[a:b]
+        columns = indices[a:b]
+        if use_medians:
+            for j in range(n):
+                quot[j] = values[j] / medians[columns[j]]
+            for j in range(n):
+                w = np.uint64(np.float32(quot[j]).view(np.uint32)) ^ _U32
+                lo = min(lo, w)
+                hi = max(hi, w)
+                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
+        else:
+            for j in range(n):
+                w = np.uint64(np.float32(values[j]).view(np.uint32)) ^ _U32
+                lo = min(lo, w)
+                hi = max(hi, w)
+                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
+        return b - a, lo, hi, 0
+    for j in range(a, b):
+        v = data[j]
+        if not v > 0:
+            continue
+        c = indices[j]
+        t = tokens[c]
+        if t < 0:
+            dropped += 1
+            continue
+        s = v / medians[c] if use_medians else v
+        w = np.uint64(np.float32(s).view(np.uint32)) ^ _U32
+        lo = min(lo, w)
+        hi = max(hi, w)
+        keys[m] = (w << np.uint64(32)) | np.uint64(t)
+        m += 1
+    return m, lo, hi, dropped
+
+
+@_njit
+def _scratch(indptr, rows):
+    """Scratch (keys, sorted keys, bucket counters and indices, quotients, tail)."""
+    longest = 0
+    for r in rows:
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    keys = np.empty(longest, np.uint64)
+    out = np.empty(longest, np.uint64)
+    counts = np.empty(longest + 18, np.int32)
+    bucket = np.empty(longest, np.int32)
+    quot = np.empty(longest, np.float32)
+    tail = np.empty(longest, np.uint64)
+    return keys, out, counts, bucket, quot, tail
+
+
+@_njit
+def rank_value_rows(
+    data,
+    indices,
+    indptr,
+    rows,
+    tokens,
+    medians,
+    checked,
+    ids,
+    mask,
+    cls_id,
+    slots,
+    pad_id,
+    eos_id,
+):
+    """Rank-value sequences of `rows`, written into row `i` of `ids`, `mask`.
+
+    Rows of the outputs past `rows.size` are padding: `<pad>` everywhere,
+    mask False.
+
+    Args:
+        data: float32 stored values.
+        indices: Output column of each stored value.
+        indptr: int64 row pointers.
+        rows: int64 rows of the CSR arrays to encode.
+        tokens: int32 token of each column (-1: dropped).
+        medians: float32 median of each column.
+        checked: False when every value is positive and every column has a
+            token (the loop then skips both tests).
+        ids: int32 `[n, length]` output, `n >= rows.size` (all written).
+        mask: bool `[n, length]` attention mask (all written).
+        cls_id: `<cls>` (-1: none).
+        slots: Gene positions per row.
+        pad_id: `<pad>`.
+        eos_id: `<eos>` (-1: none).
+
+    Returns:
+        `(n_expressed, n_dropped, n_genes)` per output row, int32.
+    """
+    keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
+    n_out, length = ids.shape
+    n_expr = np.zeros(n_out, np.int32)
+    n_drop = np.zeros(n_out, np.int32)
+    n_genes = np.zeros(n_out, np.int32)
+    offset = 1 if cls_id >= 0 else 0
+    for i in range(n_out):
+        row = ids[i]
+        p = 0
+        if i < rows.size:
+            r = rows[i]
+            m, lo, hi, dropped = _row_keys(
+                data,
+                indices,
+                indptr[r],
+                indptr[r + 1],
+                tokens,
+                medians,
+                True,
+                checked,
+                keys,
+                quot,
+            )
+            _sort_keys(keys, m, lo, hi, out, counts, bucket)
+            n = min(m, slots)
+            if offset:
+                row[0] = cls_id
+            for g in range(n):
+                row[offset + g] = np.int32(out[g] & _U32)
+            p = offset + n
+            if eos_id >= 0:
+                row[p] = eos_id
+                p += 1
+            n_expr[i] = m
+            n_drop[i] = dropped
+            n_genes[i] = n
+        for g in range(p, length):
+            row[g] = pad_id
+        _fill_mask(mask[i], p)
+    return n_expr, n_drop, n_genes
+
+
+@_njit
+def _fill_mask(mask_row, used):
+    """True on the first `used` positions, False after."""
+    for g in range(used):
+        mask_row[g] = True
+    for g in range(used, mask_row.size):
+        mask_row[g] = False
+
+
+@_njit
+def value_bin_rows(
+    data,
+    indices,
+    indptr,
+    rows,
+    tokens,
+    checked,
+    q,
+    ids,
+    values,
+    mask,
+    cls_id,
+    slots,
+    pad_id,
+    pad_value,
+):
+    """Value-bin sequences (top genes) of `rows`, into `ids`, `values`, `mask`.
+
+    Rows of the outputs past `rows.size` are padding (`<pad>`, `pad_value`,
+    mask False).
+
+    Args:
+        data: float32 stored values.
+        indices: Output column of each stored value.
+        indptr: int64 row pointers.
+        rows: int64 rows of the CSR arrays to encode.
+        tokens: int32 token of each column (-1: dropped).
+        checked: As for `rank_value_rows`.
+        q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
+        ids: int32 `[n, length]` gene ids, `n >= rows.size` (all written).
+        values: int32 `[n, length]` bins (all written).
+        mask: bool `[n, length]` attention mask (all written).
+        cls_id: `<cls>` (-1: none); its value is 0.
+        slots: Gene positions per row.
+        pad_id: `<pad>`.
+        pad_value: Bin of `<pad>` positions.
+
+    Returns:
+        `(n_expressed, n_dropped, n_genes)` per output row, int32.
+    """
+    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
+    n_out, length = ids.shape
+    n_expr = np.zeros(n_out, np.int32)
+    n_drop = np.zeros(n_out, np.int32)
+    n_genes = np.zeros(n_out, np.int32)
+    edges = np.empty(q.size, np.float32)
+    dummy = np.empty(1, np.float32)
+    offset = 1 if cls_id >= 0 else 0
+    for i in range(n_out):
+        row = ids[i]
+        vrow = values[i]
+        p = 0
+        if i < rows.size:
+            r = rows[i]
+            m, lo, hi, dropped = _row_keys(
+                data,
+                indices,
+                indptr[r],
+                indptr[r + 1],
+                tokens,
+                dummy,
+                False,
+                checked,
+                keys,
+                quot,
+            )
+            _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
+            n = min(m, slots)
+            if offset:
+                row[0] = cls_id
+                vrow[0] = 0
+            if m > 0:
+                _edges(out, m, q, edges)
+            k = q.size
+            for g in range(n):
+                key = out[g]
+                row[offset + g] = np.int32(key & _U32)
+                x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
+                while k > 0 and edges[k - 1] > x:
+                    k -= 1
+                vrow[offset + g] = k
+            p = offset + n
+            n_expr[i] = m
+            n_drop[i] = dropped
+            n_genes[i] = n
+        for g in range(p, length):
+            row[g] = pad_id
+            vrow[g] = pad_value
+        _fill_mask(mask[i], p)
+    return n_expr, n_drop, n_genes
+
+
+@_njit
+def _value_at(out, i):
+    """float32 value of sorted key `i` (descending order)."""
+    return np.uint32((out[i] >> np.uint64(32)) ^ _U32).view(np.float32)
+
+
+@_njit
+def _edges(out, m, q, edges):
+    """`np.quantile(values, q)` of the row's `m` values, rounded up to float32.
+
+    Values are `out[:m]` in descending order; ascending index `j` is
+    `m - 1 - j`. The lerp is NumPy's (`_lerp`, difference in float32); each
+    edge `e` becomes the smallest float32 `c >= e`, so `x >= e <=> x >= c`.
+    """
+    last = m - 1
+    for k in range(q.size):
+        virtual = last * q[k]
+        prev_f = np.floor(virtual)
+        gamma = virtual - prev_f
+        prev = int(prev_f)
+        if virtual >= last:
+            prev = last
+            nxt = last
+        else:
+            nxt = min(prev + 1, last)
+        a = _value_at(out, last - prev)
+        b = _value_at(out, last - nxt)
+        diff = np.float32(b - a)
+        d64 = np.float64(diff)
+        if gamma >= 0.5:
+            e = np.float64(b) - d64 * (1 - gamma)
+        else:
+            e = np.float64(a) + d64 * gamma
+        c = np.float32(e)
+        if np.float64(c) < e:
+            c = np.nextafter(c, np.float32(np.inf))
+        edges[k] = c

@@ -1,0 +1,270 @@
+"""Vectorised kernels behind `grain_cells.tokens`: per-row sorts and bins.
+
+The fetch's CSR values are laid out as a 2-D array, one row per cell (padded
+with a sentinel to the longest row), of 64-bit keys whose high word orders
+the values and whose low word is the token, and sorted along rows with one
+`np.sort(axis=1)` call: rows are short enough to sort in cache, which is
+several times faster than sorting all values at once with the row in the
+key, and no argsort or gather is needed since the token travels in the key.
+The two words are written straight into the 2-D array through a `uint32`
+view (no 64-bit arithmetic per value). Floats are compared through their
+IEEE-754 bit patterns: for positive float32 values the bits, read as an
+unsigned integer, order like the values; their complement orders them
+descending.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from grain_cells._util import counter_rng
+
+_U32_MAX = np.uint32(0xFFFFFFFF)
+_SHIFT = np.uint64(32)
+MAX_CELLS_PER_CHUNK_VALUES = 1 << 23  # keys per 2-D sort (64 MB)
+
+
+def inverted(values: np.ndarray) -> np.ndarray:
+    """uint32 complements of float32 bit patterns: descending for positives."""
+    return ~np.ascontiguousarray(values, np.float32).view(np.uint32)
+
+
+def float_bits(values: np.ndarray) -> np.ndarray:
+    """uint64 of float32 bit patterns (ordered like positive values)."""
+    return np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
+
+
+def key_values(keys: np.ndarray) -> np.ndarray:
+    """The float32 values back from keys (`inverted` in the high word)."""
+    return (~(keys >> _SHIFT).astype(np.uint32)).view(np.float32)
+
+
+def key_tokens(keys: np.ndarray, width: int) -> np.ndarray:
+    """The int32 tokens (low words) of the first `width` columns of keys."""
+    return keys[:, :width].view(np.uint32)[:, 0::2].view(np.int32)
+
+
+def sorted_rows(
+    lengths: np.ndarray,
+    keep: np.ndarray | None,
+    inv: np.ndarray,
+    tokens: np.ndarray,
+    pad: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's kept `(inv, token)` keys, sorted ascending, in a 2-D array.
+
+    Args:
+        lengths: Stored values per row; the values below are the rows'
+            values one row after another.
+        keep: Which stored values take part (None: all).
+        inv: uint32 order word of each stored value (`inverted`); a kept
+            value's must be below `2**32 - 1`.
+        tokens: Token of each stored value (non-negative, below `2**31`).
+        pad: Token of the sentinel that fills each row past its kept keys.
+
+    Returns:
+        `(sorted_keys [n_rows, width], n_kept [n_rows])`: row `i` holds its
+        `n_kept[i]` keys first, then sentinels (high word `2**32 - 1`, low
+        word `pad`).
+    """
+    n_rows = lengths.size
+    width = max(1, int(lengths.max(initial=0)))
+    sentinel = (np.uint64(0xFFFFFFFF) << _SHIFT) | np.uint64(pad)
+    out = np.full((n_rows, width), sentinel, np.uint64)
+    if keep is not None:
+        inv = np.where(keep, inv, _U32_MAX)
+        tokens = np.where(keep, tokens, pad)
+    inside = np.arange(width)[None, :] < lengths[:, None]
+    if sys.byteorder == "little":
+        halves = out.view(np.uint32).reshape(n_rows, width, 2)
+        halves[:, :, 0][inside] = tokens
+        halves[:, :, 1][inside] = inv
+    else:
+        out[inside] = (inv.astype(np.uint64) << _SHIFT) | tokens.astype(np.uint64)
+    out.sort(axis=1)
+    if keep is None:
+        return out, lengths
+    kept = np.zeros(keep.size + 1, np.int64)
+    np.cumsum(keep, out=kept[1:])
+    ends = np.cumsum(lengths)
+    return out, kept[ends] - kept[ends - lengths]
+
+
+def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
+    """Rows in chunks of similar length, so 2-D padding stays small.
+
+    Rows are ordered by their stored-value count and cut into chunks of
+    `rows_per_chunk` (fewer where a chunk's padded layout would pass
+    `MAX_CELLS_PER_CHUNK_VALUES`). Padding every row of a fetch to its
+    longest would sort about 4.6x the values on a Tahoe-shaped file (a few
+    cells hold 10x the mean); chunks of 128 rows of similar length, barely
+    more than the values themselves.
+
+    Yields:
+        `(rows, values)`: the chunk's rows (positions in the fetch) and the
+        positions of their stored values, row after row.
+    """
+    lengths = np.diff(indptr)
+    order = np.argsort(lengths, kind="stable")
+    a = 0
+    while a < order.size:
+        longest = int(lengths[order[min(order.size, a + rows_per_chunk) - 1]])
+        step = min(rows_per_chunk, MAX_CELLS_PER_CHUNK_VALUES // max(1, longest))
+        rows = order[a : a + max(1, step)]
+        n = lengths[rows]
+        values = np.arange(int(n.sum()), dtype=np.int64)
+        values += np.repeat(indptr[rows] - (np.cumsum(n) - n), n)
+        yield rows, values
+        a += rows.size
+
+
+def bins_of_sorted(
+    keys: np.ndarray, n_kept: np.ndarray, n_bins: int, pad_value: int = 0
+) -> np.ndarray:
+    """Bins (scGPT's) of rows sorted by value descending (`desc_keys`).
+
+    Edges per row are `np.quantile(values, np.linspace(0, 1, n_bins - 1))`
+    with NumPy's linear interpolation reproduced bit for bit (its `_lerp`,
+    with the difference taken in float32), and a value's bin is
+    `np.digitize(value, edges)`: the number of edges <= value.
+
+    Args:
+        keys: `[n_rows, width]` sorted keys from `sorted_rows`.
+        n_kept: Kept values per row.
+        n_bins: Bins `B`.
+        pad_value: The value past each row's kept values.
+
+    Returns:
+        int32 `[n_rows, width]` bins (`pad_value` past each row's kept values).
+    """
+    n_rows, width = keys.shape
+    nz = np.flatnonzero(n_kept)
+    if nz.size == 0:
+        return np.full((n_rows, width), pad_value, np.int32)
+    q = np.linspace(0, 1, n_bins - 1)
+    n = n_kept[nz][:, None]
+    virtual = (n - 1) * q[None, :]
+    prev = np.floor(virtual)
+    gamma = virtual - prev
+    prev = prev.astype(np.int64)
+    above = virtual >= n - 1
+    prev = np.where(above, n - 1, prev)
+    nxt = np.where(above, prev, np.minimum(prev + 1, n - 1))
+    # Ascending index j of a row is descending column n - 1 - j.
+    rows = nz[:, None]
+    a = key_values(keys[rows, n - 1 - prev])
+    b = key_values(keys[rows, n - 1 - nxt])
+    diff = b - a  # float32, as NumPy computes it
+    d64 = diff.astype(np.float64)
+    edges = a.astype(np.float64) + d64 * gamma
+    hi = gamma >= 0.5
+    edges[hi] = (b.astype(np.float64) - d64 * (1 - gamma))[hi]
+    # x >= e  <=>  x >= c, c the smallest float32 >= e (x is a float32).
+    c = edges.astype(np.float32)
+    up = c.astype(np.float64) < edges
+    c[up] = np.nextafter(c[up], np.float32(np.inf))
+    # A row's values sit at columns [0, n), descending; the value at column p
+    # counts edge k when p < end_k, the first column whose value is below
+    # c_k. Find every end_k by one binary search over all rows: the order
+    # words with the row number above them sort one row after another.
+    flat = keys >> _SHIFT
+    flat |= np.arange(n_rows, dtype=np.uint64)[:, None] << _SHIFT
+    cut = inverted(c).astype(np.uint64) | (nz.astype(np.uint64)[:, None] << _SHIFT)
+    ends = np.searchsorted(flat.reshape(-1), cut.reshape(-1), side="right")
+    ends = ends.reshape(cut.shape) - rows * width
+    # Ends shrink as k grows (edges grow, values descend): columns
+    # [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
+    # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
+    # that last run is the padding.
+    bounds = np.concatenate(
+        [
+            np.zeros((nz.size, 1), np.int64),
+            ends[:, ::-1],
+            np.full((nz.size, 1), width),
+        ],
+        axis=1,
+    )
+    runs = np.diff(bounds, axis=1).reshape(-1)
+    steps = np.arange(n_bins - 1, -1, -1, dtype=np.int32)
+    steps[-1] = pad_value
+    levels = np.tile(steps, nz.size)
+    filled = np.repeat(levels, runs).reshape(nz.size, width)
+    if nz.size == n_rows:
+        return filled
+    bins = np.full((n_rows, width), pad_value, np.int32)
+    bins[nz] = filled
+    return bins
+
+
+def zero_genes(
+    key: int,
+    row_ids: np.ndarray,
+    need: np.ndarray,
+    vocab_tokens: np.ndarray,
+    expressed: np.ndarray,
+    stream_offset: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled non-expressed genes per row, without replacement.
+
+    Row `i` gets the first `need[i]` distinct tokens of the stream
+    `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`,
+    j = 0, 1, ..., that are not in its expressed set (rejection sampling).
+
+    Args:
+        key: The fetch key.
+        row_ids: Global row id per row.
+        need: Genes wanted per row (at most the non-expressed vocabulary).
+        vocab_tokens: Token ids to draw from.
+        expressed: Sorted `row * 2**32 + token` of each row's expressed genes.
+        stream_offset: Counter offset of this stream.
+
+    Returns:
+        `(rows, tokens)`: rows ascending, each row's genes in stream order.
+    """
+    n_vocab = vocab_tokens.size
+    got_r, got_t = [], []
+    todo = np.flatnonzero(need > 0)
+    first = 0
+    span = max(16, 2 * int(need.max(initial=0)))
+    have = np.zeros(need.size, np.int64)
+    while todo.size:
+        j = np.arange(first, first + span, dtype=np.uint64)
+        h = counter_rng.hash64(
+            np.uint64(key),
+            row_ids[todo].astype(np.uint64)[:, None],
+            np.uint64(stream_offset) + j[None, :],
+        )
+        got_r.append(np.repeat(todo, span))
+        got_t.append(
+            vocab_tokens[(h % np.uint64(n_vocab)).astype(np.int64)].reshape(-1)
+        )
+        first += span
+        span *= 2
+        pair = _distinct_new(got_r, got_t, expressed)[2]
+        have = np.bincount(pair >> 32, minlength=need.size)
+        todo = np.flatnonzero(have < need)
+    if not got_r:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rr, tt, _ = _distinct_new(got_r, got_t, expressed)
+    starts = np.searchsorted(rr, np.arange(need.size))
+    rank = np.arange(rr.size) - starts[rr]
+    sel = rank < need[rr]
+    return rr[sel], tt[sel]
+
+
+def _distinct_new(got_r, got_t, expressed):
+    """First occurrences of not-expressed (row, token) pairs, stream order."""
+    rr = np.concatenate(got_r)
+    tt = np.concatenate(got_t).astype(np.int64)
+    order = np.argsort(rr, kind="stable")  # rows ascending, draws in order
+    rr, tt = rr[order], tt[order]
+    pair = rr * (1 << 32) + tt
+    pos = np.searchsorted(expressed, pair)
+    hit = pos < expressed.size
+    hit[hit] = expressed[pos[hit]] == pair[hit]
+    rr, tt, pair = rr[~hit], tt[~hit], pair[~hit]
+    _, first = np.unique(pair, return_index=True)
+    first.sort()
+    return rr[first], tt[first], pair[first]

@@ -1,0 +1,302 @@
+"""Cells as token sequences for transformer foundation models (static shapes).
+
+Two output formats (`grain_cells.outputs` protocol) turn each fetch's CSR
+rows into fixed-length token sequences. Two kernels do it, with the same
+output bit for bit (`kernels=` of each output): `"numba"`
+(`grain_cells.tokens._jit`, the default when numba is installed: one compiled
+pass per cell that encodes each minibatch's cells straight into its
+arrays) and `"numpy"` (`grain_cells.tokens._kernels`, vectorised over the
+whole fetch: 2-D sorts of per-cell keys, 128 cells of similar length at a
+time, no loop over cells; also the path of `selection="random"` and
+`pad_zeros=True`, where the compiled one encodes the top genes only):
+
+**`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
+gene's score is its value divided by the gene's non-zero median over the
+training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranked by
+score, highest first, and the top ones kept. Definitions:
+
+* *expressed*: stored value > 0, gene in the vocabulary with a finite,
+  positive median (other stored values are dropped; those of genes outside
+  the vocabulary are counted in `n_dropped`);
+* *score*: `float32(value) / float32(median)`, computed in float32 (the
+  cell's normalisation to a total does not change a ranking within a cell,
+  so it is left out);
+* *ties*: equal scores rank by token id, lower first;
+* *sequence* of `length` tokens: `<cls>` (if `cls_token=True`), the top
+  `length - specials` genes' token ids, `<eos>` (if `eos_token=True`) right
+  after the last gene, then `<pad>`. Geneformer V2 uses
+  `length=4096`, V1 2048 without specials.
+
+Keys: `gene_ids` int32 `[batch, length]`, `attention_mask` bool (True on
+`<cls>`, genes and `<eos>`), `n_expressed` int32 `[batch]` (expressed genes,
+before truncation), `n_dropped` int32 `[batch]` (stored positive values of
+genes outside the vocabulary).
+
+**`ValueBinTokens`** (scGPT, Cui et al. 2024; in `grain_cells.tokens._value_bins`).
+Per cell, the expressed values are binned by their own quantiles: edges
+`np.quantile(expressed, np.linspace(0, 1, n_bins - 1))` (linear
+interpolation, computed exactly as
+NumPy does), bin `np.digitize(value, edges)` (so 1 to `n_bins - 1`; scGPT's
+`_digitize(side="one")`: its "both" variant breaks ties at edges with an
+unseeded random draw). Then `length` genes (after an optional `<cls>` whose
+value is 0) are chosen:
+
+* `selection="top"`: highest value first, ties by token id;
+* `selection="random"`: a uniform sample without replacement, in the order
+  of the key `hash64(fetch key, row id, token id) >> 16` (ties by value,
+  then token id): see `grain_cells._util.counter_rng`;
+* `pad_zeros=True`: a cell with fewer expressed genes than slots gets
+  non-expressed vocabulary genes (bin 0) after its expressed ones: the first
+  distinct non-expressed genes of the stream `vocab_genes[hash64(fetch key,
+  row id, 2**40 + j) % n_vocab_genes]`, j = 0, 1, ... (rejection sampling
+  without replacement);
+* remaining slots: `<pad>` with value `pad_value` (scGPT: -2).
+
+Keys: `gene_ids`, `values` (bins, int32), `attention_mask`, `n_expressed`,
+`n_dropped`.
+
+**Masked-language training.** With `mlm_probability > 0`, each gene position
+(not specials, not padding) is masked when
+`uniform(fetch key, row id, token id, 7) < mlm_probability`: its `gene_ids`
+entry (rank-value) or `values` entry (value-bin, set to `mask_value`)
+replaced, and `labels` holds the original there and -100 elsewhere.
+
+Random choices depend on the fetch key (`grain_cells.pipeline._fetch.fetch_key`: the
+seed and the fetch's blocks) and the cell's row id only, so a restored
+iterator repeats them exactly and a cell met again in another epoch gets new
+ones.
+
+Example:
+    >>> vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names)
+    >>> stats = grain_cells.tokens.corpus_stats(source)
+    >>> output = grain_cells.tokens.RankValueTokens.for_source(
+    ...     source, vocab, stats, length=2048)
+    >>> ops = grain_cells.fetch_operations(source, batch_size=64, output=output)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grain_cells.outputs._formats import Fetch
+from grain_cells.tokens import _kernels as kernels
+from grain_cells.tokens import _threads as token_threads
+from grain_cells.tokens._base import (
+    IGNORE,
+    ZERO_STREAM,
+    TokenOutput,
+    numba_available,
+    special_id,
+)
+from grain_cells.tokens._vocabulary import GeneVocabulary
+
+__all__ = [
+    "IGNORE",
+    "ZERO_STREAM",
+    "RankValueTokens",
+    "TokenOutput",
+    "numba_available",
+    "special_id",
+]
+
+
+class RankValueTokens(TokenOutput):
+    """Rank-value encoding (Geneformer); see the module docstring.
+
+    Build it with `RankValueTokens.for_source(source, vocabulary, stats)`.
+    """
+
+    _cache_name = "rank_value"
+
+    def __init__(
+        self,
+        column_tokens: np.ndarray,
+        column_medians: np.ndarray,
+        *,
+        length: int = 2048,
+        pad_id: int = 0,
+        cls_id: int = -1,
+        eos_id: int = -1,
+        mask_id: int = -1,
+        mlm_probability: float = 0.0,
+        kernels: str = "auto",
+        threads: int | str = "auto",
+    ):
+        """Low-level constructor over the source's output columns.
+
+        Args:
+            column_tokens: Token id of each output column (-1: not in the
+                vocabulary).
+            column_medians: Non-zero median of each output column; columns
+                with a non-finite or non-positive median are left out.
+            length: Tokens per cell, special tokens included.
+            pad_id: Id of `<pad>`.
+            cls_id: Id of `<cls>` (-1: none).
+            eos_id: Id of `<eos>` (-1: none).
+            mask_id: Id of `<mask>` (-1: none).
+            mlm_probability: Share of gene positions masked.
+            kernels: `"numba"` (compiled, `grain_cells.tokens._jit`),
+                `"numpy"` (`grain_cells.tokens._kernels`) or `"auto"` (numba
+                when installed). Both give the same arrays, bit for bit.
+            threads: Threads that encode a minibatch with the compiled
+                kernels (`grain_cells.tokens._threads`): `"auto"` is one in a
+                Grain worker, else one per core up to 4. Same arrays.
+        """
+        medians = np.asarray(column_medians, np.float32)
+        column_tokens = np.asarray(column_tokens, np.int32).copy()
+        if medians.shape != column_tokens.shape:
+            raise ValueError(
+                f"column_medians has {medians.size} entries for "
+                f"{column_tokens.size} columns"
+            )
+        usable = np.isfinite(medians) & (medians > 0)
+        self.num_without_median = int(((column_tokens >= 0) & ~usable).sum())
+        column_tokens[~usable] = -1
+        super().__init__(
+            column_tokens,
+            length=length,
+            pad_id=pad_id,
+            cls_id=cls_id,
+            eos_id=eos_id,
+            mask_id=mask_id,
+            mlm_probability=mlm_probability,
+            kernels=kernels,
+            threads=threads,
+        )
+        self.column_medians = np.where(usable, medians, np.float32(1))
+
+    @classmethod
+    def for_source(
+        cls,
+        source,
+        vocabulary: GeneVocabulary,
+        stats,
+        *,
+        length: int = 2048,
+        cls_token: bool = True,
+        eos_token: bool = True,
+        mlm_probability: float = 0.0,
+        kernels: str = "auto",
+        threads: int | str = "auto",
+    ) -> RankValueTokens:
+        """Rank-value tokens for `source`'s genes.
+
+        Args:
+            source: The `AnnDataSource` (its `var_names` are looked up).
+            vocabulary: Token ids of genes and specials.
+            stats: `grain_cells.tokens.CorpusStats` with the genes' medians (matched
+                by name).
+            length: Tokens per cell, special tokens included.
+            cls_token: Start with `<cls>`.
+            eos_token: End with `<eos>`.
+            mlm_probability: Share of gene positions replaced by `<mask>`.
+            kernels: `"auto"`, `"numba"` or `"numpy"` (see `__init__`).
+            threads: Threads per minibatch (see `__init__`).
+        """
+        genes = source.var_names
+        return RankValueTokens(
+            vocabulary.map_genes(genes).tokens,
+            stats.medians_for(genes),
+            length=length,
+            pad_id=vocabulary.special("pad"),
+            cls_id=special_id(vocabulary, "cls", cls_token),
+            eos_id=special_id(vocabulary, "eos", eos_token),
+            mask_id=vocabulary.special("mask")
+            if vocabulary.has_special("mask")
+            else -1,
+            mlm_probability=mlm_probability,
+            kernels=kernels,
+            threads=threads,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RankValueTokens(length={self.length}, pad={self.pad_id}, "
+            f"cls={self.cls_id}, eos={self.eos_id}, mask={self.mask_id}, "
+            f"mlm={self.mlm_probability}, "
+            f"columns=sha256:{self._digest(self.column_medians)})"
+        )
+
+    def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """Token arrays of every row of the fetch."""
+        if self._compiled():
+            return self._tokenize_compiled(fetch)
+        medians = self.column_medians
+        indptr, keep, inv, tokens, dropped = self._prepare(
+            fetch, lambda values, columns: values / medians[columns]
+        )
+        n_rows = indptr.size - 1
+        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
+        n_expr = np.zeros(n_rows, np.int64)
+        lengths = np.diff(indptr)
+        for chunk, values in kernels.length_chunks(indptr):
+            rows, n_expr[chunk] = kernels.sorted_rows(
+                lengths[chunk],
+                None if keep is None else keep[values],
+                inv[values],
+                tokens[values],
+                self.pad_id,
+            )
+            w = min(rows.shape[1], self.slots)
+            genes[chunk, :w] = kernels.key_tokens(rows, w)
+        n_genes = np.minimum(n_expr, self.slots)
+        ids, used, _, positions = self._assemble(genes, n_genes)
+        out = {
+            "gene_ids": ids,
+            "n_expressed": n_expr.astype(np.int32),
+            "n_dropped": dropped,
+            "_used": used,
+        }
+        if self.mlm_probability > 0:
+            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
+            self._apply_mask(out, masked)
+        return out
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` on the compiled kernels (all rows of the fetch)."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        out["_used"] = (
+            n_genes.astype(np.int64) + (self.cls_id >= 0) + (self.eos_id >= 0)
+        )
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding (`grain_cells.tokens._jit.rank_value_rows`)."""
+        from grain_cells.tokens import (
+            _jit as token_jit,  # imports numba: only when used
+        )
+
+        data, indices, indptr, checked = self._csr_for_jit(fetch)
+        ids = np.empty((n_out, self.length), np.int32)
+        mask = np.empty((n_out, self.length), bool)
+
+        def call(part, a, b):
+            return token_jit.rank_value_rows(
+                data,
+                indices,
+                indptr,
+                part,
+                self.column_tokens,
+                self.column_medians,
+                checked,
+                ids[a:b],
+                mask[a:b],
+                self.cls_id,
+                self.slots,
+                self.pad_id,
+                self.eos_id,
+            )
+
+        n_expr, dropped, n_genes = token_threads.encode_rows(
+            call, rows, n_out, self.threads
+        )
+        out = {
+            "gene_ids": ids,
+            "n_expressed": n_expr,
+            "n_dropped": dropped,
+            "attention_mask": mask,
+        }
+        return out, n_genes

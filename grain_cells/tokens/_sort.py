@@ -1,0 +1,127 @@
+"""Compiled (numba) per-row sorts of the token kernels' keys.
+
+A key is `(~float32 bits of the order value) << 32 | token`; ascending keys
+are order value descending, then token ascending. Every function here gives
+the keys in that exact order; they differ in how much sorting they skip.
+
+**The bucket sort** (`_sort_keys`). Cells hold few distinct order values
+(integer counts; medians shared by many genes), so the keys are first
+scattered, stably, into up to `n` buckets of equal width over the row's
+range of order words, then an insertion sort on the full keys finishes the
+job: its cost is the number of inversions left, which is small when buckets
+hold one order word each and ties arrive in token order (stored order is
+column order, and a vocabulary in column order gives ascending tokens). A
+row whose insertion pass passes a budget of `16 n + 256` moves is sorted by
+numba's `np.sort` instead (a quicksort), so a bad row (ties that arrive
+against token order, e.g. a vocabulary in reverse column order) costs a
+sort, not a quadratic insertion.
+
+**Most values of a count row are 1.** Value binning orders by the value
+itself: the keys of the row's smallest value (its 1s) all sort last, by
+token, and arrive in token order when the vocabulary follows column order;
+`_sort_keys_min_last` sets them apart in one pass and sorts the rest (or
+all keys, when the tail is not in token order). Rank-value orders by value /
+median, which spreads the 1s over the genes' medians: its keys all go
+through the bucket sort. (Placing its value-1 keys from a bitmap over their
+fixed order, `1 / median`, measured 2.2x slower than the bucket sort: with
+~1,600 of 62,710 genes per cell the table lookups and the bitmap scan miss
+the cache.)
+
+numba's on-disk cache of `grain_cells.tokens._jit`'s kernels does not notice
+edits to this module (it checks the caller's file only): after editing it,
+delete `grain_cells/__pycache__/*.nbi` and `*.nbc`.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def _njit(fn):
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+@_njit
+def _sort_keys(keys, m, lo, hi, out, counts, bucket):
+    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`.
+
+    `bucket` holds each key's bucket between the counting and the scatter
+    pass (recomputing it in the scatter pass costs more than the store).
+    """
+    if m == 0:
+        return
+    span = np.uint64(hi - lo)
+    limit = np.uint64(max(m, 16))
+    shift = np.uint64(0)
+    while (span >> shift) >= limit:
+        shift += np.uint64(1)
+    nb = int(span >> shift) + 1
+    for b in range(nb + 1):
+        counts[b] = 0
+    base = np.uint64(lo)
+    for i in range(m):
+        b = int(((keys[i] >> np.uint64(32)) - base) >> shift)
+        bucket[i] = b
+        counts[b + 1] += 1
+    for b in range(nb):
+        counts[b + 1] += counts[b]
+    for i in range(m):
+        b = bucket[i]
+        out[counts[b]] = keys[i]
+        counts[b] += 1
+    budget = 16 * m + 256
+    moves = 0
+    for i in range(1, m):
+        k = out[i]
+        j = i - 1
+        while j >= 0 and out[j] > k:
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = k
+        moves += i - 1 - j
+        if moves > budget:
+            out[:m] = np.sort(out[:m])
+            return
+
+
+@_njit
+def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
+    """`_sort_keys`, with the keys of the row's smallest value set apart.
+
+    In count data most expressed values of a cell are its smallest (1, or
+    its normalised value), and they sort last, by token. They arrive in
+    column order, which is token order for a vocabulary in column order: one
+    pass moves them to `tail` (checking that order) and only the others are
+    sorted; otherwise (tokens against column order) every key is sorted.
+    Keys and output as for `_sort_keys` (it scrambles `keys[:m]`).
+    """
+    if m < 64:
+        _sort_keys(keys, m, lo, hi, out, counts, bucket)
+        return
+    # Branch-free: a row's 1s and others interleave at random, and a
+    # mispredicted branch per key cost more than the two stores.
+    c = 0
+    t = 0
+    top = np.uint64(0)
+    prev = np.uint64(0)
+    disorder = 0
+    for j in range(m):
+        k = keys[j]
+        w = k >> np.uint64(32)
+        last = w == hi
+        tail[t] = k
+        keys[c] = k
+        disorder += last & (k < prev)
+        prev = k if last else prev
+        top = top if last else max(top, w)
+        t += last
+        c += 1 - last
+    if disorder:
+        keys[c:m] = tail[:t]
+        _sort_keys(keys, m, lo, hi, out, counts, bucket)
+        return
+    _sort_keys(keys, c, lo, top, out, counts, bucket)
+    out[c:m] = tail[:t]

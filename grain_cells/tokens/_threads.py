@@ -1,0 +1,107 @@
+"""The compiled token kernels over a minibatch's rows in several threads.
+
+The compiled kernels (`grain_cells.tokens._jit`) release the GIL and encode
+each row on its own, so a minibatch's output rows can be split into
+contiguous slices encoded at the same time, each into its own slice of the
+output arrays: the arrays are those of one thread, bit for bit.
+
+This pays where the process has idle cores: with `worker_count=0` the
+trainer's process reads a fetch, then formats its minibatches, one core at a
+time. In a Grain worker the workers already share the cores, so `"auto"`
+uses one thread there (and up to `MAX_AUTO` threads, one per core this
+process may run on, elsewhere).
+
+The threads are those of one pool per process, started on first use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+MAX_AUTO = 4  # threads that `"auto"` uses at most
+MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
+
+_lock = threading.Lock()
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
+
+
+@functools.cache
+def _cores() -> int:
+    """The cores this process may run on (Linux: its affinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def resolve_threads(threads: int | str) -> int:
+    """Threads per minibatch for a `threads` argument (`"auto"` or >= 1).
+
+    Raises:
+        ValueError: Neither `"auto"` nor a positive integer.
+    """
+    if threads == "auto":
+        if multiprocessing.parent_process() is not None:  # a Grain worker
+            return 1
+        return max(1, min(MAX_AUTO, _cores()))
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise ValueError(
+            f"threads must be 'auto' or a positive integer, got threads={threads!r}"
+        )
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got threads={threads}")
+    return int(threads)
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool (a forked child starts its own)."""
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=64, thread_name_prefix="grain_cells-tokens"
+            )
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def encode_rows(
+    call: Callable[[np.ndarray, int, int], tuple],
+    rows: np.ndarray,
+    n_out: int,
+    threads: int,
+) -> tuple:
+    """`call` over slices of the `n_out` output rows, in up to `threads` threads.
+
+    Args:
+        call: `call(rows_part, a, b)` encodes `rows_part` into output rows
+            `a` to `b - 1` (padding past `rows_part.size`) and returns a tuple
+            of per-row arrays of length `b - a`.
+        rows: The rows to encode; output row `i < rows.size` is `rows[i]`.
+        n_out: Output rows (`>= rows.size`).
+        threads: Threads at most (each gets at least `MIN_ROWS` rows).
+
+    Returns:
+        `call`'s arrays for all `n_out` rows, concatenated.
+    """
+    n = min(threads, n_out // MIN_ROWS)
+    if n <= 1:
+        return call(rows, 0, n_out)
+    bounds = [n_out * k // n for k in range(n + 1)]
+    parts = [(rows[a : min(b, rows.size)], a, b) for a, b in itertools.pairwise(bounds)]
+    pool = _executor()
+    futures = [pool.submit(call, *part) for part in parts[1:]]
+    try:
+        results = [call(*parts[0])]
+    finally:  # never leave a thread writing into arrays we hand back
+        concurrent.futures.wait(futures)
+    results += [f.result() for f in futures]
+    return tuple(np.concatenate(arrays) for arrays in zip(*results, strict=True))

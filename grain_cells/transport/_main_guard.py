@@ -1,0 +1,104 @@
+"""Detecting a script that starts worker processes without the `__main__` guard.
+
+Grain starts its workers with `spawn`: each worker imports the main script
+again (as `__mp_main__`), which re-runs everything at its top level that is
+not under `if __name__ == "__main__":`. A script that builds and iterates a
+loader at its top level therefore makes every worker build another loader and
+try to start workers of its own; multiprocessing refuses that, the workers
+die, and the trainer reports "Worker process was terminated unexpectedly"
+only after long timeouts and many lines of tracebacks.
+
+`check_main_guard` finds the line of the main script that is running now (the
+top-level frame of `__main__`), and refuses at once if that line is not inside
+an `if __name__ == "__main__":` block. Notebooks, `python -c`, the REPL and
+code started from a guarded block pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import sys
+
+from grain_cells.errors import MainGuardError
+
+_MAIN_NAMES = ("__main__", "__mp_main__")
+
+
+def check_main_guard(what: str) -> None:
+    """Raises if `what` starts workers from a script's unguarded top level.
+
+    Args:
+        what: What is starting worker processes, for the message (e.g.
+            `"grain_cells.DataLoader(worker_count=2)"`).
+
+    Raises:
+        MainGuardError: The main script's top-level code (outside
+            `if __name__ == "__main__":`) is what called us, so spawned
+            workers would run it again.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>" and frame.f_globals.get("__name__") in (
+            _MAIN_NAMES
+        ):
+            path = frame.f_globals.get("__file__")
+            line = frame.f_lineno
+            break
+        frame = frame.f_back
+    else:
+        return  # the main script's top level is not running: nothing re-runs
+    del frame
+    if not path or getattr(sys.modules.get("__main__"), "__file__", None) != path:
+        return  # the REPL, `python -c`, a notebook: spawn re-runs nothing
+    guarded = _guarded_lines(path)
+    if guarded is None or line in guarded:
+        return
+    raise MainGuardError(
+        f"{what} was started from the top level of {path} (line {line}), "
+        'outside an `if __name__ == "__main__":` block. Grain starts worker '
+        "processes with spawn, and each one imports this script again and "
+        "would run this code again (its workers then die with 'Worker process "
+        "was terminated unexpectedly'). Put the code that builds and iterates "
+        "the loader in a function and call it under the guard:\n\n"
+        "    def main():\n"
+        "        ...  # build the source, the loader, and train\n\n"
+        '    if __name__ == "__main__":\n'
+        "        main()\n\n"
+        "or pass worker_count=0."
+    )
+
+
+@functools.cache
+def _guarded_lines(path: str) -> frozenset[int] | None:
+    """Lines of a script inside top-level `if __name__ == "__main__":` blocks.
+
+    None when the script cannot be read or parsed (then nothing is refused).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    lines: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and _tests_main(node.test):
+            end = node.body[-1].end_lineno or node.lineno  # not the `else:`
+            lines.update(range(node.lineno, end + 1))
+    return frozenset(lines)
+
+
+def _tests_main(test: ast.expr) -> bool:
+    """Whether an `if` test compares `__name__` with `"__main__"`."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+            names = any(isinstance(p, ast.Name) and p.id == "__name__" for p in parts)
+            main = any(
+                isinstance(p, ast.Constant) and p.value == "__main__" for p in parts
+            )
+            if names and main:
+                return True
+    return False

@@ -1,0 +1,441 @@
+"""Moving minibatches from Grain worker processes to the trainer, cheaply.
+
+Grain copies every NumPy leaf of every element into a fresh POSIX
+shared-memory segment. Fresh shared pages cost about 3.5 µs each to fault in,
+so a 64-cell CSR minibatch (about 800 KB in 6 leaves) costs about 1.2 ms to
+move: more than reading and shuffling it. Here each worker keeps a small ring
+of slots, shared segments that stay mapped in both processes, and writes a
+minibatch's arrays into one slot (formatted there in the first place through
+a `slot_writer.SlotWriter`, so no extra copy); what crosses Grain's queue is a
+small handle. Unpickling the handle in the trainer maps the slot (once per slot),
+copies the arrays out into ordinary private memory and hands the slot back,
+so the arrays a user holds never alias memory a worker will overwrite.
+
+**Hand-back.** The trainer returns a slot by sending its number (one byte)
+over a Unix stream socket to the worker that owns the ring (an abstract
+socket name, which the kernel removes with the worker). The send comes after
+the copy in program order, and the kernel's socket locks order them for the
+worker's receive (release/acquire), so a worker never reuses a slot whose
+copy is still reading it, on any CPU (aarch64 included). A worker with no
+free slot blocks in `select` on the socket (no polling); the handle in the
+other direction travels through Grain's queue, itself a pipe.
+
+Lifetimes: a name is unlinked as soon as the trainer has opened it (the
+mapping or descriptor outlives the name), and every name a worker created is
+unlinked when the worker exits, or when its parent dies
+(`worker_process.exit_with_parent`). Names of a worker that was SIGKILLed
+before handing them over are unlinked by the trainer when it notices the
+worker is gone, and names of any dead grain_cells process by the next ring
+or loader that starts (`shm_names.remove_stale`). When every slot is busy for
+`_WAIT_S` (the trainer is not consuming), the worker sends a one-off segment
+that the trainer unlinks on receipt, so a slow consumer never deadlocks a
+worker.
+"""
+
+from __future__ import annotations
+
+import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
+import atexit
+import contextlib
+import math
+import mmap
+import multiprocessing.util
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _worker as worker_process
+
+# Slots a ring may grow to (a slot number is one byte on the FIFO). Grain's
+# DataLoader materialises a whole fetch (fan-out minibatches) before queueing
+# any, so a ring needs about that many plus the queue's depth; beyond the cap
+# a worker falls back to one-off segments.
+_MAX_SLOTS = 128
+_WAIT_S = 2.0
+ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
+
+# Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
+_RINGS: dict[str, _RingView] = {}
+_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
+_PRUNE_EVERY = 256
+_unpacked = 0
+# A send to a worker that has exited must raise, not raise SIGPIPE.
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _layout(arrays: Mapping[str, np.ndarray]):
+    layout, total = [], 0
+    for key, arr in arrays.items():
+        offset = -(-total // ALIGN) * ALIGN
+        layout.append((key, offset, arr.dtype.str, arr.shape))
+        total = offset + arr.nbytes
+    return layout, max(total, 1)
+
+
+def _create(name: str, size: int) -> mmap.mmap:
+    fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+
+
+def _open(name: str, size: int) -> mmap.mmap:
+    fd = _posixshmem.shm_open(name, os.O_RDWR, 0o600)
+    try:
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+
+
+def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
+    for (_, offset, dtype, shape), arr in zip(layout, arrays.values(), strict=True):
+        count = math.prod(shape)
+        if count:
+            dst = np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
+            dst[:] = arr.reshape(-1)
+
+
+def _read(mm: mmap.mmap, layout) -> dict[str, np.ndarray]:
+    out = {}
+    for key, offset, dtype, shape in layout:
+        count = math.prod(shape)
+        arr = np.empty(shape, dtype)
+        if count:
+            arr.reshape(-1)[:] = np.frombuffer(
+                mm, dtype=dtype, count=count, offset=offset
+            )
+        out[key] = arr
+    return out
+
+
+def _address(ring: str) -> str:
+    """The abstract Unix socket name on which a ring takes slots back."""
+    return "\0" + ring.lstrip("/")
+
+
+class SlotRing:
+    """A worker's reusable shared-memory slots (one ring per worker)."""
+
+    def __init__(self, max_slots: int = 8):
+        shm_names.remove_stale()
+        self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
+        self._prefix = shm_names.new_prefix()
+        self.name = self._prefix + "_ring"
+        self._names: list[str] = []
+        # Names are created under this lock and `close` takes it too: the
+        # exit-with-parent thread closes the ring while the worker's thread
+        # may be making a segment, which must not appear after the unlinks.
+        self._names_lock = threading.Lock()
+        self._closed = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(_address(self.name))
+        self._listener.listen(4)
+        self._listener.setblocking(False)
+        self._peers: list[socket.socket] = []
+        self._slots: list[tuple[str, int, mmap.mmap]] = []
+        self._busy: list[bool] = []
+        self._serial = 0
+        self._largest = 0  # bytes of the largest minibatch sent
+        multiprocessing.util.Finalize(self, self.close, exitpriority=10)
+        worker_process.on_orphaned(self.close)
+
+    def reserve(self, n: int) -> None:
+        """Lets the ring grow to at least `n` slots (up to the hard cap)."""
+        self._max_slots = max(self._max_slots, min(n, _MAX_SLOTS))
+
+    def close(self) -> None:
+        """Unlinks every name this ring created (mappings die with the process).
+
+        The ring makes no segment after this (`_create_named` raises).
+        """
+        with self._names_lock:
+            self._closed = True
+            names, self._names = self._names, []
+            for name in names:
+                shm_names.unlink(name)
+
+    def release(self, slot: int) -> None:
+        """Marks a slot free (its handle was unpickled in this process)."""
+        self._busy[slot] = False
+
+    def _create_named(self, size: int) -> tuple[str, mmap.mmap]:
+        """A new named segment of `size` bytes, recorded for `close`."""
+        with self._names_lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: closed (the worker is exiting)")
+            self._serial += 1
+            name = f"{self._prefix}_{self._serial}"
+            self._names.append(name)
+            return name, _create(name, size)
+
+    def _collect(self, timeout: float) -> None:
+        """Marks the slots handed back free, waiting up to `timeout` for one."""
+        ready = select.select([self._listener, *self._peers], [], [], timeout)[0]
+        for sock in ready:
+            if sock is self._listener:
+                with contextlib.suppress(BlockingIOError):
+                    peer = self._listener.accept()[0]
+                    peer.setblocking(False)
+                    self._peers.append(peer)
+                continue
+            while True:
+                try:
+                    freed = sock.recv(4096)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    freed = b""
+                if not freed:  # the trainer closed its end
+                    self._peers.remove(sock)
+                    sock.close()
+                    break
+                for slot in freed:
+                    self._busy[slot] = False
+
+    def _free_slot(self, nbytes: int, wait_s: float = _WAIT_S) -> int | None:
+        self._collect(0)
+        deadline = None
+        while True:
+            free = [i for i, busy in enumerate(self._busy) if not busy]
+            fits = [i for i in free if self._slots[i][1] >= nbytes]
+            if fits:
+                return fits[0]
+            if free:  # a free slot too small: replace its segment
+                self._slots[free[0]] = self._segment(nbytes)
+                return free[0]
+            if len(self._slots) < self._max_slots:
+                self._slots.append(self._segment(nbytes))
+                self._busy.append(False)
+                return len(self._slots) - 1
+            deadline = deadline or time.monotonic() + wait_s
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._collect(left)
+
+    def _segment(self, nbytes: int) -> tuple[str, int, mmap.mmap]:
+        size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
+        name, mm = self._create_named(size)
+        return name, size, mm
+
+    def put(
+        self, arrays: Mapping[str, np.ndarray], wait: bool = True, avoid=None
+    ) -> SlotHandle:
+        """Writes `arrays` into a free slot; returns the handle to send.
+
+        With `wait=False` a busy ring gives a one-off segment at once. Slot
+        `avoid` (where a writer put `arrays`) is not written to, and without
+        another slot free at once a one-off segment is used: waiting would
+        hold a minibatch whose own slot is free.
+        """
+        layout, nbytes = _layout(arrays)
+        self._largest = max(self._largest, nbytes)
+        if avoid is not None:
+            self._busy[avoid] = True
+        try:
+            wait_s = _WAIT_S if avoid is None else 0.0
+            slot = self._free_slot(nbytes, wait_s) if wait else None
+        finally:
+            if avoid is not None:
+                self._busy[avoid] = False
+        if slot is None:  # every slot busy: a one-off segment
+            name, mm = self._create_named(nbytes)
+            _write(mm, layout, arrays)
+            mm.close()
+            return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
+        _write(self._slots[slot][2], layout, arrays)
+        return self.send_slot(slot, layout, nbytes)
+
+    def slot_to_write(self) -> tuple[int | None, mmap.mmap | None, bool]:
+        """A free slot to format the next minibatch in, for `SlotWriter`.
+
+        Returns:
+            `(slot, mapping, wait)`: a free slot that fits the largest
+            minibatch sent so far and its mapping; `(None, None, True)`
+            before the first minibatch (it is written by `put`), and
+            `(None, None, False)` when every slot stayed busy (a one-off
+            segment instead).
+        """
+        if not self._largest:
+            return None, None, True
+        slot = self._free_slot(self._largest)
+        if slot is None:  # every slot busy for _WAIT_S: a one-off segment
+            return None, None, False
+        return slot, self._slots[slot][2], True
+
+    def send_slot(self, slot: int, layout, nbytes: int) -> SlotHandle:
+        """The handle of a minibatch written in `slot` at `layout`."""
+        self._largest = max(self._largest, nbytes)
+        name, size, _ = self._slots[slot]
+        self._busy[slot] = True
+        return SlotHandle(self.name, slot, name, size, layout, os.getpid())
+
+
+class SlotHandle:
+    """A minibatch waiting in a worker's slot; unpickles to a dict of arrays."""
+
+    __slots__ = ("layout", "pid", "ring", "segment", "size", "slot")
+
+    def __init__(self, ring, slot, segment, size, layout, pid):
+        self.ring, self.slot, self.segment = ring, slot, segment
+        self.size, self.layout, self.pid = size, layout, pid
+
+    def __reduce__(self):
+        return (
+            _receive,
+            (self.ring, self.slot, self.segment, self.size, self.layout, self.pid),
+        )
+
+    def __getitem__(self, key):
+        raise TypeError(
+            "this minibatch is a grain_cells shared-memory handle, meant to be "
+            "pickled to the process that started the worker; it reached code "
+            "in the worker itself. The fetch transform uses the slot ring when "
+            "it is unpickled in a multiprocessing child: build the pipeline in "
+            "the process that iterates it."
+        )
+
+
+class _RingView:
+    """The trainer's mappings of one worker's ring."""
+
+    def __init__(self, ring: str, pid: int):
+        self.pid = pid
+        self.prefix = ring[: -len("_ring")]
+        self.sock: socket.socket | None = socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM
+        )
+        try:
+            self.sock.connect(_address(ring))
+        except OSError:  # the worker (and its socket) is gone
+            self.close()
+        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
+
+    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
+        held = self.slots.get(slot)
+        if held is None or held[0] != name:
+            mm = _open(name, size)
+            shm_names.unlink(name)
+            self.slots[slot] = (name, mm)
+            return mm
+        return held[1]
+
+    def hand_back(self, slot: int) -> None:
+        """Returns a slot to the worker, after its arrays were copied out."""
+        if self.sock is None:
+            return
+        try:
+            self.sock.send(bytes((slot,)), _NO_SIGNAL)
+        except OSError:  # the worker has exited
+            self.close()
+
+    def close(self) -> None:
+        """Closes the socket to the worker (its mappings go with the view)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class ExpiredBatch(dict):
+    """Stands for a minibatch whose worker exited before it was received.
+
+    Grain drains its queues when an iterator stops, after the worker has
+    unlinked its segments; what is drained is discarded. If one ever reaches
+    user code, touching it says what happened instead of returning data.
+    """
+
+    def __getitem__(self, key):
+        raise RuntimeError(
+            "this minibatch's shared memory was released before it was "
+            "received: its Grain worker process exited (or was stopped)"
+        )
+
+
+def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
+    """Copies a minibatch out of shared memory and hands its slot back."""
+    try:
+        return _receive_or_raise(ring, slot, segment, size, layout, pid)
+    except FileNotFoundError:
+        return ExpiredBatch()
+
+
+def _receive_or_raise(ring, slot, segment, size, layout, pid):
+    global _unpacked
+    if ring is None:
+        mm = _open(segment, size)
+        shm_names.unlink(segment)
+        try:
+            return _read(mm, layout)
+        finally:
+            mm.close()
+    if _local_ring is not None and ring == _local_ring.name:
+        # Unpickled by the worker itself (Grain drains its own queue on stop).
+        _local_ring.release(slot)
+        return {}
+    view = _RINGS.get(ring)
+    if view is None:
+        with _RINGS_LOCK:
+            view = _RINGS.get(ring)
+            if view is None:
+                _prune()
+                _close_views_at_exit()
+                view = _RINGS[ring] = _RingView(ring, pid)
+    out = _read(view.segment(slot, segment, size), layout)
+    view.hand_back(slot)
+    _unpacked += 1
+    if _unpacked % _PRUNE_EVERY == 0:
+        _prune()
+    return out
+
+
+def release_dead_rings() -> None:
+    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
+    _prune()
+
+
+def _prune() -> None:
+    """Drops the mappings of rings whose worker has exited.
+
+    A worker that was killed could not unlink the segments it had made but not
+    yet handed over; their names share the ring's prefix, so they go too.
+    """
+    for name, view in list(_RINGS.items()):
+        if not shm_names.alive(view.pid) and _RINGS.pop(name, None) is view:
+            view.close()
+            shm_names.unlink_prefix(view.prefix)
+
+
+def _close_views() -> None:
+    for view in list(_RINGS.values()):
+        view.close()
+
+
+def _close_views_at_exit() -> None:
+    """Closes the views' sockets before the interpreter goes (once per process)."""
+    global _at_exit
+    if not _at_exit:
+        atexit.register(_close_views)
+        _at_exit = True
+
+
+_at_exit = False
+
+
+_local_ring: SlotRing | None = None
+
+
+def worker_ring(min_slots: int) -> SlotRing:
+    """This process's ring, created on first use with room for `min_slots`."""
+    global _local_ring
+    if _local_ring is None:
+        _local_ring = SlotRing()
+    _local_ring.reserve(min_slots)
+    return _local_ring
