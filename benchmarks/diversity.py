@@ -81,7 +81,7 @@ def minibatch_entropies(
     sampler = grain_cells.BlockSampler(len(source), seed=seed, num_epochs=None)
     split = grain_cells.fetch_operations(
         source, batch_size=batch, fetch_factor=fetch, seed=seed
-    )[1]
+    )[1].split
     per_fetch = split.config.blocks_per_fetch
     out = []
     position = 0

@@ -21,6 +21,7 @@ from conftest import close_iterator, take
 
 import grain_cells
 from grain_cells.pipeline._stage import FetchPlan, ReadFetch
+from grain_cells.sampling._stream import BlockStream
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.testing import ServedFolder
 
@@ -164,7 +165,7 @@ class _Recorder:
         return np.zeros_like(keys), keys * 4, keys * 4 + 4
 
 
-class _Stream:
+class _Stream(BlockStream):
     """A sampler whose position p holds block p."""
 
     def __len__(self) -> int:

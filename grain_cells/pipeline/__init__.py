@@ -3,8 +3,8 @@
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, cell_dataset
 from grain_cells.pipeline._extra import Layer, Obsm
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
 from grain_cells.pipeline._loader import CheckedIterator, DataLoader
-from grain_cells.pipeline._operations import fetch_operations
 
 __all__ = [
     "READ_OPTIONS",
@@ -12,6 +12,7 @@ __all__ = [
     "CheckedIterator",
     "DataLoader",
     "FetchConfig",
+    "GrainFetch",
     "Layer",
     "Obsm",
     "SplitFetch",

@@ -34,13 +34,17 @@ from grain import sharding
 
 from grain_cells._util import arguments
 from grain_cells.pipeline import _state_checks as state_checks
+from grain_cells.pipeline._config import make_split
 from grain_cells.pipeline._fetch import SplitFetch
-from grain_cells.pipeline._operations import fetch_operations
 from grain_cells.pipeline._resume import Position, hand_over
 from grain_cells.pipeline._stage import ReadFetch
+from grain_cells.sampling._conditions import ConditionBlockSampler
 from grain_cells.sampling._samplers import BlockSampler, check_sampler_fits
 from grain_cells.source._source import AnnDataSource
 from grain_cells.transport import _ring as transport
+from grain_cells.transport import _send, _shm_names
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._main_guard import check_main_guard
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -67,6 +71,8 @@ class CellDataset(grain.IterDataset):
         """Binds the pipeline's parts; starts nothing."""
         super().__init__()
         check_sampler_fits(sampler, source)
+        check_same_source(split, source)
+        check_condition_sampler(sampler)
         self.source = source
         self.sampler = sampler
         self.split = split
@@ -143,11 +149,17 @@ class CellIterator(grain.DatasetIterator):
         chain = grain.MapDataset.range(n, max(n, self._plan.num_fetches()))
         chain = chain.map(read).to_iter_dataset(READ_OPTIONS)
         if ds.worker_count:
+            # The pipeline owns the worker side: guard, flags, stale shared
+            # memory, and what each worker sets up (`_send.worker_init`).
+            check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
+            worker_process.allow_unparsed_flags()
+            _shm_names.remove_stale()  # of trainers and workers that were killed
             chain = chain.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=ds.worker_count,
                     per_worker_buffer_size=ds.worker_buffer_size,
-                )
+                ),
+                worker_init_fn=_send.worker_init,
             )
         self._inner = iter(chain)
 
@@ -321,7 +333,7 @@ def cell_dataset(
             shard_options=shard_options,
             readahead_cells=0,
         )
-    _, split = fetch_operations(
+    split = make_split(
         source,
         batch_size=batch_size,
         fetch_factor=fetch_factor,
@@ -342,3 +354,41 @@ def cell_dataset(
         shard_options=shard_options,
         readahead_cells=readahead_cells,
     )
+
+
+def check_same_source(split: SplitFetch, data_source) -> None:
+    """Refuses fetch operations built on another source or view.
+
+    The fetch transform reads through its own source; blocks of another view
+    (a split, a selection) or of other files would be read from the wrong
+    rows without a word.
+
+    Raises:
+        ValueError: `split.source` is not `data_source` (nor an equal one).
+    """
+    made = split.source
+    if made is data_source or repr(made) == repr(data_source):
+        return
+    raise ValueError(
+        "the fetch operations were built on another source than data_source: "
+        f"fetch_operations(...) reads {made!r}, but data_source is "
+        f"{data_source!r}. Build the sampler and fetch_operations from the "
+        "source (or split view) passed as data_source."
+    )
+
+
+def check_condition_sampler(sampler) -> None:
+    """Refuses a `ConditionBlockSampler` striped for a plain grain.DataLoader.
+
+    Raises:
+        ValueError: The sampler's `worker_count` is not 0.
+    """
+    if isinstance(sampler, ConditionBlockSampler) and sampler.worker_count:
+        raise ValueError(
+            f"ConditionBlockSampler(worker_count={sampler.worker_count}) stripes "
+            "its groups for a plain grain.DataLoader's workers; "
+            "grain_cells.DataLoader and cell_dataset form each fetch from "
+            "consecutive positions whatever their worker_count, so build the "
+            "sampler with worker_count=0 (its fetches then hold one condition "
+            "each)"
+        )

@@ -33,10 +33,8 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
-import os
 import weakref
 
-import grain
 import numpy as np
 
 from grain_cells._util import counter_rng
@@ -46,9 +44,6 @@ from grain_cells.outputs import _formats as outputs
 from grain_cells.outputs._formats import Fetch, Output
 from grain_cells.pipeline import _extra as matrices
 from grain_cells.source._source import AnnDataSource
-from grain_cells.transport import _ring as transport
-from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._slot_writer import writer_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,23 +86,15 @@ class FetchConfig:
         return n + self.blocks_per_fetch if self.condition else n
 
 
-def _group_blocks(blocks) -> np.ndarray:
-    """Batch function: a fetch is an int64 array of (index, file, start, stop)."""
-    return np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+class SplitFetch:
+    """Reads one fetch of blocks and splits it into shuffled minibatches.
 
-
-class _GroupBlocks:
-    """Picklable batch function for `grain.transforms.Batch`."""
-
-    def __call__(self, blocks):
-        return _group_blocks(blocks)
-
-    def __repr__(self) -> str:
-        return "GroupBlocks()"
-
-
-class SplitFetch(grain.experimental.FlatMapTransform):
-    """Reads one fetch of blocks and splits it into shuffled minibatches."""
+    Knows nothing of processes or transport: `read(blocks)` returns the
+    fetch's `Minibatches`, each formatted on demand with the allocator it is
+    given. The pipeline's fetch stage (`grain_cells.pipeline._stage`) and
+    the adapter for a plain `grain.DataLoader`
+    (`grain_cells.pipeline._grain_ops`) decide where minibatches go.
+    """
 
     def __init__(
         self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
@@ -115,8 +102,8 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         """Binds the transform to its source and configuration."""
         self.source = source
         self.config = config
-        self.max_fan_out = config.max_minibatches
         self.extra = matrices.readers(source, extra)
+        self._buffers: list = []
 
     def __repr__(self) -> str:
         # Defaults print as before extra matrices existed.
@@ -126,6 +113,11 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         if self.config.condition is not None:
             more += f", condition={self.config.condition!r}"
         return f"SplitFetch({self.config!r}{more})"
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_buffers"] = []  # read buffers stay in the process that made them
+        return state
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
@@ -146,26 +138,6 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             positions = positions[order]
         return positions
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_buffers", None)
-        state.pop("_via_slots", None)
-        state["_pickled_in"] = os.getpid()
-        return state
-
-    def __setstate__(self, state):
-        pickled_in = state.pop("_pickled_in", None)
-        self.__dict__.update(state)
-        # Grain sends the pipeline to its worker processes pickled; unpickled
-        # in such a child (not merely copied within one process), minibatches
-        # go back to the parent pickled, so they travel as slot-ring handles
-        # (see `transport`), and the worker exits with its parent.
-        self._via_slots = (
-            pickled_in != os.getpid() and worker_process.in_child_process()
-        )
-        if self._via_slots:
-            worker_process.exit_with_parent()
-
     def _lend_buffer(self) -> tuple[RowBuffer, list]:
         """A read buffer no live fetch is using, and its owner cell.
 
@@ -173,7 +145,7 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         one pipeline may be alive at once (or one restored while another
         runs), so a buffer is reused only once the fetch that filled it is gone.
         """
-        pool = self.__dict__.setdefault("_buffers", [])
+        pool = self._buffers
         for buffer, owner in pool:
             if owner[0] is None or owner[0]() is None:
                 return buffer, owner
@@ -181,23 +153,13 @@ class SplitFetch(grain.experimental.FlatMapTransform):
         pool.append(entry)
         return entry
 
-    def flat_map(self, blocks: np.ndarray) -> Minibatches:
-        """Reads the fetch's blocks; returns its minibatches (built lazily)."""
-        # In a worker process, outputs are pickled to the trainer: send them
-        # through reusable shared-memory slots instead of fresh segments.
-        return self.read(blocks, self.__dict__.get("_via_slots", False))
-
-    def read(self, blocks: np.ndarray, via_slots: bool = False) -> Minibatches:
+    def read(self, blocks: np.ndarray) -> Minibatches:
         """Reads the fetch's blocks; returns its minibatches (built lazily).
 
         Args:
             blocks: Rows of (block id, file, start, stop), in sampler order.
-            via_slots: Return each minibatch as a handle to a slot of this
-                worker's shared-memory ring rather than as arrays.
         """
         cfg = self.config
-        if self.__dict__.get("_via_slots", False):  # unpickled in a worker
-            worker_process.fetch_starting()
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
@@ -221,7 +183,7 @@ class SplitFetch(grain.experimental.FlatMapTransform):
             for part in fetched.extra.values():
                 if isinstance(part, Fetch):  # a layer's rows: in X's order
                     part.order = order
-        batches = Minibatches(self, fetched, order, via_slots, bounds)
+        batches = Minibatches(self, fetched, order, bounds)
         owner[0] = weakref.ref(batches)
         return batches
 
@@ -312,6 +274,8 @@ class Minibatches(collections.abc.Sequence):
 
     Grain's FlatMap indexes the sequence in order, so only one minibatch is
     materialised at a time; the fetch buffer stays alive meanwhile.
+    `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker
+    passes one that allocates in the shared-memory slot it sends in).
     """
 
     def __init__(
@@ -319,13 +283,11 @@ class Minibatches(collections.abc.Sequence):
         split: SplitFetch,
         fetched: _Fetched,
         order: np.ndarray,
-        via_slots: bool,
         bounds: np.ndarray | None = None,
     ):
         self._split = split
         self._fetched = fetched
         self._order = order
-        self._via_slots = via_slots
         m = split.config.batch_size
         if bounds is None:
             bounds = np.r_[np.arange(0, order.size, m), order.size]
@@ -339,22 +301,12 @@ class Minibatches(collections.abc.Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        i %= len(self)
-        if self._via_slots:
-            # The fetch (materialised by Grain), the worker's queue (16 by
-            # default) and what the trainer holds.
-            return self.send(i, transport.worker_ring(2 * len(self) + 24))
-        return self.format(i)
+        return self.format(i % len(self))
 
     def format(self, i: int, empty=np.empty) -> dict:
         """Minibatch `i` (in range), its arrays allocated with `empty`."""
         a, b = self._bounds[i], self._bounds[i + 1]
         return self._split.minibatch(self._fetched, self._order[a:b], empty)
-
-    def send(self, i: int, ring: transport.SlotRing) -> transport.SlotHandle:
-        """Minibatch `i` formatted straight into a slot of `ring`; its handle."""
-        writer = writer_for(ring)
-        return writer.send(self.format(i, writer.empty))
 
 
 @dataclasses.dataclass

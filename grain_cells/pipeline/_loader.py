@@ -36,7 +36,7 @@ import grain
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
 from grain_cells.pipeline._fetch import SplitFetch
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.pipeline._grain_ops import GrainFetch
 from grain_cells.transport import _worker as worker_process
 from grain_cells.transport._main_guard import check_main_guard
 
@@ -46,7 +46,7 @@ __all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLo
 def _split_of(operations) -> tuple[SplitFetch, tuple]:
     """The fetch transform of `operations`, and the Maps after it."""
     ops = list(operations)
-    where = [i for i, op in enumerate(ops) if isinstance(op, SplitFetch)]
+    where = [i for i, op in enumerate(ops) if isinstance(op, GrainFetch)]
     if len(where) != 1:
         raise ValueError(
             "grain_cells.DataLoader needs operations=grain_cells.fetch_operations("
@@ -65,7 +65,7 @@ def _split_of(operations) -> tuple[SplitFetch, tuple]:
                 f"grain_cells.DataLoader runs operations after the fetch as "
                 f"per-minibatch grain.transforms.Map only, got {op!r}"
             )
-    return ops[where[0]], tuple(after)
+    return ops[where[0]].split, tuple(after)
 
 
 class DataLoader:
@@ -140,7 +140,6 @@ class DataLoader:
         workers = self._dataset.worker_count
         if workers:
             check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
-            shm_names.remove_stale()  # of trainers and workers that were killed
         return CheckedIterator(iter(self._dataset))
 
 

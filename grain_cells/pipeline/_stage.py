@@ -33,7 +33,8 @@ import math
 import grain
 import numpy as np
 
-from grain_cells.transport import _ring as transport
+from grain_cells.sampling._stream import BlockStream
+from grain_cells.transport import _send
 
 
 class FetchPlan:
@@ -88,9 +89,8 @@ class FetchPlan:
 
     def keys(self, positions: np.ndarray) -> np.ndarray:
         """Record keys (block ids) at sampler positions."""
-        blocks_at = getattr(self.sampler, "blocks_at", None)
-        if blocks_at is not None:
-            return np.asarray(blocks_at(positions), np.int64).reshape(-1)
+        if isinstance(self.sampler, BlockStream):  # vectorised
+            return np.asarray(self.sampler.blocks_at(positions), np.int64).reshape(-1)
         return np.array([self.sampler[int(p)].record_key for p in positions], np.int64)
 
 
@@ -121,11 +121,11 @@ class ReadFetch(grain.transforms.Map):
     """Fetch number -> that fetch's minibatches (Grain `Map`, picklable).
 
     In the process that built the pipeline the result is the lazy
-    `fetch.Minibatches` sequence; in a worker process (where the transform
-    arrives pickled) all minibatches are formatted there, each into a slot of
-    the worker's shared-memory ring (`transport`), and the fetch travels as
-    one list of slot handles, which unpickles to a list of minibatch dicts in
-    the trainer.
+    `Minibatches` sequence; in a worker process (set up by
+    `transport._send.worker_init`, which the pipeline passes to Grain's
+    `mp_prefetch`) all minibatches are formatted there, each into a slot of
+    the worker's shared-memory ring, and the fetch travels as one list of
+    slot handles, which unpickles to a list of minibatch dicts in the trainer.
     """
 
     def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
@@ -161,19 +161,16 @@ class ReadFetch(grain.transforms.Map):
     def map(self, n):
         """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
         n = int(n)
-        source = self.split.source
-        batches = self.split.read(fetch_blocks(source, self._keys_of(n)))
+        _send.fetch_starting()
+        batches = self.split.read(fetch_blocks(self.split.source, self._keys_of(n)))
         self._read_ahead(n)
-        if not self.split.__dict__.get("_via_slots", False):
+        if not _send.in_worker():
             return batches
-        # One slot per minibatch, written as soon as it is formatted (each
-        # formatted array is dropped at once): the fetch being built, the
-        # worker's queue and the fetch the trainer is copying.
-        ring = transport.worker_ring(4 * len(batches) + 8)
-        return [batches.send(i, ring) for i in range(len(batches))]
+        # Each minibatch is written into a slot as soon as it is formatted.
+        return _send.send_all(batches.format, len(batches))
 
     def _read_ahead(self, n: int) -> None:
-        if not self.ahead or not hasattr(self.split.source, "will_need"):
+        if not self.ahead:
             return
         # The window is `ahead` fetches of the whole stream (all workers'),
         # of which this process hints its own: every worker together holds

@@ -7,16 +7,22 @@ drug, one donor, one study). Three pieces give that:
   never straddle a change of the column's value (blocks are split there), so
   every block is pure;
 * `ConditionBlockSampler(source, column, ...)`: the blocks in groups of one
-  condition, `blocks_per_fetch` blocks per group, so that each fetch (the
-  `G` consecutive records a worker's `Batch` groups) holds one condition. It
-  knows how Grain stripes records over shards and workers (shard `s` of `S`,
-  worker `w` of `N` gets positions `s + S * (w + N * k)`), so it takes the
-  loader's `worker_count`;
+  condition, `blocks_per_fetch` blocks per group, so that each fetch holds
+  one condition. A fetch is `G` consecutive positions of a shard under
+  `grain_cells.DataLoader` and `cell_dataset` (whatever their worker count):
+  leave the sampler's `worker_count` at 0 there (the pipeline refuses
+  another value). A plain `grain.DataLoader` instead stripes records over
+  its workers (worker `w` of `N` gets positions `s + S * (w + N * k)`), so
+  its fetches are pure only when the sampler is told that loader's
+  `worker_count`;
 * `fetch_operations(..., condition=column)`: splits each fetch into
   minibatches by the column's value, so a minibatch is pure even where a
   fetch is not (a condition's last, short group shares a fetch with the
-  next group): each condition's cells of the fetch are shuffled and cut into
-  minibatches, the last one padded (`mask=False`).
+  next group; a wrong `worker_count` mixes more fetches): each condition's
+  cells of the fetch are shuffled and cut into minibatches, the last one
+  padded (`mask=False`). So under any spelling and worker count every
+  minibatch holds one condition; the sampler only decides how many are
+  short.
 
 **An epoch** (`weights=None`) visits every selected block once: each
 condition's blocks in a new order, cut into groups of `blocks_per_fetch`;
@@ -119,7 +125,9 @@ class ConditionBlockSampler(BlockStream):
             column: The condition column.
             blocks_per_fetch: Blocks per fetch (`batch_size * fetch_factor /
                 block_size`, `FetchConfig.blocks_per_fetch`).
-            worker_count: The `DataLoader`'s worker count.
+            worker_count: 0 for `grain_cells.DataLoader` and `cell_dataset`
+                (any worker count); a plain `grain.DataLoader`'s worker count
+                (it stripes records over workers).
             seed: Seed in `[0, 2**31)`.
             num_epochs: Epochs, or None for an endless stream.
             shard_options: This process's shard.
@@ -187,6 +195,11 @@ class ConditionBlockSampler(BlockStream):
         state = super().__getstate__()
         state["_memo"] = None
         return state
+
+    @property
+    def worker_count(self) -> int:
+        """The worker striping the groups follow (0: consecutive positions)."""
+        return self._worker_count
 
     @property
     def conditions(self) -> np.ndarray:

@@ -1,24 +1,18 @@
-"""`fetch_operations`: the batched fetch as operations for `grain.DataLoader`.
+"""The fetch transform's arguments, checked once for every spelling.
 
-Returns `[grain.transforms.Batch(G), SplitFetch(...)]` (see
-`grain_cells.pipeline._fetch` for what a fetch is). `grain_cells.DataLoader`
-and `cell_dataset` take the same arguments and use only the `SplitFetch`
-(their fetch stage forms fetches itself, worker-independently:
-`grain_cells.pipeline._stage`).
+`make_split` is what `fetch_operations` (a plain `grain.DataLoader`),
+`grain_cells.DataLoader` and `cell_dataset` all build their fetch transform
+with: the same checks and messages whichever way a user came in.
 """
 
 from __future__ import annotations
 
 import warnings
 
-import grain
-
 from grain_cells._util import arguments
 from grain_cells.outputs._formats import CsrOutput, Output
-from grain_cells.pipeline._fetch import FetchConfig, SplitFetch, _GroupBlocks
+from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.source._source import AnnDataSource
-from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._main_guard import check_main_guard
 
 
 def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
@@ -35,11 +29,11 @@ def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
         f"fewer than one minibatch, and drop discards them: a pass over the "
         f"source yields {how} minibatches. Use remainder='pad', a smaller "
         "batch_size or a larger fetch_factor.",
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
-def fetch_operations(
+def make_split(
     source: AnnDataSource,
     *,
     batch_size: int,
@@ -51,48 +45,14 @@ def fetch_operations(
     extra: dict | None = None,
     numeric_obs: str = "native",
     condition: str | None = None,
-) -> list:
-    """The operations that turn block records into shuffled minibatches.
-
-    Args:
-        source: The source the sampler walks.
-        batch_size: Cells per minibatch (`m`).
-        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
-            are read together and their cells shuffled in memory.
-        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
-            `DenseOutput()`, a token output (`grain_cells.tokens.RankValueTokens`,
-            `ValueBinTokens`), or any `grain_cells.Output`.
-        shuffle: Shuffle cells inside each fetch (turn off together with the
-            sampler's shuffle for a sequential pass).
-        seed: Seed of the in-fetch shuffle (use the sampler's).
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        extra: More matrices of the same cells per minibatch, by output key:
-            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
-            or `grain_cells.Obsm(name)` (see `grain_cells.pipeline._extra`).
-        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
-            integers come as int32) or `"float32"` (every numeric column as
-            float32, beside the int32 codes of categorical ones).
-        condition: An obs column of the source: every minibatch then holds
-            cells of one value of it (each condition's cells of a fetch are
-            cut into minibatches, the last one short and padded). Pair with
-            `grain_cells.ConditionBlockSampler`; see `grain_cells.sampling._conditions`.
-
-    Returns:
-        `[grain.transforms.Batch(...), SplitFetch(...)]` for
-        `grain.DataLoader(operations=...)`.
+) -> SplitFetch:
+    """The fetch transform, its arguments checked (see `fetch_operations`).
 
     Raises:
         ValueError: An argument is out of range, or a fetch's cells are not a
             whole number of minibatches.
+        TypeError: `output` is not an output format.
     """
-    if worker_process.in_child_process():
-        # A spawned worker importing a script whose top level builds the
-        # pipeline: say so once, instead of workers dying one by one.
-        check_main_guard("a grain_cells pipeline with worker processes")
-    else:
-        # Grain reads an absl flag when it starts worker processes (from
-        # whichever spelling: grain.DataLoader, mp_prefetch).
-        worker_process.allow_unparsed_flags()
     batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
     fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
     seed = arguments.check_seed(seed)
@@ -135,9 +95,4 @@ def fetch_operations(
         )
     if remainder == "drop":
         _warn_if_nothing_left(source, config)
-    return [
-        grain.transforms.Batch(
-            config.blocks_per_fetch, drop_remainder=False, batch_fn=_GroupBlocks()
-        ),
-        SplitFetch(source, config, extra),
-    ]
+    return SplitFetch(source, config, extra)

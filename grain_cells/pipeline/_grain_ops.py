@@ -1,0 +1,218 @@
+"""The adapter for a plain `grain.DataLoader`: `fetch_operations`.
+
+The product's card spelling,
+
+    grain.DataLoader(data_source=source, sampler=BlockSampler(source, ...),
+                     operations=fetch_operations(source, batch_size=64),
+                     worker_count=N)
+
+runs Grain's own `DataLoader`, which gives the pipeline no say over its
+workers: records are striped over workers and batched into fetches inside
+each one, and no worker hook exists. Everything that spelling needs lives
+here and nowhere else:
+
+* `Batch(G, batch_fn=GroupBlocks())` groups `G` block records of a worker's
+  stream into one fetch (rows of block id, file, start, stop);
+* `GrainFetch`, a `FlatMap`, reads the fetch through the pipeline's
+  `SplitFetch` and yields its minibatches. Grain unpickles it in each worker
+  (and only there): at that moment it sets the worker up as the pipeline
+  does (`transport._send.worker_init`), so minibatches travel through the
+  worker's slot ring and the worker exits with its parent;
+* absl flags marked parsed (Grain reads one when it starts workers), and the
+  `__main__` guard checked in a spawned worker that re-ran a script's top
+  level;
+* the first fetch checks that `data_source` is the source the operations
+  were built on (a split view's blocks read through the full source, or
+  another file, would otherwise be read without a word).
+
+`grain_cells.DataLoader` accepts the same operations and uses only the
+`SplitFetch` inside (its fetch stage forms fetches itself,
+worker-independently: `grain_cells.pipeline._stage`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import grain
+import numpy as np
+
+from grain_cells.outputs._formats import Output
+from grain_cells.pipeline._config import make_split
+from grain_cells.pipeline._fetch import Minibatches, SplitFetch
+from grain_cells.source._source import AnnDataSource
+from grain_cells.transport import _send
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._main_guard import check_main_guard
+
+
+class GroupBlocks:
+    """Picklable batch function: a fetch is an int64 array of records.
+
+    Each row is one block record: (block id, file, start, stop).
+    """
+
+    def __call__(self, blocks) -> np.ndarray:
+        return np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+
+    def __repr__(self) -> str:
+        return "GroupBlocks()"
+
+
+class GrainFetch(grain.experimental.FlatMapTransform):
+    """A fetch of block records -> its minibatches, in a `grain.DataLoader`.
+
+    Attributes:
+        split: The pipeline's fetch transform (`SplitFetch`).
+    """
+
+    def __init__(self, split: SplitFetch):
+        """Wraps the fetch transform for Grain's `FlatMap`."""
+        self.split = split
+        self.max_fan_out = split.config.max_minibatches
+        self._checked = False
+
+    @property
+    def source(self) -> AnnDataSource:
+        """The source the operations read through."""
+        return self.split.source
+
+    @property
+    def config(self):
+        """The fetch configuration (`FetchConfig`)."""
+        return self.split.config
+
+    def __repr__(self) -> str:
+        return repr(self.split)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pickled_in"] = os.getpid()
+        return state
+
+    def __setstate__(self, state):
+        pickled_in = state.pop("_pickled_in", None)
+        self.__dict__.update(state)
+        # Grain sends the operations to its workers pickled: unpickled in such
+        # a child (not merely copied within one process), this is a worker.
+        if pickled_in != os.getpid():
+            _send.worker_init()
+
+    def flat_map(self, blocks: np.ndarray) -> Minibatches | _Sent:
+        """Reads the fetch's blocks; returns its minibatches (built lazily)."""
+        if not self._checked:
+            self._check_blocks(blocks)
+            self._checked = True
+        _send.fetch_starting()
+        batches = self.split.read(blocks)
+        return _Sent(batches) if _send.in_worker() else batches
+
+    def _check_blocks(self, blocks: np.ndarray) -> None:
+        """Refuses records of another source than the one this reads."""
+        source = self.split.source
+        keys = blocks[:, 0]
+        if keys.size == 0:
+            return
+        if int(keys.max()) >= len(source):
+            found = f"block {int(keys.max())}, past its {len(source)} blocks"
+        else:
+            files, starts, stops = source.block_ranges(keys)
+            if np.array_equal(np.stack([files, starts, stops], 1), blocks[:, 1:]):
+                return
+            found = "blocks whose rows differ from its own"
+        raise ValueError(
+            f"fetch_operations(...) was built on {source!r}, but the loader's "
+            f"data_source gave it {found}: data_source is another source or "
+            "view (a split, a selection, other files). Build the sampler and "
+            "fetch_operations from the source passed as data_source."
+        )
+
+
+class _Sent:
+    """A worker's fetch: minibatch `i` is sent into a slot when Grain asks."""
+
+    def __init__(self, batches: Minibatches):
+        self._batches = batches
+        self._ring = _send.ring_for(len(batches))
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __getitem__(self, i: int):
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
+        return _send.send(self._batches.format, i % len(self), self._ring)
+
+
+def fetch_operations(
+    source: AnnDataSource,
+    *,
+    batch_size: int,
+    fetch_factor: int = 16,
+    output: Output | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    remainder: str = "pad",
+    extra: dict | None = None,
+    numeric_obs: str = "native",
+    condition: str | None = None,
+) -> list:
+    """The operations that turn block records into shuffled minibatches.
+
+    Args:
+        source: The source the sampler walks.
+        batch_size: Cells per minibatch (`m`).
+        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
+            are read together and their cells shuffled in memory.
+        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
+            `DenseOutput()`, a token output (`grain_cells.tokens.RankValueTokens`,
+            `ValueBinTokens`), or any `grain_cells.Output`.
+        shuffle: Shuffle cells inside each fetch (turn off together with the
+            sampler's shuffle for a sequential pass).
+        seed: Seed of the in-fetch shuffle (use the sampler's).
+        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
+        extra: More matrices of the same cells per minibatch, by output key:
+            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
+            or `grain_cells.Obsm(name)` (see `grain_cells.pipeline._extra`).
+        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
+            integers come as int32) or `"float32"` (every numeric column as
+            float32, beside the int32 codes of categorical ones).
+        condition: An obs column of the source: every minibatch then holds
+            cells of one value of it (each condition's cells of a fetch are
+            cut into minibatches, the last one short and padded). Pair with
+            `grain_cells.ConditionBlockSampler`; see `grain_cells.sampling._conditions`.
+
+    Returns:
+        `[grain.transforms.Batch(...), GrainFetch(...)]` for
+        `grain.DataLoader(operations=...)` (or `grain_cells.DataLoader`).
+
+    Raises:
+        ValueError: An argument is out of range, or a fetch's cells are not a
+            whole number of minibatches. While iterating: the loader's
+            `data_source` is another source or view than `source`.
+    """
+    if worker_process.in_child_process():
+        # A spawned worker importing a script whose top level builds the
+        # pipeline: say so once, instead of workers dying one by one.
+        check_main_guard("a grain_cells pipeline with worker processes")
+    else:
+        # Grain reads an absl flag when it starts worker processes.
+        worker_process.allow_unparsed_flags()
+    split = make_split(
+        source,
+        batch_size=batch_size,
+        fetch_factor=fetch_factor,
+        output=output,
+        shuffle=shuffle,
+        seed=seed,
+        remainder=remainder,
+        extra=extra,
+        numeric_obs=numeric_obs,
+        condition=condition,
+    )
+    return [
+        grain.transforms.Batch(
+            split.config.blocks_per_fetch, drop_remainder=False, batch_fn=GroupBlocks()
+        ),
+        GrainFetch(split),
+    ]

@@ -1,0 +1,78 @@
+"""What the pipeline sets up in a worker, and how a worker sends minibatches.
+
+The pipeline owns the worker side: `grain_cells.cell_dataset` and
+`grain_cells.DataLoader` pass `worker_init` to Grain's
+`IterDataset.mp_prefetch(worker_init_fn=...)`, and the adapter of a plain
+`grain.DataLoader` (`grain_cells.pipeline._grain_ops`) calls it when its
+fetch transform is unpickled in a worker (Grain's `DataLoader` has no
+worker hook). Either way the worker then exits with its parent
+(`_worker.exit_with_parent`), freezes its garbage collector's old objects
+after its first fetch (`_worker.fetch_starting`), and sends every minibatch
+through its shared-memory slot ring (`_ring`), formatted straight into a
+slot (`_slot_writer`). The fetch code itself knows none of this: it formats a
+minibatch with whatever allocator it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._ring import SlotHandle, SlotRing, worker_ring
+from grain_cells.transport._slot_writer import writer_for
+
+_in_worker = False
+
+# A fetch's minibatches are formatted as `format(i, empty) -> dict`.
+Formatter = Callable[[int, Callable[..., np.ndarray]], dict]
+
+
+def worker_init(worker_index: int = 0, worker_count: int = 0) -> None:
+    """Sets up a worker process (`mp_prefetch`'s `worker_init_fn`).
+
+    Idempotent. Args are Grain's (unused: a fetch does not depend on which
+    worker runs it).
+    """
+    global _in_worker
+    del worker_index, worker_count
+    if not worker_process.in_child_process():
+        return
+    _in_worker = True
+    worker_process.exit_with_parent()
+
+
+def in_worker() -> bool:
+    """Whether `worker_init` ran in this process (minibatches go via slots)."""
+    return _in_worker
+
+
+def fetch_starting() -> None:
+    """Called as a worker starts a fetch (freezes the GC after the first)."""
+    if _in_worker:
+        worker_process.fetch_starting()
+
+
+def ring_for(minibatches_per_fetch: int) -> SlotRing:
+    """This worker's ring, with room for what is in flight.
+
+    The fetch being formatted, the finished fetches in the worker's queue
+    (Grain's default depth is 16 elements) and the fetch the trainer holds:
+    about four fetches, or two fetches and the queue's depth in minibatches
+    (a plain `grain.DataLoader` queues minibatches, not fetches).
+    """
+    n = int(minibatches_per_fetch)
+    return worker_ring(max(4 * n + 8, 2 * n + 24))
+
+
+def send(format_minibatch: Formatter, i: int, ring: SlotRing) -> SlotHandle:
+    """Minibatch `i` formatted straight into a slot of `ring`; its handle."""
+    writer = writer_for(ring)
+    return writer.send(format_minibatch(i, writer.empty))
+
+
+def send_all(format_minibatch: Formatter, count: int) -> list[SlotHandle]:
+    """A fetch's `count` minibatches, each written into a slot as formatted."""
+    ring = ring_for(count)
+    return [send(format_minibatch, i, ring) for i in range(count)]
