@@ -49,11 +49,11 @@ from grain_cells.transport._main_guard import check_main_guard
 class GroupBlocks:
     """Picklable batch function: a fetch is an int64 array of records.
 
-    Each row is one block record: (block id, file, start, stop).
+    Each row is one block record: (block id, file, start, stop, source id).
     """
 
     def __call__(self, blocks) -> np.ndarray:
-        return np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+        return np.asarray(blocks, dtype=np.int64).reshape(len(blocks), -1)
 
     def __repr__(self) -> str:
         return "GroupBlocks()"
@@ -115,9 +115,11 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             return
         if int(keys.max()) >= len(source):
             found = f"block {int(keys.max())}, past its {len(source)} blocks"
+        elif blocks.shape[1] > 4 and np.any(blocks[:, 4] != source.source_id):
+            found = "records of another source (Block.source_id differs)"
         else:
             files, starts, stops = source.block_ranges(keys)
-            if np.array_equal(np.stack([files, starts, stops], 1), blocks[:, 1:]):
+            if np.array_equal(np.stack([files, starts, stops], 1), blocks[:, 1:4]):
                 return
             found = "blocks whose rows differ from its own"
         raise ValueError(

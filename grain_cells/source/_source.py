@@ -26,6 +26,7 @@ by `grain_cells.source._reads`; the read-only properties are in
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -223,7 +224,20 @@ class AnnDataSource(SourceReads):
 
     def __getitem__(self, record_key: int) -> Block:
         """Returns the descriptor of block `record_key` (no I/O)."""
-        return self._table.block(record_key)
+        return self._table.block(record_key)._replace(source_id=self.source_id)
+
+    @property
+    def source_id(self) -> int:
+        """A 56-bit id of this source or view: a hash of its `repr`.
+
+        Equal for sources built alike on the same files, different for
+        another view (split, selection) or other files.
+        """
+        sid = self.__dict__.get("_source_id")
+        if sid is None:
+            digest = hashlib.blake2b(repr(self).encode(), digest_size=7).digest()
+            sid = self.__dict__["_source_id"] = int.from_bytes(digest, "little")
+        return sid
 
     def __repr__(self) -> str:
         files = ", ".join(

@@ -38,12 +38,16 @@ class Block(NamedTuple):
         file: Index of the file that holds it.
         start: First global row id (over the concatenated files).
         stop: One past the last global row id.
+        source_id: Which source (or view) it belongs to
+            (`AnnDataSource.source_id`); 0 when unknown. The fetch transform
+            refuses records of a source other than its own.
     """
 
     index: int
     file: int
     start: int
     stop: int
+    source_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
