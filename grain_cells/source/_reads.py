@@ -8,7 +8,8 @@ options, without any handle; after a fork the child opens its own. A view of
 a source holds a new `FileReads` over the same files (its own handles).
 
 Example:
-    >>> reads = FileReads(source.files, options)
+    >>> files, table, options = build(["a.h5ad"])   # grain_cells.source._options
+    >>> reads = FileReads(files, options)
     >>> reads.read_rows([5, 3]).row_ids
     array([5, 3])
 """

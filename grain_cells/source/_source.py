@@ -158,7 +158,9 @@ class AnnDataSource:
         self._reads = FileReads(files, options)
 
     @classmethod
-    def _of(cls, files: FileSet, table: BlockTable, options: SourceOptions):
+    def _of(
+        cls, files: FileSet, table: BlockTable, options: SourceOptions
+    ) -> AnnDataSource:
         """A source of these values (files already checked by `build`)."""
         source = cls.__new__(cls)
         source._bind(files, table, options)
@@ -374,6 +376,9 @@ class AnnDataSource:
 
         Categorical columns come back as codes into `categories[column]`; see
         `FileReads.obs_values`.
+
+        Raises:
+            errors.MissingColumnError: `column` is not one of `obs_columns`.
         """
         return self._reads.obs_values(column)
 
