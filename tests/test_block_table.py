@@ -135,3 +135,48 @@ def test_selection_and_splits_are_tables(csr_paths):
             v.close()
     finally:
         source.close()
+
+
+def test_a_view_is_a_new_source_of_the_same_values(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=16, obs_columns=["idx"])
+    try:
+        source.read([0])  # opens file 0 in this process
+        view = source.view(source.block_table.with_blocks([0, 100], [12, 110]))
+        assert view.files is source.files and view.block_size == source.block_size
+        assert repr(view).startswith(repr(source)[:-1])
+        # Its own handles: closing the view leaves the source open.
+        assert view._file(0) is not source._file(0)
+        view.close()
+        np.testing.assert_array_equal(source.read([1]).obs["idx"], [1])
+        np.testing.assert_array_equal(view.read_blocks([1]).row_ids, range(100, 110))
+        # Pickles as its values: no open file, buffer or thread travels.
+        data = pickle.dumps(view)
+        assert b"h5py" not in data and b"ThreadPool" not in data
+        view.close()
+    finally:
+        source.close()
+
+
+def test_chunk_aligned_and_condition_tables_are_pure(csr_paths):
+    from grain_cells.blocks._chunk_aligned import chunk_aligned_blocks
+    from grain_cells.sampling._conditions import condition_table
+
+    source = grain_cells.AnnDataSource(csr_paths, block_size=16, obs_columns=["plate"])
+    try:
+        view = source.select(where={"plate": ["plate0", "plate2", "plate3"]})
+        table = view.block_table
+        before = repr(view)
+        aligned = chunk_aligned_blocks(table, view.chunk_starts(), 2)
+        assert aligned.blocks_id == grain_cells.chunk_aligned(view, 2).blocks_id
+        np.testing.assert_array_equal(aligned.cell_mask(), table.cell_mask())
+        plates = view.obs_values("plate")
+        pure = condition_table(table, plates)
+        assert pure.blocks_id == grain_cells.condition_blocks(view, "plate").blocks_id
+        np.testing.assert_array_equal(pure.cell_mask(), table.cell_mask())
+        _, starts, stops = pure.ranges(np.arange(len(pure)))
+        for a, b in zip(starts, stops, strict=True):
+            assert np.unique(plates[a:b]).size == 1  # one plate per block
+        assert len(pure) > len(table)  # plate1's gap and plate changes cut blocks
+        assert repr(view) == before
+    finally:
+        source.close()

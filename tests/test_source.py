@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import anndata as ad
@@ -12,6 +13,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.hdf5 import _reads as hdf5_reads
+from grain_cells.io._file_set import FileSet
 
 N_OBS, N_VARS = 230, 37
 
@@ -347,6 +349,26 @@ def test_repr_is_stable_and_describes_source(tmp_path):
     c = grain_cells.AnnDataSource(path, block_size=16, obs_columns=["idx"])
     assert repr(a) == repr(b) != repr(c)
     assert f"{N_OBS} cells" in repr(a) and "block_size=8" in repr(a)
+
+
+def test_files_is_the_file_set_the_source_reads(tmp_path):
+    path = tmp_path / "a.h5ad"
+    _write(path, "csr")
+    source = grain_cells.AnnDataSource(path, block_size=8, obs_columns=["idx"])
+    try:
+        files = source.files
+        assert isinstance(files, FileSet)
+        assert files.paths == source.paths and files.obs_names == ("idx",)
+        assert files.num_genes == source.num_genes == N_VARS
+        assert files.infos[0] is source.file_info(0)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            files.paths = ()
+        # A view, and a pickled copy, read the same files.
+        view = source.with_blocks([8], [16])
+        assert view.files is files
+        assert pickle.loads(pickle.dumps(view)).files.paths == files.paths
+    finally:
+        source.close()
 
 
 def test_anndata_07_legacy_categoricals(tmp_path):

@@ -7,9 +7,11 @@ block of 16 cells decodes one or two whole chunks (of `data` and of
 those chunks are decoded again by other fetches.
 
 `chunk_aligned(source, chunks_per_block=n)` returns a view of the source
-(`with_blocks`) whose blocks are the cells of `n` consecutive chunks each:
-the cells whose first value lies in chunks `k*n` to `k*n + n - 1` form one
-block (split into pieces of at most `block_size` cells when they are more).
+(`source.view` of the table that `chunk_aligned_blocks` computes from the
+source's block table and chunk starts) whose blocks are the cells of `n`
+consecutive chunks each: the cells whose first value lies in chunks `k*n`
+to `k*n + n - 1` form one block (split into pieces of at most `block_size`
+cells when they are more).
 A block then decodes its own chunks plus the next one, which its last
 cell's values usually run into (decoded whole: its checksum covers all of
 it), so every decoded chunk serves all its cells within one fetch, and a
@@ -41,6 +43,7 @@ from grain_cells.source import _selection as selection
 
 if TYPE_CHECKING:
     from grain_cells.source._source import AnnDataSource
+    from grain_cells.source._table import BlockTable
 
 
 def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:
@@ -70,18 +73,35 @@ def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSo
     n = int(chunks_per_block)
     if n < 1:
         raise ValueError(f"chunks_per_block must be at least 1, got {chunks_per_block}")
-    mask = selection.cell_mask(source)
-    cuts = np.union1d(source.cell_offsets, _every_nth_chunk(source, n))
-    starts, stops = selection.blocks_over_runs(mask, cuts, source.block_size)
-    return source.with_blocks(starts, stops)
+    table = source.block_table
+    return source.view(chunk_aligned_blocks(table, source.chunk_starts(), n))
 
 
-def _every_nth_chunk(source: AnnDataSource, n: int) -> np.ndarray:
+def chunk_aligned_blocks(
+    table: BlockTable, chunk_starts: np.ndarray, chunks_per_block: int = 1
+) -> BlockTable:
+    """The block table of `chunk_aligned`: a pure function of its inputs.
+
+    Args:
+        table: The source's block table (its cells are kept).
+        chunk_starts: Sorted global rows where a chunk begins
+            (`source.chunk_starts()`).
+        chunks_per_block: Chunks per block (at least 1).
+    """
+    cuts = np.union1d(
+        table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
+    )
+    starts, stops = selection.blocks_over_runs(
+        table.cell_mask(), cuts, table.block_size
+    )
+    return table.with_blocks(starts, stops)
+
+
+def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarray:
     """Every `n`-th chunk start of each file, counted from the file's first."""
-    starts = source.chunk_starts()
     if n == 1:
         return starts
-    offsets = np.asarray(source.cell_offsets, np.int64)
+    offsets = np.asarray(table.cell_offsets, np.int64)
     files = np.searchsorted(offsets, starts, side="right") - 1
     first = np.searchsorted(starts, offsets[:-1], side="left")
     rank = np.arange(starts.size) - first[files]
@@ -90,5 +110,5 @@ def _every_nth_chunk(source: AnnDataSource, n: int) -> np.ndarray:
 
 def mean_cells_per_chunk(source: AnnDataSource) -> float:
     """Average cells per chunk of the matrix over all files (for sizing)."""
-    starts = np.union1d(source.cell_offsets[:-1], source.chunk_starts())
+    starts = np.union1d(source.block_table.cell_offsets[:-1], source.chunk_starts())
     return source.num_cells / max(1, starts.size)

@@ -39,7 +39,6 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, counter_rng
 from grain_cells.source._selection import (
-    cell_mask,
     describe_condition,
     selected_blocks,
     where_mask,
@@ -155,16 +154,15 @@ def fraction_split_blocks(
             f"pass unit_cells or by, not both (got unit_cells={unit_cells!r}, "
             f"by={by!r})"
         )
+    table = source.block_table
     if unit_cells is None and by is None:  # units: the source's blocks
-        _, starts, stops = source.block_ranges(np.arange(len(source)))
+        _, starts, stops = table.ranges(np.arange(len(table)))
         split_of = _cut(starts, stops - starts, bounds, seed, names, "blocks")
         return {
-            name: source.block_table.with_blocks(
-                starts[split_of == i], stops[split_of == i]
-            )
+            name: table.with_blocks(starts[split_of == i], stops[split_of == i])
             for i, name in enumerate(names)
         }
-    mask = cell_mask(source)
+    mask = table.cell_mask()
     if by is not None:
         unit_of_row, keys = _groups(source, by)
         sizes = np.bincount(unit_of_row[mask], minlength=keys.size)
@@ -179,7 +177,7 @@ def fraction_split_blocks(
             raise ValueError(
                 f"unit_cells must be a positive int or None, got {unit_cells!r}"
             )
-        offsets = source.cell_offsets
+        offsets = table.cell_offsets
         rows = np.flatnonzero(mask)
         first = offsets[np.searchsorted(offsets, rows, side="right") - 1]
         grid = first + (rows - first) // unit_cells * unit_cells
@@ -189,7 +187,7 @@ def fraction_split_blocks(
         keys, sizes = grid[begins], np.diff(begins, append=grid.size)
         del grid
         split_of_unit = _cut(keys, sizes, bounds, seed, names, "units")
-        split_of_row = np.full(source.num_cells, -1, np.int64)
+        split_of_row = np.full(table.num_cells, -1, np.int64)
         split_of_row[rows] = np.repeat(split_of_unit, sizes)
     return {
         name: selected_blocks(source, mask & (split_of_row == i))
@@ -216,7 +214,7 @@ def obs_split_blocks(
         )
     if rest is not None and rest in holdout:
         raise ValueError(f"rest={rest!r} is also a holdout split; rename one")
-    mask = cell_mask(source)
+    mask = source.block_table.cell_mask()
     taken = np.zeros_like(mask)
     out = {}
     for name, condition in holdout.items():

@@ -57,7 +57,6 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.source._selection import cell_mask
 
 if TYPE_CHECKING:
     from grain_cells.source._source import AnnDataSource
@@ -102,9 +101,10 @@ def block_weights(
         raise ValueError(
             f"cell_weights must be finite and >= 0; row {bad} has {w[bad]}"
         )
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
-    if source.num_selected_cells != n:  # cells between blocks count 0
-        w = np.where(cell_mask(source), w, 0.0)
+    table = source.block_table
+    _, starts, stops = table.ranges(np.arange(len(table)))
+    if table.num_selected_cells != n:  # cells between blocks count 0
+        w = np.where(table.cell_mask(), w, 0.0)
     sums = np.add.reduceat(w, starts) if starts.size else np.zeros(0)
     out = sums / (stops - starts) if reduce == "mean" else sums
     if not (out > 0).any():
@@ -141,7 +141,8 @@ def _composition(source: AnnDataSource, column: str) -> _Composition:
         )
     codes = source.obs_values(column)
     width = len(categories) + 1
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    table = source.block_table
+    _, starts, stops = table.ranges(np.arange(len(table)))
     lengths = stops - starts
     ends = np.cumsum(lengths)
     cuts = np.searchsorted(ends, np.arange(_CHUNK_CELLS, ends[-1], _CHUNK_CELLS))

@@ -52,6 +52,7 @@ are shorter (more, smaller reads for conditions stored in short runs).
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from grain import sharding
@@ -63,6 +64,9 @@ from grain_cells.sampling._stream import (
     check_stream_args,
     readahead_positions,
 )
+
+if TYPE_CHECKING:
+    from grain_cells.source._table import BlockTable
 
 _GROUP_WORD = 1 << 40
 _DRAW_WORD = 1 << 41
@@ -77,10 +81,24 @@ def condition_blocks(source, column: str):
         column: The condition column.
 
     Returns:
-        A view (`source.with_blocks`) over the same cells.
+        A view (`source.view` of `condition_table`) over the same cells.
     """
-    values = source.obs_values(column)
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    return source.view(condition_table(source.block_table, source.obs_values(column)))
+
+
+def condition_table(table: BlockTable, values: np.ndarray) -> BlockTable:
+    """`table`'s blocks, split wherever `values` changes between two cells.
+
+    A pure function of the table and the values.
+
+    Args:
+        table: A source's block table.
+        values: One value per global row (`source.obs_values(column)`).
+
+    Returns:
+        A view table over the same cells whose blocks are each of one value.
+    """
+    _, starts, stops = table.ranges(np.arange(len(table)))
     lengths = stops - starts
     cells = expand_ranges(starts, lengths)
     first = np.zeros(cells.size, bool)
@@ -89,7 +107,7 @@ def condition_blocks(source, column: str):
     change[1:] = values[cells[1:]] != values[cells[:-1]]
     heads = np.flatnonzero(first | change)
     tails = np.append(heads[1:], cells.size) - 1
-    return source.with_blocks(cells[heads], cells[tails] + 1)
+    return table.with_blocks(cells[heads], cells[tails] + 1)
 
 
 class ConditionBlockSampler(BlockStream):

@@ -1,59 +1,61 @@
-"""The public reads of a source: rows, row ranges and blocks, batched.
+"""`FileReads`: one process's batched reads of a source's files.
 
-`SourceReads` is `AnnDataSource`'s base (after `SourceInfo`, its read-only
-properties): every method here reads through `grain_cells.io._range_reads` with
-the source's file handles (`_handles`), block table (`_table`) and
-`_check_indices`; nothing here changes the source.
+An `AnnDataSource` holds one `FileReads` over its `FileSet`: the process's
+handles (`OpenFiles`: each file opened on first use, per-thread buffers, the
+read threads) and the reads of global row ranges, rows, obs columns and chunk
+starts through `grain_cells.io._range_reads`. It pickles as its file set and
+options, without any handle; after a fork the child opens its own. A view of
+a source holds a new `FileReads` over the same files (its own handles).
+
+Example:
+    >>> files, table, options = build(["a.h5ad"])   # grain_cells.source._options
+    >>> reads = FileReads(files, options)
+    >>> reads.read_rows([5, 3]).row_ids
+    array([5, 3])
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from grain_cells import errors
 from grain_cells.io import _range_reads as range_reads
 from grain_cells.io._cells import Cells
+from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._range_reads import FetchedRows
-from grain_cells.source._info import SourceInfo
+from grain_cells.source._options import SourceOptions
 
 
-class SourceReads(SourceInfo):
-    """Batched reads of a source's cells (see `AnnDataSource`).
+class FileReads:
+    """Reads of a `FileSet`'s rows in this process; thread-safe, picklable.
 
-    Attributes set by the subclass: those of `SourceInfo`, and
-    `_check_indices`.
+    Attributes:
+        files: The files.
+        options: How they are read (`check_indices`, `read_threads`).
+        cell_offsets: Global row of each file's first cell, plus the total.
     """
 
-    _check_indices: bool
+    def __init__(self, files: FileSet, options: SourceOptions):
+        """Opens nothing yet: each file opens on first use."""
+        self.files = files
+        self.options = options
+        self.cell_offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
+        self._handles = OpenFiles(files, options.read_threads)
 
-    def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
-        return self._table.ranges(keys)
+    def __reduce__(self):
+        return FileReads, (self.files, self.options)
 
-    def will_need(self, keys) -> None:
-        """Asks the OS to start reading these blocks into the page cache.
+    def file(self, i: int) -> OpenFile:
+        """File `i`'s handles in this process, opened on first use."""
+        return self._handles.file(i)
 
-        Returns quickly: the reads run in the background, so a later batched
-        read of the blocks finds them cached. Advisory only: it never raises
-        (a bad file is reported by the read itself) and does nothing for
-        compressed data, which h5py reads.
-
-        Args:
-            keys: Block record keys.
-        """
-        try:
-            files, starts, stops = self._table.ranges(np.unique(keys))
-            range_reads.advise(
-                self._handles, self._table.cell_offsets, files, starts, stops
-            )
-        except Exception:  # a hint must never fail the pipeline
-            return
+    def close(self) -> None:
+        """Closes this process's handles; files reopen on next use."""
+        self._handles.close()
 
     def fetch_ranges(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        buffer: RowBuffer | None = None,
+        self, starts, stops, buffer: RowBuffer | None = None
     ) -> FetchedRows:
         """Reads global row ranges into this thread's reused buffer.
 
@@ -73,11 +75,11 @@ class SourceReads(SourceInfo):
         """
         return range_reads.fetch_ranges(
             self._handles,
-            self._table.cell_offsets,
+            self.cell_offsets,
             starts,
             stops,
             buffer,
-            check_indices=self._check_indices,
+            check_indices=self.options.check_indices,
         )
 
     def read_ranges(self, starts, stops) -> Cells:
@@ -92,13 +94,13 @@ class SourceReads(SourceInfo):
         """
         return range_reads.read_ranges(
             self._handles,
-            self._table.cell_offsets,
+            self.cell_offsets,
             starts,
             stops,
-            check_indices=self._check_indices,
+            check_indices=self.options.check_indices,
         )
 
-    def read(self, rows) -> Cells:
+    def read_rows(self, rows) -> Cells:
         """Reads rows by global id, in the order given (repeats allowed).
 
         Rows are coalesced into runs of consecutive ids, read with one batched
@@ -115,12 +117,60 @@ class SourceReads(SourceInfo):
         """
         return range_reads.read_rows(
             self._handles,
-            self._table.cell_offsets,
+            self.cell_offsets,
             rows,
-            check_indices=self._check_indices,
+            check_indices=self.options.check_indices,
         )
 
-    def read_blocks(self, keys) -> Cells:
-        """Reads whole blocks (records), in the order given."""
-        blocks = [self._table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
-        return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
+    def will_need(self, files, starts, stops) -> None:
+        """Asks the OS to start reading these ranges into the page cache.
+
+        Returns quickly: the reads run in the background, so a later batched
+        read of the ranges finds them cached. Advisory only: it never raises
+        (a bad file is reported by the read itself) and does nothing for
+        compressed data, which h5py reads.
+
+        Args:
+            files: The file of each range.
+            starts: Global first rows.
+            stops: Exclusive ends.
+        """
+        try:
+            range_reads.advise(self._handles, self.cell_offsets, files, starts, stops)
+        except Exception:  # a hint must never fail the pipeline
+            return
+
+    def obs_values(self, column: str) -> np.ndarray:
+        """One obs column for every cell of the files, in row-id order.
+
+        Categorical columns come back as codes into the column's categories
+        (harmonised across files). Loads the column of every file into this
+        process.
+
+        Raises:
+            errors.MissingColumnError: `column` is not one of the obs columns.
+        """
+        if column not in self.files.obs_names:
+            raise errors.MissingColumnError(
+                f"obs column {column!r} was not requested; this source has "
+                f"obs_columns={list(self.files.obs_names)}"
+            )
+        parts = [self.file(i).obs[column] for i in range(len(self.files.paths))]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+    def chunk_starts(self) -> np.ndarray:
+        """Global rows where an HDF5 chunk of the matrix begins, per file.
+
+        For CSR, a row belongs to the chunk of `data` that holds its first
+        value; for dense, chunks are runs of rows. Each file's first row is
+        included; a contiguous matrix contributes only that. Opens every file
+        in this process (and, for CSR, reads each `indptr` once).
+        """
+        parts = [
+            self.file(i).reader.chunk_starts() + self.cell_offsets[i]
+            for i in range(len(self.files.paths))
+        ]
+        return np.unique(np.concatenate(parts))
+
+
+__all__ = ["FileReads"]

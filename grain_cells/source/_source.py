@@ -16,12 +16,12 @@ so a record must stand for many cells, and a batched read beats per-block
 reads by several times. To read data directly, use `read(rows)`,
 `read_ranges(starts, stops)` or `read_blocks(keys)`.
 
-The class binds three parts to Grain's protocol: `grain_cells.io._file_set`
-(the files, and each process's handles; the source pickles without any),
-`grain_cells.source._table` (which rows each block holds; a view is a new
-table) and `grain_cells.io._range_reads` (the batched reads, offered as methods
-by `grain_cells.source._reads`; the read-only properties are in
-`grain_cells.source._info`).
+A source binds three values to Grain's protocol: its `FileSet` (`files`:
+the files as checked at build, `grain_cells.io._file_set`), its `BlockTable`
+(`block_table`: which rows each block holds, `grain_cells.source._table`)
+and its `SourceOptions` (`grain_cells.source._options`). Each process opens
+its own handles (`OpenFiles`); reads are `grain_cells.io._range_reads`. A
+view is a new source of the same files and options and another table.
 """
 
 from __future__ import annotations
@@ -33,22 +33,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
-from grain_cells.io._genes import JOINS
-from grain_cells.io._obs import OBS_MISSING
+from grain_cells.io._cells import Cells
+from grain_cells.io._file_set import FileSet, OpenFile
+from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._range_reads import FetchedRows
+from grain_cells.source import _options
 from grain_cells.source import _selection as selection
 from grain_cells.source import _table as block_table
-from grain_cells.source._reads import SourceReads
+from grain_cells.source._options import SourceOptions
+from grain_cells.source._reads import FileReads
 from grain_cells.source._table import Block, BlockTable
+from grain_cells.storage._identity import FileIdentity
 from grain_cells.storage.remote import _store as object_store
 
 _log = logging.getLogger("grain_cells")
 
 
-class AnnDataSource(SourceReads):
+class AnnDataSource:
     """Cells of one or many `.h5ad` files, concatenated, as blocks.
 
     Implements Grain's `RandomAccessDataSource` protocol over *blocks* of
@@ -65,22 +67,11 @@ class AnnDataSource(SourceReads):
         >>> cells.obs["cell_line"]             # integer codes
         >>> source.categories["cell_line"]     # their labels
 
-    **Several files.** `join` and `genes` decide the output genes when files
-    list different var names (`"exact"`, the default, requires the same var
-    names in the same order); categorical obs codes index one category list
-    shared by all files; `obs_missing` decides what files lacking a column
-    give. The rules are in `grain_cells.io._file_set`.
-
-    **Views over a subset of cells.** `source.select(cells, where=...)`
-    returns a source over the matching cells only, its records blocks over
-    runs of selected cells (never across a file or a gap);
-    `grain_cells.split_by_fraction` and `split_by_obs` return such views,
-    and `with_blocks(starts, stops)` builds one from any block table. A view
-    keeps its block table (16 bytes per block) and its `repr` names a hash of
-    it; row ids stay global. See `grain_cells.source._selection` and
-    `grain_cells.blocks._splits`.
-
-        >>> b_cells = source.select(where={"cell_type": ["B"]})
+    **Views over a subset of cells.** `select(cells, where=...)`, the splits
+    (`grain_cells.blocks`), `with_blocks(starts, stops)` and `view(table)`
+    return a source over some cells only: the same files and options, another
+    block table (16 bytes per block), a `repr` naming a hash of it; row ids
+    stay global. See `grain_cells.source._selection`.
 
     Memory per process: the chosen obs columns of the files read so far
     (one value per cell and column, in the smallest integer type that holds
@@ -118,10 +109,12 @@ class AnnDataSource(SourceReads):
             genes: Optional gene selection applied at read time, within the
                 genes `join` aligns: names (output in this order), a boolean
                 mask or integer positions over the aligned genes.
-            join: `"exact"`, `"inner"` or `"outer"`: how genes of files with
-                different var names are aligned (see the class docstring).
+            join: `"exact"` (the same var names in the same order), `"inner"`
+                or `"outer"`: how genes of files with different var names are
+                aligned (see `grain_cells.io._file_set`; categorical obs codes
+                index one category list shared by all files).
             obs_missing: `"error"` or `"fill"`: what a file that lacks one of
-                `obs_columns` gives (see the class docstring).
+                `obs_columns` gives (see `grain_cells.io._file_set`).
             check_indices: Check at every read that column indices are inside
                 the matrix (one pass over the indices, a few percent of a read).
             read_threads: Threads per process that issue positional reads
@@ -141,41 +134,41 @@ class AnnDataSource(SourceReads):
                 var names; with `"inner"`, no gene is in every file; with
                 `"inner"` or `"outer"`, a file repeats a var name.
         """
-        block_size = arguments.check_int("block_size", block_size, minimum=1)
-        read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
-        genes = arguments.check_genes(genes)
-        paths = arguments.paths_of(paths)  # a backed AnnData: its file
-        if join not in JOINS:
-            raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
-        if obs_missing not in OBS_MISSING:
-            raise ValueError(
-                f"obs_missing must be one of {list(OBS_MISSING)}, got "
-                f"obs_missing={obs_missing!r}"
-            )
-        resolved = h5ad.resolve_paths(paths)
-        element = h5ad.matrix_element(layer)
-        if isinstance(obs_columns, str):
-            obs_columns = [obs_columns]
-        obs_names = tuple(obs_columns)
-        if len(set(obs_names)) != len(obs_names):
-            raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
-        self._layer = layer
-        self._obs_missing = obs_missing
-        self._check_indices = bool(check_indices)
-        self._files = FileSet.inspect(
-            resolved,
-            element=element,
-            obs_names=obs_names,
+        files, table, options = _options.build(
+            paths,
+            block_size=block_size,
+            layer=layer,
+            obs_columns=obs_columns,
             genes=genes,
             join=join,
             obs_missing=obs_missing,
+            check_indices=check_indices,
+            read_threads=read_threads,
             storage_options=storage_options,
         )
-        self._table = BlockTable.grid(self._files.n_obs, block_size)
-        self._handles = OpenFiles(self._files, read_threads)
-        for i, path in enumerate(self._files.paths):  # objects' metadata once
+        self._bind(files, table, options)
+        for i, path in enumerate(files.paths):  # objects' metadata once
             if object_store.is_url(path):
-                self._handles.file(i)
+                self._reads.file(i)
+
+    def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):
+        """Holds these values; this process's handles open on first use."""
+        self._files = files
+        self._table = table
+        self._options = options
+        self._reads = FileReads(files, options)
+
+    @classmethod
+    def _of(
+        cls, files: FileSet, table: BlockTable, options: SourceOptions
+    ) -> AnnDataSource:
+        """A source of these values (files already checked by `build`)."""
+        source = cls.__new__(cls)
+        source._bind(files, table, options)
+        return source
+
+    def __reduce__(self):  # pickles as its values: no handle, buffer or thread
+        return AnnDataSource._of, (self._files, self._table, self._options)
 
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
@@ -196,26 +189,60 @@ class AnnDataSource(SourceReads):
                 f"blocks of {self.block_size} (build the table from "
                 "source.block_table)"
             )
-        view = object.__new__(AnnDataSource)
-        view.__dict__.update(self.__dict__)
-        view._table = table
-        view._handles = OpenFiles(self._files, self._handles.read_threads)
         if table.fragmented:
             lengths = table.stops - table.starts
-            _log.warning(
-                "%s: %s",
-                table.blocks_id,
-                block_table.fragment_note(lengths, table.block_size),
-            )
-        return view
+            note = block_table.fragment_note(lengths, table.block_size)
+            _log.warning("%s: %s", table.blocks_id, note)
+        return AnnDataSource._of(self._files, table, self._options)
+
+    def select(self, cells=None, *, where=None) -> AnnDataSource:
+        """A view of this source over the cells that match.
+
+        Its records are blocks over *runs* of selected cells (never across a
+        file or a gap; a run's tail makes a short block). Row ids stay global.
+        On a view, only cells already in it can be selected.
+
+        Example:
+            >>> immune = source.select(where={"cell_type": ["B", "T"]})
+            >>> fresh = source.select(where={"n_genes": lambda v: v > 200})
+            >>> some = source.select(row_ids)          # or a boolean mask
+
+        Args:
+            cells: A boolean mask over `num_cells`, or global row ids, or None.
+            where: obs column name (one of `obs_columns`) to the labels to
+                keep, or to an elementwise predicate
+                (`grain_cells.source._selection.where_mask`).
+
+        Raises:
+            ValueError: The selection is empty or malformed.
+            errors.MissingColumnError: A `where` column is not an obs column.
+        """
+        return self.view(selection.selected_blocks(self, cells, where))
+
+    def with_blocks(self, starts, stops) -> AnnDataSource:
+        """A view whose record `k` is global rows `[starts[k], stops[k])`.
+
+        `view(block_table.with_blocks(starts, stops))`: the view's table
+        holds 16 bytes per block, pickled to every worker with the source.
+
+        Args:
+            starts: Global first rows, strictly increasing.
+            stops: Exclusive ends; each range holds 1 to `block_size` rows of
+                one file, and ranges do not overlap.
+
+        Raises:
+            ValueError: No range, or ranges out of order, overlapping, empty,
+                longer than `block_size` or straddling two files.
+        """
+        return self.view(self._table.with_blocks(starts, stops))
 
     def close(self) -> None:
         """Closes this process's file handles; the source reopens on next use."""
-        self._handles.close()
+        self._reads.close()
 
     def _file(self, i: int) -> OpenFile:
         """File `i`'s handles in this process (for tests of the readers)."""
-        return self._handles.file(i)
+        return self._reads.file(i)
 
     # -- Grain's RandomAccessDataSource protocol ---------------------------
 
@@ -244,79 +271,201 @@ class AnnDataSource(SourceReads):
             f"{p!r} ({i.n_obs} cells)"
             for p, i in zip(self._files.paths, self._files.infos, strict=True)
         )
-        # Defaults print as before alignment existed, so saved reprs still match.
-        obs_missing = (
-            ""
-            if self._obs_missing == "error"
-            else f", obs_missing={self._obs_missing!r}"
-        )
-        # A view adds its block table's identity; the full source prints as
-        # before views existed.
+        # Defaults print as before alignment existed (saved reprs still match);
+        # a view adds its block table's identity, the full source does not.
+        missing = self._options.obs_missing
+        obs_missing = "" if missing == "error" else f", obs_missing={missing!r}"
         table = self._table
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""
         if table.blocks_id and table.fragmented:
             blocks += " (fragmented)"
         return (
-            f"AnnDataSource(files=[{files}], layer={self._layer!r}, "
+            f"AnnDataSource(files=[{files}], layer={self._options.layer!r}, "
             f"block_size={self.block_size}, obs_columns={list(self.obs_columns)}, "
             f"{self._files.genes.describe()}{obs_missing}{blocks})"
         )
 
-    # -- views over a subset of cells --------------------------------------
+    # -- what the source describes without reading cells --------------------
 
-    def select(self, cells=None, *, where=None) -> AnnDataSource:
-        """A view of this source over the cells that match; see `selection`.
+    @property
+    def files(self) -> FileSet:
+        """The files as checked at build (immutable): paths, matrices, genes, obs."""
+        return self._files
 
-        Records of the view are blocks over *runs* of selected cells: up to
-        `block_size` consecutive selected cells of one file, so a block never
-        straddles a file or a gap in the selection (a run shorter than
-        `block_size`, or a run's tail, makes a short block). Row ids stay
-        global (`num_cells`, `read`, `obs_values` and minibatch `row_ids`
-        refer to all cells of the files). On a view, only cells already in it
-        can be selected.
+    @property
+    def block_table(self) -> BlockTable:
+        """Which blocks this source has and the rows each holds (immutable)."""
+        return self._table
 
-        Example:
-            >>> immune = source.select(where={"cell_type": ["B", "T"]})
-            >>> fresh = source.select(where={"n_genes": lambda v: v > 200})
-            >>> some = source.select(row_ids)          # or a boolean mask
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files, in concatenation order."""
+        return self._files.paths
 
-        Args:
-            cells: A boolean mask over `num_cells`, or global row ids, or None.
-            where: obs column name to the labels to keep, or to an elementwise
-                predicate (see `grain_cells.source._selection.where_mask`). Columns
-                must be among `obs_columns`.
+    @property
+    def block_size(self) -> int:
+        """Cells per block (record)."""
+        return self._table.block_size
 
-        Returns:
-            A new `AnnDataSource` (its own file handles) whose records are the
-            selected blocks. Its `repr` names a hash of its block table.
+    @property
+    def num_cells(self) -> int:
+        """Cells over all files (a view's row ids still range over these)."""
+        return self._table.num_cells
+
+    @property
+    def num_selected_cells(self) -> int:
+        """Cells the blocks hold: `num_cells`, or fewer for a view."""
+        return self._table.num_selected_cells
+
+    @property
+    def blocks_id(self) -> str:
+        """A view's block table, summarised and hashed; "" for the full grid."""
+        return self._table.blocks_id
+
+    @property
+    def cell_offsets(self) -> np.ndarray:
+        """Global row id of each file's first cell, plus the total at the end."""
+        return self._table.cell_offsets.copy()
+
+    @property
+    def block_offsets(self) -> np.ndarray:
+        """Index of each file's first block, plus the block count at the end."""
+        return self._table.block_offsets.copy()
+
+    @property
+    def num_genes(self) -> int:
+        """Columns of the output (aligned genes, after the `genes` selection)."""
+        return self._files.num_genes
+
+    @property
+    def num_genes_stored(self) -> int:
+        """Aligned genes before the `genes` selection (with `"exact"`: stored)."""
+        return self._files.genes.num_aligned
+
+    @property
+    def var_names(self) -> np.ndarray:
+        """Gene ids of the output columns, in output order."""
+        return self._files.genes.var_names
+
+    @property
+    def join(self) -> str:
+        """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
+        return self._files.genes.join
+
+    def file_column_map(self, i: int) -> np.ndarray | None:
+        """Output column of each column file `i` stores (-1: not output).
+
+        None when the file's columns are the output columns (no remapping).
+        """
+        column_map = self._files.genes.maps[i]
+        return None if column_map is None else column_map.out.copy()
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the matrix is stored as CSR (else dense)."""
+        return self._files.sparse
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Dtype of values read: the files' common type (native, float16 as float32)."""
+        return self._files.dtype
+
+    @property
+    def obs_columns(self) -> tuple[str, ...]:
+        """The obs columns returned with each cell."""
+        return self._files.obs_names
+
+    @property
+    def obs_missing(self) -> str:
+        """What files lacking an obs column give: `"error"` or `"fill"`."""
+        return self._options.obs_missing
+
+    @property
+    def categories(self) -> dict[str, np.ndarray | None]:
+        """Per obs column, the labels that codes index (None for numeric)."""
+        return {c: spec.categories for c, spec in self._files.obs.items()}
+
+    def obs_values(self, column: str) -> np.ndarray:
+        """One obs column (one of `obs_columns`) for every cell, in row-id order.
+
+        Categorical columns come back as codes into `categories[column]`; see
+        `FileReads.obs_values`.
 
         Raises:
-            ValueError: The selection is empty or malformed.
-            errors.MissingColumnError: A `where` column is not an obs column.
+            errors.MissingColumnError: `column` is not one of `obs_columns`.
         """
-        return self.view(selection.selected_blocks(self, cells, where))
+        return self._reads.obs_values(column)
 
-    def with_blocks(self, starts, stops) -> AnnDataSource:
-        """A view of this source whose records are the given row ranges.
+    def chunk_starts(self) -> np.ndarray:
+        """Global rows where an HDF5 chunk of the matrix begins, per file.
 
-        The low-level constructor behind `select` and the splits: record `k`
-        of the view is global rows `[starts[k], stops[k])`. The view keeps a
-        block table of 16 bytes per block (two int64 arrays), pickled to
-        every worker with the source.
+        See `FileReads.chunk_starts`.
+        """
+        return self._reads.chunk_starts()
 
-        Args:
-            starts: Global first rows, strictly increasing.
-            stops: Exclusive ends; each range holds 1 to `block_size` rows of
-                one file, and ranges do not overlap.
+    def file_info(self, i: int) -> h5ad.MatrixInfo:
+        """What file `i`'s matrix holds."""
+        return self._files.infos[i]
 
-        Returns:
-            A new `AnnDataSource` with its own file handles.
+    def file_identity(self, i: int) -> FileIdentity:
+        """File `i`'s identity, taken when the source was built."""
+        return self._files.identities[i]
+
+    def verify_files(self, when: str = "on request") -> None:
+        """Checks with one `stat` per file that every file is still the one built on.
+
+        See `grain_cells.storage._identity` for what that detects.
 
         Raises:
-            ValueError: No range, or ranges out of order, overlapping, empty,
-                longer than `block_size` or straddling two files.
+            errors.SourceChangedError: A file was written, replaced or removed.
         """
-        return self.view(self._table.with_blocks(starts, stops))
+        self._files.verify(when)
+
+    # -- reads (documented on `FileReads`) -------------------------------------
+
+    def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
+        return self._table.ranges(keys)
+
+    def will_need(self, keys) -> None:
+        """Asks the OS to read these blocks into the page cache; never raises."""
+        try:
+            ranges = self._table.ranges(np.unique(keys))
+        except Exception:  # a hint must never fail the pipeline
+            return
+        self._reads.will_need(*ranges)
+
+    def fetch_ranges(
+        self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None
+    ) -> FetchedRows:
+        """Reads global row ranges, in file order, into this thread's buffer.
+
+        The lowest-level read (`FileReads.fetch_ranges`): the rows are views
+        that the calling thread's next read overwrites.
+        """
+        return self._reads.fetch_ranges(starts, stops, buffer)
+
+    def read_ranges(self, starts, stops) -> Cells:
+        """Reads global row ranges `[starts[i], stops[i])`, in the order given.
+
+        Returns fresh arrays (`FileReads.read_ranges`).
+        """
+        return self._reads.read_ranges(starts, stops)
+
+    def read(self, rows) -> Cells:
+        """Reads rows by global id, in the order given (repeats allowed).
+
+        Returns fresh arrays (`FileReads.read_rows`).
+
+        Raises:
+            IndexError: A row is outside `[0, num_cells)`.
+        """
+        return self._reads.read_rows(rows)
+
+    def read_blocks(self, keys) -> Cells:
+        """Reads whole blocks (records), in the order given."""
+        blocks = [self._table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
+        return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
 
 
-__all__ = ["AnnDataSource", "Block", "FetchedRows"]
+__all__ = ["AnnDataSource", "Block", "FetchedRows", "SourceOptions"]

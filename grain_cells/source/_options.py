@@ -1,0 +1,99 @@
+"""A source's arguments, checked, and the values they build.
+
+`build` turns `AnnDataSource(...)`'s arguments into the three values a
+source holds: its `FileSet` (every file opened once, checked and closed),
+the grid `BlockTable` over it and its `SourceOptions` (how it reads). A view
+of the source holds the same files and options and another table.
+
+Example:
+    >>> files, table, options = build(["a.h5ad"], block_size=16)
+    >>> AnnDataSource(["a.h5ad"]).files.paths == files.paths
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from grain_cells._util import arguments
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._file_set import FileSet
+from grain_cells.io._genes import JOINS
+from grain_cells.io._obs import OBS_MISSING
+from grain_cells.source._table import BlockTable
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """How a source reads its files, beyond what its `FileSet` records.
+
+    Attributes:
+        layer: The matrix asked for: None (`X`), `"raw"` or a layer's name.
+        obs_missing: What files lacking an obs column give: `"error"`, `"fill"`.
+        check_indices: Check at every read that column indices are in range.
+        read_threads: Read threads per process (0 reads inline).
+    """
+
+    layer: str | None
+    obs_missing: str
+    check_indices: bool
+    read_threads: int
+
+
+def build(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    block_size: int = 16,
+    layer: str | None = None,
+    obs_columns: Sequence[str] = (),
+    genes: Sequence[str] | np.ndarray | None = None,
+    join: str = "exact",
+    obs_missing: str = "error",
+    check_indices: bool = True,
+    read_threads: int = 4,
+    storage_options: dict | None = None,
+) -> tuple[FileSet, BlockTable, SourceOptions]:
+    """Checks `AnnDataSource`'s arguments and inspects its files.
+
+    Arguments and errors as in `AnnDataSource`.
+
+    Returns:
+        `(files, table, options)`: the file set, the grid of `block_size`
+        blocks over it, and the read options.
+    """
+    block_size = arguments.check_int("block_size", block_size, minimum=1)
+    read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+    genes = arguments.check_genes(genes)
+    paths = arguments.paths_of(paths)  # a backed AnnData: its file
+    if join not in JOINS:
+        raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
+    if obs_missing not in OBS_MISSING:
+        raise ValueError(
+            f"obs_missing must be one of {list(OBS_MISSING)}, got "
+            f"obs_missing={obs_missing!r}"
+        )
+    resolved = h5ad.resolve_paths(paths)
+    element = h5ad.matrix_element(layer)
+    if isinstance(obs_columns, str):
+        obs_columns = [obs_columns]
+    obs_names = tuple(obs_columns)
+    if len(set(obs_names)) != len(obs_names):
+        raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
+    files = FileSet.inspect(
+        resolved,
+        element=element,
+        obs_names=obs_names,
+        genes=genes,
+        join=join,
+        obs_missing=obs_missing,
+        storage_options=storage_options,
+    )
+    options = SourceOptions(layer, obs_missing, bool(check_indices), read_threads)
+    return files, BlockTable.grid(files.n_obs, block_size), options
+
+
+__all__ = ["SourceOptions", "build"]
