@@ -149,7 +149,7 @@ def test_read_ranges_and_blocks(tmp_path):
     blocks = source.read_blocks([32, 0])  # block 32 is the short last one
     np.testing.assert_array_equal(blocks.row_ids, np.r_[224:230, 0:7])
     assert len(source) == -(-N_OBS // 7)
-    assert source[32] == grain_cells.source.Block(32, 0, 224, 230)
+    assert source[32] == grain_cells.source.Block(32, 0, 224, 230, source.source_id)
 
 
 def test_several_files_concatenate_with_harmonised_categories(tmp_path):
@@ -170,7 +170,7 @@ def test_several_files_concatenate_with_harmonised_categories(tmp_path):
     np.testing.assert_array_equal(source.cell_offsets, [0, 40, 105, 136])
     # 3 + 5 + 2 blocks: blocks never straddle files.
     assert len(source) == 10
-    assert source[3] == grain_cells.source.Block(3, 1, 40, 56)
+    assert source[3] == grain_cells.source.Block(3, 1, 40, 56, source.source_id)
     rows = np.arange(136)[::-1]
     cells = source.read(rows)
     labels = source.categories["cell_type"][cells.obs["cell_type"]]

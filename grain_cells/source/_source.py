@@ -26,6 +26,7 @@ view is a new source of the same files and options and another table.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -253,18 +254,15 @@ class AnnDataSource:
         """Returns the descriptor of block `record_key` (no I/O)."""
         return self._table.block(record_key)._replace(source_id=self.source_id)
 
-    @property
+    @functools.cached_property
     def source_id(self) -> int:
         """A 56-bit id of this source or view: a hash of its `repr`.
 
         Equal for sources built alike on the same files, different for
         another view (split, selection) or other files.
         """
-        sid = self.__dict__.get("_source_id")
-        if sid is None:
-            digest = hashlib.blake2b(repr(self).encode(), digest_size=7).digest()
-            sid = self.__dict__["_source_id"] = int.from_bytes(digest, "little")
-        return sid
+        digest = hashlib.blake2b(repr(self).encode(), digest_size=7).digest()
+        return int.from_bytes(digest, "little")
 
     def __repr__(self) -> str:
         files = ", ".join(
