@@ -22,14 +22,30 @@ class SourceInfo:
     """Read-only description of a source's files, genes, obs, cells and blocks.
 
     Attributes set by the subclass: `_files` (`FileSet`), `_table`
-    (`BlockTable`), `_handles` (this process's `OpenFiles`) and
-    `_obs_missing`.
+    (`BlockTable`), `_handles` (this process's `OpenFiles`), `_obs_missing`
+    and `_check_indices`.
     """
 
     _files: FileSet
     _table: BlockTable
     _handles: OpenFiles
     _obs_missing: str
+    _check_indices: bool
+
+    @property
+    def files(self) -> FileSet:
+        """The files: paths, identities, matrix metadata, storage options."""
+        return self._files
+
+    @property
+    def read_threads(self) -> int:
+        """Threads per process that issue reads on large batches (0: inline)."""
+        return self._handles.read_threads
+
+    @property
+    def check_indices(self) -> bool:
+        """Whether every read checks that column indices lie in the matrix."""
+        return self._check_indices
 
     @property
     def paths(self) -> tuple[str, ...]:
