@@ -92,10 +92,12 @@ class FileSet:
 
     Attributes:
         paths: Resolved paths, in concatenation order.
-        element: The matrix read (`X`, `raw/X`, `layers/<name>`).
+        element: The matrix read (`X`, `raw/X`, `layers/<name>`; beside a
+            source, `obsm/<name>`: see `grain_cells.io._element_files`).
         infos: What each file's matrix holds.
         identities: Each file's identity, taken at build.
-        genes: How each file's genes map to the output columns.
+        genes: How each file's genes (an obsm array's columns) map to the
+            output columns.
         obs_names: The obs columns read with every cell.
         obs: Per obs column, its harmonised categories and per-file presence.
         sparse: Whether the matrices are CSR (else dense).
