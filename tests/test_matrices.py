@@ -9,7 +9,12 @@ is compared with `anndata.read_h5ad` for its `row_ids`.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import warnings
+
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -203,3 +208,146 @@ def test_extra_matrices_through_cell_dataset(paths, truth):
         )
         seen += rows.size
     assert seen == sum(SIZES)
+
+
+def _legacy_obsm(path, n: int) -> dict[str, np.ndarray]:
+    """Replaces `obsm` by one compound dataset, as anndata < 0.7 wrote it.
+
+    Fields `X_pca` (float32, 5 columns, (i, k) = i * 10 + k + 0.5) and
+    `X_umap` (float64, 2 columns, (i, k) = -(i * 10 + k)); returns them.
+    """
+    rows = np.arange(n)[:, None]
+    fields = {
+        "X_pca": (rows * 10 + np.arange(5) + 0.5).astype(np.float32),
+        "X_umap": -(rows * 10 + np.arange(2)).astype(np.float64),
+    }
+    table = np.empty(n, [(k, v.dtype, (v.shape[1],)) for k, v in fields.items()])
+    for k, v in fields.items():
+        table[k] = v
+    with h5py.File(path, "r+") as f:
+        del f["obsm"]
+        f.create_dataset("obsm", data=table)
+    return fields
+
+
+def _pbmc68k_reduced() -> str:
+    """scanpy's bundled file written by anndata < 0.7 (obsm compound)."""
+    pytest.importorskip("scanpy", reason="scanpy is not installed")
+    import scanpy.datasets
+
+    folder = pathlib.Path(scanpy.datasets.__file__).parent
+    path = folder / "10x_pbmc68k_reduced.h5ad"
+    if not path.exists():
+        pytest.skip(f"{path} is not bundled with this scanpy")
+    return str(path)
+
+
+def test_compound_obsm_written_by_old_anndata(tmp_path):
+    paths = _write(tmp_path)
+    truth = [_legacy_obsm(p, n) for p, n in zip(paths, SIZES, strict=True)]
+    with h5py.File(paths[0]) as f:
+        assert isinstance(f["obsm"], h5py.Dataset) and f["obsm"].dtype.names
+    source = grain_cells.AnnDataSource(paths, block_size=4)
+    ds = grain_cells.cell_dataset(
+        source,
+        batch_size=8,
+        fetch_factor=2,
+        extra={
+            "pca": grain_cells.Obsm("X_pca"),
+            "umap": grain_cells.Obsm("X_umap", dtype="float64"),
+        },
+    )
+    pca = np.concatenate([t["X_pca"] for t in truth])
+    umap = np.concatenate([t["X_umap"] for t in truth])
+    seen = 0
+    for batch in ds:
+        real = batch["mask"]
+        rows = batch["row_ids"][real]
+        np.testing.assert_array_equal(batch["pca"][real], pca[rows])
+        np.testing.assert_array_equal(batch["umap"][real], umap[rows])
+        assert batch["umap"].dtype == np.float64 and batch["umap"].shape == (8, 2)
+        seen += rows.size
+    assert seen == sum(SIZES)
+    with pytest.raises(
+        grain_cells.errors.MissingColumnError,
+        match=r"m0\.h5ad: obsm has no array 'X_tsne'; it has \['X_pca', 'X_umap'\]",
+    ):
+        grain_cells.fetch_operations(
+            source, batch_size=8, extra={"t": grain_cells.Obsm("X_tsne")}
+        )
+
+
+def test_obsm_of_scanpy_pbmc68k_reduced():
+    path = _pbmc68k_reduced()
+    with warnings.catch_warnings():  # the oracle warns of the old format
+        warnings.simplefilter("ignore")
+        adata = anndata.read_h5ad(path)
+    source = grain_cells.AnnDataSource(path, block_size=16)
+    ds = grain_cells.cell_dataset(
+        source,
+        batch_size=32,
+        fetch_factor=4,
+        extra={
+            "pca": grain_cells.Obsm("X_pca"),
+            "umap": grain_cells.Obsm("X_umap", dtype="float64"),
+            "raw": grain_cells.Layer("raw", grain_cells.DenseOutput()),
+        },
+    )
+    seen = 0
+    for batch in ds:
+        real = batch["mask"]
+        rows = batch["row_ids"][real]
+        np.testing.assert_array_equal(batch["pca"][real], adata.obsm["X_pca"][rows])
+        np.testing.assert_array_equal(batch["umap"][real], adata.obsm["X_umap"][rows])
+        np.testing.assert_array_equal(batch["raw/X"][real], adata.raw.X[rows].toarray())
+        seen += rows.size
+    assert seen == adata.n_obs
+
+
+def _replace_with_other_cells(path: str, tmp_path) -> None:
+    """Writes a file of other values over `path` (a new inode, same shape)."""
+    other = tmp_path / "other"
+    other.mkdir(exist_ok=True)
+    adata = anndata.read_h5ad(path)
+    adata.layers["counts"] = adata.layers["counts"] * 2
+    adata.obsm["X_pca"] = adata.obsm["X_pca"] + 1
+    adata.write_h5ad(other / "m.h5ad")
+    os.replace(other / "m.h5ad", path)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(grain_cells.Layer("counts"), id="layer"),
+        pytest.param(grain_cells.Obsm("X_pca"), id="obsm"),
+    ],
+)
+def test_file_changed_before_extra_matrices_are_opened(tmp_path, spec):
+    """An extra matrix reads the files the source was built on, or refuses."""
+    paths = _write(tmp_path)
+    source = grain_cells.AnnDataSource(paths, block_size=4)
+    _replace_with_other_cells(paths[1], tmp_path)
+    with pytest.raises(
+        grain_cells.errors.SourceChangedError, match=r"m1\.h5ad: changed since"
+    ):
+        grain_cells.fetch_operations(
+            source, batch_size=8, fetch_factor=2, extra={"m": spec}
+        )
+
+
+def test_file_changed_under_extra_matrix_readers(tmp_path):
+    """Readers built on the old file refuse to read the new one."""
+    from grain_cells.pipeline._extra import readers
+
+    paths = _write(tmp_path)
+    source = grain_cells.AnnDataSource(paths, block_size=4)
+    extra = readers(
+        source,
+        {"counts": grain_cells.Layer("counts"), "pca": grain_cells.Obsm("X_pca")},
+    )
+    _replace_with_other_cells(paths[1], tmp_path)
+    starts, stops = np.array([0, SIZES[0] + 3]), np.array([2, SIZES[0] + 9])
+    with pytest.raises(grain_cells.errors.SourceChangedError, match=r"m1\.h5ad"):
+        extra["counts"].fetch(starts, stops, None, 0)
+    with pytest.raises(grain_cells.errors.SourceChangedError, match=r"m1\.h5ad"):
+        extra["pca"].read(starts, stops)

@@ -72,6 +72,7 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._genes import GeneAlignment, align_genes
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
+from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
 from grain_cells.storage._identity import FileIdentity
 from grain_cells.storage._readers import ByteReader
@@ -91,10 +92,12 @@ class FileSet:
 
     Attributes:
         paths: Resolved paths, in concatenation order.
-        element: The matrix read (`X`, `raw/X`, `layers/<name>`).
+        element: The matrix read (`X`, `raw/X`, `layers/<name>`; beside a
+            source, `obsm/<name>`: see `grain_cells.io._element_files`).
         infos: What each file's matrix holds.
         identities: Each file's identity, taken at build.
-        genes: How each file's genes map to the output columns.
+        genes: How each file's genes (an obsm array's columns) map to the
+            output columns.
         obs_names: The obs columns read with every cell.
         obs: Per obs column, its harmonised categories and per-file presence.
         sparse: Whether the matrices are CSR (else dense).
@@ -223,7 +226,7 @@ class OpenFile:
 
     h5: h5py.File
     fd: ByteReader | None
-    reader: CsrReader | DenseReader
+    reader: CsrReader | DenseReader | FieldReader
     obs: dict[str, np.ndarray]
 
     def close(self) -> None:
@@ -245,7 +248,7 @@ def open_member(files: FileSet, i: int) -> OpenFile:
     identity = files.identities[i]
     f = open_file(path, files.storage_options, identity.stat)
     try:
-        info = h5ad.inspect_matrix(f, files.element)
+        info = inspect_element(f, files.element)
         if info.describe() != expected.describe():
             raise errors.SourceChangedError(
                 f"{path}: changed since the AnnDataSource was built: "
@@ -261,11 +264,7 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         raise
     try:
         identity.check_stat(fd.stat(), "when a process opened it")
-        element = f[info.element]
-        if info.encoding == h5ad.CSR:
-            reader = CsrReader(element, info, fd)
-        else:
-            reader = DenseReader(element, info, fd)
+        reader = element_reader(f, info, fd)
         obs = {}
         for c in files.obs_names:
             spec = files.obs[c]

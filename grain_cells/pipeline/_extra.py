@@ -15,18 +15,29 @@ A layer is read over the genes of the minibatch's X (the source's join and
 gene selection); `raw/X` over the genes of `raw/var` (aligned with the
 source's join). Each extra matrix is read with one batched call per file and
 fetch, like X; padding rows are empty (CSR), zero (dense) or pad tokens.
+
+Extra matrices read through the source's own files (`source.files`, see
+`grain_cells.io._element_files`): the storage options it was built with
+(endpoint, credentials), its `read_threads` and `check_indices`, and the
+identities it took, so a file changed under the source raises
+`errors.SourceChangedError` here as it does for X. `obsm` arrays of files
+written by anndata < 0.7 (one compound dataset, a field per key) are read
+too (`grain_cells.io._obsm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import threading
 
 import numpy as np
 
-from grain_cells import errors
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _range_reads as range_reads
+from grain_cells.io._element_files import element_files
+from grain_cells.io._file_set import OpenFiles
+from grain_cells.io._matrix import RowBuffer
+from grain_cells.io._obsm import obsm_element
+from grain_cells.io._range_reads import FetchedRows
 from grain_cells.outputs._formats import CsrOutput, Fetch, Output
 from grain_cells.source._source import AnnDataSource
 
@@ -58,121 +69,74 @@ class Obsm:
     dtype: str = "float32"
 
 
-class LayerReader:
-    """Reads one extra layer of a source's cells (picklable)."""
+class _ElementReader:
+    """Reads one element of a source's files for the source's row ranges.
 
-    def __init__(self, source: AnnDataSource, spec: Layer):
-        raw = spec.name in ("raw", "raw/X")
-        reorders = source.join != "exact" or source.num_genes != source.num_genes_stored
+    Reads through the source's own file set (`source.files`: its identities
+    and storage options) with the source's `read_threads` and
+    `check_indices`; picklable (each process opens its own handles).
+    """
+
+    def __init__(self, source: AnnDataSource, spec, element: str):
         self.spec = spec
-        self.source = AnnDataSource(
-            source.paths,
-            block_size=source.block_size,
-            layer=None if spec.name == "X" else spec.name,
-            join=source.join,
-            genes=None if raw or not reorders else source.var_names,
+        self.files = element_files(source.files, element)
+        self.cell_offsets = source.cell_offsets
+        self.check_indices = source.check_indices
+        self._handles = OpenFiles(self.files, source.read_threads)
+
+    def _fetch(self, starts, stops, buffer: RowBuffer | None) -> FetchedRows:
+        return range_reads.fetch_ranges(
+            self._handles,
+            self.cell_offsets,
+            starts,
+            stops,
+            buffer,
+            check_indices=self.check_indices,
         )
 
-    def fetch(self, starts, stops, buffer, key: int) -> Fetch:
-        """The layer's rows for the same ranges as X."""
-        rows = self.source.fetch_ranges(starts, stops, buffer)
-        return Fetch(
-            rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr
-        )
+    def close(self) -> None:
+        """Closes this process's file handles; they reopen on next use."""
+        self._handles.close()
 
     def __repr__(self) -> str:
         return f"{self.spec!r}"
 
 
-class ObsmReader:
-    """Reads rows of one `obsm` array of every file (picklable).
+class LayerReader(_ElementReader):
+    """Reads one extra layer (`layers/<name>`, `raw/X` or X) of a source's cells.
+
+    Raises:
+        errors.MissingColumnError: A file has no such layer.
+        errors.SourceChangedError: A file changed since the source was built.
+    """
+
+    def __init__(self, source: AnnDataSource, spec: Layer):
+        super().__init__(source, spec, h5ad.matrix_element(spec.name))
+
+    def fetch(self, starts, stops, buffer, key: int) -> Fetch:
+        """The layer's rows for the same ranges as X (in X's buffer order)."""
+        rows = self._fetch(starts, stops, buffer)
+        return Fetch(rows.dense, rows.row_ids, self.files.num_genes, key, _csr=rows.csr)
+
+
+class ObsmReader(_ElementReader):
+    """Reads rows of one `obsm` array of every file.
 
     Raises:
         errors.MissingColumnError: A file has no such `obsm` array.
         errors.AnnDataFormatError: The array is not a 2-D dense array with one
             row per cell, or its width differs between files.
+        errors.SourceChangedError: A file changed since the source was built.
     """
 
     def __init__(self, source: AnnDataSource, spec: Obsm):
-        self.spec = spec
-        self.paths = source.paths
-        self.offsets = source.cell_offsets
-        widths = []
-        for i, path in enumerate(self.paths):
-            with h5ad.open_file(path) as f:
-                group = f.get("obsm")
-                if group is None or spec.name not in group:
-                    have = [] if group is None else sorted(group.keys())
-                    raise errors.MissingColumnError(
-                        f"{path}: obsm has no array {spec.name!r}; it has {have}"
-                    )
-                ds = group[spec.name]
-                n_obs = int(self.offsets[i + 1] - self.offsets[i])
-                if (
-                    not hasattr(ds, "shape")
-                    or len(ds.shape) != 2
-                    or ds.shape[0] != n_obs
-                ):
-                    shape = getattr(ds, "shape", "a group (dataframe)")
-                    raise errors.AnnDataFormatError(
-                        f"{path}: obsm/{spec.name} is {shape}; expected a dense "
-                        f"array of {n_obs} rows (one per cell) and k columns"
-                    )
-                widths.append(int(ds.shape[1]))
-        if len(set(widths)) > 1:
-            raise errors.AnnDataFormatError(
-                f"obsm/{spec.name} has {widths} columns in files {list(self.paths)}; "
-                "every file must have the same width"
-            )
-        self.width = widths[0]
-        self._init_process_state()
-
-    def _init_process_state(self):
-        self._lock = threading.Lock()
-        self._files = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        for key in ("_lock", "_files", "_pid"):
-            del state[key]
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._init_process_state()
-
-    def _dataset(self, i: int):
-        if self._pid != os.getpid():
-            self._init_process_state()
-        with self._lock:
-            f = self._files.get(i)
-            if f is None:
-                f = self._files[i] = h5ad.open_file(self.paths[i])
-        return f["obsm"][self.spec.name]
+        super().__init__(source, spec, obsm_element(spec.name))
+        self.width = self.files.num_genes
 
     def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        """Rows of sorted, disjoint global ranges, concatenated."""
-        out = np.empty((int((stops - starts).sum()), self.width), self.spec.dtype)
-        files = np.searchsorted(self.offsets, starts, side="right") - 1
-        r = 0
-        for a, b, i in zip(
-            starts.tolist(), stops.tolist(), files.tolist(), strict=True
-        ):
-            local = int(self.offsets[i])
-            out[r : r + b - a] = self._dataset(i)[a - local : b - local]
-            r += b - a
-        return out
-
-    def close(self) -> None:
-        """Closes this process's file handles."""
-        with self._lock:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
-
-    def __repr__(self) -> str:
-        return f"{self.spec!r}"
+        """Rows of sorted, disjoint global ranges, concatenated (a new array)."""
+        rows = self._fetch(starts, stops, None)
+        return rows.dense.astype(self.spec.dtype)
 
 
 def readers(source: AnnDataSource, extra: dict | None) -> dict:

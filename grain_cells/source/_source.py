@@ -296,6 +296,16 @@ class AnnDataSource:
         return self._table
 
     @property
+    def read_threads(self) -> int:
+        """Threads per process that issue reads on large batches (0: inline)."""
+        return self._options.read_threads
+
+    @property
+    def check_indices(self) -> bool:
+        """Whether every read checks that column indices lie in the matrix."""
+        return self._options.check_indices
+
+    @property
     def paths(self) -> tuple[str, ...]:
         """The files, in concatenation order."""
         return self._files.paths
