@@ -1,0 +1,53 @@
+"""The house: imports run down the layers, modules stay small, the API stays small.
+
+The layers and cycle contracts live in `pyproject.toml` ([tool.importlinter])
+and are checked with import-linter, the maintained tool, not a script of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import grain_cells
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# ~400 lines per module; the source class (one class with its documented
+# public surface) is allowed a little more.
+MAX_LINES = {"grain_cells/source/_source.py": 480}
+
+
+def test_imports_run_down_the_layers_without_cycles():
+    lint = pathlib.Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run(
+        [str(lint), "--no-cache", "--no-logo"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "BROKEN" not in done.stdout and "KEPT" in done.stdout
+
+
+def test_modules_stay_small():
+    big = {}
+    for path in (ROOT / "grain_cells").rglob("*.py"):
+        name = path.relative_to(ROOT).as_posix()
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES.get(name, 450):
+            big[name] = lines
+    assert not big, f"split these modules (about 400 lines at most): {big}"
+
+
+def test_public_api_is_small_and_every_name_resolves():
+    assert len(grain_cells.__all__) <= 25
+    for name in grain_cells.__all__:
+        assert getattr(grain_cells, name) is not None
+    assert grain_cells.__version__
+    # Errors and tokens are sub-packages a user imports by name.
+    assert issubclass(grain_cells.errors.MainGuardError, RuntimeError)
+    assert grain_cells.tokens.RankValueTokens
