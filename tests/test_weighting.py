@@ -465,32 +465,16 @@ def test_records_are_grain_metadata(source):
         sampler[9]
 
 
-class _Recorder:
-    """A stand-in source that records read-ahead hints."""
-
-    block_size = 4
-
-    def __init__(self, n):
-        self.n, self.hinted = n, []
-
-    def __len__(self):
-        return self.n
-
-    def block_ranges(self, keys):
-        keys = np.asarray(keys)
-        return np.zeros_like(keys), keys * 4, keys * 4 + 4
-
-    def will_need(self, keys):
-        self.hinted.extend(np.asarray(keys).tolist())
-
-
-def test_read_ahead_hints_the_blocks_to_come():
-    recorder = _Recorder(50)
+def test_read_ahead_hints_the_blocks_to_come(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=4)
+    hinted = []
+    source.will_need = lambda keys: hinted.extend(np.asarray(keys).tolist())
+    n = len(source)
     sampler = WeightedBlockSampler(
-        recorder, np.arange(1.0, 51.0), epoch_blocks=100, seed=1, readahead_cells=40
+        source, np.arange(1.0, n + 1.0), epoch_blocks=100, seed=1, readahead_cells=40
     )
     keys = [sampler[p].record_key for p in range(0, 60, 2)]  # a worker's stride
     np.testing.assert_array_equal(keys, sampler.blocks_at(np.arange(0, 60, 2)))
     # What the stream reads next was hinted; hints are only blocks it reaches.
-    assert set(sampler.blocks_at(np.arange(2, 60, 2)).tolist()) <= set(recorder.hinted)
-    assert set(recorder.hinted) <= set(sampler.blocks_at(np.arange(1, 100)).tolist())
+    assert set(sampler.blocks_at(np.arange(2, 60, 2)).tolist()) <= set(hinted)
+    assert set(hinted) <= set(sampler.blocks_at(np.arange(1, 100)).tolist())

@@ -59,10 +59,10 @@ from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
+from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
     check_stream_args,
-    readahead_positions,
 )
 
 if TYPE_CHECKING:
@@ -164,8 +164,7 @@ class ConditionBlockSampler(BlockStream):
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
                 f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
             )
-        self._source = source
-        self._readahead = readahead_positions(source, readahead_cells)
+        self._hints = PositionHints.for_source(source, readahead_cells)
         self._column = column
         self._g = int(blocks_per_fetch)
         self._lanes = shard_options.shard_count * max(1, int(worker_count))
@@ -207,10 +206,9 @@ class ConditionBlockSampler(BlockStream):
             slots = epoch_groups or len(self._static)
             self._epoch_length = -(-slots * self._g // count) * count
         self._memo: tuple[int, np.ndarray] | None = None
-        self._reset_readahead()
 
     def __getstate__(self):
-        state = super().__getstate__()
+        state = self.__dict__.copy()
         state["_memo"] = None
         return state
 

@@ -35,11 +35,11 @@ import grain
 import numpy as np
 from grain import sharding
 
+from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
     check_sampler_fits,
     check_stream_args,
-    readahead_positions,
 )
 
 __all__ = ["BlockSampler", "BlockStream", "check_sampler_fits"]
@@ -92,12 +92,9 @@ class BlockSampler(BlockStream):
             ValueError: An argument is out of range, or there are fewer blocks
                 than shards.
         """
-        self._source = None
+        self._hints = PositionHints.for_source(num_blocks, readahead_cells)
         if not isinstance(num_blocks, (int, np.integer)):
-            if hasattr(num_blocks, "will_need"):
-                self._source = num_blocks
             num_blocks = len(num_blocks)
-        self._readahead = readahead_positions(self._source, readahead_cells)
         num_blocks = int(num_blocks)
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
@@ -115,7 +112,6 @@ class BlockSampler(BlockStream):
         # Read by grain.DataLoader when it is given no shard_options.
         self._shard_options = shard_options
         self._epoch_length = num_blocks - num_blocks % count
-        self._reset_readahead()
 
     @property
     def shuffle(self) -> bool:

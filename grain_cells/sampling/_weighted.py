@@ -9,11 +9,12 @@ import numpy as np
 from grain import sharding
 
 from grain_cells._util import counter_rng
+from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
     check_stream_args,
-    readahead_positions,
 )
+from grain_cells.source._source import AnnDataSource
 
 
 class WeightedBlockSampler(BlockStream):
@@ -90,18 +91,15 @@ class WeightedBlockSampler(BlockStream):
                 length, negative, non-finite or all 0; both or a non-positive
                 epoch length; a bad seed, epoch count or shard.
         """
-        self._source = None
+        self._hints = PositionHints.for_source(source, readahead_cells)
         lengths = None
         if isinstance(source, (int, np.integer)):
             num_blocks = int(source)
         else:
             num_blocks = len(source)
-            if hasattr(source, "block_ranges"):
+            if isinstance(source, AnnDataSource):
                 _, starts, stops = source.block_ranges(np.arange(num_blocks))
                 lengths = stops - starts
-            if hasattr(source, "will_need"):
-                self._source = source
-        self._readahead = readahead_positions(self._source, readahead_cells)
         w = np.asarray(weights, np.float64)
         if w.shape != (num_blocks,):
             raise ValueError(
@@ -149,7 +147,6 @@ class WeightedBlockSampler(BlockStream):
         # Read by grain.DataLoader when it is given no shard_options.
         self._shard_options = shard_options
         self._weights_id = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()[:16]
-        self._reset_readahead()
 
     @property
     def probabilities(self) -> np.ndarray:
