@@ -10,7 +10,7 @@ the trainer does. Two ways, measured back to back in one run:
 * `pickle`: the same dicts pickled whole through a `multiprocessing.Queue`
   (the reference: no shared memory at all);
 * `baseline`: the slot ring of another checkout, for before/after figures in
-  one run: `git show REV:grain_cells/transport.py > /tmp/transport_rev.py`
+  one run: `git show REV:grain_cells/transport/_ring.py > /tmp/transport_rev.py`
   and `--baseline=/tmp/transport_rev.py` (a self-contained module).
 
 No file is read, so the figure is the transport's ceiling, independent of
