@@ -27,6 +27,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.outputs import _formats as formats
 from grain_cells.outputs._formats import CsrOutput, Fetch, Output
 from grain_cells.source._source import AnnDataSource
 
@@ -44,6 +45,14 @@ class Layer:
     name: str
     output: Output = dataclasses.field(default_factory=CsrOutput)
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this matrix: its name and output."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "output": formats.fingerprint_of(self.output),
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class Obsm:
@@ -56,6 +65,14 @@ class Obsm:
 
     name: str
     dtype: str = "float32"
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this array: its key and dtype."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "dtype": formats.dtype_name(self.dtype),
+        }
 
 
 class LayerReader:
