@@ -4,12 +4,12 @@ Up to commit 5f1fd87 a state's stamp recorded the sampler as its `repr`
 (less the shard) and the fetch transform as `[repr(split)]`. Those texts are
 rendered here from today's fingerprints, in the old format, so that such a
 state still restores when the configuration is the same, whatever the
-classes' `repr`s have become since. Components the renderers do not know
-(a user's own sampler or output) fall back to their current `repr`, as the
-old stamp did, and so does every text the old code would have written for
-a value whose fingerprint is normalised (e.g. `dtype=np.float32`).
+classes' `repr`s have become since. Today's `repr` texts are accepted as
+well: they cover what the renderers do not know (a user's own sampler or
+output) and values a fingerprint normalises (`dtype=np.float32`, which the
+old text printed as a class).
 
-`repr_items` splits such a text into `name=value` items, so that a refusal
+`text_items` splits such a text into `name=value` items, so that a refusal
 names the parameter that differs rather than quoting two long texts.
 """
 
@@ -135,13 +135,11 @@ def legacy_stamps(current: dict, source, sampler, split) -> dict[str, list]:
         configuration (best first: the frozen rendering, then today's repr).
     """
     samplers = [sampler_text(current["sampler"]), sampler_repr(sampler)]
-    operations = [current["operations"], repr(split)]
-    if isinstance(current["operations"], dict):
-        operations[0] = split_text(current["operations"])
+    operations = [split_text(current["operations"]), repr(split)]
     return {
         "data_source": [repr(source)],
         "sampler": [s for s in samplers if s is not None],
-        "operations": [[s] for s in operations if isinstance(s, str)],
+        "operations": [[s] for s in operations if s is not None],
     }
 
 
