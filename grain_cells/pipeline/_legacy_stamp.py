@@ -87,7 +87,8 @@ def output_text(fp) -> str | None:
     return None
 
 
-def _spec_text(fp) -> str | None:
+def spec_text(fp) -> str | None:
+    """The old `repr` of a `Layer` or `Obsm` from its fingerprint, else None."""
     kind = fp.get("class")
     if kind == "Layer":
         output = output_text(fp["output"])
@@ -102,7 +103,7 @@ def _spec_text(fp) -> str | None:
 def split_text(fp: dict) -> str | None:
     """The old `repr` of a `SplitFetch` from its fingerprint, else None."""
     fetch, output = fp["fetch"], output_text(fp["output"])
-    specs = {k: _spec_text(v) for k, v in fp["extra"].items()}
+    specs = {k: spec_text(v) for k, v in fp["extra"].items()}
     if output is None or None in specs.values():
         return None
     more = ""
