@@ -36,8 +36,7 @@ Token sequences for transformer foundation models (`RankValueTokens`,
 `ValueBinTokens`) are further implementations of the same protocol; see
 `grain_cells.tokens`.
 
-**The protocol.** An output format is any object with a stable `repr` (it
-identifies the pipeline in checkpoints), that pickles, and has
+**The protocol.** An output format is any object that pickles and has
 `format(fetch, rows, batch_size) -> dict[str, np.ndarray]`: `fetch` is the
 `Fetch` being split (its rows, their row ids, the fetch's random key and a
 per-fetch cache for work done once per fetch), `rows` the positions in the
@@ -48,6 +47,12 @@ with `np.empty`'s signature): the built-in formats allocate every array they
 return with it, and in a Grain worker it hands out the worker's shared
 memory, so the minibatch is written where the trainer copies it from
 (`grain_cells.transport._slot_writer`); formats without it work as before.
+
+**Checkpoints.** A saved iterator state records the output's configuration:
+`fingerprint() -> dict`, of JSON values (class name and every parameter that
+changes the arrays; see `fingerprint_of`). An output without the method is
+recorded by its `repr`, which must then be stable: a state restores only
+under an output of equal fingerprint (or repr).
 """
 
 from __future__ import annotations
@@ -133,6 +138,10 @@ class CsrOutput:
         )
         return {"data": data, "indices": indices, "indptr": indptr}
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this output (see the module docstring)."""
+        return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
+
 
 @dataclasses.dataclass(frozen=True)
 class PaddedSparseOutput:
@@ -192,6 +201,15 @@ class PaddedSparseOutput:
         nnz[: lengths.size] = lengths
         return {"values": values, "indices": cols, "nnz": nnz}
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this output (see the module docstring)."""
+        return {
+            "class": type(self).__name__,
+            "width": int(self.width),
+            "truncate": self.truncate,
+            "dtype": dtype_name(self.dtype),
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class DenseOutput:
@@ -234,6 +252,33 @@ class DenseOutput:
         X[: rows.size] = dense[rows]
         X[rows.size :] = 0
         return {"X": X}
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this output (see the module docstring)."""
+        return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
+
+
+def fingerprint_of(component) -> dict | str:
+    """What a checkpoint records of an output (or a sampler, a matrix spec).
+
+    Its `fingerprint()` when it has one: a dict of JSON values naming its
+    class and the parameters that decide what it yields. Otherwise (a user's
+    own component) its `repr`, which must then be stable.
+    """
+    method = getattr(component, "fingerprint", None)
+    if callable(method):
+        return method()
+    return repr(component)
+
+
+def dtype_name(dtype) -> str | None:
+    """A dtype as a fingerprint records it (`"float32"`; None stays None)."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # a name NumPy does not know
+        return str(dtype)
 
 
 def zeros(empty, shape: tuple, dtype) -> np.ndarray:

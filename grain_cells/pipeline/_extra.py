@@ -38,6 +38,7 @@ from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._obsm import obsm_element
 from grain_cells.io._range_reads import FetchedRows
+from grain_cells.outputs import _formats as formats
 from grain_cells.outputs._formats import CsrOutput, Fetch, Output
 from grain_cells.source._source import AnnDataSource
 
@@ -55,6 +56,14 @@ class Layer:
     name: str
     output: Output = dataclasses.field(default_factory=CsrOutput)
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this matrix: its name and output."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "output": formats.fingerprint_of(self.output),
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class Obsm:
@@ -67,6 +76,14 @@ class Obsm:
 
     name: str
     dtype: str = "float32"
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this array: its key and dtype."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "dtype": formats.dtype_name(self.dtype),
+        }
 
 
 class _ElementReader:

@@ -48,7 +48,7 @@ from grain_cells.source._source import AnnDataSource
 
 @dataclasses.dataclass(frozen=True)
 class FetchConfig:
-    """How a fetch is formed and split; its `repr` identifies a pipeline.
+    """How a fetch is formed and split; `fingerprint()` identifies it.
 
     Attributes:
         batch_size: Cells per minibatch (`m`).
@@ -85,6 +85,19 @@ class FetchConfig:
         n = math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
         return n + self.blocks_per_fetch if self.condition else n
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of the fetch (the output aside)."""
+        return {
+            "batch_size": self.batch_size,
+            "fetch_factor": self.fetch_factor,
+            "block_size": self.block_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "remainder": self.remainder,
+            "numeric_obs": self.numeric_obs,
+            "condition": self.condition,
+        }
+
 
 class SplitFetch:
     """Reads one fetch of blocks and splits it into shuffled minibatches.
@@ -118,6 +131,19 @@ class SplitFetch:
         state = self.__dict__.copy()
         state["_buffers"] = []  # read buffers stay in the process that made them
         return state
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of the transform (not its `repr`).
+
+        `fetch`: `FetchConfig.fingerprint()`; `output`: the output's
+        `fingerprint()` (its `repr` without one); `extra`: each extra
+        matrix's spec, by key.
+        """
+        return {
+            "fetch": self.config.fingerprint(),
+            "output": outputs.fingerprint_of(self.config.output),
+            "extra": {k: r.spec.fingerprint() for k, r in self.extra.items()},
+        }
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.

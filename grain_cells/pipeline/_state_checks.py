@@ -2,15 +2,31 @@
 
 A state of `grain_cells.cell_dataset` / `grain_cells.DataLoader` is
 `{"grain_cells": stamp, "position": {...}}` (see `grain_cells.pipeline._resume`). The
-stamp says which pipeline saved it: the sampler (without its shard, which may
-change), its epoch length, the source by content
-(`grain_cells.storage._identity.source_identity`: cell counts, file sizes, metadata
-and value digests, genes, obs categories, configuration; not paths, so a
-copy of the data elsewhere restores) and the fetch transform. The worker
-count is not part of it: a state restores under any.
+stamp says which pipeline saved it, as JSON values, by configuration rather
+than by `repr` (so a `repr` may change without breaking restores):
+
+* `sampler`: the sampler's `fingerprint()` (class, seed, shuffle, epochs,
+  block count or epoch length, a digest of weights, condition column...;
+  never its shard, which may change). A sampler without the method (a
+  user's own) is recorded by its `repr`, less any
+  `, shard_index=.., shard_count=..`: that `repr` must then be stable.
+* `epoch_length`: positions per epoch;
+* `data_source`: the source by content
+  (`grain_cells.storage._identity.source_identity`: cell counts, file sizes,
+  metadata and value digests, genes, obs categories, configuration; not
+  paths, so a copy of the data elsewhere restores);
+* `operations`: the fetch transform's `SplitFetch.fingerprint()`: `fetch`
+  (batch size, fetch factor, block size, shuffle, seed, remainder, numeric
+  obs, condition), `output` (the output's `fingerprint()`, its `repr`
+  without one: see `grain_cells.outputs`) and `extra` (each extra matrix's
+  `Layer`/`Obsm` spec).
+
+The worker count is not part of it: a state restores under any. States of
+older versions, whose stamps were `repr` texts, restore where those texts
+match this configuration (`grain_cells.pipeline._legacy_stamp`).
 
 `check_state` refuses, with `CheckpointMismatchError` naming the field, its
-value and what was expected: a state of another pipeline or of another
+saved value and the current one: a state of another pipeline or of another
 program, and any position field out of range (a fetch past the stream, a
 minibatch past its fetch's end, a negative step...), which would otherwise
 resume at the wrong place.
@@ -18,9 +34,10 @@ resume at the wrong place.
 
 from __future__ import annotations
 
-import re
+import json
 
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.pipeline import _legacy_stamp as legacy
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import count_minibatches
 from grain_cells.storage import _identity as identity
@@ -28,40 +45,92 @@ from grain_cells.storage import _identity as identity
 STAMP = "grain_cells"
 # Bumped when the mapping from a position to cells changes.
 _PIPELINE_VERSION = 2
-_SHARD_IN_REPR = re.compile(r", shard_index=\d+, shard_count=\d+")
+_MISSING = object()
+
+
+def _plain(value):
+    """JSON for what `json` does not know: NumPy scalars, else the repr."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else repr(value)
 
 
 def stamp(source, sampler, split) -> dict:
-    """What a saved state must match to be restored by this pipeline."""
+    """What a saved state must match to be restored by this pipeline.
+
+    Returns:
+        The stamp (see the module docstring) as JSON values, as a saved
+        state reads back.
+    """
     if hasattr(source, "file_identity"):
         data = identity.source_identity(source)
     else:
         data = repr(source)
-    return {
+    # A user's sampler without `fingerprint()`: its repr, less the shard.
+    fingerprint = getattr(sampler, "fingerprint", None)
+    ordered = fingerprint() if callable(fingerprint) else legacy.sampler_repr(sampler)
+    out = {
         "pipeline": _PIPELINE_VERSION,
-        "sampler": _SHARD_IN_REPR.sub("", repr(sampler)),
+        "sampler": ordered,
         "epoch_length": int(getattr(sampler, "epoch_length", len(sampler))),
         "data_source": data,
-        "operations": [repr(split)],
+        "operations": split.fingerprint(),
     }
+    return json.loads(json.dumps(out, default=_plain))
 
 
-def _stamp_diffs(saved: dict, current: dict, legacy: dict) -> list[str]:
+def _shown(value) -> str:
+    return "(none)" if value is _MISSING else repr(value)
+
+
+def _dict_diffs(then: dict, now: dict, prefix: str = "") -> list[str]:
+    """`saved name=value, now name=value` per differing entry, nested by dots."""
+    parts = []
+    for k in [*now, *(k for k in then if k not in now)]:
+        a, b = then.get(k, _MISSING), now.get(k, _MISSING)
+        if a == b:
+            continue
+        if (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.get("class") == b.get("class")
+        ):
+            parts += _dict_diffs(a, b, f"{prefix}{k}.")
+        else:
+            parts.append(f"saved {prefix}{k}={_shown(a)}, now {prefix}{k}={_shown(b)}")
+    return parts
+
+
+def _text_diffs(then: str, now: str) -> list[str]:
+    """The differing `name=value` items of two `repr` texts (old stamps)."""
+    a, b = legacy.text_items(then), legacy.text_items(now)
+    return [
+        f"saved {k}={a.get(k, '(none)')}, now {k}={b.get(k, '(none)')}"
+        for k in [*b, *(k for k in a if k not in b)]
+        if a.get(k) != b.get(k)
+    ]
+
+
+def _diff(then, now, olds: list) -> str:
+    """How a saved stamp entry differs from the current one."""
+    parts = []
+    if isinstance(then, dict) and isinstance(now, dict):
+        parts = _dict_diffs(then, now)
+    elif olds:  # an old state's repr text, against this pipeline's
+        text = then[0] if isinstance(then, list) and len(then) == 1 else then
+        old = olds[0][0] if isinstance(olds[0], list) else olds[0]
+        if isinstance(text, str):
+            parts = _text_diffs(text, old)
+    return "; ".join(parts) if parts else f"saved {then!r}, now {now!r}"
+
+
+def _stamp_diffs(saved: dict, current: dict, olds: dict) -> list[str]:
     """What differs between two stamps, one entry per top-level key."""
     diffs = []
     for key, now in current.items():
         then = saved.get(key)
-        if then == now or (key in legacy and then == legacy[key]):
+        if then == now or then in olds.get(key, ()):
             continue
-        if isinstance(then, dict) and isinstance(now, dict):
-            parts = [
-                f"{k}={then.get(k)!r}, now {k}={now.get(k)!r}"
-                for k in now
-                if then.get(k) != now.get(k)
-            ]
-            diffs.append(f"{key}: saved " + "; saved ".join(parts))
-        else:
-            diffs.append(f"{key}: saved {then!r}, now {now!r}")
+        diffs.append(f"{key}: {_diff(then, now, olds.get(key, []))}")
     return diffs
 
 
@@ -83,7 +152,7 @@ def _int(value, field: str, low: int, high: int | None = None) -> int:
     return value
 
 
-def _check_stamp(state, current: dict, legacy: dict) -> None:
+def _check_stamp(state, current: dict, olds: dict) -> None:
     if not isinstance(state, dict) or STAMP not in state:
         if isinstance(state, dict) and "grain" in state:
             raise CheckpointMismatchError(
@@ -98,7 +167,7 @@ def _check_stamp(state, current: dict, legacy: dict) -> None:
         )
     saved = state[STAMP]
     diffs = (
-        _stamp_diffs(saved, current, legacy)
+        _stamp_diffs(saved, current, olds)
         if isinstance(saved, dict)
         else [f"stamp: saved {saved!r}"]
     )
@@ -127,9 +196,8 @@ def check_state(state, current: dict, sampler, source, split) -> Position:
         CheckpointMismatchError: The stamp differs (saying what), or a field
             is missing, of the wrong type or out of range (naming it).
     """
-    # States saved before sources were stamped by content carry the source's
-    # repr (with its paths): still accepted where it matches.
-    _check_stamp(state, current, {"data_source": repr(source)})
+    # Older states carry repr texts: accepted where they match this pipeline.
+    _check_stamp(state, current, legacy.legacy_stamps(current, source, sampler, split))
     pos = state.get("position")
     if not isinstance(pos, dict):
         raise _fail("position", pos, "a dict")

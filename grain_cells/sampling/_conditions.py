@@ -297,6 +297,30 @@ class ConditionBlockSampler(BlockStream):
         """`block_at` of many positions."""
         return np.array([self.block_at(p) for p in positions], np.int64)
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this sampler: what decides its order.
+
+        Class, block count, condition column, blocks per fetch, worker
+        count, seed, epochs and, with weights, their digest and the epoch
+        length (None without). Never the shard: a state restores under
+        another shard (see `grain_cells.pipeline._resume`).
+        """
+        weights = epoch_length = None
+        if self._weights is not None:
+            digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
+            weights, epoch_length = f"sha256:{digest}", self._epoch_length
+        return {
+            "class": type(self).__name__,
+            "num_blocks": self._num_blocks,
+            "column": self._column,
+            "blocks_per_fetch": self._g,
+            "worker_count": self._worker_count,
+            "seed": self._seed,
+            "num_epochs": self._num_epochs,
+            "weights": weights,
+            "epoch_length": epoch_length,
+        }
+
     def __repr__(self) -> str:
         so = self._shard_options
         weights = ""

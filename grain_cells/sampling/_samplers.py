@@ -159,6 +159,21 @@ class BlockSampler(BlockStream):
         visited[self.epoch_order(epoch)] = True
         return np.flatnonzero(~visited)
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this sampler: what decides its order.
+
+        Class, block count, shuffle, seed and epochs. Never the shard: a
+        state restores under another shard (see
+        `grain_cells.pipeline._resume`).
+        """
+        return {
+            "class": type(self).__name__,
+            "num_blocks": self._num_blocks,
+            "shuffle": self._shuffle,
+            "seed": self._seed,
+            "num_epochs": self._num_epochs,
+        }
+
     def __repr__(self) -> str:
         so = self._shard_options
         return (

@@ -173,6 +173,22 @@ class WeightedBlockSampler(BlockStream):
         start = int(epoch) * self._epoch_length
         return self.blocks_at(np.arange(start, start + self._epoch_length))
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this sampler: what decides its order.
+
+        Class, block count, a digest of the weights, epoch length, seed
+        and epochs. Never the shard: a state restores under another shard
+        (see `grain_cells.pipeline._resume`).
+        """
+        return {
+            "class": type(self).__name__,
+            "num_blocks": self._num_blocks,
+            "weights": f"sha256:{self._weights_id}",
+            "epoch_length": self._epoch_length,
+            "seed": self._seed,
+            "num_epochs": self._num_epochs,
+        }
+
     def __repr__(self) -> str:
         so = self._shard_options
         return (

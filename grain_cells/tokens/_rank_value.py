@@ -217,6 +217,23 @@ class RankValueTokens(TokenOutput):
             f"columns=sha256:{self._digest(self.column_medians)})"
         )
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this output (`grain_cells.Output`).
+
+        The parameters that decide the tokens, and a digest of the genes'
+        token ids and medians; not `kernels` or `threads` (same arrays).
+        """
+        return {
+            "class": type(self).__name__,
+            "length": self.length,
+            "pad_id": self.pad_id,
+            "cls_id": self.cls_id,
+            "eos_id": self.eos_id,
+            "mask_id": self.mask_id,
+            "mlm_probability": self.mlm_probability,
+            "columns": f"sha256:{self._digest(self.column_medians)}",
+        }
+
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
         if self._compiled():

@@ -134,6 +134,26 @@ class ValueBinTokens(TokenOutput):
             f"columns=sha256:{self._digest()})"
         )
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this output (`grain_cells.Output`).
+
+        The parameters that decide the tokens, and a digest of the genes'
+        token ids; not `kernels` or `threads` (same arrays).
+        """
+        return {
+            "class": type(self).__name__,
+            "length": self.length,
+            "n_bins": self.n_bins,
+            "selection": self.selection,
+            "pad_zeros": self.pad_zeros,
+            "pad_id": self.pad_id,
+            "cls_id": self.cls_id,
+            "pad_value": self.pad_value,
+            "mask_value": self.mask_value,
+            "mlm_probability": self.mlm_probability,
+            "columns": f"sha256:{self._digest()}",
+        }
+
     def pad_fill(self, name: str):
         """Value of padding rows in array `name`."""
         if name == "values":
