@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat, stat_of_h5
 from grain_cells.storage._readers import LocalByteReader, RemoteByteReader
 from grain_cells.storage.remote import _store as object_store
@@ -49,6 +50,14 @@ CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _metadata: dict[tuple, _Metadata] = {}
 _metadata_lock = threading.Lock()
+
+
+@fork.in_child
+def _forget_metadata() -> None:
+    """A forked child loads its own metadata caches (their locks are the parent's)."""
+    global _metadata_lock
+    _metadata.clear()
+    _metadata_lock = threading.Lock()
 
 
 def cache_dir() -> pathlib.Path:
@@ -144,7 +153,7 @@ class _Metadata:
 
 
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
-    key = (url, stat.etag, stat.size, stat.mtime_ns, os.getpid())
+    key = (url, stat.etag, stat.size, stat.mtime_ns)
     with _metadata_lock:
         meta = _metadata.get(key)
         if meta is None:
