@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import warnings
 import weakref
 
 import anndata
@@ -27,7 +28,11 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def in_fork(function):
     """`function()`'s result (picklable) computed in a forked child."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns when a process with threads forks; the child
+        # here only runs `function` and exits.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: report, then leave without running pytest's exit
         try:
             os.close(read_end)
