@@ -111,3 +111,22 @@ def test_module_pools_are_the_childs_own():
 
     assert in_fork(child) == (False, False, 7)
     assert readers._pool("test", 1) is parent_pool
+
+
+def test_a_process_cache_makes_each_value_once_per_process():
+    cache = fork.ProcessCache()
+    made = []
+
+    def make():
+        made.append(1)
+        return object()
+
+    first = cache.get_or_make("k", make)
+    assert cache.get_or_make("k", make) is first and len(made) == 1
+    cache._lock.acquire()  # as a parent thread holding it at the fork would
+    try:
+        in_child = in_fork(lambda: (len(cache), cache.get_or_make("k", make) is first))
+    finally:
+        cache._lock.release()
+    assert in_child == (0, False)  # emptied, and its lock is the child's own
+    assert cache.get_or_make("k", make) is first

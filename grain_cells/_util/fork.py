@@ -9,7 +9,8 @@ the child right after the fork, in registration order, before any other
 code of the child uses the caches. (Processes started with "spawn" or
 "forkserver" import the package afresh and need none of this.)
 
-Module-level caches register a function; per-instance caches register the
+Module-level caches are a `ProcessCache` (a dict, with a lock, emptied in
+the child) or register a function; per-instance caches register the
 instance and a reset function, held through a weak reference, so a
 registration never keeps an object alive.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +67,32 @@ def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
     _instances[token] = (ref, reset)
 
 
+class ProcessCache(dict):
+    """A dict of this process's objects, emptied in a forked child.
+
+    For module-level caches of thread pools and clients: `get_or_make`
+    builds a value once per key and process, under the cache's lock, which
+    a forked child also replaces (a parent thread may have held it).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        in_child_of(self, ProcessCache._forget)
+
+    def get_or_make(self, key, make: Callable[[], Any]):
+        """The value at `key`, made by `make()` if this process has none."""
+        with self._lock:
+            value = self.get(key)
+            if value is None:
+                value = self[key] = make()
+            return value
+
+    def _forget(self) -> None:
+        self.clear()
+        self._lock = threading.Lock()
+
+
 def _after_fork_in_child() -> None:
     """Runs the registered resets in the new child (its only thread)."""
     for function in list(_functions):
@@ -84,4 +112,4 @@ def _run(function: Callable, *args) -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-__all__ = ["in_child", "in_child_of"]
+__all__ = ["ProcessCache", "in_child", "in_child_of"]

@@ -48,16 +48,8 @@ BLOCK_BYTES = 64 << 10
 CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 
 _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_metadata: dict[tuple, _Metadata] = {}
-_metadata_lock = threading.Lock()
-
-
-@fork.in_child
-def _forget_metadata() -> None:
-    """A forked child loads its own metadata caches (their locks are the parent's)."""
-    global _metadata_lock
-    _metadata.clear()
-    _metadata_lock = threading.Lock()
+# A forked child loads its own metadata caches (their locks are the parent's).
+_metadata = fork.ProcessCache()
 
 
 def cache_dir() -> pathlib.Path:
@@ -154,11 +146,7 @@ class _Metadata:
 
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
     key = (url, stat.etag, stat.size, stat.mtime_ns)
-    with _metadata_lock:
-        meta = _metadata.get(key)
-        if meta is None:
-            meta = _metadata[key] = _Metadata(url, stat)
-        return meta
+    return _metadata.get_or_make(key, lambda: _Metadata(url, stat))
 
 
 class RangeFile(io.RawIOBase):

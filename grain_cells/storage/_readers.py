@@ -160,26 +160,17 @@ class LocalByteReader:
             self.fd = None
 
 
-_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-_pool_lock = threading.Lock()
-
-
-@fork.in_child
-def _forget_pools() -> None:
-    """A forked child starts its own threads: the pools' belong to the parent."""
-    global _pool_lock
-    _pools.clear()
-    _pool_lock = threading.Lock()
+# A forked child starts its own threads: the pools' belong to the parent.
+_pools = fork.ProcessCache()
 
 
 def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    with _pool_lock:
-        pool = _pools.get(name)
-        if pool is None:
-            pool = _pools[name] = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix=f"grain_cells_{name}"
-            )
-        return pool
+    return _pools.get_or_make(
+        name,
+        lambda: concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix=f"grain_cells_{name}"
+        ),
+    )
 
 
 def _request_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:

@@ -21,7 +21,6 @@ import functools
 import itertools
 import multiprocessing
 import os
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -31,16 +30,8 @@ from grain_cells._util import fork
 MAX_AUTO = 4  # threads that `"auto"` uses at most
 MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
 
-_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-@fork.in_child
-def _forget_pool() -> None:
-    """A forked child starts its own threads: the pool's belong to the parent."""
-    global _lock, _pool
-    _lock = threading.Lock()
-    _pool = None
+# A forked child starts its own threads: the pool's belong to the parent.
+_pool = fork.ProcessCache()
 
 
 @functools.cache
@@ -72,13 +63,12 @@ def resolve_threads(threads: int | str) -> int:
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     """This process's pool (a forked child starts its own)."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=64, thread_name_prefix="grain_cells-tokens"
-            )
-        return _pool
+    return _pool.get_or_make(
+        "tokens",
+        lambda: concurrent.futures.ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="grain_cells-tokens"
+        ),
+    )
 
 
 def encode_rows(

@@ -55,16 +55,8 @@ READER_KEYS = ("max_in_flight",)
 DEFAULT_MAX_IN_FLIGHT = 256
 MAX_IN_FLIGHT_LIMIT = 1024
 
-_stores: dict[tuple, object] = {}
-_stores_lock = threading.Lock()
-
-
-@fork.in_child
-def _forget_stores() -> None:
-    """A forked child builds its own clients: the stores' belong to the parent."""
-    global _stores_lock
-    _stores.clear()
-    _stores_lock = threading.Lock()
+# A forked child builds its own clients: the stores' belong to the parent.
+_stores = fork.ProcessCache()
 
 
 # Requests made by this process, by kind ("head": a source's HEADs, "get",
@@ -157,11 +149,7 @@ def store_for(url: str, storage_options: dict | None = None):
         repr(sorted(options.items(), key=lambda kv: kv[0])),
         aws_profiles.cache_key(),
     )
-    with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            store = _stores[key] = _build_store(root, options)
-    return store
+    return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
 def _build_store(root: str, options: dict):
