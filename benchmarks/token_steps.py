@@ -12,8 +12,9 @@ each step `--repeats` times and prints the best, in ms per 1,024 cells:
   4; `grain_cells.tokens._threads`), wall time;
 * the compiled rank-value kernel's steps, thread CPU time: the key pass
   (gather tokens and medians, divide, pack keys), the key pass plus the
-  sort (bucket and insertion passes), and the whole kernel (also writing
-  `gene_ids` and `attention_mask`).
+  sort (bucket and insertion passes) (`tokens._jit.rank_value_key_steps`),
+  and the whole kernel (`RankValueTokens.tokenize` of the fetch: also
+  writing `gene_ids` and `attention_mask`).
 
 Thread CPU time, not wall time, so that other processes on a shared machine
 inflate the figures less; the load average is printed beside them.
@@ -31,7 +32,6 @@ import sys
 import time
 
 import bench_util
-import numba
 import numpy as np
 from absl import app, flags
 
@@ -52,37 +52,6 @@ _STRIDE = flags.DEFINE_integer("stats_stride", 8, "Corpus stats over 1 in N runs
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 BLOCK, FETCH, BATCH = 16, 16, 64
-
-
-@numba.njit
-def _kernel_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """The key pass (and the sort) of the compiled kernel over every row."""
-    longest = 0
-    for r in range(indptr.size - 1):
-        longest = max(longest, indptr[r + 1] - indptr[r])
-    keys = np.empty(longest, np.uint64)
-    out = np.empty(longest, np.uint64)
-    counts = np.empty(longest + 18, np.int32)
-    bucket = np.empty(longest, np.int32)
-    quot = np.empty(longest, np.float32)
-    total = 0
-    for r in range(indptr.size - 1):
-        m, lo, hi, _ = token_jit._row_keys(
-            data,
-            indices,
-            indptr[r],
-            indptr[r + 1],
-            tokens,
-            medians,
-            True,
-            checked,
-            keys,
-            quot,
-        )
-        if sort:
-            token_jit._sort_keys(keys, m, lo, hi, out, counts, bucket)
-        total += m
-    return total
 
 
 def _format_all(output, row_ids, csr, order) -> None:
@@ -166,16 +135,28 @@ def main(argv):
             steps[f"{name}, {n_threads} threads (wall)"] = _best(
                 fmt, _REPEATS.value, time.perf_counter
             )
-        fetch = Fetch(None, row_ids, source.num_genes, 5, _csr=csr)
-        data, indices, indptr, checked = rank._csr_for_jit(fetch)
-        args = (data, indices, indptr, rank.column_tokens, rank.column_medians)
+        data = np.ascontiguousarray(csr.data, np.float32)
+        # The kernel skips its per-value tests when every value is positive
+        # and every column has a token, as the outputs decide.
+        checked = not (
+            (rank.column_tokens >= 0).all() and (not data.size or data.min() > 0)
+        )
+        args = (
+            data,
+            np.ascontiguousarray(csr.indices),
+            np.ascontiguousarray(csr.indptr, np.int64),
+            rank.column_tokens,
+            rank.column_medians,
+            checked,
+        )
         for name, sort in (("kernel: key pass", False), ("kernel: + sort", True)):
-            run = functools.partial(_kernel_steps, *args, checked, sort)
+            run = functools.partial(token_jit.rank_value_key_steps, *args, sort)
             run()
             steps[name] = _best(run, _REPEATS.value)
-        everything = np.arange(row_ids.size, dtype=np.int64)
-        encode = functools.partial(rank._encode, fetch, everything, everything.size)
-        steps["kernel: + gene_ids, mask"] = _best(encode, _REPEATS.value)
+        fetch = Fetch(None, row_ids, source.num_genes, 5, _csr=csr)
+        steps["kernel: + gene_ids, mask"] = _best(
+            functools.partial(rank.tokenize, fetch), _REPEATS.value
+        )
         for name, ms in steps.items():
             best[name] = min(best.get(name, np.inf), ms * 1024 / row_ids.size)
     load = os.getloadavg()

@@ -80,7 +80,9 @@ def test_non_integers_are_refused_by_name(csr_paths, kind, value):
     "kind, value",
     [
         ("BlockSampler.seed", -1),
-        ("BlockSampler.seed", 2**31),
+        ("BlockSampler.seed", 2**63),
+        ("split_by_fraction.seed", 2**63),
+        ("cell_dataset.seed", -1),
         ("fetch_operations.seed", -3),
         ("AnnDataSource.block_size", 0),
         ("fetch_operations.batch_size", 0),
@@ -181,3 +183,32 @@ def test_fragmented_selections_say_so_in_the_log_and_repr(csr_paths, caplog):
 def test_check_int_accepts_numpy_integers():
     assert arguments.check_int("k", np.int32(4), minimum=1) == 4
     assert arguments.check_seed(np.uint16(7)) == 7
+
+
+@pytest.mark.parametrize("seed", [2**31, 2**63 - 1], ids=["2**31", "2**63-1"])
+def test_every_loader_seed_takes_the_same_range(csr_paths, seed):
+    """Samplers took seeds in [0, 2**31) and splits [0, 2**63): now both take
+    [0, 2**63), and a large seed gives a stream of its own, the same each time."""
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5)
+
+    def block_order(s):
+        sampler = grain_cells.BlockSampler(source, seed=s, num_epochs=1)
+        return [sampler[i] for i in range(len(source))]
+
+    def weighted_order(s):
+        sampler = grain_cells.WeightedBlockSampler(
+            source, np.ones(len(source)), seed=s, num_epochs=1
+        )
+        return [sampler[i] for i in range(len(source))]
+
+    assert block_order(seed) == block_order(seed)
+    assert block_order(seed) != block_order(seed % 2**31)
+    assert weighted_order(seed) == weighted_order(seed)
+    assert weighted_order(seed) != weighted_order(seed % 2**31)
+    splits = grain_cells.split_by_fraction(source, {"a": 0.5, "b": 0.5}, seed=seed)
+    assert sum(len(s) for s in splits.values()) == len(source)  # blocks
+    batches = list(
+        grain_cells.cell_dataset(source, batch_size=4, seed=seed, num_epochs=1)
+    )
+    assert batches
+    assert arguments.check_seed(np.uint64(seed)) == seed

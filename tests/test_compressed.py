@@ -416,7 +416,7 @@ def test_synthetic_chunks(tmp_path, chunks):
     assert synthetic._cache_name(
         10, {**synthetic._DEFAULTS, "chunks": chunks}
     ).endswith("" if chunks is None else f"-k{chunks}.h5ad")
-    with pytest.raises(ValueError, match="chunks must be positive"):
+    with pytest.raises(ValueError, match="chunks must be a positive int, got chunks=0"):
         synthetic.write_tahoe_like(tmp_path / "t.h5ad", 10, chunks=0, **args)
 
 

@@ -442,7 +442,15 @@ def test_input_that_is_an_output_part_is_refused(inputs, tmp_path):
 
 def test_progress_line_on_stderr(inputs, tmp_path, capsys):
     preshuffle(inputs[(3, False)], tmp_path, progress=True)
-    assert f"{sum(SIZES)}/{sum(SIZES)} cells (100%)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "preshuffle: 100%" in err and f"{sum(SIZES)}/{sum(SIZES)} [" in err
+    assert "cells/s]" in err and err.endswith("\n")
+    preshuffle(inputs[(3, False)], tmp_path, progress=True)  # nothing left to do
+    assert capsys.readouterr().err == (
+        f"preshuffle: 1 of 1 part(s) already complete in {tmp_path}\n"
+    )
+    preshuffle(inputs[(3, False)], tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""
 
 
 # --------------------------------------------------------------------------- #

@@ -267,7 +267,7 @@ def test_repr_names_shard_index():
         pytest.param({"num_epochs": -1}, ValueError, "num_epochs", id="neg-epochs"),
         pytest.param({"num_epochs": 1.5}, ValueError, "num_epochs", id="frac-epochs"),
         pytest.param({"seed": -1}, ValueError, "seed", id="negative-seed"),
-        pytest.param({"seed": 2**31}, ValueError, "seed", id="seed-too-big"),
+        pytest.param({"seed": 2**63}, ValueError, "seed", id="seed-too-big"),
         pytest.param(
             {"num_blocks": 2, "shard_options": sharding.ShardOptions(0, 3)},
             ValueError,

@@ -271,23 +271,23 @@ def test_progress(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_cells": 0}, "n_cells must be positive, got n_cells=0"),
+        ({"n_cells": 0}, "n_cells must be a positive int, got n_cells=0"),
         ({"n_cells": -3}, "n_cells=-3"),
-        ({"n_cells": 2.5}, "n_cells must be an int"),
-        ({"n_cells": True}, "n_cells must be an int"),
-        ({"n_genes": 0}, "n_genes must be positive, got n_genes=0"),
+        ({"n_cells": 2.5}, "n_cells must be a positive int, got n_cells=2.5"),
+        ({"n_cells": True}, "n_cells must be a positive int, got n_cells=True"),
+        ({"n_genes": 0}, "n_genes must be a positive int, got n_genes=0"),
         ({"n_genes": 2**31}, "n_genes must be <="),
         ({"mean_nnz": 0}, "mean_nnz=0"),
         ({"mean_nnz": float("nan")}, "mean_nnz=nan"),
         ({"mean_nnz": 101}, "mean_nnz=101"),
-        ({"n_plates": 0}, "n_plates must be positive, got n_plates=0"),
+        ({"n_plates": 0}, "n_plates must be a positive int, got n_plates=0"),
         ({"n_cell_lines": 0}, "n_cell_lines=0"),
         ({"n_drugs": -1}, "n_drugs=-1"),
-        ({"seed": -1}, "seed must be >= 0, got seed=-1"),
-        ({"seed": "a"}, "seed must be an int"),
+        ({"seed": -1}, "seed must be a non-negative int, got seed=-1"),
+        ({"seed": "a"}, "seed must be a non-negative int, got seed='a'"),
         ({"compression": "zstd"}, "compression='zstd'"),
         ({"dense": 1}, "dense=1"),
-        ({"chunk_cells": 0}, "chunk_cells must be positive, got chunk_cells=0"),
+        ({"chunk_cells": 0}, "chunk_cells must be a positive int, got chunk_cells=0"),
         ({"progress": "yes"}, "progress='yes'"),
     ],
 )
@@ -354,7 +354,9 @@ def test_cached_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
 def test_cached_rejects_unknown_and_invalid(tmp_path):
     with pytest.raises(TypeError, match="n_gene"):
         cached_tahoe_like(20, cache_dir=tmp_path, n_gene=30)
-    with pytest.raises(ValueError, match="n_cells must be positive"):
+    with pytest.raises(
+        ValueError, match="n_cells must be a positive int, got n_cells=0"
+    ):
         cached_tahoe_like(0, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="mean_nnz"):
         cached_tahoe_like(20, cache_dir=tmp_path, n_genes=30, mean_nnz=50)

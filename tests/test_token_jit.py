@@ -335,3 +335,20 @@ def test_whole_fetch_encoding_gives_the_minibatches_of_one_thread(mlm):
                 np.testing.assert_array_equal(got[key], arr, err_msg=f"{name} {key}")
         assert ("whole_fetch", id(two)) in fetch.cache
         assert ("whole_fetch", id(one)) not in plain.cache
+
+
+@pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
+@pytest.mark.parametrize("sort", [False, True], ids=["keys", "keys+sort"])
+def test_key_steps_make_a_key_per_expressed_gene(kind, sort):
+    """`rank_value_key_steps` (benchmarks/token_steps.py) does the kernel's work."""
+    from grain_cells.tokens import _jit as token_jit
+
+    fetch = _fetch(3, kind=kind)
+    csr = fetch.csr
+    tokens, medians = _tokens("partial", 3), _medians(3)
+    data = np.ascontiguousarray(csr.data, np.float32)
+    made = token_jit.rank_value_key_steps(
+        data, csr.indices, csr.indptr, tokens, medians, True, sort
+    )
+    expressed = (data > 0) & (tokens[csr.indices] >= 0)
+    assert made == int(expressed.sum())

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.transport import _ring as transport
+from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport._slot_writer import writer_for
 
@@ -185,7 +186,7 @@ def test_stale_names_of_dead_processes_are_removed():
     stale = f"/gcells_{gone.pid}_deadbeef_1"
     live = f"/gcells_{os.getpid()}_deadbeef_1"
     for name in (stale, live):
-        transport._create(name, 4096).close()
+        segments.create(name, 4096).close()
     try:
         removed = shm_names.remove_stale()
         assert stale.lstrip("/") in removed

@@ -12,19 +12,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SEED_LIMIT = 2**31  # the samplers' index shuffle takes 31-bit seeds
+SEED_LIMIT = 2**63
+"""Seeds of the loader (samplers, in-fetch shuffle, splits) lie in `[0, SEED_LIMIT)`."""
 
 
 class ArgumentTypeError(TypeError, ValueError):
     """An argument of the wrong type (a `TypeError`, and a `ValueError` as before)."""
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
+def check_int(
+    name: str, value, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """An integer argument: `int`/`np.integer`, never a bool or a float.
+
+    Args:
+        name: The argument's name, for the message.
+        value: What the caller passed.
+        minimum: Smallest valid value, or None for no bound.
+        maximum: Largest valid value, or None for no bound.
+
+    Returns:
+        `value` as a Python int.
 
     Raises:
         ArgumentTypeError: `value` is not an integer (None, a float, a bool).
-        ValueError: `value` is below `minimum`.
+        ValueError: `value` is below `minimum` or above `maximum`.
     """
     kind = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
         minimum, f"an int >= {minimum}"
@@ -35,19 +47,35 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
         )
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be {kind}, got {name}={value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {name}={value!r}")
     return int(value)
 
 
 def check_seed(value, name: str = "seed") -> int:
-    """A seed: an int in `[0, 2**31)`.
+    """A seed of the loader: an int in `[0, 2**63)`.
+
+    One rule for every seed the loader takes (`BlockSampler`,
+    `WeightedBlockSampler`, `ConditionBlockSampler`, `fetch_operations`,
+    `cell_dataset`, `split_by_fraction`). Samplers used to refuse seeds from
+    2**31 on and splits took `[0, 2**63)`; the union keeps every seed valid
+    before valid. Every consumer takes 63-bit seeds as they are, with no
+    reduction: `counter_rng.hash64` folds in 64-bit words, `BlockSampler`
+    mixes seed and epoch with `numpy.random.SeedSequence` (any non-negative
+    int) into the 32-bit seed of Grain's index shuffle. So a seed below 2**31
+    gives the order it always gave (`tests/test_golden.py` pins them), and
+    2**63 keeps seeds within int64 wherever one is stored.
+
+    (`preshuffle` and `write_tahoe_like` seed `numpy.random.default_rng`,
+    which takes any non-negative int; they check `minimum=0` only.)
 
     Raises:
         ArgumentTypeError: The seed is not an int (None, a float, a bool).
-        ValueError: The seed is negative or too large.
+        ValueError: The seed is negative or not below 2**63.
     """
     seed = check_int(name, value)
     if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"{name} must lie in [0, 2**31), got {name}={value!r}")
+        raise ValueError(f"{name} must lie in [0, 2**63), got {name}={value!r}")
     return seed
 
 

@@ -148,7 +148,7 @@ def fraction_split_blocks(
     Arguments and errors as in `split_by_fraction`.
     """
     names, bounds = _fraction_bounds(fractions)
-    seed = _check_seed(seed)
+    seed = arguments.check_seed(seed)
     if unit_cells is not None and by is not None:
         raise ValueError(
             f"pass unit_cells or by, not both (got unit_cells={unit_cells!r}, "
@@ -251,13 +251,6 @@ def _fraction_bounds(fractions) -> tuple[list[str], np.ndarray]:
             f"fractions must sum to 1, got {values.sum():g} ({dict(fractions)})"
         )
     return names, np.cumsum(values)[:-1] / values.sum()
-
-
-def _check_seed(seed) -> int:
-    seed = arguments.check_int("seed", seed)
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63), got seed={seed!r}")
-    return seed
 
 
 def _cut(keys, sizes, bounds, seed, names, what) -> np.ndarray:

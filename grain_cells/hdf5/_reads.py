@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util.ranges import merge_touching
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in, value_dtype
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
@@ -56,18 +57,6 @@ def _nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
     if not keep.all():
         starts, stops = starts[keep], stops[keep]
     return starts, stops
-
-
-def _merge_ranges(
-    starts: np.ndarray, stops: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merges sorted, disjoint ranges that touch into longer ranges."""
-    if starts.size <= 1:
-        return starts, stops
-    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
-    first = np.concatenate([[0], breaks])
-    last = np.concatenate([breaks - 1, [starts.size - 1]])
-    return starts[first], stops[last]
 
 
 class RangeReader:
@@ -253,7 +242,7 @@ class RangeReader:
                 f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
                 f"[{starts.min()}, {stops.max()}) were asked for."
             )
-        starts, stops = _merge_ranges(starts, stops)
+        starts, stops = merge_touching(starts, stops)
         if self.direct:
             self._read_direct(starts, stops, out, pool)
         elif self._chunked is not None:

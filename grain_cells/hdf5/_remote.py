@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat, stat_of_h5
 from grain_cells.storage._readers import LocalByteReader, RemoteByteReader
 from grain_cells.storage.remote import _store as object_store
@@ -47,8 +48,8 @@ BLOCK_BYTES = 64 << 10
 CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 
 _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_metadata: dict[tuple, _Metadata] = {}
-_metadata_lock = threading.Lock()
+# A forked child loads its own metadata caches (their locks are the parent's).
+_metadata = fork.ProcessCache()
 
 
 def cache_dir() -> pathlib.Path:
@@ -144,12 +145,8 @@ class _Metadata:
 
 
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
-    key = (url, stat.etag, stat.size, stat.mtime_ns, os.getpid())
-    with _metadata_lock:
-        meta = _metadata.get(key)
-        if meta is None:
-            meta = _metadata[key] = _Metadata(url, stat)
-        return meta
+    key = (url, stat.etag, stat.size, stat.mtime_ns)
+    return _metadata.get_or_make(key, lambda: _Metadata(url, stat))
 
 
 class RangeFile(io.RawIOBase):

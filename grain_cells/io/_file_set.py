@@ -9,8 +9,8 @@ file is opened once, checked and closed). It pickles to workers as is.
 once, under a lock (Grain's reader threads race on first use) by
 `open_member`, the one place where a process opens a file of the set for reading; the
 per-thread read buffers; the pool of read threads. It pickles as its file
-set and options only, and a forked child drops its parent's handles on first
-use, so each process opens its own.
+set and options only, and a forked child drops its parent's handles right
+after the fork (`grain_cells._util.fork`), so each process opens its own.
 
 **Genes over several files.** `AnnDataSource(..., join=...)` decides the
 genes a source outputs when files list different var names
@@ -58,8 +58,8 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
-import os
 import threading
 from collections.abc import Sequence
 
@@ -67,6 +67,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._genes import GeneAlignment, align_genes
@@ -282,7 +283,8 @@ class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
     Thread-safe. Pickles without any handle (as its file set and options);
-    after a fork, the child opens its own handles on first use.
+    a forked child drops its parent's handles at the fork and opens its own
+    on first use.
     """
 
     def __init__(self, files: FileSet, read_threads: int):
@@ -296,24 +298,19 @@ class OpenFiles:
         self.files = files
         self.read_threads = int(read_threads)
         self._reset()
+        fork.in_child_of(self, OpenFiles._reset)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, OpenFile] = {}
         self._local = threading.local()
         self._pool: ReadPool | None = None
-        self._pid = os.getpid()
 
     def __reduce__(self):
         return OpenFiles, (self.files, self.read_threads)
 
-    def _check_process(self) -> None:
-        if self._pid != os.getpid():  # forked: handles belong to the parent
-            self._reset()
-
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles in this process, opened on first use."""
-        self._check_process()
         handle = self._open.get(i)
         if handle is not None:
             return handle
@@ -333,7 +330,6 @@ class OpenFiles:
 
     def buffer(self, name: str = "buf") -> RowBuffer:
         """The calling thread's reused buffer `name` (a read's, a hint's)."""
-        self._check_process()
         buf = getattr(self._local, name, None)
         if buf is None:
             buf = RowBuffer()
@@ -344,7 +340,6 @@ class OpenFiles:
         """The read threads (started on first use), or None to read inline."""
         if self.read_threads == 0:
             return None
-        self._check_process()
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
@@ -364,11 +359,8 @@ class OpenFiles:
                 self._pool = None
 
     def __del__(self):
-        try:
-            if os.getpid() == self._pid:
-                self.close()
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
 
 
 __all__ = ["FileSet", "OpenFile", "OpenFiles", "ReadPool", "open_member"]

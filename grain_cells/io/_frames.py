@@ -32,13 +32,23 @@ from grain_cells import errors
 # (`tests/test_loader.py::test_workers_do_not_import_anndata_or_pandas`).
 
 
+def _anndata_io():
+    """The module of anndata's element readers and writers, imported on first use."""
+    try:  # anndata >= 0.11
+        import anndata.io as elements
+    except ImportError:  # pragma: no cover - anndata 0.10
+        import anndata.experimental as elements
+    return elements
+
+
 def read_elem(elem):
     """`anndata.io.read_elem` of an HDF5 element (anndata imported on first use)."""
-    try:  # anndata >= 0.11
-        from anndata.io import read_elem as read
-    except ImportError:  # pragma: no cover - anndata 0.10
-        from anndata.experimental import read_elem as read
-    return read(elem)
+    return _anndata_io().read_elem(elem)
+
+
+def write_elem(store, key: str, value) -> None:
+    """`anndata.io.write_elem` (anndata imported on first use)."""
+    _anndata_io().write_elem(store, key, value)
 
 
 def _quiet_old_format() -> None:
@@ -109,12 +119,10 @@ def _legacy_table(path: str, frame: h5py.Dataset) -> np.ndarray:
         ) from e
 
 
-def read_var_names(f: h5py.File, element: str) -> np.ndarray:
-    """Var names (gene ids) of the matrix at `element`, as a str array."""
+def _frame_index(f: h5py.File, name: str) -> np.ndarray:
+    """The index (obs or var names) of the dataframe `name`, as stored."""
     path = f.filename
-    if element == "raw/X" and "raw" not in f and "raw.X" in f:
-        element = "raw.X"  # anndata < 0.7
-    frame = f[var_group_name(element)]
+    frame = f[name]
     if is_legacy_frame(frame):
         table = _legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
@@ -123,7 +131,19 @@ def read_var_names(f: h5py.File, element: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    return np.asarray(read_elem(frame[key]), dtype=str)
+    return np.asarray(read_elem(frame[key]))
+
+
+def read_var_names(f: h5py.File, element: str) -> np.ndarray:
+    """Var names (gene ids) of the matrix at `element`, as a str array."""
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    return np.asarray(_frame_index(f, var_group_name(element)), dtype=str)
+
+
+def read_obs_names(f: h5py.File) -> np.ndarray:
+    """Obs names (cell ids) as an object array of the stored strings."""
+    return np.asarray(_frame_index(f, "obs"), dtype=object)
 
 
 def obs_columns(f: h5py.File) -> list[str]:
@@ -168,18 +188,10 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     """
     path = f.filename
     group = f["obs"]
-    if name not in obs_columns(f) or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: obs has no column {name!r}; it has {obs_columns(f)}"
-        )
-    if is_legacy_frame(group):
-        column = _to_column(
-            path, name, _legacy_column(f, _legacy_table(path, group), name)
-        )
-    else:
-        column = _plain_column(group[name])
-        if column is None:
-            column = _to_column(path, name, _read_column(path, group, name))
+    _check_column(f, name)
+    column = None if is_legacy_frame(group) else _plain_column(group[name])
+    if column is None:
+        column = _to_column(path, name, _obs_values(f, name))
     shape = column.values.shape
     if len(shape) != 1:
         raise errors.AnnDataFormatError(
@@ -193,6 +205,37 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
             f"has {rows} cells"
         )
     return column
+
+
+def read_obs_values(f: h5py.File, name: str):
+    """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values).
+
+    The one reader of obs columns: `read_obs_column` turns its result into
+    codes and labels; `preshuffle` keeps the pandas objects to write them
+    again. Handles anndata < 0.7 compound frames, anndata < 0.8 categorical
+    codes, and categorical groups without encoding attributes.
+
+    Raises:
+        errors.MissingColumnError: No such column; the message lists the
+            columns that exist.
+        errors.AnnDataFormatError: The column cannot be read.
+    """
+    _check_column(f, name)
+    return _obs_values(f, name)
+
+
+def _check_column(f: h5py.File, name: str) -> None:
+    if name not in obs_columns(f) or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{f.filename}: obs has no column {name!r}; it has {obs_columns(f)}"
+        )
+
+
+def _obs_values(f: h5py.File, name: str):
+    group = f["obs"]
+    if is_legacy_frame(group):
+        return _legacy_column(f, _legacy_table(f.filename, group), name)
+    return _read_column(f.filename, group, name)
 
 
 def _plain_column(elem) -> ObsColumn | None:

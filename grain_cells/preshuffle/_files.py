@@ -108,9 +108,9 @@ def remove_stale_parts(plan: Plan) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
-    """Writes `MANIFEST` (the parts and their statistics), atomically."""
-    manifest = {
+def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
+    """The manifest's content: the run's fingerprint, the parts and their statistics."""
+    return {
         "format": FORMAT,
         "fingerprint": plan.fingerprint,
         "cells": plan.n_cells,
@@ -119,6 +119,11 @@ def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
             for i in range(len(plan.part_paths))
         ],
     }
+
+
+def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
+    """Writes `MANIFEST` (the parts and their statistics), atomically."""
+    manifest = manifest_of(plan, markers)
     final = plan.output_dir / MANIFEST
     fd, tmp = create_temporary(plan.output_dir, MANIFEST)
     try:

@@ -9,21 +9,15 @@ so the merge here works on pandas objects.)
 
 from __future__ import annotations
 
-import warnings
-
 import anndata
 import h5py
 import numpy as np
 import pandas as pd
 
 from grain_cells import errors
+from grain_cells.io import _frames as io_frames
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.preshuffle._plan import Plan
-
-try:  # anndata >= 0.11
-    from anndata.io import read_elem, write_elem
-except ImportError:  # pragma: no cover - anndata 0.10
-    from anndata.experimental import read_elem, write_elem
 
 
 def read_obs(
@@ -33,27 +27,15 @@ def read_obs(
     names, per_column = [], {c: [] for c in columns}
     for path in paths:
         with h5ad.open_file(path, storage_options) as f:
-            group = f["obs"]
-            index_key = group.attrs.get("_index", "_index")
-            if isinstance(index_key, bytes):
-                index_key = index_key.decode()
-            legacy = None
             try:
-                names.append(np.asarray(read_elem(group[index_key]), dtype=object))
+                names.append(io_frames.read_obs_names(f))
                 for c in columns:
-                    elem = group[c]
-                    if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
-                        # anndata < 0.8: codes here, categories in __categories;
-                        # only the whole-dataframe reader resolves them.
-                        if legacy is None:
-                            with warnings.catch_warnings():
-                                warnings.simplefilter(
-                                    "ignore", anndata.OldFormatWarning
-                                )
-                                legacy = read_elem(group)
-                        per_column[c].append(pd.Series(legacy[c].array))
-                    else:
-                        per_column[c].append(pd.Series(read_elem(elem)))
+                    values = io_frames.read_obs_values(f, c)
+                    if isinstance(values, pd.Series):
+                        values = values.array
+                    per_column[c].append(pd.Series(values))
+            except (errors.AnnDataFormatError, errors.MissingColumnError):
+                raise
             except Exception as e:
                 raise errors.AnnDataFormatError(
                     f"{path}: obs cannot be read as an anndata dataframe "
@@ -96,7 +78,7 @@ def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
     with h5ad.open_file(path, storage_options) as f:
         group = f["raw/var"] if element == "raw/X" else f["var"]
         try:
-            var = read_elem(group)
+            var = io_frames.read_elem(group)
         except Exception as e:
             raise errors.AnnDataFormatError(
                 f"{path}: {group.name} cannot be read as an anndata dataframe "
@@ -129,4 +111,4 @@ def read_var(plan: Plan) -> pd.DataFrame:
 
 def write_frames(f: h5py.File, obs: pd.DataFrame, var: pd.DataFrame) -> None:
     """Writes an AnnData skeleton (obs, var, no X) into an open file."""
-    write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
+    io_frames.write_elem(f, "/", anndata.AnnData(obs=obs, var=var))

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 
 from grain_cells.preshuffle import _files as files
-from grain_cells.preshuffle._plan import FORMAT, Plan
+from grain_cells.preshuffle._plan import Plan
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _writes as object_writes
 
@@ -141,15 +141,7 @@ class BucketOutput:
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        manifest = {
-            "format": FORMAT,
-            "fingerprint": plan.fingerprint,
-            "cells": plan.n_cells,
-            "parts": [
-                {"file": plan.part_paths[i].name, **markers[i]["stats"]}
-                for i in range(len(plan.part_paths))
-            ],
-        }
+        manifest = files.manifest_of(plan, markers)
         object_writes.put_bytes(
             object_writes.join(self.url, files.MANIFEST),
             json.dumps(manifest, indent=1).encode(),

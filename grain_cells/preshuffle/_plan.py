@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import pathlib
 
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.source._source import AnnDataSource
 from grain_cells.storage import _identity as identity
@@ -44,13 +44,13 @@ class Plan:
             )
         cells_per_file = kwargs["cells_per_file"]
         if cells_per_file is not None:
-            check_int("cells_per_file", cells_per_file, 1)
-        check_int("seed", kwargs["seed"], 0)
+            arguments.check_int("cells_per_file", cells_per_file, minimum=1)
+        arguments.check_int("seed", kwargs["seed"], minimum=0)
         chunk_cells = kwargs["chunk_cells"]
         if chunk_cells is not None:
-            check_int("chunk_cells", chunk_cells, 1)
+            arguments.check_int("chunk_cells", chunk_cells, minimum=1)
         budget = kwargs["memory_budget_bytes"]
-        check_int("memory_budget_bytes", budget, 1)
+        arguments.check_int("memory_budget_bytes", budget, minimum=1)
         compression = kwargs["compression"]
         if compression not in COMPRESSIONS:
             raise ValueError(
@@ -180,12 +180,3 @@ class Plan:
 
 def _json_normal(value):
     return json.loads(json.dumps(value))
-
-
-def check_int(name: str, value, low: int) -> None:
-    """Raises ValueError naming `name` unless `value` is an int >= `low`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int, got {name}={value!r}")
-    if value < low:
-        what = "positive" if low == 1 else f">= {low}"
-        raise ValueError(f"{name} must be {what}, got {name}={value!r}")

@@ -179,7 +179,7 @@ def preshuffle(
         memory_budget_bytes: Bytes of matrix values held at once: two windows
             (one being assembled while the other is written) plus the read
             buffer. A window holds at least one cell, whatever the budget.
-        progress: Print a one-line progress report to stderr.
+        progress: Show a progress bar (tqdm, on stderr) of the cells written.
         join: How genes of inputs with different var names are aligned:
             `"exact"` (default: all inputs list the same var names),
             `"inner"` or `"outer"`, as in `AnnDataSource`.
@@ -275,8 +275,8 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
                     bucket.publish(plan, i)  # uploads while the next part is written
             if bucket is not None:
                 bucket.wait()
-        report.finish()
     finally:
+        report.close()
         plan.source.close()
     if bucket is not None:
         bucket.remove_stale_parts(plan)

@@ -3,12 +3,13 @@ writer, window boundaries and a progress line."""  # noqa: D205, D209
 
 from __future__ import annotations
 
+import collections
 import queue
 import sys
 import threading
-import time
 
 import numpy as np
+import tqdm
 
 from grain_cells.preshuffle._plan import Plan
 
@@ -32,29 +33,30 @@ class Slot:
 class WritePipeline:
     """Runs write jobs in one background thread, `slots` windows at a time.
 
-    `free_slot()` blocks until a window's arrays are free (written); a failed
-    write is raised in the calling thread at its next call or on exit.
+    `free_slot()` blocks until a window's arrays are free (written) or a
+    write failed; a failed write is raised in the calling thread at its next
+    call or on exit. After a failure the remaining jobs are skipped (their
+    slots still come back).
     """
 
     def __init__(self, slots: int):
-        self._free: queue.Queue = queue.Queue()
-        for _ in range(slots):
-            self._free.put(Slot())
-        self._jobs: queue.Queue = queue.Queue()
+        self._changed = threading.Condition()  # guards _free and _error
+        self._free: collections.deque[Slot] = collections.deque(
+            Slot() for _ in range(slots)
+        )
         self._error: BaseException | None = None
+        self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(
             target=self._run, name="grain_cells_preshuffle_write", daemon=True
         )
         self._thread.start()
 
     def free_slot(self) -> Slot:
-        """Waits for a slot whose window was written."""
-        while True:
+        """Waits for a slot whose window was written, or a failed write."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._error is not None or self._free)
             self._raise_if_failed()
-            try:
-                return self._free.get(timeout=0.1)
-            except queue.Empty:
-                continue
+            return self._free.popleft()
 
     def submit(self, slot: Slot, write, done) -> None:
         """Queues `write()` (then `done()`) for the background thread."""
@@ -80,13 +82,18 @@ class WritePipeline:
             if job is None:
                 return
             slot, write, done = job
+            error = None
             if self._error is None:
                 try:
                     write()
                     done()
                 except BaseException as e:  # re-raised in the caller's thread
-                    self._error = e
-            self._free.put(slot)
+                    error = e
+            with self._changed:
+                if error is not None:
+                    self._error = error
+                self._free.append(slot)
+                self._changed.notify_all()
 
 
 def cuts(through: np.ndarray, cap: int) -> list[int]:
@@ -110,47 +117,38 @@ def cuts(through: np.ndarray, cap: int) -> list[int]:
 
 
 class Progress:
-    """A one-line progress report on stderr, updated at most twice a second."""
+    """A tqdm progress bar of cells written, on stderr.
+
+    Example:
+        >>> report = Progress(plan, todo=[0, 1], enabled=True)
+        >>> report.advance(1_000)
+        >>> report.close()
+    """
 
     def __init__(self, plan: Plan, todo: list[int], enabled: bool):
-        self.enabled = enabled
-        self.total = sum(plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo)
-        self.skipped = len(plan.part_paths) - len(todo)
-        self.parts = len(plan.part_paths)
-        self.done = 0
-        self.start = time.perf_counter()
-        self.last = 0.0
-        self.printed = False
-        if enabled and self.skipped:
+        """Starts the bar; says how many parts an earlier run completed."""
+        total = sum(plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo)
+        skipped = len(plan.part_paths) - len(todo)
+        if enabled and skipped:
             print(
-                f"preshuffle: {self.skipped} of {self.parts} part(s) already "
+                f"preshuffle: {skipped} of {len(plan.part_paths)} part(s) already "
                 f"complete in {plan.output_dir}",
                 file=sys.stderr,
             )
+        self._bar = tqdm.tqdm(
+            total=total,
+            desc="preshuffle",
+            unit="cells",
+            unit_scale=True,
+            mininterval=PROGRESS_EVERY_S,
+            disable=not enabled or not total,
+            file=sys.stderr,
+        )
 
     def advance(self, cells: int) -> None:
-        """Counts `cells` more cells written; reprints at most twice a second."""
-        self.done += cells
-        now = time.perf_counter()
-        if self.enabled and now - self.last >= PROGRESS_EVERY_S:
-            self.last = now
-            self._print(now)
+        """Counts `cells` more cells written (thread-safe: the writer thread's)."""
+        self._bar.update(cells)
 
-    def finish(self) -> None:
-        """Prints the final line."""
-        if self.enabled and self.total:
-            self._print(time.perf_counter())
-            print(file=sys.stderr, flush=True)
-
-    def _print(self, now: float) -> None:
-        elapsed = now - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        print(
-            f"\rpreshuffle: {self.done:,}/{self.total:,} cells "
-            f"({100 * self.done / max(self.total, 1):.0f}%) in {elapsed:.1f} s, "
-            f"{rate:,.0f} cells/s",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-        self.printed = True
+    def close(self) -> None:
+        """Prints the final state of the bar and ends its line (idempotent)."""
+        self._bar.close()

@@ -40,6 +40,7 @@ from typing import Protocol
 
 import numpy as np
 
+from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage.remote import _range_gets as range_gets
 from grain_cells.storage.remote import _store as object_store
@@ -159,23 +160,17 @@ class LocalByteReader:
             self.fd = None
 
 
-_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-_pool_lock = threading.Lock()
-_pool_pid = os.getpid()
+# A forked child starts its own threads: the pools' belong to the parent.
+_pools = fork.ProcessCache()
 
 
 def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    global _pool_pid
-    with _pool_lock:
-        if _pool_pid != os.getpid():  # forked: threads belong to the parent
-            _pools.clear()
-            _pool_pid = os.getpid()
-        pool = _pools.get(name)
-        if pool is None:
-            pool = _pools[name] = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix=f"grain_cells_{name}"
-            )
-        return pool
+    return _pools.get_or_make(
+        name,
+        lambda: concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix=f"grain_cells_{name}"
+        ),
+    )
 
 
 def _request_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -239,7 +234,8 @@ class RemoteByteReader:
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
-        self._store_of_pid: tuple[int, object] = (-1, None)
+        self._object_store = None
+        fork.in_child_of(self, RemoteByteReader._forget_store)
         self._ahead = ReadAhead(
             self._get_many,
             lambda: _ahead_pool(self._threads),
@@ -249,11 +245,15 @@ class RemoteByteReader:
 
     def _store(self):
         """This process's store for the object (a forked child builds its own)."""
-        pid, store = self._store_of_pid
-        if pid != os.getpid():
-            store = object_store.store_for(self.name, self._options)
-            self._store_of_pid = (os.getpid(), store)
+        store = self._object_store
+        if store is None:
+            store = self._object_store = object_store.store_for(
+                self.name, self._options
+            )
         return store
+
+    def _forget_store(self) -> None:
+        self._object_store = None
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         end = max(e for _, e in ranges)

@@ -53,6 +53,7 @@ import h5py
 import numpy as np
 import tqdm
 
+from grain_cells._util import arguments
 from grain_cells.synthetic import _model as synthetic_model
 from grain_cells.synthetic import _writers as synthetic_writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
@@ -159,13 +160,13 @@ def write_tahoe_like(
         >>> anndata.read_h5ad(p).obs["plate"].nunique()
         14
     """
-    _check_int("n_cells", n_cells, 1)
-    _check_int("n_genes", n_genes, 1, 2**31 - 1)
-    _check_int("n_plates", n_plates, 1)
-    _check_int("n_cell_lines", n_cell_lines, 1)
-    _check_int("n_drugs", n_drugs, 1)
-    _check_int("seed", seed, 0)
-    _check_int("chunk_cells", chunk_cells, 1)
+    arguments.check_int("n_cells", n_cells, minimum=1)
+    arguments.check_int("n_genes", n_genes, minimum=1, maximum=2**31 - 1)
+    arguments.check_int("n_plates", n_plates, minimum=1)
+    arguments.check_int("n_cell_lines", n_cell_lines, minimum=1)
+    arguments.check_int("n_drugs", n_drugs, minimum=1)
+    arguments.check_int("seed", seed, minimum=0)
+    arguments.check_int("chunk_cells", chunk_cells, minimum=1)
     if (
         isinstance(mean_nnz, bool)
         or not isinstance(mean_nnz, numbers.Real)
@@ -184,7 +185,7 @@ def write_tahoe_like(
     if not isinstance(dense, bool):
         raise ValueError(f"dense must be a bool, got dense={dense!r}")
     if chunks is not None and chunks != ATLAS_CHUNKS:
-        _check_int("chunks", chunks, 1)
+        arguments.check_int("chunks", chunks, minimum=1)
     if not isinstance(progress, bool):
         raise ValueError(f"progress must be a bool, got progress={progress!r}")
     try:
@@ -282,7 +283,7 @@ def cached_tahoe_like(
     if unknown:
         raise TypeError(f"unknown argument(s) for write_tahoe_like: {unknown}")
     args = {**_DEFAULTS, **kwargs}
-    _check_int("n_cells", n_cells, 1)
+    arguments.check_int("n_cells", n_cells, minimum=1)
     if cache_dir is None:
         cache_dir = os.environ.get("GRAIN_CELLS_CACHE") or (
             pathlib.Path.home() / ".cache" / "grain_cells"
@@ -302,17 +303,6 @@ def cached_tahoe_like(
     finally:
         tmp.unlink(missing_ok=True)
     return final
-
-
-def _check_int(name: str, value, low: int, high: int | None = None) -> None:
-    """Raises ValueError unless ``value`` is an int in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int, got {name}={value!r}")
-    if value < low:
-        what = "positive" if low == 1 else f">= {low}"
-        raise ValueError(f"{name} must be {what}, got {name}={value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {name}={value!r}")
 
 
 def _cache_name(n_cells: int, args: dict) -> str:

@@ -183,6 +183,40 @@ def rank_value_rows(
 
 
 @_njit
+def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
+    """The first steps of `rank_value_rows` over every row, writing nothing.
+
+    Each row's key pass (gather tokens and medians, divide, pack keys) and,
+    with `sort`, the sort of its keys: what `benchmarks/token_steps.py`
+    times apart from the whole kernel. Arguments as in `rank_value_rows`.
+
+    Returns:
+        The keys made over all rows (so no step can be skipped).
+    """
+    keys, out, counts, bucket, quot, _ = _scratch(
+        indptr, np.arange(indptr.size - 1, dtype=np.int64)
+    )
+    total = 0
+    for r in range(indptr.size - 1):
+        m, lo, hi, _ = _row_keys(
+            data,
+            indices,
+            indptr[r],
+            indptr[r + 1],
+            tokens,
+            medians,
+            True,
+            checked,
+            keys,
+            quot,
+        )
+        if sort:
+            _sort_keys(keys, m, lo, hi, out, counts, bucket)
+        total += m
+    return total
+
+
+@_njit
 def _fill_mask(mask_row, used):
     """True on the first `used` positions, False after."""
     for g in range(used):

@@ -21,17 +21,17 @@ import functools
 import itertools
 import multiprocessing
 import os
-import threading
 from collections.abc import Callable
 
 import numpy as np
 
+from grain_cells._util import fork
+
 MAX_AUTO = 4  # threads that `"auto"` uses at most
 MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
 
-_lock = threading.Lock()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
+# A forked child starts its own threads: the pool's belong to the parent.
+_pool = fork.ProcessCache()
 
 
 @functools.cache
@@ -63,14 +63,12 @@ def resolve_threads(threads: int | str) -> int:
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     """This process's pool (a forked child starts its own)."""
-    global _pool, _pool_pid
-    with _lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=64, thread_name_prefix="grain_cells-tokens"
-            )
-            _pool_pid = os.getpid()
-        return _pool
+    return _pool.get_or_make(
+        "tokens",
+        lambda: concurrent.futures.ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="grain_cells-tokens"
+        ),
+    )
 
 
 def encode_rows(

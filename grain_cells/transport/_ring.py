@@ -20,6 +20,8 @@ copy is still reading it, on any CPU (aarch64 included). A worker with no
 free slot blocks in `select` on the socket (no polling); the handle in the
 other direction travels through Grain's queue, itself a pipe.
 
+Segments are made and read by `grain_cells.transport._segments`.
+
 Lifetimes: a name is unlinked as soon as the trainer has opened it (the
 mapping or descriptor outlives the name), and every name a worker created is
 unlinked when the worker exits, or when its parent dies
@@ -34,10 +36,8 @@ worker.
 
 from __future__ import annotations
 
-import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
 import atexit
 import contextlib
-import math
 import mmap
 import multiprocessing.util
 import os
@@ -49,6 +49,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport import _worker as worker_process
 
@@ -58,7 +59,6 @@ from grain_cells.transport import _worker as worker_process
 # a worker falls back to one-off segments.
 _MAX_SLOTS = 128
 _WAIT_S = 2.0
-ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
 
 # Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
 _RINGS: dict[str, _RingView] = {}
@@ -67,53 +67,6 @@ _PRUNE_EVERY = 256
 _unpacked = 0
 # A send to a worker that has exited must raise, not raise SIGPIPE.
 _NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
-
-
-def _layout(arrays: Mapping[str, np.ndarray]):
-    layout, total = [], 0
-    for key, arr in arrays.items():
-        offset = -(-total // ALIGN) * ALIGN
-        layout.append((key, offset, arr.dtype.str, arr.shape))
-        total = offset + arr.nbytes
-    return layout, max(total, 1)
-
-
-def _create(name: str, size: int) -> mmap.mmap:
-    fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-    finally:
-        os.close(fd)
-
-
-def _open(name: str, size: int) -> mmap.mmap:
-    fd = _posixshmem.shm_open(name, os.O_RDWR, 0o600)
-    try:
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-    finally:
-        os.close(fd)
-
-
-def _write(mm: mmap.mmap, layout, arrays: Mapping[str, np.ndarray]) -> None:
-    for (_, offset, dtype, shape), arr in zip(layout, arrays.values(), strict=True):
-        count = math.prod(shape)
-        if count:
-            dst = np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
-            dst[:] = arr.reshape(-1)
-
-
-def _read(mm: mmap.mmap, layout) -> dict[str, np.ndarray]:
-    out = {}
-    for key, offset, dtype, shape in layout:
-        count = math.prod(shape)
-        arr = np.empty(shape, dtype)
-        if count:
-            arr.reshape(-1)[:] = np.frombuffer(
-                mm, dtype=dtype, count=count, offset=offset
-            )
-        out[key] = arr
-    return out
 
 
 def _address(ring: str) -> str:
@@ -174,7 +127,7 @@ class SlotRing:
             self._serial += 1
             name = f"{self._prefix}_{self._serial}"
             self._names.append(name)
-            return name, _create(name, size)
+            return name, segments.create(name, size)
 
     def _collect(self, timeout: float) -> None:
         """Marks the slots handed back free, waiting up to `timeout` for one."""
@@ -236,7 +189,7 @@ class SlotRing:
         another slot free at once a one-off segment is used: waiting would
         hold a minibatch whose own slot is free.
         """
-        layout, nbytes = _layout(arrays)
+        layout, nbytes = segments.layout(arrays)
         self._largest = max(self._largest, nbytes)
         if avoid is not None:
             self._busy[avoid] = True
@@ -248,10 +201,10 @@ class SlotRing:
                 self._busy[avoid] = False
         if slot is None:  # every slot busy: a one-off segment
             name, mm = self._create_named(nbytes)
-            _write(mm, layout, arrays)
+            segments.write(mm, layout, arrays)
             mm.close()
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
-        _write(self._slots[slot][2], layout, arrays)
+        segments.write(self._slots[slot][2], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
     def slot_to_write(self) -> tuple[int | None, mmap.mmap | None, bool]:
@@ -322,7 +275,7 @@ class _RingView:
     def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
         held = self.slots.get(slot)
         if held is None or held[0] != name:
-            mm = _open(name, size)
+            mm = segments.open_segment(name, size)
             shm_names.unlink(name)
             self.slots[slot] = (name, mm)
             return mm
@@ -370,10 +323,10 @@ def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
 def _receive_or_raise(ring, slot, segment, size, layout, pid):
     global _unpacked
     if ring is None:
-        mm = _open(segment, size)
+        mm = segments.open_segment(segment, size)
         shm_names.unlink(segment)
         try:
-            return _read(mm, layout)
+            return segments.read(mm, layout)
         finally:
             mm.close()
     if _local_ring is not None and ring == _local_ring.name:
@@ -388,7 +341,7 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid):
                 _prune()
                 _close_views_at_exit()
                 view = _RINGS[ring] = _RingView(ring, pid)
-    out = _read(view.segment(slot, segment, size), layout)
+    out = segments.read(view.segment(slot, segment, size), layout)
     view.hand_back(slot)
     _unpacked += 1
     if _unpacked % _PRUNE_EVERY == 0:

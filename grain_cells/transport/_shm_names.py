@@ -10,7 +10,6 @@ and remove them (`remove_stale`).
 
 from __future__ import annotations
 
-import _posixshmem  # the stdlib's POSIX shm binding (multiprocessing uses it)
 import contextlib
 import os
 import secrets
@@ -48,10 +47,19 @@ def alive(pid: int) -> bool:
         return True
 
 
+def path_of(name: str) -> str:
+    """The file in `SHM_DIR` of the shared-memory name `/gcells_...`.
+
+    On Linux, `shm_open(name)` opens exactly this file, so segments are made,
+    opened and unlinked with `os.open`, `mmap` and `os.unlink`.
+    """
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
 def unlink(name: str) -> None:
     """Unlinks a shared-memory name; a name already gone is fine."""
     with contextlib.suppress(FileNotFoundError):
-        _posixshmem.shm_unlink(name)
+        os.unlink(path_of(name))
 
 
 def unlink_prefix(prefix: str) -> None:

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from grain_cells.transport._ring import ALIGN, SlotHandle, SlotRing
+from grain_cells.transport._ring import SlotHandle, SlotRing
+from grain_cells.transport._segments import ALIGN
 
 
 def writer_for(ring: SlotRing) -> SlotWriter:

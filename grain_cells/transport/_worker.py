@@ -24,13 +24,23 @@ import os
 import threading
 from collections.abc import Callable
 
+from grain_cells._util import fork
+
 # Exit status of a worker that outlived its parent (EX_SOFTWARE).
 ORPHAN_EXIT_CODE = 70
 
 _lock = threading.Lock()
 _watcher: threading.Thread | None = None
 _cleanups: list[Callable[[], None]] = []
-_fetches_seen: tuple[int, int] = (-1, 0)  # (pid, fetches started there)
+_fetches_seen = 0  # fetches started in this process
+
+
+@fork.in_child
+def _forget_parent() -> None:
+    """A forked child counts its own fetches (and owns no lock of the parent's)."""
+    global _fetches_seen, _lock
+    _fetches_seen = 0
+    _lock = threading.Lock()
 
 
 def in_child_process() -> bool:
@@ -71,9 +81,8 @@ def fetch_starting() -> None:
     if not in_child_process():
         return
     with _lock:
-        pid, seen = _fetches_seen
-        seen = seen + 1 if pid == os.getpid() else 1
-        _fetches_seen = (os.getpid(), seen)
+        _fetches_seen += 1
+        seen = _fetches_seen
     if seen == 2:
         gc.collect()
         gc.freeze()

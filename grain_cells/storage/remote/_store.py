@@ -40,6 +40,7 @@ import os
 import threading
 import urllib.parse
 
+from grain_cells._util import fork
 from grain_cells.storage.remote import _aws as aws_profiles
 from grain_cells.storage.remote import _retries as store_retries
 
@@ -54,9 +55,9 @@ READER_KEYS = ("max_in_flight",)
 DEFAULT_MAX_IN_FLIGHT = 256
 MAX_IN_FLIGHT_LIMIT = 1024
 
-_stores: dict[tuple, object] = {}
-_stores_lock = threading.Lock()
-_stores_pid = os.getpid()
+# A forked child builds its own clients: the stores' belong to the parent.
+_stores = fork.ProcessCache()
+
 
 # Requests made by this process, by kind ("head": a source's HEADs, "get",
 # "check": the HEAD after each batch of GETs): for tests and benchmarks that
@@ -139,7 +140,6 @@ def store_for(url: str, storage_options: dict | None = None):
     Raises:
         ValueError: An unknown storage option; names it.
     """
-    global _stores_pid
     root, _ = split_url(url)
     options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
     # The environment's profile settings are part of the key: a process that
@@ -149,14 +149,7 @@ def store_for(url: str, storage_options: dict | None = None):
         repr(sorted(options.items(), key=lambda kv: kv[0])),
         aws_profiles.cache_key(),
     )
-    with _stores_lock:
-        if _stores_pid != os.getpid():  # forked: clients belong to the parent
-            _stores.clear()
-            _stores_pid = os.getpid()
-        store = _stores.get(key)
-        if store is None:
-            store = _stores[key] = _build_store(root, options)
-    return store
+    return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
 def _build_store(root: str, options: dict):

@@ -1,0 +1,115 @@
+"""Per-process state that a forked child must not inherit.
+
+Thread pools, object-store clients, open HDF5 handles and locks belong to the
+process that made them: after `fork` the child has copies of the objects but
+not the threads behind them, and a lock held by a parent thread stays held
+forever. Each such cache registers a callback here, and one handler,
+registered once with `os.register_at_fork(after_in_child=...)`, runs them in
+the child right after the fork, in registration order, before any other
+code of the child uses the caches. (Processes started with "spawn" or
+"forkserver" import the package afresh and need none of this.)
+
+Module-level caches are a `ProcessCache` (a dict, with a lock, emptied in
+the child) or register a function; per-instance caches register the
+instance and a reset function, held through a weak reference, so a
+registration never keeps an object alive.
+
+Example:
+    >>> _pools = {}
+    >>> fork.in_child(_pools.clear)
+    >>> class Handles:
+    ...     def __init__(self):
+    ...         self._reset()
+    ...         fork.in_child_of(self, Handles._reset)
+    ...     def _reset(self):
+    ...         self._open = {}
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_log = logging.getLogger(__name__)
+
+_functions: list[Callable[[], None]] = []
+# token -> (weak reference to the instance, reset(instance)); an entry leaves
+# when its instance is collected (the weak reference's callback).
+_instances: dict[int, tuple[weakref.ref, Callable[[Any], None]]] = {}
+_tokens = itertools.count()
+
+
+def in_child(function: Callable[[], None]) -> Callable[[], None]:
+    """Calls `function()` in every child forked from now on, right after the fork.
+
+    Usable as a decorator; returns `function`.
+    """
+    _functions.append(function)
+    return function
+
+
+def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
+    """Calls `reset(instance)` in every child forked while `instance` lives.
+
+    Args:
+        instance: The object whose per-process state `reset` drops. Held by a
+            weak reference only.
+        reset: A function of the instance (e.g. an unbound method); not a
+            bound method of it, which would keep it alive.
+    """
+    token = next(_tokens)
+    ref = weakref.ref(instance, lambda _, token=token: _instances.pop(token, None))
+    _instances[token] = (ref, reset)
+
+
+class ProcessCache(dict):
+    """A dict of this process's objects, emptied in a forked child.
+
+    For module-level caches of thread pools and clients: `get_or_make`
+    builds a value once per key and process, under the cache's lock, which
+    a forked child also replaces (a parent thread may have held it).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        in_child_of(self, ProcessCache._forget)
+
+    def get_or_make(self, key, make: Callable[[], Any]):
+        """The value at `key`, made by `make()` if this process has none."""
+        with self._lock:
+            value = self.get(key)
+            if value is None:
+                value = self[key] = make()
+            return value
+
+    def _forget(self) -> None:
+        self.clear()
+        self._lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Runs the registered resets in the new child (its only thread)."""
+    for function in list(_functions):
+        _run(function)
+    for ref, reset in list(_instances.values()):
+        instance = ref()
+        if instance is not None:
+            _run(reset, instance)
+
+
+def _run(function: Callable, *args) -> None:
+    try:
+        function(*args)
+    except Exception:  # one failing reset must not skip the others
+        _log.exception("grain_cells: resetting %r after fork failed", function)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+__all__ = ["ProcessCache", "in_child", "in_child_of"]

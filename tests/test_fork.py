@@ -1,0 +1,132 @@
+"""A forked child drops its parent's per-process state right after the fork.
+
+`grain_cells._util.fork` runs the registered resets in the child: module
+caches (thread pools, object-store clients) and per-instance ones (a source's
+open files), the latter held by weak references.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import warnings
+import weakref
+
+import anndata
+import numpy as np
+import pytest
+
+import grain_cells
+from grain_cells._util import fork
+from grain_cells.storage import _readers as readers
+from grain_cells.tokens import _threads as token_threads
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def in_fork(function):
+    """`function()`'s result (picklable) computed in a forked child."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns when a process with threads forks; the child
+        # here only runs `function` and exits.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's exit
+        try:
+            os.close(read_end)
+            payload = pickle.dumps(("ok", function()))
+        except BaseException as e:
+            payload = pickle.dumps(("error", repr(e)))
+        with os.fdopen(write_end, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as data:
+        payload = data.read()
+    os.waitpid(pid, 0)
+    status, value = pickle.loads(payload)
+    assert status == "ok", value
+    return value
+
+
+class Cache:
+    def __init__(self):
+        self.entries = {"parent": 1}
+        fork.in_child_of(self, Cache.reset)
+
+    def reset(self):
+        self.entries = {}
+
+
+def test_resets_run_in_the_child_only():
+    module_cache = {"parent": 1}
+    fork.in_child(module_cache.clear)
+    cache = Cache()
+    assert in_fork(lambda: (dict(module_cache), cache.entries)) == ({}, {})
+    assert module_cache == {"parent": 1}
+    assert cache.entries == {"parent": 1}
+
+
+def test_a_registration_does_not_keep_its_instance_alive():
+    cache = Cache()
+    ref = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert ref() is None
+    assert in_fork(lambda: "forked") == "forked"  # no reset of a dead instance
+
+
+def test_a_forked_child_reads_with_its_own_handles(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5, read_threads=2)
+    rows = np.array([0, 96, 97, 200, 287])
+    source.read(rows)  # the parent opens its files and read threads
+    expected = anndata.read_h5ad(csr_paths[1]).X[[0, 103]].toarray()
+
+    def child():
+        opened = dict(source._handles._open)  # what the child holds after the fork
+        batch = source.read(np.array([97, 200]))
+        return opened, batch.X.toarray()
+
+    opened, got = in_fork(child)
+    assert opened == {}
+    np.testing.assert_array_equal(got, expected)
+    # The parent's handles are untouched by the child's reset.
+    np.testing.assert_array_equal(
+        source.read(np.array([97, 200])).X.toarray(), expected
+    )
+
+
+def test_module_pools_are_the_childs_own():
+    parent_pool = readers._pool("test", 1)
+    parent_tokens = token_threads._executor()
+
+    def child():
+        return (
+            readers._pool("test", 1) is parent_pool,
+            token_threads._executor() is parent_tokens,
+            readers._pool("test", 1).submit(lambda: 7).result(),
+        )
+
+    assert in_fork(child) == (False, False, 7)
+    assert readers._pool("test", 1) is parent_pool
+
+
+def test_a_process_cache_makes_each_value_once_per_process():
+    cache = fork.ProcessCache()
+    made = []
+
+    def make():
+        made.append(1)
+        return object()
+
+    first = cache.get_or_make("k", make)
+    assert cache.get_or_make("k", make) is first and len(made) == 1
+    cache._lock.acquire()  # as a parent thread holding it at the fork would
+    try:
+        in_child = in_fork(lambda: (len(cache), cache.get_or_make("k", make) is first))
+    finally:
+        cache._lock.release()
+    assert in_child == (0, False)  # emptied, and its lock is the child's own
+    assert cache.get_or_make("k", make) is first
