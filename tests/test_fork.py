@@ -85,7 +85,7 @@ def test_a_forked_child_reads_with_its_own_handles(csr_paths):
     expected = anndata.read_h5ad(csr_paths[1]).X[[0, 103]].toarray()
 
     def child():
-        opened = dict(source._handles._open)  # what the child holds after the fork
+        opened = dict(source._reads._handles._open)  # the child's, after the fork
         batch = source.read(np.array([97, 200]))
         return opened, batch.X.toarray()
 
