@@ -204,7 +204,8 @@ def test_s3_servers(workdir):
 
 def test_transport_throughput(workdir):
     baseline = workdir / "transport_copy.py"  # "another checkout's" ring
-    baseline.write_text((ROOT / "grain_cells" / "transport.py").read_text())
+    ring = ROOT / "grain_cells" / "transport" / "_ring.py"
+    baseline.write_text(ring.read_text())
     done = run(
         workdir,
         "transport_throughput.py",
