@@ -10,8 +10,9 @@ the trainer does. Two ways, measured back to back in one run:
 * `pickle`: the same dicts pickled whole through a `multiprocessing.Queue`
   (the reference: no shared memory at all);
 * `baseline`: the slot ring of another checkout, for before/after figures in
-  one run: `git show REV:grain_cells/transport/_ring.py > /tmp/transport_rev.py`
-  and `--baseline=/tmp/transport_rev.py` (a self-contained module).
+  one run: `git show REV:grain_cells/transport/_ring.py > /tmp/ring_rev.py`
+  and `--baseline=/tmp/ring_rev.py` (`grain_cells/transport.py` before the
+  sub-packages).
 
 No file is read, so the figure is the transport's ceiling, independent of
 disk and decoding.
@@ -19,7 +20,7 @@ disk and decoding.
 Usage:
   python benchmarks/transport_throughput.py
   python benchmarks/transport_throughput.py --minibatches=5000 --repeats=5
-  python benchmarks/transport_throughput.py --baseline=/tmp/transport_rev.py \
+  python benchmarks/transport_throughput.py --baseline=/tmp/ring_rev.py \
       --ways=baseline,ring,pickle
 """
 
@@ -43,7 +44,7 @@ _NNZ = flags.DEFINE_integer("values_per_cell", 1600, "Stored values per cell.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of each way, interleaved.")
 _WAYS = flags.DEFINE_list("ways", ["ring", "pickle"], "ring, pickle, baseline.")
 _BASELINE = flags.DEFINE_string(
-    "baseline", None, "A transport.py of another checkout (way `baseline`)."
+    "baseline", None, "A transport ring module of another checkout (way `baseline`)."
 )
 
 

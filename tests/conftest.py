@@ -13,6 +13,7 @@ from the generator.
 from __future__ import annotations
 
 import functools
+import sys
 import types
 
 import anndata
@@ -67,6 +68,31 @@ def write_files(directory, *, dense=False, seed=0) -> list[str]:
         paths.append(path)
         offset += n
     return paths
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jax_compilation_cache(tmp_path_factory):
+    """One persistent JAX compilation cache for the session, subprocesses included.
+
+    The training example compiles the same steps in each of the dozens of
+    runs `tests/test_train*.py` start (about 2 of their 5.5 CPU-seconds);
+    from the second run on they load from this folder. Compiles of any length
+    are kept (JAX's default skips those under a second, i.e. all of ours). The
+    executables are the same, so runs stay bit for bit what they were.
+    """
+    path = str(tmp_path_factory.mktemp("jax_cache"))
+    settings = {
+        "jax_compilation_cache_dir": path,
+        "jax_persistent_cache_min_compile_time_secs": 0,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings.items():  # child processes read these
+            patch.setenv(name.upper(), str(value))
+        jax = sys.modules.get("jax")  # imported already: its config read them
+        if jax is not None:
+            for name, value in settings.items():
+                jax.config.update(name, value)
+        yield path
 
 
 @pytest.fixture(scope="session")
