@@ -10,19 +10,24 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import select
+import signal
 import warnings
 import weakref
 
 import anndata
 import numpy as np
 import pytest
+from conftest import FILE_SIZES
 
-import grain_cells
 from grain_cells._util import fork
+from grain_cells.io import _range_reads as range_reads
+from grain_cells.io._file_set import FileSet, OpenFiles
 from grain_cells.storage import _readers as readers
 from grain_cells.tokens import _threads as token_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+CHILD_TIMEOUT_S = 30
 
 
 def in_fork(function):
@@ -44,6 +49,10 @@ def in_fork(function):
         os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as data:
+        if not select.select([data], [], [], CHILD_TIMEOUT_S)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung (on a lock its parent held?)")
         payload = data.read()
     os.waitpid(pid, 0)
     status, value = pickle.loads(payload)
@@ -79,23 +88,32 @@ def test_a_registration_does_not_keep_its_instance_alive():
 
 
 def test_a_forked_child_reads_with_its_own_handles(csr_paths):
-    source = grain_cells.AnnDataSource(csr_paths, block_size=5, read_threads=2)
-    rows = np.array([0, 96, 97, 200, 287])
-    source.read(rows)  # the parent opens its files and read threads
+    files = FileSet.inspect(
+        csr_paths,
+        element="X",
+        obs_names=(),
+        genes=None,
+        join="exact",
+        obs_missing="error",
+    )
+    handles = OpenFiles(files, read_threads=2)
+    offsets = np.cumsum([0, *FILE_SIZES])
+    rows = np.array([97, 200])
     expected = anndata.read_h5ad(csr_paths[1]).X[[0, 103]].toarray()
+    range_reads.read_rows(handles, offsets, np.array([0, 96, 97, 200, 287]))
+    assert handles._open  # the parent holds its files open
 
     def child():
-        opened = dict(source._reads._handles._open)  # the child's, after the fork
-        batch = source.read(np.array([97, 200]))
-        return opened, batch.X.toarray()
+        opened = dict(handles._open)  # what the child holds after the fork
+        return opened, range_reads.read_rows(handles, offsets, rows).X.toarray()
 
     opened, got = in_fork(child)
     assert opened == {}
     np.testing.assert_array_equal(got, expected)
     # The parent's handles are untouched by the child's reset.
-    np.testing.assert_array_equal(
-        source.read(np.array([97, 200])).X.toarray(), expected
-    )
+    assert handles._open
+    got = range_reads.read_rows(handles, offsets, rows).X.toarray()
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_module_pools_are_the_childs_own():
