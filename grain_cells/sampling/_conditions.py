@@ -146,7 +146,7 @@ class ConditionBlockSampler(BlockStream):
             worker_count: 0 for `grain_cells.DataLoader` and `cell_dataset`
                 (any worker count); a plain `grain.DataLoader`'s worker count
                 (it stripes records over workers).
-            seed: Seed in `[0, 2**31)`.
+            seed: Seed in `[0, 2**63)`.
             num_epochs: Epochs, or None for an endless stream.
             shard_options: This process's shard.
             weights: Optional `{condition value: weight}`: draw conditions by

@@ -81,7 +81,7 @@ class BlockSampler(BlockStream):
             num_blocks: Number of blocks (`len(source)`), or the
                 `AnnDataSource` itself to also read ahead.
             shuffle: Visit blocks in a new random order each epoch.
-            seed: Seed of the shuffle, in `[0, 2**31)`.
+            seed: Seed of the shuffle, in `[0, 2**63)`.
             num_epochs: Epochs in the stream, or None for an endless stream.
             shard_options: `grain.sharding.NoSharding()` (default),
                 `ShardOptions(index, count)` or `ShardByJaxProcess()`.

@@ -79,7 +79,7 @@ class WeightedBlockSampler(BlockStream):
             epoch_cells: Cells per epoch, in expectation: `epoch_cells`
                 divided by the expected cells per draw (exact when all blocks
                 are full), rounded up. Exclusive with `epoch_blocks`.
-            seed: Seed of the draws, in `[0, 2**31)`.
+            seed: Seed of the draws, in `[0, 2**63)`.
             num_epochs: Epochs in the stream, or None for an endless stream.
             shard_options: `grain.sharding.NoSharding()` (default),
                 `ShardOptions(index, count)` or `ShardByJaxProcess()`.
