@@ -88,8 +88,8 @@ def main(argv):
         print("s3fs is not installed (pip install s3fs): timing obstore only")
 
     from grain_cells.hdf5._remote import file_stat
-    from grain_cells.storage._readers import RemoteByteReader
     from grain_cells.storage.remote import _store as object_store
+    from grain_cells.storage.remote._reader import RemoteByteReader
 
     port = portpicker.pick_unused_port()
     endpoint = f"http://127.0.0.1:{port}"

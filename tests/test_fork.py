@@ -23,7 +23,7 @@ from conftest import FILE_SIZES
 from grain_cells._util import fork
 from grain_cells.io import _range_reads as range_reads
 from grain_cells.io._file_set import FileSet, OpenFiles
-from grain_cells.storage import _readers as readers
+from grain_cells.storage.remote import _reader as readers
 from grain_cells.tokens import _threads as token_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

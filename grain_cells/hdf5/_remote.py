@@ -39,8 +39,9 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat, stat_of_h5
-from grain_cells.storage._readers import LocalByteReader, RemoteByteReader
+from grain_cells.storage._readers import LocalByteReader
 from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote._reader import RemoteByteReader
 
 _log = logging.getLogger("grain_cells")
 
