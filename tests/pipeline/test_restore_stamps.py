@@ -26,7 +26,7 @@ from grain_cells.pipeline import CheckedIterator
 from grain_cells.pipeline import _legacy_stamp as legacy
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 CONFIG = {"block_size": 5, "batch_size": 4, "fetch_factor": 5, "seed": 3}
 
 OLD = json.loads((DATA / "states_5f1fd87.json").read_text())

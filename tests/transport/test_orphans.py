@@ -22,7 +22,7 @@ import pytest
 
 from grain_cells.transport import _shm_names as shm_names
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TRAINER = textwrap.dedent(
     """

@@ -83,13 +83,14 @@ def test_restore_in_a_new_process(s3, tmp_path):
 
     script = tmp_path / "restore.py"
     script.write_text(textwrap.dedent(_RESTORE.format(stop=STOP)))
-    here = os.path.dirname(__file__)
+    here = os.path.dirname(os.path.abspath(__file__))
+    tests = os.path.dirname(here)  # conftest, s3_server
     env = {
         **os.environ,
         **s3.env(),
         "GRAIN_CELLS_CACHE_DIR": str(tmp_path / "fresh-cache"),
         "PYTHONPATH": os.pathsep.join(
-            [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]
+            [here, tests, os.path.dirname(tests), os.environ.get("PYTHONPATH", "")]
         ),
     }
     out = tmp_path / "rest.npz"

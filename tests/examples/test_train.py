@@ -27,7 +27,7 @@ import pytest
 
 from grain_cells.synthetic import _tahoe as synthetic
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 N_CELLS, BLOCK, HELD_OUT_BLOCKS = 3_200, 16, 8
 TRAIN_CELLS = N_CELLS - HELD_OUT_BLOCKS * BLOCK
 NUM_STEPS, CHECKPOINT_EVERY = 40, 8
