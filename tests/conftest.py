@@ -74,11 +74,12 @@ def write_files(directory, *, dense=False, seed=0) -> list[str]:
 def jax_compilation_cache(tmp_path_factory):
     """One persistent JAX compilation cache for the session, subprocesses included.
 
-    The training example compiles the same steps in each of the dozens of
-    runs `tests/test_train*.py` start (about 2 of their 5.5 CPU-seconds);
-    from the second run on they load from this folder. Compiles of any length
-    are kept (JAX's default skips those under a second, i.e. all of ours). The
-    executables are the same, so runs stay bit for bit what they were.
+    The training example compiles the same steps in each of the twenty-odd
+    trainer runs of `test_train.py` and `test_train_transformer.py` (a run:
+    5.6 CPU-seconds with its compiles, 3.4 loading them); from the second run
+    on they load from this folder. Compiles of any length are kept (JAX's
+    default keeps only those over a second, none of ours). The executables
+    are the same, so the kill-and-resume runs stay bit for bit equal.
     """
     path = str(tmp_path_factory.mktemp("jax_cache"))
     settings = {
