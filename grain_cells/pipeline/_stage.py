@@ -36,6 +36,9 @@ import numpy as np
 from grain_cells.sampling._stream import BlockStream
 from grain_cells.transport import _send
 
+# Most fetches the stage hints ahead (see `ReadFetch.__init__`).
+MAX_AHEAD_FETCHES = 64
+
 
 class FetchPlan:
     """Which sampler positions each fetch of one shard holds (picklable).
@@ -144,7 +147,12 @@ class ReadFetch(grain.transforms.Map):
         self.stride = max(1, int(stride))
         block = split.config.block_size
         per_fetch = plan.blocks_per_fetch * block
-        self.ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
+        ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
+        # Keys of the fetches ahead are computed when they are hinted: a
+        # window of many tiny fetches made every new iterator (a restore, an
+        # epoch) compute thousands of block positions before its first
+        # minibatch. Fetches of 256 cells or more are not capped.
+        self.ahead = min(ahead, MAX_AHEAD_FETCHES)
         self._hinted = -1
         self._keys: dict[int, np.ndarray] = {}  # of fetches hinted, not yet read
 
