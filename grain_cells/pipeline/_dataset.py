@@ -140,6 +140,8 @@ class CellIterator(grain.DatasetIterator):
         self._inner = None
         self._batches = None
         self._failure: BaseException | None = None
+        if ds.worker_count:
+            _shm_names.remove_stale()  # of trainers and workers that were killed
 
     # -- iteration --------------------------------------------------------
 
@@ -149,11 +151,10 @@ class CellIterator(grain.DatasetIterator):
         chain = grain.MapDataset.range(n, max(n, self._plan.num_fetches()))
         chain = chain.map(read).to_iter_dataset(READ_OPTIONS)
         if ds.worker_count:
-            # The pipeline owns the worker side: guard, flags, stale shared
-            # memory, and what each worker sets up (`_send.worker_init`).
+            # The pipeline owns the worker side: guard, flags, and what each
+            # worker sets up (`_send.worker_init`).
             check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
             worker_process.allow_unparsed_flags()
-            _shm_names.remove_stale()  # of trainers and workers that were killed
             chain = chain.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=ds.worker_count,
