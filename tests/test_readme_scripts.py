@@ -116,6 +116,29 @@ def test_unguarded_script_fails_at_once_with_one_error(tmp_path):
     assert seconds < 60
 
 
+UNGUARDED_DATASET = """
+import grain_cells
+
+source = grain_cells.AnnDataSource(["plate1.h5ad", "plate2.h5ad"], block_size=10)
+ds = grain_cells.cell_dataset(source, batch_size=10, worker_count=2)
+for batch in ds:
+    print("ROWS", *batch["row_ids"][batch["mask"]])
+"""
+
+
+def test_unguarded_cell_dataset_with_workers_fails_at_once(tmp_path):
+    # It used to end after 12-28 s in multiprocessing's bootstrapping
+    # tracebacks ("can only join a started process").
+    write_plates(tmp_path)
+    done, seconds = run_script(tmp_path, "ds.py", UNGUARDED_DATASET)
+    assert done.returncode != 0
+    assert "MainGuardError" in done.stderr
+    assert "ds.py (line" in done.stderr
+    assert done.stderr.count("Traceback") == 1, done.stderr
+    assert "ROWS" not in done.stdout
+    assert seconds < 60
+
+
 SETUP = """
 import json
 import os
