@@ -60,6 +60,8 @@ def old_paths(tmp_path_factory) -> list[str]:
         dst.write_bytes(src.read_bytes())
         paths.append(str(dst))
     return paths
+
+
 # Every class whose repr a stamp of grain_cells 5f1fd87 held.
 REPRS = [
     grain_cells.BlockSampler,
