@@ -26,11 +26,16 @@ bytes x genes x bins (257 MB for 62,710 genes at the defaults).
 `exact_bytes` (2 GB), else histogram.
 
 **Cache.** Results are saved as `.npz` in `$GRAIN_CELLS_CACHE` when set,
-else beside the first file (or `~/.cache/grain_cells` when that folder is
-not writable), under a name keyed by the data's identity: per file the
-matrix's shape, dtype and stored-value count, a hash of its var names, of its
-`indptr` and of the first and last stored values; the output genes; a view's
-block table; and the options. Files copied to another host keep their key.
+else in the user's cache folder (`$XDG_CACHE_HOME/grain_cells`, default
+`~/.cache/grain_cells`), never beside the data, under a name keyed by the
+data's identity: per file the identity the source checks its files against
+(`AnnDataSource.file_identity`: device, inode, size, modification and
+change times, an object's ETag, and the matrix's layout and sampled-value
+digests), the matrix's shape, dtype and stored-value count, a hash of its
+var names and `indptr`; the output genes; a view's block table; and the
+options. So any change that a source refuses as a changed file (values
+rewritten in place included) gives a new key and a new computation, and a
+copy of the files elsewhere is computed once more.
 
 Example:
     >>> stats = corpus_stats(source)           # progress bar, then cached
@@ -51,7 +56,7 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.outputs._formats import Fetch
 
 METHODS = ("auto", "exact", "histogram")
-_VERSION = 1
+_VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +150,11 @@ def data_identity(source) -> dict:
             else:
                 digest.update(np.asarray(element[:1]).tobytes())
                 digest.update(np.asarray(element[-1:]).tobytes())
+        # The version the source checks its reads against (`check_stat`):
+        # a file rewritten in place has another mtime/ctime, an object
+        # another ETag, whatever values changed.
+        ident = source.file_identity(i)
+        digest.update(repr((dataclasses.astuple(ident.stat), ident.content())).encode())
         info_line = info.describe()
         files.append(f"{info_line} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
@@ -162,14 +172,21 @@ def _block_table(source) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype("<i8"), stops.astype("<i8")
 
 
+def cache_dir() -> str:
+    """The folder of cached statistics: never the folder of the data."""
+    folder = os.environ.get("GRAIN_CELLS_CACHE")
+    if folder:
+        return folder
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return os.path.join(base, "grain_cells")
+
+
 def cache_path(source, key: str) -> str:
     """Where the statistics of `source` under `key` are cached."""
-    folder = os.environ.get("GRAIN_CELLS_CACHE")
-    if not folder:
-        folder = os.path.dirname(os.path.abspath(source.paths[0]))
-        if not os.access(folder, os.W_OK):
-            folder = os.path.join(os.path.expanduser("~"), ".cache", "grain_cells")
-    return os.path.join(folder, f"grain_cells-corpus-stats-{key}.npz")
+    del source  # keyed by content; the folder is the user's cache
+    return os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
 
 
 def corpus_stats(

@@ -13,6 +13,7 @@ import importlib
 import json
 
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -451,3 +452,60 @@ def test_token_ids_stable_across_files_and_joins(tmp_path, join):
         got = batch["gene_ids"][r][: len(expected)].tolist()
         assert got == expected, (join, r)
         assert batch["attention_mask"][r].sum() == len(expected)
+
+
+# -- the statistics' cache ----------------------------------------------------------
+
+
+def _write_counts(path, *, dense: bool) -> None:
+    """2,000 cells x 20 genes, ~20,000 stored values (more than the 8,192
+    first and last values an earlier cache key hashed)."""
+    rng = np.random.default_rng(0)
+    n, g = 2000, 20
+    values = (np.arange(n)[:, None] % 7 + np.arange(g)[None, :] + 1).astype(np.float32)
+    x = np.where(rng.random((n, g)) < 0.5, values, np.float32(0))
+    anndata.AnnData(
+        x if dense else sp.csr_matrix(x),
+        var=pd.DataFrame(index=[f"g{j}" for j in range(g)]),
+    ).write_h5ad(path)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["csr", "dense"])
+def test_corpus_stats_cache_notices_values_rewritten_in_place(
+    tmp_path, monkeypatch, dense
+):
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "a.h5ad"
+    _write_counts(path, dense=dense)
+    stats = grain_cells.tokens.corpus_stats
+    before = stats(grain_cells.AnnDataSource(path), progress=False)
+    # Same shape and sparsity, other values in the middle of X (even genes
+    # tripled, so normalised values change too).
+    with h5py.File(path, "r+") as f:
+        if dense:
+            x = f["X"][900:1100]
+            x[:, ::2] *= 3
+            f["X"][900:1100] = x
+        else:
+            data, indices = f["X/data"], f["X/indices"][:]
+            lo, hi = data.shape[0] // 3, 2 * data.shape[0] // 3
+            part = data[lo:hi]
+            part[indices[lo:hi] % 2 == 0] *= 3
+            data[lo:hi] = part
+    fresh = stats(grain_cells.AnnDataSource(path), progress=False, cache=False)
+    assert not np.array_equal(fresh.nonzero_median, before.nonzero_median)
+    again = stats(grain_cells.AnnDataSource(path), progress=False)
+    np.testing.assert_array_equal(again.nonzero_median, fresh.nonzero_median)
+
+
+def test_corpus_stats_cache_goes_to_the_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("GRAIN_CELLS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_counts(data / "a.h5ad", dense=False)
+    grain_cells.tokens.corpus_stats(
+        grain_cells.AnnDataSource(data / "a.h5ad"), progress=False
+    )
+    assert sorted(p.name for p in data.iterdir()) == ["a.h5ad"]
+    assert len(list((tmp_path / "xdg" / "grain_cells").glob("*.npz"))) == 1
