@@ -52,6 +52,7 @@ import os
 import numpy as np
 import tqdm
 
+from grain_cells import errors
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.outputs._formats import Fetch
 
@@ -121,8 +122,26 @@ class CorpusStats:
             )
 
     def medians_for(self, genes) -> np.ndarray:
-        """Non-zero medians of `genes` (names), NaN for genes not in the stats."""
-        index = {g: i for i, g in enumerate(np.asarray(self.var_names).tolist())}
+        """Non-zero medians of `genes` (names), NaN for genes not in the stats.
+
+        Raises:
+            errors.GeneMismatchError: A name repeats in the statistics' genes
+                or in `genes` (a name could not tell its columns apart).
+        """
+        names = np.asarray(self.var_names).astype(str)
+        for what, values in (("statistics", names), ("requested", genes)):
+            values = np.asarray(values).astype(str)
+            uniq, counts = np.unique(values, return_counts=True)
+            if (counts > 1).any():
+                dup = uniq[counts > 1][0]
+                where = np.flatnonzero(values == dup).tolist()
+                raise errors.GeneMismatchError(
+                    f"the {what} genes repeat {dup!r} (at columns {where}): a "
+                    "median by name cannot tell those columns apart. Make var "
+                    "names unique (adata.var_names_make_unique()) or select "
+                    "genes with AnnDataSource(..., genes=[...])."
+                )
+        index = {g: i for i, g in enumerate(names.tolist())}
         pos = np.array([index.get(str(g), -1) for g in genes], np.int64)
         out = np.full(pos.size, np.nan)
         out[pos >= 0] = self.nonzero_median[pos[pos >= 0]]

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grain_cells import errors
+
 DEFAULT_SPECIALS = ("<pad>", "<cls>", "<eos>", "<mask>")
 
 
@@ -175,14 +177,47 @@ class GeneVocabulary:
         return role in self._specials
 
     def map_genes(self, genes: Sequence[str]) -> VocabularyMap:
-        """Token id of each gene (e.g. `source.var_names`), -1 if absent."""
+        """Token id of each gene (e.g. `source.var_names`), -1 if absent.
+
+        Raises:
+            errors.GeneMismatchError: Two gene columns map to one token (a
+                repeated var name, or two names of one token): a cell's
+                sequence would list that token twice.
+        """
         genes = np.asarray(genes).astype(str)
         specials = set(self._specials.values())
         ids = np.array(
             [-1 if g in specials else self._tokens.get(g, -1) for g in genes.tolist()],
             np.int32,
         )
+        check_one_column_per_token(genes, ids)
         missing = np.flatnonzero(ids < 0)
         return VocabularyMap(
             ids, int(missing.size), tuple(genes[missing[:20]].tolist())
         )
+
+
+def check_one_column_per_token(genes: np.ndarray, ids: np.ndarray) -> None:
+    """Refuses gene columns that share a token, naming them and their positions.
+
+    Raises:
+        errors.GeneMismatchError: Some token stands for two or more columns.
+    """
+    mapped = ids[ids >= 0]
+    values, counts = np.unique(mapped, return_counts=True)
+    shared = values[counts > 1]
+    if not shared.size:
+        return
+    parts = []
+    for token in shared[:5].tolist():
+        where = np.flatnonzero(ids == token)
+        names = sorted(set(genes[where].tolist()))
+        parts.append(f"{names} at columns {where.tolist()} (token {token})")
+    more = f" and {shared.size - 5} more" if shared.size > 5 else ""
+    raise errors.GeneMismatchError(
+        f"{shared.size} token(s) would stand for more than one gene column: "
+        f"{'; '.join(parts)}{more}. A cell's sequence would list such a token "
+        "twice. Keep one column per gene: make var names unique "
+        "(adata.var_names_make_unique() before writing) or select genes with "
+        "AnnDataSource(..., genes=[...])."
+    )

@@ -509,3 +509,24 @@ def test_corpus_stats_cache_goes_to_the_cache_folder(tmp_path, monkeypatch):
     )
     assert sorted(p.name for p in data.iterdir()) == ["a.h5ad"]
     assert len(list((tmp_path / "xdg" / "grain_cells").glob("*.npz"))) == 1
+
+
+def test_repeated_gene_names_are_refused_by_name(tmp_path, monkeypatch):
+    # Two columns named "dup" used to share one median and put "dup"'s token
+    # twice into a cell's sequence (issue 27, item 2).
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    names = [f"g{j}" for j in range(20)]
+    names[3] = names[17] = "dup"
+    x = sp.csr_matrix(np.arange(1, 401, dtype=np.float32).reshape(20, 20))
+    anndata.AnnData(x, var=pd.DataFrame(index=names)).write_h5ad(tmp_path / "d.h5ad")
+    source = grain_cells.AnnDataSource(tmp_path / "d.h5ad", block_size=4)
+    stats = grain_cells.tokens.corpus_stats(source, progress=False)
+    vocab = grain_cells.tokens.GeneVocabulary.from_genes(sorted(set(names)))
+    for build in (
+        lambda: grain_cells.tokens.RankValueTokens.for_source(source, vocab, stats),
+        lambda: grain_cells.tokens.ValueBinTokens.for_source(source, vocab),
+        lambda: stats.medians_for(source.var_names),
+    ):
+        with pytest.raises(grain_cells.errors.GeneMismatchError) as e:
+            build()
+        assert "'dup'" in str(e.value) and "3" in str(e.value) and "17" in str(e.value)
