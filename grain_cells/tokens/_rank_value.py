@@ -16,8 +16,9 @@ training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranke
 score, highest first, and the top ones kept. Definitions:
 
 * *expressed*: stored value > 0, gene in the vocabulary with a finite,
-  positive median (other stored values are dropped; those of genes outside
-  the vocabulary are counted in `n_dropped`);
+  positive median; the other stored positive values are dropped and counted
+  in `n_dropped` (genes outside the vocabulary, and vocabulary genes the
+  corpus statistics give no finite positive median);
 * *score*: `float32(value) / float32(median)`, computed in float32 (the
   cell's normalisation to a total does not change a ranking within a cell,
   so it is left out);
@@ -29,8 +30,9 @@ score, highest first, and the top ones kept. Definitions:
 
 Keys: `gene_ids` int32 `[batch, length]`, `attention_mask` bool (True on
 `<cls>`, genes and `<eos>`), `n_expressed` int32 `[batch]` (expressed genes,
-before truncation), `n_dropped` int32 `[batch]` (stored positive values of
-genes outside the vocabulary).
+before truncation), `n_dropped` int32 `[batch]` (stored positive values not
+tokenised: genes outside the vocabulary, or without a finite positive
+median).
 
 **`ValueBinTokens`** (scGPT, Cui et al. 2024; in `grain_cells.tokens._value_bins`).
 Per cell, the expressed values are binned by their own quantiles: edges
