@@ -113,8 +113,8 @@ class BlockTable:
             self.stops - self.starts, self.block_size
         )
 
-    def block(self, record_key: int) -> Block:
-        """The rows of block `record_key`.
+    def block(self, record_key: int, source_id: int = 0) -> Block:
+        """The rows of block `record_key` (a record of source `source_id`).
 
         Raises:
             IndexError: No such block.
@@ -128,12 +128,12 @@ class BlockTable:
             )
         f = int(np.searchsorted(self.block_offsets, k, side="right")) - 1
         if self.starts is not None:
-            return Block(k, f, int(self.starts[k]), int(self.stops[k]))
+            return Block(k, f, int(self.starts[k]), int(self.stops[k]), source_id)
         start = int(self.cell_offsets[f]) + (k - int(self.block_offsets[f])) * (
             self.block_size
         )
         stop = min(start + self.block_size, int(self.cell_offsets[f + 1]))
-        return Block(k, f, start, stop)
+        return Block(k, f, start, stop, source_id)
 
     def ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `block`: `(files, starts, stops)` of many blocks.
