@@ -1,0 +1,85 @@
+"""The docs site builds with warnings as errors (mkdocs.yml: `strict: true`).
+
+Strict covers broken links and anchors between pages, pages missing from the
+nav, and the API reference: mkdocstrings renders `grain_cells.__all__` and
+the public sub-packages from their docstrings through griffe, whose warnings
+(a parameter documented that the signature lacks, a malformed section) fail
+the build too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+API_PAGES = ["grain_cells", "errors", "tokens", "checkpoint", "synthetic"]
+
+
+def test_docs_site_builds_strict(tmp_path):
+    for module in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            pytest.skip(f"{module} is not installed: pip install -e '.[docs]'")
+    site = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert "WARNING" not in done.stderr, done.stderr[-5000:]
+    # The API reference was generated, not left empty.
+    page = (site / "api" / "grain_cells" / "index.html").read_text()
+    for name in ("AnnDataSource", "DataLoader", "fetch_operations", "densify"):
+        assert f'id="grain_cells.{name}"' in page or f"grain_cells.{name}" in page, name
+    for name in API_PAGES:
+        assert (site / "api" / name / "index.html").is_file()
+
+
+def test_every_docs_page_is_in_the_nav():
+    import yaml
+
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+
+    def pages(nav):
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            if isinstance(value, list):
+                yield from pages(value)
+            else:
+                yield value
+
+    in_nav = set(pages(config["nav"]))
+    on_disk = {
+        os.path.relpath(os.path.join(d, f), os.path.join(ROOT, "docs"))
+        for d, _, files in os.walk(os.path.join(ROOT, "docs"))
+        for f in files
+        if f.endswith(".md")
+    }
+    assert in_nav == on_disk
+
+
+def test_readme_fits_on_a_screen_and_links_into_the_docs():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 250
+    for page in ("guides/loading.md", "guides/checkpoints.md", "reference/bad-input.md"):
+        assert f"docs/{page}" in text
+        assert os.path.isfile(os.path.join(ROOT, "docs", page))
+
+
+def test_ci_runs_the_readme_test_command():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    command = "python -m pytest -q -p no:cacheprovider"
+    assert f'pip install -e ".[test]" && {command}\n' in readme
+    assert ci.count(f"\n{command}\n") == 2
