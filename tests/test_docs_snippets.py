@@ -37,7 +37,9 @@ PAGES = sorted(
         for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
     ]
 )
-MARKER = re.compile(r"<!-- docs-test: (data|new process|skip \((?P<reason>[^)]+)\)) -->")
+MARKER = re.compile(
+    r"<!-- docs-test: (data|new process|skip \((?P<reason>[^)]+)\)) -->"
+)
 # Blocks not run (buckets, GPUs, network). Raise only with a reason.
 MAX_SKIPPED = 6
 DATA_PAGE = os.path.join("docs", "guides", "loading.md")
@@ -67,7 +69,9 @@ def blocks(page: str) -> list[tuple[str, str, int]]:
         match = MARKER.fullmatch(before)
         if before.startswith("<!-- docs-test") and not match:
             raise ValueError(f"{page}:{start}: unknown marker {before!r}")
-        found.append((match.group(1) if match else "", "\n".join(body) + "\n", start + 1))
+        found.append(
+            (match.group(1) if match else "", "\n".join(body) + "\n", start + 1)
+        )
     return found
 
 
@@ -98,7 +102,10 @@ def test_every_block_is_run_or_skipped_with_a_reason():
     assert sum(len(found) for found in all_blocks.values()) >= 20
     data = [b for b in all_blocks[DATA_PAGE] if b[0] == "data"]
     assert len(data) == 1
-    assert [b for p, f in all_blocks.items() if p != DATA_PAGE for b in f if b[0] == "data"] == []
+    others = [
+        p for p, f in all_blocks.items() if p != DATA_PAGE for b in f if b[0] == "data"
+    ]
+    assert others == []
 
 
 def run(folder, name: str, code: str) -> subprocess.CompletedProcess:
@@ -146,4 +153,6 @@ def test_page_runs_as_written(page, data, tmp_path):
         shutil.copy(path, tmp_path / path.name)
     for i, code in enumerate(scripts(page)):
         done = run(tmp_path, f"snippet_{i}.py", code)
-        assert done.returncode == 0, f"{page}, script {i}:\n{code}\n{done.stderr[-4000:]}"
+        assert done.returncode == 0, (
+            f"{page}, script {i}:\n{code}\n{done.stderr[-4000:]}"
+        )

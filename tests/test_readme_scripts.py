@@ -34,10 +34,14 @@ def doc_blocks(page: str, heading: str) -> list[str]:
     """The ```python blocks under `heading` (up to the next heading) in `page`."""
     with open(os.path.join(ROOT, page), encoding="utf-8") as f:
         text = f.read()
-    at = text.index(heading + "\n") + len(heading)
-    end = re.compile(r"^#{1,%d} " % heading.count("#"), re.M).search(text, at)
-    section = text[at : end.start() if end else len(text)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    lines = text[text.index(heading + "\n") + len(heading) :].splitlines()
+    depth, fenced, section = heading.count("#"), False, []
+    for line in lines:
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(rf"#{{1,{depth}}} ", line):
+            break  # the next heading of this level or above, outside code
+        section.append(line)
+    return re.findall(r"```python\n(.*?)```", "\n".join(section), re.S)
 
 
 LOADING = os.path.join("docs", "guides", "loading.md")
