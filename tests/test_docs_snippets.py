@@ -156,3 +156,33 @@ def test_page_runs_as_written(page, data, tmp_path):
         assert done.returncode == 0, (
             f"{page}, script {i}:\n{code}\n{done.stderr[-4000:]}"
         )
+
+
+@pytest.mark.slow
+def test_readme_run_it_on_your_file_command(data, tmp_path):
+    """The README's training command on `my_atlas.h5ad`, shortened to a few steps."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("## Run it on your file\n") :]
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    argv = command.replace("\\\n", " ").split()
+    assert argv[:3] == ["python", "-m", "grain_cells.examples.train"], argv
+    shutil.copy(data / "my_atlas.h5ad", tmp_path / "my_atlas.h5ad")
+    argv = [
+        sys.executable,
+        *argv[1:],
+        f"--workdir={tmp_path / 'run'}",  # the last one wins
+        "--config.num_steps=20",
+        "--config.log_every=10",
+        "--config.checkpoint_every=20",
+    ]
+    done = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "cell_type" in done.stdout + done.stderr
