@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import anndata
@@ -20,6 +23,7 @@ import scipy.sparse as sp
 from conftest import OBS, run, write_files
 
 import grain_cells
+from grain_cells.preshuffle import _staging as staging_lib
 from grain_cells.preshuffle import _writer as preshuffle_writer
 from grain_cells.storage.remote import _writes as object_writes
 
@@ -250,3 +254,64 @@ def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
         )
     assert os.listdir(staging) == []  # staged parts removed
     assert not _etags(s3, "failing/")  # nothing published, no manifest
+
+
+_KILLED_RUN = """
+import json, os, signal, sys
+import grain_cells
+from grain_cells.storage.remote import _writes as object_writes
+
+def killed(*args, **kwargs):  # the part is staged: die as the OOM killer would
+    os.kill(os.getpid(), signal.SIGKILL)
+
+object_writes.put_file = killed
+urls, out, options, staging = json.loads(sys.argv[1])
+grain_cells.preshuffle(urls, out, storage_options=options, staging_dir=staging,
+                       cells_per_file=100, seed=9, progress=False)
+"""
+
+
+@pytest.mark.slow  # a subprocess run and a rerun: about 6 s
+def test_staging_of_a_killed_run_is_removed_by_the_next(inputs, s3, tmp_path):
+    _, urls = inputs
+    staging = tmp_path / "staging"
+    out = f"s3://{s3.bucket}/killed/"
+    args = json.dumps([urls, out, s3.options, str(staging)])
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, args], capture_output=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    left = [p for p in staging.rglob("*") if p.is_file()]
+    assert left, "the killed run staged a part"  # what used to stay forever
+    got = grain_cells.preshuffle(
+        urls, out, storage_options=s3.options, staging_dir=staging,
+        cells_per_file=100, seed=9, progress=False,
+    )
+    assert len(got) == 3
+    assert list(staging.iterdir()) == []
+
+
+def test_only_staging_of_dead_owners_is_removed(tmp_path):
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    dead = int(exited.stdout)
+    parent = os.getppid()
+    start = staging_lib.start_time(parent)
+    folders = {
+        "dead": f"{staging_lib.PREFIX}{dead}-{staging_lib.start_time(os.getpid())}-ab12",
+        "reused": f"{staging_lib.PREFIX}{parent}-{start + 1}-cd34",
+        "alive": f"{staging_lib.PREFIX}{parent}-{start}-ef56",
+        "older": f"{staging_lib.PREFIX}k2j4h5",  # earlier versions: owner unknown
+        "other": "someone-elses",
+    }
+    for name in folders.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part.h5ad").write_bytes(b"x")
+    mine = staging_lib.make(tmp_path)
+    removed = staging_lib.remove_stale(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(
+        [folders["dead"], folders["reused"]]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [folders["alive"], folders["older"], folders["other"], mine.name]
+    )
