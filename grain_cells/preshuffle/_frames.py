@@ -125,22 +125,25 @@ def write_frames(f: h5py.File, obs: pd.DataFrame, var: pd.DataFrame) -> None:
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
     """`perm` reordered so that each `group_by` group's cells are contiguous.
 
-    A stable sort of the shuffled order by group: groups follow one another
-    in the order of their categories (of first appearance over the inputs
-    for a non-categorical column; a missing label last), and within a group
-    the cells keep the seeded random order. Memory: the column's codes and
-    one int64 sort order, 8 bytes per cell, while it runs.
+    A stable sort of the shuffled order by the group columns (the first
+    column outermost): groups follow one another in the order of their
+    categories (of first appearance over the inputs for a non-categorical
+    column; a missing label last), and within a group the cells keep the
+    seeded random order. Memory: the columns' codes and one int64 sort
+    order, 8 bytes per cell each, while it runs.
     """
-    values = read_obs(plan.paths, [plan.group_by], plan.storage_options)
-    column = values[plan.group_by]
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy()
-    else:
-        codes, _ = pd.factorize(column.to_numpy(), use_na_sentinel=True)
-    codes = codes.astype(np.int64)
-    codes[codes < 0] = codes.max(initial=0) + 1  # missing labels last
-    order = np.argsort(codes[perm], kind="stable")
-    return perm[order]
+    values = read_obs(plan.paths, plan.group_by, plan.storage_options)
+    keys = []
+    for name in reversed(plan.group_by):  # np.lexsort: the last key is primary
+        column = values[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes = column.cat.codes.to_numpy()
+        else:
+            codes, _ = pd.factorize(column.to_numpy(), use_na_sentinel=True)
+        codes = codes.astype(np.int64)
+        codes[codes < 0] = codes.max(initial=0) + 1  # missing labels last
+        keys.append(codes[perm])
+    return perm[np.lexsort(keys)]
 
 
 class Extras:

@@ -104,17 +104,27 @@ class Plan:
         self.obs_columns = obs_columns
         group_by = kwargs.get("group_by")
         if group_by is not None:
-            if not isinstance(group_by, str):
+            group_by = [group_by] if isinstance(group_by, str) else group_by
+            if (
+                not isinstance(group_by, (list, tuple))
+                or not group_by
+                or not all(isinstance(c, str) for c in group_by)
+            ):
                 raise TypeError(
-                    "group_by must be the name of an obs column (a str) or None, "
-                    f"got {type(group_by).__name__} {group_by!r}"
+                    "group_by must be an obs column name (a str), a list of them, "
+                    f"or None, got {type(kwargs['group_by']).__name__} "
+                    f"{kwargs['group_by']!r}"
                 )
+            group_by = list(group_by)
+            if len(set(group_by)) != len(group_by):
+                raise ValueError(f"group_by has duplicates: {group_by}")
             for path in self.paths:
                 with h5ad.open_file(path, self.storage_options) as f:
                     have = h5ad.obs_columns(f)
-                if group_by not in have:
+                missing = [c for c in group_by if c not in have]
+                if missing:
                     raise errors.MissingColumnError(
-                        f"{path}: obs has no column group_by={group_by!r}; it has "
+                        f"{path}: obs has no column(s) group_by={missing}; it has "
                         f"{have}"
                     )
         self.group_by = group_by

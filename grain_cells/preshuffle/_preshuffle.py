@@ -128,7 +128,7 @@ def preshuffle(
     storage_options: dict | None = None,
     output_storage_options: dict | None = None,
     staging_dir: str | os.PathLike | None = None,
-    group_by: str | None = None,
+    group_by: str | Sequence[str] | None = None,
     keep: Sequence[str] | None = None,
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
@@ -165,7 +165,9 @@ def preshuffle(
     instead of many short ones. Blocks are no longer random samples of the
     whole atlas: draw them with `WeightedBlockSampler` or
     `ConditionBlockSampler`, or rely on fetch-level mixing across blocks
-    (`fetch_factor`), not on one block's diversity.
+    (`fetch_factor`), not on one block's diversity. With several columns,
+    `group_by=["cell_type", "donor"]`, a selection of types split by donor
+    (`split_by_obs`) is a few runs too.
 
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
@@ -212,10 +214,10 @@ def preshuffle(
             folders left there by runs that died (killed, out of memory)
             are removed when the next run starts (see
             `grain_cells.preshuffle._staging`).
-        group_by: An obs column (every input has it): write each of its
-            labels' cells contiguously, shuffled within the label (see
-            "Grouped copies" above). None (default): one shuffle of all
-            cells.
+        group_by: An obs column (every input has it), or a list of them:
+            write each label's (each combination's, the first column
+            outermost) cells contiguously, shuffled within it (see "Grouped
+            copies" above). None (default): one shuffle of all cells.
         keep: Elements to carry besides X, obs and var: None (default)
             carries every one that fits and warns naming those it leaves;
             a list names them: `"layers"`, `"layers/<name>"`, `"raw"`,

@@ -224,7 +224,7 @@ def test_group_by_writes_each_label_contiguously_and_shuffled(inputs, whole, tmp
 
 
 def test_group_by_errors(inputs, tmp_path):
-    with pytest.raises(errors.MissingColumnError, match="group_by='donor'"):
+    with pytest.raises(errors.MissingColumnError, match=r"group_by=\['donor'\]"):
         preshuffle(inputs, tmp_path / "a", group_by="donor", progress=False)
     with pytest.raises(TypeError, match="group_by must be"):
-        preshuffle(inputs, tmp_path / "b", group_by=["cell_type"], progress=False)
+        preshuffle(inputs, tmp_path / "b", group_by=["cell_type", 2], progress=False)
