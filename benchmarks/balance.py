@@ -110,9 +110,23 @@ _JSON = flags.DEFINE_string(
 
 
 _FLAGS = (
-    _DATA, _LABEL, _N_CELLS, _N_GENES, _MEAN_NNZ, _N_DONORS, _N_TYPES, _OUTPUT_DIR,
-    _BLOCK, _BATCH, _FETCH, _EPOCH_CELLS, _WINDOW_CELLS, _SEED, _MAX_GAP,
-    _MIN_SPEEDUP, _JSON,
+    _DATA,
+    _LABEL,
+    _N_CELLS,
+    _N_GENES,
+    _MEAN_NNZ,
+    _N_DONORS,
+    _N_TYPES,
+    _OUTPUT_DIR,
+    _BLOCK,
+    _BATCH,
+    _FETCH,
+    _EPOCH_CELLS,
+    _WINDOW_CELLS,
+    _SEED,
+    _MAX_GAP,
+    _MIN_SPEEDUP,
+    _JSON,
 )
 
 
@@ -271,8 +285,7 @@ def main(argv):
     )
     if _JSON.value:
         flag_values = {
-            name: flags.FLAGS[name].value
-            for name in (f.name for f in _FLAGS)
+            name: flags.FLAGS[name].value for name in (f.name for f in _FLAGS)
         }
         pathlib.Path(_JSON.value).write_text(
             json.dumps(

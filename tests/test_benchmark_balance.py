@@ -5,7 +5,7 @@ Checked: exit status 0, its lines, and its JSON: the file and shape it ran
 on, the three runs, and that the grouped copy's shares are closer to the
 targets than the original's at the same block size. Speed figures at this
 size mean nothing and are not checked.
-"""  # noqa: D205
+"""
 
 from __future__ import annotations
 

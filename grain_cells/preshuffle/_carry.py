@@ -179,8 +179,11 @@ def choose(
         if explicit is not None:
             named = [e.split("/", 1)[1] for e in explicit if e.startswith(kind + "/")]
             for key in named:
-                lacking = [p for p, inv in zip(paths, found, strict=True)
-                           if key not in inv[kind]]
+                lacking = [
+                    p
+                    for p, inv in zip(paths, found, strict=True)
+                    if key not in inv[kind]
+                ]
                 if lacking:
                     raise errors.MissingColumnError(
                         f"keep: {lacking[0]} has no {kind}/{key}; it has "

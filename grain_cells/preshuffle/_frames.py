@@ -216,8 +216,11 @@ class Extras:
                 for path in copies:
                     if path in f:
                         del f[path]
-                    src.copy(src[path], f[posixpath.dirname(path) or "/"],
-                             name=posixpath.basename(path))
+                    src.copy(
+                        src[path],
+                        f[posixpath.dirname(path) or "/"],
+                        name=posixpath.basename(path),
+                    )
 
 
 def _group_bytes(path: str, element: str, storage_options: dict) -> int:

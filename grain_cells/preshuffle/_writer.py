@@ -200,9 +200,7 @@ class Writer:
 
     # -- dense -------------------------------------------------------------
 
-    def _write_dense(
-        self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress
-    ):
+    def _write_dense(self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
         chunk_rows = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))

@@ -6,7 +6,7 @@ At block 16 no block weighting can balance such a file; the weights say so
 with `preshuffle(..., group_by="cell_type")` reaches every target at block
 16, checked on the cells a loader emits over an epoch. Also: the weighting
 calls take (source, weights, column) in one order, and check types by name.
-"""  # noqa: D205
+"""
 
 from __future__ import annotations
 
@@ -41,16 +41,18 @@ def interleaved(tmp_path_factory) -> str:
     )
     obs = pd.DataFrame(
         {
-            "donor": pd.Categorical(np.repeat([f"D{d}" for d in range(DONORS)],
-                                              PER_DONOR)),
+            "donor": pd.Categorical(
+                np.repeat([f"D{d}" for d in range(DONORS)], PER_DONOR)
+            ),
             "cell_type": pd.Categorical(labels, categories=list(TYPES)),
             "idx": rows,
         },
         index=[f"c{r}" for r in rows],
     )
     path = tmp_path_factory.mktemp("interleaved") / "atlas.h5ad"
-    ad.AnnData(x, obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(N_GENES)])
-               ).write_h5ad(path)
+    ad.AnnData(
+        x, obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(N_GENES)])
+    ).write_h5ad(path)
     return str(path)
 
 
@@ -128,7 +130,7 @@ def test_weighting_calls_take_one_order_and_check_types(interleaved):
         grain_cells.expected_shares(source, w, w)
     with pytest.raises(TypeError, match="weights must be an array of numbers"):
         grain_cells.expected_shares(source, "cell_type", "cell_type")
-    with pytest.raises(TypeError, match="source must be a grain_cells.AnnDataSource"):
+    with pytest.raises(TypeError, match=r"source must be a grain_cells\.AnnDataSource"):
         grain_cells.balanced_block_weights(np.ones(3), "cell_type")
     with pytest.raises(TypeError, match="column must be the name"):
         grain_cells.balanced_block_weights(source, ["cell_type"])
@@ -146,8 +148,9 @@ def _recipe(path) -> None:
     source.close()
 
 
-def test_selection_recipe_warns_once_with_advice_that_works(interleaved, tmp_path,
-                                                            caplog):
+def test_selection_recipe_warns_once_with_advice_that_works(
+    interleaved, tmp_path, caplog
+):
     with caplog.at_level("WARNING", logger="grain_cells"):
         _recipe(interleaved)
     said = [r.getMessage() for r in caplog.records if "fragmented" in r.getMessage()]
@@ -155,7 +158,9 @@ def test_selection_recipe_warns_once_with_advice_that_works(interleaved, tmp_pat
     assert "group_by=[column, ...]" in said[0]
     # The advice, followed, gives a copy on which the recipe is not fragmented.
     (part,) = grain_cells.preshuffle(
-        interleaved, tmp_path / "grouped", group_by=["cell_type", "donor"],
+        interleaved,
+        tmp_path / "grouped",
+        group_by=["cell_type", "donor"],
         progress=False,
     )
     caplog.clear()

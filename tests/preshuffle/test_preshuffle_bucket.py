@@ -284,21 +284,31 @@ def test_staging_of_a_killed_run_is_removed_by_the_next(inputs, s3, tmp_path):
     left = [p for p in staging.rglob("*") if p.is_file()]
     assert left, "the killed run staged a part"  # what used to stay forever
     got = grain_cells.preshuffle(
-        urls, out, storage_options=s3.options, staging_dir=staging,
-        cells_per_file=100, seed=9, progress=False,
+        urls,
+        out,
+        storage_options=s3.options,
+        staging_dir=staging,
+        cells_per_file=100,
+        seed=9,
+        progress=False,
     )
     assert len(got) == 3
     assert list(staging.iterdir()) == []
 
 
 def test_only_staging_of_dead_owners_is_removed(tmp_path):
-    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                            capture_output=True, text=True, check=True)
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead = int(exited.stdout)
     parent = os.getppid()
     start = staging_lib.start_time(parent)
+    mine = staging_lib.start_time(os.getpid())
     folders = {
-        "dead": f"{staging_lib.PREFIX}{dead}-{staging_lib.start_time(os.getpid())}-ab12",
+        "dead": f"{staging_lib.PREFIX}{dead}-{mine}-ab12",
         "reused": f"{staging_lib.PREFIX}{parent}-{start + 1}-cd34",
         "alive": f"{staging_lib.PREFIX}{parent}-{start}-ef56",
         "older": f"{staging_lib.PREFIX}k2j4h5",  # earlier versions: owner unknown
@@ -307,11 +317,11 @@ def test_only_staging_of_dead_owners_is_removed(tmp_path):
     for name in folders.values():
         (tmp_path / name).mkdir()
         (tmp_path / name / "part.h5ad").write_bytes(b"x")
-    mine = staging_lib.make(tmp_path)
+    made = staging_lib.make(tmp_path)
     removed = staging_lib.remove_stale(tmp_path)
     assert sorted(p.name for p in removed) == sorted(
         [folders["dead"], folders["reused"]]
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [folders["alive"], folders["older"], folders["other"], mine.name]
+        [folders["alive"], folders["older"], folders["other"], made.name]
     )

@@ -6,7 +6,7 @@ Inputs are written by anndata; the value at (global row i, gene j) is
 the dense `layers/dense` and `i + k / 10` in `obsm/X_pca[:, k]`; raw has
 more genes than var. The oracle is `anndata.read_h5ad` of each part,
 compared with `anndata.concat` of the inputs taken in the part's cell order.
-"""  # noqa: D205
+"""
 
 from __future__ import annotations
 
@@ -54,12 +54,10 @@ def write_inputs(directory) -> list[str]:
         adata.layers["dense"] = (
             rows[:, None] * 1000 + np.arange(N_GENES)[None, :]
         ).astype(np.float64)
-        adata.obsm["X_pca"] = (
-            rows[:, None] + np.arange(3)[None, :] / 10
-        ).astype(np.float32)
-        adata.obsm["meta"] = pd.DataFrame(
-            {"doubled": rows * 2}, index=adata.obs_names
+        adata.obsm["X_pca"] = (rows[:, None] + np.arange(3)[None, :] / 10).astype(
+            np.float32
         )
+        adata.obsm["meta"] = pd.DataFrame({"doubled": rows * 2}, index=adata.obs_names)
         adata.varm["PCs"] = np.arange(N_GENES * 2, dtype=np.float64).reshape(-1, 2)
         adata.uns["title"] = "atlas"
         adata.uns["colors"] = np.array(["red", "blue"], dtype=object)
@@ -104,7 +102,9 @@ def _read_parts(paths):
     [
         pytest.param({}, id="one-part"),
         # Many windows per matrix, two parts.
-        pytest.param({"memory_budget_bytes": 2_000, "cells_per_file": 60}, id="windows"),
+        pytest.param(
+            {"memory_budget_bytes": 2_000, "cells_per_file": 60}, id="windows"
+        ),
     ],
 )
 def test_layers_raw_obsm_var_and_uns_follow_the_cells(inputs, whole, tmp_path, kwargs):
@@ -128,9 +128,7 @@ def test_layers_raw_obsm_var_and_uns_follow_the_cells(inputs, whole, tmp_path, k
         np.testing.assert_array_equal(part.layers["dense"], want.layers["dense"])
         assert set(part.obsm) == {"X_pca", "meta"}
         np.testing.assert_array_equal(part.obsm["X_pca"], want.obsm["X_pca"])
-        np.testing.assert_array_equal(
-            part.obsm["meta"]["doubled"].to_numpy(), rows * 2
-        )
+        np.testing.assert_array_equal(part.obsm["meta"]["doubled"].to_numpy(), rows * 2)
         # raw: its own (wider) genes, rows permuted with X.
         assert part.raw is not None and part.raw.shape == (rows.size, N_RAW)
         np.testing.assert_array_equal(_dense(part.raw.X), _dense(raws.X[rows]))
@@ -155,7 +153,9 @@ def test_keep_names_what_is_carried(inputs, whole, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an explicit keep warns of nothing
         (only,) = preshuffle(
-            inputs, tmp_path / "a", keep=["layers/counts", "obsm/X_pca"],
+            inputs,
+            tmp_path / "a",
+            keep=["layers/counts", "obsm/X_pca"],
             progress=False,
         )
         (bare,) = preshuffle(inputs, tmp_path / "b", keep=(), progress=False)
@@ -172,8 +172,9 @@ def test_keep_names_what_is_carried(inputs, whole, tmp_path):
 @pytest.mark.parametrize(
     "keep, error, match",
     [
-        pytest.param(["layers/nope"], errors.MissingColumnError, "no layers/nope",
-                     id="missing"),
+        pytest.param(
+            ["layers/nope"], errors.MissingColumnError, "no layers/nope", id="missing"
+        ),
         pytest.param(["bogus"], ValueError, "not an element", id="unknown"),
         pytest.param("layers", TypeError, "keep must be", id="a-string"),
         pytest.param(["obsp"], ValueError, "not an element", id="obsp"),
@@ -197,15 +198,27 @@ def test_a_layer_as_x_carries_the_others(inputs, whole, tmp_path):
 def test_group_by_writes_each_label_contiguously_and_shuffled(inputs, whole, tmp_path):
     merged, _ = whole
     parts = preshuffle(
-        inputs, tmp_path / "out", group_by="cell_type", keep=(), seed=5,
-        cells_per_file=50, progress=False,
+        inputs,
+        tmp_path / "out",
+        group_by="cell_type",
+        keep=(),
+        seed=5,
+        cells_per_file=50,
+        progress=False,
     )
     again = preshuffle(
-        inputs, tmp_path / "again", group_by="cell_type", keep=(), seed=5,
-        cells_per_file=50, progress=False,
+        inputs,
+        tmp_path / "again",
+        group_by="cell_type",
+        keep=(),
+        seed=5,
+        cells_per_file=50,
+        progress=False,
     )
     cells = pd.concat([p.obs for p in _read_parts(parts)])
-    assert list(cells.index) == list(pd.concat([p.obs for p in _read_parts(again)]).index)
+    assert list(cells.index) == list(
+        pd.concat([p.obs for p in _read_parts(again)]).index
+    )
     labels = cells["cell_type"].astype(str).to_numpy()
     # One run per label, in category order; every input cell exactly once.
     changes = np.flatnonzero(labels[1:] != labels[:-1])
