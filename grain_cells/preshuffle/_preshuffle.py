@@ -76,21 +76,29 @@ aligned genes; its var is the first input's rows for them, or only the
 names when `join="outer"` brings genes the first input lacks).
 
 **Modules.** This one holds the entry point; `preshuffle_plan` validates
-arguments and lays out the parts, `preshuffle_writer` writes them (with
-`preshuffle_windows`: slots, the background writer, progress),
-`preshuffle_frames` merges obs and var, `preshuffle_files` owns markers,
-temporaries, the manifest and the disk reservation, and `preshuffle_output`
-the output to a bucket (a local staging folder, one part at a time, then an
-upload: local disk for one part is needed).
+arguments and lays out the parts, `preshuffle_carry` decides which elements
+besides X, obs and var a part carries (`keep`), `preshuffle_matrices` holds
+each row-aligned matrix (X, layers, raw/X, obsm arrays) as the writer reads
+it, `preshuffle_writer` writes them (with `preshuffle_windows`: slots, the
+background writer, progress), `preshuffle_frames` merges obs and var, orders
+cells by group (`group_by`) and writes the other frames and copies,
+`preshuffle_files` owns markers, temporaries, the manifest and the disk
+reservation, `preshuffle_output` the output to a bucket (a local staging
+folder, one part at a time, then an upload: local disk for one part is
+needed) and `preshuffle_staging` the staging folders' names and the removal
+of those whose run died.
 
 **Overlap.** Once the kernel's dirty-page limit is reached, writing is
 disk-bound; a background thread writes one window (h5py releases the GIL
 while HDF5 writes) while the calling thread reads and scatters the next.
 
 Memory: the arrays of the two windows in flight plus a read buffer, together
-at most `memory_budget_bytes`; on top of that about 8 bytes per input cell
-(the permutation and row lengths) and the chosen obs columns of all inputs
-(held in memory while the parts are written).
+at most `memory_budget_bytes` (each carried matrix is written in its own
+pass of windows, so layers, raw and obsm arrays add passes, not memory); on
+top of that about 8 bytes per input cell (the permutation and X's row
+lengths), 4 more per cell for each other sparse matrix carried, 8 more per
+cell while `group_by` sorts, and the chosen obs columns and obsm dataframes
+of all inputs (held in memory while the parts are written).
 """
 
 from __future__ import annotations
