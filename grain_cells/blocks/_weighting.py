@@ -75,6 +75,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import expand_ranges
+from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source._source import AnnDataSource
 
 REDUCTIONS = ("mean", "sum")
@@ -82,39 +83,6 @@ _CHUNK_CELLS = 1 << 20
 MISS_POINTS = 0.03
 """A class share further than this from its target (3 percentage points)
 makes `balanced_block_weights` suggest a grouped copy."""
-
-
-def _check_source(source, function: str) -> None:
-    if not isinstance(source, AnnDataSource):
-        raise TypeError(
-            f"{function}: source must be a grain_cells.AnnDataSource (or a view "
-            f"of one), got {type(source).__name__}"
-        )
-
-
-def _check_column(column, function: str) -> None:
-    if not isinstance(column, str):
-        raise TypeError(
-            f"{function}: column must be the name of a categorical obs column "
-            f"(a str), got {type(column).__name__}"
-            + (f" of shape {np.shape(column)}" if np.ndim(column) else f" {column!r}")
-        )
-
-
-def _numbers(value, name: str, function: str, hint: str = "") -> np.ndarray:
-    """`value` as float64, or a TypeError naming the argument."""
-    if isinstance(value, (str, bytes)) or value is None:
-        raise TypeError(
-            f"{function}: {name} must be an array of numbers, got "
-            f"{type(value).__name__} {value!r}{hint}"
-        )
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(
-            f"{function}: {name} must be an array of numbers, got dtype {arr.dtype}"
-            f"{hint}"
-        )
-    return arr.astype(np.float64)
 
 
 def block_weights(
@@ -141,7 +109,7 @@ def block_weights(
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
-    _check_source(source, "block_weights")
+    check_source(source, "block_weights")
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {list(REDUCTIONS)}, got {reduce!r}")
     hint = (
@@ -150,7 +118,7 @@ def block_weights(
         if isinstance(cell_weights, str)
         else ""
     )
-    w = _numbers(cell_weights, "cell_weights", "block_weights", hint)
+    w = numbers(cell_weights, "cell_weights", "block_weights", hint)
     n = source.num_cells
     if w.shape != (n,):
         raise ValueError(
@@ -311,8 +279,8 @@ def balanced_block_weights(
             (`grain_cells.preshuffle(..., group_by=column)`), whose blocks
             are pure.
     """
-    _check_source(source, "balanced_block_weights")
-    _check_column(column, "balanced_block_weights")
+    check_source(source, "balanced_block_weights")
+    check_column(column, "balanced_block_weights")
     comp = _composition(source, column)
     target = _targets(comp, column, shares)
     width = target.size
@@ -398,9 +366,9 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """
     if isinstance(weights, str) and not isinstance(column, str):
         weights, column = column, weights  # the earlier order
-    _check_source(source, "expected_shares")
-    _check_column(column, "expected_shares")
-    weights = _numbers(weights, "weights", "expected_shares")
+    check_source(source, "expected_shares")
+    check_column(column, "expected_shares")
+    weights = numbers(weights, "weights", "expected_shares")
     comp = _composition(source, column)
     if weights.shape != (len(source),):
         raise ValueError(
