@@ -322,6 +322,8 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     finally:
         report.close()
         plan.source.close()
+        for matrix in plan.matrices:
+            matrix.close()
     if bucket is not None:
         bucket.remove_stale_parts(plan)
         bucket.write_manifest(plan, done)
