@@ -167,3 +167,21 @@ def test_selection_recipe_warns_once_with_advice_that_works(
     with caplog.at_level("WARNING", logger="grain_cells"):
         _recipe(str(part))
     assert not [r for r in caplog.records if "fragmented" in r.getMessage()]
+
+
+def test_condition_blocks_are_full_on_a_grouped_copy(interleaved, tmp_path, caplog):
+    """One condition per fetch reads full blocks from a grouped copy."""
+    (part,) = grain_cells.preshuffle(
+        interleaved, tmp_path / "grouped", group_by="cell_type", progress=False
+    )
+    mean_cells = {}
+    for name, path in (("original", interleaved), ("grouped", str(part))):
+        source = grain_cells.AnnDataSource(
+            path, block_size=BLOCK, obs_columns=["cell_type"]
+        )
+        with caplog.at_level("ERROR", logger="grain_cells"):  # fragmented: known
+            view = grain_cells.condition_blocks(source, "cell_type")
+        mean_cells[name] = view.num_selected_cells / len(view)
+        source.close()
+    assert mean_cells["original"] < 3  # a type change every few cells
+    assert mean_cells["grouped"] > BLOCK - 1  # one short block per type
