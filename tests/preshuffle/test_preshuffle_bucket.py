@@ -325,3 +325,25 @@ def test_only_staging_of_dead_owners_is_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [folders["alive"], folders["older"], folders["other"], made.name]
     )
+
+
+def test_url_inputs_carry_layers_raw_obsm_and_uns(s3, tmp_path):
+    """Elements besides X are read through the object store like X."""
+    from test_preshuffle_carry import write_inputs
+
+    paths = write_inputs(tmp_path)
+    urls = [s3.upload(p, f"carry-in/{i}.h5ad") for i, p in enumerate(paths)]
+    keep = ["layers", "raw", "obsm", "varm", "uns"]
+    kwargs = dict(keep=keep, seed=2, progress=False)
+    (remote,) = grain_cells.preshuffle(
+        urls, tmp_path / "remote", storage_options=s3.options, **kwargs
+    )
+    (local,) = grain_cells.preshuffle(paths, tmp_path / "local", **kwargs)
+    a, b = anndata.read_h5ad(remote), anndata.read_h5ad(local)
+    assert list(a.obs_names) == list(b.obs_names)
+    for name in ("counts", "dense"):
+        np.testing.assert_array_equal(_dense(a.layers[name]), _dense(b.layers[name]))
+    np.testing.assert_array_equal(_dense(a.raw.X), _dense(b.raw.X))
+    np.testing.assert_array_equal(a.obsm["X_pca"], b.obsm["X_pca"])
+    np.testing.assert_array_equal(a.varm["PCs"], b.varm["PCs"])
+    assert a.uns["title"] == "atlas" and set(a.layers) == {"counts", "dense"}
