@@ -15,6 +15,8 @@ Usage:
   python benchmarks/preshuffle.py --data=/tmp/synth400k.h5ad \
       --output_dir=/tmp/preshuffled
   python benchmarks/preshuffle.py --n_cells=50000 --output_dir=/tmp/ps50k
+  python benchmarks/preshuffle.py --data=atlas.h5ad --output_dir=/tmp/grouped \
+      --group_by=cell_type --keep=layers/counts
   python benchmarks/preshuffle.py --data=s3://atlas/a.h5ad \
       --output_dir=s3://atlas/shuffled --storage_options=profile=lab
 """
@@ -73,6 +75,19 @@ _OPTIONS = flags.DEFINE_string(
 _STAGING = flags.DEFINE_string(
     "staging_dir", None, "Local folder for parts before upload (URL output)."
 )
+_GROUP_BY = flags.DEFINE_list(
+    "group_by",
+    None,
+    "obs column(s) whose labels' cells are written contiguously, shuffled "
+    "within each label (preshuffle's group_by); default: one shuffle of all cells.",
+)
+_KEEP = flags.DEFINE_list(
+    "keep",
+    None,
+    "Elements carried besides X, obs and var (preshuffle's keep: layers, raw, "
+    "obsm, varm, varp, uns, layers/<name>, obsm/<name>); 'none' for X, obs and "
+    "var only; default: every element that fits.",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 flags.mark_flag_as_required("output_dir")
 
@@ -119,6 +134,8 @@ def main(argv):
         memory_budget_bytes=_BUDGET_MB.value << 20,
         storage_options=options,
         staging_dir=_STAGING.value,
+        group_by=_GROUP_BY.value,
+        keep=None if _KEEP.value is None else [k for k in _KEEP.value if k != "none"],
     )
     wall = time.perf_counter() - start
     manifest = json.loads(read_bytes(output_dir, preshuffle_lib.MANIFEST, options))
@@ -132,6 +149,8 @@ def main(argv):
         "windows": sum(p["windows"] for p in manifest["parts"]),
         "compression": _COMPRESSION.value,
         "chunk_cells": _CHUNK_CELLS.value,
+        "group_by": _GROUP_BY.value,
+        "keep": _KEEP.value,
         "memory_budget_mb": _BUDGET_MB.value,
         "cache": _CACHE.value,
         "wall_s": round(wall, 2),

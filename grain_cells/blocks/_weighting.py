@@ -18,7 +18,23 @@ block's probability, shared by all the cells of the block.
   of a sorted file, or everywhere in a shuffled one) smear weight across
   classes, so the per-class multipliers are then refined by fixed-point
   iteration until the expected shares match (`expected_shares` reports
-  them). With a target that mixed blocks make unreachable it warns.
+  them). With a target that mixed blocks make unreachable it warns, listing
+  the shares it reaches.
+* `expected_shares(source, weights, column)`: what block weights give.
+
+Every call takes the source first, then the numbers (cell or block
+weights), then the column: the order of `WeightedBlockSampler(source,
+weights)`. Arguments are checked by type and name.
+
+**Interleaved files.** In a real atlas sorted by batch or donor, cell types
+are interleaved within each donor: a block of 16 cells holds several types,
+and no block weighting can move the shares far from the file's own (a
+type with 25% of the cells stays near 23% against a 12.5% target).
+`block_size=1` balances exactly but reads one cell at a time. A copy
+written once with `grain_cells.preshuffle(paths, out, group_by=column)`
+holds each label's cells contiguously (shuffled within the label): its
+blocks are pure, so the targets are met at any block size with contiguous
+reads (`benchmarks/balance.py` measures both).
 
 **What weighting does to locality and diversity.** Reads are unchanged:
 each drawn block is still one contiguous read of up to `block_size` cells.
@@ -32,7 +48,9 @@ probabilities), and `SplitFetch` then emits that block's cells twice, possibly
 in the same minibatch. Smaller blocks spread the weight over more blocks and
 lower the repeats; a pre-shuffled file (`grain_cells.preshuffle`) makes
 blocks mix classes, which weakens the per-block control of the class shares
-but makes each minibatch more diverse. Label diversity inside a minibatch
+but makes each minibatch more diverse, while a grouped copy
+(`preshuffle(..., group_by=column)`) makes blocks pure, so balance is exact
+and a fetch's classes come from its several blocks. Label diversity inside a minibatch
 rises under class balance (rare classes appear), while cell diversity falls.
 
 Memory while computing weights: the obs column or the cell weights (one
@@ -51,18 +69,20 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import expand_ranges
-
-if TYPE_CHECKING:
-    from grain_cells.source._source import AnnDataSource
+from grain_cells.blocks._weight_args import check_column, check_source, numbers
+from grain_cells.source._source import AnnDataSource
 
 REDUCTIONS = ("mean", "sum")
 _CHUNK_CELLS = 1 << 20
+MISS_POINTS = 0.03
+"""A class share further than this from its target (3 percentage points)
+makes `balanced_block_weights` suggest a grouped copy."""
 
 
 def block_weights(
@@ -84,12 +104,21 @@ def block_weights(
         float64 weights, one per block of `source`.
 
     Raises:
+        TypeError: `source` is not an `AnnDataSource`, or `cell_weights`
+            not numbers (a column name means `balanced_block_weights`).
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
+    check_source(source, "block_weights")
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {list(REDUCTIONS)}, got {reduce!r}")
-    w = np.asarray(cell_weights, np.float64)
+    hint = (
+        f"; for class balance over an obs column use balanced_block_weights("
+        f"source, {cell_weights!r})"
+        if isinstance(cell_weights, str)
+        else ""
+    )
+    w = numbers(cell_weights, "cell_weights", "block_weights", hint)
     n = source.num_cells
     if w.shape != (n,):
         raise ValueError(
@@ -237,14 +266,21 @@ def balanced_block_weights(
         float64 weights, one per block of `source`.
 
     Raises:
+        TypeError: `source` is not an `AnnDataSource`, or `column` not a str.
         ValueError: `column` is numeric, a label is unknown or absent from
             the source, or a share is negative.
         errors.MissingColumnError: `column` is not one of `obs_columns`.
 
     Warns:
         UserWarning: The targets were not reached (blocks mix classes too
-            much for them); `expected_shares` says what the weights give.
+            much for them). The message lists the shares the weights give
+            against the targets and, when one misses by more than
+            `MISS_POINTS` (3 points), suggests a copy grouped by the column
+            (`grain_cells.preshuffle(..., group_by=column)`), whose blocks
+            are pure.
     """
+    check_source(source, "balanced_block_weights")
+    check_column(column, "balanced_block_weights")
     comp = _composition(source, column)
     target = _targets(comp, column, shares)
     width = target.size
@@ -264,29 +300,76 @@ def balanced_block_weights(
         multiplier /= multiplier.max()  # keep the scale away from under/overflow
     if gap > tolerance:
         warnings.warn(
-            f"balanced_block_weights({column!r}): expected shares are within "
-            f"{gap:.3g} of the targets after {max_iterations} iterations (asked "
-            f"{tolerance:g}); blocks mix classes too much for these targets. "
-            "See expected_shares(); smaller blocks help.",
+            _miss_note(comp, column, got, target, gap, source.block_size),
             stacklevel=2,
         )
     return weights
 
 
-def expected_shares(source: AnnDataSource, column: str, weights) -> dict:
+def _miss_note(comp, column, got, target, gap, block_size) -> str:
+    """What the weights reach, against the targets, and what would help."""
+    labels = [None, *comp.categories.tolist()]
+    listed = [i for i in np.argsort(-np.abs(got - target)) if got[i] or target[i]]
+    shown = [
+        f"{labels[i]!s}: {got[i]:.1%} (target {target[i]:.1%})" for i in listed[:8]
+    ]
+    more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
+    note = (
+        f"balanced_block_weights({column!r}): blocks mix classes, so the "
+        f"expected shares miss the targets by up to {gap:.1%}: "
+        + ", ".join(shown)
+        + more
+        + " (expected_shares(source, weights, column) gives them all)."
+    )
+    if gap > MISS_POINTS:
+        note += (
+            f" Blocks of {block_size} cells here hold several {column!r} labels "
+            "each. Write a copy grouped by the label once, "
+            f"grain_cells.preshuffle(paths, out_dir, group_by={column!r}), and "
+            "read it at this block size: its blocks hold one label each, so the "
+            "targets are reached with contiguous reads. (block_size=1 also "
+            "reaches them, at a fraction of the read speed.)"
+        )
+    else:
+        note += " Smaller blocks come closer."
+    return note
+
+
+def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """Each label's expected share of the cells a weighted sampler emits.
+
+    Arguments come in the order of the other weighting calls: the source,
+    then the block weights (as `WeightedBlockSampler(source, weights)`),
+    then the column. The earlier order `expected_shares(source, column,
+    weights)` still works: a str in the second place is taken as the
+    column.
+
+    Example:
+        >>> weights = balanced_block_weights(source, "cell_type")
+        >>> expected_shares(source, weights, "cell_type")
+        {'B': 0.25, 'CD4 T': 0.25, 'Mono': 0.25, 'NK': 0.25}
 
     Args:
         source: The source the weights are for.
-        column: A categorical obs column (one of `obs_columns`).
         weights: One weight per block (as given to `WeightedBlockSampler`).
+        column: A categorical obs column (one of `obs_columns`).
 
     Returns:
         Label to share, for the labels present in the source; a missing label
         shows as key None.
+
+    Raises:
+        TypeError: `source` is not an `AnnDataSource`, `column` not a str or
+            `weights` not numbers.
+        ValueError: `weights` does not hold one value per block.
+        errors.MissingColumnError: `column` is not one of `obs_columns`.
     """
+    if isinstance(weights, str) and not isinstance(column, str):
+        weights, column = column, weights  # the earlier order
+    check_source(source, "expected_shares")
+    check_column(column, "expected_shares")
+    weights = numbers(weights, "weights", "expected_shares")
     comp = _composition(source, column)
-    weights = np.asarray(weights, np.float64)
     if weights.shape != (len(source),):
         raise ValueError(
             f"weights needs one value per block ({len(source)}), got shape "

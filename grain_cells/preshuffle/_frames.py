@@ -1,4 +1,4 @@
-"""obs and var of a preshuffled part: read from the inputs, merged, written.
+"""obs, var and the other frames of a preshuffled part: read, merged, written.
 
 Categorical columns keep their categories, merged over the inputs in order of
 first appearance (`pandas.api.types.union_categoricals`); other columns are
@@ -9,6 +9,8 @@ so the merge here works on pandas objects.)
 
 from __future__ import annotations
 
+import posixpath
+
 import anndata
 import h5py
 import numpy as np
@@ -17,6 +19,7 @@ import pandas as pd
 from grain_cells import errors
 from grain_cells.io import _frames as io_frames
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._plan import Plan
 
 
@@ -95,13 +98,18 @@ def read_var(plan: Plan) -> pd.DataFrame:
     first input (`join="outer"`), only the gene names.
     """
     var = _read_var(plan.paths[0], plan.element, plan.storage_options)
-    column_map = plan.column_map_first
+    return _aligned_var(var, plan.column_map_first, plan.source.var_names)
+
+
+def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
+    """The first input's var rows for the output genes (see `read_var`)."""
     if column_map is None:
         return var
-    stored = np.full(plan.n_vars, -1, np.int64)
+    n_vars = len(var_names)
+    stored = np.full(n_vars, -1, np.int64)
     kept = np.flatnonzero(column_map >= 0)
     stored[column_map[kept]] = kept
-    names = pd.Index(np.asarray(plan.source.var_names).astype(str), dtype=object)
+    names = pd.Index(np.asarray(var_names).astype(str), dtype=object)
     if (stored < 0).any():
         return pd.DataFrame(index=names)
     out = var.iloc[stored].copy()
@@ -112,3 +120,120 @@ def read_var(plan: Plan) -> pd.DataFrame:
 def write_frames(f: h5py.File, obs: pd.DataFrame, var: pd.DataFrame) -> None:
     """Writes an AnnData skeleton (obs, var, no X) into an open file."""
     io_frames.write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
+
+
+def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
+    """`perm` reordered so that each `group_by` group's cells are contiguous.
+
+    A stable sort of the shuffled order by the group columns (the first
+    column outermost): groups follow one another in the order of their
+    categories (of first appearance over the inputs for a non-categorical
+    column; a missing label last), and within a group the cells keep the
+    seeded random order. Memory: the columns' codes and one int64 sort
+    order, 8 bytes per cell each, while it runs.
+    """
+    values = read_obs(plan.paths, plan.group_by, plan.storage_options)
+    keys = []
+    for name in reversed(plan.group_by):  # np.lexsort: the last key is primary
+        column = values[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes = column.cat.codes.to_numpy()
+        else:
+            codes, _ = pd.factorize(column.to_numpy(), use_na_sentinel=True)
+        codes = codes.astype(np.int64)
+        codes[codes < 0] = codes.max(initial=0) + 1  # missing labels last
+        keys.append(codes[perm])
+    return perm[np.lexsort(keys)]
+
+
+class Extras:
+    """What a part holds besides X, obs, var and the gathered matrices.
+
+    Read once per run (`read`), written into each part (`write`): the
+    `obsm` dataframes of all inputs, concatenated and held in memory like
+    obs (gathered by the part's rows); `raw`'s group and `raw/var` (aligned
+    like `raw/X`); and the groups copied unchanged from the first input
+    (`uns`, `varm`, `varp`, `raw/varm`). See `preshuffle_carry`.
+    """
+
+    def __init__(self, plan: Plan, obsm_frames: dict, raw_var):
+        self.plan = plan
+        self.obsm_frames = obsm_frames
+        self.raw_var = raw_var
+
+    @classmethod
+    def read(cls, plan: Plan) -> Extras:
+        """Reads the obsm dataframes and raw's var the run carries."""
+        obsm = {}
+        for key in plan.carry.obsm_frames:
+            parts = [
+                carry.read_obsm_frame(path, key, plan.storage_options)
+                for path in plan.paths
+            ]
+            obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
+        raw_var = None
+        raw = [m for m in plan.matrices if m.name == "raw/X"]
+        if raw:
+            raw_var = _aligned_var(
+                _read_var(plan.paths[0], "raw/X", plan.storage_options),
+                raw[0].column_map(0),
+                raw[0].files.genes.var_names,
+            )
+        return cls(plan, obsm, raw_var)
+
+    def nbytes(self, n_cells: int) -> int:
+        """About the bytes these take in a part of `n_cells` cells (for its
+        disk reservation)."""  # noqa: D205, D209
+        total = 0
+        for frame in self.obsm_frames.values():
+            per_cell = frame.memory_usage(index=True, deep=True).sum() / max(
+                len(frame), 1
+            )
+            total += int(per_cell * n_cells)
+        if self.raw_var is not None:
+            total += int(self.raw_var.memory_usage(index=True, deep=True).sum())
+        for path in self.plan.carry.copies:
+            total += _group_bytes(self.plan.paths[0], path, self.plan.storage_options)
+        return total
+
+    def write(self, f: h5py.File, rows: np.ndarray) -> None:
+        """Writes raw's group, the obsm dataframes and the copies into a part."""
+        if self.raw_var is not None:
+            if "raw" in f:  # the skeleton's `null` element
+                del f["raw"]
+            raw = f.create_group("raw")
+            raw.attrs["encoding-type"] = "raw"
+            raw.attrs["encoding-version"] = "0.1.0"
+            io_frames.write_elem(raw, "var", self.raw_var)
+            io_frames.write_elem(raw, "varm", {})
+        obsm = f["obsm"]
+        for key, frame in self.obsm_frames.items():
+            part = frame.iloc[rows]
+            io_frames.write_elem(obsm, key, part)
+        copies = self.plan.carry.copies
+        if copies:
+            with h5ad.open_file(self.plan.paths[0], self.plan.storage_options) as src:
+                for path in copies:
+                    if path in f:
+                        del f[path]
+                    src.copy(
+                        src[path],
+                        f[posixpath.dirname(path) or "/"],
+                        name=posixpath.basename(path),
+                    )
+
+
+def _group_bytes(path: str, element: str, storage_options: dict) -> int:
+    """Bytes of the datasets under an element of an input."""
+    sizes = []
+
+    def visit(_, obj):
+        if isinstance(obj, h5py.Dataset):
+            sizes.append(obj.size * obj.dtype.itemsize)
+
+    with h5ad.open_file(path, storage_options) as f:
+        obj = f[element]
+        if isinstance(obj, h5py.Dataset):
+            return int(obj.size * obj.dtype.itemsize)
+        obj.visititems(visit)
+    return int(sum(sizes)) + 4096 * (len(sizes) + 1)

@@ -11,7 +11,9 @@ parts. Each is counted as `preshuffle` reserves it (uncompressed, whole
 chunks), at most about `cells_per_file` x stored values per cell x (value +
 index bytes) plus obs; the staging folder (a new folder under
 `staging_dir`, default the system's temporary folder) is removed when the
-run ends. An upload that fails raises at the next `publish` or at
+run ends, and the folders of runs that were killed are removed when the
+next run starts (`grain_cells.preshuffle._staging`: named by owner pid and
+start time). An upload that fails raises at the next `publish` or at
 `wait`, so the run stops with the upload's error.
 
 Restarts work as locally: a part is complete when the object exists and its
@@ -26,11 +28,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import pathlib
 import shutil
-import tempfile
 
 from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle import _staging as staging
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _writes as object_writes
@@ -50,11 +51,9 @@ class BucketOutput:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         parent = None if staging_dir is None else os.fspath(staging_dir)
-        if parent is not None:
-            os.makedirs(parent, exist_ok=True)
-        self.staging = pathlib.Path(
-            tempfile.mkdtemp(prefix="grain-cells-preshuffle-", dir=parent)
-        )
+        # Runs that died left their staging folders (and a part in each).
+        self.removed_stale = staging.remove_stale(parent)
+        self.staging = staging.make(parent)
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_upload"
         )

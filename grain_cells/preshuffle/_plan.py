@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._element_files import element_files
+from grain_cells.preshuffle import _carry as carry
+from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.source._source import AnnDataSource
 from grain_cells.storage import _identity as identity
 from grain_cells.storage.remote import _store as object_store
 
-FORMAT = 2  # bump when the output of identical arguments changes
+# Bump when the output of identical arguments changes. 3: layers, raw, obsm,
+# varm, varp and uns are carried (`keep`); cells may be grouped (`group_by`).
+FORMAT = 3
 COMPRESSIONS = (None, "gzip", "lzf")
-CHUNK_BYTES = 4 << 20  # default chunk of data/indices, uncompressed
-CHUNK_BYTES_COMPRESSED = 256 << 10  # same, compressed
-MAX_CHUNK_BYTES = (1 << 31) - 1  # HDF5 caps a chunk below 4 GiB; stay well under
+_CARRY_ERRORS = (
+    errors.GeneMismatchError,
+    errors.AnnDataFormatError,
+    errors.UnsupportedLayoutError,
+)
 
 
 class Plan:
@@ -95,6 +102,32 @@ class Plan:
                     "obs_columns=[...] naming columns every input has."
                 )
         self.obs_columns = obs_columns
+        group_by = kwargs.get("group_by")
+        if group_by is not None:
+            group_by = [group_by] if isinstance(group_by, str) else group_by
+            if (
+                not isinstance(group_by, (list, tuple))
+                or not group_by
+                or not all(isinstance(c, str) for c in group_by)
+            ):
+                raise TypeError(
+                    "group_by must be an obs column name (a str), a list of them, "
+                    f"or None, got {type(kwargs['group_by']).__name__} "
+                    f"{kwargs['group_by']!r}"
+                )
+            group_by = list(group_by)
+            if len(set(group_by)) != len(group_by):
+                raise ValueError(f"group_by has duplicates: {group_by}")
+            for path in self.paths:
+                with h5ad.open_file(path, self.storage_options) as f:
+                    have = h5ad.obs_columns(f)
+                missing = [c for c in group_by if c not in have]
+                if missing:
+                    raise errors.MissingColumnError(
+                        f"{path}: obs has no column(s) group_by={missing}; it has "
+                        f"{have}"
+                    )
+        self.group_by = group_by
 
         self.output_dir = output_dir
         self.n_cells = self.source.num_cells
@@ -110,6 +143,34 @@ class Plan:
         # Gene alignment: files whose stored columns are not the output's.
         maps = [self.source.file_column_map(i) for i in range(len(self.paths))]
         self.column_map_first = maps[0]
+        self.x = Matrix("X", self.source.files, self.source.check_indices)
+        self.carry = carry.choose(
+            self.paths,
+            self.storage_options,
+            keep=kwargs.get("keep"),
+            layer=layer,
+            genes_changed=maps[0] is not None,
+        )
+        self.matrices = [self.x]
+        for element in list(self.carry.matrices):
+            try:
+                files = element_files(self.source.files, element)
+            except _CARRY_ERRORS as e:
+                if kwargs.get("keep") is not None:
+                    raise
+                self.carry.matrices.remove(element)
+                self.carry.left.append(f"{element} ({e})")
+                continue
+            self.matrices.append(Matrix(element, files, self.source.check_indices))
+        if self.carry.left:
+            warnings.warn(
+                "preshuffle leaves out "
+                + "; ".join(self.carry.left)
+                + ". Pass keep=[...] to name what to carry (keep=() for X, obs "
+                "and var only); this warning then goes away.",
+                UserWarning,
+                stacklevel=4,
+            )
         self.drops_genes = any(m is not None and (m < 0).any() for m in maps)
         self.reorders_genes = any(
             m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
@@ -148,34 +209,24 @@ class Plan:
                 "cells_per_file": cells_per_file,
                 "compression": compression,
                 "chunk_cells": chunk_cells,
+                "group_by": group_by,
+                "carry": self.carry.describe(),
             }
         )
         return self
 
     @property
     def value_bytes(self) -> int:
-        """Bytes of one stored value of a CSR matrix (data plus index)."""
-        return self.dtype.itemsize + self.index_dtype.itemsize
+        """Bytes of one stored value of X when CSR (data plus index)."""
+        return self.x.value_bytes
 
     def chunk_elements(self) -> int:
-        """Elements per HDF5 chunk of `data`/`indices` (CSR)."""
-        mean = self.nnz / max(self.n_cells, 1)
-        if self.chunk_cells is not None:
-            n = math.ceil(self.chunk_cells * max(mean, 1.0))
-        else:
-            target = CHUNK_BYTES if self.compression is None else CHUNK_BYTES_COMPRESSED
-            n = target // self.dtype.itemsize
-        return int(min(max(n, 1), MAX_CHUNK_BYTES // 8))
+        """Elements per HDF5 chunk of X's `data`/`indices` (CSR)."""
+        return self.x.chunk_elements(self.compression, self.chunk_cells)
 
     def chunk_rows(self) -> int:
         """Rows per HDF5 chunk of a dense X."""
-        row_bytes = max(self.n_vars * self.dtype.itemsize, 1)
-        if self.chunk_cells is not None:
-            n = self.chunk_cells
-        else:
-            target = CHUNK_BYTES if self.compression is None else CHUNK_BYTES_COMPRESSED
-            n = target // row_bytes
-        return int(min(max(n, 1), max(MAX_CHUNK_BYTES // row_bytes, 1)))
+        return self.x.chunk_rows(self.compression, self.chunk_cells)
 
 
 def _json_normal(value):

@@ -76,21 +76,29 @@ aligned genes; its var is the first input's rows for them, or only the
 names when `join="outer"` brings genes the first input lacks).
 
 **Modules.** This one holds the entry point; `preshuffle_plan` validates
-arguments and lays out the parts, `preshuffle_writer` writes them (with
-`preshuffle_windows`: slots, the background writer, progress),
-`preshuffle_frames` merges obs and var, `preshuffle_files` owns markers,
-temporaries, the manifest and the disk reservation, and `preshuffle_output`
-the output to a bucket (a local staging folder, one part at a time, then an
-upload: local disk for one part is needed).
+arguments and lays out the parts, `preshuffle_carry` decides which elements
+besides X, obs and var a part carries (`keep`), `preshuffle_matrices` holds
+each row-aligned matrix (X, layers, raw/X, obsm arrays) as the writer reads
+it, `preshuffle_writer` writes them (with `preshuffle_windows`: slots, the
+background writer, progress), `preshuffle_frames` merges obs and var, orders
+cells by group (`group_by`) and writes the other frames and copies,
+`preshuffle_files` owns markers, temporaries, the manifest and the disk
+reservation, `preshuffle_output` the output to a bucket (a local staging
+folder, one part at a time, then an upload: local disk for one part is
+needed) and `preshuffle_staging` the staging folders' names and the removal
+of those whose run died.
 
 **Overlap.** Once the kernel's dirty-page limit is reached, writing is
 disk-bound; a background thread writes one window (h5py releases the GIL
 while HDF5 writes) while the calling thread reads and scatters the next.
 
 Memory: the arrays of the two windows in flight plus a read buffer, together
-at most `memory_budget_bytes`; on top of that about 8 bytes per input cell
-(the permutation and row lengths) and the chosen obs columns of all inputs
-(held in memory while the parts are written).
+at most `memory_budget_bytes` (each carried matrix is written in its own
+pass of windows, so layers, raw and obsm arrays add passes, not memory); on
+top of that about 8 bytes per input cell (the permutation and X's row
+lengths), 4 more per cell for each other sparse matrix carried, 8 more per
+cell while `group_by` sorts, and the chosen obs columns and obsm dataframes
+of all inputs (held in memory while the parts are written).
 """
 
 from __future__ import annotations
@@ -128,6 +136,8 @@ def preshuffle(
     storage_options: dict | None = None,
     output_storage_options: dict | None = None,
     staging_dir: str | os.PathLike | None = None,
+    group_by: str | Sequence[str] | None = None,
+    keep: Sequence[str] | None = None,
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
@@ -147,8 +157,25 @@ def preshuffle(
     Each part holds: `X` (the chosen matrix of the inputs, CSR or dense as
     stored), `obs` (the chosen columns and the obs names; categorical columns
     keep their categories, merged over the inputs in order of first
-    appearance) and `var` (copied from the first input; `raw/var` when
-    `layer="raw"`). Other elements (layers, obsm, uns, ...) are not copied.
+    appearance), `var` (copied from the first input; `raw/var` when
+    `layer="raw"`), and by default every other element that fits (`keep`):
+    `layers`, `raw` and `obsm` with their rows in the part's order (read
+    and written in windows like X, so memory stays bounded), and `uns`,
+    `varm`, `varp` copied from the first input. `obsp` (pairs of cells) is
+    never carried. What the default leaves out is named in a warning.
+
+    **Grouped copies.** With `group_by="cell_type"` the cells are written
+    grouped: each label's cells contiguous (labels in category order, a
+    missing label last), in seeded random order within the label. Contiguous
+    blocks are then pure, so class-balanced sampling
+    (`balanced_block_weights`) reaches its targets at large blocks, and a
+    selection of labels (`source.select(where=...)`) is a few long runs
+    instead of many short ones. Blocks are no longer random samples of the
+    whole atlas: draw them with `WeightedBlockSampler` or
+    `ConditionBlockSampler`, or rely on fetch-level mixing across blocks
+    (`fetch_factor`), not on one block's diversity. With several columns,
+    `group_by=["cell_type", "donor"]`, a selection of types split by donor
+    (`split_by_obs`) is a few runs too.
 
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
@@ -191,7 +218,20 @@ def preshuffle(
             output store; None uses `storage_options`.
         staging_dir: For a URL `output_dir`: local folder under which each
             part is written before its upload (default: the system's
-            temporary folder, `TMPDIR`); needs room for one part.
+            temporary folder, `TMPDIR`); needs room for one part. Staging
+            folders left there by runs that died (killed, out of memory)
+            are removed when the next run starts (see
+            `grain_cells.preshuffle._staging`).
+        group_by: An obs column (every input has it), or a list of them:
+            write each label's (each combination's, the first column
+            outermost) cells contiguously, shuffled within it (see "Grouped
+            copies" above). None (default): one shuffle of all cells.
+        keep: Elements to carry besides X, obs and var: None (default)
+            carries every one that fits and warns naming those it leaves;
+            a list names them: `"layers"`, `"layers/<name>"`, `"raw"`,
+            `"obsm"`, `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`; `()`
+            carries none (the quickest copy). See
+            `grain_cells.preshuffle._carry`.
 
     Returns:
         The paths of the parts, in order (their URLs for a URL `output_dir`).
@@ -208,7 +248,9 @@ def preshuffle(
             upload failed after retries.
         PermissionError: The credentials may not read an input or write
             the output (names the URL and the fix).
-        errors.MissingColumnError: An obs column, layer or X is missing.
+        errors.MissingColumnError: An obs column (`obs_columns`,
+            `group_by`), layer, X or an element named in `keep` is missing.
+        TypeError: `group_by` or `keep` is of the wrong type.
         errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
             inputs and dense in others.
         errors.AnnDataFormatError: An input is not readable AnnData, or an obs
@@ -239,6 +281,8 @@ def preshuffle(
             join=join,
             genes=genes,
             storage_options=storage_options,
+            group_by=group_by,
+            keep=keep,
         )
     finally:
         if bucket is not None:
@@ -278,6 +322,8 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     finally:
         report.close()
         plan.source.close()
+        for matrix in plan.matrices:
+            matrix.close()
     if bucket is not None:
         bucket.remove_stale_parts(plan)
         bucket.write_manifest(plan, done)

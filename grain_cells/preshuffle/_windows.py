@@ -117,7 +117,7 @@ def cuts(through: np.ndarray, cap: int) -> list[int]:
 
 
 class Progress:
-    """A tqdm progress bar of cells written, on stderr.
+    """A tqdm progress bar of cells written, on stderr (cells times matrices).
 
     Example:
         >>> report = Progress(plan, todo=[0, 1], enabled=True)
@@ -127,7 +127,10 @@ class Progress:
 
     def __init__(self, plan: Plan, todo: list[int], enabled: bool):
         """Starts the bar; says how many parts an earlier run completed."""
-        total = sum(plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo)
+        # Every matrix of a part (X, layers, raw/X, obsm arrays) is a pass.
+        total = len(plan.matrices) * sum(
+            plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
+        )
         skipped = len(plan.part_paths) - len(todo)
         if enabled and skipped:
             print(

@@ -21,9 +21,9 @@ import numpy as np
 
 from grain_cells._util.ranges import runs
 from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._matrix import RowBuffer
 from grain_cells.preshuffle import _files as files
 from grain_cells.preshuffle import _frames as frames
+from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
 
@@ -32,7 +32,6 @@ _INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
-_ALIGNED_PASS_VALUES = 1 << 24  # stored values per read when counting aligned rows
 
 
 class Writer:
@@ -45,11 +44,15 @@ class Writer:
         # place gives the same order with half the memory.
         self.perm = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
         np.random.default_rng(plan.seed).shuffle(self.perm)
+        if plan.group_by is not None:
+            self.perm = frames.grouped(self.perm, plan)
         self.offsets = plan.source.cell_offsets
-        self.buffer = RowBuffer()
-        self.lengths = _row_lengths(plan, self.buffer) if plan.sparse else None
+        for matrix in plan.matrices:
+            matrix.count_rows()
+        self.lengths = plan.x.lengths
         self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
         self.var = frames.read_var(plan)
+        self.extras = frames.Extras.read(plan)
 
     def write_part(self, index: int, report: Progress) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
@@ -68,10 +71,15 @@ class Writer:
             f = h5py.File(tmp, "a")
             try:
                 frames.write_frames(f, self.obs.iloc[rows], self.var)
-                if plan.sparse:
-                    nnz, windows, largest = self._write_csr(f, rows, report)
-                else:
-                    nnz, windows, largest = self._write_dense(f, rows, report)
+                self.extras.write(f, rows)  # raw's group before raw/X
+                nnz, windows, largest = None, 0, 0
+                for matrix in plan.matrices:
+                    write = self._write_csr if matrix.sparse else self._write_dense
+                    got, n_windows, most = write(f, matrix, rows, report)
+                    if matrix is plan.x:
+                        nnz = got
+                    windows += n_windows
+                    largest = max(largest, most)
                 marker = {
                     "fingerprint": plan.fingerprint,
                     "part": index,
@@ -118,54 +126,41 @@ class Writer:
         """
         plan = self.plan
         n = int(rows.size)
-        if plan.sparse:
-            nnz = int(self.lengths[rows].sum(dtype=np.int64))
-            chunk = _csr_chunk(plan, nnz)
-            n_chunks = -(-nnz // chunk)
-            matrix = n_chunks * chunk * plan.value_bytes
-            indptr_chunk = min(_INDPTR_CHUNK, n + 1)
-            matrix += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
-            chunk_bytes = chunk * plan.value_bytes
-            n_chunks += -(-(n + 1) // indptr_chunk)
-        else:
-            rows_per_chunk = min(plan.chunk_rows(), max(n, 1))
-            n_chunks = -(-n // rows_per_chunk)
-            chunk_bytes = rows_per_chunk * plan.n_vars * plan.dtype.itemsize
-            matrix = n_chunks * chunk_bytes
-        if plan.compression is not None:  # chunks straddling windows, twice
-            windows = matrix // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
-            matrix += (windows + 1) * chunk_bytes
+        matrix, n_chunks = 0, 0
+        for m in plan.matrices:
+            got, chunks, chunk_bytes = _matrix_bytes(plan, m, rows)
+            matrix += got
+            n_chunks += chunks
+            if plan.compression is not None:  # chunks straddling windows, twice
+                windows = got // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
+                matrix += (windows + 1) * chunk_bytes
         obs = self.obs.iloc[rows]
         frames_bytes = int(obs.memory_usage(index=True, deep=True).sum())
         frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
+        frames_bytes += self.extras.nbytes(n)
         overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (len(obs.columns) + 16)
         return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
 
     # -- CSR ---------------------------------------------------------------
 
-    def _write_csr(self, f: h5py.File, rows: np.ndarray, report: Progress):
+    def _write_csr(self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
-        lengths = self.lengths[rows]
+        lengths = m.lengths[rows]
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=indptr[1:])
         nnz = int(indptr[-1])
-        group = f.create_group("X")
+        group = f.require_group(m.name)
         group.attrs["encoding-type"] = h5ad.CSR
         group.attrs["encoding-version"] = "0.1.0"
-        group.attrs["shape"] = np.array([n, plan.n_vars], np.int64)
+        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
         opts = _filter_options(plan.compression)
-        chunk = _csr_chunk(plan, nnz)
+        chunk = _csr_chunk(plan, m, nnz)
         data = group.create_dataset(
-            "data", (nnz,), plan.dtype, maxshape=(None,), chunks=(chunk,), **opts
+            "data", (nnz,), m.dtype, maxshape=(None,), chunks=(chunk,), **opts
         )
         indices = group.create_dataset(
-            "indices",
-            (nnz,),
-            plan.index_dtype,
-            maxshape=(None,),
-            chunks=(chunk,),
-            **opts,
+            "indices", (nnz,), m.index_dtype, maxshape=(None,), chunks=(chunk,), **opts
         )
         group.create_dataset(
             "indptr",
@@ -174,7 +169,7 @@ class Writer:
             chunks=(min(_INDPTR_CHUNK, n + 1),),
         )
         # Bytes through each cell: its values plus its indptr entry.
-        through = indptr[1:] * plan.value_bytes + np.arange(1, n + 1) * 8
+        through = indptr[1:] * m.value_bytes + np.arange(1, n + 1) * 8
         bounds = self._windows(through)
         most = max(
             (int(indptr[b] - indptr[a]) for a, b in itertools.pairwise(bounds)),
@@ -183,15 +178,15 @@ class Writer:
 
         def assemble(slot: Slot, a: int, b: int):
             lo, hi = int(indptr[a]), int(indptr[b])
-            out_data = slot.array("data", most, plan.dtype)[: hi - lo]
-            out_indices = slot.array("indices", most, plan.index_dtype)[: hi - lo]
+            out_data = slot.array("data", most, m.dtype)[: hi - lo]
+            out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
             out_ptr = (indptr[a : b + 1] - lo).tolist()
-            for sub_rows, dest in self._reads(rows[a:b]):
+            for sub_rows, dest in self._reads(m, rows[a:b]):
                 starts, stops = runs(sub_rows)
-                got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
+                got = m.fetch_ranges(starts, stops)
                 _check_rows(got.row_ids, sub_rows)
                 _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
-            if plan.reorders_genes:  # rows kept an input's gene order
+            if m.reorders_genes:  # rows kept an input's gene order
                 _sort_rows(np.asarray(out_ptr), out_data, out_indices)
 
             def write():
@@ -201,34 +196,34 @@ class Writer:
             return write
 
         self._run_windows(bounds, assemble, report)
-        return nnz, len(bounds) - 1, most * plan.value_bytes
+        return nnz, len(bounds) - 1, most * m.value_bytes
 
     # -- dense -------------------------------------------------------------
 
-    def _write_dense(self, f: h5py.File, rows: np.ndarray, report: Progress):
+    def _write_dense(self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
-        chunk_rows = min(plan.chunk_rows(), max(n, 1))
+        chunk_rows = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
         x = f.create_dataset(
-            "X",
-            (n, plan.n_vars),
-            plan.dtype,
-            chunks=(chunk_rows, plan.n_vars) if n and plan.n_vars else None,
-            **(_filter_options(plan.compression) if n and plan.n_vars else {}),
+            m.name,
+            (n, m.n_vars),
+            m.dtype,
+            chunks=(chunk_rows, m.n_vars) if n and m.n_vars else None,
+            **(_filter_options(plan.compression) if n and m.n_vars else {}),
         )
         x.attrs["encoding-type"] = h5ad.DENSE
         x.attrs["encoding-version"] = "0.2.0"
-        row_bytes = max(plan.n_vars * plan.dtype.itemsize, 1)
+        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
         through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
         bounds = self._windows(through)
         most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
         def assemble(slot: Slot, a: int, b: int):
-            out = slot.array("X", most * plan.n_vars, plan.dtype)
-            out = out[: (b - a) * plan.n_vars].reshape(b - a, plan.n_vars)
-            for sub_rows, dest in self._reads(rows[a:b]):
+            out = slot.array("X", most * m.n_vars, m.dtype)
+            out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
+            for sub_rows, dest in self._reads(m, rows[a:b]):
                 starts, stops = runs(sub_rows)
-                got = plan.source.fetch_ranges(starts, stops, buffer=self.buffer)
+                got = m.fetch_ranges(starts, stops)
                 _check_rows(got.row_ids, sub_rows)
                 out[dest] = got.dense[: sub_rows.size]
 
@@ -262,7 +257,7 @@ class Writer:
 
     # -- reads -------------------------------------------------------------
 
-    def _reads(self, window_rows: np.ndarray):
+    def _reads(self, m: Matrix, window_rows: np.ndarray):
         """Yields `(sorted input rows, their positions in the window)` batches.
 
         Batches hold rows of one file, sorted, at most about
@@ -271,10 +266,10 @@ class Writer:
         plan = self.plan
         order = np.argsort(window_rows, kind="stable")
         rows = window_rows[order].astype(np.int64)
-        if plan.sparse:
-            sizes = self.lengths[rows].astype(np.int64) * plan.value_bytes + 8
+        if m.sparse:
+            sizes = m.lengths[rows].astype(np.int64) * m.value_bytes + 8
         else:
-            sizes = np.full(rows.size, plan.n_vars * plan.dtype.itemsize + 1)
+            sizes = np.full(rows.size, m.n_vars * m.dtype.itemsize + 1)
         cap = int(plan.budget * _READ_SHARE)
         file_bounds = np.searchsorted(rows, self.offsets[1:-1], side="left")
         edges = [0, *file_bounds.tolist(), rows.size]
@@ -313,10 +308,28 @@ def _scatter_csr(src, dest: np.ndarray, out_ptr: list, out_data, out_indices):
             out_indices[o : o + s1 - s0] = indices[s0:s1]
 
 
-def _csr_chunk(plan: Plan, nnz: int) -> int:
+def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
     """Elements per chunk of a part's `data`/`indices`: no larger than the
     part needs (HDF5 allocates whole chunks)."""  # noqa: D205, D209
-    return max(1, min(plan.chunk_elements(), nnz))
+    return max(1, min(m.chunk_elements(plan.compression, plan.chunk_cells), nnz))
+
+
+def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, int]:
+    """`(bytes, chunks, bytes per chunk)` of one matrix of a part, uncompressed."""
+    n = int(rows.size)
+    if m.sparse:
+        nnz = int(m.lengths[rows].sum(dtype=np.int64))
+        chunk = _csr_chunk(plan, m, nnz)
+        n_chunks = -(-nnz // chunk)
+        total = n_chunks * chunk * m.value_bytes
+        indptr_chunk = min(_INDPTR_CHUNK, n + 1)
+        total += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
+        n_chunks += -(-(n + 1) // indptr_chunk)
+        return total, n_chunks, chunk * m.value_bytes
+    rows_per_chunk = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
+    n_chunks = -(-n // rows_per_chunk)
+    chunk_bytes = rows_per_chunk * m.n_vars * m.dtype.itemsize
+    return n_chunks * chunk_bytes, n_chunks, chunk_bytes
 
 
 def _sort_rows(indptr: np.ndarray, data: np.ndarray, indices: np.ndarray) -> None:
@@ -325,31 +338,3 @@ def _sort_rows(indptr: np.ndarray, data: np.ndarray, indices: np.ndarray) -> Non
     order = np.lexsort((indices, row_of))
     data[:] = data[order]
     indices[:] = indices[order]
-
-
-def _row_lengths(plan: Plan, buffer: RowBuffer) -> np.ndarray:
-    """Stored values per output row, over all inputs (int32).
-
-    From each input's `indptr`; when gene alignment drops some of an input's
-    genes, from its rows as aligned (one pass over the input).
-    """
-    out = np.empty(plan.n_cells, np.int32)
-    offsets = plan.source.cell_offsets
-    step = 1 << 22
-    for i, path in enumerate(plan.paths):
-        column_map = plan.source.file_column_map(i)
-        start, n = int(offsets[i]), int(offsets[i + 1] - offsets[i])
-        if column_map is not None and (column_map < 0).any():
-            cells = max(1, _ALIGNED_PASS_VALUES // max(plan.nnz // plan.n_cells, 1))
-            for a in range(0, n, cells):
-                b = min(a + cells, n)
-                got = plan.source.fetch_ranges([start + a], [start + b], buffer)
-                out[start + a : start + b] = np.diff(got.csr.indptr)
-            continue
-        with h5ad.open_file(path, plan.storage_options) as f:
-            ptr = f[plan.element]["indptr"]
-            for a in range(0, n, step):
-                b = min(a + step, n)
-                piece = ptr[a : b + 1].astype(np.int64)
-                out[start + a : start + b] = np.diff(piece)
-    return out

@@ -18,8 +18,14 @@ afterwards: the view's block table, 16 bytes per block.
 Short blocks cost throughput, not correctness: `fetch_operations` groups a
 fixed number of blocks per fetch, so a fetch of short blocks holds fewer
 cells and its last minibatch is padded (`mask` False) or dropped. A selection
-of scattered cells is better served by a pre-shuffled or filtered copy
-(`grain_cells.preshuffle`) than by blocks of one or two cells.
+of scattered cells (a cell type interleaved with others within each donor,
+as in most atlases) is better served by a copy grouped by the columns you
+select and split on, written once with
+`grain_cells.preshuffle(paths, out_dir, group_by=["cell_type", "donor"])`:
+each label's cells are then one run, read in full blocks. A plain shuffled
+copy scatters them further. `AnnDataSource.view` logs this advice once per
+fragmented selection (`grain_cells.source._table.fragment_note`), not again
+for the splits of it.
 
 Splits (`grain_cells.blocks._splits`) are selections too: each split is a view.
 

@@ -160,7 +160,7 @@ class AnnDataSource:
 
         The constructor behind `select`, `with_blocks` and the splits; the
         view has its own file handles. Logs a warning when the table is
-        fragmented (blocks hold under half of `block_size` on average).
+        fragmented (blocks under half of `block_size`) and this source is not.
 
         Raises:
             ValueError: `table` is not over this source's files and block size.
@@ -174,7 +174,7 @@ class AnnDataSource:
                 f"blocks of {self.block_size} (build the table from "
                 "source.block_table)"
             )
-        if table.fragmented:
+        if table.fragmented and not self._table.fragmented:  # once, not per split
             lengths = table.stops - table.starts
             note = block_table.fragment_note(lengths, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import anndata
@@ -20,6 +23,7 @@ import scipy.sparse as sp
 from conftest import OBS, run, write_files
 
 import grain_cells
+from grain_cells.preshuffle import _staging as staging_lib
 from grain_cells.preshuffle import _writer as preshuffle_writer
 from grain_cells.storage.remote import _writes as object_writes
 
@@ -250,3 +254,96 @@ def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
         )
     assert os.listdir(staging) == []  # staged parts removed
     assert not _etags(s3, "failing/")  # nothing published, no manifest
+
+
+_KILLED_RUN = """
+import json, os, signal, sys
+import grain_cells
+from grain_cells.storage.remote import _writes as object_writes
+
+def killed(*args, **kwargs):  # the part is staged: die as the OOM killer would
+    os.kill(os.getpid(), signal.SIGKILL)
+
+object_writes.put_file = killed
+urls, out, options, staging = json.loads(sys.argv[1])
+grain_cells.preshuffle(urls, out, storage_options=options, staging_dir=staging,
+                       cells_per_file=100, seed=9, progress=False)
+"""
+
+
+@pytest.mark.slow  # a subprocess run and a rerun: about 6 s
+def test_staging_of_a_killed_run_is_removed_by_the_next(inputs, s3, tmp_path):
+    _, urls = inputs
+    staging = tmp_path / "staging"
+    out = f"s3://{s3.bucket}/killed/"
+    args = json.dumps([urls, out, s3.options, str(staging)])
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, args], capture_output=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    left = [p for p in staging.rglob("*") if p.is_file()]
+    assert left, "the killed run staged a part"  # what used to stay forever
+    got = grain_cells.preshuffle(
+        urls,
+        out,
+        storage_options=s3.options,
+        staging_dir=staging,
+        cells_per_file=100,
+        seed=9,
+        progress=False,
+    )
+    assert len(got) == 3
+    assert list(staging.iterdir()) == []
+
+
+def test_only_staging_of_dead_owners_is_removed(tmp_path):
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(exited.stdout)
+    parent = os.getppid()
+    start = staging_lib.start_time(parent)
+    mine = staging_lib.start_time(os.getpid())
+    folders = {
+        "dead": f"{staging_lib.PREFIX}{dead}-{mine}-ab12",
+        "reused": f"{staging_lib.PREFIX}{parent}-{start + 1}-cd34",
+        "alive": f"{staging_lib.PREFIX}{parent}-{start}-ef56",
+        "older": f"{staging_lib.PREFIX}k2j4h5",  # earlier versions: owner unknown
+        "other": "someone-elses",
+    }
+    for name in folders.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part.h5ad").write_bytes(b"x")
+    made = staging_lib.make(tmp_path)
+    removed = staging_lib.remove_stale(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(
+        [folders["dead"], folders["reused"]]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [folders["alive"], folders["older"], folders["other"], made.name]
+    )
+
+
+def test_url_inputs_carry_layers_raw_obsm_and_uns(s3, tmp_path):
+    """Elements besides X are read through the object store like X."""
+    from test_preshuffle_carry import write_inputs
+
+    paths = write_inputs(tmp_path)
+    urls = [s3.upload(p, f"carry-in/{i}.h5ad") for i, p in enumerate(paths)]
+    keep = ["layers", "raw", "obsm", "varm", "uns"]
+    kwargs = dict(keep=keep, seed=2, progress=False)
+    (remote,) = grain_cells.preshuffle(
+        urls, tmp_path / "remote", storage_options=s3.options, **kwargs
+    )
+    (local,) = grain_cells.preshuffle(paths, tmp_path / "local", **kwargs)
+    a, b = anndata.read_h5ad(remote), anndata.read_h5ad(local)
+    assert list(a.obs_names) == list(b.obs_names)
+    for name in ("counts", "dense"):
+        np.testing.assert_array_equal(_dense(a.layers[name]), _dense(b.layers[name]))
+    np.testing.assert_array_equal(_dense(a.raw.X), _dense(b.raw.X))
+    np.testing.assert_array_equal(a.obsm["X_pca"], b.obsm["X_pca"])
+    np.testing.assert_array_equal(a.varm["PCs"], b.varm["PCs"])
+    assert a.uns["title"] == "atlas" and set(a.layers) == {"counts", "dense"}

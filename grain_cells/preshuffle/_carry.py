@@ -1,0 +1,253 @@
+"""What `preshuffle` carries besides X, obs and var, and what it leaves.
+
+A part holds, with its rows in the part's cell order:
+
+* `layers/<name>`, `raw/X` and dense `obsm/<name>` arrays, gathered in
+  windows exactly as X (`preshuffle_matrices.Matrix`);
+* `obsm/<name>` dataframes, gathered in memory like obs;
+
+and, copied unchanged from the first input: `uns`; `varm` and `varp` when
+the output's genes are the first input's (no `join`/`genes` alignment that
+changes them); `raw/var` (aligned like `raw/X`) and `raw/varm` (when raw's
+genes are the first input's).
+
+`keep` chooses among them: None (default) carries every element that every
+input has and that fits the output, and warns naming what it leaves and
+why (`obsp`, whose pairs of cells a shuffle across parts cannot keep; a CSC
+layer; a sparse `obsm` array; an element some inputs lack; `varm` under a
+gene alignment; the matrices that do not fit when `layer=` picks another
+X). A list names what to carry: `"layers"` (all), `"layers/<name>"`,
+`"raw"`, `"obsm"` (all), `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`;
+`keep=()` carries X, obs and var only (the fastest copy). A named element
+that is missing or does not fit raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import h5py
+
+from grain_cells import errors
+from grain_cells.io import _frames as io_frames
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.io._open import open_file
+
+KINDS = ("layers", "raw", "obsm", "varm", "varp", "uns")
+"""The names `keep` takes (and `layers/<name>`, `obsm/<name>`)."""
+
+_MATRIX = "matrix"
+_FRAME = "frame"
+
+
+@dataclasses.dataclass
+class Carry:
+    """What a run carries.
+
+    Attributes:
+        matrices: Elements gathered in windows (`layers/<k>`, `raw/X`,
+            `obsm/<k>`), in the order written.
+        obsm_frames: `obsm` keys that are dataframes.
+        copies: Groups copied from the first input (`uns`, `varm`, `varp`,
+            `raw/varm`).
+        left: What is left out, and why (for the warning).
+    """
+
+    matrices: list[str] = dataclasses.field(default_factory=list)
+    obsm_frames: list[str] = dataclasses.field(default_factory=list)
+    copies: list[str] = dataclasses.field(default_factory=list)
+    left: list[str] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> dict:
+        """For the run's fingerprint."""
+        return {
+            "matrices": self.matrices,
+            "obsm_frames": self.obsm_frames,
+            "copies": self.copies,
+        }
+
+
+def _kind(obj) -> str:
+    """`_MATRIX`, `_FRAME`, or why it cannot be carried."""
+    if isinstance(obj, h5py.Dataset):
+        if obj.ndim == 2 and obj.dtype.kind in "biuf":
+            return _MATRIX
+        return f"a {obj.ndim}-D {obj.dtype} dataset"
+    enc = io_frames.encoding_of(obj)
+    if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
+        fmt = obj.attrs["h5sparse_format"]
+        enc = {"csr": h5ad.CSR, "csc": "csc_matrix"}.get(
+            fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        )
+    if enc == h5ad.CSR:
+        return _MATRIX
+    if enc == "dataframe":
+        return _FRAME
+    return f"stored as {enc or 'an unknown encoding'}"
+
+
+def _inventory(f: h5py.File) -> dict:
+    """Per kind, the elements a file has: `{key: _MATRIX | _FRAME | why not}`."""
+    out = {}
+    for kind in ("layers", "obsm", "obsp"):
+        group = f.get(kind)
+        if isinstance(group, h5py.Group):
+            out[kind] = {k: _kind(group[k]) for k in group}
+        elif isinstance(group, h5py.Dataset) and group.dtype.names:  # anndata < 0.7
+            out[kind] = dict.fromkeys(group.dtype.names, _MATRIX)
+        else:
+            out[kind] = {}
+    out["X"] = "X" in f
+    raw = f.get("raw")
+    out["raw"] = (isinstance(raw, h5py.Group) and "X" in raw) or "raw.X" in f
+    for kind in ("uns", "varm", "varp"):
+        group = f.get(kind)
+        out[kind] = isinstance(group, h5py.Group) and len(group) > 0
+    raw_varm = raw.get("varm") if isinstance(raw, h5py.Group) else None
+    out["raw/varm"] = isinstance(raw_varm, h5py.Group) and len(raw_varm) > 0
+    return out
+
+
+def _parse(keep) -> set[str]:
+    if isinstance(keep, str) or not isinstance(keep, Sequence | set | frozenset):
+        raise TypeError(
+            "keep must be None or a list of element names (e.g. ['layers', "
+            f"'obsm/X_pca']), got {type(keep).__name__} {keep!r}"
+        )
+    out = set()
+    for item in keep:
+        if not isinstance(item, str):
+            raise TypeError(f"keep: expected element names (str), got {item!r}")
+        head, _, rest = item.partition("/")
+        if head not in KINDS or (rest and head not in ("layers", "obsm")):
+            raise ValueError(
+                f"keep: {item!r} is not an element preshuffle carries; expected "
+                f"one of {list(KINDS)}, 'layers/<name>' or 'obsm/<name>'"
+            )
+        out.add(item)
+    return out
+
+
+def choose(
+    paths: list[str],
+    storage_options: dict,
+    *,
+    keep,
+    layer: str | None,
+    genes_changed: bool,
+) -> Carry:
+    """What to carry for these inputs and arguments (see the module docstring).
+
+    Args:
+        paths: The inputs.
+        storage_options: For URL inputs.
+        keep: `preshuffle`'s `keep`.
+        layer: `preshuffle`'s `layer` (the matrix that becomes X).
+        genes_changed: Whether gene alignment makes the output's genes
+            differ from the first input's var.
+
+    Raises:
+        TypeError, ValueError: `keep` is malformed, or names an element that
+            does not fit the output.
+        errors.MissingColumnError: `keep` names an element an input lacks.
+    """
+    explicit = None if keep is None else _parse(keep)
+    found = []
+    for path in paths:
+        with open_file(path, storage_options) as f:
+            found.append(_inventory(f))
+    x_element = h5ad.matrix_element(layer)
+    x_is_raw = x_element == "raw/X"
+    carry = Carry()
+
+    def wanted(kind: str, key: str | None = None) -> bool:
+        if explicit is None:
+            return True
+        return kind in explicit or (key is not None and f"{kind}/{key}" in explicit)
+
+    def refuse_or_leave(name: str, why: str, explicit_too: bool = True) -> None:
+        if explicit is not None and explicit_too:
+            raise ValueError(f"keep: {name} cannot be carried: {why}")
+        if explicit is None:
+            carry.left.append(f"{name} ({why})")
+
+    for kind in ("layers", "obsm"):
+        keys = list(found[0][kind])
+        for other in found[1:]:
+            keys += [k for k in other[kind] if k not in keys]
+        if explicit is not None:
+            named = [e.split("/", 1)[1] for e in explicit if e.startswith(kind + "/")]
+            for key in named:
+                lacking = [
+                    p
+                    for p, inv in zip(paths, found, strict=True)
+                    if key not in inv[kind]
+                ]
+                if lacking:
+                    raise errors.MissingColumnError(
+                        f"keep: {lacking[0]} has no {kind}/{key}; it has "
+                        f"{sorted(found[paths.index(lacking[0])][kind])}"
+                    )
+        for key in keys:
+            name = f"{kind}/{key}"
+            if not wanted(kind, key) or name == x_element:
+                continue
+            named = explicit is not None and name in explicit
+            kinds = {inv[kind].get(key) for inv in found}
+            if None in kinds:
+                refuse_or_leave(name, "some inputs lack it", explicit_too=named)
+            elif kind == "layers" and x_is_raw:
+                refuse_or_leave(name, "its genes are var's, and X is raw/X")
+            elif kinds == {_MATRIX}:
+                carry.matrices.append(name)
+            elif kind == "obsm" and kinds == {_FRAME}:
+                carry.obsm_frames.append(name.split("/", 1)[1])
+            else:
+                why = sorted(k for k in kinds if k not in (_MATRIX, _FRAME))
+                refuse_or_leave(name, (why or ["mixed encodings"])[0])
+    if layer is not None and explicit is None and found[0]["X"]:
+        carry.left.append(f"X (the output's X is {x_element})")
+    if wanted("raw"):
+        if x_is_raw:
+            if explicit is not None:
+                raise ValueError("keep: raw cannot be carried: raw/X is the output's X")
+        elif all(inv["raw"] for inv in found):
+            carry.matrices.append("raw/X")
+            if found[0]["raw/varm"]:
+                carry.copies.append("raw/varm")
+        elif any(inv["raw"] for inv in found) or explicit is not None:
+            refuse_or_leave("raw", "some inputs lack it")
+    for kind in ("varm", "varp"):
+        if not wanted(kind) or not (found[0][kind] or explicit is not None):
+            continue
+        if x_is_raw:
+            refuse_or_leave(kind, "its genes are var's, and X is raw/X")
+        elif genes_changed:
+            refuse_or_leave(kind, "join/genes change the output's genes")
+        elif found[0][kind]:
+            carry.copies.append(kind)
+        else:
+            raise errors.MissingColumnError(
+                f"keep: {paths[0]} has no {kind} (or an empty one) to carry"
+            )
+    if wanted("uns") and found[0]["uns"]:
+        carry.copies.append("uns")
+    if explicit is None:
+        for key in found[0]["obsp"]:
+            carry.left.append(
+                f"obsp/{key} (pairs of cells: a shuffled part cannot keep them)"
+            )
+    return carry
+
+
+def read_obsm_frame(path: str, key: str, storage_options: dict):
+    """An input's `obsm/<key>` dataframe (pandas), with a clear error."""
+    with open_file(path, storage_options) as f:
+        try:
+            return io_frames.read_elem(f["obsm"][key])
+        except Exception as e:
+            raise errors.AnnDataFormatError(
+                f"{path}: obsm/{key} cannot be read as an anndata dataframe "
+                f"({type(e).__name__}: {e}); leave it out with keep=[...]"
+            ) from e
