@@ -168,8 +168,8 @@ class RangeFile(io.RawIOBase):
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pos = 0
 
-    def __repr__(self) -> str:  # h5py names the file by it
-        return self.url
+    def __repr__(self) -> str:  # h5py names the file by it, in ASCII
+        return self.url.encode("ascii", "backslashreplace").decode()
 
     def readable(self) -> bool:
         """True."""
@@ -271,6 +271,17 @@ def opened(f: h5py.File) -> None:
     rf = _range_files.get(f)
     if rf is not None:
         rf.save_metadata()
+
+
+def file_name(f: h5py.File) -> str:
+    """The path or URL `f` was opened from, for messages and identities.
+
+    h5py names a file opened on a file-like object by its `repr` squeezed to
+    ASCII (`zellé.h5ad` becomes `zell?.h5ad`), so `f.filename` of a remote
+    file is not its URL: this is.
+    """
+    rf = _range_files.get(f)
+    return rf.url if rf is not None else f.filename
 
 
 def stat_of(f: h5py.File, path: str) -> FileStat:
