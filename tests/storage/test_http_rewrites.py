@@ -60,8 +60,10 @@ def served(versions_on_disk, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def _root(tmp_path):
+def _root(tmp_path, monkeypatch):
+    """nginx's (empty) root folder, and a metadata cache of this test's own."""
     (tmp_path / "root").mkdir()
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
@@ -103,8 +105,20 @@ def test_rewrite_with_kept_mtime_is_caught_at_restore(served, versions_on_disk):
     # The same loader (a restore within the run that built the source).
     with pytest.raises(errors.SourceChangedError, match="bytes differ"):
         iter(loader).set_state(state)
-    # A new source over the rewritten object (a restart): its identity is
-    # the new content's, which the state does not match.
+
+
+def test_a_new_source_over_the_rewrite_refuses_the_old_state(served, versions_on_disk):
+    """A restart: the new source's identity must be the new content's.
+
+    The metadata cache was keyed by URL, ETag, size and mtime only, so the new
+    source read the old file's sampled values from it and took the old
+    identity: the old state restored onto new data without a word.
+    """
+    url, path, _ = served
+    iterator = iter(_loader(url))
+    next(iterator)
+    state = iterator.get_state()
+    _rewrite_keeping_mtime(path, versions_on_disk[1], url)
     with pytest.raises(errors.CheckpointMismatchError):
         iter(_loader(url)).set_state(state)
 
