@@ -67,8 +67,11 @@ def _reserve(fd: int, path: str, size: int) -> None:
     Raises:
         errors.SharedMemoryFullError: The file system is full.
     """
+    fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
+    if fallocate is None:
+        return
     try:
-        os.posix_fallocate(fd, 0, size)
+        fallocate(fd, 0, size)
     except OSError as e:
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             return  # no fallocate here: pages are allocated when written
