@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5._remote import file_name
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
+from grain_cells.hdf5._remote import file_name
 from grain_cells.io._frames import (
     ObsColumn,
     encoding_of,

@@ -26,10 +26,10 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5._remote import file_name
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
 from grain_cells.hdf5._reads import RangeReader
+from grain_cells.hdf5._remote import file_name
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._frames import encoding_of, n_rows
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer

@@ -45,9 +45,9 @@ from grain_cells.outputs._formats import Output
 from grain_cells.pipeline._config import make_split
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source._source import AnnDataSource
+from grain_cells.transport import _main_guard as main_guard
 from grain_cells.transport import _send
 from grain_cells.transport import _worker as worker_process
-from grain_cells.transport import _main_guard as main_guard
 
 
 class GroupBlocks:

@@ -62,7 +62,13 @@ def test_no_room_is_a_named_error_and_leaves_no_name(monkeypatch):
     assert isinstance(e, OSError) and e.errno == errno.ENOSPC
     assert e.requested == 5 << 20 and e.size > 0 and e.free is not None
     message = str(e)
-    for words in ("/dev/shm", "5 MiB", "--shm-size", "worker_count", "worker_buffer_size"):
+    for words in (
+        "/dev/shm",
+        "5 MiB",
+        "--shm-size",
+        "worker_count",
+        "worker_buffer_size",
+    ):
         assert words in message, message
     assert not os.path.exists(shm_names.path_of(name))
     again = pickle.loads(pickle.dumps(e))  # crosses from a worker intact

@@ -62,9 +62,7 @@ def tag_follows_content(url: str, stat: object_store.ObjectStat) -> bool:
     if not etag or etag.startswith("W/"):
         return False
     match = _HEX_PARTS.match(etag)
-    if match and format(stat.size, "x") in match.group(1).lower().split("-"):
-        return False
-    return True
+    return not (match and format(stat.size, "x") in match.group(1).lower().split("-"))
 
 
 def content_windows(size: int) -> list[tuple[int, int]]:
@@ -97,8 +95,10 @@ def content_digest(
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now: one HEAD, plus its sampled windows' digest
-    when its ETag does not follow its content.
+    """The object's version now (one HEAD, and the sampled bytes if needed).
+
+    The digest of the sampled windows is read when the object's ETag does
+    not follow its content (`tag_follows_content`).
 
     Raises:
         FileNotFoundError: No such object.
