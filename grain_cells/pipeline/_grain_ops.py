@@ -19,12 +19,12 @@ here and nowhere else:
   does (`transport._send.worker_init`), so minibatches travel through the
   worker's slot ring and the worker exits with its parent;
 * absl flags marked parsed (Grain reads one when it starts workers), and the
-  `__main__` guard: operations built at a script's unguarded top level
-  refuse to be pickled for workers, so the parent raises `MainGuardError`
-  before a worker starts (a spawned child would die re-running the script
-  before reading its start-up payload, and the parent would block for ever
-  writing it); a spawned worker that re-ran a script's top level also
-  checks it;
+  `__main__` guard: the operations refuse to be pickled for workers while
+  the main thread runs a script's unguarded top level, so the parent
+  raises `MainGuardError` before a worker starts (a spawned child would
+  die re-running the script before reading its start-up payload, and the
+  parent would block for ever writing it); a spawned worker that re-ran a
+  script's top level also checks it;
 * the first fetch checks that `data_source` is the source the operations
   were built on (a split view's blocks read through the full source, or
   another file, would otherwise be read without a word).
@@ -70,19 +70,11 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         split: The pipeline's fetch transform (`SplitFetch`).
     """
 
-    def __init__(self, split: SplitFetch, unguarded: tuple[str, int] | None = None):
-        """Wraps the fetch transform for Grain's `FlatMap`.
-
-        Args:
-            split: The fetch transform.
-            unguarded: `(script, line)` when built at a script's top level
-                outside the `__main__` guard (`main_guard.unguarded_site`):
-                pickling it for workers then raises `MainGuardError`.
-        """
+    def __init__(self, split: SplitFetch):
+        """Wraps the fetch transform for Grain's `FlatMap`."""
         self.split = split
         self.max_fan_out = split.config.max_minibatches
         self._checked = False
-        self._unguarded = unguarded
 
     @property
     def source(self) -> AnnDataSource:
@@ -98,13 +90,16 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         return repr(self.split)
 
     def __getstate__(self):
-        if self._unguarded is not None:
+        site = None
+        if not worker_process.in_child_process():
+            site = main_guard.main_thread_site()
+        if site is not None:
             # Grain pickles the operations to start its workers, each of which
             # would re-run the script's top level and die (see _main_guard).
             raise main_guard.main_guard_error(
                 "grain.DataLoader(..., operations=fetch_operations(...)) with "
                 "worker processes",
-                self._unguarded,
+                site,
             )
         state = self.__dict__.copy()
         state["_pickled_in"] = os.getpid()
@@ -213,7 +208,6 @@ def fetch_operations(
             whole number of minibatches. While iterating: the loader's
             `data_source` is another source or view than `source`.
     """
-    unguarded = None
     if worker_process.in_child_process():
         # A spawned worker importing a script whose top level builds the
         # pipeline: say so once, instead of workers dying one by one.
@@ -221,7 +215,6 @@ def fetch_operations(
     else:
         # Grain reads an absl flag when it starts worker processes.
         worker_process.allow_unparsed_flags()
-        unguarded = main_guard.unguarded_site()
     split = make_split(
         source,
         batch_size=batch_size,
@@ -238,5 +231,5 @@ def fetch_operations(
         grain.transforms.Batch(
             split.config.blocks_per_fetch, drop_remainder=False, batch_fn=GroupBlocks()
         ),
-        GrainFetch(split, unguarded),
+        GrainFetch(split),
     ]

@@ -17,10 +17,11 @@ A plain `grain.DataLoader` gives grain_cells no say when it starts workers,
 and a spawned child dies while re-running the script, before it reads its
 start-up payload: the parent then blocks for ever writing that payload
 (multiprocessing's spawn keeps the pipe's read end open in the parent). So
-`fetch_operations` notes `unguarded_site()` where it is called, and its
-`GrainFetch` refuses to be pickled for workers from such a site
-(`grain_cells.pipeline._grain_ops`): the parent raises before any worker
-starts.
+`GrainFetch` (`grain_cells.pipeline._grain_ops`), which Grain pickles to
+start its workers, refuses to be pickled while the main thread runs a
+script's unguarded top level (`main_thread_site`): the parent raises
+before any worker starts. A script that only builds the source and the
+operations at its top level, and iterates under the guard, still works.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import ast
 import functools
 import inspect
 import sys
+import threading
 
 from grain_cells.errors import MainGuardError
 
@@ -52,15 +54,20 @@ def check_main_guard(what: str) -> None:
         raise main_guard_error(what, site)
 
 
-def unguarded_site() -> tuple[str, int] | None:
+def unguarded_site(frame=None) -> tuple[str, int] | None:
     """`(script, line)` if the main script's unguarded top level called us.
 
     The line of the main script running now (the top-level frame of
     `__main__`, or `__mp_main__` in a spawned child re-running it) when it is
     outside an `if __name__ == "__main__":` block; None otherwise (a guarded
     block, a function called from one, the REPL, `python -c`, a notebook).
+
+    Args:
+        frame: The innermost frame of the stack to look at (default: the
+            caller's).
     """
-    frame = inspect.currentframe()
+    if frame is None:
+        frame = inspect.currentframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "<module>" and frame.f_globals.get("__name__") in (
@@ -79,6 +86,20 @@ def unguarded_site() -> tuple[str, int] | None:
     if guarded is None or line in guarded:
         return None
     return path, line
+
+
+def main_thread_site() -> tuple[str, int] | None:
+    """`unguarded_site` of the main thread's stack, from any thread.
+
+    Grain may start its workers (and pickle what they run) in threads of its
+    own; what re-runs in a spawned child is decided by where the main
+    thread is (`sys._current_frames`, documented in `sys`).
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    try:
+        return unguarded_site(frame) if frame is not None else None
+    finally:
+        del frame
 
 
 def main_guard_error(what: str, site: tuple[str, int]) -> MainGuardError:

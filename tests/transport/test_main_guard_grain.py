@@ -75,7 +75,7 @@ def test_unguarded_grain_dataloader_with_workers_raises_in_the_parent(tmp_path):
     done, seconds = _run(tmp_path, UNGUARDED, timeout=90)
     assert done.returncode != 0
     assert "MainGuardError" in done.stderr, done.stderr[-3000:]
-    assert "script.py (line" in done.stderr
+    assert "script.py (line 12)" in done.stderr  # the `for` that starts workers
     assert 'if __name__ == "__main__":' in done.stderr
     # Raised in the parent before a worker started: no child re-ran the
     # script (that would print multiprocessing's bootstrapping error).
@@ -91,6 +91,44 @@ def test_unguarded_grain_dataloader_without_workers_runs(tmp_path):
     _write(tmp_path)
     code = UNGUARDED.replace("worker_count=2", "worker_count=0")
     done, _ = _run(tmp_path, code, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [
+        int(r)
+        for line in done.stdout.splitlines()
+        if line.startswith("ROWS")
+        for r in line.split()[1:]
+    ]
+    assert sorted(rows) == list(range(64))
+
+
+BUILT_AT_TOP_ITERATED_UNDER_THE_GUARD = """
+import grain
+import grain_cells
+
+source = grain_cells.AnnDataSource(["a.h5ad"], block_size=8)
+operations = grain_cells.fetch_operations(source, batch_size=16)
+
+def main():
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+        operations=operations,
+        worker_count=2,
+    )
+    for batch in loader:
+        print("ROWS", *batch["row_ids"][batch["mask"]])
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_operations_built_at_the_top_and_iterated_under_the_guard_run(tmp_path):
+    """Workers re-run the unguarded top level (building the source again),
+    which is wasteful but harmless: only starting workers from it is refused."""
+    _write(tmp_path)
+    done, _ = _run(tmp_path, BUILT_AT_TOP_ITERATED_UNDER_THE_GUARD, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [
         int(r)
