@@ -7,6 +7,8 @@ catch them broadly (`ValueError`, `KeyError`, `IndexError`).
 
 from __future__ import annotations
 
+import errno
+
 
 class AnnDataFormatError(ValueError):
     """A file is not a readable AnnData `.h5ad`, or an element is malformed."""
@@ -111,6 +113,40 @@ class ObjectStoreError(OSError):
     def __reduce__(self):
         # Crosses worker processes intact (attributes are keyword-only).
         return (type(self), self.args, self.__dict__)
+
+
+class SharedMemoryFullError(OSError):
+    """Shared memory (`/dev/shm`) has no room for a worker's minibatch slot.
+
+    Raised in the worker that could not reserve the slot and re-raised in the
+    trainer's process by Grain, instead of the worker dying of SIGBUS when it
+    writes into memory the file system cannot back.
+
+    Attributes:
+        requested: Bytes the worker asked for.
+        size: Bytes of the shared-memory file system (`/dev/shm`).
+        free: Bytes free in it when the reservation failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested: int | None = None,
+        size: int | None = None,
+        free: int | None = None,
+    ):
+        super().__init__(errno.ENOSPC, message)
+        self.requested = requested
+        self.size = size
+        self.free = free
+
+    def __str__(self) -> str:
+        return str(self.args[1]) if len(self.args) > 1 else ""
+
+    def __reduce__(self):
+        # Crosses worker processes intact (attributes are keyword-only).
+        return (type(self), (self.args[1],), self.__dict__)
 
 
 class MainGuardError(RuntimeError):

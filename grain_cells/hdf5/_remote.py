@@ -15,10 +15,12 @@ by URL, ETag and size (`$GRAIN_CELLS_CACHE_DIR/remote/`, default
 `~/.cache/grain_cells/remote/`). The next open of the same object version,
 in any process on this machine (each of a loader's workers, a later run),
 finds those bytes there (the key also holds the last-modified time, for
-servers that send no ETag): h5py walks the same structures and sends no
-request. A worker on another machine without the cache fetches them itself
-(correct, just slower). A changed object has another ETag, hence another
-cache entry; stale entries are never read.
+servers that send no ETag, and for objects whose ETag does not follow their
+content, the digest of sampled bytes: `grain_cells.storage.remote.
+_versions`): h5py walks the same structures and sends no request. A worker
+on another machine without the cache fetches them itself (correct, just
+slower). A changed object has another ETag (or sampled-bytes digest), hence
+another cache entry; stale entries are never read.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat, stat_of_h5
 from grain_cells.storage._readers import LocalByteReader
 from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _versions as versions
 from grain_cells.storage.remote._reader import RemoteByteReader
 
 _log = logging.getLogger("grain_cells")
@@ -60,16 +63,11 @@ def cache_dir() -> pathlib.Path:
     return base / "remote"
 
 
-def file_stat(stat: object_store.ObjectStat) -> FileStat:
-    """An object's identity as a `FileStat` (no device or inode)."""
-    return FileStat(0, 0, stat.size, stat.last_modified_ns, 0, stat.etag)
-
-
 class _Metadata:
     """Bytes of one object version read by h5py, kept in memory and on disk."""
 
     def __init__(self, url: str, stat: FileStat):
-        key = f"{url}\0{stat.etag}\0{stat.size}\0{stat.mtime_ns}"
+        key = f"{url}\0{stat.etag}\0{stat.size}\0{stat.mtime_ns}\0{stat.content}"
         digest = hashlib.sha256(key.encode())
         self.path = cache_dir() / f"{digest.hexdigest()[:32]}.npz"
         self.starts: list[int] = []
@@ -146,7 +144,7 @@ class _Metadata:
 
 
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
-    key = (url, stat.etag, stat.size, stat.mtime_ns)
+    key = (url, stat.etag, stat.size, stat.mtime_ns, stat.content)
     return _metadata.get_or_make(key, lambda: _Metadata(url, stat))
 
 
@@ -168,8 +166,8 @@ class RangeFile(io.RawIOBase):
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pos = 0
 
-    def __repr__(self) -> str:  # h5py names the file by it
-        return self.url
+    def __repr__(self) -> str:  # h5py names the file by it, in ASCII
+        return self.url.encode("ascii", "backslashreplace").decode()
 
     def readable(self) -> bool:
         """True."""
@@ -253,7 +251,7 @@ def open_remote(
         errors.AnnDataFormatError: HDF5 cannot open it.
     """
     if stat is None:
-        stat = file_stat(object_store.head(url, storage_options))
+        stat = versions.version_of(url, storage_options)
     rf = RangeFile(url, storage_options, stat)
     try:
         f = h5py.File(rf, "r")
@@ -273,6 +271,17 @@ def opened(f: h5py.File) -> None:
         rf.save_metadata()
 
 
+def file_name(f: h5py.File) -> str:
+    """The path or URL `f` was opened from, for messages and identities.
+
+    h5py names a file opened on a file-like object by its `repr` squeezed to
+    ASCII (`zellé.h5ad` becomes `zell?.h5ad`), so `f.filename` of a remote
+    file is not its URL: this is.
+    """
+    rf = _range_files.get(f)
+    return rf.url if rf is not None else f.filename
+
+
 def stat_of(f: h5py.File, path: str) -> FileStat:
     """The stat of an open file (for a URL: the version it reads, no request)."""
     rf = _range_files.get(f)
@@ -288,7 +297,7 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
         FileNotFoundError: No such file or object.
     """
     if object_store.is_url(path):
-        return file_stat(object_store.head(path, storage_options))
+        return versions.version_of(path, storage_options)
     return FileStat.of(os.stat(path))
 
 

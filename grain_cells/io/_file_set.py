@@ -247,6 +247,11 @@ def open_member(files: FileSet, i: int) -> OpenFile:
     expected = files.infos[i]
     path = expected.path
     identity = files.identities[i]
+    if identity.stat.content:
+        # An object whose ETag does not follow its content (an HTTP server):
+        # its sampled bytes now, before h5py trusts metadata cached for it.
+        now = remote_h5.stat_path(path, files.storage_options)
+        identity.check_stat(now, "when a process opened it")
     f = open_file(path, files.storage_options, identity.stat)
     try:
         info = inspect_element(f, files.element)

@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.hdf5._remote import file_name
 
 # anndata and pandas (0.7 s to import) are imported only where they are
 # needed (var names, uncommon obs encodings), not with the package: every
@@ -121,7 +122,7 @@ def _legacy_table(path: str, frame: h5py.Dataset) -> np.ndarray:
 
 def _frame_index(f: h5py.File, name: str) -> np.ndarray:
     """The index (obs or var names) of the dataframe `name`, as stored."""
-    path = f.filename
+    path = file_name(f)
     frame = f[name]
     if is_legacy_frame(frame):
         table = _legacy_table(path, frame)
@@ -186,7 +187,7 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
             truncated element) or its length differs from obs's index.
         errors.UnsupportedLayoutError: The column's dtype is not usable.
     """
-    path = f.filename
+    path = file_name(f)
     group = f["obs"]
     _check_column(f, name)
     column = None if is_legacy_frame(group) else _plain_column(group[name])
@@ -227,15 +228,15 @@ def read_obs_values(f: h5py.File, name: str):
 def _check_column(f: h5py.File, name: str) -> None:
     if name not in obs_columns(f) or name.startswith("__"):
         raise errors.MissingColumnError(
-            f"{f.filename}: obs has no column {name!r}; it has {obs_columns(f)}"
+            f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
         )
 
 
 def _obs_values(f: h5py.File, name: str):
     group = f["obs"]
     if is_legacy_frame(group):
-        return _legacy_column(f, _legacy_table(f.filename, group), name)
-    return _read_column(f.filename, group, name)
+        return _legacy_column(f, _legacy_table(file_name(f), group), name)
+    return _read_column(file_name(f), group, name)
 
 
 def _plain_column(elem) -> ObsColumn | None:

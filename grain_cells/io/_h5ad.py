@@ -19,6 +19,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
+from grain_cells.hdf5._remote import file_name
 from grain_cells.io._frames import (
     ObsColumn,
     encoding_of,
@@ -140,7 +141,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
         errors.AnnDataFormatError: The element contradicts the format, or a
             link on its path is dangling.
     """
-    path = f.filename
+    path = file_name(f)
     element = _locate(f, element)
     obj = _get(f, element)
     if obj is None:

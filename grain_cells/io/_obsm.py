@@ -29,6 +29,7 @@ from grain_cells import errors
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
 from grain_cells.hdf5._reads import RangeReader
+from grain_cells.hdf5._remote import file_name
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._frames import encoding_of, n_rows
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
@@ -75,7 +76,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
             with one row per cell (a dataframe, a sparse matrix, 1-D).
         errors.UnsupportedLayoutError: Its HDF5 filter is not available.
     """
-    path = f.filename
+    path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
     legacy = isinstance(obsm, h5py.Dataset)

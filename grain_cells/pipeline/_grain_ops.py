@@ -19,8 +19,12 @@ here and nowhere else:
   does (`transport._send.worker_init`), so minibatches travel through the
   worker's slot ring and the worker exits with its parent;
 * absl flags marked parsed (Grain reads one when it starts workers), and the
-  `__main__` guard checked in a spawned worker that re-ran a script's top
-  level;
+  `__main__` guard: the operations refuse to be pickled for workers while
+  the main thread runs a script's unguarded top level, so the parent
+  raises `MainGuardError` before a worker starts (a spawned child would
+  die re-running the script before reading its start-up payload, and the
+  parent would block for ever writing it); a spawned worker that re-ran a
+  script's top level also checks it;
 * the first fetch checks that `data_source` is the source the operations
   were built on (a split view's blocks read through the full source, or
   another file, would otherwise be read without a word).
@@ -41,9 +45,9 @@ from grain_cells.outputs._formats import Output
 from grain_cells.pipeline._config import make_split
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source._source import AnnDataSource
+from grain_cells.transport import _main_guard as main_guard
 from grain_cells.transport import _send
 from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._main_guard import check_main_guard
 
 
 class GroupBlocks:
@@ -86,6 +90,17 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         return repr(self.split)
 
     def __getstate__(self):
+        site = None
+        if not worker_process.in_child_process():
+            site = main_guard.main_thread_site()
+        if site is not None:
+            # Grain pickles the operations to start its workers, each of which
+            # would re-run the script's top level and die (see _main_guard).
+            raise main_guard.main_guard_error(
+                "grain.DataLoader(..., operations=fetch_operations(...)) with "
+                "worker processes",
+                site,
+            )
         state = self.__dict__.copy()
         state["_pickled_in"] = os.getpid()
         return state
@@ -196,7 +211,7 @@ def fetch_operations(
     if worker_process.in_child_process():
         # A spawned worker importing a script whose top level builds the
         # pipeline: say so once, instead of workers dying one by one.
-        check_main_guard("a grain_cells pipeline with worker processes")
+        main_guard.check_main_guard("a grain_cells pipeline with worker processes")
     else:
         # Grain reads an absl flag when it starts worker processes.
         worker_process.allow_unparsed_flags()

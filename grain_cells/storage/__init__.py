@@ -4,6 +4,7 @@
 remote range GETs); `_identity` says whether a file is still the one a source
 was built from. `remote/` holds everything that talks to an object store:
 the store and its credentials (`_store`, `_aws`), retries (`_retries`),
-range GETs (`_range_gets`), read-ahead (`_read_ahead`) and writes
-(`_writes`).
+range GETs (`_range_gets`), read-ahead (`_read_ahead`), writes
+(`_writes`), and which version of an object is read and what its ETag can
+vouch for (`_versions`).
 """

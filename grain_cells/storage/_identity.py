@@ -31,8 +31,14 @@ What is detected, exactly:
 Objects in a store (`s3://...`, see `grain_cells.storage.remote._store`) have no
 device, inode or ctime: their `FileStat` holds the size, last-modified time
 and ETag, taken by one HEAD when the source is built, and every range GET
-carries `If-Match: <ETag>`, so any overwrite is detected at the next read in
-any process (`verify_files` sends a HEAD per object).
+carries `If-Match: <ETag>` (or a batch of GETs is followed by a HEAD), so any
+overwrite that changes the ETag is detected at the next read in any process
+(`verify_files` sends a HEAD per object). Where the ETag does not follow the
+content (HTTP servers such as nginx: `"<mtime>-<size>"`), the `FileStat`
+also holds a digest of sampled bytes, read again when a process opens the
+object, at restore and periodically while reading
+(`grain_cells.storage.remote._versions`, which says exactly what each kind
+of server lets through).
 
 Not detected: a replacement after a process opened the file by rename (that
 process keeps reading the original inode, which stays consistent); a change
@@ -70,6 +76,9 @@ class FileStat:
     mtime_ns: int
     ctime_ns: int
     etag: str = ""  # objects in a store: their ETag (dev, ino and ctime are 0)
+    # Objects whose ETag does not follow their content (HTTP servers): a
+    # digest of sampled bytes (`grain_cells.storage.remote._versions`).
+    content: str = ""
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStat:
@@ -90,6 +99,14 @@ class FileStat:
             out.append(f"size {self.size} bytes then, {now.size} now")
         if self.mtime_ns != now.mtime_ns:
             out.append(f"modified (mtime {self.mtime_ns} ns then, {now.mtime_ns} now)")
+        if self.content != now.content and not out:
+            out.append(
+                f"its bytes differ (digest of sampled bytes {self.content or 'none'} "
+                f"then, {now.content or 'none'} now) while its size, ETag and "
+                "Last-Modified are unchanged: rewritten in place with its "
+                "modification time kept (rsync -t, cp -p) on a server whose ETag "
+                "follows size and modification time, not content (nginx, Apache)"
+            )
         if self.ctime_ns != now.ctime_ns and not out:
             out.append(
                 f"inode changed (ctime {self.ctime_ns} ns then, {now.ctime_ns} "

@@ -4,12 +4,14 @@
 from the file); `FaultProxy` adds round-trip time and injects faults between a
 client and such a server. `NginxFolder` serves files for range reads
 through nginx (a compiled server, for benchmarks on few cores).
+`SharedMemoryLimit` gives Grain's workers a full `/dev/shm` without root.
 """
 
 from grain_cells.testing.fault_proxy import Fault, FaultProxy, Request, always, every
 from grain_cells.testing.nginx_folder import NginxFolder
 from grain_cells.testing.s3_folder_server import S3FolderServer, object_etag
 from grain_cells.testing.served_folder import ServedFolder
+from grain_cells.testing.shm_faults import SharedMemoryLimit
 
 __all__ = [
     "Fault",
@@ -18,6 +20,7 @@ __all__ = [
     "Request",
     "S3FolderServer",
     "ServedFolder",
+    "SharedMemoryLimit",
     "always",
     "every",
     "object_etag",

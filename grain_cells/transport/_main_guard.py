@@ -12,6 +12,16 @@ only after long timeouts and many lines of tracebacks.
 top-level frame of `__main__`), and refuses at once if that line is not inside
 an `if __name__ == "__main__":` block. Notebooks, `python -c`, the REPL and
 code started from a guarded block pass.
+
+A plain `grain.DataLoader` gives grain_cells no say when it starts workers,
+and a spawned child dies while re-running the script, before it reads its
+start-up payload: the parent then blocks for ever writing that payload
+(multiprocessing's spawn keeps the pipe's read end open in the parent). So
+`GrainFetch` (`grain_cells.pipeline._grain_ops`), which Grain pickles to
+start its workers, refuses to be pickled while the main thread runs a
+script's unguarded top level (`main_thread_site`): the parent raises
+before any worker starts. A script that only builds the source and the
+operations at its top level, and iterates under the guard, still works.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import ast
 import functools
 import inspect
 import sys
+import threading
 
 from grain_cells.errors import MainGuardError
 
@@ -38,7 +49,25 @@ def check_main_guard(what: str) -> None:
             `if __name__ == "__main__":`) is what called us, so spawned
             workers would run it again.
     """
-    frame = inspect.currentframe()
+    site = unguarded_site()
+    if site is not None:
+        raise main_guard_error(what, site)
+
+
+def unguarded_site(frame=None) -> tuple[str, int] | None:
+    """`(script, line)` if the main script's unguarded top level called us.
+
+    The line of the main script running now (the top-level frame of
+    `__main__`, or `__mp_main__` in a spawned child re-running it) when it is
+    outside an `if __name__ == "__main__":` block; None otherwise (a guarded
+    block, a function called from one, the REPL, `python -c`, a notebook).
+
+    Args:
+        frame: The innermost frame of the stack to look at (default: the
+            caller's).
+    """
+    if frame is None:
+        frame = inspect.currentframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "<module>" and frame.f_globals.get("__name__") in (
@@ -49,20 +78,41 @@ def check_main_guard(what: str) -> None:
             break
         frame = frame.f_back
     else:
-        return  # the main script's top level is not running: nothing re-runs
+        return None  # the main script's top level is not running: nothing re-runs
     del frame
     if not path or getattr(sys.modules.get("__main__"), "__file__", None) != path:
-        return  # the REPL, `python -c`, a notebook: spawn re-runs nothing
+        return None  # the REPL, `python -c`, a notebook: spawn re-runs nothing
     guarded = _guarded_lines(path)
     if guarded is None or line in guarded:
-        return
-    raise MainGuardError(
+        return None
+    return path, line
+
+
+def main_thread_site() -> tuple[str, int] | None:
+    """`unguarded_site` of the main thread's stack, from any thread.
+
+    Grain may start its workers (and pickle what they run) in threads of its
+    own; what re-runs in a spawned child is decided by where the main
+    thread is (`sys._current_frames`, documented in `sys`).
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    try:
+        return unguarded_site(frame) if frame is not None else None
+    finally:
+        del frame
+
+
+def main_guard_error(what: str, site: tuple[str, int]) -> MainGuardError:
+    """The error for `what` starting workers from `site`'s unguarded line."""
+    path, line = site
+    return MainGuardError(
         f"{what} was started from the top level of {path} (line {line}), "
         'outside an `if __name__ == "__main__":` block. Grain starts worker '
         "processes with spawn, and each one imports this script again and "
         "would run this code again (its workers then die with 'Worker process "
-        "was terminated unexpectedly'). Put the code that builds and iterates "
-        "the loader in a function and call it under the guard:\n\n"
+        "was terminated unexpectedly', or the loader hangs). Put the code that "
+        "builds and iterates the loader in a function and call it under the "
+        "guard:\n\n"
         "    def main():\n"
         "        ...  # build the source, the loader, and train\n\n"
         '    if __name__ == "__main__":\n'

@@ -8,6 +8,15 @@ object is a file in `/dev/shm`, so `os.open` with `O_CREAT | O_EXCL`,
 every segment with its resource tracker, which unlinks and warns at exit in
 the process that did not create it.)
 
+**Reserved, not sparse.** `ftruncate` alone makes a sparse file: the pages
+of a tmpfs are allocated when first written, and when `/dev/shm` is full
+that write is a SIGBUS that kills the worker ("terminated unexpectedly with
+exit code -7"). `create` reserves every page at once with
+`os.posix_fallocate`, so a full `/dev/shm` is an `errors.SharedMemoryFullError`
+in the worker, which Grain re-raises in the trainer's process, naming the
+file system's size and the fixes. (A file system without `fallocate` keeps
+the sparse behaviour.)
+
 A minibatch is a mapping of named arrays; `layout` places each at a 64-byte
 aligned offset, `write` copies them in and `read` copies them out into
 private memory.
@@ -15,6 +24,8 @@ private memory.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import mmap
 import os
@@ -22,19 +33,83 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from grain_cells import errors
 from grain_cells.transport import _shm_names as shm_names
 
 ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
 
 
 def create(name: str, size: int) -> mmap.mmap:
-    """A new segment `name` of `size` bytes, mapped; fails if it exists."""
-    fd = os.open(shm_names.path_of(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    """A new segment `name` of `size` bytes, reserved and mapped.
+
+    Raises:
+        FileExistsError: The name exists.
+        errors.SharedMemoryFullError: Shared memory has no room for it (the
+            name is removed again).
+    """
+    path = shm_names.path_of(name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
+        _reserve(fd, path, size)
         return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
     finally:
         os.close(fd)
+
+
+def _reserve(fd: int, path: str, size: int) -> None:
+    """Allocates the segment's pages now, so that writes cannot fail later.
+
+    Raises:
+        errors.SharedMemoryFullError: The file system is full.
+    """
+    fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
+    if fallocate is None:
+        return
+    try:
+        fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # no fallocate here: pages are allocated when written
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            raise
+        raise full_error(os.path.dirname(path), size) from None
+
+
+def full_error(folder: str, requested: int) -> errors.SharedMemoryFullError:
+    """The error for `requested` bytes that shared memory in `folder` lacks."""
+    try:
+        st = os.statvfs(folder)
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        room = f"{_size(total)} in all, {_size(free)} free"
+    except OSError:
+        total = free = None
+        room = "size unknown"
+    return errors.SharedMemoryFullError(
+        f"shared memory ({folder}: {room}) has no room for a minibatch slot of "
+        f"{_size(requested)}: each worker process sends its minibatches through "
+        "a ring of slots in shared memory, up to about four fetches' worth per "
+        "worker (more with a larger worker_buffer_size). Give the machine or "
+        "container more shared memory (docker "
+        "run --shm-size=8g; Kubernetes: an emptyDir volume with medium: Memory "
+        "mounted at /dev/shm), or use fewer workers (worker_count), a smaller "
+        "worker_buffer_size or smaller fetches (fetch_factor, batch_size).",
+        requested=requested,
+        size=total,
+        free=free,
+    )
+
+
+def _size(n: int) -> str:
+    """Bytes in words: `256 KiB`, `1.5 GiB`."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
 
 
 def open_segment(name: str, size: int) -> mmap.mmap:

@@ -10,8 +10,10 @@ Two forms, both through `obstore` with the store, retries and timeouts of
   (`obstore.get_ranges` cannot send `If-Match`). Far less CPU per GET: the
   thread crosses into Rust once per batch.
 
-Either way a read never returns bytes of two versions: it raises
-`errors.SourceChangedError`.
+Either way a read never returns bytes of two versions of the ETag: it
+raises `errors.SourceChangedError`. (An ETag that follows size and
+modification time rather than content, as HTTP servers send, is
+`grain_cells.storage.remote._versions`' concern.)
 """
 
 from __future__ import annotations
@@ -113,9 +115,12 @@ def get_ranges(
     and HTTP servers answer reads after writes consistently, so if any GET
     returned bytes of a newer version, the HEAD (sent after every GET has
     ended) sees that version or a later one, with another ETag or
-    last-modified time. Only a rewrite back to byte-identical content with
-    the same last-modified second could pass, and such bytes equal those
-    read.
+    last-modified time. Where the ETag follows the content (S3, GCS, Azure)
+    only a rewrite to byte-identical content could pass, and such bytes
+    equal those read. Where it follows the file's size and modification
+    time (HTTP servers such as nginx), a same-size rewrite that keeps the
+    mtime passes here: `grain_cells.storage.remote._versions` catches it by
+    sampled bytes.
 
     Returns:
         One buffer (`obstore.Bytes`) of exactly `end - start` bytes per range.

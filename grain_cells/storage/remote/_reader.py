@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import threading
+import time
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import TruncatedError
 from grain_cells.storage.remote import _range_gets as range_gets
 from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _versions as versions
 from grain_cells.storage.remote._read_ahead import ReadAhead
 
 MERGE_GAP = 64 << 10
@@ -107,6 +109,10 @@ class RemoteByteReader:
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
         self._object_store = None
+        # Objects whose ETag does not follow their content: when `stat`
+        # next re-reads their sampled bytes.
+        self._check_s = versions.content_check_s(storage_options)
+        self._next_check = time.monotonic() + self._check_s
         fork.in_child_of(self, RemoteByteReader._forget_store)
         self._ahead = ReadAhead(
             self._get_many,
@@ -243,8 +249,21 @@ class RemoteByteReader:
             return
 
     def stat(self) -> FileStat:
-        """The version read (no request: every batch of GETs checks it)."""
-        return self._stat
+        """The version read, or the object's version now.
+
+        No request where the ETag follows the content (every batch of GETs
+        checks it). Otherwise, at most every `content_check_s` seconds, a
+        HEAD and the sampled bytes read again (`versions.version_of`): a
+        rewrite that kept the ETag then shows in `content`.
+        """
+        if not self._stat.content:
+            return self._stat
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_check:
+                return self._stat
+            self._next_check = now + self._check_s
+        return versions.version_of(self.name, self._options, self._store())
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces."""

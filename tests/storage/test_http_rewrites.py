@@ -1,0 +1,209 @@
+"""Objects rewritten in place on a server whose ETag is mtime-size (issue 27, item 3).
+
+nginx's ETag is `"<mtime hex>-<size hex>"`, so a same-size rewrite that keeps
+the modification time (`rsync -t`, `cp -p`) keeps every header and passes
+`If-Match`: a source once read 268 of 300 cells from the new content without
+a word. Such objects now carry a digest of sampled bytes, read again when a
+process opens them, at restore and periodically while reading
+(`grain_cells.storage.remote._versions`). Files are written by anndata: the
+old one's value (i, j) is `i * 100 + j + 1`, the new one's its negative, with
+the same sparsity (hence the same size).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import anndata
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import close_iterator
+
+import grain_cells
+from grain_cells import errors
+from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _versions as versions
+from grain_cells.testing import NginxFolder, nginx_folder
+
+pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
+
+N_CELLS, N_GENES = 300, 20
+
+
+def _write(path, sign: int) -> str:
+    rng = np.random.default_rng(0)
+    x = (np.arange(N_CELLS)[:, None] * 100 + np.arange(N_GENES) + 1).astype(np.float32)
+    x[rng.random(x.shape) < 0.6] = 0
+    anndata.AnnData(sp.csr_matrix(x * sign)).write_h5ad(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def versions_on_disk(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("versions")
+    old, new = _write(folder / "old.h5ad", 1), _write(folder / "new.h5ad", -1)
+    assert os.path.getsize(old) == os.path.getsize(new)
+    return old, new
+
+
+@pytest.fixture
+def served(versions_on_disk, tmp_path):
+    """nginx serving a copy of the old file; yields (url, served path, server)."""
+    if nginx_folder.find_nginx() is None:
+        pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
+    path = tmp_path / "served.h5ad"
+    shutil.copyfile(versions_on_disk[0], path)
+    with NginxFolder(tmp_path / "root", objects={"b/c.h5ad": path}) as server:
+        yield f"{server.endpoint_url}/b/c.h5ad", path, server
+
+
+@pytest.fixture(autouse=True)
+def _root(tmp_path, monkeypatch):
+    """nginx's (empty) root folder, and a metadata cache of this test's own."""
+    (tmp_path / "root").mkdir()
+    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
+    """`cp -p new path`: same inode, same size, the old modification time."""
+    before = object_store.head(url)
+    st = os.stat(path)
+    shutil.copyfile(new, path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = object_store.head(url)
+    assert after == before  # every header nginx sends is unchanged
+
+
+def _loader(url, worker_count=0, options=None):
+    source = grain_cells.AnnDataSource(url, block_size=10, storage_options=options)
+    return grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=2, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=10, fetch_factor=3, seed=2
+        ),
+        worker_count=worker_count,
+    )
+
+
+def _old_values(batch) -> bool:
+    """Whether every stored value is the old file's (positive)."""
+    data = np.asarray(batch["data"])[: int(np.asarray(batch["indptr"])[-1])]
+    return bool((data > 0).all())
+
+
+def test_rewrite_with_kept_mtime_is_caught_at_restore(served, versions_on_disk):
+    url, path, _ = served
+    loader = _loader(url)
+    iterator = iter(loader)
+    first = [next(iterator) for _ in range(3)]
+    assert all(_old_values(b) for b in first)
+    state = iterator.get_state()
+    _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+    # The same loader (a restore within the run that built the source).
+    with pytest.raises(errors.SourceChangedError, match="bytes differ"):
+        iter(loader).set_state(state)
+
+
+def test_a_new_source_over_the_rewrite_refuses_the_old_state(served, versions_on_disk):
+    """A restart: the new source's identity must be the new content's.
+
+    The metadata cache was keyed by URL, ETag, size and mtime only, so the new
+    source read the old file's sampled values from it and took the old
+    identity: the old state restored onto new data without a word.
+    """
+    url, path, _ = served
+    iterator = iter(_loader(url))
+    next(iterator)
+    state = iterator.get_state()
+    _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+    with pytest.raises(errors.CheckpointMismatchError):
+        iter(_loader(url)).set_state(state)
+
+
+def test_verify_files_and_a_new_process_open_see_the_rewrite(served, versions_on_disk):
+    url, path, _ = served
+    source = grain_cells.AnnDataSource(url, block_size=10)
+    _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+    with pytest.raises(errors.SourceChangedError, match=r"cp -p"):
+        source.verify_files()
+    # A process opening the object (here: this one, after a reset) checks it.
+    source.close()
+    with pytest.raises(errors.SourceChangedError, match="when a process opened it"):
+        source.read(np.arange(3))
+
+
+@pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_rewrite_during_iteration_is_caught_by_the_periodic_check(
+    served, versions_on_disk, worker_count
+):
+    url, path, _ = served
+    options = {"content_check_s": 0}  # check at every read
+    iterator = iter(_loader(url, worker_count, options))
+    try:
+        assert _old_values(next(iterator))
+        _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+        with pytest.raises(errors.SourceChangedError, match="bytes differ"):
+            for _ in range(N_CELLS):  # more minibatches than the epoch has
+                next(iterator)
+    finally:
+        close_iterator(iterator)
+
+
+def test_unchanged_object_passes_every_check(served):
+    url = served[0]
+    options = {"content_check_s": 0}
+    source = grain_cells.AnnDataSource(url, block_size=10, storage_options=options)
+    assert source.file_identity(0).stat.content.startswith("sha256:")
+    source.verify_files()
+    want = anndata.read_h5ad(served[1])
+    rows = np.array([299, 0, 150])
+    np.testing.assert_array_equal(source.read(rows).X.toarray(), want.X[rows].toarray())
+
+
+@pytest.mark.parametrize(
+    "url, etag, size, follows",
+    [
+        pytest.param(
+            "s3://b/k", '"0cc175b9c0f1b6a831c399e269772661"', 9, True, id="s3-md5"
+        ),
+        pytest.param(
+            "s3://b/k",
+            '"9b2cf535f27731c974343645a3985328-12"',
+            10,
+            True,
+            id="s3-multipart",
+        ),
+        pytest.param("gs://b/k", '"CJ+Dq4X1/4kDEAE="', 10, True, id="gcs"),
+        pytest.param(
+            "s3://b/k", '"6b081b08-dff8"', 0xDFF8, False, id="nginx-behind-s3-url"
+        ),
+        pytest.param("s3://b/k", '"dff8-5f1e2c3a4b5c6"', 0xDFF8, False, id="apache"),
+        pytest.param("s3://b/k", 'W/"abc"', 10, False, id="weak"),
+        pytest.param("s3://b/k", "", 10, False, id="none"),
+        pytest.param(
+            "https://h/k", '"0cc175b9c0f1b6a831c399e269772661"', 9, False, id="http"
+        ),
+    ],
+)
+def test_which_etags_follow_content(url, etag, size, follows):
+    stat = object_store.ObjectStat(size, etag, 0)
+    assert versions.tag_follows_content(url, stat) is follows
+
+
+def test_content_windows_cover_the_start_and_the_end():
+    assert versions.content_windows(0) == []
+    assert versions.content_windows(1000) == [(0, 1000)]
+    size = 10 << 20
+    windows = versions.content_windows(size)
+    assert len(windows) == versions.CONTENT_WINDOWS
+    assert windows[0][0] == 0 and windows[-1][1] == size
+    assert all(b - a == versions.CONTENT_WINDOW for a, b in windows)
+
+
+@pytest.mark.parametrize("bad", [-1, "60", float("nan"), True])
+def test_content_check_s_is_checked(bad):
+    with pytest.raises(ValueError, match="content_check_s"):
+        versions.content_check_s({"content_check_s": bad})
