@@ -28,6 +28,7 @@ too (`grain_cells.io._obsm`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -129,6 +130,10 @@ class LayerReader(_ElementReader):
 
     def __init__(self, source: AnnDataSource, spec: Layer):
         super().__init__(source, spec, h5ad.matrix_element(spec.name))
+        fit = getattr(spec.output, "fit_to_source", None)
+        if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
+            read = functools.partial(self.fetch, key=0)
+            self.spec = dataclasses.replace(spec, output=fit(source, read))
 
     def fetch(self, starts, stops, buffer, key: int) -> Fetch:
         """The layer's rows for the same ranges as X (in X's buffer order)."""
