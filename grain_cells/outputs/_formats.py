@@ -143,6 +143,9 @@ class CsrOutput:
 
     dtype: str | None = "float32"
 
+    def __post_init__(self):
+        arguments.check_dtype("dtype", self.dtype, optional=True)
+
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
@@ -155,6 +158,9 @@ class CsrOutput:
     def fingerprint(self) -> dict:
         """What a checkpoint records of this output (see the module docstring)."""
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
+
+
+TRUNCATE = ("largest", "first", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,11 +199,8 @@ class PaddedSparseOutput:
     def __post_init__(self):
         if self.width is not None:
             arguments.check_int("width", self.width, minimum=1)
-        if self.truncate not in ("largest", "first", "error"):
-            raise ValueError(
-                "truncate must be 'largest', 'first' or 'error', got "
-                f"truncate={self.truncate!r}"
-            )
+        arguments.check_dtype("dtype", self.dtype)
+        arguments.check_choice("truncate", self.truncate, TRUNCATE)
         q = self.quantile
         if isinstance(q, (bool, np.bool_)) or not isinstance(q, (int, float)):
             raise arguments.ArgumentTypeError(
@@ -309,6 +312,9 @@ class DenseOutput:
     """
 
     dtype: str = "float32"
+
+    def __post_init__(self):
+        arguments.check_dtype("dtype", self.dtype)
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
