@@ -314,9 +314,151 @@ def measure_loader(
     }
 
 
-def write_json(path: str, files: list[str], flag_values: dict, results: list) -> None:
-    """Writes a binary's files, flags and result points as indented JSON."""
+# Flags that only shape the synthetic file made when --data is not given.
+SYNTHETIC_FLAGS = ("n_cells", "n_genes", "mean_nnz", "compression", "chunks")
+
+
+def describe_file(path: str) -> dict:
+    """What a benchmark measured: a file's path, size and X's shape and storage.
+
+    Reads only HDF5 metadata (no values). URLs are recorded by name only.
+    """
+    out: dict[str, Any] = {"path": str(path)}
+    if "://" in str(path):
+        return out
+    import h5py
+
+    out["bytes"] = os.path.getsize(path)
+    with h5py.File(path, "r") as f:
+        x = f.get("X")
+        if isinstance(x, h5py.Group):  # sparse: data, indices, indptr
+            data = x["data"]
+            out["encoding"] = _text(x.attrs.get("encoding-type", "csr_matrix"))
+            out["shape"] = [int(n) for n in x.attrs.get("shape", (0, 0))]
+            out["nnz"] = int(data.shape[0])
+        elif isinstance(x, h5py.Dataset):
+            data = x
+            out["encoding"] = "array"
+            out["shape"] = [int(n) for n in x.shape]
+        else:
+            return out
+        out["dtype"] = str(data.dtype)
+        out["compression"] = data.compression
+        out["chunks"] = None if data.chunks is None else list(data.chunks)
+    if "nnz" in out and out["shape"][0]:
+        out["mean_nnz_per_cell"] = round(out["nnz"] / out["shape"][0], 1)
+    return out
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def data_record(files, flag_values: dict, *, synthetic: bool) -> dict:
+    """The `files` and `flags` of a JSON record: what was measured, how.
+
+    Args:
+        files: The files read (`resolve_data`'s answer).
+        flag_values: The binary's flags.
+        synthetic: Whether the files are the synthetic one made from the
+            flags; when False (`--data` given) the flags that only shape the
+            synthetic file (`SYNTHETIC_FLAGS`) are left out, so the record
+            does not claim a shape the files do not have.
+    """
+    flags_ = dict(flag_values)
+    if not synthetic:
+        flags_ = {k: v for k, v in flags_.items() if k not in SYNTHETIC_FLAGS}
+    return {
+        "data": "synthetic" if synthetic else "given (--data)",
+        "files": [describe_file(p) for p in files],
+        "flags": flags_,
+    }
+
+
+def write_json(
+    path: str,
+    files: list[str],
+    flag_values: dict,
+    results: list,
+    *,
+    synthetic: bool,
+) -> None:
+    """Writes a binary's files (path, shape, storage), flags and result points.
+
+    See `data_record` for `synthetic`.
+    """
+    record = data_record(files, flag_values, synthetic=synthetic)
     with open(path, "w") as f:
-        json.dump(
-            {"files": files, "flags": flag_values, "results": results}, f, indent=2
-        )
+        json.dump({**record, "results": results}, f, indent=2)
+
+
+def define_config_flags(config: dict, helps: dict) -> None:
+    """Defines one absl flag per key of a `get_config()` dict.
+
+    Each flag's help is `helps[key]` followed by its default; a key without
+    help gets "(no help yet)", which `tests/test_benchmarks.py` refuses.
+    """
+    from absl import flags
+
+    for key, value in config.items():
+        text = f"{helps.get(key, '(no help yet)')} Default: {value!r}."
+        if isinstance(value, bool):
+            flags.DEFINE_boolean(key, value, text)
+        elif isinstance(value, int):
+            flags.DEFINE_integer(key, value, text)
+        elif isinstance(value, float):
+            flags.DEFINE_float(key, value, text)
+        else:
+            flags.DEFINE_string(key, value, text)
+
+
+def entropy_range(n_labels: int, batch_size: int) -> tuple[float, float]:
+    """The fixed colour range of a per-minibatch entropy: `[0, log2(k)]`.
+
+    `k = min(n_labels, batch_size)`: no minibatch can do better. On this
+    fixed scale a 0.01 spread between points looks like the noise it is,
+    where a scale stretched over the points' own range made it look like
+    signal.
+    """
+    k = max(2, min(int(n_labels), int(batch_size)))
+    return 0.0, float(np.log2(k))
+
+
+def fit_titles(fig, suptitle=None, *, min_fontsize: float = 6.0) -> None:
+    """Wraps (then shrinks) the figure's titles until each fits its box.
+
+    `suptitle` (the `Text` that `fig.suptitle` returns) must fit the
+    figure's width, each axes title its axes' width: a long title is
+    otherwise clipped at the image's edge. Call it last, before `savefig`.
+    """
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(suptitle, fig.bbox)] if suptitle is not None else []
+    boxes += [(ax.title, ax.bbox) for ax in fig.axes if ax.get_title()]
+    for text, box in boxes:
+        words = text.get_text().replace("\n", " ")
+        width = len(words)
+        while text.get_window_extent(renderer).width > box.width * 0.98:
+            if width > 20:
+                width = int(width * 0.8)
+                text.set_text(textwrap.fill(words, width))
+            elif text.get_fontsize() > min_fontsize:
+                text.set_fontsize(text.get_fontsize() - 1)
+            else:
+                break
+    fig.canvas.draw()
+
+
+def titles_fit(fig, suptitle=None) -> bool:
+    """Whether `suptitle` and every axes title lie inside the figure's width."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [suptitle] if suptitle is not None else []
+    texts += [ax.title for ax in fig.axes if ax.get_title()]
+    for text in texts:
+        extent = text.get_window_extent(renderer)
+        if extent.x0 < 0 or extent.x1 > fig.bbox.width:
+            return False
+    return True

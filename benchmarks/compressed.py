@@ -37,7 +37,12 @@ from absl import app, flags
 _N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Cells of the synthetic files.")
 _N_GENES = flags.DEFINE_integer("n_genes", 62_710, "Genes of the synthetic files.")
 _COMPRESSION = flags.DEFINE_string("compression", "gzip", "gzip or lzf.")
-_CHUNKS = flags.DEFINE_string("chunks", "atlas", "atlas, default or a length.")
+_CHUNKS = flags.DEFINE_string(
+    "chunks",
+    "atlas",
+    "Chunks of the compressed file: atlas (anndata's for a file this size), "
+    "default (2**16 values) or a number of values.",
+)
 _BLOCK = flags.DEFINE_integer("block_size", 16, "Reference block size.")
 _FETCH = flags.DEFINE_integer("fetch_factor", 16, "Reference fetch factor.")
 _ALIGNED = flags.DEFINE_list(
@@ -47,10 +52,20 @@ _ALIGNED = flags.DEFINE_list(
     "least that many chunks' cells) / fetch factor. 4/128/96: 48 blocks per "
     "fetch, plate entropy 3.47; 1/32/32: 64 blocks per fetch, 3.50.",
 )
-_WORKERS = flags.DEFINE_string("worker_counts", "0,2", "Worker counts.")
-_CACHE = flags.DEFINE_string("cache", "cold,warm", "Cache states.")
+_WORKERS = flags.DEFINE_string(
+    "worker_counts", "0,2", "Comma-separated worker process counts to measure."
+)
+_CACHE = flags.DEFINE_string(
+    "cache",
+    "cold,warm",
+    "Comma-separated page-cache states: cold (file evicted first), warm.",
+)
 _MINIBATCHES = flags.DEFINE_integer("minibatches", 1_000, "Window per point.")
-_MAX_WINDOW = flags.DEFINE_float("max_window_s", 15.0, "Longest warm-up/window.")
+_MAX_WINDOW = flags.DEFINE_float(
+    "max_window_s",
+    15.0,
+    "Seconds after which the warm-up and the window are each cut short.",
+)
 _PEERS = flags.DEFINE_string("peers", "scdataset", "Peers on the compressed file.")
 _BASELINE = flags.DEFINE_string(
     "baseline_checkout",
@@ -58,7 +73,11 @@ _BASELINE = flags.DEFINE_string(
     "Another checkout of grain_cells (e.g. before this change): its grid.py "
     "measures the uncompressed reference point too.",
 )
-_OUT = flags.DEFINE_string("output_dir", "benchmarks/out/compressed", "Output.")
+_OUT = flags.DEFINE_string(
+    "output_dir",
+    "benchmarks/out/compressed",
+    "Folder for compressed.json (created if missing).",
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -162,7 +181,10 @@ def main(argv):
                     )
     result = {
         "command": " ".join(sys.argv),
-        "files": {"compressed": packed, "uncompressed": plain},
+        "files": {
+            "compressed": bench_util.describe_file(packed),
+            "uncompressed": bench_util.describe_file(plain),
+        },
         "file_bytes": {
             "compressed": os.path.getsize(packed),
             "uncompressed": os.path.getsize(plain),

@@ -51,7 +51,9 @@ _LAYER = flags.DEFINE_string("layer", None, "Matrix to read (None: X).")
 _BLOCK = flags.DEFINE_integer("block_size", 16, "Cells per block.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
 _FETCH = flags.DEFINE_integer("fetch_factor", 16, "Minibatches per fetch.")
-_FETCHES = flags.DEFINE_integer("fetches", 30, "Fetches sampled.")
+_FETCHES = flags.DEFINE_integer(
+    "fetches", 30, "Random fetches read and decoded (the sample of the ceiling)."
+)
 _THREADS = flags.DEFINE_integer("threads", 0, "Decoding threads (0: every core).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats; the best is kept.")
 _CODECS = flags.DEFINE_bool("codecs", False, "Also time each inflater on one core.")
@@ -263,7 +265,8 @@ def main(argv):
         ]
         aligned_s = _time_decode(aligned, threads, _REPEATS.value)
         result = {
-            "file": path,
+            "data": "given (--data)" if _DATA.value else "synthetic",
+            "file": bench_util.describe_file(path),
             "pipeline": {
                 "data": data.pipeline.describe(),
                 "indices": indices.pipeline.describe(),

@@ -32,7 +32,11 @@ import grain_cells
 _DATA = flags.DEFINE_string("data", None, "An .h5ad file; default: synthetic.")
 _N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Cells of the synthetic file.")
 _BLOCK = flags.DEFINE_integer("block_size", 16, "Cells per random read.")
-_DEPTHS = flags.DEFINE_list("depths", ["1", "4", "16", "32"], "Reads in flight.")
+_DEPTHS = flags.DEFINE_list(
+    "depths",
+    ["1", "4", "16", "32"],
+    "Comma-separated numbers of random reads kept in flight (queue depths).",
+)
 _BYTES = flags.DEFINE_integer("bytes", 2_000_000_000, "Bytes read per figure.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
@@ -65,7 +69,11 @@ def main(argv):
     size = os.path.getsize(path)
     total = min(_BYTES.value, size)
     fd = os.open(path, os.O_RDONLY)
-    out = {"file": path, "bytes_per_cell": round(bytes_per_cell)}
+    out = {
+        "data": "given (--data)" if _DATA.value else "synthetic",
+        "file": bench_util.describe_file(path),
+        "bytes_per_cell": round(bytes_per_cell),
+    }
     try:
         piece = 8 << 20
         bench_util.evict_page_cache([path])

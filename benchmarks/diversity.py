@@ -30,8 +30,16 @@ _DATA = flags.DEFINE_list(
 _N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Cells of the synthetic file.")
 _LABEL = flags.DEFINE_string("label", "plate", "obs column whose entropy to report.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
-_BLOCKS = flags.DEFINE_list("blocks", ["4", "8", "16", "32"], "Block sizes.")
-_FETCHES = flags.DEFINE_list("fetches", ["4", "8", "16", "32"], "Fetch factors.")
+_BLOCKS = flags.DEFINE_list(
+    "blocks",
+    ["4", "8", "16", "32"],
+    "Block sizes to measure (contiguous cells per read).",
+)
+_FETCHES = flags.DEFINE_list(
+    "fetches",
+    ["4", "8", "16", "32"],
+    "Fetch factors to measure (minibatches per fetch).",
+)
 _MINIBATCHES = flags.DEFINE_integer(
     "minibatches", 4_000, "Minibatches per point (from epoch 0)."
 )
@@ -159,7 +167,8 @@ def main(argv):
         with open(_JSON.value, "w") as f:
             json.dump(
                 {
-                    "files": paths,
+                    "data": "given (--data)" if _DATA.value else "synthetic",
+                    "files": [bench_util.describe_file(p) for p in paths],
                     "label": _LABEL.value,
                     "chunk_aligned": _CHUNK_ALIGNED.value,
                     "random": float(rand.mean()),

@@ -72,7 +72,8 @@ _HELP = {
     "worker_counts": "grain_cells worker processes (comma-separated).",
     "outputs": "grain_cells output formats: csr, padded, dense (comma-separated).",
     "cache": "Page-cache states: cold, warm or cold,warm.",
-    "padded_width": "Width of the padded output.",
+    "padded_width": "Width of the padded output (values kept per cell); 0 fits "
+    "it to the data.",
     "dense_genes": "Gene subset of the dense output (0: all genes).",
     "compression": "Synthetic file's X: none, gzip or lzf (ignored with --data).",
     "chunks": "Compressed chunks: atlas (anndata's at this size), default or a length.",
@@ -402,11 +403,17 @@ def heatmap(
     cmap: str,
     *,
     per_cache: bool = True,
+    value_range: tuple[float, float] | None = None,
+    spread: str | None = None,
 ) -> None:
     """One heatmap over block x fetch per (output, workers, cache).
 
     With `per_cache=False`, one per (output, workers): for figures that do
-    not depend on the page cache, such as the entropy.
+    not depend on the page cache, such as the entropy. `value_range` fixes
+    the colour scale (else the points' own min and max); `spread` names a
+    field printed under each value as `±spread` (the entropy's standard
+    deviation over minibatches), so a difference smaller than it reads as
+    noise. Titles are wrapped to fit (`bench_util.fit_titles`).
     """
     import matplotlib
 
@@ -424,7 +431,7 @@ def heatmap(
         return
     blocks, fetches = _ints(FLAGS.blocks), _ints(FLAGS.fetches)
     values = [r[field] for *_, grid in panels for r in grid.values()]
-    vmin, vmax = min(values), max(values)
+    vmin, vmax = value_range or (min(values), max(values))
     cols = min(len(panels), 2)
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(
@@ -437,8 +444,11 @@ def heatmap(
     image = None
     for ax, (output, workers, cache, grid) in zip(axes.flat, panels, strict=False):
         m = np.full((len(blocks), len(fetches)), np.nan)
+        sd = np.full_like(m, np.nan)
         for (b, f), r in grid.items():
             m[blocks.index(b), fetches.index(f)] = r[field]
+            if spread:
+                sd[blocks.index(b), fetches.index(f)] = r.get(spread, np.nan)
         image = ax.imshow(m, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax)
         mid = (vmin + vmax) / 2
         for i in range(len(blocks)):
@@ -447,10 +457,11 @@ def heatmap(
                     ax.text(
                         j,
                         i,
-                        fmt(m[i, j]),
+                        fmt(m[i, j])
+                        + ("" if np.isnan(sd[i, j]) else f"\n±{fmt(sd[i, j])}"),
                         ha="center",
                         va="center",
-                        fontsize=8,
+                        fontsize=7 if spread else 8,
                         color="white" if m[i, j] < mid else "black",
                     )
         ax.set_xticks(range(len(fetches)), [str(f) for f in fetches])
@@ -461,7 +472,8 @@ def heatmap(
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.8, format=FuncFormatter(lambda v, _: fmt(v)))
-    fig.suptitle(title, fontsize=10)
+    suptitle = fig.suptitle(title, fontsize=10)
+    bench_util.fit_titles(fig, suptitle)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -546,9 +558,10 @@ def tradeoff_plot(results, path: str, title: str) -> None:
     fig.legend(
         handles, labels, loc="outside lower center", ncol=3, fontsize=7, frameon=False
     )
-    fig.suptitle(
+    suptitle = fig.suptitle(
         f"{title}: throughput against diversity (dots: block/fetch)", fontsize=10
     )
+    bench_util.fit_titles(fig, suptitle)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -563,7 +576,8 @@ def summary(header: dict, results: list[dict]) -> str:
     lines = [
         "# grain_cells block x fetch grid",
         "",
-        f"Files: {', '.join(header['files'])} ({header['cells']:,} cells). "
+        f"Files: {', '.join(f['path'] for f in header['files'])} "
+        f"({header['cells']:,} cells). "
         f"Batch {FLAGS.batch_size}, label `{FLAGS.obs_column}`. "
         f"{header['machine']['cores']} cores, {header['machine']['cpu']}; "
         f"load average {header['load_start']} at start, {header['load_end']} "
@@ -660,13 +674,23 @@ def main(argv):
     points = plan()
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     out = lambda name: os.path.join(FLAGS.output_dir, name)  # noqa: E731
+    labelled = grain_cells.AnnDataSource(paths, obs_columns=[FLAGS.obs_column])
+    categories = labelled.categories[FLAGS.obs_column]
     header = {
-        "files": paths,
-        "file_bytes": [os.path.getsize(p) for p in paths],
-        "cells": grain_cells.AnnDataSource(paths).num_cells,
+        "data": "given (--data)" if FLAGS.data else "synthetic",
+        "files": [bench_util.describe_file(p) for p in paths],
+        "cells": labelled.num_cells,
+        # Distinct labels: the entropy's scale is [0, log2(min(labels, batch))].
+        "labels": int(
+            len(categories)
+            if categories is not None
+            else np.unique(labelled.obs_values(FLAGS.obs_column)).size
+        ),
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
-        "flags": {k: getattr(FLAGS, k) for k in _CONFIG},
+        "flags": bench_util.data_record(
+            [], {k: getattr(FLAGS, k) for k in _CONFIG}, synthetic=not FLAGS.data
+        )["flags"],
         "machine": machine(),
         "load_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -718,11 +742,14 @@ def main(argv):
         heatmap(
             results,
             "entropy_mean",
-            f"mean {FLAGS.obs_column} entropy per minibatch, log2 ({title})",
+            f"mean {FLAGS.obs_column} entropy per minibatch, log2 ({title}); "
+            f"scale 0 to log2({header['labels']}), ± the std over minibatches",
             out("entropy.png"),
             lambda v: f"{v:.2f}",
             "magma",
             per_cache=False,
+            value_range=bench_util.entropy_range(header["labels"], FLAGS.batch_size),
+            spread="entropy_std",
         )
         tradeoff_plot(results, out("tradeoff.png"), title)
     text = summary(header, results)

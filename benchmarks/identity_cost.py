@@ -39,7 +39,11 @@ _BLOCK = flags.DEFINE_integer("block_size", 16, "Cells per block.")
 _BLOCKS_PER_READ = flags.DEFINE_integer("blocks_per_read", 64, "Blocks per fetch.")
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Identity takes per file.")
 _CHECKS = flags.DEFINE_integer("checks", 100_000, "Per-fetch checks timed.")
-_FETCHES = flags.DEFINE_integer("fetches", 300, "Fetches timed.")
+_FETCHES = flags.DEFINE_integer(
+    "fetches",
+    300,
+    "Random fetches read to time a fetch (the identity check's reference).",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 
@@ -90,8 +94,8 @@ def main(argv):
     fetch_s = (time.perf_counter() - t) / len(ranges)
     source.close()
     figures = {
-        "file": path,
-        "bytes": os.path.getsize(path),
+        "data": "given (--data)" if _DATA.value else "synthetic",
+        "file": bench_util.describe_file(path),
         "take_ms": round(take_s * 1e3, 2),
         "layout_ms": round(layout_s * 1e3, 2),
         "check_us": round(check_s * 1e6, 2),

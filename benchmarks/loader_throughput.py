@@ -39,12 +39,42 @@ _DATA = flags.DEFINE_list(
     "Comma-separated .h5ad files; default: "
     "a synthetic Tahoe-shaped file of --n_cells cells.",
 )
-_JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
-for _key, _value in _CONFIG.items():
-    if isinstance(_value, int):
-        flags.DEFINE_integer(_key, _value, f"Default {_value}.")
-    else:
-        flags.DEFINE_string(_key, _value, f"Default {_value!r}.")
+_JSON = flags.DEFINE_string(
+    "json",
+    None,
+    "Also write the figures to this JSON file, with the files measured (path, "
+    "shape, nnz, storage) and the flags.",
+)
+HELP = {
+    "n_cells": "Cells of the synthetic file (ignored with --data).",
+    "n_genes": "Genes of the synthetic file (ignored with --data).",
+    "compression": "Filter of the synthetic file's X: none, gzip or lzf "
+    "(ignored with --data).",
+    "chunks": "Chunking of a compressed synthetic X: 'atlas' (anndata's for a "
+    "file this size), 'default' (2**16 values) or a number of values.",
+    "chunk_aligned": "N > 0: blocks follow X's chunk grid, N chunks per block "
+    "(grain_cells.chunk_aligned); 0: blocks of --block_size cells.",
+    "batch_size": "Cells per minibatch.",
+    "block_size": "Contiguous cells per block (one read each).",
+    "fetch_factor": "Minibatches per fetch: block_size * blocks read together, "
+    "shuffled in memory.",
+    "fetch_shuffle": "1: shuffle the cells inside a fetch; 0: keep block order "
+    "(for pre-shuffled files).",
+    "worker_counts": "Comma-separated worker process counts to measure "
+    "(0: read in the main process).",
+    "outputs": "Comma-separated output formats to measure: csr, padded, dense.",
+    "dense_genes": "Genes of the dense output: an evenly spread subset of this "
+    "many (0: all genes).",
+    "padded_width": "Width of the padded output (values per cell); 0 fits it "
+    "to the data (PaddedSparseOutput()).",
+    "obs_column": "obs column read with every cell ('' for none).",
+    "cache": "Comma-separated page-cache states: cold (file evicted first), "
+    "warm (file read once first).",
+    "warmup": "Minibatches skipped before the window (includes worker start).",
+    "minibatches": "Minibatches in the measured window.",
+    "seed": "Seed of the block order and the in-fetch shuffle.",
+}
+bench_util.define_config_flags(_CONFIG, HELP)
 FLAGS = flags.FLAGS
 
 
@@ -53,7 +83,7 @@ def make_output(name: str):
     if name == "csr":
         return grain_cells.CsrOutput()
     if name == "padded":
-        return grain_cells.PaddedSparseOutput(FLAGS.padded_width)
+        return grain_cells.PaddedSparseOutput(FLAGS.padded_width or None)
     if name == "dense":
         return grain_cells.DenseOutput()
     raise app.UsageError(f"unknown output {name!r}: expected csr, padded or dense")
@@ -153,7 +183,9 @@ def main(argv):
                 )
     if _JSON.value:
         flag_values = {k: getattr(FLAGS, k) for k in _CONFIG}
-        bench_util.write_json(_JSON.value, paths, flag_values, results)
+        bench_util.write_json(
+            _JSON.value, paths, flag_values, results, synthetic=not _DATA.value
+        )
 
 
 if __name__ == "__main__":

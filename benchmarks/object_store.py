@@ -157,7 +157,11 @@ def main(argv):
         }
         all_paths = [p for _, ps in file_sets for p in ps]
         bench_util.write_json(
-            loader_throughput._JSON.value, all_paths, flag_values, results + summary
+            loader_throughput._JSON.value,
+            all_paths,
+            flag_values,
+            results + summary,
+            synthetic=not loader_throughput._DATA.value,
         )
 
 

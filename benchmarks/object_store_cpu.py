@@ -30,10 +30,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import grain_cells
 
-_IN_FLIGHT = flags.DEFINE_list("in_flight", ["16", "64"], "max_in_flight values.")
+_IN_FLIGHT = flags.DEFINE_list(
+    "in_flight",
+    ["16", "64"],
+    "Comma-separated max_in_flight values (range GETs in flight per read) to measure.",
+)
 _RTT_MS = flags.DEFINE_float("rtt_ms", 20.0, "Round-trip time added per request.")
 _WARMUP = flags.DEFINE_integer("warmup", 100, "Minibatches before timing.")
-_MINIBATCHES = flags.DEFINE_integer("minibatches", 400, "Minibatches timed.")
+_MINIBATCHES = flags.DEFINE_integer(
+    "minibatches", 400, "Minibatches in the measured window."
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 _VIA_PROXY = flags.DEFINE_boolean(
     "via_proxy",
@@ -114,6 +120,7 @@ def main(argv):
             [path],
             {"rtt_ms": _RTT_MS.value, "server": _SERVER.value},
             results,
+            synthetic=not _DATA.value,
         )
 
 

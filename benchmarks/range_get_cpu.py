@@ -231,6 +231,7 @@ def main(argv):
             [path],
             {"gets": _GETS.value, "server": _SERVER.value},
             results,
+            synthetic=not _DATA.value,
         )
 
 

@@ -37,7 +37,12 @@ _BLOCKS_PER_READ = flags.DEFINE_integer(
     "blocks_per_read", 64, "Blocks per batched read."
 )
 _READS = flags.DEFINE_integer("reads", 300, "Batched reads per measurement.")
-_THREADS = flags.DEFINE_integer("read_threads", 4, "AnnDataSource read_threads.")
+_THREADS = flags.DEFINE_integer(
+    "read_threads",
+    4,
+    "Threads per process issuing positional reads (AnnDataSource "
+    "read_threads; 0 reads inline).",
+)
 _CACHE = flags.DEFINE_enum(
     "cache", "both", ["cold", "warm", "both"], "Page-cache state to measure."
 )
@@ -69,7 +74,8 @@ def main(argv):
     )
     rng = np.random.default_rng(_SEED.value)
     results = {
-        "files": paths,
+        "data": "given (--data)" if _DATA.value else "synthetic",
+        "files": [bench_util.describe_file(p) for p in paths],
         "cells": source.num_cells,
         "block_size": _BLOCK.value,
         "blocks_per_read": _BLOCKS_PER_READ.value,

@@ -47,7 +47,9 @@ _N_GENES = flags.DEFINE_integer("n_genes", 62_710, "Synthetic file without --dat
 _FETCHES = flags.DEFINE_integer("fetches", 5, "Random fetches timed.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timings per step and fetch.")
 _LENGTH = flags.DEFINE_integer("length", 2048, "Tokens per cell.")
-_N_BINS = flags.DEFINE_integer("n_bins", 51, "Value-bin bins.")
+_N_BINS = flags.DEFINE_integer(
+    "n_bins", 51, "Value bins of the value-bin tokens (scGPT's default is 51)."
+)
 _STRIDE = flags.DEFINE_integer("stats_stride", 8, "Corpus stats over 1 in N runs.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
@@ -178,7 +180,9 @@ def main(argv):
         results = [
             {"step": k, "ms_per_1024_cells": round(v, 3)} for k, v in best.items()
         ]
-        bench_util.write_json(_JSON.value, paths, flag_values, results)
+        bench_util.write_json(
+            _JSON.value, paths, flag_values, results, synthetic=not _DATA.value
+        )
 
 
 if __name__ == "__main__":

@@ -39,18 +39,45 @@ _DATA = flags.DEFINE_list(
     "Comma-separated .h5ad files; default: "
     "a synthetic Tahoe-shaped file of --n_cells cells.",
 )
-_JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
+_JSON = flags.DEFINE_string(
+    "json",
+    None,
+    "Also write the figures to this JSON file, with the files measured (path, "
+    "shape, nnz, storage) and the flags.",
+)
 flags.DEFINE_integer(
     "repeats",
     1,
     "Runs of the outputs, in turn, per worker count and cache state (the "
     "machine is shared: medians of same-run ratios are printed at the end).",
 )
-for _key, _value in _CONFIG.items():
-    if isinstance(_value, int):
-        flags.DEFINE_integer(_key, _value, f"Default {_value}.")
-    else:
-        flags.DEFINE_string(_key, _value, f"Default {_value!r}.")
+HELP = {
+    "n_cells": "Cells of the synthetic file (ignored with --data).",
+    "n_genes": "Genes of the synthetic file (ignored with --data).",
+    "batch_size": "Cells per minibatch.",
+    "block_size": "Contiguous cells per block (one read each).",
+    "fetch_factor": "Minibatches per fetch (blocks read together, shuffled in memory).",
+    "outputs": "Comma-separated outputs to measure: csr (the baseline of the "
+    "ratios), rank_value (Geneformer), value_bin (scGPT).",
+    "worker_counts": "Comma-separated worker process counts to measure.",
+    "cache": "Comma-separated page-cache states: cold (file evicted first), "
+    "warm (file read once first).",
+    "length": "Tokens per cell, special tokens included.",
+    "n_bins": "Value bins of value_bin tokens (scGPT's default is 51).",
+    "selection": "Genes value_bin keeps: top (highest values) or random.",
+    "kernels": "Token kernels: auto (numba when installed), numba or numpy.",
+    "threads": "Kernel threads per minibatch: auto, a number, or a "
+    "comma-separated list to compare (1,auto).",
+    "stats_stride": "Corpus statistics (rank_value medians) over one in this "
+    "many runs of 1,024 cells.",
+    "obs_column": "obs column read with every cell ('' for none).",
+    "warmup": "Minibatches skipped before the window (includes worker start).",
+    "minibatches": "Minibatches in the measured window.",
+    "max_seconds": "Per point, the warm-up and the window each stop after "
+    "this many seconds.",
+    "seed": "Seed of the block order and the in-fetch shuffle.",
+}
+bench_util.define_config_flags(_CONFIG, HELP)
 FLAGS = flags.FLAGS
 
 
@@ -185,7 +212,9 @@ def main(argv):
             print(f"{key[0]:24s} {key[1]:7d} {key[2]:5s} {rate:10,.0f} {ratio:>6s}")
     if _JSON.value:
         flag_values = {k: getattr(FLAGS, k) for k in _CONFIG}
-        bench_util.write_json(_JSON.value, paths, flag_values, results)
+        bench_util.write_json(
+            _JSON.value, paths, flag_values, results, synthetic=not _DATA.value
+        )
 
 
 if __name__ == "__main__":

@@ -151,3 +151,15 @@ class SharedMemoryFullError(OSError):
 
 class MainGuardError(RuntimeError):
     """Worker processes were started from a script's unguarded top level."""
+
+
+class TruncationError(ValueError):
+    """A cell has more stored values than a fixed-width output holds.
+
+    Raised by `PaddedSparseOutput(truncate="error")`; the message names the
+    cell (global row id), its count of stored values and the width.
+    """
+
+
+class TruncationWarning(UserWarning):
+    """Cells were truncated to a fixed-width output (shown once per process)."""

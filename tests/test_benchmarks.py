@@ -52,6 +52,13 @@ def data_file(workdir) -> str:
     return str(path)
 
 
+def synthetic_nnz(path: str) -> int:
+    """Stored values of a file's X, read with anndata (the oracle)."""
+    import anndata
+
+    return int(anndata.read_h5ad(path).X.nnz)
+
+
 def run(workdir: pathlib.Path, binary: str, *flags: str) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / binary), *flags],
@@ -107,6 +114,16 @@ def test_loader_throughput(workdir, data_file):
         assert r["cells_per_s"] > 0
         assert len(r["worker_peak_rss_mb"]) >= r["worker_count"]
     assert done.stdout.count("warm") == 4
+    # What was measured: the file given, its shape, not the synthetic defaults.
+    record = json.loads(out.read_text())
+    assert record["data"] == "given (--data)"
+    (described,) = record["files"]
+    assert described["path"] == data_file
+    assert described["shape"] == [2_000, 300]
+    assert described["encoding"] == "csr_matrix"
+    assert described["nnz"] == synthetic_nnz(data_file)
+    assert "n_cells" not in record["flags"] and "n_genes" not in record["flags"]
+    assert record["flags"]["batch_size"] == 64
 
 
 @pytest.mark.parametrize("server", ["python", "nginx"])
@@ -495,3 +512,96 @@ def test_object_store_choice(workdir):
     assert "GET       256 B  obstore" in done.stdout
     rates = json.loads(out.read_text())["batch_mb_s"]
     assert rates["grain_cells RemoteByteReader"] > 0
+
+
+# -- every flag explained, plots with honest scales -------------------------------
+
+BINARIES = sorted(
+    p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "bench_util.py"
+)
+# Prints each flag a binary defines (absl FLAGS after importing the module).
+_LIST_FLAGS = """
+import importlib.util, json, os, sys
+path = sys.argv[1]
+sys.path[:0] = [os.path.dirname(path), os.path.dirname(os.path.dirname(path))]
+spec = importlib.util.spec_from_file_location("benchmark_binary", path)
+module = importlib.util.module_from_spec(spec)
+sys.modules["benchmark_binary"] = module
+spec.loader.exec_module(module)
+from absl import flags
+out = []
+for name, defined in flags.FLAGS.flags_by_module_dict().items():
+    if name == "benchmark_binary" or name.endswith("bench_util"):
+        out += [
+            {"name": f.name, "help": f.help or "", "default": f.default}
+            for f in defined
+        ]
+print(json.dumps(out))
+"""
+
+
+def _says_more_than_its_default(flag: dict) -> bool:
+    """Help that, without its "Default: ..." part, still says something."""
+    import re
+
+    text = re.sub(r"\(?[Dd]efault:?[^.)]*[.)]?", "", flag["help"]).strip()
+    return (
+        len(text.split()) >= 3
+        and len(text) > len(str(flag["default"]))
+        and "(no help yet)" not in text
+    )
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_every_flag_is_explained(binary):
+    done = subprocess.run(
+        [sys.executable, "-c", _LIST_FLAGS, str(ROOT / "benchmarks" / binary)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    defined = json.loads(done.stdout.splitlines()[-1])
+    vague = [
+        (f["name"], f["help"]) for f in defined if not _says_more_than_its_default(f)
+    ]
+    assert not vague, (
+        f"{binary}: flags whose help says no more than the default: {vague}"
+    )
+
+
+def _bench_util(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_util
+
+    return bench_util
+
+
+def test_entropy_scale_is_fixed(monkeypatch):
+    bench_util = _bench_util(monkeypatch)
+    # 14 plates, minibatches of 64: the best a minibatch can do is log2(14).
+    assert bench_util.entropy_range(14, 64) == (0.0, math.log2(14))
+    assert bench_util.entropy_range(50, 16) == (0.0, 4.0)  # 16 cells: 16 labels
+
+
+def test_long_titles_are_wrapped_to_fit(monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bench_util = _bench_util(monkeypatch)
+    fig, axes = plt.subplots(1, 2, figsize=(3.5, 2.5), constrained_layout=True)
+    title = (
+        "mean plate entropy per minibatch, log2 (tahoe_like-n400000.h5ad +, batch 64)"
+    )
+    suptitle = fig.suptitle(title, fontsize=10)
+    for ax in axes:
+        ax.set_title("dense, 2 workers, any cache", fontsize=9)
+    assert not bench_util.titles_fit(fig, suptitle)  # clipped as drawn before
+    bench_util.fit_titles(fig, suptitle)
+    assert bench_util.titles_fit(fig, suptitle)
+    assert suptitle.get_text().replace("\n", " ") == title  # wrapped, not cut
+    plt.close(fig)

@@ -8,7 +8,7 @@ argument and the value given: `seed=1.7` must not silently become 1,
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -143,3 +143,137 @@ def _backing_file(adata) -> str:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_choice(name: str, value, choices) -> str:
+    """One of a few named values (`remainder="pad"`), compared as given.
+
+    Raises:
+        ValueError: `value` is not one of `choices`.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"{name} must be one of {list(choices)}, got {name}={_short(value)}"
+        )
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """A flag: `bool` or `np.bool_`, never a string (`"no"` is truthy).
+
+    Raises:
+        ArgumentTypeError: `value` is not a bool.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(
+            f"{name} must be True or False, got {name}={_short(value)} "
+            f"({type(value).__name__})"
+        )
+    return bool(value)
+
+
+def check_name(name: str, value, *, optional: bool = False) -> str | None:
+    """A non-empty string naming something (an element, a column, a key).
+
+    Raises:
+        ArgumentTypeError: `value` is not a string (or None when `optional`).
+        ValueError: `value` is the empty string.
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        kind = "a string or None" if optional else "a string"
+        raise ArgumentTypeError(
+            f"{name} must be {kind}, got {name}={_short(value)} "
+            f"({type(value).__name__})"
+        )
+    if not value:
+        raise ValueError(f"{name} must not be empty, got {name}=''")
+    return value
+
+
+def check_names(name: str, value) -> tuple[str, ...]:
+    """A sequence of names (obs columns): never one bare string.
+
+    Raises:
+        ArgumentTypeError: `value` is a string, or not a sequence of strings.
+    """
+    if isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(
+            f"{name} must be a list of names, got the string {name}={value!r}; "
+            f"for one name pass {name}=[{value!r}]"
+        )
+    try:
+        value = list(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            f"{name} must be a list of names, got {name}={_short(value)} "
+            f"({type(value).__name__})"
+        ) from None
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        raise ArgumentTypeError(
+            f"{name} must hold strings, got {name}={_short(value)} "
+            f"(e.g. {bad[0]!r}, {type(bad[0]).__name__})"
+        )
+    return tuple(value)
+
+
+def check_dtype(name: str, value, *, optional: bool = False):
+    """A NumPy dtype (a name such as `"float32"`, a type or a dtype).
+
+    Returns:
+        `value` as given (it is recorded in fingerprints and reprs as such).
+
+    Raises:
+        ArgumentTypeError: NumPy does not know the dtype, or it is None and
+            not `optional` (NumPy would silently take float64).
+    """
+    if value is None:
+        if optional:
+            return None
+        raise ArgumentTypeError(
+            f"{name} must be a NumPy dtype such as 'float32', got {name}=None"
+        )
+    try:
+        np.dtype(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            f"{name} must be a NumPy dtype such as 'float32', got "
+            f"{name}={_short(value)}"
+        ) from None
+    return value
+
+
+def check_mapping(name: str, value, *, optional: bool = True):
+    """A mapping (a dict of options); None when `optional`.
+
+    Raises:
+        ArgumentTypeError: `value` is not a mapping.
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, Mapping):
+        raise ArgumentTypeError(
+            f"{name} must be a dict{' or None' if optional else ''}, got "
+            f"{name}={_short(value)} ({type(value).__name__})"
+        )
+    return value
+
+
+def check_source(value, source_type, name: str = "source"):
+    """An `AnnDataSource` (or view): not a path, an AnnData or a list.
+
+    `source_type` is `AnnDataSource`, passed by the caller (this module
+    imports nothing of grain_cells).
+
+    Raises:
+        ArgumentTypeError: `value` is not a `source_type`.
+    """
+    if not isinstance(value, source_type):
+        raise ArgumentTypeError(
+            f"{name} must be a grain_cells.AnnDataSource (or a view of one), "
+            f"got {name}={_short(value)} ({type(value).__name__}); build one "
+            "with grain_cells.AnnDataSource(paths, ...)"
+        )
+    return value

@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from grain_cells._util import arguments
 from grain_cells.source import _selection as selection
+from grain_cells.source._source import AnnDataSource
 
 if TYPE_CHECKING:
-    from grain_cells.source._source import AnnDataSource
     from grain_cells.source._table import BlockTable
 
 
@@ -70,9 +71,8 @@ def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSo
         A new `AnnDataSource` view (its own file handles); its `repr` names
         a hash of its block table, so checkpoints bind to the alignment.
     """
-    n = int(chunks_per_block)
-    if n < 1:
-        raise ValueError(f"chunks_per_block must be at least 1, got {chunks_per_block}")
+    arguments.check_source(source, AnnDataSource)
+    n = arguments.check_int("chunks_per_block", chunks_per_block, minimum=1)
     table = source.block_table
     return source.view(chunk_aligned_blocks(table, source.chunk_starts(), n))
 

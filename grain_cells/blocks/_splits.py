@@ -43,9 +43,9 @@ from grain_cells.source._selection import (
     selected_blocks,
     where_mask,
 )
+from grain_cells.source._source import AnnDataSource
 
 if TYPE_CHECKING:
-    from grain_cells.source._source import AnnDataSource
     from grain_cells.source._table import BlockTable
 
 _FRACTION_TOLERANCE = 1e-6
@@ -147,6 +147,7 @@ def fraction_split_blocks(
     seed; `split_by_fraction` binds each table to a view (`source.view`).
     Arguments and errors as in `split_by_fraction`.
     """
+    arguments.check_source(source, AnnDataSource)
     names, bounds = _fraction_bounds(fractions)
     seed = arguments.check_seed(seed)
     if unit_cells is not None and by is not None:
@@ -173,10 +174,7 @@ def fraction_split_blocks(
         )
         split_of_row = split_of[unit_of_row]
     else:
-        if not isinstance(unit_cells, (int, np.integer)) or unit_cells < 1:
-            raise ValueError(
-                f"unit_cells must be a positive int or None, got {unit_cells!r}"
-            )
+        arguments.check_int("unit_cells", unit_cells, minimum=1)
         offsets = table.cell_offsets
         rows = np.flatnonzero(mask)
         first = offsets[np.searchsorted(offsets, rows, side="right") - 1]
@@ -208,6 +206,7 @@ def obs_split_blocks(
     seed; `split_by_obs` binds each table to a view (`source.view`).
     Arguments and errors as in `split_by_obs`.
     """
+    arguments.check_source(source, AnnDataSource)
     if not isinstance(holdout, Mapping) or not holdout:
         raise ValueError(
             f"holdout must map split names to labels, got holdout={holdout!r}"
@@ -240,12 +239,12 @@ def obs_split_blocks(
 def _fraction_bounds(fractions) -> tuple[list[str], np.ndarray]:
     if not isinstance(fractions, Mapping) or not fractions:
         raise ValueError(
-            f"fractions must map split names to fractions, got {fractions!r}"
+            f"fractions must map split names to fractions, got fractions={fractions!r}"
         )
     names = list(fractions)
     values = np.array([float(fractions[k]) for k in names])
     if not np.isfinite(values).all() or (values <= 0).any():
-        raise ValueError(f"fractions must be positive, got {dict(fractions)}")
+        raise ValueError(f"fractions must be positive, got fractions={dict(fractions)}")
     if abs(values.sum() - 1) > _FRACTION_TOLERANCE:
         raise ValueError(
             f"fractions must sum to 1, got {values.sum():g} ({dict(fractions)})"

@@ -11,17 +11,23 @@ and the expression in one of three formats:
 
 * `CsrOutput`: `data` `[nnz]`, `indices` (int32 `[nnz]`) and `indptr`
   (int64 `[batch + 1]`); padding rows are empty. Shapes vary per batch.
-* `PaddedSparseOutput(width)`: `values` `[batch, width]`, `indices` (int32
-  `[batch, width]`) and `nnz` (int32 `[batch]`, the stored values the cell
-  really has). Static shapes for `jax.jit`; unused slots hold index 0 and
-  value 0, so scatter-adding them is harmless (see
-  `grain_cells.outputs._densify.densify`). A cell with more than `width` stored
-  values is truncated by the explicit policy `truncate`:
-  `"largest"` keeps its `width` largest values (ties: lower column first),
-  `"first"` keeps its first `width` values in column order, `"error"` raises.
+* `PaddedSparseOutput(width=None)`: `values` `[batch, width]`, `indices`
+  (int32 `[batch, width]`), `nnz` (int32 `[batch]`, the stored values the
+  cell really has) and `truncated` (bool `[batch]`, `nnz > width`). Static
+  shapes for `jax.jit`; unused slots hold index 0 and value 0, so
+  scatter-adding them is harmless (see
+  `grain_cells.outputs._densify.densify`). With `width=None` (the default)
+  the width is fitted once from a deterministic sample of the source when the
+  pipeline is built (the 99.9th percentile of stored values per cell, rounded
+  up to a multiple of 128: `grain_cells.outputs._width`). A cell with more
+  than `width` stored values is never cut silently: by the policy `truncate`,
+  `"largest"` (default) keeps its `width` largest values (ties: lower column
+  first), `"first"` keeps its first `width` values in column order, and
+  either warns once per process with the figures
+  (`errors.TruncationWarning`) and marks the cell in `truncated`;
+  `"error"` raises `errors.TruncationError` naming the cell.
   ("Column order" is the stored order where a source's `join` or `genes`
   reorders a file's genes; see `AnnDataSource`.)
-  `nnz > width` tells which cells were truncated.
 * `DenseOutput()`: `X` `[batch, genes]` in `dtype` (float32 by default) over
   all genes or the source's gene subset. A dense minibatch over 62,710 genes
   is 250 KB per cell: subset genes, or use padded sparse and densify on the
@@ -47,6 +53,10 @@ with `np.empty`'s signature): the built-in formats allocate every array they
 return with it, and in a Grain worker it hands out the worker's shared
 memory, so the minibatch is written where the trainer copies it from
 (`grain_cells.transport._slot_writer`); formats without it work as before.
+An output may also have `fit_to_source(source, read=None) -> output`: a
+pipeline calls it once when it is built, in the building process, and uses
+(and checkpoints) the output it returns (`PaddedSparseOutput(width=None)`
+fits its width so).
 
 **Checkpoints.** A saved iterator state records the output's configuration:
 `fingerprint() -> dict`, of JSON values (class name and every parameter that
@@ -60,13 +70,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import scipy.sparse as sp
 
+from grain_cells import errors
+from grain_cells._util import arguments
 from grain_cells.io._cells import take_csr
 from grain_cells.io._matrix import CsrRows
+from grain_cells.outputs import _width
 
 
 @dataclasses.dataclass
@@ -129,6 +143,9 @@ class CsrOutput:
 
     dtype: str | None = "float32"
 
+    def __post_init__(self):
+        arguments.check_dtype("dtype", self.dtype, optional=True)
+
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
@@ -143,46 +160,85 @@ class CsrOutput:
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 
+TRUNCATE = ("largest", "first", "error")
+
+
 @dataclasses.dataclass(frozen=True)
 class PaddedSparseOutput:
-    """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`.
+    """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`, `truncated`.
 
     Attributes:
-        width: Stored values kept per cell.
-        truncate: `"largest"`, `"first"` or `"error"` for cells with more
-            than `width` stored values.
+        width: Stored values kept per cell; None (default) fits it to the
+            source when the pipeline is built: the `quantile` of stored
+            values per cell over a deterministic sample of up to 4,096
+            cells, rounded up to a multiple of 128 (see
+            `grain_cells.outputs._width`). `fit_to_source(source)` returns
+            the fitted output, e.g. to read its width.
+        truncate: For a cell with more than `width` stored values:
+            `"largest"` keeps its `width` largest values (ties: lower column
+            first), `"first"` its first `width` in column order; both set
+            its `truncated` flag and warn once per process
+            (`errors.TruncationWarning`, with the figures). `"error"` raises
+            `errors.TruncationError` naming the cell, its count and the width.
         dtype: dtype of `values`.
+        quantile: Which quantile of the sampled counts a fitted width
+            covers (used only when `width` is None); 1.0 takes the widest
+            sampled cell.
+
+    Example:
+        >>> output = PaddedSparseOutput().fit_to_source(source)  # as a pipeline
+        >>> output.width
+        1280
     """
 
-    width: int = 4096
+    width: int | None = None
     truncate: str = "largest"
     dtype: str = "float32"
+    quantile: float = 0.999
 
     def __post_init__(self):
-        if self.width < 1:
-            raise ValueError(f"width must be positive, got width={self.width}")
-        if self.truncate not in ("largest", "first", "error"):
-            raise ValueError(
-                "truncate must be 'largest', 'first' or 'error', got "
-                f"truncate={self.truncate!r}"
+        if self.width is not None:
+            arguments.check_int("width", self.width, minimum=1)
+        arguments.check_dtype("dtype", self.dtype)
+        arguments.check_choice("truncate", self.truncate, TRUNCATE)
+        q = self.quantile
+        if isinstance(q, (bool, np.bool_)) or not isinstance(q, (int, float)):
+            raise arguments.ArgumentTypeError(
+                f"quantile must be a number in (0, 1], got quantile={q!r}"
             )
+        if not 0 < q <= 1:
+            raise ValueError(f"quantile must lie in (0, 1], got quantile={q!r}")
+
+    def fit_to_source(self, source, read=None) -> PaddedSparseOutput:
+        """This output with its width fitted to `source` (itself if it has one).
+
+        Args:
+            source: The `AnnDataSource` (or view) the pipeline reads.
+            read: The reader of another matrix than X (an extra `Layer`).
+        """
+        if self.width is not None:
+            return self
+        width = _width.fit_width(source, self.quantile, read)
+        return dataclasses.replace(self, width=width)
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Copies `rows` into `[batch_size, width]` padded arrays, row by row."""
+        if self.width is None:
+            raise ValueError(
+                "PaddedSparseOutput(width=None) has no width yet: a pipeline "
+                "fits it when it is built; to format by hand, use "
+                "PaddedSparseOutput().fit_to_source(source) or pass width=..."
+            )
         csr = fetch.csr
         data, indices, indptr = csr.data, csr.indices, csr.indptr
         begin = indptr[rows]
         lengths = indptr[rows + 1] - begin
         w = self.width
-        if self.truncate == "error" and lengths.size and lengths.max() > w:
-            r = int(np.argmax(lengths))
-            raise ValueError(
-                f"a cell has {int(lengths[r])} stored values, more than "
-                f"PaddedSparseOutput(width={w}); raise width or choose "
-                "truncate='largest' or 'first'"
-            )
+        over = lengths > w
+        if over.any():
+            self._report(over, lengths, fetch.row_ids[rows])
         values = zeros(empty, (batch_size, w), self.dtype)
         cols = zeros(empty, (batch_size, w), np.int32)
         largest = self.truncate == "largest"
@@ -199,16 +255,52 @@ class PaddedSparseOutput:
                 cols[r] = indices[a : a + w]
         nnz = zeros(empty, (batch_size,), np.int32)
         nnz[: lengths.size] = lengths
-        return {"values": values, "indices": cols, "nnz": nnz}
+        truncated = zeros(empty, (batch_size,), bool)
+        truncated[: lengths.size] = over
+        return {"values": values, "indices": cols, "nnz": nnz, "truncated": truncated}
+
+    def _report(self, over: np.ndarray, lengths: np.ndarray, row_ids) -> None:
+        """Raises (`truncate="error"`) or warns once about truncated cells."""
+        w, widest = self.width, int(np.argmax(lengths))
+        if self.truncate == "error":
+            r = int(np.flatnonzero(over)[0])
+            raise errors.TruncationError(
+                f"cell {int(row_ids[r])} (global row id) has {int(lengths[r])} "
+                f"stored values, more than PaddedSparseOutput(width={w}) holds "
+                "(truncate='error'); raise width, leave width=None to fit it to "
+                "the data, or choose truncate='largest' or 'first'"
+            )
+        if self.__dict__.get("_warned"):
+            return
+        object.__setattr__(self, "_warned", True)  # once per process
+        kept = "largest" if self.truncate == "largest" else "first (column order)"
+        warnings.warn(
+            f"PaddedSparseOutput(width={w}): {int(over.sum())} of {lengths.size} "
+            f"cells of a minibatch have more stored values than width (up to "
+            f"{int(lengths[widest])}, cell {int(row_ids[widest])}); each keeps "
+            f"its {w} {kept} values. batch['truncated'] marks such cells in "
+            "every minibatch; this warning is shown once per process. Raise "
+            "width, leave width=None to fit it to the data, or pass "
+            "truncate='error' to refuse such cells.",
+            errors.TruncationWarning,
+            stacklevel=2,
+        )
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring)."""
-        return {
+        """What a checkpoint records of this output (see the module docstring).
+
+        The width recorded is the fitted one (a pipeline fits before it
+        records), so a restore that fits another width is refused.
+        """
+        fp = {
             "class": type(self).__name__,
-            "width": int(self.width),
+            "width": None if self.width is None else int(self.width),
             "truncate": self.truncate,
             "dtype": dtype_name(self.dtype),
         }
+        if self.width is None:
+            fp["quantile"] = float(self.quantile)
+        return fp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +312,9 @@ class DenseOutput:
     """
 
     dtype: str = "float32"
+
+    def __post_init__(self):
+        arguments.check_dtype("dtype", self.dtype)
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty

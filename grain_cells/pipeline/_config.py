@@ -11,6 +11,7 @@ import warnings
 
 from grain_cells._util import arguments
 from grain_cells.outputs._formats import CsrOutput, Output
+from grain_cells.pipeline._extra import check_output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.source._source import AnnDataSource
 
@@ -53,22 +54,14 @@ def make_split(
             whole number of minibatches.
         TypeError: `output` is not an output format.
     """
+    arguments.check_source(source, AnnDataSource)
     batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
     fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
     seed = arguments.check_seed(seed)
-    if remainder not in ("pad", "drop"):
-        raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
-    if numeric_obs not in ("native", "float32"):
-        raise ValueError(
-            f"numeric_obs must be 'native' or 'float32', got {numeric_obs!r}"
-        )
-    output = output or CsrOutput()
-    if not isinstance(output, Output) or isinstance(output, (str, bytes)):
-        raise TypeError(
-            f"output must be an output format (CsrOutput, PaddedSparseOutput, "
-            f"DenseOutput, RankValueTokens, ValueBinTokens or any object with "
-            f"format(fetch, rows, batch_size)), got {output!r}"
-        )
+    arguments.check_choice("remainder", remainder, ("pad", "drop"))
+    arguments.check_choice("numeric_obs", numeric_obs, ("native", "float32"))
+    output = CsrOutput() if output is None else output
+    check_output(output)
     config = FetchConfig(
         batch_size,
         fetch_factor,

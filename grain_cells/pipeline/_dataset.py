@@ -82,7 +82,9 @@ class CellDataset(grain.IterDataset):
         )
         shard = shard_options or getattr(sampler, "shard_options", None)
         self.shard = shard or sharding.NoSharding()
-        self.readahead_cells = int(readahead_cells)
+        self.readahead_cells = arguments.check_int(
+            "readahead_cells", readahead_cells, minimum=0
+        )
         self.after = tuple(after)
         self.stamp = state_checks.stamp(source, sampler, split)
 

@@ -28,9 +28,11 @@ too (`grain_cells.io._obsm`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
+from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _range_reads as range_reads
 from grain_cells.io._element_files import element_files
@@ -56,6 +58,10 @@ class Layer:
     name: str
     output: Output = dataclasses.field(default_factory=CsrOutput)
 
+    def __post_init__(self):
+        arguments.check_name("name", self.name)
+        check_output(self.output)
+
     def fingerprint(self) -> dict:
         """What a checkpoint records of this matrix: its name and output."""
         return {
@@ -76,6 +82,10 @@ class Obsm:
 
     name: str
     dtype: str = "float32"
+
+    def __post_init__(self):
+        arguments.check_name("name", self.name)
+        arguments.check_dtype("dtype", self.dtype)
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this array: its key and dtype."""
@@ -129,6 +139,10 @@ class LayerReader(_ElementReader):
 
     def __init__(self, source: AnnDataSource, spec: Layer):
         super().__init__(source, spec, h5ad.matrix_element(spec.name))
+        fit = getattr(spec.output, "fit_to_source", None)
+        if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
+            read = functools.partial(self.fetch, key=0)
+            self.spec = dataclasses.replace(spec, output=fit(source, read))
 
     def fetch(self, starts, stops, buffer, key: int) -> Fetch:
         """The layer's rows for the same ranges as X (in X's buffer order)."""
@@ -156,8 +170,28 @@ class ObsmReader(_ElementReader):
         return rows.dense.astype(self.spec.dtype)
 
 
+def check_output(output, name: str = "output") -> None:
+    """Refuses what is not an output format (`"csr"`, a class, None).
+
+    Raises:
+        TypeError: `output` has no `format(fetch, rows, batch_size)`.
+    """
+    if isinstance(output, (str, bytes, type)) or not isinstance(output, Output):
+        raise arguments.ArgumentTypeError(
+            f"{name} must be an output format (CsrOutput(), "
+            "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "
+            "ValueBinTokens or any object with format(fetch, rows, "
+            f"batch_size)), got {name}={output!r}"
+        )
+
+
 def readers(source: AnnDataSource, extra: dict | None) -> dict:
-    """Readers of the extra matrices, by output key."""
+    """Readers of the extra matrices, by output key.
+
+    Raises:
+        TypeError: `extra` is not a dict of `Layer` and `Obsm`.
+    """
+    arguments.check_mapping("extra", extra)
     out = {}
     for key, spec in (extra or {}).items():
         if isinstance(spec, Layer):

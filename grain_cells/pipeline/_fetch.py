@@ -112,8 +112,16 @@ class SplitFetch:
     def __init__(
         self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
     ):
-        """Binds the transform to its source and configuration."""
+        """Binds the transform to its source and configuration.
+
+        Outputs fitted to the data (`PaddedSparseOutput(width=None)`) are
+        fitted here, once, in the process that builds the pipeline: workers
+        and checkpoints see the fitted output.
+        """
         self.source = source
+        fit = getattr(config.output, "fit_to_source", None)
+        if callable(fit):
+            config = dataclasses.replace(config, output=fit(source))
         self.config = config
         self.extra = matrices.readers(source, extra)
         self._buffers: list = []

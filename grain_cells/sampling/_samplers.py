@@ -35,6 +35,7 @@ import grain
 import numpy as np
 from grain import sharding
 
+from grain_cells._util import arguments
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
@@ -92,12 +93,11 @@ class BlockSampler(BlockStream):
             ValueError: An argument is out of range, or there are fewer blocks
                 than shards.
         """
+        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
         self._hints = PositionHints.for_source(num_blocks, readahead_cells)
-        if not isinstance(num_blocks, (int, np.integer)):
-            num_blocks = len(num_blocks)
-        num_blocks = int(num_blocks)
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if hasattr(num_blocks, "__len__") and not isinstance(num_blocks, str):
+            num_blocks = len(num_blocks)  # a source: its blocks
+        num_blocks = arguments.check_int("num_blocks", num_blocks, minimum=1)
         shard_options = check_stream_args(num_epochs, seed, shard_options)
         count = shard_options.shard_count
         if num_blocks < count:

@@ -23,6 +23,13 @@ def check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
     if num_epochs is not None:
         arguments.check_int("num_epochs", num_epochs, minimum=1)
     arguments.check_seed(seed)
+    if shard_options is not None and not isinstance(
+        shard_options, sharding.ShardOptions
+    ):
+        raise arguments.ArgumentTypeError(
+            "shard_options must be a grain.sharding.ShardOptions (e.g. "
+            f"ShardByJaxProcess()) or None, got shard_options={shard_options!r}"
+        )
     shard_options = shard_options or sharding.NoSharding()
     count = shard_options.shard_count
     if not 0 <= shard_options.shard_index < count:
@@ -40,8 +47,15 @@ def check_sampler_fits(sampler, data_source) -> None:
     a split view, say) would silently read only the source's first blocks.
 
     Raises:
+        TypeError: `sampler` is not a sampler (no `__getitem__` and `__len__`).
         ValueError: `sampler.num_blocks != len(data_source)`.
     """
+    if not (hasattr(sampler, "__getitem__") and hasattr(sampler, "__len__")):
+        raise arguments.ArgumentTypeError(
+            "sampler must be a Grain sampler over the source's blocks (e.g. "
+            "grain_cells.BlockSampler(source)), with __getitem__ and __len__; "
+            f"got sampler={sampler!r} ({type(sampler).__name__})"
+        )
     num_blocks = getattr(sampler, "num_blocks", None)
     try:
         available = len(data_source)

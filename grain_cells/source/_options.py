@@ -68,7 +68,10 @@ def build(
     block_size = arguments.check_int("block_size", block_size, minimum=1)
     read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
     genes = arguments.check_genes(genes)
-    paths = arguments.paths_of(paths)  # a backed AnnData: its file
+    paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
+    layer = arguments.check_name("layer", layer, optional=True)
+    check_indices = arguments.check_bool("check_indices", check_indices)
+    storage_options = arguments.check_mapping("storage_options", storage_options)
     if join not in JOINS:
         raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
     if obs_missing not in OBS_MISSING:
@@ -78,9 +81,7 @@ def build(
         )
     resolved = h5ad.resolve_paths(paths)
     element = h5ad.matrix_element(layer)
-    if isinstance(obs_columns, str):
-        obs_columns = [obs_columns]
-    obs_names = tuple(obs_columns)
+    obs_names = arguments.check_names("obs_columns", obs_columns)
     if len(set(obs_names)) != len(obs_names):
         raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
     files = FileSet.inspect(
@@ -94,6 +95,36 @@ def build(
     )
     options = SourceOptions(layer, obs_missing, bool(check_indices), read_threads)
     return files, BlockTable.grid(files.n_obs, block_size), options
+
+
+def _check_paths(paths):
+    """`paths`: a path or a non-empty sequence of paths (str or PathLike).
+
+    Raises:
+        arguments.ArgumentTypeError: `paths` (or one of them) is not a path.
+        ValueError: `paths` is empty.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        return paths
+    if not isinstance(paths, Sequence):
+        try:
+            paths = list(paths)  # an array or another iterable of paths
+        except TypeError:
+            raise arguments.ArgumentTypeError(
+                "paths must be a path (str or os.PathLike) or a list of paths, "
+                f"got paths={paths!r} ({type(paths).__name__})"
+            ) from None
+    if len(paths) == 0:
+        raise ValueError(
+            f"paths is empty: expected one or more .h5ad files, got paths={paths!r}"
+        )
+    bad = [p for p in paths if not isinstance(p, (str, os.PathLike))]
+    if bad:
+        raise arguments.ArgumentTypeError(
+            f"paths must hold paths (str or os.PathLike), got {bad[0]!r} "
+            f"({type(bad[0]).__name__}) in paths"
+        )
+    return paths
 
 
 __all__ = ["SourceOptions", "build"]

@@ -16,7 +16,7 @@ import importlib.util
 
 import numpy as np
 
-from grain_cells._util import counter_rng
+from grain_cells._util import arguments, counter_rng
 from grain_cells.outputs._formats import Fetch
 from grain_cells.tokens import _kernels as kernels
 from grain_cells.tokens import _threads as token_threads
@@ -62,7 +62,7 @@ class TokenOutput:
         kernels: str = "auto",
         threads: int | str = "auto",
     ):
-        column_tokens = np.asarray(column_tokens, np.int32)
+        column_tokens = column_token_array(column_tokens)
         if kernels not in ("auto", "numba", "numpy"):
             raise ValueError(
                 f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
@@ -71,11 +71,11 @@ class TokenOutput:
             raise ImportError(
                 "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
             )
-        if length < 1:
-            raise ValueError(f"length must be positive, got length={length}")
+        length = arguments.check_int("length", length, minimum=1)
         if not 0.0 <= mlm_probability < 1.0:
             raise ValueError(
-                f"mlm_probability must lie in [0, 1), got {mlm_probability}"
+                "mlm_probability must lie in [0, 1), got "
+                f"mlm_probability={mlm_probability!r}"
             )
         if mlm_probability > 0 and mask_id < 0:
             raise ValueError(
@@ -324,3 +324,22 @@ class TokenOutput:
         masked = np.zeros(ids.shape, bool)
         masked[r[hit], c[hit]] = True
         return masked
+
+
+def column_token_array(column_tokens) -> np.ndarray:
+    """`column_tokens` as int32 (one token id per column, -1 outside).
+
+    Raises:
+        arguments.ArgumentTypeError: They are not integers (a string, names).
+    """
+    array = np.asarray(column_tokens)
+    integral = array.dtype.kind in "iu" or (
+        array.dtype.kind == "f" and bool(np.all(np.mod(array, 1) == 0))
+    )
+    if array.ndim != 1 or not (integral or array.size == 0):
+        raise arguments.ArgumentTypeError(
+            "column_tokens must be a 1-D array of integer token ids, one per "
+            "column of the source (see GeneVocabulary.column_tokens), got "
+            f"column_tokens={column_tokens!r:.80}"
+        )
+    return array.astype(np.int32)

@@ -53,6 +53,7 @@ import numpy as np
 import tqdm
 
 from grain_cells import errors
+from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.outputs._formats import Fetch
 
@@ -242,8 +243,8 @@ def corpus_stats(
     Raises:
         ValueError: An argument is out of range.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+    arguments.check_choice("method", method, METHODS)
+    arguments.check_int("chunk_cells", chunk_cells, minimum=1)
     if bins_per_octave < 1 or max_octave <= min_octave:
         raise ValueError(
             f"need bins_per_octave >= 1 and max_octave > min_octave, got "
@@ -251,7 +252,9 @@ def corpus_stats(
             f"max_octave={max_octave}"
         )
     if target_sum is not None and not target_sum > 0:
-        raise ValueError(f"target_sum must be positive or None, got {target_sum}")
+        raise ValueError(
+            f"target_sum must be positive or None, got target_sum={target_sum!r}"
+        )
     if method == "auto":
         nnz = _estimated_nnz(source)
         method = "exact" if nnz * 12 < exact_bytes else "histogram"

@@ -87,6 +87,7 @@ from grain_cells.tokens._base import (
     IGNORE,
     ZERO_STREAM,
     TokenOutput,
+    column_token_array,
     numba_available,
     special_id,
 )
@@ -145,7 +146,7 @@ class RankValueTokens(TokenOutput):
                 Grain worker, else one per core up to 4. Same arrays.
         """
         medians = np.asarray(column_medians, np.float32)
-        column_tokens = np.asarray(column_tokens, np.int32).copy()
+        column_tokens = column_token_array(column_tokens).copy()
         if medians.shape != column_tokens.shape:
             raise ValueError(
                 f"column_medians has {medians.size} entries for "

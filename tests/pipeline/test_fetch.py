@@ -17,7 +17,13 @@ import pytest
 import scipy.sparse as sp
 from grain import sharding
 
-from grain_cells import CsrOutput, DenseOutput, PaddedSparseOutput, fetch_operations
+from grain_cells import (
+    CsrOutput,
+    DenseOutput,
+    PaddedSparseOutput,
+    errors,
+    fetch_operations,
+)
 
 # -- helpers -------------------------------------------------------------------
 
@@ -64,6 +70,8 @@ def check_shapes(batch, batch_size, output=None):
         assert batch["indices"].shape == (m, w)
         assert batch["indices"].dtype == np.int32
         assert batch["nnz"].shape == (m,) and batch["nnz"].dtype == np.int32
+        assert batch["truncated"].dtype == bool
+        assert not batch["truncated"][~mask].any()
         assert (batch["values"][~mask] == 0).all()
         assert (batch["indices"][~mask] == 0).all()
         assert (batch["nnz"][~mask] == 0).all()
@@ -369,10 +377,13 @@ def test_padded_truncation(request, helpers, permuted_path, truncate, which, gen
         paths, block_size=4, batch_size=4, fetch_factor=2, output=output, genes=genes
     )
     truth = helpers.Truth(source, paths)
-    batches = helpers.run(loader)
+    with pytest.warns(errors.TruncationWarning, match=r"largest|first") as seen:
+        batches = helpers.run(loader)
+    assert len(seen) == 1  # once per process, not once per minibatch
     truncated = 0
     for b in batches:
         check_shapes(b, 4, output)
+        np.testing.assert_array_equal(b["truncated"], b["nnz"] > width)
         for r in np.flatnonzero(b["mask"]):
             row = truth.x([b["row_ids"][r]], genes)[0]
             cols = np.flatnonzero(row)  # stored values are all >= 1
@@ -400,7 +411,11 @@ def test_padded_truncation_error(csr_paths, helpers):
     *_, loader = helpers.build(
         csr_paths, block_size=4, batch_size=4, fetch_factor=2, output=output
     )
-    with pytest.raises(ValueError, match=r"more than PaddedSparseOutput\(width=3\)"):
+    with pytest.raises(
+        errors.TruncationError,
+        match=r"cell \d+ \(global row id\) has [4-8] stored values, more than "
+        r"PaddedSparseOutput\(width=3\)",
+    ):
         helpers.run(loader)
     # Wide enough: no error.
     output = PaddedSparseOutput(width=8, truncate="error")

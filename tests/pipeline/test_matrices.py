@@ -351,3 +351,33 @@ def test_file_changed_under_extra_matrix_readers(tmp_path):
         extra["counts"].fetch(starts, stops, None, 0)
     with pytest.raises(grain_cells.errors.SourceChangedError, match=r"m1\.h5ad"):
         extra["pca"].read(starts, stops)
+
+
+def test_compound_obsm_fields_read_or_refused_by_name(tmp_path):
+    """A scalar field reads as one column; a 2-D or text field is refused."""
+    paths = _write(tmp_path)[:1]
+    n = SIZES[0]
+    table = np.empty(n, [("score", "f4"), ("grid", "f4", (2, 3)), ("tag", "S4")])
+    table["score"] = np.arange(n) + 0.25
+    with h5py.File(paths[0], "r+") as f:
+        del f["obsm"]
+        f.create_dataset("obsm", data=table)
+    source = grain_cells.AnnDataSource(paths, block_size=4)
+    ds = grain_cells.cell_dataset(
+        source, batch_size=8, fetch_factor=2, extra={"s": grain_cells.Obsm("score")}
+    )
+    for batch in ds:
+        real = batch["mask"]
+        assert batch["s"].shape == (8, 1)
+        np.testing.assert_array_equal(
+            batch["s"][real, 0], batch["row_ids"][real] + 0.25
+        )
+    for field, found in [("grid", r"shape \(2, 3\)"), ("tag", r"\|S4 values")]:
+        with pytest.raises(
+            grain_cells.errors.AnnDataFormatError,
+            match=rf"m0\.h5ad: obsm is a compound dataset \(anndata < 0\.7\) whose "
+            rf"field '{field}' holds .*{found}.*Rewrite the file",
+        ):
+            grain_cells.fetch_operations(
+                source, batch_size=8, extra={"x": grain_cells.Obsm(field)}
+            )
