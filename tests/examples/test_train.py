@@ -247,7 +247,7 @@ def test_main_prints_figures(uninterrupted):
 
 @pytest.mark.slow
 def test_measure_loader_overhead(data_file, tmp_path):
-    flags = config_flags(data_file, overhead_steps=40)
+    flags = config_flags(data_file, overhead_steps=40, overhead_warmup=5)
     (out,) = train(
         tmp_path / "work", [*flags, "--measure_loader_overhead"], tmp_path, "m"
     )
