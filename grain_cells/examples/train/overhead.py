@@ -52,13 +52,26 @@ def _loader_alone(data, config, steps: int, warmup: int) -> tuple[float, int]:
         checkpointing.close_iterator(iterator)
 
 
+def timed_steps(config: ml_collections.ConfigDict) -> int:
+    """`overhead_steps`, but at least 8 fetches per worker.
+
+    Workers fill their buffers while the first steps compile and run (and a
+    fetch yields `fetch_factor` minibatches at once); a window of only a few
+    fetches would time minibatches read before it started. Eight fetches
+    per worker keep what was read ahead to a small share of the window.
+    """
+    fetches = 8 * max(1, config.worker_count)
+    return max(config.overhead_steps, fetches * config.fetch_factor)
+
+
 def measure_loader_overhead(config: ml_collections.ConfigDict) -> dict:
     """Steps/s of the training step fed by the loader vs by batches in memory.
 
     Both loops run the same jitted step fed by the same device feed
     (`grain_cells.feed.device_iterator`: the host-to-device copy of each
     minibatch runs one step ahead); the second one cycles over
-    `min(overhead_steps, 256)` minibatches taken from the loader beforehand.
+    `min(steps, 256)` minibatches taken from the loader beforehand. Each
+    timed window is `timed_steps(config)` minibatches.
     Then the training loader is closed and a new one is timed alone (host
     minibatches, no step). Each variant first runs `overhead_warmup`
     untimed minibatches.
@@ -73,7 +86,7 @@ def measure_loader_overhead(config: ml_collections.ConfigDict) -> dict:
     sharding = distributed.batch_sharding(mesh)
     state = train_lib.create_state(config, data, mesh)
     train_step = train_lib.make_train_step(data, mesh)
-    steps = config.overhead_steps
+    steps = timed_steps(config)
     warmup = config.get("overhead_warmup", 30)
     keys = data.batch_keys
     host = iter(input_pipeline.train_loader(data, config))
