@@ -224,8 +224,8 @@ def loader_stage(s: Stages, files: dict, quick: bool) -> None:
         else [
             "--warmup=100",
             "--minibatches=500",
-            "--min_window_s=3",
-            "--max_window_s=6",
+            "--min_window_s=2",
+            "--max_window_s=4",
         ]
     )
     import importlib.util
