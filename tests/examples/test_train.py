@@ -256,6 +256,42 @@ def test_measure_loader_overhead(data_file, tmp_path):
         assert line and float(line.group(1)) > 0, out[-2000:]
 
 
+@pytest.mark.slow  # compiles the step in this process
+def test_loader_alone_is_timed_on_a_new_iterator(data_file, monkeypatch):
+    """The 'loader alone' line once drained the buffers the workers had filled
+    during the in-memory phase (millions of cells/s): it needs its own loader."""
+    from grain_cells.examples.train import input_pipeline, overhead
+
+    made = []
+    real = input_pipeline.train_loader
+
+    def counting(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(input_pipeline, "train_loader", counting)
+    config = small_config(data_file, overhead_steps=4, overhead_warmup=2)
+    result = overhead.measure_loader_overhead(config)
+    assert len(made) == 2  # training, then the loader alone
+    assert made[0] is not made[1]
+    for name in ("loader", "in_memory", "loader_only"):
+        assert result[name]["cells_per_sec"] > 0
+
+
+def test_timed_window_spans_eight_fetches_per_worker():
+    from grain_cells.examples.train import get_config
+    from grain_cells.examples.train.overhead import timed_steps
+
+    config = get_config()
+    config.overhead_steps, config.fetch_factor = 10, 16
+    config.worker_count = 4
+    assert timed_steps(config) == 8 * 4 * 16
+    config.worker_count = 0
+    assert timed_steps(config) == 8 * 16
+    config.overhead_steps = 5_000
+    assert timed_steps(config) == 5_000
+
+
 @pytest.fixture(scope="module")
 def two_processes(data_file, tmp_path_factory):
     """An uninterrupted two-process run with per-step dumps: (workdir, flags)."""
