@@ -247,13 +247,49 @@ def test_main_prints_figures(uninterrupted):
 
 @pytest.mark.slow
 def test_measure_loader_overhead(data_file, tmp_path):
-    flags = config_flags(data_file, overhead_steps=40)
+    flags = config_flags(data_file, overhead_steps=40, overhead_warmup=5)
     (out,) = train(
         tmp_path / "work", [*flags, "--measure_loader_overhead"], tmp_path, "m"
     )
     for what in ("fed by the loader", "fed from memory", "the loader alone"):
         line = re.search(rf"{what}: steps/s=([\d.]+), cells/s=(\d+)", out)
         assert line and float(line.group(1)) > 0, out[-2000:]
+
+
+@pytest.mark.slow  # compiles the step in this process
+def test_loader_alone_is_timed_on_a_new_iterator(data_file, monkeypatch):
+    """The 'loader alone' line once drained the buffers the workers had filled
+    during the in-memory phase (millions of cells/s): it needs its own loader."""
+    from grain_cells.examples.train import input_pipeline, overhead
+
+    made = []
+    real = input_pipeline.train_loader
+
+    def counting(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(input_pipeline, "train_loader", counting)
+    config = small_config(data_file, overhead_steps=4, overhead_warmup=2)
+    result = overhead.measure_loader_overhead(config)
+    assert len(made) == 2  # training, then the loader alone
+    assert made[0] is not made[1]
+    for name in ("loader", "in_memory", "loader_only"):
+        assert result[name]["cells_per_sec"] > 0
+
+
+def test_timed_window_spans_eight_fetches_per_worker():
+    from grain_cells.examples.train import get_config
+    from grain_cells.examples.train.overhead import timed_steps
+
+    config = get_config()
+    config.overhead_steps, config.fetch_factor = 10, 16
+    config.worker_count = 4
+    assert timed_steps(config) == 8 * 4 * 16
+    config.worker_count = 0
+    assert timed_steps(config) == 8 * 16
+    config.overhead_steps = 5_000
+    assert timed_steps(config) == 5_000
 
 
 @pytest.fixture(scope="module")

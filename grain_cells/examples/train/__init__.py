@@ -10,8 +10,11 @@ a sample of training cells). Minibatches come straight from the files:
 `AnnDataSource` -> `BlockSampler` -> `fetch_operations(PaddedSparseOutput)`,
 densified on the device inside the jitted step (`grain_cells.densify`);
 padding rows are masked out of the loss. Numeric obs columns are cut into
-`label_bins` quantile classes of the training cells. While a step runs, the
-next minibatch is read and copied to the devices (double buffering).
+`label_bins` quantile classes of the training cells. The minibatches reach
+the devices through `grain_cells.feed.device_iterator`: while a step runs,
+the next minibatch is already on its way and the one after is being read
+(double buffering); checkpoints save the feed's state, that of the last
+minibatch trained on.
 
 Usage (from anywhere; the default config ships inside the package)::
 
@@ -85,8 +88,11 @@ step and a SHA-1 of the process's parameters). These two are appended to, so a
 resumed run repeats the steps after its checkpoint.
 
 **Loader overhead.** `--measure_loader_overhead` times the same jitted step
-fed by the loader and fed by minibatches already in memory, and the loader
-alone, and prints steps/s and cells/s for each.
+fed by the loader and fed by minibatches already in memory (both through the
+same device feed), then the loader alone on a new iterator (its workers
+started afresh, `overhead_warmup` minibatches taken first, so no buffer
+filled during the other phases is counted), and prints steps/s and cells/s
+for each.
 """
 
 # Nothing heavy at import: Grain's spawned workers import this package again

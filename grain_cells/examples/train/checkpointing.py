@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from grain_cells.checkpoint import IteratorRestore, IteratorSave
-from grain_cells.examples.train.distributed import local_value, log
+from grain_cells.examples.train.distributed import local_rows, local_value, log
 
 
 def manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
@@ -41,8 +41,8 @@ def manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointMa
 def save(mngr: ocp.CheckpointManager, step: int, state, iterator) -> None:
     """Saves the train state and the iterator's position as step `step`.
 
-    The iterator must be exactly `step` minibatches in: nothing prefetched
-    from it beyond the minibatches the state has trained on.
+    The iterator must report the position after `step` minibatches: a
+    `grain_cells.feed` iterator does, however far it has read ahead.
     """
     mngr.save(
         step,
@@ -126,9 +126,13 @@ class StepFiles:
             self._params = open(process_file(workdir, "params_hash", ".txt"), "a")  # noqa: SIM115
 
     def write(self, step: int, batch, state) -> None:
-        """Records the real cells of `batch` and the state after `step`."""
+        """Records this process's real cells of `batch` and the state.
+
+        `batch` holds global device arrays (`grain_cells.feed`); the row ids
+        written are this process's rows of it.
+        """
         if self._row_ids is not None:
-            ids = np.asarray(batch["row_ids"])[np.asarray(batch["mask"])]
+            ids = local_rows(batch["row_ids"])[local_rows(batch["mask"])]
             self._row_ids.write(f"{step} {' '.join(map(str, ids))}\n")
             self._row_ids.flush()
         if self._params is not None:

@@ -1,9 +1,6 @@
-"""Several JAX processes: the mesh, global minibatches, device prefetch, logs."""
+"""Several JAX processes: the mesh, the shardings, local values, logs."""
 
 from __future__ import annotations
-
-import collections
-from collections.abc import Iterable, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -51,35 +48,15 @@ def replicated(mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def global_batch(batch: Mapping[str, np.ndarray], keys, mesh) -> dict:
-    """This process's minibatch as its rows of a global one over the mesh.
-
-    The host-to-device copies start at once and run asynchronously.
-    """
-    sharding = NamedSharding(mesh, P("data"))
-    return {
-        k: jax.make_array_from_process_local_data(sharding, np.asarray(batch[k]))
-        for k in keys
-    }
+def batch_sharding(mesh) -> NamedSharding:
+    """The sharding of minibatches: rows split over the `data` axis."""
+    return NamedSharding(mesh, P("data"))
 
 
-def prefetch_to_device(
-    batches: Iterable[Mapping[str, np.ndarray]], keys, mesh, size: int = 2
-) -> Iterator[tuple[Mapping[str, np.ndarray], dict]]:
-    """Yields `(host batch, global batch)`, keeping `size - 1` batches ahead.
-
-    While the consumer runs a step on one global batch, the next ones are
-    already being read and copied to the devices (double buffering at
-    `size=2`). The source iterator is then `size - 1` batches ahead of the
-    consumer: save its state only where the consumer has caught up.
-    """
-    queue = collections.deque()
-    for batch in batches:
-        queue.append((batch, global_batch(batch, keys, mesh)))
-        if len(queue) >= size:
-            yield queue.popleft()
-    while queue:
-        yield queue.popleft()
+def local_rows(x: jax.Array) -> np.ndarray:
+    """This process's rows of a global minibatch entry, in order."""
+    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    return np.concatenate([np.asarray(s.data) for s in shards])
 
 
 def local_value(x: jax.Array) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import grain_cells
+from grain_cells.feed import DeviceIterator, device_iterator
 from grain_cells.synthetic import _tahoe as synthetic
 
 
@@ -304,6 +305,21 @@ def train_loader(
         num_epochs=None,
         worker_count=config.worker_count,
     )
+
+
+def train_batches(
+    data: Data, config: ml_collections.ConfigDict, sharding
+) -> DeviceIterator:
+    """The training minibatches as global device arrays, one copy ahead.
+
+    `grain_cells.feed.device_iterator` over `train_loader`'s iterator: each
+    process's minibatch becomes its rows of a global batch (`sharding`),
+    copied while the previous step runs. Its state is the loader's after the
+    last minibatch returned, so a checkpoint saved after step N resumes at
+    minibatch N + 1.
+    """
+    keys = data.batch_keys + (("row_ids",) if config.dump_row_ids else ())
+    return device_iterator(iter(train_loader(data, config)), sharding, keys=keys)
 
 
 def eval_loader(

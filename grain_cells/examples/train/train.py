@@ -157,11 +157,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mesh = distributed.make_mesh()
     state = create_state(config, data, mesh)
     train_step = make_train_step(data, mesh)
-    iterator = iter(input_pipeline.train_loader(data, config))
+    batches = input_pipeline.train_batches(
+        data, config, distributed.batch_sharding(mesh)
+    )
     mngr = checkpointing.manager(workdir, config)
     step_files = checkpointing.StepFiles(workdir, config)
     try:
-        state, resumed_from = checkpointing.restore(mngr, state, iterator)
+        state, resumed_from = checkpointing.restore(mngr, state, batches)
         step = start_step = int(local_value(state.step))
         log(
             f"data: {data.train.num_selected_cells} training cells "
@@ -177,12 +179,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 "to train; raise --config.num_steps to train on"
             )
         last, timed, elapsed = _train_loop(
-            config, data, mesh, state, train_step, iterator, mngr, step_files, step
+            config, state, train_step, batches, mngr, step_files, step
         )
         state, step = last.pop("state"), last.pop("step")
     finally:
         step_files.close()
-        checkpointing.close_iterator(iterator)
+        checkpointing.close_iterator(batches)
         mngr.close()
 
     checkpointing.save_final_params(workdir, state.params)
@@ -223,38 +225,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return result
 
 
-def _train_loop(config, data, mesh, state, train_step, iterator, mngr, files, step):
-    """Steps from `step` to `num_steps`, reading one global batch ahead.
+def _train_loop(config, state, train_step, batches, mngr, files, step):
+    """Steps from `step` to `num_steps` on global device minibatches.
 
-    The next minibatch is read and copied to the devices while the current
-    step runs (double buffering); it is taken from the iterator only after a
-    checkpoint of the current step has been saved, so a saved iterator
-    position always equals the saved step.
+    `batches` (`grain_cells.feed`) copies the next minibatch to the devices
+    while the current step runs (double buffering); its state is that of the
+    last minibatch it returned, so a checkpoint saved after step N holds the
+    data position of step N, however far the feed has read ahead.
 
     Returns:
         `{"state", "step", "loss", "accuracy"}` (loss and accuracy over the
         last logged window), `(timed steps, timed cells)` and the seconds
         they took (all steps after the first, which compiles).
     """
-    keys = data.batch_keys
-
-    def fetch():
-        batch = next(iterator)
-        return batch, distributed.global_batch(batch, keys, mesh)
-
     t0, timed_cells, start = None, 0.0, step
     window: list[dict] = []
     last = {"loss": float("nan"), "accuracy": float("nan")}
-    pending = fetch() if step < config.num_steps else None
     while step < config.num_steps:
-        batch, device_batch = pending
-        state, metrics = train_step(state, device_batch)  # runs asynchronously
+        batch = next(batches)
+        state, metrics = train_step(state, batch)  # runs asynchronously
         step += 1
         window.append(metrics)
         if step % config.checkpoint_every == 0 or step == config.num_steps:
-            checkpointing.save(mngr, step, state, iterator)
-        if step < config.num_steps:
-            pending = fetch()  # while the step runs
+            checkpointing.save(mngr, step, state, batches)
         files.write(step, batch, state)
         if t0 is None:  # compiled, workers started: start the clock
             jax.block_until_ready(state)

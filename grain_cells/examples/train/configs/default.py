@@ -58,6 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Test hooks: per-step files in <workdir> (see the package docstring).
     config.dump_row_ids = False
     config.dump_params_hash = False
-    # --measure_loader_overhead: timed steps per variant.
+    # --measure_loader_overhead: timed steps per variant, after this many
+    # untimed ones (compiles, workers start).
     config.overhead_steps = 2_000
+    config.overhead_warmup = 30
     return config
