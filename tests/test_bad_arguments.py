@@ -409,9 +409,6 @@ CASES = [
         {"source": SOURCE, "weights": WEIGHTS, "epoch_blocks": 0},
         "epoch_blocks=0",
         id="weighted-epoch_blocks-0",
-        marks=owned(
-            "preshuffle", "sampling/_weighted.py says 'got 0', not 'epoch_blocks=0'"
-        ),
     ),
     P(
         gc.block_weights,
@@ -424,10 +421,6 @@ CASES = [
         {"source": SOURCE, "cell_weights": CELL_WEIGHTS, "reduce": "median"},
         "reduce='median'",
         id="block_weights-reduce",
-        marks=owned(
-            "preshuffle",
-            "blocks/_weighting.py says 'got 'median'', not 'reduce='median''",
-        ),
     ),
     P(
         gc.balanced_block_weights,
@@ -440,7 +433,6 @@ CASES = [
         {"source": SOURCE, "column": "cell_type", "max_iterations": 0},
         "max_iterations=0",
         id="balanced-max_iterations-0",
-        marks=owned("preshuffle", "blocks/_weighting.py accepts max_iterations=0"),
     ),
     P(
         gc.expected_shares,

@@ -74,6 +74,7 @@ from typing import NamedTuple
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util.arguments import check_int
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source._source import AnnDataSource
@@ -111,7 +112,9 @@ def block_weights(
     """
     check_source(source, "block_weights")
     if reduce not in REDUCTIONS:
-        raise ValueError(f"reduce must be one of {list(REDUCTIONS)}, got {reduce!r}")
+        raise ValueError(
+            f"reduce must be one of {list(REDUCTIONS)}, got reduce={reduce!r}"
+        )
     hint = (
         f"; for class balance over an obs column use balanced_block_weights("
         f"source, {cell_weights!r})"
@@ -281,6 +284,7 @@ def balanced_block_weights(
     """
     check_source(source, "balanced_block_weights")
     check_column(column, "balanced_block_weights")
+    check_int("max_iterations", max_iterations, minimum=1)
     comp = _composition(source, column)
     target = _targets(comp, column, shares)
     width = target.size

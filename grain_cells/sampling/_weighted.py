@@ -9,6 +9,7 @@ import numpy as np
 from grain import sharding
 
 from grain_cells._util import counter_rng
+from grain_cells._util.arguments import check_int
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
@@ -123,10 +124,8 @@ class WeightedBlockSampler(BlockStream):
             ("epoch_blocks", epoch_blocks),
             ("epoch_cells", epoch_cells),
         ):
-            if value is not None and (
-                not isinstance(value, (int, np.integer)) or value < 1
-            ):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if value is not None:
+                check_int(name, value, minimum=1)
         self._cdf = np.cumsum(w)
         self._total = float(self._cdf[-1])
         self._last_drawable = int(np.flatnonzero(w > 0)[-1])
