@@ -115,3 +115,11 @@ class ObjectStoreError(OSError):
 
 class MainGuardError(RuntimeError):
     """Worker processes were started from a script's unguarded top level."""
+
+
+class IteratorClosedError(RuntimeError):
+    """A data iterator was used after `close()` (or the end of its `with`).
+
+    Its workers and shared memory are gone; start a new iterator with
+    `iter(loader)`, or restore a saved state into one.
+    """
