@@ -50,7 +50,7 @@ __all__ = ["IteratorHandler", "IteratorRestore", "IteratorSave"]
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 # Position fields every old process's state must share for a hand-over.
-_SHARED = ("origin", "count", "pieces", "step")
+_SHARED = ("origin", "count", "pieces", "step", "epoch")
 
 
 def file_name(index: int, count: int) -> str:
