@@ -423,3 +423,27 @@ def test_shard_change_in_a_later_epoch(csr_paths, helpers):
     zero = iter(other)
     zero.set_state(json.dumps(state).encode())
     assert not np.array_equal(rows(helpers.take(zero)), rows(after))
+
+
+def test_processes_saved_in_different_epochs_are_refused(csr_paths, helpers, tmp_path):
+    """A hand-over to another process count needs one lock-step save."""
+    from grain_cells.checkpoint import IteratorHandler, IteratorRestore, IteratorSave
+
+    config = {**CONFIG, "block_size": 4}
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i, epoch in enumerate((0, 1)):
+        shard = grain.sharding.ShardOptions(i, 2)
+        *_, loader = helpers.build(csr_paths, shard=shard, **config)
+        loader.set_epoch(epoch)
+        iterator = iter(loader)
+        helpers.take(iterator, 3)
+        handler = IteratorHandler(process_index=i, process_count=2)
+        handler.save(folder, args=IteratorSave(iterator))
+    *_, loader = helpers.build(csr_paths, **config)
+    handler = IteratorHandler(process_index=0, process_count=1)
+    with pytest.raises(
+        errors.CheckpointMismatchError,
+        match=r"epoch: 0 in process_0-of-2\.json, 1 in process_1-of-2\.json",
+    ):
+        handler.restore(folder, args=IteratorRestore(iter(loader)))
