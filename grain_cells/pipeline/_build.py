@@ -151,7 +151,8 @@ def loader(
         batch_size: Cells per minibatch.
         obs_columns: obs columns returned with every cell (`obs/<column>`,
             categorical ones as codes: `DataLoader.obs_frame(batch)` gives
-            labels). With a source, its own columns are used.
+            labels). With a source, its own columns are used (others are
+            refused).
         output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
             `DenseOutput()` or a token output.
         split: `(name, fractions)`, e.g. `("train", {"train": 0.9, "val":
