@@ -27,8 +27,10 @@ handed out.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
+import weakref
 
 import grain
 from grain import sharding
@@ -50,6 +52,13 @@ from grain_cells.transport._main_guard import check_main_guard
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 # `CellIterator._failure` once closed: `next` tests one attribute for both.
 _CLOSED = IteratorClosedError("closed")
+# Iterators whose workers run: closed at exit, while every module still works.
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_running() -> None:
+    for iterator in list(_RUNNING):
+        iterator.close()
 
 
 class CellDataset(grain.IterDataset):
@@ -260,6 +269,9 @@ class CellIterator(grain.DatasetIterator):
                 ),
                 worker_init_fn=_send.worker_init,
             )
+            atexit.unregister(_close_running)  # registered once
+            atexit.register(_close_running)
+            _RUNNING.add(self)
         self._inner = iter(chain)
 
     def _next_fetch(self) -> None:
@@ -340,11 +352,14 @@ class CellIterator(grain.DatasetIterator):
         `errors.IteratorClosedError` afterwards; `get_state` still returns
         where the iterator stopped. Closing twice is harmless.
         """
+        if sys.is_finalizing():  # after atexit (a tqdm bar's generator, say):
+            return  # the workers are gone; so are other modules
         if self._batches is not None:  # the state no longer needs the fetch
             self._position = self._settled()
             self._batches = None
         self._failure = _CLOSED
         self._stop()
+        _RUNNING.discard(self)
 
     def __del__(self):
         with contextlib.suppress(Exception):

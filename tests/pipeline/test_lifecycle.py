@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import grain
@@ -447,3 +449,33 @@ def test_processes_saved_in_different_epochs_are_refused(csr_paths, helpers, tmp
         match=r"epoch: 0 in process_0-of-2\.json, 1 in process_1-of-2\.json",
     ):
         handler.restore(folder, args=IteratorRestore(iter(loader)))
+
+
+SCRIPT = """
+import sys, tqdm, grain_cells
+if __name__ == "__main__":
+    loader = grain_cells.loader(sys.argv[1:], batch_size=4, block_size=4,
+                                num_epochs=None, worker_count=2)
+    bar = iter(tqdm.tqdm(loader, disable=True))
+    next(bar)
+    print("left running")
+"""
+
+
+@pytest.mark.slow
+def test_exit_with_a_running_iterator_is_quiet(csr_paths, tmp_path):
+    """An iterator left running in a tqdm bar at exit closes without noise."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(script), *csr_paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "left running"
+    assert "Exception ignored" not in done.stderr, done.stderr
