@@ -2,13 +2,20 @@
 
 Public API::
 
+    loader = grain_cells.loader(       # files to minibatches in one call
+        paths, batch_size=64, obs_columns=["cell_type"],
+        split=("train", {"train": 0.9, "val": 0.1}), worker_count=2, seed=0)
+    for epoch in range(3):             # each iter() a new epoch, new order
+        for batch in loader: ...       # len(loader) minibatches per epoch
+    labels = loader.obs_frame(batch)   # obs codes -> labels (a DataFrame)
+
     source = grain_cells.AnnDataSource(paths, block_size=16, obs_columns=[...])
     cells = source.read(rows)          # batched read, rows in the order asked
     loader = grain_cells.DataLoader(   # grain.DataLoader's arguments;
         data_source=source,
         sampler=grain_cells.BlockSampler(len(source), seed=0),
         operations=grain_cells.fetch_operations(source, batch_size=64),
-        worker_count=2)                # same minibatches for any count
+        worker_count=2)                # what grain_cells.loader builds
     view = source.select(where={"cell_type": ["B", "T"]})   # a source too
     splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
@@ -21,6 +28,10 @@ raised for bad input), `grain_cells.tokens` (token outputs for transformers),
 count), `grain_cells.synthetic` (Tahoe-shaped test data). The rest
 (`pipeline`, `sampling`, `blocks`, `outputs`, `source`, `preshuffle`) are
 re-exported here; `io`, `hdf5`, `storage`, `transport` are internal.
+
+Every spelling gives the same minibatches for any worker count, resumable
+and restorable under another worker or shard count. Epochs, `len()` and
+`close()` are explained once, in `grain_cells.pipeline.CellDataset`.
 """
 
 from importlib import metadata as _metadata
@@ -42,6 +53,7 @@ from grain_cells.pipeline import (
     Obsm,
     cell_dataset,
     fetch_operations,
+    loader,
 )
 from grain_cells.preshuffle import preshuffle
 from grain_cells.sampling import (
@@ -77,6 +89,7 @@ __all__ = [
     "densify",
     "expected_shares",
     "fetch_operations",
+    "loader",
     "preshuffle",
     "split_by_fraction",
     "split_by_obs",

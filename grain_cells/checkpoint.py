@@ -13,7 +13,7 @@ count that saved it. What they add is restoring on another count Q:
 * Q != P: every process reads all P files and checks that they are one
   lock-step save of one grain_cells pipeline: all present, all
   `grain_cells` states of the same pipeline (stamp), at the same step and
-  with the same plan (origin, shard count, pieces). Then any one of them
+  epoch and with the same plan (origin, shard count, pieces). Then any one of them
   tells where every old process stood, and `iterator.set_state` hands the
   rest of the stream over to this process's shard (`grain_cells.pipeline._resume`):
   every remaining cell exactly once. Anything else is refused with
@@ -50,7 +50,7 @@ __all__ = ["IteratorHandler", "IteratorRestore", "IteratorSave"]
 
 _FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 # Position fields every old process's state must share for a hand-over.
-_SHARED = ("origin", "count", "pieces", "step")
+_SHARED = ("origin", "count", "pieces", "step", "epoch")
 
 
 def file_name(index: int, count: int) -> str:

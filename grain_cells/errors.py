@@ -163,3 +163,11 @@ class TruncationError(ValueError):
 
 class TruncationWarning(UserWarning):
     """Cells were truncated to a fixed-width output (shown once per process)."""
+
+
+class IteratorClosedError(RuntimeError):
+    """A data iterator was used after `close()` (or the end of its `with`).
+
+    Its workers and shared memory are gone; start a new iterator with
+    `iter(loader)`, or restore a saved state into one.
+    """

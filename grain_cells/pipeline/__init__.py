@@ -1,14 +1,16 @@
 """The one pipeline: fetches read in workers, minibatches in order, resumable."""
 
-from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, cell_dataset
+from grain_cells.pipeline._build import cell_dataset, loader
+from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
 from grain_cells.pipeline._extra import Layer, Obsm
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
-from grain_cells.pipeline._loader import CheckedIterator, DataLoader
+from grain_cells.pipeline._loader import CheckedIterator, DataLoader, obs_frame
 
 __all__ = [
     "READ_OPTIONS",
     "CellDataset",
+    "CellIterator",
     "CheckedIterator",
     "DataLoader",
     "FetchConfig",
@@ -18,4 +20,6 @@ __all__ = [
     "SplitFetch",
     "cell_dataset",
     "fetch_operations",
+    "loader",
+    "obs_frame",
 ]

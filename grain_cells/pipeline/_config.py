@@ -3,6 +3,8 @@
 `make_split` is what `fetch_operations` (a plain `grain.DataLoader`),
 `grain_cells.DataLoader` and `cell_dataset` all build their fetch transform
 with: the same checks and messages whichever way a user came in.
+`check_same_source` and `check_condition_sampler` check that transform and
+the sampler against the data source a pipeline is given.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from grain_cells._util import arguments
 from grain_cells.outputs._formats import CsrOutput, Output
 from grain_cells.pipeline._extra import check_output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.sampling._conditions import ConditionBlockSampler
 from grain_cells.source._source import AnnDataSource
 
 
@@ -89,3 +92,41 @@ def make_split(
     if remainder == "drop":
         _warn_if_nothing_left(source, config)
     return SplitFetch(source, config, extra)
+
+
+def check_same_source(split: SplitFetch, data_source) -> None:
+    """Refuses fetch operations built on another source or view.
+
+    The fetch transform reads through its own source; blocks of another view
+    (a split, a selection) or of other files would be read from the wrong
+    rows without a word.
+
+    Raises:
+        ValueError: `split.source` is not `data_source` (nor an equal one).
+    """
+    made = split.source
+    if made is data_source or repr(made) == repr(data_source):
+        return
+    raise ValueError(
+        "the fetch operations were built on another source than data_source: "
+        f"fetch_operations(...) reads {made!r}, but data_source is "
+        f"{data_source!r}. Build the sampler and fetch_operations from the "
+        "source (or split view) passed as data_source."
+    )
+
+
+def check_condition_sampler(sampler) -> None:
+    """Refuses a `ConditionBlockSampler` striped for a plain grain.DataLoader.
+
+    Raises:
+        ValueError: The sampler's `worker_count` is not 0.
+    """
+    if isinstance(sampler, ConditionBlockSampler) and sampler.worker_count:
+        raise ValueError(
+            f"ConditionBlockSampler(worker_count={sampler.worker_count}) stripes "
+            "its groups for a plain grain.DataLoader's workers; "
+            "grain_cells.DataLoader and cell_dataset form each fetch from "
+            "consecutive positions whatever their worker_count, so build the "
+            "sampler with worker_count=0 (its fetches then hold one condition "
+            "each)"
+        )

@@ -27,20 +27,22 @@ handed out.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
+import weakref
 
 import grain
 from grain import sharding
 
 from grain_cells._util import arguments
+from grain_cells.errors import IteratorClosedError
 from grain_cells.pipeline import _state_checks as state_checks
-from grain_cells.pipeline._config import make_split
+from grain_cells.pipeline._config import check_condition_sampler, check_same_source
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._resume import Position, hand_over
-from grain_cells.pipeline._stage import ReadFetch
-from grain_cells.sampling._conditions import ConditionBlockSampler
-from grain_cells.sampling._samplers import BlockSampler, check_sampler_fits
-from grain_cells.source._source import AnnDataSource
+from grain_cells.pipeline._stage import ReadFetch, advances_epochs, plan_minibatches
+from grain_cells.sampling._samplers import check_sampler_fits
 from grain_cells.transport import _ring as transport
 from grain_cells.transport import _send, _shm_names
 from grain_cells.transport import _worker as worker_process
@@ -48,12 +50,49 @@ from grain_cells.transport._main_guard import check_main_guard
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+# `CellIterator._failure` once closed: `next` tests one attribute for both.
+_CLOSED = IteratorClosedError("closed")
+# Iterators whose workers run: closed at exit, while every module still works.
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_running() -> None:
+    for iterator in list(_RUNNING):
+        iterator.close()
 
 
 class CellDataset(grain.IterDataset):
     """Shuffled minibatches of a source (see the module docstring).
 
-    Use `cell_dataset(...)` or `grain_cells.DataLoader` to build one.
+    Use `cell_dataset(...)`, `grain_cells.DataLoader` or
+    `grain_cells.loader(...)` to build one.
+
+    **Epochs**, the same for `cell_dataset`, `grain_cells.DataLoader` and
+    `grain_cells.loader` (which wrap this dataset). With a finite stream (a
+    grain_cells sampler with `num_epochs=E`, 1 by default) each `iter()` starts
+    the next epoch, as a torch `DataLoader` does, in a new order: epoch `e`
+    walks the sampler's stream from position `e * len(sampler)` on, i.e. the
+    sampler's epochs `e*E .. e*E + E - 1`, a pure function of (seed, epoch);
+    the in-fetch shuffle follows the blocks. `epoch` is the epoch the next
+    `iter()` starts, `set_epoch(e)` sets it (as torch's
+    `DistributedSampler.set_epoch`: make every epoch explicit with it when a
+    loop may start iterators it does not finish). The epoch is part of the
+    iterator's state: restoring a state resumes in its epoch, and the next
+    `iter()` starts the epoch after it. `len()` is the minibatches of the
+    epoch the next `iter()` starts, on this shard (with `remainder="drop"`,
+    less the dropped ones); a `TypeError` for an endless stream or with a
+    `condition`. An endless stream (`num_epochs=None`) reshuffles each
+    sampler epoch inside one iterator, and every `iter()` starts at its
+    beginning; so does a sampler that is not grain_cells' (a plain Grain
+    sampler). A plain `grain.DataLoader(sampler=BlockSampler(...),
+    operations=fetch_operations(...))` is Grain's own loader: each `iter()`
+    starts over at the sampler's first position (the same order), and its
+    epochs are the sampler's `num_epochs` within one iterator.
+
+    **Closing.** `close()` (or leaving a `with` block) stops the workers and
+    frees their shared memory at once; `next()` then raises
+    `errors.IteratorClosedError` (as does `set_state`); `get_state()` still
+    tells where it stopped.
     """
 
     def __init__(
@@ -87,12 +126,77 @@ class CellDataset(grain.IterDataset):
         )
         self.after = tuple(after)
         self.stamp = state_checks.stamp(source, sampler, split)
+        self._epoch = 0
+        self._length = (-1, 0)  # (epoch, its len())
 
     def __str__(self) -> str:
         return f"CellDataset({self.split!r}, workers={self.worker_count})"
 
     def __iter__(self) -> CellIterator:
-        return CellIterator(self)
+        iterator = CellIterator(self, self._epoch)
+        if advances_epochs(self.sampler):
+            self._epoch += 1
+        return iterator
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next `iter()` starts (see "Epochs" above)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next `iter()` start epoch `epoch` (see "Epochs" above).
+
+        Raises:
+            ValueError: `epoch` is negative, or not 0 where every `iter()`
+                starts at the beginning (endless stream, a user's sampler).
+        """
+        epoch = arguments.check_int("epoch", epoch, minimum=0)
+        if epoch and not advances_epochs(self.sampler):
+            raise ValueError(
+                f"set_epoch({epoch}): {self.sampler!r} is an endless stream or "
+                "not a grain_cells sampler, so every iter() starts at its "
+                "beginning and its epochs run inside one iterator; give the "
+                "sampler num_epochs to count epochs by iter()"
+            )
+        self._epoch = epoch
+
+    def _resumed(self, epoch: int) -> None:
+        """A restored iterator is in `epoch`: the next `iter()` starts the next."""
+        if advances_epochs(self.sampler):
+            self._epoch = epoch + 1
+
+    def __len__(self) -> int:
+        """Minibatches of the epoch the next `iter()` starts, on this shard.
+
+        Computed once per epoch, without reading cells: arithmetic when all
+        blocks hold equal cell counts; otherwise the epoch's block order is
+        walked once (about 5 CPU-seconds per million blocks for a shuffled
+        `BlockSampler`).
+
+        Raises:
+            TypeError: The stream is endless, or a `condition` makes the
+                count depend on the data.
+        """
+        if len(self.sampler) >= sys.maxsize:
+            raise TypeError(
+                "an endless stream (num_epochs=None) has no len(); count "
+                "steps yourself, or give the sampler num_epochs"
+            )
+        if self.split.config.condition is not None:
+            raise TypeError(
+                f"with condition={self.split.config.condition!r} the "
+                "minibatches per epoch depend on the cells' values, so there "
+                "is no len() before the epoch is read"
+            )
+        if self._length[0] != self._epoch:  # computed once per epoch
+            shard = self.shard
+            start = Position(
+                count=shard.shard_count, index=shard.shard_index, epoch=self._epoch
+            )
+            plan = start.plan(self.sampler, self.split.config.blocks_per_fetch)
+            count = plan_minibatches(self.split.config, self.source, plan)
+            self._length = (self._epoch, count)
+        return self._length[1]
 
     def mp_prefetch(self, options=None, worker_init_fn=None, sequential_slice=False):
         """This pipeline with `options.num_workers` workers (same minibatches).
@@ -126,18 +230,21 @@ class CellDataset(grain.IterDataset):
 class CellIterator(grain.DatasetIterator):
     """Iterator of a `CellDataset`; its state is a position and a stamp.
 
-    Closable: `close()` (or leaving a `with` block) stops the workers. Once
-    `next` has raised (a worker died, a file went bad), every later call
+    Closable: `close()` (or leaving a `with` block) stops the workers and
+    frees their shared memory; `next` then raises `IteratorClosedError`.
+    Once `next` has raised (a worker died, a file went bad), every later call
     raises again rather than going on without the failed fetch.
     """
 
-    def __init__(self, ds: CellDataset):
-        """Positions the iterator at the start of its shard's stream."""
+    def __init__(self, ds: CellDataset, epoch: int = 0):
+        """Positions the iterator at the start of its shard's epoch `epoch`."""
         super().__init__()
         self._ds = ds
         self._g = ds.split.config.blocks_per_fetch
         shard = ds.shard
-        self._position = Position(count=shard.shard_count, index=shard.shard_index)
+        self._position = Position(
+            count=shard.shard_count, index=shard.shard_index, epoch=epoch
+        )
         self._plan = self._position.plan(ds.sampler, self._g)
         self._inner = None
         self._batches = None
@@ -164,6 +271,9 @@ class CellIterator(grain.DatasetIterator):
                 ),
                 worker_init_fn=_send.worker_init,
             )
+            atexit.unregister(_close_running)  # registered once
+            atexit.register(_close_running)
+            _RUNNING.add(self)
         self._inner = iter(chain)
 
     def _next_fetch(self) -> None:
@@ -173,11 +283,8 @@ class CellIterator(grain.DatasetIterator):
         self._batches = next(self._inner)
 
     def __next__(self) -> dict:
-        if self._failure is not None:
-            raise RuntimeError(
-                "the data iterator failed earlier and cannot continue; restore "
-                "it from a checkpoint or start a new one"
-            ) from self._failure
+        if self._failure is not None:  # failed earlier, or closed
+            raise self._refusal()
         try:
             pos = self._position
             while True:
@@ -201,18 +308,60 @@ class CellIterator(grain.DatasetIterator):
             self._failure = e
             raise
 
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator walks (see "Epochs" in `CellDataset`)."""
+        return self._position.epoch
+
     def start_prefetch(self) -> None:
-        """Starts the workers now (orbax calls this after a restore)."""
+        """Starts the workers now (orbax calls this after a restore).
+
+        Raises:
+            IteratorClosedError: The iterator was closed.
+        """
+        if self._failure is _CLOSED:
+            raise self._refusal()
         if self._inner is None and self._position.fetch < self._plan.num_fetches():
             self._start()
 
-    def close(self) -> None:
-        """Stops the workers; the iterator cannot be used afterwards."""
+    def _refusal(self) -> RuntimeError:
+        """What `next` raises once the iterator failed or was closed."""
+        if self._failure is _CLOSED:
+            return IteratorClosedError(
+                "this data iterator was closed (close(), or the end of its "
+                "with block): its workers and shared memory are gone. Start a "
+                "new one with iter(loader), or restore a saved state into one"
+            )
+        error = RuntimeError(
+            "the data iterator failed earlier and cannot continue; restore "
+            "it from a checkpoint or start a new one"
+        )
+        error.__cause__ = self._failure
+        return error
+
+    def _stop(self) -> None:
+        """Stops the workers (if any) and unmaps their rings."""
         inner, self._inner = self._inner, None
         if inner is not None:
             with contextlib.suppress(Exception):
                 inner.close()
         transport.release_dead_rings()
+
+    def close(self) -> None:
+        """Stops the workers and frees their shared memory, for good.
+
+        `next`, `set_state` and `start_prefetch` raise
+        `errors.IteratorClosedError` afterwards; `get_state` still returns
+        where the iterator stopped. Closing twice is harmless.
+        """
+        if sys.is_finalizing():  # after atexit (a tqdm bar's generator, say):
+            return  # the workers are gone; so are other modules
+        if self._batches is not None:  # the state no longer needs the fetch
+            self._position = self._settled()
+            self._batches = None
+        self._failure = _CLOSED
+        self._stop()
+        _RUNNING.discard(self)
 
     def __del__(self):
         with contextlib.suppress(Exception):
@@ -226,13 +375,18 @@ class CellIterator(grain.DatasetIterator):
 
     # -- state ------------------------------------------------------------
 
-    def get_state(self) -> dict:
-        """The position (JSON-ready) and the pipeline's stamp."""
+    def _settled(self) -> Position:
+        """A copy of the position; past a fetch's end, the next fetch's start."""
         pos = Position(**vars(self._position))
         if self._batches is not None and pos.minibatch >= len(self._batches):
             pos.fetch += 1
             pos.minibatch = self._plan.skip(pos.fetch)
-        return {state_checks.STAMP: self._ds.stamp, "position": pos.to_json()}
+        return pos
+
+    def get_state(self) -> dict:
+        """The position (JSON-ready, with the epoch) and the pipeline's stamp."""
+        position = self._settled().to_json()
+        return {state_checks.STAMP: self._ds.stamp, "position": position}
 
     def set_state(self, state: dict) -> None:
         """Restores a state saved by this pipeline under any worker count.
@@ -244,7 +398,10 @@ class CellIterator(grain.DatasetIterator):
                 follow (see `grain_cells.pipeline._resume`).
             errors.SourceChangedError: A file changed since the source was
                 built.
+            IteratorClosedError: The iterator was closed.
         """
+        if self._failure is _CLOSED:
+            raise self._refusal()
         ds = self._ds
         saved = state_checks.check_state(
             state, ds.stamp, ds.sampler, ds.source, ds.split
@@ -263,135 +420,9 @@ class CellIterator(grain.DatasetIterator):
                 shard.shard_count,
                 shard.shard_index,
             )
-        self.close()
+        self._stop()
         self._position = saved
         self._plan = saved.plan(ds.sampler, self._g)
         self._batches = None
         self._failure = None
-
-
-def cell_dataset(
-    source: AnnDataSource,
-    *,
-    batch_size: int,
-    fetch_factor: int = 16,
-    output=None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_epochs: int | None = 1,
-    shard_options: sharding.ShardOptions | None = None,
-    remainder: str = "pad",
-    readahead_cells: int = 16384,
-    sampler=None,
-    extra: dict | None = None,
-    numeric_obs: str = "native",
-    condition: str | None = None,
-    worker_count: int = 0,
-    worker_buffer_size: int = 1,
-) -> CellDataset:
-    """Shuffled minibatches of `source` as a Grain `IterDataset`.
-
-    Args:
-        source: The cells.
-        batch_size: Cells per minibatch.
-        fetch_factor: Minibatches per fetch.
-        output: `CsrOutput()` (default), `PaddedSparseOutput(...)` or
-            `DenseOutput()`.
-        shuffle: Shuffle blocks per epoch and cells inside each fetch.
-        seed: Seed of both shuffles.
-        num_epochs: Epochs, or None for an endless stream.
-        shard_options: This process's shard (e.g. `ShardByJaxProcess()`).
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        readahead_cells: How far ahead the fetch stage asks the OS for blocks.
-        sampler: A sampler over `source`'s blocks to use instead of a
-            `BlockSampler` built from the arguments above (e.g. a
-            `WeightedBlockSampler`); `shuffle`, `seed` (of the block order),
-            `num_epochs` and `shard_options` then come from it.
-        extra: More matrices per minibatch (`grain_cells.Layer`,
-            `grain_cells.Obsm`), as in `fetch_operations`.
-        numeric_obs: `"native"` or `"float32"`, as in `fetch_operations`.
-        condition: One condition per minibatch, as in `fetch_operations`
-            (pair with `grain_cells.ConditionBlockSampler(...,
-            worker_count=0)`: fetches are consecutive positions of the shard).
-        worker_count: Worker processes that read and format fetches (0: in
-            this process). The minibatches are the same for every count.
-        worker_buffer_size: Finished fetches each worker may hold ahead.
-
-    Returns:
-        A `CellDataset` (an `IterDataset`) of minibatch dicts (see
-        `grain_cells.outputs`). Do not add `.mp_prefetch` to it: pass
-        `worker_count` (Grain refuses to slice it anyway).
-
-    Example:
-        >>> ds = cell_dataset(source, batch_size=64, num_epochs=None,
-        ...                   worker_count=2)
-        >>> it = iter(ds); batch = next(it); state = it.get_state()
-    """
-    if sampler is None:
-        sampler = BlockSampler(
-            len(source),
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            readahead_cells=0,
-        )
-    split = make_split(
-        source,
-        batch_size=batch_size,
-        fetch_factor=fetch_factor,
-        output=output,
-        shuffle=shuffle,
-        seed=seed,
-        remainder=remainder,
-        extra=extra,
-        numeric_obs=numeric_obs,
-        condition=condition,
-    )
-    return CellDataset(
-        source,
-        sampler,
-        split,
-        worker_count=worker_count,
-        worker_buffer_size=worker_buffer_size,
-        shard_options=shard_options,
-        readahead_cells=readahead_cells,
-    )
-
-
-def check_same_source(split: SplitFetch, data_source) -> None:
-    """Refuses fetch operations built on another source or view.
-
-    The fetch transform reads through its own source; blocks of another view
-    (a split, a selection) or of other files would be read from the wrong
-    rows without a word.
-
-    Raises:
-        ValueError: `split.source` is not `data_source` (nor an equal one).
-    """
-    made = split.source
-    if made is data_source or repr(made) == repr(data_source):
-        return
-    raise ValueError(
-        "the fetch operations were built on another source than data_source: "
-        f"fetch_operations(...) reads {made!r}, but data_source is "
-        f"{data_source!r}. Build the sampler and fetch_operations from the "
-        "source (or split view) passed as data_source."
-    )
-
-
-def check_condition_sampler(sampler) -> None:
-    """Refuses a `ConditionBlockSampler` striped for a plain grain.DataLoader.
-
-    Raises:
-        ValueError: The sampler's `worker_count` is not 0.
-    """
-    if isinstance(sampler, ConditionBlockSampler) and sampler.worker_count:
-        raise ValueError(
-            f"ConditionBlockSampler(worker_count={sampler.worker_count}) stripes "
-            "its groups for a plain grain.DataLoader's workers; "
-            "grain_cells.DataLoader and cell_dataset form each fetch from "
-            "consecutive positions whatever their worker_count, so build the "
-            "sampler with worker_count=0 (its fetches then hold one condition "
-            "each)"
-        )
+        ds._resumed(saved.epoch)  # the dataset's own iterator

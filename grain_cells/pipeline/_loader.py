@@ -25,6 +25,13 @@ whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
 * **absl flags / `__main__` guard**: flags are marked parsed when nothing
   parsed them (Grain's workers read one), and iterating with workers from a
   script's unguarded top level raises `MainGuardError` at once.
+* **Epochs, `len`, `close`**: each `iter()` starts the next epoch in a new
+  order, `len(loader)` is an epoch's minibatches (so `tqdm(loader)` shows a
+  total), `close()` ends an iterator for good: see "Epochs" in
+  `grain_cells.pipeline.CellDataset`, which this loader wraps.
+* **obs labels**: minibatches carry categorical obs columns as integer
+  codes (fast, `jax.jit`-friendly); `loader.obs_frame(batch)` gives them as
+  a pandas DataFrame of labels.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import json
 
 import grain
+import numpy as np
 
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
@@ -40,7 +48,13 @@ from grain_cells.pipeline._grain_ops import GrainFetch
 from grain_cells.transport import _worker as worker_process
 from grain_cells.transport._main_guard import check_main_guard
 
-__all__ = ["READ_OPTIONS", "CheckedIterator", "CheckpointMismatchError", "DataLoader"]
+__all__ = [
+    "READ_OPTIONS",
+    "CheckedIterator",
+    "CheckpointMismatchError",
+    "DataLoader",
+    "obs_frame",
+]
 
 
 def _split_of(operations) -> tuple[SplitFetch, tuple]:
@@ -136,6 +150,35 @@ class DataLoader:
         """What a saved state must match to be restored by this loader."""
         return dict(self._dataset.stamp)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next `iter()` starts (see `CellDataset`'s "Epochs")."""
+        return self._dataset.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next `iter()` start epoch `epoch` (as torch's `set_epoch`).
+
+        Raises:
+            ValueError: `epoch` is negative, or not 0 for an endless stream.
+        """
+        self._dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Minibatches of the epoch the next `iter()` starts, on this shard.
+
+        Raises:
+            TypeError: The stream is endless (`num_epochs=None`), or a
+                `condition` makes the count depend on the data.
+        """
+        return len(self._dataset)
+
+    def obs_frame(self, batch: dict):
+        """The obs columns of a minibatch's real cells, as labels.
+
+        See `obs_frame(source, batch)`.
+        """
+        return obs_frame(self._dataset.source, batch)
+
     def __iter__(self) -> CheckedIterator:
         workers = self._dataset.worker_count
         if workers:
@@ -146,7 +189,9 @@ class DataLoader:
 class CheckedIterator:
     """A `DataLoader`'s iterator: JSON-bytes states, like Grain's loader.
 
-    Closable (`close()`, or a `with` block) to stop its workers at once.
+    Closable (`close()`, or a `with` block): its workers stop and their
+    shared memory is freed at once, and `next()` then raises
+    `errors.IteratorClosedError`.
     """
 
     def __init__(self, iterator: CellIterator):
@@ -159,6 +204,11 @@ class CheckedIterator:
     def __next__(self) -> dict:
         return next(self._it)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator walks (part of its state)."""
+        return self._it.epoch
+
     def get_state(self) -> bytes:
         """The state as JSON bytes (what orbax's Grain handler writes)."""
         return json.dumps(self._it.get_state(), indent=1).encode()
@@ -166,11 +216,15 @@ class CheckedIterator:
     def set_state(self, state: bytes) -> None:
         """Restores a state saved under any worker (or shard) count.
 
+        The iterator resumes in the state's epoch; the loader's next
+        `iter()` starts the epoch after it.
+
         Raises:
             CheckpointMismatchError: Not a grain_cells state, another pipeline,
                 or a field out of range (see `grain_cells.pipeline._state_checks`).
             errors.SourceChangedError: A file changed since the source was
                 built.
+            errors.IteratorClosedError: The iterator was closed.
         """
         try:
             obj = json.loads(state)
@@ -183,7 +237,11 @@ class CheckedIterator:
         self._it.start_prefetch()
 
     def close(self) -> None:
-        """Stops the workers; the iterator cannot be used afterwards."""
+        """Stops the workers and frees their shared memory, for good.
+
+        `next()` raises `errors.IteratorClosedError` afterwards; `get_state()`
+        still returns where the iterator stopped.
+        """
         self._it.close()
 
     def __enter__(self) -> CheckedIterator:
@@ -191,3 +249,44 @@ class CheckedIterator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def obs_frame(source, batch: dict):
+    """The obs columns of a minibatch's real cells, as a pandas DataFrame.
+
+    Categorical columns (codes in the minibatch) become `pd.Categorical`
+    labels of `source.categories[column]` (code -1: missing), numeric ones
+    stay numbers. Padding rows (`mask` False) are left out; the index is the
+    cells' global `row_ids`, in minibatch order.
+
+    Args:
+        source: The `AnnDataSource` (or view) the minibatch came from.
+        batch: A minibatch dict (`obs/<column>`, `mask`, `row_ids`).
+
+    Returns:
+        A `pandas.DataFrame`, one column per obs column in the minibatch.
+
+    Example:
+        >>> frame = loader.obs_frame(batch)
+        >>> frame["cell_type"].value_counts()
+    """
+    import pandas as pd  # only where labels are asked for
+
+    mask = np.asarray(batch["mask"], bool) if "mask" in batch else None
+    columns = {}
+    for column, labels in source.categories.items():
+        values = batch.get(f"obs/{column}")
+        if values is None:
+            continue
+        values = np.asarray(values)
+        if mask is not None:
+            values = values[mask]
+        if labels is not None:
+            values = pd.Categorical.from_codes(values.astype(np.int64), labels)
+        columns[column] = values
+    row_ids = batch.get("row_ids")
+    index = None
+    if row_ids is not None:
+        row_ids = np.asarray(row_ids)
+        index = pd.Index(row_ids[mask] if mask is not None else row_ids, name="row_id")
+    return pd.DataFrame(columns, index=index)

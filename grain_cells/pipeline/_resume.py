@@ -2,8 +2,10 @@
 
 An iterator's position is ours, not Grain's: the plan (`origin`, shard
 `count` and `index`, the `pieces` of a previous hand-over), the fetch `n`
-whose minibatch `j` comes next, and `step`, the minibatches this shard has
-emitted since the plan began. Restoring under any worker count rebuilds the
+whose minibatch `j` comes next, `step`, the minibatches this shard has
+emitted since the plan began, and the loader's `epoch` (which pass over a
+finite sampler stream the plan walks; see `grain_cells.pipeline._dataset`;
+0 in states saved before epochs existed). Restoring under any worker count rebuilds the
 pipeline from fetch `n` (fetches are pure functions of their number, so the
 sequence is the same).
 
@@ -45,6 +47,7 @@ class Position:
     fetch: int = 0
     minibatch: int = 0
     step: int = 0
+    epoch: int = 0
 
     def to_json(self) -> dict:
         """The position as JSON-ready ints and lists."""
@@ -61,6 +64,7 @@ class Position:
             index=self.index,
             origin=self.origin,
             pieces=self.pieces,
+            epoch=self.epoch,
         )
 
 
@@ -128,6 +132,6 @@ def hand_over(
     plan_pieces.sort(key=lambda t: t[:2])
     pieces = left_pieces + [p for *_, p in plan_pieces]
     origin = saved.origin + (furthest + 1) * g * saved.count
-    position = Position(origin, new_count, new_index, pieces, 0, 0, 0)
+    position = Position(origin, new_count, new_index, pieces, 0, 0, 0, saved.epoch)
     position.minibatch = position.plan(sampler, g).skip(0)
     return position

@@ -53,10 +53,21 @@ class FetchPlan:
         pieces: Every shard's pieces before the plan (a restore under another
             shard count): `(positions, skip)` pairs, piece `k` to shard
             `k % count`; `skip` minibatches of it were already emitted.
+        epoch: The loader's epoch: positions are read `epoch * len(sampler)`
+            further down the sampler's stream (its next pass; needs a
+            grain_cells sampler, whose stream goes on past its length).
     """
 
     def __init__(
-        self, sampler, blocks_per_fetch: int, *, count=1, index=0, origin=0, pieces=()
+        self,
+        sampler,
+        blocks_per_fetch: int,
+        *,
+        count=1,
+        index=0,
+        origin=0,
+        pieces=(),
+        epoch=0,
     ):
         self.sampler = sampler
         self.blocks_per_fetch = int(blocks_per_fetch)
@@ -65,6 +76,7 @@ class FetchPlan:
         self.origin = int(origin)
         self.pieces = tuple((tuple(int(p) for p in pos), int(k)) for pos, k in pieces)
         self.length = len(sampler)
+        self.shift = int(epoch) * self.length if epoch else 0
         self._own = self.pieces[self.index :: self.count]
 
     @property
@@ -91,10 +103,24 @@ class FetchPlan:
         return self._own[n][1] if n < len(self._own) else 0
 
     def keys(self, positions: np.ndarray) -> np.ndarray:
-        """Record keys (block ids) at sampler positions."""
+        """Record keys (block ids) at sampler positions (of the plan's epoch)."""
         if isinstance(self.sampler, BlockStream):  # vectorised
+            positions = np.asarray(positions, np.int64) + self.shift
             return np.asarray(self.sampler.blocks_at(positions), np.int64).reshape(-1)
-        return np.array([self.sampler[int(p)].record_key for p in positions], np.int64)
+        return np.array(
+            [self.sampler[int(p) + self.shift].record_key for p in positions], np.int64
+        )
+
+
+def advances_epochs(sampler) -> bool:
+    """Whether each `iter()` of a pipeline over `sampler` starts a new epoch.
+
+    True for grain_cells' samplers (`BlockStream`s) with a finite stream:
+    their stream goes on past `len(sampler)`, so epoch `e` reads positions
+    `e * len(sampler)` further on. An endless stream, or a user's sampler,
+    starts at its beginning every time.
+    """
+    return isinstance(sampler, BlockStream) and sampler.num_epochs is not None
 
 
 def fetch_blocks(source, keys: np.ndarray) -> np.ndarray:
@@ -118,6 +144,39 @@ def count_minibatches(config, source, keys: np.ndarray) -> int:
     if config.remainder == "drop":
         return cells // config.batch_size
     return math.ceil(cells / config.batch_size)
+
+
+def plan_minibatches(config, source, plan: FetchPlan) -> int:
+    """Minibatches a plan without pieces yields (a loader's `len`), unread.
+
+    With blocks of equal length this is arithmetic; otherwise it walks the
+    plan's block keys once (vectorised for `WeightedBlockSampler`; a few
+    microseconds per block for a shuffled `BlockSampler`, whose permutation
+    has no inverse to place the short blocks).
+
+    Raises:
+        ValueError: With a condition the count depends on the cells' values.
+    """
+    if config.condition is not None:
+        raise ValueError("with a condition, a fetch's minibatch count needs its data")
+    per_fetch = plan.blocks_per_fetch
+    positions = -(-(plan.length - plan.origin - plan.index) // plan.count)
+    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    sizes = (stops - starts).astype(np.int64)
+    chunk = per_fetch * max(1, (1 << 20) // per_fetch)  # positions per pass
+    total = 0
+    for first in range(0, max(0, positions), chunk):
+        steps = np.arange(first, min(first + chunk, positions), dtype=np.int64)
+        if sizes.min() == sizes.max():
+            cells = np.full(steps.size, sizes[0], np.int64)
+        else:
+            cells = sizes[plan.keys(plan.origin + steps * plan.count + plan.index)]
+        fetched = np.add.reduceat(cells, np.arange(0, steps.size, per_fetch))
+        if config.remainder == "drop":
+            total += int((fetched // config.batch_size).sum())
+        else:
+            total += int((-(-fetched // config.batch_size)).sum())
+    return total
 
 
 class ReadFetch(grain.transforms.Map):

@@ -39,7 +39,7 @@ import json
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline import _legacy_stamp as legacy
 from grain_cells.pipeline._resume import Position
-from grain_cells.pipeline._stage import count_minibatches
+from grain_cells.pipeline._stage import advances_epochs, count_minibatches
 from grain_cells.storage import _identity as identity
 
 STAMP = "grain_cells"
@@ -217,7 +217,9 @@ def check_state(state, current: dict, sampler, source, split) -> Position:
         for p in piece[0]:
             _int(p, f"{field}[0]", 0, length - 1)
         _int(piece[1], f"{field}[1]", 0)
-    saved = Position(origin, count, index, [(p, k) for p, k in pieces])
+    most = None if advances_epochs(sampler) else 0
+    epoch = _int(pos.get("epoch", 0), "position.epoch", 0, most)
+    saved = Position(origin, count, index, [(p, k) for p, k in pieces], epoch=epoch)
     plan = saved.plan(sampler, split.config.blocks_per_fetch)
     saved.fetch = _int(pos.get("fetch"), "position.fetch", 0, plan.num_fetches())
     saved.step = _int(pos.get("step"), "position.step", 0)

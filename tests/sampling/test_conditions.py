@@ -130,6 +130,7 @@ def test_weights_choose_conditions(csr_paths, helpers):
 def test_resume_exactly(csr_paths, helpers, stop, workers):
     loader = build(csr_paths, seed=5, num_epochs=2, workers=workers)[2]
     everything = helpers.run(loader)
+    loader.set_epoch(0)  # each iter() is the next epoch: the same one again
     iterator = iter(loader)
     helpers.take(iterator, stop)
     state = iterator.get_state()

@@ -398,6 +398,7 @@ def test_random_tokens_resume_exactly(parts, helpers, workers):
     # Inside the second fetch, and at its end (one point with workers: each
     # restore starts them anew).
     for stop in (3, 6) if workers == 0 else (3,):
+        loader.set_epoch(0)  # each iter() is the next epoch: the same one again
         iterator = iter(loader)
         helpers.take(iterator, stop)
         state = iterator.get_state()
