@@ -479,19 +479,12 @@ CASES = [
         {"data_source": SOURCE, "sampler": SAMPLER, "operations": "fetch"},
         "operations='fetch'",
         id="loader-operations-str",
-        marks=owned(
-            "loader", "pipeline/_loader.py iterates the string: got ['f', 'e', ...]"
-        ),
     ),
     P(
         gc.DataLoader,
         {"data_source": PATH, "sampler": SAMPLER, "operations": OPS},
         "data_source=",
         id="loader-data_source-path",
-        marks=owned(
-            "loader",
-            "pipeline/_loader.py compares block counts of a path (len of the string)",
-        ),
     ),
     P(densify_, {"num_genes": 0}, "num_genes=0", id="densify-num_genes-0"),
     # -- tokens ---------------------------------------------------------------

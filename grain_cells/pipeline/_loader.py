@@ -41,10 +41,12 @@ import json
 import grain
 import numpy as np
 
+from grain_cells._util.arguments import ArgumentTypeError, check_source
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch
+from grain_cells.source import AnnDataSource
 from grain_cells.transport import _worker as worker_process
 from grain_cells.transport._main_guard import check_main_guard
 
@@ -126,6 +128,15 @@ class DataLoader:
                 sampler walks more blocks than the source has.
         """
         del read_options, enable_profiling
+        check_source(data_source, AnnDataSource, "data_source")
+        if isinstance(operations, (str, bytes)) or not isinstance(
+            operations, (list, tuple)
+        ):
+            raise ArgumentTypeError(
+                "operations must be a list of transforms, "
+                "grain_cells.fetch_operations(source, ...), got "
+                f"operations={operations!r} ({type(operations).__name__})"
+            )
         if worker_count:
             worker_process.allow_unparsed_flags()
         split, after = _split_of(operations)
