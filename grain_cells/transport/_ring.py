@@ -408,11 +408,23 @@ def _prune() -> None:
     yet handed over; their names share the ring's prefix, so they go too.
     Leased arrays keep their own mappings until they die.
     """
-    for name, view in list(_RINGS.items()):
-        gone = view.sock is None or not shm_names.alive(view.pid)
-        if gone and _RINGS.pop(name, None) is view:
+    views = list(_RINGS.items())
+    hung_up = _hung_up([view.sock for _, view in views])
+    for name, view in views:
+        gone = view.sock is None or view.sock in hung_up
+        if (gone or not shm_names.alive(view.pid)) and _RINGS.pop(name, None) is view:
             view.close()
             shm_names.unlink_prefix(view.prefix)
+
+
+def _hung_up(socks) -> set:
+    """The sockets whose worker end is closed (the worker never writes)."""
+    poller = select.poll()
+    for sock in socks:
+        if sock is not None:
+            poller.register(sock, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(0)}
+    return {sock for sock in socks if sock is not None and sock.fileno() in ready}
 
 
 def _close_views() -> None:
