@@ -19,7 +19,11 @@ Spellings (`--spellings`):
 
 * `loader`: `grain_cells.DataLoader(data_source=..., sampler=..., operations=
   grain_cells.fetch_operations(...), worker_count=N)`;
-* `card`: the same objects given to Grain's own `grain.DataLoader`.
+* `card`: the same objects given to Grain's own `grain.DataLoader`;
+* `card_inline`: `card` with `read_options=grain.ReadOptions(num_threads=0,
+  prefetch_buffer_size=0)`: block records are cheap (ids, no I/O), and
+  Grain's default read-ahead of 500 records scans its buffer of futures on
+  every record it hands out.
 
 `--baseline_tree=/path/to/checkout` runs every point a second time with that
 checkout's `grain_cells` (`PYTHONPATH`), interleaved with this one's, so a
@@ -68,8 +72,8 @@ _WORKERS = flags.DEFINE_list(
 _SPELLINGS = flags.DEFINE_list(
     "spellings",
     ["loader"],
-    "loader (grain_cells.DataLoader) and/or card "
-    "(grain.DataLoader with the same objects).",
+    "loader (grain_cells.DataLoader), card (grain.DataLoader with the same "
+    "objects), card_inline (card reading records without Grain's thread pool).",
 )
 _CACHE = flags.DEFINE_list(
     "cache",
@@ -119,9 +123,19 @@ def _loader(spelling: str, path: str, workers: int):
     ops = grain_cells.fetch_operations(
         source, batch_size=_BATCH.value, fetch_factor=_FETCH.value
     )
-    make = grain_cells.DataLoader if spelling == "loader" else grain.DataLoader
-    return make(
-        data_source=source, sampler=sampler, operations=ops, worker_count=workers
+    if spelling == "loader":
+        return grain_cells.DataLoader(
+            data_source=source, sampler=sampler, operations=ops, worker_count=workers
+        )
+    more = {}
+    if spelling == "card_inline":
+        more["read_options"] = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    return grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=ops,
+        worker_count=workers,
+        **more,
     )
 
 
@@ -224,7 +238,7 @@ def main(argv):
                         rec = _point(tree, spelling, workers, cache, path)
                         records.append(rec)
                         print(
-                            f"{rec['tree']:8s} {spelling:6s} workers={workers} "
+                            f"{rec['tree']:8s} {spelling:11s} workers={workers} "
                             f"{cache}: {rec['trainer_cpu_us_per_minibatch']:8.1f} "
                             f"CPU µs/minibatch, ceiling "
                             f"{rec['ceiling_cells_per_s']:>10,} cells/s; wall "

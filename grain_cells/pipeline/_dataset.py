@@ -139,6 +139,7 @@ class CellIterator(grain.DatasetIterator):
         self._plan = self._position.plan(ds.sampler, self._g)
         self._inner = None
         self._batches = None
+        self._taken = False  # whether `_batches` is a list handed out item by item
         self._failure: BaseException | None = None
         if ds.worker_count:
             _shm_names.remove_stale()  # of trainers and workers that were killed
@@ -167,8 +168,11 @@ class CellIterator(grain.DatasetIterator):
     def _next_fetch(self) -> None:
         if self._inner is None:
             self._start()
-        # A fetch's minibatches: lazy in this process, a list from a worker.
+        # A fetch's minibatches: lazy in this process, a list from a worker
+        # (one element per fetch through Grain's queue; its arrays are leases
+        # of the worker's slots, `grain_cells.transport._lease`).
         self._batches = next(self._inner)
+        self._taken = isinstance(self._batches, list)
 
     def __next__(self) -> dict:
         if self._failure is not None:
@@ -185,6 +189,8 @@ class CellIterator(grain.DatasetIterator):
                     self._next_fetch()
                 if pos.minibatch < len(self._batches):
                     batch = self._batches[pos.minibatch]
+                    if self._taken:  # the user alone decides when it dies
+                        self._batches[pos.minibatch] = None
                     pos.minibatch += 1
                     pos.step += 1
                     for op in self._ds.after:

@@ -25,7 +25,8 @@ so a worker never reuses a slot that this process still reads, on any CPU
 free slot blocks in `select` on the socket (no polling); the handle in the
 other direction travels through Grain's queue, itself a pipe.
 
-Segments are made and read by `grain_cells.transport._segments`.
+Segments are made and read by `grain_cells.transport._segments`; the
+trainer's side (views, leases, hand-back) is `_views` and `_lease`.
 
 Lifetimes: a name is unlinked as soon as the trainer has opened it (the
 mapping or descriptor outlives the name), and every name a worker created is
@@ -41,7 +42,6 @@ worker.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import mmap
 import multiprocessing.util
@@ -51,14 +51,13 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from functools import partial
 
 import numpy as np
 
 from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _views as views
 from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._lease import lease
 
 # Slots a ring may grow to (a slot number is one byte on the socket). Grain's
 # DataLoader materialises a whole fetch (fan-out minibatches) before queueing
@@ -68,18 +67,9 @@ from grain_cells.transport._lease import lease
 _MAX_SLOTS = 255
 _WAIT_S = 2.0
 
-# Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
-_RINGS: dict[str, _RingView] = {}
-_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
-_PRUNE_EVERY = 256
-_unpacked = 0
-# A send to a worker that has exited must raise, not raise SIGPIPE.
-_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
-
-
-def _address(ring: str) -> str:
-    """The abstract Unix socket name on which a ring takes slots back."""
-    return "\0" + ring.lstrip("/")
+# Trainer side: ring name -> its view (`_views`), the same dict.
+_RINGS = views.RINGS
+release_dead_rings = views.release_dead_rings
 
 
 class SlotRing:
@@ -106,7 +96,7 @@ class SlotRing:
         self._names_lock = threading.Lock()
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(_address(self.name))
+        self._listener.bind(views.address(self.name))
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
@@ -286,65 +276,6 @@ class SlotHandle:
         )
 
 
-class _RingView:
-    """The trainer's mappings of one worker's ring."""
-
-    def __init__(self, ring: str, pid: int):
-        self.pid = pid
-        self.prefix = ring[: -len("_ring")]
-        self.sock: socket.socket | None = socket.socket(
-            socket.AF_UNIX, socket.SOCK_STREAM
-        )
-        try:
-            self.sock.connect(_address(ring))
-        except OSError:  # the worker (and its socket) is gone
-            self.close()
-        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
-        # Slots whose arrays the user may hold, and the weak reference that
-        # hands each back when they die.
-        self.leased: dict[int, object] = {}
-
-    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
-        held = self.slots.get(slot)
-        if held is None or held[0] != name:
-            mm = segments.open_segment(name, size)
-            shm_names.unlink(name)
-            self.slots[slot] = (name, mm)
-            return mm
-        return held[1]
-
-    def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
-        """A minibatch's arrays: leased within the budget, else copied out."""
-        mm = self.segment(slot, segment, size)
-        if len(self.leased) < leases:
-            out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
-            return out
-        out = segments.read(mm, layout)
-        self.hand_back(slot)
-        return out
-
-    def lease_ended(self, slot: int) -> None:
-        """The last array of a leased slot died (any thread): hand it back."""
-        self.leased.pop(slot, None)
-        self.hand_back(slot)
-
-    def hand_back(self, slot: int) -> None:
-        """Returns a slot to the worker, once nothing of this process reads it."""
-        sock = self.sock  # another thread may close the view meanwhile
-        if sock is None:
-            return
-        try:
-            sock.send(bytes((slot,)), _NO_SIGNAL)
-        except OSError:  # the worker has exited, or closed its ring
-            self.close()
-
-    def close(self) -> None:
-        """Closes the socket to the worker (its mappings go with the view)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-
 class ExpiredBatch(dict):
     """Stands for a minibatch whose worker exited before it was received.
 
@@ -369,7 +300,6 @@ def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
 
 
 def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
-    global _unpacked
     if ring is None:
         mm = segments.open_segment(segment, size)
         shm_names.unlink(segment)
@@ -381,66 +311,7 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
         # Unpickled by the worker itself (Grain drains its own queue on stop).
         _local_ring.release(slot)
         return {}
-    view = _RINGS.get(ring)
-    if view is None:
-        with _RINGS_LOCK:
-            view = _RINGS.get(ring)
-            if view is None:
-                _prune()
-                _close_views_at_exit()
-                view = _RINGS[ring] = _RingView(ring, pid)
-    out = view.open(slot, segment, size, layout, leases)
-    _unpacked += 1
-    if _unpacked % _PRUNE_EVERY == 0:
-        _prune()
-    return out
-
-
-def release_dead_rings() -> None:
-    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
-    _prune()
-
-
-def _prune() -> None:
-    """Drops the mappings of rings whose worker has exited (or closed them).
-
-    A worker that was killed could not unlink the segments it had made but not
-    yet handed over; their names share the ring's prefix, so they go too.
-    Leased arrays keep their own mappings until they die.
-    """
-    views = list(_RINGS.items())
-    hung_up = _hung_up([view.sock for _, view in views])
-    for name, view in views:
-        gone = view.sock is None or view.sock in hung_up
-        if (gone or not shm_names.alive(view.pid)) and _RINGS.pop(name, None) is view:
-            view.close()
-            shm_names.unlink_prefix(view.prefix)
-
-
-def _hung_up(socks) -> set:
-    """The sockets whose worker end is closed (the worker never writes)."""
-    poller = select.poll()
-    for sock in socks:
-        if sock is not None:
-            poller.register(sock, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(0)}
-    return {sock for sock in socks if sock is not None and sock.fileno() in ready}
-
-
-def _close_views() -> None:
-    for view in list(_RINGS.values()):
-        view.close()
-
-
-def _close_views_at_exit() -> None:
-    """Closes the views' sockets before the interpreter goes (once per process)."""
-    global _at_exit
-    if not _at_exit:
-        atexit.register(_close_views)
-        _at_exit = True
-
-
-_at_exit = False
+    return views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None
