@@ -216,6 +216,8 @@ class CellIterator(grain.DatasetIterator):
         if inner is not None:
             with contextlib.suppress(Exception):
                 inner.close()
+        if self._taken:  # the rest of a worker's fetch: its slots' leases
+            self._batches = None
         transport.release_dead_rings()
 
     def __del__(self):

@@ -134,6 +134,17 @@ class _RingView:
             self.sock.close()
             self.sock = None
 
+    def release(self) -> None:
+        """Closes the socket and drops the mappings (the worker is gone).
+
+        A leased minibatch keeps its own slot mapped until its arrays die;
+        its hand-back is forgotten (and this view is not kept alive by it).
+        """
+        self.close()
+        self.slots.clear()
+        self.leased.clear()
+        self.pending.clear()
+
 
 def release_dead_rings() -> None:
     """Unmaps the slot rings of workers that have exited (each maps an fd)."""
@@ -152,7 +163,7 @@ def _prune() -> None:
     for name, view in views:
         gone = view.sock is None or view.sock in hung_up
         if (gone or not shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
-            view.close()
+            view.release()
             shm_names.unlink_prefix(view.prefix)
 
 
