@@ -52,6 +52,46 @@ def produce(queue, n: int, slots: int, leases: int) -> None:
     time.sleep(60)  # killed by the test: names stay while the consumer reads
 
 
+def produce_sizes(queue, n: int) -> None:
+    """Producer: `n` minibatches of 1-4x the size through 3 slots, 2 lendable."""
+    ring = transport.SlotRing(max_slots=3, leases=2)
+    for i in range(n):
+        queue.put(ring.put(sized(i)))
+    time.sleep(60)  # killed by the test
+
+
+def sized(i: int) -> dict[str, np.ndarray]:
+    """Minibatch `i` of a size that rises and falls (slots get replaced)."""
+    rows = 500 * (1 + (i * 7 // 5) % 4)
+    return {"values": np.arange(rows, dtype=np.float64) + i * 1e6}
+
+
+@pytest.mark.slow
+def test_leases_keep_every_value_while_slots_are_reused():
+    """The consumer keeps the last two minibatches (both leased, often) while
+    the producer refills its remaining slot over and over: every value of
+    every minibatch is checked on arrival and again when it is dropped."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue(maxsize=4)
+    producer = ctx.Process(target=produce_sizes, args=(queue, 400))
+    producer.start()
+    try:
+        window, leases = [], 0
+        for i in range(400):
+            got = queue.get(timeout=60)
+            np.testing.assert_array_equal(got["values"], sized(i)["values"])
+            leases += leased(got)
+            window.append((i, got))
+            if len(window) > 2:
+                j, old = window.pop(0)
+                np.testing.assert_array_equal(old["values"], sized(j)["values"])
+        assert leases > 100, leases  # about every other one (the budget is 2)
+    finally:
+        producer.kill()
+        producer.join(30)
+        transport.release_dead_rings()
+
+
 @pytest.mark.slow
 def test_a_user_who_keeps_every_minibatch_gets_copies_not_a_hang():
     """With 8 slots, 4 of them lendable, a consumer keeps all 120 minibatches:
