@@ -23,6 +23,13 @@ under any worker count, and under another shard count (see `resume`).
 `worker_buffer_size` finished fetches waiting in the worker's queue, one
 slot of its shared-memory ring per minibatch; in the trainer, the fetch being
 handed out.
+
+**Minibatches from workers are leases**: their arrays are views of the
+worker's shared-memory slot (no copy in the trainer), and the slot returns
+to the worker when the last array of the minibatch dies. A trainer that keeps
+more minibatches than the ring lends (about three fetches' worth per worker)
+gets private copies for the rest, so keeping minibatches never stalls the
+workers (`grain_cells.transport._lease`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import atexit
 import collections
 import contextlib
 import mmap
+import os
 import select
 import socket
 import threading
@@ -58,7 +59,8 @@ class _RingView:
     """The trainer's mappings of one worker's ring."""
 
     def __init__(self, ring: str, pid: int):
-        self.pid = pid
+        self.pid = pid  # the worker's
+        self.trainer = os.getpid()  # a forked child must hand nothing back
         self.prefix = ring[: -len("_ring")]
         self.sock: socket.socket | None = socket.socket(
             socket.AF_UNIX, socket.SOCK_STREAM
@@ -106,7 +108,12 @@ class _RingView:
         finalizer in any thread, so a full socket buffer (a worker blocked
         in Grain's queue reads hand-backs only when it needs a slot) leaves
         the slots pending for the next call instead of blocking the caller.
+        A process forked from the trainer inherits its leases and this
+        socket; arrays dying there hand nothing back (the trainer's copies of
+        them may still be read).
         """
+        if os.getpid() != self.trainer:
+            return
         if slot is not None:
             self.pending.append(slot)
         sock = self.sock  # another thread may close the view meanwhile
@@ -172,7 +179,8 @@ def _hung_up(socks) -> set:
     poller = select.poll()
     for sock in socks:
         if sock is not None:
-            poller.register(sock, select.POLLIN)
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                poller.register(sock, select.POLLIN)
     ready = {fd for fd, _ in poller.poll(0)}
     return {sock for sock in socks if sock is not None and sock.fileno() in ready}
 

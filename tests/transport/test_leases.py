@@ -215,3 +215,29 @@ def test_minibatches_held_while_the_loader_goes_on_keep_their_values(
             (b["data"], b["indices"], b["indptr"]), shape=(4, helpers.N_GENES)
         ).toarray()
         np.testing.assert_array_equal(x[: ids.size], truth.x(ids))
+
+
+def drop_in_child(held: dict) -> None:
+    """In a forked child: the inherited lease dies here (and must not return)."""
+    held.clear()
+    gc.collect()
+
+
+def test_a_forked_child_hands_back_no_lease_of_its_parent():
+    ring = transport.SlotRing(max_slots=4, leases=2)
+    try:
+        held = pickle.loads(pickle.dumps(ring.put(batch(0))))
+        assert leased(held)
+        child = multiprocessing.get_context("fork").Process(
+            target=drop_in_child, args=(held,)
+        )
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        for _ in range(3):  # accept the trainer's connection, then read it
+            ring._collect(0.1)
+        assert ring._busy[0], "a forked child's dropped copy freed the slot"
+        check(held, 0)
+    finally:
+        ring.close()
+        transport.release_dead_rings()
