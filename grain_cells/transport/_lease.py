@@ -7,9 +7,11 @@ the slot's mapping, and hands the slot back to its worker when the last of
 those arrays dies: NumPy keeps the one `uint8` array every view is cut from
 (`base`) alive as long as any view, a view of a view, or anything holding
 one (a JAX CPU buffer that aliases host memory, a memoryview) is alive, and
-`weakref.finalize` on that array runs the hand-back once it goes. The
-hand-back therefore still comes after the user's last read, in program
-order (release/acquire through the socket, as for a copy).
+a weak reference to that array runs the hand-back once it goes (in whichever
+thread drops the last reference; `weakref.finalize` cost twice as much per
+minibatch). The hand-back therefore still comes after the user's last read,
+in program order (release/acquire through the socket, as for a copy). A
+process forked from the trainer hands nothing back (`_views`).
 
 A user who keeps minibatches would keep their slots, so the trainer leases
 at most the ring's lease budget per worker (`SlotHandle.leases`, sized by
