@@ -23,6 +23,13 @@ under any worker count, and under another shard count (see `resume`).
 `worker_buffer_size` finished fetches waiting in the worker's queue, one
 slot of its shared-memory ring per minibatch; in the trainer, the fetch being
 handed out.
+
+**Minibatches from workers are leases**: their arrays are views of the
+worker's shared-memory slot (no copy in the trainer), and the slot returns
+to the worker when the last array of the minibatch dies. A trainer that keeps
+more minibatches than the ring lends (about three fetches' worth per worker)
+gets private copies for the rest, so keeping minibatches never stalls the
+workers (`grain_cells.transport._lease`).
 """
 
 from __future__ import annotations
@@ -248,6 +255,7 @@ class CellIterator(grain.DatasetIterator):
         self._plan = self._position.plan(ds.sampler, self._g)
         self._inner = None
         self._batches = None
+        self._taken = False  # whether `_batches` is a list handed out item by item
         self._failure: BaseException | None = None
         if ds.worker_count:
             _shm_names.remove_stale()  # of trainers and workers that were killed
@@ -279,8 +287,11 @@ class CellIterator(grain.DatasetIterator):
     def _next_fetch(self) -> None:
         if self._inner is None:
             self._start()
-        # A fetch's minibatches: lazy in this process, a list from a worker.
+        # A fetch's minibatches: lazy in this process, a list from a worker
+        # (one element per fetch through Grain's queue; its arrays are leases
+        # of the worker's slots, `grain_cells.transport._lease`).
         self._batches = next(self._inner)
+        self._taken = isinstance(self._batches, list)
 
     def __next__(self) -> dict:
         if self._failure is not None:  # failed earlier, or closed
@@ -294,6 +305,8 @@ class CellIterator(grain.DatasetIterator):
                     self._next_fetch()
                 if pos.minibatch < len(self._batches):
                     batch = self._batches[pos.minibatch]
+                    if self._taken:  # the user alone decides when it dies
+                        self._batches[pos.minibatch] = None
                     pos.minibatch += 1
                     pos.step += 1
                     for op in self._ds.after:
@@ -345,6 +358,8 @@ class CellIterator(grain.DatasetIterator):
         if inner is not None:
             with contextlib.suppress(Exception):
                 inner.close()
+        if self._taken:  # the rest of a worker's fetch: its slots' leases
+            self._batches = None
         transport.release_dead_rings()
 
     def close(self) -> None:

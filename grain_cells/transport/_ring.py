@@ -7,20 +7,26 @@ move: more than reading and shuffling it. Here each worker keeps a small ring
 of slots, shared segments that stay mapped in both processes, and writes a
 minibatch's arrays into one slot (formatted there in the first place through
 a `slot_writer.SlotWriter`, so no extra copy); what crosses Grain's queue is a
-small handle. Unpickling the handle in the trainer maps the slot (once per slot),
-copies the arrays out into ordinary private memory and hands the slot back,
-so the arrays a user holds never alias memory a worker will overwrite.
+small handle. Unpickling the handle in the trainer maps the slot (once per
+slot) and *leases* it: the minibatch's arrays are views of the slot, and the
+slot goes back to its worker when the last of them dies (`_lease`), so a
+minibatch costs the trainer no copy. Beyond the ring's lease budget (a user
+keeping many minibatches) the arrays are copied out into private memory and
+the slot handed back at once, so the worker never starves. Either way the
+arrays a user holds never alias memory a worker will overwrite.
 
 **Hand-back.** The trainer returns a slot by sending its number (one byte)
 over a Unix stream socket to the worker that owns the ring (an abstract
 socket name, which the kernel removes with the worker). The send comes after
-the copy in program order, and the kernel's socket locks order them for the
-worker's receive (release/acquire), so a worker never reuses a slot whose
-copy is still reading it, on any CPU (aarch64 included). A worker with no
+the copy (or the death of the last leased array) in program order, and the
+kernel's socket locks order them for the worker's receive (release/acquire),
+so a worker never reuses a slot that this process still reads, on any CPU
+(aarch64 included). A worker with no
 free slot blocks in `select` on the socket (no polling); the handle in the
 other direction travels through Grain's queue, itself a pipe.
 
-Segments are made and read by `grain_cells.transport._segments`.
+Segments are made and read by `grain_cells.transport._segments`; the
+trainer's side (views, leases, hand-back) is `_views` and `_lease`.
 
 Lifetimes: a name is unlinked as soon as the trainer has opened it (the
 mapping or descriptor outlives the name), and every name a worker created is
@@ -36,7 +42,6 @@ worker.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import mmap
 import multiprocessing.util
@@ -51,35 +56,37 @@ import numpy as np
 
 from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _views as views
 from grain_cells.transport import _worker as worker_process
 
-# Slots a ring may grow to (a slot number is one byte on the FIFO). Grain's
+# Slots a ring may grow to (a slot number is one byte on the socket). Grain's
 # DataLoader materialises a whole fetch (fan-out minibatches) before queueing
-# any, so a ring needs about that many plus the queue's depth; beyond the cap
-# a worker falls back to one-off segments.
-_MAX_SLOTS = 128
+# any, so a ring needs about that many plus the queue's depth, plus the
+# minibatches the trainer holds as leases; beyond the cap a worker falls back
+# to one-off segments. Slots are made only when needed.
+_MAX_SLOTS = 255
 _WAIT_S = 2.0
 
-# Trainer side: ring name -> _RingView. Rings of dead workers are pruned.
-_RINGS: dict[str, _RingView] = {}
-_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
-_PRUNE_EVERY = 256
-_unpacked = 0
-# A send to a worker that has exited must raise, not raise SIGPIPE.
-_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
-
-
-def _address(ring: str) -> str:
-    """The abstract Unix socket name on which a ring takes slots back."""
-    return "\0" + ring.lstrip("/")
+# Trainer side: ring name -> its view (`_views`), the same dict.
+_RINGS = views.RINGS
+release_dead_rings = views.release_dead_rings
 
 
 class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
-    def __init__(self, max_slots: int = 8):
+    def __init__(self, max_slots: int = 8, leases: int = 0):
+        """A ring of up to `max_slots` slots, `leases` of them lent to the trainer.
+
+        Args:
+            max_slots: Slots the ring may grow to (grown by `reserve`).
+            leases: Of those, how many the trainer may hold as leased
+                minibatches (it copies the others out): at most `max_slots`
+                minus what the worker needs in flight.
+        """
         shm_names.remove_stale()
         self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
+        self._leases = min(leases, self._max_slots)
         self._prefix = shm_names.new_prefix()
         self.name = self._prefix + "_ring"
         self._names: list[str] = []
@@ -89,7 +96,7 @@ class SlotRing:
         self._names_lock = threading.Lock()
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(_address(self.name))
+        self._listener.bind(views.address(self.name))
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
@@ -100,20 +107,32 @@ class SlotRing:
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         worker_process.on_orphaned(self.close)
 
-    def reserve(self, n: int) -> None:
-        """Lets the ring grow to at least `n` slots (up to the hard cap)."""
-        self._max_slots = max(self._max_slots, min(n, _MAX_SLOTS))
+    def reserve(self, n: int, leases: int = 0) -> None:
+        """Lets the ring grow to `n` slots in flight plus `leases` lent slots.
+
+        Up to the hard cap; the lease budget is what the cap leaves beyond
+        the `n` in flight.
+        """
+        self._max_slots = max(self._max_slots, min(n + leases, _MAX_SLOTS))
+        lent = max(0, min(leases, self._max_slots - n))
+        self._leases = max(self._leases, lent)
 
     def close(self) -> None:
         """Unlinks every name this ring created (mappings die with the process).
 
-        The ring makes no segment after this (`_create_named` raises).
+        The ring makes no segment after this (`_create_named` raises). Its
+        sockets close, so the trainer's next hand-back finds the ring gone
+        and drops its view.
         """
         with self._names_lock:
             self._closed = True
             names, self._names = self._names, []
             for name in names:
                 shm_names.unlink(name)
+            peers, self._peers = self._peers, []
+            for sock in [self._listener, *peers]:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     def release(self, slot: int) -> None:
         """Marks a slot free (its handle was unpickled in this process)."""
@@ -203,7 +222,7 @@ class SlotRing:
             name, mm = self._create_named(nbytes)
             segments.write(mm, layout, arrays)
             mm.close()
-            return SlotHandle(None, -1, name, nbytes, layout, os.getpid())
+            return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
         segments.write(self._slots[slot][2], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
@@ -229,23 +248,23 @@ class SlotRing:
         self._largest = max(self._largest, nbytes)
         name, size, _ = self._slots[slot]
         self._busy[slot] = True
-        return SlotHandle(self.name, slot, name, size, layout, os.getpid())
+        pid = os.getpid()
+        return SlotHandle(self.name, slot, name, size, layout, pid, self._leases)
 
 
 class SlotHandle:
     """A minibatch waiting in a worker's slot; unpickles to a dict of arrays."""
 
-    __slots__ = ("layout", "pid", "ring", "segment", "size", "slot")
+    __slots__ = ("layout", "leases", "pid", "ring", "segment", "size", "slot")
 
-    def __init__(self, ring, slot, segment, size, layout, pid):
+    def __init__(self, ring, slot, segment, size, layout, pid, leases=0):
         self.ring, self.slot, self.segment = ring, slot, segment
         self.size, self.layout, self.pid = size, layout, pid
+        self.leases = leases  # slots of the ring the trainer may hold
 
     def __reduce__(self):
-        return (
-            _receive,
-            (self.ring, self.slot, self.segment, self.size, self.layout, self.pid),
-        )
+        args = (self.ring, self.slot, self.segment, self.size, self.layout)
+        return _receive, (*args, self.pid, self.leases)
 
     def __getitem__(self, key):
         raise TypeError(
@@ -255,46 +274,6 @@ class SlotHandle:
             "it is unpickled in a multiprocessing child: build the pipeline in "
             "the process that iterates it."
         )
-
-
-class _RingView:
-    """The trainer's mappings of one worker's ring."""
-
-    def __init__(self, ring: str, pid: int):
-        self.pid = pid
-        self.prefix = ring[: -len("_ring")]
-        self.sock: socket.socket | None = socket.socket(
-            socket.AF_UNIX, socket.SOCK_STREAM
-        )
-        try:
-            self.sock.connect(_address(ring))
-        except OSError:  # the worker (and its socket) is gone
-            self.close()
-        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
-
-    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
-        held = self.slots.get(slot)
-        if held is None or held[0] != name:
-            mm = segments.open_segment(name, size)
-            shm_names.unlink(name)
-            self.slots[slot] = (name, mm)
-            return mm
-        return held[1]
-
-    def hand_back(self, slot: int) -> None:
-        """Returns a slot to the worker, after its arrays were copied out."""
-        if self.sock is None:
-            return
-        try:
-            self.sock.send(bytes((slot,)), _NO_SIGNAL)
-        except OSError:  # the worker has exited
-            self.close()
-
-    def close(self) -> None:
-        """Closes the socket to the worker (its mappings go with the view)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
 
 
 class ExpiredBatch(dict):
@@ -312,16 +291,15 @@ class ExpiredBatch(dict):
         )
 
 
-def _receive(ring, slot, segment, size, layout, pid) -> dict[str, np.ndarray]:
-    """Copies a minibatch out of shared memory and hands its slot back."""
+def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
+    """A minibatch out of shared memory: leased, or copied and handed back."""
     try:
-        return _receive_or_raise(ring, slot, segment, size, layout, pid)
+        return _receive_or_raise(ring, slot, segment, size, layout, pid, leases)
     except FileNotFoundError:
         return ExpiredBatch()
 
 
-def _receive_or_raise(ring, slot, segment, size, layout, pid):
-    global _unpacked
+def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
     if ring is None:
         mm = segments.open_segment(segment, size)
         shm_names.unlink(segment)
@@ -333,62 +311,19 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid):
         # Unpickled by the worker itself (Grain drains its own queue on stop).
         _local_ring.release(slot)
         return {}
-    view = _RINGS.get(ring)
-    if view is None:
-        with _RINGS_LOCK:
-            view = _RINGS.get(ring)
-            if view is None:
-                _prune()
-                _close_views_at_exit()
-                view = _RINGS[ring] = _RingView(ring, pid)
-    out = segments.read(view.segment(slot, segment, size), layout)
-    view.hand_back(slot)
-    _unpacked += 1
-    if _unpacked % _PRUNE_EVERY == 0:
-        _prune()
-    return out
-
-
-def release_dead_rings() -> None:
-    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
-    _prune()
-
-
-def _prune() -> None:
-    """Drops the mappings of rings whose worker has exited.
-
-    A worker that was killed could not unlink the segments it had made but not
-    yet handed over; their names share the ring's prefix, so they go too.
-    """
-    for name, view in list(_RINGS.items()):
-        if not shm_names.alive(view.pid) and _RINGS.pop(name, None) is view:
-            view.close()
-            shm_names.unlink_prefix(view.prefix)
-
-
-def _close_views() -> None:
-    for view in list(_RINGS.values()):
-        view.close()
-
-
-def _close_views_at_exit() -> None:
-    """Closes the views' sockets before the interpreter goes (once per process)."""
-    global _at_exit
-    if not _at_exit:
-        atexit.register(_close_views)
-        _at_exit = True
-
-
-_at_exit = False
+    return views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None
 
 
-def worker_ring(min_slots: int) -> SlotRing:
-    """This process's ring, created on first use with room for `min_slots`."""
+def worker_ring(min_slots: int, leases: int = 0) -> SlotRing:
+    """This process's ring, created on first use with room for `min_slots`.
+
+    Plus `leases` slots the trainer may hold as leased minibatches.
+    """
     global _local_ring
     if _local_ring is None:
         _local_ring = SlotRing()
-    _local_ring.reserve(min_slots)
+    _local_ring.reserve(min_slots, leases)
     return _local_ring

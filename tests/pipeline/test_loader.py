@@ -465,13 +465,13 @@ def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
 
     waited = set()
 
-    def slow_receive(ring, slot, segment, size, layout, pid):
+    def slow_receive(ring, slot, segment, size, layout, pid, *leases):
         # A trainer slower than the worker's exit (which unlinks its segments),
         # once per worker.
         if pid not in waited:
             waited.add(pid)
             wait_for(lambda: not os.path.exists("/dev/shm" + segment), 3)
-        return receive(ring, slot, segment, size, layout, pid)
+        return receive(ring, slot, segment, size, layout, pid, *leases)
 
     unraisable = []  # as text: an exception would keep the iterator alive
     monkeypatch.setattr(

@@ -1,0 +1,201 @@
+"""The trainer's side of the slot rings: one view per worker's ring.
+
+A view maps the slots of one worker's ring (`_ring`) as their handles
+arrive, hands each minibatch out as a lease of its slot or a copy
+(`_lease`), and returns slots to the worker over a Unix stream socket
+(one byte per slot, never blocking the caller). Views of workers that
+exited, or closed their ring, are dropped every `_PRUNE_EVERY` minibatches
+and when an iterator closes (`release_dead_rings`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import mmap
+import os
+import select
+import socket
+import threading
+from functools import partial
+
+from grain_cells.transport import _segments as segments
+from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport._lease import lease
+
+# Ring name -> _RingView. Rings of dead workers are pruned.
+RINGS: dict[str, _RingView] = {}
+_RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
+_PRUNE_EVERY = 256
+_opened = 0
+# A send to a worker that has exited must raise, not raise SIGPIPE.
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def address(ring: str) -> str:
+    """The abstract Unix socket name on which a ring takes slots back."""
+    return "\0" + ring.lstrip("/")
+
+
+def view_of(ring: str, pid: int) -> _RingView:
+    """The view of worker `pid`'s ring `ring`, made on its first minibatch."""
+    global _opened
+    _opened += 1
+    if _opened % _PRUNE_EVERY == 0:
+        _prune()
+    view = RINGS.get(ring)
+    if view is None:
+        with _RINGS_LOCK:
+            view = RINGS.get(ring)
+            if view is None:
+                _prune()
+                _close_views_at_exit()
+                view = RINGS[ring] = _RingView(ring, pid)
+    return view
+
+
+class _RingView:
+    """The trainer's mappings of one worker's ring."""
+
+    def __init__(self, ring: str, pid: int):
+        self.pid = pid  # the worker's
+        self.trainer = os.getpid()  # a forked child must hand nothing back
+        self.prefix = ring[: -len("_ring")]
+        self.sock: socket.socket | None = socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM
+        )
+        try:
+            self.sock.connect(address(ring))
+        except OSError:  # the worker (and its socket) is gone
+            self.close()
+        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
+        # Slots whose arrays the user may hold, and the weak reference that
+        # hands each back when they die.
+        self.leased: dict[int, object] = {}
+        self.pending: collections.deque[int] = collections.deque()  # to hand back
+
+    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
+        held = self.slots.get(slot)
+        if held is None or held[0] != name:
+            mm = segments.open_segment(name, size)
+            shm_names.unlink(name)
+            self.slots[slot] = (name, mm)
+            return mm
+        return held[1]
+
+    def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
+        """A minibatch's arrays: leased within the budget, else copied out."""
+        mm = self.segment(slot, segment, size)
+        if self.pending:  # hand-backs the socket could not take at once
+            self.hand_back()
+        if len(self.leased) < leases:
+            out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
+            return out
+        out = segments.read(mm, layout)
+        self.hand_back(slot)
+        return out
+
+    def lease_ended(self, slot: int) -> None:
+        """The last array of a leased slot died (any thread): hand it back."""
+        self.leased.pop(slot, None)
+        self.hand_back(slot)
+
+    def hand_back(self, slot: int | None = None) -> None:
+        """Returns a slot (and any pending) to the worker; never blocks.
+
+        Called once nothing of this process reads the slot, possibly from a
+        finalizer in any thread, so a full socket buffer (a worker blocked
+        in Grain's queue reads hand-backs only when it needs a slot) leaves
+        the slots pending for the next call instead of blocking the caller.
+        A process forked from the trainer inherits its leases and this
+        socket; arrays dying there hand nothing back (the trainer's copies of
+        them may still be read).
+        """
+        if os.getpid() != self.trainer:
+            return
+        if slot is not None:
+            self.pending.append(slot)
+        sock = self.sock  # another thread may close the view meanwhile
+        if sock is None:
+            self.pending.clear()
+            return
+        freed = bytearray()
+        with contextlib.suppress(IndexError):  # popleft is atomic across threads
+            while True:
+                freed.append(self.pending.popleft())
+        if not freed:
+            return
+        try:
+            sent = sock.send(freed, _NO_SIGNAL | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the worker has exited, or closed its ring
+            self.close()
+            return
+        self.pending.extend(freed[sent:])
+
+    def close(self) -> None:
+        """Closes the socket to the worker (its mappings go with the view)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def release(self) -> None:
+        """Closes the socket and drops the mappings (the worker is gone).
+
+        A leased minibatch keeps its own slot mapped until its arrays die;
+        its hand-back is forgotten (and this view is not kept alive by it).
+        """
+        self.close()
+        self.slots.clear()
+        self.leased.clear()
+        self.pending.clear()
+
+
+def release_dead_rings() -> None:
+    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
+    _prune()
+
+
+def _prune() -> None:
+    """Drops the mappings of rings whose worker has exited (or closed them).
+
+    A worker that was killed could not unlink the segments it had made but not
+    yet handed over; their names share the ring's prefix, so they go too.
+    Leased arrays keep their own mappings until they die.
+    """
+    views = list(RINGS.items())
+    hung_up = _hung_up([view.sock for _, view in views])
+    for name, view in views:
+        gone = view.sock is None or view.sock in hung_up
+        if (gone or not shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
+            view.release()
+            shm_names.unlink_prefix(view.prefix)
+
+
+def _hung_up(socks) -> set:
+    """The sockets whose worker end is closed (the worker never writes)."""
+    poller = select.poll()
+    for sock in socks:
+        if sock is not None:
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                poller.register(sock, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(0)}
+    return {sock for sock in socks if sock is not None and sock.fileno() in ready}
+
+
+def _close_views() -> None:
+    for view in list(RINGS.values()):
+        view.close()
+
+
+def _close_views_at_exit() -> None:
+    """Closes the views' sockets before the interpreter goes (once per process)."""
+    global _at_exit
+    if not _at_exit:
+        atexit.register(_close_views)
+        _at_exit = True
+
+
+_at_exit = False

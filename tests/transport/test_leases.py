@@ -1,0 +1,243 @@
+"""Minibatches leased from a worker's slot: values kept, no starving, no leaks.
+
+The trainer hands a worker's minibatch to the user as arrays inside the
+worker's shared-memory slot (a lease), and the slot goes back only when the
+last of those arrays dies; beyond the ring's lease budget it copies instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from grain_cells.transport import _ring as transport
+from grain_cells.transport import _shm_names as shm_names
+
+
+def batch(i: int) -> dict[str, np.ndarray]:
+    """Minibatch `i`: every value names i and its position."""
+    return {
+        "values": np.arange(3000, dtype=np.float64) + i * 1e6,
+        "i": np.array([i], np.int32),
+    }
+
+
+def check(received: dict, i: int) -> None:
+    for key, want in batch(i).items():
+        np.testing.assert_array_equal(received[key], want, err_msg=f"{i}/{key}")
+
+
+def leased(received: dict) -> bool:
+    """Whether a minibatch's arrays are views of a slot (not private copies)."""
+    return not any(arr.flags.owndata for arr in received.values())
+
+
+def produce(queue, n: int, slots: int, leases: int) -> None:
+    """Producer: `n` minibatches through a ring; reports how long puts waited."""
+    ring = transport.SlotRing(max_slots=slots, leases=leases)
+    waits = []
+    for i in range(n):
+        start = time.monotonic()
+        handle = ring.put(batch(i))
+        waits.append(time.monotonic() - start)
+        queue.put(handle)
+    queue.put(max(waits))
+    time.sleep(60)  # killed by the test: names stay while the consumer reads
+
+
+def produce_sizes(queue, n: int) -> None:
+    """Producer: `n` minibatches of 1-4x the size through 3 slots, 2 lendable."""
+    ring = transport.SlotRing(max_slots=3, leases=2)
+    for i in range(n):
+        queue.put(ring.put(sized(i)))
+    time.sleep(60)  # killed by the test
+
+
+def sized(i: int) -> dict[str, np.ndarray]:
+    """Minibatch `i` of a size that rises and falls (slots get replaced)."""
+    rows = 500 * (1 + (i * 7 // 5) % 4)
+    return {"values": np.arange(rows, dtype=np.float64) + i * 1e6}
+
+
+@pytest.mark.slow
+def test_leases_keep_every_value_while_slots_are_reused():
+    """The consumer keeps the last two minibatches (both leased, often) while
+    the producer refills its remaining slot over and over: every value of
+    every minibatch is checked on arrival and again when it is dropped."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue(maxsize=4)
+    producer = ctx.Process(target=produce_sizes, args=(queue, 400))
+    producer.start()
+    try:
+        window, leases = [], 0
+        for i in range(400):
+            got = queue.get(timeout=60)
+            np.testing.assert_array_equal(got["values"], sized(i)["values"])
+            leases += leased(got)
+            window.append((i, got))
+            if len(window) > 2:
+                j, old = window.pop(0)
+                np.testing.assert_array_equal(old["values"], sized(j)["values"])
+        assert leases > 100, leases  # about every other one (the budget is 2)
+    finally:
+        producer.kill()
+        producer.join(30)
+        transport.release_dead_rings()
+
+
+@pytest.mark.slow
+def test_a_user_who_keeps_every_minibatch_gets_copies_not_a_hang():
+    """With 8 slots, 4 of them lendable, a consumer keeps all 120 minibatches:
+    the first 4 are leases, the rest copies, and the producer never waits for
+    a slot (it would wait `_WAIT_S` each time the trainer held them all)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue(maxsize=2)
+    producer = ctx.Process(target=produce, args=(queue, 120, 8, 4))
+    producer.start()
+    try:
+        held = [queue.get(timeout=60) for _ in range(120)]
+        longest_wait = queue.get(timeout=60)
+        assert [leased(b) for b in held] == [True] * 4 + [False] * 116
+        for i, received in enumerate(held):
+            check(received, i)
+        assert longest_wait < transport._WAIT_S / 2, longest_wait
+    finally:
+        producer.kill()
+        producer.join(30)
+        transport.release_dead_rings()
+
+
+def test_a_lease_keeps_its_slot_until_its_last_array_dies():
+    ring = transport.SlotRing(max_slots=4, leases=2)
+    try:
+        first = pickle.loads(pickle.dumps(ring.put(batch(0))))
+        assert leased(first)
+        view = transport._RINGS[ring.name]
+        slot = next(iter(view.leased))
+        values = first.pop("values")[10:20]  # a view of a view, alone
+        del first
+        gc.collect()
+        assert slot in view.leased, "handed back while an array lived"
+        # Until then the worker cannot reuse the slot: the next put goes
+        # elsewhere and the kept values stay.
+        for i in range(1, 6):
+            check(pickle.loads(pickle.dumps(ring.put(batch(i)))), i)
+        np.testing.assert_array_equal(values, np.arange(10, 20.0))
+        del values
+        assert slot not in view.leased
+        ring._collect(1.0)
+        assert not any(ring._busy), "the slot did not come back to the ring"
+    finally:
+        ring.close()
+        transport.release_dead_rings()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _shm_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("/dev/shm/" in line for line in f)
+
+
+def worker_exits(ring: transport.SlotRing) -> None:
+    """What a worker's exit does to its ring in this process: names unlinked,
+    sockets closed, its own mappings gone (the trainer keeps its own)."""
+    ring.close()
+    for _, _, mm in ring._slots:
+        mm.close()
+    ring._slots.clear()
+
+
+@pytest.mark.slow
+def test_nothing_leaks_after_1000_rings_dropped_with_leases_outstanding():
+    """Each round stands for an iterator's worker: a ring sends minibatches,
+    the trainer leases some, the ring closes while they are still held (the
+    worker exited), then the user drops them. Views, sockets, mappings and
+    names must all go."""
+    transport.release_dead_rings()
+    gc.collect()
+    fds, maps = _fds(), _shm_mappings()
+    kept = []
+    for r in range(1000):
+        ring = transport.SlotRing(max_slots=4, leases=2)
+        got = [pickle.loads(pickle.dumps(ring.put(batch(i)))) for i in range(3)]
+        assert [leased(b) for b in got] == [True, True, False]
+        worker_exits(ring)
+        kept.append(got)
+        if len(kept) > 3:  # leases outlive their ring for a few rounds
+            check(kept[0][1], 1)
+            del kept[0]
+        if r % 50 == 0:
+            transport.release_dead_rings()
+    del got, kept
+    gc.collect()
+    transport.release_dead_rings()
+    gc.collect()
+    prefixes = [v.prefix for v in transport._RINGS.values()]
+    assert not transport._RINGS, prefixes
+    assert _fds() <= fds + 2
+    assert _shm_mappings() <= maps
+    mine = [n for n in os.listdir(shm_names.SHM_DIR) if f"_{os.getpid()}_" in n]
+    assert not mine, mine[:5]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_minibatches_held_while_the_loader_goes_on_keep_their_values(
+    csr_paths, helpers, workers
+):
+    """Every minibatch of two epochs kept (more than the rings lend: the
+    later ones are copies), each checked against anndata at the end."""
+    source, _, loader = helpers.build(csr_paths, worker_count=workers, num_epochs=2)
+    truth = helpers.Truth(source, csr_paths)
+    iterator = iter(loader)
+    try:
+        held = list(iterator)
+    finally:
+        helpers.close_iterator(iterator)
+    if workers:
+        assert any(leased(b) for b in held) and not all(leased(b) for b in held)
+    rows = np.concatenate([b["row_ids"][b["mask"]] for b in held])
+    assert sorted(rows) == sorted(list(range(helpers.N_CELLS)) * 2)
+    for b in held:
+        ids = b["row_ids"][b["mask"]]
+        np.testing.assert_array_equal(b["obs/idx"][: ids.size], ids)
+        x = sp.csr_matrix(
+            (b["data"], b["indices"], b["indptr"]), shape=(4, helpers.N_GENES)
+        ).toarray()
+        np.testing.assert_array_equal(x[: ids.size], truth.x(ids))
+
+
+def drop_in_child(held: dict) -> None:
+    """In a forked child: the inherited lease dies here (and must not return)."""
+    held.clear()
+    gc.collect()
+
+
+def test_a_forked_child_hands_back_no_lease_of_its_parent():
+    ring = transport.SlotRing(max_slots=4, leases=2)
+    try:
+        held = pickle.loads(pickle.dumps(ring.put(batch(0))))
+        assert leased(held)
+        child = multiprocessing.get_context("fork").Process(
+            target=drop_in_child, args=(held,)
+        )
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        for _ in range(3):  # accept the trainer's connection, then read it
+            ring._collect(0.1)
+        assert ring._busy[0], "a forked child's dropped copy freed the slot"
+        check(held, 0)
+    finally:
+        ring.close()
+        transport.release_dead_rings()
