@@ -87,9 +87,9 @@ def main(argv):
         s3fs = None
         print("s3fs is not installed (pip install s3fs): timing obstore only")
 
-    from grain_cells.hdf5._remote import file_stat
     from grain_cells.storage.remote import _store as object_store
     from grain_cells.storage.remote._reader import RemoteByteReader
+    from grain_cells.storage.remote._versions import version_of
 
     port = portpicker.pick_unused_port()
     endpoint = f"http://127.0.0.1:{port}"
@@ -114,7 +114,7 @@ def main(argv):
                 endpoint_url=endpoint,
                 client_kwargs={"region_name": "us-east-1"},
             )
-            stat = file_stat(object_store.head(url, options))
+            stat = version_of(url, options)
             reader = RemoteByteReader(url, options, stat)
             results = {"object_bytes": size, "latency_ms": {}, "batch_mb_s": {}}
             for n in (min(int(s), size - 1) for s in _SIZES.value):
