@@ -25,7 +25,9 @@ Public API::
 Sub-packages a user imports by name: `grain_cells.errors` (every error
 raised for bad input), `grain_cells.tokens` (token outputs for transformers),
 `grain_cells.checkpoint` (orbax handlers that restore on another process
-count), `grain_cells.synthetic` (Tahoe-shaped test data). The rest
+count), `grain_cells.feed` (`device_iterator`: minibatches to the
+accelerator one copy ahead, equal steps on every process),
+`grain_cells.synthetic` (Tahoe-shaped test data). The rest
 (`pipeline`, `sampling`, `blocks`, `outputs`, `source`, `preshuffle`) are
 re-exported here; `io`, `hdf5`, `storage`, `transport` are internal.
 
