@@ -87,8 +87,8 @@ def run_script(folder, name: str, code: str, timeout: float = 240):
 
 
 def use_script(*, guarded: bool) -> str:
-    """Loading's "A loader", with 2 workers and the loop body printing rows."""
-    code = doc_blocks(LOADING, "## A loader")[0]
+    """Loading's "A loader, part by part", with 2 workers and the loop body printing rows."""
+    code = doc_blocks(LOADING, "## A loader, part by part")[0]
     for needed in ("num_epochs=1", "worker_count=2", "        ...\n"):
         assert needed in code, f"Loading's 'A loader' no longer has {needed!r}"
     code = code.replace(

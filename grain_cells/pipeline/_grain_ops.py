@@ -63,6 +63,11 @@ class GroupBlocks:
         return "GroupBlocks()"
 
 
+# Where a script's unguarded top level started workers, once seen (see
+# `GrainFetch.__getstate__`).
+_UNGUARDED_SITE: tuple[str, int] | None = None
+
+
 class GrainFetch(grain.experimental.FlatMapTransform):
     """A fetch of block records -> its minibatches, in a `grain.DataLoader`.
 
@@ -90,10 +95,15 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         return repr(self.split)
 
     def __getstate__(self):
-        site = None
-        if not worker_process.in_child_process():
+        global _UNGUARDED_SITE
+        site = _UNGUARDED_SITE
+        if site is None and not worker_process.in_child_process():
             site = main_guard.main_thread_site()
         if site is not None:
+            # Sticky: Grain starts its workers from several threads; once one
+            # is refused, the main thread unwinds and may have left the
+            # unguarded line when the next thread pickles (seen under load).
+            _UNGUARDED_SITE = site
             # Grain pickles the operations to start its workers, each of which
             # would re-run the script's top level and die (see _main_guard).
             raise main_guard.main_guard_error(
