@@ -137,7 +137,7 @@ def _probe_first(path: str, workers: int) -> dict:
     t0 = time.perf_counter()
     import grain_cells
 
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), bench_cpu_with_children()
     source = grain_cells.AnnDataSource([path], block_size=16, obs_columns=["plate"])
     loader = grain_cells.DataLoader(
         data_source=source,
@@ -148,7 +148,7 @@ def _probe_first(path: str, workers: int) -> dict:
     iterator = iter(loader)
     next(iterator)
     t2 = time.perf_counter()
-    cpu_first = bench_cpu_with_children()
+    cpu_first = bench_cpu_with_children() - c1
     close = getattr(iterator, "close", None)
     if close is not None:
         close()
@@ -330,9 +330,8 @@ def _summary(records: list[dict]) -> list[dict]:
     for r in records:
         figures = groups.setdefault((r["tree"], r["probe"]), {})
         for key, value in r.items():
-            if key.endswith("_s") or key.endswith("_ms"):
-                if isinstance(value, int | float):
-                    figures.setdefault(key, []).append(value)
+            if key.endswith(("_s", "_ms")) and isinstance(value, int | float):
+                figures.setdefault(key, []).append(value)
     return [
         {"tree": tree, "probe": probe}
         | {k: statistics.median(v) for k, v in sorted(figures.items())}
