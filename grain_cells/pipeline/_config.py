@@ -12,6 +12,7 @@ import warnings
 from grain_cells._util import arguments
 from grain_cells.outputs._formats import CsrOutput, Output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.source import _chunk_grid as chunk_grid
 from grain_cells.source._source import AnnDataSource
 
 
@@ -33,11 +34,26 @@ def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
     )
 
 
+def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
+    """The fetch factor of a loader given none: 16, or per the source's blocks.
+
+    A source built without a `block_size` over a compressed matrix has
+    blocks along its chunk grid and asks for `source.fetch_blocks` blocks
+    per fetch (`grain_cells.source._chunk_grid`): the least fetch factor
+    that holds that many.
+    """
+    if source.fetch_blocks is None:
+        return 16
+    return chunk_grid.default_fetch_factor(
+        batch_size, source.block_size, source.fetch_blocks
+    )
+
+
 def make_split(
     source: AnnDataSource,
     *,
     batch_size: int,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     output: Output | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -54,6 +70,8 @@ def make_split(
         TypeError: `output` is not an output format.
     """
     batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
+    if fetch_factor is None:
+        fetch_factor = default_fetch_factor(source, batch_size)
     fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
     seed = arguments.check_seed(seed)
     if remainder not in ("pad", "drop"):

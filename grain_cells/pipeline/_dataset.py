@@ -272,7 +272,7 @@ def cell_dataset(
     source: AnnDataSource,
     *,
     batch_size: int,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     output=None,
     shuffle: bool = True,
     seed: int = 0,
@@ -292,7 +292,7 @@ def cell_dataset(
     Args:
         source: The cells.
         batch_size: Cells per minibatch.
-        fetch_factor: Minibatches per fetch.
+        fetch_factor: Minibatches per fetch; None as in `fetch_operations`.
         output: `CsrOutput()` (default), `PaddedSparseOutput(...)` or
             `DenseOutput()`.
         shuffle: Shuffle blocks per epoch and cells inside each fetch.
