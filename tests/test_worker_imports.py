@@ -1,0 +1,59 @@
+"""A worker process imports only what reading and formatting need.
+
+Each spawned worker pays for its imports before its first fetch (with 2
+workers on 2 cores, both at once). Grain itself brings JAX and orbax; the
+worker must not add anndata, pandas, scipy or numba for a CSR loader. An
+output that records the worker's `sys.modules` tells what it imported.
+On c95fdd4 the workers imported scipy (`grain_cells.io` and `outputs` at
+their top).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+import grain_cells
+
+# The workers import this module to unpickle `_ModulesOutput`: it imports
+# nothing the assertion is about (conftest imports anndata, pandas, scipy).
+
+# Imported by no worker of a CSR loader (numba: only by the token kernels).
+NOT_IN_WORKERS = ("anndata", "pandas", "scipy", "scipy.sparse", "numba")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModulesOutput(grain_cells.CsrOutput):
+    """CSR, plus which of `NOT_IN_WORKERS` the formatting process imported."""
+
+    def format(self, fetch, rows, batch_size, empty=np.empty):
+        out = super().format(fetch, rows, batch_size, empty)
+        seen = empty((len(NOT_IN_WORKERS),), np.int64)
+        seen[:] = [name in sys.modules for name in NOT_IN_WORKERS]
+        return {**out, "imported": seen}
+
+
+@pytest.mark.slow
+def test_csr_worker_imports_no_anndata_pandas_scipy_numba(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=4, fetch_factor=5, output=_ModulesOutput()
+        ),
+        worker_count=2,
+    )
+    from conftest import close_iterator
+
+    iterator = iter(loader)
+    try:
+        imported = np.array([b["imported"] for b in iterator]).any(axis=0)
+    finally:
+        close_iterator(iterator)
+    assert not imported.any(), [
+        name for name, yes in zip(NOT_IN_WORKERS, imported, strict=True) if yes
+    ]
