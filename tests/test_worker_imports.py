@@ -57,3 +57,52 @@ def test_csr_worker_imports_no_anndata_pandas_scipy_numba(csr_paths):
     assert not imported.any(), [
         name for name, yes in zip(NOT_IN_WORKERS, imported, strict=True) if yes
     ]
+
+
+_FRESH = """
+import sys
+import grain_cells
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+source = grain_cells.AnnDataSource(sys.argv[1:], block_size=5, obs_columns=["plate"])
+loader = grain_cells.DataLoader(
+    data_source=source,
+    sampler=grain_cells.BlockSampler(source, seed=0),
+    operations=grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5),
+    worker_count=0,
+)
+iterator = iter(loader)
+next(iterator)
+iterator.close()
+print("IMPORTED", *[m for m in ("anndata", "pandas") if m in sys.modules])
+print("VAR", *source.var_names)
+"""
+
+
+def test_first_minibatch_in_a_fresh_process_imports_no_anndata(csr_paths, tmp_path):
+    """A string-array var index (anndata < 0.11's, and 0.11-0.12's under
+    pandas 2) is read with h5py: the trainer's first minibatch does not wait
+    for anndata and pandas (~0.7 s of imports). Fails on c95fdd4."""
+    import subprocess
+
+    import anndata
+    import h5py
+
+    with h5py.File(csr_paths[0]) as f:
+        var = f["var"]
+        index = var[var.attrs["_index"]]
+        encoding = index.attrs.get("encoding-type")
+    if not isinstance(index, h5py.Dataset) or encoding != "string-array":
+        pytest.skip(f"this anndata writes var's index as {encoding}")
+    script = tmp_path / "first.py"
+    script.write_text(_FRESH)
+    done = subprocess.run(
+        [sys.executable, str(script), *csr_paths],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert "IMPORTED" not in lines, lines.get("IMPORTED")
+    assert lines["VAR"].split() == list(anndata.read_h5ad(csr_paths[0]).var_names)

@@ -27,7 +27,7 @@ import numpy as np
 from grain_cells import errors
 
 # anndata and pandas (0.7 s to import) are imported only where they are
-# needed (var names, uncommon obs encodings), not with the package: every
+# needed (uncommon index and obs encodings), not with the package: every
 # Grain worker imports the package and opens the files again
 # (`tests/test_loader.py::test_workers_do_not_import_anndata_or_pandas`).
 
@@ -131,7 +131,17 @@ def _frame_index(f: h5py.File, name: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    return np.asarray(read_elem(frame[key]))
+    index = frame[key]
+    if (
+        isinstance(index, h5py.Dataset)
+        and encoding_of(index) in ("string-array", None)
+        and index.ndim == 1
+        and h5py.check_string_dtype(index.dtype) is not None
+    ):
+        # anndata's own reading of a string-array, without importing anndata
+        # and pandas (about 0.7 s: most of a fresh process's first minibatch).
+        return index.asstr()[()]
+    return np.asarray(read_elem(index))
 
 
 def read_var_names(f: h5py.File, element: str) -> np.ndarray:
