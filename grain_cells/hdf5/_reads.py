@@ -136,14 +136,6 @@ class RangeReader:
         return None if chunks is None else int(chunks[0])
 
     @property
-    def chunk_bytes(self) -> int | None:
-        """Decoded bytes of one chunk of a compressed dataset; None otherwise."""
-        ds = self._dataset
-        if ds.chunks is None or ds.id.get_create_plist().get_nfilters() == 0:
-            return None
-        return int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize
-
-    @property
     def decoded(self) -> bool:
         """Whether compressed chunks are decoded here, in threads (not h5py)."""
         return self._chunked is not None

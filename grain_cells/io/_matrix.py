@@ -123,12 +123,6 @@ class CsrReader:
         return self._data.direct and self._indices.direct
 
     @property
-    def chunk_bytes(self) -> int | None:
-        """Decoded bytes of a chunk of values plus one of indices, if compressed."""
-        sizes = (self._data.chunk_bytes, self._indices.chunk_bytes)
-        return None if None in sizes else sum(sizes)
-
-    @property
     def dtypes(self) -> tuple[np.dtype, np.dtype]:
         """Dtypes of the stored values and of the column indices."""
         return self._data.dtype, self._indices.dtype
@@ -357,11 +351,6 @@ class DenseReader:
     def direct(self) -> bool:
         """Whether rows are read without h5py."""
         return self._x.direct
-
-    @property
-    def chunk_bytes(self) -> int | None:
-        """Decoded bytes of one chunk of rows if compressed; else None."""
-        return self._x.chunk_bytes
 
     def chunk_starts(self) -> np.ndarray:
         """Local rows where a chunk of rows begins (`[0]` when contiguous)."""

@@ -121,18 +121,20 @@ def default_blocks(
 ) -> tuple[BlockTable, SourceOptions]:
     """The table and options of a source built without a `block_size`.
 
-    Opens the files once more (and reads each compressed CSR `indptr`).
+    Opens nothing for uncompressed files; opens compressed ones once more to
+    find their chunk starts (reading a CSR matrix's `indptr`).
     """
+    sizes = [info.chunk_bytes for info in files.infos]
+    if all(size is None for size in sizes):
+        return BlockTable.grid(files.n_obs, 16), options
+    offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
     handles = OpenFiles(files, 0)
     try:
-        readers = [handles.file(i).reader for i in range(len(files.paths))]
-        sizes = [getattr(r, "chunk_bytes", None) for r in readers]
-        if all(size is None for size in sizes):
-            return BlockTable.grid(files.n_obs, 16), options
-        offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
         starts = [
-            r.chunk_starts() + offsets[i] if size is not None else offsets[i : i + 1]
-            for i, (r, size) in enumerate(zip(readers, sizes, strict=True))
+            handles.file(i).reader.chunk_starts() + offsets[i]
+            if size is not None
+            else offsets[i : i + 1]
+            for i, size in enumerate(sizes)
         ]
     finally:
         handles.close()
