@@ -20,7 +20,10 @@ Probes (each repeated `--repeats` times, in fresh processes):
 * `tokens_cold`, `tokens_cached`: the first rank-value token minibatch (0
   workers) with an empty numba cache (`NUMBA_CACHE_DIR`, a new folder: the
   kernels compile) and then with the cache that run filled (they load).
-  Skipped when numba is not installed.
+  `tokens_workers` (not run by default): the same with `--workers`
+  workers, both starting on an empty cache (`*_cpu_s` of the trainer and
+  its workers once every worker has formatted minibatches): they compile
+  once, or each compile, depending on the tree.
 * `main_command` (only with `--main_command`): the README's first command,
   `python -m grain_cells.examples.train --workdir=...`, in a new workdir and
   a new synthetic-data folder, so it makes its data too; seconds to its
@@ -75,7 +78,8 @@ _PROBES = flags.DEFINE_list(
     "probes",
     ["first_inline", "first_workers", "iterators", "tokens"],
     "Probes to run (see the module docstring): first_inline, first_workers, "
-    "iterators, tokens (cold and cached). --main_command adds main_command.",
+    "iterators, tokens (cold and cached), tokens_workers (cold and cached, "
+    "with --workers workers). --main_command adds main_command.",
 )
 _MAIN = flags.DEFINE_bool(
     "main_command",
@@ -196,7 +200,7 @@ def _probe_iterators(path: str, count: int) -> dict:
     }
 
 
-def _probe_tokens(path: str) -> dict:
+def _probe_tokens(path: str, workers: int = 0) -> dict:
     import grain_cells
 
     source = grain_cells.AnnDataSource([path], block_size=16, obs_columns=["plate"])
@@ -205,20 +209,30 @@ def _probe_tokens(path: str) -> dict:
     output = grain_cells.tokens.RankValueTokens.for_source(
         source, vocab, stats, length=64, kernels="numba"
     )
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0, t0 = bench_cpu_with_children(), time.perf_counter()
     loader = grain_cells.DataLoader(
         data_source=source,
         sampler=grain_cells.BlockSampler(len(source), seed=0),
         operations=grain_cells.fetch_operations(source, batch_size=64, output=output),
-        worker_count=0,
+        worker_count=workers,
     )
-    next(iter(loader))
-    return {
+    iterator = iter(loader)
+    next(iterator)
+    first_s = time.perf_counter() - t0
+    if workers:  # both workers have formatted (compiled or loaded) by now
+        for _ in range(2 * 16 * workers):
+            next(iterator)
+    record = {
         "path": grain_cells.__file__,
+        "workers": workers,
         "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
-        "first_s": time.perf_counter() - t0,
-        "first_cpu_s": time.process_time() - c0,
+        "first_s": first_s,
+        "first_cpu_s": bench_cpu_with_children() - c0,
     }
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+    return record
 
 
 def _run_probe(name: str, path: str) -> dict:
@@ -233,6 +247,8 @@ def _run_probe(name: str, path: str) -> dict:
         return _probe_iterators(path, _ITERATORS.value)
     if name == "tokens":
         return _probe_tokens(path)
+    if name == "tokens_workers":
+        return _probe_tokens(path, _WORKERS.value)
     raise app.UsageError(f"unknown --probe={name!r}")
 
 
@@ -374,11 +390,11 @@ def main(argv) -> None:
         for name in _PROBES.value:
             for repeat in range(_REPEATS.value):
                 for tree, where in trees:
-                    if name == "tokens":
+                    if name in ("tokens", "tokens_workers"):
                         numba_dir = tempfile.mkdtemp(prefix="numba-", dir=scratch)
-                        for probe in ("tokens_cold", "tokens_cached"):
+                        for probe in (f"{name}_cold", f"{name}_cached"):
                             r = _spawn_probe(
-                                where, "tokens", path, NUMBA_CACHE_DIR=numba_dir
+                                where, name, path, NUMBA_CACHE_DIR=numba_dir
                             )
                             records.append(
                                 {"tree": tree, "probe": probe, "repeat": repeat} | r
