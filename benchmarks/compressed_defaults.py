@@ -13,6 +13,10 @@ cache (the file's pages dropped first) unless `--cache=warm`:
   `BlockSampler` over it and `fetch_operations(source, batch_size=64)`:
   what a user gets without tuning (the chosen blocks and fetch factor are
   recorded);
+* `chunks1`, `chunks2`, `chunks4` (not run by default): the defaults' rule
+  with 1, 2 or 4 chunks per block (`grain_cells.chunk_aligned`; block size
+  1.25 x the cells of that many chunks, 64 blocks per fetch), for the
+  trade-off between cells/s and fetch memory;
 * `grid16`: grain_cells at block 16 / fetch 16 (what the defaults were
   before), for reference;
 * `scdataset`: scDataset 0.3.0 at block 16 / fetch 16 (`peers.py`; needs
@@ -36,6 +40,7 @@ Usage:
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -72,13 +77,21 @@ _SEED = flags.DEFINE_integer("seed", 0, "Block and in-fetch shuffle seed.")
 _JSON = flags.DEFINE_string("json", None, "Write the points and ratios here.")
 
 
-def _open_grain_cells(paths, block_size, fetch_factor) -> dict:
+def _open_grain_cells(paths, block_size, fetch_factor, chunks_per_block=0) -> dict:
     import grain_cells
     from grain_cells.pipeline import _config as pipeline_config
+    from grain_cells.source import _chunk_grid as chunk_grid
 
+    if chunks_per_block:  # the defaults' rule at another n, for the table
+        grid = grain_cells.AnnDataSource(paths, block_size=16)
+        per_chunk = grain_cells.blocks.mean_cells_per_chunk(grid)
+        block_size = 16 * math.ceil(1.25 * chunks_per_block * per_chunk / 16)
+        fetch_factor = chunk_grid.default_fetch_factor(_BATCH.value, block_size)
     source = grain_cells.AnnDataSource(
         paths, block_size=block_size, obs_columns=[_LABEL.value]
     )
+    if chunks_per_block:
+        source = grain_cells.chunk_aligned(source, chunks_per_block)
     ops = grain_cells.fetch_operations(
         source, batch_size=_BATCH.value, fetch_factor=fetch_factor, seed=_SEED.value
     )
@@ -109,6 +122,10 @@ def _measure(point: str, paths) -> dict:
         nonlocal chosen
         if point == "defaults":
             chosen, loader = _open_grain_cells(paths, None, None)
+            return loader
+        if point.startswith("chunks"):
+            chosen, loader = _open_grain_cells(paths, None, None, int(point[6:]))
+            chosen["chunks_per_block"] = int(point[6:])
             return loader
         if point == "grid16":
             chosen, loader = _open_grain_cells(paths, 16, 16)
