@@ -44,8 +44,9 @@ from grain_cells.source._table import BlockTable
 # 16 x 16 / 16 at batch 64).
 DEFAULT_BLOCKS_PER_FETCH = 64
 # Most decoded bytes (values and indices) of one fetch's blocks under the
-# compressed defaults, per process.
-FETCH_BUDGET_BYTES = 128 << 20
+# compressed defaults, per process: 4 chunks per block at anndata's largest
+# chunks (1 MiB of values + 1 MiB of indices: 2 chunks per block).
+FETCH_BUDGET_BYTES = 256 << 20
 _CHUNKS_PER_BLOCK = (4, 2, 1)  # tried in this order
 _MARGIN = 1.25  # block_size over the cells of n average chunks
 

@@ -169,8 +169,8 @@ def test_default_fetch_factor(batch, block, blocks, fetch):
 @pytest.mark.parametrize(
     ("chunk_bytes", "per_chunk", "n", "block_size"),
     [
-        pytest.param(131_072 * 8, 81, 2, 208, id="atlas-1MiB-chunks"),
-        pytest.param(65_536 * 8, 41, 4, 208, id="half-MiB-chunks"),
+        pytest.param(131_072 * 8, 81, 4, 416, id="1MiB-chunks"),
+        pytest.param(262_144 * 8, 163, 2, 416, id="h5py-largest-2MiB-chunks"),
         pytest.param(4 << 20, 650, 1, 816, id="4MiB-chunks"),
         pytest.param(88, 3, 4, 16, id="tiny-chunks"),
     ],
