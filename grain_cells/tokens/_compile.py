@@ -1,7 +1,8 @@
 """The first use of a compiled token kernel: announced, compiled once.
 
-numba compiles a kernel on its first call with new argument types (about
-10-20 s for the token kernels on one core) and, with `cache=True`, writes
+numba compiles a kernel on its first call with new argument types (7-8
+CPU-seconds for the token kernels; 10-20 s of wall time on a busy machine)
+and, with `cache=True`, writes
 the machine code to its on-disk cache, where every later process (Grain's
 workers included) loads it in well under a second. Two things made that
 first call a bad surprise: it was silent, and every worker that started on
@@ -83,8 +84,8 @@ def _first_call(kernel, args):
         if is_cached(kernel):
             return kernel(*args)  # it did: load its code
         _log.warning(
-            "compiling token kernels (once: 10-20 s per process on a free core; "
-            "cached in %s for later runs and processes)",
+            "compiling token kernels (once: about 10 s; cached in %s for later "
+            "runs and processes)",
             folder,
         )
         start = time.perf_counter()
