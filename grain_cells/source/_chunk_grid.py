@@ -13,10 +13,12 @@ table behind `grain_cells.chunk_aligned`); `compressed_defaults` is what an
 matrix in at least one file):
 
 * blocks follow the chunk grid, `n` chunks per block, where `n` is the
-  largest of 4, 2, 1 whose fetch stays within `FETCH_BUDGET_BYTES` (decoded
-  values and indices of `DEFAULT_BLOCKS_PER_FETCH` blocks); a block of `n`
-  chunks decodes about `n + 1` (its last cell runs into the next chunk), so
-  larger blocks waste less decoding;
+  largest of 4, 2, 1 whose fetch of `DEFAULT_BLOCKS_PER_FETCH` blocks stays
+  within `FETCH_BUDGET_BYTES` of decoded values and indices and within
+  `MAX_FETCH_CELLS` cells (120 minibatches of 64: what a worker's slot ring,
+  `grain_cells.transport`, carries without stalling); a block of `n` chunks
+  decodes about `n + 1` (its last cell runs into the next chunk), so larger
+  blocks waste less decoding;
 * `block_size` (the most cells a block may hold) is a multiple of 16 at
   least 1.25 times the cells of `n` average chunks, so that blocks are rarely
   cut inside a chunk;
@@ -47,6 +49,10 @@ DEFAULT_BLOCKS_PER_FETCH = 64
 # compressed defaults, per process: 4 chunks per block at anndata's largest
 # chunks (1 MiB of values + 1 MiB of indices: 2 chunks per block).
 FETCH_BUDGET_BYTES = 256 << 20
+# Most cells of such a fetch: a worker formats a whole fetch into its ring of
+# at most 128 shared-memory slots before the trainer can take any, and each
+# minibatch past the ring waits 2 s for a slot (`transport._ring`).
+MAX_FETCH_CELLS = 120 * 64
 _CHUNKS_PER_BLOCK = (4, 2, 1)  # tried in this order
 _MARGIN = 1.25  # block_size over the cells of n average chunks
 
@@ -91,6 +97,7 @@ def compressed_defaults(
             n
             for n in _CHUNKS_PER_BLOCK
             if DEFAULT_BLOCKS_PER_FETCH * n * chunk_bytes <= FETCH_BUDGET_BYTES
+            and DEFAULT_BLOCKS_PER_FETCH * n * per_chunk <= MAX_FETCH_CELLS
         ),
         1,
     )
@@ -149,6 +156,7 @@ def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarra
 __all__ = [
     "DEFAULT_BLOCKS_PER_FETCH",
     "FETCH_BUDGET_BYTES",
+    "MAX_FETCH_CELLS",
     "ChunkDefaults",
     "chunk_aligned_blocks",
     "compressed_defaults",

@@ -169,9 +169,12 @@ def test_default_fetch_factor(batch, block, blocks, fetch):
 @pytest.mark.parametrize(
     ("chunk_bytes", "per_chunk", "n", "block_size"),
     [
-        pytest.param(131_072 * 8, 81, 4, 416, id="1MiB-chunks"),
-        pytest.param(262_144 * 8, 163, 2, 416, id="h5py-largest-2MiB-chunks"),
-        pytest.param(4 << 20, 650, 1, 816, id="4MiB-chunks"),
+        # ~81 cells a chunk: 2 or 4 chunks a block would hold fetches of
+        # 164 or 327 minibatches of 64, past a worker's 128 slots.
+        pytest.param(131_072 * 8, 81, 1, 112, id="1MiB-chunks-81-cells"),
+        pytest.param(131_072 * 8, 40, 2, 112, id="1MiB-chunks-40-cells"),
+        pytest.param(39_063 * 8, 24, 4, 128, id="atlas-400k-chunks"),
+        pytest.param(4 << 20, 20, 1, 32, id="4MiB-chunks-over-budget"),
         pytest.param(88, 3, 4, 16, id="tiny-chunks"),
     ],
 )
@@ -182,6 +185,7 @@ def test_chunks_per_block_within_budget(chunk_bytes, per_chunk, n, block_size):
     assert chosen.block_size >= 1.25 * n * per_chunk
     if n > 1:
         assert chosen.fetch_bytes <= chunk_grid.FETCH_BUDGET_BYTES
+        assert 64 * n * per_chunk <= chunk_grid.MAX_FETCH_CELLS
 
 
 def test_read_threads_argument(csr_paths):
