@@ -496,7 +496,7 @@ def test_empty_path_list(paths):
         AnnDataSource(paths)
 
 
-@pytest.mark.parametrize("block_size", [0, -1, 1.5, None])
+@pytest.mark.parametrize("block_size", [0, -1, 1.5])  # None: the default
 def test_bad_block_size(tmp_path, block_size):
     path = write(tmp_path / "x.h5ad")
     with pytest.raises(ValueError, match="block_size must be a positive int"):

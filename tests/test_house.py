@@ -16,7 +16,7 @@ import grain_cells
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ~400 lines per module; the source class (one class with its documented
 # public surface) is allowed a little more.
-MAX_LINES = {"grain_cells/source/_source.py": 465}
+MAX_LINES = {"grain_cells/source/_source.py": 475}
 
 
 def test_imports_run_down_the_layers_without_cycles():

@@ -35,16 +35,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.source import _selection as selection
+from grain_cells.source._chunk_grid import chunk_aligned_blocks
 from grain_cells.source._source import AnnDataSource
-
-if TYPE_CHECKING:
-    from grain_cells.source._table import BlockTable
 
 
 def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:
@@ -75,37 +70,6 @@ def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSo
     n = arguments.check_int("chunks_per_block", chunks_per_block, minimum=1)
     table = source.block_table
     return source.view(chunk_aligned_blocks(table, source.chunk_starts(), n))
-
-
-def chunk_aligned_blocks(
-    table: BlockTable, chunk_starts: np.ndarray, chunks_per_block: int = 1
-) -> BlockTable:
-    """The block table of `chunk_aligned`: a pure function of its inputs.
-
-    Args:
-        table: The source's block table (its cells are kept).
-        chunk_starts: Sorted global rows where a chunk begins
-            (`source.chunk_starts()`).
-        chunks_per_block: Chunks per block (at least 1).
-    """
-    cuts = np.union1d(
-        table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
-    )
-    starts, stops = selection.blocks_over_runs(
-        table.cell_mask(), cuts, table.block_size
-    )
-    return table.with_blocks(starts, stops)
-
-
-def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarray:
-    """Every `n`-th chunk start of each file, counted from the file's first."""
-    if n == 1:
-        return starts
-    offsets = np.asarray(table.cell_offsets, np.int64)
-    files = np.searchsorted(offsets, starts, side="right") - 1
-    first = np.searchsorted(starts, offsets[:-1], side="left")
-    rank = np.arange(starts.size) - first[files]
-    return starts[rank % n == 0]
 
 
 def mean_cells_per_chunk(source: AnnDataSource) -> float:

@@ -11,11 +11,14 @@ in output columns (genes aligned and selected per file as they are read, see
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from grain_cells.io._matrix import CsrRows
+
+if TYPE_CHECKING:  # workers never build a csr_matrix: no scipy at their start
+    import scipy.sparse as sp
 
 
 @dataclasses.dataclass

@@ -67,7 +67,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util import fork
+from grain_cells._util import cores, fork
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._genes import GeneAlignment, align_genes
@@ -292,16 +292,19 @@ class OpenFiles:
     on first use.
     """
 
-    def __init__(self, files: FileSet, read_threads: int):
+    def __init__(self, files: FileSet, read_threads: int | str):
         """Opens nothing yet.
 
         Args:
             files: The files.
-            read_threads: Threads that issue positional reads concurrently on
-                large batches; 0 reads inline.
+            read_threads: Threads that read and decode large batches
+                concurrently; 0 reads inline; `"auto"`: sized per process
+                (`grain_cells._util.cores`).
         """
         self.files = files
-        self.read_threads = int(read_threads)
+        self.read_threads = (
+            read_threads if read_threads == "auto" else int(read_threads)
+        )
         self._reset()
         fork.in_child_of(self, OpenFiles._reset)
 
@@ -342,14 +345,20 @@ class OpenFiles:
         return buf
 
     def thread_pool(self) -> ReadPool | None:
-        """The read threads (started on first use), or None to read inline."""
-        if self.read_threads == 0:
-            return None
+        """The read threads (started on first use), or None to read inline.
+
+        `read_threads="auto"` is sized here, in the process that reads, from
+        its cores and worker count (`grain_cells._util.cores`); one thread
+        reads inline.
+        """
         if self._pool is None:
+            threads = cores.read_threads(self.read_threads)
+            if threads == 0 or (threads == 1 and self.read_threads == "auto"):
+                return None
             with self._lock:
                 if self._pool is None:
                     self._pool = ReadPool(
-                        self.read_threads, thread_name_prefix="grain_cells_read"
+                        threads, thread_name_prefix="grain_cells_read"
                     )
         return self._pool
 

@@ -81,6 +81,9 @@ class MatrixInfo:
         dtype: dtype of the stored values (see `value_dtype` for the dtype
             they are read into).
         nnz: Stored values of a sparse matrix; None for dense.
+        chunk_bytes: For a compressed (filtered, chunked) matrix, the decoded
+            bytes of one chunk (of `data` plus one of `indices` for CSR);
+            None otherwise.
     """
 
     path: str
@@ -90,6 +93,7 @@ class MatrixInfo:
     n_vars: int
     dtype: np.dtype
     nnz: int | None
+    chunk_bytes: int | None = None
 
     def describe(self) -> str:
         """A one-line summary used to detect changed files."""
@@ -172,7 +176,9 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
             )
         hdf5_storage.check_dataset(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
-        info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None)
+        info = MatrixInfo(
+            path, element, DENSE, n_obs, n_vars, obj.dtype, None, _chunk_bytes(obj)
+        )
     else:  # pragma: no cover - h5py only has groups and datasets
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
@@ -258,7 +264,16 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
             f"{path}: {element}/indptr runs from {int(ends[0])} to "
             f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
         )
-    return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz)
+    sizes = (_chunk_bytes(data), _chunk_bytes(indices))
+    chunk_bytes = None if None in sizes else sum(sizes)
+    return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
+
+
+def _chunk_bytes(dataset: h5py.Dataset) -> int | None:
+    """Decoded bytes of one chunk of a compressed dataset; None otherwise."""
+    if dataset.chunks is None or dataset.id.get_create_plist().get_nfilters() == 0:
+        return None
+    return int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
 
 
 def available_matrices(f: h5py.File) -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import scipy.sparse as sp
 
 from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _h5ad as h5ad
@@ -244,6 +243,8 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
     obs = {c: v[positions] for c, v in fetched.obs.items()}
     row_ids = fetched.row_ids[positions]
     if fetched.csr is not None:
+        import scipy.sparse as sp  # here: workers never import scipy
+
         data, indices, indptr = take_csr(fetched.csr, positions)
         X = sp.csr_matrix(
             (data.astype(files.dtype, copy=False), indices, indptr),

@@ -74,7 +74,6 @@ import warnings
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import scipy.sparse as sp
 
 from grain_cells import errors
 from grain_cells._util import arguments
@@ -115,6 +114,8 @@ class Fetch:
     def csr(self) -> CsrRows:
         """The rows as CSR (converted once per fetch from a dense file)."""
         if self._csr is None:
+            import scipy.sparse as sp  # here: workers of CSR files never need it
+
             m = sp.csr_matrix(self.dense)
             self._csr = CsrRows(
                 m.data, m.indices, m.indptr.astype(np.int64), self.dense.shape[1]

@@ -27,7 +27,7 @@ def cell_dataset(
     source: AnnDataSource,
     *,
     batch_size: int,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     output=None,
     shuffle: bool = True,
     seed: int = 0,
@@ -47,7 +47,7 @@ def cell_dataset(
     Args:
         source: The cells.
         batch_size: Cells per minibatch.
-        fetch_factor: Minibatches per fetch.
+        fetch_factor: Minibatches per fetch; None as in `fetch_operations`.
         output: `CsrOutput()` (default), `PaddedSparseOutput(...)` or
             `DenseOutput()`.
         shuffle: Shuffle blocks per epoch and cells inside each fetch.
@@ -127,7 +127,7 @@ def loader(
     num_epochs: int | None = 1,
     shuffle: bool = True,
     block_size: int | None = None,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     remainder: str = "pad",
     shard_options: sharding.ShardOptions | None = None,
     extra: dict | None = None,
@@ -167,9 +167,11 @@ def loader(
         num_epochs: Sampler epochs per `iter()`, or None for an endless
             stream.
         shuffle: Shuffle blocks per epoch and cells inside each fetch.
-        block_size: Cells per block (contiguous read), 16 by default; with
-            paths only.
-        fetch_factor: Minibatches per fetch (read together and shuffled).
+        block_size: Cells per block (contiguous read); None: 16, or blocks
+            along the chunk grid of compressed files; with paths only.
+        fetch_factor: Minibatches per fetch (read together and shuffled);
+            None as in `fetch_operations` (16, or 64 blocks per fetch on
+            compressed files).
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
         shard_options: This process's shard (e.g.
             `grain.sharding.ShardByJaxProcess()`).

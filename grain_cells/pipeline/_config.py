@@ -16,6 +16,7 @@ from grain_cells.outputs._formats import CsrOutput, Output
 from grain_cells.pipeline._extra import check_output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.sampling._conditions import ConditionBlockSampler
+from grain_cells.source import _chunk_grid as chunk_grid
 from grain_cells.source._source import AnnDataSource
 
 
@@ -37,11 +38,26 @@ def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
     )
 
 
+def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
+    """The fetch factor of a loader given none: 16, or per the source's blocks.
+
+    A source built without a `block_size` over a compressed matrix has
+    blocks along its chunk grid and asks for `source.fetch_blocks` blocks
+    per fetch (`grain_cells.source._chunk_grid`): the least fetch factor
+    that holds that many.
+    """
+    if source.fetch_blocks is None:
+        return 16
+    return chunk_grid.default_fetch_factor(
+        batch_size, source.block_size, source.fetch_blocks
+    )
+
+
 def make_split(
     source: AnnDataSource,
     *,
     batch_size: int,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     output: Output | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -59,6 +75,8 @@ def make_split(
     """
     arguments.check_source(source, AnnDataSource)
     batch_size = arguments.check_int("batch_size", batch_size, minimum=1)
+    if fetch_factor is None:
+        fetch_factor = default_fetch_factor(source, batch_size)
     fetch_factor = arguments.check_int("fetch_factor", fetch_factor, minimum=1)
     seed = arguments.check_seed(seed)
     arguments.check_choice("remainder", remainder, ("pad", "drop"))

@@ -175,7 +175,7 @@ def fetch_operations(
     source: AnnDataSource,
     *,
     batch_size: int,
-    fetch_factor: int = 16,
+    fetch_factor: int | None = None,
     output: Output | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -190,7 +190,9 @@ def fetch_operations(
         source: The source the sampler walks.
         batch_size: Cells per minibatch (`m`).
         fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
-            are read together and their cells shuffled in memory.
+            are read together and their cells shuffled in memory. None: 16,
+            or enough for `source.fetch_blocks` blocks (a compressed source
+            built without a `block_size`).
         output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
             `DenseOutput()`, a token output (`grain_cells.tokens.RankValueTokens`,
             `ValueBinTokens`), or any `grain_cells.Output`.

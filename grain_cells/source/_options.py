@@ -2,8 +2,13 @@
 
 `build` turns `AnnDataSource(...)`'s arguments into the three values a
 source holds: its `FileSet` (every file opened once, checked and closed),
-the grid `BlockTable` over it and its `SourceOptions` (how it reads). A view
-of the source holds the same files and options and another table.
+its `BlockTable` and its `SourceOptions` (how it reads). A view of the
+source holds the same files and options and another table.
+
+Without a `block_size`, the table is the grid of 16-cell blocks, or, when a
+file's matrix is compressed, blocks along its chunk grid
+(`grain_cells.source._chunk_grid`, which states the rule); the options then
+say how many blocks a fetch of the source's loaders holds by default.
 
 Example:
     >>> files, table, options = build(["a.h5ad"], block_size=16)
@@ -21,9 +26,10 @@ import numpy as np
 
 from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._file_set import FileSet
+from grain_cells.io._file_set import FileSet, OpenFiles
 from grain_cells.io._genes import JOINS
 from grain_cells.io._obs import OBS_MISSING
+from grain_cells.source import _chunk_grid as chunk_grid
 from grain_cells.source._table import BlockTable
 
 
@@ -35,26 +41,30 @@ class SourceOptions:
         layer: The matrix asked for: None (`X`), `"raw"` or a layer's name.
         obs_missing: What files lacking an obs column give: `"error"`, `"fill"`.
         check_indices: Check at every read that column indices are in range.
-        read_threads: Read threads per process (0 reads inline).
+        read_threads: Read (and decode) threads per process: a count (0
+            reads inline) or `"auto"` (`grain_cells._util.cores`).
+        fetch_blocks: Blocks per fetch when a loader is given no
+            `fetch_factor` (compressed defaults); None: fetch factor 16.
     """
 
     layer: str | None
     obs_missing: str
     check_indices: bool
-    read_threads: int
+    read_threads: int | str
+    fetch_blocks: int | None = None
 
 
 def build(
     paths: str | os.PathLike | Sequence[str | os.PathLike],
     *,
-    block_size: int = 16,
+    block_size: int | None = None,
     layer: str | None = None,
     obs_columns: Sequence[str] = (),
     genes: Sequence[str] | np.ndarray | None = None,
     join: str = "exact",
     obs_missing: str = "error",
     check_indices: bool = True,
-    read_threads: int = 4,
+    read_threads: int | str = "auto",
     storage_options: dict | None = None,
 ) -> tuple[FileSet, BlockTable, SourceOptions]:
     """Checks `AnnDataSource`'s arguments and inspects its files.
@@ -62,11 +72,19 @@ def build(
     Arguments and errors as in `AnnDataSource`.
 
     Returns:
-        `(files, table, options)`: the file set, the grid of `block_size`
-        blocks over it, and the read options.
+        `(files, table, options)`: the file set, its blocks (the grid of
+        `block_size` cells, or the defaults of the module docstring) and the
+        read options.
     """
-    block_size = arguments.check_int("block_size", block_size, minimum=1)
-    read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+    if block_size is not None:
+        block_size = arguments.check_int("block_size", block_size, minimum=1)
+    if not isinstance(read_threads, str):
+        read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+    elif read_threads != "auto":
+        raise ValueError(
+            "read_threads must be a non-negative int or 'auto', got "
+            f"read_threads={read_threads!r}"
+        )
     genes = arguments.check_genes(genes)
     paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
     layer = arguments.check_name("layer", layer, optional=True)
@@ -94,7 +112,9 @@ def build(
         storage_options=storage_options,
     )
     options = SourceOptions(layer, obs_missing, bool(check_indices), read_threads)
-    return files, BlockTable.grid(files.n_obs, block_size), options
+    if block_size is not None:
+        return files, BlockTable.grid(files.n_obs, block_size), options
+    return (files, *default_blocks(files, options))
 
 
 def _check_paths(paths):
@@ -127,4 +147,42 @@ def _check_paths(paths):
     return paths
 
 
-__all__ = ["SourceOptions", "build"]
+def default_blocks(
+    files: FileSet, options: SourceOptions
+) -> tuple[BlockTable, SourceOptions]:
+    """The table and options of a source built without a `block_size`.
+
+    Opens nothing for uncompressed files; opens compressed ones once more to
+    find their chunk starts (reading a CSR matrix's `indptr`).
+    """
+    sizes = [info.chunk_bytes for info in files.infos]
+    if all(size is None for size in sizes):
+        return BlockTable.grid(files.n_obs, 16), options
+    offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
+    handles = OpenFiles(files, 0)
+    try:
+        starts = [
+            handles.file(i).reader.chunk_starts() + offsets[i]
+            if size is not None
+            else offsets[i : i + 1]
+            for i, size in enumerate(sizes)
+        ]
+    finally:
+        handles.close()
+    compressed = [i for i, size in enumerate(sizes) if size is not None]
+    chosen = chunk_grid.compressed_defaults(
+        sum(files.n_obs[i] for i in compressed),
+        np.concatenate([starts[i] for i in compressed]),
+        max(sizes[i] for i in compressed),
+    )
+    grid = BlockTable.grid(files.n_obs, chosen.block_size)
+    table = chunk_grid.chunk_aligned_blocks(
+        grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
+    )
+    options = dataclasses.replace(
+        options, fetch_blocks=chunk_grid.DEFAULT_BLOCKS_PER_FETCH
+    )
+    return table, options
+
+
+__all__ = ["SourceOptions", "build", "default_blocks"]

@@ -69,14 +69,14 @@ class AnnDataSource:
         self,
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         *,
-        block_size: int = 16,
+        block_size: int | None = None,
         layer: str | None = None,
         obs_columns: Sequence[str] = (),
         genes: Sequence[str] | np.ndarray | None = None,
         join: str = "exact",
         obs_missing: str = "error",
         check_indices: bool = True,
-        read_threads: int = 4,
+        read_threads: int | str = "auto",
         storage_options: dict | None = None,
     ):
         """Opens every file once to check it and read its metadata.
@@ -85,6 +85,9 @@ class AnnDataSource:
             paths: One path or a sequence of paths, concatenated along cells in
                 this order.
             block_size: Cells per record (block). Blocks never straddle files.
+                None: 16, or on a compressed matrix blocks along its chunk
+                grid and loaders reading 64 blocks per fetch when given no
+                `fetch_factor` (`grain_cells.source._chunk_grid`).
             layer: The matrix to read: None for `X`, `"raw"` for `raw/X`, any
                 other name for `layers/<name>`.
             obs_columns: obs columns returned with every cell. Categorical,
@@ -102,8 +105,9 @@ class AnnDataSource:
                 `obs_columns` gives (see `grain_cells.io._file_set`).
             check_indices: Check at every read that column indices are inside
                 the matrix (one pass over the indices, a few percent of a read).
-            read_threads: Threads per process that issue positional reads
-                concurrently on large batches (cold cache). 0 reads inline.
+            read_threads: Threads per process that read and decode large
+                batches concurrently; 0 reads inline; `"auto"`: sized from
+                the cores and worker count (`grain_cells._util.cores`).
             storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
                 configuration (credentials, `endpoint_url`, `anon`, ...); see
                 `grain_cells.storage.remote._store`. Pickled with the source.
@@ -280,9 +284,14 @@ class AnnDataSource:
         return self._table
 
     @property
-    def read_threads(self) -> int:
+    def read_threads(self) -> int | str:
         """Threads per process that issue reads on large batches (0: inline)."""
         return self._options.read_threads
+
+    @property
+    def fetch_blocks(self) -> int | None:
+        """Blocks per fetch of loaders given no `fetch_factor` (None: factor 16)."""
+        return self._options.fetch_blocks
 
     @property
     def check_indices(self) -> bool:

@@ -256,7 +256,9 @@ def cached_tahoe_like(
     ``n_genes``, ``seed`` and the compression (defaults give
     ``tahoe_like-n400000-g62710-s0-none.h5ad``), plus a tag for each other
     argument that differs from its default (e.g. ``-nnz300.0``, ``-dense``,
-    ``-c4096``). The file is written under a temporary name in the same folder
+    ``-c4096``; ``progress`` is not one). With ``progress=True`` a file that
+    must be made is announced on stderr (its size and path) before the
+    progress bar starts. The file is written under a temporary name in the same folder
     and renamed atomically when complete, so an interrupted run never leaves a
     file that looks complete. The name holds no generator version: clear the
     cache after changing the generator.
@@ -294,6 +296,13 @@ def cached_tahoe_like(
     if final.is_file():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
+    if args["progress"]:
+        print(
+            f"making synthetic data: {int(n_cells):,} cells x {args['n_genes']:,} "
+            f"genes into {final} (once; later runs reuse it)",
+            file=sys.stderr,
+            flush=True,
+        )
     fd, tmp_name = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}.", suffix=".tmp")
     os.close(fd)
     tmp = pathlib.Path(tmp_name)

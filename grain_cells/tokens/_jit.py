@@ -20,13 +20,17 @@ numba is optional (`pip install grain_cells[tokens]`): this module imports
 it, so `grain_cells.tokens` imports this module only when an output first
 encodes with it (importing numba takes seconds). Functions are compiled on
 first use and cached on disk (`cache=True`), so later processes, workers
-included, only load them.
+included, only load them. The two kernels the outputs call are wrapped by
+`grain_cells.tokens._compile.announced`: a process that must compile them
+says so in one log line (logger ``grain_cells``) and, with others starting
+at the same time, compiles them once under a lock in the cache folder.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from grain_cells.tokens._compile import announced
 from grain_cells.tokens._sort import (
     _U32,
     _njit,
@@ -355,3 +359,8 @@ def _edges(out, m, q, edges):
         if np.float64(c) < e:
             c = np.nextafter(c, np.float32(np.inf))
         edges[k] = c
+
+
+# The outputs' entry points: their first compile is announced and locked.
+rank_value_rows = announced(rank_value_rows)
+value_bin_rows = announced(value_bin_rows)

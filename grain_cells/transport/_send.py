@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from grain_cells._util import cores
 from grain_cells.transport import _worker as worker_process
 from grain_cells.transport._ring import SlotHandle, SlotRing, worker_ring
 from grain_cells.transport._slot_writer import writer_for
@@ -32,13 +33,14 @@ Formatter = Callable[[int, Callable[..., np.ndarray]], dict]
 def worker_init(worker_index: int = 0, worker_count: int = 0) -> None:
     """Sets up a worker process (`mp_prefetch`'s `worker_init_fn`).
 
-    Idempotent. Args are Grain's (unused: a fetch does not depend on which
-    worker runs it).
+    Idempotent. Args are Grain's; the count sizes the read threads (a
+    fetch does not depend on which worker runs it).
     """
     global _in_worker
-    del worker_index, worker_count
+    del worker_index
     if not worker_process.in_child_process():
         return
+    cores.set_worker_count(worker_count)  # sizes read_threads="auto"
     _in_worker = True
     worker_process.exit_with_parent()
 

@@ -268,6 +268,23 @@ def test_progress(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_cached_file_announced_once(tmp_path, capsys):
+    """The example's first run says what it makes before the bar starts."""
+    kwargs = {"n_genes": 50, "mean_nnz": 10, "cache_dir": tmp_path, "progress": True}
+    path = cached_tahoe_like(300, **kwargs)
+    err = capsys.readouterr().err
+    line = err.splitlines()[0]
+    assert line == (
+        f"making synthetic data: 300 cells x 50 genes into {path} "
+        "(once; later runs reuse it)"
+    )
+    assert "300/300" in err
+    assert cached_tahoe_like(300, **kwargs) == path
+    assert capsys.readouterr().err == ""  # reused: nothing to say
+    cached_tahoe_like(200, **{**kwargs, "progress": False})
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -1,0 +1,66 @@
+"""How many threads a process should read and decode with.
+
+**The rule** (`read_threads="auto"`, the default of `AnnDataSource`): a
+process may run on `C` cores (`os.sched_getaffinity`: a container's or
+`taskset`'s limit, not the machine's count) and shares them with the other
+processes reading the same source. The trainer's process reads alone when it
+has no workers; each of `W` Grain workers gets `C / W` of them. A process's
+read threads are
+
+    max(1, min(MAX_READ_THREADS, C // W))
+
+with `W = 1` in a process that is not a worker. So `W` workers never run
+more than `max(C, W)` read threads together: decoding compressed chunks
+(the work that keeps threads busy; h5py reads hold one global lock, and
+positional reads of uncompressed data mostly wait on the disk) never
+oversubscribes the cores. At most `MAX_READ_THREADS` (4) per process: past
+that, a fetch's reads are too few to share out.
+
+Examples on a machine of 8 cores: no workers, 4 threads; 2 workers, 4 each;
+4 workers, 2 each; 8 or more workers, 1 each. On 2 cores: no workers, 2
+threads; 2 workers, 1 each.
+
+The worker count is what Grain tells each worker (`set_worker_count`, called
+by `grain_cells.transport._send.worker_init`). A child process that was never
+told (a plain `grain.DataLoader`, whose workers Grain starts without a hook
+that names the count) assumes it shares the cores with one worker per core
+and reads with one thread.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+MAX_READ_THREADS = 4
+
+_worker_count: int | None = None
+
+
+def available() -> int:
+    """Cores this process may run on (Linux: its affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def set_worker_count(count: int) -> None:
+    """Records that this process is one of `count` workers (0: unknown)."""
+    global _worker_count
+    _worker_count = int(count) if count and count > 0 else None
+
+
+def processes_sharing() -> int:
+    """Reading processes this one shares its cores with, itself included."""
+    if _worker_count is not None:
+        return _worker_count
+    if multiprocessing.parent_process() is not None:  # a worker never told
+        return available()
+    return 1
+
+
+def read_threads(requested: int | str = "auto") -> int:
+    """The read threads of this process for a `read_threads` argument."""
+    if requested != "auto":
+        return int(requested)
+    return max(1, min(MAX_READ_THREADS, available() // processes_sharing()))

@@ -1,0 +1,117 @@
+"""The first use of a compiled token kernel: announced, compiled once.
+
+numba compiles a kernel on its first call with new argument types (7-8
+CPU-seconds for the token kernels; 10-20 s of wall time on a busy machine)
+and, with `cache=True`, writes
+the machine code to its on-disk cache, where every later process (Grain's
+workers included) loads it in well under a second. Two things made that
+first call a bad surprise: it was silent, and every worker that started on
+an empty cache compiled the same kernels at the same time.
+
+`announced(kernel)` wraps a kernel so that its first call in a process:
+
+* finds whether numba's cache already holds the kernel (an index file of it
+  in `kernel.stats.cache_path`, the folder numba picked: next to the source
+  when that is writable, else `NUMBA_CACHE_DIR` or numba's per-user folder);
+* if not, takes an exclusive lock file in that folder (processes starting
+  together compile once: the others wait, then load the cached code) and,
+  if the kernel is still not cached, logs one line on logger
+  ``grain_cells`` (WARNING, so that it shows without any logging set-up)
+  before compiling and one after.
+
+Later calls go straight to the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import logging
+import os
+import threading
+import time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process compiles
+    fcntl = None
+
+_log = logging.getLogger("grain_cells")
+_LOCK_NAME = "grain_cells_token_kernels.lock"
+_first_use = threading.Lock()
+
+
+def announced(kernel):
+    """`kernel` (a numba dispatcher), announcing and locking its first compile."""
+    ready = False
+
+    @functools.wraps(kernel.py_func)
+    def call(*args):
+        nonlocal ready
+        if not ready:
+            with _first_use:
+                if not ready:
+                    result = _first_call(kernel, args)
+                    ready = True
+                    return result
+        return kernel(*args)
+
+    call.dispatcher = kernel
+    return call
+
+
+def cache_folder(kernel) -> str | None:
+    """The folder of numba's on-disk cache for `kernel`, or None."""
+    stats = getattr(kernel, "stats", None)
+    return getattr(stats, "cache_path", None)
+
+
+def is_cached(kernel) -> bool:
+    """Whether numba's cache folder holds an index of `kernel`."""
+    folder = cache_folder(kernel)
+    if not folder:
+        return False
+    name = kernel.py_func.__name__
+    return bool(glob.glob(os.path.join(glob.escape(folder), f"*.{name}-*.nbi")))
+
+
+def _first_call(kernel, args):
+    if is_cached(kernel):
+        return kernel(*args)  # loads from the cache (or compiles a new type)
+    folder = cache_folder(kernel)
+    with _cross_process_lock(folder):  # waits while another process compiles
+        if is_cached(kernel):
+            return kernel(*args)  # it did: load its code
+        _log.warning(
+            "compiling token kernels (once: about 10 s; cached in %s for later "
+            "runs and processes)",
+            folder,
+        )
+        start = time.perf_counter()
+        result = kernel(*args)
+        _log.warning("token kernels compiled in %.1f s", time.perf_counter() - start)
+    return result
+
+
+@contextlib.contextmanager
+def _cross_process_lock(folder: str | None):
+    """An exclusive `flock` on a file in `folder`; nothing if it cannot be made."""
+    fd = None
+    if folder and fcntl is not None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT)
+        except OSError:
+            fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+__all__ = ["announced", "cache_folder", "is_cached"]

@@ -1,0 +1,107 @@
+"""A worker process imports only what reading and formatting need.
+
+Each spawned worker pays for its imports before its first fetch (with 2
+workers on 2 cores, both at once). Grain itself brings JAX and orbax; the
+worker must not add anndata, pandas, scipy or numba for a CSR loader. An
+output that records the worker's `sys.modules` tells what it imported.
+On c95fdd4 the workers imported scipy (`grain_cells.io` and `outputs` at
+their top).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+import grain_cells
+
+# The workers import this module to unpickle `_ModulesOutput`: it imports
+# nothing the assertion is about (conftest imports anndata, pandas, scipy).
+
+# Imported by no worker of a CSR loader (numba: only by the token kernels).
+NOT_IN_WORKERS = ("anndata", "pandas", "scipy", "scipy.sparse", "numba")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModulesOutput(grain_cells.CsrOutput):
+    """CSR, plus which of `NOT_IN_WORKERS` the formatting process imported."""
+
+    def format(self, fetch, rows, batch_size, empty=np.empty):
+        out = super().format(fetch, rows, batch_size, empty)
+        seen = empty((len(NOT_IN_WORKERS),), np.int64)
+        seen[:] = [name in sys.modules for name in NOT_IN_WORKERS]
+        return {**out, "imported": seen}
+
+
+@pytest.mark.slow
+def test_csr_worker_imports_no_anndata_pandas_scipy_numba(csr_paths):
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=4, fetch_factor=5, output=_ModulesOutput()
+        ),
+        worker_count=2,
+    )
+    from conftest import close_iterator
+
+    iterator = iter(loader)
+    try:
+        imported = np.array([b["imported"] for b in iterator]).any(axis=0)
+    finally:
+        close_iterator(iterator)
+    assert not imported.any(), [
+        name for name, yes in zip(NOT_IN_WORKERS, imported, strict=True) if yes
+    ]
+
+
+_FRESH = """
+import sys
+import grain_cells
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+source = grain_cells.AnnDataSource(sys.argv[1:], block_size=5, obs_columns=["plate"])
+loader = grain_cells.DataLoader(
+    data_source=source,
+    sampler=grain_cells.BlockSampler(source, seed=0),
+    operations=grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5),
+    worker_count=0,
+)
+iterator = iter(loader)
+next(iterator)
+iterator.close()
+print("IMPORTED", *[m for m in ("anndata", "pandas") if m in sys.modules])
+print("VAR", *source.var_names)
+"""
+
+
+def test_first_minibatch_in_a_fresh_process_imports_no_anndata(csr_paths, tmp_path):
+    """A var index as anndata writes it (a string-array, or under pandas 3 a
+    nullable-string-array) is read with h5py: the trainer's first minibatch
+    does not wait for anndata and pandas (~0.7 s of imports). Fails on
+    c95fdd4."""
+    import subprocess
+
+    import anndata
+    import h5py
+
+    with h5py.File(csr_paths[0]) as f:
+        var = f["var"]
+        encoding = var[var.attrs["_index"]].attrs.get("encoding-type")
+    assert encoding in ("string-array", "nullable-string-array")
+    script = tmp_path / "first.py"
+    script.write_text(_FRESH)
+    done = subprocess.run(
+        [sys.executable, str(script), *csr_paths],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert "IMPORTED" not in lines, lines.get("IMPORTED")
+    assert lines["VAR"].split() == list(anndata.read_h5ad(csr_paths[0]).var_names)
