@@ -64,7 +64,12 @@ _CHUNKS = flags.DEFINE_string(
 _POINTS = flags.DEFINE_list(
     "points",
     ["defaults", "grid16", "scdataset"],
-    "Comma-separated points to measure, in this order: defaults (no block or fetch given), chunks1/chunks2/chunks4 (the defaults' rule at 1, 2 or 4 chunks per block), grid16 (block 16 / fetch 16), scdataset (scDataset at block 16 / fetch 16; needs the bench extra).",
+    (
+        "Comma-separated points to measure, in this order: defaults (no block "
+        "or fetch given), chunks1/chunks2/chunks4 (the defaults' rule at 1, 2 "
+        "or 4 chunks per block), grid16 (block 16 / fetch 16), scdataset "
+        "(scDataset at block 16 / fetch 16; needs the bench extra)."
+    ),
 )
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
 _LABEL = flags.DEFINE_string("obs_column", "plate", "Label whose entropy is reported.")

@@ -39,7 +39,12 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["64", "1024"], "Cells per minibatch.")
-_WIDTH = flags.DEFINE_integer("width", 256, "Stored values per cell in the synthetic minibatches (PaddedSparseOutput width): sets the bytes each step copies to the device.")
+_WIDTH = flags.DEFINE_integer(
+    "width",
+    256,
+    "Stored values per cell in the synthetic minibatches (PaddedSparseOutput "
+    "width): sets the bytes each step copies to the device.",
+)
 _STEPS = flags.DEFINE_integer("steps", 1000, "Steps per variant and round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Rounds (variants alternate).")
 _PINNED = flags.DEFINE_bool("pinned", True, "Also time pinned_staging=True.")

@@ -87,7 +87,7 @@ def run_script(folder, name: str, code: str, timeout: float = 240):
 
 
 def use_script(*, guarded: bool) -> str:
-    """Loading's "A loader, part by part", with 2 workers and the loop body printing rows."""
+    """Loading's "A loader, part by part", with 2 workers; the loop prints rows."""
     code = doc_blocks(LOADING, "## A loader, part by part")[0]
     for needed in ("num_epochs=1", "worker_count=2", "        ...\n"):
         assert needed in code, f"Loading's 'A loader' no longer has {needed!r}"
