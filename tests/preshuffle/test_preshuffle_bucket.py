@@ -346,4 +346,6 @@ def test_url_inputs_carry_layers_raw_obsm_and_uns(s3, tmp_path):
     np.testing.assert_array_equal(_dense(a.raw.X), _dense(b.raw.X))
     np.testing.assert_array_equal(a.obsm["X_pca"], b.obsm["X_pca"])
     np.testing.assert_array_equal(a.varm["PCs"], b.varm["PCs"])
-    assert a.uns["title"] == "atlas" and set(a.layers) == {"counts", "dense"}
+    assert a.uns["title"] == "atlas"
+    # anndata >= 0.13 also lists X under the key None.
+    assert {k for k in a.layers if k is not None} == {"counts", "dense"}
