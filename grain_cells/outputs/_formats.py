@@ -268,8 +268,9 @@ class PaddedSparseOutput:
             raise errors.TruncationError(
                 f"cell {int(row_ids[r])} (global row id) has {int(lengths[r])} "
                 f"stored values, more than PaddedSparseOutput(width={w}) holds "
-                "(truncate='error'); raise width, leave width=None to fit it to "
-                "the data, or choose truncate='largest' or 'first'"
+                "(truncate='error'); give a larger width (or, for a width fitted "
+                "to the data, a higher quantile such as quantile=1.0), or "
+                "choose truncate='largest' or 'first'"
             )
         if self.__dict__.get("_warned"):
             return
@@ -280,9 +281,10 @@ class PaddedSparseOutput:
             f"cells of a minibatch have more stored values than width (up to "
             f"{int(lengths[widest])}, cell {int(row_ids[widest])}); each keeps "
             f"its {w} {kept} values. batch['truncated'] marks such cells in "
-            "every minibatch; this warning is shown once per process. Raise "
-            "width, leave width=None to fit it to the data, or pass "
-            "truncate='error' to refuse such cells.",
+            "every minibatch; this warning is shown once per process. Give a "
+            "larger width (or, for a width fitted to the data, a higher "
+            "quantile such as quantile=1.0), or pass truncate='error' to "
+            "refuse such cells.",
             errors.TruncationWarning,
             stacklevel=2,
         )
