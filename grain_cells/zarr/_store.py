@@ -43,3 +43,33 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
             f"{p}: not a zarr store (no zarr group metadata at its root: "
             f"{e}); expected a store written by anndata's write_zarr"
         ) from e
+
+
+def store_digest(path: str, storage_options: dict | None = None) -> str:
+    """A digest that changes when the store's arrays or metadata change.
+
+    Covers every key of the store with its size and modification time (a
+    local store; buckets: ETags, to come), so a store rewritten in place
+    under a source is detected.
+
+    Args:
+        path: A local directory or `.zarr.zip` file.
+        storage_options: For URLs; unused for local stores.
+    """
+    import hashlib
+
+    del storage_options
+    p = os.fspath(path)
+    h = hashlib.sha256()
+    if os.path.isfile(p):
+        st = os.stat(p)
+        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+        return h.hexdigest()
+    for root, dirs, files in os.walk(p):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            st = os.stat(full)
+            rel = os.path.relpath(full, p)
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
