@@ -29,6 +29,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells.storage.remote import _store as object_store
+from grain_cells.zarr._keys import check_not_forked_after_use, mark_obstore_used
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -61,6 +62,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
                 f"{p}: a zipped zarr store in an object store cannot be read by "
                 "range; unzip it into the bucket (a .zarr prefix) or download it"
             )
+        check_not_forked_after_use(p)
+        mark_obstore_used()  # zarr reads the metadata through it
         return zarr.storage.ObjectStore(
             object_store.store_at(p, storage_options), read_only=True
         )
@@ -190,6 +193,8 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
 def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     import obstore
 
+    check_not_forked_after_use(url)
+    mark_obstore_used()
     store = object_store.store_at(url, storage_options)
     metas = []
     for batch in obstore.list(store, chunk_size=1000):
