@@ -129,7 +129,8 @@ class RangeReader:
         codec = Codec.for_array(array) if array.ndim in (1, 2) else None
         self._keys = KeyReader.for_store(array.store) if codec else None
         self._codec = codec if self._keys is not None else None
-        self._fill = np.asarray(self._meta.fill_value, self.dtype)
+        fill = self._meta.fill_value
+        self._fill = np.asarray(0 if fill is None else fill, self.dtype)
         self._cache_bytes = int(cache_bytes)
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -161,10 +162,21 @@ class RangeReader:
         return self._codec is not None
 
     def will_need(self) -> None:
-        """Reads the shard indices now (the OS reads ahead of local files)."""
-        if self._codec is not None and self._codec.shard is not None:
-            n = -(-self.shape[0] // self._codec.chunk_shape[0])
+        """Prepares for an array every batch touches (such as `indptr`).
+
+        Reads every shard index now; and when the decoded array fits in
+        `cache_bytes`, decodes all of it into the cache (one pass, all
+        requests at once on a bucket), so later reads touch no storage.
+        """
+        if self._codec is None:
+            return
+        n = -(-self.shape[0] // self._codec.chunk_shape[0])
+        if self._codec.shard is not None:
             self._load_shard_indices(self._shards_of(range(n)))
+        row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        if 0 < self.shape[0] and n * self._codec.chunk_shape[0] * row_bytes <= self._cache_bytes:
+            out = np.empty((self.shape[0], *self.row_shape), self.dtype)
+            self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints that these ranges will be read soon (a no-op for zarr)."""

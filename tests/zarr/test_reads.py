@@ -174,3 +174,20 @@ def test_rows_outside_the_array_are_refused(tmp_path):
     reader = RangeReader(open_group(str(store))["x"], str(store))
     with pytest.raises(errors.CorruptDataError, match="has 10 elements"):
         reader.read(np.array([8]), np.array([12]), np.empty(4, reader.dtype))
+
+
+def test_will_need_decodes_a_hot_array_into_the_cache(tmp_path):
+    """indptr is read by every batch: with a cache large enough, will_need
+    decodes it once and later reads touch no storage."""
+    import shutil
+
+    values = np.arange(N, dtype=np.int64) * 7
+    store = tmp_path / "a.zarr"
+    zarr.create_array(store, name="x", data=values, chunks=(100,), shards=(500,))
+    reader = RangeReader(open_group(str(store))["x"], str(store), cache_bytes=1 << 20)
+    reader.will_need()
+    shutil.rmtree(store / "x" / "c")  # every shard gone
+    starts, stops = _ranges(np.random.default_rng(5), N)
+    out = np.empty(int((stops - starts).sum()), reader.dtype)
+    reader.read(starts, stops, out)
+    np.testing.assert_array_equal(out, _expected(values, starts, stops))
