@@ -44,12 +44,13 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from grain_cells.zarr import _codecs as zcodecs  # noqa: E402
-from grain_cells.zarr._reads import RangeReader  # noqa: E402
-from grain_cells.zarr._store import open_group, store_digest  # noqa: E402
+from grain_cells.zarr._reads import RangeReader
+from grain_cells.zarr._store import open_group, store_digest
 
 _DATA = flags.DEFINE_list(
-    "data", None, "zarr AnnData stores with CSR X (default: written here, see --formats)."
+    "data",
+    None,
+    "zarr AnnData stores with CSR X (default: written here, see --formats).",
 )
 _FORMATS = flags.DEFINE_list(
     "formats",
@@ -72,8 +73,16 @@ _DIGEST_KEYS = flags.DEFINE_integer(
 )
 _OUT = flags.DEFINE_string("out", None, "JSON file for the results.")
 _RECORDED = (
-    "data", "formats", "n_cells", "n_genes", "nnz_per_cell", "block_size", "blocks",
-    "batches", "threads", "digest_keys",
+    "data",
+    "formats",
+    "n_cells",
+    "n_genes",
+    "nnz_per_cell",
+    "block_size",
+    "blocks",
+    "batches",
+    "threads",
+    "digest_keys",
 )
 
 
@@ -88,12 +97,15 @@ def write_store(path: str, fmt: str) -> None:
     idx = np.sort(rng.integers(0, g, size=(n, per), dtype=np.int32), axis=1).ravel()
     data = rng.poisson(2.0, size=n * per).astype(np.float32) + 1
     X = sp.csr_matrix((data, idx, indptr), shape=(n, g))
-    with anndata.settings.override(
-        zarr_write_format=2 if fmt == "v2" else 3, auto_shard_zarr_v3=fmt == "v3-sharded"
+    with (
+        anndata.settings.override(
+            zarr_write_format=2 if fmt == "v2" else 3,
+            auto_shard_zarr_v3=fmt == "v3-sharded",
+        ),
+        warnings.catch_warnings(),
     ):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            anndata.AnnData(X).write_zarr(path)
+        warnings.simplefilter("ignore")
+        anndata.AnnData(X).write_zarr(path)
 
 
 def store_files(path: str) -> list[str]:
@@ -106,16 +118,19 @@ def decode_ceiling(path: str, threads: int) -> dict:
     jobs = []
     for name in ("data", "indices"):
         reader = RangeReader(group[f"X/{name}"], path)
-        if reader._codec is None:
+        chunks = reader._chunks
+        if chunks is None:
             return {"ceiling": "codecs not decoded here"}
         n_chunks = -(-reader.shape[0] // reader.chunk_length)
         units = [(k,) for k in range(n_chunks)]
-        if reader._codec.shard is not None:
+        if chunks.codec.shard is not None:
             reader.will_need()
         for u in units:
-            key, a, b, _ = reader._request(u)
-            raw = reader._keys.get(key) if a is None else reader._keys.get_range(key, a, b)
-            jobs.append((reader._codec, raw))
+            key, a, b, _ = chunks.request(u)
+            raw = (
+                chunks.keys.get(key) if a is None else chunks.keys.get_range(key, a, b)
+            )
+            jobs.append((chunks.codec, raw))
     t0, c0 = time.perf_counter(), bench_util.cpu_seconds()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda job: job[0].decode(job[1]), jobs))
@@ -138,7 +153,7 @@ def batches(indptr: np.ndarray, count: int, seed: int):
 
 def stub_read(array, starts, stops, out) -> None:
     at = 0
-    for a, b in zip(starts.tolist(), stops.tolist()):
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=False):
         out[at : at + b - a] = array[a:b]
         at += b - a
 
@@ -186,7 +201,9 @@ def digest_cost(n_keys: int, workdir: str) -> dict:
     if not os.path.exists(path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            a = zarr.create_array(path, shape=(n_keys,), chunks=(1,), dtype="u1", fill_value=0)
+            a = zarr.create_array(
+                path, shape=(n_keys,), chunks=(1,), dtype="u1", fill_value=0
+            )
             a[:] = 1
     c0, t0 = bench_util.cpu_seconds(), time.perf_counter()
     store_digest(path)
@@ -216,7 +233,8 @@ def main(argv) -> None:
         stores = []
         for fmt in _FORMATS.value:
             path = os.path.join(
-                workdir, f"csr-{fmt}-n{_N_CELLS.value}-g{_N_GENES.value}-k{_NNZ.value}.zarr"
+                workdir,
+                f"csr-{fmt}-n{_N_CELLS.value}-g{_N_GENES.value}-k{_NNZ.value}.zarr",
             )
             if not os.path.exists(path):
                 write_store(path, fmt)
@@ -234,7 +252,9 @@ def main(argv) -> None:
                     "zarrs": "zarrs.ZarrsCodecPipeline",
                 }[pipeline]
                 with zarr.config.set({"codec_pipeline.path": path_name}):
-                    row[f"stub_{pipeline}_{temp}"] = time_reader(path, "stub", None, cold)
+                    row[f"stub_{pipeline}_{temp}"] = time_reader(
+                        path, "stub", None, cold
+                    )
             row[f"fast_{temp}"] = time_reader(path, "fast", None, cold)
             row[f"fast_pool{threads}_{temp}"] = time_reader(path, "fast", pool, cold)
         results.append(row)
@@ -246,7 +266,10 @@ def main(argv) -> None:
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(
-                {"flags": {k: flags.FLAGS[k].value for k in _RECORDED}, "results": results},
+                {
+                    "flags": {k: flags.FLAGS[k].value for k in _RECORDED},
+                    "results": results,
+                },
                 f,
                 indent=2,
             )

@@ -109,8 +109,10 @@ class KeyReader:
         raise NotImplementedError
 
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
-        """`get` (start None), `get_range`, or `get_suffix` (start < 0: the
-        last `-start` bytes) for each `(key, start, stop)`.
+        """Reads many `(key, start, stop)` requests.
+
+        Each is a `get` (start None), a `get_range`, or a `get_suffix`
+        (start < 0: the last `-start` bytes).
 
         Remote readers send every request at once; local ones read in turn
         (the caller's threads give the concurrency).
@@ -284,7 +286,7 @@ class ObjectKeys(KeyReader):
 
         def fetch(key: str, which: list[int]) -> None:
             got = self._fetch_key(key, [requests[i] for i in which])
-            for i, value in zip(which, got):
+            for i, value in zip(which, got, strict=False):
                 results[i] = value
 
         groups = list(by_key.items())
@@ -311,7 +313,10 @@ class ObjectKeys(KeyReader):
             ranges = [(a, b) for _, a, b in reqs if a is not None and a >= 0]
             if len(ranges) == len(reqs):
                 got = obstore.get_ranges(
-                    store, key, starts=[a for a, _ in ranges], ends=[b for _, b in ranges]
+                    store,
+                    key,
+                    starts=[a for a, _ in ranges],
+                    ends=[b for _, b in ranges],
                 )
                 return [bytes(x) for x in got]
             out = []

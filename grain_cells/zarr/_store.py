@@ -137,7 +137,9 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
         ) from e
     if own.metadata != array.metadata:
         mine, theirs = own.metadata.to_dict(), array.metadata.to_dict()
-        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        diff = sorted(
+            k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)
+        )
         raise errors.AnnDataFormatError(
             f"{path}: the consolidated metadata of /{array.path} disagrees with "
             f"the array's own document in {', '.join(diff)} (consolidated: "

@@ -41,6 +41,11 @@ def test_zarr_decode_runs(tmp_path):
     ]
     for r in stores:
         assert r["ceiling_cells_per_s"] > 0
-        for key in ("stub_default_warm", "stub_default_cold", "fast_cold", "fast_pool2_warm"):
+        for key in (
+            "stub_default_warm",
+            "stub_default_cold",
+            "fast_cold",
+            "fast_pool2_warm",
+        ):
             assert r[key]["cells_per_s"] > 0 and r[key]["cpu_ms_per_batch"] > 0
     assert results[-1]["digest_keys"] == 50

@@ -15,20 +15,20 @@ import warnings
 import numpy as np
 import pytest
 import zarr
+from s3_server import s3  # noqa: F401
+from test_fork import in_fork
 
 from grain_cells import errors
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.zarr._reads import RangeReader
 from grain_cells.zarr._store import is_zarr_path, open_group, store_digest
-from s3_server import s3  # noqa: F401
-from test_fork import in_fork
 
 N = 1500
 
 
 def _write(path, fmt=3, **kwargs):
     g = zarr.open_group(path, mode="w", zarr_format=fmt)
-    values = (np.arange(N * 3, dtype=np.int32).reshape(N, 3))
+    values = np.arange(N * 3, dtype=np.int32).reshape(N, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g.create_array("X", data=values, chunks=(100, 3), **kwargs)
@@ -47,20 +47,24 @@ STARTS, STOPS = np.array([3, 250, 1390]), np.array([40, 420, 1500])
 
 
 def _want(values):
-    return np.concatenate([values[a:b] for a, b in zip(STARTS, STOPS)])
+    return np.concatenate([values[a:b] for a, b in zip(STARTS, STOPS, strict=False)])
 
 
 def test_is_zarr_path(tmp_path):
     assert is_zarr_path("s3://b/atlas.zarr") and is_zarr_path("gs://b/a.zarr/")
     assert is_zarr_path(str(tmp_path)) and is_zarr_path("x.zarr.zip")
-    assert not is_zarr_path("s3://b/atlas.h5ad") and not is_zarr_path(str(tmp_path / "a.h5ad"))
+    assert not is_zarr_path("s3://b/atlas.h5ad") and not is_zarr_path(
+        str(tmp_path / "a.h5ad")
+    )
 
 
 def test_file_url_and_digest(tmp_path):
     path = tmp_path / "a.zarr"
     values = _write(path)
     group = open_group(path.as_uri())
-    np.testing.assert_array_equal(_read(group, str(path), STARTS, STOPS)[1], _want(values))
+    np.testing.assert_array_equal(
+        _read(group, str(path), STARTS, STOPS)[1], _want(values)
+    )
     before = store_digest(str(path))
     assert store_digest(path.as_uri()) == before
     chunk = path / "X" / "c" / "3" / "0"
@@ -86,7 +90,9 @@ def _upload(s3, folder: pathlib.Path, prefix: str) -> str:  # noqa: F811
     return f"s3://{s3.bucket}/{prefix}"
 
 
-@pytest.mark.parametrize("fmt, kwargs", [(2, {}), (3, {"shards": (500, 3)})], ids=["v2", "v3-sharded"])
+@pytest.mark.parametrize(
+    "fmt, kwargs", [(2, {}), (3, {"shards": (500, 3)})], ids=["v2", "v3-sharded"]
+)
 def test_s3_store_reads_equal_local_ones(tmp_path, s3, fmt, kwargs):  # noqa: F811
     path = tmp_path / "a.zarr"
     values = _write(path, fmt, **kwargs)
