@@ -14,9 +14,13 @@ open; zarr-python reads either.
 root `zarr.json`) is used to open the group: one request instead of one per
 node, which matters on a bucket (anndata's obs/var hold one array per
 column). It is not trusted for the arrays that are read by range:
-`RangeReader` re-reads each such array's own metadata document (one request
-per array) and refuses a consolidated document that disagrees with it
-(`check_array`).
+`RangeReader` re-reads each such array's own metadata document and refuses
+a consolidated document that disagrees with it (`check_array`). Measured on
+a store anndata wrote (10 categorical obs columns; zarr's `LoggingStore`
+counting GETs): opening it and reading obs and var took 26 GETs with the
+consolidated document and 128 (v2) or 60 (v3) without it; the check then
+costs 1 GET per array read by range (v3: `zarr.json`), 2 in v2 (`.zarray`,
+`.zattrs`): 3 or 6 for a CSR X.
 """
 
 from __future__ import annotations
@@ -127,7 +131,12 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
             the array's own document, or the array has none.
     """
     try:
-        own = zarr.open_array(store=array.store, path=array.path, mode="r")
+        own = zarr.open_array(
+            store=array.store,
+            path=array.path,
+            mode="r",
+            zarr_format=array.metadata.zarr_format,
+        )
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise errors.AnnDataFormatError(
             f"{path}: /{array.path} is listed in the store's consolidated "

@@ -111,6 +111,9 @@ def test_s3_store_reads_equal_local_ones(tmp_path, s3, fmt, kwargs):  # noqa: F8
     fresh = RangeReader(open_group(url, s3.options)["X"], url)
     with pytest.raises(errors.CorruptChunkError, match=key):
         fresh.read(np.array([0]), np.array([10]), np.empty((10, 3), np.int32))
+    s3.client.delete_object(Bucket=s3.bucket, Key=f"t{fmt}/a.zarr/{key}")
+    with pytest.raises(errors.CorruptChunkError, match="is missing"):
+        fresh.read(np.array([0]), np.array([10]), np.empty((10, 3), np.int32))
 
 
 def test_s3_missing_store_is_named(s3):  # noqa: F811
