@@ -200,7 +200,25 @@ class RangeReader:
             self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints that these ranges will be read soon (a no-op for zarr)."""
+        """Hints that these ranges will be read soon; returns at once.
+
+        On a remote store, starts fetching the chunks they touch in the
+        background (`Chunks.prefetch`); the next `read` of them takes the
+        bytes instead of waiting for its GETs. Locally a no-op: chunk files
+        are small reads the OS serves from its cache or reads ahead itself.
+        """
+        if self._chunks is None or not self.remote:
+            return
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
+        if not keep.any():
+            return
+        c = self._codec.chunk_shape[0]
+        first, last = starts[keep] // c, (stops[keep] - 1) // c
+        n = last - first + 1
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        self._chunks.prefetch(np.unique(np.repeat(first, n) + within).tolist())
 
     # -- reads -------------------------------------------------------------
 
@@ -256,6 +274,8 @@ class RangeReader:
             return
         work = self._plan(starts, stops, dest)
         uniq = work[0]
+        if self.remote:  # read-ahead of these chunks (indices included) first
+            self._chunks.wait_prefetch(uniq.tolist())
         if self._codec.shard is not None:
             self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
         raw = self._chunks.fetch_remote(uniq) if self.remote else None
