@@ -192,3 +192,22 @@ def test_a_spawned_process_reads(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         got = pool.apply(_spawned_read, (str(path),))
     np.testing.assert_array_equal(np.array(got), _want(values))
+
+
+def test_an_http_store_reads_and_has_an_identity(tmp_path):
+    """Over plain HTTP (range GETs, no listing): reads equal local ones; the
+    digest covers the root's metadata documents."""
+    from grain_cells.testing.s3_folder_server import S3FolderServer
+
+    path = tmp_path / "web" / "a.zarr"
+    values = _write(path, 3, shards=(500, 3))
+    with S3FolderServer(str(tmp_path)) as server:
+        url = f"{server.endpoint_url}/web/a.zarr"
+        group = open_group(url)
+        reader, out = _read(group, url, STARTS, STOPS)
+        assert reader.remote
+        np.testing.assert_array_equal(out, _want(values))
+        digest = store_digest(url)
+        meta = path / "zarr.json"
+        meta.write_text(meta.read_text() + " ")
+        assert store_digest(url) != digest
