@@ -68,6 +68,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import threading
+import warnings
 
 import numpy as np
 import zarr
@@ -140,6 +142,8 @@ class RangeReader:
         self._array = array
         self._cache_bytes = int(cache_bytes)
         self._all_written: bool | None = None
+        self._checked = False
+        self._check_lock = threading.Lock()
         codec = Codec.for_array(array) if array.ndim in (1, 2) else None
         keys = KeyReader.for_store(array.store) if codec else None
         self._chunks: Chunks | None = None
@@ -269,16 +273,14 @@ class RangeReader:
                 f"{total * row_items}"
             )
         dest = flat[: total * row_items].reshape((total, *self.row_shape))
+        if self._codec is not None and not self._checked:
+            self._check_against_zarr()
         if self._codec is None:
             self._read_zarr(starts, stops, dest)
             return
         work = self._plan(starts, stops, dest)
         uniq = work[0]
-        if self.remote:  # read-ahead of these chunks (indices included) first
-            self._chunks.wait_prefetch(uniq.tolist())
-        if self._codec.shard is not None:
-            self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
-        raw = self._chunks.fetch_remote(uniq) if self.remote else None
+        raw = self._prepare(uniq)
         if pool is None or uniq.size < 2:
             self._read_chunks(0, uniq.size, work, raw)
             return
@@ -293,6 +295,14 @@ class RangeReader:
             pending.extend(futures)
             return
         wait_all(futures)
+
+    def _prepare(self, uniq: np.ndarray) -> dict | None:
+        """Shard indices loaded; on a remote store, the chunks' bytes."""
+        if self.remote:  # read-ahead of these chunks (indices included) first
+            self._chunks.wait_prefetch(uniq.tolist())
+        if self._codec.shard is not None:
+            self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
+        return self._chunks.fetch_remote(uniq) if self.remote else None
 
     def _plan(self, starts, stops, dest):
         c = int(self._codec.chunk_shape[0])
@@ -332,6 +342,40 @@ class RangeReader:
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m] = chunk[s : s + m]
+
+    def _check_against_zarr(self) -> None:
+        """Once: the first chunk decoded here must equal zarr-python's read.
+
+        A guard against reading zarr's metadata differently from zarr (a
+        codec option, byte order, a new zarr version): on a difference the
+        reader falls back to zarr-python's slicing, with a warning, rather
+        than return different values.
+        """
+        with self._check_lock:
+            if self._checked:
+                return
+            n = min(self.shape[0], self.chunk_length)
+            if n > 0:
+                mine = np.empty((n, *self.row_shape), self.dtype)
+                work = self._plan(np.array([0]), np.array([n]), mine)
+                try:
+                    self._read_chunks(0, work[0].size, work, self._prepare(work[0]))
+                except errors.CorruptChunkError:
+                    self._checked = True  # damaged: the read itself reports
+                    return
+                theirs = np.asarray(self._array[0:n])
+                if not np.array_equal(mine, theirs, equal_nan=mine.dtype.kind == "f"):
+                    warnings.warn(
+                        f"{self.path}: {self.name}'s first chunk decoded by "
+                        f"grain_cells ({self._codec.describe()}) differs from "
+                        "zarr-python's read; reading it through zarr-python "
+                        "(slower). Please report this with the array's metadata.",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+                    self._codec = None
+                    self._chunks = None
+            self._checked = True
 
     # -- through zarr-python -----------------------------------------------
 
