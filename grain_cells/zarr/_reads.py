@@ -75,6 +75,7 @@ import numpy as np
 import zarr
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells._util.ranges import merge_touching
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
@@ -144,6 +145,7 @@ class RangeReader:
         self._all_written: bool | None = None
         self._checked = False
         self._check_lock = threading.Lock()
+        fork.in_child_of(self, RangeReader._new_lock)
         codec = Codec.for_array(array) if array.ndim in (1, 2) else None
         keys = KeyReader.for_store(array.store) if codec else None
         self._chunks: Chunks | None = None
@@ -342,6 +344,9 @@ class RangeReader:
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m] = chunk[s : s + m]
+
+    def _new_lock(self) -> None:
+        self._check_lock = threading.Lock()
 
     def _check_against_zarr(self) -> None:
         """Once: the first chunk decoded here must equal zarr-python's read.
