@@ -27,17 +27,17 @@ and `threading.max_workers` do not apply: zarr-python's event loop is
 bypassed for reads. Remote stores send all of a read's GETs at once
 (`grain_cells.zarr._keys`), then decode in the pool.
 
-**Why not zarr-python's reads, or the zarrs pipeline.** CPU per batch of 16
-random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
+**Why not zarr-python's reads, or the zarrs pipeline.** CPU-ms per batch of
+16 random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
 genes, 1,000 values per cell, stores written by anndata with its defaults,
-warm cache (`python benchmarks/zarr_decode.py`; CPU-ms, since wall time on
-this shared 2-core machine measures the neighbours):
+warm cache, two runs (`python benchmarks/zarr_decode.py`; CPU time, since
+wall time on this shared 2-core machine measures the neighbours):
 
 | store | `Array[a:b]` per range | same, zarrs 0.2.3 pipeline | here |
 | --- | --- | --- | --- |
-| v2, blosc-lz4 (anndata 0.12) | 62 | 52 | 25 |
-| v3, zstd | 174 | 114 | 80 |
-| v3, zstd, sharded (anndata 0.13) | 90 | 57 | 41 |
+| v2, blosc-lz4 (anndata 0.12) | 57-62 | 43-52 | 21-25 |
+| v3, zstd | 103-174 | 88-114 | 70-80 |
+| v3, zstd, sharded (anndata 0.13) | 90-113 | 57-75 | 36-41 |
 
 Decoding is nearly all of what is left here (a 1.5 MB zstd chunk takes
 2.3 ms, a blosc-lz4 one 0.5 ms); the zarrs pipeline speeds up only the
