@@ -66,7 +66,9 @@ def make_adata(n_obs=N_OBS, *, dense=False, seed=0, row0=0, genes=None):
         obs=obs,
         var=var,
         layers={"counts": (x * 2).tocsr(), "dense": x.toarray() + 0.5},
-        obsm={"emb": np.stack([row0 + rows, -(row0 + rows)], axis=1).astype(np.float32)},
+        obsm={
+            "emb": np.stack([row0 + rows, -(row0 + rows)], axis=1).astype(np.float32)
+        },
     )
     raw = anndata.AnnData(
         X=sp.hstack([x, x[:, :2] * 3]).tocsr(),
@@ -177,9 +179,7 @@ def test_csr_x_and_obs_equal_anndata(stores, kind):
     # Blocks through Grain's record protocol.
     block = source.read_blocks([3])
     lo = 3 * 8
-    np.testing.assert_array_equal(
-        dense(block.X), dense(adata.X[lo : lo + 8])
-    )
+    np.testing.assert_array_equal(dense(block.X), dense(adata.X[lo : lo + 8]))
 
 
 @pytest.mark.parametrize("kind", ["v2", "v3-sharded"])
@@ -301,9 +301,7 @@ def test_directory_that_is_not_a_store(tmp_path):
     assert "not a zarr store" in str(e.value) and "notes.txt" in str(e.value)
 
 
-@pytest.mark.parametrize(
-    "what", ["not-anndata", "mudata", "no-x", "csc"]
-)
+@pytest.mark.parametrize("what", ["not-anndata", "mudata", "no-x", "csc"])
 def test_bad_stores_are_refused_by_name(tmp_path, what):
     from grain_cells.errors import (
         AnnDataFormatError,
