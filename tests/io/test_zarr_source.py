@@ -335,15 +335,17 @@ def test_bad_stores_are_refused_by_name(tmp_path, what):
     assert words in str(e.value)
 
 
-def write_chunked(path, kind: str, *, dense: bool = False) -> str:
+def write_chunked(path, kind: str, *, dense: bool = False, compressors=None) -> str:
     """A store of 200 cells whose X has small chunks (sharded: 2 shards)."""
     path = os.fspath(path)
     adata = make_adata(200, dense=dense)
-    chunks = (8, N_VARS) if dense else (16,)
+    kwargs = {"chunks": (8, N_VARS) if dense else (16,)}
+    if compressors is not None:
+        kwargs["compressors"] = compressors
     with zarr_format(kind):
         adata.write_zarr(path)
         group = zarr.open_group(path, mode="r+", use_consolidated=False)
-        anndata.io.write_elem(group, "X", adata.X, dataset_kwargs={"chunks": chunks})
+        anndata.io.write_elem(group, "X", adata.X, dataset_kwargs=kwargs)
         zarr.consolidate_metadata(path)
     return path
 
@@ -367,3 +369,47 @@ def test_chunked_store_reads_across_chunks(tmp_path, kind, dense_x):
     np.testing.assert_array_equal(dense(source.read(rows).X), dense(adata.X[rows]))
     got = source.read_blocks(np.arange(len(source)))
     np.testing.assert_array_equal(dense(got.X), dense(adata.X))
+
+
+def _codecs(name):
+    import numcodecs
+    import zarr.codecs as zc
+
+    return {
+        "v2-gzip": [numcodecs.GZip(level=1)],
+        "v2-lz4": [numcodecs.LZ4()],
+        "v2-zstd": [numcodecs.Zstd(level=1)],
+        "v3-gzip-crc32c": [zc.GzipCodec(level=1), zc.Crc32cCodec()],
+        "v3-blosc": [zc.BloscCodec(cname="lz4")],
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("kind", "codecs"),
+    [
+        ("v2", "v2-gzip"),
+        ("v2", "v2-lz4"),
+        ("v2", "v2-zstd"),
+        ("v3-sharded", "v3-gzip-crc32c"),
+        ("v3", "v3-blosc"),
+    ],
+)
+def test_codecs(tmp_path, kind, codecs):
+    path = write_chunked(tmp_path / "c.zarr", kind, compressors=_codecs(codecs))
+    adata = read_oracle(path)
+    source = AnnDataSource(path, block_size=16)
+    rows = np.random.default_rng(6).permutation(200)[:80]
+    np.testing.assert_array_equal(dense(source.read(rows).X), dense(adata.X[rows]))
+
+
+def test_sparse_obsm_is_refused_by_name(tmp_path):
+    """As for .h5ad: obsm arrays read as extra matrices are dense."""
+    from grain_cells.errors import AnnDataFormatError
+
+    adata = make_adata()
+    adata.obsm["sparse"] = adata.X.copy()
+    path = write_store(adata, tmp_path / "s.zarr", "v3")
+    source = AnnDataSource(path, block_size=8)
+    with pytest.raises(AnnDataFormatError, match=re.escape(path)) as e:
+        element_files(source.files, "obsm/sparse")
+    assert "obsm/sparse" in str(e.value) and "csr_matrix" in str(e.value)
