@@ -301,7 +301,19 @@ def test_directory_that_is_not_a_store(tmp_path):
     assert "not a zarr store" in str(e.value) and "notes.txt" in str(e.value)
 
 
-@pytest.mark.parametrize("what", ["not-anndata", "mudata", "no-x", "csc"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "not-anndata",
+        "mudata",
+        "no-x",
+        "csc",
+        "garbage",
+        "bad-zip",
+        "array-v2",
+        "array-v3",
+    ],
+)
 def test_bad_stores_are_refused_by_name(tmp_path, what):
     from grain_cells.errors import (
         AnnDataFormatError,
@@ -310,7 +322,15 @@ def test_bad_stores_are_refused_by_name(tmp_path, what):
     )
 
     path = os.fspath(tmp_path / f"{what}.zarr")
-    if what == "not-anndata":
+    if what in ("garbage", "bad-zip"):
+        path += ".zip" if what == "bad-zip" else ""
+        with open(path, "wb") as f:
+            f.write(b"not a store")
+        error, words = AnnDataFormatError, "neither a zip archive"
+    elif what.startswith("array"):
+        zarr.create_array(path, shape=(3,), dtype="i4", zarr_format=int(what[-1]))
+        error, words = AnnDataFormatError, "a zarr array at its root"
+    elif what == "not-anndata":
         g = zarr.open_group(path, mode="w", zarr_format=2)
         g.create_array("numbers", shape=(4,), dtype="i4")
         error, words = AnnDataFormatError, "a zarr store but not AnnData"
