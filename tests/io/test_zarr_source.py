@@ -98,10 +98,12 @@ def write_store(adata, path, kind: str) -> str:
         if kind == "zip":
             path += ".zip"
             store = zarr.storage.ZipStore(path, mode="w")
-            adata.write_zarr(store)
+            adata.write_zarr(store, convert_strings_to_categoricals=False)
             store.close()
         else:
-            adata.write_zarr(path)
+            # "label" stays a string array (vlen-utf8 in v2, the string
+            # dtype in v3, a nullable-string-array under pandas 3).
+            adata.write_zarr(path, convert_strings_to_categoricals=False)
     return path
 
 
