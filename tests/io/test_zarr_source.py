@@ -435,3 +435,25 @@ def test_sparse_obsm_is_refused_by_name(tmp_path):
     with pytest.raises(AnnDataFormatError, match=re.escape(path)) as e:
         element_files(source.files, "obsm/sparse")
     assert "obsm/sparse" in str(e.value) and "csr_matrix" in str(e.value)
+
+
+def test_missing_layer_lists_the_stores_matrices(stores):
+    from grain_cells.errors import MissingColumnError
+
+    path, _ = stores["v3"]
+    with pytest.raises(MissingColumnError, match=re.escape(path)) as e:
+        AnnDataSource(path, layer="nope")
+    assert "layers/counts" in str(e.value) and "raw/X" in str(e.value)
+
+
+def test_source_pickles_without_handles(stores):
+    """Workers get the source by pickle and open the store themselves."""
+    import pickle
+
+    path, adata = stores["v3-sharded"]
+    source = AnnDataSource(path, obs_columns=("cat",), block_size=8)
+    source.read([0])  # handles open in this process
+    copy = pickle.loads(pickle.dumps(source))
+    rows = random_rows(N_OBS, seed=7)
+    np.testing.assert_array_equal(dense(copy.read(rows).X), dense(adata.X[rows]))
+    assert repr(copy) == repr(source)
