@@ -271,6 +271,23 @@ def test_store_rewritten_is_detected(tmp_path):
         source.verify_files()
 
 
+@pytest.mark.parametrize("kind", ["v2", "v3", "zip"])
+def test_store_rewritten_while_open_is_detected_at_the_next_read(tmp_path, kind):
+    from grain_cells.errors import SourceChangedError
+
+    adata = make_adata()
+    path = write_store(adata, tmp_path / "s.zarr", kind)
+    source = AnnDataSource(path, block_size=8)
+    source.read([1])  # this process has the store open
+    adata.X.data += 1
+    if kind == "zip":
+        os.remove(path)
+    write_store(adata, tmp_path / "s.zarr", kind)
+    with pytest.raises(SourceChangedError, match=re.escape(path)) as e:
+        source.read([2])
+    assert "at a read" in str(e.value)
+
+
 def test_store_identity_is_location_free(tmp_path):
     """A copy of a store has the checkpoint identity of the original; an
     .h5ad of the same cells does not (identity is the stored file's)."""
