@@ -32,7 +32,7 @@ from anndata.experimental import write_dispatched
 
 LAYOUTS = ("zarr-v2", "zarr-v3", "zarr-v3-sharded", "zarr-zip")
 SHARD_CHUNKS = 4  # inner chunks per shard of the sharded layouts
-_ROW_ALIGNED = ("/X", "/raw/X")  # and every /layers/<name>
+_ROW_ALIGNED = ("X", "raw/X")  # and every layers/<name>
 
 
 def layout_params(*layouts, slow=()):
@@ -58,7 +58,8 @@ def write_store(adata: anndata.AnnData, path, layout: str, chunk: int = 16) -> s
 
     def callback(write, store, key, elem, *, dataset_kwargs, iospec):
         del iospec
-        if key in _ROW_ALIGNED or key.startswith("/layers/"):
+        name = f"{store.path}/{key}".strip("/")  # keys are relative to `store`
+        if name in _ROW_ALIGNED or name.startswith("layers/"):
             row_chunks = dict(kwargs)
             if not sp.issparse(elem) and np.ndim(elem) == 2:  # dense: whole rows
                 row_chunks = {k: (v[0], np.shape(elem)[1]) for k, v in kwargs.items()}
@@ -97,7 +98,9 @@ def copy_as(paths, directory, layout: str, chunk: int = 16) -> list[str]:
     for p in paths:
         stem = pathlib.Path(p).name.removesuffix(".h5ad")
         out.append(
-            write_store(anndata.read_h5ad(p), directory / (stem + suffix), layout, chunk)
+            write_store(
+                anndata.read_h5ad(p), directory / (stem + suffix), layout, chunk
+            )
         )
     return out
 

@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 from absl import flags
 from conftest import write_files
+from zarr_copies import copy_as, layout_params
 
 from grain_cells.checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.synthetic import _tahoe as synthetic
-from zarr_copies import copy_as
 
 CONFIG = {"block_size": 4, "batch_size": 4, "fetch_factor": 4, "seed": 7}
 TESTS = pathlib.Path(__file__).resolve().parents[1]
@@ -79,7 +79,12 @@ def rest_after(helpers, paths, state, workers=0):
         helpers.close_iterator(iterator)
 
 
-@pytest.mark.parametrize("layout", ["zarr-v2", "zarr-v3-sharded", "zarr-zip"])
+@pytest.mark.parametrize(
+    "layout",
+    layout_params(
+        "zarr-v3-sharded", "zarr-v2", "zarr-zip", slow=("zarr-v2", "zarr-zip")
+    ),
+)
 def test_resume_is_exact(stores, helpers, layout):
     paths = stores(layout)
     everything = helpers.run(loader(helpers, paths))
@@ -106,7 +111,9 @@ def _real_rows(batches):
 
 
 @pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2)])
-def test_another_process_count_visits_the_rest_once(stores, helpers, tmp_path, old, new):
+def test_another_process_count_visits_the_rest_once(
+    stores, helpers, tmp_path, old, new
+):
     from grain import sharding
 
     paths = stores("zarr-v3-sharded")
@@ -164,9 +171,7 @@ def test_h5ad_state_refused_on_a_zarr_copy_of_other_data(
         rest_after(helpers, stores("zarr-v3-sharded", other_data, "other"), state)
 
 
-def test_h5ad_state_refused_on_a_zarr_copy_of_the_same_data(
-    stores, csr_paths, helpers
-):
+def test_h5ad_state_refused_on_a_zarr_copy_of_the_same_data(stores, csr_paths, helpers):
     """The rule: identity is of the bytes, and zarr's bytes are not h5ad's."""
     state = state_at(helpers, csr_paths, 3)
     with pytest.raises(CheckpointMismatchError, match="data_source"):

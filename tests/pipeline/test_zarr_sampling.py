@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-
-import grain_cells
 from zarr_copies import Truth, copy_as, layout_params, read
 
+import grain_cells
+
 CHUNK = 11
-LAYOUTS = layout_params("zarr-v2", "zarr-v3-sharded", "zarr-zip")
+LAYOUTS = layout_params("zarr-v2", "zarr-v3-sharded", "zarr-zip", slow=("zarr-zip",))
 OBS = ("plate", "cell_type", "idx")
 
 
