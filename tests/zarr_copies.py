@@ -18,9 +18,11 @@ store in a `.zarr.zip`). `h5ad` names the original files (no copy).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
+import warnings
 import zipfile
 
 import anndata
@@ -66,7 +68,7 @@ def write_store(adata: anndata.AnnData, path, layout: str, chunk: int = 16) -> s
             dataset_kwargs = {**dataset_kwargs, **row_chunks}
         write(store, key, elem, dataset_kwargs=dataset_kwargs)
 
-    with anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=False):
+    with _settings(fmt):
         adata = adata.copy()
         adata.strings_to_categoricals()  # as write_zarr does
         group = zarr.open_group(path, mode="w", zarr_format=fmt)
@@ -75,6 +77,17 @@ def write_store(adata: anndata.AnnData, path, layout: str, chunk: int = 16) -> s
         if fmt == 2:
             zarr.consolidate_metadata(path)
     return path
+
+
+@contextlib.contextmanager
+def _settings(fmt: int):
+    """anndata's zarr format (0.13 deprecates the setting: v3 only from 0.14)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "This setting will be removed", DeprecationWarning
+        )
+        with anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=False):
+            yield
 
 
 def _zip_folder(folder: str, path: str) -> None:
