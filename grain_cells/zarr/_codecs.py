@@ -126,7 +126,7 @@ class Codec:
             if index is None:
                 return None
             shard_shape = tuple(meta.chunk_grid.chunk_shape)
-            per_shard = tuple(s // c for s, c in zip(shard_shape, inner))
+            per_shard = tuple(s // c for s, c in zip(shard_shape, inner, strict=False))
             shard = ShardLayout(
                 shard_shape=shard_shape,
                 per_shard=per_shard,
