@@ -45,12 +45,18 @@ def layout_params(*layouts, slow=()):
     ]
 
 
-def write_store(adata: anndata.AnnData, path, layout: str, chunk: int = 16) -> str:
-    """Writes `adata` as a zarr store of `layout` at `path`; returns the path."""
+def write_store(
+    adata: anndata.AnnData, path, layout: str, chunk: int = 16, **codecs
+) -> str:
+    """Writes `adata` as a zarr store of `layout` at `path`; returns the path.
+
+    `codecs` (e.g. `compressors=zarr.codecs.GzipCodec()`) go to the
+    row-aligned matrices' arrays in place of zarr's defaults.
+    """
     path = str(path)
     if layout == "zarr-zip":
         folder = path.removesuffix(".zip")
-        write_store(adata, folder, "zarr-v3-sharded", chunk)
+        write_store(adata, folder, "zarr-v3-sharded", chunk, **codecs)
         _zip_folder(folder, path)
         return path
     fmt = 2 if layout == "zarr-v2" else 3
@@ -65,7 +71,7 @@ def write_store(adata: anndata.AnnData, path, layout: str, chunk: int = 16) -> s
             row_chunks = dict(kwargs)
             if not sp.issparse(elem) and np.ndim(elem) == 2:  # dense: whole rows
                 row_chunks = {k: (v[0], np.shape(elem)[1]) for k, v in kwargs.items()}
-            dataset_kwargs = {**dataset_kwargs, **row_chunks}
+            dataset_kwargs = {**dataset_kwargs, **row_chunks, **codecs}
         write(store, key, elem, dataset_kwargs=dataset_kwargs)
 
     with _settings(fmt):
@@ -100,7 +106,7 @@ def _zip_folder(folder: str, path: str) -> None:
                 z.write(full, os.path.relpath(full, folder))
 
 
-def copy_as(paths, directory, layout: str, chunk: int = 16) -> list[str]:
+def copy_as(paths, directory, layout: str, chunk: int = 16, **codecs) -> list[str]:
     """Zarr copies of `.h5ad` files in `directory` (`layout` 'h5ad': `paths`)."""
     if layout == "h5ad":
         return list(paths)
@@ -112,7 +118,11 @@ def copy_as(paths, directory, layout: str, chunk: int = 16) -> list[str]:
         stem = pathlib.Path(p).name.removesuffix(".h5ad")
         out.append(
             write_store(
-                anndata.read_h5ad(p), directory / (stem + suffix), layout, chunk
+                anndata.read_h5ad(p),
+                directory / (stem + suffix),
+                layout,
+                chunk,
+                **codecs,
             )
         )
     return out

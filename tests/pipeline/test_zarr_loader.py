@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+import zarr
 from absl import flags
 from zarr_copies import LAYOUTS, Truth, copy_as, layout_params
 
@@ -98,6 +99,49 @@ def test_mixed_list_of_h5ad_and_zarr(stores, csr_paths, h5ad_epoch, helpers):
     """One file of each kind in one source: the same cells, genes and codes."""
     mixed = [csr_paths[0], stores("zarr-v2")[1], stores("zarr-zip")[2]]
     got = helpers.run(helpers.build(mixed, **CONFIG)[2])
+    assert_same_batches(got, h5ad_epoch)
+
+
+def _codecs(name):
+    import numcodecs
+    import zarr.codecs as zc
+
+    return {
+        "v2-gzip": ("zarr-v2", {"compressors": numcodecs.GZip(5)}),
+        "v2-blosc-zstd": (
+            "zarr-v2",
+            {"compressors": numcodecs.Blosc("zstd", 3, numcodecs.Blosc.BITSHUFFLE)},
+        ),
+        "v3-gzip": ("zarr-v3", {"compressors": zc.GzipCodec(level=5)}),
+        "v3-blosc-lz4": ("zarr-v3", {"compressors": zc.BloscCodec(cname="lz4")}),
+        "v3-sharded-zstd-crc32c": (
+            "zarr-v3-sharded",
+            {"compressors": [zc.ZstdCodec(level=3), zc.Crc32cCodec()]},
+        ),
+        "v3-uncompressed": ("zarr-v3", {"compressors": None}),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    "codec",
+    layout_params(
+        "v3-sharded-zstd-crc32c",
+        "v2-gzip",
+        "v2-blosc-zstd",
+        "v3-gzip",
+        "v3-blosc-lz4",
+        "v3-uncompressed",
+        slow=("v2-blosc-zstd", "v3-gzip", "v3-blosc-lz4", "v3-uncompressed"),
+    ),
+)
+def test_codecs_through_the_loader(csr_paths, tmp_path, h5ad_epoch, helpers, codec):
+    layout, codecs = _codecs(codec)
+    paths = copy_as(csr_paths, tmp_path, layout, **codecs)
+    meta = str(zarr.open_group(paths[0], mode="r")["X/data"].metadata).lower()
+    for name in ("gzip", "zstd", "lz4", "crc32c", "blosc"):
+        assert (name in meta) == (name in codec), name  # the codecs asked for
+    got = helpers.run(helpers.build(paths, **CONFIG)[2])
+    assert_equals_anndata(got, paths, helpers)
     assert_same_batches(got, h5ad_epoch)
 
 
