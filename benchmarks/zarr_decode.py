@@ -97,15 +97,13 @@ def write_store(path: str, fmt: str) -> None:
     idx = np.sort(rng.integers(0, g, size=(n, per), dtype=np.int32), axis=1).ravel()
     data = rng.poisson(2.0, size=n * per).astype(np.float32) + 1
     X = sp.csr_matrix((data, idx, indptr), shape=(n, g))
-    with (
-        anndata.settings.override(
+    with warnings.catch_warnings():  # anndata 0.13 deprecates zarr_write_format
+        warnings.simplefilter("ignore")
+        with anndata.settings.override(
             zarr_write_format=2 if fmt == "v2" else 3,
             auto_shard_zarr_v3=fmt == "v3-sharded",
-        ),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        anndata.AnnData(X).write_zarr(path)
+        ):
+            anndata.AnnData(X).write_zarr(path)
 
 
 def store_files(path: str) -> list[str]:

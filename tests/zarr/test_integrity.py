@@ -69,7 +69,7 @@ def test_zarr_omits_all_fill_chunks_and_a_sharded_index_says_so(tmp_path):
     values[200:300] = 0
     g = zarr.open_group(path, mode="w")
     g.create_array("x", data=values, chunks=(100,), shards=(500,))
-    with pytest.raises(errors.CorruptChunkError, match="empty shard index entry") as e:
+    with pytest.raises(errors.CorruptChunkError, match="index marks it empty") as e:
         _read_all(_reader(path))
     assert e.value.rows == (200, 300) and e.value.chunk_key == "x/c/0"
     np.testing.assert_array_equal(_read_all(_reader(path, fill_missing=True)), values)
@@ -143,3 +143,24 @@ def test_a_store_that_is_not_zarr(tmp_path):
     assert "notes.txt" in str(e.value)
     with pytest.raises(FileNotFoundError):
         open_group(str(tmp_path / "absent.zarr"))
+
+
+def test_arrays_read_through_zarr_python_refuse_missing_chunks_too(tmp_path):
+    """A codec decoded only by zarr-python (here `transpose`) takes the slow
+    path; it checks once that every chunk was written."""
+    path = tmp_path / "t.zarr"
+    values = np.arange(40 * 6, dtype=np.int32).reshape(40, 6)
+    g = zarr.open_group(path, mode="w")
+    g.create_array(
+        "x", data=values, chunks=(10, 6), filters=[zc.TransposeCodec(order=(1, 0))]
+    )
+    reader = RangeReader(open_group(str(path))["x"], str(path))
+    assert not reader.direct
+    out = np.empty((15, 6), np.int32)
+    reader.read(np.array([2, 30]), np.array([7, 40]), out)
+    np.testing.assert_array_equal(out, np.concatenate([values[2:7], values[30:40]]))
+    os.remove(path / "x" / "c" / "2" / "0")
+    with pytest.raises(errors.CorruptChunkError, match="never written"):
+        RangeReader(open_group(str(path))["x"], str(path)).read(
+            np.array([0]), np.array([5]), out
+        )

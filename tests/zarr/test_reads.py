@@ -37,6 +37,17 @@ def _expected(array, starts, stops):
     return np.concatenate([array[a:b] for a, b in zip(starts, stops, strict=False)])
 
 
+def write_zarr(adata, path, fmt: int, shard: bool) -> None:
+    """`adata.write_zarr` in zarr format `fmt`, auto-sharded or not.
+
+    anndata 0.13 deprecates `zarr_write_format` (a warning on reading it).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=shard):
+            adata.write_zarr(path)
+
+
 # (id, zarr_format, extra create_array kwargs)
 CASES = [
     pytest.param(2, {}, id="v2-default-blosc-lz4"),
@@ -127,12 +138,7 @@ def test_csr_written_by_anndata_equals_read_zarr(tmp_path, fmt, shard):
         np.repeat(np.arange(n), np.diff(X.indptr)) * 1000 + X.indices + 1
     ).astype(np.float32)
     path = tmp_path / "a.zarr"
-    with (
-        anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=shard),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        anndata.AnnData(X).write_zarr(path)
+    write_zarr(anndata.AnnData(X), path, fmt, shard)
     want = anndata.read_zarr(path).X
     group = open_group(str(path))
     readers = {
@@ -155,12 +161,7 @@ def test_anndata_013_defaults_are_read_directly(tmp_path):
     """anndata 0.13 writes zarr v3 with auto sharding: the fast path reads it."""
     X = np.arange(600 * 20, dtype=np.float32).reshape(600, 20)
     path = tmp_path / "d.zarr"
-    with (
-        anndata.settings.override(zarr_write_format=3, auto_shard_zarr_v3=True),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        anndata.AnnData(X).write_zarr(path)
+    write_zarr(anndata.AnnData(X), path, 3, True)
     reader = RangeReader(open_group(str(path))["X"], str(path))
     assert reader.direct
     out = np.empty((30, 20), reader.dtype)
