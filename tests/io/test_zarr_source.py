@@ -271,6 +271,23 @@ def test_store_rewritten_is_detected(tmp_path):
         source.verify_files()
 
 
+@pytest.mark.parametrize("kind", ["v2", "v3", "zip"])
+def test_store_rewritten_while_open_is_detected_at_the_next_read(tmp_path, kind):
+    from grain_cells.errors import SourceChangedError
+
+    adata = make_adata()
+    path = write_store(adata, tmp_path / "s.zarr", kind)
+    source = AnnDataSource(path, block_size=8)
+    source.read([1])  # this process has the store open
+    adata.X.data += 1
+    if kind == "zip":
+        os.remove(path)
+    write_store(adata, tmp_path / "s.zarr", kind)
+    with pytest.raises(SourceChangedError, match=re.escape(path)) as e:
+        source.read([2])
+    assert "at a read" in str(e.value)
+
+
 def test_store_identity_is_location_free(tmp_path):
     """A copy of a store has the checkpoint identity of the original; an
     .h5ad of the same cells does not (identity is the stored file's)."""
@@ -435,3 +452,25 @@ def test_sparse_obsm_is_refused_by_name(tmp_path):
     with pytest.raises(AnnDataFormatError, match=re.escape(path)) as e:
         element_files(source.files, "obsm/sparse")
     assert "obsm/sparse" in str(e.value) and "csr_matrix" in str(e.value)
+
+
+def test_missing_layer_lists_the_stores_matrices(stores):
+    from grain_cells.errors import MissingColumnError
+
+    path, _ = stores["v3"]
+    with pytest.raises(MissingColumnError, match=re.escape(path)) as e:
+        AnnDataSource(path, layer="nope")
+    assert "layers/counts" in str(e.value) and "raw/X" in str(e.value)
+
+
+def test_source_pickles_without_handles(stores):
+    """Workers get the source by pickle and open the store themselves."""
+    import pickle
+
+    path, adata = stores["v3-sharded"]
+    source = AnnDataSource(path, obs_columns=("cat",), block_size=8)
+    source.read([0])  # handles open in this process
+    copy = pickle.loads(pickle.dumps(source))
+    rows = random_rows(N_OBS, seed=7)
+    np.testing.assert_array_equal(dense(copy.read(rows).X), dense(adata.X[rows]))
+    assert repr(copy) == repr(source)
