@@ -19,7 +19,7 @@ import pytest
 import scipy.sparse as sp
 import zarr
 from absl import flags
-from zarr_copies import LAYOUTS, Truth, copy_as, layout_params
+from zarr_copies import LAYOUTS, Truth, copy_as, layout_params, write_store
 
 import grain_cells
 import grain_cells.tokens
@@ -338,3 +338,28 @@ def test_layers_raw_obsm_equal_anndata(matrices, helpers, layout, workers):
         np.testing.assert_array_equal(
             b["pca"][real], truth.matrix(rows, lambda a: a.obsm["X_pca"])
         )
+
+
+def test_corpus_stats_cache_notices_a_store_rewritten(tmp_path, monkeypatch):
+    """Token statistics cached for a store are not reused once its values change."""
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    values = rng.integers(1, 20, (2000, 50)) * (rng.random((2000, 50)) < 0.2)
+    x = sp.csr_matrix(values.astype(np.float32))
+    path = write_store(
+        anndata.AnnData(X=x), tmp_path / "a.zarr", "zarr-v3-sharded", chunk=1024
+    )
+    stats = grain_cells.tokens.corpus_stats
+    before = stats(grain_cells.AnnDataSource(path), progress=False)
+    # Same shape and sparsity, other values in the middle of X (even genes
+    # tripled), written through zarr into the store's chunks.
+    group = zarr.open_group(path, mode="r+")
+    data, indices = group["X/data"], group["X/indices"][:]
+    lo, hi = data.shape[0] // 3, 2 * data.shape[0] // 3
+    part = data[lo:hi]
+    part[indices[lo:hi] % 2 == 0] *= 3
+    data[lo:hi] = part
+    fresh = stats(grain_cells.AnnDataSource(path), progress=False, cache=False)
+    assert not np.array_equal(fresh.nonzero_median, before.nonzero_median)
+    again = stats(grain_cells.AnnDataSource(path), progress=False)
+    np.testing.assert_array_equal(again.nonzero_median, fresh.nonzero_median)
