@@ -145,28 +145,6 @@ def test_codecs_through_the_loader(csr_paths, tmp_path, h5ad_epoch, helpers, cod
     assert_same_batches(got, h5ad_epoch)
 
 
-def _index_location_is_str() -> bool:
-    import zarr.codecs
-
-    return isinstance(zarr.codecs.ShardingCodec(chunk_shape=(4,)).index_location, str)
-
-
-@pytest.mark.xfail(
-    _index_location_is_str(),
-    strict=True,
-    raises=AttributeError,
-    reason="grain_cells/zarr/_codecs.py (zarr-read): zarr >= 3.2 gives "
-    "ShardingCodec.index_location as a str, not an enum; `.value` fails, so "
-    "no sharded store opens under zarr 3.4 (the CI's second leg)",
-)
-def test_sharded_store_reads_under_this_zarr_version(stores, helpers):
-    paths = stores("zarr-v3-sharded")
-    source = grain_cells.AnnDataSource(paths, block_size=5)
-    rows = np.random.default_rng(0).permutation(helpers.N_CELLS)[:50]
-    cells = source.read(rows)
-    np.testing.assert_array_equal(cells.X.toarray(), Truth(paths).matrix(rows))
-
-
 def _token_outputs(source):
     vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names[::-1])
     stats = grain_cells.tokens.corpus_stats(
