@@ -79,8 +79,9 @@ class Chunks:
         self._ahead: dict[tuple[int, ...], bytes | None] = {}
         self._ahead_bytes = 0
         self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
-        if keys.remote:  # a forked child has none of the parent's read-ahead
-            fork.in_child_of(self, Chunks._forget_ahead)
+        # A forked child gets fresh locks (a parent's thread may hold one at
+        # the fork) and none of the parent's read-ahead.
+        fork.in_child_of(self, Chunks._forget_ahead)
 
     @property
     def codec(self) -> Codec:
