@@ -138,6 +138,7 @@ def preshuffle(
     staging_dir: str | os.PathLike | None = None,
     group_by: str | Sequence[str] | None = None,
     keep: Sequence[str] | None = None,
+    format: str = "h5ad",  # noqa: A002 - the word users know (anndata, annbatch)
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
@@ -258,6 +259,12 @@ def preshuffle(
     """
     bucket = None
     if object_store.is_url(os.fspath(output_dir)):
+        if format != "h5ad":
+            raise ValueError(
+                f"format={format!r} writes to a local folder, got output_dir="
+                f"{os.fspath(output_dir)!r}; write the parts locally and upload "
+                "the folders (e.g. `aws s3 sync`), or use format='h5ad'"
+            )
         if output_storage_options is None:
             output_storage_options = storage_options
         bucket = BucketOutput(
@@ -283,6 +290,7 @@ def preshuffle(
             storage_options=storage_options,
             group_by=group_by,
             keep=keep,
+            format=format,
         )
     finally:
         if bucket is not None:
@@ -296,8 +304,13 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     files.remove_temporaries(plan.output_dir)
     if bucket is None:
+        completed_marker = files.completed_marker
+        if plan.zarr_format is not None:
+            from grain_cells.preshuffle import _zarr_part  # imports zarr
+
+            completed_marker = _zarr_part.completed_marker
         done = {
-            i: files.completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
+            i: completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
         }
     else:
         done = {
@@ -329,5 +342,9 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
         bucket.write_manifest(plan, done)
         return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
     files.remove_stale_parts(plan)
+    if any(plan.output_dir.glob("part-*.zarr")):
+        from grain_cells.preshuffle import _zarr_part
+
+        _zarr_part.remove_stale_parts(plan)
     files.write_manifest(plan, done)
     return list(plan.part_paths)
