@@ -10,14 +10,11 @@ temporary file that holds its disk space in advance
 from __future__ import annotations
 
 import itertools
-import os
 import time
 
 import numpy as np
 
 from grain_cells._util.ranges import runs
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.preshuffle import _files as files
 from grain_cells.preshuffle import _frames as frames
 from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix

@@ -107,7 +107,7 @@ class ZarrPart:
             raise
 
     def frames_settings(self):
-        """anndata's settings while it writes obs, var and the other frames."""
+        """The anndata settings under which anndata writes obs, var and the rest."""
         shard = anndata.settings.auto_shard_zarr_v3
         return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
 
@@ -149,7 +149,9 @@ class ZarrPart:
         cells, floor = self._cells_per_chunk()
         elements = math.ceil(cells * max(m.nnz / max(m.n_cells, 1), 1.0))
         if floor:
-            elements = max(elements, MIN_CHUNK_BYTES[self.zarr_format] // m.dtype.itemsize)
+            elements = max(
+                elements, MIN_CHUNK_BYTES[self.zarr_format] // m.dtype.itemsize
+            )
         elements = max(1, min(elements, nnz))
         parent, name = _parent(self.root, m.name)
         group = parent.require_group(name)
@@ -167,8 +169,11 @@ class ZarrPart:
             )
             out.append(self._appender(array, unit))
         ptr, _ = self._array(
-            f"{m.name}/indptr", indptr.shape, indptr.dtype,
-            (max(1, min(INDPTR_CHUNK, indptr.size)),), 8,
+            f"{m.name}/indptr",
+            indptr.shape,
+            indptr.dtype,
+            (max(1, min(INDPTR_CHUNK, indptr.size)),),
+            8,
         )
         ptr[:] = indptr
         return tuple(out)
