@@ -65,8 +65,9 @@ from grain_cells.preshuffle._plan import Plan
 CHUNK_CELLS = {3: 32, 2: 256}
 """Cells per chunk of a matrix by default, per zarr format."""
 MIN_CHUNK_BYTES = {3: 64 << 10, 2: 1 << 20}
-SHARD_BYTES = 64 << 20  # uncompressed bytes per shard (v3)
+SHARD_BYTES = 32 << 20  # uncompressed bytes per shard (v3)
 INDPTR_CHUNK = 1 << 16
+WRITE_BYTES = 64 << 20  # uncompressed bytes per zarr write call, at most
 
 
 def _compressors(compression: str | None, zarr_format: int):
@@ -243,6 +244,8 @@ class _Appender:
         self.array = array
         self.length = int(array.shape[0])
         self.unit = int(unit)
+        row_bytes = array.dtype.itemsize * math.prod(array.shape[1:])
+        self.piece = self.unit * max(1, WRITE_BYTES // max(self.unit * row_bytes, 1))
         self.written = 0
         self.buffered = 0
         self.buffer: np.ndarray | None = None
@@ -277,8 +280,13 @@ class _Appender:
             self.buffer[: self.buffered] = rest[full:]
 
     def _write(self, values: np.ndarray) -> None:
-        self.array[self.written : self.written + len(values)] = values
-        self.written += len(values)
+        # A few shards per call: zarr encodes the shards of one call at once,
+        # each copied (chunks, then the shard), so a whole window per call
+        # would cost several times the window in memory.
+        for a in range(0, len(values), self.piece):
+            piece = values[a : a + self.piece]
+            self.array[self.written : self.written + len(piece)] = piece
+            self.written += len(piece)
 
     def check_complete(self) -> None:
         """Raises unless every row was written."""

@@ -176,7 +176,8 @@ def test_chunks_of_zeros_are_stored(tmp_path):
 
 class _Recorder:
     def __init__(self, array):
-        self.array, self.shape, self.path, self.writes = array, array.shape, "x", []
+        self.array, self.shape, self.dtype = array, array.shape, array.dtype
+        self.path, self.writes = "x", []
 
     def __setitem__(self, key, values):
         self.writes.append((key.start, key.stop))
