@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import h5py
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.hdf5._chunks import wait_all
-from grain_cells.hdf5._reads import RangeReader
 from grain_cells.io._h5ad import CSR, MatrixInfo
+from grain_cells.io._nodes import range_reader
 
 # Decoded `indptr` chunks kept per file when `indptr` is compressed: every
 # fetch reads a few entries per block, which would otherwise decode a whole
@@ -105,14 +104,21 @@ class RowBuffer:
 class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
 
-    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None):
+    def __init__(self, group, info: MatrixInfo, fd):
+        """Builds one range reader per array (`_nodes.range_reader`).
+
+        Args:
+            group: The CSR group (h5py or zarr).
+            info: What `inspect_matrix` found.
+            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
+        """
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
         path = info.path
-        self._data = RangeReader(group["data"], path, fd)
-        self._indices = RangeReader(group["indices"], path, fd)
-        self._indptr = RangeReader(
+        self._data = range_reader(group["data"], path, fd)
+        self._indices = range_reader(group["indices"], path, fd)
+        self._indptr = range_reader(
             group["indptr"], path, fd, cache_bytes=INDPTR_CACHE_BYTES
         )
         self._indptr.will_need()
@@ -217,7 +223,9 @@ class CsrReader:
         ptr = ptr.astype(np.int64, copy=False)
         n_chunks = max(1, -(-int(ptr[-1]) // length))
         firsts = np.arange(n_chunks, dtype=np.int64) * length
-        return np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+        starts = np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+        # A last chunk that holds only the tail of the last row starts none.
+        return starts[starts < n]
 
     def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
         """The same error, naming the cells whose values the chunk holds."""
@@ -338,14 +346,16 @@ class CsrReader:
 class DenseReader:
     """Reads row ranges of one file's dense 2-D matrix."""
 
-    def __init__(
-        self,
-        dataset: h5py.Dataset,
-        info: MatrixInfo,
-        fd: int | None,
-    ):
+    def __init__(self, dataset, info: MatrixInfo, fd):
+        """Builds the array's range reader (`_nodes.range_reader`).
+
+        Args:
+            dataset: The 2-D array (h5py or zarr).
+            info: What `inspect_matrix` found.
+            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
+        """
         self.info = info
-        self._x = RangeReader(dataset, info.path, fd)
+        self._x = range_reader(dataset, info.path, fd)
 
     @property
     def direct(self) -> bool:
