@@ -26,6 +26,7 @@ import test_preshuffle
 import test_preshuffle_carry
 import zarr
 
+import grain_cells
 from grain_cells.preshuffle import _files as preshuffle_files
 from grain_cells.preshuffle import _writer as preshuffle_writer
 from grain_cells.preshuffle import _zarr_part as zarr_part
@@ -340,3 +341,40 @@ def test_bad_arguments(three_inputs, tmp_path, kwargs, match):
 def test_bucket_output_is_refused_for_zarr(three_inputs):
     with pytest.raises(ValueError, match="writes to a local folder"):
         preshuffle(three_inputs, "s3://bucket/shuffled", format="zarr", progress=False)
+
+
+# --------------------------------------------------------------------------- #
+# Read back by grain_cells.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "zarr-v2"])
+def test_copy_reads_through_the_source_and_the_loader(three_inputs, tmp_path, fmt):
+    parts = preshuffle(
+        three_inputs,
+        tmp_path / "out",
+        cells_per_file=100,
+        chunk_cells=8,
+        format=fmt,
+        progress=False,
+    )
+    oracle = anndata.concat([_read(p) for p in parts])
+    x = _dense(oracle.X)
+    source = grain_cells.AnnDataSource(parts, block_size=16, obs_columns=["idx"])
+    assert source.num_cells == oracle.n_obs
+    loader = grain_cells.loader(
+        source,
+        batch_size=32,
+        output=grain_cells.DenseOutput(),
+        seed=1,
+        worker_count=0,
+    )
+    seen = []
+    for batch in loader:
+        rows = batch["row_ids"][batch["mask"]]
+        np.testing.assert_array_equal(batch["X"][batch["mask"]], x[rows])
+        np.testing.assert_array_equal(
+            batch["obs/idx"][batch["mask"]], oracle.obs["idx"].to_numpy()[rows]
+        )
+        seen.append(rows)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(len(x)))
