@@ -23,7 +23,7 @@ they are small: by default 32 cells' values of a CSR `data`/`indices` (the
 mean stored values per cell times 32; 32 rows of a dense matrix), at least
 64 KiB uncompressed, and `chunk_cells` sets the cells. Small chunks alone
 would make a file per 64 KiB (a 13 GB part: 200,000 files); shards group
-them into files of about 64 MiB uncompressed (a whole number of chunks),
+them into files of about 32 MiB uncompressed (a whole number of chunks),
 each with the sharding codec's index (checksummed with crc32c). zarr v2 has
 no shards, so its chunks are 256 cells (at least 1 MiB) by default. `indptr`
 is one shard (chunks of 65,536 entries). obs and var follow anndata's

@@ -33,6 +33,7 @@ from grain_cells.preshuffle import _zarr_part as zarr_part
 from grain_cells.preshuffle import preshuffle
 
 KEEP = ["layers", "raw", "obsm", "varm", "uns"]
+tiny_disk = test_preshuffle.tiny_disk  # the fixture: a 4 MiB tmpfs
 
 
 @pytest.fixture(scope="module")
@@ -319,6 +320,25 @@ def test_full_disk_is_refused_before_writing(three_inputs, tmp_path, monkeypatch
     assert e.value.errno == errno.ENOSPC
     assert str(out) in str(e.value)
     assert list(out.iterdir()) == []
+
+
+def test_disk_full_mid_write_removes_the_temporary(tmp_path, tiny_disk, monkeypatch):
+    """The free-space check bypassed: zarr meets the full disk itself."""
+    monkeypatch.setattr(preshuffle_files, "check_free_space", lambda *a: None)
+    paths = test_preshuffle.write_big_inputs(tmp_path / "in")
+    out = tiny_disk / "out"
+    with pytest.raises(OSError) as e:
+        preshuffle(paths, out, cells_per_file=5000, format="zarr", progress=False)
+    assert e.value.errno == errno.ENOSPC
+    assert "the disk filled up while writing part" in str(e.value)
+    names = sorted(p.name for p in out.iterdir())
+    assert leftovers(out) == []  # no temporary folder left
+    assert 0 < len(names) < 4  # parts written before the disk filled are kept
+    assert names == [f"part-{i:05d}.zarr" for i in range(len(names))]
+    for name in names:
+        got = _read(out / name)
+        ref = _read(paths[0])[got.obs_names]
+        np.testing.assert_array_equal(_dense(got.X), _dense(ref.X))
 
 
 @pytest.mark.parametrize(
