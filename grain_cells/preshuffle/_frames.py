@@ -19,6 +19,7 @@ import pandas as pd
 from grain_cells import errors
 from grain_cells.io import _frames as io_frames
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._plan import Plan
 
@@ -218,9 +219,9 @@ class Extras:
                     if path in f:
                         del f[path]
                     head, name = posixpath.split(path)
-                    if isinstance(f, h5py.Group):
+                    if isinstance(f, h5py.Group) and isinstance(src, h5py.File):
                         src.copy(src[path], f[head or "/"], name=name)
-                    else:  # a zarr part: through anndata's readers and writers
+                    else:  # zarr: through anndata's readers and writers
                         value = io_frames.read_elem(src[path])
                         io_frames.write_elem(f[head] if head else f, name, value)
 
@@ -235,7 +236,12 @@ def _group_bytes(path: str, element: str, storage_options: dict) -> int:
 
     with h5ad.open_file(path, storage_options) as f:
         obj = f[element]
-        if isinstance(obj, h5py.Dataset):
+        if nodes.is_array(obj):
             return int(obj.size * obj.dtype.itemsize)
-        obj.visititems(visit)
+        if isinstance(obj, h5py.Group):
+            obj.visititems(visit)
+        else:  # a zarr group
+            for _, member in obj.members(max_depth=None):
+                if nodes.is_array(member):
+                    sizes.append(member.size * member.dtype.itemsize)
     return int(sum(sizes)) + 4096 * (len(sizes) + 1)

@@ -89,8 +89,9 @@ besides X, obs and var a part carries (`keep`), `preshuffle_matrices` holds
 each row-aligned matrix (X, layers, raw/X, obsm arrays) as the writer reads
 it, `preshuffle_writer` writes them (with `preshuffle_windows`: slots, the
 background writer, progress; into a part of either format,
-`preshuffle_h5ad_part` or `preshuffle_zarr_part`), `preshuffle_frames` merges obs and var, orders
-cells by group (`group_by`) and writes the other frames and copies,
+`preshuffle_h5ad_part` or `preshuffle_zarr_part`), `preshuffle_frames`
+merges obs and var, orders cells by group (`group_by`) and writes the other
+frames and copies,
 `preshuffle_files` owns markers, temporaries, the manifest and the disk
 reservation, `preshuffle_output` the output to a bucket (a local staging
 folder, one part at a time, then an upload: local disk for one part is

@@ -363,6 +363,23 @@ def test_bucket_output_is_refused_for_zarr(three_inputs):
         preshuffle(three_inputs, "s3://bucket/shuffled", format="zarr", progress=False)
 
 
+@pytest.mark.parametrize("fmt", ["h5ad", "zarr"])
+def test_zarr_parts_as_inputs_carry_everything(carry_inputs, tmp_path, fmt):
+    """Zarr and h5ad copies hold the same cells: shuffled again with one
+    seed, they give the same copy, layers, raw, obsm, varm and uns included."""
+    kw = {"seed": 1, "cells_per_file": 100, "keep": KEEP, "progress": False}
+    h5ad_parts = preshuffle(carry_inputs, tmp_path / "h5ad", **kw)
+    zarr_parts = preshuffle(carry_inputs, tmp_path / "zarr", format="zarr", **kw)
+    kw = {"seed": 5, "progress": False, "format": fmt, "memory_budget_bytes": 3_000}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_zarr = preshuffle(zarr_parts, tmp_path / "from_zarr", **kw)
+    assert not [w for w in caught if "leaves out" in str(w.message)]  # kept all
+    from_h5ad = preshuffle(h5ad_parts, tmp_path / "from_h5ad", keep=KEEP, **kw)
+    assert_same_adata(from_zarr[0], from_h5ad[0])
+    assert set(_read(from_zarr[0]).layers.keys()) == {"counts", "dense"}
+
+
 # --------------------------------------------------------------------------- #
 # Read back by grain_cells.
 # --------------------------------------------------------------------------- #
