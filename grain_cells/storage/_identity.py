@@ -45,7 +45,11 @@ no one inode: its `FileStat` holds a digest of every key with its size and
 modification time (ETags in a bucket; `grain_cells.zarr._store.store_digest`),
 taken when the source is built and compared when a process opens the store
 and by `verify_files`, so a chunk or metadata file written, added or
-removed under a source is detected. Its `layout` digest covers each array's
+removed under a source is detected. At every fetch a process that has the
+store open compares only the `stat`s of its root metadata files
+(`zarr.json`, `.zgroup`, `.zmetadata`, ...; of a `.zarr.zip`, the file),
+which anndata rewrites whenever it writes a store
+(`grain_cells.io._nodes.StoreFile.check_root`). Its `layout` digest covers each array's
 zarr format, shape, dtype, chunk and shard grid and stored bytes,
 its `sample` the same value windows as a file's. A checkpoint records
 `format: zarr` for a store, so a state saved on an `.h5ad` file is refused
