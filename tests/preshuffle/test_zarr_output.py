@@ -416,3 +416,10 @@ def test_copy_reads_through_the_source_and_the_loader(three_inputs, tmp_path, fm
         )
         seen.append(rows)
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(len(x)))
+
+
+def test_a_zarr_part_as_input_of_its_own_folder_is_refused(three_inputs, tmp_path):
+    parts = preshuffle(three_inputs, tmp_path, format="zarr", progress=False)
+    with pytest.raises(ValueError, match="is an input and also output part"):
+        preshuffle(parts, tmp_path, format="zarr", seed=1, progress=False)
+    assert _read(parts[0]).n_obs == sum(test_preshuffle.SIZES)  # still whole
