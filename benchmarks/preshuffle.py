@@ -1,7 +1,9 @@
 r"""Time `grain_cells.preshuffle` writing a shuffled copy of `.h5ad` files.
 
-Prints the writer's wall time, seconds per million cells, the output's size
-and this process's peak RSS. Parts already in `--output_dir` from an earlier
+Prints the writer's wall time, seconds per million cells, its CPU time (every
+thread of this process: the figure to compare on a shared machine), the
+output's size and this process's peak RSS. `--format=zarr` writes AnnData
+zarr stores instead of `.h5ad` files. Parts already in `--output_dir` from an earlier
 run (those listed in its `preshuffle.json`) are deleted first, so the timing
 always covers a full write.
 
@@ -15,6 +17,8 @@ Usage:
   python benchmarks/preshuffle.py --data=/tmp/synth400k.h5ad \
       --output_dir=/tmp/preshuffled
   python benchmarks/preshuffle.py --n_cells=50000 --output_dir=/tmp/ps50k
+  python benchmarks/preshuffle.py --n_cells=100000 --output_dir=/tmp/ps100k \
+      --format=zarr --keep=none
   python benchmarks/preshuffle.py --data=atlas.h5ad --output_dir=/tmp/grouped \
       --group_by=cell_type --keep=layers/counts
   python benchmarks/preshuffle.py --data=s3://atlas/a.h5ad \
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import time
 
 import bench_util
@@ -47,7 +52,17 @@ _CELLS_PER_FILE = flags.DEFINE_integer(
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the permutation.")
 _COMPRESSION = flags.DEFINE_enum(
-    "compression", "none", ["none", "gzip", "lzf"], "Compression of the output."
+    "compression",
+    "none",
+    ["none", "gzip", "lzf", "zstd"],
+    "Compression of the output (lzf: h5ad only; zstd: zarr only).",
+)
+_FORMAT = flags.DEFINE_enum(
+    "format",
+    "h5ad",
+    ["h5ad", "zarr", "zarr-v2"],
+    "Format of the parts (preshuffle's format): .h5ad files, or AnnData zarr "
+    "stores (zarr: v3 with sharded matrices; zarr-v2: v2, no shards).",
 )
 _BUDGET_MB = flags.DEFINE_integer(
     "memory_budget_mb", 2048, "memory_budget_bytes, in MiB."
@@ -107,7 +122,11 @@ def remove_previous_output(output_dir, options: dict) -> None:
     with open(manifest) as f:
         parts = json.load(f)["parts"]
     for part in parts:
-        (output_dir / part["file"]).unlink(missing_ok=True)
+        path = output_dir / part["file"]
+        if path.is_dir():  # a zarr part
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     manifest.unlink()
 
 
@@ -124,6 +143,7 @@ def main(argv):
         bench_util.evict_page_cache(local)
     compression = None if _COMPRESSION.value == "none" else _COMPRESSION.value
     start = time.perf_counter()
+    cpu_start = time.process_time()
     parts = preshuffle_lib.preshuffle(
         paths,
         output_dir,
@@ -136,8 +156,10 @@ def main(argv):
         staging_dir=_STAGING.value,
         group_by=_GROUP_BY.value,
         keep=None if _KEEP.value is None else [k for k in _KEEP.value if k != "none"],
+        format=_FORMAT.value,
     )
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start  # every thread of this process
     manifest = json.loads(read_bytes(output_dir, preshuffle_lib.MANIFEST, options))
     cells = manifest["cells"]
     in_bytes = sum(size_of(p, options) for p in paths)
@@ -147,6 +169,7 @@ def main(argv):
         "cells": cells,
         "parts": len(parts),
         "windows": sum(p["windows"] for p in manifest["parts"]),
+        "format": _FORMAT.value,
         "compression": _COMPRESSION.value,
         "chunk_cells": _CHUNK_CELLS.value,
         "group_by": _GROUP_BY.value,
@@ -155,6 +178,8 @@ def main(argv):
         "cache": _CACHE.value,
         "wall_s": round(wall, 2),
         "s_per_million_cells": round(wall / max(cells, 1) * 1e6, 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_us_per_cell": round(cpu / max(cells, 1) * 1e6, 2),
         "input_gb": round(in_bytes / 1e9, 3),
         "output_gb": round(out_bytes / 1e9, 3),
         "peak_rss_mb": round(bench_util.peak_rss_mb(), 1),
@@ -162,7 +187,8 @@ def main(argv):
     print(
         f"preshuffled {cells:,} cells ({results['input_gb']} GB) into "
         f"{len(parts)} part(s), {results['output_gb']} GB, in {wall:.1f} s: "
-        f"{results['s_per_million_cells']} s per million cells, "
+        f"{results['s_per_million_cells']} s per million cells, CPU "
+        f"{results['cpu_s']} s ({results['cpu_us_per_cell']} us per cell), "
         f"{results['windows']} window(s), peak RSS {results['peak_rss_mb']} MiB"
     )
     if _JSON.value:
@@ -171,9 +197,13 @@ def main(argv):
 
 
 def size_of(path, options: dict) -> int:
-    """Bytes of a local file or an object."""
+    """Bytes of a local file, a local folder's files (a zarr part) or an object."""
     if object_store.is_url(os.fspath(path)):
         return object_store.head(os.fspath(path), options).size
+    if os.path.isdir(path):
+        return sum(
+            p.stat().st_size for p in pathlib.Path(path).rglob("*") if p.is_file()
+        )
     return os.path.getsize(path)
 
 

@@ -32,6 +32,7 @@ import h5py
 from grain_cells import errors
 from grain_cells.io import _frames as io_frames
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._open import open_file
 
 KINDS = ("layers", "raw", "obsm", "varm", "varp", "uns")
@@ -69,8 +70,8 @@ class Carry:
 
 
 def _kind(obj) -> str:
-    """`_MATRIX`, `_FRAME`, or why it cannot be carried."""
-    if isinstance(obj, h5py.Dataset):
+    """`_MATRIX`, `_FRAME`, or why it cannot be carried (h5py or zarr node)."""
+    if nodes.is_array(obj):
         if obj.ndim == 2 and obj.dtype.kind in "biuf":
             return _MATRIX
         return f"a {obj.ndim}-D {obj.dtype} dataset"
@@ -87,12 +88,13 @@ def _kind(obj) -> str:
     return f"stored as {enc or 'an unknown encoding'}"
 
 
-def _inventory(f: h5py.File) -> dict:
-    """Per kind, the elements a file has: `{key: _MATRIX | _FRAME | why not}`."""
+def _inventory(f) -> dict:
+    """Per kind, the elements an input (`.h5ad` file or zarr store) has:
+    `{key: _MATRIX | _FRAME | why not}`."""  # noqa: D205, D209
     out = {}
     for kind in ("layers", "obsm", "obsp"):
         group = f.get(kind)
-        if isinstance(group, h5py.Group):
+        if nodes.is_group(group):
             out[kind] = {k: _kind(group[k]) for k in group}
         elif isinstance(group, h5py.Dataset) and group.dtype.names:  # anndata < 0.7
             out[kind] = dict.fromkeys(group.dtype.names, _MATRIX)
@@ -100,12 +102,12 @@ def _inventory(f: h5py.File) -> dict:
             out[kind] = {}
     out["X"] = "X" in f
     raw = f.get("raw")
-    out["raw"] = (isinstance(raw, h5py.Group) and "X" in raw) or "raw.X" in f
+    out["raw"] = (nodes.is_group(raw) and "X" in raw) or "raw.X" in f
     for kind in ("uns", "varm", "varp"):
         group = f.get(kind)
-        out[kind] = isinstance(group, h5py.Group) and len(group) > 0
-    raw_varm = raw.get("varm") if isinstance(raw, h5py.Group) else None
-    out["raw/varm"] = isinstance(raw_varm, h5py.Group) and len(raw_varm) > 0
+        out[kind] = nodes.is_group(group) and any(True for _ in group)
+    raw_varm = raw.get("varm") if nodes.is_group(raw) else None
+    out["raw/varm"] = nodes.is_group(raw_varm) and any(True for _ in raw_varm)
     return out
 
 

@@ -48,15 +48,8 @@ def completed_marker(
         return None
     try:
         with open_part(path, storage_options) as f:
-            raw = f.attrs.get(MARKER_ATTR)
-            if raw is None:
-                return None
-            marker = json.loads(raw)
-            if (
-                marker.get("fingerprint") != plan.fingerprint
-                or marker.get("part") != index
-                or marker.get("parts") != len(plan.part_paths)
-            ):
+            marker = matching_marker(f.attrs.get(MARKER_ATTR), plan, index)
+            if marker is None:
                 return None
             info = h5ad.inspect_matrix(f, "X")
             if info.n_obs != marker.get("cells") or info.nnz != marker.get("nnz"):
@@ -64,6 +57,20 @@ def completed_marker(
             return marker
     except Exception:  # unreadable, truncated, foreign: not complete
         return None
+
+
+def matching_marker(raw, plan: Plan, index: int) -> dict | None:
+    """The marker (`MARKER_ATTR`'s JSON) if it records part `index` of this run."""
+    if raw is None:
+        return None
+    marker = json.loads(raw)
+    if (
+        marker.get("fingerprint") != plan.fingerprint
+        or marker.get("part") != index
+        or marker.get("parts") != len(plan.part_paths)
+    ):
+        return None
+    return marker
 
 
 def open_part(path, storage_options=None) -> h5py.File:
@@ -87,10 +94,14 @@ def create_temporary(directory: pathlib.Path, name: str):
 
 
 def remove_temporaries(output_dir: pathlib.Path) -> None:
-    """Deletes temporaries left by an interrupted run (see `_create_temporary`)."""
-    for pattern in (".part-*.h5ad.*.tmp", f".{MANIFEST}.*.tmp"):
+    """Deletes temporaries left by an interrupted run (see `create_temporary`;
+    a zarr part's are folders)."""  # noqa: D205, D209
+    for pattern in (".part-*.h5ad.*.tmp", ".part-*.zarr.*.tmp", f".{MANIFEST}.*.tmp"):
         for path in output_dir.glob(pattern):
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def remove_stale_parts(plan: Plan) -> None:
@@ -170,6 +181,17 @@ def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
                 raise _no_space(path, nbytes, what, e) from e
     finally:
         os.close(fd)
+
+
+def check_free_space(directory: pathlib.Path, nbytes: int, what: str) -> None:
+    """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free.
+
+    For outputs that cannot reserve their space in advance (a zarr part is a
+    folder of many files): the check is made before anything is written.
+    """
+    if shutil.disk_usage(directory).free < nbytes:
+        e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise _no_space(directory / what, nbytes, what, e)
 
 
 def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError:

@@ -19,6 +19,7 @@ import pandas as pd
 from grain_cells import errors
 from grain_cells.io import _frames as io_frames
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._plan import Plan
 
@@ -117,8 +118,8 @@ def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
     return out
 
 
-def write_frames(f: h5py.File, obs: pd.DataFrame, var: pd.DataFrame) -> None:
-    """Writes an AnnData skeleton (obs, var, no X) into an open file."""
+def write_frames(f, obs: pd.DataFrame, var: pd.DataFrame) -> None:
+    """Writes an AnnData skeleton (obs, var, no X) into an open file or zarr group."""
     io_frames.write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
 
 
@@ -196,8 +197,9 @@ class Extras:
             total += _group_bytes(self.plan.paths[0], path, self.plan.storage_options)
         return total
 
-    def write(self, f: h5py.File, rows: np.ndarray) -> None:
-        """Writes raw's group, the obsm dataframes and the copies into a part."""
+    def write(self, f, rows: np.ndarray) -> None:
+        """Writes raw's group, the obsm dataframes and the copies into a part
+        (an `h5py.File`, or a zarr part's root group)."""  # noqa: D205, D209
         if self.raw_var is not None:
             if "raw" in f:  # the skeleton's `null` element
                 del f["raw"]
@@ -216,11 +218,12 @@ class Extras:
                 for path in copies:
                     if path in f:
                         del f[path]
-                    src.copy(
-                        src[path],
-                        f[posixpath.dirname(path) or "/"],
-                        name=posixpath.basename(path),
-                    )
+                    head, name = posixpath.split(path)
+                    if isinstance(f, h5py.Group) and isinstance(src, h5py.File):
+                        src.copy(src[path], f[head or "/"], name=name)
+                    else:  # zarr: through anndata's readers and writers
+                        value = io_frames.read_elem(src[path])
+                        io_frames.write_elem(f[head] if head else f, name, value)
 
 
 def _group_bytes(path: str, element: str, storage_options: dict) -> int:
@@ -233,7 +236,12 @@ def _group_bytes(path: str, element: str, storage_options: dict) -> int:
 
     with h5ad.open_file(path, storage_options) as f:
         obj = f[element]
-        if isinstance(obj, h5py.Dataset):
+        if nodes.is_array(obj):
             return int(obj.size * obj.dtype.itemsize)
-        obj.visititems(visit)
+        if isinstance(obj, h5py.Group):
+            obj.visititems(visit)
+        else:  # a zarr group
+            for _, member in obj.members(max_depth=None):
+                if nodes.is_array(member):
+                    sizes.append(member.size * member.dtype.itemsize)
     return int(sum(sizes)) + 4096 * (len(sizes) + 1)

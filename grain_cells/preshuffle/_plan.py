@@ -23,6 +23,9 @@ from grain_cells.storage.remote import _store as object_store
 # varm, varp and uns are carried (`keep`); cells may be grouped (`group_by`).
 FORMAT = 3
 COMPRESSIONS = (None, "gzip", "lzf")
+FORMATS = {"h5ad": None, "zarr": 3, "zarr-v2": 2}
+"""`preshuffle`'s `format`: the zarr format written (None: HDF5, `.h5ad`)."""
+ZARR_COMPRESSIONS = (None, "gzip", "zstd")
 _CARRY_ERRORS = (
     errors.GeneMismatchError,
     errors.AnnDataFormatError,
@@ -58,11 +61,19 @@ class Plan:
             arguments.check_int("chunk_cells", chunk_cells, minimum=1)
         budget = kwargs["memory_budget_bytes"]
         arguments.check_int("memory_budget_bytes", budget, minimum=1)
-        compression = kwargs["compression"]
-        if compression not in COMPRESSIONS:
+        output_format = kwargs.get("format", "h5ad")
+        if not isinstance(output_format, str) or output_format not in FORMATS:
             raise ValueError(
-                "compression must be None, 'gzip' or 'lzf', got "
-                f"compression={compression!r}"
+                f"format must be one of {list(FORMATS)}, got format={output_format!r}"
+            )
+        self.format = output_format
+        self.zarr_format = FORMATS[output_format]
+        compression = kwargs["compression"]
+        allowed = COMPRESSIONS if self.zarr_format is None else ZARR_COMPRESSIONS
+        if compression not in allowed:
+            raise ValueError(
+                f"compression must be one of {list(allowed)} for format="
+                f"{output_format!r}, got compression={compression!r}"
             )
         layer = kwargs["layer"]
         obs_columns = kwargs["obs_columns"]
@@ -184,7 +195,8 @@ class Plan:
         self.part_bounds = [
             (i * size, min((i + 1) * size, self.n_cells)) for i in range(n_parts)
         ]
-        self.part_paths = [output_dir / f"part-{i:05d}.h5ad" for i in range(n_parts)]
+        suffix = ".h5ad" if self.zarr_format is None else ".zarr"
+        self.part_paths = [output_dir / f"part-{i:05d}{suffix}" for i in range(n_parts)]
         for path in self.paths:
             for part in self.part_paths:
                 if object_store.is_url(path):
@@ -211,6 +223,8 @@ class Plan:
                 "chunk_cells": chunk_cells,
                 "group_by": group_by,
                 "carry": self.carry.describe(),
+                # Only when not h5ad: h5ad parts of earlier versions stay valid.
+                **({} if self.zarr_format is None else {"output": output_format}),
             }
         )
         return self

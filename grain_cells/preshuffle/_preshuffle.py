@@ -49,6 +49,14 @@ Uncompressed chunks carry no filter, which the positional fast path needs.
 `indptr` is never compressed (8 bytes per cell; every read starts with it).
 Dense `X` is chunked by whole rows for the same reason.
 
+**Zarr output.** `format="zarr"` writes each part as an AnnData zarr store
+(zarr v3, the matrices sharded; `"zarr-v2"` for zarr v2): the same
+windows, with each window's values appended to zarr arrays by region writes
+that stop at a shard boundary (the rest waits for the next window), and
+obs, var and the other frames written by anndata. The folder is written
+under a temporary name and renamed like a file. Layout and codecs:
+`grain_cells.preshuffle._zarr_part`.
+
 **Restarts.** Each part is written under a temporary name in the output
 folder and renamed when complete; the finished file carries an attribute
 (`grain_cells_preshuffle`, JSON) recording the inputs by content (cell
@@ -80,8 +88,10 @@ arguments and lays out the parts, `preshuffle_carry` decides which elements
 besides X, obs and var a part carries (`keep`), `preshuffle_matrices` holds
 each row-aligned matrix (X, layers, raw/X, obsm arrays) as the writer reads
 it, `preshuffle_writer` writes them (with `preshuffle_windows`: slots, the
-background writer, progress), `preshuffle_frames` merges obs and var, orders
-cells by group (`group_by`) and writes the other frames and copies,
+background writer, progress; into a part of either format,
+`preshuffle_h5ad_part` or `preshuffle_zarr_part`), `preshuffle_frames`
+merges obs and var, orders cells by group (`group_by`) and writes the other
+frames and copies,
 `preshuffle_files` owns markers, temporaries, the manifest and the disk
 reservation, `preshuffle_output` the output to a bucket (a local staging
 folder, one part at a time, then an upload: local disk for one part is
@@ -138,6 +148,7 @@ def preshuffle(
     staging_dir: str | os.PathLike | None = None,
     group_by: str | Sequence[str] | None = None,
     keep: Sequence[str] | None = None,
+    format: str = "h5ad",
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
@@ -177,6 +188,10 @@ def preshuffle(
     `group_by=["cell_type", "donor"]`, a selection of types split by donor
     (`split_by_obs`) is a few runs too.
 
+    **Zarr parts.** With `format="zarr"` each part is an AnnData zarr store
+    (a folder) holding the same elements, written in the same windows; see
+    `grain_cells.preshuffle._zarr_part` for its chunks and shards.
+
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
         ...                    cells_per_file=1_000_000, seed=0)
@@ -198,11 +213,15 @@ def preshuffle(
         obs_columns: obs columns to carry; None carries every column of the
             first input (the others must have them too).
         compression: None (default, enables the positional-read fast path),
-            `"gzip"` (level 1, with the shuffle filter) or `"lzf"`.
+            `"gzip"` (level 1, with the shuffle filter) or `"lzf"`; for zarr
+            parts None, `"zstd"` (zarr's and anndata's default codec) or
+            `"gzip"` (level 1).
         chunk_cells: Cells per HDF5 chunk of the output matrix (for CSR, the
             chunk of `data`/`indices` holds `chunk_cells` times the mean
             stored values per cell). None: about 4 MiB of values per chunk
-            uncompressed, 256 KiB compressed.
+            uncompressed, 256 KiB compressed. For zarr parts, cells per
+            (inner) chunk; None: 32 cells, at least 64 KiB (zarr v2: 256
+            cells, at least 1 MiB).
         memory_budget_bytes: Bytes of matrix values held at once: two windows
             (one being assembled while the other is written) plus the read
             buffer. A window holds at least one cell, whatever the budget.
@@ -232,13 +251,20 @@ def preshuffle(
             `"obsm"`, `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`; `()`
             carries none (the quickest copy). See
             `grain_cells.preshuffle._carry`.
+        format: What each part is: `"h5ad"` (default, `part-00000.h5ad`),
+            `"zarr"` (an AnnData zarr store, `part-00000.zarr`, zarr v3 with
+            sharded matrices) or `"zarr-v2"` (zarr v2, no shards). Zarr parts
+            are what `anndata.read_zarr` reads and hold the same cells in the
+            same order as the h5ad parts of the same arguments; they are
+            written to a local folder only. See "Zarr parts" above.
 
     Returns:
         The paths of the parts, in order (their URLs for a URL `output_dir`).
 
     Raises:
-        ValueError: `inputs` is empty, an argument is out of range, or an
-            input would be overwritten by an output part.
+        ValueError: `inputs` is empty, an argument is out of range, an
+            input would be overwritten by an output part, or a zarr `format`
+            names a URL `output_dir`.
         NotADirectoryError: `output_dir` exists and is not a folder.
         FileNotFoundError: An input does not exist.
         errors.GeneMismatchError: With `join="exact"`, the inputs list
@@ -258,6 +284,12 @@ def preshuffle(
     """
     bucket = None
     if object_store.is_url(os.fspath(output_dir)):
+        if format != "h5ad":
+            raise ValueError(
+                f"format={format!r} writes to a local folder, got output_dir="
+                f"{os.fspath(output_dir)!r}; write the parts locally and upload "
+                "the folders (e.g. `aws s3 sync`), or use format='h5ad'"
+            )
         if output_storage_options is None:
             output_storage_options = storage_options
         bucket = BucketOutput(
@@ -283,6 +315,7 @@ def preshuffle(
             storage_options=storage_options,
             group_by=group_by,
             keep=keep,
+            format=format,
         )
     finally:
         if bucket is not None:
@@ -296,9 +329,12 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     plan.output_dir.mkdir(parents=True, exist_ok=True)
     files.remove_temporaries(plan.output_dir)
     if bucket is None:
-        done = {
-            i: files.completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)
-        }
+        completed_marker = files.completed_marker
+        if plan.zarr_format is not None:
+            from grain_cells.preshuffle import _zarr_part  # imports zarr
+
+            completed_marker = _zarr_part.completed_marker
+        done = {i: completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)}
     else:
         done = {
             i: bucket.completed_marker(plan, i) for i in range(len(plan.part_paths))
@@ -329,5 +365,9 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
         bucket.write_manifest(plan, done)
         return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
     files.remove_stale_parts(plan)
+    if any(plan.output_dir.glob("part-*.zarr")):
+        from grain_cells.preshuffle import _zarr_part
+
+        _zarr_part.remove_stale_parts(plan)
     files.write_manifest(plan, done)
     return list(plan.part_paths)

@@ -9,26 +9,18 @@ temporary file that holds its disk space in advance
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import itertools
-import json
-import os
 import time
 
-import h5py
 import numpy as np
 
 from grain_cells._util.ranges import runs
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.preshuffle import _files as files
 from grain_cells.preshuffle import _frames as frames
+from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
 
-_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
-_INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
@@ -57,63 +49,42 @@ class Writer:
     def write_part(self, index: int, report: Progress) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
         plan = self.plan
-        final = plan.part_paths[index]
         start, stop = plan.part_bounds[index]
         rows = self.perm[start:stop]
         t0 = time.perf_counter()
-        fd, tmp = files.create_temporary(plan.output_dir, final.name)
-        os.close(fd)
-        try:
-            with h5py.File(tmp, "w"):  # an empty HDF5 file ...
-                pass
-            # ... given the space it will need before HDF5 writes to it.
-            files.reserve_space(tmp, self._part_bytes(rows), f"part {final.name}")
-            f = h5py.File(tmp, "a")
-            try:
-                frames.write_frames(f, self.obs.iloc[rows], self.var)
-                self.extras.write(f, rows)  # raw's group before raw/X
-                nnz, windows, largest = None, 0, 0
-                for matrix in plan.matrices:
-                    write = self._write_csr if matrix.sparse else self._write_dense
-                    got, n_windows, most = write(f, matrix, rows, report)
-                    if matrix is plan.x:
-                        nnz = got
-                    windows += n_windows
-                    largest = max(largest, most)
-                marker = {
-                    "fingerprint": plan.fingerprint,
-                    "part": index,
-                    "parts": len(plan.part_paths),
+        if plan.zarr_format is None:
+            part = H5adPart(plan, index, self._part_bytes(rows))
+        else:
+            from grain_cells.preshuffle._zarr_part import ZarrPart  # imports zarr
+
+            part = ZarrPart(plan, index, self._part_bytes(rows))
+        with part:
+            with part.frames_settings():
+                frames.write_frames(part.root, self.obs.iloc[rows], self.var)
+                self.extras.write(part.root, rows)  # raw's group before raw/X
+            nnz, windows, largest = None, 0, 0
+            for matrix in plan.matrices:
+                write = self._write_csr if matrix.sparse else self._write_dense
+                got, n_windows, most = write(part, matrix, rows, report)
+                if matrix is plan.x:
+                    nnz = got
+                windows += n_windows
+                largest = max(largest, most)
+            marker = {
+                "fingerprint": plan.fingerprint,
+                "part": index,
+                "parts": len(plan.part_paths),
+                "cells": int(rows.size),
+                "nnz": nnz,
+                "stats": {
                     "cells": int(rows.size),
                     "nnz": nnz,
-                    "stats": {
-                        "cells": int(rows.size),
-                        "nnz": nnz,
-                        "windows": windows,
-                        "largest_window_bytes": largest,
-                        "seconds": round(time.perf_counter() - t0, 3),
-                    },
-                }
-                f.attrs[files.MARKER_ATTR] = json.dumps(marker)
-                f.close()  # truncates the file to what HDF5 used
-            except BaseException as e:
-                if not files.is_disk_full(e):
-                    with contextlib.suppress(Exception):
-                        f.close()
-                    raise
-                files.abandon(f, tmp)  # HDF5 cannot close it: see abandon
-                raise OSError(
-                    errno.ENOSPC,
-                    f"{plan.output_dir}: the disk filled up while writing part "
-                    f"{final.name} ({e}); its temporary file was removed and no "
-                    "part looks complete. Free some space and run preshuffle "
-                    "again: complete parts are kept.",
-                ) from e
-            files.fsync_path(tmp)
-            os.replace(tmp, final)
-            files.fsync_path(plan.output_dir)
-        finally:
-            tmp.unlink(missing_ok=True)
+                    "windows": windows,
+                    "largest_window_bytes": largest,
+                    "seconds": round(time.perf_counter() - t0, 3),
+                },
+            }
+            part.commit(marker)
         return marker
 
     def _part_bytes(self, rows: np.ndarray) -> int:
@@ -143,31 +114,14 @@ class Writer:
 
     # -- CSR ---------------------------------------------------------------
 
-    def _write_csr(self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress):
+    def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
         lengths = m.lengths[rows]
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=indptr[1:])
         nnz = int(indptr[-1])
-        group = f.require_group(m.name)
-        group.attrs["encoding-type"] = h5ad.CSR
-        group.attrs["encoding-version"] = "0.1.0"
-        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
-        opts = _filter_options(plan.compression)
-        chunk = _csr_chunk(plan, m, nnz)
-        data = group.create_dataset(
-            "data", (nnz,), m.dtype, maxshape=(None,), chunks=(chunk,), **opts
-        )
-        indices = group.create_dataset(
-            "indices", (nnz,), m.index_dtype, maxshape=(None,), chunks=(chunk,), **opts
-        )
-        group.create_dataset(
-            "indptr",
-            data=indptr,
-            maxshape=(None,),
-            chunks=(min(_INDPTR_CHUNK, n + 1),),
-        )
+        data, indices = part.create_csr(m, indptr, _csr_chunk(plan, m, nnz))
         # Bytes through each cell: its values plus its indptr entry.
         through = indptr[1:] * m.value_bytes + np.arange(1, n + 1) * 8
         bounds = self._windows(through)
@@ -200,19 +154,11 @@ class Writer:
 
     # -- dense -------------------------------------------------------------
 
-    def _write_dense(self, f: h5py.File, m: Matrix, rows: np.ndarray, report: Progress):
+    def _write_dense(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
         chunk_rows = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
-        x = f.create_dataset(
-            m.name,
-            (n, m.n_vars),
-            m.dtype,
-            chunks=(chunk_rows, m.n_vars) if n and m.n_vars else None,
-            **(_filter_options(plan.compression) if n and m.n_vars else {}),
-        )
-        x.attrs["encoding-type"] = h5ad.DENSE
-        x.attrs["encoding-version"] = "0.2.0"
+        x = part.create_dense(m, n, chunk_rows)
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
         through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
         bounds = self._windows(through)
@@ -281,14 +227,6 @@ class Writer:
                 yield rows[fa + a : fa + b], order[fa + a : fa + b]
 
 
-def _filter_options(compression: str | None) -> dict:
-    if compression is None:
-        return {}
-    if compression == "gzip":
-        return {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
-    return {"compression": compression, "shuffle": True}
-
-
 def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:
     if got.shape != wanted.shape or not np.array_equal(got, wanted):
         raise RuntimeError(
@@ -322,7 +260,7 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
         chunk = _csr_chunk(plan, m, nnz)
         n_chunks = -(-nnz // chunk)
         total = n_chunks * chunk * m.value_bytes
-        indptr_chunk = min(_INDPTR_CHUNK, n + 1)
+        indptr_chunk = min(INDPTR_CHUNK, n + 1)
         total += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
         n_chunks += -(-(n + 1) // indptr_chunk)
         return total, n_chunks, chunk * m.value_bytes

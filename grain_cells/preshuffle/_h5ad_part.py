@@ -1,0 +1,136 @@
+"""One `.h5ad` part being written: its temporary file, datasets and publish.
+
+`preshuffle_writer` fills a part the same way whatever its format; this
+module holds what is particular to HDF5 (`preshuffle_zarr_part` holds the
+same for zarr stores). The temporary file (`.part-00000.h5ad.<random>.tmp`)
+reserves the disk space the part needs before HDF5 writes to it
+(`preshuffle_files.reserve_space`); when complete it gets its marker
+attribute, is flushed and renamed over the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+
+import h5py
+import numpy as np
+
+from grain_cells.io import _h5ad as h5ad
+from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle._matrices import Matrix
+from grain_cells.preshuffle._plan import Plan
+
+_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
+INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
+
+
+class H5adPart:
+    """Part `index` of a plan, written into a temporary HDF5 file.
+
+    Use as a context manager around the writes: on an error the temporary
+    is removed (and a full disk reported as a clean `OSError`); `commit`
+    publishes the part.
+    """
+
+    def __init__(self, plan: Plan, index: int, nbytes: int):
+        self.plan = plan
+        self.final = plan.part_paths[index]
+        fd, self.tmp = files.create_temporary(plan.output_dir, self.final.name)
+        os.close(fd)
+        try:
+            with h5py.File(self.tmp, "w"):  # an empty HDF5 file ...
+                pass
+            # ... given the space it will need before HDF5 writes to it.
+            files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
+            self.root = h5py.File(self.tmp, "a")
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def frames_settings(self):
+        """Context of anndata's writes of obs, var and the other frames."""
+        return contextlib.nullcontext()
+
+    def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
+        """Matrix `m`'s CSR group: returns its `(data, indices)` datasets.
+
+        Args:
+            m: The matrix (its name, dtypes and genes).
+            indptr: The part's row pointers (written here).
+            chunk: Elements per chunk of `data` and `indices`.
+        """
+        nnz = int(indptr[-1])
+        group = self.root.require_group(m.name)
+        group.attrs["encoding-type"] = h5ad.CSR
+        group.attrs["encoding-version"] = "0.1.0"
+        group.attrs["shape"] = np.array([indptr.size - 1, m.n_vars], np.int64)
+        opts = filter_options(self.plan.compression)
+        data = group.create_dataset(
+            "data", (nnz,), m.dtype, maxshape=(None,), chunks=(chunk,), **opts
+        )
+        indices = group.create_dataset(
+            "indices", (nnz,), m.index_dtype, maxshape=(None,), chunks=(chunk,), **opts
+        )
+        group.create_dataset(
+            "indptr",
+            data=indptr,
+            maxshape=(None,),
+            chunks=(min(INDPTR_CHUNK, indptr.size),),
+        )
+        return data, indices
+
+    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
+        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
+        n_vars = m.n_vars
+        x = self.root.create_dataset(
+            m.name,
+            (n, n_vars),
+            m.dtype,
+            chunks=(chunk_rows, n_vars) if n and n_vars else None,
+            **(filter_options(self.plan.compression) if n and n_vars else {}),
+        )
+        x.attrs["encoding-type"] = h5ad.DENSE
+        x.attrs["encoding-version"] = "0.2.0"
+        return x
+
+    def commit(self, marker: dict) -> None:
+        """Marks the part complete, flushes it and renames it into place."""
+        self.root.attrs[files.MARKER_ATTR] = json.dumps(marker)
+        self.root.close()  # truncates the file to what HDF5 used
+        files.fsync_path(self.tmp)
+        os.replace(self.tmp, self.final)
+        files.fsync_path(self.plan.output_dir)
+
+    def __enter__(self) -> H5adPart:
+        return self
+
+    def __exit__(self, exc_type, e, tb) -> None:
+        try:
+            if e is None:
+                return
+            if not files.is_disk_full(e):
+                with contextlib.suppress(Exception):
+                    self.root.close()
+                return
+            files.abandon(self.root, self.tmp)  # HDF5 cannot close it: see abandon
+            raise OSError(
+                errno.ENOSPC,
+                f"{self.plan.output_dir}: the disk filled up while writing part "
+                f"{self.final.name} ({e}); its temporary file was removed and no "
+                "part looks complete. Free some space and run preshuffle "
+                "again: complete parts are kept.",
+            ) from e
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def filter_options(compression: str | None) -> dict:
+    """h5py's options for `preshuffle`'s `compression`."""
+    if compression is None:
+        return {}
+    if compression == "gzip":
+        return {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
+    return {"compression": compression, "shuffle": True}

@@ -1,0 +1,364 @@
+"""One zarr part being written (`preshuffle(..., format="zarr")`).
+
+A part is an AnnData zarr store (`part-00000.zarr`, a folder) that
+`anndata.read_zarr` reads. It is written into a temporary folder
+(`.part-00000.zarr.<random>.tmp`) and renamed over the final name when
+complete: a rename of a folder is atomic on one file system, as for a file.
+A part of an earlier run under the final name is first renamed aside to a
+temporary name, then deleted. A run that dies leaves its temporary folder,
+which the next run deletes (`preshuffle_files.remove_temporaries`).
+
+**What writes what.** obs, var, `uns`, `varm`, `varp`, `raw/var`, obsm
+dataframes and the empty groups of the skeleton are written by anndata
+(`anndata.io.write_elem` onto the part's zarr group), so their encodings are
+anndata's own. The row-aligned matrices (X, layers, `raw/X`, dense obsm
+arrays) are created with zarr-python's `Group.create_array` and filled in
+windows of cells by region writes, as the HDF5 writer fills its datasets, so
+memory stays bounded: never a whole matrix in memory.
+
+**Layout.** `format="zarr"` writes zarr v3 and shards the matrices'
+arrays; `format="zarr-v2"` writes zarr v2 (one file per chunk, no shards).
+A block read of the loader (16 to 1,024 cells) reads whole inner chunks, so
+they are small: by default 32 cells' values of a CSR `data`/`indices` (the
+mean stored values per cell times 32; 32 rows of a dense matrix), at least
+64 KiB uncompressed, and `chunk_cells` sets the cells. Small chunks alone
+would make a file per 64 KiB (a 13 GB part: 200,000 files); shards group
+them into files of about 32 MiB uncompressed (a whole number of chunks),
+each with the sharding codec's index (checksummed with crc32c). zarr v2 has
+no shards, so its chunks are 256 cells (at least 1 MiB) by default. `indptr`
+is one shard (chunks of 65,536 entries). obs and var follow anndata's
+settings (`anndata.settings.auto_shard_zarr_v3`; unset, as in anndata 0.12,
+they are not sharded: they are read whole).
+
+**Windows and shards.** A region write that covers part of a shard (or of a
+chunk) makes zarr read, merge and rewrite it. Each array's writes are
+therefore buffered up to the next shard boundary (`_Appender`: at most one
+shard per array, on top of `memory_budget_bytes`), so every shard is
+encoded and written once. Empty chunks are written too
+(`write_empty_chunks`): by default zarr skips a chunk equal to the fill
+value, and a reader could not tell it from a missing one.
+
+**Compression.** `compression=None` (default) stores the values raw;
+`"zstd"` is zarr's default codec (`ZstdCodec`, what anndata writes unless
+told otherwise), `"gzip"` gzip at level 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import pathlib
+import secrets
+import shutil
+
+import anndata
+import numpy as np
+import zarr
+
+from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle._matrices import Matrix
+from grain_cells.preshuffle._plan import Plan
+
+CHUNK_CELLS = {3: 32, 2: 256}
+"""Cells per chunk of a matrix by default, per zarr format."""
+MIN_CHUNK_BYTES = {3: 64 << 10, 2: 1 << 20}
+SHARD_BYTES = 32 << 20  # uncompressed bytes per shard (v3)
+INDPTR_CHUNK = 1 << 16
+WRITE_BYTES = 64 << 20  # uncompressed bytes per zarr write call, at most
+
+
+def _compressors(compression: str | None, zarr_format: int):
+    if compression is None:
+        return None
+    if zarr_format == 3:
+        if compression == "gzip":
+            return zarr.codecs.GzipCodec(level=1)
+        return zarr.codecs.ZstdCodec(level=0)
+    import numcodecs
+
+    return numcodecs.GZip(level=1) if compression == "gzip" else numcodecs.Zstd(level=0)
+
+
+class ZarrPart:
+    """Part `index` of a plan, written into a temporary zarr store.
+
+    The interface of `preshuffle_h5ad_part.H5adPart`: a context manager
+    around the writes that removes the temporary on an error; `commit`
+    publishes the part.
+    """
+
+    def __init__(self, plan: Plan, index: int, nbytes: int):
+        self.plan = plan
+        self.zarr_format = plan.zarr_format
+        self.final = plan.part_paths[index]
+        files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
+        self.tmp = _make_temporary(plan.output_dir, self.final.name)
+        self._appenders: list[_Appender] = []
+        try:
+            self.root = zarr.open_group(
+                zarr.storage.LocalStore(self.tmp),
+                mode="w",
+                zarr_format=self.zarr_format,
+            )
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def frames_settings(self):
+        """The anndata settings under which anndata writes obs, var and the rest."""
+        shard = anndata.settings.auto_shard_zarr_v3
+        return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
+
+    def _array(self, path: str, shape, dtype, chunks, unit_bytes: int):
+        """Creates an array; returns it and the rows of one shard (v3) or chunk."""
+        n = shape[0]
+        rows = chunks[0]
+        shards = None
+        if self.zarr_format == 3:
+            per = max(1, SHARD_BYTES // max(rows * unit_bytes, 1))
+            rows *= min(per, max(1, -(-n // rows)))
+            shards = (rows, *chunks[1:])
+        parent, name = _parent(self.root, path)
+        array = parent.create_array(
+            name,
+            shape=shape,
+            dtype=dtype,
+            chunks=chunks,
+            shards=shards,
+            compressors=_compressors(self.plan.compression, self.zarr_format),
+            filters=None,
+            fill_value=0,
+            config={"write_empty_chunks": True},
+        )
+        return array, rows
+
+    def _cells_per_chunk(self) -> tuple[int, bool]:
+        if self.plan.chunk_cells is not None:
+            return self.plan.chunk_cells, False
+        return CHUNK_CELLS[self.zarr_format], True
+
+    def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
+        """Matrix `m`'s CSR group: returns writers of its `data` and `indices`.
+
+        `chunk` (the HDF5 writer's) is not used: see the module docstring.
+        """
+        del chunk
+        nnz = int(indptr[-1])
+        cells, floor = self._cells_per_chunk()
+        elements = math.ceil(cells * max(m.nnz / max(m.n_cells, 1), 1.0))
+        if floor:
+            elements = max(
+                elements, MIN_CHUNK_BYTES[self.zarr_format] // m.dtype.itemsize
+            )
+        elements = max(1, min(elements, nnz))
+        parent, name = _parent(self.root, m.name)
+        group = parent.require_group(name)
+        group.attrs.update(
+            {
+                "encoding-type": "csr_matrix",
+                "encoding-version": "0.1.0",
+                "shape": [int(indptr.size - 1), int(m.n_vars)],
+            }
+        )
+        out = []
+        for key, dtype in (("data", m.dtype), ("indices", m.index_dtype)):
+            array, unit = self._array(
+                f"{m.name}/{key}", (nnz,), dtype, (elements,), dtype.itemsize
+            )
+            out.append(self._appender(array, unit))
+        ptr, _ = self._array(
+            f"{m.name}/indptr",
+            indptr.shape,
+            indptr.dtype,
+            (max(1, min(INDPTR_CHUNK, indptr.size)),),
+            8,
+        )
+        ptr[:] = indptr
+        return tuple(out)
+
+    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
+        """Matrix `m` as a dense array of `n` rows; returns its writer.
+
+        `chunk_rows` (the HDF5 writer's) is not used: see the module docstring.
+        """
+        del chunk_rows
+        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
+        rows, floor = self._cells_per_chunk()
+        if floor:
+            rows = max(rows, -(-MIN_CHUNK_BYTES[self.zarr_format] // row_bytes))
+        rows = max(1, min(rows, n))
+        array, unit = self._array(
+            m.name, (n, m.n_vars), m.dtype, (rows, max(m.n_vars, 1)), row_bytes
+        )
+        array.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+        return self._appender(array, unit)
+
+    def _appender(self, array, unit: int) -> _Appender:
+        appender = _Appender(array, unit)
+        self._appenders.append(appender)
+        return appender
+
+    def commit(self, marker: dict) -> None:
+        """Marks the part complete, flushes it and renames it into place."""
+        for appender in self._appenders:
+            appender.check_complete()
+        self.root.attrs[files.MARKER_ATTR] = json.dumps(marker)
+        _fsync_tree(self.tmp)
+        aside = None
+        if os.path.lexists(self.final):  # an incomplete or foreign part
+            aside = _make_temporary(self.plan.output_dir, self.final.name)
+            os.replace(self.final, aside / "old")
+        os.replace(self.tmp, self.final)
+        files.fsync_path(self.plan.output_dir)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def __enter__(self) -> ZarrPart:
+        return self
+
+    def __exit__(self, exc_type, e, tb) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if e is not None and files.is_disk_full(e):
+            raise OSError(
+                errno.ENOSPC,
+                f"{self.plan.output_dir}: the disk filled up while writing part "
+                f"{self.final.name} ({e}); its temporary folder was removed and "
+                "no part looks complete. Free some space and run preshuffle "
+                "again: complete parts are kept.",
+            ) from e
+
+
+class _Appender:
+    """Writes an array's rows in order, whole shards (or chunks) at a time.
+
+    `appender[lo:hi] = values` must follow the previous write (`lo` where it
+    stopped). Rows up to the last shard boundary are written at once; the
+    rest wait in a buffer of one shard for the next write, so zarr never
+    reads back and rewrites a shard.
+    """
+
+    def __init__(self, array, unit: int):
+        self.array = array
+        self.length = int(array.shape[0])
+        self.unit = int(unit)
+        row_bytes = array.dtype.itemsize * math.prod(array.shape[1:])
+        self.piece = self.unit * max(1, WRITE_BYTES // max(self.unit * row_bytes, 1))
+        self.written = 0
+        self.buffered = 0
+        self.buffer: np.ndarray | None = None
+
+    def __setitem__(self, key: slice, values: np.ndarray) -> None:
+        lo, hi = key.start, key.stop
+        if lo != self.written + self.buffered or hi - lo != len(values):
+            raise RuntimeError(
+                f"preshuffle: rows {lo}:{hi} of {self.array.path} written out of "
+                f"order (expected them from {self.written + self.buffered})"
+            )
+        k = 0
+        if self.buffered:
+            k = min(self.unit - self.buffered, len(values))
+            self.buffer[self.buffered : self.buffered + k] = values[:k]
+            self.buffered += k
+            if self.buffered < self.unit and self.written + self.buffered < self.length:
+                return  # every value went into the buffer
+            self._write(self.buffer[: self.buffered])
+            self.buffered = 0
+        rest = values[k:]
+        if self.written + len(rest) == self.length:
+            full = len(rest)
+        else:
+            full = len(rest) // self.unit * self.unit
+        if full:
+            self._write(rest[:full])
+        if full < len(rest):
+            if self.buffer is None:
+                self.buffer = np.empty((self.unit, *values.shape[1:]), values.dtype)
+            self.buffered = len(rest) - full
+            self.buffer[: self.buffered] = rest[full:]
+
+    def _write(self, values: np.ndarray) -> None:
+        # A few shards per call: zarr encodes the shards of one call at once,
+        # each copied (chunks, then the shard), so a whole window per call
+        # would cost several times the window in memory.
+        for a in range(0, len(values), self.piece):
+            piece = values[a : a + self.piece]
+            self.array[self.written : self.written + len(piece)] = piece
+            self.written += len(piece)
+
+    def check_complete(self) -> None:
+        """Raises unless every row was written."""
+        if self.written != self.length:
+            raise RuntimeError(
+                f"preshuffle: {self.array.path} has {self.written} of "
+                f"{self.length} rows written"
+            )
+
+
+def _parent(root, path: str):
+    """The group holding `path` (created if missing) and the last name."""
+    group = root
+    *heads, name = path.split("/")
+    for head in heads:
+        group = group.require_group(head)
+    return group, name
+
+
+def _make_temporary(directory: pathlib.Path, name: str) -> pathlib.Path:
+    """Creates the folder `.<name>.<random>.tmp` in `directory`."""
+    while True:
+        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+
+
+def _fsync_tree(root: pathlib.Path) -> None:
+    """Flushes every file and folder under `root` to disk."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            files.fsync_path(pathlib.Path(folder, name))
+        files.fsync_path(pathlib.Path(folder))
+
+
+def open_part(path) -> zarr.Group:
+    """Opens a local zarr part read-only."""
+    return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
+
+
+def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
+    """The part's marker if `path` is a complete zarr part of this run."""
+    if not pathlib.Path(path).is_dir():
+        return None
+    try:
+        root = open_part(path)
+        marker = files.matching_marker(root.attrs.get(files.MARKER_ATTR), plan, index)
+        if marker is None:
+            return None
+        x = root["X"]
+        arrays = [x] if isinstance(x, zarr.Array) else [x[k] for k in x]
+        for array in arrays:  # every chunk (or shard) present
+            if array.nchunks_initialized < array.nchunks:
+                return None
+        cells = x.shape[0] if isinstance(x, zarr.Array) else x.attrs["shape"][0]
+        nnz = None if isinstance(x, zarr.Array) else x["data"].shape[0]
+        if cells != marker.get("cells") or nnz != marker.get("nnz"):
+            return None
+        return marker
+    except Exception:  # unreadable, damaged, foreign: not complete
+        return None
+
+
+def remove_stale_parts(plan: Plan) -> None:
+    """Deletes zarr parts of earlier runs into this folder that this run has not."""
+    keep = {p.name for p in plan.part_paths}
+    for path in plan.output_dir.glob("part-*.zarr"):
+        if path.name in keep or not path.is_dir() or path.is_symlink():
+            continue
+        with contextlib.suppress(Exception):
+            if files.MARKER_ATTR in open_part(path).attrs:
+                shutil.rmtree(path, ignore_errors=True)
