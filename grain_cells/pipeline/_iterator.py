@@ -24,6 +24,7 @@ from grain_cells.pipeline._stage import ReadFetch
 from grain_cells.transport import _ring as transport
 from grain_cells.transport import _send, _shm_names
 from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._children import WorkerWatch, death_error
 from grain_cells.transport._main_guard import check_main_guard
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
@@ -45,7 +46,10 @@ class CellIterator(grain.DatasetIterator):
     Closable: `close()` (or leaving a `with` block) stops the workers and
     frees their shared memory; `next` then raises `IteratorClosedError`.
     Once `next` has raised (a worker died, a file went bad), every later call
-    raises again rather than going on without the failed fetch.
+    raises again rather than going on without the failed fetch. A worker
+    that dies (SIGKILL, the out-of-memory killer, a crash) makes `next`
+    raise `errors.WorkerDiedError` within about a second, naming the worker
+    and how it ended; the other workers are stopped.
     """
 
     def __init__(self, ds, epoch: int = 0):
@@ -67,6 +71,7 @@ class CellIterator(grain.DatasetIterator):
         self._batches = None
         self._taken = False  # whether `_batches` is a list handed out item by item
         self._failure: BaseException | None = None
+        self._watch: WorkerWatch | None = None  # its workers, once started
         if ds.worker_count:
             _shm_names.remove_stale()  # of trainers and workers that were killed
 
@@ -82,6 +87,7 @@ class CellIterator(grain.DatasetIterator):
             # worker sets up (`_send.worker_init`).
             check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
             worker_process.allow_unparsed_flags()
+            self._watch = WorkerWatch(ds.worker_count)
             chain = chain.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=ds.worker_count,
@@ -102,6 +108,8 @@ class CellIterator(grain.DatasetIterator):
         # of the worker's slots, `grain_cells.transport._lease`).
         self._batches = next(self._inner)
         self._taken = isinstance(self._batches, list)
+        if self._watch is not None:
+            self._watch.look()  # the workers Grain has started
 
     def __next__(self) -> dict:
         if self._failure is not None:  # failed earlier, or closed
@@ -128,8 +136,22 @@ class CellIterator(grain.DatasetIterator):
         except StopIteration:
             raise
         except Exception as e:
-            self._failure = e
-            raise
+            error = self._explained(e)
+            self._failure = error
+            if error is e:
+                raise
+            self._stop()  # the other workers too: it cannot go on
+            raise error from e
+
+    def _explained(self, error: Exception) -> Exception:
+        """A worker's death as `errors.WorkerDiedError`; other errors as they are."""
+        dead = self._watch.dead() if self._watch is not None else []
+        if not dead:
+            return error
+        pos = self._position
+        return death_error(
+            dead, self._ds.worker_count, f"fetch {pos.fetch} of epoch {pos.epoch}"
+        )
 
     @property
     def epoch(self) -> int:
