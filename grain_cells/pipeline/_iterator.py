@@ -20,7 +20,7 @@ import grain
 from grain_cells.errors import IteratorClosedError
 from grain_cells.pipeline import _state_checks as state_checks
 from grain_cells.pipeline._resume import Position, hand_over
-from grain_cells.pipeline._stage import ReadFetch
+from grain_cells.pipeline._stage import ReadFetch, plan_minibatches
 from grain_cells.transport import _ring as transport
 from grain_cells.transport import _send, _shm_names
 from grain_cells.transport import _worker as worker_process
@@ -72,6 +72,7 @@ class CellIterator(grain.DatasetIterator):
         self._taken = False  # whether `_batches` is a list handed out item by item
         self._failure: BaseException | None = None
         self._watch: WorkerWatch | None = None  # its workers, once started
+        self._total: tuple | None = None  # (plan, its minibatches) for len()
         if ds.worker_count:
             _shm_names.remove_stale()  # of trainers and workers that were killed
 
@@ -152,6 +153,44 @@ class CellIterator(grain.DatasetIterator):
         return death_error(
             dead, self._ds.worker_count, f"fetch {pos.fetch} of epoch {pos.epoch}"
         )
+
+    def __len__(self) -> int:
+        """Minibatches this iterator has yet to yield, on this shard.
+
+        So `tqdm(iter(loader))` shows the right total: a fresh iterator's
+        `len` is the loader's `len` (its epoch's minibatches), and each
+        `next` takes one off; a restored iterator counts from its state.
+
+        Raises:
+            TypeError: The stream is endless, a `condition` makes the count
+                depend on the data, or the state was restored under another
+                shard count (its fetches are pieces of the old shards').
+        """
+        ds = self._ds
+        if len(ds.sampler) >= sys.maxsize:
+            raise TypeError(
+                "an endless stream (num_epochs=None) has no len(); count "
+                "steps yourself, or give the sampler num_epochs"
+            )
+        if ds.split.config.condition is not None:
+            raise TypeError(
+                f"with condition={ds.split.config.condition!r} the minibatches "
+                "depend on the cells' values: there is no len() before they "
+                "are read"
+            )
+        if self._position.pieces:
+            raise TypeError(
+                "this iterator resumes a state saved under another shard count; "
+                "it has no len() until its next epoch (iter(loader))"
+            )
+        if self._total is None or self._total[0] is not self._plan:
+            count = plan_minibatches(ds.split.config, ds.source, self._plan)
+            self._total = (self._plan, count)
+        return max(0, self._total[1] - self._position.step)
+
+    def __bool__(self) -> bool:
+        """Always true (an iterator is not a container; `len` may raise)."""
+        return True
 
     @property
     def epoch(self) -> int:
