@@ -169,6 +169,15 @@ class TruncationWarning(UserWarning):
     """Cells were truncated to a fixed-width output (shown once per process)."""
 
 
+class WorkerDiedError(RuntimeError):
+    """A worker process of a data iterator died (killed, or out of memory).
+
+    The message names the worker (pid), how it ended (signal or exit code)
+    and what to do; the iterator cannot go on without the fetch that worker
+    held: restore its last saved state into a new iterator.
+    """
+
+
 class IteratorClosedError(RuntimeError):
     """A data iterator was used after `close()` (or the end of its `with`).
 

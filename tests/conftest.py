@@ -71,6 +71,22 @@ def write_files(directory, *, dense=False, seed=0) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """`GRAIN_CELLS_CACHE` in a session folder, subprocesses included.
+
+    The corpus statistics that token tests compute (and any synthetic file a
+    test makes without a folder) used to land in the user's
+    `~/.cache/grain_cells`, one file per test file written, for good. No
+    test relies on the shared cache's large synthetic files; a test that
+    wants a folder of its own still sets the variable itself.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("grain_cells_cache")
+        patch.setenv("GRAIN_CELLS_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="session", autouse=True)
 def jax_compilation_cache(tmp_path_factory):
     """One persistent JAX compilation cache for the session, subprocesses included.
 

@@ -27,7 +27,8 @@ whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
   script's unguarded top level raises `MainGuardError` at once.
 * **Epochs, `len`, `close`**: each `iter()` starts the next epoch in a new
   order, `len(loader)` is an epoch's minibatches (so `tqdm(loader)` shows a
-  total), `close()` ends an iterator for good: see "Epochs" in
+  total), `len(iterator)` the minibatches it has yet to yield (so does
+  `tqdm(iter(loader))`), `close()` ends an iterator for good: see "Epochs" in
   `grain_cells.pipeline.CellDataset`, which this loader wraps.
 * **obs labels**: minibatches carry categorical obs columns as integer
   codes (fast, `jax.jit`-friendly); `loader.obs_frame(batch)` gives them as
@@ -214,6 +215,18 @@ class CheckedIterator:
 
     def __next__(self) -> dict:
         return next(self._it)
+
+    def __len__(self) -> int:
+        """Minibatches this iterator has yet to yield (`tqdm`'s total).
+
+        A fresh iterator's `len` is `len(loader)`; each `next` takes one
+        off. See `CellIterator.__len__` for when it raises `TypeError`.
+        """
+        return len(self._it)
+
+    def __bool__(self) -> bool:
+        """Always true (an iterator is not a container; `len` may raise)."""
+        return True
 
     @property
     def epoch(self) -> int:

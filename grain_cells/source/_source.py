@@ -121,6 +121,10 @@ class AnnDataSource(SourceDescription):
             storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
                 configuration (credentials, `endpoint_url`, `anon`, ...); see
                 `grain_cells.storage.remote._store`. Pickled with the source.
+                `content_check_s` (seconds, default 60; 0: at every read): how
+                often, per process and object, iteration re-reads the
+                sampled content digest of an object whose ETag cannot tell a
+                rewrite (`grain_cells.storage.remote._versions`).
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.

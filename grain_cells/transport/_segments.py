@@ -1,6 +1,6 @@
 """Shared-memory segments and the arrays laid out in them.
 
-A segment is a POSIX shared-memory object, named `/gcells_<pid>_<token>_<n>`
+A segment is a POSIX shared-memory object, named `/gcells_<pid>_t<start>_<token>_<n>`
 (`shm_names`), made and opened here through public APIs: on Linux such an
 object is a file in `/dev/shm`, so `os.open` with `O_CREAT | O_EXCL`,
 `os.ftruncate` and `mmap` make it, and `os.unlink` removes it, exactly what

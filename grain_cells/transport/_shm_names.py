@@ -1,11 +1,14 @@
 """Names of grain_cells' shared-memory objects, and removing stale ones.
 
 Every object a process creates for the slot-ring transport (segments and the
-FIFO that hands slots back) is named `gcells_<pid>_<token>_<what>` in
-`/dev/shm`, where `<pid>` is the creating process. A process that was killed
-(SIGKILL, the OOM killer) cannot unlink its names; because they carry its pid,
-any later start can tell which names belong to processes that no longer exist
-and remove them (`remove_stale`).
+FIFO that hands slots back) is named `gcells_<pid>_t<start>_<token>_<what>` in
+`/dev/shm`, where `<pid>` is the creating process and `<start>` its start
+time (clock ticks after boot, `/proc/<pid>/stat`). A process that was killed
+(SIGKILL, the OOM killer) cannot unlink its names; because they carry its pid
+and start time, any later start can tell which names belong to processes that
+no longer exist and remove them (`remove_stale`), even where the pid has
+since been reused by another process (a new start time). Names of the older
+form `gcells_<pid>_<token>_<what>` are judged by the pid alone.
 """
 
 from __future__ import annotations
@@ -18,18 +21,62 @@ SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory names
 STEM = "gcells_"
 
 
+def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks after boot, or None (Linux only).
+
+    With the pid, it names one process: a pid is reused, a (pid, start
+    time) pair is not while the machine runs.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_own_start: tuple[int, int | None] | None = None  # (pid, start) of this process
+
+
 def new_prefix() -> str:
-    """A fresh name prefix owned by this process: `/gcells_<pid>_<token>`."""
-    return f"/{STEM}{os.getpid()}_{secrets.token_hex(4)}"
+    """A fresh name prefix owned by this process: `/gcells_<pid>_t<start>_<token>`."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start is None or _own_start[0] != pid:  # a forked child: its own
+        _own_start = (pid, start_time(pid))
+    start = _own_start[1]
+    stamp = "" if start is None else f"t{start}_"
+    return f"/{STEM}{pid}_{stamp}{secrets.token_hex(4)}"
+
+
+def owner(name: str) -> tuple[int, int | None] | None:
+    """(pid, start time or None) of a `gcells_...` name, or None."""
+    name = name.lstrip("/")
+    if not name.startswith(STEM):
+        return None
+    parts = name[len(STEM) :].split("_", 2)
+    if not parts[0].isdigit():
+        return None
+    start = None
+    if len(parts) > 1 and parts[1][:1] == "t" and parts[1][1:].isdigit():
+        start = int(parts[1][1:])
+    return int(parts[0]), start
 
 
 def owner_pid(name: str) -> int | None:
     """The pid in a `gcells_<pid>_...` name (with or without its `/`)."""
-    name = name.lstrip("/")
-    if not name.startswith(STEM):
-        return None
-    pid = name[len(STEM) :].split("_", 1)[0]
-    return int(pid) if pid.isdigit() else None
+    found = owner(name)
+    return None if found is None else found[0]
+
+
+def gone(pid: int, start: int | None = None) -> bool:
+    """Whether the process that made a name has exited (or its pid was reused)."""
+    if not alive(pid):
+        return True
+    if start is None:
+        return False
+    now = start_time(pid)
+    return now is not None and now != start
 
 
 def alive(pid: int) -> bool:
@@ -78,12 +125,12 @@ def remove_stale() -> list[str]:
     """
     removed, verdict = [], {}
     for entry in _entries():
-        pid = owner_pid(entry)
-        if pid is None:
+        made_by = owner(entry)
+        if made_by is None:
             continue
-        if pid not in verdict:
-            verdict[pid] = alive(pid)
-        if not verdict[pid]:
+        if made_by not in verdict:
+            verdict[made_by] = gone(*made_by)
+        if verdict[made_by]:
             unlink("/" + entry)
             removed.append(entry)
     return removed

@@ -477,6 +477,24 @@ def test_random_held_out_split_is_disjoint_from_training(data_file):
     assert eval_rows.min() < N_CELLS // 2  # drawn, not the last blocks
 
 
+@pytest.mark.parametrize("padded_width", [0, 48])
+def test_the_padded_width_is_fitted_as_pipelines_fit_it(data_file, padded_width):
+    """No guessed width: `padded_width=0` takes `PaddedSparseOutput()`'s fit
+    to the training cells (over the chosen genes); a given one is kept."""
+    import grain_cells
+    from grain_cells.examples.train import input_pipeline
+
+    data = input_pipeline.prepare_data(
+        small_config(data_file, padded_width=padded_width)
+    )
+    try:
+        fitted = grain_cells.PaddedSparseOutput().fit_to_source(data.train).width
+        assert data.width == (padded_width or fitted)
+        assert data.output == grain_cells.PaddedSparseOutput(data.width)
+    finally:
+        data.close()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -307,6 +307,37 @@ def test_tqdm_shows_a_total(csr_paths, helpers):
     assert sum(1 for _ in bar) == bar.total
 
 
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_an_iterators_len_is_what_it_has_left(csr_paths, helpers, num_epochs):
+    """`len(iterator)` starts at `len(loader)` and counts down to 0, so a
+    `tqdm(iter(loader))` bar ends at its total; a restored iterator counts
+    from its state."""
+    *_, loader = helpers.build(csr_paths, **{**CONFIG, "num_epochs": num_epochs})
+    total = len(loader)
+    iterator = iter(loader)
+    assert len(iterator) == total > 0 and bool(iterator)
+    for k in range(3):
+        next(iterator)
+        assert len(iterator) == total - k - 1
+    state = iterator.get_state()
+    bar = tqdm.tqdm(iterator, disable=True)
+    assert bar.total == total - 3
+    assert sum(1 for _ in bar) == bar.total
+    assert len(iterator) == 0 and bool(iterator)
+    again = iter(loader)
+    again.set_state(state)
+    assert len(again) == total - 3
+
+
+def test_an_endless_iterator_has_no_len_but_is_true(csr_paths, helpers):
+    *_, loader = helpers.build(csr_paths, **{**CONFIG, "num_epochs": None})
+    iterator = iter(loader)
+    with pytest.raises(TypeError, match="endless"):
+        len(iterator)
+    assert bool(iterator)
+    assert tqdm.tqdm(iterator, disable=True).total is None
+
+
 # -- obs labels -------------------------------------------------------------
 
 

@@ -60,7 +60,8 @@ class Data:
         eval: The held-out blocks of the same files, or None; categorical
             codes agree with `train`'s.
         label: The target.
-        width: `PaddedSparseOutput` width.
+        width: `PaddedSparseOutput` width: `config.padded_width`, or fitted
+            to the training cells (`PaddedSparseOutput().fit_to_source`).
         tokens: The token output when the model reads tokens, else None.
     """
 
@@ -178,17 +179,19 @@ def prepare_data(config: ml_collections.ConfigDict) -> Data:
         label = _make_label(full, config, train_rows)
         take = np.linspace(0, train_rows.size - 1, config.gene_sample_cells)
         sample = train_rows[np.unique(take.round().astype(np.int64))]
-        genes, width = _choose_genes(full.read(sample).X, config.num_genes)
+        genes = _choose_genes(full.read(sample).X, config.num_genes)
     finally:
         full.close()
-    if config.padded_width:
-        width = config.padded_width
     source = grain_cells.AnnDataSource(
         paths, block_size=config.block_size, obs_columns=[config.label], genes=genes
     )
     train, held_out = _split(source, len(train_paths), config)
     if train is not source:
         source.close()
+    # The padded width: given, or fitted as every pipeline fits it (a sample
+    # of the training cells over the chosen genes; see PaddedSparseOutput).
+    output = grain_cells.PaddedSparseOutput(config.padded_width or None)
+    width = output.fit_to_source(train).width
     return Data(train, held_out, label, width, _tokens(train, config))
 
 
@@ -229,25 +232,12 @@ def _make_label(
     return Label(config.label, names, edges)
 
 
-def _choose_genes(x, num_genes: int) -> tuple[np.ndarray | None, int]:
-    """The `num_genes` genes of highest mean (in file order), and a width.
-
-    The width is the most stored values any sampled cell has over those
-    genes, rounded up to a multiple of 16.
-    """
+def _choose_genes(x, num_genes: int) -> np.ndarray | None:
+    """The `num_genes` genes of highest mean (in file order); None: all."""
     mean = np.asarray(x.mean(axis=0)).ravel()
     if num_genes >= mean.size:
-        genes = None
-        sub = x
-    else:
-        genes = np.sort(np.argsort(-mean, kind="stable")[:num_genes])
-        sub = x[:, genes]
-    if hasattr(sub, "getnnz"):
-        nnz = sub.getnnz(axis=1)
-    else:
-        nnz = np.count_nonzero(sub, axis=1)
-    width = max(16, -(-int(nnz.max(initial=1)) // 16) * 16)
-    return genes, width
+        return None
+    return np.sort(np.argsort(-mean, kind="stable")[:num_genes])
 
 
 def local_batch_size(config: ml_collections.ConfigDict) -> int:

@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.label_bins = 4
     config.num_genes = 512  # input genes: the top ones by mean in a sample
     config.gene_sample_cells = 2_000
-    config.padded_width = 0  # stored values kept per cell; 0: fit the sample
+    config.padded_width = 0  # stored values kept per cell; 0: fitted to the data
     # Loader.
     config.batch_size = 64  # global: split evenly over the JAX processes
     config.block_size = 16

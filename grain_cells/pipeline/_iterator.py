@@ -1,0 +1,314 @@
+"""`CellIterator`: the iterator of a `CellDataset`, its workers and its state.
+
+It walks its shard's fetch plan (`grain_cells.pipeline._resume.Position`),
+starts the Grain chain of the module docstring of
+`grain_cells.pipeline._dataset` from the fetch it stands at (worker
+processes through `mp_prefetch`), hands out each fetch's minibatches, and
+saves and restores its position under any worker or shard count. Closing it
+(or its failing) stops its workers and frees their shared memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import weakref
+
+import grain
+
+from grain_cells.errors import IteratorClosedError
+from grain_cells.pipeline import _state_checks as state_checks
+from grain_cells.pipeline._resume import Position, hand_over
+from grain_cells.pipeline._stage import ReadFetch, plan_minibatches
+from grain_cells.transport import _ring as transport
+from grain_cells.transport import _send, _shm_names
+from grain_cells.transport import _worker as worker_process
+from grain_cells.transport._children import WorkerWatch, death_error
+from grain_cells.transport._main_guard import check_main_guard
+
+# Records are fetch numbers that cost nothing to read: no reader threads.
+READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+# `CellIterator._failure` once closed: `next` tests one attribute for both.
+_CLOSED = IteratorClosedError("closed")
+# Iterators whose workers run: closed at exit, while every module still works.
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_running() -> None:
+    for iterator in list(_RUNNING):
+        iterator.close()
+
+
+class CellIterator(grain.DatasetIterator):
+    """Iterator of a `CellDataset`; its state is a position and a stamp.
+
+    Closable: `close()` (or leaving a `with` block) stops the workers and
+    frees their shared memory; `next` then raises `IteratorClosedError`.
+    Once `next` has raised (a worker died, a file went bad), every later call
+    raises again rather than going on without the failed fetch. A worker
+    that dies (SIGKILL, the out-of-memory killer, a crash) makes `next`
+    raise `errors.WorkerDiedError` within about a second, naming the worker
+    and how it ended; the other workers are stopped.
+    """
+
+    def __init__(self, ds, epoch: int = 0):
+        """Positions the iterator at the start of its shard's epoch `epoch`.
+
+        Args:
+            ds: The `CellDataset` it iterates.
+            epoch: The epoch it walks.
+        """
+        super().__init__()
+        self._ds = ds
+        self._g = ds.split.config.blocks_per_fetch
+        shard = ds.shard
+        self._position = Position(
+            count=shard.shard_count, index=shard.shard_index, epoch=epoch
+        )
+        self._plan = self._position.plan(ds.sampler, self._g)
+        self._inner = None
+        self._batches = None
+        self._taken = False  # whether `_batches` is a list handed out item by item
+        self._failure: BaseException | None = None
+        self._watch: WorkerWatch | None = None  # its workers, once started
+        self._total: tuple | None = None  # (plan, its minibatches) for len()
+        if ds.worker_count:
+            _shm_names.remove_stale()  # of trainers and workers that were killed
+
+    # -- iteration --------------------------------------------------------
+
+    def _start(self) -> None:
+        ds, n = self._ds, self._position.fetch
+        read = ReadFetch(ds.split, self._plan, ds.worker_count, ds.readahead_cells)
+        chain = grain.MapDataset.range(n, max(n, self._plan.num_fetches()))
+        chain = chain.map(read).to_iter_dataset(READ_OPTIONS)
+        if ds.worker_count:
+            # The pipeline owns the worker side: guard, flags, and what each
+            # worker sets up (`_send.worker_init`).
+            check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
+            worker_process.allow_unparsed_flags()
+            self._watch = WorkerWatch(ds.worker_count)
+            chain = chain.mp_prefetch(
+                grain.MultiprocessingOptions(
+                    num_workers=ds.worker_count,
+                    per_worker_buffer_size=ds.worker_buffer_size,
+                ),
+                worker_init_fn=_send.worker_init,
+            )
+            atexit.unregister(_close_running)  # registered once
+            atexit.register(_close_running)
+            _RUNNING.add(self)
+        self._inner = iter(chain)
+
+    def _next_fetch(self) -> None:
+        if self._inner is None:
+            self._start()
+        # A fetch's minibatches: lazy in this process, a list from a worker
+        # (one element per fetch through Grain's queue; its arrays are leases
+        # of the worker's slots, `grain_cells.transport._lease`).
+        self._batches = next(self._inner)
+        self._taken = isinstance(self._batches, list)
+        if self._watch is not None:
+            self._watch.look()  # the workers Grain has started
+
+    def __next__(self) -> dict:
+        if self._failure is not None:  # failed earlier, or closed
+            raise self._refusal()
+        try:
+            pos = self._position
+            while True:
+                if self._batches is None:
+                    if pos.fetch >= self._plan.num_fetches():
+                        raise StopIteration
+                    self._next_fetch()
+                if pos.minibatch < len(self._batches):
+                    batch = self._batches[pos.minibatch]
+                    if self._taken:  # the user alone decides when it dies
+                        self._batches[pos.minibatch] = None
+                    pos.minibatch += 1
+                    pos.step += 1
+                    for op in self._ds.after:
+                        batch = op.map(batch)
+                    return batch
+                self._batches = None
+                pos.fetch += 1
+                pos.minibatch = self._plan.skip(pos.fetch)
+        except StopIteration:
+            raise
+        except Exception as e:
+            error = self._explained(e)
+            self._failure = error
+            if error is e:
+                raise
+            self._stop()  # the other workers too: it cannot go on
+            raise error from e
+
+    def _explained(self, error: Exception) -> Exception:
+        """A worker's death as `errors.WorkerDiedError`; other errors as they are."""
+        dead = self._watch.dead() if self._watch is not None else []
+        if not dead:
+            return error
+        pos = self._position
+        return death_error(
+            dead, self._ds.worker_count, f"fetch {pos.fetch} of epoch {pos.epoch}"
+        )
+
+    def __len__(self) -> int:
+        """Minibatches this iterator has yet to yield, on this shard.
+
+        So `tqdm(iter(loader))` shows the right total: a fresh iterator's
+        `len` is the loader's `len` (its epoch's minibatches), and each
+        `next` takes one off; a restored iterator counts from its state.
+
+        Raises:
+            TypeError: The stream is endless, a `condition` makes the count
+                depend on the data, or the state was restored under another
+                shard count (its fetches are pieces of the old shards').
+        """
+        ds = self._ds
+        if len(ds.sampler) >= sys.maxsize:
+            raise TypeError(
+                "an endless stream (num_epochs=None) has no len(); count "
+                "steps yourself, or give the sampler num_epochs"
+            )
+        if ds.split.config.condition is not None:
+            raise TypeError(
+                f"with condition={ds.split.config.condition!r} the minibatches "
+                "depend on the cells' values: there is no len() before they "
+                "are read"
+            )
+        if self._position.pieces:
+            raise TypeError(
+                "this iterator resumes a state saved under another shard count; "
+                "it has no len() until its next epoch (iter(loader))"
+            )
+        if self._total is None or self._total[0] is not self._plan:
+            count = plan_minibatches(ds.split.config, ds.source, self._plan)
+            self._total = (self._plan, count)
+        return max(0, self._total[1] - self._position.step)
+
+    def __bool__(self) -> bool:
+        """Always true (an iterator is not a container; `len` may raise)."""
+        return True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator walks (see "Epochs" in `CellDataset`)."""
+        return self._position.epoch
+
+    def start_prefetch(self) -> None:
+        """Starts the workers now (orbax calls this after a restore).
+
+        Raises:
+            IteratorClosedError: The iterator was closed.
+        """
+        if self._failure is _CLOSED:
+            raise self._refusal()
+        if self._inner is None and self._position.fetch < self._plan.num_fetches():
+            self._start()
+
+    def _refusal(self) -> RuntimeError:
+        """What `next` raises once the iterator failed or was closed."""
+        if self._failure is _CLOSED:
+            return IteratorClosedError(
+                "this data iterator was closed (close(), or the end of its "
+                "with block): its workers and shared memory are gone. Start a "
+                "new one with iter(loader), or restore a saved state into one"
+            )
+        error = RuntimeError(
+            "the data iterator failed earlier and cannot continue; restore "
+            "it from a checkpoint or start a new one"
+        )
+        error.__cause__ = self._failure
+        return error
+
+    def _stop(self) -> None:
+        """Stops the workers (if any) and unmaps their rings."""
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            with contextlib.suppress(Exception):
+                inner.close()
+        if self._taken:  # the rest of a worker's fetch: its slots' leases
+            self._batches = None
+        transport.release_dead_rings()
+
+    def close(self) -> None:
+        """Stops the workers and frees their shared memory, for good.
+
+        `next`, `set_state` and `start_prefetch` raise
+        `errors.IteratorClosedError` afterwards; `get_state` still returns
+        where the iterator stopped. Closing twice is harmless.
+        """
+        if sys.is_finalizing():  # after atexit (a tqdm bar's generator, say):
+            return  # the workers are gone; so are other modules
+        if self._batches is not None:  # the state no longer needs the fetch
+            self._position = self._settled()
+            self._batches = None
+        self._failure = _CLOSED
+        self._stop()
+        _RUNNING.discard(self)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __enter__(self) -> CellIterator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- state ------------------------------------------------------------
+
+    def _settled(self) -> Position:
+        """A copy of the position; past a fetch's end, the next fetch's start."""
+        pos = Position(**vars(self._position))
+        if self._batches is not None and pos.minibatch >= len(self._batches):
+            pos.fetch += 1
+            pos.minibatch = self._plan.skip(pos.fetch)
+        return pos
+
+    def get_state(self) -> dict:
+        """The position (JSON-ready, with the epoch) and the pipeline's stamp."""
+        position = self._settled().to_json()
+        return {state_checks.STAMP: self._ds.stamp, "position": position}
+
+    def set_state(self, state: dict) -> None:
+        """Restores a state saved by this pipeline under any worker count.
+
+        Raises:
+            CheckpointMismatchError: The state is of another pipeline (sampler,
+                source data or configuration, operations), a field is out of
+                range, or the shard count changed in a way the state cannot
+                follow (see `grain_cells.pipeline._resume`).
+            errors.SourceChangedError: A file changed since the source was
+                built.
+            IteratorClosedError: The iterator was closed.
+        """
+        if self._failure is _CLOSED:
+            raise self._refusal()
+        ds = self._ds
+        saved = state_checks.check_state(
+            state, ds.stamp, ds.sampler, ds.source, ds.split
+        )
+        verify = getattr(ds.source, "verify_files", None)
+        if verify is not None:
+            verify("when an iterator state was restored")
+        shard = ds.shard
+        if (saved.count, saved.index) != (shard.shard_count, shard.shard_index):
+            state_checks.check_hand_over(saved, ds.split)
+            saved = hand_over(
+                saved,
+                ds.sampler,
+                ds.source,
+                ds.split.config,
+                shard.shard_count,
+                shard.shard_index,
+            )
+        self._stop()
+        self._position = saved
+        self._plan = saved.plan(ds.sampler, self._g)
+        self._batches = None
+        self._failure = None
+        ds._resumed(saved.epoch)  # the dataset's own iterator

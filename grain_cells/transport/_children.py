@@ -1,0 +1,74 @@
+"""The worker processes of one data iterator, and the error when one dies.
+
+Grain starts an iterator's workers (`mp_prefetch`) as `multiprocessing`
+children of the trainer and, when one dies, raises a bare `RuntimeError`
+("terminated unexpectedly with exit code -9") within about a second rather
+than blocking. `WorkerWatch` notes which children appeared after the
+iterator started (`multiprocessing.active_children()`, public API), so that
+the iterator can say which of its workers died, how (a signal or an exit
+code) and what to do (`death_error`). A worker that died before the watch
+saw it leaves Grain's error as it is.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+
+from grain_cells.errors import WorkerDiedError
+
+
+class WorkerWatch:
+    """The children a data iterator's workers are, as they appear."""
+
+    def __init__(self, worker_count: int):
+        """Notes the children that exist before the workers start."""
+        self.worker_count = worker_count
+        self._before = {p.pid for p in multiprocessing.active_children()}
+        self._workers: dict[int, multiprocessing.process.BaseProcess] = {}
+
+    def look(self) -> None:
+        """Notes the new children (cheap: once per fetch, until all are seen)."""
+        if len(self._workers) >= self.worker_count:
+            return
+        for process in multiprocessing.active_children():
+            if process.pid not in self._before:
+                self._workers.setdefault(process.pid, process)
+
+    def dead(self) -> list:
+        """The workers seen that have ended with a signal or a failure code."""
+        return [p for p in self._workers.values() if p.exitcode not in (None, 0)]
+
+
+def how_it_ended(exitcode: int) -> str:
+    """`"was killed by SIGKILL"` or `"exited with code 3"`."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (exit code {exitcode})"
+    return f"exited with code {exitcode}"
+
+
+def death_error(dead: list, worker_count: int, where: str) -> WorkerDiedError:
+    """The error to raise for `dead` workers, `where` naming the iterator's place."""
+    ends = "; ".join(f"worker pid {p.pid} {how_it_ended(p.exitcode)}" for p in dead)
+    killed = any(p.exitcode == -signal.SIGKILL for p in dead)
+    why = (
+        "A SIGKILL that nobody sent is most often the kernel's out-of-memory "
+        "killer (see `dmesg` or the container's memory events): each worker "
+        "holds the fetch it reads (batch_size * fetch_factor cells) and "
+        "worker_buffer_size minibatches' worth of finished fetches; lower "
+        "worker_count, fetch_factor or worker_buffer_size, or give the machine "
+        "more memory."
+        if killed
+        else "The worker's own error, if it printed one, is in the output above."
+    )
+    return WorkerDiedError(
+        f"a data worker process died ({ends}; {worker_count} workers) while "
+        f"the trainer waited for {where}. {why} The iterator cannot go on "
+        "without that worker's fetch: start a new iterator and restore the "
+        "last saved state into it (it resumes where the state was saved), "
+        "or start over with iter(loader)."
+    )

@@ -1,0 +1,152 @@
+"""A worker process that dies must never hang the trainer (issue 25).
+
+A worker SIGKILLed mid-epoch (the out-of-memory killer looks the same) is
+reported within seconds in both spellings: `grain_cells.DataLoader` raises
+`errors.WorkerDiedError` naming the worker, the signal and what to do; a
+plain `grain.DataLoader(operations=fetch_operations(...))` raises Grain's
+own `RuntimeError` (nothing of ours runs in the trainer there). Minibatches
+the trainer holds from the dead worker stay readable. The trainer runs in a
+subprocess with a timeout, so a regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from grain_cells.transport._children import WorkerWatch, death_error
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TRAINER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+
+    import grain
+    import numpy as np
+    import psutil
+
+    import grain_cells
+
+
+    def workers():
+        return [
+            c.pid for c in psutil.Process().children()
+            if "resource_tracker" not in " ".join(c.cmdline())
+            and c.status() != psutil.STATUS_ZOMBIE
+        ]
+
+
+    def kill_one_and_go_on(spelling, paths):
+        source = grain_cells.AnnDataSource(paths, block_size=5, obs_columns=["idx"])
+        loader = (grain_cells.DataLoader if spelling == "ours" else grain.DataLoader)(
+            data_source=source,
+            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+            operations=grain_cells.fetch_operations(
+                source, batch_size=4, fetch_factor=5),
+            worker_count=2,
+        )
+        iterator = iter(loader)
+        held = [next(iterator) for _ in range(6)]  # leases of both workers
+        victim = workers()[0]
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        out = {"victim": victim, "error": None}
+        try:
+            for _ in range(1000):
+                held.append(next(iterator))
+        except Exception as e:
+            out.update(error=type(e).__name__, message=str(e))
+        out["seconds"] = time.monotonic() - start
+        out["held_ok"] = all(
+            np.array_equal(b["obs/idx"][b["mask"]], b["row_ids"][b["mask"]])
+            for b in held
+        )
+        getattr(iterator, "close", lambda: None)()
+        return out
+
+
+    def main():
+        paths = json.loads(sys.argv[1])
+        for spelling in ("ours", "grain"):
+            print(json.dumps(kill_one_and_go_on(spelling, paths)), flush=True)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_raises_in_both_spellings(csr_paths, tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), json.dumps(csr_paths)],
+            env={**os.environ, "PYTHONPATH": ROOT},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the trainer hung after a worker was killed: {e.stdout!r}")
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(lines) == 2, done.stderr[-3000:]
+    ours, plain = lines
+    assert ours["error"] == "WorkerDiedError", ours
+    assert f"worker pid {ours['victim']} was killed by SIGKILL" in ours["message"]
+    assert "out-of-memory" in ours["message"] and "restore" in ours["message"]
+    assert plain["error"] == "RuntimeError", plain
+    for result in lines:
+        assert result["seconds"] < 15, result  # Grain polls about once a second
+        assert result["held_ok"], result
+
+
+def _sleep() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_the_watch_names_a_dead_worker_and_how_it_ended():
+    watch = WorkerWatch(worker_count=1)
+    child = multiprocessing.get_context("fork").Process(target=_sleep)
+    child.start()
+    try:
+        watch.look()
+        assert watch.dead() == []
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        assert watch.dead() == [child]
+        error = death_error(watch.dead(), 1, "fetch 3 of epoch 0")
+        assert isinstance(error, RuntimeError)
+        assert f"worker pid {child.pid} was killed by SIGKILL (exit code -9)" in str(
+            error
+        )
+        assert "fetch 3 of epoch 0" in str(error)
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(10)
+
+
+def test_a_child_of_before_is_not_a_worker():
+    other = multiprocessing.get_context("fork").Process(target=_sleep)
+    other.start()
+    try:
+        watch = WorkerWatch(worker_count=2)
+        watch.look()
+        other.kill()
+        other.join(10)
+        assert watch.dead() == []
+    finally:
+        other.join(10)
