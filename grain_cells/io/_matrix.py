@@ -118,8 +118,14 @@ class CsrReader:
         path = info.path
         self._data = range_reader(group["data"], path, fd)
         self._indices = range_reader(group["indices"], path, fd)
+        # In a zarr store, leading empty rows' pointers are all-zero chunks
+        # that zarr never writes; a missing chunk elsewhere is an error.
         self._indptr = range_reader(
-            group["indptr"], path, fd, cache_bytes=INDPTR_CACHE_BYTES
+            group["indptr"],
+            path,
+            fd,
+            cache_bytes=INDPTR_CACHE_BYTES,
+            fill_missing="leading",
         )
         self._indptr.will_need()
 
@@ -355,7 +361,9 @@ class DenseReader:
             fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
         """
         self.info = info
-        self._x = range_reader(dataset, info.path, fd)
+        # zarr does not write all-zero chunks: a dense block of zeros is
+        # legitimately missing from a store (anndata reads it as zeros too).
+        self._x = range_reader(dataset, info.path, fd, fill_missing=True)
 
     @property
     def direct(self) -> bool:

@@ -237,7 +237,9 @@ def stat_of(f, path: str) -> FileStat:
     return remote_h5.stat_of(f, path)
 
 
-def range_reader(node, path: str, fd, *, cache_bytes: int = 0):
+def range_reader(
+    node, path: str, fd, *, cache_bytes: int = 0, fill_missing: bool | str = False
+):
     """The reader of element ranges of one array, for its format.
 
     Args:
@@ -245,6 +247,8 @@ def range_reader(node, path: str, fd, *, cache_bytes: int = 0):
         path: The file or store, for messages.
         fd: The h5ad file's `ByteReader` (None for zarr).
         cache_bytes: Decoded bytes to cache (small arrays read every batch).
+        fill_missing: zarr only: which never-written chunks read as the fill
+            value (see `grain_cells.zarr._reads`); HDF5 files have none.
 
     Returns:
         A `grain_cells.hdf5._reads.RangeReader` or a
@@ -253,7 +257,9 @@ def range_reader(node, path: str, fd, *, cache_bytes: int = 0):
     if is_zarr_array(node):
         from grain_cells.zarr._reads import RangeReader as ZarrRangeReader
 
-        return ZarrRangeReader(node, path, fd, cache_bytes=cache_bytes)
+        return ZarrRangeReader(
+            node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing
+        )
     return H5RangeReader(node, path, fd, cache_bytes=cache_bytes)
 
 

@@ -49,7 +49,7 @@ class Chunks:
         keys: KeyReader,
         *,
         cache_bytes: int = 0,
-        fill_missing: bool = False,
+        fill_missing: bool | str = False,
     ):
         """Binds an array whose codecs `codec` decodes and whose store `keys` reads.
 
@@ -59,13 +59,16 @@ class Chunks:
             codec: The array's chunk decoder.
             keys: A reader of the array's store.
             cache_bytes: Decoded bytes kept in an LRU cache.
-            fill_missing: Read a never-written chunk as the fill value.
+            fill_missing: Read a never-written chunk as the fill value:
+                True for any chunk, `"leading"` only before the first stored
+                row chunk.
         """
         self.path = path
         self.name = "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
-        self.fill_missing = bool(fill_missing)
+        self.fill_missing = fill_missing if fill_missing == "leading" else bool(fill_missing)
+        self._first_stored: int | None = None
         self._codec = codec
         self._keys = keys
         self._meta = array.metadata
@@ -168,6 +171,26 @@ class Chunks:
         if off == MAX_UINT_64 and n == MAX_UINT_64:
             return key, -1, None, None
         return key, off, off + n, off
+
+    def first_stored(self) -> int:
+        """The first row chunk with a stored chunk (once; scans from 0)."""
+        if self._first_stored is None:
+            n = max(1, -(-self.shape[0] // self._codec.chunk_shape[0]))
+            first = n
+            for k in range(n):
+                if self._codec.shard is not None:
+                    self.load_shard_indices(self.shards_of([k]))
+                if any(self._stored(u) for u in self.units(k)):
+                    first = k
+                    break
+            self._first_stored = first
+        return self._first_stored
+
+    def _stored(self, unit) -> bool:
+        key, a, _, _ = self.request(unit)
+        if a is None:
+            return self._keys.get(key) is not None
+        return a >= 0
 
     def fetch_remote(self, uniq) -> dict:
         """Stored bytes (None: missing) of the row chunks `uniq`, all GETs at once.
@@ -274,7 +297,9 @@ class Chunks:
         )
         where = f"chunk {unit}" + (f" (in shard {key!r})" if a is not None else "")
         if data is None:
-            if self.fill_missing:
+            if self.fill_missing is True or (
+                self.fill_missing == "leading" and unit[0] < self.first_stored()
+            ):
                 return np.full(self._codec.chunk_shape, self._fill, self.dtype)
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} {where} is missing: key {key!r} was "

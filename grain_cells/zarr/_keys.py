@@ -188,10 +188,17 @@ class ZipKeys(KeyReader):
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
+        # One archive per process, read under a lock: members opened from
+        # one ZipFile in several threads race on its shared file position
+        # (seen as zstd errors and EOFError on CPython 3.12.1).
+        self._read_lock = threading.Lock()
         self._zip: zipfile.ZipFile | None = None
         self._pid = None
 
     def _archive(self) -> zipfile.ZipFile:
+        if self._pid is not None and self._pid != os.getpid():
+            # A forked child: a parent's thread may have held either lock.
+            self._lock, self._read_lock = threading.Lock(), threading.Lock()
         with self._lock:
             if self._zip is None or self._pid != os.getpid():
                 self._zip = zipfile.ZipFile(self.path, "r")
@@ -205,14 +212,17 @@ class ZipKeys(KeyReader):
         self.__init__(state["path"])
 
     def get(self, key: str) -> bytes | None:
+        archive = self._archive()
         try:
-            return self._archive().read(key)
+            with self._read_lock:
+                return archive.read(key)
         except KeyError:
             return None
 
     def get_range(self, key: str, start: int, stop: int) -> bytes | None:
+        archive = self._archive()
         try:
-            with self._archive().open(key) as f:
+            with self._read_lock, archive.open(key) as f:
                 f.seek(start)
                 return f.read(stop - start)
         except KeyError:
@@ -220,7 +230,8 @@ class ZipKeys(KeyReader):
 
     def get_suffix(self, key: str, nbytes: int) -> bytes | None:
         try:
-            info = self._archive().getinfo(key)
+            with self._read_lock:
+                info = self._archive().getinfo(key)
         except KeyError:
             return None
         start = max(0, info.file_size - nbytes)

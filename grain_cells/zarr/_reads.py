@@ -47,13 +47,17 @@ a dependency.
 **Integrity.** zarr reads a chunk that was never written as the fill value.
 Here a missing chunk (no key, or an empty entry in a shard's index) raises
 `errors.CorruptChunkError` naming the store, array, chunk key and rows,
-unless the reader was built with `fill_missing=True`. anndata writes with
+unless the reader was built with `fill_missing`. anndata writes with
 zarr's default `write_empty_chunks=False`, so zarr omits a chunk only when
-every value in it equals the fill value (0): for CSR `indices` that needs a
-row with two equal column indices, for `data` stored explicit zeros, for a
-dense matrix an all-zero block. The first two never happen in a canonical
-CSR matrix, so X's arrays are read with the default (error); the io layer
-may pass `fill_missing=True` for arrays where an all-fill chunk is plausible.
+every value in it equals the fill value (0): for CSR `indices` a run of
+values all in column 0, for `data` stored explicit zeros, for `indptr` the
+pointers of leading empty rows, for a dense matrix an all-zero block. So
+the io layer reads CSR `data` and `indices` with the default (error),
+`indptr` with `fill_missing="leading"` (a missing chunk reads as zeros only
+before the first stored chunk: the only place a non-decreasing `indptr`
+starting at 0 can be all zeros), and dense matrices with
+`fill_missing=True` (an all-zero block is legitimate, and indistinguishable
+from a lost one: anndata reads it as zeros too).
 A crc32c codec is checked; a truncated shard (index short, failing its
 crc32c, or pointing past the end), undecodable bytes or a chunk of the wrong
 decoded size raise `errors.CorruptChunkError` too.
@@ -112,7 +116,7 @@ class RangeReader:
         fd=None,
         *,
         cache_bytes: int = 0,
-        fill_missing: bool = False,
+        fill_missing: bool | str = False,
     ):
         """Inspects the array's metadata once.
 
@@ -126,7 +130,9 @@ class RangeReader:
             cache_bytes: Decoded bytes kept in an LRU cache (for small
                 arrays every read touches, such as `indptr`).
             fill_missing: Read a chunk that was never written as the
-                array's fill value (zarr's behaviour) instead of raising.
+                array's fill value (zarr's behaviour) instead of raising:
+                True for any chunk, `"leading"` only for chunks before the
+                first stored one along the first axis.
 
         Raises:
             errors.AnnDataFormatError: The store's consolidated metadata
@@ -139,7 +145,7 @@ class RangeReader:
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
         self.shape = tuple(array.shape)
         self.row_shape = self.shape[1:]
-        self.fill_missing = bool(fill_missing)
+        self.fill_missing = fill_missing if fill_missing == "leading" else bool(fill_missing)
         self._array = array
         self._cache_bytes = int(cache_bytes)
         self._all_written: bool | None = None
@@ -385,10 +391,10 @@ class RangeReader:
     # -- through zarr-python -----------------------------------------------
 
     def _read_zarr(self, starts, stops, dest) -> None:
-        if not self.fill_missing and self._all_written is None:
+        if self.fill_missing is not True and self._all_written is None:
             array = self._array
             self._all_written = array.nchunks_initialized >= array.nchunks
-        if not self.fill_missing and not self._all_written:
+        if self.fill_missing is not True and not self._all_written:
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} has chunks that were never written "
                 f"({self._array.nchunks_initialized} of {self._array.nchunks} "

@@ -91,11 +91,14 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
         errors.AnnDataFormatError: The path is not a zarr store (names what
             was found there).
         FileNotFoundError: Nothing at a local path.
+        zarr.errors.ContainsArrayError: The root is an array, not a group.
     """
     p = object_store.local_path(os.fspath(path))
     store = zarr_store(p, storage_options)
     try:
         return zarr.open_group(store, mode="r")
+    except zarr.errors.ContainsArrayError:
+        raise  # an array at the root: the io layer names it (not AnnData)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as e:
         raise errors.AnnDataFormatError(
             f"{p}: not a zarr store: no zarr group metadata (zarr.json or "

@@ -12,6 +12,8 @@ token outputs, with extra matrices, with 0 and 2 workers.
 
 from __future__ import annotations
 
+import pathlib
+
 import anndata
 import numpy as np
 import pandas as pd
@@ -212,14 +214,6 @@ def test_outputs_with_two_workers(stores, csr_paths, output, helpers):
     assert_same_batches(got, _loader_epoch(csr_paths, output, helpers))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=grain_cells.errors.CorruptChunkError,
-    reason="grain_cells/zarr (zarr-read): zarr does not write a chunk that holds "
-    "only the fill value (array.write_empty_chunks is False by default), so a "
-    "dense X with a chunk of all-zero rows, as anndata writes it, lacks that "
-    "key; the reader refuses it as a missing chunk instead of reading zeros",
-)
 def test_dense_x_equals_h5ad(dense_paths, stores, helpers):
     paths = stores("zarr-v3-sharded", dense_paths, "dense")
     got = helpers.run(helpers.build(paths, **CONFIG)[2])
@@ -227,13 +221,6 @@ def test_dense_x_equals_h5ad(dense_paths, stores, helpers):
     assert_same_batches(got, helpers.run(helpers.build(dense_paths, **CONFIG)[2]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=grain_cells.errors.CorruptChunkError,
-    reason="grain_cells/zarr (zarr-read): zarr does not write chunks equal to the "
-    "fill value, so the indptr chunks of a CSR X whose first rows are empty "
-    "are absent from a store anndata wrote; the reader refuses them as missing",
-)
 @pytest.mark.parametrize("layout", layout_params("zarr-v3", "zarr-v2"))
 def test_csr_with_leading_empty_rows(tmp_path, layout):
     x = np.zeros((100, 12), np.float32)
@@ -243,6 +230,25 @@ def test_csr_with_leading_empty_rows(tmp_path, layout):
     )
     cells = grain_cells.AnnDataSource(path, block_size=4).read(np.arange(100))
     np.testing.assert_array_equal(cells.X.toarray(), x)
+
+
+@pytest.mark.parametrize("layout", layout_params("zarr-v3", "zarr-v2"))
+def test_missing_indptr_chunk_after_stored_ones_is_refused(tmp_path, layout):
+    """Only leading all-zero indptr chunks may be missing; a lost one later
+    would read as zeros (rows silently empty), so it is refused by name."""
+    x = np.zeros((100, 12), np.float32)
+    x[:, 3] = np.arange(100) + 1
+    path = write_store(
+        anndata.AnnData(X=sp.csr_matrix(x)), tmp_path / "a.zarr", layout, chunk=16
+    )
+    group = zarr.open_group(path, mode="r")
+    indptr = group["X/indptr"]
+    key = indptr.metadata.encode_chunk_key((3,))
+    victim = pathlib.Path(path) / "X" / "indptr" / key
+    assert victim.exists(), victim
+    victim.unlink()
+    with pytest.raises(grain_cells.errors.CorruptChunkError, match="missing"):
+        grain_cells.AnnDataSource(path, block_size=4).read(np.arange(100))
 
 
 # -- extra matrices: layers, raw/X, obsm ------------------------------------------
