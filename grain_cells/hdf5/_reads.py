@@ -30,6 +30,8 @@ is read through h5py.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+from collections.abc import Sequence
 
 import h5py
 import numpy as np
@@ -37,13 +39,14 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.hdf5._chunks import ChunkedReader
-from grain_cells.hdf5._direct import read_pieces
 from grain_cells.hdf5._layout import check_filters, stored_in, value_dtype
-from grain_cells.storage._readers import ByteReader, as_byte_reader
+from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
 _MAX_HYPERSLABS_PER_READ = 1024
+# Below this many bytes a thread pool costs more than it saves.
+_MIN_BYTES_PER_THREAD = 1 << 20
 
 
 def _nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +206,7 @@ class RangeReader:
             return
         if not self.direct:
             return
-        offsets, nbytes, _ = self._pieces(starts, stops)
+        offsets, nbytes = self._pieces(starts, stops)
         self._fd.advise(offsets.tolist(), nbytes.tolist())
 
     def read(
@@ -247,72 +250,8 @@ class RangeReader:
         else:
             self._read_h5py(starts, stops, out)
 
-    def read_scattered(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        out: np.ndarray,
-        places: np.ndarray,
-        pool: concurrent.futures.Executor | None = None,
-    ) -> None:
-        """Reads rows `[starts[i], stops[i])` into `out[places[i]:]`, for all i.
-
-        As `read`, but each range goes to its own place: a fetch's cells
-        are read straight into the order they are used in. Uncompressed
-        data is read with the calls of `read` (ranges that follow each
-        other in the file by one `preadv` into their places); other data is
-        read as `read` does, then moved.
-
-        Args:
-            starts: Sorted first rows of each range (int64).
-            stops: Matching ends, exclusive; ranges must not overlap.
-            out: Contiguous destination of this dataset's dtype and row shape.
-            places: First row of `out` that each range fills (int64); the
-                places must not overlap.
-            pool: Optional thread pool for concurrent positional reads.
-
-        Raises:
-            errors.AnnDataFormatError: As `read`.
-        """
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        places = np.asarray(places, np.int64)
-        keep = stops > starts
-        if not keep.all():
-            starts, stops, places = starts[keep], stops[keep], places[keep]
-        if starts.size == 0:
-            return
-        if not self.direct:
-            lengths = stops - starts
-            read = np.empty((int(lengths.sum()), *self.row_shape), self.dtype)
-            self.read(starts, stops, read, pool)
-            k = self._row_bytes
-            runs = (np.cumsum(lengths) - lengths, places, lengths)
-            src, dst = (memoryview(a.reshape(-1).view(np.uint8)) for a in (read, out))
-            for a, d, n in zip(*((r * k).tolist() for r in runs), strict=True):
-                dst[d : d + n] = src[a : a + n]
-            return
-        if stops[-1] > self.shape[0] or starts[0] < 0:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
-                f"[{starts.min()}, {stops.max()}) were asked for."
-            )
-        offsets, nbytes, dest_starts = self._pieces(
-            starts, stops, places * self._row_bytes
-        )
-        dest = out.reshape(-1).view(np.uint8)
-        if nbytes.size and int((dest_starts + nbytes).max()) > dest.size:
-            raise ValueError(f"destination holds {dest.size} bytes, too few")
-        read_pieces(self._fd, dest, offsets, nbytes, dest_starts, pool, self)
-
-    def _pieces(self, starts: np.ndarray, stops: np.ndarray, places=None):
-        """Splits ranges at chunk boundaries: (file offsets, byte counts, places).
-
-        Without `places` (each range's place in the destination, in bytes)
-        the ranges are taken as concatenated, pieces adjacent in the file
-        merge into one, and the third result is None; with them, it is each
-        piece's place.
-        """
+    def _pieces(self, starts: np.ndarray, stops: np.ndarray):
+        """Splits ranges at chunk boundaries: (file offsets, byte counts)."""
         c = self._chunk_len
         first = starts // c
         last = (stops - 1) // c
@@ -321,7 +260,6 @@ class RangeReader:
         if total == starts.size:
             chunk = first
             p_start, p_stop = starts, stops
-            owner = None
         else:
             owner = np.repeat(np.arange(starts.size), n_pieces)
             within = np.arange(total) - np.repeat(
@@ -332,11 +270,6 @@ class RangeReader:
             p_stop = np.minimum(stops[owner], (chunk + 1) * c)
         offsets = self._chunk_offsets[chunk] + (p_start - chunk * c) * self._row_bytes
         nbytes = (p_stop - p_start) * self._row_bytes
-        if places is not None:
-            if owner is None:
-                return offsets, nbytes, places
-            within = (p_start - starts[owner]) * self._row_bytes
-            return offsets, nbytes, places[owner] + within
         # Pieces adjacent both in the file and in the destination merge.
         if offsets.size > 1:
             joins = offsets[1:] == offsets[:-1] + nbytes[:-1]
@@ -344,10 +277,10 @@ class RangeReader:
                 heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
                 nbytes = np.add.reduceat(nbytes, heads)
                 offsets = offsets[heads]
-        return offsets, nbytes, None
+        return offsets, nbytes
 
     def _read_direct(self, starts, stops, out, pool) -> None:
-        offsets, nbytes, _ = self._pieces(starts, stops)
+        offsets, nbytes = self._pieces(starts, stops)
         dest = out.reshape(-1).view(np.uint8)
         dest_starts = np.concatenate([[0], np.cumsum(nbytes)[:-1]])
         total = int(nbytes.sum()) if nbytes.size else 0
@@ -355,7 +288,68 @@ class RangeReader:
             raise ValueError(
                 f"destination holds {dest.size} bytes, the ranges need {total}"
             )
-        read_pieces(self._fd, dest, offsets, nbytes, dest_starts, pool, self)
+        fd = self._fd
+        # A remote reader runs its own GETs concurrently and copies what
+        # read-ahead holds with the GIL held: splitting its read over the
+        # pool's threads only adds GIL hand-offs (a third of a 0-worker
+        # reader's time went waiting on them).
+        if (
+            pool is None
+            or total < 2 * _MIN_BYTES_PER_THREAD
+            or nbytes.size < 2
+            or fd.remote
+        ):
+            _pread_all(
+                fd, dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), self
+            )
+            return
+        # What the page cache holds is read here; the threads read the rest.
+        read_cached = getattr(fd, "read_cached", None)
+        if read_cached is not None:
+            k, got = read_cached(
+                dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist()
+            )
+            if k == nbytes.size:
+                return
+            offsets, nbytes, dest_starts = offsets[k:], nbytes[k:], dest_starts[k:]
+            offsets[0] += got
+            nbytes[0] -= got
+            dest_starts[0] += got
+            total = int(nbytes.sum())
+            if total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
+                _pread_all(
+                    fd,
+                    dest,
+                    offsets.tolist(),
+                    nbytes.tolist(),
+                    dest_starts.tolist(),
+                    self,
+                )
+                return
+        n_jobs = min(
+            getattr(pool, "threads", 4),  # file_set.ReadPool
+            nbytes.size,
+            total // _MIN_BYTES_PER_THREAD,
+        )
+        cuts = np.searchsorted(
+            np.cumsum(nbytes), np.linspace(0, total, n_jobs + 1)[1:-1]
+        )
+        bounds = [0, *cuts.tolist(), nbytes.size]
+        futures = [
+            pool.submit(
+                _pread_all,
+                fd,
+                dest,
+                offsets[a:b].tolist(),
+                nbytes[a:b].tolist(),
+                dest_starts[a:b].tolist(),
+                self,
+            )
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+        for f in futures:
+            f.result()
 
     def _read_h5py(self, starts, stops, out) -> None:
         ds = self._dataset
@@ -385,3 +379,21 @@ class RangeReader:
                 f"{self.path}: reading {self.name} failed ({e}). The file may be "
                 "truncated or corrupt."
             ) from e
+
+
+def _pread_all(
+    fd: ByteReader,
+    dest: np.ndarray,
+    offsets: Sequence[int],
+    nbytes: Sequence[int],
+    dest_starts: Sequence[int],
+    reader: RangeReader,
+) -> None:
+    try:
+        fd.read_into(dest, offsets, nbytes, dest_starts)
+    except TruncatedError as e:
+        raise errors.CorruptDataError(
+            f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
+            f"file but HDF5 places data up to byte {e.needed}: the file is "
+            "truncated."
+        ) from None

@@ -101,7 +101,7 @@ def take_csr(
             d_idx[c:d] = s_idx[a:b]
     else:
         for dst, src_ in pairs:
-            copy_runs(dst, src_, *runs)
+            _copy_runs(dst, src_, *runs)
     return data, indices, indptr
 
 
@@ -114,7 +114,7 @@ def _as_bytes(dst: np.ndarray, src: np.ndarray):
     return dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
 
 
-def copy_runs(dst, src, s_from, s_to, d_from, d_to) -> None:
+def _copy_runs(dst, src, s_from, s_to, d_from, d_to) -> None:
     """`dst[d_from[i]:d_to[i]] = src[s_from[i]:s_to[i]]` for every run i."""
     both = _as_bytes(dst, src)
     if both is not None:

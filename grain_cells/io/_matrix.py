@@ -202,52 +202,6 @@ class CsrReader:
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
 
-    @property
-    def scatters(self) -> bool:
-        """Whether `read_values_scattered` reads rows straight into place.
-
-        True for uncompressed data in a local file; elsewhere it reads as
-        `read_values` does, then moves the rows.
-        """
-        return self.direct and not (self._data.remote or self._indices.remote)
-
-    def read_values_scattered(
-        self,
-        plan: CsrPlan,
-        places: np.ndarray,
-        data: np.ndarray,
-        indices: np.ndarray,
-        pool=None,
-        check_indices: bool = True,
-    ) -> None:
-        """Phase two with rows in any order: planned row `r` to `places[r]`.
-
-        Args:
-            plan: From `plan`.
-            places: For each planned row (in `plan` order), where its first
-                value goes in `data` and `indices`; rows must not overlap.
-            data: Destination of `plan.nnz` values, in this file's dtype.
-            indices: Destination of `plan.nnz` indices, in this file's dtype.
-            pool: Optional thread pool for concurrent reads.
-            check_indices: Check that column indices lie in `[0, n_vars)`.
-
-        Raises:
-            errors.CorruptDataError: As `read_values` (the rows are then
-                read again in file order, to name the row).
-        """
-        spans = plan.lasts - plan.firsts
-        shift = np.repeat(plan.firsts - (np.cumsum(spans) - spans), plan.lengths)
-        starts = plan.indptr[:-1] + shift
-        stops = plan.indptr[1:] + shift
-        try:
-            self._data.read_scattered(starts, stops, data, places, pool)
-            self._indices.read_scattered(starts, stops, indices, places, pool)
-        except errors.CorruptChunkError as e:
-            raise self._with_cells(e) from None
-        if check_indices and plan.nnz and not self._indices_in_range(indices):
-            d = np.empty(plan.nnz, self._data.dtype)
-            self.read_values(plan, d, np.empty(plan.nnz, self._indices.dtype), pool)
-
     def chunk_starts(self) -> np.ndarray:
         """Local rows where a chunk of `data` begins (`[0]` if contiguous).
 
@@ -295,15 +249,9 @@ class CsrReader:
                 hi = mid
         return lo
 
-    def _indices_in_range(self, indices: np.ndarray) -> bool:
-        """Whether every column index lies in `[0, n_vars)` (one pass)."""
-        if indices.dtype.kind == "i":  # negative ones wrap to large unsigned
-            indices = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-        return int(indices.max()) < self.info.n_vars
-
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
-        if self._indices_in_range(indices):
+        if indices.min() >= 0 and indices.max() < info.n_vars:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
         pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1

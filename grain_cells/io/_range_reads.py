@@ -20,7 +20,7 @@ import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._cells import Cells, copy_runs, take_csr
+from grain_cells.io._cells import Cells, take_csr
 from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
@@ -38,15 +38,12 @@ class FetchedRows:
         dense: The rows when the files are dense, else None.
         row_ids: Global row id of each buffered row.
         obs: obs column name to one value per buffered row.
-        ordered: Whether the rows are in the `order` asked of
-            `fetch_ranges` (else in file order).
     """
 
     csr: CsrRows | None
     dense: np.ndarray | None
     row_ids: np.ndarray
     obs: dict[str, np.ndarray]
-    ordered: bool = False
 
 
 def fetch_ranges(
@@ -57,16 +54,10 @@ def fetch_ranges(
     buffer: RowBuffer | None = None,
     *,
     check_indices: bool = True,
-    order: np.ndarray | None = None,
 ) -> FetchedRows:
     """Reads global row ranges into a reused buffer, in file order.
 
-    See `AnnDataSource.fetch_ranges`. With `order` (positions of the rows
-    in file order, each at least once, repeats allowed), rows of one local,
-    uncompressed CSR file without a gene map are read straight into that
-    order (cells that follow each other in the file still by one call per
-    dataset; a repeated row is read once, then copied), and the result says
-    `ordered=True`; other reads ignore it.
+    See `AnnDataSource.fetch_ranges`.
 
     Raises:
         IndexError: A range is outside the files or straddles two files.
@@ -75,8 +66,8 @@ def fetch_ranges(
     files_ = handles.files
     starts = np.asarray(starts, np.int64).reshape(-1)
     stops = np.asarray(stops, np.int64).reshape(-1)
-    by_start = np.argsort(starts, kind="stable")
-    starts, stops = starts[by_start], stops[by_start]
+    order = np.argsort(starts, kind="stable")
+    starts, stops = starts[order], stops[order]
     check_ranges(starts, stops, cell_offsets, files_.paths)
     files = np.searchsorted(cell_offsets, starts, side="right") - 1
     buf = buffer if buffer is not None else handles.buffer()
@@ -112,29 +103,6 @@ def fetch_ranges(
             gather_dense(part, column_map, dense[r_ : r_ + part.shape[0]])
             r_ += part.shape[0]
         return FetchedRows(None, dense, row_ids, obs)
-    if order is not None and (
-        order.size < row_ids.size
-        or (order.size and (order.min() < 0 or order.max() >= row_ids.size))
-        or np.bincount(order, minlength=row_ids.size).min(initial=1) < 1
-    ):
-        raise ValueError(
-            f"order must hold each of the {row_ids.size} rows' positions at least "
-            f"once, got {order.size} positions"
-        )
-    if order is not None and len(readers) == 1 and maps[0] is None:
-        reader = readers[0]
-        if getattr(reader, "scatters", False):
-            return _fetch_ordered(
-                reader,
-                local[0],
-                buf,
-                pool,
-                check_indices,
-                order,
-                row_ids,
-                obs,
-                files_.num_genes,
-            )
     # Phase one per file (indptr), then every file's values straight into
     # one buffer: no per-file copy to concatenate.
     plans = [
@@ -172,42 +140,6 @@ def fetch_ranges(
     data, indices, indptr = remap_csr(data, indices, indptr, spans, buf, check_indices)
     csr = CsrRows(data, indices, indptr, files_.num_genes)
     return FetchedRows(csr, None, row_ids, obs)
-
-
-def _fetch_ordered(
-    reader, local, buf, pool, check_indices, order, row_ids, obs, n_vars
-) -> FetchedRows:
-    """One file's rows read straight into `order` (see `fetch_ranges`)."""
-    plan = reader.plan(*local, buf, key="ptr0")
-    lengths = np.diff(plan.indptr)
-    indptr = buf.get("indptr", (order.size + 1,), np.int64)
-    indptr[0] = 0
-    np.cumsum(lengths[order], out=indptr[1:])
-    # Each row is read into its first place; repeats are copied after.
-    _, first = np.unique(order, return_index=True)  # rows 0..n-1, all present
-    places = indptr[first]
-    nnz = int(indptr[-1])
-    data_dtype, index_dtype = reader.dtypes
-    data = buf.get("data", (nnz,), data_dtype)
-    indices = buf.get("indices", (nnz,), index_dtype)
-    reader.read_values_scattered(plan, places, data, indices, pool, check_indices)
-    if first.size < order.size:
-        again = np.ones(order.size, bool)
-        again[first] = False
-        again = np.flatnonzero(again)
-        source = places[order[again]]
-        for arr in (data, indices):
-            copy_runs(
-                arr,
-                arr,
-                source,
-                source + lengths[order[again]],
-                indptr[again],
-                indptr[again + 1],
-            )
-    obs = {c: v[order] for c, v in obs.items()}
-    csr = CsrRows(data, indices, indptr, n_vars)
-    return FetchedRows(csr, None, row_ids[order], obs, ordered=True)
 
 
 def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:

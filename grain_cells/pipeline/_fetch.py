@@ -197,27 +197,14 @@ class SplitFetch:
         unique = np.unique(blocks[:, 0], return_index=True)[1]
         read = blocks[np.sort(unique)]
         buffer, owner = self._lend_buffer()
-        starts, stops = read[:, 2], read[:, 3]
-        if cfg.condition is None and not self.extra:
-            # The read puts cells straight into the order minibatches take
-            # them (where the files allow), so formatting a minibatch copies
-            # one slice instead of gathering its rows.
-            first = np.argsort(starts, kind="stable")
-            order = self.cell_order(
-                blocks, expand_ranges(starts[first], (stops - starts)[first])
-            )
-            rows = self.source.fetch_ranges(starts, stops, buffer, order=order)
-            if rows.ordered:
-                order = np.arange(order.size)
-        else:
-            rows = self.source.fetch_ranges(starts, stops, buffer)
-            order = self.cell_order(blocks, rows.row_ids)
+        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
         key = fetch_key(cfg.seed, blocks[:, 0])
         fetched = _Fetched(
             Fetch(rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr),
             rows.obs,
             self._read_extra(read, key, rows.row_ids),
         )
+        order = self.cell_order(blocks, rows.row_ids)
         bounds = None
         if cfg.condition is not None:
             order, bounds = self._by_condition(order, rows.obs[cfg.condition])

@@ -55,7 +55,7 @@ class FileReads:
         self._handles.close()
 
     def fetch_ranges(
-        self, starts, stops, buffer: RowBuffer | None = None, *, order=None
+        self, starts, stops, buffer: RowBuffer | None = None
     ) -> FetchedRows:
         """Reads global row ranges into this thread's reused buffer.
 
@@ -69,10 +69,6 @@ class FileReads:
             starts: Global first rows; ranges must not overlap or straddle files.
             stops: Matching exclusive ends.
             buffer: Buffer to read into; defaults to the calling thread's.
-            order: Optional permutation of the rows' positions in file
-                order: where it can, the read puts rows in this order
-                instead (`FetchedRows.ordered`; see
-                `grain_cells.io._range_reads.fetch_ranges`).
 
         Raises:
             IndexError: A range is outside the source or straddles two files.
@@ -84,7 +80,6 @@ class FileReads:
             stops,
             buffer,
             check_indices=self.options.check_indices,
-            order=order,
         )
 
     def read_ranges(self, starts, stops) -> Cells:

@@ -303,19 +303,14 @@ class AnnDataSource(SourceDescription):
         self._reads.will_need(*ranges)
 
     def fetch_ranges(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        buffer: RowBuffer | None = None,
-        *,
-        order: np.ndarray | None = None,
+        self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None
     ) -> FetchedRows:
         """Reads global row ranges, in file order, into this thread's buffer.
 
         The lowest-level read (`FileReads.fetch_ranges`): the rows are views
-        that the calling thread's next read overwrites. `order`: see there.
+        that the calling thread's next read overwrites.
         """
-        return self._reads.fetch_ranges(starts, stops, buffer, order=order)
+        return self._reads.fetch_ranges(starts, stops, buffer)
 
     def read_ranges(self, starts, stops) -> Cells:
         """Reads global row ranges `[starts[i], stops[i])`, in the order given.
