@@ -303,29 +303,6 @@ class RangeReader:
                 fd, dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), self
             )
             return
-        # What the page cache holds is read here; the threads read the rest.
-        read_cached = getattr(fd, "read_cached", None)
-        if read_cached is not None:
-            k, got = read_cached(
-                dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist()
-            )
-            if k == nbytes.size:
-                return
-            offsets, nbytes, dest_starts = offsets[k:], nbytes[k:], dest_starts[k:]
-            offsets[0] += got
-            nbytes[0] -= got
-            dest_starts[0] += got
-            total = int(nbytes.sum())
-            if total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
-                _pread_all(
-                    fd,
-                    dest,
-                    offsets.tolist(),
-                    nbytes.tolist(),
-                    dest_starts.tolist(),
-                    self,
-                )
-                return
         n_jobs = min(
             getattr(pool, "threads", 4),  # file_set.ReadPool
             nbytes.size,

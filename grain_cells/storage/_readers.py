@@ -40,9 +40,6 @@ import numpy as np
 
 from grain_cells.storage._identity import FileStat
 
-# `preadv` flag: fail with EAGAIN instead of waiting for the disk (Linux).
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)
-
 
 class TruncatedError(EOFError):
     """The file ends at byte `end_of_file`, before a piece that ends at `needed`."""
@@ -78,25 +75,6 @@ class ByteReader(Protocol):
             TruncatedError: The file ends before a piece does.
         """
 
-    def read_cached(
-        self,
-        dest: np.ndarray,
-        offsets: Sequence[int],
-        nbytes: Sequence[int],
-        dest_starts: Sequence[int],
-    ) -> tuple[int, int]:
-        """Optional: reads pieces in order while no wait is needed, as `read_into`.
-
-        Stops at the first piece whose bytes are not at hand (not in the
-        page cache), without waiting for them. Callers look the method up
-        with `getattr` and read everything with `read_into` where it is
-        absent.
-
-        Returns:
-            `(k, got)`: pieces `0..k-1` were read whole, and the first `got`
-            bytes of piece `k` (if any).
-        """
-
     def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
         """Hints that these pieces will be read soon (never raises)."""
 
@@ -127,7 +105,6 @@ class LocalByteReader:
         self.fd = fd
         self.name = name
         self._owned = owned
-        self._nowait = _NOWAIT is not None
 
     @classmethod
     def open(cls, path: str) -> LocalByteReader:
@@ -145,38 +122,6 @@ class LocalByteReader:
                 if more == 0:
                     raise TruncatedError(off + got, off + n)
                 got += more
-
-    def read_cached(self, dest, offsets, nbytes, dest_starts) -> tuple[int, int]:
-        """See `ByteReader.read_cached`: `preadv` with `RWF_NOWAIT` (Linux).
-
-        A warm page cache is then read on the calling thread, without the
-        read threads' hand-offs (on a loaded 2-core machine, reading block-16
-        fetches of a cached file: 1.93 against 2.30 CPU-us per cell, median
-        of 12), while pieces that must come from the disk are still read
-        concurrently by the caller.
-        Where the flag is missing or the file system refuses it, reads
-        nothing.
-        """
-        if not self._nowait:
-            return 0, 0
-        view = memoryview(dest)
-        fd = self.fd
-        k = 0
-        for off, n, d in zip(offsets, nbytes, dest_starts, strict=True):
-            got = 0
-            try:
-                while got < n:
-                    more = os.preadv(fd, [view[d + got : d + n]], off + got, _NOWAIT)
-                    if more == 0:  # end of file: read_into reports it
-                        return k, got
-                    got += more
-            except BlockingIOError:  # not in the page cache
-                return k, got
-            except OSError:  # RWF_NOWAIT unsupported here (EOPNOTSUPP, EINVAL)
-                self._nowait = False
-                return k, got
-            k += 1
-        return k, 0
 
     def advise(self, offsets, nbytes) -> None:
         """`posix_fadvise(WILLNEED)` of each piece (asynchronous)."""
