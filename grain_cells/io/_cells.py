@@ -47,7 +47,11 @@ def take_csr(
 
     Consecutive rows are coalesced into runs and each run is copied as one
     slice: per-slice copies beat fancy indexing (which first builds an int64
-    position per stored value) by about 2.5x at 1,600 values per cell.
+    position per stored value) by about 2.5x at 1,600 values per cell. When
+    no cast is needed, the slices are byte ranges of `memoryview`s, without
+    a NumPy view per slice: about 0.33 us less per shuffled cell of ~800
+    values (1.73 -> 1.40 and 1.23 -> 0.90 us, best of 8, on a 2-core VM;
+    this copy is most of formatting a CSR minibatch).
 
     Args:
         rows_buf: Rows read into a buffer.
@@ -63,28 +67,66 @@ def take_csr(
         int64.
     """
     rows = np.asarray(rows, np.int64)
+    n = rows.size
     src = rows_buf.indptr
     begin = src[rows]
-    lengths = src[rows + 1] - begin
-    n_rows = rows.size if n_rows is None else int(n_rows)
+    end = src[rows + 1]
+    n_rows = n if n_rows is None else int(n_rows)
     indptr = empty((n_rows + 1,), np.int64)
     indptr[0] = 0
-    np.cumsum(lengths, out=indptr[1 : rows.size + 1])
-    total = int(indptr[rows.size])
-    indptr[rows.size + 1 :] = total
+    np.cumsum(end - begin, out=indptr[1 : n + 1])
+    total = int(indptr[n])
+    indptr[n + 1 :] = total
     data = empty((total,), rows_buf.data.dtype if dtype is None else dtype)
     indices = empty((total,), np.int32)
-    if rows.size:
+    if n == 0:
+        return data, indices, indptr
+    follows = rows[1:] == rows[:-1] + 1
+    if follows.any():
         # Runs of rows that follow each other in the buffer copy as one slice.
-        breaks = np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1
+        breaks = np.flatnonzero(~follows) + 1
         heads = np.concatenate([[0], breaks])
-        tails = np.concatenate([breaks, [rows.size]])
-        s_from = begin[heads].tolist()
-        s_to = (begin[tails - 1] + lengths[tails - 1]).tolist()
-        d_from = indptr[heads].tolist()
-        d_to = indptr[tails].tolist()
-        src_data, src_idx = rows_buf.data, rows_buf.indices
-        for a, b, c, d in zip(s_from, s_to, d_from, d_to, strict=True):
-            data[c:d] = src_data[a:b]
-            indices[c:d] = src_idx[a:b]
+        tails = np.concatenate([breaks, [n]])
+        runs = (begin[heads], end[tails - 1], indptr[heads], indptr[tails])
+    else:  # shuffled rows: one slice each
+        runs = (begin, end, indptr[:n], indptr[1 : n + 1])
+    pairs = ((data, rows_buf.data), (indices, rows_buf.indices))
+    views = [_as_bytes(d, s) for d, s in pairs]
+    if all(v is not None for v in views) and data.itemsize == indices.itemsize:
+        # Both arrays as raw bytes in one loop, without a NumPy view per slice.
+        k = data.itemsize
+        (d_data, s_data), (d_idx, s_idx) = ([memoryview(x) for x in v] for v in views)
+        for a, b, c, d in zip(*((r * k).tolist() for r in runs), strict=True):
+            d_data[c:d] = s_data[a:b]
+            d_idx[c:d] = s_idx[a:b]
+    else:
+        for dst, src_ in pairs:
+            _copy_runs(dst, src_, *runs)
     return data, indices, indptr
+
+
+def _as_bytes(dst: np.ndarray, src: np.ndarray):
+    """`(dst, src)` as uint8 arrays when a byte copy is a faithful one, else None."""
+    if dst.dtype != src.dtype or not (
+        dst.flags.c_contiguous and src.flags.c_contiguous
+    ):
+        return None
+    return dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+
+
+def _copy_runs(dst, src, s_from, s_to, d_from, d_to) -> None:
+    """`dst[d_from[i]:d_to[i]] = src[s_from[i]:s_to[i]]` for every run i."""
+    both = _as_bytes(dst, src)
+    if both is not None:
+        k = dst.itemsize
+        d_view, s_view = (memoryview(x) for x in both)
+        runs = zip(
+            *((r * k).tolist() for r in (s_from, s_to, d_from, d_to)), strict=True
+        )
+        for a, b, c, d in runs:
+            d_view[c:d] = s_view[a:b]
+        return
+    for a, b, c, d in zip(
+        s_from.tolist(), s_to.tolist(), d_from.tolist(), d_to.tolist(), strict=True
+    ):
+        dst[c:d] = src[a:b]  # casts (e.g. int64 indices to int32)

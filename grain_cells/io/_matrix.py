@@ -265,7 +265,12 @@ class CsrReader:
 
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
-        if indices.min() >= 0 and indices.max() < info.n_vars:
+        # One pass: negative indices viewed as unsigned exceed any n_vars.
+        if indices.dtype.kind == "i":
+            unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
+        else:
+            unsigned = indices
+        if int(unsigned.max()) < info.n_vars:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
         pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1
