@@ -21,9 +21,11 @@ matrix in at least one file):
   blocks waste less decoding;
 * `block_size` (the most cells a block may hold) is a multiple of 16 at
   least 1.25 times the cells of `n` average chunks, so that blocks are rarely
-  cut inside a chunk;
+  cut inside a chunk, and at most `MAX_BLOCK_CELLS` (1,024: a chunk of more
+  cells, as in a small file written with large chunks, is cut into blocks);
 * loaders of the source read `DEFAULT_BLOCKS_PER_FETCH` (64) blocks per
-  fetch when no `fetch_factor` is given: as many blocks as the uncompressed
+  fetch when no `fetch_factor` is given, fewer when 64 blocks would exceed
+  `MAX_FETCH_CELLS` (`fetch_blocks`): as many blocks as the uncompressed
   defaults (block 16, fetch 16, batch 64), which is what keeps a minibatch's
   label diversity (plate entropy 3.45-3.5 at batch 64 on a plate-sorted
   file of 14 plates; scDataset's paper reports 3.48 for 64 blocks per fetch).
@@ -53,6 +55,9 @@ FETCH_BUDGET_BYTES = 256 << 20
 # at most 128 shared-memory slots before the trainer can take any, and each
 # minibatch past the ring waits 2 s for a slot (`transport._ring`).
 MAX_FETCH_CELLS = 120 * 64
+# Most cells of a default block: a multiple of 64 (a minibatch) so that a
+# fetch of whole blocks and whole minibatches stays within MAX_FETCH_CELLS.
+MAX_BLOCK_CELLS = 1024
 _CHUNKS_PER_BLOCK = (4, 2, 1)  # tried in this order
 _MARGIN = 1.25  # block_size over the cells of n average chunks
 
@@ -102,7 +107,18 @@ def compressed_defaults(
         1,
     )
     block_size = max(16, 16 * math.ceil(_MARGIN * n * per_chunk / 16))
+    block_size = min(block_size, MAX_BLOCK_CELLS)
     return ChunkDefaults(n, block_size, per_chunk, int(chunk_bytes))
+
+
+def fetch_blocks(block_size: int) -> int:
+    """Blocks per default fetch: 64, or fewer if 64 would pass MAX_FETCH_CELLS.
+
+    A fetch is formatted into a worker's ring of shared-memory slots before
+    the trainer takes any minibatch of it; a fetch of thousands of
+    minibatches (large blocks at 64 per fetch) would stall there.
+    """
+    return max(1, min(DEFAULT_BLOCKS_PER_FETCH, MAX_FETCH_CELLS // block_size))
 
 
 def default_fetch_factor(
@@ -156,9 +172,11 @@ def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarra
 __all__ = [
     "DEFAULT_BLOCKS_PER_FETCH",
     "FETCH_BUDGET_BYTES",
+    "MAX_BLOCK_CELLS",
     "MAX_FETCH_CELLS",
     "ChunkDefaults",
     "chunk_aligned_blocks",
     "compressed_defaults",
     "default_fetch_factor",
+    "fetch_blocks",
 ]

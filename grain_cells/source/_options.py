@@ -181,7 +181,7 @@ def default_blocks(
         grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
     )
     options = dataclasses.replace(
-        options, fetch_blocks=chunk_grid.DEFAULT_BLOCKS_PER_FETCH
+        options, fetch_blocks=chunk_grid.fetch_blocks(chosen.block_size)
     )
     return table, options
 

@@ -197,3 +197,41 @@ def test_read_threads_argument(csr_paths):
         "read_threads='many'",
     ):
         grain_cells.AnnDataSource(csr_paths, read_threads="many")
+
+
+@pytest.mark.parametrize("per_chunk", [3_000, 30_000])
+def test_chunks_larger_than_a_fetch_are_cut(per_chunk):
+    """A small file written with big chunks (one chunk of thousands of cells)
+    got blocks of ~1.25 chunks and 64 of them per fetch: thousands of
+    minibatches a fetch, which stalled a worker's ring for minutes."""
+    starts = np.arange(0, 2 * per_chunk, per_chunk)
+    chosen = chunk_grid.compressed_defaults(2 * per_chunk, starts, 88)
+    assert chosen.block_size <= chunk_grid.MAX_BLOCK_CELLS
+    blocks = chunk_grid.fetch_blocks(chosen.block_size)
+    fetch = chunk_grid.default_fetch_factor(64, chosen.block_size, blocks)
+    assert fetch * 64 <= chunk_grid.MAX_FETCH_CELLS
+
+
+def test_whole_file_chunk_reads_in_one_worker_epoch(csr_paths, tmp_path):
+    """One gzip chunk holds the whole file: the default loader with 2 workers
+    finishes its epoch (it stalled before the fetch was capped)."""
+    src = csr_paths[0]
+    dst = tmp_path / "one_chunk.h5ad"
+    with h5py.File(src) as f_in, h5py.File(dst, "w") as f_out:
+        for key in f_in:
+            if key != "X":
+                f_in.copy(f_in[key], f_out, key)
+        for k, v in f_in.attrs.items():
+            f_out.attrs[k] = v
+        x = anndata.io.read_elem(f_in["X"])
+        anndata.io.write_elem(
+            f_out,
+            "X",
+            x,
+            dataset_kwargs={"chunks": (max(1, x.nnz),), "compression": "gzip"},
+        )
+    source = grain_cells.AnnDataSource(str(dst))
+    fetch = pipeline_config.default_fetch_factor(source, 4)
+    assert fetch * 4 <= chunk_grid.MAX_FETCH_CELLS
+    rows = np.concatenate([b["row_ids"][b["mask"]] for b in _epoch(_loader(source))])
+    np.testing.assert_array_equal(np.sort(rows), np.arange(source.num_cells))
