@@ -79,6 +79,19 @@ class ChunkDefaults:
     chunk_bytes: int
 
     @property
+    def fetch_blocks(self) -> int:
+        """Blocks per default fetch: 64, fewer if 64 would pass MAX_FETCH_CELLS.
+
+        Fewer only where even one chunk per block is too large (chunks of
+        more than 120 cells): a fetch is formatted into a worker's ring of
+        shared-memory slots before the trainer takes any minibatch of it,
+        and thousands of minibatches per fetch would stall there.
+        """
+        cells = min(self.chunks_per_block * self.cells_per_chunk, self.block_size)
+        fits = int(MAX_FETCH_CELLS // max(cells, 1.0))
+        return max(1, min(DEFAULT_BLOCKS_PER_FETCH, fits))
+
+    @property
     def fetch_bytes(self) -> int:
         """Decoded bytes of a fetch of `DEFAULT_BLOCKS_PER_FETCH` blocks."""
         return DEFAULT_BLOCKS_PER_FETCH * self.chunks_per_block * self.chunk_bytes
@@ -109,16 +122,6 @@ def compressed_defaults(
     block_size = max(16, 16 * math.ceil(_MARGIN * n * per_chunk / 16))
     block_size = min(block_size, MAX_BLOCK_CELLS)
     return ChunkDefaults(n, block_size, per_chunk, int(chunk_bytes))
-
-
-def fetch_blocks(block_size: int) -> int:
-    """Blocks per default fetch: 64, or fewer if 64 would pass MAX_FETCH_CELLS.
-
-    A fetch is formatted into a worker's ring of shared-memory slots before
-    the trainer takes any minibatch of it; a fetch of thousands of
-    minibatches (large blocks at 64 per fetch) would stall there.
-    """
-    return max(1, min(DEFAULT_BLOCKS_PER_FETCH, MAX_FETCH_CELLS // block_size))
 
 
 def default_fetch_factor(
@@ -178,5 +181,4 @@ __all__ = [
     "chunk_aligned_blocks",
     "compressed_defaults",
     "default_fetch_factor",
-    "fetch_blocks",
 ]

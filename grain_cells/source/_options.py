@@ -181,7 +181,7 @@ def default_blocks(
         grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
     )
     options = dataclasses.replace(
-        options, fetch_blocks=chunk_grid.fetch_blocks(chosen.block_size)
+        options, fetch_blocks=chosen.fetch_blocks
     )
     return table, options
 

@@ -37,7 +37,10 @@ worker is gone, and names of any dead grain_cells process by the next ring
 or loader that starts (`shm_names.remove_stale`). When every slot is busy for
 `_WAIT_S` (the trainer is not consuming), the worker sends a one-off segment
 that the trainer unlinks on receipt, so a slow consumer never deadlocks a
-worker.
+worker; it then waits no more until the trainer hands a slot back (the rest
+of a fetch larger than the ring, or a fetch the trainer stopped reading
+because it closed the iterator, would otherwise wait `_WAIT_S` per
+minibatch: minutes).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class SlotRing:
         self._busy: list[bool] = []
         self._serial = 0
         self._largest = 0  # bytes of the largest minibatch sent
+        self._starved = False  # a wait for a slot timed out; none handed back since
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         worker_process.on_orphaned(self.close)
 
@@ -171,9 +175,12 @@ class SlotRing:
                     break
                 for slot in freed:
                     self._busy[slot] = False
+                self._starved = False
 
     def _free_slot(self, nbytes: int, wait_s: float = _WAIT_S) -> int | None:
         self._collect(0)
+        if self._starved:
+            wait_s = 0.0  # waited in vain once: no more until a slot comes back
         deadline = None
         while True:
             free = [i for i, busy in enumerate(self._busy) if not busy]
@@ -190,6 +197,7 @@ class SlotRing:
             deadline = deadline or time.monotonic() + wait_s
             left = deadline - time.monotonic()
             if left <= 0:
+                self._starved = True
                 return None
             self._collect(left)
 

@@ -248,3 +248,25 @@ def test_a_copy_in_one_process_returns_dicts(csr_paths):
     finally:
         if child.is_alive():
             child.kill()
+
+
+def test_a_starved_ring_waits_once_not_per_minibatch(monkeypatch):
+    """Nobody hands slots back (the trainer closed the iterator, or a fetch
+    holds more minibatches than the ring): one wait, then one-off segments at
+    once; before, every further minibatch waited `_WAIT_S` (a close took
+    minutes on a 512-minibatch fetch)."""
+    monkeypatch.setattr(transport, "_WAIT_S", 0.3)
+    ring = transport.SlotRing(max_slots=1)
+    try:
+        handles = [ring.put(batch(0))]
+        start = time.monotonic()
+        handles += [ring.put(batch(i)) for i in range(1, 6)]
+        waited = time.monotonic() - start
+        assert 0.25 <= waited < 0.3 * 2, waited
+        for i, h in enumerate(handles):
+            check(pickle.loads(pickle.dumps(h)), i)
+    finally:
+        ring.close()
+        view = transport._RINGS.pop(ring.name, None)
+        if view is not None:
+            view.close()
