@@ -7,6 +7,7 @@ from grain_cells.synthetic._tahoe import (
 )
 from grain_cells.synthetic._zarr import (
     ZARR_LAYOUTS,
+    cached_tahoe_like_annbatch,
     cached_tahoe_like_zarr,
     write_tahoe_like_zarr,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "ATLAS_CHUNKS",
     "ZARR_LAYOUTS",
     "cached_tahoe_like",
+    "cached_tahoe_like_annbatch",
     "cached_tahoe_like_zarr",
     "write_tahoe_like",
     "write_tahoe_like_zarr",

@@ -41,7 +41,12 @@ import tqdm
 
 from grain_cells._util import arguments
 
-__all__ = ["ZARR_LAYOUTS", "cached_tahoe_like_zarr", "write_tahoe_like_zarr"]
+__all__ = [
+    "ZARR_LAYOUTS",
+    "cached_tahoe_like_annbatch",
+    "cached_tahoe_like_zarr",
+    "write_tahoe_like_zarr",
+]
 
 ZARR_LAYOUTS = ("v3-sharded", "v3", "v2")
 _PIECE_BYTES = 2**26  # unsharded stores are filled ~64 MiB at a time
@@ -157,6 +162,73 @@ def cached_tahoe_like_zarr(
     try:
         tahoe_like_to_zarr(h5ad, tmp, layout=layout, compressed=compressed,
                            progress=progress)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def cached_tahoe_like_annbatch(
+    n_cells: int,
+    *,
+    shuffle_seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+    **kwargs,
+) -> pathlib.Path:
+    """Returns annbatch's pre-shuffled collection of the cached cells.
+
+    The collection is written by annbatch itself, at its defaults
+    (``annbatch.DatasetCollection(path).add_adatas([h5ad], rng=...)``: lz4
+    blosc, 64-cell chunks, 1 GB shards, 20 GB datasets), from the cached
+    ``.h5ad`` of ``cached_tahoe_like(n_cells, **kwargs)``; made once and
+    reused, named after that file (``...-annbatch-r0.zarr``, ``r`` the
+    shuffle seed). Needs annbatch (Python >= 3.12, the ``bench`` extra).
+
+    Args:
+        n_cells: Number of cells.
+        shuffle_seed: Seed of annbatch's shuffle (``rng``).
+        cache_dir: Folder of the cache, as for ``cached_tahoe_like``.
+        progress: Announce a collection that must be made.
+        **kwargs: As for ``write_tahoe_like_zarr``.
+
+    Returns:
+        The collection's folder; ``grain_cells.annbatch_stores`` lists its
+        stores.
+
+    Raises:
+        ImportError: annbatch is not installed.
+        ValueError: An argument is invalid.
+    """
+    import numpy as np
+
+    from grain_cells.synthetic import _tahoe
+
+    _check(n_cells, "v3-sharded", True, kwargs)
+    arguments.check_int("shuffle_seed", shuffle_seed, minimum=0)
+    try:
+        import annbatch
+    except ImportError as e:
+        raise ImportError(
+            "cached_tahoe_like_annbatch needs annbatch (Python >= 3.12): "
+            'pip install annbatch, or pip install -e ".[bench]"'
+        ) from e
+    h5ad = _tahoe.cached_tahoe_like(
+        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
+    )
+    final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}.zarr")
+    if final.is_dir():
+        return final
+    if progress:
+        print(f"making {final} with annbatch (once)", file=sys.stderr, flush=True)
+    tmp = pathlib.Path(
+        tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    )
+    try:
+        shutil.rmtree(tmp)  # annbatch makes the group itself
+        annbatch.DatasetCollection(str(tmp)).add_adatas(
+            [str(h5ad)], rng=np.random.default_rng(int(shuffle_seed))
+        )
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
