@@ -27,9 +27,11 @@ class CorruptChunkError(CorruptDataError):
 
     Attributes:
         path: The file.
-        dataset: The HDF5 dataset holding the chunk.
-        byte_offset: Where the chunk is stored in the file.
+        dataset: The HDF5 dataset (or zarr array) holding the chunk.
+        byte_offset: Where the chunk is stored in the file (in its shard,
+            for a sharded zarr array).
         rows: `(first, stop)`: the rows (elements of a 1-D dataset) it holds.
+        chunk_key: For a zarr store, the key of the chunk (or its shard).
     """
 
     def __init__(
@@ -40,12 +42,14 @@ class CorruptChunkError(CorruptDataError):
         dataset: str | None = None,
         byte_offset: int | None = None,
         rows: tuple[int, int] | None = None,
+        chunk_key: str | None = None,
     ):
         super().__init__(message)
         self.path = path
         self.dataset = dataset
         self.byte_offset = byte_offset
         self.rows = rows
+        self.chunk_key = chunk_key
 
     def __reduce__(self):
         # Crosses worker processes intact (attributes are keyword-only).

@@ -26,8 +26,8 @@ import dataclasses
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._file_set import FileSet
 from grain_cells.io._frames import var_group_name
 from grain_cells.io._genes import GeneAlignment, align_genes
@@ -62,7 +62,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
         path = identity.path
         with open_file(path, files.storage_options, identity.stat) as f:
             identity.check_stat(
-                remote_h5.stat_of(f, path), f"when {element} was opened beside it"
+                nodes.stat_of(f, path), f"when {element} was opened beside it"
             )
             info = inspect_element(f, element)
             if own_var:

@@ -70,6 +70,7 @@ from grain_cells import errors
 from grain_cells._util import cores, fork
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._genes import GeneAlignment, align_genes
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
@@ -89,7 +90,8 @@ class ReadPool(concurrent.futures.ThreadPoolExecutor):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FileSet:
-    """One or many `.h5ad` files concatenated along cells, as checked at build.
+    """One or many `.h5ad` files or zarr stores concatenated along cells,
+    as checked at build (a list may mix the two formats).
 
     Attributes:
         paths: Resolved paths, in concatenation order.
@@ -154,7 +156,7 @@ class FileSet:
         for path in paths:
             with open_file(path, storage_options) as f:
                 info = h5ad.inspect_matrix(f, element)
-                stat = remote_h5.stat_of(f, path)
+                stat = nodes.stat_of(f, path)
                 identities.append(FileIdentity.take(f, path, info.element, stat))
                 var_names.append(h5ad.read_var_names(f, element))
                 have = h5ad.obs_columns(f)
@@ -212,7 +214,7 @@ class FileSet:
         """
         for identity in self.identities:
             try:
-                now = remote_h5.stat_path(identity.path, self.storage_options)
+                now = nodes.stat_path(identity.path, self.storage_options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "
@@ -223,15 +225,23 @@ class FileSet:
 
 @dataclasses.dataclass
 class OpenFile:
-    """A file's handles in one process."""
+    """A file's handles in one process.
 
-    h5: h5py.File
+    Attributes:
+        h5: The open `h5py.File`, or a zarr store's `nodes.StoreFile`.
+        fd: The `.h5ad` file's `ByteReader`; None for a zarr store (zarr
+            reads through the store).
+        reader: The matrix's row reader.
+        obs: The obs columns read with every cell, in shared codes.
+    """
+
+    h5: h5py.File | nodes.StoreFile
     fd: ByteReader | None
     reader: CsrReader | DenseReader | FieldReader
     obs: dict[str, np.ndarray]
 
     def close(self) -> None:
-        """Closes the descriptor and the h5py file."""
+        """Closes the descriptor and the h5py file (or zarr store)."""
         if self.fd is not None:
             self.fd.close()
             self.fd = None
@@ -252,6 +262,7 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         # its sampled bytes now, before h5py trusts metadata cached for it.
         now = remote_h5.stat_path(path, files.storage_options)
         identity.check_stat(now, "when a process opened it")
+    # A zarr store's stat is its digest taken now, as it opens.
     f = open_file(path, files.storage_options, identity.stat)
     try:
         info = inspect_element(f, files.element)
@@ -262,24 +273,31 @@ def open_member(files: FileSet, i: int) -> OpenFile:
                 "new source (and do not restore iterator state saved for the "
                 "old one)."
             )
-        identity.check_stat(remote_h5.stat_of(f, path), "when a process opened it")
+        identity.check_stat(nodes.stat_of(f, path), "when a process opened it")
         identity.check_layout(f, "when a process opened it")
-        fd = remote_h5.open_bytes(path, files.storage_options, identity.stat)
+        fd = (
+            None
+            if nodes.is_store(f)
+            else remote_h5.open_bytes(path, files.storage_options, identity.stat)
+        )
     except BaseException:
         f.close()
         raise
     try:
-        identity.check_stat(fd.stat(), "when a process opened it")
+        if fd is not None:
+            identity.check_stat(fd.stat(), "when a process opened it")
         reader = element_reader(f, info, fd)
         obs = {}
         for c in files.obs_names:
             spec = files.obs[c]
             column = h5ad.read_obs_column(f, c) if spec.present[i] else None
             obs[c] = spec.file_values(i, column, info.n_obs)
-        remote_h5.opened(f)
+        if fd is not None:
+            remote_h5.opened(f)
         return OpenFile(f, fd, reader, obs)
     except BaseException:
-        fd.close()
+        if fd is not None:
+            fd.close()
         f.close()
         raise
 

@@ -25,7 +25,8 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5._remote import file_name
+from grain_cells.io import _nodes as nodes
+from grain_cells.io._nodes import file_name
 
 # anndata and pandas (0.7 s to import) are imported only where they are
 # needed (uncommon index and obs encodings), not with the package: every
@@ -67,9 +68,7 @@ def encoding_of(obj) -> str | None:
     return value
 
 
-def _attr_str(obj, name: str, default=None):
-    value = obj.attrs.get(name, default)
-    return value.decode() if isinstance(value, bytes) else value
+_attr_str = nodes.attr_str
 
 
 def is_legacy_frame(obj) -> bool:
@@ -88,10 +87,10 @@ def var_group_name(element: str) -> str:
 
 def _element_length(obj) -> int | None:
     """Entries of a 1-D array element (dataset or encoded group), unread."""
-    if isinstance(obj, h5py.Dataset):
+    if nodes.is_array(obj):
         return int(obj.shape[0]) if obj.ndim else None
     for key in ("values", "codes"):  # nullable-* arrays, categoricals
-        if key in obj and isinstance(obj[key], h5py.Dataset):
+        if key in obj and nodes.is_array(obj[key]):
             return int(obj[key].shape[0])
     return None
 
@@ -100,7 +99,7 @@ def n_rows(frame) -> int | None:
     """Rows of an obs/var dataframe, without reading it (None: unknown)."""
     if is_legacy_frame(frame):
         return int(frame.shape[0])
-    if not isinstance(frame, h5py.Group):
+    if not nodes.is_group(frame):
         return None
     index = _attr_str(frame, "_index")
     if index is not None and index in frame:
@@ -128,7 +127,7 @@ def _frame_index(f: h5py.File, name: str) -> np.ndarray:
         table = _legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
     key = _attr_str(frame, "_index", "_index")
-    if not isinstance(frame, h5py.Group) or key not in frame:
+    if not nodes.is_group(frame) or key not in frame:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
@@ -140,7 +139,7 @@ def _frame_index(f: h5py.File, name: str) -> np.ndarray:
 
 
 def _plain_strings(index) -> np.ndarray | None:
-    """An index's strings read with h5py, or None for anndata to read.
+    """An index's strings read with h5py or zarr, or None for anndata to read.
 
     What anndata reads from a `string-array` (anndata < 0.11, and later
     under pandas 2) and from a `nullable-string-array` without missing
@@ -148,19 +147,15 @@ def _plain_strings(index) -> np.ndarray | None:
     pandas: about 0.7 s, most of a fresh process's first minibatch.
     """
     encoding = encoding_of(index)
-    if encoding == "nullable-string-array" and isinstance(index, h5py.Group):
+    if encoding == "nullable-string-array" and nodes.is_group(index):
         mask = index.get("mask")
-        if not isinstance(mask, h5py.Dataset) or mask.ndim != 1 or mask[()].any():
+        if not nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
             return None
         index = index.get("values")
     elif encoding not in ("string-array", None):
         return None
-    if (
-        isinstance(index, h5py.Dataset)
-        and index.ndim == 1
-        and h5py.check_string_dtype(index.dtype) is not None
-    ):
-        return index.asstr()[()]
+    if nodes.is_array(index) and index.ndim == 1 and nodes.is_string_array(index):
+        return nodes.strings(index)
     return None
 
 
@@ -181,7 +176,7 @@ def obs_columns(f: h5py.File) -> list[str]:
     group = f["obs"]
     if is_legacy_frame(group):
         return list(group.dtype.names[1:])
-    if not isinstance(group, h5py.Group):
+    if not nodes.is_group(group):
         return []
     index = _attr_str(group, "_index", "_index")
     order = group.attrs.get("column-order")
@@ -280,26 +275,26 @@ def _plain_column(elem) -> ObsColumn | None:
     `read_elem`.
     """
     encoding = encoding_of(elem)
-    if encoding == "array" and isinstance(elem, h5py.Dataset):
+    if encoding == "array" and nodes.is_array(elem):
         if elem.ndim != 1 or elem.dtype.kind not in "iuf":
             return None
         values = np.asarray(elem[...])
         if not values.dtype.isnative:
             values = values.astype(values.dtype.newbyteorder("="))
         return ObsColumn(values, None)
-    if encoding != "categorical" or not isinstance(elem, h5py.Group):
+    if encoding != "categorical" or not nodes.is_group(elem):
         return None
     codes, categories = elem.get("codes"), elem.get("categories")
     if not (
-        isinstance(codes, h5py.Dataset)
-        and isinstance(categories, h5py.Dataset)
+        nodes.is_array(codes)
+        and nodes.is_array(categories)
         and codes.ndim == 1
         and categories.ndim == 1
         and codes.dtype.kind in "iu"
-        and h5py.check_string_dtype(categories.dtype) is not None
+        and nodes.is_string_array(categories)
     ):
         return None
-    labels = np.asarray(categories.asstr()[...], dtype=object)
+    labels = nodes.strings(categories)
     values = np.asarray(codes[...])
     if values.size and (values.max() >= labels.size or values.min() < -1):
         return None  # let anndata's reader report it
@@ -315,13 +310,13 @@ def _read_column(path: str, group: h5py.Group, name: str):
             # Legacy files are expected input; anndata's warning is not
             # actionable at every read.
             _quiet_old_format()
-            if isinstance(elem, h5py.Dataset) and "categories" in elem.attrs:
+            if nodes.is_array(elem) and "categories" in elem.attrs:
                 # anndata < 0.8 stored codes here and categories under
                 # obs/__categories; only the whole-dataframe reader resolves
                 # that reference.
                 return read_elem(group)[name]
             if (
-                isinstance(elem, h5py.Group)
+                nodes.is_group(elem)
                 and encoding_of(elem) is None
                 and {"codes", "categories"} <= set(elem)
             ):

@@ -1,12 +1,14 @@
-"""The AnnData on-disk format (`.h5ad`): what is where, and is it sane.
+"""The AnnData on-disk format (`.h5ad` and zarr): what is where, and is it sane.
 
 This module locates the matrix to read (`X`, `layers/<name>` or
 `raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
 cheaply, and reads metadata; opening files is `grain_cells.io._open`' job
 (re-exported here). Dataframes (var names, obs columns) are
 `grain_cells.io._frames`' job, storage HDF5 could get wrong (links, virtual
-datasets, missing filters) `grain_cells.hdf5._layout`'s, and reading rows of
-the matrix `grain_cells.io._matrix`'s.
+datasets, missing filters) `grain_cells.hdf5._layout`'s (for `.h5ad` files
+only), and reading rows of the matrix `grain_cells.io._matrix`'s. A zarr
+store's elements are checked here the same way (`grain_cells.io._nodes`
+makes groups and arrays of both formats look alike).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
-from grain_cells.hdf5._remote import file_name
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import (
     ObsColumn,
     encoding_of,
@@ -29,6 +31,7 @@ from grain_cells.io._frames import (
     read_var_names,
     var_group_name,
 )
+from grain_cells.io._nodes import file_name
 from grain_cells.io._open import check_anndata, open_file, resolve_paths
 
 __all__ = [
@@ -104,12 +107,7 @@ class MatrixInfo:
         )
 
 
-def _get(group: h5py.Group, name: str):
-    """`group[name]`, or None when it is absent or a link does not resolve."""
-    try:
-        return group.get(name)
-    except (KeyError, OSError):  # a dangling external link "is in" the group
-        return None
+_get = nodes.get
 
 
 def _locate(f: h5py.File, element: str) -> str:
@@ -149,7 +147,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
     element = _locate(f, element)
     obj = _get(f, element)
     if obj is None:
-        problem = hdf5_storage.link_problem(f, element)
+        problem = None if nodes.is_store(f) else hdf5_storage.link_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = available_matrices(f)
@@ -162,9 +160,9 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
         raise errors.MissingColumnError(
             f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
-    if isinstance(obj, h5py.Group):
+    if nodes.is_group(obj):
         info = _inspect_sparse(path, element, obj)
-    elif isinstance(obj, h5py.Dataset):
+    elif nodes.is_array(obj):
         if obj.ndim != 2:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} is a {obj.ndim}-D dataset; expected a 2-D "
@@ -174,12 +172,12 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
-        hdf5_storage.check_dataset(path, obj)
+        _check_storage(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
         info = MatrixInfo(
             path, element, DENSE, n_obs, n_vars, obj.dtype, None, _chunk_bytes(obj)
         )
-    else:  # pragma: no cover - h5py only has groups and datasets
+    else:  # pragma: no cover - h5py and zarr only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
     var_rows = n_rows(f[var_group_name(element)])
@@ -211,8 +209,12 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
             "'csr_matrix' (sparse) or a dense 2-D dataset"
         )
     for name in ("data", "indices", "indptr"):
-        if not isinstance(_get(obj, name), h5py.Dataset):
-            problem = hdf5_storage.link_problem(obj.file, f"{element}/{name}")
+        if not nodes.is_array(_get(obj, name)):
+            problem = (
+                hdf5_storage.link_problem(obj.file, f"{element}/{name}")
+                if isinstance(obj, h5py.Group)
+                else None
+            )
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
             raise errors.AnnDataFormatError(
@@ -251,10 +253,10 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
             f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
         )
     for dataset in (indptr, indices, data):
-        hdf5_storage.check_dataset(path, dataset)
+        _check_storage(path, dataset)
     try:
-        ends = indptr[[0, n_obs]] if n_obs else indptr[[0]]
-    except OSError as e:
+        ends = [indptr[0], indptr[n_obs]] if n_obs else [indptr[0]]
+    except (OSError, ValueError) as e:
         raise errors.AnnDataFormatError(
             f"{path}: reading {element}/indptr failed ({e}); the file is "
             "probably truncated"
@@ -269,21 +271,33 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
 
 
-def _chunk_bytes(dataset: h5py.Dataset) -> int | None:
-    """Decoded bytes of one chunk of a compressed dataset; None otherwise."""
+def _check_storage(path: str, dataset) -> None:
+    """HDF5 storage checks (`hdf5._layout`) of an h5py dataset; none for zarr."""
+    if isinstance(dataset, h5py.Dataset):
+        hdf5_storage.check_dataset(path, dataset)
+
+
+def _chunk_bytes(dataset) -> int | None:
+    """Decoded bytes of one chunk of a compressed dataset; None otherwise.
+
+    A zarr array's chunk is its inner chunk when it is sharded (the unit
+    decoded).
+    """
+    if nodes.is_zarr_array(dataset):
+        return nodes.zarr_chunk_bytes(dataset)
     if dataset.chunks is None or dataset.id.get_create_plist().get_nfilters() == 0:
         return None
     return int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
 
 
-def available_matrices(f: h5py.File) -> list[str]:
+def available_matrices(f) -> list[str]:
     """Matrix element paths present in the file (for error messages)."""
     found = []
     if "X" in f:
         found.append("X")
-    if "layers" in f and isinstance(f["layers"], h5py.Group):
-        found += [f"layers/{k}" for k in f["layers"]]
-    if "raw" in f and isinstance(f["raw"], h5py.Group) and "X" in f["raw"]:
+    if "layers" in f and nodes.is_group(f["layers"]):
+        found += [f"layers/{k}" for k in sorted(f["layers"].keys())]
+    if "raw" in f and nodes.is_group(f["raw"]) and "X" in f["raw"]:
         found.append("raw/X")
     if "raw.X" in f:
         found.append("raw.X")

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import h5py
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.hdf5._chunks import wait_all
-from grain_cells.hdf5._reads import RangeReader
 from grain_cells.io._h5ad import CSR, MatrixInfo
+from grain_cells.io._nodes import range_reader
 
 # Decoded `indptr` chunks kept per file when `indptr` is compressed: every
 # fetch reads a few entries per block, which would otherwise decode a whole
@@ -105,14 +104,21 @@ class RowBuffer:
 class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
 
-    def __init__(self, group: h5py.Group, info: MatrixInfo, fd: int | None):
+    def __init__(self, group, info: MatrixInfo, fd):
+        """Builds one range reader per array (`_nodes.range_reader`).
+
+        Args:
+            group: The CSR group (h5py or zarr).
+            info: What `inspect_matrix` found.
+            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
+        """
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
         path = info.path
-        self._data = RangeReader(group["data"], path, fd)
-        self._indices = RangeReader(group["indices"], path, fd)
-        self._indptr = RangeReader(
+        self._data = range_reader(group["data"], path, fd)
+        self._indices = range_reader(group["indices"], path, fd)
+        self._indptr = range_reader(
             group["indptr"], path, fd, cache_bytes=INDPTR_CACHE_BYTES
         )
         self._indptr.will_need()
@@ -338,14 +344,11 @@ class CsrReader:
 class DenseReader:
     """Reads row ranges of one file's dense 2-D matrix."""
 
-    def __init__(
-        self,
-        dataset: h5py.Dataset,
-        info: MatrixInfo,
-        fd: int | None,
-    ):
+    def __init__(self, dataset, info: MatrixInfo, fd):
+        """Args: the 2-D array (h5py or zarr), its info, the file's `ByteReader`
+        (None for a zarr store)."""
         self.info = info
-        self._x = RangeReader(dataset, info.path, fd)
+        self._x = range_reader(dataset, info.path, fd)
 
     @property
     def direct(self) -> bool:

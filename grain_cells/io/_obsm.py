@@ -28,11 +28,11 @@ import numpy as np
 from grain_cells import errors
 from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5._layout import value_dtype
-from grain_cells.hdf5._reads import RangeReader
-from grain_cells.hdf5._remote import file_name
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import encoding_of, n_rows
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
+from grain_cells.io._nodes import file_name
 
 OBSM = "obsm/"
 
@@ -96,13 +96,13 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
     else:
         ds = obsm[name]
         if (
-            not isinstance(ds, h5py.Dataset)
+            not nodes.is_array(ds)
             or ds.ndim != 2
             or ds.dtype.kind not in "biuf"
         ):
             found = (
                 f"a {ds.ndim}-D {ds.dtype} dataset of shape {ds.shape}"
-                if isinstance(ds, h5py.Dataset)
+                if nodes.is_array(ds)
                 else f"a group (encoding {encoding_of(ds)!r}: a dataframe "
                 "or sparse matrix)"
             )
@@ -110,7 +110,8 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
                 f"{path}: obsm/{name} is {found}; expected a dense 2-D numeric "
                 "array of one row per cell and k columns"
             )
-        hdf5_storage.check_dataset(path, ds)
+        if isinstance(ds, h5py.Dataset):
+            hdf5_storage.check_dataset(path, ds)
         n_obs, width, dtype = int(ds.shape[0]), int(ds.shape[1]), ds.dtype
     if obs_rows is not None and n_obs != obs_rows:
         raise errors.AnnDataFormatError(
@@ -137,7 +138,7 @@ class FieldReader:
     def __init__(self, dataset: h5py.Dataset, info: h5ad.MatrixInfo, fd):
         self.info = info
         self._field = info.element[len(OBSM) :]
-        self._records = RangeReader(dataset, info.path, fd)
+        self._records = nodes.range_reader(dataset, info.path, fd)
         self.dtype = value_dtype(info.dtype)
 
     @property

@@ -1,9 +1,14 @@
-"""Opening `.h5ad` files, local or in a bucket, with errors that name the file.
+"""Opening `.h5ad` files and zarr stores, local or in a bucket, with errors
+that name the file.
 
 `open_file` refuses what is not AnnData before anything reads it: missing
-paths and dangling links, directories (zarr), non-HDF5 files, files HDF5
-cannot open (held by a writer, truncated), MuData, HDF5 without `obs`/`var`.
-`grain_cells.io._h5ad` re-exports these functions.
+paths and dangling links, directories that are not zarr stores, non-HDF5
+files, files HDF5 cannot open (held by a writer, truncated), MuData, files
+and stores without `obs`/`var`. A zarr store (a directory holding
+`zarr.json` or `.zgroup`, a path or URL ending in `.zarr` or `.zarr.zip`)
+is opened with `grain_cells.zarr._store.open_group` and returned as a
+`grain_cells.io._nodes.StoreFile`, which the io layer reads as it reads an
+`h5py.File`. `grain_cells.io._h5ad` re-exports these functions.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import h5py
 
 from grain_cells import errors
 from grain_cells.hdf5 import _remote as remote_h5
+from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import encoding_of
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage.remote import _store as object_store
@@ -25,11 +31,23 @@ def open_file(
     path: str | os.PathLike,
     storage_options: dict | None = None,
     stat: FileStat | None = None,
-) -> h5py.File:
-    """Opens an `.h5ad` file read-only with errors that name the file.
+) -> h5py.File | nodes.StoreFile:
+    """Opens an `.h5ad` file or a zarr store read-only, errors naming the file.
 
-    A URL is opened through `remote_h5.open_h5` with `storage_options`
-    (None: from the environment).
+    A URL is opened through `remote_h5.open_h5` (a zarr store's through
+    `grain_cells.zarr._store.open_group`) with `storage_options` (None: from
+    the environment).
+
+    Args:
+        path: The file, store or URL.
+        storage_options: For URLs: the object-store configuration.
+        stat: The object version expected (a `FileStat` taken before). A
+            zarr store's `stat` is always taken anew (its `store_digest`),
+            so comparing it with an identity's detects a rewritten store.
+
+    Returns:
+        An `h5py.File`, or a `StoreFile` for a zarr store; close it (or use
+        `with`).
 
     Raises:
         FileNotFoundError: The path does not exist (or is a dangling symlink).
@@ -38,6 +56,8 @@ def open_file(
             `obs`/`var` (not AnnData).
     """
     path = os.fspath(path)
+    if nodes.is_store_path(path):
+        return _open_store(path, storage_options, stat)
     if object_store.is_url(path):
         f = remote_h5.open_remote(path, storage_options, stat)
         check_anndata(f, path)
@@ -45,11 +65,7 @@ def open_file(
     try:
         os.stat(path)
     except FileNotFoundError:
-        if os.path.islink(path):
-            raise FileNotFoundError(
-                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
-            ) from None
-        raise FileNotFoundError(f"{path}: no such file") from None
+        raise _missing(path) from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise errors.AnnDataFormatError(
@@ -57,11 +73,6 @@ def open_file(
                 f"{os.readlink(path)} -> ...); point it at the real file"
             ) from e
         raise errors.AnnDataFormatError(f"{path}: cannot be opened ({e})") from e
-    if os.path.isdir(path):
-        raise errors.AnnDataFormatError(
-            f"{path}: is a directory, expected an .h5ad file (zarr stores are "
-            "not supported)"
-        )
     if not h5py.is_hdf5(path):
         raise errors.AnnDataFormatError(
             f"{path}: not an HDF5 file (no HDF5 signature), expected an .h5ad "
@@ -75,15 +86,57 @@ def open_file(
     return f
 
 
-def check_anndata(f: h5py.File, path: str) -> None:
+def _open_store(path: str, storage_options: dict | None, stat: FileStat | None):
+    """Opens a zarr store (see `open_file`), checked to be AnnData."""
+    from grain_cells.zarr import _store as zarr_store
+
+    local = not object_store.is_url(path)
+    if local and not os.path.exists(path):
+        raise _missing(path)
+    if local and os.path.isdir(path) and not _has_zarr_metadata(path):
+        found = sorted(os.listdir(path))[:8]
+        raise errors.AnnDataFormatError(
+            f"{path}: is a directory but not a zarr store (no zarr.json or "
+            f".zgroup at its root; it holds {found}); expected an .h5ad file "
+            "or a zarr store written by anndata's write_zarr"
+        )
+    del stat  # a store's version is its digest now
+    stat = nodes.stat_path(path, storage_options)
+    group = zarr_store.open_group(path, storage_options)
+    f = nodes.StoreFile(group, path, stat)
+    check_anndata(f, path)
+    return f
+
+
+def _has_zarr_metadata(path: str) -> bool:
+    return any(
+        os.path.isfile(os.path.join(path, name)) for name in ("zarr.json", ".zgroup")
+    )
+
+
+def _missing(path: str) -> FileNotFoundError:
+    """The error of a path that does not exist."""
+    if os.path.islink(path):
+        return FileNotFoundError(
+            f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+        )
+    return FileNotFoundError(f"{path}: no such file")
+
+
+def check_anndata(f, path: str) -> None:
     """Closes `f` and raises unless it is an AnnData file (not MuData).
+
+    Args:
+        f: An open `h5py.File` or zarr `StoreFile`.
+        path: Its path, for messages.
 
     Raises:
         errors.UnsupportedLayoutError: A MuData file.
         errors.AnnDataFormatError: No `obs`/`var` at the root.
     """
-    if encoding_of(f) == "MuData" or isinstance(f.get("mod"), h5py.Group):
-        modalities = sorted(f["mod"]) if isinstance(f.get("mod"), h5py.Group) else []
+    mod = nodes.get(f, "mod")
+    if encoding_of(f) == "MuData" or nodes.is_group(mod):
+        modalities = sorted(mod.keys()) if nodes.is_group(mod) else []
         f.close()
         first = modalities[0] if modalities else "rna"
         raise errors.UnsupportedLayoutError(
@@ -97,8 +150,9 @@ def check_anndata(f: h5py.File, path: str) -> None:
     if missing:
         found = sorted(f.keys())
         f.close()
+        kind = "a zarr store" if nodes.is_store(f) else "HDF5"
         raise errors.AnnDataFormatError(
-            f"{path}: HDF5 but not AnnData: expected groups 'obs' and 'var' at "
+            f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
         )
 

@@ -40,6 +40,19 @@ object, at restore and periodically while reading
 (`grain_cells.storage.remote._versions`, which says exactly what each kind
 of server lets through).
 
+A zarr store (a directory, `.zarr.zip` or bucket prefix of many keys) has
+no one inode: its `FileStat` holds a digest of every key with its size and
+modification time (ETags in a bucket; `grain_cells.zarr._store.store_digest`),
+taken when the source is built and compared when a process opens the store
+and by `verify_files`, so a chunk or metadata file written, added or
+removed under a source is detected. Its `layout` digest covers each array's
+zarr metadata (shape, dtype, chunk and shard grid, codecs) and stored bytes,
+its `sample` the same value windows as a file's. A checkpoint records
+`format: zarr` for a store, so a state saved on an `.h5ad` file is refused
+on a zarr store of the same cells (and the other way round): the identity
+is that of the stored file, not of the cells. Restore on the format the
+state was saved on, or start a new run.
+
 Not detected: a replacement after a process opened the file by rename (that
 process keeps reading the original inode, which stays consistent); a change
 to a file that the matrix only links to (HDF5 external links and virtual
@@ -53,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import sys
 
 import h5py
 import numpy as np
@@ -79,6 +93,10 @@ class FileStat:
     # Objects whose ETag does not follow their content (HTTP servers): a
     # digest of sampled bytes (`grain_cells.storage.remote._versions`).
     content: str = ""
+    # zarr stores (a directory or bucket prefix of many keys): a digest of
+    # every key with its size and modification time, or its ETag
+    # (`grain_cells.zarr._store.store_digest`); the other fields are 0.
+    store: str = ""
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileStat:
@@ -88,6 +106,13 @@ class FileStat:
     def changes(self, now: FileStat) -> list[str]:
         """What differs between this (then) and `now`, in words."""
         out = []
+        if self.store != now.store:
+            return [
+                "the zarr store's keys, sizes or modification times differ "
+                f"(store digest {self.store[:16] or 'none'} then, "
+                f"{now.store[:16] or 'none'} now): a chunk or metadata file was "
+                "written, added or removed"
+            ]
         if self.etag != now.etag:
             out.append(f"ETag {self.etag or 'none'} then, {now.etag or 'none'} now")
         if (self.dev, self.ino) != (now.dev, now.ino):
@@ -153,7 +178,9 @@ class FileIdentity:
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
+        store = {"format": "zarr"} if self.stat.store else {}
         return {
+            **store,
             "element": self.element,
             "bytes": self.stat.size,
             "layout": self.layout[:16],
@@ -204,8 +231,26 @@ def stat_of_h5(f: h5py.File, path: str) -> FileStat:
     return FileStat.of(os.stat(path))
 
 
-def _storage(ds: h5py.Dataset) -> list:
+def _is_zarr_array(obj) -> bool:
+    zarr = sys.modules.get("zarr")  # imported by whoever opened a store
+    return zarr is not None and isinstance(obj, zarr.Array)
+
+
+def _is_dataset(obj) -> bool:
+    return isinstance(obj, h5py.Dataset) or _is_zarr_array(obj)
+
+
+def _zarr_storage(array) -> list:
+    """What locates one zarr array's bytes: its metadata and stored size."""
+    meta = array.metadata.to_dict()
+    meta.pop("attributes", None)
+    return [array.path, repr(sorted(meta.items())), array.nbytes_stored()]
+
+
+def _storage(ds) -> list:
     """What locates one dataset's bytes in the file (sampled for chunks)."""
+    if _is_zarr_array(ds):
+        return _zarr_storage(ds)
     plist = ds.id.get_create_plist()
     layout = plist.get_layout()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
@@ -240,9 +285,9 @@ def _storage(ds: h5py.Dataset) -> list:
     return out
 
 
-def _datasets(f: h5py.File, element: str) -> list[h5py.Dataset]:
+def _datasets(f, element: str) -> list:
     obj = f[element]
-    if isinstance(obj, h5py.Dataset):
+    if _is_dataset(obj):
         return [obj]
     return [obj[k] for k in ("data", "indices", "indptr") if k in obj]
 
@@ -257,17 +302,19 @@ def layout_digest(f: h5py.File, element: str) -> str:
     """
     obj = f[element]
     parts: list = [element]
-    if isinstance(obj, h5py.Group):
+    group = not _is_dataset(obj)
+    if group:
         parts.append(np.asarray(obj.attrs.get("shape", ())).tolist())
         parts.append(str(obj.attrs.get("encoding-type", "")))
     for ds in _datasets(f, element):
         parts.append(_storage(ds))
-    if isinstance(obj, h5py.Group) and "indptr" in obj:
+    if group and "indptr" in obj:
         ptr = obj["indptr"]
         n = ptr.shape[0]
         if n:
             at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
-            parts.append(np.asarray(ptr[at]).astype(np.int64).tolist())
+            picked = ptr.vindex[at] if _is_zarr_array(ptr) else ptr[at]
+            parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -279,7 +326,7 @@ def sample_digest(f: h5py.File, element: str) -> str:
     """
     digest = hashlib.sha256(element.encode())
     for ds in _datasets(f, element):
-        if ds.name.endswith("/indptr") or not ds.shape or not ds.shape[0]:
+        if ds.name.endswith("indptr") or not ds.shape or not ds.shape[0]:
             continue
         n = ds.shape[0]
         starts = np.unique(

@@ -1,0 +1,241 @@
+"""Decoding one stored zarr chunk, in the caller's thread, GIL released.
+
+zarr-python decodes a chunk inside its event loop, one `asyncio.to_thread`
+hop per codec and chunk; at the loader's batch shape (a few dozen chunks per
+array per fetch) that machinery cost more CPU than the decoding. `Codec` reads
+an array's metadata once (zarr's own parsed `Array.metadata`) and decodes a
+chunk's stored bytes with the same libraries zarr calls underneath, in
+whatever thread the reader runs:
+
+| codec (v3 name / v2 id) | decoder |
+| --- | --- |
+| `bytes` (endianness) | `numpy.frombuffer` |
+| `zstd` / `zstd` | `numcodecs.Zstd` (what `zarr.codecs.ZstdCodec` calls) |
+| `blosc` / `blosc` (lz4, zstd, zlib, ...) | `numcodecs.Blosc` |
+| `gzip` / `gzip`, `zlib` | `numcodecs.GZip` / `numcodecs.Zlib` |
+| `crc32c` | `google_crc32c` (what zarr uses), **checked** |
+| `numcodecs.*` (v3) and any v2 compressor or filter | `numcodecs.get_codec(config)` |
+| `sharding_indexed` | the shard index (`ShardLayout`), inner chunks decoded as above |
+
+Anything else (a `transpose` codec, nested sharding, strings/objects, a
+non-numeric dtype) makes `Codec.for_array` return None: the reader then
+slices through zarr-python, correct and slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numcodecs
+import numpy as np
+import zarr
+
+MAX_UINT_64 = 2**64 - 1
+
+
+class ChunkDecodeError(Exception):
+    """One chunk failed to decode; the reader names store, array and rows."""
+
+
+def _crc32c_check(raw) -> memoryview:
+    import google_crc32c
+
+    view = memoryview(raw)
+    if len(view) < 4:
+        raise ChunkDecodeError(f"{len(view)} bytes, too short for its crc32c")
+    body, stored = view[:-4], int.from_bytes(view[-4:], "little")
+    found = google_crc32c.value(bytes(body))
+    if found != stored:
+        raise ChunkDecodeError(
+            f"crc32c mismatch: stored {stored:#010x}, computed {found:#010x}"
+        )
+    return body
+
+
+def _bytes_stage(codec) -> tuple | None:
+    """A v3 bytes-to-bytes codec as a decoding callable, or None if unknown."""
+    name = type(codec).__name__
+    if name == "Crc32cCodec":
+        return ("crc32c", _crc32c_check)
+    if name == "ZstdCodec":
+        z = numcodecs.Zstd(level=codec.level, checksum=codec.checksum)
+        return ("zstd", z.decode)
+    if name == "BloscCodec":
+        return ("blosc", numcodecs.Blosc().decode)
+    if name == "GzipCodec":
+        return ("gzip", numcodecs.GZip(level=codec.level).decode)
+    # zarr.codecs.numcodecs.* ("numcodecs.lz4", ...): after the `bytes`
+    # codec, every codec of a chain is bytes-to-bytes.
+    try:
+        spec = codec.to_dict()
+    except Exception:  # pragma: no cover - every zarr codec has to_dict
+        return None
+    cname = str(spec.get("name", ""))
+    if cname.startswith("numcodecs."):
+        try:
+            nc = numcodecs.get_codec(
+                {"id": cname[len("numcodecs.") :], **(spec.get("configuration") or {})}
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        return (cname, nc.decode)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """Decodes the stored bytes of one (inner) chunk into a flat array.
+
+    Attributes:
+        stored_dtype: Dtype with the stored byte order.
+        chunk_shape: Shape of a decoded chunk (edge chunks are full-size).
+        order: "C" or "F" (zarr v2's `order`).
+        stages: Decoders applied in turn, as `(name, callable)`.
+        shard: The shard layout when the array is sharded (then `stages`
+            decode inner chunks).
+    """
+
+    stored_dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    order: str
+    stages: tuple
+    shard: ShardLayout | None = None
+
+    @classmethod
+    def for_array(cls, array: zarr.Array) -> Codec | None:
+        """The decoder of `array`'s chunks, or None if not one handled here."""
+        meta = array.metadata
+        dtype = np.dtype(array.dtype)
+        if dtype.hasobject or dtype.kind not in "biuf":
+            return None
+        if meta.zarr_format == 2:
+            stored = np.dtype(meta.to_dict()["dtype"])
+            stages = []
+            if meta.compressor is not None:
+                stages.append((meta.compressor.codec_id, meta.compressor.decode))
+            for f in reversed(meta.filters or ()):
+                stages.append((f.codec_id, f.decode))
+            return cls(stored, tuple(meta.chunks), meta.order, tuple(stages))
+        codecs = list(meta.codecs)
+        shard = None
+        chunk_shape = tuple(array.chunks)
+        if len(codecs) == 1 and type(codecs[0]).__name__ == "ShardingCodec":
+            sc = codecs[0]
+            inner = tuple(sc.chunk_shape)
+            index = _v3_stages(list(sc.index_codecs), np.dtype("<u8"))
+            if index is None:
+                return None
+            shard_shape = tuple(meta.chunk_grid.chunk_shape)
+            per_shard = tuple(s // c for s, c in zip(shard_shape, inner))
+            shard = ShardLayout(
+                shard_shape=shard_shape,
+                per_shard=per_shard,
+                at_end=str(sc.index_location.value) == "end",
+                index_stages=index[1],
+                index_nbytes=16 * int(np.prod(per_shard)) + index[2],
+            )
+            codecs, chunk_shape = list(sc.codecs), inner
+        parsed = _v3_stages(codecs, dtype)
+        if parsed is None:
+            return None
+        stored, stages, _ = parsed
+        return cls(stored, chunk_shape, "C", stages, shard)
+
+    @property
+    def chunk_items(self) -> int:
+        return int(np.prod(self.chunk_shape, dtype=np.int64))
+
+    def describe(self) -> str:
+        names = [n for n, _ in self.stages] or ["uncompressed"]
+        return "+".join(names) + (", sharded" if self.shard else "")
+
+    def decode(self, raw) -> np.ndarray:
+        """The chunk as a C-ordered array of `chunk_shape`, native byte order.
+
+        Raises:
+            ChunkDecodeError: A codec fails, a checksum differs, or the
+                decoded size is not the chunk's.
+        """
+        buf = raw
+        try:
+            for _, stage in self.stages:
+                buf = stage(buf)
+        except ChunkDecodeError:
+            raise
+        except Exception as e:  # codecs raise RuntimeError, ValueError, ...
+            raise ChunkDecodeError(f"{type(e).__name__}: {e}") from None
+        flat = np.frombuffer(buf, self.stored_dtype)
+        if flat.size != self.chunk_items:
+            raise ChunkDecodeError(
+                f"decoded {flat.size} values, the chunk shape "
+                f"{self.chunk_shape} holds {self.chunk_items}"
+            )
+        if not self.stored_dtype.isnative:
+            flat = flat.astype(self.stored_dtype.newbyteorder("="))
+        if self.order == "F" and len(self.chunk_shape) > 1:
+            return flat.reshape(self.chunk_shape, order="F")
+        return flat.reshape(self.chunk_shape)
+
+
+def _v3_stages(codecs: list, dtype: np.dtype):
+    """`(stored dtype, decode stages, trailing bytes)` of a v3 codec chain."""
+    stored = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+    seen_bytes = False
+    stages = []
+    trailing = 0
+    for c in codecs:
+        name = type(c).__name__
+        if name == "BytesCodec":
+            if seen_bytes:
+                return None
+            seen_bytes = True
+            endian = getattr(getattr(c, "endian", None), "value", "little")
+            if dtype.itemsize > 1:
+                stored = dtype.newbyteorder("<" if endian == "little" else ">")
+            continue
+        if not seen_bytes:  # an array-to-array codec (transpose, ...)
+            return None
+        stage = _bytes_stage(c)
+        if stage is None:
+            return None
+        if stage[0] == "crc32c":
+            trailing += 4
+        stages.append(stage)
+    if not seen_bytes:
+        return None
+    return stored, tuple(reversed(stages)), trailing
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """Where a shard keeps its inner chunks (zarr v3 `sharding_indexed`).
+
+    Attributes:
+        shard_shape: Elements per shard along each axis.
+        per_shard: Inner chunks per shard along each axis.
+        at_end: Whether the index is at the shard's end (else its start).
+        index_stages: Decoders of the index bytes (e.g. its crc32c check).
+        index_nbytes: Stored size of the index.
+    """
+
+    shard_shape: tuple[int, ...]
+    per_shard: tuple[int, ...]
+    at_end: bool
+    index_stages: tuple
+    index_nbytes: int
+
+    def parse_index(self, raw) -> np.ndarray:
+        """`(n_inner, 2)` uint64 offsets and lengths (MAX_UINT_64: absent).
+
+        Raises:
+            ChunkDecodeError: The index fails its checksum or is short.
+        """
+        if len(raw) != self.index_nbytes:
+            raise ChunkDecodeError(
+                f"shard index is {len(raw)} bytes, expected {self.index_nbytes} "
+                "(the shard is truncated)"
+            )
+        buf = raw
+        for _, stage in self.index_stages:
+            buf = stage(buf)
+        return np.frombuffer(buf, "<u8").reshape(-1, 2)
