@@ -199,7 +199,7 @@ def test_directory(tmp_path):
     path.mkdir()
     with pytest.raises(AnnDataFormatError, match=path_re(path)) as e:
         AnnDataSource(path)
-    assert "is a directory" in str(e.value)
+    assert "is a directory but not a zarr store" in str(e.value)
 
 
 def test_hdf5_but_not_anndata(tmp_path):

@@ -90,8 +90,9 @@ class ReadPool(concurrent.futures.ThreadPoolExecutor):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FileSet:
-    """One or many `.h5ad` files or zarr stores concatenated along cells,
-    as checked at build (a list may mix the two formats).
+    """One or many `.h5ad` files or zarr stores along cells, checked at build.
+
+    A list may mix the two formats.
 
     Attributes:
         paths: Resolved paths, in concatenation order.

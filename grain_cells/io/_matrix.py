@@ -345,8 +345,13 @@ class DenseReader:
     """Reads row ranges of one file's dense 2-D matrix."""
 
     def __init__(self, dataset, info: MatrixInfo, fd):
-        """Args: the 2-D array (h5py or zarr), its info, the file's `ByteReader`
-        (None for a zarr store)."""
+        """Builds the array's range reader (`_nodes.range_reader`).
+
+        Args:
+            dataset: The 2-D array (h5py or zarr).
+            info: What `inspect_matrix` found.
+            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
+        """
         self.info = info
         self._x = range_reader(dataset, info.path, fd)
 

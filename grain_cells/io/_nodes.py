@@ -178,9 +178,9 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
 
         if not object_store.is_url(path) and not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such zarr store")
-        return FileStat(0, 0, 0, 0, 0, store=zarr_store.store_digest(
-            path, storage_options
-        ))
+        return FileStat(
+            0, 0, 0, 0, 0, store=zarr_store.store_digest(path, storage_options)
+        )
     return remote_h5.stat_path(path, storage_options)
 
 
@@ -212,8 +212,10 @@ def range_reader(node, path: str, fd, *, cache_bytes: int = 0):
 
 
 def zarr_chunk_bytes(array) -> int | None:
-    """Decoded bytes of one chunk (inner chunk if sharded) of a compressed
-    zarr array; None when it has no compressor."""
+    """Decoded bytes of one (inner, if sharded) chunk of a compressed zarr array.
+
+    None when the array has no compressor.
+    """
     if not array.compressors:
         return None
     return int(np.prod(array.chunks, dtype=np.int64)) * np.dtype(array.dtype).itemsize

@@ -95,11 +95,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
         hdf5_storage.check_dataset(path, obsm)
     else:
         ds = obsm[name]
-        if (
-            not nodes.is_array(ds)
-            or ds.ndim != 2
-            or ds.dtype.kind not in "biuf"
-        ):
+        if not nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
             found = (
                 f"a {ds.ndim}-D {ds.dtype} dataset of shape {ds.shape}"
                 if nodes.is_array(ds)

@@ -1,5 +1,4 @@
-"""Opening `.h5ad` files and zarr stores, local or in a bucket, with errors
-that name the file.
+"""Opening `.h5ad` files and zarr stores, local or in a bucket, naming the file.
 
 `open_file` refuses what is not AnnData before anything reads it: missing
 paths and dangling links, directories that are not zarr stores, non-HDF5
@@ -192,5 +191,7 @@ def resolve_paths(paths) -> list[str]:
         for p in paths
     ]
     if not out:
-        raise ValueError("paths is empty: expected one or more .h5ad files")
+        raise ValueError(
+            "paths is empty: expected one or more .h5ad files or zarr stores"
+        )
     return out

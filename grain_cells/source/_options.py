@@ -136,7 +136,8 @@ def _check_paths(paths):
             ) from None
     if len(paths) == 0:
         raise ValueError(
-            f"paths is empty: expected one or more .h5ad files, got paths={paths!r}"
+            "paths is empty: expected one or more .h5ad files or zarr stores, "
+            f"got paths={paths!r}"
         )
     bad = [p for p in paths if not isinstance(p, (str, os.PathLike))]
     if bad:

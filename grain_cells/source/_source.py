@@ -1,4 +1,4 @@
-"""`AnnDataSource`: one or many `.h5ad` files as a Grain random-access source.
+"""`AnnDataSource`: `.h5ad` files and zarr stores as a Grain random-access source.
 
 A source binds three values to Grain's protocol: its `FileSet` (`files`:
 the files as checked at build, `grain_cells.io._file_set`), its `BlockTable`
@@ -35,7 +35,7 @@ _log = logging.getLogger("grain_cells")
 
 
 class AnnDataSource(SourceDescription):
-    """Cells of one or many `.h5ad` files, concatenated, as blocks.
+    """Cells of one or many `.h5ad` files or zarr stores, concatenated, as blocks.
 
     Implements Grain's `RandomAccessDataSource` protocol over *blocks* of
     `block_size` contiguous cells (see the module docstring for why). It is
@@ -50,6 +50,16 @@ class AnnDataSource(SourceDescription):
         >>> cells.X                            # scipy.sparse.csr_matrix
         >>> cells.obs["cell_line"]             # integer codes
         >>> source.categories["cell_line"]     # their labels
+        >>> AnnDataSource(["atlas.h5ad", "more.zarr"], join="outer")
+
+    **zarr stores** (what anndata's `write_zarr` writes: zarr v2 or v3,
+    sharded or not, a directory, a `.zarr.zip` or a URL ending in `.zarr`)
+    open wherever `.h5ad` files do, alone or in one list with them: every
+    matrix, obs and var encoding anndata writes to zarr reads as from
+    `.h5ad` (CSC refused by name). A store's identity is a digest of its
+    keys, sizes and modification times (see `grain_cells.storage._identity`),
+    so a store rewritten under a source is detected when a process opens it
+    and by `verify_files()`.
 
     **Views over a subset of cells.** `select(cells, where=...)`, the splits
     (`grain_cells.blocks`), `with_blocks(starts, stops)` and `view(table)`
@@ -81,8 +91,9 @@ class AnnDataSource(SourceDescription):
         """Opens every file once to check it and read its metadata.
 
         Args:
-            paths: One path or a sequence of paths, concatenated along cells in
-                this order.
+            paths: One path or a sequence of paths (`.h5ad` files, zarr
+                stores, or URLs of either), concatenated along cells in this
+                order.
             block_size: Cells per record (block). Blocks never straddle files.
                 None: 16, or on a compressed matrix blocks along its chunk
                 grid and loaders reading 64 blocks per fetch when given no

@@ -63,6 +63,7 @@ from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.zarr._codecs import MAX_UINT_64, ChunkDecodeError, Codec
 from grain_cells.zarr._keys import KeyReader
+from grain_cells.zarr._store import check_array
 
 # Tasks one read is split into when a pool is given: enough to balance
 # uneven chunks over a pool of a few threads.
@@ -99,7 +100,9 @@ class RangeReader:
         """Inspects the array's metadata once.
 
         Args:
-            array: An open 1-D or 2-D zarr array.
+            array: An open 1-D or 2-D zarr array. Its metadata is re-read
+                from its own document (not the store's consolidated
+                metadata) and the two must agree.
             path: The store's path or URL, for error messages.
             fd: Unused (the h5ad reader's byte reader); zarr reads through
                 the array's own store.
@@ -107,8 +110,13 @@ class RangeReader:
                 arrays every read touches, such as `indptr`).
             fill_missing: Read a chunk that was never written as the
                 array's fill value (zarr's behaviour) instead of raising.
+
+        Raises:
+            errors.AnnDataFormatError: The store's consolidated metadata
+                disagrees with the array's own metadata document.
         """
         del fd
+        array = check_array(array, path)
         self.name = "/" + array.path.lstrip("/")
         self.path = path
         self.dtype = np.dtype(array.dtype).newbyteorder("=")

@@ -155,6 +155,27 @@ def store_for(url: str, storage_options: dict | None = None):
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
+def store_at(url: str, storage_options: dict | None = None):
+    """The (per-process, cached) obstore store rooted at `url` itself.
+
+    For stores of many keys under one prefix (a zarr store:
+    `s3://bucket/atlas.zarr`): keys are relative to `url`. Same options,
+    credentials and retries as `store_for`.
+
+    Raises:
+        ValueError: An unknown storage option; names it.
+    """
+    split_url(url)  # names a bad URL
+    root = url.rstrip("/")
+    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
+    key = (
+        "at:" + root,
+        repr(sorted(options.items(), key=lambda kv: kv[0])),
+        aws_profiles.cache_key(),
+    )
+    return _stores.get_or_make(key, lambda: _build_store(root, options))
+
+
 def _build_store(root: str, options: dict):
     try:
         from obstore.exceptions import UnknownConfigurationKeyError
