@@ -130,7 +130,7 @@ class Codec:
             shard = ShardLayout(
                 shard_shape=shard_shape,
                 per_shard=per_shard,
-                at_end=str(sc.index_location.value) == "end",
+                at_end=str(getattr(sc.index_location, "value", sc.index_location)) == "end",
                 index_stages=index[1],
                 index_nbytes=16 * int(np.prod(per_shard)) + index[2],
             )
