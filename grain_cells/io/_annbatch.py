@@ -98,12 +98,13 @@ def _var_names(group, key: str, base: str) -> np.ndarray:
     try:
         var = group[key]["var"]
         index_key = var.attrs.get("_index", "_index")
-        return np.asarray(anndata.io.read_elem(var[index_key])).astype(str)
+        names = anndata.io.read_elem(var[index_key])
     except KeyError as e:
         raise errors.AnnDataFormatError(
             f"{base}/{key}: no var index ({e}); expected an AnnData group as "
             "annbatch writes it"
         ) from e
+    return np.array([str(v) for v in names], dtype=object)
 
 
 def _difference(a: np.ndarray, b: np.ndarray) -> str:
