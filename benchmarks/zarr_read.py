@@ -8,6 +8,11 @@ plates), stored four ways, each made once and cached
 * `zarr`: the same cells as a zarr v3 sharded store at anndata's defaults
   (zstd; `cached_tahoe_like_zarr`);
 * `zarr_raw`: the same, uncompressed;
+* `zarr_aligned`: `zarr` read with blocks that follow X's (inner) chunk
+  grid (`grain_cells.chunk_aligned`, one chunk a block) and
+  `--aligned_fetch` minibatches per fetch: each chunk decoded once per
+  visit, many blocks per fetch for the entropy (`h5ad_aligned` and
+  `zarr_raw_aligned` may be asked for too);
 * `collection`: annbatch's pre-shuffled collection of the same cells,
   written by annbatch at its defaults (`cached_tahoe_like_annbatch`), read
   by grain_cells (`AnnDataSource(grain_cells.annbatch_stores(folder))`);
@@ -58,7 +63,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-POINTS = ("h5ad", "zarr", "zarr_raw", "collection", "annbatch")
+POINTS = ("h5ad", "zarr", "zarr_raw", "zarr_aligned", "collection", "annbatch")
 _N_CELLS = flags.DEFINE_integer(
     "n_cells", 400_000, "Cells of the synthetic data (plate-sorted, 14 plates)."
 )
@@ -73,6 +78,12 @@ _SORTED_BLOCK = flags.DEFINE_integer(
 )
 _SORTED_FETCH = flags.DEFINE_integer(
     "sorted_fetch", 64, "Fetch factor (minibatches per fetch) on the sorted files."
+)
+_ALIGNED_FETCH = flags.DEFINE_integer(
+    "aligned_fetch",
+    256,
+    "Fetch factor of the *_aligned points: blocks of one chunk (or inner "
+    "chunk) of X each, so many blocks per fetch keep the plate entropy up.",
 )
 _CHUNK_SIZE = flags.DEFINE_integer("annbatch_chunk_size", 512,
     "Cells per contiguous read of annbatch's Loader (its chunk_size).")
@@ -101,7 +112,7 @@ _CHILD = flags.DEFINE_string(
 )
 
 _FLAGS = (_N_CELLS, _N_GENES, _MEAN_NNZ, _POINTS, _WORKERS, _CACHES, _BATCH,
-          _SORTED_BLOCK, _SORTED_FETCH, _CHUNK_SIZE, _PRELOAD, _ANNBATCH_PYTHON,
+          _SORTED_BLOCK, _SORTED_FETCH, _ALIGNED_FETCH, _CHUNK_SIZE, _PRELOAD, _ANNBATCH_PYTHON,
           _CEILING, _WARMUP, _MINIBATCHES, _MAX_SECONDS, _SEED)
 
 
@@ -126,7 +137,7 @@ def make_data(points) -> dict:
     n, out = _N_CELLS.value, {}
     out["h5ad"] = str(synthetic.cached_tahoe_like(n, progress=True, **_shape()))
     for name, compressed in (("zarr", True), ("zarr_raw", False)):
-        if name in points:
+        if {name, f"{name}_aligned"} & set(points):
             out[name] = str(
                 synthetic.cached_tahoe_like_zarr(
                     n, compressed=compressed, progress=True, **_shape()
@@ -180,13 +191,25 @@ def describe(path: str) -> dict:
     return out
 
 
-def _grain_cells(path: str, sorted_: bool, workers: int) -> bench_util.Loader:
+def _grain_cells(path: str, kind: str, workers: int) -> tuple[dict, bench_util.Loader]:
+    """grain_cells over `path`: `sorted`, `aligned` (to X's chunks) or `collection`."""
+    import math
+
     import grain_cells
 
-    paths = grain_cells.annbatch_stores(path) if not sorted_ else [path]
-    block = _SORTED_BLOCK.value if sorted_ else None
-    fetch = _SORTED_FETCH.value if sorted_ else None
+    paths = grain_cells.annbatch_stores(path) if kind == "collection" else [path]
+    block, fetch = {
+        "sorted": (_SORTED_BLOCK.value, _SORTED_FETCH.value),
+        "collection": (None, None),  # grain_cells' defaults
+        "aligned": (None, _ALIGNED_FETCH.value),
+    }[kind]
+    if kind == "aligned":  # blocks of one chunk, as chunk_aligned asks
+        grid = grain_cells.AnnDataSource(paths, block_size=16)
+        per_chunk = grain_cells.blocks.mean_cells_per_chunk(grid)
+        block = 16 * math.ceil(1.25 * per_chunk / 16)
     source = grain_cells.AnnDataSource(paths, block_size=block, obs_columns=["plate"])
+    if kind == "aligned":
+        source = grain_cells.chunk_aligned(source)
     loader = grain_cells.DataLoader(
         data_source=source,
         sampler=grain_cells.BlockSampler(source, seed=_SEED.value, num_epochs=None),
@@ -196,7 +219,10 @@ def _grain_cells(path: str, sorted_: bool, workers: int) -> bench_util.Loader:
         worker_count=workers,
     )
     iterator = iter(loader)
-    return bench_util.Loader(iterator, lambda b: b["obs/plate"][b["mask"]], iterator.close)
+    chosen = {"blocks": len(source), "mean_block_cells": round(
+        source.num_cells / len(source), 1), "fetch_factor": fetch}
+    labels = lambda b: b["obs/plate"][b["mask"]]  # noqa: E731
+    return chosen, bench_util.Loader(iterator, labels, iterator.close)
 
 
 def _annbatch(path: str) -> bench_util.Loader:
@@ -232,7 +258,8 @@ def _window() -> dict:
 
 def measure(point: str, paths: dict, cache: str, workers: int) -> dict:
     """One point at one cache state and worker count."""
-    path = paths["collection" if point in ("collection", "annbatch") else point]
+    base = point.removesuffix("_aligned")
+    path = paths["collection" if point in ("collection", "annbatch") else base]
     if cache == "cold":
         bench_util.evict_page_cache(files_of(path))
     else:
@@ -250,11 +277,17 @@ def measure(point: str, paths: dict, cache: str, workers: int) -> dict:
         if done.returncode:
             return {**record, "error": done.stderr[-2000:]}
         return {**record, "workers": 0, **json.loads(done.stdout.splitlines()[-1])}
-    sorted_ = point != "collection"
-    result = bench_util.measure_loader(
-        lambda: _grain_cells(path, sorted_, workers), workers=workers, **_window()
-    )
-    return {**record, **result}
+    kind = ("collection" if point == "collection"
+            else "aligned" if point.endswith("_aligned") else "sorted")
+    chosen = {}
+
+    def start():
+        nonlocal chosen
+        chosen, loader = _grain_cells(path, kind, workers)
+        return loader
+
+    result = bench_util.measure_loader(start, workers=workers, **_window())
+    return {**record, **chosen, **result}
 
 
 def decode_ceiling(path: str) -> dict:
@@ -287,7 +320,7 @@ def ratios(results: list[dict]) -> list[dict]:
         base = None
         if r["point"] == "collection" and r["cache"] in peer:
             base, target, name = peer[r["cache"]], 1.5, "annbatch"
-        elif r["point"] in ("zarr", "zarr_raw"):
+        elif r["point"] in ("zarr", "zarr_raw", "zarr_aligned"):
             base = next((h for h in results if h["point"] == "h5ad"
                          and h["cache"] == r["cache"] and h["workers"] == r["workers"]),
                         None)
@@ -316,9 +349,10 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CHILD.value:
         return child(_CHILD.value)
-    unknown = sorted(set(_POINTS.value) - set(POINTS))
+    known = {*POINTS, "h5ad_aligned", "zarr_raw_aligned"}
+    unknown = sorted(set(_POINTS.value) - known)
     if unknown:
-        raise app.UsageError(f"--points: unknown {unknown}; known: {POINTS}")
+        raise app.UsageError(f"--points: unknown {unknown}; known: {sorted(known)}")
     paths = make_data(_POINTS.value)
     results = []
     for cache in _CACHES.value:

@@ -26,7 +26,7 @@ HAS_ANNBATCH = importlib.util.find_spec("annbatch") is not None
 
 
 def test_zarr_read(tmp_path):
-    points = ["h5ad", "zarr", "zarr_raw"]
+    points = ["h5ad", "zarr", "zarr_raw", "zarr_aligned"]
     if HAS_ANNBATCH:
         points += ["collection", "annbatch"]
     out = tmp_path / "zarr_read.json"
@@ -70,7 +70,7 @@ def test_zarr_read(tmp_path):
         files["zarr_raw"]["path"],
     }
     overs = {(r["point"], r["over"]) for r in figures["ratios"]}
-    assert ("zarr", "h5ad") in overs and ("zarr_raw", "h5ad") in overs
+    assert {("zarr", "h5ad"), ("zarr_raw", "h5ad"), ("zarr_aligned", "h5ad")} <= overs
     if HAS_ANNBATCH:
         assert files["collection"]["stores"] >= 1
         assert ("collection", "annbatch") in overs
