@@ -85,11 +85,21 @@ _ALIGNED_FETCH = flags.DEFINE_integer(
     "Fetch factor of the *_aligned points: blocks of one chunk (or inner "
     "chunk) of X each, so many blocks per fetch keep the plate entropy up.",
 )
-_CHUNK_SIZE = flags.DEFINE_integer("annbatch_chunk_size", 512,
-    "Cells per contiguous read of annbatch's Loader (its chunk_size).")
+_CHUNK_SIZE = flags.DEFINE_integer(
+    "annbatch_chunk_size",
+    512,
+    "Cells per contiguous read of annbatch's Loader (its chunk_size).",
+)
 _PRELOAD = flags.DEFINE_integer(
-    "annbatch_preload_nchunks", 32,
-    "Reads annbatch's Loader gathers and shuffles together (its preload_nchunks)."
+    "annbatch_preload_nchunks",
+    32,
+    "Reads annbatch's Loader gathers and shuffles together (its preload_nchunks).",
+)
+_DATASET_SIZE = flags.DEFINE_string(
+    "annbatch_dataset_size",
+    "20GB",
+    "annbatch's dataset_size when it writes the collection: cells shuffled "
+    "in memory together, one dataset_N each (memory: about twice that).",
 )
 _ANNBATCH_PYTHON = flags.DEFINE_string(
     "annbatch_python",
@@ -111,9 +121,27 @@ _CHILD = flags.DEFINE_string(
     "Internal: measure annbatch on this collection, print one JSON line.",
 )
 
-_FLAGS = (_N_CELLS, _N_GENES, _MEAN_NNZ, _POINTS, _WORKERS, _CACHES, _BATCH,
-          _SORTED_BLOCK, _SORTED_FETCH, _ALIGNED_FETCH, _CHUNK_SIZE, _PRELOAD, _ANNBATCH_PYTHON,
-          _CEILING, _WARMUP, _MINIBATCHES, _MAX_SECONDS, _SEED)
+_FLAGS = (
+    _N_CELLS,
+    _N_GENES,
+    _MEAN_NNZ,
+    _POINTS,
+    _WORKERS,
+    _CACHES,
+    _BATCH,
+    _SORTED_BLOCK,
+    _SORTED_FETCH,
+    _ALIGNED_FETCH,
+    _CHUNK_SIZE,
+    _PRELOAD,
+    _DATASET_SIZE,
+    _ANNBATCH_PYTHON,
+    _CEILING,
+    _WARMUP,
+    _MINIBATCHES,
+    _MAX_SECONDS,
+    _SEED,
+)
 
 
 def _shape() -> dict:
@@ -147,10 +175,16 @@ def make_data(points) -> dict:
         code = (
             "import sys; from grain_cells.synthetic import cached_tahoe_like_annbatch"
             f" as c; print(c({n}, n_genes={_N_GENES.value}, "
-            f"mean_nnz={_MEAN_NNZ.value!r}, progress=True))"
+            f"mean_nnz={_MEAN_NNZ.value!r}, dataset_size={_DATASET_SIZE.value!r}, "
+            "progress=True))"
         )
-        done = subprocess.run([_python(), "-c", code], env=_env(), check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [_python(), "-c", code],
+            env=_env(),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         out["collection"] = done.stdout.strip().splitlines()[-1]
     return out
 
@@ -166,8 +200,9 @@ def describe(path: str) -> dict:
     """A file's or store's size, shape and X's storage (metadata only)."""
     if os.path.isfile(path):
         return bench_util.describe_file(path)
-    import grain_cells
     import zarr
+
+    import grain_cells
 
     out = {"path": path, "bytes": sum(os.path.getsize(f) for f in files_of(path))}
     root = zarr.open_group(path, mode="r")
@@ -179,8 +214,10 @@ def describe(path: str) -> dict:
     data = groups[0]["X"]["data"]
     out.update(
         stores=len(groups),
-        shape=[sum(int(g["X"].attrs["shape"][0]) for g in groups),
-               int(groups[0]["X"].attrs["shape"][1])],
+        shape=[
+            sum(int(g["X"].attrs["shape"][0]) for g in groups),
+            int(groups[0]["X"].attrs["shape"][1]),
+        ],
         nnz=sum(int(g["X"]["data"].shape[0]) for g in groups),
         zarr_format=data.metadata.zarr_format,
         chunks=list(data.chunks),
@@ -219,8 +256,11 @@ def _grain_cells(path: str, kind: str, workers: int) -> tuple[dict, bench_util.L
         worker_count=workers,
     )
     iterator = iter(loader)
-    chosen = {"blocks": len(source), "mean_block_cells": round(
-        source.num_cells / len(source), 1), "fetch_factor": fetch}
+    chosen = {
+        "blocks": len(source),
+        "mean_block_cells": round(source.num_cells / len(source), 1),
+        "fetch_factor": fetch,
+    }
     labels = lambda b: b["obs/plate"][b["mask"]]  # noqa: E731
     return chosen, bench_util.Loader(iterator, labels, iterator.close)
 
@@ -264,21 +304,34 @@ def measure(point: str, paths: dict, cache: str, workers: int) -> dict:
         bench_util.evict_page_cache(files_of(path))
     else:
         bench_util.warm_page_cache(files_of(path))
-    record = {"point": point, "cache": cache, "workers": workers,
-              "load_avg": round(os.getloadavg()[0], 2)}
+    record = {
+        "point": point,
+        "cache": cache,
+        "workers": workers,
+        "load_avg": round(os.getloadavg()[0], 2),
+    }
     if point == "annbatch":
         argv = [_python(), os.path.abspath(__file__), f"--annbatch_child={path}"]
         argv += [f"--{k}={v}" for k, v in _window().items()]
-        argv += [f"--batch_size={_BATCH.value}", f"--seed={_SEED.value}",
-                 f"--annbatch_chunk_size={_CHUNK_SIZE.value}",
-                 f"--annbatch_preload_nchunks={_PRELOAD.value}"]
-        done = subprocess.run(argv, env=_env(), capture_output=True, text=True,
-                              check=False)
+        argv += [
+            f"--batch_size={_BATCH.value}",
+            f"--seed={_SEED.value}",
+            f"--annbatch_chunk_size={_CHUNK_SIZE.value}",
+            f"--annbatch_preload_nchunks={_PRELOAD.value}",
+        ]
+        done = subprocess.run(
+            argv, env=_env(), capture_output=True, text=True, check=False
+        )
         if done.returncode:
             return {**record, "error": done.stderr[-2000:]}
         return {**record, "workers": 0, **json.loads(done.stdout.splitlines()[-1])}
-    kind = ("collection" if point == "collection"
-            else "aligned" if point.endswith("_aligned") else "sorted")
+    kind = (
+        "collection"
+        if point == "collection"
+        else "aligned"
+        if point.endswith("_aligned")
+        else "sorted"
+    )
     chosen = {}
 
     def start():
@@ -306,14 +359,21 @@ def decode_ceiling(path: str) -> dict:
                 array[lo : lo + step]
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     cells = int(x.attrs["shape"][0])
-    return {"store": path, "threads": threads, "cells_per_s": round(cells / seconds),
-            "cpu_s_per_cell": cpu / cells, "seconds": round(seconds, 2)}
+    return {
+        "store": path,
+        "threads": threads,
+        "cells_per_s": round(cells / seconds),
+        "cpu_s_per_cell": cpu / cells,
+        "seconds": round(seconds, 2),
+    }
 
 
 def ratios(results: list[dict]) -> list[dict]:
     """The issue's ratios per cache state and worker count (cells/s)."""
     out = []
-    peer = {r["cache"]: r for r in results if r["point"] == "annbatch" and "error" not in r}
+    peer = {
+        r["cache"]: r for r in results if r["point"] == "annbatch" and "error" not in r
+    }
     for r in results:
         if "error" in r or r["point"] == "annbatch":
             continue
@@ -321,21 +381,37 @@ def ratios(results: list[dict]) -> list[dict]:
         if r["point"] == "collection" and r["cache"] in peer:
             base, target, name = peer[r["cache"]], 1.5, "annbatch"
         elif r["point"] in ("zarr", "zarr_raw", "zarr_aligned"):
-            base = next((h for h in results if h["point"] == "h5ad"
-                         and h["cache"] == r["cache"] and h["workers"] == r["workers"]),
-                        None)
+            base = next(
+                (
+                    h
+                    for h in results
+                    if h["point"] == "h5ad"
+                    and h["cache"] == r["cache"]
+                    and h["workers"] == r["workers"]
+                ),
+                None,
+            )
             target, name = 0.8, "h5ad"
         if base is None:
             continue
         x = r["cells_per_s"] / base["cells_per_s"]
-        out.append({
-            "point": r["point"], "over": name, "cache": r["cache"],
-            "workers": r["workers"], "x_cells_per_s": round(x, 2),
-            "x_cells_per_cpu_s": round(r["cells_per_cpu_s"] / base["cells_per_cpu_s"], 2),
-            "entropy": r["entropy_mean"], "entropy_over": base["entropy_mean"],
-            "target": target, "met": x >= target
-            and abs(r["entropy_mean"] - base["entropy_mean"]) <= 0.05,
-        })
+        out.append(
+            {
+                "point": r["point"],
+                "over": name,
+                "cache": r["cache"],
+                "workers": r["workers"],
+                "x_cells_per_s": round(x, 2),
+                "x_cells_per_cpu_s": round(
+                    r["cells_per_cpu_s"] / base["cells_per_cpu_s"], 2
+                ),
+                "entropy": r["entropy_mean"],
+                "entropy_over": base["entropy_mean"],
+                "target": target,
+                "met": x >= target
+                and abs(r["entropy_mean"] - base["entropy_mean"]) <= 0.05,
+            }
+        )
     return out
 
 
@@ -363,8 +439,11 @@ def main(argv) -> None:
                 r = measure(point, paths, cache, workers)
                 results.append(r)
                 print(json.dumps(r), flush=True)
-    ceilings = [decode_ceiling(paths[p]) for p in ("zarr", "zarr_raw")
-                if _CEILING.value and p in paths]
+    ceilings = [
+        decode_ceiling(paths[p])
+        for p in ("zarr", "zarr_raw")
+        if _CEILING.value and p in paths
+    ]
     for c in ceilings:
         print(json.dumps({"decode_ceiling": c}), flush=True)
     table = ratios(results)

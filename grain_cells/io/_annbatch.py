@@ -84,7 +84,8 @@ def annbatch_stores(
         names = _var_names(group, f"dataset_{n}", base)
         if names.shape != first.shape or not np.array_equal(names, first):
             raise errors.GeneMismatchError(
-                f"{store}: var differs from {stores[0]}'s ({_difference(first, names)}); "
+                f"{store}: var differs from {stores[0]}'s "
+                f"({_difference(first, names)}); "
                 "annbatch writes one var for a whole collection, so this folder "
                 "was changed after annbatch wrote it. Open the datasets as "
                 "separate files with AnnDataSource(..., join=...) instead"

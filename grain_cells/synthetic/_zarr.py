@@ -104,8 +104,9 @@ def write_tahoe_like_zarr(
     os.close(fd)
     try:
         _tahoe.write_tahoe_like(tmp, n_cells, progress=progress, **kwargs)
-        return tahoe_like_to_zarr(tmp, path, layout=layout, compressed=compressed,
-                                  progress=progress)
+        return tahoe_like_to_zarr(
+            tmp, path, layout=layout, compressed=compressed, progress=progress
+        )
     finally:
         pathlib.Path(tmp).unlink(missing_ok=True)
 
@@ -160,8 +161,9 @@ def cached_tahoe_like_zarr(
         tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
     )
     try:
-        tahoe_like_to_zarr(h5ad, tmp, layout=layout, compressed=compressed,
-                           progress=progress)
+        tahoe_like_to_zarr(
+            h5ad, tmp, layout=layout, compressed=compressed, progress=progress
+        )
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,6 +174,7 @@ def cached_tahoe_like_annbatch(
     n_cells: int,
     *,
     shuffle_seed: int = 0,
+    dataset_size: str = "20GB",
     cache_dir: str | os.PathLike | None = None,
     progress: bool = False,
     **kwargs,
@@ -183,11 +186,15 @@ def cached_tahoe_like_annbatch(
     blosc, 64-cell chunks, 1 GB shards, 20 GB datasets), from the cached
     ``.h5ad`` of ``cached_tahoe_like(n_cells, **kwargs)``; made once and
     reused, named after that file (``...-annbatch-r0.zarr``, ``r`` the
-    shuffle seed). Needs annbatch (Python >= 3.12, the ``bench`` extra).
+    shuffle seed; ``-ds2GB`` added for another ``dataset_size``). Needs
+    annbatch (Python >= 3.12, the ``bench`` extra).
 
     Args:
         n_cells: Number of cells.
         shuffle_seed: Seed of annbatch's shuffle (``rng``).
+        dataset_size: annbatch's ``dataset_size``: uncompressed bytes of
+            cells shuffled in memory together and written as one
+            ``dataset_N`` (memory use is about twice that).
         cache_dir: Folder of the cache, as for ``cached_tahoe_like``.
         progress: Announce a collection that must be made.
         **kwargs: As for ``write_tahoe_like_zarr``.
@@ -216,7 +223,8 @@ def cached_tahoe_like_annbatch(
     h5ad = _tahoe.cached_tahoe_like(
         n_cells, cache_dir=cache_dir, progress=progress, **kwargs
     )
-    final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}.zarr")
+    tag = "" if dataset_size == "20GB" else f"-ds{dataset_size}"
+    final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}{tag}.zarr")
     if final.is_dir():
         return final
     if progress:
@@ -227,7 +235,9 @@ def cached_tahoe_like_annbatch(
     try:
         shutil.rmtree(tmp)  # annbatch makes the group itself
         annbatch.DatasetCollection(str(tmp)).add_adatas(
-            [str(h5ad)], rng=np.random.default_rng(int(shuffle_seed))
+            [str(h5ad)],
+            rng=np.random.default_rng(int(shuffle_seed)),
+            dataset_size=dataset_size,
         )
         os.replace(tmp, final)
     finally:
@@ -294,22 +304,33 @@ def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> No
     import zarr
 
     kwargs = {} if compressed else {"compressors": None}
-    with warnings.catch_warnings(), zarr.config.set(
-        {"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}
+    with (
+        warnings.catch_warnings(),
+        zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
     ):
         # anndata asks for automatic shards itself and silences the same
         # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
         warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
         if layout == "v3-sharded":
             kwargs["shards"] = "auto"
-        array = group.create_array(name, shape=source.shape, dtype=source.dtype,
-                                   **kwargs)
-    step = array.shards[0] if array.shards else array.chunks[0] * max(
-        1, _PIECE_BYTES // (array.chunks[0] * source.dtype.itemsize)
+        array = group.create_array(
+            name, shape=source.shape, dtype=source.dtype, **kwargs
+        )
+    step = (
+        array.shards[0]
+        if array.shards
+        else array.chunks[0]
+        * max(1, _PIECE_BYTES // (array.chunks[0] * source.dtype.itemsize))
     )
     n = source.shape[0]
-    with tqdm.tqdm(total=n, desc=f"X/{name}", unit="values", unit_scale=True,
-                   disable=not progress, file=sys.stderr) as bar:
+    with tqdm.tqdm(
+        total=n,
+        desc=f"X/{name}",
+        unit="values",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
+    ) as bar:
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             array[lo:hi] = source[lo:hi]
@@ -329,4 +350,3 @@ def _check(n_cells, layout, compressed, kwargs) -> None:
             "zarr stores are copied from the uncompressed CSR file; drop them "
             "(the store's codec is chosen by layout and compressed)"
         )
-

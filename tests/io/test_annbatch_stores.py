@@ -37,8 +37,9 @@ def _collection_by_hand(path, n_datasets, var_of=lambda n: ["a", "b", "c"]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # anndata's shard note
             anndata.io.write_elem(root, f"dataset_{n}", adata)
-    root.attrs.update({"encoding-type": "annbatch-preshuffled",
-                       "encoding-version": "0.1.0"})
+    root.attrs.update(
+        {"encoding-type": "annbatch-preshuffled", "encoding-version": "0.1.0"}
+    )
     return path
 
 
@@ -55,7 +56,9 @@ def test_datasets_listed_in_annbatch_order(tmp_path):
 def test_not_a_collection_is_refused_by_name(tmp_path):
     plain = tmp_path / "plain.zarr"
     anndata.AnnData(X=np.ones((2, 2), np.float32)).write_zarr(plain)
-    with pytest.raises(errors.AnnDataFormatError, match="plain.zarr: not an annbatch"):
+    with pytest.raises(
+        errors.AnnDataFormatError, match=r"plain\.zarr: not an annbatch"
+    ):
         grain_cells.annbatch_stores(plain)
     empty = _collection_by_hand(tmp_path / "empty.zarr", 0)
     with pytest.raises(errors.AnnDataFormatError, match="no dataset_N group"):
@@ -78,7 +81,9 @@ def test_collection_written_by_annbatch_reads_as_anndata(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # annbatch's and dask's notes
         annbatch.DatasetCollection(folder).add_adatas(
-            [str(h5ad)], dataset_size=200, shuffle_chunk_size=50,
+            [str(h5ad)],
+            dataset_size=200,
+            shuffle_chunk_size=50,
             rng=np.random.default_rng(0),
         )
     stores = grain_cells.annbatch_stores(folder)
@@ -91,8 +96,13 @@ def test_collection_written_by_annbatch_reads_as_anndata(tmp_path):
     # Every cell once per epoch through the loader, rows whole: a row's sum
     # is its n_counts (the maker's invariant), whatever the worker count.
     for workers in (0, 2):
-        loader = grain_cells.loader(stores, batch_size=64, obs_columns=["n_counts"],
-                                    worker_count=workers, seed=0)
+        loader = grain_cells.loader(
+            stores,
+            batch_size=64,
+            obs_columns=["n_counts"],
+            worker_count=workers,
+            seed=0,
+        )
         seen = 0
         for batch in loader:
             mask = batch["mask"]

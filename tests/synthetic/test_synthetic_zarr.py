@@ -71,7 +71,9 @@ def test_cached_store_is_made_once_from_the_cached_h5ad(tmp_path):
     ("kwargs", "match"),
     [
         pytest.param({"layout": "v4"}, "layout must be one of", id="layout"),
-        pytest.param({"compressed": "yes"}, "compressed must be a bool", id="compressed"),
+        pytest.param(
+            {"compressed": "yes"}, "compressed must be a bool", id="compressed"
+        ),
         pytest.param({"compression": "gzip"}, "shape only the .h5ad", id="h5ad-codec"),
         pytest.param({"dense": True}, "shape only the .h5ad", id="dense"),
     ],
