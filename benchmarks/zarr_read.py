@@ -81,7 +81,7 @@ _SORTED_FETCH = flags.DEFINE_integer(
 )
 _ALIGNED_FETCH = flags.DEFINE_integer(
     "aligned_fetch",
-    256,
+    512,
     "Fetch factor of the *_aligned points: blocks of one chunk (or inner "
     "chunk) of X each, so many blocks per fetch keep the plate entropy up.",
 )
