@@ -349,10 +349,16 @@ class OpenFiles:
         return handle
 
     def file_at_read(self, i: int) -> OpenFile:
-        """`file(i)`, checked with one `fstat` (~10 us) to be unchanged."""
+        """`file(i)`, checked with one `fstat` (~10 us) to be unchanged.
+
+        A local zarr store: its root metadata files' `stat`s (a store
+        rewritten by anndata rewrites them), see `nodes.StoreFile`.
+        """
         handle = self.file(i)
         if handle.fd is not None:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
+        elif nodes.is_store(handle.h5):
+            handle.h5.check_root("at a read")
         return handle
 
     def buffer(self, name: str = "buf") -> RowBuffer:

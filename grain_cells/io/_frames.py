@@ -372,7 +372,7 @@ def _to_column(path: str, name: str, values) -> ObsColumn:
             "string, boolean or numeric"
         )
     arr = np.asarray(values)
-    if arr.dtype.kind in "OUSb":
+    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (zarr strings)
         return _factorize(arr)
     if arr.dtype.kind in "iuf":
         if not arr.dtype.isnative:

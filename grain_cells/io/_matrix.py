@@ -223,7 +223,9 @@ class CsrReader:
         ptr = ptr.astype(np.int64, copy=False)
         n_chunks = max(1, -(-int(ptr[-1]) // length))
         firsts = np.arange(n_chunks, dtype=np.int64) * length
-        return np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+        starts = np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
+        # A last chunk that holds only the tail of the last row starts none.
+        return starts[starts < n]
 
     def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
         """The same error, naming the cells whose values the chunk holds."""

@@ -26,6 +26,7 @@ import sys
 import h5py
 import numpy as np
 
+from grain_cells import errors
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.hdf5._reads import RangeReader as H5RangeReader
 from grain_cells.storage._identity import FileStat
@@ -35,6 +36,11 @@ from grain_cells.storage.remote import _store as object_store
 def _zarr():
     """The `zarr` module if some code imported it, else None."""
     return sys.modules.get("zarr")
+
+
+# A store's root metadata: anndata's `write_zarr` rewrites these (the group
+# and its consolidated metadata) whenever it writes a store.
+_ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
 
 
 class StoreFile:
@@ -50,6 +56,46 @@ class StoreFile:
         self.group = group
         self.filename = filename
         self.stat = stat
+        self._root = self._root_stat()
+
+    def _root_stat(self) -> tuple:
+        """`stat`s of a local store's root metadata files (of a zip: the file)."""
+        path = self.filename
+        if object_store.is_url(path):
+            return ()
+        if not os.path.isdir(path):
+            names = [path]
+        else:
+            names = [os.path.join(path, k) for k in _ROOT_KEYS]
+        out = []
+        for name in names:
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                out.append((name, None))
+                continue
+            out.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(out)
+
+    def check_root(self, when: str) -> None:
+        """Raises `SourceChangedError` if the root metadata changed since opening.
+
+        A few `stat`s (microseconds): catches a store rewritten in place
+        (by anndata, which rewrites the root group and its consolidated
+        metadata); a chunk rewritten alone is caught when a process opens
+        the store and by `verify_files` (the store digest).
+        """
+        now = self._root_stat()
+        if now != self._root:
+            changed = [a[0] for a, b in zip(self._root, now, strict=True) if a != b]
+            raise errors.SourceChangedError(
+                f"{self.filename}: changed since the AnnDataSource was built "
+                f"(detected {when}): the zarr store's root metadata "
+                f"({', '.join(os.path.basename(c) for c in changed)}) was "
+                "rewritten. The cells read now would not be the cells the "
+                "source describes. Build a new source (and do not restore "
+                "iterator state saved for the old data)."
+            )
 
     def __getitem__(self, key: str):
         return self.group[key]

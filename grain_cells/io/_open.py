@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import zipfile
 
 import h5py
 
@@ -93,23 +94,44 @@ def _open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     if local and not os.path.exists(path):
         raise _missing(path)
     if local and os.path.isdir(path) and not _has_zarr_metadata(path):
+        if os.path.isfile(os.path.join(path, ".zarray")):
+            raise _root_array(path)
         found = sorted(os.listdir(path))[:8]
         raise errors.AnnDataFormatError(
             f"{path}: is a directory but not a zarr store (no zarr.json or "
             f".zgroup at its root; it holds {found}); expected an .h5ad file "
             "or a zarr store written by anndata's write_zarr"
         )
+    if local and os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise errors.AnnDataFormatError(
+            f"{path}: a file that is neither a zip archive (.zarr.zip) nor a "
+            "zarr store directory; expected a store written by anndata's "
+            "write_zarr (or an .h5ad file, named .h5ad)"
+        )
     del stat  # a store's version is its digest now
     stat = nodes.stat_path(path, storage_options)
-    group = zarr_store.open_group(path, storage_options)
+    import zarr
+
+    try:
+        group = zarr_store.open_group(path, storage_options)
+    except zarr.errors.ContainsArrayError as e:
+        raise _root_array(path) from e
     f = nodes.StoreFile(group, path, stat)
     check_anndata(f, path)
     return f
 
 
 def _has_zarr_metadata(path: str) -> bool:
+    """Whether a directory holds zarr metadata at its root (v3, v2 group)."""
     return any(
         os.path.isfile(os.path.join(path, name)) for name in ("zarr.json", ".zgroup")
+    )
+
+
+def _root_array(path: str) -> errors.AnnDataFormatError:
+    return errors.AnnDataFormatError(
+        f"{path}: a zarr array at its root, not a group; expected an AnnData "
+        "store (a group holding obs, var and X) written by anndata's write_zarr"
     )
 
 

@@ -45,8 +45,12 @@ no one inode: its `FileStat` holds a digest of every key with its size and
 modification time (ETags in a bucket; `grain_cells.zarr._store.store_digest`),
 taken when the source is built and compared when a process opens the store
 and by `verify_files`, so a chunk or metadata file written, added or
-removed under a source is detected. Its `layout` digest covers each array's
-zarr metadata (shape, dtype, chunk and shard grid, codecs) and stored bytes,
+removed under a source is detected. At every fetch a process that has the
+store open compares only the `stat`s of its root metadata files
+(`zarr.json`, `.zgroup`, `.zmetadata`, ...; of a `.zarr.zip`, the file),
+which anndata rewrites whenever it writes a store
+(`grain_cells.io._nodes.StoreFile.check_root`). Its `layout` digest covers each array's
+zarr format, shape, dtype, chunk and shard grid and stored bytes,
 its `sample` the same value windows as a file's. A checkpoint records
 `format: zarr` for a store, so a state saved on an `.h5ad` file is refused
 on a zarr store of the same cells (and the other way round): the identity
@@ -241,10 +245,21 @@ def _is_dataset(obj) -> bool:
 
 
 def _zarr_storage(array) -> list:
-    """What locates one zarr array's bytes: its metadata and stored size."""
-    meta = array.metadata.to_dict()
-    meta.pop("attributes", None)
-    return [array.path, repr(sorted(meta.items())), array.nbytes_stored()]
+    """What locates one zarr array's bytes: its grid and stored size.
+
+    Fields that read the same under every zarr-python version (not the
+    metadata's JSON, whose spelling may change): a codec change shows in
+    the stored bytes.
+    """
+    return [
+        array.path,
+        array.metadata.zarr_format,
+        tuple(array.shape),
+        np.dtype(array.dtype).str,
+        tuple(array.chunks),
+        None if array.shards is None else tuple(array.shards),
+        int(array.nbytes_stored()),
+    ]
 
 
 def _storage(ds) -> list:

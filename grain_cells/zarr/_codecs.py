@@ -126,11 +126,12 @@ class Codec:
             if index is None:
                 return None
             shard_shape = tuple(meta.chunk_grid.chunk_shape)
-            per_shard = tuple(s // c for s, c in zip(shard_shape, inner))
+            loc = sc.index_location  # an enum in zarr 3.1, a str in 3.4
+            per_shard = tuple(s // c for s, c in zip(shard_shape, inner, strict=False))
             shard = ShardLayout(
                 shard_shape=shard_shape,
                 per_shard=per_shard,
-                at_end=str(getattr(sc.index_location, "value", sc.index_location)) == "end",
+                at_end=str(getattr(loc, "value", loc)) == "end",
                 index_stages=index[1],
                 index_nbytes=16 * int(np.prod(per_shard)) + index[2],
             )

@@ -17,13 +17,67 @@ Every method returns None for a key that does not exist (zarr's meaning of
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
+import pickle
 import threading
 import zipfile
 
 import zarr
+
+from grain_cells import errors
+from grain_cells._util import fork
+from grain_cells.storage.remote import _store as object_store
+
+# Keys fetched at once by one read of a remote store (threads blocked in
+# obstore's GIL-free calls), per process.
+FETCH_THREADS = 32
+_fetch_threads = fork.ProcessCache()
+
+
+class _ObstoreUse:
+    """Whether this process, or the one it was forked from, used obstore.
+
+    obstore's runtime does not survive `os.fork`: once a process has sent
+    requests through it, every request of a forked child hangs, whatever
+    store it builds (measured with obstore 0.12 and moto). A child can only
+    be told so, instead of hanging.
+    """
+
+    here = False
+    inherited = False
+
+
+def mark_obstore_used() -> None:
+    """Notes that this process has sent requests through obstore."""
+    _ObstoreUse.here = True
+
+
+@fork.in_child
+def _after_fork() -> None:
+    _ObstoreUse.inherited = (
+        _ObstoreUse.here or _ObstoreUse.inherited or bool(object_store.request_counts())
+    )
+    _ObstoreUse.here = False
+
+
+def check_not_forked_after_use(where: str) -> None:
+    """Raises instead of hanging in a child forked after obstore was used.
+
+    Raises:
+        errors.ObjectStoreError: This process was forked from one that had
+            already sent requests through obstore.
+    """
+    if _ObstoreUse.inherited:
+        raise errors.ObjectStoreError(
+            f"{where}: this process was forked from one that had already read "
+            "from an object store, and obstore's runtime does not survive "
+            "os.fork (its requests would hang). Read remote stores from "
+            "spawned processes (Grain's workers are spawned; for "
+            "multiprocessing use get_context('spawn')), or fork before the "
+            "first remote read.",
+            url=where,
+        )
 
 
 class KeyReader:
@@ -55,8 +109,10 @@ class KeyReader:
         raise NotImplementedError
 
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
-        """`get` (start None), `get_range`, or `get_suffix` (start < 0: the
-        last `-start` bytes) for each `(key, start, stop)`.
+        """Reads many `(key, start, stop)` requests.
+
+        Each is a `get` (start None), a `get_range`, or a `get_suffix`
+        (start < 0: the last `-start` bytes).
 
         Remote readers send every request at once; local ones read in turn
         (the caller's threads give the concurrency).
@@ -172,12 +228,35 @@ class ZipKeys(KeyReader):
 
 
 class ObjectKeys(KeyReader):
-    """Keys of an obstore store (rooted at the zarr store): range GETs."""
+    """Keys of an obstore store (rooted at the zarr store): range GETs.
+
+    A forked child must not use its parent's client (its connections and
+    runtime belong to the parent: requests hang): the child reads through a
+    copy of the store made from its configuration (obstore stores pickle).
+    """
 
     remote = True
 
     def __init__(self, store):
-        self.store = store
+        self._store = store
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def store(self):
+        """This process's client of the store."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._store = pickle.loads(pickle.dumps(self._store))
+                    self._pid = os.getpid()
+        return self._store
+
+    def __getstate__(self):
+        return {"store": self._store}
+
+    def __setstate__(self, state):
+        self.__init__(state["store"])
 
     def get(self, key: str) -> bytes | None:
         return self.get_many([(key, None, None)])[0]
@@ -189,31 +268,66 @@ class ObjectKeys(KeyReader):
         return self.get_many([(key, -nbytes, None)])[0]
 
     def get_many(self, requests):
-        """Every request in flight at once (obstore's async API, one loop)."""
+        """Every request in flight at once: one call per key, in threads.
+
+        The ranges of one key (a shard's inner chunks) go in one
+        `obstore.get_ranges` call (obstore merges near ranges); different
+        keys run concurrently on this process's fetch threads. obstore's
+        synchronous calls release the GIL; its asyncio API is not used
+        because its runtime does not survive `os.fork` (a child's requests
+        hang).
+        """
+        check_not_forked_after_use(str(self._store))
+        mark_obstore_used()
+        by_key: dict[str, list[int]] = {}
+        for i, (key, _, _) in enumerate(requests):
+            by_key.setdefault(key, []).append(i)
+        results: list = [None] * len(requests)
+
+        def fetch(key: str, which: list[int]) -> None:
+            got = self._fetch_key(key, [requests[i] for i in which])
+            for i, value in zip(which, got, strict=False):
+                results[i] = value
+
+        groups = list(by_key.items())
+        if len(groups) == 1:
+            fetch(*groups[0])
+            return results
+        pool = _fetch_threads.get_or_make(
+            "pool",
+            lambda: concurrent.futures.ThreadPoolExecutor(
+                FETCH_THREADS, thread_name_prefix="grain_cells-zarr-get"
+            ),
+        )
+        futures = [pool.submit(fetch, key, which) for key, which in groups]
+        concurrent.futures.wait(futures)
+        for f in futures:
+            f.result()
+        return results
+
+    def _fetch_key(self, key: str, reqs: list) -> list:
         import obstore
 
-        async def one(key, start, stop):
-            try:
-                if start is not None and start >= 0:
-                    return bytes(
-                        await obstore.get_range_async(
-                            self.store, key, start=start, end=stop
-                        )
-                    )
-                options = None if start is None else {"range": {"suffix": -start}}
-                resp = await obstore.get_async(self.store, key, options=options)
-                return bytes(await resp.bytes_async())
-            except FileNotFoundError:
-                return None
-
-        async def gather():
-            return await asyncio.gather(*(one(*r) for r in requests))
-
+        store = self.store
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(gather())
-        # Called from a thread with a running loop (a notebook's): run ours
-        # in a thread of its own.
-        with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            return ex.submit(asyncio.run, gather()).result()
+            ranges = [(a, b) for _, a, b in reqs if a is not None and a >= 0]
+            if len(ranges) == len(reqs):
+                got = obstore.get_ranges(
+                    store,
+                    key,
+                    starts=[a for a, _ in ranges],
+                    ends=[b for _, b in ranges],
+                )
+                return [bytes(x) for x in got]
+            out = []
+            for _, a, b in reqs:
+                if a is None:
+                    out.append(bytes(obstore.get(store, key).bytes()))
+                elif a < 0:
+                    resp = obstore.get(store, key, options={"range": {"suffix": -a}})
+                    out.append(bytes(resp.bytes()))
+                else:
+                    out.append(bytes(obstore.get_range(store, key, start=a, end=b)))
+            return out
+        except FileNotFoundError:
+            return [None] * len(reqs)

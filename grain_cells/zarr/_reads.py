@@ -20,14 +20,29 @@ For a read it
 
 **Threads.** With a `pool` (the loader's per-process read threads), the
 chunks are split over up to 16 tasks of the pool, each fetching and decoding
-its chunks; without one, the calling thread does all of it. zarr's own
-`async.concurrency` and `threading.max_workers` do not apply: zarr-python's
-event loop is bypassed for reads, because at the loader's batch shape its
-per-chunk machinery cost more CPU than decoding (`benchmarks/zarr_decode.py`:
-on anndata's default `blosc(lz4)` v2 store, 16 blocks of 16 cells cost 43
-ms of CPU through `Array.__getitem__` and 33 ms here, of which decoding is
-nearly all). Remote stores send all of a read's GETs at once (obstore), then
-decode in the pool.
+its chunks; without one, the calling thread does all of it. The pool buys
+concurrency (several chunks decoding on several cores, GETs overlapping),
+not CPU: per batch the two cost the same CPU. zarr's own `async.concurrency`
+and `threading.max_workers` do not apply: zarr-python's event loop is
+bypassed for reads. Remote stores send all of a read's GETs at once
+(`grain_cells.zarr._keys`), then decode in the pool.
+
+**Why not zarr-python's reads, or the zarrs pipeline.** CPU per batch of 16
+random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
+genes, 1,000 values per cell, stores written by anndata with its defaults,
+warm cache (`python benchmarks/zarr_decode.py`; CPU-ms, since wall time on
+this shared 2-core machine measures the neighbours):
+
+| store | `Array[a:b]` per range | same, zarrs 0.2.3 pipeline | here |
+| --- | --- | --- | --- |
+| v2, blosc-lz4 (anndata 0.12) | 62 | 52 | 25 |
+| v3, zstd | 174 | 114 | 80 |
+| v3, zstd, sharded (anndata 0.13) | 90 | 57 | 41 |
+
+Decoding is nearly all of what is left here (a 1.5 MB zstd chunk takes
+2.3 ms, a blosc-lz4 one 0.5 ms); the zarrs pipeline speeds up only the
+reads through zarr-python, which this reader no longer makes, so it is not
+a dependency.
 
 **Integrity.** zarr reads a chunk that was never written as the fill value.
 Here a missing chunk (no key, or an empty entry in a shard's index) raises
@@ -51,17 +66,16 @@ those first check, once, that every chunk of the array was written.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import itertools
-import threading
 
 import numpy as np
 import zarr
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
-from grain_cells.zarr._codecs import MAX_UINT_64, ChunkDecodeError, Codec
+from grain_cells.zarr._chunks import Chunks
+from grain_cells.zarr._codecs import Codec
 from grain_cells.zarr._keys import KeyReader
 from grain_cells.zarr._store import check_array
 
@@ -124,17 +138,22 @@ class RangeReader:
         self.row_shape = self.shape[1:]
         self.fill_missing = bool(fill_missing)
         self._array = array
-        self._meta = array.metadata
-        self._prefix = array.path.strip("/")
-        codec = Codec.for_array(array) if array.ndim in (1, 2) else None
-        self._keys = KeyReader.for_store(array.store) if codec else None
-        self._codec = codec if self._keys is not None else None
-        self._fill = np.asarray(self._meta.fill_value, self.dtype)
         self._cache_bytes = int(cache_bytes)
-        self._cache: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
         self._all_written: bool | None = None
+        codec = Codec.for_array(array) if array.ndim in (1, 2) else None
+        keys = KeyReader.for_store(array.store) if codec else None
+        self._chunks: Chunks | None = None
+        self._codec: Codec | None = None
+        if keys is not None:
+            self._codec = codec
+            self._chunks = Chunks(
+                array,
+                path,
+                codec,
+                keys,
+                cache_bytes=cache_bytes,
+                fill_missing=fill_missing,
+            )
 
     @property
     def direct(self) -> bool:
@@ -144,8 +163,8 @@ class RangeReader:
     @property
     def remote(self) -> bool:
         """Whether bytes come from an object store (each read a round trip)."""
-        if self._keys is not None:
-            return self._keys.remote
+        if self._chunks is not None:
+            return self._chunks.keys.remote
         return isinstance(self._array.store, zarr.storage.ObjectStore)
 
     @property
@@ -161,10 +180,24 @@ class RangeReader:
         return self._codec is not None
 
     def will_need(self) -> None:
-        """Reads the shard indices now (the OS reads ahead of local files)."""
-        if self._codec is not None and self._codec.shard is not None:
-            n = -(-self.shape[0] // self._codec.chunk_shape[0])
-            self._load_shard_indices(self._shards_of(range(n)))
+        """Prepares for an array every batch touches (such as `indptr`).
+
+        Reads every shard index now; and when the decoded array fits in
+        `cache_bytes`, decodes all of it into the cache (one pass, all
+        requests at once on a bucket), so later reads touch no storage.
+        """
+        if self._codec is None:
+            return
+        n = -(-self.shape[0] // self._codec.chunk_shape[0])
+        if self._codec.shard is not None:
+            self._chunks.load_shard_indices(self._chunks.shards_of(range(n)))
+        row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
+        if (
+            self.shape[0] > 0
+            and n * self._codec.chunk_shape[0] * row_bytes <= self._cache_bytes
+        ):
+            out = np.empty((self.shape[0], *self.row_shape), self.dtype)
+            self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints that these ranges will be read soon (a no-op for zarr)."""
@@ -224,8 +257,8 @@ class RangeReader:
         work = self._plan(starts, stops, dest)
         uniq = work[0]
         if self._codec.shard is not None:
-            self._load_shard_indices(self._shards_of(uniq.tolist()))
-        raw = self._fetch_remote(uniq) if self._keys.remote else None
+            self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
+        raw = self._chunks.fetch_remote(uniq) if self.remote else None
         if pool is None or uniq.size < 2:
             self._read_chunks(0, uniq.size, work, raw)
             return
@@ -261,153 +294,14 @@ class RangeReader:
         pieces = (src.tolist(), dst.tolist(), n.tolist())
         return uniq, lo.tolist(), hi.tolist(), pieces, dest
 
-    # -- chunks ------------------------------------------------------------
-
-    def _col_chunks(self) -> int:
-        if len(self.shape) < 2:
-            return 1
-        return max(1, -(-self.shape[1] // self._codec.chunk_shape[1]))
-
-    def _units(self, k: int) -> list[tuple[int, ...]]:
-        if len(self.shape) < 2:
-            return [(k,)]
-        return [(k, j) for j in range(self._col_chunks())]
-
-    def _key(self, coords: tuple[int, ...]) -> str:
-        key = self._meta.encode_chunk_key(tuple(coords))
-        return f"{self._prefix}/{key}" if self._prefix else key
-
-    def _shard_of(self, k: int, j: int):
-        """`(shard coords, inner chunk's position in the index)`."""
-        per = self._codec.shard.per_shard
-        if len(self.shape) < 2:
-            return (k // per[0],), k % per[0]
-        return (k // per[0], j // per[1]), (k % per[0]) * per[1] + j % per[1]
-
-    def _shards_of(self, row_chunks) -> list[tuple[int, ...]]:
-        return sorted(
-            {self._shard_of(k, u[-1])[0] for k in row_chunks for u in self._units(k)}
-        )
-
-    def _load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
-        layout = self._codec.shard
-        todo = [s for s in shards if s not in self._shard_index]
-        if not todo:
-            return
-        n = layout.index_nbytes
-        requests = []
-        for s in todo:
-            key = self._key(s)
-            requests.append((key, -n, None) if layout.at_end else (key, 0, n))
-        got = self._keys.get_many(requests)
-        for s, (key, _, _), raw in zip(todo, requests, got):
-            index = None
-            if raw is not None:
-                try:
-                    index = layout.parse_index(raw)
-                except ChunkDecodeError as e:
-                    raise errors.CorruptChunkError(
-                        f"{self.path}: {self.name} shard {key!r} has a corrupt "
-                        f"index: {e}. It holds rows {self._shard_rows(s)} of "
-                        f"{self.name}; the store is damaged: rewrite it.",
-                        path=self.path,
-                        dataset=self.name,
-                        rows=self._shard_rows(s),
-                    ) from None
-            with self._lock:
-                self._shard_index[s] = index
-
-    def _shard_rows(self, s) -> tuple[int, int]:
-        rows = self._codec.shard.shard_shape[0]
-        return (s[0] * rows, min((s[0] + 1) * rows, self.shape[0]))
-
-    def _request(self, unit):
-        """`(key, start, stop, offset for messages)` of a unit's stored bytes,
-        or `(key, None, None, None)` for a whole key; start -1: missing."""
-        if self._codec.shard is None:
-            return self._key(unit), None, None, None
-        k, j = unit[0], (unit[1] if len(unit) > 1 else 0)
-        s, i = self._shard_of(k, j)
-        key = self._key(s)
-        index = self._shard_index.get(s)
-        if index is None:
-            return key, -1, None, None
-        off, n = int(index[i, 0]), int(index[i, 1])
-        if off == MAX_UINT_64 and n == MAX_UINT_64:
-            return key, -1, None, None
-        return key, off, off + n, off
-
-    def _fetch_remote(self, uniq) -> dict:
-        units = [u for k in uniq.tolist() for u in self._units(k)]
-        todo = [(u, self._request(u)) for u in units if self._cached(u) is None]
-        asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]
-        got = iter(self._keys.get_many(asks))
-        return {
-            u: (None if (a is not None and a < 0) else next(got)) for u, (_, a, _, _) in todo
-        }
-
-    def _chunk(self, unit, raw: dict | None) -> np.ndarray:
-        chunk = self._cached(unit)
-        if chunk is not None:
-            return chunk
-        key, a, b, off = self._request(unit)
-        if raw is not None:
-            data = raw[unit]
-        elif a is None:
-            data = self._keys.get(key)
-        elif a < 0:
-            data = None
-        else:
-            data = self._keys.get_range(key, a, b)
-        rows = (
-            unit[0] * self._codec.chunk_shape[0],
-            min((unit[0] + 1) * self._codec.chunk_shape[0], self.shape[0]),
-        )
-        where = f"chunk {unit}" + (f" (in shard {key!r})" if a is not None else "")
-        if data is None:
-            if self.fill_missing:
-                return np.full(self._codec.chunk_shape, self._fill, self.dtype)
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where} is missing: key {key!r} was "
-                f"never written{' (empty shard index entry)' if a is not None else ''}"
-                f". It holds rows [{rows[0]}, {rows[1]}) of {self.name}; zarr would "
-                "read it as the fill value. The store is incomplete (an interrupted "
-                "write or copy): rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                rows=rows,
-                chunk_key=key,
-            )
-        try:
-            if a is not None and len(data) != b - a:
-                raise ChunkDecodeError(
-                    f"the shard index places it at bytes [{a}, {b}) but the "
-                    f"shard ends {b - a - len(data)} bytes early (truncated)"
-                )
-            chunk = self._codec.decode(data)
-        except ChunkDecodeError as e:
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where}, key {key!r} "
-                f"({self._codec.describe()}) is corrupt: {e}. It holds rows "
-                f"[{rows[0]}, {rows[1]}) of {self.name}; the store is damaged: "
-                "rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                byte_offset=off,
-                rows=rows,
-                chunk_key=key,
-            ) from None
-        self._remember(unit, chunk)
-        return chunk
-
     def _read_chunks(self, a: int, b: int, work, raw) -> None:
         uniq, lo, hi, (src, dst, n), dest = work
         two_d = len(self.shape) > 1
         cc = self._codec.chunk_shape[1] if two_d else 0
         for x in range(a, b):
             k = int(uniq[x])
-            for unit in self._units(k):
-                chunk = self._chunk(unit, raw)
+            for unit in self._chunks.units(k):
+                chunk = self._chunks.chunk(unit, raw)
                 if two_d:
                     c0 = unit[1] * cc
                     width = min(cc, self.shape[1] - c0)
@@ -418,25 +312,6 @@ class RangeReader:
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m] = chunk[s : s + m]
-
-    def _cached(self, unit) -> np.ndarray | None:
-        if not self._cache_bytes:
-            return None
-        with self._lock:
-            chunk = self._cache.get(unit)
-            if chunk is not None:
-                self._cache.move_to_end(unit)
-            return chunk
-
-    def _remember(self, unit, chunk: np.ndarray) -> None:
-        if not self._cache_bytes or chunk.nbytes > self._cache_bytes:
-            return
-        with self._lock:
-            self._cache[unit] = chunk
-            held = len(self._cache) * chunk.nbytes
-            while held > self._cache_bytes:
-                self._cache.popitem(last=False)
-                held -= chunk.nbytes
 
     # -- through zarr-python -----------------------------------------------
 
@@ -455,7 +330,7 @@ class RangeReader:
             )
         at = 0
         try:
-            for a, b in zip(starts.tolist(), stops.tolist()):
+            for a, b in zip(starts.tolist(), stops.tolist(), strict=False):
                 dest[at : at + b - a] = self._array[a:b]
                 at += b - a
         except (ValueError, RuntimeError, OSError) as e:

@@ -98,10 +98,12 @@ def write_store(adata, path, kind: str) -> str:
         if kind == "zip":
             path += ".zip"
             store = zarr.storage.ZipStore(path, mode="w")
-            adata.write_zarr(store)
+            adata.write_zarr(store, convert_strings_to_categoricals=False)
             store.close()
         else:
-            adata.write_zarr(path)
+            # "label" stays a string array (vlen-utf8 in v2, the string
+            # dtype in v3, a nullable-string-array under pandas 3).
+            adata.write_zarr(path, convert_strings_to_categoricals=False)
     return path
 
 
@@ -269,6 +271,23 @@ def test_store_rewritten_is_detected(tmp_path):
         source.verify_files()
 
 
+@pytest.mark.parametrize("kind", ["v2", "v3", "zip"])
+def test_store_rewritten_while_open_is_detected_at_the_next_read(tmp_path, kind):
+    from grain_cells.errors import SourceChangedError
+
+    adata = make_adata()
+    path = write_store(adata, tmp_path / "s.zarr", kind)
+    source = AnnDataSource(path, block_size=8)
+    source.read([1])  # this process has the store open
+    adata.X.data += 1
+    if kind == "zip":
+        os.remove(path)
+    write_store(adata, tmp_path / "s.zarr", kind)
+    with pytest.raises(SourceChangedError, match=re.escape(path)) as e:
+        source.read([2])
+    assert "at a read" in str(e.value)
+
+
 def test_store_identity_is_location_free(tmp_path):
     """A copy of a store has the checkpoint identity of the original; an
     .h5ad of the same cells does not (identity is the stored file's)."""
@@ -301,7 +320,19 @@ def test_directory_that_is_not_a_store(tmp_path):
     assert "not a zarr store" in str(e.value) and "notes.txt" in str(e.value)
 
 
-@pytest.mark.parametrize("what", ["not-anndata", "mudata", "no-x", "csc"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "not-anndata",
+        "mudata",
+        "no-x",
+        "csc",
+        "garbage",
+        "bad-zip",
+        "array-v2",
+        "array-v3",
+    ],
+)
 def test_bad_stores_are_refused_by_name(tmp_path, what):
     from grain_cells.errors import (
         AnnDataFormatError,
@@ -310,7 +341,15 @@ def test_bad_stores_are_refused_by_name(tmp_path, what):
     )
 
     path = os.fspath(tmp_path / f"{what}.zarr")
-    if what == "not-anndata":
+    if what in ("garbage", "bad-zip"):
+        path += ".zip" if what == "bad-zip" else ""
+        with open(path, "wb") as f:
+            f.write(b"not a store")
+        error, words = AnnDataFormatError, "neither a zip archive"
+    elif what.startswith("array"):
+        zarr.create_array(path, shape=(3,), dtype="i4", zarr_format=int(what[-1]))
+        error, words = AnnDataFormatError, "a zarr array at its root"
+    elif what == "not-anndata":
         g = zarr.open_group(path, mode="w", zarr_format=2)
         g.create_array("numbers", shape=(4,), dtype="i4")
         error, words = AnnDataFormatError, "a zarr store but not AnnData"
@@ -333,3 +372,105 @@ def test_bad_stores_are_refused_by_name(tmp_path, what):
     with pytest.raises(error, match=re.escape(path)) as e:
         AnnDataSource(path)
     assert words in str(e.value)
+
+
+def write_chunked(path, kind: str, *, dense: bool = False, compressors=None) -> str:
+    """A store of 200 cells whose X has small chunks (sharded: 2 shards)."""
+    path = os.fspath(path)
+    adata = make_adata(200, dense=dense)
+    kwargs = {"chunks": (8, N_VARS) if dense else (16,)}
+    if compressors is not None:
+        kwargs["compressors"] = compressors
+    with zarr_format(kind):
+        adata.write_zarr(path)
+        group = zarr.open_group(path, mode="r+", use_consolidated=False)
+        anndata.io.write_elem(group, "X", adata.X, dataset_kwargs=kwargs)
+        zarr.consolidate_metadata(path)
+    return path
+
+
+@pytest.mark.parametrize("dense_x", [False, True], ids=["csr", "dense"])
+@pytest.mark.parametrize("kind", ["v2", "v3-sharded"])
+def test_chunked_store_reads_across_chunks(tmp_path, kind, dense_x):
+    """Rows spanning many (inner) chunks and shards read exactly; default
+    blocks (no block_size) start where chunks start."""
+    path = write_chunked(tmp_path / "c.zarr", kind, dense=dense_x)
+    x = zarr.open_group(path, mode="r")["X" if dense_x else "X/data"]
+    assert x.chunks[0] in (8, 16)
+    adata = read_oracle(path)
+    source = AnnDataSource(path)
+    assert source.file_info(0).chunk_bytes is not None  # compressed: chunk grid
+    starts = source.chunk_starts()
+    assert starts.size > 10
+    _, block_starts, _ = source.block_ranges(np.arange(len(source)))
+    assert set(block_starts.tolist()) <= set(starts.tolist())
+    rows = np.random.default_rng(5).permutation(200)
+    np.testing.assert_array_equal(dense(source.read(rows).X), dense(adata.X[rows]))
+    got = source.read_blocks(np.arange(len(source)))
+    np.testing.assert_array_equal(dense(got.X), dense(adata.X))
+
+
+def _codecs(name):
+    import numcodecs
+    import zarr.codecs as zc
+
+    return {
+        "v2-gzip": [numcodecs.GZip(level=1)],
+        "v2-lz4": [numcodecs.LZ4()],
+        "v2-zstd": [numcodecs.Zstd(level=1)],
+        "v3-gzip-crc32c": [zc.GzipCodec(level=1), zc.Crc32cCodec()],
+        "v3-blosc": [zc.BloscCodec(cname="lz4")],
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("kind", "codecs"),
+    [
+        ("v2", "v2-gzip"),
+        ("v2", "v2-lz4"),
+        ("v2", "v2-zstd"),
+        ("v3-sharded", "v3-gzip-crc32c"),
+        ("v3", "v3-blosc"),
+    ],
+)
+def test_codecs(tmp_path, kind, codecs):
+    path = write_chunked(tmp_path / "c.zarr", kind, compressors=_codecs(codecs))
+    adata = read_oracle(path)
+    source = AnnDataSource(path, block_size=16)
+    rows = np.random.default_rng(6).permutation(200)[:80]
+    np.testing.assert_array_equal(dense(source.read(rows).X), dense(adata.X[rows]))
+
+
+def test_sparse_obsm_is_refused_by_name(tmp_path):
+    """As for .h5ad: obsm arrays read as extra matrices are dense."""
+    from grain_cells.errors import AnnDataFormatError
+
+    adata = make_adata()
+    adata.obsm["sparse"] = adata.X.copy()
+    path = write_store(adata, tmp_path / "s.zarr", "v3")
+    source = AnnDataSource(path, block_size=8)
+    with pytest.raises(AnnDataFormatError, match=re.escape(path)) as e:
+        element_files(source.files, "obsm/sparse")
+    assert "obsm/sparse" in str(e.value) and "csr_matrix" in str(e.value)
+
+
+def test_missing_layer_lists_the_stores_matrices(stores):
+    from grain_cells.errors import MissingColumnError
+
+    path, _ = stores["v3"]
+    with pytest.raises(MissingColumnError, match=re.escape(path)) as e:
+        AnnDataSource(path, layer="nope")
+    assert "layers/counts" in str(e.value) and "raw/X" in str(e.value)
+
+
+def test_source_pickles_without_handles(stores):
+    """Workers get the source by pickle and open the store themselves."""
+    import pickle
+
+    path, adata = stores["v3-sharded"]
+    source = AnnDataSource(path, obs_columns=("cat",), block_size=8)
+    source.read([0])  # handles open in this process
+    copy = pickle.loads(pickle.dumps(source))
+    rows = random_rows(N_OBS, seed=7)
+    np.testing.assert_array_equal(dense(copy.read(rows).X), dense(adata.X[rows]))
+    assert repr(copy) == repr(source)

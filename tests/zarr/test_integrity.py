@@ -28,7 +28,9 @@ def _store(tmp_path, fmt=3, **kwargs):
     g = zarr.open_group(path, mode="w", zarr_format=fmt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        g.create_array("x", data=np.arange(1, N + 1, dtype=np.float32), chunks=(100,), **kwargs)
+        g.create_array(
+            "x", data=np.arange(1, N + 1, dtype=np.float32), chunks=(100,), **kwargs
+        )
     return path
 
 
@@ -78,7 +80,7 @@ def test_a_truncated_shard(tmp_path):
     shard = path / "x" / "c" / "1"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    with pytest.raises(errors.CorruptChunkError, match="corrupt index|truncated") as e:
+    with pytest.raises(errors.CorruptChunkError, match=r"corrupt index|truncated") as e:
         _read_all(_reader(path))
     assert e.value.rows == (500, 1000)
     assert "x/c/1" in str(e.value)
@@ -91,7 +93,7 @@ def test_a_shard_whose_index_points_past_its_end(tmp_path):
     data = shard.read_bytes()
     index_bytes = 5 * 16 + 4
     shard.write_bytes(data[:1000] + data[-index_bytes:])
-    with pytest.raises(errors.CorruptChunkError, match="truncated|corrupt") as e:
+    with pytest.raises(errors.CorruptChunkError, match=r"truncated|corrupt") as e:
         _read_all(_reader(path))
     assert e.value.chunk_key == "x/c/0"
 
@@ -126,7 +128,9 @@ def test_consolidated_metadata_that_disagrees_with_the_array(tmp_path):
     (path / "x" / ".zarray").write_text(json.dumps(meta))
     group = open_group(str(path))
     assert group["x"].shape == (1000,)  # zarr trusts the consolidated document
-    with pytest.raises(errors.AnnDataFormatError, match="consolidated metadata of /x disagrees") as e:
+    with pytest.raises(
+        errors.AnnDataFormatError, match="consolidated metadata of /x disagrees"
+    ) as e:
         RangeReader(group["x"], str(path))
     assert "shape" in str(e.value)
 
@@ -139,3 +143,24 @@ def test_a_store_that_is_not_zarr(tmp_path):
     assert "notes.txt" in str(e.value)
     with pytest.raises(FileNotFoundError):
         open_group(str(tmp_path / "absent.zarr"))
+
+
+def test_arrays_read_through_zarr_python_refuse_missing_chunks_too(tmp_path):
+    """A codec decoded only by zarr-python (here `transpose`) takes the slow
+    path; it checks once that every chunk was written."""
+    path = tmp_path / "t.zarr"
+    values = np.arange(40 * 6, dtype=np.int32).reshape(40, 6)
+    g = zarr.open_group(path, mode="w")
+    g.create_array(
+        "x", data=values, chunks=(10, 6), filters=[zc.TransposeCodec(order=(1, 0))]
+    )
+    reader = RangeReader(open_group(str(path))["x"], str(path))
+    assert not reader.direct
+    out = np.empty((15, 6), np.int32)
+    reader.read(np.array([2, 30]), np.array([7, 40]), out)
+    np.testing.assert_array_equal(out, np.concatenate([values[2:7], values[30:40]]))
+    os.remove(path / "x" / "c" / "2" / "0")
+    with pytest.raises(errors.CorruptChunkError, match="never written"):
+        RangeReader(open_group(str(path))["x"], str(path)).read(
+            np.array([0]), np.array([5]), out
+        )

@@ -34,7 +34,18 @@ def _ranges(rng, n, k=12, empty=True):
 
 
 def _expected(array, starts, stops):
-    return np.concatenate([array[a:b] for a, b in zip(starts, stops)])
+    return np.concatenate([array[a:b] for a, b in zip(starts, stops, strict=False)])
+
+
+def write_zarr(adata, path, fmt: int, shard: bool) -> None:
+    """`adata.write_zarr` in zarr format `fmt`, auto-sharded or not.
+
+    anndata 0.13 deprecates `zarr_write_format` (a warning on reading it).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=shard):
+            adata.write_zarr(path)
 
 
 # (id, zarr_format, extra create_array kwargs)
@@ -47,10 +58,14 @@ CASES = [
     pytest.param(3, {}, id="v3-default-zstd"),
     pytest.param(3, {"compressors": zc.BloscCodec(cname="zstd")}, id="v3-blosc-zstd"),
     pytest.param(3, {"compressors": zc.GzipCodec()}, id="v3-gzip"),
-    pytest.param(3, {"compressors": [zc.ZstdCodec(), zc.Crc32cCodec()]}, id="v3-crc32c"),
+    pytest.param(
+        3, {"compressors": [zc.ZstdCodec(), zc.Crc32cCodec()]}, id="v3-crc32c"
+    ),
     pytest.param(3, {"shards": (400,)}, id="v3-sharded"),
     pytest.param(
-        3, {"shards": (400,), "compressors": zc.BloscCodec(cname="lz4")}, id="v3-sharded-blosc"
+        3,
+        {"shards": (400,), "compressors": zc.BloscCodec(cname="lz4")},
+        id="v3-sharded-blosc",
     ),
 ]
 
@@ -98,7 +113,9 @@ def test_2d_ranges_equal_zarr_slicing(tmp_path, fmt, kwargs):
     order = kwargs.pop("order", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        g.create_array("x", data=values, config={"order": order} if order else None, **kwargs)
+        g.create_array(
+            "x", data=values, config={"order": order} if order else None, **kwargs
+        )
     reader = RangeReader(open_group(str(store))["x"], str(store))
     assert reader.direct
     rng = np.random.default_rng(1)
@@ -110,22 +127,24 @@ def test_2d_ranges_equal_zarr_slicing(tmp_path, fmt, kwargs):
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("fmt, shard", [(2, False), (3, False), (3, True)], ids=["v2", "v3", "v3-sharded"])
+@pytest.mark.parametrize(
+    "fmt, shard", [(2, False), (3, False), (3, True)], ids=["v2", "v3", "v3-sharded"]
+)
 def test_csr_written_by_anndata_equals_read_zarr(tmp_path, fmt, shard):
     rng = np.random.default_rng(2)
     n, g = 300, 50
     X = sp.random(n, g, density=0.2, format="csr", random_state=3, dtype=np.float32)
-    X.data[:] = (np.repeat(np.arange(n), np.diff(X.indptr)) * 1000 + X.indices + 1).astype(
-        np.float32
-    )
+    X.data[:] = (
+        np.repeat(np.arange(n), np.diff(X.indptr)) * 1000 + X.indices + 1
+    ).astype(np.float32)
     path = tmp_path / "a.zarr"
-    with anndata.settings.override(zarr_write_format=fmt, auto_shard_zarr_v3=shard):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            anndata.AnnData(X).write_zarr(path)
+    write_zarr(anndata.AnnData(X), path, fmt, shard)
     want = anndata.read_zarr(path).X
     group = open_group(str(path))
-    readers = {k: RangeReader(group[f"X/{k}"], str(path)) for k in ("data", "indices", "indptr")}
+    readers = {
+        k: RangeReader(group[f"X/{k}"], str(path))
+        for k in ("data", "indices", "indptr")
+    }
     rows = np.sort(rng.choice(n, 40, replace=False))
     # The loader's shape: indptr ranges, then data/indices ranges.
     ip = np.empty(rows.size, readers["indptr"].dtype)
@@ -142,10 +161,7 @@ def test_anndata_013_defaults_are_read_directly(tmp_path):
     """anndata 0.13 writes zarr v3 with auto sharding: the fast path reads it."""
     X = np.arange(600 * 20, dtype=np.float32).reshape(600, 20)
     path = tmp_path / "d.zarr"
-    with anndata.settings.override(zarr_write_format=3, auto_shard_zarr_v3=True):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            anndata.AnnData(X).write_zarr(path)
+    write_zarr(anndata.AnnData(X), path, 3, True)
     reader = RangeReader(open_group(str(path))["X"], str(path))
     assert reader.direct
     out = np.empty((30, 20), reader.dtype)
@@ -174,3 +190,20 @@ def test_rows_outside_the_array_are_refused(tmp_path):
     reader = RangeReader(open_group(str(store))["x"], str(store))
     with pytest.raises(errors.CorruptDataError, match="has 10 elements"):
         reader.read(np.array([8]), np.array([12]), np.empty(4, reader.dtype))
+
+
+def test_will_need_decodes_a_hot_array_into_the_cache(tmp_path):
+    """indptr is read by every batch: with a cache large enough, will_need
+    decodes it once and later reads touch no storage."""
+    import shutil
+
+    values = np.arange(N, dtype=np.int64) * 7
+    store = tmp_path / "a.zarr"
+    zarr.create_array(store, name="x", data=values, chunks=(100,), shards=(500,))
+    reader = RangeReader(open_group(str(store))["x"], str(store), cache_bytes=1 << 20)
+    reader.will_need()
+    shutil.rmtree(store / "x" / "c")  # every shard gone
+    starts, stops = _ranges(np.random.default_rng(5), N)
+    out = np.empty(int((stops - starts).sum()), reader.dtype)
+    reader.read(starts, stops, out)
+    np.testing.assert_array_equal(out, _expected(values, starts, stops))
