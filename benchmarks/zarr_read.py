@@ -38,7 +38,9 @@ cells per CPU-second is the steadier figure.
 
 The decode ceiling of each zarr store: every chunk (inner chunk of a
 shard) of X's `data`, `indices` and `indptr` read and decoded by
-zarr-python with a thread per core, warm, as cells/s.
+zarr-python with a thread per core, warm, as cells/s and cells per
+CPU-second; for the compressed store also `benchmarks/zarr_decode.py`'s
+ceiling (grain_cells' own codec on a thread per core, chunks in memory).
 
 Ratios (printed and in the JSON): `collection` / `annbatch` (target >=
 1.5) and `zarr`, `zarr_raw` / `h5ad` (target >= 0.8, or `zarr` at its
@@ -243,7 +245,8 @@ def _grain_cells(path: str, kind: str, workers: int) -> tuple[dict, bench_util.L
     if kind == "aligned":  # blocks of one chunk, as chunk_aligned asks
         grid = grain_cells.AnnDataSource(paths, block_size=16)
         per_chunk = grain_cells.blocks.mean_cells_per_chunk(grid)
-        block = 16 * math.ceil(1.25 * per_chunk / 16)
+        # a power of two, so that it divides a fetch (batch x fetch factor)
+        block = 2 ** math.ceil(math.log2(max(16, 1.25 * per_chunk)))
     source = grain_cells.AnnDataSource(paths, block_size=block, obs_columns=["plate"])
     if kind == "aligned":
         source = grain_cells.chunk_aligned(source)
@@ -343,8 +346,16 @@ def measure(point: str, paths: dict, cache: str, workers: int) -> dict:
     return {**record, **chosen, **result}
 
 
-def decode_ceiling(path: str) -> dict:
-    """cells/s and CPU-s per cell decoding every chunk of X once, warm."""
+def decode_ceiling(path: str, codec: bool) -> dict:
+    """cells/s and CPU-s per cell decoding every chunk of X once, warm.
+
+    `zarr_python`: zarr-python reads X's three arrays 64 chunks a call with
+    a thread per core. With `codec`, also `benchmarks/zarr_decode.py`'s
+    ceiling (`zarr-read`'s): every (inner) chunk of `data` and `indices`
+    held in memory, then decoded by grain_cells' codec on a thread per
+    core; run in a child (its flags clash with these) and only for a
+    compressed store (it holds all the chunks in memory at once).
+    """
     import zarr
 
     bench_util.warm_page_cache(files_of(path))
@@ -359,13 +370,34 @@ def decode_ceiling(path: str) -> dict:
                 array[lo : lo + step]
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     cells = int(x.attrs["shape"][0])
-    return {
+    out = {
         "store": path,
         "threads": threads,
-        "cells_per_s": round(cells / seconds),
-        "cpu_s_per_cell": cpu / cells,
-        "seconds": round(seconds, 2),
+        "zarr_python_cells_per_s": round(cells / seconds),
+        "zarr_python_cells_per_cpu_s": round(cells / cpu),
     }
+    binary = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zarr_decode.py")
+    if codec and os.path.exists(binary):
+        done = subprocess.run(
+            [
+                sys.executable,
+                binary,
+                f"--data={path}",
+                "--batches=1",
+                f"--threads={threads}",
+            ],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            row = json.loads(done.stdout.strip().splitlines()[0])
+            out["codec_cells_per_s"] = round(row["ceiling_cells_per_s"])
+            out["codec_cells_per_cpu_s"] = round(row["ceiling_cells_per_cpu_s"])
+        except (IndexError, KeyError, ValueError):
+            out["codec_error"] = done.stderr[-1000:]
+    return out
 
 
 def ratios(results: list[dict]) -> list[dict]:
@@ -440,7 +472,7 @@ def main(argv) -> None:
                 results.append(r)
                 print(json.dumps(r), flush=True)
     ceilings = [
-        decode_ceiling(paths[p])
+        decode_ceiling(paths[p], codec=p == "zarr")
         for p in ("zarr", "zarr_raw")
         if _CEILING.value and p in paths
     ]

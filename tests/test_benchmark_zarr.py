@@ -69,6 +69,10 @@ def test_zarr_read(tmp_path):
         files["zarr"]["path"],
         files["zarr_raw"]["path"],
     }
+    ceiling = next(
+        c for c in figures["decode_ceilings"] if c["store"] == files["zarr"]["path"]
+    )
+    assert ceiling["zarr_python_cells_per_s"] > 0 and ceiling["codec_cells_per_s"] > 0
     overs = {(r["point"], r["over"]) for r in figures["ratios"]}
     assert {("zarr", "h5ad"), ("zarr_raw", "h5ad"), ("zarr_aligned", "h5ad")} <= overs
     if HAS_ANNBATCH:
