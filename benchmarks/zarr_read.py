@@ -46,9 +46,13 @@ Ratios (printed and in the JSON): `collection` / `annbatch` (target >=
 1.5) and `zarr`, `zarr_raw` / `h5ad` (target >= 0.8, or `zarr` at its
 decode ceiling), per cache state and worker count.
 
-Usage:
-  python benchmarks/zarr_read.py --n_cells=100000 \
-      --annbatch_python=/work/venv312/bin/python --json=zarr_read.json
+Usage (`--workers=0` for `zarr_aligned`: with 2 workers, closing the loader
+waits ~2 s per minibatch left in each worker's fetch of 512, see the record):
+  python benchmarks/zarr_read.py --n_cells=400000 --annbatch_dataset_size=2GB \
+      --annbatch_python=/path/to/py312/bin/python \
+      --points=h5ad,zarr,zarr_raw,collection,annbatch --json=zarr_read.json
+  python benchmarks/zarr_read.py --n_cells=400000 --points=zarr_aligned \
+      --workers=0 --noceiling
 """
 
 from __future__ import annotations
@@ -111,7 +115,13 @@ _ANNBATCH_PYTHON = flags.DEFINE_string(
 )
 _CEILING = flags.DEFINE_boolean("ceiling", True, "Measure the zarr decode ceilings.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Minibatches before the window.")
-_MINIBATCHES = flags.DEFINE_integer("minibatches", 400, "Minibatches per window.")
+_MINIBATCHES = flags.DEFINE_integer(
+    "minibatches",
+    2_000,
+    "Minibatches per window: several fetches of every point (a fetch of "
+    "--aligned_fetch minibatches, a load of annbatch's 16,384 cells), or the "
+    "window times the in-memory split of one fetch.",
+)
 _MAX_SECONDS = flags.DEFINE_float(
     "max_seconds", 20.0, "The warm-up and the window each stop after this long."
 )
