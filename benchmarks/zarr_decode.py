@@ -19,7 +19,11 @@ binary measures, in one run:
      of `--threads` threads;
    each warm (pages cached) and cold (`posix_fadvise(DONTNEED)` on every
    file of the store before the batches);
-3. with `--digest_keys=N`: `store_digest` of a store of N chunk keys.
+3. with `--remote_latency_ms=MS`: the fast reader on the store served as a
+   bucket on localhost (`grain_cells.testing.s3_folder_server`, MS added per
+   request), without and with `advise` of the next batch, with the requests
+   per batch;
+4. with `--digest_keys=N`: `store_digest` of a store of N chunk keys.
 
 On a shared machine, compare CPU seconds per batch and ratios of one run;
 wall-clock figures measure the neighbours too.
@@ -71,6 +75,12 @@ _THREADS = flags.DEFINE_integer("threads", 0, "Decoding threads (0: every core).
 _DIGEST_KEYS = flags.DEFINE_integer(
     "digest_keys", 0, "Also time store_digest on a store of this many keys (0: no)."
 )
+_REMOTE_MS = flags.DEFINE_float(
+    "remote_latency_ms",
+    -1.0,
+    "Also read each store as a bucket (grain_cells.testing.s3_folder_server on "
+    "localhost, this many ms added per request; -1: no).",
+)
 _OUT = flags.DEFINE_string("out", None, "JSON file for the results.")
 _RECORDED = (
     "data",
@@ -83,6 +93,7 @@ _RECORDED = (
     "batches",
     "threads",
     "digest_keys",
+    "remote_latency_ms",
 )
 
 
@@ -192,6 +203,56 @@ def time_reader(path: str, kind: str, pool, cold: bool) -> dict:
     }
 
 
+def time_remote(path: str, pool, advise: bool) -> dict:
+    """The fast reader on the store served as a bucket.
+
+    With `advise`, each batch's chunks are fetched ahead while the previous
+    one is read.
+    """
+    import urllib.request
+
+    from grain_cells.testing.s3_folder_server import STATS_PATH, S3FolderServer
+
+    root, name = os.path.split(os.path.abspath(path))
+    parent, bucket = os.path.split(root)
+    with S3FolderServer(parent, latency_s=_REMOTE_MS.value / 1000) as server:
+        url = f"s3://{bucket}/{name}"
+        options = {
+            "endpoint_url": server.endpoint_url,
+            "region": "us-east-1",
+            "skip_signature": True,
+        }
+        group = open_group(url, options)
+        readers = {
+            k: RangeReader(group[f"X/{k}"], url, cache_bytes=64 << 20)
+            if k == "indptr"
+            else RangeReader(group[f"X/{k}"], url)
+            for k in ("indptr", "data", "indices")
+        }
+        readers["indptr"].will_need()
+        indptr = group["X/indptr"][:]
+        plan = list(batches(indptr, _BATCHES.value, seed=3))
+        stats = f"{server.endpoint_url}{STATS_PATH}?reset=1"
+        urllib.request.urlopen(stats).read()
+        c0, t0 = bench_util.cpu_seconds(), time.perf_counter()
+        for i, (_, lo, hi) in enumerate(plan):
+            if advise and i + 1 < len(plan):
+                for name in ("data", "indices"):
+                    readers[name].advise(plan[i + 1][1], plan[i + 1][2])
+            for name in ("data", "indices"):
+                out = np.empty(int((hi - lo).sum()), readers[name].dtype)
+                readers[name].read(lo, hi, out, pool)
+        wall, cpu = time.perf_counter() - t0, bench_util.cpu_seconds() - c0
+        counts = json.loads(urllib.request.urlopen(stats).read())
+    cells = len(plan) * _BLOCKS.value * _BLOCK.value
+    return {
+        "cells_per_s": cells / wall,
+        "cpu_ms_per_batch": 1000 * cpu / len(plan),
+        "cells_per_cpu_s": cells / cpu,
+        "requests_per_batch": counts.get("requests", 0) / len(plan),
+    }
+
+
 def digest_cost(n_keys: int, workdir: str) -> dict:
     import zarr
 
@@ -255,6 +316,10 @@ def main(argv) -> None:
                     )
             row[f"fast_{temp}"] = time_reader(path, "fast", None, cold)
             row[f"fast_pool{threads}_{temp}"] = time_reader(path, "fast", pool, cold)
+        if _REMOTE_MS.value >= 0:
+            for advise in (False, True):
+                key = "remote_advise" if advise else "remote"
+                row[key] = time_remote(path, pool, advise)
         results.append(row)
         print(json.dumps(row), flush=True)
     if _DIGEST_KEYS.value:

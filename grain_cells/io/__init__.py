@@ -1,6 +1,8 @@
-"""AnnData files: opening, elements, obs, genes, identity, row reads (private).
+"""AnnData files and zarr stores: opening, elements, obs, genes, row reads (private).
 
-`_open.open_file` is the one opener of paths and URLs; `_h5ad` locates the
+`_open.open_file` is the one opener of paths and URLs (`.h5ad` files and
+zarr stores); `_nodes` makes h5py and zarr groups and arrays look alike
+(and picks each array's range reader); `_h5ad` locates the
 matrix and checks it; `_frames` and `_obs` read obs/var; `_genes` and
 `_column_maps` align genes over files; `_matrix` reads row ranges of one
 file (`_obsm`: of an `obsm` array); `_file_set` holds the files of a source

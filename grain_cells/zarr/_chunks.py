@@ -11,14 +11,31 @@ an LRU cache of decoded chunks. A *unit* is one stored (inner) chunk:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 
 import numpy as np
 import zarr
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells.zarr._codecs import MAX_UINT_64, ChunkDecodeError, Codec
 from grain_cells.zarr._keys import KeyReader
+
+# Stored bytes fetched ahead of reads, per array, at most.
+AHEAD_BYTES = 256 << 20
+# One thread per process runs read-ahead jobs (each sends its GETs at once).
+_ahead_threads = fork.ProcessCache()
+
+
+_WHY_MISSING = {
+    -1: " (its shard's index marks it empty)",
+    -2: " (the shard holding it is missing)",
+}
+
+
+def _kj(unit: tuple[int, ...]) -> tuple[int, int]:
+    return unit[0], (unit[1] if len(unit) > 1 else 0)
 
 
 class Chunks:
@@ -59,6 +76,12 @@ class Chunks:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
+        self._ahead: dict[tuple[int, ...], bytes | None] = {}
+        self._ahead_bytes = 0
+        self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
+        # A forked child gets fresh locks (a parent's thread may hold one at
+        # the fork) and none of the parent's read-ahead.
+        fork.in_child_of(self, Chunks._forget_ahead)
 
     @property
     def codec(self) -> Codec:
@@ -129,7 +152,8 @@ class Chunks:
     def request(self, unit):
         """Where a unit's stored bytes are: `(key, start, stop, offset)`.
 
-        `start` None: the whole key; -1: the shard's index says missing.
+        `start` None: the whole key; -1: the shard's index marks the chunk
+        empty; -2: the shard itself is missing.
         `offset` is the byte offset in the shard, for messages.
         """
         if self._codec.shard is None:
@@ -138,16 +162,36 @@ class Chunks:
         s, i = self.shard_of(k, j)
         key = self.key(s)
         index = self._shard_index.get(s)
-        if index is None:
-            return key, -1, None, None
+        if index is None:  # no shard at all
+            return key, -2, None, None
         off, n = int(index[i, 0]), int(index[i, 1])
         if off == MAX_UINT_64 and n == MAX_UINT_64:
             return key, -1, None, None
         return key, off, off + n, off
 
     def fetch_remote(self, uniq) -> dict:
+        """Stored bytes (None: missing) of the row chunks `uniq`, all GETs at once.
+
+        Bytes that `prefetch` already holds are taken from it (waiting for
+        a prefetch still in flight) instead of fetched again.
+        """
+        self.wait_prefetch(uniq.tolist())
         units = [u for k in uniq.tolist() for u in self.units(k)]
-        todo = [(u, self.request(u)) for u in units if self._cached(u) is None]
+        got_ahead = {}
+        with self._lock:
+            for u in units:
+                if u in self._ahead:
+                    data = self._ahead.pop(u)
+                    self._ahead_bytes -= len(data or b"")
+                    got_ahead[u] = data
+        todo = [
+            (u, self.request(u))
+            for u in units
+            if u not in got_ahead and self._cached(u) is None
+        ]
+        return {**got_ahead, **self._get_units(todo)}
+
+    def _get_units(self, todo) -> dict:
         asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]
         got = iter(self._keys.get_many(asks))
         return {
@@ -155,12 +199,68 @@ class Chunks:
             for u, (_, a, _, _) in todo
         }
 
+    # -- read-ahead (remote stores) -----------------------------------------
+
+    def prefetch(self, row_chunks: list[int]) -> None:
+        """Starts fetching these row chunks' stored bytes in the background.
+
+        Returns at once. Held until a read takes them, at most `AHEAD_BYTES`
+        per array (beyond that a prefetch is dropped; the read fetches).
+        A failed prefetch is forgotten: the read fetches and reports.
+        """
+        units = [
+            u
+            for k in row_chunks
+            for u in self.units(k)
+            if u not in self._ahead and self._cached(u) is None
+        ]
+        with self._lock:
+            units = [u for u in units if u not in self._inflight]
+            if not units or self._ahead_bytes >= AHEAD_BYTES:
+                return
+            future = _ahead_threads.get_or_make(
+                "pool",
+                lambda: concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="grain_cells-zarr-ahead"
+                ),
+            ).submit(self._prefetch, units)
+            for u in units:
+                self._inflight[u] = future
+
+    def _prefetch(self, units) -> None:
+        try:
+            if self._codec.shard is not None:
+                self.load_shard_indices(
+                    sorted({self.shard_of(*_kj(u))[0] for u in units})
+                )
+            got = self._get_units([(u, self.request(u)) for u in units])
+        except Exception:  # the read fetches again and reports
+            got = {}
+        with self._lock:
+            for u in units:
+                self._inflight.pop(u, None)
+                if u in got and self._ahead_bytes < AHEAD_BYTES:
+                    self._ahead[u] = got[u]
+                    self._ahead_bytes += len(got[u] or b"")
+
+    def _forget_ahead(self) -> None:
+        self._lock = threading.Lock()
+        self._ahead, self._ahead_bytes, self._inflight = {}, 0, {}
+
+    def wait_prefetch(self, row_chunks) -> None:
+        """Waits for read-ahead jobs that fetch any of these row chunks."""
+        units = [u for k in row_chunks for u in self.units(k)]
+        with self._lock:
+            futures = {self._inflight[u] for u in units if u in self._inflight}
+        if futures:
+            concurrent.futures.wait(futures)
+
     def chunk(self, unit, raw: dict | None) -> np.ndarray:
         chunk = self._cached(unit)
         if chunk is not None:
             return chunk
         key, a, b, off = self.request(unit)
-        if raw is not None:
+        if raw is not None and unit in raw:
             data = raw[unit]
         elif a is None:
             data = self._keys.get(key)
@@ -178,7 +278,7 @@ class Chunks:
                 return np.full(self._codec.chunk_shape, self._fill, self.dtype)
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} {where} is missing: key {key!r} was "
-                f"never written{' (empty shard index entry)' if a is not None else ''}"
+                f"never written{_WHY_MISSING.get(a, '')}"
                 f". It holds rows [{rows[0]}, {rows[1]}) of {self.name}; zarr would "
                 "read it as the fill value. The store is incomplete (an interrupted "
                 "write or copy): rewrite or re-copy it.",

@@ -190,7 +190,10 @@ def _v3_stages(codecs: list, dtype: np.dtype):
             if seen_bytes:
                 return None
             seen_bytes = True
-            endian = getattr(getattr(c, "endian", None), "value", "little")
+            endian = getattr(c, "endian", None)  # an enum in zarr 3.1, a str in 3.4
+            endian = str(getattr(endian, "value", endian) or "little")
+            if endian not in ("little", "big"):
+                return None
             if dtype.itemsize > 1:
                 stored = dtype.newbyteorder("<" if endian == "little" else ">")
             continue

@@ -27,17 +27,17 @@ and `threading.max_workers` do not apply: zarr-python's event loop is
 bypassed for reads. Remote stores send all of a read's GETs at once
 (`grain_cells.zarr._keys`), then decode in the pool.
 
-**Why not zarr-python's reads, or the zarrs pipeline.** CPU per batch of 16
-random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
+**Why not zarr-python's reads, or the zarrs pipeline.** CPU-ms per batch of
+16 random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
 genes, 1,000 values per cell, stores written by anndata with its defaults,
-warm cache (`python benchmarks/zarr_decode.py`; CPU-ms, since wall time on
-this shared 2-core machine measures the neighbours):
+warm cache, two runs (`python benchmarks/zarr_decode.py`; CPU time, since
+wall time on this shared 2-core machine measures the neighbours):
 
 | store | `Array[a:b]` per range | same, zarrs 0.2.3 pipeline | here |
 | --- | --- | --- | --- |
-| v2, blosc-lz4 (anndata 0.12) | 62 | 52 | 25 |
-| v3, zstd | 174 | 114 | 80 |
-| v3, zstd, sharded (anndata 0.13) | 90 | 57 | 41 |
+| v2, blosc-lz4 (anndata 0.12) | 57-62 | 43-52 | 21-25 |
+| v3, zstd | 103-174 | 88-114 | 70-80 |
+| v3, zstd, sharded (anndata 0.13) | 90-113 | 57-75 | 36-41 |
 
 Decoding is nearly all of what is left here (a 1.5 MB zstd chunk takes
 2.3 ms, a blosc-lz4 one 0.5 ms); the zarrs pipeline speeds up only the
@@ -68,11 +68,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import threading
+import warnings
 
 import numpy as np
 import zarr
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells._util.ranges import merge_touching
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
@@ -140,6 +143,9 @@ class RangeReader:
         self._array = array
         self._cache_bytes = int(cache_bytes)
         self._all_written: bool | None = None
+        self._checked = False
+        self._check_lock = threading.Lock()
+        fork.in_child_of(self, RangeReader._new_lock)
         codec = Codec.for_array(array) if array.ndim in (1, 2) else None
         keys = KeyReader.for_store(array.store) if codec else None
         self._chunks: Chunks | None = None
@@ -200,7 +206,25 @@ class RangeReader:
             self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints that these ranges will be read soon (a no-op for zarr)."""
+        """Hints that these ranges will be read soon; returns at once.
+
+        On a remote store, starts fetching the chunks they touch in the
+        background (`Chunks.prefetch`); the next `read` of them takes the
+        bytes instead of waiting for its GETs. Locally a no-op: chunk files
+        are small reads the OS serves from its cache or reads ahead itself.
+        """
+        if self._chunks is None or not self.remote:
+            return
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
+        if not keep.any():
+            return
+        c = self._codec.chunk_shape[0]
+        first, last = starts[keep] // c, (stops[keep] - 1) // c
+        n = last - first + 1
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        self._chunks.prefetch(np.unique(np.repeat(first, n) + within).tolist())
 
     # -- reads -------------------------------------------------------------
 
@@ -251,14 +275,14 @@ class RangeReader:
                 f"{total * row_items}"
             )
         dest = flat[: total * row_items].reshape((total, *self.row_shape))
+        if self._codec is not None and not self._checked:
+            self._check_against_zarr()
         if self._codec is None:
             self._read_zarr(starts, stops, dest)
             return
         work = self._plan(starts, stops, dest)
         uniq = work[0]
-        if self._codec.shard is not None:
-            self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
-        raw = self._chunks.fetch_remote(uniq) if self.remote else None
+        raw = self._prepare(uniq)
         if pool is None or uniq.size < 2:
             self._read_chunks(0, uniq.size, work, raw)
             return
@@ -273,6 +297,14 @@ class RangeReader:
             pending.extend(futures)
             return
         wait_all(futures)
+
+    def _prepare(self, uniq: np.ndarray) -> dict | None:
+        """Shard indices loaded; on a remote store, the chunks' bytes."""
+        if self.remote:  # read-ahead of these chunks (indices included) first
+            self._chunks.wait_prefetch(uniq.tolist())
+        if self._codec.shard is not None:
+            self._chunks.load_shard_indices(self._chunks.shards_of(uniq.tolist()))
+        return self._chunks.fetch_remote(uniq) if self.remote else None
 
     def _plan(self, starts, stops, dest):
         c = int(self._codec.chunk_shape[0])
@@ -312,6 +344,43 @@ class RangeReader:
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m] = chunk[s : s + m]
+
+    def _new_lock(self) -> None:
+        self._check_lock = threading.Lock()
+
+    def _check_against_zarr(self) -> None:
+        """Once: the first chunk decoded here must equal zarr-python's read.
+
+        A guard against reading zarr's metadata differently from zarr (a
+        codec option, byte order, a new zarr version): on a difference the
+        reader falls back to zarr-python's slicing, with a warning, rather
+        than return different values.
+        """
+        with self._check_lock:
+            if self._checked:
+                return
+            n = min(self.shape[0], self.chunk_length)
+            if n > 0:
+                mine = np.empty((n, *self.row_shape), self.dtype)
+                work = self._plan(np.array([0]), np.array([n]), mine)
+                try:
+                    self._read_chunks(0, work[0].size, work, self._prepare(work[0]))
+                except errors.CorruptChunkError:
+                    self._checked = True  # damaged: the read itself reports
+                    return
+                theirs = np.asarray(self._array[0:n])
+                if not np.array_equal(mine, theirs, equal_nan=mine.dtype.kind == "f"):
+                    warnings.warn(
+                        f"{self.path}: {self.name}'s first chunk decoded by "
+                        f"grain_cells ({self._codec.describe()}) differs from "
+                        "zarr-python's read; reading it through zarr-python "
+                        "(slower). Please report this with the array's metadata.",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+                    self._codec = None
+                    self._chunks = None
+            self._checked = True
 
     # -- through zarr-python -----------------------------------------------
 

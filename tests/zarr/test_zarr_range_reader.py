@@ -207,3 +207,46 @@ def test_will_need_decodes_a_hot_array_into_the_cache(tmp_path):
     out = np.empty(int((stops - starts).sum()), reader.dtype)
     reader.read(starts, stops, out)
     np.testing.assert_array_equal(out, _expected(values, starts, stops))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_big_endian_values(tmp_path, fmt):
+    values = np.arange(N, dtype=">f8") / 3
+    store = tmp_path / "b.zarr"
+    g = zarr.open_group(store, mode="w", zarr_format=fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if fmt == 2:
+            g.create_array("x", data=values, chunks=(128,))
+        else:
+            g.create_array(
+                "x", data=values, chunks=(128,), serializer=zc.BytesCodec(endian="big")
+            )
+    reader = RangeReader(open_group(str(store))["x"], str(store))
+    assert reader.direct and reader.dtype.isnative
+    starts, stops = _ranges(np.random.default_rng(6), N)
+    out = np.empty(int((stops - starts).sum()), reader.dtype)
+    reader.read(starts, stops, out)
+    np.testing.assert_array_equal(out, _expected(values, starts, stops))
+
+
+def test_a_decoder_that_disagrees_with_zarr_falls_back_with_a_warning(tmp_path):
+    """The first read compares one chunk with zarr-python's; a difference
+    (here a byte order misread on purpose) means zarr-python reads, not
+    different values."""
+    import dataclasses
+
+    values = np.arange(N, dtype=np.float64) / 7
+    store = tmp_path / "a.zarr"
+    zarr.create_array(store, name="x", data=values, chunks=(128,))
+    reader = RangeReader(open_group(str(store))["x"], str(store))
+    wrong = dataclasses.replace(
+        reader._codec, stored_dtype=reader._codec.stored_dtype.newbyteorder(">")
+    )
+    reader._codec = reader._chunks._codec = wrong
+    starts, stops = _ranges(np.random.default_rng(7), N)
+    out = np.empty(int((stops - starts).sum()), reader.dtype)
+    with pytest.warns(RuntimeWarning, match="differs from zarr-python"):
+        reader.read(starts, stops, out)
+    assert not reader.direct
+    np.testing.assert_array_equal(out, _expected(values, starts, stops))

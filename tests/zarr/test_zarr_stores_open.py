@@ -116,6 +116,25 @@ def test_s3_store_reads_equal_local_ones(tmp_path, s3, fmt, kwargs):  # noqa: F8
         fresh.read(np.array([0]), np.array([10]), np.empty((10, 3), np.int32))
 
 
+def test_advise_fetches_ahead_from_a_bucket(tmp_path, s3):  # noqa: F811
+    """After `advise`, a read takes the fetched bytes: it succeeds even once
+    the chunks are deleted from the bucket (and reads them only once)."""
+    path = tmp_path / "a.zarr"
+    values = _write(path, 3, shards=(500, 3))
+    url = _upload(s3, path, "ahead/a.zarr")
+    reader = RangeReader(open_group(url, s3.options)["X"], url)
+    out = np.empty((int((STOPS - STARTS).sum()), 3), np.int32)
+    reader.read(STARTS[:1], STOPS[:1], out)  # (the first read's check with zarr)
+    reader.advise(STARTS, STOPS)
+    reader._chunks.wait_prefetch(range(15))  # the background GETs are done
+    for shard in ("0", "2"):  # rows [0, 500) and [1000, 1500)
+        s3.client.delete_object(Bucket=s3.bucket, Key=f"ahead/a.zarr/X/c/{shard}/0")
+    reader.read(STARTS, STOPS, out)
+    np.testing.assert_array_equal(out, _want(values))
+    with pytest.raises(errors.CorruptChunkError, match="is missing"):
+        reader.read(STARTS, STOPS, out)  # taken once: now fetched, and gone
+
+
 def test_s3_missing_store_is_named(s3):  # noqa: F811
     with pytest.raises(errors.AnnDataFormatError, match="not a zarr store"):
         open_group(f"s3://{s3.bucket}/absent.zarr", s3.options)
@@ -174,3 +193,22 @@ def test_a_spawned_process_reads(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         got = pool.apply(_spawned_read, (str(path),))
     np.testing.assert_array_equal(np.array(got), _want(values))
+
+
+def test_an_http_store_reads_and_has_an_identity(tmp_path):
+    """Over plain HTTP (range GETs, no listing): reads equal local ones; the
+    digest covers the root's metadata documents."""
+    from grain_cells.testing.s3_folder_server import S3FolderServer
+
+    path = tmp_path / "web" / "a.zarr"
+    values = _write(path, 3, shards=(500, 3))
+    with S3FolderServer(str(tmp_path)) as server:
+        url = f"{server.endpoint_url}/web/a.zarr"
+        group = open_group(url)
+        reader, out = _read(group, url, STARTS, STOPS)
+        assert reader.remote
+        np.testing.assert_array_equal(out, _want(values))
+        digest = store_digest(url)
+        meta = path / "zarr.json"
+        meta.write_text(meta.read_text() + " ")
+        assert store_digest(url) != digest
