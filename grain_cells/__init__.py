@@ -21,6 +21,7 @@ Public API::
     sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
         source, grain_cells.balanced_block_weights(source, "cell_type"))
     aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
+    stores = grain_cells.annbatch_stores(folder)  # annbatch's collection
 
 Sub-packages a user imports by name: `grain_cells.errors` (every error
 raised for bad input), `grain_cells.tokens` (token outputs for transformers),
@@ -48,6 +49,7 @@ from grain_cells.blocks import (
     split_by_fraction,
     split_by_obs,
 )
+from grain_cells.io._annbatch import annbatch_stores
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
 from grain_cells.pipeline import (
     DataLoader,
@@ -83,6 +85,7 @@ __all__ = [
     "Output",
     "PaddedSparseOutput",
     "WeightedBlockSampler",
+    "annbatch_stores",
     "balanced_block_weights",
     "block_weights",
     "cell_dataset",

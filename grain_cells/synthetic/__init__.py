@@ -1,9 +1,23 @@
-"""Synthetic, Tahoe-100M-shaped single-cell data written as `.h5ad`."""
+"""Synthetic, Tahoe-100M-shaped single-cell data written as `.h5ad` or zarr."""
 
 from grain_cells.synthetic._tahoe import (
     ATLAS_CHUNKS,
     cached_tahoe_like,
     write_tahoe_like,
 )
+from grain_cells.synthetic._zarr import (
+    ZARR_LAYOUTS,
+    cached_tahoe_like_annbatch,
+    cached_tahoe_like_zarr,
+    write_tahoe_like_zarr,
+)
 
-__all__ = ["ATLAS_CHUNKS", "cached_tahoe_like", "write_tahoe_like"]
+__all__ = [
+    "ATLAS_CHUNKS",
+    "ZARR_LAYOUTS",
+    "cached_tahoe_like",
+    "cached_tahoe_like_annbatch",
+    "cached_tahoe_like_zarr",
+    "write_tahoe_like",
+    "write_tahoe_like_zarr",
+]

@@ -1,0 +1,352 @@
+"""The synthetic Tahoe-shaped cells as AnnData zarr stores (see `synthetic`).
+
+A zarr store here holds exactly the cells of the uncompressed ``.h5ad`` made
+by ``write_tahoe_like`` with the same arguments: the ``.h5ad`` is written
+first (or taken from the cache) and copied into the store, so a benchmark
+compares the two formats on identical values. ``obs``, ``var`` and the root
+group are written by anndata (``AnnData.write_zarr``); X's ``data``,
+``indices`` and ``indptr`` are created with the arguments anndata's own
+``write_elem`` passes to ``zarr.Group.create_array`` for an array of the full
+size (so chunks, shards and codecs are anndata's defaults for a file of
+that size), then filled in pieces, one shard (or ~64 MiB of chunks) at a
+time, read from the ``.h5ad``: memory is bounded by one shard (anndata's
+target: 1 GB uncompressed), never by the file. The store's consolidated
+metadata is rewritten at the end so that it lists X.
+
+Layouts (``layout``):
+
+* ``"v3-sharded"``: zarr v3 with sharding, what anndata 0.13 writes by
+  default (``anndata.settings.auto_shard_zarr_v3``: ``shards="auto"`` with
+  a 1 GB target shard), inner chunks of zarr's automatic size;
+* ``"v3"``: zarr v3, chunked, not sharded (anndata 0.12 with
+  ``zarr_write_format = 3``);
+* ``"v2"``: zarr v2 (anndata 0.12's default).
+
+``compressed=True`` keeps zarr's default codec (what anndata writes: zstd
+for v3, blosc-lz4 for v2); ``compressed=False`` stores the chunks raw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import warnings
+
+import h5py
+import tqdm
+
+from grain_cells._util import arguments
+
+__all__ = [
+    "ZARR_LAYOUTS",
+    "cached_tahoe_like_annbatch",
+    "cached_tahoe_like_zarr",
+    "write_tahoe_like_zarr",
+]
+
+ZARR_LAYOUTS = ("v3-sharded", "v3", "v2")
+_PIECE_BYTES = 2**26  # unsharded stores are filled ~64 MiB at a time
+_SHARD_TARGET_BYTES = 1_000_000_000  # anndata's target for `shards="auto"`
+# Arguments of write_tahoe_like that make another h5ad than the copied one.
+_NOT_FOR_ZARR = ("compression", "dense", "chunks", "progress")
+
+
+def write_tahoe_like_zarr(
+    path: str | os.PathLike,
+    n_cells: int,
+    *,
+    layout: str = "v3-sharded",
+    compressed: bool = True,
+    progress: bool = False,
+    **kwargs,
+) -> pathlib.Path:
+    """Writes synthetic Tahoe-like cells as an AnnData zarr store.
+
+    The cells are those of ``write_tahoe_like(..., n_cells, **kwargs)``
+    (CSR X, uncompressed); that ``.h5ad`` is written next to ``path`` under
+    a temporary name, copied into the store and removed.
+
+    Args:
+        path: Destination directory (``.zarr`` by convention); replaced if
+            it exists. Its parent folder must exist.
+        n_cells: Number of cells, > 0.
+        layout: ``"v3-sharded"`` (anndata 0.13's default), ``"v3"`` or
+            ``"v2"`` (see the module docstring).
+        compressed: Keep zarr's default codec (anndata's); else raw chunks.
+        progress: Show progress bars (tqdm, on stderr).
+        **kwargs: Arguments of ``write_tahoe_like`` that shape the cells
+            (``n_genes``, ``mean_nnz``, ``n_plates``, ``n_cell_lines``,
+            ``n_drugs``, ``seed``, ``chunk_cells``).
+
+    Returns:
+        The store's path, as a ``pathlib.Path``.
+
+    Raises:
+        ValueError: An argument is out of range, or one that only shapes the
+            ``.h5ad`` file (``compression``, ``dense``, ``chunks``) is given.
+
+    Example:
+        >>> import anndata
+        >>> p = write_tahoe_like_zarr("/tmp/tiny.zarr", 300, n_genes=500,
+        ...                           mean_nnz=50, layout="v2")
+        >>> anndata.read_zarr(p).shape
+        (300, 500)
+    """
+    from grain_cells.synthetic import _tahoe
+
+    _check(n_cells, layout, compressed, kwargs)
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".h5ad")
+    os.close(fd)
+    try:
+        _tahoe.write_tahoe_like(tmp, n_cells, progress=progress, **kwargs)
+        return tahoe_like_to_zarr(
+            tmp, path, layout=layout, compressed=compressed, progress=progress
+        )
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+
+
+def cached_tahoe_like_zarr(
+    n_cells: int,
+    *,
+    layout: str = "v3-sharded",
+    compressed: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+    **kwargs,
+) -> pathlib.Path:
+    """Returns a store made by ``write_tahoe_like_zarr`` with these arguments.
+
+    Made once from the cached ``.h5ad`` of the same cells
+    (``cached_tahoe_like(n_cells, **kwargs)``, made first if missing, and
+    kept) and reused afterwards. Its name is that file's stem plus the
+    layout and ``default`` or ``raw``: at the defaults,
+    ``tahoe_like-n400000-g62710-s0-none-v3-sharded-default.zarr``. Written
+    under a temporary name in the same folder and renamed when complete.
+
+    Args:
+        n_cells: Number of cells.
+        layout: As for ``write_tahoe_like_zarr``.
+        compressed: As for ``write_tahoe_like_zarr``.
+        cache_dir: Folder of the cache (``$GRAIN_CELLS_CACHE`` or else
+            ``~/.cache/grain_cells``).
+        progress: Announce a store that must be made and show progress bars.
+        **kwargs: As for ``write_tahoe_like_zarr``.
+
+    Returns:
+        The path of the cached store.
+
+    Raises:
+        TypeError: ``kwargs`` holds an unknown argument.
+        ValueError: An argument is invalid.
+    """
+    from grain_cells.synthetic import _tahoe
+
+    _check(n_cells, layout, compressed, kwargs)
+    h5ad = _tahoe.cached_tahoe_like(
+        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
+    )
+    kind = "default" if compressed else "raw"
+    final = h5ad.with_name(f"{h5ad.stem}-{layout}-{kind}.zarr")
+    if final.is_dir():
+        return final
+    if progress:
+        print(f"making {final} from {h5ad.name} (once)", file=sys.stderr, flush=True)
+    tmp = pathlib.Path(
+        tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    )
+    try:
+        tahoe_like_to_zarr(
+            h5ad, tmp, layout=layout, compressed=compressed, progress=progress
+        )
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def cached_tahoe_like_annbatch(
+    n_cells: int,
+    *,
+    shuffle_seed: int = 0,
+    dataset_size: str = "20GB",
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+    **kwargs,
+) -> pathlib.Path:
+    """Returns annbatch's pre-shuffled collection of the cached cells.
+
+    The collection is written by annbatch itself, at its defaults
+    (``annbatch.DatasetCollection(path).add_adatas([h5ad], rng=...)``: lz4
+    blosc, 64-cell chunks, 1 GB shards, 20 GB datasets), from the cached
+    ``.h5ad`` of ``cached_tahoe_like(n_cells, **kwargs)``; made once and
+    reused, named after that file (``...-annbatch-r0.zarr``, ``r`` the
+    shuffle seed; ``-ds2GB`` added for another ``dataset_size``). Needs
+    annbatch (Python >= 3.12, the ``bench`` extra).
+
+    Args:
+        n_cells: Number of cells.
+        shuffle_seed: Seed of annbatch's shuffle (``rng``).
+        dataset_size: annbatch's ``dataset_size``: uncompressed bytes of
+            cells shuffled in memory together and written as one
+            ``dataset_N`` (memory use is about twice that).
+        cache_dir: Folder of the cache, as for ``cached_tahoe_like``.
+        progress: Announce a collection that must be made.
+        **kwargs: As for ``write_tahoe_like_zarr``.
+
+    Returns:
+        The collection's folder; ``grain_cells.annbatch_stores`` lists its
+        stores.
+
+    Raises:
+        ImportError: annbatch is not installed.
+        ValueError: An argument is invalid.
+    """
+    import numpy as np
+
+    from grain_cells.synthetic import _tahoe
+
+    _check(n_cells, "v3-sharded", True, kwargs)
+    arguments.check_int("shuffle_seed", shuffle_seed, minimum=0)
+    try:
+        import annbatch
+    except ImportError as e:
+        raise ImportError(
+            "cached_tahoe_like_annbatch needs annbatch (Python >= 3.12): "
+            'pip install annbatch, or pip install -e ".[bench]"'
+        ) from e
+    h5ad = _tahoe.cached_tahoe_like(
+        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
+    )
+    tag = "" if dataset_size == "20GB" else f"-ds{dataset_size}"
+    final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}{tag}.zarr")
+    if final.is_dir():
+        return final
+    if progress:
+        print(f"making {final} with annbatch (once)", file=sys.stderr, flush=True)
+    tmp = pathlib.Path(
+        tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    )
+    try:
+        shutil.rmtree(tmp)  # annbatch makes the group itself
+        annbatch.DatasetCollection(str(tmp)).add_adatas(
+            [str(h5ad)],
+            rng=np.random.default_rng(int(shuffle_seed)),
+            dataset_size=dataset_size,
+        )
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def tahoe_like_to_zarr(
+    h5ad: str | os.PathLike,
+    path: str | os.PathLike,
+    *,
+    layout: str = "v3-sharded",
+    compressed: bool = True,
+    progress: bool = False,
+) -> pathlib.Path:
+    """Copies a ``write_tahoe_like`` file (CSR X) into a zarr store at ``path``."""
+    import anndata
+    import zarr
+
+    if layout not in ZARR_LAYOUTS:
+        raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
+    path = pathlib.Path(path)
+    zarr_format = 2 if layout == "v2" else 3
+    with h5py.File(h5ad, "r") as f:
+        x = f["X"]
+        if not isinstance(x, h5py.Group):
+            raise ValueError(f"{h5ad}: X is dense; only CSR X is copied to zarr")
+        shape = [int(n) for n in x.attrs["shape"]]
+        obs = anndata.io.read_elem(f["obs"])
+        var = anndata.io.read_elem(f["var"])
+        if path.exists():
+            shutil.rmtree(path)
+        root = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+        # anndata's write_zarr, given the format as a group rather than by
+        # anndata.settings.zarr_write_format (deprecated in 0.13).
+        with anndata.settings.override(auto_shard_zarr_v3=layout == "v3-sharded"):
+            anndata.io.write_elem(root, "/", anndata.AnnData(obs=obs, var=var))
+        del obs, var
+        group = root.create_group("X")
+        group.attrs.update(
+            {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": shape}
+        )
+        for name in ("indptr", "indices", "data"):
+            _copy(x[name], group, name, layout, compressed, progress)
+    with _quiet_consolidation():
+        zarr.consolidate_metadata(root.store)
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_consolidation():
+    """Silences zarr's note that v3 consolidated metadata is not in the spec.
+
+    anndata consolidates every store it writes (and readers rely on it);
+    the note is zarr's, about the format, not about this store.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
+        yield
+
+
+def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> None:
+    """Creates `group[name]` as anndata would for `source`, fills it piecewise."""
+    import zarr
+
+    kwargs = {} if compressed else {"compressors": None}
+    with (
+        warnings.catch_warnings(),
+        zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
+    ):
+        # anndata asks for automatic shards itself and silences the same
+        # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
+        warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
+        if layout == "v3-sharded":
+            kwargs["shards"] = "auto"
+        array = group.create_array(
+            name, shape=source.shape, dtype=source.dtype, **kwargs
+        )
+    step = (
+        array.shards[0]
+        if array.shards
+        else array.chunks[0]
+        * max(1, _PIECE_BYTES // (array.chunks[0] * source.dtype.itemsize))
+    )
+    n = source.shape[0]
+    with tqdm.tqdm(
+        total=n,
+        desc=f"X/{name}",
+        unit="values",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
+    ) as bar:
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            array[lo:hi] = source[lo:hi]
+            bar.update(hi - lo)
+
+
+def _check(n_cells, layout, compressed, kwargs) -> None:
+    arguments.check_int("n_cells", n_cells, minimum=1)
+    if layout not in ZARR_LAYOUTS:
+        raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
+    if not isinstance(compressed, bool):
+        raise ValueError(f"compressed must be a bool, got compressed={compressed!r}")
+    given = sorted(set(kwargs) & set(_NOT_FOR_ZARR))
+    if given:
+        raise ValueError(
+            f"{given} shape only the .h5ad file, not the zarr store's cells: "
+            "zarr stores are copied from the uncompressed CSR file; drop them "
+            "(the store's codec is chosen by layout and compressed)"
+        )
