@@ -180,9 +180,7 @@ def default_blocks(
     table = chunk_grid.chunk_aligned_blocks(
         grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
     )
-    options = dataclasses.replace(
-        options, fetch_blocks=chosen.fetch_blocks
-    )
+    options = dataclasses.replace(options, fetch_blocks=chosen.fetch_blocks)
     return table, options
 
 

@@ -67,7 +67,9 @@ class Chunks:
         self.name = "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
-        self.fill_missing = fill_missing if fill_missing == "leading" else bool(fill_missing)
+        self.fill_missing = (
+            fill_missing if fill_missing == "leading" else bool(fill_missing)
+        )
         self._first_stored: int | None = None
         self._codec = codec
         self._keys = keys

@@ -145,7 +145,9 @@ class RangeReader:
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
         self.shape = tuple(array.shape)
         self.row_shape = self.shape[1:]
-        self.fill_missing = fill_missing if fill_missing == "leading" else bool(fill_missing)
+        self.fill_missing = (
+            fill_missing if fill_missing == "leading" else bool(fill_missing)
+        )
         self._array = array
         self._cache_bytes = int(cache_bytes)
         self._all_written: bool | None = None

@@ -7,6 +7,7 @@ last of those arrays dies; beyond the ring's lease budget it copies instead.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -146,10 +147,8 @@ def _fds() -> int:
 def _fd_targets() -> set[str]:
     out = set()
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):
             out.add(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            pass
     return out
 
 
