@@ -72,7 +72,6 @@ def _epoch(urls, options, workers, helpers):
     ("layout", "workers"),
     [
         pytest.param("zarr-v3-sharded", 0, id="zarr-v3-sharded-0"),
-        pytest.param("zarr-v2", 0, id="zarr-v2-0", marks=pytest.mark.slow),
         pytest.param(
             "zarr-v3-sharded", 2, id="zarr-v3-sharded-2", marks=pytest.mark.slow
         ),

@@ -90,7 +90,7 @@ def test_csr_minibatches_equal_h5ad_and_anndata(stores, layout, h5ad_epoch, help
 
 
 @pytest.mark.slow  # starts two workers (~10 s on 2 busy cores)
-@pytest.mark.parametrize("layout", layout_params("zarr-v3-sharded", "zarr-v2"))
+@pytest.mark.parametrize("layout", layout_params("zarr-v3-sharded"))
 def test_two_workers_give_the_same_minibatches(stores, layout, h5ad_epoch, helpers):
     flags.FLAGS.mark_as_parsed()
     got = helpers.run(helpers.build(stores(layout), worker_count=2, **CONFIG)[2])
@@ -207,7 +207,7 @@ def test_outputs_equal_h5ad(stores, csr_paths, output, helpers):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("output", ["dense", "value-bins"])
+@pytest.mark.parametrize("output", ["value-bins"])
 def test_outputs_with_two_workers(stores, csr_paths, output, helpers):
     flags.FLAGS.mark_as_parsed()
     got = _loader_epoch(stores("zarr-v2"), output, helpers, workers=2)

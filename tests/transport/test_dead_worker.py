@@ -48,7 +48,10 @@ TRAINER = textwrap.dedent(
         source = grain_cells.AnnDataSource(paths, block_size=5, obs_columns=["idx"])
         loader = (grain_cells.DataLoader if spelling == "ours" else grain.DataLoader)(
             data_source=source,
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+            # Endless: the victim always has work left, so the death must be
+            # reported (with one epoch of a small file, it may have handed
+            # over its whole share before the kill: a legitimate end).
+            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
             operations=grain_cells.fetch_operations(
                 source, batch_size=4, fetch_factor=5),
             worker_count=2,
