@@ -110,6 +110,7 @@ def _real_rows(batches):
     return np.concatenate([np.asarray(b["row_ids"])[b["mask"]] for b in batches])
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2)])
 def test_another_process_count_visits_the_rest_once(
     stores, helpers, tmp_path, old, new
@@ -144,6 +145,7 @@ def test_another_process_count_visits_the_rest_once(
 # -- which data a state restores on ----------------------------------------------
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_state_restores_on_a_copy_of_the_stores_elsewhere(stores, helpers, tmp_path):
     """Identity by content: a plain copy (new mtimes, new paths) restores."""
     paths = stores("zarr-v3")
@@ -163,6 +165,7 @@ def other_data(tmp_path_factory):
     return write_files(tmp_path_factory.mktemp("other"), seed=1)
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_h5ad_state_refused_on_a_zarr_copy_of_other_data(
     stores, csr_paths, other_data, helpers
 ):

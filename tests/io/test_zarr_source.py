@@ -88,6 +88,7 @@ def test_csr_x_and_obs_equal_anndata(stores, kind):
     np.testing.assert_array_equal(dense(block.X), dense(adata.X[lo : lo + 8]))
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("kind", ["v2", "v3-sharded"])
 @pytest.mark.parametrize("layer", ["counts", "dense", "raw"])
 def test_layers_and_raw_equal_anndata(stores, kind, layer):
@@ -157,6 +158,7 @@ def test_mixed_h5ad_and_zarr(tmp_path):
     np.testing.assert_array_equal(got, dense(both.X))
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("dense_x", [False, True], ids=["csr", "dense"])
 @pytest.mark.parametrize("kind", ["v2", "v3-sharded"])
 def test_chunked_store_reads_across_chunks(tmp_path, kind, dense_x):
@@ -191,6 +193,7 @@ def _codecs(name):
     }[name]
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(
     ("kind", "codecs"),
     [

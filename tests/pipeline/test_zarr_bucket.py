@@ -68,6 +68,7 @@ def _epoch(urls, options, workers, helpers):
     return helpers.run(loader)
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(
     ("layout", "workers"),
     [

@@ -97,6 +97,7 @@ def test_two_workers_give_the_same_minibatches(stores, layout, h5ad_epoch, helpe
     assert_same_batches(got, h5ad_epoch)
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_mixed_list_of_h5ad_and_zarr(stores, csr_paths, h5ad_epoch, helpers):
     """One file of each kind in one source: the same cells, genes and codes."""
     mixed = [csr_paths[0], stores("zarr-v2")[1], stores("zarr-zip")[2]]
@@ -124,6 +125,7 @@ def _codecs(name):
     }[name]
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(
     "codec",
     layout_params(
@@ -311,6 +313,7 @@ def _extra_loader(paths, workers):
     )
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(
     ("layout", "workers"),
     [
@@ -342,6 +345,7 @@ def test_layers_raw_obsm_equal_anndata(matrices, helpers, layout, workers):
         )
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_corpus_stats_cache_notices_a_store_rewritten(tmp_path, monkeypatch):
     """Token statistics cached for a store are not reused once its values change."""
     monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))

@@ -77,6 +77,7 @@ def _blocks(source):
     return starts, stops
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_chunk_aligned_blocks_follow_the_chunk_grid(stores, layout):
     paths = stores(layout)
@@ -147,6 +148,7 @@ def _sequences(paths) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("layout", layout_params("zarr-v2", "zarr-v3-sharded"))
 def test_weights_splits_conditions_equal_h5ad(stores, csr_paths, layout):
     want = _sequences(csr_paths)

@@ -96,6 +96,7 @@ def leftovers(output_dir) -> list[str]:
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize(
     ("fmt", "compression"),
     [
@@ -127,6 +128,7 @@ def test_zarr_copy_equals_the_h5ad_copy(carry_inputs, tmp_path, fmt, compression
     assert [p["file"] for p in manifest["parts"]] == [p.name for p in zarr_parts]
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("dense", [False, True], ids=["csr", "dense"])
 def test_three_inputs_strings_and_categories(three_inputs, tmp_path, dense):
     paths = three_inputs
@@ -187,6 +189,7 @@ class _Recorder:
         self.array[key] = values
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("seed", range(3))
 def test_appender_writes_whole_shards_once(seed):
     rng = np.random.default_rng(seed)
@@ -214,6 +217,7 @@ def test_appender_writes_whole_shards_once(seed):
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_interrupted_run_is_cleaned_up_and_completed(
     three_inputs, tmp_path, monkeypatch
 ):
@@ -256,6 +260,7 @@ def test_interrupted_run_is_cleaned_up_and_completed(
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_damaged_or_foreign_part_is_redone_complete_ones_kept(
     three_inputs, tmp_path, monkeypatch
 ):
@@ -286,6 +291,7 @@ def test_damaged_or_foreign_part_is_redone_complete_ones_kept(
     assert preshuffle(three_inputs, out, **kw) == parts
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_stale_parts_of_either_format_are_removed(three_inputs, tmp_path):
     out = tmp_path / "out"
     preshuffle(three_inputs, out, cells_per_file=100, progress=False)
@@ -323,6 +329,7 @@ def test_full_disk_is_refused_before_writing(three_inputs, tmp_path, monkeypatch
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_disk_full_mid_write_removes_the_temporary(tmp_path, tiny_disk, monkeypatch):
     """The free-space check bypassed: zarr meets the full disk itself."""
     monkeypatch.setattr(preshuffle_files, "check_free_space", lambda *a: None)
@@ -364,6 +371,7 @@ def test_bucket_output_is_refused_for_zarr(three_inputs):
         preshuffle(three_inputs, "s3://bucket/shuffled", format="zarr", progress=False)
 
 
+@pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 @pytest.mark.parametrize("fmt", ["h5ad", "zarr"])
 def test_zarr_parts_as_inputs_carry_everything(carry_inputs, tmp_path, fmt):
     """Zarr and h5ad copies hold the same cells: shuffled again with one
