@@ -13,6 +13,7 @@ from the generator.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 
@@ -253,3 +254,36 @@ def helpers():
         N_CELLS=N_CELLS,
         N_GENES=N_GENES,
     )
+
+
+# Test files that run the benchmark binaries end to end (tiny sizes). The CI's
+# second leg (Python 3.12, anndata 0.13) sets GRAIN_CELLS_BENCHMARK_SMOKE=0:
+# the binaries are smoke-tested on the first leg, so that each leg's suite
+# stays under 10 minutes on 2 cores. Their flag-help and plot checks run on
+# both legs.
+_BENCHMARK_SMOKE_FILES = (
+    "tests/test_benchmarks.py",
+    "tests/test_benchmark_balance.py",
+    "tests/test_benchmark_startup.py",
+    "tests/test_benchmark_worker_memory.py",
+    "tests/test_benchmark_zarr.py",
+    "tests/test_gpu_host.py",
+    "tests/test_trainer_cpu_benchmark.py",
+    "tests/zarr/test_zarr_decode_benchmark.py",
+)
+_BOTH_LEGS = ("test_every_flag_is_explained", "test_entropy_scale", "test_long_titles")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("GRAIN_CELLS_BENCHMARK_SMOKE", "1") != "0":
+        return
+    skip = pytest.mark.skip(
+        reason="benchmark binaries run on the CI's first leg "
+        "(GRAIN_CELLS_BENCHMARK_SMOKE=0)"
+    )
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path in _BENCHMARK_SMOKE_FILES and not any(
+            name in item.nodeid for name in _BOTH_LEGS
+        ):
+            item.add_marker(skip)

@@ -385,6 +385,10 @@ def test_killed_worker_raises(csr_paths, helpers):
         assert isinstance(error, grain_cells.errors.WorkerDiedError) or (
             "terminated unexpectedly" in str(error)
         ), error
+        if isinstance(error, grain_cells.errors.WorkerDiedError):
+            message = str(error)
+            assert f"worker pid {victim} was killed by SIGKILL" in message, message
+            assert "out-of-memory" in message and "restore" in message, message
     finally:
         helpers.close_iterator(iterator)
         iterator = None  # drop the last reference

@@ -73,9 +73,6 @@ def _epoch(urls, options, workers, helpers):
     ("layout", "workers"),
     [
         pytest.param("zarr-v3-sharded", 0, id="zarr-v3-sharded-0"),
-        pytest.param(
-            "zarr-v3-sharded", 2, id="zarr-v3-sharded-2", marks=pytest.mark.slow
-        ),
     ],
 )
 def test_bucket_store_equals_h5ad_and_anndata(

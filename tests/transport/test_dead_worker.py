@@ -78,7 +78,11 @@ TRAINER = textwrap.dedent(
 
     def main():
         paths = json.loads(sys.argv[1])
-        for spelling in ("ours", "grain"):
+        # grain_cells.DataLoader's WorkerDiedError is checked by
+        # tests/pipeline/test_loader.py::test_killed_worker_raises; here the
+        # card's plain grain.DataLoader, where none of our code runs in the
+        # trainer: it must raise (Grain's error), never hang.
+        for spelling in ("grain",):
             print(json.dumps(kill_one_and_go_on(spelling, paths)), flush=True)
 
 
@@ -89,7 +93,7 @@ TRAINER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_killed_worker_raises_in_both_spellings(csr_paths, tmp_path):
+def test_a_killed_worker_raises_in_the_plain_grain_spelling(csr_paths, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     try:
@@ -103,11 +107,8 @@ def test_a_killed_worker_raises_in_both_spellings(csr_paths, tmp_path):
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the trainer hung after a worker was killed: {e.stdout!r}")
     lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(lines) == 2, done.stderr[-3000:]
-    ours, plain = lines
-    assert ours["error"] == "WorkerDiedError", ours
-    assert f"worker pid {ours['victim']} was killed by SIGKILL" in ours["message"]
-    assert "out-of-memory" in ours["message"] and "restore" in ours["message"]
+    assert len(lines) == 1, done.stderr[-3000:]
+    (plain,) = lines
     assert plain["error"] == "RuntimeError", plain
     for result in lines:
         assert result["seconds"] < 15, result  # Grain polls about once a second
