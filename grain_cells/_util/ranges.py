@@ -81,4 +81,21 @@ def merge_touching(
     return starts[first], stops[last]
 
 
-__all__ = ["expand_ranges", "merge_touching", "runs"]
+def nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges `[starts[i], stops[i])` as int64 arrays, without the empty ones."""
+    starts = np.asarray(starts, np.int64)
+    stops = np.asarray(stops, np.int64)
+    keep = stops > starts
+    if not keep.all():
+        starts, stops = starts[keep], stops[keep]
+    return starts, stops
+
+
+def chunks_touched(starts: np.ndarray, stops: np.ndarray, chunk_len: int) -> np.ndarray:
+    """Sorted unique indices of the `chunk_len`-row chunks non-empty ranges touch."""
+    first = np.asarray(starts, np.int64) // chunk_len
+    last = (np.asarray(stops, np.int64) - 1) // chunk_len
+    return np.unique(expand_ranges(first, last - first + 1))
+
+
+__all__ = ["chunks_touched", "expand_ranges", "merge_touching", "nonempty", "runs"]

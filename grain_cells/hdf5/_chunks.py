@@ -35,6 +35,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util.ranges import chunks_touched
 from grain_cells.hdf5._codecs import ChunkDecodeError, Pipeline
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
 
@@ -163,20 +164,12 @@ class ChunkedReader:
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
-        chunks = self._chunks_of(starts, stops)
+        chunks = chunks_touched(starts, stops, self.chunk_len)
         self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
     def will_need(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
         self._fd.will_need(self._offsets.tolist(), self._sizes.tolist())
-
-    def _chunks_of(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        c = self.chunk_len
-        first = starts // c
-        last = (stops - 1) // c
-        n = last - first + 1
-        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        return np.unique(np.repeat(first, n) + within)
 
     # -- reads -------------------------------------------------------------
 

@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import merge_touching
+from grain_cells._util.ranges import merge_touching, nonempty
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in, value_dtype
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
@@ -47,16 +47,6 @@ from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_rea
 _MAX_HYPERSLABS_PER_READ = 1024
 # Below this many bytes a thread pool costs more than it saves.
 _MIN_BYTES_PER_THREAD = 1 << 20
-
-
-def _nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
-    """The ranges as int64 arrays, without the empty ones."""
-    starts = np.asarray(starts, np.int64)
-    stops = np.asarray(stops, np.int64)
-    keep = stops > starts
-    if not keep.all():
-        starts, stops = starts[keep], stops[keep]
-    return starts, stops
 
 
 class RangeReader:
@@ -198,7 +188,7 @@ class RangeReader:
         Returns at once (the reads are asynchronous); a no-op for data read
         through h5py.
         """
-        starts, stops = _nonempty(starts, stops)
+        starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return
         if self._chunked is not None:
@@ -234,7 +224,7 @@ class RangeReader:
             errors.AnnDataFormatError: The file is shorter than HDF5 says
                 (truncated) or the read fails.
         """
-        starts, stops = _nonempty(starts, stops)
+        starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return
         if stops[-1] > self.shape[0] or starts[0] < 0:

@@ -80,7 +80,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells._util.ranges import merge_touching
+from grain_cells._util.ranges import chunks_touched, merge_touching, nonempty
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
 from grain_cells.zarr._keys import KeyReader
@@ -228,11 +228,8 @@ class RangeReader:
         keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
         if not keep.any():
             return
-        c = self._codec.chunk_shape[0]
-        first, last = starts[keep] // c, (stops[keep] - 1) // c
-        n = last - first + 1
-        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        self._chunks.prefetch(np.unique(np.repeat(first, n) + within).tolist())
+        touched = chunks_touched(starts[keep], stops[keep], self._codec.chunk_shape[0])
+        self._chunks.prefetch(touched.tolist())
 
     # -- reads -------------------------------------------------------------
 
@@ -262,10 +259,7 @@ class RangeReader:
                 its checksum or does not decode; names store, array, chunk
                 key and rows.
         """
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        keep = stops > starts
-        starts, stops = starts[keep], stops[keep]
+        starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return
         if stops[-1] > self.shape[0] or starts[0] < 0:
