@@ -150,6 +150,10 @@ class Chunks:
             with self._lock:
                 self._shard_index[s] = index
 
+    def shard_index(self, s: tuple[int, ...]) -> np.ndarray | None:
+        """A loaded shard's index (`load_shard_indices`); None: no such shard."""
+        return self._shard_index.get(s)
+
     def shard_rows(self, s) -> tuple[int, int]:
         rows = self._codec.shard.shard_shape[0]
         return (s[0] * rows, min((s[0] + 1) * rows, self.shape[0]))

@@ -27,45 +27,21 @@ and `threading.max_workers` do not apply: zarr-python's event loop is
 bypassed for reads. Remote stores send all of a read's GETs at once
 (`grain_cells.zarr._keys`), then decode in the pool.
 
-**Why not zarr-python's reads, or the zarrs pipeline.** CPU-ms per batch of
-16 random blocks of 16 cells (indptr, data, indices), 100,000 cells x 20,000
-genes, 1,000 values per cell, stores written by anndata with its defaults,
-warm cache, two runs (`python benchmarks/zarr_decode.py`; CPU time, since
-wall time on this shared 2-core machine measures the neighbours):
+**Uncompressed chunks** of a local store are read by byte range instead,
+only the bytes each range needs (`grain_cells.zarr._raw`).
 
-| store | `Array[a:b]` per range | same, zarrs 0.2.3 pipeline | here |
-| --- | --- | --- | --- |
-| v2, blosc-lz4 (anndata 0.12) | 57-62 | 43-52 | 21-25 |
-| v3, zstd | 103-174 | 88-114 | 70-80 |
-| v3, zstd, sharded (anndata 0.13) | 90-113 | 57-75 | 36-41 |
+Why not zarr-python's reads or the zarrs pipeline, with figures:
+docs/reference/design.md, "Zarr stores are read by their chunks".
 
-Decoding is nearly all of what is left here (a 1.5 MB zstd chunk takes
-2.3 ms, a blosc-lz4 one 0.5 ms); the zarrs pipeline speeds up only the
-reads through zarr-python, which this reader no longer makes, so it is not
-a dependency.
-
-**Integrity.** zarr reads a chunk that was never written as the fill value.
-Here a missing chunk (no key, or an empty entry in a shard's index) raises
-`errors.CorruptChunkError` naming the store, array, chunk key and rows,
-unless the reader was built with `fill_missing`. anndata writes with
-zarr's default `write_empty_chunks=False`, so zarr omits a chunk only when
-every value in it equals the fill value (0): for CSR `indices` a run of
-values all in column 0, for `data` stored explicit zeros, for `indptr` the
-pointers of leading empty rows, for a dense matrix an all-zero block. So
-the io layer reads CSR `data` and `indices` with the default (error),
-`indptr` with `fill_missing="leading"` (a missing chunk reads as zeros only
-before the first stored chunk: the only place a non-decreasing `indptr`
-starting at 0 can be all zeros), and dense matrices with
-`fill_missing=True` (an all-zero block is legitimate, and indistinguishable
-from a lost one: anndata reads it as zeros too).
-A crc32c codec is checked; a truncated shard (index short, failing its
-crc32c, or pointing past the end), undecodable bytes or a chunk of the wrong
-decoded size raise `errors.CorruptChunkError` too.
-
-Arrays whose codecs `Codec` does not decode (a transpose codec, nested
-sharding, strings), and stores other than local, zip and obstore ones, are
-read through zarr-python's slicing (one call per run of touching ranges);
-those first check, once, that every chunk of the array was written.
+**Integrity.** A chunk that was never written (no key, or an empty entry
+in a shard's index) raises `errors.CorruptChunkError` naming the store,
+array, chunk key and rows, unless the reader was built with `fill_missing`
+(which arrays get which rule and why: docs/reference/design.md). A crc32c
+codec is checked; a truncated shard, undecodable bytes or a chunk of the
+wrong decoded size raise `errors.CorruptChunkError` too. Arrays whose codecs
+`Codec` does not decode, and stores other than local, zip and obstore ones,
+are read through zarr-python's slicing, which first checks, once, that
+every chunk of the array was written.
 """
 
 from __future__ import annotations
@@ -81,6 +57,7 @@ import zarr
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.ranges import chunks_touched, merge_touching, nonempty
+from grain_cells.zarr import _raw
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
 from grain_cells.zarr._keys import KeyReader
@@ -158,6 +135,7 @@ class RangeReader:
         keys = KeyReader.for_store(array.store) if codec else None
         self._chunks: Chunks | None = None
         self._codec: Codec | None = None
+        self._raw: _raw.RawReads | None = None
         if keys is not None:
             self._codec = codec
             self._chunks = Chunks(
@@ -168,6 +146,8 @@ class RangeReader:
                 cache_bytes=cache_bytes,
                 fill_missing=fill_missing,
             )
+            if _raw.applies(codec, keys, self.shape, self._cache_bytes):
+                self._raw = _raw.RawReads(self._chunks, codec, keys)
 
     @property
     def direct(self) -> bool:
@@ -218,15 +198,21 @@ class RangeReader:
 
         On a remote store, starts fetching the chunks they touch in the
         background (`Chunks.prefetch`); the next `read` of them takes the
-        bytes instead of waiting for its GETs. Locally a no-op: chunk files
-        are small reads the OS serves from its cache or reads ahead itself.
+        bytes instead of waiting for its GETs. For uncompressed chunks read
+        by byte range (`grain_cells.zarr._raw`), asks the OS to read those
+        bytes ahead. Otherwise locally a no-op: whole chunk files are reads
+        the OS serves from its cache or reads ahead itself.
         """
-        if self._chunks is None or not self.remote:
+        if self._chunks is None or not (self.remote or self._raw is not None):
             return
         starts = np.asarray(starts, np.int64)
         stops = np.asarray(stops, np.int64)
         keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
         if not keep.any():
+            return
+        if self._raw is not None and self._checked:
+            order = np.argsort(starts[keep], kind="stable")
+            self._raw.advise(*merge_touching(starts[keep][order], stops[keep][order]))
             return
         touched = chunks_touched(starts[keep], stops[keep], self._codec.chunk_shape[0])
         self._chunks.prefetch(touched.tolist())
@@ -281,6 +267,9 @@ class RangeReader:
             self._check_against_zarr()
         if self._codec is None:
             self._read_zarr(starts, stops, dest)
+            return
+        if self._raw is not None and self._codec is not None:
+            self._raw.read(starts, stops, dest, pool, pending)
             return
         work = self._plan(starts, stops, dest)
         uniq = work[0]
@@ -382,6 +371,7 @@ class RangeReader:
                     )
                     self._codec = None
                     self._chunks = None
+                    self._raw = None
             self._checked = True
 
     # -- through zarr-python -----------------------------------------------

@@ -1,0 +1,266 @@
+"""Partial reads of uncompressed chunks: only the bytes the ranges need.
+
+A chunk stored without compression (zarr v3's `bytes` codec alone, inside a
+shard or not; zarr v2 with neither compressor nor filters) holds element i
+of its chunk at byte `i * itemsize` of its stored bytes. So a range of a
+1-D array (CSR `data`, `indices`) inside one chunk is one byte range of one
+file: read straight into the destination with `os.preadv`, like the h5ad
+reader's direct path (`grain_cells.hdf5._reads`), instead of fetching and
+copying the whole chunk. anndata's default inner chunk holds ~156,000
+values; a block of 4 cells of 1,600 values needs 4% of it, so whole-chunk
+reads of such a store moved ~25x the bytes a batch uses.
+
+Used for local directory stores, 1-D arrays, native byte order, no decoded
+chunk cache (`indptr`'s chunks are cached whole instead). Everything else
+goes through `grain_cells.zarr._chunks.Chunks` (whole chunks).
+
+**Integrity.** A chunk file (or a shard's inner chunk) must hold exactly
+`chunk elements x itemsize` bytes, as zarr writes it (edge chunks are
+full-size); anything else raises `errors.CorruptChunkError` naming the store,
+array, key and rows. A missing chunk goes through `Chunks.chunk`, which
+applies the reader's `fill_missing` rule (error, or the fill value).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.zarr._chunks import Chunks
+from grain_cells.zarr._codecs import MAX_UINT_64, Codec
+from grain_cells.zarr._keys import LocalKeys
+
+# Below this many bytes a read is not split over the pool's threads.
+_MIN_BYTES_PER_TASK = 1 << 20
+_MAX_TASKS = 4
+
+
+def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
+    """Whether `RawReads` serves this array (see the module docstring)."""
+    return (
+        codec is not None
+        and not codec.stages
+        and isinstance(keys, LocalKeys)
+        and len(shape) == 1
+        and not cache_bytes
+        and (codec.stored_dtype.isnative or codec.stored_dtype.itemsize == 1)
+    )
+
+
+class RawReads:
+    """Reads ranges of an uncompressed 1-D zarr array by byte range. Thread-safe."""
+
+    def __init__(self, chunks: Chunks, codec: Codec, keys: LocalKeys):
+        self._chunks = chunks
+        self._codec = codec
+        self._keys = keys
+        self._item = codec.stored_dtype.itemsize
+        self._chunk_len = int(codec.chunk_shape[0])
+        self._chunk_bytes = codec.chunk_items * self._item
+        # A 1-D chunk's key is its number inside a fixed text (zarr's key
+        # encoding: "x/12", "x/c/12", "x.12"): formatted, not re-encoded.
+        probe = chunks.key((987654321,))
+        self._template = None
+        if probe.count("987654321") == 1:
+            template = probe.replace("987654321", "{}")
+            if template.format(0) == chunks.key((0,)):
+                self._template = template
+
+    def _key(self, k: int) -> str:
+        if self._template is not None:
+            return self._template.format(k)
+        return self._chunks.key((k,))
+
+    def plan(self, starts: np.ndarray, stops: np.ndarray):
+        """Byte pieces of reading sorted, disjoint, non-empty element ranges.
+
+        Returns:
+            `(names, key_id, ks, offsets, nbytes, dests, missing)`: the keys
+            read, and per piece (NumPy arrays) its key's position in
+            `names`, its row chunk, byte offset in that key, byte count and
+            byte offset in the destination; `missing` is a boolean mask of
+            pieces whose chunk a shard's index marks empty (or whose shard
+            is absent). One piece per range and chunk: ranges that touch
+            were merged before (`merge_touching`), so no two pieces of one
+            chunk are adjacent.
+        """
+        c = self._chunk_len
+        first = starts // c
+        n_pieces = (stops - 1) // c - first + 1
+        owner = np.repeat(np.arange(starts.size), n_pieces)
+        within = np.arange(int(n_pieces.sum())) - np.repeat(
+            np.cumsum(n_pieces) - n_pieces, n_pieces
+        )
+        ks = first[owner] + within
+        p_start = np.maximum(starts[owner], ks * c)
+        n = np.minimum(stops[owner], (ks + 1) * c) - p_start
+        item = self._item
+        dests = (np.cumsum(n) - n) * item
+        nbytes = n * item
+        missing = np.zeros(ks.size, bool)
+        if self._codec.shard is None:
+            uniq, key_id = np.unique(ks, return_inverse=True)
+            names = [self._key(k) for k in uniq.tolist()]
+            base = np.zeros(ks.size, np.int64)
+        else:
+            per = int(self._codec.shard.per_shard[0])
+            shard_id = ks // per
+            shards = np.unique(shard_id)
+            self._chunks.load_shard_indices([(s,) for s in shards.tolist()])
+            key_id = np.searchsorted(shards, shard_id)
+            names = [self._chunks.key((s,)) for s in shards.tolist()]
+            base = np.zeros(ks.size, np.int64)
+            for i, s in enumerate(shards.tolist()):
+                sel = key_id == i
+                index = self._chunks.shard_index((s,))
+                if index is None:
+                    missing[sel] = True
+                    continue
+                entry = index[ks[sel] % per]
+                empty = (entry[:, 0] == MAX_UINT_64) & (entry[:, 1] == MAX_UINT_64)
+                missing[np.flatnonzero(sel)[empty]] = True
+                wrong = ~empty & (entry[:, 1] != self._chunk_bytes)
+                if wrong.any():
+                    j = int(np.flatnonzero(wrong)[0])
+                    self._corrupt(
+                        int(ks[sel][j]),
+                        names[i],
+                        int(entry[j, 0]),
+                        f"its shard's index gives it {int(entry[j, 1])} bytes",
+                    )
+                base[sel] = np.where(empty, 0, entry[:, 0].astype(np.int64))
+        offsets = base + (p_start - ks * c) * item
+        return names, key_id, ks, offsets, nbytes, dests, missing
+
+    def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
+        """Reads sorted, disjoint, non-empty ranges, concatenated, into `dest`."""
+        names, key_id, ks, offsets, nbytes, dests, missing = self.plan(starts, stops)
+        view = memoryview(dest.reshape(-1).view(np.uint8))
+        for p in np.flatnonzero(missing).tolist():  # fill value or an error
+            self._fill(view, int(ks[p]), int(offsets[p]), int(nbytes[p]), int(dests[p]))
+        if missing.any():
+            keep = ~missing
+            key_id, ks, offsets, nbytes, dests = (
+                a[keep] for a in (key_id, ks, offsets, nbytes, dests)
+            )
+        if not ks.size:
+            return
+        lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
+        total = int(nbytes.sum())
+        if pool is None or total < 2 * _MIN_BYTES_PER_TASK or ks.size < 2:
+            self._read_pieces(view, names, *lists)
+            return
+        n_tasks = min(_MAX_TASKS, ks.size, total // _MIN_BYTES_PER_TASK)
+        cuts = np.searchsorted(
+            np.cumsum(nbytes), np.linspace(0, total, n_tasks + 1)[1:-1]
+        ).tolist()
+        bounds = [0, *cuts, ks.size]
+        futures = [
+            pool.submit(self._read_pieces, view, names, *(x[a:b] for x in lists))
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+        if pending is not None:
+            pending.extend(futures)
+            return
+        concurrent.futures.wait(futures)
+        for f in futures:
+            f.result()
+
+    def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
+        if not hasattr(os, "posix_fadvise"):  # pragma: no cover - not Linux
+            return
+        names, key_id, _, offsets, nbytes, _, missing = self.plan(starts, stops)
+        keep = ~missing
+        key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
+        bounds = np.flatnonzero(np.diff(key_id)) + 1
+        for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
+            fd = self._open(names[int(key_id[lo])])
+            if fd is None:
+                continue
+            try:
+                for off, nb in zip(
+                    offsets[lo:hi].tolist(), nbytes[lo:hi].tolist(), strict=True
+                ):
+                    os.posix_fadvise(fd, off, nb, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    def _open(self, key: str) -> int | None:
+        try:
+            return os.open(os.path.join(self._keys.root, key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
+        i = 0
+        while i < len(key_id):
+            j = i
+            while j < len(key_id) and key_id[j] == key_id[i]:
+                j += 1
+            key = names[key_id[i]]
+            fd = self._open(key)
+            if fd is None:  # no chunk file (or no shard): Chunks' rule applies
+                for p in range(i, j):
+                    self._fill(view, ks[p], offsets[p], nbytes[p], dests[p])
+                i = j
+                continue
+            try:
+                if self._codec.shard is None:
+                    size = os.fstat(fd).st_size
+                    if size != self._chunk_bytes:
+                        self._corrupt(ks[i], key, None, f"its file holds {size} bytes")
+                for p in range(i, j):
+                    off, nb, d = offsets[p], nbytes[p], dests[p]
+                    got = os.preadv(fd, [view[d : d + nb]], off)
+                    while got < nb:  # short reads are legal; zero means the end
+                        more = os.preadv(fd, [view[d + got : d + nb]], off + got)
+                        if more == 0:
+                            self._corrupt(
+                                ks[p], key, off, f"its file ends at byte {off + got}"
+                            )
+                        got += more
+            finally:
+                os.close(fd)
+            i = j
+
+    def _fill(self, view, k: int, off: int, nb: int, d: int) -> None:
+        """A piece of a chunk with no stored bytes: the fill value, or an error.
+
+        `Chunks.chunk` decides (the reader's `fill_missing` rule) and raises
+        `errors.CorruptChunkError` naming the key when it must not fill.
+        """
+        chunk = self._chunks.chunk((k,), None)
+        flat = memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+        base = 0
+        if self._codec.shard is not None:
+            _, a, _, _ = self._chunks.request((k,))
+            base = a if a is not None and a >= 0 else 0
+        view[d : d + nb] = flat[off - base : off - base + nb]
+
+    def _rows(self, k: int) -> tuple[int, int]:
+        c = self._chunk_len
+        return (k * c, min((k + 1) * c, self._chunks.shape[0]))
+
+    def _corrupt(self, k, key, offset, found: str):
+        rows = self._rows(k)
+        held = f" It holds rows [{rows[0]}, {rows[1]})."
+        raise errors.CorruptChunkError(
+            f"{self._chunks.path}: {self._chunks.name} chunk key {key!r} "
+            f"(uncompressed) is corrupt: {found}, an uncompressed chunk of "
+            f"{self._codec.chunk_items} x {self._item}-byte values is "
+            f"{self._chunk_bytes}.{held} The store is damaged (truncated or "
+            "rewritten during a copy): rewrite or re-copy it.",
+            path=self._chunks.path,
+            dataset=self._chunks.name,
+            byte_offset=offset,
+            rows=rows,
+            chunk_key=key,
+        )
