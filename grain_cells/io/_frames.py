@@ -131,7 +131,7 @@ def _frame_index(f: h5py.File, name: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = frame[key]
+    index = nodes.checked(frame[key], path)
     names = _plain_strings(index)
     if names is not None:
         return names
@@ -214,7 +214,11 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     path = file_name(f)
     group = f["obs"]
     _check_column(f, name)
-    column = None if is_legacy_frame(group) else _plain_column(group[name])
+    column = (
+        None
+        if is_legacy_frame(group)
+        else _plain_column(nodes.checked(group[name], path))
+    )
     if column is None:
         column = _to_column(path, name, _obs_values(f, name))
     shape = column.values.shape
@@ -304,7 +308,7 @@ def _plain_column(elem) -> ObsColumn | None:
 def _read_column(path: str, group: h5py.Group, name: str):
     import pandas as pd
 
-    elem = group[name]
+    elem = nodes.checked(group[name], path)
     try:
         with warnings.catch_warnings():
             # Legacy files are expected input; anndata's warning is not

@@ -160,6 +160,34 @@ def is_zarr_array(node) -> bool:
     return zarr is not None and isinstance(node, zarr.Array)
 
 
+def checked(node, path: str):
+    """`node`, its zarr arrays checked against their own metadata documents.
+
+    A store's consolidated metadata is used to open it, and is only a copy:
+    a store changed after it was consolidated would be read with the wrong
+    shape, dtype or codecs. For a zarr array, or a zarr group's arrays one
+    level down (a categorical's codes and categories, a nullable column's
+    values and mask), each is compared with its own document
+    (`grain_cells.zarr._store.check_array`: one GET per array in a bucket).
+    h5py nodes are returned as they are.
+
+    Raises:
+        errors.AnnDataFormatError: A consolidated entry disagrees with its
+            array, naming the store, the array and the fields.
+    """
+    zarr = _zarr()
+    if zarr is None:
+        return node
+    from grain_cells.zarr._store import check_array
+
+    if isinstance(node, zarr.Array):
+        check_array(node, path)
+    elif isinstance(node, zarr.Group):
+        for _, child in node.arrays():
+            check_array(child, path)
+    return node
+
+
 def get(group, name: str):
     """`group[name]`, or None when it is absent (or an HDF5 link dangles)."""
     try:
@@ -276,6 +304,7 @@ def zarr_chunk_bytes(array) -> int | None:
 __all__ = [
     "StoreFile",
     "attr_str",
+    "checked",
     "file_name",
     "get",
     "is_array",

@@ -104,3 +104,22 @@ def test_missing_layer_lists_the_stores_matrices(tmp_path):
     with pytest.raises(MissingColumnError, match=re.escape(path)) as e:
         AnnDataSource(path, layer="nope")
     assert "layers/counts" in str(e.value) and "raw/X" in str(e.value)
+
+
+@pytest.mark.parametrize("column", ["cat", "num"])
+def test_obs_read_through_stale_consolidated_metadata_is_refused(tmp_path, column):
+    """An obs array changed after consolidation: refused, never misread."""
+    import json
+    import pathlib
+
+    from grain_cells.errors import AnnDataFormatError
+
+    path = write_store(make_adata(), tmp_path / "a.zarr", "v2")  # consolidated
+    array = "codes" if column == "cat" else None
+    doc = pathlib.Path(path, "obs", column, *([array] if array else []), ".zarray")
+    meta = json.loads(doc.read_text())
+    meta["shape"] = [meta["shape"][0] - 1]  # the array's own document moved on
+    doc.write_text(json.dumps(meta))
+    with pytest.raises(AnnDataFormatError, match="consolidated metadata of /obs/") as e:
+        AnnDataSource(path, obs_columns=[column])
+    assert path in str(e.value) and "shape" in str(e.value)
