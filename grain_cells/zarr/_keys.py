@@ -25,59 +25,16 @@ import zipfile
 
 import zarr
 
-from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote._store import (
+    check_not_forked_after_use,
+    mark_obstore_used,
+)
 
 # Keys fetched at once by one read of a remote store (threads blocked in
 # obstore's GIL-free calls), per process.
 FETCH_THREADS = 32
 _fetch_threads = fork.ProcessCache()
-
-
-class _ObstoreUse:
-    """Whether this process, or the one it was forked from, used obstore.
-
-    obstore's runtime does not survive `os.fork`: once a process has sent
-    requests through it, every request of a forked child hangs, whatever
-    store it builds (measured with obstore 0.12 and moto). A child can only
-    be told so, instead of hanging.
-    """
-
-    here = False
-    inherited = False
-
-
-def mark_obstore_used() -> None:
-    """Notes that this process has sent requests through obstore."""
-    _ObstoreUse.here = True
-
-
-@fork.in_child
-def _after_fork() -> None:
-    _ObstoreUse.inherited = (
-        _ObstoreUse.here or _ObstoreUse.inherited or bool(object_store.request_counts())
-    )
-    _ObstoreUse.here = False
-
-
-def check_not_forked_after_use(where: str) -> None:
-    """Raises instead of hanging in a child forked after obstore was used.
-
-    Raises:
-        errors.ObjectStoreError: This process was forked from one that had
-            already sent requests through obstore.
-    """
-    if _ObstoreUse.inherited:
-        raise errors.ObjectStoreError(
-            f"{where}: this process was forked from one that had already read "
-            "from an object store, and obstore's runtime does not survive "
-            "os.fork (its requests would hang). Read remote stores from "
-            "spawned processes (Grain's workers are spawned; for "
-            "multiprocessing use get_context('spawn')), or fork before the "
-            "first remote read.",
-            url=where,
-        )
 
 
 class KeyReader:

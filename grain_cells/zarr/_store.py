@@ -33,7 +33,10 @@ import zarr
 
 from grain_cells import errors
 from grain_cells.storage.remote import _store as object_store
-from grain_cells.zarr._keys import check_not_forked_after_use, mark_obstore_used
+from grain_cells.storage.remote._store import (
+    check_not_forked_after_use,
+    mark_obstore_used,
+)
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")

@@ -43,6 +43,7 @@ import os
 import threading
 import urllib.parse
 
+from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage.remote import _aws as aws_profiles
 from grain_cells.storage.remote import _retries as store_retries
@@ -113,6 +114,7 @@ def request_counts() -> dict[str, int]:
 
 def count_request(kind: str, n: int = 1) -> None:
     """Counts `n` requests of `kind` (see `request_counts`)."""
+    _ObstoreUse.here = True
     with _counts_lock:
         _counts[kind] += n
 
@@ -137,12 +139,63 @@ def max_in_flight(storage_options: dict | None) -> int:
     return value
 
 
+class _ObstoreUse:
+    """Whether this process, or the one it was forked from, used obstore.
+
+    obstore's runtime does not survive `os.fork`: once a process has sent
+    requests through it, every request of a forked child hangs, whatever
+    store it builds (measured with obstore 0.12 and moto: for a zarr store
+    and for an `.h5ad` object, whose child also crashed with "double free or
+    corruption"). A child can only be told so, instead of hanging: a child
+    builds its own stores (`store_for`, `store_at`), which check first; zarr
+    reuses its parent's, so its reads check too (`grain_cells.zarr._keys`).
+    """
+
+    here = False
+    inherited = False
+
+
+def mark_obstore_used() -> None:
+    """Notes that this process has sent requests through obstore."""
+    _ObstoreUse.here = True
+
+
+@fork.in_child
+def _after_fork() -> None:
+    _ObstoreUse.inherited = (
+        _ObstoreUse.here or _ObstoreUse.inherited or bool(request_counts())
+    )
+    _ObstoreUse.here = False
+
+
+def check_not_forked_after_use(where: str) -> None:
+    """Raises instead of hanging in a child forked after obstore was used.
+
+    Raises:
+        errors.ObjectStoreError: This process was forked from one that had
+            already sent requests through obstore.
+    """
+    if _ObstoreUse.inherited:
+        raise errors.ObjectStoreError(
+            f"{where}: this process was forked from one that had already read "
+            "from an object store, and obstore's runtime does not survive "
+            "os.fork (its requests would hang). Read remote stores from "
+            "spawned processes (Grain's workers are spawned; for "
+            "multiprocessing use get_context('spawn')), or fork before the "
+            "first remote read.",
+            url=where,
+        )
+
+
 def store_for(url: str, storage_options: dict | None = None):
     """The (per-process, cached) obstore store for `url`'s bucket or host.
 
     Raises:
         ValueError: An unknown storage option; names it.
+        errors.ObjectStoreError: This process was forked after its parent
+            read from an object store (`check_not_forked_after_use`).
     """
+    check_not_forked_after_use(url)
     root, _ = split_url(url)
     options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
     # The environment's profile settings are part of the key: a process that
@@ -164,7 +217,9 @@ def store_at(url: str, storage_options: dict | None = None):
 
     Raises:
         ValueError: An unknown storage option; names it.
+        errors.ObjectStoreError: Forked after obstore was used (as `store_for`).
     """
+    check_not_forked_after_use(url)
     split_url(url)  # names a bad URL
     root = url.rstrip("/")
     options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
