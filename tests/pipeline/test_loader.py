@@ -677,7 +677,8 @@ def test_workers_do_not_import_anndata_or_pandas(csr_paths, helpers):
         helpers.close_iterator(iterator)
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~4 s; tests/transport/test_leases.py keeps the quick checks
+@pytest.mark.parametrize("workers", [0, 2])
 def test_no_leaks(csr_paths, helpers, workers):
     *_, loader = helpers.build(csr_paths, worker_count=workers, **CONFIG)
     # Warm up: the source's files opened here (without workers); the resource

@@ -607,6 +607,7 @@ def test_disk_full_raises_cleanly_and_keeps_complete_parts(tmp_path, tiny_disk):
         np.testing.assert_array_equal(dense_x(got), dense_x(ref))
 
 
+@pytest.mark.slow  # a subprocess: ~4 s
 def test_disk_full_in_a_subprocess_exits_normally(tmp_path, tiny_disk):
     """No SIGBUS/SIGSEGV at exit, even when HDF5 itself meets the full disk
     (here the space reservation is bypassed)."""

@@ -89,7 +89,7 @@ def check(received: dict, i: int, mode: str = "put") -> None:
         (1, "put"),
         pytest.param(3, "put", marks=pytest.mark.slow),
         (1, "writer"),
-        (3, "writer"),
+        pytest.param(3, "writer", marks=pytest.mark.slow),
     ],
 )
 def test_every_value_survives_slot_reuse(slots, mode):
