@@ -65,7 +65,7 @@ class RawReads:
         # encoding: "x/12", "x/c/12", "x.12"): formatted, not re-encoded.
         probe = chunks.key((987654321,))
         self._template = None
-        if probe.count("987654321") == 1:
+        if probe.count("987654321") == 1 and not {"{", "}"} & set(probe):
             template = probe.replace("987654321", "{}")
             if template.format(0) == chunks.key((0,)):
                 self._template = template
