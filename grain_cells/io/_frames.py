@@ -214,11 +214,7 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     path = file_name(f)
     group = f["obs"]
     _check_column(f, name)
-    column = (
-        None
-        if is_legacy_frame(group)
-        else _plain_column(nodes.checked(group[name], path))
-    )
+    column = None if is_legacy_frame(group) else _plain_column(group[name])
     if column is None:
         column = _to_column(path, name, _obs_values(f, name))
     shape = column.values.shape
@@ -254,10 +250,13 @@ def read_obs_values(f: h5py.File, name: str):
 
 
 def _check_column(f: h5py.File, name: str) -> None:
+    """The column exists; a zarr column's arrays agree with their metadata."""
     if name not in obs_columns(f) or name.startswith("__"):
         raise errors.MissingColumnError(
             f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
         )
+    if not is_legacy_frame(f["obs"]):
+        nodes.checked(f["obs"][name], file_name(f))
 
 
 def _obs_values(f: h5py.File, name: str):
@@ -308,7 +307,7 @@ def _plain_column(elem) -> ObsColumn | None:
 def _read_column(path: str, group: h5py.Group, name: str):
     import pandas as pd
 
-    elem = nodes.checked(group[name], path)
+    elem = group[name]
     try:
         with warnings.catch_warnings():
             # Legacy files are expected input; anndata's warning is not

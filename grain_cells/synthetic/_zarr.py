@@ -153,17 +153,31 @@ def cached_tahoe_like_zarr(
     )
     kind = "default" if compressed else "raw"
     final = h5ad.with_name(f"{h5ad.stem}-{layout}-{kind}.zarr")
+    return _made_once(
+        final,
+        f"from {h5ad.name}",
+        lambda tmp: tahoe_like_to_zarr(
+            h5ad, tmp, layout=layout, compressed=compressed, progress=progress
+        ),
+        progress,
+    )
+
+
+def _made_once(final: pathlib.Path, how: str, make, progress: bool) -> pathlib.Path:
+    """`final` if it exists; else made by `make(folder)`, then renamed.
+
+    The folder is a temporary one beside `final`: an interrupted run leaves
+    nothing that looks finished.
+    """
     if final.is_dir():
         return final
     if progress:
-        print(f"making {final} from {h5ad.name} (once)", file=sys.stderr, flush=True)
+        print(f"making {final} {how} (once)", file=sys.stderr, flush=True)
     tmp = pathlib.Path(
         tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
     )
     try:
-        tahoe_like_to_zarr(
-            h5ad, tmp, layout=layout, compressed=compressed, progress=progress
-        )
+        make(tmp)
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -225,24 +239,16 @@ def cached_tahoe_like_annbatch(
     )
     tag = "" if dataset_size == "20GB" else f"-ds{dataset_size}"
     final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}{tag}.zarr")
-    if final.is_dir():
-        return final
-    if progress:
-        print(f"making {final} with annbatch (once)", file=sys.stderr, flush=True)
-    tmp = pathlib.Path(
-        tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-    )
-    try:
+
+    def make(tmp: pathlib.Path) -> None:
         shutil.rmtree(tmp)  # annbatch makes the group itself
         annbatch.DatasetCollection(str(tmp)).add_adatas(
             [str(h5ad)],
             rng=np.random.default_rng(int(shuffle_seed)),
             dataset_size=dataset_size,
         )
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return _made_once(final, "with annbatch", make, progress)
 
 
 def tahoe_like_to_zarr(

@@ -268,7 +268,7 @@ class RangeReader:
         if self._codec is None:
             self._read_zarr(starts, stops, dest)
             return
-        if self._raw is not None and self._codec is not None:
+        if self._raw is not None:
             self._raw.read(starts, stops, dest, pool, pending)
             return
         work = self._plan(starts, stops, dest)

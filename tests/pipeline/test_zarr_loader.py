@@ -140,14 +140,6 @@ def _codecs(name):
         "v3-uncompressed",
         "v2-uncompressed",
         "v3-sharded-uncompressed",
-        slow=(
-            "v2-blosc-zstd",
-            "v3-gzip",
-            "v3-blosc-lz4",
-            "v3-uncompressed",
-            "v2-uncompressed",
-            "v3-sharded-uncompressed",
-        ),
     ),
 )
 def test_codecs_through_the_loader(csr_paths, tmp_path, h5ad_epoch, helpers, codec):

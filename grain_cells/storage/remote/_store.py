@@ -162,9 +162,9 @@ def mark_obstore_used() -> None:
 
 @fork.in_child
 def _after_fork() -> None:
-    _ObstoreUse.inherited = (
-        _ObstoreUse.here or _ObstoreUse.inherited or bool(request_counts())
-    )
+    # No lock here (a parent's thread may hold `_counts_lock` at the fork):
+    # every counted request has set `here` (`count_request`).
+    _ObstoreUse.inherited = _ObstoreUse.here or _ObstoreUse.inherited
     _ObstoreUse.here = False
 
 
