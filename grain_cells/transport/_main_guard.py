@@ -27,7 +27,6 @@ operations at its top level, and iterates under the guard, still works.
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import sys
 import threading
@@ -121,22 +120,40 @@ def main_guard_error(what: str, site: tuple[str, int]) -> MainGuardError:
     )
 
 
-@functools.cache
+# `ast.parse` is not safe from several threads at once on CPython 3.11 (it can
+# raise `SystemError: AST constructor recursion depth mismatch`), and Grain
+# pickles the operations for its workers from several threads at once: each
+# script is parsed once per process, one parse at a time, under this lock.
+_parse_lock = threading.Lock()
+_parsed: dict[str, frozenset[int] | None] = {}
+
+
 def _guarded_lines(path: str) -> frozenset[int] | None:
     """Lines of a script inside top-level `if __name__ == "__main__":` blocks.
 
-    None when the script cannot be read or parsed (then nothing is refused).
+    None when the check cannot tell: the script cannot be read or parsed, or
+    the parser fails in any other way (then nothing is refused). Cached.
     """
+    with _parse_lock:
+        if path not in _parsed:
+            _parsed[path] = _parse_guarded_lines(path)
+        return _parsed[path]
+
+
+_guarded_lines.cache_clear = _parsed.clear  # as functools.cache's, for tests
+
+
+def _parse_guarded_lines(path: str) -> frozenset[int] | None:
     try:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        lines: set[int] = set()
+        for node in tree.body:
+            if isinstance(node, ast.If) and _tests_main(node.test):
+                end = node.body[-1].end_lineno or node.lineno  # not the `else:`
+                lines.update(range(node.lineno, end + 1))
+    except Exception:  # a check that fails cannot tell
         return None
-    lines: set[int] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and _tests_main(node.test):
-            end = node.body[-1].end_lineno or node.lineno  # not the `else:`
-            lines.update(range(node.lineno, end + 1))
     return frozenset(lines)
 
 

@@ -137,3 +137,36 @@ def test_operations_built_at_the_top_and_iterated_under_the_guard_run(tmp_path):
         for r in line.split()[1:]
     ]
     assert sorted(rows) == list(range(64))
+
+
+def _padding(lines: int) -> str:
+    """`lines` lines of nested top-level functions (a long training script)."""
+    out = []
+    for i in range(lines // 3):
+        out += [
+            f"def helper{i}(x):",
+            f"    return [[[(x + {i}) * k for k in range(3) if k] for _ in (1, 2)]"
+            " for _ in ((1,),)]",
+            "",
+        ]
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.slow
+def test_a_long_guarded_script_with_workers_runs(tmp_path):
+    """Grain's worker-start threads check the guard at once: a script of
+    ~2,500 lines used to crash with `SystemError: AST constructor recursion
+    depth mismatch` (the guard's cache is cold in a fresh interpreter)."""
+    _write(tmp_path)
+    code = textwrap.dedent(BUILT_AT_TOP_ITERATED_UNDER_THE_GUARD)
+    code = code.replace("def main():", _padding(2_500) + "def main():", 1)
+    done, _ = _run(tmp_path, code, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SystemError" not in done.stderr
+    rows = [
+        int(r)
+        for line in done.stdout.splitlines()
+        if line.startswith("ROWS")
+        for r in line.split()[1:]
+    ]
+    assert sorted(rows) == list(range(64))
