@@ -156,6 +156,15 @@ class SharedMemoryFullError(OSError):
 class MainGuardError(RuntimeError):
     """Worker processes were started from a script's unguarded top level."""
 
+    def add_note(self, note: str) -> None:
+        """Adds `note`, except Grain's note that a dataset "cannot be pickled".
+
+        The operations refuse to be pickled with this error, which says why
+        itself; Grain's note would blame pickling instead.
+        """
+        if not note.endswith("cannot be pickled!"):
+            super().add_note(note)
+
 
 class TruncationError(ValueError):
     """A cell has more stored values than a fixed-width output holds.

@@ -106,11 +106,13 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             _UNGUARDED_SITE = site
             # Grain pickles the operations to start its workers, each of which
             # would re-run the script's top level and die (see _main_guard).
+            # Grain pickles again to find what failed, while handling the
+            # first refusal: `from None`, so the user reads one message.
             raise main_guard.main_guard_error(
                 "grain.DataLoader(..., operations=fetch_operations(...)) with "
                 "worker processes",
                 site,
-            )
+            ) from None
         state = self.__dict__.copy()
         state["_pickled_in"] = os.getpid()
         return state

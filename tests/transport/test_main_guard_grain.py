@@ -83,6 +83,11 @@ def test_unguarded_grain_dataloader_with_workers_raises_in_the_parent(tmp_path):
     assert "terminated unexpectedly with exit code" not in done.stderr
     assert "ROWS" not in done.stdout
     assert seconds < 60
+    # One message, not Grain's retry of the pickle chained to the first one
+    # and its note that the dataset "cannot be pickled" (issue 34).
+    assert done.stderr.count("was started from the top level of") == 1, done.stderr
+    assert "During handling of the above exception" not in done.stderr
+    assert "cannot be pickled" not in done.stderr
 
 
 @pytest.mark.slow
