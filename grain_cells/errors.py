@@ -166,6 +166,16 @@ class MainGuardError(RuntimeError):
             super().add_note(note)
 
 
+class NotAMinibatchError(TypeError):
+    """A block record of an `AnnDataSource` was used as a minibatch.
+
+    A plain `grain.DataLoader` over an `AnnDataSource` whose `operations`
+    lack `grain_cells.fetch_operations(source, batch_size=...)` yields the
+    source's records, `Block` descriptors (which cells a record holds), not
+    minibatches; raised when one is indexed by a key such as `"X"`.
+    """
+
+
 class TruncationError(ValueError):
     """A cell has more stored values than a fixed-width output holds.
 

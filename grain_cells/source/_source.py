@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grain_cells._util import absl_flags
 from grain_cells.io._cells import Cells
 from grain_cells.io._file_set import FileSet, OpenFile
 from grain_cells.io._matrix import RowBuffer
@@ -150,6 +151,8 @@ class AnnDataSource(SourceDescription):
             storage_options=storage_options,
         )
         self._bind(files, table, options)
+        # Grain reads an absl flag when a grain.DataLoader starts workers.
+        absl_flags.allow_unparsed()
         for i, path in enumerate(files.paths):  # objects' metadata once
             if object_store.is_url(path):
                 self._reads.file(i)

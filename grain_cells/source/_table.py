@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from grain_cells import errors
+
 
 class Block(NamedTuple):
     """One record of an `AnnDataSource`: cells `[start, stop)` of the source.
@@ -48,6 +50,26 @@ class Block(NamedTuple):
     start: int
     stop: int
     source_id: int = 0
+
+    def __getitem__(self, key):
+        """A field by position, as a tuple's; a key such as `"X"` raises.
+
+        Raises:
+            errors.NotAMinibatchError: `key` is not an integer or a slice: a
+                block reached code that expects a minibatch (a loader's
+                operations lack `grain_cells.fetch_operations`).
+        """
+        if isinstance(key, (int, slice, np.integer)):
+            return tuple.__getitem__(self, key)
+        raise errors.NotAMinibatchError(
+            f"indexed a grain_cells Block with {key!r}, expecting a minibatch: "
+            "a grain.DataLoader over an AnnDataSource yields its records, "
+            "Block descriptors of which cells each holds, unless its "
+            "operations read them. Add grain_cells.fetch_operations(source, "
+            "batch_size=...) to operations (after them, your own operations "
+            "see minibatches), or use grain_cells.loader(source, "
+            "batch_size=...)."
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from grain_cells._util import fork
+from grain_cells._util import absl_flags, fork
 
 # Exit status of a worker that outlived its parent (EX_SOFTWARE).
 ORPHAN_EXIT_CODE = 70
@@ -51,15 +51,10 @@ def in_child_process() -> bool:
 def allow_unparsed_flags() -> None:
     """Marks absl flags parsed in a program that never parsed them.
 
-    Grain reads one of its absl flags when it starts worker processes, which
-    raises `UnparsedFlagAccessError` in programs that never call
-    `absl.app.run` or `FLAGS(argv)` (scripts, notebooks, pytest). Flags that
-    were parsed are left alone, so absl programs see no change.
+    Grain reads one of its absl flags when it starts worker processes (see
+    `grain_cells._util.absl_flags`).
     """
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+    absl_flags.allow_unparsed()
 
 
 def fetch_starting() -> None:
