@@ -188,6 +188,14 @@ class TruncationWarning(UserWarning):
     """Cells were truncated to a fixed-width output (shown once per process)."""
 
 
+class WorkerCountWarning(UserWarning):
+    """More worker processes were asked for than this process has cores.
+
+    Shown once per loader; the message names the cores found
+    (`os.sched_getaffinity`) and the `worker_count` asked for.
+    """
+
+
 class WorkerDiedError(RuntimeError):
     """A worker process of a data iterator died (killed, or out of memory).
 

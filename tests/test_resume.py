@@ -20,6 +20,9 @@ from grain_cells.errors import CheckpointMismatchError
 # and 61 cells end in short blocks, so some fetches are short.
 CONFIG = {"block_size": 4, "batch_size": 4, "fetch_factor": 4, "seed": 7}
 
+# 3 workers on purpose, more than 2 cores (CI): errors.WorkerCountWarning
+OVERSUBSCRIBED = "ignore::grain_cells.errors.WorkerCountWarning"
+
 
 def rows(batches) -> list[tuple]:
     return [tuple(b["row_ids"]) for b in batches]
@@ -65,6 +68,9 @@ def test_reference_crosses_an_epoch_boundary_with_short_fetches(reference, helpe
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings(
+    "ignore::grain_cells.errors.WorkerCountWarning"
+)  # 3 > 2 cores
 @pytest.mark.parametrize("workers", [2, 3])
 def test_workers_give_the_identical_sequence(reference, csr_paths, helpers, workers):
     flags.FLAGS.mark_as_parsed()
@@ -77,6 +83,9 @@ def test_workers_give_the_identical_sequence(reference, csr_paths, helpers, work
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings(
+    "ignore::grain_cells.errors.WorkerCountWarning"
+)  # 3 > 2 cores
 @pytest.mark.parametrize("saved_with", [0, 2, 3])
 def test_restore_under_every_other_worker_count(
     reference, csr_paths, helpers, saved_with

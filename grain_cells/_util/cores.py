@@ -31,6 +31,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import warnings
+
+from grain_cells import errors
 
 MAX_READ_THREADS = 4
 
@@ -64,3 +68,34 @@ def read_threads(requested: int | str = "auto") -> int:
     if requested != "auto":
         return int(requested)
     return max(1, min(MAX_READ_THREADS, available() // processes_sharing()))
+
+
+def warn_if_oversubscribed(worker_count: int) -> None:
+    """Warns (`errors.WorkerCountWarning`) if `worker_count` exceeds the cores.
+
+    Called once per loader, where it is built; the warning points at the
+    first frame outside grain_cells (the caller's line).
+    """
+    cores = available()
+    if worker_count <= cores:
+        return
+    warnings.warn(
+        f"worker_count={worker_count} is more than the {cores} cores this "
+        "process may run on (os.sched_getaffinity): more worker processes "
+        "than cores slow reading down (they take turns on the cores, and "
+        "each holds its own read buffers and fetches in flight). Pass "
+        f"worker_count={cores} or fewer.",
+        errors.WorkerCountWarning,
+        stacklevel=_stacklevel_outside_package(),
+    )
+
+
+def _stacklevel_outside_package() -> int:
+    """`stacklevel` of the innermost frame outside grain_cells, for warn()."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2  # warn_if_oversubscribed's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        package + os.sep
+    ):
+        frame, level = frame.f_back, level + 1
+    return level

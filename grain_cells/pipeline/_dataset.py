@@ -39,7 +39,7 @@ import sys
 import grain
 from grain import sharding
 
-from grain_cells._util import arguments
+from grain_cells._util import arguments, cores
 from grain_cells.pipeline import _state_checks as state_checks
 from grain_cells.pipeline._config import check_condition_sampler, check_same_source
 from grain_cells.pipeline._fetch import SplitFetch
@@ -106,6 +106,7 @@ class CellDataset(grain.IterDataset):
         self.sampler = sampler
         self.split = split
         self.worker_count = arguments.check_int("worker_count", worker_count, minimum=0)
+        cores.warn_if_oversubscribed(self.worker_count)
         self.worker_buffer_size = arguments.check_int(
             "worker_buffer_size", worker_buffer_size, minimum=1
         )
