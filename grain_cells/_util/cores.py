@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import warnings
 
 from grain_cells import errors
+from grain_cells._util import stack
 
 MAX_READ_THREADS = 4
 
@@ -86,16 +86,5 @@ def warn_if_oversubscribed(worker_count: int) -> None:
         "each holds its own read buffers and fetches in flight). Pass "
         f"worker_count={cores} or fewer.",
         errors.WorkerCountWarning,
-        stacklevel=_stacklevel_outside_package(),
+        stacklevel=stack.stacklevel_outside_package(),
     )
-
-
-def _stacklevel_outside_package() -> int:
-    """`stacklevel` of the innermost frame outside grain_cells, for warn()."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(2), 2  # warn_if_oversubscribed's caller
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        package + os.sep
-    ):
-        frame, level = frame.f_back, level + 1
-    return level

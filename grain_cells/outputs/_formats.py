@@ -23,8 +23,10 @@ and the expression in one of three formats:
   than `width` stored values is never cut silently: by the policy `truncate`,
   `"largest"` (default) keeps its `width` largest values (ties: lower column
   first), `"first"` keeps its first `width` values in column order, and
-  either warns once per process with the figures
-  (`errors.TruncationWarning`) and marks the cell in `truncated`;
+  either marks the cell in `truncated`, and the loader warns once, in the
+  trainer, with the figures (`errors.TruncationWarning`; a fitted width only
+  when it cuts clearly more cells than its quantile leaves out:
+  `grain_cells.outputs._padded.TruncationReport`);
   `"error"` raises `errors.TruncationError` naming the cell.
   ("Column order" is the stored order where a source's `join` or `genes`
   reorders a file's genes; see `AnnDataSource`.)

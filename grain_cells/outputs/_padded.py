@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util import arguments
+from grain_cells._util import arguments, stack
 from grain_cells.outputs import _width
 from grain_cells.outputs._protocol import Fetch, dtype_name, zeros
 
@@ -33,9 +33,10 @@ class PaddedSparseOutput:
         truncate: For a cell with more than `width` stored values:
             `"largest"` keeps its `width` largest values (ties: lower column
             first), `"first"` its first `width` in column order; both set
-            its `truncated` flag and warn once per process
-            (`errors.TruncationWarning`, with the figures). `"error"` raises
-            `errors.TruncationError` naming the cell, its count and the width.
+            its `truncated` flag, and the loader warns once, in the trainer
+            (`errors.TruncationWarning`, with the figures; see
+            `TruncationReport`). `"error"` raises `errors.TruncationError`
+            naming the cell, its count and the width.
         dtype: dtype of `values`.
         quantile: Which quantile of the sampled counts a fitted width
             covers (used only when `width` is None); 1.0 takes the widest
@@ -75,7 +76,14 @@ class PaddedSparseOutput:
         if self.width is not None:
             return self
         width = _width.fit_width(source, self.quantile, read)
-        return dataclasses.replace(self, width=width)
+        fitted = dataclasses.replace(self, width=width)
+        object.__setattr__(fitted, "_fitted", True)  # not a field: same fingerprint
+        return fitted
+
+    @property
+    def fitted(self) -> bool:
+        """Whether `width` was fitted to the data (`fit_to_source`)."""
+        return bool(self.__dict__.get("_fitted"))
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
@@ -93,8 +101,8 @@ class PaddedSparseOutput:
         lengths = indptr[rows + 1] - begin
         w = self.width
         over = lengths > w
-        if over.any():
-            self._report(over, lengths, fetch.row_ids[rows])
+        if self.truncate == "error" and over.any():
+            self._refuse(over, lengths, fetch.row_ids[rows])
         values = zeros(empty, (batch_size, w), self.dtype)
         cols = zeros(empty, (batch_size, w), np.int32)
         largest = self.truncate == "largest"
@@ -115,33 +123,15 @@ class PaddedSparseOutput:
         truncated[: lengths.size] = over
         return {"values": values, "indices": cols, "nnz": nnz, "truncated": truncated}
 
-    def _report(self, over: np.ndarray, lengths: np.ndarray, row_ids) -> None:
-        """Raises (`truncate="error"`) or warns once about truncated cells."""
-        w, widest = self.width, int(np.argmax(lengths))
-        if self.truncate == "error":
-            r = int(np.flatnonzero(over)[0])
-            raise errors.TruncationError(
-                f"cell {int(row_ids[r])} (global row id) has {int(lengths[r])} "
-                f"stored values, more than PaddedSparseOutput(width={w}) holds "
-                "(truncate='error'); give a larger width (or, for a width fitted "
-                "to the data, a higher quantile such as quantile=1.0), or "
-                "choose truncate='largest' or 'first'"
-            )
-        if self.__dict__.get("_warned"):
-            return
-        object.__setattr__(self, "_warned", True)  # once per process
-        kept = "largest" if self.truncate == "largest" else "first (column order)"
-        warnings.warn(
-            f"PaddedSparseOutput(width={w}): {int(over.sum())} of {lengths.size} "
-            f"cells of a minibatch have more stored values than width (up to "
-            f"{int(lengths[widest])}, cell {int(row_ids[widest])}); each keeps "
-            f"its {w} {kept} values. batch['truncated'] marks such cells in "
-            "every minibatch; this warning is shown once per process. Give a "
-            "larger width (or, for a width fitted to the data, a higher "
-            "quantile such as quantile=1.0), or pass truncate='error' to "
-            "refuse such cells.",
-            errors.TruncationWarning,
-            stacklevel=2,
+    def _refuse(self, over: np.ndarray, lengths: np.ndarray, row_ids) -> None:
+        """Raises for the first cell wider than `width` (`truncate="error"`)."""
+        w, r = self.width, int(np.flatnonzero(over)[0])
+        raise errors.TruncationError(
+            f"cell {int(row_ids[r])} (global row id) has {int(lengths[r])} "
+            f"stored values, more than PaddedSparseOutput(width={w}) holds "
+            "(truncate='error'); give a larger width (or, for a width fitted "
+            "to the data, a higher quantile such as quantile=1.0), or "
+            "choose truncate='largest' or 'first'"
         )
 
     def fingerprint(self) -> dict:
@@ -159,3 +149,95 @@ class PaddedSparseOutput:
         if self.width is None:
             fp["quantile"] = float(self.quantile)
         return fp
+
+
+class TruncationReport:
+    """Warns once per loader, in the trainer, about cells a padded output cut.
+
+    A loader holds one and shows it every minibatch it yields (`observe`):
+    the check is there, not in `format`, so a loader with workers warns once
+    in the trainer instead of once in each worker. It reads a minibatch's
+    `truncated`, `nnz`, `row_ids` and `mask` arrays (of an extra matrix
+    `name`: `name/truncated`, ...).
+
+    When the warning fires: a width given by the user warns at the first
+    truncated cell. A width fitted to the data (`width=None`) covers the
+    `quantile` of a sample of cells, so it leaves out about `1 - quantile` of
+    them (0.1% by default) by design; it warns only when the loader has
+    truncated clearly more than that: more than twice the expected share
+    plus `_MARGIN_CELLS` (clusters of wide cells in one fetch, and the
+    sample's own error, stay quiet).
+    """
+
+    def __init__(self, outputs: dict[str, object]):
+        """Reports on the `PaddedSparseOutput`s of `outputs` (key prefix -> output)."""
+        self._outputs = {
+            prefix: output
+            for prefix, output in outputs.items()
+            if isinstance(output, PaddedSparseOutput) and output.truncate != "error"
+        }
+        self._cells = 0
+        self._truncated = dict.fromkeys(self._outputs, 0)
+        self._warned = False
+
+    def __bool__(self) -> bool:
+        return bool(self._outputs) and not self._warned
+
+    def observe(self, batch: dict) -> None:
+        """Counts the minibatch's cells and truncated cells; warns once."""
+        if self._warned:
+            return
+        mask = batch.get("mask")
+        cells = None
+        for prefix, output in self._outputs.items():
+            flags = batch.get(prefix + "truncated")
+            if flags is None:
+                continue
+            if cells is None:
+                cells = int(np.count_nonzero(mask)) if mask is not None else len(flags)
+                self._cells += cells
+            over = np.asarray(flags)
+            if not over.any():
+                continue
+            self._truncated[prefix] += int(np.count_nonzero(over))
+            if self._truncated[prefix] > self._allowed(output):
+                self._warned = True
+                self._warn(prefix, output, batch, over, cells)
+                return
+
+    def _allowed(self, output: PaddedSparseOutput) -> float:
+        """Truncated cells tolerated so far (see the class docstring)."""
+        if not output.fitted:
+            return 0
+        return 2 * (1 - output.quantile) * self._cells + _MARGIN_CELLS
+
+    def _warn(self, prefix, output, batch, over, cells) -> None:
+        lengths = np.asarray(batch[prefix + "nnz"])
+        row_ids = np.asarray(batch.get("row_ids", np.arange(lengths.size)))
+        widest = int(np.argmax(np.where(over, lengths, -1)))
+        w = output.width
+        kept = "largest" if output.truncate == "largest" else "first (column order)"
+        which = f" (extra matrix {prefix[:-1]!r})" if prefix else ""
+        fitted = (
+            f" The width was fitted to the data at quantile={output.quantile}, "
+            f"which leaves out about {1 - output.quantile:.2%} of cells; this "
+            f"loader has cut {self._truncated[prefix]} of {self._cells} so far."
+            if output.fitted
+            else ""
+        )
+        warnings.warn(
+            f"PaddedSparseOutput(width={w}){which}: {int(over.sum())} of {cells} "
+            f"cells of a minibatch have more stored values than width (up to "
+            f"{int(lengths[widest])}, cell {int(row_ids[widest])}); each keeps "
+            f"its {w} {kept} values.{fitted} batch['truncated'] marks such cells "
+            "in every minibatch; this warning is shown once per loader. Give a "
+            "larger width (or, for a width fitted to the data, a higher "
+            "quantile such as quantile=1.0), or pass truncate='error' to "
+            "refuse such cells.",
+            errors.TruncationWarning,
+            stacklevel=stack.stacklevel_outside_package(),
+        )
+
+
+# Truncated cells a fitted width may cut beyond twice its quantile's share.
+_MARGIN_CELLS = 10

@@ -40,6 +40,7 @@ import grain
 from grain import sharding
 
 from grain_cells._util import arguments, cores
+from grain_cells.outputs._padded import TruncationReport
 from grain_cells.pipeline import _state_checks as state_checks
 from grain_cells.pipeline._config import check_condition_sampler, check_same_source
 from grain_cells.pipeline._fetch import SplitFetch
@@ -117,6 +118,7 @@ class CellDataset(grain.IterDataset):
         )
         self.after = tuple(after)
         self.stamp = state_checks.stamp(source, sampler, split)
+        self.truncation = truncation_report(split)  # warns once per loader
         self._epoch = 0
         self._length = (-1, 0)  # (epoch, its len())
 
@@ -216,3 +218,12 @@ class CellDataset(grain.IterDataset):
             readahead_cells=self.readahead_cells,
             after=self.after,
         )
+
+
+def truncation_report(split: SplitFetch) -> TruncationReport:
+    """A report on the padded outputs of `split`: X's and its extra matrices'."""
+    outputs = {"": split.config.output}
+    for name, reader in split.extra.items():
+        spec = getattr(reader, "spec", None)
+        outputs[f"{name}/"] = getattr(spec, "output", None)
+    return TruncationReport(outputs)

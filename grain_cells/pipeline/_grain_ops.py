@@ -36,13 +36,16 @@ worker-independently: `grain_cells.pipeline._stage`).
 
 from __future__ import annotations
 
+import collections.abc
 import os
 
 import grain
 import numpy as np
 
 from grain_cells.outputs._formats import Output
+from grain_cells.outputs._padded import TruncationReport
 from grain_cells.pipeline._config import make_split
+from grain_cells.pipeline._dataset import truncation_report
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source._source import AnnDataSource
 from grain_cells.transport import _main_guard as main_guard
@@ -80,6 +83,7 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         self.split = split
         self.max_fan_out = split.config.max_minibatches
         self._checked = False
+        self._report = None  # this process's TruncationReport, made on first use
 
     @property
     def source(self) -> AnnDataSource:
@@ -115,6 +119,7 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             ) from None
         state = self.__dict__.copy()
         state["_pickled_in"] = os.getpid()
+        state["_report"] = None
         return state
 
     def __setstate__(self, state):
@@ -132,7 +137,13 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             self._checked = True
         _send.fetch_starting()
         batches = self.split.read(blocks)
-        return _Sent(batches) if _send.in_worker() else batches
+        if self._report is None:
+            # Grain gives this spelling no hook in the trainer: with workers,
+            # each worker reports what it formats (once per worker).
+            self._report = truncation_report(self.split)
+        if _send.in_worker():
+            return _Sent(batches, self._report)
+        return _Reported(batches, self._report) if self._report else batches
 
     def _check_blocks(self, blocks: np.ndarray) -> None:
         """Refuses records of another source than the one this reads."""
@@ -160,8 +171,9 @@ class GrainFetch(grain.experimental.FlatMapTransform):
 class _Sent:
     """A worker's fetch: minibatch `i` is sent into a slot when Grain asks."""
 
-    def __init__(self, batches: Minibatches):
+    def __init__(self, batches: Minibatches, report: TruncationReport):
         self._batches = batches
+        self._report = report
         self._ring = _send.ring_for(len(batches))
 
     def __len__(self) -> int:
@@ -170,7 +182,30 @@ class _Sent:
     def __getitem__(self, i: int):
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        return _send.send(self._batches.format, i % len(self), self._ring)
+        return _send.send(self._format, i % len(self), self._ring)
+
+    def _format(self, i: int, empty) -> dict:
+        batch = self._batches.format(i, empty)
+        if self._report:
+            self._report.observe(batch)
+        return batch
+
+
+class _Reported(collections.abc.Sequence):
+    """A fetch's minibatches, shown to the truncation report as Grain takes them."""
+
+    def __init__(self, batches: Minibatches, report: TruncationReport):
+        self._batches = batches
+        self._report = report
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __getitem__(self, i):
+        batch = self._batches[i]
+        if self._report and isinstance(batch, dict):
+            self._report.observe(batch)
+        return batch
 
 
 def fetch_operations(

@@ -128,6 +128,8 @@ class CellIterator(grain.DatasetIterator):
                         self._batches[pos.minibatch] = None
                     pos.minibatch += 1
                     pos.step += 1
+                    if self._ds.truncation:  # warns once, here in the trainer
+                        self._ds.truncation.observe(batch)
                     for op in self._ds.after:
                         batch = op.map(batch)
                     return batch

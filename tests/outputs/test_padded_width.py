@@ -122,12 +122,10 @@ def test_width_fitted_from_the_data(tmp_path, quantile, expected):
     assert rule == expected
     output = PaddedSparseOutput(quantile=quantile)
     assert output.fit_to_source(source).width == expected
-    warns = quantile < 0.999  # some cells are wider than the median's width
-    if warns:
-        with pytest.warns(errors.TruncationWarning):
-            batches, width = batches_of(source, output)
-    else:
-        batches, width = batches_of(source, output)
+    # The median's width cuts 108 of the 300 cells, fewer than the half a
+    # fit at quantile=0.5 leaves out by design: no TruncationWarning (a
+    # fitted width warns only when it cuts clearly more; issue 34).
+    batches, width = batches_of(source, output)
     assert width == expected
     assert all(b["values"].shape == (16, expected) for b in batches)
     check_against_anndata(batches, path, expected)

@@ -1,0 +1,31 @@
+"""Where a warning should point: the first frame outside grain_cells (and Grain)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _ours_or_grains() -> tuple[str, ...]:
+    """Folders whose frames a warning skips: grain_cells, and Grain if loaded."""
+    grain = sys.modules.get("grain")
+    folder = os.path.dirname(os.path.abspath(getattr(grain, "__file__", None) or ""))
+    return (_PACKAGE, folder + os.sep) if grain is not None else (_PACKAGE,)
+
+
+def stacklevel_outside_package() -> int:
+    """`stacklevel` for `warnings.warn` in the caller: the user's line.
+
+    Counts the frames from the function that calls `warnings.warn` (level 1)
+    up to the innermost one whose code is neither grain_cells' nor Grain's
+    (a loader's `next()` runs through both).
+    """
+    skip = _ours_or_grains()
+    frame, level = sys._getframe(2), 2  # the warning function's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        skip
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
