@@ -62,12 +62,19 @@ def _missing_chunks(path, array: str) -> int:
     return a.nchunks - a.nchunks_initialized
 
 
+@pytest.mark.parametrize(
+    "codecs", [{}, {"compressors": None}], ids=["compressed", "uncompressed"]
+)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_all_fill_chunks_of_a_valid_store_are_read_as_anndata_reads_them(
-    tmp_path, layout
+    tmp_path, layout, codecs
 ):
+    """Compressed chunks are decoded whole; uncompressed ones are read by
+    byte range (`grain_cells.zarr._raw`): both paths fill."""
     x = _matrix()
-    path = write_store(anndata.AnnData(X=x), tmp_path / "a.zarr", layout, chunk=16)
+    path = write_store(
+        anndata.AnnData(X=x), tmp_path / "a.zarr", layout, chunk=16, **codecs
+    )
     if layout == "zarr-v3-sharded":  # inner chunks marked empty in the index
         for name in ("indices", "data"):
             group = zarr.open_group(path, mode="r")
