@@ -20,10 +20,25 @@ from typing import Any
 import numpy as np
 
 
-def evict_page_cache(paths) -> None:
-    """Drops the files' pages from the OS page cache (for cold-read figures)."""
-    os.sync()
+def files_under(paths) -> list[str]:
+    """The files of `paths`, a directory (a zarr store) as each file below it."""
+    out = []
     for path in paths:
+        if os.path.isdir(path):
+            for folder, _, names in sorted(os.walk(path)):
+                out += [os.path.join(folder, n) for n in sorted(names)]
+        else:
+            out.append(path)
+    return out
+
+
+def evict_page_cache(paths) -> None:
+    """Drops the files' pages from the OS page cache (for cold-read figures).
+
+    A directory (a zarr store) stands for every file below it.
+    """
+    os.sync()
+    for path in files_under(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -32,9 +47,12 @@ def evict_page_cache(paths) -> None:
 
 
 def warm_page_cache(paths, chunk: int = 1 << 24) -> None:
-    """Reads the files once so that every page is cached."""
+    """Reads the files once so that every page is cached.
+
+    A directory (a zarr store) stands for every file below it.
+    """
     buf = bytearray(chunk)
-    for path in paths:
+    for path in files_under(paths):
         with open(path, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
@@ -72,9 +90,29 @@ def vm_hwm_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+# Children that multiprocessing starts for itself, not workers: the
+# resource tracker (started with the first shared-memory segment) and a
+# forkserver.
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
 def children_peak_rss_mb() -> list[float]:
-    """VmHWM of this process's children (Linux), in MiB."""
-    return [m for m in (vm_hwm_mb(k) for k in _children()) if m is not None]
+    """VmHWM of this process's worker children (Linux), in MiB.
+
+    multiprocessing's own helper processes (`_HELPERS`) are not workers and
+    are left out.
+    """
+    kids = [k for k in _children() if not _is_helper(k)]
+    return [m for m in (vm_hwm_mb(k) for k in kids) if m is not None]
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(helper in cmdline for helper in _HELPERS)
 
 
 def parse_options(text: str) -> dict:
@@ -318,14 +356,43 @@ def measure_loader(
 SYNTHETIC_FLAGS = ("n_cells", "n_genes", "mean_nnz", "compression", "chunks")
 
 
+def _describe_store(path: str, out: dict) -> dict:
+    """`describe_file` of a zarr store (its X: metadata only)."""
+    import zarr
+
+    out["bytes"] = sum(os.path.getsize(f) for f in files_under([path]))
+    x = zarr.open_group(path, mode="r").get("X")
+    if isinstance(x, zarr.Group):
+        data = x["data"]
+        out["encoding"] = _text(x.attrs.get("encoding-type", "csr_matrix"))
+        out["shape"] = [int(n) for n in x.attrs.get("shape", (0, 0))]
+        out["nnz"] = int(data.shape[0])
+        if out["shape"][0]:
+            out["mean_nnz_per_cell"] = round(out["nnz"] / out["shape"][0], 1)
+    elif isinstance(x, zarr.Array):
+        data = x
+        out["encoding"] = "array"
+        out["shape"] = [int(n) for n in x.shape]
+    else:
+        return out
+    out["dtype"] = str(data.dtype)
+    out["zarr_format"] = data.metadata.zarr_format
+    out["chunks"] = list(data.chunks)
+    out["codecs"] = [str(c) for c in data.compressors]
+    return out
+
+
 def describe_file(path: str) -> dict:
     """What a benchmark measured: a file's path, size and X's shape and storage.
 
-    Reads only HDF5 metadata (no values). URLs are recorded by name only.
+    Reads only HDF5 (or zarr) metadata, no values. URLs are recorded by
+    name only.
     """
     out: dict[str, Any] = {"path": str(path)}
     if "://" in str(path):
         return out
+    if os.path.isdir(path):  # a zarr store
+        return _describe_store(str(path), out)
     import h5py
 
     out["bytes"] = os.path.getsize(path)

@@ -75,6 +75,8 @@ HELP = {
     "seed": "Seed of the block order and the in-fetch shuffle.",
 }
 bench_util.define_config_flags(_CONFIG, HELP)
+# absl's --help shows the main module's key flags: bench_util defined these.
+flags.adopt_module_key_flags(bench_util)
 FLAGS = flags.FLAGS
 
 

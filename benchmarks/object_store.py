@@ -107,6 +107,8 @@ _READ_OPTIONS = flags.DEFINE_string(
     "tuning options of the remote reader.",
 )
 
+# --help shows loader_throughput's flags too (this binary reads them).
+flags.adopt_module_key_flags(loader_throughput)
 FLAGS = flags.FLAGS
 BUCKET = "bench"
 

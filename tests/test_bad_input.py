@@ -230,6 +230,26 @@ def test_truncated_before_build(tmp_path, layout, cut):
     assert "truncated" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "keep", [lambda size: size // 2, lambda size: 1000], ids=["half", "1000-bytes"]
+)
+def test_truncated_is_not_reported_as_a_lock(tmp_path, keep):
+    """HDF5 refuses to open a file shorter than its superblock's end-of-file
+    address: the message says so with both sizes and asks for a new copy,
+    never the file-lock advice (which changes nothing)."""
+    path = write(tmp_path / "x.h5ad")
+    size = os.path.getsize(path)
+    os.truncate(path, keep(size))
+    with pytest.raises(AnnDataFormatError, match=path_re(path)) as e:
+        AnnDataSource(path)
+    message = str(e.value)
+    assert f"the file is truncated: its superblock records {size:,} bytes" in message
+    assert f"only {keep(size):,} bytes are on disk" in message
+    assert "copy the file again" in message
+    assert "HDF5_USE_FILE_LOCKING" not in message
+    assert "holds it open" not in message
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cut", CUTS)
 @pytest.mark.parametrize("opened", [False, True], ids=["lazy", "opened"])

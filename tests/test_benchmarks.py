@@ -112,7 +112,7 @@ def test_loader_throughput(workdir, data_file):
     ]
     for r in results:
         assert r["cells_per_s"] > 0
-        assert len(r["worker_peak_rss_mb"]) >= r["worker_count"]
+        assert len(r["worker_peak_rss_mb"]) == r["worker_count"]
     assert done.stdout.count("warm") == 4
     # What was measured: the file given, its shape, not the synthetic defaults.
     record = json.loads(out.read_text())
@@ -124,6 +124,57 @@ def test_loader_throughput(workdir, data_file):
     assert described["nnz"] == synthetic_nnz(data_file)
     assert "n_cells" not in record["flags"] and "n_genes" not in record["flags"]
     assert record["flags"]["batch_size"] == 64
+
+
+def test_loader_throughput_on_a_zarr_store(workdir, data_file):
+    """A zarr store (a directory) is warmed and evicted file by file, and the
+    worker RSS column has one value per worker (not multiprocessing's
+    resource tracker)."""
+    import warnings
+
+    import anndata
+
+    store = workdir / "tiny.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        anndata.read_h5ad(data_file).write_zarr(store)
+    out = workdir / "loader_zarr.json"
+    done = run(
+        workdir,
+        "loader_throughput.py",
+        f"--data={store}",
+        "--outputs=csr",
+        "--worker_counts=2",
+        "--cache=warm,cold",
+        "--warmup=2",
+        "--minibatches=10",
+        f"--json={out}",
+    )
+    results = json.loads(out.read_text())["results"]
+    assert [r["cache"] for r in results] == ["warm", "cold"]
+    for r in results:
+        assert r["cells_per_s"] > 0
+        assert len(r["worker_peak_rss_mb"]) == 2, r
+    assert done.stdout.count(" warm ") == 1
+    (described,) = json.loads(out.read_text())["files"]
+    assert described["shape"] == [2_000, 300] and described["bytes"] > 0
+
+
+def test_page_cache_helpers_walk_a_store_directory(tmp_path, monkeypatch):
+    bench_util = _bench_util(monkeypatch)
+    store = tmp_path / "s.zarr"
+    (store / "X" / "data" / "c").mkdir(parents=True)
+    (store / "zarr.json").write_text("{}")
+    (store / "X" / "data" / "c" / "0").write_bytes(b"x" * 5000)
+    single = tmp_path / "a.h5ad"
+    single.write_bytes(b"y" * 10)
+    assert bench_util.files_under([str(store), str(single)]) == [
+        str(store / "zarr.json"),
+        str(store / "X" / "data" / "c" / "0"),
+        str(single),
+    ]
+    bench_util.warm_page_cache([str(store), str(single)])  # IsADirectoryError before
+    bench_util.evict_page_cache([str(store), str(single)])
 
 
 @pytest.mark.parametrize("server", ["python", "nginx"])
@@ -538,6 +589,60 @@ for name, defined in flags.FLAGS.flags_by_module_dict().items():
         ]
 print(json.dumps(out))
 """
+
+
+# Prints the names of the flags a binary's own code defines: in the binary,
+# in bench_util or another module of benchmarks/ or configs/ (not absl's,
+# Grain's or other libraries').
+_OWN_FLAGS = """
+import importlib.util, json, os, sys
+path = sys.argv[1]
+root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+sys.path[:0] = [os.path.dirname(path), root]
+spec = importlib.util.spec_from_file_location("benchmark_binary", path)
+module = importlib.util.module_from_spec(spec)
+sys.modules["benchmark_binary"] = module
+spec.loader.exec_module(module)
+from absl import flags
+ours = (os.path.join(root, "benchmarks"), os.path.join(root, "configs"))
+names = []
+for name, defined in flags.FLAGS.flags_by_module_dict().items():
+    file = getattr(sys.modules.get(name), "__file__", None) or ""
+    if name == "benchmark_binary" or os.path.abspath(file).startswith(ours):
+        names += [f.name for f in defined]
+print(json.dumps(sorted(set(names))))
+"""
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_help_shows_every_flag_of_the_binary(binary, tmp_path):
+    """`--help` lists the binary's flags, those bench_util (or a binary it
+    imports) defines for it included, not only under `--helpfull`."""
+    listed = subprocess.run(
+        [sys.executable, "-c", _OWN_FLAGS, str(ROOT / "benchmarks" / binary)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    own = json.loads(listed.stdout.splitlines()[-1])
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / binary), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        check=False,
+    )
+    shown = done.stdout + done.stderr
+    assert "flags:" in shown or not own, shown[-2000:]
+    missing = [
+        name
+        for name in own
+        if f"--{name}:" not in shown and f"--[no]{name}:" not in shown
+    ]
+    assert not missing, f"{binary} --help lacks {missing} (only under --helpfull)"
 
 
 def _says_more_than_its_default(flag: dict) -> bool:

@@ -123,10 +123,11 @@ def split_by_obs(
 
     Returns:
         Split name to an `AnnDataSource` view: the holdout splits in order,
-        then `rest` (omitted when no cell is left).
+        then `rest`.
 
     Raises:
-        ValueError: Two splits share cells, a split would be empty, or `rest`
+        ValueError: Two splits share cells, a split would be empty (`rest`
+            too: when the holdout splits take every cell), or `rest`
             repeats a holdout name.
     """
     tables = obs_split_blocks(source, column, holdout, rest=rest)
@@ -231,7 +232,14 @@ def obs_split_blocks(
         taken |= split
         out[name] = selected_blocks(source, split)
     left = mask & ~taken
-    if rest is not None and left.any():
+    if rest is not None:
+        if not left.any():
+            raise ValueError(
+                f"split_by_obs(..., rest={rest!r}): the holdout splits "
+                f"{list(holdout)} take every one of the source's "
+                f"{int(mask.sum())} cells, so {rest!r} would be empty. Hold out "
+                "fewer values, or pass rest=None to split only the held-out cells"
+            )
         out[rest] = selected_blocks(source, left)
     return out
 

@@ -33,6 +33,7 @@ from grain_cells.io._frames import (
 )
 from grain_cells.io._nodes import file_name
 from grain_cells.io._open import check_anndata, open_file, resolve_paths
+from grain_cells.storage import _zarr_errors as zarr_errors
 
 __all__ = [
     "CSR",
@@ -257,6 +258,14 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
     try:
         ends = [indptr[0], indptr[n_obs]] if n_obs else [indptr[0]]
     except (OSError, ValueError) as e:
+        if nodes.is_zarr_array(indptr):  # a corrupt shard index or chunk
+            for row in (0, n_obs):
+                try:
+                    indptr[row]
+                except zarr_errors.READ_ERRORS as again:
+                    raise zarr_errors.read_error(
+                        indptr, path, row, row + 1, again
+                    ) from again
         raise errors.AnnDataFormatError(
             f"{path}: reading {element}/indptr failed ({e}); the file is "
             "probably truncated"

@@ -16,6 +16,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.hdf5._chunks import wait_all
+from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader
 
@@ -116,8 +117,10 @@ class CsrReader:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
         path = info.path
-        self._data = range_reader(group["data"], path, fd)
-        self._indices = range_reader(group["indices"], path, fd)
+        # zarr does not write all-zero chunks: values all in column 0, or
+        # stored zeros, read as the fill value (checked: `_fills`).
+        self._data = range_reader(group["data"], path, fd, fill_missing="zero")
+        self._indices = range_reader(group["indices"], path, fd, fill_missing="zero")
         # In a zarr store, leading empty rows' pointers are all-zero chunks
         # that zarr never writes; a missing chunk elsewhere is an error.
         self._indptr = range_reader(
@@ -211,6 +214,7 @@ class CsrReader:
                 wait_all(pending)
         except errors.CorruptChunkError as e:
             raise self._with_cells(e) from None
+        check_filled_indices(self._indices, plan, indices, self.info)
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import re
 import zipfile
 
 import h5py
@@ -178,10 +179,26 @@ def check_anndata(f, path: str) -> None:
         )
 
 
+_TRUNCATED = re.compile(
+    r"truncated file: eof = (\d+), sblock->base_addr = (\d+), stored_eof = (\d+)"
+)
+_LOCKED = re.compile(r"\block(ed|ing)?\b|unable to lock", re.IGNORECASE)
+
+
 def _open_failure(e: OSError) -> str:
     """Why HDF5 refused to open a file that has an HDF5 signature."""
     message = str(e)
-    if "lock" in message.lower():
+    # HDF5 compares the file's size with the end-of-file address its
+    # superblock records; checked first, as "sblock" would match "lock".
+    cut = _TRUNCATED.search(message)
+    if cut:
+        found, base, stored = (int(g) for g in cut.groups())
+        return (
+            f"the file is truncated: its superblock records {base + stored:,} "
+            f"bytes, but only {found:,} bytes are on disk ({message}). An "
+            "interrupted download or copy: copy the file again from its source."
+        )
+    if _LOCKED.search(message):
         return (
             f"another process holds it open for writing (HDF5 file lock: "
             f"{message}). Wait until the writer closes it. Only if no process "

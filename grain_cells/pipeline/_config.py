@@ -9,6 +9,8 @@ the sampler against the data source a pipeline is given.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 
 from grain_cells._util import arguments
@@ -35,6 +37,23 @@ def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
         f"source yields {how} minibatches. Use remainder='pad', a smaller "
         "batch_size or a larger fetch_factor.",
         stacklevel=4,
+    )
+
+
+def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
+    """Why blocks of `block_size` cells make no fetch of whole minibatches."""
+    step = block_size // math.gcd(block_size, batch_size)  # whole fetches
+    lower = fetch_factor // step * step
+    upper = lower + step
+    values = f"fetch_factor={lower} or {upper}" if lower else f"fetch_factor={upper}"
+    blocks = -(-batch_size * fetch_factor // block_size)
+    return (
+        f"batch_size={batch_size}, fetch_factor={fetch_factor}: a fetch of "
+        f"{blocks} blocks of block_size={block_size} cells holds "
+        f"{blocks * block_size} cells, not a whole number of minibatches. Pass "
+        f"{values} (a multiple of {step}: whole blocks and whole minibatches), "
+        "or a block_size that divides batch_size * fetch_factor (e.g. powers "
+        "of two)"
     )
 
 
@@ -101,12 +120,13 @@ def make_split(
         )
     cells = config.blocks_per_fetch * source.block_size
     if cells % batch_size:
-        raise ValueError(
-            f"a fetch of {config.blocks_per_fetch} blocks of {source.block_size} "
-            f"cells holds {cells} cells, not a multiple of batch_size="
-            f"{batch_size}; choose block_size and batch_size * fetch_factor so "
-            "that one divides the other (e.g. powers of two)"
-        )
+        if source.fetch_blocks is None:  # blocks of the user's block_size
+            raise ValueError(_not_whole(source.block_size, batch_size, fetch_factor))
+        # Blocks along a chunk grid (no block_size given) hold varying cells:
+        # their fetches are never whole minibatches. The fetch takes enough
+        # blocks for the cells asked; its last minibatch is padded or dropped.
+        # (Only here: fetches that were whole blocks stay as they were.)
+        config = dataclasses.replace(config, cover=True)
     if remainder == "drop":
         _warn_if_nothing_left(source, config)
     return SplitFetch(source, config, extra)

@@ -58,6 +58,9 @@ class FetchConfig:
         seed: Seed of that shuffle.
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
         output: The output format.
+        cover: Blocks vary in size (a chunk grid, no `block_size` given):
+            a fetch takes enough blocks to hold `batch_size * fetch_factor`
+            cells (rounding up); else exactly that many cells.
     """
 
     batch_size: int
@@ -70,10 +73,17 @@ class FetchConfig:
     numeric_obs: str = dataclasses.field(default="native", repr=False)
     condition: str | None = dataclasses.field(default=None, repr=False)
 
+    # Blocks of varying size (along a chunk grid): a fetch takes enough of
+    # them to hold batch_size * fetch_factor cells at block_size each.
+    cover: bool = dataclasses.field(default=False, repr=False)
+
     @property
     def blocks_per_fetch(self) -> int:
         """Blocks read together (`G`)."""
-        return max(1, self.batch_size * self.fetch_factor // self.block_size)
+        cells = self.batch_size * self.fetch_factor
+        if self.cover:
+            return max(1, -(-cells // self.block_size))
+        return max(1, cells // self.block_size)
 
     @property
     def max_minibatches(self) -> int:

@@ -227,9 +227,10 @@ def fetch_operations(
         source: The source the sampler walks.
         batch_size: Cells per minibatch (`m`).
         fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
-            are read together and their cells shuffled in memory. None: 16,
-            or enough for `source.fetch_blocks` blocks (a compressed source
-            built without a `block_size`).
+            are read together and their cells shuffled in memory (on blocks
+            along a chunk grid, of varying size: enough blocks for `m * f`
+            cells). None: 16, or enough for `source.fetch_blocks` blocks (a
+            compressed source built without a `block_size`).
         output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
             `DenseOutput()`, a token output (`grain_cells.tokens.RankValueTokens`,
             `ValueBinTokens`), or any `grain_cells.Output`.

@@ -31,7 +31,10 @@ matrix in at least one file):
   file of 14 plates; scDataset's paper reports 3.48 for 64 blocks per fetch).
 
 Uncompressed matrices keep the grid of 16-cell blocks and fetch factor 16.
-A user who gives `block_size` (and `fetch_factor`) gets exactly those.
+A user who gives `block_size` (and `fetch_factor`) gets exactly those; a
+`fetch_factor` given alone is honoured in cells: where whole blocks of
+`block_size` make no whole number of minibatches, a fetch takes enough
+blocks for `batch_size * fetch_factor` cells (its last minibatch padded).
 """
 
 from __future__ import annotations

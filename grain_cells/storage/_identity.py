@@ -76,6 +76,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.storage._zarr_errors import read_rows
 
 # Evenly spaced samples: indptr entries, chunks located, and value windows.
 _INDPTR_SAMPLES = 65
@@ -328,7 +329,7 @@ def layout_digest(f: h5py.File, element: str) -> str:
         n = ptr.shape[0]
         if n:
             at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
-            picked = ptr.vindex[at] if _is_zarr_array(ptr) else ptr[at]
+            picked = read_rows(f.filename, ptr, at, int(at[0]), n)
             parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -348,7 +349,12 @@ def sample_digest(f: h5py.File, element: str) -> str:
             np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
         )
         for a in starts.tolist():
-            window = ds[a : a + _WINDOW] if ds.ndim == 1 else ds[a, :_WINDOW]
+            if ds.ndim == 1:
+                window = read_rows(
+                    f.filename, ds, np.s_[a : a + _WINDOW], a, a + _WINDOW
+                )
+            else:
+                window = read_rows(f.filename, ds, np.s_[a, :_WINDOW], a, a + 1)
             digest.update(np.ascontiguousarray(window).tobytes())
     return digest.hexdigest()
 

@@ -194,8 +194,9 @@ class TokenOutput:
 
         Returns:
             `(indptr, keep, inv, tokens, dropped)`: `keep` None when every
-            value is kept; `dropped` the positive values per row whose gene
-            is outside the vocabulary.
+            value is kept; `dropped` the positive values per row whose
+            column has no token (outside the vocabulary; for rank-value
+            also without a median, told apart by `RankValueTokens`).
         """
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]

@@ -16,9 +16,11 @@ training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranke
 score, highest first, and the top ones kept. Definitions:
 
 * *expressed*: stored value > 0, gene in the vocabulary with a finite,
-  positive median; the other stored positive values are dropped and counted
-  in `n_dropped` (genes outside the vocabulary, and vocabulary genes the
-  corpus statistics give no finite positive median);
+  positive median; the other stored positive values are not tokenised and
+  counted in two keys: `n_dropped` (genes outside the vocabulary, as
+  `VocabularyMap.num_dropped` and `ValueBinTokens` count them) and
+  `n_no_median` (vocabulary genes the corpus statistics give no finite
+  positive median: statistics of other cells, such as a training split);
 * *score*: `float32(value) / float32(median)`, computed in float32 (the
   cell's normalisation to a total does not change a ranking within a cell,
   so it is left out);
@@ -30,9 +32,9 @@ score, highest first, and the top ones kept. Definitions:
 
 Keys: `gene_ids` int32 `[batch, length]`, `attention_mask` bool (True on
 `<cls>`, genes and `<eos>`), `n_expressed` int32 `[batch]` (expressed genes,
-before truncation), `n_dropped` int32 `[batch]` (stored positive values not
-tokenised: genes outside the vocabulary, or without a finite positive
-median).
+before truncation), `n_dropped` int32 `[batch]` (stored positive values of
+genes outside the vocabulary), `n_no_median` int32 `[batch]` (stored
+positive values of vocabulary genes without a finite positive median).
 
 **`ValueBinTokens`** (scGPT, Cui et al. 2024; in `grain_cells.tokens._value_bins`).
 Per cell, the expressed values are binned by their own quantiles: edges
@@ -153,7 +155,8 @@ class RankValueTokens(TokenOutput):
                 f"{column_tokens.size} columns"
             )
         usable = np.isfinite(medians) & (medians > 0)
-        self.num_without_median = int(((column_tokens >= 0) & ~usable).sum())
+        self._no_median = (column_tokens >= 0) & ~usable
+        self.num_without_median = int(self._no_median.sum())
         column_tokens[~usable] = -1
         super().__init__(
             column_tokens,
@@ -264,8 +267,8 @@ class RankValueTokens(TokenOutput):
         out = {
             "gene_ids": ids,
             "n_expressed": n_expr.astype(np.int32),
-            "n_dropped": dropped,
             "_used": used,
+            **self._dropped(fetch, np.arange(n_rows), n_rows, dropped),
         }
         if self.mlm_probability > 0:
             masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
@@ -316,7 +319,28 @@ class RankValueTokens(TokenOutput):
         out = {
             "gene_ids": ids,
             "n_expressed": n_expr,
-            "n_dropped": dropped,
             "attention_mask": mask,
+            **self._dropped(fetch, rows, n_out, dropped),
         }
         return out, n_genes
+
+    def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
+        """`n_dropped` and `n_no_median` of `rows` (then padding, 0).
+
+        The kernels count every stored positive value not tokenised
+        (`not_tokenised`, `n_out` rows); those of vocabulary genes without a
+        median are told apart here.
+        """
+        no_median = np.zeros(n_out, np.int32)
+        if self.num_without_median:
+            key = ("no_median", id(self))
+            per_row = fetch.cache.get(key)
+            if per_row is None:
+                csr = fetch.csr
+                hit = self._no_median[csr.indices] & (csr.data > 0)
+                total = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
+                per_row = total[csr.indptr[1:]] - total[csr.indptr[:-1]]
+                fetch.cache[key] = per_row
+            no_median[: len(rows)] = per_row[rows]
+        dropped = np.asarray(not_tokenised, np.int32) - no_median
+        return {"n_dropped": dropped, "n_no_median": no_median}

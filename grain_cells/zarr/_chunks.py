@@ -71,6 +71,8 @@ class Chunks:
             fill_missing if fill_missing == "leading" else bool(fill_missing)
         )
         self._first_stored: int | None = None
+        # Row chunks read as the fill value (never written), with their keys.
+        self.filled: dict[int, str] = {}
         self._codec = codec
         self._keys = keys
         self._meta = array.metadata
@@ -306,6 +308,7 @@ class Chunks:
             if self.fill_missing is True or (
                 self.fill_missing == "leading" and unit[0] < self.first_stored()
             ):
+                self.filled[unit[0]] = key
                 return np.full(self._codec.chunk_shape, self._fill, self.dtype)
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} {where} is missing: key {key!r} was "

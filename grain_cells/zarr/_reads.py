@@ -109,7 +109,8 @@ class RangeReader:
             fill_missing: Read a chunk that was never written as the
                 array's fill value (zarr's behaviour) instead of raising:
                 True for any chunk, `"leading"` only for chunks before the
-                first stored one along the first axis.
+                first stored one along the first axis, `"zero"` for any
+                chunk when the fill value is 0 (`filled_ranges` lists them).
 
         Raises:
             errors.AnnDataFormatError: The store's consolidated metadata
@@ -122,6 +123,8 @@ class RangeReader:
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
         self.shape = tuple(array.shape)
         self.row_shape = self.shape[1:]
+        if fill_missing == "zero":
+            fill_missing = not array.metadata.fill_value  # None or 0
         self.fill_missing = (
             fill_missing if fill_missing == "leading" else bool(fill_missing)
         )
@@ -172,6 +175,14 @@ class RangeReader:
     def decoded(self) -> bool:
         """Whether compressed chunks are decoded here, in threads."""
         return self._codec is not None
+
+    def filled_ranges(self) -> list[tuple[int, int, str]]:
+        """`(first, stop, key)` of each chunk read so far as the fill value."""
+        if self._chunks is None:  # zarr-python's reads: not recorded
+            return []
+        c, n = int(self._codec.chunk_shape[0]), self.shape[0]
+        filled = sorted(self._chunks.filled.items())
+        return [(k * c, min((k + 1) * c, n), key) for k, key in filled]
 
     def will_need(self) -> None:
         """Prepares for an array every batch touches (such as `indptr`).

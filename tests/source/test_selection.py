@@ -450,6 +450,15 @@ def test_split_by_obs(source, helpers, csr_paths):
             "no cell",
             id="empty-holdout",
         ),
+        pytest.param(  # every cell held out: no KeyError later on "train"
+            lambda s: grain_cells.split_by_obs(
+                s, "plate", {"all": lambda values: np.ones(len(values), bool)}
+            ),
+            ValueError,
+            r"take every one of the source's \d+ cells, so 'train' would be "
+            "empty. Hold out fewer values, or pass rest=None",
+            id="empty-rest",
+        ),
     ],
 )
 def test_split_errors(source, call, error, message):

@@ -10,6 +10,7 @@ published definitions, on the matrix `anndata.read_h5ad` returns.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import warnings
 
@@ -251,6 +252,57 @@ def test_rank_value_equals_reference(parts, length, full_vocabulary):
         64:
     ].any()
     assert batch["gene_ids"].shape == (70, length)
+
+
+KERNELS = [
+    "numpy",
+    pytest.param(
+        "numba",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("numba") is None, reason="numba"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rank_value_counts_out_of_vocabulary_and_no_median_apart(
+    parts, kernels, threads
+):
+    """`n_dropped` counts a cell's positive values of genes outside the
+    vocabulary (as `VocabularyMap.num_dropped` and `ValueBinTokens` do);
+    `n_no_median` those of vocabulary genes whose median is missing (corpus
+    statistics of other cells). Neither is tokenised."""
+    source, vocab, stats, x = parts
+    ids = np.array(vocab_ids(vocab))
+    medians = stats.nonzero_median.copy()
+    in_vocab = np.flatnonzero(ids >= 0)
+    medians[in_vocab[::3]] = np.nan  # a third of the vocabulary: no median
+    medians[in_vocab[1::7]] = 0.0
+    out = grain_cells.tokens.RankValueTokens(
+        ids, medians, length=12, cls_id=1, eos_id=2, kernels=kernels, threads=threads
+    )
+    no_median = (ids >= 0) & ~(np.isfinite(medians) & (medians > 0))
+    assert out.num_without_median == no_median.sum() > 0
+    rows = np.arange(64)
+    fetch = fetch_of(source, rows)
+    fetch.order = rows
+    batch = out.format(fetch, rows, 64)
+    positive = x[rows] > 0
+    want_dropped = (positive & (ids < 0)).sum(axis=1)
+    want_no_median = (positive & no_median).sum(axis=1)
+    assert (want_dropped > 0).any() and (want_no_median > 0).any()
+    np.testing.assert_array_equal(batch["n_dropped"], want_dropped)
+    np.testing.assert_array_equal(batch["n_no_median"], want_no_median)
+    np.testing.assert_array_equal(
+        batch["n_expressed"], (positive & (ids >= 0) & ~no_median).sum(axis=1)
+    )
+    # A padded minibatch: the padding rows count nothing.
+    short = out.format(fetch, rows[:10], 16)
+    np.testing.assert_array_equal(short["n_dropped"][:10], want_dropped[:10])
+    np.testing.assert_array_equal(short["n_no_median"][:10], want_no_median[:10])
+    assert not short["n_dropped"][10:].any() and not short["n_no_median"][10:].any()
 
 
 @pytest.mark.parametrize("pad_zeros", [False, True], ids=["no-zeros", "zeros"])

@@ -1,0 +1,77 @@
+"""The named error of a zarr-python read that fails on damaged bytes.
+
+A few small reads at a source's construction (the ends of `indptr`, the
+windows of stored values an identity samples) go through zarr-python's
+slicing. On a sharded store whose shard index is cut short or has flipped
+bytes, zarr-python raises a bare `ValueError` ("Stored and computed checksum
+do not match"); on a chunk that does not decode, whatever its codec raises.
+`read_error` turns either into `errors.CorruptChunkError` naming the store,
+the array, the shard (or chunk) key, the rows it holds and the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from grain_cells import errors
+
+# What zarr-python and its codecs raise on bytes that do not decode.
+READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
+
+
+def read_error(
+    array, path: str, start: int, stop: int, exc: BaseException
+) -> errors.CorruptChunkError:
+    """The error of a failed read of first-axis rows `[start, stop)` of `array`.
+
+    Args:
+        array: The zarr array read.
+        path: The store's path or URL.
+        start: First row read.
+        stop: One past the last row read.
+        exc: What zarr-python raised.
+    """
+    name = "/" + array.path.lstrip("/")
+    shards = getattr(array, "shards", None)
+    size = int(shards[0] if shards else array.chunks[0])
+    kind = "shard" if shards else "chunk"
+    first, last = start // size, max(start, stop - 1) // size
+    tail = (0,) * (array.ndim - 1)
+    prefix = array.path.strip("/")
+
+    def key(k: int) -> str:
+        return f"{prefix}/{array.metadata.encode_chunk_key((k, *tail))}".lstrip("/")
+
+    keys = repr(key(first)) + (f" (to {key(last)!r})" if last > first else "")
+    rows = (first * size, min((last + 1) * size, int(array.shape[0])))
+    what = "its index or a chunk in it" if shards else "its bytes"
+    return errors.CorruptChunkError(
+        f"{path}: {name} {kind} {keys}, which holds rows [{rows[0]}, {rows[1]}) "
+        f"of {name}, cannot be read ({type(exc).__name__}: {exc}): {what} "
+        "is cut short or has flipped bytes. The store is damaged: rewrite it, "
+        "or copy it again from its source.",
+        path=path,
+        dataset=name,
+        rows=rows,
+        chunk_key=key(first),
+    )
+
+
+def read_rows(path: str, ds, index, start: int, stop: int):
+    """`ds[index]` (rows `[start, stop)`), with a zarr array's damage named.
+
+    An index array reads by `vindex` from a zarr array; an h5py dataset is
+    read as it is (HDF5's errors are its readers' to explain).
+
+    Raises:
+        errors.CorruptChunkError: zarr-python could not decode the rows.
+    """
+    zarr = sys.modules.get("zarr")  # imported by whoever opened a store
+    if zarr is None or not isinstance(ds, zarr.Array):
+        return ds[index]
+    try:
+        return ds.vindex[index] if isinstance(index, np.ndarray) else ds[index]
+    except READ_ERRORS as e:
+        raise read_error(ds, path, start, min(stop, ds.shape[0]), e) from e
