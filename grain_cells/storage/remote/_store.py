@@ -27,7 +27,12 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
   their content (HTTP servers), seconds between re-reads of their sampled
   bytes in each process (`grain_cells.storage.remote._versions`);
 * `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
-  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself).
+  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself);
+* `user_project` (GCS): the Google Cloud project billed for requests to a
+  requester-pays bucket, sent as the `x-goog-user-project` header of every
+  request (obstore's GCS store has no option of its own for it; its
+  client's `default_headers` carry it). S3's requester pays is obstore's
+  own `request_payer=True`.
 
 Credentials not given come from the standard environment variables
 (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
@@ -46,6 +51,7 @@ import urllib.parse
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage.remote import _aws as aws_profiles
+from grain_cells.storage.remote import _gcs as gcs_billing
 from grain_cells.storage.remote import _retries as store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
@@ -243,6 +249,8 @@ def _build_store(root: str, options: dict):
 
     client_options = store_retries.client_options(options)
     retry_config = store_retries.retry_config(options)
+    if "user_project" in options:
+        gcs_billing.bill_project(root, options.pop("user_project"), client_options)
     for key in store_retries.POLICY_KEYS:
         options.pop(key, None)
     if "endpoint_url" in options:
@@ -326,6 +334,11 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
             "(e.g. storage_options={'profile': NAME}), ask for read access, or "
             "use anon=True for a public bucket."
         ) from None
+    except ox.GenericError as e:
+        unbilled = gcs_billing.unbilled_error(url, storage_options, e)
+        if unbilled is None:
+            raise
+        raise unbilled from None
     return stat_of(meta)
 
 
