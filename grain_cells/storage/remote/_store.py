@@ -26,6 +26,9 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
 * `content_check_s` (default 60): for objects whose ETag does not follow
   their content (HTTP servers), seconds between re-reads of their sampled
   bytes in each process (`grain_cells.storage.remote._versions`);
+* `verify_reads` (default False): every byte read checked against block
+  digests of the whole object, read when each process opens it
+  (`grain_cells.storage.remote._versions`);
 * `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
   (`grain_cells.storage.remote._aws`: obstore does not read profiles itself);
 * `user_project` (GCS): the Google Cloud project billed for requests to a
@@ -58,7 +61,7 @@ from grain_cells.storage.remote import _retries as store_retries
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
 
 # Keys of `storage_options` that tune grain_cells' reader, not the store.
-READER_KEYS = ("max_in_flight", "content_check_s")
+READER_KEYS = ("max_in_flight", "content_check_s", "verify_reads")
 # Chosen by measurement (benchmarks/RESULTS.md, issue 13, round 6): at 20 ms
 # round trip, with a version check (HEAD) after each batch of GETs, 256 per
 # process and kind reach 26-29k cells/s at 0 workers, 64 only 11k, 512 no more.
