@@ -62,6 +62,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
     Raises:
         errors.AnnDataFormatError: A zip file in a bucket (not supported).
         FileNotFoundError: A local path that does not exist.
+        ValueError: `verify_reads` asked for a store in a bucket (it
+            applies to `.h5ad` objects only).
     """
     p = object_store.local_path(os.fspath(path))
     if object_store.is_url(p):
@@ -69,6 +71,15 @@ def zarr_store(path: str, storage_options: dict | None = None):
             raise errors.AnnDataFormatError(
                 f"{p}: a zipped zarr store in an object store cannot be read by "
                 "range; unzip it into the bucket (a .zarr prefix) or download it"
+            )
+        if (storage_options or {}).get("verify_reads"):
+            raise ValueError(
+                f"{p}: storage_options['verify_reads'] checks the blocks of "
+                ".h5ad objects and does not apply to zarr stores: in a bucket "
+                "every chunk read is already conditional on its key's ETag; on "
+                "a plain HTTP server nothing can check a chunk rewritten in "
+                "place. Copy the store to a bucket or a local disk, or drop "
+                "verify_reads for it."
             )
         check_not_forked_after_use(p)
         mark_obstore_used()  # zarr reads the metadata through it

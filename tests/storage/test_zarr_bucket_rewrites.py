@@ -80,7 +80,7 @@ def _signs(batch) -> np.ndarray:
 @pytest.mark.parametrize(
     ("layout", "workers"),
     [
-        pytest.param("zarr-v2", 0, id="v2-0"),
+        pytest.param("zarr-v2", 0, id="v2-0", marks=pytest.mark.slow),
         pytest.param("zarr-v3-sharded", 0, id="v3-sharded-0"),
         pytest.param("zarr-v3-sharded", 2, id="v3-sharded-2", marks=pytest.mark.slow),
     ],
@@ -130,3 +130,29 @@ def test_key_versions_table():
     assert versions.etag("obs/.zattrs") == ""  # listed, no ETag: unconditional
     assert versions.etag("X/data/1000") is None  # not in the store when listed
     assert versions.nbytes == 1001 * (8 + 34)  # hash + the longest ETag per key
+
+
+def test_verify_reads_is_refused_for_zarr_stores(s3, local_stores):
+    old, _ = local_stores["zarr-v2"]
+    url = _upload(s3, old, "rewrites/verify/a.zarr")
+    with pytest.raises(ValueError, match=r"verify_reads.*does not apply to zarr"):
+        grain_cells.AnnDataSource(
+            url, storage_options={**s3.options, "verify_reads": True}
+        )
+
+
+def test_a_shards_ranges_are_checked_by_one_head(s3, local_stores):
+    from grain_cells.storage.remote import _store as object_store
+
+    old, new = local_stores["zarr-v3-sharded"]
+    url = _upload(s3, old, "rewrites/shard/a.zarr")
+    source = grain_cells.AnnDataSource(url, block_size=10, storage_options=s3.options)
+    before = object_store.request_counts().get("check", 0)
+    rows = np.arange(0, 200)  # several inner chunks of one shard
+    np.testing.assert_array_equal(
+        source.read(rows).X.toarray(), _adata(1).X[rows].toarray()
+    )
+    assert object_store.request_counts().get("check", 0) > before
+    _upload(s3, new, "rewrites/shard/a.zarr")
+    with pytest.raises(errors.SourceChangedError, match="ETag"):
+        source.read(np.arange(200, 400))
