@@ -88,8 +88,17 @@ class KeyVersions:
 
 # Listings taken by `store_digest`, waiting for the `zarr_store` call that
 # opens the same store in the same thread.
-_waiting = fork.ProcessCache()
+_waiting: dict = {}
 _waiting_lock = threading.Lock()
+
+
+@fork.in_child
+def _after_fork() -> None:
+    # A parent's thread may have held the lock at the fork; its listings
+    # belong to threads the child does not have.
+    global _waiting_lock
+    _waiting_lock = threading.Lock()
+    _waiting.clear()
 
 
 def _slot(url: str, options_key: str) -> tuple:
