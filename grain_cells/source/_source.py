@@ -126,6 +126,11 @@ class AnnDataSource(SourceDescription):
                 often, per process and object, iteration re-reads the
                 sampled content digest of an object whose ETag cannot tell a
                 rewrite (`grain_cells.storage.remote._versions`).
+                `verify_reads=True`: every block read checked against
+                digests of the whole object, read at each process's open
+                (for `.h5ad` on HTTP servers that keep ETags across
+                rewrites). `user_project`: the project billed by a GCS
+                requester-pays bucket.
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.

@@ -77,6 +77,10 @@ class S3FolderServer(TcpServer):
         served as `key` of `bucket` (read in place; the bucket need not be a
         folder under `root`). They shadow files of the same name in `root`
         and are read-only (a PUT of one is refused).
+      requester_pays: Buckets that refuse, as GCS requester-pays buckets
+        do (HTTP 400 `UserProjectMissing`), every request without a billing
+        project (an `x-goog-user-project` header or a `userProject` query
+        parameter). `user_projects` lists the projects requests named.
 
     Raises:
       ValueError: A name in `objects` is not `bucket/key`.
@@ -90,7 +94,10 @@ class S3FolderServer(TcpServer):
         *,
         latency_s: float = 0.0,
         objects: Mapping[str, str | os.PathLike] | None = None,
+        requester_pays: tuple[str, ...] = (),
     ):
+        self.requester_pays = frozenset(requester_pays)
+        self.user_projects: list[str] = []
         self.objects = {}
         for name, path in (objects or {}).items():
             bucket, _, key = name.strip("/").partition("/")
@@ -160,6 +167,22 @@ class S3FolderServer(TcpServer):
             time.sleep(self.latency_s)
         parsed = urllib.parse.urlsplit(target)
         bucket, _, key = urllib.parse.unquote(parsed.path).lstrip("/").partition("/")
+        project = headers.get("x-goog-user-project") or "".join(
+            urllib.parse.parse_qs(parsed.query).get("userProject", [])
+        )
+        if project:
+            with self._lock:
+                self.user_projects.append(project)
+        if bucket in self.requester_pays and not project:
+            _error(
+                conn,
+                method,
+                target,
+                400,
+                "UserProjectMissing",
+                "Bucket is a requester pays bucket but no user project provided.",
+            )
+            return
         if method in ("GET", "HEAD") and key:
             self._get(conn, method, target, bucket, key, headers)
         elif method == "GET" and bucket:

@@ -7,7 +7,11 @@
 * `zarr.storage.ZipStore`: members of the zip file (`zipfile` serialises
   reads of one archive behind its lock; stored members are cheap to read);
 * `zarr.storage.ObjectStore` (obstore: S3, GCS, Azure, HTTP): range GETs,
-  all of a read's requests in flight at once on obstore's runtime.
+  all of a read's requests in flight at once on obstore's runtime; where
+  the store was opened with its keys' ETags
+  (`grain_cells.zarr._versions.VersionedObjectStore`), every read is
+  conditional on the key's ETag then, and raises `SourceChangedError`
+  once the key has another (a re-upload never mixes into a read).
 
 Anything else returns None and the reader goes through zarr's own slicing.
 
@@ -25,9 +29,11 @@ import zipfile
 
 import zarr
 
+from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage.remote._store import (
     check_not_forked_after_use,
+    count_request,
     mark_obstore_used,
 )
 
@@ -50,7 +56,9 @@ class KeyReader:
         if isinstance(store, zarr.storage.ZipStore):
             return ZipKeys(os.fspath(store.path))
         if isinstance(store, zarr.storage.ObjectStore):
-            return ObjectKeys(store.store)
+            return ObjectKeys(
+                store.store, getattr(store, "versions", None), getattr(store, "url", "")
+            )
         return None
 
     def get(self, key: str) -> bytes | None:
@@ -198,6 +206,17 @@ class ZipKeys(KeyReader):
 class ObjectKeys(KeyReader):
     """Keys of an obstore store (rooted at the zarr store): range GETs.
 
+    With `versions` (the ETag of each key when this process opened the
+    store), a key not listed then reads as missing without a request, and
+    every read of a listed key is conditional on its ETag: one range or the
+    whole key by a GET with `If-Match`; several ranges of one key (a
+    shard's inner chunks) by one `obstore.get_ranges` call (which takes no
+    `If-Match`) and a HEAD of the key after it, as `.h5ad` reads are
+    checked (`grain_cells.storage.remote._range_gets`). A key whose ETag
+    differs, or that was removed, raises `errors.SourceChangedError`.
+    Without `versions` (a store that cannot be listed: plain HTTP) reads
+    are unconditional.
+
     A forked child must not use its parent's client (its connections and
     runtime belong to the parent: requests hang): the child reads through a
     copy of the store made from its configuration (obstore stores pickle).
@@ -205,8 +224,10 @@ class ObjectKeys(KeyReader):
 
     remote = True
 
-    def __init__(self, store):
+    def __init__(self, store, versions=None, url: str = ""):
         self._store = store
+        self._versions = versions
+        self._url = url or str(store)
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -221,10 +242,10 @@ class ObjectKeys(KeyReader):
         return self._store
 
     def __getstate__(self):
-        return {"store": self._store}
+        return {"store": self._store, "versions": self._versions, "url": self._url}
 
     def __setstate__(self, state):
-        self.__init__(state["store"])
+        self.__init__(state["store"], state.get("versions"), state.get("url", ""))
 
     def get(self, key: str) -> bytes | None:
         return self.get_many([(key, None, None)])[0]
@@ -245,7 +266,7 @@ class ObjectKeys(KeyReader):
         because its runtime does not survive `os.fork` (a child's requests
         hang).
         """
-        check_not_forked_after_use(str(self._store))
+        check_not_forked_after_use(self._url)
         mark_obstore_used()
         by_key: dict[str, list[int]] = {}
         for i, (key, _, _) in enumerate(requests):
@@ -275,27 +296,52 @@ class ObjectKeys(KeyReader):
 
     def _fetch_key(self, key: str, reqs: list) -> list:
         import obstore
+        from obstore import exceptions as ox
 
+        etag = None
+        if self._versions is not None:
+            etag = self._versions.etag(key)
+            if etag is None:  # not in the store when this process opened it
+                return [None] * len(reqs)
         store = self.store
         try:
             ranges = [(a, b) for _, a, b in reqs if a is not None and a >= 0]
-            if len(ranges) == len(reqs):
+            if len(ranges) == len(reqs) and (len(ranges) > 1 or not etag):
+                count_request("get", len(ranges))
                 got = obstore.get_ranges(
                     store,
                     key,
                     starts=[a for a, _ in ranges],
                     ends=[b for _, b in ranges],
                 )
+                if etag:  # get_ranges takes no If-Match: the key's version after
+                    count_request("check")
+                    now = obstore.head(store, key).get("e_tag") or ""
+                    if now != etag:
+                        raise self._changed(key, etag, now)
                 return [bytes(x) for x in got]
             out = []
             for _, a, b in reqs:
-                if a is None:
-                    out.append(bytes(obstore.get(store, key).bytes()))
-                elif a < 0:
-                    resp = obstore.get(store, key, options={"range": {"suffix": -a}})
-                    out.append(bytes(resp.bytes()))
-                else:
-                    out.append(bytes(obstore.get_range(store, key, start=a, end=b)))
+                options = {"if_match": etag} if etag else {}
+                if a is not None:
+                    options["range"] = {"suffix": -a} if a < 0 else (a, b)
+                count_request("get")
+                out.append(bytes(obstore.get(store, key, options=options).bytes()))
             return out
+        except ox.PreconditionError:
+            raise self._changed(key, etag, "another") from None
         except FileNotFoundError:
+            if etag is not None:  # listed when opened: removed since
+                raise self._changed(key, etag, "none (removed)") from None
             return [None] * len(reqs)
+
+    def _changed(self, key: str, then: str, now: str) -> errors.SourceChangedError:
+        return errors.SourceChangedError(
+            f"{self._url}: changed since the AnnDataSource was built: key "
+            f"{key!r} had the ETag {then} when this process opened the store and "
+            f"has {now} now (the store was rewritten or re-uploaded while being "
+            "read; no value of the new version was returned). Build a new "
+            "source over the store (and do not restore iterator state saved "
+            "for the old data); upload a new version under a new prefix to "
+            "keep a running loader's version readable."
+        )

@@ -37,6 +37,7 @@ from grain_cells.storage.remote._store import (
     check_not_forked_after_use,
     mark_obstore_used,
 )
+from grain_cells.zarr import _versions as key_versions
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -61,6 +62,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
     Raises:
         errors.AnnDataFormatError: A zip file in a bucket (not supported).
         FileNotFoundError: A local path that does not exist.
+        ValueError: `verify_reads` asked for a store in a bucket (it
+            applies to `.h5ad` objects only).
     """
     p = object_store.local_path(os.fspath(path))
     if object_store.is_url(p):
@@ -69,10 +72,25 @@ def zarr_store(path: str, storage_options: dict | None = None):
                 f"{p}: a zipped zarr store in an object store cannot be read by "
                 "range; unzip it into the bucket (a .zarr prefix) or download it"
             )
+        if (storage_options or {}).get("verify_reads"):
+            raise ValueError(
+                f"{p}: storage_options['verify_reads'] checks the blocks of "
+                ".h5ad objects and does not apply to zarr stores: in a bucket "
+                "every chunk read is already conditional on its key's ETag; on "
+                "a plain HTTP server nothing can check a chunk rewritten in "
+                "place. Copy the store to a bucket or a local disk, or drop "
+                "verify_reads for it."
+            )
         check_not_forked_after_use(p)
         mark_obstore_used()  # zarr reads the metadata through it
-        return zarr.storage.ObjectStore(
-            object_store.store_at(p, storage_options), read_only=True
+        # The ETags of the listing that gave this open its digest (see
+        # grain_cells.zarr._versions): chunk reads are conditional on them.
+        versions = key_versions.take(p, _options_key(storage_options))
+        return key_versions.VersionedObjectStore(
+            object_store.store_at(p, storage_options),
+            read_only=True,
+            url=p.rstrip("/"),
+            versions=versions,
         )
     if not os.path.exists(p):
         raise FileNotFoundError(f"{p}: no such file or directory")
@@ -213,6 +231,10 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
     return h.hexdigest()
 
 
+def _options_key(storage_options: dict | None) -> str:
+    return repr(sorted((storage_options or {}).items(), key=lambda kv: kv[0]))
+
+
 def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     import obstore
 
@@ -237,6 +259,12 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
                 continue
             object_store.count_request("head")
             metas.append({**meta, "path": key})
+    else:
+        # This listing's ETags are what the next open of the store in this
+        # thread reads with (`zarr_store`): digest and reads agree.
+        key_versions.remember(
+            url, _options_key(storage_options), key_versions.KeyVersions.of_metas(metas)
+        )
     metas.sort(key=lambda m: m["path"])
     for m in metas:
         h.update(f"{m['path']}\0{m['size']}\0{m.get('e_tag') or ''}\n".encode())

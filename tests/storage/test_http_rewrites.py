@@ -5,7 +5,10 @@ the modification time (`rsync -t`, `cp -p`) keeps every header and passes
 `If-Match`: a source once read 268 of 300 cells from the new content without
 a word. Such objects now carry a digest of sampled bytes, read again when a
 process opens them, at restore and periodically while reading
-(`grain_cells.storage.remote._versions`). Files are written by anndata: the
+(`grain_cells.storage.remote._versions`); with the `verify_reads` storage
+option (issue 34, item 2: a rewrite during iteration was read for 276 of 300
+cells before the periodic check) every block read is checked against
+digests of the whole object. Files are written by anndata: the
 old one's value (i, j) is `i * 100 + j + 1`, the new one's its negative, with
 the same sparsity (hence the same size).
 """
@@ -13,6 +16,7 @@ the same sparsity (hence the same size).
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 
 import anndata
@@ -32,9 +36,9 @@ pytest.importorskip("obstore", reason="obstore is not installed (.[cloud])")
 N_CELLS, N_GENES = 300, 20
 
 
-def _write(path, sign: int) -> str:
+def _write(path, sign: int, n_cells: int = N_CELLS) -> str:
     rng = np.random.default_rng(0)
-    x = (np.arange(N_CELLS)[:, None] * 100 + np.arange(N_GENES) + 1).astype(np.float32)
+    x = (np.arange(n_cells)[:, None] * 100 + np.arange(N_GENES) + 1).astype(np.float32)
     x[rng.random(x.shape) < 0.6] = 0
     anndata.AnnData(sp.csr_matrix(x * sign)).write_h5ad(path)
     return str(path)
@@ -76,11 +80,11 @@ def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
     assert after == before  # every header nginx sends is unchanged
 
 
-def _loader(url, worker_count=0, options=None):
+def _loader(url, worker_count=0, options=None, epochs=1):
     source = grain_cells.AnnDataSource(url, block_size=10, storage_options=options)
     return grain_cells.DataLoader(
         data_source=source,
-        sampler=grain_cells.BlockSampler(source, seed=2, num_epochs=1),
+        sampler=grain_cells.BlockSampler(source, seed=2, num_epochs=epochs),
         operations=grain_cells.fetch_operations(
             source, batch_size=10, fetch_factor=3, seed=2
         ),
@@ -150,6 +154,66 @@ def test_rewrite_during_iteration_is_caught_by_the_periodic_check(
                 next(iterator)
     finally:
         close_iterator(iterator)
+
+
+@pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_verify_reads_never_returns_a_byte_of_the_rewrite(
+    served, versions_on_disk, worker_count
+):
+    """Issue 34, item 2: with the default checks 276 of 300 cells came from
+    the rewrite, read before the next periodic check. `verify_reads` checks
+    every byte read against block digests taken when the source was built.
+    """
+    url, path, _ = served
+    # Reads run ahead (the file is small): later epochs follow the rewrite.
+    epochs = 4
+    iterator = iter(_loader(url, worker_count, {"verify_reads": True}, epochs))
+    try:
+        assert _old_values(next(iterator))
+        _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+        with pytest.raises(errors.SourceChangedError, match="verify_reads"):
+            for _ in range(epochs * N_CELLS):  # more minibatches than there are
+                assert _old_values(next(iterator)), "new values were read"
+    finally:
+        close_iterator(iterator)
+
+
+def test_verify_reads_sees_a_change_the_sampled_windows_miss(tmp_path):
+    """One changed value in the middle: outside the 32 sampled windows."""
+    if nginx_folder.find_nginx() is None:
+        pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
+    path = pathlib.Path(_write(tmp_path / "big.h5ad", 1, n_cells=4000))
+    with NginxFolder(tmp_path / "root", objects={"b/big.h5ad": path}) as server:
+        _change_one_byte_outside_the_windows(f"{server.endpoint_url}/b/big.h5ad", path)
+
+
+def _change_one_byte_outside_the_windows(url, path):
+    source = grain_cells.AnnDataSource(
+        url, block_size=10, storage_options={"verify_reads": True}
+    )
+    stat, sampled = object_store.head(url), versions.version_of(url).content
+    data = bytearray(path.read_bytes())
+    windows = versions.content_windows(len(data))
+    at = next(
+        o
+        for o in range(len(data) // 2, len(data))
+        if data[o] and not any(a <= o < b for a, b in windows)
+    )
+    st = os.stat(path)
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert object_store.head(url) == stat
+    assert versions.version_of(url).content == sampled  # the default checks pass
+    with pytest.raises(errors.SourceChangedError, match="verify_reads"):
+        source.read(np.arange(source.num_cells))
+    with pytest.raises(errors.SourceChangedError, match="bytes differ"):
+        source.verify_files()
+
+
+def test_verify_reads_is_checked():
+    with pytest.raises(ValueError, match="verify_reads"):
+        versions.verify_reads({"verify_reads": "yes"})
 
 
 def test_unchanged_object_passes_every_check(served):

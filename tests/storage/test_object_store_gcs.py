@@ -122,3 +122,56 @@ def test_gs_changed_object_raises(tmp_path):
         os.replace(shutil.copy(second[0], tmp_path / "new.h5ad"), served)
         with pytest.raises(errors.SourceChangedError, match=f"gs://{BUCKET}/x.h5ad"):
             source.read(np.arange(source.num_cells))
+
+
+def _gcs_options(server, **more) -> dict:
+    key = {
+        "private_key": "",
+        "private_key_id": "",
+        "client_email": "",
+        "gcs_base_url": server.endpoint_url,
+        "disable_oauth": True,
+    }
+    return {
+        "service_account_key": json.dumps(key),
+        "client_options": {"allow_http": True},
+        **more,
+    }
+
+
+def test_requester_pays_bucket_is_billed_to_user_project(tmp_path):
+    """Issue 33: Arc's Virtual Cell Atlas lies in a requester-pays bucket.
+
+    The server refuses, as GCS does, every request that names no billing
+    project; with `user_project` each one carries `x-goog-user-project`.
+    """
+    (tmp_path / "vca").mkdir()
+    paths = write_files(tmp_path / "vca")
+    url = f"gs://vca/{os.path.basename(paths[0])}"
+    with S3FolderServer(tmp_path, requester_pays=("vca",)) as server:
+        with pytest.raises(PermissionError, match="user_project"):
+            grain_cells.AnnDataSource(url, storage_options=_gcs_options(server))
+        assert server.user_projects == []
+        options = _gcs_options(server, user_project="my-billing-project")
+        source = grain_cells.AnnDataSource(url, storage_options=options)
+        got = source.read(np.arange(source.num_cells))
+        np.testing.assert_array_equal(
+            _dense(got.X), _dense(anndata.read_h5ad(paths[0]).X)
+        )
+        assert len(server.user_projects) >= 2  # the HEAD and the GETs
+        assert set(server.user_projects) == {"my-billing-project"}
+
+
+@pytest.mark.parametrize(
+    "url, project, match",
+    [
+        pytest.param("s3://b/a.h5ad", "p", "request_payer", id="s3"),
+        pytest.param("gs://b/a.h5ad", "", "project ID", id="empty"),
+        pytest.param("gs://b/a.h5ad", 7, "project ID", id="not-a-string"),
+    ],
+)
+def test_user_project_is_checked(url, project, match):
+    from grain_cells.storage.remote import _store as object_store
+
+    with pytest.raises(ValueError, match=match):
+        object_store.store_for(url, {"user_project": project, "anon": True})

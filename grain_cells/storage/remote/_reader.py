@@ -109,6 +109,11 @@ class RemoteByteReader:
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
         self._object_store = None
+        # `verify_reads`: digests of every block of the version read (taken
+        # when this process opened the object), else None.
+        self._table = None
+        if stat.content:
+            self._table = versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
         self._check_s = versions.content_check_s(storage_options)
@@ -137,6 +142,22 @@ class RemoteByteReader:
         end = max(e for _, e in ranges)
         if end > self._stat.size:
             raise TruncatedError(self._stat.size, end)
+        if self._table is not None:
+            return self._get_checked(ranges)
+        return self._get_unchecked(ranges)
+
+    def _get_checked(self, ranges: list[tuple[int, int]]) -> list:
+        """`verify_reads`: whole blocks read, each checked, then cut to size."""
+        size = self._stat.size
+        wide = [versions.widen(a, b, size) for a, b in ranges]
+        datas = self._get_unchecked(wide)
+        out = []
+        for (a, b), (wa, _), data in zip(ranges, wide, datas, strict=True):
+            versions.check_blocks(self.name, self._table, wa, data)
+            out.append(memoryview(data)[a - wa : b - wa])
+        return out
+
+    def _get_unchecked(self, ranges: list[tuple[int, int]]) -> list:
         if len(ranges) == 1:  # one round trip: a GET with If-Match, no HEAD
             (start, end), store = ranges[0], self._store()
             etag = self._stat.etag
@@ -256,8 +277,8 @@ class RemoteByteReader:
         HEAD and the sampled bytes read again (`versions.version_of`): a
         rewrite that kept the ETag then shows in `content`.
         """
-        if not self._stat.content:
-            return self._stat
+        if not self._stat.content or self._table is not None:
+            return self._stat  # every read is checked (ETag; `verify_reads`)
         now = time.monotonic()
         with self._lock:
             if now < self._next_check:

@@ -26,8 +26,16 @@ S3Store`, `GCSStore`, `HTTPStore`), plus:
 * `content_check_s` (default 60): for objects whose ETag does not follow
   their content (HTTP servers), seconds between re-reads of their sampled
   bytes in each process (`grain_cells.storage.remote._versions`);
+* `verify_reads` (default False): every byte read checked against block
+  digests of the whole object, read when each process opens it
+  (`grain_cells.storage.remote._versions`);
 * `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
-  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself).
+  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself);
+* `user_project` (GCS): the Google Cloud project billed for requests to a
+  requester-pays bucket, sent as the `x-goog-user-project` header of every
+  request (obstore's GCS store has no option of its own for it; its
+  client's `default_headers` carry it). S3's requester pays is obstore's
+  own `request_payer=True`.
 
 Credentials not given come from the standard environment variables
 (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
@@ -46,13 +54,14 @@ import urllib.parse
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage.remote import _aws as aws_profiles
+from grain_cells.storage.remote import _gcs as gcs_billing
 from grain_cells.storage.remote import _retries as store_retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
 
 # Keys of `storage_options` that tune grain_cells' reader, not the store.
-READER_KEYS = ("max_in_flight", "content_check_s")
+READER_KEYS = ("max_in_flight", "content_check_s", "verify_reads")
 # Chosen by measurement (benchmarks/RESULTS.md, issue 13, round 6): at 20 ms
 # round trip, with a version check (HEAD) after each batch of GETs, 256 per
 # process and kind reach 26-29k cells/s at 0 workers, 64 only 11k, 512 no more.
@@ -243,6 +252,8 @@ def _build_store(root: str, options: dict):
 
     client_options = store_retries.client_options(options)
     retry_config = store_retries.retry_config(options)
+    if "user_project" in options:
+        gcs_billing.bill_project(root, options.pop("user_project"), client_options)
     for key in store_retries.POLICY_KEYS:
         options.pop(key, None)
     if "endpoint_url" in options:
@@ -326,6 +337,11 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
             "(e.g. storage_options={'profile': NAME}), ask for read access, or "
             "use anon=True for a public bucket."
         ) from None
+    except ox.GenericError as e:
+        unbilled = gcs_billing.unbilled_error(url, storage_options, e)
+        if unbilled is None:
+            raise
+        raise unbilled from None
     return stat_of(meta)
 
 

@@ -29,6 +29,19 @@ storage option, default `DEFAULT_CONTENT_CHECK_S`; 0 checks at every read).
 What still slips through there: a same-size rewrite whose changed bytes all
 avoid the windows (a few changed values in a large file), and, until the
 next periodic check, cells read from a rewrite made during iteration.
+Nothing in HTTP can show such a rewrite: every header (ETag, size,
+Last-Modified) is unchanged, so `If-Match` passes.
+
+**`verify_reads`** (storage option, default off) closes both gaps at a
+price: the source reads the whole object when it is built, and each
+process again when it opens it, and keeps an 8-byte BLAKE2b digest of
+every `DIGEST_BLOCK` bytes (`block_digests`; 128 KiB per GiB of object);
+the object's `content` becomes a digest of that table. Every range read is
+then widened to whole blocks and each block checked
+(`check_blocks`): no byte of a rewrite is ever returned, whatever the
+headers say. Costs (measured in docs/guides/buckets.md): a full read
+of each object per process open (and at `verify_files`), the hashing,
+and up to two blocks more per merged request.
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ import hashlib
 import math
 import re
 
+from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage.remote import _range_gets as range_gets
 from grain_cells.storage.remote import _store as object_store
@@ -44,6 +59,12 @@ from grain_cells.storage.remote import _store as object_store
 CONTENT_WINDOWS = 32
 CONTENT_WINDOW = 4 << 10  # bytes: 128 KiB read per check in all
 DEFAULT_CONTENT_CHECK_S = 60.0
+DIGEST_BLOCK = 64 << 10  # bytes per digest of `verify_reads`
+_DIGEST_BYTES = 8
+_BLOCKS_PREFIX = "blocks:"
+
+# `verify_reads` tables of this process, by (URL, content digest).
+_tables = fork.ProcessCache()
 
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
@@ -107,9 +128,136 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
     """
     stat = object_store.head(url, storage_options)
     content = ""
-    if not tag_follows_content(url, stat):
+    if verify_reads(storage_options):
+        table = block_digests(url, storage_options, stat, store)
+        content = _BLOCKS_PREFIX + hashlib.sha256(table).hexdigest()[:32]
+        _tables.get_or_make((url, content), lambda: table)
+    elif not tag_follows_content(url, stat):
         content = content_digest(url, storage_options, stat, store)
     return FileStat(0, 0, stat.size, stat.last_modified_ns, 0, stat.etag, content)
+
+
+def verify_reads(storage_options: dict | None) -> bool:
+    """The `verify_reads` storage option (default False).
+
+    Raises:
+        ValueError: Not a bool.
+    """
+    value = (storage_options or {}).get("verify_reads", False)
+    if not isinstance(value, bool):
+        raise ValueError(
+            "storage_options['verify_reads'] must be True or False (check every "
+            "byte read against block digests of the whole object, read when "
+            f"each process opens it), got {value!r}"
+        )
+    return value
+
+
+def block_digests(
+    url: str, storage_options: dict | None, stat: object_store.ObjectStat, store=None
+) -> bytes:
+    """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes of the whole object.
+
+    One GET of the whole object (with `If-Match` on its ETag), streamed.
+
+    Raises:
+        errors.SourceChangedError: Its ETag changed, or its size is not
+            `stat.size`.
+    """
+    import obstore
+    from obstore import exceptions as ox
+
+    if store is None:
+        store = object_store.store_for(url, storage_options)
+    _, key = object_store.split_url(url)
+    options = {"if_match": stat.etag} if stat.etag else {}
+    object_store.count_request("get")
+    table = bytearray()
+    pending = bytearray()
+    total = 0
+    try:
+        for chunk in obstore.get(store, key, options=options).stream(4 << 20):
+            pending += memoryview(chunk)
+            total += len(chunk)
+            full = len(pending) - len(pending) % DIGEST_BLOCK
+            view = memoryview(pending)
+            for off in range(0, full, DIGEST_BLOCK):
+                table += _digest(view[off : off + DIGEST_BLOCK])
+            view.release()
+            del pending[:full]
+    except (ox.PreconditionError, ox.NotFoundError, FileNotFoundError):
+        raise errors.SourceChangedError(
+            f"{url}: changed or removed while its blocks were being digested "
+            "(verify_reads); build the source again"
+        ) from None
+    if pending:
+        table += _digest(memoryview(pending))
+    if total != stat.size:
+        raise errors.SourceChangedError(
+            f"{url}: {total} bytes read while its size was {stat.size} "
+            "(verify_reads): it changed while being read; build the source again"
+        )
+    return bytes(table)
+
+
+def _digest(data) -> bytes:
+    return hashlib.blake2b(data, digest_size=_DIGEST_BYTES).digest()
+
+
+def block_table(url: str, storage_options: dict | None, stat: FileStat, store=None):
+    """The `verify_reads` table of the version `stat` names, or None.
+
+    None when `stat` was not taken with `verify_reads`. A process that has
+    not digested the object yet does so now (a whole read).
+
+    Raises:
+        errors.SourceChangedError: The object's blocks now are not those
+            `stat.content` digests.
+    """
+    if not stat.content.startswith(_BLOCKS_PREFIX):
+        return None
+    table = _tables.get((url, stat.content))
+    if table is None:
+        now = version_of(url, storage_options, store)
+        if now.content != stat.content:
+            raise _differ(url, 0, stat.size)
+        table = _tables[(url, stat.content)]
+    return table
+
+
+def widen(start: int, end: int, size: int) -> tuple[int, int]:
+    """`[start, end)` widened to whole `DIGEST_BLOCK` blocks (within `size`)."""
+    return (
+        start - start % DIGEST_BLOCK,
+        min(size, -(-end // DIGEST_BLOCK) * DIGEST_BLOCK),
+    )
+
+
+def check_blocks(url: str, table: bytes, start: int, data) -> None:
+    """Checks whole blocks read from `start` against `table`.
+
+    Raises:
+        errors.SourceChangedError: A block differs.
+    """
+    view = memoryview(data)
+    first = start // DIGEST_BLOCK
+    for i, off in enumerate(range(0, len(view), DIGEST_BLOCK)):
+        k = (first + i) * _DIGEST_BYTES
+        if _digest(view[off : off + DIGEST_BLOCK]) != table[k : k + _DIGEST_BYTES]:
+            a = start + off
+            raise _differ(url, a, a + min(DIGEST_BLOCK, len(view) - off))
+
+
+def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
+    return errors.SourceChangedError(
+        f"{url}: changed since the AnnDataSource was built: bytes [{a}, {b}) "
+        "differ from their digest then (verify_reads), while the server's "
+        "ETag, size and Last-Modified are unchanged: the object was rewritten "
+        "in place with its size and modification time kept (rsync -t, cp -p), "
+        "which HTTP's headers cannot show. No byte of the new version was "
+        "returned. Build a new source (and do not restore iterator state "
+        "saved for the old data)."
+    )
 
 
 def content_check_s(storage_options: dict | None) -> float:

@@ -1,0 +1,63 @@
+"""Requester-pays GCS buckets: the project billed for each request.
+
+A requester-pays bucket (Arc's Virtual Cell Atlas since 2026-03-31) refuses
+requests that name no Google Cloud project to bill: HTTP 400
+`UserProjectMissing`. GCS takes the project as the `userProject` query
+parameter or the `x-goog-user-project` header. obstore's GCS store has no
+option for either (obstore 0.12: `GCSConfig` has none), but its client
+sends `client_options["default_headers"]` with every request (HEAD, GET,
+LIST, PUT), so the storage option `user_project` becomes that header.
+"""
+
+from __future__ import annotations
+
+
+def bill_project(root: str, project, client_options: dict) -> None:
+    """Sends `x-goog-user-project: project` with every request to a GCS bucket.
+
+    Raises:
+        ValueError: Not a `gs://` URL, or not a project ID.
+    """
+    if root.split("://", 1)[0].lower() not in ("gs", "gcs"):
+        raise ValueError(
+            f"{root}: storage_options['user_project'] names the Google Cloud "
+            "project billed for a requester-pays GCS bucket, which only gs:// "
+            "URLs use (for S3 requester-pays buckets pass request_payer=True)"
+        )
+    if (
+        not isinstance(project, str)
+        or not project.strip()
+        or any(c in project for c in "\r\n")
+    ):
+        raise ValueError(
+            f"{root}: storage_options['user_project'] must be a Google Cloud "
+            f"project ID such as 'my-billing-project', got {project!r}"
+        )
+    headers = dict(client_options.get("default_headers") or {})
+    headers["x-goog-user-project"] = project.strip()
+    client_options["default_headers"] = headers
+
+
+def unbilled_error(url: str, storage_options: dict | None, error):
+    """The error for a GCS 400 to a request naming no billing project, or None.
+
+    A requester-pays bucket answers 400 (`UserProjectMissing`; a HEAD's
+    answer has no body to say so) to requests without a billing project.
+    """
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in ("gs", "gcs") or "user_project" in (storage_options or {}):
+        return None
+    if "400 Bad Request" not in str(error) and "UserProjectMissing" not in str(error):
+        return None
+    return PermissionError(
+        f"{url}: the bucket answered 400 Bad Request ({_first_line(error)}), "
+        "which is how a GCS requester-pays bucket refuses requests that name "
+        "no project to bill. Pass the Google Cloud project to bill: "
+        "storage_options={'user_project': 'my-billing-project'} (the "
+        "credentials need serviceusage.services.use on it)."
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

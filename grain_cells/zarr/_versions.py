@@ -1,0 +1,138 @@
+"""The version of each key of a zarr store in a bucket, as a process opened it.
+
+A zarr store is many objects. Its identity (`grain_cells.zarr._store.
+store_digest`) comes from one LIST of its keys, which gives each key's ETag
+at no extra cost; `KeyVersions` keeps those ETags so that every chunk read
+of that process is conditional on them (`If-Match`, or a HEAD after a
+batch of ranges of one key: `grain_cells.zarr._keys.ObjectKeys`). A store
+re-uploaded while a loader reads it then raises `SourceChangedError` at the
+first changed key instead of mixing versions.
+
+Each process lists the store when it opens it (`_open_store` in
+`grain_cells.io` takes the digest, then opens the group), and that digest
+must equal the source's identity (`open_member`): so the ETags a worker
+reads with are those of the version the source was built on, without
+carrying them in the pickled source. The LIST that makes the digest hands
+its listing to the next `zarr_store` call of the same thread and store
+(`remember` / `take`), so the digest and the ETags come from one listing.
+
+ETags are whatever the store sends: an MD5 (or multipart digest) on S3 and
+S3-compatible stores, a generation-derived tag on GCS, a change tag on
+Azure; a byte-identical re-upload may keep it, and then the bytes read are
+the same. Plain HTTP servers list nothing: no ETags are known there and
+key reads are unconditional (docs/guides/buckets.md).
+
+Memory: 8 bytes of key hash plus the longest ETag's length per key (about
+42 bytes for S3's 34-character ETags; 4.2 MB per 100,000 keys per process),
+where a dict of strings would take about 250.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import zarr
+
+from grain_cells._util import fork
+
+
+def _key_hash(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"
+    )
+
+
+class KeyVersions:
+    """The ETag of each key of a store, from one listing. Immutable, picklable.
+
+    Keys are kept as 64-bit hashes (a collision between two keys of one
+    store, about 1 in 10^9 for 100,000 keys, would only make a read refuse
+    with `SourceChangedError`).
+
+    Example:
+        >>> versions = KeyVersions([("X/data/0", '"abc"')])
+        >>> versions.etag("X/data/0"), versions.etag("X/data/1")
+        ('"abc"', None)
+    """
+
+    def __init__(self, listing):
+        """Args: listing: `(key, etag)` pairs; an etag "" is unknown."""
+        pairs = sorted((_key_hash(k), (e or "").encode()) for k, e in listing)
+        self._hashes = np.fromiter((h for h, _ in pairs), np.uint64, len(pairs))
+        width = max((len(e) for _, e in pairs), default=1) or 1
+        self._etags = np.array([e for _, e in pairs], dtype=f"S{width}")
+
+    def __len__(self) -> int:
+        return int(self._hashes.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table."""
+        return int(self._hashes.nbytes + self._etags.nbytes)
+
+    def etag(self, key: str) -> str | None:
+        """The key's ETag when listed ("" if the store sent none); None: not listed."""
+        h = np.uint64(_key_hash(key))
+        i = int(np.searchsorted(self._hashes, h))
+        if i == self._hashes.size or self._hashes[i] != h:
+            return None
+        return self._etags[i].decode()
+
+    @classmethod
+    def of_metas(cls, metas) -> KeyVersions:
+        """From obstore's `ObjectMeta`s of a LIST (paths relative to the store)."""
+        return cls((m["path"], m.get("e_tag") or "") for m in metas)
+
+
+# Listings taken by `store_digest`, waiting for the `zarr_store` call that
+# opens the same store in the same thread.
+_waiting: dict = {}
+_waiting_lock = threading.Lock()
+
+
+@fork.in_child
+def _after_fork() -> None:
+    # A parent's thread may have held the lock at the fork; its listings
+    # belong to threads the child does not have.
+    global _waiting_lock
+    _waiting_lock = threading.Lock()
+    _waiting.clear()
+
+
+def _slot(url: str, options_key: str) -> tuple:
+    return (threading.get_ident(), url.rstrip("/"), options_key)
+
+
+def remember(url: str, options_key: str, versions: KeyVersions) -> None:
+    """Keeps this thread's latest listing of the store at `url`."""
+    with _waiting_lock:
+        _waiting[_slot(url, options_key)] = versions
+
+
+def take(url: str, options_key: str) -> KeyVersions | None:
+    """This thread's latest listing of the store (removed), or None."""
+    with _waiting_lock:
+        return _waiting.pop(_slot(url, options_key), None)
+
+
+class VersionedObjectStore(zarr.storage.ObjectStore):
+    """zarr's `ObjectStore` with the store's URL and its keys' ETags when opened.
+
+    Attributes:
+        url: The store's URL, for messages.
+        versions: The `KeyVersions` chunk reads are conditional on; None
+            where the store could not be listed (plain HTTP).
+    """
+
+    def __init__(self, store, *, read_only: bool = True, url: str = "", versions=None):
+        super().__init__(store, read_only=read_only)
+        self.url = url
+        self.versions = versions
+
+    def with_read_only(self, read_only: bool = False) -> VersionedObjectStore:
+        """A copy with another `read_only` (zarr's API), same URL and versions."""
+        return type(self)(
+            self.store, read_only=read_only, url=self.url, versions=self.versions
+        )
