@@ -570,72 +570,62 @@ def test_object_store_choice(workdir):
 BINARIES = sorted(
     p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "bench_util.py"
 )
-# Prints each flag a binary defines (absl FLAGS after importing the module).
-_LIST_FLAGS = """
-import importlib.util, json, os, sys
-path = sys.argv[1]
-sys.path[:0] = [os.path.dirname(path), os.path.dirname(os.path.dirname(path))]
-spec = importlib.util.spec_from_file_location("benchmark_binary", path)
-module = importlib.util.module_from_spec(spec)
-sys.modules["benchmark_binary"] = module
-spec.loader.exec_module(module)
+# Runs a binary as `__main__` with `--help` (as a user would) and prints, as
+# JSON: what `--help` printed, the flags the binary or bench_util defines (with
+# help and default), and the names of every flag the binary's own code defines
+# (in the binary or a module of benchmarks/ or configs/; not absl's, Grain's or
+# other libraries'). One process per binary serves both tests below.
+_HELP_AND_FLAGS = """
+import contextlib, io, json, os, runpy, sys
+path = os.path.abspath(sys.argv[1])
+root = os.path.dirname(os.path.dirname(path))
+sys.path[:0] = [os.path.dirname(path), root]
+sys.argv = [path, "--help"]
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit:
+        pass
 from absl import flags
-out = []
+ours = (os.path.join(root, "benchmarks"), os.path.join(root, "configs"))
+listed, own = [], set()
 for name, defined in flags.FLAGS.flags_by_module_dict().items():
-    if name == "benchmark_binary" or name.endswith("bench_util"):
-        out += [
+    main = name in (path, sys.argv[0])
+    if main or name.endswith("bench_util"):
+        listed += [
             {"name": f.name, "help": f.help or "", "default": f.default}
             for f in defined
         ]
-print(json.dumps(out))
-"""
-
-
-# Prints the names of the flags a binary's own code defines: in the binary,
-# in bench_util or another module of benchmarks/ or configs/ (not absl's,
-# Grain's or other libraries').
-_OWN_FLAGS = """
-import importlib.util, json, os, sys
-path = sys.argv[1]
-root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-sys.path[:0] = [os.path.dirname(path), root]
-spec = importlib.util.spec_from_file_location("benchmark_binary", path)
-module = importlib.util.module_from_spec(spec)
-sys.modules["benchmark_binary"] = module
-spec.loader.exec_module(module)
-from absl import flags
-ours = (os.path.join(root, "benchmarks"), os.path.join(root, "configs"))
-names = []
-for name, defined in flags.FLAGS.flags_by_module_dict().items():
     file = getattr(sys.modules.get(name), "__file__", None) or ""
-    if name == "benchmark_binary" or os.path.abspath(file).startswith(ours):
-        names += [f.name for f in defined]
-print(json.dumps(sorted(set(names))))
+    if main or os.path.abspath(file).startswith(ours):
+        own.update(f.name for f in defined)
+print(json.dumps({"help": out.getvalue(), "flags": listed, "own": sorted(own)}))
 """
+
+_help_and_flags_cache: dict[str, dict] = {}
+
+
+def _help_and_flags(binary: str) -> dict:
+    if binary not in _help_and_flags_cache:
+        done = subprocess.run(
+            [sys.executable, "-c", _HELP_AND_FLAGS, str(ROOT / "benchmarks" / binary)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        _help_and_flags_cache[binary] = json.loads(done.stdout.splitlines()[-1])
+    return _help_and_flags_cache[binary]
 
 
 @pytest.mark.parametrize("binary", BINARIES)
-def test_help_shows_every_flag_of_the_binary(binary, tmp_path):
+def test_help_shows_every_flag_of_the_binary(binary):
     """`--help` lists the binary's flags, those bench_util (or a binary it
     imports) defines for it included, not only under `--helpfull`."""
-    listed = subprocess.run(
-        [sys.executable, "-c", _OWN_FLAGS, str(ROOT / "benchmarks" / binary)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert listed.returncode == 0, listed.stderr[-2000:]
-    own = json.loads(listed.stdout.splitlines()[-1])
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / binary), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=tmp_path,
-        check=False,
-    )
-    shown = done.stdout + done.stderr
+    found = _help_and_flags(binary)
+    shown, own = found["help"], found["own"]
     assert "flags:" in shown or not own, shown[-2000:]
     missing = [
         name
@@ -659,15 +649,7 @@ def _says_more_than_its_default(flag: dict) -> bool:
 
 @pytest.mark.parametrize("binary", BINARIES)
 def test_every_flag_is_explained(binary):
-    done = subprocess.run(
-        [sys.executable, "-c", _LIST_FLAGS, str(ROOT / "benchmarks" / binary)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    defined = json.loads(done.stdout.splitlines()[-1])
+    defined = _help_and_flags(binary)["flags"]
     vague = [
         (f["name"], f["help"]) for f in defined if not _says_more_than_its_default(f)
     ]
