@@ -11,7 +11,13 @@ module: a `Format` subclass and a `register` call (docs/reference/design.md,
 "Formats").
 """
 
-from grain_cells.formats._protocol import Format, RangeReader, value_dtype
+from grain_cells.formats._protocol import (
+    Format,
+    RangeReader,
+    missing_path,
+    value_dtype,
+    wait_all,
+)
 from grain_cells.formats._registry import (
     for_path,
     of,
@@ -24,9 +30,11 @@ __all__ = [
     "Format",
     "RangeReader",
     "for_path",
+    "missing_path",
     "of",
     "register",
     "registered",
     "unregister",
     "value_dtype",
+    "wait_all",
 ]

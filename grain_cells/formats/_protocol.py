@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import os
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -37,6 +38,26 @@ def value_dtype(dtype: np.dtype) -> np.dtype:
     if dtype.kind == "f" and dtype.itemsize < 4:
         return np.dtype(np.float32)
     return dtype.newbyteorder("=")
+
+
+def wait_all(futures: list[concurrent.futures.Future]) -> None:
+    """Waits for every future, then raises the first one's error, if any.
+
+    Waiting for all before raising keeps no task writing into a buffer that
+    the caller reuses after the error.
+    """
+    concurrent.futures.wait(futures)
+    for f in futures:
+        f.result()
+
+
+def missing_path(path: str) -> FileNotFoundError:
+    """The error of a path that does not exist (any format)."""
+    if os.path.islink(path):
+        return FileNotFoundError(
+            f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+        )
+    return FileNotFoundError(f"{path}: no such file")
 
 
 @runtime_checkable
@@ -96,7 +117,8 @@ class RangeReader(Protocol):
         """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
 
         `pending`, with a `pool`: a list that receives futures still
-        decoding instead of waiting for them; the caller waits for them.
+        decoding instead of waiting for them; the caller waits for them
+        (`wait_all`).
         """
 
 
@@ -115,6 +137,8 @@ class Format(abc.ABC):
         name: Short name (`"hdf5"`, `"zarr"`), for messages and repr.
         description: What an open file is, in a message ("HDF5",
             "a zarr store").
+        fallback: Asked after every other format (`can_open` then claims
+            what no other format does).
 
     Example (a format of one's own; `tests/io/toy_format.py` is a whole one):
         >>> class MyFormat(Format):
@@ -126,6 +150,7 @@ class Format(abc.ABC):
 
     name: str = ""
     description: str = ""
+    fallback: bool = False
 
     # -- paths -----------------------------------------------------------
 

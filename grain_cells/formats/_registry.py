@@ -4,8 +4,10 @@ A format registers itself once, when its package is imported
 (`grain_cells/__init__.py` imports `grain_cells.hdf5` and
 `grain_cells.zarr`). A path is opened by the most recently registered
 format whose `can_open` accepts it, so a format registered later (a test's,
-a plugin's) is asked before the built-in ones; `grain_cells.hdf5` claims
-every path no other format claims, and refuses what is not HDF5 by name.
+a plugin's) is asked before the built-in ones. A format marked `fallback`
+is asked after all others, whatever the import order: `grain_cells.hdf5`
+is one, claiming every path no other format claims (and refusing what is
+not HDF5 by name).
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ def unregister(fmt: Format) -> None:
 
 
 def registered() -> tuple[Format, ...]:
-    """The formats, in the order they are asked (newest first)."""
-    return tuple(reversed(_formats))
+    """The formats, in the order they are asked (newest first, fallbacks last)."""
+    newest = tuple(reversed(_formats))
+    return tuple(f for f in newest if not f.fallback) + tuple(
+        f for f in newest if f.fallback
+    )
 
 
 def for_path(path: str | os.PathLike) -> Format:
