@@ -40,7 +40,6 @@ and restorable under another worker or shard count. Epochs, `len()` and
 from importlib import metadata as _metadata
 
 from grain_cells import errors as errors
-
 from grain_cells import hdf5 as _hdf5  # noqa: F401  (registers its Format)
 from grain_cells import tokens as tokens
 from grain_cells import zarr as _zarr  # noqa: F401  (registers its Format)

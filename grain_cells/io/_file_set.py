@@ -1,7 +1,7 @@
 """The files of a source: what was checked when it was built, and open handles.
 
 `FileSet` is an immutable value: the files' paths, matrix metadata,
-identities (`grain_cells.storage._identity`), gene alignment and harmonised obs
+identities (`grain_cells.io._identity`), gene alignment and harmonised obs
 columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
 file is opened once, checked and closed). It pickles to workers as is.
 
@@ -70,11 +70,11 @@ from grain_cells._util import cores, fork
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage._identity import FileIdentity
 from grain_cells.storage._readers import ByteReader
 
 
