@@ -239,7 +239,7 @@ class OpenFile:
     fd: ByteReader | None
     reader: CsrReader | DenseReader | FieldReader
     obs: dict[str, np.ndarray]
-    format: formats.Format | None = None
+    format: formats.Format
 
     def close(self) -> None:
         """Closes the descriptor and the file."""
