@@ -290,6 +290,16 @@ class Format(abc.ABC):
                 chunks ignore it.
         """
 
+    def recorded_format(self) -> str | None:
+        """What checkpoints record as a file's format (default: `name`).
+
+        Part of `grain_cells.io._identity.FileIdentity.content`, so a state
+        saved on one format is refused on a copy of the same cells in
+        another. Never change it for an existing format: saved states
+        compare it.
+        """
+        return self.name
+
     @abc.abstractmethod
     def array_layout(self, array) -> list[Any]:
         """What locates an array's bytes, for the layout digest.

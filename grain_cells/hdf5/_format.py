@@ -102,6 +102,10 @@ class Hdf5Format(formats.Format):
         del fill_missing
         return RangeReader(array, path, fd, cache_bytes=cache_bytes)
 
+    def recorded_format(self) -> None:
+        """None: `.h5ad` identities record no format (states saved before)."""
+        return None
+
     def array_layout(self, array) -> list:
         """HDF5 address, shape, dtype, layout, filters and sampled offsets."""
         return _storage(array)

@@ -57,7 +57,8 @@ which anndata rewrites whenever it writes a store
 digest covers each array's zarr format, shape, dtype, chunk and shard grid
 and stored bytes,
 its `sample` the same value windows as a file's. A checkpoint records
-`format: zarr` for a store, so a state saved on an `.h5ad` file is refused
+`format: zarr` for a store (its format's `recorded_format`; an `.h5ad`
+file records none), so a state saved on an `.h5ad` file is refused
 on a zarr store of the same cells (and the other way round): the identity
 is that of the stored file, not of the cells. Restore on the format the
 state was saved on, or start a new run.
@@ -99,6 +100,8 @@ class FileIdentity:
         stat: Device, inode, size and times when the identity was taken.
         layout: SHA-256 (hex) of the metadata that locates the matrix.
         sample: SHA-256 (hex) of sampled stored values.
+        format: What checkpoints record as the file's format
+            (`Format.recorded_format`; None for `.h5ad` files).
     """
 
     path: str
@@ -106,6 +109,7 @@ class FileIdentity:
     stat: FileStat
     layout: str
     sample: str
+    format: str | None = None
 
     @classmethod
     def take(
@@ -123,13 +127,14 @@ class FileIdentity:
             nodes.stat_of(f, path) if stat is None else stat,
             layout_digest(f, element),
             sample_digest(f, element),
+            nodes.format_of(f).recorded_format(),
         )
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
-        store = {"format": "zarr"} if self.stat.store else {}
+        recorded = {"format": self.format} if self.format else {}
         return {
-            **store,
+            **recorded,
             "element": self.element,
             "bytes": self.stat.size,
             "layout": self.layout[:16],

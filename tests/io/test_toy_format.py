@@ -96,6 +96,9 @@ def test_source_reads_categories_and_matches_an_h5ad_of_the_same_cells(toy, tmp_
     ]
     assert list(sources[0].var_names) == list(sources[1].var_names)
     assert list(sources[0].categories["plate"]) == ["p0", "p1", "p2", "p3"]
+    # Checkpoints tell the formats apart (Format.recorded_format).
+    assert sources[0].file_identity(0).content()["format"] == "toy"
+    assert "format" not in sources[1].file_identity(0).content()
     batches = [
         list(grain_cells.loader(s, batch_size=40, seed=5, shuffle=True))
         for s in sources
