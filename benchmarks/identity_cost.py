@@ -28,7 +28,7 @@ import numpy as np
 from absl import app, flags
 
 import grain_cells
-from grain_cells.storage import _identity as identity
+from grain_cells.io import _identity as identity
 
 _DATA = flags.DEFINE_list(
     "data", None, "Comma-separated .h5ad files; default: a synthetic Tahoe-shaped file."

@@ -40,7 +40,9 @@ and restorable under another worker or shard count. Epochs, `len()` and
 from importlib import metadata as _metadata
 
 from grain_cells import errors as errors
+from grain_cells import hdf5 as _hdf5  # noqa: F401  (registers its Format)
 from grain_cells import tokens as tokens
+from grain_cells import zarr as _zarr  # noqa: F401  (registers its Format)
 from grain_cells.blocks import (
     balanced_block_weights,
     block_weights,
@@ -49,7 +51,6 @@ from grain_cells.blocks import (
     split_by_fraction,
     split_by_obs,
 )
-from grain_cells.io._annbatch import annbatch_stores
 from grain_cells.outputs import CsrOutput, DenseOutput, Output, PaddedSparseOutput
 from grain_cells.pipeline import (
     DataLoader,
@@ -67,6 +68,7 @@ from grain_cells.sampling import (
     condition_blocks,
 )
 from grain_cells.source import AnnDataSource
+from grain_cells.zarr._annbatch import annbatch_stores
 
 try:
     __version__ = _metadata.version("grain_cells")

@@ -36,6 +36,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
+from grain_cells.formats import wait_all
 from grain_cells.hdf5._codecs import ChunkDecodeError, Pipeline
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
 
@@ -43,17 +44,6 @@ MAX_RUN_BYTES = 4 << 20
 # Tasks one read is split into when a pool is given: enough to balance
 # uneven chunks over a reader pool of a few threads.
 _MAX_TASKS = 16
-
-
-def wait_all(futures: list[concurrent.futures.Future]) -> None:
-    """Waits for every future, then raises the first one's error, if any.
-
-    Waiting for all before raising keeps no task writing into a buffer that
-    the caller reuses after the error.
-    """
-    concurrent.futures.wait(futures)
-    for f in futures:
-        f.result()
 
 
 class ChunkedReader:

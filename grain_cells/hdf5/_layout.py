@@ -24,7 +24,6 @@ import importlib
 import os
 
 import h5py
-import numpy as np
 
 from grain_cells import errors
 
@@ -212,16 +211,3 @@ def _load_hdf5plugin():
         return importlib.import_module("hdf5plugin")
     except ImportError:
         return None
-
-
-def value_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype stored values are read into: native byte order, at least 32 bits.
-
-    Big-endian values are read in native byte order, and float16 as float32
-    (exactly; SciPy's sparse matrices have no float16), so every read and
-    output format sees the same values whatever the file stores.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f" and dtype.itemsize < 4:
-        return np.dtype(np.float32)
-    return dtype.newbyteorder("=")

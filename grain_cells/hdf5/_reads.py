@@ -38,8 +38,9 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching, nonempty
+from grain_cells.formats import value_dtype
 from grain_cells.hdf5._chunks import ChunkedReader
-from grain_cells.hdf5._layout import check_filters, stored_in, value_dtype
+from grain_cells.hdf5._layout import check_filters, stored_in
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows

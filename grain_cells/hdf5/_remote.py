@@ -40,7 +40,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat, stat_of_h5
+from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import LocalByteReader
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _versions as versions
@@ -288,6 +288,20 @@ def stat_of(f: h5py.File, path: str) -> FileStat:
     if rf is not None:
         return rf.stat
     return stat_of_h5(f, path)
+
+
+def stat_of_h5(f: h5py.File, path: str) -> FileStat:
+    """The stat of the descriptor behind an open h5py file (else of `path`)."""
+    try:
+        fd = f.id.get_vfd_handle()
+    except Exception:  # a driver without a POSIX descriptor
+        fd = None
+    if isinstance(fd, int) and fd >= 0:
+        try:
+            return FileStat.of(os.fstat(fd))
+        except OSError:
+            pass
+    return FileStat.of(os.stat(path))
 
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:

@@ -1,7 +1,7 @@
 """The files of a source: what was checked when it was built, and open handles.
 
 `FileSet` is an immutable value: the files' paths, matrix metadata,
-identities (`grain_cells.storage._identity`), gene alignment and harmonised obs
+identities (`grain_cells.io._identity`), gene alignment and harmonised obs
 columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
 file is opened once, checked and closed). It pickles to workers as is.
 
@@ -63,20 +63,18 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-import h5py
 import numpy as np
 
-from grain_cells import errors
+from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage._identity import FileIdentity
 from grain_cells.storage._readers import ByteReader
 
 
@@ -229,20 +227,22 @@ class OpenFile:
     """A file's handles in one process.
 
     Attributes:
-        h5: The open `h5py.File`, or a zarr store's `nodes.StoreFile`.
-        fd: The `.h5ad` file's `ByteReader`; None for a zarr store (zarr
-            reads through the store).
+        h5: The open file's root (`Format.open`).
+        fd: The file's `ByteReader` (`Format.open_bytes`); None for formats
+            that read through their own store (zarr).
         reader: The matrix's row reader.
         obs: The obs columns read with every cell, in shared codes.
+        format: The file's format (checks at each read).
     """
 
-    h5: h5py.File | nodes.StoreFile
+    h5: object
     fd: ByteReader | None
     reader: CsrReader | DenseReader | FieldReader
     obs: dict[str, np.ndarray]
+    format: formats.Format
 
     def close(self) -> None:
-        """Closes the descriptor and the h5py file (or zarr store)."""
+        """Closes the descriptor and the file."""
         if self.fd is not None:
             self.fd.close()
             self.fd = None
@@ -258,10 +258,12 @@ def open_member(files: FileSet, i: int) -> OpenFile:
     expected = files.infos[i]
     path = expected.path
     identity = files.identities[i]
+    fmt = formats.for_path(path)
     if identity.stat.content:
         # An object whose ETag does not follow its content (an HTTP server):
-        # its sampled bytes now, before h5py trusts metadata cached for it.
-        now = remote_h5.stat_path(path, files.storage_options)
+        # its sampled bytes now, before the format trusts metadata cached
+        # for it.
+        now = fmt.stat_path(path, files.storage_options)
         identity.check_stat(now, "when a process opened it")
     # A zarr store's stat is its digest taken now, as it opens.
     f = open_file(path, files.storage_options, identity.stat)
@@ -274,13 +276,9 @@ def open_member(files: FileSet, i: int) -> OpenFile:
                 "new source (and do not restore iterator state saved for the "
                 "old one)."
             )
-        identity.check_stat(nodes.stat_of(f, path), "when a process opened it")
+        identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
         identity.check_layout(f, "when a process opened it")
-        fd = (
-            None
-            if nodes.is_store(f)
-            else remote_h5.open_bytes(path, files.storage_options, identity.stat)
-        )
+        fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
     except BaseException:
         f.close()
         raise
@@ -293,9 +291,8 @@ def open_member(files: FileSet, i: int) -> OpenFile:
             spec = files.obs[c]
             column = h5ad.read_obs_column(f, c) if spec.present[i] else None
             obs[c] = spec.file_values(i, column, info.n_obs)
-        if fd is not None:
-            remote_h5.opened(f)
-        return OpenFile(f, fd, reader, obs)
+        fmt.opened(f)
+        return OpenFile(f, fd, reader, obs, fmt)
     except BaseException:
         if fd is not None:
             fd.close()
@@ -351,14 +348,15 @@ class OpenFiles:
     def file_at_read(self, i: int) -> OpenFile:
         """`file(i)`, checked with one `fstat` (~10 us) to be unchanged.
 
-        A local zarr store: its root metadata files' `stat`s (a store
-        rewritten by anndata rewrites them), see `nodes.StoreFile`.
+        A file without a byte reader (a zarr store): its format's
+        `check_unchanged` (a local store: its root metadata files' `stat`s,
+        which anndata rewrites whenever it writes a store).
         """
         handle = self.file(i)
         if handle.fd is not None:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
-        elif nodes.is_store(handle.h5):
-            handle.h5.check_root("at a read")
+        else:
+            handle.format.check_unchanged(handle.h5, "at a read")
         return handle
 
     def buffer(self, name: str = "buf") -> RowBuffer:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import h5py
 import numpy as np
 
 from grain_cells import errors
@@ -73,7 +72,7 @@ _attr_str = nodes.attr_str
 
 def is_legacy_frame(obj) -> bool:
     """Whether a dataframe is an anndata < 0.7 compound dataset."""
-    return isinstance(obj, h5py.Dataset) and obj.dtype.names is not None
+    return nodes.is_array(obj) and np.dtype(obj.dtype).names is not None
 
 
 def var_group_name(element: str) -> str:
@@ -107,19 +106,19 @@ def n_rows(frame) -> int | None:
     return None
 
 
-def _legacy_table(path: str, frame: h5py.Dataset) -> np.ndarray:
+def _legacy_table(path: str, frame) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             _quiet_old_format()
             return read_elem(frame)
-    except Exception as e:  # anndata and h5py raise many types here
+    except Exception as e:  # anndata and the formats raise many types here
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} is an anndata < 0.7 compound dataframe that "
             f"cannot be read ({type(e).__name__}: {e}); the file may be corrupt"
         ) from e
 
 
-def _frame_index(f: h5py.File, name: str) -> np.ndarray:
+def _frame_index(f, name: str) -> np.ndarray:
     """The index (obs or var names) of the dataframe `name`, as stored."""
     path = file_name(f)
     frame = f[name]
@@ -159,19 +158,19 @@ def _plain_strings(index) -> np.ndarray | None:
     return None
 
 
-def read_var_names(f: h5py.File, element: str) -> np.ndarray:
+def read_var_names(f, element: str) -> np.ndarray:
     """Var names (gene ids) of the matrix at `element`, as a str array."""
     if element == "raw/X" and "raw" not in f and "raw.X" in f:
         element = "raw.X"  # anndata < 0.7
     return np.asarray(_frame_index(f, var_group_name(element)), dtype=str)
 
 
-def read_obs_names(f: h5py.File) -> np.ndarray:
+def read_obs_names(f) -> np.ndarray:
     """Obs names (cell ids) as an object array of the stored strings."""
     return np.asarray(_frame_index(f, "obs"), dtype=object)
 
 
-def obs_columns(f: h5py.File) -> list[str]:
+def obs_columns(f) -> list[str]:
     """Names of the obs columns stored in the file."""
     group = f["obs"]
     if is_legacy_frame(group):
@@ -201,7 +200,7 @@ class ObsColumn:
     categories: np.ndarray | None
 
 
-def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
+def read_obs_column(f, name: str) -> ObsColumn:
     """Reads one obs column as `anndata.read_h5ad` would.
 
     Raises:
@@ -232,7 +231,7 @@ def read_obs_column(f: h5py.File, name: str) -> ObsColumn:
     return column
 
 
-def read_obs_values(f: h5py.File, name: str):
+def read_obs_values(f, name: str):
     """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values).
 
     The one reader of obs columns: `read_obs_column` turns its result into
@@ -249,7 +248,7 @@ def read_obs_values(f: h5py.File, name: str):
     return _obs_values(f, name)
 
 
-def _check_column(f: h5py.File, name: str) -> None:
+def _check_column(f, name: str) -> None:
     """The column exists; a zarr column's arrays agree with their metadata."""
     if name not in obs_columns(f) or name.startswith("__"):
         raise errors.MissingColumnError(
@@ -259,7 +258,7 @@ def _check_column(f: h5py.File, name: str) -> None:
         nodes.checked(f["obs"][name], file_name(f))
 
 
-def _obs_values(f: h5py.File, name: str):
+def _obs_values(f, name: str):
     group = f["obs"]
     if is_legacy_frame(group):
         return _legacy_column(f, _legacy_table(file_name(f), group), name)
@@ -304,7 +303,7 @@ def _plain_column(elem) -> ObsColumn | None:
     return ObsColumn(values, labels)
 
 
-def _read_column(path: str, group: h5py.Group, name: str):
+def _read_column(path: str, group, name: str):
     import pandas as pd
 
     elem = group[name]
@@ -330,20 +329,20 @@ def _read_column(path: str, group: h5py.Group, name: str):
                     ordered=bool(elem.attrs.get("ordered", False)),
                 )
             return read_elem(elem)
-    except Exception as e:  # anndata and h5py raise many types here
+    except Exception as e:  # anndata and the formats raise many types here
         raise errors.AnnDataFormatError(
             f"{path}: obs column {name!r} cannot be read as an anndata element "
             f"({type(e).__name__}: {e}); the file may be corrupt"
         ) from e
 
 
-def _legacy_column(f: h5py.File, table: np.ndarray, name: str):
+def _legacy_column(f, table: np.ndarray, name: str):
     """A column of an anndata < 0.7 compound obs, categories applied."""
     import pandas as pd
 
     values = table[name]
     cats_name = f"uns/{name}_categories"
-    if cats_name in f and isinstance(f[cats_name], h5py.Dataset):
+    if cats_name in f and nodes.is_array(f[cats_name]):
         with warnings.catch_warnings():
             _quiet_old_format()
             cats = np.asarray(read_elem(f[cats_name])).reshape(-1)

@@ -1,26 +1,24 @@
-"""The AnnData on-disk format (`.h5ad` and zarr): what is where, and is it sane.
+"""The AnnData schema on disk (any format): what is where, and is it sane.
 
 This module locates the matrix to read (`X`, `layers/<name>` or
 `raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
 cheaply, and reads metadata; opening files is `grain_cells.io._open`' job
 (re-exported here). Dataframes (var names, obs columns) are
-`grain_cells.io._frames`' job, storage HDF5 could get wrong (links, virtual
-datasets, missing filters) `grain_cells.hdf5._layout`'s (for `.h5ad` files
-only), and reading rows of the matrix `grain_cells.io._matrix`'s. A zarr
-store's elements are checked here the same way (`grain_cells.io._nodes`
-makes groups and arrays of both formats look alike).
+`grain_cells.io._frames`' job, storage a format could get wrong (HDF5:
+links, virtual datasets, missing filters) the format's
+(`Format.check_array`, `Format.element_problem`), and reading rows of the
+matrix `grain_cells.io._matrix`'s. `grain_cells.io._nodes` asks each node's
+format what it is, so every format's elements are checked the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5 import _layout as hdf5_storage
-from grain_cells.hdf5._layout import value_dtype
+from grain_cells.formats import value_dtype
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import (
     ObsColumn,
@@ -33,7 +31,6 @@ from grain_cells.io._frames import (
 )
 from grain_cells.io._nodes import file_name
 from grain_cells.io._open import check_anndata, open_file, resolve_paths
-from grain_cells.storage import _zarr_errors as zarr_errors
 
 __all__ = [
     "CSR",
@@ -111,14 +108,14 @@ class MatrixInfo:
 _get = nodes.get
 
 
-def _locate(f: h5py.File, element: str) -> str:
+def _locate(f, element: str) -> str:
     """The element to read: `raw.X` stands in for `raw/X` in anndata < 0.7."""
     if element == "raw/X" and "raw" not in f and "raw.X" in f:
         return "raw.X"
     return element
 
 
-def _sparse_encoding(obj: h5py.Group) -> tuple[str | None, object]:
+def _sparse_encoding(obj) -> tuple[str | None, object]:
     """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
     enc = encoding_of(obj)
     if enc is None and "h5sparse_format" in obj.attrs:
@@ -128,7 +125,7 @@ def _sparse_encoding(obj: h5py.Group) -> tuple[str | None, object]:
     return enc, obj.attrs.get("shape")
 
 
-def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
+def inspect_matrix(f, element: str) -> MatrixInfo:
     """Locates and checks the matrix at `element`.
 
     Reads only attributes, shapes, storage properties and two `indptr` values.
@@ -148,7 +145,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
     element = _locate(f, element)
     obj = _get(f, element)
     if obj is None:
-        problem = None if nodes.is_store(f) else hdf5_storage.link_problem(f, element)
+        problem = nodes.element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = available_matrices(f)
@@ -178,7 +175,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
         info = MatrixInfo(
             path, element, DENSE, n_obs, n_vars, obj.dtype, None, _chunk_bytes(obj)
         )
-    else:  # pragma: no cover - h5py and zarr only have groups and arrays
+    else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
     var_rows = n_rows(f[var_group_name(element)])
@@ -195,7 +192,7 @@ def inspect_matrix(f: h5py.File, element: str) -> MatrixInfo:
     return info
 
 
-def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
+def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     enc, shape = _sparse_encoding(obj)
     if enc == CSC:
         raise errors.UnsupportedLayoutError(
@@ -211,11 +208,7 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
         )
     for name in ("data", "indices", "indptr"):
         if not nodes.is_array(_get(obj, name)):
-            problem = (
-                hdf5_storage.link_problem(obj.file, f"{element}/{name}")
-                if isinstance(obj, h5py.Group)
-                else None
-            )
+            problem = nodes.element_problem(obj, f"{element}/{name}")
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
             raise errors.AnnDataFormatError(
@@ -256,16 +249,13 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
     for dataset in (indptr, indices, data):
         _check_storage(path, dataset)
     try:
-        ends = [indptr[0], indptr[n_obs]] if n_obs else [indptr[0]]
+        ends = [
+            nodes.read(indptr, row, path, (row, row + 1))
+            for row in ((0, n_obs) if n_obs else (0,))
+        ]
+    except errors.CorruptChunkError:  # the format named the damaged chunk
+        raise
     except (OSError, ValueError) as e:
-        if nodes.is_zarr_array(indptr):  # a corrupt shard index or chunk
-            for row in (0, n_obs):
-                try:
-                    indptr[row]
-                except zarr_errors.READ_ERRORS as again:
-                    raise zarr_errors.read_error(
-                        indptr, path, row, row + 1, again
-                    ) from again
         raise errors.AnnDataFormatError(
             f"{path}: reading {element}/indptr failed ({e}); the file is "
             "probably truncated"
@@ -281,22 +271,16 @@ def _inspect_sparse(path: str, element: str, obj: h5py.Group) -> MatrixInfo:
 
 
 def _check_storage(path: str, dataset) -> None:
-    """HDF5 storage checks (`hdf5._layout`) of an h5py dataset; none for zarr."""
-    if isinstance(dataset, h5py.Dataset):
-        hdf5_storage.check_dataset(path, dataset)
+    """The format's storage checks of an array (HDF5: links, filters)."""
+    nodes.check_storage(path, dataset)
 
 
 def _chunk_bytes(dataset) -> int | None:
     """Decoded bytes of one chunk of a compressed dataset; None otherwise.
 
-    A zarr array's chunk is its inner chunk when it is sharded (the unit
-    decoded).
+    A sharded array's chunk is its inner chunk (the unit decoded).
     """
-    if nodes.is_zarr_array(dataset):
-        return nodes.zarr_chunk_bytes(dataset)
-    if dataset.chunks is None or dataset.id.get_create_plist().get_nfilters() == 0:
-        return None
-    return int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
+    return nodes.chunk_bytes(dataset)
 
 
 def available_matrices(f) -> list[str]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
-from grain_cells.hdf5._chunks import wait_all
+from grain_cells.formats import wait_all
 from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader

@@ -22,12 +22,10 @@ A dataframe or sparse matrix in `obsm` is refused by name.
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.hdf5 import _layout as hdf5_storage
-from grain_cells.hdf5._layout import value_dtype
+from grain_cells.formats import value_dtype
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import encoding_of, n_rows
@@ -44,12 +42,12 @@ def obsm_element(name: str) -> str:
 
 def _keys(obsm) -> list[str]:
     """Keys of an `obsm` group or compound dataset (for messages)."""
-    if isinstance(obsm, h5py.Dataset):
+    if nodes.is_array(obsm):
         return list(obsm.dtype.names or ())
     return sorted(obsm.keys())
 
 
-def _field_shape(path: str, name: str, ds: h5py.Dataset) -> tuple[int, np.dtype]:
+def _field_shape(path: str, name: str, ds) -> tuple[int, np.dtype]:
     """Width and stored dtype of field `name` of a compound `obsm` dataset."""
     sub, _ = ds.dtype.fields[name]
     shape = sub.shape
@@ -64,7 +62,7 @@ def _field_shape(path: str, name: str, ds: h5py.Dataset) -> tuple[int, np.dtype]
     return (int(shape[0]) if shape else 1), sub.base
 
 
-def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
+def inspect_obsm(f, element: str) -> h5ad.MatrixInfo:
     """Locates and checks the `obsm` array at `element` (`obsm/<name>`).
 
     Reads only attributes, shapes and dtypes.
@@ -79,7 +77,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
-    legacy = isinstance(obsm, h5py.Dataset)
+    legacy = nodes.is_array(obsm)
     present = obsm is not None and (
         name in (obsm.dtype.names or ()) if legacy else name in obsm
     )
@@ -92,7 +90,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
     if legacy:
         width, dtype = _field_shape(path, name, obsm)
         n_obs = int(obsm.shape[0])
-        hdf5_storage.check_dataset(path, obsm)
+        nodes.check_storage(path, obsm)
     else:
         ds = obsm[name]
         if not nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
@@ -106,8 +104,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
                 f"{path}: obsm/{name} is {found}; expected a dense 2-D numeric "
                 "array of one row per cell and k columns"
             )
-        if isinstance(ds, h5py.Dataset):
-            hdf5_storage.check_dataset(path, ds)
+        nodes.check_storage(path, ds)
         n_obs, width, dtype = int(ds.shape[0]), int(ds.shape[1]), ds.dtype
     if obs_rows is not None and n_obs != obs_rows:
         raise errors.AnnDataFormatError(
@@ -117,7 +114,7 @@ def inspect_obsm(f: h5py.File, element: str) -> h5ad.MatrixInfo:
     return h5ad.MatrixInfo(path, element, h5ad.DENSE, n_obs, width, dtype, None)
 
 
-def inspect_element(f: h5py.File, element: str) -> h5ad.MatrixInfo:
+def inspect_element(f, element: str) -> h5ad.MatrixInfo:
     """`inspect_obsm` for `obsm/<name>`, else `h5ad.inspect_matrix`."""
     if element.startswith(OBSM):
         return inspect_obsm(f, element)
@@ -131,7 +128,7 @@ class FieldReader:
     `RangeReader`), then the field is copied out in its value dtype.
     """
 
-    def __init__(self, dataset: h5py.Dataset, info: h5ad.MatrixInfo, fd):
+    def __init__(self, dataset, info: h5ad.MatrixInfo, fd):
         self.info = info
         self._field = info.element[len(OBSM) :]
         self._records = nodes.range_reader(dataset, info.path, fd)
@@ -168,10 +165,10 @@ class FieldReader:
 
 
 def element_reader(
-    f: h5py.File, info: h5ad.MatrixInfo, fd
+    f, info: h5ad.MatrixInfo, fd
 ) -> CsrReader | DenseReader | FieldReader:
     """The reader of row ranges of the element `info` describes, in `f`."""
-    if info.element.startswith(OBSM) and isinstance(f["obsm"], h5py.Dataset):
+    if info.element.startswith(OBSM) and nodes.is_array(f["obsm"]):
         return FieldReader(f["obsm"], info, fd)
     element = f[info.element]
     if info.encoding == h5ad.CSR:

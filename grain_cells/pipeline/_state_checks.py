@@ -12,7 +12,7 @@ than by `repr` (so a `repr` may change without breaking restores):
   `, shard_index=.., shard_count=..`: that `repr` must then be stable.
 * `epoch_length`: positions per epoch;
 * `data_source`: the source by content
-  (`grain_cells.storage._identity.source_identity`: cell counts, file sizes,
+  (`grain_cells.io._identity.source_identity`: cell counts, file sizes,
   metadata and value digests, genes, obs categories, configuration; not
   paths, so a copy of the data elsewhere restores);
 * `operations`: the fetch transform's `SplitFetch.fingerprint()`: `fetch`
@@ -37,10 +37,10 @@ from __future__ import annotations
 import json
 
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.io import _identity as identity
 from grain_cells.pipeline import _legacy_stamp as legacy
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
-from grain_cells.storage import _identity as identity
 
 STAMP = "grain_cells"
 # Bumped when the mapping from a position to cells changes.

@@ -12,11 +12,11 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments
 from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _identity as identity
 from grain_cells.io._element_files import element_files
 from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.source._source import AnnDataSource
-from grain_cells.storage import _identity as identity
 from grain_cells.storage.remote import _store as object_store
 
 # Bump when the output of identical arguments changes. 3: layers, raw, obsm,
@@ -84,7 +84,7 @@ class Plan:
         genes = kwargs["genes"]
         self.storage_options = dict(kwargs.get("storage_options") or {})
         # Checks every input: AnnData, aligned genes, a usable matrix; takes
-        # each input's identity (grain_cells.storage._identity).
+        # each input's identity (grain_cells.io._identity).
         self.source = AnnDataSource(
             paths,
             block_size=1,

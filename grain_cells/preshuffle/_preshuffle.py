@@ -60,7 +60,7 @@ under a temporary name and renamed like a file. Layout and codecs:
 **Restarts.** Each part is written under a temporary name in the output
 folder and renamed when complete; the finished file carries an attribute
 (`grain_cells_preshuffle`, JSON) recording the inputs by content (cell
-count, size and the metadata and value digests of `grain_cells.storage._identity`,
+count, size and the metadata and value digests of `grain_cells.io._identity`,
 not path or modification time), seed, layer, gene alignment, obs columns,
 compression, chunking, part index and part count. A rerun with the same
 arguments skips the parts whose file opens and carries the same record, and

@@ -12,9 +12,9 @@ import numpy as np
 
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._file_set import FileSet
+from grain_cells.io._identity import FileIdentity
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._table import BlockTable
-from grain_cells.storage._identity import FileIdentity
 
 
 class SourceDescription:
@@ -148,7 +148,7 @@ class SourceDescription:
     def verify_files(self, when: str = "on request") -> None:
         """Checks with one `stat` per file that every file is still the one built on.
 
-        See `grain_cells.storage._identity` for what that detects.
+        See `grain_cells.io._identity` for what that detects.
 
         Raises:
             errors.SourceChangedError: A file was written, replaced or removed.

@@ -58,7 +58,7 @@ class AnnDataSource(SourceDescription):
     open wherever `.h5ad` files do, alone or in one list with them: every
     matrix, obs and var encoding anndata writes to zarr reads as from
     `.h5ad` (CSC refused by name). A store's identity is a digest of its
-    keys, sizes and modification times (see `grain_cells.storage._identity`),
+    keys, sizes and modification times (see `grain_cells.io._identity`),
     so a store rewritten under a source is detected when a process opens it
     and by `verify_files()`.
 

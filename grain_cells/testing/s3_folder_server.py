@@ -17,7 +17,7 @@ requests are path-style (`http://host:port/bucket/key`). Files elsewhere are
 served under a name given in `objects` (`{"bucket/key": "/path/to/file"}`),
 read from where they lie: no copy and no hard link, which would change the
 file's link count and ctime (and with them the identity that a loader
-reading the same file at the same time checks, see `grain_cells.storage._identity`).
+reading the same file at the same time checks, see `grain_cells.io._identity`).
 Serving never writes to a served file or its metadata.
 
 The ETag of an object is derived from its inode, size and modification time,

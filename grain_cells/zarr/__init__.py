@@ -3,6 +3,9 @@
 The sibling of `grain_cells.hdf5` for AnnData's other on-disk format. Knows
 nothing of AnnData:
 
+* `_format`: the `grain_cells.formats.Format` of zarr stores (registered
+  when this package is imported; zarr itself is imported only when a store
+  is opened), and `_store_file`: an open store's root (`StoreFile`);
 * `_store`: opening a store read-only (local directory, `.zarr.zip`, bucket
   or HTTP URL through obstore), its identity (`store_digest`), and the
   check of consolidated metadata against an array's own document;
@@ -12,3 +15,5 @@ nothing of AnnData:
 * `_codecs`: decoding one stored chunk (numcodecs, crc32c, shard indices);
 * `_keys`: the bytes of a store's keys (files, zip members, range GETs).
 """
+
+from grain_cells.zarr import _format as _format  # registers the format

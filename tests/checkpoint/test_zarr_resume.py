@@ -8,7 +8,7 @@ resumed on a zarr store ends with the parameters, bit for bit, of an
 uninterrupted run on the `.h5ad` file the store was copied from.
 
 Which data a state restores on (the identity rule,
-`grain_cells.storage._identity.source_identity`): the source is identified
+`grain_cells.io._identity.source_identity`): the source is identified
 by content, not path, so a state restores on a copy of its files or stores
 anywhere, and is refused (`CheckpointMismatchError` naming `data_source`) on
 other data. A `.h5ad` file and a zarr store are identified by their bytes

@@ -3,7 +3,7 @@
 A store rewritten under a source raises `SourceChangedError` when a process
 opens it, at `verify_files()`, and at the next read of a process that has it
 open; a copy of a store has the checkpoint identity of the original, an
-`.h5ad` of the same cells does not (`grain_cells.storage._identity`).
+`.h5ad` of the same cells does not (`grain_cells.io._identity`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_store_identity_is_location_free(tmp_path):
     .h5ad of the same cells does not (identity is the stored file's)."""
     import shutil
 
-    from grain_cells.storage._identity import source_identity
+    from grain_cells.io._identity import source_identity
 
     adata = make_adata()
     path = write_store(adata, tmp_path / "s.zarr", "v3")

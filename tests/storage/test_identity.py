@@ -19,7 +19,7 @@ import pytest
 
 import grain_cells
 from grain_cells.errors import CheckpointMismatchError, SourceChangedError
-from grain_cells.storage import _identity as identity
+from grain_cells.io import _identity as identity
 
 CONFIG = {"block_size": 5, "batch_size": 4, "fetch_factor": 5, "seed": 3}
 

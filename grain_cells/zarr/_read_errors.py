@@ -5,15 +5,12 @@ windows of stored values an identity samples) go through zarr-python's
 slicing. On a sharded store whose shard index is cut short or has flipped
 bytes, zarr-python raises a bare `ValueError` ("Stored and computed checksum
 do not match"); on a chunk that does not decode, whatever its codec raises.
-`read_error` turns either into `errors.CorruptChunkError` naming the store,
-the array, the shard (or chunk) key, the rows it holds and the fix.
+`read_error` (called by the zarr `Format.read`) turns either into
+`errors.CorruptChunkError` naming the store, the array, the shard (or chunk)
+key, the rows it holds and the fix.
 """
 
 from __future__ import annotations
-
-import sys
-
-import numpy as np
 
 from grain_cells import errors
 
@@ -57,21 +54,3 @@ def read_error(
         rows=rows,
         chunk_key=key(first),
     )
-
-
-def read_rows(path: str, ds, index, start: int, stop: int):
-    """`ds[index]` (rows `[start, stop)`), with a zarr array's damage named.
-
-    An index array reads by `vindex` from a zarr array; an h5py dataset is
-    read as it is (HDF5's errors are its readers' to explain).
-
-    Raises:
-        errors.CorruptChunkError: zarr-python could not decode the rows.
-    """
-    zarr = sys.modules.get("zarr")  # imported by whoever opened a store
-    if zarr is None or not isinstance(ds, zarr.Array):
-        return ds[index]
-    try:
-        return ds.vindex[index] if isinstance(index, np.ndarray) else ds[index]
-    except READ_ERRORS as e:
-        raise read_error(ds, path, start, min(stop, ds.shape[0]), e) from e

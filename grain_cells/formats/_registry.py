@@ -1,0 +1,81 @@
+"""The formats known to this process, found by path or by node.
+
+A format registers itself once, when its package is imported
+(`grain_cells/__init__.py` imports `grain_cells.hdf5` and
+`grain_cells.zarr`). A path is opened by the most recently registered
+format whose `can_open` accepts it, so a format registered later (a test's,
+a plugin's) is asked before the built-in ones. A format marked `fallback`
+is asked after all others, whatever the import order: `grain_cells.hdf5`
+is one, claiming every path no other format claims (and refusing what is
+not HDF5 by name).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from grain_cells.formats._protocol import Format
+
+_lock = threading.Lock()
+_formats: list[Format] = []  # in registration order
+
+
+def register(fmt: Format) -> Format:
+    """Adds `fmt` to the formats asked first (re-registering moves it).
+
+    Returns:
+        `fmt`, so a module can write `FORMAT = register(MyFormat())`.
+
+    Raises:
+        TypeError: `fmt` is not a `Format`.
+    """
+    if not isinstance(fmt, Format):
+        raise TypeError(
+            f"register expects a grain_cells.formats.Format, got {type(fmt).__name__}"
+        )
+    with _lock:
+        _formats[:] = [f for f in _formats if f.name != fmt.name] + [fmt]
+    return fmt
+
+
+def unregister(fmt: Format) -> None:
+    """Removes `fmt` (tests register a format for their own duration)."""
+    with _lock:
+        _formats[:] = [f for f in _formats if f is not fmt]
+
+
+def registered() -> tuple[Format, ...]:
+    """The formats, in the order they are asked (newest first, fallbacks last)."""
+    newest = tuple(reversed(_formats))
+    return tuple(f for f in newest if not f.fallback) + tuple(
+        f for f in newest if f.fallback
+    )
+
+
+def for_path(path: str | os.PathLike) -> Format:
+    """The format that opens `path` (a local path or URL).
+
+    Raises:
+        ValueError: No registered format opens it (none registered).
+    """
+    path = os.fspath(path)
+    for fmt in registered():
+        if fmt.can_open(path):
+            return fmt
+    raise ValueError(
+        f"{path}: no registered format opens it (formats: "
+        f"{[f.name for f in registered()]}); import grain_cells to register "
+        "the built-in ones"
+    )
+
+
+def of(node) -> Format | None:
+    """The format that owns `node` (a group, an array, an open file), or None."""
+    for fmt in registered():
+        if fmt.owns(node):
+            return fmt
+    return None
+
+
+__all__ = ["for_path", "of", "register", "registered", "unregister"]

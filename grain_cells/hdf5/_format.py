@@ -1,0 +1,152 @@
+"""`.h5ad` files as a `grain_cells.formats.Format` (HDF5 through h5py).
+
+The HDF5 side of what `grain_cells.io` used to ask h5py directly (issue 36):
+node kinds and strings (from `io._nodes`), storage checks and chunk sizes
+(from `io._h5ad`), the per-process byte reader and remote metadata cache
+(`_remote`), and what locates a dataset's bytes for the layout digest (from
+`storage._identity`, unchanged: saved states compare it). Registered on
+import of `grain_cells.hdf5`, asked last: it claims every path no other
+format claims, and refuses what is not HDF5 by name.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from grain_cells import formats
+from grain_cells.hdf5 import _layout as hdf5_storage
+from grain_cells.hdf5 import _remote as remote_h5
+from grain_cells.hdf5._open import open_h5
+from grain_cells.hdf5._reads import RangeReader
+from grain_cells.storage._identity import FileStat
+
+# Chunks located (evenly spaced) for a chunked dataset's layout digest.
+_CHUNK_SAMPLES = 17
+
+
+class Hdf5Format(formats.Format):
+    """HDF5 (`.h5ad`) files, local or by URL; nodes are h5py's own."""
+
+    name = "hdf5"
+    description = "HDF5"
+    fallback = True
+
+    def can_open(self, path: str) -> bool:
+        """True: every path no other format claims is opened as HDF5."""
+        return True
+
+    def open(self, path, storage_options=None, stat=None) -> h5py.File:
+        """See `grain_cells.hdf5._open.open_h5`."""
+        return open_h5(path, storage_options, stat)
+
+    def stat_path(self, path, storage_options=None) -> FileStat:
+        """`os.stat`, or one HEAD of an object."""
+        return remote_h5.stat_path(path, storage_options)
+
+    def stat_of(self, f, path) -> FileStat:
+        """`fstat` of HDF5's descriptor; an object's version without a request."""
+        return remote_h5.stat_of(f, path)
+
+    def file_name(self, f) -> str:
+        """The path or URL (h5py names a remote file by an ASCII repr)."""
+        return remote_h5.file_name(f)
+
+    def owns(self, node) -> bool:
+        """h5py files, groups and datasets."""
+        return isinstance(node, (h5py.Group, h5py.Dataset))
+
+    def is_group(self, node) -> bool:
+        """An h5py group (a file is one)."""
+        return isinstance(node, h5py.Group)
+
+    def is_array(self, node) -> bool:
+        """An h5py dataset."""
+        return isinstance(node, h5py.Dataset)
+
+    def is_string_array(self, node) -> bool:
+        """HDF5 variable- or fixed-length strings."""
+        return h5py.check_string_dtype(node.dtype) is not None
+
+    def strings(self, node) -> np.ndarray:
+        """Decoded by h5py (`asstr`)."""
+        return np.asarray(node.asstr()[()], dtype=object)
+
+    def element_problem(self, node, element: str) -> str | None:
+        """A dangling soft or external link on `element`'s path (`_layout`)."""
+        if not isinstance(node, h5py.Group):
+            return None
+        f = node if isinstance(node, h5py.File) else node.file
+        return hdf5_storage.link_problem(f, element)
+
+    def check_array(self, path: str, array) -> None:
+        """Links, virtual sources and filters (`_layout.check_dataset`)."""
+        hdf5_storage.check_dataset(path, array)
+
+    def chunk_bytes(self, array) -> int | None:
+        """Decoded bytes of one chunk when the dataset has filters."""
+        if array.chunks is None or array.id.get_create_plist().get_nfilters() == 0:
+            return None
+        return int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
+
+    def open_bytes(self, f, path, storage_options, stat):
+        """A local `ByteReader`, or range GETs of the object version `stat`."""
+        return remote_h5.open_bytes(path, storage_options, stat)
+
+    def opened(self, f) -> None:
+        """Saves the remote metadata h5py read while opening (`_remote`)."""
+        remote_h5.opened(f)
+
+    def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
+        """`grain_cells.hdf5._reads.RangeReader` (HDF5 has no unwritten chunks)."""
+        del fill_missing
+        return RangeReader(array, path, fd, cache_bytes=cache_bytes)
+
+    def recorded_format(self) -> None:
+        """None: `.h5ad` identities record no format (states saved before)."""
+        return None
+
+    def array_layout(self, array) -> list:
+        """HDF5 address, shape, dtype, layout, filters and sampled offsets."""
+        return _storage(array)
+
+
+def _storage(ds) -> list:
+    """What locates one dataset's bytes in the file (sampled for chunks)."""
+    plist = ds.id.get_create_plist()
+    layout = plist.get_layout()
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    out = [
+        ds.name,
+        h5py.h5o.get_info(ds.id).addr,
+        ds.shape,
+        ds.dtype.str,
+        ds.chunks,
+        int(layout),
+        filters,
+    ]
+    if layout == h5py.h5d.CONTIGUOUS:
+        out.append(ds.id.get_offset())
+    elif layout == h5py.h5d.VIRTUAL:
+        out.append(
+            [
+                (plist.get_virtual_filename(i), plist.get_virtual_dsetname(i))
+                for i in range(plist.get_virtual_count())
+            ]
+        )
+    elif layout == h5py.h5d.CHUNKED and ds.shape and ds.shape[0]:
+        n_chunks = -(-ds.shape[0] // ds.chunks[0])
+        picks = np.unique(np.linspace(0, n_chunks - 1, _CHUNK_SAMPLES).astype(int))
+        for k in picks.tolist():
+            coord = (k * ds.chunks[0],) + (0,) * (len(ds.shape) - 1)
+            try:
+                info = ds.id.get_chunk_info_by_coord(coord)
+                out.append((info.byte_offset, info.size, info.filter_mask))
+            except Exception:  # a chunk never written
+                out.append(None)
+    return out
+
+
+HDF5 = formats.register(Hdf5Format())
+
+__all__ = ["HDF5", "Hdf5Format"]

@@ -1,0 +1,269 @@
+"""File identity: is this still the file a source (or a checkpoint) was made from?
+
+Moved from `grain_cells.storage._identity` (issue 36), which keeps
+`FileStat` (bytes: where a file is); what locates each array's bytes comes
+from its format (`grain_cells.formats.Format.array_layout`).
+
+An `AnnDataSource` reads files in place, from several processes, for days.
+A file rewritten or replaced meanwhile would silently yield other cells, so
+every file gets a `FileIdentity` when the source is built, made of two parts:
+
+* **Where it is** (`FileStat`): device, inode, size, modification and status
+  change times in nanoseconds. Cheap (one `fstat`, about a microsecond), so it
+  is compared at every fetch, whenever a process opens the file and when an
+  iterator state is restored. It only means something on this machine and
+  this path, so checkpoints do not record it.
+* **What it holds** (`layout` and `sample`, two SHA-256 digests): the
+  metadata that locates the matrix (HDF5 object addresses, shapes, dtypes,
+  storage layout, filters, the byte offset of contiguous data or of sampled
+  chunks, and for CSR a sample of `indptr`), and a sample of the stored values
+  (a few short windows of `data`/`indices`, or of dense rows). A byte-for-byte
+  copy has the same digests wherever it lies, so checkpoints and preshuffle
+  markers record these (with the size), not paths or times.
+
+What is detected, exactly:
+
+* Any write to the file (in place or by replacing it) after the source was
+  built, in any process that reads it: the size, mtime or ctime changes, or
+  the path now names another inode. `touch -d`/`cp -p`/`rsync -t` can restore
+  the mtime but not the ctime, so these are detected too. So is a `chmod` or
+  `chown` (they change the ctime): build a new source after one.
+* A file replaced before a worker opens it: the inode differs.
+* A restore (or a preshuffle rerun) on a file whose size, matrix layout,
+  sampled `indptr` or sampled values differ from those recorded.
+
+Objects in a store (`s3://...`, see `grain_cells.storage.remote._store`) have no
+device, inode or ctime: their `FileStat` holds the size, last-modified time
+and ETag, taken by one HEAD when the source is built, and every range GET
+carries `If-Match: <ETag>` (or a batch of GETs is followed by a HEAD), so any
+overwrite that changes the ETag is detected at the next read in any process
+(`verify_files` sends a HEAD per object). Where the ETag does not follow the
+content (HTTP servers such as nginx: `"<mtime>-<size>"`), the `FileStat`
+also holds a digest of sampled bytes, read again when a process opens the
+object, at restore and periodically while reading
+(`grain_cells.storage.remote._versions`, which says exactly what each kind
+of server lets through).
+
+A zarr store (a directory, `.zarr.zip` or bucket prefix of many keys) has
+no one inode: its `FileStat` holds a digest of every key with its size and
+modification time (ETags in a bucket; `grain_cells.zarr._store.store_digest`),
+taken when the source is built and compared when a process opens the store
+and by `verify_files`, so a chunk or metadata file written, added or
+removed under a source is detected. At every fetch a process that has the
+store open compares only the `stat`s of its root metadata files
+(`zarr.json`, `.zgroup`, `.zmetadata`, ...; of a `.zarr.zip`, the file),
+which anndata rewrites whenever it writes a store
+(`grain_cells.zarr._store_file.StoreFile.check_root`). Its `layout`
+digest covers each array's zarr format, shape, dtype, chunk and shard grid
+and stored bytes,
+its `sample` the same value windows as a file's. A checkpoint records
+`format: zarr` for a store (its format's `recorded_format`; an `.h5ad`
+file records none), so a state saved on an `.h5ad` file is refused
+on a zarr store of the same cells (and the other way round): the identity
+is that of the stored file, not of the cells. Restore on the format the
+state was saved on, or start a new run.
+
+Not detected: a replacement after a process opened the file by rename (that
+process keeps reading the original inode, which stays consistent); a change
+to a file that the matrix only links to (HDF5 external links and virtual
+dataset sources: their layout is recorded, not their times); and, across
+processes (restore, preshuffle), a different file of the same size and
+layout whose differences avoid the sampled `indptr` entries and values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.io import _nodes as nodes
+from grain_cells.storage._identity import FileStat
+
+# Evenly spaced samples: indptr entries and value windows (chunks located:
+# the format's, `Format.array_layout`).
+_INDPTR_SAMPLES = 65
+_VALUE_WINDOWS = 8
+_WINDOW = 64  # elements (or columns of a dense row) per value window
+
+
+@dataclasses.dataclass(frozen=True)
+class FileIdentity:
+    """A file's identity: where it is (`stat`) and what it holds (digests).
+
+    Attributes:
+        path: The file.
+        element: HDF5 path of the matrix the digests describe.
+        stat: Device, inode, size and times when the identity was taken.
+        layout: SHA-256 (hex) of the metadata that locates the matrix.
+        sample: SHA-256 (hex) of sampled stored values.
+        format: What checkpoints record as the file's format
+            (`Format.recorded_format`; None for `.h5ad` files).
+    """
+
+    path: str
+    element: str
+    stat: FileStat
+    layout: str
+    sample: str
+    format: str | None = None
+
+    @classmethod
+    def take(
+        cls, f, path: str, element: str, stat: FileStat | None = None
+    ) -> FileIdentity:
+        """The identity of an open file's matrix at `element`.
+
+        The `stat` comes from the open file (`Format.stat_of`: the descriptor
+        HDF5 opened) unless given (an object's ETag, size and time), so it
+        describes the very file the digests were computed from.
+        """
+        return cls(
+            os.fspath(path),
+            element,
+            nodes.stat_of(f, path) if stat is None else stat,
+            layout_digest(f, element),
+            sample_digest(f, element),
+            nodes.format_of(f).recorded_format(),
+        )
+
+    def content(self) -> dict:
+        """What a checkpoint records: location-free (a copy matches)."""
+        recorded = {"format": self.format} if self.format else {}
+        return {
+            **recorded,
+            "element": self.element,
+            "bytes": self.stat.size,
+            "layout": self.layout[:16],
+            "sample": self.sample[:16],
+        }
+
+    def check_stat(self, now: FileStat, when: str) -> None:
+        """Raises `SourceChangedError` if `now` differs from `stat`.
+
+        Args:
+            now: The file's stat now.
+            when: What was being done, for the message (e.g. "at a fetch").
+        """
+        changes = self.stat.changes(now)
+        if changes:
+            raise errors.SourceChangedError(
+                f"{self.path}: changed since the AnnDataSource was built "
+                f"(detected {when}): {'; '.join(changes)}. The cells read now "
+                "would not be the cells the source describes. Build a new "
+                "source (and do not restore iterator state saved for the old "
+                "data)."
+            )
+
+    def check_layout(self, f, when: str) -> None:
+        """Raises `SourceChangedError` if the open file's layout differs."""
+        now = layout_digest(f, self.element)
+        if now != self.layout:
+            raise errors.SourceChangedError(
+                f"{self.path}: changed since the AnnDataSource was built "
+                f"(detected {when}): the storage of {self.element} moved or "
+                f"changed (layout digest {self.layout[:16]} then, {now[:16]} "
+                "now). Build a new source (and do not restore iterator state "
+                "saved for the old data)."
+            )
+
+
+def _datasets(f, element: str) -> list:
+    obj = f[element]
+    if nodes.is_array(obj):
+        return [obj]
+    return [obj[k] for k in ("data", "indices", "indptr") if k in obj]
+
+
+def layout_digest(f, element: str) -> str:
+    """SHA-256 (hex) of what locates the matrix at `element`.
+
+    Covers what locates each of its arrays' bytes (`Format.array_layout`;
+    HDF5: addresses, shapes, dtypes, storage layout and filters, the byte
+    offsets of contiguous data or of evenly spaced chunks), the element's
+    `shape` attribute, and evenly spaced `indptr` entries for CSR. Reads a
+    few hundred bytes.
+    """
+    obj = f[element]
+    parts: list = [element]
+    group = not nodes.is_array(obj)
+    if group:
+        parts.append(np.asarray(obj.attrs.get("shape", ())).tolist())
+        parts.append(str(obj.attrs.get("encoding-type", "")))
+    for ds in _datasets(f, element):
+        parts.append(nodes.format_of(ds).array_layout(ds))
+    if group and "indptr" in obj:
+        ptr = obj["indptr"]
+        n = ptr.shape[0]
+        if n:
+            at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
+            picked = nodes.read(ptr, at, nodes.file_name(f), (int(at[0]), n))
+            parts.append(np.asarray(picked).astype(np.int64).tolist())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def sample_digest(f, element: str) -> str:
+    """SHA-256 (hex) of a few evenly spaced windows of the stored values.
+
+    CSR: `_VALUE_WINDOWS` windows of `_WINDOW` elements of `data` and of
+    `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
+    """
+    digest = hashlib.sha256(element.encode())
+    path = nodes.file_name(f)
+    for ds in _datasets(f, element):
+        if ds.name.endswith("indptr") or not ds.shape or not ds.shape[0]:
+            continue
+        n = ds.shape[0]
+        starts = np.unique(
+            np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
+        )
+        for a in starts.tolist():
+            if ds.ndim == 1:
+                window = nodes.read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
+            else:
+                window = nodes.read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
+            digest.update(np.ascontiguousarray(window).tobytes())
+    return digest.hexdigest()
+
+
+def _digest(values) -> str:
+    """Short SHA-256 of a sequence of strings (None for none)."""
+    if values is None:
+        return "none"
+    joined = "\0".join(str(v) for v in np.asarray(values).tolist())
+    return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def source_identity(source) -> dict:
+    """What a checkpoint records about an `AnnDataSource`: content, not paths.
+
+    The files (in order) by cell count, matrix element, size and digests
+    (`FileIdentity.content`), the output genes and obs categories by digest,
+    and the configuration by value. A copy of the files in another folder
+    gives the same identity; other data or another configuration does not.
+
+    Args:
+        source: An `AnnDataSource` (or a view of one).
+
+    Returns:
+        A JSON-serialisable dict.
+    """
+    return {
+        "files": [
+            {
+                "cells": source.file_info(i).n_obs,
+                **source.file_identity(i).content(),
+            }
+            for i in range(len(source.paths))
+        ],
+        "block_size": source.block_size,
+        "blocks": source.blocks_id or "all",
+        "obs_columns": list(source.obs_columns),
+        "obs_missing": source.obs_missing,
+        "categories": {c: _digest(v) for c, v in source.categories.items()},
+        "join": source.join,
+        "genes": f"{source.num_genes} {_digest(source.var_names)}",
+    }

@@ -1,0 +1,113 @@
+"""An open zarr store's root group, with the handle API of an `h5py.File`.
+
+Moved as it was from `grain_cells.io._nodes` (issue 36). `StoreFile` is
+what `grain_cells.zarr._format.ZarrFormat.open` returns: the io layer
+reads it as it reads any open file (`close`, `with`, `filename`, `attrs`,
+`keys`, `get`, `in`, `[]`), and `check_root` is the cheap per-read check
+that the store was not rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+
+from grain_cells import errors
+from grain_cells.storage._identity import FileStat
+from grain_cells.storage.remote import _store as object_store
+
+# A store's root metadata: anndata's `write_zarr` rewrites these (the group
+# and its consolidated metadata) whenever it writes a store.
+_ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
+
+
+class StoreFile:
+    """An open zarr store's root group, with the handle API of an `h5py.File`.
+
+    Attributes:
+        group: The root `zarr.Group` (read-only).
+        filename: The store's path or URL, as given.
+        stat: The store's `FileStat` when it was opened (see `stat_path`).
+    """
+
+    def __init__(self, group, filename: str, stat: FileStat):
+        self.group = group
+        self.filename = filename
+        self.stat = stat
+        self._root = self._root_stat()
+
+    def _root_stat(self) -> tuple:
+        """`stat`s of a local store's root metadata files (of a zip: the file)."""
+        path = self.filename
+        if object_store.is_url(path):
+            return ()
+        if not os.path.isdir(path):
+            names = [path]
+        else:
+            names = [os.path.join(path, k) for k in _ROOT_KEYS]
+        out = []
+        for name in names:
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                out.append((name, None))
+                continue
+            out.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(out)
+
+    def check_root(self, when: str) -> None:
+        """Raises `SourceChangedError` if the root metadata changed since opening.
+
+        A few `stat`s (microseconds): catches a store rewritten in place
+        (by anndata, which rewrites the root group and its consolidated
+        metadata); a chunk rewritten alone is caught when a process opens
+        the store and by `verify_files` (the store digest).
+        """
+        now = self._root_stat()
+        if now != self._root:
+            changed = [a[0] for a, b in zip(self._root, now, strict=True) if a != b]
+            raise errors.SourceChangedError(
+                f"{self.filename}: changed since the AnnDataSource was built "
+                f"(detected {when}): the zarr store's root metadata "
+                f"({', '.join(os.path.basename(c) for c in changed)}) was "
+                "rewritten. The cells read now would not be the cells the "
+                "source describes. Build a new source (and do not restore "
+                "iterator state saved for the old data)."
+            )
+
+    def __getitem__(self, key: str):
+        return self.group[key]
+
+    def get(self, key: str, default=None):
+        """`group[key]`, or `default` when it is absent."""
+        return self.group.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.group
+
+    def keys(self) -> list[str]:
+        """Names of the root's members."""
+        return sorted(self.group.keys())
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    @property
+    def attrs(self):
+        """The root group's attributes."""
+        return self.group.attrs
+
+    def close(self) -> None:
+        """Closes the store (a `.zarr.zip`'s file; a no-op for directories)."""
+        self.group.store.close()
+
+    def __enter__(self) -> StoreFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StoreFile({self.filename!r})"
+
+
+__all__ = ["StoreFile"]
