@@ -30,7 +30,7 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._file_set import FileSet
 from grain_cells.io._frames import var_group_name
-from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._genes import GeneAlignment, align_genes, read_gene_keys
 from grain_cells.io._obsm import OBSM, inspect_element
 from grain_cells.io._open import open_file
 
@@ -66,7 +66,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
             )
             info = inspect_element(f, element)
             if own_var:
-                var_names.append(h5ad.read_var_names(f, element))
+                var_names.append(read_gene_keys(f, element, files.genes.genes_from))
         if info.n_obs != expected.n_obs:
             raise errors.AnnDataFormatError(
                 f"{path}: {info.element} has {info.n_obs} rows but "
@@ -84,7 +84,9 @@ def element_files(files: FileSet, element: str) -> FileSet:
     if element.startswith(OBSM):
         genes = _columns(infos)
     elif own_var:
-        genes = align_genes(files.paths, var_names, files.genes.join, None)
+        genes = align_genes(
+            files.paths, var_names, files.genes.join, None, files.genes.genes_from
+        )
     else:
         genes = files.genes
     return dataclasses.replace(

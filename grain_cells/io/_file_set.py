@@ -32,6 +32,11 @@ each file), by position for `"exact"`.
 
     >>> source = AnnDataSource(paths, join="outer", genes=hvg_names)
 
+With `genes_from="<var column>"` genes are matched by that column of every
+file instead of var names (CELLxGENE Census: `"feature_id"`, whose symbols
+in `feature_name` repeat); its values must be unique in each file
+(`grain_cells.io._genes.read_gene_keys`).
+
 Alignment is applied as rows are read (one gather over the fetched
 values per file whose columns are not the output's; none when they are),
 so every read and output format sees output columns. Where a file stores
@@ -71,7 +76,7 @@ from grain_cells._util import cores, fork
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
-from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._genes import GeneAlignment, align_genes, read_gene_keys
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
@@ -133,6 +138,7 @@ class FileSet:
         join: str,
         obs_missing: str,
         storage_options: dict | None = None,
+        genes_from: str | None = None,
     ) -> FileSet:
         """Opens every file once to check it and read its metadata.
 
@@ -142,6 +148,8 @@ class FileSet:
             obs_names: obs columns to read (distinct).
             genes: Checked gene selection (`arguments.check_genes`), or None.
             join: `"exact"`, `"inner"` or `"outer"`.
+            genes_from: The var column holding each file's gene keys, or
+                None for var names (`grain_cells.io._genes`).
             obs_missing: `"error"` or `"fill"`.
             storage_options: For URLs: obstore configuration.
 
@@ -159,7 +167,7 @@ class FileSet:
                 info = h5ad.inspect_matrix(f, element)
                 stat = nodes.stat_of(f, path)
                 identities.append(FileIdentity.take(f, path, info.element, stat))
-                var_names.append(h5ad.read_var_names(f, element))
+                var_names.append(read_gene_keys(f, element, genes_from))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in obs_names if c not in have]
                 if missing and obs_missing == "error":
@@ -189,7 +197,7 @@ class FileSet:
             element=element,
             infos=tuple(infos),
             identities=tuple(identities),
-            genes=align_genes(paths, var_names, join, genes),
+            genes=align_genes(paths, var_names, join, genes, genes_from),
             obs_names=obs_names,
             obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
             sparse=infos[0].encoding == h5ad.CSR,
