@@ -10,7 +10,9 @@ from `anndata.concat` over the same files re-indexed on `feature_id`.
 
 from __future__ import annotations
 
+import os
 import pickle
+import shutil
 
 import anndata as ad
 import numpy as np
@@ -306,3 +308,36 @@ def test_checkpoint_refused_under_another_alignment(tmp_path):
     iter(loader()).set_state(state)  # the same configuration restores
     with pytest.raises(CheckpointMismatchError, match="genes_from"):
         iter(loader(genes_from="feature_id")).set_state(state)
+
+
+def test_files_in_a_bucket(paths, tmp_path):
+    """The same keys and values from s3:// objects (a local S3 server)."""
+    pytest.importorskip("obstore", reason="obstore is not installed")
+    from grain_cells.testing import ServedFolder
+
+    (tmp_path / "cells").mkdir()
+    urls = []
+    for path in paths:
+        name = os.path.basename(path)
+        copy = shutil.copytree if os.path.isdir(path) else shutil.copyfile
+        copy(path, tmp_path / "cells" / name)
+        urls.append(f"s3://cells/{name}")
+    local = grain_cells.AnnDataSource(paths, genes_from="feature_id", join="outer")
+    try:
+        stack = ServedFolder(tmp_path, rtt_s=0).start()
+    except RuntimeError as e:
+        pytest.skip(f"cannot start the local S3 server on loopback: {e}")
+    try:
+        remote = grain_cells.AnnDataSource(
+            urls,
+            genes_from="feature_id",
+            join="outer",
+            storage_options=stack.storage_options(),
+        )
+        np.testing.assert_array_equal(remote.var_names, OUTER)
+        rows = np.arange(N_CELLS)
+        np.testing.assert_array_equal(
+            _dense(remote.read(rows).X), _dense(local.read(rows).X)
+        )
+    finally:
+        stack.stop()
