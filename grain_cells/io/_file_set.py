@@ -76,7 +76,12 @@ from grain_cells._util import cores, fork
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
-from grain_cells.io._genes import GeneAlignment, align_genes, read_gene_keys
+from grain_cells.io._genes import (
+    GeneAlignment,
+    align_genes,
+    read_gene_keys,
+    shared_keys,
+)
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
@@ -160,6 +165,7 @@ class FileSet:
         storage_options = dict(storage_options or {})
         infos: list[h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
+        seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
         for path in paths:
@@ -167,7 +173,8 @@ class FileSet:
                 info = h5ad.inspect_matrix(f, element)
                 stat = nodes.stat_of(f, path)
                 identities.append(FileIdentity.take(f, path, info.element, stat))
-                var_names.append(read_gene_keys(f, element, genes_from))
+                keys = read_gene_keys(f, element, genes_from)
+                var_names.append(shared_keys(keys, seen_keys))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in obs_names if c not in have]
                 if missing and obs_missing == "error":

@@ -142,6 +142,24 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     return np.asarray(values.astype(str).to_numpy(), dtype=str)
 
 
+def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
+    """`keys`, or an equal array met before: files of one gene list share it.
+
+    A source over many files (issue 33: 10^5) of the same genes then holds
+    one gene list while it is built, not one per file; a file with its own
+    genes costs a hash of its keys.
+
+    Args:
+        keys: One file's gene keys (`read_gene_keys`).
+        seen: The arrays met so far, by digest (start with `{}`; kept by the
+            caller over the files).
+    """
+    keys = np.ascontiguousarray(keys)
+    digest = hashlib.sha1(keys.view(np.uint8)).digest() + keys.dtype.str.encode()
+    held = seen.setdefault(digest, keys)
+    return held if held is keys or np.array_equal(held, keys) else keys
+
+
 def align_genes(
     paths: Sequence[str],
     names: Sequence[np.ndarray],

@@ -341,3 +341,24 @@ def test_files_in_a_bucket(paths, tmp_path):
         )
     finally:
         stack.stop()
+
+
+def test_files_of_one_gene_list_share_one_array_while_built(tmp_path, monkeypatch):
+    """Issue 33's collections of 10^5 files: one gene list held, not one per file."""
+    from grain_cells.io import _file_set
+
+    adata = _adata(6, [0, 1, 2, 3, 4, 5, 6, 7], True, 0)
+    paths = [_write(adata, str(tmp_path / f"same{i}.h5ad")) for i in range(3)]
+    paths.append(_write(_adata(6, [1, 0, 2], True, 6), str(tmp_path / "other.h5ad")))
+    seen = []
+
+    def align(paths, names, *args):
+        seen.extend(names)
+        return align_genes(paths, names, *args)
+
+    align_genes = _file_set.align_genes
+    monkeypatch.setattr(_file_set, "align_genes", align)
+    grain_cells.AnnDataSource(paths, genes_from="feature_id", join="outer")
+    assert seen[0] is seen[1] is seen[2]
+    assert seen[3] is not seen[0]
+    np.testing.assert_array_equal(seen[3], [IDS[1], IDS[0], IDS[2]])
