@@ -209,7 +209,14 @@ def align_genes(
         genes, aligned, paths[0] if join == "exact" else _files(paths)
     )
     if missing:
-        raise _missing_genes_error(paths, names, join, missing)
+        error = _missing_genes_error(paths, names, join, missing)
+        if genes_from is not None:  # "not in var" would point at var names
+            error = errors.MissingColumnError(
+                f"{error}. With genes_from={genes_from!r} genes are keyed by "
+                f"that var column: name them by its values (e.g. "
+                f"{aligned[:3].tolist()}), not by var names"
+            )
+        raise error
     out_names = aligned if selected is None else aligned[selected]
     if join == "exact":
         if selected is None:

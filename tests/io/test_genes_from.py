@@ -249,6 +249,16 @@ def test_duplicate_keys_name_file_column_values_and_count(paths, join):
     assert "Ensembl" in message
 
 
+def test_genes_named_by_symbol_under_genes_from_point_at_the_keys(paths):
+    with pytest.raises(MissingColumnError) as e:
+        grain_cells.AnnDataSource(
+            paths, genes_from="feature_id", join="outer", genes=["TP53", IDS[2]]
+        )
+    message = str(e.value)
+    assert "['TP53']" in message
+    assert "genes_from='feature_id'" in message and IDS[0] in message
+
+
 def test_missing_keys_are_an_error(tmp_path):
     adata = _adata(6, [0, 1, 2], True, 0)
     adata.var["feature_id"] = pd.Categorical([IDS[0], None, IDS[2]])
