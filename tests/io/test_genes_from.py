@@ -173,6 +173,27 @@ def test_loader_equals_anndata_concat_on_feature_id(paths):
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(N_CELLS))
 
 
+def test_loader_in_one_call_passes_genes_from(paths):
+    loader = grain_cells.loader(
+        paths,
+        batch_size=8,
+        genes_from="feature_id",
+        join="inner",
+        obs_columns=["idx"],
+        output=grain_cells.DenseOutput(),
+        worker_count=0,
+        seed=2,
+    )
+    expected = _concat(paths, "inner", INNER)
+    seen = []
+    for batch in loader:
+        real = batch["mask"]
+        rows = batch["row_ids"][real]
+        np.testing.assert_array_equal(batch["X"][real], expected[rows])
+        seen.append(rows)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(N_CELLS))
+
+
 def test_exact_join_on_ids_of_files_named_differently(tmp_path):
     """One file's var names are symbols, the other's Ensembl ids: the same genes."""
     genes = [0, 1, 2, 3, 4, 5, 6, 7]
