@@ -139,15 +139,14 @@ class AnnDataSource(SourceDescription):
             FileNotFoundError: A path does not exist.
             errors.AnnDataFormatError: A file is not AnnData or is malformed,
                 or an obs column is categorical in one file, numeric in another.
-            errors.UnsupportedLayoutError: A matrix is CSC or otherwise unusable.
+            errors.UnsupportedLayoutError: A matrix is CSC or otherwise
+                unusable, or the `genes_from` column holds floats or booleans.
             errors.MissingColumnError: An obs column, gene, layer or the
                 `genes_from` column is missing.
             errors.GeneMismatchError: With `join="exact"`, files have different
                 var names; with `"inner"`, no gene is in every file; with
                 `"inner"` or `"outer"`, a file repeats a var name; a
                 `genes_from` column repeats a value or misses one.
-            errors.UnsupportedLayoutError: The `genes_from` column holds
-                floats or booleans.
         """
         files, table, options = _options.build(
             paths,
