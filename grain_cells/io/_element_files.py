@@ -30,7 +30,12 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._file_set import FileSet
 from grain_cells.io._frames import var_group_name
-from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._genes import (
+    GeneAlignment,
+    align_genes,
+    read_gene_keys,
+    shared_keys,
+)
 from grain_cells.io._obsm import OBSM, inspect_element
 from grain_cells.io._open import open_file
 
@@ -55,6 +60,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
     """
     infos: list[h5ad.MatrixInfo] = []
     var_names: list[np.ndarray] = []
+    seen_keys: dict = {}
     own_var = not element.startswith(OBSM) and (
         var_group_name(element) != var_group_name(files.element)
     )
@@ -66,7 +72,8 @@ def element_files(files: FileSet, element: str) -> FileSet:
             )
             info = inspect_element(f, element)
             if own_var:
-                var_names.append(h5ad.read_var_names(f, element))
+                keys = read_gene_keys(f, element, files.genes.genes_from)
+                var_names.append(shared_keys(keys, seen_keys))
         if info.n_obs != expected.n_obs:
             raise errors.AnnDataFormatError(
                 f"{path}: {info.element} has {info.n_obs} rows but "
@@ -84,7 +91,9 @@ def element_files(files: FileSet, element: str) -> FileSet:
     if element.startswith(OBSM):
         genes = _columns(infos)
     elif own_var:
-        genes = align_genes(files.paths, var_names, files.genes.join, None)
+        genes = align_genes(
+            files.paths, var_names, files.genes.join, None, files.genes.genes_from
+        )
     else:
         genes = files.genes
     return dataclasses.replace(

@@ -32,6 +32,11 @@ each file), by position for `"exact"`.
 
     >>> source = AnnDataSource(paths, join="outer", genes=hvg_names)
 
+With `genes_from="<var column>"` genes are matched by that column of every
+file instead of var names (CELLxGENE Census: `"feature_id"`, whose symbols
+in `feature_name` repeat); its values must be unique in each file
+(`grain_cells.io._genes.read_gene_keys`).
+
 Alignment is applied as rows are read (one gather over the fetched
 values per file whose columns are not the output's; none when they are),
 so every read and output format sees output columns. Where a file stores
@@ -69,7 +74,12 @@ from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
-from grain_cells.io._genes import GeneAlignment, align_genes
+from grain_cells.io._genes import (
+    GeneAlignment,
+    align_genes,
+    read_gene_keys,
+    shared_keys,
+)
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
@@ -131,6 +141,7 @@ class FileSet:
         join: str,
         obs_missing: str,
         storage_options: dict | None = None,
+        genes_from: str | None = None,
     ) -> FileSet:
         """Opens every file once to check it and read its metadata.
 
@@ -140,6 +151,8 @@ class FileSet:
             obs_names: obs columns to read (distinct).
             genes: Checked gene selection (`arguments.check_genes`), or None.
             join: `"exact"`, `"inner"` or `"outer"`.
+            genes_from: The var column holding each file's gene keys, or
+                None for var names (`grain_cells.io._genes`).
             obs_missing: `"error"` or `"fill"`.
             storage_options: For URLs: obstore configuration.
 
@@ -150,6 +163,7 @@ class FileSet:
         storage_options = dict(storage_options or {})
         infos: list[h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
+        seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
         for path in paths:
@@ -157,7 +171,8 @@ class FileSet:
                 info = h5ad.inspect_matrix(f, element)
                 stat = nodes.stat_of(f, path)
                 identities.append(FileIdentity.take(f, path, info.element, stat))
-                var_names.append(h5ad.read_var_names(f, element))
+                keys = read_gene_keys(f, element, genes_from)
+                var_names.append(shared_keys(keys, seen_keys))
                 have = h5ad.obs_columns(f)
                 missing = [c for c in obs_names if c not in have]
                 if missing and obs_missing == "error":
@@ -187,7 +202,7 @@ class FileSet:
             element=element,
             infos=tuple(infos),
             identities=tuple(identities),
-            genes=align_genes(paths, var_names, join, genes),
+            genes=align_genes(paths, var_names, join, genes, genes_from),
             obs_names=obs_names,
             obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
             sparse=infos[0].encoding == h5ad.CSR,

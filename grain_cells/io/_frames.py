@@ -160,9 +160,49 @@ def _plain_strings(index) -> np.ndarray | None:
 
 def read_var_names(f, element: str) -> np.ndarray:
     """Var names (gene ids) of the matrix at `element`, as a str array."""
+    return np.asarray(_frame_index(f, _var_frame(f, element)), dtype=str)
+
+
+def _var_frame(f, element: str) -> str:
     if element == "raw/X" and "raw" not in f and "raw.X" in f:
         element = "raw.X"  # anndata < 0.7
-    return np.asarray(_frame_index(f, var_group_name(element)), dtype=str)
+    return var_group_name(element)
+
+
+def read_var_column(f, element: str, column: str):
+    """One var column of the matrix at `element`, as `anndata.read_h5ad` gives it.
+
+    Read with anndata's reader (every encoding, anndata < 0.7 compound
+    frames included); `grain_cells.io._genes.read_gene_keys` makes gene keys
+    of it.
+
+    Raises:
+        errors.MissingColumnError: var has no such column (the message lists
+            the columns it has and the fix).
+        errors.AnnDataFormatError: The column cannot be read, or its length
+            is not var's.
+    """
+    path, name = file_name(f), _var_frame(f, element)
+    group = f[name]
+    have = frame_columns(group)
+    if column not in have or column.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: {name} has no column {column!r} to take gene keys from "
+            f"(genes_from={column!r}); it has {have}. Pass genes_from= one of "
+            "those that every file has, or genes_from=None to align on var names."
+        )
+    if is_legacy_frame(group):
+        values = _legacy_column(f, _legacy_table(path, group), column)
+    else:
+        nodes.checked(group[column], path)
+        values = _read_column(path, group, column)
+    rows = n_rows(group)
+    if rows is not None and len(values) != rows:
+        raise errors.AnnDataFormatError(
+            f"{path}: {name} column {column!r} has {len(values)} values; "
+            f"{name}'s index has {rows} genes"
+        )
+    return values
 
 
 def read_obs_names(f) -> np.ndarray:
@@ -172,7 +212,11 @@ def read_obs_names(f) -> np.ndarray:
 
 def obs_columns(f) -> list[str]:
     """Names of the obs columns stored in the file."""
-    group = f["obs"]
+    return frame_columns(f["obs"])
+
+
+def frame_columns(group) -> list[str]:
+    """Names of the columns of a stored obs or var dataframe."""
     if is_legacy_frame(group):
         return list(group.dtype.names[1:])
     if not nodes.is_group(group):

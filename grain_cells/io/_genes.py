@@ -18,6 +18,12 @@ Joins:
 
 `genes` then selects and orders output genes *within* the aligned genes.
 
+**Gene keys.** Genes are matched by var names, or with `genes_from=<column>`
+by that var column of every file (`read_gene_keys`): atlases differ in what
+their var names hold (symbols in one, Ensembl ids in another), and CELLxGENE
+Census's symbols (`feature_name`) repeat while its `feature_id` does not.
+Keys from a column must be unique within each file, whatever the join.
+
 A file whose stored columns are exactly the output columns gets no map
 (`None`); what the other maps cost per read: `grain_cells.io._column_maps`.
 """
@@ -32,7 +38,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.io import _frames as frames
 from grain_cells.io._column_maps import ColumnMap
+from grain_cells.io._nodes import file_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,6 +60,7 @@ class GeneAlignment:
             the output columns (nothing to do).
         selected: Positions of the output genes in the aligned space, or None
             when `genes` was not given.
+        genes_from: The var column genes are keyed by, or None for var names.
     """
 
     join: str
@@ -59,6 +68,7 @@ class GeneAlignment:
     num_aligned: int
     maps: tuple[ColumnMap | None, ...]
     selected: np.ndarray | None
+    genes_from: str | None = None
 
     @property
     def reorders(self) -> bool:
@@ -66,21 +76,88 @@ class GeneAlignment:
         return any(m is not None and not m.increasing for m in self.maps)
 
     def describe(self) -> str:
-        """A stable summary for `repr`: join and output genes (hashed).
+        """A stable summary for `repr`: join, output genes (hashed), key column.
 
         The `"exact"` form is unchanged from sources without alignment, so
         their reprs (and the checkpoints that compare them) stay valid.
         """
+        keyed = "" if self.genes_from is None else f", genes_from={self.genes_from!r}"
         if self.join == "exact":
             if self.selected is None:
-                return "genes=all"
+                return f"genes=all{keyed}"
             digest = hashlib.sha1(self.selected.astype(np.int64).tobytes())
-            return f"genes={self.selected.size} sha1:{digest.hexdigest()[:12]}"
+            return f"genes={self.selected.size} sha1:{digest.hexdigest()[:12]}{keyed}"
         digest = hashlib.sha1("\0".join(self.var_names.tolist()).encode())
         return (
             f"join={self.join!r}, genes={self.var_names.size} "
-            f"sha1:{digest.hexdigest()[:12]}"
+            f"sha1:{digest.hexdigest()[:12]}{keyed}"
         )
+
+
+def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
+    """One file's gene keys (str array): var names, or the var column `genes_from`.
+
+    Args:
+        f: An open file or zarr store (`grain_cells.io._open.open_file`).
+        element: The matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
+        genes_from: A var column, or None for var names.
+
+    Raises:
+        errors.MissingColumnError: var has no column `genes_from`.
+        errors.UnsupportedLayoutError: The column holds floats, booleans or
+            other values that do not name genes.
+        errors.GeneMismatchError: Some genes have no key (missing values).
+        errors.AnnDataFormatError: The column cannot be read, or its length
+            is not var's.
+    """
+    if genes_from is None:
+        return frames.read_var_names(f, element)
+    import pandas as pd  # here only: Grain workers never align genes
+
+    path = file_name(f)
+    what = f"var column {genes_from!r}"
+    values = pd.Series(frames.read_var_column(f, element, genes_from))
+    dtype = values.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        dtype = dtype.categories.dtype
+    if not (
+        pd.api.types.is_string_dtype(dtype)
+        or (
+            pd.api.types.is_integer_dtype(dtype)
+            and not pd.api.types.is_bool_dtype(dtype)
+        )
+    ):
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {what} holds {dtype} values; gene keys must be strings "
+            "(or integers, such as Entrez ids). Pick a column of gene ids, such "
+            "as the Ensembl ids (CELLxGENE Census: genes_from='feature_id')."
+        )
+    missing = int(values.isna().sum())
+    if missing:
+        raise errors.GeneMismatchError(
+            f"{path}: {what} has {missing} missing value(s) among "
+            f"{values.size} genes; every gene needs a key. Pick a column that "
+            "names every gene, such as the Ensembl ids."
+        )
+    return np.asarray(values.astype(str).to_numpy(), dtype=str)
+
+
+def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
+    """`keys`, or an equal array met before: files of one gene list share it.
+
+    A source over many files (issue 33: 10^5) of the same genes then holds
+    one gene list while it is built, not one per file; a file with its own
+    genes costs a hash of its keys.
+
+    Args:
+        keys: One file's gene keys (`read_gene_keys`).
+        seen: The arrays met so far, by digest (start with `{}`; kept by the
+            caller over the files).
+    """
+    keys = np.ascontiguousarray(keys)
+    digest = hashlib.sha1(keys.view(np.uint8)).digest() + keys.dtype.str.encode()
+    held = seen.setdefault(digest, keys)
+    return held if held is keys or np.array_equal(held, keys) else keys
 
 
 def align_genes(
@@ -88,16 +165,19 @@ def align_genes(
     names: Sequence[np.ndarray],
     join: str,
     genes,
+    genes_from: str | None = None,
 ) -> GeneAlignment:
     """Decides the output genes and each file's column map.
 
     Args:
         paths: The files, for error messages.
-        names: Each file's var names (str arrays).
+        names: Each file's gene keys (str arrays): var names, or the var
+            column `genes_from` (`read_gene_keys`).
         join: `"exact"`, `"inner"` or `"outer"` (see the module docstring).
         genes: None for all aligned genes, or a selection within them: names
             (output in this order), a boolean mask or integer positions over
             the aligned genes.
+        genes_from: The var column `names` come from, or None (var names).
 
     Returns:
         The alignment.
@@ -106,8 +186,9 @@ def align_genes(
         ValueError: `join` is unknown, or `genes` is malformed.
         IndexError: A position in `genes` is outside the aligned genes.
         errors.GeneMismatchError: With `"exact"`, var names differ between
-            files; with `"inner"` or `"outer"`, a file repeats a var name, or
-            (`"inner"`) no gene is in every file.
+            files; with `"inner"` or `"outer"` (or any join with
+            `genes_from`), a file repeats a key, or (`"inner"`) no gene is in
+            every file.
         errors.MissingColumnError: A gene named in `genes` is not aligned.
     """
     if join not in JOINS:
@@ -115,18 +196,27 @@ def align_genes(
     if isinstance(genes, str):
         genes = [genes]
     if join == "exact":
+        if genes_from is not None:  # the others equal the first
+            _check_unique(paths[0], names[0], join, genes_from)
         for path, file_names in zip(paths[1:], names[1:], strict=True):
-            _check_same_genes(paths[0], names[0], path, file_names)
+            _check_same_genes(paths[0], names[0], path, file_names, genes_from)
         aligned = names[0]
     else:
         for path, file_names in zip(paths, names, strict=True):
-            _check_unique(path, file_names, join)
+            _check_unique(path, file_names, join, genes_from)
         aligned = _join(paths, names, join)
     selected, missing = _select(
         genes, aligned, paths[0] if join == "exact" else _files(paths)
     )
     if missing:
-        raise _missing_genes_error(paths, names, join, missing)
+        error = _missing_genes_error(paths, names, join, missing)
+        if genes_from is not None:  # "not in var" would point at var names
+            error = errors.MissingColumnError(
+                f"{error}. With genes_from={genes_from!r} genes are keyed by "
+                f"that var column: name them by its values (e.g. "
+                f"{aligned[:3].tolist()}), not by var names"
+            )
+        raise error
     out_names = aligned if selected is None else aligned[selected]
     if join == "exact":
         if selected is None:
@@ -147,7 +237,7 @@ def align_genes(
                 by_names[key] = _file_map(index, file_names)
             built.append(by_names[key])
         maps = tuple(built)
-    return GeneAlignment(join, out_names, len(aligned), maps, selected)
+    return GeneAlignment(join, out_names, len(aligned), maps, selected, genes_from)
 
 
 def _file_map(index: pd.Index, file_names: np.ndarray) -> ColumnMap | None:
@@ -251,7 +341,7 @@ def _missing_genes_error(paths, names, join, missing) -> errors.MissingColumnErr
     return errors.MissingColumnError(f"genes not found: {missing[:5]}")
 
 
-def _check_same_genes(first_path, first, path, names) -> None:
+def _check_same_genes(first_path, first, path, names, genes_from=None) -> None:
     if len(first) == len(names) and np.array_equal(first, names):
         return
     n = min(len(first), len(names))
@@ -264,19 +354,27 @@ def _check_same_genes(first_path, first, path, names) -> None:
         )
     else:
         where = f"{len(first)} genes in {first_path}, {len(names)} in {path}"
+    what = "var names" if genes_from is None else f"var column {genes_from!r}"
     raise errors.GeneMismatchError(
-        f"{path}: var names differ from {first_path} ({where}). With "
+        f"{path}: {what} differ from {first_path} ({where}). With "
         "join='exact' (the default) files of one source must list the same "
         "genes in the same order; pass join='inner' or join='outer' to align "
         "them by name."
     )
 
 
-def _check_unique(path, names: np.ndarray, join: str) -> None:
+def _check_unique(path, names: np.ndarray, join: str, genes_from=None) -> None:
     uniq, counts = np.unique(names, return_counts=True)
     if uniq.size == names.size:
         return
     dup = uniq[counts > 1]
+    if genes_from is not None:
+        raise errors.GeneMismatchError(
+            f"{path}: var column {genes_from!r} is not unique: {dup.size} "
+            f"value(s) name more than one gene, e.g. {dup[:5].tolist()}; "
+            "genes_from needs one key per gene. Pick a unique column, such as "
+            "the Ensembl ids (CELLxGENE Census: genes_from='feature_id')."
+        )
     raise errors.GeneMismatchError(
         f"{path}: var names are not unique ({dup.size} repeated, e.g. "
         f"{dup[:5].tolist()}); join={join!r} aligns genes by name. Make them "

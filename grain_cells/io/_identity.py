@@ -266,4 +266,6 @@ def source_identity(source) -> dict:
         "categories": {c: _digest(v) for c, v in source.categories.items()},
         "join": source.join,
         "genes": f"{source.num_genes} {_digest(source.var_names)}",
+        # Only when set, so states saved before the option still restore.
+        **({"genes_from": source.genes_from} if source.genes_from else {}),
     }

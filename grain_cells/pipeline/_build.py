@@ -179,7 +179,8 @@ def loader(
             `grain_cells.Obsm`), as in `fetch_operations`.
         worker_buffer_size: Minibatches each worker may hold ahead.
         **source_options: More `AnnDataSource` arguments (`layer`, `genes`,
-            `join`, `obs_missing`, `storage_options`, ...); with paths only.
+            `join`, `genes_from`, `obs_missing`, `storage_options`, ...);
+            with paths only.
 
     Returns:
         A `grain_cells.DataLoader`.

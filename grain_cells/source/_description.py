@@ -96,13 +96,18 @@ class SourceDescription:
 
     @property
     def var_names(self) -> np.ndarray:
-        """Gene ids of the output columns, in output order."""
+        """Gene ids of the output columns, in output order (keys: `genes_from`)."""
         return self._files.genes.var_names
 
     @property
     def join(self) -> str:
         """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
         return self._files.genes.join
+
+    @property
+    def genes_from(self) -> str | None:
+        """The var column that keys genes over files, or None: var names."""
+        return self._files.genes.genes_from
 
     def file_column_map(self, i: int) -> np.ndarray | None:
         """Output column of each column file `i` stores (-1: not output).

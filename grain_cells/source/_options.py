@@ -62,6 +62,7 @@ def build(
     obs_columns: Sequence[str] = (),
     genes: Sequence[str] | np.ndarray | None = None,
     join: str = "exact",
+    genes_from: str | None = None,
     obs_missing: str = "error",
     check_indices: bool = True,
     read_threads: int | str = "auto",
@@ -88,6 +89,7 @@ def build(
     genes = arguments.check_genes(genes)
     paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
     layer = arguments.check_name("layer", layer, optional=True)
+    genes_from = arguments.check_name("genes_from", genes_from, optional=True)
     check_indices = arguments.check_bool("check_indices", check_indices)
     storage_options = arguments.check_mapping("storage_options", storage_options)
     if join not in JOINS:
@@ -110,6 +112,7 @@ def build(
         join=join,
         obs_missing=obs_missing,
         storage_options=storage_options,
+        genes_from=genes_from,
     )
     options = SourceOptions(layer, obs_missing, bool(check_indices), read_threads)
     if block_size is not None:

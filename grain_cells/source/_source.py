@@ -52,6 +52,7 @@ class AnnDataSource(SourceDescription):
         >>> cells.obs["cell_line"]             # integer codes
         >>> source.categories["cell_line"]     # their labels
         >>> AnnDataSource(["atlas.h5ad", "more.zarr"], join="outer")
+        >>> AnnDataSource(census_parts, genes_from="feature_id", join="inner")
 
     **zarr stores** (what anndata's `write_zarr` writes: zarr v2 or v3,
     sharded or not, a directory, a `.zarr.zip` or a URL ending in `.zarr`)
@@ -84,6 +85,7 @@ class AnnDataSource(SourceDescription):
         obs_columns: Sequence[str] = (),
         genes: Sequence[str] | np.ndarray | None = None,
         join: str = "exact",
+        genes_from: str | None = None,
         obs_missing: str = "error",
         check_indices: bool = True,
         read_threads: int | str = "auto",
@@ -112,6 +114,12 @@ class AnnDataSource(SourceDescription):
                 or `"outer"`: how genes of files with different var names are
                 aligned (see `grain_cells.io._file_set`; categorical obs codes
                 index one category list shared by all files).
+            genes_from: None to key genes by var names, or a var column
+                whose values key them in every file: `join` and `genes` then
+                work on those keys, and `var_names` are keys. For atlases whose
+                var names repeat or differ between files (CELLxGENE Census:
+                `genes_from="feature_id"`, the Ensembl ids). Its values must be
+                unique in each file (strings, categoricals or integers).
             obs_missing: `"error"` or `"fill"`: what a file that lacks one of
                 `obs_columns` gives (see `grain_cells.io._file_set`).
             check_indices: Check at every read that column indices are inside
@@ -137,11 +145,14 @@ class AnnDataSource(SourceDescription):
             FileNotFoundError: A path does not exist.
             errors.AnnDataFormatError: A file is not AnnData or is malformed,
                 or an obs column is categorical in one file, numeric in another.
-            errors.UnsupportedLayoutError: A matrix is CSC or otherwise unusable.
-            errors.MissingColumnError: An obs column, gene or layer is missing.
+            errors.UnsupportedLayoutError: A matrix is CSC or otherwise
+                unusable, or the `genes_from` column holds floats or booleans.
+            errors.MissingColumnError: An obs column, gene, layer or the
+                `genes_from` column is missing.
             errors.GeneMismatchError: With `join="exact"`, files have different
                 var names; with `"inner"`, no gene is in every file; with
-                `"inner"` or `"outer"`, a file repeats a var name.
+                `"inner"` or `"outer"`, a file repeats a var name; a
+                `genes_from` column repeats a value or misses one.
         """
         files, table, options = _options.build(
             paths,
@@ -150,6 +161,7 @@ class AnnDataSource(SourceDescription):
             obs_columns=obs_columns,
             genes=genes,
             join=join,
+            genes_from=genes_from,
             obs_missing=obs_missing,
             check_indices=check_indices,
             read_threads=read_threads,
