@@ -20,6 +20,7 @@ import socket
 import threading
 from functools import partial
 
+from grain_cells._util import fork
 from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport._lease import lease
@@ -183,6 +184,21 @@ def _hung_up(socks) -> set:
                 poller.register(sock, select.POLLIN)
     ready = {fd for fd, _ in poller.poll(0)}
     return {sock for sock in socks if sock is not None and sock.fileno() in ready}
+
+
+@fork.in_child
+def _forget_rings() -> None:
+    """A forked child drops the parent's views (and its copies of their sockets).
+
+    Its inherited leases were made private (`_lease`) and hand nothing back;
+    the parent's workers send the child nothing. A parent thread may have
+    held the lock at the fork.
+    """
+    global _RINGS_LOCK
+    _RINGS_LOCK = threading.Lock()
+    for view in list(RINGS.values()):
+        view.close()
+    RINGS.clear()
 
 
 def _close_views() -> None:
