@@ -30,7 +30,6 @@ The copy costs the child the leased slots' bytes (usually a fetch or less).
 from __future__ import annotations
 
 import logging
-import mmap
 import weakref
 from collections.abc import Callable
 
@@ -38,6 +37,7 @@ import numpy as np
 
 from grain_cells._util import fork
 from grain_cells.transport import _mapping
+from grain_cells.transport._mapping import Segment
 
 _log = logging.getLogger(__name__)
 # id -> weak reference to the array a lease's views are cut from, while any
@@ -49,7 +49,7 @@ def _forget(ref: weakref.ref) -> None:
     _LEASED.pop(id(ref), None)
 
 
-def lease(mm: mmap.mmap, places, on_release: Callable[[], None]) -> tuple[dict, object]:
+def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, object]:
     """The arrays at `places` of `mm`, as views; `on_release` when all die.
 
     Args:

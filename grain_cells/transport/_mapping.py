@@ -47,6 +47,9 @@ _MAP_FIXED = 0x10  # the same on every Linux architecture; not in `mmap`
 _PAGE = mmap.PAGESIZE
 _CHUNK = 1 << 20  # bytes copied at a time by `privatise` (bounded extra memory)
 
+# A mapped segment: a `ctypes` array of bytes (`map_shared`).
+Segment = ctypes.Array
+
 
 def map_shared(fd: int, size: int) -> ctypes.Array:
     """`size` bytes of file `fd` mapped shared and writable; `fd` may close now.
@@ -94,4 +97,4 @@ def privatise(addr: int, size: int) -> None:
         ctypes.memmove(addr + start, held, n)
 
 
-__all__ = ["map_shared", "privatise"]
+__all__ = ["Segment", "map_shared", "privatise"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import mmap
 import os
 import select
 import socket
@@ -24,6 +23,7 @@ from grain_cells._util import fork
 from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport._lease import lease
+from grain_cells.transport._mapping import Segment
 
 # Ring name -> _RingView. Rings of dead workers are pruned.
 RINGS: dict[str, _RingView] = {}
@@ -70,13 +70,13 @@ class _RingView:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
             self.close()
-        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
+        self.slots: dict[int, tuple[str, Segment]] = {}
         # Slots whose arrays the user may hold, and the weak reference that
         # hands each back when they die.
         self.leased: dict[int, object] = {}
         self.pending: collections.deque[int] = collections.deque()  # to hand back
 
-    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
+    def segment(self, slot: int, name: str, size: int) -> Segment:
         held = self.slots.get(slot)
         if held is None or held[0] != name:
             mm = segments.open_segment(name, size)

@@ -63,15 +63,12 @@ def segments(pids) -> set[str]:
 
 
 def mapped_rings() -> set[int]:
-    """Workers whose slot-ring segments this process maps (one fd each)."""
+    """Workers whose slot-ring segments this process maps (no fd kept)."""
     out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "/dev/shm/gcells_" in target:
-            out.add(int(target.split("/dev/shm/gcells_")[1].split("_")[0]))
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/gcells_" in line:
+                out.add(int(line.split("/dev/shm/gcells_")[1].split("_")[0]))
     return out
 
 
