@@ -15,9 +15,11 @@ keeping many minibatches) the arrays are copied out into private memory and
 the slot handed back at once, so the worker never starves. Either way the
 arrays a user holds never alias memory a worker will overwrite.
 
-**Hand-back.** The trainer returns a slot by sending its number (one byte)
-over a Unix stream socket to the worker that owns the ring (an abstract
-socket name, which the kernel removes with the worker). The send comes after
+**Hand-back.** The trainer returns a slot by sending its number (two bytes,
+native order: a ring holds up to 65,535 slots, enough for a fetch of
+thousands of minibatches) over a Unix stream socket to the worker that owns
+the ring (an abstract socket name, which the kernel removes with the
+worker). The send comes after
 the copy (or the death of the last leased array) in program order, and the
 kernel's socket locks order them for the worker's receive (release/acquire),
 so a worker never reuses a slot that this process still reads, on any CPU
@@ -63,12 +65,14 @@ from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport import _views as views
 from grain_cells.transport import _worker as worker_process
 
-# Slots a ring may grow to (a slot number is one byte on the socket). Grain's
-# DataLoader materialises a whole fetch (fan-out minibatches) before queueing
-# any, so a ring needs about that many plus the queue's depth, plus the
-# minibatches the trainer holds as leases; beyond the cap a worker falls back
-# to one-off segments. Slots are made only when needed.
-_MAX_SLOTS = 255
+# Slots a ring may grow to (a slot number is two bytes on the socket). Grain
+# materialises a whole fetch (fan-out minibatches) before queueing any, so a
+# ring needs about that many plus the queue's depth, plus the minibatches the
+# trainer holds as leases; beyond the cap a worker falls back to one-off
+# segments. Slots are made only when needed. (One-byte numbers capped a ring
+# at 255: a fetch of 512 minibatches went out mostly as one-off segments,
+# after a 2 s wait per fetch.)
+_MAX_SLOTS = views.MAX_SLOTS
 _WAIT_S = 2.0
 
 # Trainer side: ring name -> its view (`_views`), the same dict.
@@ -104,6 +108,7 @@ class SlotRing:
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
+        self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
         self._slots: list[tuple[str, int, segments.Segment]] = []
         self._busy: list[bool] = []
         self._serial = 0
@@ -169,16 +174,21 @@ class SlotRing:
                 continue
             while True:
                 try:
-                    freed = sock.recv(4096)
+                    freed = sock.recv(8192)
                 except BlockingIOError:
                     break
                 except OSError:
                     freed = b""
                 if not freed:  # the trainer closed its end
                     self._peers.remove(sock)
+                    self._odd.pop(sock, None)
                     sock.close()
                     break
-                for slot in freed:
+                freed = self._odd.pop(sock, b"") + freed
+                whole = len(freed) & ~1  # a stream may split a number
+                if whole < len(freed):
+                    self._odd[sock] = freed[whole:]
+                for slot in views.slot_numbers(freed[:whole]):
                     self._busy[slot] = False
                 self._starved = False
 
