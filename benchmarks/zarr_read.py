@@ -46,9 +46,9 @@ Ratios (printed and in the JSON): `collection` / `annbatch` (target >=
 1.5) and `zarr`, `zarr_raw` / `h5ad` (target >= 0.8, or `zarr` at its
 decode ceiling), per cache state and worker count.
 
-Usage (the `*_aligned` points run with 0 workers only: with 2 they read
-0.2-0.3x as fast, most likely a worker's fetch of 512 minibatches outrunning
-its shared-memory ring of 255 slots):
+Usage (the `*_aligned` points with 2 workers read 0.2-0.3x as fast as with
+none while a ring held at most 255 slots, fewer than a fetch of 512
+minibatches; rings now hold 65,535, issue 35):
   python benchmarks/zarr_read.py --n_cells=400000 --annbatch_dataset_size=2GB \
       --annbatch_python=/path/to/py312/bin/python \
       --points=h5ad,zarr,zarr_raw,zarr_aligned,collection,annbatch \
@@ -497,12 +497,6 @@ def main(argv) -> None:
             for point in _POINTS.value:
                 if point == "annbatch" and workers != int(_WORKERS.value[0]):
                     continue  # in-process only: measured once per cache state
-                if point.endswith("_aligned") and workers:
-                    # 0.2-0.3x the 0-worker figure at the same CPU per cell
-                    # (results/zarr/zarr_aligned_w2.json): most likely a
-                    # worker's fetch of 512 minibatches outrunning its ring
-                    # of 255 slots (one-off segments after a 2 s wait).
-                    continue
                 r = measure(point, paths, cache, workers)
                 results.append(r)
                 print(json.dumps(r), flush=True)

@@ -148,3 +148,52 @@ def test_a_process_cache_makes_each_value_once_per_process():
         cache._lock.release()
     assert in_child == (0, False)  # emptied, and its lock is the child's own
     assert cache.get_or_make("k", make) is first
+
+
+def _hold_inherited(kept: dict, dropped: dict, want: dict, go, out) -> None:
+    """A fork-method child: after the parent read on, compare and then write."""
+    go.wait(120)
+    changed = [
+        key
+        for name, batch in (("kept", kept), ("dropped", dropped))
+        for key in batch
+        if not np.array_equal(batch[key], want[name][key])
+    ]
+    for batch in (kept, dropped):
+        for arr in batch.values():
+            if arr.size:
+                arr.reshape(-1)[:] = 0  # must not reach the parent
+    out.send(changed)
+
+
+@pytest.mark.slow
+def test_a_fork_child_keeps_inherited_leases_private(csr_paths, helpers):
+    """A child made with multiprocessing's fork method while the trainer holds
+    leased minibatches: the one the parent then drops (its slot reused by the
+    worker over 300 more minibatches) and the one it keeps read unchanged in
+    the child, and the child's writes do not reach the parent."""
+    import multiprocessing
+
+    *_, loader = helpers.build(csr_paths, worker_count=2, num_epochs=None)
+    iterator = iter(loader)
+    try:
+        kept, dropped = next(iterator), next(iterator)
+        assert not any(a.flags.owndata for a in [*kept.values(), *dropped.values()])
+        want = {"kept": helpers.detach(kept), "dropped": helpers.detach(dropped)}
+        ctx = multiprocessing.get_context("fork")
+        go = ctx.Event()
+        got, out = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_hold_inherited, args=(kept, dropped, want, go, out))
+        child.start()
+        del dropped  # the parent reads on: its slot goes back to the worker
+        for _ in range(300):
+            next(iterator)
+        go.set()
+        assert got.poll(60), "the child did not answer"
+        assert got.recv() == [], "the child's inherited minibatch changed"
+        child.join(30)
+        assert child.exitcode == 0
+        for key, arr in kept.items():  # the child's writes stayed in the child
+            np.testing.assert_array_equal(arr, want["kept"][key], err_msg=key)
+    finally:
+        helpers.close_iterator(iterator)

@@ -73,8 +73,8 @@ class CellIterator(grain.DatasetIterator):
         self._failure: BaseException | None = None
         self._watch: WorkerWatch | None = None  # its workers, once started
         self._total: tuple | None = None  # (plan, its minibatches) for len()
-        if ds.worker_count:
-            _shm_names.remove_stale()  # of trainers and workers that were killed
+        # Names of trainers and workers that were killed (any loader sweeps).
+        _shm_names.remove_stale()
 
     # -- iteration --------------------------------------------------------
 
@@ -229,11 +229,16 @@ class CellIterator(grain.DatasetIterator):
         """Stops the workers (if any) and unmaps their rings."""
         inner, self._inner = self._inner, None
         if inner is not None:
-            with contextlib.suppress(Exception):
+            # A worker that cannot stop (SIGSTOPped) is killed after a grace.
+            watch = self._watch
+            grace = watch.killing_after() if watch else contextlib.nullcontext()
+            with grace, contextlib.suppress(Exception):
                 inner.close()
         if self._taken:  # the rest of a worker's fetch: its slots' leases
             self._batches = None
         transport.release_dead_rings()
+        if self._watch is not None:  # names of workers that were killed
+            _shm_names.remove_stale()
 
     def close(self) -> None:
         """Stops the workers and frees their shared memory, for good.

@@ -8,14 +8,26 @@ iterator started (`multiprocessing.active_children()`, public API), so that
 the iterator can say which of its workers died, how (a signal or an exit
 code) and what to do (`death_error`). A worker that died before the watch
 saw it leaves Grain's error as it is.
+
+Closing an iterator asks Grain to stop its workers, and Grain joins each
+for up to 25 s; a worker that cannot stop itself (SIGSTOPped, or stuck in a
+long read) held `close()` that long, or until a SIGCONT (a stopped worker
+could also hold the trainer in Grain's queue drain forever). `killing_after`
+SIGKILLs the workers still alive `GRACE_S` after the close began, which
+needs no SIGCONT, and waits for them to end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
+import threading
 
 from grain_cells.errors import WorkerDiedError
+
+# Seconds a closing iterator's workers get to stop on their own.
+GRACE_S = 2.0
 
 
 class WorkerWatch:
@@ -34,6 +46,34 @@ class WorkerWatch:
         for process in multiprocessing.active_children():
             if process.pid not in self._before:
                 self._workers.setdefault(process.pid, process)
+
+    @contextlib.contextmanager
+    def killing_after(self, grace_s: float = GRACE_S):
+        """A block (Grain's close) after whose first `grace_s` s workers are killed.
+
+        On leaving, waits (up to a second each) for the killed workers to end,
+        so that their names can be swept as those of dead processes.
+        """
+        self.look()
+        killed: list = []
+
+        def kill() -> None:
+            for process in list(self._workers.values()):
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    if process.is_alive():
+                        process.kill()
+                        killed.append(process)
+
+        timer = threading.Timer(grace_s, kill)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            for process in killed:
+                with contextlib.suppress(Exception):
+                    process.join(1.0)
 
     def dead(self) -> list:
         """The workers seen that have ended with a signal or a failure code."""

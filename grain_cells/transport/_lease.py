@@ -17,18 +17,39 @@ A user who keeps minibatches would keep their slots, so the trainer leases
 at most the ring's lease budget per worker (`SlotHandle.leases`, sized by
 the worker so that its in-flight minibatches still find free slots) and
 copies beyond it (`segments.read`), handing the slot back at once.
+
+**Fork.** A child forked from the trainer (`os.fork`, `multiprocessing`'s
+fork start method) inherits the leased arrays, whose slot the worker
+rewrites once the parent hands it back. Right after the fork the child
+makes each leased slot it inherited private memory with the same bytes, at
+the same address (`_mapping.privatise`): it reads what it inherited, however
+long it keeps it, and its writes reach neither the parent nor the worker.
+The copy costs the child the leased slots' bytes (usually a fetch or less).
 """
 
 from __future__ import annotations
 
-import mmap
+import logging
 import weakref
 from collections.abc import Callable
 
 import numpy as np
 
+from grain_cells._util import fork
+from grain_cells.transport import _mapping
+from grain_cells.transport._mapping import Segment
 
-def lease(mm: mmap.mmap, places, on_release: Callable[[], None]) -> tuple[dict, object]:
+_log = logging.getLogger(__name__)
+# id -> weak reference to the array a lease's views are cut from, while any
+# view lives (NumPy arrays are not hashable: no WeakSet).
+_LEASED: dict[int, weakref.ref] = {}
+
+
+def _forget(ref: weakref.ref) -> None:
+    _LEASED.pop(id(ref), None)
+
+
+def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, object]:
     """The arrays at `places` of `mm`, as views; `on_release` when all die.
 
     Args:
@@ -42,11 +63,26 @@ def lease(mm: mmap.mmap, places, on_release: Callable[[], None]) -> tuple[dict, 
         reference that dies first calls nothing).
     """
     raw = np.frombuffer(mm, np.uint8)
+    held = weakref.ref(raw, _forget)
+    _LEASED[id(held)] = held
     out = {
         key: np.ndarray(shape, dtype, raw, offset)
         for key, offset, dtype, shape in places
     }
     return out, weakref.ref(raw, lambda _: on_release())
+
+
+@fork.in_child
+def _privatise_leases() -> None:
+    """In a forked child: every inherited leased slot becomes private memory."""
+    for held in list(_LEASED.values()):
+        raw = held()
+        if raw is None:
+            continue
+        try:
+            _mapping.privatise(raw.ctypes.data, raw.nbytes)
+        except OSError:
+            _log.exception("grain_cells: a forked child shares a leased slot")
 
 
 __all__ = ["lease"]

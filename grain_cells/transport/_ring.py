@@ -15,14 +15,17 @@ keeping many minibatches) the arrays are copied out into private memory and
 the slot handed back at once, so the worker never starves. Either way the
 arrays a user holds never alias memory a worker will overwrite.
 
-**Hand-back.** The trainer returns a slot by sending its number (one byte)
-over a Unix stream socket to the worker that owns the ring (an abstract
-socket name, which the kernel removes with the worker). The send comes after
+**Hand-back.** The trainer returns a slot by sending its number (two bytes,
+native order: a ring holds up to 65,535 slots, enough for a fetch of
+thousands of minibatches) over a Unix stream socket to the worker that owns
+the ring (an abstract socket name, which the kernel removes with the
+worker). The send comes after
 the copy (or the death of the last leased array) in program order, and the
 kernel's socket locks order them for the worker's receive (release/acquire),
 so a worker never reuses a slot that this process still reads, on any CPU
 (aarch64 included). A worker with no
-free slot blocks in `select` on the socket (no polling); the handle in the
+free slot blocks in `poll` on the socket (no busy wait; `poll`, unlike
+`select`, takes descriptors of 1024 and more); the handle in the
 other direction travels through Grain's queue, itself a pipe.
 
 Segments are made and read by `grain_cells.transport._segments`; the
@@ -46,7 +49,7 @@ minibatch: minutes).
 from __future__ import annotations
 
 import contextlib
-import mmap
+import math
 import multiprocessing.util
 import os
 import select
@@ -62,12 +65,14 @@ from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport import _views as views
 from grain_cells.transport import _worker as worker_process
 
-# Slots a ring may grow to (a slot number is one byte on the socket). Grain's
-# DataLoader materialises a whole fetch (fan-out minibatches) before queueing
-# any, so a ring needs about that many plus the queue's depth, plus the
-# minibatches the trainer holds as leases; beyond the cap a worker falls back
-# to one-off segments. Slots are made only when needed.
-_MAX_SLOTS = 255
+# Slots a ring may grow to (a slot number is two bytes on the socket). Grain
+# materialises a whole fetch (fan-out minibatches) before queueing any, so a
+# ring needs about that many plus the queue's depth, plus the minibatches the
+# trainer holds as leases; beyond the cap a worker falls back to one-off
+# segments. Slots are made only when needed. (One-byte numbers capped a ring
+# at 255: a fetch of 512 minibatches went out mostly as one-off segments,
+# after a 2 s wait per fetch.)
+_MAX_SLOTS = views.MAX_SLOTS
 _WAIT_S = 2.0
 
 # Trainer side: ring name -> its view (`_views`), the same dict.
@@ -103,7 +108,8 @@ class SlotRing:
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
-        self._slots: list[tuple[str, int, mmap.mmap]] = []
+        self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
+        self._slots: list[tuple[str, int, segments.Segment]] = []
         self._busy: list[bool] = []
         self._serial = 0
         self._largest = 0  # bytes of the largest minibatch sent
@@ -142,7 +148,7 @@ class SlotRing:
         """Marks a slot free (its handle was unpickled in this process)."""
         self._busy[slot] = False
 
-    def _create_named(self, size: int) -> tuple[str, mmap.mmap]:
+    def _create_named(self, size: int) -> tuple[str, segments.Segment]:
         """A new named segment of `size` bytes, recorded for `close`."""
         with self._names_lock:
             if self._closed:
@@ -154,7 +160,11 @@ class SlotRing:
 
     def _collect(self, timeout: float) -> None:
         """Marks the slots handed back free, waiting up to `timeout` for one."""
-        ready = select.select([self._listener, *self._peers], [], [], timeout)[0]
+        socks = {s.fileno(): s for s in [self._listener, *self._peers]}
+        poller = select.poll()
+        for fd in socks:
+            poller.register(fd, select.POLLIN)
+        ready = [socks[fd] for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))]
         for sock in ready:
             if sock is self._listener:
                 with contextlib.suppress(BlockingIOError):
@@ -164,16 +174,21 @@ class SlotRing:
                 continue
             while True:
                 try:
-                    freed = sock.recv(4096)
+                    freed = sock.recv(8192)
                 except BlockingIOError:
                     break
                 except OSError:
                     freed = b""
                 if not freed:  # the trainer closed its end
                     self._peers.remove(sock)
+                    self._odd.pop(sock, None)
                     sock.close()
                     break
-                for slot in freed:
+                freed = self._odd.pop(sock, b"") + freed
+                whole = len(freed) & ~1  # a stream may split a number
+                if whole < len(freed):
+                    self._odd[sock] = freed[whole:]
+                for slot in views.slot_numbers(freed[:whole]):
                     self._busy[slot] = False
                 self._starved = False
 
@@ -201,7 +216,7 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def _segment(self, nbytes: int) -> tuple[str, int, mmap.mmap]:
+    def _segment(self, nbytes: int) -> tuple[str, int, segments.Segment]:
         size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
         name, mm = self._create_named(size)
         return name, size, mm
@@ -229,12 +244,12 @@ class SlotRing:
         if slot is None:  # every slot busy: a one-off segment
             name, mm = self._create_named(nbytes)
             segments.write(mm, layout, arrays)
-            mm.close()
+            del mm  # unmapped (no descriptor was kept)
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
         segments.write(self._slots[slot][2], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
-    def slot_to_write(self) -> tuple[int | None, mmap.mmap | None, bool]:
+    def slot_to_write(self) -> tuple[int | None, segments.Segment | None, bool]:
         """A free slot to format the next minibatch in, for `SlotWriter`.
 
         Returns:
@@ -311,10 +326,7 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
     if ring is None:
         mm = segments.open_segment(segment, size)
         shm_names.unlink(segment)
-        try:
-            return segments.read(mm, layout)
-        finally:
-            mm.close()
+        return segments.read(mm, layout)  # unmapped when `mm` goes
     if _local_ring is not None and ring == _local_ring.name:
         # Unpickled by the worker itself (Grain drains its own queue on stop).
         _local_ring.release(slot)

@@ -4,9 +4,11 @@ A segment is a POSIX shared-memory object, named `/gcells_<pid>_t<start>_<token>
 (`shm_names`), made and opened here through public APIs: on Linux such an
 object is a file in `/dev/shm`, so `os.open` with `O_CREAT | O_EXCL`,
 `os.ftruncate` and `mmap` make it, and `os.unlink` removes it, exactly what
-`shm_open`/`shm_unlink` do. (`multiprocessing.shared_memory` would register
-every segment with its resource tracker, which unlinks and warns at exit in
-the process that did not create it.)
+`shm_open`/`shm_unlink` do. Its descriptor is closed as soon as it is
+mapped (`_mapping.map_shared`): a mapping costs a process no file
+descriptor. (`multiprocessing.shared_memory` would register every segment
+with its resource tracker, which unlinks and warns at exit in the process
+that did not create it.)
 
 **Reserved, not sparse.** `ftruncate` alone makes a sparse file: the pages
 of a tmpfs are allocated when first written, and when `/dev/shm` is full
@@ -27,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import mmap
 import os
 from collections.abc import Mapping
 
@@ -35,11 +36,12 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport._mapping import Segment, map_shared
 
 ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
 
 
-def create(name: str, size: int) -> mmap.mmap:
+def create(name: str, size: int) -> Segment:
     """A new segment `name` of `size` bytes, reserved and mapped.
 
     Raises:
@@ -52,7 +54,7 @@ def create(name: str, size: int) -> mmap.mmap:
     try:
         os.ftruncate(fd, size)
         _reserve(fd, path, size)
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        return map_shared(fd, size)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -112,7 +114,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def open_segment(name: str, size: int) -> mmap.mmap:
+def open_segment(name: str, size: int) -> Segment:
     """The first `size` bytes of the existing segment `name`, mapped.
 
     Raises:
@@ -120,7 +122,7 @@ def open_segment(name: str, size: int) -> mmap.mmap:
     """
     fd = os.open(shm_names.path_of(name), os.O_RDWR)
     try:
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        return map_shared(fd, size)
     finally:
         os.close(fd)
 
@@ -135,7 +137,7 @@ def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
     return places, max(total, 1)
 
 
-def write(mm: mmap.mmap, places, arrays: Mapping[str, np.ndarray]) -> None:
+def write(mm: Segment, places, arrays: Mapping[str, np.ndarray]) -> None:
     """Copies `arrays` into `mm` at their `layout` places."""
     for (_, offset, dtype, shape), arr in zip(places, arrays.values(), strict=True):
         count = math.prod(shape)
@@ -144,7 +146,7 @@ def write(mm: mmap.mmap, places, arrays: Mapping[str, np.ndarray]) -> None:
             dst[:] = arr.reshape(-1)
 
 
-def read(mm: mmap.mmap, places) -> dict[str, np.ndarray]:
+def read(mm: Segment, places) -> dict[str, np.ndarray]:
     """Copies the arrays at `places` out of `mm` into new private arrays."""
     out = {}
     for key, offset, dtype, shape in places:
@@ -158,4 +160,4 @@ def read(mm: mmap.mmap, places) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["ALIGN", "create", "layout", "open_segment", "read", "write"]
+__all__ = ["ALIGN", "Segment", "create", "layout", "open_segment", "read", "write"]

@@ -12,11 +12,11 @@ cost about a sixth of a worker's time with CSR minibatches of 64 cells.
 from __future__ import annotations
 
 import math
-import mmap
 from collections.abc import Mapping
 
 import numpy as np
 
+from grain_cells.transport._mapping import Segment
 from grain_cells.transport._ring import SlotHandle, SlotRing
 from grain_cells.transport._segments import ALIGN
 
@@ -47,7 +47,7 @@ class SlotWriter:
     """
 
     def __init__(
-        self, ring: SlotRing, slot: int | None, segment: mmap.mmap | None, wait=True
+        self, ring: SlotRing, slot: int | None, segment: Segment | None, wait=True
     ):
         """Binds a free `slot` of `ring` and its `segment`.
 

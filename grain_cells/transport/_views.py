@@ -3,26 +3,28 @@
 A view maps the slots of one worker's ring (`_ring`) as their handles
 arrive, hands each minibatch out as a lease of its slot or a copy
 (`_lease`), and returns slots to the worker over a Unix stream socket
-(one byte per slot, never blocking the caller). Views of workers that
+(two bytes per slot, native order, never blocking the caller). Views of workers that
 exited, or closed their ring, are dropped every `_PRUNE_EVERY` minibatches
 and when an iterator closes (`release_dead_rings`).
 """
 
 from __future__ import annotations
 
+import array
 import atexit
 import collections
 import contextlib
-import mmap
 import os
 import select
 import socket
 import threading
 from functools import partial
 
+from grain_cells._util import fork
 from grain_cells.transport import _segments as segments
 from grain_cells.transport import _shm_names as shm_names
 from grain_cells.transport._lease import lease
+from grain_cells.transport._mapping import Segment
 
 # Ring name -> _RingView. Rings of dead workers are pruned.
 RINGS: dict[str, _RingView] = {}
@@ -31,6 +33,13 @@ _PRUNE_EVERY = 256
 _opened = 0
 # A send to a worker that has exited must raise, not raise SIGPIPE.
 _NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+# Slots a ring may hold: numbers travel as two-byte unsigned integers.
+MAX_SLOTS = 65535
+
+
+def slot_numbers(data: bytes) -> memoryview:
+    """The slot numbers in hand-back bytes (an even count of them)."""
+    return memoryview(data).cast("H")
 
 
 def address(ring: str) -> str:
@@ -69,13 +78,15 @@ class _RingView:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
             self.close()
-        self.slots: dict[int, tuple[str, mmap.mmap]] = {}
+        self.slots: dict[int, tuple[str, Segment]] = {}
         # Slots whose arrays the user may hold, and the weak reference that
         # hands each back when they die.
         self.leased: dict[int, object] = {}
         self.pending: collections.deque[int] = collections.deque()  # to hand back
+        self.unsent = b""  # the tail of a send the socket took only part of
+        self.sending = threading.Lock()  # one sender at a time (unsent's order)
 
-    def segment(self, slot: int, name: str, size: int) -> mmap.mmap:
+    def segment(self, slot: int, name: str, size: int) -> Segment:
         held = self.slots.get(slot)
         if held is None or held[0] != name:
             mm = segments.open_segment(name, size)
@@ -87,7 +98,7 @@ class _RingView:
     def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
         """A minibatch's arrays: leased within the budget, else copied out."""
         mm = self.segment(slot, segment, size)
-        if self.pending:  # hand-backs the socket could not take at once
+        if self.pending or self.unsent:  # what the socket could not take at once
             self.hand_back()
         if len(self.leased) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
@@ -116,24 +127,40 @@ class _RingView:
             return
         if slot is not None:
             self.pending.append(slot)
-        sock = self.sock  # another thread may close the view meanwhile
-        if sock is None:
-            self.pending.clear()
-            return
-        freed = bytearray()
-        with contextlib.suppress(IndexError):  # popleft is atomic across threads
-            while True:
-                freed.append(self.pending.popleft())
-        if not freed:
+        # A number is two bytes and a send may take one: a sender finishes
+        # what it began before anything else goes. Another sender (another
+        # thread, or a finalizer run inside this call) leaves its slot
+        # pending: the sender picks it up, or the next call does.
+        if not self.sending.acquire(blocking=False):
             return
         try:
-            sent = sock.send(freed, _NO_SIGNAL | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # the worker has exited, or closed its ring
-            self.close()
-            return
-        self.pending.extend(freed[sent:])
+            self._send_pending()
+        finally:
+            self.sending.release()
+
+    def _send_pending(self) -> None:
+        while True:
+            sock = self.sock  # another thread may close the view meanwhile
+            if sock is None:
+                self.pending.clear()
+                return
+            freed = array.array("H")
+            with contextlib.suppress(IndexError):  # popleft is atomic
+                while True:
+                    freed.append(self.pending.popleft())
+            data = self.unsent + freed.tobytes()
+            if not data:
+                return
+            try:
+                sent = sock.send(data, _NO_SIGNAL | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:  # the worker has exited, or closed its ring
+                self.close()
+                return
+            self.unsent = data[sent:]
+            if self.unsent or not self.pending:
+                return
 
     def close(self) -> None:
         """Closes the socket to the worker (its mappings go with the view)."""
@@ -151,6 +178,7 @@ class _RingView:
         self.slots.clear()
         self.leased.clear()
         self.pending.clear()
+        self.unsent = b""
 
 
 def release_dead_rings() -> None:
@@ -183,6 +211,21 @@ def _hung_up(socks) -> set:
                 poller.register(sock, select.POLLIN)
     ready = {fd for fd, _ in poller.poll(0)}
     return {sock for sock in socks if sock is not None and sock.fileno() in ready}
+
+
+@fork.in_child
+def _forget_rings() -> None:
+    """A forked child drops the parent's views (and its copies of their sockets).
+
+    Its inherited leases were made private (`_lease`) and hand nothing back;
+    the parent's workers send the child nothing. A parent thread may have
+    held the lock at the fork.
+    """
+    global _RINGS_LOCK
+    _RINGS_LOCK = threading.Lock()
+    for view in list(RINGS.values()):
+        view.close()
+    RINGS.clear()
 
 
 def _close_views() -> None:

@@ -63,15 +63,12 @@ def segments(pids) -> set[str]:
 
 
 def mapped_rings() -> set[int]:
-    """Workers whose slot-ring segments this process maps (one fd each)."""
+    """Workers whose slot-ring segments this process maps (no fd kept)."""
     out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "/dev/shm/gcells_" in target:
-            out.add(int(target.split("/dev/shm/gcells_")[1].split("_")[0]))
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/gcells_" in line:
+                out.add(int(line.split("/dev/shm/gcells_")[1].split("_")[0]))
     return out
 
 
@@ -142,6 +139,35 @@ def test_close_frees_workers_and_shared_memory(csr_paths, helpers):
     with pytest.raises(errors.IteratorClosedError):
         next(iterator)
     assert not (workers() - before_pids)  # no worker restarted
+
+
+@pytest.mark.slow
+def test_close_with_a_stopped_worker_returns_and_leaves_no_process(csr_paths, helpers):
+    """A SIGSTOPped worker cannot stop itself: `close` kills it after a short
+    grace (it used to wait for Grain's 25 s join, or a SIGCONT)."""
+    import signal
+
+    before_pids = workers()
+    *_, loader = helpers.build(csr_paths, worker_count=2, num_epochs=None)
+    iterator = iter(loader)
+    helpers.take(iterator, 6)
+    mine = workers() - before_pids
+    assert len(mine) == 2
+    stopped = min(mine)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        iterator.close()
+        took = time.monotonic() - start
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (workers() & mine or segments(mine)):
+            time.sleep(0.1)
+        assert took < 5, f"close took {took:.1f} s with a stopped worker"
+        assert not (workers() & mine), "a worker outlived close"
+        assert not segments(mine), "a killed worker's names stayed"
+    finally:
+        for pid in workers() & mine:
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- epochs -----------------------------------------------------------------

@@ -553,12 +553,13 @@ def fd_targets() -> list[str]:
 
 
 def ring_pids() -> set[int]:
-    """Workers whose slot-ring segments this process still maps (one fd each)."""
-    return {
-        int(t.split("/dev/shm/gcells_")[1].split("_")[0])
-        for t in fd_targets()
-        if "/dev/shm/gcells_" in t
-    }
+    """Workers whose slot-ring segments this process still maps (no fd kept)."""
+    with open("/proc/self/maps") as maps:
+        return {
+            int(line.split("/dev/shm/gcells_")[1].split("_")[0])
+            for line in maps
+            if "/dev/shm/gcells_" in line
+        }
 
 
 def open_fds() -> int:

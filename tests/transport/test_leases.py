@@ -161,9 +161,7 @@ def worker_exits(ring: transport.SlotRing) -> None:
     """What a worker's exit does to its ring in this process: names unlinked,
     sockets closed, its own mappings gone (the trainer keeps its own)."""
     ring.close()
-    for _, _, mm in ring._slots:
-        mm.close()
-    ring._slots.clear()
+    ring._slots.clear()  # unmapped as they go
 
 
 @pytest.mark.slow

@@ -132,6 +132,49 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         trainer.stderr.close()
 
 
+@pytest.mark.slow
+def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
+    csr_paths, helpers, tmp_path
+):
+    """Both workers SIGKILLed, then the trainer: nobody could unlink the
+    workers' names; the next loader that starts (even without workers)
+    removes them."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), json.dumps(csr_paths)],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    try:
+        line = trainer.stdout.readline()
+        assert line, trainer.stderr.read()[-3000:]
+        workers = json.loads(line)
+        assert len(workers) == 2
+        assert names_of(workers), "the workers made no names (nothing tested)"
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: all(gone(p) for p in workers), 10)
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        *_, loader = helpers.build(csr_paths, worker_count=0)
+        iterator = iter(loader)
+        helpers.close_iterator(iterator)
+        assert not names_of([*workers, trainer.pid])
+    finally:
+        for pid in [trainer.pid, *workers]:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        for name in names_of([trainer.pid, *workers]):
+            shm_names.unlink("/" + name)
+        trainer.wait(10)
+        trainer.stdout.close()
+        trainer.stderr.close()
+
+
 def _objects_frozen_by_fetches(n: int) -> int:
     """How many objects `n` fetch starts moved to the GC's permanent generation.
 

@@ -46,7 +46,7 @@ def test_segments_are_reserved_not_sparse():
         assert st.st_size == size
         assert st.st_blocks * 512 >= size  # every page allocated at creation
     finally:
-        mm.close()
+        del mm
         shm_names.unlink(name)
 
 
@@ -87,7 +87,7 @@ def test_file_systems_without_fallocate_keep_sparse_segments(monkeypatch):
         mm[:4] = b"abcd"
         assert bytes(mm[:4]) == b"abcd"
     finally:
-        mm.close()
+        del mm
         shm_names.unlink(name)
 
 

@@ -186,7 +186,7 @@ def test_stale_names_of_dead_processes_are_removed():
     stale = f"/gcells_{gone.pid}_deadbeef_1"
     live = f"/gcells_{os.getpid()}_deadbeef_1"
     for name in (stale, live):
-        segments.create(name, 4096).close()
+        segments.create(name, 4096)
     try:
         removed = shm_names.remove_stale()
         assert stale.lstrip("/") in removed

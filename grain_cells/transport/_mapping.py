@@ -1,0 +1,100 @@
+"""Memory mappings of shared segments, without a file descriptor each.
+
+Python's `mmap.mmap` keeps a duplicate of the file descriptor it maps for as
+long as the mapping lives (CPython < 3.13 has no `trackfd=False`): one
+descriptor per slot of every worker's ring, in the worker and in the
+trainer (1,308 in a trainer with 15 workers, issue 33), until a process
+with many slots or many open files runs out (`ulimit -n`, often 1024). A
+POSIX mapping needs no descriptor once made, so `map_shared` calls the C
+library's `mmap` through `ctypes` (public API), and the caller closes its
+descriptor right away. The mapping is a `ctypes` byte array: NumPy views of
+it (`np.frombuffer`) keep it alive, and it is unmapped when the last
+reference dies.
+
+`privatise` serves forked children (`os.fork`, `multiprocessing`'s fork
+start method): a `MAP_SHARED` mapping inherited by a child stays shared with
+the parent and with the worker that writes the slot, so a child reading a
+minibatch it inherited would see the worker's next minibatch once the
+parent hands the slot back, and its writes would reach the parent. The child
+replaces each such range, in place and at the same address, with private
+memory holding a copy of what it held at the fork.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import weakref
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_munmap = _libc.munmap
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FIXED = 0x10  # the same on every Linux architecture; not in `mmap`
+_PAGE = mmap.PAGESIZE
+_CHUNK = 1 << 20  # bytes copied at a time by `privatise` (bounded extra memory)
+
+# A mapped segment: a `ctypes` array of bytes (`map_shared`).
+Segment = ctypes.Array
+
+
+def map_shared(fd: int, size: int) -> ctypes.Array:
+    """`size` bytes of file `fd` mapped shared and writable; `fd` may close now.
+
+    Returns:
+        A `ctypes` array of `size` unsigned bytes over the mapping, which is
+        unmapped when the array (and every NumPy view of it) is gone.
+
+    Raises:
+        OSError: `mmap` failed (the error of the C library).
+    """
+    addr = _mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
+    buf = (ctypes.c_ubyte * size).from_address(addr)
+    # Not at exit: a thread may still read it while the interpreter exits.
+    weakref.finalize(buf, _munmap, addr, size).atexit = False
+    return buf
+
+
+def privatise(addr: int, size: int) -> None:
+    """Makes the mapped range at `addr` private memory holding the same bytes.
+
+    For a forked child: afterwards neither the parent nor a worker that
+    writes the segment sees the child's writes, nor the child theirs. The
+    range keeps its address, so arrays over it stay valid; `addr` must be
+    the start of a mapping (page-aligned). Copies 1 MiB at a time.
+
+    Raises:
+        OSError: `mmap` failed (the range is then unchanged from there on).
+    """
+    if addr % _PAGE:
+        raise ValueError(f"address {addr:#x} is not page-aligned")
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    for start in range(0, size, _CHUNK):
+        n = min(_CHUNK, size - start)
+        held = ctypes.string_at(addr + start, n)
+        span = -(-n // _PAGE) * _PAGE  # whole pages (the mapping's last is too)
+        if _mmap(addr + start, span, prot, flags, -1, 0) != addr + start:
+            err = ctypes.get_errno()
+            where = f"private remap at {addr + start:#x}"
+            raise OSError(err, f"{where}: {os.strerror(err)}")
+        ctypes.memmove(addr + start, held, n)
+
+
+__all__ = ["Segment", "map_shared", "privatise"]
