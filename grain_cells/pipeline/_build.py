@@ -229,11 +229,10 @@ def loader(
 def _source_of(paths_or_source, obs_columns, block_size, options) -> AnnDataSource:
     """The source: opened from paths, or given (then nothing else about it)."""
     if not isinstance(paths_or_source, AnnDataSource):
+        # No block_size: the source's own default (`source._options`), so
+        # `loader(paths)` reads the blocks `AnnDataSource(paths)` would.
         return AnnDataSource(
-            paths_or_source,
-            block_size=16 if block_size is None else block_size,
-            obs_columns=obs_columns,
-            **options,
+            paths_or_source, block_size=block_size, obs_columns=obs_columns, **options
         )
     source = paths_or_source
     given = dict(options)
