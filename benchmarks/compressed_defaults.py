@@ -13,6 +13,10 @@ cache (the file's pages dropped first) unless `--cache=warm`:
   `BlockSampler` over it and `fetch_operations(source, batch_size=64)`:
   what a user gets without tuning (the chosen blocks and fetch factor are
   recorded);
+* `loader` (not run by default): `grain_cells.loader(path, batch_size=64,
+  obs_columns=["plate"])`, the one-call spelling with no block or fetch
+  given, which should choose (and read) as `defaults` does (issue 35,
+  item 1: it used to take block 16 / fetch 16 on compressed files);
 * `chunks1`, `chunks2`, `chunks4` (not run by default): the defaults' rule
   with 1, 2 or 4 chunks per block (`grain_cells.chunk_aligned`; block size
   1.25 x the cells of that many chunks, 64 blocks per fetch), for the
@@ -66,7 +70,8 @@ _POINTS = flags.DEFINE_list(
     ["defaults", "grid16", "scdataset"],
     (
         "Comma-separated points to measure, in this order: defaults (no block "
-        "or fetch given), chunks1/chunks2/chunks4 (the defaults' rule at 1, 2 "
+        "or fetch given), loader (grain_cells.loader(path) with no block or "
+        "fetch given), chunks1/chunks2/chunks4 (the defaults' rule at 1, 2 "
         "or 4 chunks per block), grid16 (block 16 / fetch 16), scdataset "
         "(scDataset at block 16 / fetch 16; needs the bench extra)."
     ),
@@ -122,6 +127,31 @@ def _open_grain_cells(paths, block_size, fetch_factor, chunks_per_block=0) -> di
     )
 
 
+def _open_one_call(paths) -> dict:
+    """`grain_cells.loader(paths, ...)` with no block or fetch given."""
+    import grain_cells
+
+    loader = grain_cells.loader(
+        paths,
+        batch_size=_BATCH.value,
+        obs_columns=[_LABEL.value],
+        seed=_SEED.value,
+        num_epochs=None,
+    )
+    source = loader.dataset.source
+    chosen = {
+        "block_size": source.block_size,
+        "fetch_factor": loader.dataset.split.config.fetch_factor,
+        "blocks": len(source),
+        "mean_block_cells": round(source.num_cells / len(source), 1),
+    }
+    iterator = iter(loader)
+    key = f"obs/{_LABEL.value}"
+    return chosen, bench_util.Loader(
+        iterator, lambda b: b[key][b["mask"]], iterator.close
+    )
+
+
 def _measure(point: str, paths) -> dict:
     chosen = {}
 
@@ -129,6 +159,9 @@ def _measure(point: str, paths) -> dict:
         nonlocal chosen
         if point == "defaults":
             chosen, loader = _open_grain_cells(paths, None, None)
+            return loader
+        if point == "loader":
+            chosen, loader = _open_one_call(paths)
             return loader
         if point.startswith("chunks"):
             chosen, loader = _open_grain_cells(paths, None, None, int(point[6:]))

@@ -75,7 +75,7 @@ def test_compressed_defaults(tmp_path):
         tmp_path,
         "compressed_defaults.py",
         f"--data={path}",
-        "--points=defaults,grid16,chunks1",
+        "--points=defaults,loader,grid16,chunks1",
         "--warmup=1",
         "--minibatches=5",
         "--max_seconds=5",
@@ -84,7 +84,10 @@ def test_compressed_defaults(tmp_path):
     )
     result = json.loads(out.read_text())
     by = {r["point"]: r for r in result["results"]}
-    assert set(by) == {"defaults", "grid16", "chunks1"}
+    assert set(by) == {"defaults", "loader", "grid16", "chunks1"}
+    # grain_cells.loader(path) chooses what the card's spelling chooses.
+    for key in ("block_size", "fetch_factor", "blocks"):
+        assert by["loader"][key] == by["defaults"][key], key
     assert by["grid16"]["block_size"] == 16 and by["grid16"]["fetch_factor"] == 16
     # 4,096 values of 30-value cells: ~136 cells a chunk, one chunk a block.
     assert by["defaults"]["block_size"] > 16

@@ -5,6 +5,16 @@ the explicit spellings take (`grain_cells.DataLoader(data_source=...,
 sampler=BlockSampler(...), operations=fetch_operations(...))`), so their
 minibatches, states and checkpoints are those of the explicit spelling with
 the same arguments (tested), and a state saved by one restores in another.
+
+**Defaults.** Given no `block_size` and no `fetch_factor`, every spelling
+(`loader(paths)`, `loader(source)`, `grain_cells.DataLoader` or a plain
+`grain.DataLoader` with `fetch_operations`, `cell_dataset`) reads the same
+blocks and fetches, each decided in one place: the blocks by
+`AnnDataSource(paths)` (`grain_cells.source._options.default_blocks`: the
+grid of 16 cells, or blocks along the chunk grid of a compressed `.h5ad` or
+zarr store), the fetch factor by `pipeline._config.default_fetch_factor`
+from those blocks (16, or 64 blocks per fetch on the chunk grid)
+(`tests/pipeline/test_one_default.py`).
 """
 
 from __future__ import annotations
@@ -167,11 +177,13 @@ def loader(
         num_epochs: Sampler epochs per `iter()`, or None for an endless
             stream.
         shuffle: Shuffle blocks per epoch and cells inside each fetch.
-        block_size: Cells per block (contiguous read); None: 16, or blocks
-            along the chunk grid of compressed files; with paths only.
+        block_size: Cells per block (contiguous read); with paths only.
+            None: the blocks `AnnDataSource(paths)` chooses, as every
+            spelling does: 16 cells on uncompressed files, blocks along the
+            chunk grid of compressed `.h5ad` files and zarr stores.
         fetch_factor: Minibatches per fetch (read together and shuffled);
             None as in `fetch_operations` (16, or 64 blocks per fetch on
-            compressed files).
+            blocks along a chunk grid).
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
         shard_options: This process's shard (e.g.
             `grain.sharding.ShardByJaxProcess()`).
@@ -230,11 +242,10 @@ def loader(
 def _source_of(paths_or_source, obs_columns, block_size, options) -> AnnDataSource:
     """The source: opened from paths, or given (then nothing else about it)."""
     if not isinstance(paths_or_source, AnnDataSource):
+        # No block_size: the source's own default (`source._options`), so
+        # `loader(paths)` reads the blocks `AnnDataSource(paths)` would.
         return AnnDataSource(
-            paths_or_source,
-            block_size=16 if block_size is None else block_size,
-            obs_columns=obs_columns,
-            **options,
+            paths_or_source, block_size=block_size, obs_columns=obs_columns, **options
         )
     source = paths_or_source
     given = dict(options)

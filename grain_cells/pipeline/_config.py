@@ -2,7 +2,9 @@
 
 `make_split` is what `fetch_operations` (a plain `grain.DataLoader`),
 `grain_cells.DataLoader` and `cell_dataset` all build their fetch transform
-with: the same checks and messages whichever way a user came in.
+with: the same checks and messages whichever way a user came in, and the
+same fetch factor when none is given (`default_fetch_factor`, the one place
+that decides it).
 `check_same_source` and `check_condition_sampler` check that transform and
 the sampler against the data source a pipeline is given.
 """
