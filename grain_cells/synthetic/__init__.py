@@ -5,6 +5,7 @@ from grain_cells.synthetic._tahoe import (
     cached_tahoe_like,
     write_tahoe_like,
 )
+from grain_cells.synthetic._thin import write_thin_atlas, write_thin_collection
 from grain_cells.synthetic._zarr import (
     ZARR_LAYOUTS,
     cached_tahoe_like_annbatch,
@@ -19,5 +20,7 @@ __all__ = [
     "cached_tahoe_like_annbatch",
     "cached_tahoe_like_zarr",
     "write_tahoe_like",
+    "write_thin_atlas",
+    "write_thin_collection",
     "write_tahoe_like_zarr",
 ]
