@@ -28,8 +28,13 @@ _MIB = 1 << 20
 def proc_memory(pid: int | str = "self") -> dict:
     """RSS, peak, anonymous, file and shmem resident MiB, PSS, fds of a process."""
     out: dict = {}
-    keys = {"VmRSS": "rss_mb", "VmHWM": "hwm_mb", "RssAnon": "anon_mb",
-            "RssFile": "file_mb", "RssShmem": "shmem_mb"}
+    keys = {
+        "VmRSS": "rss_mb",
+        "VmHWM": "hwm_mb",
+        "RssAnon": "anon_mb",
+        "RssFile": "file_mb",
+        "RssShmem": "shmem_mb",
+    }
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -75,13 +80,16 @@ class Step:
         self.after = proc_memory()
 
     def record(self, prefix: str) -> dict:
+        """The figures, named `{prefix}_s`, `{prefix}_cpu_s`, ..."""
         return {
             f"{prefix}_s": round(self.wall_s, 3),
             f"{prefix}_cpu_s": round(self.cpu_s, 3),
             f"{prefix}_peak_growth_mb": round(
-                self.after.get("hwm_mb", 0) - self.rss0.get("rss_mb", 0), 1),
+                self.after.get("hwm_mb", 0) - self.rss0.get("rss_mb", 0), 1
+            ),
             f"{prefix}_anon_growth_mb": round(
-                self.after.get("anon_mb", 0) - self.rss0.get("anon_mb", 0), 1),
+                self.after.get("anon_mb", 0) - self.rss0.get("anon_mb", 0), 1
+            ),
         }
 
 
@@ -177,8 +185,10 @@ def fds(paths, opts) -> dict:
     out = {}
     for n in opts["fd_workers"]:
         r = _run_workers(paths, opts, n)
-        out[str(n)] = {"trainer_fds": r["trainer"].get("fds"),
-                       "worker_fds": [w.get("fds") for w in r["worker"]]}
+        out[str(n)] = {
+            "trainer_fds": r["trainer"].get("fds"),
+            "worker_fds": [w.get("fds") for w in r["worker"]],
+        }
     return {"fds_by_workers": out}
 
 
@@ -195,8 +205,10 @@ def get_state(paths, opts) -> dict:
         times.append(time.perf_counter() - t0)
     _close(iterator)
     size = len(state) if isinstance(state, bytes | str) else len(pickle.dumps(state))
-    return {"get_state_ms": round(1e3 * statistics.median(times), 3),
-            "state_bytes": size}
+    return {
+        "get_state_ms": round(1e3 * statistics.median(times), 3),
+        "state_bytes": size,
+    }
 
 
 def _pickled(obj) -> int:
@@ -213,9 +225,12 @@ def weights(paths, opts) -> dict:
     with Step() as step:
         w = grain_cells.balanced_block_weights(source, opts["label"])
     sampler = grain_cells.WeightedBlockSampler(source, w, seed=0)
-    return {**step.record("weights"), "weights_bytes": int(w.nbytes),
-            "source_pickled_bytes": _pickled(source),
-            "sampler_pickled_bytes": _pickled(sampler)}
+    return {
+        **step.record("weights"),
+        "weights_bytes": int(w.nbytes),
+        "source_pickled_bytes": _pickled(source),
+        "sampler_pickled_bytes": _pickled(sampler),
+    }
 
 
 def splits(paths, opts) -> dict:
@@ -228,9 +243,12 @@ def splits(paths, opts) -> dict:
     held = [f"{opts['split_column']}_{i:0{width}d}" for i in range(0, n, 10)]
     with Step() as step:
         views = grain_cells.split_by_obs(source, opts["split_column"], {"val": held})
-    return {**step.record("split"), "held_out_categories": len(held),
-            "source_pickled_bytes": _pickled(source),
-            "split_pickled_bytes": {k: _pickled(v) for k, v in views.items()}}
+    return {
+        **step.record("split"),
+        "held_out_categories": len(held),
+        "source_pickled_bytes": _pickled(source),
+        "split_pickled_bytes": {k: _pickled(v) for k, v in views.items()},
+    }
 
 
 def length(paths, opts) -> dict:
@@ -239,8 +257,11 @@ def length(paths, opts) -> dict:
 
     with Step() as build:
         loader = grain_cells.loader(
-            paths, batch_size=opts["batch_size"], obs_columns=opts["obs_columns"],
-            split=("train", {"train": 0.9, "val": 0.1}))
+            paths,
+            batch_size=opts["batch_size"],
+            obs_columns=opts["obs_columns"],
+            split=("train", {"train": 0.9, "val": 0.1}),
+        )
     with Step() as count:
         n = len(loader)
     return {**build.record("split_loader"), **count.record("len"), "len": n}
@@ -257,8 +278,11 @@ def preshuffle(paths, opts) -> dict:
     try:
         with Step() as step:
             files = grain_cells.preshuffle(paths, out, progress=False)
-        return {**step.record("preshuffle"), "output_files": len(files),
-                "children_peak_rss_mb": bench_util.children_peak_rss_mb()}
+        return {
+            **step.record("preshuffle"),
+            "output_files": len(files),
+            "children_peak_rss_mb": bench_util.children_peak_rss_mb(),
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -144,9 +144,11 @@ def write_thin_atlas(
     Args:
         path: Destination ``.h5ad`` (overwritten); its folder must exist.
         n_cells: Cells of this file, > 0.
-        n_genes: Genes, >= 8; var is indexed ``ENSG00000000000``-style.
-        n_plates, n_donors, n_cell_types, n_batches: Categories of the obs
-            columns ``plate``, ``donor``, ``cell_type``, ``batch`` (> 0).
+        n_genes: Genes, >= 8; var is indexed ``ENSG00000000000``, ...
+        n_plates: Categories of ``plate`` (runs over the atlas), > 0.
+        n_donors: Categories of ``donor`` (runs nested in plates), > 0.
+        n_cell_types: Categories of ``cell_type`` (per cell), > 0.
+        n_batches: Categories of ``batch`` (per 4,096-cell run), > 0.
         compression: None, ``"gzip"`` or ``"lzf"`` for X's datasets.
         chunks: HDF5 chunk length of X's datasets, or ``"atlas"``: h5py's
             guess for this file's full length (what anndata writes).
@@ -166,14 +168,20 @@ def write_thin_atlas(
     arguments.check_int("n_genes", n_genes, minimum=_MAX_NNZ + 2, maximum=2**31 - 1)
     arguments.check_int("first_cell", first_cell, minimum=0)
     arguments.check_int("chunk_cells", chunk_cells, minimum=1)
-    sizes = {"plate": n_plates, "donor": n_donors, "cell_type": n_cell_types,
-             "batch": n_batches}
+    sizes = {
+        "plate": n_plates,
+        "donor": n_donors,
+        "cell_type": n_cell_types,
+        "batch": n_batches,
+    }
     for key, n in sizes.items():
-        arguments.check_int(f"n_{key}s" if key != "cell_type" else "n_cell_types",
-                            n, minimum=1)
+        arguments.check_int(
+            f"n_{key}s" if key != "cell_type" else "n_cell_types", n, minimum=1
+        )
     if compression not in _COMPRESSIONS:
         raise ValueError(
-            f"compression must be None, 'gzip' or 'lzf', got compression={compression!r}"
+            "compression must be None, 'gzip' or 'lzf', "
+            f"got compression={compression!r}"
         )
     total = first_cell + n_cells if total_cells is None else int(total_cells)
     if total < first_cell + n_cells:
@@ -191,20 +199,32 @@ def write_thin_atlas(
         f.attrs["encoding-version"] = "0.1.0"
         _dict_groups(f)
         var = _dataframe(f, "var", [])
-        _string_array(var, "_index", n_genes)[...] = _names("ENSG", n_genes)
+        _string_array(var, "_index", n_genes)[...] = np.array(
+            [f"ENSG{i:011d}" for i in range(n_genes)], dtype=object
+        )
         obs = _dataframe(f, "obs", list(sizes))
         index = _string_array(obs, "_index", n_cells, min(n_cells, 1 << 16))
         codes = {}
         for key, n in sizes.items():
             g = obs.create_group(key)
-            g.attrs.update({"encoding-type": "categorical",
-                            "encoding-version": "0.2.0", "ordered": False})
+            g.attrs.update(
+                {
+                    "encoding-type": "categorical",
+                    "encoding-version": "0.2.0",
+                    "ordered": False,
+                }
+            )
             _string_array(g, "categories", n)[...] = _names(key, n)
             codes[key] = g.create_dataset(
-                "codes", (n_cells,), _codes_dtype(n),
-                chunks=(min(n_cells, 1 << 18),), maxshape=(None,))
-            codes[key].attrs.update({"encoding-type": "array",
-                                     "encoding-version": "0.2.0"})
+                "codes",
+                (n_cells,),
+                _codes_dtype(n),
+                chunks=(min(n_cells, 1 << 18),),
+                maxshape=(None,),
+            )
+            codes[key].attrs.update(
+                {"encoding-type": "array", "encoding-version": "0.2.0"}
+            )
         x = _writers.CsrWriter(f, n_cells, n_genes, compression, length)
         x.data.resize((nnz_total,))
         x.indices.resize((nnz_total,))
@@ -254,7 +274,13 @@ def write_thin_collection(
     width = max(5, len(str(n_files - 1)))
     paths = []
     for k in range(n_files):
-        paths.append(write_thin_atlas(
-            folder / f"thin-{k:0{width}d}.h5ad", cells_per_file,
-            first_cell=k * cells_per_file, total_cells=total, **kwargs))
+        paths.append(
+            write_thin_atlas(
+                folder / f"thin-{k:0{width}d}.h5ad",
+                cells_per_file,
+                first_cell=k * cells_per_file,
+                total_cells=total,
+                **kwargs,
+            )
+        )
     return paths
