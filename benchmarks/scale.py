@@ -1,0 +1,451 @@
+r"""What grain_cells costs at atlas scale: per cell, per file (issue 33).
+
+Writes thin atlas-shaped files (`grain_cells.synthetic.write_thin_atlas`:
+~4 values per cell over 2,000 genes, categorical obs `plate`, `donor`,
+`cell_type`, `batch` sorted like plate files, in anndata's layout) and
+measures, each measure in a fresh process (this file run again with
+`--probe=...`) so that every memory figure is its own:
+
+* `construct`: `AnnDataSource(paths, obs_columns=[the four])`: wall and
+  CPU-s, peak RSS growth and anonymous-memory growth, CPU-ms per file;
+* `first_batch`: 0 workers, source to first minibatch; then cells/s, cells
+  per CPU-s and CPU-ms per minibatch over `--minibatches`;
+* `workers`: `--workers` worker processes after `--minibatches`: RSS, peak
+  RSS, anonymous, file-backed and shmem resident MiB, PSS, open fds of the
+  trainer and of each worker;
+* `fds`: the same fds at each `--fd_workers` count;
+* `get_state`: 0 workers, median time of `iterator.get_state()` and its size;
+* `weights`: `balanced_block_weights(source, --label)`: CPU-s, memory growth,
+  and the pickled size of the `WeightedBlockSampler` (sent to every worker);
+* `splits`: `split_by_obs(source, "donor", 10% of donors)`: the same, with
+  the pickled size of each view;
+* `len`: `grain_cells.loader(split=("train", 90/10))`: construction, `len()`;
+* `preshuffle`: `grain_cells.preshuffle` of the files (under `--data_dir`).
+
+Points: one file per `--cells` x `--compression` (`10M-none`, ...) and one
+collection per `--files` x `--compression` of `--collection_cells` cells in
+all (`f2000-none`: 2,000 files of 5,000 cells), whose cells are exactly the
+cells of the one-file point of the same size, so that per-file costs read
+as the difference. A measure that fails (an exception, a crash, more than
+`--timeout_s`, or a process tree over `--max_rss_gb`) is recorded with its
+last error line and the run goes on. Page cache: `--cache=cold` evicts the
+point's files before each measure (default), `warm` reads them first.
+
+JSON (`--json`): `{"flags", "machine", "points": [{"point", "kind",
+"cells", "files", "compression", "bytes", "write_s", "measures": {name:
+{figures} | {"error", "returncode"}}}]}`.
+
+Usage:
+  python benchmarks/scale.py --smoke
+  python benchmarks/scale.py --cells=10M --compression=none,gzip --files= \
+      --data_dir=/tmp/scale --json=scale-10M.json
+  python benchmarks/scale.py --cells= --files=2000 --data_dir=/tmp/scale
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_util
+from absl import app, flags
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))
+
+_CELLS = flags.DEFINE_list("cells", ["10M"], "One-file points: cells (k/M suffixes).")
+_FILES = flags.DEFINE_list("files", ["2000"], "Collection points: file counts.")
+_COLLECTION_CELLS = flags.DEFINE_string(
+    "collection_cells", "10M", "Cells of each collection, split evenly over its files."
+)
+_COMPRESSION = flags.DEFINE_list("compression", ["none"], "none and/or gzip.")
+_MEASURES = flags.DEFINE_list(
+    "measures",
+    [
+        "construct",
+        "first_batch",
+        "workers",
+        "fds",
+        "get_state",
+        "splits",
+        "weights",
+        "len",
+    ],
+    "Measures (see the docstring); preshuffle is not run unless named.",
+)
+_WORKERS = flags.DEFINE_integer("workers", 2, "Worker processes of `workers`.")
+_FD_WORKERS = flags.DEFINE_list("fd_workers", ["0", "4"], "Worker counts of `fds`.")
+_MINIBATCHES = flags.DEFINE_integer(
+    "minibatches", 100, "Minibatches per loader measure."
+)
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
+_LABEL = flags.DEFINE_string("label", "cell_type", "Column of `weights`.")
+_SPLIT_COLUMN = flags.DEFINE_string("split_column", "donor", "Column of `splits`.")
+_N_DONORS = flags.DEFINE_integer("n_donors", 1_000, "Donors of the thin files.")
+_CACHE = flags.DEFINE_enum("cache", "cold", ["cold", "warm"], "Page cache per measure.")
+_TIMEOUT = flags.DEFINE_integer("timeout_s", 600, "Seconds allowed per measure.")
+_MAX_RSS = flags.DEFINE_float(
+    "max_rss_gb", 6.0, "A measure whose process tree's RSS passes this is killed."
+)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir",
+    None,
+    "Folder of the thin files (kept, reused); default: a "
+    "temporary folder removed at the end.",
+)
+_SMOKE = flags.DEFINE_bool(
+    "smoke", False, "Tiny sizes (a test of the binary); flags given still win."
+)
+_JSON = flags.DEFINE_string("json", None, "Write the points and figures here.")
+_PROBE = flags.DEFINE_string("probe", None, "Internal: run one measure, print JSON.")
+_PATHS = flags.DEFINE_string(
+    "paths", None, "Internal: a file listing the probe's files."
+)
+_OBS = ["plate", "donor", "cell_type", "batch"]
+_FLAG_NAMES = (
+    "cells",
+    "files",
+    "collection_cells",
+    "compression",
+    "measures",
+    "workers",
+    "fd_workers",
+    "minibatches",
+    "batch_size",
+    "label",
+    "split_column",
+    "n_donors",
+    "cache",
+    "timeout_s",
+    "max_rss_gb",
+    "smoke",
+)
+
+
+def parse_count(text: str) -> int:
+    """`10M`, `2k`, `2000`, `1.5M` as an int."""
+    text = text.strip().replace("_", "").replace(",", "")
+    scale = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def _label(n: int) -> str:
+    for unit, scale in (("M", 10**6), ("k", 10**3)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _opts(scratch: str) -> dict:
+    return {
+        "obs_columns": _OBS,
+        "batch_size": _BATCH.value,
+        "minibatches": _MINIBATCHES.value,
+        "workers": _WORKERS.value,
+        "fd_workers": [int(n) for n in _FD_WORKERS.value],
+        "label": _LABEL.value,
+        "split_column": _SPLIT_COLUMN.value,
+        "split_categories": _N_DONORS.value,
+        "scratch": scratch,
+    }
+
+
+def _points(data_dir: str) -> list[dict]:
+    total = parse_count(_COLLECTION_CELLS.value)
+    out = []
+    for comp in _COMPRESSION.value:
+        for cells in filter(None, _CELLS.value):
+            n = parse_count(cells)
+            out.append(
+                {
+                    "point": f"{_label(n)}-{comp}",
+                    "kind": "file",
+                    "cells": n,
+                    "files": 1,
+                    "compression": comp,
+                    "where": os.path.join(data_dir, f"thin-n{n}-{comp}.h5ad"),
+                }
+            )
+        for files in filter(None, _FILES.value):
+            k = parse_count(files)
+            out.append(
+                {
+                    "point": f"f{k}-{comp}",
+                    "kind": "collection",
+                    "cells": total // k * k,
+                    "files": k,
+                    "compression": comp,
+                    "where": os.path.join(
+                        data_dir, f"thin-f{k}-n{total // k * k}-{comp}"
+                    ),
+                }
+            )
+    return out
+
+
+def _write(point: dict) -> list[str]:
+    """The point's files, written once (under a temporary name, then renamed)."""
+    from grain_cells.synthetic import write_thin_atlas, write_thin_collection
+
+    where = point["where"]
+    kwargs = {
+        "compression": None if point["compression"] == "none" else point["compression"],
+        "n_donors": _N_DONORS.value,
+    }
+    if not os.path.exists(where):
+        tmp = where + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.perf_counter()
+        if point["kind"] == "file":
+            write_thin_atlas(tmp, point["cells"], **kwargs)
+        else:
+            write_thin_collection(
+                tmp, point["files"], point["cells"] // point["files"], **kwargs
+            )
+        os.replace(tmp, where)
+        point["write_s"] = round(time.perf_counter() - t0, 1)
+    if point["kind"] == "file":
+        return [where]
+    return sorted(
+        os.path.join(where, n) for n in os.listdir(where) if n.endswith(".h5ad")
+    )
+
+
+def _tree_rss_mb(pid: int) -> float:
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        mem = _status_rss(p)
+        total += mem
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+    return total
+
+
+def _status_rss(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln or "Exception" in ln:
+            return ln[:500]
+    return lines[-1][:500] if lines else ""
+
+
+def _spawn(measure: str, paths_file: str) -> dict:
+    """One measure in a fresh process, guarded by time and memory."""
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        f"--probe={measure}",
+        f"--paths={paths_file}",
+    ] + [
+        f"--{n}={','.join(map(str, v)) if isinstance(v, list) else v}"
+        for n in (
+            "workers",
+            "fd_workers",
+            "minibatches",
+            "batch_size",
+            "label",
+            "split_column",
+            "n_donors",
+            "data_dir",
+        )
+        if (v := flags.FLAGS[n].value) is not None
+    ]
+    out = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below)
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115
+    t0, peak, killed = time.perf_counter(), 0.0, None
+    proc = subprocess.Popen(
+        cmd, stdout=out, stderr=err, text=True, start_new_session=True
+    )
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss_mb(proc.pid))
+        if peak > 1024 * _MAX_RSS.value:
+            killed = (
+                f"killed: process tree RSS {peak:.0f} MiB > "
+                f"--max_rss_gb={_MAX_RSS.value}"
+            )
+        elif time.perf_counter() - t0 > _TIMEOUT.value:
+            killed = f"killed: over --timeout_s={_TIMEOUT.value}"
+        if killed:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            break
+        time.sleep(0.1)
+    out.seek(0)
+    err.seek(0)
+    stdout, stderr = out.read(), err.read()
+    out.close()
+    err.close()
+    wall = round(time.perf_counter() - t0, 1)
+    if killed or proc.returncode != 0:
+        return {
+            "error": killed or _error_line(stderr),
+            "returncode": proc.returncode,
+            "process_s": wall,
+            "tree_peak_rss_mb": round(peak, 1),
+            "stderr_tail": stderr[-2000:],
+        }
+    record = json.loads(stdout.strip().splitlines()[-1])
+    return record | {"process_s": wall, "tree_peak_rss_mb": round(peak, 1)}
+
+
+def _derive(points: list[dict]) -> None:
+    """Collections beside the one file of the same cells: per-file costs."""
+    single = {(p["cells"], p["compression"]): p for p in points if p["kind"] == "file"}
+    for p in points:
+        one = single.get((p["cells"], p["compression"]))
+        if p["kind"] != "collection" or one is None:
+            continue
+        mine, base = p["measures"], one["measures"]
+        cmp = {"vs_point": one["point"]}
+        c1, c0 = mine.get("construct", {}), base.get("construct", {})
+        if "construct_cpu_s" in c1 and "construct_cpu_s" in c0:
+            cmp["extra_construct_cpu_ms_per_file"] = round(
+                1e3 * (c1["construct_cpu_s"] - c0["construct_cpu_s"]) / p["files"], 3
+            )
+        f1, f0 = mine.get("first_batch", {}), base.get("first_batch", {})
+        if "cells_per_s" in f1 and "cells_per_s" in f0:
+            cmp["cells_per_s_ratio"] = round(f1["cells_per_s"] / f0["cells_per_s"], 3)
+            cmp["cells_per_cpu_s_ratio"] = round(
+                f1["cells_per_cpu_s"] / f0["cells_per_cpu_s"], 3
+            )
+        p["vs_one_file"] = cmp
+
+
+def _commit() -> str | None:
+    done = subprocess.run(
+        ["git", "-C", _HERE, "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or None
+
+
+def _summary(p: dict) -> str:
+    parts = []
+    for name, r in p["measures"].items():
+        if "error" in r:
+            parts.append(f"{name}: FAILED ({r['error'][:120]})")
+        elif name == "construct":
+            parts.append(
+                f"construct {r['construct_cpu_s']} CPU-s, "
+                f"peak +{r['construct_peak_growth_mb']} MiB"
+            )
+        elif name == "workers":
+            anon = [w.get("anon_mb") for w in r["worker"]]
+            parts.append(
+                f"workers anon {anon} MiB, trainer fds {r['trainer'].get('fds')}"
+            )
+    return f"{p['point']}: " + "; ".join(parts)
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _PROBE.value:
+        import scale_probes
+
+        flags.FLAGS.mark_as_parsed()
+        with open(_PATHS.value) as f:
+            paths = f.read().split("\n")
+        fn = scale_probes.MEASURES[_PROBE.value]
+        print(json.dumps(fn(paths, _opts(_DATA_DIR.value or tempfile.gettempdir()))))
+        return
+    if _SMOKE.value:
+        for name, value in (
+            ("cells", ["3000"]),
+            ("files", ["3"]),
+            ("collection_cells", "3000"),
+            ("minibatches", 3),
+            ("fd_workers", ["0"]),
+            ("workers", 1),
+            ("n_donors", 20),
+            ("timeout_s", 120),
+        ):
+            if not flags.FLAGS[name].present:  # flags given win
+                flags.FLAGS[name].value = value
+    unknown = set(_MEASURES.value) - set(
+        (
+            "construct",
+            "first_batch",
+            "workers",
+            "fds",
+            "get_state",
+            "splits",
+            "weights",
+            "len",
+            "preshuffle",
+        )
+    )
+    if unknown:
+        raise app.UsageError(f"--measures: unknown {sorted(unknown)}")
+    data_dir = _DATA_DIR.value or tempfile.mkdtemp(prefix="grain_cells_scale-")
+    os.makedirs(data_dir, exist_ok=True)
+    points = _points(data_dir)
+    try:
+        for p in points:
+            paths = _write(p)
+            p["bytes"] = sum(os.path.getsize(q) for q in paths)
+            p["file"] = bench_util.describe_file(paths[0])
+            list_file = p["where"].rstrip("/") + ".paths"
+            with open(list_file, "w") as f:
+                f.write("\n".join(paths))
+            p["measures"] = {}
+            for m in _MEASURES.value:
+                if _CACHE.value == "cold":
+                    bench_util.evict_page_cache(paths)
+                else:
+                    bench_util.warm_page_cache(paths)
+                p["measures"][m] = {"load_avg": round(os.getloadavg()[0], 2)} | _spawn(
+                    m, list_file
+                )
+                print(
+                    f"{p['point']} {m}: {json.dumps(p['measures'][m])[:400]}",
+                    flush=True,
+                )
+            del p["where"]
+            print(_summary(p), flush=True)
+        _derive(points)
+        if _JSON.value:
+            with open(_JSON.value, "w") as f:
+                json.dump(
+                    {
+                        "flags": {n: flags.FLAGS[n].value for n in _FLAG_NAMES},
+                        "machine": {
+                            "cpus": os.cpu_count(),
+                            "python": sys.version.split()[0],
+                            "commit": _commit(),
+                        },
+                        "points": points,
+                    },
+                    f,
+                    indent=2,
+                )
+    finally:
+        if not _DATA_DIR.value:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,286 @@
+"""Thin atlas-shaped ``.h5ad`` files for scale tests: many cells, few values.
+
+Per-cell, per-block and per-file costs of a loader (index tables, obs codes,
+handles, checkpoints) do not depend on how many values a cell stores, so a
+file of 100M cells with ~4 values each shows them at atlas scale in a few
+GB and a few minutes. Files are written straight with h5py in anndata's
+layout (anndata itself needs minutes and ~11 GB to build 100M cells), one
+slice of cells at a time, so memory stays bounded by ``chunk_cells``.
+
+Cell ``i`` of the whole atlas (``first_cell + row`` of one file) holds
+``2 + (i % 5)`` values (mean 4) at genes ``base + j * stride`` with
+``base = (i * 31) % span`` (sorted, unique), and value ``(i % 65_536) + j + 1``
+(exact in float32): any read can be checked against ``i``. obs has four
+categorical columns, in a plate file's order:
+
+* ``plate``: ``n_plates`` contiguous runs (sorted);
+* ``donor``: ``n_donors`` contiguous runs nested in the plates;
+* ``batch``: runs of 4,096 cells, each given a pseudo-random batch;
+* ``cell_type``: per cell, Zipf-like shares (``1 / (k + 1)``), seeded.
+
+Example:
+    >>> from grain_cells.synthetic import write_thin_atlas
+    >>> p = write_thin_atlas("/tmp/thin.h5ad", 10_000)
+    >>> import anndata; anndata.read_h5ad(p).shape
+    (10000, 2000)
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import h5py
+import numpy as np
+
+from grain_cells._util import arguments
+from grain_cells.synthetic import _writers
+
+__all__ = ["thin_rows", "write_thin_atlas", "write_thin_collection"]
+
+_MAX_NNZ = 6
+_BATCH_RUN = 4_096
+_STRING = h5py.string_dtype()
+_COMPRESSIONS = (None, "gzip", "lzf")
+
+
+def thin_rows(start: int, stop: int, n_genes: int):
+    """CSR rows of atlas cells ``[start, stop)``: (indptr from 0, indices, data)."""
+    cells = np.arange(start, stop, dtype=np.int64)
+    nnz = 2 + cells % 5
+    indptr = np.zeros(cells.size + 1, dtype=np.int64)
+    np.cumsum(nnz, out=indptr[1:])
+    row = np.repeat(np.arange(cells.size), nnz)
+    j = np.arange(indptr[-1], dtype=np.int64) - indptr[:-1][row]
+    stride = max(1, n_genes // (_MAX_NNZ + 2))
+    span = n_genes - (_MAX_NNZ - 1) * stride
+    base = (cells * 31) % span
+    indices = (base[row] + j * stride).astype(np.int32)
+    data = ((cells[row] % 65_536) + j + 1).astype(np.float32)
+    return indptr, indices, data
+
+
+def _nnz_before(i: int) -> int:
+    """Values stored by atlas cells ``[0, i)`` (``sum(2 + k % 5)``)."""
+    r = i % 5
+    return 2 * i + 10 * (i // 5) + r * (r - 1) // 2
+
+
+def _codes_dtype(n: int):
+    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
+
+
+def _obs_codes(cells: np.ndarray, total: int, sizes: dict, seed: int) -> dict:
+    out = {
+        "plate": cells * sizes["plate"] // total,
+        "donor": cells * sizes["donor"] // total,
+        "batch": ((cells // _BATCH_RUN) * 2_654_435_761) % sizes["batch"],
+    }
+    k = sizes["cell_type"]
+    cum = np.cumsum(1.0 / np.arange(1, k + 1))
+    # One generator per 2**16 atlas cells, so codes do not depend on how a
+    # file or a collection slices the atlas.
+    draws = np.empty(cells.size)
+    if cells.size:
+        a, b = int(cells[0]), int(cells[-1]) + 1
+        for g in range(a >> 16, ((b - 1) >> 16) + 1):
+            lo, hi = max(a, g << 16), min(b, (g + 1) << 16)
+            block = np.random.default_rng([seed, g]).random(1 << 16)
+            draws[lo - a : hi - a] = block[lo - (g << 16) : hi - (g << 16)]
+    out["cell_type"] = np.searchsorted(cum / cum[-1], draws, side="right")
+    return out
+
+
+def _names(prefix: str, n: int) -> np.ndarray:
+    width = len(str(n))
+    return np.array([f"{prefix}_{i:0{width}d}" for i in range(n)], dtype=object)
+
+
+def _dict_groups(f: h5py.File) -> None:
+    for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
+        g = f.create_group(name)
+        g.attrs["encoding-type"] = "dict"
+        g.attrs["encoding-version"] = "0.1.0"
+
+
+def _string_array(group, name: str, n: int, chunk: int | None = None):
+    opts = {"chunks": (chunk,), "maxshape": (None,)} if chunk else {}
+    d = group.create_dataset(name, (n,), dtype=_STRING, **opts)
+    d.attrs["encoding-type"] = "string-array"
+    d.attrs["encoding-version"] = "0.2.0"
+    return d
+
+
+def _dataframe(f: h5py.File, name: str, columns: list[str]):
+    g = f.create_group(name)
+    g.attrs["_index"] = "_index"
+    # anndata writes an empty column order as an empty float array.
+    g.attrs["column-order"] = (
+        np.array(columns, dtype=_STRING) if columns else np.array([], dtype=float)
+    )
+    g.attrs["encoding-type"] = "dataframe"
+    g.attrs["encoding-version"] = "0.2.0"
+    return g
+
+
+def write_thin_atlas(
+    path: str | os.PathLike,
+    n_cells: int,
+    *,
+    n_genes: int = 2_000,
+    n_plates: int = 14,
+    n_donors: int = 1_000,
+    n_cell_types: int = 50,
+    n_batches: int = 100,
+    compression: str | None = None,
+    chunks: int | str = _writers.ATLAS_CHUNKS,
+    seed: int = 0,
+    first_cell: int = 0,
+    total_cells: int | None = None,
+    chunk_cells: int = 1 << 20,
+) -> pathlib.Path:
+    """Writes cells ``[first_cell, first_cell + n_cells)`` of a thin atlas.
+
+    Args:
+        path: Destination ``.h5ad`` (overwritten); its folder must exist.
+        n_cells: Cells of this file, > 0.
+        n_genes: Genes, >= 8; var is indexed ``ENSG00000000000``, ...
+        n_plates: Categories of ``plate`` (runs over the atlas), > 0.
+        n_donors: Categories of ``donor`` (runs nested in plates), > 0.
+        n_cell_types: Categories of ``cell_type`` (per cell), > 0.
+        n_batches: Categories of ``batch`` (per 4,096-cell run), > 0.
+        compression: None, ``"gzip"`` or ``"lzf"`` for X's datasets.
+        chunks: HDF5 chunk length of X's datasets, or ``"atlas"``: h5py's
+            guess for this file's full length (what anndata writes).
+        seed: Seed of the cell types.
+        first_cell: Atlas index of this file's first cell (collections).
+        total_cells: Cells of the whole atlas (default: this file's end);
+            plates and donors are runs over the atlas.
+        chunk_cells: Cells generated and written per step (bounds memory).
+
+    Returns:
+        The path written, as a ``pathlib.Path``.
+
+    Raises:
+        ValueError: If an argument is out of range.
+    """
+    arguments.check_int("n_cells", n_cells, minimum=1)
+    arguments.check_int("n_genes", n_genes, minimum=_MAX_NNZ + 2, maximum=2**31 - 1)
+    arguments.check_int("first_cell", first_cell, minimum=0)
+    arguments.check_int("chunk_cells", chunk_cells, minimum=1)
+    sizes = {
+        "plate": n_plates,
+        "donor": n_donors,
+        "cell_type": n_cell_types,
+        "batch": n_batches,
+    }
+    for key, n in sizes.items():
+        arguments.check_int(
+            f"n_{key}s" if key != "cell_type" else "n_cell_types", n, minimum=1
+        )
+    if compression not in _COMPRESSIONS:
+        raise ValueError(
+            "compression must be None, 'gzip' or 'lzf', "
+            f"got compression={compression!r}"
+        )
+    total = first_cell + n_cells if total_cells is None else int(total_cells)
+    if total < first_cell + n_cells:
+        raise ValueError(
+            f"total_cells={total_cells} is below first_cell + n_cells "
+            f"= {first_cell + n_cells}"
+        )
+    path = pathlib.Path(path)
+    nnz_total = _nnz_before(first_cell + n_cells) - _nnz_before(first_cell)
+    length = _writers.csr_chunk_length(
+        chunks, compression, n_cells, nnz_total / n_cells
+    )
+    with h5py.File(path, "w") as f:
+        f.attrs["encoding-type"] = "anndata"
+        f.attrs["encoding-version"] = "0.1.0"
+        _dict_groups(f)
+        var = _dataframe(f, "var", [])
+        _string_array(var, "_index", n_genes)[...] = np.array(
+            [f"ENSG{i:011d}" for i in range(n_genes)], dtype=object
+        )
+        obs = _dataframe(f, "obs", list(sizes))
+        index = _string_array(obs, "_index", n_cells, min(n_cells, 1 << 16))
+        codes = {}
+        for key, n in sizes.items():
+            g = obs.create_group(key)
+            g.attrs.update(
+                {
+                    "encoding-type": "categorical",
+                    "encoding-version": "0.2.0",
+                    "ordered": False,
+                }
+            )
+            _string_array(g, "categories", n)[...] = _names(key, n)
+            codes[key] = g.create_dataset(
+                "codes",
+                (n_cells,),
+                _codes_dtype(n),
+                chunks=(min(n_cells, 1 << 18),),
+                maxshape=(None,),
+            )
+            codes[key].attrs.update(
+                {"encoding-type": "array", "encoding-version": "0.2.0"}
+            )
+        x = _writers.CsrWriter(f, n_cells, n_genes, compression, length)
+        x.data.resize((nnz_total,))
+        x.indices.resize((nnz_total,))
+        x.indptr.resize((n_cells + 1,))
+        for lo in range(0, n_cells, chunk_cells):
+            hi = min(lo + chunk_cells, n_cells)
+            cells = np.arange(first_cell + lo, first_cell + hi, dtype=np.int64)
+            indptr, indices, data = thin_rows(first_cell + lo, first_cell + hi, n_genes)
+            x.data[x.nnz : x.nnz + data.size] = data
+            x.indices[x.nnz : x.nnz + data.size] = indices
+            x.indptr[lo + 1 : hi + 1] = indptr[1:] + x.nnz
+            x.nnz += data.size
+            index[lo:hi] = np.char.add("cell_", cells.astype("U12")).astype(object)
+            for key, values in _obs_codes(cells, total, sizes, seed).items():
+                codes[key][lo:hi] = values
+    return path
+
+
+def write_thin_collection(
+    folder: str | os.PathLike,
+    n_files: int,
+    cells_per_file: int,
+    **kwargs,
+) -> list[pathlib.Path]:
+    """Writes a thin atlas of ``n_files * cells_per_file`` cells as many files.
+
+    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1)
+    * n)``, so the collection's concatenation equals one ``write_thin_atlas``
+    file of all the cells (same rows, same codes, every file with every
+    category).
+
+    Args:
+        folder: Created if missing.
+        n_files: Files, > 0.
+        cells_per_file: Cells of each file, > 0.
+        **kwargs: Keyword arguments of `write_thin_atlas` (not ``first_cell``
+            or ``total_cells``).
+
+    Returns:
+        The paths, in atlas order.
+    """
+    arguments.check_int("n_files", n_files, minimum=1)
+    arguments.check_int("cells_per_file", cells_per_file, minimum=1)
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    total = n_files * cells_per_file
+    width = max(5, len(str(n_files - 1)))
+    paths = []
+    for k in range(n_files):
+        paths.append(
+            write_thin_atlas(
+                folder / f"thin-{k:0{width}d}.h5ad",
+                cells_per_file,
+                first_cell=k * cells_per_file,
+                total_cells=total,
+                **kwargs,
+            )
+        )
+    return paths
