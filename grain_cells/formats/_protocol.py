@@ -27,6 +27,15 @@ import numpy as np
 from grain_cells.storage._identity import FileStat
 
 
+class ChunkDecodeError(Exception):
+    """A chunk's stored bytes do not decode (any format's codec).
+
+    Raised by a format's codecs with what failed (a bad stream, a checksum
+    mismatch, a short chunk); the format's reader, which knows the file,
+    array, chunk and rows, turns it into `errors.CorruptChunkError`.
+    """
+
+
 def value_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype stored values are read into: native byte order, at least 32 bits.
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
-from grain_cells.formats import wait_all
-from grain_cells.hdf5._codecs import ChunkDecodeError, Pipeline
+from grain_cells.formats import ChunkDecodeError, wait_all
+from grain_cells.hdf5._codecs import Pipeline
 from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
