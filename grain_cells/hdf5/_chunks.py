@@ -38,7 +38,7 @@ from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
 from grain_cells.formats import ChunkDecodeError, wait_all
 from grain_cells.hdf5._codecs import Pipeline
-from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
+from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
 # Tasks one read is split into when a pool is given: enough to balance
@@ -298,7 +298,7 @@ class ChunkedReader:
         view = self._scratch(nbytes)
         try:
             self._fd.read_into(view, [offset], [nbytes], [0])
-        except TruncatedError as e:
+        except ShortReadError as e:
             raise errors.CorruptDataError(
                 f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
                 f"file but HDF5 places chunk {chunk} up to byte "

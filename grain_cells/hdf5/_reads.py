@@ -41,7 +41,7 @@ from grain_cells._util.ranges import merge_touching, nonempty
 from grain_cells.formats import value_dtype
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
-from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
+from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -359,7 +359,7 @@ def _pread_all(
 ) -> None:
     try:
         fd.read_into(dest, offsets, nbytes, dest_starts)
-    except TruncatedError as e:
+    except ShortReadError as e:
         raise errors.CorruptDataError(
             f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
             f"file but HDF5 places data up to byte {e.needed}: the file is "

@@ -41,8 +41,13 @@ import numpy as np
 from grain_cells.storage._identity import FileStat
 
 
-class TruncatedError(EOFError):
-    """The file ends at byte `end_of_file`, before a piece that ends at `needed`."""
+class ShortReadError(EOFError):
+    """A read came back short: the file ends before a piece does.
+
+    The file ends at byte `end_of_file`, the piece at `needed` (a truncated
+    file; callers name the element). Not `errors.TruncationError`, which is
+    a cell wider than a fixed-width output.
+    """
 
     def __init__(self, end_of_file: int, needed: int):
         super().__init__(f"file ends at byte {end_of_file}, data up to {needed}")
@@ -72,7 +77,7 @@ class ByteReader(Protocol):
         """Reads `nbytes[i]` bytes at `offsets[i]` into `dest[dest_starts[i]:]`.
 
         Raises:
-            TruncatedError: The file ends before a piece does.
+            ShortReadError: The file ends before a piece does.
         """
 
     def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
@@ -120,7 +125,7 @@ class LocalByteReader:
             while got < n:  # short reads are legal; zero means end of file
                 more = os.preadv(fd, [view[d + got : d + n]], off + got)
                 if more == 0:
-                    raise TruncatedError(off + got, off + n)
+                    raise ShortReadError(off + got, off + n)
                 got += more
 
     def advise(self, offsets, nbytes) -> None:
