@@ -109,11 +109,19 @@ class RangeReader(Protocol):
     @property
     def decoded(self) -> bool: ...
 
-    def will_need(self) -> None:
-        """Prepares for an array every fetch touches (such as `indptr`)."""
+    def pin(self) -> None:
+        """Keeps an array every fetch touches (such as `indptr`) at hand.
+
+        Once, when the array is opened: in the page cache (local files) or
+        in memory (decoded chunks, remote pieces), within the reader's
+        bounds. `advise` is the per-fetch hint.
+        """
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints that these ranges will be read soon; returns at once."""
+        """Hints that these ranges will be read soon; returns at once.
+
+        A hint only: it never raises and never changes what is read.
+        """
 
     def read(
         self,

@@ -157,9 +157,9 @@ class ChunkedReader:
         chunks = chunks_touched(starts, stops, self.chunk_len)
         self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
-        self._fd.will_need(self._offsets.tolist(), self._sizes.tolist())
+        self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
 
     # -- reads -------------------------------------------------------------
 

@@ -167,7 +167,7 @@ class RangeReader:
         self._chunk_len = chunk_len
         self._chunk_offsets = offsets
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         """Asks the OS to read the whole dataset into the page cache, async.
 
         Used for `indptr`: every batch starts with one small, latency-bound
@@ -175,13 +175,13 @@ class RangeReader:
         are shared by every process reading the file.
         """
         if self._chunked is not None:
-            self._chunked.will_need()
+            self._chunked.pin()
             return
         if not self.direct:
             return
         length = min(self._chunk_len, max(self.shape[0], 1)) * self._row_bytes
         offsets = self._chunk_offsets.tolist()
-        self._fd.will_need(offsets, [length] * len(offsets))
+        self._fd.pin(offsets, [length] * len(offsets))
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints the OS to start reading these ranges into the page cache.

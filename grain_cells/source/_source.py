@@ -317,13 +317,17 @@ class AnnDataSource(SourceDescription):
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
         return self._table.ranges(keys)
 
-    def will_need(self, keys) -> None:
-        """Asks the OS to read these blocks into the page cache; never raises."""
+    def advise(self, keys) -> None:
+        """Hints that these blocks will be read soon; never raises.
+
+        Local files: `posix_fadvise(WILLNEED)`; objects in a bucket: their
+        range GETs start in the background (`grain_cells.storage.remote`).
+        """
         try:
             ranges = self._table.ranges(np.unique(keys))
         except Exception:  # a hint must never fail the pipeline
             return
-        self._reads.will_need(*ranges)
+        self._reads.advise(*ranges)
 
     def fetch_ranges(
         self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None

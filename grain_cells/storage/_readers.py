@@ -17,7 +17,7 @@ in a destination buffer. Two implementations:
   once per process for the fetch being read (`max_in_flight // PARALLEL`
   threads, one call each; below `PARALLEL`, one thread whose calls hold
   `max_in_flight` requests), and as many for read-ahead, whose calls hold
-  up to `BATCH` requests. `will_need` (used for each CSR file's `indptr`,
+  up to `BATCH` requests. `pin` (used for each CSR file's `indptr`,
   which every fetch reads) fetches the ranges into memory once, up to
   `PIN_BYTES` per reader; `advise` (the fetch stage's read-ahead of future
   fetches) starts their GETs in background threads (`grain_cells.
@@ -83,8 +83,12 @@ class ByteReader(Protocol):
     def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
         """Hints that these pieces will be read soon (never raises)."""
 
-    def will_need(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Hints that these pieces will be read by every fetch."""
+    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
+        """Keeps these pieces at hand: every fetch reads them (e.g. `indptr`).
+
+        Locally the page cache holds them (the same as `advise`); a remote
+        reader holds their bytes in memory, within `PIN_BYTES`.
+        """
 
     def stat(self) -> FileStat:
         """The file's stat now (local) or as the source was built (remote)."""
@@ -135,7 +139,7 @@ class LocalByteReader:
         for off, n in zip(offsets, nbytes, strict=True):
             os.posix_fadvise(self.fd, off, n, os.POSIX_FADV_WILLNEED)
 
-    will_need = advise
+    pin = advise  # the page cache is where a local file's pieces stay at hand
 
     def stat(self) -> FileStat:
         """`fstat` of the descriptor."""

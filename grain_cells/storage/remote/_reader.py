@@ -249,7 +249,7 @@ class RemoteByteReader:
         except Exception:  # a hint must never fail the pipeline
             return
 
-    def will_need(self, offsets, nbytes) -> None:
+    def pin(self, offsets, nbytes) -> None:
         """Fetches the pieces into memory (within `PIN_BYTES` per reader)."""
         try:
             for off, n in zip(offsets, nbytes, strict=True):
