@@ -279,10 +279,7 @@ class AnnDataSource(SourceDescription):
             f"{p!r} ({i.n_obs} cells)"
             for p, i in zip(self._files.paths, self._files.infos, strict=True)
         )
-        # Defaults print as before alignment existed (saved reprs still match);
-        # a view adds its block table's identity, the full source does not.
-        missing = self._options.obs_missing
-        obs_missing = "" if missing == "error" else f", obs_missing={missing!r}"
+        # A view adds its block table's identity, the full source does not.
         table = self._table
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""
         if table.blocks_id and table.fragmented:
@@ -290,7 +287,8 @@ class AnnDataSource(SourceDescription):
         return (
             f"AnnDataSource(files=[{files}], layer={self._options.layer!r}, "
             f"block_size={self.block_size}, obs_columns={list(self.obs_columns)}, "
-            f"{self._files.genes.describe()}{obs_missing}{blocks})"
+            f"{self._files.genes.describe()}, "
+            f"obs_missing={self._options.obs_missing!r}{blocks})"
         )
 
     def obs_values(self, column: str) -> np.ndarray:
