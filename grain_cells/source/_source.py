@@ -285,8 +285,8 @@ class AnnDataSource(SourceDescription):
         return (
             f"AnnDataSource(files=[{files}], layer={self.options.layer!r}, "
             f"block_size={self.block_size}, obs_columns={list(self.obs_columns)}, "
-            f"{self.files.genes.describe()}, "
-            f"obs_missing={self.options.obs_missing!r}{blocks})"
+            f"obs_missing={self.options.obs_missing!r}, "
+            f"{self.files.genes.describe()}{blocks})"
         )
 
     def obs_values(self, column: str) -> np.ndarray:

@@ -331,7 +331,7 @@ def test_default_repr_names_its_options(tmp_path):
     source = grain_cells.AnnDataSource(path, block_size=8, obs_columns=["idx"])
     assert repr(source) == (
         f"AnnDataSource(files=[{str(path)!r} (40 cells)], layer=None, "
-        "block_size=8, obs_columns=['idx'], genes=all, obs_missing='error')"
+        "block_size=8, obs_columns=['idx'], obs_missing='error', genes=all)"
     )
 
 
