@@ -133,7 +133,7 @@ def decode_ceiling(path: str, threads: int) -> dict:
         n_chunks = -(-reader.shape[0] // reader.chunk_length)
         units = [(k,) for k in range(n_chunks)]
         if chunks.codec.shard is not None:
-            reader.will_need()
+            reader.pin()
         for u in units:
             key, a, b, _ = chunks.request(u)
             raw = (
@@ -229,7 +229,7 @@ def time_remote(path: str, pool, advise: bool) -> dict:
             else RangeReader(group[f"X/{k}"], url)
             for k in ("indptr", "data", "indices")
         }
-        readers["indptr"].will_need()
+        readers["indptr"].pin()
         indptr = group["X/indptr"][:]
         plan = list(batches(indptr, _BATCHES.value, seed=3))
         stats = f"{server.endpoint_url}{STATS_PATH}?reset=1"

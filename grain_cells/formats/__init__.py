@@ -12,6 +12,7 @@ module: a `Format` subclass and a `register` call (docs/reference/design.md,
 """
 
 from grain_cells.formats._protocol import (
+    ChunkDecodeError,
     Format,
     RangeReader,
     missing_path,
@@ -27,6 +28,7 @@ from grain_cells.formats._registry import (
 )
 
 __all__ = [
+    "ChunkDecodeError",
     "Format",
     "RangeReader",
     "for_path",

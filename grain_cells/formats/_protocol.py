@@ -27,6 +27,15 @@ import numpy as np
 from grain_cells.storage._identity import FileStat
 
 
+class ChunkDecodeError(Exception):
+    """A chunk's stored bytes do not decode (any format's codec).
+
+    Raised by a format's codecs with what failed (a bad stream, a checksum
+    mismatch, a short chunk); the format's reader, which knows the file,
+    array, chunk and rows, turns it into `errors.CorruptChunkError`.
+    """
+
+
 def value_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype stored values are read into: native byte order, at least 32 bits.
 
@@ -100,11 +109,19 @@ class RangeReader(Protocol):
     @property
     def decoded(self) -> bool: ...
 
-    def will_need(self) -> None:
-        """Prepares for an array every fetch touches (such as `indptr`)."""
+    def pin(self) -> None:
+        """Keeps an array every fetch touches (such as `indptr`) at hand.
+
+        Once, when the array is opened: in the page cache (local files) or
+        in memory (decoded chunks, remote pieces), within the reader's
+        bounds. `advise` is the per-fetch hint.
+        """
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints that these ranges will be read soon; returns at once."""
+        """Hints that these ranges will be read soon; returns at once.
+
+        A hint only: it never raises and never changes what is read.
+        """
 
     def read(
         self,

@@ -36,9 +36,9 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
-from grain_cells.formats import wait_all
-from grain_cells.hdf5._codecs import ChunkDecodeError, Pipeline
-from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
+from grain_cells.formats import ChunkDecodeError, wait_all
+from grain_cells.hdf5._codecs import Pipeline
+from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
 # Tasks one read is split into when a pool is given: enough to balance
@@ -157,9 +157,9 @@ class ChunkedReader:
         chunks = chunks_touched(starts, stops, self.chunk_len)
         self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
-        self._fd.will_need(self._offsets.tolist(), self._sizes.tolist())
+        self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
 
     # -- reads -------------------------------------------------------------
 
@@ -298,7 +298,7 @@ class ChunkedReader:
         view = self._scratch(nbytes)
         try:
             self._fd.read_into(view, [offset], [nbytes], [0])
-        except TruncatedError as e:
+        except ShortReadError as e:
             raise errors.CorruptDataError(
                 f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
                 f"file but HDF5 places chunk {chunk} up to byte "

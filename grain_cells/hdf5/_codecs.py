@@ -33,6 +33,8 @@ import zlib
 import h5py
 import numpy as np
 
+from grain_cells.formats import ChunkDecodeError
+
 try:
     import deflate as _deflate
 except ImportError:  # pragma: no cover - a core dependency
@@ -58,10 +60,6 @@ FILTER_LZF = 32000
 # input may yield silent wrong data. Setting it (e.g. 0.25) in a process
 # trades that check for speed there only; spawned workers keep the default.
 PREFIX_FRACTION = 0.0
-
-
-class ChunkDecodeError(Exception):
-    """One chunk failed to decode; the reader names file, dataset and rows."""
 
 
 @dataclasses.dataclass(frozen=True)

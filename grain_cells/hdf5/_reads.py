@@ -41,7 +41,7 @@ from grain_cells._util.ranges import merge_touching, nonempty
 from grain_cells.formats import value_dtype
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
-from grain_cells.storage._readers import ByteReader, TruncatedError, as_byte_reader
+from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -167,7 +167,7 @@ class RangeReader:
         self._chunk_len = chunk_len
         self._chunk_offsets = offsets
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         """Asks the OS to read the whole dataset into the page cache, async.
 
         Used for `indptr`: every batch starts with one small, latency-bound
@@ -175,13 +175,13 @@ class RangeReader:
         are shared by every process reading the file.
         """
         if self._chunked is not None:
-            self._chunked.will_need()
+            self._chunked.pin()
             return
         if not self.direct:
             return
         length = min(self._chunk_len, max(self.shape[0], 1)) * self._row_bytes
         offsets = self._chunk_offsets.tolist()
-        self._fd.will_need(offsets, [length] * len(offsets))
+        self._fd.pin(offsets, [length] * len(offsets))
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints the OS to start reading these ranges into the page cache.
@@ -359,7 +359,7 @@ def _pread_all(
 ) -> None:
     try:
         fd.read_into(dest, offsets, nbytes, dest_starts)
-    except TruncatedError as e:
+    except ShortReadError as e:
         raise errors.CorruptDataError(
             f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
             f"file but HDF5 places data up to byte {e.needed}: the file is "

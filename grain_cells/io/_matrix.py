@@ -130,7 +130,7 @@ class CsrReader:
             cache_bytes=INDPTR_CACHE_BYTES,
             fill_missing="leading",
         )
-        self._indptr.will_need()
+        self._indptr.pin()
 
     @property
     def direct(self) -> bool:

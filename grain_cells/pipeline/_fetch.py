@@ -58,6 +58,9 @@ class FetchConfig:
         seed: Seed of that shuffle.
         remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
         output: The output format.
+        numeric_obs: `"native"` (obs columns as stored) or `"float32"`.
+        condition: An obs column; each minibatch then holds one of its
+            values (None: no condition).
         cover: Blocks vary in size (a chunk grid, no `block_size` given):
             a fetch takes enough blocks to hold `batch_size * fetch_factor`
             cells (rounding up); else exactly that many cells.
@@ -70,12 +73,12 @@ class FetchConfig:
     seed: int
     remainder: str
     output: Output
-    numeric_obs: str = dataclasses.field(default="native", repr=False)
-    condition: str | None = dataclasses.field(default=None, repr=False)
+    numeric_obs: str = "native"
+    condition: str | None = None
 
     # Blocks of varying size (along a chunk grid): a fetch takes enough of
     # them to hold batch_size * fetch_factor cells at block_size each.
-    cover: bool = dataclasses.field(default=False, repr=False)
+    cover: bool = False
 
     @property
     def blocks_per_fetch(self) -> int:
@@ -137,13 +140,7 @@ class SplitFetch:
         self._buffers: list = []
 
     def __repr__(self) -> str:
-        # Defaults print as before extra matrices existed.
-        more = f", extra={self.extra!r}" if self.extra else ""
-        if self.config.numeric_obs != "native":
-            more += f", numeric_obs={self.config.numeric_obs!r}"
-        if self.config.condition is not None:
-            more += f", condition={self.config.condition!r}"
-        return f"SplitFetch({self.config!r}{more})"
+        return f"SplitFetch({self.config!r}, extra={self.extra!r})"
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -20,7 +20,7 @@ hand out *pieces*: what was left of the old shards' fetches (see
 **Read-ahead.** The stage knows which fetch its process reads next (`n +
 stride`, the stride being the worker count), so after each fetch it asks the
 OS (or the object store) for the blocks of its own next fetches
-(`AnnDataSource.will_need`) within the next `readahead_cells` cells of the
+(`AnnDataSource.advise`) within the next `readahead_cells` cells of the
 stream: with `W` workers each hints about `readahead_cells / W` cells, so
 the read-ahead held (and left unread when iteration stops) does not grow
 with the worker count.
@@ -254,5 +254,5 @@ class ReadFetch(grain.transforms.Map):
         keys = [self._keys_of(m) for m in wanted]
         self._keys.update(zip(wanted, keys, strict=True))
         if keys:
-            self.split.source.will_need(np.concatenate(keys))
+            self.split.source.advise(np.concatenate(keys))
             self._hinted = wanted[-1]

@@ -21,9 +21,11 @@ than by `repr` (so a `repr` may change without breaking restores):
   without one: see `grain_cells.outputs`) and `extra` (each extra matrix's
   `Layer`/`Obsm` spec).
 
-The worker count is not part of it: a state restores under any. States of
-older versions, whose stamps were `repr` texts, restore where those texts
-match this configuration (`grain_cells.pipeline._legacy_stamp`).
+The worker count is not part of it: a state restores under any. A state
+whose stamp is of an older kind (the sampler and fetch transform as `repr`
+texts, or the source as its `repr`, with paths) was saved by an older
+grain_cells and is refused by name: grain_cells is 0.x, so it restores only
+under the version that saved it.
 
 `check_state` refuses, with `CheckpointMismatchError` naming the field, its
 saved value and the current one: a state of another pipeline or of another
@@ -35,10 +37,10 @@ resume at the wrong place.
 from __future__ import annotations
 
 import json
+import re
 
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import _identity as identity
-from grain_cells.pipeline import _legacy_stamp as legacy
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
 
@@ -46,6 +48,9 @@ STAMP = "grain_cells"
 # Bumped when the mapping from a position to cells changes.
 _PIPELINE_VERSION = 2
 _MISSING = object()
+_SHARD_IN_REPR = re.compile(r", shard_index=\d+, shard_count=\d+")
+_CALL = re.compile(r"(\w+)\((.*)\)", re.S)
+_ITEM = re.compile(r"(\w+)=(.*)", re.S)
 
 
 def _plain(value):
@@ -67,7 +72,10 @@ def stamp(source, sampler, split) -> dict:
         data = repr(source)
     # A user's sampler without `fingerprint()`: its repr, less the shard.
     fingerprint = getattr(sampler, "fingerprint", None)
-    ordered = fingerprint() if callable(fingerprint) else legacy.sampler_repr(sampler)
+    if callable(fingerprint):
+        ordered = fingerprint()
+    else:
+        ordered = _SHARD_IN_REPR.sub("", repr(sampler))
     out = {
         "pipeline": _PIPELINE_VERSION,
         "sampler": ordered,
@@ -100,9 +108,50 @@ def _dict_diffs(then: dict, now: dict, prefix: str = "") -> list[str]:
     return parts
 
 
+def _split_top(text: str) -> list[str]:
+    """`text` split at its commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _repr_items(text: str, prefix: str = "") -> dict[str, str]:
+    """`"A(x=1, b=B(y=2))"` as `{"class": "A", "x": "1", "b": "B", "b.y": "2"}`."""
+    call = _CALL.fullmatch(text.strip())
+    if call is None:
+        return {prefix.rstrip(".") or "value": text}
+    out = {f"{prefix}class": call.group(1)}
+    for i, part in enumerate(_split_top(call.group(2))):
+        item = _ITEM.fullmatch(part)
+        inner = _CALL.fullmatch(item.group(2) if item else part)
+        if item:
+            name, value = item.group(1), item.group(2)
+        else:  # a positional argument: named by its class, else its place
+            name, value = (inner.group(1) if inner else f"#{i}"), part
+        if inner is not None:
+            out[prefix + name] = inner.group(1)
+            out.update(_repr_items(value, f"{prefix}{name}."))
+            out.pop(f"{prefix}{name}.class")
+        else:
+            out[prefix + name] = value
+    return out
+
+
 def _text_diffs(then: str, now: str) -> list[str]:
-    """The differing `name=value` items of two `repr` texts (old stamps)."""
-    a, b = legacy.text_items(then), legacy.text_items(now)
+    """The differing `name=value` items of two `repr` texts (a user's sampler)."""
+    a, b = _repr_items(then), _repr_items(now)
     return [
         f"saved {k}={a.get(k, '(none)')}, now {k}={b.get(k, '(none)')}"
         for k in [*b, *(k for k in a if k not in b)]
@@ -110,28 +159,39 @@ def _text_diffs(then: str, now: str) -> list[str]:
     ]
 
 
-def _diff(then, now, olds: list) -> str:
+def _diff(then, now) -> str:
     """How a saved stamp entry differs from the current one."""
     parts = []
     if isinstance(then, dict) and isinstance(now, dict):
         parts = _dict_diffs(then, now)
-    elif olds:  # an old state's repr text, against this pipeline's
-        text = then[0] if isinstance(then, list) and len(then) == 1 else then
-        old = olds[0][0] if isinstance(olds[0], list) else olds[0]
-        if isinstance(text, str):
-            parts = _text_diffs(text, old)
+    elif isinstance(then, str) and isinstance(now, str):
+        parts = _text_diffs(then, now)
     return "; ".join(parts) if parts else f"saved {then!r}, now {now!r}"
 
 
-def _stamp_diffs(saved: dict, current: dict, olds: dict) -> list[str]:
+def _stamp_diffs(saved: dict, current: dict) -> list[str]:
     """What differs between two stamps, one entry per top-level key."""
-    diffs = []
-    for key, now in current.items():
-        then = saved.get(key)
-        if then == now or then in olds.get(key, ()):
-            continue
-        diffs.append(f"{key}: {_diff(then, now, olds.get(key, []))}")
-    return diffs
+    return [
+        f"{key}: {_diff(saved.get(key), now)}"
+        for key, now in current.items()
+        if saved.get(key) != now
+    ]
+
+
+def _older_kind(saved: dict, current: dict) -> str | None:
+    """What an older grain_cells's stamp recorded by `repr`, else None.
+
+    Up to 5f1fd87 `operations` was `[repr(split)]` (today a fingerprint, a
+    dict); before e743454 a source with file identities was stamped by its
+    `repr` (today by content, a dict).
+    """
+    if isinstance(saved.get("operations"), list | str):
+        return "the sampler and fetch transform as repr texts"
+    if isinstance(saved.get("data_source"), str) and isinstance(
+        current["data_source"], dict
+    ):
+        return "the data source as its repr, with its paths"
+    return None
 
 
 def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
@@ -152,7 +212,7 @@ def _int(value, field: str, low: int, high: int | None = None) -> int:
     return value
 
 
-def _check_stamp(state, current: dict, olds: dict) -> None:
+def _check_stamp(state, current: dict) -> None:
     if not isinstance(state, dict) or STAMP not in state:
         if isinstance(state, dict) and "grain" in state:
             raise CheckpointMismatchError(
@@ -166,8 +226,18 @@ def _check_stamp(state, current: dict, olds: dict) -> None:
             f"{STAMP!r} stamp); restore it with the loader that saved it"
         )
     saved = state[STAMP]
+    older = _older_kind(saved, current) if isinstance(saved, dict) else None
+    if older is not None:
+        raise CheckpointMismatchError(
+            f"iterator state was saved by an older grain_cells (its stamp "
+            f"records {older}; this version records configuration by "
+            "fingerprint and data by content), and grain_cells 0.x restores "
+            "only states of its own version. Start the data iterator afresh "
+            "(from the beginning of the epoch), or restore the state with the "
+            "grain_cells version that saved it."
+        )
     diffs = (
-        _stamp_diffs(saved, current, olds)
+        _stamp_diffs(saved, current)
         if isinstance(saved, dict)
         else [f"stamp: saved {saved!r}"]
     )
@@ -193,11 +263,11 @@ def check_state(state, current: dict, sampler, source, split) -> Position:
         The saved position.
 
     Raises:
-        CheckpointMismatchError: The stamp differs (saying what), or a field
-            is missing, of the wrong type or out of range (naming it).
+        CheckpointMismatchError: The stamp differs (saying what) or is of an
+            older grain_cells (saying so, and what to do), or a field is
+            missing, of the wrong type or out of range (naming it).
     """
-    # Older states carry repr texts: accepted where they match this pipeline.
-    _check_stamp(state, current, legacy.legacy_stamps(current, source, sampler, split))
+    _check_stamp(state, current)
     pos = state.get("position")
     if not isinstance(pos, dict):
         raise _fail("position", pos, "a dict")

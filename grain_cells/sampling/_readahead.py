@@ -5,7 +5,7 @@ Only the card's spelling needs this. Grain's `DataLoader` calls
 of `N` gets `w, w + N, ...`) and tells the sampler nothing else of what
 comes next. So a sampler built on an `AnnDataSource`
 (`BlockSampler(source, ...)`) hints the blocks of its own next positions to
-the source (`AnnDataSource.will_need`: `posix_fadvise` on local files,
+the source (`AnnDataSource.advise`: `posix_fadvise` on local files,
 read-ahead range GETs in a bucket), reading the stride from its own
 consecutive calls. `grain_cells.DataLoader` and `cell_dataset` never call
 `sampler[position]`: their fetch stage knows each process's next fetches and
@@ -88,5 +88,5 @@ class PositionHints:
         if first >= end:
             return
         positions = range(first, end, stride)
-        self.source.will_need(stream.blocks_at(positions))
+        self.source.advise(stream.blocks_at(positions))
         self._hinted_until = positions[-1] + stride

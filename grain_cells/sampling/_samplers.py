@@ -23,7 +23,7 @@ one shard nothing is skipped. `skipped_blocks(epoch)` names them.
 
 **Read-ahead.** Given the `AnnDataSource` itself (rather than its length),
 the sampler also tells the OS which blocks its stream will need next
-(`AnnDataSource.will_need`), `readahead_cells` ahead, so that on a cold page
+(`AnnDataSource.advise`), `readahead_cells` ahead, so that on a cold page
 cache the disk works while the CPU shuffles and gathers. The stream's future
 is a pure function of the position, so this costs no state worth saving; the
 hints follow each worker's own positions (Grain gives a worker every N-th).

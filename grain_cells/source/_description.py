@@ -2,8 +2,9 @@
 
 The read-only facts of a source (its files, block table, genes, obs columns
 and options), kept apart from the class that binds them to Grain's protocol
-and reads (`grain_cells.source._source`). A subclass sets `_files`,
-`_table` and `_options`.
+and reads (`grain_cells.source._source`). It holds three immutable values,
+given to its constructor and read through `files`, `block_table` and
+`options`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ from grain_cells.source._table import BlockTable
 
 
 class SourceDescription:
-    """Properties of a source that read no cells (base of `AnnDataSource`)."""
+    """Properties of a source that read no cells (base of `AnnDataSource`).
 
-    _files: FileSet
-    _table: BlockTable
-    _options: SourceOptions
+    Args:
+        files: The files, checked (`grain_cells.io._file_set.FileSet`).
+        table: The blocks the source has (`grain_cells.source.BlockTable`).
+        options: How it reads them (`grain_cells.source._options.SourceOptions`).
+    """
+
+    def __init__(self, files: FileSet, table: BlockTable, options: SourceOptions):
+        self._files = files
+        self._table = table
+        self._options = options
 
     @property
     def files(self) -> FileSet:
@@ -33,6 +41,11 @@ class SourceDescription:
     def block_table(self) -> BlockTable:
         """Which blocks this source has and the rows each holds (immutable)."""
         return self._table
+
+    @property
+    def options(self) -> SourceOptions:
+        """How the source reads its files: layer, obs_missing, reads (immutable)."""
+        return self._options
 
     @property
     def read_threads(self) -> int | str:

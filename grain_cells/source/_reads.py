@@ -122,7 +122,7 @@ class FileReads:
             check_indices=self.options.check_indices,
         )
 
-    def will_need(self, files, starts, stops) -> None:
+    def advise(self, files, starts, stops) -> None:
         """Asks the OS to start reading these ranges into the page cache.
 
         Returns quickly: the reads run in the background, so a later batched

@@ -176,9 +176,7 @@ class AnnDataSource(SourceDescription):
 
     def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):
         """Holds these values; this process's handles open on first use."""
-        self._files = files
-        self._table = table
-        self._options = options
+        SourceDescription.__init__(self, files, table, options)
         self._reads = FileReads(files, options)
 
     @classmethod
@@ -191,7 +189,7 @@ class AnnDataSource(SourceDescription):
         return source
 
     def __reduce__(self):  # pickles as its values: no handle, buffer or thread
-        return AnnDataSource._of, (self._files, self._table, self._options)
+        return AnnDataSource._of, (self.files, self.block_table, self.options)
 
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
@@ -204,7 +202,7 @@ class AnnDataSource(SourceDescription):
             ValueError: `table` is not over this source's files and block size.
         """
         if table.block_size != self.block_size or not np.array_equal(
-            table.cell_offsets, self._table.cell_offsets
+            table.cell_offsets, self.block_table.cell_offsets
         ):
             raise ValueError(
                 f"the block table is over {table.num_cells} cells in blocks of "
@@ -212,11 +210,11 @@ class AnnDataSource(SourceDescription):
                 f"blocks of {self.block_size} (build the table from "
                 "source.block_table)"
             )
-        if table.fragmented and not self._table.fragmented:  # once, not per split
+        if table.fragmented and not self.block_table.fragmented:  # once, not per split
             lengths = table.stops - table.starts
             note = block_table.fragment_note(lengths, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
-        return AnnDataSource._of(self._files, table, self._options)
+        return AnnDataSource._of(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:
         """A view of this source over the cells that match.
@@ -257,7 +255,7 @@ class AnnDataSource(SourceDescription):
             ValueError: No range, or ranges out of order, overlapping, empty,
                 longer than `block_size` or straddling two files.
         """
-        return self.view(self._table.with_blocks(starts, stops))
+        return self.view(self.block_table.with_blocks(starts, stops))
 
     def close(self) -> None:
         """Closes this process's file handles; the source reopens on next use."""
@@ -270,11 +268,11 @@ class AnnDataSource(SourceDescription):
     # -- Grain's RandomAccessDataSource protocol ---------------------------
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self.block_table)
 
     def __getitem__(self, record_key: int) -> Block:
         """Returns the descriptor of block `record_key` (no I/O)."""
-        return self._table.block(record_key, self.source_id)
+        return self.block_table.block(record_key, self.source_id)
 
     @functools.cached_property
     def source_id(self) -> int:
@@ -289,20 +287,18 @@ class AnnDataSource(SourceDescription):
     def __repr__(self) -> str:
         files = ", ".join(
             f"{p!r} ({i.n_obs} cells)"
-            for p, i in zip(self._files.paths, self._files.infos, strict=True)
+            for p, i in zip(self.files.paths, self.files.infos, strict=True)
         )
-        # Defaults print as before alignment existed (saved reprs still match);
-        # a view adds its block table's identity, the full source does not.
-        missing = self._options.obs_missing
-        obs_missing = "" if missing == "error" else f", obs_missing={missing!r}"
-        table = self._table
+        # A view adds its block table's identity, the full source does not.
+        table = self.block_table
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""
         if table.blocks_id and table.fragmented:
             blocks += " (fragmented)"
         return (
-            f"AnnDataSource(files=[{files}], layer={self._options.layer!r}, "
+            f"AnnDataSource(files=[{files}], layer={self.options.layer!r}, "
             f"block_size={self.block_size}, obs_columns={list(self.obs_columns)}, "
-            f"{self._files.genes.describe()}{obs_missing}{blocks})"
+            f"obs_missing={self.options.obs_missing!r}, "
+            f"{self.files.genes.describe()}{blocks})"
         )
 
     def obs_values(self, column: str) -> np.ndarray:
@@ -327,15 +323,19 @@ class AnnDataSource(SourceDescription):
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
-        return self._table.ranges(keys)
+        return self.block_table.ranges(keys)
 
-    def will_need(self, keys) -> None:
-        """Asks the OS to read these blocks into the page cache; never raises."""
+    def advise(self, keys) -> None:
+        """Hints that these blocks will be read soon; never raises.
+
+        Local files: `posix_fadvise(WILLNEED)`; objects in a bucket: their
+        range GETs start in the background (`grain_cells.storage.remote`).
+        """
         try:
-            ranges = self._table.ranges(np.unique(keys))
+            ranges = self.block_table.ranges(np.unique(keys))
         except Exception:  # a hint must never fail the pipeline
             return
-        self._reads.will_need(*ranges)
+        self._reads.advise(*ranges)
 
     def fetch_ranges(
         self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None
@@ -366,7 +366,7 @@ class AnnDataSource(SourceDescription):
 
     def read_blocks(self, keys) -> Cells:
         """Reads whole blocks (records), in the order given."""
-        blocks = [self._table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
+        blocks = [self.block_table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
         return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
 
 

@@ -17,7 +17,7 @@ in a destination buffer. Two implementations:
   once per process for the fetch being read (`max_in_flight // PARALLEL`
   threads, one call each; below `PARALLEL`, one thread whose calls hold
   `max_in_flight` requests), and as many for read-ahead, whose calls hold
-  up to `BATCH` requests. `will_need` (used for each CSR file's `indptr`,
+  up to `BATCH` requests. `pin` (used for each CSR file's `indptr`,
   which every fetch reads) fetches the ranges into memory once, up to
   `PIN_BYTES` per reader; `advise` (the fetch stage's read-ahead of future
   fetches) starts their GETs in background threads (`grain_cells.
@@ -41,8 +41,13 @@ import numpy as np
 from grain_cells.storage._identity import FileStat
 
 
-class TruncatedError(EOFError):
-    """The file ends at byte `end_of_file`, before a piece that ends at `needed`."""
+class ShortReadError(EOFError):
+    """A read came back short: the file ends before a piece does.
+
+    The file ends at byte `end_of_file`, the piece at `needed` (a truncated
+    file; callers name the element). Not `errors.TruncationError`, which is
+    a cell wider than a fixed-width output.
+    """
 
     def __init__(self, end_of_file: int, needed: int):
         super().__init__(f"file ends at byte {end_of_file}, data up to {needed}")
@@ -72,14 +77,18 @@ class ByteReader(Protocol):
         """Reads `nbytes[i]` bytes at `offsets[i]` into `dest[dest_starts[i]:]`.
 
         Raises:
-            TruncatedError: The file ends before a piece does.
+            ShortReadError: The file ends before a piece does.
         """
 
     def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
         """Hints that these pieces will be read soon (never raises)."""
 
-    def will_need(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Hints that these pieces will be read by every fetch."""
+    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
+        """Keeps these pieces at hand: every fetch reads them (e.g. `indptr`).
+
+        Locally the page cache holds them (the same as `advise`); a remote
+        reader holds their bytes in memory, within `PIN_BYTES`.
+        """
 
     def stat(self) -> FileStat:
         """The file's stat now (local) or as the source was built (remote)."""
@@ -120,7 +129,7 @@ class LocalByteReader:
             while got < n:  # short reads are legal; zero means end of file
                 more = os.preadv(fd, [view[d + got : d + n]], off + got)
                 if more == 0:
-                    raise TruncatedError(off + got, off + n)
+                    raise ShortReadError(off + got, off + n)
                 got += more
 
     def advise(self, offsets, nbytes) -> None:
@@ -130,7 +139,7 @@ class LocalByteReader:
         for off, n in zip(offsets, nbytes, strict=True):
             os.posix_fadvise(self.fd, off, n, os.POSIX_FADV_WILLNEED)
 
-    will_need = advise
+    pin = advise  # the page cache is where a local file's pieces stay at hand
 
     def stat(self) -> FileStat:
         """`fstat` of the descriptor."""

@@ -19,7 +19,8 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.zarr._codecs import MAX_UINT_64, ChunkDecodeError, Codec
+from grain_cells.formats import ChunkDecodeError
+from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader
 
 # Stored bytes fetched ahead of reads, per array, at most.

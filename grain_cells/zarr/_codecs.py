@@ -30,11 +30,9 @@ import numcodecs
 import numpy as np
 import zarr
 
+from grain_cells.formats import ChunkDecodeError
+
 MAX_UINT_64 = 2**64 - 1
-
-
-class ChunkDecodeError(Exception):
-    """One chunk failed to decode; the reader names store, array and rows."""
 
 
 def _crc32c_check(raw) -> memoryview:

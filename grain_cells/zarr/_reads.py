@@ -184,7 +184,7 @@ class RangeReader:
         filled = sorted(self._chunks.filled.items())
         return [(k * c, min((k + 1) * c, n), key) for k, key in filled]
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         """Prepares for an array every batch touches (such as `indptr`).
 
         Reads every shard index now; and when the decoded array fits in

@@ -468,7 +468,7 @@ def test_records_are_grain_metadata(source):
 def test_read_ahead_hints_the_blocks_to_come(csr_paths):
     source = grain_cells.AnnDataSource(csr_paths, block_size=4)
     hinted = []
-    source.will_need = lambda keys: hinted.extend(np.asarray(keys).tolist())
+    source.advise = lambda keys: hinted.extend(np.asarray(keys).tolist())
     n = len(source)
     sampler = WeightedBlockSampler(
         source, np.arange(1.0, n + 1.0), epoch_blocks=100, seed=1, readahead_cells=40

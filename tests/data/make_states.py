@@ -9,10 +9,10 @@ whose checkpoint stamps were `repr` texts), from a checkout of it:
 For each pipeline of `PIPELINES` it writes the files of
 `tests/conftest.write_files` into a temporary folder, takes `SKIP`
 minibatches, saves `iterator.get_state()` and the row ids of the next
-`AFTER` minibatches. `tests/test_restore_checks.py` restores each state under
-the current code on freshly written files (the source is identified by
-content, so the folder may differ) and builds the same pipelines with the
-builders below, which use only names public in both versions.
+`AFTER` minibatches. `tests/pipeline/test_restore_stamps.py` builds the same
+pipelines with the builders below (names public in both versions) on copies
+of the files and checks that the current code refuses each state by name, as
+an older grain_cells's (0.x restores only its own states).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells import errors
+from grain_cells import errors, formats
 from grain_cells.hdf5 import _codecs as codecs
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 
@@ -443,7 +443,7 @@ def test_prefix_decode_equals_the_whole_chunk(tmp_path, monkeypatch):
         assert part.size < whole.size  # only a prefix was inflated
         np.testing.assert_array_equal(part[:400], whole[:400])
         np.testing.assert_array_equal(whole.view(np.float32), values[1_000:2_000])
-        with pytest.raises(codecs.ChunkDecodeError, match="deflate"):
+        with pytest.raises(formats.ChunkDecodeError, match="deflate"):
             pipe.decode(raw[:2] + bytes(40) + raw[42:], need=400)
         # Shuffled chunks are always inflated whole.
         spipe = codecs.Pipeline.for_dataset(f["s"])

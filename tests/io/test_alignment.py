@@ -323,14 +323,15 @@ def test_repr_changes_with_join_and_genes_and_survives_pickling(csr_files):
     )
 
 
-def test_default_repr_is_unchanged(tmp_path):
-    """Sources without alignment print as before, so old checkpoints restore."""
+def test_default_repr_names_its_options(tmp_path):
+    """A source's repr names its files, options and genes (no checkpoint
+    compares it: stamps identify the data by content)."""
     path = tmp_path / "a.h5ad"
     _adata(0, 0, False).write_h5ad(path)
     source = grain_cells.AnnDataSource(path, block_size=8, obs_columns=["idx"])
     assert repr(source) == (
         f"AnnDataSource(files=[{str(path)!r} (40 cells)], layer=None, "
-        "block_size=8, obs_columns=['idx'], genes=all)"
+        "block_size=8, obs_columns=['idx'], obs_missing='error', genes=all)"
     )
 
 

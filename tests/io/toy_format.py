@@ -122,7 +122,7 @@ class ToyReader:
         self.shape = tuple(array.shape)
         self.row_shape = self.shape[1:]
 
-    def will_need(self) -> None:
+    def pin(self) -> None:
         pass
 
     def advise(self, starts, stops) -> None:

@@ -248,8 +248,10 @@ def test_identity_of_a_copy_matches_and_of_a_change_does_not(files, tmp_path):
     assert changed.stat.size == original.stat.size
 
 
-def test_state_stamped_by_an_earlier_version_still_restores(files, helpers):
-    """Before content stamps, the source was stamped with its repr."""
+def test_state_stamped_by_an_earlier_version_is_refused_by_name(files, helpers):
+    """Before content stamps, the source was stamped with its repr: such a
+    state is an older grain_cells's (0.x), refused saying what to do; the
+    iterator then goes on from the start."""
     source, _, loader = helpers.build(files, **CONFIG)
     everything = helpers.run(loader)
     loader.set_epoch(0)  # each iter() is the next epoch: the same one again
@@ -259,7 +261,15 @@ def test_state_stamped_by_an_earlier_version_still_restores(files, helpers):
     state["grain_cells"]["data_source"] = repr(source)
     *_, other = helpers.build(files, **CONFIG)
     restored = iter(other)
-    restored.set_state(json.dumps(state).encode())
+    with pytest.raises(CheckpointMismatchError) as e:
+        restored.set_state(json.dumps(state).encode())
+    for text in [
+        "saved by an older grain_cells",
+        "records the data source as its repr, with its paths",
+        "Start the data iterator afresh",
+        "restore the state with the grain_cells version that saved it",
+    ]:
+        assert text in str(e.value), str(e.value)
     got = helpers.take(restored)
-    assert len(got) == len(everything) - 5
-    np.testing.assert_array_equal(got[0]["row_ids"], everything[5]["row_ids"])
+    assert len(got) == len(everything)
+    np.testing.assert_array_equal(got[5]["row_ids"], everything[5]["row_ids"])

@@ -272,7 +272,7 @@ def test_read_ahead_serves_hinted_blocks(parts, s3):
     keys = np.random.default_rng(2).permutation(len(source))[:20]
     source.read_blocks(keys[:1])  # opens the files (indptr pinned)
     before = object_store.request_counts()
-    source.will_need(keys)  # returns at once; the GETs run in the background
+    source.advise(keys)  # returns at once; the GETs run in the background
     hinted, deadline = _counts_since(before), time.monotonic() + 10
     while time.monotonic() < deadline:  # until they have all been sent
         time.sleep(0.5)

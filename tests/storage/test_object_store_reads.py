@@ -157,7 +157,7 @@ class _Recorder:
     def __init__(self):
         self.hinted: list[int] = []
 
-    def will_need(self, keys) -> None:
+    def advise(self, keys) -> None:
         self.hinted.extend(np.asarray(keys).tolist())
 
     def block_ranges(self, keys):

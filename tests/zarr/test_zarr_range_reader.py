@@ -192,8 +192,8 @@ def test_rows_outside_the_array_are_refused(tmp_path):
         reader.read(np.array([8]), np.array([12]), np.empty(4, reader.dtype))
 
 
-def test_will_need_decodes_a_hot_array_into_the_cache(tmp_path):
-    """indptr is read by every batch: with a cache large enough, will_need
+def test_pin_decodes_a_hot_array_into_the_cache(tmp_path):
+    """indptr is read by every batch: with a cache large enough, pin
     decodes it once and later reads touch no storage."""
     import shutil
 
@@ -201,7 +201,7 @@ def test_will_need_decodes_a_hot_array_into_the_cache(tmp_path):
     store = tmp_path / "a.zarr"
     zarr.create_array(store, name="x", data=values, chunks=(100,), shards=(500,))
     reader = RangeReader(open_group(str(store))["x"], str(store), cache_bytes=1 << 20)
-    reader.will_need()
+    reader.pin()
     shutil.rmtree(store / "x" / "c")  # every shard gone
     starts, stops = _ranges(np.random.default_rng(5), N)
     out = np.empty(int((stops - starts).sum()), reader.dtype)

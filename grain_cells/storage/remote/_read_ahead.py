@@ -1,7 +1,7 @@
 """Read-ahead of object ranges: range GETs issued before a fetch needs them.
 
 A sampler knows its future (the order is a pure function of seed, epoch
-and position) and hints the blocks it will need (`AnnDataSource.will_need`,
+and position) and hints the blocks it will need (`AnnDataSource.advise`,
 `readahead_cells` ahead). Locally that is `posix_fadvise`; for an object,
 `ReadAhead.hint` starts the range GETs of the hinted pieces in background
 threads and keeps their bytes until a read takes them (`take`). A read of a

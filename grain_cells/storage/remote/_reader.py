@@ -16,7 +16,7 @@ import numpy as np
 
 from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
-from grain_cells.storage._readers import TruncatedError
+from grain_cells.storage._readers import ShortReadError
 from grain_cells.storage.remote import _range_gets as range_gets
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _versions as versions
@@ -141,7 +141,7 @@ class RemoteByteReader:
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         end = max(e for _, e in ranges)
         if end > self._stat.size:
-            raise TruncatedError(self._stat.size, end)
+            raise ShortReadError(self._stat.size, end)
         if self._table is not None:
             return self._get_checked(ranges)
         return self._get_unchecked(ranges)
@@ -249,7 +249,7 @@ class RemoteByteReader:
         except Exception:  # a hint must never fail the pipeline
             return
 
-    def will_need(self, offsets, nbytes) -> None:
+    def pin(self, offsets, nbytes) -> None:
         """Fetches the pieces into memory (within `PIN_BYTES` per reader)."""
         try:
             for off, n in zip(offsets, nbytes, strict=True):
