@@ -28,6 +28,13 @@ from grain_cells.errors import (
     UnsupportedLayoutError,
 )
 
+# Census-shaped var names repeat (PINX1 twice) on purpose. anndata 0.13 warns
+# about it from the caller's frame (skip_file_prefixes), so pyproject's
+# "ignore::UserWarning:anndata.*" does not reach it there.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Variable names are not unique:UserWarning"
+)
+
 SYMBOLS = ["TP53", "EGFR", "MYC", "PINX1", "GAPDH", "CD4", "CD8A", "PINX1"]
 IDS = [f"ENSG{k:011d}" for k in range(len(SYMBOLS))]  # gene k: SYMBOLS[k], IDS[k]
 # Per file: cells, genes (k, stored order), whether feature_id is categorical,
