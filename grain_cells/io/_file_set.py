@@ -369,12 +369,9 @@ class OpenFiles:
     def pinned(
         self, indices: Sequence[int], *, at_read: bool = False
     ) -> Iterator[list[OpenFile]]:
-        """Files `indices`' handles, kept open until the block ends.
+        """Files `indices`' handles (repeats allowed), open until the block ends.
 
-        Args:
-            indices: Files of the set (repeats allowed).
-            at_read: Check each file with one `fstat` (~10 us) to be
-                unchanged (`check_at_read`).
+        `at_read`: each is checked unchanged first (`check_at_read`).
         """
         with self._lru.pinned(indices) as handles:
             if at_read:
@@ -383,10 +380,9 @@ class OpenFiles:
             yield handles
 
     def file(self, i: int) -> OpenFile:
-        """File `i`'s handles, opened if needed and not pinned.
+        """File `i`'s handles, not pinned: for one thread (tests, a build).
 
-        For one thread's use (tests, a build): beside other readers the
-        handle may be closed once the bound needs room; reads use `pinned`.
+        Beside other readers they may close at any time; reads use `pinned`.
         """
         with self.pinned([i]) as (handle,):
             return handle
