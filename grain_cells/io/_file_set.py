@@ -5,9 +5,10 @@ identities (`grain_cells.io._identity`), gene alignment and harmonised obs
 columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
 file is opened once, checked and closed). It pickles to workers as is.
 
-`OpenFiles` is one process's side of a file set: each file opened lazily,
-once, under a lock (Grain's reader threads race on first use) by
-`open_member`, the one place where a process opens a file of the set for reading; the
+`OpenFiles` is one process's side of a file set: files opened lazily,
+under a lock (Grain's reader threads race on first use), by
+`open_member`, the one place where a process opens a file of the set for
+reading, at most `max_open_files` at once (`grain_cells.io._file_lru`); the
 per-thread read buffers; the pool of read threads. It pickles as its file
 set and options only, and a forked child drops its parent's handles right
 after the fork (`grain_cells._util.fork`), so each process opens its own.
@@ -65,13 +66,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
+from grain_cells.io import _file_lru as file_lru
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._genes import (
@@ -318,12 +321,20 @@ def open_member(files: FileSet, i: int) -> OpenFile:
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
-    Thread-safe. Pickles without any handle (as its file set and options);
-    a forked child drops its parent's handles at the fork and opens its own
-    on first use.
+    At most `max_open_files` files stay open (`grain_cells.io._file_lru`):
+    a read pins the files it uses (`pinned`), and opening another closes
+    the least recently used unpinned file; it reopens, checked again by
+    `open_member`, on next use. Thread-safe. Pickles without any handle
+    (as its file set and options); a forked child drops its parent's
+    handles at the fork and opens its own on first use.
     """
 
-    def __init__(self, files: FileSet, read_threads: int | str):
+    def __init__(
+        self,
+        files: FileSet,
+        read_threads: int | str,
+        max_open_files: int | str = "auto",
+    ):
         """Opens nothing yet.
 
         Args:
@@ -331,48 +342,67 @@ class OpenFiles:
             read_threads: Threads that read and decode large batches
                 concurrently; 0 reads inline; `"auto"`: sized per process
                 (`grain_cells._util.cores`).
+            max_open_files: Files kept open in this process; `"auto"`:
+                `grain_cells.io._file_lru.default_max_open()`.
         """
         self.files = files
         self.read_threads = (
             read_threads if read_threads == "auto" else int(read_threads)
         )
+        self.max_open_files = file_lru.check_max_open(max_open_files)
         self._reset()
         fork.in_child_of(self, OpenFiles._reset)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[int, OpenFile] = {}
+        self._lru = file_lru.FileLru(
+            functools.partial(open_member, self.files),
+            file_lru.resolve_max_open(self.max_open_files),
+        )
         self._local = threading.local()
         self._pool: ReadPool | None = None
 
     def __reduce__(self):
-        return OpenFiles, (self.files, self.read_threads)
+        return OpenFiles, (self.files, self.read_threads, self.max_open_files)
+
+    @contextlib.contextmanager
+    def pinned(
+        self, indices: Sequence[int], *, at_read: bool = False
+    ) -> Iterator[list[OpenFile]]:
+        """Files `indices`' handles (repeats allowed), open until the block ends.
+
+        `at_read`: each is checked unchanged first (`check_at_read`).
+        """
+        with self._lru.pinned(indices) as handles:
+            if at_read:
+                for i, handle in zip(indices, handles, strict=True):
+                    self.check_at_read(int(i), handle)
+            yield handles
 
     def file(self, i: int) -> OpenFile:
-        """File `i`'s handles in this process, opened on first use."""
-        handle = self._open.get(i)
-        if handle is not None:
-            return handle
-        with self._lock:
-            handle = self._open.get(i)
-            if handle is None:
-                handle = open_member(self.files, i)
-                self._open[i] = handle
-        return handle
+        """File `i`'s handles, not pinned: for one thread (tests, a build).
 
-    def file_at_read(self, i: int) -> OpenFile:
-        """`file(i)`, checked with one `fstat` (~10 us) to be unchanged.
+        Beside other readers they may close at any time; reads use `pinned`.
+        """
+        with self.pinned([i]) as (handle,):
+            return handle
+
+    def check_at_read(self, i: int, handle: OpenFile) -> None:
+        """Checks file `i` is unchanged: one `fstat` of its descriptor.
 
         A file without a byte reader (a zarr store): its format's
         `check_unchanged` (a local store: its root metadata files' `stat`s,
         which anndata rewrites whenever it writes a store).
         """
-        handle = self.file(i)
         if handle.fd is not None:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
         else:
             handle.format.check_unchanged(handle.h5, "at a read")
-        return handle
+
+    @property
+    def open_count(self) -> int:
+        """Files open in this process now."""
+        return self._lru.open_count
 
     def buffer(self, name: str = "buf") -> RowBuffer:
         """The calling thread's reused buffer `name` (a read's, a hint's)."""
@@ -401,11 +431,9 @@ class OpenFiles:
         return self._pool
 
     def close(self) -> None:
-        """Closes this process's handles; files reopen on next use."""
+        """Closes this process's handles (a pinned one as its read ends)."""
+        self._lru.close_all()
         with self._lock:
-            for handle in self._open.values():
-                handle.close()
-            self._open.clear()
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None

@@ -84,8 +84,21 @@ def fetch_ranges(
         (starts[g] - cell_offsets[i], stops[g] - cell_offsets[i])
         for g, i in zip(groups, file_of, strict=True)
     ]
-    readers = [handles.file_at_read(i).reader for i in file_of]
-    obs = _obs_for(handles, cell_offsets, files, lengths, row_ids)
+    # The files stay open (pinned) until every read of them is done.
+    with handles.pinned(file_of, at_read=True) as opened:
+        readers = [f.reader for f in opened]
+        obs_of = {
+            c: {i: f.obs[c] for i, f in zip(file_of, opened, strict=True)}
+            for c in files_.obs_names
+        }
+        obs = _obs_for(obs_of, cell_offsets, files, lengths, row_ids)
+        return _read(
+            files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
+        )
+
+
+def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices):
+    """`fetch_ranges`' reads, over pinned files' readers."""
     maps = [files_.genes.maps[i] for i in file_of]
     if not files_.sparse:
         if len(readers) == 1 and maps[0] is None:  # rows as read
@@ -168,18 +181,17 @@ def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
         )
 
 
-def _obs_for(
-    handles: OpenFiles, cell_offsets, files, lengths, row_ids
-) -> dict[str, np.ndarray]:
-    """Each obs column's value for every fetched row."""
-    if not handles.files.obs_names:
+def _obs_for(obs_of, cell_offsets, files, lengths, row_ids) -> dict[str, np.ndarray]:
+    """Each obs column's value for every fetched row.
+
+    `obs_of` holds, per obs column, each fetched file's values.
+    """
+    if not obs_of:
         return {}
     file_of_row = np.repeat(files, lengths)
     local = row_ids - cell_offsets[file_of_row]
     out = {}
-    present = np.unique(files) if files.size else np.zeros(1, np.int64)
-    for c in handles.files.obs_names:
-        arrays = {int(i): handles.file(int(i)).obs[c] for i in present}
+    for c, arrays in obs_of.items():
         if len(arrays) == 1:
             out[c] = next(iter(arrays.values()))[local]
             continue
@@ -263,7 +275,8 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     for i in np.unique(files).tolist():
         sel = files == i
         offset = cell_offsets[i]
-        handles.file(i).reader.advise(starts[sel] - offset, stops[sel] - offset, buf)
+        with handles.pinned([i]) as (f,):
+            f.reader.advise(starts[sel] - offset, stops[sel] - offset, buf)
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells._util import arguments
+from grain_cells.io import _file_lru as file_lru
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._file_set import FileSet, OpenFiles
 from grain_cells.io._genes import JOINS
@@ -45,6 +46,8 @@ class SourceOptions:
             reads inline) or `"auto"` (`grain_cells._util.cores`).
         fetch_blocks: Blocks per fetch when a loader is given no
             `fetch_factor` (compressed defaults); None: fetch factor 16.
+        max_open_files: Files each process keeps open at once, or `"auto"`
+            (`grain_cells.io._file_lru.default_max_open`).
     """
 
     layer: str | None
@@ -52,6 +55,7 @@ class SourceOptions:
     check_indices: bool
     read_threads: int | str
     fetch_blocks: int | None = None
+    max_open_files: int | str = "auto"
 
 
 def build(
@@ -67,6 +71,7 @@ def build(
     check_indices: bool = True,
     read_threads: int | str = "auto",
     storage_options: dict | None = None,
+    max_open_files: int | str = "auto",
 ) -> tuple[FileSet, BlockTable, SourceOptions]:
     """Checks `AnnDataSource`'s arguments and inspects its files.
 
@@ -86,6 +91,7 @@ def build(
             "read_threads must be a non-negative int or 'auto', got "
             f"read_threads={read_threads!r}"
         )
+    max_open_files = file_lru.check_max_open(max_open_files)
     genes = arguments.check_genes(genes)
     paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
     layer = arguments.check_name("layer", layer, optional=True)
@@ -114,7 +120,13 @@ def build(
         storage_options=storage_options,
         genes_from=genes_from,
     )
-    options = SourceOptions(layer, obs_missing, bool(check_indices), read_threads)
+    options = SourceOptions(
+        layer,
+        obs_missing,
+        bool(check_indices),
+        read_threads,
+        max_open_files=max_open_files,
+    )
     if block_size is not None:
         return files, BlockTable.grid(files.n_obs, block_size), options
     return (files, *default_blocks(files, options))
@@ -163,7 +175,7 @@ def default_blocks(
     if all(size is None for size in sizes):
         return BlockTable.grid(files.n_obs, 16), options
     offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
-    handles = OpenFiles(files, 0)
+    handles = OpenFiles(files, 0, options.max_open_files)
     try:
         starts = [
             handles.file(i).reader.chunk_starts() + offsets[i]

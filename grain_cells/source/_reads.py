@@ -1,11 +1,12 @@
 """`FileReads`: one process's batched reads of a source's files.
 
 An `AnnDataSource` holds one `FileReads` over its `FileSet`: the process's
-handles (`OpenFiles`: each file opened on first use, per-thread buffers, the
-read threads) and the reads of global row ranges, rows, obs columns and chunk
-starts through `grain_cells.io._range_reads`. It pickles as its file set and
-options, without any handle; after a fork the child opens its own. A view of
-a source holds a new `FileReads` over the same files (its own handles).
+handles (`OpenFiles`: each file opened on first use, at most
+`max_open_files` at once, per-thread buffers, the read threads) and the
+reads of global row ranges, rows, obs columns and chunk starts through
+`grain_cells.io._range_reads`. It pickles as its file set and options,
+without any handle; after a fork the child opens its own. A view of a
+source holds a new `FileReads` over the same files (its own handles).
 
 Example:
     >>> files, table, options = build(["a.h5ad"])   # grain_cells.source._options
@@ -32,7 +33,8 @@ class FileReads:
 
     Attributes:
         files: The files.
-        options: How they are read (`check_indices`, `read_threads`).
+        options: How they are read (`check_indices`, `read_threads`,
+            `max_open_files`).
         cell_offsets: Global row of each file's first cell, plus the total.
     """
 
@@ -41,7 +43,7 @@ class FileReads:
         self.files = files
         self.options = options
         self.cell_offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
-        self._handles = OpenFiles(files, options.read_threads)
+        self._handles = OpenFiles(files, options.read_threads, options.max_open_files)
 
     def __reduce__(self):
         return FileReads, (self.files, self.options)
@@ -155,7 +157,10 @@ class FileReads:
                 f"obs column {column!r} was not requested; this source has "
                 f"obs_columns={list(self.files.obs_names)}"
             )
-        parts = [self.file(i).obs[column] for i in range(len(self.files.paths))]
+        parts = []
+        for i in range(len(self.files.paths)):
+            with self._handles.pinned([i]) as (f,):
+                parts.append(f.obs[column])
         return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
     def chunk_starts(self) -> np.ndarray:
@@ -166,10 +171,10 @@ class FileReads:
         included; a contiguous matrix contributes only that. Opens every file
         in this process (and, for CSR, reads each `indptr` once).
         """
-        parts = [
-            self.file(i).reader.chunk_starts() + self.cell_offsets[i]
-            for i in range(len(self.files.paths))
-        ]
+        parts = []
+        for i in range(len(self.files.paths)):
+            with self._handles.pinned([i]) as (f,):
+                parts.append(f.reader.chunk_starts() + self.cell_offsets[i])
         return np.unique(np.concatenate(parts))
 
 

@@ -69,11 +69,12 @@ class AnnDataSource(SourceDescription):
     block table (16 bytes per block), a `repr` naming a hash of it; row ids
     stay global. See `grain_cells.source._selection`.
 
-    Memory per process: the chosen obs columns of the files read so far
-    (one value per cell and column, in the smallest integer type that holds
-    the codes), the column maps of files whose genes differ from the output
-    (4 bytes per stored gene, shared by files with equal var names), plus the
-    read buffers (about 2x the largest batch read).
+    Memory per process: the handles (about a megabyte each) and chosen obs
+    columns of the open files, at most `max_open_files` (one value per cell
+    and column, in the smallest integer type that holds the codes), the
+    column maps of files whose genes differ from the output (4 bytes per
+    stored gene, shared by files with equal var names), plus the read
+    buffers (about 2x the largest batch read).
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class AnnDataSource(SourceDescription):
         check_indices: bool = True,
         read_threads: int | str = "auto",
         storage_options: dict | None = None,
+        max_open_files: int | str = "auto",
     ):
         """Opens every file once to check it and read its metadata.
 
@@ -139,6 +141,12 @@ class AnnDataSource(SourceDescription):
                 (for `.h5ad` on HTTP servers that keep ETags across
                 rewrites). `user_project`: the project billed by a GCS
                 requester-pays bucket.
+            max_open_files: Files each process keeps open at once (two
+                descriptors and HDF5's caches each); opening another closes
+                the least recently used one, which reopens (checked again)
+                when next read. `"auto"`: 128, or an eighth of the
+                process's descriptor limit if less
+                (`grain_cells.io._file_lru`).
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
@@ -166,6 +174,7 @@ class AnnDataSource(SourceDescription):
             check_indices=check_indices,
             read_threads=read_threads,
             storage_options=storage_options,
+            max_open_files=max_open_files,
         )
         self._bind(files, table, options)
         # Grain reads an absl flag when a grain.DataLoader starts workers.

@@ -1,0 +1,282 @@
+"""A process keeps at most `max_open_files` files open (issue 33).
+
+A collection used to keep two descriptors and about a megabyte per touched
+file until the process ended. Now each process holds an LRU of open files:
+reads pin the files they use, the least recently used unpinned file closes
+when another must open, and a reopened file is checked again.
+
+Files: 300 copies of one small file written by anndata, each patched in
+place (same layout) so that the value at (file f, local row r, gene j) is
+`f * 1000 + r * 10 + j + 1` and obs `idx` is the global row.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import threading
+import time
+
+import anndata
+import h5py
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+import scipy.sparse as sp
+
+import grain_cells
+from grain_cells import errors
+from grain_cells.io import _file_lru as file_lru
+
+N_FILES = 300
+CELLS = 8
+GENES = 6
+
+
+def _expected_data(f: int, n: int) -> np.ndarray:
+    r = np.repeat(np.arange(n), 2)
+    j = np.stack([np.arange(n) % GENES, (np.arange(n) + 1) % GENES], 1)
+    j = np.sort(j, 1).reshape(-1)
+    return (f * 1000 + r * 10 + j + 1).astype(np.float32), j
+
+
+@pytest.fixture(scope="module")
+def many_paths(tmp_path_factory) -> list[str]:
+    folder = tmp_path_factory.mktemp("many")
+    data, j = _expected_data(0, CELLS)
+    x = sp.csr_matrix((data, j, np.arange(0, 2 * CELLS + 1, 2)), shape=(CELLS, GENES))
+    adata = anndata.AnnData(
+        X=x,
+        obs=pd.DataFrame(
+            {"idx": np.arange(CELLS, dtype=np.int64)},
+            index=[f"c{r}" for r in range(CELLS)],
+        ),
+        var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+    )
+    template = folder / "template.h5ad"
+    adata.write_h5ad(template)
+    paths = []
+    for f in range(N_FILES):
+        path = folder / f"part{f:03d}.h5ad"
+        shutil.copyfile(template, path)
+        with h5py.File(path, "r+") as h5:
+            h5["X/data"][...] = _expected_data(f, CELLS)[0]
+            h5["obs/idx"][...] = np.arange(CELLS) + f * CELLS
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def truth(many_paths) -> np.ndarray:
+    """Dense X of every cell, read back by anndata."""
+    x = [anndata.read_h5ad(p).X.toarray() for p in many_paths]
+    return np.concatenate(x).astype(np.float32)
+
+
+def _data_fds(pid, folder: str) -> int:
+    """Descriptors of process `pid` open on files under `folder`."""
+    n = 0
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith(folder):
+                n += 1
+        except OSError:  # closed meanwhile
+            continue
+    return n
+
+
+def _workers() -> set[int]:
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(child.cmdline())
+            if "resource_tracker" in cmdline or "moto.server" in cmdline:
+                continue
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.add(child.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [pytest.param(0, id="0-workers"), 2])
+def test_an_epoch_over_300_files_keeps_8_open(many_paths, truth, workers):
+    bound = 8
+    folder = os.path.dirname(many_paths[0])
+    source = grain_cells.AnnDataSource(
+        many_paths, block_size=4, obs_columns=["idx"], max_open_files=bound
+    )
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=8, fetch_factor=4, output=grain_cells.CsrOutput()
+        ),
+        worker_count=workers,
+    )
+    seen = np.zeros(N_FILES * CELLS, int)
+    most = {"trainer": 0, "workers": 0}
+    pids: set[int] = set()
+    iterator = iter(loader)
+    try:
+        for b in iterator:
+            mask, ids = np.asarray(b["mask"]), np.asarray(b["row_ids"])
+            m = mask.size
+            x = sp.csr_matrix(
+                (b["data"], b["indices"], b["indptr"]), shape=(m, GENES)
+            ).toarray()
+            np.testing.assert_array_equal(x[mask], truth[ids[mask]])
+            np.testing.assert_array_equal(np.asarray(b["obs/idx"])[mask], ids[mask])
+            seen[ids[mask]] += 1
+            most["trainer"] = max(most["trainer"], _data_fds(os.getpid(), folder))
+            if workers:
+                pids |= _workers()
+                for pid in pids:
+                    most["workers"] = max(most["workers"], _data_fds(pid, folder))
+    finally:
+        getattr(iterator, "close", lambda: None)()
+        source.close()
+    assert (seen == 1).all()
+    # Two descriptors per open file; a fetch's files and a read-ahead hint's
+    # may be pinned beyond the bound for a moment.
+    limit = 2 * (bound + 2)
+    assert most["trainer"] <= limit, most
+    if workers:
+        assert len(pids) >= 2
+        assert 0 < most["workers"] <= limit, most
+    else:
+        assert most["trainer"] > 0
+
+
+def test_threads_never_see_a_handle_closed_under_them(many_paths, truth):
+    """Eight threads read random ranges of 40 files through a bound of 2: a
+    handle closed while read would raise or give another file's values."""
+    paths = many_paths[:40]
+    source = grain_cells.AnnDataSource(
+        paths, block_size=4, obs_columns=["idx"], max_open_files=2, read_threads=0
+    )
+    failures: list = []
+    stop = time.monotonic() + 1.5
+
+    def hammer(seed):
+        rng = random.Random(seed)
+        try:
+            while time.monotonic() < stop:
+                files = rng.sample(range(len(paths)), rng.randint(1, 3))
+                starts = [f * CELLS + rng.randrange(CELLS) for f in files]
+                stops = [
+                    s + 1 + rng.randrange((s // CELLS + 1) * CELLS - s) for s in starts
+                ]
+                cells = source.read_ranges(starts, stops)
+                ids = np.concatenate(
+                    [np.arange(a, b) for a, b in zip(starts, stops, strict=True)]
+                )
+                np.testing.assert_array_equal(cells.row_ids, ids)
+                np.testing.assert_array_equal(cells.X.toarray(), truth[ids])
+                np.testing.assert_array_equal(cells.obs["idx"], ids)
+                source.will_need(rng.sample(range(len(source)), 2))
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    assert source._reads._handles.open_count <= 2
+
+
+class _Handle:
+    """A fake file that records a close while a reader uses it."""
+
+    def __init__(self, key, log):
+        self.key, self.log, self.busy, self.closed = key, log, 0, False
+
+    def use(self):
+        if self.closed:
+            self.log.append(f"file {self.key} read after close")
+        self.busy += 1
+        time.sleep(0.0001)
+        self.busy -= 1
+
+    def close(self):
+        if self.busy:
+            self.log.append(f"file {self.key} closed while read")
+        self.closed = True
+
+
+def test_the_lru_closes_no_pinned_file_and_shrinks_back():
+    log: list[str] = []
+    opened: list[_Handle] = []
+
+    def opener(key):
+        opened.append(_Handle(key, log))
+        return opened[-1]
+
+    lru = file_lru.FileLru(opener, max_open=2)
+
+    def reader(seed):
+        rng = random.Random(seed)
+        for _ in range(300):
+            keys = rng.sample(range(10), rng.randint(1, 4))
+            with lru.pinned(keys) as handles:
+                for h in handles:
+                    h.use()
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not log, log[:3]
+    assert lru.open_count <= 2
+    assert sum(not h.closed for h in opened) == lru.open_count
+    # Every file pinned: the bound is exceeded rather than waited for.
+    with lru.pinned([0, 1, 2, 3]) as handles:
+        assert lru.open_count == 4 and not any(h.closed for h in handles)
+        lru.close_all()  # pinned files close when the read ends
+        assert not any(h.closed for h in handles)
+    assert all(h.closed for h in handles) and lru.open_count == 0
+
+
+def test_a_file_rewritten_after_its_eviction_is_refused(many_paths, tmp_path):
+    paths = [str(tmp_path / f"{i}.h5ad") for i in range(2)]
+    for src, dst in zip(many_paths[:2], paths, strict=True):
+        shutil.copyfile(src, dst)
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=1)
+    first = source.read([0, 1]).X.toarray()
+    source.read([CELLS])  # file 1 opens, file 0 closes
+    np.testing.assert_array_equal(source.read([0, 1]).X.toarray(), first)  # reopens
+    source.read([CELLS])
+    os.unlink(paths[0])
+    shutil.copyfile(many_paths[2], paths[0])  # same layout, other values
+    with pytest.raises(errors.SourceChangedError, match=r"0\.h5ad"):
+        source.read([0])
+
+
+def test_the_option_is_checked_and_travels_to_workers(many_paths):
+    for bad in (0, -1, "many"):
+        with pytest.raises(ValueError, match="max_open_files"):
+            grain_cells.AnnDataSource(many_paths[:1], max_open_files=bad)
+    with pytest.raises(TypeError, match="max_open_files"):
+        grain_cells.AnnDataSource(many_paths[:1], max_open_files=2.5)
+    source = grain_cells.AnnDataSource(many_paths[:3], max_open_files=1)
+    copy = pickle.loads(pickle.dumps(source))
+    copy.read(np.arange(3 * CELLS))
+    assert copy._reads._handles.open_count == 1
+
+
+def test_the_default_is_an_eighth_of_a_low_descriptor_limit(monkeypatch):
+    monkeypatch.setattr(file_lru.resource, "getrlimit", lambda _: (256, 4096))
+    assert file_lru.default_max_open() == 32
+    monkeypatch.setattr(file_lru.resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
+    assert file_lru.default_max_open() == file_lru.DEFAULT_MAX_OPEN == 128
