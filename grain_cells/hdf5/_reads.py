@@ -38,7 +38,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching, nonempty
-from grain_cells.formats import value_dtype
+from grain_cells.formats import value_dtype, wait_all
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
 from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
@@ -316,8 +316,7 @@ class RangeReader:
             for a, b in itertools.pairwise(bounds)
             if b > a
         ]
-        for f in futures:
-            f.result()
+        wait_all(futures)  # none still writes into `out` once this returns
 
     def _read_h5py(self, starts, stops, out) -> None:
         ds = self._dataset
