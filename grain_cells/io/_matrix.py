@@ -20,9 +20,10 @@ from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader
 
-# Decoded `indptr` chunks kept per file when `indptr` is compressed: every
-# fetch reads a few entries per block, which would otherwise decode a whole
-# chunk each. 64 MiB holds the pointers of 8 million cells.
+# Decoded `indptr` chunks kept when `indptr` is compressed: every fetch reads
+# a few entries per block, which would otherwise decode a whole chunk each.
+# 64 MiB (the pointers of 8 million cells) per process, for all files
+# together (the `.h5ad` reader's one LRU; a file's chunks leave with it).
 INDPTR_CACHE_BYTES = 64 << 20
 # `indptr` entries per read of `CsrReader.chunk_starts`'s scan (8 MiB).
 SCAN_ROWS = 1 << 20
