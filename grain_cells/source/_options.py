@@ -165,7 +165,8 @@ def default_blocks(
     if all(size is None for size in sizes):
         return BlockTable.grid(files.n_obs, 16), options
     offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
-    handles = OpenFiles(files, 0)
+    # Only the matrix is scanned: an open that reads no obs column.
+    handles = OpenFiles(dataclasses.replace(files, obs_names=(), obs={}), 0)
     try:
         starts = [
             file_chunk_starts(files, handles, i) + offsets[i]
