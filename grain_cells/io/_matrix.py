@@ -16,6 +16,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.formats import wait_all
+from grain_cells.io._chunk_rows import scan_chunk_starts
 from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader
@@ -25,8 +26,6 @@ from grain_cells.io._nodes import range_reader
 # 64 MiB (the pointers of 8 million cells) per process, for all files
 # together (the `.h5ad` reader's one LRU; a file's chunks leave with it).
 INDPTR_CACHE_BYTES = 64 << 20
-# `indptr` entries per read of `CsrReader.chunk_starts`'s scan (8 MiB).
-SCAN_ROWS = 1 << 20
 
 
 @dataclasses.dataclass
@@ -226,48 +225,18 @@ class CsrReader:
     def chunk_starts(self) -> np.ndarray:
         """Local rows where a chunk of `data` begins (`[0]` if contiguous).
 
-        Row r belongs to the chunk that holds its first value. Streams
-        `indptr` in pieces of about `SCAN_ROWS` entries (whole chunks of it)
-        through one reused buffer, so memory stays bounded (8 MiB) however
-        many rows the file has: the whole `indptr` is never held at once,
-        and its decoded chunks bypass the fetch path's cache.
+        Row r belongs to the chunk that holds its first value. Scans
+        `indptr` a few chunks at a time (`_chunk_rows.scan_chunk_starts`:
+        bounded memory), through a reader that bypasses the fetches' cache.
         """
         length = self._data.chunk_length
         n = self.info.n_obs
         if length is None or n == 0:
             return np.zeros(1, np.int64)
-        # An uncached reader: the scan must not fill the fetches' LRU.
         reader = range_reader(
             self._group["indptr"], self.info.path, self._fd, fill_missing="leading"
         )
-        ptr_chunk = reader.chunk_length or SCAN_ROWS
-        piece = max(1, SCAN_ROWS // ptr_chunk) * ptr_chunk
-        buf = np.empty(min(piece, n), reader.dtype)
-        # A value's chunk starts at a multiple of `length`; the row of chunk k
-        # is the first row whose pointer reaches k * length (searchsorted
-        # "left" over indptr[:-1]), found in the piece where pointers pass it.
-        last = np.empty(1, reader.dtype)
-        reader.read(np.array([n]), np.array([n + 1]), last)
-        total = int(last[0])
-        n_chunks = max(1, -(-total // length))
-        targets = np.arange(n_chunks, dtype=np.int64) * length
-        starts = np.full(n_chunks, n, np.int64)
-        done = 0
-        for a in range(0, n, piece):
-            if done == n_chunks:
-                break
-            b = min(a + piece, n)
-            ptr = buf[: b - a]
-            reader.read(np.array([a]), np.array([b]), ptr)
-            ptr = ptr.astype(np.int64, copy=False)
-            upto = int(np.searchsorted(targets, ptr[-1], side="right"))
-            if upto > done:
-                found = np.searchsorted(ptr, targets[done:upto], side="left")
-                starts[done:upto] = a + found
-                done = upto
-        starts = np.unique(starts)
-        # A last chunk that holds only the tail of the last row starts none.
-        return starts[starts < n]
+        return scan_chunk_starts(reader, n, length)
 
     def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
         """The same error, naming the cells whose values the chunk holds."""
