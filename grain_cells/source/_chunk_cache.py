@@ -108,6 +108,7 @@ def _save(path: str, starts: np.ndarray) -> None:
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from others
             with os.fdopen(fd, "wb") as out:
                 np.save(out, starts, allow_pickle=False)
             os.replace(tmp, path)
