@@ -18,7 +18,8 @@ call). For a read of sorted row ranges it then
 Memory per reading thread: one merged run of stored bytes (at most
 `MAX_RUN_BYTES`, 4 MiB) and one or two decoded chunks (anndata's chunks are
 at most 1 MiB). An optional LRU cache keeps decoded chunks of small, hot
-datasets (`indptr`, read by every fetch) up to `cache_bytes`.
+datasets (`indptr`, read by every fetch): one per process for all readers
+(`grain_cells.hdf5._chunk_cache.SHARED`), of at most `cache_bytes`.
 
 Byte offsets from `chunk_iter` are absolute file offsets: they already
 include any user block.
@@ -26,10 +27,10 @@ include any user block.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import itertools
 import threading
+import weakref
 
 import h5py
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
 from grain_cells.formats import ChunkDecodeError, wait_all
+from grain_cells.hdf5._chunk_cache import SHARED
 from grain_cells.hdf5._codecs import Pipeline
 from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
 
@@ -86,10 +88,9 @@ class ChunkedReader:
         self._masks = masks
         self._local = threading.local()
         self._cache_bytes = int(cache_bytes)
-        self._cache: collections.OrderedDict[int, np.ndarray] = (
-            collections.OrderedDict()
-        )
-        self._cache_lock = threading.Lock()
+        self._token = SHARED.token()
+        if self._cache_bytes:  # its chunks leave the cache with the reader
+            weakref.finalize(self, SHARED.drop, self._token)
 
     @classmethod
     def create(
@@ -111,7 +112,9 @@ class ChunkedReader:
             dataset: An open 1-D or 2-D dataset.
             path: The file's path, for error messages.
             fd: An `os.open` descriptor of the same file, or its `ByteReader`.
-            cache_bytes: Decoded bytes to keep in an LRU cache (0: none).
+            cache_bytes: Keep decoded chunks in the process's LRU
+                (`_chunk_cache.SHARED`), trimmed to this many bytes at each
+                insert (0: none).
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
@@ -326,18 +329,8 @@ class ChunkedReader:
     def _cached(self, k: int) -> np.ndarray | None:
         if not self._cache_bytes:
             return None
-        with self._cache_lock:
-            chunk = self._cache.get(k)
-            if chunk is not None:
-                self._cache.move_to_end(k)
-            return chunk
+        return SHARED.get(self._token, k)
 
     def _remember(self, k: int, chunk: np.ndarray) -> None:
-        if not self._cache_bytes or chunk.nbytes > self._cache_bytes:
-            return
-        with self._cache_lock:
-            self._cache[k] = chunk
-            held = len(self._cache) * self.pipeline.chunk_nbytes
-            while held > self._cache_bytes:
-                self._cache.popitem(last=False)
-                held -= self.pipeline.chunk_nbytes
+        if self._cache_bytes:
+            SHARED.put(self._token, k, chunk, self._cache_bytes)

@@ -16,13 +16,15 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.formats import wait_all
+from grain_cells.io._chunk_rows import scan_chunk_starts
 from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader
 
-# Decoded `indptr` chunks kept per file when `indptr` is compressed: every
-# fetch reads a few entries per block, which would otherwise decode a whole
-# chunk each. 64 MiB holds the pointers of 8 million cells.
+# Decoded `indptr` chunks kept when `indptr` is compressed: every fetch reads
+# a few entries per block, which would otherwise decode a whole chunk each.
+# 64 MiB (the pointers of 8 million cells) per process, for all files
+# together (the `.h5ad` reader's one LRU; a file's chunks leave with it).
 INDPTR_CACHE_BYTES = 64 << 20
 
 
@@ -116,6 +118,8 @@ class CsrReader:
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
+        self._group = group
+        self._fd = fd
         path = info.path
         # zarr does not write all-zero chunks: values all in column 0, or
         # stored zeros, read as the fill value (checked: `_fills`).
@@ -221,21 +225,18 @@ class CsrReader:
     def chunk_starts(self) -> np.ndarray:
         """Local rows where a chunk of `data` begins (`[0]` if contiguous).
 
-        Row r belongs to the chunk that holds its first value. Reads the
-        whole `indptr` (8 bytes per row, transient).
+        Row r belongs to the chunk that holds its first value. Scans
+        `indptr` a few chunks at a time (`_chunk_rows.scan_chunk_starts`:
+        bounded memory), through a reader that bypasses the fetches' cache.
         """
         length = self._data.chunk_length
         n = self.info.n_obs
         if length is None or n == 0:
             return np.zeros(1, np.int64)
-        ptr = np.empty(n + 1, self._indptr.dtype)
-        self._indptr.read(np.array([0]), np.array([n + 1]), ptr)
-        ptr = ptr.astype(np.int64, copy=False)
-        n_chunks = max(1, -(-int(ptr[-1]) // length))
-        firsts = np.arange(n_chunks, dtype=np.int64) * length
-        starts = np.unique(np.searchsorted(ptr[:-1], firsts, side="left"))
-        # A last chunk that holds only the tail of the last row starts none.
-        return starts[starts < n]
+        reader = range_reader(
+            self._group["indptr"], self.info.path, self._fd, fill_missing="leading"
+        )
+        return scan_chunk_starts(reader, n, length)
 
     def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
         """The same error, naming the cells whose values the chunk holds."""

@@ -30,6 +30,7 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._file_set import FileSet, OpenFiles
 from grain_cells.io._genes import JOINS
 from grain_cells.io._obs import OBS_MISSING
+from grain_cells.source import _chunk_cache as chunk_cache
 from grain_cells.source import _chunk_grid as chunk_grid
 from grain_cells.source._table import BlockTable
 
@@ -169,16 +170,20 @@ def default_blocks(
     """The table and options of a source built without a `block_size`.
 
     Opens nothing for uncompressed files; opens compressed ones once more to
-    find their chunk starts (reading a CSR matrix's `indptr`).
+    find their chunk starts (scanning a CSR matrix's `indptr`) unless the
+    user's cache holds them (`_chunk_cache`).
     """
     sizes = [info.chunk_bytes for info in files.infos]
     if all(size is None for size in sizes):
         return BlockTable.grid(files.n_obs, 16), options
     offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
-    handles = OpenFiles(files, 0, options.max_open_files)
+    # Only the matrix is scanned: an open that reads no obs column.
+    handles = OpenFiles(
+        dataclasses.replace(files, obs_names=(), obs={}), 0, options.max_open_files
+    )
     try:
         starts = [
-            handles.file(i).reader.chunk_starts() + offsets[i]
+            file_chunk_starts(files, handles, i) + offsets[i]
             if size is not None
             else offsets[i : i + 1]
             for i, size in enumerate(sizes)
@@ -199,4 +204,18 @@ def default_blocks(
     return table, options
 
 
-__all__ = ["SourceOptions", "build", "default_blocks"]
+def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
+    """Local rows where file `i`'s matrix chunks begin, cached per file."""
+    return chunk_cache.cached_chunk_starts(
+        files.identities[i],
+        int(files.n_obs[i]),
+        lambda: _scan_chunk_starts(handles, i),
+    )
+
+
+def _scan_chunk_starts(handles: OpenFiles, i: int) -> np.ndarray:
+    with handles.pinned([i]) as (f,):  # not evicted while it is scanned
+        return f.reader.chunk_starts()
+
+
+__all__ = ["SourceOptions", "build", "default_blocks", "file_chunk_starts"]

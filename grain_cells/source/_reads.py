@@ -25,7 +25,7 @@ from grain_cells.io._cells import Cells
 from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._range_reads import FetchedRows
-from grain_cells.source._options import SourceOptions
+from grain_cells.source._options import SourceOptions, file_chunk_starts
 
 
 class FileReads:
@@ -169,12 +169,13 @@ class FileReads:
         For CSR, a row belongs to the chunk of `data` that holds its first
         value; for dense, chunks are runs of rows. Each file's first row is
         included; a contiguous matrix contributes only that. Opens every file
-        in this process (and, for CSR, reads each `indptr` once).
+        in this process (and, for CSR, scans each `indptr` once) unless the
+        user's cache holds a file's starts (`_chunk_cache`).
         """
-        parts = []
-        for i in range(len(self.files.paths)):
-            with self._handles.pinned([i]) as (f,):
-                parts.append(f.reader.chunk_starts() + self.cell_offsets[i])
+        parts = [
+            file_chunk_starts(self.files, self._handles, i) + self.cell_offsets[i]
+            for i in range(len(self.files.paths))
+        ]
         return np.unique(np.concatenate(parts))
 
 

@@ -182,7 +182,7 @@ def test_threads_never_see_a_handle_closed_under_them(many_paths, truth):
                 np.testing.assert_array_equal(cells.row_ids, ids)
                 np.testing.assert_array_equal(cells.X.toarray(), truth[ids])
                 np.testing.assert_array_equal(cells.obs["idx"], ids)
-                source.will_need(rng.sample(range(len(source)), 2))
+                source.advise(rng.sample(range(len(source)), 2))
         except BaseException as e:
             failures.append(e)
 

@@ -1,0 +1,85 @@
+"""One LRU of decoded chunks per process, shared by every `ChunkedReader`.
+
+Every fetch reads a few `indptr` entries per block; when `indptr` is
+compressed each would decode a whole chunk, so readers keep decoded chunks
+(`ChunkedReader(cache_bytes=...)`). Each reader used to hold its own LRU of
+up to `cache_bytes`, for as long as the process lived: 64 MiB per open file,
+so a worker that had read 2,000 files could hold gigabytes of pointers.
+
+`SHARED` bounds them together instead: one LRU over every reader's chunks,
+trimmed at each insert to the inserting reader's `cache_bytes` (64 MiB for
+`indptr`: the pointers of 8 million cells, however many files are open).
+A reader's entries are dropped when it is garbage-collected (its file
+closed), not kept until they age out.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+
+import numpy as np
+
+
+class ChunkCache:
+    """A thread-safe LRU of decoded chunks keyed by (reader token, chunk).
+
+    Example:
+        >>> cache = ChunkCache()
+        >>> token = cache.token()
+        >>> cache.put(token, 3, np.zeros(8, np.uint8), budget=1 << 20)
+        >>> cache.get(token, 3).size
+        8
+    """
+
+    def __init__(self):
+        """An empty cache."""
+        self._entries: collections.OrderedDict[tuple[int, int], np.ndarray] = (
+            collections.OrderedDict()
+        )
+        self._held = 0
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+
+    def token(self) -> int:
+        """A key prefix no other reader of this process has had."""
+        return next(self._tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """Decoded bytes held."""
+        return self._held
+
+    def get(self, token: int, k: int) -> np.ndarray | None:
+        """Chunk `k` of reader `token`, or None; marks it recently used."""
+        with self._lock:
+            chunk = self._entries.get((token, k))
+            if chunk is not None:
+                self._entries.move_to_end((token, k))
+            return chunk
+
+    def put(self, token: int, k: int, chunk: np.ndarray, budget: int) -> None:
+        """Keeps `chunk`, evicting the least recently used past `budget` bytes."""
+        if chunk.nbytes > budget:
+            return
+        with self._lock:
+            old = self._entries.pop((token, k), None)
+            if old is not None:
+                self._held -= old.nbytes
+            self._entries[(token, k)] = chunk
+            self._held += chunk.nbytes
+            while self._held > budget:
+                _, evicted = self._entries.popitem(last=False)
+                self._held -= evicted.nbytes
+
+    def drop(self, token: int) -> None:
+        """Forgets every chunk of reader `token` (it was closed)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == token]:
+                self._held -= self._entries.pop(key).nbytes
+
+
+SHARED = ChunkCache()
+
+__all__ = ["SHARED", "ChunkCache"]

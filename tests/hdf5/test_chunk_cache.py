@@ -1,0 +1,83 @@
+"""The decoded-`indptr` cache: one bounded LRU per process, emptied with its readers.
+
+Each compressed file's `indptr` reader used to keep up to 64 MiB of decoded
+chunks for the life of the process; with many files open that was
+unbounded. Now every reader shares `_chunk_cache.SHARED`, trimmed to the
+readers' `cache_bytes`, and a reader's chunks leave when it is collected.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from grain_cells.hdf5 import _chunk_cache
+from grain_cells.hdf5._chunks import ChunkedReader
+
+
+@pytest.fixture
+def gz_files(tmp_path):
+    paths = []
+    for i in range(3):
+        path = str(tmp_path / f"ptr{i}.h5")
+        with h5py.File(path, "w") as f:
+            f.create_dataset(
+                "indptr",
+                data=np.arange(10_000, dtype=np.int64) * (i + 1),
+                chunks=(1_000,),
+                compression="gzip",
+            )
+        paths.append(path)
+    return paths
+
+
+def _reader(path, cache_bytes):
+    f = h5py.File(path)
+    fd = os.open(path, os.O_RDONLY)
+    return f, fd, ChunkedReader.create(f["indptr"], path, fd, cache_bytes=cache_bytes)
+
+
+def test_one_budget_for_all_readers(gz_files, monkeypatch):
+    cache = _chunk_cache.ChunkCache()
+    monkeypatch.setattr("grain_cells.hdf5._chunks.SHARED", cache)
+    budget = 5 * 8_000  # five decoded chunks, over three readers of ten each
+    opened = [_reader(p, budget) for p in gz_files]
+    try:
+        for i, handles in enumerate(opened):
+            reader = handles[2]
+            for a in range(0, 10_000, 1_000):
+                out = np.empty(3, np.int64)
+                reader.read(np.array([a + 10]), np.array([a + 13]), out)
+                np.testing.assert_array_equal(out, np.arange(a + 10, a + 13) * (i + 1))
+            assert cache.nbytes <= budget
+        assert cache.nbytes == budget
+        # A hit returns the same values without decoding again.
+        reader = opened[-1][2]
+        out = np.empty(2, np.int64)
+        reader.read(np.array([9_998]), np.array([10_000]), out)
+        np.testing.assert_array_equal(out, [9_998 * 3, 9_999 * 3])
+    finally:
+        for handles in opened:
+            handles[0].close()
+            os.close(handles[1])
+    del opened, reader, handles
+    gc.collect()
+    assert cache.nbytes == 0  # every reader gone: its chunks too
+
+
+def test_uncached_readers_keep_nothing(gz_files, monkeypatch):
+    cache = _chunk_cache.ChunkCache()
+    monkeypatch.setattr("grain_cells.hdf5._chunks.SHARED", cache)
+    f, fd, reader = _reader(gz_files[0], 0)
+    try:
+        out = np.empty(10_000, np.int64)
+        reader.read(np.array([0]), np.array([10_000]), out)
+        np.testing.assert_array_equal(out, np.arange(10_000))
+        assert cache.nbytes == 0
+    finally:
+        f.close()
+        os.close(fd)
