@@ -30,7 +30,9 @@ and columns with the same harmonisation share one entry.
 **Writing** goes to a temporary file in the same folder, flushed, then
 renamed over the entry (`os.replace`, atomic), so a reader sees a whole
 entry or none; processes that race write the same bytes and the last rename
-wins. An entry is a `.npy` file (`np.load` reads it) followed by its own
+wins. Processes that miss the same entry at once take turns on a lock file
+beside it (`flock`), so one reads the column and the others map what it
+wrote. An entry is a `.npy` file (`np.load` reads it) followed by its own
 name's digest. **Reading** checks the header (one dimension, the file's
 cell count, a dtype of the column's kind), that the file's size is exactly
 header, values and digest, and the digest; an entry that fails (truncated,
@@ -42,6 +44,7 @@ entries are not removed: delete the folder any time no source is being read.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -122,19 +125,51 @@ def file_obs(
             out[name] = column.file_values(i, None, n_obs)
             continue
         path = None if folder is None else folder / entry_name(identity, column, i)
-        mapped = None if path is None else _load(path, column, n_obs)
-        if mapped is not None:
-            out[name] = mapped
-            continue
-        values = column.file_values(i, h5ad.read_obs_column(f, name), n_obs)
-        if path is not None:
-            mapped = _store(path, values, column, n_obs)
-        out[name] = values if mapped is None else mapped
+        mapped = None if path is None else _load(path, column, n_obs, quiet=True)
+        if mapped is None:
+            with _writer_lock(path):
+                # Another process may have written it while this one waited.
+                mapped = None if path is None else _load(path, column, n_obs)
+                if mapped is None:
+                    values = column.file_values(i, h5ad.read_obs_column(f, name), n_obs)
+                    if path is not None:
+                        mapped = _store(path, values, column, n_obs)
+                    if mapped is None:
+                        mapped = values
+        out[name] = mapped
     return out
 
 
-def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int):
-    """The entry mapped read-only, or None when absent or not valid."""
+@contextlib.contextmanager
+def _writer_lock(path: pathlib.Path | None):
+    """Holds `<entry>.lock` (flock): one process of many racing reads the column.
+
+    The others wait, then map what it wrote, instead of each reading the
+    whole column into its own memory. No lock (an unwritable folder) is
+    not an error: the entry is then not written either.
+    """
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
+    """The entry mapped read-only, or None when absent or not valid.
+
+    A damaged entry is logged (unless `quiet`: the check is then repeated
+    under the writer's lock, and logged there).
+    """
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -151,7 +186,8 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int):
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        _log.warning("obs cache: rebuilding %s (%s)", path, e)
+        if not quiet:
+            _log.warning("obs cache: rebuilding %s (%s)", path, e)
         return None
     expected_kind = "i" if column.categories is not None else column.dtype.kind
     problem = None
@@ -166,7 +202,8 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int):
     elif stamp != path.stem.encode():
         problem = "another entry's values (its digest differs)"
     if problem is not None:
-        _log.warning("obs cache: rebuilding %s (%s)", path, problem)
+        if not quiet:
+            _log.warning("obs cache: rebuilding %s (%s)", path, problem)
         return None
     return _as_array(np.memmap(path, dtype, "r", offset, (n_obs,)))
 

@@ -10,6 +10,7 @@ from `anndata.read_h5ad`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import pathlib
@@ -17,6 +18,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 
 import anndata
 import numpy as np
@@ -162,6 +164,33 @@ def test_two_sources_share_one_entry(paths, cache):
     assert len(list(cache.glob("*.npy"))) == 3
     a.close()
     b.close()
+
+
+def test_racing_openers_read_each_column_once(paths, cache, monkeypatch):
+    """Openers that miss at once take turns: one reads, the others map."""
+    files = _inspect(paths[:1])
+    reads = []
+    real = obs_cache.h5ad.read_obs_column
+
+    def counted(f, name):
+        reads.append(name)
+        return real(f, name)
+
+    monkeypatch.setattr(obs_cache.h5ad, "read_obs_column", counted)
+    start = threading.Barrier(4)
+
+    def open_one(_):
+        start.wait()
+        return OpenFiles(files, read_threads=0).file(0).obs
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(open_one, range(4)))
+    assert sorted(reads) == sorted(COLUMNS)
+    want = _in_memory(files, 0)
+    for obs in got:
+        for c in COLUMNS:
+            np.testing.assert_array_equal(obs[c], want[c])
+            assert _mapped(obs[c])
 
 
 @pytest.mark.parametrize(
