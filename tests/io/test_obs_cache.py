@@ -343,3 +343,51 @@ def test_a_worker_maps_obs_instead_of_holding_it(tmp_path, cache):
     # The process that writes the entries reads each column whole once; its
     # heap may keep part of that.
     assert grown[1] < grown[0], grown
+
+
+def test_objects_in_a_bucket_are_keyed_by_their_etag(paths, tmp_path, s3, cache):
+    url = s3.upload(paths[0], "obs_cache/a.h5ad")
+
+    def opened():
+        files = FileSet.inspect(
+            [url],
+            element="X",
+            obs_names=COLUMNS,
+            genes=None,
+            join="exact",
+            obs_missing="fill",
+            storage_options=s3.options,
+        )
+        handles = OpenFiles(files, read_threads=0)
+        try:
+            return files, dict(handles.file(0).obs)
+        finally:
+            handles.close()
+
+    files, got = opened()
+    want = _in_memory(_inspect(paths[:1]), 0)
+    for c in COLUMNS:
+        assert _mapped(got[c])
+        np.testing.assert_array_equal(got[c], want[c])
+    assert len(list(cache.glob("*.npy"))) == len(COLUMNS)
+    # The same key overwritten with other cells: a new ETag, new entries.
+    other = _write(tmp_path / "other.h5ad", 0, 0, seed=7)
+    s3.upload(other, "obs_cache/a.h5ad")
+    files, got = opened()
+    assert len(list(cache.glob("*.npy"))) == 2 * len(COLUMNS)
+    new = anndata.read_h5ad(other).obs
+    for c in ("cell_type", "donor"):
+        labels = np.asarray(files.obs[c].categories)[got[c]]
+        np.testing.assert_array_equal(labels, new[c].astype(str))
+
+
+def test_zarr_stores_are_mapped_too(paths, tmp_path, cache):
+    store = tmp_path / "a.zarr"
+    anndata.read_h5ad(paths[0]).write_zarr(store)
+    files = _inspect([str(store)])
+    got = OpenFiles(files, read_threads=0).file(0).obs
+    want = _in_memory(_inspect(paths[:1]), 0)
+    for c in COLUMNS:
+        assert _mapped(got[c])
+        assert got[c].dtype == want[c].dtype
+        np.testing.assert_array_equal(got[c], want[c])
