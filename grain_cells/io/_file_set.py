@@ -77,6 +77,7 @@ from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru as file_lru
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
+from grain_cells.io import _obs_cache as obs_cache
 from grain_cells.io._genes import (
     GeneAlignment,
     align_genes,
@@ -304,11 +305,9 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         if fd is not None:
             identity.check_stat(fd.stat(), "when a process opened it")
         reader = element_reader(f, info, fd)
-        obs = {}
-        for c in files.obs_names:
-            spec = files.obs[c]
-            column = h5ad.read_obs_column(f, c) if spec.present[i] else None
-            obs[c] = spec.file_values(i, column, info.n_obs)
+        # Mapped from a cache file that every process shares (`_obs_cache`).
+        specs = {c: files.obs[c] for c in files.obs_names}
+        obs = obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         fmt.opened(f)
         return OpenFile(f, fd, reader, obs, fmt)
     except BaseException:
