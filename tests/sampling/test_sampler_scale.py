@@ -1,4 +1,6 @@
-"""`WeightedBlockSampler` pickles its weights run-length encoded.
+"""Samplers at scale: compact pickles, vectorised `blocks_at`.
+
+`WeightedBlockSampler` pickles its weights run-length encoded.
 
 A worker rebuilds the cumulative weights from the runs; they must be the
 very same floats (draws are `searchsorted` on them).
@@ -48,3 +50,29 @@ def test_runs_of_equal_weights_pickle_small():
     assert len(pickle.dumps(sampler)) < 10_000
     distinct = WeightedBlockSampler(1000, np.arange(1.0, 1001.0), seed=0)
     assert len(pickle.dumps(distinct)) > 8_000  # the cumulative sums, as before
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_blocks=st.integers(1, 300),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**40),
+    count=st.integers(1, 3),
+)
+def test_block_sampler_blocks_at_matches_block_at(num_blocks, shuffle, seed, count):
+    from grain import sharding
+
+    from grain_cells import BlockSampler
+
+    if num_blocks < count:
+        return
+    sampler = BlockSampler(
+        num_blocks,
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=3,
+        shard_options=sharding.ShardOptions(0, count),
+    )
+    positions = np.arange(len(sampler))[::-1]  # epochs out of order
+    want = [sampler.block_at(int(p)) for p in positions]
+    np.testing.assert_array_equal(sampler.blocks_at(positions), want)
