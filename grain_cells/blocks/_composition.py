@@ -31,7 +31,8 @@ import numpy as np
 
 from grain_cells._util.ranges import expand_ranges
 
-_CHUNK_CELLS = 1 << 20
+_CHUNK_CELLS = 1 << 20  # cells of a part
+_BUILD_CELLS = 1 << 18  # cells counted at a time (transients: ~40 bytes each)
 _DENSE_ENTRIES = 1 << 23  # blocks x classes counted densely per part, at most
 
 
@@ -111,25 +112,36 @@ def composition(
     count_type = np.min_scalar_type(max(1, int(lengths.max(initial=1))))
     class_type = np.min_scalar_type(width)
     ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_CHUNK_CELLS, ends[-1], _CHUNK_CELLS))
+    cuts = np.searchsorted(ends, np.arange(_BUILD_CELLS, ends[-1], _BUILD_CELLS))
     bounds = np.unique(np.concatenate([[0], cuts, [lengths.size]])).tolist()
-    parts = []
-    for a, b in itertools.pairwise(bounds):
+    parts, pending = [], []
+    for a, b in itertools.pairwise(bounds):  # built in small pieces
         n = lengths[a:b]
         if starts[b - 1] + n[-1] - starts[a] == int(n.sum()):  # contiguous
             c = codes[starts[a] : stops[b - 1]]
         else:
             c = codes[expand_ranges(starts[a:b], n)]
         block, klass, count = _part_entries(c, n, width)
-        parts.append(
-            Part(
+        first = pending[0][0] if pending else a
+        pending.append(
+            (
                 a,
-                block.astype(np.int32),
+                (block + (a - first)).astype(np.int32),
                 klass.astype(class_type),
                 count.astype(count_type),
-                n.astype(np.float64),
             )
         )
+        if int(ends[b - 1]) - int(ends[first] - lengths[first]) >= _CHUNK_CELLS or (
+            b == lengths.size
+        ):  # joined into parts of about _CHUNK_CELLS cells
+            parts.append(
+                Part(
+                    first,
+                    *(np.concatenate([p[i] for p in pending]) for i in (1, 2, 3)),
+                    lengths[first:b].astype(np.float64),
+                )
+            )
+            pending = []
     return Composition(parts, width, int(lengths.size), categories)
 
 

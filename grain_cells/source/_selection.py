@@ -48,6 +48,8 @@ import numpy as np
 from grain_cells import errors
 from grain_cells.source._table import BlockTable
 
+_LOOKUP_CELLS = 1 << 20
+
 
 class Selectable(Protocol):
     """What a selection reads of a source (an `AnnDataSource` or a view)."""
@@ -201,7 +203,10 @@ def where_mask(
         keep = np.isin(categories, _labels(condition, categories, column))
     # The last entry answers the missing code -1 (indexing from the end).
     table = np.append(keep, False)
-    return table[values]
+    out = np.empty(values.shape, bool)
+    for a in range(0, values.size, _LOOKUP_CELLS):  # small index temporaries
+        out[a : a + _LOOKUP_CELLS] = table[values[a : a + _LOOKUP_CELLS]]
+    return out
 
 
 def _labels(condition, categories: np.ndarray, column: str) -> np.ndarray:

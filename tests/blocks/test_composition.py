@@ -77,12 +77,14 @@ def test_weights_match_the_straightforward_computation(chunk_cells, case):
     codes, starts, stops, n_classes = case
     categories = np.array([f"c{i}" for i in range(n_classes)], dtype=object)
     width = n_classes + 1
-    old = _composition._CHUNK_CELLS
-    _composition._CHUNK_CELLS = chunk_cells  # many parts: sums carried across
+    old = _composition._CHUNK_CELLS, _composition._BUILD_CELLS
+    # Many parts (sums carried across), each joined from several pieces.
+    _composition._CHUNK_CELLS = chunk_cells
+    _composition._BUILD_CELLS = max(1, chunk_cells // 3)
     try:
         comp = _composition.composition(codes, starts, stops, categories)
     finally:
-        _composition._CHUNK_CELLS = old
+        _composition._CHUNK_CELLS, _composition._BUILD_CELLS = old
     table = _reference_table(codes, starts, stops, width)
     assert comp.num_entries == table[0].size
     np.testing.assert_array_equal(
