@@ -49,6 +49,7 @@ __all__ = ["BlockSampler", "BlockStream", "check_sampler_fits"]
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
+_LIST_POSITIONS = 1 << 16
 
 
 class BlockSampler(BlockStream):
@@ -145,15 +146,17 @@ class BlockSampler(BlockStream):
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)
             seed = self._epoch_seed(epoch)
-            out[at] = list(
-                map(
-                    grain.experimental.index_shuffle,
-                    offsets[at].tolist(),
-                    itertools.repeat(last),
-                    itertools.repeat(seed),
-                    itertools.repeat(_SHUFFLE_ROUNDS),
+            for a in range(0, at.size, _LIST_POSITIONS):  # lists of Python ints
+                part = at[a : a + _LIST_POSITIONS]
+                out[part] = list(
+                    map(
+                        grain.experimental.index_shuffle,
+                        offsets[part].tolist(),
+                        itertools.repeat(last),
+                        itertools.repeat(seed),
+                        itertools.repeat(_SHUFFLE_ROUNDS),
+                    )
                 )
-            )
         return out
 
     def _epoch_seed(self, epoch: int) -> int:
