@@ -6,13 +6,13 @@ sorted by block, then class. Class index 0 stands for a missing label (code
 -1), index `c + 1` for code `c`.
 
 **Compact and chunked.** The entries are kept in parts of about `2**20`
-cells' blocks, each with block ids local to the part (int32), classes and
-counts in the smallest unsigned type that holds them: 6 bytes per entry
-where listing them as int64/float64 triples took 24, plus no per-iteration
-temporaries larger than one part. A part is built without sorting where
-the labels come in runs (a sorted column: one entry per run within a
-block, from where the label changes), and with a per-part dense count
-otherwise (labels interleaved in blocks).
+cells' blocks, each with block ids local to the part, classes and counts
+in the smallest unsigned types that hold them: 4 bytes per entry at
+`block_size` 16 under 256 classes, where int64/float64 triples took 24,
+plus no per-iteration temporaries larger than one part. A part is built
+without sorting where the labels come in runs (a sorted column: one entry
+per run within a block, from where the label changes), and with a dense
+count per piece otherwise (labels interleaved in blocks).
 
 **The same numbers, bit for bit.** `block_sums` and `class_sums` give
 exactly what `np.bincount` over the whole entry list gave: per-block sums
@@ -40,7 +40,7 @@ class Part(NamedTuple):
     """Entries of blocks `[first, first + lengths.size)`."""
 
     first: int
-    block: np.ndarray  # int32, local to the part
+    block: np.ndarray  # local to the part: uint16 up to 65,536 blocks, else 32 bits
     klass: np.ndarray
     count: np.ndarray
     lengths: np.ndarray  # cells per block of the part, float64
@@ -134,10 +134,15 @@ def composition(
         if int(ends[b - 1]) - int(ends[first] - lengths[first]) >= _CHUNK_CELLS or (
             b == lengths.size
         ):  # joined into parts of about _CHUNK_CELLS cells
+            block, klass, count = (
+                np.concatenate([p[i] for p in pending]) for i in (1, 2, 3)
+            )
             parts.append(
                 Part(
                     first,
-                    *(np.concatenate([p[i] for p in pending]) for i in (1, 2, 3)),
+                    block.astype(np.min_scalar_type(b - first)),
+                    klass,
+                    count,
                     lengths[first:b].astype(np.float64),
                 )
             )

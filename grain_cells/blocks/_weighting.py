@@ -54,8 +54,8 @@ and a fetch's classes come from its several blocks. Label diversity inside a min
 rises under class balance (rare classes appear), while cell diversity falls.
 
 Memory while computing weights: the obs column or the cell weights (one
-value per cell of the files), the block x class count table (6 bytes per
-(block, class) entry: one per block where labels come in runs, up to one
+value per cell of the files), the block x class count table (4 to 6 bytes
+per (block, class) entry: one per block where labels come in runs, up to one
 per cell where they are interleaved; `grain_cells.blocks._composition`)
 plus transients of one part of it (`2**20` cells); the result is 8 bytes
 per block. The weights are those of the straightforward computation over
