@@ -24,7 +24,6 @@ every sum is accumulated in the same order as before.
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -107,20 +106,40 @@ def composition(
         stops: Exclusive end of each block.
         categories: The labels codes index into.
     """
+    longest = max(1, int((stops - starts).max(initial=1)))
+    return table_composition(
+        codes, lambda a, b: (starts[a:b], stops[a:b]), starts.size, longest, categories
+    )
+
+
+def table_composition(
+    codes: np.ndarray, ranges, num_blocks: int, longest: int, categories: np.ndarray
+) -> Composition:
+    """The count table of `num_blocks` blocks whose rows `ranges(a, b)` gives.
+
+    Blocks are expanded a piece at a time (never all at once).
+
+    Args:
+        codes: One code per global row (-1: missing), any integer type.
+        ranges: `(starts, stops)` of blocks `a` to `b - 1`.
+        num_blocks: Blocks in all.
+        longest: Most cells in a block (`block_size`).
+        categories: The labels codes index into.
+    """
     width = len(categories) + 1
-    lengths = stops - starts
-    count_type = np.min_scalar_type(max(1, int(lengths.max(initial=1))))
+    count_type = np.min_scalar_type(longest)
     class_type = np.min_scalar_type(width)
-    ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_BUILD_CELLS, ends[-1], _BUILD_CELLS))
-    bounds = np.unique(np.concatenate([[0], cuts, [lengths.size]])).tolist()
-    parts, pending = [], []
-    for a, b in itertools.pairwise(bounds):  # built in small pieces
-        n = lengths[a:b]
-        if starts[b - 1] + n[-1] - starts[a] == int(n.sum()):  # contiguous
-            c = codes[starts[a] : stops[b - 1]]
+    step = max(1, _BUILD_CELLS // longest)
+    parts, pending, cells = [], [], 0
+    for a in range(0, num_blocks, step):  # built in small pieces
+        b = min(num_blocks, a + step)
+        starts, stops = ranges(a, b)
+        n = stops - starts
+        total = int(n.sum())
+        if stops[-1] - starts[0] == total:  # contiguous
+            c = codes[starts[0] : stops[-1]]
         else:
-            c = codes[expand_ranges(starts[a:b], n)]
+            c = codes[expand_ranges(starts, n)]
         block, klass, count = _part_entries(c, n, width)
         first = pending[0][0] if pending else a
         pending.append(
@@ -129,13 +148,13 @@ def composition(
                 (block + (a - first)).astype(np.int32),
                 klass.astype(class_type),
                 count.astype(count_type),
+                n.astype(np.float64),
             )
         )
-        if int(ends[b - 1]) - int(ends[first] - lengths[first]) >= _CHUNK_CELLS or (
-            b == lengths.size
-        ):  # joined into parts of about _CHUNK_CELLS cells
-            block, klass, count = (
-                np.concatenate([p[i] for p in pending]) for i in (1, 2, 3)
+        cells += total
+        if cells >= _CHUNK_CELLS or b == num_blocks:  # joined into parts
+            block, klass, count, lengths = (
+                np.concatenate([p[i] for p in pending]) for i in (1, 2, 3, 4)
             )
             parts.append(
                 Part(
@@ -143,11 +162,11 @@ def composition(
                     block.astype(np.min_scalar_type(b - first)),
                     klass,
                     count,
-                    lengths[first:b].astype(np.float64),
+                    lengths,
                 )
             )
-            pending = []
-    return Composition(parts, width, int(lengths.size), categories)
+            pending, cells = [], 0
+    return Composition(parts, width, int(num_blocks), categories)
 
 
 def _part_entries(codes: np.ndarray, lengths: np.ndarray, width: int):
@@ -174,4 +193,4 @@ def _part_entries(codes: np.ndarray, lengths: np.ndarray, width: int):
     return keys // width, keys % width, counts
 
 
-__all__ = ["Composition", "Part", "composition"]
+__all__ = ["Composition", "Part", "composition", "table_composition"]

@@ -77,7 +77,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.arguments import check_int
-from grain_cells.blocks._composition import Composition, composition
+from grain_cells.blocks._composition import Composition, table_composition
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source._source import AnnDataSource
 
@@ -158,8 +158,13 @@ def _composition(source: AnnDataSource, column: str) -> Composition:
             f"column={column!r} is numeric; class balance needs a categorical "
             "column (or pass per-cell weights to block_weights)"
         )
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
-    return composition(source.obs_values(column), starts, stops, categories)
+
+    def ranges(a, b):
+        return source.block_ranges(np.arange(a, b))[1:]
+
+    return table_composition(
+        source.obs_values(column), ranges, len(source), source.block_size, categories
+    )
 
 
 def _targets(comp: Composition, column: str, shares) -> np.ndarray:

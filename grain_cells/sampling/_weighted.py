@@ -97,14 +97,10 @@ class WeightedBlockSampler(BlockStream):
                 epoch length; a bad seed, epoch count or shard.
         """
         self._hints = PositionHints.for_source(source, readahead_cells)
-        lengths = None
         if isinstance(source, (int, np.integer)):
             num_blocks = int(source)
         else:
             num_blocks = len(source)
-            if isinstance(source, AnnDataSource):
-                _, starts, stops = source.block_ranges(np.arange(num_blocks))
-                lengths = stops - starts
         w = np.asarray(weights, np.float64)
         if w.shape != (num_blocks,):
             raise ValueError(
@@ -135,12 +131,13 @@ class WeightedBlockSampler(BlockStream):
         self._total = float(self._cdf[-1])
         self._last_drawable = int(np.flatnonzero(w > 0)[-1])
         if epoch_cells is not None:
-            if lengths is None:
+            if not isinstance(source, AnnDataSource):
                 raise ValueError(
                     "epoch_cells needs the source (block lengths), not a block "
                     "count; pass the AnnDataSource or use epoch_blocks"
                 )
-            per_draw = float(w @ lengths) / self._total
+            _, starts, stops = source.block_ranges(np.arange(num_blocks))
+            per_draw = float(w @ (stops - starts)) / self._total
             draws = math.ceil(epoch_cells / per_draw)
         else:
             draws = num_blocks if epoch_blocks is None else int(epoch_blocks)
