@@ -39,6 +39,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, counter_rng
 from grain_cells.source._selection import (
+    blocks_of_mask,
     describe_condition,
     selected_blocks,
     where_mask,
@@ -214,34 +215,53 @@ def obs_split_blocks(
         )
     if rest is not None and rest in holdout:
         raise ValueError(f"rest={rest!r} is also a holdout split; rename one")
-    mask = source.block_table.cell_mask()
-    taken = np.zeros_like(mask)
+    # Masks of one byte per cell, updated in place: a few alive at a time.
+    table = source.block_table
+    mask = table.cell_mask() if table.is_view else None
+    taken = None
     out = {}
     for name, condition in holdout.items():
-        split = mask & where_mask(source, column, condition)
+        split = where_mask(source, column, condition)
+        if mask is not None:
+            split &= mask
         if not split.any():
             raise ValueError(
                 f"holdout[{name!r}]: no cell of the source has {column!r} in "
                 f"{describe_condition(condition)}"
             )
-        if (split & taken).any():
+        if taken is not None and _overlap(split, taken):
             raise ValueError(
                 f"holdout[{name!r}] shares cells with an earlier split: its "
                 f"{column!r} values overlap"
             )
-        taken |= split
-        out[name] = selected_blocks(source, split)
-    left = mask & ~taken
+        out[name] = blocks_of_mask(table, split)
+        if taken is None:
+            taken = split
+        else:
+            taken |= split
+            del split
     if rest is not None:
+        left = np.logical_not(taken, out=taken)
+        if mask is not None:
+            left &= mask
         if not left.any():
             raise ValueError(
                 f"split_by_obs(..., rest={rest!r}): the holdout splits "
                 f"{list(holdout)} take every one of the source's "
-                f"{int(mask.sum())} cells, so {rest!r} would be empty. Hold out "
-                "fewer values, or pass rest=None to split only the held-out cells"
+                f"{table.num_selected_cells} cells, so {rest!r} would be empty. "
+                "Hold out fewer values, or pass rest=None to split only the "
+                "held-out cells"
             )
-        out[rest] = selected_blocks(source, left)
+        out[rest] = blocks_of_mask(table, left)
     return out
+
+
+def _overlap(a: np.ndarray, b: np.ndarray, step: int = 1 << 22) -> bool:
+    """Whether two masks share a True, without a mask-sized temporary."""
+    return any(
+        np.logical_and(a[i : i + step], b[i : i + step]).any()
+        for i in range(0, a.size, step)
+    )
 
 
 def _fraction_bounds(fractions) -> tuple[list[str], np.ndarray]:

@@ -54,8 +54,12 @@ and a fetch's classes come from its several blocks. Label diversity inside a min
 rises under class balance (rare classes appear), while cell diversity falls.
 
 Memory while computing weights: the obs column or the cell weights (one
-value per cell of the files) plus transients of about 24 bytes per cell of
-one chunk of blocks (`2**20` cells); the result is 8 bytes per block.
+value per cell of the files), the block x class count table (4 to 6 bytes
+per (block, class) entry: one per block where labels come in runs, up to one
+per cell where they are interleaved; `grain_cells.blocks._composition`)
+plus transients of one part of it (`2**20` cells); the result is 8 bytes
+per block. The weights are those of the straightforward computation over
+the whole table, bit for bit.
 
 Example:
     >>> source = grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
@@ -66,21 +70,18 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.arguments import check_int
-from grain_cells._util.ranges import expand_ranges
+from grain_cells.blocks._composition import Composition, table_composition
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source._source import AnnDataSource
 
 REDUCTIONS = ("mean", "sum")
-_CHUNK_CELLS = 1 << 20
 MISS_POINTS = 0.03
 """A class share further than this from its target (3 percentage points)
 makes `balanced_block_weights` suggest a grouped copy."""
@@ -144,21 +145,7 @@ def block_weights(
     return out
 
 
-class _Composition(NamedTuple):
-    """How many cells of each class each block holds, as sparse triples.
-
-    Class index 0 stands for a missing label (code -1), index `c + 1` for
-    code `c`.
-    """
-
-    block: np.ndarray
-    klass: np.ndarray
-    count: np.ndarray
-    lengths: np.ndarray
-    categories: np.ndarray
-
-
-def _composition(source: AnnDataSource, column: str) -> _Composition:
+def _composition(source: AnnDataSource, column: str) -> Composition:
     if column not in source.obs_columns:
         raise errors.MissingColumnError(
             f"column={column!r} is not one of the source's obs_columns "
@@ -171,32 +158,19 @@ def _composition(source: AnnDataSource, column: str) -> _Composition:
             f"column={column!r} is numeric; class balance needs a categorical "
             "column (or pass per-cell weights to block_weights)"
         )
-    codes = source.obs_values(column)
-    width = len(categories) + 1
-    table = source.block_table
-    _, starts, stops = table.ranges(np.arange(len(table)))
-    lengths = stops - starts
-    ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_CHUNK_CELLS, ends[-1], _CHUNK_CELLS))
-    bounds = np.unique(np.concatenate([[0], cuts, [lengths.size]]))
-    parts = []
-    for a, b in itertools.pairwise(bounds.tolist()):  # chunks of blocks
-        n = lengths[a:b]
-        rows = expand_ranges(starts[a:b], n)
-        key = np.repeat(np.arange(a, b, dtype=np.int64), n) * width
-        key += codes[rows].astype(np.int64) + 1
-        parts.append(np.unique(key, return_counts=True))
-    keys = np.concatenate([k for k, _ in parts])
-    counts = np.concatenate([c for _, c in parts])
-    return _Composition(
-        keys // width, keys % width, counts.astype(np.float64), lengths, categories
+
+    def ranges(a, b):
+        return source.block_ranges(np.arange(a, b))[1:]
+
+    return table_composition(
+        source.obs_values(column), ranges, len(source), source.block_size, categories
     )
 
 
-def _targets(comp: _Composition, column: str, shares) -> np.ndarray:
+def _targets(comp: Composition, column: str, shares) -> np.ndarray:
     """Target share per class index (0: missing, never a target)."""
-    width = comp.categories.size + 1
-    present = np.bincount(comp.klass, comp.count, minlength=width) > 0
+    width = comp.width
+    present = comp.class_counts() > 0
     present[0] = False
     target = np.zeros(width)
     if shares is None:
@@ -228,10 +202,9 @@ def _targets(comp: _Composition, column: str, shares) -> np.ndarray:
     return target / target.sum()
 
 
-def _draw_shares(comp: _Composition, weights: np.ndarray) -> np.ndarray:
+def _draw_shares(comp: Composition, weights: np.ndarray) -> np.ndarray:
     """Expected share of emitted cells per class index, for block weights."""
-    width = comp.categories.size + 1
-    emitted = np.bincount(comp.klass, weights[comp.block] * comp.count, width)
+    emitted = comp.class_sums(weights)
     return emitted / emitted.sum()
 
 
@@ -287,14 +260,29 @@ def balanced_block_weights(
     check_int("max_iterations", max_iterations, minimum=1)
     comp = _composition(source, column)
     target = _targets(comp, column, shares)
+    weights, got, gap = balance(comp, target, max_iterations, tolerance)
+    if gap > tolerance:
+        warnings.warn(
+            _miss_note(comp, column, got, target, gap, source.block_size),
+            stacklevel=2,
+        )
+    return weights
+
+
+def balance(
+    comp: Composition, target: np.ndarray, max_iterations: int, tolerance: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The fixed-point iteration of `balanced_block_weights` on a count table.
+
+    Returns:
+        `(weights, expected shares per class index, largest gap)`.
+    """
     width = target.size
-    count = np.bincount(comp.klass, comp.count, minlength=width)
+    count = comp.class_counts()
     multiplier = np.divide(target, count, out=np.zeros(width), where=count > 0)
     gap = np.inf
     for _ in range(max_iterations + 1):
-        weights = np.bincount(comp.block, multiplier[comp.klass] * comp.count)
-        weights = np.pad(weights, (0, comp.lengths.size - weights.size))
-        weights /= comp.lengths
+        weights = comp.block_sums(multiplier)
         got = _draw_shares(comp, weights)
         gap = float(np.abs(got - target).max())
         if gap <= tolerance:
@@ -302,12 +290,7 @@ def balanced_block_weights(
         step = np.divide(target, got, out=np.ones(width), where=got > 0)
         multiplier *= step
         multiplier /= multiplier.max()  # keep the scale away from under/overflow
-    if gap > tolerance:
-        warnings.warn(
-            _miss_note(comp, column, got, target, gap, source.block_size),
-            stacklevel=2,
-        )
-    return weights
+    return weights, got, gap
 
 
 def _miss_note(comp, column, got, target, gap, block_size) -> str:
@@ -380,6 +363,6 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
             f"{weights.shape}"
         )
     got = _draw_shares(comp, weights)
-    present = np.bincount(comp.klass, comp.count, minlength=got.size) > 0
+    present = comp.class_counts() > 0
     labels = [None, *comp.categories.tolist()]
     return {labels[i]: float(got[i]) for i in np.flatnonzero(present)}

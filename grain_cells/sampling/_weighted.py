@@ -38,8 +38,12 @@ class WeightedBlockSampler(BlockStream):
     ...`: disjoint positions, independent draws; a block may be drawn by
     several shards). Default: `num_blocks` draws.
 
-    **Memory.** The cumulative weights: 8 bytes per block, pickled to every
-    worker with the sampler.
+    **Memory.** The cumulative weights: 8 bytes per block. Pickled to
+    every worker are the weights run-length encoded (a value and a count
+    per run of equal weights: class-balance weights of blocks that hold one
+    class each, or of a grouped copy, are a few runs per class), from which
+    each process rebuilds the same cumulative sums; weights without such
+    runs (blocks of interleaved labels) pickle as the cumulative sums.
 
     Weights come from `grain_cells.block_weights` (per-cell weights) or
     `grain_cells.balanced_block_weights` (class balance); see
@@ -93,14 +97,10 @@ class WeightedBlockSampler(BlockStream):
                 epoch length; a bad seed, epoch count or shard.
         """
         self._hints = PositionHints.for_source(source, readahead_cells)
-        lengths = None
         if isinstance(source, (int, np.integer)):
             num_blocks = int(source)
         else:
             num_blocks = len(source)
-            if isinstance(source, AnnDataSource):
-                _, starts, stops = source.block_ranges(np.arange(num_blocks))
-                lengths = stops - starts
         w = np.asarray(weights, np.float64)
         if w.shape != (num_blocks,):
             raise ValueError(
@@ -127,15 +127,17 @@ class WeightedBlockSampler(BlockStream):
             if value is not None:
                 check_int(name, value, minimum=1)
         self._cdf = np.cumsum(w)
+        self._runs = _runs_of_equal(w)
         self._total = float(self._cdf[-1])
         self._last_drawable = int(np.flatnonzero(w > 0)[-1])
         if epoch_cells is not None:
-            if lengths is None:
+            if not isinstance(source, AnnDataSource):
                 raise ValueError(
                     "epoch_cells needs the source (block lengths), not a block "
                     "count; pass the AnnDataSource or use epoch_blocks"
                 )
-            per_draw = float(w @ lengths) / self._total
+            _, starts, stops = source.block_ranges(np.arange(num_blocks))
+            per_draw = float(w @ (stops - starts)) / self._total
             draws = math.ceil(epoch_cells / per_draw)
         else:
             draws = num_blocks if epoch_blocks is None else int(epoch_blocks)
@@ -146,6 +148,18 @@ class WeightedBlockSampler(BlockStream):
         # Read by grain.DataLoader when it is given no shard_options.
         self._shard_options = shard_options
         self._weights_id = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()[:16]
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if state.get("_runs") is not None:
+            del state["_cdf"]  # rebuilt from the runs, bit for bit
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "_cdf" not in state:
+            values, counts = self._runs
+            self._cdf = np.cumsum(np.repeat(values, counts))
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -197,3 +211,15 @@ class WeightedBlockSampler(BlockStream):
             f"num_epochs={self._num_epochs}, shard_index={so.shard_index}, "
             f"shard_count={so.shard_count})"
         )
+
+
+def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(values, counts)` of runs of bit-equal weights, or None when there
+    are not fewer runs than half the weights (no saving).
+    """  # noqa: D205
+    bits = w.view(np.int64)
+    heads = np.flatnonzero(bits[1:] != bits[:-1]) + 1
+    if 2 * (heads.size + 1) >= w.size:
+        return None
+    heads = np.concatenate([[0], heads])
+    return w[heads].copy(), np.diff(heads, append=w.size)

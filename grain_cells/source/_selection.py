@@ -13,7 +13,8 @@ selection or a split is built: a few boolean masks (1 byte per cell of the
 files each), the obs columns asked about (`AnnDataSource.obs_values`: codes
 in the smallest integer type that holds them) and, for splits by group or by
 `unit_cells`, int64 indices (8 bytes per cell, a few of them); kept
-afterwards: the view's block table, 16 bytes per block.
+afterwards: the view's block table, 24 bytes per run of blocks (at most 16
+bytes per block; `grain_cells.source._table`).
 
 Short blocks cost throughput, not correctness: `fetch_operations` groups a
 fixed number of blocks per fetch, so a fetch of short blocks holds fewer
@@ -46,6 +47,8 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.source._table import BlockTable
+
+_LOOKUP_CELLS = 1 << 20
 
 
 class Selectable(Protocol):
@@ -85,6 +88,27 @@ def blocks_over_runs(
     Returns:
         `(starts, stops)`: int64 global row ranges, sorted.
     """
+    run_starts, run_stops = runs_of_mask(mask, cell_offsets)
+    lengths = run_stops - run_starts
+    per_run = -(-lengths // block_size)
+    # Block j of run r starts at run_starts[r] + j * block_size.
+    run_of_block = np.repeat(np.arange(run_starts.size), per_run)
+    first_block = np.cumsum(per_run) - per_run
+    j = np.arange(run_of_block.size, dtype=np.int64) - first_block[run_of_block]
+    starts = run_starts[run_of_block] + j * block_size
+    stops = np.minimum(starts + block_size, run_stops[run_of_block])
+    return starts.astype(np.int64), stops.astype(np.int64)
+
+
+def runs_of_mask(
+    mask: np.ndarray, cell_offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of True in `mask`, cut at file boundaries, as `(starts, stops)`.
+
+    Example:
+        >>> runs_of_mask(np.array([1, 1, 1, 0, 1], bool), np.array([0, 2, 5]))
+        (array([0, 2, 4]), array([2, 3, 5]))
+    """
     mask = np.asarray(mask, bool)
     n = mask.size
     inner = np.asarray(cell_offsets[1:-1], np.int64)
@@ -99,15 +123,7 @@ def blocks_over_runs(
     begins[:-1] &= ~mask[1:]
     begins[inner - 1] = mask[inner - 1]
     run_stops = np.flatnonzero(begins) + 1
-    lengths = run_stops - run_starts
-    per_run = -(-lengths // block_size)
-    # Block j of run r starts at run_starts[r] + j * block_size.
-    run_of_block = np.repeat(np.arange(run_starts.size), per_run)
-    first_block = np.cumsum(per_run) - per_run
-    j = np.arange(run_of_block.size, dtype=np.int64) - first_block[run_of_block]
-    starts = run_starts[run_of_block] + j * block_size
-    stops = np.minimum(starts + block_size, run_stops[run_of_block])
-    return starts.astype(np.int64), stops.astype(np.int64)
+    return run_starts.astype(np.int64), run_stops.astype(np.int64)
 
 
 def cell_mask(source: Selectable) -> np.ndarray:
@@ -130,10 +146,16 @@ def selected_blocks(source: Selectable, cells=None, where=None) -> BlockTable:
         See `selection_mask`.
     """
     mask = selection_mask(source, cells, where)
-    table = source.block_table
-    return table.with_blocks(
-        *blocks_over_runs(mask, table.cell_offsets, table.block_size)
-    )
+    return blocks_of_mask(source.block_table, mask)
+
+
+def blocks_of_mask(table: BlockTable, mask: np.ndarray) -> BlockTable:
+    """A view of `table`'s files: blocks over the runs of True in `mask`.
+
+    `table.with_runs` of the runs: the blocks of `blocks_over_runs`, stored as
+    runs and never listed one by one.
+    """
+    return table.with_runs(*runs_of_mask(mask, table.cell_offsets))
 
 
 # -- selection -----------------------------------------------------------------
@@ -181,7 +203,10 @@ def where_mask(
         keep = np.isin(categories, _labels(condition, categories, column))
     # The last entry answers the missing code -1 (indexing from the end).
     table = np.append(keep, False)
-    return table[values]
+    out = np.empty(values.shape, bool)
+    for a in range(0, values.size, _LOOKUP_CELLS):  # small index temporaries
+        out[a : a + _LOOKUP_CELLS] = table[values[a : a + _LOOKUP_CELLS]]
+    return out
 
 
 def _labels(condition, categories: np.ndarray, column: str) -> np.ndarray:
@@ -290,9 +315,11 @@ def describe_condition(x) -> str:
 
 
 __all__ = [
+    "blocks_of_mask",
     "blocks_over_runs",
     "cell_mask",
     "describe_condition",
+    "runs_of_mask",
     "selected_blocks",
     "selection_mask",
     "where_mask",

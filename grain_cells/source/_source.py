@@ -66,12 +66,14 @@ class AnnDataSource(SourceDescription):
     **Views over a subset of cells.** `select(cells, where=...)`, the splits
     (`grain_cells.blocks`), `with_blocks(starts, stops)` and `view(table)`
     return a source over some cells only: the same files and options, another
-    block table (16 bytes per block), a `repr` naming a hash of it; row ids
-    stay global. See `grain_cells.source._selection`.
+    block table (runs of blocks, `grain_cells.source._table`), a `repr`
+    naming a hash of it; row ids stay global. See `grain_cells.source._selection`.
 
     Memory per process: the handles (about a megabyte each) and chosen obs
     columns of the open files, at most `max_open_files` (one value per cell
-    and column, in the smallest integer type that holds the codes), the
+    and column, in the smallest integer type that holds the codes; mapped
+    from a cache file every process shares for files of 65,536 cells or
+    more, `grain_cells.io._obs_cache`), the
     column maps of files whose genes differ from the output (4 bytes per
     stored gene, shared by files with equal var names), plus the read
     buffers (about 2x the largest batch read).
@@ -220,8 +222,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            lengths = table.stops - table.starts
-            note = block_table.fragment_note(lengths, table.block_size)
+            note = block_table.fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
         return AnnDataSource._of(self.files, table, self.options)
 
@@ -253,7 +254,8 @@ class AnnDataSource(SourceDescription):
         """A view whose record `k` is global rows `[starts[k], stops[k])`.
 
         `view(block_table.with_blocks(starts, stops))`: the view's table
-        holds 16 bytes per block, pickled to every worker with the source.
+        holds its runs of consecutive blocks (24 bytes per run, at most 16 per
+        block), pickled to every worker with the source.
 
         Args:
             starts: Global first rows, strictly increasing.

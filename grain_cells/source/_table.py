@@ -3,10 +3,19 @@
 A block is up to `block_size` contiguous cells of one file; the table maps a
 record key to its global rows `[start, stop)`. The *grid* table cuts each file
 into blocks of `block_size` cells from its first row (the last block of a file
-may be short) and stores nothing per block. A *view* table lists its blocks'
-rows (two int64 arrays, 16 bytes per block): selections, splits and
-chunk-aligned blocks are view tables, made by `with_blocks`, a pure function
-of the table and the ranges (it returns a new table and changes nothing).
+may be short) and stores nothing per block. A *view* table (selections,
+splits, chunk-aligned blocks) is stored run-length encoded: *runs* of
+consecutive blocks, each run `[run_start, run_stop)` cut into blocks of
+`block_size` cells from its start (its last block may be short), plus each
+run's first block index (three int64 arrays, 24 bytes per run). A donor
+split of a 100M-cell atlas is a few thousand runs (tens of KB) instead of
+millions of blocks; a table whose runs hold one block each (blocks of an
+interleaved label) drops the block index and keeps 16 bytes per block, as
+listing the blocks would. Per-block starts and stops are computed from the
+runs (`ranges`, vectorised), never stored. `with_blocks` and `with_runs`
+make view tables, pure functions of the table and the ranges (they return a
+new table and change nothing); equal blocks give an equal `blocks_id`
+however they were given.
 
 Tables are immutable values: they pickle to workers with the source and are
 shared by views of one source.
@@ -23,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -72,24 +82,31 @@ class Block(NamedTuple):
         )
 
 
+_HASH_BLOCKS = 1 << 20  # blocks expanded at a time for `blocks_id`
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockTable:
-    """The blocks of a source: a regular grid per file, or listed ranges.
+    """The blocks of a source: a regular grid per file, or runs of blocks.
 
     Attributes:
         cell_offsets: Global row of each file's first cell, plus the total.
         block_size: Most cells per block.
         block_offsets: Index of each file's first block, plus the block count.
-        starts: A view's first row per block; None for the grid.
-        stops: A view's exclusive end per block; None for the grid.
+        run_starts: A view's first row per run; None for the grid.
+        run_stops: A view's exclusive end per run; None for the grid.
+        run_blocks: A view's first block per run, plus the block count; None
+            for the grid, or when every run is one block (then block `k` is
+            run `k`).
         blocks_id: A view's blocks summarised and hashed; "" for the grid.
     """
 
     cell_offsets: np.ndarray
     block_size: int
     block_offsets: np.ndarray
-    starts: np.ndarray | None = None
-    stops: np.ndarray | None = None
+    run_starts: np.ndarray | None = None
+    run_stops: np.ndarray | None = None
+    run_blocks: np.ndarray | None = None
     blocks_id: str = ""
 
     @classmethod
@@ -108,32 +125,75 @@ class BlockTable:
             block_offsets=np.concatenate([[0], np.cumsum(n_blocks)]),
         )
 
+    def __getstate__(self) -> dict:
+        # The fields only: values cached in this process stay here.
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def __len__(self) -> int:
         return int(self.block_offsets[-1])
 
     @property
     def is_view(self) -> bool:
         """Whether the table lists its blocks (else the full grid)."""
-        return self.starts is not None
+        return self.run_starts is not None
+
+    @property
+    def num_runs(self) -> int:
+        """Runs of a view (its blocks for the grid)."""
+        return len(self) if self.run_starts is None else int(self.run_starts.size)
 
     @property
     def num_cells(self) -> int:
         """Cells over all files (a view's row ids still range over these)."""
         return int(self.cell_offsets[-1])
 
-    @property
+    @functools.cached_property
     def num_selected_cells(self) -> int:
         """Cells the blocks hold: `num_cells`, or fewer for a view."""
-        if self.starts is None:
+        if self.run_starts is None:
             return self.num_cells
-        return int((self.stops - self.starts).sum())
+        return int((self.run_stops - self.run_starts).sum())
+
+    @property
+    def mean_block_cells(self) -> float:
+        """Cells per block, on average."""
+        return self.num_selected_cells / max(1, len(self))
 
     @property
     def fragmented(self) -> bool:
         """Whether a view's blocks hold less than half of `block_size` on average."""
-        return self.starts is not None and fragmented(
-            self.stops - self.starts, self.block_size
+        return self.run_starts is not None and fragmented(
+            self.mean_block_cells, self.block_size
         )
+
+    @property
+    def starts(self) -> np.ndarray | None:
+        """A view's first row per block (computed from the runs); None for the grid."""
+        return None if self.run_starts is None else self.block_lengths()[1]
+
+    @property
+    def stops(self) -> np.ndarray | None:
+        """A view's exclusive end per block (computed); None for the grid."""
+        if self.run_starts is None:
+            return None
+        lengths, starts = self.block_lengths()
+        return starts + lengths
+
+    def block_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """`(lengths, starts)` of every block, int64 (8 bytes per block each)."""
+        _, starts, stops = self.ranges(np.arange(len(self)))
+        return stops - starts, starts
+
+    def _locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(starts, stops)` of a view's blocks `keys` (checked)."""
+        if self.run_blocks is None:  # one block per run
+            return self.run_starts[keys], self.run_stops[keys]
+        run = np.searchsorted(self.run_blocks, keys, side="right") - 1
+        starts = self.run_starts[run] + (keys - self.run_blocks[run]) * self.block_size
+        return starts, np.minimum(starts + self.block_size, self.run_stops[run])
 
     def block(self, record_key: int, source_id: int = 0) -> Block:
         """The rows of block `record_key` (a record of source `source_id`).
@@ -149,8 +209,16 @@ class BlockTable:
                 f"up to {self.block_size} cells"
             )
         f = int(np.searchsorted(self.block_offsets, k, side="right")) - 1
-        if self.starts is not None:
-            return Block(k, f, int(self.starts[k]), int(self.stops[k]), source_id)
+        if self.run_starts is not None:
+            if self.run_blocks is None:
+                start, stop = int(self.run_starts[k]), int(self.run_stops[k])
+            else:
+                r = int(np.searchsorted(self.run_blocks, k, side="right")) - 1
+                start = int(self.run_starts[r]) + (k - int(self.run_blocks[r])) * (
+                    self.block_size
+                )
+                stop = min(start + self.block_size, int(self.run_stops[r]))
+            return Block(k, f, start, stop, source_id)
         start = int(self.cell_offsets[f]) + (k - int(self.block_offsets[f])) * (
             self.block_size
         )
@@ -170,8 +238,8 @@ class BlockTable:
                 f"{keys.max()}"
             )
         files = np.searchsorted(self.block_offsets, keys, side="right") - 1
-        if self.starts is not None:
-            return files, self.starts[keys], self.stops[keys]
+        if self.run_starts is not None:
+            return (files, *self._locate(keys))
         starts = (
             self.cell_offsets[files]
             + (keys - self.block_offsets[files]) * self.block_size
@@ -183,7 +251,8 @@ class BlockTable:
         """A view table whose block `k` is global rows `[starts[k], stops[k])`.
 
         Only the files (`cell_offsets`) and `block_size` of this table matter:
-        the ranges may be any blocks of these files.
+        the ranges may be any blocks of these files. Stored as runs (see the
+        module docstring).
 
         Args:
             starts: Global first rows, strictly increasing.
@@ -195,79 +264,146 @@ class BlockTable:
             ValueError: No range, or ranges out of order, overlapping, empty,
                 longer than `block_size` or straddling two files.
         """
+        starts, stops = self._checked(starts, stops, "block", self.block_size)
+        # A block continues its predecessor's run when that one is full and
+        # ends where it starts, in the same file.
+        file_of = np.searchsorted(self.cell_offsets, starts, side="right")
+        cont = (
+            (starts[1:] == stops[:-1])
+            & (stops[:-1] - starts[:-1] == self.block_size)
+            & (file_of[1:] == file_of[:-1])
+        )
+        del file_of
+        heads = np.flatnonzero(~cont) + 1
+        n = starts.size
+        if 3 * (heads.size + 1) >= 2 * n:  # runs would not be smaller
+            return self._view(starts, stops, None)
+        first = np.concatenate([[0], heads])
+        last = np.concatenate([heads - 1, [n - 1]])
+        return self._view(starts[first], stops[last], np.append(first, n))
+
+    def with_runs(self, run_starts, run_stops) -> BlockTable:
+        """A view table over runs: each run `[start, stop)` of one file, cut
+        into blocks of `block_size` cells from its start.
+
+        The table of `with_blocks` of those blocks (same `blocks_id`), built
+        without listing them.
+
+        Args:
+            run_starts: Global first rows, strictly increasing.
+            run_stops: Exclusive ends; runs are non-empty, do not overlap and
+                each lies in one file.
+
+        Raises:
+            TypeError: Starts or stops are not integers.
+            ValueError: No run, or runs out of order, overlapping, empty or
+                straddling two files.
+        """  # noqa: D205
+        starts, stops = self._checked(run_starts, run_stops, "run", None)
+        per_run = -(-(stops - starts) // self.block_size)
+        first = np.concatenate([[0], np.cumsum(per_run)])
+        if (per_run == 1).all():
+            return self._view(starts, stops, None)
+        if 3 * starts.size >= 2 * int(first[-1]):  # list the blocks instead
+            table = self._view(starts, stops, first)
+            lengths, block_starts = table.block_lengths()
+            return self._view(block_starts, block_starts + lengths, None)
+        return self._view(starts, stops, first)
+
+    def _checked(self, starts, stops, what: str, longest: int | None):
+        """Ranges as int64 arrays, or the error that names the first bad one."""
         starts = np.asarray(starts).reshape(-1)
         stops = np.asarray(stops).reshape(-1)
         if starts.dtype.kind not in "iu" or stops.dtype.kind not in "iu":
             raise TypeError(
-                f"block starts and stops must be integers, got dtypes "
+                f"{what} starts and stops must be integers, got dtypes "
                 f"{starts.dtype} and {stops.dtype}"
             )
         starts = starts.astype(np.int64)
         stops = stops.astype(np.int64)
         if starts.shape != stops.shape or starts.size == 0:
             raise ValueError(
-                f"with_blocks needs as many stops as starts, at least one: got "
+                f"with_{what}s needs as many stops as starts, at least one: got "
                 f"{starts.size} starts and {stops.size} stops"
             )
         lengths = stops - starts
-        bad = (lengths < 1) | (lengths > self.block_size)
+        bad = lengths < 1 if longest is None else (lengths < 1) | (lengths > longest)
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
+            holds = "1 or more" if longest is None else f"1 to block_size={longest}"
             raise ValueError(
-                f"block {k} is rows [{starts[k]}, {stops[k]}): a block holds 1 to "
-                f"block_size={self.block_size} rows"
+                f"{what} {k} is rows [{starts[k]}, {stops[k]}): a {what} holds "
+                f"{holds} rows"
             )
+        del lengths, bad
         if starts[0] < 0 or stops[-1] > self.num_cells:
             raise ValueError(
-                f"blocks span rows [{starts.min()}, {stops.max()}); the source has "
-                f"{self.num_cells} cells"
+                f"{what}s span rows [{starts.min()}, {stops.max()}); the source "
+                f"has {self.num_cells} cells"
             )
         if (starts[1:] < stops[:-1]).any():
             k = int(np.flatnonzero(starts[1:] < stops[:-1])[0]) + 1
             raise ValueError(
-                f"block {k} (rows [{starts[k]}, {stops[k]})) starts before block "
-                f"{k - 1} ends ({stops[k - 1]}): blocks must be sorted and disjoint"
+                f"{what} {k} (rows [{starts[k]}, {stops[k]})) starts before {what} "
+                f"{k - 1} ends ({stops[k - 1]}): {what}s must be sorted and disjoint"
             )
         first_file = np.searchsorted(self.cell_offsets, starts, side="right")
         last_file = np.searchsorted(self.cell_offsets, stops - 1, side="right")
         if (first_file != last_file).any():
             k = int(np.flatnonzero(first_file != last_file)[0])
             raise ValueError(
-                f"block {k} (rows [{starts[k]}, {stops[k]})) straddles two files; "
+                f"{what} {k} (rows [{starts[k]}, {stops[k]})) straddles two files; "
                 f"file boundaries are at {self.cell_offsets[1:-1].tolist()}"
             )
-        digest = hashlib.sha256(starts.astype("<i8").tobytes())
-        digest.update(stops.astype("<i8").tobytes())
-        return BlockTable(
+        return starts, stops
+
+    def _view(self, run_starts, run_stops, run_blocks) -> BlockTable:
+        """The view table of checked runs (`run_blocks` None: one block each)."""
+        before = np.searchsorted(run_starts, self.cell_offsets, "left")
+        n = run_starts.size if run_blocks is None else int(run_blocks[-1])
+        table = BlockTable(
             cell_offsets=self.cell_offsets,
             block_size=self.block_size,
-            block_offsets=np.searchsorted(starts, self.cell_offsets, "left"),
-            starts=starts,
-            stops=stops,
-            blocks_id=(
-                f"{starts.size} blocks of {int(lengths.sum())} cells "
-                f"sha256:{digest.hexdigest()[:16]}"
-            ),
+            block_offsets=before if run_blocks is None else run_blocks[before],
+            run_starts=run_starts,
+            run_stops=run_stops,
+            run_blocks=run_blocks,
         )
+        # The id hashes every block's start, then every stop, as listed
+        # blocks did: expanded a chunk at a time.
+        digest = hashlib.sha256()
+        for which in (1, 2):
+            for a in range(0, n, _HASH_BLOCKS):
+                keys = np.arange(a, min(n, a + _HASH_BLOCKS))
+                digest.update(table.ranges(keys)[which].astype("<i8").tobytes())
+        cells = int((run_stops - run_starts).sum())
+        blocks_id = f"{n} blocks of {cells} cells sha256:{digest.hexdigest()[:16]}"
+        object.__setattr__(table, "blocks_id", blocks_id)
+        return table
 
     def cell_mask(self) -> np.ndarray:
         """One bool per global row: whether one of the blocks holds it."""
         n = self.num_cells
-        if self.starts is None:
+        if self.run_starts is None:
             return np.ones(n, bool)
         edges = np.zeros(n + 1, np.int8)
-        edges[self.starts] = 1
-        edges[self.stops] -= 1  # a stop may be the next block's start: 1 - 1 = 0
+        edges[self.run_starts] = 1
+        edges[self.run_stops] -= 1  # a stop may be the next run's start: 1 - 1 = 0
         return np.cumsum(edges[:-1], dtype=np.int8).view(bool)
 
 
-def fragmented(lengths: np.ndarray, block_size: int) -> bool:
-    """Whether blocks hold on average less than half of `block_size` cells."""
+def fragmented(lengths, block_size: int) -> bool:
+    """Whether blocks hold on average less than half of `block_size` cells.
+
+    `lengths`: the blocks' lengths, or their mean.
+    """
     return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
 
 
-def fragment_note(lengths: np.ndarray, block_size: int) -> str:
+def fragment_note(lengths, block_size: int) -> str:
     """Says what fragmented blocks cost, and what to do about it.
+
+    `lengths`: the blocks' lengths, or their mean.
 
     True for the usual case, an obs label interleaved with others within
     each donor or batch: a plain shuffled copy would scatter the selected

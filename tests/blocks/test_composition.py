@@ -1,0 +1,106 @@
+"""The compact block x class table against the straightforward computation.
+
+`grain_cells.blocks._composition` keeps the count table in small-typed parts
+and sums part by part; the reference here is what `balanced_block_weights`
+computed before, over one list of int64/float64 triples. Weights and
+expected shares must agree bit for bit (a sampler's repr and checkpoints
+hash the weights).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grain_cells.blocks import _composition, _weighting
+from grain_cells.source import BlockTable
+from grain_cells.source._selection import blocks_over_runs
+
+
+def _reference_table(codes, starts, stops, width):
+    lengths = stops - starts
+    rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+    key = np.repeat(np.arange(lengths.size), lengths) * width + codes[rows] + 1
+    keys, counts = np.unique(key, return_counts=True)
+    return keys // width, keys % width, counts.astype(np.float64), lengths
+
+
+def _reference_balance(table, target, max_iterations, tolerance):
+    block, klass, count, lengths = table
+    width = target.size
+    total = np.bincount(klass, count, minlength=width)
+    multiplier = np.divide(target, total, out=np.zeros(width), where=total > 0)
+    for _ in range(max_iterations + 1):
+        weights = np.bincount(block, multiplier[klass] * count)
+        weights = np.pad(weights, (0, lengths.size - weights.size)) / lengths
+        emitted = np.bincount(klass, weights[block] * count, width)
+        got = emitted / emitted.sum()
+        gap = float(np.abs(got - target).max())
+        if gap <= tolerance:
+            break
+        step = np.divide(target, got, out=np.ones(width), where=got > 0)
+        multiplier *= step
+        multiplier /= multiplier.max()
+    return weights, got, gap
+
+
+@st.composite
+def tables(draw):
+    n_obs = draw(st.lists(st.integers(1, 400), min_size=1, max_size=3))
+    n = sum(n_obs)
+    block_size = draw(st.sampled_from([1, 3, 4, 16]))
+    n_classes = draw(st.integers(1, 12))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    layout = draw(st.sampled_from(["sorted", "interleaved", "runs"]))
+    if layout == "sorted":
+        codes = np.sort(rng.integers(-1, n_classes, n))
+    elif layout == "interleaved":
+        codes = rng.integers(-1, n_classes, n)
+    else:
+        codes = np.repeat(rng.integers(-1, n_classes, n // 7 + 1), 7)[:n]
+    grid = BlockTable.grid(n_obs, block_size)
+    if draw(st.booleans()):
+        starts, stops = grid.ranges(np.arange(len(grid)))[1:]
+    else:
+        mask = rng.random(n) < 0.7
+        mask[0] = True
+        starts, stops = blocks_over_runs(mask, grid.cell_offsets, block_size)
+    return codes.astype(np.int8), starts, stops, n_classes
+
+
+@pytest.mark.parametrize("chunk_cells", [5, 64, 1 << 20], ids=["tiny", "small", "one"])
+@settings(max_examples=60, deadline=None)
+@given(case=tables())
+def test_weights_match_the_straightforward_computation(chunk_cells, case):
+    codes, starts, stops, n_classes = case
+    categories = np.array([f"c{i}" for i in range(n_classes)], dtype=object)
+    width = n_classes + 1
+    old = _composition._CHUNK_CELLS, _composition._BUILD_CELLS
+    # Many parts (sums carried across), each joined from several pieces.
+    _composition._CHUNK_CELLS = chunk_cells
+    _composition._BUILD_CELLS = max(1, chunk_cells // 3)
+    try:
+        comp = _composition.composition(codes, starts, stops, categories)
+    finally:
+        _composition._CHUNK_CELLS, _composition._BUILD_CELLS = old
+    table = _reference_table(codes, starts, stops, width)
+    assert comp.num_entries == table[0].size
+    np.testing.assert_array_equal(
+        comp.class_counts(), np.bincount(table[1], table[2], minlength=width)
+    )
+    present = comp.class_counts() > 0
+    present[0] = False
+    if not present.any():
+        return
+    target = np.where(present, 1.0 / present.sum(), 0.0)
+    want = _reference_balance(table, target, 30, 1e-6)
+    got = _weighting.balance(comp, target, 30, 1e-6)
+    assert got[0].tobytes() == want[0].tobytes()
+    assert got[1].tobytes() == want[1].tobytes()
+    assert got[2] == want[2]
+    shares = _weighting._draw_shares(comp, np.arange(1.0, len(starts) + 1))
+    block, klass, count, _ = table
+    emitted = np.bincount(klass, np.arange(1.0, len(starts) + 1)[block] * count, width)
+    assert shares.tobytes() == (emitted / emitted.sum()).tobytes()
