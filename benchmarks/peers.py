@@ -358,7 +358,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
     flags.DEFINE_integer("block_size", 16, "scDataset's block size.")
     flags.DEFINE_integer("fetch_factor", 16, "scDataset's fetch factor.")
-    flags.DEFINE_integer("workers", 0, "Worker processes.")
+    flags.DEFINE_integer(
+        "workers", 0, "Worker processes of the peer's loader (0: it reads in this one)."
+    )
     flags.DEFINE_integer("seed", 0, "Seed of the loader's shuffle.")
     flags.DEFINE_integer("warmup", 100, "Minibatches before the window.")
     flags.DEFINE_integer("minibatches", 1_000, "Minibatches in the window.")

@@ -76,7 +76,8 @@ _MEASURES = flags.DEFINE_list(
         "weights",
         "len",
     ],
-    "Measures (see the docstring); preshuffle is not run unless named.",
+    "What to measure at each point, in a fresh process each (see the module "
+    "docstring); preshuffle runs only when named.",
 )
 _WORKERS = flags.DEFINE_integer("workers", 2, "Worker processes of `workers`.")
 _FD_WORKERS = flags.DEFINE_list("fd_workers", ["0", "4"], "Worker counts of `fds`.")

@@ -101,17 +101,17 @@ def test_a_forked_child_reads_with_its_own_handles(csr_paths):
     rows = np.array([97, 200])
     expected = anndata.read_h5ad(csr_paths[1]).X[[0, 103]].toarray()
     range_reads.read_rows(handles, offsets, np.array([0, 96, 97, 200, 287]))
-    assert handles._open  # the parent holds its files open
+    assert handles.open_count  # the parent holds its files open
 
     def child():
-        opened = dict(handles._open)  # what the child holds after the fork
+        opened = handles.open_count  # what the child holds after the fork
         return opened, range_reads.read_rows(handles, offsets, rows).X.toarray()
 
     opened, got = in_fork(child)
-    assert opened == {}
+    assert opened == 0
     np.testing.assert_array_equal(got, expected)
     # The parent's handles are untouched by the child's reset.
-    assert handles._open
+    assert handles.open_count
     got = range_reads.read_rows(handles, offsets, rows).X.toarray()
     np.testing.assert_array_equal(got, expected)
 
