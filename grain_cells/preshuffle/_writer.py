@@ -18,6 +18,7 @@ from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames as frames
 from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
+from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
 
@@ -42,6 +43,9 @@ class Writer:
         for matrix in plan.matrices:
             matrix.count_rows()
         self.lengths = plan.x.lengths
+        # obs names apart from the columns, as one StringDType array: as a
+        # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
+        self.names = Names.read(plan.paths, self.offsets, plan.storage_options)
         self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
         self.var = frames.read_var(plan)
         self.extras = frames.Extras.read(plan)
@@ -60,7 +64,7 @@ class Writer:
             part = ZarrPart(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
-                frames.write_frames(part.root, self.obs.iloc[rows], self.var)
+                frames.write_frames(part.root, self.obs, rows, self.names, self.var)
                 self.extras.write(part.root, rows)  # raw's group before raw/X
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:
@@ -105,11 +109,16 @@ class Writer:
             if plan.compression is not None:  # chunks straddling windows, twice
                 windows = got // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
                 matrix += (windows + 1) * chunk_bytes
-        obs = self.obs.iloc[rows]
-        frames_bytes = int(obs.memory_usage(index=True, deep=True).sum())
+        # obs: its columns' share of n cells (no gather: deep memory_usage of
+        # categoricals is cheap), the names' heap entries.
+        per_cell = self.obs.memory_usage(index=False, deep=True).sum() / max(
+            len(self.obs), 1
+        )
+        frames_bytes = int(per_cell * n) + self.names.disk_bytes(n)
         frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
         frames_bytes += self.extras.nbytes(n)
-        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (len(obs.columns) + 16)
+        columns = len(self.obs.columns)
+        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
         return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
 
     # -- CSR ---------------------------------------------------------------
