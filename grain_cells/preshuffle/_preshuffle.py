@@ -348,7 +348,7 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
             # Grain worker) does not import.
             from grain_cells.preshuffle._writer import Writer
 
-            writer = Writer(plan)
+            writer = Writer(plan, todo)
             for i in todo:
                 done[i] = writer.write_part(i, report)
                 if bucket is not None:
