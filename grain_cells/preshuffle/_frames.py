@@ -59,7 +59,13 @@ def obs_part(obs: pd.DataFrame, rows: np.ndarray) -> dict:
     ndarray)."""  # noqa: D205, D209
     out = {}
     for name in obs.columns:
-        values = obs[name].array.take(rows)
+        values = obs[name].array
+        if isinstance(values, pd.Categorical):  # `take` would copy rows to int64
+            out[name] = pd.Categorical.from_codes(
+                values.codes[rows], dtype=values.dtype
+            )
+            continue
+        values = values.take(rows)
         if isinstance(values, pd.arrays.NumpyExtensionArray):
             values = values.to_numpy()
         out[name] = values

@@ -30,7 +30,7 @@ from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 
 STRINGS = np.dtypes.StringDType()
-WINDOW = 1 << 20  # names read or written per slice (about 16 MB as StringDType)
+WINDOW = 1 << 18  # names per slice read or written (h5py makes objects of a slice)
 
 
 class Names:
