@@ -60,8 +60,14 @@ class FileStat:
         if self.mtime_ns != now.mtime_ns:
             out.append(f"modified (mtime {self.mtime_ns} ns then, {now.mtime_ns} now)")
         if self.content != now.content and not out:
+            # "blocks:" digests cover every byte (storage option verify_reads).
+            what = (
+                "digest of every block (verify_reads)"
+                if (self.content or "").startswith("blocks:")
+                else "digest of sampled bytes"
+            )
             out.append(
-                f"its bytes differ (digest of sampled bytes {self.content or 'none'} "
+                f"its bytes differ ({what} {self.content or 'none'} "
                 f"then, {now.content or 'none'} now) while its size, ETag and "
                 "Last-Modified are unchanged: rewritten in place with its "
                 "modification time kept (rsync -t, cp -p) on a server whose ETag "
