@@ -66,7 +66,9 @@ class WorkerWatch:
 
         timer = threading.Timer(grace_s, kill)
         timer.daemon = True
-        timer.start()
+        # At interpreter shutdown (atexit) no thread can start: no grace kill.
+        with contextlib.suppress(RuntimeError):
+            timer.start()
         try:
             yield
         finally:
