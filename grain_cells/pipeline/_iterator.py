@@ -141,9 +141,13 @@ class CellIterator(grain.DatasetIterator):
         except Exception as e:
             error = self._explained(e)
             self._failure = error
+            # Stop the workers now, in this thread: the stored error's
+            # traceback holds this iterator in a cycle, and Grain's chain,
+            # left to the cyclic collector, may be closed from one of its own
+            # prefetch threads (which cannot join itself).
+            self._stop()
             if error is e:
                 raise
-            self._stop()  # the other workers too: it cannot go on
             raise error from e
 
     def _explained(self, error: Exception) -> Exception:
