@@ -11,34 +11,7 @@ dtype) once to a cache file, and every process maps it read-only
 (`np.memmap`): the pages are the kernel's page cache, shared by every
 process and dropped under memory pressure, not anonymous memory of each.
 
-**Where.** `$GRAIN_CELLS_OBS_CACHE` if set (`off` keeps today's in-memory
-columns), else `obs/` under `$GRAIN_CELLS_CACHE` or `~/.cache/grain_cells`.
-A folder that cannot be written (a read-only home) falls back to reading
-the column into memory, with one warning per process. Files of fewer than
-`MIN_CELLS` cells keep their columns in memory (a few pages each: less than
-the file's open handle costs), so a collection of many small files makes
-no cache files and no maps.
-
-**Which entry.** An entry's name is a digest of the file's path and its
-whole `FileIdentity` (stat: device, inode, size, times, or an object's
-ETag, or a zarr store's digest; layout and sample digests), the column, and
-its harmonisation (category code map or numeric dtype), with a version of
-this layout. A file rewritten or replaced has another identity, so it gets
-another entry: a stale entry is never read. Two sources over the same file
-and columns with the same harmonisation share one entry.
-
-**Writing** goes to a temporary file in the same folder, flushed, then
-renamed over the entry (`os.replace`, atomic), so a reader sees a whole
-entry or none; processes that race write the same bytes and the last rename
-wins. Processes that miss the same entry at once take turns on a lock file
-beside it (`flock`), so one reads the column and the others map what it
-wrote. An entry is a `.npy` file (`np.load` reads it) followed by its own
-name's digest. **Reading** checks the header (one dimension, the file's
-cell count, a dtype of the column's kind), that the file's size is exactly
-header, values and digest, and the digest; an entry that fails (truncated,
-damaged in its header, foreign) is rebuilt from the file. Values damaged in
-place on disk are not detected (that needs a read of every page). Old
-entries are not removed: delete the folder any time no source is being read.
+Design notes: docs/reference/design.md#io-obs-cache.
 """
 
 from __future__ import annotations
