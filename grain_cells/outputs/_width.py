@@ -15,15 +15,7 @@ a pipeline is built (`fetch_operations`, `cell_dataset`,
    `method="higher"`: a count that some cell has), rounded up to a multiple
    of `WIDTH_MULTIPLE` (128), and at least 128.
 
-So with the default about one cell in a thousand is wider than the width and
-is truncated (keeping its largest values; see `PaddedSparseOutput`), which
-the minibatch's `truncated` field and a warning report. `quantile=1.0` takes
-the widest sampled cell.
-
-Workers receive the fitted output with the pipeline (they never refit), and
-the fitted width is part of the checkpoint fingerprint, so a restore refits
-on the same source, gets the same width, and refuses a state saved under
-another width (`errors.CheckpointMismatchError`).
+Design notes: docs/reference/design.md#outputs-width.
 """
 
 from __future__ import annotations
