@@ -15,9 +15,7 @@ that pid but another start time (the pid was reused). Shared-memory names
 of dead workers are collected the same way (`grain_cells.transport._shm_names`,
 by pid).
 
-Folders of other names (including the `grain-cells-preshuffle-<random>`
-folders of versions before this one, whose owner cannot be told) are left
-alone.
+Design notes: docs/reference/design.md#preshuffle-staging.
 """  # noqa: D205
 
 from __future__ import annotations
