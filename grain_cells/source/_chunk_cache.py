@@ -11,15 +11,7 @@ the file does not, so it is kept in `$GRAIN_CELLS_CACHE/chunk-starts/`
 `grain_cells.corpus_stats` does), one `.npy` per file, and a second
 construction reads it instead of opening the file again.
 
-The key is the file's identity as the source took it
-(`grain_cells.io._identity.FileIdentity`): path, device, inode, size,
-modification and status-change times (or ETag / store digest), the matrix
-element, and the digests of its layout and sampled values. A file written
-in any way gets a new key; an entry is never trusted beyond its shape (a
-1-D int64 array, sorted, from row 0, within the file's rows), and anything
-wrong with it, or with the folder, falls back to computing the starts.
-Writes go to a temporary file renamed into place, so readers never see half
-an entry.
+Design notes: docs/reference/design.md#source-chunk-cache.
 """
 
 from __future__ import annotations
