@@ -8,18 +8,7 @@ workers included) loads it in well under a second. Two things made that
 first call a bad surprise: it was silent, and every worker that started on
 an empty cache compiled the same kernels at the same time.
 
-`announced(kernel)` wraps a kernel so that its first call in a process:
-
-* finds whether numba's cache already holds the kernel (an index file of it
-  in `kernel.stats.cache_path`, the folder numba picked: next to the source
-  when that is writable, else `NUMBA_CACHE_DIR` or numba's per-user folder);
-* if not, takes an exclusive lock file in that folder (processes starting
-  together compile once: the others wait, then load the cached code) and,
-  if the kernel is still not cached, logs one line on logger
-  ``grain_cells`` (WARNING, so that it shows without any logging set-up)
-  before compiling and one after.
-
-Later calls go straight to the kernel.
+Design notes: docs/reference/design.md#tokens-compile.
 """
 
 from __future__ import annotations

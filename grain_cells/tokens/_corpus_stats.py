@@ -12,34 +12,7 @@ only):
 * `nonzero_count`: how many cells express it; `total`: the sum of its raw
   values; `num_cells`: cells read.
 
-**Exact or approximate.** `method="exact"` keeps every non-zero value (12
-bytes each) and takes exact medians (`np.median` semantics: the mean of the
-two middle values for an even count). `method="histogram"` keeps, per gene,
-a histogram on a log2 grid of `bins_per_octave` bins per octave over
-`[2**min_octave, 2**max_octave)` (values outside count in the edge bins) and
-replaces each of the two middle values (one for an odd count) by the
-geometric centre of its bin: the relative error is at most
-`2**(1 / (2 * bins_per_octave)) - 1` (1.09% at the default 32) for values
-inside the grid. Memory is 4
-bytes x genes x bins (257 MB for 62,710 genes at the defaults).
-`method="auto"` (default) is exact while the non-zero values take under
-`exact_bytes` (2 GB), else histogram.
-
-**Cache.** Results are saved as `.npz` in `$GRAIN_CELLS_CACHE` when set,
-else in the user's cache folder (`$XDG_CACHE_HOME/grain_cells`, default
-`~/.cache/grain_cells`), never beside the data, under a name keyed by the
-data's identity: per file the identity the source checks its files against
-(`AnnDataSource.file_identity`: device, inode, size, modification and
-change times, an object's ETag, and the matrix's layout and sampled-value
-digests), the matrix's shape, dtype and stored-value count, a hash of its
-var names and `indptr`; the output genes; a view's block table; and the
-options. So any change that a source refuses as a changed file (values
-rewritten in place included) gives a new key and a new computation, and a
-copy of the files elsewhere is computed once more.
-
-Example:
-    >>> stats = corpus_stats(source)           # progress bar, then cached
-    >>> stats.nonzero_median[:5]
+Design notes: docs/reference/design.md#tokens-corpus-stats.
 """
 
 from __future__ import annotations
