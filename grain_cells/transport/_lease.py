@@ -13,20 +13,7 @@ minibatch). The hand-back therefore still comes after the user's last read,
 in program order (release/acquire through the socket, as for a copy). A
 process forked from the trainer hands nothing back (`_views`).
 
-A user who keeps minibatches would keep their slots, so the trainer leases
-at most the ring's lease budget per worker (`SlotHandle.leases`, sized by
-the worker so that its in-flight minibatches still find free slots) and
-copies beyond it (`segments.read`), handing the slot back at once.
-
-**Fork.** A child forked from the trainer (`os.fork`, `multiprocessing`'s
-fork start method) inherits the leased arrays, whose slot the worker
-rewrites once the parent hands it back. Right after the fork the child
-makes each leased slot it inherited private memory with the same bytes, at
-the same address (`_mapping.privatise`): it reads what it inherited, however
-long it keeps it, and its writes reach neither the parent nor the worker.
-The copy costs the child the leased slots' bytes (usually a fetch or less),
-and the parent waits for it right after the fork: until the child's copy is
-done, a slot the parent handed back could be rewritten under it.
+Design notes: docs/reference/design.md#transport-lease.
 """
 
 from __future__ import annotations

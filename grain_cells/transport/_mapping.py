@@ -11,13 +11,7 @@ descriptor right away. The mapping is a `ctypes` byte array: NumPy views of
 it (`np.frombuffer`) keep it alive, and it is unmapped when the last
 reference dies.
 
-`privatise` serves forked children (`os.fork`, `multiprocessing`'s fork
-start method): a `MAP_SHARED` mapping inherited by a child stays shared with
-the parent and with the worker that writes the slot, so a child reading a
-minibatch it inherited would see the worker's next minibatch once the
-parent hands the slot back, and its writes would reach the parent. The child
-replaces each such range, in place and at the same address, with private
-memory holding a copy of what it held at the fork.
+Design notes: docs/reference/design.md#transport-mapping.
 """
 
 from __future__ import annotations
