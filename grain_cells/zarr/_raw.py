@@ -10,15 +10,7 @@ copying the whole chunk. anndata's default inner chunk holds ~156,000
 values; a block of 4 cells of 1,600 values needs 4% of it, so whole-chunk
 reads of such a store moved ~25x the bytes a batch uses.
 
-Used for local directory stores, 1-D arrays, native byte order, no decoded
-chunk cache (`indptr`'s chunks are cached whole instead). Everything else
-goes through `grain_cells.zarr._chunks.Chunks` (whole chunks).
-
-**Integrity.** A chunk file (or a shard's inner chunk) must hold exactly
-`chunk elements x itemsize` bytes, as zarr writes it (edge chunks are
-full-size); anything else raises `errors.CorruptChunkError` naming the store,
-array, key and rows. A missing chunk goes through `Chunks.chunk`, which
-applies the reader's `fill_missing` rule (error, or the fill value).
+Design notes: docs/reference/design.md#zarr-raw.
 """
 
 from __future__ import annotations
