@@ -2,7 +2,8 @@
 
 A `RangeReader` reads a set of sorted, disjoint ranges of a dataset's first
 axis into one contiguous destination array, in as few calls as the storage
-allows (see the design notes).
+allows: positional reads for uncompressed data, `ChunkedReader` for the
+filters `grain_cells.hdf5._codecs` decodes, h5py for anything else.
 
 Design notes: docs/reference/design.md#hdf5-reads.
 """

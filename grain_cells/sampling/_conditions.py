@@ -1,7 +1,11 @@
 """One condition per minibatch: every minibatch's cells share an obs value.
 
 Some training objectives want minibatches that hold one condition only (one
-drug, one donor, one study). Three pieces give that (see the design notes).
+drug, one donor, one study). Three pieces give that: `condition_blocks` (a
+view whose blocks never straddle a change of the column's value),
+`ConditionBlockSampler` (blocks in groups of one condition, a group per fetch)
+and `fetch_operations(..., condition=column)` (splits each fetch into
+minibatches by the column's value, so every minibatch is pure).
 
 Design notes: docs/reference/design.md#sampling-conditions.
 """

@@ -5,7 +5,7 @@
 replacement by weight (weighted and class-balanced sampling; see its
 docstring and `grain_cells.blocks._weighting`). Both
 are Grain samplers whose stream is a pure function of (seed, epoch,
-position), and both read ahead. What follows describes `BlockSampler`.
+position), and both read ahead.
 
 Design notes: docs/reference/design.md#sampling-samplers.
 """

@@ -3,7 +3,8 @@
 The readers of uncompressed and compressed datasets
 (`grain_cells.hdf5._reads`, `grain_cells.hdf5._chunks`) know the byte offset of
 every piece a fetch needs; a `ByteReader` turns a list of pieces into bytes
-in a destination buffer. Two implementations (see the design notes).
+in a destination buffer. Two implementations: `LocalByteReader` (`os.preadv`)
+and `RemoteByteReader` (batched range GETs; details in the design notes).
 
 Memory per process and remote file: up to `PIN_BYTES` pinned, up to
 `READAHEAD_BYTES` read ahead, plus the requests of the fetch being read

@@ -13,7 +13,7 @@ time, no loop over cells; also the path of `selection="random"` and
 **`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
 gene's score is its value divided by the gene's non-zero median over the
 training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranked by
-score, highest first, and the top ones kept. Definitions (see the design notes).
+score, highest first, and the top ones kept (definitions in the design notes).
 
 Design notes: docs/reference/design.md#tokens-rank-value.
 """
