@@ -133,9 +133,26 @@ class RangeReader(Protocol):
     ) -> None:
         """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
 
-        `pending`, with a `pool`: a list that receives futures still
-        decoding instead of waiting for them; the caller waits for them
-        (`wait_all`).
+        Every implementation (`hdf5`, `zarr`) documents only what it adds.
+
+        Args:
+            starts: Sorted first rows of each range (int64).
+            stops: Matching ends, exclusive; ranges must not overlap.
+            out: Contiguous destination with at least `sum(stops - starts)`
+                rows of the array's dtype and row shape.
+            pool: Optional thread pool that reads and decodes concurrently.
+            pending: With a pool, a list that receives the futures still
+                decoding instead of waiting for them; the caller waits
+                (`wait_all`), e.g. after starting another array's read, so
+                both decode in one wave. `out` is complete only then. Reads
+                that complete before returning add nothing.
+
+        Raises:
+            errors.CorruptDataError: Rows outside the array were asked for,
+                or the file ends before the data does.
+            errors.CorruptChunkError: A chunk is missing, truncated, fails
+                its checksum or does not decode; names the file, the array,
+                the chunk and its rows.
         """
 
 

@@ -163,24 +163,7 @@ class ChunkedReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])`, concatenated, into `out`.
-
-        Args:
-            starts: Sorted, non-empty, disjoint int64 range starts, within
-                the dataset.
-            stops: Matching exclusive ends.
-            out: Contiguous destination of at least the ranges' rows.
-            pool: Optional thread pool that decodes chunks concurrently.
-            pending: With a pool, a list that receives the read's futures
-                instead of waiting for them: the caller waits (`result()`),
-                e.g. after starting another dataset's read, so both decode
-                in one wave. `out` is complete only then.
-
-        Raises:
-            errors.CorruptChunkError: A chunk fails to decode or its checksum
-                fails; names the file, dataset, chunk offset and its rows.
-            errors.CorruptDataError: The file ends before a chunk does.
-        """
+        """`formats.RangeReader.read`, for non-empty ranges within the dataset."""
         c = self.chunk_len
         rb = self._row_bytes
         first = starts // c

@@ -189,23 +189,7 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
-
-        Args:
-            starts: Sorted first rows of each range (int64).
-            stops: Matching ends, exclusive; ranges must not overlap.
-            out: Contiguous destination with at least `sum(stops - starts)`
-                rows of this dataset's dtype and row shape.
-            pool: Optional thread pool for concurrent positional reads.
-            pending: For compressed data decoded here, with a pool: a list
-                that receives the decoding futures instead of waiting for
-                them (see `ChunkedReader.read`); other reads complete
-                before returning and add nothing.
-
-        Raises:
-            errors.AnnDataFormatError: The file is shorter than HDF5 says
-                (truncated) or the read fails.
-        """
+        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads."""
         starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return

@@ -202,24 +202,7 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
-
-        Args:
-            starts: Sorted first rows of each range (int64).
-            stops: Matching ends, exclusive; ranges must not overlap.
-            out: Contiguous destination with at least `sum(stops - starts)`
-                rows of this array's dtype and row shape.
-            pool: Thread pool that fetches and decodes chunks concurrently.
-            pending: With a pool, a list that receives the read's futures
-                instead of waiting for them; `out` is complete only once
-                they are done.
-
-        Raises:
-            errors.CorruptDataError: Rows outside the array were asked for.
-            errors.CorruptChunkError: A chunk is missing, truncated, fails
-                its checksum or does not decode; names store, array, chunk
-                key and rows.
-        """
+        """`formats.RangeReader.read`, from the store's chunks."""
         starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return
