@@ -22,10 +22,10 @@ import hashlib
 import logging
 import os
 import pathlib
-import tempfile
 
 import numpy as np
 
+from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
@@ -45,10 +45,7 @@ def cache_folder() -> pathlib.Path | None:
         return None
     if own:
         return pathlib.Path(own).expanduser()
-    root = os.environ.get("GRAIN_CELLS_CACHE") or (
-        pathlib.Path.home() / ".cache" / "grain_cells"
-    )
-    return pathlib.Path(root).expanduser() / "obs"
+    return pathlib.Path(cache_root(xdg=False)).expanduser() / "obs"
 
 
 def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
@@ -188,18 +185,13 @@ def _as_array(mapped: np.memmap) -> np.ndarray:
 
 def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
     """Writes the entry atomically and maps it; None when it cannot be written."""
-    tmp = None
+
+    def write(fh):
+        np.save(fh, np.ascontiguousarray(values), allow_pickle=False)
+        fh.write(path.stem.encode())
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from other users
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(values), allow_pickle=False)
-            fh.write(path.stem.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, write, fsync=True, prefix=path.stem)
     except OSError as e:
         folder = str(path.parent)
         if folder not in _warned:
@@ -212,10 +204,6 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
                 e,
             )
         return None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return _load(path, column, n_obs)
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
 
+from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io._identity import FileIdentity
 
 _VERSION = "chunk-starts-v1"
@@ -31,13 +31,7 @@ _VERSION = "chunk-starts-v1"
 
 def cache_dir() -> str:
     """The folder of cached chunk starts: never the folder of the data."""
-    folder = os.environ.get("GRAIN_CELLS_CACHE")
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-            os.path.expanduser("~"), ".cache"
-        )
-        folder = os.path.join(base, "grain_cells")
-    return os.path.join(folder, "chunk-starts")
+    return os.path.join(cache_root(), "chunk-starts")
 
 
 def cache_key(identity: FileIdentity) -> str:
@@ -95,18 +89,8 @@ def _load(path: str, n_obs: int) -> np.ndarray | None:
 
 
 def _save(path: str, starts: np.ndarray) -> None:
-    folder = os.path.dirname(path)
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from others
-            with os.fdopen(fd, "wb") as out:
-                np.save(out, starts, allow_pickle=False)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, lambda out: np.save(out, starts, allow_pickle=False))
     except OSError:  # a read-only or full cache: compute again next time
         return
 

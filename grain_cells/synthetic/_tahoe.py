@@ -22,6 +22,7 @@ import numpy as np
 import tqdm
 
 from grain_cells._util import arguments
+from grain_cells._util.cache_files import cache_root
 from grain_cells.synthetic import _model as synthetic_model
 from grain_cells.synthetic import _writers as synthetic_writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
@@ -255,9 +256,7 @@ def cached_tahoe_like(
     args = {**_DEFAULTS, **kwargs}
     arguments.check_int("n_cells", n_cells, minimum=1)
     if cache_dir is None:
-        cache_dir = os.environ.get("GRAIN_CELLS_CACHE") or (
-            pathlib.Path.home() / ".cache" / "grain_cells"
-        )
+        cache_dir = cache_root(xdg=False)
     cache_dir = pathlib.Path(cache_dir).expanduser()
     name = _cache_name(int(n_cells), args)
     final = cache_dir / name

@@ -27,6 +27,7 @@ import tqdm
 
 from grain_cells import errors
 from grain_cells._util import arguments
+from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.outputs._formats import Fetch
 
@@ -68,16 +69,14 @@ class CorpusStats:
             "key": self.key,
             "version": _VERSION,
         }
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}.npz"
-        np.savez(
-            tmp,
-            var_names=np.asarray(self.var_names).astype(str),
-            nonzero_median=self.nonzero_median,
-            nonzero_count=self.nonzero_count,
-            total=self.total,
-            meta=np.array(json.dumps(meta)),
-        )
-        os.replace(tmp, path)  # readers never see a half-written file
+        arrays = {
+            "var_names": np.asarray(self.var_names).astype(str),
+            "nonzero_median": self.nonzero_median,
+            "nonzero_count": self.nonzero_count,
+            "total": self.total,
+            "meta": np.array(json.dumps(meta)),
+        }
+        write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CorpusStats:
@@ -167,13 +166,7 @@ def _block_table(source) -> tuple[np.ndarray, np.ndarray]:
 
 def cache_dir() -> str:
     """The folder of cached statistics: never the folder of the data."""
-    folder = os.environ.get("GRAIN_CELLS_CACHE")
-    if folder:
-        return folder
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
-    return os.path.join(base, "grain_cells")
+    return cache_root()
 
 
 def cache_path(source, key: str) -> str:
