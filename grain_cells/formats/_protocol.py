@@ -7,12 +7,7 @@ answers what only the format knows: what a node is, how to read many row
 ranges of an array at once (`RangeReader`), what locates an array's bytes
 (for `grain_cells.io._identity`), and a file's stat.
 
-Nodes are the format's own objects, duck-typed: a *group* has `attrs` (a
-mapping), `keys()`, `get(name)`, `name in group`, `group[name]`; an *array*
-has `attrs`, `shape`, `ndim`, `dtype`, `name` and NumPy slicing (`a[i:j]`,
-`a[...]`, `a[int_array]` through `Format.read`). h5py's and zarr's groups
-and arrays are such nodes as they are; an open file is a group with
-`close()` and `with` support (`Format.open`).
+Design notes: docs/reference/design.md#formats-protocol.
 """
 
 from __future__ import annotations

@@ -6,11 +6,7 @@ compressed each would decode a whole chunk, so readers keep decoded chunks
 up to `cache_bytes`, for as long as the process lived: 64 MiB per open file,
 so a worker that had read 2,000 files could hold gigabytes of pointers.
 
-`SHARED` bounds them together instead: one LRU over every reader's chunks,
-trimmed at each insert to the inserting reader's `cache_bytes` (64 MiB for
-`indptr`: the pointers of 8 million cells, however many files are open).
-A reader's entries are dropped when it is garbage-collected (its file
-closed), not kept until they age out.
+Design notes: docs/reference/design.md#hdf5-chunk-cache.
 """
 
 from __future__ import annotations

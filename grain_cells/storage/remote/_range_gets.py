@@ -10,10 +10,7 @@ Two forms, both through `obstore` with the store, retries and timeouts of
   (`obstore.get_ranges` cannot send `If-Match`). Far less CPU per GET: the
   thread crosses into Rust once per batch.
 
-Either way a read never returns bytes of two versions of the ETag: it
-raises `errors.SourceChangedError`. (An ETag that follows size and
-modification time rather than content, as HTTP servers send, is
-`grain_cells.storage.remote._versions`' concern.)
+Design notes: docs/reference/design.md#storage-remote-range-gets.
 """
 
 from __future__ import annotations
