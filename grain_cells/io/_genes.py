@@ -155,7 +155,7 @@ def align_genes(
         paths: The files, for error messages.
         names: Each file's gene keys (str arrays): var names, or the var
             column `genes_from` (`read_gene_keys`).
-        join: `"exact"`, `"inner"` or `"outer"` (see the module docstring).
+        join: `"exact"`, `"inner"` or `"outer"` (see the design notes).
         genes: None for all aligned genes, or a selection within them: names
             (output in this order), a boolean mask or integer positions over
             the aligned genes.

@@ -69,7 +69,7 @@ class CsrOutput:
         return {"data": data, "indices": indices, "indptr": indptr}
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring)."""
+        """What a checkpoint records of this output (see the design notes)."""
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 
@@ -119,7 +119,7 @@ class DenseOutput:
         return {"X": X}
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring)."""
+        """What a checkpoint records of this output (see the design notes)."""
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 

@@ -74,7 +74,7 @@ class Fetch:
 
 @runtime_checkable
 class Output(Protocol):
-    """What an output format implements (see the module docstring)."""
+    """What an output format implements (see the design notes)."""
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int

@@ -36,7 +36,7 @@ WIDTH_MULTIPLE = 128
 def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
     """Global row ranges `(starts, stops)` of the sample, sorted by start.
 
-    Whole blocks of `source` at evenly spaced keys (see the module docstring).
+    Whole blocks of `source` at evenly spaced keys (see the design notes).
     """
     n_blocks = len(source)
     k = min(n_blocks, max(1, math.ceil(SAMPLE_CELLS / source.block_size)))
@@ -54,7 +54,7 @@ def stored_counts(rows) -> np.ndarray:
 
 
 def width_for(counts: np.ndarray, quantile: float) -> int:
-    """The rule's width for per-cell counts (see the module docstring)."""
+    """The rule's width for per-cell counts (see the design notes)."""
     top = int(np.quantile(counts, quantile, method="higher")) if counts.size else 0
     return max(WIDTH_MULTIPLE, -(-top // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
 

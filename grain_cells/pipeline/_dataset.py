@@ -38,7 +38,7 @@ __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
 
 
 class CellDataset(grain.IterDataset):
-    """Shuffled minibatches of a source (see the module docstring).
+    """Shuffled minibatches of a source (see the design notes).
 
     Use `cell_dataset(...)`, `grain_cells.DataLoader` or
     `grain_cells.loader(...)` to build one.

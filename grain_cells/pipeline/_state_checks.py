@@ -38,7 +38,7 @@ def stamp(source, sampler, split) -> dict:
     """What a saved state must match to be restored by this pipeline.
 
     Returns:
-        The stamp (see the module docstring) as JSON values, as a saved
+        The stamp (see the design notes) as JSON values, as a saved
         state reads back.
     """
     if hasattr(source, "file_identity"):

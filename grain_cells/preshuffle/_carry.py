@@ -126,7 +126,7 @@ def choose(
     layer: str | None,
     genes_changed: bool,
 ) -> Carry:
-    """What to carry for these inputs and arguments (see the module docstring).
+    """What to carry for these inputs and arguments (see the design notes).
 
     Args:
         paths: The inputs.

@@ -64,7 +64,7 @@ def preshuffle(
     The inputs are concatenated along cells (they must list the same genes in
     the same order) and shuffled together, so every output part mixes cells
     of every input. Parts are named `part-00000.h5ad`, `part-00001.h5ad`, ...
-    in `output_dir`. See the module docstring for the algorithm, the layout
+    in `output_dir`. See the design notes for the algorithm, the layout
     and how interrupted runs resume.
 
     Inputs may be URLs of objects (`s3://`, `gs://`, `https://`, ... as in

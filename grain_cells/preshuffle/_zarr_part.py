@@ -111,7 +111,7 @@ class ZarrPart:
     def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
         """Matrix `m`'s CSR group: returns writers of its `data` and `indices`.
 
-        `chunk` (the HDF5 writer's) is not used: see the module docstring.
+        `chunk` (the HDF5 writer's) is not used: see the design notes.
         """
         del chunk
         nnz = int(indptr[-1])
@@ -150,7 +150,7 @@ class ZarrPart:
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):
         """Matrix `m` as a dense array of `n` rows; returns its writer.
 
-        `chunk_rows` (the HDF5 writer's) is not used: see the module docstring.
+        `chunk_rows` (the HDF5 writer's) is not used: see the design notes.
         """
         del chunk_rows
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)

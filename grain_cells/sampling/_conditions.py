@@ -111,7 +111,7 @@ class ConditionBlockSampler(BlockStream):
             num_epochs: Epochs, or None for an endless stream.
             shard_options: This process's shard.
             weights: Optional `{condition value: weight}`: draw conditions by
-                weight, with replacement (see the module docstring).
+                weight, with replacement (see the design notes).
             epoch_groups: Slots per epoch with `weights` (default: the number
                 of groups).
             readahead_cells: Hint the OS this many cells ahead (0: off).

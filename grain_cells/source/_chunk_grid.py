@@ -74,7 +74,7 @@ class ChunkDefaults:
 def compressed_defaults(
     n_cells: int, chunk_starts: np.ndarray, chunk_bytes: int
 ) -> ChunkDefaults:
-    """The defaults of the module docstring for a matrix of this chunking.
+    """The defaults of the design notes for a matrix of this chunking.
 
     Args:
         n_cells: Cells of all files.

@@ -72,7 +72,7 @@ def build(
 
     Returns:
         `(files, table, options)`: the file set, its blocks (the grid of
-        `block_size` cells, or the defaults of the module docstring) and the
+        `block_size` cells, or the defaults of the design notes) and the
         read options.
     """
     if block_size is not None:

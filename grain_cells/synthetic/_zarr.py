@@ -65,7 +65,7 @@ def write_tahoe_like_zarr(
             it exists. Its parent folder must exist.
         n_cells: Number of cells, > 0.
         layout: ``"v3-sharded"`` (anndata 0.13's default), ``"v3"`` or
-            ``"v2"`` (see the module docstring).
+            ``"v2"`` (see the design notes).
         compressed: Keep zarr's default codec (anndata's); else raw chunks.
         progress: Show progress bars (tqdm, on stderr).
         **kwargs: Arguments of ``write_tahoe_like`` that shape the cells

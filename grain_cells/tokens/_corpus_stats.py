@@ -37,7 +37,7 @@ _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
 
 @dataclasses.dataclass(frozen=True)
 class CorpusStats:
-    """Per-gene statistics of a corpus; see the module docstring.
+    """Per-gene statistics of a corpus; see the design notes.
 
     Attributes:
         var_names: The genes, in the source's output order.
@@ -194,7 +194,7 @@ def corpus_stats(
         source: An `AnnDataSource` (or a view: its selected cells only).
         target_sum: Normalise each cell to this total before taking medians
             (Geneformer: 10,000); None for raw values.
-        method: `"auto"`, `"exact"` or `"histogram"` (see the module docstring).
+        method: `"auto"`, `"exact"` or `"histogram"` (see the design notes).
         bins_per_octave: Histogram resolution.
         min_octave: Histogram's lowest edge is `2**min_octave`.
         max_octave: Histogram's highest edge is `2**max_octave`.

@@ -46,7 +46,7 @@ __all__ = [
 
 
 class RankValueTokens(TokenOutput):
-    """Rank-value encoding (Geneformer); see the module docstring.
+    """Rank-value encoding (Geneformer); see the design notes.
 
     Build it with `RankValueTokens.for_source(source, vocabulary, stats)`.
     """

@@ -32,7 +32,7 @@ _MAX_TASKS = 4
 
 
 def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
-    """Whether `RawReads` serves this array (see the module docstring)."""
+    """Whether `RawReads` serves this array (see the design notes)."""
     return (
         codec is not None
         and not codec.stages
