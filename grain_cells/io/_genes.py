@@ -127,10 +127,6 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
 def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
     """`keys`, or an equal array met before: files of one gene list share it.
 
-    A source over many files (issue 33: 10^5) of the same genes then holds
-    one gene list while it is built, not one per file; a file with its own
-    genes costs a hash of its keys.
-
     Args:
         keys: One file's gene keys (`read_gene_keys`).
         seen: The arrays met so far, by digest (start with `{}`; kept by the

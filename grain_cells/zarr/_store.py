@@ -187,11 +187,6 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
     same nanosecond timestamp. Over plain HTTP (no listing) only the root's
     metadata documents are covered (their ETags, else their content).
 
-    Cost: one directory walk, a stat per key (1.0 CPU-second for 100,000
-    keys here: `python benchmarks/zarr_decode.py --digest_keys=100000`),
-    plus a read of each metadata document; in a bucket one LIST per 1,000
-    keys.
-
     Args:
         path: A local directory or `.zarr.zip` file, or a store's URL.
         storage_options: For URLs (see `open_group`).
