@@ -189,7 +189,12 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads."""
+        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads.
+
+        Raises:
+            errors.AnnDataFormatError: The file is shorter than HDF5 says
+                (truncated) or the read fails.
+        """
         starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return
