@@ -14,6 +14,11 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks
+    fcntl = None
+
 
 def cache_root(*, xdg: bool = True) -> str:
     """`$GRAIN_CELLS_CACHE`, else `<cache home>/grain_cells`.
@@ -65,4 +70,28 @@ def write_atomic(
         raise
 
 
-__all__ = ["cache_root", "write_atomic"]
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike | None):
+    """Holds an exclusive `flock` on the file `path` (made if missing).
+
+    Nothing is held where the lock cannot be made (None, an unwritable
+    folder, no `fcntl`): callers stay correct without it, only slower.
+    """
+    fd = None
+    if path is not None and fcntl is not None:
+        try:
+            os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+__all__ = ["cache_root", "file_lock", "write_atomic"]

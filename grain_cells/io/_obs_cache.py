@@ -16,8 +16,6 @@ Design notes: docs/reference/design.md#io-obs-cache.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -25,7 +23,7 @@ import pathlib
 
 import numpy as np
 
-from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
@@ -110,7 +108,6 @@ def file_obs(
     return out
 
 
-@contextlib.contextmanager
 def _writer_lock(path: pathlib.Path | None):
     """Holds `<entry>.lock` (flock): one process of many racing reads the column.
 
@@ -118,20 +115,7 @@ def _writer_lock(path: pathlib.Path | None):
     whole column into its own memory. No lock (an unwritable folder) is
     not an error: the entry is then not written either.
     """
-    if path is None:
-        yield
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return file_lock(None if path is None else path.with_suffix(".lock"))
 
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):

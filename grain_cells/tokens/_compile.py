@@ -13,7 +13,6 @@ Design notes: docs/reference/design.md#tokens-compile.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import logging
@@ -21,10 +20,7 @@ import os
 import threading
 import time
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, each process compiles
-    fcntl = None
+from grain_cells._util.cache_files import file_lock
 
 _log = logging.getLogger("grain_cells")
 _LOCK_NAME = "grain_cells_token_kernels.lock"
@@ -69,7 +65,8 @@ def _first_call(kernel, args):
     if is_cached(kernel):
         return kernel(*args)  # loads from the cache (or compiles a new type)
     folder = cache_folder(kernel)
-    with _cross_process_lock(folder):  # waits while another process compiles
+    lock = os.path.join(folder, _LOCK_NAME) if folder else None
+    with file_lock(lock):  # waits while another process compiles
         if is_cached(kernel):
             return kernel(*args)  # it did: load its code
         _log.warning(
@@ -81,26 +78,6 @@ def _first_call(kernel, args):
         result = kernel(*args)
         _log.warning("token kernels compiled in %.1f s", time.perf_counter() - start)
     return result
-
-
-@contextlib.contextmanager
-def _cross_process_lock(folder: str | None):
-    """An exclusive `flock` on a file in `folder`; nothing if it cannot be made."""
-    fd = None
-    if folder and fcntl is not None:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT)
-        except OSError:
-            fd = None
-    if fd is None:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 __all__ = ["announced", "cache_folder", "is_cached"]
