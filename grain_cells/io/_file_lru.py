@@ -1,10 +1,7 @@
 """A bounded set of one process's open files, least recently used closed first.
 
-Each open file of a source costs a process two descriptors and about a
-megabyte (HDF5's caches, the obs columns read with its cells); kept until
-the process ends, 2,000 touched files held 4,006 descriptors and 3 GB
-(issue 33). `FileLru` keeps at most `max_open` files open: opening one more
-closes the least recently used file that no read is using.
+`FileLru` keeps at most `max_open` files open: opening one more closes the
+least recently used file that no read is using.
 
 Design notes: docs/reference/design.md#io-file-lru.
 """

@@ -1,15 +1,9 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
-Every process that reads a source (the trainer and each Grain worker) needs
-the obs columns of every file it opens, one value per cell. Read whole into
-each process, they cost ~5 bytes per cell per process for four categorical
-columns (590 MiB per worker at 100M cells; benchmarks/RESULTS.md, "Scale:
-obs columns shared"). Instead, the first process that opens a file writes
-each column's harmonised values (`HarmonisedColumn.file_values`: the codes
-in the source's shared category list, or numeric values in the source's
-dtype) once to a cache file, and every process maps it read-only
-(`np.memmap`): the pages are the kernel's page cache, shared by every
-process and dropped under memory pressure, not anonymous memory of each.
+The first process that opens a file writes each obs column's harmonised
+values (`HarmonisedColumn.file_values`) once to a cache file, and every
+process maps it read-only (`np.memmap`): the pages are the page cache,
+shared by every process, instead of a copy of each column per process.
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """

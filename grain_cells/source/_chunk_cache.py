@@ -1,15 +1,10 @@
 """Chunk starts of a file's matrix, cached in the user's cache folder.
 
-Which rows begin a chunk of a CSR matrix's `data` (`CsrReader.chunk_starts`)
-is known only from `indptr`: a compressed file's whole `indptr` is decoded
-to find them (8 bytes per cell; 1.4 CPU-s of inflating at 100M cells here),
-on every construction of a source without a `block_size` and at every
-`chunk_aligned`. The answer is small (one int64 per chunk of `data`: 64 KiB
-for a thin 100M-cell file, a few MB for an atlas) and never changes while
-the file does not, so it is kept in `$GRAIN_CELLS_CACHE/chunk-starts/`
-(else `$XDG_CACHE_HOME/grain_cells` or `~/.cache/grain_cells`, as
-`grain_cells.corpus_stats` does), one `.npy` per file, and a second
-construction reads it instead of opening the file again.
+The rows that begin a chunk of a CSR matrix's `data` (`CsrReader.chunk_starts`,
+which decodes all of a compressed `indptr`) are kept in
+`$GRAIN_CELLS_CACHE/chunk-starts/` (else `$XDG_CACHE_HOME/grain_cells` or
+`~/.cache/grain_cells`), one `.npy` per file identity; a later construction
+reads them instead of opening the file.
 
 Design notes: docs/reference/design.md#source-chunk-cache.
 """

@@ -1,12 +1,9 @@
 """The first use of a compiled token kernel: announced, compiled once.
 
-numba compiles a kernel on its first call with new argument types (7-8
-CPU-seconds for the token kernels; 10-20 s of wall time on a busy machine)
-and, with `cache=True`, writes
-the machine code to its on-disk cache, where every later process (Grain's
-workers included) loads it in well under a second. Two things made that
-first call a bad surprise: it was silent, and every worker that started on
-an empty cache compiled the same kernels at the same time.
+numba compiles a kernel on its first call with new argument types (seconds
+of CPU) and caches the machine code on disk. `announced` wraps a kernel so
+that its first call says so, and so that processes racing on an empty cache
+take turns (a file lock): one compiles, the others load its code.
 
 Design notes: docs/reference/design.md#tokens-compile.
 """

@@ -1,17 +1,10 @@
 """Minibatches handed to the user as arrays inside a worker's slot (leases).
 
-Copying a minibatch out of its shared-memory slot was the trainer's largest
-cost per minibatch (about 120 µs of 140 for 64 Tahoe cells in CSR, 800 KB,
-on this 2-core machine). A *lease* instead returns arrays that are views of
-the slot's mapping, and hands the slot back to its worker when the last of
-those arrays dies: NumPy keeps the one `uint8` array every view is cut from
-(`base`) alive as long as any view, a view of a view, or anything holding
-one (a JAX CPU buffer that aliases host memory, a memoryview) is alive, and
-a weak reference to that array runs the hand-back once it goes (in whichever
-thread drops the last reference; `weakref.finalize` cost twice as much per
-minibatch). The hand-back therefore still comes after the user's last read,
-in program order (release/acquire through the socket, as for a copy). A
-process forked from the trainer hands nothing back (`_views`).
+A *lease* returns a minibatch as arrays that are views of its slot's
+mapping, and hands the slot back to its worker when the last of those
+arrays dies (a weak reference to the one `uint8` array every view is cut
+from), so after the user's last read, in program order. A process forked
+from the trainer hands nothing back (`_views`).
 
 Design notes: docs/reference/design.md#transport-lease.
 """

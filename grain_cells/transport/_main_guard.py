@@ -1,12 +1,10 @@
 """Detecting a script that starts worker processes without the `__main__` guard.
 
-Grain starts its workers with `spawn`: each worker imports the main script
-again (as `__mp_main__`), which re-runs everything at its top level that is
-not under `if __name__ == "__main__":`. A script that builds and iterates a
-loader at its top level therefore makes every worker build another loader and
-try to start workers of its own; multiprocessing refuses that, the workers
-die, and the trainer reports "Worker process was terminated unexpectedly"
-only after long timeouts and many lines of tracebacks.
+Grain starts its workers with `spawn`: each imports the main script again,
+so a script that builds and iterates a loader outside
+`if __name__ == "__main__":` makes every worker start workers of its own.
+`check_main_guard` and `main_thread_site` refuse that at once, naming the
+fix, instead of Grain's late "Worker process was terminated unexpectedly".
 
 Design notes: docs/reference/design.md#transport-main-guard.
 """

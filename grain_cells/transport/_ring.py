@@ -1,19 +1,11 @@
 """Moving minibatches from Grain worker processes to the trainer, cheaply.
 
-Grain copies every NumPy leaf of every element into a fresh POSIX
-shared-memory segment. Fresh shared pages cost about 3.5 µs each to fault in,
-so a 64-cell CSR minibatch (about 800 KB in 6 leaves) costs about 1.2 ms to
-move: more than reading and shuffling it. Here each worker keeps a small ring
-of slots, shared segments that stay mapped in both processes, and writes a
-minibatch's arrays into one slot (formatted there in the first place through
-a `slot_writer.SlotWriter`, so no extra copy); what crosses Grain's queue is a
-small handle. Unpickling the handle in the trainer maps the slot (once per
-slot) and *leases* it: the minibatch's arrays are views of the slot, and the
-slot goes back to its worker when the last of them dies (`_lease`), so a
-minibatch costs the trainer no copy. Beyond the ring's lease budget (a user
-keeping many minibatches) the arrays are copied out into private memory and
-the slot handed back at once, so the worker never starves. Either way the
-arrays a user holds never alias memory a worker will overwrite.
+Each worker keeps a small ring of slots (shared segments mapped in both
+processes) and writes a minibatch's arrays into one slot; what crosses
+Grain's queue is a small handle. The trainer maps the slot and *leases* it
+(`_lease`): no copy, and the slot goes back when the last array dies. Beyond
+the ring's lease budget the arrays are copied out and the slot handed back at
+once. The arrays a user holds never alias memory a worker will overwrite.
 
 Design notes: docs/reference/design.md#transport-ring.
 """

@@ -1,14 +1,9 @@
 """Partial reads of uncompressed chunks: only the bytes the ranges need.
 
-A chunk stored without compression (zarr v3's `bytes` codec alone, inside a
-shard or not; zarr v2 with neither compressor nor filters) holds element i
-of its chunk at byte `i * itemsize` of its stored bytes. So a range of a
-1-D array (CSR `data`, `indices`) inside one chunk is one byte range of one
-file: read straight into the destination with `os.preadv`, like the h5ad
-reader's direct path (`grain_cells.hdf5._reads`), instead of fetching and
-copying the whole chunk. anndata's default inner chunk holds ~156,000
-values; a block of 4 cells of 1,600 values needs 4% of it, so whole-chunk
-reads of such a store moved ~25x the bytes a batch uses.
+A chunk stored without compression (zarr v3's `bytes` codec alone, sharded
+or not; zarr v2 with no compressor nor filters) holds element i at byte
+`i * itemsize`, so a range inside one chunk is one byte range of one file,
+read straight into the destination (`os.preadv`) instead of the whole chunk.
 
 Design notes: docs/reference/design.md#zarr-raw.
 """
