@@ -121,13 +121,10 @@ def max_in_flight(storage_options: dict | None) -> int:
 class _ObstoreUse:
     """Whether this process, or the one it was forked from, used obstore.
 
-    obstore's runtime does not survive `os.fork`: once a process has sent
-    requests through it, every request of a forked child hangs, whatever
-    store it builds (measured with obstore 0.12 and moto: for a zarr store
-    and for an `.h5ad` object, whose child also crashed with "double free or
-    corruption"). A child can only be told so, instead of hanging: a child
-    builds its own stores (`store_for`, `store_at`), which check first; zarr
-    reuses its parent's, so its reads check too (`grain_cells.zarr._keys`).
+    obstore's runtime does not survive `os.fork`: a forked child of a process
+    that sent requests hangs on every request. So a child's own stores
+    (`store_for`, `store_at`) check this first and raise instead; zarr reuses
+    its parent's, so its reads check too (`grain_cells.zarr._keys`).
     """
 
     here = False
