@@ -1,11 +1,7 @@
 """Thin atlas-shaped ``.h5ad`` files for scale tests: many cells, few values.
 
-Per-cell, per-block and per-file costs of a loader (index tables, obs codes,
-handles, checkpoints) do not depend on how many values a cell stores, so a
-file of 100M cells with ~4 values each shows them at atlas scale in a few
-GB and a few minutes. Files are written straight with h5py in anndata's
-layout (anndata itself needs minutes and ~11 GB to build 100M cells), one
-slice of cells at a time, so memory stays bounded by ``chunk_cells``.
+Files are written straight with h5py in anndata's layout, one slice of
+cells at a time, so memory stays bounded by ``chunk_cells``.
 
 Design notes: docs/reference/design.md#synthetic-thin.
 """

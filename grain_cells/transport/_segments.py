@@ -1,14 +1,10 @@
 """Shared-memory segments and the arrays laid out in them.
 
-A segment is a POSIX shared-memory object, named `/gcells_<pid>_t<start>_<token>_<n>`
-(`shm_names`), made and opened here through public APIs: on Linux such an
-object is a file in `/dev/shm`, so `os.open` with `O_CREAT | O_EXCL`,
-`os.ftruncate` and `mmap` make it, and `os.unlink` removes it, exactly what
-`shm_open`/`shm_unlink` do. Its descriptor is closed as soon as it is
-mapped (`_mapping.map_shared`): a mapping costs a process no file
-descriptor. (`multiprocessing.shared_memory` would register every segment
-with its resource tracker, which unlinks and warns at exit in the process
-that did not create it.)
+A segment is a POSIX shared-memory object in `/dev/shm`, named
+`/gcells_<pid>_t<start>_<token>_<n>` (`shm_names`), made with `os.open`
+(`O_CREAT | O_EXCL`), `os.ftruncate` and `mmap` and removed with
+`os.unlink`. Its descriptor is closed as soon as it is mapped
+(`_mapping.map_shared`).
 
 Design notes: docs/reference/design.md#transport-segments.
 """
