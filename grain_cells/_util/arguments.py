@@ -55,20 +55,6 @@ def check_int(
 def check_seed(value, name: str = "seed") -> int:
     """A seed of the loader: an int in `[0, 2**63)`.
 
-    One rule for every seed the loader takes (`BlockSampler`,
-    `WeightedBlockSampler`, `ConditionBlockSampler`, `fetch_operations`,
-    `cell_dataset`, `split_by_fraction`). Samplers used to refuse seeds from
-    2**31 on and splits took `[0, 2**63)`; the union keeps every seed valid
-    before valid. Every consumer takes 63-bit seeds as they are, with no
-    reduction: `counter_rng.hash64` folds in 64-bit words, `BlockSampler`
-    mixes seed and epoch with `numpy.random.SeedSequence` (any non-negative
-    int) into the 32-bit seed of Grain's index shuffle. So a seed below 2**31
-    gives the order it always gave (`tests/test_golden.py` pins them), and
-    2**63 keeps seeds within int64 wherever one is stored.
-
-    (`preshuffle` and `write_tahoe_like` seed `numpy.random.default_rng`,
-    which takes any non-negative int; they check `minimum=0` only.)
-
     Raises:
         ArgumentTypeError: The seed is not an int (None, a float, a bool).
         ValueError: The seed is negative or not below 2**63.

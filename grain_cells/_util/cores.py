@@ -16,15 +16,7 @@ positional reads of uncompressed data mostly wait on the disk) never
 oversubscribes the cores. At most `MAX_READ_THREADS` (4) per process: past
 that, a fetch's reads are too few to share out.
 
-Examples on a machine of 8 cores: no workers, 4 threads; 2 workers, 4 each;
-4 workers, 2 each; 8 or more workers, 1 each. On 2 cores: no workers, 2
-threads; 2 workers, 1 each.
-
-The worker count is what Grain tells each worker (`set_worker_count`, called
-by `grain_cells.transport._send.worker_init`). A child process that was never
-told (a plain `grain.DataLoader`, whose workers Grain starts without a hook
-that names the count) assumes it shares the cores with one worker per core
-and reads with one thread.
+Design notes: docs/reference/design.md#util-cores.
 """
 
 from __future__ import annotations

@@ -10,14 +10,7 @@ positions of one epoch never collide). The arithmetic is fixed 64-bit
 integer arithmetic, so values are the same on every platform and every NumPy
 version (unlike `numpy.random.Generator` methods, whose streams may change).
 
-`hash64` works on NumPy arrays (vectorised); `hash64_int` is the same function
-on Python ints, faster for one value (a sampler's `__getitem__`). A test pins
-that they agree.
-
-Example:
-    >>> hash64(7, 0, np.arange(3))        # three uint64 hashes
-    >>> uniform(7, 0, np.arange(3))       # three floats in [0, 1)
-    >>> permutation(5, 7, 42)             # 0..4 in an order fixed by (7, 42)
+Design notes: docs/reference/design.md#util-counter-rng.
 """
 
 from __future__ import annotations

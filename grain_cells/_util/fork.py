@@ -9,20 +9,7 @@ the child right after the fork, in registration order, before any other
 code of the child uses the caches. (Processes started with "spawn" or
 "forkserver" import the package afresh and need none of this.)
 
-Module-level caches are a `ProcessCache` (a dict, with a lock, emptied in
-the child) or register a function; per-instance caches register the
-instance and a reset function, held through a weak reference, so a
-registration never keeps an object alive.
-
-Example:
-    >>> _pools = {}
-    >>> fork.in_child(_pools.clear)
-    >>> class Handles:
-    ...     def __init__(self):
-    ...         self._reset()
-    ...         fork.in_child_of(self, Handles._reset)
-    ...     def _reset(self):
-    ...         self._open = {}
+Design notes: docs/reference/design.md#util-fork.
 """
 
 from __future__ import annotations

@@ -4,13 +4,7 @@ A *range* is `[start, stop)` over row ids (or any integer positions); a
 *run* is a maximal stretch of consecutive ids. All functions are vectorised
 (no Python loop per id) and return int64 arrays.
 
-Example:
-    >>> expand_ranges(np.array([10, 20]), np.array([2, 3]))
-    array([10, 11, 20, 21, 22])
-    >>> runs(np.array([3, 4, 5, 9, 10]))
-    (array([3, 9]), array([ 6, 11]))
-    >>> merge_touching(np.array([0, 5, 9]), np.array([5, 7, 12]))
-    (array([0, 9]), array([ 7, 12]))
+Design notes: docs/reference/design.md#util-ranges.
 """
 
 from __future__ import annotations

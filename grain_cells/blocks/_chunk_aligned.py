@@ -6,31 +6,7 @@ block of 16 cells decodes one or two whole chunks (of `data` and of
 `indices`) to use a fraction of each, and the neighbouring blocks that share
 those chunks are decoded again by other fetches.
 
-`chunk_aligned(source, chunks_per_block=n)` returns a view of the source
-(`source.view` of the table that `chunk_aligned_blocks` computes from the
-source's block table and chunk starts) whose blocks are the cells of `n`
-consecutive chunks each: the cells whose first value lies in chunks `k*n`
-to `k*n + n - 1` form one block (split into pieces of at most `block_size`
-cells when they are more).
-A block then decodes its own chunks plus the next one, which its last
-cell's values usually run into (decoded whole: its checksum covers all of
-it), so every decoded chunk serves all its cells within one fetch, and a
-block decodes about `n + 1` chunks for `n` chunks of cells.
-
-Because the result is an ordinary view, `BlockSampler`,
-`WeightedBlockSampler`, sharding, splits, selection and exact resume work on
-it unchanged; only the block table differs. Diversity follows the number of
-blocks per fetch (`batch_size * fetch_factor / block_size`): with
-`block_size` at least the cells per chunk, raise `fetch_factor` to keep it
-(see `benchmarks/RESULTS.md` for entropy, cells/s and memory).
-
-Example:
-    >>> source = grain_cells.AnnDataSource("atlas_gzip.h5ad", block_size=32,
-    ...                                    obs_columns=["plate"])
-    >>> aligned = grain_cells.chunk_aligned(source)  # or chunks_per_block=4
-    >>> sampler = grain_cells.BlockSampler(aligned, seed=0)
-    >>> ops = grain_cells.fetch_operations(aligned, batch_size=64,
-    ...                                    fetch_factor=32)
+Design notes: docs/reference/design.md#blocks-chunk-aligned.
 """
 
 from __future__ import annotations

@@ -5,21 +5,7 @@ work on a block x class count table: sparse entries `(block, class, count)`
 sorted by block, then class. Class index 0 stands for a missing label (code
 -1), index `c + 1` for code `c`.
 
-**Compact and chunked.** The entries are kept in parts of about `2**20`
-cells' blocks, each with block ids local to the part, classes and counts
-in the smallest unsigned types that hold them: 4 bytes per entry at
-`block_size` 16 under 256 classes, where int64/float64 triples took 24,
-plus no per-iteration temporaries larger than one part. A part is built
-without sorting where the labels come in runs (a sorted column: one entry
-per run within a block, from where the label changes), and with a dense
-count per piece otherwise (labels interleaved in blocks).
-
-**The same numbers, bit for bit.** `block_sums` and `class_sums` give
-exactly what `np.bincount` over the whole entry list gave: per-block sums
-are taken within a part (a block never spans two), and per-class sums carry
-the running totals from part to part as the first entries of the next
-`np.bincount`, which adds entries in order (`0.0 + total` is `total`), so
-every sum is accumulated in the same order as before.
+Design notes: docs/reference/design.md#blocks-composition.
 """
 
 from __future__ import annotations

@@ -8,24 +8,7 @@ source, the arguments and the seed, never on worker or shard counts or on
 any position in a stream: they are disjoint, and together they cover the
 source's cells (a view's selection).
 
-* `split_by_fraction(source, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0)`
-  assigns *units* to splits by a seeded hash of each unit's key, cutting the
-  hash order at the fractions of cells (each split is within one unit of
-  its fraction). The unit is, by default, one block of the source (reads stay
-  whole blocks); `unit_cells=n` uses a fixed grid of `n` rows per file
-  instead, so the split does not change with `block_size`; `by="donor"`
-  uses the groups of an obs column (a donor, a plate, a study goes wholly to
-  one split).
-* `split_by_obs(source, "donor", {"val": ["D3"], "test": ["D7"]},
-  rest="train")` holds out the cells with the given labels.
-
-Example:
-    >>> source = grain_cells.AnnDataSource(paths, obs_columns=["donor"])
-    >>> splits = grain_cells.split_by_fraction(
-    ...     source, {"train": 0.9, "val": 0.1}, seed=0, by="donor")
-    >>> train = splits["train"]                 # an AnnDataSource view
-    >>> sampler = grain_cells.BlockSampler(train, seed=0, num_epochs=None)
-    >>> ops = grain_cells.fetch_operations(train, batch_size=64)
+Design notes: docs/reference/design.md#blocks-splits.
 """
 
 from __future__ import annotations

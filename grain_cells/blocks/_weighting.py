@@ -4,55 +4,6 @@ A `WeightedBlockSampler` draws *blocks*, so a weight must end up on blocks.
 Every cell of a drawn block is emitted, so a cell's expected rate is its
 block's probability, shared by all the cells of the block.
 
-* `block_weights(source, cell_weights)` (default `reduce="mean"`): a block's
-  weight is the mean of its cells' weights. Then each block's cells receive,
-  in expectation, exactly their total weight's share of the emitted cells,
-  whatever the block sizes (short blocks included); within a block, weights
-  are averaged. `reduce="sum"` weighs a block by its total instead, which
-  favours full blocks over short ones by their length.
-* `balanced_block_weights(source, column, shares=None)`: weights that give
-  each class of an obs column its target share of the emitted cells (equal
-  shares by default), in expectation. It starts from each cell weighted by
-  `share[class] / count[class]` (block weight: the mean), which is exact when
-  every block holds one class; blocks that mix classes (at class boundaries
-  of a sorted file, or everywhere in a shuffled one) smear weight across
-  classes, so the per-class multipliers are then refined by fixed-point
-  iteration until the expected shares match (`expected_shares` reports
-  them). With a target that mixed blocks make unreachable it warns, listing
-  the shares it reaches.
-* `expected_shares(source, weights, column)`: what block weights give.
-
-Every call takes the source first, then the numbers (cell or block
-weights), then the column: the order of `WeightedBlockSampler(source,
-weights)`. Arguments are checked by type and name.
-
-**Interleaved files.** In a real atlas sorted by batch or donor, cell types
-are interleaved within each donor: a block of 16 cells holds several types,
-and no block weighting can move the shares far from the file's own (a
-type with 25% of the cells stays near 23% against a 12.5% target).
-`block_size=1` balances exactly but reads one cell at a time. A copy
-written once with `grain_cells.preshuffle(paths, out, group_by=column)`
-holds each label's cells contiguously (shuffled within the label): its
-blocks are pure, so the targets are met at any block size with contiguous
-reads (`benchmarks/balance.py` measures both).
-
-**What weighting does to locality and diversity.** Reads are unchanged:
-each drawn block is still one contiguous read of up to `block_size` cells.
-Up-weighted blocks are drawn many times per epoch (a class holding 5% of
-the cells, balanced to a third, has each block drawn about 6.7 times as often
-as under uniform sampling) and the down-weighted ones rarely or never, so an
-epoch holds fewer distinct cells. Draws are with replacement, so a fetch of
-`G` blocks can hold the same block twice: the expected number of repeated
-pairs in a fetch is about `G * (G - 1) / 2 * sum(p_b ** 2)` (`p_b`: block
-probabilities), and `SplitFetch` then emits that block's cells twice, possibly
-in the same minibatch. Smaller blocks spread the weight over more blocks and
-lower the repeats; a pre-shuffled file (`grain_cells.preshuffle`) makes
-blocks mix classes, which weakens the per-block control of the class shares
-but makes each minibatch more diverse, while a grouped copy
-(`preshuffle(..., group_by=column)`) makes blocks pure, so balance is exact
-and a fetch's classes come from its several blocks. Label diversity inside a minibatch
-rises under class balance (rare classes appear), while cell diversity falls.
-
 Memory while computing weights: the obs column or the cell weights (one
 value per cell of the files), the block x class count table (4 to 6 bytes
 per (block, class) entry: one per block where labels come in runs, up to one
@@ -61,11 +12,7 @@ plus transients of one part of it (`2**20` cells); the result is 8 bytes
 per block. The weights are those of the straightforward computation over
 the whole table, bit for bit.
 
-Example:
-    >>> source = grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
-    >>> weights = grain_cells.balanced_block_weights(source, "cell_type")
-    >>> sampler = grain_cells.WeightedBlockSampler(source, weights, seed=0,
-    ...                                            num_epochs=None)
+Design notes: docs/reference/design.md#blocks-weighting.
 """
 
 from __future__ import annotations

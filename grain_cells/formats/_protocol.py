@@ -7,12 +7,7 @@ answers what only the format knows: what a node is, how to read many row
 ranges of an array at once (`RangeReader`), what locates an array's bytes
 (for `grain_cells.io._identity`), and a file's stat.
 
-Nodes are the format's own objects, duck-typed: a *group* has `attrs` (a
-mapping), `keys()`, `get(name)`, `name in group`, `group[name]`; an *array*
-has `attrs`, `shape`, `ndim`, `dtype`, `name` and NumPy slicing (`a[i:j]`,
-`a[...]`, `a[int_array]` through `Format.read`). h5py's and zarr's groups
-and arrays are such nodes as they are; an open file is a group with
-`close()` and `with` support (`Format.open`).
+Design notes: docs/reference/design.md#formats-protocol.
 """
 
 from __future__ import annotations
@@ -133,9 +128,26 @@ class RangeReader(Protocol):
     ) -> None:
         """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
 
-        `pending`, with a `pool`: a list that receives futures still
-        decoding instead of waiting for them; the caller waits for them
-        (`wait_all`).
+        Every implementation (`hdf5`, `zarr`) documents only what it adds.
+
+        Args:
+            starts: Sorted first rows of each range (int64).
+            stops: Matching ends, exclusive; ranges must not overlap.
+            out: Contiguous destination with at least `sum(stops - starts)`
+                rows of the array's dtype and row shape.
+            pool: Optional thread pool that reads and decodes concurrently.
+            pending: With a pool, a list that receives the futures still
+                decoding instead of waiting for them; the caller waits
+                (`wait_all`), e.g. after starting another array's read, so
+                both decode in one wave. `out` is complete only then. Reads
+                that complete before returning add nothing.
+
+        Raises:
+            errors.CorruptDataError: Rows outside the array were asked for,
+                or the file ends before the data does.
+            errors.CorruptChunkError: A chunk is missing, truncated, fails
+                its checksum or does not decode; names the file, the array,
+                the chunk and its rows.
         """
 
 

@@ -1,16 +1,10 @@
 """One LRU of decoded chunks per process, shared by every `ChunkedReader`.
 
-Every fetch reads a few `indptr` entries per block; when `indptr` is
-compressed each would decode a whole chunk, so readers keep decoded chunks
-(`ChunkedReader(cache_bytes=...)`). Each reader used to hold its own LRU of
-up to `cache_bytes`, for as long as the process lived: 64 MiB per open file,
-so a worker that had read 2,000 files could hold gigabytes of pointers.
+Readers keep decoded chunks of small, hot datasets (a compressed `indptr`,
+read by every fetch) in one LRU per process, `SHARED`, of at most
+`cache_bytes`, however many files are open.
 
-`SHARED` bounds them together instead: one LRU over every reader's chunks,
-trimmed at each insert to the inserting reader's `cache_bytes` (64 MiB for
-`indptr`: the pointers of 8 million cells, however many files are open).
-A reader's entries are dropped when it is garbage-collected (its file
-closed), not kept until they age out.
+Design notes: docs/reference/design.md#hdf5-chunk-cache.
 """
 
 from __future__ import annotations

@@ -5,24 +5,13 @@
 offset, stored size and filter mask from HDF5 (`DatasetID.chunk_iter`, one
 call). For a read of sorted row ranges it then
 
-1. lists the chunks the ranges touch, each once (however many ranges share
-   it);
-2. reads their stored bytes with positional reads (`os.preadv`), chunks that
-   are neighbours in the file merged into one read of at most
-   `MAX_RUN_BYTES`;
-3. decodes each chunk with `grain_cells.hdf5._codecs.Pipeline` (libdeflate and
-   NumPy release the GIL) in the caller's thread pool, and copies the rows
-   the ranges need straight into the destination, so a decoded chunk lives
-   only as long as its copy.
-
 Memory per reading thread: one merged run of stored bytes (at most
 `MAX_RUN_BYTES`, 4 MiB) and one or two decoded chunks (anndata's chunks are
 at most 1 MiB). An optional LRU cache keeps decoded chunks of small, hot
 datasets (`indptr`, read by every fetch): one per process for all readers
 (`grain_cells.hdf5._chunk_cache.SHARED`), of at most `cache_bytes`.
 
-Byte offsets from `chunk_iter` are absolute file offsets: they already
-include any user block.
+Design notes: docs/reference/design.md#hdf5-chunks.
 """
 
 from __future__ import annotations
@@ -174,24 +163,7 @@ class ChunkedReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])`, concatenated, into `out`.
-
-        Args:
-            starts: Sorted, non-empty, disjoint int64 range starts, within
-                the dataset.
-            stops: Matching exclusive ends.
-            out: Contiguous destination of at least the ranges' rows.
-            pool: Optional thread pool that decodes chunks concurrently.
-            pending: With a pool, a list that receives the read's futures
-                instead of waiting for them: the caller waits (`result()`),
-                e.g. after starting another dataset's read, so both decode
-                in one wave. `out` is complete only then.
-
-        Raises:
-            errors.CorruptChunkError: A chunk fails to decode or its checksum
-                fails; names the file, dataset, chunk offset and its rows.
-            errors.CorruptDataError: The file ends before a chunk does.
-        """
+        """`formats.RangeReader.read`, for non-empty ranges within the dataset."""
         c = self.chunk_len
         rb = self._row_bytes
         first = starts // c

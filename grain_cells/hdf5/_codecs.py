@@ -5,24 +5,7 @@ lock. `Pipeline` decodes the raw bytes of one chunk (as stored on disk, from
 `DatasetID.chunk_iter` and a positional read) with libraries that release the
 GIL, so a thread pool decodes a fetch's chunks on all cores.
 
-Filters decoded here (the pipelines anndata and h5py write):
-
-| filter | id | decoder |
-| --- | --- | --- |
-| deflate (gzip) | 1 | libdeflate (`deflate` on PyPI), checks the zlib adler32 |
-| shuffle | 2 | a NumPy byte transpose |
-| fletcher32 | 3 | checksum verified with NumPy, then stripped |
-| lzf | 32000 | `python-lzf` when installed (`pip install python-lzf`) |
-
-Why libdeflate: inflating this project's Tahoe-shaped gzip chunks on one core
-here ran at about 1.6 GB/s out on `data` and 0.34 GB/s on `indices`; `isal`
-0.85 / 0.27, `zlib-ng` 1.1 / 0.18, stdlib `zlib` 0.48 / 0.16
-(`python benchmarks/decode_ceiling.py --codecs`). All four release the GIL.
-
-Any other filter (blosc, lz4, zstd, szip, scale-offset, ...) makes
-`Pipeline.for_dataset` return None and the dataset is read through h5py:
-correct, one chunk at a time. A filter HDF5 itself cannot apply raises
-`UnsupportedLayoutError` naming its id and the package that provides it.
+Design notes: docs/reference/design.md#hdf5-codecs.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """`.h5ad` files as a `grain_cells.formats.Format` (HDF5 through h5py).
 
-The HDF5 side of what `grain_cells.io` used to ask h5py directly (issue 36):
-node kinds and strings (from `io._nodes`), storage checks and chunk sizes
-(from `io._h5ad`), the per-process byte reader and remote metadata cache
-(`_remote`), and what locates a dataset's bytes for the layout digest (from
-`storage._identity`, unchanged: saved states compare it). Registered on
-import of `grain_cells.hdf5`, asked last: it claims every path no other
-format claims, and refuses what is not HDF5 by name.
+Node kinds and strings, storage checks and chunk sizes, the per-process
+byte reader and remote metadata cache, and what locates a dataset's bytes
+for the layout digest (saved states compare it). Registered on import of
+`grain_cells.hdf5`, asked last: it claims every path no other format claims,
+and refuses what is not HDF5 by name.
+
+Design notes: docs/reference/design.md#hdf5-format.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Whether HDF5 can return a dataset's true values, checked before any read.
 
 HDF5 returns wrong values silently in a few storage layouts, and fails with
-unhelpful messages in others. Each is checked here once per file open:
+unhelpful messages in others: links, virtual datasets with a missing source,
+filters this HDF5 lacks. Each is checked here once per file open.
 
-* **Links.** An element may be a soft link (`/X -> /layers/counts`) or an
-  external link into another file. Both read correctly through h5py; byte
-  offsets of an external link's target are offsets in the *target* file
-  (`stored_in` tells a positional reader whether it may use its own file's
-  descriptor). A link whose target is missing is reported by name, target
-  and file instead of as a missing element.
-* **Virtual datasets.** HDF5 fills the parts of a VDS whose source file or
-  dataset is missing with the fill value (zeros) and says nothing; a missing
-  source is refused.
-* **Filters.** Data compressed with a filter this HDF5 lacks (zstd, lz4,
-  blosc, ... from `hdf5plugin`) cannot be read. `hdf5plugin` is imported on
-  demand (it registers its filters with HDF5); without it, the error names
-  the filter and the package.
+Design notes: docs/reference/design.md#hdf5-layout.
 """
 
 from __future__ import annotations

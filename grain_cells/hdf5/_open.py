@@ -1,10 +1,11 @@
 """Opening an HDF5 file read-only by path or URL, naming the file on failure.
 
-Moved as it was from `grain_cells.io._open` (issue 36): refuses missing
-paths, dangling links and symlink loops, files without an HDF5 signature
-and files HDF5 cannot open (held by a writer, truncated), each by name. A
-URL opens through `grain_cells.hdf5._remote.open_remote`. Whether the file
-is AnnData is `grain_cells.io._open.check_anndata`'s to say.
+Refuses missing paths, dangling links and symlink loops, files without an
+HDF5 signature and files HDF5 cannot open (held by a writer, truncated),
+each by name. A URL opens through `grain_cells.hdf5._remote.open_remote`.
+Whether the file is AnnData is `grain_cells.io._open.check_anndata`'s to say.
+
+Design notes: docs/reference/design.md#hdf5-open.
 """
 
 from __future__ import annotations

@@ -2,29 +2,10 @@
 
 A `RangeReader` reads a set of sorted, disjoint ranges of a dataset's first
 axis into one contiguous destination array, in as few calls as the storage
-allows:
+allows: positional reads for uncompressed data, `ChunkedReader` for the
+filters `grain_cells.hdf5._codecs` decodes, h5py for anything else.
 
-* **Uncompressed** data (contiguous, or chunked with no filters, which is what
-  anndata writes by default) is read with positional reads (`os.preadv`)
-  straight from the byte offsets HDF5 reports for the dataset or each of its
-  chunks. Adjacent pieces are merged into one read. `preadv` releases the GIL,
-  so a thread pool can keep several reads in flight on a cold cache. This is
-  the hot path: per-call overhead, not bytes, limits h5py at block sizes, and
-  these reads skip it.
-* **Compressed** chunked data whose filters `grain_cells.hdf5._codecs` decodes
-  (deflate/gzip, shuffle, fletcher32, lzf) is read by
-  `grain_cells.hdf5._chunks.ChunkedReader`: the stored chunks a batch needs, each
-  once, by positional reads, decoded in a thread pool.
-* Anything else (other filters, chunks that split rows, unwritten chunks) is
-  read through h5py: one `H5Dread` per batch over the union of the ranges'
-  hyperslabs, so HDF5 decompresses each chunk once per batch.
-
-The byte offsets come from HDF5 itself (`H5Dget_offset`, `H5Dchunk_iter`);
-nothing here re-implements the file format. They are absolute positions in
-the file that holds the dataset, counted from its first byte: a user block
-(every `.h5mu`, some `.h5ad`) is already included, so nothing is added to
-them. A dataset reached through an external link lives in another file, and
-is read through h5py.
+Design notes: docs/reference/design.md#hdf5-reads.
 """
 
 from __future__ import annotations
@@ -208,18 +189,7 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
-
-        Args:
-            starts: Sorted first rows of each range (int64).
-            stops: Matching ends, exclusive; ranges must not overlap.
-            out: Contiguous destination with at least `sum(stops - starts)`
-                rows of this dataset's dtype and row shape.
-            pool: Optional thread pool for concurrent positional reads.
-            pending: For compressed data decoded here, with a pool: a list
-                that receives the decoding futures instead of waiting for
-                them (see `ChunkedReader.read`); other reads complete
-                before returning and add nothing.
+        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads.
 
         Raises:
             errors.AnnDataFormatError: The file is shorter than HDF5 says

@@ -4,23 +4,7 @@ The factory functions here (`open_remote`, `open_bytes`, `stat_path`, `stat_of`)
 take a local path or a URL (`grain_cells.storage.remote._store.is_url`) and return the
 same kinds of objects for both, so `AnnDataSource` treats them alike.
 
-**A remote file** is opened by h5py on a `RangeFile`: a read-only file-like
-object whose reads become range GETs of `BLOCK_BYTES`-aligned blocks, kept in
-a small LRU cache (`CACHE_BLOCKS` blocks). h5py walks the HDF5 metadata
-(object headers, B-trees of chunk indices, dataframe columns) through it.
-
-**Metadata once.** Every byte h5py reads while a file is opened and
-inspected is recorded and saved to a *metadata cache* on local disk, keyed
-by URL, ETag and size (`$GRAIN_CELLS_CACHE_DIR/remote/`, default
-`~/.cache/grain_cells/remote/`). The next open of the same object version,
-in any process on this machine (each of a loader's workers, a later run),
-finds those bytes there (the key also holds the last-modified time, for
-servers that send no ETag, and for objects whose ETag does not follow their
-content, the digest of sampled bytes: `grain_cells.storage.remote.
-_versions`): h5py walks the same structures and sends no request. A worker
-on another machine without the cache fetches them itself (correct, just
-slower). A changed object has another ETag (or sampled-bytes digest), hence
-another cache entry; stale entries are never read.
+Design notes: docs/reference/design.md#hdf5-remote.
 """
 
 from __future__ import annotations

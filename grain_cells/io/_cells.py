@@ -45,14 +45,6 @@ def take_csr(
 ):
     """Gathers `rows` of a CSR buffer into fresh arrays.
 
-    Consecutive rows are coalesced into runs and each run is copied as one
-    slice: per-slice copies beat fancy indexing (which first builds an int64
-    position per stored value) by about 2.5x at 1,600 values per cell. When
-    no cast is needed, the slices are byte ranges of `memoryview`s, without
-    a NumPy view per slice: about 0.33 us less per shuffled cell of ~800
-    values (1.73 -> 1.40 and 1.23 -> 0.90 us, best of 8, on a 2-core VM;
-    this copy is most of formatting a CSR minibatch).
-
     Args:
         rows_buf: Rows read into a buffer.
         rows: Positions within the buffer, in output order (repeats allowed).

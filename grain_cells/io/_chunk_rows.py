@@ -7,12 +7,7 @@ its first value, so chunk k's first row is the first row whose pointer
 reaches `k * values_per_chunk`: `indptr` says it, and nothing else does
 (HDF5's chunk table gives a chunk's bytes, not its rows).
 
-`scan_chunk_starts` reads `indptr` in pieces of about `SCAN_ROWS` entries
-(whole chunks of it) through one reused buffer and resolves each chunk in
-the piece where the pointers pass it: 8 MiB of memory however many rows the
-file has, where reading `indptr` whole held 8 bytes per cell (800 MB at
-100M cells). The result equals `searchsorted(indptr[:-1], k * length)` over
-the whole array.
+Design notes: docs/reference/design.md#io-chunk-rows.
 """
 
 from __future__ import annotations

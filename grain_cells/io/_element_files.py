@@ -9,14 +9,7 @@ threads, each file opened as the version its identity names, checked at
 open and at every read, so a file changed under the source raises
 `errors.SourceChangedError` whichever matrix reads it.
 
-Columns:
-
-* A matrix described by the same var dataframe as the source's matrix (a
-  layer beside X, X itself): the source's genes (its join and `genes`
-  selection).
-* Another matrix (`raw/X`, described by `raw/var`): its own var names,
-  aligned over the files with the source's join, all genes.
-* An `obsm` array: its `k` columns, which every file must have.
+Design notes: docs/reference/design.md#io-element-files.
 """
 
 from __future__ import annotations

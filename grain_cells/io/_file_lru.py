@@ -1,30 +1,9 @@
 """A bounded set of one process's open files, least recently used closed first.
 
-Each open file of a source costs a process two descriptors and about a
-megabyte (HDF5's caches, the obs columns read with its cells); kept until
-the process ends, 2,000 touched files held 4,006 descriptors and 3 GB
-(issue 33). `FileLru` keeps at most `max_open` files open: opening one more
-closes the least recently used file that no read is using.
+`FileLru` keeps at most `max_open` files open: opening one more closes the
+least recently used file that no read is using.
 
-**Why a read never sees its handle closed.** A read *pins* the files it
-uses (`pinned`): under the lock, each is opened if needed and its pin
-count raised; the pins drop when the read ends. Only unpinned files are
-closed, and a closed file has left the table under the lock first, so no
-thread can reach it any more. When every open file is pinned (more files
-in flight than `max_open`), the set grows past the bound instead of
-waiting; it shrinks back as pins drop. `close_all` closes unpinned files at
-once and pinned ones when their last pin drops.
-
-Files open under the lock, one at a time (as before the bound: h5py
-serialises opens anyway). A file reopened after eviction goes through the
-opener again, with all its checks.
-
-Example:
-    >>> lru = FileLru(lambda i: open(paths[i], "rb"), max_open=2)
-    >>> with lru.pinned([0, 3]) as (a, b):
-    ...     a.read(4), b.read(4)
-    >>> lru.open_count
-    2
+Design notes: docs/reference/design.md#io-file-lru.
 """
 
 from __future__ import annotations

@@ -5,60 +5,7 @@ identities (`grain_cells.io._identity`), gene alignment and harmonised obs
 columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
 file is opened once, checked and closed). It pickles to workers as is.
 
-`OpenFiles` is one process's side of a file set: files opened lazily,
-under a lock (Grain's reader threads race on first use), by
-`open_member`, the one place where a process opens a file of the set for
-reading, at most `max_open_files` at once (`grain_cells.io._file_lru`); the
-per-thread read buffers; the pool of read threads. It pickles as its file
-set and options only, and a forked child drops its parent's handles right
-after the fork (`grain_cells._util.fork`), so each process opens its own.
-
-**Genes over several files.** `AnnDataSource(..., join=...)` decides the
-genes a source outputs when files list different var names
-(`source.var_names`):
-
-* `"exact"` (default): every file must list the same var names in the
-  same order; else `GeneMismatchError` names the first difference.
-* `"inner"`: the genes every file has, in the first file's order.
-* `"outer"`: every gene of any file: the first file's genes in order, then
-  each later file's new genes in order of first appearance. A file reads
-  0 for the genes it lacks (as `anndata.concat(join="outer")` does for
-  sparse matrices).
-
-`genes` then selects and orders output genes within those: with
-`join="outer"`, `genes=[...]` gives a fixed gene list in which genes a
-file lacks read as 0 (each must be in some file). Genes are matched by
-name for `"inner"` and `"outer"` (var names must then be unique within
-each file), by position for `"exact"`.
-
-    >>> source = AnnDataSource(paths, join="outer", genes=hvg_names)
-
-With `genes_from="<var column>"` genes are matched by that column of every
-file instead of var names (CELLxGENE Census: `"feature_id"`, whose symbols
-in `feature_name` repeat); its values must be unique in each file
-(`grain_cells.io._genes.read_gene_keys`).
-
-Alignment is applied as rows are read (one gather over the fetched
-values per file whose columns are not the output's; none when they are),
-so every read and output format sees output columns. Where a file stores
-its genes in another order than the output, a row's values keep the
-file's order: `Cells.X` from `read` is sorted (canonical CSR), but
-minibatches' `indices` may be unsorted within a row.
-
-**obs over several files.** A categorical column's codes index one shared
-category list (the first file's categories, then new ones in order of
-appearance), so a label has the same code in every file. A column some
-files lack raises `MissingColumnError` (`obs_missing="error"`, the
-default) or, with `obs_missing="fill"`, reads as missing in those files:
-code -1 for categorical columns, NaN for numeric ones, which then come
-back as floats (float64 for int32 and int64 columns). See
-`grain_cells.io._obs`.
-
-Example:
-    >>> files = FileSet.inspect(["a.h5ad"], element="X", obs_names=(),
-    ...                         genes=None, join="exact", obs_missing="error")
-    >>> handles = OpenFiles(files, read_threads=4)
-    >>> handles.file(0).reader     # a CsrReader or DenseReader
+Design notes: docs/reference/design.md#io-file-set.
 """
 
 from __future__ import annotations

@@ -7,25 +7,7 @@ the file stores, -1 where that gene is not output. `column_maps.remap_csr` and
 `column_maps.gather_dense` apply the maps to rows right after they are read,
 so every later step (gathers, output formats) sees output columns only.
 
-Joins:
-
-* `"exact"`: every file lists the same var names in the same order (else
-  `GeneMismatchError`); the aligned genes are those, matched by position.
-* `"inner"`: the genes every file has, in the first file's order.
-* `"outer"`: every gene any file has: the first file's genes in order, then
-  each later file's new genes in order of first appearance. A file reads 0
-  for the genes it lacks.
-
-`genes` then selects and orders output genes *within* the aligned genes.
-
-**Gene keys.** Genes are matched by var names, or with `genes_from=<column>`
-by that var column of every file (`read_gene_keys`): atlases differ in what
-their var names hold (symbols in one, Ensembl ids in another), and CELLxGENE
-Census's symbols (`feature_name`) repeat while its `feature_id` does not.
-Keys from a column must be unique within each file, whatever the join.
-
-A file whose stored columns are exactly the output columns gets no map
-(`None`); what the other maps cost per read: `grain_cells.io._column_maps`.
+Design notes: docs/reference/design.md#io-genes.
 """
 
 from __future__ import annotations
@@ -145,10 +127,6 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
 def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
     """`keys`, or an equal array met before: files of one gene list share it.
 
-    A source over many files (issue 33: 10^5) of the same genes then holds
-    one gene list while it is built, not one per file; a file with its own
-    genes costs a hash of its keys.
-
     Args:
         keys: One file's gene keys (`read_gene_keys`).
         seen: The arrays met so far, by digest (start with `{}`; kept by the
@@ -173,7 +151,7 @@ def align_genes(
         paths: The files, for error messages.
         names: Each file's gene keys (str arrays): var names, or the var
             column `genes_from` (`read_gene_keys`).
-        join: `"exact"`, `"inner"` or `"outer"` (see the module docstring).
+        join: `"exact"`, `"inner"` or `"outer"` (see the design notes).
         genes: None for all aligned genes, or a selection within them: names
             (output in this order), a boolean mask or integer positions over
             the aligned genes.

@@ -1,9 +1,5 @@
 """File identity: is this still the file a source (or a checkpoint) was made from?
 
-Moved from `grain_cells.storage._identity` (issue 36), which keeps
-`FileStat` (bytes: where a file is); what locates each array's bytes comes
-from its format (`grain_cells.formats.Format.array_layout`).
-
 An `AnnDataSource` reads files in place, from several processes, for days.
 A file rewritten or replaced meanwhile would silently yield other cells, so
 every file gets a `FileIdentity` when the source is built, made of two parts:
@@ -21,54 +17,7 @@ every file gets a `FileIdentity` when the source is built, made of two parts:
   copy has the same digests wherever it lies, so checkpoints and preshuffle
   markers record these (with the size), not paths or times.
 
-What is detected, exactly:
-
-* Any write to the file (in place or by replacing it) after the source was
-  built, in any process that reads it: the size, mtime or ctime changes, or
-  the path now names another inode. `touch -d`/`cp -p`/`rsync -t` can restore
-  the mtime but not the ctime, so these are detected too. So is a `chmod` or
-  `chown` (they change the ctime): build a new source after one.
-* A file replaced before a worker opens it: the inode differs.
-* A restore (or a preshuffle rerun) on a file whose size, matrix layout,
-  sampled `indptr` or sampled values differ from those recorded.
-
-Objects in a store (`s3://...`, see `grain_cells.storage.remote._store`) have no
-device, inode or ctime: their `FileStat` holds the size, last-modified time
-and ETag, taken by one HEAD when the source is built, and every range GET
-carries `If-Match: <ETag>` (or a batch of GETs is followed by a HEAD), so any
-overwrite that changes the ETag is detected at the next read in any process
-(`verify_files` sends a HEAD per object). Where the ETag does not follow the
-content (HTTP servers such as nginx: `"<mtime>-<size>"`), the `FileStat`
-also holds a digest of sampled bytes, read again when a process opens the
-object, at restore and periodically while reading
-(`grain_cells.storage.remote._versions`, which says exactly what each kind
-of server lets through).
-
-A zarr store (a directory, `.zarr.zip` or bucket prefix of many keys) has
-no one inode: its `FileStat` holds a digest of every key with its size and
-modification time (ETags in a bucket; `grain_cells.zarr._store.store_digest`),
-taken when the source is built and compared when a process opens the store
-and by `verify_files`, so a chunk or metadata file written, added or
-removed under a source is detected. At every fetch a process that has the
-store open compares only the `stat`s of its root metadata files
-(`zarr.json`, `.zgroup`, `.zmetadata`, ...; of a `.zarr.zip`, the file),
-which anndata rewrites whenever it writes a store
-(`grain_cells.zarr._store_file.StoreFile.check_root`). Its `layout`
-digest covers each array's zarr format, shape, dtype, chunk and shard grid
-and stored bytes,
-its `sample` the same value windows as a file's. A checkpoint records
-`format: zarr` for a store (its format's `recorded_format`; an `.h5ad`
-file records none), so a state saved on an `.h5ad` file is refused
-on a zarr store of the same cells (and the other way round): the identity
-is that of the stored file, not of the cells. Restore on the format the
-state was saved on, or start a new run.
-
-Not detected: a replacement after a process opened the file by rename (that
-process keeps reading the original inode, which stays consistent); a change
-to a file that the matrix only links to (HDF5 external links and virtual
-dataset sources: their layout is recorded, not their times); and, across
-processes (restore, preshuffle), a different file of the same size and
-layout whose differences avoid the sampled `indptr` entries and values.
+Design notes: docs/reference/design.md#io-identity.
 """
 
 from __future__ import annotations

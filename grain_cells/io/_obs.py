@@ -7,15 +7,7 @@ file's codes are remapped into that list when the file opens, so a label has
 the same code in every file, whatever order each file lists its categories
 in. Code -1 means missing, as in pandas.
 
-**Numeric** columns get one dtype, the common type of the files' dtypes, so
-every read returns the same dtype whichever files it touches.
-
-**A column some files lack** is an error by default (`obs_missing="error"`).
-With `obs_missing="fill"` such files read as missing: code -1 for a
-categorical column (no category), NaN for a numeric one. A numeric column
-that some file lacks therefore comes back as floating point: the common type
-of the files' dtypes and float32 (float64 for int32 or int64 columns, float32
-for int8 or int16 ones). A column that no file has is always an error.
+Design notes: docs/reference/design.md#io-obs.
 """
 
 from __future__ import annotations

@@ -1,58 +1,23 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
-Every process that reads a source (the trainer and each Grain worker) needs
-the obs columns of every file it opens, one value per cell. Read whole into
-each process, they cost ~5 bytes per cell per process for four categorical
-columns (590 MiB per worker at 100M cells; benchmarks/RESULTS.md, "Scale:
-obs columns shared"). Instead, the first process that opens a file writes
-each column's harmonised values (`HarmonisedColumn.file_values`: the codes
-in the source's shared category list, or numeric values in the source's
-dtype) once to a cache file, and every process maps it read-only
-(`np.memmap`): the pages are the kernel's page cache, shared by every
-process and dropped under memory pressure, not anonymous memory of each.
+The first process that opens a file writes each obs column's harmonised
+values (`HarmonisedColumn.file_values`) once to a cache file, and every
+process maps it read-only (`np.memmap`): the pages are the page cache,
+shared by every process, instead of a copy of each column per process.
 
-**Where.** `$GRAIN_CELLS_OBS_CACHE` if set (`off` keeps today's in-memory
-columns), else `obs/` under `$GRAIN_CELLS_CACHE` or `~/.cache/grain_cells`.
-A folder that cannot be written (a read-only home) falls back to reading
-the column into memory, with one warning per process. Files of fewer than
-`MIN_CELLS` cells keep their columns in memory (a few pages each: less than
-the file's open handle costs), so a collection of many small files makes
-no cache files and no maps.
-
-**Which entry.** An entry's name is a digest of the file's path and its
-whole `FileIdentity` (stat: device, inode, size, times, or an object's
-ETag, or a zarr store's digest; layout and sample digests), the column, and
-its harmonisation (category code map or numeric dtype), with a version of
-this layout. A file rewritten or replaced has another identity, so it gets
-another entry: a stale entry is never read. Two sources over the same file
-and columns with the same harmonisation share one entry.
-
-**Writing** goes to a temporary file in the same folder, flushed, then
-renamed over the entry (`os.replace`, atomic), so a reader sees a whole
-entry or none; processes that race write the same bytes and the last rename
-wins. Processes that miss the same entry at once take turns on a lock file
-beside it (`flock`), so one reads the column and the others map what it
-wrote. An entry is a `.npy` file (`np.load` reads it) followed by its own
-name's digest. **Reading** checks the header (one dimension, the file's
-cell count, a dtype of the column's kind), that the file's size is exactly
-header, values and digest, and the digest; an entry that fails (truncated,
-damaged in its header, foreign) is rebuilt from the file. Values damaged in
-place on disk are not detected (that needs a read of every page). Old
-entries are not removed: delete the folder any time no source is being read.
+Design notes: docs/reference/design.md#io-obs-cache.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import pathlib
-import tempfile
 
 import numpy as np
 
+from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
@@ -72,10 +37,7 @@ def cache_folder() -> pathlib.Path | None:
         return None
     if own:
         return pathlib.Path(own).expanduser()
-    root = os.environ.get("GRAIN_CELLS_CACHE") or (
-        pathlib.Path.home() / ".cache" / "grain_cells"
-    )
-    return pathlib.Path(root).expanduser() / "obs"
+    return pathlib.Path(cache_root(xdg=False)).expanduser() / "obs"
 
 
 def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
@@ -140,7 +102,6 @@ def file_obs(
     return out
 
 
-@contextlib.contextmanager
 def _writer_lock(path: pathlib.Path | None):
     """Holds `<entry>.lock` (flock): one process of many racing reads the column.
 
@@ -148,20 +109,7 @@ def _writer_lock(path: pathlib.Path | None):
     whole column into its own memory. No lock (an unwritable folder) is
     not an error: the entry is then not written either.
     """
-    if path is None:
-        yield
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return file_lock(None if path is None else path.with_suffix(".lock"))
 
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
@@ -215,18 +163,13 @@ def _as_array(mapped: np.memmap) -> np.ndarray:
 
 def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
     """Writes the entry atomically and maps it; None when it cannot be written."""
-    tmp = None
+
+    def write(fh):
+        np.save(fh, np.ascontiguousarray(values), allow_pickle=False)
+        fh.write(path.stem.encode())
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from other users
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(values), allow_pickle=False)
-            fh.write(path.stem.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, write, fsync=True, prefix=path.stem)
     except OSError as e:
         folder = str(path.parent)
         if folder not in _warned:
@@ -239,10 +182,6 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
                 e,
             )
         return None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return _load(path, column, n_obs)
 
 

@@ -8,16 +8,7 @@ its row ranges, so `grain_cells.io._file_set.OpenFiles` and
 identity-checked reads (one call per file and fetch). Any other element goes
 to `h5ad.inspect_matrix`.
 
-Two layouts:
-
-* anndata >= 0.7: `obsm` is a group and each key a 2-D dataset.
-* anndata < 0.7 (e.g. scanpy's `pbmc68k_reduced`): `obsm` is one compound
-  (structured) dataset of `n_obs` records with a field per key, each field a
-  `(k,)` sub-array. `FieldReader` reads the records of the rows asked (every
-  field: a record's bytes are contiguous, so one read per range) and keeps
-  the named field.
-
-A dataframe or sparse matrix in `obsm` is refused by name.
+Design notes: docs/reference/design.md#io-obsm.
 """
 
 from __future__ import annotations

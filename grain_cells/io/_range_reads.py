@@ -7,9 +7,7 @@ in *file order* as views into a reused buffer, with each row's obs values.
 `read_ranges` and `read_rows` build on it and return fresh `Cells` in the
 order asked; `advise` asks the OS to prefetch ranges into the page cache.
 
-All functions take the process's `OpenFiles` and the files' `cell_offsets`
-(global row of each file's first cell, plus the total); `AnnDataSource`
-exposes them as methods.
+Design notes: docs/reference/design.md#io-range-reads.
 """
 
 from __future__ import annotations

@@ -7,46 +7,7 @@ Every minibatch is a dict of NumPy arrays with, besides the expression:
 * `obs/<column>` (`[batch]`): the chosen obs columns (integer codes for
   categorical columns, see `AnnDataSource.categories`; 0 for padding).
 
-and the expression in one of three formats:
-
-* `CsrOutput`: `data` `[nnz]`, `indices` (int32 `[nnz]`) and `indptr`
-  (int64 `[batch + 1]`); padding rows are empty. Shapes vary per batch.
-* `PaddedSparseOutput(width=None)`: `values` `[batch, width]`, `indices`
-  (int32 `[batch, width]`), `nnz` (int32 `[batch]`, the stored values the
-  cell really has) and `truncated` (bool `[batch]`, `nnz > width`). Static
-  shapes for `jax.jit`; unused slots hold index 0 and value 0, so
-  scatter-adding them is harmless (see
-  `grain_cells.outputs._densify.densify`). With `width=None` (the default)
-  the width is fitted once from a deterministic sample of the source when the
-  pipeline is built (the 99.9th percentile of stored values per cell, rounded
-  up to a multiple of 128: `grain_cells.outputs._width`). A cell with more
-  than `width` stored values is never cut silently: by the policy `truncate`,
-  `"largest"` (default) keeps its `width` largest values (ties: lower column
-  first), `"first"` keeps its first `width` values in column order, and
-  either marks the cell in `truncated`, and the loader warns once, in the
-  trainer, with the figures (`errors.TruncationWarning`; a fitted width only
-  when it cuts clearly more cells than its quantile leaves out:
-  `grain_cells.outputs._padded.TruncationReport`);
-  `"error"` raises `errors.TruncationError` naming the cell.
-  ("Column order" is the stored order where a source's `join` or `genes`
-  reorders a file's genes; see `AnnDataSource`.)
-* `DenseOutput()`: `X` `[batch, genes]` in `dtype` (float32 by default) over
-  all genes or the source's gene subset. A dense minibatch over 62,710 genes
-  is 250 KB per cell: subset genes, or use padded sparse and densify on the
-  accelerator.
-
-A row that stores one column more than once (a duplicate index, which SciPy
-and anndata allow) means the sum of its values, in every format: CSR and
-padded outputs keep the duplicates (`densify` and SciPy add them), while
-`DenseOutput` and `AnnDataSource.read(...).X.toarray()` add them.
-
-Token sequences for transformer foundation models (`RankValueTokens`,
-`ValueBinTokens`) are further implementations of the same protocol; see
-`grain_cells.tokens`.
-
-The protocol every format implements, the `Fetch` it formats from and the
-helpers formats share live in `grain_cells.outputs._protocol`; the padded
-format in `grain_cells.outputs._padded`. This module re-exports them.
+Design notes: docs/reference/design.md#outputs-formats.
 """
 
 from __future__ import annotations
@@ -108,7 +69,7 @@ class CsrOutput:
         return {"data": data, "indices": indices, "indptr": indptr}
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring)."""
+        """What a checkpoint records of this output (see the design notes)."""
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 
@@ -158,7 +119,7 @@ class DenseOutput:
         return {"X": X}
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring)."""
+        """What a checkpoint records of this output (see the design notes)."""
         return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 

@@ -16,11 +16,7 @@ pipeline calls it once when it is built, in the building process, and uses
 (and checkpoints) the output it returns (`PaddedSparseOutput(width=None)`
 fits its width so).
 
-**Checkpoints.** A saved iterator state records the output's configuration:
-`fingerprint() -> dict`, of JSON values (class name and every parameter that
-changes the arrays; see `fingerprint_of`). An output without the method is
-recorded by its `repr`, which must then be stable: a state restores only
-under an output of equal fingerprint (or repr).
+Design notes: docs/reference/design.md#outputs-protocol.
 """
 
 from __future__ import annotations
@@ -78,7 +74,7 @@ class Fetch:
 
 @runtime_checkable
 class Output(Protocol):
-    """What an output format implements (see the module docstring)."""
+    """What an output format implements (see the design notes)."""
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int

@@ -15,15 +15,7 @@ a pipeline is built (`fetch_operations`, `cell_dataset`,
    `method="higher"`: a count that some cell has), rounded up to a multiple
    of `WIDTH_MULTIPLE` (128), and at least 128.
 
-So with the default about one cell in a thousand is wider than the width and
-is truncated (keeping its largest values; see `PaddedSparseOutput`), which
-the minibatch's `truncated` field and a warning report. `quantile=1.0` takes
-the widest sampled cell.
-
-Workers receive the fitted output with the pipeline (they never refit), and
-the fitted width is part of the checkpoint fingerprint, so a restore refits
-on the same source, gets the same width, and refuses a state saved under
-another width (`errors.CheckpointMismatchError`).
+Design notes: docs/reference/design.md#outputs-width.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ WIDTH_MULTIPLE = 128
 def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
     """Global row ranges `(starts, stops)` of the sample, sorted by start.
 
-    Whole blocks of `source` at evenly spaced keys (see the module docstring).
+    Whole blocks of `source` at evenly spaced keys (see the design notes).
     """
     n_blocks = len(source)
     k = min(n_blocks, max(1, math.ceil(SAMPLE_CELLS / source.block_size)))
@@ -62,7 +54,7 @@ def stored_counts(rows) -> np.ndarray:
 
 
 def width_for(counts: np.ndarray, quantile: float) -> int:
-    """The rule's width for per-cell counts (see the module docstring)."""
+    """The rule's width for per-cell counts (see the design notes)."""
     top = int(np.quantile(counts, quantile, method="higher")) if counts.size else 0
     return max(WIDTH_MULTIPLE, -(-top // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
 

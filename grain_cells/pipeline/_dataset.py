@@ -8,28 +8,13 @@
       .mp_prefetch(N workers)         # worker i runs fetches n0+i, n0+i+N, ...
     -> split each fetch into its minibatches (in the trainer; no copy)
 
-Each worker emits one element per fetch, and Grain's `mp_prefetch`
-interleaves its workers round-robin, one element each, so fetches arrive in
-the order of their numbers whatever the worker count: the minibatch sequence
-is a function of (data, seed, batch and fetch configuration, shard) only, and
-the same with 0, 2 or 3 workers (tested).
-
-The iterator's state is ours (`grain_cells.pipeline._resume.Position` plus a stamp of
-the configuration): restoring rebuilds the Grain chain from the saved fetch,
-under any worker count, and under another shard count (see `resume`).
-
 **Memory per worker**: the fetch being read (its read buffer, about
 `batch_size * fetch_factor` cells, and its formatted minibatches), plus
 `worker_buffer_size` finished fetches waiting in the worker's queue, one
 slot of its shared-memory ring per minibatch; in the trainer, the fetch being
 handed out.
 
-**Minibatches from workers are leases**: their arrays are views of the
-worker's shared-memory slot (no copy in the trainer), and the slot returns
-to the worker when the last array of the minibatch dies. A trainer that keeps
-more minibatches than the ring lends (about three fetches' worth per worker)
-gets private copies for the rest, so keeping minibatches never stalls the
-workers (`grain_cells.transport._lease`).
+Design notes: docs/reference/design.md#pipeline-dataset.
 """
 
 from __future__ import annotations
@@ -53,7 +38,7 @@ __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
 
 
 class CellDataset(grain.IterDataset):
-    """Shuffled minibatches of a source (see the module docstring).
+    """Shuffled minibatches of a source (see the design notes).
 
     Use `cell_dataset(...)`, `grain_cells.DataLoader` or
     `grain_cells.loader(...)` to build one.
@@ -160,11 +145,6 @@ class CellDataset(grain.IterDataset):
 
     def __len__(self) -> int:
         """Minibatches of the epoch the next `iter()` starts, on this shard.
-
-        Computed once per epoch, without reading cells: arithmetic when all
-        blocks hold equal cell counts; otherwise the epoch's block order is
-        walked once (about 5 CPU-seconds per million blocks for a shuffled
-        `BlockSampler`).
 
         Raises:
             TypeError: The stream is endless, or a `condition` makes the

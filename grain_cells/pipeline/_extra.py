@@ -9,20 +9,7 @@ minibatch's X, each named extra matrix in the format chosen for it:
         "pca": grain_cells.Obsm("X_pca"),                      # [batch, k]
     }
 
-A `Layer`'s arrays come back under `"<key>/<array>"` (`counts/data`,
-`counts/indices`, `counts/indptr`; `raw/X`), an `Obsm` array under its key.
-A layer is read over the genes of the minibatch's X (the source's join and
-gene selection); `raw/X` over the genes of `raw/var` (aligned with the
-source's join). Each extra matrix is read with one batched call per file and
-fetch, like X; padding rows are empty (CSR), zero (dense) or pad tokens.
-
-Extra matrices read through the source's own files (`source.files`, see
-`grain_cells.io._element_files`): the storage options it was built with
-(endpoint, credentials), its `read_threads` and `check_indices`, and the
-identities it took, so a file changed under the source raises
-`errors.SourceChangedError` here as it does for X. `obsm` arrays of files
-written by anndata < 0.7 (one compound dataset, a field per key) are read
-too (`grain_cells.io._obsm`).
+Design notes: docs/reference/design.md#pipeline-extra.
 """
 
 from __future__ import annotations

@@ -11,21 +11,7 @@
    memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
    `m` cells, each gathered once into its output format.
 
-**Determinism.** The in-memory shuffle is `counter_rng.permutation` of
-`(seed, the fetch's block ids in sampler order)`, a pure function that no
-NumPy upgrade changes (pinned by `tests/test_golden.py`); a fetch is
-therefore re-created bit for bit when an iterator is restored in its middle
-(Grain's FlatMap state is "the fetch's parent state plus the index inside
-it").
-
-**Which cells come out.** A fetch holds `G * block_size` cells, fewer when it
-includes the short last block of a file or is a worker's last fetch of the
-stream. Its last minibatch is then short: with `remainder="pad"` (default)
-it is padded to `m` rows with `mask=False`, so every visited cell comes out
-exactly once and shapes stay static; with `remainder="drop"` it is dropped
-(those cells are not seen in that pass). Fetches may span an epoch boundary of
-an endless stream, so an epoch's last cells share minibatches with the next
-epoch's first ones rather than forming short minibatches.
+Design notes: docs/reference/design.md#pipeline-fetch.
 """
 
 from __future__ import annotations

@@ -9,24 +9,7 @@ finite sampler stream the plan walks; see `grain_cells.pipeline._dataset`;
 pipeline from fetch `n` (fetches are pure functions of their number, so the
 sequence is the same).
 
-**Another shard count (JAX processes).** Training runs in lock-step: every
-process has emitted the same number of minibatches when a checkpoint is
-saved. So one state, read by any new process, tells where *every* old shard
-stood: walking shard `r`'s fetches and counting their minibatches (a
-function of the block table, no data read) locates step `step` in it.
-`hand_over` then lists what no old shard finished, as pieces: each old
-shard's partly emitted fetch (from its next minibatch on) and its untouched
-fetches up to the furthest any shard got (`K`); everything before sampler
-position `origin + (K + 1) * G * count` is then either emitted or a piece.
-The new plan starts there with the new count; new shard `q` emits pieces
-`q, q + Q, ...` first. Every remaining cell is visited exactly once.
-
-Requirements (else the restore is refused or wrong, as stated): all old
-processes saved at the same step (lock-step; a state cannot check the
-others); the sampler's stream is the same under both counts (its epoch
-length, `num_blocks - num_blocks % count` for a `BlockSampler`, must not
-change: refused otherwise); no `condition` (its minibatch counts depend on
-the data: refused).
+Design notes: docs/reference/design.md#pipeline-resume.
 """
 
 from __future__ import annotations

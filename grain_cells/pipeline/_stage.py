@@ -8,22 +8,7 @@ nothing here depends on which worker runs a fetch, the minibatch sequence of
 `grain_cells.cell_dataset` and `grain_cells.DataLoader` does not depend on the
 worker count.
 
-**Which positions.** Shard `s` of `C` (origin `o`, `G` blocks per fetch):
-fetch `g` holds sampler positions `o + (g * G + i) * C + s` for `i < G`, cut
-at the end of a finite stream. So the `C` shards' fetches `g` together cover
-positions `[o + g*G*C, o + (g+1)*G*C)`, and with one shard fetch `g` is
-positions `[g*G, (g+1)*G)`. A restore under another shard count may first
-hand out *pieces*: what was left of the old shards' fetches (see
-`grain_cells.pipeline._resume`); they come before the plan's fetches, piece `k` to shard
-`k % C`.
-
-**Read-ahead.** The stage knows which fetch its process reads next (`n +
-stride`, the stride being the worker count), so after each fetch it asks the
-OS (or the object store) for the blocks of its own next fetches
-(`AnnDataSource.advise`) within the next `readahead_cells` cells of the
-stream: with `W` workers each hints about `readahead_cells / W` cells, so
-the read-ahead held (and left unread when iteration stops) does not grow
-with the worker count.
+Design notes: docs/reference/design.md#pipeline-stage.
 """
 
 from __future__ import annotations

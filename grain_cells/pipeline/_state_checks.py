@@ -3,35 +3,10 @@
 A state of `grain_cells.cell_dataset` / `grain_cells.DataLoader` is
 `{"grain_cells": stamp, "position": {...}}` (see `grain_cells.pipeline._resume`). The
 stamp says which pipeline saved it, as JSON values, by configuration rather
-than by `repr` (so a `repr` may change without breaking restores):
+than by `repr` (so a `repr` may change without breaking restores); its fields
+are listed in the design notes.
 
-* `sampler`: the sampler's `fingerprint()` (class, seed, shuffle, epochs,
-  block count or epoch length, a digest of weights, condition column...;
-  never its shard, which may change). A sampler without the method (a
-  user's own) is recorded by its `repr`, less any
-  `, shard_index=.., shard_count=..`: that `repr` must then be stable.
-* `epoch_length`: positions per epoch;
-* `data_source`: the source by content
-  (`grain_cells.io._identity.source_identity`: cell counts, file sizes,
-  metadata and value digests, genes, obs categories, configuration; not
-  paths, so a copy of the data elsewhere restores);
-* `operations`: the fetch transform's `SplitFetch.fingerprint()`: `fetch`
-  (batch size, fetch factor, block size, shuffle, seed, remainder, numeric
-  obs, condition), `output` (the output's `fingerprint()`, its `repr`
-  without one: see `grain_cells.outputs`) and `extra` (each extra matrix's
-  `Layer`/`Obsm` spec).
-
-The worker count is not part of it: a state restores under any. A state
-whose stamp is of an older kind (the sampler and fetch transform as `repr`
-texts, or the source as its `repr`, with paths) was saved by an older
-grain_cells and is refused by name: grain_cells is 0.x, so it restores only
-under the version that saved it.
-
-`check_state` refuses, with `CheckpointMismatchError` naming the field, its
-saved value and the current one: a state of another pipeline or of another
-program, and any position field out of range (a fetch past the stream, a
-minibatch past its fetch's end, a negative step...), which would otherwise
-resume at the wrong place.
+Design notes: docs/reference/design.md#pipeline-state-checks.
 """
 
 from __future__ import annotations
@@ -63,7 +38,7 @@ def stamp(source, sampler, split) -> dict:
     """What a saved state must match to be restored by this pipeline.
 
     Returns:
-        The stamp (see the module docstring) as JSON values, as a saved
+        The stamp (see the design notes) as JSON values, as a saved
         state reads back.
     """
     if hasattr(source, "file_identity"):

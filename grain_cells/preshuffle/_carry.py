@@ -6,20 +6,7 @@ A part holds, with its rows in the part's cell order:
   windows exactly as X (`preshuffle_matrices.Matrix`);
 * `obsm/<name>` dataframes, gathered in memory like obs;
 
-and, copied unchanged from the first input: `uns`; `varm` and `varp` when
-the output's genes are the first input's (no `join`/`genes` alignment that
-changes them); `raw/var` (aligned like `raw/X`) and `raw/varm` (when raw's
-genes are the first input's).
-
-`keep` chooses among them: None (default) carries every element that every
-input has and that fits the output, and warns naming what it leaves and
-why (`obsp`, whose pairs of cells a shuffle across parts cannot keep; a CSC
-layer; a sparse `obsm` array; an element some inputs lack; `varm` under a
-gene alignment; the matrices that do not fit when `layer=` picks another
-X). A list names what to carry: `"layers"` (all), `"layers/<name>"`,
-`"raw"`, `"obsm"` (all), `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`;
-`keep=()` carries X, obs and var only (the fastest copy). A named element
-that is missing or does not fit raises.
+Design notes: docs/reference/design.md#preshuffle-carry.
 """
 
 from __future__ import annotations
@@ -139,7 +126,7 @@ def choose(
     layer: str | None,
     genes_changed: bool,
 ) -> Carry:
-    """What to carry for these inputs and arguments (see the module docstring).
+    """What to carry for these inputs and arguments (see the design notes).
 
     Args:
         paths: The inputs.

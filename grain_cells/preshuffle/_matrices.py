@@ -54,7 +54,6 @@ class Matrix:
         self.n_cells = int(files.n_obs.sum())
         self.cell_offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
         maps = [self.column_map(i) for i in range(len(files.paths))]
-        self.drops_genes = any(m is not None and (m < 0).any() for m in maps)
         self.reorders_genes = any(
             m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
         )

@@ -16,11 +16,7 @@ next run starts (`grain_cells.preshuffle._staging`: named by owner pid and
 start time). An upload that fails raises at the next `publish` or at
 `wait`, so the run stops with the upload's error.
 
-Restarts work as locally: a part is complete when the object exists and its
-`grain_cells_preshuffle` attribute (read through range GETs) records this
-run's arguments; complete parts are kept, others rewritten. The manifest
-`preshuffle.json` is uploaded last; parts of an earlier run beyond this
-run's count are deleted.
+Design notes: docs/reference/design.md#preshuffle-output.
 """
 
 from __future__ import annotations

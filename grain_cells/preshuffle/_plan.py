@@ -182,10 +182,6 @@ class Plan:
                 UserWarning,
                 stacklevel=4,
             )
-        self.drops_genes = any(m is not None and (m < 0).any() for m in maps)
-        self.reorders_genes = any(
-            m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
-        )
         self.seed = int(kwargs["seed"])
         self.compression = compression
         self.chunk_cells = chunk_cells

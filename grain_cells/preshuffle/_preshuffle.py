@@ -9,99 +9,6 @@ diversity of random sampling. The copy is ordinary `.h5ad`: anndata and
 scanpy open it as usual (also backed), and `AnnDataSource` reads it on its
 positional-read fast path when it is uncompressed.
 
-**Algorithm: a windowed gather.** A seeded permutation maps each output
-position to an input row. Each output part is written in windows of
-consecutive output cells, sized from `memory_budget_bytes` and the exact
-number of stored values of the cells in the window. For each window the
-input rows it needs are sorted, split at file boundaries and read in batches
-(`AnnDataSource.fetch_ranges`: positional reads of each row's values, runs of
-consecutive rows coalesced), scattered into the window's arrays in output
-order, and the window is appended to the output with one HDF5 write per
-dataset. Every input value is read once and every output value written once,
-with no temporary copy on disk.
-
-Why not a two-pass bucket sort (stream the input, append each row to a
-temporary file per output window, then shuffle one bucket at a time)? It
-turns random reads into sequential ones, but doubles the disk traffic and
-needs scratch space as large as the input. When the inputs fit in the page
-cache (the common case for files up to a few tens of GB), random row reads
-cost a few microseconds each and the gather is cheaper. Measured with
-`benchmarks/preshuffle.py` on this project's shared 2-core machine, 400,000
-Tahoe-shaped cells (5.2 GB, uncompressed CSR) into one part at the default
-budget: about 50 s per million cells with the input in the page cache, 77 s
-with it evicted, peak RSS 2.0 GB. The write is the bottleneck there: this
-disk sustains about 350 MB/s once the kernel's dirty-page limit is reached,
-so the 5.2 GB of output alone take about 15 s. For inputs far larger than RAM
-on a slow disk, each window costs one random read per cell; give it a large
-`memory_budget_bytes` (fewer, denser sweeps over the inputs). Compressed
-inputs decode every chunk a read batch touches (in threads, see
-`grain_cells.hdf5._chunks`; through h5py for filters decoded there only): use a
-large budget so that a chunk serves many cells of one batch.
-
-**Output layout.** `X` is CSR when the inputs are sparse (`data`, `indices`
-int32 when the genes allow, `indptr` int64) or dense when they are dense.
-`data` and `indices` are chunked: by default about 4 MiB of values per chunk
-uncompressed (about 650 Tahoe-sized cells, so a random block of 16 to 1,024
-cells rarely straddles a chunk and chunks written in one call lie back to
-back in the file, where the positional reader merges them into one read) and
-256 KiB compressed (so a block read decompresses little beyond the block).
-Uncompressed chunks carry no filter, which the positional fast path needs.
-`indptr` is never compressed (8 bytes per cell; every read starts with it).
-Dense `X` is chunked by whole rows for the same reason.
-
-**Zarr output.** `format="zarr"` writes each part as an AnnData zarr store
-(zarr v3, the matrices sharded; `"zarr-v2"` for zarr v2): the same
-windows, with each window's values appended to zarr arrays by region writes
-that stop at a shard boundary (the rest waits for the next window), and
-obs, var and the other frames written by anndata. The folder is written
-under a temporary name and renamed like a file. Layout and codecs:
-`grain_cells.preshuffle._zarr_part`.
-
-**Restarts.** Each part is written under a temporary name in the output
-folder and renamed when complete; the finished file carries an attribute
-(`grain_cells_preshuffle`, JSON) recording the inputs by content (cell
-count, size and the metadata and value digests of `grain_cells.io._identity`,
-not path or modification time), seed, layer, gene alignment, obs columns,
-compression, chunking, part index and part count. A rerun with the same
-arguments skips the parts whose file opens and carries the same record, and
-rewrites the rest (a part is the unit of work lost to an interruption:
-choose `cells_per_file` accordingly). An input rewritten with its
-modification time restored (`cp -p`, `rsync -t`) is therefore redone, and
-inputs moved to another folder are not. Leftover temporary files are deleted
-at the start of a run. Two runs must not write to one folder at once.
-`preshuffle.json`, written last, lists the parts with per-part statistics.
-
-**Full disk.** Before writing a part, its temporary file reserves the space
-the part needs (`posix_fallocate`; values counted uncompressed, so a
-compressed part reserves more than it keeps, and gives the rest back when
-it closes). A disk without that space raises `OSError` (ENOSPC) naming the
-folder, the bytes needed and free, before anything is written; the
-temporary is removed and no part looks complete.
-
-**Genes.** `join` and `genes` align genes over inputs with different var
-names exactly as `AnnDataSource` does (the output's `X` columns are the
-aligned genes; its var is the first input's rows for them, or only the
-names when `join="outer"` brings genes the first input lacks).
-
-**Modules.** This one holds the entry point; `preshuffle_plan` validates
-arguments and lays out the parts, `preshuffle_carry` decides which elements
-besides X, obs and var a part carries (`keep`), `preshuffle_matrices` holds
-each row-aligned matrix (X, layers, raw/X, obsm arrays) as the writer reads
-it, `preshuffle_writer` writes them (with `preshuffle_windows`: slots, the
-background writer, progress; into a part of either format,
-`preshuffle_h5ad_part` or `preshuffle_zarr_part`), `preshuffle_frames`
-merges obs and var, orders cells by group (`group_by`) and writes the other
-frames and copies,
-`preshuffle_files` owns markers, temporaries, the manifest and the disk
-reservation, `preshuffle_output` the output to a bucket (a local staging
-folder, one part at a time, then an upload: local disk for one part is
-needed) and `preshuffle_staging` the staging folders' names and the removal
-of those whose run died.
-
-**Overlap.** Once the kernel's dirty-page limit is reached, writing is
-disk-bound; a background thread writes one window (h5py releases the GIL
-while HDF5 writes) while the calling thread reads and scatters the next.
-
 Memory: the arrays of the two windows in flight plus a read buffer, together
 at most `memory_budget_bytes` (each carried matrix is written in its own
 pass of windows, so layers, raw and obsm arrays add passes, not memory); on
@@ -109,6 +16,8 @@ top of that about 8 bytes per input cell (the permutation and X's row
 lengths), 4 more per cell for each other sparse matrix carried, 8 more per
 cell while `group_by` sorts, and the chosen obs columns and obsm dataframes
 of all inputs (held in memory while the parts are written).
+
+Design notes: docs/reference/design.md#preshuffle-preshuffle.
 """
 
 from __future__ import annotations
@@ -155,7 +64,7 @@ def preshuffle(
     The inputs are concatenated along cells (they must list the same genes in
     the same order) and shuffled together, so every output part mixes cells
     of every input. Parts are named `part-00000.h5ad`, `part-00001.h5ad`, ...
-    in `output_dir`. See the module docstring for the algorithm, the layout
+    in `output_dir`. See the design notes for the algorithm, the layout
     and how interrupted runs resume.
 
     Inputs may be URLs of objects (`s3://`, `gs://`, `https://`, ... as in

@@ -1,23 +1,13 @@
 """Staging folders of `preshuffle` into a bucket: named by their owner, and
 removed at the next start when that owner is dead.
 
-A run into a bucket writes each part under a staging folder on local disk
-(`grain_cells.preshuffle._output`), which it removes when it ends. A run that
-is killed (SIGKILL, the OOM killer, a lost node) cannot: its folder and the
-part inside it (about 13 GB per million Tahoe-sized cells) would stay under
-`staging_dir` forever. So a staging folder is named
-`grain-cells-preshuffle-<pid>-<start>-<random>`, where `<pid>` is the
-process that made it and `<start>` that process's start time (clock ticks
-since boot, `/proc/<pid>/stat` field 22; 0 where there is no `/proc`), and
-every run starts by removing the folders in its `staging_dir` whose owner
-no longer exists: no process with that pid, a zombie, or a process with
-that pid but another start time (the pid was reused). Shared-memory names
-of dead workers are collected the same way (`grain_cells.transport._shm_names`,
-by pid).
+A staging folder is named `grain-cells-preshuffle-<pid>-<start>-<random>`
+(its owner's pid and start time), and every run starts by removing the
+folders in its `staging_dir` whose owner no longer exists (no such pid, a
+zombie, or the pid reused by a process of another start time), so a killed
+run's part does not stay on disk for ever.
 
-Folders of other names (including the `grain-cells-preshuffle-<random>`
-folders of versions before this one, whose owner cannot be told) are left
-alone.
+Design notes: docs/reference/design.md#preshuffle-staging.
 """  # noqa: D205
 
 from __future__ import annotations

@@ -8,39 +8,7 @@ A part of an earlier run under the final name is first renamed aside to a
 temporary name, then deleted. A run that dies leaves its temporary folder,
 which the next run deletes (`preshuffle_files.remove_temporaries`).
 
-**What writes what.** obs, var, `uns`, `varm`, `varp`, `raw/var`, obsm
-dataframes and the empty groups of the skeleton are written by anndata
-(`anndata.io.write_elem` onto the part's zarr group), so their encodings are
-anndata's own. The row-aligned matrices (X, layers, `raw/X`, dense obsm
-arrays) are created with zarr-python's `Group.create_array` and filled in
-windows of cells by region writes, as the HDF5 writer fills its datasets, so
-memory stays bounded: never a whole matrix in memory.
-
-**Layout.** `format="zarr"` writes zarr v3 and shards the matrices'
-arrays; `format="zarr-v2"` writes zarr v2 (one file per chunk, no shards).
-A block read of the loader (16 to 1,024 cells) reads whole inner chunks, so
-they are small: by default 32 cells' values of a CSR `data`/`indices` (the
-mean stored values per cell times 32; 32 rows of a dense matrix), at least
-64 KiB uncompressed, and `chunk_cells` sets the cells. Small chunks alone
-would make a file per 64 KiB (a 13 GB part: 200,000 files); shards group
-them into files of about 32 MiB uncompressed (a whole number of chunks),
-each with the sharding codec's index (checksummed with crc32c). zarr v2 has
-no shards, so its chunks are 256 cells (at least 1 MiB) by default. `indptr`
-is one shard (chunks of 65,536 entries). obs and var follow anndata's
-settings (`anndata.settings.auto_shard_zarr_v3`; unset, as in anndata 0.12,
-they are not sharded: they are read whole).
-
-**Windows and shards.** A region write that covers part of a shard (or of a
-chunk) makes zarr read, merge and rewrite it. Each array's writes are
-therefore buffered up to the next shard boundary (`_Appender`: at most one
-shard per array, on top of `memory_budget_bytes`), so every shard is
-encoded and written once. Empty chunks are written too
-(`write_empty_chunks`): by default zarr skips a chunk equal to the fill
-value, and a reader could not tell it from a missing one.
-
-**Compression.** `compression=None` (default) stores the values raw;
-`"zstd"` is zarr's default codec (`ZstdCodec`, what anndata writes unless
-told otherwise), `"gzip"` gzip at level 1.
+Design notes: docs/reference/design.md#preshuffle-zarr-part.
 """
 
 from __future__ import annotations
@@ -143,7 +111,7 @@ class ZarrPart:
     def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
         """Matrix `m`'s CSR group: returns writers of its `data` and `indices`.
 
-        `chunk` (the HDF5 writer's) is not used: see the module docstring.
+        `chunk` (the HDF5 writer's) is not used: see the design notes.
         """
         del chunk
         nnz = int(indptr[-1])
@@ -182,7 +150,7 @@ class ZarrPart:
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):
         """Matrix `m` as a dense array of `n` rows; returns its writer.
 
-        `chunk_rows` (the HDF5 writer's) is not used: see the module docstring.
+        `chunk_rows` (the HDF5 writer's) is not used: see the design notes.
         """
         del chunk_rows
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)

@@ -1,52 +1,13 @@
 """One condition per minibatch: every minibatch's cells share an obs value.
 
 Some training objectives want minibatches that hold one condition only (one
-drug, one donor, one study). Three pieces give that:
+drug, one donor, one study). Three pieces give that: `condition_blocks` (a
+view whose blocks never straddle a change of the column's value),
+`ConditionBlockSampler` (blocks in groups of one condition, a group per fetch)
+and `fetch_operations(..., condition=column)` (splits each fetch into
+minibatches by the column's value, so every minibatch is pure).
 
-* `condition_blocks(source, column)`: a view of the source whose blocks
-  never straddle a change of the column's value (blocks are split there), so
-  every block is pure;
-* `ConditionBlockSampler(source, column, ...)`: the blocks in groups of one
-  condition, `blocks_per_fetch` blocks per group, so that each fetch holds
-  one condition. A fetch is `G` consecutive positions of a shard under
-  `grain_cells.DataLoader` and `cell_dataset` (whatever their worker count):
-  leave the sampler's `worker_count` at 0 there (the pipeline refuses
-  another value). A plain `grain.DataLoader` instead stripes records over
-  its workers (worker `w` of `N` gets positions `s + S * (w + N * k)`), so
-  its fetches are pure only when the sampler is told that loader's
-  `worker_count`;
-* `fetch_operations(..., condition=column)`: splits each fetch into
-  minibatches by the column's value, so a minibatch is pure even where a
-  fetch is not (a condition's last, short group shares a fetch with the
-  next group; a wrong `worker_count` mixes more fetches): each condition's
-  cells of the fetch are shuffled and cut into minibatches, the last one
-  padded (`mask=False`). So under any spelling and worker count every
-  minibatch holds one condition; the sampler only decides how many are
-  short.
-
-**An epoch** (`weights=None`) visits every selected block once: each
-condition's blocks in a new order, cut into groups of `blocks_per_fetch`;
-the short groups (each condition's last) packed one after another into
-slots of `blocks_per_fetch` blocks (such a slot's fetch mixes conditions, and
-the fetch transform splits it); all slots in a new order, a short last one
-at the end; all pure functions of `(seed, epoch)`
-(`grain_cells._util.counter_rng`), so resume is exact. With padding
-(`remainder="pad"`) every cell comes out once per epoch.
-
-**Weighting.** With `weights={value: w}`, each fetch slot draws a condition
-with probability proportional to `w` (missing values: 0), then one of its
-groups uniformly (with replacement, `epoch_groups` slots per epoch); a short
-group fills its slot by repeating its blocks.
-
-**Diversity and speed.** A minibatch holds one condition, so its label
-entropy for that column is 0 by construction, and its cells come from the
-`G` blocks of one group: a condition's cells are still drawn from random
-blocks of the whole condition (block sampling inside the condition), but
-the in-fetch shuffle mixes only cells of that condition. Reads are the same
-block reads as `BlockSampler`'s, so cells/s is unchanged except for padding:
-a condition's last group and any fetch that mixes conditions leave one
-partial minibatch per condition in it, and blocks split at condition changes
-are shorter (more, smaller reads for conditions stored in short runs).
+Design notes: docs/reference/design.md#sampling-conditions.
 """
 
 from __future__ import annotations
@@ -150,7 +111,7 @@ class ConditionBlockSampler(BlockStream):
             num_epochs: Epochs, or None for an endless stream.
             shard_options: This process's shard.
             weights: Optional `{condition value: weight}`: draw conditions by
-                weight, with replacement (see the module docstring).
+                weight, with replacement (see the design notes).
             epoch_groups: Slots per epoch with `weights` (default: the number
                 of groups).
             readahead_cells: Hint the OS this many cells ahead (0: off).

@@ -5,28 +5,9 @@
 replacement by weight (weighted and class-balanced sampling; see its
 docstring and `grain_cells.blocks._weighting`). Both
 are Grain samplers whose stream is a pure function of (seed, epoch,
-position), and both read ahead. What follows describes `BlockSampler`.
+position), and both read ahead.
 
-The sampler walks the blocks (records) of an `AnnDataSource`, epoch after
-epoch. With `shuffle=True` each epoch visits the blocks in a new order, a pure
-function of `(seed, epoch, position)` computed by Grain's index shuffle (a
-Feistel permutation: no table in memory), so an iterator's state is just a
-position.
-
-**Sharding.** Grain's `DataLoader` gives shard `s` of `S` the sampler
-positions `s, s + S, s + 2S, ...`. So that every shard gets the same number of
-blocks in every epoch (no data-parallel replica waits at an epoch's end), an
-epoch is `num_blocks - num_blocks % S` positions long: the last
-`num_blocks % S` blocks of each epoch's order are skipped in that epoch (with
-shuffling, different blocks each epoch; without, always the last ones). With
-one shard nothing is skipped. `skipped_blocks(epoch)` names them.
-
-**Read-ahead.** Given the `AnnDataSource` itself (rather than its length),
-the sampler also tells the OS which blocks its stream will need next
-(`AnnDataSource.advise`), `readahead_cells` ahead, so that on a cold page
-cache the disk works while the CPU shuffles and gathers. The stream's future
-is a pure function of the position, so this costs no state worth saving; the
-hints follow each worker's own positions (Grain gives a worker every N-th).
+Design notes: docs/reference/design.md#sampling-samplers.
 """
 
 from __future__ import annotations

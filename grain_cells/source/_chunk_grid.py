@@ -5,36 +5,7 @@ random block of 16 cells decodes one or two whole chunks (of `data` and of
 `indices`) to use a fraction of each, so the grid of 16-cell blocks that
 suits uncompressed files wastes most of the decoding on compressed ones.
 
-`chunk_aligned_blocks` cuts blocks at every `n`-th chunk start instead (the
-table behind `grain_cells.chunk_aligned`); `compressed_defaults` is what an
-`AnnDataSource` built without a `block_size` uses on a compressed matrix.
-
-**The rule of the defaults** (no `block_size` given, a compressed, chunked
-matrix in at least one file):
-
-* blocks follow the chunk grid, `n` chunks per block, where `n` is the
-  largest of 4, 2, 1 whose fetch of `DEFAULT_BLOCKS_PER_FETCH` blocks stays
-  within `FETCH_BUDGET_BYTES` of decoded values and indices and within
-  `MAX_FETCH_CELLS` cells (120 minibatches of 64: what a worker's slot ring,
-  `grain_cells.transport`, carries without stalling); a block of `n` chunks
-  decodes about `n + 1` (its last cell runs into the next chunk), so larger
-  blocks waste less decoding;
-* `block_size` (the most cells a block may hold) is a multiple of 16 at
-  least 1.25 times the cells of `n` average chunks, so that blocks are rarely
-  cut inside a chunk, and at most `MAX_BLOCK_CELLS` (1,024: a chunk of more
-  cells, as in a small file written with large chunks, is cut into blocks);
-* loaders of the source read `DEFAULT_BLOCKS_PER_FETCH` (64) blocks per
-  fetch when no `fetch_factor` is given, fewer when 64 blocks would exceed
-  `MAX_FETCH_CELLS` (`fetch_blocks`): as many blocks as the uncompressed
-  defaults (block 16, fetch 16, batch 64), which is what keeps a minibatch's
-  label diversity (plate entropy 3.45-3.5 at batch 64 on a plate-sorted
-  file of 14 plates; scDataset's paper reports 3.48 for 64 blocks per fetch).
-
-Uncompressed matrices keep the grid of 16-cell blocks and fetch factor 16.
-A user who gives `block_size` (and `fetch_factor`) gets exactly those; a
-`fetch_factor` given alone is honoured in cells: where whole blocks of
-`block_size` make no whole number of minibatches, a fetch takes enough
-blocks for `batch_size * fetch_factor` cells (its last minibatch padded).
+Design notes: docs/reference/design.md#source-chunk-grid.
 """
 
 from __future__ import annotations
@@ -103,7 +74,7 @@ class ChunkDefaults:
 def compressed_defaults(
     n_cells: int, chunk_starts: np.ndarray, chunk_bytes: int
 ) -> ChunkDefaults:
-    """The defaults of the module docstring for a matrix of this chunking.
+    """The defaults of the design notes for a matrix of this chunking.
 
     Args:
         n_cells: Cells of all files.

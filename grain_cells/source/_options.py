@@ -5,15 +5,7 @@ source holds: its `FileSet` (every file opened once, checked and closed),
 its `BlockTable` and its `SourceOptions` (how it reads). A view of the
 source holds the same files and options and another table.
 
-Without a `block_size`, the table is the grid of 16-cell blocks, or, when a
-file's matrix is compressed, blocks along its chunk grid
-(`grain_cells.source._chunk_grid`, which states the rule); the options then
-say how many blocks a fetch of the source's loaders holds by default.
-
-Example:
-    >>> files, table, options = build(["a.h5ad"], block_size=16)
-    >>> AnnDataSource(["a.h5ad"]).files.paths == files.paths
-    True
+Design notes: docs/reference/design.md#source-options.
 """
 
 from __future__ import annotations
@@ -80,7 +72,7 @@ def build(
 
     Returns:
         `(files, table, options)`: the file set, its blocks (the grid of
-        `block_size` cells, or the defaults of the module docstring) and the
+        `block_size` cells, or the defaults of the design notes) and the
         read options.
     """
     if block_size is not None:

@@ -8,11 +8,7 @@ reads of global row ranges, rows, obs columns and chunk starts through
 without any handle; after a fork the child opens its own. A view of a
 source holds a new `FileReads` over the same files (its own handles).
 
-Example:
-    >>> files, table, options = build(["a.h5ad"])   # grain_cells.source._options
-    >>> reads = FileReads(files, options)
-    >>> reads.read_rows([5, 3]).row_ids
-    array([5, 3])
+Design notes: docs/reference/design.md#source-reads.
 """
 
 from __future__ import annotations

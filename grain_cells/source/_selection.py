@@ -8,34 +8,7 @@ file nor a gap in the selection, so every read stays one contiguous slice; a
 run shorter than `block_size` (or a run's tail) makes a short block, and a
 selection of scattered cells makes many short blocks, each a separate read.
 
-Everything is vectorised over cells (no Python loop per cell). Memory while a
-selection or a split is built: a few boolean masks (1 byte per cell of the
-files each), the obs columns asked about (`AnnDataSource.obs_values`: codes
-in the smallest integer type that holds them) and, for splits by group or by
-`unit_cells`, int64 indices (8 bytes per cell, a few of them); kept
-afterwards: the view's block table, 24 bytes per run of blocks (at most 16
-bytes per block; `grain_cells.source._table`).
-
-Short blocks cost throughput, not correctness: `fetch_operations` groups a
-fixed number of blocks per fetch, so a fetch of short blocks holds fewer
-cells and its last minibatch is padded (`mask` False) or dropped. A selection
-of scattered cells (a cell type interleaved with others within each donor,
-as in most atlases) is better served by a copy grouped by the columns you
-select and split on, written once with
-`grain_cells.preshuffle(paths, out_dir, group_by=["cell_type", "donor"])`:
-each label's cells are then one run, read in full blocks. A plain shuffled
-copy scatters them further. `AnnDataSource.view` logs this advice once per
-fragmented selection (`grain_cells.source._table.fragment_note`), not again
-for the splits of it.
-
-Splits (`grain_cells.blocks._splits`) are selections too: each split is a view.
-
-Example:
-    >>> source = grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
-    >>> b_cells = source.select(where={"cell_type": ["B"]})   # a view
-    >>> table = selected_blocks(source, where={"cell_type": ["B"]})
-    >>> b_cells.block_table.blocks_id == table.blocks_id
-    True
+Design notes: docs/reference/design.md#source-selection.
 """
 
 from __future__ import annotations

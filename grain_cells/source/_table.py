@@ -17,16 +17,7 @@ make view tables, pure functions of the table and the ranges (they return a
 new table and change nothing); equal blocks give an equal `blocks_id`
 however they were given.
 
-Tables are immutable values: they pickle to workers with the source and are
-shared by views of one source.
-
-Example:
-    >>> table = BlockTable.grid(n_obs=[100, 30], block_size=16)
-    >>> len(table), table.block(7)
-    (9, Block(index=7, file=1, start=100, stop=116))
-    >>> view = table.with_blocks([0, 40], [16, 48])
-    >>> view.blocks_id
-    '2 blocks of 24 cells sha256:...'
+Design notes: docs/reference/design.md#source-table.
 """
 
 from __future__ import annotations

@@ -3,31 +3,15 @@
 The readers of uncompressed and compressed datasets
 (`grain_cells.hdf5._reads`, `grain_cells.hdf5._chunks`) know the byte offset of
 every piece a fetch needs; a `ByteReader` turns a list of pieces into bytes
-in a destination buffer. Two implementations:
-
-* `LocalByteReader`: `os.preadv` on a file descriptor (releases the GIL),
-  read-ahead hints through `posix_fadvise`.
-* `RemoteByteReader` (`grain_cells.storage.remote._reader`): range GETs of
-  an object, in batches
-  (`grain_cells.storage.remote._range_gets.get_ranges`: one call into obstore per batch,
-  `PARALLEL` of its GETs in flight at once, then a HEAD that checks the
-  object's version). Pieces less than `MERGE_GAP` apart are merged into one
-  request of at most `MAX_REQUEST_BYTES`; up to `max_in_flight` requests (a
-  storage option, `object_store.DEFAULT_MAX_IN_FLIGHT` by default) run at
-  once per process for the fetch being read (`max_in_flight // PARALLEL`
-  threads, one call each; below `PARALLEL`, one thread whose calls hold
-  `max_in_flight` requests), and as many for read-ahead, whose calls hold
-  up to `BATCH` requests. `pin` (used for each CSR file's `indptr`,
-  which every fetch reads) fetches the ranges into memory once, up to
-  `PIN_BYTES` per reader; `advise` (the fetch stage's read-ahead of future
-  fetches) starts their GETs in background threads (`grain_cells.
-  read_ahead`, up to `READAHEAD_BYTES` per reader held at once, in flight
-  included).
+in a destination buffer. Two implementations: `LocalByteReader` (`os.preadv`)
+and `RemoteByteReader` (batched range GETs; details in the design notes).
 
 Memory per process and remote file: up to `PIN_BYTES` pinned, up to
 `READAHEAD_BYTES` read ahead, plus the requests of the fetch being read
 (the fetch's own bytes, at most `max_in_flight` requests of at most
 `MAX_REQUEST_BYTES` at once).
+
+Design notes: docs/reference/design.md#storage-readers.
 """
 
 from __future__ import annotations

@@ -5,39 +5,7 @@ the Tahoe-100M atlas from the point of view of a data loader (cells sorted by
 plate, categorical metadata, a sparse CSR count matrix with realistic row
 lengths and a skewed gene distribution), but they carry no biology.
 
-Generation model, per cell:
-
-* a target number of distinct genes is drawn from a lognormal distribution
-  with mean ``mean_nnz`` (clipped to ``[min(50, mean_nnz / 2), n_genes]``)
-  and converted into a number of sequenced molecules ``n_counts`` (at most
-  ``8 * n_genes + 64``, which caps the densest rows a little below
-  ``n_genes``);
-* that many molecules are drawn, with replacement, from a fixed Zipf-like
-  (log-uniform over gene rank) distribution over genes, so a few hundred genes
-  are seen in most cells, most genes are rare, and popular genes collect counts
-  > 1 (values are mostly 1-3 with a long tail);
-* duplicates are merged: the row stores each gene once, its value being the
-  number of molecules that hit it. ``obs["n_counts"]`` is therefore exactly the
-  row sum.
-
-Everything is vectorised per chunk of cells: the molecules of the whole chunk
-are drawn at once, keyed by ``row * n_genes + gene``, sorted, deduplicated and
-split back into rows; no Python loop runs per cell. The matrix is streamed to
-disk chunk by chunk, so memory is bounded by ``chunk_cells`` and never by
-``n_cells``.
-
-This module checks the arguments, names cached files and drives the writing;
-the generation model is in `grain_cells.synthetic._model`, the HDF5 writers
-and chunk choices in `grain_cells.synthetic._writers`.
-
-Example:
-    >>> import anndata
-    >>> from grain_cells.synthetic import write_tahoe_like
-    >>> path = write_tahoe_like("/tmp/demo.h5ad", 1_000, n_genes=2_000,
-    ...                         mean_nnz=200)
-    >>> adata = anndata.read_h5ad(path)
-    >>> adata.shape
-    (1000, 2000)
+Design notes: docs/reference/design.md#synthetic-tahoe.
 """
 
 from __future__ import annotations
@@ -54,6 +22,7 @@ import numpy as np
 import tqdm
 
 from grain_cells._util import arguments
+from grain_cells._util.cache_files import cache_root
 from grain_cells.synthetic import _model as synthetic_model
 from grain_cells.synthetic import _writers as synthetic_writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
@@ -287,9 +256,7 @@ def cached_tahoe_like(
     args = {**_DEFAULTS, **kwargs}
     arguments.check_int("n_cells", n_cells, minimum=1)
     if cache_dir is None:
-        cache_dir = os.environ.get("GRAIN_CELLS_CACHE") or (
-            pathlib.Path.home() / ".cache" / "grain_cells"
-        )
+        cache_dir = cache_root(xdg=False)
     cache_dir = pathlib.Path(cache_dir).expanduser()
     name = _cache_name(int(n_cells), args)
     final = cache_dir / name

@@ -1,28 +1,9 @@
 """Thin atlas-shaped ``.h5ad`` files for scale tests: many cells, few values.
 
-Per-cell, per-block and per-file costs of a loader (index tables, obs codes,
-handles, checkpoints) do not depend on how many values a cell stores, so a
-file of 100M cells with ~4 values each shows them at atlas scale in a few
-GB and a few minutes. Files are written straight with h5py in anndata's
-layout (anndata itself needs minutes and ~11 GB to build 100M cells), one
-slice of cells at a time, so memory stays bounded by ``chunk_cells``.
+Files are written straight with h5py in anndata's layout, one slice of
+cells at a time, so memory stays bounded by ``chunk_cells``.
 
-Cell ``i`` of the whole atlas (``first_cell + row`` of one file) holds
-``2 + (i % 5)`` values (mean 4) at genes ``base + j * stride`` with
-``base = (i * 31) % span`` (sorted, unique), and value ``(i % 65_536) + j + 1``
-(exact in float32): any read can be checked against ``i``. obs has four
-categorical columns, in a plate file's order:
-
-* ``plate``: ``n_plates`` contiguous runs (sorted);
-* ``donor``: ``n_donors`` contiguous runs nested in the plates;
-* ``batch``: runs of 4,096 cells, each given a pseudo-random batch;
-* ``cell_type``: per cell, Zipf-like shares (``1 / (k + 1)``), seeded.
-
-Example:
-    >>> from grain_cells.synthetic import write_thin_atlas
-    >>> p = write_thin_atlas("/tmp/thin.h5ad", 10_000)
-    >>> import anndata; anndata.read_h5ad(p).shape
-    (10000, 2000)
+Design notes: docs/reference/design.md#synthetic-thin.
 """
 
 from __future__ import annotations

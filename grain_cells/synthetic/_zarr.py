@@ -13,17 +13,7 @@ time, read from the ``.h5ad``: memory is bounded by one shard (anndata's
 target: 1 GB uncompressed), never by the file. The store's consolidated
 metadata is rewritten at the end so that it lists X.
 
-Layouts (``layout``):
-
-* ``"v3-sharded"``: zarr v3 with sharding, what anndata 0.13 writes by
-  default (``anndata.settings.auto_shard_zarr_v3``: ``shards="auto"`` with
-  a 1 GB target shard), inner chunks of zarr's automatic size;
-* ``"v3"``: zarr v3, chunked, not sharded (anndata 0.12 with
-  ``zarr_write_format = 3``);
-* ``"v2"``: zarr v2 (anndata 0.12's default).
-
-``compressed=True`` keeps zarr's default codec (what anndata writes: zstd
-for v3, blosc-lz4 for v2); ``compressed=False`` stores the chunks raw.
+Design notes: docs/reference/design.md#synthetic-zarr.
 """
 
 from __future__ import annotations
@@ -75,7 +65,7 @@ def write_tahoe_like_zarr(
             it exists. Its parent folder must exist.
         n_cells: Number of cells, > 0.
         layout: ``"v3-sharded"`` (anndata 0.13's default), ``"v3"`` or
-            ``"v2"`` (see the module docstring).
+            ``"v2"`` (see the design notes).
         compressed: Keep zarr's default codec (anndata's); else raw chunks.
         progress: Show progress bars (tqdm, on stderr).
         **kwargs: Arguments of ``write_tahoe_like`` that shape the cells

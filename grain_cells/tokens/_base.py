@@ -149,20 +149,13 @@ class TokenOutput:
     def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
         """A full minibatch as slices of the whole fetch, encoded once; or None.
 
-        With several threads, the compiled kernels encode all of the fetch's
-        rows at its first minibatch, in the order the minibatches take them
-        (`fetch.order`), so the rows are split over the threads once per
-        fetch rather than once per minibatch (each hand-off to the pool costs
-        tens of microseconds); each minibatch is then a slice (a view; a
-        copy of the arrays masking writes to, with masking). The arrays are
-        those of the per-minibatch encoding. The fetch holds them until it
-        is done: `fetch_factor * batch_size * length` positions of 5 bytes
-        (rank-value) or 9 (value-bin), 10 and 19 MB at 16 x 64 x 2048.
-        None (encode the minibatch on its own) with one thread (there the
-        fetch-sized arrays, fresh memory each fetch, cost more page faults
-        than the calls they save: value-bin 33 against 19-25 ms of CPU per
-        1,024 cells), without `fetch.order`, for a short minibatch (the
-        padded remainder) or rows that are not a slice of the order.
+        With several threads, all of the fetch's rows are encoded at its first
+        minibatch, in `fetch.order`, and each minibatch is a slice (a copy where
+        masking writes) equal to the per-minibatch encoding. The fetch holds
+        the arrays until it is done (`fetch_factor * batch_size * length`
+        positions of 5 or 9 bytes). None (encode the minibatch on its own) with
+        one thread, without `fetch.order`, for a short minibatch or rows that
+        are not a slice of the order.
         """
         order = fetch.order
         if order is None or rows.size != batch_size or self.threads < 2:

@@ -1,30 +1,15 @@
 """The first use of a compiled token kernel: announced, compiled once.
 
-numba compiles a kernel on its first call with new argument types (7-8
-CPU-seconds for the token kernels; 10-20 s of wall time on a busy machine)
-and, with `cache=True`, writes
-the machine code to its on-disk cache, where every later process (Grain's
-workers included) loads it in well under a second. Two things made that
-first call a bad surprise: it was silent, and every worker that started on
-an empty cache compiled the same kernels at the same time.
+numba compiles a kernel on its first call with new argument types (seconds
+of CPU) and caches the machine code on disk. `announced` wraps a kernel so
+that its first call says so, and so that processes racing on an empty cache
+take turns (a file lock): one compiles, the others load its code.
 
-`announced(kernel)` wraps a kernel so that its first call in a process:
-
-* finds whether numba's cache already holds the kernel (an index file of it
-  in `kernel.stats.cache_path`, the folder numba picked: next to the source
-  when that is writable, else `NUMBA_CACHE_DIR` or numba's per-user folder);
-* if not, takes an exclusive lock file in that folder (processes starting
-  together compile once: the others wait, then load the cached code) and,
-  if the kernel is still not cached, logs one line on logger
-  ``grain_cells`` (WARNING, so that it shows without any logging set-up)
-  before compiling and one after.
-
-Later calls go straight to the kernel.
+Design notes: docs/reference/design.md#tokens-compile.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import logging
@@ -32,10 +17,7 @@ import os
 import threading
 import time
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, each process compiles
-    fcntl = None
+from grain_cells._util.cache_files import file_lock
 
 _log = logging.getLogger("grain_cells")
 _LOCK_NAME = "grain_cells_token_kernels.lock"
@@ -80,7 +62,8 @@ def _first_call(kernel, args):
     if is_cached(kernel):
         return kernel(*args)  # loads from the cache (or compiles a new type)
     folder = cache_folder(kernel)
-    with _cross_process_lock(folder):  # waits while another process compiles
+    lock = os.path.join(folder, _LOCK_NAME) if folder else None
+    with file_lock(lock):  # waits while another process compiles
         if is_cached(kernel):
             return kernel(*args)  # it did: load its code
         _log.warning(
@@ -92,26 +75,6 @@ def _first_call(kernel, args):
         result = kernel(*args)
         _log.warning("token kernels compiled in %.1f s", time.perf_counter() - start)
     return result
-
-
-@contextlib.contextmanager
-def _cross_process_lock(folder: str | None):
-    """An exclusive `flock` on a file in `folder`; nothing if it cannot be made."""
-    fd = None
-    if folder and fcntl is not None:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_RDWR | os.O_CREAT)
-        except OSError:
-            fd = None
-    if fd is None:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 __all__ = ["announced", "cache_folder", "is_cached"]

@@ -12,34 +12,7 @@ only):
 * `nonzero_count`: how many cells express it; `total`: the sum of its raw
   values; `num_cells`: cells read.
 
-**Exact or approximate.** `method="exact"` keeps every non-zero value (12
-bytes each) and takes exact medians (`np.median` semantics: the mean of the
-two middle values for an even count). `method="histogram"` keeps, per gene,
-a histogram on a log2 grid of `bins_per_octave` bins per octave over
-`[2**min_octave, 2**max_octave)` (values outside count in the edge bins) and
-replaces each of the two middle values (one for an odd count) by the
-geometric centre of its bin: the relative error is at most
-`2**(1 / (2 * bins_per_octave)) - 1` (1.09% at the default 32) for values
-inside the grid. Memory is 4
-bytes x genes x bins (257 MB for 62,710 genes at the defaults).
-`method="auto"` (default) is exact while the non-zero values take under
-`exact_bytes` (2 GB), else histogram.
-
-**Cache.** Results are saved as `.npz` in `$GRAIN_CELLS_CACHE` when set,
-else in the user's cache folder (`$XDG_CACHE_HOME/grain_cells`, default
-`~/.cache/grain_cells`), never beside the data, under a name keyed by the
-data's identity: per file the identity the source checks its files against
-(`AnnDataSource.file_identity`: device, inode, size, modification and
-change times, an object's ETag, and the matrix's layout and sampled-value
-digests), the matrix's shape, dtype and stored-value count, a hash of its
-var names and `indptr`; the output genes; a view's block table; and the
-options. So any change that a source refuses as a changed file (values
-rewritten in place included) gives a new key and a new computation, and a
-copy of the files elsewhere is computed once more.
-
-Example:
-    >>> stats = corpus_stats(source)           # progress bar, then cached
-    >>> stats.nonzero_median[:5]
+Design notes: docs/reference/design.md#tokens-corpus-stats.
 """
 
 from __future__ import annotations
@@ -54,6 +27,7 @@ import tqdm
 
 from grain_cells import errors
 from grain_cells._util import arguments
+from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.outputs._formats import Fetch
 
@@ -63,7 +37,7 @@ _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
 
 @dataclasses.dataclass(frozen=True)
 class CorpusStats:
-    """Per-gene statistics of a corpus; see the module docstring.
+    """Per-gene statistics of a corpus; see the design notes.
 
     Attributes:
         var_names: The genes, in the source's output order.
@@ -95,16 +69,14 @@ class CorpusStats:
             "key": self.key,
             "version": _VERSION,
         }
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}.npz"
-        np.savez(
-            tmp,
-            var_names=np.asarray(self.var_names).astype(str),
-            nonzero_median=self.nonzero_median,
-            nonzero_count=self.nonzero_count,
-            total=self.total,
-            meta=np.array(json.dumps(meta)),
-        )
-        os.replace(tmp, path)  # readers never see a half-written file
+        arrays = {
+            "var_names": np.asarray(self.var_names).astype(str),
+            "nonzero_median": self.nonzero_median,
+            "nonzero_count": self.nonzero_count,
+            "total": self.total,
+            "meta": np.array(json.dumps(meta)),
+        }
+        write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CorpusStats:
@@ -194,13 +166,7 @@ def _block_table(source) -> tuple[np.ndarray, np.ndarray]:
 
 def cache_dir() -> str:
     """The folder of cached statistics: never the folder of the data."""
-    folder = os.environ.get("GRAIN_CELLS_CACHE")
-    if folder:
-        return folder
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
-    return os.path.join(base, "grain_cells")
+    return cache_root()
 
 
 def cache_path(source, key: str) -> str:
@@ -228,7 +194,7 @@ def corpus_stats(
         source: An `AnnDataSource` (or a view: its selected cells only).
         target_sum: Normalise each cell to this total before taking medians
             (Geneformer: 10,000); None for raw values.
-        method: `"auto"`, `"exact"` or `"histogram"` (see the module docstring).
+        method: `"auto"`, `"exact"` or `"histogram"` (see the design notes).
         bins_per_octave: Histogram resolution.
         min_octave: Histogram's lowest edge is `2**min_octave`.
         max_octave: Histogram's highest edge is `2**max_octave`.

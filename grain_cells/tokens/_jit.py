@@ -9,21 +9,7 @@ sequence (and, for value binning, the quantile bins) straight into the
 output arrays. The outputs are bit for bit those of the NumPy kernels
 (`tests/test_token_jit.py` compares them on random fetches).
 
-**The sort** of each row's keys (order value descending, then token
-ascending) is `grain_cells.tokens._sort`'s.
-
-**Floating point.** Divisions, the quantile lerp and the rounding of edges
-to float32 follow NumPy's operations one by one (no fast-math, so no fused
-multiply-adds), which is what makes the outputs equal.
-
-numba is optional (`pip install grain_cells[tokens]`): this module imports
-it, so `grain_cells.tokens` imports this module only when an output first
-encodes with it (importing numba takes seconds). Functions are compiled on
-first use and cached on disk (`cache=True`), so later processes, workers
-included, only load them. The two kernels the outputs call are wrapped by
-`grain_cells.tokens._compile.announced`: a process that must compile them
-says so in one log line (logger ``grain_cells``) and, with others starting
-at the same time, compiles them once under a lock in the cache folder.
+Design notes: docs/reference/design.md#tokens-jit.
 """
 
 from __future__ import annotations

@@ -31,11 +31,6 @@ def inverted(values: np.ndarray) -> np.ndarray:
     return ~np.ascontiguousarray(values, np.float32).view(np.uint32)
 
 
-def float_bits(values: np.ndarray) -> np.ndarray:
-    """uint64 of float32 bit patterns (ordered like positive values)."""
-    return np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-
-
 def key_values(keys: np.ndarray) -> np.ndarray:
     """The float32 values back from keys (`inverted` in the high word)."""
     return (~(keys >> _SHIFT).astype(np.uint32)).view(np.float32)

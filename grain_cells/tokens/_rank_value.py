@@ -13,69 +13,9 @@ time, no loop over cells; also the path of `selection="random"` and
 **`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
 gene's score is its value divided by the gene's non-zero median over the
 training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranked by
-score, highest first, and the top ones kept. Definitions:
+score, highest first, and the top ones kept (definitions in the design notes).
 
-* *expressed*: stored value > 0, gene in the vocabulary with a finite,
-  positive median; the other stored positive values are not tokenised and
-  counted in two keys: `n_dropped` (genes outside the vocabulary, as
-  `VocabularyMap.num_dropped` and `ValueBinTokens` count them) and
-  `n_no_median` (vocabulary genes the corpus statistics give no finite
-  positive median: statistics of other cells, such as a training split);
-* *score*: `float32(value) / float32(median)`, computed in float32 (the
-  cell's normalisation to a total does not change a ranking within a cell,
-  so it is left out);
-* *ties*: equal scores rank by token id, lower first;
-* *sequence* of `length` tokens: `<cls>` (if `cls_token=True`), the top
-  `length - specials` genes' token ids, `<eos>` (if `eos_token=True`) right
-  after the last gene, then `<pad>`. Geneformer V2 uses
-  `length=4096`, V1 2048 without specials.
-
-Keys: `gene_ids` int32 `[batch, length]`, `attention_mask` bool (True on
-`<cls>`, genes and `<eos>`), `n_expressed` int32 `[batch]` (expressed genes,
-before truncation), `n_dropped` int32 `[batch]` (stored positive values of
-genes outside the vocabulary), `n_no_median` int32 `[batch]` (stored
-positive values of vocabulary genes without a finite positive median).
-
-**`ValueBinTokens`** (scGPT, Cui et al. 2024; in `grain_cells.tokens._value_bins`).
-Per cell, the expressed values are binned by their own quantiles: edges
-`np.quantile(expressed, np.linspace(0, 1, n_bins - 1))` (linear
-interpolation, computed exactly as
-NumPy does), bin `np.digitize(value, edges)` (so 1 to `n_bins - 1`; scGPT's
-`_digitize(side="one")`: its "both" variant breaks ties at edges with an
-unseeded random draw). Then `length` genes (after an optional `<cls>` whose
-value is 0) are chosen:
-
-* `selection="top"`: highest value first, ties by token id;
-* `selection="random"`: a uniform sample without replacement, in the order
-  of the key `hash64(fetch key, row id, token id) >> 16` (ties by value,
-  then token id): see `grain_cells._util.counter_rng`;
-* `pad_zeros=True`: a cell with fewer expressed genes than slots gets
-  non-expressed vocabulary genes (bin 0) after its expressed ones: the first
-  distinct non-expressed genes of the stream `vocab_genes[hash64(fetch key,
-  row id, 2**40 + j) % n_vocab_genes]`, j = 0, 1, ... (rejection sampling
-  without replacement);
-* remaining slots: `<pad>` with value `pad_value` (scGPT: -2).
-
-Keys: `gene_ids`, `values` (bins, int32), `attention_mask`, `n_expressed`,
-`n_dropped`.
-
-**Masked-language training.** With `mlm_probability > 0`, each gene position
-(not specials, not padding) is masked when
-`uniform(fetch key, row id, token id, 7) < mlm_probability`: its `gene_ids`
-entry (rank-value) or `values` entry (value-bin, set to `mask_value`)
-replaced, and `labels` holds the original there and -100 elsewhere.
-
-Random choices depend on the fetch key (`grain_cells.pipeline._fetch.fetch_key`: the
-seed and the fetch's blocks) and the cell's row id only, so a restored
-iterator repeats them exactly and a cell met again in another epoch gets new
-ones.
-
-Example:
-    >>> vocab = grain_cells.tokens.GeneVocabulary.from_genes(source.var_names)
-    >>> stats = grain_cells.tokens.corpus_stats(source)
-    >>> output = grain_cells.tokens.RankValueTokens.for_source(
-    ...     source, vocab, stats, length=2048)
-    >>> ops = grain_cells.fetch_operations(source, batch_size=64, output=output)
+Design notes: docs/reference/design.md#tokens-rank-value.
 """
 
 from __future__ import annotations
@@ -106,7 +46,7 @@ __all__ = [
 
 
 class RankValueTokens(TokenOutput):
-    """Rank-value encoding (Geneformer); see the module docstring.
+    """Rank-value encoding (Geneformer); see the design notes.
 
     Build it with `RankValueTokens.for_source(source, vocabulary, stats)`.
     """

@@ -4,32 +4,7 @@ A key is `(~float32 bits of the order value) << 32 | token`; ascending keys
 are order value descending, then token ascending. Every function here gives
 the keys in that exact order; they differ in how much sorting they skip.
 
-**The bucket sort** (`_sort_keys`). Cells hold few distinct order values
-(integer counts; medians shared by many genes), so the keys are first
-scattered, stably, into up to `n` buckets of equal width over the row's
-range of order words, then an insertion sort on the full keys finishes the
-job: its cost is the number of inversions left, which is small when buckets
-hold one order word each and ties arrive in token order (stored order is
-column order, and a vocabulary in column order gives ascending tokens). A
-row whose insertion pass passes a budget of `16 n + 256` moves is sorted by
-numba's `np.sort` instead (a quicksort), so a bad row (ties that arrive
-against token order, e.g. a vocabulary in reverse column order) costs a
-sort, not a quadratic insertion.
-
-**Most values of a count row are 1.** Value binning orders by the value
-itself: the keys of the row's smallest value (its 1s) all sort last, by
-token, and arrive in token order when the vocabulary follows column order;
-`_sort_keys_min_last` sets them apart in one pass and sorts the rest (or
-all keys, when the tail is not in token order). Rank-value orders by value /
-median, which spreads the 1s over the genes' medians: its keys all go
-through the bucket sort. (Placing its value-1 keys from a bitmap over their
-fixed order, `1 / median`, measured 2.2x slower than the bucket sort: with
-~1,600 of 62,710 genes per cell the table lookups and the bitmap scan miss
-the cache.)
-
-numba's on-disk cache of `grain_cells.tokens._jit`'s kernels does not notice
-edits to this module (it checks the caller's file only): after editing it,
-delete `grain_cells/__pycache__/*.nbi` and `*.nbc`.
+Design notes: docs/reference/design.md#tokens-sort.
 """
 
 from __future__ import annotations

@@ -5,13 +5,7 @@ each row on its own, so a minibatch's output rows can be split into
 contiguous slices encoded at the same time, each into its own slice of the
 output arrays: the arrays are those of one thread, bit for bit.
 
-This pays where the process has idle cores: with `worker_count=0` the
-trainer's process reads a fetch, then formats its minibatches, one core at a
-time. In a Grain worker the workers already share the cores, so `"auto"`
-uses one thread there (and up to `MAX_AUTO` threads, one per core this
-process may run on, elsewhere).
-
-The threads are those of one pool per process, started on first use.
+Design notes: docs/reference/design.md#tokens-threads.
 """
 
 from __future__ import annotations

@@ -7,18 +7,7 @@ built it) to token ids. Special tokens come first (`<pad>`, `<cls>`,
 vocabulary's order. Because ids follow the vocabulary and not the columns of
 any one file, a gene has the same id in every file, join and gene selection.
 
-A vocabulary given as a file is honoured as is: a text file with one gene
-per line (ids in line order, after the special tokens), or a JSON object
-`{"token": id, ...}` (Geneformer's and scGPT's token dictionaries, saved as
-JSON) whose ids are kept. Genes of the source that the vocabulary lacks are
-dropped from every token sequence and counted (`VocabularyMap.num_dropped`,
-and per cell in the token outputs' `n_dropped`).
-
-Example:
-    >>> vocab = GeneVocabulary.from_genes(source.var_names)   # build one
-    >>> vocab.save("vocab.json")
-    >>> vocab = GeneVocabulary.load("vocab.json")             # honour one
-    >>> vocab.map_genes(source.var_names).num_dropped
+Design notes: docs/reference/design.md#tokens-vocabulary.
 """
 
 from __future__ import annotations

@@ -9,12 +9,7 @@ the iterator can say which of its workers died, how (a signal or an exit
 code) and what to do (`death_error`). A worker that died before the watch
 saw it leaves Grain's error as it is.
 
-Closing an iterator asks Grain to stop its workers, and Grain joins each
-for up to 25 s; a worker that cannot stop itself (SIGSTOPped, or stuck in a
-long read) held `close()` that long, or until a SIGCONT (a stopped worker
-could also hold the trainer in Grain's queue drain forever). `killing_after`
-SIGKILLs the workers still alive `GRACE_S` after the close began, which
-needs no SIGCONT, and waits for them to end.
+Design notes: docs/reference/design.md#transport-children.
 """
 
 from __future__ import annotations

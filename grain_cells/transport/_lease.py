@@ -1,32 +1,12 @@
 """Minibatches handed to the user as arrays inside a worker's slot (leases).
 
-Copying a minibatch out of its shared-memory slot was the trainer's largest
-cost per minibatch (about 120 µs of 140 for 64 Tahoe cells in CSR, 800 KB,
-on this 2-core machine). A *lease* instead returns arrays that are views of
-the slot's mapping, and hands the slot back to its worker when the last of
-those arrays dies: NumPy keeps the one `uint8` array every view is cut from
-(`base`) alive as long as any view, a view of a view, or anything holding
-one (a JAX CPU buffer that aliases host memory, a memoryview) is alive, and
-a weak reference to that array runs the hand-back once it goes (in whichever
-thread drops the last reference; `weakref.finalize` cost twice as much per
-minibatch). The hand-back therefore still comes after the user's last read,
-in program order (release/acquire through the socket, as for a copy). A
-process forked from the trainer hands nothing back (`_views`).
+A *lease* returns a minibatch as arrays that are views of its slot's
+mapping, and hands the slot back to its worker when the last of those
+arrays dies (a weak reference to the one `uint8` array every view is cut
+from), so after the user's last read, in program order. A process forked
+from the trainer hands nothing back (`_views`).
 
-A user who keeps minibatches would keep their slots, so the trainer leases
-at most the ring's lease budget per worker (`SlotHandle.leases`, sized by
-the worker so that its in-flight minibatches still find free slots) and
-copies beyond it (`segments.read`), handing the slot back at once.
-
-**Fork.** A child forked from the trainer (`os.fork`, `multiprocessing`'s
-fork start method) inherits the leased arrays, whose slot the worker
-rewrites once the parent hands it back. Right after the fork the child
-makes each leased slot it inherited private memory with the same bytes, at
-the same address (`_mapping.privatise`): it reads what it inherited, however
-long it keeps it, and its writes reach neither the parent nor the worker.
-The copy costs the child the leased slots' bytes (usually a fetch or less),
-and the parent waits for it right after the fork: until the child's copy is
-done, a slot the parent handed back could be rewritten under it.
+Design notes: docs/reference/design.md#transport-lease.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Detecting a script that starts worker processes without the `__main__` guard.
 
-Grain starts its workers with `spawn`: each worker imports the main script
-again (as `__mp_main__`), which re-runs everything at its top level that is
-not under `if __name__ == "__main__":`. A script that builds and iterates a
-loader at its top level therefore makes every worker build another loader and
-try to start workers of its own; multiprocessing refuses that, the workers
-die, and the trainer reports "Worker process was terminated unexpectedly"
-only after long timeouts and many lines of tracebacks.
+Grain starts its workers with `spawn`: each imports the main script again,
+so a script that builds and iterates a loader outside
+`if __name__ == "__main__":` makes every worker start workers of its own.
+`check_main_guard` and `main_thread_site` refuse that at once, naming the
+fix, instead of Grain's late "Worker process was terminated unexpectedly".
 
-`check_main_guard` finds the line of the main script that is running now (the
-top-level frame of `__main__`), and refuses at once if that line is not inside
-an `if __name__ == "__main__":` block. Notebooks, `python -c`, the REPL and
-code started from a guarded block pass.
-
-A plain `grain.DataLoader` gives grain_cells no say when it starts workers,
-and a spawned child dies while re-running the script, before it reads its
-start-up payload: the parent then blocks for ever writing that payload
-(multiprocessing's spawn keeps the pipe's read end open in the parent). So
-`GrainFetch` (`grain_cells.pipeline._grain_ops`), which Grain pickles to
-start its workers, refuses to be pickled while the main thread runs a
-script's unguarded top level (`main_thread_site`): the parent raises
-before any worker starts. A script that only builds the source and the
-operations at its top level, and iterates under the guard, still works.
+Design notes: docs/reference/design.md#transport-main-guard.
 """
 
 from __future__ import annotations

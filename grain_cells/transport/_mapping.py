@@ -1,23 +1,11 @@
 """Memory mappings of shared segments, without a file descriptor each.
 
-Python's `mmap.mmap` keeps a duplicate of the file descriptor it maps for as
-long as the mapping lives (CPython < 3.13 has no `trackfd=False`): one
-descriptor per slot of every worker's ring, in the worker and in the
-trainer (1,308 in a trainer with 15 workers, issue 33), until a process
-with many slots or many open files runs out (`ulimit -n`, often 1024). A
-POSIX mapping needs no descriptor once made, so `map_shared` calls the C
-library's `mmap` through `ctypes` (public API), and the caller closes its
-descriptor right away. The mapping is a `ctypes` byte array: NumPy views of
-it (`np.frombuffer`) keep it alive, and it is unmapped when the last
-reference dies.
+`map_shared` maps a POSIX shared segment through the C library's `mmap`
+(`ctypes`, public API), so the caller closes its descriptor right away
+(`mmap.mmap` keeps one per mapping). The mapping is a `ctypes` byte array:
+NumPy views of it keep it alive; it is unmapped when the last one dies.
 
-`privatise` serves forked children (`os.fork`, `multiprocessing`'s fork
-start method): a `MAP_SHARED` mapping inherited by a child stays shared with
-the parent and with the worker that writes the slot, so a child reading a
-minibatch it inherited would see the worker's next minibatch once the
-parent hands the slot back, and its writes would reach the parent. The child
-replaces each such range, in place and at the same address, with private
-memory holding a copy of what it held at the fork.
+Design notes: docs/reference/design.md#transport-mapping.
 """
 
 from __future__ import annotations

@@ -1,49 +1,13 @@
 """Moving minibatches from Grain worker processes to the trainer, cheaply.
 
-Grain copies every NumPy leaf of every element into a fresh POSIX
-shared-memory segment. Fresh shared pages cost about 3.5 µs each to fault in,
-so a 64-cell CSR minibatch (about 800 KB in 6 leaves) costs about 1.2 ms to
-move: more than reading and shuffling it. Here each worker keeps a small ring
-of slots, shared segments that stay mapped in both processes, and writes a
-minibatch's arrays into one slot (formatted there in the first place through
-a `slot_writer.SlotWriter`, so no extra copy); what crosses Grain's queue is a
-small handle. Unpickling the handle in the trainer maps the slot (once per
-slot) and *leases* it: the minibatch's arrays are views of the slot, and the
-slot goes back to its worker when the last of them dies (`_lease`), so a
-minibatch costs the trainer no copy. Beyond the ring's lease budget (a user
-keeping many minibatches) the arrays are copied out into private memory and
-the slot handed back at once, so the worker never starves. Either way the
-arrays a user holds never alias memory a worker will overwrite.
+Each worker keeps a small ring of slots (shared segments mapped in both
+processes) and writes a minibatch's arrays into one slot; what crosses
+Grain's queue is a small handle. The trainer maps the slot and *leases* it
+(`_lease`): no copy, and the slot goes back when the last array dies. Beyond
+the ring's lease budget the arrays are copied out and the slot handed back at
+once. The arrays a user holds never alias memory a worker will overwrite.
 
-**Hand-back.** The trainer returns a slot by sending its number (two bytes,
-native order: a ring holds up to 65,535 slots, enough for a fetch of
-thousands of minibatches) over a Unix stream socket to the worker that owns
-the ring (an abstract socket name, which the kernel removes with the
-worker). The send comes after
-the copy (or the death of the last leased array) in program order, and the
-kernel's socket locks order them for the worker's receive (release/acquire),
-so a worker never reuses a slot that this process still reads, on any CPU
-(aarch64 included). A worker with no
-free slot blocks in `poll` on the socket (no busy wait; `poll`, unlike
-`select`, takes descriptors of 1024 and more); the handle in the
-other direction travels through Grain's queue, itself a pipe.
-
-Segments are made and read by `grain_cells.transport._segments`; the
-trainer's side (views, leases, hand-back) is `_views` and `_lease`.
-
-Lifetimes: a name is unlinked as soon as the trainer has opened it (the
-mapping or descriptor outlives the name), and every name a worker created is
-unlinked when the worker exits, or when its parent dies
-(`worker_process.exit_with_parent`). Names of a worker that was SIGKILLed
-before handing them over are unlinked by the trainer when it notices the
-worker is gone, and names of any dead grain_cells process by the next ring
-or loader that starts (`shm_names.remove_stale`). When every slot is busy for
-`_WAIT_S` (the trainer is not consuming), the worker sends a one-off segment
-that the trainer unlinks on receipt, so a slow consumer never deadlocks a
-worker; it then waits no more until the trainer hands a slot back (the rest
-of a fetch larger than the ring, or a fetch the trainer stopped reading
-because it closed the iterator, would otherwise wait `_WAIT_S` per
-minibatch: minutes).
+Design notes: docs/reference/design.md#transport-ring.
 """
 
 from __future__ import annotations

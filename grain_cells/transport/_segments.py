@@ -1,27 +1,12 @@
 """Shared-memory segments and the arrays laid out in them.
 
-A segment is a POSIX shared-memory object, named `/gcells_<pid>_t<start>_<token>_<n>`
-(`shm_names`), made and opened here through public APIs: on Linux such an
-object is a file in `/dev/shm`, so `os.open` with `O_CREAT | O_EXCL`,
-`os.ftruncate` and `mmap` make it, and `os.unlink` removes it, exactly what
-`shm_open`/`shm_unlink` do. Its descriptor is closed as soon as it is
-mapped (`_mapping.map_shared`): a mapping costs a process no file
-descriptor. (`multiprocessing.shared_memory` would register every segment
-with its resource tracker, which unlinks and warns at exit in the process
-that did not create it.)
+A segment is a POSIX shared-memory object in `/dev/shm`, named
+`/gcells_<pid>_t<start>_<token>_<n>` (`shm_names`), made with `os.open`
+(`O_CREAT | O_EXCL`), `os.ftruncate` and `mmap` and removed with
+`os.unlink`. Its descriptor is closed as soon as it is mapped
+(`_mapping.map_shared`).
 
-**Reserved, not sparse.** `ftruncate` alone makes a sparse file: the pages
-of a tmpfs are allocated when first written, and when `/dev/shm` is full
-that write is a SIGBUS that kills the worker ("terminated unexpectedly with
-exit code -7"). `create` reserves every page at once with
-`os.posix_fallocate`, so a full `/dev/shm` is an `errors.SharedMemoryFullError`
-in the worker, which Grain re-raises in the trainer's process, naming the
-file system's size and the fixes. (A file system without `fallocate` keeps
-the sparse behaviour.)
-
-A minibatch is a mapping of named arrays; `layout` places each at a 64-byte
-aligned offset, `write` copies them in and `read` copies them out into
-private memory.
+Design notes: docs/reference/design.md#transport-segments.
 """
 
 from __future__ import annotations

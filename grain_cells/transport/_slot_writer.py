@@ -1,12 +1,10 @@
 """Minibatches formatted straight into a worker's shared-memory slot.
 
-A Grain worker sends each minibatch to the trainer through a slot of its
-ring (`grain_cells.transport`). Formatting a minibatch into private arrays
-and then copying them into the slot moves every byte twice; a `SlotWriter`
-hands the output format its arrays inside the slot (`empty`, the signature
-of `np.empty`), so the gather from the fetch buffer is the only pass. On
-this machine's memory (3-5 GB/s beyond the caches) the copy into the slot
-cost about a sixth of a worker's time with CSR minibatches of 64 cells.
+A `SlotWriter` hands the output format its arrays inside the worker's slot
+(`empty`, the signature of `np.empty`), so the gather from the fetch buffer
+is the only pass over a minibatch's bytes (no copy into the slot after).
+
+Design notes: docs/reference/design.md#transport-slot-writer.
 """
 
 from __future__ import annotations

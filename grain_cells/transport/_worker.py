@@ -6,12 +6,7 @@ never in the trainer (which builds it). `in_child_process()` is therefore
 asked when the transform is unpickled: there, and only there, minibatches
 are pickled back to a parent and may travel through the slot ring.
 
-Grain's workers are daemon processes of the trainer, but a trainer that is
-SIGKILLed (or killed by the OOM killer) cannot stop them: they would go on
-reading and hold their shared memory. `exit_with_parent()` starts a thread
-that waits on the parent's sentinel (a pipe the parent holds open; it reads
-EOF when the parent is gone, with no polling), unlinks what this process
-created and exits.
+Design notes: docs/reference/design.md#transport-worker.
 """
 
 from __future__ import annotations

@@ -8,10 +8,7 @@ same var (annbatch outer-joins or subsets the genes before it writes). A
 child group of a zarr v3 store is a zarr group in its own right (it has its
 own ``zarr.json``), so ``AnnDataSource`` opens each one as a store.
 
-A plain ``sorted(glob(folder + "/dataset_*"))`` is not enough: it orders
-``dataset_10`` before ``dataset_2`` (annbatch orders them by number, as its
-``obs()`` concatenates them), it cannot list a bucket, and it does not check
-that the folder is annbatch's or that the genes agree.
+Design notes: docs/reference/design.md#zarr-annbatch.
 """
 
 from __future__ import annotations

@@ -17,9 +17,7 @@ whatever thread the reader runs:
 | `numcodecs.*` (v3) and any v2 compressor or filter | `numcodecs.get_codec(config)` |
 | `sharding_indexed` | the shard index (`ShardLayout`), inner chunks decoded as above |
 
-Anything else (a `transpose` codec, nested sharding, strings/objects, a
-non-numeric dtype) makes `Codec.for_array` return None: the reader then
-slices through zarr-python, correct and slower.
+Design notes: docs/reference/design.md#zarr-codecs.
 """
 
 from __future__ import annotations

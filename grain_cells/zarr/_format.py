@@ -1,16 +1,11 @@
 """AnnData zarr stores as a `grain_cells.formats.Format`.
 
-The zarr side of what `grain_cells.io` used to ask zarr directly (issue 36),
-moved as it was: which paths are stores and how one opens (from `io._open`
-and `io._nodes`), node kinds and the check of consolidated metadata (from
-`io._nodes`), chunk sizes, the range reader, and what locates an array's
-bytes for the layout digest (from `storage._identity`, unchanged: saved
+Which paths are stores and how one opens, node kinds and the check of
+consolidated metadata, chunk sizes, the range reader, and what locates an
+array's bytes for the layout digest (unchanged from before the move: saved
 states compare it). Registered on import of `grain_cells.zarr`.
 
-zarr itself is imported only by the code that opens a store: a node can
-only be a zarr node once `zarr` is imported, so the checks here look it up
-in `sys.modules` and a process that reads only `.h5ad` files never imports
-it.
+Design notes: docs/reference/design.md#zarr-format.
 """
 
 from __future__ import annotations

@@ -13,10 +13,7 @@
   conditional on the key's ETag then, and raises `SourceChangedError`
   once the key has another (a re-upload never mixes into a read).
 
-Anything else returns None and the reader goes through zarr's own slicing.
-
-Every method returns None for a key that does not exist (zarr's meaning of
-"chunk never written"); the caller decides whether that is allowed.
+Design notes: docs/reference/design.md#zarr-keys.
 """
 
 from __future__ import annotations

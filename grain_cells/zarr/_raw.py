@@ -1,24 +1,11 @@
 """Partial reads of uncompressed chunks: only the bytes the ranges need.
 
-A chunk stored without compression (zarr v3's `bytes` codec alone, inside a
-shard or not; zarr v2 with neither compressor nor filters) holds element i
-of its chunk at byte `i * itemsize` of its stored bytes. So a range of a
-1-D array (CSR `data`, `indices`) inside one chunk is one byte range of one
-file: read straight into the destination with `os.preadv`, like the h5ad
-reader's direct path (`grain_cells.hdf5._reads`), instead of fetching and
-copying the whole chunk. anndata's default inner chunk holds ~156,000
-values; a block of 4 cells of 1,600 values needs 4% of it, so whole-chunk
-reads of such a store moved ~25x the bytes a batch uses.
+A chunk stored without compression (zarr v3's `bytes` codec alone, sharded
+or not; zarr v2 with no compressor nor filters) holds element i at byte
+`i * itemsize`, so a range inside one chunk is one byte range of one file,
+read straight into the destination (`os.preadv`) instead of the whole chunk.
 
-Used for local directory stores, 1-D arrays, native byte order, no decoded
-chunk cache (`indptr`'s chunks are cached whole instead). Everything else
-goes through `grain_cells.zarr._chunks.Chunks` (whole chunks).
-
-**Integrity.** A chunk file (or a shard's inner chunk) must hold exactly
-`chunk elements x itemsize` bytes, as zarr writes it (edge chunks are
-full-size); anything else raises `errors.CorruptChunkError` naming the store,
-array, key and rows. A missing chunk goes through `Chunks.chunk`, which
-applies the reader's `fill_missing` rule (error, or the fill value).
+Design notes: docs/reference/design.md#zarr-raw.
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ _MAX_TASKS = 4
 
 
 def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
-    """Whether `RawReads` serves this array (see the module docstring)."""
+    """Whether `RawReads` serves this array (see the design notes)."""
     return (
         codec is not None
         and not codec.stages

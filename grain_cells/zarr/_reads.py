@@ -5,43 +5,7 @@ so `grain_cells.io` reads CSR and dense matrices of zarr stores with the same
 code as those of `.h5ad` files: sorted, disjoint ranges of the first axis
 into one contiguous destination.
 
-For a read it
-
-1. lists the chunks the ranges touch along the first axis (the *inner*
-   chunks of a sharded array), each once however many ranges share it, and
-   for a 2-D array every chunk across the row;
-2. fetches each chunk's stored bytes once: a file (`os.pread`), a zip
-   member, or a range GET; for a sharded array the byte range the shard's
-   index gives (indices are read once per shard and kept, a few bytes per
-   inner chunk);
-3. decodes it with `grain_cells.zarr._codecs.Codec` (numcodecs' C decoders
-   and crc32c, GIL released) and copies the rows the ranges need straight
-   into the destination.
-
-**Threads.** With a `pool` (the loader's per-process read threads), the
-chunks are split over up to 16 tasks of the pool, each fetching and decoding
-its chunks; without one, the calling thread does all of it. The pool buys
-concurrency (several chunks decoding on several cores, GETs overlapping),
-not CPU: per batch the two cost the same CPU. zarr's own `async.concurrency`
-and `threading.max_workers` do not apply: zarr-python's event loop is
-bypassed for reads. Remote stores send all of a read's GETs at once
-(`grain_cells.zarr._keys`), then decode in the pool.
-
-**Uncompressed chunks** of a local store are read by byte range instead,
-only the bytes each range needs (`grain_cells.zarr._raw`).
-
-Why not zarr-python's reads or the zarrs pipeline, with figures:
-docs/reference/design.md, "Zarr stores are read by their chunks".
-
-**Integrity.** A chunk that was never written (no key, or an empty entry
-in a shard's index) raises `errors.CorruptChunkError` naming the store,
-array, chunk key and rows, unless the reader was built with `fill_missing`
-(which arrays get which rule and why: docs/reference/design.md). A crc32c
-codec is checked; a truncated shard, undecodable bytes or a chunk of the
-wrong decoded size raise `errors.CorruptChunkError` too. Arrays whose codecs
-`Codec` does not decode, and stores other than local, zip and obstore ones,
-are read through zarr-python's slicing, which first checks, once, that
-every chunk of the array was written.
+Design notes: docs/reference/design.md#zarr-reads.
 """
 
 from __future__ import annotations
@@ -238,24 +202,7 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """Reads rows `[starts[i], stops[i])` for all i, concatenated, into `out`.
-
-        Args:
-            starts: Sorted first rows of each range (int64).
-            stops: Matching ends, exclusive; ranges must not overlap.
-            out: Contiguous destination with at least `sum(stops - starts)`
-                rows of this array's dtype and row shape.
-            pool: Thread pool that fetches and decodes chunks concurrently.
-            pending: With a pool, a list that receives the read's futures
-                instead of waiting for them; `out` is complete only once
-                they are done.
-
-        Raises:
-            errors.CorruptDataError: Rows outside the array were asked for.
-            errors.CorruptChunkError: A chunk is missing, truncated, fails
-                its checksum or does not decode; names store, array, chunk
-                key and rows.
-        """
+        """`formats.RangeReader.read`, from the store's chunks."""
         starts, stops = nonempty(starts, stops)
         if starts.size == 0:
             return

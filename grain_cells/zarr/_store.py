@@ -7,20 +7,7 @@
   `grain_cells.storage.remote._store` from the same `storage_options`,
   environment credentials, AWS profiles and retries as `.h5ad` objects.
 
-zarr v2 (`.zgroup`, `.zarray`, `.zmetadata`) and v3 (`zarr.json`) stores both
-open; zarr-python reads either.
-
-**Consolidated metadata** (`.zmetadata`, or `consolidated_metadata` in a v3
-root `zarr.json`) is used to open the group: one request instead of one per
-node, which matters on a bucket (anndata's obs/var hold one array per
-column). It is not trusted for the arrays that are read by range:
-`RangeReader` re-reads each such array's own metadata document and refuses
-a consolidated document that disagrees with it (`check_array`). Measured on
-a store anndata wrote (10 categorical obs columns; zarr's `LoggingStore`
-counting GETs): opening it and reading obs and var took 26 GETs with the
-consolidated document and 128 (v2) or 60 (v3) without it; the check then
-costs 1 GET per array read by range (v3: `zarr.json`), 2 in v2 (`.zarray`,
-`.zattrs`): 3 or 6 for a CSR X.
+Design notes: docs/reference/design.md#zarr-store.
 """
 
 from __future__ import annotations
@@ -199,11 +186,6 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
     Does not detect a local chunk rewritten with the same size within the
     same nanosecond timestamp. Over plain HTTP (no listing) only the root's
     metadata documents are covered (their ETags, else their content).
-
-    Cost: one directory walk, a stat per key (1.0 CPU-second for 100,000
-    keys here: `python benchmarks/zarr_decode.py --digest_keys=100000`),
-    plus a read of each metadata document; in a bucket one LIST per 1,000
-    keys.
 
     Args:
         path: A local directory or `.zarr.zip` file, or a store's URL.

@@ -8,23 +8,11 @@ batch of ranges of one key: `grain_cells.zarr._keys.ObjectKeys`). A store
 re-uploaded while a loader reads it then raises `SourceChangedError` at the
 first changed key instead of mixing versions.
 
-Each process lists the store when it opens it (`_open_store` in
-`grain_cells.io` takes the digest, then opens the group), and that digest
-must equal the source's identity (`open_member`): so the ETags a worker
-reads with are those of the version the source was built on, without
-carrying them in the pickled source. The LIST that makes the digest hands
-its listing to the next `zarr_store` call of the same thread and store
-(`remember` / `take`), so the digest and the ETags come from one listing.
-
-ETags are whatever the store sends: an MD5 (or multipart digest) on S3 and
-S3-compatible stores, a generation-derived tag on GCS, a change tag on
-Azure; a byte-identical re-upload may keep it, and then the bytes read are
-the same. Plain HTTP servers list nothing: no ETags are known there and
-key reads are unconditional (docs/guides/buckets.md).
-
 Memory: 8 bytes of key hash plus the longest ETag's length per key (about
 42 bytes for S3's 34-character ETags; 4.2 MB per 100,000 keys per process),
 where a dict of strings would take about 250.
+
+Design notes: docs/reference/design.md#zarr-versions.
 """
 
 from __future__ import annotations

@@ -16,11 +16,7 @@ That is the route here, used only when a profile is what the user means:
    SSO, `credential_process` and assumed roles included, refreshed when they
    expire).
 
-The profile's `region` and `endpoint_url` (top level or in its `s3`
-section) are used when neither `storage_options` nor the environment
-(`AWS_REGION`, `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL`) sets them. boto3 is
-optional (`pip install "grain_cells[aws]"`); without it a profile named in
-`storage_options` or `AWS_PROFILE` raises `ImportError` saying so.
+Design notes: docs/reference/design.md#storage-remote-aws.
 """
 
 from __future__ import annotations

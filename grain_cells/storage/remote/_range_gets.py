@@ -10,10 +10,7 @@ Two forms, both through `obstore` with the store, retries and timeouts of
   (`obstore.get_ranges` cannot send `If-Match`). Far less CPU per GET: the
   thread crosses into Rust once per batch.
 
-Either way a read never returns bytes of two versions of the ETag: it
-raises `errors.SourceChangedError`. (An ETag that follows size and
-modification time rather than content, as HTTP servers send, is
-`grain_cells.storage.remote._versions`' concern.)
+Design notes: docs/reference/design.md#storage-remote-range-gets.
 """
 
 from __future__ import annotations
@@ -102,25 +99,9 @@ def get_ranges(
 ) -> list:
     """Bytes of each `[start, end)` of the object, if it is still version `stat`.
 
-    The batched form of `get_range`, for a reader's many GETs: one call into
-    obstore sends all of `ranges` (`obstore.get_ranges`, up to 10 in
-    parallel, no coalescing: callers merge neighbours themselves), then one
-    HEAD checks that the object still has `stat`'s ETag, size and
-    last-modified time. The thread crosses from Python to Rust once per
-    batch instead of once per GET: about 150 us of CPU per GET with the
-    HEAD, against 230-270 us for `get_range` (`benchmarks/range_get_cpu.py`,
-    `verified=16/8`).
-
-    `obstore.get_ranges` takes no `If-Match`, hence the HEAD after: S3, GCS
-    and HTTP servers answer reads after writes consistently, so if any GET
-    returned bytes of a newer version, the HEAD (sent after every GET has
-    ended) sees that version or a later one, with another ETag or
-    last-modified time. Where the ETag follows the content (S3, GCS, Azure)
-    only a rewrite to byte-identical content could pass, and such bytes
-    equal those read. Where it follows the file's size and modification
-    time (HTTP servers such as nginx), a same-size rewrite that keeps the
-    mtime passes here: `grain_cells.storage.remote._versions` catches it by
-    sampled bytes.
+    The batched form of `get_range`: all of `ranges` in one call into obstore
+    (no coalescing), then one HEAD that checks `stat`'s ETag, size and
+    last-modified time (`obstore.get_ranges` sends no `If-Match`).
 
     Returns:
         One buffer (`obstore.Bytes`) of exactly `end - start` bytes per range.

@@ -8,14 +8,12 @@ threads and keeps their bytes until a read takes them (`take`). A read of a
 piece that no hint covers, or whose GET failed, falls back to its own GET,
 so hints never change what is read, only when.
 
-Requests are sent in batches of up to `batch` (one background task, one
-`get_many` call: `grain_cells.storage.remote._range_gets.get_ranges`), which costs far
-less CPU per request than one task per request.
-
 Memory is bounded: at most `budget` bytes of requests are held per reader;
 a hint that does not fit once the oldest finished requests are dropped is
 ignored. A request is dropped as soon as every hinted byte in it was taken.
 Closing (`clear`) cancels the batches that have not started.
+
+Design notes: docs/reference/design.md#storage-remote-read-ahead.
 """
 
 from __future__ import annotations

@@ -8,24 +8,7 @@ jitter. This module sets that policy's defaults for grain_cells, lets
 one `ObjectStoreError` that names the URL, the byte range, the HTTP status or
 cause and the attempts made.
 
-Defaults (`DEFAULT_RETRY`, `DEFAULT_CLIENT`):
-
-| setting | default | obstore's own |
-| --- | --- | --- |
-| `max_retries` | 10 | 10 |
-| backoff | 100 ms doubling, at most 5 s | 100 ms doubling, at most 15 s |
-| `retry_timeout` (no new attempt after) | 60 s | 3 min |
-| `connect_timeout` | 5 s | 5 s |
-| `timeout` (one request, connect to last byte) | 30 s | 30 s |
-
-So a read that keeps failing raises within about `retry_timeout + timeout`
-(90 s) at worst; one that fails fast (a steady 500) within the sum of the
-backoffs (about 20 s for 10 retries).
-
-Override through `storage_options` with obstore's own spelling, e.g.
-`{"retry_config": {"max_retries": 3, "retry_timeout": timedelta(seconds=10)},
-"client_options": {"timeout": "5s"}}`; keys given there replace the
-defaults one by one (`backoff` too is merged key by key).
+Design notes: docs/reference/design.md#storage-remote-retries.
 """
 
 from __future__ import annotations

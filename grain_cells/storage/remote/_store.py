@@ -10,37 +10,7 @@ GIL, retries 5xx and throttling with exponential backoff (configurable
 through `retry_config`), and sends `If-Match` preconditions. See BUILD.md
 for the measurement that chose it over fsspec/s3fs.
 
-Stores are built per process from *storage options* (a plain, picklable
-dict) and cached; a live client is never pickled. Storage options are
-obstore's configuration keys for the URL's scheme (see `obstore.store.
-S3Store`, `GCSStore`, `HTTPStore`), plus:
-
-* `anon=True`: unsigned requests (public buckets);
-* `endpoint_url` (an alias of obstore's `endpoint`) for S3-compatible stores;
-  an `http://` endpoint allows plain HTTP;
-* `client_options` and `retry_config`: obstore's, over grain_cells' defaults
-  (timeouts, retries: `grain_cells.storage.remote._retries`);
-* `max_in_flight` (default `DEFAULT_MAX_IN_FLIGHT`): range GETs in flight at
-  once per process and kind (a fetch's own GETs; read-ahead GETs), see
-  `grain_cells.storage._readers`;
-* `content_check_s` (default 60): for objects whose ETag does not follow
-  their content (HTTP servers), seconds between re-reads of their sampled
-  bytes in each process (`grain_cells.storage.remote._versions`);
-* `verify_reads` (default False): every byte read checked against block
-  digests of the whole object, read when each process opens it
-  (`grain_cells.storage.remote._versions`);
-* `profile` (S3): an AWS profile of `~/.aws/credentials` / `~/.aws/config`
-  (`grain_cells.storage.remote._aws`: obstore does not read profiles itself);
-* `user_project` (GCS): the Google Cloud project billed for requests to a
-  requester-pays bucket, sent as the `x-goog-user-project` header of every
-  request (obstore's GCS store has no option of its own for it; its
-  client's `default_headers` carry it). S3's requester pays is obstore's
-  own `request_payer=True`.
-
-Credentials not given come from the standard environment variables
-(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
-...) and instance metadata, as obstore reads them, or from `AWS_PROFILE` and
-the shared AWS files (`grain_cells.storage.remote._aws`).
+Design notes: docs/reference/design.md#storage-remote-store.
 """
 
 from __future__ import annotations
@@ -151,13 +121,10 @@ def max_in_flight(storage_options: dict | None) -> int:
 class _ObstoreUse:
     """Whether this process, or the one it was forked from, used obstore.
 
-    obstore's runtime does not survive `os.fork`: once a process has sent
-    requests through it, every request of a forked child hangs, whatever
-    store it builds (measured with obstore 0.12 and moto: for a zarr store
-    and for an `.h5ad` object, whose child also crashed with "double free or
-    corruption"). A child can only be told so, instead of hanging: a child
-    builds its own stores (`store_for`, `store_at`), which check first; zarr
-    reuses its parent's, so its reads check too (`grain_cells.zarr._keys`).
+    obstore's runtime does not survive `os.fork`: a forked child of a process
+    that sent requests hangs on every request. So a child's own stores
+    (`store_for`, `store_at`) check this first and raise instead; zarr reuses
+    its parent's, so its reads check too (`grain_cells.zarr._keys`).
     """
 
     here = False

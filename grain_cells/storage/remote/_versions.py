@@ -15,33 +15,7 @@ only where the ETag follows the content:
   (`rsync -t`, `cp -p`, `touch -r`) or falls in the same second keeps every
   header, and If-Match still passes.
 
-So for an object whose ETag does not follow its content
-(`tag_follows_content`: every `http(s)://` URL, an ETag that is missing or
-weak, or one that spells out the object's size in hex as nginx's and
-Apache's do), the source also records `content`, a SHA-256 of
-`CONTENT_WINDOWS` windows of `CONTENT_WINDOW` bytes spread evenly over the
-object (the first holds the HDF5 superblock), read in one batch of range
-GETs. It is read again, and compared, when the source is built, when each
-process opens the object, when an iterator state is restored
-(`AnnDataSource.verify_files`), and during iteration at most every
-`content_check_s` seconds per process and object (the `content_check_s`
-storage option, default `DEFAULT_CONTENT_CHECK_S`; 0 checks at every read).
-What still slips through there: a same-size rewrite whose changed bytes all
-avoid the windows (a few changed values in a large file), and, until the
-next periodic check, cells read from a rewrite made during iteration.
-Nothing in HTTP can show such a rewrite: every header (ETag, size,
-Last-Modified) is unchanged, so `If-Match` passes.
-
-**`verify_reads`** (storage option, default off) closes both gaps at a
-price: the source reads the whole object when it is built, and each
-process again when it opens it, and keeps an 8-byte BLAKE2b digest of
-every `DIGEST_BLOCK` bytes (`block_digests`; 128 KiB per GiB of object);
-the object's `content` becomes a digest of that table. Every range read is
-then widened to whole blocks and each block checked
-(`check_blocks`): no byte of a rewrite is ever returned, whatever the
-headers say. Costs (measured in docs/guides/buckets.md): a full read
-of each object per process open (and at `verify_files`), the hashing,
-and up to two blocks more per merged request.
+Design notes: docs/reference/design.md#storage-remote-versions.
 """
 
 from __future__ import annotations

@@ -6,11 +6,7 @@ requests that change a bucket live here, on the same per-process stores
 builtin error that names the URL and the fix: `FileNotFoundError` for a
 missing bucket, `PermissionError` for refused credentials.
 
-Uploads of local files use obstore's `put` with an open file: files larger
-than one upload part go up as a multipart upload, several parts at once,
-and the object appears only when the upload completes (a reader never sees
-part of it). S3 allows at most 10,000 parts per upload, so the part size
-grows with the file (`upload_part_bytes`).
+Design notes: docs/reference/design.md#storage-remote-writes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""The user's cache folder, and files written into it atomically.
+
+Every on-disk cache of grain_cells (obs codes, chunk starts, corpus
+statistics, synthetic files) lives under `$GRAIN_CELLS_CACHE`, never beside
+the data, and is written under a temporary name and renamed, so a reader
+never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks
+    fcntl = None
+
+
+def cache_root(*, xdg: bool = True) -> str:
+    """`$GRAIN_CELLS_CACHE`, else `<cache home>/grain_cells`.
+
+    The cache home is `$XDG_CACHE_HOME` when set and `xdg` (the chunk-start
+    and corpus-statistics caches honour it; the obs and synthetic caches
+    never did), else `~/.cache`.
+    """
+    folder = os.environ.get("GRAIN_CELLS_CACHE")
+    if folder:
+        return folder
+    base = (xdg and os.environ.get("XDG_CACHE_HOME")) or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return os.path.join(base, "grain_cells")
+
+
+def write_atomic(
+    path: str | os.PathLike,
+    write: Callable[[BinaryIO], object],
+    *,
+    fsync: bool = False,
+    prefix: str | None = None,
+) -> None:
+    """Writes `path` through `write(file)` in a temporary file, then renames it.
+
+    The temporary file is made in `path`'s folder (created if missing),
+    readable by all (0644: `mkstemp`'s 0600 would hide a shared cache from
+    other users), flushed to disk first when `fsync`, and removed if
+    anything fails; the error is raised.
+    """
+    folder = os.path.dirname(os.fspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    name = os.path.basename(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(
+        dir=folder, prefix=f".{name}." if prefix is None else prefix, suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            write(fh)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike | None):
+    """Holds an exclusive `flock` on the file `path` (made if missing).
+
+    Nothing is held where the lock cannot be made (None, an unwritable
+    folder, no `fcntl`): callers stay correct without it, only slower.
+    """
+    fd = None
+    if path is not None and fcntl is not None:
+        try:
+            os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+__all__ = ["cache_root", "file_lock", "write_atomic"]
