@@ -33,13 +33,15 @@ import functools
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _range_reads as range_reads
-from grain_cells.io._element_files import element_files
-from grain_cells.io._file_set import OpenFiles
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._obsm import obsm_element
-from grain_cells.io._range_reads import FetchedRows
+from grain_cells.io import (
+    FetchedRows,
+    OpenFiles,
+    RowBuffer,
+    element_files,
+    fetch_ranges,
+    matrix_element,
+    obsm_element,
+)
 from grain_cells.outputs import _formats as formats
 from grain_cells.outputs._formats import CsrOutput, Fetch, Output
 from grain_cells.source._source import AnnDataSource
@@ -112,7 +114,7 @@ class _ElementReader:
         self._handles = OpenFiles(self.files, source.read_threads)
 
     def _fetch(self, starts, stops, buffer: RowBuffer | None) -> FetchedRows:
-        return range_reads.fetch_ranges(
+        return fetch_ranges(
             self._handles,
             self.cell_offsets,
             starts,
@@ -138,7 +140,7 @@ class LayerReader(_ElementReader):
     """
 
     def __init__(self, source: AnnDataSource, spec: Layer):
-        super().__init__(source, spec, h5ad.matrix_element(spec.name))
+        super().__init__(source, spec, matrix_element(spec.name))
         fit = getattr(spec.output, "fit_to_source", None)
         if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
             read = functools.partial(self.fetch, key=0)

@@ -39,7 +39,7 @@ import numpy as np
 
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.io._matrix import RowBuffer
+from grain_cells.io import RowBuffer
 from grain_cells.outputs import _formats as outputs
 from grain_cells.outputs._formats import Fetch, Output
 from grain_cells.pipeline import _extra as matrices

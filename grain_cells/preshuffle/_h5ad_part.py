@@ -18,7 +18,7 @@ import os
 import h5py
 import numpy as np
 
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import CSR, DENSE
 from grain_cells.preshuffle import _files as files
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
@@ -64,7 +64,7 @@ class H5adPart:
         """
         nnz = int(indptr[-1])
         group = self.root.require_group(m.name)
-        group.attrs["encoding-type"] = h5ad.CSR
+        group.attrs["encoding-type"] = CSR
         group.attrs["encoding-version"] = "0.1.0"
         group.attrs["shape"] = np.array([indptr.size - 1, m.n_vars], np.int64)
         opts = filter_options(self.plan.compression)
@@ -92,7 +92,7 @@ class H5adPart:
             chunks=(chunk_rows, n_vars) if n and n_vars else None,
             **(filter_options(self.plan.compression) if n and n_vars else {}),
         )
-        x.attrs["encoding-type"] = h5ad.DENSE
+        x.attrs["encoding-type"] = DENSE
         x.attrs["encoding-version"] = "0.2.0"
         return x
 

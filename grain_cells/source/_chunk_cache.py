@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from grain_cells.io._identity import FileIdentity
+from grain_cells.io import FileIdentity
 
 _VERSION = "chunk-starts-v1"
 

@@ -19,10 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells._util import absl_flags
-from grain_cells.io._cells import Cells
-from grain_cells.io._file_set import FileSet, OpenFile
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._range_reads import FetchedRows
+from grain_cells.io import Cells, FetchedRows, FileSet, OpenFile, RowBuffer
 from grain_cells.source import _options
 from grain_cells.source import _selection as selection
 from grain_cells.source import _table as block_table

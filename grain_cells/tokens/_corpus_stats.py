@@ -54,7 +54,7 @@ import tqdm
 
 from grain_cells import errors
 from grain_cells._util import arguments
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import CSR, open_file, read_var_names
 from grain_cells.outputs._formats import Fetch
 
 METHODS = ("auto", "exact", "histogram")
@@ -154,13 +154,13 @@ def data_identity(source) -> dict:
     files = []
     for i, path in enumerate(source.paths):
         info = source.file_info(i)
-        with h5ad.open_file(path) as f:
+        with open_file(path) as f:
             element = f[info.element]
             digest = hashlib.sha256()
             digest.update(
-                np.asarray(h5ad.read_var_names(f, info.element)).astype(str).tobytes()
+                np.asarray(read_var_names(f, info.element)).astype(str).tobytes()
             )
-            if info.encoding == h5ad.CSR:
+            if info.encoding == CSR:
                 digest.update(np.asarray(element["indptr"][:]).tobytes())
                 data = element["data"]
                 digest.update(np.asarray(data[:4096]).tobytes())
