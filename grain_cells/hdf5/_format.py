@@ -19,7 +19,7 @@ from grain_cells.hdf5 import _layout as hdf5_storage
 from grain_cells.hdf5 import _remote as remote_h5
 from grain_cells.hdf5._open import open_h5
 from grain_cells.hdf5._reads import RangeReader
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage import FileStat
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
 _CHUNK_SAMPLES = 17

@@ -89,7 +89,7 @@ from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage._readers import ByteReader
+from grain_cells.storage import ByteReader
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):

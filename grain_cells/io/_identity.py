@@ -81,7 +81,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.io import _nodes as nodes
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage import FileStat
 
 # Evenly spaced samples: indptr entries and value windows (chunks located:
 # the format's, `Format.array_layout`).

@@ -18,8 +18,8 @@ import pathlib
 from grain_cells import errors, formats
 from grain_cells.io import _nodes as nodes
 from grain_cells.io._frames import encoding_of
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url, local_path
 
 
 def open_file(
@@ -98,12 +98,7 @@ def resolve_paths(paths) -> list[str]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     # URLs of objects stay as they are; file:// URLs become local paths.
-    out = [
-        p
-        if object_store.is_url(p)
-        else os.fspath(pathlib.Path(object_store.local_path(p)))
-        for p in paths
-    ]
+    out = [p if is_url(p) else os.fspath(pathlib.Path(local_path(p))) for p in paths]
     if not out:
         raise ValueError(
             "paths is empty: expected one or more .h5ad files or zarr stores"

@@ -28,7 +28,7 @@ import h5py
 
 from grain_cells.io import inspect_matrix, open_file
 from grain_cells.preshuffle._plan import FORMAT, Plan
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""
@@ -44,7 +44,7 @@ def completed_marker(
     path: pathlib.Path | str, plan: Plan, index: int, storage_options=None
 ) -> dict | None:
     """The part's marker if `path` (or a URL) is a complete part of this run."""
-    if not object_store.is_url(path) and not pathlib.Path(path).is_file():
+    if not is_url(path) and not pathlib.Path(path).is_file():
         return None
     try:
         with open_part(path, storage_options) as f:

@@ -22,7 +22,7 @@ from grain_cells.io import obs_columns as file_obs_columns
 from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.source._source import AnnDataSource
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 # Bump when the output of identical arguments changes. 3: layers, raw, obsm,
 # varm, varp and uns are carried (`keep`); cells may be grouped (`group_by`).
@@ -204,7 +204,7 @@ class Plan:
         self.part_paths = [output_dir / f"part-{i:05d}{suffix}" for i in range(n_parts)]
         for path in self.paths:
             for part in self.part_paths:
-                if object_store.is_url(path):
+                if is_url(path):
                     continue  # a bucket output checks its URLs itself
                 if part.exists() and os.path.samefile(path, part):
                     raise ValueError(

@@ -124,7 +124,7 @@ from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle._output import BucketOutput
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
 
@@ -283,7 +283,7 @@ def preshuffle(
             column cannot be merged over the inputs.
     """
     bucket = None
-    if object_store.is_url(os.fspath(output_dir)):
+    if is_url(os.fspath(output_dir)):
         if format != "h5ad":
             raise ValueError(
                 f"format={format!r} writes to a local folder, got output_dir="

@@ -27,7 +27,7 @@ from grain_cells.source._description import SourceDescription
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._reads import FileReads
 from grain_cells.source._table import Block, BlockTable
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
 
@@ -179,7 +179,7 @@ class AnnDataSource(SourceDescription):
         # Grain reads an absl flag when a grain.DataLoader starts workers.
         absl_flags.allow_unparsed()
         for i, path in enumerate(files.paths):  # objects' metadata once
-            if object_store.is_url(path):
+            if is_url(path):
                 self._reads.file(i)
 
     def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):

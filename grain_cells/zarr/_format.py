@@ -22,8 +22,8 @@ import zipfile
 import numpy as np
 
 from grain_cells import errors, formats
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url
 from grain_cells.zarr._read_errors import READ_ERRORS, read_error
 from grain_cells.zarr._store_file import StoreFile
 
@@ -41,7 +41,7 @@ def is_store_path(path: str) -> bool:
     p = os.fspath(path).rstrip("/")
     if p.endswith((".zarr", ".zarr.zip")):
         return True
-    return not object_store.is_url(p) and os.path.isdir(p)
+    return not is_url(p) and os.path.isdir(p)
 
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
@@ -55,7 +55,7 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
     """
     from grain_cells.zarr import _store as zarr_store
 
-    if not object_store.is_url(path) and not os.path.exists(path):
+    if not is_url(path) and not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such zarr store")
     return FileStat(0, 0, 0, 0, 0, store=zarr_store.store_digest(path, storage_options))
 
@@ -64,7 +64,7 @@ def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     """Opens a zarr store read-only as a `StoreFile` (no AnnData check)."""
     from grain_cells.zarr import _store as zarr_store
 
-    local = not object_store.is_url(path)
+    local = not is_url(path)
     if local and not os.path.exists(path):
         raise formats.missing_path(path)
     if local and os.path.isdir(path) and not _has_zarr_metadata(path):

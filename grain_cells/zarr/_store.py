@@ -32,10 +32,13 @@ import os
 import zarr
 
 from grain_cells import errors
-from grain_cells.storage.remote import _store as object_store
-from grain_cells.storage.remote._store import (
+from grain_cells.storage.remote import (
     check_not_forked_after_use,
+    count_request,
+    is_url,
+    local_path,
     mark_obstore_used,
+    store_at,
 )
 from grain_cells.zarr import _versions as key_versions
 
@@ -50,8 +53,8 @@ def is_zarr_path(path: str) -> bool:
     directory is one whatever its name (the caller opens it and names what
     is missing).
     """
-    p = object_store.local_path(os.fspath(path)).rstrip("/")
-    if object_store.is_url(p):
+    p = local_path(os.fspath(path)).rstrip("/")
+    if is_url(p):
         return p.endswith((".zarr", ".zarr.zip"))
     return p.endswith((".zarr", ".zarr.zip")) or os.path.isdir(p)
 
@@ -65,8 +68,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
         ValueError: `verify_reads` asked for a store in a bucket (it
             applies to `.h5ad` objects only).
     """
-    p = object_store.local_path(os.fspath(path))
-    if object_store.is_url(p):
+    p = local_path(os.fspath(path))
+    if is_url(p):
         if p.rstrip("/").endswith(".zip"):
             raise errors.AnnDataFormatError(
                 f"{p}: a zipped zarr store in an object store cannot be read by "
@@ -87,7 +90,7 @@ def zarr_store(path: str, storage_options: dict | None = None):
         # grain_cells.zarr._versions): chunk reads are conditional on them.
         versions = key_versions.take(p, _options_key(storage_options))
         return key_versions.VersionedObjectStore(
-            object_store.store_at(p, storage_options),
+            store_at(p, storage_options),
             read_only=True,
             url=p.rstrip("/"),
             versions=versions,
@@ -114,7 +117,7 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
         FileNotFoundError: Nothing at a local path.
         zarr.errors.ContainsArrayError: The root is an array, not a group.
     """
-    p = object_store.local_path(os.fspath(path))
+    p = local_path(os.fspath(path))
     store = zarr_store(p, storage_options)
     try:
         return zarr.open_group(store, mode="r")
@@ -136,7 +139,7 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
 
 
 def _what_is_there(p: str) -> str:
-    if object_store.is_url(p):
+    if is_url(p):
         return "no readable group document at that prefix"
     if os.path.isdir(p):
         names = sorted(os.listdir(p))
@@ -209,9 +212,9 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
         path: A local directory or `.zarr.zip` file, or a store's URL.
         storage_options: For URLs (see `open_group`).
     """
-    p = object_store.local_path(os.fspath(path))
+    p = local_path(os.fspath(path))
     h = hashlib.sha256()
-    if object_store.is_url(p):
+    if is_url(p):
         _digest_bucket(p, storage_options, h)
         return h.hexdigest()
     if os.path.isfile(p):
@@ -240,11 +243,11 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
 
     check_not_forked_after_use(url)
     mark_obstore_used()
-    store = object_store.store_at(url, storage_options)
+    store = store_at(url, storage_options)
     metas = []
     try:
         for batch in obstore.list(store, chunk_size=1000):
-            object_store.count_request("list")
+            count_request("list")
             metas.extend(batch)
     except Exception:
         if not url.lower().startswith(("http://", "https://")):
@@ -257,7 +260,7 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
                 meta = obstore.head(store, key)
             except FileNotFoundError:
                 continue
-            object_store.count_request("head")
+            count_request("head")
             metas.append({**meta, "path": key})
     else:
         # This listing's ETags are what the next open of the store in this
@@ -272,6 +275,6 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     # send none for some objects: then a metadata document's content counts.
     for m in metas:
         if not m.get("e_tag") and m["path"].rpartition("/")[2] in METADATA_KEYS:
-            object_store.count_request("get")
+            count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
             h.update(hashlib.sha256(data).digest())
