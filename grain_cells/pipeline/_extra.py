@@ -42,9 +42,8 @@ from grain_cells.io import (
     matrix_element,
     obsm_element,
 )
-from grain_cells.outputs import _formats as formats
-from grain_cells.outputs._formats import CsrOutput, Fetch, Output
-from grain_cells.source._source import AnnDataSource
+from grain_cells.outputs import CsrOutput, Fetch, Output, dtype_name, fingerprint_of
+from grain_cells.source import AnnDataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Layer:
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "output": formats.fingerprint_of(self.output),
+            "output": fingerprint_of(self.output),
         }
 
 
@@ -94,7 +93,7 @@ class Obsm:
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "dtype": formats.dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
         }
 
 

@@ -21,7 +21,7 @@ from grain_cells.io import (
 from grain_cells.io import obs_columns as file_obs_columns
 from grain_cells.preshuffle import _carry as carry
 from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource
 from grain_cells.storage.remote import is_url
 
 # Bump when the output of identical arguments changes. 3: layers, raw, obsm,

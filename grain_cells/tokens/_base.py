@@ -17,7 +17,7 @@ import importlib.util
 import numpy as np
 
 from grain_cells._util import arguments, counter_rng
-from grain_cells.outputs._formats import Fetch
+from grain_cells.outputs import Fetch
 from grain_cells.tokens import _kernels as kernels
 from grain_cells.tokens import _threads as token_threads
 from grain_cells.tokens._vocabulary import GeneVocabulary

@@ -55,7 +55,7 @@ import tqdm
 from grain_cells import errors
 from grain_cells._util import arguments
 from grain_cells.io import CSR, open_file, read_var_names
-from grain_cells.outputs._formats import Fetch
+from grain_cells.outputs import Fetch
 
 METHODS = ("auto", "exact", "histogram")
 _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells._util import counter_rng
-from grain_cells.outputs._formats import Fetch
+from grain_cells.outputs import Fetch
 from grain_cells.tokens import _kernels as kernels
 from grain_cells.tokens import _threads as token_threads
 from grain_cells.tokens._base import IGNORE, ZERO_STREAM, TokenOutput, special_id
