@@ -17,7 +17,7 @@ import h5py
 
 from grain_cells import errors
 from grain_cells.formats import missing_path
-from grain_cells.hdf5 import _remote as remote_h5
+from grain_cells.hdf5 import _remote
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import is_url
 
@@ -33,7 +33,7 @@ def open_h5(
             by a writer, or is a symlink loop.
     """
     if is_url(path):
-        return remote_h5.open_remote(path, storage_options, stat)
+        return _remote.open_remote(path, storage_options, stat)
     try:
         os.stat(path)
     except FileNotFoundError:

@@ -53,7 +53,7 @@ import tempfile
 
 import numpy as np
 
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
 
@@ -131,7 +131,9 @@ def file_obs(
                 # Another process may have written it while this one waited.
                 mapped = None if path is None else _load(path, column, n_obs)
                 if mapped is None:
-                    values = column.file_values(i, h5ad.read_obs_column(f, name), n_obs)
+                    values = column.file_values(
+                        i, _h5ad.read_obs_column(f, name), n_obs
+                    )
                     if path is not None:
                         mapped = _store(path, values, column, n_obs)
                     if mapped is None:

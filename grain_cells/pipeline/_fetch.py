@@ -41,7 +41,7 @@ from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.io import RowBuffer
 from grain_cells.outputs import Fetch, Output, fingerprint_of, format_with, zeros
-from grain_cells.pipeline import _extra as matrices
+from grain_cells.pipeline import _extra
 from grain_cells.source import AnnDataSource
 
 
@@ -135,7 +135,7 @@ class SplitFetch:
         if callable(fit):
             config = dataclasses.replace(config, output=fit(source))
         self.config = config
-        self.extra = matrices.readers(source, extra)
+        self.extra = _extra.readers(source, extra)
         self._buffers: list = []
 
     def __repr__(self) -> str:
@@ -259,7 +259,7 @@ class SplitFetch:
         read = read[np.argsort(read[:, 2], kind="stable")]
         out = {}
         for name, reader in self.extra.items():
-            if isinstance(reader, matrices.ObsmReader):
+            if isinstance(reader, _extra.ObsmReader):
                 out[name] = reader.read(read[:, 2], read[:, 3])
             else:
                 out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)

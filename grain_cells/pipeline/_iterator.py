@@ -18,7 +18,7 @@ import weakref
 import grain
 
 from grain_cells.errors import IteratorClosedError
-from grain_cells.pipeline import _state_checks as state_checks
+from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._resume import Position, hand_over
 from grain_cells.pipeline._stage import ReadFetch, plan_minibatches
 from grain_cells.transport import (
@@ -287,7 +287,7 @@ class CellIterator(grain.DatasetIterator):
     def get_state(self) -> dict:
         """The position (JSON-ready, with the epoch) and the pipeline's stamp."""
         position = self._settled().to_json()
-        return {state_checks.STAMP: self._ds.stamp, "position": position}
+        return {_state_checks.STAMP: self._ds.stamp, "position": position}
 
     def set_state(self, state: dict) -> None:
         """Restores a state saved by this pipeline under any worker count.
@@ -304,7 +304,7 @@ class CellIterator(grain.DatasetIterator):
         if self._failure is _CLOSED:
             raise self._refusal()
         ds = self._ds
-        saved = state_checks.check_state(
+        saved = _state_checks.check_state(
             state, ds.stamp, ds.sampler, ds.source, ds.split
         )
         verify = getattr(ds.source, "verify_files", None)
@@ -312,7 +312,7 @@ class CellIterator(grain.DatasetIterator):
             verify("when an iterator state was restored")
         shard = ds.shard
         if (saved.count, saved.index) != (shard.shard_count, shard.shard_index):
-            state_checks.check_hand_over(saved, ds.split)
+            _state_checks.check_hand_over(saved, ds.split)
             saved = hand_over(
                 saved,
                 ds.sampler,

@@ -25,7 +25,7 @@ from grain_cells.io import (
     read_obs_values,
     write_elem,
 )
-from grain_cells.preshuffle import _carry as carry
+from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._plan import Plan
 
 
@@ -173,7 +173,7 @@ class Extras:
         obsm = {}
         for key in plan.carry.obsm_frames:
             parts = [
-                carry.read_obsm_frame(path, key, plan.storage_options)
+                _carry.read_obsm_frame(path, key, plan.storage_options)
                 for path in plan.paths
             ]
             obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)

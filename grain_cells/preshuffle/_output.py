@@ -30,8 +30,7 @@ import json
 import os
 import shutil
 
-from grain_cells.preshuffle import _files as files
-from grain_cells.preshuffle import _staging as staging
+from grain_cells.preshuffle import _files, _staging
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.storage.remote import (
     delete,
@@ -60,8 +59,8 @@ class BucketOutput:
         self.storage_options = dict(storage_options or {})
         parent = None if staging_dir is None else os.fspath(staging_dir)
         # Runs that died left their staging folders (and a part in each).
-        self.removed_stale = staging.remove_stale(parent)
-        self.staging = staging.make(parent)
+        self.removed_stale = _staging.remove_stale(parent)
+        self.staging = _staging.make(parent)
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_upload"
         )
@@ -101,7 +100,7 @@ class BucketOutput:
             head(url, self.storage_options)
         except FileNotFoundError:
             return None
-        return files.completed_marker(url, plan, index, self.storage_options)
+        return _files.completed_marker(url, plan, index, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
         """Starts uploading part `index` from the staging folder, in the background.
@@ -137,8 +136,8 @@ class BucketOutput:
                 continue
             url = join(self.url, name)
             try:
-                with files.open_part(url, self.storage_options) as f:
-                    ours = files.MARKER_ATTR in f.attrs
+                with _files.open_part(url, self.storage_options) as f:
+                    ours = _files.MARKER_ATTR in f.attrs
             except Exception:  # not HDF5, or gone: not ours to delete
                 ours = False
             if ours:
@@ -146,9 +145,9 @@ class BucketOutput:
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        manifest = files.manifest_of(plan, markers)
+        manifest = _files.manifest_of(plan, markers)
         put_bytes(
-            join(self.url, files.MANIFEST),
+            join(self.url, _files.MANIFEST),
             json.dumps(manifest, indent=1).encode(),
             self.storage_options,
         )

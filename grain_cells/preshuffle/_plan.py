@@ -19,7 +19,7 @@ from grain_cells.io import (
     source_identity,
 )
 from grain_cells.io import obs_columns as file_obs_columns
-from grain_cells.preshuffle import _carry as carry
+from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.source import AnnDataSource
 from grain_cells.storage.remote import is_url
@@ -160,7 +160,7 @@ class Plan:
         maps = [self.source.file_column_map(i) for i in range(len(self.paths))]
         self.column_map_first = maps[0]
         self.x = Matrix("X", self.source.files, self.source.check_indices)
-        self.carry = carry.choose(
+        self.carry = _carry.choose(
             self.paths,
             self.storage_options,
             keep=kwargs.get("keep"),

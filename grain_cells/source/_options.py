@@ -34,8 +34,7 @@ from grain_cells.io import (
     matrix_element,
     resolve_paths,
 )
-from grain_cells.source import _chunk_cache as chunk_cache
-from grain_cells.source import _chunk_grid as chunk_grid
+from grain_cells.source import _chunk_cache, _chunk_grid
 from grain_cells.source._table import BlockTable
 
 
@@ -195,13 +194,13 @@ def default_blocks(
     finally:
         handles.close()
     compressed = [i for i, size in enumerate(sizes) if size is not None]
-    chosen = chunk_grid.compressed_defaults(
+    chosen = _chunk_grid.compressed_defaults(
         sum(files.n_obs[i] for i in compressed),
         np.concatenate([starts[i] for i in compressed]),
         max(sizes[i] for i in compressed),
     )
     grid = BlockTable.grid(files.n_obs, chosen.block_size)
-    table = chunk_grid.chunk_aligned_blocks(
+    table = _chunk_grid.chunk_aligned_blocks(
         grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
     )
     options = dataclasses.replace(options, fetch_blocks=chosen.fetch_blocks)
@@ -210,7 +209,7 @@ def default_blocks(
 
 def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
     """Local rows where file `i`'s matrix chunks begin, cached per file."""
-    return chunk_cache.cached_chunk_starts(
+    return _chunk_cache.cached_chunk_starts(
         files.identities[i],
         int(files.n_obs[i]),
         lambda: _scan_chunk_starts(handles, i),

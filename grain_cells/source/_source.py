@@ -20,9 +20,7 @@ import numpy as np
 
 from grain_cells._util import absl_flags
 from grain_cells.io import Cells, FetchedRows, FileSet, OpenFile, RowBuffer
-from grain_cells.source import _options
-from grain_cells.source import _selection as selection
-from grain_cells.source import _table as block_table
+from grain_cells.source import _options, _selection, _table
 from grain_cells.source._description import SourceDescription
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._reads import FileReads
@@ -219,7 +217,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = block_table.fragment_note(table.mean_block_cells, table.block_size)
+            note = _table.fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
         return AnnDataSource._of(self.files, table, self.options)
 
@@ -245,7 +243,7 @@ class AnnDataSource(SourceDescription):
             ValueError: The selection is empty or malformed.
             errors.MissingColumnError: A `where` column is not an obs column.
         """
-        return self.view(selection.selected_blocks(self, cells, where))
+        return self.view(_selection.selected_blocks(self, cells, where))
 
     def with_blocks(self, starts, stops) -> AnnDataSource:
         """A view whose record `k` is global rows `[starts[k], stops[k])`.

@@ -53,16 +53,16 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
     Raises:
         FileNotFoundError: No such zarr store.
     """
-    from grain_cells.zarr import _store as zarr_store
+    from grain_cells.zarr import _store
 
     if not is_url(path) and not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such zarr store")
-    return FileStat(0, 0, 0, 0, 0, store=zarr_store.store_digest(path, storage_options))
+    return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
 
 
 def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     """Opens a zarr store read-only as a `StoreFile` (no AnnData check)."""
-    from grain_cells.zarr import _store as zarr_store
+    from grain_cells.zarr import _store
 
     local = not is_url(path)
     if local and not os.path.exists(path):
@@ -87,7 +87,7 @@ def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     import zarr
 
     try:
-        group = zarr_store.open_group(path, storage_options)
+        group = _store.open_group(path, storage_options)
     except zarr.errors.ContainsArrayError as e:
         raise _root_array(path) from e
     return StoreFile(group, path, stat)

@@ -40,7 +40,7 @@ from grain_cells.storage.remote import (
     mark_obstore_used,
     store_at,
 )
-from grain_cells.zarr import _versions as key_versions
+from grain_cells.zarr import _versions
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -88,8 +88,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
         mark_obstore_used()  # zarr reads the metadata through it
         # The ETags of the listing that gave this open its digest (see
         # grain_cells.zarr._versions): chunk reads are conditional on them.
-        versions = key_versions.take(p, _options_key(storage_options))
-        return key_versions.VersionedObjectStore(
+        versions = _versions.take(p, _options_key(storage_options))
+        return _versions.VersionedObjectStore(
             store_at(p, storage_options),
             read_only=True,
             url=p.rstrip("/"),
@@ -265,8 +265,8 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     else:
         # This listing's ETags are what the next open of the store in this
         # thread reads with (`zarr_store`): digest and reads agree.
-        key_versions.remember(
-            url, _options_key(storage_options), key_versions.KeyVersions.of_metas(metas)
+        _versions.remember(
+            url, _options_key(storage_options), _versions.KeyVersions.of_metas(metas)
         )
     metas.sort(key=lambda m: m["path"])
     for m in metas:
