@@ -68,7 +68,7 @@ from grain_cells.sampling import (
     condition_blocks,
 )
 from grain_cells.source import AnnDataSource
-from grain_cells.zarr._annbatch import annbatch_stores
+from grain_cells.zarr import annbatch_stores
 
 try:
     __version__ = _metadata.version("grain_cells")
@@ -107,7 +107,7 @@ def __getattr__(name: str):
     # JAX is imported only when the helper is used (workers never need it);
     # orbax (the `checkpoint` extra) only when `grain_cells.checkpoint` is.
     if name == "densify":
-        from grain_cells.outputs._densify import densify
+        from grain_cells.outputs import densify
 
         return densify
     if name == "checkpoint":

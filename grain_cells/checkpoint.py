@@ -44,7 +44,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from grain_cells.errors import CheckpointMismatchError
-from grain_cells.pipeline._state_checks import STAMP
+from grain_cells.pipeline import STAMP
 
 __all__ = ["IteratorHandler", "IteratorRestore", "IteratorSave"]
 

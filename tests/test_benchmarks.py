@@ -275,6 +275,18 @@ def test_s3_servers(workdir):
     assert "folder ms/GET" in done.stdout
 
 
+def test_call_paths(workdir):
+    out = workdir / "call_paths.json"
+    done = run(workdir, "call_paths.py", f"--json={out}")
+    got = json.loads(out.read_text())
+    for fmt in ("h5ad", "zarr"):
+        for path in ("inspect", "fetch_cold", "fetch"):
+            assert got[f"{fmt}/{path}"]["crossings"] > 0, (fmt, path)
+        # A warm fetch's calls only go down the layers (BUILD.md, "Call paths").
+        assert got[f"{fmt}/fetch"]["climbs"] == 0, got[f"{fmt}/fetch"]["edges"]
+    assert "climbing_edges=" in done.stdout
+
+
 def test_transport_throughput(workdir):
     baseline = workdir / "transport_copy.py"  # "another checkout's" ring
     ring = ROOT / "grain_cells" / "transport" / "_ring.py"

@@ -1,7 +1,8 @@
 """The house: imports run down the layers, modules stay small, the API stays small.
 
-The layers and cycle contracts live in `pyproject.toml` ([tool.importlinter])
-and are checked with import-linter, the maintained tool, not a script of ours.
+The layers, cycle and private-module contracts live in `pyproject.toml`
+([tool.importlinter]) and are checked with import-linter, the maintained tool,
+not a script of ours.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tomllib
 
 import grain_cells
 
@@ -31,6 +33,14 @@ def test_imports_run_down_the_layers_without_cycles():
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "BROKEN" not in done.stdout and "KEPT" in done.stdout
+
+
+def test_the_house_rules_are_contracts():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    kinds = {c["type"] for c in config["tool"]["importlinter"]["contracts"]}
+    # Down the layers, no cycle between siblings, and packages reach each
+    # other only through their `__init__` (a `_module` is its package's own).
+    assert {"layers", "acyclic_siblings", "private_modules"} <= kinds
 
 
 def test_modules_stay_small():

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.source._chunk_grid import chunk_aligned_blocks
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource, chunk_aligned_blocks
 
 
 def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:

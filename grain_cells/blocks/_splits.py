@@ -21,16 +21,16 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import arguments, counter_rng
-from grain_cells.source._selection import (
+from grain_cells.source import (
+    AnnDataSource,
     blocks_of_mask,
     describe_condition,
     selected_blocks,
     where_mask,
 )
-from grain_cells.source._source import AnnDataSource
 
 if TYPE_CHECKING:
-    from grain_cells.source._table import BlockTable
+    from grain_cells.source import BlockTable
 
 _FRACTION_TOLERANCE = 1e-6
 

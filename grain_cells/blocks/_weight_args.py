@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource
 
 
 def check_source(source, function: str) -> None:

@@ -26,7 +26,7 @@ from grain_cells import errors
 from grain_cells._util.arguments import check_int
 from grain_cells.blocks._composition import Composition, table_composition
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource
 
 REDUCTIONS = ("mean", "sum")
 MISS_POINTS = 0.03

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from grain_cells.outputs._densify import densify
+from grain_cells.outputs import densify
 
 # CSR minibatches (`CsrOutput`) change shape from one minibatch to the next.
 _CSR_KEYS = ("data", "indptr")

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage import FileStat
 
 
 class ChunkDecodeError(Exception):

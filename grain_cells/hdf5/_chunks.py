@@ -29,7 +29,7 @@ from grain_cells._util.ranges import chunks_touched
 from grain_cells.formats import ChunkDecodeError, wait_all
 from grain_cells.hdf5._chunk_cache import SHARED
 from grain_cells.hdf5._codecs import Pipeline
-from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
+from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
 # Tasks one read is split into when a pool is given: enough to balance

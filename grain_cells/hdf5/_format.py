@@ -15,11 +15,10 @@ import h5py
 import numpy as np
 
 from grain_cells import formats
-from grain_cells.hdf5 import _layout as hdf5_storage
-from grain_cells.hdf5 import _remote as remote_h5
+from grain_cells.hdf5 import _layout, _remote
 from grain_cells.hdf5._open import open_h5
 from grain_cells.hdf5._reads import RangeReader
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage import FileStat
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
 _CHUNK_SAMPLES = 17
@@ -42,15 +41,15 @@ class Hdf5Format(formats.Format):
 
     def stat_path(self, path, storage_options=None) -> FileStat:
         """`os.stat`, or one HEAD of an object."""
-        return remote_h5.stat_path(path, storage_options)
+        return _remote.stat_path(path, storage_options)
 
     def stat_of(self, f, path) -> FileStat:
         """`fstat` of HDF5's descriptor; an object's version without a request."""
-        return remote_h5.stat_of(f, path)
+        return _remote.stat_of(f, path)
 
     def file_name(self, f) -> str:
         """The path or URL (h5py names a remote file by an ASCII repr)."""
-        return remote_h5.file_name(f)
+        return _remote.file_name(f)
 
     def owns(self, node) -> bool:
         """h5py files, groups and datasets."""
@@ -77,11 +76,11 @@ class Hdf5Format(formats.Format):
         if not isinstance(node, h5py.Group):
             return None
         f = node if isinstance(node, h5py.File) else node.file
-        return hdf5_storage.link_problem(f, element)
+        return _layout.link_problem(f, element)
 
     def check_array(self, path: str, array) -> None:
         """Links, virtual sources and filters (`_layout.check_dataset`)."""
-        hdf5_storage.check_dataset(path, array)
+        _layout.check_dataset(path, array)
 
     def chunk_bytes(self, array) -> int | None:
         """Decoded bytes of one chunk when the dataset has filters."""
@@ -91,11 +90,11 @@ class Hdf5Format(formats.Format):
 
     def open_bytes(self, f, path, storage_options, stat):
         """A local `ByteReader`, or range GETs of the object version `stat`."""
-        return remote_h5.open_bytes(path, storage_options, stat)
+        return _remote.open_bytes(path, storage_options, stat)
 
     def opened(self, f) -> None:
         """Saves the remote metadata h5py read while opening (`_remote`)."""
-        remote_h5.opened(f)
+        _remote.opened(f)
 
     def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
         """`grain_cells.hdf5._reads.RangeReader` (HDF5 has no unwritten chunks)."""

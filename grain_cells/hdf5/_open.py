@@ -18,9 +18,9 @@ import h5py
 
 from grain_cells import errors
 from grain_cells.formats import missing_path
-from grain_cells.hdf5 import _remote as remote_h5
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.hdf5 import _remote
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url
 
 
 def open_h5(
@@ -33,8 +33,8 @@ def open_h5(
         errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
             by a writer, or is a symlink loop.
     """
-    if object_store.is_url(path):
-        return remote_h5.open_remote(path, storage_options, stat)
+    if is_url(path):
+        return _remote.open_remote(path, storage_options, stat)
     try:
         os.stat(path)
     except FileNotFoundError:

@@ -22,7 +22,7 @@ from grain_cells._util.ranges import merge_touching, nonempty
 from grain_cells.formats import value_dtype, wait_all
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
-from grain_cells.storage._readers import ByteReader, ShortReadError, as_byte_reader
+from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.

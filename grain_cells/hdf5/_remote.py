@@ -24,11 +24,8 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage._readers import LocalByteReader
-from grain_cells.storage.remote import _store as object_store
-from grain_cells.storage.remote import _versions as versions
-from grain_cells.storage.remote._reader import RemoteByteReader
+from grain_cells.storage import FileStat, LocalByteReader
+from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
 _log = logging.getLogger("grain_cells")
 
@@ -235,7 +232,7 @@ def open_remote(
         errors.AnnDataFormatError: HDF5 cannot open it.
     """
     if stat is None:
-        stat = versions.version_of(url, storage_options)
+        stat = version_of(url, storage_options)
     rf = RangeFile(url, storage_options, stat)
     try:
         f = h5py.File(rf, "r")
@@ -294,13 +291,13 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
     Raises:
         FileNotFoundError: No such file or object.
     """
-    if object_store.is_url(path):
-        return versions.version_of(path, storage_options)
+    if is_url(path):
+        return version_of(path, storage_options)
     return FileStat.of(os.stat(path))
 
 
 def open_bytes(path: str, storage_options: dict | None, stat: FileStat):
     """A `ByteReader` of the file, or of the object version `stat` names."""
-    if object_store.is_url(path):
+    if is_url(path):
         return RemoteByteReader(path, storage_options, stat)
     return LocalByteReader.open(path)

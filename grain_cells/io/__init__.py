@@ -14,3 +14,77 @@ one a source was built from (and what a checkpoint records);
 (a layer, `raw/X`, `obsm`); `_range_reads` reads global row ranges over a
 file set.
 """
+
+from grain_cells.io._cells import Cells, take_csr
+from grain_cells.io._element_files import element_files
+from grain_cells.io._file_lru import check_max_open
+from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
+from grain_cells.io._frames import (
+    encoding_of,
+    read_elem,
+    read_obs_names,
+    read_obs_values,
+    write_elem,
+)
+from grain_cells.io._genes import JOINS
+from grain_cells.io._h5ad import (
+    CSR,
+    DENSE,
+    MatrixInfo,
+    inspect_matrix,
+    matrix_element,
+    obs_columns,
+    read_var_names,
+    resolve_paths,
+)
+from grain_cells.io._identity import FileIdentity, source_identity
+from grain_cells.io._matrix import CsrRows, RowBuffer
+from grain_cells.io._nodes import is_array, is_group
+from grain_cells.io._obs import OBS_MISSING
+from grain_cells.io._obsm import obsm_element
+from grain_cells.io._open import open_file
+from grain_cells.io._range_reads import (
+    FetchedRows,
+    advise,
+    fetch_ranges,
+    read_ranges,
+    read_rows,
+)
+
+__all__ = [
+    "CSR",
+    "DENSE",
+    "JOINS",
+    "OBS_MISSING",
+    "Cells",
+    "CsrRows",
+    "FetchedRows",
+    "FileIdentity",
+    "FileSet",
+    "MatrixInfo",
+    "OpenFile",
+    "OpenFiles",
+    "RowBuffer",
+    "advise",
+    "check_max_open",
+    "element_files",
+    "encoding_of",
+    "fetch_ranges",
+    "inspect_matrix",
+    "is_array",
+    "is_group",
+    "matrix_element",
+    "obs_columns",
+    "obsm_element",
+    "open_file",
+    "read_elem",
+    "read_obs_names",
+    "read_obs_values",
+    "read_ranges",
+    "read_rows",
+    "read_var_names",
+    "resolve_paths",
+    "source_identity",
+    "take_csr",
+    "write_elem",
+]

@@ -19,8 +19,7 @@ import dataclasses
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _nodes as nodes
+from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._file_set import FileSet
 from grain_cells.io._frames import var_group_name
 from grain_cells.io._genes import (
@@ -51,7 +50,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
         errors.UnsupportedLayoutError: The element is CSC, or sparse in some
             files and dense in others.
     """
-    infos: list[h5ad.MatrixInfo] = []
+    infos: list[_h5ad.MatrixInfo] = []
     var_names: list[np.ndarray] = []
     seen_keys: dict = {}
     own_var = not element.startswith(OBSM) and (
@@ -61,7 +60,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
         path = identity.path
         with open_file(path, files.storage_options, identity.stat) as f:
             identity.check_stat(
-                nodes.stat_of(f, path), f"when {element} was opened beside it"
+                _nodes.stat_of(f, path), f"when {element} was opened beside it"
             )
             info = inspect_element(f, element)
             if own_var:
@@ -96,12 +95,12 @@ def element_files(files: FileSet, element: str) -> FileSet:
         genes=genes,
         obs_names=(),
         obs={},
-        sparse=infos[0].encoding == h5ad.CSR,
-        dtype=np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos)),
+        sparse=infos[0].encoding == _h5ad.CSR,
+        dtype=np.result_type(*(_h5ad.value_dtype(i.dtype) for i in infos)),
     )
 
 
-def _columns(infos: list[h5ad.MatrixInfo]) -> GeneAlignment:
+def _columns(infos: list[_h5ad.MatrixInfo]) -> GeneAlignment:
     """An obsm array's columns (named by position), the same in every file.
 
     Raises:

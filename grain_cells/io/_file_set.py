@@ -21,10 +21,7 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.io import _file_lru as file_lru
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _nodes as nodes
-from grain_cells.io import _obs_cache as obs_cache
+from grain_cells.io import _file_lru, _h5ad, _nodes, _obs_cache
 from grain_cells.io._genes import (
     GeneAlignment,
     align_genes,
@@ -36,7 +33,7 @@ from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage._readers import ByteReader
+from grain_cells.storage import ByteReader
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -72,7 +69,7 @@ class FileSet:
 
     paths: tuple[str, ...]
     element: str
-    infos: tuple[h5ad.MatrixInfo, ...]
+    infos: tuple[_h5ad.MatrixInfo, ...]
     identities: tuple[FileIdentity, ...]
     genes: GeneAlignment
     obs_names: tuple[str, ...]
@@ -112,19 +109,19 @@ class FileSet:
         """
         paths = tuple(paths)
         storage_options = dict(storage_options or {})
-        infos: list[h5ad.MatrixInfo] = []
+        infos: list[_h5ad.MatrixInfo] = []
         var_names: list[np.ndarray] = []
         seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
         for path in paths:
             with open_file(path, storage_options) as f:
-                info = h5ad.inspect_matrix(f, element)
-                stat = nodes.stat_of(f, path)
+                info = _h5ad.inspect_matrix(f, element)
+                stat = _nodes.stat_of(f, path)
                 identities.append(FileIdentity.take(f, path, info.element, stat))
                 keys = read_gene_keys(f, element, genes_from)
                 var_names.append(shared_keys(keys, seen_keys))
-                have = h5ad.obs_columns(f)
+                have = _h5ad.obs_columns(f)
                 missing = [c for c in obs_names if c not in have]
                 if missing and obs_missing == "error":
                     raise errors.MissingColumnError(
@@ -136,7 +133,7 @@ class FileSet:
                     {
                         c: None
                         if c in missing
-                        else ColumnKind.of(h5ad.read_obs_column(f, c))
+                        else ColumnKind.of(_h5ad.read_obs_column(f, c))
                         for c in obs_names
                     }
                 )
@@ -156,8 +153,8 @@ class FileSet:
             genes=align_genes(paths, var_names, join, genes, genes_from),
             obs_names=obs_names,
             obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
-            sparse=infos[0].encoding == h5ad.CSR,
-            dtype=np.result_type(*(h5ad.value_dtype(i.dtype) for i in infos)),
+            sparse=infos[0].encoding == _h5ad.CSR,
+            dtype=np.result_type(*(_h5ad.value_dtype(i.dtype) for i in infos)),
             storage_options=storage_options,
         )
 
@@ -179,7 +176,7 @@ class FileSet:
         """
         for identity in self.identities:
             try:
-                now = nodes.stat_path(identity.path, self.storage_options)
+                now = _nodes.stat_path(identity.path, self.storage_options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "
@@ -254,7 +251,7 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         reader = element_reader(f, info, fd)
         # Mapped from a cache file that every process shares (`_obs_cache`).
         specs = {c: files.obs[c] for c in files.obs_names}
-        obs = obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+        obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         fmt.opened(f)
         return OpenFile(f, fd, reader, obs, fmt)
     except BaseException:
@@ -295,15 +292,15 @@ class OpenFiles:
         self.read_threads = (
             read_threads if read_threads == "auto" else int(read_threads)
         )
-        self.max_open_files = file_lru.check_max_open(max_open_files)
+        self.max_open_files = _file_lru.check_max_open(max_open_files)
         self._reset()
         fork.in_child_of(self, OpenFiles._reset)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._lru = file_lru.FileLru(
+        self._lru = _file_lru.FileLru(
             functools.partial(open_member, self.files),
-            file_lru.resolve_max_open(self.max_open_files),
+            _file_lru.resolve_max_open(self.max_open_files),
         )
         self._local = threading.local()
         self._pool: ReadPool | None = None

@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io import _nodes as nodes
+from grain_cells.io import _nodes
 from grain_cells.io._nodes import file_name
 
 # anndata and pandas (0.7 s to import) are imported only where they are
@@ -67,12 +67,12 @@ def encoding_of(obj) -> str | None:
     return value
 
 
-_attr_str = nodes.attr_str
+_attr_str = _nodes.attr_str
 
 
 def is_legacy_frame(obj) -> bool:
     """Whether a dataframe is an anndata < 0.7 compound dataset."""
-    return nodes.is_array(obj) and np.dtype(obj.dtype).names is not None
+    return _nodes.is_array(obj) and np.dtype(obj.dtype).names is not None
 
 
 def var_group_name(element: str) -> str:
@@ -86,10 +86,10 @@ def var_group_name(element: str) -> str:
 
 def _element_length(obj) -> int | None:
     """Entries of a 1-D array element (dataset or encoded group), unread."""
-    if nodes.is_array(obj):
+    if _nodes.is_array(obj):
         return int(obj.shape[0]) if obj.ndim else None
     for key in ("values", "codes"):  # nullable-* arrays, categoricals
-        if key in obj and nodes.is_array(obj[key]):
+        if key in obj and _nodes.is_array(obj[key]):
             return int(obj[key].shape[0])
     return None
 
@@ -98,7 +98,7 @@ def n_rows(frame) -> int | None:
     """Rows of an obs/var dataframe, without reading it (None: unknown)."""
     if is_legacy_frame(frame):
         return int(frame.shape[0])
-    if not nodes.is_group(frame):
+    if not _nodes.is_group(frame):
         return None
     index = _attr_str(frame, "_index")
     if index is not None and index in frame:
@@ -126,11 +126,11 @@ def _frame_index(f, name: str) -> np.ndarray:
         table = _legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
     key = _attr_str(frame, "_index", "_index")
-    if not nodes.is_group(frame) or key not in frame:
+    if not _nodes.is_group(frame) or key not in frame:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = nodes.checked(frame[key], path)
+    index = _nodes.checked(frame[key], path)
     names = _plain_strings(index)
     if names is not None:
         return names
@@ -146,15 +146,15 @@ def _plain_strings(index) -> np.ndarray | None:
     pandas: about 0.7 s, most of a fresh process's first minibatch.
     """
     encoding = encoding_of(index)
-    if encoding == "nullable-string-array" and nodes.is_group(index):
+    if encoding == "nullable-string-array" and _nodes.is_group(index):
         mask = index.get("mask")
-        if not nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
+        if not _nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
             return None
         index = index.get("values")
     elif encoding not in ("string-array", None):
         return None
-    if nodes.is_array(index) and index.ndim == 1 and nodes.is_string_array(index):
-        return nodes.strings(index)
+    if _nodes.is_array(index) and index.ndim == 1 and _nodes.is_string_array(index):
+        return _nodes.strings(index)
     return None
 
 
@@ -194,7 +194,7 @@ def read_var_column(f, element: str, column: str):
     if is_legacy_frame(group):
         values = _legacy_column(f, _legacy_table(path, group), column)
     else:
-        nodes.checked(group[column], path)
+        _nodes.checked(group[column], path)
         values = _read_column(path, group, column)
     rows = n_rows(group)
     if rows is not None and len(values) != rows:
@@ -219,7 +219,7 @@ def frame_columns(group) -> list[str]:
     """Names of the columns of a stored obs or var dataframe."""
     if is_legacy_frame(group):
         return list(group.dtype.names[1:])
-    if not nodes.is_group(group):
+    if not _nodes.is_group(group):
         return []
     index = _attr_str(group, "_index", "_index")
     order = group.attrs.get("column-order")
@@ -299,7 +299,7 @@ def _check_column(f, name: str) -> None:
             f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
         )
     if not is_legacy_frame(f["obs"]):
-        nodes.checked(f["obs"][name], file_name(f))
+        _nodes.checked(f["obs"][name], file_name(f))
 
 
 def _obs_values(f, name: str):
@@ -321,26 +321,26 @@ def _plain_column(elem) -> ObsColumn | None:
     `read_elem`.
     """
     encoding = encoding_of(elem)
-    if encoding == "array" and nodes.is_array(elem):
+    if encoding == "array" and _nodes.is_array(elem):
         if elem.ndim != 1 or elem.dtype.kind not in "iuf":
             return None
         values = np.asarray(elem[...])
         if not values.dtype.isnative:
             values = values.astype(values.dtype.newbyteorder("="))
         return ObsColumn(values, None)
-    if encoding != "categorical" or not nodes.is_group(elem):
+    if encoding != "categorical" or not _nodes.is_group(elem):
         return None
     codes, categories = elem.get("codes"), elem.get("categories")
     if not (
-        nodes.is_array(codes)
-        and nodes.is_array(categories)
+        _nodes.is_array(codes)
+        and _nodes.is_array(categories)
         and codes.ndim == 1
         and categories.ndim == 1
         and codes.dtype.kind in "iu"
-        and nodes.is_string_array(categories)
+        and _nodes.is_string_array(categories)
     ):
         return None
-    labels = nodes.strings(categories)
+    labels = _nodes.strings(categories)
     values = np.asarray(codes[...])
     if values.size and (values.max() >= labels.size or values.min() < -1):
         return None  # let anndata's reader report it
@@ -356,13 +356,13 @@ def _read_column(path: str, group, name: str):
             # Legacy files are expected input; anndata's warning is not
             # actionable at every read.
             _quiet_old_format()
-            if nodes.is_array(elem) and "categories" in elem.attrs:
+            if _nodes.is_array(elem) and "categories" in elem.attrs:
                 # anndata < 0.8 stored codes here and categories under
                 # obs/__categories; only the whole-dataframe reader resolves
                 # that reference.
                 return read_elem(group)[name]
             if (
-                nodes.is_group(elem)
+                _nodes.is_group(elem)
                 and encoding_of(elem) is None
                 and {"codes", "categories"} <= set(elem)
             ):
@@ -386,7 +386,7 @@ def _legacy_column(f, table: np.ndarray, name: str):
 
     values = table[name]
     cats_name = f"uns/{name}_categories"
-    if cats_name in f and nodes.is_array(f[cats_name]):
+    if cats_name in f and _nodes.is_array(f[cats_name]):
         with warnings.catch_warnings():
             _quiet_old_format()
             cats = np.asarray(read_elem(f[cats_name])).reshape(-1)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io import _frames as frames
+from grain_cells.io import _frames
 from grain_cells.io._column_maps import ColumnMap
 from grain_cells.io._nodes import file_name
 
@@ -93,12 +93,12 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
             is not var's.
     """
     if genes_from is None:
-        return frames.read_var_names(f, element)
+        return _frames.read_var_names(f, element)
     import pandas as pd  # here only: Grain workers never align genes
 
     path = file_name(f)
     what = f"var column {genes_from!r}"
-    values = pd.Series(frames.read_var_column(f, element, genes_from))
+    values = pd.Series(_frames.read_var_column(f, element, genes_from))
     dtype = values.dtype
     if isinstance(dtype, pd.CategoricalDtype):
         dtype = dtype.categories.dtype

@@ -19,7 +19,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.formats import value_dtype
-from grain_cells.io import _nodes as nodes
+from grain_cells.io import _nodes
 from grain_cells.io._frames import (
     ObsColumn,
     encoding_of,
@@ -105,7 +105,7 @@ class MatrixInfo:
         )
 
 
-_get = nodes.get
+_get = _nodes.get
 
 
 def _locate(f, element: str) -> str:
@@ -145,7 +145,7 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
     element = _locate(f, element)
     obj = _get(f, element)
     if obj is None:
-        problem = nodes.element_problem(f, element)
+        problem = _nodes.element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = available_matrices(f)
@@ -158,9 +158,9 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         raise errors.MissingColumnError(
             f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
-    if nodes.is_group(obj):
+    if _nodes.is_group(obj):
         info = _inspect_sparse(path, element, obj)
-    elif nodes.is_array(obj):
+    elif _nodes.is_array(obj):
         if obj.ndim != 2:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} is a {obj.ndim}-D dataset; expected a 2-D "
@@ -207,8 +207,8 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             "'csr_matrix' (sparse) or a dense 2-D dataset"
         )
     for name in ("data", "indices", "indptr"):
-        if not nodes.is_array(_get(obj, name)):
-            problem = nodes.element_problem(obj, f"{element}/{name}")
+        if not _nodes.is_array(_get(obj, name)):
+            problem = _nodes.element_problem(obj, f"{element}/{name}")
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
             raise errors.AnnDataFormatError(
@@ -250,7 +250,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
         _check_storage(path, dataset)
     try:
         ends = [
-            nodes.read(indptr, row, path, (row, row + 1))
+            _nodes.read(indptr, row, path, (row, row + 1))
             for row in ((0, n_obs) if n_obs else (0,))
         ]
     except errors.CorruptChunkError:  # the format named the damaged chunk
@@ -272,7 +272,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
 
 def _check_storage(path: str, dataset) -> None:
     """The format's storage checks of an array (HDF5: links, filters)."""
-    nodes.check_storage(path, dataset)
+    _nodes.check_storage(path, dataset)
 
 
 def _chunk_bytes(dataset) -> int | None:
@@ -280,7 +280,7 @@ def _chunk_bytes(dataset) -> int | None:
 
     A sharded array's chunk is its inner chunk (the unit decoded).
     """
-    return nodes.chunk_bytes(dataset)
+    return _nodes.chunk_bytes(dataset)
 
 
 def available_matrices(f) -> list[str]:
@@ -288,9 +288,9 @@ def available_matrices(f) -> list[str]:
     found = []
     if "X" in f:
         found.append("X")
-    if "layers" in f and nodes.is_group(f["layers"]):
+    if "layers" in f and _nodes.is_group(f["layers"]):
         found += [f"layers/{k}" for k in sorted(f["layers"].keys())]
-    if "raw" in f and nodes.is_group(f["raw"]) and "X" in f["raw"]:
+    if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
         found.append("raw/X")
     if "raw.X" in f:
         found.append("raw.X")

@@ -29,8 +29,8 @@ import os
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io import _nodes as nodes
-from grain_cells.storage._identity import FileStat
+from grain_cells.io import _nodes
+from grain_cells.storage import FileStat
 
 # Evenly spaced samples: indptr entries and value windows (chunks located:
 # the format's, `Format.array_layout`).
@@ -73,10 +73,10 @@ class FileIdentity:
         return cls(
             os.fspath(path),
             element,
-            nodes.stat_of(f, path) if stat is None else stat,
+            _nodes.stat_of(f, path) if stat is None else stat,
             layout_digest(f, element),
             sample_digest(f, element),
-            nodes.format_of(f).recorded_format(),
+            _nodes.format_of(f).recorded_format(),
         )
 
     def content(self) -> dict:
@@ -122,7 +122,7 @@ class FileIdentity:
 
 def _datasets(f, element: str) -> list:
     obj = f[element]
-    if nodes.is_array(obj):
+    if _nodes.is_array(obj):
         return [obj]
     return [obj[k] for k in ("data", "indices", "indptr") if k in obj]
 
@@ -138,18 +138,18 @@ def layout_digest(f, element: str) -> str:
     """
     obj = f[element]
     parts: list = [element]
-    group = not nodes.is_array(obj)
+    group = not _nodes.is_array(obj)
     if group:
         parts.append(np.asarray(obj.attrs.get("shape", ())).tolist())
         parts.append(str(obj.attrs.get("encoding-type", "")))
     for ds in _datasets(f, element):
-        parts.append(nodes.format_of(ds).array_layout(ds))
+        parts.append(_nodes.format_of(ds).array_layout(ds))
     if group and "indptr" in obj:
         ptr = obj["indptr"]
         n = ptr.shape[0]
         if n:
             at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
-            picked = nodes.read(ptr, at, nodes.file_name(f), (int(at[0]), n))
+            picked = _nodes.read(ptr, at, _nodes.file_name(f), (int(at[0]), n))
             parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -161,7 +161,7 @@ def sample_digest(f, element: str) -> str:
     `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
     """
     digest = hashlib.sha256(element.encode())
-    path = nodes.file_name(f)
+    path = _nodes.file_name(f)
     for ds in _datasets(f, element):
         if ds.name.endswith("indptr") or not ds.shape or not ds.shape[0]:
             continue
@@ -171,9 +171,9 @@ def sample_digest(f, element: str) -> str:
         )
         for a in starts.tolist():
             if ds.ndim == 1:
-                window = nodes.read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
+                window = _nodes.read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
             else:
-                window = nodes.read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
+                window = _nodes.read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
             digest.update(np.ascontiguousarray(window).tobytes())
     return digest.hexdigest()
 

@@ -18,7 +18,7 @@ import pathlib
 import numpy as np
 
 from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
 
@@ -93,7 +93,9 @@ def file_obs(
                 # Another process may have written it while this one waited.
                 mapped = None if path is None else _load(path, column, n_obs)
                 if mapped is None:
-                    values = column.file_values(i, h5ad.read_obs_column(f, name), n_obs)
+                    values = column.file_values(
+                        i, _h5ad.read_obs_column(f, name), n_obs
+                    )
                     if path is not None:
                         mapped = _store(path, values, column, n_obs)
                     if mapped is None:

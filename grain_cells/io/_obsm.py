@@ -17,8 +17,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.formats import value_dtype
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _nodes as nodes
+from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._frames import encoding_of, n_rows
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
 from grain_cells.io._nodes import file_name
@@ -33,7 +32,7 @@ def obsm_element(name: str) -> str:
 
 def _keys(obsm) -> list[str]:
     """Keys of an `obsm` group or compound dataset (for messages)."""
-    if nodes.is_array(obsm):
+    if _nodes.is_array(obsm):
         return list(obsm.dtype.names or ())
     return sorted(obsm.keys())
 
@@ -53,7 +52,7 @@ def _field_shape(path: str, name: str, ds) -> tuple[int, np.dtype]:
     return (int(shape[0]) if shape else 1), sub.base
 
 
-def inspect_obsm(f, element: str) -> h5ad.MatrixInfo:
+def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
     """Locates and checks the `obsm` array at `element` (`obsm/<name>`).
 
     Reads only attributes, shapes and dtypes.
@@ -68,7 +67,7 @@ def inspect_obsm(f, element: str) -> h5ad.MatrixInfo:
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
-    legacy = nodes.is_array(obsm)
+    legacy = _nodes.is_array(obsm)
     present = obsm is not None and (
         name in (obsm.dtype.names or ()) if legacy else name in obsm
     )
@@ -81,13 +80,13 @@ def inspect_obsm(f, element: str) -> h5ad.MatrixInfo:
     if legacy:
         width, dtype = _field_shape(path, name, obsm)
         n_obs = int(obsm.shape[0])
-        nodes.check_storage(path, obsm)
+        _nodes.check_storage(path, obsm)
     else:
         ds = obsm[name]
-        if not nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
+        if not _nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
             found = (
                 f"a {ds.ndim}-D {ds.dtype} dataset of shape {ds.shape}"
-                if nodes.is_array(ds)
+                if _nodes.is_array(ds)
                 else f"a group (encoding {encoding_of(ds)!r}: a dataframe "
                 "or sparse matrix)"
             )
@@ -95,21 +94,21 @@ def inspect_obsm(f, element: str) -> h5ad.MatrixInfo:
                 f"{path}: obsm/{name} is {found}; expected a dense 2-D numeric "
                 "array of one row per cell and k columns"
             )
-        nodes.check_storage(path, ds)
+        _nodes.check_storage(path, ds)
         n_obs, width, dtype = int(ds.shape[0]), int(ds.shape[1]), ds.dtype
     if obs_rows is not None and n_obs != obs_rows:
         raise errors.AnnDataFormatError(
             f"{path}: obsm/{name} has {n_obs} rows but obs has {obs_rows}; "
             "expected one row per cell"
         )
-    return h5ad.MatrixInfo(path, element, h5ad.DENSE, n_obs, width, dtype, None)
+    return _h5ad.MatrixInfo(path, element, _h5ad.DENSE, n_obs, width, dtype, None)
 
 
-def inspect_element(f, element: str) -> h5ad.MatrixInfo:
+def inspect_element(f, element: str) -> _h5ad.MatrixInfo:
     """`inspect_obsm` for `obsm/<name>`, else `h5ad.inspect_matrix`."""
     if element.startswith(OBSM):
         return inspect_obsm(f, element)
-    return h5ad.inspect_matrix(f, element)
+    return _h5ad.inspect_matrix(f, element)
 
 
 class FieldReader:
@@ -119,10 +118,10 @@ class FieldReader:
     `RangeReader`), then the field is copied out in its value dtype.
     """
 
-    def __init__(self, dataset, info: h5ad.MatrixInfo, fd):
+    def __init__(self, dataset, info: _h5ad.MatrixInfo, fd):
         self.info = info
         self._field = info.element[len(OBSM) :]
-        self._records = nodes.range_reader(dataset, info.path, fd)
+        self._records = _nodes.range_reader(dataset, info.path, fd)
         self.dtype = value_dtype(info.dtype)
 
     @property
@@ -156,13 +155,13 @@ class FieldReader:
 
 
 def element_reader(
-    f, info: h5ad.MatrixInfo, fd
+    f, info: _h5ad.MatrixInfo, fd
 ) -> CsrReader | DenseReader | FieldReader:
     """The reader of row ranges of the element `info` describes, in `f`."""
-    if info.element.startswith(OBSM) and nodes.is_array(f["obsm"]):
+    if info.element.startswith(OBSM) and _nodes.is_array(f["obsm"]):
         return FieldReader(f["obsm"], info, fd)
     element = f[info.element]
-    if info.encoding == h5ad.CSR:
+    if info.encoding == _h5ad.CSR:
         return CsrReader(element, info, fd)
     return DenseReader(element, info, fd)
 

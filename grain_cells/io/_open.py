@@ -16,10 +16,10 @@ import os
 import pathlib
 
 from grain_cells import errors, formats
-from grain_cells.io import _nodes as nodes
+from grain_cells.io import _nodes
 from grain_cells.io._frames import encoding_of
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url, local_path
 
 
 def open_file(
@@ -66,9 +66,9 @@ def check_anndata(f, path: str) -> None:
         errors.UnsupportedLayoutError: A MuData file.
         errors.AnnDataFormatError: No `obs`/`var` at the root.
     """
-    mod = nodes.get(f, "mod")
-    if encoding_of(f) == "MuData" or nodes.is_group(mod):
-        modalities = sorted(mod.keys()) if nodes.is_group(mod) else []
+    mod = _nodes.get(f, "mod")
+    if encoding_of(f) == "MuData" or _nodes.is_group(mod):
+        modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []
         f.close()
         first = modalities[0] if modalities else "rna"
         raise errors.UnsupportedLayoutError(
@@ -82,7 +82,7 @@ def check_anndata(f, path: str) -> None:
     if missing:
         found = sorted(f.keys())
         f.close()
-        kind = nodes.description(f)
+        kind = _nodes.description(f)
         raise errors.AnnDataFormatError(
             f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
@@ -98,12 +98,7 @@ def resolve_paths(paths) -> list[str]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     # URLs of objects stay as they are; file:// URLs become local paths.
-    out = [
-        p
-        if object_store.is_url(p)
-        else os.fspath(pathlib.Path(object_store.local_path(p)))
-        for p in paths
-    ]
+    out = [p if is_url(p) else os.fspath(pathlib.Path(local_path(p))) for p in paths]
     if not out:
         raise ValueError(
             "paths is empty: expected one or more .h5ad files or zarr stores"

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import _h5ad
 from grain_cells.io._cells import Cells, take_csr
 from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
@@ -106,7 +106,7 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
         dense = buf.get(
             "aligned_dense",
             (row_ids.size, files_.num_genes),
-            np.result_type(*(h5ad.value_dtype(r.info.dtype) for r in readers)),
+            np.result_type(*(_h5ad.value_dtype(r.info.dtype) for r in readers)),
         )
         r_ = 0
         for reader, (a, b), column_map in zip(readers, local, maps, strict=True):

@@ -6,7 +6,12 @@ from grain_cells.outputs._formats import (
     Fetch,
     Output,
     PaddedSparseOutput,
+    dtype_name,
+    fingerprint_of,
+    format_with,
+    zeros,
 )
+from grain_cells.outputs._padded import TruncationReport
 
 __all__ = [
     "CsrOutput",
@@ -14,7 +19,12 @@ __all__ = [
     "Fetch",
     "Output",
     "PaddedSparseOutput",
+    "TruncationReport",
     "densify",
+    "dtype_name",
+    "fingerprint_of",
+    "format_with",
+    "zeros",
 ]
 
 

@@ -17,8 +17,7 @@ import dataclasses
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io._cells import take_csr
-from grain_cells.io._matrix import CsrRows
+from grain_cells.io import CsrRows, take_csr
 from grain_cells.outputs._padded import TRUNCATE, PaddedSparseOutput
 from grain_cells.outputs._protocol import (
     Fetch,

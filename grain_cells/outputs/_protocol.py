@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from grain_cells.io._matrix import CsrRows
+from grain_cells.io import CsrRows
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from grain_cells.io._matrix import RowBuffer
+from grain_cells.io import RowBuffer
 
 SAMPLE_CELLS = 4096
 """Cells (at most) whose stored values decide a fitted width."""

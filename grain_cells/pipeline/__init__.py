@@ -6,9 +6,11 @@ from grain_cells.pipeline._extra import Layer, Obsm
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
 from grain_cells.pipeline._loader import CheckedIterator, DataLoader, obs_frame
+from grain_cells.pipeline._state_checks import STAMP
 
 __all__ = [
     "READ_OPTIONS",
+    "STAMP",
     "CellDataset",
     "CellIterator",
     "CheckedIterator",

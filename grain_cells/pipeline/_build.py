@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 
 from grain import sharding
 
-from grain_cells.blocks._splits import split_by_fraction
-from grain_cells.outputs._formats import Output
+from grain_cells.blocks import split_by_fraction
+from grain_cells.outputs import Output
 from grain_cells.pipeline._config import make_split
 from grain_cells.pipeline._dataset import CellDataset
 from grain_cells.pipeline._grain_ops import fetch_operations
 from grain_cells.pipeline._loader import DataLoader
-from grain_cells.sampling._samplers import BlockSampler
-from grain_cells.source._source import AnnDataSource
+from grain_cells.sampling import BlockSampler
+from grain_cells.source import AnnDataSource
 
 
 def cell_dataset(

@@ -16,12 +16,12 @@ import math
 import warnings
 
 from grain_cells._util import arguments
-from grain_cells.outputs._formats import CsrOutput, Output
+from grain_cells.outputs import CsrOutput, Output
 from grain_cells.pipeline._extra import check_output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
-from grain_cells.sampling._conditions import ConditionBlockSampler
-from grain_cells.source import _chunk_grid as chunk_grid
-from grain_cells.source._source import AnnDataSource
+from grain_cells.sampling import ConditionBlockSampler
+from grain_cells.source import AnnDataSource
+from grain_cells.source import default_fetch_factor as chunk_fetch_factor
 
 
 def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
@@ -69,9 +69,7 @@ def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
     """
     if source.fetch_blocks is None:
         return 16
-    return chunk_grid.default_fetch_factor(
-        batch_size, source.block_size, source.fetch_blocks
-    )
+    return chunk_fetch_factor(batch_size, source.block_size, source.fetch_blocks)
 
 
 def make_split(

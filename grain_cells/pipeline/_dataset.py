@@ -25,14 +25,14 @@ import grain
 from grain import sharding
 
 from grain_cells._util import arguments, cores
-from grain_cells.outputs._padded import TruncationReport
-from grain_cells.pipeline import _state_checks as state_checks
+from grain_cells.outputs import TruncationReport
+from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._config import check_condition_sampler, check_same_source
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, plan_minibatches
-from grain_cells.sampling._samplers import check_sampler_fits
+from grain_cells.sampling import check_sampler_fits
 
 __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
 
@@ -102,7 +102,7 @@ class CellDataset(grain.IterDataset):
             "readahead_cells", readahead_cells, minimum=0
         )
         self.after = tuple(after)
-        self.stamp = state_checks.stamp(source, sampler, split)
+        self.stamp = _state_checks.stamp(source, sampler, split)
         self.truncation = truncation_report(split)  # warns once per loader
         self._epoch = 0
         self._length = (-1, 0)  # (epoch, its len())

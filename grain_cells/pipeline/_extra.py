@@ -20,16 +20,17 @@ import functools
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _range_reads as range_reads
-from grain_cells.io._element_files import element_files
-from grain_cells.io._file_set import OpenFiles
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._obsm import obsm_element
-from grain_cells.io._range_reads import FetchedRows
-from grain_cells.outputs import _formats as formats
-from grain_cells.outputs._formats import CsrOutput, Fetch, Output
-from grain_cells.source._source import AnnDataSource
+from grain_cells.io import (
+    FetchedRows,
+    OpenFiles,
+    RowBuffer,
+    element_files,
+    fetch_ranges,
+    matrix_element,
+    obsm_element,
+)
+from grain_cells.outputs import CsrOutput, Fetch, Output, dtype_name, fingerprint_of
+from grain_cells.source import AnnDataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Layer:
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "output": formats.fingerprint_of(self.output),
+            "output": fingerprint_of(self.output),
         }
 
 
@@ -79,7 +80,7 @@ class Obsm:
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "dtype": formats.dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
         }
 
 
@@ -99,7 +100,7 @@ class _ElementReader:
         self._handles = OpenFiles(self.files, source.read_threads)
 
     def _fetch(self, starts, stops, buffer: RowBuffer | None) -> FetchedRows:
-        return range_reads.fetch_ranges(
+        return fetch_ranges(
             self._handles,
             self.cell_offsets,
             starts,
@@ -125,7 +126,7 @@ class LayerReader(_ElementReader):
     """
 
     def __init__(self, source: AnnDataSource, spec: Layer):
-        super().__init__(source, spec, h5ad.matrix_element(spec.name))
+        super().__init__(source, spec, matrix_element(spec.name))
         fit = getattr(spec.output, "fit_to_source", None)
         if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
             read = functools.partial(self.fetch, key=0)

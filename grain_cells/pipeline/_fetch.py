@@ -25,11 +25,10 @@ import numpy as np
 
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.outputs import _formats as outputs
-from grain_cells.outputs._formats import Fetch, Output
-from grain_cells.pipeline import _extra as matrices
-from grain_cells.source._source import AnnDataSource
+from grain_cells.io import RowBuffer
+from grain_cells.outputs import Fetch, Output, fingerprint_of, format_with, zeros
+from grain_cells.pipeline import _extra
+from grain_cells.source import AnnDataSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +121,7 @@ class SplitFetch:
         if callable(fit):
             config = dataclasses.replace(config, output=fit(source))
         self.config = config
-        self.extra = matrices.readers(source, extra)
+        self.extra = _extra.readers(source, extra)
         self._buffers: list = []
 
     def __repr__(self) -> str:
@@ -142,7 +141,7 @@ class SplitFetch:
         """
         return {
             "fetch": self.config.fingerprint(),
-            "output": outputs.fingerprint_of(self.config.output),
+            "output": fingerprint_of(self.config.output),
             "extra": {k: r.spec.fingerprint() for k, r in self.extra.items()},
         }
 
@@ -246,7 +245,7 @@ class SplitFetch:
         read = read[np.argsort(read[:, 2], kind="stable")]
         out = {}
         for name, reader in self.extra.items():
-            if isinstance(reader, matrices.ObsmReader):
+            if isinstance(reader, _extra.ObsmReader):
                 out[name] = reader.read(read[:, 2], read[:, 3])
             else:
                 out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
@@ -263,7 +262,7 @@ class SplitFetch:
         cfg = self.config
         m = cfg.batch_size
         n_real = rows.size
-        batch = outputs.format_with(cfg.output, fetched.fetch, rows, m, empty)
+        batch = format_with(cfg.output, fetched.fetch, rows, m, empty)
         row_ids = empty((m,), np.int64)
         row_ids[:n_real] = fetched.fetch.row_ids[rows]
         row_ids[n_real:] = -1
@@ -280,17 +279,17 @@ class SplitFetch:
                 dtype = np.float32
             else:
                 dtype = values.dtype  # numeric columns keep theirs (int64 stays)
-            col = outputs.zeros(empty, (m,), dtype)
+            col = zeros(empty, (m,), dtype)
             col[:n_real] = values[rows]
             batch[f"obs/{name}"] = col
         for name, part in fetched.extra.items():
             if isinstance(part, np.ndarray):  # an obsm array
-                values = outputs.zeros(empty, (m, part.shape[1]), part.dtype)
+                values = zeros(empty, (m, part.shape[1]), part.dtype)
                 values[:n_real] = part[rows]
                 batch[name] = values
                 continue
             spec = self.extra[name].spec
-            formatted = outputs.format_with(spec.output, part, rows, m, empty)
+            formatted = format_with(spec.output, part, rows, m, empty)
             for k, v in formatted.items():
                 batch[f"{name}/{k}"] = v
         return batch

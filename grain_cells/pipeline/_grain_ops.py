@@ -42,15 +42,23 @@ import os
 import grain
 import numpy as np
 
-from grain_cells.outputs._formats import Output
-from grain_cells.outputs._padded import TruncationReport
+from grain_cells.outputs import Output, TruncationReport
 from grain_cells.pipeline._config import make_split
 from grain_cells.pipeline._dataset import truncation_report
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
-from grain_cells.source._source import AnnDataSource
-from grain_cells.transport import _main_guard as main_guard
-from grain_cells.transport import _send
-from grain_cells.transport import _worker as worker_process
+from grain_cells.source import AnnDataSource
+from grain_cells.transport import (
+    allow_unparsed_flags,
+    check_main_guard,
+    fetch_starting,
+    in_child_process,
+    in_worker,
+    main_guard_error,
+    main_thread_site,
+    ring_for,
+    send,
+    worker_init,
+)
 
 
 class GroupBlocks:
@@ -101,8 +109,8 @@ class GrainFetch(grain.experimental.FlatMapTransform):
     def __getstate__(self):
         global _UNGUARDED_SITE
         site = _UNGUARDED_SITE
-        if site is None and not worker_process.in_child_process():
-            site = main_guard.main_thread_site()
+        if site is None and not in_child_process():
+            site = main_thread_site()
         if site is not None:
             # Sticky: Grain starts its workers from several threads; once one
             # is refused, the main thread unwinds and may have left the
@@ -112,7 +120,7 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             # would re-run the script's top level and die (see _main_guard).
             # Grain pickles again to find what failed, while handling the
             # first refusal: `from None`, so the user reads one message.
-            raise main_guard.main_guard_error(
+            raise main_guard_error(
                 "grain.DataLoader(..., operations=fetch_operations(...)) with "
                 "worker processes",
                 site,
@@ -128,20 +136,20 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         # Grain sends the operations to its workers pickled: unpickled in such
         # a child (not merely copied within one process), this is a worker.
         if pickled_in != os.getpid():
-            _send.worker_init()
+            worker_init()
 
     def flat_map(self, blocks: np.ndarray) -> Minibatches | _Sent:
         """Reads the fetch's blocks; returns its minibatches (built lazily)."""
         if not self._checked:
             self._check_blocks(blocks)
             self._checked = True
-        _send.fetch_starting()
+        fetch_starting()
         batches = self.split.read(blocks)
         if self._report is None:
             # Grain gives this spelling no hook in the trainer: with workers,
             # each worker reports what it formats (once per worker).
             self._report = truncation_report(self.split)
-        if _send.in_worker():
+        if in_worker():
             return _Sent(batches, self._report)
         return _Reported(batches, self._report) if self._report else batches
 
@@ -174,7 +182,7 @@ class _Sent:
     def __init__(self, batches: Minibatches, report: TruncationReport):
         self._batches = batches
         self._report = report
-        self._ring = _send.ring_for(len(batches))
+        self._ring = ring_for(len(batches))
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -182,7 +190,7 @@ class _Sent:
     def __getitem__(self, i: int):
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        return _send.send(self._format, i % len(self), self._ring)
+        return send(self._format, i % len(self), self._ring)
 
     def _format(self, i: int, empty) -> dict:
         batch = self._batches.format(i, empty)
@@ -258,13 +266,13 @@ def fetch_operations(
             whole number of minibatches. While iterating: the loader's
             `data_source` is another source or view than `source`.
     """
-    if worker_process.in_child_process():
+    if in_child_process():
         # A spawned worker importing a script whose top level builds the
         # pipeline: say so once, instead of workers dying one by one.
-        main_guard.check_main_guard("a grain_cells pipeline with worker processes")
+        check_main_guard("a grain_cells pipeline with worker processes")
     else:
         # Grain reads an absl flag when it starts worker processes.
-        worker_process.allow_unparsed_flags()
+        allow_unparsed_flags()
     split = make_split(
         source,
         batch_size=batch_size,

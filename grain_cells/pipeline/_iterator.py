@@ -18,14 +18,18 @@ import weakref
 import grain
 
 from grain_cells.errors import IteratorClosedError
-from grain_cells.pipeline import _state_checks as state_checks
+from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._resume import Position, hand_over
 from grain_cells.pipeline._stage import ReadFetch, plan_minibatches
-from grain_cells.transport import _ring as transport
-from grain_cells.transport import _send, _shm_names
-from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._children import WorkerWatch, death_error
-from grain_cells.transport._main_guard import check_main_guard
+from grain_cells.transport import (
+    WorkerWatch,
+    allow_unparsed_flags,
+    check_main_guard,
+    death_error,
+    release_dead_rings,
+    remove_stale,
+    worker_init,
+)
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -74,7 +78,7 @@ class CellIterator(grain.DatasetIterator):
         self._watch: WorkerWatch | None = None  # its workers, once started
         self._total: tuple | None = None  # (plan, its minibatches) for len()
         # Names of trainers and workers that were killed (any loader sweeps).
-        _shm_names.remove_stale()
+        remove_stale()
 
     # -- iteration --------------------------------------------------------
 
@@ -87,14 +91,14 @@ class CellIterator(grain.DatasetIterator):
             # The pipeline owns the worker side: guard, flags, and what each
             # worker sets up (`_send.worker_init`).
             check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
-            worker_process.allow_unparsed_flags()
+            allow_unparsed_flags()
             self._watch = WorkerWatch(ds.worker_count)
             chain = chain.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=ds.worker_count,
                     per_worker_buffer_size=ds.worker_buffer_size,
                 ),
-                worker_init_fn=_send.worker_init,
+                worker_init_fn=worker_init,
             )
             atexit.unregister(_close_running)  # registered once
             atexit.register(_close_running)
@@ -240,9 +244,9 @@ class CellIterator(grain.DatasetIterator):
                 inner.close()
         if self._taken:  # the rest of a worker's fetch: its slots' leases
             self._batches = None
-        transport.release_dead_rings()
+        release_dead_rings()
         if self._watch is not None:  # names of workers that were killed
-            _shm_names.remove_stale()
+            remove_stale()
 
     def close(self) -> None:
         """Stops the workers and frees their shared memory, for good.
@@ -283,7 +287,7 @@ class CellIterator(grain.DatasetIterator):
     def get_state(self) -> dict:
         """The position (JSON-ready, with the epoch) and the pipeline's stamp."""
         position = self._settled().to_json()
-        return {state_checks.STAMP: self._ds.stamp, "position": position}
+        return {_state_checks.STAMP: self._ds.stamp, "position": position}
 
     def set_state(self, state: dict) -> None:
         """Restores a state saved by this pipeline under any worker count.
@@ -300,7 +304,7 @@ class CellIterator(grain.DatasetIterator):
         if self._failure is _CLOSED:
             raise self._refusal()
         ds = self._ds
-        saved = state_checks.check_state(
+        saved = _state_checks.check_state(
             state, ds.stamp, ds.sampler, ds.source, ds.split
         )
         verify = getattr(ds.source, "verify_files", None)
@@ -308,7 +312,7 @@ class CellIterator(grain.DatasetIterator):
             verify("when an iterator state was restored")
         shard = ds.shard
         if (saved.count, saved.index) != (shard.shard_count, shard.shard_index):
-            state_checks.check_hand_over(saved, ds.split)
+            _state_checks.check_hand_over(saved, ds.split)
             saved = hand_over(
                 saved,
                 ds.sampler,

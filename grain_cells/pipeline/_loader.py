@@ -48,8 +48,7 @@ from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterato
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch
 from grain_cells.source import AnnDataSource
-from grain_cells.transport import _worker as worker_process
-from grain_cells.transport._main_guard import check_main_guard
+from grain_cells.transport import allow_unparsed_flags, check_main_guard
 
 __all__ = [
     "READ_OPTIONS",
@@ -139,7 +138,7 @@ class DataLoader:
                 f"operations={operations!r} ({type(operations).__name__})"
             )
         if worker_count:
-            worker_process.allow_unparsed_flags()
+            allow_unparsed_flags()
         split, after = _split_of(operations)
         per_fetch = split.config.fetch_factor
         self._dataset = CellDataset(

@@ -18,8 +18,8 @@ import math
 import grain
 import numpy as np
 
-from grain_cells.sampling._stream import BlockStream
-from grain_cells.transport import _send
+from grain_cells.sampling import BlockStream
+from grain_cells.transport import fetch_starting, in_worker, send_all
 
 # Most fetches the stage hints ahead (see `ReadFetch.__init__`).
 MAX_AHEAD_FETCHES = 64
@@ -213,13 +213,13 @@ class ReadFetch(grain.transforms.Map):
     def map(self, n):
         """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
         n = int(n)
-        _send.fetch_starting()
+        fetch_starting()
         batches = self.split.read(fetch_blocks(self.split.source, self._keys_of(n)))
         self._read_ahead(n)
-        if not _send.in_worker():
+        if not in_worker():
             return batches
         # Each minibatch is written into a slot as soon as it is formatted.
-        return _send.send_all(batches.format, len(batches))
+        return send_all(batches.format, len(batches))
 
     def _read_ahead(self, n: int) -> None:
         if not self.ahead:

@@ -15,7 +15,7 @@ import json
 import re
 
 from grain_cells.errors import CheckpointMismatchError
-from grain_cells.io import _identity as identity
+from grain_cells.io import source_identity
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
 
@@ -41,10 +41,7 @@ def stamp(source, sampler, split) -> dict:
         The stamp (see the design notes) as JSON values, as a saved
         state reads back.
     """
-    if hasattr(source, "file_identity"):
-        data = identity.source_identity(source)
-    else:
-        data = repr(source)
+    data = source_identity(source) if hasattr(source, "file_identity") else repr(source)
     # A user's sampler without `fingerprint()`: its repr, less the shard.
     fingerprint = getattr(sampler, "fingerprint", None)
     if callable(fingerprint):

@@ -17,10 +17,15 @@ from collections.abc import Sequence
 import h5py
 
 from grain_cells import errors
-from grain_cells.io import _frames as io_frames
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _nodes as nodes
-from grain_cells.io._open import open_file
+from grain_cells.io import (
+    CSR,
+    encoding_of,
+    is_array,
+    is_group,
+    matrix_element,
+    open_file,
+    read_elem,
+)
 
 KINDS = ("layers", "raw", "obsm", "varm", "varp", "uns")
 """The names `keep` takes (and `layers/<name>`, `obsm/<name>`)."""
@@ -58,17 +63,17 @@ class Carry:
 
 def _kind(obj) -> str:
     """`_MATRIX`, `_FRAME`, or why it cannot be carried (h5py or zarr node)."""
-    if nodes.is_array(obj):
+    if is_array(obj):
         if obj.ndim == 2 and obj.dtype.kind in "biuf":
             return _MATRIX
         return f"a {obj.ndim}-D {obj.dtype} dataset"
-    enc = io_frames.encoding_of(obj)
+    enc = encoding_of(obj)
     if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
         fmt = obj.attrs["h5sparse_format"]
-        enc = {"csr": h5ad.CSR, "csc": "csc_matrix"}.get(
+        enc = {"csr": CSR, "csc": "csc_matrix"}.get(
             fmt.decode() if isinstance(fmt, bytes) else str(fmt)
         )
-    if enc == h5ad.CSR:
+    if enc == CSR:
         return _MATRIX
     if enc == "dataframe":
         return _FRAME
@@ -81,7 +86,7 @@ def _inventory(f) -> dict:
     out = {}
     for kind in ("layers", "obsm", "obsp"):
         group = f.get(kind)
-        if nodes.is_group(group):
+        if is_group(group):
             out[kind] = {k: _kind(group[k]) for k in group}
         elif isinstance(group, h5py.Dataset) and group.dtype.names:  # anndata < 0.7
             out[kind] = dict.fromkeys(group.dtype.names, _MATRIX)
@@ -89,12 +94,12 @@ def _inventory(f) -> dict:
             out[kind] = {}
     out["X"] = "X" in f
     raw = f.get("raw")
-    out["raw"] = (nodes.is_group(raw) and "X" in raw) or "raw.X" in f
+    out["raw"] = (is_group(raw) and "X" in raw) or "raw.X" in f
     for kind in ("uns", "varm", "varp"):
         group = f.get(kind)
-        out[kind] = nodes.is_group(group) and any(True for _ in group)
-    raw_varm = raw.get("varm") if nodes.is_group(raw) else None
-    out["raw/varm"] = nodes.is_group(raw_varm) and any(True for _ in raw_varm)
+        out[kind] = is_group(group) and any(True for _ in group)
+    raw_varm = raw.get("varm") if is_group(raw) else None
+    out["raw/varm"] = is_group(raw_varm) and any(True for _ in raw_varm)
     return out
 
 
@@ -146,7 +151,7 @@ def choose(
     for path in paths:
         with open_file(path, storage_options) as f:
             found.append(_inventory(f))
-    x_element = h5ad.matrix_element(layer)
+    x_element = matrix_element(layer)
     x_is_raw = x_element == "raw/X"
     carry = Carry()
 
@@ -234,7 +239,7 @@ def read_obsm_frame(path: str, key: str, storage_options: dict):
     """An input's `obsm/<key>` dataframe (pandas), with a clear error."""
     with open_file(path, storage_options) as f:
         try:
-            return io_frames.read_elem(f["obsm"][key])
+            return read_elem(f["obsm"][key])
         except Exception as e:
             raise errors.AnnDataFormatError(
                 f"{path}: obsm/{key} cannot be read as an anndata dataframe "

@@ -26,9 +26,9 @@ import shutil
 
 import h5py
 
-from grain_cells.io import _h5ad as h5ad
+from grain_cells.io import inspect_matrix, open_file
 from grain_cells.preshuffle._plan import FORMAT, Plan
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""
@@ -44,14 +44,14 @@ def completed_marker(
     path: pathlib.Path | str, plan: Plan, index: int, storage_options=None
 ) -> dict | None:
     """The part's marker if `path` (or a URL) is a complete part of this run."""
-    if not object_store.is_url(path) and not pathlib.Path(path).is_file():
+    if not is_url(path) and not pathlib.Path(path).is_file():
         return None
     try:
         with open_part(path, storage_options) as f:
             marker = matching_marker(f.attrs.get(MARKER_ATTR), plan, index)
             if marker is None:
                 return None
-            info = h5ad.inspect_matrix(f, "X")
+            info = inspect_matrix(f, "X")
             if info.n_obs != marker.get("cells") or info.nnz != marker.get("nnz"):
                 return None
             return marker
@@ -75,7 +75,7 @@ def matching_marker(raw, plan: Plan, index: int) -> dict | None:
 
 def open_part(path, storage_options=None) -> h5py.File:
     """Opens an output part (a local file or, by URL, an object) read-only."""
-    return h5ad.open_file(path, storage_options)
+    return open_file(path, storage_options)
 
 
 def create_temporary(directory: pathlib.Path, name: str):

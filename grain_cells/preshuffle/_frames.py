@@ -17,10 +17,15 @@ import numpy as np
 import pandas as pd
 
 from grain_cells import errors
-from grain_cells.io import _frames as io_frames
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _nodes as nodes
-from grain_cells.preshuffle import _carry as carry
+from grain_cells.io import (
+    is_array,
+    open_file,
+    read_elem,
+    read_obs_names,
+    read_obs_values,
+    write_elem,
+)
+from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._plan import Plan
 
 
@@ -30,11 +35,11 @@ def read_obs(
     """The chosen obs columns of all inputs, concatenated, with obs names."""
     names, per_column = [], {c: [] for c in columns}
     for path in paths:
-        with h5ad.open_file(path, storage_options) as f:
+        with open_file(path, storage_options) as f:
             try:
-                names.append(io_frames.read_obs_names(f))
+                names.append(read_obs_names(f))
                 for c in columns:
-                    values = io_frames.read_obs_values(f, c)
+                    values = read_obs_values(f, c)
                     if isinstance(values, pd.Series):
                         values = values.array
                     per_column[c].append(pd.Series(values))
@@ -79,10 +84,10 @@ def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
 
 
 def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
-    with h5ad.open_file(path, storage_options) as f:
+    with open_file(path, storage_options) as f:
         group = f["raw/var"] if element == "raw/X" else f["var"]
         try:
-            var = io_frames.read_elem(group)
+            var = read_elem(group)
         except Exception as e:
             raise errors.AnnDataFormatError(
                 f"{path}: {group.name} cannot be read as an anndata dataframe "
@@ -120,7 +125,7 @@ def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
 
 def write_frames(f, obs: pd.DataFrame, var: pd.DataFrame) -> None:
     """Writes an AnnData skeleton (obs, var, no X) into an open file or zarr group."""
-    io_frames.write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
+    write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
 
 
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
@@ -168,7 +173,7 @@ class Extras:
         obsm = {}
         for key in plan.carry.obsm_frames:
             parts = [
-                carry.read_obsm_frame(path, key, plan.storage_options)
+                _carry.read_obsm_frame(path, key, plan.storage_options)
                 for path in plan.paths
             ]
             obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
@@ -206,15 +211,15 @@ class Extras:
             raw = f.create_group("raw")
             raw.attrs["encoding-type"] = "raw"
             raw.attrs["encoding-version"] = "0.1.0"
-            io_frames.write_elem(raw, "var", self.raw_var)
-            io_frames.write_elem(raw, "varm", {})
+            write_elem(raw, "var", self.raw_var)
+            write_elem(raw, "varm", {})
         obsm = f["obsm"]
         for key, frame in self.obsm_frames.items():
             part = frame.iloc[rows]
-            io_frames.write_elem(obsm, key, part)
+            write_elem(obsm, key, part)
         copies = self.plan.carry.copies
         if copies:
-            with h5ad.open_file(self.plan.paths[0], self.plan.storage_options) as src:
+            with open_file(self.plan.paths[0], self.plan.storage_options) as src:
                 for path in copies:
                     if path in f:
                         del f[path]
@@ -222,8 +227,8 @@ class Extras:
                     if isinstance(f, h5py.Group) and isinstance(src, h5py.File):
                         src.copy(src[path], f[head or "/"], name=name)
                     else:  # zarr: through anndata's readers and writers
-                        value = io_frames.read_elem(src[path])
-                        io_frames.write_elem(f[head] if head else f, name, value)
+                        value = read_elem(src[path])
+                        write_elem(f[head] if head else f, name, value)
 
 
 def _group_bytes(path: str, element: str, storage_options: dict) -> int:
@@ -234,14 +239,14 @@ def _group_bytes(path: str, element: str, storage_options: dict) -> int:
         if isinstance(obj, h5py.Dataset):
             sizes.append(obj.size * obj.dtype.itemsize)
 
-    with h5ad.open_file(path, storage_options) as f:
+    with open_file(path, storage_options) as f:
         obj = f[element]
-        if nodes.is_array(obj):
+        if is_array(obj):
             return int(obj.size * obj.dtype.itemsize)
         if isinstance(obj, h5py.Group):
             obj.visititems(visit)
         else:  # a zarr group
             for _, member in obj.members(max_depth=None):
-                if nodes.is_array(member):
+                if is_array(member):
                     sizes.append(member.size * member.dtype.itemsize)
     return int(sum(sizes)) + 4096 * (len(sizes) + 1)

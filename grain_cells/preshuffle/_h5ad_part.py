@@ -18,8 +18,8 @@ import os
 import h5py
 import numpy as np
 
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.preshuffle import _files as files
+from grain_cells.io import CSR, DENSE
+from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
 
@@ -38,13 +38,13 @@ class H5adPart:
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan
         self.final = plan.part_paths[index]
-        fd, self.tmp = files.create_temporary(plan.output_dir, self.final.name)
+        fd, self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
         os.close(fd)
         try:
             with h5py.File(self.tmp, "w"):  # an empty HDF5 file ...
                 pass
             # ... given the space it will need before HDF5 writes to it.
-            files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
+            _files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
             self.root = h5py.File(self.tmp, "a")
         except BaseException:
             self.tmp.unlink(missing_ok=True)
@@ -64,7 +64,7 @@ class H5adPart:
         """
         nnz = int(indptr[-1])
         group = self.root.require_group(m.name)
-        group.attrs["encoding-type"] = h5ad.CSR
+        group.attrs["encoding-type"] = CSR
         group.attrs["encoding-version"] = "0.1.0"
         group.attrs["shape"] = np.array([indptr.size - 1, m.n_vars], np.int64)
         opts = filter_options(self.plan.compression)
@@ -92,17 +92,17 @@ class H5adPart:
             chunks=(chunk_rows, n_vars) if n and n_vars else None,
             **(filter_options(self.plan.compression) if n and n_vars else {}),
         )
-        x.attrs["encoding-type"] = h5ad.DENSE
+        x.attrs["encoding-type"] = DENSE
         x.attrs["encoding-version"] = "0.2.0"
         return x
 
     def commit(self, marker: dict) -> None:
         """Marks the part complete, flushes it and renames it into place."""
-        self.root.attrs[files.MARKER_ATTR] = json.dumps(marker)
+        self.root.attrs[_files.MARKER_ATTR] = json.dumps(marker)
         self.root.close()  # truncates the file to what HDF5 used
-        files.fsync_path(self.tmp)
+        _files.fsync_path(self.tmp)
         os.replace(self.tmp, self.final)
-        files.fsync_path(self.plan.output_dir)
+        _files.fsync_path(self.plan.output_dir)
 
     def __enter__(self) -> H5adPart:
         return self
@@ -111,11 +111,11 @@ class H5adPart:
         try:
             if e is None:
                 return
-            if not files.is_disk_full(e):
+            if not _files.is_disk_full(e):
                 with contextlib.suppress(Exception):
                     self.root.close()
                 return
-            files.abandon(self.root, self.tmp)  # HDF5 cannot close it: see abandon
+            _files.abandon(self.root, self.tmp)  # HDF5 cannot close it: see abandon
             raise OSError(
                 errno.ENOSPC,
                 f"{self.plan.output_dir}: the disk filled up while writing part "

@@ -15,10 +15,7 @@ import math
 
 import numpy as np
 
-from grain_cells.io import _range_reads as range_reads
-from grain_cells.io._file_set import FileSet, OpenFiles
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._open import open_file
+from grain_cells.io import FileSet, OpenFiles, RowBuffer, fetch_ranges, open_file
 
 CHUNK_BYTES = 4 << 20  # default chunk of data/indices, uncompressed
 CHUNK_BYTES_COMPRESSED = 256 << 10  # same, compressed
@@ -75,7 +72,7 @@ class Matrix:
         """Reads sorted global row ranges of one file into this matrix's buffer."""
         if self._handles is None:
             self._handles = OpenFiles(self.files, 0)
-        return range_reads.fetch_ranges(
+        return fetch_ranges(
             self._handles,
             self.cell_offsets,
             starts,

@@ -26,11 +26,18 @@ import json
 import os
 import shutil
 
-from grain_cells.preshuffle import _files as files
-from grain_cells.preshuffle import _staging as staging
+from grain_cells.preshuffle import _files, _staging
 from grain_cells.preshuffle._plan import Plan
-from grain_cells.storage.remote import _store as object_store
-from grain_cells.storage.remote import _writes as object_writes
+from grain_cells.storage.remote import (
+    delete,
+    head,
+    join,
+    list_names,
+    part_names,
+    put_bytes,
+    put_file,
+    split_url,
+)
 
 
 class BucketOutput:
@@ -43,13 +50,13 @@ class BucketOutput:
     """
 
     def __init__(self, url: str, storage_options: dict | None, staging_dir=None):
-        object_store.split_url(object_writes.join(url, "x"))  # a bucket is named
+        split_url(join(url, "x"))  # a bucket is named
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         parent = None if staging_dir is None else os.fspath(staging_dir)
         # Runs that died left their staging folders (and a part in each).
-        self.removed_stale = staging.remove_stale(parent)
-        self.staging = staging.make(parent)
+        self.removed_stale = _staging.remove_stale(parent)
+        self.staging = _staging.make(parent)
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_upload"
         )
@@ -62,11 +69,11 @@ class BucketOutput:
             FileNotFoundError: The bucket does not exist (names it and the fix).
             PermissionError: The credentials may not list it.
         """
-        object_writes.list_names(self.url, self.storage_options)
+        list_names(self.url, self.storage_options)
 
     def part_url(self, plan: Plan, index: int) -> str:
         """The URL of part `index`."""
-        return object_writes.join(self.url, plan.part_paths[index].name)
+        return join(self.url, plan.part_paths[index].name)
 
     def check_inputs(self, plan: Plan) -> None:
         """Refuses a run whose output would overwrite one of its inputs.
@@ -86,10 +93,10 @@ class BucketOutput:
         """The marker of part `index` if the bucket holds it complete, else None."""
         url = self.part_url(plan, index)
         try:
-            object_store.head(url, self.storage_options)
+            head(url, self.storage_options)
         except FileNotFoundError:
             return None
-        return files.completed_marker(url, plan, index, self.storage_options)
+        return _files.completed_marker(url, plan, index, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
         """Starts uploading part `index` from the staging folder, in the background.
@@ -106,9 +113,7 @@ class BucketOutput:
     def _upload(self, plan: Plan, index: int) -> None:
         local = plan.part_paths[index]
         try:
-            object_writes.put_file(
-                self.part_url(plan, index), local, self.storage_options
-            )
+            put_file(self.part_url(plan, index), local, self.storage_options)
         finally:
             local.unlink(missing_ok=True)
 
@@ -121,24 +126,24 @@ class BucketOutput:
     def remove_stale_parts(self, plan: Plan) -> None:
         """Deletes parts of an earlier run into this prefix beyond this run's count."""
         keep = {p.name for p in plan.part_paths}
-        names = object_writes.list_names(self.url, self.storage_options)
-        for name in object_writes.part_names(names):
+        names = list_names(self.url, self.storage_options)
+        for name in part_names(names):
             if name in keep:
                 continue
-            url = object_writes.join(self.url, name)
+            url = join(self.url, name)
             try:
-                with files.open_part(url, self.storage_options) as f:
-                    ours = files.MARKER_ATTR in f.attrs
+                with _files.open_part(url, self.storage_options) as f:
+                    ours = _files.MARKER_ATTR in f.attrs
             except Exception:  # not HDF5, or gone: not ours to delete
                 ours = False
             if ours:
-                object_writes.delete(url, self.storage_options)
+                delete(url, self.storage_options)
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        manifest = files.manifest_of(plan, markers)
-        object_writes.put_bytes(
-            object_writes.join(self.url, files.MANIFEST),
+        manifest = _files.manifest_of(plan, markers)
+        put_bytes(
+            join(self.url, _files.MANIFEST),
             json.dumps(manifest, indent=1).encode(),
             self.storage_options,
         )

@@ -11,13 +11,18 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import arguments
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io import _identity as identity
-from grain_cells.io._element_files import element_files
-from grain_cells.preshuffle import _carry as carry
+from grain_cells.io import (
+    element_files,
+    matrix_element,
+    open_file,
+    resolve_paths,
+    source_identity,
+)
+from grain_cells.io import obs_columns as file_obs_columns
+from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.source._source import AnnDataSource
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.source import AnnDataSource
+from grain_cells.storage.remote import is_url
 
 # Bump when the output of identical arguments changes. 3: layers, raw, obsm,
 # varm, varp and uns are carried (`keep`); cells may be grouped (`group_by`).
@@ -41,7 +46,7 @@ class Plan:
         """Validates `preshuffle`'s arguments and inspects the inputs."""
         self = cls()
         try:
-            paths = h5ad.resolve_paths(inputs)
+            paths = resolve_paths(inputs)
         except ValueError:
             raise ValueError(
                 "inputs is empty: expected one or more .h5ad files"
@@ -95,17 +100,17 @@ class Plan:
             storage_options=self.storage_options,
         )
         self.paths = list(self.source.paths)
-        self.element = h5ad.matrix_element(layer)
-        with h5ad.open_file(self.paths[0], self.storage_options) as f:
-            first_columns = h5ad.obs_columns(f)
+        self.element = matrix_element(layer)
+        with open_file(self.paths[0], self.storage_options) as f:
+            first_columns = file_obs_columns(f)
         if obs_columns is None:
             obs_columns = first_columns
         obs_columns = [str(c) for c in obs_columns]
         if len(set(obs_columns)) != len(obs_columns):
             raise ValueError(f"obs_columns has duplicates: {obs_columns}")
         for path in self.paths:
-            with h5ad.open_file(path, self.storage_options) as f:
-                have = h5ad.obs_columns(f)
+            with open_file(path, self.storage_options) as f:
+                have = file_obs_columns(f)
             missing = [c for c in obs_columns if c not in have]
             if missing:
                 raise errors.MissingColumnError(
@@ -130,8 +135,8 @@ class Plan:
             if len(set(group_by)) != len(group_by):
                 raise ValueError(f"group_by has duplicates: {group_by}")
             for path in self.paths:
-                with h5ad.open_file(path, self.storage_options) as f:
-                    have = h5ad.obs_columns(f)
+                with open_file(path, self.storage_options) as f:
+                    have = file_obs_columns(f)
                 missing = [c for c in group_by if c not in have]
                 if missing:
                     raise errors.MissingColumnError(
@@ -155,7 +160,7 @@ class Plan:
         maps = [self.source.file_column_map(i) for i in range(len(self.paths))]
         self.column_map_first = maps[0]
         self.x = Matrix("X", self.source.files, self.source.check_indices)
-        self.carry = carry.choose(
+        self.carry = _carry.choose(
             self.paths,
             self.storage_options,
             keep=kwargs.get("keep"),
@@ -195,7 +200,7 @@ class Plan:
         self.part_paths = [output_dir / f"part-{i:05d}{suffix}" for i in range(n_parts)]
         for path in self.paths:
             for part in self.part_paths:
-                if object_store.is_url(path):
+                if is_url(path):
                     continue  # a bucket output checks its URLs itself
                 if part.exists() and os.path.samefile(path, part):
                     raise ValueError(
@@ -208,10 +213,10 @@ class Plan:
                 # By content, not path or mtime: an input changed with its
                 # mtime restored (cp -p, rsync -t) is redone; a copy of the
                 # inputs in another folder is not.
-                "inputs": identity.source_identity(self.source)["files"],
+                "inputs": source_identity(self.source)["files"],
                 "layer": layer,
                 "join": self.source.join,
-                "genes": identity.source_identity(self.source)["genes"],
+                "genes": source_identity(self.source)["genes"],
                 "obs_columns": obs_columns,
                 "seed": self.seed,
                 "cells_per_file": cells_per_file,

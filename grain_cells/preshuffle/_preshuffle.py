@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle._output import BucketOutput
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
 
@@ -192,7 +192,7 @@ def preshuffle(
             column cannot be merged over the inputs.
     """
     bucket = None
-    if object_store.is_url(os.fspath(output_dir)):
+    if is_url(os.fspath(output_dir)):
         if format != "h5ad":
             raise ValueError(
                 f"format={format!r} writes to a local folder, got output_dir="
@@ -236,9 +236,9 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
     if bucket is not None:
         bucket.check_inputs(plan)
     plan.output_dir.mkdir(parents=True, exist_ok=True)
-    files.remove_temporaries(plan.output_dir)
+    _files.remove_temporaries(plan.output_dir)
     if bucket is None:
-        completed_marker = files.completed_marker
+        completed_marker = _files.completed_marker
         if plan.zarr_format is not None:
             from grain_cells.preshuffle import _zarr_part  # imports zarr
 
@@ -273,10 +273,10 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
         bucket.remove_stale_parts(plan)
         bucket.write_manifest(plan, done)
         return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
-    files.remove_stale_parts(plan)
+    _files.remove_stale_parts(plan)
     if any(plan.output_dir.glob("part-*.zarr")):
         from grain_cells.preshuffle import _zarr_part
 
         _zarr_part.remove_stale_parts(plan)
-    files.write_manifest(plan, done)
+    _files.write_manifest(plan, done)
     return list(plan.part_paths)

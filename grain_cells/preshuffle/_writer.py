@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from grain_cells._util.ranges import runs
-from grain_cells.preshuffle import _frames as frames
+from grain_cells.preshuffle import _frames
 from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
@@ -37,14 +37,14 @@ class Writer:
         self.perm = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
         np.random.default_rng(plan.seed).shuffle(self.perm)
         if plan.group_by is not None:
-            self.perm = frames.grouped(self.perm, plan)
+            self.perm = _frames.grouped(self.perm, plan)
         self.offsets = plan.source.cell_offsets
         for matrix in plan.matrices:
             matrix.count_rows()
         self.lengths = plan.x.lengths
-        self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
-        self.var = frames.read_var(plan)
-        self.extras = frames.Extras.read(plan)
+        self.obs = _frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
+        self.var = _frames.read_var(plan)
+        self.extras = _frames.Extras.read(plan)
 
     def write_part(self, index: int, report: Progress) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
@@ -60,7 +60,7 @@ class Writer:
             part = ZarrPart(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
-                frames.write_frames(part.root, self.obs.iloc[rows], self.var)
+                _frames.write_frames(part.root, self.obs.iloc[rows], self.var)
                 self.extras.write(part.root, rows)  # raw's group before raw/X
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:

@@ -26,7 +26,7 @@ import anndata
 import numpy as np
 import zarr
 
-from grain_cells.preshuffle import _files as files
+from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import Plan
 
@@ -62,7 +62,7 @@ class ZarrPart:
         self.plan = plan
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
-        files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
+        _files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
         self.tmp = _make_temporary(plan.output_dir, self.final.name)
         self._appenders: list[_Appender] = []
         try:
@@ -173,14 +173,14 @@ class ZarrPart:
         """Marks the part complete, flushes it and renames it into place."""
         for appender in self._appenders:
             appender.check_complete()
-        self.root.attrs[files.MARKER_ATTR] = json.dumps(marker)
+        self.root.attrs[_files.MARKER_ATTR] = json.dumps(marker)
         _fsync_tree(self.tmp)
         aside = None
         if os.path.lexists(self.final):  # an incomplete or foreign part
             aside = _make_temporary(self.plan.output_dir, self.final.name)
             os.replace(self.final, aside / "old")
         os.replace(self.tmp, self.final)
-        files.fsync_path(self.plan.output_dir)
+        _files.fsync_path(self.plan.output_dir)
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
 
@@ -189,7 +189,7 @@ class ZarrPart:
 
     def __exit__(self, exc_type, e, tb) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
-        if e is not None and files.is_disk_full(e):
+        if e is not None and _files.is_disk_full(e):
             raise OSError(
                 errno.ENOSPC,
                 f"{self.plan.output_dir}: the disk filled up while writing part "
@@ -289,8 +289,8 @@ def _fsync_tree(root: pathlib.Path) -> None:
     """Flushes every file and folder under `root` to disk."""
     for folder, _, names in os.walk(root):
         for name in names:
-            files.fsync_path(pathlib.Path(folder, name))
-        files.fsync_path(pathlib.Path(folder))
+            _files.fsync_path(pathlib.Path(folder, name))
+        _files.fsync_path(pathlib.Path(folder))
 
 
 def open_part(path) -> zarr.Group:
@@ -304,7 +304,7 @@ def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
         return None
     try:
         root = open_part(path)
-        marker = files.matching_marker(root.attrs.get(files.MARKER_ATTR), plan, index)
+        marker = _files.matching_marker(root.attrs.get(_files.MARKER_ATTR), plan, index)
         if marker is None:
             return None
         x = root["X"]
@@ -328,5 +328,5 @@ def remove_stale_parts(plan: Plan) -> None:
         if path.name in keep or not path.is_dir() or path.is_symlink():
             continue
         with contextlib.suppress(Exception):
-            if files.MARKER_ATTR in open_part(path).attrs:
+            if _files.MARKER_ATTR in open_part(path).attrs:
                 shutil.rmtree(path, ignore_errors=True)

@@ -27,7 +27,7 @@ from grain_cells.sampling._stream import (
 )
 
 if TYPE_CHECKING:
-    from grain_cells.source._table import BlockTable
+    from grain_cells.source import BlockTable
 
 _GROUP_WORD = 1 << 40
 _DRAW_WORD = 1 << 41

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource
 
 
 class _Stream(Protocol):

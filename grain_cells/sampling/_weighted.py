@@ -15,7 +15,7 @@ from grain_cells.sampling._stream import (
     BlockStream,
     check_stream_args,
 )
-from grain_cells.source._source import AnnDataSource
+from grain_cells.source import AnnDataSource
 
 
 class WeightedBlockSampler(BlockStream):

@@ -17,7 +17,24 @@ reads by several times. To read data directly, use `read(rows)`,
 `read_ranges(starts, stops)` or `read_blocks(keys)`.
 """
 
+from grain_cells.source._chunk_grid import chunk_aligned_blocks, default_fetch_factor
+from grain_cells.source._selection import (
+    blocks_of_mask,
+    describe_condition,
+    selected_blocks,
+    where_mask,
+)
 from grain_cells.source._source import AnnDataSource
 from grain_cells.source._table import Block, BlockTable
 
-__all__ = ["AnnDataSource", "Block", "BlockTable"]
+__all__ = [
+    "AnnDataSource",
+    "Block",
+    "BlockTable",
+    "blocks_of_mask",
+    "chunk_aligned_blocks",
+    "default_fetch_factor",
+    "describe_condition",
+    "selected_blocks",
+    "where_mask",
+]

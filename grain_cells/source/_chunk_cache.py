@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from grain_cells._util.cache_files import cache_root, write_atomic
-from grain_cells.io._identity import FileIdentity
+from grain_cells.io import FileIdentity
 
 _VERSION = "chunk-starts-v1"
 

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from grain_cells.source import _selection as selection
+from grain_cells.source import _selection
 from grain_cells.source._table import BlockTable
 
 # Blocks per fetch of the compressed defaults (the uncompressed defaults'
@@ -129,7 +129,7 @@ def chunk_aligned_blocks(
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
     )
-    starts, stops = selection.blocks_over_runs(
+    starts, stops = _selection.blocks_over_runs(
         table.cell_mask(), cuts, table.block_size
     )
     return table.with_blocks(starts, stops)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._file_set import FileSet
-from grain_cells.io._identity import FileIdentity
+from grain_cells.io import FileIdentity, FileSet, MatrixInfo
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._table import BlockTable
 
@@ -155,7 +153,7 @@ class SourceDescription:
         """Per obs column, the labels that codes index (None for numeric)."""
         return {c: spec.categories for c, spec in self._files.obs.items()}
 
-    def file_info(self, i: int) -> h5ad.MatrixInfo:
+    def file_info(self, i: int) -> MatrixInfo:
         """What file `i`'s matrix holds."""
         return self._files.infos[i]
 

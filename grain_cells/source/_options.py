@@ -17,13 +17,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io import _file_lru as file_lru
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.io._file_set import FileSet, OpenFiles
-from grain_cells.io._genes import JOINS
-from grain_cells.io._obs import OBS_MISSING
-from grain_cells.source import _chunk_cache as chunk_cache
-from grain_cells.source import _chunk_grid as chunk_grid
+from grain_cells.io import (
+    JOINS,
+    OBS_MISSING,
+    FileSet,
+    OpenFiles,
+    check_max_open,
+    matrix_element,
+    resolve_paths,
+)
+from grain_cells.source import _chunk_cache, _chunk_grid
 from grain_cells.source._table import BlockTable
 
 
@@ -84,7 +87,7 @@ def build(
             "read_threads must be a non-negative int or 'auto', got "
             f"read_threads={read_threads!r}"
         )
-    max_open_files = file_lru.check_max_open(max_open_files)
+    max_open_files = check_max_open(max_open_files)
     genes = arguments.check_genes(genes)
     paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
     layer = arguments.check_name("layer", layer, optional=True)
@@ -98,8 +101,8 @@ def build(
             f"obs_missing must be one of {list(OBS_MISSING)}, got "
             f"obs_missing={obs_missing!r}"
         )
-    resolved = h5ad.resolve_paths(paths)
-    element = h5ad.matrix_element(layer)
+    resolved = resolve_paths(paths)
+    element = matrix_element(layer)
     obs_names = arguments.check_names("obs_columns", obs_columns)
     if len(set(obs_names)) != len(obs_names):
         raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
@@ -183,13 +186,13 @@ def default_blocks(
     finally:
         handles.close()
     compressed = [i for i, size in enumerate(sizes) if size is not None]
-    chosen = chunk_grid.compressed_defaults(
+    chosen = _chunk_grid.compressed_defaults(
         sum(files.n_obs[i] for i in compressed),
         np.concatenate([starts[i] for i in compressed]),
         max(sizes[i] for i in compressed),
     )
     grid = BlockTable.grid(files.n_obs, chosen.block_size)
-    table = chunk_grid.chunk_aligned_blocks(
+    table = _chunk_grid.chunk_aligned_blocks(
         grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
     )
     options = dataclasses.replace(options, fetch_blocks=chosen.fetch_blocks)
@@ -198,7 +201,7 @@ def default_blocks(
 
 def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
     """Local rows where file `i`'s matrix chunks begin, cached per file."""
-    return chunk_cache.cached_chunk_starts(
+    return _chunk_cache.cached_chunk_starts(
         files.identities[i],
         int(files.n_obs[i]),
         lambda: _scan_chunk_starts(handles, i),

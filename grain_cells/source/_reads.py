@@ -16,11 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io import _range_reads as range_reads
-from grain_cells.io._cells import Cells
-from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._range_reads import FetchedRows
+from grain_cells.io import (
+    Cells,
+    FetchedRows,
+    FileSet,
+    OpenFile,
+    OpenFiles,
+    RowBuffer,
+    advise,
+    fetch_ranges,
+    read_ranges,
+    read_rows,
+)
 from grain_cells.source._options import SourceOptions, file_chunk_starts
 
 
@@ -71,7 +78,7 @@ class FileReads:
         Raises:
             IndexError: A range is outside the source or straddles two files.
         """
-        return range_reads.fetch_ranges(
+        return fetch_ranges(
             self._handles,
             self.cell_offsets,
             starts,
@@ -90,7 +97,7 @@ class FileReads:
         Returns:
             The rows, range after range, as fresh arrays owned by the caller.
         """
-        return range_reads.read_ranges(
+        return read_ranges(
             self._handles,
             self.cell_offsets,
             starts,
@@ -113,7 +120,7 @@ class FileReads:
         Raises:
             IndexError: A row is outside `[0, num_cells)`.
         """
-        return range_reads.read_rows(
+        return read_rows(
             self._handles,
             self.cell_offsets,
             rows,
@@ -134,7 +141,7 @@ class FileReads:
             stops: Exclusive ends.
         """
         try:
-            range_reads.advise(self._handles, self.cell_offsets, files, starts, stops)
+            advise(self._handles, self.cell_offsets, files, starts, stops)
         except Exception:  # a hint must never fail the pipeline
             return
 

@@ -19,18 +19,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells._util import absl_flags
-from grain_cells.io._cells import Cells
-from grain_cells.io._file_set import FileSet, OpenFile
-from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._range_reads import FetchedRows
-from grain_cells.source import _options
-from grain_cells.source import _selection as selection
-from grain_cells.source import _table as block_table
+from grain_cells.io import Cells, FetchedRows, FileSet, OpenFile, RowBuffer
+from grain_cells.source import _options, _selection, _table
 from grain_cells.source._description import SourceDescription
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._reads import FileReads
 from grain_cells.source._table import Block, BlockTable
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
 
@@ -182,7 +177,7 @@ class AnnDataSource(SourceDescription):
         # Grain reads an absl flag when a grain.DataLoader starts workers.
         absl_flags.allow_unparsed()
         for i, path in enumerate(files.paths):  # objects' metadata once
-            if object_store.is_url(path):
+            if is_url(path):
                 self._reads.file(i)
 
     def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):
@@ -222,7 +217,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = block_table.fragment_note(table.mean_block_cells, table.block_size)
+            note = _table.fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
         return AnnDataSource._of(self.files, table, self.options)
 
@@ -248,7 +243,7 @@ class AnnDataSource(SourceDescription):
             ValueError: The selection is empty or malformed.
             errors.MissingColumnError: A `where` column is not an obs column.
         """
-        return self.view(selection.selected_blocks(self, cells, where))
+        return self.view(_selection.selected_blocks(self, cells, where))
 
     def with_blocks(self, starts, stops) -> AnnDataSource:
         """A view whose record `k` is global rows `[starts[k], stops[k])`.

@@ -8,3 +8,19 @@ range GETs (`_range_gets`), read-ahead (`_read_ahead`), writes
 (`_writes`), and which version of an object is read and what its ETag can
 vouch for (`_versions`).
 """
+
+from grain_cells.storage._identity import FileStat
+from grain_cells.storage._readers import (
+    ByteReader,
+    LocalByteReader,
+    ShortReadError,
+    as_byte_reader,
+)
+
+__all__ = [
+    "ByteReader",
+    "FileStat",
+    "LocalByteReader",
+    "ShortReadError",
+    "as_byte_reader",
+]

@@ -23,8 +23,7 @@ import tqdm
 
 from grain_cells._util import arguments
 from grain_cells._util.cache_files import cache_root
-from grain_cells.synthetic import _model as synthetic_model
-from grain_cells.synthetic import _writers as synthetic_writers
+from grain_cells.synthetic import _model, _writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
 
 __all__ = ["ATLAS_CHUNKS", "cached_tahoe_like", "write_tahoe_like"]
@@ -165,20 +164,18 @@ def write_tahoe_like(
         ) from None
 
     n_cells, n_genes, seed = int(n_cells), int(n_genes), int(seed)
-    layout_rng = np.random.default_rng([seed, synthetic_model.STREAM_LAYOUT])
+    layout_rng = np.random.default_rng([seed, _model.STREAM_LAYOUT])
     gene_of_rank = layout_rng.permutation(n_genes).astype(np.uint32)
     line_perm = layout_rng.permutation(n_cell_lines)
     drug_perm = layout_rng.permutation(n_drugs)
 
-    obs_rng = np.random.default_rng([seed, synthetic_model.STREAM_OBS])
-    molecules = synthetic_model.molecules_per_cell(
-        obs_rng, n_cells, n_genes, float(mean_nnz)
-    )
-    obs = synthetic_model.make_obs(
+    obs_rng = np.random.default_rng([seed, _model.STREAM_OBS])
+    molecules = _model.molecules_per_cell(obs_rng, n_cells, n_genes, float(mean_nnz))
+    obs = _model.make_obs(
         obs_rng, n_cells, n_plates, n_cell_lines, n_drugs, line_perm, drug_perm
     )
     obs["n_counts"] = molecules.astype(np.float32)
-    var = synthetic_model.make_var(n_genes)
+    var = _model.make_var(n_genes)
 
     # Lazy import: anndata is heavy and only needed to write obs/var.
     import anndata
@@ -196,18 +193,14 @@ def write_tahoe_like(
     )
     with bar, h5py.File(path, "a") as f:
         if dense:
-            out = synthetic_writers.DenseWriter(f, n_cells, n_genes, compression)
+            out = _writers.DenseWriter(f, n_cells, n_genes, compression)
         else:
-            length = synthetic_writers.csr_chunk_length(
-                chunks, compression, n_cells, mean_nnz
-            )
-            out = synthetic_writers.CsrWriter(f, n_cells, n_genes, compression, length)
+            length = _writers.csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+            out = _writers.CsrWriter(f, n_cells, n_genes, compression, length)
         for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
             stop = min(start + chunk_cells, n_cells)
-            rng = np.random.default_rng(
-                [seed, synthetic_model.STREAM_MOLECULES, chunk_index]
-            )
-            indptr, indices, data = synthetic_model.generate_chunk(
+            rng = np.random.default_rng([seed, _model.STREAM_MOLECULES, chunk_index])
+            indptr, indices, data = _model.generate_chunk(
                 rng, molecules[start:stop], gene_of_rank
             )
             out.append(indptr, indices, data)

@@ -17,9 +17,8 @@ import importlib.util
 import numpy as np
 
 from grain_cells._util import arguments, counter_rng
-from grain_cells.outputs._formats import Fetch
-from grain_cells.tokens import _kernels as kernels
-from grain_cells.tokens import _threads as token_threads
+from grain_cells.outputs import Fetch
+from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
 IGNORE = -100  # `labels` where nothing is masked
@@ -89,7 +88,7 @@ class TokenOutput:
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
-        token_threads.resolve_threads(threads)  # refuses a bad value now
+        _threads.resolve_threads(threads)  # refuses a bad value now
         self._threads = threads  # "auto" resolves in the process that encodes
         self._all_in_vocabulary = bool((column_tokens >= 0).all())
         self.slots = self.length - (cls_id >= 0) - (eos_id >= 0)
@@ -101,7 +100,7 @@ class TokenOutput:
     @property
     def threads(self) -> int:
         """Threads per minibatch in this process (`"auto"`: one in a worker)."""
-        return token_threads.resolve_threads(self._threads)
+        return _threads.resolve_threads(self._threads)
 
     def _digest(self, *arrays) -> str:
         h = hashlib.sha256(self.column_tokens.tobytes())
@@ -195,7 +194,7 @@ class TokenOutput:
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
         n_rows = csr.indptr.size - 1
-        inv = kernels.inverted(values_for_order(values, csr.indices))
+        inv = _kernels.inverted(values_for_order(values, csr.indices))
         if self._all_in_vocabulary and (not values.size or values.min() > 0):
             return csr.indptr, None, inv, tokens, np.zeros(n_rows, np.int32)
         positive = values > 0

@@ -28,8 +28,8 @@ import tqdm
 from grain_cells import errors
 from grain_cells._util import arguments
 from grain_cells._util.cache_files import cache_root, write_atomic
-from grain_cells.io import _h5ad as h5ad
-from grain_cells.outputs._formats import Fetch
+from grain_cells.io import CSR, open_file, read_var_names
+from grain_cells.outputs import Fetch
 
 METHODS = ("auto", "exact", "histogram")
 _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
@@ -126,13 +126,13 @@ def data_identity(source) -> dict:
     files = []
     for i, path in enumerate(source.paths):
         info = source.file_info(i)
-        with h5ad.open_file(path) as f:
+        with open_file(path) as f:
             element = f[info.element]
             digest = hashlib.sha256()
             digest.update(
-                np.asarray(h5ad.read_var_names(f, info.element)).astype(str).tobytes()
+                np.asarray(read_var_names(f, info.element)).astype(str).tobytes()
             )
-            if info.encoding == h5ad.CSR:
+            if info.encoding == CSR:
                 digest.update(np.asarray(element["indptr"][:]).tobytes())
                 data = element["data"]
                 digest.update(np.asarray(data[:4096]).tobytes())

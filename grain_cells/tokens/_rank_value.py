@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells.outputs._formats import Fetch
-from grain_cells.tokens import _kernels as kernels
-from grain_cells.tokens import _threads as token_threads
+from grain_cells.outputs import Fetch
+from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._base import (
     IGNORE,
     ZERO_STREAM,
@@ -192,8 +191,8 @@ class RankValueTokens(TokenOutput):
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
         lengths = np.diff(indptr)
-        for chunk, values in kernels.length_chunks(indptr):
-            rows, n_expr[chunk] = kernels.sorted_rows(
+        for chunk, values in _kernels.length_chunks(indptr):
+            rows, n_expr[chunk] = _kernels.sorted_rows(
                 lengths[chunk],
                 None if keep is None else keep[values],
                 inv[values],
@@ -201,7 +200,7 @@ class RankValueTokens(TokenOutput):
                 self.pad_id,
             )
             w = min(rows.shape[1], self.slots)
-            genes[chunk, :w] = kernels.key_tokens(rows, w)
+            genes[chunk, :w] = _kernels.key_tokens(rows, w)
         n_genes = np.minimum(n_expr, self.slots)
         ids, used, _, positions = self._assemble(genes, n_genes)
         out = {
@@ -228,16 +227,14 @@ class RankValueTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.tokens._jit.rank_value_rows`)."""
-        from grain_cells.tokens import (
-            _jit as token_jit,  # imports numba: only when used
-        )
+        from grain_cells.tokens import _jit
 
         data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
         mask = np.empty((n_out, self.length), bool)
 
         def call(part, a, b):
-            return token_jit.rank_value_rows(
+            return _jit.rank_value_rows(
                 data,
                 indices,
                 indptr,
@@ -253,9 +250,7 @@ class RankValueTokens(TokenOutput):
                 self.eos_id,
             )
 
-        n_expr, dropped, n_genes = token_threads.encode_rows(
-            call, rows, n_out, self.threads
-        )
+        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
         out = {
             "gene_ids": ids,
             "n_expressed": n_expr,

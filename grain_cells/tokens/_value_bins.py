@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells._util import counter_rng
-from grain_cells.outputs._formats import Fetch
-from grain_cells.tokens import _kernels as kernels
-from grain_cells.tokens import _threads as token_threads
+from grain_cells.outputs import Fetch
+from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._base import IGNORE, ZERO_STREAM, TokenOutput, special_id
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
@@ -170,8 +169,8 @@ class ValueBinTokens(TokenOutput):
         bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
         lengths = np.diff(indptr)
-        for chunk, values in kernels.length_chunks(indptr):
-            rows, n_kept = kernels.sorted_rows(
+        for chunk, values in _kernels.length_chunks(indptr):
+            rows, n_kept = _kernels.sorted_rows(
                 lengths[chunk],
                 None if keep is None else keep[values],
                 inv[values],
@@ -179,11 +178,13 @@ class ValueBinTokens(TokenOutput):
                 self.pad_id,
             )
             n_expr[chunk] = n_kept
-            row_bins = kernels.bins_of_sorted(rows, n_kept, self.n_bins, self.pad_value)
+            row_bins = _kernels.bins_of_sorted(
+                rows, n_kept, self.n_bins, self.pad_value
+            )
             width = rows.shape[1]
             w = min(width, self.slots)
             if self.selection == "random":
-                row_genes = kernels.key_tokens(rows, width)
+                row_genes = _kernels.key_tokens(rows, width)
                 h = counter_rng.hash64(
                     np.uint64(fetch.key),
                     fetch.row_ids[chunk].astype(np.uint64)[:, None],
@@ -195,7 +196,7 @@ class ValueBinTokens(TokenOutput):
                 row_bins = np.take_along_axis(row_bins, order, axis=1)
                 genes[chunk, :w] = row_genes[:, :w]
             else:
-                genes[chunk, :w] = kernels.key_tokens(rows, w)
+                genes[chunk, :w] = _kernels.key_tokens(rows, w)
             bins[chunk, :w] = row_bins[:, :w]
         n_genes = np.minimum(n_expr, self.slots)
         if self.pad_zeros and self.vocab_columns.size:
@@ -240,9 +241,7 @@ class ValueBinTokens(TokenOutput):
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`grain_cells.tokens._jit.value_bin_rows`)."""
-        from grain_cells.tokens import (
-            _jit as token_jit,  # imports numba: only when used
-        )
+        from grain_cells.tokens import _jit
 
         data, indices, indptr, checked = self._csr_for_jit(fetch)
         ids = np.empty((n_out, self.length), np.int32)
@@ -251,7 +250,7 @@ class ValueBinTokens(TokenOutput):
         q = np.linspace(0, 1, self.n_bins - 1)
 
         def call(part, a, b):
-            return token_jit.value_bin_rows(
+            return _jit.value_bin_rows(
                 data,
                 indices,
                 indptr,
@@ -268,9 +267,7 @@ class ValueBinTokens(TokenOutput):
                 self.pad_value,
             )
 
-        n_expr, dropped, n_genes = token_threads.encode_rows(
-            call, rows, n_out, self.threads
-        )
+        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
         out = {
             "gene_ids": ids,
             "values": values,
@@ -298,7 +295,7 @@ class ValueBinTokens(TokenOutput):
         expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
         need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
         need = np.maximum(need, 0)
-        zr, zt = kernels.zero_genes(
+        zr, zt = _kernels.zero_genes(
             fetch.key, fetch.row_ids, need, vocab_tokens, expressed, ZERO_STREAM
         )
         starts = np.searchsorted(zr, np.arange(need.size))

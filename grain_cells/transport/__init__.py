@@ -8,3 +8,39 @@ slot), `_shm_names` (names, stale-segment removal), `_worker` (what a worker
 knows of itself and its parent), `_main_guard` (scripts without the
 `__main__` guard).
 """
+
+from grain_cells.transport._children import WorkerWatch, death_error
+from grain_cells.transport._main_guard import (
+    check_main_guard,
+    main_guard_error,
+    main_thread_site,
+)
+from grain_cells.transport._ring import release_dead_rings
+from grain_cells.transport._send import (
+    fetch_starting,
+    in_worker,
+    ring_for,
+    send,
+    send_all,
+    worker_init,
+)
+from grain_cells.transport._shm_names import remove_stale
+from grain_cells.transport._worker import allow_unparsed_flags, in_child_process
+
+__all__ = [
+    "WorkerWatch",
+    "allow_unparsed_flags",
+    "check_main_guard",
+    "death_error",
+    "fetch_starting",
+    "in_child_process",
+    "in_worker",
+    "main_guard_error",
+    "main_thread_site",
+    "release_dead_rings",
+    "remove_stale",
+    "ring_for",
+    "send",
+    "send_all",
+    "worker_init",
+]

@@ -24,10 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from grain_cells.transport import _segments as segments
-from grain_cells.transport import _shm_names as shm_names
-from grain_cells.transport import _views as views
-from grain_cells.transport import _worker as worker_process
+from grain_cells.transport import _segments, _shm_names, _views, _worker
 
 # Slots a ring may grow to (a slot number is two bytes on the socket). Grain
 # materialises a whole fetch (fan-out minibatches) before queueing any, so a
@@ -36,12 +33,12 @@ from grain_cells.transport import _worker as worker_process
 # segments. Slots are made only when needed. (One-byte numbers capped a ring
 # at 255: a fetch of 512 minibatches went out mostly as one-off segments,
 # after a 2 s wait per fetch.)
-_MAX_SLOTS = views.MAX_SLOTS
+_MAX_SLOTS = _views.MAX_SLOTS
 _WAIT_S = 2.0
 
 # Trainer side: ring name -> its view (`_views`), the same dict.
-_RINGS = views.RINGS
-release_dead_rings = views.release_dead_rings
+_RINGS = _views.RINGS
+release_dead_rings = _views.release_dead_rings
 
 
 class SlotRing:
@@ -56,10 +53,10 @@ class SlotRing:
                 minibatches (it copies the others out): at most `max_slots`
                 minus what the worker needs in flight.
         """
-        shm_names.remove_stale()
+        _shm_names.remove_stale()
         self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
         self._leases = min(leases, self._max_slots)
-        self._prefix = shm_names.new_prefix()
+        self._prefix = _shm_names.new_prefix()
         self.name = self._prefix + "_ring"
         self._names: list[str] = []
         # Names are created under this lock and `close` takes it too: the
@@ -68,18 +65,18 @@ class SlotRing:
         self._names_lock = threading.Lock()
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(views.address(self.name))
+        self._listener.bind(_views.address(self.name))
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
         self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
-        self._slots: list[tuple[str, int, segments.Segment]] = []
+        self._slots: list[tuple[str, int, _segments.Segment]] = []
         self._busy: list[bool] = []
         self._serial = 0
         self._largest = 0  # bytes of the largest minibatch sent
         self._starved = False  # a wait for a slot timed out; none handed back since
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
-        worker_process.on_orphaned(self.close)
+        _worker.on_orphaned(self.close)
 
     def reserve(self, n: int, leases: int = 0) -> None:
         """Lets the ring grow to `n` slots in flight plus `leases` lent slots.
@@ -102,7 +99,7 @@ class SlotRing:
             self._closed = True
             names, self._names = self._names, []
             for name in names:
-                shm_names.unlink(name)
+                _shm_names.unlink(name)
             peers, self._peers = self._peers, []
             for sock in [self._listener, *peers]:
                 with contextlib.suppress(OSError):
@@ -112,7 +109,7 @@ class SlotRing:
         """Marks a slot free (its handle was unpickled in this process)."""
         self._busy[slot] = False
 
-    def _create_named(self, size: int) -> tuple[str, segments.Segment]:
+    def _create_named(self, size: int) -> tuple[str, _segments.Segment]:
         """A new named segment of `size` bytes, recorded for `close`."""
         with self._names_lock:
             if self._closed:
@@ -120,7 +117,7 @@ class SlotRing:
             self._serial += 1
             name = f"{self._prefix}_{self._serial}"
             self._names.append(name)
-            return name, segments.create(name, size)
+            return name, _segments.create(name, size)
 
     def _collect(self, timeout: float) -> None:
         """Marks the slots handed back free, waiting up to `timeout` for one."""
@@ -152,7 +149,7 @@ class SlotRing:
                 whole = len(freed) & ~1  # a stream may split a number
                 if whole < len(freed):
                     self._odd[sock] = freed[whole:]
-                for slot in views.slot_numbers(freed[:whole]):
+                for slot in _views.slot_numbers(freed[:whole]):
                     self._busy[slot] = False
                 self._starved = False
 
@@ -180,7 +177,7 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def _segment(self, nbytes: int) -> tuple[str, int, segments.Segment]:
+    def _segment(self, nbytes: int) -> tuple[str, int, _segments.Segment]:
         size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
         name, mm = self._create_named(size)
         return name, size, mm
@@ -195,7 +192,7 @@ class SlotRing:
         another slot free at once a one-off segment is used: waiting would
         hold a minibatch whose own slot is free.
         """
-        layout, nbytes = segments.layout(arrays)
+        layout, nbytes = _segments.layout(arrays)
         self._largest = max(self._largest, nbytes)
         if avoid is not None:
             self._busy[avoid] = True
@@ -207,13 +204,13 @@ class SlotRing:
                 self._busy[avoid] = False
         if slot is None:  # every slot busy: a one-off segment
             name, mm = self._create_named(nbytes)
-            segments.write(mm, layout, arrays)
+            _segments.write(mm, layout, arrays)
             del mm  # unmapped (no descriptor was kept)
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
-        segments.write(self._slots[slot][2], layout, arrays)
+        _segments.write(self._slots[slot][2], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
-    def slot_to_write(self) -> tuple[int | None, segments.Segment | None, bool]:
+    def slot_to_write(self) -> tuple[int | None, _segments.Segment | None, bool]:
         """A free slot to format the next minibatch in, for `SlotWriter`.
 
         Returns:
@@ -288,14 +285,14 @@ def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
 
 def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
     if ring is None:
-        mm = segments.open_segment(segment, size)
-        shm_names.unlink(segment)
-        return segments.read(mm, layout)  # unmapped when `mm` goes
+        mm = _segments.open_segment(segment, size)
+        _shm_names.unlink(segment)
+        return _segments.read(mm, layout)  # unmapped when `mm` goes
     if _local_ring is not None and ring == _local_ring.name:
         # Unpickled by the worker itself (Grain drains its own queue on stop).
         _local_ring.release(slot)
         return {}
-    return views.view_of(ring, pid).open(slot, segment, size, layout, leases)
+    return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None

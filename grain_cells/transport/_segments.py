@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _shm_names
 from grain_cells.transport._mapping import Segment, map_shared
 
 ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
@@ -34,7 +34,7 @@ def create(name: str, size: int) -> Segment:
         errors.SharedMemoryFullError: Shared memory has no room for it (the
             name is removed again).
     """
-    path = shm_names.path_of(name)
+    path = _shm_names.path_of(name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -105,7 +105,7 @@ def open_segment(name: str, size: int) -> Segment:
     Raises:
         FileNotFoundError: The segment is gone (its worker exited).
     """
-    fd = os.open(shm_names.path_of(name), os.O_RDWR)
+    fd = os.open(_shm_names.path_of(name), os.O_RDWR)
     try:
         return map_shared(fd, size)
     finally:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from grain_cells._util import cores
-from grain_cells.transport import _worker as worker_process
+from grain_cells.transport import _worker
 from grain_cells.transport._ring import SlotHandle, SlotRing, worker_ring
 from grain_cells.transport._slot_writer import writer_for
 
@@ -38,11 +38,11 @@ def worker_init(worker_index: int = 0, worker_count: int = 0) -> None:
     """
     global _in_worker
     del worker_index
-    if not worker_process.in_child_process():
+    if not _worker.in_child_process():
         return
     cores.set_worker_count(worker_count)  # sizes read_threads="auto"
     _in_worker = True
-    worker_process.exit_with_parent()
+    _worker.exit_with_parent()
 
 
 def in_worker() -> bool:
@@ -53,7 +53,7 @@ def in_worker() -> bool:
 def fetch_starting() -> None:
     """Called as a worker starts a fetch (freezes the GC after the first)."""
     if _in_worker:
-        worker_process.fetch_starting()
+        _worker.fetch_starting()
 
 
 def ring_for(minibatches_per_fetch: int) -> SlotRing:

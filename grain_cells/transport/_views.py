@@ -21,8 +21,7 @@ import threading
 from functools import partial
 
 from grain_cells._util import fork
-from grain_cells.transport import _segments as segments
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _segments, _shm_names
 from grain_cells.transport._lease import lease
 from grain_cells.transport._mapping import Segment
 
@@ -89,8 +88,8 @@ class _RingView:
     def segment(self, slot: int, name: str, size: int) -> Segment:
         held = self.slots.get(slot)
         if held is None or held[0] != name:
-            mm = segments.open_segment(name, size)
-            shm_names.unlink(name)
+            mm = _segments.open_segment(name, size)
+            _shm_names.unlink(name)
             self.slots[slot] = (name, mm)
             return mm
         return held[1]
@@ -103,7 +102,7 @@ class _RingView:
         if len(self.leased) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
             return out
-        out = segments.read(mm, layout)
+        out = _segments.read(mm, layout)
         self.hand_back(slot)
         return out
 
@@ -197,9 +196,9 @@ def _prune() -> None:
     hung_up = _hung_up([view.sock for _, view in views])
     for name, view in views:
         gone = view.sock is None or view.sock in hung_up
-        if (gone or not shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
+        if (gone or not _shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
             view.release()
-            shm_names.unlink_prefix(view.prefix)
+            _shm_names.unlink_prefix(view.prefix)
 
 
 def _hung_up(socks) -> set:

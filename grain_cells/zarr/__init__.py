@@ -17,3 +17,6 @@ nothing of AnnData:
 """
 
 from grain_cells.zarr import _format as _format  # registers the format
+from grain_cells.zarr._annbatch import annbatch_stores
+
+__all__ = ["annbatch_stores"]

@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.zarr import _store as zarr_store
+from grain_cells.zarr import _store
 
 __all__ = ["annbatch_stores"]
 
@@ -56,7 +56,7 @@ def annbatch_stores(
         ...     grain_cells.annbatch_stores("/data/tahoe_shuffled.zarr"))
     """
     base = os.fspath(folder).rstrip("/")
-    group = zarr_store.open_group(base, storage_options)
+    group = _store.open_group(base, storage_options)
     found = group.attrs.get("encoding-type")
     if found != _ENCODING:
         raise errors.AnnDataFormatError(

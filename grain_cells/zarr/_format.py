@@ -17,8 +17,8 @@ import zipfile
 import numpy as np
 
 from grain_cells import errors, formats
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url
 from grain_cells.zarr._read_errors import READ_ERRORS, read_error
 from grain_cells.zarr._store_file import StoreFile
 
@@ -36,7 +36,7 @@ def is_store_path(path: str) -> bool:
     p = os.fspath(path).rstrip("/")
     if p.endswith((".zarr", ".zarr.zip")):
         return True
-    return not object_store.is_url(p) and os.path.isdir(p)
+    return not is_url(p) and os.path.isdir(p)
 
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
@@ -48,18 +48,18 @@ def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
     Raises:
         FileNotFoundError: No such zarr store.
     """
-    from grain_cells.zarr import _store as zarr_store
+    from grain_cells.zarr import _store
 
-    if not object_store.is_url(path) and not os.path.exists(path):
+    if not is_url(path) and not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such zarr store")
-    return FileStat(0, 0, 0, 0, 0, store=zarr_store.store_digest(path, storage_options))
+    return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
 
 
 def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     """Opens a zarr store read-only as a `StoreFile` (no AnnData check)."""
-    from grain_cells.zarr import _store as zarr_store
+    from grain_cells.zarr import _store
 
-    local = not object_store.is_url(path)
+    local = not is_url(path)
     if local and not os.path.exists(path):
         raise formats.missing_path(path)
     if local and os.path.isdir(path) and not _has_zarr_metadata(path):
@@ -82,7 +82,7 @@ def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
     import zarr
 
     try:
-        group = zarr_store.open_group(path, storage_options)
+        group = _store.open_group(path, storage_options)
     except zarr.errors.ContainsArrayError as e:
         raise _root_array(path) from e
     return StoreFile(group, path, stat)

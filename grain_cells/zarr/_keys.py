@@ -28,7 +28,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage.remote._store import (
+from grain_cells.storage.remote import (
     check_not_forked_after_use,
     count_request,
     mark_obstore_used,

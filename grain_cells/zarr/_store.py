@@ -19,12 +19,15 @@ import os
 import zarr
 
 from grain_cells import errors
-from grain_cells.storage.remote import _store as object_store
-from grain_cells.storage.remote._store import (
+from grain_cells.storage.remote import (
     check_not_forked_after_use,
+    count_request,
+    is_url,
+    local_path,
     mark_obstore_used,
+    store_at,
 )
-from grain_cells.zarr import _versions as key_versions
+from grain_cells.zarr import _versions
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -37,8 +40,8 @@ def is_zarr_path(path: str) -> bool:
     directory is one whatever its name (the caller opens it and names what
     is missing).
     """
-    p = object_store.local_path(os.fspath(path)).rstrip("/")
-    if object_store.is_url(p):
+    p = local_path(os.fspath(path)).rstrip("/")
+    if is_url(p):
         return p.endswith((".zarr", ".zarr.zip"))
     return p.endswith((".zarr", ".zarr.zip")) or os.path.isdir(p)
 
@@ -52,8 +55,8 @@ def zarr_store(path: str, storage_options: dict | None = None):
         ValueError: `verify_reads` asked for a store in a bucket (it
             applies to `.h5ad` objects only).
     """
-    p = object_store.local_path(os.fspath(path))
-    if object_store.is_url(p):
+    p = local_path(os.fspath(path))
+    if is_url(p):
         if p.rstrip("/").endswith(".zip"):
             raise errors.AnnDataFormatError(
                 f"{p}: a zipped zarr store in an object store cannot be read by "
@@ -72,9 +75,9 @@ def zarr_store(path: str, storage_options: dict | None = None):
         mark_obstore_used()  # zarr reads the metadata through it
         # The ETags of the listing that gave this open its digest (see
         # grain_cells.zarr._versions): chunk reads are conditional on them.
-        versions = key_versions.take(p, _options_key(storage_options))
-        return key_versions.VersionedObjectStore(
-            object_store.store_at(p, storage_options),
+        versions = _versions.take(p, _options_key(storage_options))
+        return _versions.VersionedObjectStore(
+            store_at(p, storage_options),
             read_only=True,
             url=p.rstrip("/"),
             versions=versions,
@@ -101,7 +104,7 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
         FileNotFoundError: Nothing at a local path.
         zarr.errors.ContainsArrayError: The root is an array, not a group.
     """
-    p = object_store.local_path(os.fspath(path))
+    p = local_path(os.fspath(path))
     store = zarr_store(p, storage_options)
     try:
         return zarr.open_group(store, mode="r")
@@ -123,7 +126,7 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
 
 
 def _what_is_there(p: str) -> str:
-    if object_store.is_url(p):
+    if is_url(p):
         return "no readable group document at that prefix"
     if os.path.isdir(p):
         names = sorted(os.listdir(p))
@@ -191,9 +194,9 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
         path: A local directory or `.zarr.zip` file, or a store's URL.
         storage_options: For URLs (see `open_group`).
     """
-    p = object_store.local_path(os.fspath(path))
+    p = local_path(os.fspath(path))
     h = hashlib.sha256()
-    if object_store.is_url(p):
+    if is_url(p):
         _digest_bucket(p, storage_options, h)
         return h.hexdigest()
     if os.path.isfile(p):
@@ -222,11 +225,11 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
 
     check_not_forked_after_use(url)
     mark_obstore_used()
-    store = object_store.store_at(url, storage_options)
+    store = store_at(url, storage_options)
     metas = []
     try:
         for batch in obstore.list(store, chunk_size=1000):
-            object_store.count_request("list")
+            count_request("list")
             metas.extend(batch)
     except Exception:
         if not url.lower().startswith(("http://", "https://")):
@@ -239,13 +242,13 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
                 meta = obstore.head(store, key)
             except FileNotFoundError:
                 continue
-            object_store.count_request("head")
+            count_request("head")
             metas.append({**meta, "path": key})
     else:
         # This listing's ETags are what the next open of the store in this
         # thread reads with (`zarr_store`): digest and reads agree.
-        key_versions.remember(
-            url, _options_key(storage_options), key_versions.KeyVersions.of_metas(metas)
+        _versions.remember(
+            url, _options_key(storage_options), _versions.KeyVersions.of_metas(metas)
         )
     metas.sort(key=lambda m: m["path"])
     for m in metas:
@@ -254,6 +257,6 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     # send none for some objects: then a metadata document's content counts.
     for m in metas:
         if not m.get("e_tag") and m["path"].rpartition("/")[2] in METADATA_KEYS:
-            object_store.count_request("get")
+            count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
             h.update(hashlib.sha256(data).digest())

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from grain_cells import errors
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url
 
 # A store's root metadata: anndata's `write_zarr` rewrites these (the group
 # and its consolidated metadata) whenever it writes a store.
@@ -39,7 +39,7 @@ class StoreFile:
     def _root_stat(self) -> tuple:
         """`stat`s of a local store's root metadata files (of a zip: the file)."""
         path = self.filename
-        if object_store.is_url(path):
+        if is_url(path):
             return ()
         if not os.path.isdir(path):
             names = [path]

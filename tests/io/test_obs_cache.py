@@ -170,13 +170,13 @@ def test_racing_openers_read_each_column_once(paths, cache, monkeypatch):
     """Openers that miss at once take turns: one reads, the others map."""
     files = _inspect(paths[:1])
     reads = []
-    real = obs_cache.h5ad.read_obs_column
+    real = obs_cache._h5ad.read_obs_column
 
     def counted(f, name):
         reads.append(name)
         return real(f, name)
 
-    monkeypatch.setattr(obs_cache.h5ad, "read_obs_column", counted)
+    monkeypatch.setattr(obs_cache._h5ad, "read_obs_column", counted)
     start = threading.Barrier(4)
 
     def open_one(_):

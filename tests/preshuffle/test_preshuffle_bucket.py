@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from conftest import OBS, run, write_files
 
 import grain_cells
+from grain_cells.preshuffle import _output as preshuffle_output
 from grain_cells.preshuffle import _staging as staging_lib
 from grain_cells.preshuffle import _writer as preshuffle_writer
 from grain_cells.storage.remote import _writes as object_writes
@@ -133,7 +134,9 @@ def test_rerun_keeps_complete_parts_and_drops_stale_ones(
     ]
     calls = []
     monkeypatch.setattr(
-        object_writes, "put_file", lambda *a: calls.append(a) or pytest.fail("upload")
+        preshuffle_output,
+        "put_file",
+        lambda *a: calls.append(a) or pytest.fail("upload"),
     )
     grain_cells.preshuffle(paths, out, cells_per_file=120, **kwargs)
     assert calls == []  # every part found complete in the bucket
@@ -220,7 +223,7 @@ def test_a_part_uploads_while_the_next_is_written(inputs, s3, tmp_path, monkeypa
         events.append(("write", index))
         return write(self, index, report)
 
-    monkeypatch.setattr(object_writes, "put_file", slow_put)
+    monkeypatch.setattr(preshuffle_output, "put_file", slow_put)
     monkeypatch.setattr(preshuffle_writer.Writer, "write_part", recording_write)
     got = grain_cells.preshuffle(
         paths,
@@ -242,7 +245,7 @@ def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
     def failing_put(url, path, options):
         raise OSError(f"{url}: upload failed (injected)")
 
-    monkeypatch.setattr(object_writes, "put_file", failing_put)
+    monkeypatch.setattr(preshuffle_output, "put_file", failing_put)
     with pytest.raises(OSError, match=r"part-00000\.h5ad: upload failed"):
         grain_cells.preshuffle(
             paths,
@@ -259,12 +262,12 @@ def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
 _KILLED_RUN = """
 import json, os, signal, sys
 import grain_cells
-from grain_cells.storage.remote import _writes as object_writes
+from grain_cells.preshuffle import _output as preshuffle_output
 
 def killed(*args, **kwargs):  # the part is staged: die as the OOM killer would
     os.kill(os.getpid(), signal.SIGKILL)
 
-object_writes.put_file = killed
+preshuffle_output.put_file = killed
 urls, out, options, staging = json.loads(sys.argv[1])
 grain_cells.preshuffle(urls, out, storage_options=options, staging_dir=staging,
                        cells_per_file=100, seed=9, progress=False)

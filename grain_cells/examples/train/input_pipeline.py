@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 
 import grain_cells
 from grain_cells.feed import DeviceIterator, device_iterator
-from grain_cells.synthetic import _tahoe as synthetic
+from grain_cells.synthetic import cached_tahoe_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ def data_paths(config: ml_collections.ConfigDict) -> tuple[list[str], list[str]]
         return train, held_out
 
     def make():
-        return synthetic.cached_tahoe_like(
+        return cached_tahoe_like(
             config.synthetic_cells,
             n_genes=config.synthetic_genes,
             mean_nnz=config.synthetic_mean_nnz,

@@ -1,1 +1,41 @@
 """Object stores (S3, GCS, Azure, HTTP) through obstore (private)."""
+
+from grain_cells.storage.remote._reader import RemoteByteReader
+from grain_cells.storage.remote._store import (
+    check_not_forked_after_use,
+    count_request,
+    head,
+    is_url,
+    local_path,
+    mark_obstore_used,
+    split_url,
+    store_at,
+)
+from grain_cells.storage.remote._versions import version_of
+from grain_cells.storage.remote._writes import (
+    delete,
+    join,
+    list_names,
+    part_names,
+    put_bytes,
+    put_file,
+)
+
+__all__ = [
+    "RemoteByteReader",
+    "check_not_forked_after_use",
+    "count_request",
+    "delete",
+    "head",
+    "is_url",
+    "join",
+    "list_names",
+    "local_path",
+    "mark_obstore_used",
+    "part_names",
+    "put_bytes",
+    "put_file",
+    "split_url",
+    "store_at",
+    "version_of",
+]

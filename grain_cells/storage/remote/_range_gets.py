@@ -18,8 +18,7 @@ from __future__ import annotations
 import time
 
 from grain_cells import errors
-from grain_cells.storage.remote import _retries as store_retries
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _retries, _store
 
 
 def get_range(
@@ -52,12 +51,12 @@ def get_range(
     from obstore import exceptions as ox
 
     if store is None:
-        store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+        store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     options = {"range": (int(start), int(end))}
     if etag:
         options["if_match"] = etag
-    object_store.count_request("get")
+    _store.count_request("get")
     began = time.monotonic()
     try:
         data = obstore.get(store, key, options=options).bytes()
@@ -75,11 +74,11 @@ def get_range(
         ) from None
     except (ox.BaseError, OSError) as e:
         # Retries ran out (see store_retries for the policy).
-        raise store_retries.named_error(
+        raise _retries.named_error(
             e,
             url=url,
             ranges=[(int(start), int(end))],
-            retry=store_retries.retry_config(storage_options),
+            retry=_retries.retry_config(storage_options),
             elapsed_s=time.monotonic() - began,
         ) from None
     if len(data) != end - start:
@@ -94,7 +93,7 @@ def get_ranges(
     url: str,
     storage_options: dict | None,
     ranges: list[tuple[int, int]],
-    stat: object_store.ObjectStat,
+    stat: _store.ObjectStat,
     store=None,
 ) -> list:
     """Bytes of each `[start, end)` of the object, if it is still version `stat`.
@@ -115,12 +114,12 @@ def get_ranges(
     from obstore import exceptions as ox
 
     if store is None:
-        store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+        store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     starts = [int(a) for a, _ in ranges]
     ends = [int(b) for _, b in ranges]
-    object_store.count_request("get", len(ranges))
-    object_store.count_request("check")  # the HEAD after the batch
+    _store.count_request("get", len(ranges))
+    _store.count_request("check")  # the HEAD after the batch
     began = time.monotonic()
     try:
         datas = obstore.get_ranges(store, key, starts=starts, ends=ends, coalesce=0)
@@ -132,14 +131,14 @@ def get_ranges(
             "Build a new source."
         ) from None
     except (ox.BaseError, OSError) as e:
-        raise store_retries.named_error(
+        raise _retries.named_error(
             e,
             url=url,
             ranges=list(zip(starts, ends, strict=True)),
-            retry=store_retries.retry_config(storage_options),
+            retry=_retries.retry_config(storage_options),
             elapsed_s=time.monotonic() - began,
         ) from None
-    now = object_store.stat_of(meta)
+    now = _store.stat_of(meta)
     if (now.etag, now.size) != (stat.etag, stat.size) or (
         stat.last_modified_ns and now.last_modified_ns != stat.last_modified_ns
     ):

@@ -17,10 +17,9 @@ import numpy as np
 from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import ShortReadError
-from grain_cells.storage.remote import _range_gets as range_gets
-from grain_cells.storage.remote import _store as object_store
-from grain_cells.storage.remote import _versions as versions
+from grain_cells.storage.remote import _range_gets, _versions
 from grain_cells.storage.remote._read_ahead import ReadAhead
+from grain_cells.storage.remote._store import ObjectStat, max_in_flight, store_for
 
 MERGE_GAP = 64 << 10
 # `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
@@ -103,7 +102,7 @@ class RemoteByteReader:
         self._pinned: list[tuple[int, bytes]] = []
         self._pinned_bytes = 0
         self._lock = threading.Lock()
-        in_flight = object_store.max_in_flight(storage_options)
+        in_flight = max_in_flight(storage_options)
         # Below PARALLEL, a call's size is what bounds its GETs in flight.
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
@@ -113,10 +112,10 @@ class RemoteByteReader:
         # when this process opened the object), else None.
         self._table = None
         if stat.content:
-            self._table = versions.block_table(url, storage_options, stat)
+            self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
-        self._check_s = versions.content_check_s(storage_options)
+        self._check_s = _versions.content_check_s(storage_options)
         self._next_check = time.monotonic() + self._check_s
         fork.in_child_of(self, RemoteByteReader._forget_store)
         self._ahead = ReadAhead(
@@ -130,9 +129,7 @@ class RemoteByteReader:
         """This process's store for the object (a forked child builds its own)."""
         store = self._object_store
         if store is None:
-            store = self._object_store = object_store.store_for(
-                self.name, self._options
-            )
+            store = self._object_store = store_for(self.name, self._options)
         return store
 
     def _forget_store(self) -> None:
@@ -149,11 +146,11 @@ class RemoteByteReader:
     def _get_checked(self, ranges: list[tuple[int, int]]) -> list:
         """`verify_reads`: whole blocks read, each checked, then cut to size."""
         size = self._stat.size
-        wide = [versions.widen(a, b, size) for a, b in ranges]
+        wide = [_versions.widen(a, b, size) for a, b in ranges]
         datas = self._get_unchecked(wide)
         out = []
         for (a, b), (wa, _), data in zip(ranges, wide, datas, strict=True):
-            versions.check_blocks(self.name, self._table, wa, data)
+            _versions.check_blocks(self.name, self._table, wa, data)
             out.append(memoryview(data)[a - wa : b - wa])
         return out
 
@@ -162,12 +159,10 @@ class RemoteByteReader:
             (start, end), store = ranges[0], self._store()
             etag = self._stat.etag
             return [
-                range_gets.get_range(self.name, self._options, start, end, etag, store)
+                _range_gets.get_range(self.name, self._options, start, end, etag, store)
             ]
-        version = object_store.ObjectStat(
-            self._stat.size, self._stat.etag, self._stat.mtime_ns
-        )
-        return range_gets.get_ranges(
+        version = ObjectStat(self._stat.size, self._stat.etag, self._stat.mtime_ns)
+        return _range_gets.get_ranges(
             self.name, self._options, ranges, version, self._store()
         )
 
@@ -284,7 +279,7 @@ class RemoteByteReader:
             if now < self._next_check:
                 return self._stat
             self._next_check = now + self._check_s
-        return versions.version_of(self.name, self._options, self._store())
+        return _versions.version_of(self.name, self._options, self._store())
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces."""

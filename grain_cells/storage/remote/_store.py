@@ -23,9 +23,7 @@ import urllib.parse
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage.remote import _aws as aws_profiles
-from grain_cells.storage.remote import _gcs as gcs_billing
-from grain_cells.storage.remote import _retries as store_retries
+from grain_cells.storage.remote import _aws, _gcs, _retries
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
@@ -179,7 +177,7 @@ def store_for(url: str, storage_options: dict | None = None):
     key = (
         root,
         repr(sorted(options.items(), key=lambda kv: kv[0])),
-        aws_profiles.cache_key(),
+        _aws.cache_key(),
     )
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
@@ -202,7 +200,7 @@ def store_at(url: str, storage_options: dict | None = None):
     key = (
         "at:" + root,
         repr(sorted(options.items(), key=lambda kv: kv[0])),
-        aws_profiles.cache_key(),
+        _aws.cache_key(),
     )
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
@@ -217,11 +215,11 @@ def _build_store(root: str, options: dict):
             "pip install 'grain_cells[cloud]'"
         ) from None
 
-    client_options = store_retries.client_options(options)
-    retry_config = store_retries.retry_config(options)
+    client_options = _retries.client_options(options)
+    retry_config = _retries.retry_config(options)
     if "user_project" in options:
-        gcs_billing.bill_project(root, options.pop("user_project"), client_options)
-    for key in store_retries.POLICY_KEYS:
+        _gcs.bill_project(root, options.pop("user_project"), client_options)
+    for key in _retries.POLICY_KEYS:
         options.pop(key, None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
@@ -231,7 +229,7 @@ def _build_store(root: str, options: dict):
     extra = {}
     is_s3 = root.split("://", 1)[0].lower() in ("s3", "s3a")
     if is_s3:
-        provider = aws_profiles.apply_profile(root, options)
+        provider = _aws.apply_profile(root, options)
         if provider is not None:
             extra["credential_provider"] = provider
     elif "profile" in options:
@@ -305,7 +303,7 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
             "use anon=True for a public bucket."
         ) from None
     except ox.GenericError as e:
-        unbilled = gcs_billing.unbilled_error(url, storage_options, e)
+        unbilled = _gcs.unbilled_error(url, storage_options, e)
         if unbilled is None:
             raise
         raise unbilled from None

@@ -27,8 +27,7 @@ import re
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _range_gets as range_gets
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _range_gets, _store
 
 CONTENT_WINDOWS = 32
 CONTENT_WINDOW = 4 << 10  # bytes: 128 KiB read per check in all
@@ -43,7 +42,7 @@ _tables = fork.ProcessCache()
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
 
-def tag_follows_content(url: str, stat: object_store.ObjectStat) -> bool:
+def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
     """Whether `stat.etag` changes whenever the object's bytes do.
 
     False for `http(s)://` URLs (servers derive ETags from file metadata),
@@ -72,7 +71,7 @@ def content_windows(size: int) -> list[tuple[int, int]]:
 
 
 def content_digest(
-    url: str, storage_options: dict | None, stat: object_store.ObjectStat, store=None
+    url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> str:
     """SHA-256 of the object's sampled windows (one batch of range GETs).
 
@@ -83,7 +82,7 @@ def content_digest(
     windows = content_windows(stat.size)
     digest = hashlib.sha256(f"{stat.size}".encode())
     if windows:
-        datas = range_gets.get_ranges(url, storage_options, windows, stat, store)
+        datas = _range_gets.get_ranges(url, storage_options, windows, stat, store)
         for data in datas:
             digest.update(memoryview(data))
     return "sha256:" + digest.hexdigest()[:32]
@@ -100,7 +99,7 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
         PermissionError: Credentials are missing or refused.
         errors.SourceChangedError: It changed between the HEAD and the GETs.
     """
-    stat = object_store.head(url, storage_options)
+    stat = _store.head(url, storage_options)
     content = ""
     if verify_reads(storage_options):
         table = block_digests(url, storage_options, stat, store)
@@ -128,7 +127,7 @@ def verify_reads(storage_options: dict | None) -> bool:
 
 
 def block_digests(
-    url: str, storage_options: dict | None, stat: object_store.ObjectStat, store=None
+    url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> bytes:
     """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes of the whole object.
 
@@ -142,10 +141,10 @@ def block_digests(
     from obstore import exceptions as ox
 
     if store is None:
-        store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+        store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     options = {"if_match": stat.etag} if stat.etag else {}
-    object_store.count_request("get")
+    _store.count_request("get")
     table = bytearray()
     pending = bytearray()
     total = 0

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from grain_cells.storage.remote import _retries as store_retries
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _retries, _store
 
 UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
 _MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
@@ -42,8 +41,8 @@ def put_file(url: str, path: str | os.PathLike, storage_options: dict | None) ->
     """
     import obstore
 
-    store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+    store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         _call(
@@ -60,8 +59,8 @@ def put_bytes(url: str, data: bytes, storage_options: dict | None) -> None:
     """Writes `data` as the object `url` (one PUT). Raises as `put_file`."""
     import obstore
 
-    store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+    store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     _call(url, storage_options, "upload", lambda: obstore.put(store, key, data))
 
 
@@ -74,9 +73,9 @@ def list_names(url: str, storage_options: dict | None) -> list[str]:
     """
     import obstore
 
-    _, key = object_store.split_url(join(url, "x"))
+    _, key = _store.split_url(join(url, "x"))
     folder = key.rpartition("/")[0]  # "a/b" of ".../a/b/x"
-    store = object_store.store_for(url, storage_options)
+    store = _store.store_for(url, storage_options)
     found = _call(
         url,
         storage_options,
@@ -90,8 +89,8 @@ def delete(url: str, storage_options: dict | None) -> None:
     """Deletes the object `url` (no error if it is gone). Raises as `put_file`."""
     import obstore
 
-    store = object_store.store_for(url, storage_options)
-    _, key = object_store.split_url(url)
+    store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
     _call(url, storage_options, "delete", lambda: obstore.delete(store, key))
 
 
@@ -108,12 +107,12 @@ def _call(url: str, storage_options, what: str, request):
     except Exception as e:
         if not isinstance(e, (ox.BaseError, OSError)):
             raise
-        status, _, _ = store_retries.describe(e)
+        status, _, _ = _retries.describe(e)
         if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
             status in (401, 403)
         ):
             raise PermissionError(
-                f"{url}: {what} refused ({object_store.first_line(e)}). The "
+                f"{url}: {what} refused ({_store.first_line(e)}). The "
                 "credentials in use may not do that there: pass others in "
                 "storage_options (or output_storage_options), set AWS_PROFILE or "
                 "the AWS_* variables, or ask for write access to the bucket."
@@ -123,7 +122,7 @@ def _call(url: str, storage_options, what: str, request):
             or status == 404
             or "NoSuchBucket" in str(e)
         ):
-            raise object_store.missing_bucket_or_object(
+            raise _store.missing_bucket_or_object(
                 url, storage_options, e, what=what
             ) from None
-        raise OSError(f"{url}: {what} failed: {object_store.first_line(e)}") from None
+        raise OSError(f"{url}: {what} failed: {_store.first_line(e)}") from None
