@@ -17,6 +17,13 @@ cache (the file's pages dropped first) unless `--cache=warm`:
   obs_columns=["plate"])`, the one-call spelling with no block or fetch
   given, which should choose (and read) as `defaults` does (issue 35,
   item 1: it used to take block 16 / fetch 16 on compressed files);
+* `loader_source`, `card`, `cell_dataset` (not run by default): the other
+  spellings with no block or fetch given (issue 35, item 2: each at >= 8x
+  scDataset): `grain_cells.loader(AnnDataSource(path))`, the card's plain
+  `grain.DataLoader(data_source=source, sampler=BlockSampler(...),
+  operations=fetch_operations(...))` and `grain_cells.cell_dataset(source)`;
+  `--points=defaults,loader,loader_source,card,cell_dataset,scdataset` is
+  every spelling in one run;
 * `chunks1`, `chunks2`, `chunks4` (not run by default): the defaults' rule
   with 1, 2 or 4 chunks per block (`grain_cells.chunk_aligned`; block size
   1.25 x the cells of that many chunks, 64 blocks per fetch), for the
@@ -71,9 +78,11 @@ _POINTS = flags.DEFINE_list(
     (
         "Comma-separated points to measure, in this order: defaults (no block "
         "or fetch given), loader (grain_cells.loader(path) with no block or "
-        "fetch given), chunks1/chunks2/chunks4 (the defaults' rule at 1, 2 "
-        "or 4 chunks per block), grid16 (block 16 / fetch 16), scdataset "
-        "(scDataset at block 16 / fetch 16; needs the bench extra)."
+        "fetch given), loader_source / card / cell_dataset (the other "
+        "spellings, no block or fetch given), chunks1/chunks2/chunks4 (the "
+        "defaults' rule at 1, 2 or 4 chunks per block), grid16 (block 16 / "
+        "fetch 16), scdataset (scDataset at block 16 / fetch 16; needs the "
+        "bench extra)."
     ),
 )
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
@@ -152,6 +161,45 @@ def _open_one_call(paths) -> dict:
     )
 
 
+def _open_spelling(paths, spelling: str) -> dict:
+    """Another spelling over `AnnDataSource(paths)` with no block or fetch."""
+    import grain
+
+    import grain_cells
+
+    source = grain_cells.AnnDataSource(paths, obs_columns=[_LABEL.value])
+    seed, batch = _SEED.value, _BATCH.value
+    if spelling == "loader_source":
+        loader = grain_cells.loader(
+            source, batch_size=batch, seed=seed, num_epochs=None
+        )
+        fetch_factor = loader.dataset.split.config.fetch_factor
+    elif spelling == "cell_dataset":
+        loader = grain_cells.cell_dataset(
+            source, batch_size=batch, seed=seed, num_epochs=None
+        )
+        fetch_factor = loader.split.config.fetch_factor
+    else:  # the card's plain grain.DataLoader
+        ops = grain_cells.fetch_operations(source, batch_size=batch, seed=seed)
+        loader = grain.DataLoader(
+            data_source=source,
+            sampler=grain_cells.BlockSampler(source, seed=seed, num_epochs=None),
+            operations=ops,
+            worker_count=0,
+        )
+        fetch_factor = ops[-1].config.fetch_factor
+    chosen = {
+        "block_size": source.block_size,
+        "fetch_factor": fetch_factor,
+        "blocks": len(source),
+        "mean_block_cells": round(source.num_cells / len(source), 1),
+    }
+    iterator = iter(loader)
+    key = f"obs/{_LABEL.value}"
+    close = getattr(iterator, "close", None) or (lambda: None)
+    return chosen, bench_util.Loader(iterator, lambda b: b[key][b["mask"]], close)
+
+
 def _measure(point: str, paths) -> dict:
     chosen = {}
 
@@ -162,6 +210,9 @@ def _measure(point: str, paths) -> dict:
             return loader
         if point == "loader":
             chosen, loader = _open_one_call(paths)
+            return loader
+        if point in ("loader_source", "card", "cell_dataset"):
+            chosen, loader = _open_spelling(paths, point)
             return loader
         if point.startswith("chunks"):
             chosen, loader = _open_grain_cells(paths, None, None, int(point[6:]))

@@ -30,6 +30,14 @@ checkout's `grain_cells` (`PYTHONPATH`), interleaved with this one's, so a
 before/after pair comes from one run (e.g. a worktree of the previous commit:
 `git worktree add --detach /tmp/base c95fdd4`).
 
+`--breakdown` also reports, per minibatch, the thread CPU of the trainer's
+parts: `queue_get_us` (Grain's reads of its workers' multiprocessing queues,
+unpickling and so `receive_us` included), `receive_us` (grain_cells mapping
+and leasing a minibatch's slot) and `hand_back_send_us` (grain_cells'
+socket sends returning slots). What is left of the total is Grain's own
+(its reader threads' hand-over to the main thread, interleave, statistics).
+The wrappers cost a little CPU themselves: compare points of one run.
+
 Wall-clock cells/s is printed too; on a loaded machine it is noise, and the
 CPU figure is the one to compare.
 
@@ -39,6 +47,8 @@ Usage:
       --repeats=3 --json=/tmp/trainer_cpu.json
   python benchmarks/trainer_cpu.py --spellings=loader,card --worker_counts=0,2 \
       --cache=cold,warm --data=tahoe.h5ad
+  python benchmarks/trainer_cpu.py --spellings=card --breakdown \
+      --baseline_tree=/tmp/base   # where the trainer's CPU goes
 """
 
 from __future__ import annotations
@@ -97,6 +107,13 @@ _BASELINE = flags.DEFINE_string(
     "Another checkout of grain_cells: every point also runs with it, for "
     "before/after figures from one run.",
 )
+_BREAKDOWN = flags.DEFINE_bool(
+    "breakdown",
+    False,
+    "Also time (thread CPU) the trainer's parts per minibatch: Grain's "
+    "multiprocessing queue reads (unpickling included), grain_cells' "
+    "receive (mapping and leasing a slot) and its hand-back sends.",
+)
 _JSON = flags.DEFINE_string("json", None, "Also write every record here.")
 _CHILD = flags.DEFINE_string(
     "child", None, "Internal: run one point (spelling,workers) and print JSON."
@@ -139,15 +156,44 @@ def _loader(spelling: str, path: str, workers: int):
     )
 
 
+def _timed(owner, name: str, key: str, spent: dict) -> None:
+    """Wraps `owner.name` to add its thread CPU seconds to `spent[key]`."""
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[key] = spent.get(key, 0.0) + time.thread_time() - start
+
+    setattr(owner, name, timed)
+
+
+def _breakdown() -> dict:
+    """Times the trainer's parts (`--breakdown`); returns the running sums."""
+    import multiprocessing.queues
+
+    from grain_cells.transport import _ring, _views
+
+    spent: dict[str, float] = {}
+    _timed(multiprocessing.queues.Queue, "get", "queue_get_us", spent)
+    _timed(_ring, "_receive_or_raise", "receive_us", spent)
+    _timed(_views._RingView, "_send_pending", "hand_back_send_us", spent)
+    return spent
+
+
 def run_child(spelling: str, workers: int) -> dict:
     """One point in this process: CPU and wall time over `--minibatches`."""
     import grain_cells
 
+    spent = _breakdown() if _BREAKDOWN.value else {}
     path = _file()
     it = iter(_loader(spelling, path, workers))
     held = []
     for _ in range(_WARMUP.value):
         next(it)
+    spent.clear()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for _ in range(_N.value):
         batch = next(it)
@@ -170,6 +216,7 @@ def run_child(spelling: str, workers: int) -> dict:
         "ceiling_cells_per_s": round(m * 1e6 / us) if us else None,
         "wall_cells_per_s": round(n * m / wall),
         "minibatch_keys": keys,
+        **{key: round(v / n * 1e6, 1) for key, v in spent.items()},
     }
 
 
@@ -183,7 +230,7 @@ def _point(tree: str | None, spelling: str, workers: int, cache: str, path: str)
         evict_page_cache([path])
     argv = [sys.executable, os.path.abspath(__file__), f"--child={spelling},{workers}"]
     argv += [f"--data={path}"]
-    for flag in (_BATCH, _FETCH, _BLOCK, _WARMUP, _N, _HOLD):
+    for flag in (_BATCH, _FETCH, _BLOCK, _WARMUP, _N, _HOLD, _BREAKDOWN):
         argv.append(f"--{flag.name}={flag.value}")
     argv.append(f"--obs_columns={','.join(_OBS.value)}")
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
@@ -245,6 +292,9 @@ def main(argv):
                             f"{rec['wall_cells_per_s']:,} cells/s",
                             flush=True,
                         )
+                        parts = {k: v for k, v in rec.items() if k.endswith("_us")}
+                        if parts:
+                            print(f"         parts, CPU µs/minibatch: {parts}")
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             json.dump({"setup": header, "records": records}, f, indent=1)
