@@ -285,6 +285,8 @@ def helpers():
 _BENCHMARK_SMOKE_FILES = (
     "tests/test_benchmarks.py",
     "tests/test_benchmark_balance.py",
+    "tests/test_benchmark_scale.py",
+    "tests/test_benchmark_splits_scale.py",
     "tests/test_benchmark_startup.py",
     "tests/test_benchmark_worker_memory.py",
     "tests/test_benchmark_zarr.py",
