@@ -50,17 +50,12 @@ from grain_cells.source._source import AnnDataSource
 class FetchConfig:
     """How a fetch is formed and split; `fingerprint()` identifies it.
 
+    The fetch keywords of `PipelineOptions` (which documents them), resolved
+    for one source by `make_split` (`fetch_factor` chosen, `output` set),
+    and two more:
+
     Attributes:
-        batch_size: Cells per minibatch (`m`).
-        fetch_factor: Minibatches per fetch (`f`).
         block_size: Cells per block (from the source).
-        shuffle: Shuffle cells inside a fetch.
-        seed: Seed of that shuffle.
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        output: The output format.
-        numeric_obs: `"native"` (obs columns as stored) or `"float32"`.
-        condition: An obs column; each minibatch then holds one of its
-            values (None: no condition).
         cover: Blocks vary in size (a chunk grid, no `block_size` given):
             a fetch takes enough blocks to hold `batch_size * fetch_factor`
             cells (rounding up); else exactly that many cells.
@@ -75,9 +70,6 @@ class FetchConfig:
     output: Output
     numeric_obs: str = "native"
     condition: str | None = None
-
-    # Blocks of varying size (along a chunk grid): a fetch takes enough of
-    # them to hold batch_size * fetch_factor cells at block_size each.
     cover: bool = False
 
     @property
