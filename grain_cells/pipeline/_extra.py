@@ -61,13 +61,14 @@ class Layer:
     def __post_init__(self):
         arguments.check_name("name", self.name)
         check_output(self.output)
+        object.__setattr__(self, "output", formats.declared(self.output))
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this matrix: its name and output."""
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "output": formats.fingerprint_of(self.output),
+            "output": self.output.fingerprint(),
         }
 
 
@@ -139,10 +140,9 @@ class LayerReader(_ElementReader):
 
     def __init__(self, source: AnnDataSource, spec: Layer):
         super().__init__(source, spec, h5ad.matrix_element(spec.name))
-        fit = getattr(spec.output, "fit_to_source", None)
-        if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
-            read = functools.partial(self.fetch, key=0)
-            self.spec = dataclasses.replace(spec, output=fit(source, read))
+        # e.g. PaddedSparseOutput(width=None), fitted on this layer
+        fitted = spec.output.fit_to_source(source, functools.partial(self.fetch, key=0))
+        self.spec = dataclasses.replace(spec, output=fitted)
 
     def fetch(self, starts, stops, buffer, key: int) -> Fetch:
         """The layer's rows for the same ranges as X (in X's buffer order)."""
@@ -176,7 +176,9 @@ def check_output(output, name: str = "output") -> None:
     Raises:
         TypeError: `output` has no `format(fetch, rows, batch_size)`.
     """
-    if isinstance(output, (str, bytes, type)) or not isinstance(output, Output):
+    if isinstance(output, (str, bytes, type)) or not callable(
+        getattr(output, "format", None)
+    ):
         raise arguments.ArgumentTypeError(
             f"{name} must be an output format (CsrOutput(), "
             "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "

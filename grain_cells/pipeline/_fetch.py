@@ -124,10 +124,8 @@ class SplitFetch:
         and checkpoints see the fitted output.
         """
         self.source = source
-        fit = getattr(config.output, "fit_to_source", None)
-        if callable(fit):
-            config = dataclasses.replace(config, output=fit(source))
-        self.config = config
+        output = outputs.declared(config.output).fit_to_source(source)
+        self.config = dataclasses.replace(config, output=output)
         self.extra = matrices.readers(source, extra)
         self._buffers: list = []
 
@@ -148,7 +146,7 @@ class SplitFetch:
         """
         return {
             "fetch": self.config.fingerprint(),
-            "output": outputs.fingerprint_of(self.config.output),
+            "output": self.config.output.fingerprint(),
             "extra": {k: r.spec.fingerprint() for k, r in self.extra.items()},
         }
 
@@ -269,7 +267,7 @@ class SplitFetch:
         cfg = self.config
         m = cfg.batch_size
         n_real = rows.size
-        batch = outputs.format_with(cfg.output, fetched.fetch, rows, m, empty)
+        batch = cfg.output.format(fetched.fetch, rows, m, empty=empty)
         row_ids = empty((m,), np.int64)
         row_ids[:n_real] = fetched.fetch.row_ids[rows]
         row_ids[n_real:] = -1
@@ -296,7 +294,7 @@ class SplitFetch:
                 batch[name] = values
                 continue
             spec = self.extra[name].spec
-            formatted = outputs.format_with(spec.output, part, rows, m, empty)
+            formatted = spec.output.format(part, rows, m, empty=empty)
             for k, v in formatted.items():
                 batch[f"{name}/{k}"] = v
         return batch
