@@ -55,10 +55,6 @@ def _output(name: str, value):
     return value
 
 
-def _truth(name: str, value) -> bool:
-    return bool(value)
-
-
 def _int(minimum: int):
     return lambda name, value: arguments.check_int(name, value, minimum=minimum)
 
@@ -130,14 +126,14 @@ class PipelineOptions:
     batch_size: int = field(metadata=_meta(_int(1)))
     fetch_factor: int | None = field(default=None, metadata=_meta(_optional(_int(1))))
     output: Output | None = field(default=None, metadata=_meta(_optional(_output)))
-    shuffle: bool = field(default=True, metadata=_meta(_truth))
+    shuffle: bool = True
     seed: int = field(default=0, metadata=_meta(_seed))
     remainder: str = field(default="pad", metadata=_meta(_choice("pad", "drop")))
     extra: Mapping | None = field(default=None, metadata=_meta(arguments.check_mapping))
     numeric_obs: str = field(
         default="native", metadata=_meta(_choice("native", "float32"))
     )
-    condition: str | None = field(default=None, metadata=_meta())
+    condition: str | None = None
     num_epochs: int | None = field(
         default=1, metadata=_meta(_optional(_int(1)), STREAM)
     )
@@ -154,7 +150,7 @@ class PipelineOptions:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            check = f.metadata["check"]
+            check = f.metadata.get("check")
             if check is not None:
                 object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
         if self.sampler is not None and self.weights is not None:
@@ -180,7 +176,7 @@ def keywords(*groups: str, more: str = "", **defaults):
         params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         rest = [inspect.Parameter(more, inspect.Parameter.VAR_KEYWORD)] if more else []
         for f in dataclasses.fields(PipelineOptions):
-            if f.metadata["group"] in groups:
+            if _group(f) in groups:
                 default = defaults.get(f.name, f.default)
                 params.append(
                     inspect.Parameter(
@@ -199,6 +195,10 @@ def keywords(*groups: str, more: str = "", **defaults):
     return declare
 
 
+def _group(f: dataclasses.Field) -> str:
+    return f.metadata.get("group", FETCH)
+
+
 def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     """The `PipelineOptions` an entry point was given, and its other keywords.
 
@@ -209,7 +209,7 @@ def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     """
     groups, defaults, more = entry.__options__
     fields = dataclasses.fields(PipelineOptions)
-    names = {f.name for f in fields if f.metadata["group"] in groups}
+    names = {f.name for f in fields if _group(f) in groups}
     taken = {k: given[k] for k in given if k in names}
     others = {k: v for k, v in given.items() if k not in names}
     if others and not more:
@@ -296,7 +296,7 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
         batch_size,
         fetch_factor,
         source.block_size,
-        options.shuffle,
+        bool(options.shuffle),
         options.seed,
         options.remainder,
         CsrOutput() if options.output is None else options.output,

@@ -92,16 +92,13 @@ class FetchConfig:
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of the fetch (the output aside)."""
-        return {
-            "batch_size": self.batch_size,
-            "fetch_factor": self.fetch_factor,
-            "block_size": self.block_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "remainder": self.remainder,
-            "numeric_obs": self.numeric_obs,
-            "condition": self.condition,
-        }
+        names = [f.name for f in dataclasses.fields(self)]
+        return {k: getattr(self, k) for k in names if k not in _UNSTAMPED}
+
+
+# Not in `FetchConfig.fingerprint()`: the output has its own; cover follows
+# from the source.
+_UNSTAMPED = ("output", "cover")
 
 
 class SplitFetch:

@@ -95,18 +95,9 @@ class BlockStream:
         shard_options: sharding.ShardOptions,
         hints: PositionHints | None = None,
     ):
-        """Holds the stream's sizes (checked by the subclass).
-
-        Args:
-            num_blocks: Blocks of the source.
-            epoch_length: Positions per epoch over all shards (a multiple of
-                the shard count).
-            seed: Seed of the stream's randomness.
-            num_epochs: Epochs in the stream, or None for an endless stream.
-            shard_options: The sharding the epochs are sized for (read by
-                `grain.DataLoader` when it is given none).
-            hints: Read-ahead hints (`PositionHints.for_source`), or None.
-        """
+        """Holds the stream's sizes, checked by the subclass (see the
+        properties); `hints`: read-ahead (`PositionHints.for_source`) or None.
+        """  # noqa: D205
         self._num_blocks = int(num_blocks)
         self._epoch_length = int(epoch_length)
         self._seed = int(seed)
