@@ -189,7 +189,7 @@ def keywords(*groups: str, more: str = "", **defaults):
                     )
                 )
         entry.__signature__ = sig.replace(parameters=params + rest)
-        entry.__options__ = (groups, defaults, more)
+        entry._keywords = (groups, defaults, more)
         return entry
 
     return declare
@@ -207,7 +207,7 @@ def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
             or `batch_size` is missing.
         ValueError: A value is out of range (named, as in `PipelineOptions`).
     """
-    groups, defaults, more = entry.__options__
+    groups, defaults, more = entry._keywords
     fields = dataclasses.fields(PipelineOptions)
     names = {f.name for f in fields if _group(f) in groups}
     taken = {k: given[k] for k in given if k in names}

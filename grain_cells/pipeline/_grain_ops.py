@@ -215,9 +215,7 @@ def fetch_operations(source: AnnDataSource, **options) -> list:
     Args:
         source: The source the sampler walks (the loader's `data_source`).
         **options: The fetch keywords of `grain_cells.pipeline.PipelineOptions`
-            (`batch_size` required, `fetch_factor`, `output`, `shuffle`,
-            `seed`, `remainder`, `extra`, `numeric_obs`, `condition`); pass
-            the sampler's `seed`.
+            (`batch_size` required); pass the sampler's `seed`.
 
     Returns:
         `[grain.transforms.Batch(...), GrainFetch(...)]` for
