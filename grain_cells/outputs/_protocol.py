@@ -73,17 +73,11 @@ class Output:
     ) -> dict[str, np.ndarray]:
         """Formats the fetch's `rows` as one minibatch of `batch_size` rows.
 
-        Args:
-            fetch: The `Fetch` being split (its rows, their row ids, its
-                random key and a per-fetch cache).
-            rows: Positions in the fetch of the minibatch's real cells (at
-                most `batch_size`).
-            batch_size: Rows of every array returned (padding rows after the
-                real ones), CSR's flat arrays aside.
-            empty: Allocates arrays, with `np.empty`'s signature. In a worker
-                it hands out the shared memory the minibatch is sent in
-                (`grain_cells.transport._slot_writer`); arrays allocated
-                otherwise are copied there.
+        `rows` are positions in `fetch` of the minibatch's real cells (at
+        most `batch_size`); every array returned has `batch_size` rows
+        (padding after the real ones), CSR's flat arrays aside. `empty`
+        (`np.empty`'s signature) allocates them: in a worker, in the shared
+        memory the minibatch is sent in; arrays made otherwise are copied.
         """
         raise NotImplementedError
 

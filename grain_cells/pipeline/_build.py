@@ -79,14 +79,9 @@ def loader(
 ) -> DataLoader:
     """Files to shuffled minibatches in one call: a `grain_cells.DataLoader`.
 
-    The source is given once and the seed once; this builds what the
-    explicit spelling takes (`AnnDataSource`, `BlockSampler(seed=seed)`,
-    `fetch_operations(seed=seed)`), so the minibatches, the states and the
-    orbax checkpoints are the same as theirs: the same for any
-    `worker_count`, resumable, restorable under another worker or shard
-    count. Each `iter()` starts the next epoch in a new order, `len()` is an
-    epoch's minibatches and `close()` ends an iterator (see "Epochs" in
-    `grain_cells.pipeline.CellDataset`).
+    The minibatches, states and checkpoints are those of the explicit
+    spelling with the same arguments (`AnnDataSource`, `BlockSampler`,
+    `fetch_operations`); see "Epochs" in `grain_cells.pipeline.CellDataset`.
 
     Args:
         paths_or_source: One `.h5ad` path or URL, a sequence of them, or an
