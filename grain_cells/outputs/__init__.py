@@ -6,9 +6,8 @@ from grain_cells.outputs._formats import (
     Fetch,
     Output,
     PaddedSparseOutput,
+    declared,
     dtype_name,
-    fingerprint_of,
-    format_with,
     zeros,
 )
 from grain_cells.outputs._padded import TruncationReport
@@ -20,10 +19,9 @@ __all__ = [
     "Output",
     "PaddedSparseOutput",
     "TruncationReport",
+    "declared",
     "densify",
     "dtype_name",
-    "fingerprint_of",
-    "format_with",
     "zeros",
 ]
 

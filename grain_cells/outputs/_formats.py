@@ -22,10 +22,8 @@ from grain_cells.outputs._padded import TRUNCATE, PaddedSparseOutput
 from grain_cells.outputs._protocol import (
     Fetch,
     Output,
+    declared,
     dtype_name,
-    fingerprint_of,
-    format_with,
-    takes_empty,
     zeros,
 )
 
@@ -37,16 +35,14 @@ __all__ = [
     "Fetch",
     "Output",
     "PaddedSparseOutput",
+    "declared",
     "dtype_name",
-    "fingerprint_of",
-    "format_with",
-    "takes_empty",
     "zeros",
 ]
 
 
 @dataclasses.dataclass(frozen=True)
-class CsrOutput:
+class CsrOutput(Output):
     """CSR pieces per minibatch (`data`, `indices`, `indptr`).
 
     Attributes:
@@ -73,7 +69,7 @@ class CsrOutput:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseOutput:
+class DenseOutput(Output):
     """A dense `X` `[batch, genes]` per minibatch.
 
     Attributes:

@@ -14,13 +14,13 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, stack
 from grain_cells.outputs import _width
-from grain_cells.outputs._protocol import Fetch, dtype_name, zeros
+from grain_cells.outputs._protocol import Fetch, Output, dtype_name, zeros
 
 TRUNCATE = ("largest", "first", "error")
 
 
 @dataclasses.dataclass(frozen=True)
-class PaddedSparseOutput:
+class PaddedSparseOutput(Output):
     """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`, `truncated`.
 
     Attributes:

@@ -1,20 +1,14 @@
-"""What an output format is: the protocol, the `Fetch` it reads, shared helpers.
+"""What an output format is: the `Output` base, the `Fetch` it reads, helpers.
 
-**The protocol.** An output format is any object that pickles and has
-`format(fetch, rows, batch_size) -> dict[str, np.ndarray]`: `fetch` is the
-`Fetch` being split (its rows, their row ids, the fetch's random key and a
-per-fetch cache for work done once per fetch), `rows` the positions in the
-fetch of the minibatch's real cells (at most `batch_size`), and every array
-returned has `batch_size` rows (padding rows after the real ones), except
-CSR's flat arrays. `format` may also take a keyword `empty` (a function
-with `np.empty`'s signature): the built-in formats allocate every array they
-return with it, and in a Grain worker it hands out the worker's shared
-memory, so the minibatch is written where the trainer copies it from
-(`grain_cells.transport._slot_writer`); formats without it work as before.
-An output may also have `fit_to_source(source, read=None) -> output`: a
-pipeline calls it once when it is built, in the building process, and uses
-(and checkpoints) the output it returns (`PaddedSparseOutput(width=None)`
-fits its width so).
+**The protocol** is declared by `Output`: `format(fetch, rows, batch_size,
+empty)` (required), `fit_to_source(source, read)` and `fingerprint()`
+(optional, with defaults). grain_cells' formats subclass it; a user's output
+may subclass it too, or be any object with `format(fetch, rows,
+batch_size)`, which a pipeline reads through `declared(output)` (the
+defaults, and no `empty`).
+
+**Checkpoints.** A saved iterator state records the output's
+`fingerprint()`: a state restores only under an output of equal fingerprint.
 
 Design notes: docs/reference/design.md#outputs-protocol.
 """
@@ -22,9 +16,6 @@ Design notes: docs/reference/design.md#outputs-protocol.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -72,28 +63,63 @@ class Fetch:
         return self._csr
 
 
-@runtime_checkable
-class Output(Protocol):
-    """What an output format implements (see the design notes)."""
+class Output:
+    """An output format: turns rows of a fetch into one minibatch's arrays.
+
+    Subclass it and define `format`; `fit_to_source` and `fingerprint` have
+    defaults. An output must pickle (workers receive it).
+    """
 
     def format(
-        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
-        """Formats the fetch's `rows` as one minibatch of `batch_size` rows."""
-        ...
+        """Formats the fetch's `rows` as one minibatch of `batch_size` rows.
+
+        `rows` are positions in `fetch` of the minibatch's real cells (at
+        most `batch_size`); every array returned has `batch_size` rows
+        (padding after the real ones), CSR's flat arrays aside. `empty`
+        (`np.empty`'s signature) allocates them: in a worker, in the shared
+        memory the minibatch is sent in; arrays made otherwise are copied.
+        """
+        raise NotImplementedError
+
+    def fit_to_source(self, source, read=None) -> Output:
+        """The output a pipeline over `source` uses; by default this one.
+
+        Called once when the pipeline is built, in the building process; the
+        pipeline uses (and checkpoints) what it returns
+        (`PaddedSparseOutput(width=None)` fits its width so).
+
+        Args:
+            source: The `AnnDataSource` (or view) the pipeline reads.
+            read: The reader of another matrix than X (an extra `Layer`).
+        """
+        return self
+
+    def fingerprint(self) -> dict | str:
+        """What a checkpoint records: a dict of JSON values naming the class
+        and every parameter that changes the arrays; by default the `repr`,
+        which must then be stable.
+        """  # noqa: D205
+        return repr(self)
 
 
-def fingerprint_of(component) -> dict | str:
-    """What a checkpoint records of an output (or a sampler, a matrix spec).
+class _Declared(Output):
+    """A user's output that does not subclass `Output`: the defaults."""
 
-    Its `fingerprint()` when it has one: a dict of JSON values naming its
-    class and the parameters that decide what it yields. Otherwise (a user's
-    own component) its `repr`, which must then be stable.
-    """
-    method = getattr(component, "fingerprint", None)
-    if callable(method):
-        return method()
-    return repr(component)
+    def __init__(self, output):
+        self.output = output
+
+    def format(self, fetch, rows, batch_size, empty=np.empty):
+        return self.output.format(fetch, rows, batch_size)
+
+    def __repr__(self) -> str:
+        return repr(self.output)
+
+
+def declared(output) -> Output:
+    """`output` as an `Output`: itself, or a user's object given the defaults."""
+    return output if isinstance(output, Output) else _Declared(output)
 
 
 def dtype_name(dtype) -> str | None:
@@ -111,20 +137,3 @@ def zeros(empty, shape: tuple, dtype) -> np.ndarray:
     out = empty(shape, dtype)
     out[...] = 0
     return out
-
-
-@functools.cache
-def takes_empty(output_type: type) -> bool:
-    """Whether an output type's `format` takes the keyword `empty`."""
-    try:
-        params = inspect.signature(output_type.format).parameters
-    except (TypeError, ValueError):
-        return False
-    return "empty" in params
-
-
-def format_with(output, fetch: Fetch, rows, batch_size: int, empty=np.empty):
-    """`output.format(...)`, passing `empty` when the output takes it."""
-    if empty is not np.empty and takes_empty(type(output)):
-        return output.format(fetch, rows, batch_size, empty=empty)
-    return output.format(fetch, rows, batch_size)

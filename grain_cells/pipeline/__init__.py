@@ -1,6 +1,7 @@
 """The one pipeline: fetches read in workers, minibatches in order, resumable."""
 
 from grain_cells.pipeline._build import cell_dataset, loader
+from grain_cells.pipeline._config import PipelineOptions
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
 from grain_cells.pipeline._extra import Layer, Obsm
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
@@ -19,6 +20,7 @@ __all__ = [
     "GrainFetch",
     "Layer",
     "Obsm",
+    "PipelineOptions",
     "SplitFetch",
     "cell_dataset",
     "fetch_operations",

@@ -1,8 +1,9 @@
 """Building a pipeline from arguments: `cell_dataset(...)` and `loader(...)`.
 
-Both are thin: they build the `BlockSampler` and the fetch transform that
-the explicit spellings take (`grain_cells.DataLoader(data_source=...,
-sampler=BlockSampler(...), operations=fetch_operations(...))`), so their
+Both are thin: from one `PipelineOptions` they build the sampler and the
+fetch transform that the explicit spellings take
+(`grain_cells.DataLoader(data_source=..., sampler=BlockSampler(...),
+operations=fetch_operations(...))`, `grain_cells.pipeline._config`), so their
 minibatches, states and checkpoints are those of the explicit spelling with
 the same arguments (tested), and a state saved by one restores in another.
 
@@ -21,65 +22,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grain import sharding
-
 from grain_cells.blocks import split_by_fraction
-from grain_cells.outputs import Output
-from grain_cells.pipeline._config import make_split
+from grain_cells.pipeline._config import (
+    FETCH,
+    STREAM,
+    WORKERS,
+    buffer_fetches,
+    keywords,
+    make_sampler,
+    make_split,
+    options_of,
+)
 from grain_cells.pipeline._dataset import CellDataset
-from grain_cells.pipeline._grain_ops import fetch_operations
 from grain_cells.pipeline._loader import DataLoader
-from grain_cells.sampling import BlockSampler
 from grain_cells.source import AnnDataSource
 
 
-def cell_dataset(
-    source: AnnDataSource,
-    *,
-    batch_size: int,
-    fetch_factor: int | None = None,
-    output=None,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_epochs: int | None = 1,
-    shard_options: sharding.ShardOptions | None = None,
-    remainder: str = "pad",
-    readahead_cells: int = 16384,
-    sampler=None,
-    extra: dict | None = None,
-    numeric_obs: str = "native",
-    condition: str | None = None,
-    worker_count: int = 0,
-    worker_buffer_size: int = 1,
-) -> CellDataset:
+@keywords(FETCH, STREAM, WORKERS, worker_buffer_size=1)
+def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
     """Shuffled minibatches of `source` as a Grain `IterDataset`.
 
     Args:
-        source: The cells.
-        batch_size: Cells per minibatch.
-        fetch_factor: Minibatches per fetch; None as in `fetch_operations`.
-        output: `CsrOutput()` (default), `PaddedSparseOutput(...)` or
-            `DenseOutput()`.
-        shuffle: Shuffle blocks per epoch and cells inside each fetch.
-        seed: Seed of both shuffles.
-        num_epochs: Sampler epochs per `iter()` (a loader epoch), or None
-            for an endless stream (see "Epochs" in `CellDataset`).
-        shard_options: This process's shard (e.g. `ShardByJaxProcess()`).
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        readahead_cells: How far ahead the fetch stage asks the OS for blocks.
-        sampler: A sampler over `source`'s blocks to use instead of a
-            `BlockSampler` built from the arguments above (e.g. a
-            `WeightedBlockSampler`); `shuffle`, `seed` (of the block order),
-            `num_epochs` and `shard_options` then come from it.
-        extra: More matrices per minibatch (`grain_cells.Layer`,
-            `grain_cells.Obsm`), as in `fetch_operations`.
-        numeric_obs: `"native"` or `"float32"`, as in `fetch_operations`.
-        condition: One condition per minibatch, as in `fetch_operations`
-            (pair with `grain_cells.ConditionBlockSampler(...,
-            worker_count=0)`: fetches are consecutive positions of the shard).
-        worker_count: Worker processes that read and format fetches (0: in
-            this process). The minibatches are the same for every count.
-        worker_buffer_size: Finished fetches each worker may hold ahead.
+        source: The cells (an `AnnDataSource` or view).
+        **options: The keywords of `grain_cells.pipeline.PipelineOptions`
+            (`batch_size` required); `worker_buffer_size` counts fetches.
 
     Returns:
         A `CellDataset` (an `IterDataset`) of minibatch dicts (see
@@ -88,111 +54,57 @@ def cell_dataset(
         `CellDataset`). Do not add `.mp_prefetch` to it: pass
         `worker_count` (Grain refuses to slice it anyway).
 
+    Raises:
+        TypeError: A keyword it does not take, or one of the wrong type.
+        ValueError: An argument is out of range.
+
     Example:
         >>> ds = cell_dataset(source, batch_size=64, num_epochs=None,
         ...                   worker_count=2)
         >>> it = iter(ds); batch = next(it); state = it.get_state()
     """
-    if sampler is None:
-        sampler = BlockSampler(
-            len(source),
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            readahead_cells=0,
-        )
-    split = make_split(
-        source,
-        batch_size=batch_size,
-        fetch_factor=fetch_factor,
-        output=output,
-        shuffle=shuffle,
-        seed=seed,
-        remainder=remainder,
-        extra=extra,
-        numeric_obs=numeric_obs,
-        condition=condition,
-    )
-    return CellDataset(
-        source,
-        sampler,
-        split,
-        worker_count=worker_count,
-        worker_buffer_size=worker_buffer_size,
-        shard_options=shard_options,
-        readahead_cells=readahead_cells,
-    )
+    opts, _ = options_of(cell_dataset, options)
+    split = make_split(source, opts)
+    return _dataset(source, opts, split, opts.worker_buffer_size)
 
 
+@keywords(FETCH, STREAM, WORKERS, more="source_options", worker_buffer_size=16)
 def loader(
     paths_or_source,
     *,
-    batch_size: int,
     obs_columns: Sequence[str] = (),
-    output: Output | None = None,
     split: tuple[str, Mapping[str, float]] | None = None,
-    worker_count: int = 0,
-    seed: int = 0,
-    num_epochs: int | None = 1,
-    shuffle: bool = True,
     block_size: int | None = None,
-    fetch_factor: int | None = None,
-    remainder: str = "pad",
-    shard_options: sharding.ShardOptions | None = None,
-    extra: dict | None = None,
-    worker_buffer_size: int = 16,
-    **source_options,
+    **options,
 ) -> DataLoader:
     """Files to shuffled minibatches in one call: a `grain_cells.DataLoader`.
 
-    The source is given once and the seed once; this builds what the
-    explicit spelling takes (`AnnDataSource`, `BlockSampler(seed=seed)`,
-    `fetch_operations(seed=seed)`), so the minibatches, the states and the
-    orbax checkpoints are the same as theirs: the same for any
-    `worker_count`, resumable, restorable under another worker or shard
-    count. Each `iter()` starts the next epoch in a new order, `len()` is an
-    epoch's minibatches and `close()` ends an iterator (see "Epochs" in
-    `grain_cells.pipeline.CellDataset`).
+    The minibatches, states and checkpoints are those of the explicit
+    spelling with the same arguments (`AnnDataSource`, `BlockSampler`,
+    `fetch_operations`); see "Epochs" in `grain_cells.pipeline.CellDataset`.
 
     Args:
         paths_or_source: One `.h5ad` path or URL, a sequence of them, or an
             `AnnDataSource` (or view, e.g. of `split_by_obs`).
-        batch_size: Cells per minibatch.
         obs_columns: obs columns returned with every cell (`obs/<column>`,
             categorical ones as codes: `DataLoader.obs_frame(batch)` gives
             labels). With a source, its own columns are used (others are
             refused).
-        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
-            `DenseOutput()` or a token output.
         split: `(name, fractions)`, e.g. `("train", {"train": 0.9, "val":
             0.1})`: iterate that split of `split_by_fraction(source,
             fractions)` (seed 0, whole blocks), the same for every
             `seed`, so a run's seed never moves cells between splits. For
             other splits (by donor, by labels, another split seed) pass the
             view as `paths_or_source`.
-        worker_count: Worker processes that read and format fetches (0: in
-            this process); the minibatches do not depend on it.
-        seed: Seed of the block order and of the in-fetch shuffle.
-        num_epochs: Sampler epochs per `iter()`, or None for an endless
-            stream.
-        shuffle: Shuffle blocks per epoch and cells inside each fetch.
         block_size: Cells per block (contiguous read); with paths only.
             None: the blocks `AnnDataSource(paths)` chooses, as every
             spelling does: 16 cells on uncompressed files, blocks along the
             chunk grid of compressed `.h5ad` files and zarr stores.
-        fetch_factor: Minibatches per fetch (read together and shuffled);
-            None as in `fetch_operations` (16, or 64 blocks per fetch on
-            blocks along a chunk grid).
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        shard_options: This process's shard (e.g.
-            `grain.sharding.ShardByJaxProcess()`).
-        extra: More matrices per minibatch (`grain_cells.Layer`,
-            `grain_cells.Obsm`), as in `fetch_operations`.
-        worker_buffer_size: Minibatches each worker may hold ahead.
-        **source_options: More `AnnDataSource` arguments (`layer`, `genes`,
-            `join`, `genes_from`, `obs_missing`, `storage_options`, ...);
-            with paths only.
+        **options: The keywords of `grain_cells.pipeline.PipelineOptions`
+            (`batch_size` required; `sampler` or `weights` choose the
+            sampler); any other keyword is an `AnnDataSource` argument
+            (`layer`, `genes`, `join`, `genes_from`, `obs_missing`,
+            `storage_options`, ...), with paths only.
 
     Returns:
         A `grain_cells.DataLoader`.
@@ -210,32 +122,25 @@ def loader(
         ...     for batch in tqdm.tqdm(train):    # len(train) minibatches
         ...         ...
     """
+    opts, source_options = options_of(loader, options)
     source = _source_of(paths_or_source, obs_columns, block_size, source_options)
     if split is not None:
         source = _split_of(source, split)
-    sampler = BlockSampler(
-        len(source),
-        shuffle=shuffle,
-        seed=seed,
-        num_epochs=num_epochs,
-        shard_options=shard_options,
-    )
-    operations = fetch_operations(
+    fetch = make_split(source, opts)
+    buffer = buffer_fetches(opts.worker_buffer_size, fetch.config)
+    return DataLoader.of(_dataset(source, opts, fetch, buffer))
+
+
+def _dataset(source, options, split, buffer: int) -> CellDataset:
+    """The pipeline of `options` over `source` (`buffer`: fetches per worker)."""
+    return CellDataset(
         source,
-        batch_size=batch_size,
-        fetch_factor=fetch_factor,
-        output=output,
-        shuffle=shuffle,
-        seed=seed,
-        remainder=remainder,
-        extra=extra,
-    )
-    return DataLoader(
-        data_source=source,
-        sampler=sampler,
-        operations=operations,
-        worker_count=worker_count,
-        worker_buffer_size=worker_buffer_size,
+        make_sampler(source, options),
+        split,
+        worker_count=options.worker_count,
+        worker_buffer_size=buffer,
+        shard_options=options.shard_options,
+        readahead_cells=options.readahead_cells,
     )
 
 

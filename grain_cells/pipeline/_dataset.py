@@ -28,6 +28,7 @@ from grain_cells._util import arguments, cores
 from grain_cells.outputs import TruncationReport
 from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._config import check_condition_sampler, check_same_source
+from grain_cells.pipeline._extra import Layer
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
 from grain_cells.pipeline._resume import Position
@@ -204,6 +205,6 @@ def truncation_report(split: SplitFetch) -> TruncationReport:
     """A report on the padded outputs of `split`: X's and its extra matrices'."""
     outputs = {"": split.config.output}
     for name, reader in split.extra.items():
-        spec = getattr(reader, "spec", None)
-        outputs[f"{name}/"] = getattr(spec, "output", None)
+        if isinstance(reader.spec, Layer):
+            outputs[f"{name}/"] = reader.spec.output
     return TruncationReport(outputs)

@@ -29,7 +29,7 @@ from grain_cells.io import (
     matrix_element,
     obsm_element,
 )
-from grain_cells.outputs import CsrOutput, Fetch, Output, dtype_name, fingerprint_of
+from grain_cells.outputs import CsrOutput, Fetch, Output, declared, dtype_name
 from grain_cells.source import AnnDataSource
 
 
@@ -49,13 +49,14 @@ class Layer:
     def __post_init__(self):
         arguments.check_name("name", self.name)
         check_output(self.output)
+        object.__setattr__(self, "output", declared(self.output))
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this matrix: its name and output."""
         return {
             "class": type(self).__name__,
             "name": self.name,
-            "output": fingerprint_of(self.output),
+            "output": self.output.fingerprint(),
         }
 
 
@@ -127,10 +128,9 @@ class LayerReader(_ElementReader):
 
     def __init__(self, source: AnnDataSource, spec: Layer):
         super().__init__(source, spec, matrix_element(spec.name))
-        fit = getattr(spec.output, "fit_to_source", None)
-        if callable(fit):  # e.g. PaddedSparseOutput(width=None), on this layer
-            read = functools.partial(self.fetch, key=0)
-            self.spec = dataclasses.replace(spec, output=fit(source, read))
+        # e.g. PaddedSparseOutput(width=None), fitted on this layer
+        fitted = spec.output.fit_to_source(source, functools.partial(self.fetch, key=0))
+        self.spec = dataclasses.replace(spec, output=fitted)
 
     def fetch(self, starts, stops, buffer, key: int) -> Fetch:
         """The layer's rows for the same ranges as X (in X's buffer order)."""
@@ -164,7 +164,9 @@ def check_output(output, name: str = "output") -> None:
     Raises:
         TypeError: `output` has no `format(fetch, rows, batch_size)`.
     """
-    if isinstance(output, (str, bytes, type)) or not isinstance(output, Output):
+    if isinstance(output, (str, bytes, type)) or not callable(
+        getattr(output, "format", None)
+    ):
         raise arguments.ArgumentTypeError(
             f"{name} must be an output format (CsrOutput(), "
             "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "

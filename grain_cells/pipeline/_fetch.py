@@ -26,7 +26,7 @@ import numpy as np
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.io import RowBuffer
-from grain_cells.outputs import Fetch, Output, fingerprint_of, format_with, zeros
+from grain_cells.outputs import Fetch, Output, declared, zeros
 from grain_cells.pipeline import _extra
 from grain_cells.source import AnnDataSource
 
@@ -35,17 +35,12 @@ from grain_cells.source import AnnDataSource
 class FetchConfig:
     """How a fetch is formed and split; `fingerprint()` identifies it.
 
+    The fetch keywords of `PipelineOptions` (which documents them), resolved
+    for one source by `make_split` (`fetch_factor` chosen, `output` set),
+    and two more:
+
     Attributes:
-        batch_size: Cells per minibatch (`m`).
-        fetch_factor: Minibatches per fetch (`f`).
         block_size: Cells per block (from the source).
-        shuffle: Shuffle cells inside a fetch.
-        seed: Seed of that shuffle.
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        output: The output format.
-        numeric_obs: `"native"` (obs columns as stored) or `"float32"`.
-        condition: An obs column; each minibatch then holds one of its
-            values (None: no condition).
         cover: Blocks vary in size (a chunk grid, no `block_size` given):
             a fetch takes enough blocks to hold `batch_size * fetch_factor`
             cells (rounding up); else exactly that many cells.
@@ -60,9 +55,6 @@ class FetchConfig:
     output: Output
     numeric_obs: str = "native"
     condition: str | None = None
-
-    # Blocks of varying size (along a chunk grid): a fetch takes enough of
-    # them to hold batch_size * fetch_factor cells at block_size each.
     cover: bool = False
 
     @property
@@ -85,16 +77,13 @@ class FetchConfig:
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of the fetch (the output aside)."""
-        return {
-            "batch_size": self.batch_size,
-            "fetch_factor": self.fetch_factor,
-            "block_size": self.block_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "remainder": self.remainder,
-            "numeric_obs": self.numeric_obs,
-            "condition": self.condition,
-        }
+        names = [f.name for f in dataclasses.fields(self)]
+        return {k: getattr(self, k) for k in names if k not in _UNSTAMPED}
+
+
+# Not in `FetchConfig.fingerprint()`: the output has its own; cover follows
+# from the source.
+_UNSTAMPED = ("output", "cover")
 
 
 class SplitFetch:
@@ -117,10 +106,8 @@ class SplitFetch:
         and checkpoints see the fitted output.
         """
         self.source = source
-        fit = getattr(config.output, "fit_to_source", None)
-        if callable(fit):
-            config = dataclasses.replace(config, output=fit(source))
-        self.config = config
+        output = declared(config.output).fit_to_source(source)
+        self.config = dataclasses.replace(config, output=output)
         self.extra = _extra.readers(source, extra)
         self._buffers: list = []
 
@@ -141,7 +128,7 @@ class SplitFetch:
         """
         return {
             "fetch": self.config.fingerprint(),
-            "output": fingerprint_of(self.config.output),
+            "output": self.config.output.fingerprint(),
             "extra": {k: r.spec.fingerprint() for k, r in self.extra.items()},
         }
 
@@ -262,7 +249,7 @@ class SplitFetch:
         cfg = self.config
         m = cfg.batch_size
         n_real = rows.size
-        batch = format_with(cfg.output, fetched.fetch, rows, m, empty)
+        batch = cfg.output.format(fetched.fetch, rows, m, empty=empty)
         row_ids = empty((m,), np.int64)
         row_ids[:n_real] = fetched.fetch.row_ids[rows]
         row_ids[n_real:] = -1
@@ -289,7 +276,7 @@ class SplitFetch:
                 batch[name] = values
                 continue
             spec = self.extra[name].spec
-            formatted = format_with(spec.output, part, rows, m, empty)
+            formatted = spec.output.format(part, rows, m, empty=empty)
             for k, v in formatted.items():
                 batch[f"{name}/{k}"] = v
         return batch

@@ -42,8 +42,9 @@ import os
 import grain
 import numpy as np
 
-from grain_cells.outputs import Output, TruncationReport
-from grain_cells.pipeline._config import make_split
+from grain_cells._util.arguments import ArgumentTypeError
+from grain_cells.outputs import TruncationReport
+from grain_cells.pipeline._config import FETCH, keywords, make_split, options_of
 from grain_cells.pipeline._dataset import truncation_report
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source import AnnDataSource
@@ -216,46 +217,14 @@ class _Reported(collections.abc.Sequence):
         return batch
 
 
-def fetch_operations(
-    source: AnnDataSource,
-    *,
-    batch_size: int,
-    fetch_factor: int | None = None,
-    output: Output | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    remainder: str = "pad",
-    extra: dict | None = None,
-    numeric_obs: str = "native",
-    condition: str | None = None,
-) -> list:
+@keywords(FETCH)
+def fetch_operations(source: AnnDataSource, **options) -> list:
     """The operations that turn block records into shuffled minibatches.
 
     Args:
-        source: The source the sampler walks.
-        batch_size: Cells per minibatch (`m`).
-        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
-            are read together and their cells shuffled in memory (on blocks
-            along a chunk grid, of varying size: enough blocks for `m * f`
-            cells). None: 16, or enough for `source.fetch_blocks` blocks (a
-            compressed source built without a `block_size`).
-        output: `CsrOutput()` (default), `PaddedSparseOutput(width)`,
-            `DenseOutput()`, a token output (`grain_cells.tokens.RankValueTokens`,
-            `ValueBinTokens`), or any `grain_cells.Output`.
-        shuffle: Shuffle cells inside each fetch (turn off together with the
-            sampler's shuffle for a sequential pass).
-        seed: Seed of the in-fetch shuffle (use the sampler's).
-        remainder: `"pad"` or `"drop"` for a fetch's short last minibatch.
-        extra: More matrices of the same cells per minibatch, by output key:
-            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
-            or `grain_cells.Obsm(name)` (see `grain_cells.pipeline._extra`).
-        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
-            integers come as int32) or `"float32"` (every numeric column as
-            float32, beside the int32 codes of categorical ones).
-        condition: An obs column of the source: every minibatch then holds
-            cells of one value of it (each condition's cells of a fetch are
-            cut into minibatches, the last one short and padded). Pair with
-            `grain_cells.ConditionBlockSampler`; see `grain_cells.sampling._conditions`.
+        source: The source the sampler walks (the loader's `data_source`).
+        **options: The fetch keywords of `grain_cells.pipeline.PipelineOptions`
+            (`batch_size` required); pass the sampler's `seed`.
 
     Returns:
         `[grain.transforms.Batch(...), GrainFetch(...)]` for
@@ -266,6 +235,7 @@ def fetch_operations(
             whole number of minibatches. While iterating: the loader's
             `data_source` is another source or view than `source`.
     """
+    opts, _ = options_of(fetch_operations, options)
     if in_child_process():
         # A spawned worker importing a script whose top level builds the
         # pipeline: say so once, instead of workers dying one by one.
@@ -273,21 +243,46 @@ def fetch_operations(
     else:
         # Grain reads an absl flag when it starts worker processes.
         allow_unparsed_flags()
-    split = make_split(
-        source,
-        batch_size=batch_size,
-        fetch_factor=fetch_factor,
-        output=output,
-        shuffle=shuffle,
-        seed=seed,
-        remainder=remainder,
-        extra=extra,
-        numeric_obs=numeric_obs,
-        condition=condition,
-    )
+    split = make_split(source, opts)
     return [
         grain.transforms.Batch(
             split.config.blocks_per_fetch, drop_remainder=False, batch_fn=GroupBlocks()
         ),
         GrainFetch(split),
     ]
+
+
+def fetch_of(operations) -> tuple[SplitFetch, tuple]:
+    """The fetch transform `fetch_operations` put in `operations`, and the
+    per-minibatch `Map`s after it (what `grain_cells.DataLoader` runs).
+
+    Raises:
+        TypeError: `operations` is not a list or tuple.
+        ValueError: It holds no `fetch_operations(...)`, or other operations
+            than `Map`s after it.
+    """  # noqa: D205
+    if isinstance(operations, (str, bytes)) or not isinstance(
+        operations, (list, tuple)
+    ):
+        raise ArgumentTypeError(
+            "operations must be a list of transforms, "
+            "grain_cells.fetch_operations(source, ...), got "
+            f"operations={operations!r} ({type(operations).__name__})"
+        )
+    ops = list(operations)
+    at = [i for i, op in enumerate(ops) if isinstance(op, GrainFetch)]
+    before = ops[: at[0]] if len(at) == 1 else ()
+    if len(before) != 1 or not isinstance(before[0], grain.transforms.Batch):
+        raise ValueError(
+            "grain_cells.DataLoader needs operations=grain_cells.fetch_operations("
+            f"...) (a Batch and one fetch transform), got {ops!r}; for other "
+            "operations use grain.DataLoader"
+        )
+    after = tuple(ops[at[0] + 1 :])
+    for op in after:
+        if not isinstance(op, grain.transforms.Map):
+            raise ValueError(
+                f"grain_cells.DataLoader runs operations after the fetch as "
+                f"per-minibatch grain.transforms.Map only, got {op!r}"
+            )
+    return ops[at[0]].split, after

@@ -39,16 +39,15 @@ from __future__ import annotations
 
 import json
 
-import grain
 import numpy as np
 
-from grain_cells._util.arguments import ArgumentTypeError, check_source
+from grain_cells._util.arguments import check_source
 from grain_cells.errors import CheckpointMismatchError
+from grain_cells.pipeline._config import buffer_fetches
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
-from grain_cells.pipeline._fetch import SplitFetch
-from grain_cells.pipeline._grain_ops import GrainFetch
+from grain_cells.pipeline._grain_ops import fetch_of
 from grain_cells.source import AnnDataSource
-from grain_cells.transport import allow_unparsed_flags, check_main_guard
+from grain_cells.transport import check_main_guard
 
 __all__ = [
     "READ_OPTIONS",
@@ -57,31 +56,6 @@ __all__ = [
     "DataLoader",
     "obs_frame",
 ]
-
-
-def _split_of(operations) -> tuple[SplitFetch, tuple]:
-    """The fetch transform of `operations`, and the Maps after it."""
-    ops = list(operations)
-    where = [i for i, op in enumerate(ops) if isinstance(op, GrainFetch)]
-    if len(where) != 1:
-        raise ValueError(
-            "grain_cells.DataLoader needs operations=grain_cells.fetch_operations("
-            f"...) (one fetch transform), got {ops!r}; for other operations use "
-            "grain.DataLoader"
-        )
-    before, after = ops[: where[0]], ops[where[0] + 1 :]
-    if len(before) != 1 or not isinstance(before[0], grain.transforms.Batch):
-        raise ValueError(
-            f"grain_cells.DataLoader: the fetch transform must follow the Batch "
-            f"of fetch_operations(...), got {before!r} before it"
-        )
-    for op in after:
-        if not isinstance(op, grain.transforms.Map):
-            raise ValueError(
-                f"grain_cells.DataLoader runs operations after the fetch as "
-                f"per-minibatch grain.transforms.Map only, got {op!r}"
-            )
-    return ops[where[0]].split, tuple(after)
 
 
 class DataLoader:
@@ -129,27 +103,23 @@ class DataLoader:
         """
         del read_options, enable_profiling
         check_source(data_source, AnnDataSource, "data_source")
-        if isinstance(operations, (str, bytes)) or not isinstance(
-            operations, (list, tuple)
-        ):
-            raise ArgumentTypeError(
-                "operations must be a list of transforms, "
-                "grain_cells.fetch_operations(source, ...), got "
-                f"operations={operations!r} ({type(operations).__name__})"
-            )
-        if worker_count:
-            allow_unparsed_flags()
-        split, after = _split_of(operations)
-        per_fetch = split.config.fetch_factor
+        split, after = fetch_of(operations)
         self._dataset = CellDataset(
             data_source,
             sampler,
             split,
             worker_count=worker_count,
-            worker_buffer_size=max(1, -(-int(worker_buffer_size) // per_fetch)),
+            worker_buffer_size=buffer_fetches(worker_buffer_size, split.config),
             shard_options=shard_options,
             after=after,
         )
+
+    @classmethod
+    def of(cls, dataset: CellDataset) -> DataLoader:
+        """The loader of a pipeline built otherwise (`grain_cells.loader`)."""
+        loader = cls.__new__(cls)
+        loader._dataset = dataset
+        return loader
 
     @property
     def dataset(self) -> CellDataset:

@@ -125,21 +125,16 @@ class ConditionBlockSampler(BlockStream):
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
                 f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
             )
-        self._hints = PositionHints.for_source(source, readahead_cells)
+        hints = PositionHints.for_source(source, readahead_cells)
         self._column = column
         self._g = int(blocks_per_fetch)
         self._lanes = shard_options.shard_count * max(1, int(worker_count))
         self._worker_count = int(worker_count)
-        self._seed = int(seed)
-        self._num_epochs = None if num_epochs is None else int(num_epochs)
-        self._shard_options = shard_options
-        self._num_blocks = len(source)
-        if self._num_blocks < shard_options.shard_count:
-            raise ValueError(
-                f"{self._num_blocks} blocks cannot be split over "
-                f"{shard_options.shard_count} shards"
-            )
-        _, starts, _ = source.block_ranges(np.arange(self._num_blocks))
+        num_blocks = len(source)
+        count = shard_options.shard_count
+        if num_blocks < count:
+            raise ValueError(f"{num_blocks} blocks cannot be split over {count} shards")
+        _, starts, _ = source.block_ranges(np.arange(num_blocks))
         codes = source.obs_values(column)[starts]
         labels = source.categories[column]
         self._conditions, self._block_condition = np.unique(codes, return_inverse=True)
@@ -147,10 +142,8 @@ class ConditionBlockSampler(BlockStream):
             self._conditions if labels is None else np.asarray(labels)[self._conditions]
         )
         self._weights = None
-        count = shard_options.shard_count
-        if weights is None:
-            self._epoch_length = self._num_blocks - self._num_blocks % count
-        else:
+        epoch_length = num_blocks - num_blocks % count
+        if weights is not None:
             w = np.array(
                 [float(weights.get(n, weights.get(str(n), 0.0))) for n in self._names]
             )
@@ -161,11 +154,19 @@ class ConditionBlockSampler(BlockStream):
                 )
             self._weights = w
             self._cdf = np.cumsum(w) / w.sum()
-            self._static = self._groups(epoch=None)
+            self._static = self._groups((int(seed),))
             first = np.array([self._block_condition[g[0]] for g in self._static])
             self._by_condition = [np.flatnonzero(first == c) for c in range(w.size)]
             slots = epoch_groups or len(self._static)
-            self._epoch_length = -(-slots * self._g // count) * count
+            epoch_length = -(-slots * self._g // count) * count
+        super().__init__(
+            num_blocks=num_blocks,
+            epoch_length=epoch_length,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            hints=hints,
+        )
         self._memo: tuple[int, np.ndarray] | None = None
 
     def __getstate__(self):
@@ -183,10 +184,9 @@ class ConditionBlockSampler(BlockStream):
         """The condition values (labels for categorical columns)."""
         return self._names
 
-    def _groups(self, epoch: int | None) -> list[np.ndarray]:
-        """Each condition's blocks, shuffled, cut into groups of G; in order."""
-        words = (self._seed,) if epoch is None else (self._seed, epoch)
-        blocks = np.arange(self._num_blocks, dtype=np.int64)
+    def _groups(self, words: tuple) -> list[np.ndarray]:
+        """Each condition's blocks, shuffled by `words`, cut into groups of G."""
+        blocks = np.arange(self._block_condition.size, dtype=np.int64)
         rank = counter_rng.hash64(*words, blocks)
         order = np.lexsort((rank, self._block_condition))
         cond = self._block_condition[order]
@@ -200,13 +200,13 @@ class ConditionBlockSampler(BlockStream):
         """The blocks of epoch `epoch` in group order (before striping)."""
         if self._memo is not None and self._memo[0] == epoch:
             return self._memo[1]
-        groups = self._groups(epoch)
+        groups = self._groups((self.seed, epoch))
         # Slots of G blocks stay aligned with fetches: whole groups are slots;
         # the short groups (a condition's last) are packed together into
         # slots, one after another; the slots are shuffled, and a short last
         # slot goes last.
         rank = counter_rng.hash64(
-            self._seed, epoch, _GROUP_WORD + np.arange(len(groups))
+            self.seed, epoch, _GROUP_WORD + np.arange(len(groups))
         )
         short = [groups[i] for i in np.argsort(rank) if groups[i].size < self._g]
         slots = [g for g in groups if g.size == self._g]
@@ -216,18 +216,18 @@ class ConditionBlockSampler(BlockStream):
         last = [slots.pop()] if slots and slots[-1].size < self._g else []
         order = np.argsort(
             counter_rng.hash64(
-                self._seed, epoch, 2 * _GROUP_WORD + np.arange(len(slots))
+                self.seed, epoch, 2 * _GROUP_WORD + np.arange(len(slots))
             )
         )
         groups = [slots[i] for i in order] + last
-        flat = np.concatenate(groups)[: self._epoch_length]
+        flat = np.concatenate(groups)[: self.epoch_length]
         self._memo = (epoch, flat)
         return flat
 
     def _slot_position(self, offset: int) -> int:
         """Where position `offset` of an epoch reads in the group sequence."""
         chunk = self._lanes * self._g
-        full = self._epoch_length - self._epoch_length % chunk
+        full = self.epoch_length - self.epoch_length % chunk
         if offset >= full:
             return offset
         base, o = divmod(offset, chunk)
@@ -236,7 +236,7 @@ class ConditionBlockSampler(BlockStream):
 
     def block_at(self, position: int) -> int:
         """The block at a stream position."""
-        epoch, offset = divmod(int(position), self._epoch_length)
+        epoch, offset = divmod(int(position), self.epoch_length)
         slot = self._slot_position(offset)
         if self._weights is None:
             return int(self.epoch_order(epoch)[slot])
@@ -246,12 +246,12 @@ class ConditionBlockSampler(BlockStream):
 
     def _drawn_group(self, epoch: int, slot: int) -> np.ndarray:
         w = self._weights
-        u = counter_rng.uniform_int(self._seed, epoch, _DRAW_WORD + slot)
+        u = counter_rng.uniform_int(self.seed, epoch, _DRAW_WORD + slot)
         c = min(int(np.searchsorted(self._cdf, u, side="right")), w.size - 1)
         while w[c] == 0:  # rounding at the top edge
             c -= 1
         ids = self._by_condition[c]
-        v = counter_rng.uniform_int(self._seed, epoch, 2 * _DRAW_WORD + slot)
+        v = counter_rng.uniform_int(self.seed, epoch, 2 * _DRAW_WORD + slot)
         return self._static[ids[int(v * ids.size)]]
 
     def blocks_at(self, positions) -> np.ndarray:
@@ -269,29 +269,29 @@ class ConditionBlockSampler(BlockStream):
         weights = epoch_length = None
         if self._weights is not None:
             digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
-            weights, epoch_length = f"sha256:{digest}", self._epoch_length
+            weights, epoch_length = f"sha256:{digest}", self.epoch_length
         return {
             "class": type(self).__name__,
-            "num_blocks": self._num_blocks,
+            "num_blocks": self.num_blocks,
             "column": self._column,
             "blocks_per_fetch": self._g,
             "worker_count": self._worker_count,
-            "seed": self._seed,
-            "num_epochs": self._num_epochs,
+            "seed": self.seed,
+            "num_epochs": self.num_epochs,
             "weights": weights,
             "epoch_length": epoch_length,
         }
 
     def __repr__(self) -> str:
-        so = self._shard_options
+        so = self.shard_options
         weights = ""
         if self._weights is not None:
             digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
-            weights = f", weights=sha256:{digest}, epoch_length={self._epoch_length}"
+            weights = f", weights=sha256:{digest}, epoch_length={self.epoch_length}"
         return (
-            f"ConditionBlockSampler(num_blocks={self._num_blocks}, "
+            f"ConditionBlockSampler(num_blocks={self.num_blocks}, "
             f"column={self._column!r}, blocks_per_fetch={self._g}, "
-            f"worker_count={self._worker_count}, seed={self._seed}, "
-            f"num_epochs={self._num_epochs}, shard_index={so.shard_index}, "
+            f"worker_count={self._worker_count}, seed={self.seed}, "
+            f"num_epochs={self.num_epochs}, shard_index={so.shard_index}, "
             f"shard_count={so.shard_count}{weights})"
         )

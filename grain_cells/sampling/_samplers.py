@@ -78,7 +78,7 @@ class BlockSampler(BlockStream):
                 than shards.
         """
         arguments.check_int("readahead_cells", readahead_cells, minimum=0)
-        self._hints = PositionHints.for_source(num_blocks, readahead_cells)
+        hints = PositionHints.for_source(num_blocks, readahead_cells)
         if hasattr(num_blocks, "__len__") and not isinstance(num_blocks, str):
             num_blocks = len(num_blocks)  # a source: its blocks
         num_blocks = arguments.check_int("num_blocks", num_blocks, minimum=1)
@@ -89,13 +89,15 @@ class BlockSampler(BlockStream):
                 f"{num_blocks} blocks cannot be split over {count} shards; use a "
                 "smaller block_size or fewer shards"
             )
-        self._num_blocks = num_blocks
+        super().__init__(
+            num_blocks=num_blocks,
+            epoch_length=num_blocks - num_blocks % count,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            hints=hints,
+        )
         self._shuffle = bool(shuffle)
-        self._seed = int(seed)
-        self._num_epochs = None if num_epochs is None else int(num_epochs)
-        # Read by grain.DataLoader when it is given no shard_options.
-        self._shard_options = shard_options
-        self._epoch_length = num_blocks - num_blocks % count
 
     @property
     def shuffle(self) -> bool:
@@ -104,12 +106,12 @@ class BlockSampler(BlockStream):
 
     def block_at(self, position: int) -> int:
         """The block at a stream position (no bounds check on epochs)."""
-        epoch, offset = divmod(int(position), self._epoch_length)
-        if not self._shuffle or self._num_blocks == 1:
+        epoch, offset = divmod(int(position), self.epoch_length)
+        if not self._shuffle or self.num_blocks == 1:
             return offset
         return grain.experimental.index_shuffle(
             offset,
-            max_index=self._num_blocks - 1,
+            max_index=self.num_blocks - 1,
             seed=self._epoch_seed(epoch),
             rounds=_SHUFFLE_ROUNDS,
         )
@@ -119,11 +121,11 @@ class BlockSampler(BlockStream):
         without Python's per-call overhead of `block_at`).
         """  # noqa: D205
         positions = np.asarray(positions, np.int64).reshape(-1)
-        epochs, offsets = np.divmod(positions, self._epoch_length)
-        if not self._shuffle or self._num_blocks == 1 or positions.size == 0:
+        epochs, offsets = np.divmod(positions, self.epoch_length)
+        if not self._shuffle or self.num_blocks == 1 or positions.size == 0:
             return offsets
         out = np.empty(positions.size, np.int64)
-        last = self._num_blocks - 1
+        last = self.num_blocks - 1
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)
             seed = self._epoch_seed(epoch)
@@ -145,21 +147,21 @@ class BlockSampler(BlockStream):
         cached = self.__dict__.get("_seed_memo")
         if cached is not None and cached[0] == epoch:
             return cached[1]
-        mixed = np.random.SeedSequence([self._seed, epoch]).generate_state(1)
+        mixed = np.random.SeedSequence([self.seed, epoch]).generate_state(1)
         value = int(mixed[0] & 0x7FFFFFFF)
         self.__dict__["_seed_memo"] = (epoch, value)
         return value
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """All blocks in the order epoch `epoch` visits them (all shards)."""
-        start = epoch * self._epoch_length
-        return self.blocks_at(np.arange(start, start + self._epoch_length))
+        start = epoch * self.epoch_length
+        return self.blocks_at(np.arange(start, start + self.epoch_length))
 
     def skipped_blocks(self, epoch: int) -> np.ndarray:
         """Blocks that epoch `epoch` skips so that shards stay equal."""
-        if self._epoch_length == self._num_blocks:
+        if self.epoch_length == self.num_blocks:
             return np.zeros(0, np.int64)
-        visited = np.zeros(self._num_blocks, bool)
+        visited = np.zeros(self.num_blocks, bool)
         visited[self.epoch_order(epoch)] = True
         return np.flatnonzero(~visited)
 
@@ -172,16 +174,16 @@ class BlockSampler(BlockStream):
         """
         return {
             "class": type(self).__name__,
-            "num_blocks": self._num_blocks,
+            "num_blocks": self.num_blocks,
             "shuffle": self._shuffle,
-            "seed": self._seed,
-            "num_epochs": self._num_epochs,
+            "seed": self.seed,
+            "num_epochs": self.num_epochs,
         }
 
     def __repr__(self) -> str:
-        so = self._shard_options
+        so = self.shard_options
         return (
-            f"BlockSampler(num_blocks={self._num_blocks}, shuffle={self._shuffle}, "
-            f"seed={self._seed}, num_epochs={self._num_epochs}, "
+            f"BlockSampler(num_blocks={self.num_blocks}, shuffle={self._shuffle}, "
+            f"seed={self.seed}, num_epochs={self.num_epochs}, "
             f"shard_index={so.shard_index}, shard_count={so.shard_count})"
         )

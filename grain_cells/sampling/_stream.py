@@ -79,20 +79,31 @@ def check_sampler_fits(sampler, data_source) -> None:
 class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
-    A subclass sets `_num_blocks`, `_epoch_length`, `_seed`,
-    `_shard_options`, `_num_epochs` and `_hints` (a
-    `sampling._readahead.PositionHints`, or None), and defines
-    `block_at(position)` and `blocks_at(positions)`; Grain's `__getitem__` is
-    shared. The hints serve a plain `grain.DataLoader` only (see
-    `grain_cells.sampling._readahead`).
+    A subclass calls `BlockStream.__init__` with its sizes and defines the
+    two hooks `block_at(position)` and `blocks_at(positions)`; Grain's
+    `__getitem__`, `__len__` and the properties are shared. The hints serve
+    a plain `grain.DataLoader` only (see `grain_cells.sampling._readahead`).
     """
 
-    _hints: PositionHints | None = None
-    _num_epochs: int | None = 1
-    _num_blocks: int
-    _epoch_length: int
-    _seed: int
-    _shard_options: sharding.ShardOptions
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        epoch_length: int,
+        seed: int,
+        num_epochs: int | None,
+        shard_options: sharding.ShardOptions,
+        hints: PositionHints | None = None,
+    ):
+        """Holds the stream's sizes, checked by the subclass (see the
+        properties); `hints`: read-ahead (`PositionHints.for_source`) or None.
+        """  # noqa: D205
+        self._num_blocks = int(num_blocks)
+        self._epoch_length = int(epoch_length)
+        self._seed = int(seed)
+        self._num_epochs = None if num_epochs is None else int(num_epochs)
+        self._shard_options = shard_options
+        self._hints = hints
 
     @property
     def num_blocks(self) -> int:
@@ -134,6 +145,10 @@ class BlockStream:
         if self._hints is not None:
             self._hints.seen(index, self)
         return grain.RecordMetadata(index=index, record_key=self.block_at(index))
+
+    def block_at(self, position: int) -> int:
+        """The block at a stream position (no bounds check on epochs)."""
+        raise NotImplementedError
 
     def blocks_at(self, positions) -> np.ndarray:
         """The blocks at many stream positions (no bounds check on epochs)."""

@@ -96,7 +96,7 @@ class WeightedBlockSampler(BlockStream):
                 length, negative, non-finite or all 0; both or a non-positive
                 epoch length; a bad seed, epoch count or shard.
         """
-        self._hints = PositionHints.for_source(source, readahead_cells)
+        hints = PositionHints.for_source(source, readahead_cells)
         if isinstance(source, (int, np.integer)):
             num_blocks = int(source)
         else:
@@ -141,12 +141,14 @@ class WeightedBlockSampler(BlockStream):
             draws = math.ceil(epoch_cells / per_draw)
         else:
             draws = num_blocks if epoch_blocks is None else int(epoch_blocks)
-        self._epoch_length = -(-draws // count) * count
-        self._num_blocks = num_blocks
-        self._seed = int(seed)
-        self._num_epochs = None if num_epochs is None else int(num_epochs)
-        # Read by grain.DataLoader when it is given no shard_options.
-        self._shard_options = shard_options
+        super().__init__(
+            num_blocks=num_blocks,
+            epoch_length=-(-draws // count) * count,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            hints=hints,
+        )
         self._weights_id = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()[:16]
 
     def __getstate__(self) -> dict:
@@ -168,23 +170,23 @@ class WeightedBlockSampler(BlockStream):
 
     def block_at(self, position: int) -> int:
         """The block drawn at a stream position (no bounds check on epochs)."""
-        epoch, offset = divmod(int(position), self._epoch_length)
-        u = counter_rng.uniform_int(self._seed, epoch, offset)
+        epoch, offset = divmod(int(position), self.epoch_length)
+        u = counter_rng.uniform_int(self.seed, epoch, offset)
         k = int(np.searchsorted(self._cdf, u * self._total, side="right"))
         return min(k, self._last_drawable)
 
     def blocks_at(self, positions) -> np.ndarray:
         """`block_at` of many positions, vectorised."""
         positions = np.asarray(positions, np.int64).reshape(-1)
-        epochs, offsets = np.divmod(positions, self._epoch_length)
-        u = counter_rng.uniform(self._seed, epochs, offsets)
+        epochs, offsets = np.divmod(positions, self.epoch_length)
+        u = counter_rng.uniform(self.seed, epochs, offsets)
         k = np.searchsorted(self._cdf, u * self._total, side="right")
         return np.minimum(k, self._last_drawable).astype(np.int64)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The blocks epoch `epoch` draws, in stream order (all shards)."""
-        start = int(epoch) * self._epoch_length
-        return self.blocks_at(np.arange(start, start + self._epoch_length))
+        start = int(epoch) * self.epoch_length
+        return self.blocks_at(np.arange(start, start + self.epoch_length))
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this sampler: what decides its order.
@@ -195,20 +197,20 @@ class WeightedBlockSampler(BlockStream):
         """
         return {
             "class": type(self).__name__,
-            "num_blocks": self._num_blocks,
+            "num_blocks": self.num_blocks,
             "weights": f"sha256:{self._weights_id}",
-            "epoch_length": self._epoch_length,
-            "seed": self._seed,
-            "num_epochs": self._num_epochs,
+            "epoch_length": self.epoch_length,
+            "seed": self.seed,
+            "num_epochs": self.num_epochs,
         }
 
     def __repr__(self) -> str:
-        so = self._shard_options
+        so = self.shard_options
         return (
-            f"WeightedBlockSampler(num_blocks={self._num_blocks}, "
+            f"WeightedBlockSampler(num_blocks={self.num_blocks}, "
             f"weights=sha256:{self._weights_id}, "
-            f"epoch_length={self._epoch_length}, seed={self._seed}, "
-            f"num_epochs={self._num_epochs}, shard_index={so.shard_index}, "
+            f"epoch_length={self.epoch_length}, seed={self.seed}, "
+            f"num_epochs={self.num_epochs}, shard_index={so.shard_index}, "
             f"shard_count={so.shard_count})"
         )
 

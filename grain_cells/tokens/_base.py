@@ -17,7 +17,7 @@ import importlib.util
 import numpy as np
 
 from grain_cells._util import arguments, counter_rng
-from grain_cells.outputs import Fetch
+from grain_cells.outputs import Fetch, Output
 from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
@@ -39,7 +39,7 @@ def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
     return vocab.special(role)
 
 
-class TokenOutput:
+class TokenOutput(Output):
     """What both token outputs share: the vocabulary map, specials, MLM.
 
     `RankValueTokens` (here) and `ValueBinTokens` (`grain_cells.tokens._value_bins`)
@@ -109,9 +109,9 @@ class TokenOutput:
         return h.hexdigest()[:16]
 
     def format(
-        self, fetch: Fetch, rows: np.ndarray, batch_size: int
+        self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
-        """One minibatch: the fetch's `rows` as token arrays.
+        """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
         The compiled kernels encode the rows straight into the minibatch's
         arrays; the NumPy kernels encode the whole fetch once (cached in
