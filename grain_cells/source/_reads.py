@@ -146,8 +146,9 @@ class FileReads:
         """One obs column for every cell of the files, in row-id order.
 
         Categorical columns come back as codes into the column's categories
-        (harmonised across files). Loads the column of every file into this
-        process.
+        (harmonised across files). Read-only. For one file, a view of the
+        file's column: with the obs cache, of its memory map (no copy);
+        several files' columns are joined into one array in this process.
 
         Raises:
             errors.MissingColumnError: `column` is not one of the obs columns.
@@ -161,7 +162,9 @@ class FileReads:
         for i in range(len(self.files.paths)):
             with self._handles.pinned([i]) as (f,):
                 parts.append(f.obs[column])
-        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0].view()
+        out.flags.writeable = False
+        return out
 
     def chunk_starts(self) -> np.ndarray:
         """Global rows where an HDF5 chunk of the matrix begins, per file.
