@@ -150,7 +150,7 @@ class WeightedBlockSampler(BlockStream):
         self._num_epochs = None if num_epochs is None else int(num_epochs)
         # Read by grain.DataLoader when it is given no shard_options.
         self._shard_options = shard_options
-        digest = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()
+        digest = hashlib.sha256(np.ascontiguousarray(w, "<f8")).hexdigest()
         self._weights_id = digest[:16]
         # The name of the shared table of cumulative weights (see pickling).
         self._cdf_name = hashlib.sha256(f"cdf {digest}".encode()).hexdigest()

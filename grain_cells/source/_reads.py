@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells import errors
+from grain_cells.io import _obs_cache as obs_cache
 from grain_cells.io import _range_reads as range_reads
 from grain_cells.io._cells import Cells
 from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
@@ -146,9 +147,10 @@ class FileReads:
         """One obs column for every cell of the files, in row-id order.
 
         Categorical columns come back as codes into the column's categories
-        (harmonised across files). Read-only. For one file, a view of the
-        file's column: with the obs cache, of its memory map (no copy);
-        several files' columns are joined into one array in this process.
+        (harmonised across files). Read-only. For one file, no copy: with
+        the obs cache, a map of the cache entry of the caller's own (the
+        pages are unmapped when the caller drops it); else a view of the
+        file's column. Several files' columns are joined into one array.
 
         Raises:
             errors.MissingColumnError: `column` is not one of the obs columns.
@@ -162,7 +164,9 @@ class FileReads:
         for i in range(len(self.files.paths)):
             with self._handles.pinned([i]) as (f,):
                 parts.append(f.obs[column])
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0].view()
+        if len(parts) == 1:
+            return obs_cache.own_map(parts[0])
+        out = np.concatenate(parts)
         out.flags.writeable = False
         return out
 

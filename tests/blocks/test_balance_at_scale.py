@@ -43,7 +43,10 @@ def interleaved(tmp_path_factory) -> str:
         (np.ones(N_CELLS, np.float32), (rows, rows % 3)), shape=(N_CELLS, 3)
     )
     obs = pd.DataFrame(
-        {"cell_type": cell_type, "donor": pd.Categorical([f"D{d}" for d in rows * 5 // N_CELLS])},
+        {
+            "cell_type": cell_type,
+            "donor": pd.Categorical([f"D{d}" for d in rows * 5 // N_CELLS]),
+        },
         index=[f"c{r}" for r in rows],
     )
     path = tmp_path_factory.mktemp("interleaved") / "atlas.h5ad"
@@ -107,10 +110,30 @@ def test_weights_equal_the_numpy_oracle_bit_for_bit(interleaved, split):
 def test_obs_values_of_one_file_is_a_view_not_a_copy(interleaved):
     source = grain_cells.AnnDataSource(interleaved, obs_columns=["cell_type"])
     a, b = source.obs_values("cell_type"), source.obs_values("cell_type")
-    assert np.shares_memory(a, b)
+    assert np.shares_memory(a, b)  # both views of the file's column
     assert not a.flags.writeable
     want = ad.read_h5ad(interleaved, backed="r").obs["cell_type"].cat.codes
     np.testing.assert_array_equal(a, want.to_numpy())
+    source.close()
+
+
+def test_obs_values_of_a_cached_column_is_a_map_of_its_own(tmp_path):
+    from grain_cells.io import _obs_cache
+
+    n = _obs_cache.MIN_CELLS + 5  # large enough for the obs cache
+    codes = np.arange(n) % 3
+    obs = pd.DataFrame(
+        {"plate": pd.Categorical.from_codes(codes, ["p0", "p1", "p2"])},
+        index=[f"c{r}" for r in range(n)],
+    )
+    path = tmp_path / "big.h5ad"
+    x = sp.csr_matrix((n, 2), dtype=np.float32)
+    ad.AnnData(x, obs=obs, var=pd.DataFrame(index=["a", "b"])).write_h5ad(path)
+    source = grain_cells.AnnDataSource(str(path), obs_columns=["plate"])
+    values = source.obs_values("plate")
+    assert isinstance(values.base, np.memmap)  # mapped, not copied
+    assert not values.flags.writeable
+    np.testing.assert_array_equal(values, codes)
     source.close()
 
 
