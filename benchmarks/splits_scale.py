@@ -58,6 +58,13 @@ _WORKDIR = flags.DEFINE_string(
     "Folder for the thin file (reused when present); default: a tmp dir.",
 )
 _JSON = flags.DEFINE_string("json", None, "Write the results here as JSON.")
+_TOGETHER = flags.DEFINE_boolean(
+    "together",
+    False,
+    "Right after `open`, also measure balanced weights over `plate` and the "
+    "donor split in one step (`weights + split`): the trainer's growth for "
+    "both, with its anonymous and file-backed (mapped obs cache) parts after.",
+)
 _INTERLEAVED = flags.DEFINE_boolean(
     "interleaved",
     True,
@@ -185,6 +192,16 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+def _rss_parts_mb() -> tuple[float, float]:
+    """(RssAnon, RssFile) of this process in MiB."""
+    parts = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                parts[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return parts.get("RssAnon", float("nan")), parts.get("RssFile", float("nan"))
+
+
 def measure(fn):
     """(result, CPU-s, peak RSS growth in MiB) of `fn()`."""
     gc.collect()
@@ -197,7 +214,9 @@ def measure(fn):
     return out, cpu, grown
 
 
-def run(path: str, block_size: int = 16, interleaved: bool = True) -> dict:
+def run(
+    path: str, block_size: int = 16, interleaved: bool = True, together: bool = False
+) -> dict:
     """Measures the four steps on the thin file at `path`."""
     rows = {}
 
@@ -222,6 +241,34 @@ def run(path: str, block_size: int = 16, interleaved: bool = True) -> dict:
         )
     )
     record("open", cpu, grown, len(pickle.dumps(source)), blocks=len(source))
+
+    if together:  # before any other step maps a column
+
+        def both():
+            weights = grain_cells.balanced_block_weights(source, "plate")
+            sampler = grain_cells.WeightedBlockSampler(source, weights, seed=0)
+            held = source.categories["donor"][::20].tolist()
+            return sampler, grain_cells.split_by_obs(
+                source, "donor", {"val": held}, rest="train"
+            )
+
+        anon, mapped = _rss_parts_mb()
+        (sampler, splits), cpu, grown = measure(both)
+        anon2, mapped2 = _rss_parts_mb()
+        record(
+            "weights + split",
+            cpu,
+            grown,
+            max(len(pickle.dumps(sampler)), len(pickle.dumps(splits["train"]))),
+            anon_growth_mib=round(anon2 - anon, 1),
+            file_growth_mib=round(mapped2 - mapped, 1),
+        )
+        print(
+            f"{'':24s} after: anonymous +{anon2 - anon:.1f} MiB, file-backed "
+            f"+{mapped2 - mapped:.1f} MiB",
+            flush=True,
+        )
+        del sampler, splits
 
     def weigh():
         with warnings.catch_warnings():
@@ -287,7 +334,7 @@ def main(argv):
         write_thin_atlas(path + ".part", _N_CELLS.value, _DONORS.value)
         os.replace(path + ".part", path)
         print(f"wrote {path} in {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = run(path, _BLOCK.value, _INTERLEAVED.value)
+    rows = run(path, _BLOCK.value, _INTERLEAVED.value, _TOGETHER.value)
     if _JSON.value:
         pathlib.Path(_JSON.value).write_text(
             json.dumps(

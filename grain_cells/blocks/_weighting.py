@@ -4,13 +4,11 @@ A `WeightedBlockSampler` draws *blocks*, so a weight must end up on blocks.
 Every cell of a drawn block is emitted, so a cell's expected rate is its
 block's probability, shared by all the cells of the block.
 
-Memory while computing weights: the obs column or the cell weights (one
-value per cell of the files), the block x class count table (4 to 6 bytes
-per (block, class) entry: one per block where labels come in runs, up to one
-per cell where they are interleaved; `grain_cells.blocks._composition`)
-plus transients of one part of it (`2**20` cells); the result is 8 bytes
-per block. The weights are those of the straightforward computation over
-the whole table, bit for bit.
+Memory while computing weights: the obs column or the cell weights (a
+view of the obs cache's map for one file), one piece's transients (`2**18`
+cells) and the result, 8 bytes per block. The class x class sums the
+iteration needs are exact integers, so the weights are the same on every
+machine (`grain_cells.blocks._pairs`).
 
 Design notes: docs/reference/design.md#blocks-weighting.
 """
@@ -25,6 +23,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.arguments import check_int
 from grain_cells.blocks._composition import Composition, table_composition
+from grain_cells.blocks._pairs import Pairs, block_sums, pairs
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source import AnnDataSource
 
@@ -92,7 +91,8 @@ def block_weights(
     return out
 
 
-def _composition(source: AnnDataSource, column: str) -> Composition:
+def _codes(source: AnnDataSource, column: str):
+    """`(codes, ranges, categories)` of a categorical column of `source`."""
     if column not in source.obs_columns:
         raise errors.MissingColumnError(
             f"column={column!r} is not one of the source's obs_columns "
@@ -109,15 +109,18 @@ def _composition(source: AnnDataSource, column: str) -> Composition:
     def ranges(a, b):
         return source.block_ranges(np.arange(a, b))[1:]
 
-    return table_composition(
-        source.obs_values(column), ranges, len(source), source.block_size, categories
-    )
+    return source.obs_values(column), ranges, categories
 
 
-def _targets(comp: Composition, column: str, shares) -> np.ndarray:
+def _composition(source: AnnDataSource, column: str) -> Composition:
+    codes, ranges, categories = _codes(source, column)
+    return table_composition(codes, ranges, len(source), source.block_size, categories)
+
+
+def _targets(counts: np.ndarray, categories, column: str, shares) -> np.ndarray:
     """Target share per class index (0: missing, never a target)."""
-    width = comp.width
-    present = comp.class_counts() > 0
+    width = counts.size
+    present = counts > 0
     present[0] = False
     target = np.zeros(width)
     if shares is None:
@@ -127,13 +130,13 @@ def _targets(comp: Composition, column: str, shares) -> np.ndarray:
         return target
     if not isinstance(shares, Mapping) or not shares:
         raise ValueError(f"shares must map labels to target shares, got {shares!r}")
-    index = {str(c): i + 1 for i, c in enumerate(comp.categories.tolist())}
+    index = {str(c): i + 1 for i, c in enumerate(categories.tolist())}
     for label, share in shares.items():
         i = index.get(str(label))
         if i is None:
             raise ValueError(
                 f"shares: {label!r} is not a category of {column!r} "
-                f"({comp.categories[:20].tolist()})"
+                f"({categories[:20].tolist()})"
             )
         share = float(share)
         if not np.isfinite(share) or share < 0:
@@ -205,44 +208,48 @@ def balanced_block_weights(
     check_source(source, "balanced_block_weights")
     check_column(column, "balanced_block_weights")
     check_int("max_iterations", max_iterations, minimum=1)
-    comp = _composition(source, column)
-    target = _targets(comp, column, shares)
-    weights, got, gap = balance(comp, target, max_iterations, tolerance)
+    codes, ranges, categories = _codes(source, column)
+    blocks, longest = len(source), source.block_size
+    table = pairs(codes, ranges, blocks, longest, len(categories) + 1)
+    target = _targets(table.counts, categories, column, shares)
+    multiplier, got, gap = balance(table, target, max_iterations, tolerance)
     if gap > tolerance:
         warnings.warn(
-            _miss_note(comp, column, got, target, gap, source.block_size),
+            _miss_note(categories, column, got, target, gap, source.block_size),
             stacklevel=2,
         )
-    return weights
+    return block_sums(codes, ranges, blocks, longest, multiplier)
 
 
 def balance(
-    comp: Composition, target: np.ndarray, max_iterations: int, tolerance: float
+    table: Pairs, target: np.ndarray, max_iterations: int, tolerance: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The fixed-point iteration of `balanced_block_weights` on a count table.
+    """The fixed-point iteration of `balanced_block_weights` on class sums.
 
     Returns:
-        `(weights, expected shares per class index, largest gap)`.
+        `(multiplier per class index, expected shares per class index, largest
+        gap)`: the block weights are `block_sums` of the multiplier.
     """
     width = target.size
-    count = comp.class_counts()
+    count = table.counts
     multiplier = np.divide(target, count, out=np.zeros(width), where=count > 0)
     gap = np.inf
     for _ in range(max_iterations + 1):
-        weights = comp.block_sums(multiplier)
-        got = _draw_shares(comp, weights)
+        used = multiplier.copy()
+        emitted = table.emitted(used)
+        got = emitted / emitted.sum()
         gap = float(np.abs(got - target).max())
         if gap <= tolerance:
             break
         step = np.divide(target, got, out=np.ones(width), where=got > 0)
         multiplier *= step
         multiplier /= multiplier.max()  # keep the scale away from under/overflow
-    return weights, got, gap
+    return used, got, gap
 
 
-def _miss_note(comp, column, got, target, gap, block_size) -> str:
+def _miss_note(categories, column, got, target, gap, block_size) -> str:
     """What the weights reach, against the targets, and what would help."""
-    labels = [None, *comp.categories.tolist()]
+    labels = [None, *categories.tolist()]
     listed = [i for i in np.argsort(-np.abs(got - target)) if got[i] or target[i]]
     shown = [
         f"{labels[i]!s}: {got[i]:.1%} (target {target[i]:.1%})" for i in listed[:8]

@@ -41,6 +41,7 @@ from grain_cells.io._identity import FileIdentity, source_identity
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._nodes import is_array, is_group
 from grain_cells.io._obs import OBS_MISSING
+from grain_cells.io._obs_cache import own_map
 from grain_cells.io._obsm import obsm_element
 from grain_cells.io._open import open_file
 from grain_cells.io._range_reads import (
@@ -77,6 +78,7 @@ __all__ = [
     "obs_columns",
     "obsm_element",
     "open_file",
+    "own_map",
     "read_elem",
     "read_obs_names",
     "read_obs_values",

@@ -158,6 +158,24 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False)
     return _as_array(np.memmap(path, dtype, "r", offset, (n_obs,)))
 
 
+def own_map(values: np.ndarray) -> np.ndarray:
+    """`values` (a column `file_obs` gave) in a map of the caller's own.
+
+    A column mapped from the cache is mapped again: the same pages of the
+    page cache, but a mapping that ends when the caller drops the array, so
+    a pass over a whole column (a split, class weights) leaves no pages
+    mapped in the process after it. Any other column is returned as a
+    read-only view.
+    """
+    base = values.base
+    if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
+        again = np.memmap(base.filename, values.dtype, "r", base.offset, values.shape)
+        return _as_array(again)
+    out = values.view()
+    out.flags.writeable = False
+    return out
+
+
 def _as_array(mapped: np.memmap) -> np.ndarray:
     """A plain ndarray view (slices stay ndarrays); its base is the map."""
     return mapped.view(np.ndarray)

@@ -147,6 +147,11 @@ class CellDataset(grain.IterDataset):
     def __len__(self) -> int:
         """Minibatches of the epoch the next `iter()` starts, on this shard.
 
+        Computed once per epoch, without reading cells: arithmetic when all
+        blocks hold equal cell counts; otherwise the epoch's block order is
+        walked once, vectorised (about 0.5 CPU-seconds per million blocks
+        for a shuffled `BlockSampler`).
+
         Raises:
             TypeError: The stream is endless, or a `condition` makes the
                 count depend on the data.

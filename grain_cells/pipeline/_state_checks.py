@@ -218,7 +218,25 @@ def _check_stamp(state, current: dict) -> None:
             "cannot restore the data iterator: the pipeline differs from the "
             "one that saved it (" + "; ".join(diffs) + "). Restore with the "
             "same configuration, or start the data iterator afresh."
+            + _weights_note(saved, current)
         )
+
+
+def _weights_note(saved, current: dict) -> str:
+    """What to do when only a weighted sampler's weights differ."""
+    then, now = saved.get("sampler"), current.get("sampler")
+    if not (isinstance(then, dict) and isinstance(now, dict)):
+        return ""
+    if then.get("weights") == now.get("weights"):
+        return ""
+    return (
+        " The sampler's weights differ from the saved ones: weights computed "
+        "again (balanced_block_weights, block_weights) restore the stream only "
+        "when they are bit-identical, and grain_cells 0.x may change their last "
+        "bits between versions (balanced_block_weights did, where blocks mix "
+        "classes: see the CHANGELOG). Save the weights with the checkpoint "
+        "(np.save) and pass the saved ones to WeightedBlockSampler to restore."
+    )
 
 
 def check_state(state, current: dict, sampler, source, split) -> Position:

@@ -19,6 +19,7 @@ import numpy as np
 from grain import sharding
 
 from grain_cells._util import arguments
+from grain_cells.sampling import _shuffle
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
@@ -31,6 +32,7 @@ __all__ = ["BlockSampler", "BlockStream", "check_sampler_fits"]
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
 _LIST_POSITIONS = 1 << 16
+_VECTOR_POSITIONS = 1 << 12  # from here, `_shuffle` (checked against Grain)
 
 
 class BlockSampler(BlockStream):
@@ -117,8 +119,9 @@ class BlockSampler(BlockStream):
         )
 
     def blocks_at(self, positions) -> np.ndarray:
-        """`block_at` of many positions (one shuffle call per position, made
-        without Python's per-call overhead of `block_at`).
+        """`block_at` of many positions: from 4,096 positions of an epoch,
+        Grain's shuffle computed with NumPy (`grain_cells.sampling._shuffle`,
+        checked against Grain's own function), else one call per position.
         """  # noqa: D205
         positions = np.asarray(positions, np.int64).reshape(-1)
         epochs, offsets = np.divmod(positions, self.epoch_length)
@@ -129,6 +132,11 @@ class BlockSampler(BlockStream):
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)
             seed = self._epoch_seed(epoch)
+            if at.size >= _VECTOR_POSITIONS:  # Grain's shuffle, with NumPy
+                fast = _shuffle.shuffle(offsets[at], last, seed, _SHUFFLE_ROUNDS)
+                if fast is not None:
+                    out[at] = fast
+                    continue
             for a in range(0, at.size, _LIST_POSITIONS):  # lists of Python ints
                 part = at[a : a + _LIST_POSITIONS]
                 out[part] = list(

@@ -10,6 +10,7 @@ from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
+from grain_cells.sampling import _shared_table as shared_table
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
@@ -42,8 +43,10 @@ class WeightedBlockSampler(BlockStream):
     every worker are the weights run-length encoded (a value and a count
     per run of equal weights: class-balance weights of blocks that hold one
     class each, or of a grouped copy, are a few runs per class), from which
-    each process rebuilds the same cumulative sums; weights without such
-    runs (blocks of interleaved labels) pickle as the cumulative sums.
+    each process rebuilds the same cumulative sums. Cumulative weights
+    without such runs (blocks of interleaved labels), from 1 MiB, are
+    written once to a cache file that every worker maps read-only
+    (`grain_cells.sampling._shared_table`): the pickle holds its path.
 
     Weights come from `grain_cells.block_weights` (per-cell weights) or
     `grain_cells.balanced_block_weights` (class balance); see
@@ -149,17 +152,30 @@ class WeightedBlockSampler(BlockStream):
             shard_options=shard_options,
             hints=hints,
         )
-        self._weights_id = hashlib.sha256(w.astype("<f8").tobytes()).hexdigest()[:16]
+        digest = hashlib.sha256(np.ascontiguousarray(w, "<f8")).hexdigest()
+        self._weights_id = digest[:16]
+        # The name of the shared table of cumulative weights (see pickling).
+        self._cdf_name = hashlib.sha256(f"cdf {digest}".encode()).hexdigest()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         if state.get("_runs") is not None:
             del state["_cdf"]  # rebuilt from the runs, bit for bit
+        elif self._cdf.nbytes >= shared_table.MIN_BYTES:
+            path = shared_table.share(self._cdf, self._cdf_name)
+            if path is not None:  # mapped by each worker, not pickled
+                del state["_cdf"]
+                state["_cdf_file"] = path
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "_cdf" not in state:
+        if "_cdf" in state:
+            return
+        shared = self.__dict__.pop("_cdf_file", None)
+        if shared is not None:
+            self._cdf = shared_table.load(shared, self._num_blocks, self._cdf_name)
+        else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))
 

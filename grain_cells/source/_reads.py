@@ -25,6 +25,7 @@ from grain_cells.io import (
     RowBuffer,
     advise,
     fetch_ranges,
+    own_map,
     read_ranges,
     read_rows,
 )
@@ -149,8 +150,10 @@ class FileReads:
         """One obs column for every cell of the files, in row-id order.
 
         Categorical columns come back as codes into the column's categories
-        (harmonised across files). Loads the column of every file into this
-        process.
+        (harmonised across files). Read-only. For one file, no copy: with
+        the obs cache, a map of the cache entry of the caller's own (the
+        pages are unmapped when the caller drops it); else a view of the
+        file's column. Several files' columns are joined into one array.
 
         Raises:
             errors.MissingColumnError: `column` is not one of the obs columns.
@@ -164,7 +167,11 @@ class FileReads:
         for i in range(len(self.files.paths)):
             with self._handles.pinned([i]) as (f,):
                 parts.append(f.obs[column])
-        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        if len(parts) == 1:
+            return own_map(parts[0])
+        out = np.concatenate(parts)
+        out.flags.writeable = False
+        return out
 
     def chunk_starts(self) -> np.ndarray:
         """Global rows where an HDF5 chunk of the matrix begins, per file.

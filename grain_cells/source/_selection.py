@@ -22,6 +22,7 @@ from grain_cells import errors
 from grain_cells.source._table import BlockTable
 
 _LOOKUP_CELLS = 1 << 20
+_RUN_WINDOW = 1 << 22  # rows per window of runs_of_mask
 
 
 class Selectable(Protocol):
@@ -87,16 +88,30 @@ def runs_of_mask(
     inner = np.asarray(cell_offsets[1:-1], np.int64)
     inner = inner[(inner > 0) & (inner < n)]
     # A run starts where a selected row follows an unselected one or a file
-    # boundary, and stops likewise.
-    begins = mask.copy()
-    begins[1:] &= ~mask[:-1]
-    begins[inner] = mask[inner]
-    run_starts = np.flatnonzero(begins)
-    begins[:] = mask
-    begins[:-1] &= ~mask[1:]
-    begins[inner - 1] = mask[inner - 1]
-    run_stops = np.flatnonzero(begins) + 1
-    return run_starts.astype(np.int64), run_stops.astype(np.int64)
+    # boundary, and stops likewise: found a window at a time (no mask-sized
+    # temporaries).
+    starts, stops = [], []
+    for a in range(0, n, _RUN_WINDOW):
+        b = min(n, a + _RUN_WINDOW)
+        here = mask[a:b]
+        before = np.empty(b - a, bool)  # the row before each row is selected
+        before[0] = a > 0 and mask[a - 1]
+        before[1:] = here[:-1]
+        after = np.empty(b - a, bool)  # the row after each row is selected
+        after[-1] = b < n and mask[b]
+        after[:-1] = here[1:]
+        cut = inner[(inner >= a) & (inner < b)] - a
+        before[cut] = False
+        cut = inner[(inner > a) & (inner <= b)] - a - 1
+        after[cut] = False
+        starts.append(np.flatnonzero(here & ~before) + a)
+        stops.append(np.flatnonzero(here & ~after) + a + 1)
+    if not starts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (
+        np.concatenate(starts).astype(np.int64),
+        np.concatenate(stops).astype(np.int64),
+    )
 
 
 def cell_mask(source: Selectable) -> np.ndarray:

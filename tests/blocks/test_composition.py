@@ -1,10 +1,11 @@
-"""The compact block x class table against the straightforward computation.
+"""The block x class tables against the straightforward computation.
 
 `grain_cells.blocks._composition` keeps the count table in small-typed parts
-and sums part by part; the reference here is what `balanced_block_weights`
-computed before, over one list of int64/float64 triples. Weights and
-expected shares must agree bit for bit (a sampler's repr and checkpoints
-hash the weights).
+and sums part by part (`expected_shares`); `grain_cells.blocks._pairs` gives
+the class x class sums that `balanced_block_weights` iterates on, and the
+block weights of a multiplier. The references here work on one dense
+blocks x classes table. Weights and expected shares must agree bit for bit
+(a sampler's repr and checkpoints hash the weights).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grain_cells.blocks import _composition, _weighting
+from grain_cells.blocks import _composition, _pairs, _weighting
 from grain_cells.source import BlockTable
 from grain_cells.source._selection import blocks_over_runs
 
@@ -28,14 +29,23 @@ def _reference_table(codes, starts, stops, width):
 
 
 def _reference_balance(table, target, max_iterations, tolerance):
+    """The iteration over a dense table, `M` summed exactly per block length."""
     block, klass, count, lengths = table
     width = target.size
-    total = np.bincount(klass, count, minlength=width)
+    dense = np.zeros((lengths.size, width), np.int64)
+    dense[block, klass] = count.astype(np.int64)
+    matrix = np.zeros((width, width))
+    for length in np.unique(lengths):
+        rows = dense[lengths == length]
+        matrix += (rows.T @ rows).astype(np.float64) / length  # integers: exact
+    total = dense.sum(0).astype(np.float64)
     multiplier = np.divide(target, total, out=np.zeros(width), where=total > 0)
     for _ in range(max_iterations + 1):
-        weights = np.bincount(block, multiplier[klass] * count)
-        weights = np.pad(weights, (0, lengths.size - weights.size)) / lengths
-        emitted = np.bincount(klass, weights[block] * count, width)
+        used = multiplier.copy()
+        emitted = np.zeros(width)
+        for k in range(width):
+            if used[k]:
+                emitted += used[k] * matrix[k]
         got = emitted / emitted.sum()
         gap = float(np.abs(got - target).max())
         if gap <= tolerance:
@@ -43,7 +53,8 @@ def _reference_balance(table, target, max_iterations, tolerance):
         step = np.divide(target, got, out=np.ones(width), where=got > 0)
         multiplier *= step
         multiplier /= multiplier.max()
-    return weights, got, gap
+    weights = np.bincount(block, used[klass] * count, minlength=lengths.size)
+    return weights / lengths, got, gap, used
 
 
 @st.composite
@@ -70,10 +81,11 @@ def tables(draw):
     return codes.astype(np.int8), starts, stops, n_classes
 
 
+@pytest.mark.parametrize("dense_cost", [0, 1 << 30], ids=["sparse", "dense"])
 @pytest.mark.parametrize("chunk_cells", [5, 64, 1 << 20], ids=["tiny", "small", "one"])
 @settings(max_examples=60, deadline=None)
 @given(case=tables())
-def test_weights_match_the_straightforward_computation(chunk_cells, case):
+def test_weights_match_the_straightforward_computation(chunk_cells, dense_cost, case):
     codes, starts, stops, n_classes = case
     categories = np.array([f"c{i}" for i in range(n_classes)], dtype=object)
     width = n_classes + 1
@@ -96,10 +108,26 @@ def test_weights_match_the_straightforward_computation(chunk_cells, case):
         return
     target = np.where(present, 1.0 / present.sum(), 0.0)
     want = _reference_balance(table, target, 30, 1e-6)
-    got = _weighting.balance(comp, target, 30, 1e-6)
-    assert got[0].tobytes() == want[0].tobytes()
-    assert got[1].tobytes() == want[1].tobytes()
-    assert got[2] == want[2]
+    old = _pairs._PIECE_CELLS, _pairs._DENSE_COST
+    _pairs._PIECE_CELLS = chunk_cells  # many pieces
+    _pairs._DENSE_COST = dense_cost
+    try:
+        pairs = _pairs.pairs(
+            codes, lambda a, b: (starts[a:b], stops[a:b]), starts.size, 16, width
+        )
+        multiplier, got, gap = _weighting.balance(pairs, target, 30, 1e-6)
+        weights = _pairs.block_sums(
+            codes, lambda a, b: (starts[a:b], stops[a:b]), starts.size, 16, multiplier
+        )
+    finally:
+        _pairs._PIECE_CELLS, _pairs._DENSE_COST = old
+    np.testing.assert_array_equal(
+        pairs.counts, np.bincount(table[1], table[2], minlength=width)
+    )
+    assert multiplier.tobytes() == want[3].tobytes()
+    assert weights.tobytes() == want[0].tobytes()
+    assert got.tobytes() == want[1].tobytes()
+    assert gap == want[2]
     shares = _weighting._draw_shares(comp, np.arange(1.0, len(starts) + 1))
     block, klass, count, _ = table
     emitted = np.bincount(klass, np.arange(1.0, len(starts) + 1)[block] * count, width)

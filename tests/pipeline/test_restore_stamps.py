@@ -398,3 +398,22 @@ def test_repr_texts_are_split_into_named_items(text, items):
     """A user's component stamped by repr: a refusal names the item that
     differs, so its text is split into `name=value` items, nested by dots."""
     assert state_checks._repr_items(text) == items
+
+
+def test_weights_a_last_bit_apart_are_refused_with_the_fix(csr_paths, helpers):
+    """balanced_block_weights changed its last bits once (class x class sums,
+    issue 33): a state saved with the old weights is refused, saying to pass
+    the saved weights (or start afresh)."""
+    iterator = iter(PIPELINES["weighted"](csr_paths, first_weight=1.0))
+    helpers.take(iterator, 7)
+    state = state_of(iterator)
+    apart = float(np.nextafter(1.0, 2.0))  # one last bit
+    other = iter(PIPELINES["weighted"](csr_paths, first_weight=apart))
+    with pytest.raises(CheckpointMismatchError) as e:
+        set_state(other, state)
+    message = str(e.value)
+    for text in ("sampler: saved weights=", "balanced_block_weights", "np.save"):
+        assert text in message, message
+    again = iter(PIPELINES["weighted"](csr_paths, first_weight=1.0))
+    set_state(again, state)  # the saved weights restore
+    helpers.take(again, 2)

@@ -1,0 +1,141 @@
+"""Class x class sums over blocks: what `balanced_block_weights` iterates on.
+
+With class `k`'s cells weighing `m_k`, block `b` weighs
+`w_b = sum_k m_k c_bk / n_b` (`c_bk`: its cells of class `k`, `n_b`: its
+cells), and the weighted draws emit class `j` in proportion to
+`e_j = sum_b w_b c_bj = sum_k m_k M_kj`, with `M_kj = sum_b c_bk c_bj / n_b`.
+So the fixed-point iteration needs `M` (classes x classes) and the class
+counts, computed in one pass over the blocks; each step is then a
+classes x classes product, whatever the number of blocks. The block weights
+are computed once, at the end (a second pass).
+
+**Exact, so the same on every machine.** `M` is gathered per block length
+`L` as `S^L = sum over blocks of length L of c_b c_b^T`: sums of products of
+integers, exact in float64 (below `2**53`) in any summation order, so BLAS
+may sum them however it likes. Then `M = sum_L S^L / L`, in increasing `L`.
+Block weights add `m_k * c_bk` over `k` in increasing order from 0.0, as
+`np.bincount` over a block's (block, class) entries did before.
+
+**Pieces.** Blocks are counted a piece at a time (about `2**18` cells): a
+dense blocks x classes count when classes are few for the block length
+(one product per piece), else sparse entries (per block, one per class
+present) and a sparse product, whose cost grows with the entries squared
+per block rather than with the classes squared. Memory: one piece's
+transients, plus `width**2` floats per distinct block length.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from grain_cells._util.ranges import expand_ranges
+
+_PIECE_CELLS = 1 << 18  # cells counted at a time
+_DENSE_ENTRIES = 1 << 21  # blocks x classes of a dense piece, at most
+_DENSE_COST = 512  # dense when width**2 <= this * longest (measured, ~10x BLAS)
+
+
+class Pairs(NamedTuple):
+    """Per class index: cells, and `M` (see the module docstring)."""
+
+    counts: np.ndarray  # float64, exact
+    matrix: np.ndarray  # width x width, float64
+
+    def emitted(self, multiplier: np.ndarray) -> np.ndarray:
+        """`sum_k multiplier[k] * M[k]`, added in increasing `k`."""
+        out = np.zeros(self.matrix.shape[1])
+        for k in np.flatnonzero(multiplier):
+            out += multiplier[k] * self.matrix[k]
+        return out
+
+
+def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
+    """Yields `(first block, class index per cell, cells per block)` per piece.
+
+    Args:
+        codes: One code per global row (-1: missing), any integer type.
+        ranges: `(starts, stops)` of blocks `a` to `b - 1`.
+        num_blocks: Blocks in all.
+        longest: Most cells in a block.
+        width: Classes, the missing one (index 0) included.
+    """
+    step = max(1, _PIECE_CELLS // max(1, longest))
+    if _dense(width, longest):
+        step = max(1, min(step, _DENSE_ENTRIES // width))
+    for a in range(0, num_blocks, step):
+        b = min(num_blocks, a + step)
+        starts, stops = ranges(a, b)
+        n = (stops - starts).astype(np.int64)
+        if stops[-1] - starts[0] == int(n.sum()):  # contiguous
+            c = codes[starts[0] : stops[-1]]
+        else:
+            c = codes[expand_ranges(starts, n)]
+        yield a, c.astype(np.int64) + 1, n
+
+
+def _dense(width: int, longest: int) -> bool:
+    return width * width <= _DENSE_COST * max(1, longest)
+
+
+def _piece_counts(klass: np.ndarray, n: np.ndarray, width: int, dense: bool):
+    """The piece's blocks x classes counts: dense float64, or sparse CSR."""
+    block = np.repeat(np.arange(n.size), n)
+    if dense:
+        counts = np.bincount(block * width + klass, minlength=n.size * width)
+        return counts.reshape(n.size, width).astype(np.float64)
+    ones = np.ones(klass.size, np.int64)
+    table = sp.csr_matrix((ones, (block, klass)), shape=(n.size, width))
+    table.sum_duplicates()
+    return table.astype(np.float64)
+
+
+def pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
+    """Class counts and `M` of the blocks (one pass; see the module docstring)."""
+    dense = _dense(width, longest)
+    counts = np.zeros(width, np.int64)
+    by_length: dict[int, np.ndarray] = {}
+    for _, klass, n in pieces(codes, ranges, num_blocks, longest, width):
+        counts += np.bincount(klass, minlength=width)
+        table = _piece_counts(klass, n, width, dense)
+        lengths = np.unique(n)
+        for length in lengths.tolist():
+            rows = table if lengths.size == 1 else table[n == length]
+            product = rows.T @ rows
+            if not dense:
+                product = product.toarray()
+            if length in by_length:
+                by_length[length] += product
+            else:
+                by_length[length] = np.asarray(product, np.float64)
+    matrix = np.zeros((width, width))
+    for length in sorted(by_length):
+        matrix += by_length[length] / length
+    return Pairs(counts.astype(np.float64), matrix)
+
+
+def block_sums(
+    codes, ranges, num_blocks: int, longest: int, multiplier: np.ndarray
+) -> np.ndarray:
+    """Per block: `sum_k multiplier[k] * c_bk / n_b` (float64, one per block)."""
+    width = multiplier.size
+    dense = _dense(width, longest)
+    out = np.empty(num_blocks)
+    for a, klass, n in pieces(codes, ranges, num_blocks, longest, width):
+        table = _piece_counts(klass, n, width, dense)
+        if dense:
+            columns = np.ascontiguousarray(table.T)
+            sums = np.zeros(n.size)
+            for k in np.flatnonzero(multiplier):
+                sums += multiplier[k] * columns[k]
+        else:  # entries in (block, class) order, as np.bincount adds them
+            block = np.repeat(np.arange(n.size), np.diff(table.indptr))
+            values = multiplier[table.indices] * table.data
+            sums = np.bincount(block, values, minlength=n.size)
+        out[a : a + n.size] = sums / n
+    return out
+
+
+__all__ = ["Pairs", "block_sums", "pairs", "pieces"]
