@@ -212,7 +212,7 @@ class Plan:
                 # By content, not path or mtime: an input changed with its
                 # mtime restored (cp -p, rsync -t) is redone; a copy of the
                 # inputs in another folder is not.
-                "inputs": identity.source_identity(self.source)["files"],
+                "inputs": identity.file_entries(self.source),
                 "layer": layer,
                 "join": self.source.join,
                 "genes": identity.source_identity(self.source)["genes"],
