@@ -122,8 +122,9 @@ def test_a_state_that_lists_every_file_restores(many):
 def test_other_files_are_refused(many, tmp_path):
     state, _ = _state_after(_loader(many), 2)
     other = many[:-1] + _write(tmp_path, 1, first=22)  # other values
-    with pytest.raises(CheckpointMismatchError, match="data_source: saved files.sha256="):
+    refused = r"data_source: saved files\.sha256="
+    with pytest.raises(CheckpointMismatchError, match=refused):
         _rest(_loader(other), state)
     fewer = many[:-1]
-    with pytest.raises(CheckpointMismatchError, match="saved files.count=24"):
+    with pytest.raises(CheckpointMismatchError, match=r"saved files\.count=24"):
         _rest(_loader(fewer), state)
