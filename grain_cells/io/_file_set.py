@@ -78,14 +78,10 @@ from grain_cells.io import _file_lru as file_lru
 from grain_cells.io import _h5ad as h5ad
 from grain_cells.io import _nodes as nodes
 from grain_cells.io import _obs_cache as obs_cache
-from grain_cells.io._genes import (
-    GeneAlignment,
-    align_genes,
-    read_gene_keys,
-    shared_keys,
-)
+from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
+from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
@@ -149,6 +145,9 @@ class FileSet:
     ) -> FileSet:
         """Opens every file once to check it and read its metadata.
 
+        A file unchanged since a build over it is not opened: its entry in
+        the metadata cache stands in (`grain_cells.io._meta_cache`).
+
         Args:
             paths: Resolved paths.
             element: The matrix element (`h5ad.matrix_element(layer)`).
@@ -170,30 +169,28 @@ class FileSet:
         seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
+        cache = MetaCache(element, genes_from)
         for path in paths:
-            with open_file(path, storage_options) as f:
-                info = h5ad.inspect_matrix(f, element)
-                stat = nodes.stat_of(f, path)
-                identities.append(FileIdentity.take(f, path, info.element, stat))
-                keys = read_gene_keys(f, element, genes_from)
-                var_names.append(shared_keys(keys, seen_keys))
-                have = h5ad.obs_columns(f)
-                missing = [c for c in obs_names if c not in have]
-                if missing and obs_missing == "error":
-                    raise errors.MissingColumnError(
-                        f"{path}: obs has no column(s) {missing}; it has {have}. "
-                        "Pass obs_missing='fill' to read them as missing in "
-                        "files that lack them."
-                    )
-                obs_kinds.append(
-                    {
-                        c: None
-                        if c in missing
-                        else ColumnKind.of(h5ad.read_obs_column(f, c))
-                        for c in obs_names
-                    }
+            # Unchanged files since a build over them: not opened (`_meta_cache`).
+            meta = cache.lookup(path, obs_names)
+            if meta is None:
+                meta = inspect_file(
+                    path, element, obs_names, genes_from, storage_options
                 )
-            infos.append(info)
+                cache.store(meta)
+            missing = [c for c in obs_names if c not in meta.have]
+            if missing and obs_missing == "error":
+                raise errors.MissingColumnError(
+                    f"{path}: obs has no column(s) {missing}; it has {meta.have}. "
+                    "Pass obs_missing='fill' to read them as missing in "
+                    "files that lack them."
+                )
+            identities.append(meta.identity)
+            var_names.append(shared_keys(meta.keys, seen_keys))
+            obs_kinds.append(
+                {c: None if c in missing else meta.kinds[c] for c in obs_names}
+            )
+            infos.append(meta.info)
         encodings = {i.encoding for i in infos}
         if len(encodings) > 1:
             raise errors.UnsupportedLayoutError(
