@@ -265,8 +265,14 @@ class OpenFile:
         self.h5.close()
 
 
-def open_member(files: FileSet, i: int) -> OpenFile:
+def open_member(
+    files: FileSet, i: int, checked: file_lru.Checked | None = None
+) -> OpenFile:
     """Opens file `i` of `files` in this process, checking it is unchanged.
+
+    With `checked`: a file this process checked in full before (its record
+    there) and whose `stat` is unchanged since is not inspected again; its
+    matrix summary and obs values are taken from the record.
 
     Raises:
         errors.SourceChangedError: The file differs from when `files` was built.
@@ -283,17 +289,22 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         identity.check_stat(now, "when a process opened it")
     # A zarr store's stat is its digest taken now, as it opens.
     f = open_file(path, files.storage_options, identity.stat)
+    known = None if checked is None else checked.get(i)
     try:
-        info = inspect_element(f, files.element)
-        if info.describe() != expected.describe():
-            raise errors.SourceChangedError(
-                f"{path}: changed since the AnnDataSource was built: "
-                f"{expected.describe()} then, {info.describe()} now. Build a "
-                "new source (and do not restore iterator state saved for the "
-                "old one)."
-            )
-        identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
-        identity.check_layout(f, "when a process opened it")
+        if known is not None:  # unchanged since this process checked it
+            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
+            info = known.info
+        else:
+            info = inspect_element(f, files.element)
+            if info.describe() != expected.describe():
+                raise errors.SourceChangedError(
+                    f"{path}: changed since the AnnDataSource was built: "
+                    f"{expected.describe()} then, {info.describe()} now. Build "
+                    "a new source (and do not restore iterator state saved "
+                    "for the old one)."
+                )
+            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
+            identity.check_layout(f, "when a process opened it")
         fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
     except BaseException:
         f.close()
@@ -303,8 +314,13 @@ def open_member(files: FileSet, i: int) -> OpenFile:
             identity.check_stat(fd.stat(), "when a process opened it")
         reader = element_reader(f, info, fd)
         # Mapped from a cache file that every process shares (`_obs_cache`).
-        specs = {c: files.obs[c] for c in files.obs_names}
-        obs = obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+        if known is not None:
+            obs = known.obs
+        else:
+            specs = {c: files.obs[c] for c in files.obs_names}
+            obs = obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+            if checked is not None:
+                checked.put(i, info, obs)
         fmt.opened(f)
         return OpenFile(f, fd, reader, obs, fmt)
     except BaseException:
@@ -351,8 +367,9 @@ class OpenFiles:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._checked = file_lru.Checked()
         self._lru = file_lru.FileLru(
-            functools.partial(open_member, self.files),
+            functools.partial(open_member, self.files, checked=self._checked),
             file_lru.resolve_max_open(self.max_open_files),
         )
         self._local = threading.local()
