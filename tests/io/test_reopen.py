@@ -82,6 +82,6 @@ def test_a_file_changed_while_evicted_is_refused_at_its_reopen(paths, inspection
     with h5py.File(paths[0], "r+") as f:
         f["X/data"][0] = 99.0
     os.utime(paths[0], ns=(st.st_atime_ns, st.st_mtime_ns))
-    with pytest.raises(SourceChangedError, match="f0.h5ad"):
+    with pytest.raises(SourceChangedError, match=r"f0\.h5ad"):
         source.read(_rows(0))
     source.close()
