@@ -10,6 +10,9 @@ measures, each measure in a fresh process (this file run again with
   CPU-s, peak RSS growth and anonymous-memory growth, CPU-ms per file;
 * `first_batch`: 0 workers, source to first minibatch; then cells/s, cells
   per CPU-s and CPU-ms per minibatch over `--minibatches`;
+* `throughput`: 0 workers, after `--minibatches`: cells/s and cells per
+  CPU-s over `--throughput_minibatches` (a collection's ratio to the one
+  file of the same cells: `vs_one_file.throughput_ratio`);
 * `workers`: `--workers` worker processes after `--minibatches`: RSS, peak
   RSS, anonymous, file-backed and shmem resident MiB, PSS, open fds of the
   trainer and of each worker;
@@ -84,6 +87,9 @@ _FD_WORKERS = flags.DEFINE_list("fd_workers", ["0", "4"], "Worker counts of `fds
 _MINIBATCHES = flags.DEFINE_integer(
     "minibatches", 100, "Minibatches per loader measure."
 )
+_THROUGHPUT_MINIBATCHES = flags.DEFINE_integer(
+    "throughput_minibatches", 1000, "Minibatches timed by `throughput`."
+)
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Cells per minibatch.")
 _LABEL = flags.DEFINE_string("label", "cell_type", "Column of `weights`.")
 _SPLIT_COLUMN = flags.DEFINE_string("split_column", "donor", "Column of `splits`.")
@@ -117,6 +123,7 @@ _FLAG_NAMES = (
     "workers",
     "fd_workers",
     "minibatches",
+    "throughput_minibatches",
     "batch_size",
     "label",
     "split_column",
@@ -147,6 +154,7 @@ def _opts(scratch: str) -> dict:
         "obs_columns": _OBS,
         "batch_size": _BATCH.value,
         "minibatches": _MINIBATCHES.value,
+        "throughput_minibatches": _THROUGHPUT_MINIBATCHES.value,
         "workers": _WORKERS.value,
         "fd_workers": [int(n) for n in _FD_WORKERS.value],
         "label": _LABEL.value,
@@ -264,6 +272,7 @@ def _spawn(measure: str, paths_file: str) -> dict:
             "workers",
             "fd_workers",
             "minibatches",
+            "throughput_minibatches",
             "batch_size",
             "label",
             "split_column",
@@ -330,6 +339,12 @@ def _derive(points: list[dict]) -> None:
             cmp["cells_per_cpu_s_ratio"] = round(
                 f1["cells_per_cpu_s"] / f0["cells_per_cpu_s"], 3
             )
+        t1, t0 = mine.get("throughput", {}), base.get("throughput", {})
+        if "cells_per_s" in t1 and "cells_per_s" in t0:
+            cmp["throughput_ratio"] = round(t1["cells_per_s"] / t0["cells_per_s"], 3)
+            cmp["throughput_cpu_ratio"] = round(
+                t1["cells_per_cpu_s"] / t0["cells_per_cpu_s"], 3
+            )
         p["vs_one_file"] = cmp
 
 
@@ -379,6 +394,7 @@ def main(argv) -> None:
             ("files", ["3"]),
             ("collection_cells", "3000"),
             ("minibatches", 3),
+            ("throughput_minibatches", 3),
             ("fd_workers", ["0"]),
             ("workers", 1),
             ("n_donors", 20),
@@ -390,6 +406,7 @@ def main(argv) -> None:
         (
             "construct",
             "first_batch",
+            "throughput",
             "workers",
             "fds",
             "get_state",

@@ -155,6 +155,31 @@ def first_batch(paths, opts) -> dict:
     }
 
 
+def throughput(paths, opts) -> dict:
+    """0 workers, steady state: cells/s over `--throughput_minibatches`.
+
+    Timed after `--minibatches` minibatches (so that opening the first files
+    is not counted); compare a collection with the one file of the same
+    cells (`vs_one_file.throughput_ratio` in the JSON).
+    """
+    source = _source(paths, opts)
+    iterator = iter(_loader(source, opts, 0))
+    for _ in range(opts["minibatches"]):
+        next(iterator)
+    n, cells = opts["throughput_minibatches"], 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        cells += int(next(iterator)["mask"].sum())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    _close(iterator)
+    return {
+        "minibatches": n,
+        "cells_per_s": round(cells / wall),
+        "cells_per_cpu_s": round(cells / max(cpu, 1e-9)),
+        "after": proc_memory(),
+    }
+
+
 def _run_workers(paths, opts, workers: int) -> dict:
     source = _source(paths, opts)
     t0 = time.perf_counter()
@@ -290,6 +315,7 @@ def preshuffle(paths, opts) -> dict:
 MEASURES = {
     "construct": construct,
     "first_batch": first_batch,
+    "throughput": throughput,
     "workers": workers,
     "fds": fds,
     "get_state": get_state,

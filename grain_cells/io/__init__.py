@@ -37,7 +37,12 @@ from grain_cells.io._h5ad import (
     read_var_names,
     resolve_paths,
 )
-from grain_cells.io._identity import FileIdentity, source_identity
+from grain_cells.io._identity import (
+    FileIdentity,
+    file_entries,
+    files_entry,
+    source_identity,
+)
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._nodes import is_array, is_group
 from grain_cells.io._obs import OBS_MISSING
@@ -71,6 +76,8 @@ __all__ = [
     "element_files",
     "encoding_of",
     "fetch_ranges",
+    "file_entries",
+    "files_entry",
     "inspect_matrix",
     "is_array",
     "is_group",

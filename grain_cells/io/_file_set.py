@@ -22,14 +22,10 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad, _nodes, _obs_cache
-from grain_cells.io._genes import (
-    GeneAlignment,
-    align_genes,
-    read_gene_keys,
-    shared_keys,
-)
+from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
+from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
@@ -93,9 +89,12 @@ class FileSet:
     ) -> FileSet:
         """Opens every file once to check it and read its metadata.
 
+        A file unchanged since a build over it is not opened: its entry in
+        the metadata cache stands in (`grain_cells.io._meta_cache`).
+
         Args:
             paths: Resolved paths.
-            element: The matrix element (`h5ad.matrix_element(layer)`).
+            element: The matrix element (`_h5ad.matrix_element(layer)`).
             obs_names: obs columns to read (distinct).
             genes: Checked gene selection (`arguments.check_genes`), or None.
             join: `"exact"`, `"inner"` or `"outer"`.
@@ -114,30 +113,28 @@ class FileSet:
         seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
         obs_kinds: list[dict[str, ColumnKind | None]] = []
         identities: list[FileIdentity] = []
+        cache = MetaCache(element, genes_from)
         for path in paths:
-            with open_file(path, storage_options) as f:
-                info = _h5ad.inspect_matrix(f, element)
-                stat = _nodes.stat_of(f, path)
-                identities.append(FileIdentity.take(f, path, info.element, stat))
-                keys = read_gene_keys(f, element, genes_from)
-                var_names.append(shared_keys(keys, seen_keys))
-                have = _h5ad.obs_columns(f)
-                missing = [c for c in obs_names if c not in have]
-                if missing and obs_missing == "error":
-                    raise errors.MissingColumnError(
-                        f"{path}: obs has no column(s) {missing}; it has {have}. "
-                        "Pass obs_missing='fill' to read them as missing in "
-                        "files that lack them."
-                    )
-                obs_kinds.append(
-                    {
-                        c: None
-                        if c in missing
-                        else ColumnKind.of(_h5ad.read_obs_column(f, c))
-                        for c in obs_names
-                    }
+            # Unchanged files since a build over them: not opened (`_meta_cache`).
+            meta = cache.lookup(path, obs_names)
+            if meta is None:
+                meta = inspect_file(
+                    path, element, obs_names, genes_from, storage_options
                 )
-            infos.append(info)
+                cache.store(meta)
+            missing = [c for c in obs_names if c not in meta.have]
+            if missing and obs_missing == "error":
+                raise errors.MissingColumnError(
+                    f"{path}: obs has no column(s) {missing}; it has {meta.have}. "
+                    "Pass obs_missing='fill' to read them as missing in "
+                    "files that lack them."
+                )
+            identities.append(meta.identity)
+            var_names.append(shared_keys(meta.keys, seen_keys))
+            obs_kinds.append(
+                {c: None if c in missing else meta.kinds[c] for c in obs_names}
+            )
+            infos.append(meta.info)
         encodings = {i.encoding for i in infos}
         if len(encodings) > 1:
             raise errors.UnsupportedLayoutError(
@@ -212,8 +209,14 @@ class OpenFile:
         self.h5.close()
 
 
-def open_member(files: FileSet, i: int) -> OpenFile:
+def open_member(
+    files: FileSet, i: int, checked: _file_lru.Checked | None = None
+) -> OpenFile:
     """Opens file `i` of `files` in this process, checking it is unchanged.
+
+    With `checked`: a file this process checked in full before (its record
+    there) and whose `stat` is unchanged since is not inspected again; its
+    matrix summary and obs values are taken from the record.
 
     Raises:
         errors.SourceChangedError: The file differs from when `files` was built.
@@ -230,17 +233,22 @@ def open_member(files: FileSet, i: int) -> OpenFile:
         identity.check_stat(now, "when a process opened it")
     # A zarr store's stat is its digest taken now, as it opens.
     f = open_file(path, files.storage_options, identity.stat)
+    known = None if checked is None else checked.get(i)
     try:
-        info = inspect_element(f, files.element)
-        if info.describe() != expected.describe():
-            raise errors.SourceChangedError(
-                f"{path}: changed since the AnnDataSource was built: "
-                f"{expected.describe()} then, {info.describe()} now. Build a "
-                "new source (and do not restore iterator state saved for the "
-                "old one)."
-            )
-        identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
-        identity.check_layout(f, "when a process opened it")
+        if known is not None:  # unchanged since this process checked it
+            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
+            info = known.info
+        else:
+            info = inspect_element(f, files.element)
+            if info.describe() != expected.describe():
+                raise errors.SourceChangedError(
+                    f"{path}: changed since the AnnDataSource was built: "
+                    f"{expected.describe()} then, {info.describe()} now. Build "
+                    "a new source (and do not restore iterator state saved "
+                    "for the old one)."
+                )
+            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
+            identity.check_layout(f, "when a process opened it")
         fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
     except BaseException:
         f.close()
@@ -250,8 +258,13 @@ def open_member(files: FileSet, i: int) -> OpenFile:
             identity.check_stat(fd.stat(), "when a process opened it")
         reader = element_reader(f, info, fd)
         # Mapped from a cache file that every process shares (`_obs_cache`).
-        specs = {c: files.obs[c] for c in files.obs_names}
-        obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+        if known is not None:
+            obs = known.obs
+        else:
+            specs = {c: files.obs[c] for c in files.obs_names}
+            obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+            if checked is not None:
+                checked.put(i, info, obs)
         fmt.opened(f)
         return OpenFile(f, fd, reader, obs, fmt)
     except BaseException:
@@ -298,8 +311,9 @@ class OpenFiles:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._checked = _file_lru.Checked()
         self._lru = _file_lru.FileLru(
-            functools.partial(open_member, self.files),
+            functools.partial(open_member, self.files, checked=self._checked),
             _file_lru.resolve_max_open(self.max_open_files),
         )
         self._local = threading.local()

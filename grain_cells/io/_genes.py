@@ -132,10 +132,15 @@ def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
         seen: The arrays met so far, by digest (start with `{}`; kept by the
             caller over the files).
     """
+    if seen.get(id(keys)) is keys:  # the very array (cached metadata): no hash
+        return keys
     keys = np.ascontiguousarray(keys)
     digest = hashlib.sha1(keys.view(np.uint8)).digest() + keys.dtype.str.encode()
     held = seen.setdefault(digest, keys)
-    return held if held is keys or np.array_equal(held, keys) else keys
+    if held is keys or np.array_equal(held, keys):
+        seen[id(held)] = held
+        return held
+    return keys
 
 
 def align_genes(

@@ -15,7 +15,7 @@ import json
 import re
 
 from grain_cells.errors import CheckpointMismatchError
-from grain_cells.io import source_identity
+from grain_cells.io import files_entry, source_identity
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
 
@@ -208,6 +208,12 @@ def _check_stamp(state, current: dict) -> None:
             "(from the beginning of the epoch), or restore the state with the "
             "grain_cells version that saved it."
         )
+    if isinstance(saved, dict) and isinstance(saved.get("data_source"), dict):
+        # A list of more files than a stamp now lists (saved before it
+        # summarised them): compared as its summary.
+        files = saved["data_source"].get("files")
+        saved = {**saved, "data_source": {**saved["data_source"]}}
+        saved["data_source"]["files"] = files_entry(files)
     diffs = (
         _stamp_diffs(saved, current)
         if isinstance(saved, dict)

@@ -13,6 +13,7 @@ from grain_cells import errors
 from grain_cells._util import arguments
 from grain_cells.io import (
     element_files,
+    file_entries,
     matrix_element,
     open_file,
     resolve_paths,
@@ -213,7 +214,7 @@ class Plan:
                 # By content, not path or mtime: an input changed with its
                 # mtime restored (cp -p, rsync -t) is redone; a copy of the
                 # inputs in another folder is not.
-                "inputs": source_identity(self.source)["files"],
+                "inputs": file_entries(self.source),
                 "layer": layer,
                 "join": self.source.join,
                 "genes": source_identity(self.source)["genes"],

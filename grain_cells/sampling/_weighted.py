@@ -10,7 +10,7 @@ from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
-from grain_cells.sampling import _shared_table as shared_table
+from grain_cells.sampling import _shared_table
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
@@ -161,8 +161,8 @@ class WeightedBlockSampler(BlockStream):
         state = dict(self.__dict__)
         if state.get("_runs") is not None:
             del state["_cdf"]  # rebuilt from the runs, bit for bit
-        elif self._cdf.nbytes >= shared_table.MIN_BYTES:
-            path = shared_table.share(self._cdf, self._cdf_name)
+        elif self._cdf.nbytes >= _shared_table.MIN_BYTES:
+            path = _shared_table.share(self._cdf, self._cdf_name)
             if path is not None:  # mapped by each worker, not pickled
                 del state["_cdf"]
                 state["_cdf_file"] = path
@@ -174,7 +174,7 @@ class WeightedBlockSampler(BlockStream):
             return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
-            self._cdf = shared_table.load(shared, self._num_blocks, self._cdf_name)
+            self._cdf = _shared_table.load(shared, self._num_blocks, self._cdf_name)
         else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))
