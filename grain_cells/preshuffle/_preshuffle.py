@@ -92,7 +92,9 @@ background writer, progress; into a part of either format,
 `preshuffle_h5ad_part` or `preshuffle_zarr_part`), `preshuffle_frames`
 merges obs and var, orders cells by group (`group_by`) and writes the other
 frames and copies,
-`preshuffle_files` owns markers, temporaries, the manifest and the disk
+`preshuffle_names` holds the obs names (one StringDType array) and writes
+a part's obs with its index in windows, `preshuffle_files` owns markers,
+temporaries, the manifest and the disk
 reservation, `preshuffle_output` the output to a bucket (a local staging
 folder, one part at a time, then an upload: local disk for one part is
 needed) and `preshuffle_staging` the staging folders' names and the removal
@@ -105,10 +107,18 @@ while HDF5 writes) while the calling thread reads and scatters the next.
 Memory: the arrays of the two windows in flight plus a read buffer, together
 at most `memory_budget_bytes` (each carried matrix is written in its own
 pass of windows, so layers, raw and obsm arrays add passes, not memory); on
-top of that about 8 bytes per input cell (the permutation and X's row
-lengths), 4 more per cell for each other sparse matrix carried, 8 more per
-cell while `group_by` sorts, and the chosen obs columns and obsm dataframes
-of all inputs (held in memory while the parts are written).
+top of that, per input cell: 8 bytes (the permutation and X's row lengths),
+4 more for each other sparse matrix carried, 8 more while `group_by` sorts,
+the obs names as one numpy StringDType array (16 bytes per name of up to 15
+bytes, longer names add their length; never Python objects, see
+`preshuffle_names`) and the chosen obs columns (a categorical's codes: 1-2
+bytes), held until the last part's obs is written; per cell of the part
+being written, its `indptr` (8 bytes) and its obs columns' codes while obs is
+written; and the obsm dataframes of all inputs. The window's reads sort its
+rows (about 32 bytes per cell of a window, beyond the budget for thin
+cells). Measured on thin cells (`benchmarks/RESULTS.md`, "Scale:
+preshuffle"): peak RSS 1.5 GiB at 10M cells, 3.4 GiB at 30M and 5.0 GiB
+at 100M at the default budget, one part.
 """
 
 from __future__ import annotations
@@ -348,7 +358,7 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
             # Grain worker) does not import.
             from grain_cells.preshuffle._writer import Writer
 
-            writer = Writer(plan)
+            writer = Writer(plan, todo)
             for i in todo:
                 done[i] = writer.write_part(i, report)
                 if bucket is not None:

@@ -18,19 +18,27 @@ from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames as frames
 from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
+from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
 
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
+_SCATTER_VALUES = 1 << 20  # values per numpy scatter piece (24 MB of positions)
+_LOOP_VALUES_PER_ROW = 64  # rows this long are copied by slices, one per row
 
 
 class Writer:
     """Writes the parts of a plan; holds the permutation and obs in memory."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, parts: list[int] | None = None):
+        """Reads what every part needs; `parts`: those to write, in order (None:
+        all), so that obs is released once the last part's is written."""  # noqa: D205, D209
         self.plan = plan
+        self._last = (
+            (parts or range(len(plan.part_paths)))[-1] if plan.part_paths else None
+        )
         n = plan.n_cells
         # Generator.permutation(n) is arange(n) shuffled; shuffling int32 in
         # place gives the same order with half the memory.
@@ -42,6 +50,9 @@ class Writer:
         for matrix in plan.matrices:
             matrix.count_rows()
         self.lengths = plan.x.lengths
+        # obs names apart from the columns, as one StringDType array: as a
+        # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
+        self.names = Names.read(plan.paths, self.offsets, plan.storage_options)
         self.obs = frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
         self.var = frames.read_var(plan)
         self.extras = frames.Extras.read(plan)
@@ -60,8 +71,10 @@ class Writer:
             part = ZarrPart(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
-                frames.write_frames(part.root, self.obs.iloc[rows], self.var)
+                frames.write_frames(part.root, self.obs, rows, self.names, self.var)
                 self.extras.write(part.root, rows)  # raw's group before raw/X
+            if index == self._last:  # no part needs obs again: not its matrices
+                self.names = self.obs = None
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:
                 write = self._write_csr if matrix.sparse else self._write_dense
@@ -105,11 +118,16 @@ class Writer:
             if plan.compression is not None:  # chunks straddling windows, twice
                 windows = got // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
                 matrix += (windows + 1) * chunk_bytes
-        obs = self.obs.iloc[rows]
-        frames_bytes = int(obs.memory_usage(index=True, deep=True).sum())
+        # obs: its columns' share of n cells (no gather: deep memory_usage of
+        # categoricals is cheap), the names' heap entries.
+        per_cell = self.obs.memory_usage(index=False, deep=True).sum() / max(
+            len(self.obs), 1
+        )
+        frames_bytes = int(per_cell * n) + self.names.disk_bytes(n)
         frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
         frames_bytes += self.extras.nbytes(n)
-        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (len(obs.columns) + 16)
+        columns = len(self.obs.columns)
+        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
         return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
 
     # -- CSR ---------------------------------------------------------------
@@ -117,14 +135,11 @@ class Writer:
     def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
-        lengths = m.lengths[rows]
         indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(lengths, out=indptr[1:])
+        np.cumsum(m.lengths[rows], out=indptr[1:])
         nnz = int(indptr[-1])
         data, indices = part.create_csr(m, indptr, _csr_chunk(plan, m, nnz))
-        # Bytes through each cell: its values plus its indptr entry.
-        through = indptr[1:] * m.value_bytes + np.arange(1, n + 1) * 8
-        bounds = self._windows(through)
+        bounds = self._windows(_csr_through(indptr, m.value_bytes))
         most = max(
             (int(indptr[b] - indptr[a]) for a, b in itertools.pairwise(bounds)),
             default=0,
@@ -134,14 +149,14 @@ class Writer:
             lo, hi = int(indptr[a]), int(indptr[b])
             out_data = slot.array("data", most, m.dtype)[: hi - lo]
             out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
-            out_ptr = (indptr[a : b + 1] - lo).tolist()
+            out_ptr = indptr[a : b + 1] - lo
             for sub_rows, dest in self._reads(m, rows[a:b]):
                 starts, stops = runs(sub_rows)
                 got = m.fetch_ranges(starts, stops)
                 _check_rows(got.row_ids, sub_rows)
                 _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
             if m.reorders_genes:  # rows kept an input's gene order
-                _sort_rows(np.asarray(out_ptr), out_data, out_indices)
+                _sort_rows(out_ptr, out_data, out_indices)
 
             def write():
                 data[lo:hi] = out_data
@@ -235,15 +250,56 @@ def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:
         )
 
 
-def _scatter_csr(src, dest: np.ndarray, out_ptr: list, out_data, out_indices):
-    """Copies each buffered row `k` to window row `dest[k]`."""
-    ptr = src.indptr.tolist()
+def _scatter_csr(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
+    """Copies each buffered row `k` to window row `dest[k]`.
+
+    Short rows (thin atlases: a few values each) are scattered value by
+    value with numpy, in pieces of at most `_SCATTER_VALUES` values (24
+    bytes of positions per value while a piece runs); long rows one slice
+    copy each, where a Python loop over rows costs little beside the copy.
+    """
+    ptr = src.indptr
+    rows = dest.size
+    if rows == 0:
+        return
+    values = int(ptr[rows] - ptr[0])
+    if values >= _LOOP_VALUES_PER_ROW * rows:
+        _copy_rows(src, dest, out_ptr, out_data, out_indices)
+        return
+    starts = out_ptr[dest]  # each row's first position in the window
+    bounds = cuts(ptr[1 : rows + 1] - ptr[0], _SCATTER_VALUES)
+    for r0, r1 in itertools.pairwise(bounds):
+        v0, v1 = int(ptr[r0]), int(ptr[r1])
+        if v1 == v0:
+            continue
+        counts = np.diff(ptr[r0 : r1 + 1])
+        pos = np.repeat(starts[r0:r1] - ptr[r0:r1], counts)
+        pos += np.arange(v0, v1, dtype=np.int64)
+        out_data[pos] = src.data[v0:v1]
+        out_indices[pos] = src.indices[v0:v1]
+
+
+def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
+    """`_scatter_csr` for long rows: one slice copy per row."""
+    ptr = src.indptr[: dest.size + 1].tolist()
     data, indices = src.data, src.indices
-    for s0, s1, r in zip(ptr[:-1], ptr[1:], dest.tolist(), strict=True):
+    for s0, s1, o in zip(ptr[:-1], ptr[1:], out_ptr[dest].tolist(), strict=True):
         if s1 > s0:
-            o = out_ptr[r]
             out_data[o : o + s1 - s0] = data[s0:s1]
             out_indices[o : o + s1 - s0] = indices[s0:s1]
+
+
+def _csr_through(indptr: np.ndarray, value_bytes: int) -> np.ndarray:
+    """Bytes through each cell of a part: its values plus its indptr entry.
+
+    Built in place, piece by piece: no temporary as long as the part.
+    """
+    through = indptr[1:] * value_bytes
+    step = 1 << 22
+    for a in range(0, through.size, step):
+        b = min(a + step, through.size)
+        through[a:b] += np.arange(a + 1, b + 1, dtype=np.int64) * 8
+    return through
 
 
 def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
