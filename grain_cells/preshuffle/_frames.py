@@ -53,23 +53,28 @@ def read_obs(
     return pd.DataFrame(frame)
 
 
-def obs_part(obs: pd.DataFrame, rows: np.ndarray) -> dict:
-    """The columns of `obs` at `rows`, as the arrays anndata writes (a
-    column's `Series._values`: a `Categorical`, an extension array or an
-    ndarray)."""  # noqa: D205, D209
-    out = {}
+def obs_part(obs: pd.DataFrame, rows: np.ndarray):
+    """Yields `(name, values)`: the columns of `obs` at `rows`, one at a
+    time (one column's gathered copy alive at once), as the arrays anndata
+    writes (a column's `Series._values`: a `Categorical`, an extension array
+    or an ndarray)."""  # noqa: D205, D209
     for name in obs.columns:
         values = obs[name].array
         if isinstance(values, pd.Categorical):  # `take` would copy rows to int64
-            out[name] = pd.Categorical.from_codes(
-                values.codes[rows], dtype=values.dtype
+            yield (
+                name,
+                pd.Categorical.from_codes(values.codes[rows], dtype=values.dtype),
             )
             continue
         values = values.take(rows)
-        if isinstance(values, pd.arrays.NumpyExtensionArray):
+        # A plain NumPy column (object strings, numbers) goes back as its
+        # ndarray; extension arrays (pandas 3's `str`, nullable strings and
+        # integers) stay as they are, as anndata's dataframe writer gets
+        # them: `pd.arrays.StringArray` subclasses `NumpyExtensionArray`,
+        # so the test is on the exact type.
+        if type(values) is pd.arrays.NumpyExtensionArray:
             values = values.to_numpy()
-        out[name] = values
-    return out
+        yield name, values
 
 
 def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
@@ -146,7 +151,7 @@ def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
     windows), the rest by anndata."""  # noqa: D205, D209
     empty = pd.DataFrame(index=pd.Index([], dtype=object))
     io_frames.write_elem(f, "/", anndata.AnnData(obs=empty, var=var))
-    write_obs(f, obs_part(obs, rows), rows, names)
+    write_obs(f, list(obs.columns), obs_part(obs, rows), rows, names)
 
 
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:

@@ -124,9 +124,11 @@ def _check_length(f, got: int, want: int) -> None:
         )
 
 
-def write_obs(root, columns: dict, rows: np.ndarray, names: Names) -> None:
-    """Writes a part's obs: `columns` (name: values in the part's order) and
-    the names of input rows `rows`, into `root` (an h5py file or zarr group).
+def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> None:
+    """Writes a part's obs: `columns` (`(name, values)` in the part's order,
+    the names in `order`; an iterable, so that one column is gathered at a
+    time) and the names of input rows `rows`, into `root` (an h5py file or
+    zarr group).
 
     The dataframe's group and attributes are those anndata writes
     (`dataframe` 0.2.0, `_index`, `column-order`), each column is written
@@ -139,13 +141,13 @@ def write_obs(root, columns: dict, rows: np.ndarray, names: Names) -> None:
     group.attrs["encoding-type"] = "dataframe"
     group.attrs["encoding-version"] = "0.2.0"
     group.attrs["_index"] = "_index"
-    group.attrs["column-order"] = list(columns)
+    group.attrs["column-order"] = list(order)
     n = int(rows.size)
     index = _string_array(group, "_index", n)
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
         index[a:b] = names.values[rows[a:b]]
-    for name, values in columns.items():
+    for name, values in columns:
         io_frames.write_elem(group, name, values)
 
 
