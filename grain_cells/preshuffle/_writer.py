@@ -20,13 +20,23 @@ from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
-from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
+from grain_cells.preshuffle._windows import (
+    Progress,
+    Slot,
+    WritePipeline,
+    csr_cuts,
+    cuts,
+    write_indptr,
+)
 
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
 _SCATTER_VALUES = 1 << 20  # values per numpy scatter piece (24 MB of positions)
 _LOOP_VALUES_PER_ROW = 64  # rows this long are copied by slices, one per row
+# Bytes per cell of a CSR window besides its values: its row pointers (8),
+# the gathered row lengths (4) and the sorted reads' tables (`_reads`: 32).
+_CSR_CELL_BYTES = 44
 
 
 class Writer:
@@ -135,21 +145,25 @@ class Writer:
     def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(m.lengths[rows], out=indptr[1:])
-        nnz = int(indptr[-1])
-        data, indices = part.create_csr(m, indptr, _csr_chunk(plan, m, nnz))
-        bounds = self._windows(_csr_through(indptr, m.value_bytes))
-        most = max(
-            (int(indptr[b] - indptr[a]) for a, b in itertools.pairwise(bounds)),
-            default=0,
+        # No part-long tables: the windows and the row pointers are computed
+        # piece by piece, and each window's pointers when it is assembled.
+        bounds, nnz_at = csr_cuts(
+            m.lengths, rows, m.value_bytes, _CSR_CELL_BYTES, self._slot_bytes()
         )
+        nnz = nnz_at[-1]
+        start_of = dict(zip(bounds, nnz_at, strict=True))
+        data, indices, indptr = part.create_csr(m, n, nnz, _csr_chunk(plan, m, nnz))
+        write_indptr(indptr, m.lengths, rows)
+        most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
+        most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
         def assemble(slot: Slot, a: int, b: int):
-            lo, hi = int(indptr[a]), int(indptr[b])
+            lo, hi = start_of[a], start_of[b]
             out_data = slot.array("data", most, m.dtype)[: hi - lo]
             out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
-            out_ptr = indptr[a : b + 1] - lo
+            out_ptr = slot.array("indptr", most_cells + 1, np.int64)[: b - a + 1]
+            out_ptr[0] = 0
+            np.cumsum(m.lengths[rows[a:b]], dtype=np.int64, out=out_ptr[1:])
             for sub_rows, dest in self._reads(m, rows[a:b]):
                 starts, stops = runs(sub_rows)
                 got = m.fetch_ranges(starts, stops)
@@ -198,9 +212,13 @@ class Writer:
 
     # -- windows -----------------------------------------------------------
 
+    def _slot_bytes(self) -> int:
+        """Bytes of one window's arrays: a slot's share of the budget."""
+        return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
+
     def _windows(self, through: np.ndarray) -> list[int]:
         """Window boundaries: each window's arrays fit one slot of the budget."""
-        return cuts(through, int(self.plan.budget * _WINDOW_SHARE / _SLOTS))
+        return cuts(through, self._slot_bytes())
 
     def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
         """Assembles window after window; a second thread writes the last one.
@@ -225,10 +243,14 @@ class Writer:
         `_READ_SHARE * budget` bytes each.
         """
         plan = self.plan
+        # Per cell: order and rows (8 bytes each), sizes (4-8) and their
+        # running sum (8): `_CSR_CELL_BYTES` counts them in the window.
         order = np.argsort(window_rows, kind="stable")
         rows = window_rows[order].astype(np.int64)
         if m.sparse:
-            sizes = m.lengths[rows].astype(np.int64) * m.value_bytes + 8
+            sizes = m.lengths[rows]
+            sizes *= m.value_bytes
+            sizes += 8
         else:
             sizes = np.full(rows.size, m.n_vars * m.dtype.itemsize + 1)
         cap = int(plan.budget * _READ_SHARE)
@@ -237,7 +259,7 @@ class Writer:
         for fa, fb in itertools.pairwise(edges):
             if fb <= fa:
                 continue
-            bounds = cuts(np.cumsum(sizes[fa:fb]), cap)
+            bounds = cuts(np.cumsum(sizes[fa:fb], dtype=np.int64), cap)
             for a, b in itertools.pairwise(bounds):
                 yield rows[fa + a : fa + b], order[fa + a : fa + b]
 
@@ -289,19 +311,6 @@ def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices
             out_indices[o : o + s1 - s0] = indices[s0:s1]
 
 
-def _csr_through(indptr: np.ndarray, value_bytes: int) -> np.ndarray:
-    """Bytes through each cell of a part: its values plus its indptr entry.
-
-    Built in place, piece by piece: no temporary as long as the part.
-    """
-    through = indptr[1:] * value_bytes
-    step = 1 << 22
-    for a in range(0, through.size, step):
-        b = min(a + step, through.size)
-        through[a:b] += np.arange(a + 1, b + 1, dtype=np.int64) * 8
-    return through
-
-
 def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
     """Elements per chunk of a part's `data`/`indices`: no larger than the
     part needs (HDF5 allocates whole chunks)."""  # noqa: D205, D209
@@ -312,7 +321,10 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
     """`(bytes, chunks, bytes per chunk)` of one matrix of a part, uncompressed."""
     n = int(rows.size)
     if m.sparse:
-        nnz = int(m.lengths[rows].sum(dtype=np.int64))
+        nnz = sum(  # in pieces: no gathered copy as long as the part
+            int(m.lengths[rows[a : a + (1 << 22)]].sum(dtype=np.int64))
+            for a in range(0, n, 1 << 22)
+        )
         chunk = _csr_chunk(plan, m, nnz)
         n_chunks = -(-nnz // chunk)
         total = n_chunks * chunk * m.value_bytes
