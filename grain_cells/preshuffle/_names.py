@@ -21,6 +21,7 @@ one input while it is read) and converted.
 
 from __future__ import annotations
 
+import anndata
 import h5py
 import numpy as np
 
@@ -147,8 +148,12 @@ def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> Non
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
         index[a:b] = names.values[rows[a:b]]
-    for name, values in columns:
-        io_frames.write_elem(group, name, values)
+    # A nullable string column (`pd.arrays.StringArray`) came from an input
+    # that holds one: it goes back as it was, which anndata 0.11-0.12 write
+    # only with this setting on (0.13: on unless set off).
+    with anndata.settings.override(allow_write_nullable_strings=True):
+        for name, values in columns:
+            io_frames.write_elem(group, name, values)
 
 
 def _string_array(group, name: str, n: int):

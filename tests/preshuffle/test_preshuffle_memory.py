@@ -15,9 +15,11 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.preshuffle import _names
+from grain_cells.preshuffle import _windows as windows
 from grain_cells.synthetic import write_thin_atlas
 
 
@@ -58,6 +60,74 @@ def test_index_written_in_windows_reads_back_as_anndata_wrote_it(tmp_path, monke
         np.testing.assert_array_equal(
             have.X.toarray(), original[have.obs_names].X.toarray()
         )
+
+
+def _read(path) -> anndata.AnnData:
+    if str(path).endswith(".zarr"):
+        return anndata.read_zarr(path)
+    return anndata.read_h5ad(path)
+
+
+@pytest.mark.parametrize("fmt", ["h5ad", "zarr"])
+def test_obs_columns_keep_the_dtypes_anndata_read(tmp_path, fmt):
+    # Object and pandas strings, nullable strings with a missing value,
+    # categoricals, numbers and nullable integers: each part's obs reads
+    # back with the dtypes anndata reads from the input (pandas 2: object
+    # and `string`; pandas 3: `str` and `string`), cell for cell.
+    n = 300
+    obs = pd.DataFrame(
+        {
+            "plain": np.array([f"p{i}" for i in range(n)], dtype=object),
+            "nullable": pd.array(
+                [None if i % 7 == 0 else f"s{i}" for i in range(n)], dtype="string"
+            ),
+            "cat": pd.Categorical([f"c{i % 5}" for i in range(n)]),
+            "num": np.arange(n, dtype=np.int64),
+            "nullable_int": pd.array(
+                [None if i % 11 == 0 else i for i in range(n)], dtype="Int32"
+            ),
+        },
+        index=[f"cell{i}" for i in range(n)],
+    )
+    x = sp.random(n, 20, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    src = tmp_path / "in.h5ad"
+    with anndata.settings.override(allow_write_nullable_strings=True):
+        anndata.AnnData(X=x, obs=obs).write_h5ad(
+            src, convert_strings_to_categoricals=False
+        )
+    want = anndata.read_h5ad(src)
+    parts = grain_cells.preshuffle(
+        [src], tmp_path / "out", format=fmt, cells_per_file=120, progress=False
+    )
+    got = [_read(p) for p in parts]
+    for part in got:
+        assert part.obs.dtypes.to_dict() == want.obs.dtypes.to_dict()
+        assert part.obs_names.dtype == want.obs_names.dtype
+        pd.testing.assert_frame_equal(part.obs, want.obs.loc[part.obs_names])
+    assert sum(p.n_obs for p in got) == n
+
+
+def test_csr_cuts_equal_cuts_over_a_part_long_table(monkeypatch):
+    # The windows and row pointers computed piece by piece are those of the
+    # part-long tables they replace, for pieces smaller and larger than a
+    # window and cells larger than a window.
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        monkeypatch.setattr(windows, "PIECE", int(rng.integers(1, 20)))
+        lengths = rng.integers(0, 9, 80).astype(np.int32)
+        rows = rng.permutation(80)[: int(rng.integers(0, 60))].astype(np.int32)
+        value_bytes, cell_bytes = int(rng.integers(1, 9)), int(rng.integers(0, 50))
+        cap = int(rng.integers(1, 400))
+        indptr = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(lengths[rows], out=indptr[1:])
+        through = indptr[1:] * value_bytes + np.arange(1, rows.size + 1) * cell_bytes
+        want = windows.cuts(through, cap)
+        bounds, nnz_at = windows.csr_cuts(lengths, rows, value_bytes, cell_bytes, cap)
+        assert bounds == want
+        assert nnz_at == [int(indptr[b]) for b in want]
+        out = np.full(rows.size + 1, -1, np.int64)
+        windows.write_indptr(out, lengths, rows)
+        np.testing.assert_array_equal(out, indptr)
 
 
 @pytest.mark.slow  # 200,000 cells under tracemalloc: ~10 s
