@@ -106,19 +106,22 @@ while HDF5 writes) while the calling thread reads and scatters the next.
 
 Memory: the arrays of the two windows in flight plus a read buffer, together
 at most `memory_budget_bytes` (each carried matrix is written in its own
-pass of windows, so layers, raw and obsm arrays add passes, not memory); on
-top of that, per input cell: 8 bytes (the permutation and X's row lengths),
-4 more for each other sparse matrix carried, 8 more while `group_by` sorts,
-the obs names as one numpy StringDType array (16 bytes per name of up to 15
-bytes, longer names add their length; never Python objects, see
-`preshuffle_names`) and the chosen obs columns (a categorical's codes: 1-2
-bytes), held until the last part's obs is written; per cell of the part
-being written, its `indptr` (8 bytes) and its obs columns' codes while obs is
-written; and the obsm dataframes of all inputs. The window's reads sort its
-rows (about 32 bytes per cell of a window, beyond the budget for thin
-cells). Measured on thin cells (`benchmarks/RESULTS.md`, "Scale:
-preshuffle"): peak RSS 1.5 GiB at 10M cells, 3.4 GiB at 30M and 5.0 GiB
-at 100M at the default budget, one part.
+pass of windows, so layers, raw and obsm arrays add passes, not memory; a
+CSR window's row pointers and its reads' sorted rows, 44 bytes per cell, are
+counted in it); on top of that, per input cell: 8 bytes (the permutation and
+X's row lengths), 4 more for each other sparse matrix carried, 8 more while
+`group_by` sorts, and, until the last part's obs is written, the obs names
+as one numpy StringDType array (16 bytes per name of up to 15 bytes, longer
+names add their length; never Python objects, see `preshuffle_names`) and
+the chosen obs columns (a categorical's codes: 1-2 bytes; one column's
+codes again while a part's obs is written); and the obsm dataframes of all
+inputs. Nothing else is as long as a part (its `indptr` and the windows'
+bounds are computed 4M cells at a time). The bound, for names up to 15
+bytes and categorical obs columns: peak RSS at most about 0.5 GB plus the
+larger of `memory_budget_bytes` + 8 bytes per cell and 24 + 2 x (codes)
+bytes per cell; 100M thin cells (four columns, 5 bytes of codes) peaked at
+3.81 GB at the default budget (`benchmarks/RESULTS.md`, "Scale:
+preshuffle").
 """
 
 from __future__ import annotations
