@@ -21,6 +21,7 @@ from grain_cells.io._file_lru import check_max_open
 from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
 from grain_cells.io._frames import (
     encoding_of,
+    is_legacy_frame,
     read_elem,
     read_obs_names,
     read_obs_values,
@@ -44,7 +45,13 @@ from grain_cells.io._identity import (
     source_identity,
 )
 from grain_cells.io._matrix import CsrRows, RowBuffer
-from grain_cells.io._nodes import is_array, is_group
+from grain_cells.io._nodes import (
+    attr_str,
+    file_name,
+    is_array,
+    is_group,
+    is_string_array,
+)
 from grain_cells.io._obs import OBS_MISSING
 from grain_cells.io._obs_cache import own_map
 from grain_cells.io._obsm import obsm_element
@@ -72,15 +79,19 @@ __all__ = [
     "OpenFiles",
     "RowBuffer",
     "advise",
+    "attr_str",
     "check_max_open",
     "element_files",
     "encoding_of",
     "fetch_ranges",
     "file_entries",
+    "file_name",
     "files_entry",
     "inspect_matrix",
     "is_array",
     "is_group",
+    "is_legacy_frame",
+    "is_string_array",
     "matrix_element",
     "obs_columns",
     "obsm_element",

@@ -21,23 +21,26 @@ from grain_cells.io import (
     is_array,
     open_file,
     read_elem,
-    read_obs_names,
     read_obs_values,
     write_elem,
 )
 from grain_cells.preshuffle import _carry
+from grain_cells.preshuffle._names import write_obs
 from grain_cells.preshuffle._plan import Plan
 
 
 def read_obs(
     paths: list[str], columns: list[str], storage_options: dict | None = None
 ) -> pd.DataFrame:
-    """The chosen obs columns of all inputs, concatenated, with obs names."""
-    names, per_column = [], {c: [] for c in columns}
+    """The chosen obs columns of all inputs, concatenated (a `RangeIndex`).
+
+    Without the obs names: those are `preshuffle_names.Names`, held apart
+    as one StringDType array rather than Python objects.
+    """
+    per_column = {c: [] for c in columns}
     for path in paths:
         with open_file(path, storage_options) as f:
             try:
-                names.append(read_obs_names(f))
                 for c in columns:
                     values = read_obs_values(f, c)
                     if isinstance(values, pd.Series):
@@ -50,9 +53,32 @@ def read_obs(
                     f"{path}: obs cannot be read as an anndata dataframe "
                     f"({type(e).__name__}: {e}); the file may be corrupt"
                 ) from e
-    index = pd.Index(np.concatenate(names) if names else [], dtype=object)
     frame = {c: _concat_column(c, per_column[c], paths) for c in columns}
-    return pd.DataFrame(frame, index=index)
+    return pd.DataFrame(frame)
+
+
+def obs_part(obs: pd.DataFrame, rows: np.ndarray):
+    """Yields `(name, values)`: the columns of `obs` at `rows`, one at a
+    time (one column's gathered copy alive at once), as the arrays anndata
+    writes (a column's `Series._values`: a `Categorical`, an extension array
+    or an ndarray)."""  # noqa: D205, D209
+    for name in obs.columns:
+        values = obs[name].array
+        if isinstance(values, pd.Categorical):  # `take` would copy rows to int64
+            yield (
+                name,
+                pd.Categorical.from_codes(values.codes[rows], dtype=values.dtype),
+            )
+            continue
+        values = values.take(rows)
+        # A plain NumPy column (object strings, numbers) goes back as its
+        # ndarray; extension arrays (pandas 3's `str`, nullable strings and
+        # integers) stay as they are, as anndata's dataframe writer gets
+        # them: `pd.arrays.StringArray` subclasses `NumpyExtensionArray`,
+        # so the test is on the exact type.
+        if type(values) is pd.arrays.NumpyExtensionArray:
+            values = values.to_numpy()
+        yield name, values
 
 
 def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
@@ -123,9 +149,13 @@ def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
     return out
 
 
-def write_frames(f, obs: pd.DataFrame, var: pd.DataFrame) -> None:
-    """Writes an AnnData skeleton (obs, var, no X) into an open file or zarr group."""
-    write_elem(f, "/", anndata.AnnData(obs=obs, var=var))
+def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
+    """Writes an AnnData skeleton (obs at `rows`, var, no X) into an open
+    file or zarr group: obs by `preshuffle_names.write_obs` (the names in
+    windows), the rest by anndata."""  # noqa: D205, D209
+    empty = pd.DataFrame(index=pd.Index([], dtype=object))
+    write_elem(f, "/", anndata.AnnData(obs=empty, var=var))
+    write_obs(f, list(obs.columns), obs_part(obs, rows), rows, names)
 
 
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:

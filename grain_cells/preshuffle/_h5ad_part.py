@@ -54,19 +54,19 @@ class H5adPart:
         """Context of anndata's writes of obs, var and the other frames."""
         return contextlib.nullcontext()
 
-    def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
-        """Matrix `m`'s CSR group: returns its `(data, indices)` datasets.
+    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
+        """Matrix `m`'s CSR group: returns its `(data, indices, indptr)` datasets.
 
         Args:
             m: The matrix (its name, dtypes and genes).
-            indptr: The part's row pointers (written here).
+            n: The part's cells (`indptr` has `n + 1` entries, int64).
+            nnz: The part's stored values.
             chunk: Elements per chunk of `data` and `indices`.
         """
-        nnz = int(indptr[-1])
         group = self.root.require_group(m.name)
         group.attrs["encoding-type"] = CSR
         group.attrs["encoding-version"] = "0.1.0"
-        group.attrs["shape"] = np.array([indptr.size - 1, m.n_vars], np.int64)
+        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
         opts = filter_options(self.plan.compression)
         data = group.create_dataset(
             "data", (nnz,), m.dtype, maxshape=(None,), chunks=(chunk,), **opts
@@ -74,13 +74,14 @@ class H5adPart:
         indices = group.create_dataset(
             "indices", (nnz,), m.index_dtype, maxshape=(None,), chunks=(chunk,), **opts
         )
-        group.create_dataset(
+        indptr = group.create_dataset(
             "indptr",
-            data=indptr,
+            (n + 1,),
+            np.int64,
             maxshape=(None,),
-            chunks=(min(INDPTR_CHUNK, indptr.size),),
+            chunks=(min(INDPTR_CHUNK, n + 1),),
         )
-        return data, indices
+        return data, indices, indptr
 
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):
         """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""

@@ -11,11 +11,20 @@ positional-read fast path when it is uncompressed.
 
 Memory: the arrays of the two windows in flight plus a read buffer, together
 at most `memory_budget_bytes` (each carried matrix is written in its own
-pass of windows, so layers, raw and obsm arrays add passes, not memory); on
-top of that about 8 bytes per input cell (the permutation and X's row
-lengths), 4 more per cell for each other sparse matrix carried, 8 more per
-cell while `group_by` sorts, and the chosen obs columns and obsm dataframes
-of all inputs (held in memory while the parts are written).
+pass of windows, so layers, raw and obsm arrays add passes, not memory; a
+CSR window's row pointers and its reads' sorted rows, 44 bytes per cell, are
+counted in it); on top of that, per input cell: 8 bytes (the permutation and
+X's row lengths), 4 more for each other sparse matrix carried, 8 more while
+`group_by` sorts, and, until the last part's obs is written, the obs names
+as one numpy StringDType array (16 bytes per name of up to 15 bytes, longer
+names add their length; never Python objects) and the chosen obs columns
+(a categorical's codes: 1-2 bytes; one column's codes again while a part's
+obs is written); and the obsm dataframes of all inputs. The bound, for
+names up to 15 bytes and categorical obs columns: peak RSS at most about
+0.5 GB plus the larger of `memory_budget_bytes` + 8 bytes per cell and
+24 + 2 x (codes) bytes per cell; 100M thin cells (four columns, 5 bytes of
+codes) peaked at 3.81 GB at the default budget (`benchmarks/RESULTS.md`,
+"Scale: preshuffle").
 
 Design notes: docs/reference/design.md#preshuffle-preshuffle.
 """
@@ -257,7 +266,7 @@ def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **
             # Grain worker) does not import.
             from grain_cells.preshuffle._writer import Writer
 
-            writer = Writer(plan)
+            writer = Writer(plan, todo)
             for i in todo:
                 done[i] = writer.write_part(i, report)
                 if bucket is not None:

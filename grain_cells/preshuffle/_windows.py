@@ -116,6 +116,67 @@ def cuts(through: np.ndarray, cap: int) -> list[int]:
     return bounds
 
 
+PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
+
+
+def csr_cuts(
+    lengths: np.ndarray, rows: np.ndarray, value_bytes: int, cell_bytes: int, cap: int
+) -> tuple[list[int], list[int]]:
+    """`cuts` of a CSR part's cells, without an array as long as the part.
+
+    A cell's bytes are its values (`lengths[rows]` times `value_bytes`) plus
+    `cell_bytes`; the cumulative bytes are computed `PIECE` cells at a time
+    (a part-long `int64` table was 8 bytes per cell: 800 MB at 100M cells).
+
+    Returns:
+        `(bounds, nnz_at)`: the boundaries `cuts` gives for those bytes, and
+        the values stored before each boundary.
+    """
+    n = int(rows.size)
+    bounds, nnz_at = [0], [0]
+    base = 0  # bytes through the cell before the last boundary
+    last_through = last_nnz = 0  # through the cell before the current piece
+    for p in range(0, n, PIECE):
+        q = min(p + PIECE, n)
+        nnz = np.cumsum(lengths[rows[p:q]], dtype=np.int64)
+        nnz += last_nnz
+        through = nnz * value_bytes
+        through += np.arange(p + 1, q + 1, dtype=np.int64) * cell_bytes
+        while True:
+            j = int(np.searchsorted(through, base + cap, side="right"))
+            if j == q - p:
+                break
+            b = max(p + j, bounds[-1] + 1)
+            k = b - 1 - p  # the cell before the boundary, in this piece
+            base, at = (
+                (int(through[k]), int(nnz[k])) if k >= 0 else (last_through, last_nnz)
+            )
+            bounds.append(b)
+            nnz_at.append(at)
+        last_through, last_nnz = int(through[-1]), int(nnz[-1])
+    if bounds[-1] < n:
+        bounds.append(n)
+        nnz_at.append(last_nnz)
+    return bounds, nnz_at
+
+
+def write_indptr(out, lengths: np.ndarray, rows: np.ndarray) -> None:
+    """Writes a part's row pointers (`n + 1`, int64) into `out`, in order,
+    `PIECE` cells at a time (`out`: an h5py dataset or a zarr part's
+    in-order writer)."""  # noqa: D205, D209
+    n = int(rows.size)
+    before = 0
+    for p in range(0, n, PIECE):
+        q = min(p + PIECE, n)
+        ptr = np.empty(q - p + 1, np.int64)
+        ptr[0] = before
+        np.cumsum(lengths[rows[p:q]], dtype=np.int64, out=ptr[1:])
+        ptr[1:] += before
+        before = int(ptr[-1])
+        out[p:q] = ptr[:-1]
+    out[n : n + 1] = np.array([before], np.int64)
+
+
 class Progress:
     """A tqdm progress bar of cells written, on stderr (cells times matrices).
 

@@ -18,19 +18,37 @@ from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
 from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
+from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
-from grain_cells.preshuffle._windows import Progress, Slot, WritePipeline, cuts
+from grain_cells.preshuffle._windows import (
+    Progress,
+    Slot,
+    WritePipeline,
+    csr_cuts,
+    cuts,
+    write_indptr,
+)
 
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
+_SCATTER_VALUES = 1 << 20  # values per numpy scatter piece (24 MB of positions)
+_LOOP_VALUES_PER_ROW = 64  # rows this long are copied by slices, one per row
+# Bytes per cell of a CSR window besides its values: its row pointers (8),
+# the gathered row lengths (4) and the sorted reads' tables (`_reads`: 32).
+_CSR_CELL_BYTES = 44
 
 
 class Writer:
     """Writes the parts of a plan; holds the permutation and obs in memory."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, parts: list[int] | None = None):
+        """Reads what every part needs; `parts`: those to write, in order (None:
+        all), so that obs is released once the last part's is written."""  # noqa: D205, D209
         self.plan = plan
+        self._last = (
+            (parts or range(len(plan.part_paths)))[-1] if plan.part_paths else None
+        )
         n = plan.n_cells
         # Generator.permutation(n) is arange(n) shuffled; shuffling int32 in
         # place gives the same order with half the memory.
@@ -42,6 +60,9 @@ class Writer:
         for matrix in plan.matrices:
             matrix.count_rows()
         self.lengths = plan.x.lengths
+        # obs names apart from the columns, as one StringDType array: as a
+        # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
+        self.names = Names.read(plan.paths, self.offsets, plan.storage_options)
         self.obs = _frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
         self.var = _frames.read_var(plan)
         self.extras = _frames.Extras.read(plan)
@@ -60,8 +81,10 @@ class Writer:
             part = ZarrPart(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
-                _frames.write_frames(part.root, self.obs.iloc[rows], self.var)
+                _frames.write_frames(part.root, self.obs, rows, self.names, self.var)
                 self.extras.write(part.root, rows)  # raw's group before raw/X
+            if index == self._last:  # no part needs obs again: not its matrices
+                self.names = self.obs = None
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:
                 write = self._write_csr if matrix.sparse else self._write_dense
@@ -105,11 +128,16 @@ class Writer:
             if plan.compression is not None:  # chunks straddling windows, twice
                 windows = got // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
                 matrix += (windows + 1) * chunk_bytes
-        obs = self.obs.iloc[rows]
-        frames_bytes = int(obs.memory_usage(index=True, deep=True).sum())
+        # obs: its columns' share of n cells (no gather: deep memory_usage of
+        # categoricals is cheap), the names' heap entries.
+        per_cell = self.obs.memory_usage(index=False, deep=True).sum() / max(
+            len(self.obs), 1
+        )
+        frames_bytes = int(per_cell * n) + self.names.disk_bytes(n)
         frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
         frames_bytes += self.extras.nbytes(n)
-        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (len(obs.columns) + 16)
+        columns = len(self.obs.columns)
+        overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
         return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
 
     # -- CSR ---------------------------------------------------------------
@@ -117,31 +145,32 @@ class Writer:
     def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
-        lengths = m.lengths[rows]
-        indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        nnz = int(indptr[-1])
-        data, indices = part.create_csr(m, indptr, _csr_chunk(plan, m, nnz))
-        # Bytes through each cell: its values plus its indptr entry.
-        through = indptr[1:] * m.value_bytes + np.arange(1, n + 1) * 8
-        bounds = self._windows(through)
-        most = max(
-            (int(indptr[b] - indptr[a]) for a, b in itertools.pairwise(bounds)),
-            default=0,
+        # No part-long tables: the windows and the row pointers are computed
+        # piece by piece, and each window's pointers when it is assembled.
+        bounds, nnz_at = csr_cuts(
+            m.lengths, rows, m.value_bytes, _CSR_CELL_BYTES, self._slot_bytes()
         )
+        nnz = nnz_at[-1]
+        start_of = dict(zip(bounds, nnz_at, strict=True))
+        data, indices, indptr = part.create_csr(m, n, nnz, _csr_chunk(plan, m, nnz))
+        write_indptr(indptr, m.lengths, rows)
+        most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
+        most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
         def assemble(slot: Slot, a: int, b: int):
-            lo, hi = int(indptr[a]), int(indptr[b])
+            lo, hi = start_of[a], start_of[b]
             out_data = slot.array("data", most, m.dtype)[: hi - lo]
             out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
-            out_ptr = (indptr[a : b + 1] - lo).tolist()
+            out_ptr = slot.array("indptr", most_cells + 1, np.int64)[: b - a + 1]
+            out_ptr[0] = 0
+            np.cumsum(m.lengths[rows[a:b]], dtype=np.int64, out=out_ptr[1:])
             for sub_rows, dest in self._reads(m, rows[a:b]):
                 starts, stops = runs(sub_rows)
                 got = m.fetch_ranges(starts, stops)
                 _check_rows(got.row_ids, sub_rows)
                 _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
             if m.reorders_genes:  # rows kept an input's gene order
-                _sort_rows(np.asarray(out_ptr), out_data, out_indices)
+                _sort_rows(out_ptr, out_data, out_indices)
 
             def write():
                 data[lo:hi] = out_data
@@ -183,9 +212,13 @@ class Writer:
 
     # -- windows -----------------------------------------------------------
 
+    def _slot_bytes(self) -> int:
+        """Bytes of one window's arrays: a slot's share of the budget."""
+        return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
+
     def _windows(self, through: np.ndarray) -> list[int]:
         """Window boundaries: each window's arrays fit one slot of the budget."""
-        return cuts(through, int(self.plan.budget * _WINDOW_SHARE / _SLOTS))
+        return cuts(through, self._slot_bytes())
 
     def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
         """Assembles window after window; a second thread writes the last one.
@@ -210,10 +243,14 @@ class Writer:
         `_READ_SHARE * budget` bytes each.
         """
         plan = self.plan
+        # Per cell: order and rows (8 bytes each), sizes (4-8) and their
+        # running sum (8): `_CSR_CELL_BYTES` counts them in the window.
         order = np.argsort(window_rows, kind="stable")
         rows = window_rows[order].astype(np.int64)
         if m.sparse:
-            sizes = m.lengths[rows].astype(np.int64) * m.value_bytes + 8
+            sizes = m.lengths[rows]
+            sizes *= m.value_bytes
+            sizes += 8
         else:
             sizes = np.full(rows.size, m.n_vars * m.dtype.itemsize + 1)
         cap = int(plan.budget * _READ_SHARE)
@@ -222,7 +259,7 @@ class Writer:
         for fa, fb in itertools.pairwise(edges):
             if fb <= fa:
                 continue
-            bounds = cuts(np.cumsum(sizes[fa:fb]), cap)
+            bounds = cuts(np.cumsum(sizes[fa:fb], dtype=np.int64), cap)
             for a, b in itertools.pairwise(bounds):
                 yield rows[fa + a : fa + b], order[fa + a : fa + b]
 
@@ -235,13 +272,41 @@ def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:
         )
 
 
-def _scatter_csr(src, dest: np.ndarray, out_ptr: list, out_data, out_indices):
-    """Copies each buffered row `k` to window row `dest[k]`."""
-    ptr = src.indptr.tolist()
+def _scatter_csr(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
+    """Copies each buffered row `k` to window row `dest[k]`.
+
+    Short rows (thin atlases: a few values each) are scattered value by
+    value with numpy, in pieces of at most `_SCATTER_VALUES` values (24
+    bytes of positions per value while a piece runs); long rows one slice
+    copy each, where a Python loop over rows costs little beside the copy.
+    """
+    ptr = src.indptr
+    rows = dest.size
+    if rows == 0:
+        return
+    values = int(ptr[rows] - ptr[0])
+    if values >= _LOOP_VALUES_PER_ROW * rows:
+        _copy_rows(src, dest, out_ptr, out_data, out_indices)
+        return
+    starts = out_ptr[dest]  # each row's first position in the window
+    bounds = cuts(ptr[1 : rows + 1] - ptr[0], _SCATTER_VALUES)
+    for r0, r1 in itertools.pairwise(bounds):
+        v0, v1 = int(ptr[r0]), int(ptr[r1])
+        if v1 == v0:
+            continue
+        counts = np.diff(ptr[r0 : r1 + 1])
+        pos = np.repeat(starts[r0:r1] - ptr[r0:r1], counts)
+        pos += np.arange(v0, v1, dtype=np.int64)
+        out_data[pos] = src.data[v0:v1]
+        out_indices[pos] = src.indices[v0:v1]
+
+
+def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
+    """`_scatter_csr` for long rows: one slice copy per row."""
+    ptr = src.indptr[: dest.size + 1].tolist()
     data, indices = src.data, src.indices
-    for s0, s1, r in zip(ptr[:-1], ptr[1:], dest.tolist(), strict=True):
+    for s0, s1, o in zip(ptr[:-1], ptr[1:], out_ptr[dest].tolist(), strict=True):
         if s1 > s0:
-            o = out_ptr[r]
             out_data[o : o + s1 - s0] = data[s0:s1]
             out_indices[o : o + s1 - s0] = indices[s0:s1]
 
@@ -256,7 +321,10 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
     """`(bytes, chunks, bytes per chunk)` of one matrix of a part, uncompressed."""
     n = int(rows.size)
     if m.sparse:
-        nnz = int(m.lengths[rows].sum(dtype=np.int64))
+        nnz = sum(  # in pieces: no gathered copy as long as the part
+            int(m.lengths[rows[a : a + (1 << 22)]].sum(dtype=np.int64))
+            for a in range(0, n, 1 << 22)
+        )
         chunk = _csr_chunk(plan, m, nnz)
         n_chunks = -(-nnz // chunk)
         total = n_chunks * chunk * m.value_bytes

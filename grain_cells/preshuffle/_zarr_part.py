@@ -108,13 +108,14 @@ class ZarrPart:
             return self.plan.chunk_cells, False
         return CHUNK_CELLS[self.zarr_format], True
 
-    def create_csr(self, m: Matrix, indptr: np.ndarray, chunk: int):
-        """Matrix `m`'s CSR group: returns writers of its `data` and `indices`.
+    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
+        """Matrix `m`'s CSR group: writers of `data`, `indices` and `indptr`.
+
+        Each is written in order; `indptr` has `n + 1` entries (int64).
 
         `chunk` (the HDF5 writer's) is not used: see the design notes.
         """
         del chunk
-        nnz = int(indptr[-1])
         cells, floor = self._cells_per_chunk()
         elements = math.ceil(cells * max(m.nnz / max(m.n_cells, 1), 1.0))
         if floor:
@@ -128,7 +129,7 @@ class ZarrPart:
             {
                 "encoding-type": "csr_matrix",
                 "encoding-version": "0.1.0",
-                "shape": [int(indptr.size - 1), int(m.n_vars)],
+                "shape": [int(n), int(m.n_vars)],
             }
         )
         out = []
@@ -137,14 +138,14 @@ class ZarrPart:
                 f"{m.name}/{key}", (nnz,), dtype, (elements,), dtype.itemsize
             )
             out.append(self._appender(array, unit))
-        ptr, _ = self._array(
+        ptr, unit = self._array(
             f"{m.name}/indptr",
-            indptr.shape,
-            indptr.dtype,
-            (max(1, min(INDPTR_CHUNK, indptr.size)),),
+            (n + 1,),
+            np.dtype(np.int64),
+            (max(1, min(INDPTR_CHUNK, n + 1)),),
             8,
         )
-        ptr[:] = indptr
+        out.append(self._appender(ptr, unit))
         return tuple(out)
 
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):

@@ -129,9 +129,17 @@ def chunk_aligned_blocks(
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
     )
-    starts, stops = _selection.blocks_over_runs(
-        table.cell_mask(), cuts, table.block_size
-    )
+    if table.run_starts is None and table.num_cells > 0:
+        # Every cell: the runs are the stretches between cuts (what
+        # `blocks_over_runs` finds in an all-True mask, without the mask's
+        # passes over every cell: 0.35 CPU-s at 100M cells).
+        starts, stops = _selection.blocks_over_ranges(
+            cuts[:-1], cuts[1:], table.block_size
+        )
+    else:
+        starts, stops = _selection.blocks_over_runs(
+            table.cell_mask(), cuts, table.block_size
+        )
     return table.with_blocks(starts, stops)
 
 

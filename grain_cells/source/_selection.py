@@ -63,6 +63,15 @@ def blocks_over_runs(
         `(starts, stops)`: int64 global row ranges, sorted.
     """
     run_starts, run_stops = runs_of_mask(mask, cell_offsets)
+    return blocks_over_ranges(run_starts, run_stops, block_size)
+
+
+def blocks_over_ranges(
+    run_starts: np.ndarray, run_stops: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`blocks_over_runs` of given runs (non-empty, sorted row ranges)."""
+    run_starts = np.asarray(run_starts, np.int64)
+    run_stops = np.asarray(run_stops, np.int64)
     lengths = run_stops - run_starts
     per_run = -(-lengths // block_size)
     # Block j of run r starts at run_starts[r] + j * block_size.
@@ -304,6 +313,7 @@ def describe_condition(x) -> str:
 
 __all__ = [
     "blocks_of_mask",
+    "blocks_over_ranges",
     "blocks_over_runs",
     "cell_mask",
     "describe_condition",

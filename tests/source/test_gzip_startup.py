@@ -192,3 +192,28 @@ def test_a_bad_or_unwritable_cache_falls_back(thin_gz, own_cache, monkeypatch):
     third = grain_cells.AnnDataSource(thin_gz)
     np.testing.assert_array_equal(_blocks(third), _blocks(first))
     assert _chunk_cache.cache_dir().startswith(str(blocker))
+
+
+def test_blocks_of_every_cell_are_those_over_an_all_true_mask():
+    # Without a selection, chunk-grid blocks come from the cuts alone (no
+    # mask over every cell); they must be the blocks the mask gave.
+    from grain_cells.source import BlockTable, _chunk_grid, _selection
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = rng.integers(0, 40, int(rng.integers(1, 5)))
+        n = int(sizes.sum())
+        if n == 0:
+            continue
+        table = BlockTable.grid(sizes, int(rng.integers(1, 9)))
+        starts = np.unique(rng.integers(0, n, int(rng.integers(0, 10))))
+        starts = np.union1d(starts, [0])
+        per_block = int(rng.integers(1, 4))
+        got = _chunk_grid.chunk_aligned_blocks(table, starts, per_block)
+        cuts = np.union1d(
+            table.cell_offsets, _chunk_grid._every_nth_chunk(starts, table, per_block)
+        )
+        want = _selection.blocks_over_runs(np.ones(n, bool), cuts, table.block_size)
+        _, got_starts, got_stops = got.ranges(np.arange(len(got)))
+        np.testing.assert_array_equal(got_starts, want[0])
+        np.testing.assert_array_equal(got_stops, want[1])

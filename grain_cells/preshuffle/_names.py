@@ -1,0 +1,188 @@
+"""Obs names of a preshuffle run: one numpy StringDType array, written in windows.
+
+At atlas scale the obs names are the largest thing a run holds: as Python
+`str` objects (a pandas object index) each name costs about 60 bytes plus
+an 8-byte pointer, and anndata's writer converts a part's whole index to
+another object array before HDF5 sees it: 12 GB at 100M cells. Here the
+names of all inputs are read into one `numpy.dtypes.StringDType` array (16
+bytes per name; names longer than 15 bytes add their length), slice by
+slice straight from the input's string dataset (h5py and zarr decode into
+StringDType without making Python objects), and a part's `obs/_index` is
+written by `write_obs` in windows of `WINDOW` names gathered from it in the
+part's order. Its columns are written by anndata (`anndata.io.write_elem`,
+one column at a time, exactly as anndata's dataframe writer does), so a part
+reads back with `anndata.read_h5ad` / `read_zarr` as before.
+
+Indexes stored in another encoding (anndata < 0.7 compound frames, a
+categorical or nullable index with missing entries) are read through
+anndata (`grain_cells.io._frames.read_obs_names`, Python objects for that
+one input while it is read) and converted.
+"""
+
+from __future__ import annotations
+
+import anndata
+import h5py
+import numpy as np
+
+from grain_cells import errors
+from grain_cells.io import (
+    attr_str,
+    encoding_of,
+    file_name,
+    is_array,
+    is_group,
+    is_legacy_frame,
+    is_string_array,
+    open_file,
+    read_obs_names,
+    write_elem,
+)
+
+STRINGS = np.dtypes.StringDType()
+WINDOW = 1 << 18  # names per slice read or written (h5py makes objects of a slice)
+
+
+class Names:
+    """The obs names of all inputs, concatenated, as one StringDType array.
+
+    Attributes:
+        values: The names (`numpy.dtypes.StringDType`), input after input.
+        mean_chars: Mean characters per name (for a part's disk reservation).
+    """
+
+    def __init__(self, values: np.ndarray, mean_chars: float):
+        self.values = values
+        self.mean_chars = mean_chars
+
+    @classmethod
+    def read(
+        cls, paths: list[str], offsets: np.ndarray, storage_options: dict | None
+    ) -> Names:
+        """Reads the names of `paths`, whose cells start at `offsets` (n + 1).
+
+        Raises:
+            errors.AnnDataFormatError: An input's obs index cannot be read,
+                or its length is not the input's cell count.
+        """
+        out = np.empty(int(offsets[-1]), dtype=STRINGS)
+        chars = 0
+        for i, path in enumerate(paths):
+            start, stop = int(offsets[i]), int(offsets[i + 1])
+            with open_file(path, storage_options) as f:
+                try:
+                    chars += _read_file(f, out[start:stop])
+                except errors.AnnDataFormatError:
+                    raise
+                except Exception as e:
+                    raise errors.AnnDataFormatError(
+                        f"{path}: obs names cannot be read ({type(e).__name__}: "
+                        f"{e}); the file may be corrupt"
+                    ) from e
+        return cls(out, chars / max(out.size, 1))
+
+    def disk_bytes(self, n: int) -> int:
+        """About the bytes `n` names take in a part (heap entries, generous)."""
+        return int(n * (48 + 2 * self.mean_chars))
+
+
+def _read_file(f, out: np.ndarray) -> int:
+    """Fills `out` with the obs names of the open file `f`; returns their chars."""
+    index = _plain_index(f)
+    n = out.size
+    if index is None:  # another encoding: through anndata, objects for a while
+        names = read_obs_names(f)
+        _check_length(f, len(names), n)
+        out[:] = np.asarray(names, dtype=str).astype(STRINGS)
+        return int(np.strings.str_len(out).sum())
+    _check_length(f, int(index.shape[0]), n)
+    source = index.astype(STRINGS) if isinstance(index, h5py.Dataset) else index
+    chars = 0
+    for a in range(0, n, WINDOW):
+        b = min(a + WINDOW, n)
+        out[a:b] = np.asarray(source[a:b]).astype(STRINGS, copy=False)
+        chars += int(np.strings.str_len(out[a:b]).sum())
+    return chars
+
+
+def _plain_index(f):
+    """The obs index when it is a plain 1-D string array (the usual case), or None."""
+    frame = f["obs"]
+    if is_legacy_frame(frame) or not is_group(frame):
+        return None
+    key = attr_str(frame, "_index", "_index")
+    if key not in frame:
+        return None
+    index = frame[key]
+    encoding = encoding_of(index)
+    if encoding == "nullable-string-array" and is_group(index):
+        mask = index.get("mask")
+        if not is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
+            return None
+        index = index.get("values")
+    elif encoding not in ("string-array", None):
+        return None
+    if is_array(index) and index.ndim == 1 and is_string_array(index):
+        return index
+    return None
+
+
+def _check_length(f, got: int, want: int) -> None:
+    if got != want:
+        raise errors.AnnDataFormatError(
+            f"{file_name(f)}: obs has {got} names but X has {want} rows"
+        )
+
+
+def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> None:
+    """Writes a part's obs: `columns` (`(name, values)` in the part's order,
+    the names in `order`; an iterable, so that one column is gathered at a
+    time) and the names of input rows `rows`, into `root` (an h5py file or
+    zarr group).
+
+    The dataframe's group and attributes are those anndata writes
+    (`dataframe` 0.2.0, `_index`, `column-order`), each column is written
+    by `anndata.io.write_elem`, and the index is a `string-array` written
+    in windows of `WINDOW` names.
+    """  # noqa: D205
+    if "obs" in root:  # the skeleton's empty obs
+        del root["obs"]
+    group = root.create_group("obs")
+    group.attrs["encoding-type"] = "dataframe"
+    group.attrs["encoding-version"] = "0.2.0"
+    group.attrs["_index"] = "_index"
+    group.attrs["column-order"] = list(order)
+    n = int(rows.size)
+    index = _string_array(group, "_index", n)
+    for a in range(0, n, WINDOW):
+        b = min(a + WINDOW, n)
+        index[a:b] = names.values[rows[a:b]]
+    # A nullable string column (`pd.arrays.StringArray`) came from an input
+    # that holds one: it goes back as it was, which anndata 0.11-0.12 write
+    # only with this setting on (0.13: on unless set off).
+    with anndata.settings.override(allow_write_nullable_strings=True):
+        for name, values in columns:
+            write_elem(group, name, values)
+
+
+def _string_array(group, name: str, n: int):
+    """An empty string array of `n` entries as anndata writes it (`string-array`)."""
+    if isinstance(group, h5py.Group):
+        array = group.create_dataset(name, (n,), dtype=h5py.string_dtype())
+    else:  # zarr, as anndata's `write_vlen_string_array_zarr`
+        from zarr.core.dtype import VariableLengthUTF8  # imports zarr
+
+        v2 = group.metadata.zarr_format == 2
+        if v2:
+            from numcodecs import VLenUTF8
+
+        array = group.create_array(
+            name,
+            shape=(n,),
+            dtype=VariableLengthUTF8(),
+            filters=[VLenUTF8()] if v2 else None,
+            fill_value="" if v2 else None,
+        )
+    array.attrs["encoding-type"] = "string-array"
+    array.attrs["encoding-version"] = "0.2.0"
+    return array
