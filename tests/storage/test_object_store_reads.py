@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import close_iterator, take
+from grain import sharding
 
 import grain_cells
 from grain_cells.pipeline._stage import FetchPlan, ReadFetch
@@ -167,6 +168,15 @@ class _Recorder:
 
 class _Stream(BlockStream):
     """A sampler whose position p holds block p."""
+
+    def __init__(self):
+        super().__init__(
+            num_blocks=400,
+            epoch_length=400,
+            seed=0,
+            num_epochs=1,
+            shard_options=sharding.NoSharding(),
+        )
 
     def __len__(self) -> int:
         return 400
