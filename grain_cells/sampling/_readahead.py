@@ -34,6 +34,7 @@ class _Stream(Protocol):
     """What the hints ask of a sampler (a `BlockStream`)."""
 
     num_epochs: int | None
+    epoch_length: int
 
     def __len__(self) -> int: ...
 
@@ -103,7 +104,9 @@ class PositionHints:
             # count apart, late ones too: their gcd is the stride.
             self._stride = math.gcd(self._stride, abs(index - last))
         stride = self._stride or 1
-        window = self.window * stride
+        # Positions up to one epoch ahead: a longer span hints the same
+        # blocks again (thousands of `index_shuffle` calls for a small file).
+        window = min(self.window * stride, max(stream.epoch_length, stride))
         if last is None or index > last:
             self._last = index
         elif index + window < last:  # far behind: restored or restarted

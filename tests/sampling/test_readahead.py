@@ -58,6 +58,15 @@ def test_a_far_earlier_position_starts_the_window_over(csr_paths):
     assert set(sampler.blocks_at(range(12, 26, 2)).tolist()) <= set(hinted)
 
 
+def test_hints_reach_one_epoch_ahead_at_most(csr_paths):
+    sampler, hinted = _hinting(csr_paths, readahead_cells=16384)  # 3277 positions
+    for p in range(0, 400, 2):
+        sampler[p]
+    # Each block once an epoch: a longer window hints the same blocks again.
+    assert len(hinted) <= 400 + 2 * sampler.epoch_length, len(hinted)
+    assert set(hinted) == set(range(sampler.epoch_length))
+
+
 def test_one_read_thread_hints_at_a_time(csr_paths):
     sampler, _ = _hinting(csr_paths)
     entered, go_on = threading.Event(), threading.Event()
