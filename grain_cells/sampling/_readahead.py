@@ -11,10 +11,20 @@ consecutive calls. `grain_cells.DataLoader` and `cell_dataset` never call
 `sampler[position]`: their fetch stage knows each process's next fetches and
 reads ahead itself (`grain_cells.pipeline._stage`), so these hints stay off
 there.
+
+Grain's read threads (`ReadOptions.num_threads`, 16 by default) call
+`sampler[position]` at once and a little out of order, so one thread hints
+at a time (the others go on: a hint is advice) and a position a little
+behind the furthest one seen is no restart (else every read thread would
+compute the same window of `blocks_at`, about a CPU-second per 3277
+positions of `index_shuffle`, before a worker's first minibatch).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from typing import Protocol
 
 from grain_cells.source import AnnDataSource
@@ -24,6 +34,7 @@ class _Stream(Protocol):
     """What the hints ask of a sampler (a `BlockStream`)."""
 
     num_epochs: int | None
+    epoch_length: int
 
     def __len__(self) -> int: ...
 
@@ -58,9 +69,11 @@ class PositionHints:
         return cls(source, readahead_cells)
 
     def _reset(self) -> None:
-        self._last: int | None = None
-        self._stride = 1
+        self._last: int | None = None  # the furthest position seen
+        self._stride = 0  # gcd of the steps forward (0: none yet)
         self._hinted_until = -1
+        self._lock = threading.Lock()  # one hinting thread at a time
+        self._pid = os.getpid()  # a forked child starts its own window
 
     def __getstate__(self):
         # Each process (a worker) starts its own window.
@@ -71,14 +84,34 @@ class PositionHints:
         self._reset()
 
     def seen(self, index: int, stream: _Stream) -> None:
-        """Called with each position the sampler hands out; hints ahead."""
-        last, self._last = self._last, index
-        if last is not None and index > last:
-            self._stride = index - last
-        elif last is not None:  # restored or restarted: start over
+        """Called with each position the sampler hands out; hints ahead.
+
+        Any thread; one hints at a time and the others return at once.
+        """
+        if self._pid != os.getpid():
+            self._reset()  # forked: the parent's lock may have been held
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._seen(index, stream)
+        finally:
+            self._lock.release()
+
+    def _seen(self, index: int, stream: _Stream) -> None:
+        last = self._last
+        if last is not None:
+            # Any two positions of one worker are a multiple of the worker
+            # count apart, late ones too: their gcd is the stride.
+            self._stride = math.gcd(self._stride, abs(index - last))
+        stride = self._stride or 1
+        # Positions up to one epoch ahead: a longer span hints the same
+        # blocks again (thousands of `index_shuffle` calls for a small file).
+        window = min(self.window * stride, max(stream.epoch_length, stride))
+        if last is None or index > last:
+            self._last = index
+        elif index + window < last:  # far behind: restored or restarted
+            self._last = index
             self._hinted_until = -1
-        stride = self._stride
-        window = self.window * stride
         if self._hinted_until > index + window // 2:
             return
         first = max(self._hinted_until, index + stride)
