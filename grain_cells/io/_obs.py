@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io._h5ad import ObsColumn
+from grain_cells.io._h5ad import ObsColumn, obs_column_kind, read_obs_column
 
 OBS_MISSING = ("error", "fill")
 
@@ -39,6 +39,20 @@ class ColumnKind:
     def of(cls, column: ObsColumn) -> ColumnKind:
         """The kind of a column read by `h5ad.read_obs_column`."""
         return cls(column.categories, column.values.dtype)
+
+    @classmethod
+    def read(cls, f, name: str) -> ColumnKind:
+        """The kind of obs column `name` of open file `f`, from its metadata.
+
+        Reads only a categorical column's categories where the encoding
+        says the rest (`h5ad.obs_column_kind`), otherwise the whole column.
+        Codes outside the categories are then refused at the first read of
+        the codes, not here.
+        """
+        kind = obs_column_kind(f, name)
+        if kind is None:
+            return cls.of(read_obs_column(f, name))
+        return cls(*kind)
 
 
 @dataclasses.dataclass(frozen=True)
