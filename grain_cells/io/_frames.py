@@ -310,7 +310,12 @@ def _obs_values(f, name: str):
 
 
 def obs_column_kind(f, name: str):
-    """An obs column's kind from its metadata alone, or None to read it.
+    """`obs_column_kinds` of one column."""
+    return obs_column_kinds(f, [name])[name]
+
+
+def obs_column_kinds(f, names) -> dict:
+    """Obs columns' kinds from their metadata alone, None where it must read.
 
     Reads the categories of a categorical column (small), never its codes
     nor a numeric column's values: the common encodings of `_plain_kind`.
@@ -318,28 +323,36 @@ def obs_column_kind(f, name: str):
     (`read_obs_column`, at the first read of the file's cells).
 
     Returns:
-        `(categories, dtype)` as `read_obs_column` would give them
-        (`categories` None for a numeric column; `dtype` that of its codes or
-        values), or None when only reading the column tells (legacy frames,
-        strings, booleans, nullable and other encodings).
+        Per column, `(categories, dtype)` as `read_obs_column` would give
+        them (`categories` None for a numeric column; `dtype` that of its
+        codes or values), or None when only reading the column tells
+        (legacy frames, strings, booleans, nullable and other encodings).
 
     Raises:
         errors.MissingColumnError: No such column.
-        errors.AnnDataFormatError: Its length differs from obs's index.
+        errors.AnnDataFormatError: A column's length differs from obs's index.
     """
-    _check_column(f, name)
-    group = f["obs"]
-    kind = None if is_legacy_frame(group) else _plain_kind(group[name])
-    if kind is None:
-        return None
-    categories, dtype, length = kind
-    rows = n_rows(group)
-    if rows is not None and length != rows:
-        raise errors.AnnDataFormatError(
-            f"{file_name(f)}: obs column {name!r} has {length} values; obs's "
-            f"index has {rows} cells"
-        )
-    return categories, dtype
+    group, path = f["obs"], file_name(f)
+    have = frame_columns(group)
+    legacy = is_legacy_frame(group)
+    rows = None if legacy else n_rows(group)
+    out = {}
+    for name in names:
+        if name not in have or name.startswith("__"):
+            raise errors.MissingColumnError(
+                f"{path}: obs has no column {name!r}; it has {have}"
+            )
+        kind = None if legacy else _plain_kind(_nodes.checked(group[name], path))
+        if kind is not None:
+            categories, dtype, length = kind
+            if rows is not None and length != rows:
+                raise errors.AnnDataFormatError(
+                    f"{path}: obs column {name!r} has {length} values; obs's "
+                    f"index has {rows} cells"
+                )
+            kind = categories, dtype
+        out[name] = kind
+    return out
 
 
 def _plain_kind(elem):
