@@ -544,6 +544,21 @@ def test_unreadable_obs_column(tmp_path):
     AnnDataSource(path, obs_columns=["n_counts"])  # other columns still work
 
 
+def test_obs_codes_out_of_range_refused_at_first_read(tmp_path):
+    """A source takes a categorical column's kind from its metadata, so it
+    does not read the codes to build; codes outside the categories are
+    refused when they are first read, before any value reaches the user."""
+    path = write(tmp_path / "x.h5ad")
+    with h5py.File(path, "r+") as f:
+        f["obs/cell_line/codes"][3] = len(f["obs/cell_line/categories"]) + 5
+    source = AnnDataSource(path, obs_columns=["cell_line"])
+    with pytest.raises(AnnDataFormatError, match=path_re(path)) as e:
+        source.read(np.arange(N_OBS))
+    assert "'cell_line'" in str(e.value)
+    assert "codes need to be between -1 and len(categories)-1" in str(e.value)
+    AnnDataSource(path, obs_columns=["n_counts"]).read(np.arange(N_OBS))
+
+
 def test_obs_column_wrong_length(tmp_path):
     path = write(tmp_path / "x.h5ad")
     with h5py.File(path, "r+") as f:

@@ -309,25 +309,59 @@ def _obs_values(f, name: str):
     return _read_column(file_name(f), group, name)
 
 
-def _plain_column(elem) -> ObsColumn | None:
-    """A column read with h5py alone, or None: `read_elem`'s to read.
+def obs_column_kind(f, name: str):
+    """`obs_column_kinds` of one column."""
+    return obs_column_kinds(f, [name])[name]
 
-    The common cases need neither anndata nor pandas, which Grain workers,
-    opening the files again, would otherwise import for them: a numeric
-    `encoding-type: array` dataset, and a categorical (anndata >= 0.7: a
-    group of integer `codes` and a string `categories` dataset). The result
-    is what `_to_column` makes of `anndata.io.read_elem`'s
-    (`tests/test_source.py` compares); every other encoding goes through
-    `read_elem`.
+
+def obs_column_kinds(f, names) -> dict:
+    """Obs columns' kinds from their metadata alone, None where it must read.
+
+    Reads the categories of a categorical column (small), never its codes
+    nor a numeric column's values: the common encodings of `_plain_kind`.
+    Codes outside the categories are found when the codes are read
+    (`read_obs_column`, at the first read of the file's cells).
+
+    Returns:
+        Per column, `(categories, dtype)` as `read_obs_column` would give
+        them (`categories` None for a numeric column; `dtype` that of its
+        codes or values), or None when only reading the column tells
+        (legacy frames, strings, booleans, nullable and other encodings).
+
+    Raises:
+        errors.MissingColumnError: No such column.
+        errors.AnnDataFormatError: A column's length differs from obs's index.
     """
+    group, path = f["obs"], file_name(f)
+    have = frame_columns(group)
+    legacy = is_legacy_frame(group)
+    rows = None if legacy else n_rows(group)
+    out = {}
+    for name in names:
+        if name not in have or name.startswith("__"):
+            raise errors.MissingColumnError(
+                f"{path}: obs has no column {name!r}; it has {have}"
+            )
+        kind = None if legacy else _plain_kind(_nodes.checked(group[name], path))
+        if kind is not None:
+            categories, dtype, length = kind
+            if rows is not None and length != rows:
+                raise errors.AnnDataFormatError(
+                    f"{path}: obs column {name!r} has {length} values; obs's "
+                    f"index has {rows} cells"
+                )
+            kind = categories, dtype
+        out[name] = kind
+    return out
+
+
+def _plain_kind(elem):
+    """`(categories, dtype, length)` of a column `_plain_column` reads, or None."""
     encoding = encoding_of(elem)
     if encoding == "array" and _nodes.is_array(elem):
         if elem.ndim != 1 or elem.dtype.kind not in "iuf":
             return None
-        values = np.asarray(elem[...])
-        if not values.dtype.isnative:
-            values = values.astype(values.dtype.newbyteorder("="))
-        return ObsColumn(values, None)
+        return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0]
     if encoding != "categorical" or not _nodes.is_group(elem):
         return None
     codes, categories = elem.get("codes"), elem.get("categories")
@@ -340,8 +374,27 @@ def _plain_column(elem) -> ObsColumn | None:
         and _nodes.is_string_array(categories)
     ):
         return None
-    labels = _nodes.strings(categories)
-    values = np.asarray(codes[...])
+    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0]
+
+
+def _plain_column(elem) -> ObsColumn | None:
+    """A column read with h5py alone, or None: `read_elem`'s to read.
+
+    The common cases need neither anndata nor pandas, which Grain workers,
+    opening the files again, would otherwise import for them: a numeric
+    `encoding-type: array` dataset, and a categorical (anndata >= 0.7: a
+    group of integer `codes` and a string `categories` dataset). The result
+    is what `_to_column` makes of `anndata.io.read_elem`'s
+    (`tests/test_source.py` compares); every other encoding goes through
+    `read_elem`.
+    """
+    kind = _plain_kind(elem)
+    if kind is None:
+        return None
+    labels, dtype, _ = kind
+    if labels is None:
+        return ObsColumn(np.asarray(elem[...]).astype(dtype, copy=False), None)
+    values = np.asarray(elem["codes"][...])
     if values.size and (values.max() >= labels.size or values.min() < -1):
         return None  # let anndata's reader report it
     return ObsColumn(values, labels)

@@ -273,11 +273,7 @@ def inspect_file(
         identity = FileIdentity.take(f, path, info.element, stat)
         keys = read_gene_keys(f, element, genes_from)
         have = _h5ad.obs_columns(f)
-        kinds = {
-            c: ColumnKind.of(_h5ad.read_obs_column(f, c))
-            for c in obs_names
-            if c in have
-        }
+        kinds = ColumnKind.read(f, [c for c in obs_names if c in have])
     return FileMeta(info, identity, keys, list(have), kinds)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io._h5ad import ObsColumn
+from grain_cells.io._h5ad import ObsColumn, obs_column_kinds, read_obs_column
 
 OBS_MISSING = ("error", "fill")
 
@@ -39,6 +39,21 @@ class ColumnKind:
     def of(cls, column: ObsColumn) -> ColumnKind:
         """The kind of a column read by `h5ad.read_obs_column`."""
         return cls(column.categories, column.values.dtype)
+
+    @classmethod
+    def read(cls, f, names: Sequence[str]) -> dict[str, ColumnKind]:
+        """The kinds of obs columns `names` of open file `f`, from metadata.
+
+        Reads only a categorical column's categories where the encoding
+        says the rest (`h5ad.obs_column_kinds`), otherwise the whole column.
+        Codes outside the categories are then refused at the first read of
+        the codes, not here.
+        """
+        kinds = obs_column_kinds(f, names)
+        return {
+            c: cls.of(read_obs_column(f, c)) if k is None else cls(*k)
+            for c, k in kinds.items()
+        }
 
 
 @dataclasses.dataclass(frozen=True)

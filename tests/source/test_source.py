@@ -268,8 +268,9 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     with h5py.File(path) as f:
         for name in obs.columns:
             plain = frames._plain_column(f["obs"][name])
+            kind = frames.obs_column_kind(f, name)  # metadata alone
             if name in fallback:
-                assert plain is None, name
+                assert plain is None and kind is None, name
                 continue
             want = frames._to_column(
                 str(path), name, frames._read_column(str(path), f["obs"], name)
@@ -281,6 +282,12 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
             else:
                 assert plain.categories.dtype == want.categories.dtype, name
                 assert list(plain.categories) == list(want.categories), name
+            assert kind[1] == want.values.dtype, name
+            if want.categories is None:
+                assert kind[0] is None, name
+            else:
+                assert kind[0].dtype == want.categories.dtype, name
+                assert list(kind[0]) == list(want.categories), name
 
 
 def test_dataloader_with_workers_reads_every_cell_correctly(tmp_path):
