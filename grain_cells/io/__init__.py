@@ -24,7 +24,6 @@ from grain_cells.io._frames import (
     is_legacy_frame,
     read_elem,
     read_obs_names,
-    read_obs_values,
     write_elem,
 )
 from grain_cells.io._genes import JOINS
@@ -54,6 +53,7 @@ from grain_cells.io._nodes import (
 )
 from grain_cells.io._obs import OBS_MISSING
 from grain_cells.io._obs_cache import own_map
+from grain_cells.io._obs_columns import read_obs_values
 from grain_cells.io._obsm import obsm_element
 from grain_cells.io._open import open_file
 from grain_cells.io._range_reads import (

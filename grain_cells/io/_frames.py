@@ -18,7 +18,6 @@ read element by element are handled here:
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import numpy as np
@@ -52,7 +51,7 @@ def write_elem(store, key: str, value) -> None:
     _anndata_io().write_elem(store, key, value)
 
 
-def _quiet_old_format() -> None:
+def quiet_old_format() -> None:
     """Silences anndata's OldFormatWarning in the enclosing catch_warnings."""
     import anndata
 
@@ -106,10 +105,10 @@ def n_rows(frame) -> int | None:
     return None
 
 
-def _legacy_table(path: str, frame) -> np.ndarray:
+def legacy_table(path: str, frame) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            _quiet_old_format()
+            quiet_old_format()
             return read_elem(frame)
     except Exception as e:  # anndata and the formats raise many types here
         raise errors.AnnDataFormatError(
@@ -123,7 +122,7 @@ def _frame_index(f, name: str) -> np.ndarray:
     path = file_name(f)
     frame = f[name]
     if is_legacy_frame(frame):
-        table = _legacy_table(path, frame)
+        table = legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
     key = _attr_str(frame, "_index", "_index")
     if not _nodes.is_group(frame) or key not in frame:
@@ -192,10 +191,10 @@ def read_var_column(f, element: str, column: str):
             "those that every file has, or genes_from=None to align on var names."
         )
     if is_legacy_frame(group):
-        values = _legacy_column(f, _legacy_table(path, group), column)
+        values = legacy_column(f, legacy_table(path, group), column)
     else:
         _nodes.checked(group[column], path)
-        values = _read_column(path, group, column)
+        values = read_column(path, group, column)
     rows = n_rows(group)
     if rows is not None and len(values) != rows:
         raise errors.AnnDataFormatError(
@@ -228,179 +227,26 @@ def frame_columns(group) -> list[str]:
     return [k for k in group if k != index and not k.startswith("__")]
 
 
-@dataclasses.dataclass(frozen=True)
-class ObsColumn:
-    """One obs column as arrays a model can use.
+def legacy_column(f, table: np.ndarray, name: str):
+    """A column of an anndata < 0.7 compound obs, categories applied."""
+    import pandas as pd
 
-    Attributes:
-        values: Integer codes for categorical, string and boolean columns
-            (-1 where missing), otherwise the numeric values in their stored
-            dtype (nullable integers become float64 with NaN where missing).
-        categories: The category labels codes index into, or None for numeric
-            columns.
-    """
-
-    values: np.ndarray
-    categories: np.ndarray | None
-
-
-def read_obs_column(f, name: str) -> ObsColumn:
-    """Reads one obs column as `anndata.read_h5ad` would.
-
-    Raises:
-        errors.MissingColumnError: No such column; the message lists the
-            columns that exist.
-        errors.AnnDataFormatError: The column cannot be read (a malformed or
-            truncated element) or its length differs from obs's index.
-        errors.UnsupportedLayoutError: The column's dtype is not usable.
-    """
-    path = file_name(f)
-    group = f["obs"]
-    _check_column(f, name)
-    column = None if is_legacy_frame(group) else _plain_column(group[name])
-    if column is None:
-        column = _to_column(path, name, _obs_values(f, name))
-    shape = column.values.shape
-    if len(shape) != 1:
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has shape {shape}; expected one value "
-            "per cell (1-D)"
-        )
-    rows = n_rows(group)
-    if rows is not None and shape[0] != rows:
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
-            f"has {rows} cells"
-        )
-    return column
+    values = table[name]
+    cats_name = f"uns/{name}_categories"
+    if cats_name in f and _nodes.is_array(f[cats_name]):
+        with warnings.catch_warnings():
+            quiet_old_format()
+            cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
+        if cats.dtype.kind == "S":
+            cats = cats.astype(str)
+        # anndata's rule (`_clean_uns`): codes become a categorical only when
+        # they all index the labels.
+        if values.dtype.kind in "iu" and np.all(values < len(cats)):
+            return pd.Categorical.from_codes(values, cats)
+    return values
 
 
-def read_obs_values(f, name: str):
-    """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values).
-
-    The one reader of obs columns: `read_obs_column` turns its result into
-    codes and labels; `preshuffle` keeps the pandas objects to write them
-    again. Handles anndata < 0.7 compound frames, anndata < 0.8 categorical
-    codes, and categorical groups without encoding attributes.
-
-    Raises:
-        errors.MissingColumnError: No such column; the message lists the
-            columns that exist.
-        errors.AnnDataFormatError: The column cannot be read.
-    """
-    _check_column(f, name)
-    return _obs_values(f, name)
-
-
-def _check_column(f, name: str) -> None:
-    """The column exists; a zarr column's arrays agree with their metadata."""
-    if name not in obs_columns(f) or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
-        )
-    if not is_legacy_frame(f["obs"]):
-        _nodes.checked(f["obs"][name], file_name(f))
-
-
-def _obs_values(f, name: str):
-    group = f["obs"]
-    if is_legacy_frame(group):
-        return _legacy_column(f, _legacy_table(file_name(f), group), name)
-    return _read_column(file_name(f), group, name)
-
-
-def obs_column_kind(f, name: str):
-    """`obs_column_kinds` of one column."""
-    return obs_column_kinds(f, [name])[name]
-
-
-def obs_column_kinds(f, names) -> dict:
-    """Obs columns' kinds from their metadata alone, None where it must read.
-
-    Reads the categories of a categorical column (small), never its codes
-    nor a numeric column's values: the common encodings of `_plain_kind`.
-    Codes outside the categories are found when the codes are read
-    (`read_obs_column`, at the first read of the file's cells).
-
-    Returns:
-        Per column, `(categories, dtype)` as `read_obs_column` would give
-        them (`categories` None for a numeric column; `dtype` that of its
-        codes or values), or None when only reading the column tells
-        (legacy frames, strings, booleans, nullable and other encodings).
-
-    Raises:
-        errors.MissingColumnError: No such column.
-        errors.AnnDataFormatError: A column's length differs from obs's index.
-    """
-    group, path = f["obs"], file_name(f)
-    have = frame_columns(group)
-    legacy = is_legacy_frame(group)
-    rows = None if legacy else n_rows(group)
-    out = {}
-    for name in names:
-        if name not in have or name.startswith("__"):
-            raise errors.MissingColumnError(
-                f"{path}: obs has no column {name!r}; it has {have}"
-            )
-        kind = None if legacy else _plain_kind(_nodes.checked(group[name], path))
-        if kind is not None:
-            categories, dtype, length = kind
-            if rows is not None and length != rows:
-                raise errors.AnnDataFormatError(
-                    f"{path}: obs column {name!r} has {length} values; obs's "
-                    f"index has {rows} cells"
-                )
-            kind = categories, dtype
-        out[name] = kind
-    return out
-
-
-def _plain_kind(elem):
-    """`(categories, dtype, length)` of a column `_plain_column` reads, or None."""
-    encoding = encoding_of(elem)
-    if encoding == "array" and _nodes.is_array(elem):
-        if elem.ndim != 1 or elem.dtype.kind not in "iuf":
-            return None
-        return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0]
-    if encoding != "categorical" or not _nodes.is_group(elem):
-        return None
-    codes, categories = elem.get("codes"), elem.get("categories")
-    if not (
-        _nodes.is_array(codes)
-        and _nodes.is_array(categories)
-        and codes.ndim == 1
-        and categories.ndim == 1
-        and codes.dtype.kind in "iu"
-        and _nodes.is_string_array(categories)
-    ):
-        return None
-    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0]
-
-
-def _plain_column(elem) -> ObsColumn | None:
-    """A column read with h5py alone, or None: `read_elem`'s to read.
-
-    The common cases need neither anndata nor pandas, which Grain workers,
-    opening the files again, would otherwise import for them: a numeric
-    `encoding-type: array` dataset, and a categorical (anndata >= 0.7: a
-    group of integer `codes` and a string `categories` dataset). The result
-    is what `_to_column` makes of `anndata.io.read_elem`'s
-    (`tests/test_source.py` compares); every other encoding goes through
-    `read_elem`.
-    """
-    kind = _plain_kind(elem)
-    if kind is None:
-        return None
-    labels, dtype, _ = kind
-    if labels is None:
-        return ObsColumn(np.asarray(elem[...]).astype(dtype, copy=False), None)
-    values = np.asarray(elem["codes"][...])
-    if values.size and (values.max() >= labels.size or values.min() < -1):
-        return None  # let anndata's reader report it
-    return ObsColumn(values, labels)
-
-
-def _read_column(path: str, group, name: str):
+def read_column(path: str, group, name: str):
     import pandas as pd
 
     elem = group[name]
@@ -408,7 +254,7 @@ def _read_column(path: str, group, name: str):
         with warnings.catch_warnings():
             # Legacy files are expected input; anndata's warning is not
             # actionable at every read.
-            _quiet_old_format()
+            quiet_old_format()
             if _nodes.is_array(elem) and "categories" in elem.attrs:
                 # anndata < 0.8 stored codes here and categories under
                 # obs/__categories; only the whole-dataframe reader resolves
@@ -431,60 +277,3 @@ def _read_column(path: str, group, name: str):
             f"{path}: obs column {name!r} cannot be read as an anndata element "
             f"({type(e).__name__}: {e}); the file may be corrupt"
         ) from e
-
-
-def _legacy_column(f, table: np.ndarray, name: str):
-    """A column of an anndata < 0.7 compound obs, categories applied."""
-    import pandas as pd
-
-    values = table[name]
-    cats_name = f"uns/{name}_categories"
-    if cats_name in f and _nodes.is_array(f[cats_name]):
-        with warnings.catch_warnings():
-            _quiet_old_format()
-            cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
-        if cats.dtype.kind == "S":
-            cats = cats.astype(str)
-        # anndata's rule (`_clean_uns`): codes become a categorical only when
-        # they all index the labels.
-        if values.dtype.kind in "iu" and np.all(values < len(cats)):
-            return pd.Categorical.from_codes(values, cats)
-    return values
-
-
-def _to_column(path: str, name: str, values) -> ObsColumn:
-    import pandas as pd
-
-    if isinstance(values, pd.Series):
-        values = values.array
-    if isinstance(values, pd.Categorical):
-        codes = np.asarray(values.codes)
-        return ObsColumn(codes, np.asarray(values.categories))
-    if isinstance(values, pd.api.extensions.ExtensionArray):
-        dtype = values.dtype
-        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
-            return _factorize(values)
-        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
-            return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
-        raise errors.UnsupportedLayoutError(
-            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
-            "string, boolean or numeric"
-        )
-    arr = np.asarray(values)
-    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (zarr strings)
-        return _factorize(arr)
-    if arr.dtype.kind in "iuf":
-        if not arr.dtype.isnative:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
-        return ObsColumn(arr, None)
-    raise errors.UnsupportedLayoutError(
-        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
-        "categorical, string, boolean or numeric"
-    )
-
-
-def _factorize(values) -> ObsColumn:
-    import pandas as pd
-
-    codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
-    return ObsColumn(codes.astype(np.int32), np.asarray(uniques))

@@ -21,17 +21,19 @@ from grain_cells import errors
 from grain_cells.formats import value_dtype
 from grain_cells.io import _nodes
 from grain_cells.io._frames import (
-    ObsColumn,
     encoding_of,
     n_rows,
-    obs_column_kind,
-    obs_column_kinds,
     obs_columns,
-    read_obs_column,
     read_var_names,
     var_group_name,
 )
 from grain_cells.io._nodes import file_name
+from grain_cells.io._obs_columns import (
+    ObsColumn,
+    obs_column_kind,
+    obs_column_kinds,
+    read_obs_column,
+)
 from grain_cells.io._open import check_anndata, open_file, resolve_paths
 
 __all__ = [

@@ -241,6 +241,7 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     import h5py
 
     from grain_cells.io import _frames as frames
+    from grain_cells.io import _obs_columns as obs_columns
 
     n = 300
     rng = np.random.default_rng(0)
@@ -267,13 +268,13 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     ad.AnnData(sp.csr_matrix((n, 3), dtype=np.float32), obs=obs).write_h5ad(path)
     with h5py.File(path) as f:
         for name in obs.columns:
-            plain = frames._plain_column(f["obs"][name])
-            kind = frames.obs_column_kind(f, name)  # metadata alone
+            plain = obs_columns._plain_column(f["obs"][name])
+            kind = obs_columns.obs_column_kind(f, name)  # metadata alone
             if name in fallback:
                 assert plain is None and kind is None, name
                 continue
-            want = frames._to_column(
-                str(path), name, frames._read_column(str(path), f["obs"], name)
+            want = obs_columns._to_column(
+                str(path), name, frames.read_column(str(path), f["obs"], name)
             )
             assert plain.values.dtype == want.values.dtype, name
             np.testing.assert_array_equal(plain.values, want.values, err_msg=name)
