@@ -9,8 +9,10 @@ Design notes: docs/reference/design.md#hdf5-remote.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import collections
+import contextlib
 import hashlib
 import io
 import logging
@@ -35,6 +37,20 @@ CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # A forked child loads its own metadata caches (their locks are the parent's).
 _metadata = fork.ProcessCache()
+
+
+def _close_at_exit() -> None:
+    """Closes remote files still open (held by a cycle) while Python runs.
+
+    Else HDF5's own exit handler closes them after the interpreter is gone,
+    calling h5py's file-object driver (which takes the GIL).
+    """
+    for f in list(_range_files.keys()):
+        with contextlib.suppress(Exception):  # exiting: nothing to report to
+            f.close()
+
+
+atexit.register(_close_at_exit)
 
 
 def cache_dir() -> pathlib.Path:
