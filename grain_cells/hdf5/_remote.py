@@ -9,8 +9,10 @@ Design notes: docs/reference/design.md#hdf5-remote.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import collections
+import contextlib
 import hashlib
 import io
 import logging
@@ -35,6 +37,20 @@ CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # A forked child loads its own metadata caches (their locks are the parent's).
 _metadata = fork.ProcessCache()
+
+
+def _close_at_exit() -> None:
+    """Closes remote files still open (held by a cycle) while Python runs.
+
+    Else HDF5's own exit handler closes them after the interpreter is gone,
+    calling h5py's file-object driver (which takes the GIL).
+    """
+    for f in list(_range_files.keys()):
+        with contextlib.suppress(Exception):  # exiting: nothing to report to
+            f.close()
+
+
+atexit.register(_close_at_exit)
 
 
 def cache_dir() -> pathlib.Path:
@@ -124,6 +140,16 @@ class _Metadata:
             _log.warning("cannot write the metadata cache %s (%s)", self.path, e)
 
 
+def _bare(e: Exception) -> Exception:
+    """A copy of `e` without traceback, cause or context (else an OSError)."""
+    try:
+        copy = type(e)(*e.args)
+        copy.__dict__.update(getattr(e, "__dict__", {}))
+    except Exception:
+        copy = OSError(f"{type(e).__name__}: {e}")
+    return copy
+
+
 def _metadata_of(url: str, stat: FileStat) -> _Metadata:
     key = (url, stat.etag, stat.size, stat.mtime_ns, stat.content)
     return _metadata.get_or_make(key, lambda: _Metadata(url, stat))
@@ -135,6 +161,12 @@ class RangeFile(io.RawIOBase):
     Reads come from the metadata cache, then from an LRU cache of blocks,
     then from range GETs (with `If-Match`). While `recording`, bytes read
     are added to the metadata cache.
+
+    HDF5 calls `readinto` from C. Once a read finds the version gone
+    (`SourceChangedError`), it is kept in `failure` and every later read
+    fails with it at once, so HDF5 gets no byte after it (its error paths
+    may go on reading, e.g. the superblock search), and `open_remote`
+    raises that error rather than HDF5's.
     """
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
@@ -146,6 +178,7 @@ class RangeFile(io.RawIOBase):
         self._meta = _metadata_of(url, stat)
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pos = 0
+        self.failure: Exception | None = None
 
     def __repr__(self) -> str:  # h5py names the file by it, in ASCII
         return self.url.encode("ascii", "backslashreplace").decode()
@@ -169,11 +202,27 @@ class RangeFile(io.RawIOBase):
         return self._pos
 
     def readinto(self, b) -> int:
-        """Reads at the position into `b`."""
+        """Reads at the position into `b` (HDF5's buffer, from C)."""
         n = max(0, min(len(b), self.stat.size - self._pos))
-        if n:
-            memoryview(b).cast("B")[:n] = self._read(self._pos, n)
-            self._pos += n
+        if not n:
+            return 0
+        if self.failure is None:
+            try:
+                data = self._read(self._pos, n)
+            except errors.SourceChangedError as e:
+                self.failure = _bare(e)
+            except Exception as e:  # e.g. a request that failed: not kept
+                del b
+                raise _bare(e) from None
+        if self.failure is not None:
+            # A copy each time, and `b` dropped first: an error kept by this
+            # file (or a frame of ours holding HDF5's buffer) in a traceback
+            # made a cycle freed only at exit, where the process died of
+            # SIGSEGV (tests/storage/test_http_rewrites.py, mid-open rewrite).
+            del b
+            raise _bare(self.failure)
+        memoryview(b).cast("B")[:n] = data
+        self._pos += n
         return n
 
     def _read(self, off: int, n: int):
@@ -234,13 +283,25 @@ def open_remote(
     if stat is None:
         stat = version_of(url, storage_options)
     rf = RangeFile(url, storage_options, stat)
+    f = None
     try:
         f = h5py.File(rf, "r")
     except OSError as e:
-        raise errors.AnnDataFormatError(
-            f"{url}: HDF5 cannot open it ({e}); the object is probably "
-            "truncated or not HDF5"
-        ) from e
+        if rf.failure is None:
+            raise errors.AnnDataFormatError(
+                f"{url}: HDF5 cannot open it ({e}); the object is probably "
+                "truncated or not HDF5"
+            ) from e
+    except Exception:
+        if rf.failure is None:
+            raise
+    if rf.failure is not None:
+        # A read found the version gone: its error, not HDF5's, raised out
+        # of the except clause (whose frame, kept by the error, would hold
+        # HDF5's error in a cycle).
+        if f is not None:
+            f.close()
+        raise _bare(rf.failure)
     _range_files[f] = rf
     return f
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import anndata
 import numpy as np
@@ -156,22 +158,7 @@ def test_rewrite_during_iteration_is_caught_by_the_periodic_check(
         close_iterator(iterator)
 
 
-# With 2 workers a worker can open the object while it is rewritten: its
-# content check passes on the old bytes, then HDF5 parses metadata that mixes
-# old and new bytes and the worker died of SIGSEGV once in CI (the trainer
-# raised WorkerDiedError; no new value reached it). HDF5 metadata reads do not
-# go through verify_reads' block checks yet: open in the next round.
-_MID_OPEN_REWRITE = pytest.mark.xfail(
-    reason="a worker opening the object mid-rewrite may die in HDF5 (SIGSEGV)",
-    raises=errors.WorkerDiedError,
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "worker_count",
-    [0, pytest.param(2, marks=[pytest.mark.slow, _MID_OPEN_REWRITE])],
-)
+@pytest.mark.parametrize("worker_count", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_verify_reads_never_returns_a_byte_of_the_rewrite(
     served, versions_on_disk, worker_count
 ):
@@ -191,6 +178,138 @@ def test_verify_reads_never_returns_a_byte_of_the_rewrite(
                 assert _old_values(next(iterator)), "new values were read"
     finally:
         close_iterator(iterator)
+
+
+# Run in a process of its own (as a worker opens the object): rewrites the
+# served file at the K-th read HDF5 makes through `RangeFile`, for each K,
+# then reads X. Prints one line per K: "old" or the error's type and message.
+_OPEN_DURING_A_REWRITE = """
+import faulthandler, os, shutil, sys
+faulthandler.enable()
+import anndata
+from grain_cells.hdf5 import _remote
+
+url, path, old, new, how, cache = sys.argv[1:7]
+options = {"verify_reads": True}
+real_read = _remote.RangeFile._read
+for k in range(1, 13):
+    shutil.copyfile(old, path)
+    st = os.stat(path)
+    stat = _remote.stat_path(url, options)
+    os.environ["GRAIN_CELLS_CACHE_DIR"] = os.path.join(cache, str(k))
+    _remote._metadata.clear()  # HDF5's reads go to the server
+    calls = [0]
+
+    def _read(self, off, n, k=k, st=st):
+        calls[0] += 1
+        if calls[0] == k:
+            if how == "truncate":  # shutil.copyfile's first step
+                os.truncate(path, st.st_size // 2)
+            else:  # cp -p: all of it, the old mtime put back
+                shutil.copyfile(new, path)
+                os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return real_read(self, off, n)
+
+    _remote.RangeFile._read = _read
+    try:
+        with _remote.open_remote(url, options, stat) as f:
+            x = anndata.io.read_elem(f["X"])
+        print(k, "old" if (x.data > 0).all() else "NEW VALUES", flush=True)
+    except Exception as e:
+        print(k, type(e).__name__, str(e).replace(chr(10), " "), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_a_process_opening_the_object_mid_rewrite_gets_a_named_error(
+    tmp_path, versions_on_disk, how
+):
+    """A worker opened the object while it was rewritten and died of SIGSEGV
+    in HDF5 once in CI. Here the rewrite lands at each of the first reads
+    HDF5 makes through `RangeFile`, in a process of its own: every open
+    either reads old values only or raises `SourceChangedError` naming
+    verify_reads, and the process exits normally.
+    """
+    if nginx_folder.find_nginx() is None:
+        pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
+    old = _write(tmp_path / "old.h5ad", 1, n_cells=4000)  # several 64 KiB blocks
+    new = _write(tmp_path / "new.h5ad", -1, n_cells=4000)
+    assert os.path.getsize(old) == os.path.getsize(new) > 4 * 65536
+    path = tmp_path / "served.h5ad"
+    shutil.copyfile(old, path)
+    script = tmp_path / "open_during_a_rewrite.py"
+    script.write_text(_OPEN_DURING_A_REWRITE)
+    with NginxFolder(tmp_path / "root", objects={"b/c.h5ad": path}) as server:
+        url = f"{server.endpoint_url}/b/c.h5ad"
+        args = [url, path, old, new, how, tmp_path / "cache"]
+        run = subprocess.run(
+            [sys.executable, script, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    lines = run.stdout.splitlines()
+    assert len(lines) == 12, run.stdout
+    changed = 0
+    for line in lines:
+        _, outcome = line.split(" ", 1)
+        if outcome != "old":
+            assert outcome.startswith("SourceChangedError "), line
+            assert "verify_reads" in outcome and url in outcome, line
+            changed += 1
+    assert changed, run.stdout  # some rewrite landed before a read
+
+
+def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch):
+    """The error out of a failed open holds no frame that keeps HDF5's
+    buffer (`RangeFile.readinto`'s `b`), and the file is freed without the
+    garbage collector: a cycle of ours freed only at exit made the process
+    die of SIGSEGV there.
+    """
+    import gc
+    import weakref
+
+    from grain_cells.hdf5 import _remote
+
+    url, path, _ = served
+    made = []
+    init = _remote.RangeFile.__init__
+
+    def record(self, *args):
+        init(self, *args)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(_remote.RangeFile, "__init__", record)
+    stat = _remote.stat_path(url, {"verify_reads": True})
+    os.truncate(path, 1000)  # caught at HDF5's first read
+    gc.disable()
+    try:  # not pytest.raises: its record of the error would keep the file
+        message = held = None
+        try:
+            _remote.open_remote(url, {"verify_reads": True}, stat)
+        except errors.SourceChangedError as e:
+            # (Not this frame: reading its locals would keep `e`.)
+            message, held = str(e), _buffers_held(e.__traceback__.tb_next)
+        assert message is not None and "verify_reads" in message, message
+        assert not held, held
+        assert [r() for r in made] == [None]
+    finally:
+        gc.enable()
+
+
+def _buffers_held(tb) -> list:
+    """(function, name) of each local of the traceback's frames that is a
+    Cython view of a C buffer (what h5py hands `readinto`)."""
+    held = []
+    while tb is not None:
+        for name, value in tb.tb_frame.f_locals.items():
+            if type(value).__module__ != "builtins" and "memoryview" in repr(
+                type(value)
+            ):
+                held.append((tb.tb_frame.f_code.co_name, name))
+        tb = tb.tb_next
+    return held
 
 
 def test_verify_reads_sees_a_change_the_sampled_windows_miss(tmp_path):

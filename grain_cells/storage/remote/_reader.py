@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import ShortReadError
@@ -147,7 +148,13 @@ class RemoteByteReader:
         """`verify_reads`: whole blocks read, each checked, then cut to size."""
         size = self._stat.size
         wide = [_versions.widen(a, b, size) for a, b in ranges]
-        datas = self._get_unchecked(wide)
+        try:
+            datas = self._get_unchecked(wide)
+        except errors.SourceChangedError as e:  # caught mid-rewrite: say so
+            raise errors.SourceChangedError(
+                f"{e} (Seen by verify_reads, before any block was checked: "
+                "no byte of the new version was returned.)"
+            ) from None
         out = []
         for (a, b), (wa, _), data in zip(ranges, wide, datas, strict=True):
             _versions.check_blocks(self.name, self._table, wa, data)
