@@ -3,9 +3,10 @@
 Over zarr copies of the conftest files (`tests/zarr_copies.py`): a state
 restores exactly (the rest of the run, array for array), under another
 worker count and under another process count through the orbax handler
-(every remaining cell once); the training example killed with SIGKILL and
+(every remaining cell once). The training example killed with SIGKILL and
 resumed on a zarr store ends with the parameters, bit for bit, of an
-uninterrupted run on the `.h5ad` file the store was copied from.
+uninterrupted run on the `.h5ad` file the store was copied from:
+tests/examples/test_train.py, which shares that module's reference run.
 
 Which data a state restores on (the identity rule,
 `grain_cells.io._identity.source_identity`): the source is identified
@@ -20,7 +21,6 @@ epoch, or keep training on the format the checkpoint was saved on.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import shutil
 
@@ -32,10 +32,8 @@ from zarr_copies import copy_as, layout_params
 
 from grain_cells.checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from grain_cells.errors import CheckpointMismatchError
-from grain_cells.synthetic import _tahoe as synthetic
 
 CONFIG = {"block_size": 4, "batch_size": 4, "fetch_factor": 4, "seed": 7}
-TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -182,31 +180,3 @@ def test_h5ad_state_refused_on_a_zarr_copy_of_the_same_data(stores, csr_paths, h
     zarr_state = state_at(helpers, stores("zarr-v2"), 3)
     with pytest.raises(CheckpointMismatchError, match="data_source"):
         rest_after(helpers, csr_paths, zarr_state)
-
-
-# -- the training example, killed and resumed on a zarr store ---------------------
-
-
-def _train_module():
-    """tests/examples/test_train.py's helpers (a test module: loaded by path)."""
-    path = TESTS / "examples" / "test_train.py"
-    spec = importlib.util.spec_from_file_location("zarr_resume_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.slow  # three trainer runs (~30 s)
-def test_sigkill_and_resume_on_zarr_is_bitwise_identical(tmp_path):
-    train = _train_module()
-    h5ad = tmp_path / "cells.h5ad"
-    synthetic.write_tahoe_like(h5ad, train.N_CELLS, n_genes=200, mean_nnz=40)
-    (store,) = copy_as([str(h5ad)], tmp_path / "zarr", "zarr-v3-sharded", chunk=4096)
-    reference = tmp_path / "reference"
-    train.train(reference, train.config_flags(str(h5ad)), tmp_path, "h5ad")
-    workdir = tmp_path / "work"
-    flags_ = train.config_flags(store, worker_count=2)
-    train.train_killed_then_resumed(workdir, flags_, tmp_path, train.kill_step(2))
-    train.assert_bitwise_equal(
-        train.final_params(workdir), train.final_params(reference)
-    )

@@ -232,6 +232,24 @@ def test_sigkill_and_resume_is_bitwise_identical(
 
 
 @pytest.mark.slow
+def test_sigkill_and_resume_on_zarr_is_bitwise_identical(
+    data_file, uninterrupted, tmp_path
+):
+    """Killed and resumed on a zarr copy of the `.h5ad` file, 2 workers: the
+    parameters of the uninterrupted run on the `.h5ad` file, bit for bit.
+    Here, not in tests/checkpoint/test_zarr_resume.py, to share this
+    module's uninterrupted run (one trainer run fewer)."""
+    from zarr_copies import copy_as
+
+    reference, _ = uninterrupted(0)
+    (store,) = copy_as([data_file], tmp_path / "zarr", "zarr-v3-sharded", chunk=4096)
+    workdir = tmp_path / "work"
+    flags = config_flags(store, worker_count=2)
+    train_killed_then_resumed(workdir, flags, tmp_path, kill_step(2))
+    assert_bitwise_equal(final_params(workdir), final_params(reference))
+
+
+@pytest.mark.slow
 def test_main_prints_figures(uninterrupted):
     _, out = uninterrupted(0)
     done = re.search(r"^done at step (\d+): (.*)$", out, re.MULTILINE)
@@ -586,18 +604,16 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
     workdir = tmp_path / "work"
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    where = subprocess.run(
-        [python, "-c", "import grain_cells; print(grain_cells.__file__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-    ).stdout.strip()
-    assert where.startswith(purelib), where
     flags = config_flags(data_file, num_steps=4, checkpoint_every=2)
+    # One process (one JAX import): it says which grain_cells it imported,
+    # then runs the module as `python -m` does.
+    script = (
+        "import runpy, sys, grain_cells; print(grain_cells.__file__, flush=True); "
+        "runpy.run_module('grain_cells.examples.train', run_name='__main__', "
+        "alter_sys=True)"
+    )
     run = subprocess.run(
-        [python, "-m", "grain_cells.examples.train", f"--workdir={workdir}", *flags],
+        [python, "-c", script, f"--workdir={workdir}", *flags],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -605,6 +621,8 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
         timeout=RUN_TIMEOUT_S,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    where = run.stdout.splitlines()[0]
+    assert where.startswith(purelib), where
     assert re.search(r"^done at step 4: ", run.stdout, re.MULTILINE), run.stdout
 
 

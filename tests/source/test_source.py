@@ -291,31 +291,6 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
                 assert list(kind[0]) == list(want.categories), name
 
 
-def test_dataloader_with_workers_reads_every_cell_correctly(tmp_path):
-    path = tmp_path / "a.h5ad"
-    _write(path, "csr")
-    source = grain_cells.AnnDataSource(path, block_size=8, obs_columns=["idx"])
-    loader = grain_cells.DataLoader(
-        data_source=source,
-        sampler=grain_cells.BlockSampler(source, seed=3),
-        operations=grain_cells.fetch_operations(source, batch_size=16, fetch_factor=2),
-        worker_count=2,
-    )
-    expected = ad.read_h5ad(path).X
-    seen = []
-    with iter(loader) as it:
-        for batch in it:
-            real = batch["mask"]
-            rows = batch["row_ids"][real]
-            x = sp.csr_matrix(
-                (batch["data"], batch["indices"], batch["indptr"]), shape=(16, N_VARS)
-            )[np.flatnonzero(real)]
-            np.testing.assert_array_equal(x.toarray(), expected[rows].toarray())
-            np.testing.assert_array_equal(batch["obs/idx"][real], rows)
-            seen.append(rows)
-    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(N_OBS))
-
-
 def test_positional_and_h5py_paths_agree(tmp_path, monkeypatch):
     path = tmp_path / "a.h5ad"
     _write(path, "csr")
