@@ -51,11 +51,7 @@ TRAINER = textwrap.dedent(
             # Endless: the victim always has work left, so the death must be
             # reported (with one epoch of a small file, it may have handed
             # over its whole share before the kill: a legitimate end).
-            # No read-ahead hints: over this 59-block epoch one hint window
-            # (16,384 cells) spans ~110 epochs, ~20 CPU-s per worker start;
-            # the hints are not this test's subject.
-            sampler=grain_cells.BlockSampler(
-                source, seed=0, num_epochs=None, readahead_cells=0),
+            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
             operations=grain_cells.fetch_operations(
                 source, batch_size=4, fetch_factor=5),
             worker_count=2,
