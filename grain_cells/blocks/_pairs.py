@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import scipy.sparse as sp
 
 from grain_cells._util.ranges import expand_ranges
 
@@ -87,6 +86,8 @@ def _piece_counts(klass: np.ndarray, n: np.ndarray, width: int, dense: bool):
         counts = np.bincount(block * width + klass, minlength=n.size * width)
         return counts.reshape(n.size, width).astype(np.float64)
     ones = np.ones(klass.size, np.int64)
+    import scipy.sparse as sp  # here: workers never import scipy
+
     table = sp.csr_matrix((ones, (block, klass)), shape=(n.size, width))
     table.sum_duplicates()
     return table.astype(np.float64)
