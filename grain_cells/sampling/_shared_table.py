@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 
 import numpy as np
+
+from grain_cells._util.cache_files import cache_root, write_atomic
 
 MIN_BYTES = 1 << 20  # smaller tables travel in the pickle
 _STAMP = 40  # hex digits of the name, also written after the values
 
 
 def _folder() -> pathlib.Path:
-    root = os.environ.get("GRAIN_CELLS_CACHE") or (
-        pathlib.Path.home() / ".cache" / "grain_cells"
-    )
-    return pathlib.Path(root).expanduser() / "weights"
+    return pathlib.Path(cache_root(xdg=False)).expanduser() / "weights"
 
 
 def share(values: np.ndarray, digest: str) -> str | None:
@@ -51,19 +49,13 @@ def share(values: np.ndarray, digest: str) -> str | None:
     path = _folder() / f"{stamp}.npy"
     if _check(path, values.size, stamp) is None:
         return str(path)
+
+    def write(fh) -> None:
+        np.save(fh, np.ascontiguousarray(values, "<f8"))
+        fh.write(stamp.encode())
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, np.ascontiguousarray(values, "<f8"))
-                fh.write(stamp.encode())
-                fh.flush()
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_atomic(path, write)
     except OSError:
         return None
     return str(path)
