@@ -42,11 +42,11 @@ import io
 import json
 import os
 import stat as stat_mod
-import tempfile
 import time
 
 import numpy as np
 
+from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import MatrixInfo
@@ -75,13 +75,7 @@ class FileMeta:
 
 def cache_dir() -> str:
     """The folder of entries: never the folder of the data."""
-    folder = os.environ.get("GRAIN_CELLS_CACHE")
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-            os.path.expanduser("~"), ".cache"
-        )
-        folder = os.path.join(base, "grain_cells")
-    return os.path.join(folder, "file-meta")
+    return os.path.join(cache_root(), "file-meta")
 
 
 def _key(path: str, element: str, genes_from, stat: FileStat) -> str:
@@ -287,16 +281,7 @@ def _plain_dtype(d: np.dtype) -> bool:
 
 
 def _write(folder: str, name: str, data: bytes) -> None:
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from others
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, os.path.join(folder, name))
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(os.path.join(folder, name), lambda out: out.write(data))
 
 
 __all__ = ["FileMeta", "MetaCache", "cache_dir", "inspect_file"]
