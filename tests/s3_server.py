@@ -15,7 +15,7 @@ would wait for that lock while the request waits for the server.
 
 moto reads a whole object for every range GET: keep test objects small.
 The metadata cache of remote files goes to a temporary folder for the
-session (`GRAIN_CELLS_CACHE_DIR`).
+session (`GRAIN_CELLS_CACHE`).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def s3(tmp_path_factory):
             "s3", endpoint_url=endpoint, region_name="us-east-1", **_boto(KEYS)
         )
         client.create_bucket(Bucket=BUCKET)
-        patch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        patch.setenv("GRAIN_CELLS_CACHE", str(tmp_path_factory.mktemp("cache")))
         yield S3(endpoint, BUCKET, client)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
+from grain_cells._util.cache_files import cache_root
 from grain_cells.storage import FileStat, LocalByteReader
 from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
@@ -54,10 +55,8 @@ atexit.register(_close_at_exit)
 
 
 def cache_dir() -> pathlib.Path:
-    """Where metadata of remote files is cached."""
-    root = os.environ.get("GRAIN_CELLS_CACHE_DIR")
-    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache/grain_cells"
-    return base / "remote"
+    """Where metadata of remote files is cached: `remote/` in the cache folder."""
+    return pathlib.Path(cache_root(xdg=False)) / "remote"
 
 
 class _Metadata:

@@ -88,7 +88,7 @@ def test_restore_in_a_new_process(s3, tmp_path):
     env = {
         **os.environ,
         **s3.env(),
-        "GRAIN_CELLS_CACHE_DIR": str(tmp_path / "fresh-cache"),
+        "GRAIN_CELLS_CACHE": str(tmp_path / "fresh-cache"),
         "PYTHONPATH": os.pathsep.join(
             [here, tests, os.path.dirname(tests), os.environ.get("PYTHONPATH", "")]
         ),

@@ -44,7 +44,7 @@ def bare_env(tmp_path, monkeypatch):
     for name in _AWS_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")

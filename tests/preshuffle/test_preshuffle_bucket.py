@@ -120,7 +120,7 @@ def test_rerun_keeps_complete_parts_and_drops_stale_ones(
     tmp_path,
     monkeypatch,
 ):
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
     paths, _ = inputs  # local inputs, bucket output
     out = f"s3://{s3.bucket}/rerun"
     kwargs = dict(seed=2, progress=False, output_storage_options=s3.options)
@@ -142,7 +142,7 @@ def test_rerun_keeps_complete_parts_and_drops_stale_ones(
     assert calls == []  # every part found complete in the bucket
     assert _etags(s3, "rerun/") == first
     monkeypatch.undo()
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
     parts = grain_cells.preshuffle(paths, out, cells_per_file=200, **kwargs)
     assert sorted(_etags(s3, "rerun/")) == [
         "rerun/part-00000.h5ad",
@@ -159,7 +159,7 @@ def test_rerun_keeps_complete_parts_and_drops_stale_ones(
 
 def test_large_part_goes_up_in_several_parts(s3, tmp_path, monkeypatch):
     """A part larger than an upload part is a multipart upload (S3 ETag '-N')."""
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(object_writes, "UPLOAD_PART_BYTES", 5 << 20)  # S3's minimum
     n, g = 1500, 1000  # ~6 MB dense float32: two upload parts
     x = (np.arange(n)[:, None] * 1000 + np.arange(g)).astype(np.float32)

@@ -69,7 +69,7 @@ def served(versions_on_disk, tmp_path):
 def _root(tmp_path, monkeypatch):
     """nginx's (empty) root folder, and a metadata cache of this test's own."""
     (tmp_path / "root").mkdir()
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
 
 
 def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
@@ -196,7 +196,7 @@ for k in range(1, 13):
     shutil.copyfile(old, path)
     st = os.stat(path)
     stat = _remote.stat_path(url, options)
-    os.environ["GRAIN_CELLS_CACHE_DIR"] = os.path.join(cache, str(k))
+    os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, str(k))
     _remote._metadata.clear()  # HDF5's reads go to the server
     calls = [0]
 

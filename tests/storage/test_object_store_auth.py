@@ -54,7 +54,7 @@ def home(tmp_path, monkeypatch, s3_auth):
     for name in _AWS_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
     aws = tmp_path / ".aws"
     aws.mkdir()
     good, bad = s3_auth.keys, s3_auth.denied_keys
@@ -167,7 +167,7 @@ def test_refused_credentials_name_url_and_fix(files, home, s3_auth, whose):
 
 
 def test_missing_bucket_and_object_name_the_fix(s3, monkeypatch, tmp_path):
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path))
     s3.put_bytes("errs/here.h5ad", b"x")
     with pytest.raises(
         FileNotFoundError,
@@ -192,7 +192,7 @@ def test_https_with_headers(tmp_path, monkeypatch):
 
     from grain_cells.testing import Fault, ServedFolder
 
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "in").mkdir()
     paths = write_files(tmp_path / "in")
     root = tmp_path / "root"

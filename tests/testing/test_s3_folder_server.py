@@ -75,7 +75,7 @@ def test_bad_object_name_is_refused(tmp_path):
 
 def test_local_source_sees_no_change_while_served(tmp_path, csr_paths, monkeypatch):
     """A local run's identity check passes while the same file is served."""
-    monkeypatch.setenv("GRAIN_CELLS_CACHE_DIR", str(tmp_path / "metadata"))
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "metadata"))
     path = shutil.copy(csr_paths[0], tmp_path / "a.h5ad")
     local = grain_cells.AnnDataSource(path)
     before = _stat(path)
