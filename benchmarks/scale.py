@@ -30,8 +30,8 @@ collection per `--files` x `--compression` of `--collection_cells` cells in
 all (`f2000-none`: 2,000 files of 5,000 cells), whose cells are exactly the
 cells of the one-file point of the same size, so that per-file costs read
 as the difference. A measure that fails (an exception, a crash, more than
-`--timeout_s`, or a process tree over `--max_rss_gb`) is recorded with its
-last error line and the run goes on. Page cache: `--cache=cold` evicts the
+`--timeout_s`, or a process tree whose PSS passes `--max_rss_gb`) is
+recorded with its last error line and the run goes on. Page cache: `--cache=cold` evicts the
 point's files before each measure (default), `warm` reads them first.
 
 JSON (`--json`): `{"flags", "machine", "points": [{"point", "kind",
@@ -97,7 +97,10 @@ _N_DONORS = flags.DEFINE_integer("n_donors", 1_000, "Donors of the thin files.")
 _CACHE = flags.DEFINE_enum("cache", "cold", ["cold", "warm"], "Page cache per measure.")
 _TIMEOUT = flags.DEFINE_integer("timeout_s", 600, "Seconds allowed per measure.")
 _MAX_RSS = flags.DEFINE_float(
-    "max_rss_gb", 6.0, "A measure whose process tree's RSS passes this is killed."
+    "max_rss_gb",
+    6.0,
+    "A measure whose process tree's PSS (shared pages counted once) passes "
+    "this is killed.",
 )
 _DATA_DIR = flags.DEFINE_string(
     "data_dir",
@@ -225,30 +228,38 @@ def _write(point: dict) -> list[str]:
     )
 
 
-def _tree_rss_mb(pid: int) -> float:
-    total, todo = 0.0, [pid]
+def _tree_memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) summed over `pid` and its descendants, in MiB.
+
+    PSS divides each shared page among the processes mapping it, so workers
+    sharing one mapped table count it once; RSS counts it once per process.
+    """
+    rss = pss = 0.0
+    todo = [pid]
     while todo:
         p = todo.pop()
-        mem = _status_rss(p)
-        total += mem
+        r, q = _rollup(p)
+        rss, pss = rss + r, pss + q
         try:
             for t in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{t}/children") as f:
                     todo += [int(k) for k in f.read().split()]
         except OSError:
             pass
-    return total
+    return rss, pss
 
 
-def _status_rss(pid: int) -> float:
+def _rollup(pid: int) -> tuple[float, float]:
+    found = {}
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss"):
+                    found[key] = int(rest.split()[0]) / 1024
     except OSError:
         pass
-    return 0.0
+    return found.get("Rss", 0.0), found.get("Pss", 0.0)
 
 
 def _error_line(stderr: str) -> str:
@@ -283,15 +294,16 @@ def _spawn(measure: str, paths_file: str) -> dict:
     ]
     out = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below)
     err = tempfile.TemporaryFile("w+")  # noqa: SIM115
-    t0, peak, killed = time.perf_counter(), 0.0, None
+    t0, peak, peak_rss, killed = time.perf_counter(), 0.0, 0.0, None
     proc = subprocess.Popen(
         cmd, stdout=out, stderr=err, text=True, start_new_session=True
     )
     while proc.poll() is None:
-        peak = max(peak, _tree_rss_mb(proc.pid))
+        rss, pss = _tree_memory_mb(proc.pid)
+        peak, peak_rss = max(peak, pss), max(peak_rss, rss)
         if peak > 1024 * _MAX_RSS.value:
             killed = (
-                f"killed: process tree RSS {peak:.0f} MiB > "
+                f"killed: process tree PSS {peak:.0f} MiB > "
                 f"--max_rss_gb={_MAX_RSS.value}"
             )
         elif time.perf_counter() - t0 > _TIMEOUT.value:
@@ -312,11 +324,16 @@ def _spawn(measure: str, paths_file: str) -> dict:
             "error": killed or _error_line(stderr),
             "returncode": proc.returncode,
             "process_s": wall,
-            "tree_peak_rss_mb": round(peak, 1),
+            "tree_peak_pss_mb": round(peak, 1),
+            "tree_peak_rss_mb": round(peak_rss, 1),
             "stderr_tail": stderr[-2000:],
         }
     record = json.loads(stdout.strip().splitlines()[-1])
-    return record | {"process_s": wall, "tree_peak_rss_mb": round(peak, 1)}
+    return record | {
+        "process_s": wall,
+        "tree_peak_pss_mb": round(peak, 1),
+        "tree_peak_rss_mb": round(peak_rss, 1),
+    }
 
 
 def _derive(points: list[dict]) -> None:
