@@ -84,5 +84,5 @@ def test_a_failing_measure_is_recorded(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (point,) = json.loads(out.read_text())["points"]
     assert point["measures"]["construct"]["error"].startswith(
-        "killed: process tree RSS"
+        "killed: process tree PSS"
     )
