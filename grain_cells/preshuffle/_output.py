@@ -105,7 +105,7 @@ class BucketOutput:
         is deleted when its upload ends, done or failed.
 
         Raises:
-            OSError: The previous upload failed (see `object_writes.put_file`).
+            OSError: The previous upload failed (see `storage.remote.put_file`).
         """
         self.wait()
         self._pending = self._uploads.submit(self._upload, plan, index)

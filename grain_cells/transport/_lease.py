@@ -37,7 +37,7 @@ def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, ob
 
     Args:
         mm: The slot's mapping (kept mapped by the arrays).
-        places: `(key, offset, dtype, shape)` of each array (`segments.layout`).
+        places: `(key, offset, dtype, shape)` of each array (`_segments.layout`).
         on_release: Called once, in whichever thread drops the last array.
 
     Returns:

@@ -35,7 +35,7 @@ def get_range(
     `If-Match: etag`, so the server refuses it once the object has changed:
     a read never mixes bytes of two versions.
 
-    `store` is `object_store.store_for(url, storage_options)` when the caller holds it
+    `store` is `_store.store_for(url, storage_options)` when the caller holds it
     (a reader sending many GETs skips the lookup).
 
     Returns:

@@ -276,7 +276,7 @@ class RemoteByteReader:
 
         No request where the ETag follows the content (every batch of GETs
         checks it). Otherwise, at most every `content_check_s` seconds, a
-        HEAD and the sampled bytes read again (`versions.version_of`): a
+        HEAD and the sampled bytes read again (`_versions.version_of`): a
         rewrite that kept the ETag then shows in `content`.
         """
         if not self._stat.content or self._table is not None:
