@@ -31,8 +31,9 @@ all (`f2000-none`: 2,000 files of 5,000 cells), whose cells are exactly the
 cells of the one-file point of the same size, so that per-file costs read
 as the difference. A measure that fails (an exception, a crash, more than
 `--timeout_s`, or a process tree whose PSS passes `--max_rss_gb`) is
-recorded with its last error line and the run goes on. Page cache: `--cache=cold` evicts the
-point's files before each measure (default), `warm` reads them first.
+recorded with its last error line and the run goes on. Page cache:
+`--cache=cold` evicts the point's files before each measure (default),
+`warm` reads them first.
 
 JSON (`--json`): `{"flags", "machine", "points": [{"point", "kind",
 "cells", "files", "compression", "bytes", "write_s", "measures": {name:

@@ -116,7 +116,6 @@ def run(folder, name: str, code: str) -> subprocess.CompletedProcess:
         "PYTHONPATH": ROOT,
         "JAX_PLATFORMS": "cpu",
         "GRAIN_CELLS_CACHE": str(folder / "cache"),
-        "GRAIN_CELLS_CACHE": str(folder / "cache"),
     }
     return subprocess.run(
         [sys.executable, str(path)],

@@ -116,7 +116,8 @@ class Writer:
         Every chunk counted whole and uncompressed (HDF5 allocates whole
         chunks; a compressed chunk rewritten by a later window may leave its
         old space unused, so those count twice), obs and var at twice their
-        size in memory, and a generous allowance for HDF5's metadata.
+        size in memory, obs names once (`Names.disk_bytes` is already an
+        upper bound), and a generous allowance for HDF5's metadata.
         """
         plan = self.plan
         n = int(rows.size)
@@ -133,12 +134,13 @@ class Writer:
         per_cell = self.obs.memory_usage(index=False, deep=True).sum() / max(
             len(self.obs), 1
         )
-        frames_bytes = int(per_cell * n) + self.names.disk_bytes(n)
+        frames_bytes = int(per_cell * n)
         frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
         frames_bytes += self.extras.nbytes(n)
         columns = len(self.obs.columns)
         overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
-        return int(1.01 * (matrix + 2 * frames_bytes) + overhead)
+        names = self.names.disk_bytes(n)
+        return int(1.01 * (matrix + 2 * frames_bytes + names) + overhead)
 
     # -- CSR ---------------------------------------------------------------
 

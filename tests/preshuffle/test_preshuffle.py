@@ -630,3 +630,26 @@ def test_disk_full_in_a_subprocess_exits_normally(tmp_path, tiny_disk):
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert done.stdout.decode().strip() == "ENOSPC"
     assert list((tiny_disk / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("alphabet", ["abc0123456789", "細胞型δ"], ids=["ascii", "cjk"])
+def test_names_disk_bound_holds_for_any_utf8(tmp_path, alphabet):
+    """A part's reservation counts obs names once; the bound must hold for
+    names of up to 4 UTF-8 bytes per character, as h5py stores them."""
+    from grain_cells.preshuffle import _names
+
+    rng = np.random.default_rng(0)
+    n = 20_000
+    chars = rng.integers(1, 40, n)
+    names = np.array(
+        ["".join(rng.choice(list(alphabet), k)) for k in chars],
+        dtype=np.dtypes.StringDType(),
+    )
+    bound = _names.Names(names, float(chars.mean())).disk_bytes(n)
+    empty, full = tmp_path / "empty.h5", tmp_path / "full.h5"
+    with h5py.File(empty, "w") as f:
+        f.create_dataset("_index", (0,), dtype=h5py.string_dtype())
+    with h5py.File(full, "w") as f:
+        d = f.create_dataset("_index", (n,), dtype=h5py.string_dtype())
+        d[:] = names.astype(object)
+    assert full.stat().st_size - empty.stat().st_size <= bound
