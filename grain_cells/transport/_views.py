@@ -98,6 +98,7 @@ class _RingView:
         self.group = 1  # ended leases sent together (`_group` of the budget)
         self.unsent = b""  # the tail of a send the socket took only part of
         self.sending = threading.Lock()  # one sender at a time (unsent's order)
+        self.wanted = False  # a hand-back came while another thread sent
 
     def segment(self, slot: int, name: str, size: int) -> Segment:
         held = self.slots.get(slot)
@@ -153,13 +154,20 @@ class _RingView:
         # A number is two bytes and a send may take one: a sender finishes
         # what it began before anything else goes. Another sender (another
         # thread, or a finalizer run inside this call) leaves its slot
-        # pending: the sender picks it up, or the next call does.
-        if not self.sending.acquire(blocking=False):
-            return
-        try:
-            self._send_pending()
-        finally:
-            self.sending.release()
+        # pending and raises `wanted`; the sender, once it lets go, sends
+        # again for it (else a slot that ended just as a send finished would
+        # wait for the next minibatch).
+        while True:
+            self.wanted = True
+            if not self.sending.acquire(blocking=False):
+                return
+            try:
+                self.wanted = False
+                self._send_pending()
+            finally:
+                self.sending.release()
+            if not self.wanted or self.unsent or self.sock is None:
+                return
 
     def _send_pending(self) -> None:
         while True:

@@ -197,6 +197,38 @@ def test_ended_leases_go_back_in_groups_within_the_budget():
         transport.release_dead_rings()
 
 
+def test_a_lease_ending_as_another_thread_ends_its_send_is_not_left_pending():
+    """Thread B's lease ends after thread A's send loop found nothing more to
+    send but before A let go of the sender lock: B cannot send, and A must
+    send B's slot before it returns (it used to wait for the next minibatch,
+    and a worker short of slots waited with it)."""
+    import threading
+
+    ring = transport.SlotRing(max_slots=8, leases=4)
+    try:
+        first = pickle.loads(pickle.dumps(ring.put(batch(0))))
+        second = [pickle.loads(pickle.dumps(ring.put(batch(1))))]
+        assert leased(first) and leased(second[0])
+        view = transport._RINGS[ring.name]
+        assert view.group == 1
+        send_pending = view._send_pending
+
+        def send_then_b_ends():
+            send_pending()
+            if second:  # once: B drops the second minibatch meanwhile
+                b = threading.Thread(target=second.clear)
+                b.start()
+                b.join()
+
+        view._send_pending = send_then_b_ends
+        del first  # A: its lease ends, A sends
+        assert not second
+        assert not view.pending, "B's slot was left pending"
+    finally:
+        ring.close()
+        transport.release_dead_rings()
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
