@@ -52,7 +52,7 @@ from grain_cells.io._nodes import (
     is_string_array,
 )
 from grain_cells.io._obs import OBS_MISSING
-from grain_cells.io._obs_cache import own_map
+from grain_cells.io._obs_cache import joined_column, own_map
 from grain_cells.io._obs_columns import read_obs_values
 from grain_cells.io._obsm import obsm_element
 from grain_cells.io._open import open_file
@@ -92,6 +92,7 @@ __all__ = [
     "is_group",
     "is_legacy_frame",
     "is_string_array",
+    "joined_column",
     "matrix_element",
     "obs_columns",
     "obsm_element",

@@ -25,6 +25,7 @@ from grain_cells.io import (
     RowBuffer,
     advise,
     fetch_ranges,
+    joined_column,
     own_map,
     read_ranges,
     read_rows,
@@ -153,7 +154,9 @@ class FileReads:
         (harmonised across files). Read-only. For one file, no copy: with
         the obs cache, a map of the cache entry of the caller's own (the
         pages are unmapped when the caller drops it); else a view of the
-        file's column. Several files' columns are joined into one array.
+        file's column. Several files' columns are joined into one array,
+        mapped from one cache entry for the collection (`joined_column`:
+        after the first time, no file is opened).
 
         Raises:
             errors.MissingColumnError: `column` is not one of the obs columns.
@@ -163,15 +166,10 @@ class FileReads:
                 f"obs column {column!r} was not requested; this source has "
                 f"obs_columns={list(self.files.obs_names)}"
             )
-        parts = []
-        for i in range(len(self.files.paths)):
-            with self._handles.pinned([i]) as (f,):
-                parts.append(f.obs[column])
-        if len(parts) == 1:
-            return own_map(parts[0])
-        out = np.concatenate(parts)
-        out.flags.writeable = False
-        return out
+        if len(self.files.paths) == 1:
+            with self._handles.pinned([0]) as (f,):
+                return own_map(f.obs[column])
+        return own_map(joined_column(self.files, column))
 
     def chunk_starts(self) -> np.ndarray:
         """Global rows where an HDF5 chunk of the matrix begins, per file.

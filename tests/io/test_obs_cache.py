@@ -391,3 +391,97 @@ def test_zarr_stores_are_mapped_too(paths, tmp_path, cache):
         assert _mapped(got[c])
         assert got[c].dtype == want[c].dtype
         np.testing.assert_array_equal(got[c], want[c])
+
+
+# -- a collection of small files: one joined entry per column ---------------
+
+SMALL = 14_000  # 5 files: each below MIN_CELLS, together above it
+
+
+def _write_small(folder, k: int, seed: int = 0) -> str:
+    """File `k`: `idx` is the global row; cell types listed in another order
+    in every file; only file 0 lacks `score`."""
+    rng = np.random.default_rng(seed * 100 + k)
+    rows = np.arange(k * SMALL, (k + 1) * SMALL)
+    order = TYPES[k % 4 :] + TYPES[: k % 4]
+    obs = pd.DataFrame(
+        {
+            "cell_type": pd.Categorical(rng.choice(order, SMALL), categories=order),
+            "donor": rng.choice(["d1", "d2", f"d{k + 3}"], SMALL).astype(object),
+            "idx": rows.astype(np.int32),
+        },
+        index=[f"c{r}" for r in rows],
+    )
+    if k:
+        obs["score"] = rows / 4.0
+    x = sp.csr_matrix((np.ones(SMALL, np.float32), rows % 3, np.arange(SMALL + 1)))
+    path = folder / f"s{k}.h5ad"
+    anndata.AnnData(x, obs=obs).write_h5ad(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small_paths(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("joined")
+    return [_write_small(folder, k) for k in range(5)]
+
+
+def _source(paths):
+    return grain_cells.AnnDataSource(
+        paths, obs_columns=list(COLUMNS), obs_missing="fill"
+    )
+
+
+def _labels(source, column: str) -> np.ndarray:
+    return np.asarray(source.categories[column])[source.obs_values(column)]
+
+
+def test_a_collection_column_is_one_mapped_entry_equal_to_anndata(small_paths, cache):
+    truth = pd.concat([anndata.read_h5ad(p).obs for p in small_paths])
+    source = _source(small_paths)
+    for c in ("cell_type", "donor"):
+        got = source.obs_values(c)
+        assert _mapped(got) and not got.flags.writeable
+        np.testing.assert_array_equal(_labels(source, c), truth[c].astype(str))
+    np.testing.assert_array_equal(source.obs_values("idx"), np.arange(5 * SMALL))
+    np.testing.assert_array_equal(source.obs_values("score"), truth["score"].to_numpy())
+    assert len(list(cache.glob("*.npy"))) == 4  # one per column, not per file
+
+
+def test_a_second_source_reads_a_collection_column_opening_no_file(
+    small_paths, cache, monkeypatch
+):
+    """A split or class weights on 10^5 files must not open them all again."""
+    want = _labels(_source(small_paths), "cell_type")
+    source = _source(small_paths)
+    import h5py
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"opened {args[:1]}")
+
+    monkeypatch.setattr(h5py.File, "__init__", refuse)
+    np.testing.assert_array_equal(_labels(source, "cell_type"), want)
+    views = grain_cells.split_by_obs(source, "cell_type", {"val": ["NK"]})
+    assert views["val"].num_selected_cells == int((want == "NK").sum())
+
+
+def test_a_rewritten_collection_file_gets_a_new_joined_entry(tmp_path, cache):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    paths = [_write_small(folder, k) for k in range(5)]
+    _labels(_source(paths), "cell_type")
+    _write_small(folder, 3, seed=9)  # other labels, same shape
+    truth = pd.concat([anndata.read_h5ad(p).obs for p in paths])
+    np.testing.assert_array_equal(
+        _labels(_source(paths), "cell_type"), truth["cell_type"].astype(str)
+    )
+    assert len(list(cache.glob("*.npy"))) == 2
+
+
+def test_a_small_collection_is_joined_in_memory(small_paths, cache):
+    source = _source(small_paths[:2])  # 28,000 cells: below MIN_CELLS
+    truth = pd.concat([anndata.read_h5ad(p).obs for p in small_paths[:2]])
+    np.testing.assert_array_equal(
+        _labels(source, "cell_type"), truth["cell_type"].astype(str)
+    )
+    assert not list(cache.glob("*.npy"))
