@@ -20,7 +20,7 @@ import numpy as np
 
 from grain_cells._util import absl_flags
 from grain_cells.io import Cells, FetchedRows, FileSet, OpenFile, RowBuffer
-from grain_cells.source import _options, _selection, _table
+from grain_cells.source import _fragments, _options, _selection
 from grain_cells.source._description import SourceDescription
 from grain_cells.source._options import SourceOptions
 from grain_cells.source._reads import FileReads
@@ -217,7 +217,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = _table.fragment_note(table.mean_block_cells, table.block_size)
+            note = _fragments.fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
         return AnnDataSource._of(self.files, table, self.options)
 
