@@ -13,6 +13,9 @@ measures, each measure in a fresh process (this file run again with
 * `throughput`: 0 workers, after `--minibatches`: cells/s and cells per
   CPU-s over `--throughput_minibatches` (a collection's ratio to the one
   file of the same cells: `vs_one_file.throughput_ratio`);
+* `epoch`: one whole epoch with `--workers` workers (run only when named):
+  every cell once, cells/s, CPU-s of trainer and workers, and the most fds
+  and worker anonymous memory any process held;
 * `workers`: `--workers` worker processes after `--minibatches`: RSS, peak
   RSS, anonymous, file-backed and shmem resident MiB, PSS, open fds of the
   trainer and of each worker;
@@ -425,6 +428,7 @@ def main(argv) -> None:
             "construct",
             "first_batch",
             "throughput",
+            "epoch",
             "workers",
             "fds",
             "get_state",

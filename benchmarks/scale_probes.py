@@ -99,12 +99,12 @@ def _source(paths, opts):
     return grain_cells.AnnDataSource(paths, obs_columns=opts["obs_columns"])
 
 
-def _loader(source, opts, workers: int):
+def _loader(source, opts, workers: int, num_epochs: int | None = None):
     import grain_cells
 
     return grain_cells.DataLoader(
         data_source=source,
-        sampler=grain_cells.BlockSampler(len(source), seed=0, num_epochs=None),
+        sampler=grain_cells.BlockSampler(len(source), seed=0, num_epochs=num_epochs),
         operations=grain_cells.fetch_operations(source, batch_size=opts["batch_size"]),
         worker_count=workers,
     )
@@ -198,6 +198,64 @@ def _run_workers(paths, opts, workers: int) -> dict:
         }
     finally:
         _close(iterator)
+
+
+def epoch(paths, opts) -> dict:
+    """One whole epoch with `--workers` workers: every cell once.
+
+    Also the most fds and anonymous memory any process held (sampled every
+    0.5 s), wall, and CPU-s of the trainer and of the workers together.
+    """
+    import resource
+    import threading
+
+    source = _source(paths, opts)
+    most = {"trainer_fds": 0, "worker_fds": 0, "worker_anon_mb": 0.0}
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.5):
+            me = proc_memory()
+            most["trainer_fds"] = max(most["trainer_fds"], me.get("fds", 0))
+            for pid in worker_pids():
+                w = proc_memory(pid)
+                most["worker_fds"] = max(most["worker_fds"], w.get("fds", 0))
+                most["worker_anon_mb"] = max(
+                    most["worker_anon_mb"], w.get("anon_mb", 0.0)
+                )
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sampler.start()
+    import numpy as np
+
+    cells = minibatches = 0
+    seen = np.zeros(source.num_cells, np.uint8)
+    iterator = iter(_loader(source, opts, opts["workers"], num_epochs=1))
+    try:
+        for batch in iterator:
+            rows = batch["row_ids"][batch["mask"]]
+            np.add.at(seen, rows, 1)
+            cells += int(rows.size)
+            minibatches += 1
+    finally:
+        done.set()
+        _close(iterator)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = (kids.ru_utime + kids.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+    return {
+        "workers": opts["workers"],
+        "cells": cells,
+        "all_cells_once": bool((seen == 1).all()),
+        "minibatches": minibatches,
+        "epoch_s": round(wall, 1),
+        "cells_per_s": round(cells / wall),
+        "trainer_cpu_s": round(cpu, 1),
+        "workers_cpu_s": round(workers_cpu, 1),
+        **most,
+    }
 
 
 def workers(paths, opts) -> dict:
@@ -316,6 +374,7 @@ MEASURES = {
     "construct": construct,
     "first_batch": first_batch,
     "throughput": throughput,
+    "epoch": epoch,
     "workers": workers,
     "fds": fds,
     "get_state": get_state,

@@ -29,7 +29,7 @@ def test_scale_smoke(tmp_path):
             sys.executable,
             str(ROOT / "benchmarks" / "scale.py"),
             "--smoke",
-            "--measures=construct,first_batch,workers,get_state,weights,splits",
+            "--measures=construct,first_batch,epoch,workers,get_state,weights,splits",
             f"--data_dir={tmp_path / 'data'}",
             f"--json={out}",
         ],
@@ -52,6 +52,7 @@ def test_scale_smoke(tmp_path):
         assert m["construct"]["cells"] == 3_000
         assert m["construct"]["construct_cpu_s"] > 0
         assert m["first_batch"]["cells_per_s"] > 0
+        assert m["epoch"]["all_cells_once"] and m["epoch"]["cells"] == 3_000
         worker = m["workers"]["worker"]
         assert len(worker) == 1
         assert 0 < worker[0]["anon_mb"] <= worker[0]["rss_mb"]
