@@ -12,54 +12,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import psutil
 import pytest
+from processes import start_trainer, trainer_script
 
 from grain_cells.transport import _shm_names as shm_names
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TRAINER = textwrap.dedent(
-    """
-    import json
-    import sys
-    import time
-
-    import psutil
-
-    import grain_cells
-
-
-    def main():
-        paths = json.loads(sys.argv[1])
-        source = grain_cells.AnnDataSource(paths, block_size=5)
-        loader = grain_cells.DataLoader(
-            data_source=source,
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
-            operations=grain_cells.fetch_operations(
-                source, batch_size=4, fetch_factor=5),
-            worker_count=2,
-        )
-        iterator = iter(loader)
-        for _ in range(12):
-            next(iterator)
-        workers = [
-            c.pid for c in psutil.Process().children()
-            if "resource_tracker" not in " ".join(c.cmdline())
-        ]
-        print(json.dumps(workers), flush=True)
-        time.sleep(600)
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
+TRAINER = """
+def main():
+    iterator = iter(two_workers(json.loads(sys.argv[1])))
+    for _ in range(12):
+        next(iterator)
+    print(json.dumps(workers()), flush=True)
+    time.sleep(600)
+"""
 
 
 def gone(pid: int) -> bool:
@@ -88,15 +56,7 @@ def wait_until(condition, timeout: float) -> bool:
 
 @pytest.mark.slow
 def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_path):
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    trainer = subprocess.Popen(
-        [sys.executable, str(script), json.dumps(csr_paths)],
-        env={**os.environ, "PYTHONPATH": ROOT},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trainer = start_trainer(trainer_script(tmp_path, TRAINER), csr_paths)
     workers = []
     try:
         line = trainer.stdout.readline()
@@ -139,15 +99,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
     """Both workers SIGKILLed, then the trainer: nobody could unlink the
     workers' names; the next loader that starts (even without workers)
     removes them."""
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    trainer = subprocess.Popen(
-        [sys.executable, str(script), json.dumps(csr_paths)],
-        env={**os.environ, "PYTHONPATH": ROOT},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trainer = start_trainer(trainer_script(tmp_path, TRAINER), csr_paths)
     workers = []
     try:
         line = trainer.stdout.readline()
