@@ -1,6 +1,8 @@
 """Child processes of the tests: Grain's workers, and trainer scripts.
 
-* `worker_pids()`: the live worker processes under the test process.
+* `worker_pids()`: the live worker processes under the test process;
+  `alive(pid)`, `wait_until(condition)`, and `mapped_rings()`: the workers
+  whose slot rings this process maps.
 * `trainer_script(tmp_path, main)`: a user's training script (with its
   `__main__` guard) that builds `two_workers(paths)`, an endless loader over
   the conftest files with two worker processes; `run_trainer` and
@@ -9,11 +11,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -35,6 +39,36 @@ def worker_pids() -> set[int]:
         except psutil.Error:
             continue
     return out
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until(condition, timeout: float = 15.0) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (looked at
+    every 0.1 s, after a garbage collection: abandoned iterators close)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        gc.collect()
+        time.sleep(0.1)
+    return True
+
+
+def mapped_rings() -> set[int]:
+    """Workers whose slot-ring segments this process maps (no fd kept)."""
+    with open("/proc/self/maps") as maps:
+        return {
+            int(line.split("/dev/shm/gcells_")[1].split("_")[0])
+            for line in maps
+            if "/dev/shm/gcells_" in line
+        }
 
 
 # What every trainer script starts with: in the trainer and (re-imported as

@@ -14,9 +14,8 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
-from processes import start_trainer, trainer_script
+from processes import alive, start_trainer, trainer_script, wait_until
 
 from grain_cells.transport import _shm_names as shm_names
 
@@ -30,28 +29,12 @@ def main():
 """
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def names_of(pids) -> list[str]:
     return sorted(
         n
         for n in os.listdir(shm_names.SHM_DIR)
         if n.startswith(shm_names.STEM) and shm_names.owner_pid(n) in pids
     )
-
-
-def wait_until(condition, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.mark.slow
@@ -69,7 +52,9 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         os.kill(victim, signal.SIGKILL)
         trainer.wait(10)
         start = time.monotonic()
-        assert wait_until(lambda: gone(survivor), 10), "a worker outlived its trainer"
+        assert wait_until(lambda: not alive(survivor), 10), (
+            "a worker outlived its trainer"
+        )
         assert time.monotonic() - start < 10
         assert not names_of([survivor]), "the surviving worker left its names"
         # A stale name of the dead trainer, as a crash mid-create would leave.
@@ -83,7 +68,7 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         assert not names_of([victim, survivor, trainer.pid])
     finally:
         for pid in [trainer.pid, *workers]:
-            if not gone(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for name in names_of([trainer.pid, *workers]):
             shm_names.unlink("/" + name)
@@ -114,7 +99,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
         )
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: all(gone(p) for p in workers), 10)
+        assert wait_until(lambda: not any(alive(p) for p in workers), 10)
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(10)
         *_, loader = helpers.build(csr_paths, worker_count=0)
@@ -123,7 +108,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
         assert not names_of([*workers, trainer.pid])
     finally:
         for pid in [trainer.pid, *workers]:
-            if not gone(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for name in names_of([trainer.pid, *workers]):
             shm_names.unlink("/" + name)
