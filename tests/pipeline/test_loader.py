@@ -20,7 +20,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import psutil
 import pytest
-import scipy.sparse as sp
 from absl import flags
 from grain import sharding
 from processes import alive, mapped_rings, wait_until, worker_pids
@@ -615,50 +614,6 @@ def many_iterators(loader, helpers, seen):
         next(iterator)
         seen.observe()
         del iterator  # not closed: garbage collection stops the workers
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
-def test_workers_do_not_import_anndata_or_pandas(csr_paths, helpers):
-    """Two workers import neither, and read every cell once, expression and
-    obs as anndata reads them (one worker start for both checks).
-
-    Workers read blocks and obs codes with h5py and NumPy. anndata and
-    pandas (about 0.7 s to import) are the trainer's, for reading obs and
-    var when the source is built; imported with the package, they would
-    lengthen every worker's start. pandas' extension modules in a worker's
-    memory map would show it imported."""
-    source, _, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
-    truth = helpers.Truth(source, csr_paths)
-    plates = np.asarray(source.categories["plate"])
-    iterator = iter(loader)
-    seen = []
-    try:
-        for i, batch in enumerate(iterator):
-            real = np.asarray(batch["mask"])
-            rows = np.asarray(batch["row_ids"])[real]
-            x = sp.csr_matrix(
-                (batch["data"], batch["indices"], batch["indptr"]),
-                shape=(real.size, helpers.N_GENES),
-            )[np.flatnonzero(real)]
-            np.testing.assert_array_equal(x.toarray(), truth.x(rows))
-            np.testing.assert_array_equal(batch["obs/idx"][real], rows)
-            np.testing.assert_array_equal(  # obs read in workers
-                plates[np.asarray(batch["obs/plate"])[real]], truth.obs(rows, "plate")
-            )
-            seen.append(rows)
-            if i == 2:  # both workers have read
-                pids = worker_pids()
-                assert len(pids) >= 2
-                for pid in pids:
-                    with open(f"/proc/{pid}/maps") as f:
-                        maps = f.read()
-                    assert "numpy" in maps  # a Python worker that has read
-                    assert "pandas/_libs" not in maps, f"worker {pid} imported pandas"
-        assert i >= 2, i
-    finally:
-        helpers.close_iterator(iterator)
-    everything = np.concatenate(seen)
-    np.testing.assert_array_equal(np.sort(everything), np.arange(helpers.N_CELLS))
 
 
 @pytest.mark.slow  # ~4 s; tests/transport/test_leases.py keeps the quick checks
