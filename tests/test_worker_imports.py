@@ -104,6 +104,7 @@ print("VAR", *source.var_names)
 """
 
 
+@pytest.mark.slow
 def test_first_minibatch_in_a_fresh_process_imports_no_anndata(csr_paths, tmp_path):
     """A var index as anndata writes it (a string-array, or under pandas 3 a
     nullable-string-array) is read with h5py: the trainer's first minibatch

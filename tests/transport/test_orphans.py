@@ -133,6 +133,7 @@ def _objects_frozen_by_fetches(n: int) -> int:
     return gc.get_freeze_count() - before
 
 
+@pytest.mark.slow
 def test_a_worker_freezes_its_startup_objects_at_its_second_fetch():
     """In a multiprocessing child, the second fetch's start moves the
     objects alive then to the GC's permanent generation (once); the first
