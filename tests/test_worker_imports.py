@@ -37,26 +37,51 @@ class _ModulesOutput(grain_cells.CsrOutput):
 
 
 @pytest.mark.slow
-def test_csr_worker_imports_no_anndata_pandas_scipy_numba(csr_paths):
-    source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["plate"])
-    loader = grain_cells.DataLoader(
-        data_source=source,
-        sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
-        operations=grain_cells.fetch_operations(
-            source, batch_size=4, fetch_factor=5, output=_ModulesOutput()
-        ),
-        worker_count=2,
-    )
-    from conftest import close_iterator
+def test_csr_workers_import_none_and_read_every_cell(csr_paths, helpers):
+    """Two workers import none of `NOT_IN_WORKERS`, and read every cell once,
+    expression and obs (read in the workers) as anndata reads them.
 
+    One worker start for both checks: tests/pipeline/test_loader.py started
+    two more workers to look for pandas' extension modules in their memory
+    maps, which their `sys.modules` here covers."""
+    import scipy.sparse as sp  # here: the workers import this module
+
+    source, _, loader = helpers.build(
+        csr_paths,
+        worker_count=2,
+        output=_ModulesOutput(),
+        block_size=5,
+        batch_size=4,
+        fetch_factor=5,
+        seed=3,
+    )
+    truth = helpers.Truth(source, csr_paths)
+    plates = np.asarray(source.categories["plate"])
+    seen, imported = [], np.zeros(len(NOT_IN_WORKERS), bool)
     iterator = iter(loader)
     try:
-        imported = np.array([b["imported"] for b in iterator]).any(axis=0)
+        for batch in iterator:
+            real = np.asarray(batch["mask"])
+            rows = np.asarray(batch["row_ids"])[real]
+            x = sp.csr_matrix(
+                (batch["data"], batch["indices"], batch["indptr"]),
+                shape=(real.size, helpers.N_GENES),
+            )[np.flatnonzero(real)]
+            np.testing.assert_array_equal(x.toarray(), truth.x(rows))
+            np.testing.assert_array_equal(batch["obs/idx"][real], rows)
+            np.testing.assert_array_equal(
+                plates[np.asarray(batch["obs/plate"])[real]], truth.obs(rows, "plate")
+            )
+            imported |= np.asarray(batch["imported"], bool)
+            seen.append(rows)
     finally:
-        close_iterator(iterator)
+        helpers.close_iterator(iterator)
     assert not imported.any(), [
         name for name, yes in zip(NOT_IN_WORKERS, imported, strict=True) if yes
     ]
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate(seen)), np.arange(helpers.N_CELLS)
+    )
 
 
 _FRESH = """
@@ -79,6 +104,7 @@ print("VAR", *source.var_names)
 """
 
 
+@pytest.mark.slow
 def test_first_minibatch_in_a_fresh_process_imports_no_anndata(csr_paths, tmp_path):
     """A var index as anndata writes it (a string-array, or under pandas 3 a
     nullable-string-array) is read with h5py: the trainer's first minibatch

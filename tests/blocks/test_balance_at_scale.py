@@ -20,6 +20,7 @@ import sys
 import warnings
 
 import anndata as ad
+import balance_oracle
 import numpy as np
 import pandas as pd
 import pytest
@@ -54,37 +55,16 @@ def interleaved(tmp_path_factory) -> str:
     return str(path)
 
 
-def _oracle(codes, starts, stops, width, max_iterations=200, tolerance=1e-6):
+def _oracle(codes, starts, stops, width):
     """The weights as documented, over a dense table of every block."""
     lengths = stops - starts
     table = np.zeros((lengths.size, width), np.int64)
     for b, (lo, hi) in enumerate(zip(starts, stops, strict=True)):
         table[b] = np.bincount(codes[lo:hi] + 1, minlength=width)
-    matrix = np.zeros((width, width))
-    for length in np.unique(lengths):
-        rows = table[lengths == length]
-        matrix += (rows.T @ rows).astype(np.float64) / length
-    count = table.sum(0).astype(np.float64)
-    present = count > 0
+    present = table.sum(0) > 0
     present[0] = False
     target = np.where(present, 1.0 / present.sum(), 0.0)
-    multiplier = np.divide(target, count, out=np.zeros(width), where=count > 0)
-    for _ in range(max_iterations + 1):
-        used = multiplier.copy()
-        emitted = np.zeros(width)
-        for k in range(width):
-            if used[k]:
-                emitted += used[k] * matrix[k]
-        got = emitted / emitted.sum()
-        if np.abs(got - target).max() <= tolerance:
-            break
-        multiplier *= np.divide(target, got, out=np.ones(width), where=got > 0)
-        multiplier /= multiplier.max()
-    sums = np.zeros(lengths.size)
-    for k in range(width):
-        if used[k]:
-            sums += used[k] * table[:, k]
-    return sums / lengths
+    return balance_oracle.balance(table, lengths, target, 200, 1e-6)[0]
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["file", "donor-split"])

@@ -10,6 +10,7 @@ blocks x classes table. Weights and expected shares must agree bit for bit
 
 from __future__ import annotations
 
+import balance_oracle
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,32 +30,11 @@ def _reference_table(codes, starts, stops, width):
 
 
 def _reference_balance(table, target, max_iterations, tolerance):
-    """The iteration over a dense table, `M` summed exactly per block length."""
+    """The iteration over the dense form of a `_reference_table`."""
     block, klass, count, lengths = table
-    width = target.size
-    dense = np.zeros((lengths.size, width), np.int64)
+    dense = np.zeros((lengths.size, target.size), np.int64)
     dense[block, klass] = count.astype(np.int64)
-    matrix = np.zeros((width, width))
-    for length in np.unique(lengths):
-        rows = dense[lengths == length]
-        matrix += (rows.T @ rows).astype(np.float64) / length  # integers: exact
-    total = dense.sum(0).astype(np.float64)
-    multiplier = np.divide(target, total, out=np.zeros(width), where=total > 0)
-    for _ in range(max_iterations + 1):
-        used = multiplier.copy()
-        emitted = np.zeros(width)
-        for k in range(width):
-            if used[k]:
-                emitted += used[k] * matrix[k]
-        got = emitted / emitted.sum()
-        gap = float(np.abs(got - target).max())
-        if gap <= tolerance:
-            break
-        step = np.divide(target, got, out=np.ones(width), where=got > 0)
-        multiplier *= step
-        multiplier /= multiplier.max()
-    weights = np.bincount(block, used[klass] * count, minlength=lengths.size)
-    return weights / lengths, got, gap, used
+    return balance_oracle.balance(dense, lengths, target, max_iterations, tolerance)
 
 
 @st.composite

@@ -61,6 +61,7 @@ np.savez(out, **named)
 """
 
 
+@pytest.mark.slow
 def test_restore_in_a_new_process(s3, tmp_path):
     import grain
 

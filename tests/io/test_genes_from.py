@@ -348,6 +348,7 @@ def test_checkpoint_refused_under_another_alignment(tmp_path):
         iter(loader(genes_from="feature_id")).set_state(state)
 
 
+@pytest.mark.slow
 def test_files_in_a_bucket(paths, tmp_path):
     """The same keys and values from s3:// objects (a local S3 server)."""
     pytest.importorskip("obstore", reason="obstore is not installed")

@@ -23,15 +23,16 @@ import anndata
 import h5py
 import numpy as np
 import pandas as pd
-import psutil
 import pytest
 import scipy.sparse as sp
+from processes import worker_pids
 
 import grain_cells
 from grain_cells import errors
 from grain_cells.io import _file_lru as file_lru
 
 N_FILES = 300
+FEW = 40  # what the tests other than the 300-file epoch use
 CELLS = 8
 GENES = 6
 
@@ -43,37 +44,58 @@ def _expected_data(f: int, n: int) -> np.ndarray:
     return (f * 1000 + r * 10 + j + 1).astype(np.float32), j
 
 
-@pytest.fixture(scope="module")
-def many_paths(tmp_path_factory) -> list[str]:
-    folder = tmp_path_factory.mktemp("many")
-    data, j = _expected_data(0, CELLS)
-    x = sp.csr_matrix((data, j, np.arange(0, 2 * CELLS + 1, 2)), shape=(CELLS, GENES))
-    adata = anndata.AnnData(
-        X=x,
-        obs=pd.DataFrame(
-            {"idx": np.arange(CELLS, dtype=np.int64)},
-            index=[f"c{r}" for r in range(CELLS)],
-        ),
-        var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
-    )
-    template = folder / "template.h5ad"
-    adata.write_h5ad(template)
-    paths = []
-    for f in range(N_FILES):
-        path = folder / f"part{f:03d}.h5ad"
-        shutil.copyfile(template, path)
-        with h5py.File(path, "r+") as h5:
-            h5["X/data"][...] = _expected_data(f, CELLS)[0]
-            h5["obs/idx"][...] = np.arange(CELLS) + f * CELLS
-        paths.append(str(path))
-    return paths
+class _Files:
+    """The files of the module docstring, written when first asked for:
+    only the slow test reads all 300, the others at most 40."""
+
+    def __init__(self, folder):
+        data, j = _expected_data(0, CELLS)
+        x = sp.csr_matrix(
+            (data, j, np.arange(0, 2 * CELLS + 1, 2)), shape=(CELLS, GENES)
+        )
+        adata = anndata.AnnData(
+            X=x,
+            obs=pd.DataFrame(
+                {"idx": np.arange(CELLS, dtype=np.int64)},
+                index=[f"c{r}" for r in range(CELLS)],
+            ),
+            var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+        )
+        self.folder, self.template = folder, folder / "template.h5ad"
+        adata.write_h5ad(self.template)
+        self.paths: list[str] = []
+        self.dense: list[np.ndarray] = []
+
+    def first(self, n: int) -> list[str]:
+        for f in range(len(self.paths), n):
+            path = self.folder / f"part{f:03d}.h5ad"
+            shutil.copyfile(self.template, path)
+            with h5py.File(path, "r+") as h5:
+                h5["X/data"][...] = _expected_data(f, CELLS)[0]
+                h5["obs/idx"][...] = np.arange(CELLS) + f * CELLS
+            self.paths.append(str(path))
+        return self.paths[:n]
+
+    def truth(self, n: int) -> np.ndarray:
+        """Dense X of the first `n` files' cells, read back by anndata."""
+        for p in self.first(n)[len(self.dense) :]:
+            self.dense.append(anndata.read_h5ad(p).X.toarray())
+        return np.concatenate(self.dense[:n]).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
-def truth(many_paths) -> np.ndarray:
-    """Dense X of every cell, read back by anndata."""
-    x = [anndata.read_h5ad(p).X.toarray() for p in many_paths]
-    return np.concatenate(x).astype(np.float32)
+def files(tmp_path_factory) -> _Files:
+    return _Files(tmp_path_factory.mktemp("many"))
+
+
+@pytest.fixture(scope="module")
+def many_paths(files) -> list[str]:
+    return files.first(N_FILES)
+
+
+@pytest.fixture(scope="module")
+def few_paths(files) -> list[str]:
+    return files.first(FEW)
 
 
 def _data_fds(pid, folder: str) -> int:
@@ -92,23 +114,10 @@ def _data_fds(pid, folder: str) -> int:
     return n
 
 
-def _workers() -> set[int]:
-    out = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmdline = " ".join(child.cmdline())
-            if "resource_tracker" in cmdline or "moto.server" in cmdline:
-                continue
-            if child.status() != psutil.STATUS_ZOMBIE:
-                out.add(child.pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [pytest.param(0, id="0-workers"), 2])
-def test_an_epoch_over_300_files_keeps_8_open(many_paths, truth, workers):
+def test_an_epoch_over_300_files_keeps_8_open(many_paths, files, workers):
+    truth = files.truth(N_FILES)
     bound = 8
     folder = os.path.dirname(many_paths[0])
     source = grain_cells.AnnDataSource(
@@ -138,7 +147,7 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, truth, workers):
             seen[ids[mask]] += 1
             most["trainer"] = max(most["trainer"], _data_fds(os.getpid(), folder))
             if workers:
-                pids |= _workers()
+                pids |= worker_pids()
                 for pid in pids:
                     most["workers"] = max(most["workers"], _data_fds(pid, folder))
     finally:
@@ -156,10 +165,10 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, truth, workers):
         assert most["trainer"] > 0
 
 
-def test_threads_never_see_a_handle_closed_under_them(many_paths, truth):
+def test_threads_never_see_a_handle_closed_under_them(few_paths, files):
     """Eight threads read random ranges of 40 files through a bound of 2: a
     handle closed while read would raise or give another file's values."""
-    paths = many_paths[:40]
+    paths, truth = few_paths, files.truth(FEW)
     source = grain_cells.AnnDataSource(
         paths, block_size=4, obs_columns=["idx"], max_open_files=2, read_threads=0
     )
@@ -248,9 +257,9 @@ def test_the_lru_closes_no_pinned_file_and_shrinks_back():
     assert all(h.closed for h in handles) and lru.open_count == 0
 
 
-def test_a_file_rewritten_after_its_eviction_is_refused(many_paths, tmp_path):
+def test_a_file_rewritten_after_its_eviction_is_refused(few_paths, tmp_path):
     paths = [str(tmp_path / f"{i}.h5ad") for i in range(2)]
-    for src, dst in zip(many_paths[:2], paths, strict=True):
+    for src, dst in zip(few_paths[:2], paths, strict=True):
         shutil.copyfile(src, dst)
     source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=1)
     first = source.read([0, 1]).X.toarray()
@@ -258,18 +267,18 @@ def test_a_file_rewritten_after_its_eviction_is_refused(many_paths, tmp_path):
     np.testing.assert_array_equal(source.read([0, 1]).X.toarray(), first)  # reopens
     source.read([CELLS])
     os.unlink(paths[0])
-    shutil.copyfile(many_paths[2], paths[0])  # same layout, other values
+    shutil.copyfile(few_paths[2], paths[0])  # same layout, other values
     with pytest.raises(errors.SourceChangedError, match=r"0\.h5ad"):
         source.read([0])
 
 
-def test_the_option_is_checked_and_travels_to_workers(many_paths):
+def test_the_option_is_checked_and_travels_to_workers(few_paths):
     for bad in (0, -1, "many"):
         with pytest.raises(ValueError, match="max_open_files"):
-            grain_cells.AnnDataSource(many_paths[:1], max_open_files=bad)
+            grain_cells.AnnDataSource(few_paths[:1], max_open_files=bad)
     with pytest.raises(TypeError, match="max_open_files"):
-        grain_cells.AnnDataSource(many_paths[:1], max_open_files=2.5)
-    source = grain_cells.AnnDataSource(many_paths[:3], max_open_files=1)
+        grain_cells.AnnDataSource(few_paths[:1], max_open_files=2.5)
+    source = grain_cells.AnnDataSource(few_paths[:3], max_open_files=1)
     copy = pickle.loads(pickle.dumps(source))
     copy.read(np.arange(3 * CELLS))
     assert copy._reads._handles.open_count == 1

@@ -17,9 +17,9 @@ import time
 
 import grain
 import numpy as np
-import psutil
 import pytest
 import tqdm
+from processes import mapped_rings, worker_pids
 
 import grain_cells
 from grain_cells import errors
@@ -36,22 +36,6 @@ def epoch_of(loader, helpers) -> list[dict]:
     return helpers.run(loader)
 
 
-def workers() -> set[int]:
-    """Live worker processes under this one (not the resource tracker, nor
-    the session's moto S3 servers)."""
-    out = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmdline = " ".join(child.cmdline())
-            if "resource_tracker" in cmdline or "moto.server" in cmdline:
-                continue
-            if child.status() != psutil.STATUS_ZOMBIE:
-                out.add(child.pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 def segments(pids) -> set[str]:
     """The /dev/shm names of these processes' slot rings (`gcells_<pid>_...`);
     other test runs share /dev/shm."""
@@ -60,16 +44,6 @@ def segments(pids) -> set[str]:
         for n in os.listdir("/dev/shm")
         if n.startswith("gcells_") and int(n.split("_")[1]) in pids
     }
-
-
-def mapped_rings() -> set[int]:
-    """Workers whose slot-ring segments this process maps (no fd kept)."""
-    out = set()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "/dev/shm/gcells_" in line:
-                out.add(int(line.split("/dev/shm/gcells_")[1].split("_")[0]))
-    return out
 
 
 # -- close ------------------------------------------------------------------
@@ -122,23 +96,23 @@ def test_cell_dataset_iterator_closes(csr_paths):
 
 @pytest.mark.slow
 def test_close_frees_workers_and_shared_memory(csr_paths, helpers):
-    before_pids = workers()
+    before_pids = worker_pids()
     *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
     iterator = iter(loader)
     helpers.take(iterator, 6)
-    mine = workers() - before_pids
+    mine = worker_pids() - before_pids
     assert len(mine) == 2
     assert mapped_rings() >= mine  # this process maps both workers' rings
     iterator.close()
     assert not (mapped_rings() & mine)  # unmapped at once
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (workers() & mine or segments(mine)):
+    while time.monotonic() < deadline and (worker_pids() & mine or segments(mine)):
         time.sleep(0.1)
-    assert not (workers() & mine)
+    assert not (worker_pids() & mine)
     assert not segments(mine)  # no name left in /dev/shm
     with pytest.raises(errors.IteratorClosedError):
         next(iterator)
-    assert not (workers() - before_pids)  # no worker restarted
+    assert not (worker_pids() - before_pids)  # no worker restarted
 
 
 @pytest.mark.slow
@@ -147,11 +121,11 @@ def test_close_with_a_stopped_worker_returns_and_leaves_no_process(csr_paths, he
     grace (it used to wait for Grain's 25 s join, or a SIGCONT)."""
     import signal
 
-    before_pids = workers()
+    before_pids = worker_pids()
     *_, loader = helpers.build(csr_paths, worker_count=2, num_epochs=None)
     iterator = iter(loader)
     helpers.take(iterator, 6)
-    mine = workers() - before_pids
+    mine = worker_pids() - before_pids
     assert len(mine) == 2
     stopped = min(mine)
     os.kill(stopped, signal.SIGSTOP)
@@ -160,13 +134,13 @@ def test_close_with_a_stopped_worker_returns_and_leaves_no_process(csr_paths, he
         iterator.close()
         took = time.monotonic() - start
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (workers() & mine or segments(mine)):
+        while time.monotonic() < deadline and (worker_pids() & mine or segments(mine)):
             time.sleep(0.1)
         assert took < 5, f"close took {took:.1f} s with a stopped worker"
-        assert not (workers() & mine), "a worker outlived close"
+        assert not (worker_pids() & mine), "a worker outlived close"
         assert not segments(mine), "a killed worker's names stayed"
     finally:
-        for pid in workers() & mine:
+        for pid in worker_pids() & mine:
             os.kill(pid, signal.SIGKILL)
 
 

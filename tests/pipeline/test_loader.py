@@ -20,9 +20,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import psutil
 import pytest
-import scipy.sparse as sp
 from absl import flags
 from grain import sharding
+from processes import alive, mapped_rings, wait_until, worker_pids
 
 import grain_cells
 from grain_cells import PaddedSparseOutput
@@ -56,39 +56,6 @@ def fetch_boundaries(source, sampler, batch_size, g) -> list[int]:
         n += -(-cells // batch_size)
     out.append(n)
     return out
-
-
-def worker_pids() -> set[int]:
-    """Grain's worker processes under this one (not the resource tracker, nor
-    the session's moto S3 servers of `s3_server.py`)."""
-    out = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            cmdline = " ".join(child.cmdline())
-        except psutil.Error:
-            continue
-        if "resource_tracker" in cmdline or "moto.server" in cmdline:
-            continue
-        if child.status() != "zombie":
-            out.add(child.pid)
-    return out
-
-
-def alive(pid) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_for(condition, timeout=15.0):
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        gc.collect()
-        time.sleep(0.1)
-    return True
 
 
 def call_with_deadline(fn, timeout=DEADLINE_S):
@@ -394,7 +361,7 @@ def test_killed_worker_raises(csr_paths, helpers):
         helpers.close_iterator(iterator)
         iterator = None  # drop the last reference
         remove_segments_of(victim)
-    assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
+    assert wait_until(lambda: not (worker_pids() - before)), "workers left behind"
 
 
 @pytest.mark.slow
@@ -437,7 +404,7 @@ def test_killed_worker_keeps_failing(csr_paths, helpers):
         helpers.close_iterator(iterator)
         iterator = None  # drop the last reference
         remove_segments_of(victim)
-    assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
+    assert wait_until(lambda: not (worker_pids() - before)), "workers left behind"
 
 
 @pytest.mark.slow
@@ -451,7 +418,7 @@ def test_error_in_worker_raises(csr_paths, helpers):
     assert "PaddedSparseOutput(width=3)" in str(error)
     helpers.close_iterator(iterator)
     iterator = None  # drop the last reference
-    assert wait_for(lambda: not (worker_pids() - before)), "workers left behind"
+    assert wait_until(lambda: not (worker_pids() - before)), "workers left behind"
 
 
 @pytest.mark.slow
@@ -481,7 +448,7 @@ def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
         # once per worker.
         if pid not in waited:
             waited.add(pid)
-            wait_for(lambda: not os.path.exists("/dev/shm" + segment), 3)
+            wait_until(lambda: not os.path.exists("/dev/shm" + segment), 3)
         return receive(ring, slot, segment, size, layout, pid, *leases)
 
     unraisable = []  # as text: an exception would keep the iterator alive
@@ -505,7 +472,7 @@ def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
         for pid in worker_pids() - before:  # workers the failed close left
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
-            wait_for(lambda pid=pid: not alive(pid), 5)
+            wait_until(lambda pid=pid: not alive(pid), 5)
             remove_segments_of(pid)
         gc.collect()
     assert error is None, error
@@ -515,28 +482,28 @@ def test_close_soon_after_start(csr_paths, helpers, monkeypatch, how):
 @pytest.mark.slow
 def test_close_unmaps(csr_paths, helpers):
     """close() "frees their shared memory at once" (CheckedIterator docstring)."""
-    rings_before = ring_pids()
+    rings_before = mapped_rings()
     *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
     iterator = iter(loader)
     helpers.take(iterator, 12)
-    mine = ring_pids() - rings_before
+    mine = mapped_rings() - rings_before
     assert len(mine) == 2  # the trainer maps both workers' rings
     helpers.close_iterator(iterator)
-    assert not (ring_pids() & mine)  # at once, not at garbage collection
+    assert not (mapped_rings() & mine)  # at once, not at garbage collection
     iterator = None  # drop the last reference
 
 
 @pytest.mark.slow
 def test_drop_unmaps(csr_paths, helpers):
-    rings_before = ring_pids()
+    rings_before = mapped_rings()
     *_, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
     iterator = iter(loader)
     helpers.take(iterator, 12)
-    mine = ring_pids() - rings_before
+    mine = mapped_rings() - rings_before
     assert len(mine) == 2
     del iterator  # not closed: garbage collection stops the workers
-    assert wait_for(lambda: not worker_pids())
-    assert wait_for(lambda: not (ring_pids() & mine), 2), len(
+    assert wait_until(lambda: not worker_pids())
+    assert wait_until(lambda: not (mapped_rings() & mine), 2), len(
         [t for t in fd_targets() if "/dev/shm/gcells_" in t]
     )
 
@@ -551,16 +518,6 @@ def fd_targets() -> list[str]:
         with contextlib.suppress(OSError):
             out.append(os.readlink(f"/proc/self/fd/{fd}"))
     return out
-
-
-def ring_pids() -> set[int]:
-    """Workers whose slot-ring segments this process still maps (no fd kept)."""
-    with open("/proc/self/maps") as maps:
-        return {
-            int(line.split("/dev/shm/gcells_")[1].split("_")[0])
-            for line in maps
-            if "/dev/shm/gcells_" in line
-        }
 
 
 def open_fds() -> int:
@@ -649,58 +606,14 @@ def break_early_del(loader, helpers, seen):
 
 
 def many_iterators(loader, helpers, seen):
-    # With workers, 3 iterators (6 worker starts, ~1.5 s each; 5 took 10):
-    # rings that piled up would still be 6 > `workers` mappings. The
+    # With workers, 2 iterators (4 worker starts, ~1.5 s each; 5 took 10):
+    # rings that piled up would still be 4 > `workers` mappings. The
     # 1,000-iterator run (no workers) is tests/transport/test_leases.py's.
-    for _ in range(3 if loader.dataset.worker_count else 50):
+    for _ in range(2 if loader.dataset.worker_count else 50):
         iterator = iter(loader)
         next(iterator)
         seen.observe()
         del iterator  # not closed: garbage collection stops the workers
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
-def test_workers_do_not_import_anndata_or_pandas(csr_paths, helpers):
-    """Two workers import neither, and read every cell once, expression and
-    obs as anndata reads them (one worker start for both checks).
-
-    Workers read blocks and obs codes with h5py and NumPy. anndata and
-    pandas (about 0.7 s to import) are the trainer's, for reading obs and
-    var when the source is built; imported with the package, they would
-    lengthen every worker's start. pandas' extension modules in a worker's
-    memory map would show it imported."""
-    source, _, loader = helpers.build(csr_paths, worker_count=2, **CONFIG)
-    truth = helpers.Truth(source, csr_paths)
-    plates = np.asarray(source.categories["plate"])
-    iterator = iter(loader)
-    seen = []
-    try:
-        for i, batch in enumerate(iterator):
-            real = np.asarray(batch["mask"])
-            rows = np.asarray(batch["row_ids"])[real]
-            x = sp.csr_matrix(
-                (batch["data"], batch["indices"], batch["indptr"]),
-                shape=(real.size, helpers.N_GENES),
-            )[np.flatnonzero(real)]
-            np.testing.assert_array_equal(x.toarray(), truth.x(rows))
-            np.testing.assert_array_equal(batch["obs/idx"][real], rows)
-            np.testing.assert_array_equal(  # obs read in workers
-                plates[np.asarray(batch["obs/plate"])[real]], truth.obs(rows, "plate")
-            )
-            seen.append(rows)
-            if i == 2:  # both workers have read
-                pids = worker_pids()
-                assert len(pids) >= 2
-                for pid in pids:
-                    with open(f"/proc/{pid}/maps") as f:
-                        maps = f.read()
-                    assert "numpy" in maps  # a Python worker that has read
-                    assert "pandas/_libs" not in maps, f"worker {pid} imported pandas"
-        assert i >= 2, i
-    finally:
-        helpers.close_iterator(iterator)
-    everything = np.concatenate(seen)
-    np.testing.assert_array_equal(np.sort(everything), np.arange(helpers.N_CELLS))
 
 
 @pytest.mark.slow  # ~4 s; tests/transport/test_leases.py keeps the quick checks
@@ -711,21 +624,21 @@ def test_no_leaks(csr_paths, helpers, workers):
     # tracker, multiprocessing's heap and the async unlink pool started (with).
     helpers.run(loader, 2)
     gc.collect()
-    assert wait_for(lambda: not (worker_pids()))
-    shm_before, fds_before, rings_before = shm_files(), open_fds(), ring_pids()
+    assert wait_until(lambda: not (worker_pids()))
+    shm_before, fds_before, rings_before = shm_files(), open_fds(), mapped_rings()
     seen = Seen()
     for scenario in (full_epoch, break_early_close, break_early_del, many_iterators):
         scenario(loader, helpers, seen)
         assert not workers or len(seen.pids) >= 2
         gc.collect()
-        assert wait_for(lambda: not worker_pids()), f"{scenario.__name__}: workers"
-        assert wait_for(lambda: not leaked_shm(shm_before, seen)), (
+        assert wait_until(lambda: not worker_pids()), f"{scenario.__name__}: workers"
+        assert wait_until(lambda: not leaked_shm(shm_before, seen)), (
             f"{scenario.__name__}: left {sorted(leaked_shm(shm_before, seen))[:5]} "
             "in /dev/shm"
         )
-        assert wait_for(lambda: open_fds() <= fds_before), (
+        assert wait_until(lambda: open_fds() <= fds_before), (
             f"{scenario.__name__}: {open_fds()} open file descriptors, "
             f"{fds_before} before"
         )
         # Mappings of closed iterators' rings do not pile up.
-        assert len(ring_pids() - rings_before) <= workers, scenario.__name__
+        assert len(mapped_rings() - rings_before) <= workers, scenario.__name__

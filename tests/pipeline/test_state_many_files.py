@@ -94,7 +94,7 @@ def test_few_files_are_still_listed(many):
     assert [f["cells"] for f in files] == [CELLS] * 3
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_restore_under_any_worker_count(many, workers):
     whole = [_plain(b) for b in _loader(many)]
     state, seen = _state_after(_loader(many), 7)

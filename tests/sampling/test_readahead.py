@@ -11,18 +11,13 @@ machine (the plain-grain spelling of tests/transport/test_dead_worker.py).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
+from processes import run_trainer, trainer_script
 
 import grain_cells
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _hinting(csr_paths, readahead_cells=40):
@@ -94,73 +89,42 @@ def test_one_read_thread_hints_at_a_time(csr_paths):
         first.join(30)
 
 
-TRAINER = textwrap.dedent(
-    """
-    import json, os, sys, time
+TRAINER = """
+from grain_cells.sampling import _samplers
 
-    import grain
-    import numpy as np
-
-    import grain_cells
-    from grain_cells.sampling import _samplers
-
-    # In the trainer and (re-imported as __mp_main__) in each spawned worker:
-    # a slow hint holds every read thread that also computes one, so they
-    # all overlap whatever the machine's load; each call is counted.
-    LOG = os.environ["HINT_LOG"]
+# In the trainer and (re-imported as __mp_main__) in each spawned worker:
+# a slow hint holds every read thread that also computes one, so they all
+# overlap whatever the machine's load; each call is counted.
+LOG = os.environ["HINT_LOG"]
 
 
-    def blocks_at(self, positions):
-        with open(LOG, "a") as f:
-            f.write(f"{os.getpid()}\\n")
-        time.sleep(0.5)
-        return np.zeros(len(positions), np.int64)
+def blocks_at(self, positions):
+    with open(LOG, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(0.5)
+    return np.zeros(len(positions), np.int64)
 
 
-    _samplers.BlockSampler.blocks_at = blocks_at
+_samplers.BlockSampler.blocks_at = blocks_at
 
 
-    def main():
-        paths = json.loads(sys.argv[1])
-        source = grain_cells.AnnDataSource(paths, block_size=5, obs_columns=["idx"])
-        loader = grain.DataLoader(
-            data_source=source,
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
-            operations=grain_cells.fetch_operations(
-                source, batch_size=4, fetch_factor=5),
-            worker_count=2,
-        )
-        iterator = iter(loader)
-        held = [next(iterator) for _ in range(6)]
-        ok = all(
-            np.array_equal(b["obs/idx"][b["mask"]], b["row_ids"][b["mask"]])
-            for b in held
-        )
-        print(json.dumps({"held_ok": ok}), flush=True)
-        os._exit(0)  # the workers exit with their parent
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
+def main():
+    iterator = iter(two_workers(json.loads(sys.argv[1]), loader=grain.DataLoader))
+    held = [next(iterator) for _ in range(6)]
+    print(json.dumps({"held_ok": rows_right(held)}), flush=True)
+    os._exit(0)  # the workers exit with their parent
+"""
 
 
 @pytest.mark.slow
 def test_a_plain_grain_worker_hints_about_one_window(csr_paths, tmp_path):
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
     log = tmp_path / "hints.log"
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script), json.dumps(csr_paths)],
-            env={**os.environ, "PYTHONPATH": ROOT, "HINT_LOG": str(log)},
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the trainer hung before its first minibatches: {e.stdout!r}")
+    done = run_trainer(
+        trainer_script(tmp_path, TRAINER),
+        csr_paths,
+        env={"HINT_LOG": str(log)},
+        hung="hung before its first minibatches",
+    )
     assert done.stdout.strip(), done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"held_ok": True}
     pids = log.read_text().split()

@@ -15,97 +15,50 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from processes import run_trainer, trainer_script
 
 from grain_cells.transport._children import WorkerWatch, death_error
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TRAINER = textwrap.dedent(
-    """
-    import json, os, signal, sys, time
-
-    import grain
-    import numpy as np
-    import psutil
-
-    import grain_cells
-
-
-    def workers():
-        return [
-            c.pid for c in psutil.Process().children()
-            if "resource_tracker" not in " ".join(c.cmdline())
-            and c.status() != psutil.STATUS_ZOMBIE
-        ]
-
-
-    def kill_one_and_go_on(spelling, paths):
-        source = grain_cells.AnnDataSource(paths, block_size=5, obs_columns=["idx"])
-        loader = (grain_cells.DataLoader if spelling == "ours" else grain.DataLoader)(
-            data_source=source,
-            # Endless: the victim always has work left, so the death must be
-            # reported (with one epoch of a small file, it may have handed
-            # over its whole share before the kill: a legitimate end).
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
-            operations=grain_cells.fetch_operations(
-                source, batch_size=4, fetch_factor=5),
-            worker_count=2,
-        )
-        iterator = iter(loader)
-        held = [next(iterator) for _ in range(6)]  # leases of both workers
-        victim = workers()[0]
-        os.kill(victim, signal.SIGKILL)
-        start = time.monotonic()
-        out = {"victim": victim, "error": None}
-        try:
-            for _ in range(1000):
-                held.append(next(iterator))
-        except Exception as e:
-            out.update(error=type(e).__name__, message=str(e))
-        out["seconds"] = time.monotonic() - start
-        out["held_ok"] = all(
-            np.array_equal(b["obs/idx"][b["mask"]], b["row_ids"][b["mask"]])
-            for b in held
-        )
-        getattr(iterator, "close", lambda: None)()
-        return out
+TRAINER = """
+def kill_one_and_go_on(paths):
+    # grain_cells.DataLoader's WorkerDiedError is checked by
+    # tests/pipeline/test_loader.py::test_killed_worker_raises; here the
+    # card's plain grain.DataLoader, where none of our code runs in the
+    # trainer: it must raise (Grain's error), never hang. Endless: the victim
+    # always has work left, so the death must be reported (with one epoch of
+    # a small file, it may have handed over its whole share before the kill:
+    # a legitimate end).
+    iterator = iter(two_workers(paths, loader=grain.DataLoader))
+    held = [next(iterator) for _ in range(6)]  # leases of both workers
+    victim = workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    out = {"victim": victim, "error": None}
+    try:
+        for _ in range(1000):
+            held.append(next(iterator))
+    except Exception as e:
+        out.update(error=type(e).__name__, message=str(e))
+    out["seconds"] = time.monotonic() - start
+    out["held_ok"] = rows_right(held)
+    getattr(iterator, "close", lambda: None)()
+    return out
 
 
-    def main():
-        paths = json.loads(sys.argv[1])
-        # grain_cells.DataLoader's WorkerDiedError is checked by
-        # tests/pipeline/test_loader.py::test_killed_worker_raises; here the
-        # card's plain grain.DataLoader, where none of our code runs in the
-        # trainer: it must raise (Grain's error), never hang.
-        for spelling in ("grain",):
-            print(json.dumps(kill_one_and_go_on(spelling, paths)), flush=True)
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
+def main():
+    print(json.dumps(kill_one_and_go_on(json.loads(sys.argv[1]))), flush=True)
+"""
 
 
 @pytest.mark.slow
 def test_a_killed_worker_raises_in_the_plain_grain_spelling(csr_paths, tmp_path):
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script), json.dumps(csr_paths)],
-            env={**os.environ, "PYTHONPATH": ROOT},
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the trainer hung after a worker was killed: {e.stdout!r}")
+    done = run_trainer(
+        trainer_script(tmp_path, TRAINER),
+        csr_paths,
+        hung="hung after a worker was killed",
+    )
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 1, done.stderr[-3000:]
     (plain,) = lines

@@ -16,8 +16,7 @@ import sys
 import textwrap
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from processes import ROOT, run_trainer, trainer_script
 
 
 def _run(code: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -32,36 +31,19 @@ def _run(code: str, *args: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 LOW_LIMIT = """
-    import json, os, resource, sys
-
-    import numpy as np
-
-    import grain_cells
+import resource
 
 
-    def main():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # workers inherit it
-        paths = json.loads(sys.argv[1])
-        source = grain_cells.AnnDataSource(paths, block_size=5, obs_columns=["idx"])
-        loader = grain_cells.DataLoader(
-            data_source=source,
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
-            operations=grain_cells.fetch_operations(
-                source, batch_size=4, fetch_factor=16),
-            worker_count=2,
-        )
-        most = 0
-        with iter(loader) as iterator:
-            for i in range(400):
-                b = next(iterator)
-                ids = b["row_ids"][b["mask"]]
-                assert np.array_equal(b["obs/idx"][: ids.size], ids), i
-                most = max(most, len(os.listdir("/proc/self/fd")))
-        print(json.dumps(most))
-
-
-    if __name__ == "__main__":
-        main()
+def main():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # workers inherit it
+    most = 0
+    with iter(two_workers(json.loads(sys.argv[1]), fetch_factor=16)) as iterator:
+        for i in range(400):
+            b = next(iterator)
+            ids = b["row_ids"][b["mask"]]
+            assert np.array_equal(b["obs/idx"][: ids.size], ids), i
+            most = max(most, len(os.listdir("/proc/self/fd")))
+    print(json.dumps(most))
 """
 
 
@@ -69,16 +51,7 @@ LOW_LIMIT = """
 def test_two_workers_run_under_a_limit_of_64_descriptors(csr_paths, tmp_path):
     """Enough slots are mapped (up to 56 lent per worker, 2 workers) that one
     descriptor per mapping ran out of 64; none per mapping fits easily."""
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(LOW_LIMIT))
-    done = subprocess.run(
-        [sys.executable, str(script), json.dumps(csr_paths)],
-        env={**os.environ, "PYTHONPATH": ROOT},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    done = run_trainer(trainer_script(tmp_path, LOW_LIMIT), csr_paths)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) < 64
 

@@ -12,61 +12,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
-import psutil
 import pytest
+from processes import alive, start_trainer, trainer_script, wait_until
 
 from grain_cells.transport import _shm_names as shm_names
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TRAINER = textwrap.dedent(
-    """
-    import json
-    import sys
-    import time
-
-    import psutil
-
-    import grain_cells
-
-
-    def main():
-        paths = json.loads(sys.argv[1])
-        source = grain_cells.AnnDataSource(paths, block_size=5)
-        loader = grain_cells.DataLoader(
-            data_source=source,
-            sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=None),
-            operations=grain_cells.fetch_operations(
-                source, batch_size=4, fetch_factor=5),
-            worker_count=2,
-        )
-        iterator = iter(loader)
-        for _ in range(12):
-            next(iterator)
-        workers = [
-            c.pid for c in psutil.Process().children()
-            if "resource_tracker" not in " ".join(c.cmdline())
-        ]
-        print(json.dumps(workers), flush=True)
-        time.sleep(600)
-
-
-    if __name__ == "__main__":
-        main()
-    """
-)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+TRAINER = """
+def main():
+    iterator = iter(two_workers(json.loads(sys.argv[1])))
+    for _ in range(12):
+        next(iterator)
+    print(json.dumps(workers()), flush=True)
+    time.sleep(600)
+"""
 
 
 def names_of(pids) -> list[str]:
@@ -77,26 +37,9 @@ def names_of(pids) -> list[str]:
     )
 
 
-def wait_until(condition, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 @pytest.mark.slow
 def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_path):
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    trainer = subprocess.Popen(
-        [sys.executable, str(script), json.dumps(csr_paths)],
-        env={**os.environ, "PYTHONPATH": ROOT},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trainer = start_trainer(trainer_script(tmp_path, TRAINER), csr_paths)
     workers = []
     try:
         line = trainer.stdout.readline()
@@ -109,7 +52,9 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         os.kill(victim, signal.SIGKILL)
         trainer.wait(10)
         start = time.monotonic()
-        assert wait_until(lambda: gone(survivor), 10), "a worker outlived its trainer"
+        assert wait_until(lambda: not alive(survivor), 10), (
+            "a worker outlived its trainer"
+        )
         assert time.monotonic() - start < 10
         assert not names_of([survivor]), "the surviving worker left its names"
         # A stale name of the dead trainer, as a crash mid-create would leave.
@@ -123,7 +68,7 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         assert not names_of([victim, survivor, trainer.pid])
     finally:
         for pid in [trainer.pid, *workers]:
-            if not gone(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for name in names_of([trainer.pid, *workers]):
             shm_names.unlink("/" + name)
@@ -139,15 +84,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
     """Both workers SIGKILLed, then the trainer: nobody could unlink the
     workers' names; the next loader that starts (even without workers)
     removes them."""
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    trainer = subprocess.Popen(
-        [sys.executable, str(script), json.dumps(csr_paths)],
-        env={**os.environ, "PYTHONPATH": ROOT},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trainer = start_trainer(trainer_script(tmp_path, TRAINER), csr_paths)
     workers = []
     try:
         line = trainer.stdout.readline()
@@ -162,7 +99,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
         )
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: all(gone(p) for p in workers), 10)
+        assert wait_until(lambda: not any(alive(p) for p in workers), 10)
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(10)
         *_, loader = helpers.build(csr_paths, worker_count=0)
@@ -171,7 +108,7 @@ def test_names_of_killed_workers_and_trainer_go_at_the_next_start(
         assert not names_of([*workers, trainer.pid])
     finally:
         for pid in [trainer.pid, *workers]:
-            if not gone(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for name in names_of([trainer.pid, *workers]):
             shm_names.unlink("/" + name)
@@ -196,6 +133,7 @@ def _objects_frozen_by_fetches(n: int) -> int:
     return gc.get_freeze_count() - before
 
 
+@pytest.mark.slow
 def test_a_worker_freezes_its_startup_objects_at_its_second_fetch():
     """In a multiprocessing child, the second fetch's start moves the
     objects alive then to the GC's permanent generation (once); the first

@@ -88,7 +88,7 @@ def check(received: dict, i: int, mode: str = "put") -> None:
     [
         (1, "put"),
         pytest.param(3, "put", marks=pytest.mark.slow),
-        (1, "writer"),
+        pytest.param(1, "writer", marks=pytest.mark.slow),
         pytest.param(3, "writer", marks=pytest.mark.slow),
     ],
 )
@@ -235,6 +235,7 @@ def copy_in_child(queue, paths) -> None:
     queue.put(type(batch).__name__)
 
 
+@pytest.mark.slow
 def test_a_copy_in_one_process_returns_dicts(csr_paths):
     """Only a transform unpickled in another process than the one that pickled
     it sends slot handles; a copy made inside a child returns plain dicts."""
