@@ -29,7 +29,7 @@ from grain_cells.io._nodes import file_name
 # anndata and pandas (0.7 s to import) are imported only where they are
 # needed (uncommon index and obs encodings), not with the package: every
 # Grain worker imports the package and opens the files again
-# (`tests/pipeline/test_loader.py::test_workers_do_not_import_anndata_or_pandas`).
+# (`tests/test_worker_imports.py::test_csr_workers_import_none_and_read_every_cell`).
 
 
 def _anndata_io():
