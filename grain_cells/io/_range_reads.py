@@ -13,6 +13,7 @@ Design notes: docs/reference/design.md#io-range-reads.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -268,13 +269,26 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
 
 
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
-    """Asks the OS to start reading ranges into the page cache (may raise)."""
+    """Asks the OS to start reading ranges into the page cache (may raise).
+
+    Only files open in this process or reopened from their byte layouts
+    (`OpenFiles.for_hints`) are hinted: a hint never opens a file through
+    its format (an HDF5 open costs more than the hint saves).
+    """
     buf = handles.buffer("advise_buf")
-    for i in np.unique(files).tolist():
-        sel = files == i
+    files, starts, stops = np.asarray(files), np.asarray(starts), np.asarray(stops)
+    order = np.argsort(files, kind="stable")
+    files, starts, stops = files[order], starts[order], stops[order]
+    heads = np.flatnonzero(np.diff(files)) + 1
+    bounds = [0, *heads.tolist(), files.size]
+    for a, b in itertools.pairwise(bounds):
+        if b <= a:
+            continue
+        i = int(files[a])
         offset = cell_offsets[i]
-        with handles.pinned([i]) as (f,):
-            f.reader.advise(starts[sel] - offset, stops[sel] - offset, buf)
+        with handles.for_hints(i) as f:
+            if f is not None:
+                f.reader.advise(starts[a:b] - offset, stops[a:b] - offset, buf)
 
 
 __all__ = [
