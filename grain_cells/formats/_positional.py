@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -82,9 +83,7 @@ class PositionalReader:
         self.dtype = layout.dtype
         self.shape = layout.shape
         self.row_shape = layout.shape[1:]
-        self._row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * (
-            self.dtype.itemsize
-        )
+        self._row_bytes = math.prod(self.row_shape) * self.dtype.itemsize
         self._fd = fd
 
     @property

@@ -195,6 +195,8 @@ class OpenFile:
         reader: The matrix's row reader.
         obs: The obs columns read with every cell, in shared codes.
         format: The file's format (checks at each read).
+        flat: Its CSR arrays as byte spans (`_direct_csr.flat_of`), None
+            if not so, False until a fetch first asks.
     """
 
     h5: object | None
@@ -202,6 +204,7 @@ class OpenFile:
     reader: CsrReader | DenseReader | FieldReader
     obs: dict[str, np.ndarray]
     format: formats.Format
+    flat: object = False
 
     def close(self) -> None:
         """Closes the descriptor and the file."""
