@@ -17,6 +17,9 @@ measures, each measure in a fresh process (this file run again with
   RSS, anonymous, file-backed and shmem resident MiB, PSS, open fds of the
   trainer and of each worker;
 * `fds`: the same fds at each `--fd_workers` count;
+* `epoch`: `--workers` workers read one whole epoch (each cell once): the
+  most open fds of the trainer and of each worker, sampled every 200
+  minibatches, and cells/s (issue 33: every process <= 512 fds);
 * `get_state`: 0 workers, median time of `iterator.get_state()` and its size;
 * `weights`: `balanced_block_weights(source, --label)`: CPU-s, memory growth,
   and the pickled size of the `WeightedBlockSampler` (sent to every worker);
@@ -409,6 +412,7 @@ def main(argv) -> None:
             "throughput",
             "workers",
             "fds",
+            "epoch",
             "get_state",
             "splits",
             "weights",

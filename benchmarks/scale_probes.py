@@ -205,6 +205,51 @@ def workers(paths, opts) -> dict:
     return _run_workers(paths, opts, opts["workers"])
 
 
+def epoch(paths, opts) -> dict:
+    """`--workers` workers read one whole epoch: most fds of every process.
+
+    Every cell must arrive once; the fds of the trainer and of each worker
+    are sampled every 200 minibatches (and the most of each kept).
+    """
+    import grain_cells
+
+    source = _source(paths, opts)
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(len(source), seed=0, num_epochs=1),
+        operations=grain_cells.fetch_operations(source, batch_size=opts["batch_size"]),
+        worker_count=opts["workers"],
+    )
+    most: dict[str, int] = {}
+    cells = batches = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    iterator = iter(loader)
+    try:
+        for batch in iterator:
+            cells += int(batch["mask"].sum())
+            batches += 1
+            if batches % 200 == 1:
+                pids = {"trainer": "self"} | {str(p): p for p in worker_pids()}
+                for name, pid in pids.items():
+                    n = proc_memory(pid).get("fds", 0)
+                    most[name] = max(most.get(name, 0), n)
+    finally:
+        _close(iterator)
+    wall = time.perf_counter() - t0
+    workers = [n for k, n in most.items() if k != "trainer"]
+    return {
+        "workers": opts["workers"],
+        "cells": cells,
+        "all_cells_once": cells == len(source),
+        "wall_s": round(wall, 1),
+        "cells_per_s": round(cells / wall),
+        "trainer_cpu_s": round(time.process_time() - c0, 1),
+        "most_fds_trainer": most.get("trainer"),
+        "most_fds_workers": workers,
+        "most_fds_any": max(most.values(), default=0),
+    }
+
+
 def fds(paths, opts) -> dict:
     """Open fds of the trainer and each worker, at each `--fd_workers` count."""
     out = {}
@@ -318,6 +363,7 @@ MEASURES = {
     "throughput": throughput,
     "workers": workers,
     "fds": fds,
+    "epoch": epoch,
     "get_state": get_state,
     "splits": splits,
     "weights": weights,

@@ -45,29 +45,41 @@ class Flat:
     nnz: int
     n_vars: int
 
+    def over(self, fd) -> Flat:
+        """The same pieces in another descriptor of the same file (a reopen)."""
+        return Flat(
+            fd.fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
+        )
+
 
 _NAMES = ("indptr", "data", "indices")
 
 
 def flat_of(reader, fd) -> Flat | None:
     """`reader`'s arrays as byte pieces of `fd`, or None (see the module)."""
-    raw = getattr(fd, "fd", None)
     arrays = getattr(reader, "arrays", None)
-    if not isinstance(raw, int) or getattr(fd, "remote", True) or arrays is None:
-        return None
-    if set(arrays) != set(_NAMES):
+    if arrays is None:
         return None
     if not all(isinstance(a, PositionalReader) for a in arrays.values()):
         return None
-    layouts = [arrays[k].layout for k in _NAMES]
-    if any(len(x.shape) != 1 for x in layouts):
+    return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
+
+
+def flat_from(layouts: dict, info, fd) -> Flat | None:
+    """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
+    raw = getattr(fd, "fd", None)
+    if not isinstance(raw, int) or getattr(fd, "remote", True):
         return None
-    info = reader.info
+    if set(layouts) != set(_NAMES):
+        return None
+    ordered = [layouts[k] for k in _NAMES]
+    if any(len(x.shape) != 1 for x in ordered):
+        return None
     return Flat(
         raw,
-        tuple(x.offsets for x in layouts),
-        tuple(x.chunk_rows for x in layouts),
-        tuple(x.dtype for x in layouts),
+        tuple(x.offsets for x in ordered),
+        tuple(x.chunk_rows for x in ordered),
+        tuple(x.dtype for x in ordered),
         info.nnz,
         info.n_vars,
     )
@@ -244,4 +256,4 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
     wait_all(futures)  # none still writes into `dest` once this returns
 
 
-__all__ = ["Flat", "advise", "flat_of", "read"]
+__all__ = ["Flat", "advise", "flat_from", "flat_of", "read"]

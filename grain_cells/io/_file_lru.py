@@ -175,6 +175,8 @@ class _Record:
     obs: dict
     nbytes: int
     layouts: dict | None = None  # `grain_cells.io._layouts`: reopen without h5py
+    format: Any = None  # the file's `formats.Format` (with `layouts`)
+    flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
 
 
 class Checked:
@@ -207,10 +209,13 @@ class Checked:
                 self._records.move_to_end(key)
             return record
 
-    def put(self, key: int, info, obs: dict, layouts: dict | None = None) -> None:
+    def put(
+        self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
+    ) -> None:
         """Keeps file `key`'s record, dropping the oldest past the bounds.
 
-        `layouts`: array name to `formats.ByteLayout` (their `nbytes` count).
+        `layouts`: array name to `formats.ByteLayout` (their `nbytes`
+        count), and `fmt` the file's format, to reopen it from them.
         """
         nbytes = sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
         nbytes += sum(v.nbytes for v in (layouts or {}).values())
@@ -219,7 +224,7 @@ class Checked:
         with self._lock:
             old = self._records.pop(key, None)
             self._bytes -= old.nbytes if old is not None else 0
-            self._records[key] = _Record(info, obs, nbytes, layouts)
+            self._records[key] = _Record(info, obs, nbytes, layouts, fmt)
             self._bytes += nbytes
             while self._bytes > self.max_bytes or len(self._records) > self.max_files:
                 _, dropped = self._records.popitem(last=False)

@@ -21,7 +21,7 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.io import _file_lru, _h5ad, _layouts, _nodes, _obs_cache
+from grain_cells.io import _direct_csr, _file_lru, _h5ad, _layouts, _nodes, _obs_cache
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
@@ -192,7 +192,8 @@ class OpenFile:
             format's handle is closed right after the first open.
         fd: The file's `ByteReader` (`Format.open_bytes`); None for formats
             that read through their own store (zarr).
-        reader: The matrix's row reader.
+        reader: The matrix's row reader (a property; made on first use
+            for a file reopened from its byte layouts).
         obs: The obs columns read with every cell, in shared codes.
         format: The file's format (checks at each read).
         flat: Its CSR arrays as byte spans (`_direct_csr.flat_of`), None
@@ -201,10 +202,21 @@ class OpenFile:
 
     h5: object | None
     fd: ByteReader | None
-    reader: CsrReader | DenseReader | FieldReader
+    _reader: CsrReader | DenseReader | FieldReader | None
     obs: dict[str, np.ndarray]
     format: formats.Format
     flat: object = False
+    # Reopened from byte layouts: the reader is built on first use (a
+    # fetch over positional CSR files needs only `flat`).
+    layouts: dict | None = None
+    info: _h5ad.MatrixInfo | None = None
+
+    @property
+    def reader(self) -> CsrReader | DenseReader | FieldReader:
+        """The matrix's row reader."""
+        if self._reader is None:
+            self._reader = _layouts.reader_of(self.info, self.layouts, self.fd)
+        return self._reader
 
     def close(self) -> None:
         """Closes the descriptor and the file."""
@@ -278,7 +290,7 @@ def open_member(
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         layouts = _layouts.layouts_of(reader, fd)
         if checked is not None:
-            checked.put(i, info, obs, layouts)
+            checked.put(i, info, obs, layouts, fmt)
         fmt.opened(f)
         if layouts is None:
             return OpenFile(f, fd, reader, obs, fmt)
@@ -297,19 +309,22 @@ def _reopen(files: FileSet, i: int, known) -> OpenFile:
     """`open_member` of a file whose byte layouts this process holds.
 
     One descriptor, checked (`fstat`) against the file's identity as every
-    open is; the reader is rebuilt from the layouts, with no format library.
+    open is; the reader is rebuilt from the layouts on first use, with no
+    format library.
     """
     path = files.infos[i].path
     identity = files.identities[i]
-    fmt = formats.for_path(path)
+    fmt = known.format
     fd = fmt.open_bytes(None, path, files.storage_options, identity.stat)
     try:
         identity.check_stat(fd.stat(), "when a process opened it")
-        reader = _layouts.reader_of(known.info, known.layouts, fd)
+        if known.flat is False:  # computed once per record, then reused
+            known.flat = _direct_csr.flat_from(known.layouts, known.info, fd)
+        flat = None if known.flat is None else known.flat.over(fd)
     except BaseException:
         fd.close()
         raise
-    return OpenFile(None, fd, reader, known.obs, fmt)
+    return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
 
 
 class OpenFiles:
