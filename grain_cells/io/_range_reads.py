@@ -97,7 +97,7 @@ def fetch_ranges(
         }
         obs = _obs_for(obs_of, cell_offsets, files, lengths, row_ids)
         flats = _flats(opened) if files_.sparse and len(opened) > 1 else None
-        if flats is not None:  # every file's arrays contiguous: all at once
+        if flats is not None:  # every file read positionally: all at once
             group = np.repeat(np.arange(len(groups)), [g.size for g in groups])
             at = cell_offsets[files]
             got = _direct_csr.read(
@@ -347,6 +347,9 @@ def _advise_some(handles, cell_offsets, files, starts, stops, pairs, buf) -> Non
             flat = _flats([f]) if handles.files.sparse else None
             if flat is None:
                 f.reader.advise(s, e, buf)
+                continue
+            if flats and flat[0].dtypes != flats[0].dtypes:  # mixed: on its own
+                _direct_csr.advise(flat, np.zeros(b - a, np.int64), s, e, buf)
                 continue
             group.append(np.full(b - a, len(flats), np.int64))
             flats += flat
