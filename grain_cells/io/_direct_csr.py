@@ -238,7 +238,9 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
             fds.tolist(), dest, offsets.tolist(), nbytes.tolist(), starts.tolist()
         )
         return
-    n_jobs = min(getattr(pool, "threads", 4), nbytes.size, total // (1 << 20))
+    n_jobs = min(
+        getattr(pool, "threads", 4), nbytes.size, total // _MIN_BYTES_PER_THREAD
+    )
     cuts = np.searchsorted(ends, np.linspace(0, total, n_jobs + 1)[1:-1])
     bounds = [0, *cuts.tolist(), nbytes.size]
     futures = [

@@ -237,3 +237,14 @@ def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
     assert kept.get(0) is None and kept.get(4).layouts is not None
     kept.put(9, None, {}, layouts(10_000), fmt=None)  # alone over the bound
     assert kept.get(9) is None
+
+
+def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
+    from grain_cells.io import _direct_csr
+
+    monkeypatch.setattr(_direct_csr, "_MIN_BYTES_PER_THREAD", 8)  # split always
+    truth = _truth(paths)
+    source = grain_cells.AnnDataSource(paths, read_threads=3)
+    rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
+    np.testing.assert_array_equal(_dense(source.read(rows).X), truth[rows])
+    source.close()
