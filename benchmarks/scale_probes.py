@@ -240,7 +240,7 @@ def epoch(paths, opts) -> dict:
     return {
         "workers": opts["workers"],
         "cells": cells,
-        "all_cells_once": cells == len(source),
+        "all_cells": cells == source.num_cells,  # a count: one epoch of blocks
         "wall_s": round(wall, 1),
         "cells_per_s": round(cells / wall),
         "trainer_cpu_s": round(time.process_time() - c0, 1),
