@@ -11,6 +11,11 @@ module: a `Format` subclass and a `register` call (docs/reference/design.md,
 "Formats").
 """
 
+from grain_cells.formats._positional import (
+    LAYOUT_OVERHEAD_BYTES,
+    ByteLayout,
+    PositionalReader,
+)
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
     Format,
@@ -28,8 +33,11 @@ from grain_cells.formats._registry import (
 )
 
 __all__ = [
+    "LAYOUT_OVERHEAD_BYTES",
+    "ByteLayout",
     "ChunkDecodeError",
     "Format",
+    "PositionalReader",
     "RangeReader",
     "for_path",
     "missing_path",

@@ -294,7 +294,9 @@ class Format(abc.ABC):
 
         Formats whose arrays read through their own store return None; the
         file set then checks the file with `check_unchanged` at each read
-        instead of the reader's `stat`.
+        instead of the reader's `stat`. `f` is None when a process reopens
+        a file whose range readers gave `byte_layout`s (positional reads
+        only, `grain_cells.io._layouts`): the format is not opened then.
         """
         return None
 

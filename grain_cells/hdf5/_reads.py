@@ -11,24 +11,20 @@ Design notes: docs/reference/design.md#hdf5-reads.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
-from collections.abc import Sequence
 
 import h5py
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching, nonempty
-from grain_cells.formats import value_dtype, wait_all
+from grain_cells.formats import ByteLayout, PositionalReader, value_dtype
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
-from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
+from grain_cells.storage import ByteReader, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
 _MAX_HYPERSLABS_PER_READ = 1024
-# Below this many bytes a thread pool costs more than it saves.
-_MIN_BYTES_PER_THREAD = 1 << 20
 
 
 class RangeReader:
@@ -78,15 +74,16 @@ class RangeReader:
         self._row_bytes = self._row_items * self.dtype.itemsize
         self._dataset = dataset
         self._fd = fd = as_byte_reader(fd, path)
-        # Byte layout for the positional path: chunk_len rows per chunk at
-        # chunk_offsets[i] (one "chunk" spanning everything when contiguous).
-        self._chunk_len: int | None = None
-        self._chunk_offsets: np.ndarray | None = None
+        # The positional path (`formats.PositionalReader`), when the bytes'
+        # offsets are known: uncompressed, contiguous or whole-row chunks.
+        self._positional: PositionalReader | None = None
         self._chunked: ChunkedReader | None = None
         check_filters(path, dataset)
         if fd is not None:
-            self._map_bytes()
-            if self._chunk_offsets is None:
+            layout = self._map_bytes()
+            if layout is not None:
+                self._positional = PositionalReader(layout, path, fd)
+            else:
                 self._chunked = ChunkedReader.create(
                     dataset, path, fd, cache_bytes=cache_bytes
                 )
@@ -94,7 +91,17 @@ class RangeReader:
     @property
     def direct(self) -> bool:
         """Whether reads bypass h5py with positional reads."""
-        return self._chunk_offsets is not None
+        return self._positional is not None
+
+    @property
+    def byte_layout(self) -> ByteLayout | None:
+        """Where the bytes lie when reads are positional (pure data), else None.
+
+        A reader built from it (`formats.PositionalReader`) over a new
+        `ByteReader` of the same, unchanged file reads what this one reads,
+        with no h5py (`grain_cells.io._file_set` reopens files so).
+        """
+        return None if self._positional is None else self._positional.layout
 
     @property
     def remote(self) -> bool:
@@ -112,25 +119,25 @@ class RangeReader:
         """Whether compressed chunks are decoded here, in threads (not h5py)."""
         return self._chunked is not None
 
-    def _map_bytes(self) -> None:
+    def _map_bytes(self) -> ByteLayout | None:
+        """The dataset's byte layout if positional reads can read it."""
         ds = self._dataset
         if self.dtype != ds.dtype or self.dtype.hasobject:
-            return
+            return None
         if not stored_in(ds, self.path):  # behind an external link
-            return
+            return None
         if ds.id.get_create_plist().get_nfilters() != 0:
-            return
+            return None
         n = self.shape[0]
         if ds.chunks is None:
             offset = ds.id.get_offset()
             if offset is None:  # never written: HDF5 would return fill values
-                return
-            self._chunk_len = max(n, 1)
-            self._chunk_offsets = np.array([offset], np.int64)
-            return
+                return None
+            offsets = np.array([offset], np.int64)
+            return ByteLayout(ds.name, self.dtype, self.shape, max(n, 1), offsets, None)
         if tuple(ds.chunks[1:]) != tuple(self.row_shape):
-            return  # chunks split rows: a row is not contiguous in the file
-        chunk_len = ds.chunks[0]
+            return None  # chunks split rows: a row is not contiguous in the file
+        chunk_len = int(ds.chunks[0])
         n_chunks = -(-n // chunk_len)
         offsets = np.full(n_chunks, -1, np.int64)
         chunk_bytes = chunk_len * self._row_bytes
@@ -144,9 +151,10 @@ class RangeReader:
 
         ds.id.chunk_iter(visit)
         if not sizes_ok or (offsets < 0).any():
-            return
-        self._chunk_len = chunk_len
-        self._chunk_offsets = offsets
+            return None
+        return ByteLayout(
+            ds.name, self.dtype, self.shape, chunk_len, offsets, chunk_len
+        )
 
     def pin(self) -> None:
         """Asks the OS to read the whole dataset into the page cache, async.
@@ -158,11 +166,8 @@ class RangeReader:
         if self._chunked is not None:
             self._chunked.pin()
             return
-        if not self.direct:
-            return
-        length = min(self._chunk_len, max(self.shape[0], 1)) * self._row_bytes
-        offsets = self._chunk_offsets.tolist()
-        self._fd.pin(offsets, [length] * len(offsets))
+        if self._positional is not None:
+            self._positional.pin()
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints the OS to start reading these ranges into the page cache.
@@ -176,10 +181,8 @@ class RangeReader:
         if self._chunked is not None:
             self._chunked.advise(starts, stops)
             return
-        if not self.direct:
-            return
-        offsets, nbytes = self._pieces(starts, stops)
-        self._fd.advise(offsets.tolist(), nbytes.tolist())
+        if self._positional is not None:
+            self._positional.advise(starts, stops)
 
     def read(
         self,
@@ -204,89 +207,12 @@ class RangeReader:
                 f"[{starts.min()}, {stops.max()}) were asked for."
             )
         starts, stops = merge_touching(starts, stops)
-        if self.direct:
-            self._read_direct(starts, stops, out, pool)
+        if self._positional is not None:
+            self._positional.read_merged(starts, stops, out, pool)
         elif self._chunked is not None:
             self._chunked.read(starts, stops, out, pool, pending)
         else:
             self._read_h5py(starts, stops, out)
-
-    def _pieces(self, starts: np.ndarray, stops: np.ndarray):
-        """Splits ranges at chunk boundaries: (file offsets, byte counts)."""
-        c = self._chunk_len
-        first = starts // c
-        last = (stops - 1) // c
-        n_pieces = last - first + 1
-        total = int(n_pieces.sum())
-        if total == starts.size:
-            chunk = first
-            p_start, p_stop = starts, stops
-        else:
-            owner = np.repeat(np.arange(starts.size), n_pieces)
-            within = np.arange(total) - np.repeat(
-                np.cumsum(n_pieces) - n_pieces, n_pieces
-            )
-            chunk = first[owner] + within
-            p_start = np.maximum(starts[owner], chunk * c)
-            p_stop = np.minimum(stops[owner], (chunk + 1) * c)
-        offsets = self._chunk_offsets[chunk] + (p_start - chunk * c) * self._row_bytes
-        nbytes = (p_stop - p_start) * self._row_bytes
-        # Pieces adjacent both in the file and in the destination merge.
-        if offsets.size > 1:
-            joins = offsets[1:] == offsets[:-1] + nbytes[:-1]
-            if joins.any():
-                heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
-                nbytes = np.add.reduceat(nbytes, heads)
-                offsets = offsets[heads]
-        return offsets, nbytes
-
-    def _read_direct(self, starts, stops, out, pool) -> None:
-        offsets, nbytes = self._pieces(starts, stops)
-        dest = out.reshape(-1).view(np.uint8)
-        dest_starts = np.concatenate([[0], np.cumsum(nbytes)[:-1]])
-        total = int(nbytes.sum()) if nbytes.size else 0
-        if total > dest.size:
-            raise ValueError(
-                f"destination holds {dest.size} bytes, the ranges need {total}"
-            )
-        fd = self._fd
-        # A remote reader runs its own GETs concurrently and copies what
-        # read-ahead holds with the GIL held: splitting its read over the
-        # pool's threads only adds GIL hand-offs (a third of a 0-worker
-        # reader's time went waiting on them).
-        if (
-            pool is None
-            or total < 2 * _MIN_BYTES_PER_THREAD
-            or nbytes.size < 2
-            or fd.remote
-        ):
-            _pread_all(
-                fd, dest, offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), self
-            )
-            return
-        n_jobs = min(
-            getattr(pool, "threads", 4),  # file_set.ReadPool
-            nbytes.size,
-            total // _MIN_BYTES_PER_THREAD,
-        )
-        cuts = np.searchsorted(
-            np.cumsum(nbytes), np.linspace(0, total, n_jobs + 1)[1:-1]
-        )
-        bounds = [0, *cuts.tolist(), nbytes.size]
-        futures = [
-            pool.submit(
-                _pread_all,
-                fd,
-                dest,
-                offsets[a:b].tolist(),
-                nbytes[a:b].tolist(),
-                dest_starts[a:b].tolist(),
-                self,
-            )
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-        wait_all(futures)  # none still writes into `out` once this returns
 
     def _read_h5py(self, starts, stops, out) -> None:
         ds = self._dataset
@@ -316,21 +242,3 @@ class RangeReader:
                 f"{self.path}: reading {self.name} failed ({e}). The file may be "
                 "truncated or corrupt."
             ) from e
-
-
-def _pread_all(
-    fd: ByteReader,
-    dest: np.ndarray,
-    offsets: Sequence[int],
-    nbytes: Sequence[int],
-    dest_starts: Sequence[int],
-    reader: RangeReader,
-) -> None:
-    try:
-        fd.read_into(dest, offsets, nbytes, dest_starts)
-    except ShortReadError as e:
-        raise errors.CorruptDataError(
-            f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
-            f"file but HDF5 places data up to byte {e.needed}: the file is "
-            "truncated."
-        ) from None

@@ -102,6 +102,24 @@ class FileLru:
         finally:
             self._release(entries)
 
+    @contextlib.contextmanager
+    def pinned_if_open(self, key: int) -> Iterator[Any]:
+        """File `key`'s handle if it is open now (pinned, not marked used), else None.
+
+        Opens nothing (read-ahead hints ask so).
+        """
+        with self._lock:
+            entry = self._open.get(int(key))
+            if entry is not None:
+                entry.pins += 1
+        if entry is None:
+            yield None
+            return
+        try:
+            yield entry.handle
+        finally:
+            self._release([entry])
+
     def _acquire(self, key: int) -> _Entry:
         with self._lock:
             entry = self._open.get(key)
@@ -156,6 +174,9 @@ class _Record:
     info: Any
     obs: dict
     nbytes: int
+    layouts: dict | None = None  # `grain_cells.io._layouts`: reopen without h5py
+    format: Any = None  # the file's `formats.Format` (with `layouts`)
+    flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
 
 
 class Checked:
@@ -166,9 +187,11 @@ class Checked:
     file evicted by `FileLru` and opened again whose `stat` is unchanged
     since is the same file, so its reopen takes the matrix summary and obs
     values kept here and opens only the handles (a full open of a small
-    `.h5ad` file costs about 11 CPU-ms, over half of it the obs columns).
-    At most `max_bytes` of obs values and `max_files` records are kept,
-    least recently used dropped first. Thread-safe.
+    `.h5ad` file costs about 11 CPU-ms, over half of it the obs columns);
+    when the record holds the matrix's byte layouts (`_layouts`: all its
+    arrays uncompressed, local), only a descriptor. At most `max_bytes` of
+    obs values and layouts and `max_files` records are kept, least
+    recently used dropped first. Thread-safe.
     """
 
     def __init__(self, max_bytes: int = 64 << 20, max_files: int = 16_384):
@@ -186,19 +209,30 @@ class Checked:
                 self._records.move_to_end(key)
             return record
 
-    def put(self, key: int, info, obs: dict) -> None:
-        """Keeps file `key`'s record, dropping the oldest past the bounds."""
+    def put(
+        self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
+    ) -> None:
+        """Keeps file `key`'s record, dropping the oldest past the bounds.
+
+        `layouts`: array name to `formats.ByteLayout` (their `nbytes`
+        count), and `fmt` the file's format, to reopen it from them.
+        """
         nbytes = sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
+        nbytes += sum(v.nbytes for v in (layouts or {}).values())
         if nbytes > self.max_bytes:
             return
         with self._lock:
             old = self._records.pop(key, None)
             self._bytes -= old.nbytes if old is not None else 0
-            self._records[key] = _Record(info, obs, nbytes)
+            self._records[key] = _Record(info, obs, nbytes, layouts, fmt)
             self._bytes += nbytes
             while self._bytes > self.max_bytes or len(self._records) > self.max_files:
                 _, dropped = self._records.popitem(last=False)
                 self._bytes -= dropped.nbytes
+
+    def peek(self, key: int) -> _Record | None:
+        """File `key`'s record without marking it used (hints), or None."""
+        return self._records.get(key)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -21,15 +21,15 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.io import _file_lru, _h5ad, _nodes, _obs_cache
+from grain_cells.io import _direct_csr, _file_lru, _h5ad, _layouts, _nodes, _obs_cache
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
-from grain_cells.io._matrix import CsrReader, DenseReader, RowBuffer
+from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
+from grain_cells.io._obsm import element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage import ByteReader
+from grain_cells.io._open_file import OpenFile
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -182,33 +182,6 @@ class FileSet:
             identity.check_stat(now, when)
 
 
-@dataclasses.dataclass
-class OpenFile:
-    """A file's handles in one process.
-
-    Attributes:
-        h5: The open file's root (`Format.open`).
-        fd: The file's `ByteReader` (`Format.open_bytes`); None for formats
-            that read through their own store (zarr).
-        reader: The matrix's row reader.
-        obs: The obs columns read with every cell, in shared codes.
-        format: The file's format (checks at each read).
-    """
-
-    h5: object
-    fd: ByteReader | None
-    reader: CsrReader | DenseReader | FieldReader
-    obs: dict[str, np.ndarray]
-    format: formats.Format
-
-    def close(self) -> None:
-        """Closes the descriptor and the file."""
-        if self.fd is not None:
-            self.fd.close()
-            self.fd = None
-        self.h5.close()
-
-
 def open_member(
     files: FileSet, i: int, checked: _file_lru.Checked | None = None
 ) -> OpenFile:
@@ -216,11 +189,18 @@ def open_member(
 
     With `checked`: a file this process checked in full before (its record
     there) and whose `stat` is unchanged since is not inspected again; its
-    matrix summary and obs values are taken from the record.
+    matrix summary and obs values are taken from the record, and when the
+    record holds its byte layouts (`_layouts`) the file is not opened
+    through its format at all: one descriptor, checked by its `fstat`.
+    A local file whose arrays are all read positionally keeps only that
+    descriptor open (its format's handle closes once inspected).
 
     Raises:
         errors.SourceChangedError: The file differs from when `files` was built.
     """
+    known = None if checked is None else checked.get(i)
+    if known is not None and known.layouts is not None:
+        return _reopen(files, i, known)
     expected = files.infos[i]
     path = expected.path
     identity = files.identities[i]
@@ -233,7 +213,6 @@ def open_member(
         identity.check_stat(now, "when a process opened it")
     # A zarr store's stat is its digest taken now, as it opens.
     f = open_file(path, files.storage_options, identity.stat)
-    known = None if checked is None else checked.get(i)
     try:
         if known is not None:  # unchanged since this process checked it
             identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
@@ -263,15 +242,43 @@ def open_member(
         else:
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-            if checked is not None:
-                checked.put(i, info, obs)
+        layouts = _layouts.layouts_of(reader, fd)
+        if checked is not None:
+            checked.put(i, info, obs, layouts, fmt)
         fmt.opened(f)
-        return OpenFile(f, fd, reader, obs, fmt)
+        if layouts is None:
+            return OpenFile(f, fd, reader, obs, fmt)
+        # Read through the descriptor alone: the format's handle goes now.
+        reader = _layouts.reader_of(info, layouts, fd)
+        f.close()
+        return OpenFile(None, fd, reader, obs, fmt)
     except BaseException:
         if fd is not None:
             fd.close()
         f.close()
         raise
+
+
+def _reopen(files: FileSet, i: int, known) -> OpenFile:
+    """`open_member` of a file whose byte layouts this process holds.
+
+    One descriptor, checked (`fstat`) against the file's identity as every
+    open is; the reader is rebuilt from the layouts on first use, with no
+    format library.
+    """
+    path = files.infos[i].path
+    identity = files.identities[i]
+    fmt = known.format
+    fd = fmt.open_bytes(None, path, files.storage_options, identity.stat)
+    try:
+        identity.check_stat(fd.stat(), "when a process opened it")
+        if known.flat is False:  # computed once per record, then reused
+            known.flat = _direct_csr.flat_from(known.layouts, known.info, fd)
+        flat = None if known.flat is None else known.flat.over(fd)
+    except BaseException:
+        fd.close()
+        raise
+    return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
 
 
 class OpenFiles:
@@ -335,6 +342,30 @@ class OpenFiles:
                 for i, handle in zip(indices, handles, strict=True):
                     self.check_at_read(int(i), handle)
             yield handles
+
+    @contextlib.contextmanager
+    def for_hints(self, i: int) -> Iterator[OpenFile | None]:
+        """File `i`'s handles for a read-ahead hint, or None: never a format open.
+
+        An open file as it is (pinned, its place in the bound unchanged); a
+        closed one whose byte layouts this process holds (`_layouts`)
+        through a descriptor of its own for the hint's duration; any other
+        file None (hinting it would cost an HDF5 open: its reads are hinted
+        once it is open).
+        """
+        with self._lru.pinned_if_open(i) as handle:
+            if handle is not None:
+                yield handle
+                return
+        known = self._checked.peek(i)
+        if known is None or known.layouts is None:
+            yield None
+            return
+        handle = _reopen(self.files, i, known)
+        try:
+            yield handle
+        finally:
+            handle.close()
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned: for one thread (tests, a build).

@@ -136,6 +136,25 @@ class CsrReader:
         )
         self._indptr.pin()
 
+    @classmethod
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> CsrReader:
+        """A reader over range readers made elsewhere (`arrays`' keys).
+
+        Used to reopen a file from its remembered byte layouts
+        (`grain_cells.io._layouts`): nothing is pinned again.
+        """
+        self = cls.__new__(cls)
+        self.info, self._group, self._fd = info, None, fd
+        self._data = arrays["data"]
+        self._indices = arrays["indices"]
+        self._indptr = arrays["indptr"]
+        return self
+
+    @property
+    def arrays(self) -> dict:
+        """The range readers, by array name (`of_arrays` takes them back)."""
+        return {"data": self._data, "indices": self._indices, "indptr": self._indptr}
+
     @property
     def direct(self) -> bool:
         """Whether data and indices are read without h5py."""
@@ -233,6 +252,8 @@ class CsrReader:
         n = self.info.n_obs
         if length is None or n == 0:
             return np.zeros(1, np.int64)
+        if self._group is None:  # reopened from byte layouts: nothing cached
+            return scan_chunk_starts(self._indptr, n, length)
         reader = range_reader(
             self._group["indptr"], self.info.path, self._fd, fill_missing="leading"
         )
@@ -374,6 +395,19 @@ class DenseReader:
         # zarr does not write all-zero chunks: a dense block of zeros is
         # legitimately missing from a store (anndata reads it as zeros too).
         self._x = range_reader(dataset, info.path, fd, fill_missing=True)
+
+    @classmethod
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> DenseReader:
+        """A reader over a range reader made elsewhere (`arrays["x"]`)."""
+        del fd  # read through the range reader's own
+        self = cls.__new__(cls)
+        self.info, self._x = info, arrays["x"]
+        return self
+
+    @property
+    def arrays(self) -> dict:
+        """The range reader, as `{"x": reader}` (`of_arrays` takes it back)."""
+        return {"x": self._x}
 
     @property
     def direct(self) -> bool:

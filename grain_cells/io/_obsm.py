@@ -124,6 +124,20 @@ class FieldReader:
         self._records = _nodes.range_reader(dataset, info.path, fd)
         self.dtype = value_dtype(info.dtype)
 
+    @classmethod
+    def of_arrays(cls, info: _h5ad.MatrixInfo, arrays: dict, fd) -> FieldReader:
+        """A reader over a range reader made elsewhere (`arrays["records"]`)."""
+        del fd  # read through the range reader's own
+        self = cls.__new__(cls)
+        self.info, self._field = info, info.element[len(OBSM) :]
+        self._records, self.dtype = arrays["records"], value_dtype(info.dtype)
+        return self
+
+    @property
+    def arrays(self) -> dict:
+        """The range reader, as `{"records": reader}`."""
+        return {"records": self._records}
+
     @property
     def direct(self) -> bool:
         """Whether records are read without h5py."""

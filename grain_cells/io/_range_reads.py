@@ -12,16 +12,22 @@ Design notes: docs/reference/design.md#io-range-reads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 
 import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
-from grain_cells.io import _h5ad
+from grain_cells.io import _direct_csr, _h5ad
 from grain_cells.io._cells import Cells, take_csr
 from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
+
+# Files one read-ahead hint holds at once (closed ones are reopened from
+# their byte layouts for the hint: a descriptor each).
+HINT_FILES = 32
 
 
 @dataclasses.dataclass
@@ -90,9 +96,45 @@ def fetch_ranges(
             for c in files_.obs_names
         }
         obs = _obs_for(obs_of, cell_offsets, files, lengths, row_ids)
+        flats = _flats(opened) if files_.sparse and len(opened) > 1 else None
+        if flats is not None:  # every file read positionally: all at once
+            group = np.repeat(np.arange(len(groups)), [g.size for g in groups])
+            at = cell_offsets[files]
+            got = _direct_csr.read(
+                flats, group, starts - at, stops - at, buf, pool, check_indices
+            )
+            if got is not None:
+                return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
+
+
+def _flats(opened) -> list | None:
+    """Each file's `_direct_csr.Flat` if all have one, of one dtype; else None."""
+    out = []
+    for f in opened:
+        flat = f.flat
+        if flat is False:
+            flat = f.flat = _direct_csr.flat_of(f.reader, f.fd)
+        if flat is None:
+            return None
+        out.append(flat)
+    if len({f.dtypes for f in out}) != 1:
+        return None
+    return out
+
+
+def _csr_rows(files_, file_of, buf, row_ids, obs, data, indices, indptr, per_file):
+    """`FetchedRows` of `_direct_csr.read`'s rows, in output columns."""
+    maps = [files_.genes.maps[i] for i in file_of]
+    if any(m is not None for m in maps):
+        ends = np.cumsum(per_file).tolist()
+        starts = [0, *ends[:-1]]
+        spans = list(zip(starts, ends, maps, strict=True))
+        data, indices, indptr = remap_csr(data, indices, indptr, spans, buf)
+    csr = CsrRows(data, indices, indptr, files_.num_genes)
+    return FetchedRows(csr, None, row_ids, obs)
 
 
 def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices):
@@ -195,9 +237,11 @@ def _obs_for(obs_of, cell_offsets, files, lengths, row_ids) -> dict[str, np.ndar
             continue
         dtype = np.result_type(*arrays.values())
         values = np.empty(row_ids.size, dtype)
-        for i, arr in arrays.items():
-            mask = file_of_row == i
-            values[mask] = arr[local[mask]]
+        # Rows are in file order: each file's rows are one slice.
+        bounds = np.searchsorted(file_of_row, list(arrays)).tolist()
+        ends = [*bounds[1:], row_ids.size]
+        for arr, a, b in zip(arrays.values(), bounds, ends, strict=True):
+            values[a:b] = arr[local[a:b]]
         out[c] = values
     return out
 
@@ -268,13 +312,57 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
 
 
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
-    """Asks the OS to start reading ranges into the page cache (may raise)."""
+    """Asks the OS to start reading ranges into the page cache (may raise).
+
+    Only files open in this process or reopened from their byte layouts
+    (`OpenFiles.for_hints`) are hinted: a hint never opens a file through
+    its format (an HDF5 open costs more than the hint saves). Files whose
+    CSR arrays are read positionally are hinted all at once
+    (`_direct_csr.advise`), others file by file.
+    """
     buf = handles.buffer("advise_buf")
-    for i in np.unique(files).tolist():
-        sel = files == i
-        offset = cell_offsets[i]
-        with handles.pinned([i]) as (f,):
-            f.reader.advise(starts[sel] - offset, stops[sel] - offset, buf)
+    files, starts, stops = np.asarray(files), np.asarray(starts), np.asarray(stops)
+    order = np.argsort(files, kind="stable")
+    files, starts, stops = files[order], starts[order], stops[order]
+    heads = np.flatnonzero(np.diff(files)) + 1
+    bounds = [0, *heads.tolist(), files.size]
+    pairs = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    # At most `HINT_FILES` files (descriptors of their own) at a time.
+    for k in range(0, len(pairs), HINT_FILES):
+        _advise_some(
+            handles, cell_offsets, files, starts, stops, pairs[k : k + HINT_FILES], buf
+        )
+
+
+def _advise_some(handles, cell_offsets, files, starts, stops, pairs, buf) -> None:
+    """`advise` of the ranges `[a, b)` of `pairs`, one file each."""
+    with contextlib.ExitStack() as stack:
+        flats, group, local_s, local_e = [], [], [], []
+        for a, b in pairs:
+            i = int(files[a])
+            f = stack.enter_context(handles.for_hints(i))
+            if f is None:
+                continue
+            s, e = starts[a:b] - cell_offsets[i], stops[a:b] - cell_offsets[i]
+            flat = _flats([f]) if handles.files.sparse else None
+            if flat is None:
+                f.reader.advise(s, e, buf)
+                continue
+            if flats and flat[0].dtypes != flats[0].dtypes:  # mixed: on its own
+                _direct_csr.advise(flat, np.zeros(b - a, np.int64), s, e, buf)
+                continue
+            group.append(np.full(b - a, len(flats), np.int64))
+            flats += flat
+            local_s.append(s)
+            local_e.append(e)
+        if flats:
+            _direct_csr.advise(
+                flats,
+                np.concatenate(group),
+                np.concatenate(local_s),
+                np.concatenate(local_e),
+                buf,
+            )
 
 
 __all__ = [

@@ -14,7 +14,9 @@ from grain_cells.storage._readers import (
     ByteReader,
     LocalByteReader,
     ShortReadError,
+    advise_pieces,
     as_byte_reader,
+    pread_pieces,
 )
 
 __all__ = [
@@ -22,5 +24,7 @@ __all__ = [
     "FileStat",
     "LocalByteReader",
     "ShortReadError",
+    "advise_pieces",
     "as_byte_reader",
+    "pread_pieces",
 ]

@@ -81,6 +81,46 @@ class ByteReader(Protocol):
         """Releases the descriptor (if owned)."""
 
 
+def pread_pieces(
+    fds: Sequence[int],
+    dest: np.ndarray,
+    offsets: Sequence[int],
+    nbytes: Sequence[int],
+    dest_starts: Sequence[int],
+) -> None:
+    """Reads `nbytes[i]` bytes at `offsets[i]` of local descriptor `fds[i]`.
+
+    Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
+    loop (`LocalByteReader.read_into` for each piece's descriptor).
+
+    Raises:
+        ShortReadError: A file ends before its piece does.
+    """
+    view = memoryview(dest)
+    preadv = os.preadv
+    for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
+        got = preadv(fd, [view[d : d + n]], off)
+        while got < n:  # short reads are legal; zero means end of file
+            more = preadv(fd, [view[d + got : d + n]], off + got)
+            if more == 0:
+                raise ShortReadError(off + got, off + n)
+            got += more
+
+
+def advise_pieces(
+    fds: Sequence[int], offsets: Sequence[int], nbytes: Sequence[int]
+) -> None:
+    """`posix_fadvise(WILLNEED)` of many local files' pieces (never raises)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fadvise, willneed = os.posix_fadvise, os.POSIX_FADV_WILLNEED
+    for fd, off, n in zip(fds, offsets, nbytes, strict=True):
+        try:
+            fadvise(fd, off, n, willneed)
+        except OSError:  # a hint only
+            continue
+
+
 def as_byte_reader(fd, name: str) -> ByteReader | None:
     """`fd` as a `ByteReader`: an int descriptor is wrapped, not owned."""
     if fd is None or not isinstance(fd, int):

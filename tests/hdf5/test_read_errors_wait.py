@@ -1,11 +1,12 @@
 """A failed threaded read returns only once every thread stopped writing.
 
-`hdf5._reads.RangeReader` splits a large direct read over the read pool's
-threads, each writing into the caller's destination (a per-thread buffer
-the caller reuses). When one part fails, the others must have finished
-before the error reaches the caller: else they go on writing into a buffer
-the next read fills, and (with the open-file bound) may read through a
-descriptor that was closed and reused for another file.
+`hdf5._reads.RangeReader` (through `formats.PositionalReader`) splits a
+large direct read over the read pool's threads, each writing into the
+caller's destination (a per-thread buffer the caller reuses). When one
+part fails, the others must have finished before the error reaches the
+caller: else they go on writing into a buffer the next read fills, and
+(with the open-file bound) may read through a descriptor that was closed
+and reused for another file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
+from grain_cells.formats import PositionalReader
 from grain_cells.hdf5 import _reads as hdf5_reads
 
 
@@ -31,19 +33,19 @@ def test_a_failed_part_waits_for_the_others(tmp_path, monkeypatch):
     n = 4 << 20  # 16 MiB of float32: four parts of >= 1 MiB
     with h5py.File(path, "w") as f:
         f.create_dataset("v", data=np.arange(n, dtype=np.float32))
-    real = hdf5_reads._pread_all
+    real = PositionalReader._pread_all
     finished: list[float] = []
     lock = threading.Lock()
 
-    def pread_all(fd, dest, offsets, nbytes, dest_starts, reader):
+    def pread_all(self, dest, offsets, nbytes, dest_starts):
         if dest_starts[0] == 0:
             raise OSError("the first part fails at once")
         time.sleep(0.3)
-        real(fd, dest, offsets, nbytes, dest_starts, reader)
+        real(self, dest, offsets, nbytes, dest_starts)
         with lock:
             finished.append(time.monotonic())
 
-    monkeypatch.setattr(hdf5_reads, "_pread_all", pread_all)
+    monkeypatch.setattr(PositionalReader, "_pread_all", pread_all)
     fd = os.open(path, os.O_RDONLY)
     try:
         with h5py.File(path, "r") as f, _Pool(4) as pool:

@@ -154,9 +154,11 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, files, workers):
         getattr(iterator, "close", lambda: None)()
         source.close()
     assert (seen == 1).all()
-    # Two descriptors per open file; a fetch's files and a read-ahead hint's
-    # may be pinned beyond the bound for a moment.
-    limit = 2 * (bound + 2)
+    # One descriptor per open file once it was opened through h5py (its
+    # reopens: from its byte layouts, `io._layouts`); a fetch's files and a
+    # read-ahead hint's may be pinned beyond the bound for a moment, and a
+    # first open holds h5py's descriptor too while it inspects the file.
+    limit = bound + 3
     assert most["trainer"] <= limit, most
     if workers:
         assert len(pids) >= 2

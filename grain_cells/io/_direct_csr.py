@@ -1,0 +1,261 @@
+"""CSR rows of many files read at once, when every array is read positionally.
+
+`grain_cells.io._range_reads.fetch_ranges` reads a fetch's ranges file by
+file: a plan (`indptr`) and two reads per file, each a few NumPy calls and
+checks, about 200 µs of Python per file. A collection's fetch touches tens
+of files, so that per-file cost, not the bytes, set its speed. When every
+file's `data`, `indices` and `indptr` are read positionally (uncompressed)
+and local (anndata's default `.h5ad` layout: contiguous or uncompressed
+chunks), each array of each file is a list of byte pieces (`Flat`), and
+the whole fetch is three vectorised offset computations and three loops of
+positional reads over all files (`storage.pread_pieces`). Anything
+unusual (other layouts, mixed dtypes, a value that fails a check, a short
+read) returns None and the caller reads file by file, which names the
+problem.
+
+Design notes: docs/reference/design.md#io-direct-csr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from grain_cells.formats import PositionalReader, wait_all
+from grain_cells.storage import ShortReadError, advise_pieces, pread_pieces
+
+# Below this many bytes a thread pool costs more than it saves.
+_MIN_BYTES_PER_THREAD = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Flat:
+    """One file's CSR arrays as byte pieces of a local descriptor.
+
+    Per array (`indptr`, `data`, `indices`): `chunk_rows[k]` elements at
+    each of `offsets[k]` (one piece when contiguous).
+    """
+
+    fd: int
+    offsets: tuple  # (indptr, data, indices): int64 arrays
+    chunk_rows: tuple
+    dtypes: tuple
+    nnz: int
+    n_vars: int
+
+    def over(self, fd) -> Flat:
+        """The same pieces in another descriptor of the same file (a reopen)."""
+        return Flat(
+            fd.fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
+        )
+
+
+_NAMES = ("indptr", "data", "indices")
+
+
+def flat_of(reader, fd) -> Flat | None:
+    """`reader`'s arrays as byte pieces of `fd`, or None (see the module)."""
+    arrays = getattr(reader, "arrays", None)
+    if arrays is None:
+        return None
+    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
+        return None
+    return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
+
+
+def flat_from(layouts: dict, info, fd) -> Flat | None:
+    """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
+    raw = getattr(fd, "fd", None)
+    if not isinstance(raw, int) or getattr(fd, "remote", True):
+        return None
+    if set(layouts) != set(_NAMES):
+        return None
+    ordered = [layouts[k] for k in _NAMES]
+    if any(len(x.shape) != 1 for x in ordered):
+        return None
+    return Flat(
+        raw,
+        tuple(x.offsets for x in ordered),
+        tuple(x.chunk_rows for x in ordered),
+        tuple(x.dtype for x in ordered),
+        info.nnz,
+        info.n_vars,
+    )
+
+
+class _Array:
+    """One array (`k` of `_NAMES`) of the files of a fetch, for `_pieces`."""
+
+    def __init__(self, flats: list[Flat], k: int, group: np.ndarray):
+        offsets = [f.offsets[k] for f in flats]
+        sizes = np.array([o.size for o in offsets], np.int64)
+        self.offsets = np.concatenate(offsets)
+        self.base = (np.cumsum(sizes) - sizes)[group]
+        self.rows = np.array([f.chunk_rows[k] for f in flats], np.int64)[group]
+        self.itemsize = flats[0].dtypes[k].itemsize
+
+
+def _pieces(arr: _Array, fds, starts, stops):
+    """Ranges `[starts, stops)` split at chunk bounds: fds, offsets, nbytes."""
+    c = arr.rows
+    first = starts // c
+    n_pieces = (stops - 1) // c - first + 1
+    if int(n_pieces.sum()) == starts.size:
+        chunk, p_start, p_stop, owner = first, starts, stops, slice(None)
+    else:
+        owner = np.repeat(np.arange(starts.size), n_pieces)
+        within = np.arange(owner.size) - np.repeat(
+            np.cumsum(n_pieces) - n_pieces, n_pieces
+        )
+        chunk = first[owner] + within
+        c = c[owner]
+        p_start = np.maximum(starts[owner], chunk * c)
+        p_stop = np.minimum(stops[owner], (chunk + 1) * c)
+    size = arr.itemsize
+    at = arr.offsets[arr.base[owner] + chunk] + (p_start - chunk * c) * size
+    return fds[owner], at, (p_stop - p_start) * size
+
+
+def read(flats: list[Flat], group, starts, stops, buf, pool, check_indices):
+    """The rows of ranges over files `flats` as one CSR, or None.
+
+    Args:
+        flats: Per file read, its `Flat` (same dtypes in all).
+        group: Index into `flats` of each range (non-decreasing).
+        starts: Local first row of each range, sorted within a file.
+        stops: Matching ends.
+        buf: The reading thread's `RowBuffer`.
+        pool: Read threads, or None.
+        check_indices: Check column indices lie inside each file's matrix.
+
+    Returns:
+        `(data, indices, indptr, nnz_per_file)` views into `buf`, or None
+        when a check fails or a file is short (read file by file then).
+    """
+    keep = stops > starts
+    group, starts, stops = group[keep], starts[keep], stops[keep]
+    if starts.size > 1:  # merge ranges that touch, within a file
+        joins = (starts[1:] == stops[:-1]) & (group[1:] == group[:-1])
+        if joins.any():
+            heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
+            tails = np.concatenate([heads[1:] - 1, [starts.size - 1]])
+            group, starts, stops = group[heads], starts[heads], stops[tails]
+    ptr_t, data_t, index_t = flats[0].dtypes
+    fds = np.array([f.fd for f in flats], np.int64)[group]
+    lengths = stops - starts
+    n_rows = int(lengths.sum())
+    # Every range's indptr slice: one entry more than its rows.
+    ptr = buf.get("ptr", (n_rows + starts.size,), ptr_t)
+    heads = np.cumsum(lengths + 1) - (lengths + 1)
+    try:
+        _pread(None, ptr, *_pieces(_Array(flats, 0, group), fds, starts, stops + 1))
+    except ShortReadError:
+        return None
+    ptr = ptr.astype(np.int64, copy=False)
+    firsts, lasts = ptr[heads], ptr[heads + lengths]
+    nnz = np.array([f.nnz for f in flats], np.int64)[group]
+    step = np.diff(ptr)
+    step[heads[1:] - 1] = 0  # the step from one range into the next
+    if (step < 0).any() or (firsts < 0).any() or (lasts > nnz).any():
+        return None
+    spans = lasts - firsts
+    total = int(spans.sum())
+    data = buf.get("data", (total,), data_t)
+    indices = buf.get("indices", (total,), index_t)
+    some = spans > 0
+    g, a, b = group[some], firsts[some], lasts[some]
+    try:
+        for k, out in ((1, data), (2, indices)):
+            _pread(pool, out, *_pieces(_Array(flats, k, g), fds[some], a, b))
+    except ShortReadError:
+        return None
+    per_file = np.bincount(group, weights=spans, minlength=len(flats))
+    per_file = per_file.astype(np.int64)
+    if check_indices and total:
+        n_vars = np.array([f.n_vars for f in flats], np.int64)
+        if not _indices_inside(indices, np.repeat(n_vars, per_file)):
+            return None
+    # Row pointers relative to the values read: drop each range's head.
+    body = np.ones(ptr.size, bool)
+    body[heads] = False
+    shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
+    indptr = buf.get("indptr", (n_rows + 1,), np.int64)
+    indptr[0] = 0
+    np.subtract(ptr[body], shift, out=indptr[1:])
+    return data, indices, indptr, per_file
+
+
+def advise(flats: list[Flat], group, starts, stops, buf) -> None:
+    """Hints the OS to read these rows' values: `read`'s hint, all files at once.
+
+    Reads each range's two `indptr` ends (one positional read each), then
+    advises the `data` and `indices` pieces. A hint only: bad pointers
+    or a short file hint nothing more (the read reports them).
+    """
+    keep = stops > starts
+    group, starts, stops = group[keep], starts[keep], stops[keep]
+    if starts.size == 0:
+        return
+    fds = np.array([f.fd for f in flats], np.int64)[group]
+    points = np.concatenate([starts, stops])
+    twice = np.concatenate([group, group])
+    ends = buf.get("advise_ptr", (points.size,), flats[0].dtypes[0])
+    pieces = _pieces(_Array(flats, 0, twice), np.tile(fds, 2), points, points + 1)
+    try:
+        _pread(None, ends, *pieces)
+    except (ShortReadError, OSError):
+        return
+    ends = ends.astype(np.int64)
+    firsts, lasts = ends[: starts.size], ends[starts.size :]
+    nnz = np.array([f.nnz for f in flats], np.int64)[group]
+    some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
+    g, a, b = group[some], firsts[some], lasts[some]
+    for k in (1, 2):
+        f, at, n = _pieces(_Array(flats, k, g), fds[some], a, b)
+        advise_pieces(f.tolist(), at.tolist(), n.tolist())
+
+
+def _indices_inside(indices: np.ndarray, n_vars: np.ndarray) -> bool:
+    """Whether every column index lies in `[0, n_vars)` of its file."""
+    if indices.dtype.kind == "i":  # negative ones exceed any n_vars unsigned
+        indices = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
+    top = int(n_vars.min())
+    if int(indices.max()) < top:
+        return True
+    return bool((indices < n_vars).all())
+
+
+def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
+    """Reads pieces into `out` back to back (threads when large)."""
+    dest = out.reshape(-1).view(np.uint8)
+    ends = np.cumsum(nbytes)
+    total = int(ends[-1]) if ends.size else 0
+    starts = ends - nbytes
+    if pool is None or total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
+        pread_pieces(
+            fds.tolist(), dest, offsets.tolist(), nbytes.tolist(), starts.tolist()
+        )
+        return
+    n_jobs = min(
+        getattr(pool, "threads", 4), nbytes.size, total // _MIN_BYTES_PER_THREAD
+    )
+    cuts = np.searchsorted(ends, np.linspace(0, total, n_jobs + 1)[1:-1])
+    bounds = [0, *cuts.tolist(), nbytes.size]
+    futures = [
+        pool.submit(
+            pread_pieces,
+            fds[a:b].tolist(),
+            dest,
+            offsets[a:b].tolist(),
+            nbytes[a:b].tolist(),
+            starts[a:b].tolist(),
+        )
+        for a, b in itertools.pairwise(bounds)
+        if b > a
+    ]
+    wait_all(futures)  # none still writes into `dest` once this returns
+
+
+__all__ = ["Flat", "advise", "flat_from", "flat_of", "read"]

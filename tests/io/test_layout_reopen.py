@@ -1,0 +1,250 @@
+"""A file evicted by the open-file bound reopens from its byte layouts (issue 33).
+
+A collection read in random order closes and reopens files all the time.
+A file whose arrays are all uncompressed is read positionally, so once a
+process has opened it through h5py it keeps the arrays' byte layouts
+(`grain_cells.io._layouts`) and reopens it with one descriptor, no h5py;
+read-ahead hints open no file through h5py at all.
+
+Files are written by anndata; the value at (global row r, gene j) is
+`r * 10 + j + 1`, so a row read from the wrong file or offset shows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import grain_cells
+from grain_cells.errors import SourceChangedError
+from grain_cells.io import _file_set as file_set
+
+N_FILES = 5
+CELLS = 12
+GENES = 5
+
+
+def _write(path: str, f: int, dense: bool) -> None:
+    rows = np.arange(f * CELLS, (f + 1) * CELLS)
+    values = rows[:, None] * 10 + np.arange(GENES)[None, :] + 1.0
+    values[(rows[:, None] + np.arange(GENES)[None, :]) % 3 == 0] = 0  # sparse
+    x = values.astype(np.float32)
+    anndata.AnnData(
+        X=x if dense else sp.csr_matrix(x),
+        obs=pd.DataFrame({"idx": rows}, index=[f"c{r}" for r in rows]),
+        var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+    ).write_h5ad(path)
+
+
+@pytest.fixture(params=["csr", "dense"])
+def paths(request, tmp_path) -> list[str]:
+    out = [str(tmp_path / f"part{f}.h5ad") for f in range(N_FILES)]
+    for f, p in enumerate(out):
+        _write(p, f, request.param == "dense")
+    return out
+
+
+@pytest.fixture
+def opens(monkeypatch) -> list[str]:
+    """Every open of a file through its format (h5py) in this process."""
+    calls: list[str] = []
+    real = file_set.open_file
+
+    def counting(path, *args, **kwargs):
+        calls.append(os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(file_set, "open_file", counting)
+    return calls
+
+
+def _truth(paths) -> np.ndarray:
+    return np.concatenate(
+        [np.asarray(anndata.read_h5ad(p).to_df().to_numpy()) for p in paths]
+    ).astype(np.float32)
+
+
+def _dense(x) -> np.ndarray:
+    return x.toarray() if sp.issparse(x) else np.asarray(x)
+
+
+def test_reopens_from_layouts_open_no_hdf5_and_read_the_same(paths, opens):
+    truth = _truth(paths)
+    source = grain_cells.AnnDataSource(
+        paths, block_size=3, obs_columns=["idx"], max_open_files=2
+    )
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        for f in rng.permutation(N_FILES).tolist():
+            rows = f * CELLS + rng.permutation(CELLS)[:7]
+            cells = source.read(rows)
+            np.testing.assert_array_equal(_dense(cells.X), truth[rows])
+            np.testing.assert_array_equal(cells.obs["idx"], rows)
+    assert source._reads._handles.open_count <= 2
+    assert sorted(opens) == sorted(paths)  # once per file, though 20 reads
+    source.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_through_two_open_files_equals_anndata(paths, workers):
+    truth = _truth(paths)
+    source = grain_cells.AnnDataSource(
+        paths, block_size=3, obs_columns=["idx"], max_open_files=2
+    )
+    loader = grain_cells.DataLoader(
+        data_source=source,
+        sampler=grain_cells.BlockSampler(source, seed=1, num_epochs=1),
+        operations=grain_cells.fetch_operations(
+            source, batch_size=6, fetch_factor=2, output=grain_cells.DenseOutput()
+        ),
+        worker_count=workers,
+    )
+    seen = np.zeros(N_FILES * CELLS, int)
+    iterator = iter(loader)
+    try:
+        for b in iterator:
+            mask, ids = np.asarray(b["mask"]), np.asarray(b["row_ids"])
+            np.testing.assert_array_equal(np.asarray(b["X"])[mask], truth[ids[mask]])
+            np.testing.assert_array_equal(np.asarray(b["obs/idx"])[mask], ids[mask])
+            seen[ids[mask]] += 1
+    finally:
+        getattr(iterator, "close", lambda: None)()
+        source.close()
+    assert (seen == 1).all()
+
+
+def test_a_file_rewritten_while_evicted_is_refused_at_its_layout_reopen(paths, opens):
+    source = grain_cells.AnnDataSource(paths, block_size=3, max_open_files=1)
+    source.read([0])
+    source.read([CELLS])  # file 1 opens, file 0 closes (its layouts kept)
+    source.read([0])  # reopened from layouts
+    source.read([CELLS])
+    assert len(opens) == 2
+    # Same bytes, same layout, one value changed: only the stat tells.
+    with open(paths[0], "r+b") as fh:
+        fh.seek(os.path.getsize(paths[0]) - 1)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(last)
+    os.utime(paths[0], ns=(1, 1))
+    with pytest.raises(SourceChangedError, match=r"part0\.h5ad"):
+        source.read([0])
+    source.close()
+
+
+def test_read_ahead_hints_open_no_file_through_hdf5(paths, opens, monkeypatch):
+    source = grain_cells.AnnDataSource(paths, block_size=3, max_open_files=1)
+    handles = source._reads._handles
+    every = np.arange(len(source))
+    source.advise(every)  # nothing opened yet: nothing hinted, nothing opened
+    assert opens == [] and handles.open_count == 0
+    source.read([0])
+    source.read([CELLS])  # file 0 evicted, its layouts kept; file 1 open
+    advised = []
+    real = file_set._reopen
+
+    def reopen(files, i, known):
+        advised.append(i)
+        return real(files, i, known)
+
+    monkeypatch.setattr(file_set, "_reopen", reopen)
+    source.advise(every)
+    assert len(opens) == 2  # no open through h5py for the hint
+    assert advised == [0]  # the known file, through a descriptor of its own
+    assert handles.open_count == 1
+    source.close()
+
+
+def _write_genes(path: str, f: int, genes: list[str]) -> None:
+    """File `f` with genes in the order given; value (row r, gene gJ) = r*10+J+1."""
+    rows = np.arange(f * CELLS, (f + 1) * CELLS)
+    js = np.array([int(g[1:]) for g in genes])
+    x = rows[:, None] * 10 + js[None, :] + 1.0
+    x[(rows[:, None] + js[None, :]) % 3 == 0] = 0
+    anndata.AnnData(
+        X=sp.csr_matrix(x.astype(np.float32)),
+        obs=pd.DataFrame({"idx": rows}, index=[f"c{r}" for r in rows]),
+        var=pd.DataFrame(index=genes),
+    ).write_h5ad(path)
+
+
+def test_a_fetch_over_many_files_reads_them_at_once(tmp_path, monkeypatch):
+    """Files with genes in other orders: one vectorised read, equal to anndata."""
+    from grain_cells.io import _direct_csr, _range_reads
+
+    genes = [f"g{j}" for j in range(GENES)]
+    paths = []
+    for f in range(N_FILES):
+        order = genes[f:] + genes[:f]  # each file its own gene order
+        paths.append(str(tmp_path / f"part{f}.h5ad"))
+        _write_genes(paths[-1], f, order)
+    together = anndata.concat([anndata.read_h5ad(p) for p in paths], join="outer")
+    truth = together[:, genes].X.toarray()
+    done = []
+    real = _direct_csr.read
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        done.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_range_reads._direct_csr, "read", counting)
+    source = grain_cells.AnnDataSource(
+        paths, join="inner", genes=genes, max_open_files=2
+    )
+    rows = np.random.default_rng(3).permutation(N_FILES * CELLS)[:40]
+    cells = source.read(rows)
+    np.testing.assert_array_equal(cells.X.toarray(), truth[rows])
+    assert done == [True]
+    source.close()
+
+
+def test_a_bad_index_in_one_file_of_a_fetch_is_named(tmp_path):
+    import h5py
+
+    paths = [str(tmp_path / f"part{f}.h5ad") for f in range(3)]
+    for f, p in enumerate(paths):
+        _write(p, f, dense=False)
+    with h5py.File(paths[1], "r+") as h5:
+        h5["X/indices"][2] = GENES + 7
+    source = grain_cells.AnnDataSource(paths)
+    with pytest.raises(grain_cells.errors.CorruptDataError, match=r"part1\.h5ad"):
+        source.read(np.arange(3 * CELLS))
+    source.close()
+
+
+def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
+    from grain_cells.formats import LAYOUT_OVERHEAD_BYTES, ByteLayout
+    from grain_cells.io._file_lru import Checked
+
+    def layouts(chunks: int) -> dict:
+        offsets = np.arange(chunks, dtype=np.int64) * 4096
+        one = ByteLayout(
+            "X/data", np.dtype("f4"), (chunks * 1024,), 1024, offsets, 1024
+        )
+        return {"data": one}
+
+    per_file = 100 * 8 + LAYOUT_OVERHEAD_BYTES
+    kept = Checked(max_bytes=3 * per_file)
+    for key in range(5):
+        kept.put(key, None, {}, layouts(100), fmt=None)
+    assert len(kept) == 3  # the oldest two dropped: layouts count as bytes
+    assert kept.get(0) is None and kept.get(4).layouts is not None
+    kept.put(9, None, {}, layouts(10_000), fmt=None)  # alone over the bound
+    assert kept.get(9) is None
+
+
+def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
+    from grain_cells.io import _direct_csr
+
+    monkeypatch.setattr(_direct_csr, "_MIN_BYTES_PER_THREAD", 8)  # split always
+    truth = _truth(paths)
+    source = grain_cells.AnnDataSource(paths, read_threads=3)
+    rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
+    np.testing.assert_array_equal(_dense(source.read(rows).X), truth[rows])
+    source.close()
