@@ -68,8 +68,8 @@ class Hdf5Format(formats.Format):
         return h5py.check_string_dtype(node.dtype) is not None
 
     def strings(self, node) -> np.ndarray:
-        """Decoded by h5py (`asstr`)."""
-        return np.asarray(node.asstr()[()], dtype=object)
+        """Decoded as h5py's `asstr` decodes them (`_strings`)."""
+        return _strings(node)
 
     def element_problem(self, node, element: str) -> str | None:
         """A dangling soft or external link on `element`'s path (`_layout`)."""
@@ -108,6 +108,31 @@ class Hdf5Format(formats.Format):
     def array_layout(self, array) -> list:
         """HDF5 address, shape, dtype, layout, filters and sampled offsets."""
         return _storage(array)
+
+
+# Decoded string lists by their bytes: a collection's files mostly repeat one
+# gene list and the same categories (issue 33), and decoding them costs half
+# as much as reading them.
+_DECODED: dict = {}
+_DECODED_MAX = 64
+
+
+def _strings(node) -> np.ndarray:
+    """A string dataset as an object array of `str`, as `asstr()[()]` gives it."""
+    info = h5py.check_string_dtype(node.dtype)
+    raw = node[()]
+    if not isinstance(raw, np.ndarray) or raw.dtype != object:
+        return np.asarray(node.asstr()[()], dtype=object)
+    key = (info.encoding, raw.shape, tuple(raw.reshape(-1).tolist()))
+    held = _DECODED.get(key)
+    if held is None:
+        held = np.array(
+            [b.decode(info.encoding) for b in key[2]], dtype=object
+        ).reshape(raw.shape)
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        _DECODED[key] = held
+    return held.copy()
 
 
 def _storage(ds) -> list:
