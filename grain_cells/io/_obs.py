@@ -41,15 +41,17 @@ class ColumnKind:
         return cls(column.categories, column.values.dtype)
 
     @classmethod
-    def read(cls, f, names: Sequence[str]) -> dict[str, ColumnKind]:
+    def read(
+        cls, f, names: Sequence[str], have: list[str] | None = None
+    ) -> dict[str, ColumnKind]:
         """The kinds of obs columns `names` of open file `f`, from metadata.
 
         Reads only a categorical column's categories where the encoding
         says the rest (`h5ad.obs_column_kinds`), otherwise the whole column.
         Codes outside the categories are then refused at the first read of
-        the codes, not here.
+        the codes, not here. `have`: `obs_columns(f)`, when the caller has it.
         """
-        kinds = obs_column_kinds(f, names)
+        kinds = obs_column_kinds(f, names, have)
         return {
             c: cls.of(read_obs_column(f, c)) if k is None else cls(*k)
             for c, k in kinds.items()
