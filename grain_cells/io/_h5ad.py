@@ -128,7 +128,7 @@ def _sparse_encoding(obj) -> tuple[str | None, object]:
         fmt = obj.attrs["h5sparse_format"]
         fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
         return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
-    return enc, obj.attrs.get("shape")
+    return enc, _nodes.attr(obj, "shape")
 
 
 def inspect_matrix(f, element: str) -> MatrixInfo:

@@ -148,8 +148,8 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     parts: list = [element]
     group = "" not in arrays
     if group:
-        parts.append(np.asarray(obj.attrs.get("shape", ())).tolist())
-        parts.append(str(obj.attrs.get("encoding-type", "")))
+        parts.append(np.asarray(_nodes.attr(obj, "shape", ())).tolist())
+        parts.append(str(_nodes.attr(obj, "encoding-type", "")))
     for ds in arrays.values():
         parts.append(_nodes.format_of(ds).array_layout(ds))
     ptr = arrays.get("indptr")
