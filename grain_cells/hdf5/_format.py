@@ -75,6 +75,14 @@ class Hdf5Format(formats.Format):
         """Decoded as h5py's `asstr` decodes them (`_strings`)."""
         return _strings(node)
 
+    def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
+        """`array[index]`; sorted distinct indices in one selection (`_points`)."""
+        if isinstance(index, np.ndarray):
+            out = _points(array, index)
+            if out is not None:
+                return out
+        return np.asarray(array[index])
+
     def element_problem(self, node, element: str) -> str | None:
         """A dangling soft or external link on `element`'s path (`_layout`)."""
         if not isinstance(node, h5py.Group):
@@ -141,6 +149,33 @@ def _strings(node) -> np.ndarray:
             _DECODED.clear()
         _DECODED[key] = held
     return held.copy()
+
+
+def _points(ds, index: np.ndarray) -> np.ndarray | None:
+    """`ds[index]` of a 1-D numeric dataset, as one point selection.
+
+    h5py selects an index array's points one call at a time (65 `indptr`
+    samples: 0.18 ms, against 0.05); None where the index is not sorted,
+    distinct and in range (h5py's own read raises then).
+    """
+    shape = ds.shape
+    if (
+        index.ndim != 1
+        or not index.size
+        or index.dtype.kind not in "iu"
+        or shape is None
+        or len(shape) != 1
+        or ds.dtype.kind not in "biuf"
+    ):
+        return None
+    index = index.astype(np.int64, copy=False)
+    if index[0] < 0 or index[-1] >= shape[0] or (np.diff(index) <= 0).any():
+        return None
+    space = ds.id.get_space()
+    space.select_elements(index.astype(np.uint64).reshape(-1, 1))
+    out = np.empty(index.size, dtype=ds.dtype)
+    ds.id.read(h5py.h5s.create_simple((index.size,)), space, out)
+    return out
 
 
 _TEXT = h5py.string_dtype("utf-8")

@@ -1,7 +1,10 @@
-"""`Hdf5Format.attr` gives what h5py's `attrs.get` gives, for every kind.
+"""What `Hdf5Format` reads with h5py's low-level calls equals h5py's reads.
 
-It reads scalar text and numbers itself (construction reads about twenty
-attributes per file, issue 33), and hands every other kind to h5py.
+Construction reads about twenty attributes, five string lists and a
+sample of `indptr` per file (issue 33): `attr` reads scalar text and
+numbers itself, `strings` reads variable-length lists itself (decoded once
+per distinct list), `read` takes an index array as one point selection;
+every other kind goes to h5py.
 """
 
 import h5py
@@ -97,3 +100,32 @@ def test_string_lists_read_as_asstr_reads_them(tmp_path, values):
             assert got.dtype == object and got.shape == want.shape, name
             assert got.tolist() == want.tolist(), name
             got[...] = "changed"  # a copy: the next read is unaffected
+
+
+@pytest.mark.parametrize("dtype", ["<i8", ">i4", "<f4", "u1", "?"])
+@pytest.mark.parametrize("chunks", [None, (7,)])
+def test_index_arrays_read_as_h5py_reads_them(tmp_path, dtype, chunks):
+    path = tmp_path / "points.h5"
+    values = (np.arange(100) * 3 % 17).astype(dtype)
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "a", data=values, chunks=chunks, compression="gzip" if chunks else None
+        )
+    with h5py.File(path, "r") as f:
+        node = f["a"]
+        fmt = formats.of(node)
+        for index in ([0], [0, 1, 2, 50, 99], list(range(0, 100, 3)), [99]):
+            index = np.asarray(index, np.int64)
+            got = fmt.read(node, index, str(path), (int(index[0]), 100))
+            want = node[index]
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
+        for odd in ([3, 1], [1, 1], [100], [-1]):  # h5py's own answer
+            index = np.asarray(odd, np.int64)
+            try:
+                want = node[index]
+            except Exception as e:  # whatever h5py raises
+                with pytest.raises(type(e)):
+                    fmt.read(node, index, str(path), (0, 100))
+                continue
+            got = fmt.read(node, index, str(path), (0, 100))
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
