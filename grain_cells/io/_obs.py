@@ -158,17 +158,23 @@ def harmonise(
             continue
         merged: list = []
         seen: dict = {}
+        # Files mostly repeat a few category lists: each distinct list is
+        # merged and mapped once (its map cannot change: `seen` only grows).
+        lists = [None if k is None else tuple(k.categories.tolist()) for k in per_file]
+        done: dict = {}
         for i in categorical:
-            for v in per_file[i].categories.tolist():
+            if lists[i] in done:
+                continue
+            done[lists[i]] = None
+            for v in lists[i]:
                 if v not in seen:
                     seen[v] = len(merged)
                     merged.append(v)
         maps = []
-        for k in per_file:
-            if k is None:
-                maps.append(None)
-                continue
-            m = np.array([seen[v] for v in k.categories.tolist()], np.int64)
-            maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        for labels in lists:
+            if labels is not None and done.get(labels) is None:
+                m = np.array([seen[v] for v in labels], np.int64)
+                done[labels] = (None if np.array_equal(m, np.arange(m.size)) else m,)
+            maps.append(None if labels is None else done[labels][0])
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
