@@ -126,7 +126,7 @@ class Hdf5Format(formats.Format):
 # gene list and the same categories (issue 33), and decoding them costs half
 # as much as reading them.
 _DECODED: dict = {}
-_DECODED_MAX = 1 << 20  # strings held, in all lists
+_DECODED_MAX = 1 << 17  # strings held in all (a 62,710-gene list and categories)
 
 
 def _strings(node) -> np.ndarray:
