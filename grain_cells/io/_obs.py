@@ -156,25 +156,42 @@ def harmonise(
                 dtype = np.result_type(dtype, np.float32)  # to hold NaN
             out[c] = HarmonisedColumn(c, None, dtype, (None,) * len(per_file), present)
             continue
+        # Files mostly repeat a few category lists (often the very same
+        # array): each distinct list is merged and mapped once.
+        labels, slot_of = _distinct_lists(per_file)
         merged: list = []
         seen: dict = {}
-        # Files mostly repeat a few category lists: each distinct list is
-        # merged and mapped once (its map cannot change: `seen` only grows).
-        lists = [None if k is None else tuple(k.categories.tolist()) for k in per_file]
-        done: dict = {}
-        for i in categorical:
-            if lists[i] in done:
-                continue
-            done[lists[i]] = None
-            for v in lists[i]:
+        for t in labels:  # in order of first appearance, as file by file
+            for v in t:
                 if v not in seen:
                     seen[v] = len(merged)
                     merged.append(v)
-        maps = []
-        for labels in lists:
-            if labels is not None and done.get(labels) is None:
-                m = np.array([seen[v] for v in labels], np.int64)
-                done[labels] = (None if np.array_equal(m, np.arange(m.size)) else m,)
-            maps.append(None if labels is None else done[labels][0])
+        slot_maps = []
+        for t in labels:
+            m = np.array([seen[v] for v in t], np.int64)
+            slot_maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        maps = [None if i is None else slot_maps[i] for i in slot_of]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
+
+
+def _distinct_lists(per_file) -> tuple[list[tuple], list[int | None]]:
+    """The distinct category lists (as tuples) and each file's, by position."""
+    labels: list[tuple] = []
+    slots: dict = {}  # list -> its position in `labels`
+    by_id: dict = {}  # id(categories) -> (categories, position)
+    slot_of: list[int | None] = []
+    for k in per_file:
+        if k is None:
+            slot_of.append(None)
+            continue
+        a = k.categories
+        hit = by_id.get(id(a))
+        if hit is None or hit[0] is not a:
+            t = tuple(a.tolist())
+            slot = slots.setdefault(t, len(labels))
+            if slot == len(labels):
+                labels.append(t)
+            hit = by_id[id(a)] = (a, slot)
+        slot_of.append(hit[1])
+    return labels, slot_of
