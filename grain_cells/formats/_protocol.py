@@ -239,6 +239,10 @@ class Format(abc.ABC):
         """Whether an array holds strings."""
         return np.dtype(node.dtype).kind in "OUST"
 
+    def attr(self, node, name: str, default=None):
+        """The attribute `name` of `node` as its library gives it, or `default`."""
+        return node.attrs.get(name, default)
+
     def strings(self, node) -> np.ndarray:
         """All of a string array as an object array of `str`."""
         values = np.asarray(node[...])

@@ -19,6 +19,7 @@ from grain_cells.formats._protocol import Format
 
 _lock = threading.Lock()
 _formats: list[Format] = []  # in registration order
+_asked: tuple[Format, ...] = ()  # `registered()`, kept current by (un)register
 
 
 def register(fmt: Format) -> Format:
@@ -36,6 +37,7 @@ def register(fmt: Format) -> Format:
         )
     with _lock:
         _formats[:] = [f for f in _formats if f.name != fmt.name] + [fmt]
+        _order()
     return fmt
 
 
@@ -43,14 +45,21 @@ def unregister(fmt: Format) -> None:
     """Removes `fmt` (tests register a format for their own duration)."""
     with _lock:
         _formats[:] = [f for f in _formats if f is not fmt]
+        _order()
+
+
+def _order() -> None:
+    """Recomputes the order formats are asked in (under `_lock`)."""
+    global _asked
+    newest = tuple(reversed(_formats))
+    _asked = tuple(f for f in newest if not f.fallback) + tuple(
+        f for f in newest if f.fallback
+    )
 
 
 def registered() -> tuple[Format, ...]:
     """The formats, in the order they are asked (newest first, fallbacks last)."""
-    newest = tuple(reversed(_formats))
-    return tuple(f for f in newest if not f.fallback) + tuple(
-        f for f in newest if f.fallback
-    )
+    return _asked
 
 
 def for_path(path: str | os.PathLike) -> Format:
@@ -72,7 +81,7 @@ def for_path(path: str | os.PathLike) -> Format:
 
 def of(node) -> Format | None:
     """The format that owns `node` (a group, an array, an open file), or None."""
-    for fmt in registered():
+    for fmt in _asked:  # asked for every node: the tuple is kept, not rebuilt
         if fmt.owns(node):
             return fmt
     return None

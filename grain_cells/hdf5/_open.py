@@ -46,14 +46,15 @@ def open_h5(
                 f"{os.readlink(path)} -> ...); point it at the real file"
             ) from e
         raise errors.AnnDataFormatError(f"{path}: cannot be opened ({e})") from e
-    if not h5py.is_hdf5(path):
-        raise errors.AnnDataFormatError(
-            f"{path}: not an HDF5 file (no HDF5 signature), expected an .h5ad "
-            "file written by anndata"
-        )
     try:
         return h5py.File(path, "r")
     except OSError as e:
+        # Asked only now: a file that opens has the signature (one open less).
+        if not h5py.is_hdf5(path):
+            raise errors.AnnDataFormatError(
+                f"{path}: not an HDF5 file (no HDF5 signature), expected an .h5ad "
+                "file written by anndata"
+            ) from None
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
 
 

@@ -60,7 +60,7 @@ def quiet_old_format() -> None:
 
 def encoding_of(obj) -> str | None:
     """The `encoding-type` attribute of an element, or None."""
-    value = obj.attrs.get("encoding-type")
+    value = _nodes.attr(obj, "encoding-type")
     if isinstance(value, bytes):
         value = value.decode()
     return value

@@ -128,7 +128,7 @@ def _sparse_encoding(obj) -> tuple[str | None, object]:
         fmt = obj.attrs["h5sparse_format"]
         fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
         return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
-    return enc, obj.attrs.get("shape")
+    return enc, _nodes.attr(obj, "shape")
 
 
 def inspect_matrix(f, element: str) -> MatrixInfo:
@@ -212,8 +212,9 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element} is a group with encoding-type {enc!r}; expected "
             "'csr_matrix' (sparse) or a dense 2-D dataset"
         )
-    for name in ("data", "indices", "indptr"):
-        if not _nodes.is_array(_get(obj, name)):
+    arrays = {name: _get(obj, name) for name in ("data", "indices", "indptr")}
+    for name, node in arrays.items():
+        if not _nodes.is_array(node):
             problem = _nodes.element_problem(obj, f"{element}/{name}")
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
@@ -226,9 +227,9 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element} has no 2-element 'shape' attribute (found {shape!r})"
         )
     n_obs, n_vars = int(shape[0]), int(shape[1])
-    data, indices, indptr = obj["data"], obj["indices"], obj["indptr"]
+    data, indices, indptr = arrays["data"], arrays["indices"], arrays["indptr"]
     nnz = int(data.shape[0])
-    if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1:
+    if len(data.shape) != 1 or len(indices.shape) != 1 or len(indptr.shape) != 1:
         raise errors.AnnDataFormatError(
             f"{path}: {element}/data, indices and indptr must be 1-D; found "
             f"shapes {data.shape}, {indices.shape}, {indptr.shape}"

@@ -71,12 +71,13 @@ class FileIdentity:
         HDF5 opened) unless given (an object's ETag, size and time), so it
         describes the very file the digests were computed from.
         """
+        nodes = _matrix_nodes(f, element)  # looked up once for both digests
         return cls(
             os.fspath(path),
             element,
             _nodes.stat_of(f, path) if stat is None else stat,
-            layout_digest(f, element),
-            sample_digest(f, element),
+            layout_digest(f, element, nodes),
+            sample_digest(f, element, nodes),
             _nodes.format_of(f).recorded_format(),
         )
 
@@ -121,14 +122,15 @@ class FileIdentity:
             )
 
 
-def _datasets(f, element: str) -> list:
+def _matrix_nodes(f, element: str) -> tuple:
+    """`(node, arrays)`: the element and its arrays by name (`""`: dense)."""
     obj = f[element]
     if _nodes.is_array(obj):
-        return [obj]
-    return [obj[k] for k in ("data", "indices", "indptr") if k in obj]
+        return obj, {"": obj}
+    return obj, {k: obj[k] for k in ("data", "indices", "indptr") if k in obj}
 
 
-def layout_digest(f, element: str) -> str:
+def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     """SHA-256 (hex) of what locates the matrix at `element`.
 
     Covers what locates each of its arrays' bytes (`Format.array_layout`;
@@ -136,17 +138,22 @@ def layout_digest(f, element: str) -> str:
     offsets of contiguous data or of evenly spaced chunks), the element's
     `shape` attribute, and evenly spaced `indptr` entries for CSR. Reads a
     few hundred bytes.
+
+    Args:
+        f: The open file.
+        element: The matrix.
+        nodes: `_matrix_nodes(f, element)`, when the caller has them.
     """
-    obj = f[element]
+    obj, arrays = _matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
-    group = not _nodes.is_array(obj)
+    group = "" not in arrays
     if group:
-        parts.append(np.asarray(obj.attrs.get("shape", ())).tolist())
-        parts.append(str(obj.attrs.get("encoding-type", "")))
-    for ds in _datasets(f, element):
+        parts.append(np.asarray(_nodes.attr(obj, "shape", ())).tolist())
+        parts.append(str(_nodes.attr(obj, "encoding-type", "")))
+    for ds in arrays.values():
         parts.append(_nodes.format_of(ds).array_layout(ds))
-    if group and "indptr" in obj:
-        ptr = obj["indptr"]
+    ptr = arrays.get("indptr")
+    if ptr is not None:
         n = ptr.shape[0]
         if n:
             at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
@@ -155,26 +162,30 @@ def layout_digest(f, element: str) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def sample_digest(f, element: str) -> str:
+def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
     """SHA-256 (hex) of a few evenly spaced windows of the stored values.
 
     CSR: `_VALUE_WINDOWS` windows of `_WINDOW` elements of `data` and of
     `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
+    `nodes` as in `layout_digest`.
     """
+    arrays = (_matrix_nodes(f, element) if nodes is None else nodes)[1]
     digest = hashlib.sha256(element.encode())
     path = _nodes.file_name(f)
-    for ds in _datasets(f, element):
-        if ds.name.endswith("indptr") or not ds.shape or not ds.shape[0]:
+    for ds in arrays.values():
+        shape = ds.shape
+        if ds.name.endswith("indptr") or not shape or not shape[0]:
             continue
-        n = ds.shape[0]
+        read = _nodes.format_of(ds).read
+        n = shape[0]
         starts = np.unique(
             np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
         )
         for a in starts.tolist():
-            if ds.ndim == 1:
-                window = _nodes.read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
+            if len(shape) == 1:
+                window = read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
             else:
-                window = _nodes.read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
+                window = read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
             digest.update(np.ascontiguousarray(window).tobytes())
     return digest.hexdigest()
 

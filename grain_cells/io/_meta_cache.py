@@ -105,6 +105,9 @@ class MetaCache:
         self.genes_from = genes_from
         self.folder = cache_dir()
         self._arrays: dict[str, np.ndarray] = {}
+        # Names of arrays stored by this build, by content (`_save_array`):
+        # a collection's files mostly share one gene list and categories.
+        self._names: dict[tuple, str | None] = {}
 
     def lookup(self, path: str, obs_names) -> FileMeta | None:
         """The file's entry if the file is unchanged and it has every column."""
@@ -235,6 +238,16 @@ class MetaCache:
         """The array's name, written if new; None if it cannot round-trip."""
         a = np.asarray(a)
         if a.dtype == object:
+            values = a.tolist()  # equal values of other types are not one array
+            content = (a.shape, tuple(values), frozenset(map(type, values)))
+        else:
+            content = (a.dtype.str, a.shape, a.tobytes())
+        if content not in self._names:
+            self._names[content] = self._save_new(a)
+        return self._names[content]
+
+    def _save_new(self, a: np.ndarray) -> str | None:
+        if a.dtype == object:
             values = a.tolist()
             # 'U' arrays drop trailing NULs: such strings are not cached.
             if not all(type(v) is str and not v.endswith("\0") for v in values):
@@ -267,7 +280,7 @@ def inspect_file(
         identity = FileIdentity.take(f, path, info.element, stat)
         keys = read_gene_keys(f, element, genes_from)
         have = _h5ad.obs_columns(f)
-        kinds = ColumnKind.read(f, [c for c in obs_names if c in have])
+        kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have)
     return FileMeta(info, identity, keys, list(have), kinds)
 
 

@@ -65,9 +65,17 @@ def get(group, name: str):
         return None
 
 
+def attr(node, name: str, default=None):
+    """The attribute `name` of `node`, or `default` (`Format.attr`)."""
+    fmt = formats.of(node)
+    return (
+        node.attrs.get(name, default) if fmt is None else fmt.attr(node, name, default)
+    )
+
+
 def attr_str(node, name: str, default=None):
     """An attribute as `str` when it is text (some formats give bytes)."""
-    value = node.attrs.get(name, default)
+    value = attr(node, name, default)
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -150,6 +158,7 @@ def range_reader(
 
 
 __all__ = [
+    "attr",
     "attr_str",
     "check_storage",
     "checked",

@@ -41,15 +41,17 @@ class ColumnKind:
         return cls(column.categories, column.values.dtype)
 
     @classmethod
-    def read(cls, f, names: Sequence[str]) -> dict[str, ColumnKind]:
+    def read(
+        cls, f, names: Sequence[str], have: list[str] | None = None
+    ) -> dict[str, ColumnKind]:
         """The kinds of obs columns `names` of open file `f`, from metadata.
 
         Reads only a categorical column's categories where the encoding
         says the rest (`h5ad.obs_column_kinds`), otherwise the whole column.
         Codes outside the categories are then refused at the first read of
-        the codes, not here.
+        the codes, not here. `have`: `obs_columns(f)`, when the caller has it.
         """
-        kinds = obs_column_kinds(f, names)
+        kinds = obs_column_kinds(f, names, have)
         return {
             c: cls.of(read_obs_column(f, c)) if k is None else cls(*k)
             for c, k in kinds.items()
@@ -154,19 +156,42 @@ def harmonise(
                 dtype = np.result_type(dtype, np.float32)  # to hold NaN
             out[c] = HarmonisedColumn(c, None, dtype, (None,) * len(per_file), present)
             continue
+        # Files mostly repeat a few category lists (often the very same
+        # array): each distinct list is merged and mapped once.
+        labels, slot_of = _distinct_lists(per_file)
         merged: list = []
         seen: dict = {}
-        for i in categorical:
-            for v in per_file[i].categories.tolist():
+        for t in labels:  # in order of first appearance, as file by file
+            for v in t:
                 if v not in seen:
                     seen[v] = len(merged)
                     merged.append(v)
-        maps = []
-        for k in per_file:
-            if k is None:
-                maps.append(None)
-                continue
-            m = np.array([seen[v] for v in k.categories.tolist()], np.int64)
-            maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        slot_maps = []
+        for t in labels:
+            m = np.array([seen[v] for v in t], np.int64)
+            slot_maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        maps = [None if i is None else slot_maps[i] for i in slot_of]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
+
+
+def _distinct_lists(per_file) -> tuple[list[tuple], list[int | None]]:
+    """The distinct category lists (as tuples) and each file's, by position."""
+    labels: list[tuple] = []
+    slots: dict = {}  # list -> its position in `labels`
+    by_id: dict = {}  # id(categories) -> (categories, position)
+    slot_of: list[int | None] = []
+    for k in per_file:
+        if k is None:
+            slot_of.append(None)
+            continue
+        a = k.categories
+        hit = by_id.get(id(a))
+        if hit is None or hit[0] is not a:
+            t = tuple(a.tolist())
+            slot = slots.setdefault(t, len(labels))
+            if slot == len(labels):
+                labels.append(t)
+            hit = by_id[id(a)] = (a, slot)
+        slot_of.append(hit[1])
+    return labels, slot_of

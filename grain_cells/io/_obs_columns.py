@@ -117,13 +117,18 @@ def obs_column_kind(f, name: str):
     return obs_column_kinds(f, [name])[name]
 
 
-def obs_column_kinds(f, names) -> dict:
+def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
     """Obs columns' kinds from their metadata alone, None where it must read.
 
     Reads the categories of a categorical column (small), never its codes
     nor a numeric column's values: the common encodings of `_plain_kind`.
     Codes outside the categories are found when the codes are read
     (`read_obs_column`, at the first read of the file's cells).
+
+    Args:
+        f: The open file.
+        names: The columns.
+        have: `obs_columns(f)`, when the caller has it.
 
     Returns:
         Per column, `(categories, dtype)` as `read_obs_column` would give
@@ -136,7 +141,8 @@ def obs_column_kinds(f, names) -> dict:
         errors.AnnDataFormatError: A column's length differs from obs's index.
     """
     group, path = f["obs"], file_name(f)
-    have = frame_columns(group)
+    if have is None:
+        have = frame_columns(group)
     legacy = is_legacy_frame(group)
     rows = None if legacy else n_rows(group)
     out = {}
@@ -171,8 +177,8 @@ def _plain_kind(elem):
     if not (
         _nodes.is_array(codes)
         and _nodes.is_array(categories)
-        and codes.ndim == 1
-        and categories.ndim == 1
+        and len(codes.shape) == 1
+        and len(categories.shape) == 1
         and codes.dtype.kind in "iu"
         and _nodes.is_string_array(categories)
     ):
