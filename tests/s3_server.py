@@ -14,8 +14,8 @@ server thread of the same process that garbage-collects an h5py object
 would wait for that lock while the request waits for the server.
 
 moto reads a whole object for every range GET: keep test objects small.
-The metadata cache of remote files goes to a temporary folder for the
-session (`GRAIN_CELLS_CACHE`).
+The metadata cache of remote files goes to the session's private cache
+folder (`GRAIN_CELLS_CACHE`, conftest's `private_cache`).
 """
 
 from __future__ import annotations
@@ -139,17 +139,13 @@ def moto_endpoint(tmp_path_factory, name: str, env: dict | None = None):
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory):
     """A moto S3 server on localhost with an empty bucket (see the module doc)."""
-    with (
-        moto_endpoint(tmp_path_factory, "moto") as endpoint,
-        pytest.MonkeyPatch.context() as patch,
-    ):
+    with moto_endpoint(tmp_path_factory, "moto") as endpoint:
         import boto3  # present: moto_endpoint skips without it
 
         client = boto3.client(
             "s3", endpoint_url=endpoint, region_name="us-east-1", **_boto(KEYS)
         )
         client.create_bucket(Bucket=BUCKET)
-        patch.setenv("GRAIN_CELLS_CACHE", str(tmp_path_factory.mktemp("cache")))
         yield S3(endpoint, BUCKET, client)
 
 
