@@ -21,7 +21,15 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.io import _direct_csr, _file_lru, _h5ad, _layouts, _nodes, _obs_cache
+from grain_cells.io import (
+    _direct_csr,
+    _file_lru,
+    _h5ad,
+    _layout_cache,
+    _layouts,
+    _nodes,
+    _obs_cache,
+)
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
@@ -199,6 +207,8 @@ def open_member(
         errors.SourceChangedError: The file differs from when `files` was built.
     """
     known = None if checked is None else checked.get(i)
+    if known is None and checked is not None:
+        known = _first_open(files, i, checked)
     if known is not None and known.layouts is not None:
         return _reopen(files, i, known)
     expected = files.infos[i]
@@ -257,6 +267,15 @@ def open_member(
             fd.close()
         f.close()
         raise
+
+
+def _first_open(files: FileSet, i: int, checked: _file_lru.Checked):
+    """File `i`'s record from its cached byte layouts (`_layout_cache`), or None."""
+    found = _layout_cache.first_open(files, i)
+    if found is None:
+        return None
+    checked.put(i, files.infos[i], found.obs, found.layouts, found.format)
+    return checked.get(i)
 
 
 def _reopen(files: FileSet, i: int, known) -> OpenFile:

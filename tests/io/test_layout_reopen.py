@@ -13,6 +13,8 @@ Files are written by anndata; the value at (global row r, gene j) is
 from __future__ import annotations
 
 import os
+import pickle
+import time
 
 import anndata
 import numpy as np
@@ -23,6 +25,7 @@ import scipy.sparse as sp
 import grain_cells
 from grain_cells.errors import SourceChangedError
 from grain_cells.io import _file_set as file_set
+from grain_cells.io import _meta_cache
 
 N_FILES = 5
 CELLS = 12
@@ -248,3 +251,51 @@ def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
     rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
     np.testing.assert_array_equal(_dense(source.read(rows).X), truth[rows])
     source.close()
+
+
+# A process's first open of a file (issue 33): the trainer's build caches each
+# file's byte layouts (`grain_cells.io._layout_cache`), so another process
+# opens an unchanged file with a descriptor and positional reads, no h5py.
+
+
+@pytest.fixture
+def quiet_paths(paths, monkeypatch, tmp_path):
+    """`paths`, quiet long enough to be cached, in a cache of this test's own."""
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_meta_cache, "QUIET_NS", 100_000_000)
+    time.sleep(0.3)
+    return paths
+
+
+def test_a_first_open_with_cached_layouts_uses_no_hdf5(quiet_paths, opens):
+    truth = _truth(quiet_paths)
+    built = grain_cells.AnnDataSource(
+        quiet_paths, block_size=3, obs_columns=["idx"], max_open_files=2
+    )
+    source = pickle.loads(pickle.dumps(built))  # as a worker gets it: no record
+    rng = np.random.default_rng(0)
+    for f in rng.permutation(N_FILES).tolist():
+        rows = f * CELLS + rng.permutation(CELLS)[:7]
+        cells = source.read(rows)
+        np.testing.assert_array_equal(_dense(cells.X), truth[rows])
+        np.testing.assert_array_equal(cells.obs["idx"], rows)
+    assert opens == []
+    source.close()
+    built.close()
+
+
+def test_a_file_changed_after_its_cache_entry_is_refused(quiet_paths, opens):
+    built = grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])
+    _write(quiet_paths[1], 9, dense=False)
+    source = pickle.loads(pickle.dumps(built))
+    source.read([0])
+    with pytest.raises(SourceChangedError):
+        source.read([CELLS])
+    source.close()
+    built.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_from_cached_layouts_equals_anndata(quiet_paths, workers):
+    grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])  # writes entries
+    test_an_epoch_through_two_open_files_equals_anndata(quiet_paths, workers)
