@@ -108,7 +108,7 @@ def _column_layout(fmt, path: str, fd, elem) -> dict | None:
     categories, dtype, _ = kind
     array = elem if categories is None else elem["codes"]
     layout = getattr(fmt.range_reader(array, path, fd), "byte_layout", None)
-    if layout is None or layout.chunk_length is not None or len(layout.shape) != 1:
+    if layout is None or len(layout.shape) != 1:
         return None
     as_json = _layout_json(layout)
     if as_json is None:
