@@ -300,6 +300,11 @@ def _reopen(files: FileSet, i: int, known) -> OpenFile:
     return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
 
 
+def _weight(handle: OpenFile) -> int:
+    """A handle's weight in the `"auto"` bound (`_file_lru.DEFAULT_BUDGET`)."""
+    return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
+
+
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
@@ -325,7 +330,9 @@ class OpenFiles:
                 concurrently; 0 reads inline; `"auto"`: sized per process
                 (`grain_cells._util.cores`).
             max_open_files: Files kept open in this process; `"auto"`:
-                `grain_cells.io._file_lru.default_max_open()`.
+                up to `grain_cells.io._file_lru.default_budget()` files
+                read through one descriptor, a third as many held
+                through their format.
         """
         self.files = files
         self.read_threads = (
@@ -338,9 +345,12 @@ class OpenFiles:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._checked = _file_lru.Checked()
+        max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
         self._lru = _file_lru.FileLru(
             functools.partial(open_member, self.files, checked=self._checked),
-            _file_lru.resolve_max_open(self.max_open_files),
+            max_open,
+            max_weight,
+            _weight,
         )
         self._local = threading.local()
         self._pool: ReadPool | None = None
