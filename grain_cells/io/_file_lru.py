@@ -128,8 +128,13 @@ class FileLru:
         return len(self._open)
 
     @contextlib.contextmanager
-    def pinned(self, keys: Sequence[int]) -> Iterator[list]:
+    def pinned(
+        self, keys: Sequence[int], opened: list[bool] | None = None
+    ) -> Iterator[list]:
         """The handles of `keys` (repeats allowed), open until the block ends.
+
+        `opened`: gets, per key, whether its handle was opened by this call
+        (the opener's checks ran just now).
 
         Raises:
             Whatever `opener` raises; files pinned before it are released.
@@ -137,7 +142,10 @@ class FileLru:
         entries: list[_Entry] = []
         try:
             for key in keys:
-                entries.append(self._acquire(int(key)))
+                entry, new = self._acquire(int(key))
+                entries.append(entry)
+                if opened is not None:
+                    opened.append(new)
             yield [e.handle for e in entries]
         finally:
             self._release(entries)
@@ -160,10 +168,11 @@ class FileLru:
         finally:
             self._release([entry])
 
-    def _acquire(self, key: int) -> _Entry:
+    def _acquire(self, key: int) -> tuple[_Entry, bool]:
         with self._lock:
             entry = self._open.get(key)
-            if entry is None:
+            new = entry is None
+            if new:
                 handle = self._opener(key)
                 entry = _Entry(handle, int(self._weight_of(handle)))
                 self._open[key] = entry
@@ -173,7 +182,7 @@ class FileLru:
             entry.pins += 1
             doomed = self._evict()
         _close(doomed)
-        return entry
+        return entry, new
 
     def _release(self, entries: list[_Entry]) -> None:
         doomed = []

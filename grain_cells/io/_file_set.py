@@ -364,12 +364,15 @@ class OpenFiles:
     ) -> Iterator[list[OpenFile]]:
         """Files `indices`' handles (repeats allowed), open until the block ends.
 
-        `at_read`: each is checked unchanged first (`check_at_read`).
+        `at_read`: each is checked unchanged first (`check_at_read`), but
+        for files opened by this call: their open checked them just now.
         """
-        with self._lru.pinned(indices) as handles:
+        opened: list[bool] = []
+        with self._lru.pinned(indices, opened) as handles:
             if at_read:
-                for i, handle in zip(indices, handles, strict=True):
-                    self.check_at_read(int(i), handle)
+                for i, handle, new in zip(indices, handles, opened, strict=True):
+                    if not new:
+                        self.check_at_read(int(i), handle)
             yield handles
 
     @contextlib.contextmanager
