@@ -23,6 +23,8 @@ check every open makes), so the layouts were taken from the same file.
 Anything missing, unreadable or of another shape is a miss: the file opens
 through its format as before. Codes outside a column's categories are a
 miss too (the format's path reports them).
+
+Design notes: docs/reference/design.md#io-layout-cache.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import pickle
 import time
 
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -299,3 +300,40 @@ def test_a_file_changed_after_its_cache_entry_is_refused(quiet_paths, opens):
 def test_an_epoch_from_cached_layouts_equals_anndata(quiet_paths, workers):
     grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])  # writes entries
     test_an_epoch_through_two_open_files_equals_anndata(quiet_paths, workers)
+
+
+def test_chunked_obs_codes_are_read_from_cached_layouts(tmp_path, monkeypatch, opens):
+    # Codes written in uncompressed chunks (as large files' are): positional.
+    paths = []
+    for f in range(2):
+        path = str(tmp_path / f"c{f}.h5ad")
+        rows = np.arange(f * CELLS, (f + 1) * CELLS)
+        anndata.AnnData(
+            X=sp.csr_matrix(np.ones((CELLS, GENES), np.float32)),
+            obs=pd.DataFrame(
+                {"cat": pd.Categorical([f"k{r % 3}" for r in rows])},
+                index=[f"c{r}" for r in rows],
+            ),
+            var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+        ).write_h5ad(path)
+        with h5py.File(path, "r+") as h:
+            codes = h["obs/cat/codes"]
+            values, attrs = codes[...], dict(codes.attrs)
+            del h["obs/cat/codes"]
+            new = h["obs/cat"].create_dataset("codes", data=values, chunks=(5,))
+            new.attrs.update(attrs)
+        paths.append(path)
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_meta_cache, "QUIET_NS", 100_000_000)
+    time.sleep(0.3)
+    built = grain_cells.AnnDataSource(paths, obs_columns=["cat"])
+    source = pickle.loads(pickle.dumps(built))
+    rows = np.arange(2 * CELLS)
+    got = source.read(rows).obs["cat"]
+    want = np.concatenate(
+        [np.asarray(anndata.read_h5ad(p).obs["cat"].cat.codes) for p in paths]
+    )
+    np.testing.assert_array_equal(got, want)
+    assert opens == []
+    source.close()
+    built.close()
