@@ -26,15 +26,14 @@ DEFAULT_MAX_OPEN = 128
 # weighs 1, one held through its format `FORMAT_WEIGHT` (so that about
 # `DEFAULT_MAX_OPEN` of those fit, as before). At most `DEFAULT_BUDGET`,
 # so a process stays under 512 descriptors.
-DEFAULT_BUDGET = 448
+DEFAULT_BUDGET = 384
 FORMAT_WEIGHT = 3
 
 
 def default_max_open() -> int:
     """Files held through their format that `"auto"` keeps open at most.
 
-    `default_budget() // FORMAT_WEIGHT`: 149, or a twelfth of a low soft
-    `RLIMIT_NOFILE` (two descriptors each: a sixth of the limit).
+    `default_budget() // FORMAT_WEIGHT`: 128, or 21 under `ulimit -n 256`.
     """
     return max(1, default_budget() // FORMAT_WEIGHT)
 
@@ -44,9 +43,10 @@ def default_budget() -> int:
 
     Descriptor-only files weigh 1 (one descriptor each), others
     `FORMAT_WEIGHT` (two): `ulimit -n 256` gives 64 (as the 32 files of
-    two descriptors before), `ulimit -n 1024` and above 448, so that each
+    two descriptors before), `ulimit -n 1024` and above 384, so that each
     process (15 workers under `ulimit -n 1024` included) stays under 512
-    with read-ahead's own descriptors (`io._range_reads.HINT_FILES`).
+    with a fetch's files pinned beyond the bound and read-ahead's own
+    descriptors (`io._range_reads.HINT_FILES`).
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:

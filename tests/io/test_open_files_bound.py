@@ -295,10 +295,10 @@ def test_the_default_budget_follows_a_low_descriptor_limit(monkeypatch):
     assert file_lru.default_budget() == 64
     assert file_lru.default_max_open() == 21
     monkeypatch.setattr(file_lru.resource, "getrlimit", lambda _: (1024, 4096))
-    assert file_lru.default_budget() == file_lru.DEFAULT_BUDGET == 448
+    assert file_lru.default_budget() == file_lru.DEFAULT_BUDGET == 384
     monkeypatch.setattr(file_lru.resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
-    assert file_lru.default_budget() == 448
-    assert file_lru.default_max_open() == 149
+    assert file_lru.default_budget() == 384
+    assert file_lru.default_max_open() == 128
 
 
 def test_auto_keeps_more_descriptor_only_files_than_format_held_ones():
