@@ -18,19 +18,40 @@ from typing import Any
 
 from grain_cells._util import arguments
 
-# Files kept open per process by default (at most; see `default_max_open`).
+# Files held through their format (h5py: two descriptors and HDF5's
+# caches each) kept open per process by default (see `default_max_open`).
 DEFAULT_MAX_OPEN = 128
+# `max_open_files="auto"` bounds a weighted count (`FileLru.weight`): a
+# file read through its descriptor alone (`grain_cells.io._layouts`)
+# weighs 1, one held through its format `FORMAT_WEIGHT` (so that about
+# `DEFAULT_MAX_OPEN` of those fit, as before). At most `DEFAULT_BUDGET`,
+# so a process stays under 512 descriptors.
+DEFAULT_BUDGET = 384
+FORMAT_WEIGHT = 3
 
 
 def default_max_open() -> int:
-    """`DEFAULT_MAX_OPEN`, or an eighth of the soft `RLIMIT_NOFILE` if less.
+    """Files held through their format that `"auto"` keeps open at most.
 
-    Two descriptors per file: at most a quarter of the process's limit.
+    `default_budget() // FORMAT_WEIGHT`: 128, or 21 under `ulimit -n 256`.
+    """
+    return max(1, default_budget() // FORMAT_WEIGHT)
+
+
+def default_budget() -> int:
+    """`DEFAULT_BUDGET`, or half the soft `RLIMIT_NOFILE` less 64 if less.
+
+    Descriptor-only files weigh 1 (one descriptor each), others
+    `FORMAT_WEIGHT` (two): `ulimit -n 256` gives 64 (as the 32 files of
+    two descriptors before), `ulimit -n 1024` and above 384, so that each
+    process (15 workers under `ulimit -n 1024` included) stays under 512
+    with a fetch's files pinned beyond the bound and read-ahead's own
+    descriptors (`io._range_reads.HINT_FILES`).
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:
-        return DEFAULT_MAX_OPEN
-    return max(1, min(DEFAULT_MAX_OPEN, soft // 8))
+        return DEFAULT_BUDGET
+    return max(FORMAT_WEIGHT, min(DEFAULT_BUDGET, soft // 2 - 64))
 
 
 def check_max_open(value: int | str) -> int | str:
@@ -50,14 +71,21 @@ def check_max_open(value: int | str) -> int | str:
     return arguments.check_int("max_open_files", value, minimum=1)
 
 
-def resolve_max_open(value: int | str) -> int:
-    """Files kept open in this process for a `max_open_files` argument."""
-    return default_max_open() if value == "auto" else int(value)
+def resolve_max_open(value: int | str) -> tuple[int, int | None]:
+    """`(max_open, max_weight)` of `FileLru` for a `max_open_files` argument.
+
+    An int bounds files; `"auto"` bounds their weight (`default_budget`).
+    """
+    if value == "auto":
+        budget = default_budget()
+        return budget, budget
+    return int(value), None
 
 
 @dataclasses.dataclass(eq=False)
 class _Entry:
     handle: Any
+    weight: int = 1
     pins: int = 0
     retired: bool = False  # left the table while pinned: close at last unpin
 
@@ -68,16 +96,28 @@ class FileLru:
     Thread-safe. Handles must have a `close()`.
     """
 
-    def __init__(self, opener: Callable[[int], Any], max_open: int):
+    def __init__(
+        self,
+        opener: Callable[[int], Any],
+        max_open: int,
+        max_weight: int | None = None,
+        weight: Callable[[Any], int] | None = None,
+    ):
         """Opens nothing yet.
 
         Args:
             opener: Opens file `key`; may raise (nothing is then kept).
             max_open: Files kept open when no read pins more.
+            max_weight: Also at most this total `weight` of open files
+                (None: no such bound).
+            weight: An open handle's weight (default 1).
         """
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open}")
         self.max_open = max_open
+        self.max_weight = max_weight
+        self._weight_of = weight or (lambda _: 1)
+        self._weight = 0
         self._opener = opener
         self._lock = threading.Lock()
         self._open: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
@@ -88,8 +128,13 @@ class FileLru:
         return len(self._open)
 
     @contextlib.contextmanager
-    def pinned(self, keys: Sequence[int]) -> Iterator[list]:
+    def pinned(
+        self, keys: Sequence[int], opened: list[bool] | None = None
+    ) -> Iterator[list]:
         """The handles of `keys` (repeats allowed), open until the block ends.
+
+        `opened`: gets, per key, whether its handle was opened by this call
+        (the opener's checks ran just now).
 
         Raises:
             Whatever `opener` raises; files pinned before it are released.
@@ -97,7 +142,10 @@ class FileLru:
         entries: list[_Entry] = []
         try:
             for key in keys:
-                entries.append(self._acquire(int(key)))
+                entry, new = self._acquire(int(key))
+                entries.append(entry)
+                if opened is not None:
+                    opened.append(new)
             yield [e.handle for e in entries]
         finally:
             self._release(entries)
@@ -120,18 +168,21 @@ class FileLru:
         finally:
             self._release([entry])
 
-    def _acquire(self, key: int) -> _Entry:
+    def _acquire(self, key: int) -> tuple[_Entry, bool]:
         with self._lock:
             entry = self._open.get(key)
-            if entry is None:
-                entry = _Entry(self._opener(key))
+            new = entry is None
+            if new:
+                handle = self._opener(key)
+                entry = _Entry(handle, int(self._weight_of(handle)))
                 self._open[key] = entry
+                self._weight += entry.weight
             else:
                 self._open.move_to_end(key)
             entry.pins += 1
             doomed = self._evict()
         _close(doomed)
-        return entry
+        return entry, new
 
     def _release(self, entries: list[_Entry]) -> None:
         doomed = []
@@ -146,16 +197,22 @@ class FileLru:
     def _evict(self) -> list[_Entry]:
         """Takes unpinned files out, oldest first, down to the bound (locked)."""
         excess = len(self._open) - self.max_open
-        if excess <= 0:
+        heavy = self.max_weight is not None and self._weight > self.max_weight
+        if excess <= 0 and not heavy:
             return []
-        doomed = []
+        doomed, weight, count = [], self._weight, len(self._open)
         for key, entry in self._open.items():
+            if count <= self.max_open and (
+                self.max_weight is None or weight <= self.max_weight
+            ):
+                break
             if entry.pins == 0:
                 doomed.append((key, entry))
-                if len(doomed) == excess:
-                    break
+                count -= 1
+                weight -= entry.weight
         for key, _ in doomed:
             del self._open[key]
+        self._weight = weight
         return [e for _, e in doomed]
 
     def close_all(self) -> None:
@@ -163,6 +220,7 @@ class FileLru:
         with self._lock:
             entries = list(self._open.values())
             self._open.clear()
+            self._weight = 0
             doomed = [e for e in entries if e.pins == 0]
             for e in entries:
                 e.retired = e.pins > 0
@@ -255,6 +313,7 @@ __all__ = [
     "Checked",
     "FileLru",
     "check_max_open",
+    "default_budget",
     "default_max_open",
     "resolve_max_open",
 ]

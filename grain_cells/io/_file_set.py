@@ -19,17 +19,19 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from grain_cells import errors, formats
+from grain_cells import errors
 from grain_cells._util import cores, fork
-from grain_cells.io import _direct_csr, _file_lru, _h5ad, _layouts, _nodes, _obs_cache
+from grain_cells.io import (
+    _file_lru,
+    _h5ad,
+    _nodes,
+)
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._obsm import element_reader, inspect_element
-from grain_cells.io._open import open_file
-from grain_cells.io._open_file import OpenFile
+from grain_cells.io._open_file import OpenFile, open_member, reopen, weight_of
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -182,105 +184,6 @@ class FileSet:
             identity.check_stat(now, when)
 
 
-def open_member(
-    files: FileSet, i: int, checked: _file_lru.Checked | None = None
-) -> OpenFile:
-    """Opens file `i` of `files` in this process, checking it is unchanged.
-
-    With `checked`: a file this process checked in full before (its record
-    there) and whose `stat` is unchanged since is not inspected again; its
-    matrix summary and obs values are taken from the record, and when the
-    record holds its byte layouts (`_layouts`) the file is not opened
-    through its format at all: one descriptor, checked by its `fstat`.
-    A local file whose arrays are all read positionally keeps only that
-    descriptor open (its format's handle closes once inspected).
-
-    Raises:
-        errors.SourceChangedError: The file differs from when `files` was built.
-    """
-    known = None if checked is None else checked.get(i)
-    if known is not None and known.layouts is not None:
-        return _reopen(files, i, known)
-    expected = files.infos[i]
-    path = expected.path
-    identity = files.identities[i]
-    fmt = formats.for_path(path)
-    if identity.stat.content:
-        # An object whose ETag does not follow its content (an HTTP server):
-        # its sampled bytes now, before the format trusts metadata cached
-        # for it.
-        now = fmt.stat_path(path, files.storage_options)
-        identity.check_stat(now, "when a process opened it")
-    # A zarr store's stat is its digest taken now, as it opens.
-    f = open_file(path, files.storage_options, identity.stat)
-    try:
-        if known is not None:  # unchanged since this process checked it
-            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
-            info = known.info
-        else:
-            info = inspect_element(f, files.element)
-            if info.describe() != expected.describe():
-                raise errors.SourceChangedError(
-                    f"{path}: changed since the AnnDataSource was built: "
-                    f"{expected.describe()} then, {info.describe()} now. Build "
-                    "a new source (and do not restore iterator state saved "
-                    "for the old one)."
-                )
-            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
-            identity.check_layout(f, "when a process opened it")
-        fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
-    except BaseException:
-        f.close()
-        raise
-    try:
-        if fd is not None:
-            identity.check_stat(fd.stat(), "when a process opened it")
-        reader = element_reader(f, info, fd)
-        # Mapped from a cache file that every process shares (`_obs_cache`).
-        if known is not None:
-            obs = known.obs
-        else:
-            specs = {c: files.obs[c] for c in files.obs_names}
-            obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-        layouts = _layouts.layouts_of(reader, fd)
-        if checked is not None:
-            checked.put(i, info, obs, layouts, fmt)
-        fmt.opened(f)
-        if layouts is None:
-            return OpenFile(f, fd, reader, obs, fmt)
-        # Read through the descriptor alone: the format's handle goes now.
-        reader = _layouts.reader_of(info, layouts, fd)
-        f.close()
-        return OpenFile(None, fd, reader, obs, fmt)
-    except BaseException:
-        if fd is not None:
-            fd.close()
-        f.close()
-        raise
-
-
-def _reopen(files: FileSet, i: int, known) -> OpenFile:
-    """`open_member` of a file whose byte layouts this process holds.
-
-    One descriptor, checked (`fstat`) against the file's identity as every
-    open is; the reader is rebuilt from the layouts on first use, with no
-    format library.
-    """
-    path = files.infos[i].path
-    identity = files.identities[i]
-    fmt = known.format
-    fd = fmt.open_bytes(None, path, files.storage_options, identity.stat)
-    try:
-        identity.check_stat(fd.stat(), "when a process opened it")
-        if known.flat is False:  # computed once per record, then reused
-            known.flat = _direct_csr.flat_from(known.layouts, known.info, fd)
-        flat = None if known.flat is None else known.flat.over(fd)
-    except BaseException:
-        fd.close()
-        raise
-    return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
-
-
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
@@ -306,7 +209,9 @@ class OpenFiles:
                 concurrently; 0 reads inline; `"auto"`: sized per process
                 (`grain_cells._util.cores`).
             max_open_files: Files kept open in this process; `"auto"`:
-                `grain_cells.io._file_lru.default_max_open()`.
+                up to `grain_cells.io._file_lru.default_budget()` files
+                read through one descriptor, a third as many held
+                through their format.
         """
         self.files = files
         self.read_threads = (
@@ -319,9 +224,12 @@ class OpenFiles:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._checked = _file_lru.Checked()
+        max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
         self._lru = _file_lru.FileLru(
             functools.partial(open_member, self.files, checked=self._checked),
-            _file_lru.resolve_max_open(self.max_open_files),
+            max_open,
+            max_weight,
+            weight_of,
         )
         self._local = threading.local()
         self._pool: ReadPool | None = None
@@ -335,12 +243,15 @@ class OpenFiles:
     ) -> Iterator[list[OpenFile]]:
         """Files `indices`' handles (repeats allowed), open until the block ends.
 
-        `at_read`: each is checked unchanged first (`check_at_read`).
+        `at_read`: each is checked unchanged first (`check_at_read`), but
+        for files opened by this call: their open checked them just now.
         """
-        with self._lru.pinned(indices) as handles:
+        opened: list[bool] = []
+        with self._lru.pinned(indices, opened) as handles:
             if at_read:
-                for i, handle in zip(indices, handles, strict=True):
-                    self.check_at_read(int(i), handle)
+                for i, handle, new in zip(indices, handles, opened, strict=True):
+                    if not new:
+                        self.check_at_read(int(i), handle)
             yield handles
 
     @contextlib.contextmanager
@@ -361,7 +272,7 @@ class OpenFiles:
         if known is None or known.layouts is None:
             yield None
             return
-        handle = _reopen(self.files, i, known)
+        handle = reopen(self.files, i, known)
         try:
             yield handle
         finally:

@@ -46,8 +46,9 @@ import time
 
 import numpy as np
 
+from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, write_atomic
-from grain_cells.io import _h5ad, _nodes
+from grain_cells.io import _h5ad, _layout_cache, _nodes
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import MatrixInfo
 from grain_cells.io._identity import FileIdentity
@@ -63,14 +64,16 @@ QUIET_NS = 2_000_000_000
 class FileMeta:
     """What `FileSet.inspect` takes of one file (see the module docstring)."""
 
-    __slots__ = ("have", "identity", "info", "keys", "kinds")
+    __slots__ = ("have", "identity", "info", "keys", "kinds", "layouts")
 
-    def __init__(self, info, identity, keys, have, kinds):
+    def __init__(self, info, identity, keys, have, kinds, layouts=None):
         self.info: MatrixInfo = info
         self.identity: FileIdentity = identity
         self.keys: np.ndarray = keys
         self.have: list[str] = have
         self.kinds: dict[str, ColumnKind] = kinds  # columns read (present ones)
+        # Byte layouts for a first open without the format (`_layout_cache`).
+        self.layouts: dict | None = layouts
 
 
 def cache_dir() -> str:
@@ -192,6 +195,7 @@ class MetaCache:
                 return
             name = _key(path, self.element, self.genes_from, stat)
             _write(self.folder, name + ".json", json.dumps(entry).encode())
+            _layout_cache.store(path, self.element, stat, meta.layouts)
         except OSError:  # a read-only or full cache: open the file next time
             return
 
@@ -281,7 +285,10 @@ def inspect_file(
         keys = read_gene_keys(f, element, genes_from)
         have = _h5ad.obs_columns(f)
         kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have)
-    return FileMeta(info, identity, keys, list(have), kinds)
+        layouts = _layout_cache.take(
+            f, formats.for_path(path), path, info, stat, obs_names
+        )
+    return FileMeta(info, identity, keys, list(have), kinds, layouts)
 
 
 def _kind_dtypes(meta: FileMeta):

@@ -90,7 +90,6 @@ def fetch_ranges(
     ]
     # The files stay open (pinned) until every read of them is done.
     with handles.pinned(file_of, at_read=True) as opened:
-        readers = [f.reader for f in opened]
         obs_of = {
             c: {i: f.obs[c] for i, f in zip(file_of, opened, strict=True)}
             for c in files_.obs_names
@@ -105,6 +104,8 @@ def fetch_ranges(
             )
             if got is not None:
                 return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
+        # Readers of files reopened from byte layouts are built only here.
+        readers = [f.reader for f in opened]
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )

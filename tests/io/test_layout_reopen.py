@@ -13,8 +13,11 @@ Files are written by anndata; the value at (global row r, gene j) is
 from __future__ import annotations
 
 import os
+import pickle
+import time
 
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,6 +26,8 @@ import scipy.sparse as sp
 import grain_cells
 from grain_cells.errors import SourceChangedError
 from grain_cells.io import _file_set as file_set
+from grain_cells.io import _meta_cache
+from grain_cells.io import _open_file as open_file_mod
 
 N_FILES = 5
 CELLS = 12
@@ -53,13 +58,13 @@ def paths(request, tmp_path) -> list[str]:
 def opens(monkeypatch) -> list[str]:
     """Every open of a file through its format (h5py) in this process."""
     calls: list[str] = []
-    real = file_set.open_file
+    real = open_file_mod.open_file
 
     def counting(path, *args, **kwargs):
         calls.append(os.fspath(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(file_set, "open_file", counting)
+    monkeypatch.setattr(open_file_mod, "open_file", counting)
     return calls
 
 
@@ -146,13 +151,13 @@ def test_read_ahead_hints_open_no_file_through_hdf5(paths, opens, monkeypatch):
     source.read([0])
     source.read([CELLS])  # file 0 evicted, its layouts kept; file 1 open
     advised = []
-    real = file_set._reopen
+    real = file_set.reopen
 
     def reopen(files, i, known):
         advised.append(i)
         return real(files, i, known)
 
-    monkeypatch.setattr(file_set, "_reopen", reopen)
+    monkeypatch.setattr(file_set, "reopen", reopen)
     source.advise(every)
     assert len(opens) == 2  # no open through h5py for the hint
     assert advised == [0]  # the known file, through a descriptor of its own
@@ -248,3 +253,88 @@ def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
     rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
     np.testing.assert_array_equal(_dense(source.read(rows).X), truth[rows])
     source.close()
+
+
+# A process's first open of a file (issue 33): the trainer's build caches each
+# file's byte layouts (`grain_cells.io._layout_cache`), so another process
+# opens an unchanged file with a descriptor and positional reads, no h5py.
+
+
+@pytest.fixture
+def quiet_paths(paths, monkeypatch, tmp_path):
+    """`paths`, quiet long enough to be cached, in a cache of this test's own."""
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_meta_cache, "QUIET_NS", 100_000_000)
+    time.sleep(0.3)
+    return paths
+
+
+def test_a_first_open_with_cached_layouts_uses_no_hdf5(quiet_paths, opens):
+    truth = _truth(quiet_paths)
+    built = grain_cells.AnnDataSource(
+        quiet_paths, block_size=3, obs_columns=["idx"], max_open_files=2
+    )
+    source = pickle.loads(pickle.dumps(built))  # as a worker gets it: no record
+    rng = np.random.default_rng(0)
+    for f in rng.permutation(N_FILES).tolist():
+        rows = f * CELLS + rng.permutation(CELLS)[:7]
+        cells = source.read(rows)
+        np.testing.assert_array_equal(_dense(cells.X), truth[rows])
+        np.testing.assert_array_equal(cells.obs["idx"], rows)
+    assert opens == []
+    source.close()
+    built.close()
+
+
+def test_a_file_changed_after_its_cache_entry_is_refused(quiet_paths, opens):
+    built = grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])
+    _write(quiet_paths[1], 9, dense=False)
+    source = pickle.loads(pickle.dumps(built))
+    source.read([0])
+    with pytest.raises(SourceChangedError):
+        source.read([CELLS])
+    source.close()
+    built.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_from_cached_layouts_equals_anndata(quiet_paths, workers):
+    grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])  # writes entries
+    test_an_epoch_through_two_open_files_equals_anndata(quiet_paths, workers)
+
+
+def test_chunked_obs_codes_are_read_from_cached_layouts(tmp_path, monkeypatch, opens):
+    # Codes written in uncompressed chunks (as large files' are): positional.
+    paths = []
+    for f in range(2):
+        path = str(tmp_path / f"c{f}.h5ad")
+        rows = np.arange(f * CELLS, (f + 1) * CELLS)
+        anndata.AnnData(
+            X=sp.csr_matrix(np.ones((CELLS, GENES), np.float32)),
+            obs=pd.DataFrame(
+                {"cat": pd.Categorical([f"k{r % 3}" for r in rows])},
+                index=[f"c{r}" for r in rows],
+            ),
+            var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+        ).write_h5ad(path)
+        with h5py.File(path, "r+") as h:
+            codes = h["obs/cat/codes"]
+            values, attrs = codes[...], dict(codes.attrs)
+            del h["obs/cat/codes"]
+            new = h["obs/cat"].create_dataset("codes", data=values, chunks=(5,))
+            new.attrs.update(attrs)
+        paths.append(path)
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_meta_cache, "QUIET_NS", 100_000_000)
+    time.sleep(0.3)
+    built = grain_cells.AnnDataSource(paths, obs_columns=["cat"])
+    source = pickle.loads(pickle.dumps(built))
+    rows = np.arange(2 * CELLS)
+    got = source.read(rows).obs["cat"]
+    want = np.concatenate(
+        [np.asarray(anndata.read_h5ad(p).obs["cat"].cat.codes) for p in paths]
+    )
+    np.testing.assert_array_equal(got, want)
+    assert opens == []
+    source.close()
+    built.close()

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.errors import SourceChangedError
-from grain_cells.io import _file_set as file_set
+from grain_cells.io import _open_file as file_set
 
 CELLS = 8
 

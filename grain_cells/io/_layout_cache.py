@@ -1,0 +1,249 @@
+"""Each file's byte layouts on disk: a process's first open of it without h5py.
+
+A process reading a collection opens each file once through its format
+(`open_member`: h5py open, inspection, layout digest, obs columns, close;
+about 7 CPU-ms for a small `.h5ad`) before it can keep its byte layouts
+(`grain_cells.io._layouts`) and reopen it with one descriptor. With
+thousands of files every worker pays that for each file. The process that
+builds the source inspects every file anyway (`_meta_cache.inspect_file`),
+so it also takes the byte layouts of the matrix's arrays and of the obs
+columns read (a categorical's codes, a numeric column's values) when all
+are stored uncompressed in the file, and `_meta_cache.MetaCache.store`
+writes them beside the file's metadata entry. Any process's first open of
+an unchanged local file is then `open` + `fstat` compared with the
+identity, one small JSON read and positional reads of its obs columns: no
+format library (`first_open`).
+
+**Trust** is the metadata cache's (`grain_cells.io._meta_cache`, "Key"):
+an entry's name is a digest of the path, element and the file's `stat`
+(device, inode, size, modification and status-change times in ns), written
+only for files quiet for 2 s; it is used only when the file's `fstat`
+through the descriptor just opened equals the identity taken at build (the
+check every open makes), so the layouts were taken from the same file.
+Anything missing, unreadable or of another shape is a miss: the file opens
+through its format as before. Codes outside a column's categories are a
+miss too (the format's path reports them).
+
+Design notes: docs/reference/design.md#io-layout-cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from grain_cells import formats
+from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells.formats import ByteLayout, PositionalReader
+from grain_cells.io import _layouts
+from grain_cells.io._obs_cache import MIN_CELLS
+from grain_cells.io._obs_columns import _plain_kind
+from grain_cells.io._obsm import element_reader
+from grain_cells.storage import FileStat
+
+_VERSION = "layouts-v1"
+_STAT = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+
+
+def _folder() -> str:
+    return os.path.join(cache_root(), "file-meta", "layouts")
+
+
+def _name(path: str, element: str, stat: FileStat) -> str:
+    parts = [_VERSION, path, element, [getattr(stat, f) for f in _STAT]]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40] + ".json"
+
+
+def take(f, fmt, path: str, info, stat: FileStat, obs_names) -> dict | None:
+    """The file's layouts entry (JSON-able), or None when not all positional.
+
+    Args:
+        f: The open file's root (h5py).
+        fmt: Its format.
+        path: The file.
+        info: Its matrix summary.
+        stat: Its stat.
+        obs_names: The obs columns a source reads with every cell.
+    """
+    if "://" in path or stat.etag or stat.content or stat.store:
+        return None
+    try:
+        return _take(f, fmt, path, info, stat, obs_names)
+    except Exception:  # only a shortcut: the file opens through its format
+        return None
+
+
+def _take(f, fmt, path, info, stat, obs_names) -> dict | None:
+    fd = fmt.open_bytes(f, path, {}, stat)
+    if fd is None:
+        return None
+    try:
+        matrix = _layouts.layouts_of(element_reader(f, info, fd), fd)
+        if matrix is None:
+            return None
+        obs = {}
+        group = f["obs"]
+        for c in obs_names:
+            if c not in group:
+                continue  # absent: the harmonised column knows
+            column = _column_layout(fmt, path, fd, group[c])
+            if column is None:
+                return None
+            obs[c] = column
+    finally:
+        fd.close()
+    out = {k: _layout_json(v) for k, v in matrix.items()}
+    if any(v is None for v in out.values()):
+        return None
+    return {"version": _VERSION, "path": path, "matrix": out, "obs": obs}
+
+
+def _column_layout(fmt, path: str, fd, elem) -> dict | None:
+    """A plain obs column's values as a layout (`_obs_columns._plain_kind`)."""
+    kind = _plain_kind(elem)
+    if kind is None:
+        return None
+    categories, dtype, _ = kind
+    array = elem if categories is None else elem["codes"]
+    layout = getattr(fmt.range_reader(array, path, fd), "byte_layout", None)
+    if layout is None or len(layout.shape) != 1:
+        return None
+    as_json = _layout_json(layout)
+    if as_json is None:
+        return None
+    return {
+        "layout": as_json,
+        "as": np.dtype(dtype).str,
+        "n_categories": None if categories is None else len(categories),
+    }
+
+
+def _layout_json(layout: ByteLayout) -> dict | None:
+    d = layout.dtype
+    if d.hasobject or d.fields is not None or np.dtype(d.str) != d:
+        return None
+    return {
+        "name": layout.name,
+        "dtype": d.str,
+        "shape": list(layout.shape),
+        "chunk_rows": int(layout.chunk_rows),
+        "offsets": layout.offsets.tolist(),
+        "chunk_length": layout.chunk_length,
+    }
+
+
+def _layout(d: dict) -> ByteLayout:
+    return ByteLayout(
+        str(d["name"]),
+        np.dtype(d["dtype"]),
+        tuple(int(x) for x in d["shape"]),
+        int(d["chunk_rows"]),
+        np.array(d["offsets"], np.int64),
+        None if d["chunk_length"] is None else int(d["chunk_length"]),
+    )
+
+
+def store(path: str, element: str, stat: FileStat, entry: dict | None) -> None:
+    """Writes the entry (`take`) for the file at `stat` (callers check quiet)."""
+    if entry is None:
+        return
+    data = json.dumps(entry).encode()
+    try:
+        write_atomic(
+            os.path.join(_folder(), _name(path, element, stat)),
+            lambda out: out.write(data),
+        )
+    except OSError:  # a read-only or full cache: the format opens it
+        return
+
+
+class Found(NamedTuple):
+    """What a first open takes from an entry."""
+
+    format: object
+    layouts: dict
+    obs: dict
+
+
+def first_open(files, i: int) -> Found | None:
+    """File `i` of `files` (a `FileSet`) from its entry, or None (a miss).
+
+    The file's descriptor is opened and its `fstat` checked against the
+    identity taken at build (a changed file raises `SourceChangedError`,
+    as any open does); its obs columns are read positionally through it.
+    On a miss the caller opens the file through its format.
+    """
+    identity = files.identities[i]
+    stat = identity.stat
+    if stat.etag or stat.content or stat.store or "://" in identity.path:
+        return None
+    info = files.infos[i]
+    if files.obs_names and info.n_obs >= MIN_CELLS:
+        return None  # its obs columns are mapped from the shared cache
+    fmt = formats.for_path(identity.path)
+    fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
+    if fd is None:
+        return None
+    try:
+        now = fd.stat()
+        identity.check_stat(now, "when a process opened it")
+        found = _from_entry(files, i, fd, now)
+    finally:
+        fd.close()
+    return None if found is None else Found(fmt, *found)
+
+
+def _from_entry(files, i: int, fd, stat: FileStat):
+    info = files.infos[i]
+    where = os.path.join(_folder(), _name(info.path, files.element, stat))
+    try:
+        with open(where, "rb") as fh:
+            entry = json.loads(fh.read())
+        if entry.get("version") != _VERSION or entry.get("path") != info.path:
+            return None
+        layouts = {k: _layout(v) for k, v in entry["matrix"].items()}
+        obs = {}
+        for c in files.obs_names:
+            column = files.obs[c]
+            if not column.present[i]:
+                obs[c] = column.file_values(i, None, info.n_obs)
+                continue
+            values = _read_column(entry["obs"][c], info, fd)
+            if values is None:
+                return None
+            obs[c] = column.file_values(i, _Values(values), info.n_obs)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return layouts, obs
+
+
+class _Values:
+    """What `HarmonisedColumn.file_values` reads of a column (`values`)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values):
+        self.values = values
+
+
+def _read_column(d: dict, info, fd) -> np.ndarray | None:
+    layout = _layout(d["layout"])
+    n = layout.shape[0]
+    if n != info.n_obs:
+        return None
+    out = np.empty(n, layout.dtype)
+    if n:
+        PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
+    n_cat = d["n_categories"]
+    if n_cat is not None:
+        if n and (int(out.max()) >= n_cat or int(out.min()) < -1):
+            return None  # the format's reader reports it
+        return out
+    return out.astype(np.dtype(d["as"]), copy=False)
+
+
+__all__ = ["Found", "first_open", "store", "take"]
