@@ -56,7 +56,7 @@ from grain_cells.io._obs import ColumnKind
 from grain_cells.io._open import open_file
 from grain_cells.storage import FileStat
 
-_VERSION = "file-meta-v1"
+_VERSION = "file-meta-v2"  # v2: entries carry byte layouts (first opens)
 # A file changed less than this long ago is not cached (see "Key").
 QUIET_NS = 2_000_000_000
 
