@@ -147,12 +147,15 @@ def test_rewrite_during_iteration_is_caught_by_the_periodic_check(
 ):
     url, path, _ = served
     options = {"content_check_s": 0}  # check at every read
-    iterator = iter(_loader(url, worker_count, options))
+    # Workers may read the small file's whole first epoch ahead of the
+    # trainer, before the rewrite (CI, leg 2): later epochs follow it.
+    epochs = 4
+    iterator = iter(_loader(url, worker_count, options, epochs))
     try:
         assert _old_values(next(iterator))
         _rewrite_keeping_mtime(path, versions_on_disk[1], url)
         with pytest.raises(errors.SourceChangedError, match="bytes differ"):
-            for _ in range(N_CELLS):  # more minibatches than the epoch has
+            for _ in range(epochs * N_CELLS):  # more minibatches than there are
                 next(iterator)
     finally:
         close_iterator(iterator)
