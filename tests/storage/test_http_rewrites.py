@@ -73,11 +73,19 @@ def _root(tmp_path, monkeypatch):
 
 
 def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
-    """`cp -p new path`: same inode, same size, the old modification time."""
+    """`cp -p new path`: same size, the old modification time.
+
+    The new content gets the old times before it replaces the served file in
+    one rename: a check running meanwhile (workers, `content_check_s=0`) sees
+    the old object or the new one, never `cp`'s truncated file or a new mtime
+    (CI, leg 2: "0 bytes now" instead of "bytes differ").
+    """
     before = object_store.head(url)
     st = os.stat(path)
-    shutil.copyfile(new, path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    staged = pathlib.Path(path).with_name(pathlib.Path(path).name + ".new")
+    shutil.copyfile(new, staged)
+    os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(staged, path)
     after = object_store.head(url)
     assert after == before  # every header nginx sends is unchanged
 
