@@ -20,7 +20,8 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells._util.ranges import chunks_touched, merge_touching, nonempty
+from grain_cells._util.ranges import chunks_touched, merge_touching
+from grain_cells.formats import checked_ranges, wait_all
 from grain_cells.zarr import _raw
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
@@ -30,13 +31,6 @@ from grain_cells.zarr._store import check_array
 # Tasks one read is split into when a pool is given: enough to balance
 # uneven chunks over a pool of a few threads.
 _MAX_TASKS = 16
-
-
-def wait_all(futures: list[concurrent.futures.Future]) -> None:
-    """Waits for every future, then raises the first one's error, if any."""
-    concurrent.futures.wait(futures)
-    for f in futures:
-        f.result()
 
 
 class RangeReader:
@@ -203,15 +197,9 @@ class RangeReader:
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
         """`formats.RangeReader.read`, from the store's chunks."""
-        starts, stops = nonempty(starts, stops)
+        starts, stops = checked_ranges(self, starts, stops)
         if starts.size == 0:
             return
-        if stops[-1] > self.shape[0] or starts[0] < 0:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
-                f"[{starts.min()}, {stops.max()}) were asked for."
-            )
-        starts, stops = merge_touching(starts, stops)
         total = int((stops - starts).sum())
         row_items = int(np.prod(self.row_shape, dtype=np.int64))
         flat = out.reshape(-1)
