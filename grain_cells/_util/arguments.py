@@ -1,8 +1,9 @@
 """Checks of the arguments users pass, shared by every public entry point.
 
-Each check returns the normalised value or raises an error that names the
-argument and the value given: `seed=1.7` must not silently become 1,
-`block_size=True` must not become 1, and `genes=[]` must not mean "no genes".
+Each returns the normalised value or raises an error naming the argument and
+the value given (`seed=1.7` must not silently become 1).
+
+Design notes: docs/reference/design.md#util-arguments.
 """
 
 from __future__ import annotations

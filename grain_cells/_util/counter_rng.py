@@ -1,14 +1,7 @@
 """Counter-based random numbers: pure functions of `(seed, counters...)`.
 
-A sampler whose draws are pure functions of `(seed, epoch, position)` needs
-no state beyond a position, so Grain's iterator state restores it exactly;
-splits whose units are hashed by `(seed, key)` do not depend on worker or
-shard counts. Both use `hash64` here: words are folded in one at a time,
-each through SplitMix64's finaliser (Steele, Lea & Flood 2014), so for a
-fixed prefix the map from the last word to the hash is a bijection (distinct
-positions of one epoch never collide). The arithmetic is fixed 64-bit
-integer arithmetic, so values are the same on every platform and every NumPy
-version (unlike `numpy.random.Generator` methods, whose streams may change).
+The same values on every platform and NumPy version, so a sampler's state is
+a position and splits do not depend on worker or shard counts.
 
 Design notes: docs/reference/design.md#util-counter-rng.
 """

@@ -1,13 +1,7 @@
 """Per-process state that a forked child must not inherit.
 
-Thread pools, object-store clients, open HDF5 handles and locks belong to the
-process that made them: after `fork` the child has copies of the objects but
-not the threads behind them, and a lock held by a parent thread stays held
-forever. Each such cache registers a callback here, and one handler,
-registered once with `os.register_at_fork(after_in_child=...)`, runs them in
-the child right after the fork, in registration order, before any other
-code of the child uses the caches. (Processes started with "spawn" or
-"forkserver" import the package afresh and need none of this.)
+Caches of pools, clients, handles and locks register a callback here; one
+`os.register_at_fork` handler runs them in the child, in registration order.
 
 Design notes: docs/reference/design.md#util-fork.
 """

@@ -1,8 +1,4 @@
-"""Row ranges and runs: the index arithmetic every read path shares.
-
-A *range* is `[start, stop)` over row ids (or any integer positions); a
-*run* is a maximal stretch of consecutive ids. All functions are vectorised
-(no Python loop per id) and return int64 arrays.
+"""Row ranges `[start, stop)` and runs of consecutive ids: vectorised, int64.
 
 Design notes: docs/reference/design.md#util-ranges.
 """
