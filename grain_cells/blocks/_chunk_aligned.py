@@ -1,11 +1,5 @@
 """Chunk-aware blocks: block boundaries that follow X's HDF5 chunk grid.
 
-In a compressed file the unit of decoding is a chunk, not a cell. anndata's
-chunks of a Tahoe-shaped atlas hold tens to hundreds of cells, so a random
-block of 16 cells decodes one or two whole chunks (of `data` and of
-`indices`) to use a fraction of each, and the neighbouring blocks that share
-those chunks are decoded again by other fetches.
-
 Design notes: docs/reference/design.md#blocks-chunk-aligned.
 """
 

@@ -1,9 +1,7 @@
 """How many cells of each class each block holds, and the sums over it.
 
-`balanced_block_weights` and `expected_shares` (`grain_cells.blocks._weighting`)
-work on a block x class count table: sparse entries `(block, class, count)`
-sorted by block, then class. Class index 0 stands for a missing label (code
--1), index `c + 1` for code `c`.
+Sparse entries `(block, class, count)` sorted by block, then class; class
+index 0 is a missing label (code -1), index `c + 1` code `c`.
 
 Design notes: docs/reference/design.md#blocks-composition.
 """

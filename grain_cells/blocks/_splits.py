@@ -1,12 +1,7 @@
-"""Deterministic train/validation/test splits, as block tables of a source.
+"""Deterministic train/validation/test splits, as views of a source.
 
-Each split is a view (`AnnDataSource.view` of a block table that
-`fraction_split_blocks` or `obs_split_blocks` computes, as pure functions),
-usable as its own data source with its own `BlockSampler` or
-`WeightedBlockSampler` and `fetch_operations`. Splits depend only on the
-source, the arguments and the seed, never on worker or shard counts or on
-any position in a stream: they are disjoint, and together they cover the
-source's cells (a view's selection).
+Pure functions of the source, the arguments and the seed (never of worker or
+shard counts): the splits are disjoint and together cover the source.
 
 Design notes: docs/reference/design.md#blocks-splits.
 """

@@ -1,14 +1,7 @@
 """Block weights for `WeightedBlockSampler`: per-cell weights, class balance.
 
-A `WeightedBlockSampler` draws *blocks*, so a weight must end up on blocks.
-Every cell of a drawn block is emitted, so a cell's expected rate is its
-block's probability, shared by all the cells of the block.
-
-Memory while computing weights: the obs column or the cell weights (a
-view of the obs cache's map for one file), one piece's transients (`2**18`
-cells) and the result, 8 bytes per block. The class x class sums the
-iteration needs are exact integers, so the weights are the same on every
-machine (`grain_cells.blocks._pairs`).
+A sampler draws blocks and emits every cell of a drawn block, so a cell's
+expected rate is its block's probability.
 
 Design notes: docs/reference/design.md#blocks-weighting.
 """
