@@ -1,11 +1,9 @@
 """The stored chunks of one zarr array: located, fetched, decoded, checked.
 
-`Chunks` is the part of `grain_cells.zarr._reads.RangeReader` that knows
-the store: which key (and, in a shard, which byte range) holds a chunk,
-fetching it (`grain_cells.zarr._keys`), decoding it
-(`grain_cells.zarr._codecs`), refusing a missing or damaged one by name, and
-an LRU cache of decoded chunks. A *unit* is one stored (inner) chunk:
-`(k,)` for a 1-D array, `(k, j)` for row chunk k and column chunk j.
+A *unit* is one stored (inner) chunk: `(k,)` for a 1-D array, `(k, j)` for
+row chunk k and column chunk j.
+
+Design notes: docs/reference/design.md#zarr-chunks.
 """
 
 from __future__ import annotations

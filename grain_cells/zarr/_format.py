@@ -1,9 +1,6 @@
 """AnnData zarr stores as a `grain_cells.formats.Format`.
 
-Which paths are stores and how one opens, node kinds and the check of
-consolidated metadata, chunk sizes, the range reader, and what locates an
-array's bytes for the layout digest (unchanged from before the move: saved
-states compare it). Registered on import of `grain_cells.zarr`.
+Registered on import of `grain_cells.zarr`.
 
 Design notes: docs/reference/design.md#zarr-format.
 """

@@ -1,17 +1,7 @@
 """The stored bytes of a zarr store's keys, read without zarr's event loop.
 
-`KeyReader.for_store` wraps the store a zarr array was opened from:
-
-* `zarr.storage.LocalStore`: each key is a file under the store's root, read
-  with `os.pread` (releases the GIL, so reader threads overlap);
-* `zarr.storage.ZipStore`: members of the zip file (`zipfile` serialises
-  reads of one archive behind its lock; stored members are cheap to read);
-* `zarr.storage.ObjectStore` (obstore: S3, GCS, Azure, HTTP): range GETs,
-  all of a read's requests in flight at once on obstore's runtime; where
-  the store was opened with its keys' ETags
-  (`grain_cells.zarr._versions.VersionedObjectStore`), every read is
-  conditional on the key's ETag then, and raises `SourceChangedError`
-  once the key has another (a re-upload never mixes into a read).
+`KeyReader.for_store`: local files (`os.pread`), zip members, or range GETs
+of an object store (conditional on the keys' ETags where known).
 
 Design notes: docs/reference/design.md#zarr-keys.
 """

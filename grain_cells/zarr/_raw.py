@@ -1,9 +1,4 @@
-"""Partial reads of uncompressed chunks: only the bytes the ranges need.
-
-A chunk stored without compression (zarr v3's `bytes` codec alone, sharded
-or not; zarr v2 with no compressor nor filters) holds element i at byte
-`i * itemsize`, so a range inside one chunk is one byte range of one file,
-read straight into the destination (`os.preadv`) instead of the whole chunk.
+"""Partial reads of uncompressed chunks: only the bytes the ranges need (`os.preadv`).
 
 Design notes: docs/reference/design.md#zarr-raw.
 """

@@ -1,9 +1,7 @@
-"""Batched reads of many element ranges from one zarr array.
+"""Batched reads of sorted, disjoint first-axis ranges of one zarr array.
 
-A `RangeReader` has the interface of `grain_cells.hdf5._reads.RangeReader`,
-so `grain_cells.io` reads CSR and dense matrices of zarr stores with the same
-code as those of `.h5ad` files: sorted, disjoint ranges of the first axis
-into one contiguous destination.
+`RangeReader` has the interface of `grain_cells.formats.RangeReader`, so
+`grain_cells.io` reads zarr matrices with the code it uses for `.h5ad`.
 
 Design notes: docs/reference/design.md#zarr-reads.
 """

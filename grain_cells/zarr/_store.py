@@ -1,11 +1,4 @@
-"""Opening zarr stores read-only: local directories, `.zarr.zip`, buckets.
-
-* A local directory: `zarr.storage.LocalStore`; a `.zip` file:
-  `zarr.storage.ZipStore`; a `file://` URL is a local path.
-* `s3://`, `gs://`, `az://`, `http(s)://` URLs: `zarr.storage.ObjectStore`
-  over an obstore store rooted at the URL, built by
-  `grain_cells.storage.remote._store` from the same `storage_options`,
-  environment credentials, AWS profiles and retries as `.h5ad` objects.
+"""Opening zarr stores read-only: local directories, `.zarr.zip`, buckets and URLs.
 
 Design notes: docs/reference/design.md#zarr-store.
 """

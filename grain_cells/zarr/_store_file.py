@@ -1,10 +1,5 @@
 """An open zarr store's root group, with the handle API of an `h5py.File`.
 
-`StoreFile` is what `grain_cells.zarr._format.ZarrFormat.open` returns: the
-io layer reads it as it reads any open file (`close`, `with`, `filename`,
-`attrs`, `keys`, `get`, `in`, `[]`), and `check_root` is the cheap per-read
-check that the store was not rewritten.
-
 Design notes: docs/reference/design.md#zarr-store-file.
 """
 
