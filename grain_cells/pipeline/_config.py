@@ -1,12 +1,9 @@
 """The pipeline's keywords, declared once: `PipelineOptions`.
 
-`loader`, `cell_dataset` and `fetch_operations` (and through it
-`grain_cells.DataLoader`) take the fields of `PipelineOptions` as keywords:
-each entry point declares which groups it takes (`keywords`), and
-`options_of` turns its keywords into one checked `PipelineOptions`.
-`make_split` binds the options to a source (the fetch transform) and
-`make_sampler` picks the sampler; `check_same_source` and
-`check_condition_sampler` check a pipeline's parts against its source.
+`keywords` declares which groups an entry point takes, `options_of` checks
+them, `make_split` and `make_sampler` bind them to a source.
+
+Design notes: docs/reference/design.md#pipeline-config.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The one pipeline, on Grain's public dataset API.
 
-`cell_dataset(source, ...)` and `grain_cells.DataLoader` both build::
-
-    MapDataset.range(n0, fetches)     # this shard's fetch numbers (FetchPlan)
-      .map(ReadFetch)                 # read + shuffle + format a whole fetch
-      .to_iter_dataset(READ_OPTIONS)
-      .mp_prefetch(N workers)         # worker i runs fetches n0+i, n0+i+N, ...
-    -> split each fetch into its minibatches (in the trainer; no copy)
-
-**Memory per worker**: the fetch being read (its read buffer, about
-`batch_size * fetch_factor` cells, and its formatted minibatches), plus
-`worker_buffer_size` finished fetches waiting in the worker's queue, one
-slot of its shared-memory ring per minibatch; in the trainer, the fetch being
-handed out.
+Fetch numbers -> `ReadFetch` (read, shuffle, format a whole fetch) ->
+`mp_prefetch` -> each fetch split into its minibatches in the trainer.
 
 Design notes: docs/reference/design.md#pipeline-dataset.
 """

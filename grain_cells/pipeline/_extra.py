@@ -1,14 +1,5 @@
 """More matrices per minibatch: layers, `raw/X` and `obsm` arrays beside X.
 
-`fetch_operations(source, ..., extra={...})` reads, for the same cells as the
-minibatch's X, each named extra matrix in the format chosen for it:
-
-    extra={
-        "counts": grain_cells.Layer("counts"),                 # CSR
-        "raw": grain_cells.Layer("raw", grain_cells.DenseOutput()),
-        "pca": grain_cells.Obsm("X_pca"),                      # [batch, k]
-    }
-
 Design notes: docs/reference/design.md#pipeline-extra.
 """
 

@@ -1,16 +1,5 @@
 """Batched fetching (scDataset): read a fetch of blocks, split it into minibatches.
 
-`fetch_operations(source, batch_size=m, fetch_factor=f)`
-(`grain_cells.pipeline._operations`) returns the two operations that go after a
-`BlockSampler` in a `grain.DataLoader`:
-
-1. `Batch(G)` groups `G = m * f / block_size` consecutive block records of
-   each worker's stream into one *fetch*;
-2. a `FlatMap` reads the fetch's blocks in one batched pass (one positional
-   read per contiguous piece, into a reused buffer), shuffles its cells in
-   memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
-   `m` cells, each gathered once into its output format.
-
 Design notes: docs/reference/design.md#pipeline-fetch.
 """
 

@@ -1,11 +1,6 @@
 """`CellIterator`: the iterator of a `CellDataset`, its workers and its state.
 
-It walks its shard's fetch plan (`grain_cells.pipeline._resume.Position`),
-starts the Grain chain of the module docstring of
-`grain_cells.pipeline._dataset` from the fetch it stands at (worker
-processes through `mp_prefetch`), hands out each fetch's minibatches, and
-saves and restores its position under any worker or shard count. Closing it
-(or its failing) stops its workers and frees their shared memory.
+Design notes: docs/reference/design.md#pipeline-iterator.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """Where a stream of fetches stands, and resuming it under another shard count.
 
-An iterator's position is ours, not Grain's: the plan (`origin`, shard
-`count` and `index`, the `pieces` of a previous hand-over), the fetch `n`
-whose minibatch `j` comes next, `step`, the minibatches this shard has
-emitted since the plan began, and the loader's `epoch` (which pass over a
-finite sampler stream the plan walks; see `grain_cells.pipeline._dataset`;
-0 in states saved before epochs existed). Restoring under any worker count rebuilds the
-pipeline from fetch `n` (fetches are pure functions of their number, so the
-sequence is the same).
-
 Design notes: docs/reference/design.md#pipeline-resume.
 """
 

@@ -1,12 +1,7 @@
 """The fetch stage: fetch `n` of a process -> its blocks -> its minibatches.
 
-A fetch is a pure function of its number. `FetchPlan` says which sampler
-positions fetch `n` of one process (JAX process, shard) holds;
-`ReadFetch` (a Grain `MapTransform`) reads those blocks, shuffles their cells
-and formats the fetch's minibatches, in whichever process runs it. Because
-nothing here depends on which worker runs a fetch, the minibatch sequence of
-`grain_cells.cell_dataset` and `grain_cells.DataLoader` does not depend on the
-worker count.
+A fetch is a pure function of its number, so the minibatch sequence does not
+depend on the worker count.
 
 Design notes: docs/reference/design.md#pipeline-stage.
 """

@@ -1,11 +1,5 @@
 """What a restored iterator state must match, and validation field by field.
 
-A state of `grain_cells.cell_dataset` / `grain_cells.DataLoader` is
-`{"grain_cells": stamp, "position": {...}}` (see `grain_cells.pipeline._resume`). The
-stamp says which pipeline saved it, as JSON values, by configuration rather
-than by `repr` (so a `repr` may change without breaking restores); its fields
-are listed in the design notes.
-
 Design notes: docs/reference/design.md#pipeline-state-checks.
 """
 
