@@ -1,11 +1,5 @@
 """Minibatches handed to the user as arrays inside a worker's slot (leases).
 
-A *lease* returns a minibatch as arrays that are views of its slot's
-mapping, and hands the slot back to its worker when the last of those
-arrays dies (a weak reference to the one `uint8` array every view is cut
-from), so after the user's last read, in program order. A process forked
-from the trainer hands nothing back (`_views`).
-
 Design notes: docs/reference/design.md#transport-lease.
 """
 

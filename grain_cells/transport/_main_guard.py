@@ -1,11 +1,5 @@
 """Detecting a script that starts worker processes without the `__main__` guard.
 
-Grain starts its workers with `spawn`: each imports the main script again,
-so a script that builds and iterates a loader outside
-`if __name__ == "__main__":` makes every worker start workers of its own.
-`check_main_guard` and `main_thread_site` refuse that at once, naming the
-fix, instead of Grain's late "Worker process was terminated unexpectedly".
-
 Design notes: docs/reference/design.md#transport-main-guard.
 """
 

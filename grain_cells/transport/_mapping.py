@@ -1,10 +1,5 @@
 """Memory mappings of shared segments, without a file descriptor each.
 
-`map_shared` maps a POSIX shared segment through the C library's `mmap`
-(`ctypes`, public API), so the caller closes its descriptor right away
-(`mmap.mmap` keeps one per mapping). The mapping is a `ctypes` byte array:
-NumPy views of it keep it alive; it is unmapped when the last one dies.
-
 Design notes: docs/reference/design.md#transport-mapping.
 """
 

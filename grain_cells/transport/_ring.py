@@ -1,11 +1,7 @@
 """Moving minibatches from Grain worker processes to the trainer, cheaply.
 
-Each worker keeps a small ring of slots (shared segments mapped in both
-processes) and writes a minibatch's arrays into one slot; what crosses
-Grain's queue is a small handle. The trainer maps the slot and *leases* it
-(`_lease`): no copy, and the slot goes back when the last array dies. Beyond
-the ring's lease budget the arrays are copied out and the slot handed back at
-once. The arrays a user holds never alias memory a worker will overwrite.
+A worker writes a minibatch into a slot of its shared-memory ring; the
+trainer leases the slot (no copy) and hands it back when the arrays die.
 
 Design notes: docs/reference/design.md#transport-ring.
 """

@@ -1,16 +1,6 @@
 """What the pipeline sets up in a worker, and how a worker sends minibatches.
 
-The pipeline owns the worker side: `grain_cells.cell_dataset` and
-`grain_cells.DataLoader` pass `worker_init` to Grain's
-`IterDataset.mp_prefetch(worker_init_fn=...)`, and the adapter of a plain
-`grain.DataLoader` (`grain_cells.pipeline._grain_ops`) calls it when its
-fetch transform is unpickled in a worker (Grain's `DataLoader` has no
-worker hook). Either way the worker then exits with its parent
-(`_worker.exit_with_parent`), freezes its garbage collector's old objects
-after its first fetch (`_worker.fetch_starting`), and sends every minibatch
-through its shared-memory slot ring (`_ring`), formatted straight into a
-slot (`_slot_writer`). The fetch code itself knows none of this: it formats a
-minibatch with whatever allocator it is given.
+Design notes: docs/reference/design.md#transport-send.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Minibatches formatted straight into a worker's shared-memory slot.
 
-A `SlotWriter` hands the output format its arrays inside the worker's slot
-(`empty`, the signature of `np.empty`), so the gather from the fetch buffer
-is the only pass over a minibatch's bytes (no copy into the slot after).
-
 Design notes: docs/reference/design.md#transport-slot-writer.
 """
 

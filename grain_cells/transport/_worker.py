@@ -1,11 +1,5 @@
 """What a grain_cells worker process knows about itself and its parent.
 
-Grain starts its workers with `spawn` and sends them the pipeline with
-cloudpickle, so grain_cells' fetch transform is *unpickled* in each worker,
-never in the trainer (which builds it). `in_child_process()` is therefore
-asked when the transform is unpickled: there, and only there, minibatches
-are pickled back to a parent and may travel through the slot ring.
-
 Design notes: docs/reference/design.md#transport-worker.
 """
 
