@@ -1,15 +1,6 @@
 """Byte readers: where the positional reads of a fetch get their bytes.
 
-The readers of uncompressed and compressed datasets
-(`grain_cells.hdf5._reads`, `grain_cells.hdf5._chunks`) know the byte offset of
-every piece a fetch needs; a `ByteReader` turns a list of pieces into bytes
-in a destination buffer. Two implementations: `LocalByteReader` (`os.preadv`)
-and `RemoteByteReader` (batched range GETs; details in the design notes).
-
-Memory per process and remote file: up to `PIN_BYTES` pinned, up to
-`READAHEAD_BYTES` read ahead, plus the requests of the fetch being read
-(the fetch's own bytes, at most `max_in_flight` requests of at most
-`MAX_REQUEST_BYTES` at once).
+`LocalByteReader` (`os.preadv`) and `RemoteByteReader` (batched range GETs).
 
 Design notes: docs/reference/design.md#storage-readers.
 """

@@ -1,15 +1,5 @@
 """Range GETs of one version of an object: the bytes every remote read gets.
 
-Two forms, both through `obstore` with the store, retries and timeouts of
-`grain_cells.storage.remote._store`:
-
-* `get_range`: one GET carrying `If-Match` with the object's ETag, so the
-  server refuses it once the object has changed;
-* `get_ranges`: the readers' form (`grain_cells.storage._readers`), many GETs
-  in one call into obstore, then one HEAD that checks the object's version
-  (`obstore.get_ranges` cannot send `If-Match`). Far less CPU per GET: the
-  thread crosses into Rust once per batch.
-
 Design notes: docs/reference/design.md#storage-remote-range-gets.
 """
 

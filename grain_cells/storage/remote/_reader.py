@@ -1,8 +1,6 @@
 """`RemoteByteReader`: range GETs of one object version, merged and concurrent.
 
-The remote `ByteReader` (`grain_cells.storage._readers` has the protocol
-and the local one, which imports nothing of object stores); see that
-module's docstring for how requests are batched, pinned and read ahead.
+Design notes: docs/reference/design.md#storage-remote-reader.
 """
 
 from __future__ import annotations

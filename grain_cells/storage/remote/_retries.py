@@ -1,13 +1,5 @@
 """Retries, timeouts and the named error of object-store range reads.
 
-obstore (Rust `object_store`) retries each request itself: 5xx answers
-(S3's 503 SlowDown throttling included), connection errors, dropped
-connections and timeouts of read-only requests, with exponential backoff and
-jitter. This module sets that policy's defaults for grain_cells, lets
-`storage_options` override it, and turns a failure whose retries ran out into
-one `ObjectStoreError` that names the URL, the byte range, the HTTP status or
-cause and the attempts made.
-
 Design notes: docs/reference/design.md#storage-remote-retries.
 """
 

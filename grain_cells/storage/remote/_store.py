@@ -1,14 +1,7 @@
-"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range.
+"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range (obstore).
 
-Every request grain_cells makes to an object store goes through this module
-(`head`: size, ETag, last-modified of an object) or
-`grain_cells.storage.remote._range_gets`
-(range GETs of one version of an object), which builds on it: stores, retry
-policy, timeouts and error naming live in one place. The client is `obstore`
-(Rust `object_store` crate): it issues requests concurrently without the
-GIL, retries 5xx and throttling with exponential backoff (configurable
-through `retry_config`), and sends `If-Match` preconditions. See BUILD.md
-for the measurement that chose it over fsspec/s3fs.
+Stores, retry policy, timeouts and error naming live here and in
+`_range_gets`.
 
 Design notes: docs/reference/design.md#storage-remote-store.
 """

@@ -1,20 +1,5 @@
 """Which version of an object a source reads, and what its ETag can vouch for.
 
-A source records each object's size, ETag and Last-Modified (one HEAD) and
-checks every read against them (`If-Match`, or a HEAD after each batch of
-GETs: `grain_cells.storage.remote._range_gets`). That catches every rewrite
-only where the ETag follows the content:
-
-* **S3, GCS, Azure** (and S3-compatible stores such as MinIO): the ETag is a
-  digest of the bytes or changes at every write, so only a byte-identical
-  rewrite keeps it.
-* **HTTP servers** derive the ETag from the file's metadata: nginx sends
-  `"<mtime hex>-<size hex>"`, Apache `"<size hex>-<mtime µs hex>"`, Caddy
-  and lighttpd similar; some send none, or only `Last-Modified` (one-second
-  resolution). A same-size rewrite whose modification time is kept
-  (`rsync -t`, `cp -p`, `touch -r`) or falls in the same second keeps every
-  header, and If-Match still passes.
-
 Design notes: docs/reference/design.md#storage-remote-versions.
 """
 
