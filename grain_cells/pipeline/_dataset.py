@@ -8,8 +8,6 @@ Design notes: docs/reference/design.md#pipeline-dataset.
 
 from __future__ import annotations
 
-import sys
-
 import grain
 from grain import sharding
 
@@ -21,7 +19,11 @@ from grain_cells.pipeline._extra import Layer
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
 from grain_cells.pipeline._resume import Position
-from grain_cells.pipeline._stage import advances_epochs, plan_minibatches
+from grain_cells.pipeline._stage import (
+    advances_epochs,
+    check_countable,
+    plan_minibatches,
+)
 from grain_cells.sampling import check_sampler_fits
 
 __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
@@ -145,17 +147,7 @@ class CellDataset(grain.IterDataset):
             TypeError: The stream is endless, or a `condition` makes the
                 count depend on the data.
         """
-        if len(self.sampler) >= sys.maxsize:
-            raise TypeError(
-                "an endless stream (num_epochs=None) has no len(); count "
-                "steps yourself, or give the sampler num_epochs"
-            )
-        if self.split.config.condition is not None:
-            raise TypeError(
-                f"with condition={self.split.config.condition!r} the "
-                "minibatches per epoch depend on the cells' values, so there "
-                "is no len() before the epoch is read"
-            )
+        check_countable(self.sampler, self.split.config)
         if self._length[0] != self._epoch:  # computed once per epoch
             shard = self.shard
             start = Position(
@@ -169,10 +161,8 @@ class CellDataset(grain.IterDataset):
     def mp_prefetch(self, options=None, worker_init_fn=None, sequential_slice=False):
         """This pipeline with `options.num_workers` workers (same minibatches).
 
-        Grain's `mp_prefetch` would slice the dataset over workers; here the
-        workers are part of the pipeline (they read and format whole
-        fetches), so this returns a copy with `worker_count` (and
-        `worker_buffer_size`, in fetches) from `options`.
+        Not Grain's slicing: a copy with `worker_count` (and `worker_buffer_size`,
+        in fetches) from `options`.
 
         Raises:
             ValueError: `worker_init_fn` or `sequential_slice` is given.

@@ -77,11 +77,9 @@ class Obsm:
 
 
 class _ElementReader:
-    """Reads one element of a source's files for the source's row ranges.
+    """Reads one element of a source's files for its row ranges, through `source.files`.
 
-    Reads through the source's own file set (`source.files`: its identities
-    and storage options) with the source's `read_threads` and
-    `check_indices`; picklable (each process opens its own handles).
+    Picklable (each process opens its own handles).
     """
 
     def __init__(self, source: AnnDataSource, spec, element: str):

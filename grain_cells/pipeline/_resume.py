@@ -59,16 +59,8 @@ def hand_over(
 ) -> Position:
     """The position of shard `new_index` of `new_count` that resumes `saved`.
 
-    Args:
-        saved: A position saved (at the same step as every other shard).
-        sampler: The stream (same under both shard counts).
-        source: The source (for block lengths).
-        config: The `fetch.FetchConfig`.
-        new_count: Shards now.
-        new_index: This shard now.
-
-    Returns:
-        A position at the start of the new plan (its pieces first).
+    `saved` was taken at the same step as every other shard's; the result
+    stands at the start of the new plan (its pieces first).
     """
     g = config.blocks_per_fetch
 

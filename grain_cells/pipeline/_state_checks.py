@@ -29,12 +29,7 @@ def _plain(value):
 
 
 def stamp(source, sampler, split) -> dict:
-    """What a saved state must match to be restored by this pipeline.
-
-    Returns:
-        The stamp (see the design notes) as JSON values, as a saved
-        state reads back.
-    """
+    """What a saved state must match to be restored by this pipeline, as JSON values."""
     data = source_identity(source) if hasattr(source, "file_identity") else repr(source)
     # A user's sampler without `fingerprint()`: its repr, less the shard.
     fingerprint = getattr(sampler, "fingerprint", None)
@@ -240,14 +235,7 @@ def _weights_note(saved, current: dict) -> str:
 
 
 def check_state(state, current: dict, sampler, source, split) -> Position:
-    """Checks a state's stamp and every field of its position.
-
-    Args:
-        state: The state (parsed JSON).
-        current: The restoring pipeline's `stamp(...)`.
-        sampler: Its sampler.
-        source: Its source.
-        split: Its `fetch.SplitFetch`.
+    """Checks a state's stamp (against `current`) and every field of its position.
 
     Returns:
         The saved position.
