@@ -17,15 +17,7 @@ READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
 def read_error(
     array, path: str, start: int, stop: int, exc: BaseException
 ) -> errors.CorruptChunkError:
-    """The error of a failed read of first-axis rows `[start, stop)` of `array`.
-
-    Args:
-        array: The zarr array read.
-        path: The store's path or URL.
-        start: First row read.
-        stop: One past the last row read.
-        exc: What zarr-python raised.
-    """
+    """The error of a failed zarr-python read (`exc`) of rows `[start, stop)`."""
     name = "/" + array.path.lstrip("/")
     shards = getattr(array, "shards", None)
     size = int(shards[0] if shards else array.chunks[0])

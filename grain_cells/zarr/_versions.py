@@ -26,9 +26,8 @@ def _key_hash(key: str) -> int:
 class KeyVersions:
     """The ETag of each key of a store, from one listing. Immutable, picklable.
 
-    Keys are kept as 64-bit hashes (a collision between two keys of one
-    store, about 1 in 10^9 for 100,000 keys, would only make a read refuse
-    with `SourceChangedError`).
+    Keys are 64-bit hashes: a collision (about 1 in 10^9 at 100,000 keys) only
+    makes a read refuse with `SourceChangedError`.
 
     Example:
         >>> versions = KeyVersions([("X/data/0", '"abc"')])
