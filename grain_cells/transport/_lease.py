@@ -35,9 +35,8 @@ def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, ob
         on_release: Called once, in whichever thread drops the last array.
 
     Returns:
-        A dict of writable arrays backed by `mm`, and the weak reference that
-        calls `on_release`: the caller keeps it alive until then (a weak
-        reference that dies first calls nothing).
+        The writable arrays by key, and the weak reference that calls
+        `on_release` (the caller keeps it alive until then).
     """
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, _forget)

@@ -49,14 +49,9 @@ def fetch_starting() -> None:
 def ring_for(minibatches_per_fetch: int) -> SlotRing:
     """This worker's ring, with room for what is in flight and for leases.
 
-    In flight: the fetch being formatted, the finished fetches in the
-    worker's queue (Grain's default depth is 16 elements) and the fetch the
-    trainer is taking: about four fetches, or two fetches and the queue's
-    depth in minibatches (a plain `grain.DataLoader` queues minibatches, not
-    fetches). Leases: minibatches the trainer has unpacked and the user may
-    still hold (the fetch being handed out, the next one unpacked ahead, and
-    a few kept by the user), three fetches and 8; beyond them the trainer
-    copies (`_lease`). Slots are made only as they are needed.
+    In flight: about four fetches (or two and Grain's queue depth in
+    minibatches); leases: three fetches and 8, beyond which the trainer copies.
+    Slots are made only as they are needed.
     """
     n = int(minibatches_per_fetch)
     return worker_ring(max(4 * n + 8, 2 * n + 24), leases=3 * n + 8)

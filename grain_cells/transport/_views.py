@@ -128,13 +128,8 @@ class _RingView:
     def hand_back(self, slot: int | None = None) -> None:
         """Returns a slot (and any pending) to the worker; never blocks.
 
-        Called once nothing of this process reads the slot, possibly from a
-        finalizer in any thread, so a full socket buffer (a worker blocked
-        in Grain's queue reads hand-backs only when it needs a slot) leaves
-        the slots pending for the next call instead of blocking the caller.
-        A process forked from the trainer inherits its leases and this
-        socket; arrays dying there hand nothing back (the trainer's copies of
-        them may still be read).
+        May run from a finalizer in any thread: a full socket buffer leaves the
+        slots pending for the next call. A forked child hands nothing back.
         """
         if os.getpid() != self.trainer:
             return
