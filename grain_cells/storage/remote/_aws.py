@@ -36,15 +36,9 @@ def cache_key() -> tuple:
 def apply_profile(root: str, options: dict):
     """The credential provider of the profile route for `options`, or None.
 
-    Removes `profile` from `options` and adds the profile's `region` and
-    `endpoint` where neither `options` nor the environment gives them.
-
-    Args:
-        root: The store's root URL (`s3://bucket`), for messages.
-        options: The store's configuration (changed in place).
-
-    Returns:
-        An obstore S3 credential provider, or None for obstore's own chain.
+    Removes `profile` from `options` (changed in place) and adds the profile's
+    `region` and `endpoint` where neither `options` nor the environment does;
+    `root` (`s3://bucket`) is for messages. None: obstore's own chain.
 
     Raises:
         ValueError: The named profile does not exist, or `profile` is given

@@ -38,12 +38,9 @@ class ReadAhead:
     ):
         """Binds the GET function and where it runs.
 
-        Args:
-            get_many: `get_many([(start, end), ...])` -> a buffer of bytes
-                `[start, end)` per range.
-            pool: Returns the executor that runs background GETs.
-            budget: Most bytes of requests held at once.
-            batch: Most requests per `get_many` call.
+        `get_many([(start, end), ...])` returns one buffer per range; `pool()` the
+        executor of background GETs; `budget` bytes of requests held at most;
+        `batch` requests per call at most.
         """
         self._get_many = get_many
         self._pool = pool

@@ -112,10 +112,8 @@ def max_in_flight(storage_options: dict | None) -> int:
 class _ObstoreUse:
     """Whether this process, or the one it was forked from, used obstore.
 
-    obstore's runtime does not survive `os.fork`: a forked child of a process
-    that sent requests hangs on every request. So a child's own stores
-    (`store_for`, `store_at`) check this first and raise instead; zarr reuses
-    its parent's, so its reads check too (`grain_cells.zarr._keys`).
+    obstore's runtime does not survive `os.fork` (a child's requests hang), so a
+    child's stores and zarr's reads check this and raise instead.
     """
 
     here = False
@@ -178,8 +176,7 @@ def store_for(url: str, storage_options: dict | None = None):
 def store_at(url: str, storage_options: dict | None = None):
     """The (per-process, cached) obstore store rooted at `url` itself.
 
-    For stores of many keys under one prefix (a zarr store:
-    `s3://bucket/atlas.zarr`): keys are relative to `url`. Same options,
+    For stores of many keys under one prefix (a zarr store); options,
     credentials and retries as `store_for`.
 
     Raises:
