@@ -25,10 +25,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def hash64(*words) -> np.ndarray:
-    """A 64-bit hash of non-negative integer words (arrays broadcast).
-
-    Args:
-        *words: Non-negative ints or integer arrays, below 2**64.
+    """A 64-bit hash of non-negative integer words below 2**64 (arrays broadcast).
 
     Returns:
         A uint64 array of the broadcast shape (at least one dimension).
@@ -60,19 +57,11 @@ def hash64_int(*words: int) -> int:
 
 
 def permutation(n: int, *words: int) -> np.ndarray:
-    """A permutation of `range(n)`, a pure function of `(n, words)`.
+    """A permutation of `range(n)`, a pure function of `(n, words)` (a seed, counters).
 
-    The argsort of `hash64(hash64_int(*words), arange(n))`. For a fixed key
-    the hash is a bijection of the position, so no two positions tie and the
-    result does not depend on the sort algorithm: it is the same on every
-    platform and every NumPy version (unlike `Generator.permutation`).
-
-    Args:
-        n: Length of the permutation.
-        *words: Non-negative ints below 2**64 (a seed, then any counters).
-
-    Returns:
-        An int64 array holding `0 .. n-1` once each.
+    The argsort of `hash64(hash64_int(*words), arange(n))`: a bijection of the
+    position, so no ties and the same result on every platform and NumPy
+    version (unlike `Generator.permutation`). Returns int64.
     """
     key = hash64_int(*words)
     return np.argsort(hash64(_U64(key), np.arange(n, dtype=_U64)), kind="stable")

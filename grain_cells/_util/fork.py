@@ -37,11 +37,8 @@ def in_child(function: Callable[[], None]) -> Callable[[], None]:
 def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
     """Calls `reset(instance)` in every child forked while `instance` lives.
 
-    Args:
-        instance: The object whose per-process state `reset` drops. Held by a
-            weak reference only.
-        reset: A function of the instance (e.g. an unbound method); not a
-            bound method of it, which would keep it alive.
+    `instance` is held by a weak reference; `reset` is a function of it (an
+    unbound method), never a bound method, which would keep it alive.
     """
     token = next(_tokens)
     ref = weakref.ref(instance, lambda _, token=token: _instances.pop(token, None))

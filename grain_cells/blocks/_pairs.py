@@ -35,12 +35,9 @@ class Pairs(NamedTuple):
 def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
     """Yields `(first block, class index per cell, cells per block)` per piece.
 
-    Args:
-        codes: One code per global row (-1: missing), any integer type.
-        ranges: `(starts, stops)` of blocks `a` to `b - 1`.
-        num_blocks: Blocks in all.
-        longest: Most cells in a block.
-        width: Classes, the missing one (index 0) included.
+    `codes`: one per global row (-1: missing); `ranges(a, b)`: `(starts, stops)`
+    of blocks `a` to `b - 1`; `longest`: most cells in a block; `width`: classes,
+    the missing one (index 0) included.
     """
     step = max(1, _PIECE_CELLS // max(1, longest))
     if _dense(width, longest):
