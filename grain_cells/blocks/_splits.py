@@ -41,11 +41,9 @@ def split_by_fraction(
     """Splits a source's cells into views by fraction of cells.
 
     Units (blocks, a grid of rows, or obs groups) are ordered by
-    `hash64(seed, unit key)` and the order is cut where the cumulative cell
-    count crosses each fraction: a unit goes to the split whose share of
-    cells holds its midpoint. A unit's key is its first global row (blocks,
-    grid) or a hash of its label (groups), so the split depends only on the
-    source, the arguments and `seed`.
+    `hash64(seed, unit key)` (key: first global row, or the label's hash) and
+    the order is cut at the fractions of cells: a unit goes to the split
+    holding its midpoint. Depends only on the source, arguments and `seed`.
 
     Example:
         >>> splits = split_by_fraction(source, {"train": 0.8, "val": 0.2})

@@ -79,15 +79,12 @@ def loader(
             labels). With a source, its own columns are used (others are
             refused).
         split: `(name, fractions)`, e.g. `("train", {"train": 0.9, "val":
-            0.1})`: iterate that split of `split_by_fraction(source,
-            fractions)` (seed 0, whole blocks), the same for every
-            `seed`, so a run's seed never moves cells between splits. For
-            other splits (by donor, by labels, another split seed) pass the
-            view as `paths_or_source`.
+            0.1})`: that split of `split_by_fraction(source, fractions)`
+            (seed 0 whatever `seed`: a run's seed never moves cells between
+            splits). For other splits pass the view as `paths_or_source`.
         block_size: Cells per block (contiguous read); with paths only.
-            None: the blocks `AnnDataSource(paths)` chooses, as every
-            spelling does: 16 cells on uncompressed files, blocks along the
-            chunk grid of compressed `.h5ad` files and zarr stores.
+            None: what `AnnDataSource(paths)` chooses (16 cells, or the
+            chunk grid of compressed files and zarr stores).
         **options: The keywords of `grain_cells.pipeline.PipelineOptions`
             (`batch_size` required; `sampler` or `weights` choose the
             sampler); any other keyword is an `AnnDataSource` argument
