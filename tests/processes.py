@@ -7,6 +7,8 @@
   `__main__` guard) that builds `two_workers(paths)`, an endless loader over
   the conftest files with two worker processes; `run_trainer` and
   `start_trainer` run it in a subprocess on those files.
+* `calls_to(monkeypatch, module, name)`: the paths that this process passes
+  to `module.name` from now on (the tests that count file opens).
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ def worker_pids() -> set[int]:
         except psutil.Error:
             continue
     return out
+
+
+def calls_to(monkeypatch, module, name: str) -> list[str]:
+    """Wraps `module.name` for the test; returns the list of the first
+    argument (a path) of each call made through it."""
+    calls: list[str] = []
+    real = getattr(module, name)
+
+    def counting(path, *args, **kwargs):
+        calls.append(os.fspath(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
 
 
 def alive(pid: int) -> bool:

@@ -1,9 +1,6 @@
-"""absl flags marked parsed in programs that never parse them.
+"""absl flags marked parsed where nothing parses them (Grain's workers read one).
 
-Grain (0.2.18) reads one of its absl flags
-(`--grain_enable_multiprocess_worker_profiling`) when a loader with worker
-processes starts them, which raises `UnparsedFlagAccessError` in programs
-that never call `absl.app.run` or `FLAGS(argv)`: scripts, notebooks, pytest.
+Design notes: docs/reference/design.md#util-absl-flags.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Checks of the arguments users pass, shared by every public entry point.
 
-Each check returns the normalised value or raises an error that names the
-argument and the value given: `seed=1.7` must not silently become 1,
-`block_size=True` must not become 1, and `genes=[]` must not mean "no genes".
+Each returns the normalised value or raises an error naming the argument and
+the value given (`seed=1.7` must not silently become 1).
+
+Design notes: docs/reference/design.md#util-arguments.
 """
 
 from __future__ import annotations
@@ -25,14 +26,7 @@ def check_int(
 ) -> int:
     """An integer argument: `int`/`np.integer`, never a bool or a float.
 
-    Args:
-        name: The argument's name, for the message.
-        value: What the caller passed.
-        minimum: Smallest valid value, or None for no bound.
-        maximum: Largest valid value, or None for no bound.
-
-    Returns:
-        `value` as a Python int.
+    Returns `value` as a Python int, within `[minimum, maximum]` (None: no bound).
 
     Raises:
         ArgumentTypeError: `value` is not an integer (None, a float, a bool).
@@ -53,12 +47,7 @@ def check_int(
 
 
 def check_seed(value, name: str = "seed") -> int:
-    """A seed of the loader: an int in `[0, 2**63)`.
-
-    Raises:
-        ArgumentTypeError: The seed is not an int (None, a float, a bool).
-        ValueError: The seed is negative or not below 2**63.
-    """
+    """A seed of the loader: an int in `[0, 2**63)`."""
     seed = check_int(name, value)
     if not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"{name} must lie in [0, 2**63), got {name}={value!r}")
@@ -66,12 +55,7 @@ def check_seed(value, name: str = "seed") -> int:
 
 
 def check_genes(genes):
-    """A gene selection: None (all genes) or a non-empty sequence or mask.
-
-    Raises:
-        ArgumentTypeError: `genes` is a single string (a sequence of characters).
-        ValueError: `genes` selects no gene.
-    """
+    """A gene selection: None (all) or a non-empty sequence or mask; not one string."""
     if genes is None:
         return None
     if isinstance(genes, (str, bytes)):
@@ -132,11 +116,7 @@ def _short(value) -> str:
 
 
 def check_choice(name: str, value, choices) -> str:
-    """One of a few named values (`remainder="pad"`), compared as given.
-
-    Raises:
-        ValueError: `value` is not one of `choices`.
-    """
+    """One of a few named values (`remainder="pad"`), compared as given."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(
             f"{name} must be one of {list(choices)}, got {name}={_short(value)}"
@@ -145,11 +125,7 @@ def check_choice(name: str, value, choices) -> str:
 
 
 def check_bool(name: str, value) -> bool:
-    """A flag: `bool` or `np.bool_`, never a string (`"no"` is truthy).
-
-    Raises:
-        ArgumentTypeError: `value` is not a bool.
-    """
+    """A flag: `bool` or `np.bool_`, never a string (`"no"` is truthy)."""
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(
             f"{name} must be True or False, got {name}={_short(value)} "
@@ -159,12 +135,7 @@ def check_bool(name: str, value) -> bool:
 
 
 def check_name(name: str, value, *, optional: bool = False) -> str | None:
-    """A non-empty string naming something (an element, a column, a key).
-
-    Raises:
-        ArgumentTypeError: `value` is not a string (or None when `optional`).
-        ValueError: `value` is the empty string.
-    """
+    """A non-empty string naming something (an element, a column, a key)."""
     if value is None and optional:
         return None
     if not isinstance(value, str):
@@ -179,11 +150,7 @@ def check_name(name: str, value, *, optional: bool = False) -> str | None:
 
 
 def check_names(name: str, value) -> tuple[str, ...]:
-    """A sequence of names (obs columns): never one bare string.
-
-    Raises:
-        ArgumentTypeError: `value` is a string, or not a sequence of strings.
-    """
+    """A sequence of names (obs columns): never one bare string."""
     if isinstance(value, (str, bytes)):
         raise ArgumentTypeError(
             f"{name} must be a list of names, got the string {name}={value!r}; "
@@ -206,14 +173,10 @@ def check_names(name: str, value) -> tuple[str, ...]:
 
 
 def check_dtype(name: str, value, *, optional: bool = False):
-    """A NumPy dtype (a name such as `"float32"`, a type or a dtype).
+    """A NumPy dtype (a name such as `"float32"`, a type or a dtype), returned as given.
 
-    Returns:
-        `value` as given (it is recorded in fingerprints and reprs as such).
-
-    Raises:
-        ArgumentTypeError: NumPy does not know the dtype, or it is None and
-            not `optional` (NumPy would silently take float64).
+    As given: fingerprints and reprs record it so. None is refused unless
+    `optional` (NumPy would silently take float64).
     """
     if value is None:
         if optional:
@@ -232,11 +195,7 @@ def check_dtype(name: str, value, *, optional: bool = False):
 
 
 def check_mapping(name: str, value, *, optional: bool = True):
-    """A mapping (a dict of options); None when `optional`.
-
-    Raises:
-        ArgumentTypeError: `value` is not a mapping.
-    """
+    """A mapping (a dict of options); None when `optional`."""
     if value is None and optional:
         return None
     if not isinstance(value, Mapping):
@@ -248,10 +207,7 @@ def check_mapping(name: str, value, *, optional: bool = True):
 
 
 def check_source(value, source_type, name: str = "source"):
-    """An `AnnDataSource` (or view): not a path, an AnnData or a list.
-
-    `source_type` is `AnnDataSource`, passed by the caller (this module
-    imports nothing of grain_cells).
+    """An `AnnDataSource` (or view; `source_type`, passed in): not a path or a list.
 
     Raises:
         ArgumentTypeError: `value` is not a `source_type`.

@@ -1,9 +1,6 @@
-"""The user's cache folder, and files written into it atomically.
+"""The user's cache folder (`$GRAIN_CELLS_CACHE`), and files written into it atomically.
 
-Every on-disk cache of grain_cells (obs codes, chunk starts, corpus
-statistics, synthetic files) lives under `$GRAIN_CELLS_CACHE`, never beside
-the data, and is written under a temporary name and renamed, so a reader
-never sees a partial file.
+Design notes: docs/reference/design.md#util-cache-files.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """How many threads a process should read and decode with.
 
-**The rule** (`read_threads="auto"`, the default of `AnnDataSource`): a
-process may run on `C` cores (`os.sched_getaffinity`: a container's or
-`taskset`'s limit, not the machine's count) and shares them with the other
-processes reading the same source. The trainer's process reads alone when it
-has no workers; each of `W` Grain workers gets `C / W` of them. A process's
-read threads are
-
-    max(1, min(MAX_READ_THREADS, C // W))
-
-with `W = 1` in a process that is not a worker. So `W` workers never run
-more than `max(C, W)` read threads together: decoding compressed chunks
-(the work that keeps threads busy; h5py reads hold one global lock, and
-positional reads of uncompressed data mostly wait on the disk) never
-oversubscribes the cores. At most `MAX_READ_THREADS` (4) per process: past
-that, a fetch's reads are too few to share out.
+`read_threads="auto"`: `max(1, min(MAX_READ_THREADS, C // W))` for `C` usable
+cores shared by `W` workers (`W = 1` outside a worker).
 
 Design notes: docs/reference/design.md#util-cores.
 """

@@ -1,14 +1,7 @@
 """Counter-based random numbers: pure functions of `(seed, counters...)`.
 
-A sampler whose draws are pure functions of `(seed, epoch, position)` needs
-no state beyond a position, so Grain's iterator state restores it exactly;
-splits whose units are hashed by `(seed, key)` do not depend on worker or
-shard counts. Both use `hash64` here: words are folded in one at a time,
-each through SplitMix64's finaliser (Steele, Lea & Flood 2014), so for a
-fixed prefix the map from the last word to the hash is a bijection (distinct
-positions of one epoch never collide). The arithmetic is fixed 64-bit
-integer arithmetic, so values are the same on every platform and every NumPy
-version (unlike `numpy.random.Generator` methods, whose streams may change).
+The same values on every platform and NumPy version, so a sampler's state is
+a position and splits do not depend on worker or shard counts.
 
 Design notes: docs/reference/design.md#util-counter-rng.
 """
@@ -32,10 +25,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def hash64(*words) -> np.ndarray:
-    """A 64-bit hash of non-negative integer words (arrays broadcast).
-
-    Args:
-        *words: Non-negative ints or integer arrays, below 2**64.
+    """A 64-bit hash of non-negative integer words below 2**64 (arrays broadcast).
 
     Returns:
         A uint64 array of the broadcast shape (at least one dimension).
@@ -67,19 +57,11 @@ def hash64_int(*words: int) -> int:
 
 
 def permutation(n: int, *words: int) -> np.ndarray:
-    """A permutation of `range(n)`, a pure function of `(n, words)`.
+    """A permutation of `range(n)`, a pure function of `(n, words)` (a seed, counters).
 
-    The argsort of `hash64(hash64_int(*words), arange(n))`. For a fixed key
-    the hash is a bijection of the position, so no two positions tie and the
-    result does not depend on the sort algorithm: it is the same on every
-    platform and every NumPy version (unlike `Generator.permutation`).
-
-    Args:
-        n: Length of the permutation.
-        *words: Non-negative ints below 2**64 (a seed, then any counters).
-
-    Returns:
-        An int64 array holding `0 .. n-1` once each.
+    The argsort of `hash64(hash64_int(*words), arange(n))`: a bijection of the
+    position, so no ties and the same result on every platform and NumPy
+    version (unlike `Generator.permutation`). Returns int64.
     """
     key = hash64_int(*words)
     return np.argsort(hash64(_U64(key), np.arange(n, dtype=_U64)), kind="stable")

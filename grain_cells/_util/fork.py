@@ -1,13 +1,7 @@
 """Per-process state that a forked child must not inherit.
 
-Thread pools, object-store clients, open HDF5 handles and locks belong to the
-process that made them: after `fork` the child has copies of the objects but
-not the threads behind them, and a lock held by a parent thread stays held
-forever. Each such cache registers a callback here, and one handler,
-registered once with `os.register_at_fork(after_in_child=...)`, runs them in
-the child right after the fork, in registration order, before any other
-code of the child uses the caches. (Processes started with "spawn" or
-"forkserver" import the package afresh and need none of this.)
+Caches of pools, clients, handles and locks register a callback here; one
+`os.register_at_fork` handler runs them in the child, in registration order.
 
 Design notes: docs/reference/design.md#util-fork.
 """
@@ -43,11 +37,8 @@ def in_child(function: Callable[[], None]) -> Callable[[], None]:
 def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
     """Calls `reset(instance)` in every child forked while `instance` lives.
 
-    Args:
-        instance: The object whose per-process state `reset` drops. Held by a
-            weak reference only.
-        reset: A function of the instance (e.g. an unbound method); not a
-            bound method of it, which would keep it alive.
+    `instance` is held by a weak reference; `reset` is a function of it (an
+    unbound method), never a bound method, which would keep it alive.
     """
     token = next(_tokens)
     ref = weakref.ref(instance, lambda _, token=token: _instances.pop(token, None))

@@ -1,8 +1,4 @@
-"""Row ranges and runs: the index arithmetic every read path shares.
-
-A *range* is `[start, stop)` over row ids (or any integer positions); a
-*run* is a maximal stretch of consecutive ids. All functions are vectorised
-(no Python loop per id) and return int64 arrays.
+"""Row ranges `[start, stop)` and runs of consecutive ids: vectorised, int64.
 
 Design notes: docs/reference/design.md#util-ranges.
 """
@@ -13,15 +9,7 @@ import numpy as np
 
 
 def expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Every id of ranges `[starts[i], starts[i] + lengths[i])`, range after range.
-
-    Args:
-        starts: First id of each range.
-        lengths: Non-negative length of each range.
-
-    Returns:
-        An int64 array of `lengths.sum()` ids.
-    """
+    """Every id of ranges `[starts[i], starts[i] + lengths[i])`, in order (int64)."""
     starts = np.asarray(starts, np.int64)
     lengths = np.asarray(lengths, np.int64)
     total = int(lengths.sum())
@@ -33,15 +21,9 @@ def expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def runs(
     sorted_ids: np.ndarray, cuts: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive ids in sorted, distinct ids, as ranges.
+    """Runs of consecutive ids in sorted, distinct ids, as `(starts, stops)` ranges.
 
-    Args:
-        sorted_ids: Sorted distinct integer ids.
-        cuts: Optional ids where a run must start even if the previous id
-            precedes it by one (file boundaries, chunk starts).
-
-    Returns:
-        `(starts, stops)`: one `[start, stop)` per run, in order.
+    `cuts`: ids where a run must start anyway (file boundaries, chunk starts).
     """
     ids = np.asarray(sorted_ids, np.int64).reshape(-1)
     if ids.size == 0:
@@ -58,15 +40,7 @@ def runs(
 def merge_touching(
     starts: np.ndarray, stops: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Merges sorted, disjoint ranges where one stops at the next one's start.
-
-    Args:
-        starts: Range starts, sorted.
-        stops: Matching exclusive ends; ranges do not overlap.
-
-    Returns:
-        `(starts, stops)` of the merged ranges (the inputs when at most one).
-    """
+    """Merges sorted, disjoint ranges where one stops at the next one's start."""
     if starts.size <= 1:
         return starts, stops
     breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
@@ -85,6 +59,22 @@ def nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
     return starts, stops
 
 
+def chunk_pieces(starts, stops, chunk_len: int):
+    """Non-empty ranges cut at multiples of `chunk_len`, in order.
+
+    Returns:
+        `(chunk, start, stop)` of each piece: its chunk index and its range.
+    """
+    starts = np.asarray(starts, np.int64)
+    stops = np.asarray(stops, np.int64)
+    first = starts // chunk_len
+    n_pieces = (stops - 1) // chunk_len - first + 1
+    chunk = expand_ranges(first, n_pieces)
+    start = np.maximum(np.repeat(starts, n_pieces), chunk * chunk_len)
+    stop = np.minimum(np.repeat(stops, n_pieces), (chunk + 1) * chunk_len)
+    return chunk, start, stop
+
+
 def chunks_touched(starts: np.ndarray, stops: np.ndarray, chunk_len: int) -> np.ndarray:
     """Sorted unique indices of the `chunk_len`-row chunks non-empty ranges touch."""
     first = np.asarray(starts, np.int64) // chunk_len
@@ -92,4 +82,11 @@ def chunks_touched(starts: np.ndarray, stops: np.ndarray, chunk_len: int) -> np.
     return np.unique(expand_ranges(first, last - first + 1))
 
 
-__all__ = ["chunks_touched", "expand_ranges", "merge_touching", "nonempty", "runs"]
+__all__ = [
+    "chunk_pieces",
+    "chunks_touched",
+    "expand_ranges",
+    "merge_touching",
+    "nonempty",
+    "runs",
+]

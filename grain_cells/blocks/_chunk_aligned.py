@@ -1,11 +1,5 @@
 """Chunk-aware blocks: block boundaries that follow X's HDF5 chunk grid.
 
-In a compressed file the unit of decoding is a chunk, not a cell. anndata's
-chunks of a Tahoe-shaped atlas hold tens to hundreds of cells, so a random
-block of 16 cells decodes one or two whole chunks (of `data` and of
-`indices`) to use a fraction of each, and the neighbouring blocks that share
-those chunks are decoded again by other fetches.
-
 Design notes: docs/reference/design.md#blocks-chunk-aligned.
 """
 
@@ -25,13 +19,10 @@ def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSo
     file, at gaps in the selection, at file boundaries and every
     `block_size` cells.
 
-    A block's last cell usually runs over into the next chunk, which must
-    then be decoded whole as well (its checksum covers all of it): a block
-    of `n` chunks decodes about `n + 1`, so `chunks_per_block=2` decodes
-    about 1.5 chunks per chunk of cells instead of 2. Give the source a
-    `block_size` of at least `n` times the cells per chunk
-    (`mean_cells_per_chunk`, plus a margin: chunks hold varying cell
-    counts), else blocks are split every `block_size` cells.
+    A block of `n` chunks decodes about `n + 1` (its last cell runs into the
+    next chunk). Give the source a `block_size` of at least `n` times
+    `mean_cells_per_chunk` (plus a margin), else blocks split every
+    `block_size` cells.
 
     Args:
         source: An `AnnDataSource` (or a view of one).

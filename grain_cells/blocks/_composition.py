@@ -1,9 +1,7 @@
 """How many cells of each class each block holds, and the sums over it.
 
-`balanced_block_weights` and `expected_shares` (`grain_cells.blocks._weighting`)
-work on a block x class count table: sparse entries `(block, class, count)`
-sorted by block, then class. Class index 0 stands for a missing label (code
--1), index `c + 1` for code `c`.
+Sparse entries `(block, class, count)` sorted by block, then class; class
+index 0 is a missing label (code -1), index `c + 1` code `c`.
 
 Design notes: docs/reference/design.md#blocks-composition.
 """
@@ -84,14 +82,7 @@ def composition(
     stops: np.ndarray,
     categories: np.ndarray,
 ) -> Composition:
-    """The count table of blocks `[starts[k], stops[k])` over class `codes`.
-
-    Args:
-        codes: One code per global row (-1: missing), any integer type.
-        starts: First global row of each block, sorted.
-        stops: Exclusive end of each block.
-        categories: The labels codes index into.
-    """
+    """The count table of blocks `[starts[k], stops[k])` over `codes` (-1: missing)."""
     longest = max(1, int((stops - starts).max(initial=1)))
     return table_composition(
         codes, lambda a, b: (starts[a:b], stops[a:b]), starts.size, longest, categories
@@ -103,14 +94,7 @@ def table_composition(
 ) -> Composition:
     """The count table of `num_blocks` blocks whose rows `ranges(a, b)` gives.
 
-    Blocks are expanded a piece at a time (never all at once).
-
-    Args:
-        codes: One code per global row (-1: missing), any integer type.
-        ranges: `(starts, stops)` of blocks `a` to `b - 1`.
-        num_blocks: Blocks in all.
-        longest: Most cells in a block (`block_size`).
-        categories: The labels codes index into.
+    Blocks are expanded a piece at a time; `longest` is the most cells in one.
     """
     width = len(categories) + 1
     count_type = np.min_scalar_type(longest)

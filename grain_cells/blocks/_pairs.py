@@ -1,27 +1,8 @@
 """Class x class sums over blocks: what `balanced_block_weights` iterates on.
 
-With class `k`'s cells weighing `m_k`, block `b` weighs
-`w_b = sum_k m_k c_bk / n_b` (`c_bk`: its cells of class `k`, `n_b`: its
-cells), and the weighted draws emit class `j` in proportion to
-`e_j = sum_b w_b c_bj = sum_k m_k M_kj`, with `M_kj = sum_b c_bk c_bj / n_b`.
-So the fixed-point iteration needs `M` (classes x classes) and the class
-counts, computed in one pass over the blocks; each step is then a
-classes x classes product, whatever the number of blocks. The block weights
-are computed once, at the end (a second pass).
+Exact integer sums, so the weights are the same on every machine.
 
-**Exact, so the same on every machine.** `M` is gathered per block length
-`L` as `S^L = sum over blocks of length L of c_b c_b^T`: sums of products of
-integers, exact in float64 (below `2**53`) in any summation order, so BLAS
-may sum them however it likes. Then `M = sum_L S^L / L`, in increasing `L`.
-Block weights add `m_k * c_bk` over `k` in increasing order from 0.0, as
-`np.bincount` over a block's (block, class) entries did before.
-
-**Pieces.** Blocks are counted a piece at a time (about `2**18` cells): a
-dense blocks x classes count when classes are few for the block length
-(one product per piece), else sparse entries (per block, one per class
-present) and a sparse product, whose cost grows with the entries squared
-per block rather than with the classes squared. Memory: one piece's
-transients, plus `width**2` floats per distinct block length.
+Design notes: docs/reference/design.md#blocks-pairs.
 """
 
 from __future__ import annotations
@@ -54,12 +35,9 @@ class Pairs(NamedTuple):
 def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
     """Yields `(first block, class index per cell, cells per block)` per piece.
 
-    Args:
-        codes: One code per global row (-1: missing), any integer type.
-        ranges: `(starts, stops)` of blocks `a` to `b - 1`.
-        num_blocks: Blocks in all.
-        longest: Most cells in a block.
-        width: Classes, the missing one (index 0) included.
+    `codes`: one per global row (-1: missing); `ranges(a, b)`: `(starts, stops)`
+    of blocks `a` to `b - 1`; `longest`: most cells in a block; `width`: classes,
+    the missing one (index 0) included.
     """
     step = max(1, _PIECE_CELLS // max(1, longest))
     if _dense(width, longest):

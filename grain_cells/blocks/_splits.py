@@ -1,12 +1,7 @@
-"""Deterministic train/validation/test splits, as block tables of a source.
+"""Deterministic train/validation/test splits, as views of a source.
 
-Each split is a view (`AnnDataSource.view` of a block table that
-`fraction_split_blocks` or `obs_split_blocks` computes, as pure functions),
-usable as its own data source with its own `BlockSampler` or
-`WeightedBlockSampler` and `fetch_operations`. Splits depend only on the
-source, the arguments and the seed, never on worker or shard counts or on
-any position in a stream: they are disjoint, and together they cover the
-source's cells (a view's selection).
+Pure functions of the source, the arguments and the seed (never of worker or
+shard counts): the splits are disjoint and together cover the source.
 
 Design notes: docs/reference/design.md#blocks-splits.
 """
@@ -46,11 +41,9 @@ def split_by_fraction(
     """Splits a source's cells into views by fraction of cells.
 
     Units (blocks, a grid of rows, or obs groups) are ordered by
-    `hash64(seed, unit key)` and the order is cut where the cumulative cell
-    count crosses each fraction: a unit goes to the split whose share of
-    cells holds its midpoint. A unit's key is its first global row (blocks,
-    grid) or a hash of its label (groups), so the split depends only on the
-    source, the arguments and `seed`.
+    `hash64(seed, unit key)` (key: first global row, or the label's hash) and
+    the order is cut at the fractions of cells: a unit goes to the split
+    holding its midpoint. Depends only on the source, arguments and `seed`.
 
     Example:
         >>> splits = split_by_fraction(source, {"train": 0.8, "val": 0.2})

@@ -1,10 +1,6 @@
-"""Type checks of the weighting calls' arguments, each naming the argument.
+"""Type checks of the weighting calls' arguments, each naming the call and the argument.
 
-`block_weights`, `balanced_block_weights` and `expected_shares` take the
-source first, then numbers (cell or block weights), then a column name; a
-value of the wrong kind in a place raises `TypeError` naming the call, the
-argument and what it got, before numpy could fail on it with a message
-about something else ("the truth value of an array is ambiguous").
+Design notes: docs/reference/design.md#blocks-weight-args.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Block weights for `WeightedBlockSampler`: per-cell weights, class balance.
 
-A `WeightedBlockSampler` draws *blocks*, so a weight must end up on blocks.
-Every cell of a drawn block is emitted, so a cell's expected rate is its
-block's probability, shared by all the cells of the block.
-
-Memory while computing weights: the obs column or the cell weights (a
-view of the obs cache's map for one file), one piece's transients (`2**18`
-cells) and the result, 8 bytes per block. The class x class sums the
-iteration needs are exact integers, so the weights are the same on every
-machine (`grain_cells.blocks._pairs`).
+A sampler draws blocks and emits every cell of a drawn block, so a cell's
+expected rate is its block's probability.
 
 Design notes: docs/reference/design.md#blocks-weighting.
 """
@@ -199,11 +192,8 @@ def balanced_block_weights(
 
     Warns:
         UserWarning: The targets were not reached (blocks mix classes too
-            much for them). The message lists the shares the weights give
-            against the targets and, when one misses by more than
-            `MISS_POINTS` (3 points), suggests a copy grouped by the column
-            (`grain_cells.preshuffle(..., group_by=column)`), whose blocks
-            are pure.
+            much): lists the shares against the targets and, past
+            `MISS_POINTS`, suggests `preshuffle(..., group_by=column)`.
     """
     check_source(source, "balanced_block_weights")
     check_column(column, "balanced_block_weights")
@@ -279,11 +269,8 @@ def _miss_note(categories, column, got, target, gap, block_size) -> str:
 def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """Each label's expected share of the cells a weighted sampler emits.
 
-    Arguments come in the order of the other weighting calls: the source,
-    then the block weights (as `WeightedBlockSampler(source, weights)`),
-    then the column. The earlier order `expected_shares(source, column,
-    weights)` still works: a str in the second place is taken as the
-    column.
+    The earlier order `expected_shares(source, column, weights)` still works
+    (a str in the second place is the column).
 
     Example:
         >>> weights = balanced_block_weights(source, "cell_type")

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import merge_touching, nonempty
-from grain_cells.formats._protocol import wait_all
+from grain_cells._util.ranges import nonempty
+from grain_cells.formats._protocol import checked_ranges, wait_all
 from grain_cells.storage import ByteReader, ShortReadError
 
 # Below this many bytes a thread pool costs more than it saves.
@@ -119,15 +119,9 @@ class PositionalReader:
                 ends before the data does (truncated).
         """
         del pending  # every read completes before returning
-        starts, stops = nonempty(starts, stops)
+        starts, stops = checked_ranges(self, starts, stops)
         if starts.size == 0:
             return
-        if stops[-1] > self.shape[0] or starts[0] < 0:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
-                f"[{starts.min()}, {stops.max()}) were asked for."
-            )
-        starts, stops = merge_touching(starts, stops)
         self.read_merged(starts, stops, out, pool)
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):

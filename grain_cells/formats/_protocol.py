@@ -19,6 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from grain_cells import errors
+from grain_cells._util.ranges import merge_touching, nonempty
 from grain_cells.storage import FileStat
 
 
@@ -53,6 +55,25 @@ def wait_all(futures: list[concurrent.futures.Future]) -> None:
     concurrent.futures.wait(futures)
     for f in futures:
         f.result()
+
+
+def checked_ranges(reader, starts, stops) -> tuple[np.ndarray, np.ndarray]:
+    """`reader`'s non-empty ranges, touching ones merged: `RangeReader.read`'s start.
+
+    Empty arrays when no range is left.
+
+    Raises:
+        errors.CorruptDataError: A range reaches outside `reader.shape[0]`.
+    """
+    starts, stops = nonempty(starts, stops)
+    if starts.size == 0:
+        return starts, stops
+    if stops[-1] > reader.shape[0] or starts[0] < 0:
+        raise errors.CorruptDataError(
+            f"{reader.path}: {reader.name} has {reader.shape[0]} elements but rows "
+            f"[{starts.min()}, {stops.max()}) were asked for."
+        )
+    return merge_touching(starts, stops)
 
 
 def missing_path(path: str) -> FileNotFoundError:

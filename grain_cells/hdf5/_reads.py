@@ -16,8 +16,13 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import merge_touching, nonempty
-from grain_cells.formats import ByteLayout, PositionalReader, value_dtype
+from grain_cells._util.ranges import nonempty
+from grain_cells.formats import (
+    ByteLayout,
+    PositionalReader,
+    checked_ranges,
+    value_dtype,
+)
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.hdf5._layout import check_filters, stored_in
 from grain_cells.storage import ByteReader, as_byte_reader
@@ -198,15 +203,9 @@ class RangeReader:
             errors.AnnDataFormatError: The file is shorter than HDF5 says
                 (truncated) or the read fails.
         """
-        starts, stops = nonempty(starts, stops)
+        starts, stops = checked_ranges(self, starts, stops)
         if starts.size == 0:
             return
-        if stops[-1] > self.shape[0] or starts[0] < 0:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
-                f"[{starts.min()}, {stops.max()}) were asked for."
-            )
-        starts, stops = merge_touching(starts, stops)
         if self._positional is not None:
             self._positional.read_merged(starts, stops, out, pool)
         elif self._chunked is not None:

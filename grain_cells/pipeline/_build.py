@@ -1,21 +1,9 @@
 """Building a pipeline from arguments: `cell_dataset(...)` and `loader(...)`.
 
-Both are thin: from one `PipelineOptions` they build the sampler and the
-fetch transform that the explicit spellings take
-(`grain_cells.DataLoader(data_source=..., sampler=BlockSampler(...),
-operations=fetch_operations(...))`, `grain_cells.pipeline._config`), so their
-minibatches, states and checkpoints are those of the explicit spelling with
-the same arguments (tested), and a state saved by one restores in another.
+Thin: the same sampler and fetch transform as the explicit spelling, so the
+minibatches, states and checkpoints are the same.
 
-**Defaults.** Given no `block_size` and no `fetch_factor`, every spelling
-(`loader(paths)`, `loader(source)`, `grain_cells.DataLoader` or a plain
-`grain.DataLoader` with `fetch_operations`, `cell_dataset`) reads the same
-blocks and fetches, each decided in one place: the blocks by
-`AnnDataSource(paths)` (`grain_cells.source._options.default_blocks`: the
-grid of 16 cells, or blocks along the chunk grid of a compressed `.h5ad` or
-zarr store), the fetch factor by `pipeline._config.default_fetch_factor`
-from those blocks (16, or 64 blocks per fetch on the chunk grid)
-(`tests/pipeline/test_one_default.py`).
+Design notes: docs/reference/design.md#pipeline-build.
 """
 
 from __future__ import annotations
@@ -91,15 +79,12 @@ def loader(
             labels). With a source, its own columns are used (others are
             refused).
         split: `(name, fractions)`, e.g. `("train", {"train": 0.9, "val":
-            0.1})`: iterate that split of `split_by_fraction(source,
-            fractions)` (seed 0, whole blocks), the same for every
-            `seed`, so a run's seed never moves cells between splits. For
-            other splits (by donor, by labels, another split seed) pass the
-            view as `paths_or_source`.
+            0.1})`: that split of `split_by_fraction(source, fractions)`
+            (seed 0 whatever `seed`: a run's seed never moves cells between
+            splits). For other splits pass the view as `paths_or_source`.
         block_size: Cells per block (contiguous read); with paths only.
-            None: the blocks `AnnDataSource(paths)` chooses, as every
-            spelling does: 16 cells on uncompressed files, blocks along the
-            chunk grid of compressed `.h5ad` files and zarr stores.
+            None: what `AnnDataSource(paths)` chooses (16 cells, or the
+            chunk grid of compressed files and zarr stores).
         **options: The keywords of `grain_cells.pipeline.PipelineOptions`
             (`batch_size` required; `sampler` or `weights` choose the
             sampler); any other keyword is an `AnnDataSource` argument

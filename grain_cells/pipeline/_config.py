@@ -1,12 +1,9 @@
 """The pipeline's keywords, declared once: `PipelineOptions`.
 
-`loader`, `cell_dataset` and `fetch_operations` (and through it
-`grain_cells.DataLoader`) take the fields of `PipelineOptions` as keywords:
-each entry point declares which groups it takes (`keywords`), and
-`options_of` turns its keywords into one checked `PipelineOptions`.
-`make_split` binds the options to a source (the fetch transform) and
-`make_sampler` picks the sampler; `check_same_source` and
-`check_condition_sampler` check a pipeline's parts against its source.
+`keywords` declares which groups an entry point takes, `options_of` checks
+them, `make_split` and `make_sampler` bind them to a source.
+
+Design notes: docs/reference/design.md#pipeline-config.
 """
 
 from __future__ import annotations
@@ -164,11 +161,9 @@ class PipelineOptions:
 def keywords(*groups: str, more: str = "", **defaults):
     """Declares that an entry point takes the `PipelineOptions` of `groups`.
 
-    The entry point takes them as `**options`; its `__signature__` (what
-    `help()`, `inspect` and notebooks show) lists them with their defaults,
-    `defaults` overriding the dataclass's. With `more` (their name in the
-    signature), other keywords are left to the entry point (the source's
-    arguments of `loader`).
+    Sets its `__signature__` (what `help()` shows) with their defaults
+    (`defaults` override the dataclass's); with `more`, other keywords are left
+    to the entry point.
     """
 
     def declare(entry):
@@ -260,12 +255,9 @@ def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
 
 
 def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
-    """The fetch factor of a loader given none: 16, or per the source's blocks.
+    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks.
 
-    A source built without a `block_size` over a compressed matrix has
-    blocks along its chunk grid and asks for `source.fetch_blocks` blocks
-    per fetch (`grain_cells.source._chunk_grid`): the least fetch factor
-    that holds that many.
+    (A compressed source built without `block_size` has chunk-grid blocks.)
     """
     if source.fetch_blocks is None:
         return 16
@@ -343,9 +335,7 @@ def buffer_fetches(minibatches: int, config: FetchConfig) -> int:
 def check_same_source(split: SplitFetch, data_source) -> None:
     """Refuses fetch operations built on another source or view.
 
-    The fetch transform reads through its own source; blocks of another view
-    (a split, a selection) or of other files would be read from the wrong
-    rows without a word.
+    Blocks of another view or files would be read from the wrong rows silently.
 
     Raises:
         ValueError: `split.source` is not `data_source` (nor an equal one).

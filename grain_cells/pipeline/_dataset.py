@@ -1,25 +1,12 @@
 """The one pipeline, on Grain's public dataset API.
 
-`cell_dataset(source, ...)` and `grain_cells.DataLoader` both build::
-
-    MapDataset.range(n0, fetches)     # this shard's fetch numbers (FetchPlan)
-      .map(ReadFetch)                 # read + shuffle + format a whole fetch
-      .to_iter_dataset(READ_OPTIONS)
-      .mp_prefetch(N workers)         # worker i runs fetches n0+i, n0+i+N, ...
-    -> split each fetch into its minibatches (in the trainer; no copy)
-
-**Memory per worker**: the fetch being read (its read buffer, about
-`batch_size * fetch_factor` cells, and its formatted minibatches), plus
-`worker_buffer_size` finished fetches waiting in the worker's queue, one
-slot of its shared-memory ring per minibatch; in the trainer, the fetch being
-handed out.
+Fetch numbers -> `ReadFetch` (read, shuffle, format a whole fetch) ->
+`mp_prefetch` -> each fetch split into its minibatches in the trainer.
 
 Design notes: docs/reference/design.md#pipeline-dataset.
 """
 
 from __future__ import annotations
-
-import sys
 
 import grain
 from grain import sharding
@@ -32,7 +19,11 @@ from grain_cells.pipeline._extra import Layer
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
 from grain_cells.pipeline._resume import Position
-from grain_cells.pipeline._stage import advances_epochs, plan_minibatches
+from grain_cells.pipeline._stage import (
+    advances_epochs,
+    check_countable,
+    plan_minibatches,
+)
 from grain_cells.sampling import check_sampler_fits
 
 __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
@@ -156,17 +147,7 @@ class CellDataset(grain.IterDataset):
             TypeError: The stream is endless, or a `condition` makes the
                 count depend on the data.
         """
-        if len(self.sampler) >= sys.maxsize:
-            raise TypeError(
-                "an endless stream (num_epochs=None) has no len(); count "
-                "steps yourself, or give the sampler num_epochs"
-            )
-        if self.split.config.condition is not None:
-            raise TypeError(
-                f"with condition={self.split.config.condition!r} the "
-                "minibatches per epoch depend on the cells' values, so there "
-                "is no len() before the epoch is read"
-            )
+        check_countable(self.sampler, self.split.config)
         if self._length[0] != self._epoch:  # computed once per epoch
             shard = self.shard
             start = Position(
@@ -180,10 +161,8 @@ class CellDataset(grain.IterDataset):
     def mp_prefetch(self, options=None, worker_init_fn=None, sequential_slice=False):
         """This pipeline with `options.num_workers` workers (same minibatches).
 
-        Grain's `mp_prefetch` would slice the dataset over workers; here the
-        workers are part of the pipeline (they read and format whole
-        fetches), so this returns a copy with `worker_count` (and
-        `worker_buffer_size`, in fetches) from `options`.
+        Not Grain's slicing: a copy with `worker_count` (and `worker_buffer_size`,
+        in fetches) from `options`.
 
         Raises:
             ValueError: `worker_init_fn` or `sequential_slice` is given.

@@ -1,14 +1,5 @@
 """More matrices per minibatch: layers, `raw/X` and `obsm` arrays beside X.
 
-`fetch_operations(source, ..., extra={...})` reads, for the same cells as the
-minibatch's X, each named extra matrix in the format chosen for it:
-
-    extra={
-        "counts": grain_cells.Layer("counts"),                 # CSR
-        "raw": grain_cells.Layer("raw", grain_cells.DenseOutput()),
-        "pca": grain_cells.Obsm("X_pca"),                      # [batch, k]
-    }
-
 Design notes: docs/reference/design.md#pipeline-extra.
 """
 
@@ -86,11 +77,9 @@ class Obsm:
 
 
 class _ElementReader:
-    """Reads one element of a source's files for the source's row ranges.
+    """Reads one element of a source's files for its row ranges, through `source.files`.
 
-    Reads through the source's own file set (`source.files`: its identities
-    and storage options) with the source's `read_threads` and
-    `check_indices`; picklable (each process opens its own handles).
+    Picklable (each process opens its own handles).
     """
 
     def __init__(self, source: AnnDataSource, spec, element: str):

@@ -1,16 +1,5 @@
 """Batched fetching (scDataset): read a fetch of blocks, split it into minibatches.
 
-`fetch_operations(source, batch_size=m, fetch_factor=f)`
-(`grain_cells.pipeline._operations`) returns the two operations that go after a
-`BlockSampler` in a `grain.DataLoader`:
-
-1. `Batch(G)` groups `G = m * f / block_size` consecutive block records of
-   each worker's stream into one *fetch*;
-2. a `FlatMap` reads the fetch's blocks in one batched pass (one positional
-   read per contiguous piece, into a reused buffer), shuffles its cells in
-   memory, and emits the fetch as `ceil(cells / m)` minibatches of exactly
-   `m` cells, each gathered once into its output format.
-
 Design notes: docs/reference/design.md#pipeline-fetch.
 """
 
@@ -35,15 +24,13 @@ from grain_cells.source import AnnDataSource
 class FetchConfig:
     """How a fetch is formed and split; `fingerprint()` identifies it.
 
-    The fetch keywords of `PipelineOptions` (which documents them), resolved
-    for one source by `make_split` (`fetch_factor` chosen, `output` set),
-    and two more:
+    The fetch keywords of `PipelineOptions` (documented there), resolved for one
+    source by `make_split`, plus:
 
     Attributes:
         block_size: Cells per block (from the source).
-        cover: Blocks vary in size (a chunk grid, no `block_size` given):
-            a fetch takes enough blocks to hold `batch_size * fetch_factor`
-            cells (rounding up); else exactly that many cells.
+        cover: Blocks vary in size (a chunk grid): a fetch takes enough blocks
+            for `batch_size * fetch_factor` cells (rounding up).
     """
 
     batch_size: int
@@ -89,22 +76,14 @@ _UNSTAMPED = ("output", "cover")
 class SplitFetch:
     """Reads one fetch of blocks and splits it into shuffled minibatches.
 
-    Knows nothing of processes or transport: `read(blocks)` returns the
-    fetch's `Minibatches`, each formatted on demand with the allocator it is
-    given. The pipeline's fetch stage (`grain_cells.pipeline._stage`) and
-    the adapter for a plain `grain.DataLoader`
-    (`grain_cells.pipeline._grain_ops`) decide where minibatches go.
+    Knows nothing of processes or transport: `read(blocks)` returns the fetch's
+    `Minibatches`, each formatted with the allocator it is given.
     """
 
     def __init__(
         self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
     ):
-        """Binds the transform to its source and configuration.
-
-        Outputs fitted to the data (`PaddedSparseOutput(width=None)`) are
-        fitted here, once, in the process that builds the pipeline: workers
-        and checkpoints see the fitted output.
-        """
+        """Binds the transform to its source; fits data-fitted outputs here, once."""
         self.source = source
         output = declared(config.output).fit_to_source(source)
         self.config = dataclasses.replace(config, output=output)
@@ -122,9 +101,8 @@ class SplitFetch:
     def fingerprint(self) -> dict:
         """What a checkpoint records of the transform (not its `repr`).
 
-        `fetch`: `FetchConfig.fingerprint()`; `output`: the output's
-        `fingerprint()` (its `repr` without one); `extra`: each extra
-        matrix's spec, by key.
+        The `FetchConfig`'s and the output's fingerprints, and each extra matrix's
+        spec, by key.
         """
         return {
             "fetch": self.config.fingerprint(),
@@ -154,9 +132,8 @@ class SplitFetch:
     def _lend_buffer(self) -> tuple[RowBuffer, list]:
         """A read buffer no live fetch is using, and its owner cell.
 
-        Fetches are formatted lazily from their buffer, and two iterators of
-        one pipeline may be alive at once (or one restored while another
-        runs), so a buffer is reused only once the fetch that filled it is gone.
+        Fetches format lazily from their buffer and two iterators may be alive at
+        once, so a buffer is reused only once its fetch is gone.
         """
         pool = self._buffers
         for buffer, owner in pool:
@@ -283,12 +260,10 @@ class SplitFetch:
 
 
 class Minibatches(collections.abc.Sequence):
-    """The minibatches of one fetch, formatted when first asked for.
+    """The minibatches of one fetch, each formatted when asked for.
 
-    Grain's FlatMap indexes the sequence in order, so only one minibatch is
-    materialised at a time; the fetch buffer stays alive meanwhile.
-    `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker
-    passes one that allocates in the shared-memory slot it sends in).
+    `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker's
+    allocates in its shared-memory slot); the fetch buffer stays alive meanwhile.
     """
 
     def __init__(
@@ -334,8 +309,7 @@ class _Fetched:
 def fetch_key(seed: int, block_ids: np.ndarray) -> int:
     """The 64-bit key of a fetch: a hash of the seed and its blocks in order.
 
-    Outputs draw their random choices from `(key, row id, ...)`: a fetch
-    re-created on restore has the same key, and a cell seen again in another
-    epoch (another fetch) gets new draws.
+    Outputs draw from `(key, row id, ...)`: the same on restore, new for a cell
+    seen again in another fetch.
     """
     return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))

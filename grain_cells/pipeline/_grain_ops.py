@@ -1,37 +1,9 @@
 """The adapter for a plain `grain.DataLoader`: `fetch_operations`.
 
-The product's card spelling,
+Everything the card spelling `grain.DataLoader(..., operations=
+fetch_operations(source, batch_size=64), worker_count=N)` needs lives here.
 
-    grain.DataLoader(data_source=source, sampler=BlockSampler(source, ...),
-                     operations=fetch_operations(source, batch_size=64),
-                     worker_count=N)
-
-runs Grain's own `DataLoader`, which gives the pipeline no say over its
-workers: records are striped over workers and batched into fetches inside
-each one, and no worker hook exists. Everything that spelling needs lives
-here and nowhere else:
-
-* `Batch(G, batch_fn=GroupBlocks())` groups `G` block records of a worker's
-  stream into one fetch (rows of block id, file, start, stop);
-* `GrainFetch`, a `FlatMap`, reads the fetch through the pipeline's
-  `SplitFetch` and yields its minibatches. Grain unpickles it in each worker
-  (and only there): at that moment it sets the worker up as the pipeline
-  does (`transport._send.worker_init`), so minibatches travel through the
-  worker's slot ring and the worker exits with its parent;
-* absl flags marked parsed (Grain reads one when it starts workers), and the
-  `__main__` guard: the operations refuse to be pickled for workers while
-  the main thread runs a script's unguarded top level, so the parent
-  raises `MainGuardError` before a worker starts (a spawned child would
-  die re-running the script before reading its start-up payload, and the
-  parent would block for ever writing it); a spawned worker that re-ran a
-  script's top level also checks it;
-* the first fetch checks that `data_source` is the source the operations
-  were built on (a split view's blocks read through the full source, or
-  another file, would otherwise be read without a word).
-
-`grain_cells.DataLoader` accepts the same operations and uses only the
-`SplitFetch` inside (its fetch stage forms fetches itself,
-worker-independently: `grain_cells.pipeline._stage`).
+Design notes: docs/reference/design.md#pipeline-grain-ops.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """`CellIterator`: the iterator of a `CellDataset`, its workers and its state.
 
-It walks its shard's fetch plan (`grain_cells.pipeline._resume.Position`),
-starts the Grain chain of the module docstring of
-`grain_cells.pipeline._dataset` from the fetch it stands at (worker
-processes through `mp_prefetch`), hands out each fetch's minibatches, and
-saves and restores its position under any worker or shard count. Closing it
-(or its failing) stops its workers and frees their shared memory.
+Design notes: docs/reference/design.md#pipeline-iterator.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import grain
 from grain_cells.errors import IteratorClosedError
 from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._resume import Position, hand_over
-from grain_cells.pipeline._stage import ReadFetch, plan_minibatches
+from grain_cells.pipeline._stage import ReadFetch, check_countable, plan_minibatches
 from grain_cells.transport import (
     WorkerWatch,
     allow_unparsed_flags,
@@ -57,12 +52,7 @@ class CellIterator(grain.DatasetIterator):
     """
 
     def __init__(self, ds, epoch: int = 0):
-        """Positions the iterator at the start of its shard's epoch `epoch`.
-
-        Args:
-            ds: The `CellDataset` it iterates.
-            epoch: The epoch it walks.
-        """
+        """Positions the iterator at the start of its shard's epoch `epoch` of `ds`."""
         super().__init__()
         self._ds = ds
         self._g = ds.split.config.blocks_per_fetch
@@ -177,17 +167,7 @@ class CellIterator(grain.DatasetIterator):
                 shard count (its fetches are pieces of the old shards').
         """
         ds = self._ds
-        if len(ds.sampler) >= sys.maxsize:
-            raise TypeError(
-                "an endless stream (num_epochs=None) has no len(); count "
-                "steps yourself, or give the sampler num_epochs"
-            )
-        if ds.split.config.condition is not None:
-            raise TypeError(
-                f"with condition={ds.split.config.condition!r} the minibatches "
-                "depend on the cells' values: there is no len() before they "
-                "are read"
-            )
+        check_countable(ds.sampler, ds.split.config)
         if self._position.pieces:
             raise TypeError(
                 "this iterator resumes a state saved under another shard count; "

@@ -1,38 +1,9 @@
 """`DataLoader`: grain.DataLoader's arguments, one worker-independent pipeline.
 
-`grain_cells.DataLoader(data_source=..., sampler=..., operations=
-fetch_operations(...), worker_count=N)` takes the arguments of
-`grain.DataLoader` but is not one: it builds `grain_cells.pipeline`'s
-pipeline on Grain's public dataset API (fetch numbers -> read and format a
-whole fetch in a worker -> `mp_prefetch` -> split in the trainer). So:
+Its minibatches do not depend on `worker_count`, and its state (a position)
+restores under any worker or shard count.
 
-* **The minibatch sequence does not depend on `worker_count`**: 0, 2 or 3
-  workers yield the same minibatches in the same order. (A plain
-  `grain.DataLoader` with the same arguments forms fetches inside each worker
-  from that worker's share of the sampler's records: its sequence depends on
-  the worker count, and its state restores only under the same count.)
-* **The state is a position** (`grain_cells.pipeline._resume`), checked by
-  `grain_cells.pipeline._state_checks` against a stamp of the sampler, the source's
-  content and the fetch configuration: it restores under any worker count,
-  and under another shard count (JAX processes), with every remaining cell
-  visited exactly once. Checkpoint through orbax with
-  `grain_cells.checkpoint.IteratorSave(iterator)` / `IteratorRestore(iterator)` (Grain's
-  `grain.checkpoint.CheckpointSave` / `CheckpointRestore` write the same
-  files but restore on the saving process count only; the state is JSON
-  bytes).
-* **Memory**: each worker holds the fetch it reads plus `worker_buffer_size`
-  minibatches' worth of finished fetches (rounded up to whole fetches).
-* **absl flags / `__main__` guard**: flags are marked parsed when nothing
-  parsed them (Grain's workers read one), and iterating with workers from a
-  script's unguarded top level raises `MainGuardError` at once.
-* **Epochs, `len`, `close`**: each `iter()` starts the next epoch in a new
-  order, `len(loader)` is an epoch's minibatches (so `tqdm(loader)` shows a
-  total), `len(iterator)` the minibatches it has yet to yield (so does
-  `tqdm(iter(loader))`), `close()` ends an iterator for good: see "Epochs" in
-  `grain_cells.pipeline.CellDataset`, which this loader wraps.
-* **obs labels**: minibatches carry categorical obs columns as integer
-  codes (fast, `jax.jit`-friendly); `loader.obs_frame(batch)` gives them as
-  a pandas DataFrame of labels.
+Design notes: docs/reference/design.md#pipeline-loader.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """Where a stream of fetches stands, and resuming it under another shard count.
 
-An iterator's position is ours, not Grain's: the plan (`origin`, shard
-`count` and `index`, the `pieces` of a previous hand-over), the fetch `n`
-whose minibatch `j` comes next, `step`, the minibatches this shard has
-emitted since the plan began, and the loader's `epoch` (which pass over a
-finite sampler stream the plan walks; see `grain_cells.pipeline._dataset`;
-0 in states saved before epochs existed). Restoring under any worker count rebuilds the
-pipeline from fetch `n` (fetches are pure functions of their number, so the
-sequence is the same).
-
 Design notes: docs/reference/design.md#pipeline-resume.
 """
 
@@ -68,16 +59,8 @@ def hand_over(
 ) -> Position:
     """The position of shard `new_index` of `new_count` that resumes `saved`.
 
-    Args:
-        saved: A position saved (at the same step as every other shard).
-        sampler: The stream (same under both shard counts).
-        source: The source (for block lengths).
-        config: The `fetch.FetchConfig`.
-        new_count: Shards now.
-        new_index: This shard now.
-
-    Returns:
-        A position at the start of the new plan (its pieces first).
+    `saved` was taken at the same step as every other shard's; the result
+    stands at the start of the new plan (its pieces first).
     """
     g = config.blocks_per_fetch
 

@@ -1,12 +1,7 @@
 """The fetch stage: fetch `n` of a process -> its blocks -> its minibatches.
 
-A fetch is a pure function of its number. `FetchPlan` says which sampler
-positions fetch `n` of one process (JAX process, shard) holds;
-`ReadFetch` (a Grain `MapTransform`) reads those blocks, shuffles their cells
-and formats the fetch's minibatches, in whichever process runs it. Because
-nothing here depends on which worker runs a fetch, the minibatch sequence of
-`grain_cells.cell_dataset` and `grain_cells.DataLoader` does not depend on the
-worker count.
+A fetch is a pure function of its number, so the minibatch sequence does not
+depend on the worker count.
 
 Design notes: docs/reference/design.md#pipeline-stage.
 """
@@ -14,6 +9,7 @@ Design notes: docs/reference/design.md#pipeline-stage.
 from __future__ import annotations
 
 import math
+import sys
 
 import grain
 import numpy as np
@@ -98,12 +94,10 @@ class FetchPlan:
 
 
 def advances_epochs(sampler) -> bool:
-    """Whether each `iter()` of a pipeline over `sampler` starts a new epoch.
+    """Whether each `iter()` over `sampler` starts a new epoch.
 
-    True for grain_cells' samplers (`BlockStream`s) with a finite stream:
-    their stream goes on past `len(sampler)`, so epoch `e` reads positions
-    `e * len(sampler)` further on. An endless stream, or a user's sampler,
-    starts at its beginning every time.
+    True for grain_cells' finite streams (they go on past `len(sampler)`); an
+    endless stream, or a user's sampler, starts at its beginning every time.
     """
     return isinstance(sampler, BlockStream) and sampler.num_epochs is not None
 
@@ -131,12 +125,26 @@ def count_minibatches(config, source, keys: np.ndarray) -> int:
     return math.ceil(cells / config.batch_size)
 
 
+def check_countable(sampler, config) -> None:
+    """Raises the `TypeError` of `len()` where no count exists before reading."""
+    if len(sampler) >= sys.maxsize:
+        raise TypeError(
+            "an endless stream (num_epochs=None) has no len(); count "
+            "steps yourself, or give the sampler num_epochs"
+        )
+    if config.condition is not None:
+        raise TypeError(
+            f"with condition={config.condition!r} the minibatches per epoch "
+            "depend on the cells' values, so there is no len() before the "
+            "epoch is read"
+        )
+
+
 def plan_minibatches(config, source, plan: FetchPlan) -> int:
     """Minibatches a plan without pieces yields (a loader's `len`), unread.
 
-    With blocks of equal length this is arithmetic; otherwise it walks the
-    plan's block keys once, vectorised (a shuffled `BlockSampler` computes
-    Grain's shuffle with NumPy: about 0.5 µs per block).
+    Arithmetic for blocks of equal length; else one vectorised walk of the
+    plan's block keys (about 0.5 µs per block for a shuffled `BlockSampler`).
 
     Raises:
         ValueError: With a condition the count depends on the cells' values.
@@ -166,24 +174,15 @@ def plan_minibatches(config, source, plan: FetchPlan) -> int:
 class ReadFetch(grain.transforms.Map):
     """Fetch number -> that fetch's minibatches (Grain `Map`, picklable).
 
-    In the process that built the pipeline the result is the lazy
-    `Minibatches` sequence; in a worker process (set up by
-    `transport._send.worker_init`, which the pipeline passes to Grain's
-    `mp_prefetch`) all minibatches are formatted there, each into a slot of
-    the worker's shared-memory ring, and the fetch travels as one list of
-    slot handles, which unpickles to a list of minibatch dicts in the trainer.
+    In the building process: the lazy `Minibatches`. In a worker: every
+    minibatch formatted into a slot of its ring, sent as one list of handles.
     """
 
     def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
-        """Binds the fetch stage to a `SplitFetch`, a plan and the stride.
+        """Binds the stage to a `SplitFetch`, a plan, and the stride to read ahead.
 
-        Args:
-            split: The `fetch.SplitFetch` that reads and splits a fetch.
-            plan: Which positions each fetch holds.
-            stride: Fetches between this process's consecutive fetches (the
-                worker count, at least 1): what to read ahead.
-            readahead_cells: Cells to hint the OS about ahead of the stream;
-                0 turns read-ahead off.
+        `stride`: fetches between this process's consecutive ones (the worker
+        count, at least 1); `readahead_cells` 0 turns read-ahead off.
         """
         self.split = split
         self.plan = plan

@@ -1,11 +1,5 @@
 """What a restored iterator state must match, and validation field by field.
 
-A state of `grain_cells.cell_dataset` / `grain_cells.DataLoader` is
-`{"grain_cells": stamp, "position": {...}}` (see `grain_cells.pipeline._resume`). The
-stamp says which pipeline saved it, as JSON values, by configuration rather
-than by `repr` (so a `repr` may change without breaking restores); its fields
-are listed in the design notes.
-
 Design notes: docs/reference/design.md#pipeline-state-checks.
 """
 
@@ -35,12 +29,7 @@ def _plain(value):
 
 
 def stamp(source, sampler, split) -> dict:
-    """What a saved state must match to be restored by this pipeline.
-
-    Returns:
-        The stamp (see the design notes) as JSON values, as a saved
-        state reads back.
-    """
+    """What a saved state must match to be restored by this pipeline, as JSON values."""
     data = source_identity(source) if hasattr(source, "file_identity") else repr(source)
     # A user's sampler without `fingerprint()`: its repr, less the shard.
     fingerprint = getattr(sampler, "fingerprint", None)
@@ -246,14 +235,7 @@ def _weights_note(saved, current: dict) -> str:
 
 
 def check_state(state, current: dict, sampler, source, split) -> Position:
-    """Checks a state's stamp and every field of its position.
-
-    Args:
-        state: The state (parsed JSON).
-        current: The restoring pipeline's `stamp(...)`.
-        sampler: Its sampler.
-        source: Its source.
-        split: Its `fetch.SplitFetch`.
+    """Checks a state's stamp (against `current`) and every field of its position.
 
     Returns:
         The saved position.

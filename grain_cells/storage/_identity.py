@@ -1,12 +1,8 @@
 """Where a file is: `FileStat`, the bytes-level half of a file's identity.
 
-`FileStat` holds device, inode, size and times (an object's ETag, size and
-time; a zarr store's digest of its keys), cheap to take and compared at
-every fetch, whenever a process opens a file and at restore; it only means
-something on this machine and path. What a file holds (digests of its
-matrix's layout and sampled values) and what a checkpoint records is
-`grain_cells.io._identity` (`FileIdentity`, `source_identity`), which
-explains exactly what is detected and what is not.
+What a file holds is `grain_cells.io._identity`.
+
+Design notes: docs/reference/design.md#storage-identity.
 """
 
 from __future__ import annotations

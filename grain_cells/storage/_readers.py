@@ -1,15 +1,6 @@
 """Byte readers: where the positional reads of a fetch get their bytes.
 
-The readers of uncompressed and compressed datasets
-(`grain_cells.hdf5._reads`, `grain_cells.hdf5._chunks`) know the byte offset of
-every piece a fetch needs; a `ByteReader` turns a list of pieces into bytes
-in a destination buffer. Two implementations: `LocalByteReader` (`os.preadv`)
-and `RemoteByteReader` (batched range GETs; details in the design notes).
-
-Memory per process and remote file: up to `PIN_BYTES` pinned, up to
-`READAHEAD_BYTES` read ahead, plus the requests of the fetch being read
-(the fetch's own bytes, at most `max_in_flight` requests of at most
-`MAX_REQUEST_BYTES` at once).
+`LocalByteReader` (`os.preadv`) and `RemoteByteReader` (batched range GETs).
 
 Design notes: docs/reference/design.md#storage-readers.
 """
@@ -26,11 +17,10 @@ from grain_cells.storage._identity import FileStat
 
 
 class ShortReadError(EOFError):
-    """A read came back short: the file ends before a piece does.
+    """A read came back short: the file ends (`end_of_file`) before a piece (`needed`).
 
-    The file ends at byte `end_of_file`, the piece at `needed` (a truncated
-    file; callers name the element). Not `errors.TruncationError`, which is
-    a cell wider than a fixed-width output.
+    Callers name the element. Not `errors.TruncationError` (a cell wider than a
+    fixed-width output).
     """
 
     def __init__(self, end_of_file: int, needed: int):
@@ -88,10 +78,7 @@ def pread_pieces(
     nbytes: Sequence[int],
     dest_starts: Sequence[int],
 ) -> None:
-    """Reads `nbytes[i]` bytes at `offsets[i]` of local descriptor `fds[i]`.
-
-    Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
-    loop (`LocalByteReader.read_into` for each piece's descriptor).
+    """Reads `nbytes[i]` bytes at `offsets[i]` of `fds[i]` into `dest[dest_starts[i]:]`.
 
     Raises:
         ShortReadError: A file ends before its piece does.

@@ -1,14 +1,5 @@
 """The worker processes of one data iterator, and the error when one dies.
 
-Grain starts an iterator's workers (`mp_prefetch`) as `multiprocessing`
-children of the trainer and, when one dies, raises a bare `RuntimeError`
-("terminated unexpectedly with exit code -9") within about a second rather
-than blocking. `WorkerWatch` notes which children appeared after the
-iterator started (`multiprocessing.active_children()`, public API), so that
-the iterator can say which of its workers died, how (a signal or an exit
-code) and what to do (`death_error`). A worker that died before the watch
-saw it leaves Grain's error as it is.
-
 Design notes: docs/reference/design.md#transport-children.
 """
 

@@ -1,11 +1,5 @@
 """Minibatches handed to the user as arrays inside a worker's slot (leases).
 
-A *lease* returns a minibatch as arrays that are views of its slot's
-mapping, and hands the slot back to its worker when the last of those
-arrays dies (a weak reference to the one `uint8` array every view is cut
-from), so after the user's last read, in program order. A process forked
-from the trainer hands nothing back (`_views`).
-
 Design notes: docs/reference/design.md#transport-lease.
 """
 
@@ -41,9 +35,8 @@ def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, ob
         on_release: Called once, in whichever thread drops the last array.
 
     Returns:
-        A dict of writable arrays backed by `mm`, and the weak reference that
-        calls `on_release`: the caller keeps it alive until then (a weak
-        reference that dies first calls nothing).
+        The writable arrays by key, and the weak reference that calls
+        `on_release` (the caller keeps it alive until then).
     """
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, _forget)

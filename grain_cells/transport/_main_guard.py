@@ -1,11 +1,5 @@
 """Detecting a script that starts worker processes without the `__main__` guard.
 
-Grain starts its workers with `spawn`: each imports the main script again,
-so a script that builds and iterates a loader outside
-`if __name__ == "__main__":` makes every worker start workers of its own.
-`check_main_guard` and `main_thread_site` refuse that at once, naming the
-fix, instead of Grain's late "Worker process was terminated unexpectedly".
-
 Design notes: docs/reference/design.md#transport-main-guard.
 """
 
@@ -24,14 +18,12 @@ _MAIN_NAMES = ("__main__", "__mp_main__")
 def check_main_guard(what: str) -> None:
     """Raises if `what` starts workers from a script's unguarded top level.
 
-    Args:
-        what: What is starting worker processes, for the message (e.g.
-            `"grain_cells.DataLoader(worker_count=2)"`).
+    `what` names the caller in the message (e.g.
+    `"grain_cells.DataLoader(worker_count=2)"`).
 
     Raises:
-        MainGuardError: The main script's top-level code (outside
-            `if __name__ == "__main__":`) is what called us, so spawned
-            workers would run it again.
+        MainGuardError: Code outside `if __name__ == "__main__":` called us, so
+            spawned workers would run it again.
     """
     site = unguarded_site()
     if site is not None:
@@ -39,16 +31,11 @@ def check_main_guard(what: str) -> None:
 
 
 def unguarded_site(frame=None) -> tuple[str, int] | None:
-    """`(script, line)` if the main script's unguarded top level called us.
+    """`(script, line)` if the main script's unguarded top level called us, else None.
 
-    The line of the main script running now (the top-level frame of
-    `__main__`, or `__mp_main__` in a spawned child re-running it) when it is
-    outside an `if __name__ == "__main__":` block; None otherwise (a guarded
-    block, a function called from one, the REPL, `python -c`, a notebook).
-
-    Args:
-        frame: The innermost frame of the stack to look at (default: the
-            caller's).
+    Looks from `frame` (default: the caller's) for the top-level frame of
+    `__main__` (or `__mp_main__` in a spawned child) outside a `__main__` guard;
+    a guarded block, the REPL, `python -c` or a notebook gives None.
     """
     if frame is None:
         frame = inspect.currentframe()
@@ -73,11 +60,9 @@ def unguarded_site(frame=None) -> tuple[str, int] | None:
 
 
 def main_thread_site() -> tuple[str, int] | None:
-    """`unguarded_site` of the main thread's stack, from any thread.
+    """`unguarded_site` of the main thread's stack, from any thread (Grain's too).
 
-    Grain may start its workers (and pickle what they run) in threads of its
-    own; what re-runs in a spawned child is decided by where the main
-    thread is (`sys._current_frames`, documented in `sys`).
+    What re-runs in a spawned child depends on where the main thread is.
     """
     frame = sys._current_frames().get(threading.main_thread().ident)
     try:

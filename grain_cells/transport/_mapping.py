@@ -1,10 +1,5 @@
 """Memory mappings of shared segments, without a file descriptor each.
 
-`map_shared` maps a POSIX shared segment through the C library's `mmap`
-(`ctypes`, public API), so the caller closes its descriptor right away
-(`mmap.mmap` keeps one per mapping). The mapping is a `ctypes` byte array:
-NumPy views of it keep it alive; it is unmapped when the last one dies.
-
 Design notes: docs/reference/design.md#transport-mapping.
 """
 
@@ -43,11 +38,11 @@ def map_shared(fd: int, size: int) -> ctypes.Array:
     """`size` bytes of file `fd` mapped shared and writable; `fd` may close now.
 
     Returns:
-        A `ctypes` array of `size` unsigned bytes over the mapping, which is
-        unmapped when the array (and every NumPy view of it) is gone.
+        A `ctypes` byte array over the mapping, unmapped when it (and every
+        NumPy view of it) is gone.
 
     Raises:
-        OSError: `mmap` failed (the error of the C library).
+        OSError: `mmap` failed.
     """
     addr = _mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == _MAP_FAILED:
@@ -62,10 +57,9 @@ def map_shared(fd: int, size: int) -> ctypes.Array:
 def privatise(addr: int, size: int) -> None:
     """Makes the mapped range at `addr` private memory holding the same bytes.
 
-    For a forked child: afterwards neither the parent nor a worker that
-    writes the segment sees the child's writes, nor the child theirs. The
-    range keeps its address, so arrays over it stay valid; `addr` must be
-    the start of a mapping (page-aligned). Copies 1 MiB at a time.
+    For a forked child: its writes and the segment's owners' no longer meet.
+    The address is kept (arrays stay valid); `addr` starts a mapping. Copies
+    1 MiB at a time.
 
     Raises:
         OSError: `mmap` failed (the range is then unchanged from there on).

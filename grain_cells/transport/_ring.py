@@ -1,11 +1,7 @@
 """Moving minibatches from Grain worker processes to the trainer, cheaply.
 
-Each worker keeps a small ring of slots (shared segments mapped in both
-processes) and writes a minibatch's arrays into one slot; what crosses
-Grain's queue is a small handle. The trainer maps the slot and *leases* it
-(`_lease`): no copy, and the slot goes back when the last array dies. Beyond
-the ring's lease budget the arrays are copied out and the slot handed back at
-once. The arrays a user holds never alias memory a worker will overwrite.
+A worker writes a minibatch into a slot of its shared-memory ring; the
+trainer leases the slot (no copy) and hands it back when the arrays die.
 
 Design notes: docs/reference/design.md#transport-ring.
 """
@@ -45,13 +41,10 @@ class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
     def __init__(self, max_slots: int = 8, leases: int = 0):
-        """A ring of up to `max_slots` slots, `leases` of them lent to the trainer.
+        """A ring of up to `max_slots` slots (grown by `reserve`), `leases` lendable.
 
-        Args:
-            max_slots: Slots the ring may grow to (grown by `reserve`).
-            leases: Of those, how many the trainer may hold as leased
-                minibatches (it copies the others out): at most `max_slots`
-                minus what the worker needs in flight.
+        The trainer copies minibatches out beyond `leases` (at most `max_slots`
+        minus what the worker needs in flight).
         """
         _shm_names.remove_stale()
         self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
@@ -91,9 +84,8 @@ class SlotRing:
     def close(self) -> None:
         """Unlinks every name this ring created (mappings die with the process).
 
-        The ring makes no segment after this (`_create_named` raises). Its
-        sockets close, so the trainer's next hand-back finds the ring gone
-        and drops its view.
+        No segment is made after this; the closed sockets tell the trainer to drop
+        its view.
         """
         with self._names_lock:
             self._closed = True
@@ -187,10 +179,8 @@ class SlotRing:
     ) -> SlotHandle:
         """Writes `arrays` into a free slot; returns the handle to send.
 
-        With `wait=False` a busy ring gives a one-off segment at once. Slot
-        `avoid` (where a writer put `arrays`) is not written to, and without
-        another slot free at once a one-off segment is used: waiting would
-        hold a minibatch whose own slot is free.
+        A busy ring (`wait=False`), or no free slot other than `avoid` (where a
+        writer put `arrays`), gives a one-off segment at once.
         """
         layout, nbytes = _segments.layout(arrays)
         self._largest = max(self._largest, nbytes)
@@ -214,11 +204,9 @@ class SlotRing:
         """A free slot to format the next minibatch in, for `SlotWriter`.
 
         Returns:
-            `(slot, mapping, wait)`: a free slot that fits the largest
-            minibatch sent so far and its mapping; `(None, None, True)`
-            before the first minibatch (it is written by `put`), and
-            `(None, None, False)` when every slot stayed busy (a one-off
-            segment instead).
+            `(slot, mapping, wait)`: a free slot that fits the largest minibatch
+            so far; `(None, None, True)` before the first minibatch (`put` writes
+            it), `(None, None, False)` when every slot stayed busy.
         """
         if not self._largest:
             return None, None, True

@@ -1,10 +1,4 @@
-"""Shared-memory segments and the arrays laid out in them.
-
-A segment is a POSIX shared-memory object in `/dev/shm`, named
-`/gcells_<pid>_t<start>_<token>_<n>` (`shm_names`), made with `os.open`
-(`O_CREAT | O_EXCL`), `os.ftruncate` and `mmap` and removed with
-`os.unlink`. Its descriptor is closed as soon as it is mapped
-(`_mapping.map_shared`).
+"""Shared-memory segments in `/dev/shm`, and the arrays laid out in them.
 
 Design notes: docs/reference/design.md#transport-segments.
 """

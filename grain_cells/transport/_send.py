@@ -1,16 +1,6 @@
 """What the pipeline sets up in a worker, and how a worker sends minibatches.
 
-The pipeline owns the worker side: `grain_cells.cell_dataset` and
-`grain_cells.DataLoader` pass `worker_init` to Grain's
-`IterDataset.mp_prefetch(worker_init_fn=...)`, and the adapter of a plain
-`grain.DataLoader` (`grain_cells.pipeline._grain_ops`) calls it when its
-fetch transform is unpickled in a worker (Grain's `DataLoader` has no
-worker hook). Either way the worker then exits with its parent
-(`_worker.exit_with_parent`), freezes its garbage collector's old objects
-after its first fetch (`_worker.fetch_starting`), and sends every minibatch
-through its shared-memory slot ring (`_ring`), formatted straight into a
-slot (`_slot_writer`). The fetch code itself knows none of this: it formats a
-minibatch with whatever allocator it is given.
+Design notes: docs/reference/design.md#transport-send.
 """
 
 from __future__ import annotations
@@ -59,14 +49,9 @@ def fetch_starting() -> None:
 def ring_for(minibatches_per_fetch: int) -> SlotRing:
     """This worker's ring, with room for what is in flight and for leases.
 
-    In flight: the fetch being formatted, the finished fetches in the
-    worker's queue (Grain's default depth is 16 elements) and the fetch the
-    trainer is taking: about four fetches, or two fetches and the queue's
-    depth in minibatches (a plain `grain.DataLoader` queues minibatches, not
-    fetches). Leases: minibatches the trainer has unpacked and the user may
-    still hold (the fetch being handed out, the next one unpacked ahead, and
-    a few kept by the user), three fetches and 8; beyond them the trainer
-    copies (`_lease`). Slots are made only as they are needed.
+    In flight: about four fetches (or two and Grain's queue depth in
+    minibatches); leases: three fetches and 8, beyond which the trainer copies.
+    Slots are made only as they are needed.
     """
     n = int(minibatches_per_fetch)
     return worker_ring(max(4 * n + 8, 2 * n + 24), leases=3 * n + 8)

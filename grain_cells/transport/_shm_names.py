@@ -1,14 +1,9 @@
 """Names of grain_cells' shared-memory objects, and removing stale ones.
 
-Every object a process creates for the slot-ring transport (segments and the
-FIFO that hands slots back) is named `gcells_<pid>_t<start>_<token>_<what>` in
-`/dev/shm`, where `<pid>` is the creating process and `<start>` its start
-time (clock ticks after boot, `/proc/<pid>/stat`). A process that was killed
-(SIGKILL, the OOM killer) cannot unlink its names; because they carry its pid
-and start time, any later start can tell which names belong to processes that
-no longer exist and remove them (`remove_stale`), even where the pid has
-since been reused by another process (a new start time). Names of the older
-form `gcells_<pid>_<token>_<what>` are judged by the pid alone.
+`gcells_<pid>_t<start>_<token>_<what>`: the creator's pid and start time tell
+which names outlived their process (`remove_stale`).
+
+Design notes: docs/reference/design.md#transport-shm-names.
 """
 
 from __future__ import annotations

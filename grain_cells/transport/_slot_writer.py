@@ -1,9 +1,5 @@
 """Minibatches formatted straight into a worker's shared-memory slot.
 
-A `SlotWriter` hands the output format its arrays inside the worker's slot
-(`empty`, the signature of `np.empty`), so the gather from the fetch buffer
-is the only pass over a minibatch's bytes (no copy into the slot after).
-
 Design notes: docs/reference/design.md#transport-slot-writer.
 """
 
@@ -30,32 +26,22 @@ def writer_for(ring: SlotRing) -> SlotWriter:
 
 
 class SlotWriter:
-    """One minibatch formatted straight into a slot of the ring.
+    """One minibatch formatted straight into a slot of the ring (no copy after).
 
-    `empty(shape, dtype)` hands out arrays inside the slot, one after the
-    other (as `np.empty` would, uninitialised), so an output format that
-    allocates with it writes the minibatch where the trainer reads it:
-    no copy into shared memory. `send(arrays)` returns the handle, copying
-    in only the arrays that are not in the slot yet (each at most once).
-    When the slot is full (or the ring had none free), `empty` returns
-    private memory and `send` writes the whole minibatch into another slot
-    that fits, or a one-off segment when none is free at once
-    (`SlotRing.put` with `avoid`). Arrays handed out must not be used after
+    `empty(shape, dtype)` hands out arrays inside the slot, as `np.empty`;
+    `send(arrays)` returns the handle, copying in only arrays not in the slot.
+    A full slot (or none free) gives private memory, and `send` writes it all
+    into another slot or a one-off segment. Arrays must not be used after
     `send`: the trainer hands the slot back for reuse.
     """
 
     def __init__(
         self, ring: SlotRing, slot: int | None, segment: Segment | None, wait=True
     ):
-        """Binds a free `slot` of `ring` and its `segment`.
+        """Binds a free `slot` of `ring` and its mapping `segment`.
 
-        Args:
-            ring: The worker's ring.
-            slot: A free slot, or None: every array is private and `send`
-                writes them all (as `SlotRing.put`).
-            segment: The slot's mapping.
-            wait: Whether `send` may wait for a slot (False once the ring
-                found every slot busy: a one-off segment instead).
+        `slot` None: every array is private and `send` writes them all; `wait`
+        False: `send` takes a one-off segment instead of waiting for a slot.
         """
         self._ring = ring
         self._slot = slot

@@ -1,17 +1,6 @@
 """The trainer's side of the slot rings: one view per worker's ring.
 
-A view maps the slots of one worker's ring (`_ring`) as their handles
-arrive, hands each minibatch out as a lease of its slot or a copy
-(`_lease`), and returns slots to the worker over a Unix stream socket
-(two bytes per slot, native order, never blocking the caller). Slots of
-leases that ended go back in groups (`_group`: a quarter of the ring's lease
-budget, at most `_GROUP`), one send per group instead of one per
-minibatch (a send was about a tenth of the trainer's CPU per minibatch of a
-plain `grain.DataLoader`). Slots waiting to go back count against the lease
-budget (`open`), so the worker's own slots for what it has in flight are
-never held back; a copy (the budget spent) sends them all. Views of workers
-that exited, or closed their ring, are dropped every `_PRUNE_EVERY` minibatches
-and when an iterator closes (`release_dead_rings`).
+Design notes: docs/reference/design.md#transport-views.
 """
 
 from __future__ import annotations
@@ -139,13 +128,8 @@ class _RingView:
     def hand_back(self, slot: int | None = None) -> None:
         """Returns a slot (and any pending) to the worker; never blocks.
 
-        Called once nothing of this process reads the slot, possibly from a
-        finalizer in any thread, so a full socket buffer (a worker blocked
-        in Grain's queue reads hand-backs only when it needs a slot) leaves
-        the slots pending for the next call instead of blocking the caller.
-        A process forked from the trainer inherits its leases and this
-        socket; arrays dying there hand nothing back (the trainer's copies of
-        them may still be read).
+        May run from a finalizer in any thread: a full socket buffer leaves the
+        slots pending for the next call. A forked child hands nothing back.
         """
         if os.getpid() != self.trainer:
             return

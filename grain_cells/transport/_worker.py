@@ -1,11 +1,5 @@
 """What a grain_cells worker process knows about itself and its parent.
 
-Grain starts its workers with `spawn` and sends them the pipeline with
-cloudpickle, so grain_cells' fetch transform is *unpickled* in each worker,
-never in the trainer (which builds it). `in_child_process()` is therefore
-asked when the transform is unpickled: there, and only there, minibatches
-are pickled back to a parent and may travel through the slot ring.
-
 Design notes: docs/reference/design.md#transport-worker.
 """
 
@@ -55,17 +49,11 @@ def allow_unparsed_flags() -> None:
 def fetch_starting() -> None:
     """Called as a fetch starts; in a worker, freezes the GC's old objects once.
 
-    A worker imports Grain, JAX, NumPy and (for token outputs) numba and
-    LLVM bindings: hundreds of thousands of long-lived container objects
-    that every full collection traverses again, although they never become
-    garbage, and fetches allocate enough containers to trigger full
-    collections over and over (a worker formatting value-bin tokens spent
-    ~16% of its CPU in `gc_collect_main` and its visitors, `perf`). So at
-    the start of a worker's second fetch, when the first one has imported
-    and compiled what formatting needs, one collection runs (no garbage is
-    kept) and `gc.freeze()` moves what remains to the permanent generation;
-    what later fetches allocate is collected as before. Only in processes
-    started by `multiprocessing`: the trainer's GC is its own.
+    A worker's imports (Grain, JAX, NumPy, numba) are long-lived containers
+    that every full collection traverses (~16% of a value-bin token worker's
+    CPU in `gc_collect_main`, `perf`). At its second fetch one collection runs
+    and `gc.freeze()` moves the rest to the permanent generation. Only in
+    processes started by `multiprocessing`.
     """
     global _fetches_seen
     if not in_child_process():

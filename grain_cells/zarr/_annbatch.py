@@ -1,12 +1,7 @@
 """annbatch's pre-shuffled collections as a list of AnnData zarr stores.
 
-scverse's annbatch (``annbatch.DatasetCollection(path).add_adatas(...)``,
-0.3) writes ONE zarr v3 group, root attributes ``encoding-type:
-annbatch-preshuffled``, whose child groups ``dataset_0``, ``dataset_1``,
-... are each a whole AnnData (``X``, ``obs``, ``var``, ...), all with the
-same var (annbatch outer-joins or subsets the genes before it writes). A
-child group of a zarr v3 store is a zarr group in its own right (it has its
-own ``zarr.json``), so ``AnnDataSource`` opens each one as a store.
+annbatch writes one zarr v3 group whose children `dataset_0`, `dataset_1`,
+... are each a whole AnnData with the same var; each opens as a store.
 
 Design notes: docs/reference/design.md#zarr-annbatch.
 """

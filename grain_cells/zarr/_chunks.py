@@ -1,11 +1,9 @@
 """The stored chunks of one zarr array: located, fetched, decoded, checked.
 
-`Chunks` is the part of `grain_cells.zarr._reads.RangeReader` that knows
-the store: which key (and, in a shard, which byte range) holds a chunk,
-fetching it (`grain_cells.zarr._keys`), decoding it
-(`grain_cells.zarr._codecs`), refusing a missing or damaged one by name, and
-an LRU cache of decoded chunks. A *unit* is one stored (inner) chunk:
-`(k,)` for a 1-D array, `(k, j)` for row chunk k and column chunk j.
+A *unit* is one stored (inner) chunk: `(k,)` for a 1-D array, `(k, j)` for
+row chunk k and column chunk j.
+
+Design notes: docs/reference/design.md#zarr-chunks.
 """
 
 from __future__ import annotations
@@ -52,17 +50,9 @@ class Chunks:
         cache_bytes: int = 0,
         fill_missing: bool | str = False,
     ):
-        """Binds an array whose codecs `codec` decodes and whose store `keys` reads.
+        """Binds an array (its own metadata), its chunk decoder and its store's reader.
 
-        Args:
-            array: The array (its own metadata, not a consolidated copy).
-            path: The store's path or URL, for error messages.
-            codec: The array's chunk decoder.
-            keys: A reader of the array's store.
-            cache_bytes: Decoded bytes kept in an LRU cache.
-            fill_missing: Read a never-written chunk as the fill value:
-                True for any chunk, `"leading"` only before the first stored
-                row chunk.
+        `fill_missing` as in `RangeReader` (True or `"leading"`).
         """
         self.path = path
         self.name = "/" + array.path.lstrip("/")
@@ -162,11 +152,9 @@ class Chunks:
         return (s[0] * rows, min((s[0] + 1) * rows, self.shape[0]))
 
     def request(self, unit):
-        """Where a unit's stored bytes are: `(key, start, stop, offset)`.
+        """Where a unit's stored bytes are: `(key, start, stop, offset in the shard)`.
 
-        `start` None: the whole key; -1: the shard's index marks the chunk
-        empty; -2: the shard itself is missing.
-        `offset` is the byte offset in the shard, for messages.
+        `start` None: the whole key; -1: the shard's index marks it empty; -2: no shard.
         """
         if self._codec.shard is None:
             return self.key(unit), None, None, None
@@ -236,9 +224,8 @@ class Chunks:
     def prefetch(self, row_chunks: list[int]) -> None:
         """Starts fetching these row chunks' stored bytes in the background.
 
-        Returns at once. Held until a read takes them, at most `AHEAD_BYTES`
-        per array (beyond that a prefetch is dropped; the read fetches).
-        A failed prefetch is forgotten: the read fetches and reports.
+        Held until a read takes them, at most `AHEAD_BYTES` per array; a failed or
+        dropped prefetch leaves the read to fetch (and report).
         """
         units = [
             u

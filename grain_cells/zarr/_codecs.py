@@ -1,21 +1,7 @@
 """Decoding one stored zarr chunk, in the caller's thread, GIL released.
 
-zarr-python decodes a chunk inside its event loop, one `asyncio.to_thread`
-hop per codec and chunk; at the loader's batch shape (a few dozen chunks per
-array per fetch) that machinery cost more CPU than the decoding. `Codec` reads
-an array's metadata once (zarr's own parsed `Array.metadata`) and decodes a
-chunk's stored bytes with the same libraries zarr calls underneath, in
-whatever thread the reader runs:
-
-| codec (v3 name / v2 id) | decoder |
-| --- | --- |
-| `bytes` (endianness) | `numpy.frombuffer` |
-| `zstd` / `zstd` | `numcodecs.Zstd` (what `zarr.codecs.ZstdCodec` calls) |
-| `blosc` / `blosc` (lz4, zstd, zlib, ...) | `numcodecs.Blosc` |
-| `gzip` / `gzip`, `zlib` | `numcodecs.GZip` / `numcodecs.Zlib` |
-| `crc32c` | `google_crc32c` (what zarr uses), **checked** |
-| `numcodecs.*` (v3) and any v2 compressor or filter | `numcodecs.get_codec(config)` |
-| `sharding_indexed` | the shard index (`ShardLayout`), inner chunks decoded as above |
+With the libraries zarr calls underneath (numcodecs, google_crc32c), without
+zarr's event loop.
 
 Design notes: docs/reference/design.md#zarr-codecs.
 """

@@ -1,9 +1,6 @@
 """AnnData zarr stores as a `grain_cells.formats.Format`.
 
-Which paths are stores and how one opens, node kinds and the check of
-consolidated metadata, chunk sizes, the range reader, and what locates an
-array's bytes for the layout digest (unchanged from before the move: saved
-states compare it). Registered on import of `grain_cells.zarr`.
+Registered on import of `grain_cells.zarr`.
 
 Design notes: docs/reference/design.md#zarr-format.
 """
@@ -41,9 +38,6 @@ def is_store_path(path: str) -> bool:
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
     """The `FileStat` of a zarr store now: its `store_digest`.
-
-    Its keys with sizes and modification times, or ETags in a bucket
-    (`grain_cells.zarr._store`), so a store rewritten in place differs.
 
     Raises:
         FileNotFoundError: No such zarr store.
@@ -105,9 +99,7 @@ def _root_array(path: str) -> errors.AnnDataFormatError:
 def _zarr_storage(array) -> list:
     """What locates one zarr array's bytes: its grid and stored size.
 
-    Fields that read the same under every zarr-python version (not the
-    metadata's JSON, whose spelling may change): a codec change shows in
-    the stored bytes.
+    Fields that read the same under every zarr-python version (not its JSON).
     """
     return [
         array.path,
@@ -166,12 +158,7 @@ class ZarrFormat(formats.Format):
         return np.dtype(node.dtype).kind in "OUT"
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-        """Points read with `vindex`, damaged bytes named.
-
-        zarr-python's bare errors on damaged bytes (a cut shard index:
-        "Stored and computed checksum do not match") become
-        `errors.CorruptChunkError` (`grain_cells.zarr._read_errors`).
-        """
+        """Points read with `vindex`; damaged bytes raise `errors.CorruptChunkError`."""
         try:
             if isinstance(index, np.ndarray):
                 return np.asarray(array.vindex[index])
@@ -181,19 +168,14 @@ class ZarrFormat(formats.Format):
             raise read_error(array, path, rows[0], stop, e) from e
 
     def checked(self, node, path: str):
-        """`node`, its zarr arrays checked against their own metadata documents.
+        """`node`, its zarr arrays (one level down) checked against their own metadata.
 
-        A store's consolidated metadata is used to open it, and is only a
-        copy: a store changed after it was consolidated would be read with
-        the wrong shape, dtype or codecs. For a zarr array, or a zarr
-        group's arrays one level down (a categorical's codes and categories,
-        a nullable column's values and mask), each is compared with its own
-        document (`grain_cells.zarr._store.check_array`: one GET per array
-        in a bucket).
+        Consolidated metadata is a copy that a later change leaves stale
+        (`check_array`: one GET per array in a bucket).
 
         Raises:
-            errors.AnnDataFormatError: A consolidated entry disagrees with
-                its array, naming the store, the array and the fields.
+            errors.AnnDataFormatError: A consolidated entry disagrees with its
+                array, naming the store, the array and the fields.
         """
         zarr = _zarr()
         if zarr is None:

@@ -1,17 +1,7 @@
 """The stored bytes of a zarr store's keys, read without zarr's event loop.
 
-`KeyReader.for_store` wraps the store a zarr array was opened from:
-
-* `zarr.storage.LocalStore`: each key is a file under the store's root, read
-  with `os.pread` (releases the GIL, so reader threads overlap);
-* `zarr.storage.ZipStore`: members of the zip file (`zipfile` serialises
-  reads of one archive behind its lock; stored members are cheap to read);
-* `zarr.storage.ObjectStore` (obstore: S3, GCS, Azure, HTTP): range GETs,
-  all of a read's requests in flight at once on obstore's runtime; where
-  the store was opened with its keys' ETags
-  (`grain_cells.zarr._versions.VersionedObjectStore`), every read is
-  conditional on the key's ETag then, and raises `SourceChangedError`
-  once the key has another (a re-upload never mixes into a read).
+`KeyReader.for_store`: local files (`os.pread`), zip members, or range GETs
+of an object store (conditional on the keys' ETags where known).
 
 Design notes: docs/reference/design.md#zarr-keys.
 """
@@ -71,13 +61,9 @@ class KeyReader:
         raise NotImplementedError
 
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
-        """Reads many `(key, start, stop)` requests.
+        """Reads many `(key, start, stop)` requests (start None: all; < 0: a suffix).
 
-        Each is a `get` (start None), a `get_range`, or a `get_suffix`
-        (start < 0: the last `-start` bytes).
-
-        Remote readers send every request at once; local ones read in turn
-        (the caller's threads give the concurrency).
+        Remote readers send every request at once; local ones read in turn.
         """
         return [
             self.get(k)
@@ -101,35 +87,27 @@ class LocalKeys(KeyReader):
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def get(self, key: str) -> bytes | None:
+    def _read(self, key: str, start: int, stop: int | None) -> bytes | None:
+        """Bytes `[start, stop)` of `key`; stop None: to its end (start < 0: suffix)."""
         fd = self._open(key)
         if fd is None:
             return None
         try:
-            size = os.fstat(fd).st_size
-            return _pread_full(fd, size, 0)
-        finally:
-            os.close(fd)
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
-        fd = self._open(key)
-        if fd is None:
-            return None
-        try:
+            if stop is None:
+                stop = os.fstat(fd).st_size
+                start = max(0, stop + start) if start < 0 else start
             return _pread_full(fd, stop - start, start)
         finally:
             os.close(fd)
 
+    def get(self, key: str) -> bytes | None:
+        return self._read(key, 0, None)
+
+    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
+        return self._read(key, start, stop)
+
     def get_suffix(self, key: str, nbytes: int) -> bytes | None:
-        fd = self._open(key)
-        if fd is None:
-            return None
-        try:
-            size = os.fstat(fd).st_size
-            start = max(0, size - nbytes)
-            return _pread_full(fd, size - start, start)
-        finally:
-            os.close(fd)
+        return self._read(key, -nbytes, None)
 
 
 def _pread_full(fd: int, nbytes: int, offset: int) -> bytes:
@@ -203,20 +181,11 @@ class ZipKeys(KeyReader):
 class ObjectKeys(KeyReader):
     """Keys of an obstore store (rooted at the zarr store): range GETs.
 
-    With `versions` (the ETag of each key when this process opened the
-    store), a key not listed then reads as missing without a request, and
-    every read of a listed key is conditional on its ETag: one range or the
-    whole key by a GET with `If-Match`; several ranges of one key (a
-    shard's inner chunks) by one `obstore.get_ranges` call (which takes no
-    `If-Match`) and a HEAD of the key after it, as `.h5ad` reads are
-    checked (`grain_cells.storage.remote._range_gets`). A key whose ETag
-    differs, or that was removed, raises `errors.SourceChangedError`.
-    Without `versions` (a store that cannot be listed: plain HTTP) reads
-    are unconditional.
-
-    A forked child must not use its parent's client (its connections and
-    runtime belong to the parent: requests hang): the child reads through a
-    copy of the store made from its configuration (obstore stores pickle).
+    With `versions` (the keys' ETags when the process opened the store), an
+    unlisted key reads as missing and every read is conditional on its ETag
+    (`If-Match`, or `get_ranges` then a HEAD); a changed or removed key raises
+    `errors.SourceChangedError`. Without (plain HTTP) reads are unconditional.
+    A forked child reads through a copy of the store (the parent's client hangs).
     """
 
     remote = True
@@ -254,14 +223,10 @@ class ObjectKeys(KeyReader):
         return self.get_many([(key, -nbytes, None)])[0]
 
     def get_many(self, requests):
-        """Every request in flight at once: one call per key, in threads.
+        """Every request in flight at once: one `get_ranges` call per key, in threads.
 
-        The ranges of one key (a shard's inner chunks) go in one
-        `obstore.get_ranges` call (obstore merges near ranges); different
-        keys run concurrently on this process's fetch threads. obstore's
-        synchronous calls release the GIL; its asyncio API is not used
-        because its runtime does not survive `os.fork` (a child's requests
-        hang).
+        obstore's synchronous calls release the GIL; its asyncio runtime does not
+        survive `os.fork`.
         """
         check_not_forked_after_use(self._url)
         mark_obstore_used()

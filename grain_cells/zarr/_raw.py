@@ -1,22 +1,18 @@
-"""Partial reads of uncompressed chunks: only the bytes the ranges need.
-
-A chunk stored without compression (zarr v3's `bytes` codec alone, sharded
-or not; zarr v2 with no compressor nor filters) holds element i at byte
-`i * itemsize`, so a range inside one chunk is one byte range of one file,
-read straight into the destination (`os.preadv`) instead of the whole chunk.
+"""Partial reads of uncompressed chunks: only the bytes the ranges need (`os.preadv`).
 
 Design notes: docs/reference/design.md#zarr-raw.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import os
 
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util.ranges import chunk_pieces
+from grain_cells.formats import wait_all
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import LocalKeys
@@ -36,6 +32,19 @@ def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
         and not cache_bytes
         and (codec.stored_dtype.isnative or codec.stored_dtype.itemsize == 1)
     )
+
+
+def run_parts(pool, bounds: list[int], task, pending: list | None) -> None:
+    """Runs `task(a, b)` in `pool` for each non-empty `[a, b)` of `bounds`.
+
+    The futures go to `pending` when given (the caller waits), else are
+    waited for here, raising the first error.
+    """
+    futures = [pool.submit(task, a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    if pending is not None:
+        pending.extend(futures)
+    else:
+        wait_all(futures)
 
 
 class RawReads:
@@ -66,25 +75,14 @@ class RawReads:
         """Byte pieces of reading sorted, disjoint, non-empty element ranges.
 
         Returns:
-            `(names, key_id, ks, offsets, nbytes, dests, missing)`: the keys
-            read, and per piece (NumPy arrays) its key's position in
-            `names`, its row chunk, byte offset in that key, byte count and
-            byte offset in the destination; `missing` is a boolean mask of
-            pieces whose chunk a shard's index marks empty (or whose shard
-            is absent). One piece per range and chunk: ranges that touch
-            were merged before (`merge_touching`), so no two pieces of one
-            chunk are adjacent.
+            `(names, key_id, ks, offsets, nbytes, dests, missing)`: the keys read,
+            and per piece its key's index in `names`, row chunk, byte offset and
+            count in the key, byte offset in the destination, and whether a shard
+            index marks its chunk empty (or the shard is absent).
         """
         c = self._chunk_len
-        first = starts // c
-        n_pieces = (stops - 1) // c - first + 1
-        owner = np.repeat(np.arange(starts.size), n_pieces)
-        within = np.arange(int(n_pieces.sum())) - np.repeat(
-            np.cumsum(n_pieces) - n_pieces, n_pieces
-        )
-        ks = first[owner] + within
-        p_start = np.maximum(starts[owner], ks * c)
-        n = np.minimum(stops[owner], (ks + 1) * c) - p_start
+        ks, p_start, p_stop = chunk_pieces(starts, stops, c)
+        n = p_stop - p_start
         item = self._item
         dests = (np.cumsum(n) - n) * item
         nbytes = n * item
@@ -145,18 +143,12 @@ class RawReads:
         cuts = np.searchsorted(
             np.cumsum(nbytes), np.linspace(0, total, n_tasks + 1)[1:-1]
         ).tolist()
-        bounds = [0, *cuts, ks.size]
-        futures = [
-            pool.submit(self._read_pieces, view, names, *(x[a:b] for x in lists))
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-        if pending is not None:
-            pending.extend(futures)
-            return
-        concurrent.futures.wait(futures)
-        for f in futures:
-            f.result()
+        run_parts(
+            pool,
+            [0, *cuts, ks.size],
+            lambda a, b: self._read_pieces(view, names, *(x[a:b] for x in lists)),
+            pending,
+        )
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""

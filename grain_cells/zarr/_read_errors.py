@@ -1,13 +1,9 @@
 """The named error of a zarr-python read that fails on damaged bytes.
 
-A few small reads at a source's construction (the ends of `indptr`, the
-windows of stored values an identity samples) go through zarr-python's
-slicing. On a sharded store whose shard index is cut short or has flipped
-bytes, zarr-python raises a bare `ValueError` ("Stored and computed checksum
-do not match"); on a chunk that does not decode, whatever its codec raises.
-`read_error` (called by the zarr `Format.read`) turns either into
-`errors.CorruptChunkError` naming the store, the array, the shard (or chunk)
-key, the rows it holds and the fix.
+`read_error` turns zarr-python's bare `ValueError` (or a codec's error) into
+`errors.CorruptChunkError` naming the store, array, key, rows and fix.
+
+Design notes: docs/reference/design.md#zarr-read-errors.
 """
 
 from __future__ import annotations
@@ -21,15 +17,7 @@ READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
 def read_error(
     array, path: str, start: int, stop: int, exc: BaseException
 ) -> errors.CorruptChunkError:
-    """The error of a failed read of first-axis rows `[start, stop)` of `array`.
-
-    Args:
-        array: The zarr array read.
-        path: The store's path or URL.
-        start: First row read.
-        stop: One past the last row read.
-        exc: What zarr-python raised.
-    """
+    """The error of a failed zarr-python read (`exc`) of rows `[start, stop)`."""
     name = "/" + array.path.lstrip("/")
     shards = getattr(array, "shards", None)
     size = int(shards[0] if shards else array.chunks[0])

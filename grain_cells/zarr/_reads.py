@@ -1,9 +1,7 @@
-"""Batched reads of many element ranges from one zarr array.
+"""Batched reads of sorted, disjoint first-axis ranges of one zarr array.
 
-A `RangeReader` has the interface of `grain_cells.hdf5._reads.RangeReader`,
-so `grain_cells.io` reads CSR and dense matrices of zarr stores with the same
-code as those of `.h5ad` files: sorted, disjoint ranges of the first axis
-into one contiguous destination.
+`RangeReader` has the interface of `grain_cells.formats.RangeReader`, so
+`grain_cells.io` reads zarr matrices with the code it uses for `.h5ad`.
 
 Design notes: docs/reference/design.md#zarr-reads.
 """
@@ -11,7 +9,6 @@ Design notes: docs/reference/design.md#zarr-reads.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import threading
 import warnings
 
@@ -20,7 +17,8 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells._util.ranges import chunks_touched, merge_touching, nonempty
+from grain_cells._util.ranges import chunk_pieces, chunks_touched, merge_touching
+from grain_cells.formats import checked_ranges
 from grain_cells.zarr import _raw
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
@@ -30,13 +28,6 @@ from grain_cells.zarr._store import check_array
 # Tasks one read is split into when a pool is given: enough to balance
 # uneven chunks over a pool of a few threads.
 _MAX_TASKS = 16
-
-
-def wait_all(futures: list[concurrent.futures.Future]) -> None:
-    """Waits for every future, then raises the first one's error, if any."""
-    concurrent.futures.wait(futures)
-    for f in futures:
-        f.result()
 
 
 class RangeReader:
@@ -62,23 +53,20 @@ class RangeReader:
         """Inspects the array's metadata once.
 
         Args:
-            array: An open 1-D or 2-D zarr array. Its metadata is re-read
-                from its own document (not the store's consolidated
-                metadata) and the two must agree.
+            array: An open 1-D or 2-D zarr array, checked against its own metadata
+                document (not the store's consolidated copy).
             path: The store's path or URL, for error messages.
-            fd: Unused (the h5ad reader's byte reader); zarr reads through
-                the array's own store.
-            cache_bytes: Decoded bytes kept in an LRU cache (for small
-                arrays every read touches, such as `indptr`).
-            fill_missing: Read a chunk that was never written as the
-                array's fill value (zarr's behaviour) instead of raising:
-                True for any chunk, `"leading"` only for chunks before the
-                first stored one along the first axis, `"zero"` for any
-                chunk when the fill value is 0 (`filled_ranges` lists them).
+            fd: Unused (the h5ad reader's byte reader).
+            cache_bytes: Decoded bytes kept in an LRU cache (for arrays every
+                read touches, such as `indptr`).
+            fill_missing: Read a never-written chunk as the fill value (zarr's
+                behaviour) instead of raising: True for any chunk, `"leading"`
+                before the first stored row chunk, `"zero"` for any chunk when the
+                fill value is 0 (`filled_ranges` lists them).
 
         Raises:
-            errors.AnnDataFormatError: The store's consolidated metadata
-                disagrees with the array's own metadata document.
+            errors.AnnDataFormatError: The consolidated metadata disagrees with
+                the array's own.
         """
         del fd
         array = check_array(array, path)
@@ -151,9 +139,8 @@ class RangeReader:
     def pin(self) -> None:
         """Prepares for an array every batch touches (such as `indptr`).
 
-        Reads every shard index now; and when the decoded array fits in
-        `cache_bytes`, decodes all of it into the cache (one pass, all
-        requests at once on a bucket), so later reads touch no storage.
+        Reads every shard index; decodes the whole array into the cache when it
+        fits in `cache_bytes`.
         """
         if self._codec is None:
             return
@@ -171,12 +158,8 @@ class RangeReader:
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Hints that these ranges will be read soon; returns at once.
 
-        On a remote store, starts fetching the chunks they touch in the
-        background (`Chunks.prefetch`); the next `read` of them takes the
-        bytes instead of waiting for its GETs. For uncompressed chunks read
-        by byte range (`grain_cells.zarr._raw`), asks the OS to read those
-        bytes ahead. Otherwise locally a no-op: whole chunk files are reads
-        the OS serves from its cache or reads ahead itself.
+        Remote: fetches their chunks in the background (`Chunks.prefetch`).
+        Uncompressed chunks: asks the OS to read the bytes ahead. Else a no-op.
         """
         if self._chunks is None or not (self.remote or self._raw is not None):
             return
@@ -203,15 +186,9 @@ class RangeReader:
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
         """`formats.RangeReader.read`, from the store's chunks."""
-        starts, stops = nonempty(starts, stops)
+        starts, stops = checked_ranges(self, starts, stops)
         if starts.size == 0:
             return
-        if stops[-1] > self.shape[0] or starts[0] < 0:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} has {self.shape[0]} elements but rows "
-                f"[{starts.min()}, {stops.max()}) were asked for."
-            )
-        starts, stops = merge_touching(starts, stops)
         total = int((stops - starts).sum())
         row_items = int(np.prod(self.row_shape, dtype=np.int64))
         flat = out.reshape(-1)
@@ -237,15 +214,9 @@ class RangeReader:
             return
         n_tasks = min(uniq.size, _MAX_TASKS)
         bounds = np.linspace(0, uniq.size, n_tasks + 1).astype(int).tolist()
-        futures = [
-            pool.submit(self._read_chunks, a, b, work, raw)
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-        if pending is not None:
-            pending.extend(futures)
-            return
-        wait_all(futures)
+        _raw.run_parts(
+            pool, bounds, lambda a, b: self._read_chunks(a, b, work, raw), pending
+        )
 
     def _prepare(self, uniq: np.ndarray) -> dict | None:
         """Shard indices loaded; on a remote store, the chunks' bytes."""
@@ -257,16 +228,7 @@ class RangeReader:
 
     def _plan(self, starts, stops, dest):
         c = int(self._codec.chunk_shape[0])
-        first = starts // c
-        last = (stops - 1) // c
-        n_pieces = last - first + 1
-        owner = np.repeat(np.arange(starts.size), n_pieces)
-        within = np.arange(int(n_pieces.sum())) - np.repeat(
-            np.cumsum(n_pieces) - n_pieces, n_pieces
-        )
-        chunk = first[owner] + within
-        p_start = np.maximum(starts[owner], chunk * c)
-        p_stop = np.minimum(stops[owner], (chunk + 1) * c)
+        chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
         n = p_stop - p_start
         dst = np.concatenate([[0], np.cumsum(n)[:-1]])
         src = p_start - chunk * c
@@ -300,10 +262,8 @@ class RangeReader:
     def _check_against_zarr(self) -> None:
         """Once: the first chunk decoded here must equal zarr-python's read.
 
-        A guard against reading zarr's metadata differently from zarr (a
-        codec option, byte order, a new zarr version): on a difference the
-        reader falls back to zarr-python's slicing, with a warning, rather
-        than return different values.
+        On a difference (a codec option, a new zarr version) the reader falls back
+        to zarr-python's slicing, with a warning.
         """
         with self._check_lock:
             if self._checked:

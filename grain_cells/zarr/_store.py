@@ -1,11 +1,4 @@
-"""Opening zarr stores read-only: local directories, `.zarr.zip`, buckets.
-
-* A local directory: `zarr.storage.LocalStore`; a `.zip` file:
-  `zarr.storage.ZipStore`; a `file://` URL is a local path.
-* `s3://`, `gs://`, `az://`, `http(s)://` URLs: `zarr.storage.ObjectStore`
-  over an obstore store rooted at the URL, built by
-  `grain_cells.storage.remote._store` from the same `storage_options`,
-  environment credentials, AWS profiles and retries as `.h5ad` objects.
+"""Opening zarr stores read-only: local directories, `.zarr.zip`, buckets and URLs.
 
 Design notes: docs/reference/design.md#zarr-store.
 """
@@ -34,12 +27,7 @@ METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 
 
 def is_zarr_path(path: str) -> bool:
-    """Whether `path` names a zarr store (a directory, `.zarr`, `.zarr.zip`).
-
-    URLs are zarr stores when they end in `.zarr` or `.zarr.zip`; a local
-    directory is one whatever its name (the caller opens it and names what
-    is missing).
-    """
+    """Whether `path` is a zarr store: a local directory, or a `.zarr(.zip)` URL."""
     p = local_path(os.fspath(path)).rstrip("/")
     if is_url(p):
         return p.endswith((".zarr", ".zarr.zip"))
@@ -93,14 +81,12 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
     """Opens the root group of a zarr store read-only.
 
     Args:
-        path: A local directory or `.zarr.zip` file, a `file://` URL, or an
-            `s3://`, `gs://`, `az://`, `https://` URL of a store's root.
-        storage_options: For URLs: obstore's options for the scheme plus
-            grain_cells' (see `grain_cells.storage.remote._store`).
+        path: A local directory, `.zarr.zip` file or `file://` URL, or an
+            `s3://`, `gs://`, `az://` or `https://` URL of a store's root.
+        storage_options: For URLs (`grain_cells.storage.remote._store`).
 
     Raises:
-        errors.AnnDataFormatError: The path is not a zarr store (names what
-            was found there).
+        errors.AnnDataFormatError: Not a zarr store (names what was found).
         FileNotFoundError: Nothing at a local path.
         zarr.errors.ContainsArrayError: The root is an array, not a group.
     """
@@ -135,13 +121,10 @@ def _what_is_there(p: str) -> str:
 
 
 def check_array(array: zarr.Array, path: str) -> zarr.Array:
-    """`array` opened from its own metadata document, checked against `array`.
-
-    `array` may come from a group's consolidated metadata; the returned
-    array never does.
+    """`array` reopened from its own metadata document, checked against `array`.
 
     Raises:
-        errors.AnnDataFormatError: The consolidated metadata disagrees with
+        errors.AnnDataFormatError: The (consolidated) metadata disagrees with
             the array's own document, or the array has none.
     """
     try:
@@ -181,18 +164,10 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
 def store_digest(path: str, storage_options: dict | None = None) -> str:
     """A digest that changes when the store's arrays or metadata change.
 
-    Detects: any key added or removed; any key's size changing; any chunk
-    rewritten (locally its modification time in ns, in a bucket its ETag,
-    which changes with every PUT); any metadata document's content
-    (`zarr.json`, `.zarray`, `.zattrs`, `.zgroup`, `.zmetadata`, read and
-    hashed). A `.zarr.zip` is one file: its size and modification time.
-    Does not detect a local chunk rewritten with the same size within the
-    same nanosecond timestamp. Over plain HTTP (no listing) only the root's
-    metadata documents are covered (their ETags, else their content).
-
-    Args:
-        path: A local directory or `.zarr.zip` file, or a store's URL.
-        storage_options: For URLs (see `open_group`).
+    Covers keys added or removed, key sizes, chunk rewrites (local mtime in ns,
+    else the ETag) and the content of every metadata document; a `.zarr.zip` is
+    its size and mtime. Misses a same-size local rewrite within one ns
+    timestamp; over plain HTTP only the root's metadata documents count.
     """
     p = local_path(os.fspath(path))
     h = hashlib.sha256()

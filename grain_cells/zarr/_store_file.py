@@ -1,10 +1,5 @@
 """An open zarr store's root group, with the handle API of an `h5py.File`.
 
-`StoreFile` is what `grain_cells.zarr._format.ZarrFormat.open` returns: the
-io layer reads it as it reads any open file (`close`, `with`, `filename`,
-`attrs`, `keys`, `get`, `in`, `[]`), and `check_root` is the cheap per-read
-check that the store was not rewritten.
-
 Design notes: docs/reference/design.md#zarr-store-file.
 """
 
@@ -58,10 +53,8 @@ class StoreFile:
     def check_root(self, when: str) -> None:
         """Raises `SourceChangedError` if the root metadata changed since opening.
 
-        A few `stat`s (microseconds): catches a store rewritten in place
-        (by anndata, which rewrites the root group and its consolidated
-        metadata); a chunk rewritten alone is caught when a process opens
-        the store and by `verify_files` (the store digest).
+        A few `stat`s: catches anndata's in-place rewrite; a chunk rewritten alone
+        is caught at the next open and by `verify_files`.
         """
         now = self._root_stat()
         if now != self._root:

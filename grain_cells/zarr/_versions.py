@@ -1,16 +1,7 @@
-"""The version of each key of a zarr store in a bucket, as a process opened it.
+"""The version (ETag) of each key of a zarr store in a bucket, as a process opened it.
 
-A zarr store is many objects. Its identity (`grain_cells.zarr._store.
-store_digest`) comes from one LIST of its keys, which gives each key's ETag
-at no extra cost; `KeyVersions` keeps those ETags so that every chunk read
-of that process is conditional on them (`If-Match`, or a HEAD after a
-batch of ranges of one key: `grain_cells.zarr._keys.ObjectKeys`). A store
-re-uploaded while a loader reads it then raises `SourceChangedError` at the
-first changed key instead of mixing versions.
-
-Memory: 8 bytes of key hash plus the longest ETag's length per key (about
-42 bytes for S3's 34-character ETags; 4.2 MB per 100,000 keys per process),
-where a dict of strings would take about 250.
+Chunk reads are conditional on them, so a re-upload raises
+`SourceChangedError` at the first changed key instead of mixing versions.
 
 Design notes: docs/reference/design.md#zarr-versions.
 """
@@ -35,9 +26,8 @@ def _key_hash(key: str) -> int:
 class KeyVersions:
     """The ETag of each key of a store, from one listing. Immutable, picklable.
 
-    Keys are kept as 64-bit hashes (a collision between two keys of one
-    store, about 1 in 10^9 for 100,000 keys, would only make a read refuse
-    with `SourceChangedError`).
+    Keys are 64-bit hashes: a collision (about 1 in 10^9 at 100,000 keys) only
+    makes a read refuse with `SourceChangedError`.
 
     Example:
         >>> versions = KeyVersions([("X/data/0", '"abc"')])

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+from processes import calls_to
 
 import grain_cells
 from grain_cells.errors import SourceChangedError
@@ -57,15 +58,7 @@ def paths(request, tmp_path) -> list[str]:
 @pytest.fixture
 def opens(monkeypatch) -> list[str]:
     """Every open of a file through its format (h5py) in this process."""
-    calls: list[str] = []
-    real = open_file_mod.open_file
-
-    def counting(path, *args, **kwargs):
-        calls.append(os.fspath(path))
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(open_file_mod, "open_file", counting)
-    return calls
+    return calls_to(monkeypatch, open_file_mod, "open_file")
 
 
 def _truth(paths) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+from processes import calls_to
 
 import grain_cells
 from grain_cells.io import _meta_cache as meta_cache
@@ -44,15 +45,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def opens(monkeypatch):
-    calls = []
-    real = meta_cache.open_file
-
-    def counting(path, *args, **kwargs):
-        calls.append(path)
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(meta_cache, "open_file", counting)
-    return calls
+    return calls_to(monkeypatch, meta_cache, "open_file")
 
 
 # The quiet period of the tests that need quiet files: 0.1 s instead of 2 s

@@ -1,20 +1,4 @@
-"""AWS credentials from profiles (`AWS_PROFILE`, `~/.aws/credentials`).
-
-obstore (the Rust `object_store` crate) reads AWS credentials from the
-environment (`AWS_ACCESS_KEY_ID`, ...), web identity tokens, ECS and EC2
-instance metadata, but not from the shared files `~/.aws/credentials` and
-`~/.aws/config`: its `aws_profile` feature was removed, and obstore's
-documentation points to `obstore.auth.boto3.Boto3CredentialProvider` instead.
-That is the route here, used only when a profile is what the user means:
-
-1. `storage_options={"profile": "name"}`: that profile (as boto3's
-   `Session(profile_name=...)`: it wins over `AWS_ACCESS_KEY_ID`);
-2. else, with no keys in `storage_options` or in `AWS_ACCESS_KEY_ID`, when
-   `AWS_PROFILE` is set or a shared file exists (`AWS_SHARED_CREDENTIALS_FILE`,
-   `AWS_CONFIG_FILE`, default `~/.aws/credentials` and `~/.aws/config`):
-   boto3's default chain (the profile `AWS_PROFILE` names, or `default`;
-   SSO, `credential_process` and assumed roles included, refreshed when they
-   expire).
+"""AWS credentials from profiles (`AWS_PROFILE`, `~/.aws/credentials`), via boto3.
 
 Design notes: docs/reference/design.md#storage-remote-aws.
 """
@@ -52,15 +36,9 @@ def cache_key() -> tuple:
 def apply_profile(root: str, options: dict):
     """The credential provider of the profile route for `options`, or None.
 
-    Removes `profile` from `options` and adds the profile's `region` and
-    `endpoint` where neither `options` nor the environment gives them.
-
-    Args:
-        root: The store's root URL (`s3://bucket`), for messages.
-        options: The store's configuration (changed in place).
-
-    Returns:
-        An obstore S3 credential provider, or None for obstore's own chain.
+    Removes `profile` from `options` (changed in place) and adds the profile's
+    `region` and `endpoint` where neither `options` nor the environment does;
+    `root` (`s3://bucket`) is for messages. None: obstore's own chain.
 
     Raises:
         ValueError: The named profile does not exist, or `profile` is given

@@ -1,12 +1,6 @@
-"""Requester-pays GCS buckets: the project billed for each request.
+"""Requester-pays GCS buckets: the project billed for each request (`user_project`).
 
-A requester-pays bucket (Arc's Virtual Cell Atlas since 2026-03-31) refuses
-requests that name no Google Cloud project to bill: HTTP 400
-`UserProjectMissing`. GCS takes the project as the `userProject` query
-parameter or the `x-goog-user-project` header. obstore's GCS store has no
-option for either (obstore 0.12: `GCSConfig` has none), but its client
-sends `client_options["default_headers"]` with every request (HEAD, GET,
-LIST, PUT), so the storage option `user_project` becomes that header.
+Design notes: docs/reference/design.md#storage-remote-gcs.
 """
 
 from __future__ import annotations

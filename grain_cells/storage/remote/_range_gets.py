@@ -1,15 +1,5 @@
 """Range GETs of one version of an object: the bytes every remote read gets.
 
-Two forms, both through `obstore` with the store, retries and timeouts of
-`grain_cells.storage.remote._store`:
-
-* `get_range`: one GET carrying `If-Match` with the object's ETag, so the
-  server refuses it once the object has changed;
-* `get_ranges`: the readers' form (`grain_cells.storage._readers`), many GETs
-  in one call into obstore, then one HEAD that checks the object's version
-  (`obstore.get_ranges` cannot send `If-Match`). Far less CPU per GET: the
-  thread crosses into Rust once per batch.
-
 Design notes: docs/reference/design.md#storage-remote-range-gets.
 """
 
@@ -31,12 +21,8 @@ def get_range(
 ):
     """Bytes `[start, end)` of the object at `url`, if its ETag is still `etag`.
 
-    The one function through which every remote read goes. The GET carries
-    `If-Match: etag`, so the server refuses it once the object has changed:
-    a read never mixes bytes of two versions.
-
-    `store` is `_store.store_for(url, storage_options)` when the caller holds it
-    (a reader sending many GETs skips the lookup).
+    The GET carries `If-Match: etag`: a read never mixes two versions. `store`:
+    `_store.store_for(url, storage_options)` when the caller holds it.
 
     Returns:
         A buffer (`obstore.Bytes`) of exactly `end - start` bytes.
@@ -45,7 +31,7 @@ def get_range(
         errors.SourceChangedError: The object changed or was removed.
         errors.CorruptDataError: The object ends before `end`.
         errors.ObjectStoreError: The request failed after obstore's retries
-            (`grain_cells.storage.remote._retries`); names URL, range, status, attempts.
+            (names URL, range, status, attempts).
     """
     import obstore
     from obstore import exceptions as ox
@@ -67,25 +53,11 @@ def get_range(
             "Build a new source (and do not restore iterator state saved for "
             "the old data)."
         ) from None
-    except (ox.NotFoundError, FileNotFoundError):
-        raise errors.SourceChangedError(
-            f"{url}: removed since the AnnDataSource was built (detected at a "
-            f"read of bytes [{start}, {end})). Build a new source."
-        ) from None
     except (ox.BaseError, OSError) as e:
-        # Retries ran out (see store_retries for the policy).
-        raise _retries.named_error(
-            e,
-            url=url,
-            ranges=[(int(start), int(end))],
-            retry=_retries.retry_config(storage_options),
-            elapsed_s=time.monotonic() - began,
+        raise _failure(
+            e, url, storage_options, [int(start)], [int(end)], began
         ) from None
-    if len(data) != end - start:
-        raise errors.CorruptDataError(
-            f"{url}: asked for bytes [{start}, {end}), got {len(data)} bytes: the "
-            "object ends before HDF5 says its data does (truncated upload?)"
-        )
+    _check_lengths(url, [data], [start], [end])
     return data
 
 
@@ -98,9 +70,8 @@ def get_ranges(
 ) -> list:
     """Bytes of each `[start, end)` of the object, if it is still version `stat`.
 
-    The batched form of `get_range`: all of `ranges` in one call into obstore
-    (no coalescing), then one HEAD that checks `stat`'s ETag, size and
-    last-modified time (`obstore.get_ranges` sends no `If-Match`).
+    All of `ranges` in one obstore call, then one HEAD that checks `stat`'s
+    ETag, size and last-modified time (`get_ranges` sends no `If-Match`).
 
     Returns:
         One buffer (`obstore.Bytes`) of exactly `end - start` bytes per range.
@@ -124,20 +95,8 @@ def get_ranges(
     try:
         datas = obstore.get_ranges(store, key, starts=starts, ends=ends, coalesce=0)
         meta = obstore.head(store, key)
-    except (ox.NotFoundError, FileNotFoundError):
-        raise errors.SourceChangedError(
-            f"{url}: removed since the AnnDataSource was built (detected at a "
-            f"read of {len(ranges)} ranges in bytes [{min(starts)}, {max(ends)})). "
-            "Build a new source."
-        ) from None
     except (ox.BaseError, OSError) as e:
-        raise _retries.named_error(
-            e,
-            url=url,
-            ranges=list(zip(starts, ends, strict=True)),
-            retry=_retries.retry_config(storage_options),
-            elapsed_s=time.monotonic() - began,
-        ) from None
+        raise _failure(e, url, storage_options, starts, ends, began) from None
     now = _store.stat_of(meta)
     if (now.etag, now.size) != (stat.etag, stat.size) or (
         stat.last_modified_ns and now.last_modified_ns != stat.last_modified_ns
@@ -149,10 +108,37 @@ def get_ranges(
             f"[{min(starts)}, {max(ends)})). Build a new source (and do not "
             "restore iterator state saved for the old data)."
         ) from None
+    _check_lengths(url, datas, starts, ends)
+    return datas
+
+
+def _failure(e, url, storage_options, starts, ends, began) -> Exception:
+    """The error of a GET batch that failed: removed, or retries ran out."""
+    from obstore import exceptions as ox
+
+    if isinstance(e, (ox.NotFoundError, FileNotFoundError)):
+        where = (
+            f"bytes [{starts[0]}, {ends[0]})"
+            if len(starts) == 1
+            else f"{len(starts)} ranges in bytes [{min(starts)}, {max(ends)})"
+        )
+        return errors.SourceChangedError(
+            f"{url}: removed since the AnnDataSource was built (detected at a "
+            f"read of {where}). Build a new source."
+        )
+    return _retries.named_error(  # retries ran out (policy: _retries)
+        e,
+        url=url,
+        ranges=list(zip(starts, ends, strict=True)),
+        retry=_retries.retry_config(storage_options),
+        elapsed_s=time.monotonic() - began,
+    )
+
+
+def _check_lengths(url, datas, starts, ends) -> None:
     for data, a, b in zip(datas, starts, ends, strict=True):
         if len(data) != b - a:
             raise errors.CorruptDataError(
                 f"{url}: asked for bytes [{a}, {b}), got {len(data)} bytes: the "
                 "object ends before HDF5 says its data does (truncated upload?)"
             )
-    return datas

@@ -1,17 +1,6 @@
 """Read-ahead of object ranges: range GETs issued before a fetch needs them.
 
-A sampler knows its future (the order is a pure function of seed, epoch
-and position) and hints the blocks it will need (`AnnDataSource.advise`,
-`readahead_cells` ahead). Locally that is `posix_fadvise`; for an object,
-`ReadAhead.hint` starts the range GETs of the hinted pieces in background
-threads and keeps their bytes until a read takes them (`take`). A read of a
-piece that no hint covers, or whose GET failed, falls back to its own GET,
-so hints never change what is read, only when.
-
-Memory is bounded: at most `budget` bytes of requests are held per reader;
-a hint that does not fit once the oldest finished requests are dropped is
-ignored. A request is dropped as soon as every hinted byte in it was taken.
-Closing (`clear`) cancels the batches that have not started.
+Hints never change what is read, only when; memory is bounded by `budget`.
 
 Design notes: docs/reference/design.md#storage-remote-read-ahead.
 """
@@ -49,12 +38,9 @@ class ReadAhead:
     ):
         """Binds the GET function and where it runs.
 
-        Args:
-            get_many: `get_many([(start, end), ...])` -> a buffer of bytes
-                `[start, end)` per range.
-            pool: Returns the executor that runs background GETs.
-            budget: Most bytes of requests held at once.
-            batch: Most requests per `get_many` call.
+        `get_many([(start, end), ...])` returns one buffer per range; `pool()` the
+        executor of background GETs; `budget` bytes of requests held at most;
+        `batch` requests per call at most.
         """
         self._get_many = get_many
         self._pool = pool

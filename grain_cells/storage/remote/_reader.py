@@ -1,8 +1,6 @@
 """`RemoteByteReader`: range GETs of one object version, merged and concurrent.
 
-The remote `ByteReader` (`grain_cells.storage._readers` has the protocol
-and the local one, which imports nothing of object stores); see that
-module's docstring for how requests are batched, pinned and read ahead.
+Design notes: docs/reference/design.md#storage-remote-reader.
 """
 
 from __future__ import annotations
@@ -62,10 +60,9 @@ def plan_requests(
 ) -> list[tuple[int, int, int, int]]:
     """Groups pieces into requests: `(start, end, first piece, stop piece)`.
 
-    Pieces are taken in offset order; a piece joins the current request when
-    it starts at most `gap` bytes after the request's end and the request
-    stays within `MAX_REQUEST_BYTES`. `first piece`/`stop piece` index the
-    pieces sorted by offset.
+    In offset order, a piece joins the request when it starts within `gap` bytes
+    of its end and the request stays within `MAX_REQUEST_BYTES`; pieces are
+    indexed in offset order.
     """
     requests = []
     if offsets.size == 0:
@@ -89,13 +86,7 @@ class RemoteByteReader:
     remote = True
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
-        """Binds an object version; sends no request.
-
-        Args:
-            url: The object.
-            storage_options: As for `grain_cells.storage.remote._store.store_for`.
-            stat: Its identity when the source was built (size and ETag).
-        """
+        """Binds the object version `stat` at `url`; sends no request."""
         self.name = url
         self._options = storage_options
         self._stat = stat
@@ -274,10 +265,9 @@ class RemoteByteReader:
     def stat(self) -> FileStat:
         """The version read, or the object's version now.
 
-        No request where the ETag follows the content (every batch of GETs
-        checks it). Otherwise, at most every `content_check_s` seconds, a
-        HEAD and the sampled bytes read again (`_versions.version_of`): a
-        rewrite that kept the ETag then shows in `content`.
+        No request where the ETag follows the content (every batch checks it);
+        else, at most every `content_check_s` seconds, a HEAD and the sampled bytes
+        again (`_versions.version_of`), so a rewrite that kept the ETag shows.
         """
         if not self._stat.content or self._table is not None:
             return self._stat  # every read is checked (ETag; `verify_reads`)

@@ -1,13 +1,5 @@
 """Retries, timeouts and the named error of object-store range reads.
 
-obstore (Rust `object_store`) retries each request itself: 5xx answers
-(S3's 503 SlowDown throttling included), connection errors, dropped
-connections and timeouts of read-only requests, with exponential backoff and
-jitter. This module sets that policy's defaults for grain_cells, lets
-`storage_options` override it, and turns a failure whose retries ran out into
-one `ObjectStoreError` that names the URL, the byte range, the HTTP status or
-cause and the attempts made.
-
 Design notes: docs/reference/design.md#storage-remote-retries.
 """
 
@@ -42,12 +34,8 @@ POLICY_KEYS = ("retry_config", "client_options")
 def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `retry_config` for obstore: the defaults, updated from `storage_options`.
 
-    Args:
-      storage_options: The source's storage options; its `retry_config`
-        (obstore's `RetryConfig` keys) overrides the defaults key by key.
-
     Returns:
-      A new dict to pass as `retry_config=` to an obstore store.
+      A new dict (`storage_options["retry_config"]` overrides key by key).
 
     Raises:
       ValueError: `retry_config` is not a mapping, or has an unknown key.
@@ -67,17 +55,10 @@ def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, 
 def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `client_options` for obstore: timeouts by default, updated from options.
 
-    Client settings obstore would read from the environment
-    (`AWS_ALLOW_HTTP`, `AWS_PROXY_URL`, ...; also `GOOGLE_`, `AZURE_`) are
-    kept: an explicit `client_options` would otherwise drop them.
-
-    Args:
-      storage_options: The source's storage options; its `client_options`
-        (obstore's `ClientConfig` keys, e.g. `allow_http`, `timeout`) are
-        added to, and override, the defaults and the environment.
-
-    Returns:
-      A new dict to pass as `client_options=` to an obstore store.
+    Keeps the client settings obstore reads from the environment (`AWS_`,
+    `GOOGLE_`, `AZURE_`), which an explicit `client_options` would drop;
+    `storage_options["client_options"]` adds to and overrides both. Returns a
+    new dict.
     """
     return {
         **DEFAULT_CLIENT,
@@ -144,14 +125,9 @@ _DROPPED = (
 def describe(error: BaseException) -> tuple[int | None, str, int | None]:
     """What an obstore error says: `(status, cause, retries)`.
 
-    Args:
-      error: An exception raised by obstore.
-
-    Returns:
-      The HTTP status (None when no answer came: a dropped connection, a
-      timeout), a one-line cause (status and S3 error code, or the transport
-      error), and the retries obstore reports having made (None when its
-      message does not say).
+    The HTTP status (None when no answer came), a one-line cause (status and
+    S3 error code, or the transport error), and the retries obstore reports
+    (None when its message does not say).
     """
     text = str(error)
     first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
@@ -187,15 +163,8 @@ def named_error(
 ) -> ObjectStoreError:
     """The `ObjectStoreError` for a range read that failed for good.
 
-    Args:
-      error: What obstore raised.
-      url: The object's URL.
-      ranges: `(start, stop)` byte ranges of the failed read.
-      retry: The `retry_config` in force (for the attempt limit).
-      elapsed_s: Seconds from the first attempt to the failure.
-
-    Returns:
-      The error to raise (`raise named_error(...) from error`).
+    Names the URL, the `(start, stop)` ranges, the cause, the attempts (from
+    `retry`) and `elapsed_s`; raise it `from error`.
     """
     status, cause, retries = describe(error)
     limit = retry.get("max_retries", DEFAULT_RETRY["max_retries"])

@@ -1,14 +1,7 @@
-"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range.
+"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range (obstore).
 
-Every request grain_cells makes to an object store goes through this module
-(`head`: size, ETag, last-modified of an object) or
-`grain_cells.storage.remote._range_gets`
-(range GETs of one version of an object), which builds on it: stores, retry
-policy, timeouts and error naming live in one place. The client is `obstore`
-(Rust `object_store` crate): it issues requests concurrently without the
-GIL, retries 5xx and throttling with exponential backoff (configurable
-through `retry_config`), and sends `If-Match` preconditions. See BUILD.md
-for the measurement that chose it over fsspec/s3fs.
+Stores, retry policy, timeouts and error naming live here and in
+`_range_gets`.
 
 Design notes: docs/reference/design.md#storage-remote-store.
 """
@@ -119,10 +112,8 @@ def max_in_flight(storage_options: dict | None) -> int:
 class _ObstoreUse:
     """Whether this process, or the one it was forked from, used obstore.
 
-    obstore's runtime does not survive `os.fork`: a forked child of a process
-    that sent requests hangs on every request. So a child's own stores
-    (`store_for`, `store_at`) check this first and raise instead; zarr reuses
-    its parent's, so its reads check too (`grain_cells.zarr._keys`).
+    obstore's runtime does not survive `os.fork` (a child's requests hang), so a
+    child's stores and zarr's reads check this and raise instead.
     """
 
     here = False
@@ -185,8 +176,7 @@ def store_for(url: str, storage_options: dict | None = None):
 def store_at(url: str, storage_options: dict | None = None):
     """The (per-process, cached) obstore store rooted at `url` itself.
 
-    For stores of many keys under one prefix (a zarr store:
-    `s3://bucket/atlas.zarr`): keys are relative to `url`. Same options,
+    For stores of many keys under one prefix (a zarr store); options,
     credentials and retries as `store_for`.
 
     Raises:

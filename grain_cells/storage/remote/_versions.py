@@ -1,20 +1,5 @@
 """Which version of an object a source reads, and what its ETag can vouch for.
 
-A source records each object's size, ETag and Last-Modified (one HEAD) and
-checks every read against them (`If-Match`, or a HEAD after each batch of
-GETs: `grain_cells.storage.remote._range_gets`). That catches every rewrite
-only where the ETag follows the content:
-
-* **S3, GCS, Azure** (and S3-compatible stores such as MinIO): the ETag is a
-  digest of the bytes or changes at every write, so only a byte-identical
-  rewrite keeps it.
-* **HTTP servers** derive the ETag from the file's metadata: nginx sends
-  `"<mtime hex>-<size hex>"`, Apache `"<size hex>-<mtime µs hex>"`, Caddy
-  and lighttpd similar; some send none, or only `Last-Modified` (one-second
-  resolution). A same-size rewrite whose modification time is kept
-  (`rsync -t`, `cp -p`, `touch -r`) or falls in the same second keeps every
-  header, and If-Match still passes.
-
 Design notes: docs/reference/design.md#storage-remote-versions.
 """
 
@@ -45,10 +30,9 @@ _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
     """Whether `stat.etag` changes whenever the object's bytes do.
 
-    False for `http(s)://` URLs (servers derive ETags from file metadata),
-    for a missing or weak (`W/`) ETag, and for an ETag made of hex numbers
-    one of which is the size (nginx, Apache), whatever the URL's scheme (an
-    `s3://` URL may name such a server through `endpoint_url`).
+    False for `http(s)://` URLs (servers derive ETags from metadata), a missing
+    or weak (`W/`) ETag, and hex ETags holding the size (nginx, Apache) whatever
+    the scheme (`endpoint_url` may point `s3://` at such a server).
     """
     if url.split("://", 1)[0].lower() in ("http", "https"):
         return False
@@ -89,10 +73,9 @@ def content_digest(
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now (one HEAD, and the sampled bytes if needed).
+    """The object's version now: one HEAD, and the sampled bytes' digest if needed.
 
-    The digest of the sampled windows is read when the object's ETag does
-    not follow its content (`tag_follows_content`).
+    Needed when its ETag does not follow its content (`tag_follows_content`).
 
     Raises:
         FileNotFoundError: No such object.
@@ -178,10 +161,9 @@ def _digest(data) -> bytes:
 
 
 def block_table(url: str, storage_options: dict | None, stat: FileStat, store=None):
-    """The `verify_reads` table of the version `stat` names, or None.
+    """The `verify_reads` table of the version `stat` names; None without it.
 
-    None when `stat` was not taken with `verify_reads`. A process that has
-    not digested the object yet does so now (a whole read).
+    Digests the object now (a whole read) in a process that has not yet.
 
     Raises:
         errors.SourceChangedError: The object's blocks now are not those

@@ -1,11 +1,5 @@
 """Writing, listing and deleting objects: what `preshuffle` does to a bucket.
 
-Reads go through `grain_cells.storage.remote._store` (`head`) and `range_gets`; the few
-requests that change a bucket live here, on the same per-process stores
-(`_store.store_for`) and storage options. Each failure is raised as a
-builtin error that names the URL and the fix: `FileNotFoundError` for a
-missing bucket, `PermissionError` for refused credentials.
-
 Design notes: docs/reference/design.md#storage-remote-writes.
 """
 
