@@ -1,18 +1,8 @@
 """Per-gene corpus statistics (non-zero medians, totals) in one streaming pass.
 
-Rank-value encoding (Geneformer) divides each expressed value by that gene's
-non-zero median over the training corpus. `corpus_stats(source)` computes,
-for every output gene of a source (its `var_names`; a view's selected cells
-only):
-
-* `nonzero_median`: the median of the gene's non-zero *normalised* values,
-  `x / cell_total * target_sum` (Geneformer's normalisation: the cell's total
-  over the source's genes, scaled to `target_sum`, 10,000 by default;
-  `target_sum=None` uses raw values); NaN for a gene never expressed;
-* `nonzero_count`: how many cells express it; `total`: the sum of its raw
-  values; `num_cells`: cells read.
-
-Design notes: docs/reference/design.md#tokens-corpus-stats.
+Rank-value encoding divides each expressed value by the gene's non-zero median over the
+corpus, of values normalised to `target_sum` per cell. Design notes:
+docs/reference/design.md#tokens-corpus-stats.
 """
 
 from __future__ import annotations
@@ -150,8 +140,10 @@ def data_identity(source) -> dict:
         info_line = info.describe()
         files.append(f"{info_line} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
-    starts, stops = _block_table(source)
-    blocks = hashlib.sha256(starts.tobytes() + stops.tobytes())
+    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    blocks = hashlib.sha256(
+        starts.astype("<i8").tobytes() + stops.astype("<i8").tobytes()
+    )
     return {
         "files": files,
         "genes": genes.hexdigest()[:16],
@@ -159,20 +151,8 @@ def data_identity(source) -> dict:
     }
 
 
-def _block_table(source) -> tuple[np.ndarray, np.ndarray]:
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
-    return starts.astype("<i8"), stops.astype("<i8")
-
-
 def cache_dir() -> str:
-    """The folder of cached statistics: never the folder of the data."""
     return cache_root()
-
-
-def cache_path(source, key: str) -> str:
-    """Where the statistics of `source` under `key` are cached."""
-    del source  # keyed by content; the folder is the user's cache
-    return os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
 
 
 def corpus_stats(
@@ -235,7 +215,7 @@ def corpus_stats(
     identity = {"data": data_identity(source), "options": options}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     key = key[:24]
-    path = cache_path(source, key)
+    path = os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
         if stats.key == key:
