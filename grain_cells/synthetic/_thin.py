@@ -1,9 +1,7 @@
-"""Thin atlas-shaped ``.h5ad`` files for scale tests: many cells, few values.
+"""Thin atlas-shaped `.h5ad` files for scale tests: many cells, few values.
 
-Files are written straight with h5py in anndata's layout, one slice of
-cells at a time, so memory stays bounded by ``chunk_cells``.
-
-Design notes: docs/reference/design.md#synthetic-thin.
+Written with h5py in anndata's layout, `chunk_cells` cells at a time. Design notes:
+docs/reference/design.md#synthetic-thin.
 """
 
 from __future__ import annotations
@@ -232,10 +230,8 @@ def write_thin_collection(
 ) -> list[pathlib.Path]:
     """Writes a thin atlas of ``n_files * cells_per_file`` cells as many files.
 
-    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1)
-    * n)``, so the collection's concatenation equals one ``write_thin_atlas``
-    file of all the cells (same rows, same codes, every file with every
-    category).
+    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1) * n)``:
+    the concatenation equals one ``write_thin_atlas`` file of all the cells.
 
     Args:
         folder: Created if missing.

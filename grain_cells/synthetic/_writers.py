@@ -1,10 +1,4 @@
-"""HDF5 writers of synthetic X, and the chunk choices (see `synthetic`).
-
-`CsrWriter` streams CSR rows into anndata's `csr_matrix` encoding;
-`DenseWriter` densifies them into a 2-D dataset; `csr_chunk_length` picks
-the HDF5 chunk length of the CSR datasets (our defaults, an int, or
-`ATLAS_CHUNKS`: what anndata gets for a file this size).
-"""
+"""HDF5 writers of synthetic X (CSR or dense) and the CSR chunk choice."""
 
 from __future__ import annotations
 
