@@ -55,13 +55,7 @@ class DeviceIterator:
         ...         correct += eval_step(params, batch)
     """
 
-    def __init__(
-        self,
-        source,
-        placement: Placement,
-        prefetch: int,
-        equal_steps: bool,
-    ):
+    def __init__(self, source, placement: Placement, prefetch: int, equal_steps: bool):
         self._source = source
         self._placement = placement
         self._depth = prefetch + 1

@@ -13,13 +13,7 @@ import numpy as np
 from grain_cells._util import arguments
 from grain_cells.io import CsrRows, take_csr
 from grain_cells.outputs._padded import TRUNCATE, PaddedSparseOutput
-from grain_cells.outputs._protocol import (
-    Fetch,
-    Output,
-    declared,
-    dtype_name,
-    zeros,
-)
+from grain_cells.outputs._protocol import Fetch, Output, declared, dtype_name, zeros
 
 __all__ = [
     "TRUNCATE",

@@ -15,13 +15,7 @@ import numpy as np
 import pandas as pd
 
 from grain_cells import errors
-from grain_cells.io import (
-    is_array,
-    open_file,
-    read_elem,
-    read_obs_values,
-    write_elem,
-)
+from grain_cells.io import is_array, open_file, read_elem, read_obs_values, write_elem
 from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._names import write_obs
 from grain_cells.preshuffle._plan import Plan

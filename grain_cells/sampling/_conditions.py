@@ -17,10 +17,7 @@ from grain import sharding
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import (
-    BlockStream,
-    check_stream_args,
-)
+from grain_cells.sampling._stream import BlockStream, check_stream_args
 
 if TYPE_CHECKING:
     from grain_cells.source import BlockTable

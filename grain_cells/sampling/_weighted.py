@@ -12,10 +12,7 @@ from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
 from grain_cells.sampling import _shared_table
 from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import (
-    BlockStream,
-    check_stream_args,
-)
+from grain_cells.sampling._stream import BlockStream, check_stream_args
 from grain_cells.source import AnnDataSource
 
 

@@ -223,10 +223,7 @@ def write_thin_atlas(
 
 
 def write_thin_collection(
-    folder: str | os.PathLike,
-    n_files: int,
-    cells_per_file: int,
-    **kwargs,
+    folder: str | os.PathLike, n_files: int, cells_per_file: int, **kwargs
 ) -> list[pathlib.Path]:
     """Writes a thin atlas of ``n_files * cells_per_file`` cells as many files.
 

@@ -73,11 +73,7 @@ class DenseWriter:
             rows = max(1, min(1024, n_cells, _DENSE_CHUNK_BYTES // (4 * n_genes)))
             chunks = (rows, n_genes)
         self.x = f.create_dataset(
-            "X",
-            (n_cells, n_genes),
-            np.float32,
-            chunks=chunks,
-            compression=compression,
+            "X", (n_cells, n_genes), np.float32, chunks=chunks, compression=compression
         )
         self.x.attrs["encoding-type"] = "array"
         self.x.attrs["encoding-version"] = "0.2.0"

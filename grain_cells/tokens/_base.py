@@ -170,25 +170,35 @@ class TokenOutput(Output):
         return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
 
     def _prepare(self, fetch: Fetch, values_for_order):
-        """Order words and tokens of the fetch's stored values.
+        """The fetch's kept values sorted per row, in chunks of similar length.
 
         Returns:
-            `(indptr, keep, inv, tokens, dropped)`: `keep` None when every value is
-            kept; `dropped` the positive values per row whose column has no token.
+            `(keep, dropped, chunks)`: `keep` None when every value is kept;
+            `dropped` the positive values per row whose column has no token;
+            `chunks` yields `(rows, sorted keys, n_kept)` (`sorted_rows`).
         """
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
-        n_rows = csr.indptr.size - 1
+        lengths = np.diff(csr.indptr)
         inv = _kernels.inverted(values_for_order(values, csr.indices))
-        if self._all_in_vocabulary and (not values.size or values.min() > 0):
-            return csr.indptr, None, inv, tokens, np.zeros(n_rows, np.int32)
-        positive = values > 0
-        keep = positive & (tokens >= 0)
-        out_of_vocab = np.zeros(values.size + 1, np.int32)
-        np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
-        dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        return csr.indptr, keep, inv, tokens, dropped
+        keep, dropped = None, np.zeros(lengths.size, np.int32)
+        if not (self._all_in_vocabulary and (not values.size or values.min() > 0)):
+            positive = values > 0
+            keep = positive & (tokens >= 0)
+            out_of_vocab = np.zeros(values.size + 1, np.int32)
+            np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
+            dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
+
+        def chunks():
+            for rows, at in _kernels.length_chunks(csr.indptr):
+                kept = None if keep is None else keep[at]
+                keys, n_kept = _kernels.sorted_rows(
+                    lengths[rows], kept, inv[at], tokens[at], self.pad_id
+                )
+                yield rows, keys, n_kept
+
+        return keep, dropped, chunks()
 
     def _per_minibatch(self) -> bool:
         """True when `format` encodes each minibatch's rows itself."""

@@ -9,12 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells.tokens._compile import announced
-from grain_cells.tokens._sort import (
-    _U32,
-    _njit,
-    _sort_keys,
-    _sort_keys_min_last,
-)
+from grain_cells.tokens._sort import _U32, _njit, _sort_keys, _sort_keys_min_last
 
 
 @_njit
@@ -119,17 +114,9 @@ def rank_value_rows(
         p = 0
         if i < rows.size:
             r = rows[i]
+            a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data,
-                indices,
-                indptr[r],
-                indptr[r + 1],
-                tokens,
-                medians,
-                True,
-                checked,
-                keys,
-                quot,
+                data, indices, a, b, tokens, medians, True, checked, keys, quot
             )
             _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
@@ -162,17 +149,9 @@ def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
     )
     total = 0
     for r in range(indptr.size - 1):
+        a, b = indptr[r], indptr[r + 1]
         m, lo, hi, _ = _row_keys(
-            data,
-            indices,
-            indptr[r],
-            indptr[r + 1],
-            tokens,
-            medians,
-            True,
-            checked,
-            keys,
-            quot,
+            data, indices, a, b, tokens, medians, True, checked, keys, quot
         )
         if sort:
             _sort_keys(keys, m, lo, hi, out, counts, bucket)
@@ -228,17 +207,9 @@ def value_bin_rows(
         p = 0
         if i < rows.size:
             r = rows[i]
+            a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data,
-                indices,
-                indptr[r],
-                indptr[r + 1],
-                tokens,
-                dummy,
-                False,
-                checked,
-                keys,
-                quot,
+                data, indices, a, b, tokens, dummy, False, checked, keys, quot
             )
             _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
             n = min(m, slots)

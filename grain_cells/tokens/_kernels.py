@@ -145,11 +145,7 @@ def bins_of_sorted(
     # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
     # that last run is the padding.
     bounds = np.concatenate(
-        [
-            np.zeros((nz.size, 1), np.int64),
-            ends[:, ::-1],
-            np.full((nz.size, 1), width),
-        ],
+        [np.zeros((nz.size, 1), np.int64), ends[:, ::-1], np.full((nz.size, 1), width)],
         axis=1,
     )
     runs = np.diff(bounds, axis=1).reshape(-1)

@@ -170,21 +170,12 @@ class RankValueTokens(TokenOutput):
         if self._compiled():
             return self._tokenize_compiled(fetch)
         medians = self.column_medians
-        indptr, keep, inv, tokens, dropped = self._prepare(
-            fetch, lambda values, columns: values / medians[columns]
-        )
-        n_rows = indptr.size - 1
+        _, dropped, chunks = self._prepare(fetch, lambda v, c: v / medians[c])
+        n_rows = dropped.size
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        lengths = np.diff(indptr)
-        for chunk, values in _kernels.length_chunks(indptr):
-            rows, n_expr[chunk] = _kernels.sorted_rows(
-                lengths[chunk],
-                None if keep is None else keep[values],
-                inv[values],
-                tokens[values],
-                self.pad_id,
-            )
+        for chunk, rows, n_kept in chunks:
+            n_expr[chunk] = n_kept
             w = min(rows.shape[1], self.slots)
             genes[chunk, :w] = _kernels.key_tokens(rows, w)
         n_genes = np.minimum(n_expr, self.slots)

@@ -159,20 +159,12 @@ class ValueBinTokens(TokenOutput):
         """Token arrays of every row of the fetch."""
         if self.selection == "top" and self._compiled():
             return self._tokenize_compiled(fetch)
-        indptr, keep, inv, tokens, dropped = self._prepare(fetch, lambda v, _: v)
-        n_rows = indptr.size - 1
+        keep, dropped, chunks = self._prepare(fetch, lambda v, _: v)
+        n_rows = dropped.size
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        lengths = np.diff(indptr)
-        for chunk, values in _kernels.length_chunks(indptr):
-            rows, n_kept = _kernels.sorted_rows(
-                lengths[chunk],
-                None if keep is None else keep[values],
-                inv[values],
-                tokens[values],
-                self.pad_id,
-            )
+        for chunk, rows, n_kept in chunks:
             n_expr[chunk] = n_kept
             row_bins = _kernels.bins_of_sorted(
                 rows, n_kept, self.n_bins, self.pad_value
