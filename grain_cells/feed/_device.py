@@ -207,11 +207,9 @@ def device_iterator(
         batches: The loader's iterator (`iter(loader)`) or the loader itself;
             its `get_state`/`set_state`/`start_prefetch`/`close` are passed
             through.
-        sharding: Where each entry goes; its partition spec must split only
-            the leading (batch) axis. Every process passes its own rows
-            (`jax.make_array_from_process_local_data`), so the global batch
-            is the processes' minibatches in process order. Default: the
-            batch split over every device of every process
+        sharding: Where each entry goes, splitting only the leading (batch)
+            axis; the global batch is the processes' minibatches in process
+            order. Default: the batch over every device of every process
             (`NamedSharding(Mesh(jax.devices(), ("data",)), P("data"))`).
         keys: The entries to send (e.g. `("values", "indices", "mask",
             "obs/cell_type")`); default every entry of the first minibatch.
@@ -219,18 +217,14 @@ def device_iterator(
             JAX stores 64-bit ones (`row_ids`) as 32-bit.
         prefetch: Minibatches copied ahead of the one returned (1: double
             buffering; 0: copy at `next()`).
-        equal_steps: On several JAX processes, pad the processes whose
-            loader ends first with padding minibatches until all have ended
-            (see `DeviceIterator`); one small collective per minibatch.
-            Needed where shards are unequal (`drop_remainder=False`, a
-            held-out split) and the step has collectives. No effect on one
-            process.
+        equal_steps: On several JAX processes, give those whose loader ends
+            first padding minibatches until all have ended (see
+            `DeviceIterator`): for unequal shards and a step with collectives.
         densify: The number of genes: replace `values` and `indices`
             (`PaddedSparseOutput`) by dense `X` `[batch, densify]`, built on
             the devices (`grain_cells.densify`) right after the copy.
-        pinned_staging: Copy each minibatch into page-locked host memory
-            first, then to the devices. Off by default: whether it speeds the
-            copy is measured per host by `benchmarks/gpu_host/run.sh`.
+        pinned_staging: Copy through page-locked host memory first (whether
+            that is faster is measured per host: `benchmarks/gpu_host/run.sh`).
 
     Returns:
         A `DeviceIterator` (nothing is read before the first `next()`).

@@ -4,7 +4,8 @@ A part is written under `.part-00000.h5ad.<random>.tmp` and renamed when complet
 root attribute `MARKER_ATTR` records what it was made from. The temporary first reserves
 the part's disk space (`reserve_space`, an upper bound) so a full disk is a clean
 `OSError` naming folder and bytes, before HDF5 could fail mid-write: HDF5 cannot close a
-file whose writes failed, and the interpreter then crashes at exit.
+file whose writes failed, and the interpreter then crashes at exit. (A file system that
+only pretends to allocate still gets the clean error, but HDF5 may crash at exit.)
 """
 
 from __future__ import annotations

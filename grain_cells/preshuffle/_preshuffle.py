@@ -89,12 +89,9 @@ def preshuffle(
             `"gzip"` (level 1, with the shuffle filter) or `"lzf"`; for zarr
             parts None, `"zstd"` (zarr's and anndata's default codec) or
             `"gzip"` (level 1).
-        chunk_cells: Cells per HDF5 chunk of the output matrix (for CSR, the
-            chunk of `data`/`indices` holds `chunk_cells` times the mean
-            stored values per cell). None: about 4 MiB of values per chunk
-            uncompressed, 256 KiB compressed. For zarr parts, cells per
-            (inner) chunk; None: 32 cells, at least 64 KiB (zarr v2: 256
-            cells, at least 1 MiB).
+        chunk_cells: Cells per chunk of the output matrix. None: about 4 MiB
+            of values per HDF5 chunk (256 KiB compressed); for zarr, 32 cells
+            and at least 64 KiB (v2: 256 cells, 1 MiB).
         memory_budget_bytes: Bytes of matrix values held at once: two windows
             (one being assembled while the other is written) plus the read
             buffer. A window holds at least one cell, whatever the budget.
@@ -108,12 +105,9 @@ def preshuffle(
             credentials, as in `AnnDataSource` (None: from the environment).
         output_storage_options: For a URL `output_dir`: the same for the
             output store; None uses `storage_options`.
-        staging_dir: For a URL `output_dir`: local folder under which each
-            part is written before its upload (default: the system's
-            temporary folder, `TMPDIR`); needs room for one part. Staging
-            folders left there by runs that died (killed, out of memory)
-            are removed when the next run starts (see
-            `grain_cells.preshuffle._staging`).
+        staging_dir: For a URL `output_dir`: local folder, with room for one
+            part, where each part is written before its upload (default
+            `TMPDIR`); folders of runs that died are removed at the next start.
         group_by: An obs column (every input has it), or a list of them:
             write each label's (each combination's, the first column
             outermost) cells contiguously, shuffled within it. None
@@ -122,15 +116,11 @@ def preshuffle(
             carries every one that fits and warns naming those it leaves;
             a list names them: `"layers"`, `"layers/<name>"`, `"raw"`,
             `"obsm"`, `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`; `()`
-            carries none (the quickest copy). See
-            `grain_cells.preshuffle._carry`.
-        format: What each part is: `"h5ad"` (default, `part-00000.h5ad`),
-            `"zarr"` (an AnnData zarr store, `part-00000.zarr`, zarr v3 with
-            sharded matrices) or `"zarr-v2"` (zarr v2, no shards). Zarr parts
-            are what `anndata.read_zarr` reads and hold the same cells in the
-            same order as the h5ad parts of the same arguments; they are
-            written to a local folder only; layout in
-            `grain_cells.preshuffle._zarr_part`.
+            carries none (the quickest copy).
+        format: `"h5ad"` (default, `part-00000.h5ad`), `"zarr"` (an AnnData
+            zarr v3 store with sharded matrices, `part-00000.zarr`) or
+            `"zarr-v2"` (no shards); zarr parts hold the cells of the h5ad
+            parts in the same order and are written to a local folder only.
 
     Returns:
         The paths of the parts, in order (their URLs for a URL `output_dir`).

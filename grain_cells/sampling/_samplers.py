@@ -18,11 +18,8 @@ from grain_cells.sampling import _shuffle
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
-    check_sampler_fits,
     check_stream_args,
 )
-
-__all__ = ["BlockSampler", "BlockStream", "check_sampler_fits"]
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4

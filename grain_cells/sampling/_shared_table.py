@@ -86,6 +86,3 @@ def load(path: str, size: int, digest: str) -> np.ndarray:
             "(weights/ under $GRAIN_CELLS_CACHE) alone while loaders start"
         )
     return np.load(path, mmap_mode="r")
-
-
-__all__ = ["MIN_BYTES", "load", "share"]

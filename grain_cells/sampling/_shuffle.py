@@ -114,6 +114,3 @@ def shuffle(offsets, max_index: int, seed: int, rounds: int) -> np.ndarray | Non
     if not _agrees(max_index, seed, rounds):
         return None
     return _raw(np.asarray(offsets, np.int64).reshape(-1), max_index, seed, rounds)
-
-
-__all__ = ["shuffle"]

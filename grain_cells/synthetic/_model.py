@@ -146,13 +146,3 @@ def make_var(n_genes: int) -> pd.DataFrame:
     index = pd.Index(np.char.mod("ENSG%011d", ids).astype(object), dtype=object)
     symbols = np.char.mod("GENE%d", ids).astype(object)
     return pd.DataFrame({"gene_symbol": symbols}, index=index)
-
-
-__all__ = [
-    "draw_ranks",
-    "generate_chunk",
-    "make_obs",
-    "make_var",
-    "molecules_per_cell",
-    "rank_probabilities",
-]

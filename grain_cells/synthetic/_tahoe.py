@@ -7,6 +7,7 @@ tahoe.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -23,23 +24,7 @@ from grain_cells._util.cache_files import cache_root
 from grain_cells.synthetic import _model, _writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
 
-__all__ = ["ATLAS_CHUNKS", "cached_tahoe_like", "write_tahoe_like"]
-
 _COMPRESSIONS = (None, "gzip", "lzf")
-
-_DEFAULTS = {
-    "n_genes": 62_710,
-    "mean_nnz": 1_600.0,
-    "n_plates": 14,
-    "n_cell_lines": 50,
-    "n_drugs": 380,
-    "seed": 0,
-    "compression": None,
-    "dense": False,
-    "chunk_cells": 16_384,
-    "chunks": None,
-    "progress": False,
-}
 
 
 def write_tahoe_like(
@@ -193,6 +178,14 @@ def write_tahoe_like(
             out.append(indptr, indices, data)
             bar.update(stop - start)
     return path
+
+
+# Keyword arguments of write_tahoe_like and their defaults (cache names).
+_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(write_tahoe_like).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
 
 
 def cached_tahoe_like(

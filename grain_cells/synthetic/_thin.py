@@ -15,8 +15,6 @@ import numpy as np
 from grain_cells._util import arguments
 from grain_cells.synthetic import _writers
 
-__all__ = ["thin_rows", "write_thin_atlas", "write_thin_collection"]
-
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
 _STRING = h5py.string_dtype()

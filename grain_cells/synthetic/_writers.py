@@ -92,6 +92,3 @@ class DenseWriter:
             block[rows, indices[lo:hi]] = data[lo:hi]
             self.x[self.rows + r0 : self.rows + r1] = block
         self.rows += n_rows
-
-
-__all__ = ["ATLAS_CHUNKS", "CsrWriter", "DenseWriter", "csr_chunk_length"]

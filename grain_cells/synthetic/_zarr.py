@@ -20,13 +20,6 @@ import tqdm
 
 from grain_cells._util import arguments
 
-__all__ = [
-    "ZARR_LAYOUTS",
-    "cached_tahoe_like_annbatch",
-    "cached_tahoe_like_zarr",
-    "write_tahoe_like_zarr",
-]
-
 ZARR_LAYOUTS = ("v3-sharded", "v3", "v2")
 _PIECE_BYTES = 2**26  # unsharded stores are filled ~64 MiB at a time
 _SHARD_TARGET_BYTES = 1_000_000_000  # anndata's target for `shards="auto"`

@@ -71,6 +71,3 @@ def _first_call(kernel, args):
         result = kernel(*args)
         _log.warning("token kernels compiled in %.1f s", time.perf_counter() - start)
     return result
-
-
-__all__ = ["announced", "cache_folder", "is_cached"]

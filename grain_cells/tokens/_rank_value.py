@@ -15,22 +15,13 @@ from grain_cells.outputs import Fetch
 from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._base import (
     IGNORE,
-    ZERO_STREAM,
     TokenOutput,
     column_token_array,
-    numba_available,
     special_id,
 )
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
-__all__ = [
-    "IGNORE",
-    "ZERO_STREAM",
-    "RankValueTokens",
-    "TokenOutput",
-    "numba_available",
-    "special_id",
-]
+__all__ = ["IGNORE", "RankValueTokens"]  # IGNORE: as the tests import it
 
 
 class RankValueTokens(TokenOutput):
