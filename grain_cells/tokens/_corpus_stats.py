@@ -23,6 +23,7 @@ from grain_cells.outputs import Fetch
 
 METHODS = ("auto", "exact", "histogram")
 _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
+_ARRAYS = ("var_names", "nonzero_median", "nonzero_count", "total")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +54,11 @@ class CorpusStats:
     def save(self, path: str | os.PathLike) -> None:
         """Writes the statistics as an `.npz` file (no pickle)."""
         meta = {
-            "num_cells": self.num_cells,
-            "method": self.method,
-            "target_sum": self.target_sum,
-            "key": self.key,
-            "version": _VERSION,
+            k: getattr(self, k) for k in ("num_cells", "method", "target_sum", "key")
         }
-        arrays = {
-            "var_names": np.asarray(self.var_names).astype(str),
-            "nonzero_median": self.nonzero_median,
-            "nonzero_count": self.nonzero_count,
-            "total": self.total,
-            "meta": np.array(json.dumps(meta)),
-        }
+        arrays = {k: getattr(self, k) for k in _ARRAYS}
+        arrays["var_names"] = np.asarray(self.var_names).astype(str)
+        arrays["meta"] = np.array(json.dumps({**meta, "version": _VERSION}))
         write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
@@ -74,10 +67,7 @@ class CorpusStats:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             return cls(
-                z["var_names"],
-                z["nonzero_median"],
-                z["nonzero_count"],
-                z["total"],
+                *(z[k] for k in _ARRAYS),
                 int(meta["num_cells"]),
                 meta["method"],
                 meta["target_sum"],
