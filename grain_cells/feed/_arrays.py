@@ -26,11 +26,6 @@ def default_sharding() -> NamedSharding:
     return NamedSharding(mesh, P("data"))
 
 
-def _replicated_flag_sharding() -> tuple[NamedSharding, NamedSharding]:
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
-    return NamedSharding(mesh, P("all")), NamedSharding(mesh, P())
-
-
 class Placement:
     """Sends minibatches to the devices, checking they keep one shape.
 
@@ -152,7 +147,11 @@ class Placement:
         `bool(...)`.
         """
         if self._flags is None:
-            sharded, replicated = _replicated_flag_sharding()
+            mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+            sharded, replicated = (
+                NamedSharding(mesh, P("all")),
+                NamedSharding(mesh, P()),
+            )
             reduce = jax.jit(lambda f: f.any(), out_shardings=replicated)
             self._flags = (sharded, reduce)
         sharded, reduce = self._flags

@@ -206,29 +206,24 @@ class Plan:
                         f"{path}: is an input and also output part {part.name} of "
                         f"{output_dir}; write the parts to another folder"
                     )
-        self.fingerprint = _json_normal(
-            {
-                "format": FORMAT,
-                # By content, not path or mtime: an input changed with its
-                # mtime restored (cp -p, rsync -t) is redone; a copy of the
-                # inputs in another folder is not.
-                "inputs": file_entries(self.source),
-                "layer": layer,
-                "join": self.source.join,
-                "genes": source_identity(self.source)["genes"],
-                "obs_columns": obs_columns,
-                "seed": self.seed,
-                "cells_per_file": cells_per_file,
-                "compression": compression,
-                "chunk_cells": chunk_cells,
-                "group_by": group_by,
-                "carry": self.carry.describe(),
-                # Only when not h5ad: h5ad parts of earlier versions stay valid.
-                **({} if self.zarr_format is None else {"output": output_format}),
-            }
-        )
+        fingerprint = {
+            "format": FORMAT,
+            # By content, not path or mtime: an input changed with its
+            # mtime restored (cp -p, rsync -t) is redone; a copy of the
+            # inputs in another folder is not.
+            "inputs": file_entries(self.source),
+            "layer": layer,
+            "join": self.source.join,
+            "genes": source_identity(self.source)["genes"],
+            "obs_columns": obs_columns,
+            "seed": self.seed,
+            "cells_per_file": cells_per_file,
+            "compression": compression,
+            "chunk_cells": chunk_cells,
+            "group_by": group_by,
+            "carry": self.carry.describe(),
+            # Only when not h5ad: h5ad parts of earlier versions stay valid.
+            **({} if self.zarr_format is None else {"output": output_format}),
+        }
+        self.fingerprint = json.loads(json.dumps(fingerprint))  # JSON-normal
         return self
-
-
-def _json_normal(value):
-    return json.loads(json.dumps(value))

@@ -56,11 +56,6 @@ def _round_keys(seed: int, rounds: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _block_bits(max_index: int) -> int:
-    bits = math.ceil(math.log2(max_index))
-    return max(bits + bits % 2, 16)
-
-
 def _encrypt(values: np.ndarray, keys, word: int) -> np.ndarray:
     mask = np.uint64((1 << word) - 1)
     w = np.uint64(word)
@@ -84,7 +79,8 @@ def _encrypt(values: np.ndarray, keys, word: int) -> np.ndarray:
 
 def _raw(offsets: np.ndarray, max_index: int, seed: int, rounds: int) -> np.ndarray:
     keys = _round_keys(seed, rounds)
-    word = _block_bits(max_index) // 2
+    bits = math.ceil(math.log2(max_index))
+    word = max(bits + bits % 2, 16) // 2
     out = _encrypt(offsets.astype(np.uint64), keys, word)
     limit = np.uint64(max_index)
     walking = np.flatnonzero(out > limit)

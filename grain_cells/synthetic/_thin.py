@@ -43,10 +43,6 @@ def _nnz_before(i: int) -> int:
     return 2 * i + 10 * (i // 5) + r * (r - 1) // 2
 
 
-def _codes_dtype(n: int):
-    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
-
-
 def _obs_codes(cells: np.ndarray, total: int, sizes: dict, seed: int) -> dict:
     out = {
         "plate": cells * sizes["plate"] // total,
@@ -195,7 +191,7 @@ def write_thin_atlas(
             codes[key] = g.create_dataset(
                 "codes",
                 (n_cells,),
-                _codes_dtype(n),
+                np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32,
                 chunks=(min(n_cells, 1 << 18),),
                 maxshape=(None,),
             )
