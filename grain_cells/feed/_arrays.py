@@ -1,9 +1,8 @@
 """One minibatch to device arrays: the entries sent, static shapes, padding.
 
-`Placement` knows where a minibatch goes (a sharding of its leading axis over
-the devices of every JAX process) and what it looks like (the shapes and
-dtypes of the first minibatch, which every later one must repeat so that a
-jitted step never compiles again).
+`Placement` shards a minibatch's leading axis over the devices of every JAX process and
+checks every minibatch repeats the first one's shapes and dtypes, so a jitted step never
+compiles again.
 """
 
 from __future__ import annotations
@@ -27,11 +26,6 @@ def default_sharding() -> NamedSharding:
     return NamedSharding(mesh, P("data"))
 
 
-def _replicated_flag_sharding() -> tuple[NamedSharding, NamedSharding]:
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
-    return NamedSharding(mesh, P("all")), NamedSharding(mesh, P())
-
-
 class Placement:
     """Sends minibatches to the devices, checking they keep one shape.
 
@@ -51,7 +45,6 @@ class Placement:
         densify_genes: int | None,
         pinned_staging: bool,
     ):
-        """Binds the placement; shapes are learnt from the first minibatch."""
         self.sharding = sharding
         self.keys = None if keys is None else tuple(keys)
         self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
@@ -65,8 +58,6 @@ class Placement:
                 lambda v, i: densify(v, i, densify_genes), out_shardings=sharding
             )
         self._flags = None
-
-    # -- shapes -----------------------------------------------------------
 
     def check(self, batch: Mapping[str, np.ndarray]) -> None:
         """Learns the spec from the first minibatch; checks the later ones.
@@ -130,14 +121,8 @@ class Placement:
             out[key] = np.full(shape, -1 if key == "row_ids" else 0, dtype)
         return out
 
-    # -- transfers ----------------------------------------------------------
-
     def put(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Starts the copies of the spec's entries; returns the device arrays.
-
-        The copies run asynchronously: the arrays may be passed to a jitted
-        step at once.
-        """
+        """Starts the (asynchronous) copies of the spec's entries: device arrays."""
         host = {k: batch[k] for k in self.spec}
         if self._pinned is not None:
             out = jax.device_put(self._global(host, self._pinned), self.sharding)
@@ -158,11 +143,15 @@ class Placement:
     def any_process(self, has_data: bool) -> jax.Array:
         """A replicated scalar: does any process hold data at this step?
 
-        Computed on the devices (a collective), so it runs in step order with
-        the training step; read it later with `bool(...)`.
+        A collective on the devices, so it runs in step order; read it later with
+        `bool(...)`.
         """
         if self._flags is None:
-            sharded, replicated = _replicated_flag_sharding()
+            mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+            sharded, replicated = (
+                NamedSharding(mesh, P("all")),
+                NamedSharding(mesh, P()),
+            )
             reduce = jax.jit(lambda f: f.any(), out_shardings=replicated)
             self._flags = (sharded, reduce)
         sharded, reduce = self._flags

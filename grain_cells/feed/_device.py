@@ -26,35 +26,26 @@ class _Item:
 class DeviceIterator:
     """Minibatches as `jax.Array`s, `prefetch` transfers ahead of the step.
 
-    Made by `device_iterator` (see there for the arguments). Yields dicts of
-    global `jax.Array`s, each entry's leading axis split by the sharding
-    over every device of every JAX process; every minibatch has the shapes
-    and dtypes of the first one.
+    Made by `device_iterator` (see there for the arguments). Yields dicts of global
+    `jax.Array`s, each entry's leading axis split by the sharding over every device of
+    every JAX process, in the first minibatch's shapes.
 
-    **Double buffering.** `next()` takes the next host minibatch from the
-    loader and starts its copy before it returns the one copied at the
-    previous call; so while the step runs on minibatch `i`, minibatch `i + 1`
-    is already on its way (with `prefetch=1`), and the loader reads
-    `i + 2` at the following `next()`, overlapping the step.
+    **Double buffering.** `next()` starts the copy of the next host minibatch before
+    it returns the one copied at the previous call, so minibatch `i + 1` is on its
+    way while the step runs on `i` (`prefetch=1`).
 
     **State.** `get_state()` is the loader's state after the last minibatch
-    this iterator *returned* (not after the ones prefetched), as JSON bytes
-    (what orbax's Grain handler and `grain_cells.checkpoint` write); a dict
-    state (a Grain dataset iterator) is written as its JSON. `set_state()`
-    drops the prefetched minibatches and sets the loader. So
-    `grain_cells.checkpoint.IteratorSave(device_iterator)` resumes exactly,
-    also on another process count where the loader allows it.
+    *returned* (not the prefetched ones), as JSON bytes (what orbax's Grain handler
+    and `grain_cells.checkpoint` write); `set_state()` drops the prefetched
+    minibatches and sets the loader. So
+    `grain_cells.checkpoint.IteratorSave(device_iterator)` resumes exactly.
 
-    **Equal steps.** With `equal_steps=True` on several JAX processes, a
-    process whose loader has run out goes on yielding *padding minibatches*
-    until every process's loader has: every row a padding row, as the
-    output formats pad (`mask` False, `row_ids` -1, every other entry 0:
-    zero values at index 0, attention masks False), so a masked loss
-    ignores them. Every process yields the same number of minibatches and
-    stops together, so a jitted step with collectives never waits for a
-    process that has left. The processes agree through one tiny collective
-    per minibatch, issued at its transfer and read when it is returned.
-    `padding_steps` counts the padding minibatches this process yielded.
+    **Equal steps.** With `equal_steps=True` on several JAX processes, a process
+    whose loader has run out yields *padding minibatches* (`mask` False, `row_ids`
+    -1, every other entry 0) until every loader has, so all stop together and a step
+    with collectives never waits for a process that has left. The processes agree
+    through one tiny collective per minibatch; `padding_steps` counts this process's
+    padding minibatches.
 
     Closable (`close()` or a `with` block): closes the loader's iterator.
 
@@ -64,14 +55,7 @@ class DeviceIterator:
         ...         correct += eval_step(params, batch)
     """
 
-    def __init__(
-        self,
-        source,
-        placement: Placement,
-        prefetch: int,
-        equal_steps: bool,
-    ):
-        """Wraps `source` (an iterator of minibatches); nothing is read yet."""
+    def __init__(self, source, placement: Placement, prefetch: int, equal_steps: bool):
         self._source = source
         self._placement = placement
         self._depth = prefetch + 1
@@ -84,8 +68,6 @@ class DeviceIterator:
         self._finished = False
         self._closed = False
         self.padding_steps = 0
-
-    # -- iteration --------------------------------------------------------
 
     def __iter__(self) -> DeviceIterator:
         return self
@@ -111,7 +93,7 @@ class DeviceIterator:
         return item.device
 
     def _pull(self) -> bool:
-        """Takes one minibatch from the loader and starts its copy."""
+        """Takes one minibatch (or a padding one) and starts its copy."""
         if self._tracks_state and not self._queue and self._state is None:
             self._state = self._source.get_state()  # before anything is taken
         batch = None
@@ -143,8 +125,6 @@ class DeviceIterator:
         agreed = self._placement.any_process(True) if self._agree else None
         self._queue.append(_Item(device, self._pulled_state, agreed, False))
         return True
-
-    # -- state ------------------------------------------------------------
 
     def get_state(self) -> bytes:
         """The loader's state after the last minibatch returned, JSON bytes.
@@ -196,8 +176,6 @@ class DeviceIterator:
         if start is not None:
             start()
 
-    # -- lifecycle ----------------------------------------------------------
-
     def close(self) -> None:
         """Drops the prefetched minibatches and closes the loader's iterator."""
         self._closed = True
@@ -229,11 +207,9 @@ def device_iterator(
         batches: The loader's iterator (`iter(loader)`) or the loader itself;
             its `get_state`/`set_state`/`start_prefetch`/`close` are passed
             through.
-        sharding: Where each entry goes; its partition spec must split only
-            the leading (batch) axis. Every process passes its own rows
-            (`jax.make_array_from_process_local_data`), so the global batch
-            is the processes' minibatches in process order. Default: the
-            batch split over every device of every process
+        sharding: Where each entry goes, splitting only the leading (batch)
+            axis; the global batch is the processes' minibatches in process
+            order. Default: the batch over every device of every process
             (`NamedSharding(Mesh(jax.devices(), ("data",)), P("data"))`).
         keys: The entries to send (e.g. `("values", "indices", "mask",
             "obs/cell_type")`); default every entry of the first minibatch.
@@ -241,18 +217,14 @@ def device_iterator(
             JAX stores 64-bit ones (`row_ids`) as 32-bit.
         prefetch: Minibatches copied ahead of the one returned (1: double
             buffering; 0: copy at `next()`).
-        equal_steps: On several JAX processes, pad the processes whose
-            loader ends first with padding minibatches until all have ended
-            (see `DeviceIterator`); one small collective per minibatch.
-            Needed where shards are unequal (`drop_remainder=False`, a
-            held-out split) and the step has collectives. No effect on one
-            process.
+        equal_steps: On several JAX processes, give those whose loader ends
+            first padding minibatches until all have ended (see
+            `DeviceIterator`): for unequal shards and a step with collectives.
         densify: The number of genes: replace `values` and `indices`
             (`PaddedSparseOutput`) by dense `X` `[batch, densify]`, built on
             the devices (`grain_cells.densify`) right after the copy.
-        pinned_staging: Copy each minibatch into page-locked host memory
-            first, then to the devices. Off by default: whether it speeds the
-            copy is measured per host by `benchmarks/gpu_host/run.sh`.
+        pinned_staging: Copy through page-locked host memory first (whether
+            that is faster is measured per host: `benchmarks/gpu_host/run.sh`).
 
     Returns:
         A `DeviceIterator` (nothing is read before the first `next()`).

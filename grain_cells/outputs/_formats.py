@@ -1,12 +1,6 @@
 """Output formats of a minibatch: CSR, padded sparse (static shapes), dense.
 
-Every minibatch is a dict of NumPy arrays with, besides the expression:
-
-* `row_ids` (int64 `[batch]`): global row id of each cell (-1 for padding);
-* `mask` (bool `[batch]`): True for real cells, False for padding;
-* `obs/<column>` (`[batch]`): the chosen obs columns (integer codes for
-  categorical columns, see `AnnDataSource.categories`; 0 for padding).
-
+Besides the expression, every minibatch holds `row_ids`, `mask` and `obs/<column>`.
 Design notes: docs/reference/design.md#outputs-formats.
 """
 
@@ -19,13 +13,7 @@ import numpy as np
 from grain_cells._util import arguments
 from grain_cells.io import CsrRows, take_csr
 from grain_cells.outputs._padded import TRUNCATE, PaddedSparseOutput
-from grain_cells.outputs._protocol import (
-    Fetch,
-    Output,
-    declared,
-    dtype_name,
-    zeros,
-)
+from grain_cells.outputs._protocol import Fetch, Output, declared, dtype_name, zeros
 
 __all__ = [
     "TRUNCATE",
@@ -39,6 +27,11 @@ __all__ = [
     "dtype_name",
     "zeros",
 ]
+
+
+def _dtype_fingerprint(self) -> dict:
+    """What a checkpoint records of this output: its class and dtype."""
+    return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +56,7 @@ class CsrOutput(Output):
         )
         return {"data": data, "indices": indices, "indptr": indptr}
 
-    def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the design notes)."""
-        return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
+    fingerprint = _dtype_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +75,7 @@ class DenseOutput(Output):
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
-        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array.
-
-        Rows of a dense file are gathered as they are.
-        """
+        """Scatters `rows` into a zeroed `[batch_size, n_genes]` array."""
         if fetch.dense is not None:
             return self.format_dense(fetch.dense, rows, batch_size, empty)
         data, indices, indptr = take_csr(fetch.csr, rows)
@@ -113,16 +101,13 @@ class DenseOutput(Output):
         X[rows.size :] = 0
         return {"X": X}
 
-    def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the design notes)."""
-        return {"class": type(self).__name__, "dtype": dtype_name(self.dtype)}
+    fingerprint = _dtype_fingerprint
 
 
 def _all_distinct(flat: np.ndarray) -> bool:
     """Whether no position repeats (cheap when rows store sorted columns).
 
-    Assignment is about 5x faster than `np.add.at` at minibatch sizes, so it
-    is used whenever no row holds a duplicate column.
+    Assignment is about 5x faster than `np.add.at` at minibatch sizes.
     """
     if flat.size < 2 or (flat[1:] > flat[:-1]).all():
         return True

@@ -1,7 +1,6 @@
 """`PaddedSparseOutput`: fixed-width sparse rows for `jax.jit` (static shapes).
 
-See `grain_cells.outputs._formats` for what its arrays hold, and
-`grain_cells.outputs._width` for the width fitted from a sample.
+What its arrays hold: docs/reference/design.md#outputs-formats.
 """
 
 from __future__ import annotations
@@ -135,11 +134,7 @@ class PaddedSparseOutput(Output):
         )
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (see the module docstring).
-
-        The width recorded is the fitted one (a pipeline fits before it
-        records), so a restore that fits another width is refused.
-        """
+        """What a checkpoint records, with the fitted width (another is refused)."""
         fp = {
             "class": type(self).__name__,
             "width": None if self.width is None else int(self.width),
@@ -154,19 +149,10 @@ class PaddedSparseOutput(Output):
 class TruncationReport:
     """Warns once per loader, in the trainer, about cells a padded output cut.
 
-    A loader holds one and shows it every minibatch it yields (`observe`):
-    the check is there, not in `format`, so a loader with workers warns once
-    in the trainer instead of once in each worker. It reads a minibatch's
-    `truncated`, `nnz`, `row_ids` and `mask` arrays (of an extra matrix
-    `name`: `name/truncated`, ...).
-
-    When the warning fires: a width given by the user warns at the first
-    truncated cell. A width fitted to the data (`width=None`) covers the
-    `quantile` of a sample of cells, so it leaves out about `1 - quantile` of
-    them (0.1% by default) by design; it warns only when the loader has
-    truncated clearly more than that: more than twice the expected share
-    plus `_MARGIN_CELLS` (clusters of wide cells in one fetch, and the
-    sample's own error, stay quiet).
+    A loader shows it every minibatch it yields (`observe`), so a loader with workers
+    warns once in the trainer. A user's width warns at the first truncated cell; a
+    fitted width (`width=None`) leaves out about `1 - quantile` of cells by design, so
+    it warns only past twice that share plus `_MARGIN_CELLS`.
     """
 
     def __init__(self, outputs: dict[str, object]):

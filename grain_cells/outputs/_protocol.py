@@ -1,16 +1,10 @@
 """What an output format is: the `Output` base, the `Fetch` it reads, helpers.
 
-**The protocol** is declared by `Output`: `format(fetch, rows, batch_size,
-empty)` (required), `fit_to_source(source, read)` and `fingerprint()`
-(optional, with defaults). grain_cells' formats subclass it; a user's output
-may subclass it too, or be any object with `format(fetch, rows,
-batch_size)`, which a pipeline reads through `declared(output)` (the
-defaults, and no `empty`).
-
-**Checkpoints.** A saved iterator state records the output's
-`fingerprint()`: a state restores only under an output of equal fingerprint.
-
-Design notes: docs/reference/design.md#outputs-protocol.
+`Output` declares the protocol: `format(fetch, rows, batch_size, empty)` and, with
+defaults, `fit_to_source(source, read)` and `fingerprint()`; any object with
+`format(fetch, rows, batch_size)` works through `declared(output)`. A checkpoint
+restores only under an output of equal fingerprint. Design notes:
+docs/reference/design.md#outputs-protocol.
 """
 
 from __future__ import annotations
@@ -97,10 +91,10 @@ class Output:
         return self
 
     def fingerprint(self) -> dict | str:
-        """What a checkpoint records: a dict of JSON values naming the class
-        and every parameter that changes the arrays; by default the `repr`,
-        which must then be stable.
-        """  # noqa: D205
+        """What a checkpoint records: JSON values naming the class and every parameter.
+
+        By default the `repr`, which must then be stable.
+        """
         return repr(self)
 
 

@@ -1,21 +1,8 @@
 """The width of `PaddedSparseOutput()`, fitted once per source from a sample.
 
-**The rule.** `PaddedSparseOutput(width=None)` (the default) is fitted when
-a pipeline is built (`fetch_operations`, `cell_dataset`,
-`grain_cells.DataLoader`), in the process that builds it:
-
-1. *Sample*: up to `SAMPLE_CELLS` (4,096) cells, as whole blocks of the
-   source at `ceil(SAMPLE_CELLS / block_size)` evenly spaced block keys
-   (`np.linspace(0, len(source) - 1, k)`, rounded, without repeats): no
-   random draw, so the same source (files, selection, genes) always gives
-   the same sample. A source of fewer cells is read whole.
-2. *Count* each sampled cell's stored values in output columns (after the
-   source's gene selection and join; for a dense X, its non-zero values).
-3. *Width*: the `quantile` (0.999 by default) of those counts (NumPy's
-   `method="higher"`: a count that some cell has), rounded up to a multiple
-   of `WIDTH_MULTIPLE` (128), and at least 128.
-
-Design notes: docs/reference/design.md#outputs-width.
+The `quantile` of stored values per cell over up to `SAMPLE_CELLS` cells in evenly
+spaced blocks (no random draw), rounded up to a multiple of `WIDTH_MULTIPLE`. Design
+notes: docs/reference/design.md#outputs-width.
 """
 
 from __future__ import annotations
@@ -34,10 +21,7 @@ WIDTH_MULTIPLE = 128
 
 
 def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
-    """Global row ranges `(starts, stops)` of the sample, sorted by start.
-
-    Whole blocks of `source` at evenly spaced keys (see the design notes).
-    """
+    """Global row ranges `(starts, stops)` of the sample's blocks, sorted by start."""
     n_blocks = len(source)
     k = min(n_blocks, max(1, math.ceil(SAMPLE_CELLS / source.block_size)))
     keys = np.unique(np.rint(np.linspace(0, n_blocks - 1, k)).astype(np.int64))
@@ -62,12 +46,8 @@ def width_for(counts: np.ndarray, quantile: float) -> int:
 def fit_width(source, quantile: float, read=None) -> int:
     """The width fitted to `source`'s sample.
 
-    Args:
-        source: An `AnnDataSource` (or view).
-        quantile: Which quantile of the sampled counts.
-        read: `read(starts, stops, buffer)` returning rows with `csr` or
-            `dense` (an extra layer's reader); `source.fetch_ranges` (X) by
-            default.
+    `read(starts, stops, buffer)` reads another matrix than X (an extra layer); default
+    `source.fetch_ranges`.
     """
     if len(source) == 0:
         return WIDTH_MULTIPLE

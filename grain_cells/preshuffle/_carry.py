@@ -1,12 +1,8 @@
-"""What `preshuffle` carries besides X, obs and var, and what it leaves.
+"""What `preshuffle` carries besides X, obs and var (`keep`), and what it leaves.
 
-A part holds, with its rows in the part's cell order:
-
-* `layers/<name>`, `raw/X` and dense `obsm/<name>` arrays, gathered in
-  windows exactly as X (`preshuffle_matrices.Matrix`);
-* `obsm/<name>` dataframes, gathered in memory like obs;
-
-Design notes: docs/reference/design.md#preshuffle-carry.
+Row-aligned arrays (`layers`, `raw/X`, dense `obsm`) are gathered in windows like X,
+`obsm` dataframes in memory like obs. Design notes: docs/reference/design.md#preshuffle-
+carry.
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ def _kind(obj) -> str:
 
 
 def _inventory(f) -> dict:
-    """Per kind, the elements an input (`.h5ad` file or zarr store) has:
-    `{key: _MATRIX | _FRAME | why not}`."""  # noqa: D205, D209
+    """Per kind, an input's elements: `{key: _MATRIX | _FRAME | why not}`."""
     out = {}
     for kind in ("layers", "obsm", "obsp"):
         group = f.get(kind)
@@ -133,13 +128,8 @@ def choose(
 ) -> Carry:
     """What to carry for these inputs and arguments (see the design notes).
 
-    Args:
-        paths: The inputs.
-        storage_options: For URL inputs.
-        keep: `preshuffle`'s `keep`.
-        layer: `preshuffle`'s `layer` (the matrix that becomes X).
-        genes_changed: Whether gene alignment makes the output's genes
-            differ from the first input's var.
+    `keep`, `layer`: `preshuffle`'s; `genes_changed`: whether gene alignment makes the
+    output's genes differ from the first input's var.
 
     Raises:
         TypeError, ValueError: `keep` is malformed, or names an element that

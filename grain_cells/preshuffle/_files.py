@@ -1,17 +1,11 @@
 """The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
 
-A part is written under a temporary name (`.part-00000.h5ad.<random>.tmp`)
-and renamed when complete; its root attribute `MARKER_ATTR` records what it
-was made from. Before any HDF5 write, the temporary reserves the disk space
-the part needs (`reserve_space`), so a full disk is reported as a clean
-`OSError` naming the folder and the bytes needed, before HDF5 could fail in
-the middle of a write: HDF5 cannot close a file whose writes failed, and the
-interpreter then crashes at exit. The reservation is an upper bound of the
-part's size (whole chunks, uncompressed), and the space is the file's own,
-so other writers cannot take it. Should HDF5 still meet a full disk (a file
-system that only pretends to allocate, or an estimate proved wrong), the
-error is still raised as a clean `OSError` and the temporary removed, but
-HDF5 may then crash the interpreter when it exits.
+A part is written under `.part-00000.h5ad.<random>.tmp` and renamed when complete; its
+root attribute `MARKER_ATTR` records what it was made from. The temporary first reserves
+the part's disk space (`reserve_space`, an upper bound) so a full disk is a clean
+`OSError` naming folder and bytes, before HDF5 could fail mid-write: HDF5 cannot close a
+file whose writes failed, and the interpreter then crashes at exit. (A file system that
+only pretends to allocate still gets the clean error, but HDF5 may crash at exit.)
 """
 
 from __future__ import annotations
@@ -47,7 +41,7 @@ def completed_marker(
     if not is_url(path) and not pathlib.Path(path).is_file():
         return None
     try:
-        with open_part(path, storage_options) as f:
+        with open_file(path, storage_options) as f:
             marker = matching_marker(f.attrs.get(MARKER_ATTR), plan, index)
             if marker is None:
                 return None
@@ -73,29 +67,25 @@ def matching_marker(raw, plan: Plan, index: int) -> dict | None:
     return marker
 
 
-def open_part(path, storage_options=None) -> h5py.File:
-    """Opens an output part (a local file or, by URL, an object) read-only."""
-    return open_file(path, storage_options)
+def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
+    """Creates `.<name>.<random>.tmp` in `directory`: `(fd, path)`, or a folder.
 
-
-def create_temporary(directory: pathlib.Path, name: str):
-    """Creates `.<name>.<random>.tmp` in `directory`: `(fd, path)`.
-
-    Unlike `tempfile.mkstemp` (mode 0600), the file gets the permissions of
-    any new file (0666 less the umask), which the renamed output keeps.
+    A file gets 0666 less the umask (`tempfile.mkstemp`: 0600), which the
+    renamed output keeps; a folder's fd is None.
     """
     while True:
         path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            if folder:
+                path.mkdir()
+                return None, path
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), path
         except FileExistsError:
             continue
-        return fd, path
 
 
 def remove_temporaries(output_dir: pathlib.Path) -> None:
-    """Deletes temporaries left by an interrupted run (see `create_temporary`;
-    a zarr part's are folders)."""  # noqa: D205, D209
+    """Deletes temporaries (files, or a zarr part's folders) of an interrupted run."""
     for pattern in (".part-*.h5ad.*.tmp", ".part-*.zarr.*.tmp", f".{MANIFEST}.*.tmp"):
         for path in output_dir.glob(pattern):
             if path.is_dir() and not path.is_symlink():
@@ -148,7 +138,6 @@ def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
 
 
 def fsync_path(path: pathlib.Path) -> None:
-    """Flushes a file or folder to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -159,8 +148,7 @@ def fsync_path(path: pathlib.Path) -> None:
 def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
     """Extends `path` by `nbytes` of allocated (not sparse) disk space.
 
-    HDF5 then writes into space the file already owns, and truncates the file
-    to what it used when it closes it.
+    HDF5 then writes into space the file owns and truncates the rest on close.
 
     Raises:
         OSError: The disk (or quota) lacks the space; the message names the
@@ -186,8 +174,7 @@ def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
 def check_free_space(directory: pathlib.Path, nbytes: int, what: str) -> None:
     """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free.
 
-    For outputs that cannot reserve their space in advance (a zarr part is a
-    folder of many files): the check is made before anything is written.
+    For outputs that cannot reserve their space (a zarr part is many files).
     """
     if shutil.disk_usage(directory).free < nbytes:
         e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -209,11 +196,9 @@ def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError
 def abandon(f: h5py.File, path: pathlib.Path) -> None:
     """Gives up on a file whose writing failed, releasing its disk space.
 
-    HDF5 cannot close a file after a failed write (for lack of space): its
-    close, or the release of any of its objects, crashes the interpreter. So
-    the file is truncated (which frees the disk at once; the temporary is then
-    unlinked by the caller) and its handle is kept, never closed, for the
-    life of the process.
+    HDF5 cannot close a file after a failed write (its close, or the release of any of
+    its objects, crashes the interpreter), so the file is truncated and its handle kept,
+    never closed, for the life of the process.
     """
     _ABANDONED.append(f)
     with contextlib.suppress(OSError):  # through a descriptor of our own
@@ -222,6 +207,17 @@ def abandon(f: h5py.File, path: pathlib.Path) -> None:
             os.ftruncate(fd, 0)
         finally:
             os.close(fd)
+
+
+def disk_filled(plan: Plan, part: pathlib.Path, e: BaseException) -> OSError:
+    """The clean error for a part whose writes met a full disk."""
+    what = "folder" if part.suffix == ".zarr" else "file"
+    return OSError(
+        errno.ENOSPC,
+        f"{plan.output_dir}: the disk filled up while writing part {part.name} "
+        f"({e}); its temporary {what} was removed and no part looks complete. "
+        "Free some space and run preshuffle again: complete parts are kept.",
+    )
 
 
 def is_disk_full(e: BaseException) -> bool:

@@ -1,10 +1,8 @@
 """obs, var and the other frames of a preshuffled part: read, merged, written.
 
-Categorical columns keep their categories, merged over the inputs in order of
-first appearance (`pandas.api.types.union_categoricals`); other columns are
-concatenated as stored. (`grain_cells.io._obs` harmonises columns into integer
-codes for reading; a part must keep strings and dtypes as anndata wrote them,
-so the merge here works on pandas objects.)
+Categorical columns keep their categories, merged over the inputs in order of first
+appearance; other columns are concatenated as stored (a part keeps anndata's strings and
+dtypes, so the merge works on pandas objects, not `grain_cells.io`'s codes).
 """
 
 from __future__ import annotations
@@ -17,13 +15,7 @@ import numpy as np
 import pandas as pd
 
 from grain_cells import errors
-from grain_cells.io import (
-    is_array,
-    open_file,
-    read_elem,
-    read_obs_values,
-    write_elem,
-)
+from grain_cells.io import is_array, open_file, read_elem, read_obs_values, write_elem
 from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._names import write_obs
 from grain_cells.preshuffle._plan import Plan
@@ -32,11 +24,7 @@ from grain_cells.preshuffle._plan import Plan
 def read_obs(
     paths: list[str], columns: list[str], storage_options: dict | None = None
 ) -> pd.DataFrame:
-    """The chosen obs columns of all inputs, concatenated (a `RangeIndex`).
-
-    Without the obs names: those are `preshuffle_names.Names`, held apart
-    as one StringDType array rather than Python objects.
-    """
+    """The chosen obs columns of all inputs, concatenated (a `RangeIndex`, no names)."""
     per_column = {c: [] for c in columns}
     for path in paths:
         with open_file(path, storage_options) as f:
@@ -58,10 +46,11 @@ def read_obs(
 
 
 def obs_part(obs: pd.DataFrame, rows: np.ndarray):
-    """Yields `(name, values)`: the columns of `obs` at `rows`, one at a
-    time (one column's gathered copy alive at once), as the arrays anndata
-    writes (a column's `Series._values`: a `Categorical`, an extension array
-    or an ndarray)."""  # noqa: D205, D209
+    """Yields `(name, values)`: each column of `obs` at `rows`, one at a time.
+
+    Values are the arrays anndata writes (a `Categorical`, an extension array or an
+    ndarray).
+    """
     for name in obs.columns:
         values = obs[name].array
         if isinstance(values, pd.Categorical):  # `take` would copy rows to int64
@@ -123,18 +112,15 @@ def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
 
 
 def read_var(plan: Plan) -> pd.DataFrame:
-    """The output's var: the first input's, for the output genes.
+    """The output's var: the first input's rows for the output genes, in order.
 
-    With gene alignment (`join`, `genes`), the first input's rows for the
-    output genes, in output order; when some output gene is not in the
-    first input (`join="outer"`), only the gene names.
+    When some output gene is not in the first input (`join="outer"`), only the names.
     """
     var = _read_var(plan.paths[0], plan.element, plan.storage_options)
     return _aligned_var(var, plan.column_map_first, plan.source.var_names)
 
 
 def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
-    """The first input's var rows for the output genes (see `read_var`)."""
     if column_map is None:
         return var
     n_vars = len(var_names)
@@ -150,9 +136,7 @@ def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
 
 
 def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
-    """Writes an AnnData skeleton (obs at `rows`, var, no X) into an open
-    file or zarr group: obs by `preshuffle_names.write_obs` (the names in
-    windows), the rest by anndata."""  # noqa: D205, D209
+    """Writes an AnnData skeleton (obs at `rows`, var, no X) into a part's root."""
     empty = pd.DataFrame(index=pd.Index([], dtype=object))
     write_elem(f, "/", anndata.AnnData(obs=empty, var=var))
     write_obs(f, list(obs.columns), obs_part(obs, rows), rows, names)
@@ -161,12 +145,9 @@ def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
     """`perm` reordered so that each `group_by` group's cells are contiguous.
 
-    A stable sort of the shuffled order by the group columns (the first
-    column outermost): groups follow one another in the order of their
-    categories (of first appearance over the inputs for a non-categorical
-    column; a missing label last), and within a group the cells keep the
-    seeded random order. Memory: the columns' codes and one int64 sort
-    order, 8 bytes per cell each, while it runs.
+    A stable sort of the shuffled order by the group columns (the first outermost):
+    groups in category order (first appearance for other columns, a missing label last),
+    cells within a group in the seeded order.
     """
     values = read_obs(plan.paths, plan.group_by, plan.storage_options)
     keys = []
@@ -185,11 +166,8 @@ def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
 class Extras:
     """What a part holds besides X, obs, var and the gathered matrices.
 
-    Read once per run (`read`), written into each part (`write`): the
-    `obsm` dataframes of all inputs, concatenated and held in memory like
-    obs (gathered by the part's rows); `raw`'s group and `raw/var` (aligned
-    like `raw/X`); and the groups copied unchanged from the first input
-    (`uns`, `varm`, `varp`, `raw/varm`). See `preshuffle_carry`.
+    The `obsm` dataframes of all inputs (held like obs), `raw`'s group and `raw/var`,
+    and the groups copied from the first input (`uns`, `varm`, `varp`, `raw/varm`).
     """
 
     def __init__(self, plan: Plan, obsm_frames: dict, raw_var):
@@ -218,8 +196,7 @@ class Extras:
         return cls(plan, obsm, raw_var)
 
     def nbytes(self, n_cells: int) -> int:
-        """About the bytes these take in a part of `n_cells` cells (for its
-        disk reservation)."""  # noqa: D205, D209
+        """About the bytes these take in a part of `n_cells` cells."""
         total = 0
         for frame in self.obsm_frames.values():
             per_cell = frame.memory_usage(index=True, deep=True).sum() / max(
@@ -233,8 +210,7 @@ class Extras:
         return total
 
     def write(self, f, rows: np.ndarray) -> None:
-        """Writes raw's group, the obsm dataframes and the copies into a part
-        (an `h5py.File`, or a zarr part's root group)."""  # noqa: D205, D209
+        """Writes raw's group, the obsm dataframes and the copies into a part's root."""
         if self.raw_var is not None:
             if "raw" in f:  # the skeleton's `null` element
                 del f["raw"]

@@ -1,17 +1,13 @@
 """One `.h5ad` part being written: its temporary file, datasets and publish.
 
-`preshuffle_writer` fills a part the same way whatever its format; this
-module holds what is particular to HDF5 (`preshuffle_zarr_part` holds the
-same for zarr stores). The temporary file (`.part-00000.h5ad.<random>.tmp`)
-reserves the disk space the part needs before HDF5 writes to it
-(`preshuffle_files.reserve_space`); when complete it gets its marker
-attribute, is flushed and renamed over the final name.
+The temporary (`.part-00000.h5ad.<random>.tmp`) reserves the part's disk space before
+HDF5 writes to it; when complete it gets its marker, is flushed and renamed over the
+final name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 
@@ -30,9 +26,8 @@ INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
 class H5adPart:
     """Part `index` of a plan, written into a temporary HDF5 file.
 
-    Use as a context manager around the writes: on an error the temporary
-    is removed (and a full disk reported as a clean `OSError`); `commit`
-    publishes the part.
+    A context manager around the writes: on an error the temporary is removed (a full
+    disk reported as a clean `OSError`); `commit` publishes the part.
     """
 
     def __init__(self, plan: Plan, index: int, nbytes: int):
@@ -55,14 +50,7 @@ class H5adPart:
         return contextlib.nullcontext()
 
     def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: returns its `(data, indices, indptr)` datasets.
-
-        Args:
-            m: The matrix (its name, dtypes and genes).
-            n: The part's cells (`indptr` has `n + 1` entries, int64).
-            nnz: The part's stored values.
-            chunk: Elements per chunk of `data` and `indices`.
-        """
+        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
         group = self.root.require_group(m.name)
         group.attrs["encoding-type"] = CSR
         group.attrs["encoding-version"] = "0.1.0"
@@ -117,13 +105,7 @@ class H5adPart:
                     self.root.close()
                 return
             _files.abandon(self.root, self.tmp)  # HDF5 cannot close it: see abandon
-            raise OSError(
-                errno.ENOSPC,
-                f"{self.plan.output_dir}: the disk filled up while writing part "
-                f"{self.final.name} ({e}); its temporary file was removed and no "
-                "part looks complete. Free some space and run preshuffle "
-                "again: complete parts are kept.",
-            ) from e
+            raise _files.disk_filled(self.plan, self.final, e) from e
         finally:
             self.tmp.unlink(missing_ok=True)
 

@@ -1,12 +1,9 @@
 """The row-aligned matrices a preshuffled part holds: X, layers, raw/X, obsm.
 
-Each is a `Matrix`: one element of the inputs (a `FileSet` from
-`grain_cells.io._element_files`, so genes are aligned as for X and every
-read is identity-checked), read by global row ranges in sorted batches and
-written in windows by `preshuffle_writer`, exactly as X. A `Matrix` knows
-its layout on output (CSR or dense, dtypes, chunking) and, for CSR, the
-stored values of every input row (`lengths`, 4 bytes per cell), which lay out
-each part's `indptr` before any value is read.
+Each `Matrix` reads one element of the inputs through a `FileSet` (genes aligned and
+reads identity-checked as for X) and knows its output layout and, for CSR, each row's
+stored values (`lengths`, 4 bytes per cell), which lay out each part's `indptr` before
+any value is read.
 """
 
 from __future__ import annotations
@@ -108,10 +105,9 @@ class Matrix:
         return int(min(max(n, 1), max(MAX_CHUNK_BYTES // row_bytes, 1)))
 
     def count_rows(self) -> None:
-        """Sets `lengths`: stored values per output row, over all inputs (int32).
+        """Sets `lengths`: stored values per output row (int32), from each `indptr`.
 
-        From each input's `indptr`; when gene alignment drops some of an
-        input's genes, from its rows as aligned (one pass over the input).
+        When alignment drops genes of an input, from its aligned rows (one pass).
         """
         if not self.sparse or self.lengths is not None:
             return

@@ -1,22 +1,10 @@
 """Obs names of a preshuffle run: one numpy StringDType array, written in windows.
 
-At atlas scale the obs names are the largest thing a run holds: as Python
-`str` objects (a pandas object index) each name costs about 60 bytes plus
-an 8-byte pointer, and anndata's writer converts a part's whole index to
-another object array before HDF5 sees it: 12 GB at 100M cells. Here the
-names of all inputs are read into one `numpy.dtypes.StringDType` array (16
-bytes per name; names longer than 15 bytes add their length), slice by
-slice straight from the input's string dataset (h5py and zarr decode into
-StringDType without making Python objects), and a part's `obs/_index` is
-written by `write_obs` in windows of `WINDOW` names gathered from it in the
-part's order. Its columns are written by anndata (`anndata.io.write_elem`,
-one column at a time, exactly as anndata's dataframe writer does), so a part
-reads back with `anndata.read_h5ad` / `read_zarr` as before.
-
-Indexes stored in another encoding (anndata < 0.7 compound frames, a
-categorical or nullable index with missing entries) are read through
-anndata (`grain_cells.io._frames.read_obs_names`, Python objects for that
-one input while it is read) and converted.
+As a pandas object index the names of 100M cells cost about 12 GB; as one `StringDType`
+array (16 bytes per name up to 15 bytes), read slice by slice without Python objects,
+far less. A part's `obs/_index` is written in windows of `WINDOW` names; its columns by
+anndata, so a part reads back with `anndata.read_h5ad`/`read_zarr`. Indexes in other
+encodings go through anndata (`read_obs_names`, objects for that one input).
 """
 
 from __future__ import annotations
@@ -84,9 +72,8 @@ class Names:
     def disk_bytes(self, n: int) -> int:
         """An upper bound of the bytes `n` names take in an h5ad part.
 
-        A variable-length string costs 16 bytes in the dataset and a global
-        heap object of 16 bytes plus its UTF-8 bytes padded to 8: at most
-        39 + 4 * chars.
+        A variable-length string costs 16 bytes in the dataset plus a heap object of 16
+        bytes and its UTF-8 bytes padded to 8: at most 39 + 4 * chars.
         """
         return int(n * (40 + 4 * self.mean_chars))
 
@@ -140,16 +127,11 @@ def _check_length(f, got: int, want: int) -> None:
 
 
 def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> None:
-    """Writes a part's obs: `columns` (`(name, values)` in the part's order,
-    the names in `order`; an iterable, so that one column is gathered at a
-    time) and the names of input rows `rows`, into `root` (an h5py file or
-    zarr group).
+    """Writes a part's obs as anndata does, its index in windows of `WINDOW` names.
 
-    The dataframe's group and attributes are those anndata writes
-    (`dataframe` 0.2.0, `_index`, `column-order`), each column is written
-    by `anndata.io.write_elem`, and the index is a `string-array` written
-    in windows of `WINDOW` names.
-    """  # noqa: D205
+    `columns` yields `(name, values)` in the part's order, one at a time; `rows` are the
+    input rows whose names the part holds.
+    """
     if "obs" in root:  # the skeleton's empty obs
         del root["obs"]
     group = root.create_group("obs")
@@ -171,7 +153,7 @@ def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> Non
 
 
 def _string_array(group, name: str, n: int):
-    """An empty string array of `n` entries as anndata writes it (`string-array`)."""
+    """An empty `string-array` of `n` entries, as anndata writes it."""
     if isinstance(group, h5py.Group):
         array = group.create_dataset(name, (n,), dtype=h5py.string_dtype())
     else:  # zarr, as anndata's `write_vlen_string_array_zarr`

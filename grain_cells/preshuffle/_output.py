@@ -1,22 +1,10 @@
-"""`preshuffle` into a bucket: parts staged on local disk, then uploaded.
+"""`preshuffle` into a bucket: each part staged on local disk, then uploaded.
 
-HDF5 cannot write to an object store (it seeks back into a file to finish
-its B-trees and headers), so each part is written as for a local folder,
-into a *staging* folder on local disk, uploaded with obstore's `put`
-(`grain_cells.storage.remote._writes.put_file`: a multipart upload for large
-parts, parts of it sent concurrently; the object appears only once
-complete) and removed. A part uploads in a background thread while the next
-one is written; one upload at a time, so local disk holds at most two
-parts. Each is counted as `preshuffle` reserves it (uncompressed, whole
-chunks), at most about `cells_per_file` x stored values per cell x (value +
-index bytes) plus obs; the staging folder (a new folder under
-`staging_dir`, default the system's temporary folder) is removed when the
-run ends, and the folders of runs that were killed are removed when the
-next run starts (`grain_cells.preshuffle._staging`: named by owner pid and
-start time). An upload that fails raises at the next `publish` or at
-`wait`, so the run stops with the upload's error.
-
-Design notes: docs/reference/design.md#preshuffle-output.
+HDF5 cannot write to an object store (it seeks back to finish its B-trees), so each part
+is written to a local staging folder and uploaded by `put_file` in a background thread
+while the next one is written; local disk holds at most two parts. A failed upload
+raises at the next `publish` or at `wait`. Design notes:
+docs/reference/design.md#preshuffle-output.
 """
 
 from __future__ import annotations
@@ -26,6 +14,7 @@ import json
 import os
 import shutil
 
+from grain_cells.io import open_file
 from grain_cells.preshuffle import _files, _staging
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.storage.remote import (
@@ -72,15 +61,10 @@ class BucketOutput:
         list_names(self.url, self.storage_options)
 
     def part_url(self, plan: Plan, index: int) -> str:
-        """The URL of part `index`."""
         return join(self.url, plan.part_paths[index].name)
 
     def check_inputs(self, plan: Plan) -> None:
-        """Refuses a run whose output would overwrite one of its inputs.
-
-        Raises:
-            ValueError: An input is one of the output URLs.
-        """
+        """Raises `ValueError` if an input is one of the output URLs."""
         outputs = {self.part_url(plan, i) for i in range(len(plan.part_paths))}
         for path in plan.paths:
             if path in outputs:
@@ -99,13 +83,10 @@ class BucketOutput:
         return _files.completed_marker(url, plan, index, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
-        """Starts uploading part `index` from the staging folder, in the background.
+        """Uploads part `index` in the background after the previous upload ends.
 
-        Waits for the previous upload first (one at a time); the staged file
-        is deleted when its upload ends, done or failed.
-
-        Raises:
-            OSError: The previous upload failed (see `storage.remote.put_file`).
+        The staged file is deleted when its upload ends, done or failed; the previous
+        upload's error is raised here.
         """
         self.wait()
         self._pending = self._uploads.submit(self._upload, plan, index)
@@ -132,7 +113,7 @@ class BucketOutput:
                 continue
             url = join(self.url, name)
             try:
-                with _files.open_part(url, self.storage_options) as f:
+                with open_file(url, self.storage_options) as f:
                     ours = _files.MARKER_ATTR in f.attrs
             except Exception:  # not HDF5, or gone: not ours to delete
                 ours = False
@@ -151,8 +132,8 @@ class BucketOutput:
     def close(self) -> None:
         """Lets a running upload end, then removes the staging folder.
 
-        An upload's error is not raised here: `close` runs when the run ends
-        either way, after `wait` (done) or while another error propagates.
+        An upload's error is not raised here: `close` runs after `wait` or while another
+        error propagates.
         """
         pending, self._pending = self._pending, None
         if pending is not None:

@@ -102,21 +102,21 @@ class Plan:
         )
         self.paths = list(self.source.paths)
         self.element = matrix_element(layer)
-        with open_file(self.paths[0], self.storage_options) as f:
-            first_columns = file_obs_columns(f)
+        have = {}
+        for path in self.paths:
+            with open_file(path, self.storage_options) as f:
+                have[path] = file_obs_columns(f)
         if obs_columns is None:
-            obs_columns = first_columns
+            obs_columns = have[self.paths[0]]
         obs_columns = [str(c) for c in obs_columns]
         if len(set(obs_columns)) != len(obs_columns):
             raise ValueError(f"obs_columns has duplicates: {obs_columns}")
         for path in self.paths:
-            with open_file(path, self.storage_options) as f:
-                have = file_obs_columns(f)
-            missing = [c for c in obs_columns if c not in have]
+            missing = [c for c in obs_columns if c not in have[path]]
             if missing:
                 raise errors.MissingColumnError(
-                    f"{path}: obs has no column(s) {missing}; it has {have}. Pass "
-                    "obs_columns=[...] naming columns every input has."
+                    f"{path}: obs has no column(s) {missing}; it has {have[path]}. "
+                    "Pass obs_columns=[...] naming columns every input has."
                 )
         self.obs_columns = obs_columns
         group_by = kwargs.get("group_by")
@@ -136,13 +136,11 @@ class Plan:
             if len(set(group_by)) != len(group_by):
                 raise ValueError(f"group_by has duplicates: {group_by}")
             for path in self.paths:
-                with open_file(path, self.storage_options) as f:
-                    have = file_obs_columns(f)
-                missing = [c for c in group_by if c not in have]
+                missing = [c for c in group_by if c not in have[path]]
                 if missing:
                     raise errors.MissingColumnError(
                         f"{path}: obs has no column(s) group_by={missing}; it has "
-                        f"{have}"
+                        f"{have[path]}"
                     )
         self.group_by = group_by
 
@@ -208,42 +206,24 @@ class Plan:
                         f"{path}: is an input and also output part {part.name} of "
                         f"{output_dir}; write the parts to another folder"
                     )
-        self.fingerprint = _json_normal(
-            {
-                "format": FORMAT,
-                # By content, not path or mtime: an input changed with its
-                # mtime restored (cp -p, rsync -t) is redone; a copy of the
-                # inputs in another folder is not.
-                "inputs": file_entries(self.source),
-                "layer": layer,
-                "join": self.source.join,
-                "genes": source_identity(self.source)["genes"],
-                "obs_columns": obs_columns,
-                "seed": self.seed,
-                "cells_per_file": cells_per_file,
-                "compression": compression,
-                "chunk_cells": chunk_cells,
-                "group_by": group_by,
-                "carry": self.carry.describe(),
-                # Only when not h5ad: h5ad parts of earlier versions stay valid.
-                **({} if self.zarr_format is None else {"output": output_format}),
-            }
-        )
+        fingerprint = {
+            "format": FORMAT,
+            # By content, not path or mtime: an input changed with its
+            # mtime restored (cp -p, rsync -t) is redone; a copy of the
+            # inputs in another folder is not.
+            "inputs": file_entries(self.source),
+            "layer": layer,
+            "join": self.source.join,
+            "genes": source_identity(self.source)["genes"],
+            "obs_columns": obs_columns,
+            "seed": self.seed,
+            "cells_per_file": cells_per_file,
+            "compression": compression,
+            "chunk_cells": chunk_cells,
+            "group_by": group_by,
+            "carry": self.carry.describe(),
+            # Only when not h5ad: h5ad parts of earlier versions stay valid.
+            **({} if self.zarr_format is None else {"output": output_format}),
+        }
+        self.fingerprint = json.loads(json.dumps(fingerprint))  # JSON-normal
         return self
-
-    @property
-    def value_bytes(self) -> int:
-        """Bytes of one stored value of X when CSR (data plus index)."""
-        return self.x.value_bytes
-
-    def chunk_elements(self) -> int:
-        """Elements per HDF5 chunk of X's `data`/`indices` (CSR)."""
-        return self.x.chunk_elements(self.compression, self.chunk_cells)
-
-    def chunk_rows(self) -> int:
-        """Rows per HDF5 chunk of a dense X."""
-        return self.x.chunk_rows(self.compression, self.chunk_cells)
-
-
-def _json_normal(value):
-    return json.loads(json.dumps(value))

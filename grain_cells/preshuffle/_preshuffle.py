@@ -1,32 +1,8 @@
 """Pre-shuffled copies of `.h5ad` files, written once, read as plain AnnData.
 
-Block sampling reads contiguous blocks; on a plate-sorted file a block holds
-cells of one plate, so minibatches are less diverse than random sampling.
-`preshuffle` writes a copy of one or many files with the cells in a seeded
-random order across all inputs. Afterwards contiguous blocks of any size are
-random samples, so a loader can use large blocks (fast reads) at the
-diversity of random sampling. The copy is ordinary `.h5ad`: anndata and
-scanpy open it as usual (also backed), and `AnnDataSource` reads it on its
-positional-read fast path when it is uncompressed.
-
-Memory: the arrays of the two windows in flight plus a read buffer, together
-at most `memory_budget_bytes` (each carried matrix is written in its own
-pass of windows, so layers, raw and obsm arrays add passes, not memory; a
-CSR window's row pointers and its reads' sorted rows, 44 bytes per cell, are
-counted in it); on top of that, per input cell: 8 bytes (the permutation and
-X's row lengths), 4 more for each other sparse matrix carried, 8 more while
-`group_by` sorts, and, until the last part's obs is written, the obs names
-as one numpy StringDType array (16 bytes per name of up to 15 bytes, longer
-names add their length; never Python objects) and the chosen obs columns
-(a categorical's codes: 1-2 bytes; one column's codes again while a part's
-obs is written); and the obsm dataframes of all inputs. The bound, for
-names up to 15 bytes and categorical obs columns: peak RSS at most about
-0.5 GB plus the larger of `memory_budget_bytes` + 8 bytes per cell and
-24 + 2 x (codes) bytes per cell; 100M thin cells (four columns, 5 bytes of
-codes) peaked at 3.81 GB at the default budget (`benchmarks/RESULTS.md`,
-"Scale: preshuffle").
-
-Design notes: docs/reference/design.md#preshuffle-preshuffle.
+Contiguous blocks of a shuffled copy are random samples, so a loader can read
+large blocks at the diversity of random sampling. Algorithm, memory bound and
+layout: docs/reference/design.md#preshuffle-preshuffle.
 """
 
 from __future__ import annotations
@@ -70,45 +46,24 @@ def preshuffle(
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
-    The inputs are concatenated along cells (they must list the same genes in
-    the same order) and shuffled together, so every output part mixes cells
-    of every input. Parts are named `part-00000.h5ad`, `part-00001.h5ad`, ...
-    in `output_dir`. See the design notes for the algorithm, the layout
-    and how interrupted runs resume.
+    The inputs are concatenated along cells (with the same genes, or aligned
+    by `join`/`genes`) and shuffled together into `part-00000.h5ad`, ... in
+    `output_dir`; a rerun keeps the parts already complete. Inputs and
+    `output_dir` may be URLs (`s3://...`); a URL output stages one part at a
+    time locally, then uploads it.
 
-    Inputs may be URLs of objects (`s3://`, `gs://`, `https://`, ... as in
-    `AnnDataSource`), read in place with `storage_options`. `output_dir`
-    may be a URL too (`s3://bucket/shuffled`): each part is then written to
-    a local staging folder, uploaded (multipart when large) and deleted
-    before the next, so the local disk needs room for one part (see
-    `grain_cells.preshuffle._output`).
+    Each part holds `X` (the chosen matrix, CSR or dense as stored), `obs`
+    (the chosen columns and the names; categories merged over the inputs in
+    order of first appearance), `var` (the first input's; `raw/var` when
+    `layer="raw"`) and, by default, every other element that fits (`keep`):
+    `layers`, `raw` and `obsm` with their rows in the part's order, and
+    `uns`, `varm`, `varp` from the first input. `obsp` is never carried;
+    what the default leaves out is named in a warning.
 
-    Each part holds: `X` (the chosen matrix of the inputs, CSR or dense as
-    stored), `obs` (the chosen columns and the obs names; categorical columns
-    keep their categories, merged over the inputs in order of first
-    appearance), `var` (copied from the first input; `raw/var` when
-    `layer="raw"`), and by default every other element that fits (`keep`):
-    `layers`, `raw` and `obsm` with their rows in the part's order (read
-    and written in windows like X, so memory stays bounded), and `uns`,
-    `varm`, `varp` copied from the first input. `obsp` (pairs of cells) is
-    never carried. What the default leaves out is named in a warning.
-
-    **Grouped copies.** With `group_by="cell_type"` the cells are written
-    grouped: each label's cells contiguous (labels in category order, a
-    missing label last), in seeded random order within the label. Contiguous
-    blocks are then pure, so class-balanced sampling
-    (`balanced_block_weights`) reaches its targets at large blocks, and a
-    selection of labels (`source.select(where=...)`) is a few long runs
-    instead of many short ones. Blocks are no longer random samples of the
-    whole atlas: draw them with `WeightedBlockSampler` or
-    `ConditionBlockSampler`, or rely on fetch-level mixing across blocks
-    (`fetch_factor`), not on one block's diversity. With several columns,
-    `group_by=["cell_type", "donor"]`, a selection of types split by donor
-    (`split_by_obs`) is a few runs too.
-
-    **Zarr parts.** With `format="zarr"` each part is an AnnData zarr store
-    (a folder) holding the same elements, written in the same windows; see
-    `grain_cells.preshuffle._zarr_part` for its chunks and shards.
+    With `group_by="cell_type"` each label's cells are contiguous (labels in
+    category order, a missing label last), shuffled within the label: blocks
+    are then pure, for `balanced_block_weights`, `WeightedBlockSampler` or
+    `ConditionBlockSampler`, but no longer random samples of the atlas.
 
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
@@ -134,12 +89,9 @@ def preshuffle(
             `"gzip"` (level 1, with the shuffle filter) or `"lzf"`; for zarr
             parts None, `"zstd"` (zarr's and anndata's default codec) or
             `"gzip"` (level 1).
-        chunk_cells: Cells per HDF5 chunk of the output matrix (for CSR, the
-            chunk of `data`/`indices` holds `chunk_cells` times the mean
-            stored values per cell). None: about 4 MiB of values per chunk
-            uncompressed, 256 KiB compressed. For zarr parts, cells per
-            (inner) chunk; None: 32 cells, at least 64 KiB (zarr v2: 256
-            cells, at least 1 MiB).
+        chunk_cells: Cells per chunk of the output matrix. None: about 4 MiB
+            of values per HDF5 chunk (256 KiB compressed); for zarr, 32 cells
+            and at least 64 KiB (v2: 256 cells, 1 MiB).
         memory_budget_bytes: Bytes of matrix values held at once: two windows
             (one being assembled while the other is written) plus the read
             buffer. A window holds at least one cell, whatever the budget.
@@ -153,28 +105,22 @@ def preshuffle(
             credentials, as in `AnnDataSource` (None: from the environment).
         output_storage_options: For a URL `output_dir`: the same for the
             output store; None uses `storage_options`.
-        staging_dir: For a URL `output_dir`: local folder under which each
-            part is written before its upload (default: the system's
-            temporary folder, `TMPDIR`); needs room for one part. Staging
-            folders left there by runs that died (killed, out of memory)
-            are removed when the next run starts (see
-            `grain_cells.preshuffle._staging`).
+        staging_dir: For a URL `output_dir`: local folder, with room for one
+            part, where each part is written before its upload (default
+            `TMPDIR`); folders of runs that died are removed at the next start.
         group_by: An obs column (every input has it), or a list of them:
             write each label's (each combination's, the first column
-            outermost) cells contiguously, shuffled within it (see "Grouped
-            copies" above). None (default): one shuffle of all cells.
+            outermost) cells contiguously, shuffled within it. None
+            (default): one shuffle of all cells.
         keep: Elements to carry besides X, obs and var: None (default)
             carries every one that fits and warns naming those it leaves;
             a list names them: `"layers"`, `"layers/<name>"`, `"raw"`,
             `"obsm"`, `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`; `()`
-            carries none (the quickest copy). See
-            `grain_cells.preshuffle._carry`.
-        format: What each part is: `"h5ad"` (default, `part-00000.h5ad`),
-            `"zarr"` (an AnnData zarr store, `part-00000.zarr`, zarr v3 with
-            sharded matrices) or `"zarr-v2"` (zarr v2, no shards). Zarr parts
-            are what `anndata.read_zarr` reads and hold the same cells in the
-            same order as the h5ad parts of the same arguments; they are
-            written to a local folder only. See "Zarr parts" above.
+            carries none (the quickest copy).
+        format: `"h5ad"` (default, `part-00000.h5ad`), `"zarr"` (an AnnData
+            zarr v3 store with sharded matrices, `part-00000.zarr`) or
+            `"zarr-v2"` (no shards); zarr parts hold the cells of the h5ad
+            parts in the same order and are written to a local folder only.
 
     Returns:
         The paths of the parts, in order (their URLs for a URL `output_dir`).

@@ -1,14 +1,9 @@
-"""Staging folders of `preshuffle` into a bucket: named by their owner, and
-removed at the next start when that owner is dead.
+"""Staging folders of `preshuffle` into a bucket, removed once their owner is dead.
 
-A staging folder is named `grain-cells-preshuffle-<pid>-<start>-<random>`
-(its owner's pid and start time), and every run starts by removing the
-folders in its `staging_dir` whose owner no longer exists (no such pid, a
-zombie, or the pid reused by a process of another start time), so a killed
-run's part does not stay on disk for ever.
-
-Design notes: docs/reference/design.md#preshuffle-staging.
-"""  # noqa: D205
+Named `grain-cells-preshuffle-<pid>-<start>-<random>` (owner's pid and start time), so a
+run removes the folders of killed runs at its start. Design notes:
+docs/reference/design.md#preshuffle-staging.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +18,19 @@ PREFIX = "grain-cells-preshuffle-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+")
 
 
-def start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None: no such process
-    or no `/proc`)."""  # noqa: D205, D209
+def _stat(pid: int) -> list[bytes] | None:
+    """`/proc/<pid>/stat` after "pid (comm)": state is [0], starttime [19]."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+            return f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    # After "pid (comm)": state is field 3, starttime field 22.
-    return int(fields[19]) if len(fields) > 19 else None
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (None: none, or no `/proc`)."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
 def _alive(pid: int, start: int) -> bool:
@@ -42,10 +40,8 @@ def _alive(pid: int, start: int) -> bool:
         return False
     except PermissionError:
         pass  # exists, another user's
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    if fields is None:
         return True  # no /proc: the pid alone says it lives
     if fields[0] == b"Z":  # a zombie has exited
         return False
@@ -68,11 +64,7 @@ def make(parent: str | os.PathLike | None) -> pathlib.Path:
 
 
 def remove_stale(parent: str | os.PathLike | None) -> list[pathlib.Path]:
-    """Removes the staging folders under `parent` whose owner is dead.
-
-    Returns:
-        The folders removed.
-    """
+    """Removes the staging folders under `parent` whose owner is dead; returns them."""
     parent = pathlib.Path(tempfile.gettempdir() if parent is None else parent)
     removed = []
     try:

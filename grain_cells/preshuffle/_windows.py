@@ -1,5 +1,4 @@
-"""The machinery of `preshuffle`'s windowed write: window slots, a background
-writer, window boundaries and a progress line."""  # noqa: D205, D209
+"""`preshuffle`'s windowed write: slots, writer thread, cuts, progress."""
 
 from __future__ import annotations
 
@@ -33,10 +32,8 @@ class Slot:
 class WritePipeline:
     """Runs write jobs in one background thread, `slots` windows at a time.
 
-    `free_slot()` blocks until a window's arrays are free (written) or a
-    write failed; a failed write is raised in the calling thread at its next
-    call or on exit. After a failure the remaining jobs are skipped (their
-    slots still come back).
+    A failed write is raised in the calling thread at its next call or on exit; the jobs
+    after it are skipped (their slots still come back).
     """
 
     def __init__(self, slots: int):
@@ -122,11 +119,10 @@ PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
 def csr_cuts(
     lengths: np.ndarray, rows: np.ndarray, value_bytes: int, cell_bytes: int, cap: int
 ) -> tuple[list[int], list[int]]:
-    """`cuts` of a CSR part's cells, without an array as long as the part.
+    """`cuts` of a CSR part's cells, `PIECE` cells at a time (no part-long table).
 
     A cell's bytes are its values (`lengths[rows]` times `value_bytes`) plus
-    `cell_bytes`; the cumulative bytes are computed `PIECE` cells at a time
-    (a part-long `int64` table was 8 bytes per cell: 800 MB at 100M cells).
+    `cell_bytes`.
 
     Returns:
         `(bounds, nnz_at)`: the boundaries `cuts` gives for those bytes, and
@@ -161,9 +157,7 @@ def csr_cuts(
 
 
 def write_indptr(out, lengths: np.ndarray, rows: np.ndarray) -> None:
-    """Writes a part's row pointers (`n + 1`, int64) into `out`, in order,
-    `PIECE` cells at a time (`out`: an h5py dataset or a zarr part's
-    in-order writer)."""  # noqa: D205, D209
+    """Writes a part's `n + 1` row pointers into `out`, `PIECE` cells at a time."""
     n = int(rows.size)
     before = 0
     for p in range(0, n, PIECE):
@@ -178,13 +172,7 @@ def write_indptr(out, lengths: np.ndarray, rows: np.ndarray) -> None:
 
 
 class Progress:
-    """A tqdm progress bar of cells written, on stderr (cells times matrices).
-
-    Example:
-        >>> report = Progress(plan, todo=[0, 1], enabled=True)
-        >>> report.advance(1_000)
-        >>> report.close()
-    """
+    """A tqdm progress bar of cells written, on stderr (cells times matrices)."""
 
     def __init__(self, plan: Plan, todo: list[int], enabled: bool):
         """Starts the bar; says how many parts an earlier run completed."""
@@ -210,9 +198,9 @@ class Progress:
         )
 
     def advance(self, cells: int) -> None:
-        """Counts `cells` more cells written (thread-safe: the writer thread's)."""
+        """Counts `cells` more cells written (called by the writer thread)."""
         self._bar.update(cells)
 
     def close(self) -> None:
-        """Prints the final state of the bar and ends its line (idempotent)."""
+        """Ends the bar (idempotent)."""
         self._bar.close()

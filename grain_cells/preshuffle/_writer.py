@@ -1,10 +1,7 @@
-"""`preshuffle`'s writer: one part after another, in windows of cells.
+"""`preshuffle`'s writer: each part in windows of cells.
 
-See `grain_cells.preshuffle._preshuffle` for the algorithm. Each part is assembled in
-windows (input rows read in sorted batches, scattered into output order) and
-written by a background thread (`preshuffle_windows.WritePipeline`) into a
-temporary file that holds its disk space in advance
-(`preshuffle_files.reserve_space`).
+Input rows are read in sorted batches, scattered into output order and written by a
+background thread.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ class Writer:
     """Writes the parts of a plan; holds the permutation and obs in memory."""
 
     def __init__(self, plan: Plan, parts: list[int] | None = None):
-        """Reads what every part needs; `parts`: those to write, in order (None:
-        all), so that obs is released once the last part's is written."""  # noqa: D205, D209
+        """Reads what every part needs; `parts`: those to write (None: all)."""
         self.plan = plan
         self._last = (
             (parts or range(len(plan.part_paths)))[-1] if plan.part_paths else None
@@ -111,13 +107,10 @@ class Writer:
         return marker
 
     def _part_bytes(self, rows: np.ndarray) -> int:
-        """An upper bound of a part's size on disk.
+        """An upper bound of a part's size on disk, for its reservation.
 
-        Every chunk counted whole and uncompressed (HDF5 allocates whole
-        chunks; a compressed chunk rewritten by a later window may leave its
-        old space unused, so those count twice), obs and var at twice their
-        size in memory, obs names once (`Names.disk_bytes` is already an
-        upper bound), and a generous allowance for HDF5's metadata.
+        Chunks whole and uncompressed (a compressed chunk rewritten by a later window
+        may leave its old space unused: counted twice), frames twice, names once.
         """
         plan = self.plan
         n = int(rows.size)
@@ -127,7 +120,7 @@ class Writer:
             matrix += got
             n_chunks += chunks
             if plan.compression is not None:  # chunks straddling windows, twice
-                windows = got // max(int(plan.budget * _WINDOW_SHARE / _SLOTS), 1)
+                windows = got // max(self._slot_bytes(), 1)
                 matrix += (windows + 1) * chunk_bytes
         # obs: its columns' share of n cells (no gather: deep memory_usage of
         # categoricals is cheap), the names' heap entries.
@@ -141,8 +134,6 @@ class Writer:
         overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
         names = self.names.disk_bytes(n)
         return int(1.01 * (matrix + 2 * frames_bytes + names) + overhead)
-
-    # -- CSR ---------------------------------------------------------------
 
     def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
@@ -166,10 +157,7 @@ class Writer:
             out_ptr = slot.array("indptr", most_cells + 1, np.int64)[: b - a + 1]
             out_ptr[0] = 0
             np.cumsum(m.lengths[rows[a:b]], dtype=np.int64, out=out_ptr[1:])
-            for sub_rows, dest in self._reads(m, rows[a:b]):
-                starts, stops = runs(sub_rows)
-                got = m.fetch_ranges(starts, stops)
-                _check_rows(got.row_ids, sub_rows)
+            for got, dest in self._reads(m, rows[a:b]):
                 _scatter_csr(got.csr, dest, out_ptr, out_data, out_indices)
             if m.reorders_genes:  # rows kept an input's gene order
                 _sort_rows(out_ptr, out_data, out_indices)
@@ -183,8 +171,6 @@ class Writer:
         self._run_windows(bounds, assemble, report)
         return nnz, len(bounds) - 1, most * m.value_bytes
 
-    # -- dense -------------------------------------------------------------
-
     def _write_dense(self, part, m: Matrix, rows: np.ndarray, report: Progress):
         plan = self.plan
         n = rows.size
@@ -192,17 +178,14 @@ class Writer:
         x = part.create_dense(m, n, chunk_rows)
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
         through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
-        bounds = self._windows(through)
+        bounds = cuts(through, self._slot_bytes())
         most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
         def assemble(slot: Slot, a: int, b: int):
             out = slot.array("X", most * m.n_vars, m.dtype)
             out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
-            for sub_rows, dest in self._reads(m, rows[a:b]):
-                starts, stops = runs(sub_rows)
-                got = m.fetch_ranges(starts, stops)
-                _check_rows(got.row_ids, sub_rows)
-                out[dest] = got.dense[: sub_rows.size]
+            for got, dest in self._reads(m, rows[a:b]):
+                out[dest] = got.dense[: dest.size]
 
             def write():
                 x[a:b] = out
@@ -212,22 +195,14 @@ class Writer:
         self._run_windows(bounds, assemble, report)
         return None, len(bounds) - 1, most * row_bytes
 
-    # -- windows -----------------------------------------------------------
-
     def _slot_bytes(self) -> int:
-        """Bytes of one window's arrays: a slot's share of the budget."""
         return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
 
-    def _windows(self, through: np.ndarray) -> list[int]:
-        """Window boundaries: each window's arrays fit one slot of the budget."""
-        return cuts(through, self._slot_bytes())
-
     def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
-        """Assembles window after window; a second thread writes the last one.
+        """Assembles window after window while a second thread writes the last one.
 
-        Writing is disk-bound once the kernel's dirty-page limit is reached,
-        and h5py releases the GIL while HDF5 writes, so the next window's
-        reads and scatter run meanwhile. `_SLOTS` windows exist at once.
+        h5py releases the GIL while HDF5 writes, so once writing is disk-bound the next
+        window's reads and scatter overlap it.
         """
         with WritePipeline(_SLOTS) as pipeline:
             for a, b in itertools.pairwise(bounds):
@@ -236,13 +211,10 @@ class Writer:
                     slot, assemble(slot, a, b), lambda n=b - a: report.advance(n)
                 )
 
-    # -- reads -------------------------------------------------------------
-
     def _reads(self, m: Matrix, window_rows: np.ndarray):
-        """Yields `(sorted input rows, their positions in the window)` batches.
+        """Yields `(fetched rows, their window positions)` in sorted batches.
 
-        Batches hold rows of one file, sorted, at most about
-        `_READ_SHARE * budget` bytes each.
+        A batch holds rows of one file, at most about `_READ_SHARE * budget` bytes.
         """
         plan = self.plan
         # Per cell: order and rows (8 bytes each), sizes (4-8) and their
@@ -263,24 +235,22 @@ class Writer:
                 continue
             bounds = cuts(np.cumsum(sizes[fa:fb], dtype=np.int64), cap)
             for a, b in itertools.pairwise(bounds):
-                yield rows[fa + a : fa + b], order[fa + a : fa + b]
-
-
-def _check_rows(got: np.ndarray, wanted: np.ndarray) -> None:
-    if got.shape != wanted.shape or not np.array_equal(got, wanted):
-        raise RuntimeError(
-            "AnnDataSource.fetch_ranges returned rows in an unexpected order; "
-            "preshuffle relies on it returning sorted ranges of one file in order"
-        )
+                wanted = rows[fa + a : fa + b]
+                got = m.fetch_ranges(*runs(wanted))
+                if not np.array_equal(got.row_ids, wanted):  # shapes too
+                    raise RuntimeError(
+                        "AnnDataSource.fetch_ranges returned rows in an unexpected "
+                        "order; preshuffle relies on it returning sorted ranges of "
+                        "one file in order"
+                    )
+                yield got, order[fa + a : fa + b]
 
 
 def _scatter_csr(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
     """Copies each buffered row `k` to window row `dest[k]`.
 
-    Short rows (thin atlases: a few values each) are scattered value by
-    value with numpy, in pieces of at most `_SCATTER_VALUES` values (24
-    bytes of positions per value while a piece runs); long rows one slice
-    copy each, where a Python loop over rows costs little beside the copy.
+    Short rows (thin atlases) are scattered by numpy in pieces of at most
+    `_SCATTER_VALUES` values; long rows by one slice copy each.
     """
     ptr = src.indptr
     rows = dest.size
@@ -304,7 +274,6 @@ def _scatter_csr(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indic
 
 
 def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
-    """`_scatter_csr` for long rows: one slice copy per row."""
     ptr = src.indptr[: dest.size + 1].tolist()
     data, indices = src.data, src.indices
     for s0, s1, o in zip(ptr[:-1], ptr[1:], out_ptr[dest].tolist(), strict=True):
@@ -314,8 +283,7 @@ def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices
 
 
 def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
-    """Elements per chunk of a part's `data`/`indices`: no larger than the
-    part needs (HDF5 allocates whole chunks)."""  # noqa: D205, D209
+    """Elements per chunk of `data`/`indices`, no larger than the part needs."""
     return max(1, min(m.chunk_elements(plan.compression, plan.chunk_cells), nnz))
 
 

@@ -1,25 +1,17 @@
 """One zarr part being written (`preshuffle(..., format="zarr")`).
 
-A part is an AnnData zarr store (`part-00000.zarr`, a folder) that
-`anndata.read_zarr` reads. It is written into a temporary folder
-(`.part-00000.zarr.<random>.tmp`) and renamed over the final name when
-complete: a rename of a folder is atomic on one file system, as for a file.
-A part of an earlier run under the final name is first renamed aside to a
-temporary name, then deleted. A run that dies leaves its temporary folder,
-which the next run deletes (`preshuffle_files.remove_temporaries`).
-
-Design notes: docs/reference/design.md#preshuffle-zarr-part.
+An AnnData zarr store written into `.part-00000.zarr.<random>.tmp` and renamed over the
+final name when complete (atomic on one file system, as for a file). Design notes:
+docs/reference/design.md#preshuffle-zarr-part.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
 import pathlib
-import secrets
 import shutil
 
 import anndata
@@ -51,19 +43,14 @@ def _compressors(compression: str | None, zarr_format: int):
 
 
 class ZarrPart:
-    """Part `index` of a plan, written into a temporary zarr store.
-
-    The interface of `preshuffle_h5ad_part.H5adPart`: a context manager
-    around the writes that removes the temporary on an error; `commit`
-    publishes the part.
-    """
+    """Part `index` of a plan, written into a temporary zarr store (as `H5adPart`)."""
 
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
         _files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
-        self.tmp = _make_temporary(plan.output_dir, self.final.name)
+        self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
         self._appenders: list[_Appender] = []
         try:
             self.root = zarr.open_group(
@@ -109,9 +96,7 @@ class ZarrPart:
         return CHUNK_CELLS[self.zarr_format], True
 
     def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: writers of `data`, `indices` and `indptr`.
-
-        Each is written in order; `indptr` has `n + 1` entries (int64).
+        """Matrix `m`'s CSR group: in-order writers of `data`, `indices`, `indptr`.
 
         `chunk` (the HDF5 writer's) is not used: see the design notes.
         """
@@ -149,10 +134,7 @@ class ZarrPart:
         return tuple(out)
 
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows; returns its writer.
-
-        `chunk_rows` (the HDF5 writer's) is not used: see the design notes.
-        """
+        """Matrix `m` as a dense array of `n` rows (`chunk_rows`: the HDF5 writer's)."""
         del chunk_rows
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
         rows, floor = self._cells_per_chunk()
@@ -178,7 +160,9 @@ class ZarrPart:
         _fsync_tree(self.tmp)
         aside = None
         if os.path.lexists(self.final):  # an incomplete or foreign part
-            aside = _make_temporary(self.plan.output_dir, self.final.name)
+            aside = _files.create_temporary(
+                self.plan.output_dir, self.final.name, True
+            )[1]
             os.replace(self.final, aside / "old")
         os.replace(self.tmp, self.final)
         _files.fsync_path(self.plan.output_dir)
@@ -191,22 +175,14 @@ class ZarrPart:
     def __exit__(self, exc_type, e, tb) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
         if e is not None and _files.is_disk_full(e):
-            raise OSError(
-                errno.ENOSPC,
-                f"{self.plan.output_dir}: the disk filled up while writing part "
-                f"{self.final.name} ({e}); its temporary folder was removed and "
-                "no part looks complete. Free some space and run preshuffle "
-                "again: complete parts are kept.",
-            ) from e
+            raise _files.disk_filled(self.plan, self.final, e) from e
 
 
 class _Appender:
     """Writes an array's rows in order, whole shards (or chunks) at a time.
 
-    `appender[lo:hi] = values` must follow the previous write (`lo` where it
-    stopped). Rows up to the last shard boundary are written at once; the
-    rest wait in a buffer of one shard for the next write, so zarr never
-    reads back and rewrites a shard.
+    A partial shard waits in a one-shard buffer for the next write, so zarr never reads
+    back and rewrites a shard.
     """
 
     def __init__(self, array, unit: int):
@@ -275,19 +251,7 @@ def _parent(root, path: str):
     return group, name
 
 
-def _make_temporary(directory: pathlib.Path, name: str) -> pathlib.Path:
-    """Creates the folder `.<name>.<random>.tmp` in `directory`."""
-    while True:
-        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-
-
 def _fsync_tree(root: pathlib.Path) -> None:
-    """Flushes every file and folder under `root` to disk."""
     for folder, _, names in os.walk(root):
         for name in names:
             _files.fsync_path(pathlib.Path(folder, name))
@@ -295,7 +259,6 @@ def _fsync_tree(root: pathlib.Path) -> None:
 
 
 def open_part(path) -> zarr.Group:
-    """Opens a local zarr part read-only."""
     return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
 
 
@@ -323,7 +286,7 @@ def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
 
 
 def remove_stale_parts(plan: Plan) -> None:
-    """Deletes zarr parts of earlier runs into this folder that this run has not."""
+    """Deletes zarr parts of earlier runs into this folder beyond this run's count."""
     keep = {p.name for p in plan.part_paths}
     for path in plan.output_dir.glob("part-*.zarr"):
         if path.name in keep or not path.is_dir() or path.is_symlink():

@@ -1,8 +1,8 @@
 """Block samplers: shuffled, weighted, and one condition per minibatch."""
 
 from grain_cells.sampling._conditions import ConditionBlockSampler, condition_blocks
-from grain_cells.sampling._samplers import BlockSampler, check_sampler_fits
-from grain_cells.sampling._stream import BlockStream
+from grain_cells.sampling._samplers import BlockSampler
+from grain_cells.sampling._stream import BlockStream, check_sampler_fits
 from grain_cells.sampling._weighted import WeightedBlockSampler
 
 __all__ = [

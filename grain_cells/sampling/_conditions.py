@@ -1,13 +1,9 @@
 """One condition per minibatch: every minibatch's cells share an obs value.
 
-Some training objectives want minibatches that hold one condition only (one
-drug, one donor, one study). Three pieces give that: `condition_blocks` (a
-view whose blocks never straddle a change of the column's value),
-`ConditionBlockSampler` (blocks in groups of one condition, a group per fetch)
-and `fetch_operations(..., condition=column)` (splits each fetch into
-minibatches by the column's value, so every minibatch is pure).
-
-Design notes: docs/reference/design.md#sampling-conditions.
+`condition_blocks` (blocks never straddle a change of the column),
+`ConditionBlockSampler` (a group of one condition's blocks per fetch) and
+`fetch_operations(..., condition=column)` (minibatches split by value). Design notes:
+docs/reference/design.md#sampling-conditions.
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ from grain import sharding
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import (
-    BlockStream,
-    check_stream_args,
-)
+from grain_cells.sampling._stream import BlockStream, check_stream_args
 
 if TYPE_CHECKING:
     from grain_cells.source import BlockTable
@@ -48,17 +41,7 @@ def condition_blocks(source, column: str):
 
 
 def condition_table(table: BlockTable, values: np.ndarray) -> BlockTable:
-    """`table`'s blocks, split wherever `values` changes between two cells.
-
-    A pure function of the table and the values.
-
-    Args:
-        table: A source's block table.
-        values: One value per global row (`source.obs_values(column)`).
-
-    Returns:
-        A view table over the same cells whose blocks are each of one value.
-    """
+    """`table`'s blocks, split wherever `values` (one per global row) changes."""
     _, starts, stops = table.ranges(np.arange(len(table)))
     lengths = stops - starts
     cells = expand_ranges(starts, lengths)
@@ -259,13 +242,7 @@ class ConditionBlockSampler(BlockStream):
         return np.array([self.block_at(p) for p in positions], np.int64)
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this sampler: what decides its order.
-
-        Class, block count, condition column, blocks per fetch, worker
-        count, seed, epochs and, with weights, their digest and the epoch
-        length (None without). Never the shard: a state restores under
-        another shard (see `grain_cells.pipeline._resume`).
-        """
+        """What a checkpoint records: what decides the order, never the shard."""
         weights = epoch_length = None
         if self._weights is not None:
             digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]

@@ -1,23 +1,9 @@
 """Read-ahead hints of a sampler that a plain `grain.DataLoader` drives.
 
-Only the card's spelling needs this. Grain's `DataLoader` calls
-`sampler[position]` in each worker for that worker's positions (worker `w`
-of `N` gets `w, w + N, ...`) and tells the sampler nothing else of what
-comes next. So a sampler built on an `AnnDataSource`
-(`BlockSampler(source, ...)`) hints the blocks of its own next positions to
-the source (`AnnDataSource.advise`: `posix_fadvise` on local files,
-read-ahead range GETs in a bucket), reading the stride from its own
-consecutive calls. `grain_cells.DataLoader` and `cell_dataset` never call
-`sampler[position]`: their fetch stage knows each process's next fetches and
-reads ahead itself (`grain_cells.pipeline._stage`), so these hints stay off
-there.
-
-Grain's read threads (`ReadOptions.num_threads`, 16 by default) call
-`sampler[position]` at once and a little out of order, so one thread hints
-at a time (the others go on: a hint is advice) and a position a little
-behind the furthest one seen is no restart (else every read thread would
-compute the same window of `blocks_at`, about a CPU-second per 3277
-positions of `index_shuffle`, before a worker's first minibatch).
+Such a sampler built on a source hints its own next positions' blocks
+(`AnnDataSource.advise`), reading the stride from its consecutive calls;
+`grain_cells.DataLoader` reads ahead in its fetch stage instead. Design notes:
+docs/reference/design.md#sampling-readahead.
 """
 
 from __future__ import annotations
@@ -86,7 +72,7 @@ class PositionHints:
     def seen(self, index: int, stream: _Stream) -> None:
         """Called with each position the sampler hands out; hints ahead.
 
-        Any thread; one hints at a time and the others return at once.
+        From any thread: one hints at a time and the others return at once.
         """
         if self._pid != os.getpid():
             self._reset()  # forked: the parent's lock may have been held

@@ -1,13 +1,8 @@
 """Block samplers: scDataset's block sampling, and weighted draws of blocks.
 
-`BlockSampler` visits every block once per epoch, shuffled;
-`WeightedBlockSampler` (in `grain_cells.sampling._weighted`) draws blocks with
-replacement by weight (weighted and class-balanced sampling; see its
-docstring and `grain_cells.blocks._weighting`). Both
-are Grain samplers whose stream is a pure function of (seed, epoch,
-position), and both read ahead.
-
-Design notes: docs/reference/design.md#sampling-samplers.
+`BlockSampler` visits every block once per epoch, shuffled; its stream is a pure
+function of (seed, epoch, position). Design notes: docs/reference/design.md#sampling-
+samplers.
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ from grain_cells.sampling import _shuffle
 from grain_cells.sampling._readahead import PositionHints
 from grain_cells.sampling._stream import (
     BlockStream,
-    check_sampler_fits,
     check_stream_args,
 )
-
-__all__ = ["BlockSampler", "BlockStream", "check_sampler_fits"]
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
@@ -119,10 +111,7 @@ class BlockSampler(BlockStream):
         )
 
     def blocks_at(self, positions) -> np.ndarray:
-        """`block_at` of many positions: from 4,096 positions of an epoch,
-        Grain's shuffle computed with NumPy (`grain_cells.sampling._shuffle`,
-        checked against Grain's own function), else one call per position.
-        """  # noqa: D205
+        """`block_at` of many (from 4,096 of an epoch, `_shuffle` with NumPy)."""
         positions = np.asarray(positions, np.int64).reshape(-1)
         epochs, offsets = np.divmod(positions, self.epoch_length)
         if not self._shuffle or self.num_blocks == 1 or positions.size == 0:
@@ -160,11 +149,6 @@ class BlockSampler(BlockStream):
         self.__dict__["_seed_memo"] = (epoch, value)
         return value
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """All blocks in the order epoch `epoch` visits them (all shards)."""
-        start = epoch * self.epoch_length
-        return self.blocks_at(np.arange(start, start + self.epoch_length))
-
     def skipped_blocks(self, epoch: int) -> np.ndarray:
         """Blocks that epoch `epoch` skips so that shards stay equal."""
         if self.epoch_length == self.num_blocks:
@@ -174,12 +158,7 @@ class BlockSampler(BlockStream):
         return np.flatnonzero(~visited)
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this sampler: what decides its order.
-
-        Class, block count, shuffle, seed and epochs. Never the shard: a
-        state restores under another shard (see
-        `grain_cells.pipeline._resume`).
-        """
+        """What a checkpoint records: what decides the order, never the shard."""
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,

@@ -1,21 +1,9 @@
 """A sampler's large table shared with its workers through one cache file.
 
-A `WeightedBlockSampler` draws by binary search in the cumulative weights,
-8 bytes per block (50 MB at 6.25M blocks). Pickled into every worker, that
-is 50 MB per worker, and as much anonymous memory in each. Instead, when
-the table is at least `MIN_BYTES`, the process that pickles the sampler
-writes it once to `weights/` under `$GRAIN_CELLS_CACHE` (or
-`~/.cache/grain_cells`), named by a digest of the weights, and the pickle
-holds the file's path; each worker maps it read-only (`np.memmap`): its
-pages are the kernel's page cache, shared by every process.
-
-An entry is a `.npy` file followed by its name's digest; writing goes to a
-temporary file renamed over the entry (atomic), so a reader sees a whole
-entry or none, and processes that race write the same bytes. Reading checks
-the header (float64, one value per block), the file's size and the digest
-at its end. A folder that cannot be written leaves the table in the pickle.
-Delete the folder only while no loader is starting workers: a worker that
-finds its entry gone raises `FileNotFoundError`, naming it.
+Cumulative weights of `MIN_BYTES` or more are written once under
+`$GRAIN_CELLS_CACHE/weights/` (named by their digest, which also ends the file) and
+mapped read-only by each worker instead of pickled into each. Design notes:
+docs/reference/design.md#sampling-shared-table.
 """
 
 from __future__ import annotations
@@ -38,12 +26,8 @@ def _folder() -> pathlib.Path:
 def share(values: np.ndarray, digest: str) -> str | None:
     """The path of an entry holding `values` (written when absent), or None.
 
-    Args:
-        values: A 1-D float64 array.
-        digest: At least `_STAMP` hex digits that name these values.
-
-    Returns:
-        The entry's path, or None when the folder cannot be written.
+    `values` is a 1-D float64 array and `digest` at least `_STAMP` hex digits naming it;
+    None when the folder cannot be written.
     """
     stamp = digest[:_STAMP]
     path = _folder() / f"{stamp}.npy"
@@ -102,6 +86,3 @@ def load(path: str, size: int, digest: str) -> np.ndarray:
             "(weights/ under $GRAIN_CELLS_CACHE) alone while loaders start"
         )
     return np.load(path, mmap_mode="r")
-
-
-__all__ = ["MIN_BYTES", "load", "share"]

@@ -1,20 +1,9 @@
 """Grain's `index_shuffle`, many positions at once with NumPy.
 
-`BlockSampler` orders an epoch by `grain.experimental.index_shuffle(offset,
-max_index, seed, rounds)`, one call per position: about 3 µs each from
-Python, 20 CPU-seconds for the 6.25M blocks of 100M cells, which a split
-loader's `len()` walked once per epoch. Grain documents the function as a
-Simon block cipher over `B = max(16, ceil(log2(max_index)))` bits (rounded up
-to even), with round keys from C++'s `std::seed_seq{seed}` and cycle walking
-(encrypt again until the value is at most `max_index`). `shuffle` does the
-same on arrays of positions.
-
-**Checked against Grain, always.** Before an array is answered, `shuffle`
-compares itself with Grain's own function on a few positions of that
-permutation (its first, last and some between); on any difference (a Grain
-version that changed the cipher) it answers `None`, and the caller walks the
-positions through Grain's function as before. So the order of an epoch is
-Grain's in every case.
+One Python call per position costs about 3 µs (20 CPU-seconds for 100M cells' 6.25M
+blocks). `shuffle` is checked against Grain's own function on a few positions of each
+permutation and answers None on any difference, so an epoch's order is Grain's in every
+case. Design notes: docs/reference/design.md#sampling-shuffle.
 """
 
 from __future__ import annotations
@@ -35,17 +24,9 @@ def _round_keys(seed: int, rounds: int) -> tuple[int, ...]:
     n, v = rounds, [seed & _MASK32]
     s = len(v)
     out = [0x8B8B8B8B] * n
-    t = (
-        11
-        if n >= 623
-        else 7
-        if n >= 68
-        else 5
-        if n >= 39
-        else 3
-        if n >= 7
-        else (n - 1) // 2
-    )
+    t = (n - 1) // 2
+    for limit, value in ((7, 3), (39, 5), (68, 7), (623, 11)):
+        t = value if n >= limit else t
     p = (n - t) // 2
     q = p + t
     m = max(s + 1, n)
@@ -75,11 +56,6 @@ def _round_keys(seed: int, rounds: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _block_bits(max_index: int) -> int:
-    bits = math.ceil(math.log2(max_index))
-    return max(bits + bits % 2, 16)
-
-
 def _encrypt(values: np.ndarray, keys, word: int) -> np.ndarray:
     mask = np.uint64((1 << word) - 1)
     w = np.uint64(word)
@@ -103,7 +79,8 @@ def _encrypt(values: np.ndarray, keys, word: int) -> np.ndarray:
 
 def _raw(offsets: np.ndarray, max_index: int, seed: int, rounds: int) -> np.ndarray:
     keys = _round_keys(seed, rounds)
-    word = _block_bits(max_index) // 2
+    bits = math.ceil(math.log2(max_index))
+    word = max(bits + bits % 2, 16) // 2
     out = _encrypt(offsets.astype(np.uint64), keys, word)
     limit = np.uint64(max_index)
     walking = np.flatnonzero(out > limit)
@@ -126,20 +103,10 @@ def _agrees(max_index: int, seed: int, rounds: int) -> bool:
 
 
 def shuffle(offsets, max_index: int, seed: int, rounds: int) -> np.ndarray | None:
-    """`index_shuffle` of each offset, or None where this differs from Grain's.
-
-    Args:
-        offsets: Offsets in `[0, max_index]`.
-        max_index: The permutation's last index (at least 1).
-        seed: Its 32-bit seed.
-        rounds: Its rounds (even, at least 4).
-    """
+    """`index_shuffle` of each offset, or None where this differs from Grain's."""
     max_index, seed, rounds = int(max_index), int(seed), int(rounds)
     if not 1 <= max_index < 1 << 62 or rounds < 4 or rounds % 2:
         return None
     if not _agrees(max_index, seed, rounds):
         return None
     return _raw(np.asarray(offsets, np.int64).reshape(-1), max_index, seed, rounds)
-
-
-__all__ = ["shuffle"]

@@ -1,10 +1,4 @@
-"""The base of grain_cells' block samplers (`BlockStream`) and their checks.
-
-A sampler of blocks is a Grain sampler whose stream is a pure function of
-(seed, epoch, position): `block_at(position)`, vectorised as
-`blocks_at(positions)`. `BlockSampler`, `WeightedBlockSampler` and
-`ConditionBlockSampler` derive from `BlockStream`.
-"""
+"""The base of grain_cells' block samplers (`BlockStream`) and their checks."""
 
 from __future__ import annotations
 
@@ -42,9 +36,8 @@ def check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
 def check_sampler_fits(sampler, data_source) -> None:
     """Refuses a sampler that walks another number of blocks than the source has.
 
-    Grain's `DataLoader` takes record keys modulo `len(data_source)`, so a
-    longer sampler would silently repeat blocks, and a shorter one (built on
-    a split view, say) would silently read only the source's first blocks.
+    Grain's `DataLoader` takes record keys modulo `len(data_source)`: a longer sampler
+    would silently repeat blocks, a shorter one read only the first.
 
     Raises:
         TypeError: `sampler` is not a sampler (no `__getitem__` and `__len__`).
@@ -79,10 +72,9 @@ def check_sampler_fits(sampler, data_source) -> None:
 class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
-    A subclass calls `BlockStream.__init__` with its sizes and defines the
-    two hooks `block_at(position)` and `blocks_at(positions)`; Grain's
-    `__getitem__`, `__len__` and the properties are shared. The hints serve
-    a plain `grain.DataLoader` only (see `grain_cells.sampling._readahead`).
+    A subclass passes its sizes to `__init__` and defines `block_at(position)` and
+    `blocks_at(positions)`; Grain's `__getitem__`, `__len__` and the properties are
+    shared.
     """
 
     def __init__(
@@ -95,9 +87,7 @@ class BlockStream:
         shard_options: sharding.ShardOptions,
         hints: PositionHints | None = None,
     ):
-        """Holds the stream's sizes, checked by the subclass (see the
-        properties); `hints`: read-ahead (`PositionHints.for_source`) or None.
-        """  # noqa: D205
+        """Holds the sizes the subclass checked; `hints`: read-ahead, or None."""
         self._num_blocks = int(num_blocks)
         self._epoch_length = int(epoch_length)
         self._seed = int(seed)
@@ -149,6 +139,11 @@ class BlockStream:
     def block_at(self, position: int) -> int:
         """The block at a stream position (no bounds check on epochs)."""
         raise NotImplementedError
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The blocks of epoch `epoch`, in stream order (all shards)."""
+        start = int(epoch) * self.epoch_length
+        return self.blocks_at(np.arange(start, start + self.epoch_length))
 
     def blocks_at(self, positions) -> np.ndarray:
         """The blocks at many stream positions (no bounds check on epochs)."""

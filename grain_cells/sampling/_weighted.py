@@ -12,47 +12,21 @@ from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
 from grain_cells.sampling import _shared_table
 from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import (
-    BlockStream,
-    check_stream_args,
-)
+from grain_cells.sampling._stream import BlockStream, check_stream_args
 from grain_cells.source import AnnDataSource
 
 
 class WeightedBlockSampler(BlockStream):
-    """Draws blocks with replacement, each with probability proportional to
-    its weight: weighted and class-balanced sampling.
+    """Draws blocks with replacement, with probability proportional to their weight.
 
-    Implements Grain's `Sampler` protocol like `BlockSampler`. Position `p` of
-    epoch `e` (offset `o = p - e * epoch_length`) draws block
-    `searchsorted(cdf, u * total, side="right")` where `cdf` is the
-    cumulative sum of the weights and `u = uniform(seed, e, o)` is a
-    counter-based hash (`grain_cells._util.counter_rng`): every draw is a pure
-    function of `(seed, epoch, position)`, O(log num_blocks) and without any
-    per-epoch table, so Grain's iterator state (a position) restores the
-    stream exactly, and the stream is the same on every platform.
-
-    **Epoch.** An epoch is `epoch_length` draws, a number you choose
-    (`epoch_blocks`, or `epoch_cells` converted with the expected cells per
-    draw), rounded up to a multiple of the shard count so that every shard
-    gets the same number of draws (shard `s` of `S` gets positions `s, s + S,
-    ...`: disjoint positions, independent draws; a block may be drawn by
-    several shards). Default: `num_blocks` draws.
-
-    **Memory.** The cumulative weights: 8 bytes per block. Pickled to
-    every worker are the weights run-length encoded (a value and a count
-    per run of equal weights: class-balance weights of blocks that hold one
-    class each, or of a grouped copy, are a few runs per class), from which
-    each process rebuilds the same cumulative sums. Cumulative weights
-    without such runs (blocks of interleaved labels), from 1 MiB, are
-    written once to a cache file that every worker maps read-only
-    (`grain_cells.sampling._shared_table`): the pickle holds its path.
-
-    Weights come from `grain_cells.block_weights` (per-cell weights) or
-    `grain_cells.balanced_block_weights` (class balance); see
-    `grain_cells.blocks._weighting` for what weighting does to locality and diversity
-    (blocks repeat, and a fetch may hold a block twice: its cells then come
-    out twice).
+    Weighted and class-balanced sampling, as a Grain `Sampler` like `BlockSampler`: each
+    draw is a pure function of `(seed, epoch, position)` (a counter-based uniform into
+    the cumulative weights), so a restored position repeats the stream exactly. An epoch
+    is `epoch_blocks` draws (or `epoch_cells` over the expected cells per draw; default
+    `num_blocks`), rounded up to a multiple of the shard count. Weights come from
+    `grain_cells.block_weights` or `balanced_block_weights`; blocks repeat, and a fetch
+    may hold a block twice (its cells then come out twice). Design notes:
+    docs/reference/design.md#sampling-weighted.
 
     Example:
         >>> weights = grain_cells.balanced_block_weights(source, "cell_type")
@@ -61,7 +35,7 @@ class WeightedBlockSampler(BlockStream):
         >>> loader = grain_cells.DataLoader(
         ...     data_source=source, sampler=sampler,
         ...     operations=grain_cells.fetch_operations(source, batch_size=64))
-    """  # noqa: D205
+    """
 
     def __init__(
         self,
@@ -199,18 +173,8 @@ class WeightedBlockSampler(BlockStream):
         k = np.searchsorted(self._cdf, u * self._total, side="right")
         return np.minimum(k, self._last_drawable).astype(np.int64)
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The blocks epoch `epoch` draws, in stream order (all shards)."""
-        start = int(epoch) * self.epoch_length
-        return self.blocks_at(np.arange(start, start + self.epoch_length))
-
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this sampler: what decides its order.
-
-        Class, block count, a digest of the weights, epoch length, seed
-        and epochs. Never the shard: a state restores under another shard
-        (see `grain_cells.pipeline._resume`).
-        """
+        """What a checkpoint records: what decides the order, never the shard."""
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,
@@ -232,9 +196,7 @@ class WeightedBlockSampler(BlockStream):
 
 
 def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`(values, counts)` of runs of bit-equal weights, or None when there
-    are not fewer runs than half the weights (no saving).
-    """  # noqa: D205
+    """`(values, counts)` of runs of bit-equal weights; None if not under half."""
     bits = w.view(np.int64)
     heads = np.flatnonzero(bits[1:] != bits[:-1]) + 1
     if 2 * (heads.size + 1) >= w.size:

@@ -1,10 +1,7 @@
-"""The generation model of synthetic Tahoe-shaped cells (see `synthetic`).
+"""The generation model of synthetic Tahoe-shaped cells.
 
-Per-cell molecule counts whose expected distinct genes are lognormal, gene
-ranks drawn from a log-uniform (Zipf-like) law, CSR rows of a chunk of cells
-built without a per-cell loop, and the plate-sorted obs / var tables.
-`grain_cells.synthetic.write_tahoe_like` drives these and writes the file
-(`grain_cells.synthetic._writers`).
+Lognormal distinct genes per cell, Zipf-like gene ranks, CSR rows built without a per-
+cell loop, plate-sorted obs and var.
 """
 
 from __future__ import annotations
@@ -32,10 +29,10 @@ def rank_probabilities(n_genes: int) -> np.ndarray:
 
 
 def draw_ranks(rng: np.random.Generator, size: int, n_genes: int) -> np.ndarray:
-    """Draws gene ranks from a log-uniform law: rank = x0 * e^(u L) - x0.
+    """Gene ranks from a log-uniform law: rank = x0 * e^(u L) - x0.
 
-    Rank ``k`` has probability ``ln((k + 1 + x0) / (k + x0)) / L`` with
-    ``L = ln(1 + n_genes / x0)``, i.e. roughly ``1 / (L (k + x0))``.
+    Rank `k` has probability `ln((k + 1 + x0) / (k + x0)) / L`, `L = ln(1 + n_genes /
+    x0)`.
     """
     u = rng.random(size, dtype=np.float32)
     u *= np.float32(math.log1p(n_genes / _ZIPF_OFFSET))
@@ -52,11 +49,9 @@ def molecules_per_cell(
 ) -> np.ndarray:
     """Per-cell molecule counts whose expected distinct genes are lognormal.
 
-    A target number of distinct genes ``t`` is drawn per cell (lognormal with
-    mean ``mean_nnz``, clipped to ``[min(50, mean_nnz / 2), n_genes]``) and mapped
-    to the number of molecules ``m`` whose expected number of distinct genes
-    is ``t``, by interpolating ``E(m) = sum_k 1 - (1 - p_k)^m`` on a geometric
-    grid of ``m``.
+    A target `t` of distinct genes per cell (lognormal, mean `mean_nnz`, clipped to
+    `[min(50, mean_nnz / 2), n_genes]`) maps to the molecules `m` with `E(m) = sum_k 1 -
+    (1 - p_k)^m = t`, interpolated on a geometric grid of `m`.
     """
     p = rank_probabilities(n_genes)
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
@@ -80,11 +75,7 @@ def molecules_per_cell(
 def generate_chunk(
     rng: np.random.Generator, molecules: np.ndarray, gene_of_rank: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Generates the CSR rows of one chunk of cells.
-
-    Returns:
-        ``(indptr, indices, data)`` of the chunk, ``indptr`` starting at 0.
-    """
+    """The CSR rows `(indptr from 0, indices, data)` of one chunk of cells."""
     n_rows = molecules.size
     n_genes = gene_of_rank.size
     total = int(molecules.sum())
@@ -155,13 +146,3 @@ def make_var(n_genes: int) -> pd.DataFrame:
     index = pd.Index(np.char.mod("ENSG%011d", ids).astype(object), dtype=object)
     symbols = np.char.mod("GENE%d", ids).astype(object)
     return pd.DataFrame({"gene_symbol": symbols}, index=index)
-
-
-__all__ = [
-    "draw_ranks",
-    "generate_chunk",
-    "make_obs",
-    "make_var",
-    "molecules_per_cell",
-    "rank_probabilities",
-]

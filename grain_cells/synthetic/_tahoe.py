@@ -1,15 +1,13 @@
-"""Synthetic, Tahoe-100M-shaped single-cell data written as ``.h5ad``.
+"""Synthetic, Tahoe-100M-shaped `.h5ad` files for tests, benchmarks and demos.
 
-The files are meant for tests, benchmarks and demos: they look like a plate of
-the Tahoe-100M atlas from the point of view of a data loader (cells sorted by
-plate, categorical metadata, a sparse CSR count matrix with realistic row
-lengths and a skewed gene distribution), but they carry no biology.
-
-Design notes: docs/reference/design.md#synthetic-tahoe.
+Plate-sorted cells, categorical metadata, CSR counts with realistic row lengths and a
+skewed gene distribution; no biology. Design notes: docs/reference/design.md#synthetic-
+tahoe.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -26,23 +24,7 @@ from grain_cells._util.cache_files import cache_root
 from grain_cells.synthetic import _model, _writers
 from grain_cells.synthetic._writers import ATLAS_CHUNKS
 
-__all__ = ["ATLAS_CHUNKS", "cached_tahoe_like", "write_tahoe_like"]
-
 _COMPRESSIONS = (None, "gzip", "lzf")
-
-_DEFAULTS = {
-    "n_genes": 62_710,
-    "mean_nnz": 1_600.0,
-    "n_plates": 14,
-    "n_cell_lines": 50,
-    "n_drugs": 380,
-    "seed": 0,
-    "compression": None,
-    "dense": False,
-    "chunk_cells": 16_384,
-    "chunks": None,
-    "progress": False,
-}
 
 
 def write_tahoe_like(
@@ -63,34 +45,24 @@ def write_tahoe_like(
 ) -> pathlib.Path:
     """Writes a synthetic plate-sorted, Tahoe-100M-like dataset to ``.h5ad``.
 
-    Cells are sorted by plate: plate ``i`` (0-based) holds cells
-    ``[i * n_cells // n_plates, (i + 1) * n_cells // n_plates)``. ``obs`` has
-    the categorical columns ``plate`` (``plate_01``, ...), ``cell_line``
-    (``CVCL_0001``, ...; a Zipf-like mix inside every plate) and ``drug``
-    (``drug_001``, ...; skewed, random per cell), the float32 column
-    ``n_counts`` (row sums of X) and the index ``cell_000000000``, ...
-    ``var`` is indexed by unique ``ENSG00000000001``-style ids and has a
-    ``gene_symbol`` string column.
+    Plate ``i`` holds cells ``[i * n_cells // n_plates, (i + 1) * n_cells //
+    n_plates)``. ``obs`` has the categoricals ``plate`` (``plate_01``, ...),
+    ``cell_line`` (``CVCL_0001``, ...; Zipf-like in every plate) and ``drug``
+    (``drug_001``, ...; skewed, per cell), the float32 ``n_counts`` (row sums of X) and
+    the index ``cell_000000000``, ...; ``var`` is indexed by ``ENSG00000000001``-style
+    ids with a ``gene_symbol`` column.
 
-    X holds integer-valued float32 counts. As CSR (the default) it follows
-    anndata's ``csr_matrix`` encoding: group ``X`` with datasets ``data``
-    (float32), ``indices`` (int32, sorted and unique within each row) and
-    ``indptr`` (int64), all chunked and resizable (``maxshape=(None,)``), with
-    HDF5 chunks of 2**18 elements (2**16 when compressed) unless ``chunks``
-    says otherwise. ``chunks="atlas"`` gives the chunks anndata writes for a
-    file of this size: h5py's guess for a dataset of the full expected length
-    (``n_cells * mean_nnz`` values), e.g. 39,063 elements (about 24 cells) at
-    400,000 Tahoe-shaped cells, 14,649 at 20,000 cells of 1,500 values.
-    With ``dense=True`` X is a 2-D float32 dataset ``(n_cells, n_genes)``
-    holding exactly the values the CSR variant would hold for the same
-    arguments; it is contiguous
-    when ``compression`` is None, otherwise chunked by whole rows with about
-    1 MiB per chunk (at most 1024 rows).
+    X holds integer-valued float32 counts, as anndata's ``csr_matrix`` (``indices``
+    int32, sorted within each row; ``indptr`` int64; resizable datasets chunked by 2**18
+    elements, 2**16 compressed, unless ``chunks`` says otherwise), or with
+    ``dense=True`` as a 2-D float32 dataset of the same values (contiguous, or chunked
+    by whole rows, about 1 MiB each, when compressed). ``chunks="atlas"`` gives the
+    chunks anndata writes for a file this size (h5py's guess for the full length: 39,063
+    elements at 400,000 Tahoe-shaped cells).
 
-    The output is deterministic: the same arguments give identical ``X``,
-    ``obs`` and ``var``. Metadata and per-cell counts do not depend on
-    ``chunk_cells``, but the gene draws use one random stream per write step,
-    so changing ``chunk_cells`` changes which genes each cell holds.
+    The same arguments give identical ``X``, ``obs`` and ``var``; ``chunk_cells``
+    changes which genes each cell holds (one random stream per write step), not the
+    metadata or counts.
 
     Args:
         path: Destination file; overwritten if it exists. Its folder must
@@ -208,22 +180,25 @@ def write_tahoe_like(
     return path
 
 
+# Keyword arguments of write_tahoe_like and their defaults (cache names).
+_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(write_tahoe_like).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
+
+
 def cached_tahoe_like(
     n_cells: int, *, cache_dir: str | os.PathLike | None = None, **kwargs
 ) -> pathlib.Path:
     """Returns a file made by ``write_tahoe_like`` with these arguments.
 
-    The file is made once per argument set and reused afterwards. Its name
-    encodes every argument that affects its content: always ``n_cells``,
-    ``n_genes``, ``seed`` and the compression (defaults give
-    ``tahoe_like-n400000-g62710-s0-none.h5ad``), plus a tag for each other
-    argument that differs from its default (e.g. ``-nnz300.0``, ``-dense``,
-    ``-c4096``; ``progress`` is not one). With ``progress=True`` a file that
-    must be made is announced on stderr (its size and path) before the
-    progress bar starts. The file is written under a temporary name in the same folder
-    and renamed atomically when complete, so an interrupted run never leaves a
-    file that looks complete. The name holds no generator version: clear the
-    cache after changing the generator.
+    Made once per argument set, under a temporary name renamed when complete, and
+    reused. The name encodes ``n_cells``, ``n_genes``, ``seed``, the compression
+    (``tahoe_like-n400000-g62710-s0-none.h5ad`` at the defaults) and a tag per other
+    argument off its default (``-nnz300.0``, ``-dense``, ``-c4096``); no generator
+    version: clear the cache after changing the generator. With ``progress=True`` a file
+    that must be made is announced on stderr.
 
     Args:
         n_cells: Number of cells, as for ``write_tahoe_like``.

@@ -1,9 +1,7 @@
-"""Thin atlas-shaped ``.h5ad`` files for scale tests: many cells, few values.
+"""Thin atlas-shaped `.h5ad` files for scale tests: many cells, few values.
 
-Files are written straight with h5py in anndata's layout, one slice of
-cells at a time, so memory stays bounded by ``chunk_cells``.
-
-Design notes: docs/reference/design.md#synthetic-thin.
+Written with h5py in anndata's layout, `chunk_cells` cells at a time. Design notes:
+docs/reference/design.md#synthetic-thin.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ import numpy as np
 
 from grain_cells._util import arguments
 from grain_cells.synthetic import _writers
-
-__all__ = ["thin_rows", "write_thin_atlas", "write_thin_collection"]
 
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
@@ -45,10 +41,6 @@ def _nnz_before(i: int) -> int:
     """Values stored by atlas cells ``[0, i)`` (``sum(2 + k % 5)``)."""
     r = i % 5
     return 2 * i + 10 * (i // 5) + r * (r - 1) // 2
-
-
-def _codes_dtype(n: int):
-    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
 
 
 def _obs_codes(cells: np.ndarray, total: int, sizes: dict, seed: int) -> dict:
@@ -199,7 +191,7 @@ def write_thin_atlas(
             codes[key] = g.create_dataset(
                 "codes",
                 (n_cells,),
-                _codes_dtype(n),
+                np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32,
                 chunks=(min(n_cells, 1 << 18),),
                 maxshape=(None,),
             )
@@ -225,17 +217,12 @@ def write_thin_atlas(
 
 
 def write_thin_collection(
-    folder: str | os.PathLike,
-    n_files: int,
-    cells_per_file: int,
-    **kwargs,
+    folder: str | os.PathLike, n_files: int, cells_per_file: int, **kwargs
 ) -> list[pathlib.Path]:
     """Writes a thin atlas of ``n_files * cells_per_file`` cells as many files.
 
-    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1)
-    * n)``, so the collection's concatenation equals one ``write_thin_atlas``
-    file of all the cells (same rows, same codes, every file with every
-    category).
+    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1) * n)``:
+    the concatenation equals one ``write_thin_atlas`` file of all the cells.
 
     Args:
         folder: Created if missing.

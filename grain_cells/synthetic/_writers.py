@@ -1,10 +1,4 @@
-"""HDF5 writers of synthetic X, and the chunk choices (see `synthetic`).
-
-`CsrWriter` streams CSR rows into anndata's `csr_matrix` encoding;
-`DenseWriter` densifies them into a 2-D dataset; `csr_chunk_length` picks
-the HDF5 chunk length of the CSR datasets (our defaults, an int, or
-`ATLAS_CHUNKS`: what anndata gets for a file this size).
-"""
+"""HDF5 writers of synthetic X (CSR or dense) and the CSR chunk choice."""
 
 from __future__ import annotations
 
@@ -79,11 +73,7 @@ class DenseWriter:
             rows = max(1, min(1024, n_cells, _DENSE_CHUNK_BYTES // (4 * n_genes)))
             chunks = (rows, n_genes)
         self.x = f.create_dataset(
-            "X",
-            (n_cells, n_genes),
-            np.float32,
-            chunks=chunks,
-            compression=compression,
+            "X", (n_cells, n_genes), np.float32, chunks=chunks, compression=compression
         )
         self.x.attrs["encoding-type"] = "array"
         self.x.attrs["encoding-version"] = "0.2.0"
@@ -102,6 +92,3 @@ class DenseWriter:
             block[rows, indices[lo:hi]] = data[lo:hi]
             self.x[self.rows + r0 : self.rows + r1] = block
         self.rows += n_rows
-
-
-__all__ = ["ATLAS_CHUNKS", "CsrWriter", "DenseWriter", "csr_chunk_length"]

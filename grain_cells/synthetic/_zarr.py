@@ -1,24 +1,13 @@
-"""The synthetic Tahoe-shaped cells as AnnData zarr stores (see `synthetic`).
+"""The synthetic Tahoe-shaped cells as AnnData zarr stores.
 
-A zarr store here holds exactly the cells of the uncompressed ``.h5ad`` made
-by ``write_tahoe_like`` with the same arguments: the ``.h5ad`` is written
-first (or taken from the cache) and copied into the store, so a benchmark
-compares the two formats on identical values. ``obs``, ``var`` and the root
-group are written by anndata (``AnnData.write_zarr``); X's ``data``,
-``indices`` and ``indptr`` are created with the arguments anndata's own
-``write_elem`` passes to ``zarr.Group.create_array`` for an array of the full
-size (so chunks, shards and codecs are anndata's defaults for a file of
-that size), then filled in pieces, one shard (or ~64 MiB of chunks) at a
-time, read from the ``.h5ad``: memory is bounded by one shard (anndata's
-target: 1 GB uncompressed), never by the file. The store's consolidated
-metadata is rewritten at the end so that it lists X.
-
-Design notes: docs/reference/design.md#synthetic-zarr.
+A store holds exactly the cells of the uncompressed `.h5ad` of the same arguments,
+copied from it: obs, var and the root by anndata, X's arrays created with anndata's
+arguments for the full size (its chunks, shards and codecs) and filled one shard (or ~64
+MiB) at a time. Design notes: docs/reference/design.md#synthetic-zarr.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shutil
@@ -30,13 +19,6 @@ import h5py
 import tqdm
 
 from grain_cells._util import arguments
-
-__all__ = [
-    "ZARR_LAYOUTS",
-    "cached_tahoe_like_annbatch",
-    "cached_tahoe_like_zarr",
-    "write_tahoe_like_zarr",
-]
 
 ZARR_LAYOUTS = ("v3-sharded", "v3", "v2")
 _PIECE_BYTES = 2**26  # unsharded stores are filled ~64 MiB at a time
@@ -56,9 +38,8 @@ def write_tahoe_like_zarr(
 ) -> pathlib.Path:
     """Writes synthetic Tahoe-like cells as an AnnData zarr store.
 
-    The cells are those of ``write_tahoe_like(..., n_cells, **kwargs)``
-    (CSR X, uncompressed); that ``.h5ad`` is written next to ``path`` under
-    a temporary name, copied into the store and removed.
+    The cells of ``write_tahoe_like(..., n_cells, **kwargs)`` (CSR X, uncompressed),
+    written beside ``path`` under a temporary name, copied into the store and removed.
 
     Args:
         path: Destination directory (``.zarr`` by convention); replaced if
@@ -112,12 +93,9 @@ def cached_tahoe_like_zarr(
 ) -> pathlib.Path:
     """Returns a store made by ``write_tahoe_like_zarr`` with these arguments.
 
-    Made once from the cached ``.h5ad`` of the same cells
-    (``cached_tahoe_like(n_cells, **kwargs)``, made first if missing, and
-    kept) and reused afterwards. Its name is that file's stem plus the
-    layout and ``default`` or ``raw``: at the defaults,
-    ``tahoe_like-n400000-g62710-s0-none-v3-sharded-default.zarr``. Written
-    under a temporary name in the same folder and renamed when complete.
+    Made once from ``cached_tahoe_like(n_cells, **kwargs)`` (made first if missing, and
+    kept), named after it plus the layout and ``default`` or ``raw``
+    (``tahoe_like-n400000-g62710-s0-none-v3-sharded-default.zarr``).
 
     Args:
         n_cells: Number of cells.
@@ -154,11 +132,7 @@ def cached_tahoe_like_zarr(
 
 
 def _made_once(final: pathlib.Path, how: str, make, progress: bool) -> pathlib.Path:
-    """`final` if it exists; else made by `make(folder)`, then renamed.
-
-    The folder is a temporary one beside `final`: an interrupted run leaves
-    nothing that looks finished.
-    """
+    """`final`, made once by `make(folder)` in a temporary folder, then renamed."""
     if final.is_dir():
         return final
     if progress:
@@ -185,13 +159,11 @@ def cached_tahoe_like_annbatch(
 ) -> pathlib.Path:
     """Returns annbatch's pre-shuffled collection of the cached cells.
 
-    The collection is written by annbatch itself, at its defaults
-    (``annbatch.DatasetCollection(path).add_adatas([h5ad], rng=...)``: lz4
-    blosc, 64-cell chunks, 1 GB shards, 20 GB datasets), from the cached
-    ``.h5ad`` of ``cached_tahoe_like(n_cells, **kwargs)``; made once and
-    reused, named after that file (``...-annbatch-r0.zarr``, ``r`` the
-    shuffle seed; ``-ds2GB`` added for another ``dataset_size``). Needs
-    annbatch (Python >= 3.12, the ``bench`` extra).
+    Written by annbatch at its defaults (``DatasetCollection(path).add_adatas([h5ad],
+    rng=...)``: lz4 blosc, 64-cell chunks, 1 GB shards, 20 GB datasets) from
+    ``cached_tahoe_like(n_cells, **kwargs)``; made once, named ``...-annbatch-r0.zarr``
+    (``r`` the shuffle seed; ``-ds2GB`` for another ``dataset_size``). Needs annbatch
+    (Python >= 3.12, the ``bench`` extra).
 
     Args:
         n_cells: Number of cells.
@@ -278,21 +250,10 @@ def tahoe_like_to_zarr(
         )
         for name in ("indptr", "indices", "data"):
             _copy(x[name], group, name, layout, compressed, progress)
-    with _quiet_consolidation():
+    with warnings.catch_warnings():  # zarr's note on the v3 spec, not this store
+        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
         zarr.consolidate_metadata(root.store)
     return path
-
-
-@contextlib.contextmanager
-def _quiet_consolidation():
-    """Silences zarr's note that v3 consolidated metadata is not in the spec.
-
-    anndata consolidates every store it writes (and readers rely on it);
-    the note is zarr's, about the format, not about this store.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
-        yield
 
 
 def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> None:

@@ -1,11 +1,9 @@
 """What the token outputs share: vocabulary map, special tokens, masking.
 
-`TokenOutput` is the base of `grain_cells.tokens.RankValueTokens` (`tokens.py`) and
-`grain_cells.tokens.ValueBinTokens` (`value_bins.py`): it maps the fetch's aligned
-genes to vocabulary ids, places the special tokens, chooses the kernels
-(compiled with numba when installed, else NumPy: the same output) and draws
-the masked-language-model masks from counters seeded by cell and fetch.
-See `tokens.py` for the published definitions both outputs follow.
+`TokenOutput` maps the fetch's genes to vocabulary ids, places the special tokens,
+chooses the kernels (numba when installed, else NumPy: the same output) and draws
+masked-language-model masks from counters seeded by cell and fetch. Design notes:
+docs/reference/design.md#tokens-base.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ _MLM_WORD = 7
 
 @functools.cache
 def numba_available() -> bool:
-    """True when numba is installed (the compiled kernels can run)."""
     return importlib.util.find_spec("numba") is not None
 
 
@@ -40,11 +37,7 @@ def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
 
 
 class TokenOutput(Output):
-    """What both token outputs share: the vocabulary map, specials, MLM.
-
-    `RankValueTokens` (here) and `ValueBinTokens` (`grain_cells.tokens._value_bins`)
-    subclass it and define `tokenize(fetch)`.
-    """
+    """The base of `RankValueTokens` and `ValueBinTokens`, which define `tokenize`."""
 
     _cache_name = "tokens"
 
@@ -113,9 +106,9 @@ class TokenOutput(Output):
     ) -> dict[str, np.ndarray]:
         """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
-        The compiled kernels encode the rows straight into the minibatch's
-        arrays; the NumPy kernels encode the whole fetch once (cached in
-        `fetch.cache`) and the rows are gathered from it.
+        The compiled kernels encode the rows straight into the minibatch's arrays; the
+        NumPy kernels encode the whole fetch once (cached in `fetch.cache`) and the rows
+        are gathered from it.
         """
         if self._per_minibatch():
             rows = np.asarray(rows, np.int64)
@@ -146,15 +139,10 @@ class TokenOutput(Output):
         return out
 
     def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
-        """A full minibatch as slices of the whole fetch, encoded once; or None.
+        """A full minibatch sliced from the whole fetch encoded once, or None.
 
-        With several threads, all of the fetch's rows are encoded at its first
-        minibatch, in `fetch.order`, and each minibatch is a slice (a copy where
-        masking writes) equal to the per-minibatch encoding. The fetch holds
-        the arrays until it is done (`fetch_factor * batch_size * length`
-        positions of 5 or 9 bytes). None (encode the minibatch on its own) with
-        one thread, without `fetch.order`, for a short minibatch or rows that
-        are not a slice of the order.
+        Only with several threads and `fetch.order`, for a full minibatch that is a
+        slice of the order (see the design notes).
         """
         order = fetch.order
         if order is None or rows.size != batch_size or self.threads < 2:
@@ -182,40 +170,58 @@ class TokenOutput(Output):
         return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
 
     def _prepare(self, fetch: Fetch, values_for_order):
-        """Order words and tokens of the fetch's stored values.
+        """The fetch's kept values sorted per row, in chunks of similar length.
 
         Returns:
-            `(indptr, keep, inv, tokens, dropped)`: `keep` None when every
-            value is kept; `dropped` the positive values per row whose
-            column has no token (outside the vocabulary; for rank-value
-            also without a median, told apart by `RankValueTokens`).
+            `(keep, dropped, chunks)`: `keep` None when every value is kept;
+            `dropped` the positive values per row whose column has no token;
+            `chunks` yields `(rows, sorted keys, n_kept)` (`sorted_rows`).
         """
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
-        n_rows = csr.indptr.size - 1
+        lengths = np.diff(csr.indptr)
         inv = _kernels.inverted(values_for_order(values, csr.indices))
-        if self._all_in_vocabulary and (not values.size or values.min() > 0):
-            return csr.indptr, None, inv, tokens, np.zeros(n_rows, np.int32)
-        positive = values > 0
-        keep = positive & (tokens >= 0)
-        out_of_vocab = np.zeros(values.size + 1, np.int32)
-        np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
-        dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        return csr.indptr, keep, inv, tokens, dropped
+        keep, dropped = None, np.zeros(lengths.size, np.int32)
+        if not (self._all_in_vocabulary and (not values.size or values.min() > 0)):
+            positive = values > 0
+            keep = positive & (tokens >= 0)
+            out_of_vocab = np.zeros(values.size + 1, np.int32)
+            np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
+            dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
+
+        def chunks():
+            for rows, at in _kernels.length_chunks(csr.indptr):
+                kept = None if keep is None else keep[at]
+                keys, n_kept = _kernels.sorted_rows(
+                    lengths[rows], kept, inv[at], tokens[at], self.pad_id
+                )
+                yield rows, keys, n_kept
+
+        return keep, dropped, chunks()
 
     def _per_minibatch(self) -> bool:
         """True when `format` encodes each minibatch's rows itself."""
         return self._compiled()
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding of `rows` into `n_out` output rows.
-
-        Returns:
-            `(arrays, n_genes)`: the minibatch's arrays (`attention_mask`
-            included, no masking yet) and the genes placed per row.
-        """
+        """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
         raise NotImplementedError
+
+    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """`tokenize` on the compiled kernels, all rows of the fetch."""
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        out, n_genes = self._encode(fetch, rows, rows.size)
+        del out["attention_mask"]
+        n_genes = self._add_genes(fetch, out, n_genes)
+        specials = (self.cls_id >= 0) + (self.eos_id >= 0)
+        out["_used"] = n_genes.astype(np.int64) + specials
+        self._mask_genes(fetch, rows, out, n_genes)
+        return out
+
+    def _add_genes(self, fetch: Fetch, out: dict, n_genes: np.ndarray):
+        """Genes placed after the encoded ones (value-bin's zero genes)."""
+        return n_genes
 
     def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
         """Masked-language masking of `out` (compiled path), in place."""
@@ -234,15 +240,12 @@ class TokenOutput(Output):
         ids[masked] = self.mask_id
 
     def _compiled(self) -> bool:
-        """True when `tokenize` runs the numba kernels (`grain_cells.tokens._jit`)."""
         return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
 
     def _csr_for_jit(self, fetch: Fetch):
-        """The fetch's CSR arrays for the kernels, made once per fetch.
+        """The fetch's `(data, indices, indptr, checked)` for the kernels, cached.
 
-        Returns:
-            `(data float32, indices, indptr int64, checked)`: `checked` False
-            when every stored value is positive and every column has a token.
+        `checked` is False when every value is positive and every column has a token.
         """
         key = ("jit_csr", id(self))
         arrays = fetch.cache.get(key)
@@ -268,18 +271,11 @@ class TokenOutput(Output):
         return positions
 
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
-        """Sequences from each row's gene tokens (and bins).
-
-        Args:
-            genes: int32 `[n_rows, slots]`, each row's genes first, then
-                `<pad>`.
-            n_genes: Genes per row.
-            bins: Optional int32 `[n_rows, slots]` values beside the genes,
-                then `pad_value`.
+        """Sequences from each row's gene tokens `[n_rows, slots]` (and bins).
 
         Returns:
-            `(gene_ids, used, values, gene_positions)`: `used` is the count
-            of attended positions per row.
+            `(gene_ids, used, values, gene_positions)`: `used` counts the attended
+            positions per row; `values` None without `bins`.
         """
         n_rows = n_genes.size
         offset = 1 if self.cls_id >= 0 else 0

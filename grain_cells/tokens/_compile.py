@@ -1,11 +1,8 @@
 """The first use of a compiled token kernel: announced, compiled once.
 
-numba compiles a kernel on its first call with new argument types (seconds
-of CPU) and caches the machine code on disk. `announced` wraps a kernel so
-that its first call says so, and so that processes racing on an empty cache
-take turns (a file lock): one compiles, the others load its code.
-
-Design notes: docs/reference/design.md#tokens-compile.
+numba compiles a kernel on its first call (seconds of CPU) and caches the code on disk;
+`announced` logs that first compile and makes processes racing on an empty cache take
+turns (a file lock). Design notes: docs/reference/design.md#tokens-compile.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ def announced(kernel):
 
 
 def cache_folder(kernel) -> str | None:
-    """The folder of numba's on-disk cache for `kernel`, or None."""
     stats = getattr(kernel, "stats", None)
     return getattr(stats, "cache_path", None)
 
@@ -75,6 +71,3 @@ def _first_call(kernel, args):
         result = kernel(*args)
         _log.warning("token kernels compiled in %.1f s", time.perf_counter() - start)
     return result
-
-
-__all__ = ["announced", "cache_folder", "is_cached"]

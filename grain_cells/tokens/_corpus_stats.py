@@ -1,18 +1,8 @@
 """Per-gene corpus statistics (non-zero medians, totals) in one streaming pass.
 
-Rank-value encoding (Geneformer) divides each expressed value by that gene's
-non-zero median over the training corpus. `corpus_stats(source)` computes,
-for every output gene of a source (its `var_names`; a view's selected cells
-only):
-
-* `nonzero_median`: the median of the gene's non-zero *normalised* values,
-  `x / cell_total * target_sum` (Geneformer's normalisation: the cell's total
-  over the source's genes, scaled to `target_sum`, 10,000 by default;
-  `target_sum=None` uses raw values); NaN for a gene never expressed;
-* `nonzero_count`: how many cells express it; `total`: the sum of its raw
-  values; `num_cells`: cells read.
-
-Design notes: docs/reference/design.md#tokens-corpus-stats.
+Rank-value encoding divides each expressed value by the gene's non-zero median over the
+corpus, of values normalised to `target_sum` per cell. Design notes:
+docs/reference/design.md#tokens-corpus-stats.
 """
 
 from __future__ import annotations
@@ -33,6 +23,7 @@ from grain_cells.outputs import Fetch
 
 METHODS = ("auto", "exact", "histogram")
 _VERSION = 2  # 2: keyed by the files' identities; the user's cache folder
+_ARRAYS = ("var_names", "nonzero_median", "nonzero_count", "total")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,19 +54,11 @@ class CorpusStats:
     def save(self, path: str | os.PathLike) -> None:
         """Writes the statistics as an `.npz` file (no pickle)."""
         meta = {
-            "num_cells": self.num_cells,
-            "method": self.method,
-            "target_sum": self.target_sum,
-            "key": self.key,
-            "version": _VERSION,
+            k: getattr(self, k) for k in ("num_cells", "method", "target_sum", "key")
         }
-        arrays = {
-            "var_names": np.asarray(self.var_names).astype(str),
-            "nonzero_median": self.nonzero_median,
-            "nonzero_count": self.nonzero_count,
-            "total": self.total,
-            "meta": np.array(json.dumps(meta)),
-        }
+        arrays = {k: getattr(self, k) for k in _ARRAYS}
+        arrays["var_names"] = np.asarray(self.var_names).astype(str)
+        arrays["meta"] = np.array(json.dumps({**meta, "version": _VERSION}))
         write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
@@ -84,10 +67,7 @@ class CorpusStats:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             return cls(
-                z["var_names"],
-                z["nonzero_median"],
-                z["nonzero_count"],
-                z["total"],
+                *(z[k] for k in _ARRAYS),
                 int(meta["num_cells"]),
                 meta["method"],
                 meta["target_sum"],
@@ -150,8 +130,10 @@ def data_identity(source) -> dict:
         info_line = info.describe()
         files.append(f"{info_line} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
-    starts, stops = _block_table(source)
-    blocks = hashlib.sha256(starts.tobytes() + stops.tobytes())
+    _, starts, stops = source.block_ranges(np.arange(len(source)))
+    blocks = hashlib.sha256(
+        starts.astype("<i8").tobytes() + stops.astype("<i8").tobytes()
+    )
     return {
         "files": files,
         "genes": genes.hexdigest()[:16],
@@ -159,20 +141,8 @@ def data_identity(source) -> dict:
     }
 
 
-def _block_table(source) -> tuple[np.ndarray, np.ndarray]:
-    _, starts, stops = source.block_ranges(np.arange(len(source)))
-    return starts.astype("<i8"), stops.astype("<i8")
-
-
 def cache_dir() -> str:
-    """The folder of cached statistics: never the folder of the data."""
     return cache_root()
-
-
-def cache_path(source, key: str) -> str:
-    """Where the statistics of `source` under `key` are cached."""
-    del source  # keyed by content; the folder is the user's cache
-    return os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
 
 
 def corpus_stats(
@@ -235,7 +205,7 @@ def corpus_stats(
     identity = {"data": data_identity(source), "options": options}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     key = key[:24]
-    path = cache_path(source, key)
+    path = os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
         if stats.key == key:

@@ -1,15 +1,7 @@
 """Compiled (numba) kernels of the token outputs: one pass per cell.
 
-The NumPy kernels (`grain_cells.tokens._kernels`) make about thirty passes over
-a fetch's stored values and sort 64-bit keys along padded rows. Here one
-compiled loop over the fetch's rows does everything a row needs while its
-values sit in cache: look up tokens and medians, divide, build the keys
-`(~float32 bits of the order value) << 32 | token`, sort them, and write the
-sequence (and, for value binning, the quantile bins) straight into the
-output arrays. The outputs are bit for bit those of the NumPy kernels
-(`tests/test_token_jit.py` compares them on random fetches).
-
-Design notes: docs/reference/design.md#tokens-jit.
+Bit for bit the NumPy kernels' output. Design notes: docs/reference/design.md#tokens-
+kernels and #tokens-jit.
 """
 
 from __future__ import annotations
@@ -17,22 +9,16 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells.tokens._compile import announced
-from grain_cells.tokens._sort import (
-    _U32,
-    _njit,
-    _sort_keys,
-    _sort_keys_min_last,
-)
+from grain_cells.tokens._sort import _U32, _njit, _sort_keys, _sort_keys_min_last
 
 
 @_njit
 def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
-    With `checked` False the caller knows every value is positive and every
-    column has a token, and the loop skips both tests (no branches); the
-    divisions then run in a loop of their own into `quot` (float32 scratch),
-    which the compiler vectorises (a gather and a division per lane).
+    With `checked` False every value is positive and has a token, so the loop skips both
+    tests and the divisions run in a loop of their own (into `quot`) that the compiler
+    vectorises.
     """
     m = 0
     dropped = 0
@@ -108,24 +94,11 @@ def rank_value_rows(
 ):
     """Rank-value sequences of `rows`, written into row `i` of `ids`, `mask`.
 
-    Rows of the outputs past `rows.size` are padding: `<pad>` everywhere,
-    mask False.
-
-    Args:
-        data: float32 stored values.
-        indices: Output column of each stored value.
-        indptr: int64 row pointers.
-        rows: int64 rows of the CSR arrays to encode.
-        tokens: int32 token of each column (-1: dropped).
-        medians: float32 median of each column.
-        checked: False when every value is positive and every column has a
-            token (the loop then skips both tests).
-        ids: int32 `[n, length]` output, `n >= rows.size` (all written).
-        mask: bool `[n, length]` attention mask (all written).
-        cls_id: `<cls>` (-1: none).
-        slots: Gene positions per row.
-        pad_id: `<pad>`.
-        eos_id: `<eos>` (-1: none).
+    Output rows past `rows.size` are padding (`<pad>`, mask False). `data` float32,
+    `indices`, int64 `indptr` and `rows` are the fetch's CSR and the rows to encode;
+    `tokens` int32 per column (-1: dropped), `medians` float32; `checked` False when
+    every value is positive and every column has a token; `ids` int32 and `mask` bool
+    `[n, length]`, `n >= rows.size`, all written.
 
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
@@ -141,17 +114,9 @@ def rank_value_rows(
         p = 0
         if i < rows.size:
             r = rows[i]
+            a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data,
-                indices,
-                indptr[r],
-                indptr[r + 1],
-                tokens,
-                medians,
-                True,
-                checked,
-                keys,
-                quot,
+                data, indices, a, b, tokens, medians, True, checked, keys, quot
             )
             _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
@@ -174,31 +139,19 @@ def rank_value_rows(
 
 @_njit
 def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """The first steps of `rank_value_rows` over every row, writing nothing.
+    """The key pass (and, with `sort`, the sort) of `rank_value_rows` over every row.
 
-    Each row's key pass (gather tokens and medians, divide, pack keys) and,
-    with `sort`, the sort of its keys: what `benchmarks/token_steps.py`
-    times apart from the whole kernel. Arguments as in `rank_value_rows`.
-
-    Returns:
-        The keys made over all rows (so no step can be skipped).
+    What `benchmarks/token_steps.py` times apart; returns the keys made, so no step can
+    be skipped.
     """
     keys, out, counts, bucket, quot, _ = _scratch(
         indptr, np.arange(indptr.size - 1, dtype=np.int64)
     )
     total = 0
     for r in range(indptr.size - 1):
+        a, b = indptr[r], indptr[r + 1]
         m, lo, hi, _ = _row_keys(
-            data,
-            indices,
-            indptr[r],
-            indptr[r + 1],
-            tokens,
-            medians,
-            True,
-            checked,
-            keys,
-            quot,
+            data, indices, a, b, tokens, medians, True, checked, keys, quot
         )
         if sort:
             _sort_keys(keys, m, lo, hi, out, counts, bucket)
@@ -234,24 +187,8 @@ def value_bin_rows(
 ):
     """Value-bin sequences (top genes) of `rows`, into `ids`, `values`, `mask`.
 
-    Rows of the outputs past `rows.size` are padding (`<pad>`, `pad_value`,
-    mask False).
-
-    Args:
-        data: float32 stored values.
-        indices: Output column of each stored value.
-        indptr: int64 row pointers.
-        rows: int64 rows of the CSR arrays to encode.
-        tokens: int32 token of each column (-1: dropped).
-        checked: As for `rank_value_rows`.
-        q: float64 quantiles `np.linspace(0, 1, n_bins - 1)`.
-        ids: int32 `[n, length]` gene ids, `n >= rows.size` (all written).
-        values: int32 `[n, length]` bins (all written).
-        mask: bool `[n, length]` attention mask (all written).
-        cls_id: `<cls>` (-1: none); its value is 0.
-        slots: Gene positions per row.
-        pad_id: `<pad>`.
-        pad_value: Bin of `<pad>` positions.
+    As `rank_value_rows`, with `q` the float64 quantiles `np.linspace(0, 1, n_bins -
+    1)`, `values` int32 bins (`<cls>`'s 0, `pad_value` past the genes).
 
     Returns:
         `(n_expressed, n_dropped, n_genes)` per output row, int32.
@@ -270,17 +207,9 @@ def value_bin_rows(
         p = 0
         if i < rows.size:
             r = rows[i]
+            a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data,
-                indices,
-                indptr[r],
-                indptr[r + 1],
-                tokens,
-                dummy,
-                False,
-                checked,
-                keys,
-                quot,
+                data, indices, a, b, tokens, dummy, False, checked, keys, quot
             )
             _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
             n = min(m, slots)
@@ -318,8 +247,7 @@ def _value_at(out, i):
 def _edges(out, m, q, edges):
     """`np.quantile(values, q)` of the row's `m` values, rounded up to float32.
 
-    Values are `out[:m]` in descending order; ascending index `j` is
-    `m - 1 - j`. The lerp is NumPy's (`_lerp`, difference in float32); each
+    Values are `out[:m]` descending. NumPy's lerp (`_lerp`, difference in float32); each
     edge `e` becomes the smallest float32 `c >= e`, so `x >= e <=> x >= c`.
     """
     last = m - 1

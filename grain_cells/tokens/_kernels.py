@@ -1,16 +1,6 @@
-"""Vectorised kernels behind `grain_cells.tokens`: per-row sorts and bins.
+"""Vectorised (NumPy) kernels of the token outputs: per-row sorts and bins.
 
-The fetch's CSR values are laid out as a 2-D array, one row per cell (padded
-with a sentinel to the longest row), of 64-bit keys whose high word orders
-the values and whose low word is the token, and sorted along rows with one
-`np.sort(axis=1)` call: rows are short enough to sort in cache, which is
-several times faster than sorting all values at once with the row in the
-key, and no argsort or gather is needed since the token travels in the key.
-The two words are written straight into the 2-D array through a `uint32`
-view (no 64-bit arithmetic per value). Floats are compared through their
-IEEE-754 bit patterns: for positive float32 values the bits, read as an
-unsigned integer, order like the values; their complement orders them
-descending.
+Design notes: docs/reference/design.md#tokens-kernels.
 """
 
 from __future__ import annotations
@@ -51,8 +41,7 @@ def sorted_rows(
     """Each row's kept `(inv, token)` keys, sorted ascending, in a 2-D array.
 
     Args:
-        lengths: Stored values per row; the values below are the rows'
-            values one row after another.
+        lengths: Stored values per row (the values below, row after row).
         keep: Which stored values take part (None: all).
         inv: uint32 order word of each stored value (`inverted`); a kept
             value's must be below `2**32 - 1`.
@@ -61,8 +50,7 @@ def sorted_rows(
 
     Returns:
         `(sorted_keys [n_rows, width], n_kept [n_rows])`: row `i` holds its
-        `n_kept[i]` keys first, then sentinels (high word `2**32 - 1`, low
-        word `pad`).
+        `n_kept[i]` keys first, then sentinels (high word `2**32 - 1`).
     """
     n_rows = lengths.size
     width = max(1, int(lengths.max(initial=0)))
@@ -88,18 +76,11 @@ def sorted_rows(
 
 
 def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
-    """Rows in chunks of similar length, so 2-D padding stays small.
+    """Yields `(rows, values)`: chunks of rows of similar length, and their values.
 
-    Rows are ordered by their stored-value count and cut into chunks of
-    `rows_per_chunk` (fewer where a chunk's padded layout would pass
-    `MAX_CELLS_PER_CHUNK_VALUES`). Padding every row of a fetch to its
-    longest would sort about 4.6x the values on a Tahoe-shaped file (a few
-    cells hold 10x the mean); chunks of 128 rows of similar length, barely
-    more than the values themselves.
-
-    Yields:
-        `(rows, values)`: the chunk's rows (positions in the fetch) and the
-        positions of their stored values, row after row.
+    Chunks of `rows_per_chunk` rows (fewer past `MAX_CELLS_PER_CHUNK_VALUES` padded
+    values), so 2-D padding stays small; `values` are the positions of their stored
+    values, row after row.
     """
     lengths = np.diff(indptr)
     order = np.argsort(lengths, kind="stable")
@@ -118,21 +99,11 @@ def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
 def bins_of_sorted(
     keys: np.ndarray, n_kept: np.ndarray, n_bins: int, pad_value: int = 0
 ) -> np.ndarray:
-    """Bins (scGPT's) of rows sorted by value descending (`desc_keys`).
+    """Bins (scGPT's) of rows sorted by value descending, `pad_value` after.
 
-    Edges per row are `np.quantile(values, np.linspace(0, 1, n_bins - 1))`
-    with NumPy's linear interpolation reproduced bit for bit (its `_lerp`,
-    with the difference taken in float32), and a value's bin is
-    `np.digitize(value, edges)`: the number of edges <= value.
-
-    Args:
-        keys: `[n_rows, width]` sorted keys from `sorted_rows`.
-        n_kept: Kept values per row.
-        n_bins: Bins `B`.
-        pad_value: The value past each row's kept values.
-
-    Returns:
-        int32 `[n_rows, width]` bins (`pad_value` past each row's kept values).
+    Edges per row are `np.quantile(values, np.linspace(0, 1, n_bins - 1))`, NumPy's
+    interpolation reproduced bit for bit (its `_lerp`, the difference in float32); a
+    value's bin is `np.digitize(value, edges)`. Returns int32 `[n_rows, width]`.
     """
     n_rows, width = keys.shape
     nz = np.flatnonzero(n_kept)
@@ -174,11 +145,7 @@ def bins_of_sorted(
     # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
     # that last run is the padding.
     bounds = np.concatenate(
-        [
-            np.zeros((nz.size, 1), np.int64),
-            ends[:, ::-1],
-            np.full((nz.size, 1), width),
-        ],
+        [np.zeros((nz.size, 1), np.int64), ends[:, ::-1], np.full((nz.size, 1), width)],
         axis=1,
     )
     runs = np.diff(bounds, axis=1).reshape(-1)
@@ -204,16 +171,8 @@ def zero_genes(
     """Sampled non-expressed genes per row, without replacement.
 
     Row `i` gets the first `need[i]` distinct tokens of the stream
-    `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`,
-    j = 0, 1, ..., that are not in its expressed set (rejection sampling).
-
-    Args:
-        key: The fetch key.
-        row_ids: Global row id per row.
-        need: Genes wanted per row (at most the non-expressed vocabulary).
-        vocab_tokens: Token ids to draw from.
-        expressed: Sorted `row * 2**32 + token` of each row's expressed genes.
-        stream_offset: Counter offset of this stream.
+    `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`, j = 0, 1, ..., not
+    in its `expressed` set (sorted `row * 2**32 + token`).
 
     Returns:
         `(rows, tokens)`: rows ascending, each row's genes in stream order.

@@ -1,21 +1,10 @@
-"""Cells as token sequences for transformer foundation models (static shapes).
+"""`RankValueTokens`: rank-value encoding (Geneformer) as an output format.
 
-Two output formats (`grain_cells.outputs` protocol) turn each fetch's CSR
-rows into fixed-length token sequences. Two kernels do it, with the same
-output bit for bit (`kernels=` of each output): `"numba"`
-(`grain_cells.tokens._jit`, the default when numba is installed: one compiled
-pass per cell that encodes each minibatch's cells straight into its
-arrays) and `"numpy"` (`grain_cells.tokens._kernels`, vectorised over the
-whole fetch: 2-D sorts of per-cell keys, 128 cells of similar length at a
-time, no loop over cells; also the path of `selection="random"` and
-`pad_zeros=True`, where the compiled one encodes the top genes only):
-
-**`RankValueTokens`** (Geneformer, Theodoris et al. 2023). Each expressed
-gene's score is its value divided by the gene's non-zero median over the
-training corpus (`grain_cells.tokens._corpus_stats`); the cell's genes are ranked by
-score, highest first, and the top ones kept (definitions in the design notes).
-
-Design notes: docs/reference/design.md#tokens-rank-value.
+Each expressed gene's score is its value over the gene's non-zero corpus median
+(`corpus_stats`); the top-scoring genes are kept, highest first. Two kernels give the
+same arrays bit for bit: `"numba"` (`_jit`, one compiled pass per cell) and `"numpy"`
+(`_kernels`, vectorised over the fetch). Definitions: docs/reference/design.md#tokens-
+rank-value.
 """
 
 from __future__ import annotations
@@ -26,22 +15,13 @@ from grain_cells.outputs import Fetch
 from grain_cells.tokens import _kernels, _threads
 from grain_cells.tokens._base import (
     IGNORE,
-    ZERO_STREAM,
     TokenOutput,
     column_token_array,
-    numba_available,
     special_id,
 )
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
-__all__ = [
-    "IGNORE",
-    "ZERO_STREAM",
-    "RankValueTokens",
-    "TokenOutput",
-    "numba_available",
-    "special_id",
-]
+__all__ = ["IGNORE", "RankValueTokens"]  # IGNORE: as the tests import it
 
 
 class RankValueTokens(TokenOutput):
@@ -79,12 +59,10 @@ class RankValueTokens(TokenOutput):
             eos_id: Id of `<eos>` (-1: none).
             mask_id: Id of `<mask>` (-1: none).
             mlm_probability: Share of gene positions masked.
-            kernels: `"numba"` (compiled, `grain_cells.tokens._jit`),
-                `"numpy"` (`grain_cells.tokens._kernels`) or `"auto"` (numba
-                when installed). Both give the same arrays, bit for bit.
-            threads: Threads that encode a minibatch with the compiled
-                kernels (`grain_cells.tokens._threads`): `"auto"` is one in a
-                Grain worker, else one per core up to 4. Same arrays.
+            kernels: `"numba"`, `"numpy"` or `"auto"` (numba when installed);
+                the same arrays, bit for bit.
+            threads: Threads that encode a minibatch with the compiled kernels:
+                `"auto"` is one in a Grain worker, else one per core up to 4.
         """
         medians = np.asarray(column_medians, np.float32)
         column_tokens = column_token_array(column_tokens).copy()
@@ -163,10 +141,9 @@ class RankValueTokens(TokenOutput):
         )
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (`grain_cells.Output`).
+        """What a checkpoint records: the parameters that decide the tokens.
 
-        The parameters that decide the tokens, and a digest of the genes'
-        token ids and medians; not `kernels` or `threads` (same arrays).
+        A digest of the genes' token ids and medians; not `kernels` or `threads`.
         """
         return {
             "class": type(self).__name__,
@@ -184,21 +161,12 @@ class RankValueTokens(TokenOutput):
         if self._compiled():
             return self._tokenize_compiled(fetch)
         medians = self.column_medians
-        indptr, keep, inv, tokens, dropped = self._prepare(
-            fetch, lambda values, columns: values / medians[columns]
-        )
-        n_rows = indptr.size - 1
+        _, dropped, chunks = self._prepare(fetch, lambda v, c: v / medians[c])
+        n_rows = dropped.size
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        lengths = np.diff(indptr)
-        for chunk, values in _kernels.length_chunks(indptr):
-            rows, n_expr[chunk] = _kernels.sorted_rows(
-                lengths[chunk],
-                None if keep is None else keep[values],
-                inv[values],
-                tokens[values],
-                self.pad_id,
-            )
+        for chunk, rows, n_kept in chunks:
+            n_expr[chunk] = n_kept
             w = min(rows.shape[1], self.slots)
             genes[chunk, :w] = _kernels.key_tokens(rows, w)
         n_genes = np.minimum(n_expr, self.slots)
@@ -214,19 +182,8 @@ class RankValueTokens(TokenOutput):
             self._apply_mask(out, masked)
         return out
 
-    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """`tokenize` on the compiled kernels (all rows of the fetch)."""
-        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
-        out, n_genes = self._encode(fetch, rows, rows.size)
-        del out["attention_mask"]
-        out["_used"] = (
-            n_genes.astype(np.int64) + (self.cls_id >= 0) + (self.eos_id >= 0)
-        )
-        self._mask_genes(fetch, rows, out, n_genes)
-        return out
-
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding (`grain_cells.tokens._jit.rank_value_rows`)."""
+        """Compiled encoding (`_jit.rank_value_rows`)."""
         from grain_cells.tokens import _jit
 
         data, indices, indptr, checked = self._csr_for_jit(fetch)
@@ -262,9 +219,8 @@ class RankValueTokens(TokenOutput):
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
         """`n_dropped` and `n_no_median` of `rows` (then padding, 0).
 
-        The kernels count every stored positive value not tokenised
-        (`not_tokenised`, `n_out` rows); those of vocabulary genes without a
-        median are told apart here.
+        The kernels count every positive value not tokenised; those of vocabulary genes
+        without a median are told apart here.
         """
         no_median = np.zeros(n_out, np.int32)
         if self.num_without_median:

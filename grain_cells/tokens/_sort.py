@@ -1,10 +1,8 @@
 """Compiled (numba) per-row sorts of the token kernels' keys.
 
-A key is `(~float32 bits of the order value) << 32 | token`; ascending keys
-are order value descending, then token ascending. Every function here gives
-the keys in that exact order; they differ in how much sorting they skip.
-
-Design notes: docs/reference/design.md#tokens-sort.
+Keys are `(~float32 bits of the order value) << 32 | token`; every function gives them
+ascending, differing in how much sorting they skip. Design notes:
+docs/reference/design.md#tokens-sort.
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ def _njit(fn):
 def _sort_keys(keys, m, lo, hi, out, counts, bucket):
     """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`.
 
-    `bucket` holds each key's bucket between the counting and the scatter
-    pass (recomputing it in the scatter pass costs more than the store).
+    A bucket pass then insertion sort (`np.sort` past a move budget); `bucket` keeps
+    each key's bucket between the passes (cheaper than recomputing it).
     """
     if m == 0:
         return
@@ -66,12 +64,9 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
 def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
     """`_sort_keys`, with the keys of the row's smallest value set apart.
 
-    In count data most expressed values of a cell are its smallest (1, or
-    its normalised value), and they sort last, by token. They arrive in
-    column order, which is token order for a vocabulary in column order: one
-    pass moves them to `tail` (checking that order) and only the others are
-    sorted; otherwise (tokens against column order) every key is sorted.
-    Keys and output as for `_sort_keys` (it scrambles `keys[:m]`).
+    In count data most of a cell's values are its smallest, which sort last by token and
+    arrive in column (token) order: one pass moves them to `tail` (checking that order)
+    and only the others are sorted. Scrambles `keys[:m]`.
     """
     if m < 64:
         _sort_keys(keys, m, lo, hi, out, counts, bucket)

@@ -1,11 +1,8 @@
 """The compiled token kernels over a minibatch's rows in several threads.
 
-The compiled kernels (`grain_cells.tokens._jit`) release the GIL and encode
-each row on its own, so a minibatch's output rows can be split into
-contiguous slices encoded at the same time, each into its own slice of the
-output arrays: the arrays are those of one thread, bit for bit.
-
-Design notes: docs/reference/design.md#tokens-threads.
+The kernels release the GIL and encode each row on its own, so contiguous slices of the
+output rows are encoded at once, each into its slice of the arrays: bit for bit one
+thread's. Design notes: docs/reference/design.md#tokens-threads.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ _pool = fork.ProcessCache()
 
 @functools.cache
 def _cores() -> int:
-    """The cores this process may run on (Linux: its affinity)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -56,7 +52,6 @@ def resolve_threads(threads: int | str) -> int:
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's pool (a forked child starts its own)."""
     return _pool.get_or_make(
         "tokens",
         lambda: concurrent.futures.ThreadPoolExecutor(
@@ -71,18 +66,11 @@ def encode_rows(
     n_out: int,
     threads: int,
 ) -> tuple:
-    """`call` over slices of the `n_out` output rows, in up to `threads` threads.
+    """`call(rows_part, a, b)` over slices of the `n_out` output rows, in threads.
 
-    Args:
-        call: `call(rows_part, a, b)` encodes `rows_part` into output rows
-            `a` to `b - 1` (padding past `rows_part.size`) and returns a tuple
-            of per-row arrays of length `b - a`.
-        rows: The rows to encode; output row `i < rows.size` is `rows[i]`.
-        n_out: Output rows (`>= rows.size`).
-        threads: Threads at most (each gets at least `MIN_ROWS` rows).
-
-    Returns:
-        `call`'s arrays for all `n_out` rows, concatenated.
+    `call` encodes `rows_part` into output rows `a` to `b - 1` (padding past
+    `rows_part.size`) and returns per-row arrays; each of at most `threads` threads gets
+    at least `MIN_ROWS` rows. Returns the arrays of all rows, concatenated.
     """
     n = min(threads, n_out // MIN_ROWS)
     if n <= 1:

@@ -1,7 +1,6 @@
 """`ValueBinTokens`: value binning (scGPT) as an output format.
 
-The definitions are in `grain_cells.tokens` (module docstring); this module
-holds the implementation, on the kernels of `grain_cells.tokens._kernels`.
+Definitions: docs/reference/design.md#tokens-rank-value.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from grain_cells.tokens._vocabulary import GeneVocabulary
 
 
 class ValueBinTokens(TokenOutput):
-    """Value binning (scGPT); see the module docstring.
+    """Value binning (scGPT); see the design notes.
 
     Build it with `ValueBinTokens.for_source(source, vocabulary)`.
     """
@@ -48,7 +47,7 @@ class ValueBinTokens(TokenOutput):
             length: Tokens per cell, `<cls>` included.
             n_bins: Bins `B` (bin 0 is "not expressed"; expressed values get
                 1 to `B - 1`). scGPT uses 51.
-            selection: `"top"` or `"random"` (see the module docstring).
+            selection: `"top"` or `"random"` (see the design notes).
             pad_zeros: Fill free slots with sampled non-expressed genes.
             pad_id: Id of `<pad>`.
             cls_id: Id of `<cls>` (-1: none).
@@ -56,12 +55,10 @@ class ValueBinTokens(TokenOutput):
             pad_value: Bin value of `<pad>` positions.
             mask_value: Bin value of masked positions.
             mlm_probability: Share of gene positions whose value is masked.
-            kernels: `"numba"` (compiled, `grain_cells.tokens._jit`; used for
-                `selection="top"`), `"numpy"` or `"auto"` (numba when
-                installed). Both give the same arrays, bit for bit.
-            threads: Threads that encode a minibatch with the compiled
-                kernels (`grain_cells.tokens._threads`): `"auto"` is one in a
-                Grain worker, else one per core up to 4. Same arrays.
+            kernels: `"numba"` (used for `selection="top"`), `"numpy"` or
+                `"auto"` (numba when installed); the same arrays, bit for bit.
+            threads: Threads that encode a minibatch with the compiled kernels:
+                `"auto"` is one in a Grain worker, else one per core up to 4.
         """
         if n_bins < 3:
             raise ValueError(f"n_bins must be at least 3, got n_bins={n_bins}")
@@ -89,39 +86,19 @@ class ValueBinTokens(TokenOutput):
 
     @classmethod
     def for_source(
-        cls,
-        source,
-        vocabulary: GeneVocabulary,
-        *,
-        length: int = 1200,
-        n_bins: int = 51,
-        selection: str = "top",
-        pad_zeros: bool = False,
-        cls_token: bool = True,
-        pad_value: int = -2,
-        mask_value: int = -1,
-        mlm_probability: float = 0.0,
-        kernels: str = "auto",
-        threads: int | str = "auto",
+        cls, source, vocabulary: GeneVocabulary, *, cls_token: bool = True, **kwargs
     ) -> ValueBinTokens:
         """Value-bin tokens for `source`'s genes.
 
-        Arguments as `__init__`; `cls_token` starts each sequence with
-        `<cls>`.
+        `cls_token` starts each sequence with `<cls>`; the other keywords
+        (`length`, `n_bins`, `selection`, `pad_zeros`, `pad_value`,
+        `mask_value`, `mlm_probability`, `kernels`, `threads`) are `__init__`'s.
         """
         return ValueBinTokens(
             vocabulary.map_genes(source.var_names).tokens,
-            length=length,
-            n_bins=n_bins,
-            selection=selection,
-            pad_zeros=pad_zeros,
             pad_id=vocabulary.special("pad"),
             cls_id=special_id(vocabulary, "cls", cls_token),
-            pad_value=pad_value,
-            mask_value=mask_value,
-            mlm_probability=mlm_probability,
-            kernels=kernels,
-            threads=threads,
+            **kwargs,
         )
 
     def __repr__(self) -> str:
@@ -134,10 +111,9 @@ class ValueBinTokens(TokenOutput):
         )
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of this output (`grain_cells.Output`).
+        """What a checkpoint records: the parameters that decide the tokens.
 
-        The parameters that decide the tokens, and a digest of the genes'
-        token ids; not `kernels` or `threads` (same arrays).
+        A digest of the genes' token ids; not `kernels` or `threads`.
         """
         return {
             "class": type(self).__name__,
@@ -163,20 +139,12 @@ class ValueBinTokens(TokenOutput):
         """Token arrays of every row of the fetch."""
         if self.selection == "top" and self._compiled():
             return self._tokenize_compiled(fetch)
-        indptr, keep, inv, tokens, dropped = self._prepare(fetch, lambda v, _: v)
-        n_rows = indptr.size - 1
+        keep, dropped, chunks = self._prepare(fetch, lambda v, _: v)
+        n_rows = dropped.size
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
         bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
         n_expr = np.zeros(n_rows, np.int64)
-        lengths = np.diff(indptr)
-        for chunk, values in _kernels.length_chunks(indptr):
-            rows, n_kept = _kernels.sorted_rows(
-                lengths[chunk],
-                None if keep is None else keep[values],
-                inv[values],
-                tokens[values],
-                self.pad_id,
-            )
+        for chunk, rows, n_kept in chunks:
             n_expr[chunk] = n_kept
             row_bins = _kernels.bins_of_sorted(
                 rows, n_kept, self.n_bins, self.pad_value
@@ -218,29 +186,24 @@ class ValueBinTokens(TokenOutput):
         """Compiled, top genes and no zero genes: encode per minibatch."""
         return self.selection == "top" and not self.pad_zeros and self._compiled()
 
-    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """`tokenize` (top genes) on the compiled kernels, all rows."""
-        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
-        out, n_genes = self._encode(fetch, rows, rows.size)
-        del out["attention_mask"]
+    def _add_genes(self, fetch: Fetch, out: dict, n_genes: np.ndarray):
+        """Sampled non-expressed genes after the encoded ones, with `pad_zeros`."""
+        if not (self.pad_zeros and self.vocab_columns.size):
+            return n_genes
         offset = 1 if self.cls_id >= 0 else 0
-        if self.pad_zeros and self.vocab_columns.size:
-            data, indices, _, _ = self._csr_for_jit(fetch)
-            keep = (data > 0) & (self.column_tokens[indices] >= 0)
-            n_genes = self._add_zero_genes(
-                fetch,
-                keep,
-                out["gene_ids"][:, offset : offset + self.slots],
-                out["values"][:, offset : offset + self.slots],
-                n_genes.astype(np.int64),
-                out["n_expressed"].astype(np.int64),
-            )
-        out["_used"] = offset + n_genes.astype(np.int64)
-        self._mask_genes(fetch, rows, out, n_genes)
-        return out
+        data, indices, _, _ = self._csr_for_jit(fetch)
+        keep = (data > 0) & (self.column_tokens[indices] >= 0)
+        return self._add_zero_genes(
+            fetch,
+            keep,
+            out["gene_ids"][:, offset : offset + self.slots],
+            out["values"][:, offset : offset + self.slots],
+            n_genes.astype(np.int64),
+            out["n_expressed"].astype(np.int64),
+        )
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding (`grain_cells.tokens._jit.value_bin_rows`)."""
+        """Compiled encoding (`_jit.value_bin_rows`)."""
         from grain_cells.tokens import _jit
 
         data, indices, indptr, checked = self._csr_for_jit(fetch)

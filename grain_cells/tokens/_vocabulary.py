@@ -1,13 +1,8 @@
 """Gene vocabularies: stable token ids for genes, with special tokens.
 
-A `GeneVocabulary` maps gene names (the source's `var_names`, i.e. the
-aligned gene space of `AnnDataSource`, whatever `join` or gene selection
-built it) to token ids. Special tokens come first (`<pad>`, `<cls>`,
-`<eos>`, `<mask>` by default: ids 0 to 3), then the genes in the
-vocabulary's order. Because ids follow the vocabulary and not the columns of
-any one file, a gene has the same id in every file, join and gene selection.
-
-Design notes: docs/reference/design.md#tokens-vocabulary.
+Specials come first (`<pad>`, `<cls>`, `<eos>`, `<mask>`: ids 0 to 3), then the genes in
+the vocabulary's order, so a gene has the same id in every file, join and gene
+selection. Design notes: docs/reference/design.md#tokens-vocabulary.
 """
 
 from __future__ import annotations
