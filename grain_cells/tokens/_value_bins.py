@@ -86,19 +86,39 @@ class ValueBinTokens(TokenOutput):
 
     @classmethod
     def for_source(
-        cls, source, vocabulary: GeneVocabulary, *, cls_token: bool = True, **kwargs
+        cls,
+        source,
+        vocabulary: GeneVocabulary,
+        *,
+        length: int = 1200,
+        n_bins: int = 51,
+        selection: str = "top",
+        pad_zeros: bool = False,
+        cls_token: bool = True,
+        pad_value: int = -2,
+        mask_value: int = -1,
+        mlm_probability: float = 0.0,
+        kernels: str = "auto",
+        threads: int | str = "auto",
     ) -> ValueBinTokens:
         """Value-bin tokens for `source`'s genes.
 
-        `cls_token` starts each sequence with `<cls>`; the other keywords
-        (`length`, `n_bins`, `selection`, `pad_zeros`, `pad_value`,
-        `mask_value`, `mlm_probability`, `kernels`, `threads`) are `__init__`'s.
+        Arguments as `__init__`; `cls_token` starts each sequence with
+        `<cls>`.
         """
         return ValueBinTokens(
             vocabulary.map_genes(source.var_names).tokens,
+            length=length,
+            n_bins=n_bins,
+            selection=selection,
+            pad_zeros=pad_zeros,
             pad_id=vocabulary.special("pad"),
             cls_id=special_id(vocabulary, "cls", cls_token),
-            **kwargs,
+            pad_value=pad_value,
+            mask_value=mask_value,
+            mlm_probability=mlm_probability,
+            kernels=kernels,
+            threads=threads,
         )
 
     def __repr__(self) -> str:
