@@ -28,6 +28,14 @@ DEFAULT_MAX_OPEN = 128
 # so a process stays under 512 descriptors.
 DEFAULT_BUDGET = 384
 FORMAT_WEIGHT = 3
+# What a `Checked` record holds beyond its arrays' bytes and its layouts'
+# `nbytes`, counted in its bound: the record, its dicts, the obs arrays'
+# headers, the layouts' Python objects and the CSR byte spans made at a
+# reopen (`_direct_csr.Flat`): 1.5-2.0 KB measured (tracemalloc) for
+# records of three CSR layouts and four obs columns, counted as 3 KiB so
+# that `max_bytes` bounds what the records take, however small the files
+# (tests/io/test_checked_bound.py).
+RECORD_OVERHEAD_BYTES = 3072
 
 
 def default_max_open() -> int:
@@ -249,7 +257,10 @@ class Checked:
     when the record holds the matrix's byte layouts (`_layouts`: all its
     arrays uncompressed, local), only a descriptor. At most `max_bytes` of
     obs values and layouts and `max_files` records are kept, least
-    recently used dropped first. Thread-safe.
+    recently used dropped first. Each record counts its arrays' bytes, its
+    layouts' `nbytes` and `RECORD_OVERHEAD_BYTES` (its Python objects), so
+    `max_bytes` bounds the memory the records take, not only their arrays:
+    with many small files the objects are most of it. Thread-safe.
     """
 
     def __init__(self, max_bytes: int = 64 << 20, max_files: int = 16_384):
@@ -275,7 +286,8 @@ class Checked:
         `layouts`: array name to `formats.ByteLayout` (their `nbytes`
         count), and `fmt` the file's format, to reopen it from them.
         """
-        nbytes = sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
+        nbytes = RECORD_OVERHEAD_BYTES
+        nbytes += sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
         nbytes += sum(v.nbytes for v in (layouts or {}).values())
         if nbytes > self.max_bytes:
             return
@@ -310,6 +322,7 @@ def _close(entries: list[_Entry]) -> None:
 
 __all__ = [
     "DEFAULT_MAX_OPEN",
+    "RECORD_OVERHEAD_BYTES",
     "Checked",
     "FileLru",
     "check_max_open",
