@@ -213,20 +213,29 @@ def _run_workers(paths, opts, workers: int) -> dict:
 def epoch(paths, opts) -> dict:
     """One whole epoch with `--workers` workers: every cell once.
 
-    Also the most fds and anonymous memory any process held (sampled every
-    0.5 s), wall, and CPU-s of the trainer and of the workers together.
+    Also the most fds and anonymous memory any worker held and the
+    trainer held (sampled every 0.5 s), wall, and CPU-s of the trainer and
+    of the workers together.
     """
     import resource
     import threading
 
     source = _source(paths, opts)
-    most = {"trainer_fds": 0, "worker_fds": 0, "worker_anon_mb": 0.0}
+    most = {
+        "trainer_fds": 0,
+        "worker_fds": 0,
+        "worker_anon_mb": 0.0,
+        "trainer_anon_mb": 0.0,
+    }
     done = threading.Event()
 
     def sample():
         while not done.wait(0.5):
             me = proc_memory()
             most["trainer_fds"] = max(most["trainer_fds"], me.get("fds", 0))
+            most["trainer_anon_mb"] = max(
+                most["trainer_anon_mb"], me.get("anon_mb", 0.0)
+            )
             for pid in worker_pids():
                 w = proc_memory(pid)
                 most["worker_fds"] = max(most["worker_fds"], w.get("fds", 0))
