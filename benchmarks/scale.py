@@ -15,7 +15,8 @@ measures, each measure in a fresh process (this file run again with
   file of the same cells: `vs_one_file.throughput_ratio`);
 * `epoch`: one whole epoch with `--workers` workers (run only when named):
   every cell once, cells/s, CPU-s of trainer and workers, and the most fds
-  and worker anonymous memory any process held;
+  any process held and the most anonymous memory a worker and the trainer
+  held (children not yet exec'd left out: `scale_probes.worker_pids`);
 * `workers`: `--workers` worker processes after `--minibatches`: RSS, peak
   RSS, anonymous, file-backed and shmem resident MiB, PSS, open fds of the
   trainer and of each worker;

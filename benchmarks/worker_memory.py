@@ -108,15 +108,21 @@ def smaps_rollup_mb(pid: int | str) -> dict | None:
 
 
 def worker_pids() -> list[int]:
-    """This process's children other than multiprocessing's resource tracker."""
+    """This process's children other than multiprocessing's resource tracker.
+
+    Children not yet exec'd (command line still this one's) are left out:
+    their memory is this process's (`scale_probes.worker_pids`).
+    """
     out = []
+    with open("/proc/self/cmdline", "rb") as f:
+        mine = f.read()
     for pid in bench_util._children():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
         except OSError:
             continue
-        if b"resource_tracker" not in cmdline:
+        if b"resource_tracker" not in cmdline and cmdline != mine:
             out.append(pid)
     return out
 

@@ -28,6 +28,20 @@ DEFAULT_MAX_OPEN = 128
 # so a process stays under 512 descriptors.
 DEFAULT_BUDGET = 384
 FORMAT_WEIGHT = 3
+# What a `Checked` record holds beyond its arrays' bytes and its layouts'
+# `nbytes`, counted in its bound: the record, its dicts, the obs arrays'
+# headers, the layouts' Python objects and the CSR byte spans made at a
+# reopen (`_direct_csr.Flat`): 1.5-2.0 KB measured (tracemalloc) for
+# records of three CSR layouts and four obs columns, counted as 3 KiB so
+# that `max_bytes` bounds what the records take, however small the files
+# (tests/io/test_checked_bound.py).
+RECORD_OVERHEAD_BYTES = 3072
+# `Checked`'s bound per process, objects included: 96 MiB holds the records
+# of 10,000 thin files (four obs columns of 1,000 cells: 9.4 KB counted,
+# about 7 KB taken), as 64 MiB of arrays alone did before the objects counted;
+# fewer would send a third of a 10,000-file epoch's reopens back to the
+# layout cache's JSON (0.19 against 0.03 CPU-ms per open, random order).
+RECORDS_MAX_BYTES = 96 << 20
 
 
 def default_max_open() -> int:
@@ -249,10 +263,13 @@ class Checked:
     when the record holds the matrix's byte layouts (`_layouts`: all its
     arrays uncompressed, local), only a descriptor. At most `max_bytes` of
     obs values and layouts and `max_files` records are kept, least
-    recently used dropped first. Thread-safe.
+    recently used dropped first. Each record counts its arrays' bytes, its
+    layouts' `nbytes` and `RECORD_OVERHEAD_BYTES` (its Python objects), so
+    `max_bytes` bounds the memory the records take, not only their arrays:
+    with many small files the objects are most of it. Thread-safe.
     """
 
-    def __init__(self, max_bytes: int = 64 << 20, max_files: int = 16_384):
+    def __init__(self, max_bytes: int = RECORDS_MAX_BYTES, max_files: int = 16_384):
         self.max_bytes = max_bytes
         self.max_files = max_files
         self._lock = threading.Lock()
@@ -275,7 +292,8 @@ class Checked:
         `layouts`: array name to `formats.ByteLayout` (their `nbytes`
         count), and `fmt` the file's format, to reopen it from them.
         """
-        nbytes = sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
+        nbytes = RECORD_OVERHEAD_BYTES
+        nbytes += sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
         nbytes += sum(v.nbytes for v in (layouts or {}).values())
         if nbytes > self.max_bytes:
             return
@@ -310,6 +328,8 @@ def _close(entries: list[_Entry]) -> None:
 
 __all__ = [
     "DEFAULT_MAX_OPEN",
+    "RECORDS_MAX_BYTES",
+    "RECORD_OVERHEAD_BYTES",
     "Checked",
     "FileLru",
     "check_max_open",

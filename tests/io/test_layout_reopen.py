@@ -218,7 +218,7 @@ def test_a_bad_index_in_one_file_of_a_fetch_is_named(tmp_path):
 
 def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
     from grain_cells.formats import LAYOUT_OVERHEAD_BYTES, ByteLayout
-    from grain_cells.io._file_lru import Checked
+    from grain_cells.io._file_lru import RECORD_OVERHEAD_BYTES, Checked
 
     def layouts(chunks: int) -> dict:
         offsets = np.arange(chunks, dtype=np.int64) * 4096
@@ -227,7 +227,7 @@ def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
         )
         return {"data": one}
 
-    per_file = 100 * 8 + LAYOUT_OVERHEAD_BYTES
+    per_file = 100 * 8 + LAYOUT_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES
     kept = Checked(max_bytes=3 * per_file)
     for key in range(5):
         kept.put(key, None, {}, layouts(100), fmt=None)
