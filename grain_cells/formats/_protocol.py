@@ -338,6 +338,16 @@ class Format(abc.ABC):
                 chunks ignore it.
         """
 
+    def byte_layout(self, array, path: str, fd):
+        """Where `array`'s bytes lie in the file (a `ByteLayout`), or None.
+
+        What `range_reader(array, path, fd).byte_layout` gives (positional
+        reads only); a build takes it for every file it inspects
+        (`grain_cells.io._layout_cache`), so a format may answer it without
+        building the reader.
+        """
+        return getattr(self.range_reader(array, path, fd), "byte_layout", None)
+
     def recorded_format(self) -> str | None:
         """What checkpoints record as a file's format (default: `name`).
 

@@ -17,7 +17,7 @@ import numpy as np
 from grain_cells import formats
 from grain_cells.hdf5 import _layout, _remote
 from grain_cells.hdf5._open import open_h5
-from grain_cells.hdf5._reads import RangeReader
+from grain_cells.hdf5._reads import RangeReader, byte_layout
 from grain_cells.storage import FileStat
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
@@ -112,6 +112,10 @@ class Hdf5Format(formats.Format):
         """`grain_cells.hdf5._reads.RangeReader` (HDF5 has no unwritten chunks)."""
         del fill_missing
         return RangeReader(array, path, fd, cache_bytes=cache_bytes)
+
+    def byte_layout(self, array, path, fd):
+        """`_reads.byte_layout`: HDF5's own calls, no reader built."""
+        return byte_layout(array, path) if fd is not None else None
 
     def recorded_format(self) -> None:
         """None: `.h5ad` identities record no format (states saved before)."""

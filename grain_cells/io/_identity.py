@@ -63,15 +63,22 @@ class FileIdentity:
 
     @classmethod
     def take(
-        cls, f, path: str, element: str, stat: FileStat | None = None
+        cls,
+        f,
+        path: str,
+        element: str,
+        stat: FileStat | None = None,
+        nodes: tuple | None = None,
     ) -> FileIdentity:
         """The identity of an open file's matrix at `element`.
 
         The `stat` comes from the open file (`Format.stat_of`: the descriptor
         HDF5 opened) unless given (an object's ETag, size and time), so it
-        describes the very file the digests were computed from.
+        describes the very file the digests were computed from. `nodes`:
+        `matrix_nodes(f, element)`, when the caller has them.
         """
-        nodes = _matrix_nodes(f, element)  # looked up once for both digests
+        if nodes is None:
+            nodes = matrix_nodes(f, element)  # looked up once for both digests
         return cls(
             os.fspath(path),
             element,
@@ -122,7 +129,7 @@ class FileIdentity:
             )
 
 
-def _matrix_nodes(f, element: str) -> tuple:
+def matrix_nodes(f, element: str) -> tuple:
     """`(node, arrays)`: the element and its arrays by name (`""`: dense)."""
     obj = f[element]
     if _nodes.is_array(obj):
@@ -142,9 +149,9 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     Args:
         f: The open file.
         element: The matrix.
-        nodes: `_matrix_nodes(f, element)`, when the caller has them.
+        nodes: `matrix_nodes(f, element)`, when the caller has them.
     """
-    obj, arrays = _matrix_nodes(f, element) if nodes is None else nodes
+    obj, arrays = matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
     group = "" not in arrays
     if group:
@@ -169,7 +176,7 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
     `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
     `nodes` as in `layout_digest`.
     """
-    arrays = (_matrix_nodes(f, element) if nodes is None else nodes)[1]
+    arrays = (matrix_nodes(f, element) if nodes is None else nodes)[1]
     digest = hashlib.sha256(element.encode())
     path = _nodes.file_name(f)
     for ds in arrays.values():

@@ -51,7 +51,7 @@ from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.io import _h5ad, _layout_cache, _nodes
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import MatrixInfo
-from grain_cells.io._identity import FileIdentity
+from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._obs import ColumnKind
 from grain_cells.io._open import open_file
 from grain_cells.storage import FileStat
@@ -281,12 +281,15 @@ def inspect_file(
     with open_file(path, storage_options) as f:
         info = _h5ad.inspect_matrix(f, element)
         stat = _nodes.stat_of(f, path)
-        identity = FileIdentity.take(f, path, info.element, stat)
+        # Each node is looked up once for the identity and the layouts.
+        matrix = matrix_nodes(f, info.element)
+        identity = FileIdentity.take(f, path, info.element, stat, matrix)
         keys = read_gene_keys(f, element, genes_from)
         have = _h5ad.obs_columns(f)
-        kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have)
+        columns: dict = {}
+        kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have, columns)
         layouts = _layout_cache.take(
-            f, formats.for_path(path), path, info, stat, obs_names
+            f, formats.for_path(path), path, info, stat, kinds, (matrix, columns)
         )
     return FileMeta(info, identity, keys, list(have), kinds, layouts)
 
