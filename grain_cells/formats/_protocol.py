@@ -235,6 +235,13 @@ class Format(abc.ABC):
     def is_array(self, node) -> bool:
         """Whether a node this format owns is an array."""
 
+    def child(self, group, name: str):
+        """`group[name]` (a relative path), or None when it is absent.
+
+        May raise `KeyError` or `OSError` for a link that dangles.
+        """
+        return group.get(name)
+
     def is_string_array(self, node) -> bool:
         """Whether an array holds strings."""
         return np.dtype(node.dtype).kind in "OUST"

@@ -63,6 +63,10 @@ class Hdf5Format(formats.Format):
         """An h5py dataset."""
         return isinstance(node, h5py.Dataset)
 
+    def child(self, group, name: str):
+        """`group.get(name)` through HDF5's own calls (`_child`)."""
+        return _child(group, name)
+
     def is_string_array(self, node) -> bool:
         """HDF5 variable- or fixed-length strings."""
         return h5py.check_string_dtype(node.dtype) is not None
@@ -137,22 +141,59 @@ def _strings(node) -> np.ndarray:
     """A string dataset as an object array of `str`, as `asstr()[()]` gives it."""
     dtype = node.dtype
     info = h5py.check_string_dtype(dtype)
-    if info.length is not None or not node.shape or not node.size:
+    shape = node.shape
+    if info.length is not None or not shape or not node.size:
         return np.asarray(node.asstr()[()], dtype=object)
-    # What `node[()]` reads, without h5py's selection wrapping (most of the
-    # cost of a short list: a file's categories).
-    raw = np.empty(node.shape, dtype=dtype)
-    node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=h5py.h5t.py_create(dtype))
-    key = (info.encoding, raw.shape, tuple(raw.reshape(-1).tolist()))
+    # One fixed-width buffer (HDF5 converts): no bytes object per string, and
+    # the buffer itself is the key of its decoded list (issue 33).
+    raw = np.empty(shape, dtype=_FIXED_DTYPE)
+    node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=_FIXED_TYPE)
+    if raw.view(np.uint8).reshape(-1, _WIDTH)[:, -1].any():
+        # Some string may be longer: what `node[()]` reads, without h5py's
+        # selection wrapping (most of the cost of a short list).
+        raw = np.empty(shape, dtype=dtype)
+        node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=h5py.h5t.py_create(dtype))
+        key = (info.encoding, shape, tuple(raw.reshape(-1).tolist()))
+    else:
+        key = (info.encoding, shape, raw.tobytes())
     held = _DECODED.get(key)
     if held is None:
         held = np.array(
-            [b.decode(info.encoding) for b in key[2]], dtype=object
-        ).reshape(raw.shape)
+            [b.decode(info.encoding) for b in raw.reshape(-1).tolist()], dtype=object
+        ).reshape(shape)
         if sum(v.size for v in _DECODED.values()) + held.size > _DECODED_MAX:
             _DECODED.clear()
         _DECODED[key] = held
     return held.copy()
+
+
+# Bytes per string of the fixed buffer: a string that fills it may be longer,
+# and its list is read again as variable-length strings.
+_WIDTH = 64
+_FIXED_DTYPE = np.dtype(f"S{_WIDTH}")
+_FIXED_TYPE = h5py.h5t.C_S1.copy()
+_FIXED_TYPE.set_size(_WIDTH)
+_FIXED_TYPE.set_strpad(h5py.h5t.STR_NULLPAD)
+
+
+def _child(group, name: str):
+    """`group.get(name)`: a group or dataset opened directly, else by h5py.
+
+    h5py's lookup makes an `h5py.File` of the node's file for every dataset
+    it opens (to ask whether it is read-only), half its cost; a build looks
+    up about thirty nodes per file (issue 33).
+    """
+    try:
+        oid = h5py.h5o.open(group.id, name.encode("utf-8"))
+    except KeyError:
+        return None
+    kind = h5py.h5i.get_type(oid)
+    if kind == h5py.h5i.GROUP:
+        return h5py.Group(oid)
+    if kind == h5py.h5i.DATASET:
+        fid = h5py.h5i.get_file_id(oid)
+        return h5py.Dataset(oid, readonly=fid.get_intent() == h5py.h5f.ACC_RDONLY)
+    return group.get(name)
 
 
 def _points(ds, index: np.ndarray) -> np.ndarray | None:

@@ -59,8 +59,9 @@ def checked(node, path: str):
 
 def get(group, name: str):
     """`group[name]`, or None when it is absent (or an HDF5 link dangles)."""
+    fmt = formats.of(group)
     try:
-        return group.get(name)
+        return group.get(name) if fmt is None else fmt.child(group, name)
     except (KeyError, OSError):  # a dangling external link "is in" the group
         return None
 
