@@ -236,9 +236,10 @@ def _attr(node, name: str, default=None):
     twenty attributes, issue 33); every other kind goes through h5py.
     """
     oid, key = node.id, name.encode("utf-8")
-    if not h5py.h5a.exists(oid, key):
+    try:
+        attr = h5py.h5a.open(oid, key)
+    except KeyError:  # no such attribute
         return default
-    attr = h5py.h5a.open(oid, key)
     space = attr.get_space()
     kind = space.get_simple_extent_type()
     if kind not in (h5py.h5s.SCALAR, h5py.h5s.SIMPLE):
@@ -263,12 +264,13 @@ def _storage(ds) -> list:
     plist = ds.id.get_create_plist()
     layout = plist.get_layout()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None
     out = [
         ds.name,
         h5py.h5o.get_info(ds.id).addr,
         ds.shape,
         ds.dtype.str,
-        ds.chunks,
+        chunks,
         int(layout),
         filters,
     ]
@@ -282,16 +284,38 @@ def _storage(ds) -> list:
             ]
         )
     elif layout == h5py.h5d.CHUNKED and ds.shape and ds.shape[0]:
-        n_chunks = -(-ds.shape[0] // ds.chunks[0])
+        n_chunks = -(-ds.shape[0] // chunks[0])
         picks = np.unique(np.linspace(0, n_chunks - 1, _CHUNK_SAMPLES).astype(int))
+        written = _chunk_infos(ds, n_chunks)
         for k in picks.tolist():
-            coord = (k * ds.chunks[0],) + (0,) * (len(ds.shape) - 1)
-            try:
-                info = ds.id.get_chunk_info_by_coord(coord)
-                out.append((info.byte_offset, info.size, info.filter_mask))
-            except Exception:  # a chunk never written
-                out.append(None)
+            coord = (k * chunks[0],) + (0,) * (len(ds.shape) - 1)
+            info = None if written is None else written.get(coord)
+            if info is None:  # many chunks, or one never written: HDF5 says
+                try:
+                    info = ds.id.get_chunk_info_by_coord(coord)
+                except Exception:  # a chunk never written
+                    info = None
+            out.append(
+                None
+                if info is None
+                else (info.byte_offset, info.size, info.filter_mask)
+            )
     return out
+
+
+def _chunk_infos(ds, n_chunks: int) -> dict | None:
+    """Each written chunk's `StoreInfo` by its first coordinate, when few.
+
+    One walk of the chunk index instead of a lookup per sampled chunk (a
+    thin file's arrays have a few chunks each, issue 33); None for many
+    chunks (the sampled lookups then). The walk gives what the lookup of a
+    written chunk gives.
+    """
+    if n_chunks > 4 * _CHUNK_SAMPLES:
+        return None
+    found: dict = {}
+    ds.id.chunk_iter(lambda info: found.__setitem__(tuple(info.chunk_offset), info))
+    return found
 
 
 HDF5 = formats.register(Hdf5Format())
