@@ -144,11 +144,13 @@ def _strings(node) -> np.ndarray:
     shape = node.shape
     if info.length is not None or not shape or not node.size:
         return np.asarray(node.asstr()[()], dtype=object)
-    # One fixed-width buffer (HDF5 converts): no bytes object per string, and
-    # the buffer itself is the key of its decoded list (issue 33).
-    raw = np.empty(shape, dtype=_FIXED_DTYPE)
-    node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=_FIXED_TYPE)
-    if raw.view(np.uint8).reshape(-1, _WIDTH)[:, -1].any():
+    # A short list in one fixed-width buffer (HDF5 converts): no bytes object
+    # per string, and the buffer itself keys its decoded list (issue 33).
+    raw = None
+    if node.size <= _DECODED_MAX:
+        raw = np.empty(shape, dtype=_FIXED_DTYPE)
+        node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=_FIXED_TYPE)
+    if raw is None or raw.view(np.uint8).reshape(-1, _WIDTH)[:, -1].any():
         # Some string may be longer: what `node[()]` reads, without h5py's
         # selection wrapping (most of the cost of a short list).
         raw = np.empty(shape, dtype=dtype)
