@@ -100,9 +100,8 @@ def n_rows(frame) -> int | None:
     if not _nodes.is_group(frame):
         return None
     index = _attr_str(frame, "_index")
-    if index is not None and index in frame:
-        return _element_length(frame[index])
-    return None
+    node = None if index is None else _nodes.get(frame, index)
+    return None if node is None else _element_length(node)
 
 
 def legacy_table(path: str, frame) -> np.ndarray:
@@ -120,7 +119,7 @@ def legacy_table(path: str, frame) -> np.ndarray:
 def _frame_index(f, name: str) -> np.ndarray:
     """The index (obs or var names) of the dataframe `name`, as stored."""
     path = file_name(f)
-    frame = f[name]
+    frame = _nodes.at(f, name)
     if is_legacy_frame(frame):
         table = legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
@@ -129,7 +128,7 @@ def _frame_index(f, name: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = _nodes.checked(frame[key], path)
+    index = _nodes.checked(_nodes.at(frame, key), path)
     names = _plain_strings(index)
     if names is not None:
         return names
@@ -211,7 +210,7 @@ def read_obs_names(f) -> np.ndarray:
 
 def obs_columns(f) -> list[str]:
     """Names of the obs columns stored in the file."""
-    return frame_columns(f["obs"])
+    return frame_columns(_nodes.at(f, "obs"))
 
 
 def frame_columns(group) -> list[str]:

@@ -131,10 +131,11 @@ class FileIdentity:
 
 def matrix_nodes(f, element: str) -> tuple:
     """`(node, arrays)`: the element and its arrays by name (`""`: dense)."""
-    obj = f[element]
+    obj = _nodes.at(f, element)
     if _nodes.is_array(obj):
         return obj, {"": obj}
-    return obj, {k: obj[k] for k in ("data", "indices", "indptr") if k in obj}
+    arrays = {k: _nodes.get(obj, k) for k in ("data", "indices", "indptr")}
+    return obj, {k: v for k, v in arrays.items() if v is not None}
 
 
 def layout_digest(f, element: str, nodes: tuple | None = None) -> str:

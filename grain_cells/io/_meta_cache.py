@@ -278,7 +278,8 @@ def inspect_file(
     path: str, element: str, obs_names, genes_from, storage_options
 ) -> FileMeta:
     """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
-    with open_file(path, storage_options) as f:
+    # Nodes and attributes asked for again come from memory (`remembered`).
+    with open_file(path, storage_options) as f, _nodes.remembered():
         info = _h5ad.inspect_matrix(f, element)
         stat = _nodes.stat_of(f, path)
         # Each node is looked up once for the identity and the layouts.

@@ -145,7 +145,7 @@ def obs_column_kinds(
         errors.MissingColumnError: No such column.
         errors.AnnDataFormatError: A column's length differs from obs's index.
     """
-    group, path = f["obs"], file_name(f)
+    group, path = _nodes.at(f, "obs"), file_name(f)
     if have is None:
         have = frame_columns(group)
     legacy = is_legacy_frame(group)
