@@ -156,7 +156,11 @@ def obs_column_kinds(
             raise errors.MissingColumnError(
                 f"{path}: obs has no column {name!r}; it has {have}"
             )
-        kind = None if legacy else _plain_kind(_nodes.checked(group[name], path))
+        kind = (
+            None
+            if legacy
+            else _plain_kind(_nodes.checked(_nodes.at(group, name), path))
+        )
         if kind is not None:
             categories, dtype, length, values = kind
             if nodes is not None:
@@ -184,7 +188,7 @@ def _plain_kind(elem):
         return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0], elem
     if encoding != "categorical" or not _nodes.is_group(elem):
         return None
-    codes, categories = elem.get("codes"), elem.get("categories")
+    codes, categories = _nodes.get(elem, "codes"), _nodes.get(elem, "categories")
     if not (
         _nodes.is_array(codes)
         and _nodes.is_array(categories)
