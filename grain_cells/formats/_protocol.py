@@ -251,7 +251,11 @@ class Format(abc.ABC):
         return node.attrs.get(name, default)
 
     def strings(self, node) -> np.ndarray:
-        """All of a string array as an object array of `str`."""
+        """All of a string array as an object array of `str`.
+
+        Callers never write to it: a format may give one shared, read-only
+        array for equal lists.
+        """
         values = np.asarray(node[...])
         if values.dtype.kind == "S":
             return np.char.decode(values, "utf-8").astype(object)

@@ -76,7 +76,7 @@ class Hdf5Format(formats.Format):
         return _attr(node, name, default)
 
     def strings(self, node) -> np.ndarray:
-        """Decoded as h5py's `asstr` decodes them (`_strings`)."""
+        """Decoded as h5py's `asstr` decodes them (`_strings`; read-only)."""
         return _strings(node)
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
@@ -138,7 +138,12 @@ _DECODED_MAX = 1 << 17  # strings held in all (a 62,710-gene list and categories
 
 
 def _strings(node) -> np.ndarray:
-    """A string dataset as an object array of `str`, as `asstr()[()]` gives it."""
+    """A string dataset as an object array of `str`, as `asstr()[()]` gives it.
+
+    Read-only: a list equal to one read before in this process is that very
+    array (a collection's files mostly repeat one gene list and the same
+    categories), so callers that compare lists can compare them by identity.
+    """
     dtype = node.dtype
     info = h5py.check_string_dtype(dtype)
     shape = node.shape
@@ -163,10 +168,11 @@ def _strings(node) -> np.ndarray:
         held = np.array(
             [b.decode(info.encoding) for b in raw.reshape(-1).tolist()], dtype=object
         ).reshape(shape)
+        held.flags.writeable = False
         if sum(v.size for v in _DECODED.values()) + held.size > _DECODED_MAX:
             _DECODED.clear()
         _DECODED[key] = held
-    return held.copy()
+    return held
 
 
 # Bytes per string of the fixed buffer: a string that fills it may be longer,

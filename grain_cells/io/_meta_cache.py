@@ -111,6 +111,9 @@ class MetaCache:
         # Names of arrays stored by this build, by content (`_save_array`):
         # a collection's files mostly share one gene list and categories.
         self._names: dict[tuple, str | None] = {}
+        # The same, by the identity of a read-only array met before: files of
+        # one gene list share one array (`_frames.var_names`), unhashed here.
+        self._by_id: dict[int, tuple] = {}
 
     def lookup(self, path: str, obs_names) -> FileMeta | None:
         """The file's entry if the file is unchanged and it has every column."""
@@ -241,6 +244,9 @@ class MetaCache:
     def _save_array(self, a: np.ndarray) -> str | None:
         """The array's name, written if new; None if it cannot round-trip."""
         a = np.asarray(a)
+        hit = self._by_id.get(id(a))
+        if hit is not None and hit[0] is a:
+            return hit[1]
         if a.dtype == object:
             values = a.tolist()  # equal values of other types are not one array
             content = (a.shape, tuple(values), frozenset(map(type, values)))
@@ -248,6 +254,8 @@ class MetaCache:
             content = (a.dtype.str, a.shape, a.tobytes())
         if content not in self._names:
             self._names[content] = self._save_new(a)
+        if not a.flags.writeable:  # its content cannot change under this id
+            self._by_id[id(a)] = (a, self._names[content])
         return self._names[content]
 
     def _save_new(self, a: np.ndarray) -> str | None:
