@@ -38,8 +38,9 @@ from grain_cells.storage import FileStat
 _INDPTR_SAMPLES = 65
 _VALUE_WINDOWS = 8
 _WINDOW = 64  # elements (or columns of a dense row) per value window
-# A 1-D array up to this size is read whole for its windows (one read, not
-# eight: a thin file's `data` and `indices`, issue 33).
+# An uncompressed 1-D array up to this size is read whole for its windows
+# (one read, not eight: a thin file's `data` and `indices`, issue 33); a
+# compressed one is not (its other chunks would be decoded, or refused).
 _WHOLE_BYTES = 256 * 1024
 
 
@@ -192,8 +193,11 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
         starts = np.unique(
             np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
         )
-        if len(shape) == 1 and n * ds.dtype.itemsize <= _WHOLE_BYTES:
-            # A small array in one read, its windows cut from it (same bytes).
+        if (
+            len(shape) == 1
+            and n * ds.dtype.itemsize <= _WHOLE_BYTES
+            and _nodes.chunk_bytes(ds) is None
+        ):  # small and stored plain: one read, its windows cut from it (same bytes)
             whole = np.ascontiguousarray(read(ds, np.s_[0:n], path, (0, n)))
             for a in starts.tolist():
                 digest.update(whole[a : a + _WINDOW].tobytes())
