@@ -149,39 +149,23 @@ def _strings(node) -> np.ndarray:
     shape = node.shape
     if info.length is not None or not shape or not node.size:
         return np.asarray(node.asstr()[()], dtype=object)
-    # A short list in one fixed-width buffer (HDF5 converts): no bytes object
-    # per string, and the buffer itself keys its decoded list (issue 33).
-    raw = None
-    if node.size <= _DECODED_MAX:
-        raw = np.empty(shape, dtype=_FIXED_DTYPE)
-        node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=_FIXED_TYPE)
-    if raw is None or raw.view(np.uint8).reshape(-1, _WIDTH)[:, -1].any():
-        # Some string may be longer: what `node[()]` reads, without h5py's
-        # selection wrapping (most of the cost of a short list).
-        raw = np.empty(shape, dtype=dtype)
-        node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=h5py.h5t.py_create(dtype))
-        key = (info.encoding, shape, tuple(raw.reshape(-1).tolist()))
-    else:
-        key = (info.encoding, shape, raw.tobytes())
+    # What `node[()]` reads, without h5py's selection wrapping (most of the
+    # cost of a short list: a file's categories). (HDF5's own conversion to
+    # fixed-width strings would save a bytes object per string, but leaks
+    # about 300 KB per read of 2,000 names in HDF5 2.0.)
+    raw = np.empty(shape, dtype=dtype)
+    node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=h5py.h5t.py_create(dtype))
+    key = (info.encoding, shape, tuple(raw.reshape(-1).tolist()))
     held = _DECODED.get(key)
     if held is None:
         held = np.array(
-            [b.decode(info.encoding) for b in raw.reshape(-1).tolist()], dtype=object
+            [b.decode(info.encoding) for b in key[2]], dtype=object
         ).reshape(shape)
         held.flags.writeable = False
         if sum(v.size for v in _DECODED.values()) + held.size > _DECODED_MAX:
             _DECODED.clear()
         _DECODED[key] = held
     return held
-
-
-# Bytes per string of the fixed buffer: a string that fills it may be longer,
-# and its list is read again as variable-length strings.
-_WIDTH = 64
-_FIXED_DTYPE = np.dtype(f"S{_WIDTH}")
-_FIXED_TYPE = h5py.h5t.C_S1.copy()
-_FIXED_TYPE.set_size(_WIDTH)
-_FIXED_TYPE.set_strpad(h5py.h5t.STR_NULLPAD)
 
 
 def _child(group, name: str):
