@@ -256,6 +256,13 @@ class Format(abc.ABC):
     def is_array(self, node) -> bool:
         """Whether a node this format owns is an array."""
 
+    def child(self, group, name: str):
+        """`group[name]` (a relative path), or None when it is absent.
+
+        May raise `KeyError` or `OSError` for a link that dangles.
+        """
+        return group.get(name)
+
     def is_string_array(self, node) -> bool:
         """Whether an array holds strings."""
         return np.dtype(node.dtype).kind in "OUST"
@@ -265,7 +272,11 @@ class Format(abc.ABC):
         return node.attrs.get(name, default)
 
     def strings(self, node) -> np.ndarray:
-        """All of a string array as an object array of `str`."""
+        """All of a string array as an object array of `str`.
+
+        Callers never write to it: a format may give one shared, read-only
+        array for equal lists.
+        """
         values = np.asarray(node[...])
         if values.dtype.kind == "S":
             return np.char.decode(values, "utf-8").astype(object)
@@ -358,6 +369,16 @@ class Format(abc.ABC):
                 (`True`, `"leading"`, `False`); formats without unwritten
                 chunks ignore it.
         """
+
+    def byte_layout(self, array, path: str, fd):
+        """Where `array`'s bytes lie in the file (a `ByteLayout`), or None.
+
+        What `range_reader(array, path, fd).byte_layout` gives (positional
+        reads only); a build takes it for every file it inspects
+        (`grain_cells.io._layout_cache`), so a format may answer it without
+        building the reader.
+        """
+        return getattr(self.range_reader(array, path, fd), "byte_layout", None)
 
     def recorded_format(self) -> str | None:
         """What checkpoints record as a file's format (default: `name`).

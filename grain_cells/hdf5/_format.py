@@ -17,7 +17,7 @@ import numpy as np
 from grain_cells import formats
 from grain_cells.hdf5 import _layout, _remote
 from grain_cells.hdf5._open import open_h5
-from grain_cells.hdf5._reads import RangeReader
+from grain_cells.hdf5._reads import RangeReader, byte_layout
 from grain_cells.storage import FileStat
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
@@ -63,6 +63,10 @@ class Hdf5Format(formats.Format):
         """An h5py dataset."""
         return isinstance(node, h5py.Dataset)
 
+    def child(self, group, name: str):
+        """`group.get(name)` through HDF5's own calls (`_child`)."""
+        return _child(group, name)
+
     def is_string_array(self, node) -> bool:
         """HDF5 variable- or fixed-length strings."""
         return h5py.check_string_dtype(node.dtype) is not None
@@ -72,7 +76,7 @@ class Hdf5Format(formats.Format):
         return _attr(node, name, default)
 
     def strings(self, node) -> np.ndarray:
-        """Decoded as h5py's `asstr` decodes them (`_strings`)."""
+        """Decoded as h5py's `asstr` decodes them (`_strings`; read-only)."""
         return _strings(node)
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
@@ -113,6 +117,10 @@ class Hdf5Format(formats.Format):
         del fill_missing
         return RangeReader(array, path, fd, cache_bytes=cache_bytes)
 
+    def byte_layout(self, array, path, fd):
+        """`_reads.byte_layout`: HDF5's own calls, no reader built."""
+        return byte_layout(array, path) if fd is not None else None
+
     def recorded_format(self) -> None:
         """None: `.h5ad` identities record no format (states saved before)."""
         return None
@@ -130,25 +138,54 @@ _DECODED_MAX = 1 << 17  # strings held in all (a 62,710-gene list and categories
 
 
 def _strings(node) -> np.ndarray:
-    """A string dataset as an object array of `str`, as `asstr()[()]` gives it."""
+    """A string dataset as an object array of `str`, as `asstr()[()]` gives it.
+
+    Read-only: a list equal to one read before in this process is that very
+    array (a collection's files mostly repeat one gene list and the same
+    categories), so callers that compare lists can compare them by identity.
+    """
     dtype = node.dtype
     info = h5py.check_string_dtype(dtype)
-    if info.length is not None or not node.shape or not node.size:
+    shape = node.shape
+    if info.length is not None or not shape or not node.size:
         return np.asarray(node.asstr()[()], dtype=object)
     # What `node[()]` reads, without h5py's selection wrapping (most of the
-    # cost of a short list: a file's categories).
-    raw = np.empty(node.shape, dtype=dtype)
+    # cost of a short list: a file's categories). (HDF5's own conversion to
+    # fixed-width strings would save a bytes object per string, but leaks
+    # about 300 KB per read of 2,000 names in HDF5 2.0.)
+    raw = np.empty(shape, dtype=dtype)
     node.id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=h5py.h5t.py_create(dtype))
-    key = (info.encoding, raw.shape, tuple(raw.reshape(-1).tolist()))
+    key = (info.encoding, shape, tuple(raw.reshape(-1).tolist()))
     held = _DECODED.get(key)
     if held is None:
         held = np.array(
             [b.decode(info.encoding) for b in key[2]], dtype=object
-        ).reshape(raw.shape)
+        ).reshape(shape)
+        held.flags.writeable = False
         if sum(v.size for v in _DECODED.values()) + held.size > _DECODED_MAX:
             _DECODED.clear()
         _DECODED[key] = held
-    return held.copy()
+    return held
+
+
+def _child(group, name: str):
+    """`group.get(name)`: a group or dataset opened directly, else by h5py.
+
+    h5py's lookup makes an `h5py.File` of the node's file for every dataset
+    it opens (to ask whether it is read-only), half its cost; a build looks
+    up about thirty nodes per file (issue 33).
+    """
+    try:
+        oid = h5py.h5o.open(group.id, name.encode("utf-8"))
+    except KeyError:
+        return None
+    kind = h5py.h5i.get_type(oid)
+    if kind == h5py.h5i.GROUP:
+        return h5py.Group(oid)
+    if kind == h5py.h5i.DATASET:
+        fid = h5py.h5i.get_file_id(oid)
+        return h5py.Dataset(oid, readonly=fid.get_intent() == h5py.h5f.ACC_RDONLY)
+    return group.get(name)
 
 
 def _points(ds, index: np.ndarray) -> np.ndarray | None:
@@ -191,9 +228,10 @@ def _attr(node, name: str, default=None):
     twenty attributes, issue 33); every other kind goes through h5py.
     """
     oid, key = node.id, name.encode("utf-8")
-    if not h5py.h5a.exists(oid, key):
+    try:
+        attr = h5py.h5a.open(oid, key)
+    except KeyError:  # no such attribute
         return default
-    attr = h5py.h5a.open(oid, key)
     space = attr.get_space()
     kind = space.get_simple_extent_type()
     if kind not in (h5py.h5s.SCALAR, h5py.h5s.SIMPLE):
@@ -218,12 +256,13 @@ def _storage(ds) -> list:
     plist = ds.id.get_create_plist()
     layout = plist.get_layout()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None
     out = [
         ds.name,
         h5py.h5o.get_info(ds.id).addr,
         ds.shape,
         ds.dtype.str,
-        ds.chunks,
+        chunks,
         int(layout),
         filters,
     ]
@@ -237,16 +276,38 @@ def _storage(ds) -> list:
             ]
         )
     elif layout == h5py.h5d.CHUNKED and ds.shape and ds.shape[0]:
-        n_chunks = -(-ds.shape[0] // ds.chunks[0])
+        n_chunks = -(-ds.shape[0] // chunks[0])
         picks = np.unique(np.linspace(0, n_chunks - 1, _CHUNK_SAMPLES).astype(int))
+        written = _chunk_infos(ds, n_chunks)
         for k in picks.tolist():
-            coord = (k * ds.chunks[0],) + (0,) * (len(ds.shape) - 1)
-            try:
-                info = ds.id.get_chunk_info_by_coord(coord)
-                out.append((info.byte_offset, info.size, info.filter_mask))
-            except Exception:  # a chunk never written
-                out.append(None)
+            coord = (k * chunks[0],) + (0,) * (len(ds.shape) - 1)
+            info = None if written is None else written.get(coord)
+            if info is None:  # many chunks, or one never written: HDF5 says
+                try:
+                    info = ds.id.get_chunk_info_by_coord(coord)
+                except Exception:  # a chunk never written
+                    info = None
+            out.append(
+                None
+                if info is None
+                else (info.byte_offset, info.size, info.filter_mask)
+            )
     return out
+
+
+def _chunk_infos(ds, n_chunks: int) -> dict | None:
+    """Each written chunk's `StoreInfo` by its first coordinate, when few.
+
+    One walk of the chunk index instead of a lookup per sampled chunk (a
+    thin file's arrays have a few chunks each, issue 33); None for many
+    chunks (the sampled lookups then). The walk gives what the lookup of a
+    written chunk gives.
+    """
+    if n_chunks > 4 * _CHUNK_SAMPLES:
+        return None
+    found: dict = {}
+    ds.id.chunk_iter(lambda info: found.__setitem__(tuple(info.chunk_offset), info))
+    return found
 
 
 HDF5 = formats.register(Hdf5Format())

@@ -11,6 +11,7 @@ Design notes: docs/reference/design.md#hdf5-reads.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 
 import h5py
 import numpy as np
@@ -126,40 +127,7 @@ class RangeReader:
 
     def _map_bytes(self) -> ByteLayout | None:
         """The dataset's byte layout if positional reads can read it."""
-        ds = self._dataset
-        if self.dtype != ds.dtype or self.dtype.hasobject:
-            return None
-        if not stored_in(ds, self.path):  # behind an external link
-            return None
-        if ds.id.get_create_plist().get_nfilters() != 0:
-            return None
-        n = self.shape[0]
-        if ds.chunks is None:
-            offset = ds.id.get_offset()
-            if offset is None:  # never written: HDF5 would return fill values
-                return None
-            offsets = np.array([offset], np.int64)
-            return ByteLayout(ds.name, self.dtype, self.shape, max(n, 1), offsets, None)
-        if tuple(ds.chunks[1:]) != tuple(self.row_shape):
-            return None  # chunks split rows: a row is not contiguous in the file
-        chunk_len = int(ds.chunks[0])
-        n_chunks = -(-n // chunk_len)
-        offsets = np.full(n_chunks, -1, np.int64)
-        chunk_bytes = chunk_len * self._row_bytes
-        sizes_ok = True
-
-        def visit(info):
-            nonlocal sizes_ok
-            offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
-            if info.size != chunk_bytes or info.filter_mask != 0:
-                sizes_ok = False
-
-        ds.id.chunk_iter(visit)
-        if not sizes_ok or (offsets < 0).any():
-            return None
-        return ByteLayout(
-            ds.name, self.dtype, self.shape, chunk_len, offsets, chunk_len
-        )
+        return byte_layout(self._dataset, self.path)
 
     def pin(self) -> None:
         """Asks the OS to read the whole dataset into the page cache, async.
@@ -241,3 +209,58 @@ class RangeReader:
                 f"{self.path}: reading {self.name} failed ({e}). The file may be "
                 "truncated or corrupt."
             ) from e
+
+
+def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
+    """Where a dataset's bytes lie in `path`, if positional reads can read them.
+
+    None unless uncompressed, contiguous or in whole-row chunks, all
+    written, and stored as the values are read. Asks HDF5's low-level calls
+    once each (a build takes this for every array of every file: issue 33).
+    """
+    dtype = ds.dtype
+    if value_dtype(dtype) != dtype or dtype.hasobject:
+        return None
+    dsid = ds.id
+    if not _stored_in(dsid, path):  # behind an external link
+        return None
+    plist = dsid.get_create_plist()
+    if plist.get_nfilters() != 0:
+        return None
+    shape = dsid.shape
+    n = shape[0]
+    if plist.get_layout() != h5py.h5d.CHUNKED:
+        offset = dsid.get_offset()
+        if offset is None:  # never written (or compact, virtual): h5py reads it
+            return None
+        offsets = np.array([offset], np.int64)
+        return ByteLayout(ds.name, dtype, shape, max(n, 1), offsets, None)
+    chunks = plist.get_chunk()
+    if tuple(chunks[1:]) != tuple(shape[1:]):
+        return None  # chunks split rows: a row is not contiguous in the file
+    chunk_len = int(chunks[0])
+    n_chunks = -(-n // chunk_len)
+    offsets = np.full(n_chunks, -1, np.int64)
+    chunk_bytes = chunk_len * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    sizes_ok = True
+
+    def visit(info):
+        nonlocal sizes_ok
+        offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
+        if info.size != chunk_bytes or info.filter_mask != 0:
+            sizes_ok = False
+
+    dsid.chunk_iter(visit)
+    if not sizes_ok or (offsets < 0).any():
+        return None
+    return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)
+
+
+def _stored_in(dsid, path: str) -> bool:
+    """`_layout.stored_in` from the dataset's id.
+
+    A path HDF5 names as given is the same file, without two `stat`s.
+    """
+    if "://" not in path and h5py.h5f.get_name(dsid) == os.fsencode(path):
+        return True
+    return stored_in(h5py.Dataset(dsid), path)

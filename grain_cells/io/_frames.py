@@ -100,9 +100,8 @@ def n_rows(frame) -> int | None:
     if not _nodes.is_group(frame):
         return None
     index = _attr_str(frame, "_index")
-    if index is not None and index in frame:
-        return _element_length(frame[index])
-    return None
+    node = None if index is None else _nodes.get(frame, index)
+    return None if node is None else _element_length(node)
 
 
 def legacy_table(path: str, frame) -> np.ndarray:
@@ -120,7 +119,7 @@ def legacy_table(path: str, frame) -> np.ndarray:
 def _frame_index(f, name: str) -> np.ndarray:
     """The index (obs or var names) of the dataframe `name`, as stored."""
     path = file_name(f)
-    frame = f[name]
+    frame = _nodes.at(f, name)
     if is_legacy_frame(frame):
         table = legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
@@ -129,7 +128,7 @@ def _frame_index(f, name: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = _nodes.checked(frame[key], path)
+    index = _nodes.checked(_nodes.at(frame, key), path)
     names = _plain_strings(index)
     if names is not None:
         return names
@@ -159,7 +158,31 @@ def _plain_strings(index) -> np.ndarray | None:
 
 def read_var_names(f, element: str) -> np.ndarray:
     """Var names (gene ids) of the matrix at `element`, as a str array."""
-    return np.asarray(_frame_index(f, _var_frame(f, element)), dtype=str)
+    names = var_names(f, element)
+    return names if names.flags.writeable else names.copy()
+
+
+# The str array of a shared, read-only list of strings (`Format.strings`), by
+# the list's identity: files of one gene list then give one array, which
+# `_genes.shared_keys` and the metadata cache recognise without hashing it.
+_AS_STR: dict = {}
+
+
+def var_names(f, element: str) -> np.ndarray:
+    """`read_var_names`, read-only and shared by equal lists where it can be."""
+    names = _frame_index(f, _var_frame(f, element))
+    if not (isinstance(names, np.ndarray) and names.dtype == object):
+        return np.asarray(names, dtype=str)
+    if names.flags.writeable:
+        return np.asarray(names, dtype=str)
+    held = _AS_STR.get(id(names))
+    if held is None or held[0] is not names:
+        if len(_AS_STR) >= 64:
+            _AS_STR.clear()
+        as_str = np.asarray(names, dtype=str)
+        as_str.flags.writeable = False
+        held = _AS_STR[id(names)] = (names, as_str)
+    return held[1]
 
 
 def _var_frame(f, element: str) -> str:
@@ -206,12 +229,13 @@ def read_var_column(f, element: str, column: str):
 
 def read_obs_names(f) -> np.ndarray:
     """Obs names (cell ids) as an object array of the stored strings."""
-    return np.asarray(_frame_index(f, "obs"), dtype=object)
+    names = np.asarray(_frame_index(f, "obs"), dtype=object)
+    return names if names.flags.writeable else names.copy()
 
 
 def obs_columns(f) -> list[str]:
     """Names of the obs columns stored in the file."""
-    return frame_columns(f["obs"])
+    return frame_columns(_nodes.at(f, "obs"))
 
 
 def frame_columns(group) -> list[str]:

@@ -92,8 +92,8 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
         errors.AnnDataFormatError: The column cannot be read, or its length
             is not var's.
     """
-    if genes_from is None:
-        return _frames.read_var_names(f, element)
+    if genes_from is None:  # read-only, shared by files of one gene list
+        return _frames.var_names(f, element)
     import pandas as pd  # here only: Grain workers never align genes
 
     path = file_name(f)

@@ -184,8 +184,8 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
     else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
-    var_rows = n_rows(f[var_group_name(element)])
-    obs_rows = n_rows(f["obs"])
+    var_rows = n_rows(_nodes.at(f, var_group_name(element)))
+    obs_rows = n_rows(_nodes.at(f, "obs"))
     if obs_rows is not None and obs_rows != info.n_obs:
         raise errors.AnnDataFormatError(
             f"{path}: {element} has {info.n_obs} rows but obs has {obs_rows}"

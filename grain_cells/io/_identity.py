@@ -38,6 +38,10 @@ from grain_cells.storage import FileStat
 _INDPTR_SAMPLES = 65
 _VALUE_WINDOWS = 8
 _WINDOW = 64  # elements (or columns of a dense row) per value window
+# An uncompressed 1-D array up to this size is read whole for its windows
+# (one read, not eight: a thin file's `data` and `indices`, issue 33); a
+# compressed one is not (its other chunks would be decoded, or refused).
+_WHOLE_BYTES = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +67,22 @@ class FileIdentity:
 
     @classmethod
     def take(
-        cls, f, path: str, element: str, stat: FileStat | None = None
+        cls,
+        f,
+        path: str,
+        element: str,
+        stat: FileStat | None = None,
+        nodes: tuple | None = None,
     ) -> FileIdentity:
         """The identity of an open file's matrix at `element`.
 
         The `stat` comes from the open file (`Format.stat_of`: the descriptor
         HDF5 opened) unless given (an object's ETag, size and time), so it
-        describes the very file the digests were computed from.
+        describes the very file the digests were computed from. `nodes`:
+        `matrix_nodes(f, element)`, when the caller has them.
         """
-        nodes = _matrix_nodes(f, element)  # looked up once for both digests
+        if nodes is None:
+            nodes = matrix_nodes(f, element)  # looked up once for both digests
         return cls(
             os.fspath(path),
             element,
@@ -122,12 +133,13 @@ class FileIdentity:
             )
 
 
-def _matrix_nodes(f, element: str) -> tuple:
+def matrix_nodes(f, element: str) -> tuple:
     """`(node, arrays)`: the element and its arrays by name (`""`: dense)."""
-    obj = f[element]
+    obj = _nodes.at(f, element)
     if _nodes.is_array(obj):
         return obj, {"": obj}
-    return obj, {k: obj[k] for k in ("data", "indices", "indptr") if k in obj}
+    arrays = {k: _nodes.get(obj, k) for k in ("data", "indices", "indptr")}
+    return obj, {k: v for k, v in arrays.items() if v is not None}
 
 
 def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
@@ -142,9 +154,9 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     Args:
         f: The open file.
         element: The matrix.
-        nodes: `_matrix_nodes(f, element)`, when the caller has them.
+        nodes: `matrix_nodes(f, element)`, when the caller has them.
     """
-    obj, arrays = _matrix_nodes(f, element) if nodes is None else nodes
+    obj, arrays = matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
     group = "" not in arrays
     if group:
@@ -169,7 +181,7 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
     `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
     `nodes` as in `layout_digest`.
     """
-    arrays = (_matrix_nodes(f, element) if nodes is None else nodes)[1]
+    arrays = (matrix_nodes(f, element) if nodes is None else nodes)[1]
     digest = hashlib.sha256(element.encode())
     path = _nodes.file_name(f)
     for ds in arrays.values():
@@ -181,6 +193,15 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
         starts = np.unique(
             np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
         )
+        if (
+            len(shape) == 1
+            and n * ds.dtype.itemsize <= _WHOLE_BYTES
+            and _nodes.chunk_bytes(ds) is None
+        ):  # small and stored plain: one read, its windows cut from it (same bytes)
+            whole = np.ascontiguousarray(read(ds, np.s_[0:n], path, (0, n)))
+            for a in starts.tolist():
+                digest.update(whole[a : a + _WINDOW].tobytes())
+            continue
         for a in starts.tolist():
             if len(shape) == 1:
                 window = read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))

@@ -41,8 +41,7 @@ from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.formats import ByteLayout, PositionalReader
 from grain_cells.io import _layouts
 from grain_cells.io._obs_cache import MIN_CELLS
-from grain_cells.io._obs_columns import _plain_kind
-from grain_cells.io._obsm import element_reader
+from grain_cells.io._obsm import OBSM, element_reader
 from grain_cells.storage import FileStat
 
 _VERSION = "layouts-v1"
@@ -58,8 +57,11 @@ def _name(path: str, element: str, stat: FileStat) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40] + ".json"
 
 
-def take(f, fmt, path: str, info, stat: FileStat, obs_names) -> dict | None:
+def take(f, fmt, path: str, info, stat: FileStat, kinds, nodes) -> dict | None:
     """The file's layouts entry (JSON-able), or None when not all positional.
+
+    Takes the layouts from the nodes the build already looked up (HDF5:
+    its own calls on each array, no reader built: issue 33).
 
     Args:
         f: The open file's root (h5py).
@@ -67,30 +69,38 @@ def take(f, fmt, path: str, info, stat: FileStat, obs_names) -> dict | None:
         path: The file.
         info: Its matrix summary.
         stat: Its stat.
-        obs_names: The obs columns a source reads with every cell.
+        kinds: The kinds of the obs columns read that the file has
+            (`ColumnKind.read`).
+        nodes: `(matrix, columns)`: the matrix's `(element, arrays)` as
+            `_identity.matrix_nodes` gives them, and per column in `kinds`
+            its array of values or codes where the column is plain
+            (`obs_column_kinds`).
     """
     if "://" in path or stat.etag or stat.content or stat.store:
         return None
     try:
-        return _take(f, fmt, path, info, stat, obs_names)
+        return _take(f, fmt, path, info, stat, kinds, nodes)
     except Exception:  # only a shortcut: the file opens through its format
         return None
 
 
-def _take(f, fmt, path, info, stat, obs_names) -> dict | None:
+def _take(f, fmt, path, info, stat, kinds, nodes) -> dict | None:
     fd = fmt.open_bytes(f, path, {}, stat)
     if fd is None:
         return None
     try:
-        matrix = _layouts.layouts_of(element_reader(f, info, fd), fd)
+        if getattr(fd, "remote", True):
+            return None
+        matrix_nodes, columns = nodes
+        matrix = _matrix_layouts(f, fmt, path, info, fd, matrix_nodes)
         if matrix is None:
             return None
         obs = {}
-        group = f["obs"]
-        for c in obs_names:
-            if c not in group:
-                continue  # absent: the harmonised column knows
-            column = _column_layout(fmt, path, fd, group[c])
+        for c, kind in kinds.items():
+            array = columns.get(c)
+            if array is None:
+                return None  # read whole: only its format reads it
+            column = _column_layout(fmt, path, fd, kind, array)
             if column is None:
                 return None
             obs[c] = column
@@ -102,22 +112,34 @@ def _take(f, fmt, path, info, stat, obs_names) -> dict | None:
     return {"version": _VERSION, "path": path, "matrix": out, "obs": obs}
 
 
-def _column_layout(fmt, path: str, fd, elem) -> dict | None:
-    """A plain obs column's values as a layout (`_obs_columns._plain_kind`)."""
-    kind = _plain_kind(elem)
-    if kind is None:
-        return None
-    categories, dtype, _ = kind
-    array = elem if categories is None else elem["codes"]
-    layout = getattr(fmt.range_reader(array, path, fd), "byte_layout", None)
+def _matrix_layouts(f, fmt, path, info, fd, matrix) -> dict | None:
+    """The matrix's layouts by the names `_layouts.reader_of` takes."""
+    _, arrays = matrix
+    if info.element.startswith(OBSM) or not (
+        set(arrays) == {""} or set(arrays) == {"data", "indices", "indptr"}
+    ):  # other element kinds: from the reader itself
+        return _layouts.layouts_of(element_reader(f, info, fd), fd)
+    out = {}
+    for name, array in arrays.items():
+        layout = fmt.byte_layout(array, path, fd)
+        if layout is None:
+            return None
+        out[name or "x"] = layout
+    return out
+
+
+def _column_layout(fmt, path: str, fd, kind, array) -> dict | None:
+    """A plain obs column's values as a layout (`obs_column_kinds`)."""
+    layout = fmt.byte_layout(array, path, fd)
     if layout is None or len(layout.shape) != 1:
         return None
     as_json = _layout_json(layout)
     if as_json is None:
         return None
+    categories = kind.categories
     return {
         "layout": as_json,
-        "as": np.dtype(dtype).str,
+        "as": np.dtype(kind.dtype).str,
         "n_categories": None if categories is None else len(categories),
     }
 

@@ -11,7 +11,9 @@ an unopened path, to the one that opens it (`formats.for_path`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import numpy as np
 
@@ -57,20 +59,65 @@ def checked(node, path: str):
     return node if fmt is None else fmt.checked(node, path)
 
 
+_LOCAL = threading.local()
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def remembered():
+    """Within it, this thread's `get`, `at` and `attr` answer repeats from memory.
+
+    For one file's inspection at build (issue 33), whose checks ask for the
+    same nodes and attributes several times (`obs`, its `_index`, the
+    matrix's arrays): each is looked up or read once. Only for a file
+    nothing writes meanwhile (opened read-only); answers are kept by the
+    identity of the node asked, which the memory holds until it ends.
+    """
+    outer = getattr(_LOCAL, "memo", None)
+    _LOCAL.memo = {}
+    try:
+        yield
+    finally:
+        _LOCAL.memo = outer
+
+
 def get(group, name: str):
     """`group[name]`, or None when it is absent (or an HDF5 link dangles)."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is not None:
+        held = memo.get((id(group), name))
+        if held is not None:
+            return held[1]
+    fmt = formats.of(group)
     try:
-        return group.get(name)
+        node = group.get(name) if fmt is None else fmt.child(group, name)
     except (KeyError, OSError):  # a dangling external link "is in" the group
-        return None
+        node = None
+    if memo is not None:
+        memo[(id(group), name)] = (group, node)
+    return node
+
+
+def at(group, name: str):
+    """`group[name]` (raising as the format does when absent), as `get` finds it."""
+    node = get(group, name)
+    return group[name] if node is None else node
 
 
 def attr(node, name: str, default=None):
     """The attribute `name` of `node`, or `default` (`Format.attr`)."""
+    memo = getattr(_LOCAL, "memo", None)
+    if memo is not None:
+        held = memo.get((id(node), "", name))
+        if held is not None:
+            return default if held[1] is _ABSENT else held[1]
     fmt = formats.of(node)
-    return (
-        node.attrs.get(name, default) if fmt is None else fmt.attr(node, name, default)
+    value = (
+        node.attrs.get(name, _ABSENT) if fmt is None else fmt.attr(node, name, _ABSENT)
     )
+    if memo is not None:
+        memo[(id(node), "", name)] = (node, value)
+    return default if value is _ABSENT else value
 
 
 def attr_str(node, name: str, default=None):
@@ -158,6 +205,7 @@ def range_reader(
 
 
 __all__ = [
+    "at",
     "attr",
     "attr_str",
     "check_storage",
@@ -173,6 +221,7 @@ __all__ = [
     "is_string_array",
     "range_reader",
     "read",
+    "remembered",
     "stat_of",
     "stat_path",
     "strings",

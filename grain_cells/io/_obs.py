@@ -42,16 +42,21 @@ class ColumnKind:
 
     @classmethod
     def read(
-        cls, f, names: Sequence[str], have: list[str] | None = None
+        cls,
+        f,
+        names: Sequence[str],
+        have: list[str] | None = None,
+        nodes: dict | None = None,
     ) -> dict[str, ColumnKind]:
         """The kinds of obs columns `names` of open file `f`, from metadata.
 
         Reads only a categorical column's categories where the encoding
         says the rest (`h5ad.obs_column_kinds`), otherwise the whole column.
         Codes outside the categories are then refused at the first read of
-        the codes, not here. `have`: `obs_columns(f)`, when the caller has it.
+        the codes, not here. `have`: `obs_columns(f)`, when the caller has it;
+        `nodes`: filled as `obs_column_kinds` fills it.
         """
-        kinds = obs_column_kinds(f, names, have)
+        kinds = obs_column_kinds(f, names, have, nodes)
         return {
             c: cls.of(read_obs_column(f, c)) if k is None else cls(*k)
             for c, k in kinds.items()

@@ -117,7 +117,9 @@ def obs_column_kind(f, name: str):
     return obs_column_kinds(f, [name])[name]
 
 
-def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
+def obs_column_kinds(
+    f, names, have: list[str] | None = None, nodes: dict | None = None
+) -> dict:
     """Obs columns' kinds from their metadata alone, None where it must read.
 
     Reads the categories of a categorical column (small), never its codes
@@ -129,6 +131,9 @@ def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
         f: The open file.
         names: The columns.
         have: `obs_columns(f)`, when the caller has it.
+        nodes: If given, filled with each plain column's array of values
+            (a categorical's codes), for callers that locate its bytes
+            (`grain_cells.io._layout_cache`) without looking it up again.
 
     Returns:
         Per column, `(categories, dtype)` as `read_obs_column` would give
@@ -140,7 +145,7 @@ def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
         errors.MissingColumnError: No such column.
         errors.AnnDataFormatError: A column's length differs from obs's index.
     """
-    group, path = f["obs"], file_name(f)
+    group, path = _nodes.at(f, "obs"), file_name(f)
     if have is None:
         have = frame_columns(group)
     legacy = is_legacy_frame(group)
@@ -151,9 +156,15 @@ def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
             raise errors.MissingColumnError(
                 f"{path}: obs has no column {name!r}; it has {have}"
             )
-        kind = None if legacy else _plain_kind(_nodes.checked(group[name], path))
+        kind = (
+            None
+            if legacy
+            else _plain_kind(_nodes.checked(_nodes.at(group, name), path))
+        )
         if kind is not None:
-            categories, dtype, length = kind
+            categories, dtype, length, values = kind
+            if nodes is not None:
+                nodes[name] = values
             if rows is not None and length != rows:
                 raise errors.AnnDataFormatError(
                     f"{path}: obs column {name!r} has {length} values; obs's "
@@ -165,15 +176,19 @@ def obs_column_kinds(f, names, have: list[str] | None = None) -> dict:
 
 
 def _plain_kind(elem):
-    """`(categories, dtype, length)` of a column `_plain_column` reads, or None."""
+    """`(categories, dtype, length, values)` of a column `_plain_column` reads.
+
+    `values` is the array of its values (a categorical's codes); None for
+    any other column.
+    """
     encoding = encoding_of(elem)
     if encoding == "array" and _nodes.is_array(elem):
         if elem.ndim != 1 or elem.dtype.kind not in "iuf":
             return None
-        return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0]
+        return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0], elem
     if encoding != "categorical" or not _nodes.is_group(elem):
         return None
-    codes, categories = elem.get("codes"), elem.get("categories")
+    codes, categories = _nodes.get(elem, "codes"), _nodes.get(elem, "categories")
     if not (
         _nodes.is_array(codes)
         and _nodes.is_array(categories)
@@ -183,7 +198,7 @@ def _plain_kind(elem):
         and _nodes.is_string_array(categories)
     ):
         return None
-    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0]
+    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0], codes
 
 
 def _plain_column(elem) -> ObsColumn | None:
@@ -200,10 +215,10 @@ def _plain_column(elem) -> ObsColumn | None:
     kind = _plain_kind(elem)
     if kind is None:
         return None
-    labels, dtype, _ = kind
+    labels, dtype, _, array = kind
     if labels is None:
-        return ObsColumn(np.asarray(elem[...]).astype(dtype, copy=False), None)
-    values = np.asarray(elem["codes"][...])
+        return ObsColumn(np.asarray(array[...]).astype(dtype, copy=False), None)
+    values = np.asarray(array[...])
     if values.size and (values.max() >= labels.size or values.min() < -1):
         return None  # let anndata's reader report it
     return ObsColumn(values, labels)

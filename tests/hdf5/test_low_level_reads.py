@@ -99,7 +99,11 @@ def test_string_lists_read_as_asstr_reads_them(tmp_path, values):
             got = formats.of(node).strings(node)
             assert got.dtype == object and got.shape == want.shape, name
             assert got.tolist() == want.tolist(), name
-            got[...] = "changed"  # a copy: the next read is unaffected
+            if not got.flags.writeable:  # shared by equal lists: never written
+                with pytest.raises(ValueError, match="read-only"):
+                    got[...] = "changed"
+            else:  # a list not kept (scalar, empty): the caller's own
+                got[...] = "changed"
 
 
 @pytest.mark.parametrize("dtype", ["<i8", ">i4", "<f4", "u1", "?"])
