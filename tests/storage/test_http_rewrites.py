@@ -191,23 +191,25 @@ def test_verify_reads_never_returns_a_byte_of_the_rewrite(
         close_iterator(iterator)
 
 
-# Run in a process of its own (as a worker opens the object): rewrites the
-# served file at the K-th read HDF5 makes through `RangeFile`, for each K,
-# then reads X. Prints one line per K: "old" or the error's type and message.
+# Run in a process of its own (as a worker opens the object): for each way
+# of rewriting, rewrites the served file at the K-th read HDF5 makes through
+# `RangeFile`, for each K, then reads X. Prints one line per (way, K): the
+# way, K, then "old" or the error's type and message. Both ways run in the
+# one process (one interpreter start with anndata's imports, not two).
 _OPEN_DURING_A_REWRITE = """
 import faulthandler, os, shutil, sys
 faulthandler.enable()
 import anndata
 from grain_cells.hdf5 import _remote
 
-url, path, old, new, how, cache = sys.argv[1:7]
+url, path, old, new, cache, *hows = sys.argv[1:]
 options = {"verify_reads": True}
 real_read = _remote.RangeFile._read
-for k in range(1, 13):
+for how, k in [(how, k) for how in hows for k in range(1, 13)]:
     shutil.copyfile(old, path)
     st = os.stat(path)
     stat = _remote.stat_path(url, options)
-    os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, str(k))
+    os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, how, str(k))
     _remote._metadata.clear()  # HDF5's reads go to the server
     calls = [0]
 
@@ -225,24 +227,20 @@ for k in range(1, 13):
     try:
         with _remote.open_remote(url, options, stat) as f:
             x = anndata.io.read_elem(f["X"])
-        print(k, "old" if (x.data > 0).all() else "NEW VALUES", flush=True)
+        print(how, k, "old" if (x.data > 0).all() else "NEW VALUES", flush=True)
     except Exception as e:
-        print(k, type(e).__name__, str(e).replace(chr(10), " "), flush=True)
+        print(how, k, type(e).__name__, str(e).replace(chr(10), " "), flush=True)
 """
+_HOWS = ("truncate", "rewrite")
 
 
-@pytest.mark.parametrize("how", ["truncate", "rewrite"])
-def test_a_process_opening_the_object_mid_rewrite_gets_a_named_error(
-    tmp_path, versions_on_disk, how
-):
-    """A worker opened the object while it was rewritten and died of SIGSEGV
-    in HDF5 once in CI. Here the rewrite lands at each of the first reads
-    HDF5 makes through `RangeFile`, in a process of its own: every open
-    either reads old values only or raises `SourceChangedError` naming
-    verify_reads, and the process exits normally.
-    """
+@pytest.fixture(scope="module")
+def opened_mid_rewrite(tmp_path_factory):
+    """(url, exit status, stderr, {how: lines}) of one run of the script above."""
     if nginx_folder.find_nginx() is None:
         pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
+    tmp_path = tmp_path_factory.mktemp("mid_rewrite")
+    (tmp_path / "root").mkdir()
     old = _write(tmp_path / "old.h5ad", 1, n_cells=4000)  # several 64 KiB blocks
     new = _write(tmp_path / "new.h5ad", -1, n_cells=4000)
     assert os.path.getsize(old) == os.path.getsize(new) > 4 * 65536
@@ -252,16 +250,34 @@ def test_a_process_opening_the_object_mid_rewrite_gets_a_named_error(
     script.write_text(_OPEN_DURING_A_REWRITE)
     with NginxFolder(tmp_path / "root", objects={"b/c.h5ad": path}) as server:
         url = f"{server.endpoint_url}/b/c.h5ad"
-        args = [url, path, old, new, how, tmp_path / "cache"]
+        args = [url, path, old, new, tmp_path / "cache", *_HOWS]
         run = subprocess.run(
             [sys.executable, script, *map(str, args)],
             capture_output=True,
             text=True,
             timeout=300,
         )
-    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
-    lines = run.stdout.splitlines()
-    assert len(lines) == 12, run.stdout
+    lines = {how: [] for how in _HOWS}
+    for line in run.stdout.splitlines():
+        how, rest = line.split(" ", 1)
+        lines[how].append(rest)
+    return url, run.returncode, run.stderr, lines
+
+
+@pytest.mark.parametrize("how", _HOWS)
+def test_a_process_opening_the_object_mid_rewrite_gets_a_named_error(
+    opened_mid_rewrite, how
+):
+    """A worker opened the object while it was rewritten and died of SIGSEGV
+    in HDF5 once in CI. Here the rewrite lands at each of the first reads
+    HDF5 makes through `RangeFile`, in a process of its own: every open
+    either reads old values only or raises `SourceChangedError` naming
+    verify_reads, and the process exits normally.
+    """
+    url, returncode, stderr, outcomes = opened_mid_rewrite
+    assert returncode == 0, (returncode, stderr[-3000:])
+    lines = outcomes[how]
+    assert len(lines) == 12, outcomes
     changed = 0
     for line in lines:
         _, outcome = line.split(" ", 1)
@@ -269,7 +285,7 @@ def test_a_process_opening_the_object_mid_rewrite_gets_a_named_error(
             assert outcome.startswith("SourceChangedError "), line
             assert "verify_reads" in outcome and url in outcome, line
             changed += 1
-    assert changed, run.stdout  # some rewrite landed before a read
+    assert changed, lines  # some rewrite landed before a read
 
 
 def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch):
