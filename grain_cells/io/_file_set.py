@@ -32,6 +32,14 @@ from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
 from grain_cells.io._open_file import OpenFile, open_member, reopen, weight_of
+from grain_cells.storage import read_counts
+from grain_cells.storage.remote import is_url
+
+# Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
+# pieces of a source's local reads missed the page cache
+# (`OpenFiles.cache_warm`), and start again as soon as more miss.
+WARM_PIECES = 1024
+WARM_MISSES = 10
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -233,6 +241,10 @@ class OpenFiles:
         )
         self._local = threading.local()
         self._pool: ReadPool | None = None
+        # Pieces read and missed since the last verdict (`counting_reads`).
+        self._window = [0, 0]
+        self._warm = False
+        self._all_local = not any(is_url(p) for p in self.files.paths)
 
     def __reduce__(self):
         return OpenFiles, (self.files, self.read_threads, self.max_open_files)
@@ -297,6 +309,37 @@ class OpenFiles:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
         else:
             handle.format.check_unchanged(handle.h5, "at a read")
+
+    @contextlib.contextmanager
+    def counting_reads(self) -> Iterator[None]:
+        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
+
+        Reads of other threads during the block count too (a heuristic).
+        """
+        pieces, missed = read_counts.snapshot()
+        yield
+        now_pieces, now_missed = read_counts.snapshot()
+        window = self._window
+        window[0] += now_pieces - pieces
+        window[1] += now_missed - missed
+        if window[1] > WARM_MISSES:  # cold now: hint from the next window on
+            self._warm = False
+        elif window[0] >= WARM_PIECES:
+            self._warm = True
+        else:
+            return
+        window[:] = [0, 0]
+
+    @property
+    def cache_warm(self) -> bool:
+        """Whether read-ahead hints would be wasted: the page cache holds the reads.
+
+        True once `WARM_PIECES` pieces read (`counting_reads`) had at most
+        `WARM_MISSES` not in memory, until more than that many miss; a
+        source with an object in a store, or whose reads are not counted
+        (zarr, h5py's own), is never warm.
+        """
+        return self._all_local and self._warm
 
     @property
     def open_count(self) -> int:

@@ -89,7 +89,7 @@ def fetch_ranges(
         for g, i in zip(groups, file_of, strict=True)
     ]
     # The files stay open (pinned) until every read of them is done.
-    with handles.pinned(file_of, at_read=True) as opened:
+    with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
         obs_of = {
             c: {i: f.obs[c] for i, f in zip(file_of, opened, strict=True)}
             for c in files_.obs_names
@@ -319,8 +319,13 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     (`OpenFiles.for_hints`) are hinted: a hint never opens a file through
     its format (an HDF5 open costs more than the hint saves). Files whose
     CSR arrays are read positionally are hinted all at once
-    (`_direct_csr.advise`), others file by file.
+    (`_direct_csr.advise`), others file by file. Nothing is hinted while
+    recent reads found (nearly) every piece in the page cache
+    (`OpenFiles.cache_warm`): a hint would cost a reopen and a system call
+    per piece, and save nothing.
     """
+    if handles.cache_warm:
+        return
     buf = handles.buffer("advise_buf")
     files, starts, stops = np.asarray(files), np.asarray(starts), np.asarray(stops)
     order = np.argsort(files, kind="stable")

@@ -81,6 +81,36 @@ class ByteReader(Protocol):
         """Releases the descriptor (if owned)."""
 
 
+# `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+class ReadCounts:
+    """Local pieces read in this process, and how many missed the page cache.
+
+    Each local positional read asks first without waiting (`preadv` with
+    `RWF_NOWAIT`): a piece the kernel cannot hand over from memory comes
+    back short (or `EAGAIN`), is read on waiting, and counts as `missed`.
+    A reader that finds every piece cached needs no read-ahead hints
+    (`grain_cells.io._range_reads.advise`). Both counts only grow; threads
+    may race an increment (the counts are a heuristic, never a check).
+    Where `RWF_NOWAIT` is refused (another OS, a file system without it),
+    every piece counts as missed: hints are kept.
+    """
+
+    def __init__(self):
+        self.pieces = 0
+        self.missed = 0
+        self.nowait = _NOWAIT
+
+    def snapshot(self) -> tuple[int, int]:
+        """`(pieces, missed)` now."""
+        return self.pieces, self.missed
+
+
+read_counts = ReadCounts()
+
+
 def pread_pieces(
     fds: Sequence[int],
     dest: np.ndarray,
@@ -91,20 +121,39 @@ def pread_pieces(
     """Reads `nbytes[i]` bytes at `offsets[i]` of local descriptor `fds[i]`.
 
     Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
-    loop (`LocalByteReader.read_into` for each piece's descriptor).
+    loop (`LocalByteReader.read_into` for each piece's descriptor). Counted
+    in `read_counts`.
 
     Raises:
         ShortReadError: A file ends before its piece does.
     """
     view = memoryview(dest)
     preadv = os.preadv
+    counts = read_counts
+    flag = counts.nowait
+    pieces = missed = 0
     for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
-        got = preadv(fd, [view[d : d + n]], off)
+        pieces += 1
+        if flag:
+            try:
+                got = preadv(fd, [view[d : d + n]], off, flag)
+            except BlockingIOError:  # nothing of it in memory
+                got = -1
+            except OSError:  # RWF_NOWAIT refused here: read waiting from now on
+                flag = counts.nowait = 0
+                got = -1
+        else:
+            got = -1
+        if got < n:
+            missed += 1
+            got = max(got, 0)
         while got < n:  # short reads are legal; zero means end of file
             more = preadv(fd, [view[d + got : d + n]], off + got)
             if more == 0:
                 raise ShortReadError(off + got, off + n)
             got += more
+    counts.pieces += pieces
+    counts.missed += missed
 
 
 def advise_pieces(
@@ -145,16 +194,8 @@ class LocalByteReader:
         return cls(os.open(path, os.O_RDONLY), path)
 
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
-        """See `ByteReader.read_into`."""
-        view = memoryview(dest)
-        fd = self.fd
-        for off, n, d in zip(offsets, nbytes, dest_starts, strict=True):
-            got = os.preadv(fd, [view[d : d + n]], off)
-            while got < n:  # short reads are legal; zero means end of file
-                more = os.preadv(fd, [view[d + got : d + n]], off + got)
-                if more == 0:
-                    raise ShortReadError(off + got, off + n)
-                got += more
+        """See `ByteReader.read_into` (counted in `read_counts`)."""
+        pread_pieces([self.fd] * len(offsets), dest, offsets, nbytes, dest_starts)
 
     def advise(self, offsets, nbytes) -> None:
         """`posix_fadvise(WILLNEED)` of each piece (asynchronous)."""
