@@ -22,10 +22,12 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import cores, fork
 from grain_cells.io import (
+    _direct_csr,
     _file_lru,
     _h5ad,
     _nodes,
 )
+from grain_cells.io._direct_open import hinted
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
@@ -272,7 +274,8 @@ class OpenFiles:
 
         An open file as it is (pinned, its place in the bound unchanged); a
         closed one whose byte layouts this process holds (`_layouts`)
-        through a descriptor of its own for the hint's duration; any other
+        through a descriptor of its own for the hint's duration (its CSR
+        pieces over a bare descriptor once known: `_direct_open.hinted`); any other
         file None (hinting it would cost an HDF5 open: its reads are hinted
         once it is open).
         """
@@ -283,6 +286,10 @@ class OpenFiles:
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
             yield None
+            return
+        if isinstance(known.flat, _direct_csr.Flat):  # a descriptor is enough
+            with hinted(self.files, i, known.flat) as handle:
+                yield handle
             return
         handle = reopen(self.files, i, known)
         try:
