@@ -39,9 +39,12 @@ from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
 # pieces of a source's local reads missed the page cache
-# (`OpenFiles.cache_warm`), and start again as soon as more miss.
+# (`OpenFiles.cache_warm`), and start again as soon as more miss. Once
+# reads miss, one fetch in `COLD_PROBE_EVERY` asks again (a refused ask
+# costs CPU: `storage.read_counts`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
+COLD_PROBE_EVERY = 16
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -245,7 +248,8 @@ class OpenFiles:
         self._pool: ReadPool | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
         self._window = [0, 0]
-        self._warm = False
+        self._warm: bool | None = None  # no verdict yet
+        self._unprobed = 0  # fetches read without asking since the last
         self._all_local = not any(is_url(p) for p in self.files.paths)
 
     def __reduce__(self):
@@ -321,10 +325,21 @@ class OpenFiles:
     def counting_reads(self) -> Iterator[None]:
         """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
 
-        Reads of other threads during the block count too (a heuristic).
+        Every block asks while the reads are warm or unjudged; once they
+        missed, one in `COLD_PROBE_EVERY`. Reads of other threads during
+        the block count too (a heuristic).
         """
+        if self._warm is False and self._unprobed < COLD_PROBE_EVERY - 1:
+            self._unprobed += 1
+            yield
+            return
+        self._unprobed = 0
         pieces, missed = read_counts.snapshot()
-        yield
+        read_counts.probe = True
+        try:
+            yield
+        finally:
+            read_counts.probe = False
         now_pieces, now_missed = read_counts.snapshot()
         window = self._window
         window[0] += now_pieces - pieces
@@ -346,7 +361,7 @@ class OpenFiles:
         source with an object in a store, or whose reads are not counted
         (zarr, h5py's own), is never warm.
         """
-        return self._all_local and self._warm
+        return self._all_local and self._warm is True
 
     @property
     def open_count(self) -> int:

@@ -88,20 +88,27 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 class ReadCounts:
     """Local pieces read in this process, and how many missed the page cache.
 
-    Each local positional read asks first without waiting (`preadv` with
+    While `probe` is set (by a reader, for the reads it counts:
+    `grain_cells.io._file_set.OpenFiles.counting_reads`), each local
+    positional read asks first without waiting (`preadv` with
     `RWF_NOWAIT`): a piece the kernel cannot hand over from memory comes
-    back short (or `EAGAIN`), is read on waiting, and counts as `missed`.
-    A reader that finds every piece cached needs no read-ahead hints
-    (`grain_cells.io._range_reads.advise`). Both counts only grow; threads
-    may race an increment (the counts are a heuristic, never a check).
-    Where `RWF_NOWAIT` is refused (another OS, a file system without it),
-    every piece counts as missed: hints are kept.
+    back short (or `EAGAIN`), is read on waiting, and counts as `missed`;
+    the rest of that call's pieces are read waiting, uncounted. A reader
+    that finds every piece cached needs no read-ahead hints
+    (`grain_cells.io._range_reads.advise`). A refused ask costs more than
+    a wait (the kernel's read-ahead then reads far more than asked: about
+    a fifth more CPU on a cold 10M-cell file), so readers probe rarely
+    while reads miss. Both counts only grow; threads may race an
+    increment (a heuristic, never a check). Where `RWF_NOWAIT` is refused
+    (another OS, a file system without it) nothing is counted again
+    (`supported`): hints are kept.
     """
 
     def __init__(self):
         self.pieces = 0
         self.missed = 0
-        self.nowait = _NOWAIT
+        self.supported = bool(_NOWAIT)
+        self.probe = False
 
     def snapshot(self) -> tuple[int, int]:
         """`(pieces, missed)` now."""
@@ -122,7 +129,7 @@ def pread_pieces(
 
     Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
     loop (`LocalByteReader.read_into` for each piece's descriptor). Counted
-    in `read_counts`.
+    in `read_counts` while it probes.
 
     Raises:
         ShortReadError: A file ends before its piece does.
@@ -130,23 +137,24 @@ def pread_pieces(
     view = memoryview(dest)
     preadv = os.preadv
     counts = read_counts
-    flag = counts.nowait
+    probing = counts.probe and counts.supported
     pieces = missed = 0
     for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
-        pieces += 1
-        if flag:
+        got = 0
+        if probing:  # asked without waiting: counted
             try:
-                got = preadv(fd, [view[d : d + n]], off, flag)
+                got = preadv(fd, [view[d : d + n]], off, _NOWAIT)
             except BlockingIOError:  # nothing of it in memory
                 got = -1
-            except OSError:  # RWF_NOWAIT refused here: read waiting from now on
-                flag = counts.nowait = 0
-                got = -1
-        else:
-            got = -1
-        if got < n:
-            missed += 1
-            got = max(got, 0)
+            except OSError:  # RWF_NOWAIT refused here: never asked again
+                counts.supported = probing = False
+                got = 0
+            if probing:
+                pieces += 1
+                if got < n:  # the rest of this call waits, uncounted
+                    missed += 1
+                    probing = False
+                    got = max(got, 0)
         while got < n:  # short reads are legal; zero means end of file
             more = preadv(fd, [view[d + got : d + n]], off + got)
             if more == 0:
