@@ -39,12 +39,13 @@ from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
 # pieces of a source's local reads missed the page cache
-# (`OpenFiles.cache_warm`), and start again as soon as more miss. Once
-# reads miss, one fetch in `COLD_PROBE_EVERY` asks again (a refused ask
-# costs CPU: `storage.read_counts`).
+# (`OpenFiles.cache_warm`). Once more miss, the source hints for good and
+# its reads stop asking: reads that hit because earlier hints fetched
+# their pages are no evidence that hints are not needed (judged again,
+# they stopped the hints of a cold 10M-cell file for a quarter of its
+# fetches: a fifth more CPU per cell).
 WARM_PIECES = 1024
 WARM_MISSES = 10
-COLD_PROBE_EVERY = 16
 
 
 class ReadPool(concurrent.futures.ThreadPoolExecutor):
@@ -248,8 +249,7 @@ class OpenFiles:
         self._pool: ReadPool | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
         self._window = [0, 0]
-        self._warm: bool | None = None  # no verdict yet
-        self._unprobed = 0  # fetches read without asking since the last
+        self._warm: bool | None = None  # no verdict yet; False for good
         self._all_local = not any(is_url(p) for p in self.files.paths)
 
     def __reduce__(self):
@@ -325,15 +325,13 @@ class OpenFiles:
     def counting_reads(self) -> Iterator[None]:
         """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
 
-        Every block asks while the reads are warm or unjudged; once they
-        missed, one in `COLD_PROBE_EVERY`. Reads of other threads during
-        the block count too (a heuristic).
+        Blocks ask while the reads are warm or unjudged; once they missed,
+        never again (see `WARM_MISSES`). Reads of other threads during the
+        block count too (a heuristic).
         """
-        if self._warm is False and self._unprobed < COLD_PROBE_EVERY - 1:
-            self._unprobed += 1
+        if self._warm is False:
             yield
             return
-        self._unprobed = 0
         pieces, missed = read_counts.snapshot()
         read_counts.probe = True
         try:
@@ -344,7 +342,7 @@ class OpenFiles:
         window = self._window
         window[0] += now_pieces - pieces
         window[1] += now_missed - missed
-        if window[1] > WARM_MISSES:  # cold now: hint from the next window on
+        if window[1] > WARM_MISSES:  # cold: hint from the next window on, for good
             self._warm = False
         elif window[0] >= WARM_PIECES:
             self._warm = True
@@ -357,7 +355,8 @@ class OpenFiles:
         """Whether read-ahead hints would be wasted: the page cache holds the reads.
 
         True once `WARM_PIECES` pieces read (`counting_reads`) had at most
-        `WARM_MISSES` not in memory, until more than that many miss; a
+        `WARM_MISSES` not in memory, until more than that many miss (then
+        False for good); a
         source with an object in a store, or whose reads are not counted
         (zarr, h5py's own), is never warm.
         """
