@@ -95,13 +95,11 @@ class ReadCounts:
     back short (or `EAGAIN`), is read on waiting, and counts as `missed`;
     the rest of that call's pieces are read waiting, uncounted. A reader
     that finds every piece cached needs no read-ahead hints
-    (`grain_cells.io._range_reads.advise`). A refused ask costs more than
-    a wait (the kernel's read-ahead then reads far more than asked: about
-    a fifth more CPU on a cold 10M-cell file), so readers probe rarely
-    while reads miss. Both counts only grow; threads may race an
-    increment (a heuristic, never a check). Where `RWF_NOWAIT` is refused
-    (another OS, a file system without it) nothing is counted again
-    (`supported`): hints are kept.
+    (`grain_cells.io._range_reads.advise`); a reader whose reads missed
+    stops asking (`OpenFiles.counting_reads`). Both counts only grow;
+    threads may race an increment (a heuristic, never a check). Where
+    `RWF_NOWAIT` is refused (another OS, a file system without it)
+    nothing is counted again (`supported`): hints are kept.
     """
 
     def __init__(self):
