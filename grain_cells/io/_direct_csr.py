@@ -47,8 +47,12 @@ class Flat:
 
     def over(self, fd) -> Flat:
         """The same pieces in another descriptor of the same file (a reopen)."""
+        return self.at(fd.fd)
+
+    def at(self, fd: int) -> Flat:
+        """The same pieces in raw descriptor `fd` of the same file."""
         return Flat(
-            fd.fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
+            fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
         )
 
 

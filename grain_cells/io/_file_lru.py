@@ -182,6 +182,39 @@ class FileLru:
         finally:
             self._release([entry])
 
+    def pin_if_open(self, keys: Sequence[int]) -> list[_Entry | None]:
+        """Each key's entry if open now (pinned, marked used), else None.
+
+        Opens nothing; `release` the entries (a many-file fetch's files
+        that are open: `grain_cells.io._direct_open`).
+        """
+        out: list[_Entry | None] = []
+        with self._lock:
+            table = self._open
+            for key in keys:
+                entry = table.get(key)
+                if entry is not None:
+                    entry.pins += 1
+                    table.move_to_end(key)
+                out.append(entry)
+        return out
+
+    def reserve(self, n: int) -> None:
+        """Closes unpinned files, oldest first, until `n` more fit the bound.
+
+        For descriptors opened beside the bound (a fetch's own:
+        `grain_cells.io._direct_open`), so that the process stays within it.
+        """
+        if n <= 0:
+            return
+        with self._lock:
+            doomed = self._evict(n)
+        _close(doomed)
+
+    def release(self, entries: list[_Entry]) -> None:
+        """Unpins entries of `pin_if_open`."""
+        self._release(entries)
+
     def _acquire(self, key: int) -> tuple[_Entry, bool]:
         with self._lock:
             entry = self._open.get(key)
@@ -208,17 +241,20 @@ class FileLru:
             doomed += self._evict()
         _close(doomed)
 
-    def _evict(self) -> list[_Entry]:
-        """Takes unpinned files out, oldest first, down to the bound (locked)."""
-        excess = len(self._open) - self.max_open
-        heavy = self.max_weight is not None and self._weight > self.max_weight
+    def _evict(self, room: int = 0) -> list[_Entry]:
+        """Takes unpinned files out, oldest first, down to the bound (locked).
+
+        `room`: down to that many files (and weight) below the bound.
+        """
+        max_open = self.max_open - room
+        max_weight = None if self.max_weight is None else self.max_weight - room
+        excess = len(self._open) - max_open
+        heavy = max_weight is not None and self._weight > max_weight
         if excess <= 0 and not heavy:
             return []
         doomed, weight, count = [], self._weight, len(self._open)
         for key, entry in self._open.items():
-            if count <= self.max_open and (
-                self.max_weight is None or weight <= self.max_weight
-            ):
+            if count <= max_open and (max_weight is None or weight <= max_weight):
                 break
             if entry.pins == 0:
                 doomed.append((key, entry))

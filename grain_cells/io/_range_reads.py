@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
-from grain_cells.io import _direct_csr, _h5ad
+from grain_cells.io import _direct_csr, _direct_open, _h5ad
 from grain_cells.io._cells import Cells, take_csr
 from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
@@ -88,22 +88,33 @@ def fetch_ranges(
         (starts[g] - cell_offsets[i], stops[g] - cell_offsets[i])
         for g, i in zip(groups, file_of, strict=True)
     ]
+    if files_.sparse and len(file_of) > 1:  # every file positional: all at once
+        with (
+            _direct_open.pinned_flats(handles, file_of) as direct,
+            handles.counting_reads(),
+        ):
+            if direct is not None:
+                flats, file_obs = direct
+                obs_of = {
+                    c: {i: o[c] for i, o in zip(file_of, file_obs, strict=True)}
+                    for c in files_.obs_names
+                }
+                obs = _obs_for(obs_of, cell_offsets, files, lengths, row_ids)
+                group = np.repeat(np.arange(len(groups)), [g.size for g in groups])
+                at = cell_offsets[files]
+                got = _direct_csr.read(
+                    flats, group, starts - at, stops - at, buf, pool, check_indices
+                )
+                if got is not None:
+                    return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
+    # File by file (or again so, to name what the direct read found wrong).
     # The files stay open (pinned) until every read of them is done.
-    with handles.pinned(file_of, at_read=True) as opened:
+    with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
         obs_of = {
             c: {i: f.obs[c] for i, f in zip(file_of, opened, strict=True)}
             for c in files_.obs_names
         }
         obs = _obs_for(obs_of, cell_offsets, files, lengths, row_ids)
-        flats = _flats(opened) if files_.sparse and len(opened) > 1 else None
-        if flats is not None:  # every file read positionally: all at once
-            group = np.repeat(np.arange(len(groups)), [g.size for g in groups])
-            at = cell_offsets[files]
-            got = _direct_csr.read(
-                flats, group, starts - at, stops - at, buf, pool, check_indices
-            )
-            if got is not None:
-                return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
         # Readers of files reopened from byte layouts are built only here.
         readers = [f.reader for f in opened]
         return _read(
@@ -319,8 +330,13 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     (`OpenFiles.for_hints`) are hinted: a hint never opens a file through
     its format (an HDF5 open costs more than the hint saves). Files whose
     CSR arrays are read positionally are hinted all at once
-    (`_direct_csr.advise`), others file by file.
+    (`_direct_csr.advise`), others file by file. Nothing is hinted while
+    recent reads found (nearly) every piece in the page cache
+    (`OpenFiles.cache_warm`): a hint would cost a reopen and a system call
+    per piece, and save nothing.
     """
+    if handles.cache_warm:
+        return
     buf = handles.buffer("advise_buf")
     files, starts, stops = np.asarray(files), np.asarray(starts), np.asarray(stops)
     order = np.argsort(files, kind="stable")

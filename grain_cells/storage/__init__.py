@@ -17,6 +17,7 @@ from grain_cells.storage._readers import (
     advise_pieces,
     as_byte_reader,
     pread_pieces,
+    read_counts,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "advise_pieces",
     "as_byte_reader",
     "pread_pieces",
+    "read_counts",
 ]

@@ -71,6 +71,41 @@ class ByteReader(Protocol):
         """Releases the descriptor (if owned)."""
 
 
+# `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+class ReadCounts:
+    """Local pieces read in this process, and how many missed the page cache.
+
+    While `probe` is set (by a reader, for the reads it counts:
+    `grain_cells.io._file_set.OpenFiles.counting_reads`), each local
+    positional read asks first without waiting (`preadv` with
+    `RWF_NOWAIT`): a piece the kernel cannot hand over from memory comes
+    back short (or `EAGAIN`), is read on waiting, and counts as `missed`;
+    the rest of that call's pieces are read waiting, uncounted. A reader
+    that finds every piece cached needs no read-ahead hints
+    (`grain_cells.io._range_reads.advise`); a reader whose reads missed
+    stops asking (`OpenFiles.counting_reads`). Both counts only grow;
+    threads may race an increment (a heuristic, never a check). Where
+    `RWF_NOWAIT` is refused (another OS, a file system without it)
+    nothing is counted again (`supported`): hints are kept.
+    """
+
+    def __init__(self):
+        self.pieces = 0
+        self.missed = 0
+        self.supported = bool(_NOWAIT)
+        self.probe = False
+
+    def snapshot(self) -> tuple[int, int]:
+        """`(pieces, missed)` now."""
+        return self.pieces, self.missed
+
+
+read_counts = ReadCounts()
+
+
 def pread_pieces(
     fds: Sequence[int],
     dest: np.ndarray,
@@ -78,20 +113,43 @@ def pread_pieces(
     nbytes: Sequence[int],
     dest_starts: Sequence[int],
 ) -> None:
-    """Reads `nbytes[i]` bytes at `offsets[i]` of `fds[i]` into `dest[dest_starts[i]:]`.
+    """Reads `nbytes[i]` bytes at `offsets[i]` of local descriptor `fds[i]`.
+
+    Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
+    loop (`LocalByteReader.read_into` for each piece's descriptor). Counted
+    in `read_counts` while it probes.
 
     Raises:
         ShortReadError: A file ends before its piece does.
     """
     view = memoryview(dest)
     preadv = os.preadv
+    counts = read_counts
+    probing = counts.probe and counts.supported
+    pieces = missed = 0
     for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
-        got = preadv(fd, [view[d : d + n]], off)
+        got = 0
+        if probing:  # asked without waiting: counted
+            try:
+                got = preadv(fd, [view[d : d + n]], off, _NOWAIT)
+            except BlockingIOError:  # nothing of it in memory
+                got = -1
+            except OSError:  # RWF_NOWAIT refused here: never asked again
+                counts.supported = probing = False
+                got = 0
+            if probing:
+                pieces += 1
+                if got < n:  # the rest of this call waits, uncounted
+                    missed += 1
+                    probing = False
+                    got = max(got, 0)
         while got < n:  # short reads are legal; zero means end of file
             more = preadv(fd, [view[d + got : d + n]], off + got)
             if more == 0:
                 raise ShortReadError(off + got, off + n)
             got += more
+    counts.pieces += pieces
+    counts.missed += missed
 
 
 def advise_pieces(
@@ -132,16 +190,8 @@ class LocalByteReader:
         return cls(os.open(path, os.O_RDONLY), path)
 
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
-        """See `ByteReader.read_into`."""
-        view = memoryview(dest)
-        fd = self.fd
-        for off, n, d in zip(offsets, nbytes, dest_starts, strict=True):
-            got = os.preadv(fd, [view[d : d + n]], off)
-            while got < n:  # short reads are legal; zero means end of file
-                more = os.preadv(fd, [view[d + got : d + n]], off + got)
-                if more == 0:
-                    raise ShortReadError(off + got, off + n)
-                got += more
+        """See `ByteReader.read_into` (counted in `read_counts`)."""
+        pread_pieces([self.fd] * len(offsets), dest, offsets, nbytes, dest_starts)
 
     def advise(self, offsets, nbytes) -> None:
         """`posix_fadvise(WILLNEED)` of each piece (asynchronous)."""

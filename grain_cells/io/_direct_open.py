@@ -1,0 +1,180 @@
+"""A many-file fetch's files, opened for that fetch alone when their layouts are known.
+
+A collection read in random order touches tens of files per fetch, most of
+them closed (the open-file bound holds a few hundred of thousands). Taking
+each through the bound (`grain_cells.io._file_lru`) reopened it as an
+`OpenFile` (`io._open_file.reopen`), then closed another to make room:
+about 30 µs of Python per file and fetch, a sixth of a 2,000-file
+collection's read. A file whose CSR arrays' byte pieces this process
+already holds (`_file_lru.Checked`: its record's `flat`) needs only a
+descriptor for the fetch: `os.open`, `os.fstat` compared with its identity,
+the reads, `os.close`. Files open in the bound are used as they are
+(pinned, checked by `fstat` as every read's files are); any other file
+(never opened here, compressed, remote) is opened through the bound.
+
+Descriptors: the bound holds, beside its open files, room for one per
+closed file of the fetch being read (`FileLru.reserve`), so that a process
+stays within its bound as when each was reopened into it.
+
+Design notes: docs/reference/design.md#io-direct-open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+
+from grain_cells.io import _direct_csr
+from grain_cells.storage import FileStat
+
+
+@contextlib.contextmanager
+def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
+    """`(flats, obs)` of files `indices` for `_direct_csr.read`, or None.
+
+    `flats[k]` is file `indices[k]`'s `_direct_csr.Flat` over a descriptor
+    open until the block ends, `obs[k]` its obs values. None when a file
+    is not read positionally (the caller reads file by file).
+
+    Raises:
+        errors.SourceChangedError: A file differs from when the source was built.
+    """
+    lru, checked, files = handles._lru, handles._checked, handles.files
+    entries = lru.pin_if_open(indices)
+    # The fetch's own descriptors fit within the bound: room is made once
+    # (the bound only grows again by files opened through it).
+    lru.reserve(sum(e is None for e in entries))
+    fds: list[int] = []
+    readers: list = []  # `ByteReader`s of `_first_reader`
+    slow: list[int] = []  # positions of files opened through the bound
+    try:
+        flats: list = [None] * len(indices)
+        obs: list = [None] * len(indices)
+        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
+            if entry is not None:
+                handle = entry.handle
+                handles.check_at_read(i, handle)
+                if handle.flat is False:
+                    handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
+                flats[k], obs[k] = handle.flat, handle.obs
+                continue
+            record = checked.get(i)
+            if record is not None and record.flat is False and record.layouts:
+                # Its pieces, once, through a descriptor of its format's.
+                reader = _first_reader(files, i, record)
+                readers.append(reader)
+                if isinstance(record.flat, _direct_csr.Flat):
+                    flats[k], obs[k] = record.flat.at(reader.fd), record.obs
+                    continue
+            flat = None if record is None else record.flat
+            if not isinstance(flat, _direct_csr.Flat):  # unknown yet: the bound
+                slow.append(k)
+                continue
+            fd = open_checked(files.identities[i], files.infos[i].path)
+            if fd is None:  # gone or changed: the bound's open says how
+                slow.append(k)
+                continue
+            fds.append(fd)
+            flats[k], obs[k] = flat.at(fd), record.obs
+        if not slow:
+            yield _valid(flats, obs)
+            return
+        with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
+            for k, handle in zip(slow, opened, strict=True):
+                if handle.flat is False:
+                    handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
+                flats[k], obs[k] = handle.flat, handle.obs
+            yield _valid(flats, obs)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for reader in readers:
+            reader.close()
+        lru.release([e for e in entries if e is not None])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hinted:
+    """A closed file's CSR pieces over a hint's own descriptor."""
+
+    flat: _direct_csr.Flat
+
+
+@contextlib.contextmanager
+def hinted(files, i: int, flat: _direct_csr.Flat) -> Iterator[_Hinted | None]:
+    """File `i`'s pieces `flat` over a descriptor of its own, for a hint.
+
+    None if the file is gone or changed (a hint never raises for that: the
+    read reports it).
+    """
+    try:
+        fd = open_checked(files.identities[i], files.infos[i].path)
+    except Exception:
+        fd = None
+    if fd is None:
+        yield None
+        return
+    try:
+        yield _Hinted(flat.at(fd))
+    finally:
+        os.close(fd)
+
+
+def _first_reader(files, i: int, record):
+    """File `i`'s `ByteReader` as its format opens it; sets `record.flat`.
+
+    `record.flat`: the file's `Flat` (or None: not so) from its byte layouts,
+    as `_open_file.reopen` computes it.
+    """
+    identity = files.identities[i]
+    reader = record.format.open_bytes(
+        None, files.infos[i].path, files.storage_options, identity.stat
+    )
+    try:
+        identity.check_stat(reader.stat(), "when a process opened it")
+        record.flat = _direct_csr.flat_from(record.layouts, record.info, reader)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def _valid(flats: list, obs: list) -> tuple | None:
+    """`(flats, obs)` when every file has a `Flat`, all of one dtype."""
+    if any(f is None for f in flats) or len({f.dtypes for f in flats}) != 1:
+        return None
+    return flats, obs
+
+
+def open_checked(identity, path: str) -> int | None:
+    """A descriptor of `path` whose `fstat` matches `identity`, or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    then = identity.stat
+    if (
+        st.st_ino != then.ino
+        or st.st_dev != then.dev
+        or st.st_size != then.size
+        or st.st_mtime_ns != then.mtime_ns
+        or st.st_ctime_ns != then.ctime_ns
+        or then.etag
+        or then.content
+        or then.store
+    ):
+        os.close(fd)
+        if identity.stat.changes(FileStat.of(st)):
+            identity.check_stat(FileStat.of(st), "when a process opened it")
+        return None
+    return fd
+
+
+__all__ = ["hinted", "open_checked", "pinned_flats"]

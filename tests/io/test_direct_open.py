@@ -1,0 +1,183 @@
+"""A many-file fetch opens closed files for that fetch alone (issue 33).
+
+A collection read in random order touches more files than a process keeps
+open. A closed file whose CSR byte pieces the process knows is read
+through a descriptor of the fetch's own (`os.open`, `fstat` checked
+against its identity, `os.close` after the read), not reopened into the
+open-file bound (`io._open_file.reopen`), which closed another file to
+make room. The bound, the values and the checks stay as they were.
+
+Files are written by anndata; the value at (global row r, gene j) is
+`r * 10 + j + 1`, so a row read from the wrong file or offset shows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anndata
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import grain_cells
+from grain_cells.errors import SourceChangedError
+from grain_cells.io import _file_set as file_set
+from grain_cells.io import _open_file as open_file_mod
+
+N_FILES = 6
+CELLS = 40
+GENES = 5
+
+
+def _write(path: str, f: int) -> None:
+    rows = np.arange(f * CELLS, (f + 1) * CELLS)
+    values = rows[:, None] * 10 + np.arange(GENES)[None, :] + 1.0
+    values[(rows[:, None] + np.arange(GENES)[None, :]) % 3 == 0] = 0
+    anndata.AnnData(
+        X=sp.csr_matrix(values.astype(np.float32)),
+        obs=pd.DataFrame({"idx": rows}, index=[f"c{r}" for r in rows]),
+        var=pd.DataFrame(index=[f"g{j}" for j in range(GENES)]),
+    ).write_h5ad(path)
+
+
+@pytest.fixture
+def paths(tmp_path) -> list[str]:
+    out = [str(tmp_path / f"part{f}.h5ad") for f in range(N_FILES)]
+    for f, p in enumerate(out):
+        _write(p, f)
+    return out
+
+
+@pytest.fixture
+def reopens(monkeypatch) -> list[int]:
+    """Files reopened into the open-file bound from their byte layouts."""
+    calls: list[int] = []
+    real = open_file_mod.reopen
+
+    def counting(files, i, known):
+        calls.append(i)
+        return real(files, i, known)
+
+    monkeypatch.setattr(open_file_mod, "reopen", counting)
+    monkeypatch.setattr(file_set, "reopen", counting)
+    return calls
+
+
+def _truth(paths) -> np.ndarray:
+    return np.concatenate([anndata.read_h5ad(p).X.toarray() for p in paths]).astype(
+        np.float32
+    )
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="Linux /proc")
+def test_known_closed_files_are_read_without_a_reopen(paths, reopens):
+    truth = _truth(paths)
+    source = grain_cells.AnnDataSource(
+        paths, block_size=4, obs_columns=["idx"], max_open_files=2
+    )
+    handles = source._reads._handles
+    for f in range(N_FILES):  # every file opened (and checked) once
+        source.read([f * CELLS])
+    rng = np.random.default_rng(0)
+    reopens.clear()
+    fds = _fds()
+    for _ in range(10):  # fetches over every file: four of six closed
+        rows = rng.choice(N_FILES * CELLS, 60, replace=False)
+        cells = source.read(rows)
+        np.testing.assert_array_equal(cells.X.toarray(), truth[rows])
+        np.testing.assert_array_equal(cells.obs["idx"], rows)
+    assert reopens == []
+    assert handles.open_count <= 2
+    assert _fds() == fds  # each fetch's own descriptors closed after it
+    source.close()
+
+
+def test_a_file_changed_while_closed_is_refused_at_a_fetch(paths):
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=1)
+    for f in range(N_FILES):
+        source.read([f * CELLS])
+    source.read([CELLS, 2 * CELLS])  # file 0 closed, its byte pieces known
+    os.utime(paths[0], ns=(1, 1))
+    with pytest.raises(SourceChangedError, match=r"part0\.h5ad"):
+        source.read([0, CELLS])
+    source.close()
+
+
+def test_a_file_removed_while_closed_is_refused_at_a_fetch(paths):
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=1)
+    for f in range(N_FILES):
+        source.read([f * CELLS])
+    source.read([CELLS, 2 * CELLS])
+    os.rename(paths[0], paths[0] + ".gone")
+    with pytest.raises((SourceChangedError, FileNotFoundError), match=r"part0"):
+        source.read([0, CELLS])
+    source.close()
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd") or not hasattr(os, "posix_fadvise"),
+    reason="Linux /proc and page-cache hints",
+)
+def test_hints_of_known_closed_files_take_a_bare_descriptor(
+    paths, reopens, monkeypatch
+):
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
+    handles = source._reads._handles
+    for f in range(N_FILES):
+        source.read([f * CELLS])
+    source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
+    hinted: list[int] = []
+    real = os.posix_fadvise
+
+    def fadvise(fd, offset, length, advice):
+        hinted.append(fd)
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    reopens.clear()
+    fds = _fds()
+    source.advise(np.arange(len(source)))
+    assert reopens == []
+    assert len(set(hinted)) >= N_FILES - 2  # the closed files too
+    assert _fds() == fds and handles.open_count <= 2
+    os.utime(paths[0], ns=(1, 1))  # changed: not hinted, not raised
+    source.advise(np.arange(len(source)))
+    source.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="Linux /proc")
+def test_a_fetchs_own_descriptors_stay_within_the_bound(paths, monkeypatch):
+    """Closed files read with descriptors of the fetch's own: the bound makes room."""
+    from grain_cells.io import _direct_csr
+
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=4)
+    baseline = _fds()  # nothing open yet
+    for f in range(N_FILES):  # the bound fills: four files open
+        source.read([f * CELLS])
+    source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
+    during: list[int] = []
+    real = _direct_csr.read
+
+    def counting(*args, **kwargs):
+        during.append(_fds())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_direct_csr, "read", counting)
+    rng = np.random.default_rng(3)
+    for _ in range(8):  # three files a fetch, mostly closed ones
+        rows = np.concatenate(
+            [
+                f * CELLS + rng.choice(CELLS, 5, replace=False)
+                for f in rng.choice(N_FILES, 3, replace=False)
+            ]
+        )
+        source.read(rows)
+    assert len(during) == 8
+    assert max(during) <= baseline + 4
+    source.close()
