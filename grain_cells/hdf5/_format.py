@@ -287,10 +287,11 @@ def _storage(ds) -> list:
                     info = ds.id.get_chunk_info_by_coord(coord)
                 except Exception:  # a chunk never written
                     info = None
+            # An unwritten chunk's StoreInfo has no offset and an
+            # uninitialised filter mask (differs between processes).
+            unwritten = info is None or info.byte_offset is None
             out.append(
-                None
-                if info is None
-                else (info.byte_offset, info.size, info.filter_mask)
+                None if unwritten else (info.byte_offset, info.size, info.filter_mask)
             )
     return out
 
