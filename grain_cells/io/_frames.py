@@ -88,8 +88,9 @@ def _element_length(obj) -> int | None:
     if _nodes.is_array(obj):
         return int(obj.shape[0]) if obj.ndim else None
     for key in ("values", "codes"):  # nullable-* arrays, categoricals
-        if key in obj and _nodes.is_array(obj[key]):
-            return int(obj[key].shape[0])
+        part = _nodes.get(obj, key)
+        if part is not None and _nodes.is_array(part):
+            return int(part.shape[0])
     return None
 
 
@@ -145,10 +146,10 @@ def _plain_strings(index) -> np.ndarray | None:
     """
     encoding = encoding_of(index)
     if encoding == "nullable-string-array" and _nodes.is_group(index):
-        mask = index.get("mask")
+        mask = _nodes.get(index, "mask")
         if not _nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
             return None
-        index = index.get("values")
+        index = _nodes.get(index, "values")
     elif encoding not in ("string-array", None):
         return None
     if _nodes.is_array(index) and index.ndim == 1 and _nodes.is_string_array(index):

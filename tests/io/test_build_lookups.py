@@ -78,12 +78,20 @@ def test_a_cold_build_opens_each_node_of_a_file_once(tmp_path, cache, monkeypatc
         assert {"/obs", "/var", "/X", "/X/data", "/X/indptr", "/obs/kind"} <= names
 
 
+def _index_strings(index):
+    """The strings of an index: anndata >= 0.11 under pandas 3 writes a
+    `nullable-string-array` group (`values`, `mask`), earlier a dataset."""
+    return index["values"] if isinstance(index, h5py.Group) else index
+
+
 def test_a_repeated_string_list_is_one_read_only_array(tmp_path):
     paths = [str(tmp_path / f"{i}.h5ad") for i in range(2)]
     for p in paths:
         _write(p)
     with h5py.File(paths[0], "r") as a, h5py.File(paths[1], "r") as b:
-        first, second = (_nodes.strings(f["var/_index"]) for f in (a, b))
+        first, second = (
+            _nodes.strings(_index_strings(f["var/_index"])) for f in (a, b)
+        )
         assert first is second
         assert not first.flags.writeable
         assert first.tolist() == ["g0", "g1", "g2", "g3"]
