@@ -46,6 +46,13 @@ def test_the_readme_ten_lines_run_without_a_warning(tmp_path, monkeypatch):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
 
 
+def _ours(seen) -> list:
+    """The truncation warnings among those recorded: `pytest.warns` records
+    every warning, and a process pool an earlier test left may warn while it
+    is collected (CI, leg 2: loky's "semaphore might leak")."""
+    return [w for w in seen if issubclass(w.category, errors.TruncationWarning)]
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_given_width_warns_once_per_loader_in_the_trainer(
     csr_paths, helpers, capfd, workers
@@ -61,6 +68,7 @@ def test_a_given_width_warns_once_per_loader_in_the_trainer(
     with pytest.warns(errors.TruncationWarning) as seen:
         for _ in range(2):  # two epochs of one loader
             batches = helpers.run(loader)
+    seen = _ours(seen)
     assert len(seen) == 1, [str(w.message) for w in seen]
     assert seen[0].filename == helpers.run.__code__.co_filename  # user code
     assert "shown once per loader" in str(seen[0].message)
@@ -81,7 +89,7 @@ def test_the_card_spelling_warns_once(csr_paths):
     )
     with pytest.warns(errors.TruncationWarning, match="width=3") as seen:
         truncated = sum(int(b["truncated"].sum()) for b in loader)
-    assert len(seen) == 1
+    assert len(_ours(seen)) == 1
     assert truncated > 0
 
 
@@ -125,6 +133,7 @@ def test_a_fitted_width_cutting_clearly_more_warns(fitted):
     with pytest.warns(errors.TruncationWarning, match=r"quantile=0\.999") as seen:
         report.observe(_batch(20))
         report.observe(_batch(20))
+    seen = _ours(seen)
     assert len(seen) == 1
     assert "cut 25 of 128 so far" in str(seen[0].message)
     assert not report  # said once
