@@ -1,7 +1,6 @@
 """Staging folders of `preshuffle` into a bucket, removed once their owner is dead.
 
-Named `grain-cells-preshuffle-<pid>-<start>-<random>` (owner's pid and start time), so a
-run removes the folders of killed runs at its start. Design notes:
+Named `grain-cells-preshuffle-<pid>-<start>-<random>`; design notes:
 docs/reference/design.md#preshuffle-staging.
 """
 
@@ -14,38 +13,10 @@ import secrets
 import shutil
 import tempfile
 
+from grain_cells._util.pids import gone, start_time
+
 PREFIX = "grain-cells-preshuffle-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+")
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    """`/proc/<pid>/stat` after "pid (comm)": state is [0], starttime [19]."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None: none, or no `/proc`)."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
-
-
-def _alive(pid: int, start: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, another user's
-    fields = _stat(pid)
-    if fields is None:
-        return True  # no /proc: the pid alone says it lives
-    if fields[0] == b"Z":  # a zombie has exited
-        return False
-    return start == 0 or int(fields[19]) == start
 
 
 def make(parent: str | os.PathLike | None) -> pathlib.Path:
@@ -76,7 +47,7 @@ def remove_stale(parent: str | os.PathLike | None) -> list[pathlib.Path]:
         if match is None or not path.is_dir() or path.is_symlink():
             continue
         pid, start = int(match[1]), int(match[2])
-        if pid == os.getpid() or _alive(pid, start):
+        if pid == os.getpid() or not gone(pid, start or None):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

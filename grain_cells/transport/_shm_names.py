@@ -12,22 +12,11 @@ import contextlib
 import os
 import secrets
 
+from grain_cells._util.pids import alive as alive
+from grain_cells._util.pids import gone, start_time
+
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory names
 STEM = "gcells_"
-
-
-def start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks after boot, or None (Linux only).
-
-    With the pid, it names one process: a pid is reused, a (pid, start
-    time) pair is not while the machine runs.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 _own_start: tuple[int, int | None] | None = None  # (pid, start) of this process
@@ -62,31 +51,6 @@ def owner_pid(name: str) -> int | None:
     """The pid in a `gcells_<pid>_...` name (with or without its `/`)."""
     found = owner(name)
     return None if found is None else found[0]
-
-
-def gone(pid: int, start: int | None = None) -> bool:
-    """Whether the process that made a name has exited (or its pid was reused)."""
-    if not alive(pid):
-        return True
-    if start is None:
-        return False
-    now = start_time(pid)
-    return now is not None and now != start
-
-
-def alive(pid: int) -> bool:
-    """Whether a process with this pid exists (zombies count as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited: its names are stale (Linux only)
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def path_of(name: str) -> str:

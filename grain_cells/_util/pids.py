@@ -1,0 +1,48 @@
+"""Whether the process that left something behind (a name, a folder) still runs.
+
+A pid is reused, a (pid, start time) pair is not while the machine runs; start
+times come from `/proc` (Linux), elsewhere the pid alone is asked.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """`/proc/<pid>/stat` after "pid (comm)": state is [0], start time [19]."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks after boot, or None."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19])  # field 22 of proc(5)
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+def gone(pid: int, start: int | None = None) -> bool:
+    """Whether `pid` (started at `start`, None: unknown) has exited; zombies have."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # exists, another user's
+    fields = _stat(pid)
+    if fields is None:
+        return False  # no /proc: the pid alone says it lives
+    if fields[0] == b"Z":
+        return True
+    return start is not None and len(fields) > 19 and int(fields[19]) != start
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (zombies count as gone)."""
+    return not gone(pid)
