@@ -37,8 +37,7 @@ class WorkerWatch:
     def killing_after(self, grace_s: float = GRACE_S):
         """A block (Grain's close) after whose first `grace_s` s workers are killed.
 
-        On leaving, waits (up to a second each) for the killed workers to end,
-        so that their names can be swept as those of dead processes.
+        On leaving, waits up to 1 s each for the killed to end (their names swept).
         """
         self.look()
         killed: list = []

@@ -27,16 +27,10 @@ def _forget(ref: weakref.ref) -> None:
 
 
 def lease(mm: Segment, places, on_release: Callable[[], None]) -> tuple[dict, object]:
-    """The arrays at `places` of `mm`, as views; `on_release` when all die.
+    """The arrays at `places` of `mm` as views, and the weak reference to keep.
 
-    Args:
-        mm: The slot's mapping (kept mapped by the arrays).
-        places: `(key, offset, dtype, shape)` of each array (`_segments.layout`).
-        on_release: Called once, in whichever thread drops the last array.
-
-    Returns:
-        The writable arrays by key, and the weak reference that calls
-        `on_release` (the caller keeps it alive until then).
+    `on_release` is called once, in whichever thread drops the last array, while
+    the caller keeps the returned reference alive.
     """
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, _forget)

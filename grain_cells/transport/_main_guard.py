@@ -33,9 +33,7 @@ def check_main_guard(what: str) -> None:
 def unguarded_site(frame=None) -> tuple[str, int] | None:
     """`(script, line)` if the main script's unguarded top level called us, else None.
 
-    Looks from `frame` (default: the caller's) for the top-level frame of
-    `__main__` (or `__mp_main__` in a spawned child) outside a `__main__` guard;
-    a guarded block, the REPL, `python -c` or a notebook gives None.
+    The REPL, `python -c` and notebooks give None: spawn re-runs nothing there.
     """
     if frame is None:
         frame = inspect.currentframe()
@@ -99,11 +97,7 @@ _parsed: dict[str, frozenset[int] | None] = {}
 
 
 def _guarded_lines(path: str) -> frozenset[int] | None:
-    """Lines of a script inside top-level `if __name__ == "__main__":` blocks.
-
-    None when the check cannot tell: the script cannot be read or parsed, or
-    the parser fails in any other way (then nothing is refused). Cached.
-    """
+    """Lines of a script inside top-level `__main__` guards; None: cannot tell."""
     with _parse_lock:
         if path not in _parsed:
             _parsed[path] = _parse_guarded_lines(path)

@@ -35,14 +35,9 @@ Segment = ctypes.Array
 
 
 def map_shared(fd: int, size: int) -> ctypes.Array:
-    """`size` bytes of file `fd` mapped shared and writable; `fd` may close now.
+    """`size` bytes of `fd` mapped shared and writable, unmapped when unreferenced.
 
-    Returns:
-        A `ctypes` byte array over the mapping, unmapped when it (and every
-        NumPy view of it) is gone.
-
-    Raises:
-        OSError: `mmap` failed.
+    `fd` may close at once; `OSError` if `mmap` fails.
     """
     addr = _mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == _MAP_FAILED:
@@ -55,14 +50,9 @@ def map_shared(fd: int, size: int) -> ctypes.Array:
 
 
 def privatise(addr: int, size: int) -> None:
-    """Makes the mapped range at `addr` private memory holding the same bytes.
+    """Makes the mapping at `addr` private memory with the same bytes, in place.
 
-    For a forked child: its writes and the segment's owners' no longer meet.
-    The address is kept (arrays stay valid); `addr` starts a mapping. Copies
-    1 MiB at a time.
-
-    Raises:
-        OSError: `mmap` failed (the range is then unchanged from there on).
+    `OSError` if `mmap` fails (the range is unchanged from there on).
     """
     if addr % _PAGE:
         raise ValueError(f"address {addr:#x} is not page-aligned")

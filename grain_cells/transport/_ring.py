@@ -1,7 +1,4 @@
-"""Moving minibatches from Grain worker processes to the trainer, cheaply.
-
-A worker writes a minibatch into a slot of its shared-memory ring; the
-trainer leases the slot (no copy) and hands it back when the arrays die.
+"""A worker's shared-memory slot ring, and the handles minibatches travel as.
 
 Design notes: docs/reference/design.md#transport-ring.
 """
@@ -22,13 +19,7 @@ import numpy as np
 
 from grain_cells.transport import _segments, _shm_names, _views, _worker
 
-# Slots a ring may grow to (a slot number is two bytes on the socket). Grain
-# materialises a whole fetch (fan-out minibatches) before queueing any, so a
-# ring needs about that many plus the queue's depth, plus the minibatches the
-# trainer holds as leases; beyond the cap a worker falls back to one-off
-# segments. Slots are made only when needed. (One-byte numbers capped a ring
-# at 255: a fetch of 512 minibatches went out mostly as one-off segments,
-# after a 2 s wait per fetch.)
+# Slots a ring may grow to (see the design notes).
 _MAX_SLOTS = _views.MAX_SLOTS
 _WAIT_S = 2.0
 
@@ -41,11 +32,7 @@ class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
     def __init__(self, max_slots: int = 8, leases: int = 0):
-        """A ring of up to `max_slots` slots (grown by `reserve`), `leases` lendable.
-
-        The trainer copies minibatches out beyond `leases` (at most `max_slots`
-        minus what the worker needs in flight).
-        """
+        """A ring of up to `max_slots` slots (grown by `reserve`), `leases` lendable."""
         _shm_names.remove_stale()
         self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
         self._leases = min(leases, self._max_slots)
@@ -72,21 +59,13 @@ class SlotRing:
         _worker.on_orphaned(self.close)
 
     def reserve(self, n: int, leases: int = 0) -> None:
-        """Lets the ring grow to `n` slots in flight plus `leases` lent slots.
-
-        Up to the hard cap; the lease budget is what the cap leaves beyond
-        the `n` in flight.
-        """
+        """Lets the ring grow to `n` slots in flight plus `leases` lent (capped)."""
         self._max_slots = max(self._max_slots, min(n + leases, _MAX_SLOTS))
         lent = max(0, min(leases, self._max_slots - n))
         self._leases = max(self._leases, lent)
 
     def close(self) -> None:
-        """Unlinks every name this ring created (mappings die with the process).
-
-        No segment is made after this; the closed sockets tell the trainer to drop
-        its view.
-        """
+        """Unlinks every name this ring made; no segment is made after this."""
         with self._names_lock:
             self._closed = True
             names, self._names = self._names, []
@@ -177,10 +156,9 @@ class SlotRing:
     def put(
         self, arrays: Mapping[str, np.ndarray], wait: bool = True, avoid=None
     ) -> SlotHandle:
-        """Writes `arrays` into a free slot; returns the handle to send.
+        """Writes `arrays` into a free slot (other than `avoid`); returns the handle.
 
-        A busy ring (`wait=False`), or no free slot other than `avoid` (where a
-        writer put `arrays`), gives a one-off segment at once.
+        `wait=False`, or no slot free within the wait, gives a one-off segment.
         """
         layout, nbytes = _segments.layout(arrays)
         self._largest = max(self._largest, nbytes)
@@ -201,12 +179,10 @@ class SlotRing:
         return self.send_slot(slot, layout, nbytes)
 
     def slot_to_write(self) -> tuple[int | None, _segments.Segment | None, bool]:
-        """A free slot to format the next minibatch in, for `SlotWriter`.
+        """`(slot, mapping, wait)` to format the next minibatch in, for `SlotWriter`.
 
-        Returns:
-            `(slot, mapping, wait)`: a free slot that fits the largest minibatch
-            so far; `(None, None, True)` before the first minibatch (`put` writes
-            it), `(None, None, False)` when every slot stayed busy.
+        `(None, None, True)` before the first minibatch, `(None, None, False)` when
+        every slot stayed busy.
         """
         if not self._largest:
             return None, None, True
@@ -251,9 +227,7 @@ class SlotHandle:
 class ExpiredBatch(dict):
     """Stands for a minibatch whose worker exited before it was received.
 
-    Grain drains its queues when an iterator stops, after the worker has
-    unlinked its segments; what is drained is discarded. If one ever reaches
-    user code, touching it says what happened instead of returning data.
+    Grain discards what it drains on stop; in user code, touching it says why.
     """
 
     def __getitem__(self, key):
@@ -287,10 +261,7 @@ _local_ring: SlotRing | None = None
 
 
 def worker_ring(min_slots: int, leases: int = 0) -> SlotRing:
-    """This process's ring, created on first use with room for `min_slots`.
-
-    Plus `leases` slots the trainer may hold as leased minibatches.
-    """
+    """This process's ring, with room for `min_slots` plus `leases` lent slots."""
     global _local_ring
     if _local_ring is None:
         _local_ring = SlotRing()

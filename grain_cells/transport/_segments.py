@@ -23,10 +23,7 @@ ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
 def create(name: str, size: int) -> Segment:
     """A new segment `name` of `size` bytes, reserved and mapped.
 
-    Raises:
-        FileExistsError: The name exists.
-        errors.SharedMemoryFullError: Shared memory has no room for it (the
-            name is removed again).
+    `SharedMemoryFullError` (the name removed again) when there is no room.
     """
     path = _shm_names.path_of(name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -43,11 +40,7 @@ def create(name: str, size: int) -> Segment:
 
 
 def _reserve(fd: int, path: str, size: int) -> None:
-    """Allocates the segment's pages now, so that writes cannot fail later.
-
-    Raises:
-        errors.SharedMemoryFullError: The file system is full.
-    """
+    """Allocates the segment's pages now, so that writes cannot fail later."""
     fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
     if fallocate is None:
         return
@@ -94,11 +87,7 @@ def _size(n: int) -> str:
 
 
 def open_segment(name: str, size: int) -> Segment:
-    """The first `size` bytes of the existing segment `name`, mapped.
-
-    Raises:
-        FileNotFoundError: The segment is gone (its worker exited).
-    """
+    """The first `size` bytes of the segment `name` (`FileNotFoundError`: gone)."""
     fd = os.open(_shm_names.path_of(name), os.O_RDWR)
     try:
         return map_shared(fd, size)

@@ -21,10 +21,9 @@ Formatter = Callable[[int, Callable[..., np.ndarray]], dict]
 
 
 def worker_init(worker_index: int = 0, worker_count: int = 0) -> None:
-    """Sets up a worker process (`mp_prefetch`'s `worker_init_fn`).
+    """Sets up a worker process (`mp_prefetch`'s `worker_init_fn`; idempotent).
 
-    Idempotent. Args are Grain's; the count sizes the read threads (a
-    fetch does not depend on which worker runs it).
+    The count sizes the read threads; a fetch does not depend on the worker.
     """
     global _in_worker
     del worker_index
@@ -47,10 +46,8 @@ def fetch_starting() -> None:
 
 
 def ring_for(minibatches_per_fetch: int) -> SlotRing:
-    """This worker's ring, with room for what is in flight and for leases.
+    """This worker's ring: about four fetches in flight, three fetches and 8 leases.
 
-    In flight: about four fetches (or two and Grain's queue depth in
-    minibatches); leases: three fetches and 8, beyond which the trainer copies.
     Slots are made only as they are needed.
     """
     n = int(minibatches_per_fetch)

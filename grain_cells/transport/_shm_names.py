@@ -1,8 +1,6 @@
-"""Names of grain_cells' shared-memory objects, and removing stale ones.
+"""Names of shared-memory objects (`gcells_<pid>_t<start>_<token>_<what>`).
 
-`gcells_<pid>_t<start>_<token>_<what>`: the creator's pid and start time tell
-which names outlived their process (`remove_stale`).
-
+The creator's pid and start time tell which names outlived it (`remove_stale`).
 Design notes: docs/reference/design.md#transport-shm-names.
 """
 
@@ -54,11 +52,7 @@ def owner_pid(name: str) -> int | None:
 
 
 def path_of(name: str) -> str:
-    """The file in `SHM_DIR` of the shared-memory name `/gcells_...`.
-
-    On Linux, `shm_open(name)` opens exactly this file, so segments are made,
-    opened and unlinked with `os.open`, `mmap` and `os.unlink`.
-    """
+    """The file in `SHM_DIR` that `shm_open(name)` opens (Linux)."""
     return os.path.join(SHM_DIR, name.lstrip("/"))
 
 

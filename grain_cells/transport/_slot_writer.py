@@ -16,11 +16,7 @@ from grain_cells.transport._segments import ALIGN
 
 
 def writer_for(ring: SlotRing) -> SlotWriter:
-    """A writer of the next minibatch, in a free slot of `ring` if one fits.
-
-    The slot fits the largest minibatch sent so far (none at first: the
-    first minibatch is written by `SlotRing.put`).
-    """
+    """A writer of the next minibatch, in a free slot of `ring` if one fits."""
     slot, segment, wait = ring.slot_to_write()
     return SlotWriter(ring, slot, segment, wait=wait)
 
@@ -28,21 +24,14 @@ def writer_for(ring: SlotRing) -> SlotWriter:
 class SlotWriter:
     """One minibatch formatted straight into a slot of the ring (no copy after).
 
-    `empty(shape, dtype)` hands out arrays inside the slot, as `np.empty`;
-    `send(arrays)` returns the handle, copying in only arrays not in the slot.
-    A full slot (or none free) gives private memory, and `send` writes it all
-    into another slot or a one-off segment. Arrays must not be used after
-    `send`: the trainer hands the slot back for reuse.
+    `empty` hands out arrays inside the slot (private memory once it is full);
+    `send` copies in only the others. Arrays must not be used after `send`.
     """
 
     def __init__(
         self, ring: SlotRing, slot: int | None, segment: Segment | None, wait=True
     ):
-        """Binds a free `slot` of `ring` and its mapping `segment`.
-
-        `slot` None: every array is private and `send` writes them all; `wait`
-        False: `send` takes a one-off segment instead of waiting for a slot.
-        """
+        """Binds `slot` (None: all private) of `ring`; `wait` as `SlotRing.put`'s."""
         self._ring = ring
         self._slot = slot
         self._wait = wait

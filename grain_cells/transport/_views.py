@@ -113,11 +113,7 @@ class _RingView:
         return out
 
     def lease_ended(self, slot: int) -> None:
-        """The last array of a leased slot died (any thread): hand it back.
-
-        In a group: the slot waits until `group` of them have ended (or the
-        next copy, or an explicit `hand_back()`).
-        """
+        """The last array of a leased slot died (any thread): hand it back (grouped)."""
         self.leased.pop(slot, None)
         if os.getpid() != self.trainer:
             return  # a forked child hands nothing back (see hand_back)
@@ -128,8 +124,7 @@ class _RingView:
     def hand_back(self, slot: int | None = None) -> None:
         """Returns a slot (and any pending) to the worker; never blocks.
 
-        May run from a finalizer in any thread: a full socket buffer leaves the
-        slots pending for the next call. A forked child hands nothing back.
+        May run from a finalizer in any thread; a forked child hands nothing back.
         """
         if os.getpid() != self.trainer:
             return
@@ -184,11 +179,7 @@ class _RingView:
             self.sock = None
 
     def release(self) -> None:
-        """Closes the socket and drops the mappings (the worker is gone).
-
-        A leased minibatch keeps its own slot mapped until its arrays die;
-        its hand-back is forgotten (and this view is not kept alive by it).
-        """
+        """Closes the socket and drops the mappings (leases keep their own)."""
         self.close()
         self.slots.clear()
         self.leased.clear()
@@ -202,12 +193,7 @@ def release_dead_rings() -> None:
 
 
 def _prune() -> None:
-    """Drops the mappings of rings whose worker has exited (or closed them).
-
-    A worker that was killed could not unlink the segments it had made but not
-    yet handed over; their names share the ring's prefix, so they go too.
-    Leased arrays keep their own mappings until they die.
-    """
+    """Drops the rings whose worker has exited, and unlinks its names left over."""
     views = list(RINGS.items())
     hung_up = _hung_up([view.sock for _, view in views])
     for name, view in views:
@@ -230,12 +216,7 @@ def _hung_up(socks) -> set:
 
 @fork.in_child
 def _forget_rings() -> None:
-    """A forked child drops the parent's views (and its copies of their sockets).
-
-    Its inherited leases were made private (`_lease`) and hand nothing back;
-    the parent's workers send the child nothing. A parent thread may have
-    held the lock at the fork.
-    """
+    """A forked child drops the parent's views and lock (a thread may have held it)."""
     global _RINGS_LOCK
     _RINGS_LOCK = threading.Lock()
     for view in list(RINGS.values()):

@@ -38,22 +38,14 @@ def in_child_process() -> bool:
 
 
 def allow_unparsed_flags() -> None:
-    """Marks absl flags parsed in a program that never parsed them.
-
-    Grain reads one of its absl flags when it starts worker processes (see
-    `grain_cells._util.absl_flags`).
-    """
+    """Marks absl flags parsed in a program that never parsed them (Grain reads one)."""
     absl_flags.allow_unparsed()
 
 
 def fetch_starting() -> None:
     """Called as a fetch starts; in a worker, freezes the GC's old objects once.
 
-    A worker's imports (Grain, JAX, NumPy, numba) are long-lived containers
-    that every full collection traverses (~16% of a value-bin token worker's
-    CPU in `gc_collect_main`, `perf`). At its second fetch one collection runs
-    and `gc.freeze()` moves the rest to the permanent generation. Only in
-    processes started by `multiprocessing`.
+    At the second fetch: the imports are long-lived (see the design notes).
     """
     global _fetches_seen
     if not in_child_process():
@@ -73,10 +65,7 @@ def on_orphaned(cleanup: Callable[[], None]) -> None:
 
 
 def exit_with_parent() -> None:
-    """In a `multiprocessing` child: exit as soon as the parent is gone.
-
-    Idempotent; does nothing in a process without a multiprocessing parent.
-    """
+    """In a `multiprocessing` child: exit as soon as the parent is gone (idempotent)."""
     global _watcher
     parent = multiprocessing.parent_process()
     if parent is None:
