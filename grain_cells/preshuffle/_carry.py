@@ -1,8 +1,6 @@
 """What `preshuffle` carries besides X, obs and var (`keep`), and what it leaves.
 
-Row-aligned arrays (`layers`, `raw/X`, dense `obsm`) are gathered in windows like X,
-`obsm` dataframes in memory like obs. Design notes: docs/reference/design.md#preshuffle-
-carry.
+Design notes: docs/reference/design.md#preshuffle-carry.
 """
 
 from __future__ import annotations
@@ -32,16 +30,7 @@ _FRAME = "frame"
 
 @dataclasses.dataclass
 class Carry:
-    """What a run carries.
-
-    Attributes:
-        matrices: Elements gathered in windows (`layers/<k>`, `raw/X`,
-            `obsm/<k>`), in the order written.
-        obsm_frames: `obsm` keys that are dataframes.
-        copies: Groups copied from the first input (`uns`, `varm`, `varp`,
-            `raw/varm`).
-        left: What is left out, and why (for the warning).
-    """
+    """What a run carries: gathered `matrices`, `obsm_frames`, `copies`, and `left`."""
 
     matrices: list[str] = dataclasses.field(default_factory=list)
     obsm_frames: list[str] = dataclasses.field(default_factory=list)
@@ -126,15 +115,9 @@ def choose(
     layer: str | None,
     genes_changed: bool,
 ) -> Carry:
-    """What to carry for these inputs and arguments (see the design notes).
+    """What to carry for `preshuffle`'s `keep` and `layer` (see the design notes).
 
-    `keep`, `layer`: `preshuffle`'s; `genes_changed`: whether gene alignment makes the
-    output's genes differ from the first input's var.
-
-    Raises:
-        TypeError, ValueError: `keep` is malformed, or names an element that
-            does not fit the output.
-        errors.MissingColumnError: `keep` names an element an input lacks.
+    `genes_changed`: gene alignment changes the output's genes from the first var.
     """
     explicit = None if keep is None else _parse(keep)
     found = []

@@ -1,11 +1,6 @@
 """The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
 
-A part is written under `.part-00000.h5ad.<random>.tmp` and renamed when complete; its
-root attribute `MARKER_ATTR` records what it was made from. The temporary first reserves
-the part's disk space (`reserve_space`, an upper bound) so a full disk is a clean
-`OSError` naming folder and bytes, before HDF5 could fail mid-write: HDF5 cannot close a
-file whose writes failed, and the interpreter then crashes at exit. (A file system that
-only pretends to allocate still gets the clean error, but HDF5 may crash at exit.)
+Design notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
 """
 
 from __future__ import annotations
@@ -70,8 +65,7 @@ def matching_marker(raw, plan: Plan, index: int) -> dict | None:
 def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
     """Creates `.<name>.<random>.tmp` in `directory`: `(fd, path)`, or a folder.
 
-    A file gets 0666 less the umask (`tempfile.mkstemp`: 0600), which the
-    renamed output keeps; a folder's fd is None.
+    A file gets 0666 less the umask (not `mkstemp`'s 0600): the output keeps it.
     """
     while True:
         path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
@@ -146,13 +140,9 @@ def fsync_path(path: pathlib.Path) -> None:
 
 
 def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
-    """Extends `path` by `nbytes` of allocated (not sparse) disk space.
+    """Extends `path` by `nbytes` of allocated disk space, or raises `OSError`.
 
-    HDF5 then writes into space the file owns and truncates the rest on close.
-
-    Raises:
-        OSError: The disk (or quota) lacks the space; the message names the
-            folder, the bytes needed and the bytes free.
+    The message names the folder, the bytes needed and the bytes free.
     """
     fd = os.open(path, os.O_RDWR)
     try:

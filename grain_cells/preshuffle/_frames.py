@@ -1,8 +1,7 @@
 """obs, var and the other frames of a preshuffled part: read, merged, written.
 
-Categorical columns keep their categories, merged over the inputs in order of first
-appearance; other columns are concatenated as stored (a part keeps anndata's strings and
-dtypes, so the merge works on pandas objects, not `grain_cells.io`'s codes).
+The merge works on pandas objects, not `grain_cells.io`'s codes: a part keeps
+anndata's strings and dtypes.
 """
 
 from __future__ import annotations
@@ -46,11 +45,7 @@ def read_obs(
 
 
 def obs_part(obs: pd.DataFrame, rows: np.ndarray):
-    """Yields `(name, values)`: each column of `obs` at `rows`, one at a time.
-
-    Values are the arrays anndata writes (a `Categorical`, an extension array or an
-    ndarray).
-    """
+    """Yields `(name, values)`: each column of `obs` at `rows`, one at a time."""
     for name in obs.columns:
         values = obs[name].array
         if isinstance(values, pd.Categorical):  # `take` would copy rows to int64
@@ -143,11 +138,9 @@ def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
 
 
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
-    """`perm` reordered so that each `group_by` group's cells are contiguous.
+    """`perm` stably sorted by the `group_by` columns (the first outermost).
 
-    A stable sort of the shuffled order by the group columns (the first outermost):
-    groups in category order (first appearance for other columns, a missing label last),
-    cells within a group in the seeded order.
+    Groups in category order (first appearance otherwise, a missing label last).
     """
     values = read_obs(plan.paths, plan.group_by, plan.storage_options)
     keys = []
@@ -164,11 +157,7 @@ def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
 
 
 class Extras:
-    """What a part holds besides X, obs, var and the gathered matrices.
-
-    The `obsm` dataframes of all inputs (held like obs), `raw`'s group and `raw/var`,
-    and the groups copied from the first input (`uns`, `varm`, `varp`, `raw/varm`).
-    """
+    """What a part holds besides X, obs, var and the gathered matrices (`_carry`)."""
 
     def __init__(self, plan: Plan, obsm_frames: dict, raw_var):
         self.plan = plan

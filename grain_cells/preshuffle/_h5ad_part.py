@@ -1,9 +1,4 @@
-"""One `.h5ad` part being written: its temporary file, datasets and publish.
-
-The temporary (`.part-00000.h5ad.<random>.tmp`) reserves the part's disk space before
-HDF5 writes to it; when complete it gets its marker, is flushed and renamed over the
-final name.
-"""
+"""One `.h5ad` part being written: its temporary file, datasets and publish."""
 
 from __future__ import annotations
 
@@ -24,11 +19,7 @@ INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
 
 
 class H5adPart:
-    """Part `index` of a plan, written into a temporary HDF5 file.
-
-    A context manager around the writes: on an error the temporary is removed (a full
-    disk reported as a clean `OSError`); `commit` publishes the part.
-    """
+    """Part `index` of a plan in a temporary HDF5 file (removed on error); `commit`."""
 
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan

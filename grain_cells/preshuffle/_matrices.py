@@ -1,9 +1,6 @@
 """The row-aligned matrices a preshuffled part holds: X, layers, raw/X, obsm.
 
-Each `Matrix` reads one element of the inputs through a `FileSet` (genes aligned and
-reads identity-checked as for X) and knows its output layout and, for CSR, each row's
-stored values (`lengths`, 4 bytes per cell), which lay out each part's `indptr` before
-any value is read.
+Each reads through a `FileSet` (genes aligned, reads identity-checked, as for X).
 """
 
 from __future__ import annotations
@@ -22,18 +19,9 @@ _INDPTR_STEP = 1 << 22  # indptr entries per read when counting rows
 
 
 class Matrix:
-    """One row-aligned element of the inputs, as the writer gathers it.
+    """One row-aligned element of the inputs (`name` in the part), as gathered.
 
-    Attributes:
-        name: Where the part stores it (`X`, `layers/counts`, `raw/X`,
-            `obsm/X_pca`).
-        files: The inputs' file set reading this element.
-        sparse: CSR (else dense).
-        dtype: Values' dtype; `index_dtype`: that of CSR column indices.
-        n_vars: Columns on output (aligned genes, or an obsm array's width).
-        nnz: Stored values over all inputs (CSR; None when dense).
-        lengths: Stored values per global row on output (CSR, after
-            `count_rows`; None before, or when dense).
+    `lengths`: stored values per output row (CSR, set by `count_rows`).
     """
 
     def __init__(self, name: str, files: FileSet, check_indices: bool = True):
@@ -105,10 +93,7 @@ class Matrix:
         return int(min(max(n, 1), max(MAX_CHUNK_BYTES // row_bytes, 1)))
 
     def count_rows(self) -> None:
-        """Sets `lengths`: stored values per output row (int32), from each `indptr`.
-
-        When alignment drops genes of an input, from its aligned rows (one pass).
-        """
+        """Sets `lengths` (int32) from each `indptr`, or aligned rows if genes drop."""
         if not self.sparse or self.lengths is not None:
             return
         out = np.empty(self.n_cells, np.int32)

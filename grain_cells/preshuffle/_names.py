@@ -1,10 +1,6 @@
 """Obs names of a preshuffle run: one numpy StringDType array, written in windows.
 
-As a pandas object index the names of 100M cells cost about 12 GB; as one `StringDType`
-array (16 bytes per name up to 15 bytes), read slice by slice without Python objects,
-far less. A part's `obs/_index` is written in windows of `WINDOW` names; its columns by
-anndata, so a part reads back with `anndata.read_h5ad`/`read_zarr`. Indexes in other
-encodings go through anndata (`read_obs_names`, objects for that one input).
+Design notes: docs/reference/design.md#preshuffle-preshuffle ("Memory").
 """
 
 from __future__ import annotations
@@ -32,12 +28,7 @@ WINDOW = 1 << 18  # names per slice read or written (h5py makes objects of a sli
 
 
 class Names:
-    """The obs names of all inputs, concatenated, as one StringDType array.
-
-    Attributes:
-        values: The names (`numpy.dtypes.StringDType`), input after input.
-        mean_chars: Mean characters per name (for a part's disk reservation).
-    """
+    """The obs names of all inputs, concatenated, as one StringDType array."""
 
     def __init__(self, values: np.ndarray, mean_chars: float):
         self.values = values
@@ -47,12 +38,7 @@ class Names:
     def read(
         cls, paths: list[str], offsets: np.ndarray, storage_options: dict | None
     ) -> Names:
-        """Reads the names of `paths`, whose cells start at `offsets` (n + 1).
-
-        Raises:
-            errors.AnnDataFormatError: An input's obs index cannot be read,
-                or its length is not the input's cell count.
-        """
+        """Reads the names of `paths`, whose cells start at `offsets` (n + 1)."""
         out = np.empty(int(offsets[-1]), dtype=STRINGS)
         chars = 0
         for i, path in enumerate(paths):
@@ -72,8 +58,7 @@ class Names:
     def disk_bytes(self, n: int) -> int:
         """An upper bound of the bytes `n` names take in an h5ad part.
 
-        A variable-length string costs 16 bytes in the dataset plus a heap object of 16
-        bytes and its UTF-8 bytes padded to 8: at most 39 + 4 * chars.
+        16 bytes in the dataset, a 16-byte heap object, UTF-8 padded to 8.
         """
         return int(n * (40 + 4 * self.mean_chars))
 
@@ -129,8 +114,7 @@ def _check_length(f, got: int, want: int) -> None:
 def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> None:
     """Writes a part's obs as anndata does, its index in windows of `WINDOW` names.
 
-    `columns` yields `(name, values)` in the part's order, one at a time; `rows` are the
-    input rows whose names the part holds.
+    `columns` yields `(name, values)`; `rows` are the input rows of the part.
     """
     if "obs" in root:  # the skeleton's empty obs
         del root["obs"]

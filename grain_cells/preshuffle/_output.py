@@ -1,10 +1,6 @@
 """`preshuffle` into a bucket: each part staged on local disk, then uploaded.
 
-HDF5 cannot write to an object store (it seeks back to finish its B-trees), so each part
-is written to a local staging folder and uploaded by `put_file` in a background thread
-while the next one is written; local disk holds at most two parts. A failed upload
-raises at the next `publish` or at `wait`. Design notes:
-docs/reference/design.md#preshuffle-output.
+Design notes: docs/reference/design.md#preshuffle-output.
 """
 
 from __future__ import annotations
@@ -30,13 +26,7 @@ from grain_cells.storage.remote import (
 
 
 class BucketOutput:
-    """Parts of `preshuffle` in a bucket: `url/part-00000.h5ad`, ...
-
-    Args:
-        url: The output prefix (`s3://bucket/folder`).
-        storage_options: obstore configuration of the output store.
-        staging_dir: Local folder under which the staging folder is made.
-    """
+    """Parts of `preshuffle` in a bucket (`url/part-00000.h5ad`, ...), staged."""
 
     def __init__(self, url: str, storage_options: dict | None, staging_dir=None):
         split_url(join(url, "x"))  # a bucket is named
@@ -52,12 +42,7 @@ class BucketOutput:
         self._pending: concurrent.futures.Future | None = None
 
     def check_bucket(self) -> None:
-        """Lists the output prefix once, before any work.
-
-        Raises:
-            FileNotFoundError: The bucket does not exist (names it and the fix).
-            PermissionError: The credentials may not list it.
-        """
+        """Lists the output prefix once, before any work (no bucket, no rights)."""
         list_names(self.url, self.storage_options)
 
     def part_url(self, plan: Plan, index: int) -> str:
@@ -83,11 +68,7 @@ class BucketOutput:
         return _files.completed_marker(url, plan, index, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
-        """Uploads part `index` in the background after the previous upload ends.
-
-        The staged file is deleted when its upload ends, done or failed; the previous
-        upload's error is raised here.
-        """
+        """Uploads part `index` in the background; raises the previous one's error."""
         self.wait()
         self._pending = self._uploads.submit(self._upload, plan, index)
 
@@ -130,11 +111,7 @@ class BucketOutput:
         )
 
     def close(self) -> None:
-        """Lets a running upload end, then removes the staging folder.
-
-        An upload's error is not raised here: `close` runs after `wait` or while another
-        error propagates.
-        """
+        """Lets a running upload end (error unraised); removes the staging folder."""
         pending, self._pending = self._pending, None
         if pending is not None:
             concurrent.futures.wait([pending])

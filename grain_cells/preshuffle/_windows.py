@@ -32,8 +32,7 @@ class Slot:
 class WritePipeline:
     """Runs write jobs in one background thread, `slots` windows at a time.
 
-    A failed write is raised in the calling thread at its next call or on exit; the jobs
-    after it are skipped (their slots still come back).
+    A failed write is raised in the caller at its next call; later jobs are skipped.
     """
 
     def __init__(self, slots: int):
@@ -94,14 +93,9 @@ class WritePipeline:
 
 
 def cuts(through: np.ndarray, cap: int) -> list[int]:
-    """Splits items into consecutive groups of at most `cap` bytes each.
+    """Boundaries `[0, ..., len(through)]` of groups of at most `cap` bytes.
 
-    Args:
-        through: Cumulative bytes through each item (non-decreasing).
-        cap: Bytes per group; a single larger item makes a group of its own.
-
-    Returns:
-        Group boundaries `[0, ..., len(through)]`.
+    `through`: cumulative bytes through each item; a larger item is a group alone.
     """
     n = int(through.size)
     bounds = [0]
@@ -119,14 +113,9 @@ PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
 def csr_cuts(
     lengths: np.ndarray, rows: np.ndarray, value_bytes: int, cell_bytes: int, cap: int
 ) -> tuple[list[int], list[int]]:
-    """`cuts` of a CSR part's cells, `PIECE` cells at a time (no part-long table).
+    """`(bounds, nnz_at)`: `cuts` of a CSR part's cells, and the values before each.
 
-    A cell's bytes are its values (`lengths[rows]` times `value_bytes`) plus
-    `cell_bytes`.
-
-    Returns:
-        `(bounds, nnz_at)`: the boundaries `cuts` gives for those bytes, and
-        the values stored before each boundary.
+    A cell's bytes are its values times `value_bytes` plus `cell_bytes`.
     """
     n = int(rows.size)
     bounds, nnz_at = [0], [0]

@@ -107,11 +107,7 @@ class Writer:
         return marker
 
     def _part_bytes(self, rows: np.ndarray) -> int:
-        """An upper bound of a part's size on disk, for its reservation.
-
-        Chunks whole and uncompressed (a compressed chunk rewritten by a later window
-        may leave its old space unused: counted twice), frames twice, names once.
-        """
+        """An upper bound of a part's size on disk (see the design notes)."""
         plan = self.plan
         n = int(rows.size)
         matrix, n_chunks = 0, 0
@@ -199,11 +195,7 @@ class Writer:
         return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
 
     def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
-        """Assembles window after window while a second thread writes the last one.
-
-        h5py releases the GIL while HDF5 writes, so once writing is disk-bound the next
-        window's reads and scatter overlap it.
-        """
+        """Assembles window after window while a second thread writes the last one."""
         with WritePipeline(_SLOTS) as pipeline:
             for a, b in itertools.pairwise(bounds):
                 slot = pipeline.free_slot()
@@ -212,10 +204,7 @@ class Writer:
                 )
 
     def _reads(self, m: Matrix, window_rows: np.ndarray):
-        """Yields `(fetched rows, their window positions)` in sorted batches.
-
-        A batch holds rows of one file, at most about `_READ_SHARE * budget` bytes.
-        """
+        """Yields `(fetched rows, window positions)`: sorted batches, one file each."""
         plan = self.plan
         # Per cell: order and rows (8 bytes each), sizes (4-8) and their
         # running sum (8): `_CSR_CELL_BYTES` counts them in the window.
@@ -247,11 +236,7 @@ class Writer:
 
 
 def _scatter_csr(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices):
-    """Copies each buffered row `k` to window row `dest[k]`.
-
-    Short rows (thin atlases) are scattered by numpy in pieces of at most
-    `_SCATTER_VALUES` values; long rows by one slice copy each.
-    """
+    """Copies each buffered row `k` to window row `dest[k]` (short rows by numpy)."""
     ptr = src.indptr
     rows = dest.size
     if rows == 0:

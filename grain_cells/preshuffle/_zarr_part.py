@@ -1,8 +1,6 @@
 """One zarr part being written (`preshuffle(..., format="zarr")`).
 
-An AnnData zarr store written into `.part-00000.zarr.<random>.tmp` and renamed over the
-final name when complete (atomic on one file system, as for a file). Design notes:
-docs/reference/design.md#preshuffle-zarr-part.
+Design notes: docs/reference/design.md#preshuffle-zarr-part.
 """
 
 from __future__ import annotations
@@ -179,11 +177,7 @@ class ZarrPart:
 
 
 class _Appender:
-    """Writes an array's rows in order, whole shards (or chunks) at a time.
-
-    A partial shard waits in a one-shard buffer for the next write, so zarr never reads
-    back and rewrites a shard.
-    """
+    """Writes an array's rows in order, whole shards at a time (a partial one waits)."""
 
     def __init__(self, array, unit: int):
         self.array = array
