@@ -1,9 +1,6 @@
 """What the token outputs share: vocabulary map, special tokens, masking.
 
-`TokenOutput` maps the fetch's genes to vocabulary ids, places the special tokens,
-chooses the kernels (numba when installed, else NumPy: the same output) and draws
-masked-language-model masks from counters seeded by cell and fetch. Design notes:
-docs/reference/design.md#tokens-base.
+Design notes: docs/reference/design.md#tokens-base.
 """
 
 from __future__ import annotations
@@ -106,9 +103,7 @@ class TokenOutput(Output):
     ) -> dict[str, np.ndarray]:
         """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
-        The compiled kernels encode the rows straight into the minibatch's arrays; the
-        NumPy kernels encode the whole fetch once (cached in `fetch.cache`) and the rows
-        are gathered from it.
+        Compiled kernels encode the rows; NumPy ones the whole fetch once (cached).
         """
         if self._per_minibatch():
             rows = np.asarray(rows, np.int64)
@@ -139,11 +134,7 @@ class TokenOutput(Output):
         return out
 
     def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
-        """A full minibatch sliced from the whole fetch encoded once, or None.
-
-        Only with several threads and `fetch.order`, for a full minibatch that is a
-        slice of the order (see the design notes).
-        """
+        """A full minibatch sliced from the whole fetch encoded once, or None."""
         order = fetch.order
         if order is None or rows.size != batch_size or self.threads < 2:
             return None
@@ -170,12 +161,10 @@ class TokenOutput(Output):
         return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
 
     def _prepare(self, fetch: Fetch, values_for_order):
-        """The fetch's kept values sorted per row, in chunks of similar length.
+        """`(keep, dropped, chunks)`: the fetch's values sorted per row, in chunks.
 
-        Returns:
-            `(keep, dropped, chunks)`: `keep` None when every value is kept;
-            `dropped` the positive values per row whose column has no token;
-            `chunks` yields `(rows, sorted keys, n_kept)` (`sorted_rows`).
+        `keep` None when every value is kept; `dropped` per row the positive values
+        without a token; `chunks` yields `(rows, sorted keys, n_kept)`.
         """
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
@@ -233,6 +222,13 @@ class TokenOutput(Output):
         masked = self._mlm(fetch.key, row_ids, ids, self._gene_positions(n_genes))
         self._apply_mask(out, masked)
 
+    def _mask_all(self, fetch: Fetch, out: dict, positions) -> dict:
+        """Masks every row of the fetch (NumPy path) when `mlm_probability > 0`."""
+        if self.mlm_probability > 0:
+            ids = out["gene_ids"]
+            self._apply_mask(out, self._mlm(fetch.key, fetch.row_ids, ids, positions))
+        return out
+
     def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
         """Writes `labels` and masks `out` where `masked`."""
         ids = out["gene_ids"]
@@ -243,10 +239,7 @@ class TokenOutput(Output):
         return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
 
     def _csr_for_jit(self, fetch: Fetch):
-        """The fetch's `(data, indices, indptr, checked)` for the kernels, cached.
-
-        `checked` is False when every value is positive and every column has a token.
-        """
+        """Cached `(data, indices, indptr, checked)`; `checked` False: all kept."""
         key = ("jit_csr", id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
@@ -271,11 +264,9 @@ class TokenOutput(Output):
         return positions
 
     def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
-        """Sequences from each row's gene tokens `[n_rows, slots]` (and bins).
+        """`(gene_ids, used, values, gene_positions)` from each row's gene tokens.
 
-        Returns:
-            `(gene_ids, used, values, gene_positions)`: `used` counts the attended
-            positions per row; `values` None without `bins`.
+        `used`: attended positions per row; `values` None without `bins`.
         """
         n_rows = n_genes.size
         offset = 1 if self.cls_id >= 0 else 0
@@ -316,11 +307,7 @@ class TokenOutput(Output):
 
 
 def column_token_array(column_tokens) -> np.ndarray:
-    """`column_tokens` as int32 (one token id per column, -1 outside).
-
-    Raises:
-        arguments.ArgumentTypeError: They are not integers (a string, names).
-    """
+    """`column_tokens` as int32 (-1: no token); `ArgumentTypeError` if not integers."""
     array = np.asarray(column_tokens)
     integral = array.dtype.kind in "iu" or (
         array.dtype.kind == "f" and bool(np.all(np.mod(array, 1) == 0))

@@ -1,8 +1,6 @@
-"""The first use of a compiled token kernel: announced, compiled once.
+"""The first use of a compiled token kernel: announced, compiled once (file lock).
 
-numba compiles a kernel on its first call (seconds of CPU) and caches the code on disk;
-`announced` logs that first compile and makes processes racing on an empty cache take
-turns (a file lock). Design notes: docs/reference/design.md#tokens-compile.
+Design notes: docs/reference/design.md#tokens-compile.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Per-gene corpus statistics (non-zero medians, totals) in one streaming pass.
 
-Rank-value encoding divides each expressed value by the gene's non-zero median over the
-corpus, of values normalised to `target_sum` per cell. Design notes:
-docs/reference/design.md#tokens-corpus-stats.
+Design notes: docs/reference/design.md#tokens-corpus-stats.
 """
 
 from __future__ import annotations
@@ -141,10 +139,6 @@ def data_identity(source) -> dict:
     }
 
 
-def cache_dir() -> str:
-    return cache_root()
-
-
 def corpus_stats(
     source,
     *,
@@ -205,7 +199,7 @@ def corpus_stats(
     identity = {"data": data_identity(source), "options": options}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     key = key[:24]
-    path = os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
+    path = os.path.join(cache_root(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
         if stats.key == key:

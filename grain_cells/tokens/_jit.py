@@ -1,7 +1,6 @@
 """Compiled (numba) kernels of the token outputs: one pass per cell.
 
-Bit for bit the NumPy kernels' output. Design notes: docs/reference/design.md#tokens-
-kernels and #tokens-jit.
+Design notes: docs/reference/design.md#tokens-kernels and #tokens-jit.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from grain_cells.tokens._sort import _U32, _njit, _sort_keys, _sort_keys_min_las
 def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
-    With `checked` False every value is positive and has a token, so the loop skips both
-    tests and the divisions run in a loop of their own (into `quot`) that the compiler
-    vectorises.
+    With `checked` False (every value kept) the tests go and the divisions run in a
+    loop of their own (into `quot`) that the compiler vectorises.
     """
     m = 0
     dropped = 0
@@ -92,16 +90,10 @@ def rank_value_rows(
     pad_id,
     eos_id,
 ):
-    """Rank-value sequences of `rows`, written into row `i` of `ids`, `mask`.
+    """Rank-value sequences of `rows` into `ids`, `mask`; returns per-row counts.
 
-    Output rows past `rows.size` are padding (`<pad>`, mask False). `data` float32,
-    `indices`, int64 `indptr` and `rows` are the fetch's CSR and the rows to encode;
-    `tokens` int32 per column (-1: dropped), `medians` float32; `checked` False when
-    every value is positive and every column has a token; `ids` int32 and `mask` bool
-    `[n, length]`, `n >= rows.size`, all written.
-
-    Returns:
-        `(n_expressed, n_dropped, n_genes)` per output row, int32.
+    Output rows past `rows.size` are padding; `checked` False: every value kept.
+    Returns int32 `(n_expressed, n_dropped, n_genes)` per output row.
     """
     keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
     n_out, length = ids.shape
@@ -139,10 +131,9 @@ def rank_value_rows(
 
 @_njit
 def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """The key pass (and, with `sort`, the sort) of `rank_value_rows` over every row.
+    """`rank_value_rows`' key pass (and sort) over every row; returns the keys made.
 
-    What `benchmarks/token_steps.py` times apart; returns the keys made, so no step can
-    be skipped.
+    For `benchmarks/token_steps.py`.
     """
     keys, out, counts, bucket, quot, _ = _scratch(
         indptr, np.arange(indptr.size - 1, dtype=np.int64)
@@ -185,13 +176,9 @@ def value_bin_rows(
     pad_id,
     pad_value,
 ):
-    """Value-bin sequences (top genes) of `rows`, into `ids`, `values`, `mask`.
+    """Value-bin sequences (top genes) of `rows`, as `rank_value_rows`, plus bins.
 
-    As `rank_value_rows`, with `q` the float64 quantiles `np.linspace(0, 1, n_bins -
-    1)`, `values` int32 bins (`<cls>`'s 0, `pad_value` past the genes).
-
-    Returns:
-        `(n_expressed, n_dropped, n_genes)` per output row, int32.
+    `q` is `np.linspace(0, 1, n_bins - 1)`; `values` gets int32 bins.
     """
     keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
     n_out, length = ids.shape
@@ -245,10 +232,9 @@ def _value_at(out, i):
 
 @_njit
 def _edges(out, m, q, edges):
-    """`np.quantile(values, q)` of the row's `m` values, rounded up to float32.
+    """`np.quantile(out[:m] values, q)` (NumPy's lerp), rounded up to float32.
 
-    Values are `out[:m]` descending. NumPy's lerp (`_lerp`, difference in float32); each
-    edge `e` becomes the smallest float32 `c >= e`, so `x >= e <=> x >= c`.
+    The smallest float32 `c >= e` keeps `x >= e <=> x >= c`.
     """
     last = m - 1
     for k in range(q.size):

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from grain_cells._util import counter_rng
+from grain_cells._util.ranges import expand_ranges
 
 _U32_MAX = np.uint32(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
@@ -38,19 +39,10 @@ def sorted_rows(
     tokens: np.ndarray,
     pad: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's kept `(inv, token)` keys, sorted ascending, in a 2-D array.
+    """`(sorted keys [n_rows, width], n_kept)`: each row's kept `(inv, token)` keys.
 
-    Args:
-        lengths: Stored values per row (the values below, row after row).
-        keep: Which stored values take part (None: all).
-        inv: uint32 order word of each stored value (`inverted`); a kept
-            value's must be below `2**32 - 1`.
-        tokens: Token of each stored value (non-negative, below `2**31`).
-        pad: Token of the sentinel that fills each row past its kept keys.
-
-    Returns:
-        `(sorted_keys [n_rows, width], n_kept [n_rows])`: row `i` holds its
-        `n_kept[i]` keys first, then sentinels (high word `2**32 - 1`).
+    `keep` None: all; a kept `inv` must be below `2**32 - 1`, the sentinel's high
+    word (its token `pad`), which fills each row past its `n_kept` keys.
     """
     n_rows = lengths.size
     width = max(1, int(lengths.max(initial=0)))
@@ -76,11 +68,9 @@ def sorted_rows(
 
 
 def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
-    """Yields `(rows, values)`: chunks of rows of similar length, and their values.
+    """Yields `(rows, value positions)`: chunks of rows of similar length.
 
-    Chunks of `rows_per_chunk` rows (fewer past `MAX_CELLS_PER_CHUNK_VALUES` padded
-    values), so 2-D padding stays small; `values` are the positions of their stored
-    values, row after row.
+    At most `rows_per_chunk` rows and `MAX_CELLS_PER_CHUNK_VALUES` padded values.
     """
     lengths = np.diff(indptr)
     order = np.argsort(lengths, kind="stable")
@@ -89,21 +79,17 @@ def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
         longest = int(lengths[order[min(order.size, a + rows_per_chunk) - 1]])
         step = min(rows_per_chunk, MAX_CELLS_PER_CHUNK_VALUES // max(1, longest))
         rows = order[a : a + max(1, step)]
-        n = lengths[rows]
-        values = np.arange(int(n.sum()), dtype=np.int64)
-        values += np.repeat(indptr[rows] - (np.cumsum(n) - n), n)
-        yield rows, values
+        yield rows, expand_ranges(indptr[rows], lengths[rows])
         a += rows.size
 
 
 def bins_of_sorted(
     keys: np.ndarray, n_kept: np.ndarray, n_bins: int, pad_value: int = 0
 ) -> np.ndarray:
-    """Bins (scGPT's) of rows sorted by value descending, `pad_value` after.
+    """int32 bins (scGPT's) of rows sorted by value descending, `pad_value` after.
 
-    Edges per row are `np.quantile(values, np.linspace(0, 1, n_bins - 1))`, NumPy's
-    interpolation reproduced bit for bit (its `_lerp`, the difference in float32); a
-    value's bin is `np.digitize(value, edges)`. Returns int32 `[n_rows, width]`.
+    A value's bin is `np.digitize(value, np.quantile(values, np.linspace(0, 1,
+    n_bins - 1)))`, NumPy's interpolation reproduced bit for bit.
     """
     n_rows, width = keys.shape
     nz = np.flatnonzero(n_kept)
@@ -168,14 +154,11 @@ def zero_genes(
     expressed: np.ndarray,
     stream_offset: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sampled non-expressed genes per row, without replacement.
+    """`(rows, tokens)`: sampled non-expressed genes per row, in stream order.
 
-    Row `i` gets the first `need[i]` distinct tokens of the stream
-    `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`, j = 0, 1, ..., not
-    in its `expressed` set (sorted `row * 2**32 + token`).
-
-    Returns:
-        `(rows, tokens)`: rows ascending, each row's genes in stream order.
+    Row `i` gets the first `need[i]` distinct tokens of
+    `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`, j = 0, 1, ...,
+    not in its `expressed` set (sorted `row * 2**32 + token`).
     """
     n_vocab = vocab_tokens.size
     got_r, got_t = [], []

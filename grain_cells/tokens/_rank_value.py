@@ -1,10 +1,6 @@
 """`RankValueTokens`: rank-value encoding (Geneformer) as an output format.
 
-Each expressed gene's score is its value over the gene's non-zero corpus median
-(`corpus_stats`); the top-scoring genes are kept, highest first. Two kernels give the
-same arrays bit for bit: `"numba"` (`_jit`, one compiled pass per cell) and `"numpy"`
-(`_kernels`, vectorised over the fetch). Definitions: docs/reference/design.md#tokens-
-rank-value.
+Definitions: docs/reference/design.md#tokens-rank-value.
 """
 
 from __future__ import annotations
@@ -124,9 +120,7 @@ class RankValueTokens(TokenOutput):
             pad_id=vocabulary.special("pad"),
             cls_id=special_id(vocabulary, "cls", cls_token),
             eos_id=special_id(vocabulary, "eos", eos_token),
-            mask_id=vocabulary.special("mask")
-            if vocabulary.has_special("mask")
-            else -1,
+            mask_id=special_id(vocabulary, "mask", vocabulary.has_special("mask")),
             mlm_probability=mlm_probability,
             kernels=kernels,
             threads=threads,
@@ -177,10 +171,7 @@ class RankValueTokens(TokenOutput):
             "_used": used,
             **self._dropped(fetch, np.arange(n_rows), n_rows, dropped),
         }
-        if self.mlm_probability > 0:
-            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
-            self._apply_mask(out, masked)
-        return out
+        return self._mask_all(fetch, out, positions)
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding (`_jit.rank_value_rows`)."""

@@ -1,8 +1,6 @@
 """Compiled (numba) per-row sorts of the token kernels' keys.
 
-Keys are `(~float32 bits of the order value) << 32 | token`; every function gives them
-ascending, differing in how much sorting they skip. Design notes:
-docs/reference/design.md#tokens-sort.
+Design notes: docs/reference/design.md#tokens-sort.
 """
 
 from __future__ import annotations
@@ -19,11 +17,7 @@ def _njit(fn):
 
 @_njit
 def _sort_keys(keys, m, lo, hi, out, counts, bucket):
-    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`.
-
-    A bucket pass then insertion sort (`np.sort` past a move budget); `bucket` keeps
-    each key's bucket between the passes (cheaper than recomputing it).
-    """
+    """Sorts `keys[:m]` (order words in `[lo, hi]`) into `out[:m]`."""
     if m == 0:
         return
     span = np.uint64(hi - lo)
@@ -62,11 +56,9 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
 
 @_njit
 def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
-    """`_sort_keys`, with the keys of the row's smallest value set apart.
+    """`_sort_keys`, with the keys of the row's smallest value set apart (in `tail`).
 
-    In count data most of a cell's values are its smallest, which sort last by token and
-    arrive in column (token) order: one pass moves them to `tail` (checking that order)
-    and only the others are sorted. Scrambles `keys[:m]`.
+    Scrambles `keys[:m]`.
     """
     if m < 64:
         _sort_keys(keys, m, lo, hi, out, counts, bucket)

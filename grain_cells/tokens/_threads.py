@@ -1,22 +1,18 @@
-"""The compiled token kernels over a minibatch's rows in several threads.
+"""The compiled token kernels over slices of a minibatch's rows in threads.
 
-The kernels release the GIL and encode each row on its own, so contiguous slices of the
-output rows are encoded at once, each into its slice of the arrays: bit for bit one
-thread's. Design notes: docs/reference/design.md#tokens-threads.
+Design notes: docs/reference/design.md#tokens-threads.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import itertools
 import multiprocessing
-import os
 from collections.abc import Callable
 
 import numpy as np
 
-from grain_cells._util import fork
+from grain_cells._util import cores, fork
 
 MAX_AUTO = 4  # threads that `"auto"` uses at most
 MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
@@ -25,23 +21,12 @@ MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
 _pool = fork.ProcessCache()
 
 
-@functools.cache
-def _cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def resolve_threads(threads: int | str) -> int:
-    """Threads per minibatch for a `threads` argument (`"auto"` or >= 1).
-
-    Raises:
-        ValueError: Neither `"auto"` nor a positive integer.
-    """
+    """Threads per minibatch for a `threads` argument (`"auto"` or >= 1)."""
     if threads == "auto":
         if multiprocessing.parent_process() is not None:  # a Grain worker
             return 1
-        return max(1, min(MAX_AUTO, _cores()))
+        return max(1, min(MAX_AUTO, cores.available()))
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
         raise ValueError(
             f"threads must be 'auto' or a positive integer, got threads={threads!r}"
@@ -68,9 +53,8 @@ def encode_rows(
 ) -> tuple:
     """`call(rows_part, a, b)` over slices of the `n_out` output rows, in threads.
 
-    `call` encodes `rows_part` into output rows `a` to `b - 1` (padding past
-    `rows_part.size`) and returns per-row arrays; each of at most `threads` threads gets
-    at least `MIN_ROWS` rows. Returns the arrays of all rows, concatenated.
+    `call` encodes `rows_part` into output rows `[a, b)` and returns per-row arrays;
+    returns them concatenated.
     """
     n = min(threads, n_out // MIN_ROWS)
     if n <= 1:

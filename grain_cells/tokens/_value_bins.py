@@ -197,10 +197,7 @@ class ValueBinTokens(TokenOutput):
             "n_dropped": dropped,
             "_used": used,
         }
-        if self.mlm_probability > 0:
-            masked = self._mlm(fetch.key, fetch.row_ids, ids, positions)
-            self._apply_mask(out, masked)
-        return out
+        return self._mask_all(fetch, out, positions)
 
     def _per_minibatch(self) -> bool:
         """Compiled, top genes and no zero genes: encode per minibatch."""

@@ -1,8 +1,6 @@
 """Gene vocabularies: stable token ids for genes, with special tokens.
 
-Specials come first (`<pad>`, `<cls>`, `<eos>`, `<mask>`: ids 0 to 3), then the genes in
-the vocabulary's order, so a gene has the same id in every file, join and gene
-selection. Design notes: docs/reference/design.md#tokens-vocabulary.
+Design notes: docs/reference/design.md#tokens-vocabulary.
 """
 
 from __future__ import annotations
@@ -22,13 +20,9 @@ DEFAULT_SPECIALS = ("<pad>", "<cls>", "<eos>", "<mask>")
 
 @dataclasses.dataclass(frozen=True)
 class VocabularyMap:
-    """A vocabulary applied to the output columns of a source.
+    """A vocabulary applied to a source's columns.
 
-    Attributes:
-        tokens: int32 token id of each output column, -1 where the gene is
-            not in the vocabulary (dropped).
-        num_dropped: Output columns whose gene the vocabulary lacks.
-        dropped: Names of those genes (the first 20).
+    `tokens` int32 per column (-1: none); `dropped` the first 20 names without one.
     """
 
     tokens: np.ndarray
@@ -81,8 +75,7 @@ class GeneVocabulary:
         genes = [str(g) for g in genes]
         if len(set(genes)) != len(genes):
             raise ValueError("genes repeat a name; a vocabulary needs unique genes")
-        roles = dict(zip(("pad", "cls", "eos", "mask"), specials, strict=False))
-        roles = {r: n for r, n in roles.items() if n}
+        roles = _roles(specials)
         names = list(roles.values()) + genes
         return cls({n: i for i, n in enumerate(names)}, roles)
 
@@ -116,10 +109,8 @@ class GeneVocabulary:
                 raise ValueError(
                     f"{path}: expected a JSON object of token name to int id"
                 )
-            roles = dict(zip(("pad", "cls", "eos", "mask"), specials, strict=False))
-            roles = {r: n for r, n in roles.items() if n}
             try:
-                return cls(tokens, roles)
+                return cls(tokens, _roles(specials))
             except ValueError as e:
                 raise ValueError(f"{path}: {e}") from e
         genes = [line.strip() for line in text.splitlines() if line.strip()]
@@ -181,12 +172,14 @@ class GeneVocabulary:
         )
 
 
-def check_one_column_per_token(genes: np.ndarray, ids: np.ndarray) -> None:
-    """Refuses gene columns that share a token, naming them and their positions.
+def _roles(specials: Sequence[str]) -> dict[str, str]:
+    """Role to name, for pad, cls, eos, mask in order; an empty name leaves it out."""
+    roles = zip(("pad", "cls", "eos", "mask"), specials, strict=False)
+    return {r: n for r, n in roles if n}
 
-    Raises:
-        errors.GeneMismatchError: Some token stands for two or more columns.
-    """
+
+def check_one_column_per_token(genes: np.ndarray, ids: np.ndarray) -> None:
+    """Refuses gene columns that share a token (`errors.GeneMismatchError`)."""
     mapped = ids[ids >= 0]
     values, counts = np.unique(mapped, return_counts=True)
     shared = values[counts > 1]
