@@ -53,6 +53,58 @@ def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
         yield a, c.astype(np.int64) + 1, n
 
 
+def entries(codes, ranges, num_blocks: int, longest: int, width: int):
+    """Yields `(first block, block, class, count)` of each piece's cells' entries.
+
+    Sorted by block, then class, blocks local to the piece: the block x class
+    count table without a copy as long as the cells.
+    """
+    for a, klass, n in pieces(codes, ranges, num_blocks, longest, width):
+        yield (a, *_piece_entries(klass, n, width))
+
+
+def class_sums(codes, ranges, num_blocks: int, longest: int, width: int, weights=None):
+    """Per class index: the sum of `weights[block] * count` (None: `count`).
+
+    Added in entry order, the running totals carried as the first terms of the
+    next piece's `np.bincount`: bit for bit one `np.bincount` over all entries.
+    """
+    total = np.zeros(width)
+    head = np.arange(width)
+    for a, block, klass, count in entries(codes, ranges, num_blocks, longest, width):
+        values = count if weights is None else weights[a + block] * count
+        total = np.bincount(
+            np.concatenate([head, klass]),
+            np.concatenate([total, values]),
+            minlength=width,
+        )
+    return total
+
+
+def _piece_entries(klass: np.ndarray, lengths: np.ndarray, width: int):
+    """`(block, class, count)` of one piece's cells, sorted by block, class."""
+    firsts = np.cumsum(lengths) - lengths
+    change = np.empty(klass.size, bool)
+    change[0] = True
+    np.not_equal(klass[1:], klass[:-1], out=change[1:])
+    change[firsts] = True
+    seg = np.flatnonzero(change)
+    del change
+    seg_len = np.diff(seg, append=klass.size)
+    seg_block = np.searchsorted(firsts, seg, side="right") - 1
+    key = seg_block * width + klass[seg]
+    if key.size < 2 or (key[1:] > key[:-1]).all():  # labels in runs: no sort
+        return seg_block, key - seg_block * width, seg_len
+    if lengths.size * width <= _DENSE_ENTRIES:
+        dense = np.bincount(key, seg_len, minlength=lengths.size * width)
+        keys = np.flatnonzero(dense)
+        counts = dense[keys].astype(np.int64)
+    else:
+        keys, inverse = np.unique(key, return_inverse=True)
+        counts = np.bincount(inverse, seg_len).astype(np.int64)
+    return keys // width, keys % width, counts
+
+
 def _dense(width: int, longest: int) -> bool:
     return width * width <= _DENSE_COST * max(1, longest)
 
@@ -117,4 +169,4 @@ def block_sums(
     return out
 
 
-__all__ = ["Pairs", "block_sums", "pairs", "pieces"]
+__all__ = ["Pairs", "block_sums", "class_sums", "entries", "pairs", "pieces"]

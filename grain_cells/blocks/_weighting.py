@@ -15,8 +15,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.arguments import check_int
-from grain_cells.blocks._composition import Composition, table_composition
-from grain_cells.blocks._pairs import Pairs, block_sums, pairs
+from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
 from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source import AnnDataSource
 
@@ -105,11 +104,6 @@ def _codes(source: AnnDataSource, column: str):
     return source.obs_values(column), ranges, categories
 
 
-def _composition(source: AnnDataSource, column: str) -> Composition:
-    codes, ranges, categories = _codes(source, column)
-    return table_composition(codes, ranges, len(source), source.block_size, categories)
-
-
 def _targets(counts: np.ndarray, categories, column: str, shares) -> np.ndarray:
     """Target share per class index (0: missing, never a target)."""
     width = counts.size
@@ -143,12 +137,6 @@ def _targets(counts: np.ndarray, categories, column: str, shares) -> np.ndarray:
     if target.sum() <= 0:
         raise ValueError(f"shares must not all be 0, got {dict(shares)}")
     return target / target.sum()
-
-
-def _draw_shares(comp: Composition, weights: np.ndarray) -> np.ndarray:
-    """Expected share of emitted cells per class index, for block weights."""
-    emitted = comp.class_sums(weights)
-    return emitted / emitted.sum()
 
 
 def balanced_block_weights(
@@ -297,13 +285,15 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     check_source(source, "expected_shares")
     check_column(column, "expected_shares")
     weights = numbers(weights, "weights", "expected_shares")
-    comp = _composition(source, column)
+    codes, ranges, categories = _codes(source, column)
     if weights.shape != (len(source),):
         raise ValueError(
             f"weights needs one value per block ({len(source)}), got shape "
             f"{weights.shape}"
         )
-    got = _draw_shares(comp, weights)
-    present = comp.class_counts() > 0
-    labels = [None, *comp.categories.tolist()]
+    table = (codes, ranges, len(source), source.block_size, len(categories) + 1)
+    emitted = class_sums(*table, weights)
+    got = emitted / emitted.sum()
+    present = class_sums(*table) > 0
+    labels = [None, *categories.tolist()]
     return {labels[i]: float(got[i]) for i in np.flatnonzero(present)}

@@ -1,9 +1,9 @@
 """The block x class tables against the straightforward computation.
 
-`grain_cells.blocks._composition` keeps the count table in small-typed parts
-and sums part by part (`expected_shares`); `grain_cells.blocks._pairs` gives
-the class x class sums that `balanced_block_weights` iterates on, and the
-block weights of a multiplier. The references here work on one dense
+`grain_cells.blocks._pairs` gives the block x class count entries piece by
+piece and the class sums over them (`expected_shares`), the class x class
+sums that `balanced_block_weights` iterates on, and the block weights of a
+multiplier. The references here work on one dense
 blocks x classes table. Weights and expected shares must agree bit for bit
 (a sampler's repr and checkpoints hash the weights).
 """
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grain_cells.blocks import _composition, _pairs, _weighting
+from grain_cells.blocks import _pairs, _weighting
 from grain_cells.source import BlockTable
 from grain_cells.source._selection import blocks_over_runs
 
@@ -67,22 +67,27 @@ def tables(draw):
 @given(case=tables())
 def test_weights_match_the_straightforward_computation(chunk_cells, dense_cost, case):
     codes, starts, stops, n_classes = case
-    categories = np.array([f"c{i}" for i in range(n_classes)], dtype=object)
     width = n_classes + 1
-    old = _composition._CHUNK_CELLS, _composition._BUILD_CELLS
-    # Many parts (sums carried across), each joined from several pieces.
-    _composition._CHUNK_CELLS = chunk_cells
-    _composition._BUILD_CELLS = max(1, chunk_cells // 3)
+    shape = (codes, lambda a, b: (starts[a:b], stops[a:b]), starts.size, 16, width)
+    drawn = np.arange(1.0, len(starts) + 1)  # block weights of a sampler
+    old = _pairs._PIECE_CELLS
+    _pairs._PIECE_CELLS = chunk_cells  # many pieces (sums carried across)
     try:
-        comp = _composition.composition(codes, starts, stops, categories)
+        found = list(_pairs.entries(*shape))
+        counts = _pairs.class_sums(*shape)
+        shares = _pairs.class_sums(*shape, drawn)
     finally:
-        _composition._CHUNK_CELLS, _composition._BUILD_CELLS = old
+        _pairs._PIECE_CELLS = old
     table = _reference_table(codes, starts, stops, width)
-    assert comp.num_entries == table[0].size
+    block = np.concatenate([a + b for a, b, _, _ in found])
+    np.testing.assert_array_equal(block, table[0])
+    for i in (2, 3):  # class, count
+        got = np.concatenate([e[i] for e in found])
+        np.testing.assert_array_equal(got, table[i - 1])
     np.testing.assert_array_equal(
-        comp.class_counts(), np.bincount(table[1], table[2], minlength=width)
+        counts, np.bincount(table[1], table[2], minlength=width)
     )
-    present = comp.class_counts() > 0
+    present = counts > 0
     present[0] = False
     if not present.any():
         return
@@ -108,7 +113,6 @@ def test_weights_match_the_straightforward_computation(chunk_cells, dense_cost, 
     assert weights.tobytes() == want[0].tobytes()
     assert got.tobytes() == want[1].tobytes()
     assert gap == want[2]
-    shares = _weighting._draw_shares(comp, np.arange(1.0, len(starts) + 1))
     block, klass, count, _ = table
-    emitted = np.bincount(klass, np.arange(1.0, len(starts) + 1)[block] * count, width)
-    assert shares.tobytes() == (emitted / emitted.sum()).tobytes()
+    emitted = np.bincount(klass, drawn[block] * count, width)
+    assert shares.tobytes() == emitted.tobytes()
