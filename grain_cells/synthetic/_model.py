@@ -1,7 +1,6 @@
-"""The generation model of synthetic Tahoe-shaped cells.
+"""The generation model of synthetic Tahoe-shaped cells (design notes: synthetic-tahoe).
 
-Lognormal distinct genes per cell, Zipf-like gene ranks, CSR rows built without a per-
-cell loop, plate-sorted obs and var.
+Lognormal distinct genes per cell, Zipf-like gene ranks, plate-sorted obs.
 """
 
 from __future__ import annotations
@@ -29,11 +28,7 @@ def rank_probabilities(n_genes: int) -> np.ndarray:
 
 
 def draw_ranks(rng: np.random.Generator, size: int, n_genes: int) -> np.ndarray:
-    """Gene ranks from a log-uniform law: rank = x0 * e^(u L) - x0.
-
-    Rank `k` has probability `ln((k + 1 + x0) / (k + x0)) / L`, `L = ln(1 + n_genes /
-    x0)`.
-    """
+    """Gene ranks `x0 * e^(u L) - x0` (`L = ln(1 + n_genes / x0)`, u uniform)."""
     u = rng.random(size, dtype=np.float32)
     u *= np.float32(math.log1p(n_genes / _ZIPF_OFFSET))
     np.exp(u, out=u)
@@ -49,9 +44,7 @@ def molecules_per_cell(
 ) -> np.ndarray:
     """Per-cell molecule counts whose expected distinct genes are lognormal.
 
-    A target `t` of distinct genes per cell (lognormal, mean `mean_nnz`, clipped to
-    `[min(50, mean_nnz / 2), n_genes]`) maps to the molecules `m` with `E(m) = sum_k 1 -
-    (1 - p_k)^m = t`, interpolated on a geometric grid of `m`.
+    A target `t` maps to the `m` with `sum_k 1 - (1 - p_k)^m = t` (interpolated).
     """
     p = rank_probabilities(n_genes)
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))

@@ -1,8 +1,6 @@
 """Synthetic, Tahoe-100M-shaped `.h5ad` files for tests, benchmarks and demos.
 
-Plate-sorted cells, categorical metadata, CSR counts with realistic row lengths and a
-skewed gene distribution; no biology. Design notes: docs/reference/design.md#synthetic-
-tahoe.
+Design notes: docs/reference/design.md#synthetic-tahoe.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The synthetic Tahoe-shaped cells as AnnData zarr stores.
+"""The synthetic Tahoe-shaped cells as AnnData zarr stores, copied from the `.h5ad`.
 
-A store holds exactly the cells of the uncompressed `.h5ad` of the same arguments,
-copied from it: obs, var and the root by anndata, X's arrays created with anndata's
-arguments for the full size (its chunks, shards and codecs) and filled one shard (or ~64
-MiB) at a time. Design notes: docs/reference/design.md#synthetic-zarr.
+Design notes: docs/reference/design.md#synthetic-zarr.
 """
 
 from __future__ import annotations
@@ -225,8 +222,7 @@ def tahoe_like_to_zarr(
     import anndata
     import zarr
 
-    if layout not in ZARR_LAYOUTS:
-        raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
+    _check_layout(layout)
     path = pathlib.Path(path)
     zarr_format = 2 if layout == "v2" else 3
     with h5py.File(h5ad, "r") as f:
@@ -294,10 +290,14 @@ def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> No
             bar.update(hi - lo)
 
 
-def _check(n_cells, layout, compressed, kwargs) -> None:
-    arguments.check_int("n_cells", n_cells, minimum=1)
+def _check_layout(layout) -> None:
     if layout not in ZARR_LAYOUTS:
         raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
+
+
+def _check(n_cells, layout, compressed, kwargs) -> None:
+    arguments.check_int("n_cells", n_cells, minimum=1)
+    _check_layout(layout)
     if not isinstance(compressed, bool):
         raise ValueError(f"compressed must be a bool, got compressed={compressed!r}")
     given = sorted(set(kwargs) & set(_NOT_FOR_ZARR))
