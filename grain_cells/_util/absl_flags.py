@@ -7,11 +7,7 @@ from __future__ import annotations
 
 
 def allow_unparsed() -> None:
-    """Marks absl flags parsed in a program that never parsed them.
-
-    Flags that were parsed are left alone, so absl programs see no change;
-    one that parses its flags later (`absl.app.run`) still parses them then.
-    """
+    """Marks absl flags parsed in a program that never parsed them (else no-op)."""
     from absl import flags
 
     if not flags.FLAGS.is_parsed():

@@ -1,9 +1,7 @@
 """Checks of the arguments users pass, shared by every public entry point.
 
 Each returns the normalised value or raises an error naming the argument and
-the value given (`seed=1.7` must not silently become 1).
-
-Design notes: docs/reference/design.md#util-arguments.
+the value given. Design notes: docs/reference/design.md#util-arguments.
 """
 
 from __future__ import annotations
@@ -24,14 +22,7 @@ class ArgumentTypeError(TypeError, ValueError):
 def check_int(
     name: str, value, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
-    """An integer argument: `int`/`np.integer`, never a bool or a float.
-
-    Returns `value` as a Python int, within `[minimum, maximum]` (None: no bound).
-
-    Raises:
-        ArgumentTypeError: `value` is not an integer (None, a float, a bool).
-        ValueError: `value` is below `minimum` or above `maximum`.
-    """
+    """`value` as an int in `[minimum, maximum]`: `int`/`np.integer`, not bool/float."""
     kind = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
         minimum, f"an int >= {minimum}"
     )
@@ -74,11 +65,7 @@ def check_genes(genes):
 
 
 def paths_of(paths) -> str | os.PathLike | list:
-    """`paths` with AnnData objects replaced by the file they are backed by.
-
-    Raises:
-        TypeError: An AnnData object is in memory (not backed by a file).
-    """
+    """`paths` with (backed) AnnData objects replaced by the file they are backed by."""
     if _is_anndata(paths):
         return _backing_file(paths)
     if isinstance(paths, Sequence) and not isinstance(paths, (str, bytes)):
@@ -173,11 +160,7 @@ def check_names(name: str, value) -> tuple[str, ...]:
 
 
 def check_dtype(name: str, value, *, optional: bool = False):
-    """A NumPy dtype (a name such as `"float32"`, a type or a dtype), returned as given.
-
-    As given: fingerprints and reprs record it so. None is refused unless
-    `optional` (NumPy would silently take float64).
-    """
+    """A NumPy dtype, returned as given (reprs record it); None only if `optional`."""
     if value is None:
         if optional:
             return None
@@ -207,11 +190,7 @@ def check_mapping(name: str, value, *, optional: bool = True):
 
 
 def check_source(value, source_type, name: str = "source"):
-    """An `AnnDataSource` (or view; `source_type`, passed in): not a path or a list.
-
-    Raises:
-        ArgumentTypeError: `value` is not a `source_type`.
-    """
+    """An `AnnDataSource` or view (`source_type`, passed in): not a path or a list."""
     if not isinstance(value, source_type):
         raise ArgumentTypeError(
             f"{name} must be a grain_cells.AnnDataSource (or a view of one), "

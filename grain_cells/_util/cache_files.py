@@ -18,11 +18,9 @@ except ImportError:  # not POSIX: no locks
 
 
 def cache_root(*, xdg: bool = True) -> str:
-    """`$GRAIN_CELLS_CACHE`, else `<cache home>/grain_cells`.
+    """`$GRAIN_CELLS_CACHE`, else `grain_cells` in `$XDG_CACHE_HOME` or `~/.cache`.
 
-    The cache home is `$XDG_CACHE_HOME` when set and `xdg` (the chunk-start
-    and corpus-statistics caches honour it; the obs and synthetic caches
-    never did), else `~/.cache`.
+    The obs and synthetic caches never honoured `$XDG_CACHE_HOME` (`xdg=False`).
     """
     folder = os.environ.get("GRAIN_CELLS_CACHE")
     if folder:
@@ -42,10 +40,7 @@ def write_atomic(
 ) -> None:
     """Writes `path` through `write(file)` in a temporary file, then renames it.
 
-    The temporary file is made in `path`'s folder (created if missing),
-    readable by all (0644: `mkstemp`'s 0600 would hide a shared cache from
-    other users), flushed to disk first when `fsync`, and removed if
-    anything fails; the error is raised.
+    Mode 0644 (`mkstemp`'s 0600 would hide a shared cache from other users).
     """
     folder = os.path.dirname(os.fspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
@@ -69,11 +64,7 @@ def write_atomic(
 
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike | None):
-    """Holds an exclusive `flock` on the file `path` (made if missing).
-
-    Nothing is held where the lock cannot be made (None, an unwritable
-    folder, no `fcntl`): callers stay correct without it, only slower.
-    """
+    """Holds an exclusive `flock` on `path` where one can be made (else nothing)."""
     fd = None
     if path is not None and fcntl is not None:
         try:

@@ -1,8 +1,5 @@
 """How many threads a process should read and decode with.
 
-`read_threads="auto"`: `max(1, min(MAX_READ_THREADS, C // W))` for `C` usable
-cores shared by `W` workers (`W = 1` outside a worker).
-
 Design notes: docs/reference/design.md#util-cores.
 """
 
@@ -50,11 +47,7 @@ def read_threads(requested: int | str = "auto") -> int:
 
 
 def warn_if_oversubscribed(worker_count: int) -> None:
-    """Warns (`errors.WorkerCountWarning`) if `worker_count` exceeds the cores.
-
-    Called once per loader, where it is built; the warning points at the
-    first frame outside grain_cells (the caller's line).
-    """
+    """Warns (`errors.WorkerCountWarning`) if `worker_count` exceeds the cores."""
     cores = available()
     if worker_count <= cores:
         return

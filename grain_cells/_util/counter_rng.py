@@ -1,8 +1,5 @@
 """Counter-based random numbers: pure functions of `(seed, counters...)`.
 
-The same values on every platform and NumPy version, so a sampler's state is
-a position and splits do not depend on worker or shard counts.
-
 Design notes: docs/reference/design.md#util-counter-rng.
 """
 
@@ -25,11 +22,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def hash64(*words) -> np.ndarray:
-    """A 64-bit hash of non-negative integer words below 2**64 (arrays broadcast).
-
-    Returns:
-        A uint64 array of the broadcast shape (at least one dimension).
-    """
+    """uint64 hash of non-negative integer words (arrays broadcast, at least 1-D)."""
     arrays = [np.atleast_1d(np.asarray(w)) for w in words]
     for w in arrays:
         if w.dtype.kind not in "iu":
@@ -57,11 +50,9 @@ def hash64_int(*words: int) -> int:
 
 
 def permutation(n: int, *words: int) -> np.ndarray:
-    """A permutation of `range(n)`, a pure function of `(n, words)` (a seed, counters).
+    """A permutation of `range(n)` (int64), a pure function of `(n, words)`.
 
-    The argsort of `hash64(hash64_int(*words), arange(n))`: a bijection of the
-    position, so no ties and the same result on every platform and NumPy
-    version (unlike `Generator.permutation`). Returns int64.
+    The argsort of `hash64(hash64_int(*words), arange(n))`: no ties, any platform.
     """
     key = hash64_int(*words)
     return np.argsort(hash64(_U64(key), np.arange(n, dtype=_U64)), kind="stable")

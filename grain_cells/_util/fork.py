@@ -26,10 +26,7 @@ _tokens = itertools.count()
 
 
 def in_child(function: Callable[[], None]) -> Callable[[], None]:
-    """Calls `function()` in every child forked from now on, right after the fork.
-
-    Usable as a decorator; returns `function`.
-    """
+    """Calls `function()` in every child forked from now on (a decorator)."""
     _functions.append(function)
     return function
 
@@ -46,11 +43,9 @@ def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
 
 
 class ProcessCache(dict):
-    """A dict of this process's objects, emptied in a forked child.
+    """A dict of this process's objects (pools, clients), emptied in a forked child.
 
-    For module-level caches of thread pools and clients: `get_or_make`
-    builds a value once per key and process, under the cache's lock, which
-    a forked child also replaces (a parent thread may have held it).
+    A forked child also gets a new lock (a parent thread may have held it).
     """
 
     def __init__(self):

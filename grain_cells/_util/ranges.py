@@ -60,11 +60,7 @@ def nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chunk_pieces(starts, stops, chunk_len: int):
-    """Non-empty ranges cut at multiples of `chunk_len`, in order.
-
-    Returns:
-        `(chunk, start, stop)` of each piece: its chunk index and its range.
-    """
+    """`(chunk, start, stop)` of non-empty ranges cut at multiples of `chunk_len`."""
     starts = np.asarray(starts, np.int64)
     stops = np.asarray(stops, np.int64)
     first = starts // chunk_len

@@ -16,12 +16,7 @@ def _ours_or_grains() -> tuple[str, ...]:
 
 
 def stacklevel_outside_package() -> int:
-    """`stacklevel` for `warnings.warn` in the caller: the user's line.
-
-    Counts the frames from the function that calls `warnings.warn` (level 1)
-    up to the innermost one whose code is neither grain_cells' nor Grain's
-    (a loader's `next()` runs through both).
-    """
+    """`stacklevel` for the caller's `warnings.warn`: the first frame outside ours."""
     skip = _ours_or_grains()
     frame, level = sys._getframe(2), 2  # the warning function's caller
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
