@@ -15,6 +15,7 @@ import shutil
 
 import h5py
 
+from grain_cells._util.cache_files import write_atomic
 from grain_cells.io import inspect_matrix, open_file
 from grain_cells.preshuffle._plan import FORMAT, Plan
 from grain_cells.storage.remote import is_url
@@ -118,17 +119,8 @@ def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
 
 def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
     """Writes `MANIFEST` (the parts and their statistics), atomically."""
-    manifest = manifest_of(plan, markers)
-    final = plan.output_dir / MANIFEST
-    fd, tmp = create_temporary(plan.output_dir, MANIFEST)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    text = json.dumps(manifest_of(plan, markers), indent=1).encode()
+    write_atomic(plan.output_dir / MANIFEST, lambda f: f.write(text), fsync=True)
 
 
 def fsync_path(path: pathlib.Path) -> None:
