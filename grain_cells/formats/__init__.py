@@ -15,6 +15,7 @@ from grain_cells.formats._positional import (
     LAYOUT_OVERHEAD_BYTES,
     ByteLayout,
     PositionalReader,
+    run_parts,
 )
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
@@ -46,6 +47,7 @@ __all__ = [
     "of",
     "register",
     "registered",
+    "run_parts",
     "unregister",
     "value_dtype",
     "wait_all",

@@ -24,7 +24,7 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5._chunks import ChunkedReader
+from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.hdf5._layout import check_filters, stored_in
 from grain_cells.storage import ByteReader, as_byte_reader
 
@@ -239,19 +239,9 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if tuple(chunks[1:]) != tuple(shape[1:]):
         return None  # chunks split rows: a row is not contiguous in the file
     chunk_len = int(chunks[0])
-    n_chunks = -(-n // chunk_len)
-    offsets = np.full(n_chunks, -1, np.int64)
+    offsets, sizes, masks = chunk_table(dsid, chunk_len, n)
     chunk_bytes = chunk_len * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    sizes_ok = True
-
-    def visit(info):
-        nonlocal sizes_ok
-        offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
-        if info.size != chunk_bytes or info.filter_mask != 0:
-            sizes_ok = False
-
-    dsid.chunk_iter(visit)
-    if not sizes_ok or (offsets < 0).any():
+    if (offsets < 0).any() or (sizes != chunk_bytes).any() or masks.any():
         return None
     return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)
 

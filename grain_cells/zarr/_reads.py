@@ -18,16 +18,12 @@ import zarr
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces, chunks_touched, merge_touching
-from grain_cells.formats import checked_ranges
+from grain_cells.formats import checked_ranges, run_parts
 from grain_cells.zarr import _raw
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
 from grain_cells.zarr._keys import KeyReader
 from grain_cells.zarr._store import check_array
-
-# Tasks one read is split into when a pool is given: enough to balance
-# uneven chunks over a pool of a few threads.
-_MAX_TASKS = 16
 
 
 class RangeReader:
@@ -209,13 +205,8 @@ class RangeReader:
         work = self._plan(starts, stops, dest)
         uniq = work[0]
         raw = self._prepare(uniq)
-        if pool is None or uniq.size < 2:
-            self._read_chunks(0, uniq.size, work, raw)
-            return
-        n_tasks = min(uniq.size, _MAX_TASKS)
-        bounds = np.linspace(0, uniq.size, n_tasks + 1).astype(int).tolist()
-        _raw.run_parts(
-            pool, bounds, lambda a, b: self._read_chunks(a, b, work, raw), pending
+        run_parts(
+            pool, uniq.size, lambda a, b: self._read_chunks(a, b, work, raw), pending
         )
 
     def _prepare(self, uniq: np.ndarray) -> dict | None:

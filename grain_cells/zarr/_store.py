@@ -26,14 +26,6 @@ from grain_cells.zarr import _versions
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 
 
-def is_zarr_path(path: str) -> bool:
-    """Whether `path` is a zarr store: a local directory, or a `.zarr(.zip)` URL."""
-    p = local_path(os.fspath(path)).rstrip("/")
-    if is_url(p):
-        return p.endswith((".zarr", ".zarr.zip"))
-    return p.endswith((".zarr", ".zarr.zip")) or os.path.isdir(p)
-
-
 def zarr_store(path: str, storage_options: dict | None = None):
     """The read-only zarr store behind `path` (not yet opened as a group).
 

@@ -160,35 +160,27 @@ def store_for(url: str, storage_options: dict | None = None):
         errors.ObjectStoreError: This process was forked after its parent
             read from an object store (`check_not_forked_after_use`).
     """
+    return _cached_store(url, storage_options, at=False)
+
+
+def store_at(url: str, storage_options: dict | None = None):
+    """The store rooted at `url` itself, for the keys of one prefix (a zarr store).
+
+    Cached, configured and raising as `store_for`.
+    """
+    return _cached_store(url, storage_options, at=True)
+
+
+def _cached_store(url: str, storage_options: dict | None, at: bool):
     check_not_forked_after_use(url)
-    root, _ = split_url(url)
+    root, _ = split_url(url)  # names a bad URL
+    if at:
+        root = url.rstrip("/")
     options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
     key = (
-        root,
-        repr(sorted(options.items(), key=lambda kv: kv[0])),
-        _aws.cache_key(),
-    )
-    return _stores.get_or_make(key, lambda: _build_store(root, options))
-
-
-def store_at(url: str, storage_options: dict | None = None):
-    """The (per-process, cached) obstore store rooted at `url` itself.
-
-    For stores of many keys under one prefix (a zarr store); options,
-    credentials and retries as `store_for`.
-
-    Raises:
-        ValueError: An unknown storage option; names it.
-        errors.ObjectStoreError: Forked after obstore was used (as `store_for`).
-    """
-    check_not_forked_after_use(url)
-    split_url(url)  # names a bad URL
-    root = url.rstrip("/")
-    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
-    key = (
-        "at:" + root,
+        ("at:" if at else "") + root,
         repr(sorted(options.items(), key=lambda kv: kv[0])),
         _aws.cache_key(),
     )
