@@ -1,13 +1,8 @@
 """Positional reads of an array whose bytes lie at known file offsets.
 
-An array stored uncompressed (contiguous, or in whole-row chunks at known
-offsets) is read with positional reads of its file's `ByteReader`, with no
-format library in between. `ByteLayout` is where those bytes are: pure
-data (a few ints and one offset per chunk), so a process that learnt it
-once can read the array again, after the file was closed and reopened, from
-the `ByteReader` alone (`grain_cells.io._file_set`). `PositionalReader` is
-the `RangeReader` over it; a format's reader hands its direct reads to one
-(`grain_cells.hdf5._reads.RangeReader`).
+`ByteLayout` says where (pure data, valid across a reopen of the same
+bytes), `PositionalReader` reads ranges there through a `ByteReader`, and
+`run_parts` splits any reader's work over a pool.
 
 Design notes: docs/reference/design.md#formats-positional.
 """
@@ -78,8 +73,7 @@ class ByteLayout:
         name: The array's path inside the file, for messages.
         dtype: The stored (and read) dtype: native order, no conversion.
         shape: The array's shape.
-        chunk_rows: First-axis rows per piece at `offsets[i]` (the whole
-            array, at least 1, when contiguous).
+        chunk_rows: Rows per piece at `offsets[i]` (contiguous: all, >= 1).
         offsets: File offset of each piece (int64).
         chunk_length: Rows per stored chunk; None when contiguous.
     """
@@ -107,13 +101,7 @@ class PositionalReader:
     direct = True
 
     def __init__(self, layout: ByteLayout, path: str, fd: ByteReader):
-        """Reads nothing.
-
-        Args:
-            layout: Where the bytes are.
-            path: The file, for messages.
-            fd: The file's `ByteReader` (not owned: its owner closes it).
-        """
+        """Reads nothing; `fd` is the file's `ByteReader` (its owner closes it)."""
         self.layout = layout
         self.name = layout.name
         self.path = path
@@ -152,8 +140,7 @@ class PositionalReader:
         """`formats.RangeReader.read` with positional reads.
 
         Raises:
-            errors.CorruptDataError: Rows outside the array, or the file
-                ends before the data does (truncated).
+            errors.CorruptDataError: Rows outside the array, or a truncated file.
         """
         del pending  # every read completes before returning
         starts, stops = checked_ranges(self, starts, stops)

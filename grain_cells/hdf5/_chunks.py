@@ -47,16 +47,7 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
 
 
 class ChunkedReader:
-    """Reads sorted, disjoint ranges of a compressed dataset's first axis.
-
-    Thread-safe. Build with `ChunkedReader.create`, which returns None when
-    the dataset is not a case this reader handles (then read through h5py).
-
-    Example:
-        >>> reader = ChunkedReader.create(h5file["X/data"], "/data/a.h5ad", fd)
-        >>> out = np.empty(30, reader.dtype)
-        >>> reader.read(np.array([0, 100]), np.array([10, 120]), out, pool)
-    """
+    """Reads sorted, disjoint ranges of a compressed dataset (built by `create`)."""
 
     def __init__(
         self,
@@ -119,8 +110,6 @@ class ChunkedReader:
             return None
         return cls(dataset, path, fd, pipeline, *table, cache_bytes=cache_bytes)
 
-    # -- hints -------------------------------------------------------------
-
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
         chunks = chunks_touched(starts, stops, self.chunk_len)
@@ -129,8 +118,6 @@ class ChunkedReader:
     def pin(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
         self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
-
-    # -- reads -------------------------------------------------------------
 
     def read(
         self,

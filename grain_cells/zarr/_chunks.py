@@ -50,10 +50,7 @@ class Chunks:
         cache_bytes: int = 0,
         fill_missing: bool | str = False,
     ):
-        """Binds an array (its own metadata), its chunk decoder and its store's reader.
-
-        `fill_missing` as in `RangeReader` (True or `"leading"`).
-        """
+        """`fill_missing` as in `RangeReader` (True or `"leading"`)."""
         self.path = path
         self.name = "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
@@ -152,7 +149,7 @@ class Chunks:
         return (s[0] * rows, min((s[0] + 1) * rows, self.shape[0]))
 
     def request(self, unit):
-        """Where a unit's stored bytes are: `(key, start, stop, offset in the shard)`.
+        """`(key, start, stop, offset in the shard)` of a unit's stored bytes.
 
         `start` None: the whole key; -1: the shard's index marks it empty; -2: no shard.
         """
@@ -190,11 +187,7 @@ class Chunks:
         return a >= 0
 
     def fetch_remote(self, uniq) -> dict:
-        """Stored bytes (None: missing) of the row chunks `uniq`, all GETs at once.
-
-        Bytes that `prefetch` already holds are taken from it (waiting for
-        a prefetch still in flight) instead of fetched again.
-        """
+        """Stored bytes (None: missing) of row chunks `uniq` (read ahead, or GET)."""
         self.wait_prefetch(uniq.tolist())
         units = [u for k in uniq.tolist() for u in self.units(k)]
         got_ahead = {}
@@ -219,13 +212,10 @@ class Chunks:
             for u, (_, a, _, _) in todo
         }
 
-    # -- read-ahead (remote stores) -----------------------------------------
-
     def prefetch(self, row_chunks: list[int]) -> None:
-        """Starts fetching these row chunks' stored bytes in the background.
+        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`).
 
-        Held until a read takes them, at most `AHEAD_BYTES` per array; a failed or
-        dropped prefetch leaves the read to fetch (and report).
+        A failed or dropped prefetch leaves the read to fetch (and report).
         """
         units = [
             u

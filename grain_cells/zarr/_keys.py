@@ -1,7 +1,4 @@
-"""The stored bytes of a zarr store's keys, read without zarr's event loop.
-
-`KeyReader.for_store`: local files (`os.pread`), zip members, or range GETs
-of an object store (conditional on the keys' ETags where known).
+"""The stored bytes of a zarr store's keys: files, zip members or range GETs.
 
 Design notes: docs/reference/design.md#zarr-keys.
 """
@@ -149,11 +146,8 @@ class ZipKeys(KeyReader):
 class ObjectKeys(KeyReader):
     """Keys of an obstore store (rooted at the zarr store): range GETs.
 
-    With `versions` (the keys' ETags when the process opened the store), an
-    unlisted key reads as missing and every read is conditional on its ETag
-    (`If-Match`, or `get_ranges` then a HEAD); a changed or removed key raises
-    `errors.SourceChangedError`. Without (plain HTTP) reads are unconditional.
-    A forked child reads through a copy of the store (the parent's client hangs).
+    With `versions` (ETags when the store was opened) an unlisted key reads as
+    missing and every read is conditional on its ETag (`SourceChangedError`).
     """
 
     remote = True
@@ -182,11 +176,7 @@ class ObjectKeys(KeyReader):
         self.__init__(state["store"], state.get("versions"), state.get("url", ""))
 
     def get_many(self, requests):
-        """Every request in flight at once: one `get_ranges` call per key, in threads.
-
-        obstore's synchronous calls release the GIL; its asyncio runtime does not
-        survive `os.fork`.
-        """
+        """Every request in flight at once: one call per key, in threads."""
         check_not_forked_after_use(self._url)
         mark_obstore_used()
         by_key: dict[str, list[int]] = {}

@@ -5,6 +5,8 @@ Design notes: docs/reference/design.md#storage-remote-gcs.
 
 from __future__ import annotations
 
+from grain_cells.storage.remote._retries import first_line
+
 
 def bill_project(root: str, project, client_options: dict) -> None:
     """Sends `x-goog-user-project: project` with every request to a GCS bucket.
@@ -44,14 +46,9 @@ def unbilled_error(url: str, storage_options: dict | None, error):
     if "400 Bad Request" not in str(error) and "UserProjectMissing" not in str(error):
         return None
     return PermissionError(
-        f"{url}: the bucket answered 400 Bad Request ({_first_line(error)}), "
+        f"{url}: the bucket answered 400 Bad Request ({first_line(error)}), "
         "which is how a GCS requester-pays bucket refuses requests that name "
         "no project to bill. Pass the Google Cloud project to bill: "
         "storage_options={'user_project': 'my-billing-project'} (the "
         "credentials need serviceusage.services.use on it)."
     )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -106,6 +106,12 @@ def _mapping(storage_options, key: str) -> dict[str, Any]:
     return dict(value)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (obstore's run to many lines)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 _RETRIES = re.compile(r"after (\d+) retries")
 _STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>")
@@ -130,9 +136,8 @@ def describe(error: BaseException) -> tuple[int | None, str, int | None]:
     (None when its message does not say).
     """
     text = str(error)
-    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
-    what = first_line.split("  - ", 1)[-1].strip()
+    what = first_line(error).split("  - ", 1)[-1].strip()
     retries = _RETRIES.search(text)
     status = _STATUS.search(text)
     code = _CODE.search(text)

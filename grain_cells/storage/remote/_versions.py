@@ -94,19 +94,15 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
 
 
 def verify_reads(storage_options: dict | None) -> bool:
-    """The `verify_reads` storage option (default False).
-
-    Raises:
-        ValueError: Not a bool.
-    """
-    value = (storage_options or {}).get("verify_reads", False)
-    if not isinstance(value, bool):
-        raise ValueError(
-            "storage_options['verify_reads'] must be True or False (check every "
-            "byte read against block digests of the whole object, read when "
-            f"each process opens it), got {value!r}"
-        )
-    return value
+    """The `verify_reads` storage option (default False)."""
+    return _store.option(
+        storage_options,
+        "verify_reads",
+        False,
+        lambda v: isinstance(v, bool),
+        "True or False (check every byte read against block digests of the "
+        "whole object, read when each process opens it)",
+    )
 
 
 def block_digests(
@@ -216,21 +212,14 @@ def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
 
 
 def content_check_s(storage_options: dict | None) -> float:
-    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`).
-
-    Raises:
-        ValueError: Not a number >= 0.
-    """
-    value = (storage_options or {}).get("content_check_s", DEFAULT_CONTENT_CHECK_S)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(
-            "storage_options['content_check_s'] must be a number of seconds "
-            ">= 0 (how often each process re-reads the sampled bytes of an "
-            f"object whose ETag does not follow its content), got {value!r}"
+    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`)."""
+    return float(
+        _store.option(
+            storage_options,
+            "content_check_s",
+            DEFAULT_CONTENT_CHECK_S,
+            lambda v: _store.is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
+            "a number of seconds >= 0 (how often each process re-reads the "
+            "sampled bytes of an object whose ETag does not follow its content)",
         )
-    return float(value)
+    )

@@ -106,7 +106,7 @@ def _call(url: str, storage_options, what: str, request):
             status in (401, 403)
         ):
             raise PermissionError(
-                f"{url}: {what} refused ({_store.first_line(e)}). The "
+                f"{url}: {what} refused ({_retries.first_line(e)}). The "
                 "credentials in use may not do that there: pass others in "
                 "storage_options (or output_storage_options), set AWS_PROFILE or "
                 "the AWS_* variables, or ask for write access to the bucket."
@@ -119,4 +119,4 @@ def _call(url: str, storage_options, what: str, request):
             raise _store.missing_bucket_or_object(
                 url, storage_options, e, what=what
             ) from None
-        raise OSError(f"{url}: {what} failed: {_store.first_line(e)}") from None
+        raise OSError(f"{url}: {what} failed: {_retries.first_line(e)}") from None
