@@ -6,6 +6,7 @@ array (`RangeReader`), says what locates an array's bytes and stats a file;
 (docs/reference/design.md, "Formats").
 """
 
+from grain_cells.formats._chunk_cache import ChunkCache
 from grain_cells.formats._positional import (
     LAYOUT_OVERHEAD_BYTES,
     ByteLayout,
@@ -32,6 +33,7 @@ from grain_cells.formats._registry import (
 __all__ = [
     "LAYOUT_OVERHEAD_BYTES",
     "ByteLayout",
+    "ChunkCache",
     "ChunkDecodeError",
     "Format",
     "PositionalReader",

@@ -4,7 +4,7 @@
 (`grain_cells.hdf5._reads`): it takes every chunk's offset, size and filter
 mask from HDF5 once, then reads and decodes the chunks a batch touches.
 Memory per thread: one merged run of stored bytes (at most `MAX_RUN_BYTES`)
-and a decoded chunk or two; hot chunks go to `_chunk_cache.SHARED`.
+and a decoded chunk or two; hot chunks go to `SHARED`.
 
 Design notes: docs/reference/design.md#hdf5-chunks.
 """
@@ -20,12 +20,14 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunk_pieces, chunks_touched
-from grain_cells.formats import ChunkDecodeError, run_parts
-from grain_cells.hdf5._chunk_cache import SHARED
+from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.hdf5._codecs import Pipeline
 from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
+# Decoded chunks of every reader of the process, each trimming it to its own
+# `cache_bytes` (design notes, formats-chunk-cache).
+SHARED = ChunkCache()
 
 
 def chunk_table(dsid, chunk_len: int, n_rows: int):
@@ -94,7 +96,7 @@ class ChunkedReader:
 
         None unless chunked in whole rows, filtered by a `Pipeline` this
         module decodes, of a native numeric dtype, with every chunk written.
-        `cache_bytes`: decoded chunks kept in `_chunk_cache.SHARED` (0: none).
+        `cache_bytes`: decoded chunks kept in `SHARED` (0: none).
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None

@@ -109,9 +109,8 @@ class RangeReader:
         """`(first, stop, key)` of each chunk read so far as the fill value."""
         if self._chunks is None:  # zarr-python's reads: not recorded
             return []
-        c, n = int(self._codec.chunk_shape[0]), self.shape[0]
         filled = sorted(self._chunks.filled.items())
-        return [(k * c, min((k + 1) * c, n), key) for k, key in filled]
+        return [(*self._chunks.rows(k), key) for k, key in filled]
 
     def pin(self) -> None:
         """Reads every shard index, and the whole array if it fits `cache_bytes`."""

@@ -30,9 +30,8 @@ _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
     """Whether `stat.etag` changes whenever the object's bytes do.
 
-    False for `http(s)://` URLs (servers derive ETags from metadata), a missing
-    or weak (`W/`) ETag, and hex ETags holding the size (nginx, Apache) whatever
-    the scheme (`endpoint_url` may point `s3://` at such a server).
+    Not over `http(s)://`, for a missing or weak ETag, or a hex one holding the
+    size (nginx, Apache; `endpoint_url` may point `s3://` at such a server).
     """
     if url.split("://", 1)[0].lower() in ("http", "https"):
         return False
@@ -57,12 +56,7 @@ def content_windows(size: int) -> list[tuple[int, int]]:
 def content_digest(
     url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> str:
-    """SHA-256 of the object's sampled windows (one batch of range GETs).
-
-    Raises:
-        errors.SourceChangedError: The object's ETag, size or Last-Modified
-            is no longer `stat`'s (checked by the HEAD after the GETs).
-    """
+    """SHA-256 of the object's sampled windows (one batch of range GETs)."""
     windows = content_windows(stat.size)
     digest = hashlib.sha256(f"{stat.size}".encode())
     if windows:
@@ -73,9 +67,7 @@ def content_digest(
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now: one HEAD, and the sampled bytes' digest if needed.
-
-    Needed when its ETag does not follow its content (`tag_follows_content`).
+    """The object's version now: one HEAD, and a content digest where needed.
 
     Raises:
         FileNotFoundError: No such object.
@@ -108,14 +100,7 @@ def verify_reads(storage_options: dict | None) -> bool:
 def block_digests(
     url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> bytes:
-    """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes of the whole object.
-
-    One GET of the whole object (with `If-Match` on its ETag), streamed.
-
-    Raises:
-        errors.SourceChangedError: Its ETag changed, or its size is not
-            `stat.size`.
-    """
+    """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes (one streamed GET)."""
     import obstore
     from obstore import exceptions as ox
 
@@ -157,13 +142,10 @@ def _digest(data) -> bytes:
 
 
 def block_table(url: str, storage_options: dict | None, stat: FileStat, store=None):
-    """The `verify_reads` table of the version `stat` names; None without it.
+    """The `verify_reads` table of the version `stat` names (None: not verified).
 
-    Digests the object now (a whole read) in a process that has not yet.
-
-    Raises:
-        errors.SourceChangedError: The object's blocks now are not those
-            `stat.content` digests.
+    Digests the object now in a process that has not yet (`SourceChangedError`
+    when it no longer matches).
     """
     if not stat.content.startswith(_BLOCKS_PREFIX):
         return None
@@ -185,11 +167,7 @@ def widen(start: int, end: int, size: int) -> tuple[int, int]:
 
 
 def check_blocks(url: str, table: bytes, start: int, data) -> None:
-    """Checks whole blocks read from `start` against `table`.
-
-    Raises:
-        errors.SourceChangedError: A block differs.
-    """
+    """Checks whole blocks read from `start` against `table` (`SourceChangedError`)."""
     view = memoryview(data)
     first = start // DIGEST_BLOCK
     for i, off in enumerate(range(0, len(view), DIGEST_BLOCK)):

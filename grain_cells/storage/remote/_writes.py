@@ -31,7 +31,7 @@ def put_file(url: str, path: str | os.PathLike, storage_options: dict | None) ->
     Raises:
         FileNotFoundError: The bucket does not exist.
         PermissionError: The credentials may not write there.
-        OSError: The upload failed after retries (names URL and cause).
+        OSError: The upload failed after retries.
     """
     import obstore
 
@@ -59,12 +59,7 @@ def put_bytes(url: str, data: bytes, storage_options: dict | None) -> None:
 
 
 def list_names(url: str, storage_options: dict | None) -> list[str]:
-    """Names of the objects directly below the prefix `url` (not recursive).
-
-    Raises:
-        FileNotFoundError: The bucket does not exist.
-        PermissionError: The credentials may not list it.
-    """
+    """Names of the objects directly below the prefix `url`. Raises as `put_file`."""
     import obstore
 
     _, key = _store.split_url(join(url, "x"))

@@ -1,6 +1,6 @@
-"""One LRU of decoded chunks per process (`SHARED`), for every `ChunkedReader`.
+"""An LRU of decoded chunks that format readers share (`hdf5._chunks.SHARED`).
 
-Design notes: docs/reference/design.md#hdf5-chunk-cache.
+Design notes: docs/reference/design.md#formats-chunk-cache.
 """
 
 from __future__ import annotations
@@ -61,6 +61,4 @@ class ChunkCache:
                 self._held -= self._entries.pop(key).nbytes
 
 
-SHARED = ChunkCache()
-
-__all__ = ["SHARED", "ChunkCache"]
+__all__ = ["ChunkCache"]
