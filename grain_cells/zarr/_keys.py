@@ -103,23 +103,15 @@ class ZipKeys(KeyReader):
 
     def __init__(self, path: str):
         self.path = path
-        self._lock = threading.Lock()
         # One archive per process, read under a lock: members opened from
         # one ZipFile in several threads race on its shared file position
         # (seen as zstd errors and EOFError on CPython 3.12.1).
-        self._read_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._zip: zipfile.ZipFile | None = None
-        self._pid = None
+        fork.in_child_of(self, ZipKeys._forget)
 
-    def _archive(self) -> zipfile.ZipFile:
-        if self._pid is not None and self._pid != os.getpid():
-            # A forked child: a parent's thread may have held either lock.
-            self._lock, self._read_lock = threading.Lock(), threading.Lock()
-        with self._lock:
-            if self._zip is None or self._pid != os.getpid():
-                self._zip = zipfile.ZipFile(self.path, "r")
-                self._pid = os.getpid()
-            return self._zip
+    def _forget(self) -> None:  # a parent's thread may have held the lock
+        self._lock, self._zip = threading.Lock(), None
 
     def __getstate__(self):
         return {"path": self.path}
@@ -128,15 +120,16 @@ class ZipKeys(KeyReader):
         self.__init__(state["path"])
 
     def _get(self, key, start, stop):
-        archive = self._archive()
         try:
-            with self._read_lock:
+            with self._lock:
+                if self._zip is None:
+                    self._zip = zipfile.ZipFile(self.path, "r")
                 if start is None:
-                    return archive.read(key)
+                    return self._zip.read(key)
                 if start < 0:
-                    size = archive.getinfo(key).file_size
+                    size = self._zip.getinfo(key).file_size
                     start, stop = max(0, size + start), size
-                with archive.open(key) as f:
+                with self._zip.open(key) as f:
                     f.seek(start)
                     return f.read(stop - start)
         except KeyError:
