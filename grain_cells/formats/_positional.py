@@ -45,19 +45,19 @@ def run_parts(
     work) runs in the caller's thread. The futures go to `pending` when
     given (the caller waits), else are waited for here (`wait_all`).
     """
-    if sizes is None:
-        n_tasks = min(n, max_tasks)
-        bounds = np.linspace(0, n, n_tasks + 1).astype(int).tolist()
-    else:
-        ends = np.cumsum(sizes)
-        total = int(ends[-1]) if n else 0
-        n_tasks = min(max_tasks, n, total // min_bytes)
-        cuts = np.searchsorted(ends, np.linspace(0, total, n_tasks + 1)[1:-1])
-        bounds = [0, *cuts.tolist(), n]
+    total = 0 if sizes is None else int(sizes.sum())
+    n_tasks = (
+        min(n, max_tasks) if sizes is None else min(max_tasks, n, total // min_bytes)
+    )
     if pool is None or n_tasks < 2:
         if n:
             task(0, n)
         return
+    if sizes is None:
+        bounds = np.linspace(0, n, n_tasks + 1).astype(int).tolist()
+    else:
+        targets = np.linspace(0, total, n_tasks + 1)[1:-1]
+        bounds = [0, *np.searchsorted(np.cumsum(sizes), targets).tolist(), n]
     futures = [pool.submit(task, a, b) for a, b in itertools.pairwise(bounds) if b > a]
     if pending is not None:
         pending.extend(futures)
