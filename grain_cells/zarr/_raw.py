@@ -13,7 +13,6 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import run_parts
-from grain_cells.storage import advise_pieces
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import LocalKeys
@@ -135,43 +134,57 @@ class RawReads:
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
+        if not hasattr(os, "posix_fadvise"):  # pragma: no cover - not Linux
+            return
         names, key_id, _, offsets, nbytes, _, missing = self.plan(starts, stops)
         keep = ~missing
-        pieces = zip(
-            *(a[keep].tolist() for a in (key_id, offsets, nbytes)), strict=True
-        )
-        for i, group in itertools.groupby(pieces, key=lambda piece: piece[0]):
-            fd = self._keys.open(names[i])
-            if fd is not None:
-                _, offs, nbs = zip(*group, strict=True)
-                advise_pieces([fd] * len(offs), offs, nbs)
+        key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
+        bounds = np.flatnonzero(np.diff(key_id)) + 1
+        for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
+            fd = self._keys.open(names[int(key_id[lo])])
+            if fd is None:
+                continue
+            try:
+                for off, nb in zip(
+                    offsets[lo:hi].tolist(), nbytes[lo:hi].tolist(), strict=True
+                ):
+                    os.posix_fadvise(fd, off, nb, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
                 os.close(fd)
 
     def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
-        pieces = zip(key_id, ks, offsets, nbytes, dests, strict=True)
-        for i, group in itertools.groupby(pieces, key=lambda piece: piece[0]):
-            _, ks, offs, nbs, ds = zip(*group, strict=True)
-            key = names[i]
+        i = 0
+        while i < len(key_id):
+            j = i
+            while j < len(key_id) and key_id[j] == key_id[i]:
+                j += 1
+            key = names[key_id[i]]
             fd = self._keys.open(key)
             if fd is None:  # no chunk file (or no shard): Chunks' rule applies
-                for piece in zip(ks, offs, nbs, ds, strict=True):
-                    self._fill(view, *piece)
+                for p in range(i, j):
+                    self._fill(view, ks[p], offsets[p], nbytes[p], dests[p])
+                i = j
                 continue
             try:
                 if self._codec.shard is None:
                     size = os.fstat(fd).st_size
                     if size != self._chunk_bytes:
-                        self._corrupt(ks[0], key, None, f"its file holds {size} bytes")
-                for k, off, nb, d in zip(ks, offs, nbs, ds, strict=True):
-                    got = 0
+                        self._corrupt(ks[i], key, None, f"its file holds {size} bytes")
+                for p in range(i, j):
+                    off, nb, d = offsets[p], nbytes[p], dests[p]
+                    got = os.preadv(fd, [view[d : d + nb]], off)
                     while got < nb:  # short reads are legal; zero means the end
                         more = os.preadv(fd, [view[d + got : d + nb]], off + got)
                         if more == 0:
-                            end = f"its file ends at byte {off + got}"
-                            self._corrupt(k, key, off, end)
+                            self._corrupt(
+                                ks[p], key, off, f"its file ends at byte {off + got}"
+                            )
                         got += more
             finally:
                 os.close(fd)
+            i = j
 
     def _fill(self, view, k: int, off: int, nb: int, d: int) -> None:
         """A piece of a chunk with no stored bytes: the fill value, or an error.
