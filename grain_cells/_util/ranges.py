@@ -65,6 +65,8 @@ def chunk_pieces(starts, stops, chunk_len: int):
     stops = np.asarray(stops, np.int64)
     first = starts // chunk_len
     n_pieces = (stops - 1) // chunk_len - first + 1
+    if int(n_pieces.sum()) == starts.size:  # no range crosses a chunk boundary
+        return first, starts, stops
     chunk = expand_ranges(first, n_pieces)
     start = np.maximum(np.repeat(starts, n_pieces), chunk * chunk_len)
     stop = np.minimum(np.repeat(stops, n_pieces), (chunk + 1) * chunk_len)

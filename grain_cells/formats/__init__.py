@@ -1,20 +1,17 @@
-"""The seam between AnnData's schema and the formats that store it.
+"""The seam between AnnData's schema (`grain_cells.io`) and the formats storing it.
 
-`Format` is what a storage format gives the schema layer
-(`grain_cells.io`): it opens a path or URL into AnnData's tree of groups
-and arrays, reads row ranges of an array (`RangeReader`), says what locates
-an array's bytes (the layout digest of `grain_cells.io._identity`) and
-stats a file. `grain_cells.hdf5` (`.h5ad`) and `grain_cells.zarr` (zarr
-stores) implement it and `register` themselves; `grain_cells.io` asks the
-registry (`for_path`, `of`) and names no format. Adding a format is one
-module: a `Format` subclass and a `register` call (docs/reference/design.md,
-"Formats").
+A `Format` opens a path or URL into AnnData's tree, reads row ranges of an
+array (`RangeReader`), says what locates an array's bytes and stats a file;
+`grain_cells.hdf5` and `grain_cells.zarr` implement and `register` one
+(docs/reference/design.md, "Formats").
 """
 
+from grain_cells.formats._chunk_cache import ChunkCache
 from grain_cells.formats._positional import (
     LAYOUT_OVERHEAD_BYTES,
     ByteLayout,
     PositionalReader,
+    run_parts,
 )
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
@@ -36,6 +33,7 @@ from grain_cells.formats._registry import (
 __all__ = [
     "LAYOUT_OVERHEAD_BYTES",
     "ByteLayout",
+    "ChunkCache",
     "ChunkDecodeError",
     "Format",
     "PositionalReader",
@@ -46,6 +44,7 @@ __all__ = [
     "of",
     "register",
     "registered",
+    "run_parts",
     "unregister",
     "value_dtype",
     "wait_all",

@@ -1,13 +1,8 @@
 """Positional reads of an array whose bytes lie at known file offsets.
 
-An array stored uncompressed (contiguous, or in whole-row chunks at known
-offsets) is read with positional reads of its file's `ByteReader`, with no
-format library in between. `ByteLayout` is where those bytes are: pure
-data (a few ints and one offset per chunk), so a process that learnt it
-once can read the array again, after the file was closed and reopened, from
-the `ByteReader` alone (`grain_cells.io._file_set`). `PositionalReader` is
-the `RangeReader` over it; a format's reader hands its direct reads to one
-(`grain_cells.hdf5._reads.RangeReader`).
+`ByteLayout` says where (pure data, valid across a reopen of the same
+bytes), `PositionalReader` reads ranges there through a `ByteReader`, and
+`run_parts` splits any reader's work over a pool.
 
 Design notes: docs/reference/design.md#formats-positional.
 """
@@ -22,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import nonempty
+from grain_cells._util.ranges import chunk_pieces, nonempty
 from grain_cells.formats._protocol import checked_ranges, wait_all
 from grain_cells.storage import ByteReader, ShortReadError
 
@@ -33,6 +28,43 @@ _MIN_BYTES_PER_THREAD = 1 << 20
 LAYOUT_OVERHEAD_BYTES = 512
 
 
+def run_parts(
+    pool,
+    n: int,
+    task,
+    pending: list | None = None,
+    *,
+    max_tasks: int = 16,
+    sizes: np.ndarray | None = None,
+    min_bytes: int = 1,
+) -> None:
+    """Runs `task(a, b)` over `[0, n)`, split into parts run in `pool`.
+
+    At most `max_tasks` parts of equal count, or of equal `sizes` (bytes per
+    item) of at least `min_bytes` each; one part (no pool, or too little
+    work) runs in the caller's thread. The futures go to `pending` when
+    given (the caller waits), else are waited for here (`wait_all`).
+    """
+    total = 0 if sizes is None else int(sizes.sum())
+    n_tasks = (
+        min(n, max_tasks) if sizes is None else min(max_tasks, n, total // min_bytes)
+    )
+    if pool is None or n_tasks < 2:
+        if n:
+            task(0, n)
+        return
+    if sizes is None:
+        bounds = np.linspace(0, n, n_tasks + 1).astype(int).tolist()
+    else:
+        targets = np.linspace(0, total, n_tasks + 1)[1:-1]
+        bounds = [0, *np.searchsorted(np.cumsum(sizes), targets).tolist(), n]
+    futures = [pool.submit(task, a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    if pending is not None:
+        pending.extend(futures)
+    else:
+        wait_all(futures)  # none still writes into the caller's buffer
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ByteLayout:
     """Where an array's bytes lie in its file.
@@ -41,8 +73,7 @@ class ByteLayout:
         name: The array's path inside the file, for messages.
         dtype: The stored (and read) dtype: native order, no conversion.
         shape: The array's shape.
-        chunk_rows: First-axis rows per piece at `offsets[i]` (the whole
-            array, at least 1, when contiguous).
+        chunk_rows: Rows per piece at `offsets[i]` (contiguous: all, >= 1).
         offsets: File offset of each piece (int64).
         chunk_length: Rows per stored chunk; None when contiguous.
     """
@@ -70,13 +101,7 @@ class PositionalReader:
     direct = True
 
     def __init__(self, layout: ByteLayout, path: str, fd: ByteReader):
-        """Reads nothing.
-
-        Args:
-            layout: Where the bytes are.
-            path: The file, for messages.
-            fd: The file's `ByteReader` (not owned: its owner closes it).
-        """
+        """Reads nothing; `fd` is the file's `ByteReader` (its owner closes it)."""
         self.layout = layout
         self.name = layout.name
         self.path = path
@@ -115,8 +140,7 @@ class PositionalReader:
         """`formats.RangeReader.read` with positional reads.
 
         Raises:
-            errors.CorruptDataError: Rows outside the array, or the file
-                ends before the data does (truncated).
+            errors.CorruptDataError: Rows outside the array, or a truncated file.
         """
         del pending  # every read completes before returning
         starts, stops = checked_ranges(self, starts, stops)
@@ -127,24 +151,9 @@ class PositionalReader:
     def pieces(self, starts: np.ndarray, stops: np.ndarray):
         """Splits ranges at chunk boundaries: (file offsets, byte counts)."""
         c = self.layout.chunk_rows
-        row_bytes = self._row_bytes
-        first = starts // c
-        last = (stops - 1) // c
-        n_pieces = last - first + 1
-        total = int(n_pieces.sum())
-        if total == starts.size:
-            chunk = first
-            p_start, p_stop = starts, stops
-        else:
-            owner = np.repeat(np.arange(starts.size), n_pieces)
-            within = np.arange(total) - np.repeat(
-                np.cumsum(n_pieces) - n_pieces, n_pieces
-            )
-            chunk = first[owner] + within
-            p_start = np.maximum(starts[owner], chunk * c)
-            p_stop = np.minimum(stops[owner], (chunk + 1) * c)
-        offsets = self.layout.offsets[chunk] + (p_start - chunk * c) * row_bytes
-        nbytes = (p_stop - p_start) * row_bytes
+        chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
+        offsets = self.layout.offsets[chunk] + (p_start - chunk * c) * self._row_bytes
+        nbytes = (p_stop - p_start) * self._row_bytes
         # Pieces adjacent both in the file and in the destination merge.
         if offsets.size > 1:
             joins = offsets[1:] == offsets[:-1] + nbytes[:-1]
@@ -158,46 +167,29 @@ class PositionalReader:
         """Reads checked, merged ranges into `out` (threads for large reads)."""
         offsets, nbytes = self.pieces(starts, stops)
         dest = out.reshape(-1).view(np.uint8)
-        ends = np.cumsum(nbytes)
-        total = int(ends[-1]) if ends.size else 0
+        total = int(nbytes.sum())
         if total > dest.size:
             raise ValueError(
                 f"destination holds {dest.size} bytes, the ranges need {total}"
             )
-        fd = self._fd
+        dest_starts = np.cumsum(nbytes) - nbytes
         # A remote reader runs its own GETs concurrently and copies what
         # read-ahead holds with the GIL held: splitting its read over the
         # pool's threads only adds GIL hand-offs (a third of a 0-worker
         # reader's time went waiting on them).
-        if (
-            pool is None
-            or total < 2 * _MIN_BYTES_PER_THREAD
-            or nbytes.size < 2
-            or fd.remote
-        ):
-            dest_starts = (ends - nbytes).tolist()
-            self._pread_all(dest, offsets.tolist(), nbytes.tolist(), dest_starts)
-            return
-        dest_starts = ends - nbytes
-        n_jobs = min(
-            getattr(pool, "threads", 4),  # file_set.ReadPool
+        run_parts(
+            None if self._fd.remote else pool,
             nbytes.size,
-            total // _MIN_BYTES_PER_THREAD,
-        )
-        cuts = np.searchsorted(ends, np.linspace(0, total, n_jobs + 1)[1:-1])
-        bounds = [0, *cuts.tolist(), nbytes.size]
-        futures = [
-            pool.submit(
-                self._pread_all,
+            lambda a, b: self._pread_all(
                 dest,
                 offsets[a:b].tolist(),
                 nbytes[a:b].tolist(),
                 dest_starts[a:b].tolist(),
-            )
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-        wait_all(futures)  # none still writes into `out` once this returns
+            ),
+            max_tasks=getattr(pool, "threads", 4),  # file_set.ReadPool
+            sizes=nbytes,
+            min_bytes=_MIN_BYTES_PER_THREAD,
+        )
 
     def _pread_all(
         self,
@@ -216,4 +208,4 @@ class PositionalReader:
             ) from None
 
 
-__all__ = ["ByteLayout", "PositionalReader"]
+__all__ = ["ByteLayout", "PositionalReader", "run_parts"]

@@ -1,13 +1,7 @@
 """The formats known to this process, found by path or by node.
 
-A format registers itself once, when its package is imported
-(`grain_cells/__init__.py` imports `grain_cells.hdf5` and
-`grain_cells.zarr`). A path is opened by the most recently registered
-format whose `can_open` accepts it, so a format registered later (a test's,
-a plugin's) is asked before the built-in ones. A format marked `fallback`
-is asked after all others, whatever the import order: `grain_cells.hdf5`
-is one, claiming every path no other format claims (and refusing what is
-not HDF5 by name).
+The newest registered format whose `can_open` accepts a path opens it;
+`fallback` formats (`grain_cells.hdf5`) are asked after all others.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ def register(fmt: Format) -> Format:
     """Adds `fmt` to the formats asked first (re-registering moves it).
 
     Returns:
-        `fmt`, so a module can write `FORMAT = register(MyFormat())`.
+        `fmt`: `FORMAT = register(MyFormat())`.
 
     Raises:
         TypeError: `fmt` is not a `Format`.

@@ -1,15 +1,10 @@
-"""Reading rows of a compressed, chunked dataset by decoding chunks in threads.
+"""Rows of a compressed, chunked HDF5 dataset, its chunks decoded in threads.
 
-`ChunkedReader` is the compressed counterpart of the positional path in
-`grain_cells.hdf5._reads`. Once per dataset it takes every chunk's byte
-offset, stored size and filter mask from HDF5 (`DatasetID.chunk_iter`, one
-call). For a read of sorted row ranges it then
-
-Memory per reading thread: one merged run of stored bytes (at most
-`MAX_RUN_BYTES`, 4 MiB) and one or two decoded chunks (anndata's chunks are
-at most 1 MiB). An optional LRU cache keeps decoded chunks of small, hot
-datasets (`indptr`, read by every fetch): one per process for all readers
-(`grain_cells.hdf5._chunk_cache.SHARED`), of at most `cache_bytes`.
+`ChunkedReader` is the compressed counterpart of the positional path
+(`grain_cells.hdf5._reads`): it takes every chunk's offset, size and filter
+mask from HDF5 once, then reads and decodes the chunks a batch touches.
+Memory per thread: one merged run of stored bytes (at most `MAX_RUN_BYTES`)
+and a decoded chunk or two; hot chunks go to `SHARED`.
 
 Design notes: docs/reference/design.md#hdf5-chunks.
 """
@@ -17,7 +12,6 @@ Design notes: docs/reference/design.md#hdf5-chunks.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import threading
 import weakref
 
@@ -25,29 +19,37 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunks_touched
-from grain_cells.formats import ChunkDecodeError, wait_all
-from grain_cells.hdf5._chunk_cache import SHARED
+from grain_cells._util.ranges import chunk_pieces, chunks_touched
+from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.hdf5._codecs import Pipeline
 from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
-# Tasks one read is split into when a pool is given: enough to balance
-# uneven chunks over a reader pool of a few threads.
-_MAX_TASKS = 16
+# Decoded chunks of every reader of the process, each trimming it to its own
+# `cache_bytes` (design notes, formats-chunk-cache).
+SHARED = ChunkCache()
+
+
+def chunk_table(dsid, chunk_len: int, n_rows: int):
+    """`(offsets, sizes, filter masks)` of each row chunk (offset -1: unwritten)."""
+    n_chunks = -(-n_rows // chunk_len)
+    offsets = np.full(n_chunks, -1, np.int64)
+    sizes = np.zeros(n_chunks, np.int64)
+    masks = np.zeros(n_chunks, np.uint32)
+
+    def visit(info):
+        k = info.chunk_offset[0] // chunk_len
+        if k < n_chunks:
+            offsets[k], sizes[k] = info.byte_offset, info.size
+            masks[k] = info.filter_mask
+
+    if n_chunks:
+        dsid.chunk_iter(visit)
+    return offsets, sizes, masks
 
 
 class ChunkedReader:
-    """Reads sorted, disjoint ranges of a compressed dataset's first axis.
-
-    Thread-safe. Build with `ChunkedReader.create`, which returns None when
-    the dataset is not a case this reader handles (then read through h5py).
-
-    Example:
-        >>> reader = ChunkedReader.create(h5file["X/data"], "/data/a.h5ad", fd)
-        >>> out = np.empty(30, reader.dtype)
-        >>> reader.read(np.array([0, 100]), np.array([10, 120]), out, pool)
-    """
+    """Reads sorted, disjoint ranges of a compressed dataset (built by `create`)."""
 
     def __init__(
         self,
@@ -92,18 +94,9 @@ class ChunkedReader:
     ) -> ChunkedReader | None:
         """A reader for `dataset`, or None if it must be read through h5py.
 
-        None when: the dataset is not chunked or not filtered; a filter is
-        not one `Pipeline` decodes; chunks split a row (2-D chunks narrower
-        than the row); the dtype is not a native number; or a chunk was
-        never written (HDF5 fills those with the fill value).
-
-        Args:
-            dataset: An open 1-D or 2-D dataset.
-            path: The file's path, for error messages.
-            fd: An `os.open` descriptor of the same file, or its `ByteReader`.
-            cache_bytes: Keep decoded chunks in the process's LRU
-                (`_chunk_cache.SHARED`), trimmed to this many bytes at each
-                insert (0: none).
+        None unless chunked in whole rows, filtered by a `Pipeline` this
+        module decodes, of a native numeric dtype, with every chunk written.
+        `cache_bytes`: decoded chunks kept in `SHARED` (0: none).
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
@@ -114,35 +107,10 @@ class ChunkedReader:
         pipeline = Pipeline.for_dataset(dataset)
         if pipeline is None:
             return None
-        chunk_len = dataset.chunks[0]
-        n_chunks = -(-dataset.shape[0] // chunk_len)
-        offsets = np.full(n_chunks, -1, np.int64)
-        sizes = np.zeros(n_chunks, np.int64)
-        masks = np.zeros(n_chunks, np.uint32)
-
-        def visit(info):
-            k = info.chunk_offset[0] // chunk_len
-            if k < n_chunks:
-                offsets[k] = info.byte_offset
-                sizes[k] = info.size
-                masks[k] = info.filter_mask
-
-        if n_chunks:
-            dataset.id.chunk_iter(visit)
-        if (offsets < 0).any():
+        table = chunk_table(dataset.id, int(dataset.chunks[0]), dataset.shape[0])
+        if (table[0] < 0).any():
             return None
-        return cls(
-            dataset,
-            path,
-            fd,
-            pipeline,
-            offsets,
-            sizes,
-            masks,
-            cache_bytes=cache_bytes,
-        )
-
-    # -- hints -------------------------------------------------------------
+        return cls(dataset, path, fd, pipeline, *table, cache_bytes=cache_bytes)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
@@ -152,8 +120,6 @@ class ChunkedReader:
     def pin(self) -> None:
         """Asks the OS to read every stored chunk of the dataset (async)."""
         self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
-
-    # -- reads -------------------------------------------------------------
 
     def read(
         self,
@@ -166,19 +132,10 @@ class ChunkedReader:
         """`formats.RangeReader.read`, for non-empty ranges within the dataset."""
         c = self.chunk_len
         rb = self._row_bytes
-        first = starts // c
-        last = (stops - 1) // c
-        n_pieces = last - first + 1
-        owner = np.repeat(np.arange(starts.size), n_pieces)
-        within = np.arange(int(n_pieces.sum())) - np.repeat(
-            np.cumsum(n_pieces) - n_pieces, n_pieces
-        )
-        chunk = first[owner] + within
-        p_start = np.maximum(starts[owner], chunk * c)
-        p_stop = np.minimum(stops[owner], (chunk + 1) * c)
+        chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
         nbytes = (p_stop - p_start) * rb
         src = (p_start - chunk * c) * rb
-        dst = np.concatenate([[0], np.cumsum(nbytes)[:-1]])
+        dst = np.cumsum(nbytes) - nbytes
         total = int(nbytes.sum())
         dest = out.reshape(-1).view(np.uint8)
         if total > dest.size:
@@ -193,20 +150,9 @@ class ChunkedReader:
             self._hint_runs(uniq, runs)  # every run's GET in flight at once
         pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
         work = (uniq, piece_lo, piece_hi, pieces, dest)
-        if pool is None or len(runs) < 2:
-            self._read_runs(runs, work)
-            return
-        n_tasks = min(len(runs), _MAX_TASKS)
-        bounds = np.linspace(0, len(runs), n_tasks + 1).astype(int)
-        futures = [
-            pool.submit(self._read_runs, runs[a:b], work)
-            for a, b in itertools.pairwise(bounds.tolist())
-            if b > a
-        ]
-        if pending is not None:
-            pending.extend(futures)
-            return
-        wait_all(futures)
+        run_parts(
+            pool, len(runs), lambda a, b: self._read_runs(runs[a:b], work), pending
+        )
 
     def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Positions `[a, b)` into `uniq` of chunks read with one pread each."""

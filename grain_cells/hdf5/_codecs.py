@@ -1,9 +1,4 @@
-"""HDF5 filter pipelines decoded outside HDF5, one chunk at a time.
-
-HDF5 decodes a compressed dataset's chunks one by one under h5py's global
-lock. `Pipeline` decodes the raw bytes of one chunk (as stored on disk, from
-`DatasetID.chunk_iter` and a positional read) with libraries that release the
-GIL, so a thread pool decodes a fetch's chunks on all cores.
+"""HDF5 filter pipelines decoded outside HDF5, GIL released (`Pipeline`).
 
 Design notes: docs/reference/design.md#hdf5-codecs.
 """
@@ -33,27 +28,15 @@ FILTER_SHUFFLE = 2
 FILTER_FLETCHER32 = 3
 FILTER_LZF = 32000
 
-# Decode only a chunk's prefix (stdlib zlib, stopping early) when a read uses
-# at most this share of it from the start; else the whole chunk (libdeflate,
-# 3-5x faster per byte). Chunks whose last cell spills a few values into the
-# next chunk make such prefixes common. A prefix cannot be checked against
-# the stream's adler32 (stored at its end): a corrupt stream is still caught
-# when its structure breaks, but a flipped literal inside the prefix is not.
-# So it is off (0: every chunk inflated whole and its checksum checked): no
-# input may yield silent wrong data. Setting it (e.g. 0.25) in a process
-# trades that check for speed there only; spawned workers keep the default.
+# Decode only a chunk's prefix (zlib, unchecked adler32) when a read uses at
+# most this share of it; 0: off, so no input yields silent wrong data
+# (design notes, hdf5-codecs).
 PREFIX_FRACTION = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Filter:
-    """One stage of a dataset's filter pipeline, as HDF5 lists it.
-
-    Attributes:
-        id: HDF5 filter id.
-        name: The name stored in the file.
-        cd_values: The filter's client data.
-    """
+    """One stage of a dataset's filter pipeline, as HDF5 lists it."""
 
     id: int
     name: str
@@ -73,24 +56,10 @@ def dataset_filters(dataset: h5py.Dataset) -> tuple[Filter, ...]:
 
 
 class Pipeline:
-    """Decodes a dataset's stored chunks into their raw element bytes.
-
-    Immutable and thread-safe: `decode` may run in many threads at once.
-
-    Example:
-        >>> pipe = Pipeline.for_dataset(h5file["X/data"])
-        >>> chunk = pipe.decode(raw_bytes, filter_mask)   # uint8 array
-    """
+    """Decodes a dataset's stored chunks into their element bytes. Thread-safe."""
 
     def __init__(self, filters: tuple[Filter, ...], chunk_nbytes: int):
-        """Binds a pipeline to the decoded size of a dataset's chunks.
-
-        Args:
-            filters: The dataset's filters in write order; each must be one
-                `supports` accepts.
-            chunk_nbytes: Bytes of one decoded chunk (edge chunks are stored
-                full size).
-        """
+        """`filters` in write order (each one `supports`); `chunk_nbytes` decoded."""
         for f in filters:
             if not self.supports(f):
                 raise ValueError(f"filter {f.id} ({f.name}) is not decoded here")
@@ -108,11 +77,7 @@ class Pipeline:
 
     @classmethod
     def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
-        """The pipeline of a chunked, filtered dataset, or None.
-
-        None when the dataset is not chunked, has no filter, or has a filter
-        this module does not decode (it is then read through h5py).
-        """
+        """The pipeline of a chunked dataset whose filters it decodes, else None."""
         if dataset.chunks is None:
             return None
         filters = dataset_filters(dataset)
@@ -126,28 +91,13 @@ class Pipeline:
         return "+".join(_NAMES.get(f.id, str(f.id)) for f in self.filters)
 
     def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
-        """Decodes one stored chunk, or only its first `need` bytes.
+        """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
 
-        A prefix is decoded only when it is cheap and safe: the chunk's active
-        filters are deflate alone (no shuffle, whose byte planes span the
-        chunk; no fletcher32, which needs every byte) and `need` is at most
-        `PREFIX_FRACTION` of the chunk. zlib then stops after `need` bytes;
-        the stream's adler32 (at its end) is not checked for such a prefix.
-
-        Args:
-            raw: The chunk's bytes as stored (any buffer).
-            filter_mask: The chunk's filter mask: bit `i` set means filter
-                `i` was skipped when the chunk was written.
-            need: Bytes of the decoded chunk the caller uses, from its
-                start; None for all.
-
-        Returns:
-            A uint8 array of `chunk_nbytes` bytes, or of at least `need`
-            bytes for a prefix.
+        Only its first `need` bytes (or more) when its active filters are
+        deflate alone and `need` is at most `PREFIX_FRACTION` of the chunk.
 
         Raises:
-            ChunkDecodeError: A stream is corrupt, a checksum fails, or the
-                decoded size is not a chunk's.
+            ChunkDecodeError: A corrupt stream, a failed checksum, a wrong size.
         """
         if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
             active = [
@@ -214,11 +164,7 @@ _NAMES = {
 
 
 def unshuffle(buf, itemsize: int) -> np.ndarray:
-    """Undoes HDF5's byte shuffle: byte planes back into elements.
-
-    Trailing bytes that do not fill an element were stored as is. Returns
-    `buf` itself when there is nothing to undo.
-    """
+    """Undoes HDF5's byte shuffle (a trailing partial element is as stored)."""
     arr = np.frombuffer(buf, np.uint8)
     n = arr.size // itemsize
     if itemsize <= 1 or n <= 1:
@@ -231,12 +177,7 @@ def unshuffle(buf, itemsize: int) -> np.ndarray:
 
 
 def fletcher32(buf) -> int:
-    """HDF5's Fletcher-32 (`H5_checksum_fletcher32`) of a buffer.
-
-    Sums 16-bit big-endian words modulo 65535; an odd last byte is the high
-    byte of a last word. Values equal modulo 65535 are the same checksum
-    (HDF5's folded sums may hold 65535 for 0), compare with `_same_fletcher`.
-    """
+    """HDF5's Fletcher-32 of a buffer (compare with `_same_fletcher`: mod 65535)."""
     arr = np.frombuffer(buf, np.uint8)
     if arr.size % 2:
         arr = np.concatenate([arr, np.zeros(1, np.uint8)])
@@ -260,11 +201,7 @@ def _same_fletcher(a: int, b: int) -> bool:
 
 
 def verify_fletcher32(buf) -> np.ndarray:
-    """Checks a chunk's trailing Fletcher-32 and returns the chunk without it.
-
-    Raises:
-        ChunkDecodeError: The checksum does not match.
-    """
+    """The chunk without its trailing Fletcher-32, checked (`ChunkDecodeError`)."""
     arr = np.frombuffer(buf, np.uint8)
     if arr.size < 4:
         raise ChunkDecodeError("chunk shorter than its fletcher32 checksum")

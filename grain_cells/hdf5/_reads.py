@@ -1,9 +1,7 @@
-"""Batched reads of many element ranges from one HDF5 dataset.
+"""Batched reads of sorted row ranges of one HDF5 dataset (`RangeReader`).
 
-A `RangeReader` reads a set of sorted, disjoint ranges of a dataset's first
-axis into one contiguous destination array, in as few calls as the storage
-allows: positional reads for uncompressed data, `ChunkedReader` for the
-filters `grain_cells.hdf5._codecs` decodes, h5py for anything else.
+Positional reads for uncompressed data, `ChunkedReader` for the filters
+`_codecs` decodes, h5py for anything else.
 
 Design notes: docs/reference/design.md#hdf5-reads.
 """
@@ -24,7 +22,7 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5._chunks import ChunkedReader
+from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.hdf5._layout import check_filters, stored_in
 from grain_cells.storage import ByteReader, as_byte_reader
 
@@ -34,10 +32,7 @@ _MAX_HYPERSLABS_PER_READ = 1024
 
 
 class RangeReader:
-    """Reads sorted, disjoint ranges of a dataset's first axis.
-
-    Thread-safe: positional reads share one file descriptor; the h5py path is
-    serialised by h5py's own lock.
+    """Reads sorted, disjoint ranges of a dataset's first axis. Thread-safe.
 
     Example:
         >>> reader = RangeReader(h5file["X/data"], "/data/a.h5ad", fd)
@@ -55,19 +50,12 @@ class RangeReader:
     ):
         """Inspects the dataset's storage once.
 
-        Args:
-            dataset: An open 1-D or 2-D dataset.
-            path: The file's path, for error messages.
-            fd: An `os.open` descriptor of the file `path`, or a `ByteReader`
-                of it (a local file or an object), or None to always read
-                through h5py. It is used only when the dataset's bytes
-                are in that file (not behind an external link).
-            cache_bytes: For compressed data decoded here, decoded bytes kept
-                in an LRU cache (for small datasets every read touches).
+        `fd`: a descriptor or `ByteReader` of the file `path` (used only for
+        bytes stored in it, not behind an external link), or None to always
+        read through h5py. `cache_bytes`: decoded chunks kept (`ChunkedReader`).
 
         Raises:
-            errors.UnsupportedLayoutError: The dataset uses an HDF5 filter
-                that this HDF5 cannot apply.
+            errors.UnsupportedLayoutError: A filter this HDF5 cannot apply.
         """
         self.name = dataset.name
         self.path = path
@@ -101,12 +89,7 @@ class RangeReader:
 
     @property
     def byte_layout(self) -> ByteLayout | None:
-        """Where the bytes lie when reads are positional (pure data), else None.
-
-        A reader built from it (`formats.PositionalReader`) over a new
-        `ByteReader` of the same, unchanged file reads what this one reads,
-        with no h5py (`grain_cells.io._file_set` reopens files so).
-        """
+        """Where the bytes lie when reads are positional (pure data), else None."""
         return None if self._positional is None else self._positional.layout
 
     @property
@@ -130,32 +113,17 @@ class RangeReader:
         return byte_layout(self._dataset, self.path)
 
     def pin(self) -> None:
-        """Asks the OS to read the whole dataset into the page cache, async.
-
-        Used for `indptr`: every batch starts with one small, latency-bound
-        read of it per range, and on a cold cache those dominate. The pages
-        are shared by every process reading the file.
-        """
-        if self._chunked is not None:
-            self._chunked.pin()
-            return
-        if self._positional is not None:
-            self._positional.pin()
+        """Asks the storage to read the whole dataset ahead (async; for `indptr`)."""
+        direct = self._positional or self._chunked
+        if direct is not None:
+            direct.pin()
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints the OS to start reading these ranges into the page cache.
-
-        Returns at once (the reads are asynchronous); a no-op for data read
-        through h5py.
-        """
+        """Hints the storage to start reading these ranges (async; h5py: no-op)."""
         starts, stops = nonempty(starts, stops)
-        if starts.size == 0:
-            return
-        if self._chunked is not None:
-            self._chunked.advise(starts, stops)
-            return
-        if self._positional is not None:
-            self._positional.advise(starts, stops)
+        direct = self._positional or self._chunked
+        if starts.size and direct is not None:
+            direct.advise(starts, stops)
 
     def read(
         self,
@@ -165,12 +133,7 @@ class RangeReader:
         pool: concurrent.futures.Executor | None = None,
         pending: list[concurrent.futures.Future] | None = None,
     ) -> None:
-        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads.
-
-        Raises:
-            errors.AnnDataFormatError: The file is shorter than HDF5 says
-                (truncated) or the read fails.
-        """
+        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads."""
         starts, stops = checked_ranges(self, starts, stops)
         if starts.size == 0:
             return
@@ -214,9 +177,8 @@ class RangeReader:
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where a dataset's bytes lie in `path`, if positional reads can read them.
 
-    None unless uncompressed, contiguous or in whole-row chunks, all
-    written, and stored as the values are read. Asks HDF5's low-level calls
-    once each (a build takes this for every array of every file: issue 33).
+    None unless uncompressed, contiguous or in whole-row chunks, all written,
+    and stored as read. One low-level call each (every array of every file).
     """
     dtype = ds.dtype
     if value_dtype(dtype) != dtype or dtype.hasobject:
@@ -239,28 +201,15 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if tuple(chunks[1:]) != tuple(shape[1:]):
         return None  # chunks split rows: a row is not contiguous in the file
     chunk_len = int(chunks[0])
-    n_chunks = -(-n // chunk_len)
-    offsets = np.full(n_chunks, -1, np.int64)
+    offsets, sizes, masks = chunk_table(dsid, chunk_len, n)
     chunk_bytes = chunk_len * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    sizes_ok = True
-
-    def visit(info):
-        nonlocal sizes_ok
-        offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
-        if info.size != chunk_bytes or info.filter_mask != 0:
-            sizes_ok = False
-
-    dsid.chunk_iter(visit)
-    if not sizes_ok or (offsets < 0).any():
+    if (offsets < 0).any() or (sizes != chunk_bytes).any() or masks.any():
         return None
     return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)
 
 
 def _stored_in(dsid, path: str) -> bool:
-    """`_layout.stored_in` from the dataset's id.
-
-    A path HDF5 names as given is the same file, without two `stat`s.
-    """
+    """`_layout.stored_in`; a path HDF5 names as given is the file, no `stat`."""
     if "://" not in path and h5py.h5f.get_name(dsid) == os.fsencode(path):
         return True
     return stored_in(h5py.Dataset(dsid), path)

@@ -1,8 +1,6 @@
-"""Opening `.h5ad` files by path or URL, and HDF5 metadata read once.
+"""`.h5ad` files by path or URL alike: opened, stat'ed, read as bytes.
 
-The factory functions here (`open_remote`, `open_bytes`, `stat_path`, `stat_of`)
-take a local path or a URL (`grain_cells.storage.remote._store.is_url`) and return the
-same kinds of objects for both, so `AnnDataSource` treats them alike.
+A URL opens on a `RangeFile`, whose HDF5 metadata is read once per version.
 
 Design notes: docs/reference/design.md#hdf5-remote.
 """
@@ -41,10 +39,10 @@ _metadata = fork.ProcessCache()
 
 
 def _close_at_exit() -> None:
-    """Closes remote files still open (held by a cycle) while Python runs.
+    """Closes remote files still open while Python runs (not in HDF5's exit handler).
 
-    Else HDF5's own exit handler closes them after the interpreter is gone,
-    calling h5py's file-object driver (which takes the GIL).
+    That handler runs after the interpreter is gone and calls h5py's file-object
+    driver, which takes the GIL.
     """
     for f in list(_range_files.keys()):
         with contextlib.suppress(Exception):  # exiting: nothing to report to
@@ -157,15 +155,9 @@ def _metadata_of(url: str, stat: FileStat) -> _Metadata:
 class RangeFile(io.RawIOBase):
     """A read-only file-like view of one object version, for h5py.
 
-    Reads come from the metadata cache, then from an LRU cache of blocks,
-    then from range GETs (with `If-Match`). While `recording`, bytes read
-    are added to the metadata cache.
-
-    HDF5 calls `readinto` from C. Once a read finds the version gone
-    (`SourceChangedError`), it is kept in `failure` and every later read
-    fails with it at once, so HDF5 gets no byte after it (its error paths
-    may go on reading, e.g. the superblock search), and `open_remote`
-    raises that error rather than HDF5's.
+    Reads: the metadata cache, an LRU of blocks, then range GETs. Once a read
+    finds the version gone, every later read fails with that `failure` (HDF5's
+    error paths read on), and `open_remote` raises it rather than HDF5's.
     """
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
@@ -183,19 +175,15 @@ class RangeFile(io.RawIOBase):
         return self.url.encode("ascii", "backslashreplace").decode()
 
     def readable(self) -> bool:
-        """True."""
         return True
 
     def seekable(self) -> bool:
-        """True."""
         return True
 
     def tell(self) -> int:
-        """The position."""
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        """Moves the position."""
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
         self._pos = base[whence] + int(offset)
         return self._pos
@@ -266,14 +254,7 @@ def open_remote(
 ) -> h5py.File:
     """Opens an HDF5 object read-only through `RangeFile` (no AnnData check).
 
-    `grain_cells.io._open.open_file` is the opener callers use: it checks
-    that the file is AnnData.
-
-    Args:
-        url: The object's URL.
-        storage_options: See `grain_cells.storage.remote._store`.
-        stat: The version to read (reads fail once the object's ETag
-            differs); None asks the store (one HEAD).
+    `stat`: the version to read (None: one HEAD now).
 
     Raises:
         FileNotFoundError: No such object.
@@ -313,12 +294,7 @@ def opened(f: h5py.File) -> None:
 
 
 def file_name(f: h5py.File) -> str:
-    """The path or URL `f` was opened from, for messages and identities.
-
-    h5py names a file opened on a file-like object by its `repr` squeezed to
-    ASCII (`zellé.h5ad` becomes `zell?.h5ad`), so `f.filename` of a remote
-    file is not its URL: this is.
-    """
+    """The path or URL `f` was opened from (h5py's `filename` is ASCII-squeezed)."""
     rf = _range_files.get(f)
     return rf.url if rf is not None else f.filename
 
@@ -346,11 +322,7 @@ def stat_of_h5(f: h5py.File, path: str) -> FileStat:
 
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The stat of a path (`os.stat`) or of an object now (one HEAD).
-
-    Raises:
-        FileNotFoundError: No such file or object.
-    """
+    """The stat of a path (`os.stat`) or of an object now (one HEAD)."""
     if is_url(path):
         return version_of(path, storage_options)
     return FileStat.of(os.stat(path))

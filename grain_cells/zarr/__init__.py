@@ -1,19 +1,8 @@
-"""Zarr arrays read by row range, with zarr-python and obstore (private).
+"""Zarr stores as a `grain_cells.formats.Format`, read by row range (private).
 
-The sibling of `grain_cells.hdf5` for AnnData's other on-disk format. Knows
-nothing of AnnData:
-
-* `_format`: the `grain_cells.formats.Format` of zarr stores (registered
-  when this package is imported; zarr itself is imported only when a store
-  is opened), and `_store_file`: an open store's root (`StoreFile`);
-* `_store`: opening a store read-only (local directory, `.zarr.zip`, bucket
-  or HTTP URL through obstore), its identity (`store_digest`), and the
-  check of consolidated metadata against an array's own document;
-* `_reads`: `RangeReader`, sorted element ranges of an array's first axis,
-  each chunk (or shard inner chunk) fetched and decoded once per batch,
-  concurrently, with missing or damaged chunks refused by name;
-* `_codecs`: decoding one stored chunk (numcodecs, crc32c, shard indices);
-* `_keys`: the bytes of a store's keys (files, zip members, range GETs).
+`_format` registers it on import (zarr itself is imported when a store opens);
+`_store` opens stores and digests them, `_reads` reads row ranges of an array
+through `_chunks`, `_raw`, `_codecs` and `_keys`.
 """
 
 from grain_cells.zarr import _format as _format  # registers the format

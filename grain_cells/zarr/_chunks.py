@@ -8,7 +8,6 @@ Design notes: docs/reference/design.md#zarr-chunks.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import threading
 
@@ -17,7 +16,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.formats import ChunkDecodeError
+from grain_cells.formats import ChunkCache, ChunkDecodeError
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader
 
@@ -50,10 +49,7 @@ class Chunks:
         cache_bytes: int = 0,
         fill_missing: bool | str = False,
     ):
-        """Binds an array (its own metadata), its chunk decoder and its store's reader.
-
-        `fill_missing` as in `RangeReader` (True or `"leading"`).
-        """
+        """`fill_missing` as in `RangeReader` (True or `"leading"`)."""
         self.path = path
         self.name = "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
@@ -71,7 +67,7 @@ class Chunks:
         fill = self._meta.fill_value
         self._fill = np.asarray(0 if fill is None else fill, self.dtype)
         self._cache_bytes = int(cache_bytes)
-        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cache = ChunkCache()
         self._lock = threading.Lock()
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
         self._ahead: dict[tuple[int, ...], bytes | None] = {}
@@ -148,18 +144,21 @@ class Chunks:
         return self._shard_index.get(s)
 
     def shard_rows(self, s) -> tuple[int, int]:
-        rows = self._codec.shard.shard_shape[0]
-        return (s[0] * rows, min((s[0] + 1) * rows, self.shape[0]))
+        return self.rows(s[0], self._codec.shard.shard_shape[0])
+
+    def rows(self, k: int, per: int | None = None) -> tuple[int, int]:
+        """`[first, stop)` rows of row chunk (or shard, `per` rows each) `k`."""
+        per = self._codec.chunk_shape[0] if per is None else per
+        return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
-        """Where a unit's stored bytes are: `(key, start, stop, offset in the shard)`.
+        """`(key, start, stop, offset in the shard)` of a unit's stored bytes.
 
         `start` None: the whole key; -1: the shard's index marks it empty; -2: no shard.
         """
         if self._codec.shard is None:
             return self.key(unit), None, None, None
-        k, j = unit[0], (unit[1] if len(unit) > 1 else 0)
-        s, i = self.shard_of(k, j)
+        s, i = self.shard_of(*_kj(unit))
         key = self.key(s)
         index = self._shard_index.get(s)
         if index is None:  # no shard at all
@@ -190,11 +189,7 @@ class Chunks:
         return a >= 0
 
     def fetch_remote(self, uniq) -> dict:
-        """Stored bytes (None: missing) of the row chunks `uniq`, all GETs at once.
-
-        Bytes that `prefetch` already holds are taken from it (waiting for
-        a prefetch still in flight) instead of fetched again.
-        """
+        """Stored bytes (None: missing) of row chunks `uniq` (read ahead, or GET)."""
         self.wait_prefetch(uniq.tolist())
         units = [u for k in uniq.tolist() for u in self.units(k)]
         got_ahead = {}
@@ -219,13 +214,10 @@ class Chunks:
             for u, (_, a, _, _) in todo
         }
 
-    # -- read-ahead (remote stores) -----------------------------------------
-
     def prefetch(self, row_chunks: list[int]) -> None:
-        """Starts fetching these row chunks' stored bytes in the background.
+        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`).
 
-        Held until a read takes them, at most `AHEAD_BYTES` per array; a failed or
-        dropped prefetch leaves the read to fetch (and report).
+        A failed or dropped prefetch leaves the read to fetch (and report).
         """
         units = [
             u
@@ -263,7 +255,7 @@ class Chunks:
                     self._ahead_bytes += len(got[u] or b"")
 
     def _forget_ahead(self) -> None:
-        self._lock = threading.Lock()
+        self._lock, self._cache = threading.Lock(), ChunkCache()
         self._ahead, self._ahead_bytes, self._inflight = {}, 0, {}
 
     def wait_prefetch(self, row_chunks) -> None:
@@ -287,10 +279,7 @@ class Chunks:
             data = None
         else:
             data = self._keys.get_range(key, a, b)
-        rows = (
-            unit[0] * self._codec.chunk_shape[0],
-            min((unit[0] + 1) * self._codec.chunk_shape[0], self.shape[0]),
-        )
+        rows = self.rows(unit[0])
         where = f"chunk {unit}" + (f" (in shard {key!r})" if a is not None else "")
         if data is None:
             if self.fill_missing is True or (
@@ -332,20 +321,8 @@ class Chunks:
         return chunk
 
     def _cached(self, unit) -> np.ndarray | None:
-        if not self._cache_bytes:
-            return None
-        with self._lock:
-            chunk = self._cache.get(unit)
-            if chunk is not None:
-                self._cache.move_to_end(unit)
-            return chunk
+        return self._cache.get(0, unit) if self._cache_bytes else None
 
     def _remember(self, unit, chunk: np.ndarray) -> None:
-        if not self._cache_bytes or chunk.nbytes > self._cache_bytes:
-            return
-        with self._lock:
-            self._cache[unit] = chunk
-            held = len(self._cache) * chunk.nbytes
-            while held > self._cache_bytes:
-                self._cache.popitem(last=False)
-                held -= chunk.nbytes
+        if self._cache_bytes:
+            self._cache.put(0, unit, chunk, self._cache_bytes)

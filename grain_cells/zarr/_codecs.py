@@ -1,7 +1,4 @@
-"""Decoding one stored zarr chunk, in the caller's thread, GIL released.
-
-With the libraries zarr calls underneath (numcodecs, google_crc32c), without
-zarr's event loop.
+"""Decoding one stored zarr chunk in the caller's thread (numcodecs, crc32c).
 
 Design notes: docs/reference/design.md#zarr-codecs.
 """
@@ -66,16 +63,7 @@ def _bytes_stage(codec) -> tuple | None:
 
 @dataclasses.dataclass(frozen=True)
 class Codec:
-    """Decodes the stored bytes of one (inner) chunk into a flat array.
-
-    Attributes:
-        stored_dtype: Dtype with the stored byte order.
-        chunk_shape: Shape of a decoded chunk (edge chunks are full-size).
-        order: "C" or "F" (zarr v2's `order`).
-        stages: Decoders applied in turn, as `(name, callable)`.
-        shard: The shard layout when the array is sharded (then `stages`
-            decode inner chunks).
-    """
+    """Decodes the stored bytes of one (inner) chunk; `stages`: `(name, decode)`."""
 
     stored_dtype: np.dtype
     chunk_shape: tuple[int, ...]
@@ -133,12 +121,7 @@ class Codec:
         return "+".join(names) + (", sharded" if self.shard else "")
 
     def decode(self, raw) -> np.ndarray:
-        """The chunk as a C-ordered array of `chunk_shape`, native byte order.
-
-        Raises:
-            ChunkDecodeError: A codec fails, a checksum differs, or the
-                decoded size is not the chunk's.
-        """
+        """The chunk as an array of `chunk_shape`, native order (`ChunkDecodeError`)."""
         buf = raw
         try:
             for _, stage in self.stages:
@@ -194,15 +177,7 @@ def _v3_stages(codecs: list, dtype: np.dtype):
 
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
-    """Where a shard keeps its inner chunks (zarr v3 `sharding_indexed`).
-
-    Attributes:
-        shard_shape: Elements per shard along each axis.
-        per_shard: Inner chunks per shard along each axis.
-        at_end: Whether the index is at the shard's end (else its start).
-        index_stages: Decoders of the index bytes (e.g. its crc32c check).
-        index_nbytes: Stored size of the index.
-    """
+    """Where a shard keeps its inner chunks (zarr v3 `sharding_indexed`)."""
 
     shard_shape: tuple[int, ...]
     per_shard: tuple[int, ...]
@@ -211,11 +186,7 @@ class ShardLayout:
     index_nbytes: int
 
     def parse_index(self, raw) -> np.ndarray:
-        """`(n_inner, 2)` uint64 offsets and lengths (MAX_UINT_64: absent).
-
-        Raises:
-            ChunkDecodeError: The index fails its checksum or is short.
-        """
+        """`(n_inner, 2)` uint64 offsets and lengths (MAX_UINT_64: absent)."""
         if len(raw) != self.index_nbytes:
             raise ChunkDecodeError(
                 f"shard index is {len(raw)} bytes, expected {self.index_nbytes} "

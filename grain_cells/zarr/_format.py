@@ -1,6 +1,4 @@
-"""AnnData zarr stores as a `grain_cells.formats.Format`.
-
-Registered on import of `grain_cells.zarr`.
+"""AnnData zarr stores as a `grain_cells.formats.Format` (registered on import).
 
 Design notes: docs/reference/design.md#zarr-format.
 """
@@ -16,77 +14,15 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import is_url
-from grain_cells.zarr._read_errors import READ_ERRORS, read_error
 from grain_cells.zarr._store_file import StoreFile
+
+# What zarr-python and its codecs raise on bytes that do not decode.
+READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
 
 
 def _zarr():
     """The `zarr` module if some code imported it, else None."""
     return sys.modules.get("zarr")
-
-
-def is_store_path(path: str) -> bool:
-    """Whether `path` (a local path or URL) names a zarr store, unopened.
-
-    A local directory, or a path or URL ending in `.zarr` or `.zarr.zip`.
-    """
-    p = os.fspath(path).rstrip("/")
-    if p.endswith((".zarr", ".zarr.zip")):
-        return True
-    return not is_url(p) and os.path.isdir(p)
-
-
-def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The `FileStat` of a zarr store now: its `store_digest`.
-
-    Raises:
-        FileNotFoundError: No such zarr store.
-    """
-    from grain_cells.zarr import _store
-
-    if not is_url(path) and not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such zarr store")
-    return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
-
-
-def open_store(path: str, storage_options: dict | None, stat: FileStat | None):
-    """Opens a zarr store read-only as a `StoreFile` (no AnnData check)."""
-    from grain_cells.zarr import _store
-
-    local = not is_url(path)
-    if local and not os.path.exists(path):
-        raise formats.missing_path(path)
-    if local and os.path.isdir(path) and not _has_zarr_metadata(path):
-        if os.path.isfile(os.path.join(path, ".zarray")):
-            raise _root_array(path)
-        found = sorted(os.listdir(path))[:8]
-        raise errors.AnnDataFormatError(
-            f"{path}: is a directory but not a zarr store (no zarr.json or "
-            f".zgroup at its root; it holds {found}); expected an .h5ad file "
-            "or a zarr store written by anndata's write_zarr"
-        )
-    if local and os.path.isfile(path) and not zipfile.is_zipfile(path):
-        raise errors.AnnDataFormatError(
-            f"{path}: a file that is neither a zip archive (.zarr.zip) nor a "
-            "zarr store directory; expected a store written by anndata's "
-            "write_zarr (or an .h5ad file, named .h5ad)"
-        )
-    del stat  # a store's version is its digest now
-    stat = stat_path(path, storage_options)
-    import zarr
-
-    try:
-        group = _store.open_group(path, storage_options)
-    except zarr.errors.ContainsArrayError as e:
-        raise _root_array(path) from e
-    return StoreFile(group, path, stat)
-
-
-def _has_zarr_metadata(path: str) -> bool:
-    """Whether a directory holds zarr metadata at its root (v3, v2 group)."""
-    return any(
-        os.path.isfile(os.path.join(path, name)) for name in ("zarr.json", ".zgroup")
-    )
 
 
 def _root_array(path: str) -> errors.AnnDataFormatError:
@@ -96,20 +32,34 @@ def _root_array(path: str) -> errors.AnnDataFormatError:
     )
 
 
-def _zarr_storage(array) -> list:
-    """What locates one zarr array's bytes: its grid and stored size.
+def read_error(
+    array, path: str, start: int, stop: int, exc: BaseException
+) -> errors.CorruptChunkError:
+    """The named error of a zarr-python read (`exc`) of rows `[start, stop)`."""
+    name = "/" + array.path.lstrip("/")
+    shards = getattr(array, "shards", None)
+    size = int(shards[0] if shards else array.chunks[0])
+    kind = "shard" if shards else "chunk"
+    first, last = start // size, max(start, stop - 1) // size
+    tail = (0,) * (array.ndim - 1)
+    prefix = array.path.strip("/")
 
-    Fields that read the same under every zarr-python version (not its JSON).
-    """
-    return [
-        array.path,
-        array.metadata.zarr_format,
-        tuple(array.shape),
-        np.dtype(array.dtype).str,
-        tuple(array.chunks),
-        None if array.shards is None else tuple(array.shards),
-        int(array.nbytes_stored()),
-    ]
+    def key(k: int) -> str:
+        return f"{prefix}/{array.metadata.encode_chunk_key((k, *tail))}".lstrip("/")
+
+    keys = repr(key(first)) + (f" (to {key(last)!r})" if last > first else "")
+    rows = (first * size, min((last + 1) * size, int(array.shape[0])))
+    what = "its index or a chunk in it" if shards else "its bytes"
+    return errors.CorruptChunkError(
+        f"{path}: {name} {kind} {keys}, which holds rows [{rows[0]}, {rows[1]}) "
+        f"of {name}, cannot be read ({type(exc).__name__}: {exc}): {what} "
+        "is cut short or has flipped bytes. The store is damaged: rewrite it, "
+        "or copy it again from its source.",
+        path=path,
+        dataset=name,
+        rows=rows,
+        chunk_key=key(first),
+    )
 
 
 class ZarrFormat(formats.Format):
@@ -119,16 +69,54 @@ class ZarrFormat(formats.Format):
     description = "a zarr store"
 
     def can_open(self, path: str) -> bool:
-        """See `is_store_path`."""
-        return is_store_path(path)
+        """A local directory, or a path or URL ending in `.zarr` or `.zarr.zip`."""
+        p = os.fspath(path).rstrip("/")
+        if p.endswith((".zarr", ".zarr.zip")):
+            return True
+        return not is_url(p) and os.path.isdir(p)
 
     def open(self, path, storage_options=None, stat=None) -> StoreFile:
-        """See `open_store`; a store's `stat` is always taken anew."""
-        return open_store(path, storage_options, stat)
+        """The store's root, read-only (no AnnData check); its `stat` taken anew."""
+        local = not is_url(path)
+        if local and not os.path.exists(path):
+            raise formats.missing_path(path)
+        if local and os.path.isdir(path) and not _has_zarr_metadata(path):
+            if os.path.isfile(os.path.join(path, ".zarray")):
+                raise _root_array(path)
+            found = sorted(os.listdir(path))[:8]
+            raise errors.AnnDataFormatError(
+                f"{path}: is a directory but not a zarr store (no zarr.json or "
+                f".zgroup at its root; it holds {found}); expected an .h5ad file "
+                "or a zarr store written by anndata's write_zarr"
+            )
+        if local and os.path.isfile(path) and not zipfile.is_zipfile(path):
+            raise errors.AnnDataFormatError(
+                f"{path}: a file that is neither a zip archive (.zarr.zip) nor a "
+                "zarr store directory; expected a store written by anndata's "
+                "write_zarr (or an .h5ad file, named .h5ad)"
+            )
+        stat = self.stat_path(path, storage_options)  # a store's version: its digest
+        import zarr
+
+        from grain_cells.zarr import _store
+
+        try:
+            group = _store.open_group(path, storage_options)
+        except zarr.errors.ContainsArrayError as e:
+            raise _root_array(path) from e
+        return StoreFile(group, path, stat)
 
     def stat_path(self, path, storage_options=None) -> FileStat:
-        """See `stat_path` (the store digest)."""
-        return stat_path(path, storage_options)
+        """The store's `store_digest` now.
+
+        Raises:
+            FileNotFoundError: No such zarr store.
+        """
+        from grain_cells.zarr import _store
+
+        if not is_url(path) and not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such zarr store")
+        return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
 
     def stat_of(self, f, path) -> FileStat:
         """The stat taken when the store was opened."""
@@ -136,17 +124,17 @@ class ZarrFormat(formats.Format):
 
     def owns(self, node) -> bool:
         """A `StoreFile`, a zarr group or array."""
-        if isinstance(node, StoreFile):
-            return True
         zarr = _zarr()
-        return zarr is not None and isinstance(node, (zarr.Group, zarr.Array))
+        return isinstance(node, StoreFile) or (
+            zarr is not None and isinstance(node, (zarr.Group, zarr.Array))
+        )
 
     def is_group(self, node) -> bool:
         """A `StoreFile` or a zarr group."""
-        if isinstance(node, StoreFile):
-            return True
         zarr = _zarr()
-        return zarr is not None and isinstance(node, zarr.Group)
+        return isinstance(node, StoreFile) or (
+            zarr is not None and isinstance(node, zarr.Group)
+        )
 
     def is_array(self, node) -> bool:
         """A zarr array."""
@@ -169,9 +157,6 @@ class ZarrFormat(formats.Format):
 
     def checked(self, node, path: str):
         """`node`, its zarr arrays (one level down) checked against their own metadata.
-
-        Consolidated metadata is a copy that a later change leaves stale
-        (`check_array`: one GET per array in a bucket).
 
         Raises:
             errors.AnnDataFormatError: A consolidated entry disagrees with its
@@ -210,10 +195,28 @@ class ZarrFormat(formats.Format):
         )
 
     def array_layout(self, array) -> list:
-        """Zarr format, shape, dtype, chunk and shard grid, stored bytes."""
-        return _zarr_storage(array)
+        """Zarr format, shape, dtype, chunk and shard grid, stored bytes.
+
+        Fields that read the same under every zarr-python version (not its JSON).
+        """
+        return [
+            array.path,
+            array.metadata.zarr_format,
+            tuple(array.shape),
+            np.dtype(array.dtype).str,
+            tuple(array.chunks),
+            None if array.shards is None else tuple(array.shards),
+            int(array.nbytes_stored()),
+        ]
+
+
+def _has_zarr_metadata(path: str) -> bool:
+    """Whether a directory holds zarr metadata at its root (v3, v2 group)."""
+    return any(
+        os.path.isfile(os.path.join(path, name)) for name in ("zarr.json", ".zgroup")
+    )
 
 
 ZARR = formats.register(ZarrFormat())
 
-__all__ = ["ZARR", "StoreFile", "ZarrFormat", "is_store_path", "open_store"]
+__all__ = ["ZARR", "StoreFile", "ZarrFormat"]

@@ -1,7 +1,4 @@
-"""The stored bytes of a zarr store's keys, read without zarr's event loop.
-
-`KeyReader.for_store`: local files (`os.pread`), zip members, or range GETs
-of an object store (conditional on the keys' ETags where known).
+"""The stored bytes of a zarr store's keys: files, zip members or range GETs.
 
 Design notes: docs/reference/design.md#zarr-keys.
 """
@@ -18,6 +15,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
+from grain_cells.formats import wait_all
 from grain_cells.storage.remote import (
     check_not_forked_after_use,
     count_request,
@@ -50,29 +48,21 @@ class KeyReader:
 
     def get(self, key: str) -> bytes | None:
         """The whole value of `key`, or None when it does not exist."""
-        raise NotImplementedError
+        return self.get_many([(key, None, None)])[0]
 
     def get_range(self, key: str, start: int, stop: int) -> bytes | None:
         """Bytes `[start, stop)` of `key` (fewer at its end), or None."""
-        raise NotImplementedError
-
-    def get_suffix(self, key: str, nbytes: int) -> bytes | None:
-        """The last `nbytes` of `key` (all of it if shorter), or None."""
-        raise NotImplementedError
+        return self.get_many([(key, start, stop)])[0]
 
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
-        """Reads many `(key, start, stop)` requests (start None: all; < 0: a suffix).
+        """Reads `(key, start, stop)` requests (start None: all; < 0: a suffix).
 
         Remote readers send every request at once; local ones read in turn.
         """
-        return [
-            self.get(k)
-            if a is None
-            else self.get_suffix(k, -a)
-            if a < 0
-            else self.get_range(k, a, b)
-            for k, a, b in requests
-        ]
+        return [self._get(*request) for request in requests]
+
+    def _get(self, key: str, start: int | None, stop: int | None) -> bytes | None:
+        raise NotImplementedError
 
 
 class LocalKeys(KeyReader):
@@ -81,45 +71,31 @@ class LocalKeys(KeyReader):
     def __init__(self, root: str):
         self.root = root
 
-    def _open(self, key: str) -> int | None:
+    def open(self, key: str) -> int | None:
+        """A descriptor of `key`'s file (the caller closes it), or None."""
         try:
             return os.open(os.path.join(self.root, key), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def _read(self, key: str, start: int, stop: int | None) -> bytes | None:
-        """Bytes `[start, stop)` of `key`; stop None: to its end (start < 0: suffix)."""
-        fd = self._open(key)
+    def _get(self, key, start, stop):
+        fd = self.open(key)
         if fd is None:
             return None
         try:
-            if stop is None:
-                stop = os.fstat(fd).st_size
-                start = max(0, stop + start) if start < 0 else start
-            return _pread_full(fd, stop - start, start)
+            if start is None or start < 0:
+                size = os.fstat(fd).st_size
+                start, stop = (0 if start is None else max(0, size + start)), size
+            parts = []
+            while stop > start:  # short reads are legal; zero means the end
+                got = os.pread(fd, stop - start, start)
+                if not got:
+                    break
+                parts.append(got)
+                start += len(got)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         finally:
             os.close(fd)
-
-    def get(self, key: str) -> bytes | None:
-        return self._read(key, 0, None)
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
-        return self._read(key, start, stop)
-
-    def get_suffix(self, key: str, nbytes: int) -> bytes | None:
-        return self._read(key, -nbytes, None)
-
-
-def _pread_full(fd: int, nbytes: int, offset: int) -> bytes:
-    parts = []
-    while nbytes > 0:
-        got = os.pread(fd, nbytes, offset)
-        if not got:
-            break
-        parts.append(got)
-        nbytes -= len(got)
-        offset += len(got)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class ZipKeys(KeyReader):
@@ -127,23 +103,15 @@ class ZipKeys(KeyReader):
 
     def __init__(self, path: str):
         self.path = path
-        self._lock = threading.Lock()
         # One archive per process, read under a lock: members opened from
         # one ZipFile in several threads race on its shared file position
         # (seen as zstd errors and EOFError on CPython 3.12.1).
-        self._read_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._zip: zipfile.ZipFile | None = None
-        self._pid = None
+        fork.in_child_of(self, ZipKeys._forget)
 
-    def _archive(self) -> zipfile.ZipFile:
-        if self._pid is not None and self._pid != os.getpid():
-            # A forked child: a parent's thread may have held either lock.
-            self._lock, self._read_lock = threading.Lock(), threading.Lock()
-        with self._lock:
-            if self._zip is None or self._pid != os.getpid():
-                self._zip = zipfile.ZipFile(self.path, "r")
-                self._pid = os.getpid()
-            return self._zip
+    def _forget(self) -> None:  # a parent's thread may have held the lock
+        self._lock, self._zip = threading.Lock(), None
 
     def __getstate__(self):
         return {"path": self.path}
@@ -151,41 +119,28 @@ class ZipKeys(KeyReader):
     def __setstate__(self, state):
         self.__init__(state["path"])
 
-    def get(self, key: str) -> bytes | None:
-        archive = self._archive()
+    def _get(self, key, start, stop):
         try:
-            with self._read_lock:
-                return archive.read(key)
+            with self._lock:
+                if self._zip is None:
+                    self._zip = zipfile.ZipFile(self.path, "r")
+                if start is None:
+                    return self._zip.read(key)
+                if start < 0:
+                    size = self._zip.getinfo(key).file_size
+                    start, stop = max(0, size + start), size
+                with self._zip.open(key) as f:
+                    f.seek(start)
+                    return f.read(stop - start)
         except KeyError:
             return None
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
-        archive = self._archive()
-        try:
-            with self._read_lock, archive.open(key) as f:
-                f.seek(start)
-                return f.read(stop - start)
-        except KeyError:
-            return None
-
-    def get_suffix(self, key: str, nbytes: int) -> bytes | None:
-        try:
-            with self._read_lock:
-                info = self._archive().getinfo(key)
-        except KeyError:
-            return None
-        start = max(0, info.file_size - nbytes)
-        return self.get_range(key, start, info.file_size)
 
 
 class ObjectKeys(KeyReader):
     """Keys of an obstore store (rooted at the zarr store): range GETs.
 
-    With `versions` (the keys' ETags when the process opened the store), an
-    unlisted key reads as missing and every read is conditional on its ETag
-    (`If-Match`, or `get_ranges` then a HEAD); a changed or removed key raises
-    `errors.SourceChangedError`. Without (plain HTTP) reads are unconditional.
-    A forked child reads through a copy of the store (the parent's client hangs).
+    With `versions` (ETags when the store was opened) an unlisted key reads as
+    missing and every read is conditional on its ETag (`SourceChangedError`).
     """
 
     remote = True
@@ -213,21 +168,8 @@ class ObjectKeys(KeyReader):
     def __setstate__(self, state):
         self.__init__(state["store"], state.get("versions"), state.get("url", ""))
 
-    def get(self, key: str) -> bytes | None:
-        return self.get_many([(key, None, None)])[0]
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
-        return self.get_many([(key, start, stop)])[0]
-
-    def get_suffix(self, key: str, nbytes: int) -> bytes | None:
-        return self.get_many([(key, -nbytes, None)])[0]
-
     def get_many(self, requests):
-        """Every request in flight at once: one `get_ranges` call per key, in threads.
-
-        obstore's synchronous calls release the GIL; its asyncio runtime does not
-        survive `os.fork`.
-        """
+        """Every request in flight at once: one call per key, in threads."""
         check_not_forked_after_use(self._url)
         mark_obstore_used()
         by_key: dict[str, list[int]] = {}
@@ -250,10 +192,7 @@ class ObjectKeys(KeyReader):
                 FETCH_THREADS, thread_name_prefix="grain_cells-zarr-get"
             ),
         )
-        futures = [pool.submit(fetch, key, which) for key, which in groups]
-        concurrent.futures.wait(futures)
-        for f in futures:
-            f.result()
+        wait_all([pool.submit(fetch, key, which) for key, which in groups])
         return results
 
     def _fetch_key(self, key: str, reqs: list) -> list:

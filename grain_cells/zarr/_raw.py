@@ -12,7 +12,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunk_pieces
-from grain_cells.formats import wait_all
+from grain_cells.formats import run_parts
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import LocalKeys
@@ -32,19 +32,6 @@ def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
         and not cache_bytes
         and (codec.stored_dtype.isnative or codec.stored_dtype.itemsize == 1)
     )
-
-
-def run_parts(pool, bounds: list[int], task, pending: list | None) -> None:
-    """Runs `task(a, b)` in `pool` for each non-empty `[a, b)` of `bounds`.
-
-    The futures go to `pending` when given (the caller waits), else are
-    waited for here, raising the first error.
-    """
-    futures = [pool.submit(task, a, b) for a, b in itertools.pairwise(bounds) if b > a]
-    if pending is not None:
-        pending.extend(futures)
-    else:
-        wait_all(futures)
 
 
 class RawReads:
@@ -135,19 +122,14 @@ class RawReads:
         if not ks.size:
             return
         lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
-        total = int(nbytes.sum())
-        if pool is None or total < 2 * _MIN_BYTES_PER_TASK or ks.size < 2:
-            self._read_pieces(view, names, *lists)
-            return
-        n_tasks = min(_MAX_TASKS, ks.size, total // _MIN_BYTES_PER_TASK)
-        cuts = np.searchsorted(
-            np.cumsum(nbytes), np.linspace(0, total, n_tasks + 1)[1:-1]
-        ).tolist()
         run_parts(
             pool,
-            [0, *cuts, ks.size],
+            ks.size,
             lambda a, b: self._read_pieces(view, names, *(x[a:b] for x in lists)),
             pending,
+            max_tasks=_MAX_TASKS,
+            sizes=nbytes,
+            min_bytes=_MIN_BYTES_PER_TASK,
         )
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
@@ -159,7 +141,7 @@ class RawReads:
         key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
         bounds = np.flatnonzero(np.diff(key_id)) + 1
         for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
-            fd = self._open(names[int(key_id[lo])])
+            fd = self._keys.open(names[int(key_id[lo])])
             if fd is None:
                 continue
             try:
@@ -172,12 +154,6 @@ class RawReads:
             finally:
                 os.close(fd)
 
-    def _open(self, key: str) -> int | None:
-        try:
-            return os.open(os.path.join(self._keys.root, key), os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
     def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
         i = 0
         while i < len(key_id):
@@ -185,7 +161,7 @@ class RawReads:
             while j < len(key_id) and key_id[j] == key_id[i]:
                 j += 1
             key = names[key_id[i]]
-            fd = self._open(key)
+            fd = self._keys.open(key)
             if fd is None:  # no chunk file (or no shard): Chunks' rule applies
                 for p in range(i, j):
                     self._fill(view, ks[p], offsets[p], nbytes[p], dests[p])
@@ -224,12 +200,8 @@ class RawReads:
             base = a if a is not None and a >= 0 else 0
         view[d : d + nb] = flat[off - base : off - base + nb]
 
-    def _rows(self, k: int) -> tuple[int, int]:
-        c = self._chunk_len
-        return (k * c, min((k + 1) * c, self._chunks.shape[0]))
-
     def _corrupt(self, k, key, offset, found: str):
-        rows = self._rows(k)
+        rows = self._chunks.rows(k)
         held = f" It holds rows [{rows[0]}, {rows[1]})."
         raise errors.CorruptChunkError(
             f"{self._chunks.path}: {self._chunks.name} chunk key {key!r} "

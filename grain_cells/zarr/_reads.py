@@ -1,7 +1,4 @@
-"""Batched reads of sorted, disjoint first-axis ranges of one zarr array.
-
-`RangeReader` has the interface of `grain_cells.formats.RangeReader`, so
-`grain_cells.io` reads zarr matrices with the code it uses for `.h5ad`.
+"""Batched reads of sorted row ranges of one zarr array (a `formats.RangeReader`).
 
 Design notes: docs/reference/design.md#zarr-reads.
 """
@@ -18,28 +15,16 @@ import zarr
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces, chunks_touched, merge_touching
-from grain_cells.formats import checked_ranges
+from grain_cells.formats import checked_ranges, run_parts
 from grain_cells.zarr import _raw
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._codecs import Codec
 from grain_cells.zarr._keys import KeyReader
 from grain_cells.zarr._store import check_array
 
-# Tasks one read is split into when a pool is given: enough to balance
-# uneven chunks over a pool of a few threads.
-_MAX_TASKS = 16
-
 
 class RangeReader:
-    """Reads sorted, disjoint ranges of a zarr array's first axis.
-
-    Thread-safe. Picklable only through its array (open one per process).
-
-    Example:
-        >>> reader = RangeReader(group["X/data"], "/data/a.zarr")
-        >>> out = np.empty(30, reader.dtype)
-        >>> reader.read(np.array([0, 100]), np.array([10, 120]), out)
-    """
+    """Reads sorted, disjoint ranges of a zarr array's first axis. Thread-safe."""
 
     def __init__(
         self,
@@ -50,23 +35,15 @@ class RangeReader:
         cache_bytes: int = 0,
         fill_missing: bool | str = False,
     ):
-        """Inspects the array's metadata once.
+        """Checks `array` against its own metadata document; `fd` is unused.
 
-        Args:
-            array: An open 1-D or 2-D zarr array, checked against its own metadata
-                document (not the store's consolidated copy).
-            path: The store's path or URL, for error messages.
-            fd: Unused (the h5ad reader's byte reader).
-            cache_bytes: Decoded bytes kept in an LRU cache (for arrays every
-                read touches, such as `indptr`).
-            fill_missing: Read a never-written chunk as the fill value (zarr's
-                behaviour) instead of raising: True for any chunk, `"leading"`
-                before the first stored row chunk, `"zero"` for any chunk when the
-                fill value is 0 (`filled_ranges` lists them).
+        `cache_bytes`: decoded bytes kept (arrays every read touches: `indptr`).
+        `fill_missing`: read a never-written chunk as the fill value instead
+        of raising: True for any, `"leading"` before the first stored row
+        chunk, `"zero"` for any when the fill value is 0 (`filled_ranges`).
 
         Raises:
-            errors.AnnDataFormatError: The consolidated metadata disagrees with
-                the array's own.
+            errors.AnnDataFormatError: The consolidated metadata disagrees.
         """
         del fd
         array = check_array(array, path)
@@ -132,16 +109,11 @@ class RangeReader:
         """`(first, stop, key)` of each chunk read so far as the fill value."""
         if self._chunks is None:  # zarr-python's reads: not recorded
             return []
-        c, n = int(self._codec.chunk_shape[0]), self.shape[0]
         filled = sorted(self._chunks.filled.items())
-        return [(k * c, min((k + 1) * c, n), key) for k, key in filled]
+        return [(*self._chunks.rows(k), key) for k, key in filled]
 
     def pin(self) -> None:
-        """Prepares for an array every batch touches (such as `indptr`).
-
-        Reads every shard index; decodes the whole array into the cache when it
-        fits in `cache_bytes`.
-        """
+        """Reads every shard index, and the whole array if it fits `cache_bytes`."""
         if self._codec is None:
             return
         n = -(-self.shape[0] // self._codec.chunk_shape[0])
@@ -156,11 +128,7 @@ class RangeReader:
             self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints that these ranges will be read soon; returns at once.
-
-        Remote: fetches their chunks in the background (`Chunks.prefetch`).
-        Uncompressed chunks: asks the OS to read the bytes ahead. Else a no-op.
-        """
+        """Starts reading these ranges' chunks ahead (remote or uncompressed only)."""
         if self._chunks is None or not (self.remote or self._raw is not None):
             return
         starts = np.asarray(starts, np.int64)
@@ -174,8 +142,6 @@ class RangeReader:
             return
         touched = chunks_touched(starts[keep], stops[keep], self._codec.chunk_shape[0])
         self._chunks.prefetch(touched.tolist())
-
-    # -- reads -------------------------------------------------------------
 
     def read(
         self,
@@ -209,13 +175,8 @@ class RangeReader:
         work = self._plan(starts, stops, dest)
         uniq = work[0]
         raw = self._prepare(uniq)
-        if pool is None or uniq.size < 2:
-            self._read_chunks(0, uniq.size, work, raw)
-            return
-        n_tasks = min(uniq.size, _MAX_TASKS)
-        bounds = np.linspace(0, uniq.size, n_tasks + 1).astype(int).tolist()
-        _raw.run_parts(
-            pool, bounds, lambda a, b: self._read_chunks(a, b, work, raw), pending
+        run_parts(
+            pool, uniq.size, lambda a, b: self._read_chunks(a, b, work, raw), pending
         )
 
     def _prepare(self, uniq: np.ndarray) -> dict | None:
@@ -260,11 +221,7 @@ class RangeReader:
         self._check_lock = threading.Lock()
 
     def _check_against_zarr(self) -> None:
-        """Once: the first chunk decoded here must equal zarr-python's read.
-
-        On a difference (a codec option, a new zarr version) the reader falls back
-        to zarr-python's slicing, with a warning.
-        """
+        """Once: the first chunk decoded here must equal zarr-python's read."""
         with self._check_lock:
             if self._checked:
                 return
@@ -291,8 +248,6 @@ class RangeReader:
                     self._chunks = None
                     self._raw = None
             self._checked = True
-
-    # -- through zarr-python -----------------------------------------------
 
     def _read_zarr(self, starts, stops, dest) -> None:
         if self.fill_missing is not True and self._all_written is None:

@@ -26,23 +26,8 @@ from grain_cells.zarr import _versions
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 
 
-def is_zarr_path(path: str) -> bool:
-    """Whether `path` is a zarr store: a local directory, or a `.zarr(.zip)` URL."""
-    p = local_path(os.fspath(path)).rstrip("/")
-    if is_url(p):
-        return p.endswith((".zarr", ".zarr.zip"))
-    return p.endswith((".zarr", ".zarr.zip")) or os.path.isdir(p)
-
-
 def zarr_store(path: str, storage_options: dict | None = None):
-    """The read-only zarr store behind `path` (not yet opened as a group).
-
-    Raises:
-        errors.AnnDataFormatError: A zip file in a bucket (not supported).
-        FileNotFoundError: A local path that does not exist.
-        ValueError: `verify_reads` asked for a store in a bucket (it
-            applies to `.h5ad` objects only).
-    """
+    """The read-only zarr store behind `path` (not yet opened as a group)."""
     p = local_path(os.fspath(path))
     if is_url(p):
         if p.rstrip("/").endswith(".zip"):
@@ -78,16 +63,10 @@ def zarr_store(path: str, storage_options: dict | None = None):
 
 
 def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
-    """Opens the root group of a zarr store read-only.
-
-    Args:
-        path: A local directory, `.zarr.zip` file or `file://` URL, or an
-            `s3://`, `gs://`, `az://` or `https://` URL of a store's root.
-        storage_options: For URLs (`grain_cells.storage.remote._store`).
+    """Opens the root group of a zarr store (a local path or a URL) read-only.
 
     Raises:
         errors.AnnDataFormatError: Not a zarr store (names what was found).
-        FileNotFoundError: Nothing at a local path.
         zarr.errors.ContainsArrayError: The root is an array, not a group.
     """
     p = local_path(os.fspath(path))
@@ -121,12 +100,7 @@ def _what_is_there(p: str) -> str:
 
 
 def check_array(array: zarr.Array, path: str) -> zarr.Array:
-    """`array` reopened from its own metadata document, checked against `array`.
-
-    Raises:
-        errors.AnnDataFormatError: The (consolidated) metadata disagrees with
-            the array's own document, or the array has none.
-    """
+    """`array` reopened from its own metadata document, checked against `array`."""
     try:
         own = zarr.open_array(
             store=array.store,
@@ -164,10 +138,8 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
 def store_digest(path: str, storage_options: dict | None = None) -> str:
     """A digest that changes when the store's arrays or metadata change.
 
-    Covers keys added or removed, key sizes, chunk rewrites (local mtime in ns,
-    else the ETag) and the content of every metadata document; a `.zarr.zip` is
-    its size and mtime. Misses a same-size local rewrite within one ns
-    timestamp; over plain HTTP only the root's metadata documents count.
+    Keys, their sizes, mtimes (ns) or ETags, and every metadata document's
+    content; a `.zarr.zip`: its size and mtime; plain HTTP: the root's documents.
     """
     p = local_path(os.fspath(path))
     h = hashlib.sha256()

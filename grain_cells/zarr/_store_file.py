@@ -17,13 +17,7 @@ _ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
 
 
 class StoreFile:
-    """An open zarr store's root group, with the handle API of an `h5py.File`.
-
-    Attributes:
-        group: The root `zarr.Group` (read-only).
-        filename: The store's path or URL, as given.
-        stat: The store's `FileStat` when it was opened (see `stat_path`).
-    """
+    """An open store's root `group`, `filename` as given and `stat` when opened."""
 
     def __init__(self, group, filename: str, stat: FileStat):
         self.group = group
@@ -51,11 +45,7 @@ class StoreFile:
         return tuple(out)
 
     def check_root(self, when: str) -> None:
-        """Raises `SourceChangedError` if the root metadata changed since opening.
-
-        A few `stat`s: catches anndata's in-place rewrite; a chunk rewritten alone
-        is caught at the next open and by `verify_files`.
-        """
+        """Raises `SourceChangedError` if the root metadata changed since opening."""
         now = self._root_stat()
         if now != self._root:
             changed = [a[0] for a, b in zip(self._root, now, strict=True) if a != b]

@@ -28,15 +28,10 @@ class KeyVersions:
 
     Keys are 64-bit hashes: a collision (about 1 in 10^9 at 100,000 keys) only
     makes a read refuse with `SourceChangedError`.
-
-    Example:
-        >>> versions = KeyVersions([("X/data/0", '"abc"')])
-        >>> versions.etag("X/data/0"), versions.etag("X/data/1")
-        ('"abc"', None)
     """
 
     def __init__(self, listing):
-        """Args: listing: `(key, etag)` pairs; an etag "" is unknown."""
+        """`listing`: `(key, etag)` pairs; an etag "" is unknown."""
         pairs = sorted((_key_hash(k), (e or "").encode()) for k, e in listing)
         self._hashes = np.fromiter((h for h, _ in pairs), np.uint64, len(pairs))
         width = max((len(e) for _, e in pairs), default=1) or 1
@@ -96,13 +91,7 @@ def take(url: str, options_key: str) -> KeyVersions | None:
 
 
 class VersionedObjectStore(zarr.storage.ObjectStore):
-    """zarr's `ObjectStore` with the store's URL and its keys' ETags when opened.
-
-    Attributes:
-        url: The store's URL, for messages.
-        versions: The `KeyVersions` chunk reads are conditional on; None
-            where the store could not be listed (plain HTTP).
-    """
+    """zarr's `ObjectStore` with its URL and `KeyVersions` (None: not listed)."""
 
     def __init__(self, store, *, read_only: bool = True, url: str = "", versions=None):
         super().__init__(store, read_only=read_only)

@@ -2,7 +2,7 @@
 
 Each compressed file's `indptr` reader used to keep up to 64 MiB of decoded
 chunks for the life of the process; with many files open that was
-unbounded. Now every reader shares `_chunk_cache.SHARED`, trimmed to the
+unbounded. Now every reader shares `SHARED`, trimmed to the
 readers' `cache_bytes`, and a reader's chunks leave when it is collected.
 """
 
@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from grain_cells.hdf5 import _chunk_cache
+from grain_cells.formats import ChunkCache
 from grain_cells.hdf5._chunks import ChunkedReader
 
 
@@ -42,7 +42,7 @@ def _reader(path, cache_bytes):
 
 
 def test_one_budget_for_all_readers(gz_files, monkeypatch):
-    cache = _chunk_cache.ChunkCache()
+    cache = ChunkCache()
     monkeypatch.setattr("grain_cells.hdf5._chunks.SHARED", cache)
     budget = 5 * 8_000  # five decoded chunks, over three readers of ten each
     opened = [_reader(p, budget) for p in gz_files]
@@ -70,7 +70,7 @@ def test_one_budget_for_all_readers(gz_files, monkeypatch):
 
 
 def test_uncached_readers_keep_nothing(gz_files, monkeypatch):
-    cache = _chunk_cache.ChunkCache()
+    cache = ChunkCache()
     monkeypatch.setattr("grain_cells.hdf5._chunks.SHARED", cache)
     f, fd, reader = _reader(gz_files[0], 0)
     try:

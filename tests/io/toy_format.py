@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from grain_cells import errors, formats
+from grain_cells import formats
 from grain_cells.storage._identity import FileStat
 
 SUFFIX = ".npycells"
@@ -130,14 +130,8 @@ class ToyReader:
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         at = 0
-        for a, b in zip(
-            np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True
-        ):
-            if b > self.shape[0] or a < 0:
-                raise errors.CorruptDataError(
-                    f"{self.path}: {self.name} has {self.shape[0]} elements but "
-                    f"rows [{a}, {b}) were asked for."
-                )
+        starts, stops = formats.checked_ranges(self, starts, stops)
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
             out[at : at + b - a] = self._values[a:b]
             at += b - a
 

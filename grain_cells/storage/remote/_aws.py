@@ -34,17 +34,10 @@ def cache_key() -> tuple:
 
 
 def apply_profile(root: str, options: dict):
-    """The credential provider of the profile route for `options`, or None.
+    """The credential provider of the profile route, or None (obstore's chain).
 
-    Removes `profile` from `options` (changed in place) and adds the profile's
-    `region` and `endpoint` where neither `options` nor the environment does;
-    `root` (`s3://bucket`) is for messages. None: obstore's own chain.
-
-    Raises:
-        ValueError: The named profile does not exist, or `profile` is given
-            together with explicit keys.
-        ImportError: A profile is asked for and boto3 is not installed.
-        PermissionError: The named profile yields no credentials.
+    Pops `profile` from `options` and adds the profile's `region` and
+    `endpoint` where neither `options` nor the environment gives them.
     """
     profile = options.pop("profile", None)
     explicit = [k for k in _EXPLICIT if options.get(k)]

@@ -5,13 +5,11 @@ Design notes: docs/reference/design.md#storage-remote-gcs.
 
 from __future__ import annotations
 
+from grain_cells.storage.remote._retries import first_line
+
 
 def bill_project(root: str, project, client_options: dict) -> None:
-    """Sends `x-goog-user-project: project` with every request to a GCS bucket.
-
-    Raises:
-        ValueError: Not a `gs://` URL, or not a project ID.
-    """
+    """Sends `x-goog-user-project: project` with every request to a GCS bucket."""
     if root.split("://", 1)[0].lower() not in ("gs", "gcs"):
         raise ValueError(
             f"{root}: storage_options['user_project'] names the Google Cloud "
@@ -33,25 +31,16 @@ def bill_project(root: str, project, client_options: dict) -> None:
 
 
 def unbilled_error(url: str, storage_options: dict | None, error):
-    """The error for a GCS 400 to a request naming no billing project, or None.
-
-    A requester-pays bucket answers 400 (`UserProjectMissing`; a HEAD's
-    answer has no body to say so) to requests without a billing project.
-    """
+    """The error of a requester-pays bucket's 400 to an unbilled request, or None."""
     scheme = url.split("://", 1)[0].lower()
     if scheme not in ("gs", "gcs") or "user_project" in (storage_options or {}):
         return None
     if "400 Bad Request" not in str(error) and "UserProjectMissing" not in str(error):
         return None
     return PermissionError(
-        f"{url}: the bucket answered 400 Bad Request ({_first_line(error)}), "
+        f"{url}: the bucket answered 400 Bad Request ({first_line(error)}), "
         "which is how a GCS requester-pays bucket refuses requests that name "
         "no project to bill. Pass the Google Cloud project to bill: "
         "storage_options={'user_project': 'my-billing-project'} (the "
         "credentials need serviceusage.services.use on it)."
     )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -19,19 +19,12 @@ def get_range(
     etag: str,
     store=None,
 ):
-    """Bytes `[start, end)` of the object at `url`, if its ETag is still `etag`.
-
-    The GET carries `If-Match: etag`: a read never mixes two versions. `store`:
-    `_store.store_for(url, storage_options)` when the caller holds it.
-
-    Returns:
-        A buffer (`obstore.Bytes`) of exactly `end - start` bytes.
+    """Bytes `[start, end)` of the object at `url`: one GET with `If-Match: etag`.
 
     Raises:
         errors.SourceChangedError: The object changed or was removed.
         errors.CorruptDataError: The object ends before `end`.
-        errors.ObjectStoreError: The request failed after obstore's retries
-            (names URL, range, status, attempts).
+        errors.ObjectStoreError: The request failed after obstore's retries.
     """
     import obstore
     from obstore import exceptions as ox
@@ -68,18 +61,9 @@ def get_ranges(
     stat: _store.ObjectStat,
     store=None,
 ) -> list:
-    """Bytes of each `[start, end)` of the object, if it is still version `stat`.
+    """Bytes of each `[start, end)`: one obstore call, then a HEAD that checks `stat`.
 
-    All of `ranges` in one obstore call, then one HEAD that checks `stat`'s
-    ETag, size and last-modified time (`get_ranges` sends no `If-Match`).
-
-    Returns:
-        One buffer (`obstore.Bytes`) of exactly `end - start` bytes per range.
-
-    Raises:
-        errors.SourceChangedError: The object changed or was removed.
-        errors.CorruptDataError: The object ends before a range does.
-        errors.ObjectStoreError: A request failed after obstore's retries.
+    Raises as `get_range`.
     """
     import obstore
     from obstore import exceptions as ox

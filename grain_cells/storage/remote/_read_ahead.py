@@ -36,12 +36,7 @@ class ReadAhead:
         budget: int,
         batch: int = 1,
     ):
-        """Binds the GET function and where it runs.
-
-        `get_many([(start, end), ...])` returns one buffer per range; `pool()` the
-        executor of background GETs; `budget` bytes of requests held at most;
-        `batch` requests per call at most.
-        """
+        """`get_many([(start, end), ...])`: one buffer per range, run in `pool()`."""
         self._get_many = get_many
         self._pool = pool
         self._batch = max(1, int(batch))
@@ -103,11 +98,7 @@ class ReadAhead:
         self._held -= request.end - request.start
 
     def take(self, off: int, n: int, dest: memoryview, d: int) -> bool:
-        """Copies bytes `[off, off + n)` to `dest[d:]` if hinted requests hold them.
-
-        Returns:
-            False when they are not (all) held or a GET failed: read them.
-        """
+        """Copies bytes `[off, off + n)` to `dest[d:]` if held (False: read them)."""
         parts = []
         with self._lock:
             pos, end = off, off + n
@@ -140,10 +131,7 @@ class ReadAhead:
         return True
 
     def clear(self) -> None:
-        """Drops every request; cancels the batches that have not started.
-
-        Batches in flight finish, unheld.
-        """
+        """Drops every request; cancels the batches that have not started."""
         with self._lock:
             for request in self._requests.values():
                 request.future.cancel()

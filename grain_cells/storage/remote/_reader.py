@@ -45,24 +45,12 @@ def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
     )
 
 
-def _request_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """This process's `threads` threads for reads' GETs."""
-    return _pool(f"get{threads}", threads)
-
-
-def _ahead_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """This process's `threads` threads for read-ahead GETs."""
-    return _pool(f"ahead{threads}", threads)
-
-
 def plan_requests(
     offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
 ) -> list[tuple[int, int, int, int]]:
-    """Groups pieces into requests: `(start, end, first piece, stop piece)`.
+    """Pieces sorted by offset grouped into `(start, end, first piece, stop piece)`.
 
-    In offset order, a piece joins the request when it starts within `gap` bytes
-    of its end and the request stays within `MAX_REQUEST_BYTES`; pieces are
-    indexed in offset order.
+    A piece joins a request it starts within `gap` bytes of, up to `MAX_REQUEST_BYTES`.
     """
     requests = []
     if offsets.size == 0:
@@ -112,7 +100,7 @@ class RemoteByteReader:
         fork.in_child_of(self, RemoteByteReader._forget_store)
         self._ahead = ReadAhead(
             self._get_many,
-            lambda: _ahead_pool(self._threads),
+            lambda: _pool(f"ahead{self._threads}", self._threads),
             READAHEAD_BYTES,
             batch=self._batch,
         )
@@ -220,7 +208,7 @@ class RemoteByteReader:
         if len(batches) == 1:
             run(batches[0])
             return
-        pool = _request_pool(self._threads)
+        pool = _pool(f"get{self._threads}", self._threads)
         futures = [pool.submit(run, b) for b in batches]
         for f in futures:
             f.result()
@@ -263,11 +251,9 @@ class RemoteByteReader:
             return
 
     def stat(self) -> FileStat:
-        """The version read, or the object's version now.
+        """The version read, or (ETag not following content) the version now.
 
-        No request where the ETag follows the content (every batch checks it);
-        else, at most every `content_check_s` seconds, a HEAD and the sampled bytes
-        again (`_versions.version_of`), so a rewrite that kept the ETag shows.
+        The latter at most every `content_check_s` seconds (`_versions.version_of`).
         """
         if not self._stat.content or self._table is not None:
             return self._stat  # every read is checked (ETag; `verify_reads`)

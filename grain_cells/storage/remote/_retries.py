@@ -32,10 +32,7 @@ POLICY_KEYS = ("retry_config", "client_options")
 
 
 def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The `retry_config` for obstore: the defaults, updated from `storage_options`.
-
-    Returns:
-      A new dict (`storage_options["retry_config"]` overrides key by key).
+    """The `retry_config` for obstore: the defaults, overridden key by key.
 
     Raises:
       ValueError: `retry_config` is not a mapping, or has an unknown key.
@@ -53,13 +50,7 @@ def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, 
 
 
 def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The `client_options` for obstore: timeouts by default, updated from options.
-
-    Keeps the client settings obstore reads from the environment (`AWS_`,
-    `GOOGLE_`, `AZURE_`), which an explicit `client_options` would drop;
-    `storage_options["client_options"]` adds to and overrides both. Returns a
-    new dict.
-    """
+    """The `client_options` for obstore: defaults < the environment's < given."""
     return {
         **DEFAULT_CLIENT,
         **_client_options_from_env(),
@@ -106,6 +97,12 @@ def _mapping(storage_options, key: str) -> dict[str, Any]:
     return dict(value)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (obstore's run to many lines)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 _RETRIES = re.compile(r"after (\d+) retries")
 _STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>")
@@ -123,16 +120,10 @@ _DROPPED = (
 
 
 def describe(error: BaseException) -> tuple[int | None, str, int | None]:
-    """What an obstore error says: `(status, cause, retries)`.
-
-    The HTTP status (None when no answer came), a one-line cause (status and
-    S3 error code, or the transport error), and the retries obstore reports
-    (None when its message does not say).
-    """
+    """`(HTTP status, one-line cause, retries)` of an obstore error (None: unsaid)."""
     text = str(error)
-    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
-    what = first_line.split("  - ", 1)[-1].strip()
+    what = first_line(error).split("  - ", 1)[-1].strip()
     retries = _RETRIES.search(text)
     status = _STATUS.search(text)
     code = _CODE.search(text)
@@ -161,11 +152,7 @@ def named_error(
     retry: Mapping[str, Any],
     elapsed_s: float,
 ) -> ObjectStoreError:
-    """The `ObjectStoreError` for a range read that failed for good.
-
-    Names the URL, the `(start, stop)` ranges, the cause, the attempts (from
-    `retry`) and `elapsed_s`; raise it `from error`.
-    """
+    """The `ObjectStoreError` of a range read that failed for good."""
     status, cause, retries = describe(error)
     limit = retry.get("max_retries", DEFAULT_RETRY["max_retries"])
     attempts = retries + 1 if retries is not None else None

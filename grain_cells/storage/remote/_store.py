@@ -1,7 +1,4 @@
-"""Objects in S3, GCS, Azure or on HTTP servers, read by byte range (obstore).
-
-Stores, retry policy, timeouts and error naming live here and in
-`_range_gets`.
+"""Objects in S3, GCS, Azure or on HTTP servers (obstore): stores, HEADs, errors.
 
 Design notes: docs/reference/design.md#storage-remote-store.
 """
@@ -17,6 +14,7 @@ import urllib.parse
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage.remote import _aws, _gcs, _retries
+from grain_cells.storage.remote._retries import first_line
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
@@ -89,32 +87,36 @@ def count_request(kind: str, n: int = 1) -> None:
         _counts[kind] += n
 
 
-def max_in_flight(storage_options: dict | None) -> int:
-    """The `max_in_flight` storage option (default `DEFAULT_MAX_IN_FLIGHT`).
+def option(storage_options: dict | None, name: str, default, valid, expected: str):
+    """The storage option `name` (else `default`), if `valid(value)`.
 
     Raises:
-        ValueError: Not an integer in `[1, MAX_IN_FLIGHT_LIMIT]`.
+        ValueError: It is not: names the option, what it must be and the value.
     """
-    value = (storage_options or {}).get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not 1 <= value <= MAX_IN_FLIGHT_LIMIT
-    ):
-        raise ValueError(
-            f"storage_options['max_in_flight'] must be an integer from 1 to "
-            f"{MAX_IN_FLIGHT_LIMIT} (range GETs in flight per process), got "
-            f"{value!r}"
-        )
+    value = (storage_options or {}).get(name, default)
+    if not valid(value):
+        raise ValueError(f"storage_options[{name!r}] must be {expected}, got {value!r}")
     return value
 
 
-class _ObstoreUse:
-    """Whether this process, or the one it was forked from, used obstore.
+def is_number(value, kinds) -> bool:
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
-    obstore's runtime does not survive `os.fork` (a child's requests hang), so a
-    child's stores and zarr's reads check this and raise instead.
-    """
+
+def max_in_flight(storage_options: dict | None) -> int:
+    """The `max_in_flight` storage option (default `DEFAULT_MAX_IN_FLIGHT`)."""
+    return option(
+        storage_options,
+        "max_in_flight",
+        DEFAULT_MAX_IN_FLIGHT,
+        lambda v: is_number(v, int) and 1 <= v <= MAX_IN_FLIGHT_LIMIT,
+        f"an integer from 1 to {MAX_IN_FLIGHT_LIMIT} (range GETs in flight per "
+        "process)",
+    )
+
+
+class _ObstoreUse:
+    """Whether this process, or the one it was forked from, used obstore."""
 
     here = False
     inherited = False
@@ -160,35 +162,27 @@ def store_for(url: str, storage_options: dict | None = None):
         errors.ObjectStoreError: This process was forked after its parent
             read from an object store (`check_not_forked_after_use`).
     """
+    return _cached_store(url, storage_options, at=False)
+
+
+def store_at(url: str, storage_options: dict | None = None):
+    """The store rooted at `url` itself, for the keys of one prefix (a zarr store).
+
+    Cached, configured and raising as `store_for`.
+    """
+    return _cached_store(url, storage_options, at=True)
+
+
+def _cached_store(url: str, storage_options: dict | None, at: bool):
     check_not_forked_after_use(url)
-    root, _ = split_url(url)
+    root, _ = split_url(url)  # names a bad URL
+    if at:
+        root = url.rstrip("/")
     options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
     key = (
-        root,
-        repr(sorted(options.items(), key=lambda kv: kv[0])),
-        _aws.cache_key(),
-    )
-    return _stores.get_or_make(key, lambda: _build_store(root, options))
-
-
-def store_at(url: str, storage_options: dict | None = None):
-    """The (per-process, cached) obstore store rooted at `url` itself.
-
-    For stores of many keys under one prefix (a zarr store); options,
-    credentials and retries as `store_for`.
-
-    Raises:
-        ValueError: An unknown storage option; names it.
-        errors.ObjectStoreError: Forked after obstore was used (as `store_for`).
-    """
-    check_not_forked_after_use(url)
-    split_url(url)  # names a bad URL
-    root = url.rstrip("/")
-    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
-    key = (
-        "at:" + root,
+        ("at:" if at else "") + root,
         repr(sorted(options.items(), key=lambda kv: kv[0])),
         _aws.cache_key(),
     )
@@ -254,13 +248,7 @@ def _build_store(root: str, options: dict):
 
 @dataclasses.dataclass(frozen=True)
 class ObjectStat:
-    """What identifies one version of an object.
-
-    Attributes:
-        size: Bytes.
-        etag: The ETag (with its quotes, as the server sends it); "" if none.
-        last_modified_ns: Last-modified time in nanoseconds since the epoch.
-    """
+    """What identifies one version of an object (`etag` with its quotes; "": none)."""
 
     size: int
     etag: str
@@ -310,7 +298,7 @@ def stat_of(meta) -> ObjectStat:
 def missing_bucket_or_object(
     url: str, storage_options: dict | None, error: BaseException, what: str = "read"
 ) -> FileNotFoundError:
-    """The error for a 404: names a missing bucket, or the keys beside a missing key.
+    """The error of a 404: a missing bucket, or the keys beside a missing key.
 
     Sends one LIST request (of the key's folder) to tell the two apart.
     """
@@ -354,9 +342,3 @@ def missing_bucket_or_object(
         f"failed; objects under {where}: {beside}). Check the key (keys are "
         "case-sensitive)."
     )
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an error's message (obstore's run to many lines)."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -30,9 +30,8 @@ _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
     """Whether `stat.etag` changes whenever the object's bytes do.
 
-    False for `http(s)://` URLs (servers derive ETags from metadata), a missing
-    or weak (`W/`) ETag, and hex ETags holding the size (nginx, Apache) whatever
-    the scheme (`endpoint_url` may point `s3://` at such a server).
+    Not over `http(s)://`, for a missing or weak ETag, or a hex one holding the
+    size (nginx, Apache; `endpoint_url` may point `s3://` at such a server).
     """
     if url.split("://", 1)[0].lower() in ("http", "https"):
         return False
@@ -57,12 +56,7 @@ def content_windows(size: int) -> list[tuple[int, int]]:
 def content_digest(
     url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> str:
-    """SHA-256 of the object's sampled windows (one batch of range GETs).
-
-    Raises:
-        errors.SourceChangedError: The object's ETag, size or Last-Modified
-            is no longer `stat`'s (checked by the HEAD after the GETs).
-    """
+    """SHA-256 of the object's sampled windows (one batch of range GETs)."""
     windows = content_windows(stat.size)
     digest = hashlib.sha256(f"{stat.size}".encode())
     if windows:
@@ -73,9 +67,7 @@ def content_digest(
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now: one HEAD, and the sampled bytes' digest if needed.
-
-    Needed when its ETag does not follow its content (`tag_follows_content`).
+    """The object's version now: one HEAD, and a content digest where needed.
 
     Raises:
         FileNotFoundError: No such object.
@@ -94,32 +86,21 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
 
 
 def verify_reads(storage_options: dict | None) -> bool:
-    """The `verify_reads` storage option (default False).
-
-    Raises:
-        ValueError: Not a bool.
-    """
-    value = (storage_options or {}).get("verify_reads", False)
-    if not isinstance(value, bool):
-        raise ValueError(
-            "storage_options['verify_reads'] must be True or False (check every "
-            "byte read against block digests of the whole object, read when "
-            f"each process opens it), got {value!r}"
-        )
-    return value
+    """The `verify_reads` storage option (default False)."""
+    return _store.option(
+        storage_options,
+        "verify_reads",
+        False,
+        lambda v: isinstance(v, bool),
+        "True or False (check every byte read against block digests of the "
+        "whole object, read when each process opens it)",
+    )
 
 
 def block_digests(
     url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
 ) -> bytes:
-    """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes of the whole object.
-
-    One GET of the whole object (with `If-Match` on its ETag), streamed.
-
-    Raises:
-        errors.SourceChangedError: Its ETag changed, or its size is not
-            `stat.size`.
-    """
+    """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes (one streamed GET)."""
     import obstore
     from obstore import exceptions as ox
 
@@ -161,13 +142,10 @@ def _digest(data) -> bytes:
 
 
 def block_table(url: str, storage_options: dict | None, stat: FileStat, store=None):
-    """The `verify_reads` table of the version `stat` names; None without it.
+    """The `verify_reads` table of the version `stat` names (None: not verified).
 
-    Digests the object now (a whole read) in a process that has not yet.
-
-    Raises:
-        errors.SourceChangedError: The object's blocks now are not those
-            `stat.content` digests.
+    Digests the object now in a process that has not yet (`SourceChangedError`
+    when it no longer matches).
     """
     if not stat.content.startswith(_BLOCKS_PREFIX):
         return None
@@ -189,11 +167,7 @@ def widen(start: int, end: int, size: int) -> tuple[int, int]:
 
 
 def check_blocks(url: str, table: bytes, start: int, data) -> None:
-    """Checks whole blocks read from `start` against `table`.
-
-    Raises:
-        errors.SourceChangedError: A block differs.
-    """
+    """Checks whole blocks read from `start` against `table` (`SourceChangedError`)."""
     view = memoryview(data)
     first = start // DIGEST_BLOCK
     for i, off in enumerate(range(0, len(view), DIGEST_BLOCK)):
@@ -216,21 +190,14 @@ def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
 
 
 def content_check_s(storage_options: dict | None) -> float:
-    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`).
-
-    Raises:
-        ValueError: Not a number >= 0.
-    """
-    value = (storage_options or {}).get("content_check_s", DEFAULT_CONTENT_CHECK_S)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(
-            "storage_options['content_check_s'] must be a number of seconds "
-            ">= 0 (how often each process re-reads the sampled bytes of an "
-            f"object whose ETag does not follow its content), got {value!r}"
+    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`)."""
+    return float(
+        _store.option(
+            storage_options,
+            "content_check_s",
+            DEFAULT_CONTENT_CHECK_S,
+            lambda v: _store.is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
+            "a number of seconds >= 0 (how often each process re-reads the "
+            "sampled bytes of an object whose ETag does not follow its content)",
         )
-    return float(value)
+    )

@@ -31,7 +31,7 @@ def put_file(url: str, path: str | os.PathLike, storage_options: dict | None) ->
     Raises:
         FileNotFoundError: The bucket does not exist.
         PermissionError: The credentials may not write there.
-        OSError: The upload failed after retries (names URL and cause).
+        OSError: The upload failed after retries.
     """
     import obstore
 
@@ -59,12 +59,7 @@ def put_bytes(url: str, data: bytes, storage_options: dict | None) -> None:
 
 
 def list_names(url: str, storage_options: dict | None) -> list[str]:
-    """Names of the objects directly below the prefix `url` (not recursive).
-
-    Raises:
-        FileNotFoundError: The bucket does not exist.
-        PermissionError: The credentials may not list it.
-    """
+    """Names of the objects directly below the prefix `url`. Raises as `put_file`."""
     import obstore
 
     _, key = _store.split_url(join(url, "x"))
@@ -106,7 +101,7 @@ def _call(url: str, storage_options, what: str, request):
             status in (401, 403)
         ):
             raise PermissionError(
-                f"{url}: {what} refused ({_store.first_line(e)}). The "
+                f"{url}: {what} refused ({_retries.first_line(e)}). The "
                 "credentials in use may not do that there: pass others in "
                 "storage_options (or output_storage_options), set AWS_PROFILE or "
                 "the AWS_* variables, or ask for write access to the bucket."
@@ -119,4 +114,4 @@ def _call(url: str, storage_options, what: str, request):
             raise _store.missing_bucket_or_object(
                 url, storage_options, e, what=what
             ) from None
-        raise OSError(f"{url}: {what} failed: {_store.first_line(e)}") from None
+        raise OSError(f"{url}: {what} failed: {_retries.first_line(e)}") from None

@@ -1,10 +1,6 @@
-"""One LRU of decoded chunks per process, shared by every `ChunkedReader`.
+"""An LRU of decoded chunks that format readers share (`hdf5._chunks.SHARED`).
 
-Readers keep decoded chunks of small, hot datasets (a compressed `indptr`,
-read by every fetch) in one LRU per process, `SHARED`, of at most
-`cache_bytes`, however many files are open.
-
-Design notes: docs/reference/design.md#hdf5-chunk-cache.
+Design notes: docs/reference/design.md#formats-chunk-cache.
 """
 
 from __future__ import annotations
@@ -17,18 +13,9 @@ import numpy as np
 
 
 class ChunkCache:
-    """A thread-safe LRU of decoded chunks keyed by (reader token, chunk).
-
-    Example:
-        >>> cache = ChunkCache()
-        >>> token = cache.token()
-        >>> cache.put(token, 3, np.zeros(8, np.uint8), budget=1 << 20)
-        >>> cache.get(token, 3).size
-        8
-    """
+    """A thread-safe LRU of decoded chunks keyed by (reader token, chunk)."""
 
     def __init__(self):
-        """An empty cache."""
         self._entries: collections.OrderedDict[tuple[int, int], np.ndarray] = (
             collections.OrderedDict()
         )
@@ -74,6 +61,4 @@ class ChunkCache:
                 self._held -= self._entries.pop(key).nbytes
 
 
-SHARED = ChunkCache()
-
-__all__ = ["SHARED", "ChunkCache"]
+__all__ = ["ChunkCache"]
