@@ -11,6 +11,7 @@ Design notes: docs/reference/design.md#hdf5-reads.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 
 import h5py
@@ -25,7 +26,7 @@ from grain_cells.formats import (
     value_dtype,
 )
 from grain_cells.hdf5._chunks import ChunkedReader
-from grain_cells.hdf5._layout import check_filters, stored_in
+from grain_cells.hdf5._layout import check_filters, create_plist, stored_in
 from grain_cells.storage import ByteReader, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
@@ -224,10 +225,10 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     dsid = ds.id
     if not _stored_in(dsid, path):  # behind an external link
         return None
-    plist = dsid.get_create_plist()
+    plist = create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
-    shape = dsid.shape
+    shape = ds.shape  # h5py keeps a read-only dataset's shape
     n = shape[0]
     if plist.get_layout() != h5py.h5d.CHUNKED:
         offset = dsid.get_offset()
@@ -241,7 +242,7 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     chunk_len = int(chunks[0])
     n_chunks = -(-n // chunk_len)
     offsets = np.full(n_chunks, -1, np.int64)
-    chunk_bytes = chunk_len * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    chunk_bytes = chunk_len * math.prod(shape[1:]) * dtype.itemsize
     sizes_ok = True
 
     def visit(info):
