@@ -6,10 +6,13 @@ Design notes: docs/reference/design.md#util-cache-files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
+import threading
 from collections.abc import Callable
 from typing import BinaryIO
+
+_WRITES = itertools.count()  # numbers this process's temporary files
 
 try:
     import fcntl
@@ -43,11 +46,24 @@ def write_atomic(
     Mode 0644 (`mkstemp`'s 0600 would hide a shared cache from other users).
     """
     folder = os.path.dirname(os.fspath(path)) or "."
-    os.makedirs(folder, exist_ok=True)
     name = os.path.basename(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(
-        dir=folder, prefix=f".{name}." if prefix is None else prefix, suffix=".tmp"
+    # A name of this process and thread's own: `mkstemp`'s random names and
+    # a folder check per write took 44 CPU-us a write, this 33 (a build
+    # writes two per file, issue 33).
+    tmp = os.path.join(
+        folder,
+        f"{f'.{name}.' if prefix is None else prefix}{os.getpid()}."
+        f"{threading.get_ident()}.{next(_WRITES)}.tmp",
     )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileNotFoundError:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:  # left by a dead process of the same pid
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o644)

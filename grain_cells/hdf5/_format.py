@@ -100,7 +100,7 @@ class Hdf5Format(formats.Format):
 
     def chunk_bytes(self, array) -> int | None:
         """Decoded bytes of one chunk when the dataset has filters."""
-        if array.chunks is None or array.id.get_create_plist().get_nfilters() == 0:
+        if array.chunks is None or _layout.create_plist(array.id).get_nfilters() == 0:
             return None
         return int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
 
@@ -222,10 +222,11 @@ _TEXT_TYPE = h5py.h5t.py_create(_TEXT)
 def _attr(node, name: str, default=None):
     """`node.attrs.get(name, default)`, the common kinds read directly.
 
-    A scalar variable-length string and a scalar or array of numbers are
-    read as h5py's `AttributeManager.__getitem__` reads them, without its
-    per-attribute wrapping (half its cost: a file's inspection reads about
-    twenty attributes, issue 33); every other kind goes through h5py.
+    Variable-length strings (a scalar, or an array as `column-order`) and
+    a scalar or array of numbers are read as h5py's
+    `AttributeManager.__getitem__` reads them, without its per-attribute
+    wrapping (half its cost: a file's inspection reads about twenty
+    attributes, issue 33); every other kind goes through h5py.
     """
     oid, key = node.id, name.encode("utf-8")
     try:
@@ -238,10 +239,16 @@ def _attr(node, name: str, default=None):
         return node.attrs.get(name, default)
     tid = attr.get_type()
     cls = tid.get_class()
-    if cls == h5py.h5t.STRING and tid.is_variable_str() and kind == h5py.h5s.SCALAR:
-        out = np.zeros((), dtype=_TEXT)
-        attr.read(out, mtype=_TEXT_TYPE)
-        return out[()].decode("utf-8", "surrogateescape")
+    if cls == h5py.h5t.STRING and tid.is_variable_str():
+        if kind == h5py.h5s.SCALAR:
+            out = np.zeros((), dtype=_TEXT)
+            attr.read(out, mtype=_TEXT_TYPE)
+            return out[()].decode("utf-8", "surrogateescape")
+        dtype = tid.dtype  # an array (`column-order`): h5py's own decoding
+        out = np.zeros(space.get_simple_extent_dims(), dtype=dtype)
+        attr.read(out, mtype=h5py.h5t.py_create(dtype))
+        text = [b.decode("utf-8", "surrogateescape") for b in out.flat]
+        return np.array(text, dtype=dtype).reshape(out.shape)
     if cls in (h5py.h5t.INTEGER, h5py.h5t.FLOAT):
         dtype = tid.dtype
         if dtype.subdtype is None and dtype.kind in "iuf":
@@ -253,7 +260,7 @@ def _attr(node, name: str, default=None):
 
 def _storage(ds) -> list:
     """What locates one dataset's bytes in the file (sampled for chunks)."""
-    plist = ds.id.get_create_plist()
+    plist = _layout.create_plist(ds.id)
     layout = plist.get_layout()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import weakref
 
 import h5py
 
@@ -156,6 +157,24 @@ def _has_dataset(file_name: str, inner: str) -> bool:
         return False
 
 
+# Creation property lists by dataset (a weak reference tells a dataset
+# from a later one at the same address, and keeps no file open): a build
+# asks each array's several times (issue 33).
+_PLISTS: dict[int, tuple] = {}
+
+
+def create_plist(dsid):
+    """`dsid.get_create_plist()`, once per dataset (its storage cannot change)."""
+    held = _PLISTS.get(id(dsid))
+    if held is not None and held[0]() is dsid:
+        return held[1]
+    plist = dsid.get_create_plist()
+    if len(_PLISTS) >= 64:
+        _PLISTS.clear()
+    _PLISTS[id(dsid)] = (weakref.ref(dsid), plist)
+    return plist
+
+
 def check_filters(path: str, dataset: h5py.Dataset) -> None:
     """Refuses data compressed with a filter HDF5 cannot apply.
 
@@ -166,7 +185,7 @@ def check_filters(path: str, dataset: h5py.Dataset) -> None:
         errors.UnsupportedLayoutError: A filter is missing; the message names
             its id and name and the package that provides it.
     """
-    plist = dataset.id.get_create_plist()
+    plist = create_plist(dataset.id)
     for i in range(plist.get_nfilters()):
         code, _, _, name = plist.get_filter(i)
         if h5py.h5z.filter_avail(code):

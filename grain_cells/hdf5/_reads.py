@@ -9,6 +9,7 @@ Design notes: docs/reference/design.md#hdf5-reads.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 
 import h5py
@@ -23,7 +24,7 @@ from grain_cells.formats import (
     value_dtype,
 )
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
-from grain_cells.hdf5._layout import check_filters, stored_in
+from grain_cells.hdf5._layout import check_filters, create_plist, stored_in
 from grain_cells.storage import ByteReader, as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
@@ -186,10 +187,10 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     dsid = ds.id
     if not _stored_in(dsid, path):  # behind an external link
         return None
-    plist = dsid.get_create_plist()
+    plist = create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
-    shape = dsid.shape
+    shape = ds.shape  # h5py keeps a read-only dataset's shape
     n = shape[0]
     if plist.get_layout() != h5py.h5d.CHUNKED:
         offset = dsid.get_offset()
@@ -202,7 +203,7 @@ def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
         return None  # chunks split rows: a row is not contiguous in the file
     chunk_len = int(chunks[0])
     offsets, sizes, masks = chunk_table(dsid, chunk_len, n)
-    chunk_bytes = chunk_len * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    chunk_bytes = chunk_len * math.prod(shape[1:]) * dtype.itemsize
     if (offsets < 0).any() or (sizes != chunk_bytes).any() or masks.any():
         return None
     return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)

@@ -125,7 +125,7 @@ def _frame_index(f, name: str) -> np.ndarray:
         table = legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
     key = _attr_str(frame, "_index", "_index")
-    if not _nodes.is_group(frame) or key not in frame:
+    if not _nodes.is_group(frame) or _nodes.get(frame, key) is None:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
@@ -246,7 +246,7 @@ def frame_columns(group) -> list[str]:
     if not _nodes.is_group(group):
         return []
     index = _attr_str(group, "_index", "_index")
-    order = group.attrs.get("column-order")
+    order = _nodes.attr(group, "column-order")
     if order is not None and len(order):
         return [c.decode() if isinstance(c, bytes) else str(c) for c in order]
     return [k for k in group if k != index and not k.startswith("__")]

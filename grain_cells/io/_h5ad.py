@@ -256,10 +256,9 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     for dataset in (indptr, indices, data):
         _check_storage(path, dataset)
     try:
-        ends = [
-            _nodes.read(indptr, row, path, (row, row + 1))
-            for row in ((0, n_obs) if n_obs else (0,))
-        ]
+        # Both ends in one read (the format's point selection).
+        at = np.array([0, n_obs] if n_obs else [0], np.int64)
+        ends = _nodes.read(indptr, at, path, (0, n_obs + 1)).tolist()
     except errors.CorruptChunkError:  # the format named the damaged chunk
         raise
     except (OSError, ValueError) as e:

@@ -23,6 +23,7 @@ Design notes: docs/reference/design.md#io-identity.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -168,7 +169,7 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     if ptr is not None:
         n = ptr.shape[0]
         if n:
-            at = np.unique(np.linspace(0, n - 1, _INDPTR_SAMPLES).astype(np.int64))
+            at = _spaced(n - 1, _INDPTR_SAMPLES)
             picked = _nodes.read(ptr, at, _nodes.file_name(f), (int(at[0]), n))
             parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
@@ -190,9 +191,7 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
             continue
         read = _nodes.format_of(ds).read
         n = shape[0]
-        starts = np.unique(
-            np.linspace(0, max(n - _WINDOW, 0), _VALUE_WINDOWS).astype(np.int64)
-        )
+        starts = _spaced(max(n - _WINDOW, 0), _VALUE_WINDOWS)
         if (
             len(shape) == 1
             and n * ds.dtype.itemsize <= _WHOLE_BYTES
@@ -209,6 +208,17 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
                 window = read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))
             digest.update(np.ascontiguousarray(window).tobytes())
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _spaced(stop: int, num: int) -> np.ndarray:
+    """`num` evenly spaced integers from 0 to `stop`, distinct (read-only).
+
+    Remembered: a collection's files mostly repeat their sizes (issue 33).
+    """
+    out = np.unique(np.linspace(0, stop, num).astype(np.int64))
+    out.flags.writeable = False
+    return out
 
 
 def _digest(values) -> str:

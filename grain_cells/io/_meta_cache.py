@@ -286,8 +286,9 @@ def inspect_file(
     path: str, element: str, obs_names, genes_from, storage_options
 ) -> FileMeta:
     """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
-    # Nodes and attributes asked for again come from memory (`remembered`).
-    with open_file(path, storage_options) as f, _nodes.remembered():
+    # Nodes and attributes asked for again come from memory (`remembered`),
+    # from the open's own checks (`check_anndata`) on.
+    with _nodes.remembered(), open_file(path, storage_options) as f:
         info = _h5ad.inspect_matrix(f, element)
         stat = _nodes.stat_of(f, path)
         # Each node is looked up once for the identity and the layouts.

@@ -78,7 +78,7 @@ def check_anndata(f, path: str) -> None:
             f"as f: anndata.io.read_elem(f['mod/{first}']).write_h5ad("
             f"'{first}.h5ad')` (or mudata.read_h5mu(path)['{first}'])."
         )
-    missing = [k for k in ("obs", "var") if k not in f]
+    missing = [k for k in ("obs", "var") if _nodes.get(f, k) is None]
     if missing:
         found = sorted(f.keys())
         f.close()

@@ -1,8 +1,8 @@
 """What `Hdf5Format` reads with h5py's low-level calls equals h5py's reads.
 
 Construction reads about twenty attributes, five string lists and a
-sample of `indptr` per file (issue 33): `attr` reads scalar text and
-numbers itself, `strings` reads variable-length lists itself (decoded once
+sample of `indptr` per file (issue 33): `attr` reads text (scalars and
+arrays) and numbers itself, `strings` reads variable-length lists itself (decoded once
 per distinct list), `read` takes an index array as one point selection;
 every other kind goes to h5py.
 """
@@ -31,6 +31,9 @@ VALUES = {
     "matrix": np.arange(6.0).reshape(2, 3),
     "empty_ints": np.array([], dtype=np.int64),
     "column_order": np.array(["a", "b"], dtype=object),
+    "unicode_order": np.array(["Zellen-ß", "", "é" * 40], dtype=object),
+    "ascii_order": np.array([b"a", b"b"], dtype=h5py.string_dtype("ascii")),
+    "order_2d": np.array([["a", "b"], ["c", "d"]], dtype=object),
     "empty_order": np.array([], dtype=np.float64),
     "null": h5py.Empty("f"),
     "compound": np.array((1, 2.0), dtype=[("a", "i4"), ("b", "f8")]),
