@@ -76,15 +76,18 @@ def fetch_ranges(
     files = np.searchsorted(cell_offsets, starts, side="right") - 1
     buf = buffer if buffer is not None else handles.buffer()
     pool = handles.thread_pool()
-    bounds = np.flatnonzero(np.diff(files)) + 1
-    groups = [g for g in np.split(np.arange(starts.size), bounds) if g.size]
     lengths = stops - starts
     row_ids = expand_ranges(starts, lengths)
-    if not groups:  # nothing asked: an empty read of the first file
-        groups = [np.zeros(0, np.int64)]
-        files = np.zeros(0, np.int64)
-    file_of = [int(files[g[0]]) if g.size else 0 for g in groups]
-    group = np.repeat(np.arange(len(groups)), [g.size for g in groups])
+    # Ranges are in file order: each file's are one run (`group`: its index).
+    heads = np.flatnonzero(np.diff(files)) + 1
+    if starts.size:
+        file_of = files[np.concatenate([[0], heads])].tolist()
+        bounds = [0, *heads.tolist(), starts.size]
+        group = np.zeros(starts.size, np.int64)
+        group[heads] = 1
+        np.cumsum(group, out=group)
+    else:  # nothing asked: an empty read of the first file
+        file_of, bounds, group = [0], [0, 0], np.zeros(0, np.int64)
     at = cell_offsets[files]
     local_starts, local_stops = starts - at, stops - at
     names = files_.obs_names
@@ -94,10 +97,17 @@ def fetch_ranges(
             handles.counting_reads(),
         ):
             if direct is not None:
-                flats, file_obs = direct
+                flats, fds, file_obs = direct
                 obs = _obs_for(names, file_obs, group, local_starts, local_stops)
                 got = _direct_csr.read(
-                    flats, group, local_starts, local_stops, buf, pool, check_indices
+                    flats,
+                    fds,
+                    group,
+                    local_starts,
+                    local_stops,
+                    buf,
+                    pool,
+                    check_indices,
                 )
                 if got is not None:
                     return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
@@ -107,7 +117,9 @@ def fetch_ranges(
         obs = _obs_for(names, [f.obs for f in opened], group, local_starts, local_stops)
         # Readers of files reopened from byte layouts are built only here.
         readers = [f.reader for f in opened]
-        local = [(local_starts[g], local_stops[g]) for g in groups]
+        local = [
+            (local_starts[a:b], local_stops[a:b]) for a, b in itertools.pairwise(bounds)
+        ]
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
