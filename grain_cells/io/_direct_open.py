@@ -31,18 +31,20 @@ from grain_cells.storage import FileStat
 
 
 @contextlib.contextmanager
-def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
+def pinned_flats(
+    handles, lru, checked, indices: Sequence[int]
+) -> Iterator[tuple | None]:
     """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
 
     `flats[k]` is file `indices[k]`'s `_direct_csr.Flat`, `fds[k]` a
     descriptor of it open until the block ends, `obs[k]` its obs values.
     None when a file is not read positionally (the caller reads file by
-    file).
+    file). `handles`' bound `lru` and records `checked` (`OpenFiles.pinned_flats`).
 
     Raises:
         errors.SourceChangedError: A file differs from when the source was built.
     """
-    lru, checked, files = handles._lru, handles._checked, handles.files
+    files = handles.files
     entries = lru.pin_if_open(indices)
     closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
     # The fetch's own descriptors fit within the bound: room is made once

@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
-from grain_cells.io import _direct_csr, _direct_open, _h5ad
+from grain_cells.io import _direct_csr, _h5ad
 from grain_cells.io._cells import Cells, take_csr
 from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
@@ -93,7 +93,7 @@ def fetch_ranges(
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
         with (
-            _direct_open.pinned_flats(handles, file_of) as direct,
+            handles.pinned_flats(file_of) as direct,
             handles.counting_reads(),
         ):
             if direct is not None:
