@@ -12,7 +12,9 @@ measures, each measure in a fresh process (this file run again with
   per CPU-s and CPU-ms per minibatch over `--minibatches`;
 * `throughput`: 0 workers, after `--minibatches`: cells/s and cells per
   CPU-s over `--throughput_minibatches` (a collection's ratio to the one
-  file of the same cells: `vs_one_file.throughput_ratio`);
+  file of the same cells: `vs_one_file.throughput_ratio`; per CPU-s,
+  `throughput_cpu_ratio`, and of the medians over parts of 160
+  minibatches, `throughput_cpu_median_ratio`);
 * `epoch`: one whole epoch with `--workers` workers (run only when named):
   every cell once, cells/s, CPU-s of trainer and workers, and the most fds
   any process held and the most anonymous memory a worker and the trainer
@@ -367,6 +369,10 @@ def _derive(points: list[dict]) -> None:
             cmp["throughput_cpu_ratio"] = round(
                 t1["cells_per_cpu_s"] / t0["cells_per_cpu_s"], 3
             )
+        m1 = t1.get("cells_per_cpu_s_median_part")
+        m0 = t0.get("cells_per_cpu_s_median_part")
+        if m1 and m0:
+            cmp["throughput_cpu_median_ratio"] = round(m1 / m0, 3)
         p["vs_one_file"] = cmp
 
 

@@ -23,6 +23,8 @@ import time
 import bench_util
 
 _MIB = 1 << 20
+# Minibatches per part of `throughput`'s window (ten fetches of 16 minibatches).
+_PART = 160
 
 
 def proc_memory(pid: int | str = "self") -> dict:
@@ -168,6 +170,10 @@ def first_batch(paths, opts) -> dict:
 def throughput(paths, opts) -> dict:
     """0 workers, steady state: cells/s over `--throughput_minibatches`.
 
+    Also the median over parts of 160 minibatches of cells per CPU-second
+    (`cells_per_cpu_s_median_part`): on a shared machine a few parts that
+    other processes slowed move it less than the whole window's figure.
+
     Timed after `--minibatches` minibatches (so that opening the first files
     is not counted); compare a collection with the one file of the same
     cells (`vs_one_file.throughput_ratio` in the JSON).
@@ -178,14 +184,25 @@ def throughput(paths, opts) -> dict:
         next(iterator)
     n, cells = opts["throughput_minibatches"], 0
     t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(n):
-        cells += int(next(iterator)["mask"].sum())
+    rates, part_cells, part_c0 = [], 0, c0
+    for k in range(n):
+        got = int(next(iterator)["mask"].sum())
+        cells += got
+        part_cells += got
+        if (k + 1) % _PART == 0:  # CPU per part: a median that load spikes skew less
+            now = time.process_time()
+            rates.append(part_cells / max(now - part_c0, 1e-9))
+            part_cells, part_c0 = 0, now
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     _close(iterator)
     return {
         "minibatches": n,
         "cells_per_s": round(cells / wall),
         "cells_per_cpu_s": round(cells / max(cpu, 1e-9)),
+        "cells_per_cpu_s_median_part": round(statistics.median(rates))
+        if rates
+        else None,
+        "parts": len(rates),
         "after": proc_memory(),
     }
 

@@ -122,11 +122,13 @@ def _pieces(arr: _Array, fds, starts, stops):
     return fds[owner], at, (p_stop - p_start) * size
 
 
-def read(flats: list[Flat], group, starts, stops, buf, pool, check_indices):
+def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices):
     """The rows of ranges over files `flats` as one CSR, or None.
 
     Args:
         flats: Per file read, its `Flat` (same dtypes in all).
+        fds: Per file read, the descriptor to read its pieces from (its
+            flat's `fd` or another of the same file).
         group: Index into `flats` of each range (non-decreasing).
         starts: Local first row of each range, sorted within a file.
         stops: Matching ends.
@@ -147,7 +149,7 @@ def read(flats: list[Flat], group, starts, stops, buf, pool, check_indices):
             tails = np.concatenate([heads[1:] - 1, [starts.size - 1]])
             group, starts, stops = group[heads], starts[heads], stops[tails]
     ptr_t, data_t, index_t = flats[0].dtypes
-    fds = np.array([f.fd for f in flats], np.int64)[group]
+    fds = np.asarray(fds, np.int64)[group]
     lengths = stops - starts
     n_rows = int(lengths.sum())
     # Every range's indptr slice: one entry more than its rows.

@@ -31,68 +31,84 @@ from grain_cells.storage import FileStat
 
 
 @contextlib.contextmanager
-def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
-    """`(flats, obs)` of files `indices` for `_direct_csr.read`, or None.
+def pinned_flats(
+    handles, lru, checked, indices: Sequence[int]
+) -> Iterator[tuple | None]:
+    """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
 
-    `flats[k]` is file `indices[k]`'s `_direct_csr.Flat` over a descriptor
-    open until the block ends, `obs[k]` its obs values. None when a file
-    is not read positionally (the caller reads file by file).
+    `flats[k]` is file `indices[k]`'s `_direct_csr.Flat`, `fds[k]` a
+    descriptor of it open until the block ends, `obs[k]` its obs values.
+    None when a file is not read positionally (the caller reads file by
+    file). `handles`' bound `lru` and records `checked` (`OpenFiles.pinned_flats`).
 
     Raises:
         errors.SourceChangedError: A file differs from when the source was built.
     """
-    lru, checked, files = handles._lru, handles._checked, handles.files
+    files = handles.files
     entries = lru.pin_if_open(indices)
+    closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
     # The fetch's own descriptors fit within the bound: room is made once
     # (the bound only grows again by files opened through it).
-    lru.reserve(sum(e is None for e in entries))
-    fds: list[int] = []
+    lru.reserve(len(closed))
+    records = iter(checked.get_many(closed))
+    own: list[int] = []  # descriptors opened here
     readers: list = []  # `ByteReader`s of `_first_reader`
     slow: list[int] = []  # positions of files opened through the bound
+    identities, infos = files.identities, files.infos
+    n = len(indices)
+    flats: list = [None] * n
+    fds = [-1] * n
+    obs: list = [None] * n
     try:
-        flats: list = [None] * len(indices)
-        obs: list = [None] * len(indices)
         for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
             if entry is not None:
                 handle = entry.handle
-                handles.check_at_read(i, handle)
+                _check_held(handles, i, handle)
                 if handle.flat is False:
                     handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
                 flats[k], obs[k] = handle.flat, handle.obs
                 continue
-            record = checked.get(i)
+            record = next(records)
             if record is not None and record.flat is False and record.layouts:
                 # Its pieces, once, through a descriptor of its format's.
-                reader = _first_reader(files, i, record)
-                readers.append(reader)
+                readers.append(_first_reader(files, i, record))
                 if isinstance(record.flat, _direct_csr.Flat):
-                    flats[k], obs[k] = record.flat.at(reader.fd), record.obs
+                    flats[k], obs[k] = record.flat, record.obs
                     continue
             flat = None if record is None else record.flat
             if not isinstance(flat, _direct_csr.Flat):  # unknown yet: the bound
                 slow.append(k)
                 continue
-            fd = open_checked(files.identities[i], files.infos[i].path)
+            fd = open_checked(identities[i], infos[i].path)
             if fd is None:  # gone or changed: the bound's open says how
                 slow.append(k)
                 continue
-            fds.append(fd)
-            flats[k], obs[k] = flat.at(fd), record.obs
+            own.append(fd)
+            flats[k], fds[k], obs[k] = flat, fd, record.obs
         if not slow:
-            yield _valid(flats, obs)
+            yield _valid(flats, fds, obs)
             return
         with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
             for k, handle in zip(slow, opened, strict=True):
                 if handle.flat is False:
                     handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
                 flats[k], obs[k] = handle.flat, handle.obs
-            yield _valid(flats, obs)
+            yield _valid(flats, fds, obs)
     finally:
-        for fd in fds:
+        for fd in own:
             os.close(fd)
         for reader in readers:
             reader.close()
         lru.release([e for e in entries if e is not None])
+
+
+def _check_held(handles, i: int, handle) -> None:
+    """`handles.check_at_read` of an open file: its `fstat` compared first."""
+    raw = getattr(handle.fd, "fd", None)
+    local = isinstance(raw, int) and not getattr(handle.fd, "remote", True)
+    if local and _same(handles.files.identities[i].stat, os.fstat(raw)):
+        return
+    handles.check_at_read(i, handle)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +157,16 @@ def _first_reader(files, i: int, record):
     return reader
 
 
-def _valid(flats: list, obs: list) -> tuple | None:
-    """`(flats, obs)` when every file has a `Flat`, all of one dtype."""
+def _valid(flats: list, fds: list, obs: list) -> tuple | None:
+    """`(flats, fds, obs)` when every file has a `Flat`, all of one dtype.
+
+    A file without a descriptor of its own in `fds` is read through its
+    flat's (one open in the bound, or just opened).
+    """
     if any(f is None for f in flats) or len({f.dtypes for f in flats}) != 1:
         return None
-    return flats, obs
+    fds = [f.fd if d < 0 else d for f, d in zip(flats, fds, strict=True)]
+    return flats, fds, obs
 
 
 def open_checked(identity, path: str) -> int | None:
@@ -159,8 +180,17 @@ def open_checked(identity, path: str) -> int | None:
     except OSError:
         os.close(fd)
         return None
-    then = identity.stat
-    if (
+    if not _same(identity.stat, st):
+        os.close(fd)
+        if identity.stat.changes(FileStat.of(st)):
+            identity.check_stat(FileStat.of(st), "when a process opened it")
+        return None
+    return fd
+
+
+def _same(then: FileStat, st: os.stat_result) -> bool:
+    """Whether a local file's `fstat` now is `then`, field by field."""
+    return not (
         st.st_ino != then.ino
         or st.st_dev != then.dev
         or st.st_size != then.size
@@ -169,12 +199,7 @@ def open_checked(identity, path: str) -> int | None:
         or then.etag
         or then.content
         or then.store
-    ):
-        os.close(fd)
-        if identity.stat.changes(FileStat.of(st)):
-            identity.check_stat(FileStat.of(st), "when a process opened it")
-        return None
-    return fd
+    )
 
 
 __all__ = ["hinted", "open_checked", "pinned_flats"]

@@ -320,6 +320,18 @@ class Checked:
                 self._records.move_to_end(key)
             return record
 
+    def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
+        """`get` of each key, under one lock (a fetch's closed files)."""
+        out: list[_Record | None] = []
+        with self._lock:
+            records = self._records
+            for key in keys:
+                record = records.get(key)
+                if record is not None:
+                    records.move_to_end(key)
+                out.append(record)
+        return out
+
     def put(
         self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
     ) -> None:

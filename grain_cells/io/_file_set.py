@@ -27,7 +27,7 @@ from grain_cells.io import (
     _h5ad,
     _nodes,
 )
-from grain_cells.io._direct_open import hinted
+from grain_cells.io._direct_open import hinted, pinned_flats
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
@@ -300,6 +300,10 @@ class OpenFiles:
             yield handle
         finally:
             handle.close()
+
+    def pinned_flats(self, indices: Sequence[int]):
+        """A many-file fetch's files for one vectorised read (`_direct_open`)."""
+        return pinned_flats(self, self._lru, self._checked, indices)
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned: for one thread (tests, a build).

@@ -129,6 +129,15 @@ class FileReads:
             check_indices=self.options.check_indices,
         )
 
+    @property
+    def hints_wanted(self) -> bool:
+        """Whether `advise` would hint anything now.
+
+        False while this process's reads find the page cache warm
+        (`OpenFiles.cache_warm`): callers may skip working out what to hint.
+        """
+        return not self._handles.cache_warm
+
     def advise(self, files, starts, stops) -> None:
         """Asks the OS to start reading these ranges into the page cache.
 

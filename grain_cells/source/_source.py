@@ -331,6 +331,11 @@ class AnnDataSource(SourceDescription):
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
         return self.block_table.ranges(keys)
 
+    @property
+    def hints_wanted(self) -> bool:
+        """Whether `advise` would hint anything now (`FileReads.hints_wanted`)."""
+        return self._reads.hints_wanted
+
     def advise(self, keys) -> None:
         """Hints that these blocks will be read soon; never raises.
 

@@ -92,6 +92,7 @@ def test_hints_stop_once_reads_find_the_page_cache_warm(written, hints):
     source.advise(keys)
     assert hints == []  # a few thousand pieces read, all in memory
     assert source._reads._handles.cache_warm
+    assert not source.hints_wanted  # the fetch stage works none out
     rows = np.sort(rng.choice(source.num_cells, 50, replace=False))
     got = source.read(rows)
     np.testing.assert_array_equal(got.X.toarray(), _expected(adatas, rows))
@@ -116,6 +117,7 @@ def test_hints_start_again_when_reads_miss(written, hints, monkeypatch):
     monkeypatch.setattr(os, "preadv", cold)
     _read_much(source, rng)  # a miss per read call: a few fetches
     assert not handles.cache_warm
+    assert source.hints_wanted
     hints.clear()
     source.advise(np.arange(0, len(source), 7))
     assert hints  # hinted again

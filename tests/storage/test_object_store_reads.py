@@ -210,6 +210,35 @@ def test_fetch_stage_hints_own_fetches_within_the_window(stride):
     assert set(range(worker + stride, 60, stride)) <= set(hinted)
 
 
+def test_fetch_stage_works_out_no_hints_while_the_source_wants_none(monkeypatch):
+    """A source whose reads find the page cache warm gets no hints, and the
+    stage computes no keys for them; once it wants hints again, they resume."""
+    source = _Recorder()
+    source.hints_wanted = False
+    split = types.SimpleNamespace(
+        config=types.SimpleNamespace(block_size=4), source=source, read=lambda b: []
+    )
+    plan = FetchPlan(_Stream(), 4)
+    computed: list[int] = []
+    real = FetchPlan.keys
+
+    def keys(self, positions):
+        computed.append(len(positions))
+        return real(self, positions)
+
+    monkeypatch.setattr(FetchPlan, "keys", keys)
+    read = ReadFetch(split, plan, 1, readahead_cells=6 * 16)
+    for n in range(10):
+        read.map(n)
+    assert source.hinted == []
+    assert len(computed) == 10  # each fetch's own keys, none ahead
+    source.hints_wanted = True
+    for n in range(10, 20):
+        read.map(n)
+    hinted = {k // 4 for k in source.hinted}
+    assert set(range(11, 20)) <= hinted
+
+
 def test_reader_options_do_not_reach_the_store():
     store = object_store.store_for(
         "s3://cells/a.h5ad",
