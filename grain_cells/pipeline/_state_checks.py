@@ -12,6 +12,7 @@ from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import files_entry, source_identity
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
+from grain_cells.sampling import BlockStream
 
 STAMP = "grain_cells"
 # Bumped when the mapping from a position to cells changes.
@@ -30,18 +31,15 @@ def _plain(value):
 
 def stamp(source, sampler, split) -> dict:
     """What a saved state must match to be restored by this pipeline, as JSON values."""
-    data = source_identity(source) if hasattr(source, "file_identity") else repr(source)
-    # A user's sampler without `fingerprint()`: its repr, less the shard.
-    fingerprint = getattr(sampler, "fingerprint", None)
-    if callable(fingerprint):
-        ordered = fingerprint()
-    else:
-        ordered = _SHARD_IN_REPR.sub("", repr(sampler))
+    if isinstance(sampler, BlockStream):
+        ordered, length = sampler.fingerprint(), sampler.epoch_length
+    else:  # a user's sampler: its repr, less the shard
+        ordered, length = _SHARD_IN_REPR.sub("", repr(sampler)), len(sampler)
     out = {
         "pipeline": _PIPELINE_VERSION,
         "sampler": ordered,
-        "epoch_length": int(getattr(sampler, "epoch_length", len(sampler))),
-        "data_source": data,
+        "epoch_length": int(length),
+        "data_source": source_identity(source),
         "operations": split.fingerprint(),
     }
     return json.loads(json.dumps(out, default=_plain))

@@ -184,16 +184,6 @@ class WeightedBlockSampler(BlockStream):
             "num_epochs": self.num_epochs,
         }
 
-    def __repr__(self) -> str:
-        so = self.shard_options
-        return (
-            f"WeightedBlockSampler(num_blocks={self.num_blocks}, "
-            f"weights=sha256:{self._weights_id}, "
-            f"epoch_length={self.epoch_length}, seed={self.seed}, "
-            f"num_epochs={self.num_epochs}, shard_index={so.shard_index}, "
-            f"shard_count={so.shard_count})"
-        )
-
 
 def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`(values, counts)` of runs of bit-equal weights; None if not under half."""
