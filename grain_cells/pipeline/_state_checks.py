@@ -138,18 +138,21 @@ def _stamp_diffs(saved: dict, current: dict) -> list[str]:
 
 
 def _older_kind(saved: dict, current: dict) -> str | None:
-    """What an older grain_cells's stamp recorded by `repr`, else None.
+    """What an older grain_cells's stamp recorded that this one does not, else None.
 
-    Up to 5f1fd87 `operations` was `[repr(split)]` (today a fingerprint, a
-    dict); before e743454 a source with file identities was stamped by its
-    `repr` (today by content, a dict).
+    Up to 5f1fd87 `operations` was `[repr(split)]`; before e743454 a source
+    with file identities was stamped by its `repr`; before the files were
+    summarised, a stamp listed every one.
     """
     if isinstance(saved.get("operations"), list | str):
         return "the sampler and fetch transform as repr texts"
-    if isinstance(saved.get("data_source"), str) and isinstance(
-        current["data_source"], dict
-    ):
+    then, now = saved.get("data_source"), current["data_source"]
+    if isinstance(then, str) and isinstance(now, dict):
         return "the data source as its repr, with its paths"
+    if isinstance(then, dict) and isinstance(now, dict):
+        files = then.get("files")
+        if isinstance(files, list) and files_entry(files) != files:
+            return f"every one of its {len(files)} files, not their summary"
     return None
 
 
@@ -195,12 +198,6 @@ def _check_stamp(state, current: dict) -> None:
             "(from the beginning of the epoch), or restore the state with the "
             "grain_cells version that saved it."
         )
-    if isinstance(saved, dict) and isinstance(saved.get("data_source"), dict):
-        # A list of more files than a stamp now lists (saved before it
-        # summarised them): compared as its summary.
-        files = saved["data_source"].get("files")
-        saved = {**saved, "data_source": {**saved["data_source"]}}
-        saved["data_source"]["files"] = files_entry(files)
     diffs = (
         _stamp_diffs(saved, current)
         if isinstance(saved, dict)
