@@ -148,7 +148,7 @@ class WeightedBlockSampler(BlockStream):
             return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
-            self._cdf = _shared_table.load(shared, self._num_blocks, self._cdf_name)
+            self._cdf = _shared_table.load(shared, self.num_blocks, self._cdf_name)
         else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))
