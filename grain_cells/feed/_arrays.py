@@ -29,13 +29,7 @@ def default_sharding() -> NamedSharding:
 class Placement:
     """Sends minibatches to the devices, checking they keep one shape.
 
-    Args:
-        sharding: Where each entry goes (its leading axis is the batch).
-        keys: The entries to send; None: every entry of the first minibatch.
-        densify_genes: When set, `values` and `indices` (padded sparse) are
-            replaced on the device by `X` `[batch, densify_genes]`.
-        pinned_staging: Copy through page-locked host memory first
-            (`memory_kind="pinned_host"`), then to the devices.
+    The arguments are `device_iterator`'s (`densify_genes`: its `densify`).
     """
 
     def __init__(

@@ -68,9 +68,7 @@ class PaddedSparseOutput(Output):
     def fit_to_source(self, source, read=None) -> PaddedSparseOutput:
         """This output with its width fitted to `source` (itself if it has one).
 
-        Args:
-            source: The `AnnDataSource` (or view) the pipeline reads.
-            read: The reader of another matrix than X (an extra `Layer`).
+        See `Output.fit_to_source`.
         """
         if self.width is not None:
             return self

@@ -24,7 +24,7 @@ from grain_cells.pipeline._stage import (
     check_countable,
     plan_minibatches,
 )
-from grain_cells.sampling import check_sampler_fits
+from grain_cells.sampling import BlockStream, check_sampler_fits
 
 __all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
 
@@ -88,8 +88,9 @@ class CellDataset(grain.IterDataset):
         self.worker_buffer_size = arguments.check_int(
             "worker_buffer_size", worker_buffer_size, minimum=1
         )
-        shard = shard_options or getattr(sampler, "shard_options", None)
-        self.shard = shard or sharding.NoSharding()
+        if shard_options is None and isinstance(sampler, BlockStream):
+            shard_options = sampler.shard_options
+        self.shard = shard_options or sharding.NoSharding()
         self.readahead_cells = arguments.check_int(
             "readahead_cells", readahead_cells, minimum=0
         )

@@ -287,9 +287,7 @@ class CellIterator(grain.DatasetIterator):
         saved = _state_checks.check_state(
             state, ds.stamp, ds.sampler, ds.source, ds.split
         )
-        verify = getattr(ds.source, "verify_files", None)
-        if verify is not None:
-            verify("when an iterator state was restored")
+        ds.source.verify_files("when an iterator state was restored")
         shard = ds.shard
         if (saved.count, saved.index) != (shard.shard_count, shard.shard_index):
             _state_checks.check_hand_over(saved, ds.split)

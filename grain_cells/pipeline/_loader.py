@@ -139,15 +139,13 @@ class DataLoader:
 
 
 class CheckedIterator:
-    """A `DataLoader`'s iterator: JSON-bytes states, like Grain's loader.
+    """A `DataLoader`'s iterator: a `CellIterator` whose states are JSON bytes.
 
-    Closable (`close()`, or a `with` block): its workers stop and their
-    shared memory is freed at once, and `next()` then raises
-    `errors.IteratorClosedError`.
+    Grain's loader iterator's states are bytes (what orbax's Grain handler
+    writes); everything else is the `CellIterator`'s (closable, `len`, epoch).
     """
 
     def __init__(self, iterator: CellIterator):
-        """Wraps the pipeline's iterator."""
         self._it = iterator
 
     def __iter__(self) -> CheckedIterator:
@@ -157,15 +155,9 @@ class CheckedIterator:
         return next(self._it)
 
     def __len__(self) -> int:
-        """Minibatches this iterator has yet to yield (`tqdm`'s total).
-
-        A fresh iterator's `len` is `len(loader)`; each `next` takes one
-        off. See `CellIterator.__len__` for when it raises `TypeError`.
-        """
         return len(self._it)
 
     def __bool__(self) -> bool:
-        """Always true (an iterator is not a container; `len` may raise)."""
         return True
 
     @property
@@ -174,21 +166,15 @@ class CheckedIterator:
         return self._it.epoch
 
     def get_state(self) -> bytes:
-        """The state as JSON bytes (what orbax's Grain handler writes)."""
+        """The state as JSON bytes."""
         return json.dumps(self._it.get_state(), indent=1).encode()
 
     def set_state(self, state: bytes) -> None:
         """Restores a state saved under any worker (or shard) count.
 
-        The iterator resumes in the state's epoch; the loader's next
-        `iter()` starts the epoch after it.
-
         Raises:
-            CheckpointMismatchError: Not a grain_cells state, another pipeline,
-                or a field out of range (see `grain_cells.pipeline._state_checks`).
-            errors.SourceChangedError: A file changed since the source was
-                built.
-            errors.IteratorClosedError: The iterator was closed.
+            CheckpointMismatchError: Not JSON, or refused by
+                `CellIterator.set_state` (as are its other errors).
         """
         try:
             obj = json.loads(state)
@@ -201,11 +187,7 @@ class CheckedIterator:
         self._it.start_prefetch()
 
     def close(self) -> None:
-        """Stops the workers and frees their shared memory, for good.
-
-        `next()` raises `errors.IteratorClosedError` afterwards; `get_state()`
-        still returns where the iterator stopped.
-        """
+        """Stops the workers and frees their shared memory (`CellIterator.close`)."""
         self._it.close()
 
     def __enter__(self) -> CheckedIterator:

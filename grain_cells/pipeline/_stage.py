@@ -8,7 +8,6 @@ Design notes: docs/reference/design.md#pipeline-stage.
 
 from __future__ import annotations
 
-import math
 import sys
 
 import grain
@@ -108,21 +107,26 @@ def fetch_blocks(source, keys: np.ndarray) -> np.ndarray:
     return np.stack([keys, files, starts, stops], axis=1).astype(np.int64)
 
 
+def _minibatches(config, cells):
+    """Minibatches of fetches of `cells` cells (an int or an array of them)."""
+    if config.condition is not None:
+        raise ValueError("with a condition, a fetch's minibatch count needs its data")
+    if config.remainder == "drop":
+        return cells // config.batch_size
+    return -(-cells // config.batch_size)
+
+
 def count_minibatches(config, source, keys: np.ndarray) -> int:
     """Minibatches a fetch of these blocks yields, without reading it.
 
     Raises:
         ValueError: With a condition the count depends on the cells' values.
     """
-    if config.condition is not None:
-        raise ValueError("with a condition, a fetch's minibatch count needs its data")
-    if keys.size == 0:
-        return 0
-    _, starts, stops = source.block_ranges(keys)
-    cells = int((stops - starts).sum())
-    if config.remainder == "drop":
-        return cells // config.batch_size
-    return math.ceil(cells / config.batch_size)
+    cells = 0
+    if keys.size:
+        _, starts, stops = source.block_ranges(keys)
+        cells = int((stops - starts).sum())
+    return _minibatches(config, cells)
 
 
 def check_countable(sampler, config) -> None:
@@ -149,8 +153,7 @@ def plan_minibatches(config, source, plan: FetchPlan) -> int:
     Raises:
         ValueError: With a condition the count depends on the cells' values.
     """
-    if config.condition is not None:
-        raise ValueError("with a condition, a fetch's minibatch count needs its data")
+    _minibatches(config, 0)  # refuses a condition
     per_fetch = plan.blocks_per_fetch
     positions = -(-(plan.length - plan.origin - plan.index) // plan.count)
     _, starts, stops = source.block_ranges(np.arange(len(source)))
@@ -164,10 +167,7 @@ def plan_minibatches(config, source, plan: FetchPlan) -> int:
         else:
             cells = sizes[plan.keys(plan.origin + steps * plan.count + plan.index)]
         fetched = np.add.reduceat(cells, np.arange(0, steps.size, per_fetch))
-        if config.remainder == "drop":
-            total += int((fetched // config.batch_size).sum())
-        else:
-            total += int((-(-fetched // config.batch_size)).sum())
+        total += int(_minibatches(config, fetched).sum())
     return total
 
 

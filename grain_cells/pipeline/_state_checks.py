@@ -12,6 +12,7 @@ from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import files_entry, source_identity
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
+from grain_cells.sampling import BlockStream
 
 STAMP = "grain_cells"
 # Bumped when the mapping from a position to cells changes.
@@ -30,18 +31,15 @@ def _plain(value):
 
 def stamp(source, sampler, split) -> dict:
     """What a saved state must match to be restored by this pipeline, as JSON values."""
-    data = source_identity(source) if hasattr(source, "file_identity") else repr(source)
-    # A user's sampler without `fingerprint()`: its repr, less the shard.
-    fingerprint = getattr(sampler, "fingerprint", None)
-    if callable(fingerprint):
-        ordered = fingerprint()
-    else:
-        ordered = _SHARD_IN_REPR.sub("", repr(sampler))
+    if isinstance(sampler, BlockStream):
+        ordered, length = sampler.fingerprint(), sampler.epoch_length
+    else:  # a user's sampler: its repr, less the shard
+        ordered, length = _SHARD_IN_REPR.sub("", repr(sampler)), len(sampler)
     out = {
         "pipeline": _PIPELINE_VERSION,
         "sampler": ordered,
-        "epoch_length": int(getattr(sampler, "epoch_length", len(sampler))),
-        "data_source": data,
+        "epoch_length": int(length),
+        "data_source": source_identity(source),
         "operations": split.fingerprint(),
     }
     return json.loads(json.dumps(out, default=_plain))
@@ -140,18 +138,21 @@ def _stamp_diffs(saved: dict, current: dict) -> list[str]:
 
 
 def _older_kind(saved: dict, current: dict) -> str | None:
-    """What an older grain_cells's stamp recorded by `repr`, else None.
+    """What an older grain_cells's stamp recorded that this one does not, else None.
 
-    Up to 5f1fd87 `operations` was `[repr(split)]` (today a fingerprint, a
-    dict); before e743454 a source with file identities was stamped by its
-    `repr` (today by content, a dict).
+    Up to 5f1fd87 `operations` was `[repr(split)]`; before e743454 a source
+    with file identities was stamped by its `repr`; before the files were
+    summarised, a stamp listed every one.
     """
     if isinstance(saved.get("operations"), list | str):
         return "the sampler and fetch transform as repr texts"
-    if isinstance(saved.get("data_source"), str) and isinstance(
-        current["data_source"], dict
-    ):
+    then, now = saved.get("data_source"), current["data_source"]
+    if isinstance(then, str) and isinstance(now, dict):
         return "the data source as its repr, with its paths"
+    if isinstance(then, dict) and isinstance(now, dict):
+        files = then.get("files")
+        if isinstance(files, list) and files_entry(files) != files:
+            return f"every one of its {len(files)} files, not their summary"
     return None
 
 
@@ -197,12 +198,6 @@ def _check_stamp(state, current: dict) -> None:
             "(from the beginning of the epoch), or restore the state with the "
             "grain_cells version that saved it."
         )
-    if isinstance(saved, dict) and isinstance(saved.get("data_source"), dict):
-        # A list of more files than a stamp now lists (saved before it
-        # summarised them): compared as its summary.
-        files = saved["data_source"].get("files")
-        saved = {**saved, "data_source": {**saved["data_source"]}}
-        saved["data_source"]["files"] = files_entry(files)
     diffs = (
         _stamp_diffs(saved, current)
         if isinstance(saved, dict)

@@ -237,6 +237,9 @@ class ConditionBlockSampler(BlockStream):
         v = counter_rng.uniform_int(self.seed, epoch, 2 * _DRAW_WORD + slot)
         return self._static[ids[int(v * ids.size)]]
 
+    def _weights_id(self) -> str:
+        return f"sha256:{hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]}"
+
     def blocks_at(self, positions) -> np.ndarray:
         """`block_at` of many positions."""
         return np.array([self.block_at(p) for p in positions], np.int64)
@@ -245,8 +248,7 @@ class ConditionBlockSampler(BlockStream):
         """What a checkpoint records: what decides the order, never the shard."""
         weights = epoch_length = None
         if self._weights is not None:
-            digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
-            weights, epoch_length = f"sha256:{digest}", self.epoch_length
+            weights, epoch_length = self._weights_id(), self.epoch_length
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,
@@ -263,8 +265,9 @@ class ConditionBlockSampler(BlockStream):
         so = self.shard_options
         weights = ""
         if self._weights is not None:
-            digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
-            weights = f", weights=sha256:{digest}, epoch_length={self.epoch_length}"
+            weights = (
+                f", weights={self._weights_id()}, epoch_length={self.epoch_length}"
+            )
         return (
             f"ConditionBlockSampler(num_blocks={self.num_blocks}, "
             f"column={self._column!r}, blocks_per_fetch={self._g}, "

@@ -28,12 +28,9 @@ class _Stream(Protocol):
 
 
 class PositionHints:
-    """Hints a source about a sampler's next positions, one window ahead.
+    """Hints `source` about a sampler's next positions, `readahead_cells` ahead.
 
-    Args:
-        source: The source the sampler's blocks belong to.
-        readahead_cells: Cells to hint ahead of the stream (at least two
-            positions' worth).
+    (At least two positions' worth.)
     """
 
     def __init__(self, source: AnnDataSource, readahead_cells: int):

@@ -166,11 +166,3 @@ class BlockSampler(BlockStream):
             "seed": self.seed,
             "num_epochs": self.num_epochs,
         }
-
-    def __repr__(self) -> str:
-        so = self.shard_options
-        return (
-            f"BlockSampler(num_blocks={self.num_blocks}, shuffle={self._shuffle}, "
-            f"seed={self.seed}, num_epochs={self.num_epochs}, "
-            f"shard_index={so.shard_index}, shard_count={so.shard_count})"
-        )

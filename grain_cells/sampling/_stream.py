@@ -72,9 +72,9 @@ def check_sampler_fits(sampler, data_source) -> None:
 class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
-    A subclass passes its sizes to `__init__` and defines `block_at(position)` and
-    `blocks_at(positions)`; Grain's `__getitem__`, `__len__` and the properties are
-    shared.
+    A subclass passes its sizes to `__init__` and defines `block_at(position)`,
+    `blocks_at(positions)` and `fingerprint()`; Grain's `__getitem__`, `__len__`,
+    the properties and a `repr` of the fingerprint and shard are shared.
     """
 
     def __init__(
@@ -148,3 +148,14 @@ class BlockStream:
     def blocks_at(self, positions) -> np.ndarray:
         """The blocks at many stream positions (no bounds check on epochs)."""
         raise NotImplementedError
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records (JSON): the class and its order, not the shard."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        so = self.shard_options
+        items = {**self.fingerprint(), "shard_index": so.shard_index}
+        items["shard_count"] = so.shard_count
+        name = items.pop("class")
+        return f"{name}(" + ", ".join(f"{k}={v}" for k, v in items.items()) + ")"

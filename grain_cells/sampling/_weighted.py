@@ -148,7 +148,7 @@ class WeightedBlockSampler(BlockStream):
             return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
-            self._cdf = _shared_table.load(shared, self._num_blocks, self._cdf_name)
+            self._cdf = _shared_table.load(shared, self.num_blocks, self._cdf_name)
         else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))
@@ -183,16 +183,6 @@ class WeightedBlockSampler(BlockStream):
             "seed": self.seed,
             "num_epochs": self.num_epochs,
         }
-
-    def __repr__(self) -> str:
-        so = self.shard_options
-        return (
-            f"WeightedBlockSampler(num_blocks={self.num_blocks}, "
-            f"weights=sha256:{self._weights_id}, "
-            f"epoch_length={self.epoch_length}, seed={self.seed}, "
-            f"num_epochs={self.num_epochs}, shard_index={so.shard_index}, "
-            f"shard_count={so.shard_count})"
-        )
 
 
 def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -317,6 +317,30 @@ class ScaledOutput:
         return f"ScaledOutput(scale={self.scale})"
 
 
+class FingerprintedSampler(ReversedSampler):
+    """A user's sampler with a `fingerprint()` and `epoch_length` of its own."""
+
+    epoch_length = 7
+
+    def fingerprint(self) -> dict:
+        return {"class": "FingerprintedSampler"}
+
+
+def test_only_a_block_stream_is_stamped_by_its_fingerprint(csr_paths):
+    """`fingerprint` is a declared member of `BlockStream`, not looked up."""
+    source = grain_cells.AnnDataSource(csr_paths, block_size=5)
+    ds = grain_cells.cell_dataset(
+        source,
+        batch_size=4,
+        fetch_factor=5,
+        sampler=FingerprintedSampler(len(source), "a"),
+    )
+    assert ds.stamp["sampler"] == "ReversedSampler(tag=a)"
+    assert ds.stamp["epoch_length"] == len(source)
+    ours = grain_cells.cell_dataset(source, batch_size=4, fetch_factor=5)
+    assert ours.stamp["sampler"] == ours.sampler.fingerprint()
+
+
 def test_user_components_are_stamped_by_repr(csr_paths, helpers):
     source = grain_cells.AnnDataSource(csr_paths, block_size=5)
 
