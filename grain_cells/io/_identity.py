@@ -248,9 +248,9 @@ def files_entry(entries: list) -> list | dict:
     the file). Past it, a fixed-size summary, so that a state's size and
     `get_state`'s cost do not grow with the files (issue 33: 1.45 MB at
     10,000 files): the count, total cells and bytes, and a SHA-256 of the
-    entries as JSON (sorted keys). A saved list of entries gives the same
-    summary as the same files do now, so states saved with the list
-    restore (`grain_cells.pipeline._state_checks`).
+    entries as JSON (sorted keys). A state that lists more files than
+    that was saved by an older grain_cells and is refused by name
+    (`grain_cells.pipeline._state_checks`).
     """
     if not isinstance(entries, list) or len(entries) <= LISTED_FILES:
         return entries
