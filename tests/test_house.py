@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tomllib
@@ -61,3 +62,32 @@ def test_public_api_is_small_and_every_name_resolves():
     # Errors and tokens are sub-packages a user imports by name.
     assert issubclass(grain_cells.errors.MainGuardError, RuntimeError)
     assert grain_cells.tokens.RankValueTokens
+
+
+# Messages that tell a user how to fix their file may name a format's tool.
+FORMAT_NAMES_IN_MESSAGES = {
+    (
+        "grain_cells/io/_open.py",
+        '"its own .h5ad once, e.g. with anndata alone: `with h5py.File(path) "',
+    ),
+    (
+        "grain_cells/io/_open.py",
+        '"paths is empty: expected one or more .h5ad files or zarr stores"',
+    ),
+}
+
+
+def test_io_names_no_format():
+    # io/ holds the AnnData schema; what a format does belongs in its package.
+    found = []
+    for path in sorted((ROOT / "grain_cells" / "io").glob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if (
+                re.search(r"h5py|zarr", line)
+                and (name, line.strip()) not in FORMAT_NAMES_IN_MESSAGES
+            ):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, (
+        "io/ names a format; say it format-neutrally or move it:\n" + "\n".join(found)
+    )

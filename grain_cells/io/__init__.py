@@ -1,7 +1,7 @@
 """AnnData's schema: opening, elements, obs, genes, identity, row reads (private).
 
-Knows AnnData and no storage library: each format (`grain_cells.hdf5`,
-`grain_cells.zarr`, any registered `grain_cells.formats.Format`) opens its
+Knows AnnData and no storage library: each format (any registered
+`grain_cells.formats.Format`) opens its
 files and answers for its nodes. `_open.open_file` is the one opener of
 paths and URLs (it asks `formats.for_path`); `_nodes` asks each node's
 format what it is (and for a reader of its row ranges); `_h5ad` locates the

@@ -18,7 +18,7 @@ from typing import Any
 
 from grain_cells._util import arguments
 
-# Files held through their format (h5py: two descriptors and HDF5's
+# Files held through their format (HDF5: two descriptors and its
 # caches each) kept open per process by default (see `default_max_open`).
 DEFAULT_MAX_OPEN = 128
 # `max_open_files="auto"` bounds a weighted count (`FileLru.weight`): a
@@ -282,7 +282,7 @@ class _Record:
     info: Any
     obs: dict
     nbytes: int
-    layouts: dict | None = None  # `grain_cells.io._layouts`: reopen without h5py
+    layouts: dict | None = None  # `grain_cells.io._layouts`: reopen without the format
     format: Any = None  # the file's `formats.Format` (with `layouts`)
     flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
 

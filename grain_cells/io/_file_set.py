@@ -58,7 +58,7 @@ class ReadPool(concurrent.futures.ThreadPoolExecutor):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FileSet:
-    """One or many `.h5ad` files or zarr stores along cells, checked at build.
+    """One or many AnnData files or stores along cells, checked at build.
 
     A list may mix the two formats.
 
@@ -316,7 +316,7 @@ class OpenFiles:
     def check_at_read(self, i: int, handle: OpenFile) -> None:
         """Checks file `i` is unchanged: one `fstat` of its descriptor.
 
-        A file without a byte reader (a zarr store): its format's
+        A file without a byte reader: its format's
         `check_unchanged` (a local store: its root metadata files' `stat`s,
         which anndata rewrites whenever it writes a store).
         """
@@ -362,7 +362,7 @@ class OpenFiles:
         `WARM_MISSES` not in memory, until more than that many miss (then
         False for good); a
         source with an object in a store, or whose reads are not counted
-        (zarr, h5py's own), is never warm.
+        (a store's, a format library's own), is never warm.
         """
         return self._all_local and self._warm is True
 

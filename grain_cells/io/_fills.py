@@ -1,14 +1,15 @@
-"""Whether CSR values read from never-written zarr chunks are consistent.
+"""Whether CSR values read from never-written chunks are consistent.
 
-zarr does not write a chunk whose values all equal the fill value (0), and
-anndata writes with that default: a chunk of `indices` all in column 0
+A format may skip writing a chunk whose values all equal the fill value (0),
+and anndata writes with that default: a chunk of `indices` all in column 0
 (cells that express only gene 0) or of `data` all 0.0 (stored zeros) is
-absent from a valid store, and `anndata.read_zarr` reads it as zeros. So
+absent from a valid store, and anndata reads it as zeros. So
 `CsrReader` reads such chunks as the fill value, and only the rows can tell
 a lost chunk from one never needed: a row that then stores column 0 twice
 is not what anndata writes (SciPy's CSR from a matrix keeps one entry per
 column), so its chunk was lost. A lost `data` chunk reads as stored zeros,
-which no check can tell from real ones.
+which no check can tell from real ones. Design notes:
+docs/reference/design.md ("Missing chunks").
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
     """Raises if a row's column-0 entries from fill chunks repeat.
 
     Args:
-        reader: The `indices` range reader; zarr readers list the chunks
-            they read as the fill value (`filled_ranges`), HDF5 ones have
-            none.
+        reader: The `indices` range reader; a reader that reads missing
+            chunks as the fill value lists them (`filled_ranges`).
         plan: The read's `CsrPlan`.
         indices: The read's column indices (`plan.nnz`).
         info: The matrix's `MatrixInfo`, for messages.

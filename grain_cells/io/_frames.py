@@ -137,7 +137,7 @@ def _frame_index(f, name: str) -> np.ndarray:
 
 
 def _plain_strings(index) -> np.ndarray | None:
-    """An index's strings read with h5py or zarr, or None for anndata to read.
+    """An index's strings read through its format, or None for anndata to read.
 
     What anndata reads from a `string-array` (anndata < 0.11, and later
     under pandas 2) and from a `nullable-string-array` without missing

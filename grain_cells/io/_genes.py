@@ -80,7 +80,7 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
     Args:
-        f: An open file or zarr store (`grain_cells.io._open.open_file`).
+        f: An open file or store (`grain_cells.io._open.open_file`).
         element: The matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
         genes_from: A var column, or None for var names.
 

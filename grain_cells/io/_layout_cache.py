@@ -1,7 +1,7 @@
-"""Each file's byte layouts on disk: a process's first open of it without h5py.
+"""Each file's byte layouts on disk: a process's first open of it without its format.
 
 A process reading a collection opens each file once through its format
-(`open_member`: h5py open, inspection, layout digest, obs columns, close;
+(`open_member`: the format's open, inspection, layout digest, obs columns, close;
 about 7 CPU-ms for a small `.h5ad`) before it can keep its byte layouts
 (`grain_cells.io._layouts`) and reopen it with one descriptor. With
 thousands of files every worker pays that for each file. The process that
@@ -64,7 +64,7 @@ def take(f, fmt, path: str, info, stat: FileStat, kinds, nodes) -> dict | None:
     its own calls on each array, no reader built: issue 33).
 
     Args:
-        f: The open file's root (h5py).
+        f: The open file's root (`Format.open`).
         fmt: Its format.
         path: The file.
         info: Its matrix summary.

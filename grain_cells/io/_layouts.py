@@ -3,7 +3,7 @@
 When every array a matrix reader reads is read positionally (uncompressed,
 its bytes at known offsets: `formats.ByteLayout`), the reader is fully
 described by those layouts. `layouts_of` takes them from a reader built
-through the format (h5py), and `reader_of` builds the same reader again
+through the format, and `reader_of` builds the same reader again
 over a new `ByteReader` of the file: one `open` and no format library. A
 collection that reads across more files than a process keeps open closes
 and reopens files all the time (`grain_cells.io._file_lru`); this makes a
@@ -29,8 +29,9 @@ Reader = CsrReader | DenseReader | FieldReader
 def layouts_of(reader: Reader, fd) -> dict[str, ByteLayout] | None:
     """Each array's byte layout when all are read positionally, else None.
 
-    None too when there is no byte reader (a zarr store) or it is remote
-    (each reopen would stat the object again: the format's path stays).
+    None too when there is no byte reader (the format reads its own store)
+    or it is remote (each reopen would stat the object again: the format's
+    path stays).
     """
     if fd is None or getattr(fd, "remote", True):
         return None

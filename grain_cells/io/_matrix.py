@@ -108,25 +108,19 @@ class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
 
     def __init__(self, group, info: MatrixInfo, fd):
-        """Builds one range reader per array (`_nodes.range_reader`).
-
-        Args:
-            group: The CSR group (h5py or zarr).
-            info: What `inspect_matrix` found.
-            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
-        """
+        """One range reader per array; `fd`: the file's `ByteReader` or None."""
         if info.encoding != CSR:
             raise ValueError(f"{info.path}: {info.element} is not CSR")
         self.info = info
         self._group = group
         self._fd = fd
         path = info.path
-        # zarr does not write all-zero chunks: values all in column 0, or
-        # stored zeros, read as the fill value (checked: `_fills`).
+        # A format may leave all-fill chunks unwritten: values all in column
+        # 0, or stored zeros, read as the fill value (checked: `_fills`).
         self._data = range_reader(group["data"], path, fd, fill_missing="zero")
         self._indices = range_reader(group["indices"], path, fd, fill_missing="zero")
-        # In a zarr store, leading empty rows' pointers are all-zero chunks
-        # that zarr never writes; a missing chunk elsewhere is an error.
+        # Leading empty rows' pointers are all-zero chunks a format may
+        # leave unwritten; a missing chunk elsewhere is an error.
         self._indptr = range_reader(
             group["indptr"],
             path,
@@ -157,7 +151,7 @@ class CsrReader:
 
     @property
     def direct(self) -> bool:
-        """Whether data and indices are read without h5py."""
+        """Whether data and indices are read without the format's library."""
         return self._data.direct and self._indices.direct
 
     @property
@@ -384,16 +378,10 @@ class DenseReader:
     """Reads row ranges of one file's dense 2-D matrix."""
 
     def __init__(self, dataset, info: MatrixInfo, fd):
-        """Builds the array's range reader (`_nodes.range_reader`).
-
-        Args:
-            dataset: The 2-D array (h5py or zarr).
-            info: What `inspect_matrix` found.
-            fd: The `.h5ad` file's `ByteReader`; None for a zarr store.
-        """
+        """The array's range reader; `fd`: the file's `ByteReader` or None."""
         self.info = info
-        # zarr does not write all-zero chunks: a dense block of zeros is
-        # legitimately missing from a store (anndata reads it as zeros too).
+        # A format may leave all-fill chunks unwritten: a dense block of
+        # zeros is legitimately missing (anndata reads it as zeros too).
         self._x = range_reader(dataset, info.path, fd, fill_missing=True)
 
     @classmethod
@@ -411,7 +399,7 @@ class DenseReader:
 
     @property
     def direct(self) -> bool:
-        """Whether rows are read without h5py."""
+        """Whether rows are read without the format's library."""
         return self._x.direct
 
     def chunk_starts(self) -> np.ndarray:

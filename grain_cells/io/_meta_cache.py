@@ -19,10 +19,11 @@ a stale entry is never read. File times tick coarsely (a few ms on ext4),
 so a file rewritten within one tick of its last write, at the same size
 on the same inode, would keep its stat: a file is cached only once its
 last change is `QUIET_NS` (2 s) in the past (as git treats "racily clean"
-files), so any later write gets later times. Only local files whose identity is a plain
-`stat` (`.h5ad`) are cached; objects in a store and zarr stores are opened
-as before. A process that opens a file to read it checks it against the
-identity all the same (`open_member`: stat, matrix summary, layout digest).
+files), so any later write gets later times. Only local files whose
+identity is a plain `stat` (`.h5ad`) are cached; objects in a bucket and
+stores (identity: a digest) are opened as before. A process that opens a
+file to read it checks it against the identity all the same (`open_member`:
+stat, matrix summary, layout digest).
 
 **Entries** are JSON (the matrix summary, identity, obs column names, the
 kinds of the columns read) that name their arrays (gene keys, categories)

@@ -1,6 +1,6 @@
 """Format-neutral access to AnnData elements: asks each node's `Format`.
 
-AnnData writes the same tree to every format (`.h5ad`, zarr stores, ...).
+AnnData writes the same tree to every format (`.h5ad`, stores, ...).
 The io layer asks this module, never a format's library, what a node is
 (`is_group`, `is_array`), for its attributes (`attr_str`), for its strings
 (`is_string_array`, `strings`), and for a reader of its row ranges
@@ -148,7 +148,7 @@ def file_name(f) -> str:
 
 
 def description(f) -> str:
-    """What an open file is, for messages ("HDF5", "a zarr store")."""
+    """What an open file is, for messages (`Format.description`)."""
     return format_of(f).description
 
 
@@ -196,8 +196,8 @@ def range_reader(
         fd: The file's `ByteReader` (`Format.open_bytes`; None for formats
             that read through their own store).
         cache_bytes: Decoded bytes to cache (small arrays read every batch).
-        fill_missing: Which never-written chunks read as the fill value (see
-            `grain_cells.zarr._reads`); formats without such chunks ignore it.
+        fill_missing: Which never-written chunks read as the fill value (the
+            format's range reader); formats without such chunks ignore it.
     """
     return format_of(node).range_reader(
         node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing

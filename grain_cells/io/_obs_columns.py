@@ -1,7 +1,7 @@
 """obs columns as arrays a model can use: codes and categories, or values.
 
 `read_obs_column` reads a column as `anndata.read_h5ad` would (through
-anndata's element reader, or with h5py alone for numeric arrays and string
+anndata's element reader, or through the format alone for numeric arrays and string
 categoricals, so Grain workers need not import anndata or pandas);
 `obs_column_kinds` tells each column's kind from its metadata alone (a
 categorical's categories, never its codes), which is what building a source
@@ -96,7 +96,7 @@ def read_obs_values(f, name: str):
 
 
 def _check_column(f, name: str) -> None:
-    """The column exists; a zarr column's arrays agree with their metadata."""
+    """The column exists; its arrays agree with their metadata (stores)."""
     if name not in obs_columns(f) or name.startswith("__"):
         raise errors.MissingColumnError(
             f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
@@ -202,7 +202,7 @@ def _plain_kind(elem):
 
 
 def _plain_column(elem) -> ObsColumn | None:
-    """A column read with h5py alone, or None: `read_elem`'s to read.
+    """A column read through its format alone, or None: `read_elem`'s to read.
 
     The common cases need neither anndata nor pandas, which Grain workers,
     opening the files again, would otherwise import for them: a numeric
@@ -243,7 +243,7 @@ def _to_column(path: str, name: str, values) -> ObsColumn:
             "string, boolean or numeric"
         )
     arr = np.asarray(values)
-    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (zarr strings)
+    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
         return _factorize(arr)
     if arr.dtype.kind in "iuf":
         if not arr.dtype.isnative:

@@ -140,7 +140,7 @@ class FieldReader:
 
     @property
     def direct(self) -> bool:
-        """Whether records are read without h5py."""
+        """Whether records are read without the format's library."""
         return self._records.direct
 
     def chunk_starts(self) -> np.ndarray:

@@ -1,9 +1,8 @@
 """Opening AnnData files and stores, local or in a bucket, naming the file.
 
 `open_file` refuses what is not AnnData before anything reads it: the
-format that opens the path (`grain_cells.formats.for_path`: a zarr store is
-a directory holding `zarr.json` or `.zgroup`, or a path or URL ending in
-`.zarr` or `.zarr.zip`; anything else is HDF5) refuses missing paths and
+format that opens the path (`grain_cells.formats.for_path`; each format's
+`can_open` says what it opens) refuses missing paths and
 dangling links, directories that are not stores, files it cannot open (not
 HDF5, held by a writer, truncated); `check_anndata` then refuses MuData and
 files without `obs`/`var`. `grain_cells.io._h5ad` re-exports these
@@ -27,7 +26,7 @@ def open_file(
     storage_options: dict | None = None,
     stat: FileStat | None = None,
 ):
-    """Opens an `.h5ad` file or a zarr store read-only, errors naming the file.
+    """Opens an AnnData file or store read-only, errors naming the file.
 
     The format that opens `path` (`grain_cells.formats.for_path`) opens it;
     a URL with `storage_options` (None: from the environment).
@@ -36,11 +35,11 @@ def open_file(
         path: The file, store or URL.
         storage_options: For URLs: the object-store configuration.
         stat: The object version expected (a `FileStat` taken before). A
-            zarr store's `stat` is always taken anew (its `store_digest`),
-            so comparing it with an identity's detects a rewritten store.
+            format may take it anew as it opens (a store's digest), so
+            comparing it with an identity's detects a rewritten store.
 
     Returns:
-        The open file's root group (`h5py.File`, a zarr `StoreFile`, ...);
+        The open file's root group (`Format.open`'s);
         close it (or use `with`).
 
     Raises:

@@ -34,7 +34,7 @@ class OpenFile:
             reads only through `fd` (`grain_cells.io._layouts`): the
             format's handle is closed right after the first open.
         fd: The file's `ByteReader` (`Format.open_bytes`); None for formats
-            that read through their own store (zarr).
+            that read through their own store.
         reader: The matrix's row reader (a property; made on first use
             for a file reopened from its byte layouts).
         obs: The obs columns read with every cell, in shared codes.
@@ -100,7 +100,7 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         # for it.
         now = fmt.stat_path(path, files.storage_options)
         identity.check_stat(now, "when a process opened it")
-    # A zarr store's stat is its digest taken now, as it opens.
+    # A store's format takes its stat (a digest) anew as it opens.
     f = open_file(path, files.storage_options, identity.stat)
     try:
         if known is not None:  # unchanged since this process checked it
