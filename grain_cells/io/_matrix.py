@@ -30,14 +30,7 @@ INDPTR_CACHE_BYTES = 64 << 20
 
 @dataclasses.dataclass
 class CsrRows:
-    """Rows of a CSR matrix, as views into a `RowBuffer`.
-
-    Attributes:
-        data: Stored values, in the file's dtype.
-        indices: Column of each stored value, in the file's index dtype.
-        indptr: int64 row pointers, `len(rows) + 1` entries starting at 0.
-        n_vars: Number of columns.
-    """
+    """Rows of a CSR matrix as views into a `RowBuffer`; `indptr` int64 from 0."""
 
     data: np.ndarray
     indices: np.ndarray
@@ -46,7 +39,6 @@ class CsrRows:
 
     @property
     def n_rows(self) -> int:
-        """Number of rows."""
         return self.indptr.shape[0] - 1
 
 
@@ -54,12 +46,9 @@ class CsrRows:
 class CsrPlan:
     """Row ranges of one file whose `indptr` has been read and checked.
 
-    Attributes:
-        starts: Local first row of each (merged) range.
-        lengths: Rows per range.
-        firsts: Offset in `data` of each range's first value.
-        lasts: Offset in `data` one past each range's last value.
-        indptr: int64 row pointers of the planned rows, from 0.
+    `starts`/`lengths`: the merged ranges (local rows); `firsts`/`lasts`:
+    each range's span of `data`; `indptr`: the planned rows' int64 pointers
+    from 0.
     """
 
     starts: np.ndarray
@@ -70,12 +59,10 @@ class CsrPlan:
 
     @property
     def nnz(self) -> int:
-        """Stored values the planned rows hold."""
         return int(self.indptr[-1])
 
     @property
     def n_rows(self) -> int:
-        """Rows planned."""
         return self.indptr.shape[0] - 1
 
 
@@ -100,7 +87,6 @@ class RowBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held."""
         return sum(a.size for a in self._arrays.values())
 
 
@@ -162,17 +148,10 @@ class CsrReader:
     def plan(
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
     ) -> CsrPlan:
-        """Reads and checks the `indptr` of row ranges: phase one of a read.
+        """Phase one of a read: reads and checks sorted, disjoint ranges' `indptr`.
 
-        Args:
-            starts: Sorted local row starts.
-            stops: Matching exclusive ends; ranges must not overlap.
-            buf: Scratch for the `indptr` slices (entry `key`).
-            key: Name of the scratch entry, distinct per live plan.
-
-        Raises:
-            errors.CorruptDataError: `indptr` decreases or points outside
-                `data`; names file and row.
+        `key` names `buf`'s scratch entry, distinct per live plan; a
+        decreasing or out-of-`data` `indptr` raises `CorruptDataError`.
         """
         starts, stops = merge_touching(
             np.asarray(starts, np.int64), np.asarray(stops, np.int64)
@@ -205,18 +184,10 @@ class CsrReader:
         pool=None,
         check_indices: bool = True,
     ) -> None:
-        """Phase two: reads the planned rows' values into `data`, `indices`.
+        """Phase two: reads the planned rows' `plan.nnz` values (file dtypes).
 
-        Args:
-            plan: From `plan`.
-            data: Destination of `plan.nnz` values, in this file's dtype.
-            indices: Destination of `plan.nnz` indices, in this file's dtype.
-            pool: Optional thread pool for concurrent reads.
-            check_indices: Check that column indices lie in `[0, n_vars)`.
-
-        Raises:
-            errors.CorruptDataError: A column index is out of range; names the
-                file and row.
+        With `check_indices`, a column outside `[0, n_vars)` raises
+        `CorruptDataError` naming the file and row.
         """
         if plan.nnz and self._indices.remote:  # both datasets' GETs at once
             self._indices.advise(plan.firsts, plan.lasts)
@@ -313,21 +284,10 @@ class CsrReader:
         pool=None,
         check_indices: bool = True,
     ) -> CsrRows:
-        """Reads rows `[starts[i], stops[i])`, concatenated in range order.
+        """Reads sorted, disjoint rows `[starts[i], stops[i])`, concatenated.
 
-        Args:
-            starts: Sorted local row starts.
-            stops: Matching exclusive ends; ranges must not overlap.
-            buf: Buffer the returned views point into; valid until its next use.
-            pool: Optional thread pool for concurrent reads.
-            check_indices: Check that column indices lie in `[0, n_vars)`.
-
-        Returns:
-            The rows as CSR views into `buf`.
-
-        Raises:
-            errors.CorruptDataError: `indptr` decreases or points outside
-                `data`, or a column index is out of range; names file and row.
+        The views point into `buf`, valid until its next use. Raises
+        `CorruptDataError` (`plan`, `read_values`) naming the file and row.
         """
         plan = self.plan(starts, stops, buf)
         data = buf.get("data", (plan.nnz,), self._data.dtype)
