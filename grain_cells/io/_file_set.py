@@ -21,12 +21,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import cores, fork
-from grain_cells.io import (
-    _direct_csr,
-    _file_lru,
-    _h5ad,
-    _nodes,
-)
+from grain_cells.io import _direct_csr, _file_lru, _h5ad, _nodes
 from grain_cells.io._direct_open import hinted, pinned_flats
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
@@ -60,23 +55,13 @@ class ReadPool(concurrent.futures.ThreadPoolExecutor):
 class FileSet:
     """One or many AnnData files or stores along cells, checked at build.
 
-    A list may mix the two formats.
-
-    Attributes:
-        paths: Resolved paths, in concatenation order.
-        element: The matrix read (`X`, `raw/X`, `layers/<name>`; beside a
-            source, `obsm/<name>`: see `grain_cells.io._element_files`).
-        infos: What each file's matrix holds.
-        identities: Each file's identity, taken at build.
-        genes: How each file's genes (an obsm array's columns) map to the
-            output columns.
-        obs_names: The obs columns read with every cell.
-        obs: Per obs column, its harmonised categories and per-file presence.
-        sparse: Whether the matrices are CSR (else dense).
-        dtype: Dtype of values read: the files' common type.
-        storage_options: For URLs, the object-store configuration
-            (`grain_cells.storage.remote._store`); pickled with the set, so each
-            worker builds its own client.
+    A list may mix formats. `paths` are resolved, in concatenation order;
+    `element` is the matrix read (`X`, `raw/X`, `layers/<name>`; beside a
+    source, `obsm/<name>`: `grain_cells.io._element_files`); `genes` maps
+    each file's genes (an obsm array's columns) to the output columns; `obs`
+    holds each column's harmonised categories and per-file presence; `dtype`
+    is the files' common value type; `storage_options` (for URLs) pickle
+    with the set, so each worker builds its own client.
     """
 
     paths: tuple[str, ...]
@@ -107,20 +92,8 @@ class FileSet:
 
         A file unchanged since a build over it is not opened: its entry in
         the metadata cache stands in (`grain_cells.io._meta_cache`).
-
-        Args:
-            paths: Resolved paths.
-            element: The matrix element (`_h5ad.matrix_element(layer)`).
-            obs_names: obs columns to read (distinct).
-            genes: Checked gene selection (`arguments.check_genes`), or None.
-            join: `"exact"`, `"inner"` or `"outer"`.
-            genes_from: The var column holding each file's gene keys, or
-                None for var names (`grain_cells.io._genes`).
-            obs_missing: `"error"` or `"fill"`.
-            storage_options: For URLs: obstore configuration.
-
-        Raises:
-            See `AnnDataSource`.
+        Arguments and errors are `AnnDataSource`'s, resolved (`element`:
+        `_h5ad.matrix_element(layer)`; `genes`: `arguments.check_genes`'s).
         """
         paths = tuple(paths)
         storage_options = dict(storage_options or {})
@@ -131,7 +104,6 @@ class FileSet:
         identities: list[FileIdentity] = []
         cache = MetaCache(element, genes_from)
         for path in paths:
-            # Unchanged files since a build over them: not opened (`_meta_cache`).
             meta = cache.lookup(path, obs_names)
             if meta is None:
                 meta = inspect_file(
@@ -173,7 +145,7 @@ class FileSet:
 
     @property
     def n_obs(self) -> np.ndarray:
-        """Cells of each file."""
+        """Cells per file."""
         return np.array([i.n_obs for i in self.infos], np.int64)
 
     @property
@@ -217,15 +189,11 @@ class OpenFiles:
     ):
         """Opens nothing yet.
 
-        Args:
-            files: The files.
-            read_threads: Threads that read and decode large batches
-                concurrently; 0 reads inline; `"auto"`: sized per process
-                (`grain_cells._util.cores`).
-            max_open_files: Files kept open in this process; `"auto"`:
-                up to `grain_cells.io._file_lru.default_budget()` files
-                read through one descriptor, a third as many held
-                through their format.
+        `read_threads`: threads that read and decode large batches; 0 reads
+        inline; `"auto"` is sized per process (`grain_cells._util.cores`).
+        `max_open_files="auto"`: up to `_file_lru.default_budget()` files
+        read through one descriptor, a third as many held through their
+        format.
         """
         self.files = files
         self.read_threads = (
@@ -316,9 +284,9 @@ class OpenFiles:
     def check_at_read(self, i: int, handle: OpenFile) -> None:
         """Checks file `i` is unchanged: one `fstat` of its descriptor.
 
-        A file without a byte reader: its format's
-        `check_unchanged` (a local store: its root metadata files' `stat`s,
-        which anndata rewrites whenever it writes a store).
+        A file without a byte reader: its format's `check_unchanged` (a
+        local store: its root metadata files' `stat`s, which anndata
+        rewrites whenever it writes a store).
         """
         if handle.fd is not None:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
@@ -360,9 +328,8 @@ class OpenFiles:
 
         True once `WARM_PIECES` pieces read (`counting_reads`) had at most
         `WARM_MISSES` not in memory, until more than that many miss (then
-        False for good); a
-        source with an object in a store, or whose reads are not counted
-        (a store's, a format library's own), is never warm.
+        False for good); a source with an object in a bucket, or whose reads
+        are not counted (a store's, a format library's own), is never warm.
         """
         return self._all_local and self._warm is True
 
