@@ -1,28 +1,14 @@
 """Each file's byte layouts on disk: a process's first open of it without its format.
 
-A process reading a collection opens each file once through its format
-(`open_member`: the format's open, inspection, layout digest, obs columns, close;
-about 7 CPU-ms for a small `.h5ad`) before it can keep its byte layouts
-(`grain_cells.io._layouts`) and reopen it with one descriptor. With
-thousands of files every worker pays that for each file. The process that
-builds the source inspects every file anyway (`_meta_cache.inspect_file`),
-so it also takes the byte layouts of the matrix's arrays and of the obs
-columns read (a categorical's codes, a numeric column's values) when all
-are stored uncompressed in the file, and `_meta_cache.MetaCache.store`
-writes them beside the file's metadata entry. Any process's first open of
-an unchanged local file is then `open` + `fstat` compared with the
-identity, one small JSON read and positional reads of its obs columns: no
-format library (`first_open`).
-
-**Trust** is the metadata cache's (`grain_cells.io._meta_cache`, "Key"):
-an entry's name is a digest of the path, element and the file's `stat`
-(device, inode, size, modification and status-change times in ns), written
-only for files quiet for 2 s; it is used only when the file's `fstat`
-through the descriptor just opened equals the identity taken at build (the
-check every open makes), so the layouts were taken from the same file.
-Anything missing, unreadable or of another shape is a miss: the file opens
-through its format as before. Codes outside a column's categories are a
-miss too (the format's path reports them).
+`take` records, while the build inspects a file, the byte layouts of the
+matrix's arrays and of the obs columns read when all are uncompressed;
+`store` writes them beside the file's metadata entry
+(`grain_cells.io._meta_cache`), under the same key. `first_open` then opens
+an unchanged local file with `open` + `fstat` (compared with the identity
+taken at build), one small JSON read and positional reads of its obs
+columns: no format library. Anything missing, unreadable, of another shape
+or with codes outside a column's categories is a miss: the file opens
+through its format.
 
 Design notes: docs/reference/design.md#io-layout-cache.
 """

@@ -1,38 +1,15 @@
 """What a source takes of each file when it is built, cached by the file's stat.
 
-Building an `AnnDataSource` opens every file once (`FileSet.inspect`) to
-take its matrix summary (`MatrixInfo`), identity (`FileIdentity`: stat and
-two digests), gene keys, obs column names and the kind of each obs column
-read (categories and dtype): about 9 CPU-ms per file, 1.5 minutes at
-10,000 files (issue 33), at every start. None of it changes while the file
-does not, so it is kept in `$GRAIN_CELLS_CACHE/file-meta/` (else
-`$XDG_CACHE_HOME/grain_cells` or `~/.cache/grain_cells`, as
-`grain_cells.source._chunk_cache`), and a build over unchanged files takes
-one `stat` and one small read per file instead of an open.
+`MetaCache` keeps each file's matrix summary, identity, gene keys, obs
+column names and obs column kinds in `$GRAIN_CELLS_CACHE/file-meta/` (else
+`$XDG_CACHE_HOME/grain_cells` or `~/.cache/grain_cells`): a build over
+unchanged files takes one `stat` and one small read per file instead of an
+open (`inspect_file`). An entry's name digests the path, element, gene key
+column and the file's whole `stat`, so a stale entry is never read; only
+local files with a plain `stat` identity, quiet for `QUIET_NS`, are
+cached. Anything unreadable is a miss. Delete the folder any time.
 
-**Key.** An entry's name is a digest of this layout's version, the path,
-the matrix element, the gene key column and the file's `stat` now: device,
-inode, size, modification and status-change times in ns. A file written in
-any way, in place or replaced, its mtime restored or not (`touch -d`,
-`cp -p`: the status-change time cannot be set back), gets another name, so
-a stale entry is never read. File times tick coarsely (a few ms on ext4),
-so a file rewritten within one tick of its last write, at the same size
-on the same inode, would keep its stat: a file is cached only once its
-last change is `QUIET_NS` (2 s) in the past (as git treats "racily clean"
-files), so any later write gets later times. Only local files whose
-identity is a plain `stat` (`.h5ad`) are cached; objects in a bucket and
-stores (identity: a digest) are opened as before. A process that opens a
-file to read it checks it against the identity all the same (`open_member`:
-stat, matrix summary, layout digest).
-
-**Entries** are JSON (the matrix summary, identity, obs column names, the
-kinds of the columns read) that name their arrays (gene keys, categories)
-by digest; an array is an `.npy` file (no pickle) named by the SHA-256 of
-its bytes, checked when read, so a gene list shared by every file is stored
-and read once. Anything unreadable, of another shape or naming a missing
-or damaged array is a miss: the file is opened and its entry written again.
-Writes go to a temporary file renamed into place. Entries are never
-removed: delete the folder any time.
+Design notes: docs/reference/design.md#io-meta-cache.
 """
 
 from __future__ import annotations
