@@ -71,14 +71,8 @@ class FileReads:
         (not the order given) as views into a buffer that the calling thread's
         next read overwrites. `row_ids` says which row is where. Rows are in
         output columns (`var_names`): each file's genes aligned and selected.
-
-        Args:
-            starts: Global first rows; ranges must not overlap or straddle files.
-            stops: Matching exclusive ends.
-            buffer: Buffer to read into; defaults to the calling thread's.
-
-        Raises:
-            IndexError: A range is outside the source or straddles two files.
+        `buffer` defaults to the calling thread's. A range outside the source
+        or straddling two files raises `IndexError`; ranges must not overlap.
         """
         return fetch_ranges(
             self._handles,
@@ -92,12 +86,8 @@ class FileReads:
     def read_ranges(self, starts, stops) -> Cells:
         """Reads global row ranges `[starts[i], stops[i])`, in the order given.
 
-        Args:
-            starts: First rows (global ids).
-            stops: Exclusive ends. Ranges must not overlap or straddle files.
-
-        Returns:
-            The rows, range after range, as fresh arrays owned by the caller.
+        Ranges must not overlap or straddle files; the rows come range after
+        range as fresh arrays owned by the caller.
         """
         return read_ranges(
             self._handles,
@@ -111,16 +101,9 @@ class FileReads:
         """Reads rows by global id, in the order given (repeats allowed).
 
         Rows are coalesced into runs of consecutive ids, read with one batched
-        call per file and dataset, then gathered into the order asked.
-
-        Args:
-            rows: Global row ids (ints).
-
-        Returns:
-            The rows as fresh arrays owned by the caller.
-
-        Raises:
-            IndexError: A row is outside `[0, num_cells)`.
+        call per file and dataset, then gathered into the order asked, as
+        fresh arrays owned by the caller. A row outside `[0, num_cells)`
+        raises `IndexError`.
         """
         return read_rows(
             self._handles,
@@ -144,12 +127,8 @@ class FileReads:
         Returns quickly: the reads run in the background, so a later batched
         read of the ranges finds them cached. Advisory only: it never raises
         (a bad file is reported by the read itself) and does nothing for
-        compressed data, which h5py reads.
-
-        Args:
-            files: The file of each range.
-            starts: Global first rows.
-            stops: Exclusive ends.
+        compressed data, which h5py reads. `files`: the file of each global
+        range `[starts[i], stops[i])`.
         """
         try:
             advise(self._handles, self.cell_offsets, files, starts, stops)
