@@ -79,10 +79,7 @@ class GeneAlignment:
 def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
-    Args:
-        f: An open file or store (`grain_cells.io._open.open_file`).
-        element: The matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
-        genes_from: A var column, or None for var names.
+    `element`: the matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
 
     Raises:
         errors.MissingColumnError: var has no column `genes_from`.
@@ -127,10 +124,8 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
 def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
     """`keys`, or an equal array met before: files of one gene list share it.
 
-    Args:
-        keys: One file's gene keys (`read_gene_keys`).
-        seen: The arrays met so far, by digest (start with `{}`; kept by the
-            caller over the files).
+    `seen`: the arrays met so far, by digest (start with `{}`; the caller
+    keeps it over the files).
     """
     if seen.get(id(keys)) is keys:  # the very array (cached metadata): no hash
         return keys

@@ -107,9 +107,7 @@ class FileIdentity:
     def check_stat(self, now: FileStat, when: str) -> None:
         """Raises `SourceChangedError` if `now` differs from `stat`.
 
-        Args:
-            now: The file's stat now.
-            when: What was being done, for the message (e.g. "at a fetch").
+        `when`: what was being done, for the message (e.g. "at a fetch").
         """
         changes = self.stat.changes(now)
         if changes:
@@ -150,12 +148,8 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     HDF5: addresses, shapes, dtypes, storage layout and filters, the byte
     offsets of contiguous data or of evenly spaced chunks), the element's
     `shape` attribute, and evenly spaced `indptr` entries for CSR. Reads a
-    few hundred bytes.
-
-    Args:
-        f: The open file.
-        element: The matrix.
-        nodes: `matrix_nodes(f, element)`, when the caller has them.
+    few hundred bytes. `nodes`: `matrix_nodes(f, element)`, when the caller
+    has them.
     """
     obj, arrays = matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
@@ -271,12 +265,7 @@ def source_identity(source) -> dict:
     those: `files_entry`), the output genes and obs categories by digest,
     and the configuration by value. A copy of the files in another folder
     gives the same identity; other data or another configuration does not.
-
-    Args:
-        source: An `AnnDataSource` (or a view of one).
-
-    Returns:
-        A JSON-serialisable dict.
+    A JSON-serialisable dict, of an `AnnDataSource` or a view of one.
     """
     return {
         "files": files_entry(file_entries(source)),

@@ -54,13 +54,8 @@ def blocks_over_runs(
         >>> blocks_over_runs(np.array([1, 1, 1, 0, 1], bool), np.array([0, 5]), 2)
         (array([0, 2, 4]), array([2, 3, 5]))
 
-    Args:
-        mask: One bool per global row.
-        cell_offsets: Each file's first global row, plus the total.
-        block_size: Most rows per block.
-
-    Returns:
-        `(starts, stops)`: int64 global row ranges, sorted.
+    `mask` has one bool per global row; `cell_offsets` is each file's first
+    global row plus the total. Returns sorted int64 `(starts, stops)`.
     """
     run_starts, run_stops = runs_of_mask(mask, cell_offsets)
     return blocks_over_ranges(run_starts, run_stops, block_size)
@@ -132,15 +127,8 @@ def selected_blocks(source: Selectable, cells=None, where=None) -> BlockTable:
     """The block table of `source.select(cells, where=where)`.
 
     A pure function of the source's cells, obs columns and the arguments:
-    blocks over the runs of matching cells (`blocks_over_runs`).
-
-    Args:
-        source: The source (a view selects only among its own cells).
-        cells: A boolean mask over `num_cells`, or global row ids, or None.
-        where: Mapping of obs column to a condition (see `where_mask`).
-
-    Raises:
-        See `selection_mask`.
+    blocks over the runs of matching cells (`blocks_over_runs`). Arguments
+    and errors: `selection_mask`'s.
     """
     mask = selection_mask(source, cells, where)
     return blocks_of_mask(source.block_table, mask)
@@ -240,13 +228,9 @@ def _predicate(fn, values: np.ndarray, column: str, what: str) -> np.ndarray:
 def selection_mask(source: Selectable, cells=None, where=None) -> np.ndarray:
     """One bool per global row: the source's cells that match every condition.
 
-    Args:
-        source: The source (a view selects only among its own cells).
-        cells: A boolean mask over `num_cells`, or global row ids, or None.
-        where: Mapping of obs column to a condition (see `where_mask`).
-
-    Returns:
-        A bool array of `source.num_cells`.
+    A view selects only among its own cells. `cells`: a boolean mask over
+    `num_cells`, global row ids, or None; `where`: obs column to condition
+    (`where_mask`).
 
     Raises:
         ValueError: The result is empty, or `cells` has the wrong length or

@@ -103,12 +103,7 @@ class BlockTable:
 
     @classmethod
     def grid(cls, n_obs: Sequence[int] | np.ndarray, block_size: int) -> BlockTable:
-        """Blocks of `block_size` cells from each file's first row.
-
-        Args:
-            n_obs: Cells of each file, in concatenation order.
-            block_size: Cells per block.
-        """
+        """Blocks of `block_size` cells from each file's first row (`n_obs`: cells)."""
         n_obs = np.asarray(n_obs, np.int64)
         n_blocks = -(-n_obs // block_size)
         return cls(
