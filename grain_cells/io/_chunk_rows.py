@@ -21,11 +21,8 @@ SCAN_ROWS = 1 << 20
 def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
     """Local rows where a chunk of values begins, from row 0, sorted, unique.
 
-    Args:
-        reader: A `grain_cells.formats.RangeReader` of `indptr` (best
-            uncached: the scan reads every chunk once).
-        n_rows: Rows of the matrix (`indptr` has one entry more).
-        values_per_chunk: Values per chunk of `data`.
+    `reader` reads `indptr` (best uncached: the scan reads every chunk once);
+    `values_per_chunk`: values per chunk of `data`.
     """
     n = int(n_rows)
     ptr_chunk = reader.chunk_length or SCAN_ROWS

@@ -119,12 +119,9 @@ class FileLru:
     ):
         """Opens nothing yet.
 
-        Args:
-            opener: Opens file `key`; may raise (nothing is then kept).
-            max_open: Files kept open when no read pins more.
-            max_weight: Also at most this total `weight` of open files
-                (None: no such bound).
-            weight: An open handle's weight (default 1).
+        `opener(key)` may raise (nothing is then kept); `max_open` files stay
+        open when no read pins more, and at most `max_weight` (None: no
+        bound) of their total `weight` (default 1 each).
         """
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open}")

@@ -22,12 +22,8 @@ from grain_cells import errors
 def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
     """Raises if a row's column-0 entries from fill chunks repeat.
 
-    Args:
-        reader: The `indices` range reader; a reader that reads missing
-            chunks as the fill value lists them (`filled_ranges`).
-        plan: The read's `CsrPlan`.
-        indices: The read's column indices (`plan.nnz`).
-        info: The matrix's `MatrixInfo`, for messages.
+    `reader` reads `indices`; one that reads missing chunks as the fill value
+    lists them (`filled_ranges`).
 
     Raises:
         errors.CorruptChunkError: A row holds a value from a never-written

@@ -61,11 +61,10 @@ DENSE = "array"
 
 
 def matrix_element(layer: str | None) -> str:
-    """Returns the HDF5 path of the matrix to read.
+    """The element path of the matrix to read for `layer`.
 
-    Args:
-        layer: None for `X`, `"raw"` (or `"raw/X"`) for `raw/X`, any other
-            name for `layers/<name>`.
+    None for `X`, `"raw"` (or `"raw/X"`) for `raw/X`, any other name for
+    `layers/<name>`.
     """
     if layer is None or layer == "X":
         return "X"

@@ -190,14 +190,11 @@ def range_reader(
 ) -> formats.RangeReader:
     """The reader of element ranges of one array, for its format.
 
-    Args:
-        node: An array.
-        path: The file or store, for messages.
-        fd: The file's `ByteReader` (`Format.open_bytes`; None for formats
-            that read through their own store).
-        cache_bytes: Decoded bytes to cache (small arrays read every batch).
-        fill_missing: Which never-written chunks read as the fill value (the
-            format's range reader); formats without such chunks ignore it.
+    `fd`: the file's `ByteReader` (`Format.open_bytes`; None for formats
+    that read through their own store); `cache_bytes`: decoded bytes to
+    cache (small arrays read every batch); `fill_missing`: which
+    never-written chunks read as the fill value (formats without such
+    chunks ignore it).
     """
     return format_of(node).range_reader(
         node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing

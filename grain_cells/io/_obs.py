@@ -85,16 +85,10 @@ class HarmonisedColumn:
     present: tuple[bool, ...]
 
     def file_values(self, i: int, column: ObsColumn | None, n_obs: int) -> np.ndarray:
-        """One file's values in the shared codes or dtype.
+        """File `i`'s values (one per cell) in the shared codes or dtype.
 
-        Args:
-            i: The file's index.
-            column: Its column as read, or None when the file lacks it.
-            n_obs: The file's cells.
-
-        Returns:
-            One value per cell of the file. For a file that lacks the
-            column, a read-only broadcast of the missing value (no memory).
+        For a file that lacks the column (`column` None), a read-only
+        broadcast of the missing value (no memory).
         """
         if column is None:
             if self.categories is None:

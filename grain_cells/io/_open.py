@@ -31,16 +31,10 @@ def open_file(
     The format that opens `path` (`grain_cells.formats.for_path`) opens it;
     a URL with `storage_options` (None: from the environment).
 
-    Args:
-        path: The file, store or URL.
-        storage_options: For URLs: the object-store configuration.
-        stat: The object version expected (a `FileStat` taken before). A
-            format may take it anew as it opens (a store's digest), so
-            comparing it with an identity's detects a rewritten store.
-
-    Returns:
-        The open file's root group (`Format.open`'s);
-        close it (or use `with`).
+    `stat`: the object version expected (a `FileStat` taken before); a
+    format may take it anew as it opens (a store's digest), so comparing it
+    with an identity's detects a rewritten store. Close the root group
+    returned (or use `with`).
 
     Raises:
         FileNotFoundError: The path does not exist (or is a dangling symlink).
@@ -56,10 +50,6 @@ def open_file(
 
 def check_anndata(f, path: str) -> None:
     """Closes `f` and raises unless it is an AnnData file (not MuData).
-
-    Args:
-        f: An open file (`open_file` before its check).
-        path: Its path, for messages.
 
     Raises:
         errors.UnsupportedLayoutError: A MuData file.

@@ -48,14 +48,8 @@ def cached_chunk_starts(
 ) -> np.ndarray:
     """Local chunk starts of one file: from the cache, else `compute()` (kept).
 
-    Args:
-        identity: The file's identity, taken when the source was built.
-        n_obs: The file's rows.
-        compute: Returns the starts (`reader.chunk_starts()`), opening the
-            file; called only on a miss.
-
-    Returns:
-        A sorted int64 array of local rows, starting at 0.
+    `compute` (`reader.chunk_starts()`) opens the file; called only on a
+    miss. A sorted int64 array of local rows, starting at 0.
     """
     path = os.path.join(cache_dir(), cache_key(identity) + ".npy")
     starts = _load(path, n_obs)

@@ -76,12 +76,9 @@ def compressed_defaults(
 ) -> ChunkDefaults:
     """The defaults of the design notes for a matrix of this chunking.
 
-    Args:
-        n_cells: Cells of all files.
-        chunk_starts: Global rows where a chunk begins (each file's first
-            row included).
-        chunk_bytes: Decoded bytes of one chunk of values plus one of indices
-            (the largest over the files).
+    `chunk_starts`: global rows where a chunk begins (each file's first row
+    included); `chunk_bytes`: decoded bytes of one chunk of values plus one
+    of indices (the largest over the files).
     """
     per_chunk = n_cells / max(1, np.asarray(chunk_starts).size)
     n = next(
@@ -120,11 +117,8 @@ def chunk_aligned_blocks(
     of each file, at gaps in the selection, at file boundaries and every
     `table.block_size` cells.
 
-    Args:
-        table: The source's block table (its cells are kept).
-        chunk_starts: Sorted global rows where a chunk begins
-            (`source.chunk_starts()`).
-        chunks_per_block: Chunks per block (at least 1).
+    `chunk_starts`: sorted global rows (`source.chunk_starts()`);
+    `chunks_per_block` at least 1.
     """
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)

@@ -19,10 +19,8 @@ from grain_cells.source._table import BlockTable
 class SourceDescription:
     """Properties of a source that read no cells (base of `AnnDataSource`).
 
-    Args:
-        files: The files, checked (`grain_cells.io._file_set.FileSet`).
-        table: The blocks the source has (`grain_cells.source.BlockTable`).
-        options: How it reads them (`grain_cells.source._options.SourceOptions`).
+    Holds `files` (`FileSet`), `table` (`BlockTable`) and `options`
+    (`SourceOptions`).
     """
 
     def __init__(self, files: FileSet, table: BlockTable, options: SourceOptions):
