@@ -1,20 +1,11 @@
 """A many-file fetch's files, opened for that fetch alone when their layouts are known.
 
-A collection read in random order touches tens of files per fetch, most of
-them closed (the open-file bound holds a few hundred of thousands). Taking
-each through the bound (`grain_cells.io._file_lru`) reopened it as an
-`OpenFile` (`io._open_file.reopen`), then closed another to make room:
-about 30 µs of Python per file and fetch, a sixth of a 2,000-file
-collection's read. A file whose CSR arrays' byte pieces this process
-already holds (`_file_lru.Checked`: its record's `flat`) needs only a
-descriptor for the fetch: `os.open`, `os.fstat` compared with its identity,
-the reads, `os.close`. Files open in the bound are used as they are
-(pinned, checked by `fstat` as every read's files are); any other file
-(never opened here, compressed, remote) is opened through the bound.
-
-Descriptors: the bound holds, beside its open files, room for one per
-closed file of the fetch being read (`FileLru.reserve`), so that a process
-stays within its bound as when each was reopened into it.
+`pinned_flats` gives a many-file fetch its files' `Flat`s: files open in
+the bound (`grain_cells.io._file_lru`) as they are, a closed file whose CSR
+pieces this process holds (its `Checked` record's `flat`) through a
+descriptor of the fetch's own (`os.open`, `fstat` compared with its
+identity, `os.close`; room reserved by `FileLru.reserve`), anything else
+through the bound. `hinted` is the same bare descriptor for a hint.
 
 Design notes: docs/reference/design.md#io-direct-open.
 """

@@ -34,11 +34,7 @@ from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
 # pieces of a source's local reads missed the page cache
-# (`OpenFiles.cache_warm`). Once more miss, the source hints for good and
-# its reads stop asking: reads that hit because earlier hints fetched
-# their pages are no evidence that hints are not needed (judged again,
-# they stopped the hints of a cold 10M-cell file for a quarter of its
-# fetches: a fifth more CPU per cell).
+# (`OpenFiles.cache_warm`; why a miss is for good: design.md#io-direct-open).
 WARM_PIECES = 1024
 WARM_MISSES = 10
 

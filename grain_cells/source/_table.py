@@ -2,20 +2,10 @@
 
 A block is up to `block_size` contiguous cells of one file; the table maps a
 record key to its global rows `[start, stop)`. The *grid* table cuts each file
-into blocks of `block_size` cells from its first row (the last block of a file
-may be short) and stores nothing per block. A *view* table (selections,
-splits, chunk-aligned blocks) is stored run-length encoded: *runs* of
-consecutive blocks, each run `[run_start, run_stop)` cut into blocks of
-`block_size` cells from its start (its last block may be short), plus each
-run's first block index (three int64 arrays, 24 bytes per run). A donor
-split of a 100M-cell atlas is a few thousand runs (tens of KB) instead of
-millions of blocks; a table whose runs hold one block each (blocks of an
-interleaved label) drops the block index and keeps 16 bytes per block, as
-listing the blocks would. Per-block starts and stops are computed from the
-runs (`ranges`, vectorised), never stored. `with_blocks` and `with_runs`
-make view tables, pure functions of the table and the ranges (they return a
-new table and change nothing); equal blocks give an equal `blocks_id`
-however they were given.
+into blocks of `block_size` cells from its first row and stores nothing per
+block; a *view* table (`with_blocks`, `with_runs`: pure functions of the
+table and the ranges) is stored as runs of consecutive blocks. Equal blocks
+give an equal `blocks_id` however they were given.
 
 Design notes: docs/reference/design.md#source-table.
 """
