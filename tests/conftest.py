@@ -277,6 +277,17 @@ def helpers():
     )
 
 
+@pytest.fixture(scope="session")
+def forked_runs():
+    """Runs benchmark binaries as `python <binary>` does, each forked from one
+    process that imported the heavy libraries once (`forked_runs.py`)."""
+    from forked_runs import ForkedRuns
+
+    runs = ForkedRuns()
+    yield runs
+    runs.close()
+
+
 # Test files that run the benchmark binaries end to end (tiny sizes). The CI's
 # second leg (Python 3.12, anndata 0.13) sets GRAIN_CELLS_BENCHMARK_SMOKE=0:
 # the binaries are smoke-tested on the first leg, so that each leg's suite

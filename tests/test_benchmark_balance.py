@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -24,11 +22,10 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_balance(tmp_path):
+def test_balance(tmp_path, forked_runs):
     out = tmp_path / "balance.json"
-    done = subprocess.run(
+    done = forked_runs.run(
         [
-            sys.executable,
             str(ROOT / "benchmarks" / "balance.py"),
             "--n_cells=3000",
             "--n_genes=200",
@@ -39,12 +36,9 @@ def test_balance(tmp_path):
             f"--output_dir={tmp_path / 'grouped'}",
             f"--json={out}",
         ],
-        capture_output=True,
-        text=True,
         timeout=180,
         cwd=tmp_path,
         env={**os.environ, "GRAIN_CELLS_CACHE": str(tmp_path / "cache")},
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "grouped block 16 vs block 1" in done.stdout

@@ -8,9 +8,8 @@ loader's minibatches. Figures at this size mean nothing and are not checked.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -27,21 +26,19 @@ STEPS = (
 )
 
 
-def test_splits_scale(tmp_path):
+def test_splits_scale(tmp_path, forked_runs):
     out = tmp_path / "splits_scale.json"
-    done = subprocess.run(
+    done = forked_runs.run(
         [
-            sys.executable,
             str(ROOT / "benchmarks" / "splits_scale.py"),
             "--n_cells=20000",
             "--donors=40",
             f"--workdir={tmp_path}",
             f"--json={out}",
         ],
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
+        cwd=os.getcwd(),
+        env=dict(os.environ),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for step in STEPS:

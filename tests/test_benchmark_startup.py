@@ -21,15 +21,23 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _run(tmp_path, binary, *flags, timeout=300):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / binary), *flags],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp_path,
-        env={**os.environ, "GRAIN_CELLS_CACHE": str(tmp_path / "cache")},
-    )
+def _run(tmp_path, binary, *flags, timeout=300, forked_runs=None):
+    """`python benchmarks/<binary> <flags>`; forked from a pre-imported
+    process (tests/forked_runs.py) when given `forked_runs`, not for
+    startup.py, which times a fresh interpreter's start."""
+    argv = [str(ROOT / "benchmarks" / binary), *flags]
+    env = {**os.environ, "GRAIN_CELLS_CACHE": str(tmp_path / "cache")}
+    if forked_runs is not None:
+        done = forked_runs.run(argv, timeout=timeout, cwd=tmp_path, env=env)
+    else:
+        done = subprocess.run(
+            [sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+            env=env,
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -65,7 +73,7 @@ def test_startup(tmp_path):
     assert " after first_inline " in done.stdout
 
 
-def test_compressed_defaults(tmp_path):
+def test_compressed_defaults(tmp_path, forked_runs):
     path = tmp_path / "gz.h5ad"
     synthetic.write_tahoe_like(
         path, 3_000, n_genes=300, mean_nnz=30, compression="gzip", chunks=4096
@@ -81,6 +89,7 @@ def test_compressed_defaults(tmp_path):
         "--max_seconds=5",
         "--cache=warm",
         f"--json={out}",
+        forked_runs=forked_runs,
     )
     result = json.loads(out.read_text())
     by = {r["point"]: r for r in result["results"]}

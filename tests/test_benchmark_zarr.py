@@ -13,8 +13,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -25,14 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 HAS_ANNBATCH = importlib.util.find_spec("annbatch") is not None
 
 
-def test_zarr_read(tmp_path):
+def test_zarr_read(tmp_path, forked_runs):
     points = ["h5ad", "zarr", "zarr_raw", "zarr_aligned"]
     if HAS_ANNBATCH:
         points += ["collection", "annbatch"]
     out = tmp_path / "zarr_read.json"
-    done = subprocess.run(
+    done = forked_runs.run(
         [
-            sys.executable,
             str(ROOT / "benchmarks" / "zarr_read.py"),
             "--n_cells=1500",
             "--n_genes=200",
@@ -45,12 +42,9 @@ def test_zarr_read(tmp_path):
             "--max_seconds=2",
             f"--json={out}",
         ],
-        capture_output=True,
-        text=True,
         timeout=300,
         cwd=tmp_path,
         env={**os.environ, "GRAIN_CELLS_CACHE": str(tmp_path / "cache")},
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())

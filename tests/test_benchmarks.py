@@ -59,15 +59,27 @@ def synthetic_nnz(path: str) -> int:
     return int(anndata.read_h5ad(path).X.nnz)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forked(forked_runs):
+    """`run` below forks each binary from one pre-imported process
+    (tests/forked_runs.py): the imports of a fresh interpreter were most of
+    a tiny run's CPU."""
+    global _runs
+    _runs = forked_runs
+    yield
+    _runs = None
+
+
+_runs = None
+
+
 def run(workdir: pathlib.Path, binary: str, *flags: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / binary), *flags],
-        capture_output=True,
-        text=True,
+    """`python benchmarks/<binary> <flags>` in `workdir`, as a user runs it."""
+    done = _runs.run(
+        [str(ROOT / "benchmarks" / binary), *flags],
         timeout=TIMEOUT_S,
         cwd=workdir,
         env={**os.environ, "GRAIN_CELLS_CACHE": str(workdir / "cache")},
-        check=False,
     )
     assert done.returncode == 0, f"{binary} failed:\n{done.stderr[-3000:]}"
     return done

@@ -1,7 +1,8 @@
 """Every Python code block of README.md and docs/**/*.md, run as written.
 
 The blocks of one page run in order as one script (later blocks use names
-that earlier ones defined), in a fresh interpreter, in a folder holding the
+that earlier ones defined), in a new process (forked from one that imported
+the libraries once: tests/forked_runs.py), in a folder holding the
 files that docs/guides/loading.md's data block writes (run first, as
 written) plus `my_atlas.h5ad` for the README's "run it on your file".
 An HTML comment on the line before a block changes that:
@@ -25,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -108,7 +108,8 @@ def test_every_block_is_run_or_skipped_with_a_reason():
     assert others == []
 
 
-def run(folder, name: str, code: str) -> subprocess.CompletedProcess:
+def run(forked_runs, folder, name: str, code: str) -> subprocess.CompletedProcess:
+    """`python <name>` of `code` in `folder`, forked (`forked_runs`)."""
     path = folder / name
     path.write_text(code)
     env = {
@@ -117,14 +118,7 @@ def run(folder, name: str, code: str) -> subprocess.CompletedProcess:
         "JAX_PLATFORMS": "cpu",
         "GRAIN_CELLS_CACHE": str(folder / "cache"),
     }
-    return subprocess.run(
-        [sys.executable, str(path)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return forked_runs.run([str(path)], cwd=folder, env=env, timeout=300)
 
 
 MY_ATLAS = """
@@ -136,29 +130,29 @@ adata.write_h5ad("my_atlas.h5ad")
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(tmp_path_factory, forked_runs):
     folder = tmp_path_factory.mktemp("docs_data")
     [code] = [code for marker, code, _ in blocks(DATA_PAGE) if marker == "data"]
     for name, script in [("data.py", code), ("my_atlas.py", MY_ATLAS)]:
-        done = run(folder, name, script)
+        done = run(forked_runs, folder, name, script)
         assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if scripts(p)])
-def test_page_runs_as_written(page, data, tmp_path):
+def test_page_runs_as_written(page, data, tmp_path, forked_runs):
     for path in data.glob("*.h5ad"):
         shutil.copy(path, tmp_path / path.name)
     for i, code in enumerate(scripts(page)):
-        done = run(tmp_path, f"snippet_{i}.py", code)
+        done = run(forked_runs, tmp_path, f"snippet_{i}.py", code)
         assert done.returncode == 0, (
             f"{page}, script {i}:\n{code}\n{done.stderr[-4000:]}"
         )
 
 
 @pytest.mark.slow
-def test_readme_run_it_on_your_file_command(data, tmp_path):
+def test_readme_run_it_on_your_file_command(data, tmp_path, forked_runs):
     """The README's training command on `my_atlas.h5ad`, shortened to a few steps."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         text = f.read()
@@ -168,19 +162,17 @@ def test_readme_run_it_on_your_file_command(data, tmp_path):
     assert argv[:3] == ["python", "-m", "grain_cells.examples.train"], argv
     shutil.copy(data / "my_atlas.h5ad", tmp_path / "my_atlas.h5ad")
     argv = [
-        sys.executable,
-        *argv[1:],
+        *argv[3:],
         f"--workdir={tmp_path / 'run'}",  # the last one wins
         "--config.num_steps=20",
         "--config.log_every=10",
         "--config.checkpoint_every=20",
     ]
-    done = subprocess.run(
-        argv,
+    done = forked_runs.run(
+        ["grain_cells.examples.train", *argv],  # python -m
+        module=True,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -4,9 +4,10 @@ tests/test_docs_snippets.py runs every block as written; here the blocks are
 changed a little (the loop body prints row ids, a checkpoint is saved after a
 few steps) so that the tests can check which cells came back.
 
-Each script runs in a fresh interpreter (spawned workers re-import it, orbax
-must finish writing before it exits), over small files written by anndata
-whose values encode their row.
+Each script runs as `python <script>` in a new process (spawned workers
+re-import it, orbax must finish writing before it exits; forked from one
+that imported the libraries once: tests/forked_runs.py), over small files
+written by anndata whose values encode their row.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -69,20 +68,24 @@ def write_plates(folder) -> None:
         offset += n
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forked(forked_runs):
+    global _runs
+    _runs = forked_runs
+    yield
+    _runs = None
+
+
+_runs = None
+
+
 def run_script(folder, name: str, code: str, timeout: float = 240):
     """Runs `code` as `folder/name` with this checkout importable."""
     path = folder / name
     path.write_text(code)
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = _runs.run([str(path)], cwd=folder, env=env, timeout=timeout)
     return done, time.monotonic() - start
 
 

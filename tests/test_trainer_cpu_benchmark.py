@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -21,13 +19,12 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_trainer_cpu(tmp_path):
+def test_trainer_cpu(tmp_path, forked_runs):
     data = tmp_path / "tiny.h5ad"
     synthetic.write_tahoe_like(data, 2_000, n_genes=300, mean_nnz=30)
     out = tmp_path / "trainer_cpu.json"
-    done = subprocess.run(
+    done = forked_runs.run(
         [
-            sys.executable,
             str(ROOT / "benchmarks" / "trainer_cpu.py"),
             f"--data={data}",
             "--worker_counts=0",
@@ -37,12 +34,9 @@ def test_trainer_cpu(tmp_path):
             f"--baseline_tree={ROOT}",
             f"--json={out}",
         ],
-        capture_output=True,
-        text=True,
         timeout=300,
         cwd=tmp_path,
         env={**os.environ, "GRAIN_CELLS_CACHE": str(tmp_path / "cache")},
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -61,27 +61,34 @@ def config_flags(data_file: str, **overrides) -> list[str]:
     return [f"--config.{k}={v}" for k, v in config.items()]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forked(forked_runs):
+    """`Run` forks each trainer from one process that imported JAX, Orbax,
+    Flax and grain_cells once (tests/forked_runs.py): a fresh interpreter's
+    imports were most of a 40-step run's CPU."""
+    global _runs
+    _runs = forked_runs
+    yield
+    _runs = None
+
+
+_runs = None
+
+
 class Run:
     """One `python -m grain_cells.examples.train` process, its output in a file."""
 
     def __init__(self, workdir, flags, log: pathlib.Path):
         self.log = log
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "grain_cells.examples.train",
-                    f"--workdir={workdir}",
-                    *flags,
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: the workers die with it
-            )
+        log.write_text("")  # there before the run opens it
+        self.proc = _runs.start(
+            ["grain_cells.examples.train", f"--workdir={workdir}", *flags],
+            module=True,
+            cwd=ROOT,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            stdout=log,  # stderr too
+            new_session=True,  # its own group: the workers die with it
+        )
         self.deadline = time.monotonic() + RUN_TIMEOUT_S
 
     def text(self) -> str:
@@ -629,16 +636,13 @@ def test_main_job_runs_from_an_installed_wheel(data_file, tmp_path):
 @pytest.mark.slow  # a subprocess that imports JAX
 def test_unknown_config_key_is_named_without_a_traceback(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(
+    done = _runs.run(
         [
-            sys.executable,
-            "-m",
             "grain_cells.examples.train",
             f"--workdir={tmp_path}",
             "--config.num_step=3",
         ],
-        capture_output=True,
-        text=True,
+        module=True,
         cwd=ROOT,
         env=env,
         timeout=RUN_TIMEOUT_S,
