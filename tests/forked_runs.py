@@ -46,6 +46,7 @@ MAX_SERVERS = 3
 # "env", "stdout", "stderr" (null: with stdout), "new_session"}; answers
 # {"pid"} when the child started and {"pid", "returncode"} when it ended.
 _SERVER = r"""
+# forked_runs server (tests/processes.worker_pids leaves it out)
 import json, os, runpy, select, sys
 
 for name in (

@@ -27,14 +27,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_NOT_WORKERS = ("resource_tracker", "moto.server", "# forked_runs server")
+
+
 def worker_pids() -> set[int]:
     """Live processes under this one that are neither multiprocessing's
-    resource tracker nor the session's moto S3 servers (`s3_server.py`)."""
+    resource tracker, the session's moto S3 servers (`s3_server.py`), nor
+    the pre-imported processes that fork benchmark runs (`forked_runs.py`)."""
     out = set()
     for child in psutil.Process().children(recursive=True):
         try:
             cmdline = " ".join(child.cmdline())
-            if "resource_tracker" in cmdline or "moto.server" in cmdline:
+            if any(m in cmdline for m in _NOT_WORKERS):
                 continue
             if child.status() != psutil.STATUS_ZOMBIE:
                 out.add(child.pid)
