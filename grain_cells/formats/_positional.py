@@ -37,22 +37,22 @@ def run_parts(
     max_tasks: int = 16,
     sizes: np.ndarray | None = None,
     min_bytes: int = 1,
-) -> None:
-    """Runs `task(a, b)` over `[0, n)`, split into parts run in `pool`.
+) -> list[tuple[int, int]]:
+    """Splits `task(a, b)` over `[0, n)` into parts run in `pool`.
 
     At most `max_tasks` parts of equal count, or of equal `sizes` (bytes per
-    item) of at least `min_bytes` each; one part (no pool, or too little
-    work) runs in the caller's thread. The futures go to `pending` when
-    given (the caller waits), else are waited for here (`wait_all`).
+    item) of at least `min_bytes` each. The futures go to `pending` when
+    given (the caller waits), else are waited for here (`wait_all`). Returns
+    the part the caller runs in its own thread (`[(0, n)]`: no pool, or too
+    little work; else none), so that this layer never calls a format's code:
+    `for a, b in run_parts(pool, n, task): task(a, b)`.
     """
     total = 0 if sizes is None else int(sizes.sum())
     n_tasks = (
         min(n, max_tasks) if sizes is None else min(max_tasks, n, total // min_bytes)
     )
     if pool is None or n_tasks < 2:
-        if n:
-            task(0, n)
-        return
+        return [(0, n)] if n else []
     if sizes is None:
         bounds = np.linspace(0, n, n_tasks + 1).astype(int).tolist()
     else:
@@ -63,6 +63,7 @@ def run_parts(
         pending.extend(futures)
     else:
         wait_all(futures)  # none still writes into the caller's buffer
+    return []
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -173,23 +174,28 @@ class PositionalReader:
                 f"destination holds {dest.size} bytes, the ranges need {total}"
             )
         dest_starts = np.cumsum(nbytes) - nbytes
+
         # A remote reader runs its own GETs concurrently and copies what
         # read-ahead holds with the GIL held: splitting its read over the
         # pool's threads only adds GIL hand-offs (a third of a 0-worker
         # reader's time went waiting on them).
-        run_parts(
-            None if self._fd.remote else pool,
-            nbytes.size,
-            lambda a, b: self._pread_all(
+        def task(a, b):
+            self._pread_all(
                 dest,
                 offsets[a:b].tolist(),
                 nbytes[a:b].tolist(),
                 dest_starts[a:b].tolist(),
-            ),
+            )
+
+        for a, b in run_parts(
+            None if self._fd.remote else pool,
+            nbytes.size,
+            task,
             max_tasks=getattr(pool, "threads", 4),  # file_set.ReadPool
             sizes=nbytes,
             min_bytes=_MIN_BYTES_PER_THREAD,
-        )
+        ):
+            task(a, b)
 
     def _pread_all(
         self,

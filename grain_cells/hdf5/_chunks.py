@@ -150,9 +150,12 @@ class ChunkedReader:
             self._hint_runs(uniq, runs)  # every run's GET in flight at once
         pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
         work = (uniq, piece_lo, piece_hi, pieces, dest)
-        run_parts(
-            pool, len(runs), lambda a, b: self._read_runs(runs[a:b], work), pending
-        )
+
+        def task(a, b):
+            self._read_runs(runs[a:b], work)
+
+        for a, b in run_parts(pool, len(runs), task, pending):
+            task(a, b)
 
     def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Positions `[a, b)` into `uniq` of chunks read with one pread each."""

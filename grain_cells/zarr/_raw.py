@@ -122,15 +122,20 @@ class RawReads:
         if not ks.size:
             return
         lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
-        run_parts(
+
+        def task(a, b):
+            self._read_pieces(view, names, *(x[a:b] for x in lists))
+
+        for a, b in run_parts(
             pool,
             ks.size,
-            lambda a, b: self._read_pieces(view, names, *(x[a:b] for x in lists)),
+            task,
             pending,
             max_tasks=_MAX_TASKS,
             sizes=nbytes,
             min_bytes=_MIN_BYTES_PER_TASK,
-        )
+        ):
+            task(a, b)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""

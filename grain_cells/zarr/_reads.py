@@ -175,9 +175,12 @@ class RangeReader:
         work = self._plan(starts, stops, dest)
         uniq = work[0]
         raw = self._prepare(uniq)
-        run_parts(
-            pool, uniq.size, lambda a, b: self._read_chunks(a, b, work, raw), pending
-        )
+
+        def task(a, b):
+            self._read_chunks(a, b, work, raw)
+
+        for a, b in run_parts(pool, uniq.size, task, pending):
+            task(a, b)
 
     def _prepare(self, uniq: np.ndarray) -> dict | None:
         """Shard indices loaded; on a remote store, the chunks' bytes."""
