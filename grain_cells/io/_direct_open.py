@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from grain_cells.io import _direct_csr
-from grain_cells.storage import FileStat
+from grain_cells.storage import FileStat, LocalByteReader
 
 
 @contextlib.contextmanager
@@ -95,9 +95,10 @@ def pinned_flats(
 
 def _check_held(handles, i: int, handle) -> None:
     """`handles.check_at_read` of an open file: its `fstat` compared first."""
-    raw = getattr(handle.fd, "fd", None)
-    local = isinstance(raw, int) and not getattr(handle.fd, "remote", True)
-    if local and _same(handles.files.identities[i].stat, os.fstat(raw)):
+    reader = handle.fd
+    if isinstance(reader, LocalByteReader) and handles.files.identities[i].stat.matches(
+        os.fstat(reader.fd)
+    ):
         return
     handles.check_at_read(i, handle)
 
@@ -171,26 +172,11 @@ def open_checked(identity, path: str) -> int | None:
     except OSError:
         os.close(fd)
         return None
-    if not _same(identity.stat, st):
+    if not identity.stat.matches(st):
         os.close(fd)
-        if identity.stat.changes(FileStat.of(st)):
-            identity.check_stat(FileStat.of(st), "when a process opened it")
-        return None
+        identity.check_stat(FileStat.of(st), "when a process opened it")
+        return None  # changed in nothing a read depends on: through the bound
     return fd
-
-
-def _same(then: FileStat, st: os.stat_result) -> bool:
-    """Whether a local file's `fstat` now is `then`, field by field."""
-    return not (
-        st.st_ino != then.ino
-        or st.st_dev != then.dev
-        or st.st_size != then.size
-        or st.st_mtime_ns != then.mtime_ns
-        or st.st_ctime_ns != then.ctime_ns
-        or then.etag
-        or then.content
-        or then.store
-    )
 
 
 __all__ = ["hinted", "open_checked", "pinned_flats"]

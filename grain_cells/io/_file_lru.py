@@ -185,15 +185,11 @@ class FileLru:
         Opens nothing; `release` the entries (a many-file fetch's files
         that are open: `grain_cells.io._direct_open`).
         """
-        out: list[_Entry | None] = []
         with self._lock:
-            table = self._open
-            for key in keys:
-                entry = table.get(key)
+            out = _touch_many(self._open, keys)
+            for entry in out:
                 if entry is not None:
                     entry.pins += 1
-                    table.move_to_end(key)
-                out.append(entry)
         return out
 
     def reserve(self, n: int) -> None:
@@ -319,15 +315,8 @@ class Checked:
 
     def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
         """`get` of each key, under one lock (a fetch's closed files)."""
-        out: list[_Record | None] = []
         with self._lock:
-            records = self._records
-            for key in keys:
-                record = records.get(key)
-                if record is not None:
-                    records.move_to_end(key)
-                out.append(record)
-        return out
+            return _touch_many(self._records, keys)
 
     def put(
         self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
@@ -369,6 +358,15 @@ def _close(entries: list[_Entry]) -> None:
             error = error or e
     if error is not None:
         raise error
+
+
+def _touch_many(table, keys: Sequence[int]) -> list:
+    """Each key's value in the ordered `table` or None, hits marked newest."""
+    out = [table.get(key) for key in keys]
+    for key, value in zip(keys, out, strict=True):
+        if value is not None:
+            table.move_to_end(key)
+    return out
 
 
 __all__ = [
