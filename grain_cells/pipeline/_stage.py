@@ -222,7 +222,7 @@ class ReadFetch(grain.transforms.Map):
     def _read_ahead(self, n: int) -> None:
         # A source whose reads find the page cache warm hints nothing: its
         # fetches' keys are not worked out for it (5-9% of a fetch's CPU).
-        if not self.ahead or not getattr(self.split.source, "hints_wanted", True):
+        if not self.ahead or not self.split.source.hints_wanted:
             return
         # The window is `ahead` fetches of the whole stream (all workers'),
         # of which this process hints its own: every worker together holds

@@ -157,6 +157,7 @@ class _Recorder:
     """A source that records the blocks hinted to it."""
 
     block_size = 4
+    hints_wanted = True  # AnnDataSource.hints_wanted
 
     def __init__(self):
         self.hinted: list[int] = []
