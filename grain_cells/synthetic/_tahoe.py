@@ -10,6 +10,7 @@ import math
 import numbers
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -19,8 +20,8 @@ import tqdm
 
 from grain_cells._util import arguments
 from grain_cells._util.cache_files import cache_root
-from grain_cells.synthetic import _model, _writers
-from grain_cells.synthetic._writers import ATLAS_CHUNKS
+from grain_cells.synthetic import _model
+from grain_cells.synthetic._model import ATLAS_CHUNKS
 
 _COMPRESSIONS = (None, "gzip", "lzf")
 
@@ -51,12 +52,9 @@ def write_tahoe_like(
     ids with a ``gene_symbol`` column.
 
     X holds integer-valued float32 counts, as anndata's ``csr_matrix`` (``indices``
-    int32, sorted within each row; ``indptr`` int64; resizable datasets chunked by 2**18
-    elements, 2**16 compressed, unless ``chunks`` says otherwise), or with
+    int32, sorted within each row; ``indptr`` int64; resizable datasets), or with
     ``dense=True`` as a 2-D float32 dataset of the same values (contiguous, or chunked
-    by whole rows, about 1 MiB each, when compressed). ``chunks="atlas"`` gives the
-    chunks anndata writes for a file this size (h5py's guess for the full length: 39,063
-    elements at 400,000 Tahoe-shaped cells).
+    by whole rows, about 1 MiB each, when compressed).
 
     The same arguments give identical ``X``, ``obs`` and ``var``; ``chunk_cells``
     changes which genes each cell holds (one random stream per write step), not the
@@ -80,9 +78,9 @@ def write_tahoe_like(
         chunk_cells: Cells generated and written per step, > 0; bounds the
             memory used (about 30 bytes per stored value of a step).
         chunks: HDF5 chunk length (elements) of the CSR ``data``, ``indices``
-            and ``indptr``: None for the defaults above, ``"atlas"`` for
-            anndata's (h5py's guess at full size), or an int > 0. Ignored
-            with ``dense=True``.
+            and ``indptr``: None for 2**18 (2**16 compressed), ``"atlas"`` for
+            anndata's (h5py's guess at full size: 39,063 at 400,000 cells), or
+            an int > 0. Ignored with ``dense=True``.
         progress: Show a progress bar (tqdm, on stderr) while writing.
 
     Returns:
@@ -100,11 +98,9 @@ def write_tahoe_like(
     """
     arguments.check_int("n_cells", n_cells, minimum=1)
     arguments.check_int("n_genes", n_genes, minimum=1, maximum=2**31 - 1)
-    arguments.check_int("n_plates", n_plates, minimum=1)
-    arguments.check_int("n_cell_lines", n_cell_lines, minimum=1)
-    arguments.check_int("n_drugs", n_drugs, minimum=1)
-    arguments.check_int("seed", seed, minimum=0)
-    arguments.check_int("chunk_cells", chunk_cells, minimum=1)
+    positive = dict(n_plates=n_plates, n_cell_lines=n_cell_lines, n_drugs=n_drugs)
+    for name, value in {**positive, "seed": seed, "chunk_cells": chunk_cells}.items():
+        arguments.check_int(name, value, minimum=0 if name == "seed" else 1)
     if (
         isinstance(mean_nnz, bool)
         or not isinstance(mean_nnz, numbers.Real)
@@ -120,12 +116,11 @@ def write_tahoe_like(
             f"compression must be None, 'gzip' or 'lzf', "
             f"got compression={compression!r}"
         )
-    if not isinstance(dense, bool):
-        raise ValueError(f"dense must be a bool, got dense={dense!r}")
+    for name, value in (("dense", dense), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {name}={value!r}")
     if chunks is not None and chunks != ATLAS_CHUNKS:
         arguments.check_int("chunks", chunks, minimum=1)
-    if not isinstance(progress, bool):
-        raise ValueError(f"progress must be a bool, got progress={progress!r}")
     try:
         path = pathlib.Path(path)
     except TypeError:
@@ -138,44 +133,38 @@ def write_tahoe_like(
     gene_of_rank = layout_rng.permutation(n_genes).astype(np.uint32)
     line_perm = layout_rng.permutation(n_cell_lines)
     drug_perm = layout_rng.permutation(n_drugs)
-
     obs_rng = np.random.default_rng([seed, _model.STREAM_OBS])
     molecules = _model.molecules_per_cell(obs_rng, n_cells, n_genes, float(mean_nnz))
-    obs = _model.make_obs(
-        obs_rng, n_cells, n_plates, n_cell_lines, n_drugs, line_perm, drug_perm
-    )
+    obs = _model.make_obs(obs_rng, n_cells, n_plates, line_perm, drug_perm)
     obs["n_counts"] = molecules.astype(np.float32)
-    var = _model.make_var(n_genes)
+    import anndata  # heavy, and only needed to write obs/var
 
-    # Lazy import: anndata is heavy and only needed to write obs/var.
-    import anndata
-
-    anndata.AnnData(obs=obs, var=var).write_h5ad(path)
-    del obs, var
-
-    bar = tqdm.tqdm(
-        total=n_cells,
-        desc=f"write_tahoe_like {path.name}",
-        unit="cells",
-        unit_scale=True,
-        disable=not progress,
-        file=sys.stderr,
-    )
+    anndata.AnnData(obs=obs, var=_model.make_var(n_genes)).write_h5ad(path)
+    del obs
+    length = None
+    if not dense:
+        length = _model.csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+    bar = progress_bar(n_cells, f"write_tahoe_like {path.name}", "cells", progress)
     with bar, h5py.File(path, "a") as f:
-        if dense:
-            out = _writers.DenseWriter(f, n_cells, n_genes, compression)
-        else:
-            length = _writers.csr_chunk_length(chunks, compression, n_cells, mean_nnz)
-            out = _writers.CsrWriter(f, n_cells, n_genes, compression, length)
+        out = _model.XWriter(f, n_cells, n_genes, compression, length)
         for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
             stop = min(start + chunk_cells, n_cells)
             rng = np.random.default_rng([seed, _model.STREAM_MOLECULES, chunk_index])
-            indptr, indices, data = _model.generate_chunk(
-                rng, molecules[start:stop], gene_of_rank
-            )
-            out.append(indptr, indices, data)
+            out.append(*_model.generate_chunk(rng, molecules[start:stop], gene_of_rank))
             bar.update(stop - start)
     return path
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm.tqdm:
+    """A tqdm bar on stderr (shown only when `enabled`)."""
+    return tqdm.tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        disable=not enabled,
+        file=sys.stderr,
+    )
 
 
 # Keyword arguments of write_tahoe_like and their defaults (cache names).
@@ -221,40 +210,50 @@ def cached_tahoe_like(
         raise TypeError(f"unknown argument(s) for write_tahoe_like: {unknown}")
     args = {**_DEFAULTS, **kwargs}
     arguments.check_int("n_cells", n_cells, minimum=1)
-    if cache_dir is None:
-        cache_dir = cache_root(xdg=False)
-    cache_dir = pathlib.Path(cache_dir).expanduser()
-    name = _cache_name(int(n_cells), args)
-    final = cache_dir / name
-    if final.is_file():
+    folder = pathlib.Path(cache_root(xdg=False) if cache_dir is None else cache_dir)
+    final = folder.expanduser() / _cache_name(int(n_cells), args)
+    announce = (
+        f"making synthetic data: {int(n_cells):,} cells x {args['n_genes']:,} "
+        f"genes into {final} (once; later runs reuse it)"
+    )
+    return made_once(
+        final,
+        lambda tmp: write_tahoe_like(tmp, n_cells, **kwargs),
+        announce if args["progress"] else None,
+    )
+
+
+def made_once(final: pathlib.Path, make, announce: str | None, folder=False):
+    """`final` (a file, or a `folder`), made once by `make(tmp)` beside it, renamed.
+
+    `announce` is printed on stderr first when it must be made.
+    """
+    if final.is_dir() if folder else final.is_file():
         return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    if args["progress"]:
-        print(
-            f"making synthetic data: {int(n_cells):,} cells x {args['n_genes']:,} "
-            f"genes into {final} (once; later runs reuse it)",
-            file=sys.stderr,
-            flush=True,
-        )
-    fd, tmp_name = tempfile.mkstemp(dir=cache_dir, prefix=f".{name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = pathlib.Path(tmp_name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if announce:
+        print(announce, file=sys.stderr, flush=True)
+    names = {"dir": final.parent, "prefix": f".{final.name}.", "suffix": ".tmp"}
+    if folder:
+        tmp = pathlib.Path(tempfile.mkdtemp(**names))
+    else:
+        fd, tmp = tempfile.mkstemp(**names)
+        os.close(fd)
+        tmp = pathlib.Path(tmp)
     try:
-        write_tahoe_like(tmp, n_cells, **kwargs)
+        make(tmp)
         os.replace(tmp, final)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
     return final
 
 
 def _cache_name(n_cells: int, args: dict) -> str:
-    parts = [
-        "tahoe_like",
-        f"n{n_cells}",
-        f"g{args['n_genes']}",
-        f"s{args['seed']}",
-        str(args["compression"]).lower(),
-    ]
+    parts = ["tahoe_like", f"n{n_cells}", f"g{args['n_genes']}", f"s{args['seed']}"]
+    parts.append(str(args["compression"]).lower())
     tags = {
         "mean_nnz": lambda v: f"nnz{float(v)!r}",
         "n_plates": lambda v: f"p{v}",
@@ -264,7 +263,5 @@ def _cache_name(n_cells: int, args: dict) -> str:
         "chunk_cells": lambda v: f"c{v}",
         "chunks": lambda v: f"k{v}",
     }
-    for key, tag in tags.items():
-        if args[key] != _DEFAULTS[key]:
-            parts.append(tag(args[key]))
+    parts += [tag(args[k]) for k, tag in tags.items() if args[k] != _DEFAULTS[k]]
     return "-".join(parts) + ".h5ad"

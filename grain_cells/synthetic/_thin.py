@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.synthetic import _writers
+from grain_cells.synthetic import _model
 
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
@@ -64,36 +64,29 @@ def _obs_codes(cells: np.ndarray, total: int, sizes: dict, seed: int) -> dict:
     return out
 
 
-def _names(prefix: str, n: int) -> np.ndarray:
-    width = len(str(n))
-    return np.array([f"{prefix}_{i:0{width}d}" for i in range(n)], dtype=object)
+def _element(obj, kind: str, version: str = "0.2.0", **attrs):
+    obj.attrs.update({"encoding-type": kind, "encoding-version": version, **attrs})
+    return obj
 
 
-def _dict_groups(f: h5py.File) -> None:
-    for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
-        g = f.create_group(name)
-        g.attrs["encoding-type"] = "dict"
-        g.attrs["encoding-version"] = "0.1.0"
-
-
-def _string_array(group, name: str, n: int, chunk: int | None = None):
+def _strings(group, name: str, values=None, n: int = 0, chunk: int | None = None):
+    """A `string-array` of `values` (or `n` empty ones, resizable by `chunk`)."""
+    n = n if values is None else len(values)
     opts = {"chunks": (chunk,), "maxshape": (None,)} if chunk else {}
-    d = group.create_dataset(name, (n,), dtype=_STRING, **opts)
-    d.attrs["encoding-type"] = "string-array"
-    d.attrs["encoding-version"] = "0.2.0"
+    d = _element(
+        group.create_dataset(name, (n,), dtype=_STRING, **opts), "string-array"
+    )
+    if values is not None:
+        d[...] = np.asarray(values, dtype=object)
     return d
 
 
 def _dataframe(f: h5py.File, name: str, columns: list[str]):
-    g = f.create_group(name)
-    g.attrs["_index"] = "_index"
     # anndata writes an empty column order as an empty float array.
-    g.attrs["column-order"] = (
-        np.array(columns, dtype=_STRING) if columns else np.array([], dtype=float)
+    order = np.array(columns, dtype=_STRING) if columns else np.array([], dtype=float)
+    return _element(
+        f.create_group(name), "dataframe", _index="_index", **{"column-order": order}
     )
-    g.attrs["encoding-type"] = "dataframe"
-    g.attrs["encoding-version"] = "0.2.0"
-    return g
 
 
 def write_thin_atlas(
@@ -106,7 +99,7 @@ def write_thin_atlas(
     n_cell_types: int = 50,
     n_batches: int = 100,
     compression: str | None = None,
-    chunks: int | str = _writers.ATLAS_CHUNKS,
+    chunks: int | str = _model.ATLAS_CHUNKS,
     seed: int = 0,
     first_cell: int = 0,
     total_cells: int | None = None,
@@ -141,16 +134,10 @@ def write_thin_atlas(
     arguments.check_int("n_genes", n_genes, minimum=_MAX_NNZ + 2, maximum=2**31 - 1)
     arguments.check_int("first_cell", first_cell, minimum=0)
     arguments.check_int("chunk_cells", chunk_cells, minimum=1)
-    sizes = {
-        "plate": n_plates,
-        "donor": n_donors,
-        "cell_type": n_cell_types,
-        "batch": n_batches,
-    }
+    sizes = {"plate": n_plates, "donor": n_donors, "cell_type": n_cell_types}
+    sizes["batch"] = n_batches
     for key, n in sizes.items():
-        arguments.check_int(
-            f"n_{key}s" if key != "cell_type" else "n_cell_types", n, minimum=1
-        )
+        arguments.check_int(f"n_{key}s", n, minimum=1)
     if compression not in _COMPRESSIONS:
         raise ValueError(
             "compression must be None, 'gzip' or 'lzf', "
@@ -164,52 +151,28 @@ def write_thin_atlas(
         )
     path = pathlib.Path(path)
     nnz_total = _nnz_before(first_cell + n_cells) - _nnz_before(first_cell)
-    length = _writers.csr_chunk_length(
-        chunks, compression, n_cells, nnz_total / n_cells
-    )
+    length = _model.csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
     with h5py.File(path, "w") as f:
-        f.attrs["encoding-type"] = "anndata"
-        f.attrs["encoding-version"] = "0.1.0"
-        _dict_groups(f)
-        var = _dataframe(f, "var", [])
-        _string_array(var, "_index", n_genes)[...] = np.array(
-            [f"ENSG{i:011d}" for i in range(n_genes)], dtype=object
-        )
+        _element(f, "anndata", "0.1.0")
+        for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
+            _element(f.create_group(name), "dict", "0.1.0")
+        genes = [f"ENSG{i:011d}" for i in range(n_genes)]
+        _strings(_dataframe(f, "var", []), "_index", genes)
         obs = _dataframe(f, "obs", list(sizes))
-        index = _string_array(obs, "_index", n_cells, min(n_cells, 1 << 16))
+        index = _strings(obs, "_index", n=n_cells, chunk=min(n_cells, 1 << 16))
         codes = {}
         for key, n in sizes.items():
-            g = obs.create_group(key)
-            g.attrs.update(
-                {
-                    "encoding-type": "categorical",
-                    "encoding-version": "0.2.0",
-                    "ordered": False,
-                }
-            )
-            _string_array(g, "categories", n)[...] = _names(key, n)
-            codes[key] = g.create_dataset(
-                "codes",
-                (n_cells,),
-                np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32,
-                chunks=(min(n_cells, 1 << 18),),
-                maxshape=(None,),
-            )
-            codes[key].attrs.update(
-                {"encoding-type": "array", "encoding-version": "0.2.0"}
-            )
-        x = _writers.CsrWriter(f, n_cells, n_genes, compression, length)
-        x.data.resize((nnz_total,))
-        x.indices.resize((nnz_total,))
-        x.indptr.resize((n_cells + 1,))
+            g = _element(obs.create_group(key), "categorical", ordered=False)
+            _strings(g, "categories", [f"{key}_{i:0{len(str(n))}d}" for i in range(n)])
+            dtype = np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
+            opts = {"chunks": (min(n_cells, 1 << 18),), "maxshape": (None,)}
+            codes[key] = g.create_dataset("codes", (n_cells,), dtype, **opts)
+            _element(codes[key], "array")
+        x = _model.XWriter(f, n_cells, n_genes, compression, length)
         for lo in range(0, n_cells, chunk_cells):
             hi = min(lo + chunk_cells, n_cells)
             cells = np.arange(first_cell + lo, first_cell + hi, dtype=np.int64)
-            indptr, indices, data = thin_rows(first_cell + lo, first_cell + hi, n_genes)
-            x.data[x.nnz : x.nnz + data.size] = data
-            x.indices[x.nnz : x.nnz + data.size] = indices
-            x.indptr[lo + 1 : hi + 1] = indptr[1:] + x.nnz
-            x.nnz += data.size
+            x.append(*thin_rows(first_cell + lo, first_cell + hi, n_genes))
             index[lo:hi] = np.char.add("cell_", cells.astype("U12")).astype(object)
             for key, values in _obs_codes(cells, total, sizes, seed).items():
                 codes[key][lo:hi] = values
@@ -240,15 +203,13 @@ def write_thin_collection(
     folder.mkdir(parents=True, exist_ok=True)
     total = n_files * cells_per_file
     width = max(5, len(str(n_files - 1)))
-    paths = []
-    for k in range(n_files):
-        paths.append(
-            write_thin_atlas(
-                folder / f"thin-{k:0{width}d}.h5ad",
-                cells_per_file,
-                first_cell=k * cells_per_file,
-                total_cells=total,
-                **kwargs,
-            )
+    return [
+        write_thin_atlas(
+            folder / f"thin-{k:0{width}d}.h5ad",
+            cells_per_file,
+            first_cell=k * cells_per_file,
+            total_cells=total,
+            **kwargs,
         )
-    return paths
+        for k in range(n_files)
+    ]

@@ -8,20 +8,21 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import warnings
 
 import h5py
-import tqdm
+import numpy as np
 
 from grain_cells._util import arguments
+from grain_cells.synthetic import _tahoe
 
 ZARR_LAYOUTS = ("v3-sharded", "v3", "v2")
 _PIECE_BYTES = 2**26  # unsharded stores are filled ~64 MiB at a time
 _SHARD_TARGET_BYTES = 1_000_000_000  # anndata's target for `shards="auto"`
 # Arguments of write_tahoe_like that make another h5ad than the copied one.
 _NOT_FOR_ZARR = ("compression", "dense", "chunks", "progress")
+_KIND = {True: "default", False: "raw"}
 
 
 def write_tahoe_like_zarr(
@@ -64,17 +65,13 @@ def write_tahoe_like_zarr(
         >>> anndata.read_zarr(p).shape
         (300, 500)
     """
-    from grain_cells.synthetic import _tahoe
-
     _check(n_cells, layout, compressed, kwargs)
     path = pathlib.Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".h5ad")
     os.close(fd)
     try:
         _tahoe.write_tahoe_like(tmp, n_cells, progress=progress, **kwargs)
-        return tahoe_like_to_zarr(
-            tmp, path, layout=layout, compressed=compressed, progress=progress
-        )
+        return tahoe_like_to_zarr(tmp, path, layout, compressed, progress)
     finally:
         pathlib.Path(tmp).unlink(missing_ok=True)
 
@@ -110,39 +107,17 @@ def cached_tahoe_like_zarr(
         TypeError: ``kwargs`` holds an unknown argument.
         ValueError: An argument is invalid.
     """
-    from grain_cells.synthetic import _tahoe
-
     _check(n_cells, layout, compressed, kwargs)
     h5ad = _tahoe.cached_tahoe_like(
         n_cells, cache_dir=cache_dir, progress=progress, **kwargs
     )
-    kind = "default" if compressed else "raw"
-    final = h5ad.with_name(f"{h5ad.stem}-{layout}-{kind}.zarr")
-    return _made_once(
+    final = h5ad.with_name(f"{h5ad.stem}-{layout}-{_KIND[compressed]}.zarr")
+    return _tahoe.made_once(
         final,
-        f"from {h5ad.name}",
-        lambda tmp: tahoe_like_to_zarr(
-            h5ad, tmp, layout=layout, compressed=compressed, progress=progress
-        ),
-        progress,
+        lambda tmp: tahoe_like_to_zarr(h5ad, tmp, layout, compressed, progress),
+        f"making {final} from {h5ad.name} (once)" if progress else None,
+        folder=True,
     )
-
-
-def _made_once(final: pathlib.Path, how: str, make, progress: bool) -> pathlib.Path:
-    """`final`, made once by `make(folder)` in a temporary folder, then renamed."""
-    if final.is_dir():
-        return final
-    if progress:
-        print(f"making {final} {how} (once)", file=sys.stderr, flush=True)
-    tmp = pathlib.Path(
-        tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-    )
-    try:
-        make(tmp)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def cached_tahoe_like_annbatch(
@@ -180,10 +155,6 @@ def cached_tahoe_like_annbatch(
         ImportError: annbatch is not installed.
         ValueError: An argument is invalid.
     """
-    import numpy as np
-
-    from grain_cells.synthetic import _tahoe
-
     _check(n_cells, "v3-sharded", True, kwargs)
     arguments.check_int("shuffle_seed", shuffle_seed, minimum=0)
     try:
@@ -201,30 +172,22 @@ def cached_tahoe_like_annbatch(
 
     def make(tmp: pathlib.Path) -> None:
         shutil.rmtree(tmp)  # annbatch makes the group itself
-        annbatch.DatasetCollection(str(tmp)).add_adatas(
-            [str(h5ad)],
-            rng=np.random.default_rng(int(shuffle_seed)),
-            dataset_size=dataset_size,
-        )
+        rng = np.random.default_rng(int(shuffle_seed))
+        collection = annbatch.DatasetCollection(str(tmp))
+        collection.add_adatas([str(h5ad)], rng=rng, dataset_size=dataset_size)
 
-    return _made_once(final, "with annbatch", make, progress)
+    announce = f"making {final} with annbatch (once)" if progress else None
+    return _tahoe.made_once(final, make, announce, folder=True)
 
 
 def tahoe_like_to_zarr(
-    h5ad: str | os.PathLike,
-    path: str | os.PathLike,
-    *,
-    layout: str = "v3-sharded",
-    compressed: bool = True,
-    progress: bool = False,
+    h5ad, path, layout: str, compressed: bool, progress: bool
 ) -> pathlib.Path:
     """Copies a ``write_tahoe_like`` file (CSR X) into a zarr store at ``path``."""
     import anndata
     import zarr
 
-    _check_layout(layout)
     path = pathlib.Path(path)
-    zarr_format = 2 if layout == "v2" else 3
     with h5py.File(h5ad, "r") as f:
         x = f["X"]
         if not isinstance(x, h5py.Group):
@@ -234,7 +197,7 @@ def tahoe_like_to_zarr(
         var = anndata.io.read_elem(f["var"])
         if path.exists():
             shutil.rmtree(path)
-        root = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+        root = zarr.open_group(path, mode="w", zarr_format=2 if layout == "v2" else 3)
         # anndata's write_zarr, given the format as a group rather than by
         # anndata.settings.zarr_write_format (deprecated in 0.13).
         with anndata.settings.override(auto_shard_zarr_v3=layout == "v3-sharded"):
@@ -257,6 +220,8 @@ def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> No
     import zarr
 
     kwargs = {} if compressed else {"compressors": None}
+    if layout == "v3-sharded":
+        kwargs["shards"] = "auto"
     with (
         warnings.catch_warnings(),
         zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
@@ -264,40 +229,24 @@ def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> No
         # anndata asks for automatic shards itself and silences the same
         # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
         warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
-        if layout == "v3-sharded":
-            kwargs["shards"] = "auto"
         array = group.create_array(
             name, shape=source.shape, dtype=source.dtype, **kwargs
         )
-    step = (
-        array.shards[0]
-        if array.shards
-        else array.chunks[0]
-        * max(1, _PIECE_BYTES // (array.chunks[0] * source.dtype.itemsize))
-    )
+    step = array.shards[0] if array.shards else array.chunks[0]
+    if not array.shards:
+        step *= max(1, _PIECE_BYTES // (step * source.dtype.itemsize))
     n = source.shape[0]
-    with tqdm.tqdm(
-        total=n,
-        desc=f"X/{name}",
-        unit="values",
-        unit_scale=True,
-        disable=not progress,
-        file=sys.stderr,
-    ) as bar:
+    with _tahoe.progress_bar(n, f"X/{name}", "values", progress) as bar:
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             array[lo:hi] = source[lo:hi]
             bar.update(hi - lo)
 
 
-def _check_layout(layout) -> None:
-    if layout not in ZARR_LAYOUTS:
-        raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
-
-
 def _check(n_cells, layout, compressed, kwargs) -> None:
     arguments.check_int("n_cells", n_cells, minimum=1)
-    _check_layout(layout)
+    if layout not in ZARR_LAYOUTS:
+        raise ValueError(f"layout must be one of {ZARR_LAYOUTS}, got layout={layout!r}")
     if not isinstance(compressed, bool):
         raise ValueError(f"compressed must be a bool, got compressed={compressed!r}")
     given = sorted(set(kwargs) & set(_NOT_FOR_ZARR))
