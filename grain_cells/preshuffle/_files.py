@@ -1,6 +1,7 @@
 """The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
 
-Design notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
+An `.h5ad` part is written here (`H5adPart`); a zarr part in `_zarr_part`. Design
+notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import secrets
 import shutil
 
 import h5py
+import numpy as np
 
 from grain_cells._util.cache_files import write_atomic
-from grain_cells.io import inspect_matrix, open_file
+from grain_cells.io import CSR, DENSE, inspect_matrix, open_file
+from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._plan import FORMAT, Plan
-from grain_cells.storage.remote import is_url
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""
@@ -26,41 +28,49 @@ MANIFEST = "preshuffle.json"
 MARKER_ATTR = "grain_cells_preshuffle"
 """Root attribute of a complete output part (JSON: what it was made from)."""
 
+INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
+_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _ABANDONED: list = []  # HDF5 files that failed mid-write: never released
 
 
 def completed_marker(
-    path: pathlib.Path | str, plan: Plan, index: int, storage_options=None
+    plan: Plan, index: int, url: str | None = None, storage_options=None
 ) -> dict | None:
-    """The part's marker if `path` (or a URL) is a complete part of this run."""
-    if not is_url(path) and not pathlib.Path(path).is_file():
+    """Part `index`'s marker if its file (or `url`) is a complete part of this run."""
+    path = url or plan.part_paths[index]
+    zarr_part = plan.zarr_format is not None
+    if url is None and not (path.is_dir() if zarr_part else path.is_file()):
         return None
     try:
-        with open_file(path, storage_options) as f:
-            marker = matching_marker(f.attrs.get(MARKER_ATTR), plan, index)
-            if marker is None:
-                return None
-            info = inspect_matrix(f, "X")
-            if info.n_obs != marker.get("cells") or info.nnz != marker.get("nnz"):
-                return None
-            return marker
-    except Exception:  # unreadable, truncated, foreign: not complete
+        if zarr_part:
+            import zarr
+
+            root = open_zarr(path)
+            marker, x = json.loads(root.attrs[MARKER_ATTR]), root["X"]
+            dense = isinstance(x, zarr.Array)
+            arrays = [x] if dense else [x[k] for k in x]
+            if any(a.nchunks_initialized < a.nchunks for a in arrays):
+                return None  # a chunk (or shard) is missing
+            cells = x.shape[0] if dense else x.attrs["shape"][0]
+            found = (cells, None if dense else x["data"].shape[0])
+        else:
+            with open_file(path, storage_options) as f:
+                marker = json.loads(f.attrs[MARKER_ATTR])
+                info = inspect_matrix(f, "X")
+                found = (info.n_obs, info.nnz)
+    except Exception:  # unreadable, truncated, damaged, foreign: not complete
         return None
+    want = (plan.fingerprint, index, len(plan.part_paths), *found)
+    got = tuple(marker.get(k) for k in ("fingerprint", "part", "parts", "cells", "nnz"))
+    return marker if got == want else None
 
 
-def matching_marker(raw, plan: Plan, index: int) -> dict | None:
-    """The marker (`MARKER_ATTR`'s JSON) if it records part `index` of this run."""
-    if raw is None:
-        return None
-    marker = json.loads(raw)
-    if (
-        marker.get("fingerprint") != plan.fingerprint
-        or marker.get("part") != index
-        or marker.get("parts") != len(plan.part_paths)
-    ):
-        return None
-    return marker
+def open_zarr(path):
+    """A zarr part's root group, read-only."""
+    import zarr
+
+    return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
 
 
 def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
@@ -79,41 +89,47 @@ def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
             continue
 
 
+def _remove(path: pathlib.Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def remove_temporaries(output_dir: pathlib.Path) -> None:
     """Deletes temporaries (files, or a zarr part's folders) of an interrupted run."""
     for pattern in (".part-*.h5ad.*.tmp", ".part-*.zarr.*.tmp", f".{MANIFEST}.*.tmp"):
         for path in output_dir.glob(pattern):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            _remove(path)
 
 
 def remove_stale_parts(plan: Plan) -> None:
-    """Deletes parts of earlier runs into this folder beyond this run's count."""
+    """Deletes parts (with a marker) of earlier runs beyond this run's count."""
     keep = {p.name for p in plan.part_paths}
-    for path in plan.output_dir.glob("part-*.h5ad"):
-        if path.name in keep:
+    for path in plan.output_dir.glob("part-*"):
+        if path.name in keep or path.suffix not in (".h5ad", ".zarr"):
             continue
-        try:
-            with h5py.File(path, "r") as f:
-                ours = MARKER_ATTR in f.attrs
-        except Exception:
-            ours = False
-        if ours:
-            path.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):
+            if path.suffix == ".zarr":
+                ours = not path.is_symlink() and MARKER_ATTR in open_zarr(path).attrs
+            else:
+                with h5py.File(path, "r") as f:
+                    ours = MARKER_ATTR in f.attrs
+            if ours:
+                _remove(path)
 
 
 def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
     """The manifest's content: the run's fingerprint, the parts and their statistics."""
+    parts = [
+        {"file": path.name, **markers[i]["stats"]}
+        for i, path in enumerate(plan.part_paths)
+    ]
     return {
         "format": FORMAT,
         "fingerprint": plan.fingerprint,
         "cells": plan.n_cells,
-        "parts": [
-            {"file": plan.part_paths[i].name, **markers[i]["stats"]}
-            for i in range(len(plan.part_paths))
-        ],
+        "parts": parts,
     }
 
 
@@ -129,6 +145,21 @@ def fsync_path(path: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
+    """Flushes `tmp` (a file, or a folder's files) and renames it to `final`."""
+    inside = [pathlib.Path(d, n) for d, ds, ns in os.walk(tmp) for n in ds + ns]
+    for path in [*inside, tmp]:
+        fsync_path(path)
+    aside = None
+    if tmp.is_dir() and os.path.lexists(final):  # an incomplete or foreign part
+        aside = create_temporary(final.parent, final.name, True)[1]
+        os.replace(final, aside / "old")
+    os.replace(tmp, final)
+    fsync_path(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
@@ -154,10 +185,7 @@ def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
 
 
 def check_free_space(directory: pathlib.Path, nbytes: int, what: str) -> None:
-    """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free.
-
-    For outputs that cannot reserve their space (a zarr part is many files).
-    """
+    """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free."""
     if shutil.disk_usage(directory).free < nbytes:
         e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         raise _no_space(directory / what, nbytes, what, e)
@@ -173,22 +201,6 @@ def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError
         "choose another output_dir, or smaller parts with cells_per_file) and "
         "run preshuffle again: complete parts are kept.",
     )
-
-
-def abandon(f: h5py.File, path: pathlib.Path) -> None:
-    """Gives up on a file whose writing failed, releasing its disk space.
-
-    HDF5 cannot close a file after a failed write (its close, or the release of any of
-    its objects, crashes the interpreter), so the file is truncated and its handle kept,
-    never closed, for the life of the process.
-    """
-    _ABANDONED.append(f)
-    with contextlib.suppress(OSError):  # through a descriptor of our own
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)
 
 
 def disk_filled(plan: Plan, part: pathlib.Path, e: BaseException) -> OSError:
@@ -211,3 +223,83 @@ def is_disk_full(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+class H5adPart:
+    """Part `index` of a plan in a temporary HDF5 file (removed on error); `commit`."""
+
+    frames_settings = contextlib.nullcontext  # anndata's settings for obs, var, ...
+
+    def __init__(self, plan: Plan, index: int, nbytes: int):
+        self.plan = plan
+        self.final = plan.part_paths[index]
+        fd, self.tmp = create_temporary(plan.output_dir, self.final.name)
+        os.close(fd)
+        try:
+            h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
+            reserve_space(self.tmp, nbytes, f"part {self.final.name}")
+            self.root = h5py.File(self.tmp, "a")
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
+        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
+        group = self.root.require_group(m.name)
+        group.attrs.update({"encoding-type": CSR, "encoding-version": "0.1.0"})
+        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
+        opts = {"maxshape": (None,), **filter_options(self.plan.compression)}
+        ptr_opts = {"maxshape": (None,), "chunks": (min(INDPTR_CHUNK, n + 1),)}
+        return (
+            group.create_dataset("data", (nnz,), m.dtype, chunks=(chunk,), **opts),
+            group.create_dataset(
+                "indices", (nnz,), m.index_dtype, chunks=(chunk,), **opts
+            ),
+            group.create_dataset("indptr", (n + 1,), np.int64, **ptr_opts),
+        )
+
+    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
+        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
+        chunked = n and m.n_vars
+        x = self.root.create_dataset(
+            m.name,
+            (n, m.n_vars),
+            m.dtype,
+            chunks=(chunk_rows, m.n_vars) if chunked else None,
+            **(filter_options(self.plan.compression) if chunked else {}),
+        )
+        x.attrs.update({"encoding-type": DENSE, "encoding-version": "0.2.0"})
+        return x
+
+    def commit(self, marker: dict) -> None:
+        """Marks the part complete, flushes it and renames it into place."""
+        self.root.attrs[MARKER_ATTR] = json.dumps(marker)
+        self.root.close()  # truncates the file to what HDF5 used
+        publish(self.tmp, self.final)
+
+    def __enter__(self) -> H5adPart:
+        return self
+
+    def __exit__(self, exc_type, e, tb) -> None:
+        try:
+            if e is not None and not is_disk_full(e):
+                with contextlib.suppress(Exception):
+                    self.root.close()
+            elif e is not None:
+                # HDF5 cannot close a file after a failed write (its close, or
+                # the release of any of its objects, crashes the interpreter):
+                # the file is truncated, its handle kept for the process's life.
+                _ABANDONED.append(self.root)
+                with contextlib.suppress(OSError):
+                    os.truncate(self.tmp, 0)
+                raise disk_filled(self.plan, self.final, e) from e
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def filter_options(compression: str | None) -> dict:
+    """h5py's options for `preshuffle`'s `compression`."""
+    if compression is None:
+        return {}
+    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
+    return {"compression": compression, **level, "shuffle": True}

@@ -65,7 +65,7 @@ class BucketOutput:
             head(url, self.storage_options)
         except FileNotFoundError:
             return None
-        return _files.completed_marker(url, plan, index, self.storage_options)
+        return _files.completed_marker(plan, index, url, self.storage_options)
 
     def publish(self, plan: Plan, index: int) -> None:
         """Uploads part `index` in the background; raises the previous one's error."""

@@ -17,7 +17,7 @@ from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle._output import BucketOutput
 from grain_cells.preshuffle._plan import Plan
-from grain_cells.preshuffle._windows import Progress
+from grain_cells.preshuffle._windows import progress_bar
 from grain_cells.storage.remote import is_url
 
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
@@ -146,6 +146,7 @@ def preshuffle(
         errors.AnnDataFormatError: An input is not readable AnnData, or an obs
             column cannot be merged over the inputs.
     """
+    args = dict(locals())  # every argument by name, for Plan
     bucket = None
     if is_url(os.fspath(output_dir)):
         if format != "h5ad":
@@ -154,84 +155,51 @@ def preshuffle(
                 f"{os.fspath(output_dir)!r}; write the parts locally and upload "
                 "the folders (e.g. `aws s3 sync`), or use format='h5ad'"
             )
-        if output_storage_options is None:
-            output_storage_options = storage_options
+        options = output_storage_options
         bucket = BucketOutput(
-            os.fspath(output_dir), output_storage_options, staging_dir
+            os.fspath(output_dir),
+            storage_options if options is None else options,
+            staging_dir,
         )
     try:
         if bucket is not None:
             bucket.check_bucket()
-        return _preshuffle(
-            inputs,
-            output_dir if bucket is None else bucket.staging,
-            bucket,
-            progress=progress,
-            cells_per_file=cells_per_file,
-            seed=seed,
-            layer=layer,
-            obs_columns=obs_columns,
-            compression=compression,
-            chunk_cells=chunk_cells,
-            memory_budget_bytes=memory_budget_bytes,
-            join=join,
-            genes=genes,
-            storage_options=storage_options,
-            group_by=group_by,
-            keep=keep,
-            format=format,
-        )
+        plan = Plan(inputs, output_dir if bucket is None else bucket.staging, args)
+        n_parts = len(plan.part_paths)
+        if bucket is not None:
+            bucket.check_inputs(plan)
+        plan.output_dir.mkdir(parents=True, exist_ok=True)
+        _files.remove_temporaries(plan.output_dir)
+        if bucket is None:
+            done = {i: _files.completed_marker(plan, i) for i in range(n_parts)}
+        else:
+            done = {i: bucket.completed_marker(plan, i) for i in range(n_parts)}
+        todo = [i for i, marker in done.items() if marker is None]
+        bar = progress_bar(plan, todo, enabled=progress)
+        try:
+            if todo:
+                # Imported here: the writer reads and writes obs/var through
+                # anndata and pandas, which `import grain_cells` does not import.
+                from grain_cells.preshuffle._writer import Writer
+
+                writer = Writer(plan, todo)
+                for i in todo:
+                    done[i] = writer.write_part(i, bar)
+                    if bucket is not None:
+                        bucket.publish(plan, i)  # uploads while the next is written
+                if bucket is not None:
+                    bucket.wait()
+        finally:
+            bar.close()
+            for closable in (plan.source, *plan.matrices):
+                closable.close()
+        if bucket is not None:
+            bucket.remove_stale_parts(plan)
+            bucket.write_manifest(plan, done)
+            return [bucket.part_url(plan, i) for i in range(n_parts)]
+        _files.remove_stale_parts(plan)
+        _files.write_manifest(plan, done)
+        return list(plan.part_paths)
     finally:
         if bucket is not None:
             bucket.close()
-
-
-def _preshuffle(inputs, output_dir, bucket: BucketOutput | None, *, progress, **kw):
-    plan = Plan.make(inputs, output_dir, **kw)
-    if bucket is not None:
-        bucket.check_inputs(plan)
-    plan.output_dir.mkdir(parents=True, exist_ok=True)
-    _files.remove_temporaries(plan.output_dir)
-    if bucket is None:
-        completed_marker = _files.completed_marker
-        if plan.zarr_format is not None:
-            from grain_cells.preshuffle import _zarr_part  # imports zarr
-
-            completed_marker = _zarr_part.completed_marker
-        done = {i: completed_marker(p, plan, i) for i, p in enumerate(plan.part_paths)}
-    else:
-        done = {
-            i: bucket.completed_marker(plan, i) for i in range(len(plan.part_paths))
-        }
-    todo = [i for i, marker in done.items() if marker is None]
-    report = Progress(plan, todo, enabled=progress)
-    try:
-        if todo:
-            # Imported here: the writer reads and writes obs/var through
-            # anndata and pandas, which `import grain_cells` (and so every
-            # Grain worker) does not import.
-            from grain_cells.preshuffle._writer import Writer
-
-            writer = Writer(plan, todo)
-            for i in todo:
-                done[i] = writer.write_part(i, report)
-                if bucket is not None:
-                    bucket.publish(plan, i)  # uploads while the next part is written
-            if bucket is not None:
-                bucket.wait()
-    finally:
-        report.close()
-        plan.source.close()
-        for matrix in plan.matrices:
-            matrix.close()
-    if bucket is not None:
-        bucket.remove_stale_parts(plan)
-        bucket.write_manifest(plan, done)
-        return [bucket.part_url(plan, i) for i in range(len(plan.part_paths))]
-    _files.remove_stale_parts(plan)
-    if any(plan.output_dir.glob("part-*.zarr")):
-        from grain_cells.preshuffle import _zarr_part
-
-        _zarr_part.remove_stale_parts(plan)
-    _files.write_manifest(plan, done)
-    return list(plan.part_paths)

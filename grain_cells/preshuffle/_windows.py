@@ -160,36 +160,24 @@ def write_indptr(out, lengths: np.ndarray, rows: np.ndarray) -> None:
     out[n : n + 1] = np.array([before], np.int64)
 
 
-class Progress:
-    """A tqdm progress bar of cells written, on stderr (cells times matrices)."""
-
-    def __init__(self, plan: Plan, todo: list[int], enabled: bool):
-        """Starts the bar; says how many parts an earlier run completed."""
-        # Every matrix of a part (X, layers, raw/X, obsm arrays) is a pass.
-        total = len(plan.matrices) * sum(
-            plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
-        )
-        skipped = len(plan.part_paths) - len(todo)
-        if enabled and skipped:
-            print(
-                f"preshuffle: {skipped} of {len(plan.part_paths)} part(s) already "
-                f"complete in {plan.output_dir}",
-                file=sys.stderr,
-            )
-        self._bar = tqdm.tqdm(
-            total=total,
-            desc="preshuffle",
-            unit="cells",
-            unit_scale=True,
-            mininterval=PROGRESS_EVERY_S,
-            disable=not enabled or not total,
+def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
+    """A tqdm bar (stderr) of cells written times matrices; says what was complete."""
+    total = len(plan.matrices) * sum(
+        plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
+    )
+    skipped = len(plan.part_paths) - len(todo)
+    if enabled and skipped:
+        print(
+            f"preshuffle: {skipped} of {len(plan.part_paths)} part(s) already "
+            f"complete in {plan.output_dir}",
             file=sys.stderr,
         )
-
-    def advance(self, cells: int) -> None:
-        """Counts `cells` more cells written (called by the writer thread)."""
-        self._bar.update(cells)
-
-    def close(self) -> None:
-        """Ends the bar (idempotent)."""
-        self._bar.close()
+    return tqdm.tqdm(
+        total=total,
+        desc="preshuffle",
+        unit="cells",
+        unit_scale=True,
+        mininterval=PROGRESS_EVERY_S,
+        disable=not enabled or not total,
+        file=sys.stderr,
+    )

@@ -13,12 +13,11 @@ import numpy as np
 
 from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
-from grain_cells.preshuffle._h5ad_part import INDPTR_CHUNK, H5adPart
+from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
 from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import (
-    Progress,
     Slot,
     WritePipeline,
     csr_cuts,
@@ -63,7 +62,7 @@ class Writer:
         self.var = _frames.read_var(plan)
         self.extras = _frames.Extras.read(plan)
 
-    def write_part(self, index: int, report: Progress) -> dict:
+    def write_part(self, index: int, report) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
         plan = self.plan
         start, stop = plan.part_bounds[index]
@@ -131,7 +130,7 @@ class Writer:
         names = self.names.disk_bytes(n)
         return int(1.01 * (matrix + 2 * frames_bytes + names) + overhead)
 
-    def _write_csr(self, part, m: Matrix, rows: np.ndarray, report: Progress):
+    def _write_csr(self, part, m: Matrix, rows: np.ndarray, report):
         plan = self.plan
         n = rows.size
         # No part-long tables: the windows and the row pointers are computed
@@ -167,7 +166,7 @@ class Writer:
         self._run_windows(bounds, assemble, report)
         return nnz, len(bounds) - 1, most * m.value_bytes
 
-    def _write_dense(self, part, m: Matrix, rows: np.ndarray, report: Progress):
+    def _write_dense(self, part, m: Matrix, rows: np.ndarray, report):
         plan = self.plan
         n = rows.size
         chunk_rows = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
@@ -194,13 +193,13 @@ class Writer:
     def _slot_bytes(self) -> int:
         return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
 
-    def _run_windows(self, bounds: list[int], assemble, report: Progress) -> None:
+    def _run_windows(self, bounds: list[int], assemble, report) -> None:
         """Assembles window after window while a second thread writes the last one."""
         with WritePipeline(_SLOTS) as pipeline:
             for a, b in itertools.pairwise(bounds):
                 slot = pipeline.free_slot()
                 pipeline.submit(
-                    slot, assemble(slot, a, b), lambda n=b - a: report.advance(n)
+                    slot, assemble(slot, a, b), lambda n=b - a: report.update(n)
                 )
 
     def _reads(self, m: Matrix, window_rows: np.ndarray):

@@ -5,11 +5,8 @@ Design notes: docs/reference/design.md#preshuffle-zarr-part.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import pathlib
 import shutil
 
 import anndata
@@ -155,17 +152,7 @@ class ZarrPart:
         for appender in self._appenders:
             appender.check_complete()
         self.root.attrs[_files.MARKER_ATTR] = json.dumps(marker)
-        _fsync_tree(self.tmp)
-        aside = None
-        if os.path.lexists(self.final):  # an incomplete or foreign part
-            aside = _files.create_temporary(
-                self.plan.output_dir, self.final.name, True
-            )[1]
-            os.replace(self.final, aside / "old")
-        os.replace(self.tmp, self.final)
-        _files.fsync_path(self.plan.output_dir)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+        _files.publish(self.tmp, self.final)
 
     def __enter__(self) -> ZarrPart:
         return self
@@ -243,48 +230,3 @@ def _parent(root, path: str):
     for head in heads:
         group = group.require_group(head)
     return group, name
-
-
-def _fsync_tree(root: pathlib.Path) -> None:
-    for folder, _, names in os.walk(root):
-        for name in names:
-            _files.fsync_path(pathlib.Path(folder, name))
-        _files.fsync_path(pathlib.Path(folder))
-
-
-def open_part(path) -> zarr.Group:
-    return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
-
-
-def completed_marker(path: pathlib.Path, plan: Plan, index: int) -> dict | None:
-    """The part's marker if `path` is a complete zarr part of this run."""
-    if not pathlib.Path(path).is_dir():
-        return None
-    try:
-        root = open_part(path)
-        marker = _files.matching_marker(root.attrs.get(_files.MARKER_ATTR), plan, index)
-        if marker is None:
-            return None
-        x = root["X"]
-        arrays = [x] if isinstance(x, zarr.Array) else [x[k] for k in x]
-        for array in arrays:  # every chunk (or shard) present
-            if array.nchunks_initialized < array.nchunks:
-                return None
-        cells = x.shape[0] if isinstance(x, zarr.Array) else x.attrs["shape"][0]
-        nnz = None if isinstance(x, zarr.Array) else x["data"].shape[0]
-        if cells != marker.get("cells") or nnz != marker.get("nnz"):
-            return None
-        return marker
-    except Exception:  # unreadable, damaged, foreign: not complete
-        return None
-
-
-def remove_stale_parts(plan: Plan) -> None:
-    """Deletes zarr parts of earlier runs into this folder beyond this run's count."""
-    keep = {p.name for p in plan.part_paths}
-    for path in plan.output_dir.glob("part-*.zarr"):
-        if path.name in keep or not path.is_dir() or path.is_symlink():
-            continue
-        with contextlib.suppress(Exception):
-            if _files.MARKER_ATTR in open_part(path).attrs:
-                shutil.rmtree(path, ignore_errors=True)
