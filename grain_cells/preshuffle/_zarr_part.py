@@ -25,18 +25,6 @@ INDPTR_CHUNK = 1 << 16
 WRITE_BYTES = 64 << 20  # uncompressed bytes per zarr write call, at most
 
 
-def _compressors(compression: str | None, zarr_format: int):
-    if compression is None:
-        return None
-    if zarr_format == 3:
-        if compression == "gzip":
-            return zarr.codecs.GzipCodec(level=1)
-        return zarr.codecs.ZstdCodec(level=0)
-    import numcodecs
-
-    return numcodecs.GZip(level=1) if compression == "gzip" else numcodecs.Zstd(level=0)
-
-
 class ZarrPart:
     """Part `index` of a plan, written into a temporary zarr store (as `H5adPart`)."""
 
@@ -47,12 +35,20 @@ class ZarrPart:
         _files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
         self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
         self._appenders: list[_Appender] = []
+        # Cells per chunk: `chunk_cells`, else the default with a floor in bytes.
+        self._cells = plan.chunk_cells or CHUNK_CELLS[self.zarr_format]
+        self._min_bytes = 0 if plan.chunk_cells else MIN_CHUNK_BYTES[self.zarr_format]
+        self._compressors = None
+        if plan.compression is not None:
+            import numcodecs
+
+            gzip = plan.compression == "gzip"
+            v3 = (zarr.codecs.GzipCodec, zarr.codecs.ZstdCodec)
+            codec = v3 if self.zarr_format == 3 else (numcodecs.GZip, numcodecs.Zstd)
+            self._compressors = codec[0 if gzip else 1](level=1 if gzip else 0)
         try:
-            self.root = zarr.open_group(
-                zarr.storage.LocalStore(self.tmp),
-                mode="w",
-                zarr_format=self.zarr_format,
-            )
+            store = zarr.storage.LocalStore(self.tmp)
+            self.root = zarr.open_group(store, mode="w", zarr_format=self.zarr_format)
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
@@ -62,14 +58,46 @@ class ZarrPart:
         shard = anndata.settings.auto_shard_zarr_v3
         return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
 
-    def _array(self, path: str, shape, dtype, chunks, unit_bytes: int):
-        """Creates an array; returns it and the rows of one shard (v3) or chunk."""
-        n = shape[0]
-        rows = chunks[0]
-        shards = None
+    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
+        """Matrix `m`'s CSR group: in-order writers of `data`, `indices`, `indptr`.
+
+        `chunk` (the HDF5 writer's) is not used: see the design notes.
+        """
+        elements = math.ceil(self._cells * max(m.nnz / max(m.n_cells, 1), 1.0))
+        elements = max(1, min(max(elements, self._min_bytes // m.dtype.itemsize), nnz))
+        parent, name = _parent(self.root, m.name)
+        parent.require_group(name).attrs.update(
+            {
+                "encoding-type": "csr_matrix",
+                "encoding-version": "0.1.0",
+                "shape": [int(n), int(m.n_vars)],
+            }
+        )
+        specs = (
+            ("data", m.dtype, nnz, elements),
+            ("indices", m.index_dtype, nnz, elements),
+            ("indptr", np.dtype(np.int64), n + 1, max(1, min(INDPTR_CHUNK, n + 1))),
+        )
+        return tuple(
+            self._appender(f"{m.name}/{key}", (size,), dtype, (rows,), dtype.itemsize)
+            for key, dtype, size, rows in specs
+        )
+
+    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
+        """Matrix `m` as a dense array of `n` rows (`chunk_rows`: the HDF5 writer's)."""
+        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
+        rows = max(1, min(max(self._cells, -(-self._min_bytes // row_bytes)), n))
+        chunks = (rows, max(m.n_vars, 1))
+        out = self._appender(m.name, (n, m.n_vars), m.dtype, chunks, row_bytes)
+        out.array.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+        return out
+
+    def _appender(self, path: str, shape, dtype, chunks, unit_bytes: int) -> _Appender:
+        """A new array's in-order writer, a shard (v3) or chunk of rows at a time."""
+        rows, shards = chunks[0], None
         if self.zarr_format == 3:
             per = max(1, SHARD_BYTES // max(rows * unit_bytes, 1))
-            rows *= min(per, max(1, -(-n // rows)))
+            rows *= min(per, max(1, -(-shape[0] // rows)))
             shards = (rows, *chunks[1:])
         parent, name = _parent(self.root, path)
         array = parent.create_array(
@@ -78,74 +106,13 @@ class ZarrPart:
             dtype=dtype,
             chunks=chunks,
             shards=shards,
-            compressors=_compressors(self.plan.compression, self.zarr_format),
+            compressors=self._compressors,
             filters=None,
             fill_value=0,
             config={"write_empty_chunks": True},
         )
-        return array, rows
-
-    def _cells_per_chunk(self) -> tuple[int, bool]:
-        if self.plan.chunk_cells is not None:
-            return self.plan.chunk_cells, False
-        return CHUNK_CELLS[self.zarr_format], True
-
-    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: in-order writers of `data`, `indices`, `indptr`.
-
-        `chunk` (the HDF5 writer's) is not used: see the design notes.
-        """
-        del chunk
-        cells, floor = self._cells_per_chunk()
-        elements = math.ceil(cells * max(m.nnz / max(m.n_cells, 1), 1.0))
-        if floor:
-            elements = max(
-                elements, MIN_CHUNK_BYTES[self.zarr_format] // m.dtype.itemsize
-            )
-        elements = max(1, min(elements, nnz))
-        parent, name = _parent(self.root, m.name)
-        group = parent.require_group(name)
-        group.attrs.update(
-            {
-                "encoding-type": "csr_matrix",
-                "encoding-version": "0.1.0",
-                "shape": [int(n), int(m.n_vars)],
-            }
-        )
-        out = []
-        for key, dtype in (("data", m.dtype), ("indices", m.index_dtype)):
-            array, unit = self._array(
-                f"{m.name}/{key}", (nnz,), dtype, (elements,), dtype.itemsize
-            )
-            out.append(self._appender(array, unit))
-        ptr, unit = self._array(
-            f"{m.name}/indptr",
-            (n + 1,),
-            np.dtype(np.int64),
-            (max(1, min(INDPTR_CHUNK, n + 1)),),
-            8,
-        )
-        out.append(self._appender(ptr, unit))
-        return tuple(out)
-
-    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows (`chunk_rows`: the HDF5 writer's)."""
-        del chunk_rows
-        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
-        rows, floor = self._cells_per_chunk()
-        if floor:
-            rows = max(rows, -(-MIN_CHUNK_BYTES[self.zarr_format] // row_bytes))
-        rows = max(1, min(rows, n))
-        array, unit = self._array(
-            m.name, (n, m.n_vars), m.dtype, (rows, max(m.n_vars, 1)), row_bytes
-        )
-        array.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
-        return self._appender(array, unit)
-
-    def _appender(self, array, unit: int) -> _Appender:
-        appender = _Appender(array, unit)
-        self._appenders.append(appender)
-        return appender
+        self._appenders.append(_Appender(array, rows))
+        return self._appenders[-1]
 
     def commit(self, marker: dict) -> None:
         """Marks the part complete, flushes it and renames it into place."""
