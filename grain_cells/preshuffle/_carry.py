@@ -5,7 +5,6 @@ Design notes: docs/reference/design.md#preshuffle-carry.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import h5py
@@ -26,24 +25,23 @@ KINDS = ("layers", "raw", "obsm", "varm", "varp", "uns")
 
 _MATRIX = "matrix"
 _FRAME = "frame"
+CARRY_ERRORS = (
+    errors.GeneMismatchError,
+    errors.AnnDataFormatError,
+    errors.UnsupportedLayoutError,
+)
+"""What makes a default (`keep=None`) run leave a matrix out rather than fail."""
 
 
-@dataclasses.dataclass
 class Carry:
     """What a run carries: gathered `matrices`, `obsm_frames`, `copies`, and `left`."""
 
-    matrices: list[str] = dataclasses.field(default_factory=list)
-    obsm_frames: list[str] = dataclasses.field(default_factory=list)
-    copies: list[str] = dataclasses.field(default_factory=list)
-    left: list[str] = dataclasses.field(default_factory=list)
+    def __init__(self):
+        self.matrices, self.obsm_frames, self.copies, self.left = [], [], [], []
 
     def describe(self) -> dict:
         """For the run's fingerprint."""
-        return {
-            "matrices": self.matrices,
-            "obsm_frames": self.obsm_frames,
-            "copies": self.copies,
-        }
+        return {k: getattr(self, k) for k in ("matrices", "obsm_frames", "copies")}
 
 
 def _kind(obj) -> str:
@@ -76,14 +74,12 @@ def _inventory(f) -> dict:
             out[kind] = dict.fromkeys(group.dtype.names, _MATRIX)
         else:
             out[kind] = {}
-    out["X"] = "X" in f
     raw = f.get("raw")
+    out["X"] = "X" in f
     out["raw"] = (is_group(raw) and "X" in raw) or "raw.X" in f
-    for kind in ("uns", "varm", "varp"):
-        group = f.get(kind)
+    for kind, parent in (("uns", f), ("varm", f), ("varp", f), ("raw/varm", raw)):
+        group = parent.get(kind.split("/")[-1]) if is_group(parent) else None
         out[kind] = is_group(group) and any(True for _ in group)
-    raw_varm = raw.get("varm") if is_group(raw) else None
-    out["raw/varm"] = is_group(raw_varm) and any(True for _ in raw_varm)
     return out
 
 
@@ -107,15 +103,8 @@ def _parse(keep) -> set[str]:
     return out
 
 
-def choose(
-    paths: list[str],
-    storage_options: dict,
-    *,
-    keep,
-    layer: str | None,
-    genes_changed: bool,
-) -> Carry:
-    """What to carry for `preshuffle`'s `keep` and `layer` (see the design notes).
+def choose(paths: list[str], storage_options: dict, *, keep, layer, genes_changed):
+    """The `Carry` for `preshuffle`'s `keep` and `layer` (see the design notes).
 
     `genes_changed`: gene alignment changes the output's genes from the first var.
     """
@@ -128,37 +117,26 @@ def choose(
     x_is_raw = x_element == "raw/X"
     carry = Carry()
 
-    def wanted(kind: str, key: str | None = None) -> bool:
-        if explicit is None:
-            return True
-        return kind in explicit or (key is not None and f"{kind}/{key}" in explicit)
+    def wanted(name: str) -> bool:  # `layers/a` is wanted by `layers` too
+        return explicit is None or name in explicit or name.split("/")[0] in explicit
 
     def refuse_or_leave(name: str, why: str, explicit_too: bool = True) -> None:
-        if explicit is not None and explicit_too:
-            raise ValueError(f"keep: {name} cannot be carried: {why}")
         if explicit is None:
             carry.left.append(f"{name} ({why})")
+        elif explicit_too:
+            raise ValueError(f"keep: {name} cannot be carried: {why}")
 
     for kind in ("layers", "obsm"):
-        keys = list(found[0][kind])
-        for other in found[1:]:
-            keys += [k for k in other[kind] if k not in keys]
-        if explicit is not None:
-            named = [e.split("/", 1)[1] for e in explicit if e.startswith(kind + "/")]
-            for key in named:
-                lacking = [
-                    p
-                    for p, inv in zip(paths, found, strict=True)
-                    if key not in inv[kind]
-                ]
-                if lacking:
+        named = [e.split("/", 1)[1] for e in explicit or () if e.startswith(kind + "/")]
+        for key in named:
+            for path, inv in zip(paths, found, strict=True):
+                if key not in inv[kind]:
                     raise errors.MissingColumnError(
-                        f"keep: {lacking[0]} has no {kind}/{key}; it has "
-                        f"{sorted(found[paths.index(lacking[0])][kind])}"
+                        f"keep: {path} has no {kind}/{key}; it has {sorted(inv[kind])}"
                     )
-        for key in keys:
+        for key in dict.fromkeys(k for inv in found for k in inv[kind]):
             name = f"{kind}/{key}"
-            if not wanted(kind, key) or name == x_element:
+            if not wanted(name) or name == x_element:
                 continue
             named = explicit is not None and name in explicit
             kinds = {inv[kind].get(key) for inv in found}
