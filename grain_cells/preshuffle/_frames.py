@@ -16,8 +16,72 @@ import pandas as pd
 from grain_cells import errors
 from grain_cells.io import is_array, open_file, read_elem, read_obs_values, write_elem
 from grain_cells.preshuffle import _carry
-from grain_cells.preshuffle._names import write_obs
+from grain_cells.preshuffle._names import Names, write_obs
 from grain_cells.preshuffle._plan import Plan
+
+
+class Frames:
+    """A part's obs (names apart), var, obsm frames, raw's var and copied elements."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        paths, options = plan.paths, plan.storage_options
+        # obs names apart from the columns, as one StringDType array: as a
+        # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
+        self.names = Names.read(paths, plan.source.cell_offsets, options)
+        self.obs = read_obs(paths, plan.obs_columns, options)
+        var = _read_var(paths[0], plan.element, options)
+        self.var = _aligned(var, plan.column_map_first, plan.source.var_names)
+        self.obsm = {}
+        for key in plan.carry.obsm_frames:
+            parts = [_carry.read_obsm_frame(p, key, options) for p in paths]
+            self.obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
+        self.raw_var = None
+        for m in plan.matrices:
+            if m.name == "raw/X":
+                var = _read_var(paths[0], "raw/X", options)
+                self.raw_var = _aligned(var, m.column_map(0), m.files.genes.var_names)
+
+    def nbytes(self, n: int) -> int:
+        """About the bytes these take in a part of `n` cells, names apart."""
+        # obs: its columns' share of n cells (no gather: deep memory_usage of
+        # categoricals is cheap).
+        total = 0
+        for frame in (self.obs, *self.obsm.values()):
+            per_cell = frame.memory_usage(index=frame is not self.obs, deep=True).sum()
+            total += int(per_cell / max(len(frame), 1) * n)
+        for frame in (self.var, self.raw_var):
+            if frame is not None:
+                total += int(frame.memory_usage(index=True, deep=True).sum())
+        for path in self.plan.carry.copies:
+            total += _group_bytes(self.plan.paths[0], path, self.plan.storage_options)
+        return total
+
+    def write(self, f, rows: np.ndarray) -> None:
+        """Writes the frames at `rows` into a part's root (raw's group before raw/X)."""
+        empty = pd.DataFrame(index=pd.Index([], dtype=object))
+        write_elem(f, "/", anndata.AnnData(obs=empty, var=self.var))
+        write_obs(f, list(self.obs.columns), obs_part(self.obs, rows), rows, self.names)
+        if self.raw_var is not None:
+            if "raw" in f:  # the skeleton's `null` element
+                del f["raw"]
+            raw = f.create_group("raw")
+            raw.attrs.update({"encoding-type": "raw", "encoding-version": "0.1.0"})
+            write_elem(raw, "var", self.raw_var)
+            write_elem(raw, "varm", {})
+        for key, frame in self.obsm.items():
+            write_elem(f["obsm"], key, frame.iloc[rows])
+        if not self.plan.carry.copies:
+            return
+        with open_file(self.plan.paths[0], self.plan.storage_options) as src:
+            for path in self.plan.carry.copies:
+                if path in f:
+                    del f[path]
+                head, name = posixpath.split(path)
+                if isinstance(f, h5py.Group) and isinstance(src, h5py.File):
+                    src.copy(src[path], f[head or "/"], name=name)
+                else:  # zarr: through anndata's readers and writers
+                    write_elem(f[head] if head else f, name, read_elem(src[path]))
 
 
 def read_obs(
@@ -40,8 +104,7 @@ def read_obs(
                     f"{path}: obs cannot be read as an anndata dataframe "
                     f"({type(e).__name__}: {e}); the file may be corrupt"
                 ) from e
-    frame = {c: _concat_column(c, per_column[c], paths) for c in columns}
-    return pd.DataFrame(frame)
+    return pd.DataFrame({c: _concat_column(c, per_column[c], paths) for c in columns})
 
 
 def obs_part(obs: pd.DataFrame, rows: np.ndarray):
@@ -67,9 +130,9 @@ def obs_part(obs: pd.DataFrame, rows: np.ndarray):
 
 def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
     categorical = [isinstance(p.dtype, pd.CategoricalDtype) for p in parts]
+    if len(parts) == 1:
+        return parts[0].array
     if all(categorical):
-        if len(parts) == 1:
-            return parts[0].array
         try:
             return pd.api.types.union_categoricals(
                 [p.array for p in parts], sort_categories=False
@@ -88,8 +151,6 @@ def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
             f"{parts[categorical.index(False)].dtype} in {other}; expected the "
             "same kind in every input (leave it out with obs_columns=[...])"
         )
-    if len(parts) == 1:
-        return parts[0].array
     return pd.concat(parts, ignore_index=True).array
 
 
@@ -97,44 +158,27 @@ def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
     with open_file(path, storage_options) as f:
         group = f["raw/var"] if element == "raw/X" else f["var"]
         try:
-            var = read_elem(group)
+            return read_elem(group)
         except Exception as e:
             raise errors.AnnDataFormatError(
                 f"{path}: {group.name} cannot be read as an anndata dataframe "
                 f"({type(e).__name__}: {e}); the file may be corrupt"
             ) from e
-    return var
 
 
-def read_var(plan: Plan) -> pd.DataFrame:
-    """The output's var: the first input's rows for the output genes, in order.
-
-    When some output gene is not in the first input (`join="outer"`), only the names.
-    """
-    var = _read_var(plan.paths[0], plan.element, plan.storage_options)
-    return _aligned_var(var, plan.column_map_first, plan.source.var_names)
-
-
-def _aligned_var(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
+def _aligned(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
+    """The rows of `var` for the output genes; only the names if some are missing."""
     if column_map is None:
         return var
-    n_vars = len(var_names)
-    stored = np.full(n_vars, -1, np.int64)
+    stored = np.full(len(var_names), -1, np.int64)
     kept = np.flatnonzero(column_map >= 0)
     stored[column_map[kept]] = kept
     names = pd.Index(np.asarray(var_names).astype(str), dtype=object)
-    if (stored < 0).any():
+    if (stored < 0).any():  # `join="outer"`: a gene the first input lacks
         return pd.DataFrame(index=names)
     out = var.iloc[stored].copy()
     out.index = names
     return out
-
-
-def write_frames(f, obs: pd.DataFrame, rows: np.ndarray, names, var) -> None:
-    """Writes an AnnData skeleton (obs at `rows`, var, no X) into a part's root."""
-    empty = pd.DataFrame(index=pd.Index([], dtype=object))
-    write_elem(f, "/", anndata.AnnData(obs=empty, var=var))
-    write_obs(f, list(obs.columns), obs_part(obs, rows), rows, names)
 
 
 def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
@@ -156,92 +200,18 @@ def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
     return perm[np.lexsort(keys)]
 
 
-class Extras:
-    """What a part holds besides X, obs, var and the gathered matrices (`_carry`)."""
-
-    def __init__(self, plan: Plan, obsm_frames: dict, raw_var):
-        self.plan = plan
-        self.obsm_frames = obsm_frames
-        self.raw_var = raw_var
-
-    @classmethod
-    def read(cls, plan: Plan) -> Extras:
-        """Reads the obsm dataframes and raw's var the run carries."""
-        obsm = {}
-        for key in plan.carry.obsm_frames:
-            parts = [
-                _carry.read_obsm_frame(path, key, plan.storage_options)
-                for path in plan.paths
-            ]
-            obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
-        raw_var = None
-        raw = [m for m in plan.matrices if m.name == "raw/X"]
-        if raw:
-            raw_var = _aligned_var(
-                _read_var(plan.paths[0], "raw/X", plan.storage_options),
-                raw[0].column_map(0),
-                raw[0].files.genes.var_names,
-            )
-        return cls(plan, obsm, raw_var)
-
-    def nbytes(self, n_cells: int) -> int:
-        """About the bytes these take in a part of `n_cells` cells."""
-        total = 0
-        for frame in self.obsm_frames.values():
-            per_cell = frame.memory_usage(index=True, deep=True).sum() / max(
-                len(frame), 1
-            )
-            total += int(per_cell * n_cells)
-        if self.raw_var is not None:
-            total += int(self.raw_var.memory_usage(index=True, deep=True).sum())
-        for path in self.plan.carry.copies:
-            total += _group_bytes(self.plan.paths[0], path, self.plan.storage_options)
-        return total
-
-    def write(self, f, rows: np.ndarray) -> None:
-        """Writes raw's group, the obsm dataframes and the copies into a part's root."""
-        if self.raw_var is not None:
-            if "raw" in f:  # the skeleton's `null` element
-                del f["raw"]
-            raw = f.create_group("raw")
-            raw.attrs["encoding-type"] = "raw"
-            raw.attrs["encoding-version"] = "0.1.0"
-            write_elem(raw, "var", self.raw_var)
-            write_elem(raw, "varm", {})
-        obsm = f["obsm"]
-        for key, frame in self.obsm_frames.items():
-            part = frame.iloc[rows]
-            write_elem(obsm, key, part)
-        copies = self.plan.carry.copies
-        if copies:
-            with open_file(self.plan.paths[0], self.plan.storage_options) as src:
-                for path in copies:
-                    if path in f:
-                        del f[path]
-                    head, name = posixpath.split(path)
-                    if isinstance(f, h5py.Group) and isinstance(src, h5py.File):
-                        src.copy(src[path], f[head or "/"], name=name)
-                    else:  # zarr: through anndata's readers and writers
-                        value = read_elem(src[path])
-                        write_elem(f[head] if head else f, name, value)
-
-
 def _group_bytes(path: str, element: str, storage_options: dict) -> int:
     """Bytes of the datasets under an element of an input."""
-    sizes = []
-
-    def visit(_, obj):
-        if isinstance(obj, h5py.Dataset):
-            sizes.append(obj.size * obj.dtype.itemsize)
-
     with open_file(path, storage_options) as f:
         obj = f[element]
         if is_array(obj):
             return int(obj.size * obj.dtype.itemsize)
+        arrays = []
         if isinstance(obj, h5py.Group):
-            obj.visititems(visit)
+            obj.visititems(
+                lambda _, o: arrays.append(o) if isinstance(o, h5py.Dataset) else None
+            )
         else:  # a zarr group
-            for _, member in obj.members(max_depth=None):
-                if is_array(member):
-                    sizes.append(member.size * member.dtype.itemsize)
+            arrays = [m for _, m in obj.members(max_depth=None) if is_array(m)]
+        sizes = [a.size * a.dtype.itemsize for a in arrays]
     return int(sum(sizes)) + 4096 * (len(sizes) + 1)

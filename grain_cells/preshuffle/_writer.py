@@ -15,7 +15,6 @@ from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
 from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.preshuffle._names import Names
 from grain_cells.preshuffle._plan import Plan
 from grain_cells.preshuffle._windows import (
     Slot,
@@ -54,13 +53,7 @@ class Writer:
         self.offsets = plan.source.cell_offsets
         for matrix in plan.matrices:
             matrix.count_rows()
-        self.lengths = plan.x.lengths
-        # obs names apart from the columns, as one StringDType array: as a
-        # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
-        self.names = Names.read(plan.paths, self.offsets, plan.storage_options)
-        self.obs = _frames.read_obs(plan.paths, plan.obs_columns, plan.storage_options)
-        self.var = _frames.read_var(plan)
-        self.extras = _frames.Extras.read(plan)
+        self.frames = _frames.Frames(plan)
 
     def write_part(self, index: int, report) -> dict:
         """Writes part `index` under a temporary name, then renames it."""
@@ -76,10 +69,9 @@ class Writer:
             part = ZarrPart(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
-                _frames.write_frames(part.root, self.obs, rows, self.names, self.var)
-                self.extras.write(part.root, rows)  # raw's group before raw/X
+                self.frames.write(part.root, rows)
             if index == self._last:  # no part needs obs again: not its matrices
-                self.names = self.obs = None
+                self.frames = None
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:
                 write = self._write_csr if matrix.sparse else self._write_dense
@@ -117,18 +109,11 @@ class Writer:
             if plan.compression is not None:  # chunks straddling windows, twice
                 windows = got // max(self._slot_bytes(), 1)
                 matrix += (windows + 1) * chunk_bytes
-        # obs: its columns' share of n cells (no gather: deep memory_usage of
-        # categoricals is cheap), the names' heap entries.
-        per_cell = self.obs.memory_usage(index=False, deep=True).sum() / max(
-            len(self.obs), 1
-        )
-        frames_bytes = int(per_cell * n)
-        frames_bytes += int(self.var.memory_usage(index=True, deep=True).sum())
-        frames_bytes += self.extras.nbytes(n)
-        columns = len(self.obs.columns)
+        frames = self.frames
+        columns = len(frames.obs.columns)
         overhead = (256 << 10) + 1024 * n_chunks + (16 << 10) * (columns + 16)
-        names = self.names.disk_bytes(n)
-        return int(1.01 * (matrix + 2 * frames_bytes + names) + overhead)
+        names = frames.names.disk_bytes(n)
+        return int(1.01 * (matrix + 2 * frames.nbytes(n) + names) + overhead)
 
     def _write_csr(self, part, m: Matrix, rows: np.ndarray, report):
         plan = self.plan
