@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import collections
-import queue
+import concurrent.futures
 import sys
-import threading
 
 import numpy as np
 import tqdm
@@ -36,35 +35,30 @@ class WritePipeline:
     """
 
     def __init__(self, slots: int):
-        self._changed = threading.Condition()  # guards _free and _error
-        self._free: collections.deque[Slot] = collections.deque(
-            Slot() for _ in range(slots)
-        )
+        self._slots = collections.deque((Slot(), None) for _ in range(slots))
         self._error: BaseException | None = None
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(
-            target=self._run, name="grain_cells_preshuffle_write", daemon=True
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="grain_cells_preshuffle_write"
         )
-        self._thread.start()
 
     def free_slot(self) -> Slot:
         """Waits for a slot whose window was written, or a failed write."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._error is not None or self._free)
-            self._raise_if_failed()
-            return self._free.popleft()
+        slot, job = self._slots.popleft()  # jobs run in order: the first ends first
+        if job is not None:
+            concurrent.futures.wait([job])
+        self._raise_if_failed()
+        return slot
 
     def submit(self, slot: Slot, write, done) -> None:
         """Queues `write()` (then `done()`) for the background thread."""
         self._raise_if_failed()
-        self._jobs.put((slot, write, done))
+        self._slots.append((slot, self._thread.submit(self._run, write, done)))
 
     def __enter__(self) -> WritePipeline:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._jobs.put(None)
-        self._thread.join()
+        self._thread.shutdown(wait=True)
         if exc_type is None:
             self._raise_if_failed()
 
@@ -72,24 +66,13 @@ class WritePipeline:
         if self._error is not None:
             raise self._error
 
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            slot, write, done = job
-            error = None
-            if self._error is None:
-                try:
-                    write()
-                    done()
-                except BaseException as e:  # re-raised in the caller's thread
-                    error = e
-            with self._changed:
-                if error is not None:
-                    self._error = error
-                self._free.append(slot)
-                self._changed.notify_all()
+    def _run(self, write, done) -> None:
+        if self._error is None:
+            try:
+                write()
+                done()
+            except BaseException as e:  # re-raised in the caller's thread
+                self._error = e
 
 
 def cuts(through: np.ndarray, cap: int) -> list[int]:
