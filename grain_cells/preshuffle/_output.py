@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import shutil
 
 from grain_cells.io import open_file
@@ -32,10 +31,9 @@ class BucketOutput:
         split_url(join(url, "x"))  # a bucket is named
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        parent = None if staging_dir is None else os.fspath(staging_dir)
         # Runs that died left their staging folders (and a part in each).
-        self.removed_stale = _staging.remove_stale(parent)
-        self.staging = _staging.make(parent)
+        _staging.remove_stale(staging_dir)
+        self.staging = _staging.make(staging_dir)
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_upload"
         )
@@ -51,12 +49,11 @@ class BucketOutput:
     def check_inputs(self, plan: Plan) -> None:
         """Raises `ValueError` if an input is one of the output URLs."""
         outputs = {self.part_url(plan, i) for i in range(len(plan.part_paths))}
-        for path in plan.paths:
-            if path in outputs:
-                raise ValueError(
-                    f"{path}: is an input and also an output part of {self.url}; "
-                    "write the parts to another prefix"
-                )
+        for path in set(plan.paths) & outputs:
+            raise ValueError(
+                f"{path}: is an input and also an output part of {self.url}; "
+                "write the parts to another prefix"
+            )
 
     def completed_marker(self, plan: Plan, index: int) -> dict | None:
         """The marker of part `index` if the bucket holds it complete, else None."""
@@ -103,12 +100,8 @@ class BucketOutput:
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        manifest = _files.manifest_of(plan, markers)
-        put_bytes(
-            join(self.url, _files.MANIFEST),
-            json.dumps(manifest, indent=1).encode(),
-            self.storage_options,
-        )
+        text = json.dumps(_files.manifest_of(plan, markers), indent=1).encode()
+        put_bytes(join(self.url, _files.MANIFEST), text, self.storage_options)
 
     def close(self) -> None:
         """Lets a running upload end (error unraised); removes the staging folder."""
