@@ -46,24 +46,13 @@ def preshuffle(
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
-    The inputs are concatenated along cells (with the same genes, or aligned
-    by `join`/`genes`) and shuffled together into `part-00000.h5ad`, ... in
-    `output_dir`; a rerun keeps the parts already complete. Inputs and
-    `output_dir` may be URLs (`s3://...`); a URL output stages one part at a
-    time locally, then uploads it.
-
-    Each part holds `X` (the chosen matrix, CSR or dense as stored), `obs`
-    (the chosen columns and the names; categories merged over the inputs in
-    order of first appearance), `var` (the first input's; `raw/var` when
-    `layer="raw"`) and, by default, every other element that fits (`keep`):
-    `layers`, `raw` and `obsm` with their rows in the part's order, and
-    `uns`, `varm`, `varp` from the first input. `obsp` is never carried;
-    what the default leaves out is named in a warning.
-
-    With `group_by="cell_type"` each label's cells are contiguous (labels in
-    category order, a missing label last), shuffled within the label: blocks
-    are then pure, for `balanced_block_weights`, `WeightedBlockSampler` or
-    `ConditionBlockSampler`, but no longer random samples of the atlas.
+    The inputs are concatenated along cells and shuffled together into
+    `part-00000.h5ad`, ... in `output_dir`; a rerun keeps the parts already
+    complete. Each part holds `X` (the chosen matrix, CSR or dense as stored),
+    `obs` (categories merged over the inputs in order of first appearance),
+    `var` (the first input's; `raw/var` when `layer="raw"`) and what `keep`
+    carries: `layers`, `raw` and `obsm` with their rows in the part's order;
+    `uns`, `varm`, `varp` from the first input; never `obsp`.
 
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
@@ -76,7 +65,8 @@ def preshuffle(
         inputs: One `.h5ad` path or URL or a sequence of them, concatenated
             in order.
         output_dir: Folder for the parts, created if missing; or the URL of
-            a prefix in a bucket (the bucket must exist).
+            a prefix in a bucket (the bucket must exist), where each part is
+            staged locally, then uploaded.
         cells_per_file: Cells per output part (the last part holds the rest);
             None writes one part.
         seed: Seed of the permutation (an int >= 0). Same seed and inputs give
@@ -110,7 +100,10 @@ def preshuffle(
             `TMPDIR`); folders of runs that died are removed at the next start.
         group_by: An obs column (every input has it), or a list of them:
             write each label's (each combination's, the first column
-            outermost) cells contiguously, shuffled within it. None
+            outermost; labels in category order, a missing label last)
+            cells contiguously, shuffled within it. Blocks are then pure
+            (for `balanced_block_weights`, `WeightedBlockSampler` or
+            `ConditionBlockSampler`), no longer random samples. None
             (default): one shuffle of all cells.
         keep: Elements to carry besides X, obs and var: None (default)
             carries every one that fits and warns naming those it leaves;
