@@ -72,25 +72,17 @@ class Matrix:
             self._handles.close()
             self._handles = None
 
-    def chunk_elements(self, compression, chunk_cells) -> int:
-        """Elements per HDF5 chunk of `data`/`indices` (CSR)."""
-        mean = self.nnz / max(self.n_cells, 1)
-        if chunk_cells is not None:
-            n = math.ceil(chunk_cells * max(mean, 1.0))
+    def chunk(self, compression, chunk_cells) -> int:
+        """Elements per HDF5 chunk of `data`/`indices` (CSR), or rows (dense)."""
+        unit = max(self.dtype.itemsize * (1 if self.sparse else self.n_vars), 1)
+        if chunk_cells is None:
+            n = (CHUNK_BYTES if compression is None else CHUNK_BYTES_COMPRESSED) // unit
+        elif self.sparse:
+            n = math.ceil(chunk_cells * max(self.nnz / max(self.n_cells, 1), 1.0))
         else:
-            target = CHUNK_BYTES if compression is None else CHUNK_BYTES_COMPRESSED
-            n = target // self.dtype.itemsize
-        return int(min(max(n, 1), MAX_CHUNK_BYTES // 8))
-
-    def chunk_rows(self, compression, chunk_cells) -> int:
-        """Rows per HDF5 chunk of a dense matrix."""
-        row_bytes = max(self.n_vars * self.dtype.itemsize, 1)
-        if chunk_cells is not None:
             n = chunk_cells
-        else:
-            target = CHUNK_BYTES if compression is None else CHUNK_BYTES_COMPRESSED
-            n = target // row_bytes
-        return int(min(max(n, 1), max(MAX_CHUNK_BYTES // row_bytes, 1)))
+        most = MAX_CHUNK_BYTES // 8 if self.sparse else MAX_CHUNK_BYTES // unit
+        return int(min(max(n, 1), max(most, 1)))
 
     def count_rows(self) -> None:
         """Sets `lengths` (int32) from each `indptr`, or aligned rows if genes drop."""

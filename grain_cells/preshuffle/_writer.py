@@ -154,7 +154,7 @@ class Writer:
     def _write_dense(self, part, m: Matrix, rows: np.ndarray, report):
         plan = self.plan
         n = rows.size
-        chunk_rows = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
+        chunk_rows = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
         x = part.create_dense(m, n, chunk_rows)
         row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
         through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
@@ -253,7 +253,7 @@ def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices
 
 def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
     """Elements per chunk of `data`/`indices`, no larger than the part needs."""
-    return max(1, min(m.chunk_elements(plan.compression, plan.chunk_cells), nnz))
+    return max(1, min(m.chunk(plan.compression, plan.chunk_cells), nnz))
 
 
 def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, int]:
@@ -271,7 +271,7 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
         total += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
         n_chunks += -(-(n + 1) // indptr_chunk)
         return total, n_chunks, chunk * m.value_bytes
-    rows_per_chunk = min(m.chunk_rows(plan.compression, plan.chunk_cells), max(n, 1))
+    rows_per_chunk = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
     n_chunks = -(-n // rows_per_chunk)
     chunk_bytes = rows_per_chunk * m.n_vars * m.dtype.itemsize
     return n_chunks * chunk_bytes, n_chunks, chunk_bytes
