@@ -19,8 +19,7 @@ import numpy as np
 
 from grain_cells._util.cache_files import write_atomic
 from grain_cells.io import CSR, DENSE, inspect_matrix, open_file
-from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.preshuffle._plan import FORMAT, Plan
+from grain_cells.preshuffle._plan import FORMAT, Matrix, Plan
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""

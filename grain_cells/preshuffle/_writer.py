@@ -14,8 +14,7 @@ import numpy as np
 from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
 from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
-from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.preshuffle._plan import Plan
+from grain_cells.preshuffle._plan import Matrix, Plan
 from grain_cells.preshuffle._windows import (
     Slot,
     WritePipeline,

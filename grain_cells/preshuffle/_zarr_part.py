@@ -14,8 +14,7 @@ import numpy as np
 import zarr
 
 from grain_cells.preshuffle import _files
-from grain_cells.preshuffle._matrices import Matrix
-from grain_cells.preshuffle._plan import Plan
+from grain_cells.preshuffle._plan import Matrix, Plan
 
 CHUNK_CELLS = {3: 32, 2: 256}
 """Cells per chunk of a matrix by default, per zarr format."""
