@@ -106,16 +106,18 @@ def remove_stale_parts(plan: Plan) -> None:
     """Deletes parts (with a marker) of earlier runs beyond this run's count."""
     keep = {p.name for p in plan.part_paths}
     for path in plan.output_dir.glob("part-*"):
-        if path.name in keep or path.suffix not in (".h5ad", ".zarr"):
-            continue
-        with contextlib.suppress(Exception):
-            if path.suffix == ".zarr":
-                ours = not path.is_symlink() and MARKER_ATTR in open_zarr(path).attrs
-            else:
-                with h5py.File(path, "r") as f:
-                    ours = MARKER_ATTR in f.attrs
-            if ours:
-                _remove(path)
+        if path.name not in keep and path.suffix in (".h5ad", ".zarr") and _ours(path):
+            _remove(path)
+
+
+def _ours(path: pathlib.Path) -> bool:
+    try:
+        if path.suffix == ".zarr":
+            return not path.is_symlink() and MARKER_ATTR in open_zarr(path).attrs
+        with h5py.File(path, "r") as f:
+            return MARKER_ATTR in f.attrs
+    except Exception:  # unreadable, foreign: not ours to delete
+        return False
 
 
 def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:

@@ -85,18 +85,17 @@ class BucketOutput:
     def remove_stale_parts(self, plan: Plan) -> None:
         """Deletes parts of an earlier run into this prefix beyond this run's count."""
         keep = {p.name for p in plan.part_paths}
-        names = list_names(self.url, self.storage_options)
-        for name in part_names(names):
-            if name in keep:
-                continue
+        for name in part_names(list_names(self.url, self.storage_options)):
             url = join(self.url, name)
-            try:
-                with open_file(url, self.storage_options) as f:
-                    ours = _files.MARKER_ATTR in f.attrs
-            except Exception:  # not HDF5, or gone: not ours to delete
-                ours = False
-            if ours:
+            if name not in keep and self._ours(url):
                 delete(url, self.storage_options)
+
+    def _ours(self, url: str) -> bool:
+        try:
+            with open_file(url, self.storage_options) as f:
+                return _files.MARKER_ATTR in f.attrs
+        except Exception:  # not HDF5, or gone: not ours to delete
+            return False
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
@@ -105,8 +104,6 @@ class BucketOutput:
 
     def close(self) -> None:
         """Lets a running upload end (error unraised); removes the staging folder."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            concurrent.futures.wait([pending])
+        self._pending = None
         self._uploads.shutdown(wait=True)
         shutil.rmtree(self.staging, ignore_errors=True)
