@@ -29,24 +29,6 @@ _DENSE_BLOCK_BYTES = 2**26  # densify at most this much of a chunk at a time
 ATLAS_CHUNKS = "atlas"
 
 
-def rank_probabilities(n_genes: int) -> np.ndarray:
-    """Probability of each gene rank under the sampler of ``draw_ranks``."""
-    edges = np.log1p(np.arange(n_genes + 1, dtype=np.float64) / _ZIPF_OFFSET)
-    return np.diff(edges) / edges[-1]
-
-
-def draw_ranks(rng: np.random.Generator, size: int, n_genes: int) -> np.ndarray:
-    """Gene ranks `x0 * e^(u L) - x0` (`L = ln(1 + n_genes / x0)`, u uniform)."""
-    u = rng.random(size, dtype=np.float32)
-    u *= np.float32(math.log1p(n_genes / _ZIPF_OFFSET))
-    np.exp(u, out=u)
-    u -= np.float32(1.0)
-    u *= np.float32(_ZIPF_OFFSET)
-    ranks = u.astype(np.int32)  # truncation == floor, u >= 0
-    np.minimum(ranks, n_genes - 1, out=ranks)
-    return ranks
-
-
 def molecules_per_cell(
     rng: np.random.Generator, n_cells: int, n_genes: int, mean_nnz: float
 ) -> np.ndarray:
@@ -54,7 +36,8 @@ def molecules_per_cell(
 
     A target `t` maps to the `m` with `sum_k 1 - (1 - p_k)^m = t` (interpolated).
     """
-    p = rank_probabilities(n_genes)
+    edges = np.log1p(np.arange(n_genes + 1, dtype=np.float64) / _ZIPF_OFFSET)
+    p = np.diff(edges) / edges[-1]  # of each gene rank, as drawn by `generate_chunk`
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
     most = min(_MAX_MOLECULES, _MAX_MOLECULES_PER_GENE * n_genes + 64)
     grid = np.unique(np.rint(np.geomspace(1, most, 600)))
@@ -81,7 +64,15 @@ def generate_chunk(
     total = int(molecules.sum())
     key_dtype = np.uint32 if n_rows * n_genes <= 2**32 else np.uint64
     keys = np.repeat(np.arange(n_rows, dtype=key_dtype) * key_dtype(n_genes), molecules)
-    ranks = draw_ranks(rng, total, n_genes)
+    # Gene ranks `x0 * e^(u L) - x0` (`L = ln(1 + n_genes / x0)`, u uniform).
+    u = rng.random(total, dtype=np.float32)
+    u *= np.float32(math.log1p(n_genes / _ZIPF_OFFSET))
+    np.exp(u, out=u)
+    u -= np.float32(1.0)
+    u *= np.float32(_ZIPF_OFFSET)
+    ranks = u.astype(np.int32)  # truncation == floor, u >= 0
+    del u
+    np.minimum(ranks, n_genes - 1, out=ranks)
     keys += gene_of_rank[ranks].astype(key_dtype, copy=False)
     del ranks
     keys.sort()  # rows occupy disjoint key ranges: sorts by (row, gene)
