@@ -66,14 +66,17 @@ class Names:
 def _read_file(f, out: np.ndarray) -> int:
     """Fills `out` with the obs names of the open file `f`; returns their chars."""
     index = _plain_index(f)
-    n = out.size
-    if index is None:  # another encoding: through anndata, objects for a while
-        names = read_obs_names(f)
-        _check_length(f, len(names), n)
-        out[:] = np.asarray(names, dtype=str).astype(STRINGS)
-        return int(np.strings.str_len(out).sum())
-    _check_length(f, int(index.shape[0]), n)
-    source = index.astype(STRINGS) if isinstance(index, h5py.Dataset) else index
+    # Another encoding than a plain string array: through anndata (objects).
+    source = read_obs_names(f) if index is None else index
+    n, got = out.size, len(source) if index is None else int(index.shape[0])
+    if got != n:
+        raise errors.AnnDataFormatError(
+            f"{file_name(f)}: obs has {got} names but X has {n} rows"
+        )
+    if index is None:
+        source = np.asarray(source, dtype=str)
+    elif isinstance(index, h5py.Dataset):
+        source = index.astype(STRINGS)
     chars = 0
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
@@ -102,13 +105,6 @@ def _plain_index(f):
     if is_array(index) and index.ndim == 1 and is_string_array(index):
         return index
     return None
-
-
-def _check_length(f, got: int, want: int) -> None:
-    if got != want:
-        raise errors.AnnDataFormatError(
-            f"{file_name(f)}: obs has {got} names but X has {want} rows"
-        )
 
 
 def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> None:
