@@ -163,11 +163,9 @@ def preshuffle(
             bucket.check_inputs(plan)
         plan.output_dir.mkdir(parents=True, exist_ok=True)
         _files.remove_temporaries(plan.output_dir)
-        if bucket is None:
-            done = {i: _files.completed_marker(plan, i) for i in range(n_parts)}
-        else:
-            done = {i: bucket.completed_marker(plan, i) for i in range(n_parts)}
-        todo = [i for i, marker in done.items() if marker is None]
+        marker = _files.completed_marker if bucket is None else bucket.completed_marker
+        done = {i: marker(plan, i) for i in range(n_parts)}
+        todo = [i for i, got in done.items() if got is None]
         bar = progress_bar(plan, todo, enabled=progress)
         try:
             if todo:

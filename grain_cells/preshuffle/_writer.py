@@ -39,9 +39,7 @@ class Writer:
     def __init__(self, plan: Plan, parts: list[int] | None = None):
         """Reads what every part needs; `parts`: those to write (None: all)."""
         self.plan = plan
-        self._last = (
-            (parts or range(len(plan.part_paths)))[-1] if plan.part_paths else None
-        )
+        self._last = (parts or range(len(plan.part_paths)))[-1]
         n = plan.n_cells
         # Generator.permutation(n) is arange(n) shuffled; shuffling int32 in
         # place gives the same order with half the memory.
@@ -79,20 +77,11 @@ class Writer:
                     nnz = got
                 windows += n_windows
                 largest = max(largest, most)
-            marker = {
-                "fingerprint": plan.fingerprint,
-                "part": index,
-                "parts": len(plan.part_paths),
-                "cells": int(rows.size),
-                "nnz": nnz,
-                "stats": {
-                    "cells": int(rows.size),
-                    "nnz": nnz,
-                    "windows": windows,
-                    "largest_window_bytes": largest,
-                    "seconds": round(time.perf_counter() - t0, 3),
-                },
-            }
+            seconds, cells = round(time.perf_counter() - t0, 3), int(rows.size)
+            stats = {"cells": cells, "nnz": nnz, "windows": windows}
+            stats.update(largest_window_bytes=largest, seconds=seconds)
+            marker = {"fingerprint": plan.fingerprint, "part": index}
+            marker.update(parts=len(plan.part_paths), cells=cells, nnz=nnz, stats=stats)
             part.commit(marker)
         return marker
 
