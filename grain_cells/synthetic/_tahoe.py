@@ -101,12 +101,8 @@ def write_tahoe_like(
     positive = dict(n_plates=n_plates, n_cell_lines=n_cell_lines, n_drugs=n_drugs)
     for name, value in {**positive, "seed": seed, "chunk_cells": chunk_cells}.items():
         arguments.check_int(name, value, minimum=0 if name == "seed" else 1)
-    if (
-        isinstance(mean_nnz, bool)
-        or not isinstance(mean_nnz, numbers.Real)
-        or not math.isfinite(mean_nnz)
-        or not 0 < mean_nnz <= n_genes
-    ):
+    real = isinstance(mean_nnz, numbers.Real) and not isinstance(mean_nnz, bool)
+    if not (real and math.isfinite(mean_nnz) and 0 < mean_nnz <= n_genes):
         raise ValueError(
             f"mean_nnz must be a finite number in (0, n_genes={n_genes}], "
             f"got mean_nnz={mean_nnz!r}"
