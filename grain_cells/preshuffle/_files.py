@@ -123,15 +123,10 @@ def _ours(path: pathlib.Path) -> bool:
 def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
     """The manifest's content: the run's fingerprint, the parts and their statistics."""
     parts = [
-        {"file": path.name, **markers[i]["stats"]}
-        for i, path in enumerate(plan.part_paths)
+        {"file": p.name, **markers[i]["stats"]} for i, p in enumerate(plan.part_paths)
     ]
-    return {
-        "format": FORMAT,
-        "fingerprint": plan.fingerprint,
-        "cells": plan.n_cells,
-        "parts": parts,
-    }
+    manifest = {"format": FORMAT, "fingerprint": plan.fingerprint}
+    return {**manifest, "cells": plan.n_cells, "parts": parts}
 
 
 def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
