@@ -180,9 +180,7 @@ def cached_tahoe_like_annbatch(
     return _tahoe.made_once(final, make, announce, folder=True)
 
 
-def tahoe_like_to_zarr(
-    h5ad, path, layout: str, compressed: bool, progress: bool
-) -> pathlib.Path:
+def tahoe_like_to_zarr(h5ad, path, layout, compressed, progress) -> pathlib.Path:
     """Copies a ``write_tahoe_like`` file (CSR X) into a zarr store at ``path``."""
     import anndata
     import zarr
@@ -207,40 +205,34 @@ def tahoe_like_to_zarr(
         group.attrs.update(
             {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": shape}
         )
-        for name in ("indptr", "indices", "data"):
-            _copy(x[name], group, name, layout, compressed, progress)
+        kwargs = {} if compressed else {"compressors": None}
+        if layout == "v3-sharded":
+            kwargs["shards"] = "auto"
+        for name in ("indptr", "indices", "data"):  # as anndata would, piecewise
+            source = x[name]
+            with (
+                warnings.catch_warnings(),
+                zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
+            ):
+                # anndata asks for automatic shards itself and silences the same
+                # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
+                warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
+                array = group.create_array(
+                    name, shape=source.shape, dtype=source.dtype, **kwargs
+                )
+            step = array.shards[0] if array.shards else array.chunks[0]
+            if not array.shards:
+                step *= max(1, _PIECE_BYTES // (step * source.dtype.itemsize))
+            n = source.shape[0]
+            with _tahoe.progress_bar(n, f"X/{name}", "values", progress) as bar:
+                for lo in range(0, n, step):
+                    hi = min(lo + step, n)
+                    array[lo:hi] = source[lo:hi]
+                    bar.update(hi - lo)
     with warnings.catch_warnings():  # zarr's note on the v3 spec, not this store
         warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
         zarr.consolidate_metadata(root.store)
     return path
-
-
-def _copy(source: h5py.Dataset, group, name, layout, compressed, progress) -> None:
-    """Creates `group[name]` as anndata would for `source`, fills it piecewise."""
-    import zarr
-
-    kwargs = {} if compressed else {"compressors": None}
-    if layout == "v3-sharded":
-        kwargs["shards"] = "auto"
-    with (
-        warnings.catch_warnings(),
-        zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
-    ):
-        # anndata asks for automatic shards itself and silences the same
-        # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
-        warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
-        array = group.create_array(
-            name, shape=source.shape, dtype=source.dtype, **kwargs
-        )
-    step = array.shards[0] if array.shards else array.chunks[0]
-    if not array.shards:
-        step *= max(1, _PIECE_BYTES // (step * source.dtype.itemsize))
-    n = source.shape[0]
-    with _tahoe.progress_bar(n, f"X/{name}", "values", progress) as bar:
-        for lo in range(0, n, step):
-            hi = min(lo + step, n)
-            array[lo:hi] = source[lo:hi]
-            bar.update(hi - lo)
 
 
 def _check(n_cells, layout, compressed, kwargs) -> None:
