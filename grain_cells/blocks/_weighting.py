@@ -12,11 +12,19 @@ from collections.abc import Mapping
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.arguments import check_int, check_source
+from grain_cells._util.arguments import check_int
 from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
 from grain_cells.source import AnnDataSource
 
 MISS_POINTS = 0.03  # a share this far from its target suggests a grouped copy
+
+
+def _check_source(source, function: str) -> None:
+    if not isinstance(source, AnnDataSource):
+        raise TypeError(
+            f"{function}: source must be a grain_cells.AnnDataSource (or a view "
+            f"of one), got {type(source).__name__}"
+        )
 
 
 def _numbers(value, name: str, function: str, hint: str = "") -> np.ndarray:
@@ -55,7 +63,7 @@ def block_weights(
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
-    check_source(source, AnnDataSource)
+    _check_source(source, "block_weights")
     if reduce not in ("mean", "sum"):
         raise ValueError(
             f"reduce must be one of ['mean', 'sum'], got reduce={reduce!r}"
@@ -91,7 +99,7 @@ def block_weights(
 
 def _codes(source: AnnDataSource, column: str, function: str):
     """`(codes, ranges, categories)` of a categorical column of `source`."""
-    check_source(source, AnnDataSource)
+    _check_source(source, function)
     if not isinstance(column, str):
         raise TypeError(
             f"{function}: column must be the name of a categorical obs column "
