@@ -116,19 +116,12 @@ class PositionalReader:
         dest_starts = np.cumsum(nbytes) - nbytes
 
         def task(a, b):
-            try:
-                self._fd.read_into(
-                    dest,
-                    offsets[a:b].tolist(),
-                    nbytes[a:b].tolist(),
-                    dest_starts[a:b].tolist(),
-                )
-            except ShortReadError as e:
-                raise errors.CorruptDataError(
-                    f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
-                    f"file but HDF5 places data up to byte {e.needed}: the file is "
-                    "truncated."
-                ) from None
+            self._pread_all(
+                dest,
+                offsets[a:b].tolist(),
+                nbytes[a:b].tolist(),
+                dest_starts[a:b].tolist(),
+            )
 
         # A remote reader runs its own GETs concurrently: pool threads would
         # only add GIL hand-offs.
@@ -141,6 +134,16 @@ class PositionalReader:
             min_bytes=_MIN_BYTES_PER_THREAD,
         ):
             task(a, b)
+
+    def _pread_all(self, dest, offsets, nbytes, dest_starts) -> None:
+        try:
+            self._fd.read_into(dest, offsets, nbytes, dest_starts)
+        except ShortReadError as e:
+            raise errors.CorruptDataError(
+                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
+                f"file but HDF5 places data up to byte {e.needed}: the file is "
+                "truncated."
+            ) from None
 
 
 __all__ = ["ByteLayout", "PositionalReader"]

@@ -94,12 +94,10 @@ class WeightedBlockSampler(BlockStream):
                 f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
                 f"{epoch_blocks}, epoch_cells={epoch_cells})"
             )
-        for name, value in (
-            ("epoch_blocks", epoch_blocks),
-            ("epoch_cells", epoch_cells),
-        ):
-            if value is not None:
-                check_int(name, value, minimum=1)
+        if epoch_blocks is not None:
+            check_int("epoch_blocks", epoch_blocks, minimum=1)
+        if epoch_cells is not None:
+            check_int("epoch_cells", epoch_cells, minimum=1)
         self._cdf = np.cumsum(w)
         self._runs = _runs_of_equal(w)
         self._total = float(self._cdf[-1])
