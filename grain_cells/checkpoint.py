@@ -125,20 +125,9 @@ class IteratorHandler(ocp.CheckpointHandler):
             start()
         return item
 
-    def metadata(self, directory) -> None:
-        """No metadata: the state files are the checkpoint."""
-        del directory
-
     def structure(self, directory) -> None:
-        """No structure (as Grain's handler)."""
+        """No structure (as Grain's handler); no metadata: the state files are all."""
         del directory
-
-    def finalize(self, directory) -> None:
-        """Nothing to finalize."""
-        del directory
-
-    def close(self) -> None:
-        """Nothing to close."""
 
 
 def _saved_files(directory: epath.Path, count: int) -> tuple[int, list]:

@@ -1,7 +1,4 @@
-"""absl flags marked parsed where nothing parses them (Grain's workers read one).
-
-Design notes: docs/reference/design.md#util-absl-flags.
-"""
+"""absl flags marked parsed where nothing parses them (Grain's workers read one)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,20 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-SEED_LIMIT = 2**63
-"""Seeds of the loader (samplers, in-fetch shuffle, splits) lie in `[0, SEED_LIMIT)`."""
+SEED_LIMIT = 2**63  # seeds of the loader (samplers, shuffles, splits): [0, SEED_LIMIT)
 
 
 class ArgumentTypeError(TypeError, ValueError):
     """An argument of the wrong type (a `TypeError`, and a `ValueError` as before)."""
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _got(name: str, value) -> str:
+    return f"got {name}={_short(value)} ({type(value).__name__})"
 
 
 def check_int(
@@ -66,19 +74,16 @@ def check_genes(genes):
 
 def paths_of(paths) -> str | os.PathLike | list:
     """`paths` with (backed) AnnData objects replaced by the file they are backed by."""
-    if _is_anndata(paths):
-        return _backing_file(paths)
     if isinstance(paths, Sequence) and not isinstance(paths, (str, bytes)):
-        return [_backing_file(p) if _is_anndata(p) else p for p in paths]
-    return paths
+        return [_backing_file(p) for p in paths]
+    return _backing_file(paths)
 
 
-def _is_anndata(obj) -> bool:
-    cls = type(obj)
-    return cls.__name__ == "AnnData" and cls.__module__.startswith("anndata")
-
-
-def _backing_file(adata) -> str:
+def _backing_file(adata):
+    """The file of a backed AnnData; anything else as it is."""
+    cls = type(adata)
+    if not (cls.__name__ == "AnnData" and cls.__module__.startswith("anndata")):
+        return adata
     if adata.isbacked and adata.is_view:
         raise TypeError(
             f"got a view ({adata.n_obs} x {adata.n_vars}) of the backed AnnData "
@@ -97,11 +102,6 @@ def _backing_file(adata) -> str:
     return os.fspath(filename)
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def check_choice(name: str, value, choices) -> str:
     """One of a few named values (`remainder="pad"`), compared as given."""
     if not isinstance(value, str) or value not in choices:
@@ -114,10 +114,7 @@ def check_choice(name: str, value, choices) -> str:
 def check_bool(name: str, value) -> bool:
     """A flag: `bool` or `np.bool_`, never a string (`"no"` is truthy)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(
-            f"{name} must be True or False, got {name}={_short(value)} "
-            f"({type(value).__name__})"
-        )
+        raise ArgumentTypeError(f"{name} must be True or False, {_got(name, value)}")
     return bool(value)
 
 
@@ -127,10 +124,7 @@ def check_name(name: str, value, *, optional: bool = False) -> str | None:
         return None
     if not isinstance(value, str):
         kind = "a string or None" if optional else "a string"
-        raise ArgumentTypeError(
-            f"{name} must be {kind}, got {name}={_short(value)} "
-            f"({type(value).__name__})"
-        )
+        raise ArgumentTypeError(f"{name} must be {kind}, {_got(name, value)}")
     if not value:
         raise ValueError(f"{name} must not be empty, got {name}=''")
     return value
@@ -147,8 +141,7 @@ def check_names(name: str, value) -> tuple[str, ...]:
         value = list(value)
     except TypeError:
         raise ArgumentTypeError(
-            f"{name} must be a list of names, got {name}={_short(value)} "
-            f"({type(value).__name__})"
+            f"{name} must be a list of names, {_got(name, value)}"
         ) from None
     bad = [v for v in value if not isinstance(v, str)]
     if bad:
@@ -161,13 +154,11 @@ def check_names(name: str, value) -> tuple[str, ...]:
 
 def check_dtype(name: str, value, *, optional: bool = False):
     """A NumPy dtype, returned as given (reprs record it); None only if `optional`."""
-    if value is None:
-        if optional:
-            return None
-        raise ArgumentTypeError(
-            f"{name} must be a NumPy dtype such as 'float32', got {name}=None"
-        )
+    if value is None and optional:
+        return None
     try:
+        if value is None:
+            raise TypeError
         np.dtype(value)
     except TypeError:
         raise ArgumentTypeError(
@@ -183,8 +174,8 @@ def check_mapping(name: str, value, *, optional: bool = True):
         return None
     if not isinstance(value, Mapping):
         raise ArgumentTypeError(
-            f"{name} must be a dict{' or None' if optional else ''}, got "
-            f"{name}={_short(value)} ({type(value).__name__})"
+            f"{name} must be a dict{' or None' if optional else ''}, "
+            + _got(name, value)
         )
     return value
 
@@ -194,7 +185,6 @@ def check_source(value, source_type, name: str = "source"):
     if not isinstance(value, source_type):
         raise ArgumentTypeError(
             f"{name} must be a grain_cells.AnnDataSource (or a view of one), "
-            f"got {name}={_short(value)} ({type(value).__name__}); build one "
-            "with grain_cells.AnnDataSource(paths, ...)"
+            f"{_got(name, value)}; build one with grain_cells.AnnDataSource(paths, ...)"
         )
     return value

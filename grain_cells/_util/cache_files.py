@@ -1,7 +1,4 @@
-"""The user's cache folder (`$GRAIN_CELLS_CACHE`), and files written into it atomically.
-
-Design notes: docs/reference/design.md#util-cache-files.
-"""
+"""The cache folder (`$GRAIN_CELLS_CACHE`), files written atomically, file locks."""
 
 from __future__ import annotations
 
@@ -21,10 +18,7 @@ except ImportError:  # not POSIX: no locks
 
 
 def cache_root(*, xdg: bool = True) -> str:
-    """`$GRAIN_CELLS_CACHE`, else `grain_cells` in `$XDG_CACHE_HOME` or `~/.cache`.
-
-    The obs and synthetic caches never honoured `$XDG_CACHE_HOME` (`xdg=False`).
-    """
+    """`$GRAIN_CELLS_CACHE`, else grain_cells in `$XDG_CACHE_HOME` (xdg) or ~/.cache."""
     folder = os.environ.get("GRAIN_CELLS_CACHE")
     if folder:
         return folder
@@ -41,15 +35,10 @@ def write_atomic(
     fsync: bool = False,
     prefix: str | None = None,
 ) -> None:
-    """Writes `path` through `write(file)` in a temporary file, then renames it.
-
-    Mode 0644 (`mkstemp`'s 0600 would hide a shared cache from other users).
-    """
+    """Writes `path` (mode 0644) through `write(file)` in a temporary file, renamed."""
     folder = os.path.dirname(os.fspath(path)) or "."
     name = os.path.basename(os.fspath(path))
-    # A name of this process and thread's own: `mkstemp`'s random names and
-    # a folder check per write took 44 CPU-us a write, this 33 (a build
-    # writes two per file, issue 33).
+    # This process and thread's own name: cheaper than `mkstemp` (issue 33).
     tmp = os.path.join(
         folder,
         f"{f'.{name}.' if prefix is None else prefix}{os.getpid()}."

@@ -1,7 +1,4 @@
-"""How many threads a process should read and decode with.
-
-Design notes: docs/reference/design.md#util-cores.
-"""
+"""How many threads a process should read and decode with (design.md#util-cores)."""
 
 from __future__ import annotations
 

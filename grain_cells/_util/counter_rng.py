@@ -1,7 +1,4 @@
-"""Counter-based random numbers: pure functions of `(seed, counters...)`.
-
-Design notes: docs/reference/design.md#util-counter-rng.
-"""
+"""Counter-based random numbers: pure functions of `(seed, counters...)` (design.md)."""
 
 from __future__ import annotations
 

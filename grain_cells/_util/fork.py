@@ -1,7 +1,4 @@
-"""Per-process state that a forked child must not inherit.
-
-Caches of pools, clients, handles and locks register a callback here; one
-`os.register_at_fork` handler runs them in the child, in registration order.
+"""Per-process state a forked child must not inherit: resets run in the child.
 
 Design notes: docs/reference/design.md#util-fork.
 """
@@ -19,8 +16,7 @@ from typing import Any
 _log = logging.getLogger(__name__)
 
 _functions: list[Callable[[], None]] = []
-# token -> (weak reference to the instance, reset(instance)); an entry leaves
-# when its instance is collected (the weak reference's callback).
+# token -> (weak reference to the instance, reset); leaves when it is collected.
 _instances: dict[int, tuple[weakref.ref, Callable[[Any], None]]] = {}
 _tokens = itertools.count()
 
@@ -32,21 +28,14 @@ def in_child(function: Callable[[], None]) -> Callable[[], None]:
 
 
 def in_child_of(instance: object, reset: Callable[[Any], None]) -> None:
-    """Calls `reset(instance)` in every child forked while `instance` lives.
-
-    `instance` is held by a weak reference; `reset` is a function of it (an
-    unbound method), never a bound method, which would keep it alive.
-    """
+    """Calls `reset(instance)` (an unbound method) in children forked while it lives."""
     token = next(_tokens)
     ref = weakref.ref(instance, lambda _, token=token: _instances.pop(token, None))
     _instances[token] = (ref, reset)
 
 
 class ProcessCache(dict):
-    """A dict of this process's objects (pools, clients), emptied in a forked child.
-
-    A forked child also gets a new lock (a parent thread may have held it).
-    """
+    """A dict of this process's objects (pools, clients), emptied (new lock) on fork."""
 
     def __init__(self):
         super().__init__()
@@ -68,19 +57,15 @@ class ProcessCache(dict):
 
 def _after_fork_in_child() -> None:
     """Runs the registered resets in the new child (its only thread)."""
-    for function in list(_functions):
-        _run(function)
-    for ref, reset in list(_instances.values()):
-        instance = ref()
-        if instance is not None:
-            _run(reset, instance)
-
-
-def _run(function: Callable, *args) -> None:
-    try:
-        function(*args)
-    except Exception:  # one failing reset must not skip the others
-        _log.exception("grain_cells: resetting %r after fork failed", function)
+    calls = [(f, ()) for f in _functions]
+    calls += [(reset, (ref(),)) for ref, reset in list(_instances.values())]
+    for function, args in calls:
+        if args == (None,):
+            continue  # collected
+        try:
+            function(*args)
+        except Exception:  # one failing reset must not skip the others
+            _log.exception("grain_cells: resetting %r after fork failed", function)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

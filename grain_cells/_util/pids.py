@@ -10,7 +10,7 @@ import os
 
 
 def _stat(pid: int) -> list[bytes] | None:
-    """`/proc/<pid>/stat` after "pid (comm)": state is [0], start time [19]."""
+    """`/proc/<pid>/stat` after "pid (comm)": state [0], start time [19] (proc(5))."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()
@@ -21,10 +21,7 @@ def _stat(pid: int) -> list[bytes] | None:
 def start_time(pid: int) -> int | None:
     """A process's start time in clock ticks after boot, or None."""
     fields = _stat(pid)
-    try:
-        return int(fields[19])  # field 22 of proc(5)
-    except (TypeError, IndexError, ValueError):
-        return None
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
 def gone(pid: int, start: int | None = None) -> bool:

@@ -1,7 +1,4 @@
-"""Row ranges `[start, stop)` and runs of consecutive ids: vectorised, int64.
-
-Design notes: docs/reference/design.md#util-ranges.
-"""
+"""Row ranges `[start, stop)` and runs of consecutive ids: vectorised, int64."""
 
 from __future__ import annotations
 

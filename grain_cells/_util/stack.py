@@ -8,16 +8,11 @@ import sys
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _ours_or_grains() -> tuple[str, ...]:
-    """Folders whose frames a warning skips: grain_cells, and Grain if loaded."""
-    grain = sys.modules.get("grain")
-    folder = os.path.dirname(os.path.abspath(getattr(grain, "__file__", None) or ""))
-    return (_PACKAGE, folder + os.sep) if grain is not None else (_PACKAGE,)
-
-
 def stacklevel_outside_package() -> int:
     """`stacklevel` for the caller's `warnings.warn`: the first frame outside ours."""
-    skip = _ours_or_grains()
+    grain = sys.modules.get("grain")
+    folder = os.path.dirname(os.path.abspath(getattr(grain, "__file__", None) or ""))
+    skip = (_PACKAGE, folder + os.sep) if grain is not None else (_PACKAGE,)
     frame, level = sys._getframe(2), 2  # the warning function's caller
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
         skip

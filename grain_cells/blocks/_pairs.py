@@ -1,8 +1,7 @@
-"""Class x class sums over blocks: what `balanced_block_weights` iterates on.
+"""Class x class sums over blocks, `M[k, j] = sum_b c_bk c_bj / n_b`.
 
-Exact integer sums, so the weights are the same on every machine.
-
-Design notes: docs/reference/design.md#blocks-pairs.
+What `balanced_block_weights` iterates on; exact integer sums, so the weights are
+the same on every machine. Design notes: docs/reference/design.md#blocks-pairs.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ _DENSE_COST = 512  # dense when width**2 <= this * longest (measured, ~10x BLAS)
 
 
 class Pairs(NamedTuple):
-    """Per class index: cells, and `M` (see the module docstring)."""
+    """Per class index: cells (float64, exact), and `M` (width x width)."""
 
-    counts: np.ndarray  # float64, exact
-    matrix: np.ndarray  # width x width, float64
+    counts: np.ndarray
+    matrix: np.ndarray
 
     def emitted(self, multiplier: np.ndarray) -> np.ndarray:
         """`sum_k multiplier[k] * M[k]`, added in increasing `k`."""
@@ -35,9 +34,8 @@ class Pairs(NamedTuple):
 def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
     """Yields `(first block, class index per cell, cells per block)` per piece.
 
-    `codes`: one per global row (-1: missing); `ranges(a, b)`: `(starts, stops)`
-    of blocks `a` to `b - 1`; `longest`: most cells in a block; `width`: classes,
-    the missing one (index 0) included.
+    `codes`: one per global row (-1: missing, class 0); `ranges(a, b)`: `(starts,
+    stops)` of blocks `[a, b)`; `longest`: most cells in a block; `width`: classes.
     """
     step = max(1, _PIECE_CELLS // max(1, longest))
     if _dense(width, longest):
@@ -54,20 +52,15 @@ def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
 
 
 def entries(codes, ranges, num_blocks: int, longest: int, width: int):
-    """Yields `(first block, block, class, count)` of each piece's cells' entries.
-
-    Sorted by block, then class, blocks local to the piece: the block x class
-    count table without a copy as long as the cells.
-    """
+    """Yields `(first block, block, class, count)` per piece, by block then class."""
     for a, klass, n in pieces(codes, ranges, num_blocks, longest, width):
         yield (a, *_piece_entries(klass, n, width))
 
 
 def class_sums(codes, ranges, num_blocks: int, longest: int, width: int, weights=None):
-    """Per class index: the sum of `weights[block] * count` (None: `count`).
+    """Per class: the sum of `weights[block] * count` (None: `count`).
 
-    Added in entry order, the running totals carried as the first terms of the
-    next piece's `np.bincount`: bit for bit one `np.bincount` over all entries.
+    Bit for bit one `np.bincount` over all entries: running totals lead each piece's.
     """
     total = np.zeros(width)
     head = np.arange(width)
@@ -124,7 +117,7 @@ def _piece_counts(klass: np.ndarray, n: np.ndarray, width: int, dense: bool):
 
 
 def pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
-    """Class counts and `M` of the blocks (one pass; see the module docstring)."""
+    """Class counts and `M` of the blocks, in one pass."""
     dense = _dense(width, longest)
     counts = np.zeros(width, np.int64)
     by_length: dict[int, np.ndarray] = {}

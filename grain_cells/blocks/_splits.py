@@ -1,9 +1,7 @@
 """Deterministic train/validation/test splits, as views of a source.
 
-Pure functions of the source, the arguments and the seed (never of worker or
-shard counts): the splits are disjoint and together cover the source.
-
-Design notes: docs/reference/design.md#blocks-splits.
+Pure functions of the source, the arguments and the seed (never of worker or shard
+counts), disjoint, together the source. Design: docs/reference/design.md#blocks-splits.
 """
 
 from __future__ import annotations
@@ -119,12 +117,7 @@ def fraction_split_blocks(
     unit_cells: int | None = None,
     by: str | None = None,
 ) -> dict[str, BlockTable]:
-    """The block tables of `split_by_fraction`: split name to a `BlockTable`.
-
-    A pure function of the source's cells and obs, the arguments and the
-    seed; `split_by_fraction` binds each table to a view (`source.view`).
-    Arguments and errors as in `split_by_fraction`.
-    """
+    """`split_by_fraction`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     names, bounds = _fraction_bounds(fractions)
     seed = arguments.check_seed(seed)
@@ -178,12 +171,7 @@ def obs_split_blocks(
     *,
     rest: str | None = "train",
 ) -> dict[str, BlockTable]:
-    """The block tables of `split_by_obs`: split name to a `BlockTable`.
-
-    A pure function of the source's cells and obs, the arguments and the
-    seed; `split_by_obs` binds each table to a view (`source.view`).
-    Arguments and errors as in `split_by_obs`.
-    """
+    """`split_by_obs`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     if not isinstance(holdout, Mapping) or not holdout:
         raise ValueError(
@@ -191,7 +179,6 @@ def obs_split_blocks(
         )
     if rest is not None and rest in holdout:
         raise ValueError(f"rest={rest!r} is also a holdout split; rename one")
-    # Masks of one byte per cell, updated in place: a few alive at a time.
     table = source.block_table
     mask = table.cell_mask() if table.is_view else None
     taken = None
@@ -279,11 +266,9 @@ def _cut(keys, sizes, bounds, seed, names, what) -> np.ndarray:
 
 
 def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """Group index of each global row, and each group's uint64 key.
+    """The group of each global row, and each group's key: a hash of its label's text.
 
-    A categorical column's groups are its categories plus "missing"
-    (index 0); a numeric column's are its distinct values. Keys hash the
-    label's text, so they do not depend on category order or file order.
+    Categorical: the categories plus "missing" (group 0); numeric: distinct values.
     """
     if column not in source.obs_columns:
         raise errors.MissingColumnError(
@@ -299,15 +284,8 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
     else:
         group_of_row = values.astype(np.int64) + 1
         texts = ["\x00missing", *(str(c) for c in categories.tolist())]
-    keys = np.array(
-        [
-            int.from_bytes(
-                hashlib.blake2b(t.encode(), digest_size=8).digest(), "little"
-            )
-            for t in texts
-        ],
-        np.uint64,
-    )
+    digests = [hashlib.blake2b(t.encode(), digest_size=8).digest() for t in texts]
+    keys = np.array([int.from_bytes(d, "little") for d in digests], np.uint64)
     return group_of_row.reshape(-1), keys
 
 

@@ -1,9 +1,7 @@
 """Block weights for `WeightedBlockSampler`: per-cell weights, class balance.
 
-A sampler draws blocks and emits every cell of a drawn block, so a cell's
-expected rate is its block's probability.
-
-Design notes: docs/reference/design.md#blocks-weighting.
+A sampler emits every cell of a drawn block, so a cell's expected rate is its
+block's probability. Design notes: docs/reference/design.md#blocks-weighting.
 """
 
 from __future__ import annotations
@@ -16,13 +14,29 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.arguments import check_int
 from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
-from grain_cells.blocks._weight_args import check_column, check_source, numbers
 from grain_cells.source import AnnDataSource
 
-REDUCTIONS = ("mean", "sum")
-MISS_POINTS = 0.03
-"""A class share further than this from its target (3 percentage points)
-makes `balanced_block_weights` suggest a grouped copy."""
+MISS_POINTS = 0.03  # a share this far from its target suggests a grouped copy
+
+
+def _check_source(source, function: str) -> None:
+    if not isinstance(source, AnnDataSource):
+        raise TypeError(
+            f"{function}: source must be a grain_cells.AnnDataSource (or a view "
+            f"of one), got {type(source).__name__}"
+        )
+
+
+def _numbers(value, name: str, function: str, hint: str = "") -> np.ndarray:
+    """`value` as float64, or a TypeError naming the argument."""
+    bare = isinstance(value, (str, bytes)) or value is None
+    arr = None if bare else np.asarray(value)
+    if arr is None or arr.dtype.kind not in "biuf":
+        got = f"{type(value).__name__} {value!r}" if bare else f"dtype {arr.dtype}"
+        raise TypeError(
+            f"{function}: {name} must be an array of numbers, got {got}{hint}"
+        )
+    return arr.astype(np.float64)
 
 
 def block_weights(
@@ -49,10 +63,10 @@ def block_weights(
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
-    check_source(source, "block_weights")
-    if reduce not in REDUCTIONS:
+    _check_source(source, "block_weights")
+    if reduce not in ("mean", "sum"):
         raise ValueError(
-            f"reduce must be one of {list(REDUCTIONS)}, got reduce={reduce!r}"
+            f"reduce must be one of ['mean', 'sum'], got reduce={reduce!r}"
         )
     hint = (
         f"; for class balance over an obs column use balanced_block_weights("
@@ -60,7 +74,7 @@ def block_weights(
         if isinstance(cell_weights, str)
         else ""
     )
-    w = numbers(cell_weights, "cell_weights", "block_weights", hint)
+    w = _numbers(cell_weights, "cell_weights", "block_weights", hint)
     n = source.num_cells
     if w.shape != (n,):
         raise ValueError(
@@ -83,8 +97,15 @@ def block_weights(
     return out
 
 
-def _codes(source: AnnDataSource, column: str):
+def _codes(source: AnnDataSource, column: str, function: str):
     """`(codes, ranges, categories)` of a categorical column of `source`."""
+    _check_source(source, function)
+    if not isinstance(column, str):
+        raise TypeError(
+            f"{function}: column must be the name of a categorical obs column "
+            f"(a str), got {type(column).__name__}"
+            + (f" of shape {np.shape(column)}" if np.ndim(column) else f" {column!r}")
+        )
     if column not in source.obs_columns:
         raise errors.MissingColumnError(
             f"column={column!r} is not one of the source's obs_columns "
@@ -180,13 +201,11 @@ def balanced_block_weights(
 
     Warns:
         UserWarning: The targets were not reached (blocks mix classes too
-            much): lists the shares against the targets and, past
-            `MISS_POINTS`, suggests `preshuffle(..., group_by=column)`.
+            much): lists the shares against the targets and, past 3
+            percentage points, suggests `preshuffle(..., group_by=column)`.
     """
-    check_source(source, "balanced_block_weights")
-    check_column(column, "balanced_block_weights")
+    codes, ranges, categories = _codes(source, column, "balanced_block_weights")
     check_int("max_iterations", max_iterations, minimum=1)
-    codes, ranges, categories = _codes(source, column)
     blocks, longest = len(source), source.block_size
     table = pairs(codes, ranges, blocks, longest, len(categories) + 1)
     target = _targets(table.counts, categories, column, shares)
@@ -282,10 +301,8 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """
     if isinstance(weights, str) and not isinstance(column, str):
         weights, column = column, weights  # the earlier order
-    check_source(source, "expected_shares")
-    check_column(column, "expected_shares")
-    weights = numbers(weights, "weights", "expected_shares")
-    codes, ranges, categories = _codes(source, column)
+    codes, ranges, categories = _codes(source, column, "expected_shares")
+    weights = _numbers(weights, "weights", "expected_shares")
     if weights.shape != (len(source),):
         raise ValueError(
             f"weights needs one value per block ({len(source)}), got shape "

@@ -11,7 +11,6 @@ from grain_cells.formats._positional import (
     LAYOUT_OVERHEAD_BYTES,
     ByteLayout,
     PositionalReader,
-    run_parts,
 )
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
@@ -19,16 +18,11 @@ from grain_cells.formats._protocol import (
     RangeReader,
     checked_ranges,
     missing_path,
+    run_parts,
     value_dtype,
     wait_all,
 )
-from grain_cells.formats._registry import (
-    for_path,
-    of,
-    register,
-    registered,
-    unregister,
-)
+from grain_cells.formats._registry import for_path, of, register, registered, unregister
 
 __all__ = [
     "LAYOUT_OVERHEAD_BYTES",

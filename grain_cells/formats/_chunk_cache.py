@@ -1,4 +1,4 @@
-"""An LRU of decoded chunks that format readers share (`hdf5._chunks.SHARED`).
+"""A thread-safe LRU of decoded chunks that format readers share (`hdf5._chunks`).
 
 Design notes: docs/reference/design.md#formats-chunk-cache.
 """
@@ -13,24 +13,13 @@ import numpy as np
 
 
 class ChunkCache:
-    """A thread-safe LRU of decoded chunks keyed by (reader token, chunk)."""
+    """Decoded chunks keyed by (reader token, chunk), least recently used evicted."""
 
     def __init__(self):
-        self._entries: collections.OrderedDict[tuple[int, int], np.ndarray] = (
-            collections.OrderedDict()
-        )
-        self._held = 0
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self.nbytes = 0  # decoded bytes held
         self._lock = threading.Lock()
-        self._tokens = itertools.count()
-
-    def token(self) -> int:
-        """A key prefix no other reader of this process has had."""
-        return next(self._tokens)
-
-    @property
-    def nbytes(self) -> int:
-        """Decoded bytes held."""
-        return self._held
+        self.token = itertools.count().__next__  # a key prefix per reader
 
     def get(self, token: int, k: int) -> np.ndarray | None:
         """Chunk `k` of reader `token`, or None; marks it recently used."""
@@ -46,19 +35,16 @@ class ChunkCache:
             return
         with self._lock:
             old = self._entries.pop((token, k), None)
-            if old is not None:
-                self._held -= old.nbytes
+            self.nbytes += chunk.nbytes - (0 if old is None else old.nbytes)
             self._entries[(token, k)] = chunk
-            self._held += chunk.nbytes
-            while self._held > budget:
-                _, evicted = self._entries.popitem(last=False)
-                self._held -= evicted.nbytes
+            while self.nbytes > budget:
+                self.nbytes -= self._entries.popitem(last=False)[1].nbytes
 
     def drop(self, token: int) -> None:
         """Forgets every chunk of reader `token` (it was closed)."""
         with self._lock:
             for key in [key for key in self._entries if key[0] == token]:
-                self._held -= self._entries.pop(key).nbytes
+                self.nbytes -= self._entries.pop(key).nbytes
 
 
 __all__ = ["ChunkCache"]

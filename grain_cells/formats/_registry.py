@@ -16,11 +16,18 @@ _formats: list[Format] = []  # in registration order
 _asked: tuple[Format, ...] = ()  # `registered()`, kept current by (un)register
 
 
-def register(fmt: Format) -> Format:
-    """Adds `fmt` to the formats asked first (re-registering moves it).
+def _set(formats: list[Format]) -> None:
+    global _asked
+    _formats[:] = formats
+    newest = formats[::-1]
+    _asked = (
+        *(f for f in newest if not f.fallback),
+        *(f for f in newest if f.fallback),
+    )
 
-    Returns:
-        `fmt`: `FORMAT = register(MyFormat())`.
+
+def register(fmt: Format) -> Format:
+    """Adds `fmt` (or moves it) to the formats asked first; returns it.
 
     Raises:
         TypeError: `fmt` is not a `Format`.
@@ -30,25 +37,14 @@ def register(fmt: Format) -> Format:
             f"register expects a grain_cells.formats.Format, got {type(fmt).__name__}"
         )
     with _lock:
-        _formats[:] = [f for f in _formats if f.name != fmt.name] + [fmt]
-        _order()
+        _set([f for f in _formats if f.name != fmt.name] + [fmt])
     return fmt
 
 
 def unregister(fmt: Format) -> None:
     """Removes `fmt` (tests register a format for their own duration)."""
     with _lock:
-        _formats[:] = [f for f in _formats if f is not fmt]
-        _order()
-
-
-def _order() -> None:
-    """Recomputes the order formats are asked in (under `_lock`)."""
-    global _asked
-    newest = tuple(reversed(_formats))
-    _asked = tuple(f for f in newest if not f.fallback) + tuple(
-        f for f in newest if f.fallback
-    )
+        _set([f for f in _formats if f is not fmt])
 
 
 def registered() -> tuple[Format, ...]:
@@ -60,22 +56,22 @@ def for_path(path: str | os.PathLike) -> Format:
     """The format that opens `path` (a local path or URL).
 
     Raises:
-        ValueError: No registered format opens it (none registered).
+        ValueError: No registered format opens it.
     """
     path = os.fspath(path)
-    for fmt in registered():
+    for fmt in _asked:
         if fmt.can_open(path):
             return fmt
     raise ValueError(
         f"{path}: no registered format opens it (formats: "
-        f"{[f.name for f in registered()]}); import grain_cells to register "
+        f"{[f.name for f in _asked]}); import grain_cells to register "
         "the built-in ones"
     )
 
 
 def of(node) -> Format | None:
     """The format that owns `node` (a group, an array, an open file), or None."""
-    for fmt in _asked:  # asked for every node: the tuple is kept, not rebuilt
+    for fmt in _asked:
         if fmt.owns(node):
             return fmt
     return None

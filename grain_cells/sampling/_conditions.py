@@ -1,9 +1,6 @@
 """One condition per minibatch: every minibatch's cells share an obs value.
 
-`condition_blocks` (blocks never straddle a change of the column),
-`ConditionBlockSampler` (a group of one condition's blocks per fetch) and
-`fetch_operations(..., condition=column)` (minibatches split by value). Design notes:
-docs/reference/design.md#sampling-conditions.
+Design notes: docs/reference/design.md#sampling-conditions.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import BlockStream, check_stream_args
+from grain_cells.sampling._stream import BlockStream, PositionHints, check_stream_args
 
 if TYPE_CHECKING:
     from grain_cells.source import BlockTable
@@ -102,7 +98,8 @@ class ConditionBlockSampler(BlockStream):
         Raises:
             ValueError: An argument is out of range, or no weight is positive.
         """
-        shard_options = check_stream_args(num_epochs, seed, shard_options)
+        num_blocks = len(source)
+        shard_options = check_stream_args(num_epochs, seed, shard_options, num_blocks)
         if blocks_per_fetch < 1 or worker_count < 0:
             raise ValueError(
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
@@ -113,10 +110,7 @@ class ConditionBlockSampler(BlockStream):
         self._g = int(blocks_per_fetch)
         self._lanes = shard_options.shard_count * max(1, int(worker_count))
         self._worker_count = int(worker_count)
-        num_blocks = len(source)
         count = shard_options.shard_count
-        if num_blocks < count:
-            raise ValueError(f"{num_blocks} blocks cannot be split over {count} shards")
         _, starts, _ = source.block_ranges(np.arange(num_blocks))
         codes = source.obs_values(column)[starts]
         labels = source.categories[column]
@@ -237,9 +231,6 @@ class ConditionBlockSampler(BlockStream):
         v = counter_rng.uniform_int(self.seed, epoch, 2 * _DRAW_WORD + slot)
         return self._static[ids[int(v * ids.size)]]
 
-    def _weights_id(self) -> str:
-        return f"sha256:{hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]}"
-
     def blocks_at(self, positions) -> np.ndarray:
         """`block_at` of many positions."""
         return np.array([self.block_at(p) for p in positions], np.int64)
@@ -248,7 +239,8 @@ class ConditionBlockSampler(BlockStream):
         """What a checkpoint records: what decides the order, never the shard."""
         weights = epoch_length = None
         if self._weights is not None:
-            weights, epoch_length = self._weights_id(), self.epoch_length
+            digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]
+            weights, epoch_length = f"sha256:{digest}", self.epoch_length
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,
@@ -262,16 +254,13 @@ class ConditionBlockSampler(BlockStream):
         }
 
     def __repr__(self) -> str:
+        items = self.fingerprint()
+        tail = {k: items.pop(k) for k in ("class", "weights", "epoch_length")}
         so = self.shard_options
-        weights = ""
-        if self._weights is not None:
-            weights = (
-                f", weights={self._weights_id()}, epoch_length={self.epoch_length}"
-            )
+        items.update(column=repr(self._column), shard_index=so.shard_index)
+        items["shard_count"] = so.shard_count
+        if tail["weights"] is not None:
+            items.update(weights=tail["weights"], epoch_length=tail["epoch_length"])
         return (
-            f"ConditionBlockSampler(num_blocks={self.num_blocks}, "
-            f"column={self._column!r}, blocks_per_fetch={self._g}, "
-            f"worker_count={self._worker_count}, seed={self.seed}, "
-            f"num_epochs={self.num_epochs}, shard_index={so.shard_index}, "
-            f"shard_count={so.shard_count}{weights})"
+            f"{tail['class']}(" + ", ".join(f"{k}={v}" for k, v in items.items()) + ")"
         )

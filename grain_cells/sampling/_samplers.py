@@ -1,8 +1,6 @@
-"""Block samplers: scDataset's block sampling, and weighted draws of blocks.
+"""`BlockSampler`: every block once per epoch, shuffled (scDataset's block sampling).
 
-`BlockSampler` visits every block once per epoch, shuffled; its stream is a pure
-function of (seed, epoch, position). Design notes: docs/reference/design.md#sampling-
-samplers.
+Design notes: docs/reference/design.md#sampling-samplers.
 """
 
 from __future__ import annotations
@@ -15,11 +13,7 @@ from grain import sharding
 
 from grain_cells._util import arguments
 from grain_cells.sampling import _shuffle
-from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import (
-    BlockStream,
-    check_stream_args,
-)
+from grain_cells.sampling._stream import BlockStream, PositionHints, check_stream_args
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
@@ -71,18 +65,12 @@ class BlockSampler(BlockStream):
             ValueError: An argument is out of range, or there are fewer blocks
                 than shards.
         """
-        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
         hints = PositionHints.for_source(num_blocks, readahead_cells)
         if hasattr(num_blocks, "__len__") and not isinstance(num_blocks, str):
             num_blocks = len(num_blocks)  # a source: its blocks
         num_blocks = arguments.check_int("num_blocks", num_blocks, minimum=1)
-        shard_options = check_stream_args(num_epochs, seed, shard_options)
+        shard_options = check_stream_args(num_epochs, seed, shard_options, num_blocks)
         count = shard_options.shard_count
-        if num_blocks < count:
-            raise ValueError(
-                f"{num_blocks} blocks cannot be split over {count} shards; use a "
-                "smaller block_size or fewer shards"
-            )
         super().__init__(
             num_blocks=num_blocks,
             epoch_length=num_blocks - num_blocks % count,
@@ -140,7 +128,7 @@ class BlockSampler(BlockStream):
         return out
 
     def _epoch_seed(self, epoch: int) -> int:
-        # index_shuffle takes a 32-bit seed; mix seed and epoch into one.
+        """`index_shuffle`'s 32-bit seed: `seed` and `epoch` mixed (memoised)."""
         cached = self.__dict__.get("_seed_memo")
         if cached is not None and cached[0] == epoch:
             return cached[1]

@@ -1,19 +1,30 @@
-"""The base of grain_cells' block samplers (`BlockStream`) and their checks."""
+"""The base of grain_cells' block samplers (`BlockStream`), its checks, read-ahead.
+
+A sampler built on a source and driven by a plain `grain.DataLoader` hints its
+own next positions' blocks (`PositionHints`, `AnnDataSource.advise`), reading
+the stride from consecutive calls; `grain_cells.DataLoader` reads ahead in its
+fetch stage instead. Design notes: docs/reference/design.md#sampling-readahead.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 import sys
+import threading
 
 import grain
 import numpy as np
 from grain import sharding
 
 from grain_cells._util import arguments
-from grain_cells.sampling._readahead import PositionHints
+from grain_cells.source import AnnDataSource
 
 
-def check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
-    """Validates the arguments every sampler takes; returns the shard options."""
+def check_stream_args(
+    num_epochs, seed, shard_options, num_blocks: int | None = None
+) -> sharding.ShardOptions:
+    """Validates what every sampler takes (with `num_blocks`: >= shards); the shard."""
     if num_epochs is not None:
         arguments.check_int("num_epochs", num_epochs, minimum=1)
     arguments.check_seed(seed)
@@ -30,17 +41,22 @@ def check_stream_args(num_epochs, seed, shard_options) -> sharding.ShardOptions:
         raise ValueError(
             f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
         )
+    if num_blocks is not None and num_blocks < count:
+        raise ValueError(
+            f"{num_blocks} blocks cannot be split over {count} shards; use a "
+            "smaller block_size or fewer shards"
+        )
     return shard_options
 
 
 def check_sampler_fits(sampler, data_source) -> None:
-    """Refuses a sampler that walks another number of blocks than the source has.
+    """Refuses a sampler over another number of blocks than `data_source` has.
 
-    Grain's `DataLoader` takes record keys modulo `len(data_source)`: a longer sampler
-    would silently repeat blocks, a shorter one read only the first.
+    (Grain takes record keys modulo `len(data_source)`: blocks would silently
+    repeat, or only the first be read.)
 
     Raises:
-        TypeError: `sampler` is not a sampler (no `__getitem__` and `__len__`).
+        TypeError: `sampler` has no `__getitem__` and `__len__`.
         ValueError: `sampler.num_blocks != len(data_source)`.
     """
     if not (hasattr(sampler, "__getitem__") and hasattr(sampler, "__len__")):
@@ -69,13 +85,94 @@ def check_sampler_fits(sampler, data_source) -> None:
         )
 
 
+class PositionHints:
+    """Hints `source` about a stream's next positions (>= 2), `readahead_cells` ahead.
+
+    Each process (a worker, a forked child) starts its own window.
+    """
+
+    def __init__(self, source: AnnDataSource, readahead_cells: int):
+        self.source = source
+        self.window = max(2, -(-int(readahead_cells) // source.block_size))
+        self._reset()
+
+    @classmethod
+    def for_source(cls, source, readahead_cells: int) -> PositionHints | None:
+        """Hints for `source`; None when it is not a source or cells is 0."""
+        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
+        if not isinstance(source, AnnDataSource) or readahead_cells == 0:
+            return None
+        return cls(source, readahead_cells)
+
+    def _reset(self) -> None:
+        self._last: int | None = None  # the furthest position seen
+        self._stride = 0  # gcd of the steps forward (0: none yet)
+        self._hinted_until = -1
+        self._lock = threading.Lock()  # one hinting thread at a time
+        self._pid = os.getpid()
+
+    def __getstate__(self):
+        return {"source": self.source, "window": self.window}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    def seen(self, index: int, stream: BlockStream) -> None:
+        """Called with each position handed out, from any thread; hints ahead."""
+        if self._pid != os.getpid():
+            self._reset()  # forked: the parent's lock may have been held
+        if not self._lock.acquire(blocking=False):
+            return  # another thread hints
+        try:
+            self._seen(index, stream)
+        finally:
+            self._lock.release()
+
+    def _seen(self, index: int, stream: BlockStream) -> None:
+        last = self._last
+        if last is not None:
+            # Any two positions of one worker are a multiple of the worker
+            # count apart, late ones too: their gcd is the stride.
+            self._stride = math.gcd(self._stride, abs(index - last))
+        stride = self._stride or 1
+        # Positions up to one epoch ahead: a longer span hints the same
+        # blocks again (thousands of `index_shuffle` calls for a small file).
+        window = min(self.window * stride, max(stream.epoch_length, stride))
+        if last is None or index > last:
+            self._last = index
+        elif index + window < last:  # far behind: restored or restarted
+            self._last = index
+            self._hinted_until = -1
+        if self._hinted_until > index + window // 2:
+            return
+        first = max(self._hinted_until, index + stride)
+        end = index + window
+        if stream.num_epochs is not None:
+            end = min(end, len(stream))
+        if first >= end:
+            return
+        positions = range(first, end, stride)
+        self.source.advise(stream.blocks_at(positions))
+        self._hinted_until = positions[-1] + stride
+
+
 class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
-    A subclass passes its sizes to `__init__` and defines `block_at(position)`,
-    `blocks_at(positions)` and `fingerprint()`; Grain's `__getitem__`, `__len__`,
-    the properties and a `repr` of the fingerprint and shard are shared.
+    A subclass passes its checked sizes to `__init__` and defines `block_at`,
+    `blocks_at` and `fingerprint`; Grain's `__getitem__` and `__len__` and a
+    `repr` of the fingerprint and shard are shared.
     """
+
+    num_blocks: int
+    """Blocks of the source."""
+    epoch_length: int
+    """Positions per epoch over all shards (a multiple of the shard count)."""
+    seed: int
+    """Seed of the stream's randomness."""
+    num_epochs: int | None
+    """Epochs in the stream (None: endless)."""
 
     def __init__(
         self,
@@ -87,47 +184,26 @@ class BlockStream:
         shard_options: sharding.ShardOptions,
         hints: PositionHints | None = None,
     ):
-        """Holds the sizes the subclass checked; `hints`: read-ahead, or None."""
-        self._num_blocks = int(num_blocks)
-        self._epoch_length = int(epoch_length)
-        self._seed = int(seed)
-        self._num_epochs = None if num_epochs is None else int(num_epochs)
-        self._shard_options = shard_options
+        self.num_blocks = int(num_blocks)
+        self.epoch_length = int(epoch_length)
+        self.seed = int(seed)
+        self.num_epochs = None if num_epochs is None else int(num_epochs)
+        self._shard_options = shard_options  # where a grain.DataLoader looks
         self._hints = hints
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks of the source."""
-        return self._num_blocks
-
-    @property
-    def epoch_length(self) -> int:
-        """Positions per epoch over all shards (a multiple of the shard count)."""
-        return self._epoch_length
 
     @property
     def shard_options(self) -> sharding.ShardOptions:
         """The sharding the sampler sizes epochs for."""
         return self._shard_options
 
-    @property
-    def seed(self) -> int:
-        """Seed of the stream's randomness."""
-        return self._seed
-
-    @property
-    def num_epochs(self) -> int | None:
-        """Epochs in the stream (None: endless)."""
-        return self._num_epochs
-
     def __len__(self) -> int:
-        if self._num_epochs is None:
+        if self.num_epochs is None:
             return sys.maxsize
-        return self._num_epochs * self._epoch_length
+        return self.num_epochs * self.epoch_length
 
     def __getitem__(self, index: int) -> grain.RecordMetadata:
         index = int(index)
-        if index < 0 or (self._num_epochs is not None and index >= len(self)):
+        if index < 0 or (self.num_epochs is not None and index >= len(self)):
             raise IndexError(
                 f"position {index} is past the end of the stream ({len(self)} "
                 "positions)"

@@ -11,8 +11,7 @@ from grain import sharding
 from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
 from grain_cells.sampling import _shared_table
-from grain_cells.sampling._readahead import PositionHints
-from grain_cells.sampling._stream import BlockStream, check_stream_args
+from grain_cells.sampling._stream import BlockStream, PositionHints, check_stream_args
 from grain_cells.source import AnnDataSource
 
 
@@ -74,10 +73,8 @@ class WeightedBlockSampler(BlockStream):
                 epoch length; a bad seed, epoch count or shard.
         """
         hints = PositionHints.for_source(source, readahead_cells)
-        if isinstance(source, (int, np.integer)):
-            num_blocks = int(source)
-        else:
-            num_blocks = len(source)
+        is_count = isinstance(source, (int, np.integer))
+        num_blocks = int(source) if is_count else len(source)
         w = np.asarray(weights, np.float64)
         if w.shape != (num_blocks,):
             raise ValueError(
@@ -97,12 +94,10 @@ class WeightedBlockSampler(BlockStream):
                 f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
                 f"{epoch_blocks}, epoch_cells={epoch_cells})"
             )
-        for name, value in (
-            ("epoch_blocks", epoch_blocks),
-            ("epoch_cells", epoch_cells),
-        ):
-            if value is not None:
-                check_int(name, value, minimum=1)
+        if epoch_blocks is not None:
+            check_int("epoch_blocks", epoch_blocks, minimum=1)
+        if epoch_cells is not None:
+            check_int("epoch_cells", epoch_cells, minimum=1)
         self._cdf = np.cumsum(w)
         self._runs = _runs_of_equal(w)
         self._total = float(self._cdf[-1])
@@ -128,7 +123,6 @@ class WeightedBlockSampler(BlockStream):
         )
         digest = hashlib.sha256(np.ascontiguousarray(w, "<f8")).hexdigest()
         self._weights_id = digest[:16]
-        # The name of the shared table of cumulative weights (see pickling).
         self._cdf_name = hashlib.sha256(f"cdf {digest}".encode()).hexdigest()
 
     def __getstate__(self) -> dict:
@@ -186,7 +180,7 @@ class WeightedBlockSampler(BlockStream):
 
 
 def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`(values, counts)` of runs of bit-equal weights; None if not under half."""
+    """`(values, counts)` of runs of bit-equal weights; None unless under w.size / 2."""
     bits = w.view(np.int64)
     heads = np.flatnonzero(bits[1:] != bits[:-1]) + 1
     if 2 * (heads.size + 1) >= w.size:
