@@ -288,7 +288,16 @@ class TokenOutput(Output):
         """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
         from grain_cells.tokens import _jit
 
-        data, indices, indptr, checked = self._csr_for_jit(fetch)
+        jit_csr = fetch.cache.get(("jit_csr", id(self)))
+        if jit_csr is None:  # `checked` False: every value is kept
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            checked = not (self._all_in_vocabulary and positive)
+            indices = np.ascontiguousarray(csr.indices)
+            indptr = np.ascontiguousarray(csr.indptr, np.int64)
+            jit_csr = fetch.cache["jit_csr", id(self)] = data, indices, indptr, checked
+        data, indices, indptr, checked = jit_csr
         shape = (n_out, self.length)
         arrays = {"gene_ids": np.empty(shape, np.int32)}
         if self.n_bins is None:
@@ -342,7 +351,12 @@ class TokenOutput(Output):
         ids = out["gene_ids"]
         row_ids = np.zeros(ids.shape[0], np.int64)
         row_ids[: rows.size] = fetch.row_ids[rows]
-        r, c = np.nonzero(self._gene_positions(n_genes))
+        offset = 1 if self.cls_id >= 0 else 0
+        genes = np.zeros((n_genes.size, self.length), bool)
+        genes[:, offset : offset + self.slots] = (
+            np.arange(self.slots)[None, :] < n_genes[:, None]
+        )
+        r, c = np.nonzero(genes)
         u = counter_rng.uniform(
             np.uint64(fetch.key),
             row_ids[r].astype(np.uint64),
@@ -361,31 +375,6 @@ class TokenOutput(Output):
 
     def _compiled(self) -> bool:
         return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
-
-    def _csr_for_jit(self, fetch: Fetch):
-        """Cached `(data, indices, indptr, checked)`; `checked` False: all kept."""
-        key = ("jit_csr", id(self))
-        arrays = fetch.cache.get(key)
-        if arrays is None:
-            csr = fetch.csr
-            data = np.ascontiguousarray(csr.data, np.float32)
-            positive = not data.size or data.min() > 0
-            arrays = fetch.cache[key] = (
-                data,
-                np.ascontiguousarray(csr.indices),
-                np.ascontiguousarray(csr.indptr, np.int64),
-                not (self._all_in_vocabulary and positive),
-            )
-        return arrays
-
-    def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
-        """Each row's gene positions: bool `[n_rows, length]`."""
-        offset = 1 if self.cls_id >= 0 else 0
-        positions = np.zeros((n_genes.size, self.length), bool)
-        positions[:, offset : offset + self.slots] = (
-            np.arange(self.slots)[None, :] < n_genes[:, None]
-        )
-        return positions
 
 
 def column_token_array(column_tokens) -> np.ndarray:
