@@ -34,7 +34,10 @@ def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
 
 
 class TokenOutput(Output):
-    """The base of `RankValueTokens` and `ValueBinTokens` (their parameters below)."""
+    """The encoder of `RankValueTokens` and `ValueBinTokens`.
+
+    The class attributes below are the defaults of the parameters only one has.
+    """
 
     _cache_name = "tokens"
     _FINGERPRINT: tuple[str, ...] = ()  # recorded between length and mlm_probability
