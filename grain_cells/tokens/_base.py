@@ -257,6 +257,8 @@ class TokenOutput(Output):
             genes[chunk, :w] = row_genes[:, :w]
             if binned:
                 bins[chunk, :w] = row_bins[:, :w]
+        # The last chunk's keys (up to 64 MB) go before the outputs are allocated.
+        rows = row_genes = row_bins = kept = at = None
         n_genes = np.minimum(n_expr, self.slots)
         if self.pad_zeros and self.vocab_columns.size:
             n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
