@@ -1,26 +1,26 @@
-"""`device_iterator`: a loader's minibatches as device arrays, copied ahead."""
+"""`device_iterator`: a loader's minibatches as device arrays, copied ahead.
+
+Each minibatch's leading axis is sharded over the devices of every JAX process, and
+every minibatch must repeat the first one's shapes and dtypes, so a jitted step never
+compiles again.
+"""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
 import grain
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from grain_cells._util.arguments import check_int
-from grain_cells.feed._arrays import Placement, default_sharding
+from grain_cells.outputs import densify as densify_batch
 
-
-@dataclasses.dataclass
-class _Item:
-    device: dict  # the minibatch's device arrays
-    state: object  # the source's state once this minibatch was taken
-    agreed: jax.Array | None  # any process has data (equal_steps), else None
-    padding: bool
+_CSR_KEYS = ("data", "indptr")  # CsrOutput's entries change shape every minibatch
 
 
 class DeviceIterator:
@@ -55,12 +55,17 @@ class DeviceIterator:
         ...         correct += eval_step(params, batch)
     """
 
-    def __init__(self, source, placement: Placement, prefetch: int, equal_steps: bool):
+    def __init__(self, source, sharding, keys, densify, pinned, prefetch, equal_steps):
         self._source = source
-        self._placement = placement
+        self._sharding, self._keys, self._densify = sharding, keys, densify
+        self._pinned = pinned  # the pinned-host sharding copies stage through
+        self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         self._depth = prefetch + 1
-        self._agree = equal_steps and jax.process_count() > 1
-        self._queue: collections.deque[_Item] = collections.deque()
+        self._multi = jax.process_count() > 1
+        self._agree = equal_steps and self._multi
+        self._flags = None  # `_any_process`' shardings and reduction
+        # (device arrays, state after them, any process has data, padding)
+        self._queue: collections.deque[tuple] = collections.deque()
         self._tracks_state = callable(getattr(source, "get_state", None))
         self._state = None  # the source's state after the last returned item
         self._pulled_state = None
@@ -82,15 +87,15 @@ class DeviceIterator:
         if not self._queue:
             self._finished = True
             raise StopIteration
-        item = self._queue.popleft()
-        if item.agreed is not None and not bool(item.agreed):
+        device, state, agreed, padding = self._queue.popleft()
+        if agreed is not None and not bool(agreed):
             # Every process has run out: all stop at this same step.
             self._queue.clear()
             self._finished = True
             raise StopIteration
-        self._state = item.state
-        self.padding_steps += item.padding
-        return item.device
+        self._state = state
+        self.padding_steps += padding
+        return device
 
     def _pull(self) -> bool:
         """Takes one minibatch (or a padding one) and starts its copy."""
@@ -105,7 +110,7 @@ class DeviceIterator:
         if batch is None:
             if not self._agree:
                 return False
-            if self._placement.spec is None:
+            if self._spec is None:
                 raise ValueError(
                     f"process {jax.process_index()} of {jax.process_count()}: its "
                     "loader yielded no minibatch at all, so the feed cannot make "
@@ -113,18 +118,95 @@ class DeviceIterator:
                     "give every process at least one minibatch (a smaller batch "
                     "or fewer processes)"
                 )
-            device = self._placement.put(self._placement.padding())
-            agreed = self._placement.any_process(False)
+            padding = {
+                key: np.full(shape, -1 if key == "row_ids" else 0, dtype)
+                for key, (shape, dtype) in self._spec.items()
+            }
             state = self._pulled_state if self._tracks_state else None
-            self._queue.append(_Item(device, state, agreed, True))
+            item = (self._put(padding), state, self._any_process(False), True)
+            self._queue.append(item)
             return True
-        self._placement.check(batch)
-        device = self._placement.put(batch)
+        self._check(batch)
+        device = self._put(batch)
         if self._tracks_state:
             self._pulled_state = self._source.get_state()
-        agreed = self._placement.any_process(True) if self._agree else None
-        self._queue.append(_Item(device, self._pulled_state, agreed, False))
+        agreed = self._any_process(True) if self._agree else None
+        self._queue.append((device, self._pulled_state, agreed, False))
         return True
+
+    def _check(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Learns the entries' shapes from the first minibatch; checks later ones."""
+        if self._spec is not None:
+            for key, (shape, dtype) in self._spec.items():
+                value = batch.get(key)
+                if value is None:
+                    raise ValueError(_missing(key, batch))
+                if value.shape != shape or value.dtype != dtype:
+                    raise ValueError(
+                        f"minibatch entry {key!r} is {value.dtype}"
+                        f"{list(value.shape)}, but the first minibatch's was "
+                        f"{dtype}{list(shape)}; a device feed needs static shapes "
+                        "(a new shape compiles the step again). Use fixed-size "
+                        "outputs (PaddedSparseOutput, DenseOutput, token outputs), "
+                        "whose minibatches all have batch_size rows"
+                    )
+            return
+        keys = self._keys if self._keys is not None else tuple(batch)
+        ragged = [k for k in keys if k in _CSR_KEYS]
+        if ragged:
+            raise ValueError(
+                f"minibatch entries {ragged} are CSR (CsrOutput), whose shapes "
+                "change with every minibatch; a device feed needs static shapes. "
+                "Use PaddedSparseOutput(width) (and densify=num_genes to get "
+                "dense rows on the device), DenseOutput, or leave them out of keys"
+            )
+        spec = {}
+        for key in keys:
+            if key not in batch:
+                raise ValueError(_missing(key, batch))
+            value = np.asarray(batch[key])
+            if value.ndim == 0:
+                raise ValueError(
+                    f"minibatch entry {key!r} is a scalar; the feed splits every "
+                    "entry along its first (batch) axis: leave it out of keys"
+                )
+            spec[key] = (value.shape, value.dtype)
+        for key in ("values", "indices") if self._densify is not None else ():
+            if key not in spec:
+                raise ValueError(
+                    f"densify needs the padded-sparse entries 'values' and "
+                    f"'indices' (PaddedSparseOutput), but {key!r} is not among "
+                    f"the entries sent: {sorted(spec)}"
+                )
+        self._spec = spec
+
+    def _put(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Starts the (asynchronous) copies of the entries sent: device arrays."""
+        host = {k: batch[k] for k in self._spec}
+        sharding = self._sharding if self._pinned is None else self._pinned
+        if not self._multi:  # one call for every entry: the cheapest path
+            out = jax.device_put(host, sharding)
+        else:
+            out = {
+                k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+                for k, v in host.items()
+            }
+        if self._pinned is not None:
+            out = jax.device_put(out, self._sharding)
+        if self._densify is not None:
+            out["X"] = self._densify(out.pop("values"), out.pop("indices"))
+        return out
+
+    def _any_process(self, has_data: bool) -> jax.Array:
+        """A replicated scalar (a collective, in step order): has any process data?"""
+        if self._flags is None:
+            mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+            replicated = NamedSharding(mesh, P())
+            reduce = jax.jit(lambda f: f.any(), out_shardings=replicated)
+            self._flags = (NamedSharding(mesh, P("all")), reduce)
+        sharded, reduce = self._flags
+        local = np.full(jax.local_device_count(), has_data)
+        return reduce(jax.make_array_from_process_local_data(sharded, local))
 
     def get_state(self) -> bytes:
         """The loader's state after the last minibatch returned, JSON bytes.
@@ -243,18 +325,32 @@ def device_iterator(
         >>> batch = next(batches)   # {"X": [256, genes], "mask": [256]}
     """
     prefetch = check_int("prefetch", prefetch, minimum=0)
-    if densify is not None:
-        densify = check_int("densify", densify, minimum=1)
+    genes = None if densify is None else check_int("densify", densify, minimum=1)
     if keys is not None:
         if isinstance(keys, str):
             raise TypeError(f"keys must be a sequence of entry names, got {keys!r}")
         keys = tuple(keys)
     if sharding is None:
-        sharding = default_sharding()
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
+        sharding = NamedSharding(mesh, P("data"))
     elif not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(
             f"sharding must be a jax.sharding.Sharding, got {type(sharding).__name__}"
         )
     source = batches if hasattr(batches, "__next__") else iter(batches)
-    placement = Placement(sharding, keys, densify, bool(pinned_staging))
-    return DeviceIterator(source, placement, prefetch, bool(equal_steps))
+    densify_on_device = None
+    if genes is not None:
+        densify_on_device = jax.jit(
+            lambda v, i: densify_batch(v, i, genes), out_shardings=sharding
+        )
+    pinned = sharding.with_memory_kind("pinned_host") if pinned_staging else None
+    return DeviceIterator(
+        source, sharding, keys, densify_on_device, pinned, prefetch, bool(equal_steps)
+    )
+
+
+def _missing(key: str, batch: Mapping) -> str:
+    return (
+        f"minibatch has no entry {key!r} (it has {sorted(batch)}); name only "
+        "entries the loader's output format makes in keys"
+    )

@@ -5,12 +5,11 @@ from grain_cells.outputs._formats import (
     DenseOutput,
     Fetch,
     Output,
-    PaddedSparseOutput,
     declared,
     dtype_name,
     zeros,
 )
-from grain_cells.outputs._padded import TruncationReport
+from grain_cells.outputs._padded import PaddedSparseOutput, TruncationReport
 
 __all__ = [
     "CsrOutput",

@@ -1,9 +1,4 @@
-"""JAX helpers for grain_cells minibatches (import this module explicitly).
-
-Kept out of `grain_cells/__init__.py`'s imports so that Grain worker
-processes, which import the package to run the pipeline, do not pay for
-importing JAX; `grain_cells.densify` resolves here lazily.
-"""
+"""`densify` (JAX): imported on first use, so Grain workers never import JAX."""
 
 from __future__ import annotations
 

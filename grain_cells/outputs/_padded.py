@@ -13,9 +13,10 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, stack
 from grain_cells.outputs import _width
-from grain_cells.outputs._protocol import Fetch, Output, dtype_name, zeros
+from grain_cells.outputs._formats import Fetch, Output, dtype_name, zeros
 
 TRUNCATE = ("largest", "first", "error")
+_MARGIN_CELLS = 10  # cells a fitted width may cut beyond twice its quantile's share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,15 @@ class PaddedSparseOutput(Output):
         w = self.width
         over = lengths > w
         if self.truncate == "error" and over.any():
-            self._refuse(over, lengths, fetch.row_ids[rows])
+            r = int(np.flatnonzero(over)[0])
+            raise errors.TruncationError(
+                f"cell {int(fetch.row_ids[rows][r])} (global row id) has "
+                f"{int(lengths[r])} stored values, more than "
+                f"PaddedSparseOutput(width={w}) holds (truncate='error'); give a "
+                "larger width (or, for a width fitted to the data, a higher "
+                "quantile such as quantile=1.0), or choose truncate='largest' "
+                "or 'first'"
+            )
         values = zeros(empty, (batch_size, w), self.dtype)
         cols = zeros(empty, (batch_size, w), np.int32)
         largest = self.truncate == "largest"
@@ -120,17 +129,6 @@ class PaddedSparseOutput(Output):
         truncated[: lengths.size] = over
         return {"values": values, "indices": cols, "nnz": nnz, "truncated": truncated}
 
-    def _refuse(self, over: np.ndarray, lengths: np.ndarray, row_ids) -> None:
-        """Raises for the first cell wider than `width` (`truncate="error"`)."""
-        w, r = self.width, int(np.flatnonzero(over)[0])
-        raise errors.TruncationError(
-            f"cell {int(row_ids[r])} (global row id) has {int(lengths[r])} "
-            f"stored values, more than PaddedSparseOutput(width={w}) holds "
-            "(truncate='error'); give a larger width (or, for a width fitted "
-            "to the data, a higher quantile such as quantile=1.0), or "
-            "choose truncate='largest' or 'first'"
-        )
-
     def fingerprint(self) -> dict:
         """What a checkpoint records, with the fitted width (another is refused)."""
         fp = {
@@ -145,16 +143,13 @@ class PaddedSparseOutput(Output):
 
 
 class TruncationReport:
-    """Warns once per loader, in the trainer, about cells a padded output cut.
+    """Warns once per loader, in the trainer, about cells the padded `outputs` cut.
 
-    A loader shows it every minibatch it yields (`observe`), so a loader with workers
-    warns once in the trainer. A user's width warns at the first truncated cell; a
-    fitted width (`width=None`) leaves out about `1 - quantile` of cells by design, so
-    it warns only past twice that share plus `_MARGIN_CELLS`.
+    `outputs`: key prefix -> output. A user's width warns at the first truncated
+    cell; a fitted width only past twice `1 - quantile` of cells plus `_MARGIN_CELLS`.
     """
 
     def __init__(self, outputs: dict[str, object]):
-        """Reports on the `PaddedSparseOutput`s of `outputs` (key prefix -> output)."""
         self._outputs = {
             prefix: output
             for prefix, output in outputs.items()
@@ -184,16 +179,13 @@ class TruncationReport:
             if not over.any():
                 continue
             self._truncated[prefix] += int(np.count_nonzero(over))
-            if self._truncated[prefix] > self._allowed(output):
+            allowed = 0
+            if output.fitted:
+                allowed = 2 * (1 - output.quantile) * self._cells + _MARGIN_CELLS
+            if self._truncated[prefix] > allowed:
                 self._warned = True
                 self._warn(prefix, output, batch, over, cells)
                 return
-
-    def _allowed(self, output: PaddedSparseOutput) -> float:
-        """Truncated cells tolerated so far (see the class docstring)."""
-        if not output.fitted:
-            return 0
-        return 2 * (1 - output.quantile) * self._cells + _MARGIN_CELLS
 
     def _warn(self, prefix, output, batch, over, cells) -> None:
         lengths = np.asarray(batch[prefix + "nnz"])
@@ -221,7 +213,3 @@ class TruncationReport:
             errors.TruncationWarning,
             stacklevel=stack.stacklevel_outside_package(),
         )
-
-
-# Truncated cells a fitted width may cut beyond twice its quantile's share.
-_MARGIN_CELLS = 10

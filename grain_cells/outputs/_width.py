@@ -1,8 +1,8 @@
 """The width of `PaddedSparseOutput()`, fitted once per source from a sample.
 
 The `quantile` of stored values per cell over up to `SAMPLE_CELLS` cells in evenly
-spaced blocks (no random draw), rounded up to a multiple of `WIDTH_MULTIPLE`. Design
-notes: docs/reference/design.md#outputs-width.
+spaced blocks (no random draw), rounded up to a multiple of `WIDTH_MULTIPLE` (lanes
+of an accelerator's vector unit). Design notes: docs/reference/design.md#outputs-width.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import numpy as np
 from grain_cells.io import RowBuffer
 
 SAMPLE_CELLS = 4096
-"""Cells (at most) whose stored values decide a fitted width."""
-
 WIDTH_MULTIPLE = 128
-"""A fitted width is a multiple of this (lanes of an accelerator's vector unit)."""
 
 
 def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
@@ -30,27 +27,15 @@ def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
     return starts[order], stops[order]
 
 
-def stored_counts(rows) -> np.ndarray:
-    """Stored values per row of a read (`csr` or `dense`, see `FetchedRows`)."""
-    if rows.csr is not None:
-        return np.diff(rows.csr.indptr)
-    return np.count_nonzero(rows.dense, axis=1)
-
-
-def width_for(counts: np.ndarray, quantile: float) -> int:
-    """The rule's width for per-cell counts (see the design notes)."""
-    top = int(np.quantile(counts, quantile, method="higher")) if counts.size else 0
-    return max(WIDTH_MULTIPLE, -(-top // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
-
-
 def fit_width(source, quantile: float, read=None) -> int:
-    """The width fitted to `source`'s sample.
-
-    `read(starts, stops, buffer)` reads another matrix than X (an extra layer); default
-    `source.fetch_ranges`.
-    """
+    """The width fitted to `source`'s sample; `read` reads another matrix than X."""
     if len(source) == 0:
         return WIDTH_MULTIPLE
     starts, stops = sample_ranges(source)
     rows = (read or source.fetch_ranges)(starts, stops, RowBuffer())
-    return width_for(stored_counts(rows), quantile)
+    if rows.csr is not None:
+        counts = np.diff(rows.csr.indptr)
+    else:
+        counts = np.count_nonzero(rows.dense, axis=1)
+    top = int(np.quantile(counts, quantile, method="higher")) if counts.size else 0
+    return max(WIDTH_MULTIPLE, -(-top // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)

@@ -1,5 +1,7 @@
-"""What the token outputs share: vocabulary map, special tokens, masking.
+"""The token outputs' one encoder: vocabulary map, special tokens, kernels, masking.
 
+`RankValueTokens` sets `column_medians` (values are ranked divided by them);
+`ValueBinTokens` sets `n_bins` (each gene also gets a bin in `values`).
 Design notes: docs/reference/design.md#tokens-base.
 """
 
@@ -28,15 +30,22 @@ def numba_available() -> bool:
 
 def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
     """Id of a special token, or -1 when not wanted."""
-    if not wanted:
-        return -1
-    return vocab.special(role)
+    return vocab.special(role) if wanted else -1
 
 
 class TokenOutput(Output):
-    """The base of `RankValueTokens` and `ValueBinTokens`, which define `tokenize`."""
+    """The encoder of `RankValueTokens` and `ValueBinTokens`.
+
+    The class attributes below are the defaults of the parameters only one has.
+    """
 
     _cache_name = "tokens"
+    _FINGERPRINT: tuple[str, ...] = ()  # recorded between length and mlm_probability
+    column_medians: np.ndarray | None = None
+    n_bins: int | None = None
+    selection = "top"
+    pad_zeros = False
+    pad_value = 0
 
     def __init__(
         self,
@@ -72,9 +81,7 @@ class TokenOutput(Output):
             )
         self.column_tokens = column_tokens
         self.length = int(length)
-        self.pad_id = int(pad_id)
-        self.cls_id = int(cls_id)
-        self.eos_id = int(eos_id)
+        self.pad_id, self.cls_id, self.eos_id = int(pad_id), int(cls_id), int(eos_id)
         self.mask_id = int(mask_id)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
@@ -92,11 +99,35 @@ class TokenOutput(Output):
         """Threads per minibatch in this process (`"auto"`: one in a worker)."""
         return _threads.resolve_threads(self._threads)
 
-    def _digest(self, *arrays) -> str:
+    def fingerprint(self) -> dict:
+        """What a checkpoint records: the parameters that decide the tokens.
+
+        A digest of the genes' token ids (and medians); not `kernels` or `threads`.
+        """
+        names = ("length", *self._FINGERPRINT, "mlm_probability")
+        fields = {name: getattr(self, name) for name in names}
+        return {"class": type(self).__name__, **fields, "columns": self._digest()}
+
+    def __repr__(self) -> str:
+        fp = self.fingerprint()
+        short = {"mlm_probability": "mlm"}
+        items = [
+            f"{short.get(k, k.removesuffix('_id'))}={v!r}"
+            for k, v in fp.items()
+            if k not in ("class", "columns")
+        ]
+        return f"{fp['class']}({', '.join(items)}, columns={fp['columns']})"
+
+    def _digest(self) -> str:
         h = hashlib.sha256(self.column_tokens.tobytes())
-        for a in arrays:
-            h.update(np.ascontiguousarray(a).tobytes())
-        return h.hexdigest()[:16]
+        if self.column_medians is not None:
+            h.update(np.ascontiguousarray(self.column_medians).tobytes())
+        return f"sha256:{h.hexdigest()[:16]}"
+
+    def pad_fill(self, name: str):
+        """Value of padding rows in array `name`."""
+        fills = {"gene_ids": self.pad_id, "labels": IGNORE, "values": self.pad_value}
+        return fills.get(name, 0)
 
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
@@ -105,13 +136,10 @@ class TokenOutput(Output):
 
         Compiled kernels encode the rows; NumPy ones the whole fetch once (cached).
         """
-        if self._per_minibatch():
+        if self.selection == "top" and not self.pad_zeros and self._compiled():
             rows = np.asarray(rows, np.int64)
             whole = self._from_whole_fetch(fetch, rows, batch_size)
-            if whole is not None:
-                out, n_genes = whole
-            else:
-                out, n_genes = self._encode(fetch, rows, batch_size)
+            out, n_genes = whole or self._encode(fetch, rows, batch_size)
             self._mask_genes(fetch, rows, out, n_genes)
             return out
         key = (self._cache_name, id(self))
@@ -156,21 +184,39 @@ class TokenOutput(Output):
             for name, array in out.items()
         }, n_genes[a:b]
 
-    def pad_fill(self, name: str):
-        """Value of padding rows in array `name`."""
-        return {"gene_ids": self.pad_id, "labels": IGNORE}.get(name, 0)
+    def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
+        """Token arrays of every row of the fetch."""
+        n_rows = fetch.row_ids.size
+        if self.selection == "top" and self._compiled():
+            rows = np.arange(n_rows, dtype=np.int64)
+            out, n_genes = self._encode(fetch, rows, n_rows)
+            del out["attention_mask"]
+            if self.pad_zeros and self.vocab_columns.size:
+                genes = slice(self.cls_id >= 0, (self.cls_id >= 0) + self.slots)
+                n_genes = self._add_zero_genes(
+                    fetch,
+                    out["gene_ids"][:, genes],
+                    out["values"][:, genes],
+                    n_genes.astype(np.int64),
+                    out["n_expressed"].astype(np.int64),
+                )
+            specials = (self.cls_id >= 0) + (self.eos_id >= 0)
+            out["_used"] = n_genes.astype(np.int64) + specials
+        else:
+            out, n_genes = self._tokenize_numpy(fetch)
+        self._mask_genes(fetch, np.arange(n_rows), out, n_genes)
+        return out
 
-    def _prepare(self, fetch: Fetch, values_for_order):
-        """`(keep, dropped, chunks)`: the fetch's values sorted per row, in chunks.
-
-        `keep` None when every value is kept; `dropped` per row the positive values
-        without a token; `chunks` yields `(rows, sorted keys, n_kept)`.
-        """
+    def _tokenize_numpy(self, fetch: Fetch):
+        """`tokenize` on the NumPy kernels, unmasked: `(arrays, n_genes)`."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
         lengths = np.diff(csr.indptr)
-        inv = _kernels.inverted(values_for_order(values, csr.indices))
+        if self.column_medians is None:
+            inv = _kernels.inverted(values)
+        else:
+            inv = _kernels.inverted(values / self.column_medians[csr.indices])
         keep, dropped = None, np.zeros(lengths.size, np.int32)
         if not (self._all_in_vocabulary and (not values.size or values.min() > 0)):
             positive = values > 0
@@ -178,124 +224,146 @@ class TokenOutput(Output):
             out_of_vocab = np.zeros(values.size + 1, np.int32)
             np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
             dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-
-        def chunks():
-            for rows, at in _kernels.length_chunks(csr.indptr):
-                kept = None if keep is None else keep[at]
-                keys, n_kept = _kernels.sorted_rows(
-                    lengths[rows], kept, inv[at], tokens[at], self.pad_id
+        n_rows = lengths.size
+        binned = self.n_bins is not None
+        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
+        bins = (
+            np.full((n_rows, self.slots), self.pad_value, np.int32) if binned else None
+        )
+        n_expr = np.zeros(n_rows, np.int64)
+        for chunk, at in _kernels.length_chunks(csr.indptr):
+            kept = None if keep is None else keep[at]
+            rows, n_kept = _kernels.sorted_rows(
+                lengths[chunk], kept, inv[at], tokens[at], self.pad_id
+            )
+            n_expr[chunk] = n_kept
+            width = rows.shape[1]
+            w = min(width, self.slots)
+            row_genes = _kernels.key_tokens(rows, width)
+            if binned:
+                row_bins = _kernels.bins_of_sorted(
+                    rows, n_kept, self.n_bins, self.pad_value
                 )
-                yield rows, keys, n_kept
+            if self.selection == "random":
+                h = counter_rng.hash64(
+                    np.uint64(fetch.key),
+                    fetch.row_ids[chunk].astype(np.uint64)[:, None],
+                    row_genes.astype(np.uint64),
+                ) >> np.uint64(16)
+                h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
+                order = np.argsort(h, axis=1, kind="stable")
+                row_genes = np.take_along_axis(row_genes, order, axis=1)
+                row_bins = np.take_along_axis(row_bins, order, axis=1)
+            genes[chunk, :w] = row_genes[:, :w]
+            if binned:
+                bins[chunk, :w] = row_bins[:, :w]
+        # The last chunk's keys (up to 64 MB) go before the outputs are allocated.
+        rows = row_genes = row_bins = kept = at = None
+        n_genes = np.minimum(n_expr, self.slots)
+        if self.pad_zeros and self.vocab_columns.size:
+            n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
+        offset = 1 if self.cls_id >= 0 else 0
+        out = {"gene_ids": self._framed(genes, self.pad_id, self.cls_id)}
+        if binned:  # `pad_value` past each row's genes already
+            out["values"] = self._framed(bins, self.pad_value, 0)
+        used = offset + n_genes
+        if self.eos_id >= 0:
+            out["gene_ids"][np.arange(n_rows), used] = self.eos_id
+            used = used + 1
+        out["n_expressed"] = n_expr.astype(np.int32)
+        out.update(self._dropped(fetch, np.arange(n_rows), n_rows, dropped))
+        out["_used"] = used
+        return out, n_genes
 
-        return keep, dropped, chunks()
+    def _framed(self, genes: np.ndarray, pad, cls) -> np.ndarray:
+        """`[n_rows, length]` int32: `cls` (with `<cls>`), the genes' slots, `pad`."""
+        offset = 1 if self.cls_id >= 0 else 0
+        out = np.empty((genes.shape[0], self.length), np.int32)
+        out[:, offset : offset + self.slots] = genes
+        out[:, offset + self.slots :] = pad
+        if offset:
+            out[:, 0] = cls
+        return out
 
-    def _per_minibatch(self) -> bool:
-        """True when `format` encodes each minibatch's rows itself."""
-        return self._compiled()
+    def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
+        """The per-row counts of values not tokenised (rank-value splits them)."""
+        return {"n_dropped": np.asarray(not_tokenised, np.int32)}
 
     def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
         """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
-        raise NotImplementedError
+        from grain_cells.tokens import _jit
 
-    def _tokenize_compiled(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """`tokenize` on the compiled kernels, all rows of the fetch."""
-        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
-        out, n_genes = self._encode(fetch, rows, rows.size)
-        del out["attention_mask"]
-        n_genes = self._add_genes(fetch, out, n_genes)
-        specials = (self.cls_id >= 0) + (self.eos_id >= 0)
-        out["_used"] = n_genes.astype(np.int64) + specials
-        self._mask_genes(fetch, rows, out, n_genes)
-        return out
+        jit_csr = fetch.cache.get(("jit_csr", id(self)))
+        if jit_csr is None:  # `checked` False: every value is kept
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            checked = not (self._all_in_vocabulary and positive)
+            indices = np.ascontiguousarray(csr.indices)
+            indptr = np.ascontiguousarray(csr.indptr, np.int64)
+            jit_csr = fetch.cache["jit_csr", id(self)] = data, indices, indptr, checked
+        data, indices, indptr, checked = jit_csr
+        shape = (n_out, self.length)
+        arrays = {"gene_ids": np.empty(shape, np.int32)}
+        if self.n_bins is None:
+            kernel = _jit.rank_value_rows
+            before, after = (self.column_medians, checked), (self.eos_id,)
+        else:
+            kernel = _jit.value_bin_rows
+            before = (checked, np.linspace(0, 1, self.n_bins - 1))
+            after = (self.pad_value,)
+            arrays["values"] = np.empty(shape, np.int32)
+        arrays["attention_mask"] = np.empty(shape, bool)
 
-    def _add_genes(self, fetch: Fetch, out: dict, n_genes: np.ndarray):
-        """Genes placed after the encoded ones (value-bin's zero genes)."""
-        return n_genes
+        def call(part, a, b):
+            parts = [array[a:b] for array in arrays.values()]
+            ends = (self.cls_id, self.slots, self.pad_id, *after)
+            return kernel(
+                data, indices, indptr, part, self.column_tokens, *before, *parts, *ends
+            )
+
+        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
+        counts = self._dropped(fetch, rows, n_out, dropped)
+        return {**arrays, "n_expressed": n_expr, **counts}, n_genes
+
+    def _add_zero_genes(self, fetch: Fetch, genes, bins, n_genes, n_expr):
+        """Writes sampled non-expressed genes after each row's expressed ones."""
+        csr = fetch.csr
+        tokens = self.column_tokens[csr.indices].astype(np.int64)
+        keep = (csr.data.astype(np.float32, copy=False) > 0) & (tokens >= 0)
+        lengths = np.diff(csr.indptr)
+        rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+        expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
+        vocab_tokens = self.column_tokens[self.vocab_columns].astype(np.int64)
+        need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
+        need = np.maximum(need, 0)
+        zr, zt = _kernels.zero_genes(
+            fetch.key, fetch.row_ids, need, vocab_tokens, expressed, ZERO_STREAM
+        )
+        starts = np.searchsorted(zr, np.arange(need.size))
+        at = n_genes[zr] + np.arange(zr.size) - starts[zr]
+        genes[zr, at] = zt
+        bins[zr, at] = 0
+        return n_genes + need
 
     def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
-        """Masked-language masking of `out` (compiled path), in place."""
+        """Masks `out` in place where `uniform(key, row id, token, 7) < p` on genes.
+
+        Writes `labels` (the ids; value-bin: the bins) and `<mask>` (`mask_value`).
+        """
         if self.mlm_probability <= 0:
             return
         ids = out["gene_ids"]
         row_ids = np.zeros(ids.shape[0], np.int64)
         row_ids[: rows.size] = fetch.row_ids[rows]
-        masked = self._mlm(fetch.key, row_ids, ids, self._gene_positions(n_genes))
-        self._apply_mask(out, masked)
-
-    def _mask_all(self, fetch: Fetch, out: dict, positions) -> dict:
-        """Masks every row of the fetch (NumPy path) when `mlm_probability > 0`."""
-        if self.mlm_probability > 0:
-            ids = out["gene_ids"]
-            self._apply_mask(out, self._mlm(fetch.key, fetch.row_ids, ids, positions))
-        return out
-
-    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
-        """Writes `labels` and masks `out` where `masked`."""
-        ids = out["gene_ids"]
-        out["labels"] = np.where(masked, ids, IGNORE).astype(np.int32)
-        ids[masked] = self.mask_id
-
-    def _compiled(self) -> bool:
-        return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
-
-    def _csr_for_jit(self, fetch: Fetch):
-        """Cached `(data, indices, indptr, checked)`; `checked` False: all kept."""
-        key = ("jit_csr", id(self))
-        arrays = fetch.cache.get(key)
-        if arrays is None:
-            csr = fetch.csr
-            data = np.ascontiguousarray(csr.data, np.float32)
-            positive = not data.size or data.min() > 0
-            arrays = fetch.cache[key] = (
-                data,
-                np.ascontiguousarray(csr.indices),
-                np.ascontiguousarray(csr.indptr, np.int64),
-                not (self._all_in_vocabulary and positive),
-            )
-        return arrays
-
-    def _gene_positions(self, n_genes: np.ndarray) -> np.ndarray:
-        """Each row's gene positions: bool `[n_rows, length]`."""
         offset = 1 if self.cls_id >= 0 else 0
-        positions = np.zeros((n_genes.size, self.length), bool)
-        positions[:, offset : offset + self.slots] = (
+        genes = np.zeros((n_genes.size, self.length), bool)
+        genes[:, offset : offset + self.slots] = (
             np.arange(self.slots)[None, :] < n_genes[:, None]
         )
-        return positions
-
-    def _assemble(self, genes: np.ndarray, n_genes: np.ndarray, bins=None):
-        """`(gene_ids, used, values, gene_positions)` from each row's gene tokens.
-
-        `used`: attended positions per row; `values` None without `bins`.
-        """
-        n_rows = n_genes.size
-        offset = 1 if self.cls_id >= 0 else 0
-        ids = np.empty((n_rows, self.length), np.int32)
-        ids[:, offset : offset + self.slots] = genes
-        ids[:, offset + self.slots :] = self.pad_id
-        if offset:
-            ids[:, 0] = self.cls_id
-        used = offset + n_genes
-        if self.eos_id >= 0:
-            ids[np.arange(n_rows), used] = self.eos_id
-            used = used + 1
-        gene_positions = None
-        if self.mlm_probability > 0:
-            gene_positions = self._gene_positions(n_genes)
-        values = None
-        if bins is not None:  # `pad_value` past each row's genes already
-            values = np.empty((n_rows, self.length), np.int32)
-            values[:, offset : offset + self.slots] = bins
-            values[:, offset + self.slots :] = self.pad_value
-            if offset:
-                values[:, 0] = 0
-        return ids, used, values, gene_positions
-
-    def _mlm(self, key: int, row_ids, ids: np.ndarray, genes: np.ndarray):
-        """Masked positions: `uniform(key, row id, token, 7) < p` on genes."""
         r, c = np.nonzero(genes)
         u = counter_rng.uniform(
-            np.uint64(key),
+            np.uint64(fetch.key),
             row_ids[r].astype(np.uint64),
             ids[r, c].astype(np.uint64),
             _MLM_WORD,
@@ -303,7 +371,15 @@ class TokenOutput(Output):
         hit = u < self.mlm_probability
         masked = np.zeros(ids.shape, bool)
         masked[r[hit], c[hit]] = True
-        return masked
+        if self.n_bins is None:
+            target, fill = ids, self.mask_id
+        else:
+            target, fill = out["values"], self.mask_value
+        out["labels"] = np.where(masked, target, IGNORE).astype(np.int32)
+        target[masked] = fill
+
+    def _compiled(self) -> bool:
+        return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
 
 
 def column_token_array(column_tokens) -> np.ndarray:

@@ -106,37 +106,28 @@ def data_identity(source) -> dict:
         info = source.file_info(i)
         with open_file(path) as f:
             element = f[info.element]
-            digest = hashlib.sha256()
-            digest.update(
-                np.asarray(read_var_names(f, info.element)).astype(str).tobytes()
-            )
+            names = np.asarray(read_var_names(f, info.element)).astype(str)
+            digest = hashlib.sha256(names.tobytes())
             if info.encoding == CSR:
-                digest.update(np.asarray(element["indptr"][:]).tobytes())
                 data = element["data"]
-                digest.update(np.asarray(data[:4096]).tobytes())
-                digest.update(
-                    np.asarray(data[max(0, data.shape[0] - 4096) :]).tobytes()
-                )
+                ends = data[:4096], data[max(0, data.shape[0] - 4096) :]
+                parts = (element["indptr"][:], *ends)
             else:
-                digest.update(np.asarray(element[:1]).tobytes())
-                digest.update(np.asarray(element[-1:]).tobytes())
-        # The version the source checks its reads against (`check_stat`):
-        # a file rewritten in place has another mtime/ctime, an object
-        # another ETag, whatever values changed.
+                parts = element[:1], element[-1:]
+            for part in parts:
+                digest.update(np.asarray(part).tobytes())
+        # The version reads are checked against: a file rewritten in place has
+        # another mtime/ctime, an object another ETag, whatever values changed.
         ident = source.file_identity(i)
         digest.update(repr((dataclasses.astuple(ident.stat), ident.content())).encode())
-        info_line = info.describe()
-        files.append(f"{info_line} sha256:{digest.hexdigest()[:16]}")
+        files.append(f"{info.describe()} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
     _, starts, stops = source.block_ranges(np.arange(len(source)))
     blocks = hashlib.sha256(
         starts.astype("<i8").tobytes() + stops.astype("<i8").tobytes()
     )
-    return {
-        "files": files,
-        "genes": genes.hexdigest()[:16],
-        "blocks": blocks.hexdigest()[:16],
-    }
+    digests = {"genes": genes.hexdigest()[:16], "blocks": blocks.hexdigest()[:16]}
+    return {"files": files, **digests}
 
 
 def cache_dir() -> str:
@@ -191,14 +182,17 @@ def corpus_stats(
             f"target_sum must be positive or None, got target_sum={target_sum!r}"
         )
     if method == "auto":
-        nnz = _estimated_nnz(source)
-        method = "exact" if nnz * 12 < exact_bytes else "histogram"
+        nnz = 0
+        for i in range(len(source.paths)):
+            info = source.file_info(i)
+            nnz += info.nnz if info.nnz is not None else info.n_obs * info.n_vars
+        nnz = nnz * source.num_selected_cells / max(1, source.num_cells)
+        method = "exact" if int(nnz) * 12 < exact_bytes else "histogram"
+    grid = (bins_per_octave, min_octave, max_octave)
     options = {
         "target_sum": target_sum,
         "method": method,
-        "grid": [bins_per_octave, min_octave, max_octave]
-        if method == "histogram"
-        else None,
+        "grid": list(grid) if method == "histogram" else None,
         "version": _VERSION,
     }
     identity = {"data": data_identity(source), "options": options}
@@ -209,15 +203,7 @@ def corpus_stats(
         stats = CorpusStats.load(path)
         if stats.key == key:
             return stats
-    stats = _compute(
-        source,
-        target_sum,
-        method,
-        (bins_per_octave, min_octave, max_octave),
-        chunk_cells,
-        progress,
-        key,
-    )
+    stats = _compute(source, target_sum, method, grid, chunk_cells, progress, key)
     if cache:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -225,14 +211,6 @@ def corpus_stats(
         except OSError:  # a read-only cache folder: the result still stands
             pass
     return stats
-
-
-def _estimated_nnz(source) -> int:
-    total = 0
-    for i in range(len(source.paths)):
-        info = source.file_info(i)
-        total += info.nnz if info.nnz is not None else info.n_obs * info.n_vars
-    return int(total * source.num_selected_cells / max(1, source.num_cells))
 
 
 def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
@@ -246,13 +224,11 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
     _, starts, stops = source.block_ranges(np.arange(len(source)))
     per_chunk = max(1, chunk_cells // source.block_size)
     num_cells = 0
-    bar = tqdm.tqdm(
-        total=int((stops - starts).sum()),
-        unit="cells",
-        desc="corpus statistics",
-        disable=not progress,
-    )
-    with bar:
+    total_cells = int((stops - starts).sum())
+    desc = "corpus statistics"
+    with tqdm.tqdm(
+        total=total_cells, unit="cells", desc=desc, disable=not progress
+    ) as bar:
         for a in range(0, starts.size, per_chunk):
             rows = source.fetch_ranges(
                 starts[a : a + per_chunk], stops[a : a + per_chunk]
@@ -280,16 +256,8 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
         medians = _exact_medians(kept_genes, kept_values, n_genes)
     else:
         medians = _histogram_medians(hist.reshape(n_genes, n_bins), count, grid)
-    return CorpusStats(
-        np.asarray(source.var_names).astype(str),
-        medians,
-        count,
-        total,
-        num_cells,
-        method,
-        target_sum,
-        key,
-    )
+    names = np.asarray(source.var_names).astype(str)
+    return CorpusStats(names, medians, count, total, num_cells, method, target_sum, key)
 
 
 def _count_into(hist: np.ndarray, keys: np.ndarray) -> None:

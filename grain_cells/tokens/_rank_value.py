@@ -8,13 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from grain_cells.outputs import Fetch
-from grain_cells.tokens import _kernels, _threads
-from grain_cells.tokens._base import (
-    IGNORE,
-    TokenOutput,
-    column_token_array,
-    special_id,
-)
+from grain_cells.tokens._base import IGNORE, TokenOutput, column_token_array, special_id
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
 __all__ = ["IGNORE", "RankValueTokens"]  # IGNORE: as the tests import it
@@ -27,6 +21,7 @@ class RankValueTokens(TokenOutput):
     """
 
     _cache_name = "rank_value"
+    _FINGERPRINT = ("pad_id", "cls_id", "eos_id", "mask_id")
 
     def __init__(
         self,
@@ -126,93 +121,8 @@ class RankValueTokens(TokenOutput):
             threads=threads,
         )
 
-    def __repr__(self) -> str:
-        return (
-            f"RankValueTokens(length={self.length}, pad={self.pad_id}, "
-            f"cls={self.cls_id}, eos={self.eos_id}, mask={self.mask_id}, "
-            f"mlm={self.mlm_probability}, "
-            f"columns=sha256:{self._digest(self.column_medians)})"
-        )
-
-    def fingerprint(self) -> dict:
-        """What a checkpoint records: the parameters that decide the tokens.
-
-        A digest of the genes' token ids and medians; not `kernels` or `threads`.
-        """
-        return {
-            "class": type(self).__name__,
-            "length": self.length,
-            "pad_id": self.pad_id,
-            "cls_id": self.cls_id,
-            "eos_id": self.eos_id,
-            "mask_id": self.mask_id,
-            "mlm_probability": self.mlm_probability,
-            "columns": f"sha256:{self._digest(self.column_medians)}",
-        }
-
-    def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """Token arrays of every row of the fetch."""
-        if self._compiled():
-            return self._tokenize_compiled(fetch)
-        medians = self.column_medians
-        _, dropped, chunks = self._prepare(fetch, lambda v, c: v / medians[c])
-        n_rows = dropped.size
-        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        n_expr = np.zeros(n_rows, np.int64)
-        for chunk, rows, n_kept in chunks:
-            n_expr[chunk] = n_kept
-            w = min(rows.shape[1], self.slots)
-            genes[chunk, :w] = _kernels.key_tokens(rows, w)
-        n_genes = np.minimum(n_expr, self.slots)
-        ids, used, _, positions = self._assemble(genes, n_genes)
-        out = {
-            "gene_ids": ids,
-            "n_expressed": n_expr.astype(np.int32),
-            "_used": used,
-            **self._dropped(fetch, np.arange(n_rows), n_rows, dropped),
-        }
-        return self._mask_all(fetch, out, positions)
-
-    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding (`_jit.rank_value_rows`)."""
-        from grain_cells.tokens import _jit
-
-        data, indices, indptr, checked = self._csr_for_jit(fetch)
-        ids = np.empty((n_out, self.length), np.int32)
-        mask = np.empty((n_out, self.length), bool)
-
-        def call(part, a, b):
-            return _jit.rank_value_rows(
-                data,
-                indices,
-                indptr,
-                part,
-                self.column_tokens,
-                self.column_medians,
-                checked,
-                ids[a:b],
-                mask[a:b],
-                self.cls_id,
-                self.slots,
-                self.pad_id,
-                self.eos_id,
-            )
-
-        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
-        out = {
-            "gene_ids": ids,
-            "n_expressed": n_expr,
-            "attention_mask": mask,
-            **self._dropped(fetch, rows, n_out, dropped),
-        }
-        return out, n_genes
-
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
-        """`n_dropped` and `n_no_median` of `rows` (then padding, 0).
-
-        The kernels count every positive value not tokenised; those of vocabulary genes
-        without a median are told apart here.
-        """
+        """`n_dropped`, `n_no_median` (vocabulary genes without a median) of `rows`."""
         no_median = np.zeros(n_out, np.int32)
         if self.num_without_median:
             key = ("no_median", id(self))

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells._util import counter_rng
-from grain_cells.outputs import Fetch
-from grain_cells.tokens import _kernels, _threads
-from grain_cells.tokens._base import IGNORE, ZERO_STREAM, TokenOutput, special_id
+from grain_cells.tokens._base import TokenOutput, special_id
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
 
@@ -21,6 +18,15 @@ class ValueBinTokens(TokenOutput):
     """
 
     _cache_name = "value_bin"
+    _FINGERPRINT = (
+        "n_bins",
+        "selection",
+        "pad_zeros",
+        "pad_id",
+        "cls_id",
+        "pad_value",
+        "mask_value",
+    )
 
     def __init__(
         self,
@@ -120,166 +126,3 @@ class ValueBinTokens(TokenOutput):
             kernels=kernels,
             threads=threads,
         )
-
-    def __repr__(self) -> str:
-        return (
-            f"ValueBinTokens(length={self.length}, n_bins={self.n_bins}, "
-            f"selection={self.selection!r}, pad_zeros={self.pad_zeros}, "
-            f"pad={self.pad_id}, cls={self.cls_id}, pad_value={self.pad_value}, "
-            f"mask_value={self.mask_value}, mlm={self.mlm_probability}, "
-            f"columns=sha256:{self._digest()})"
-        )
-
-    def fingerprint(self) -> dict:
-        """What a checkpoint records: the parameters that decide the tokens.
-
-        A digest of the genes' token ids; not `kernels` or `threads`.
-        """
-        return {
-            "class": type(self).__name__,
-            "length": self.length,
-            "n_bins": self.n_bins,
-            "selection": self.selection,
-            "pad_zeros": self.pad_zeros,
-            "pad_id": self.pad_id,
-            "cls_id": self.cls_id,
-            "pad_value": self.pad_value,
-            "mask_value": self.mask_value,
-            "mlm_probability": self.mlm_probability,
-            "columns": f"sha256:{self._digest()}",
-        }
-
-    def pad_fill(self, name: str):
-        """Value of padding rows in array `name`."""
-        if name == "values":
-            return self.pad_value
-        return super().pad_fill(name)
-
-    def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
-        """Token arrays of every row of the fetch."""
-        if self.selection == "top" and self._compiled():
-            return self._tokenize_compiled(fetch)
-        keep, dropped, chunks = self._prepare(fetch, lambda v, _: v)
-        n_rows = dropped.size
-        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        bins = np.full((n_rows, self.slots), self.pad_value, np.int32)
-        n_expr = np.zeros(n_rows, np.int64)
-        for chunk, rows, n_kept in chunks:
-            n_expr[chunk] = n_kept
-            row_bins = _kernels.bins_of_sorted(
-                rows, n_kept, self.n_bins, self.pad_value
-            )
-            width = rows.shape[1]
-            w = min(width, self.slots)
-            if self.selection == "random":
-                row_genes = _kernels.key_tokens(rows, width)
-                h = counter_rng.hash64(
-                    np.uint64(fetch.key),
-                    fetch.row_ids[chunk].astype(np.uint64)[:, None],
-                    row_genes.astype(np.uint64),
-                ) >> np.uint64(16)
-                h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
-                order = np.argsort(h, axis=1, kind="stable")
-                row_genes = np.take_along_axis(row_genes, order, axis=1)
-                row_bins = np.take_along_axis(row_bins, order, axis=1)
-                genes[chunk, :w] = row_genes[:, :w]
-            else:
-                genes[chunk, :w] = _kernels.key_tokens(rows, w)
-            bins[chunk, :w] = row_bins[:, :w]
-        n_genes = np.minimum(n_expr, self.slots)
-        if self.pad_zeros and self.vocab_columns.size:
-            n_genes = self._add_zero_genes(fetch, keep, genes, bins, n_genes, n_expr)
-        ids, used, values, positions = self._assemble(genes, n_genes, bins)
-        out = {
-            "gene_ids": ids,
-            "values": values,
-            "n_expressed": n_expr.astype(np.int32),
-            "n_dropped": dropped,
-            "_used": used,
-        }
-        return self._mask_all(fetch, out, positions)
-
-    def _per_minibatch(self) -> bool:
-        """Compiled, top genes and no zero genes: encode per minibatch."""
-        return self.selection == "top" and not self.pad_zeros and self._compiled()
-
-    def _add_genes(self, fetch: Fetch, out: dict, n_genes: np.ndarray):
-        """Sampled non-expressed genes after the encoded ones, with `pad_zeros`."""
-        if not (self.pad_zeros and self.vocab_columns.size):
-            return n_genes
-        offset = 1 if self.cls_id >= 0 else 0
-        data, indices, _, _ = self._csr_for_jit(fetch)
-        keep = (data > 0) & (self.column_tokens[indices] >= 0)
-        return self._add_zero_genes(
-            fetch,
-            keep,
-            out["gene_ids"][:, offset : offset + self.slots],
-            out["values"][:, offset : offset + self.slots],
-            n_genes.astype(np.int64),
-            out["n_expressed"].astype(np.int64),
-        )
-
-    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding (`_jit.value_bin_rows`)."""
-        from grain_cells.tokens import _jit
-
-        data, indices, indptr, checked = self._csr_for_jit(fetch)
-        ids = np.empty((n_out, self.length), np.int32)
-        values = np.empty((n_out, self.length), np.int32)
-        mask = np.empty((n_out, self.length), bool)
-        q = np.linspace(0, 1, self.n_bins - 1)
-
-        def call(part, a, b):
-            return _jit.value_bin_rows(
-                data,
-                indices,
-                indptr,
-                part,
-                self.column_tokens,
-                checked,
-                q,
-                ids[a:b],
-                values[a:b],
-                mask[a:b],
-                self.cls_id,
-                self.slots,
-                self.pad_id,
-                self.pad_value,
-            )
-
-        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
-        out = {
-            "gene_ids": ids,
-            "values": values,
-            "n_expressed": n_expr,
-            "n_dropped": dropped,
-            "attention_mask": mask,
-        }
-        return out, n_genes
-
-    def _apply_mask(self, out: dict, masked: np.ndarray) -> None:
-        """Writes `labels` (the bins) and masks the values where `masked`."""
-        values = out["values"]
-        out["labels"] = np.where(masked, values, IGNORE).astype(np.int32)
-        values[masked] = self.mask_value
-
-    def _add_zero_genes(self, fetch, keep, genes, bins, n_genes, n_expr):
-        """Writes sampled non-expressed genes after each row's expressed ones."""
-        csr = fetch.csr
-        vocab_tokens = self.column_tokens[self.vocab_columns].astype(np.int64)
-        lengths = np.diff(csr.indptr)
-        rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
-        tokens = self.column_tokens[csr.indices].astype(np.int64)
-        if keep is None:  # every stored value kept (`_prepare`'s fast path)
-            keep = np.ones(tokens.size, bool)
-        expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
-        need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
-        need = np.maximum(need, 0)
-        zr, zt = _kernels.zero_genes(
-            fetch.key, fetch.row_ids, need, vocab_tokens, expressed, ZERO_STREAM
-        )
-        starts = np.searchsorted(zr, np.arange(need.size))
-        rank = np.arange(zr.size) - starts[zr]
-        genes[zr, n_genes[zr] + rank] = zt
-        bins[zr, n_genes[zr] + rank] = 0
-        return n_genes + need

@@ -54,12 +54,8 @@ class GeneVocabulary:
                 )
         self._tokens = dict(tokens)
         self._specials = dict(specials)
-        digest = hashlib.sha256(
-            json.dumps(
-                [sorted(self._tokens.items()), sorted(specials.items())]
-            ).encode()
-        )
-        self._id = digest.hexdigest()[:16]
+        content = json.dumps([sorted(self._tokens.items()), sorted(specials.items())])
+        self._id = hashlib.sha256(content.encode()).hexdigest()[:16]
 
     @classmethod
     def from_genes(
@@ -167,9 +163,8 @@ class GeneVocabulary:
         )
         check_one_column_per_token(genes, ids)
         missing = np.flatnonzero(ids < 0)
-        return VocabularyMap(
-            ids, int(missing.size), tuple(genes[missing[:20]].tolist())
-        )
+        names = tuple(genes[missing[:20]].tolist())
+        return VocabularyMap(ids, int(missing.size), names)
 
 
 def _roles(specials: Sequence[str]) -> dict[str, str]:
