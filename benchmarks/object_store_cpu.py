@@ -99,9 +99,10 @@ def point(served, url: str, in_flight: int) -> dict:
 def main(argv):
     del argv
     path = _DATA.value or bench_util.resolve_data(None, 400_000, 62_710, "none")[0]
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as root:
-        os.makedirs(os.path.join(root, "bench"))
-        os.link(path, os.path.join(root, "bench", os.path.basename(path)))
+    # The file is served in place (`objects`): a hard link into a folder
+    # would change its ctime, and every other reader of it would see a
+    # changed file.
+    with tempfile.TemporaryDirectory() as root:
         url = f"s3://bench/{os.path.basename(path)}"
         results = []
         with bench_util.s3_server(
@@ -109,6 +110,7 @@ def main(argv):
             root,
             rtt_s=_RTT_MS.value / 1000,
             via_proxy=_VIA_PROXY.value,
+            objects={f"bench/{os.path.basename(path)}": path},
         ) as served:
             for k in [int(v) for v in _IN_FLIGHT.value]:
                 row = point(served, url, k)
