@@ -221,17 +221,21 @@ class ExpiredBatch(dict):
 def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
     """A minibatch out of shared memory: leased, or copied and handed back."""
     try:
-        if ring is None:
-            mm = _segments.open_segment(segment, size)
-            _shm_names.unlink(segment)
-            return _segments.read(mm, layout)  # unmapped when `mm` goes
-        if _local_ring is not None and ring == _local_ring.name:
-            # Unpickled by the worker itself (Grain drains its own queue on stop).
-            _local_ring._busy[slot] = False
-            return {}
-        return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
+        return _receive_or_raise(ring, slot, segment, size, layout, pid, leases)
     except FileNotFoundError:
         return ExpiredBatch()
+
+
+def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
+    if ring is None:
+        mm = _segments.open_segment(segment, size)
+        _shm_names.unlink(segment)
+        return _segments.read(mm, layout)  # unmapped when `mm` goes
+    if _local_ring is not None and ring == _local_ring.name:
+        # Unpickled by the worker itself (Grain drains its own queue on stop).
+        _local_ring._busy[slot] = False
+        return {}
+    return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None
