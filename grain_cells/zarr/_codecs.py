@@ -76,12 +76,9 @@ class Codec:
             return None
         if meta.zarr_format == 2:
             stored = np.dtype(meta.to_dict()["dtype"])
-            stages = []
-            if meta.compressor is not None:
-                stages.append((meta.compressor.codec_id, meta.compressor.decode))
-            for f in reversed(meta.filters or ()):
-                stages.append((f.codec_id, f.decode))
-            return cls(stored, tuple(meta.chunks), meta.order, tuple(stages))
+            codecs = [meta.compressor, *reversed(meta.filters or ())]
+            stages = tuple((c.codec_id, c.decode) for c in codecs if c is not None)
+            return cls(stored, tuple(meta.chunks), meta.order, stages)
         codecs = list(meta.codecs)
         shard = None
         chunk_shape = tuple(array.chunks)

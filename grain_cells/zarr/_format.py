@@ -140,9 +140,9 @@ class ZarrFormat(formats.Format):
     def can_open(self, path: str) -> bool:
         """A local directory, or a path or URL ending in `.zarr` or `.zarr.zip`."""
         p = os.fspath(path).rstrip("/")
-        if p.endswith((".zarr", ".zarr.zip")):
-            return True
-        return not is_url(p) and os.path.isdir(p)
+        return p.endswith((".zarr", ".zarr.zip")) or (
+            not is_url(p) and os.path.isdir(p)
+        )
 
     def open(self, path, storage_options=None, stat=None) -> StoreFile:
         """The store's root, read-only (no AnnData check); its `stat` taken anew."""

@@ -105,9 +105,7 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
     # Attributes do not change what a range read returns: only the fields
     # that do (shape, chunks, dtype, codecs, fill value, ...) must agree.
     diff = sorted(
-        k
-        for k in set(mine) | set(theirs)
-        if k != "attributes" and mine.get(k) != theirs.get(k)
+        k for k in {*mine, *theirs} - {"attributes"} if mine.get(k) != theirs.get(k)
     )
     if diff:
         raise errors.AnnDataFormatError(
