@@ -3,6 +3,7 @@
 Module notes: docs/reference/design.md#transport-ring and the sections after it.
 """
 
+from grain_cells._util.absl_flags import allow_unparsed as allow_unparsed_flags
 from grain_cells.transport._children import WorkerWatch, death_error
 from grain_cells.transport._main_guard import (
     check_main_guard,
@@ -10,7 +11,8 @@ from grain_cells.transport._main_guard import (
     main_thread_site,
 )
 from grain_cells.transport._ring import release_dead_rings
-from grain_cells.transport._send import (
+from grain_cells.transport._shm_names import remove_stale
+from grain_cells.transport._slot_writer import (
     fetch_starting,
     in_worker,
     ring_for,
@@ -18,8 +20,7 @@ from grain_cells.transport._send import (
     send_all,
     worker_init,
 )
-from grain_cells.transport._shm_names import remove_stale
-from grain_cells.transport._worker import allow_unparsed_flags, in_child_process
+from grain_cells.transport._worker import in_child_process
 
 __all__ = [
     "WorkerWatch",

@@ -19,8 +19,7 @@ GRACE_S = 2.0
 class WorkerWatch:
     """The children a data iterator's workers are, as they appear."""
 
-    def __init__(self, worker_count: int):
-        """Notes the children that exist before the workers start."""
+    def __init__(self, worker_count: int):  # before the workers start
         self.worker_count = worker_count
         self._before = {p.pid for p in multiprocessing.active_children()}
         self._workers: dict[int, multiprocessing.process.BaseProcess] = {}
@@ -35,10 +34,7 @@ class WorkerWatch:
 
     @contextlib.contextmanager
     def killing_after(self, grace_s: float = GRACE_S):
-        """A block (Grain's close) after whose first `grace_s` s workers are killed.
-
-        On leaving, waits up to 1 s each for the killed to end (their names swept).
-        """
+        """A block (Grain's close) after whose first `grace_s` s workers are killed."""
         self.look()
         killed: list = []
 
@@ -58,7 +54,7 @@ class WorkerWatch:
             yield
         finally:
             timer.cancel()
-            for process in killed:
+            for process in killed:  # up to 1 s each to end (their names swept)
                 with contextlib.suppress(Exception):
                     process.join(1.0)
 
@@ -67,20 +63,19 @@ class WorkerWatch:
         return [p for p in self._workers.values() if p.exitcode not in (None, 0)]
 
 
-def how_it_ended(exitcode: int) -> str:
-    """`"was killed by SIGKILL"` or `"exited with code 3"`."""
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"was killed by {name} (exit code {exitcode})"
-    return f"exited with code {exitcode}"
+def _how_it_ended(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name} (exit code {code})"
 
 
 def death_error(dead: list, worker_count: int, where: str) -> WorkerDiedError:
     """The error to raise for `dead` workers, `where` naming the iterator's place."""
-    ends = "; ".join(f"worker pid {p.pid} {how_it_ended(p.exitcode)}" for p in dead)
+    ends = "; ".join(f"worker pid {p.pid} {_how_it_ended(p.exitcode)}" for p in dead)
     killed = any(p.exitcode == -signal.SIGKILL for p in dead)
     why = (
         "A SIGKILL that nobody sent is most often the kernel's out-of-memory "

@@ -16,34 +16,19 @@ _MAIN_NAMES = ("__main__", "__mp_main__")
 
 
 def check_main_guard(what: str) -> None:
-    """Raises if `what` starts workers from a script's unguarded top level.
-
-    `what` names the caller in the message (e.g.
-    `"grain_cells.DataLoader(worker_count=2)"`).
-
-    Raises:
-        MainGuardError: Code outside `if __name__ == "__main__":` called us, so
-            spawned workers would run it again.
-    """
+    """`MainGuardError` if `what` starts workers from a script's unguarded top level."""
     site = unguarded_site()
     if site is not None:
         raise main_guard_error(what, site)
 
 
 def unguarded_site(frame=None) -> tuple[str, int] | None:
-    """`(script, line)` if the main script's unguarded top level called us, else None.
-
-    The REPL, `python -c` and notebooks give None: spawn re-runs nothing there.
-    """
-    if frame is None:
-        frame = inspect.currentframe()
+    """`(script, line)` if the main script's unguarded top level called us, or None."""
+    frame = frame or inspect.currentframe()
     while frame is not None:
-        code = frame.f_code
-        if code.co_name == "<module>" and frame.f_globals.get("__name__") in (
-            _MAIN_NAMES
-        ):
-            path = frame.f_globals.get("__file__")
-            line = frame.f_lineno
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and name in _MAIN_NAMES:
+            path, line = frame.f_globals.get("__file__"), frame.f_lineno
             break
         frame = frame.f_back
     else:
@@ -58,10 +43,7 @@ def unguarded_site(frame=None) -> tuple[str, int] | None:
 
 
 def main_thread_site() -> tuple[str, int] | None:
-    """`unguarded_site` of the main thread's stack, from any thread (Grain's too).
-
-    What re-runs in a spawned child depends on where the main thread is.
-    """
+    """`unguarded_site` of the main thread's stack (what a spawned child re-runs)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     try:
         return unguarded_site(frame) if frame is not None else None
@@ -100,25 +82,22 @@ def _guarded_lines(path: str) -> frozenset[int] | None:
     """Lines of a script inside top-level `__main__` guards; None: cannot tell."""
     with _parse_lock:
         if path not in _parsed:
-            _parsed[path] = _parse_guarded_lines(path)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read(), path)
+                _parsed[path] = frozenset(
+                    line
+                    for node in tree.body
+                    if isinstance(node, ast.If) and _tests_main(node.test)
+                    # to the body's end, not the `else:`
+                    for line in range(node.lineno, node.body[-1].end_lineno + 1)
+                )
+            except Exception:  # a check that fails cannot tell
+                _parsed[path] = None
         return _parsed[path]
 
 
 _guarded_lines.cache_clear = _parsed.clear  # as functools.cache's, for tests
-
-
-def _parse_guarded_lines(path: str) -> frozenset[int] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        lines: set[int] = set()
-        for node in tree.body:
-            if isinstance(node, ast.If) and _tests_main(node.test):
-                end = node.body[-1].end_lineno or node.lineno  # not the `else:`
-                lines.update(range(node.lineno, end + 1))
-    except Exception:  # a check that fails cannot tell
-        return None
-    return frozenset(lines)
 
 
 def _tests_main(test: ast.expr) -> bool:

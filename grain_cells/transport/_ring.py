@@ -1,5 +1,6 @@
 """A worker's shared-memory slot ring, and the handles minibatches travel as.
 
+`SlotWriter` (`_slot_writer`) formats a minibatch straight into a slot.
 Design notes: docs/reference/design.md#transport-ring.
 """
 
@@ -19,10 +20,7 @@ import numpy as np
 
 from grain_cells.transport import _segments, _shm_names, _views, _worker
 
-# Slots a ring may grow to (see the design notes).
-_MAX_SLOTS = _views.MAX_SLOTS
 _WAIT_S = 2.0
-
 # Trainer side: ring name -> its view (`_views`), the same dict.
 _RINGS = _views.RINGS
 release_dead_rings = _views.release_dead_rings
@@ -32,9 +30,8 @@ class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
     def __init__(self, max_slots: int = 8, leases: int = 0):
-        """A ring of up to `max_slots` slots (grown by `reserve`), `leases` lendable."""
         _shm_names.remove_stale()
-        self._max_slots = min(max_slots, _MAX_SLOTS)  # grown by reserve()
+        self._max_slots = min(max_slots, _views.MAX_SLOTS)  # grown by reserve()
         self._leases = min(leases, self._max_slots)
         self._prefix = _shm_names.new_prefix()
         self.name = self._prefix + "_ring"
@@ -50,7 +47,7 @@ class SlotRing:
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
         self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
-        self._slots: list[tuple[str, int, _segments.Segment]] = []
+        self._slots: list[tuple[str, _segments.Segment, int]] = []  # name, map, size
         self._busy: list[bool] = []
         self._serial = 0
         self._largest = 0  # bytes of the largest minibatch sent
@@ -60,7 +57,7 @@ class SlotRing:
 
     def reserve(self, n: int, leases: int = 0) -> None:
         """Lets the ring grow to `n` slots in flight plus `leases` lent (capped)."""
-        self._max_slots = max(self._max_slots, min(n + leases, _MAX_SLOTS))
+        self._max_slots = max(self._max_slots, min(n + leases, _views.MAX_SLOTS))
         lent = max(0, min(leases, self._max_slots - n))
         self._leases = max(self._leases, lent)
 
@@ -76,12 +73,7 @@ class SlotRing:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-    def release(self, slot: int) -> None:
-        """Marks a slot free (its handle was unpickled in this process)."""
-        self._busy[slot] = False
-
     def _create_named(self, size: int) -> tuple[str, _segments.Segment]:
-        """A new named segment of `size` bytes, recorded for `close`."""
         with self._names_lock:
             if self._closed:
                 raise RuntimeError(f"{self.name}: closed (the worker is exiting)")
@@ -120,7 +112,7 @@ class SlotRing:
                 whole = len(freed) & ~1  # a stream may split a number
                 if whole < len(freed):
                     self._odd[sock] = freed[whole:]
-                for slot in _views.slot_numbers(freed[:whole]):
+                for slot in memoryview(freed[:whole]).cast("H"):
                     self._busy[slot] = False
                 self._starved = False
 
@@ -131,14 +123,17 @@ class SlotRing:
         deadline = None
         while True:
             free = [i for i, busy in enumerate(self._busy) if not busy]
-            fits = [i for i in free if self._slots[i][1] >= nbytes]
+            fits = [i for i in free if self._slots[i][2] >= nbytes]
             if fits:
                 return fits[0]
-            if free:  # a free slot too small: replace its segment
-                self._slots[free[0]] = self._segment(nbytes)
-                return free[0]
-            if len(self._slots) < self._max_slots:
-                self._slots.append(self._segment(nbytes))
+            if free or len(self._slots) < self._max_slots:
+                # A free slot too small gets a new segment, else a new slot.
+                size = max(nbytes + nbytes // 4, 1 << 16)  # room to vary
+                made = (*self._create_named(size), size)
+                if free:
+                    self._slots[free[0]] = made
+                    return free[0]
+                self._slots.append(made)
                 self._busy.append(False)
                 return len(self._slots) - 1
             deadline = deadline or time.monotonic() + wait_s
@@ -148,18 +143,10 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def _segment(self, nbytes: int) -> tuple[str, int, _segments.Segment]:
-        size = max(nbytes + nbytes // 4, 1 << 16)  # headroom for variable sizes
-        name, mm = self._create_named(size)
-        return name, size, mm
-
     def put(
-        self, arrays: Mapping[str, np.ndarray], wait: bool = True, avoid=None
+        self, arrays: Mapping[str, np.ndarray], wait=True, avoid=None
     ) -> SlotHandle:
-        """Writes `arrays` into a free slot (other than `avoid`); returns the handle.
-
-        `wait=False`, or no slot free within the wait, gives a one-off segment.
-        """
+        """`arrays` written in a free slot (not `avoid`), else a one-off segment."""
         layout, nbytes = _segments.layout(arrays)
         self._largest = max(self._largest, nbytes)
         if avoid is not None:
@@ -175,29 +162,26 @@ class SlotRing:
             _segments.write(mm, layout, arrays)
             del mm  # unmapped (no descriptor was kept)
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
-        _segments.write(self._slots[slot][2], layout, arrays)
+        _segments.write(self._slots[slot][1], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
     def slot_to_write(self) -> tuple[int | None, _segments.Segment | None, bool]:
-        """`(slot, mapping, wait)` to format the next minibatch in, for `SlotWriter`.
-
-        `(None, None, True)` before the first minibatch, `(None, None, False)` when
-        every slot stayed busy.
-        """
+        """`(slot, mapping, wait)` for `SlotWriter` (no slot: `(None, None, wait)`)."""
         if not self._largest:
             return None, None, True
         slot = self._free_slot(self._largest)
         if slot is None:  # every slot busy for _WAIT_S: a one-off segment
             return None, None, False
-        return slot, self._slots[slot][2], True
+        return slot, self._slots[slot][1], True
 
     def send_slot(self, slot: int, layout, nbytes: int) -> SlotHandle:
         """The handle of a minibatch written in `slot` at `layout`."""
         self._largest = max(self._largest, nbytes)
-        name, size, _ = self._slots[slot]
+        name, _, size = self._slots[slot]
         self._busy[slot] = True
-        pid = os.getpid()
-        return SlotHandle(self.name, slot, name, size, layout, pid, self._leases)
+        return SlotHandle(
+            self.name, slot, name, size, layout, os.getpid(), self._leases
+        )
 
 
 class SlotHandle:
@@ -225,10 +209,7 @@ class SlotHandle:
 
 
 class ExpiredBatch(dict):
-    """Stands for a minibatch whose worker exited before it was received.
-
-    Grain discards what it drains on stop; in user code, touching it says why.
-    """
+    """A minibatch whose worker exited before it was received (Grain drops it)."""
 
     def __getitem__(self, key):
         raise RuntimeError(
@@ -252,7 +233,7 @@ def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
         return _segments.read(mm, layout)  # unmapped when `mm` goes
     if _local_ring is not None and ring == _local_ring.name:
         # Unpickled by the worker itself (Grain drains its own queue on stop).
-        _local_ring.release(slot)
+        _local_ring._busy[slot] = False
         return {}
     return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 

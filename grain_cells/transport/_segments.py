@@ -1,35 +1,80 @@
-"""Shared-memory segments in `/dev/shm`, and the arrays laid out in them.
+"""Shared-memory segments in `/dev/shm`, mapped without a descriptor each.
 
-Design notes: docs/reference/design.md#transport-segments.
+Design notes: docs/reference/design.md#transport-segments, #transport-mapping.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import math
+import mmap
 import os
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells.transport import _shm_names
-from grain_cells.transport._mapping import Segment, map_shared
 
 ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap, _munmap = _libc.mmap, _libc.munmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FIXED = 0x10  # the same on every Linux architecture; not in `mmap`
+_CHUNK = 1 << 20  # bytes copied at a time by `privatise` (bounded extra memory)
+_RW = mmap.PROT_READ | mmap.PROT_WRITE
+# A mapped segment: a `ctypes` array of bytes (`map_shared`).
+Segment = ctypes.Array
+
+
+def map_shared(fd: int, size: int) -> Segment:
+    """`size` bytes of `fd` mapped shared, unmapped when unreferenced (`OSError`)."""
+    addr = _mmap(None, size, _RW, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
+    buf = (ctypes.c_ubyte * size).from_address(addr)
+    # Not at exit: a thread may still read it while the interpreter exits.
+    weakref.finalize(buf, _munmap, addr, size).atexit = False
+    return buf
+
+
+def privatise(addr: int, size: int) -> None:
+    """Makes the mapping at `addr` private memory with the same bytes (`OSError`)."""
+    if addr % mmap.PAGESIZE:
+        raise ValueError(f"address {addr:#x} is not page-aligned")
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
+    for start in range(addr, addr + size, _CHUNK):
+        n = min(_CHUNK, addr + size - start)
+        held = ctypes.string_at(start, n)
+        span = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages
+        if _mmap(start, span, _RW, flags, -1, 0) != start:
+            err = ctypes.get_errno()
+            raise OSError(err, f"private remap at {start:#x}: {os.strerror(err)}")
+        ctypes.memmove(start, held, n)
 
 
 def create(name: str, size: int) -> Segment:
-    """A new segment `name` of `size` bytes, reserved and mapped.
-
-    `SharedMemoryFullError` (the name removed again) when there is no room.
-    """
+    """A new segment `name`, its pages reserved (`SharedMemoryFullError`)."""
     path = _shm_names.path_of(name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
-        _reserve(fd, path, size)
+        if hasattr(os, "posix_fallocate"):  # not on macOS
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+                    raise full_error(os.path.dirname(path), size) from None
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise  # else no fallocate here: pages come when written
         return map_shared(fd, size)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -37,21 +82,6 @@ def create(name: str, size: int) -> Segment:
         raise
     finally:
         os.close(fd)
-
-
-def _reserve(fd: int, path: str, size: int) -> None:
-    """Allocates the segment's pages now, so that writes cannot fail later."""
-    fallocate = getattr(os, "posix_fallocate", None)  # not on macOS
-    if fallocate is None:
-        return
-    try:
-        fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            return  # no fallocate here: pages are allocated when written
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
-            raise
-        raise full_error(os.path.dirname(path), size) from None
 
 
 def full_error(folder: str, requested: int) -> errors.SharedMemoryFullError:
@@ -79,7 +109,6 @@ def full_error(folder: str, requested: int) -> errors.SharedMemoryFullError:
 
 
 def _size(n: int) -> str:
-    """Bytes in words: `256 KiB`, `1.5 GiB`."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
             return f"{n / (1 << shift):.3g} {unit}"
@@ -108,24 +137,15 @@ def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
 def write(mm: Segment, places, arrays: Mapping[str, np.ndarray]) -> None:
     """Copies `arrays` into `mm` at their `layout` places."""
     for (_, offset, dtype, shape), arr in zip(places, arrays.values(), strict=True):
-        count = math.prod(shape)
-        if count:
-            dst = np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
-            dst[:] = arr.reshape(-1)
+        if count := math.prod(shape):
+            np.frombuffer(mm, dtype, count, offset)[:] = arr.reshape(-1)
 
 
 def read(mm: Segment, places) -> dict[str, np.ndarray]:
     """Copies the arrays at `places` out of `mm` into new private arrays."""
     out = {}
     for key, offset, dtype, shape in places:
-        count = math.prod(shape)
-        arr = np.empty(shape, dtype)
-        if count:
-            arr.reshape(-1)[:] = np.frombuffer(
-                mm, dtype=dtype, count=count, offset=offset
-            )
-        out[key] = arr
+        out[key] = arr = np.empty(shape, dtype)
+        if count := math.prod(shape):
+            arr.reshape(-1)[:] = np.frombuffer(mm, dtype, count, offset)
     return out
-
-
-__all__ = ["ALIGN", "Segment", "create", "layout", "open_segment", "read", "write"]

@@ -15,8 +15,6 @@ from grain_cells._util.pids import gone, start_time
 
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory names
 STEM = "gcells_"
-
-
 _own_start: tuple[int, int | None] | None = None  # (pid, start) of this process
 
 
@@ -71,15 +69,10 @@ def unlink_prefix(prefix: str) -> None:
 
 
 def remove_stale() -> list[str]:
-    """Removes the names of grain_cells processes that no longer exist.
-
-    Returns:
-        The names removed (without the leading `/`).
-    """
+    """Removes the names of gone grain_cells processes; returns them (no `/`)."""
     removed, verdict = [], {}
     for entry in _entries():
-        made_by = owner(entry)
-        if made_by is None:
+        if (made_by := owner(entry)) is None:
             continue
         if made_by not in verdict:
             verdict[made_by] = gone(*made_by)

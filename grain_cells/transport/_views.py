@@ -1,6 +1,7 @@
-"""The trainer's side of the slot rings: one view per worker's ring.
+"""The trainer's side of the slot rings: one view per worker's ring, and leases.
 
-Design notes: docs/reference/design.md#transport-views.
+A lease is a minibatch handed to the user as arrays inside a worker's slot.
+Design notes: docs/reference/design.md#transport-views, #transport-lease.
 """
 
 from __future__ import annotations
@@ -9,38 +10,32 @@ import array
 import atexit
 import collections
 import contextlib
+import logging
 import os
 import select
 import socket
 import threading
+import weakref
 from functools import partial
+
+import numpy as np
 
 from grain_cells._util import fork
 from grain_cells.transport import _segments, _shm_names
-from grain_cells.transport._lease import lease
-from grain_cells.transport._mapping import Segment
 
+_log = logging.getLogger(__name__)
 # Ring name -> _RingView. Rings of dead workers are pruned.
 RINGS: dict[str, _RingView] = {}
 _RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
 _PRUNE_EVERY = 256
 _opened = 0
+_at_exit = None
 # A send to a worker that has exited must raise, not raise SIGPIPE.
 _NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 # Slots a ring may hold: numbers travel as two-byte unsigned integers.
 MAX_SLOTS = 65535
 # Most slots of ended leases held back to go in one send.
 _GROUP = 16
-
-
-def _group(leases: int) -> int:
-    """Ended leases sent back together, for a ring lending `leases` slots."""
-    return max(1, min(_GROUP, leases // 4))
-
-
-def slot_numbers(data: bytes) -> memoryview:
-    """The slot numbers in hand-back bytes (an even count of them)."""
-    return memoryview(data).cast("H")
 
 
 def address(ring: str) -> str:
@@ -50,17 +45,18 @@ def address(ring: str) -> str:
 
 def view_of(ring: str, pid: int) -> _RingView:
     """The view of worker `pid`'s ring `ring`, made on its first minibatch."""
-    global _opened
+    global _opened, _at_exit
     _opened += 1
     if _opened % _PRUNE_EVERY == 0:
-        _prune()
+        release_dead_rings()
     view = RINGS.get(ring)
     if view is None:
         with _RINGS_LOCK:
             view = RINGS.get(ring)
             if view is None:
-                _prune()
-                _close_views_at_exit()
+                release_dead_rings()
+                # Sockets closed before the interpreter goes (once per process).
+                _at_exit = _at_exit or atexit.register(_close_views)
                 view = RINGS[ring] = _RingView(ring, pid)
     return view
 
@@ -79,29 +75,24 @@ class _RingView:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
             self.close()
-        self.slots: dict[int, tuple[str, Segment]] = {}
+        self.slots: dict[int, tuple[str, _segments.Segment]] = {}
         # Slots whose arrays the user may hold, and the weak reference that
         # hands each back when they die.
         self.leased: dict[int, object] = {}
         self.pending: collections.deque[int] = collections.deque()  # to hand back
-        self.group = 1  # ended leases sent together (`_group` of the budget)
+        self.group = 1  # ended leases sent together (a quarter of the budget)
         self.unsent = b""  # the tail of a send the socket took only part of
         self.sending = threading.Lock()  # one sender at a time (unsent's order)
         self.wanted = False  # a hand-back came while another thread sent
 
-    def segment(self, slot: int, name: str, size: int) -> Segment:
-        held = self.slots.get(slot)
-        if held is None or held[0] != name:
-            mm = _segments.open_segment(name, size)
-            _shm_names.unlink(name)
-            self.slots[slot] = (name, mm)
-            return mm
-        return held[1]
-
     def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
         """A minibatch's arrays: leased within the budget, else copied out."""
-        mm = self.segment(slot, segment, size)
-        self.group = _group(leases)
+        held = self.slots.get(slot)
+        if held is None or held[0] != segment:
+            held = self.slots[slot] = (segment, _segments.open_segment(segment, size))
+            _shm_names.unlink(segment)
+        mm = held[1]
+        self.group = max(1, min(_GROUP, leases // 4))
         if self.unsent or len(self.pending) >= self.group:
             self.hand_back()  # what the socket could not take at once, or a group
         # Slots waiting to go back are the trainer's too: within the budget.
@@ -113,7 +104,7 @@ class _RingView:
         return out
 
     def lease_ended(self, slot: int) -> None:
-        """The last array of a leased slot died (any thread): hand it back (grouped)."""
+        """The last array of a leased slot died (any thread): hand it back, grouped."""
         self.leased.pop(slot, None)
         if os.getpid() != self.trainer:
             return  # a forked child hands nothing back (see hand_back)
@@ -122,10 +113,7 @@ class _RingView:
             self.hand_back()
 
     def hand_back(self, slot: int | None = None) -> None:
-        """Returns a slot (and any pending) to the worker; never blocks.
-
-        May run from a finalizer in any thread; a forked child hands nothing back.
-        """
+        """Returns a slot (and any pending) to the worker; never blocks, any thread."""
         if os.getpid() != self.trainer:
             return
         if slot is not None:
@@ -173,13 +161,11 @@ class _RingView:
                 return
 
     def close(self) -> None:
-        """Closes the socket to the worker (its mappings go with the view)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
 
-    def release(self) -> None:
-        """Closes the socket and drops the mappings (leases keep their own)."""
+    def release(self) -> None:  # leases keep their own mappings
         self.close()
         self.slots.clear()
         self.leased.clear()
@@ -188,12 +174,7 @@ class _RingView:
 
 
 def release_dead_rings() -> None:
-    """Unmaps the slot rings of workers that have exited (each maps an fd)."""
-    _prune()
-
-
-def _prune() -> None:
-    """Drops the rings whose worker has exited, and unlinks its names left over."""
+    """Drops the views (each maps an fd) and names of workers that have exited."""
     views = list(RINGS.items())
     hung_up = _hung_up([view.sock for _, view in views])
     for name, view in views:
@@ -219,8 +200,7 @@ def _forget_rings() -> None:
     """A forked child drops the parent's views and lock (a thread may have held it)."""
     global _RINGS_LOCK
     _RINGS_LOCK = threading.Lock()
-    for view in list(RINGS.values()):
-        view.close()
+    _close_views()
     RINGS.clear()
 
 
@@ -229,12 +209,81 @@ def _close_views() -> None:
         view.close()
 
 
-def _close_views_at_exit() -> None:
-    """Closes the views' sockets before the interpreter goes (once per process)."""
-    global _at_exit
-    if not _at_exit:
-        atexit.register(_close_views)
-        _at_exit = True
+# id -> weak reference to the array a lease's views are cut from, while any
+# view lives (NumPy arrays are not hashable: no WeakSet).
+_LEASED: dict[int, weakref.ref] = {}
 
 
-_at_exit = False
+def lease(mm, places, on_release) -> tuple[dict, object]:
+    """The arrays at `places` of `mm` as views, and the weak reference to keep.
+
+    `on_release()` runs once, in whichever thread drops the last array, while
+    the caller keeps the returned reference alive.
+    """
+    raw = np.frombuffer(mm, np.uint8)
+    held = weakref.ref(raw, lambda ref: _LEASED.pop(id(ref), None))
+    _LEASED[id(held)] = held
+    out = {key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places}
+    return out, weakref.ref(raw, lambda _: on_release())
+
+
+# The parent waits, right after a fork, until the child has made its leases
+# private: until then the parent must not hand a slot back (the worker would
+# rewrite it under the child's copy). A pipe made just before the fork: the
+# child writes one byte once done; an exec closes its end (os.pipe is
+# close-on-exec), a dead child's end closes at its exit: no wait for ever.
+_fork_pipe: tuple[int, int] | None = None
+_FORK_WAIT_S = 30.0
+
+
+def _before_fork() -> None:
+    global _fork_pipe
+    _fork_pipe = os.pipe() if _LEASED else None
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_pipe
+    if _fork_pipe is None:
+        return
+    r, w = _fork_pipe
+    _fork_pipe = None
+    os.close(w)
+    try:
+        poller = select.poll()
+        poller.register(r, select.POLLIN | select.POLLHUP)
+        if not poller.poll(_FORK_WAIT_S * 1000):
+            _log.warning(
+                "grain_cells: a forked child did not copy its leased minibatches "
+                "within %.0f s; the parent reads on",
+                _FORK_WAIT_S,
+            )
+    finally:
+        os.close(r)
+
+
+def _privatise_leases() -> None:
+    """In a forked child: every inherited leased slot becomes private memory."""
+    global _fork_pipe
+    try:
+        for held in list(_LEASED.values()):
+            if (raw := held()) is not None:
+                try:
+                    _segments.privatise(raw.ctypes.data, raw.nbytes)
+                except OSError:
+                    _log.exception("grain_cells: a forked child shares a leased slot")
+    finally:
+        if _fork_pipe is not None:
+            r, w = _fork_pipe
+            _fork_pipe = None
+            os.close(r)
+            try:
+                os.write(w, b"x")
+            finally:
+                os.close(w)
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_privatise_leases,
+)

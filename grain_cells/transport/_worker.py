@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from grain_cells._util import absl_flags, fork
+from grain_cells._util import fork
 
 # Exit status of a worker that outlived its parent (EX_SOFTWARE).
 ORPHAN_EXIT_CODE = 70
@@ -37,23 +37,15 @@ def in_child_process() -> bool:
     return multiprocessing.parent_process() is not None
 
 
-def allow_unparsed_flags() -> None:
-    """Marks absl flags parsed in a program that never parsed them (Grain reads one)."""
-    absl_flags.allow_unparsed()
-
-
 def fetch_starting() -> None:
-    """Called as a fetch starts; in a worker, freezes the GC's old objects once.
-
-    At the second fetch: the imports are long-lived (see the design notes).
-    """
+    """In a worker, freezes the GC's old objects once, at the second fetch."""
     global _fetches_seen
     if not in_child_process():
         return
     with _lock:
         _fetches_seen += 1
         seen = _fetches_seen
-    if seen == 2:
+    if seen == 2:  # the imports are long-lived (see the design notes)
         gc.collect()
         gc.freeze()
 
@@ -71,15 +63,13 @@ def exit_with_parent() -> None:
     if parent is None:
         return
     with _lock:
-        if _watcher is not None and _watcher.is_alive():
-            return
-        _watcher = threading.Thread(
-            target=_watch,
-            args=(parent.sentinel,),
-            name="grain_cells-exit-with-parent",
-            daemon=True,
-        )
-        _watcher.start()
+        if _watcher is None or not _watcher.is_alive():
+            name = "grain_cells-exit-with-parent"
+            _watcher = threading.Thread(
+                target=_watch, args=(parent.sentinel,), name=name
+            )
+            _watcher.daemon = True
+            _watcher.start()
 
 
 def _watch(sentinel) -> None:

@@ -1,11 +1,9 @@
 """Zarr stores as a `grain_cells.formats.Format`, read by row range (private).
 
-`_format` registers it on import (zarr itself is imported when a store opens);
-`_store` opens stores and digests them, `_reads` reads row ranges of an array
-through `_chunks`, `_raw`, `_codecs` and `_keys`.
+`_format` registers it on import; zarr itself is imported when a store opens.
 """
 
 from grain_cells.zarr import _format as _format  # registers the format
-from grain_cells.zarr._annbatch import annbatch_stores
+from grain_cells.zarr._store import annbatch_stores
 
 __all__ = ["annbatch_stores"]

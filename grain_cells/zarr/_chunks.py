@@ -1,8 +1,7 @@
-"""The stored chunks of one zarr array: located, fetched, decoded, checked.
+"""The stored chunks of one zarr array: located, fetched, decoded, checked, read.
 
 A *unit* is one stored (inner) chunk: `(k,)` for a 1-D array, `(k, j)` for
 row chunk k and column chunk j.
-
 Design notes: docs/reference/design.md#zarr-chunks.
 """
 
@@ -12,11 +11,11 @@ import concurrent.futures
 import threading
 
 import numpy as np
-import zarr
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.formats import ChunkCache, ChunkDecodeError
+from grain_cells._util.ranges import chunk_pieces
+from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader
 
@@ -24,92 +23,75 @@ from grain_cells.zarr._keys import KeyReader
 AHEAD_BYTES = 256 << 20
 # One thread per process runs read-ahead jobs (each sends its GETs at once).
 _ahead_threads = fork.ProcessCache()
-
-
 _WHY_MISSING = {
     -1: " (its shard's index marks it empty)",
     -2: " (the shard holding it is missing)",
 }
 
 
-def _kj(unit: tuple[int, ...]) -> tuple[int, int]:
-    return unit[0], (unit[1] if len(unit) > 1 else 0)
+def pieces(starts, stops, c: int):
+    """`(chunk, first row in it, in the destination, rows)` of each `c`-row piece."""
+    chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
+    n = p_stop - p_start
+    return chunk, p_start - chunk * c, np.cumsum(n) - n, n
 
 
 class Chunks:
-    """Locates, fetches, decodes and caches one array's chunks. Thread-safe."""
+    """Locates, fetches, decodes and caches one array's chunks. Thread-safe.
 
-    def __init__(
-        self,
-        array: zarr.Array,
-        path: str,
-        codec: Codec,
-        keys: KeyReader,
-        *,
-        cache_bytes: int = 0,
-        fill_missing: bool | str = False,
-    ):
-        """`fill_missing` as in `RangeReader` (True or `"leading"`)."""
-        self.path = path
-        self.name = "/" + array.path.lstrip("/")
+    `fill_missing` as `RangeReader`'s (True or `"leading"`, normalised).
+    """
+
+    def __init__(self, array, path, codec, keys, cache_bytes=0, fill_missing=False):
+        self.path, self.name = path, "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
-        self.fill_missing = (
-            fill_missing if fill_missing == "leading" else bool(fill_missing)
-        )
+        self.fill_missing = fill_missing
+        self._codec: Codec = codec
+        self.keys: KeyReader = keys
         self._first_stored: int | None = None
-        # Row chunks read as the fill value (never written), with their keys.
-        self.filled: dict[int, str] = {}
-        self._codec = codec
-        self._keys = keys
+        self.filled: dict[int, str] = {}  # row chunks read as the fill value: keys
         self._meta = array.metadata
         self._prefix = array.path.strip("/")
         fill = self._meta.fill_value
         self._fill = np.asarray(0 if fill is None else fill, self.dtype)
+        self._cols = None  # column chunks of a 2-D array
+        if len(self.shape) > 1:
+            self._cols = range(max(1, -(-self.shape[1] // codec.chunk_shape[1])))
         self._cache_bytes = int(cache_bytes)
-        self._cache = ChunkCache()
-        self._lock = threading.Lock()
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
-        self._ahead: dict[tuple[int, ...], bytes | None] = {}
-        self._ahead_bytes = 0
-        self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
+        self._forget_ahead()
         # A forked child gets fresh locks (a parent's thread may hold one at
         # the fork) and none of the parent's read-ahead.
         fork.in_child_of(self, Chunks._forget_ahead)
+
+    def _forget_ahead(self) -> None:
+        self._lock, self._cache = threading.Lock(), ChunkCache()
+        self._ahead: dict[tuple[int, ...], bytes | None] = {}
+        self._ahead_bytes = 0
+        self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
 
     @property
     def codec(self) -> Codec:
         return self._codec
 
-    @property
-    def keys(self) -> KeyReader:
-        return self._keys
-
-    def col_chunks(self) -> int:
-        if len(self.shape) < 2:
-            return 1
-        return max(1, -(-self.shape[1] // self._codec.chunk_shape[1]))
-
     def units(self, k: int) -> list[tuple[int, ...]]:
-        if len(self.shape) < 2:
-            return [(k,)]
-        return [(k, j) for j in range(self.col_chunks())]
+        return [(k,)] if self._cols is None else [(k, j) for j in self._cols]
 
     def key(self, coords: tuple[int, ...]) -> str:
         key = self._meta.encode_chunk_key(tuple(coords))
         return f"{self._prefix}/{key}" if self._prefix else key
 
-    def shard_of(self, k: int, j: int):
-        """`(shard coords, inner chunk's position in the index)`."""
+    def shard_of(self, unit) -> tuple[tuple[int, ...], int]:
+        """`(shard coords, the unit's position in the shard's index)`."""
         per = self._codec.shard.per_shard
-        if len(self.shape) < 2:
-            return (k // per[0],), k % per[0]
+        if len(unit) == 1:
+            return (unit[0] // per[0],), unit[0] % per[0]
+        k, j = unit
         return (k // per[0], j // per[1]), (k % per[0]) * per[1] + j % per[1]
 
     def shards_of(self, row_chunks) -> list[tuple[int, ...]]:
-        return sorted(
-            {self.shard_of(k, u[-1])[0] for k in row_chunks for u in self.units(k)}
-        )
+        return sorted({self.shard_of(u)[0] for k in row_chunks for u in self.units(k)})
 
     def load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
         layout = self._codec.shard
@@ -117,24 +99,23 @@ class Chunks:
         if not todo:
             return
         n = layout.index_nbytes
-        requests = []
-        for s in todo:
-            key = self.key(s)
-            requests.append((key, -n, None) if layout.at_end else (key, 0, n))
-        got = self._keys.get_many(requests)
-        for s, (key, _, _), raw in zip(todo, requests, got, strict=False):
+        keys = [self.key(s) for s in todo]
+        requests = [(key, -n, None) if layout.at_end else (key, 0, n) for key in keys]
+        got = self.keys.get_many(requests)
+        for s, key, raw in zip(todo, keys, got, strict=True):
             index = None
             if raw is not None:
                 try:
                     index = layout.parse_index(raw)
                 except ChunkDecodeError as e:
+                    rows = self.rows(s[0], layout.shard_shape[0])
                     raise errors.CorruptChunkError(
                         f"{self.path}: {self.name} shard {key!r} has a corrupt "
-                        f"index: {e}. It holds rows {self.shard_rows(s)} of "
+                        f"index: {e}. It holds rows {rows} of "
                         f"{self.name}; the store is damaged: rewrite it.",
                         path=self.path,
                         dataset=self.name,
-                        rows=self.shard_rows(s),
+                        rows=rows,
                     ) from None
             with self._lock:
                 self._shard_index[s] = index
@@ -142,9 +123,6 @@ class Chunks:
     def shard_index(self, s: tuple[int, ...]) -> np.ndarray | None:
         """A loaded shard's index (`load_shard_indices`); None: no such shard."""
         return self._shard_index.get(s)
-
-    def shard_rows(self, s) -> tuple[int, int]:
-        return self.rows(s[0], self._codec.shard.shard_shape[0])
 
     def rows(self, k: int, per: int | None = None) -> tuple[int, int]:
         """`[first, stop)` rows of row chunk (or shard, `per` rows each) `k`."""
@@ -158,7 +136,7 @@ class Chunks:
         """
         if self._codec.shard is None:
             return self.key(unit), None, None, None
-        s, i = self.shard_of(*_kj(unit))
+        s, i = self.shard_of(unit)
         key = self.key(s)
         index = self._shard_index.get(s)
         if index is None:  # no shard at all
@@ -176,39 +154,19 @@ class Chunks:
             for k in range(n):
                 if self._codec.shard is not None:
                     self.load_shard_indices(self.shards_of([k]))
-                if any(self._stored(u) for u in self.units(k)):
+                asks = [self.request(u)[:2] for u in self.units(k)]
+                if any(
+                    a >= 0 if a is not None else self.keys.get(key) is not None
+                    for key, a in asks
+                ):
                     first = k
                     break
             self._first_stored = first
         return self._first_stored
 
-    def _stored(self, unit) -> bool:
-        key, a, _, _ = self.request(unit)
-        if a is None:
-            return self._keys.get(key) is not None
-        return a >= 0
-
-    def fetch_remote(self, uniq) -> dict:
-        """Stored bytes (None: missing) of row chunks `uniq` (read ahead, or GET)."""
-        self.wait_prefetch(uniq.tolist())
-        units = [u for k in uniq.tolist() for u in self.units(k)]
-        got_ahead = {}
-        with self._lock:
-            for u in units:
-                if u in self._ahead:
-                    data = self._ahead.pop(u)
-                    self._ahead_bytes -= len(data or b"")
-                    got_ahead[u] = data
-        todo = [
-            (u, self.request(u))
-            for u in units
-            if u not in got_ahead and self._cached(u) is None
-        ]
-        return {**got_ahead, **self._get_units(todo)}
-
     def _get_units(self, todo) -> dict:
         asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]
-        got = iter(self._keys.get_many(asks))
+        got = iter(self.keys.get_many(asks))
         return {
             u: (None if (a is not None and a < 0) else next(got))
             for u, (_, a, _, _) in todo
@@ -241,9 +199,7 @@ class Chunks:
     def _prefetch(self, units) -> None:
         try:
             if self._codec.shard is not None:
-                self.load_shard_indices(
-                    sorted({self.shard_of(*_kj(u))[0] for u in units})
-                )
+                self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
             got = self._get_units([(u, self.request(u)) for u in units])
         except Exception:  # the read fetches again and reports
             got = {}
@@ -254,31 +210,61 @@ class Chunks:
                     self._ahead[u] = got[u]
                     self._ahead_bytes += len(got[u] or b"")
 
-    def _forget_ahead(self) -> None:
-        self._lock, self._cache = threading.Lock(), ChunkCache()
-        self._ahead, self._ahead_bytes, self._inflight = {}, 0, {}
-
     def wait_prefetch(self, row_chunks) -> None:
         """Waits for read-ahead jobs that fetch any of these row chunks."""
         units = [u for k in row_chunks for u in self.units(k)]
         with self._lock:
             futures = {self._inflight[u] for u in units if u in self._inflight}
-        if futures:
-            concurrent.futures.wait(futures)
+        concurrent.futures.wait(futures)
+
+    def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
+        """Reads sorted, disjoint, non-empty ranges, concatenated, into `dest`."""
+        chunk, src, dst, n = pieces(starts, stops, int(self._codec.chunk_shape[0]))
+        uniq, lo = np.unique(chunk, return_index=True)
+        hi, uniq = np.append(lo[1:], chunk.size).tolist(), uniq.tolist()
+        lo, src, dst, n = lo.tolist(), src.tolist(), dst.tolist(), n.tolist()
+        units = [u for k in uniq for u in self.units(k)]
+        raw = None
+        if self.keys.remote:  # read-ahead of these chunks (indices included) first
+            self.wait_prefetch(uniq)
+        if self._codec.shard is not None:
+            self.load_shard_indices(self.shards_of(uniq))
+        if self.keys.remote:  # every chunk's bytes at once: read ahead, or GET
+            with self._lock:
+                raw = {u: self._ahead.pop(u) for u in units if u in self._ahead}
+                self._ahead_bytes -= sum(len(data or b"") for data in raw.values())
+            todo = [u for u in units if u not in raw and self._cached(u) is None]
+            raw.update(self._get_units([(u, self.request(u)) for u in todo]))
+        cc = self._codec.chunk_shape[1] if self._cols is not None else 0
+
+        def task(a: int, b: int) -> None:
+            for x in range(a, b):
+                for unit in self.units(uniq[x]):
+                    chunk = self.chunk(unit, raw)
+                    if cc:
+                        c0 = unit[1] * cc
+                        width = min(cc, self.shape[1] - c0)
+                        for p in range(lo[x], hi[x]):
+                            s, d, m = src[p], dst[p], n[p]
+                            dest[d : d + m, c0 : c0 + width] = chunk[s : s + m, :width]
+                    else:
+                        for p in range(lo[x], hi[x]):
+                            s, d, m = src[p], dst[p], n[p]
+                            dest[d : d + m] = chunk[s : s + m]
+
+        for a, b in run_parts(pool, len(uniq), task, pending):
+            task(a, b)
 
     def chunk(self, unit, raw: dict | None) -> np.ndarray:
+        """The unit decoded (`CorruptChunkError`; fills a missing one if allowed)."""
         chunk = self._cached(unit)
         if chunk is not None:
             return chunk
         key, a, b, off = self.request(unit)
         if raw is not None and unit in raw:
             data = raw[unit]
-        elif a is None:
-            data = self._keys.get(key)
-        elif a < 0:
-            data = None
         else:
-            data = self._keys.get_range(key, a, b)
+            data = None if a is not None and a < 0 else self.keys.get(key, a, b)
         rows = self.rows(unit[0])
         where = f"chunk {unit}" + (f" (in shard {key!r})" if a is not None else "")
         if data is None:
@@ -317,12 +303,9 @@ class Chunks:
                 rows=rows,
                 chunk_key=key,
             ) from None
-        self._remember(unit, chunk)
+        if self._cache_bytes:
+            self._cache.put(0, unit, chunk, self._cache_bytes)
         return chunk
 
     def _cached(self, unit) -> np.ndarray | None:
         return self._cache.get(0, unit) if self._cache_bytes else None
-
-    def _remember(self, unit, chunk: np.ndarray) -> None:
-        if self._cache_bytes:
-            self._cache.put(0, unit, chunk, self._cache_bytes)

@@ -14,6 +14,12 @@ import zarr
 from grain_cells.formats import ChunkDecodeError
 
 MAX_UINT_64 = 2**64 - 1
+# zarr's v3 bytes-to-bytes codecs decoded by numcodecs: its name, the decoder.
+_NUMCODECS = {
+    "ZstdCodec": ("zstd", lambda c: numcodecs.Zstd(level=c.level, checksum=c.checksum)),
+    "BloscCodec": ("blosc", lambda c: numcodecs.Blosc()),
+    "GzipCodec": ("gzip", lambda c: numcodecs.GZip(level=c.level)),
+}
 
 
 def _crc32c_check(raw) -> memoryview:
@@ -36,29 +42,19 @@ def _bytes_stage(codec) -> tuple | None:
     name = type(codec).__name__
     if name == "Crc32cCodec":
         return ("crc32c", _crc32c_check)
-    if name == "ZstdCodec":
-        z = numcodecs.Zstd(level=codec.level, checksum=codec.checksum)
-        return ("zstd", z.decode)
-    if name == "BloscCodec":
-        return ("blosc", numcodecs.Blosc().decode)
-    if name == "GzipCodec":
-        return ("gzip", numcodecs.GZip(level=codec.level).decode)
+    if name in _NUMCODECS:
+        return (_NUMCODECS[name][0], _NUMCODECS[name][1](codec).decode)
     # zarr.codecs.numcodecs.* ("numcodecs.lz4", ...): after the `bytes`
     # codec, every codec of a chain is bytes-to-bytes.
-    try:
-        spec = codec.to_dict()
-    except Exception:  # pragma: no cover - every zarr codec has to_dict
-        return None
+    spec = codec.to_dict()
     cname = str(spec.get("name", ""))
-    if cname.startswith("numcodecs."):
-        try:
-            nc = numcodecs.get_codec(
-                {"id": cname[len("numcodecs.") :], **(spec.get("configuration") or {})}
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
-        return (cname, nc.decode)
-    return None
+    if not cname.startswith("numcodecs."):
+        return None
+    try:
+        config = {"id": cname[len("numcodecs.") :], **(spec.get("configuration") or {})}
+        return (cname, numcodecs.get_codec(config).decode)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +76,9 @@ class Codec:
             return None
         if meta.zarr_format == 2:
             stored = np.dtype(meta.to_dict()["dtype"])
-            stages = []
-            if meta.compressor is not None:
-                stages.append((meta.compressor.codec_id, meta.compressor.decode))
-            for f in reversed(meta.filters or ()):
-                stages.append((f.codec_id, f.decode))
-            return cls(stored, tuple(meta.chunks), meta.order, tuple(stages))
+            codecs = [meta.compressor, *reversed(meta.filters or ())]
+            stages = tuple((c.codec_id, c.decode) for c in codecs if c is not None)
+            return cls(stored, tuple(meta.chunks), meta.order, stages)
         codecs = list(meta.codecs)
         shard = None
         chunk_shape = tuple(array.chunks)
@@ -98,13 +91,9 @@ class Codec:
             shard_shape = tuple(meta.chunk_grid.chunk_shape)
             loc = sc.index_location  # an enum in zarr 3.1, a str in 3.4
             per_shard = tuple(s // c for s, c in zip(shard_shape, inner, strict=False))
-            shard = ShardLayout(
-                shard_shape=shard_shape,
-                per_shard=per_shard,
-                at_end=str(getattr(loc, "value", loc)) == "end",
-                index_stages=index[1],
-                index_nbytes=16 * int(np.prod(per_shard)) + index[2],
-            )
+            at_end = str(getattr(loc, "value", loc)) == "end"
+            nbytes = 16 * int(np.prod(per_shard)) + index[2]
+            shard = ShardLayout(shard_shape, per_shard, at_end, index[1], nbytes)
             codecs, chunk_shape = list(sc.codecs), inner
         parsed = _v3_stages(codecs, dtype)
         if parsed is None:
@@ -120,9 +109,8 @@ class Codec:
         names = [n for n, _ in self.stages] or ["uncompressed"]
         return "+".join(names) + (", sharded" if self.shard else "")
 
-    def decode(self, raw) -> np.ndarray:
+    def decode(self, buf) -> np.ndarray:
         """The chunk as an array of `chunk_shape`, native order (`ChunkDecodeError`)."""
-        buf = raw
         try:
             for _, stage in self.stages:
                 buf = stage(buf)

@@ -1,6 +1,6 @@
 """AnnData zarr stores as a `grain_cells.formats.Format` (registered on import).
 
-Design notes: docs/reference/design.md#zarr-format.
+Design notes: docs/reference/design.md#zarr-format, #zarr-store-file.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import is_url
-from grain_cells.zarr._store_file import StoreFile
 
 # What zarr-python and its codecs raise on bytes that do not decode.
 READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
-
-
-def _zarr():
-    """The `zarr` module if some code imported it, else None."""
-    return sys.modules.get("zarr")
+# A store's root metadata: anndata's `write_zarr` rewrites these (the group
+# and its consolidated metadata) whenever it writes a store.
+_ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
 
 
 def _root_array(path: str) -> errors.AnnDataFormatError:
@@ -62,6 +59,78 @@ def read_error(
     )
 
 
+class StoreFile:
+    """An open store's root `group` with an `h5py.File`'s handle API."""
+
+    def __init__(self, group, filename: str, stat: FileStat):
+        self.group, self.filename, self.stat = group, filename, stat
+        self._root = self._root_stat()
+
+    def _root_stat(self) -> tuple:
+        """`stat`s of a local store's root metadata files (of a zip: the file)."""
+        path = self.filename
+        if is_url(path):
+            return ()
+        names = [path]
+        if os.path.isdir(path):
+            names = [os.path.join(path, k) for k in _ROOT_KEYS]
+        out = []
+        for name in names:
+            try:
+                st = os.stat(name)
+                out.append(
+                    (name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                )
+            except FileNotFoundError:
+                out.append((name, None))
+        return tuple(out)
+
+    def check_root(self, when: str) -> None:
+        """Raises `SourceChangedError` if the root metadata changed since opening."""
+        now = self._root_stat()
+        if now != self._root:
+            changed = [a[0] for a, b in zip(self._root, now, strict=True) if a != b]
+            raise errors.SourceChangedError(
+                f"{self.filename}: changed since the AnnDataSource was built "
+                f"(detected {when}): the zarr store's root metadata "
+                f"({', '.join(os.path.basename(c) for c in changed)}) was "
+                "rewritten. The cells read now would not be the cells the "
+                "source describes. Build a new source (and do not restore "
+                "iterator state saved for the old data)."
+            )
+
+    def __getitem__(self, key: str):
+        return self.group[key]
+
+    def get(self, key: str, default=None):
+        return self.group.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.group
+
+    def keys(self) -> list[str]:
+        return sorted(self.group.keys())
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    @property
+    def attrs(self):
+        return self.group.attrs
+
+    def close(self) -> None:  # a `.zarr.zip`'s file; a no-op for directories
+        self.group.store.close()
+
+    def __enter__(self) -> StoreFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StoreFile({self.filename!r})"
+
+
 class ZarrFormat(formats.Format):
     """zarr v2 and v3 stores: directories, `.zarr.zip`, bucket prefixes."""
 
@@ -71,16 +140,20 @@ class ZarrFormat(formats.Format):
     def can_open(self, path: str) -> bool:
         """A local directory, or a path or URL ending in `.zarr` or `.zarr.zip`."""
         p = os.fspath(path).rstrip("/")
-        if p.endswith((".zarr", ".zarr.zip")):
-            return True
-        return not is_url(p) and os.path.isdir(p)
+        return p.endswith((".zarr", ".zarr.zip")) or (
+            not is_url(p) and os.path.isdir(p)
+        )
 
     def open(self, path, storage_options=None, stat=None) -> StoreFile:
         """The store's root, read-only (no AnnData check); its `stat` taken anew."""
         local = not is_url(path)
         if local and not os.path.exists(path):
             raise formats.missing_path(path)
-        if local and os.path.isdir(path) and not _has_zarr_metadata(path):
+        if (
+            local
+            and os.path.isdir(path)
+            and not any(os.path.isfile(os.path.join(path, n)) for n in _ROOT_KEYS[:2])
+        ):
             if os.path.isfile(os.path.join(path, ".zarray")):
                 raise _root_array(path)
             found = sorted(os.listdir(path))[:8]
@@ -107,11 +180,7 @@ class ZarrFormat(formats.Format):
         return StoreFile(group, path, stat)
 
     def stat_path(self, path, storage_options=None) -> FileStat:
-        """The store's `store_digest` now.
-
-        Raises:
-            FileNotFoundError: No such zarr store.
-        """
+        """The store's `store_digest` now (`FileNotFoundError`: no such store)."""
         from grain_cells.zarr import _store
 
         if not is_url(path) and not os.path.exists(path):
@@ -119,34 +188,25 @@ class ZarrFormat(formats.Format):
         return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
 
     def stat_of(self, f, path) -> FileStat:
-        """The stat taken when the store was opened."""
-        return f.stat
+        return f.stat  # taken when the store was opened
 
     def owns(self, node) -> bool:
-        """A `StoreFile`, a zarr group or array."""
-        zarr = _zarr()
-        return isinstance(node, StoreFile) or (
-            zarr is not None and isinstance(node, (zarr.Group, zarr.Array))
-        )
+        return self.is_group(node) or self.is_array(node)
 
     def is_group(self, node) -> bool:
-        """A `StoreFile` or a zarr group."""
-        zarr = _zarr()
+        zarr = sys.modules.get("zarr")  # imported once a store opened
         return isinstance(node, StoreFile) or (
             zarr is not None and isinstance(node, zarr.Group)
         )
 
     def is_array(self, node) -> bool:
-        """A zarr array."""
-        zarr = _zarr()
+        zarr = sys.modules.get("zarr")
         return zarr is not None and isinstance(node, zarr.Array)
 
     def is_string_array(self, node) -> bool:
-        """NumPy's `StringDType`, object or unicode arrays (zarr v2 and v3)."""
-        return np.dtype(node.dtype).kind in "OUT"
+        return np.dtype(node.dtype).kind in "OUT"  # StringDType, object, unicode
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-        """Points read with `vindex`; damaged bytes raise `errors.CorruptChunkError`."""
         try:
             if isinstance(index, np.ndarray):
                 return np.asarray(array.vindex[index])
@@ -156,13 +216,8 @@ class ZarrFormat(formats.Format):
             raise read_error(array, path, rows[0], stop, e) from e
 
     def checked(self, node, path: str):
-        """`node`, its zarr arrays (one level down) checked against their own metadata.
-
-        Raises:
-            errors.AnnDataFormatError: A consolidated entry disagrees with its
-                array, naming the store, the array and the fields.
-        """
-        zarr = _zarr()
+        """`node`, its arrays (one level down) checked against their own metadata."""
+        zarr = sys.modules.get("zarr")
         if zarr is None:
             return node
         from grain_cells.zarr._store import check_array
@@ -175,7 +230,6 @@ class ZarrFormat(formats.Format):
         return node
 
     def chunk_bytes(self, array) -> int | None:
-        """Decoded bytes of one (inner, if sharded) compressed chunk."""
         if not array.compressors:
             return None
         return (
@@ -183,22 +237,17 @@ class ZarrFormat(formats.Format):
         )
 
     def check_unchanged(self, f, when: str) -> None:
-        """The root metadata files' `stat`s (`StoreFile.check_root`)."""
         f.check_root(when)
 
     def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
-        """`grain_cells.zarr._reads.RangeReader`."""
         from grain_cells.zarr._reads import RangeReader
 
         return RangeReader(
-            array, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing
+            array, path, cache_bytes=cache_bytes, fill_missing=fill_missing
         )
 
     def array_layout(self, array) -> list:
-        """Zarr format, shape, dtype, chunk and shard grid, stored bytes.
-
-        Fields that read the same under every zarr-python version (not its JSON).
-        """
+        """Fields that read the same under every zarr-python version (not its JSON)."""
         return [
             array.path,
             array.metadata.zarr_format,
@@ -208,13 +257,6 @@ class ZarrFormat(formats.Format):
             None if array.shards is None else tuple(array.shards),
             int(array.nbytes_stored()),
         ]
-
-
-def _has_zarr_metadata(path: str) -> bool:
-    """Whether a directory holds zarr metadata at its root (v3, v2 group)."""
-    return any(
-        os.path.isfile(os.path.join(path, name)) for name in ("zarr.json", ".zgroup")
-    )
 
 
 ZARR = formats.register(ZarrFormat())

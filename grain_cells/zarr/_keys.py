@@ -28,41 +28,32 @@ FETCH_THREADS = 32
 _fetch_threads = fork.ProcessCache()
 
 
+def key_reader(store) -> KeyReader | None:
+    """A reader of `store`'s keys, or None for a store kind not handled."""
+    if isinstance(store, zarr.storage.LocalStore):
+        return LocalKeys(os.fspath(store.root))
+    if isinstance(store, zarr.storage.ZipStore):
+        return ZipKeys(os.fspath(store.path))
+    if isinstance(store, zarr.storage.ObjectStore):
+        versions = getattr(store, "versions", None)
+        return ObjectKeys(store.store, versions, getattr(store, "url", ""))
+    return None
+
+
 class KeyReader:
     """Reads whole keys or byte ranges of keys of one store. Thread-safe."""
 
     remote = False
 
-    @staticmethod
-    def for_store(store) -> KeyReader | None:
-        """A reader of `store`'s keys, or None for a store kind not handled."""
-        if isinstance(store, zarr.storage.LocalStore):
-            return LocalKeys(os.fspath(store.root))
-        if isinstance(store, zarr.storage.ZipStore):
-            return ZipKeys(os.fspath(store.path))
-        if isinstance(store, zarr.storage.ObjectStore):
-            return ObjectKeys(
-                store.store, getattr(store, "versions", None), getattr(store, "url", "")
-            )
-        return None
-
-    def get(self, key: str) -> bytes | None:
-        """The whole value of `key`, or None when it does not exist."""
-        return self.get_many([(key, None, None)])[0]
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes | None:
-        """Bytes `[start, stop)` of `key` (fewer at its end), or None."""
+    def get(self, key: str, start=None, stop=None) -> bytes | None:
+        """Bytes `[start, stop)` of `key` (None: all; fewer at its end), or None."""
         return self.get_many([(key, start, stop)])[0]
 
+    get_range = get  # benchmarks/zarr_decode.py's name
+
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
-        """Reads `(key, start, stop)` requests (start None: all; < 0: a suffix).
-
-        Remote readers send every request at once; local ones read in turn.
-        """
+        """`get` of each `(key, start, stop)` (start < 0: a suffix), remote at once."""
         return [self._get(*request) for request in requests]
-
-    def _get(self, key: str, start: int | None, stop: int | None) -> bytes | None:
-        raise NotImplementedError
 
 
 class LocalKeys(KeyReader):
@@ -106,18 +97,11 @@ class ZipKeys(KeyReader):
         # One archive per process, read under a lock: members opened from
         # one ZipFile in several threads race on its shared file position
         # (seen as zstd errors and EOFError on CPython 3.12.1).
-        self._lock = threading.Lock()
-        self._zip: zipfile.ZipFile | None = None
+        self._forget()
         fork.in_child_of(self, ZipKeys._forget)
 
     def _forget(self) -> None:  # a parent's thread may have held the lock
         self._lock, self._zip = threading.Lock(), None
-
-    def __getstate__(self):
-        return {"path": self.path}
-
-    def __setstate__(self, state):
-        self.__init__(state["path"])
 
     def _get(self, key, start, stop):
         try:
@@ -146,9 +130,7 @@ class ObjectKeys(KeyReader):
     remote = True
 
     def __init__(self, store, versions=None, url: str = ""):
-        self._store = store
-        self._versions = versions
-        self._url = url or str(store)
+        self._store, self._versions, self._url = store, versions, url or str(store)
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -162,14 +144,7 @@ class ObjectKeys(KeyReader):
                     self._pid = os.getpid()
         return self._store
 
-    def __getstate__(self):
-        return {"store": self._store, "versions": self._versions, "url": self._url}
-
-    def __setstate__(self, state):
-        self.__init__(state["store"], state.get("versions"), state.get("url", ""))
-
-    def get_many(self, requests):
-        """Every request in flight at once: one call per key, in threads."""
+    def get_many(self, requests):  # one call per key, in threads
         check_not_forked_after_use(self._url)
         mark_obstore_used()
         by_key: dict[str, list[int]] = {}
@@ -209,12 +184,8 @@ class ObjectKeys(KeyReader):
             ranges = [(a, b) for _, a, b in reqs if a is not None and a >= 0]
             if len(ranges) == len(reqs) and (len(ranges) > 1 or not etag):
                 count_request("get", len(ranges))
-                got = obstore.get_ranges(
-                    store,
-                    key,
-                    starts=[a for a, _ in ranges],
-                    ends=[b for _, b in ranges],
-                )
+                starts, ends = [a for a, _ in ranges], [b for _, b in ranges]
+                got = obstore.get_ranges(store, key, starts=starts, ends=ends)
                 if etag:  # get_ranges takes no If-Match: the key's version after
                     count_request("check")
                     now = obstore.head(store, key).get("e_tag") or ""

@@ -11,10 +11,9 @@ import os
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import run_parts
-from grain_cells.zarr._chunks import Chunks
-from grain_cells.zarr._codecs import MAX_UINT_64, Codec
+from grain_cells.zarr._chunks import Chunks, pieces
+from grain_cells.zarr._codecs import MAX_UINT_64
 from grain_cells.zarr._keys import LocalKeys
 
 # Below this many bytes a read is not split over the pool's threads.
@@ -22,57 +21,45 @@ _MIN_BYTES_PER_TASK = 1 << 20
 _MAX_TASKS = 4
 
 
-def applies(codec: Codec | None, keys, shape: tuple, cache_bytes: int) -> bool:
+def applies(chunks: Chunks, cache_bytes: int) -> bool:
     """Whether `RawReads` serves this array (see the design notes)."""
+    dtype = chunks.codec.stored_dtype
     return (
-        codec is not None
-        and not codec.stages
-        and isinstance(keys, LocalKeys)
-        and len(shape) == 1
+        not chunks.codec.stages
+        and isinstance(chunks.keys, LocalKeys)
+        and len(chunks.shape) == 1
         and not cache_bytes
-        and (codec.stored_dtype.isnative or codec.stored_dtype.itemsize == 1)
+        and (dtype.isnative or dtype.itemsize == 1)
     )
 
 
 class RawReads:
     """Reads ranges of an uncompressed 1-D zarr array by byte range. Thread-safe."""
 
-    def __init__(self, chunks: Chunks, codec: Codec, keys: LocalKeys):
-        self._chunks = chunks
-        self._codec = codec
-        self._keys = keys
-        self._item = codec.stored_dtype.itemsize
-        self._chunk_len = int(codec.chunk_shape[0])
-        self._chunk_bytes = codec.chunk_items * self._item
+    def __init__(self, chunks: Chunks):
+        self._chunks, self._codec, self._keys = chunks, chunks.codec, chunks.keys
+        self._item = self._codec.stored_dtype.itemsize
+        self._chunk_len = int(self._codec.chunk_shape[0])
+        self._chunk_bytes = self._codec.chunk_items * self._item
         # A 1-D chunk's key is its number inside a fixed text (zarr's key
         # encoding: "x/12", "x/c/12", "x.12"): formatted, not re-encoded.
         probe = chunks.key((987654321,))
-        self._template = None
+        self._key = lambda k: chunks.key((k,))
         if probe.count("987654321") == 1 and not {"{", "}"} & set(probe):
             template = probe.replace("987654321", "{}")
             if template.format(0) == chunks.key((0,)):
-                self._template = template
-
-    def _key(self, k: int) -> str:
-        if self._template is not None:
-            return self._template.format(k)
-        return self._chunks.key((k,))
+                self._key = template.format
 
     def plan(self, starts: np.ndarray, stops: np.ndarray):
-        """Byte pieces of reading sorted, disjoint, non-empty element ranges.
+        """`(names, key_id, ks, offsets, nbytes, dests, missing)` of reading ranges.
 
-        Returns:
-            `(names, key_id, ks, offsets, nbytes, dests, missing)`: the keys read,
-            and per piece its key's index in `names`, row chunk, byte offset and
-            count in the key, byte offset in the destination, and whether a shard
-            index marks its chunk empty (or the shard is absent).
+        The keys read, and per piece its key's index in `names`, row chunk, byte
+        offset and count in the key, byte offset in the destination, and whether
+        its chunk has no stored bytes (its shard's index says so, or no shard).
         """
-        c = self._chunk_len
-        ks, p_start, p_stop = chunk_pieces(starts, stops, c)
-        n = p_stop - p_start
+        ks, src, dests, nbytes = pieces(starts, stops, self._chunk_len)
         item = self._item
-        dests = (np.cumsum(n) - n) * item
-        nbytes = n * item
+        dests, nbytes = dests * item, nbytes * item
         missing = np.zeros(ks.size, bool)
         if self._codec.shard is None:
             uniq, key_id = np.unique(ks, return_inverse=True)
@@ -105,7 +92,7 @@ class RawReads:
                         f"its shard's index gives it {int(entry[j, 1])} bytes",
                     )
                 base[sel] = np.where(empty, 0, entry[:, 0].astype(np.int64))
-        offsets = base + (p_start - ks * c) * item
+        offsets = base + src * item
         return names, key_id, ks, offsets, nbytes, dests, missing
 
     def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
@@ -160,24 +147,22 @@ class RawReads:
                 os.close(fd)
 
     def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
-        i = 0
-        while i < len(key_id):
-            j = i
-            while j < len(key_id) and key_id[j] == key_id[i]:
-                j += 1
-            key = names[key_id[i]]
+        for kid, group in itertools.groupby(range(len(key_id)), key_id.__getitem__):
+            ps = list(group)
+            key = names[kid]
             fd = self._keys.open(key)
             if fd is None:  # no chunk file (or no shard): Chunks' rule applies
-                for p in range(i, j):
+                for p in ps:
                     self._fill(view, ks[p], offsets[p], nbytes[p], dests[p])
-                i = j
                 continue
             try:
                 if self._codec.shard is None:
                     size = os.fstat(fd).st_size
                     if size != self._chunk_bytes:
-                        self._corrupt(ks[i], key, None, f"its file holds {size} bytes")
-                for p in range(i, j):
+                        self._corrupt(
+                            ks[ps[0]], key, None, f"its file holds {size} bytes"
+                        )
+                for p in ps:
                     off, nb, d = offsets[p], nbytes[p], dests[p]
                     got = os.preadv(fd, [view[d : d + nb]], off)
                     while got < nb:  # short reads are legal; zero means the end
@@ -189,14 +174,9 @@ class RawReads:
                         got += more
             finally:
                 os.close(fd)
-            i = j
 
     def _fill(self, view, k: int, off: int, nb: int, d: int) -> None:
-        """A piece of a chunk with no stored bytes: the fill value, or an error.
-
-        `Chunks.chunk` decides (the reader's `fill_missing` rule) and raises
-        `errors.CorruptChunkError` naming the key when it must not fill.
-        """
+        """A piece of a chunk with no stored bytes: `Chunks.chunk` fills or raises."""
         chunk = self._chunks.chunk((k,), None)
         flat = memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
         base = 0

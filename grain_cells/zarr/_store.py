@@ -1,6 +1,8 @@
 """Opening zarr stores read-only: local directories, `.zarr.zip`, buckets and URLs.
 
-Design notes: docs/reference/design.md#zarr-store.
+annbatch's pre-shuffled collections (`dataset_N` AnnData groups) open as stores.
+
+Design notes: docs/reference/design.md#zarr-store, #zarr-annbatch.
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
+import numpy as np
 import zarr
 
 from grain_cells import errors
@@ -46,14 +50,12 @@ def zarr_store(path: str, storage_options: dict | None = None):
             )
         check_not_forked_after_use(p)
         mark_obstore_used()  # zarr reads the metadata through it
+        store = store_at(p, storage_options)
         # The ETags of the listing that gave this open its digest (see
         # grain_cells.zarr._versions): chunk reads are conditional on them.
-        versions = _versions.take(p, _options_key(storage_options))
+        versions = _versions.take(store)
         return _versions.VersionedObjectStore(
-            store_at(p, storage_options),
-            read_only=True,
-            url=p.rstrip("/"),
-            versions=versions,
+            store, read_only=True, url=p.rstrip("/"), versions=versions
         )
     if not os.path.exists(p):
         raise FileNotFoundError(f"{p}: no such file or directory")
@@ -63,12 +65,7 @@ def zarr_store(path: str, storage_options: dict | None = None):
 
 
 def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
-    """Opens the root group of a zarr store (a local path or a URL) read-only.
-
-    Raises:
-        errors.AnnDataFormatError: Not a zarr store (names what was found).
-        zarr.errors.ContainsArrayError: The root is an array, not a group.
-    """
+    """The root group, read-only; `AnnDataFormatError` or `ContainsArrayError`."""
     p = local_path(os.fspath(path))
     store = zarr_store(p, storage_options)
     try:
@@ -90,23 +87,12 @@ def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
         ) from e
 
 
-def _what_is_there(p: str) -> str:
-    if is_url(p):
-        return "no readable group document at that prefix"
-    if os.path.isdir(p):
-        names = sorted(os.listdir(p))
-        return f"a directory holding {names[:5]}" + (" ..." if len(names) > 5 else "")
-    return "a file that is not a zip archive" if os.path.isfile(p) else "nothing"
-
-
 def check_array(array: zarr.Array, path: str) -> zarr.Array:
     """`array` reopened from its own metadata document, checked against `array`."""
     try:
+        zarr_format = array.metadata.zarr_format
         own = zarr.open_array(
-            store=array.store,
-            path=array.path,
-            mode="r",
-            zarr_format=array.metadata.zarr_format,
+            array.store, path=array.path, mode="r", zarr_format=zarr_format
         )
     except (FileNotFoundError, KeyError, ValueError) as e:
         raise errors.AnnDataFormatError(
@@ -119,9 +105,7 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
     # Attributes do not change what a range read returns: only the fields
     # that do (shape, chunks, dtype, codecs, fill value, ...) must agree.
     diff = sorted(
-        k
-        for k in set(mine) | set(theirs)
-        if k != "attributes" and mine.get(k) != theirs.get(k)
+        k for k in {*mine, *theirs} - {"attributes"} if mine.get(k) != theirs.get(k)
     )
     if diff:
         raise errors.AnnDataFormatError(
@@ -136,11 +120,9 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
 
 
 def store_digest(path: str, storage_options: dict | None = None) -> str:
-    """A digest that changes when the store's arrays or metadata change.
-
-    Keys, their sizes, mtimes (ns) or ETags, and every metadata document's
-    content; a `.zarr.zip`: its size and mtime; plain HTTP: the root's documents.
-    """
+    """A digest that changes when the store's arrays or metadata change."""
+    # Keys, sizes, mtimes (ns) or ETags, metadata documents' content; a
+    # `.zarr.zip`: its size and mtime; plain HTTP: the root's documents.
     p = local_path(os.fspath(path))
     h = hashlib.sha256()
     if is_url(p):
@@ -161,10 +143,6 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
                 with open(full, "rb") as f:
                     h.update(hashlib.sha256(f.read()).digest())
     return h.hexdigest()
-
-
-def _options_key(storage_options: dict | None) -> str:
-    return repr(sorted((storage_options or {}).items(), key=lambda kv: kv[0]))
 
 
 def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
@@ -194,9 +172,7 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     else:
         # This listing's ETags are what the next open of the store in this
         # thread reads with (`zarr_store`): digest and reads agree.
-        _versions.remember(
-            url, _options_key(storage_options), _versions.KeyVersions.of_metas(metas)
-        )
+        _versions.remember(store, _versions.KeyVersions.of_metas(metas))
     metas.sort(key=lambda m: m["path"])
     for m in metas:
         h.update(f"{m['path']}\0{m['size']}\0{m.get('e_tag') or ''}\n".encode())
@@ -207,3 +183,100 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
             count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
             h.update(hashlib.sha256(data).digest())
+
+
+def _what_is_there(p: str) -> str:
+    if is_url(p):
+        return "no readable group document at that prefix"
+    if os.path.isdir(p):
+        names = sorted(os.listdir(p))
+        return f"a directory holding {names[:5]}" + (" ..." if len(names) > 5 else "")
+    return "a file that is not a zip archive" if os.path.isfile(p) else "nothing"
+
+
+_ENCODING = "annbatch-preshuffled"
+_DATASET = re.compile(r"dataset_([0-9]+)")
+
+
+def annbatch_stores(
+    folder: str | os.PathLike, *, storage_options: dict | None = None
+) -> list[str]:
+    """The AnnData stores of an annbatch collection, in annbatch's order.
+
+    Use as ``AnnDataSource(grain_cells.annbatch_stores(folder))``: one
+    source over every ``dataset_N`` of the collection (gene alignment is
+    trivial, the var of every dataset is checked to be the same).
+
+    Args:
+        folder: The collection annbatch wrote
+            (``DatasetCollection(folder).add_adatas(...)``), a local
+            directory or, where `grain_cells.zarr` opens URLs, a URL.
+        storage_options: Credentials and options for a URL, as for
+            ``AnnDataSource``.
+
+    Returns:
+        ``folder + "/dataset_N"`` for each dataset, by increasing ``N``.
+
+    Raises:
+        errors.AnnDataFormatError: ``folder`` is not a zarr group marked as
+            annbatch's collection, or holds no dataset.
+        errors.GeneMismatchError: Two datasets have different var names.
+
+    Example:
+        >>> source = grain_cells.AnnDataSource(  # doctest: +SKIP
+        ...     grain_cells.annbatch_stores("/data/tahoe_shuffled.zarr"))
+    """
+    base = os.fspath(folder).rstrip("/")
+    group = open_group(base, storage_options)
+    if (found := group.attrs.get("encoding-type")) != _ENCODING:
+        raise errors.AnnDataFormatError(
+            f"{base}: not an annbatch collection (root attribute encoding-type "
+            f"is {found!r}, expected {_ENCODING!r}, which "
+            "annbatch.DatasetCollection.add_adatas writes); pass an AnnData "
+            "store to AnnDataSource directly"
+        )
+    numbers = sorted(
+        int(m.group(1))
+        for key in group.group_keys()
+        if (m := _DATASET.fullmatch(key)) is not None
+    )
+    if not numbers:
+        raise errors.AnnDataFormatError(
+            f"{base}: an annbatch collection with no dataset_N group; was "
+            "add_adatas interrupted? Write the collection again"
+        )
+    stores = [f"{base}/dataset_{n}" for n in numbers]
+    first = _var_names(group, f"dataset_{numbers[0]}", base)
+    for n, store in zip(numbers[1:], stores[1:], strict=True):
+        names = _var_names(group, f"dataset_{n}", base)
+        if names.shape != first.shape or not np.array_equal(names, first):
+            raise errors.GeneMismatchError(
+                f"{store}: var differs from {stores[0]}'s "
+                f"({_difference(first, names)}); "
+                "annbatch writes one var for a whole collection, so this folder "
+                "was changed after annbatch wrote it. Open the datasets as "
+                "separate files with AnnDataSource(..., join=...) instead"
+            )
+    return stores
+
+
+def _var_names(group, key: str, base: str) -> np.ndarray:
+    import anndata
+
+    try:
+        var = group[key]["var"]
+        index_key = var.attrs.get("_index", "_index")
+        names = anndata.io.read_elem(var[index_key])
+    except KeyError as e:
+        raise errors.AnnDataFormatError(
+            f"{base}/{key}: no var index ({e}); expected an AnnData group as "
+            "annbatch writes it"
+        ) from e
+    return np.array([str(v) for v in names], dtype=object)
+
+
+def _difference(a: np.ndarray, b: np.ndarray) -> str:
+    if a.shape != b.shape:
+        return f"{b.size} genes where the first has {a.size}"
+    i = int(np.flatnonzero(a != b)[0])
+    return f"gene {i} is {b[i]!r} where the first has {a[i]!r}"

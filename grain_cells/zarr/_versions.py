@@ -2,7 +2,6 @@
 
 Chunk reads are conditional on them, so a re-upload raises
 `SourceChangedError` at the first changed key instead of mixing versions.
-
 Design notes: docs/reference/design.md#zarr-versions.
 """
 
@@ -30,20 +29,15 @@ class KeyVersions:
     makes a read refuse with `SourceChangedError`.
     """
 
-    def __init__(self, listing):
-        """`listing`: `(key, etag)` pairs; an etag "" is unknown."""
+    def __init__(self, listing):  # (key, etag) pairs; an etag "" is unknown
         pairs = sorted((_key_hash(k), (e or "").encode()) for k, e in listing)
         self._hashes = np.fromiter((h for h, _ in pairs), np.uint64, len(pairs))
         width = max((len(e) for _, e in pairs), default=1) or 1
         self._etags = np.array([e for _, e in pairs], dtype=f"S{width}")
+        self.nbytes = int(self._hashes.nbytes + self._etags.nbytes)
 
     def __len__(self) -> int:
         return int(self._hashes.size)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the table."""
-        return int(self._hashes.nbytes + self._etags.nbytes)
 
     def etag(self, key: str) -> str | None:
         """The key's ETag when listed ("" if the store sent none); None: not listed."""
@@ -59,8 +53,8 @@ class KeyVersions:
         return cls((m["path"], m.get("e_tag") or "") for m in metas)
 
 
-# Listings taken by `store_digest`, waiting for the `zarr_store` call that
-# opens the same store in the same thread.
+# Listings taken by `store_digest`, by (thread, obstore store), waiting for the
+# `zarr_store` call that opens the same store in the same thread.
 _waiting: dict = {}
 _waiting_lock = threading.Lock()
 
@@ -74,20 +68,16 @@ def _after_fork() -> None:
     _waiting.clear()
 
 
-def _slot(url: str, options_key: str) -> tuple:
-    return (threading.get_ident(), url.rstrip("/"), options_key)
-
-
-def remember(url: str, options_key: str, versions: KeyVersions) -> None:
-    """Keeps this thread's latest listing of the store at `url`."""
+def remember(store, versions: KeyVersions) -> None:
+    """Keeps this thread's latest listing of `store` (`storage.remote.store_at`)."""
     with _waiting_lock:
-        _waiting[_slot(url, options_key)] = versions
+        _waiting[threading.get_ident(), id(store)] = versions
 
 
-def take(url: str, options_key: str) -> KeyVersions | None:
-    """This thread's latest listing of the store (removed), or None."""
+def take(store) -> KeyVersions | None:
+    """This thread's latest listing of `store` (removed), or None."""
     with _waiting_lock:
-        return _waiting.pop(_slot(url, options_key), None)
+        return _waiting.pop((threading.get_ident(), id(store)), None)
 
 
 class VersionedObjectStore(zarr.storage.ObjectStore):
@@ -95,11 +85,9 @@ class VersionedObjectStore(zarr.storage.ObjectStore):
 
     def __init__(self, store, *, read_only: bool = True, url: str = "", versions=None):
         super().__init__(store, read_only=read_only)
-        self.url = url
-        self.versions = versions
+        self.url, self.versions = url, versions
 
     def with_read_only(self, read_only: bool = False) -> VersionedObjectStore:
-        """A copy with another `read_only` (zarr's API), same URL and versions."""
         return type(self)(
             self.store, read_only=read_only, url=self.url, versions=self.versions
         )
