@@ -28,6 +28,8 @@ from grain_cells.storage import ShortReadError, advise_pieces, pread_pieces
 
 # Below this many bytes a thread pool costs more than it saves.
 _MIN_BYTES_PER_THREAD = 1 << 20
+# A hint reads a range of at most this many rows' `indptr` whole (one read).
+_SLICE_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -193,34 +195,56 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     return data, indices, indptr, per_file
 
 
-def advise(flats: list[Flat], group, starts, stops, buf) -> None:
+def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
-    Reads each range's two `indptr` ends (one positional read each), then
-    advises the `data` and `indices` pieces. A hint only: bad pointers
-    or a short file hint nothing more (the read reports them).
+    Reads each range's two `indptr` ends (one positional read for a range
+    of at most `_SLICE_ROWS` rows: its whole slice; two otherwise), then
+    advises the `data` and `indices` pieces. `fds[k]`: a descriptor of
+    `flats[k]`'s file. A hint only: bad pointers or a short file hint
+    nothing more (the read reports them).
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]
     if starts.size == 0:
         return
-    fds = np.array([f.fd for f in flats], np.int64)[group]
-    points = np.concatenate([starts, stops])
-    twice = np.concatenate([group, group])
-    ends = buf.get("advise_ptr", (points.size,), flats[0].dtypes[0])
-    pieces = _pieces(_Array(flats, 0, twice), np.tile(fds, 2), points, points + 1)
+    fds = np.asarray(fds, np.int64)[group]
+    lengths = stops - starts
+    long = lengths > _SLICE_ROWS
+    n, n_long = starts.size, int(long.sum())
+    if n_long:  # short ranges first, then long ones
+        order = np.argsort(long, kind="stable")
+        group, fds, starts, stops = (
+            group[order],
+            fds[order],
+            starts[order],
+            stops[order],
+        )
+        lengths, long = lengths[order], long[order]
+    # Pieces: each range's slice (a long one: its first entry), then the
+    # last entries of long ranges.
+    p_starts = np.concatenate([starts, stops[n - n_long :]])
+    p_stops = np.concatenate([np.where(long, starts, stops), stops[n - n_long :]]) + 1
+    p_group = np.concatenate([group, group[n - n_long :]])
+    p_fds = np.concatenate([fds, fds[n - n_long :]])
+    sizes = p_stops - p_starts
+    heads = np.cumsum(sizes) - sizes
+    ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), flats[0].dtypes[0])
+    pieces = _pieces(_Array(flats, 0, p_group), p_fds, p_starts, p_stops)
     try:
         _pread(None, ends, *pieces)
     except (ShortReadError, OSError):
         return
-    ends = ends.astype(np.int64)
-    firsts, lasts = ends[: starts.size], ends[starts.size :]
+    last_at = heads[:n] + lengths
+    last_at[n - n_long :] = heads[n:]
+    firsts = ends[heads[:n]].astype(np.int64)
+    lasts = ends[last_at].astype(np.int64)
     nnz = np.array([f.nnz for f in flats], np.int64)[group]
     some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
-        f, at, n = _pieces(_Array(flats, k, g), fds[some], a, b)
-        advise_pieces(f.tolist(), at.tolist(), n.tolist())
+        f, at, nbytes = _pieces(_Array(flats, k, g), fds[some], a, b)
+        advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
 
 
 def _indices_inside(indices: np.ndarray, n_vars: np.ndarray) -> bool:
