@@ -96,10 +96,12 @@ class _Array:
 
     def __init__(self, flats: list[Flat], k: int, group: np.ndarray):
         offsets = [f.offsets[k] for f in flats]
-        sizes = np.array([o.size for o in offsets], np.int64)
         self.offsets = np.concatenate(offsets)
+        n = len(flats)
+        sizes = np.fromiter(map(len, offsets), np.int64, n)
         self.base = (np.cumsum(sizes) - sizes)[group]
-        self.rows = np.array([f.chunk_rows[k] for f in flats], np.int64)[group]
+        rows = np.fromiter((f.chunk_rows[k] for f in flats), np.int64, n)
+        self.rows = rows[group]
         self.itemsize = flats[0].dtypes[k].itemsize
 
 

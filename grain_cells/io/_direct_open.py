@@ -111,9 +111,10 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
     descriptor of it open until the block ends, or None and -1: not hinted
     here. An open file as it is (pinned, its place in the bound unchanged);
     a closed one whose pieces this process knows through a bare descriptor
-    of the hint's own, opened in one pass (`os.open`, its `fstat` compared
-    with its identity: a file gone or changed is not hinted, and nothing is
-    raised: the read reports it). `rest`: positions of files to hint one by
+    of the hint's own (`os.open` alone: a hint's reads stay inside the
+    file's known pieces and its pointers are checked against its `nnz`, so
+    a file changed since is hinted harmlessly, a gone one not at all; the
+    read checks and reports both). `rest`: positions of files to hint one by
     one through `OpenFiles.for_hints` (open, not read positionally; or
     closed with byte layouts whose pieces are not known yet). Files with
     nothing known are in neither (hinting them would cost a format open).
@@ -124,6 +125,7 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
     fds = [-1] * n
     rest: list[int] = []
     own: list[int] = []
+    infos = files.infos
     try:
         for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
             if entry is not None:
@@ -143,16 +145,11 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
                     rest.append(k)
                 continue
             try:
-                fd = os.open(files.infos[i].path, os.O_RDONLY)
-            except OSError:
+                fd = os.open(infos[i].path, os.O_RDONLY)
+            except OSError:  # gone: the read reports it
                 continue
             own.append(fd)
-            try:
-                same = files.identities[i].stat.matches(os.fstat(fd))
-            except OSError:
-                same = False
-            if same:
-                flats[k], fds[k] = record.flat, fd
+            flats[k], fds[k] = record.flat, fd
         yield flats, fds, rest
     finally:
         for fd in own:

@@ -191,7 +191,7 @@ class FileLru:
             if touch:
                 out = _touch_many(self._open, keys)
             else:
-                out = [self._open.get(key) for key in keys]
+                out = list(map(self._open.get, keys))
             for entry in out:
                 if entry is not None:
                     entry.pins += 1

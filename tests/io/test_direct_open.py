@@ -181,3 +181,35 @@ def test_a_fetchs_own_descriptors_stay_within_the_bound(paths, monkeypatch):
     assert len(during) == 8
     assert max(during) <= baseline + 4
     source.close()
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd") or not hasattr(os, "posix_fadvise"),
+    reason="Linux /proc and page-cache hints",
+)
+def test_a_hint_reads_each_short_ranges_pointers_in_one_read(paths, monkeypatch):
+    """A hint of known files reads one `indptr` piece per range (its slice),
+    not its two ends apart, and hints the same values' pages as before."""
+    from grain_cells.io import _direct_csr
+
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
+    source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
+    pieces: list[int] = []
+    hinted: list[tuple[int, int]] = []
+    real_pread, real_fadvise = _direct_csr.pread_pieces, os.posix_fadvise
+
+    def pread(fds, *args):
+        pieces.append(len(fds))
+        return real_pread(fds, *args)
+
+    def fadvise(fd, offset, length, advice):
+        hinted.append((offset, length))
+        return real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(_direct_csr, "pread_pieces", pread)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    blocks = np.arange(0, len(source), 3)  # blocks of 4 rows, none touching
+    source.advise(blocks)
+    assert sum(pieces) == blocks.size  # one piece per range (was two)
+    assert len(hinted) == 2 * blocks.size  # its data and its indices
+    source.close()
