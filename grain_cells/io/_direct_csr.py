@@ -19,6 +19,7 @@ Design notes: docs/reference/design.md#io-direct-csr.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
@@ -46,6 +47,13 @@ class Flat:
     dtypes: tuple
     nnz: int
     n_vars: int
+
+    @functools.cached_property
+    def heads(self) -> tuple | None:
+        """Each array's one piece's offset when all are one piece, else None."""
+        if any(o.size != 1 for o in self.offsets):
+            return None
+        return tuple(int(o[0]) for o in self.offsets)
 
     def over(self, fd) -> Flat:
         """The same pieces in another descriptor of the same file (a reopen)."""
@@ -94,15 +102,36 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
 class _Array:
     """One array (`k` of `_NAMES`) of the files of a fetch, for `_pieces`."""
 
-    def __init__(self, flats: list[Flat], k: int, group: np.ndarray):
-        offsets = [f.offsets[k] for f in flats]
-        self.offsets = np.concatenate(offsets)
-        n = len(flats)
-        sizes = np.fromiter(map(len, offsets), np.int64, n)
-        self.base = (np.cumsum(sizes) - sizes)[group]
-        rows = np.fromiter((f.chunk_rows[k] for f in flats), np.int64, n)
-        self.rows = rows[group]
-        self.itemsize = flats[0].dtypes[k].itemsize
+    def __init__(self, offsets, base, rows, itemsize: int):
+        self.offsets = offsets
+        self.base = base
+        self.rows = rows
+        self.itemsize = itemsize
+
+
+class _Files:
+    """Where a fetch's files' arrays lie: each array's `_Array` for `_pieces`.
+
+    Files whose arrays are one piece each (contiguous: anndata's default)
+    are tabled once for all three arrays; others per array.
+    """
+
+    def __init__(self, flats: list[Flat]):
+        self.flats = flats
+        heads = [f.heads for f in flats]
+        self.rows = np.array([f.chunk_rows for f in flats], np.int64)
+        self.heads = None if None in heads else np.array(heads, np.int64)
+        self.itemsizes = [d.itemsize for d in flats[0].dtypes]
+
+    def array(self, k: int, group: np.ndarray) -> _Array:
+        """Array `k` (of `_NAMES`) of the files, for ranges of files `group`."""
+        rows = self.rows[group, k]
+        if self.heads is not None:
+            return _Array(self.heads[:, k], group, rows, self.itemsizes[k])
+        offsets = [f.offsets[k] for f in self.flats]
+        sizes = np.fromiter(map(len, offsets), np.int64, len(offsets))
+        base = (np.cumsum(sizes) - sizes)[group]
+        return _Array(np.concatenate(offsets), base, rows, self.itemsizes[k])
 
 
 def _pieces(arr: _Array, fds, starts, stops):
@@ -159,8 +188,9 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     # Every range's indptr slice: one entry more than its rows.
     ptr = buf.get("ptr", (n_rows + starts.size,), ptr_t)
     heads = np.cumsum(lengths + 1) - (lengths + 1)
+    table = _Files(flats)
     try:
-        _pread(None, ptr, *_pieces(_Array(flats, 0, group), fds, starts, stops + 1))
+        _pread(None, ptr, *_pieces(table.array(0, group), fds, starts, stops + 1))
     except ShortReadError:
         return None
     ptr = ptr.astype(np.int64, copy=False)
@@ -178,7 +208,7 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     g, a, b = group[some], firsts[some], lasts[some]
     try:
         for k, out in ((1, data), (2, indices)):
-            _pread(pool, out, *_pieces(_Array(flats, k, g), fds[some], a, b))
+            _pread(pool, out, *_pieces(table.array(k, g), fds[some], a, b))
     except ShortReadError:
         return None
     per_file = np.bincount(group, weights=spans, minlength=len(flats))
@@ -232,7 +262,8 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     sizes = p_stops - p_starts
     heads = np.cumsum(sizes) - sizes
     ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), flats[0].dtypes[0])
-    pieces = _pieces(_Array(flats, 0, p_group), p_fds, p_starts, p_stops)
+    table = _Files(flats)
+    pieces = _pieces(table.array(0, p_group), p_fds, p_starts, p_stops)
     try:
         _pread(None, ends, *pieces)
     except (ShortReadError, OSError):
@@ -245,7 +276,7 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
-        f, at, nbytes = _pieces(_Array(flats, k, g), fds[some], a, b)
+        f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)
         advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
 
 
