@@ -49,11 +49,14 @@ class Flat:
     n_vars: int
 
     @functools.cached_property
-    def heads(self) -> tuple | None:
-        """Each array's one piece's offset when all are one piece, else None."""
-        if any(o.size != 1 for o in self.offsets):
-            return None
-        return tuple(int(o[0]) for o in self.offsets)
+    def pieces(self) -> np.ndarray:
+        """The offsets of all three arrays' pieces, one after another."""
+        return np.concatenate(self.offsets)
+
+    @functools.cached_property
+    def counts(self) -> tuple:
+        """Pieces of each array."""
+        return tuple(o.size for o in self.offsets)
 
     def over(self, fd) -> Flat:
         """The same pieces in another descriptor of the same file (a reopen)."""
@@ -112,26 +115,24 @@ class _Array:
 class _Files:
     """Where a fetch's files' arrays lie: each array's `_Array` for `_pieces`.
 
-    Files whose arrays are one piece each (contiguous: anndata's default)
-    are tabled once for all three arrays; others per array.
+    Every piece of every file, all three arrays, in one table (built from
+    each `Flat`'s own, kept with it), so a fetch joins one list per file.
     """
 
     def __init__(self, flats: list[Flat]):
-        self.flats = flats
-        heads = [f.heads for f in flats]
+        self.offsets = np.concatenate([f.pieces for f in flats])
+        counts = np.array([f.counts for f in flats], np.int64)  # (files, 3)
+        totals = counts.sum(axis=1)
+        first = np.cumsum(totals) - totals
+        self.bases = first[:, None] + (np.cumsum(counts, axis=1) - counts)
         self.rows = np.array([f.chunk_rows for f in flats], np.int64)
-        self.heads = None if None in heads else np.array(heads, np.int64)
         self.itemsizes = [d.itemsize for d in flats[0].dtypes]
 
     def array(self, k: int, group: np.ndarray) -> _Array:
         """Array `k` (of `_NAMES`) of the files, for ranges of files `group`."""
-        rows = self.rows[group, k]
-        if self.heads is not None:
-            return _Array(self.heads[:, k], group, rows, self.itemsizes[k])
-        offsets = [f.offsets[k] for f in self.flats]
-        sizes = np.fromiter(map(len, offsets), np.int64, len(offsets))
-        base = (np.cumsum(sizes) - sizes)[group]
-        return _Array(np.concatenate(offsets), base, rows, self.itemsizes[k])
+        return _Array(
+            self.offsets, self.bases[group, k], self.rows[group, k], self.itemsizes[k]
+        )
 
 
 def _pieces(arr: _Array, fds, starts, stops):
