@@ -237,10 +237,10 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
     Reads each range's two `indptr` ends (one positional read for a range
-    of at most `_SLICE_ROWS` rows: its whole slice; two otherwise) from the
-    page cache only (`storage.pread_cached`: pointers not in memory are
-    hinted instead, never waited for), then advises the `data` and
-    `indices` pieces of the ranges whose pointers were read. `fds[k]`: a descriptor of
+    of at most `_SLICE_ROWS` rows: its whole slice; two otherwise): those
+    in the page cache at once (`storage.pread_cached`), the others hinted
+    all together and then read (one wait for them all, not one per piece),
+    then advises the `data` and `indices` pieces. `fds[k]`: a descriptor of
     `flats[k]`'s file. A hint only: bad pointers or a short file hint
     nothing more (the read reports them).
     """
@@ -273,27 +273,30 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     table = _Files(flats)
     f, at, nbytes = _pieces(table.array(0, p_group), p_fds, p_starts, p_stops)
     at_byte = np.cumsum(nbytes) - nbytes
-    # Pointers not in memory are hinted, not waited for: their ranges'
-    # values are read cold (the pointers by then in memory).
+    # Pointers in memory are read at once; the others are hinted all
+    # together first and then read: one wait for them all, not one each.
+    ends_bytes = ends.reshape(-1).view(np.uint8)
     ok = pread_cached(
-        f.tolist(),
-        ends.reshape(-1).view(np.uint8),
-        at.tolist(),
-        nbytes.tolist(),
-        at_byte.tolist(),
+        f.tolist(), ends_bytes, at.tolist(), nbytes.tolist(), at_byte.tolist()
     )
-    bad = np.zeros(p_starts.size, bool)
     if not all(ok):
-        owner = np.searchsorted(heads * ends.itemsize, at_byte, side="right") - 1
-        bad[owner[~np.array(ok, bool)]] = True
-    missed = bad[:n]
-    missed[n - n_long :] |= bad[n:]
+        miss = ~np.array(ok, bool)
+        try:
+            pread_pieces(
+                f[miss].tolist(),
+                ends_bytes,
+                at[miss].tolist(),
+                nbytes[miss].tolist(),
+                at_byte[miss].tolist(),
+            )
+        except (ShortReadError, OSError):
+            return
     last_at = heads[:n] + lengths
     last_at[n - n_long :] = heads[n:]
     firsts = ends[heads[:n]].astype(np.int64)
     lasts = ends[last_at].astype(np.int64)
     nnz = np.array([f.nnz for f in flats], np.int64)[group]
-    some = ~missed & (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
+    some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
         f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)

@@ -164,7 +164,8 @@ def pread_cached(
     Each piece is asked with `RWF_NOWAIT`; one the kernel cannot hand over
     whole from memory (or that the file ends before) is not read but
     hinted (`posix_fadvise(WILLNEED)`), and its entry is False. For a
-    read-ahead hint: it must not wait for the disk it hints. Where
+    read-ahead hint: the pieces missing are fetched together, not waited
+    for one by one. Where
     `RWF_NOWAIT` is refused, pieces are read waiting (True; a short file
     False). Never raises for a piece.
     """

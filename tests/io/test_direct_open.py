@@ -217,32 +217,33 @@ def test_a_hint_reads_each_short_ranges_pointers_in_one_read(paths, monkeypatch)
     not hasattr(os, "posix_fadvise") or not getattr(os, "RWF_NOWAIT", 0),
     reason="Linux page-cache hints",
 )
-def test_a_hint_never_waits_for_pointers_the_page_cache_lacks(paths, monkeypatch):
-    """Pointers the kernel cannot hand over without waiting are hinted
-    themselves, not read: their ranges' values are not hinted, the read is
-    right."""
+def test_a_hint_fetches_missing_pointers_together(paths, monkeypatch):
+    """Pointers the kernel cannot hand over without waiting are all hinted
+    first, then read: one wait for them all, not one per piece. Every
+    range's values are hinted still, and the read is right."""
     source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
+    for f in range(N_FILES):
+        source.read([f * CELLS])
     source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
-    waited: list[int] = []
-    hinted: list[int] = []
+    events: list[str] = []
     real_preadv, real_fadvise = os.preadv, os.posix_fadvise
 
     def preadv(fd, buffers, offset, flags=0):
         if flags & os.RWF_NOWAIT:
             raise BlockingIOError  # as if nothing were in memory
-        waited.append(fd)
+        events.append("wait")
         return real_preadv(fd, buffers, offset, flags)
 
     def fadvise(fd, offset, length, advice):
-        hinted.append(length)
+        events.append("hint")
         return real_fadvise(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "preadv", preadv)
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
     blocks = np.arange(0, len(source), 3)
     source.advise(blocks)
-    assert waited == []  # no read waited
-    assert len(hinted) == blocks.size  # each range's pointers, nothing more
+    n = blocks.size  # each range's pointers hinted, read, then its values
+    assert events == ["hint"] * n + ["wait"] * n + ["hint"] * 2 * n
     monkeypatch.setattr(os, "preadv", real_preadv)
     rows = np.arange(0, N_FILES * CELLS, 7)
     got = source.read(rows).X.toarray()
