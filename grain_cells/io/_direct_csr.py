@@ -19,15 +19,23 @@ Design notes: docs/reference/design.md#io-direct-csr.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
 
 from grain_cells.formats import PositionalReader, wait_all
-from grain_cells.storage import ShortReadError, advise_pieces, pread_pieces
+from grain_cells.storage import (
+    ShortReadError,
+    advise_pieces,
+    pread_cached,
+    pread_pieces,
+)
 
 # Below this many bytes a thread pool costs more than it saves.
 _MIN_BYTES_PER_THREAD = 1 << 20
+# A hint reads a range of at most this many rows' `indptr` whole (one read).
+_SLICE_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -44,6 +52,16 @@ class Flat:
     dtypes: tuple
     nnz: int
     n_vars: int
+
+    @functools.cached_property
+    def pieces(self) -> np.ndarray:
+        """The offsets of all three arrays' pieces, one after another."""
+        return np.concatenate(self.offsets)
+
+    @functools.cached_property
+    def counts(self) -> tuple:
+        """Pieces of each array."""
+        return tuple(o.size for o in self.offsets)
 
     def over(self, fd) -> Flat:
         """The same pieces in another descriptor of the same file (a reopen)."""
@@ -92,13 +110,34 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
 class _Array:
     """One array (`k` of `_NAMES`) of the files of a fetch, for `_pieces`."""
 
-    def __init__(self, flats: list[Flat], k: int, group: np.ndarray):
-        offsets = [f.offsets[k] for f in flats]
-        sizes = np.array([o.size for o in offsets], np.int64)
-        self.offsets = np.concatenate(offsets)
-        self.base = (np.cumsum(sizes) - sizes)[group]
-        self.rows = np.array([f.chunk_rows[k] for f in flats], np.int64)[group]
-        self.itemsize = flats[0].dtypes[k].itemsize
+    def __init__(self, offsets, base, rows, itemsize: int):
+        self.offsets = offsets
+        self.base = base
+        self.rows = rows
+        self.itemsize = itemsize
+
+
+class _Files:
+    """Where a fetch's files' arrays lie: each array's `_Array` for `_pieces`.
+
+    Every piece of every file, all three arrays, in one table (built from
+    each `Flat`'s own, kept with it), so a fetch joins one list per file.
+    """
+
+    def __init__(self, flats: list[Flat]):
+        self.offsets = np.concatenate([f.pieces for f in flats])
+        counts = np.array([f.counts for f in flats], np.int64)  # (files, 3)
+        totals = counts.sum(axis=1)
+        first = np.cumsum(totals) - totals
+        self.bases = first[:, None] + (np.cumsum(counts, axis=1) - counts)
+        self.rows = np.array([f.chunk_rows for f in flats], np.int64)
+        self.itemsizes = [d.itemsize for d in flats[0].dtypes]
+
+    def array(self, k: int, group: np.ndarray) -> _Array:
+        """Array `k` (of `_NAMES`) of the files, for ranges of files `group`."""
+        return _Array(
+            self.offsets, self.bases[group, k], self.rows[group, k], self.itemsizes[k]
+        )
 
 
 def _pieces(arr: _Array, fds, starts, stops):
@@ -155,8 +194,9 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     # Every range's indptr slice: one entry more than its rows.
     ptr = buf.get("ptr", (n_rows + starts.size,), ptr_t)
     heads = np.cumsum(lengths + 1) - (lengths + 1)
+    table = _Files(flats)
     try:
-        _pread(None, ptr, *_pieces(_Array(flats, 0, group), fds, starts, stops + 1))
+        _pread(None, ptr, *_pieces(table.array(0, group), fds, starts, stops + 1))
     except ShortReadError:
         return None
     ptr = ptr.astype(np.int64, copy=False)
@@ -174,7 +214,7 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     g, a, b = group[some], firsts[some], lasts[some]
     try:
         for k, out in ((1, data), (2, indices)):
-            _pread(pool, out, *_pieces(_Array(flats, k, g), fds[some], a, b))
+            _pread(pool, out, *_pieces(table.array(k, g), fds[some], a, b))
     except ShortReadError:
         return None
     per_file = np.bincount(group, weights=spans, minlength=len(flats))
@@ -193,34 +233,74 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     return data, indices, indptr, per_file
 
 
-def advise(flats: list[Flat], group, starts, stops, buf) -> None:
+def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
-    Reads each range's two `indptr` ends (one positional read each), then
-    advises the `data` and `indices` pieces. A hint only: bad pointers
-    or a short file hint nothing more (the read reports them).
+    Reads each range's two `indptr` ends (one positional read for a range
+    of at most `_SLICE_ROWS` rows: its whole slice; two otherwise): those
+    in the page cache at once (`storage.pread_cached`), the others hinted
+    all together and then read (one wait for them all, not one per piece),
+    then advises the `data` and `indices` pieces. `fds[k]`: a descriptor of
+    `flats[k]`'s file. A hint only: bad pointers or a short file hint
+    nothing more (the read reports them).
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]
     if starts.size == 0:
         return
-    fds = np.array([f.fd for f in flats], np.int64)[group]
-    points = np.concatenate([starts, stops])
-    twice = np.concatenate([group, group])
-    ends = buf.get("advise_ptr", (points.size,), flats[0].dtypes[0])
-    pieces = _pieces(_Array(flats, 0, twice), np.tile(fds, 2), points, points + 1)
-    try:
-        _pread(None, ends, *pieces)
-    except (ShortReadError, OSError):
-        return
-    ends = ends.astype(np.int64)
-    firsts, lasts = ends[: starts.size], ends[starts.size :]
+    fds = np.asarray(fds, np.int64)[group]
+    lengths = stops - starts
+    long = lengths > _SLICE_ROWS
+    n, n_long = starts.size, int(long.sum())
+    if n_long:  # short ranges first, then long ones
+        order = np.argsort(long, kind="stable")
+        group, fds, starts, stops = (
+            group[order],
+            fds[order],
+            starts[order],
+            stops[order],
+        )
+        lengths, long = lengths[order], long[order]
+    # Pieces: each range's slice (a long one: its first entry), then the
+    # last entries of long ranges.
+    p_starts = np.concatenate([starts, stops[n - n_long :]])
+    p_stops = np.concatenate([np.where(long, starts, stops), stops[n - n_long :]]) + 1
+    p_group = np.concatenate([group, group[n - n_long :]])
+    p_fds = np.concatenate([fds, fds[n - n_long :]])
+    sizes = p_stops - p_starts
+    heads = np.cumsum(sizes) - sizes
+    ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), flats[0].dtypes[0])
+    table = _Files(flats)
+    f, at, nbytes = _pieces(table.array(0, p_group), p_fds, p_starts, p_stops)
+    at_byte = np.cumsum(nbytes) - nbytes
+    # Pointers in memory are read at once; the others are hinted all
+    # together first and then read: one wait for them all, not one each.
+    ends_bytes = ends.reshape(-1).view(np.uint8)
+    ok = pread_cached(
+        f.tolist(), ends_bytes, at.tolist(), nbytes.tolist(), at_byte.tolist()
+    )
+    if not all(ok):
+        miss = ~np.array(ok, bool)
+        try:
+            pread_pieces(
+                f[miss].tolist(),
+                ends_bytes,
+                at[miss].tolist(),
+                nbytes[miss].tolist(),
+                at_byte[miss].tolist(),
+            )
+        except (ShortReadError, OSError):
+            return
+    last_at = heads[:n] + lengths
+    last_at[n - n_long :] = heads[n:]
+    firsts = ends[heads[:n]].astype(np.int64)
+    lasts = ends[last_at].astype(np.int64)
     nnz = np.array([f.nnz for f in flats], np.int64)[group]
     some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
-        f, at, n = _pieces(_Array(flats, k, g), fds[some], a, b)
-        advise_pieces(f.tolist(), at.tolist(), n.tolist())
+        f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)
+        advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
 
 
 def _indices_inside(indices: np.ndarray, n_vars: np.ndarray) -> bool:

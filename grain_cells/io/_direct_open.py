@@ -5,7 +5,8 @@ the bound (`grain_cells.io._file_lru`) as they are, a closed file whose CSR
 pieces this process holds (its `Checked` record's `flat`) through a
 descriptor of the fetch's own (`os.open`, `fstat` compared with its
 identity, `os.close`; room reserved by `FileLru.reserve`), anything else
-through the bound. `hinted` is the same bare descriptor for a hint.
+through the bound. `hint_flats` is the same for a read-ahead hint, with
+bare descriptors for the closed files.
 
 Design notes: docs/reference/design.md#io-direct-open.
 """
@@ -13,7 +14,6 @@ Design notes: docs/reference/design.md#io-direct-open.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 
@@ -103,31 +103,58 @@ def _check_held(handles, i: int, handle) -> None:
     handles.check_at_read(i, handle)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Hinted:
-    """A closed file's CSR pieces over a hint's own descriptor."""
-
-    flat: _direct_csr.Flat
-
-
 @contextlib.contextmanager
-def hinted(files, i: int, flat: _direct_csr.Flat) -> Iterator[_Hinted | None]:
-    """File `i`'s pieces `flat` over a descriptor of its own, for a hint.
+def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
+    """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
 
-    None if the file is gone or changed (a hint never raises for that: the
-    read reports it).
+    `flats[k]`, `fds[k]`: file `indices[k]`'s `_direct_csr.Flat` and a
+    descriptor of it open until the block ends, or None and -1: not hinted
+    here. An open file as it is (pinned, its place in the bound unchanged);
+    a closed one whose pieces this process knows through a bare descriptor
+    of the hint's own (`os.open` alone: a hint's reads stay inside the
+    file's known pieces and its pointers are checked against its `nnz`, so
+    a file changed since is hinted harmlessly, a gone one not at all; the
+    read checks and reports both). `rest`: positions of files to hint one by
+    one through `OpenFiles.for_hints` (open, not read positionally; or
+    closed with byte layouts whose pieces are not known yet). Files with
+    nothing known are in neither (hinting them would cost a format open).
     """
+    entries = lru.pin_if_open(indices, touch=False)
+    n = len(indices)
+    flats: list = [None] * n
+    fds = [-1] * n
+    rest: list[int] = []
+    own: list[int] = []
+    infos = files.infos
     try:
-        fd = open_checked(files.identities[i], files.infos[i].path)
-    except Exception:
-        fd = None
-    if fd is None:
-        yield None
-        return
-    try:
-        yield _Hinted(flat.at(fd))
+        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
+            if entry is not None:
+                handle = entry.handle
+                if handle.flat is False:
+                    handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
+                if handle.flat is None:
+                    rest.append(k)
+                else:
+                    flats[k], fds[k] = handle.flat, handle.flat.fd
+                continue
+            record = checked.peek(i)  # not marked used: a hint
+            if record is None or record.layouts is None:
+                continue
+            if not isinstance(record.flat, _direct_csr.Flat):
+                if record.flat is False:  # pieces not known yet: reopen once
+                    rest.append(k)
+                continue
+            try:
+                fd = os.open(infos[i].path, os.O_RDONLY)
+            except OSError:  # gone: the read reports it
+                continue
+            own.append(fd)
+            flats[k], fds[k] = record.flat, fd
+        yield flats, fds, rest
     finally:
-        os.close(fd)
+        for fd in own:
+            os.close(fd)
+        lru.release([e for e in entries if e is not None])
 
 
 def _first_reader(files, i: int, record):
@@ -179,4 +206,4 @@ def open_checked(identity, path: str) -> int | None:
     return fd
 
 
-__all__ = ["hinted", "open_checked", "pinned_flats"]
+__all__ = ["hint_flats", "open_checked", "pinned_flats"]

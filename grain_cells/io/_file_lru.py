@@ -179,14 +179,19 @@ class FileLru:
         finally:
             self._release([entry])
 
-    def pin_if_open(self, keys: Sequence[int]) -> list[_Entry | None]:
-        """Each key's entry if open now (pinned, marked used), else None.
+    def pin_if_open(
+        self, keys: Sequence[int], *, touch: bool = True
+    ) -> list[_Entry | None]:
+        """Each key's entry if open now (pinned; marked used if `touch`), else None.
 
         Opens nothing; `release` the entries (a many-file fetch's files
-        that are open: `grain_cells.io._direct_open`).
+        that are open: `grain_cells.io._direct_open`; a hint's, untouched).
         """
         with self._lock:
-            out = _touch_many(self._open, keys)
+            if touch:
+                out = _touch_many(self._open, keys)
+            else:
+                out = list(map(self._open.get, keys))
             for entry in out:
                 if entry is not None:
                     entry.pins += 1

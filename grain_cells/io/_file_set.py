@@ -21,8 +21,8 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import cores, fork
-from grain_cells.io import _direct_csr, _file_lru, _h5ad, _nodes
-from grain_cells.io._direct_open import hinted, pinned_flats
+from grain_cells.io import _file_lru, _h5ad, _nodes
+from grain_cells.io._direct_open import hint_flats, pinned_flats
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
@@ -242,10 +242,10 @@ class OpenFiles:
 
         An open file as it is (pinned, its place in the bound unchanged); a
         closed one whose byte layouts this process holds (`_layouts`)
-        through a descriptor of its own for the hint's duration (its CSR
-        pieces over a bare descriptor once known: `_direct_open.hinted`); any other
-        file None (hinting it would cost an HDF5 open: its reads are hinted
-        once it is open).
+        reopened from them for the hint's duration; any other file None
+        (hinting it would cost an HDF5 open: its reads are hinted once it is
+        open). CSR files whose pieces are known are hinted all at once
+        (`hint_flats`) instead.
         """
         with self._lru.pinned_if_open(i) as handle:
             if handle is not None:
@@ -254,10 +254,6 @@ class OpenFiles:
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
             yield None
-            return
-        if isinstance(known.flat, _direct_csr.Flat):  # a descriptor is enough
-            with hinted(self.files, i, known.flat) as handle:
-                yield handle
             return
         handle = reopen(self.files, i, known)
         try:
@@ -268,6 +264,10 @@ class OpenFiles:
     def pinned_flats(self, indices: Sequence[int]):
         """A many-file fetch's files for one vectorised read (`_direct_open`)."""
         return pinned_flats(self, self._lru, self._checked, indices)
+
+    def hint_flats(self, indices: Sequence[int]):
+        """A hint's files' `Flat`s over descriptors (`_direct_open.hint_flats`)."""
+        return hint_flats(self._lru, self._checked, self.files, indices)
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned: for one thread (tests, a build).

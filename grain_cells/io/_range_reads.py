@@ -12,7 +12,6 @@ Design notes: docs/reference/design.md#io-range-reads.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 
@@ -25,8 +24,7 @@ from grain_cells.io._column_maps import gather_dense, remap_csr
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 
-# Files one read-ahead hint holds at once (closed ones are reopened from
-# their byte layouts for the hint: a descriptor each).
+# Files one read-ahead hint holds at once (closed ones: a descriptor each).
 HINT_FILES = 32
 
 
@@ -333,60 +331,88 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     """Asks the OS to start reading ranges into the page cache (may raise).
 
-    Only files open in this process or reopened from their byte layouts
-    (`OpenFiles.for_hints`) are hinted: a hint never opens a file through
-    its format (an HDF5 open costs more than the hint saves). Files whose
-    CSR arrays are read positionally are hinted all at once
-    (`_direct_csr.advise`), others file by file. Nothing is hinted while
-    recent reads found (nearly) every piece in the page cache
-    (`OpenFiles.cache_warm`): a hint would cost a reopen and a system call
-    per piece, and save nothing.
+    Only files open in this process or whose byte layouts it holds are
+    hinted: a hint never opens a file through its format (an HDF5 open
+    costs more than the hint saves). CSR files whose pieces are known are
+    hinted all at once over bare descriptors (`OpenFiles.hint_flats`,
+    `_direct_csr.advise`), others file by file (`OpenFiles.for_hints`).
+    Nothing is hinted while recent reads found (nearly) every piece in the
+    page cache (`OpenFiles.cache_warm`): a hint would cost a descriptor and
+    a system call per piece, and save nothing.
     """
     if handles.cache_warm:
         return
     buf = handles.buffer("advise_buf")
-    files, starts, stops = np.asarray(files), np.asarray(starts), np.asarray(stops)
+    files = np.asarray(files, np.int64).reshape(-1)
     order = np.argsort(files, kind="stable")
-    files, starts, stops = files[order], starts[order], stops[order]
+    files = files[order]
+    starts = np.asarray(starts, np.int64).reshape(-1)[order] - cell_offsets[files]
+    stops = np.asarray(stops, np.int64).reshape(-1)[order] - cell_offsets[files]
     heads = np.flatnonzero(np.diff(files)) + 1
     bounds = [0, *heads.tolist(), files.size]
-    pairs = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
     # At most `HINT_FILES` files (descriptors of their own) at a time.
-    for k in range(0, len(pairs), HINT_FILES):
-        _advise_some(
-            handles, cell_offsets, files, starts, stops, pairs[k : k + HINT_FILES], buf
-        )
+    for k in range(0, len(bounds) - 1, HINT_FILES):
+        part = bounds[k : k + HINT_FILES + 1]
+        a, b = part[0], part[-1]
+        _advise_some(handles, files[a:b], starts[a:b], stops[a:b], part, a, buf)
 
 
-def _advise_some(handles, cell_offsets, files, starts, stops, pairs, buf) -> None:
-    """`advise` of the ranges `[a, b)` of `pairs`, one file each."""
-    with contextlib.ExitStack() as stack:
-        flats, group, local_s, local_e = [], [], [], []
-        for a, b in pairs:
-            i = int(files[a])
-            f = stack.enter_context(handles.for_hints(i))
-            if f is None:
-                continue
-            s, e = starts[a:b] - cell_offsets[i], stops[a:b] - cell_offsets[i]
-            flat = _flats([f]) if handles.files.sparse else None
-            if flat is None:
-                f.reader.advise(s, e, buf)
-                continue
-            if flats and flat[0].dtypes != flats[0].dtypes:  # mixed: on its own
-                _direct_csr.advise(flat, np.zeros(b - a, np.int64), s, e, buf)
-                continue
-            group.append(np.full(b - a, len(flats), np.int64))
-            flats += flat
-            local_s.append(s)
-            local_e.append(e)
-        if flats:
-            _direct_csr.advise(
-                flats,
-                np.concatenate(group),
-                np.concatenate(local_s),
-                np.concatenate(local_e),
+def _advise_some(handles, files, starts, stops, bounds, at, buf) -> None:
+    """`advise` of local ranges of files in runs `bounds` (offset by `at`)."""
+    indices = [int(files[a - at]) for a in bounds[:-1]]
+    if not handles.files.sparse:
+        for k, i in enumerate(indices):
+            _advise_one(
+                handles, i, starts, stops, bounds[k] - at, bounds[k + 1] - at, buf
+            )
+        return
+    with handles.hint_flats(indices) as (flats, fds, rest):
+        for k in rest:
+            _advise_one(
+                handles,
+                indices[k],
+                starts,
+                stops,
+                bounds[k] - at,
+                bounds[k + 1] - at,
                 buf,
             )
+        counts = np.diff(bounds)
+        group = np.repeat(np.arange(len(indices)), counts)
+        by_dtypes: dict = {}  # files of one dtype are hinted together
+        for k, flat in enumerate(flats):
+            if flat is not None:
+                by_dtypes.setdefault(flat.dtypes, []).append(k)
+        for ks in by_dtypes.values():
+            if len(ks) == len(indices):
+                sel, g = slice(None), group
+            else:
+                local = np.full(len(indices), -1, np.int64)
+                local[ks] = np.arange(len(ks))
+                g = local[group]
+                sel = g >= 0
+                g = g[sel]
+            _direct_csr.advise(
+                [flats[k] for k in ks],
+                [fds[k] for k in ks],
+                g,
+                starts[sel],
+                stops[sel],
+                buf,
+            )
+
+
+def _advise_one(handles, i: int, starts, stops, a: int, b: int, buf) -> None:
+    """`advise` of file `i`'s local ranges `[a, b)`, through `for_hints`."""
+    with handles.for_hints(i) as f:
+        if f is None:
+            return
+        s, e = starts[a:b], stops[a:b]
+        flat = _flats([f]) if handles.files.sparse else None
+        if flat is None:
+            f.reader.advise(s, e, buf)
+        else:
+            _direct_csr.advise(flat, [flat[0].fd], np.zeros(b - a, np.int64), s, e, buf)
 
 
 __all__ = [

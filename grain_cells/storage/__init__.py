@@ -12,6 +12,7 @@ from grain_cells.storage._readers import (
     ShortReadError,
     advise_pieces,
     as_byte_reader,
+    pread_cached,
     pread_pieces,
     read_counts,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "ShortReadError",
     "advise_pieces",
     "as_byte_reader",
+    "pread_cached",
     "pread_pieces",
     "read_counts",
 ]

@@ -152,6 +152,45 @@ def pread_pieces(
     counts.missed += missed
 
 
+def pread_cached(
+    fds: Sequence[int],
+    dest: np.ndarray,
+    offsets: Sequence[int],
+    nbytes: Sequence[int],
+    dest_starts: Sequence[int],
+) -> list[bool]:
+    """`pread_pieces` of the pieces the page cache holds, never waiting.
+
+    Each piece is asked with `RWF_NOWAIT`; one the kernel cannot hand over
+    whole from memory (or that the file ends before) is not read but
+    hinted (`posix_fadvise(WILLNEED)`), and its entry is False. For a
+    read-ahead hint: the pieces missing are fetched together, not waited
+    for one by one. Where
+    `RWF_NOWAIT` is refused, pieces are read waiting (True; a short file
+    False). Never raises for a piece.
+    """
+    view = memoryview(dest)
+    preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0
+    out = []
+    for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
+        try:
+            got = preadv(fd, [view[d : d + n]], off, nowait) if nowait else -1
+        except BlockingIOError:  # nothing of it in memory
+            got = 0
+        except OSError:  # RWF_NOWAIT refused here: the rest read waiting
+            got, nowait = -1, 0
+        if got < 0:
+            try:
+                pread_pieces([fd], dest, [off], [n], [d])
+                got = n
+            except (OSError, ShortReadError):
+                got = 0
+        if got < n:
+            advise_pieces([fd], [off], [n])
+        out.append(got >= n)
+    return out
+
+
 def advise_pieces(
     fds: Sequence[int], offsets: Sequence[int], nbytes: Sequence[int]
 ) -> None:

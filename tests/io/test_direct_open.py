@@ -181,3 +181,73 @@ def test_a_fetchs_own_descriptors_stay_within_the_bound(paths, monkeypatch):
     assert len(during) == 8
     assert max(during) <= baseline + 4
     source.close()
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd") or not hasattr(os, "posix_fadvise"),
+    reason="Linux /proc and page-cache hints",
+)
+def test_a_hint_reads_each_short_ranges_pointers_in_one_read(paths, monkeypatch):
+    """A hint of known files reads one `indptr` piece per range (its slice),
+    not its two ends apart, and hints the same values' pages as before."""
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
+    source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
+    pieces: list[int] = []
+    hinted: list[tuple[int, int]] = []
+    real_preadv, real_fadvise = os.preadv, os.posix_fadvise
+
+    def preadv(fd, buffers, offset, *flags):
+        pieces.append(fd)
+        return real_preadv(fd, buffers, offset, *flags)
+
+    def fadvise(fd, offset, length, advice):
+        hinted.append((offset, length))
+        return real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    blocks = np.arange(0, len(source), 3)  # blocks of 4 rows, none touching
+    source.advise(blocks)
+    assert len(pieces) == blocks.size  # one read per range (was two)
+    assert len(hinted) == 2 * blocks.size  # its data and its indices
+    source.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "posix_fadvise") or not getattr(os, "RWF_NOWAIT", 0),
+    reason="Linux page-cache hints",
+)
+def test_a_hint_fetches_missing_pointers_together(paths, monkeypatch):
+    """Pointers the kernel cannot hand over without waiting are all hinted
+    first, then read: one wait for them all, not one per piece. Every
+    range's values are hinted still, and the read is right."""
+    source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
+    for f in range(N_FILES):
+        source.read([f * CELLS])
+    source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
+    events: list[str] = []
+    real_preadv, real_fadvise = os.preadv, os.posix_fadvise
+
+    def preadv(fd, buffers, offset, flags=0):
+        if flags & os.RWF_NOWAIT:
+            raise BlockingIOError  # as if nothing were in memory
+        events.append("wait")
+        return real_preadv(fd, buffers, offset, flags)
+
+    def fadvise(fd, offset, length, advice):
+        events.append("hint")
+        return real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    blocks = np.arange(0, len(source), 3)
+    source.advise(blocks)
+    n = blocks.size  # each range's pointers hinted, read, then its values
+    assert events == ["hint"] * n + ["wait"] * n + ["hint"] * 2 * n
+    monkeypatch.setattr(os, "preadv", real_preadv)
+    rows = np.arange(0, N_FILES * CELLS, 7)
+    got = source.read(rows).X.toarray()
+    values = rows[:, None] * 10 + np.arange(GENES)[None, :] + 1.0
+    values[(rows[:, None] + np.arange(GENES)[None, :]) % 3 == 0] = 0
+    np.testing.assert_array_equal(got, values)
+    source.close()
