@@ -201,7 +201,12 @@ class Minibatches(collections.abc.Sequence):
 
     `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker's
     allocates in its shared-memory slot); the fetch buffer stays alive meanwhile.
+    `report` (a `TruncationReport`) sees each formatted minibatch; with `send`,
+    item `i` is `send(format, i)` (a worker's handle of its slot).
     """
+
+    report: TruncationReport | None = None
+    send = None
 
     def __init__(self, split, fetch: Fetch, obs: dict, extra: dict, order, bounds):
         self._split = split
@@ -222,7 +227,8 @@ class Minibatches(collections.abc.Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        return self.format(i % len(self))
+        i %= len(self)
+        return self.format(i) if self.send is None else self.send(self.format, i)
 
     def format(self, i: int, empty=np.empty) -> dict:
         """Minibatch `i` (in range), every array allocated with `empty`
@@ -261,6 +267,8 @@ class Minibatches(collections.abc.Sequence):
             formatted = split.extra[name].spec.output.format(part, rows, m, empty=empty)
             for k, v in formatted.items():
                 batch[f"{name}/{k}"] = v
+        if self.report:
+            self.report.observe(batch)
         return batch
 
 

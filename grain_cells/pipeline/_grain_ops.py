@@ -5,7 +5,6 @@ Design notes: docs/reference/design.md#pipeline-grain-ops.
 
 from __future__ import annotations
 
-import collections.abc
 import os
 
 import grain
@@ -13,7 +12,6 @@ import numpy as np
 
 from grain_cells import transport
 from grain_cells._util.arguments import ArgumentTypeError
-from grain_cells.outputs import TruncationReport
 from grain_cells.pipeline._config import FETCH, keywords, make_split, options_of
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source import AnnDataSource
@@ -76,7 +74,7 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         if pickled_in != os.getpid():  # unpickled in another process: a worker
             transport.worker_init()
 
-    def flat_map(self, blocks: np.ndarray) -> Minibatches | _Observed:
+    def flat_map(self, blocks: np.ndarray) -> Minibatches:
         if not self._checked and len(blocks):
             self._check_blocks(blocks)
         self._checked = True
@@ -84,8 +82,10 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         batches = self.split.read(blocks)
         if self._report is None:  # each process reports what it formats
             self._report = self.split.truncation_report()
-        if transport.in_worker() or self._report:
-            return _Observed(batches, self._report, transport.in_worker())
+        batches.report = self._report
+        if transport.in_worker():  # each minibatch formatted into a slot
+            ring = transport.ring_for(len(batches))
+            batches.send = lambda format, i: transport.send(format, i, ring)
         return batches
 
     def _check_blocks(self, blocks: np.ndarray) -> None:
@@ -105,33 +105,6 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             "view (a split, a selection, other files). Build the sampler and "
             "fetch_operations from the source passed as data_source."
         )
-
-
-class _Observed(collections.abc.Sequence):
-    """A fetch's minibatches as Grain takes them, shown to the truncation
-    report; in a worker (`sent`), each formatted into a slot of its ring.
-    """  # noqa: D205
-
-    def __init__(self, batches: Minibatches, report: TruncationReport, sent: bool):
-        self._batches = batches
-        self._report = report
-        self._ring = transport.ring_for(len(batches)) if sent else None
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, i: int):
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        if self._ring is None:
-            return self._format(i % len(self))
-        return transport.send(self._format, i % len(self), self._ring)
-
-    def _format(self, i: int, empty=np.empty) -> dict:
-        batch = self._batches.format(i, empty)
-        if self._report:
-            self._report.observe(batch)
-        return batch
 
 
 @keywords(FETCH)
