@@ -93,9 +93,39 @@ def loader(
             arguments were given with a source.
     """
     opts, source_options = options_of(loader, options)
-    source = _source_of(paths_or_source, obs_columns, block_size, source_options)
+    source = paths_or_source
+    if not isinstance(source, AnnDataSource):
+        source = AnnDataSource(
+            source, block_size=block_size, obs_columns=obs_columns, **source_options
+        )
+    else:  # a source fixes its blocks and columns: nothing else about it
+        given = dict(source_options)
+        if block_size is not None and block_size != source.block_size:
+            given["block_size"] = block_size
+        if obs_columns and tuple(obs_columns) != source.obs_columns:
+            given["obs_columns"] = list(obs_columns)
+        if given:
+            raise ValueError(
+                f"loader: {sorted(given)} were given with an AnnDataSource, which "
+                f"already fixes them (block_size={source.block_size}, obs_columns="
+                f"{list(source.obs_columns)}); pass paths instead, or build the "
+                "source with them"
+            )
     if split is not None:
-        source = _split_of(source, split)
+        if not (isinstance(split, tuple) and len(split) == 2) or not isinstance(
+            split[1], Mapping
+        ):
+            raise ValueError(
+                f"split must be (name, fractions), e.g. ('train', {{'train': 0.9, "
+                f"'val': 0.1}}), got {split!r}"
+            )
+        name, fractions = split
+        if name not in fractions:
+            raise ValueError(
+                f"split=({name!r}, ...) names no split of the fractions "
+                f"{dict(fractions)}; choose one of {list(fractions)}"
+            )
+        source = split_by_fraction(source, fractions)[name]
     fetch = make_split(source, opts)
     buffer = buffer_fetches(opts.worker_buffer_size, fetch.config)
     return DataLoader.of(_dataset(source, opts, fetch, buffer))
@@ -111,40 +141,3 @@ def _dataset(source, options, split, buffer: int) -> CellDataset:
         shard_options=options.shard_options,
         readahead_cells=options.readahead_cells,
     )
-
-
-def _source_of(paths_or_source, obs_columns, block_size, options) -> AnnDataSource:
-    if not isinstance(paths_or_source, AnnDataSource):
-        return AnnDataSource(
-            paths_or_source, block_size=block_size, obs_columns=obs_columns, **options
-        )
-    source = paths_or_source
-    given = dict(options)
-    if block_size is not None and block_size != source.block_size:
-        given["block_size"] = block_size
-    if obs_columns and tuple(obs_columns) != source.obs_columns:
-        given["obs_columns"] = list(obs_columns)
-    if given:
-        raise ValueError(
-            f"loader: {sorted(given)} were given with an AnnDataSource, which "
-            f"already fixes them (block_size={source.block_size}, obs_columns="
-            f"{list(source.obs_columns)}); pass paths instead, or build the "
-            "source with them"
-        )
-    return source
-
-
-def _split_of(source: AnnDataSource, split) -> AnnDataSource:
-    ok = isinstance(split, tuple) and len(split) == 2
-    if not ok or not isinstance(split[1], Mapping):
-        raise ValueError(
-            f"split must be (name, fractions), e.g. ('train', {{'train': 0.9, "
-            f"'val': 0.1}}), got {split!r}"
-        )
-    name, fractions = split
-    if name not in fractions:
-        raise ValueError(
-            f"split=({name!r}, ...) names no split of the fractions "
-            f"{dict(fractions)}; choose one of {list(fractions)}"
-        )
-    return split_by_fraction(source, fractions)[name]

@@ -34,13 +34,9 @@ def _close_running() -> None:
 class CellIterator(grain.DatasetIterator):
     """Iterator of a `CellDataset`; its state is a position and a stamp.
 
-    Closable: `close()` (or leaving a `with` block) stops the workers and
-    frees their shared memory; `next` then raises `IteratorClosedError`.
-    Once `next` has raised (a worker died, a file went bad), every later call
-    raises again rather than going on without the failed fetch. A worker
-    that dies (SIGKILL, the out-of-memory killer, a crash) makes `next`
-    raise `errors.WorkerDiedError` within about a second, naming the worker
-    and how it ended; the other workers are stopped.
+    Closable (see "Closing" in `CellDataset`). Once `next` has raised (a file
+    went bad; a worker died: `errors.WorkerDiedError` within about a second,
+    the other workers stopped), every later call raises again.
     """
 
     def __init__(self, ds, epoch: int = 0):
