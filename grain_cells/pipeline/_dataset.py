@@ -11,7 +11,7 @@ from grain import sharding
 from grain_cells._util import arguments, cores
 from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._fetch import SplitFetch
-from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
+from grain_cells.pipeline._iterator import CellIterator
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import (
     advances_epochs,
@@ -19,8 +19,6 @@ from grain_cells.pipeline._stage import (
     plan_minibatches,
 )
 from grain_cells.sampling import BlockStream, ConditionBlockSampler, check_sampler_fits
-
-__all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
 
 
 class CellDataset(grain.IterDataset):

@@ -12,18 +12,10 @@ import numpy as np
 from grain_cells._util.arguments import check_source
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline._config import buffer_fetches
-from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
+from grain_cells.pipeline._dataset import CellDataset, CellIterator
 from grain_cells.pipeline._grain_ops import fetch_of
 from grain_cells.source import AnnDataSource
 from grain_cells.transport import check_main_guard
-
-__all__ = [
-    "READ_OPTIONS",
-    "CheckedIterator",
-    "CheckpointMismatchError",
-    "DataLoader",
-    "obs_frame",
-]
 
 
 class DataLoader:
