@@ -1,7 +1,4 @@
-"""Building a pipeline from arguments: `cell_dataset(...)` and `loader(...)`.
-
-Thin: the same sampler and fetch transform as the explicit spelling, so the
-minibatches, states and checkpoints are the same.
+"""`cell_dataset(...)` and `loader(...)`: the explicit spelling's pipeline.
 
 Design notes: docs/reference/design.md#pipeline-build.
 """
@@ -12,9 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from grain_cells.blocks import split_by_fraction
 from grain_cells.pipeline._config import (
-    FETCH,
-    STREAM,
-    WORKERS,
+    ALL,
     buffer_fetches,
     keywords,
     make_sampler,
@@ -26,7 +21,7 @@ from grain_cells.pipeline._loader import DataLoader
 from grain_cells.source import AnnDataSource
 
 
-@keywords(FETCH, STREAM, WORKERS, worker_buffer_size=1)
+@keywords(ALL, worker_buffer_size=1)
 def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
     """Shuffled minibatches of `source` as a Grain `IterDataset`.
 
@@ -37,10 +32,9 @@ def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
 
     Returns:
         A `CellDataset` (an `IterDataset`) of minibatch dicts (see
-        `grain_cells.outputs`); each `iter()` starts the next epoch, and
-        `len()` counts an epoch's minibatches (see "Epochs" in
-        `CellDataset`). Do not add `.mp_prefetch` to it: pass
-        `worker_count` (Grain refuses to slice it anyway).
+        `grain_cells.outputs`; epochs and `len()` as in "Epochs" of
+        `grain_cells.pipeline.CellDataset`). Pass `worker_count` rather than
+        adding `.mp_prefetch`.
 
     Raises:
         TypeError: A keyword it does not take, or one of the wrong type.
@@ -52,11 +46,10 @@ def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
         >>> it = iter(ds); batch = next(it); state = it.get_state()
     """
     opts, _ = options_of(cell_dataset, options)
-    split = make_split(source, opts)
-    return _dataset(source, opts, split, opts.worker_buffer_size)
+    return _dataset(source, opts, make_split(source, opts), opts.worker_buffer_size)
 
 
-@keywords(FETCH, STREAM, WORKERS, more="source_options", worker_buffer_size=16)
+@keywords(ALL, more="source_options", worker_buffer_size=16)
 def loader(
     paths_or_source,
     *,
@@ -69,7 +62,7 @@ def loader(
 
     The minibatches, states and checkpoints are those of the explicit
     spelling with the same arguments (`AnnDataSource`, `BlockSampler`,
-    `fetch_operations`); see "Epochs" in `grain_cells.pipeline.CellDataset`.
+    `fetch_operations`).
 
     Args:
         paths_or_source: One `.h5ad` path or URL, a sequence of them, or an
@@ -98,26 +91,47 @@ def loader(
         ValueError: An argument is out of range, `split` is not
             `(name, fractions)` or names no split of `fractions`, or source
             arguments were given with a source.
-
-    Example:
-        >>> train = grain_cells.loader(paths, batch_size=64,
-        ...     obs_columns=["cell_type"], split=("train", {"train": 0.9,
-        ...     "val": 0.1}), worker_count=2, seed=0)
-        >>> for epoch in range(3):
-        ...     for batch in tqdm.tqdm(train):    # len(train) minibatches
-        ...         ...
     """
     opts, source_options = options_of(loader, options)
-    source = _source_of(paths_or_source, obs_columns, block_size, source_options)
+    source = paths_or_source
+    if not isinstance(source, AnnDataSource):
+        source = AnnDataSource(
+            source, block_size=block_size, obs_columns=obs_columns, **source_options
+        )
+    else:  # a source fixes its blocks and columns: nothing else about it
+        given = dict(source_options)
+        if block_size is not None and block_size != source.block_size:
+            given["block_size"] = block_size
+        if obs_columns and tuple(obs_columns) != source.obs_columns:
+            given["obs_columns"] = list(obs_columns)
+        if given:
+            raise ValueError(
+                f"loader: {sorted(given)} were given with an AnnDataSource, which "
+                f"already fixes them (block_size={source.block_size}, obs_columns="
+                f"{list(source.obs_columns)}); pass paths instead, or build the "
+                "source with them"
+            )
     if split is not None:
-        source = _split_of(source, split)
+        if not (isinstance(split, tuple) and len(split) == 2) or not isinstance(
+            split[1], Mapping
+        ):
+            raise ValueError(
+                f"split must be (name, fractions), e.g. ('train', {{'train': 0.9, "
+                f"'val': 0.1}}), got {split!r}"
+            )
+        name, fractions = split
+        if name not in fractions:
+            raise ValueError(
+                f"split=({name!r}, ...) names no split of the fractions "
+                f"{dict(fractions)}; choose one of {list(fractions)}"
+            )
+        source = split_by_fraction(source, fractions)[name]
     fetch = make_split(source, opts)
     buffer = buffer_fetches(opts.worker_buffer_size, fetch.config)
     return DataLoader.of(_dataset(source, opts, fetch, buffer))
 
 
 def _dataset(source, options, split, buffer: int) -> CellDataset:
-    """The pipeline of `options` over `source` (`buffer`: fetches per worker)."""
     return CellDataset(
         source,
         make_sampler(source, options),
@@ -127,44 +141,3 @@ def _dataset(source, options, split, buffer: int) -> CellDataset:
         shard_options=options.shard_options,
         readahead_cells=options.readahead_cells,
     )
-
-
-def _source_of(paths_or_source, obs_columns, block_size, options) -> AnnDataSource:
-    """The source: opened from paths, or given (then nothing else about it)."""
-    if not isinstance(paths_or_source, AnnDataSource):
-        # No block_size: the source's own default (`source._options`), so
-        # `loader(paths)` reads the blocks `AnnDataSource(paths)` would.
-        return AnnDataSource(
-            paths_or_source, block_size=block_size, obs_columns=obs_columns, **options
-        )
-    source = paths_or_source
-    given = dict(options)
-    if block_size is not None and block_size != source.block_size:
-        given["block_size"] = block_size
-    if obs_columns and tuple(obs_columns) != source.obs_columns:
-        given["obs_columns"] = list(obs_columns)
-    if given:
-        raise ValueError(
-            f"loader: {sorted(given)} were given with an AnnDataSource, which "
-            f"already fixes them (block_size={source.block_size}, obs_columns="
-            f"{list(source.obs_columns)}); pass paths instead, or build the "
-            "source with them"
-        )
-    return source
-
-
-def _split_of(source: AnnDataSource, split) -> AnnDataSource:
-    """The view `split = (name, fractions)` names."""
-    ok = isinstance(split, tuple) and len(split) == 2
-    if not ok or not isinstance(split[1], Mapping):
-        raise ValueError(
-            f"split must be (name, fractions), e.g. ('train', {{'train': 0.9, "
-            f"'val': 0.1}}), got {split!r}"
-        )
-    name, fractions = split
-    if name not in fractions:
-        raise ValueError(
-            f"split=({name!r}, ...) names no split of the fractions "
-            f"{dict(fractions)}; choose one of {list(fractions)}"
-        )
-    return split_by_fraction(source, fractions)[name]

@@ -1,6 +1,6 @@
 """The pipeline's keywords, declared once: `PipelineOptions`.
 
-`keywords` declares which groups an entry point takes, `options_of` checks
+`keywords` declares which of them an entry point takes, `options_of` checks
 them, `make_split` and `make_sampler` bind them to a source.
 
 Design notes: docs/reference/design.md#pipeline-config.
@@ -22,42 +22,9 @@ from grain_cells._util import arguments
 from grain_cells.outputs import CsrOutput, Output
 from grain_cells.pipeline._extra import check_output
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
-from grain_cells.sampling import (
-    BlockSampler,
-    ConditionBlockSampler,
-    WeightedBlockSampler,
-)
+from grain_cells.sampling import BlockSampler, WeightedBlockSampler
 from grain_cells.source import AnnDataSource
 from grain_cells.source import default_fetch_factor as chunk_fetch_factor
-
-# Groups of keywords: an entry point takes the fields of the groups it names.
-FETCH, STREAM, WORKERS = "fetch", "stream", "workers"
-
-
-def _meta(check=None, group=FETCH) -> dict:
-    """A field's check `(name, value) -> value` and group."""
-    return {"check": check, "group": group}
-
-
-def _optional(check):
-    return lambda name, value: None if value is None else check(name, value)
-
-
-def _seed(name: str, value) -> int:
-    return arguments.check_seed(value, name)
-
-
-def _output(name: str, value):
-    check_output(value, name)
-    return value
-
-
-def _int(minimum: int):
-    return lambda name, value: arguments.check_int(name, value, minimum=minimum)
-
-
-def _choice(*choices):
-    return lambda name, value: arguments.check_choice(name, value, choices)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,36 +87,41 @@ class PipelineOptions:
             object store) for blocks; 0 turns read-ahead off.
     """
 
-    batch_size: int = field(metadata=_meta(_int(1)))
-    fetch_factor: int | None = field(default=None, metadata=_meta(_optional(_int(1))))
-    output: Output | None = field(default=None, metadata=_meta(_optional(_output)))
+    batch_size: int = field(metadata={"min": 1})
+    fetch_factor: int | None = field(default=None, metadata={"min": 1})
+    output: Output | None = None
     shuffle: bool = True
-    seed: int = field(default=0, metadata=_meta(_seed))
-    remainder: str = field(default="pad", metadata=_meta(_choice("pad", "drop")))
-    extra: Mapping | None = field(default=None, metadata=_meta(arguments.check_mapping))
+    seed: int = 0
+    remainder: str = field(default="pad", metadata={"choices": ("pad", "drop")})
+    extra: Mapping | None = None
     numeric_obs: str = field(
-        default="native", metadata=_meta(_choice("native", "float32"))
+        default="native", metadata={"choices": ("native", "float32")}
     )
     condition: str | None = None
-    num_epochs: int | None = field(
-        default=1, metadata=_meta(_optional(_int(1)), STREAM)
-    )
-    shard_options: ShardOptions | None = field(
-        default=None, metadata=_meta(group=STREAM)
-    )
-    sampler: Any = field(default=None, metadata=_meta(group=STREAM))
-    weights: Any = field(default=None, metadata=_meta(group=STREAM))
-    worker_count: int = field(default=0, metadata=_meta(_int(0), WORKERS))
-    worker_buffer_size: int | None = field(
-        default=None, metadata=_meta(_optional(_int(1)), WORKERS)
-    )
-    readahead_cells: int = field(default=16384, metadata=_meta(_int(0), WORKERS))
+    num_epochs: int | None = field(default=1, metadata={"min": 1})
+    shard_options: ShardOptions | None = None
+    sampler: Any = None
+    weights: Any = None
+    worker_count: int = field(default=0, metadata={"min": 0})
+    worker_buffer_size: int | None = field(default=None, metadata={"min": 1})
+    readahead_cells: int = field(default=16384, metadata={"min": 0})
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            check = f.metadata.get("check")
-            if check is not None:
-                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+            name, value, meta = f.name, getattr(self, f.name), f.metadata
+            if value is None and "None" in f.type:
+                continue
+            if "min" in meta:
+                value = arguments.check_int(name, value, minimum=meta["min"])
+            elif "choices" in meta:
+                value = arguments.check_choice(name, value, meta["choices"])
+            elif name == "seed":
+                value = arguments.check_seed(value, name)
+            elif name == "output":
+                check_output(value, name)
+            elif name == "extra":
+                arguments.check_mapping(name, value)
+            object.__setattr__(self, name, value)
         if self.sampler is not None and self.weights is not None:
             raise ValueError(
                 "give sampler= or weights=, not both (weights build a "
@@ -158,40 +130,37 @@ class PipelineOptions:
             )
 
 
-def keywords(*groups: str, more: str = "", **defaults):
-    """Declares that an entry point takes the `PipelineOptions` of `groups`.
+_FIELDS = {f.name: f for f in dataclasses.fields(PipelineOptions)}
+# The fetch keywords (what `fetch_operations` takes), and all of them.
+FETCH = tuple(_FIELDS)[: tuple(_FIELDS).index("condition") + 1]
+ALL = tuple(_FIELDS)
 
-    Sets its `__signature__` (what `help()` shows) with their defaults
-    (`defaults` override the dataclass's); with `more`, other keywords are left
-    to the entry point.
+
+def keywords(names: tuple, more: str = "", **defaults):
+    """Declares that an entry point takes the `PipelineOptions` fields `names`.
+
+    Sets its `__signature__` (what `help()` shows), `defaults` overriding the
+    dataclass's; `more` names a `**` parameter for the entry point's own.
     """
 
     def declare(entry):
         sig = inspect.signature(entry)
         params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        rest = [inspect.Parameter(more, inspect.Parameter.VAR_KEYWORD)] if more else []
-        for f in dataclasses.fields(PipelineOptions):
-            if _group(f) in groups:
-                default = defaults.get(f.name, f.default)
-                params.append(
-                    inspect.Parameter(
-                        f.name,
-                        inspect.Parameter.KEYWORD_ONLY,
-                        default=inspect.Parameter.empty
-                        if default is dataclasses.MISSING
-                        else default,
-                        annotation=f.type,
-                    )
-                )
-        entry.__signature__ = sig.replace(parameters=params + rest)
-        entry._keywords = (groups, defaults, more)
+        for name in names:
+            f, kind = _FIELDS[name], inspect.Parameter.KEYWORD_ONLY
+            default = defaults.get(name, f.default)
+            if default is dataclasses.MISSING:
+                default = inspect.Parameter.empty
+            params.append(
+                inspect.Parameter(name, kind, default=default, annotation=f.type)
+            )
+        if more:
+            params.append(inspect.Parameter(more, inspect.Parameter.VAR_KEYWORD))
+        entry.__signature__ = sig.replace(parameters=params)
+        entry._keywords = (names, defaults, more)
         return entry
 
     return declare
-
-
-def _group(f: dataclasses.Field) -> str:
-    return f.metadata.get("group", FETCH)
 
 
 def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
@@ -202,20 +171,18 @@ def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
             or `batch_size` is missing.
         ValueError: A value is out of range (named, as in `PipelineOptions`).
     """
-    groups, defaults, more = entry._keywords
-    fields = dataclasses.fields(PipelineOptions)
-    names = {f.name for f in fields if _group(f) in groups}
-    taken = {k: given[k] for k in given if k in names}
+    names, defaults, more = entry._keywords
     others = {k: v for k, v in given.items() if k not in names}
     if others and not more:
         raise TypeError(
             f"{entry.__name__}() got an unexpected keyword argument "
             f"{next(iter(others))!r}; it takes {sorted(names)}"
         )
-    if "batch_size" not in taken:
+    if "batch_size" not in given:
         raise TypeError(
             f"{entry.__name__}() missing 1 required keyword-only argument: 'batch_size'"
         )
+    taken = {k: v for k, v in given.items() if k in names}
     return PipelineOptions(**{**defaults, **taken}), others
 
 
@@ -273,37 +240,34 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
             cells are not a whole number of minibatches.
     """
     arguments.check_source(source, AnnDataSource)
-    batch_size, fetch_factor = options.batch_size, options.fetch_factor
-    if fetch_factor is None:
-        fetch_factor = default_fetch_factor(source, batch_size)
-    condition = options.condition
-    if condition is not None and condition not in source.obs_columns:
+    o = options
+    fetch_factor = o.fetch_factor or default_fetch_factor(source, o.batch_size)
+    if o.condition is not None and o.condition not in source.obs_columns:
         raise ValueError(
-            f"condition={condition!r} is not one of the source's obs_columns "
+            f"condition={o.condition!r} is not one of the source's obs_columns "
             f"{list(source.obs_columns)}; add it there"
         )
+    output = CsrOutput() if o.output is None else o.output
     config = FetchConfig(
-        batch_size,
+        o.batch_size,
         fetch_factor,
         source.block_size,
-        bool(options.shuffle),
-        options.seed,
-        options.remainder,
-        CsrOutput() if options.output is None else options.output,
-        options.numeric_obs,
-        condition,
+        bool(o.shuffle),
+        o.seed,
+        o.remainder,
+        output,
+        o.numeric_obs,
+        o.condition,
     )
-    if config.blocks_per_fetch * source.block_size % batch_size:
+    if config.blocks_per_fetch * source.block_size % o.batch_size:
         if source.fetch_blocks is None:  # blocks of the user's block_size
-            raise ValueError(_not_whole(source.block_size, batch_size, fetch_factor))
-        # Blocks along a chunk grid (no block_size given) hold varying cells:
-        # their fetches are never whole minibatches. The fetch takes enough
-        # blocks for the cells asked; its last minibatch is padded or dropped.
-        # (Only here: fetches that were whole blocks stay as they were.)
+            raise ValueError(_not_whole(source.block_size, o.batch_size, fetch_factor))
+        # Chunk-grid blocks hold varying cells: a fetch takes enough blocks
+        # for the cells asked, its last minibatch padded or dropped.
         config = dataclasses.replace(config, cover=True)
-    if options.remainder == "drop":
+    if o.remainder == "drop":
         _warn_if_nothing_left(source, config)
-    return SplitFetch(source, config, options.extra)
+    return SplitFetch(source, config, o.extra)
 
 
 def make_sampler(source: AnnDataSource, options: PipelineOptions):
@@ -330,39 +294,3 @@ def make_sampler(source: AnnDataSource, options: PipelineOptions):
 def buffer_fetches(minibatches: int, config: FetchConfig) -> int:
     """Whole fetches that hold `minibatches` minibatches (at least 1)."""
     return max(1, -(-int(minibatches) // config.fetch_factor))
-
-
-def check_same_source(split: SplitFetch, data_source) -> None:
-    """Refuses fetch operations built on another source or view.
-
-    Blocks of another view or files would be read from the wrong rows silently.
-
-    Raises:
-        ValueError: `split.source` is not `data_source` (nor an equal one).
-    """
-    made = split.source
-    if made is data_source or repr(made) == repr(data_source):
-        return
-    raise ValueError(
-        "the fetch operations were built on another source than data_source: "
-        f"fetch_operations(...) reads {made!r}, but data_source is "
-        f"{data_source!r}. Build the sampler and fetch_operations from the "
-        "source (or split view) passed as data_source."
-    )
-
-
-def check_condition_sampler(sampler) -> None:
-    """Refuses a `ConditionBlockSampler` striped for a plain grain.DataLoader.
-
-    Raises:
-        ValueError: The sampler's `worker_count` is not 0.
-    """
-    if isinstance(sampler, ConditionBlockSampler) and sampler.worker_count:
-        raise ValueError(
-            f"ConditionBlockSampler(worker_count={sampler.worker_count}) stripes "
-            "its groups for a plain grain.DataLoader's workers; "
-            "grain_cells.DataLoader and cell_dataset form each fetch from "
-            "consecutive positions whatever their worker_count, so build the "
-            "sampler with worker_count=0 (its fetches then hold one condition "
-            "each)"
-        )

@@ -1,7 +1,4 @@
-"""The one pipeline, on Grain's public dataset API.
-
-Fetch numbers -> `ReadFetch` (read, shuffle, format a whole fetch) ->
-`mp_prefetch` -> each fetch split into its minibatches in the trainer.
+"""The one pipeline on Grain's dataset API (`CellDataset`).
 
 Design notes: docs/reference/design.md#pipeline-dataset.
 """
@@ -12,28 +9,20 @@ import grain
 from grain import sharding
 
 from grain_cells._util import arguments, cores
-from grain_cells.outputs import TruncationReport
 from grain_cells.pipeline import _state_checks
-from grain_cells.pipeline._config import check_condition_sampler, check_same_source
-from grain_cells.pipeline._extra import Layer
 from grain_cells.pipeline._fetch import SplitFetch
-from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
+from grain_cells.pipeline._iterator import CellIterator
 from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import (
     advances_epochs,
     check_countable,
     plan_minibatches,
 )
-from grain_cells.sampling import BlockStream, check_sampler_fits
-
-__all__ = ["READ_OPTIONS", "CellDataset", "CellIterator"]
+from grain_cells.sampling import BlockStream, ConditionBlockSampler, check_sampler_fits
 
 
 class CellDataset(grain.IterDataset):
-    """Shuffled minibatches of a source (see the design notes).
-
-    Use `cell_dataset(...)`, `grain_cells.DataLoader` or
-    `grain_cells.loader(...)` to build one.
+    """Shuffled minibatches of a source; `cell_dataset(...)` builds one.
 
     **Epochs**, the same for `cell_dataset`, `grain_cells.DataLoader` and
     `grain_cells.loader` (which wrap this dataset). With a finite stream (a
@@ -75,28 +64,48 @@ class CellDataset(grain.IterDataset):
         readahead_cells: int = 16384,
         after=(),
     ):
-        """Binds the pipeline's parts; starts nothing."""
+        """Binds the pipeline's parts; starts nothing.
+
+        Raises:
+            ValueError: `split` was built on another source or view, or a
+                `ConditionBlockSampler` is striped for a plain grain.DataLoader.
+        """
         super().__init__()
         check_sampler_fits(sampler, source)
-        check_same_source(split, source)
-        check_condition_sampler(sampler)
+        made = split.source
+        if made is not source and repr(made) != repr(source):
+            raise ValueError(
+                "the fetch operations were built on another source than "
+                f"data_source: fetch_operations(...) reads {made!r}, but "
+                f"data_source is {source!r}. Build the sampler and "
+                "fetch_operations from the source (or split view) passed as "
+                "data_source."
+            )
+        if isinstance(sampler, ConditionBlockSampler) and sampler.worker_count:
+            raise ValueError(
+                f"ConditionBlockSampler(worker_count={sampler.worker_count}) "
+                "stripes its groups for a plain grain.DataLoader's workers; "
+                "grain_cells.DataLoader and cell_dataset form each fetch from "
+                "consecutive positions whatever their worker_count, so build "
+                "the sampler with worker_count=0 (its fetches then hold one "
+                "condition each)"
+            )
         self.source = source
         self.sampler = sampler
         self.split = split
-        self.worker_count = arguments.check_int("worker_count", worker_count, minimum=0)
+        for name, value, low in [
+            ("worker_count", worker_count, 0),
+            ("worker_buffer_size", worker_buffer_size, 1),
+            ("readahead_cells", readahead_cells, 0),
+        ]:
+            setattr(self, name, arguments.check_int(name, value, minimum=low))
         cores.warn_if_oversubscribed(self.worker_count)
-        self.worker_buffer_size = arguments.check_int(
-            "worker_buffer_size", worker_buffer_size, minimum=1
-        )
         if shard_options is None and isinstance(sampler, BlockStream):
             shard_options = sampler.shard_options
         self.shard = shard_options or sharding.NoSharding()
-        self.readahead_cells = arguments.check_int(
-            "readahead_cells", readahead_cells, minimum=0
-        )
         self.after = tuple(after)
         self.stamp = _state_checks.stamp(source, sampler, split)
-        self.truncation = truncation_report(split)  # warns once per loader
+        self.truncation = split.truncation_report()  # warns once per loader
         self._epoch = 0
         self._length = (-1, 0)  # (epoch, its len())
 
@@ -132,42 +141,33 @@ class CellDataset(grain.IterDataset):
         self._epoch = epoch
 
     def _resumed(self, epoch: int) -> None:
-        """A restored iterator is in `epoch`: the next `iter()` starts the next."""
         if advances_epochs(self.sampler):
             self._epoch = epoch + 1
 
     def __len__(self) -> int:
         """Minibatches of the epoch the next `iter()` starts, on this shard.
 
-        Computed once per epoch, without reading cells: arithmetic when all
-        blocks hold equal cell counts; otherwise the epoch's block order is
-        walked once, vectorised (about 0.5 CPU-seconds per million blocks
-        for a shuffled `BlockSampler`).
-
-        Raises:
-            TypeError: The stream is endless, or a `condition` makes the
-                count depend on the data.
+        Computed once per epoch, unread (`plan_minibatches`). Raises the
+        `TypeError` of `check_countable`.
         """
         check_countable(self.sampler, self.split.config)
-        if self._length[0] != self._epoch:  # computed once per epoch
-            shard = self.shard
-            start = Position(
-                count=shard.shard_count, index=shard.shard_index, epoch=self._epoch
+        if self._length[0] != self._epoch:
+            plan = self.start(self._epoch).plan(
+                self.sampler, self.split.config.blocks_per_fetch
             )
-            plan = start.plan(self.sampler, self.split.config.blocks_per_fetch)
             count = plan_minibatches(self.split.config, self.source, plan)
             self._length = (self._epoch, count)
         return self._length[1]
 
+    def start(self, epoch: int) -> Position:
+        """The position at the start of this shard's epoch `epoch`."""
+        shard = self.shard
+        return Position(count=shard.shard_count, index=shard.shard_index, epoch=epoch)
+
     def mp_prefetch(self, options=None, worker_init_fn=None, sequential_slice=False):
-        """This pipeline with `options.num_workers` workers (same minibatches).
-
-        Not Grain's slicing: a copy with `worker_count` (and `worker_buffer_size`,
-        in fetches) from `options`.
-
-        Raises:
-            ValueError: `worker_init_fn` or `sequential_slice` is given.
-        """
+        """A copy with `options`' workers and buffer (in fetches), not Grain's
+        slicing; raises `ValueError` for `worker_init_fn` or `sequential_slice`.
+        """  # noqa: D205
         if worker_init_fn is not None or sequential_slice:
             raise ValueError(
                 "CellDataset.mp_prefetch takes options only (worker_init_fn and "
@@ -184,12 +184,3 @@ class CellDataset(grain.IterDataset):
             readahead_cells=self.readahead_cells,
             after=self.after,
         )
-
-
-def truncation_report(split: SplitFetch) -> TruncationReport:
-    """A report on the padded outputs of `split`: X's and its extra matrices'."""
-    outputs = {"": split.config.output}
-    for name, reader in split.extra.items():
-        if isinstance(reader.spec, Layer):
-            outputs[f"{name}/"] = reader.spec.output
-    return TruncationReport(outputs)

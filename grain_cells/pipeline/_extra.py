@@ -12,7 +12,6 @@ import numpy as np
 
 from grain_cells._util import arguments
 from grain_cells.io import (
-    FetchedRows,
     OpenFiles,
     RowBuffer,
     element_files,
@@ -76,21 +75,33 @@ class Obsm:
         }
 
 
-class _ElementReader:
-    """Reads one element of a source's files for its row ranges, through `source.files`.
+class ElementReader:
+    """Reads a `Layer` or an `Obsm` array of a source's cells (picklable).
 
-    Picklable (each process opens its own handles).
+    Raises (on read): errors.MissingColumnError (a file lacks it),
+    errors.AnnDataFormatError (an obsm array is not 2-D dense, one row per
+    cell, of one width in every file), errors.SourceChangedError.
     """
 
-    def __init__(self, source: AnnDataSource, spec, element: str):
+    def __init__(self, source: AnnDataSource, spec: Layer | Obsm):
+        layer = isinstance(spec, Layer)
+        element = (matrix_element if layer else obsm_element)(spec.name)
         self.spec = spec
         self.files = element_files(source.files, element)
         self.cell_offsets = source.cell_offsets
         self.check_indices = source.check_indices
         self._handles = OpenFiles(self.files, source.read_threads)
+        if layer:  # e.g. PaddedSparseOutput(width=None), fitted on this layer
+            fit = spec.output.fit_to_source(
+                source, functools.partial(self.fetch, key=0)
+            )
+            self.spec = dataclasses.replace(spec, output=fit)
 
-    def _fetch(self, starts, stops, buffer: RowBuffer | None) -> FetchedRows:
-        return fetch_ranges(
+    def fetch(self, starts, stops, buffer: RowBuffer | None, key: int):
+        """Rows of sorted global ranges (X's, in X's buffer order): a layer's
+        as a `Fetch`, an obsm array's as a new dense array of its dtype.
+        """  # noqa: D205
+        rows = fetch_ranges(
             self._handles,
             self.cell_offsets,
             starts,
@@ -98,6 +109,12 @@ class _ElementReader:
             buffer,
             check_indices=self.check_indices,
         )
+        if isinstance(self.spec, Obsm):
+            return rows.dense.astype(self.spec.dtype)
+        return Fetch(rows.dense, rows.row_ids, self.files.num_genes, key, _csr=rows.csr)
+
+    def read(self, starts: np.ndarray, stops: np.ndarray):
+        return self.fetch(starts, stops, None, 0)
 
     def close(self) -> None:
         """Closes this process's file handles; they reopen on next use."""
@@ -105,46 +122,6 @@ class _ElementReader:
 
     def __repr__(self) -> str:
         return f"{self.spec!r}"
-
-
-class LayerReader(_ElementReader):
-    """Reads one extra layer (`layers/<name>`, `raw/X` or X) of a source's cells.
-
-    Raises:
-        errors.MissingColumnError: A file has no such layer.
-        errors.SourceChangedError: A file changed since the source was built.
-    """
-
-    def __init__(self, source: AnnDataSource, spec: Layer):
-        super().__init__(source, spec, matrix_element(spec.name))
-        # e.g. PaddedSparseOutput(width=None), fitted on this layer
-        fitted = spec.output.fit_to_source(source, functools.partial(self.fetch, key=0))
-        self.spec = dataclasses.replace(spec, output=fitted)
-
-    def fetch(self, starts, stops, buffer, key: int) -> Fetch:
-        """The layer's rows for the same ranges as X (in X's buffer order)."""
-        rows = self._fetch(starts, stops, buffer)
-        return Fetch(rows.dense, rows.row_ids, self.files.num_genes, key, _csr=rows.csr)
-
-
-class ObsmReader(_ElementReader):
-    """Reads rows of one `obsm` array of every file.
-
-    Raises:
-        errors.MissingColumnError: A file has no such `obsm` array.
-        errors.AnnDataFormatError: The array is not a 2-D dense array with one
-            row per cell, or its width differs between files.
-        errors.SourceChangedError: A file changed since the source was built.
-    """
-
-    def __init__(self, source: AnnDataSource, spec: Obsm):
-        super().__init__(source, spec, obsm_element(spec.name))
-        self.width = self.files.num_genes
-
-    def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        """Rows of sorted, disjoint global ranges, concatenated (a new array)."""
-        rows = self._fetch(starts, stops, None)
-        return rows.dense.astype(self.spec.dtype)
 
 
 def check_output(output, name: str = "output") -> None:
@@ -171,15 +148,10 @@ def readers(source: AnnDataSource, extra: dict | None) -> dict:
         TypeError: `extra` is not a dict of `Layer` and `Obsm`.
     """
     arguments.check_mapping("extra", extra)
-    out = {}
     for key, spec in (extra or {}).items():
-        if isinstance(spec, Layer):
-            out[key] = LayerReader(source, spec)
-        elif isinstance(spec, Obsm):
-            out[key] = ObsmReader(source, spec)
-        else:
+        if not isinstance(spec, Layer | Obsm):
             raise TypeError(
                 f"extra[{key!r}] must be grain_cells.Layer or grain_cells.Obsm, "
                 f"got {spec!r}"
             )
-    return out
+    return {key: ElementReader(source, spec) for key, spec in (extra or {}).items()}

@@ -15,7 +15,7 @@ import numpy as np
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.io import RowBuffer
-from grain_cells.outputs import Fetch, Output, declared, zeros
+from grain_cells.outputs import Fetch, Output, TruncationReport, declared, zeros
 from grain_cells.pipeline import _extra
 from grain_cells.source import AnnDataSource
 
@@ -63,14 +63,11 @@ class FetchConfig:
         return n + self.blocks_per_fetch if self.condition else n
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of the fetch (the output aside)."""
+        """What a checkpoint records of the fetch (not the output, which has
+        its own, nor `cover`, which follows from the source).
+        """  # noqa: D205
         names = [f.name for f in dataclasses.fields(self)]
-        return {k: getattr(self, k) for k in names if k not in _UNSTAMPED}
-
-
-# Not in `FetchConfig.fingerprint()`: the output has its own; cover follows
-# from the source.
-_UNSTAMPED = ("output", "cover")
+        return {k: getattr(self, k) for k in names if k not in ("output", "cover")}
 
 
 class SplitFetch:
@@ -88,6 +85,8 @@ class SplitFetch:
         output = declared(config.output).fit_to_source(source)
         self.config = dataclasses.replace(config, output=output)
         self.extra = _extra.readers(source, extra)
+        # Read buffers and their fetches (weak: a buffer is reused once its
+        # fetch is gone; two iterators may be alive at once).
         self._buffers: list = []
 
     def __repr__(self) -> str:
@@ -99,95 +98,77 @@ class SplitFetch:
         return state
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of the transform (not its `repr`).
-
-        The `FetchConfig`'s and the output's fingerprints, and each extra matrix's
-        spec, by key.
-        """
+        """What a checkpoint records: the config's and output's fingerprints,
+        and each extra matrix's spec, by key (not the `repr`).
+        """  # noqa: D205
         return {
             "fetch": self.config.fingerprint(),
             "output": self.config.output.fingerprint(),
             "extra": {k: r.spec.fingerprint() for k, r in self.extra.items()},
         }
 
+    def truncation_report(self) -> TruncationReport:
+        """A report on the padded outputs: X's and its extra layers'."""
+        outputs = {"": self.config.output}
+        for name, reader in self.extra.items():
+            if isinstance(reader.spec, _extra.Layer):
+                outputs[f"{name}/"] = reader.spec.output
+        return TruncationReport(outputs)
+
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
 
-        A block that appears twice in one fetch (an endless stream's epoch
-        boundary) contributes its cells twice.
+        A block twice in one fetch (an endless stream's epoch boundary)
+        contributes its cells twice.
         """
         starts, stops = blocks[:, 2], blocks[:, 3]
-        lengths = stops - starts
-        cells = expand_ranges(starts, lengths)
-        positions = np.searchsorted(row_ids, cells)
+        positions = np.searchsorted(row_ids, expand_ranges(starts, stops - starts))
         if self.config.shuffle:
-            # Owned by grain_cells (counter_rng), so that no NumPy upgrade
-            # changes the order a saved iterator resumes into.
+            # Our own generator: no NumPy upgrade changes a resumed order.
             order = counter_rng.permutation(
                 positions.size, self.config.seed, *blocks[:, 0].tolist()
             )
             positions = positions[order]
         return positions
 
-    def _lend_buffer(self) -> tuple[RowBuffer, list]:
-        """A read buffer no live fetch is using, and its owner cell.
-
-        Fetches format lazily from their buffer and two iterators may be alive at
-        once, so a buffer is reused only once its fetch is gone.
-        """
-        pool = self._buffers
-        for buffer, owner in pool:
-            if owner[0] is None or owner[0]() is None:
-                return buffer, owner
-        entry = (RowBuffer(), [None])
-        pool.append(entry)
-        return entry
-
     def read(self, blocks: np.ndarray) -> Minibatches:
-        """Reads the fetch's blocks; returns its minibatches (built lazily).
-
-        Args:
-            blocks: Rows of (block id, file, start, stop), in sampler order.
-        """
+        """The minibatches (built lazily) of a fetch's blocks: rows of
+        (block id, file, start, stop), in sampler order.
+        """  # noqa: D205
         cfg = self.config
-        unique = np.unique(blocks[:, 0], return_index=True)[1]
-        read = blocks[np.sort(unique)]
-        buffer, owner = self._lend_buffer()
-        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], buffer)
+        read = blocks[np.sort(np.unique(blocks[:, 0], return_index=True)[1])]
+        entry = next((e for e in self._buffers if e[1]() is None), None)
+        if entry is None:
+            entry = [RowBuffer(), lambda: None]
+            self._buffers.append(entry)
+        rows = self.source.fetch_ranges(read[:, 2], read[:, 3], entry[0])
         key = fetch_key(cfg.seed, blocks[:, 0])
-        fetched = _Fetched(
-            Fetch(rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr),
-            rows.obs,
-            self._read_extra(read, key, rows.row_ids),
+        fetch = Fetch(
+            rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr
         )
+        extra = self._read_extra(read, key, rows.row_ids)
         order = self.cell_order(blocks, rows.row_ids)
         bounds = None
         if cfg.condition is not None:
             order, bounds = self._by_condition(order, rows.obs[cfg.condition])
         else:
-            n = order.size
             if cfg.remainder == "drop":
-                n -= n % cfg.batch_size
-            order = order[:n]
-            fetched.fetch.order = order  # minibatch i: order[i*m:(i+1)*m]
-            for part in fetched.extra.values():
+                order = order[: order.size - order.size % cfg.batch_size]
+            fetch.order = order  # minibatch i: order[i*m:(i+1)*m]
+            for part in extra.values():
                 if isinstance(part, Fetch):  # a layer's rows: in X's order
                     part.order = order
-        batches = Minibatches(self, fetched, order, bounds)
-        owner[0] = weakref.ref(batches)
+        batches = Minibatches(self, fetch, rows.obs, extra, order, bounds)
+        entry[1] = weakref.ref(batches)
         return batches
 
     def _by_condition(self, order: np.ndarray, values: np.ndarray):
-        """The fetch's shuffled cells grouped by condition, cut per condition.
-
-        Returns:
-            `(order, bounds)`: cells grouped by condition (shuffled order kept
-            within each), and minibatch `i`'s cells `order[bounds[i]:
-            bounds[i + 1]]`: at most `batch_size`, one condition each.
-        """
+        """`(order, bounds)`: the shuffled cells grouped by condition (order
+        kept within each); minibatch `i` is `order[bounds[i]:bounds[i + 1]]`,
+        at most `batch_size` cells of one condition.
+        """  # noqa: D205
         m = self.config.batch_size
-        perm = np.argsort(values[order], kind="stable")
-        order = order[perm]
+        order = order[np.argsort(values[order], kind="stable")]
         codes = values[order]
         heads = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
         ends = np.r_[heads[1:], codes.size]
@@ -209,54 +190,10 @@ class SplitFetch:
         read = read[np.argsort(read[:, 2], kind="stable")]
         out = {}
         for name, reader in self.extra.items():
-            if isinstance(reader, _extra.ObsmReader):
-                out[name] = reader.read(read[:, 2], read[:, 3])
-            else:
-                out[name] = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
-                if not np.array_equal(out[name].row_ids, row_ids):
-                    raise RuntimeError(f"extra matrix {name!r} read other rows")
+            out[name] = part = reader.fetch(read[:, 2], read[:, 3], RowBuffer(), key)
+            if isinstance(part, Fetch) and not np.array_equal(part.row_ids, row_ids):
+                raise RuntimeError(f"extra matrix {name!r} read other rows")
         return out
-
-    def minibatch(self, fetched: _Fetched, rows: np.ndarray, empty=np.empty) -> dict:
-        """Formats one minibatch from rows of the fetch buffer.
-
-        Every array is allocated with `empty` (`np.empty`'s signature; in a
-        worker, the slot the minibatch is sent in: `slot_writer`).
-        """
-        cfg = self.config
-        m = cfg.batch_size
-        n_real = rows.size
-        batch = cfg.output.format(fetched.fetch, rows, m, empty=empty)
-        row_ids = empty((m,), np.int64)
-        row_ids[:n_real] = fetched.fetch.row_ids[rows]
-        row_ids[n_real:] = -1
-        batch["row_ids"] = row_ids
-        mask = empty((m,), bool)
-        mask[:n_real] = True
-        mask[n_real:] = False
-        batch["mask"] = mask
-        categories = self.source.categories
-        for name, values in fetched.obs.items():
-            if categories[name] is not None:
-                dtype = np.int32  # codes, whatever the number of categories
-            elif cfg.numeric_obs == "float32" and values.dtype.kind != "f":
-                dtype = np.float32
-            else:
-                dtype = values.dtype  # numeric columns keep theirs (int64 stays)
-            col = zeros(empty, (m,), dtype)
-            col[:n_real] = values[rows]
-            batch[f"obs/{name}"] = col
-        for name, part in fetched.extra.items():
-            if isinstance(part, np.ndarray):  # an obsm array
-                values = zeros(empty, (m, part.shape[1]), part.dtype)
-                values[:n_real] = part[rows]
-                batch[name] = values
-                continue
-            spec = self.extra[name].spec
-            formatted = spec.output.format(part, rows, m, empty=empty)
-            for k, v in formatted.items():
-                batch[f"{name}/{k}"] = v
-        return batch
 
 
 class Minibatches(collections.abc.Sequence):
@@ -264,17 +201,18 @@ class Minibatches(collections.abc.Sequence):
 
     `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker's
     allocates in its shared-memory slot); the fetch buffer stays alive meanwhile.
+    `report` (a `TruncationReport`) sees each formatted minibatch; with `send`,
+    item `i` is `send(format, i)` (a worker's handle of its slot).
     """
 
-    def __init__(
-        self,
-        split: SplitFetch,
-        fetched: _Fetched,
-        order: np.ndarray,
-        bounds: np.ndarray | None = None,
-    ):
+    report: TruncationReport | None = None
+    send = None
+
+    def __init__(self, split, fetch: Fetch, obs: dict, extra: dict, order, bounds):
         self._split = split
-        self._fetched = fetched
+        self._fetch = fetch  # X's rows, as the output formats see them
+        self._obs = obs
+        self._extra = extra
         self._order = order
         m = split.config.batch_size
         if bounds is None:
@@ -289,21 +227,49 @@ class Minibatches(collections.abc.Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        return self.format(i % len(self))
+        i %= len(self)
+        return self.format(i) if self.send is None else self.send(self.format, i)
 
     def format(self, i: int, empty=np.empty) -> dict:
-        """Minibatch `i` (in range), its arrays allocated with `empty`."""
-        a, b = self._bounds[i], self._bounds[i + 1]
-        return self._split.minibatch(self._fetched, self._order[a:b], empty)
-
-
-@dataclasses.dataclass
-class _Fetched:
-    """A fetch as the output formats see it, and its obs columns."""
-
-    fetch: Fetch
-    obs: dict[str, np.ndarray]
-    extra: dict = dataclasses.field(default_factory=dict)
+        """Minibatch `i` (in range), every array allocated with `empty`
+        (`np.empty`'s signature; in a worker, its slot's `slot_writer`).
+        """  # noqa: D205
+        split = self._split
+        cfg = split.config
+        rows = self._order[self._bounds[i] : self._bounds[i + 1]]
+        m, n_real = cfg.batch_size, rows.size
+        batch = cfg.output.format(self._fetch, rows, m, empty=empty)
+        row_ids = empty((m,), np.int64)
+        row_ids[:n_real] = self._fetch.row_ids[rows]
+        row_ids[n_real:] = -1
+        batch["row_ids"] = row_ids
+        mask = empty((m,), bool)
+        mask[:n_real] = True
+        mask[n_real:] = False
+        batch["mask"] = mask
+        categories = split.source.categories
+        for name, values in self._obs.items():
+            if categories[name] is not None:
+                dtype = np.int32  # codes, whatever the number of categories
+            elif cfg.numeric_obs == "float32" and values.dtype.kind != "f":
+                dtype = np.float32
+            else:
+                dtype = values.dtype  # numeric columns keep theirs (int64 stays)
+            col = zeros(empty, (m,), dtype)
+            col[:n_real] = values[rows]
+            batch[f"obs/{name}"] = col
+        for name, part in self._extra.items():
+            if isinstance(part, np.ndarray):  # an obsm array
+                values = zeros(empty, (m, part.shape[1]), part.dtype)
+                values[:n_real] = part[rows]
+                batch[name] = values
+                continue
+            formatted = split.extra[name].spec.output.format(part, rows, m, empty=empty)
+            for k, v in formatted.items():
+                batch[f"{name}/{k}"] = v
+        if self.report:
+            self.report.observe(batch)
+        return batch
 
 
 def fetch_key(seed: int, block_ids: np.ndarray) -> int:

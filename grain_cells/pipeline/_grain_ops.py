@@ -1,44 +1,24 @@
-"""The adapter for a plain `grain.DataLoader`: `fetch_operations`.
-
-Everything the card spelling `grain.DataLoader(..., operations=
-fetch_operations(source, batch_size=64), worker_count=N)` needs lives here.
+"""`fetch_operations`: the adapter for a plain `grain.DataLoader`.
 
 Design notes: docs/reference/design.md#pipeline-grain-ops.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import os
 
 import grain
 import numpy as np
 
+from grain_cells import transport
 from grain_cells._util.arguments import ArgumentTypeError
-from grain_cells.outputs import TruncationReport
 from grain_cells.pipeline._config import FETCH, keywords, make_split, options_of
-from grain_cells.pipeline._dataset import truncation_report
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
 from grain_cells.source import AnnDataSource
-from grain_cells.transport import (
-    allow_unparsed_flags,
-    check_main_guard,
-    fetch_starting,
-    in_child_process,
-    in_worker,
-    main_guard_error,
-    main_thread_site,
-    ring_for,
-    send,
-    worker_init,
-)
 
 
 class GroupBlocks:
-    """Picklable batch function: a fetch is an int64 array of records.
-
-    Each row is one block record: (block id, file, start, stop, source id).
-    """
+    """Batch function: a fetch as rows of (block, file, start, stop, source id)."""
 
     def __call__(self, blocks) -> np.ndarray:
         return np.asarray(blocks, dtype=np.int64).reshape(len(blocks), -1)
@@ -47,20 +27,14 @@ class GroupBlocks:
         return "GroupBlocks()"
 
 
-# Where a script's unguarded top level started workers, once seen (see
-# `GrainFetch.__getstate__`).
+# Where a script's unguarded top level started workers, once seen.
 _UNGUARDED_SITE: tuple[str, int] | None = None
 
 
 class GrainFetch(grain.experimental.FlatMapTransform):
-    """A fetch of block records -> its minibatches, in a `grain.DataLoader`.
-
-    Attributes:
-        split: The pipeline's fetch transform (`SplitFetch`).
-    """
+    """A fetch of block records -> its minibatches (`split`'s), in Grain."""
 
     def __init__(self, split: SplitFetch):
-        """Wraps the fetch transform for Grain's `FlatMap`."""
         self.split = split
         self.max_fan_out = split.config.max_minibatches
         self._checked = False
@@ -68,12 +42,10 @@ class GrainFetch(grain.experimental.FlatMapTransform):
 
     @property
     def source(self) -> AnnDataSource:
-        """The source the operations read through."""
         return self.split.source
 
     @property
     def config(self):
-        """The fetch configuration (`FetchConfig`)."""
         return self.split.config
 
     def __repr__(self) -> str:
@@ -82,18 +54,11 @@ class GrainFetch(grain.experimental.FlatMapTransform):
     def __getstate__(self):
         global _UNGUARDED_SITE
         site = _UNGUARDED_SITE
-        if site is None and not in_child_process():
-            site = main_thread_site()
-        if site is not None:
-            # Sticky: Grain starts its workers from several threads; once one
-            # is refused, the main thread unwinds and may have left the
-            # unguarded line when the next thread pickles (seen under load).
-            _UNGUARDED_SITE = site
-            # Grain pickles the operations to start its workers, each of which
-            # would re-run the script's top level and die (see _main_guard).
-            # Grain pickles again to find what failed, while handling the
-            # first refusal: `from None`, so the user reads one message.
-            raise main_guard_error(
+        if site is None and not transport.in_child_process():
+            site = transport.main_thread_site()
+        if site is not None:  # workers would re-run the script's top level
+            _UNGUARDED_SITE = site  # sticky: Grain pickles from several threads
+            raise transport.main_guard_error(
                 "grain.DataLoader(..., operations=fetch_operations(...)) with "
                 "worker processes",
                 site,
@@ -106,32 +71,25 @@ class GrainFetch(grain.experimental.FlatMapTransform):
     def __setstate__(self, state):
         pickled_in = state.pop("_pickled_in", None)
         self.__dict__.update(state)
-        # Grain sends the operations to its workers pickled: unpickled in such
-        # a child (not merely copied within one process), this is a worker.
-        if pickled_in != os.getpid():
-            worker_init()
+        if pickled_in != os.getpid():  # unpickled in another process: a worker
+            transport.worker_init()
 
-    def flat_map(self, blocks: np.ndarray) -> Minibatches | _Sent:
-        """Reads the fetch's blocks; returns its minibatches (built lazily)."""
-        if not self._checked:
+    def flat_map(self, blocks: np.ndarray) -> Minibatches:
+        if not self._checked and len(blocks):
             self._check_blocks(blocks)
-            self._checked = True
-        fetch_starting()
+        self._checked = True
+        transport.fetch_starting()
         batches = self.split.read(blocks)
-        if self._report is None:
-            # Grain gives this spelling no hook in the trainer: with workers,
-            # each worker reports what it formats (once per worker).
-            self._report = truncation_report(self.split)
-        if in_worker():
-            return _Sent(batches, self._report)
-        return _Reported(batches, self._report) if self._report else batches
+        if self._report is None:  # each process reports what it formats
+            self._report = self.split.truncation_report()
+        batches.report = self._report
+        if transport.in_worker():  # each minibatch formatted into a slot
+            ring = transport.ring_for(len(batches))
+            batches.send = lambda format, i: transport.send(format, i, ring)
+        return batches
 
     def _check_blocks(self, blocks: np.ndarray) -> None:
-        """Refuses records of another source than the one this reads."""
-        source = self.split.source
-        keys = blocks[:, 0]
-        if keys.size == 0:
-            return
+        source, keys = self.split.source, blocks[:, 0]
         if int(keys.max()) >= len(source):
             found = f"block {int(keys.max())}, past its {len(source)} blocks"
         elif blocks.shape[1] > 4 and np.any(blocks[:, 4] != source.source_id):
@@ -147,46 +105,6 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             "view (a split, a selection, other files). Build the sampler and "
             "fetch_operations from the source passed as data_source."
         )
-
-
-class _Sent:
-    """A worker's fetch: minibatch `i` is sent into a slot when Grain asks."""
-
-    def __init__(self, batches: Minibatches, report: TruncationReport):
-        self._batches = batches
-        self._report = report
-        self._ring = ring_for(len(batches))
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, i: int):
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"minibatch {i} of a fetch of {len(self)}")
-        return send(self._format, i % len(self), self._ring)
-
-    def _format(self, i: int, empty) -> dict:
-        batch = self._batches.format(i, empty)
-        if self._report:
-            self._report.observe(batch)
-        return batch
-
-
-class _Reported(collections.abc.Sequence):
-    """A fetch's minibatches, shown to the truncation report as Grain takes them."""
-
-    def __init__(self, batches: Minibatches, report: TruncationReport):
-        self._batches = batches
-        self._report = report
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, i):
-        batch = self._batches[i]
-        if self._report and isinstance(batch, dict):
-            self._report.observe(batch)
-        return batch
 
 
 @keywords(FETCH)
@@ -208,13 +126,10 @@ def fetch_operations(source: AnnDataSource, **options) -> list:
             `data_source` is another source or view than `source`.
     """
     opts, _ = options_of(fetch_operations, options)
-    if in_child_process():
-        # A spawned worker importing a script whose top level builds the
-        # pipeline: say so once, instead of workers dying one by one.
-        check_main_guard("a grain_cells pipeline with worker processes")
+    if transport.in_child_process():  # a worker running the script's top level
+        transport.check_main_guard("a grain_cells pipeline with worker processes")
     else:
-        # Grain reads an absl flag when it starts worker processes.
-        allow_unparsed_flags()
+        transport.allow_unparsed_flags()  # Grain reads a flag to start workers
     split = make_split(source, opts)
     return [
         grain.transforms.Batch(
@@ -233,9 +148,7 @@ def fetch_of(operations) -> tuple[SplitFetch, tuple]:
         ValueError: It holds no `fetch_operations(...)`, or other operations
             than `Map`s after it.
     """  # noqa: D205
-    if isinstance(operations, (str, bytes)) or not isinstance(
-        operations, (list, tuple)
-    ):
+    if not isinstance(operations, (list, tuple)):
         raise ArgumentTypeError(
             "operations must be a list of transforms, "
             "grain_cells.fetch_operations(source, ...), got "

@@ -12,19 +12,11 @@ import weakref
 
 import grain
 
+from grain_cells import transport
 from grain_cells.errors import IteratorClosedError
 from grain_cells.pipeline import _state_checks
-from grain_cells.pipeline._resume import Position, hand_over
+from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import ReadFetch, check_countable, plan_minibatches
-from grain_cells.transport import (
-    WorkerWatch,
-    allow_unparsed_flags,
-    check_main_guard,
-    death_error,
-    release_dead_rings,
-    remove_stale,
-    worker_init,
-)
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -42,35 +34,24 @@ def _close_running() -> None:
 class CellIterator(grain.DatasetIterator):
     """Iterator of a `CellDataset`; its state is a position and a stamp.
 
-    Closable: `close()` (or leaving a `with` block) stops the workers and
-    frees their shared memory; `next` then raises `IteratorClosedError`.
-    Once `next` has raised (a worker died, a file went bad), every later call
-    raises again rather than going on without the failed fetch. A worker
-    that dies (SIGKILL, the out-of-memory killer, a crash) makes `next`
-    raise `errors.WorkerDiedError` within about a second, naming the worker
-    and how it ended; the other workers are stopped.
+    Closable (see "Closing" in `CellDataset`). Once `next` has raised (a file
+    went bad; a worker died: `errors.WorkerDiedError` within about a second,
+    the other workers stopped), every later call raises again.
     """
 
     def __init__(self, ds, epoch: int = 0):
-        """Positions the iterator at the start of its shard's epoch `epoch` of `ds`."""
         super().__init__()
         self._ds = ds
         self._g = ds.split.config.blocks_per_fetch
-        shard = ds.shard
-        self._position = Position(
-            count=shard.shard_count, index=shard.shard_index, epoch=epoch
-        )
+        self._position = ds.start(epoch)
         self._plan = self._position.plan(ds.sampler, self._g)
         self._inner = None
         self._batches = None
-        self._taken = False  # whether `_batches` is a list handed out item by item
+        self._taken = False
         self._failure: BaseException | None = None
-        self._watch: WorkerWatch | None = None  # its workers, once started
+        self._watch: transport.WorkerWatch | None = None  # its workers, once started
         self._total: tuple | None = None  # (plan, its minibatches) for len()
-        # Names of trainers and workers that were killed (any loader sweeps).
-        remove_stale()
-
-    # -- iteration --------------------------------------------------------
+        transport.remove_stale()  # names of killed trainers and workers
 
     def _start(self) -> None:
         ds, n = self._ds, self._position.fetch
@@ -78,33 +59,22 @@ class CellIterator(grain.DatasetIterator):
         chain = grain.MapDataset.range(n, max(n, self._plan.num_fetches()))
         chain = chain.map(read).to_iter_dataset(READ_OPTIONS)
         if ds.worker_count:
-            # The pipeline owns the worker side: guard, flags, and what each
-            # worker sets up (`_send.worker_init`).
-            check_main_guard(f"a grain_cells pipeline (worker_count={ds.worker_count})")
-            allow_unparsed_flags()
-            self._watch = WorkerWatch(ds.worker_count)
+            transport.check_main_guard(
+                f"a grain_cells pipeline (worker_count={ds.worker_count})"
+            )
+            transport.allow_unparsed_flags()
+            self._watch = transport.WorkerWatch(ds.worker_count)
             chain = chain.mp_prefetch(
                 grain.MultiprocessingOptions(
                     num_workers=ds.worker_count,
                     per_worker_buffer_size=ds.worker_buffer_size,
                 ),
-                worker_init_fn=worker_init,
+                worker_init_fn=transport.worker_init,
             )
             atexit.unregister(_close_running)  # registered once
             atexit.register(_close_running)
             _RUNNING.add(self)
         self._inner = iter(chain)
-
-    def _next_fetch(self) -> None:
-        if self._inner is None:
-            self._start()
-        # A fetch's minibatches: lazy in this process, a list from a worker
-        # (one element per fetch through Grain's queue; its arrays are leases
-        # of the worker's slots, `grain_cells.transport._lease`).
-        self._batches = next(self._inner)
-        self._taken = isinstance(self._batches, list)
-        if self._watch is not None:
-            self._watch.look()  # the workers Grain has started
 
     def __next__(self) -> dict:
         if self._failure is not None:  # failed earlier, or closed
@@ -115,7 +85,14 @@ class CellIterator(grain.DatasetIterator):
                 if self._batches is None:
                     if pos.fetch >= self._plan.num_fetches():
                         raise StopIteration
-                    self._next_fetch()
+                    if self._inner is None:
+                        self._start()
+                    # Lazy in this process; from a worker, a list of leases
+                    # of its slots, handed out item by item.
+                    self._batches = next(self._inner)
+                    self._taken = isinstance(self._batches, list)
+                    if self._watch is not None:
+                        self._watch.look()  # the workers Grain has started
                 if pos.minibatch < len(self._batches):
                     batch = self._batches[pos.minibatch]
                     if self._taken:  # the user alone decides when it dies
@@ -133,39 +110,24 @@ class CellIterator(grain.DatasetIterator):
         except StopIteration:
             raise
         except Exception as e:
-            error = self._explained(e)
+            dead = self._watch.dead() if self._watch is not None else []
+            where = f"fetch {pos.fetch} of epoch {pos.epoch}"
+            n = self._ds.worker_count
+            error = transport.death_error(dead, n, where) if dead else e
             self._failure = error
-            # Stop the workers now, in this thread: the stored error's
-            # traceback holds this iterator in a cycle, and Grain's chain,
-            # left to the cyclic collector, may be closed from one of its own
-            # prefetch threads (which cannot join itself).
+            # Stop the workers now: Grain's chain, left to the cyclic
+            # collector, may be closed from its own prefetch thread.
             self._stop()
             if error is e:
                 raise
             raise error from e
 
-    def _explained(self, error: Exception) -> Exception:
-        """A worker's death as `errors.WorkerDiedError`; other errors as they are."""
-        dead = self._watch.dead() if self._watch is not None else []
-        if not dead:
-            return error
-        pos = self._position
-        return death_error(
-            dead, self._ds.worker_count, f"fetch {pos.fetch} of epoch {pos.epoch}"
-        )
-
     def __len__(self) -> int:
-        """Minibatches this iterator has yet to yield, on this shard.
-
-        So `tqdm(iter(loader))` shows the right total: a fresh iterator's
-        `len` is the loader's `len` (its epoch's minibatches), and each
-        `next` takes one off; a restored iterator counts from its state.
-
-        Raises:
-            TypeError: The stream is endless, a `condition` makes the count
-                depend on the data, or the state was restored under another
-                shard count (its fetches are pieces of the old shards').
-        """
+        """Minibatches this iterator has yet to yield, on this shard (so
+        `tqdm(iter(loader))` shows the right total). A `TypeError` where
+        `check_countable` raises one, or after a restore under another shard
+        count.
+        """  # noqa: D205
         ds = self._ds
         check_countable(ds.sampler, ds.split.config)
         if self._position.pieces:
@@ -179,8 +141,7 @@ class CellIterator(grain.DatasetIterator):
         return max(0, self._total[1] - self._position.step)
 
     def __bool__(self) -> bool:
-        """Always true (an iterator is not a container; `len` may raise)."""
-        return True
+        return True  # an iterator, not a container (`len` may raise)
 
     @property
     def epoch(self) -> int:
@@ -188,18 +149,13 @@ class CellIterator(grain.DatasetIterator):
         return self._position.epoch
 
     def start_prefetch(self) -> None:
-        """Starts the workers now (orbax calls this after a restore).
-
-        Raises:
-            IteratorClosedError: The iterator was closed.
-        """
+        """Starts the workers now (orbax calls this after a restore)."""
         if self._failure is _CLOSED:
             raise self._refusal()
         if self._inner is None and self._position.fetch < self._plan.num_fetches():
             self._start()
 
     def _refusal(self) -> RuntimeError:
-        """What `next` raises once the iterator failed or was closed."""
         if self._failure is _CLOSED:
             return IteratorClosedError(
                 "this data iterator was closed (close(), or the end of its "
@@ -214,7 +170,6 @@ class CellIterator(grain.DatasetIterator):
         return error
 
     def _stop(self) -> None:
-        """Stops the workers (if any) and unmaps their rings."""
         inner, self._inner = self._inner, None
         if inner is not None:
             # A worker that cannot stop (SIGSTOPped) is killed after a grace.
@@ -224,17 +179,14 @@ class CellIterator(grain.DatasetIterator):
                 inner.close()
         if self._taken:  # the rest of a worker's fetch: its slots' leases
             self._batches = None
-        release_dead_rings()
+        transport.release_dead_rings()
         if self._watch is not None:  # names of workers that were killed
-            remove_stale()
+            transport.remove_stale()
 
     def close(self) -> None:
-        """Stops the workers and frees their shared memory, for good.
-
-        `next`, `set_state` and `start_prefetch` raise
-        `errors.IteratorClosedError` afterwards; `get_state` still returns
-        where the iterator stopped. Closing twice is harmless.
-        """
+        """Stops the workers and frees their shared memory, for good (see
+        "Closing" in `CellDataset`); closing twice is harmless.
+        """  # noqa: D205
         if sys.is_finalizing():  # after atexit (a tqdm bar's generator, say):
             return  # the workers are gone; so are other modules
         if self._batches is not None:  # the state no longer needs the fetch
@@ -254,8 +206,6 @@ class CellIterator(grain.DatasetIterator):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- state ------------------------------------------------------------
-
     def _settled(self) -> Position:
         """A copy of the position; past a fetch's end, the next fetch's start."""
         pos = Position(**vars(self._position))
@@ -265,43 +215,22 @@ class CellIterator(grain.DatasetIterator):
         return pos
 
     def get_state(self) -> dict:
-        """The position (JSON-ready, with the epoch) and the pipeline's stamp."""
+        """The position (JSON-ready) and the pipeline's stamp."""
         position = self._settled().to_json()
         return {_state_checks.STAMP: self._ds.stamp, "position": position}
 
     def set_state(self, state: dict) -> None:
         """Restores a state saved by this pipeline under any worker count.
 
-        Raises:
-            CheckpointMismatchError: The state is of another pipeline (sampler,
-                source data or configuration, operations), a field is out of
-                range, or the shard count changed in a way the state cannot
-                follow (see `grain_cells.pipeline._resume`).
-            errors.SourceChangedError: A file changed since the source was
-                built.
-            IteratorClosedError: The iterator was closed.
+        Raises `CheckpointMismatchError` (see `_state_checks.restored`),
+        `errors.SourceChangedError` or `IteratorClosedError`.
         """
         if self._failure is _CLOSED:
             raise self._refusal()
-        ds = self._ds
-        saved = _state_checks.check_state(
-            state, ds.stamp, ds.sampler, ds.source, ds.split
-        )
-        ds.source.verify_files("when an iterator state was restored")
-        shard = ds.shard
-        if (saved.count, saved.index) != (shard.shard_count, shard.shard_index):
-            _state_checks.check_hand_over(saved, ds.split)
-            saved = hand_over(
-                saved,
-                ds.sampler,
-                ds.source,
-                ds.split.config,
-                shard.shard_count,
-                shard.shard_index,
-            )
+        saved = _state_checks.restored(state, self._ds)
         self._stop()
         self._position = saved
-        self._plan = saved.plan(ds.sampler, self._g)
+        self._plan = saved.plan(self._ds.sampler, self._g)
         self._batches = None
         self._failure = None
-        ds._resumed(saved.epoch)  # the dataset's own iterator
+        self._ds._resumed(saved.epoch)  # the dataset's own iterator

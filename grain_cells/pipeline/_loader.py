@@ -1,8 +1,5 @@
 """`DataLoader`: grain.DataLoader's arguments, one worker-independent pipeline.
 
-Its minibatches do not depend on `worker_count`, and its state (a position)
-restores under any worker or shard count.
-
 Design notes: docs/reference/design.md#pipeline-loader.
 """
 
@@ -15,22 +12,17 @@ import numpy as np
 from grain_cells._util.arguments import check_source
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.pipeline._config import buffer_fetches
-from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
+from grain_cells.pipeline._dataset import CellDataset, CellIterator
 from grain_cells.pipeline._grain_ops import fetch_of
 from grain_cells.source import AnnDataSource
 from grain_cells.transport import check_main_guard
 
-__all__ = [
-    "READ_OPTIONS",
-    "CheckedIterator",
-    "CheckpointMismatchError",
-    "DataLoader",
-    "obs_frame",
-]
-
 
 class DataLoader:
     """Shuffled minibatches with `grain.DataLoader`'s arguments.
+
+    Its minibatches do not depend on `worker_count`, and its state (a
+    position) restores under any worker or shard count.
 
     Example:
         >>> source = grain_cells.AnnDataSource(paths, obs_columns=["plate"])
@@ -61,11 +53,10 @@ class DataLoader:
             sampler: A sampler over its blocks (`BlockSampler`, ...).
             operations: `fetch_operations(...)`, optionally followed by
                 `grain.transforms.Map`s applied to each minibatch.
-            worker_count: Worker processes (0: read in this process).
-            worker_buffer_size: Minibatches each worker may hold ahead.
+            worker_count: As in `grain_cells.pipeline.PipelineOptions`.
+            worker_buffer_size: As in `grain_cells.pipeline.PipelineOptions`.
             shard_options: The shard; default: the sampler's.
-            read_options: Accepted for compatibility; unused (records are
-                fetch numbers, read inline).
+            read_options: Accepted for compatibility; unused.
             enable_profiling: Accepted for compatibility; unused.
 
         Raises:
@@ -125,9 +116,16 @@ class DataLoader:
         return len(self._dataset)
 
     def obs_frame(self, batch: dict):
-        """The obs columns of a minibatch's real cells, as labels.
+        """The obs columns of a minibatch's real cells, as a pandas DataFrame.
 
-        See `obs_frame(source, batch)`.
+        Categorical columns (codes in the minibatch) become `pd.Categorical`
+        labels of `source.categories[column]` (code -1: missing), numeric ones
+        stay numbers. Padding rows (`mask` False) are left out; the index is
+        the cells' global `row_ids`, in minibatch order.
+
+        Example:
+            >>> frame = loader.obs_frame(batch)
+            >>> frame["cell_type"].value_counts()
         """
         return obs_frame(self._dataset.source, batch)
 
@@ -141,12 +139,17 @@ class DataLoader:
 class CheckedIterator:
     """A `DataLoader`'s iterator: a `CellIterator` whose states are JSON bytes.
 
-    Grain's loader iterator's states are bytes (what orbax's Grain handler
-    writes); everything else is the `CellIterator`'s (closable, `len`, epoch).
+    (What orbax's Grain handler writes for a loader iterator.) Everything else
+    (`close`, `epoch`, `start_prefetch`, ...) is the `CellIterator`'s.
     """
 
     def __init__(self, iterator: CellIterator):
         self._it = iterator
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._it, name)
 
     def __iter__(self) -> CheckedIterator:
         return self
@@ -160,62 +163,26 @@ class CheckedIterator:
     def __bool__(self) -> bool:
         return True
 
-    @property
-    def epoch(self) -> int:
-        """The epoch this iterator walks (part of its state)."""
-        return self._it.epoch
-
     def get_state(self) -> bytes:
-        """The state as JSON bytes."""
         return json.dumps(self._it.get_state(), indent=1).encode()
 
     def set_state(self, state: bytes) -> None:
-        """Restores a state saved under any worker (or shard) count.
-
-        Raises:
-            CheckpointMismatchError: Not JSON, or refused by
-                `CellIterator.set_state` (as are its other errors).
-        """
+        """Raises `CheckpointMismatchError` for bytes that are not JSON."""
         try:
             obj = json.loads(state)
         except (ValueError, TypeError) as e:
             raise CheckpointMismatchError(f"iterator state is not JSON: {e}") from e
         self._it.set_state(obj)
 
-    def start_prefetch(self) -> None:
-        """Starts the workers now (orbax calls this after a restore)."""
-        self._it.start_prefetch()
-
-    def close(self) -> None:
-        """Stops the workers and frees their shared memory (`CellIterator.close`)."""
-        self._it.close()
-
     def __enter__(self) -> CheckedIterator:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self._it.close()
 
 
 def obs_frame(source, batch: dict):
-    """The obs columns of a minibatch's real cells, as a pandas DataFrame.
-
-    Categorical columns (codes in the minibatch) become `pd.Categorical`
-    labels of `source.categories[column]` (code -1: missing), numeric ones
-    stay numbers. Padding rows (`mask` False) are left out; the index is the
-    cells' global `row_ids`, in minibatch order.
-
-    Args:
-        source: The `AnnDataSource` (or view) the minibatch came from.
-        batch: A minibatch dict (`obs/<column>`, `mask`, `row_ids`).
-
-    Returns:
-        A `pandas.DataFrame`, one column per obs column in the minibatch.
-
-    Example:
-        >>> frame = loader.obs_frame(batch)
-        >>> frame["cell_type"].value_counts()
-    """
+    """`DataLoader.obs_frame` of a minibatch of `source` (an `AnnDataSource`)."""
     import pandas as pd  # only where labels are asked for
 
     mask = np.asarray(batch["mask"], bool) if "mask" in batch else None
@@ -224,15 +191,12 @@ def obs_frame(source, batch: dict):
         values = batch.get(f"obs/{column}")
         if values is None:
             continue
-        values = np.asarray(values)
-        if mask is not None:
-            values = values[mask]
+        values = np.asarray(values) if mask is None else np.asarray(values)[mask]
         if labels is not None:
             values = pd.Categorical.from_codes(values.astype(np.int64), labels)
         columns[column] = values
-    row_ids = batch.get("row_ids")
-    index = None
-    if row_ids is not None:
-        row_ids = np.asarray(row_ids)
-        index = pd.Index(row_ids[mask] if mask is not None else row_ids, name="row_id")
+    index = batch.get("row_ids")
+    if index is not None:
+        index = np.asarray(index) if mask is None else np.asarray(index)[mask]
+        index = pd.Index(index, name="row_id")
     return pd.DataFrame(columns, index=index)

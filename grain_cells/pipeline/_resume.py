@@ -24,22 +24,14 @@ class Position:
     epoch: int = 0
 
     def to_json(self) -> dict:
-        """The position as JSON-ready ints and lists."""
         d = dataclasses.asdict(self)
         d["pieces"] = [[list(map(int, p)), int(k)] for p, k in self.pieces]
         return d
 
     def plan(self, sampler, blocks_per_fetch: int) -> FetchPlan:
         """The fetch plan of this position's shard."""
-        return FetchPlan(
-            sampler,
-            blocks_per_fetch,
-            count=self.count,
-            index=self.index,
-            origin=self.origin,
-            pieces=self.pieces,
-            epoch=self.epoch,
-        )
+        where = {k: getattr(self, k) for k in ("count", "index", "origin", "pieces")}
+        return FetchPlan(sampler, blocks_per_fetch, epoch=self.epoch, **where)
 
 
 def _cursor(plan: FetchPlan, counts, step: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import re
 
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import files_entry, source_identity
-from grain_cells.pipeline._resume import Position
+from grain_cells.pipeline._resume import Position, hand_over
 from grain_cells.pipeline._stage import advances_epochs, count_minibatches
 from grain_cells.sampling import BlockStream
 
@@ -23,14 +23,13 @@ _CALL = re.compile(r"(\w+)\((.*)\)", re.S)
 _ITEM = re.compile(r"(\w+)=(.*)", re.S)
 
 
-def _plain(value):
-    """JSON for what `json` does not know: NumPy scalars, else the repr."""
+def _plain(value):  # JSON of NumPy scalars, else the repr
     item = getattr(value, "item", None)
     return item() if callable(item) else repr(value)
 
 
 def stamp(source, sampler, split) -> dict:
-    """What a saved state must match to be restored by this pipeline, as JSON values."""
+    """What a saved state must match to be restored by this pipeline (JSON)."""
     if isinstance(sampler, BlockStream):
         ordered, length = sampler.fingerprint(), sampler.epoch_length
     else:  # a user's sampler: its repr, less the shard
@@ -45,11 +44,7 @@ def stamp(source, sampler, split) -> dict:
     return json.loads(json.dumps(out, default=_plain))
 
 
-def _shown(value) -> str:
-    return "(none)" if value is _MISSING else repr(value)
-
-
-def _dict_diffs(then: dict, now: dict, prefix: str = "") -> list[str]:
+def _dict_diffs(then: dict, now: dict, prefix: str = "", show=repr) -> list[str]:
     """`saved name=value, now name=value` per differing entry, nested by dots."""
     parts = []
     for k in [*now, *(k for k in then if k not in now)]:
@@ -61,9 +56,10 @@ def _dict_diffs(then: dict, now: dict, prefix: str = "") -> list[str]:
             and isinstance(b, dict)
             and a.get("class") == b.get("class")
         ):
-            parts += _dict_diffs(a, b, f"{prefix}{k}.")
+            parts += _dict_diffs(a, b, f"{prefix}{k}.", show)
         else:
-            parts.append(f"saved {prefix}{k}={_shown(a)}, now {prefix}{k}={_shown(b)}")
+            a, b = ("(none)" if v is _MISSING else show(v) for v in (a, b))
+            parts.append(f"saved {prefix}{k}={a}, now {prefix}{k}={b}")
     return parts
 
 
@@ -108,42 +104,20 @@ def _repr_items(text: str, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _text_diffs(then: str, now: str) -> list[str]:
-    """The differing `name=value` items of two `repr` texts (a user's sampler)."""
-    a, b = _repr_items(then), _repr_items(now)
-    return [
-        f"saved {k}={a.get(k, '(none)')}, now {k}={b.get(k, '(none)')}"
-        for k in [*b, *(k for k in a if k not in b)]
-        if a.get(k) != b.get(k)
-    ]
-
-
 def _diff(then, now) -> str:
-    """How a saved stamp entry differs from the current one."""
+    """How a saved stamp entry differs from the current one (a user's sampler
+    stamped by its `repr`: the differing `name=value` items of the texts).
+    """  # noqa: D205
     parts = []
     if isinstance(then, dict) and isinstance(now, dict):
         parts = _dict_diffs(then, now)
     elif isinstance(then, str) and isinstance(now, str):
-        parts = _text_diffs(then, now)
+        parts = _dict_diffs(_repr_items(then), _repr_items(now), show=str)
     return "; ".join(parts) if parts else f"saved {then!r}, now {now!r}"
 
 
-def _stamp_diffs(saved: dict, current: dict) -> list[str]:
-    """What differs between two stamps, one entry per top-level key."""
-    return [
-        f"{key}: {_diff(saved.get(key), now)}"
-        for key, now in current.items()
-        if saved.get(key) != now
-    ]
-
-
 def _older_kind(saved: dict, current: dict) -> str | None:
-    """What an older grain_cells's stamp recorded that this one does not, else None.
-
-    Up to 5f1fd87 `operations` was `[repr(split)]`; before e743454 a source
-    with file identities was stamped by its `repr`; before the files were
-    summarised, a stamp listed every one.
-    """
+    """What an older grain_cells's stamp recorded that this one does not, else None."""
     if isinstance(saved.get("operations"), list | str):
         return "the sampler and fetch transform as repr texts"
     then, now = saved.get("data_source"), current["data_source"]
@@ -167,9 +141,9 @@ def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
 def _int(value, field: str, low: int, high: int | None = None) -> int:
     """`value` checked to be an int in `[low, high]` (`high` None: no cap)."""
     valid = f"an int in [{low}, {'inf' if high is None else high}]"
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise _fail(field, value, valid)
-    if value < low or (high is not None and value > high):
+    if high is not None and value > high:
         raise _fail(field, value, valid)
     return value
 
@@ -198,11 +172,13 @@ def _check_stamp(state, current: dict) -> None:
             "(from the beginning of the epoch), or restore the state with the "
             "grain_cells version that saved it."
         )
-    diffs = (
-        _stamp_diffs(saved, current)
-        if isinstance(saved, dict)
-        else [f"stamp: saved {saved!r}"]
-    )
+    diffs = [f"stamp: saved {saved!r}"]
+    if isinstance(saved, dict):
+        diffs = [
+            f"{key}: {_diff(saved.get(key), now)}"
+            for key, now in current.items()
+            if saved.get(key) != now
+        ]
     if diffs:
         raise CheckpointMismatchError(
             "cannot restore the data iterator: the pipeline differs from the "
@@ -229,18 +205,18 @@ def _weights_note(saved, current: dict) -> str:
     )
 
 
-def check_state(state, current: dict, sampler, source, split) -> Position:
-    """Checks a state's stamp (against `current`) and every field of its position.
-
-    Returns:
-        The saved position.
+def restored(state, ds) -> Position:
+    """The position a state restores on this shard of `ds` (handed over).
 
     Raises:
-        CheckpointMismatchError: The stamp differs (saying what) or is of an
-            older grain_cells (saying so, and what to do), or a field is
-            missing, of the wrong type or out of range (naming it).
+        CheckpointMismatchError: The stamp differs from `ds.stamp` (saying
+            what) or is of an older grain_cells (saying so), a field is
+            missing, of the wrong type or out of range (naming it), or the
+            shard count changed under a `condition`.
+        errors.SourceChangedError: A file changed since the source was built.
     """
-    _check_stamp(state, current)
+    sampler, source, config = ds.sampler, ds.source, ds.split.config
+    _check_stamp(state, ds.stamp)
     pos = state.get("position")
     if not isinstance(pos, dict):
         raise _fail("position", pos, "a dict")
@@ -263,28 +239,30 @@ def check_state(state, current: dict, sampler, source, split) -> Position:
     most = None if advances_epochs(sampler) else 0
     epoch = _int(pos.get("epoch", 0), "position.epoch", 0, most)
     saved = Position(origin, count, index, [(p, k) for p, k in pieces], epoch=epoch)
-    plan = saved.plan(sampler, split.config.blocks_per_fetch)
+    plan = saved.plan(sampler, config.blocks_per_fetch)
     saved.fetch = _int(pos.get("fetch"), "position.fetch", 0, plan.num_fetches())
     saved.step = _int(pos.get("step"), "position.step", 0)
     high = None
     if saved.fetch < plan.num_fetches():
         keys = plan.keys(plan.positions(saved.fetch))
-        if split.config.condition is None:
-            high = count_minibatches(split.config, source, keys)
+        if config.condition is None:
+            high = count_minibatches(config, source, keys)
         else:
-            high = split.config.max_minibatches
+            high = config.max_minibatches
     low = plan.skip(saved.fetch)
     saved.minibatch = _int(pos.get("minibatch"), "position.minibatch", low, high)
-    return saved
-
-
-def check_hand_over(saved: Position, split) -> None:
-    """Refuses a shard change the state cannot follow (see `resume`)."""
-    if split.config.condition is not None:
+    source.verify_files("when an iterator state was restored")
+    shard = ds.shard
+    if (count, index) == (shard.shard_count, shard.shard_index):
+        return saved
+    if config.condition is not None:
         raise CheckpointMismatchError(
-            f"cannot restore a state saved as shard {saved.index} of "
-            f"{saved.count} under another shard: with condition="
-            f"{split.config.condition!r} the minibatches per fetch depend on "
-            "the data, so the other shards' positions are unknown. Restore "
-            "under the same shard count and index."
+            f"cannot restore a state saved as shard {index} of {count} under "
+            f"another shard: with condition={config.condition!r} the "
+            "minibatches per fetch depend on the data, so the other shards' "
+            "positions are unknown. Restore under the same shard count and "
+            "index."
         )
+    return hand_over(
+        saved, sampler, source, config, shard.shard_count, shard.shard_index
+    )
