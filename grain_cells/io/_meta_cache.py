@@ -35,10 +35,12 @@ from grain_cells.io._h5ad import MatrixInfo
 from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._obs import ColumnKind
 from grain_cells.io._open import open_file
-from grain_cells.storage import FileStat
+from grain_cells.storage import FileStat, LocalByteReader
 
 # A file changed less than this long ago is not cached (see "Key").
 QUIET_NS = 2_000_000_000
+# A local file up to this size is asked ahead whole before it is inspected.
+READ_AHEAD_BYTES = 2 << 20
 
 
 class FileMeta:
@@ -254,6 +256,7 @@ def inspect_file(
     path: str, element: str, obs_names, genes_from, storage_options
 ) -> FileMeta:
     """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
+    _read_ahead(path)
     # Nodes and attributes asked for again come from memory (`remembered`),
     # from the open's own checks (`check_anndata`) on.
     with _nodes.remembered(), open_file(path, storage_options) as f:
@@ -270,6 +273,30 @@ def inspect_file(
             f, formats.for_path(path), path, info, stat, kinds, (matrix, columns)
         )
     return FileMeta(info, identity, keys, list(have), kinds, layouts)
+
+
+def _read_ahead(path: str) -> None:
+    """Asks the page cache for all of a small local file at once (async).
+
+    Its inspection reads metadata spread over the file: from a cold cache,
+    about a hundred small reads that each wait for their own disk request
+    cost more CPU than reading the file in a few large ones (a 684 KB thin
+    file, issue 33). Larger files and URLs are left to their reads.
+    """
+    if "://" in path:
+        return
+    try:
+        reader = LocalByteReader.open(path)
+    except OSError:  # the format's open says why
+        return
+    try:
+        size = os.fstat(reader.fd).st_size
+        if 0 < size <= READ_AHEAD_BYTES:
+            reader.advise([0], [size])
+    except OSError:
+        pass
+    finally:
+        reader.close()
 
 
 def _kind_dtypes(meta: FileMeta):
