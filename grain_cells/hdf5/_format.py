@@ -15,9 +15,9 @@ import h5py
 import numpy as np
 
 from grain_cells import formats
-from grain_cells.hdf5 import _layout, _remote
+from grain_cells.hdf5 import _handles, _layout, _remote
 from grain_cells.hdf5._open import open_h5
-from grain_cells.hdf5._reads import RangeReader, byte_layout
+from grain_cells.hdf5._reads import RangeReader, byte_layout, read_positional
 from grain_cells.storage import FileStat
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
@@ -80,7 +80,13 @@ class Hdf5Format(formats.Format):
         return _strings(node)
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-        """`array[index]`; sorted distinct indices in one selection (`_points`)."""
+        """`array[index]`: positional where it can (`_reads.read_positional`).
+
+        Else sorted distinct indices in one selection (`_points`), else h5py.
+        """
+        out = read_positional(array, index, path)
+        if out is not None:
+            return out
         if isinstance(index, np.ndarray):
             out = _points(array, index)
             if out is not None:
@@ -173,7 +179,8 @@ def _child(group, name: str):
 
     h5py's lookup makes an `h5py.File` of the node's file for every dataset
     it opens (to ask whether it is read-only), half its cost; a build looks
-    up about thirty nodes per file (issue 33).
+    up about thirty nodes per file (issue 33). A node of a file `open_h5`
+    opened takes the answer from its parent (`_handles`), others from HDF5.
     """
     try:
         oid = h5py.h5o.open(group.id, name.encode("utf-8"))
@@ -181,11 +188,19 @@ def _child(group, name: str):
         return None
     kind = h5py.h5i.get_type(oid)
     if kind == h5py.h5i.GROUP:
-        return h5py.Group(oid)
-    if kind == h5py.h5i.DATASET:
-        fid = h5py.h5i.get_file_id(oid)
-        return h5py.Dataset(oid, readonly=fid.get_intent() == h5py.h5f.ACC_RDONLY)
-    return group.get(name)
+        node = h5py.Group(oid)
+    elif kind == h5py.h5i.DATASET:
+        handle = _handles.of(group)
+        if handle is None:
+            fid = h5py.h5i.get_file_id(oid)
+            read_only = fid.get_intent() == h5py.h5f.ACC_RDONLY
+        else:
+            read_only = handle.read_only
+        node = h5py.Dataset(oid, readonly=read_only)
+    else:
+        return group.get(name)
+    _handles.inherit(group, node)
+    return node
 
 
 def _points(ds, index: np.ndarray) -> np.ndarray | None:

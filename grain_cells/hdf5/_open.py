@@ -18,7 +18,7 @@ import h5py
 
 from grain_cells import errors
 from grain_cells.formats import missing_path
-from grain_cells.hdf5 import _remote
+from grain_cells.hdf5 import _handles, _remote
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import is_url
 
@@ -47,7 +47,7 @@ def open_h5(
             ) from e
         raise errors.AnnDataFormatError(f"{path}: cannot be opened ({e})") from e
     try:
-        return h5py.File(path, "r")
+        f = h5py.File(path, "r")
     except OSError as e:
         # Asked only now: a file that opens has the signature (one open less).
         if not h5py.is_hdf5(path):
@@ -56,6 +56,8 @@ def open_h5(
                 "file written by anndata"
             ) from None
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
+    _handles.opened(f, path)
+    return f
 
 
 _TRUNCATED = re.compile(

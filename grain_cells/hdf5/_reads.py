@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import weakref
 
 import h5py
 import numpy as np
@@ -23,9 +24,10 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
+from grain_cells.hdf5 import _handles
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.hdf5._layout import check_filters, create_plist, stored_in
-from grain_cells.storage import ByteReader, as_byte_reader
+from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader, pread_pieces
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -175,12 +177,31 @@ class RangeReader:
             ) from e
 
 
+# Byte layouts by dataset id (a weak reference tells a dataset from a later
+# one): a build asks each array's for its reads, its identity and the layout
+# cache (issue 33); a dataset's storage cannot change while it is open.
+_LAYOUTS: dict[int, tuple] = {}
+
+
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where a dataset's bytes lie in `path`, if positional reads can read them.
 
     None unless uncompressed, contiguous or in whole-row chunks, all written,
-    and stored as read. One low-level call each (every array of every file).
+    and stored as read. One low-level call each (every array of every file),
+    once per open dataset.
     """
+    dsid = ds.id
+    held = _LAYOUTS.get(id(dsid))
+    if held is not None and held[0]() is dsid and held[1] == path:
+        return held[2]
+    layout = _byte_layout(ds, path)
+    if len(_LAYOUTS) >= 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(dsid)] = (weakref.ref(dsid), path, layout)
+    return layout
+
+
+def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     dtype = ds.dtype
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
@@ -214,3 +235,104 @@ def _stored_in(dsid, path: str) -> bool:
     if "://" not in path and h5py.h5f.get_name(dsid) == os.fsencode(path):
         return True
     return stored_in(h5py.Dataset(dsid), path)
+
+
+# A sorted index's elements in one chunk are read as one span up to this size
+# (else one by one).
+_SPAN_BYTES = 64 * 1024
+
+
+def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
+    """`ds[index]` read from the file's own bytes, or None where h5py reads it.
+
+    For a 1-D dataset of a file `open_h5` opened from the local `path`
+    whose bytes lie as read (`byte_layout`): `index` a slice of step 1, or
+    sorted distinct integers in range. `pread` through HDF5's own
+    descriptor, no chunk lookups or selections (a build reads `indptr`'s
+    ends and samples and the value windows of every file, issue 33). The
+    values are the stored bytes in the stored dtype, as h5py reads them.
+
+    Raises:
+        OSError: The file ends before the bytes do (truncated).
+    """
+    if len(ds.shape) != 1:
+        return None
+    fd = _handles.local_fd(ds, path)
+    if fd is None:
+        return None
+    layout = byte_layout(ds, path)
+    if layout is None:
+        return None
+    n = layout.shape[0]
+    if isinstance(index, slice):
+        start, stop, step = index.indices(n)
+        if step != 1:
+            return None
+        spans = _spans(layout, start, max(stop, start))
+        points = None
+    elif (
+        isinstance(index, np.ndarray)
+        and index.ndim == 1
+        and index.size
+        and index.dtype.kind in "iu"
+    ):
+        points = index.astype(np.int64, copy=False)
+        if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
+            return None
+        spans = _point_spans(layout, points)
+    else:
+        return None
+    item = layout.dtype.itemsize
+    total = sum(b - a for a, b in spans)
+    out = np.empty(total, layout.dtype)
+    if total:
+        rows, offsets = layout.chunk_rows, layout.offsets
+        at, file_at, nbytes = [], [], []
+        pos = 0
+        for a, b in spans:
+            k = a // rows
+            file_at.append(int(offsets[k]) + (a - k * rows) * item)
+            nbytes.append((b - a) * item)
+            at.append(pos * item)
+            pos += b - a
+        try:
+            pread_pieces([fd] * len(spans), out.view(np.uint8), file_at, nbytes, at)
+        except ShortReadError as e:
+            raise OSError(f"{path}: {ds.name} ends early ({e})") from e
+    if points is None:
+        return out
+    starts = np.array([a for a, _ in spans], np.int64)
+    firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
+    which = np.searchsorted(starts, points, side="right") - 1
+    return out[firsts[which] + points - starts[which]]
+
+
+def _spans(layout: ByteLayout, start: int, stop: int) -> list[tuple[int, int]]:
+    """`[start, stop)` cut where chunks end (each span lies in one chunk)."""
+    rows = layout.chunk_rows
+    out = []
+    a = start
+    while a < stop:
+        b = min(stop, (a // rows + 1) * rows)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:
+    """Spans that cover sorted `points`: one per chunk, or one per point."""
+    rows, item = layout.chunk_rows, layout.dtype.itemsize
+    chunk = (points // rows).tolist()
+    values = points.tolist()
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and chunk[j + 1] == chunk[i]:
+            j += 1
+        if (values[j] + 1 - values[i]) * item <= _SPAN_BYTES:
+            out.append((values[i], values[j] + 1))
+        else:
+            out.extend((v, v + 1) for v in values[i : j + 1])
+        i = j + 1
+    return out

@@ -2,8 +2,8 @@
 
 `take` records, while the build inspects a file, the byte layouts of the
 matrix's arrays and of the obs columns read when all are uncompressed;
-`store` writes them beside the file's metadata entry
-(`grain_cells.io._meta_cache`), under the same key. `first_open` then opens
+`grain_cells.io._meta_cache` writes them inside the file's metadata entry
+(`grain_cells.io._entries`: one file per file). `first_open` then opens
 an unchanged local file with `open` + `fstat` (compared with the identity
 taken at build), one small JSON read and positional reads of its obs
 columns: no format library. Anything missing, unreadable, of another shape
@@ -15,7 +15,6 @@ Design notes: docs/reference/design.md#io-layout-cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import NamedTuple
@@ -23,24 +22,13 @@ from typing import NamedTuple
 import numpy as np
 
 from grain_cells import formats
-from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.formats import ByteLayout, PositionalReader
-from grain_cells.io import _layouts
+from grain_cells.io import _entries, _layouts
 from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.io._obsm import OBSM, element_reader
 from grain_cells.storage import FileStat
 
 _VERSION = "layouts-v1"
-_STAT = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
-
-
-def _folder() -> str:
-    return os.path.join(cache_root(), "file-meta", "layouts")
-
-
-def _name(path: str, element: str, stat: FileStat) -> str:
-    parts = [_VERSION, path, element, [getattr(stat, f) for f in _STAT]]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40] + ".json"
 
 
 def take(f, fmt, path: str, info, stat: FileStat, kinds, nodes) -> dict | None:
@@ -155,20 +143,6 @@ def _layout(d: dict) -> ByteLayout:
     )
 
 
-def store(path: str, element: str, stat: FileStat, entry: dict | None) -> None:
-    """Writes the entry (`take`) for the file at `stat` (callers check quiet)."""
-    if entry is None:
-        return
-    data = json.dumps(entry).encode()
-    try:
-        write_atomic(
-            os.path.join(_folder(), _name(path, element, stat)),
-            lambda out: out.write(data),
-        )
-    except OSError:  # a read-only or full cache: the format opens it
-        return
-
-
 class Found(NamedTuple):
     """What a first open takes from an entry."""
 
@@ -207,11 +181,14 @@ def first_open(files, i: int) -> Found | None:
 
 def _from_entry(files, i: int, fd, stat: FileStat):
     info = files.infos[i]
-    where = os.path.join(_folder(), _name(info.path, files.element, stat))
+    name = _entries.entry_name(info.path, files.element, files.genes.genes_from, stat)
     try:
-        with open(where, "rb") as fh:
+        with open(os.path.join(_entries.cache_dir(), name), "rb") as fh:
             entry = json.loads(fh.read())
-        if entry.get("version") != _VERSION or entry.get("path") != info.path:
+        if entry.get("version") != _entries.VERSION or entry.get("path") != info.path:
+            return None
+        entry = entry["layouts"]
+        if entry is None or entry.get("version") != _VERSION:
             return None
         layouts = {k: _layout(v) for k, v in entry["matrix"].items()}
         obs = {}
@@ -254,4 +231,4 @@ def _read_column(d: dict, info, fd) -> np.ndarray | None:
     return out.astype(np.dtype(d["as"]), copy=False)
 
 
-__all__ = ["Found", "first_open", "store", "take"]
+__all__ = ["Found", "first_open", "take"]

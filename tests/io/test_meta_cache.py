@@ -160,3 +160,40 @@ def test_a_just_written_file_is_not_cached(tmp_path, cache, opens):
     _source([path])
     _source([path])
     assert opens == [path, path]
+
+
+def test_a_build_writes_one_entry_per_file_and_first_opens_read_it(
+    files, cache, monkeypatch
+):
+    """Layouts for first opens live inside the metadata entry: one file per file."""
+    from grain_cells.io import _layout_cache
+
+    _source(files)
+    entries = list((cache / "file-meta").glob("*.json"))
+    assert len(entries) == 3
+    assert not (cache / "file-meta" / "layouts").exists()
+    # A fresh process's first open of each file comes from its entry.
+    source = _source(files)
+    found = [_layout_cache.first_open(source.files, i) for i in range(len(files))]
+    assert all(f is not None for f in found)
+    _check_against_anndata(source, files)
+
+
+def test_a_small_file_is_read_ahead_whole_before_its_inspection(
+    files, cache, monkeypatch
+):
+    advised = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append((os.fstat(fd).st_size, offset, length))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    _source(files[:2])
+    assert advised == [(os.path.getsize(p), 0, os.path.getsize(p)) for p in files[:2]]
+    del advised[:]
+    monkeypatch.setattr(meta_cache, "READ_AHEAD_BYTES", 100)  # larger files: not
+    _source(files[2:])
+    assert advised == []
