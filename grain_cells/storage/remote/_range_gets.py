@@ -72,13 +72,8 @@ def get_ranges(
                 f"{url}: removed since the AnnDataSource was built (detected at a "
                 f"read of {where}). Build a new source."
             ) from None
-        raise _retries.named_error(  # retries ran out (policy: _retries)
-            e,
-            url=url,
-            ranges=list(zip(starts, ends, strict=True)),
-            retry=_retries.retry_config(storage_options),
-            elapsed_s=time.monotonic() - began,
-        ) from None
+        elapsed = time.monotonic() - began  # retries ran out (policy: _retries)
+        raise _retries.named_error(e, url, storage_options, ranges, elapsed) from None
     if not if_match and (
         (now.etag, now.size) != (stat.etag, stat.size)
         or (stat.last_modified_ns and now.last_modified_ns != stat.last_modified_ns)

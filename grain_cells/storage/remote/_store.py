@@ -13,7 +13,7 @@ import urllib.parse
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage.remote import _aws, _gcs, _retries
+from grain_cells.storage.remote import _aws, _retries
 from grain_cells.storage.remote._retries import first_line
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
@@ -30,12 +30,12 @@ MAX_IN_FLIGHT_LIMIT = 1024
 # A forked child builds its own clients: the stores' belong to the parent.
 _stores = fork.ProcessCache()
 
-
 # Requests made by this process, by kind ("head": a source's HEADs, "get",
-# "check": the HEAD after each batch of GETs): for tests and benchmarks that
-# bound how many requests an operation makes.
+# "check": the HEAD after each batch of GETs), for tests and benchmarks.
 _counts: collections.Counter = collections.Counter()
 _counts_lock = threading.Lock()
+# Whether this process, or the one it was forked from, used obstore.
+_used = {"here": False, "inherited": False}
 
 
 def is_url(path) -> bool:
@@ -53,11 +53,7 @@ def local_path(path: str) -> str:
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """`(store root, object key)` of a URL, e.g. `("s3://bucket", "a/b.h5ad")`.
-
-    Raises:
-        ValueError: The URL names no bucket/host or no object.
-    """
+    """`(store root, object key)` of a URL, e.g. `("s3://bucket", "a/b.h5ad")`."""
     parts = urllib.parse.urlsplit(url)
     if not parts.netloc or not parts.path.strip("/"):
         raise ValueError(
@@ -69,9 +65,8 @@ def split_url(url: str) -> tuple[str, str]:
             f"{url}: URLs with a query or fragment are not supported; pass "
             "credentials as storage_options"
         )
-    return f"{parts.scheme}://{parts.netloc}", urllib.parse.unquote(
-        parts.path.lstrip("/")
-    )
+    key = urllib.parse.unquote(parts.path.lstrip("/"))
+    return f"{parts.scheme}://{parts.netloc}", key
 
 
 def request_counts() -> dict[str, int]:
@@ -82,17 +77,40 @@ def request_counts() -> dict[str, int]:
 
 def count_request(kind: str, n: int = 1) -> None:
     """Counts `n` requests of `kind` (see `request_counts`)."""
-    _ObstoreUse.here = True
+    _used["here"] = True
     with _counts_lock:
         _counts[kind] += n
 
 
-def option(storage_options: dict | None, name: str, default, valid, expected: str):
-    """The storage option `name` (else `default`), if `valid(value)`.
+def mark_obstore_used() -> None:
+    """Notes that this process has sent requests through obstore."""
+    _used["here"] = True
 
-    Raises:
-        ValueError: It is not: names the option, what it must be and the value.
-    """
+
+@fork.in_child
+def _after_fork() -> None:
+    # No lock here (a parent's thread may hold `_counts_lock` at the fork):
+    # every counted request has set `here` (`count_request`).
+    _used["inherited"] = _used["here"] or _used["inherited"]
+    _used["here"] = False
+
+
+def check_not_forked_after_use(where: str) -> None:
+    """Raises `ObjectStoreError` in a child forked after obstore was used (it hangs)."""
+    if _used["inherited"]:
+        raise errors.ObjectStoreError(
+            f"{where}: this process was forked from one that had already read "
+            "from an object store, and obstore's runtime does not survive "
+            "os.fork (its requests would hang). Read remote stores from "
+            "spawned processes (Grain's workers are spawned; for "
+            "multiprocessing use get_context('spawn')), or fork before the "
+            "first remote read.",
+            url=where,
+        )
+
+
+def option(storage_options: dict | None, name: str, default, valid, expected: str):
+    """The storage option `name` (else `default`); `ValueError` unless `valid`."""
     value = (storage_options or {}).get(name, default)
     if not valid(value):
         raise ValueError(f"storage_options[{name!r}] must be {expected}, got {value!r}")
@@ -115,65 +133,15 @@ def max_in_flight(storage_options: dict | None) -> int:
     )
 
 
-class _ObstoreUse:
-    """Whether this process, or the one it was forked from, used obstore."""
-
-    here = False
-    inherited = False
-
-
-def mark_obstore_used() -> None:
-    """Notes that this process has sent requests through obstore."""
-    _ObstoreUse.here = True
-
-
-@fork.in_child
-def _after_fork() -> None:
-    # No lock here (a parent's thread may hold `_counts_lock` at the fork):
-    # every counted request has set `here` (`count_request`).
-    _ObstoreUse.inherited = _ObstoreUse.here or _ObstoreUse.inherited
-    _ObstoreUse.here = False
-
-
-def check_not_forked_after_use(where: str) -> None:
-    """Raises instead of hanging in a child forked after obstore was used.
-
-    Raises:
-        errors.ObjectStoreError: This process was forked from one that had
-            already sent requests through obstore.
-    """
-    if _ObstoreUse.inherited:
-        raise errors.ObjectStoreError(
-            f"{where}: this process was forked from one that had already read "
-            "from an object store, and obstore's runtime does not survive "
-            "os.fork (its requests would hang). Read remote stores from "
-            "spawned processes (Grain's workers are spawned; for "
-            "multiprocessing use get_context('spawn')), or fork before the "
-            "first remote read.",
-            url=where,
-        )
-
-
-def store_for(url: str, storage_options: dict | None = None):
+def store_for(url: str, storage_options: dict | None = None, at: bool = False):
     """The (per-process, cached) obstore store for `url`'s bucket or host.
+
+    `at`: rooted at `url` itself, for the keys of one prefix (a zarr store).
 
     Raises:
         ValueError: An unknown storage option; names it.
-        errors.ObjectStoreError: This process was forked after its parent
-            read from an object store (`check_not_forked_after_use`).
+        errors.ObjectStoreError: Forked after use (`check_not_forked_after_use`).
     """
-    return _cached_store(url, storage_options, at=False)
-
-
-def store_at(url: str, storage_options: dict | None = None):
-    """The store rooted at `url` itself, for the keys of one prefix (a zarr store).
-
-    Cached, configured and raising as `store_for`.
-    """
-    return _cached_store(url, storage_options, at=True)
-
-
-def _cached_store(url: str, storage_options: dict | None, at: bool):
     check_not_forked_after_use(url)
     root, _ = split_url(url)  # names a bad URL
     if at:
@@ -183,10 +151,15 @@ def _cached_store(url: str, storage_options: dict | None, at: bool):
     # changes AWS_PROFILE gets a store with that profile's credentials.
     key = (
         ("at:" if at else "") + root,
-        repr(sorted(options.items(), key=lambda kv: kv[0])),
+        repr(sorted(options.items())),
         _aws.cache_key(),
     )
     return _stores.get_or_make(key, lambda: _build_store(root, options))
+
+
+def store_at(url: str, storage_options: dict | None = None):
+    """`store_for(url, storage_options, at=True)`."""
+    return store_for(url, storage_options, at=True)
 
 
 def _build_store(root: str, options: dict):
@@ -201,17 +174,35 @@ def _build_store(root: str, options: dict):
 
     client_options = _retries.client_options(options)
     retry_config = _retries.retry_config(options)
-    if "user_project" in options:
-        _gcs.bill_project(root, options.pop("user_project"), client_options)
+    scheme = root.split("://", 1)[0].lower()
+    if "user_project" in options:  # requester-pays GCS buckets (issue 33)
+        project = options.pop("user_project")
+        if scheme not in ("gs", "gcs"):
+            raise ValueError(
+                f"{root}: storage_options['user_project'] names the Google Cloud "
+                "project billed for a requester-pays GCS bucket, which only gs:// "
+                "URLs use (for S3 requester-pays buckets pass request_payer=True)"
+            )
+        if (
+            not isinstance(project, str)
+            or not project.strip()
+            or {"\r", "\n"} & set(project)
+        ):
+            raise ValueError(
+                f"{root}: storage_options['user_project'] must be a Google Cloud "
+                f"project ID such as 'my-billing-project', got {project!r}"
+            )
+        headers = dict(client_options.get("default_headers") or {})
+        headers["x-goog-user-project"] = project.strip()
+        client_options["default_headers"] = headers
     for key in _retries.POLICY_KEYS:
         options.pop(key, None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
-    anon = options.pop("anon", False)
-    if anon and not root.startswith(("http://", "https://")):
+    if options.pop("anon", False) and scheme not in ("http", "https"):
         options["skip_signature"] = True
     extra = {}
-    is_s3 = root.split("://", 1)[0].lower() in ("s3", "s3a")
+    is_s3 = scheme in ("s3", "s3a")
     if is_s3:
         provider = _aws.apply_profile(root, options)
         if provider is not None:
@@ -228,7 +219,7 @@ def _build_store(root: str, options: dict):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
             "AWS_ENDPOINT", ""
         )
-    if endpoint.startswith("http://") or root.startswith("http://"):
+    if endpoint.startswith("http://") or scheme == "http":
         client_options.setdefault("allow_http", True)
     try:
         return from_url(
@@ -255,6 +246,13 @@ class ObjectStat:
     last_modified_ns: int
 
 
+def stat_of(meta) -> ObjectStat:
+    """The `ObjectStat` of obstore's `ObjectMeta`."""
+    modified = meta.get("last_modified")
+    ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
+
+
 def head(url: str, storage_options: dict | None = None) -> ObjectStat:
     """Size, ETag and last-modified of the object at `url` (one HEAD).
 
@@ -269,7 +267,7 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
     _, key = split_url(url)
     count_request("head")
     try:
-        meta = obstore.head(store, key)
+        return stat_of(obstore.head(store, key))
     except (ox.NotFoundError, FileNotFoundError) as e:
         raise missing_bucket_or_object(url, storage_options, e) from None
     except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
@@ -281,27 +279,27 @@ def head(url: str, storage_options: dict | None = None) -> ObjectStat:
             "use anon=True for a public bucket."
         ) from None
     except ox.GenericError as e:
-        unbilled = _gcs.unbilled_error(url, storage_options, e)
-        if unbilled is None:
+        # A requester-pays GCS bucket answers 400 to a request naming no project.
+        text = str(e)
+        if (
+            url.split("://", 1)[0].lower() not in ("gs", "gcs")
+            or "user_project" in (storage_options or {})
+            or ("400 Bad Request" not in text and "UserProjectMissing" not in text)
+        ):
             raise
-        raise unbilled from None
-    return stat_of(meta)
-
-
-def stat_of(meta) -> ObjectStat:
-    """The `ObjectStat` of obstore's `ObjectMeta`."""
-    modified = meta.get("last_modified")
-    ns = int(modified.timestamp() * 1e9) if modified is not None else 0
-    return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
+        raise PermissionError(
+            f"{url}: the bucket answered 400 Bad Request ({first_line(e)}), "
+            "which is how a GCS requester-pays bucket refuses requests that name "
+            "no project to bill. Pass the Google Cloud project to bill: "
+            "storage_options={'user_project': 'my-billing-project'} (the "
+            "credentials need serviceusage.services.use on it)."
+        ) from None
 
 
 def missing_bucket_or_object(
     url: str, storage_options: dict | None, error: BaseException, what: str = "read"
 ) -> FileNotFoundError:
-    """The error of a 404: a missing bucket, or the keys beside a missing key.
-
-    Sends one LIST request (of the key's folder) to tell the two apart.
-    """
+    """The error of a 404: no bucket, or the keys beside a missing key (a LIST)."""
     import obstore
 
     root, key = split_url(url)
@@ -313,32 +311,29 @@ def missing_bucket_or_object(
         store = store_for(url, storage_options)
         listed = obstore.list_with_delimiter(store, folder or None)
     except Exception as e:  # any failure: say what we know
-        if "NoSuchBucket" in str(e) or "NoSuchBucket" in str(error):
-            options = storage_options or {}
-            endpoint = (
-                options.get("endpoint_url")
-                or options.get("endpoint")
-                or os.environ.get("AWS_ENDPOINT_URL")
-                or "the provider's default endpoint"
-            )
-            return FileNotFoundError(
-                f"{url}: bucket {bucket!r} does not exist at {endpoint} "
-                f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
-                "S3-compatible stores endpoint_url and region in storage_options "
-                "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
-                "write to it."
-            )
-        return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
+        if "NoSuchBucket" not in str(e) + str(error):
+            return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
+        options = storage_options or {}
+        endpoint = (
+            options.get("endpoint_url")
+            or options.get("endpoint")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "the provider's default endpoint"
+        )
+        return FileNotFoundError(
+            f"{url}: bucket {bucket!r} does not exist at {endpoint} "
+            f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
+            "S3-compatible stores endpoint_url and region in storage_options "
+            "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
+            "write to it."
+        )
     names = [m["path"].rpartition("/")[2] for m in listed["objects"]]
-    beside = (
-        f"{len(names)} object(s) there: {', '.join(names[:5])}"
-        + (", ..." if len(names) > 5 else "")
-        if names
-        else "none there"
+    beside = f"{len(names)} object(s) there: {', '.join(names[:5])}" + (
+        ", ..." if len(names) > 5 else ""
     )
     where = f"{root}/{folder}/" if folder else f"{root}/"
     return FileNotFoundError(
         f"{url}: no such object: bucket {bucket!r} has no key {key!r} ({what} "
-        f"failed; objects under {where}: {beside}). Check the key (keys are "
-        "case-sensitive)."
+        f"failed; objects under {where}: {beside if names else 'none there'}). "
+        "Check the key (keys are case-sensitive)."
     )
