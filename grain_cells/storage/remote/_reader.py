@@ -198,9 +198,7 @@ class RemoteByteReader:
         end = max(e for _, e in ranges)
         if end > size:
             raise ShortReadError(size, end)
-        wide = ranges
-        if table is not None:
-            wide = [_versions.widen(a, b, size) for a, b in ranges]
+        wide = ranges if table is None else _versions.widen(ranges, size)
         try:  # one range: one round trip, a GET with If-Match (no HEAD)
             datas = _range_gets.get_ranges(
                 self.name,
@@ -219,11 +217,7 @@ class RemoteByteReader:
             ) from None
         if table is None:
             return datas
-        out = []
-        for (a, b), (wa, _), data in zip(ranges, wide, datas, strict=True):
-            _versions.check_blocks(self.name, table, wa, data)
-            out.append(memoryview(data)[a - wa : b - wa])
-        return out
+        return _versions.check_blocks(self.name, table, ranges, wide, datas)
 
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
         """See `ByteReader.read_into`: pinned pieces from memory, others by GET."""
