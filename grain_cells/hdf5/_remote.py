@@ -96,9 +96,6 @@ class RangeFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def tell(self) -> int:
-        return self._pos
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
         self._pos = base[whence] + int(offset)
@@ -159,14 +156,6 @@ class RangeFile(io.RawIOBase):
         self._bytes.read_into(out, [off], [n], [0])
         return out.tobytes()
 
-    def save_metadata(self) -> None:
-        """Writes what was recorded to the disk cache and stops recording."""
-        self.recording = False
-        try:
-            self._meta.save()
-        except OSError as e:
-            _log.warning("cannot write the metadata cache %s (%s)", self._meta.path, e)
-
 
 def open_remote(
     url: str, storage_options: dict | None = None, stat: FileStat | None = None
@@ -206,10 +195,14 @@ def open_remote(
 
 
 def opened(f: h5py.File) -> None:
-    """Marks the end of opening `f`: saves remote metadata read so far."""
+    """Marks the end of opening `f`: saves the metadata HDF5 read, stops recording."""
     rf = _range_files.get(f)
     if rf is not None:
-        rf.save_metadata()
+        rf.recording = False
+        try:
+            rf._meta.save()
+        except OSError as e:
+            _log.warning("cannot write the metadata cache %s (%s)", rf._meta.path, e)
 
 
 def file_name(f: h5py.File) -> str:

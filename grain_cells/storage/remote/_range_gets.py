@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from grain_cells import errors
+from grain_cells.storage._identity import FileStat
 from grain_cells.storage.remote import _retries, _store
 
 _REBUILD = (
@@ -25,7 +26,7 @@ def get_ranges(
     url: str,
     storage_options: dict | None,
     ranges: list[tuple[int, int]],
-    stat: _store.ObjectStat,
+    stat: FileStat,
     store=None,
     if_match: bool = False,
 ) -> list:
@@ -76,7 +77,7 @@ def get_ranges(
         raise _retries.named_error(e, url, storage_options, ranges, elapsed) from None
     if not if_match and (
         (now.etag, now.size) != (stat.etag, stat.size)
-        or (stat.last_modified_ns and now.last_modified_ns != stat.last_modified_ns)
+        or (stat.mtime_ns and now.mtime_ns != stat.mtime_ns)
     ):
         raise errors.SourceChangedError(
             f"{url}: changed since the AnnDataSource was built (ETag "

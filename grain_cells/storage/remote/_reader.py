@@ -21,7 +21,7 @@ from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import ShortReadError
 from grain_cells.storage.remote import _range_gets, _versions
-from grain_cells.storage.remote._store import ObjectStat, max_in_flight, store_for
+from grain_cells.storage.remote._store import max_in_flight, store_for
 
 MERGE_GAP = 64 << 10
 # `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
@@ -160,7 +160,6 @@ class RemoteByteReader:
         self.name = url
         self._options = storage_options
         self._stat = stat
-        self._version = ObjectStat(stat.size, stat.etag, stat.mtime_ns)
         self._pinned = Pieces()
         self._lock = threading.Lock()
         in_flight = max_in_flight(storage_options)
@@ -199,14 +198,10 @@ class RemoteByteReader:
         if end > size:
             raise ShortReadError(size, end)
         wide = ranges if table is None else _versions.widen(ranges, size)
-        try:  # one range: one round trip, a GET with If-Match (no HEAD)
+        one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
+        try:
             datas = _range_gets.get_ranges(
-                self.name,
-                self._options,
-                wide,
-                self._version,
-                self._store(),
-                len(wide) == 1,
+                self.name, self._options, wide, self._stat, self._store(), one
             )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
             if table is None:

@@ -6,26 +6,49 @@ Design notes: docs/reference/design.md#storage-remote-store.
 from __future__ import annotations
 
 import collections
-import dataclasses
+import functools
+import math
 import os
 import threading
 import urllib.parse
 
 from grain_cells import errors
 from grain_cells._util import fork
+from grain_cells.storage._identity import FileStat
 from grain_cells.storage.remote import _aws, _retries
 from grain_cells.storage.remote._retries import first_line
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
 
-# Keys of `storage_options` that tune grain_cells' reader, not the store.
-READER_KEYS = ("max_in_flight", "content_check_s", "verify_reads")
 # Chosen by measurement (benchmarks/RESULTS.md, issue 13, round 6): at 20 ms
 # round trip, with a version check (HEAD) after each batch of GETs, 256 per
 # process and kind reach 26-29k cells/s at 0 workers, 64 only 11k, 512 no more.
 DEFAULT_MAX_IN_FLIGHT = 256
 MAX_IN_FLIGHT_LIMIT = 1024
+DEFAULT_CONTENT_CHECK_S = 60.0
+# Keys of `storage_options` that tune grain_cells' reader, not the store:
+# (default, valid(value), what a value must be).
+READER_OPTIONS = {
+    "max_in_flight": (
+        DEFAULT_MAX_IN_FLIGHT,
+        lambda v: _is_number(v, int) and 1 <= v <= MAX_IN_FLIGHT_LIMIT,
+        f"an integer from 1 to {MAX_IN_FLIGHT_LIMIT} (range GETs in flight per "
+        "process)",
+    ),
+    "content_check_s": (
+        DEFAULT_CONTENT_CHECK_S,
+        lambda v: _is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
+        "a number of seconds >= 0 (how often each process re-reads the "
+        "sampled bytes of an object whose ETag does not follow its content)",
+    ),
+    "verify_reads": (
+        False,
+        lambda v: isinstance(v, bool),
+        "True or False (check every byte read against block digests of the "
+        "whole object, read when each process opens it)",
+    ),
+}
 
 # A forked child builds its own clients: the stores' belong to the parent.
 _stores = fork.ProcessCache()
@@ -109,28 +132,20 @@ def check_not_forked_after_use(where: str) -> None:
         )
 
 
-def option(storage_options: dict | None, name: str, default, valid, expected: str):
-    """The storage option `name` (else `default`); `ValueError` unless `valid`."""
+def option(storage_options: dict | None, name: str):
+    """The reader option `name` of `storage_options` (`ValueError` if not valid)."""
+    default, valid, expected = READER_OPTIONS[name]
     value = (storage_options or {}).get(name, default)
     if not valid(value):
         raise ValueError(f"storage_options[{name!r}] must be {expected}, got {value!r}")
     return value
 
 
-def is_number(value, kinds) -> bool:
+def _is_number(value, kinds) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
-def max_in_flight(storage_options: dict | None) -> int:
-    """The `max_in_flight` storage option (default `DEFAULT_MAX_IN_FLIGHT`)."""
-    return option(
-        storage_options,
-        "max_in_flight",
-        DEFAULT_MAX_IN_FLIGHT,
-        lambda v: is_number(v, int) and 1 <= v <= MAX_IN_FLIGHT_LIMIT,
-        f"an integer from 1 to {MAX_IN_FLIGHT_LIMIT} (range GETs in flight per "
-        "process)",
-    )
+max_in_flight = functools.partial(option, name="max_in_flight")
 
 
 def store_for(url: str, storage_options: dict | None = None, at: bool = False):
@@ -146,7 +161,9 @@ def store_for(url: str, storage_options: dict | None = None, at: bool = False):
     root, _ = split_url(url)  # names a bad URL
     if at:
         root = url.rstrip("/")
-    options = {k: v for k, v in (storage_options or {}).items() if k not in READER_KEYS}
+    options = {
+        k: v for k, v in (storage_options or {}).items() if k not in READER_OPTIONS
+    }
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
     key = (
@@ -237,23 +254,19 @@ def _build_store(root: str, options: dict):
         ) from None
 
 
-@dataclasses.dataclass(frozen=True)
-class ObjectStat:
-    """What identifies one version of an object (`etag` with its quotes; "": none)."""
-
-    size: int
-    etag: str
-    last_modified_ns: int
+def ObjectStat(size: int, etag: str, last_modified_ns: int) -> FileStat:
+    """The `FileStat` of one object version (`etag` with its quotes; "": none)."""
+    return FileStat(0, 0, size, last_modified_ns, 0, etag)
 
 
-def stat_of(meta) -> ObjectStat:
-    """The `ObjectStat` of obstore's `ObjectMeta`."""
+def stat_of(meta) -> FileStat:
+    """The `FileStat` of obstore's `ObjectMeta`."""
     modified = meta.get("last_modified")
     ns = int(modified.timestamp() * 1e9) if modified is not None else 0
     return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
 
 
-def head(url: str, storage_options: dict | None = None) -> ObjectStat:
+def head(url: str, storage_options: dict | None = None) -> FileStat:
     """Size, ETag and last-modified of the object at `url` (one HEAD).
 
     Raises:

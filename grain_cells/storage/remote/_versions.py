@@ -5,6 +5,8 @@ Design notes: docs/reference/design.md#storage-remote-versions.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -16,7 +18,6 @@ from grain_cells.storage.remote import _range_gets, _store
 
 CONTENT_WINDOWS = 32
 CONTENT_WINDOW = 4 << 10  # bytes: 128 KiB read per check in all
-DEFAULT_CONTENT_CHECK_S = 60.0
 DIGEST_BLOCK = 64 << 10  # bytes per digest of `verify_reads`
 _DIGEST_BYTES = 8
 _BLOCKS_PREFIX = "blocks:"
@@ -27,7 +28,7 @@ _tables = fork.ProcessCache()
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
 
-def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
+def tag_follows_content(url: str, stat: FileStat) -> bool:
     """Whether `stat.etag` changes whenever the object's bytes do.
 
     Not over `http(s)://`, for a missing or weak ETag, or a hex one holding the
@@ -78,36 +79,14 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
             ):
                 digest.update(memoryview(data))
         content = "sha256:" + digest.hexdigest()[:32]
-    return FileStat(0, 0, stat.size, stat.last_modified_ns, 0, stat.etag, content)
+    return dataclasses.replace(stat, content=content)
 
 
-def verify_reads(storage_options: dict | None) -> bool:
-    """The `verify_reads` storage option (default False)."""
-    return _store.option(
-        storage_options,
-        "verify_reads",
-        False,
-        lambda v: isinstance(v, bool),
-        "True or False (check every byte read against block digests of the "
-        "whole object, read when each process opens it)",
-    )
+verify_reads = functools.partial(_store.option, name="verify_reads")
+content_check_s = functools.partial(_store.option, name="content_check_s")
 
 
-def content_check_s(storage_options: dict | None) -> float:
-    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`)."""
-    return float(
-        _store.option(
-            storage_options,
-            "content_check_s",
-            DEFAULT_CONTENT_CHECK_S,
-            lambda v: _store.is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
-            "a number of seconds >= 0 (how often each process re-reads the "
-            "sampled bytes of an object whose ETag does not follow its content)",
-        )
-    )
-
-
-def _block_digests(url, storage_options, stat: _store.ObjectStat, store) -> bytes:
+def _block_digests(url, storage_options, stat: FileStat, store) -> bytes:
     """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes (one streamed GET)."""
     import obstore
     from obstore import exceptions as ox
