@@ -110,10 +110,6 @@ class Pieces:
         np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
         os.replace(tmp, self.path)
 
-    def clear(self) -> None:
-        with self.lock:
-            self.starts, self.datas, self.nbytes = [], [], 0
-
 
 def plan_requests(
     offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
@@ -217,33 +213,16 @@ class RemoteByteReader:
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
         """See `ByteReader.read_into`: pinned pieces from memory, others by GET."""
         dest = memoryview(dest)
-        offsets = np.asarray(offsets, np.int64).reshape(-1)
-        nbytes = np.asarray(nbytes, np.int64).reshape(-1)
-        dest_starts = np.asarray(dest_starts, np.int64).reshape(-1)
+        args = (offsets, nbytes, dest_starts)
+        pieces = np.array([np.asarray(a, np.int64).reshape(-1) for a in args])
         if self._pinned.starts or self._ahead_held:
-            keep = np.ones(offsets.size, bool)
-            pieces = zip(
-                offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), strict=True
-            )
-            for i, (off, n, d) in enumerate(pieces):
-                piece = self._pinned.find(off, n)
-                if piece is not None:
-                    dest[d : d + n] = piece
-                    keep[i] = False
-                elif self._ahead_held and self._take(off, n, dest, d):
-                    keep[i] = False
-            offsets, nbytes, dest_starts = (
-                offsets[keep],
-                nbytes[keep],
-                dest_starts[keep],
-            )
-        if offsets.size == 0:
+            keep = [not self._take(o, n, dest, d) for o, n, d in pieces.T.tolist()]
+            pieces = pieces[:, keep]
+        if pieces.shape[1] == 0:
             return
-        order = np.argsort(offsets, kind="stable")
-        offsets, nbytes, dest_starts = offsets[order], nbytes[order], dest_starts[order]
-        requests = plan_requests(offsets, nbytes)
-        offsets, nbytes = offsets.tolist(), nbytes.tolist()
-        dest_starts = dest_starts.tolist()
+        pieces = pieces[:, np.argsort(pieces[0], kind="stable")]
+        requests = plan_requests(pieces[0], pieces[1])
+        offsets, nbytes, dest_starts = pieces.tolist()
 
         def run(batch) -> None:
             datas = self._get_many([(start, end) for start, end, _, _ in batch])
@@ -320,7 +299,11 @@ class RemoteByteReader:
         self._ahead_held -= request.end - request.start
 
     def _take(self, off: int, n: int, dest: memoryview, d: int) -> bool:
-        """Copies bytes `[off, off + n)` read ahead to `dest[d:]` (False: not all)."""
+        """Copies bytes `[off, off + n)` pinned or read ahead to `dest[d:]`, if held."""
+        piece = self._pinned.find(off, n)
+        if piece is not None:
+            dest[d : d + n] = piece
+            return True
         parts = []
         with self._lock:
             pos, end = off, off + n
@@ -379,7 +362,7 @@ class RemoteByteReader:
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces (cancels GETs not started)."""
-        self._pinned.clear()
+        self._pinned = Pieces()
         with self._lock:
             for request in self._ahead.values():
                 request.future.cancel()

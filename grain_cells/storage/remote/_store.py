@@ -161,16 +161,12 @@ def store_for(url: str, storage_options: dict | None = None, at: bool = False):
     root, _ = split_url(url)  # names a bad URL
     if at:
         root = url.rstrip("/")
-    options = {
-        k: v for k, v in (storage_options or {}).items() if k not in READER_OPTIONS
-    }
+    options = dict(storage_options or {})
+    for name in READER_OPTIONS:
+        options.pop(name, None)
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
-    key = (
-        ("at:" if at else "") + root,
-        repr(sorted(options.items())),
-        _aws.cache_key(),
-    )
+    key = (at, root, repr(sorted(options.items())), _aws.cache_key())
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
@@ -189,8 +185,7 @@ def _build_store(root: str, options: dict):
             "pip install 'grain_cells[cloud]'"
         ) from None
 
-    client_options = _retries.client_options(options)
-    retry_config = _retries.retry_config(options)
+    client, retry = _retries.client_options(options), _retries.retry_config(options)
     scheme = root.split("://", 1)[0].lower()
     if "user_project" in options:  # requester-pays GCS buckets (issue 33)
         project = options.pop("user_project")
@@ -209,21 +204,17 @@ def _build_store(root: str, options: dict):
                 f"{root}: storage_options['user_project'] must be a Google Cloud "
                 f"project ID such as 'my-billing-project', got {project!r}"
             )
-        headers = dict(client_options.get("default_headers") or {})
-        headers["x-goog-user-project"] = project.strip()
-        client_options["default_headers"] = headers
+        headers = dict(client.get("default_headers") or {})
+        client["default_headers"] = {**headers, "x-goog-user-project": project.strip()}
     for key in _retries.POLICY_KEYS:
         options.pop(key, None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
     if options.pop("anon", False) and scheme not in ("http", "https"):
         options["skip_signature"] = True
-    extra = {}
     is_s3 = scheme in ("s3", "s3a")
-    if is_s3:
-        provider = _aws.apply_profile(root, options)
-        if provider is not None:
-            extra["credential_provider"] = provider
+    if is_s3 and (provider := _aws.apply_profile(root, options)) is not None:
+        options["credential_provider"] = provider
     elif "profile" in options:
         raise ValueError(
             f"{root}: storage_options['profile'] names an AWS profile, which only "
@@ -237,14 +228,10 @@ def _build_store(root: str, options: dict):
             "AWS_ENDPOINT", ""
         )
     if endpoint.startswith("http://") or scheme == "http":
-        client_options.setdefault("allow_http", True)
+        client.setdefault("allow_http", True)
     try:
         return from_url(
-            root,
-            client_options=client_options or None,
-            retry_config=retry_config,
-            **extra,
-            **options,
+            root, client_options=client or None, retry_config=retry, **options
         )
     except UnknownConfigurationKeyError as e:
         raise ValueError(
