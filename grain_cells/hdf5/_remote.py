@@ -137,21 +137,18 @@ class RangeFile(io.RawIOBase):
             blocks = []
             for k in range(first, last + 1):
                 if k not in self._blocks:
-                    start = k * BLOCK_BYTES
-                    self._blocks[k] = self._get(
-                        start, min(BLOCK_BYTES, self.stat.size - start)
-                    )
+                    self._blocks[k] = self._get(k * BLOCK_BYTES, BLOCK_BYTES)
                     while len(self._blocks) > CACHE_BLOCKS:
                         self._blocks.popitem(last=False)
                 self._blocks.move_to_end(k)
                 blocks.append(self._blocks[k])
-            lo = off - first * BLOCK_BYTES
-            data = b"".join(blocks)[lo : lo + n]
+            data = b"".join(blocks)[off - first * BLOCK_BYTES :][:n]
         if self.recording:
             self._meta.add(off, data)
         return data
 
     def _get(self, off: int, n: int) -> bytes:
+        n = min(n, self.stat.size - off)
         out = np.empty(n, np.uint8)
         self._bytes.read_into(out, [off], [n], [0])
         return out.tobytes()
@@ -160,13 +157,9 @@ class RangeFile(io.RawIOBase):
 def open_remote(
     url: str, storage_options: dict | None = None, stat: FileStat | None = None
 ) -> h5py.File:
-    """Opens an HDF5 object read-only through `RangeFile` (no AnnData check).
+    """The object version `stat` (None: one HEAD now) opened by h5py read-only.
 
-    `stat`: the version to read (None: one HEAD now).
-
-    Raises:
-        FileNotFoundError: No such object.
-        errors.AnnDataFormatError: HDF5 cannot open it.
+    Raises `FileNotFoundError` or `AnnDataFormatError` (HDF5 cannot open it).
     """
     if stat is None:
         stat = version_of(url, storage_options)

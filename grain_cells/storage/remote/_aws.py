@@ -25,11 +25,7 @@ def _shared_files() -> str:
 
 
 def apply_profile(root: str, options: dict):
-    """The credential provider of the profile route, or None (obstore's chain).
-
-    Pops `profile` from `options` and adds the profile's `region` and
-    `endpoint` where neither `options` nor the environment gives them.
-    """
+    """A profile's credential provider, or None; sets its region and endpoint."""
     profile = options.pop("profile", None)
     keys = ("access_key_id", "aws_access_key_id", "skip_signature")  # or none
     explicit = [k for k in keys if options.get(k)]

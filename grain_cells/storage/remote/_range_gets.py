@@ -32,13 +32,9 @@ def get_ranges(
 ) -> list:
     """Bytes of each `[start, end)` of the version `stat`.
 
-    `if_match` (one range): one GET with `If-Match: stat.etag`; else one obstore
-    call, then a HEAD that checks `stat`.
-
-    Raises:
-        errors.SourceChangedError: The object changed or was removed.
-        errors.CorruptDataError: The object ends before a range does.
-        errors.ObjectStoreError: The request failed after obstore's retries.
+    `if_match` (one range): one GET with `If-Match`; else one obstore call, then
+    a HEAD that checks `stat`. Raises `SourceChangedError` (changed, removed),
+    `CorruptDataError` (too short) or `ObjectStoreError` (retries ran out).
     """
     import obstore
     from obstore import exceptions as ox

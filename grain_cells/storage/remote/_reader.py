@@ -84,11 +84,7 @@ class Pieces:
         self.nbytes = sum(sizes.tolist())
 
     def save(self) -> None:
-        """Writes the pieces, overlapping or touching ones joined, to `path`.
-
-        Raises:
-            OSError: The file cannot be written.
-        """
+        """Writes the pieces, overlapping or touching ones joined, to `path`."""
         with self.lock:
             if not self.dirty:
                 return
@@ -114,10 +110,7 @@ class Pieces:
 def plan_requests(
     offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
 ) -> list[tuple[int, int, int, int]]:
-    """Pieces sorted by offset grouped into `(start, end, first piece, stop piece)`.
-
-    A piece joins a request it starts within `gap` bytes of, up to `MAX_REQUEST_BYTES`.
-    """
+    """Sorted pieces as requests `(start, end, first, stop piece)` over `gap`."""
     requests = []
     if offsets.size == 0:
         return requests
@@ -347,10 +340,7 @@ class RemoteByteReader:
             return
 
     def stat(self) -> FileStat:
-        """The version read, or (ETag not following content) the version now.
-
-        The latter at most every `content_check_s` seconds (`_versions.version_of`).
-        """
+        """The version read, or (an ETag not following content) the version now."""
         if not self._stat.content or self._table is not None:
             return self._stat  # every read is checked (ETag; `verify_reads`)
         now = time.monotonic()

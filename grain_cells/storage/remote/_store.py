@@ -149,13 +149,9 @@ max_in_flight = functools.partial(option, name="max_in_flight")
 
 
 def store_for(url: str, storage_options: dict | None = None, at: bool = False):
-    """The (per-process, cached) obstore store for `url`'s bucket or host.
+    """This process's obstore store for `url`'s bucket or host (`at`: rooted at `url`).
 
-    `at`: rooted at `url` itself, for the keys of one prefix (a zarr store).
-
-    Raises:
-        ValueError: An unknown storage option; names it.
-        errors.ObjectStoreError: Forked after use (`check_not_forked_after_use`).
+    Raises `ValueError` naming a bad option, or as `check_not_forked_after_use`.
     """
     check_not_forked_after_use(url)
     root, _ = split_url(url)  # names a bad URL
@@ -254,46 +250,61 @@ def stat_of(meta) -> FileStat:
 
 
 def head(url: str, storage_options: dict | None = None) -> FileStat:
-    """Size, ETag and last-modified of the object at `url` (one HEAD).
-
-    Raises:
-        FileNotFoundError: No such object.
-        PermissionError: Credentials are missing or refused.
-    """
+    """The object's size, ETag and last-modified (one HEAD); raises as `named_error`."""
     import obstore
-    from obstore import exceptions as ox
 
     store = store_for(url, storage_options)
     _, key = split_url(url)
     count_request("head")
     try:
         return stat_of(obstore.head(store, key))
-    except (ox.NotFoundError, FileNotFoundError) as e:
-        raise missing_bucket_or_object(url, storage_options, e) from None
-    except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
-        raise PermissionError(
-            f"{url}: access refused ({first_line(e)}). The credentials in use "
+    except Exception as e:
+        raise named_error(e, url, storage_options) from None
+
+
+def named_error(e: Exception, url: str, storage_options, what: str = "read"):
+    """The error to raise for obstore's `e` at a `what` (read: a HEAD; upload, ...)."""
+    from obstore import exceptions as ox
+
+    if not isinstance(e, (ox.BaseError, OSError)):
+        return e
+    status, _, _ = _retries.describe(e)
+    write, text = what != "read", str(e)
+    if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
+        write and status in (401, 403)
+    ):
+        return PermissionError(
+            f"{url}: {what} refused ({first_line(e)}). The credentials in use may "
+            "not do that there: pass others in storage_options (or "
+            "output_storage_options), set AWS_PROFILE or the AWS_* variables, or "
+            "ask for write access to the bucket."
+            if write
+            else f"{url}: access refused ({first_line(e)}). The credentials in use "
             "(storage_options, else the AWS_*/GOOGLE_* environment, AWS_PROFILE "
             "or ~/.aws profiles, instance roles) may not read it: pass others "
             "(e.g. storage_options={'profile': NAME}), ask for read access, or "
             "use anon=True for a public bucket."
-        ) from None
-    except ox.GenericError as e:
-        # A requester-pays GCS bucket answers 400 to a request naming no project.
-        text = str(e)
-        if (
-            url.split("://", 1)[0].lower() not in ("gs", "gcs")
-            or "user_project" in (storage_options or {})
-            or ("400 Bad Request" not in text and "UserProjectMissing" not in text)
-        ):
-            raise
-        raise PermissionError(
+        )
+    if isinstance(e, (ox.NotFoundError, FileNotFoundError)) or (
+        write and (status == 404 or "NoSuchBucket" in text)
+    ):
+        return missing_bucket_or_object(url, storage_options, e, what)
+    if write:
+        return OSError(f"{url}: {what} failed: {first_line(e)}")
+    if (  # a requester-pays GCS bucket's 400 to a request naming no project
+        isinstance(e, ox.GenericError)
+        and url.split("://", 1)[0].lower() in ("gs", "gcs")
+        and "user_project" not in (storage_options or {})
+        and ("400 Bad Request" in text or "UserProjectMissing" in text)
+    ):
+        return PermissionError(
             f"{url}: the bucket answered 400 Bad Request ({first_line(e)}), "
             "which is how a GCS requester-pays bucket refuses requests that name "
             "no project to bill. Pass the Google Cloud project to bill: "
             "storage_options={'user_project': 'my-billing-project'} (the "
             "credentials need serviceusage.services.use on it)."
-        ) from None
+        )
+    return e
 
 
 def missing_bucket_or_object(

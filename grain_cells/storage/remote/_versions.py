@@ -29,11 +29,7 @@ _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
 
 def tag_follows_content(url: str, stat: FileStat) -> bool:
-    """Whether `stat.etag` changes whenever the object's bytes do.
-
-    Not over `http(s)://`, for a missing or weak ETag, or a hex one holding the
-    size (nginx, Apache; `endpoint_url` may point `s3://` at such a server).
-    """
+    """Whether the ETag follows the bytes: not over HTTP, weak, or holding the size."""
     if url.split("://", 1)[0].lower() in ("http", "https"):
         return False
     etag = stat.etag.strip()
@@ -57,13 +53,7 @@ def content_windows(size: int) -> list[tuple[int, int]]:
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
     """The object's version now: one HEAD, and a content digest where needed.
 
-    The digest: of every block (`verify_reads`: one streamed GET), else of the
-    sampled windows where the ETag does not follow content (one batch of GETs).
-
-    Raises:
-        FileNotFoundError: No such object.
-        PermissionError: Credentials are missing or refused.
-        errors.SourceChangedError: It changed between the HEAD and the GETs.
+    Raises as `head`, or `SourceChangedError` if it changes while digested.
     """
     stat = _store.head(url, storage_options)
     content = ""
@@ -126,11 +116,7 @@ def _digest(data) -> bytes:
 
 
 def block_table(url: str, storage_options: dict | None, stat: FileStat):
-    """The `verify_reads` table of the version `stat` names (None: not verified).
-
-    Digests the object now in a process that has not yet (`SourceChangedError`
-    when it no longer matches).
-    """
+    """The `verify_reads` table of `stat` (None: unverified); digests once a process."""
     if not stat.content.startswith(_BLOCKS_PREFIX):
         return None
     table = _tables.get((url, stat.content))
@@ -148,11 +134,7 @@ def widen(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
 
 
 def check_blocks(url: str, table: bytes, ranges, wide, datas) -> list:
-    """The bytes of `ranges`, cut from the whole blocks `wide` read, each checked.
-
-    Raises:
-        errors.SourceChangedError: A block differs from its digest in `table`.
-    """
+    """The bytes of `ranges` cut from the blocks `wide` read (`SourceChangedError`)."""
     out = []
     for (a, b), (start, _), data in zip(ranges, wide, datas, strict=True):
         view = memoryview(data)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from grain_cells.storage.remote import _retries, _store
+from grain_cells.storage.remote import _store
 
 UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
 _MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
@@ -55,7 +55,6 @@ def delete(url: str, storage_options: dict | None) -> None:
 def _call(url: str, storage_options, what: str, function: str, *args, **kwargs):
     """`obstore.<function>(store, key, ...)`; its errors named (see above)."""
     import obstore
-    from obstore import exceptions as ox
 
     store = _store.store_for(url, storage_options)
     if what == "list":  # the objects below the prefix `url`
@@ -65,24 +64,4 @@ def _call(url: str, storage_options, what: str, function: str, *args, **kwargs):
     try:
         return getattr(obstore, function)(store, key, *args, **kwargs)
     except Exception as e:
-        if not isinstance(e, (ox.BaseError, OSError)):
-            raise
-        status, _, _ = _retries.describe(e)
-        if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
-            status in (401, 403)
-        ):
-            raise PermissionError(
-                f"{url}: {what} refused ({_retries.first_line(e)}). The "
-                "credentials in use may not do that there: pass others in "
-                "storage_options (or output_storage_options), set AWS_PROFILE or "
-                "the AWS_* variables, or ask for write access to the bucket."
-            ) from None
-        if (
-            isinstance(e, (ox.NotFoundError, FileNotFoundError))
-            or status == 404
-            or "NoSuchBucket" in str(e)
-        ):
-            raise _store.missing_bucket_or_object(
-                url, storage_options, e, what=what
-            ) from None
-        raise OSError(f"{url}: {what} failed: {_retries.first_line(e)}") from None
+        raise _store.named_error(e, url, storage_options, what) from None
