@@ -90,12 +90,6 @@ class RangeFile(io.RawIOBase):
     def __repr__(self) -> str:  # h5py names the file by it, in ASCII
         return self.url.encode("ascii", "backslashreplace").decode()
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
         self._pos = base[whence] + int(offset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import pathlib
 import threading
@@ -156,11 +157,8 @@ class RemoteByteReader:
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
-        self._object_store = None
         # `verify_reads`: digests of every block of the version, else None.
-        self._table = None
-        if stat.content:
-            self._table = _versions.block_table(url, storage_options, stat)
+        self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
         self._check_s = _versions.content_check_s(storage_options)
@@ -171,14 +169,12 @@ class RemoteByteReader:
         self._ahead_starts: list[int] = []
         self._ahead_held = 0
 
+    @functools.cached_property
     def _store(self):
-        store = self._object_store
-        if store is None:
-            store = self._object_store = store_for(self.name, self._options)
-        return store
+        return store_for(self.name, self._options)
 
     def _forget_store(self) -> None:
-        self._object_store = None
+        self.__dict__.pop("_store", None)
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         """One buffer per `(start, end)`; `verify_reads` checks whole blocks."""
@@ -190,7 +186,7 @@ class RemoteByteReader:
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
             datas = _range_gets.get_ranges(
-                self.name, self._options, wide, self._stat, self._store(), one
+                self.name, self._options, wide, self._stat, self._store, one
             )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
             if table is None:
@@ -348,7 +344,7 @@ class RemoteByteReader:
             if now < self._next_check:
                 return self._stat
             self._next_check = now + self._check_s
-        return _versions.version_of(self.name, self._options, self._store())
+        return _versions.version_of(self.name, self._options, self._store)
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces (cancels GETs not started)."""

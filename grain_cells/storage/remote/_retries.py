@@ -120,16 +120,13 @@ def named_error(
     """The `ObjectStoreError` of range reads `[(start, end)]` that failed for good."""
     status, cause, retries = describe(error)
     retry = retry_config(storage_options)
-    limit = retry.get("max_retries", DEFAULT_RETRY["max_retries"])
-    attempts = retries + 1 if retries is not None else None
-    said = f"{attempts} attempts"
-    if attempts is None:
-        said = f"up to {limit + 1} attempts (obstore did not say how many)"
+    limit, timeout = retry["max_retries"], retry["retry_timeout"]
+    n = retries + 1 if retries is not None else None
+    said = f"{n} attempts" if n is not None else f"up to {limit + 1} attempts"
+    if n is None:
+        said += " (obstore did not say how many)"
     lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
-    where = f"bytes {lo}-{hi - 1}" + (
-        f" ({len(ranges)} ranges)" if len(ranges) > 1 else ""
-    )
-    timeout = retry.get("retry_timeout", DEFAULT_RETRY["retry_timeout"])
+    where = f"bytes {lo}-{hi - 1}" + (f" ({len(ranges)} ranges)" * (len(ranges) > 1))
     message = (
         f"{url}: range read of {where} failed after {said} in {elapsed_s:.1f} s: "
         f"{cause}. Retries allow {limit} retries within {timeout}; if the "
@@ -137,10 +134,5 @@ def named_error(
         "(max_retries, retry_timeout) or ['client_options'] (timeout)."
     )
     return ObjectStoreError(
-        message,
-        url=url,
-        byte_range=(lo, hi),
-        status=status,
-        cause=cause,
-        attempts=attempts,
+        message, url=url, byte_range=(lo, hi), status=status, cause=cause, attempts=n
     )
