@@ -166,9 +166,7 @@ def store_for(url: str, storage_options: dict | None = None, at: bool = False):
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
-def store_at(url: str, storage_options: dict | None = None):
-    """`store_for(url, storage_options, at=True)`."""
-    return store_for(url, storage_options, at=True)
+store_at = functools.partial(store_for, at=True)
 
 
 def _build_store(root: str, options: dict):
@@ -191,11 +189,8 @@ def _build_store(root: str, options: dict):
                 "project billed for a requester-pays GCS bucket, which only gs:// "
                 "URLs use (for S3 requester-pays buckets pass request_payer=True)"
             )
-        if (
-            not isinstance(project, str)
-            or not project.strip()
-            or {"\r", "\n"} & set(project)
-        ):
+        bad = not isinstance(project, str) or not project.strip()
+        if bad or "\r" in project or "\n" in project:
             raise ValueError(
                 f"{root}: storage_options['user_project'] must be a Google Cloud "
                 f"project ID such as 'my-billing-project', got {project!r}"
