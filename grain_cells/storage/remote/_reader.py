@@ -279,7 +279,7 @@ class RemoteByteReader:
         for start in list(self._ahead):
             if self._ahead_held + size <= READAHEAD_BYTES:
                 return
-            if self._ahead[start].future.done():
+            if (future := self._ahead[start].future) is not None and future.done():
                 self._drop(start)
 
     def _drop(self, start: int) -> None:
