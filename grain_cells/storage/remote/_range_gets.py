@@ -42,7 +42,6 @@ def get_ranges(
     store = _store.store_for(url, storage_options) if store is None else store
     _, key = _store.split_url(url)
     starts, ends = [int(a) for a, _ in ranges], [int(b) for _, b in ranges]
-    where = f"bytes [{min(starts)}, {max(ends)})"
     _store.count_request("get", len(ranges))
     if not if_match:
         _store.count_request("check")  # the HEAD after the batch
@@ -57,12 +56,14 @@ def get_ranges(
             datas = obstore.get_ranges(store, key, starts=starts, ends=ends, coalesce=0)
             now = _store.stat_of(obstore.head(store, key))
     except ox.PreconditionError:
+        where = f"bytes [{min(starts)}, {max(ends)})"
         raise errors.SourceChangedError(
             f"{url}: changed since the AnnDataSource was built: its ETag is no "
             f"longer {stat.etag} (detected at a read of {where}). {_REBUILD}"
         ) from None
     except (ox.BaseError, OSError) as e:
         if isinstance(e, (ox.NotFoundError, FileNotFoundError)):
+            where = f"bytes [{min(starts)}, {max(ends)})"
             if len(starts) > 1:
                 where = f"{len(starts)} ranges in {where}"
             raise errors.SourceChangedError(
@@ -78,7 +79,8 @@ def get_ranges(
         raise errors.SourceChangedError(
             f"{url}: changed since the AnnDataSource was built (ETag "
             f"{stat.etag or 'none'}, {stat.size} bytes then; {now.etag or 'none'}, "
-            f"{now.size} bytes now; detected after a read of {where}). {_REBUILD}"
+            f"{now.size} bytes now; detected after a read of bytes "
+            f"[{min(starts)}, {max(ends)})). {_REBUILD}"
         )
     for data, a, b in zip(datas, starts, ends, strict=True):
         if len(data) != b - a:

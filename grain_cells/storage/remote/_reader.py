@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
-import functools
 import os
 import pathlib
 import threading
@@ -157,6 +156,7 @@ class RemoteByteReader:
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
+        self._object_store = None
         # `verify_reads`: digests of every block of the version, else None.
         self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
@@ -169,12 +169,13 @@ class RemoteByteReader:
         self._ahead_starts: list[int] = []
         self._ahead_held = 0
 
-    @functools.cached_property
     def _store(self):
-        return store_for(self.name, self._options)
+        if self._object_store is None:  # (a forked child builds its own)
+            self._object_store = store_for(self.name, self._options)
+        return self._object_store
 
     def _forget_store(self) -> None:
-        self.__dict__.pop("_store", None)
+        self._object_store = None
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         """One buffer per `(start, end)`; `verify_reads` checks whole blocks."""
@@ -186,7 +187,7 @@ class RemoteByteReader:
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
             datas = _range_gets.get_ranges(
-                self.name, self._options, wide, self._stat, self._store, one
+                self.name, self._options, wide, self._stat, self._store(), one
             )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
             if table is None:
@@ -289,19 +290,22 @@ class RemoteByteReader:
 
     def _take(self, off: int, n: int, dest: memoryview, d: int) -> bool:
         """Copies bytes `[off, off + n)` pinned or read ahead to `dest[d:]`, if held."""
-        piece = self._pinned.find(off, n)
+        piece = self._pinned.find(off, n) if self._pinned.starts else None
         if piece is not None:
             dest[d : d + n] = piece
             return True
+        if not self._ahead_held:
+            return False
         parts = []
         with self._lock:
             pos, end = off, off + n
             while pos < end:
                 k = bisect.bisect_right(self._ahead_starts, pos) - 1
-                if k < 0 or self._ahead[self._ahead_starts[k]].end <= pos:
+                request = self._ahead[self._ahead_starts[k]] if k >= 0 else None
+                if request is None or request.end <= pos:
                     return False
-                parts.append(self._ahead[self._ahead_starts[k]])
-                pos = parts[-1].end
+                parts.append(request)
+                pos = request.end
         pos = off
         for request in parts:
             try:
@@ -344,7 +348,7 @@ class RemoteByteReader:
             if now < self._next_check:
                 return self._stat
             self._next_check = now + self._check_s
-        return _versions.version_of(self.name, self._options, self._store)
+        return _versions.version_of(self.name, self._options, self._store())
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces (cancels GETs not started)."""
