@@ -1,14 +1,12 @@
 """`.h5ad` files by path or URL alike: opened, stat'ed, read as bytes.
 
 A URL opens on a `RangeFile`, whose HDF5 metadata is read once per version.
-
 Design notes: docs/reference/design.md#hdf5-remote.
 """
 
 from __future__ import annotations
 
 import atexit
-import bisect
 import collections
 import contextlib
 import hashlib
@@ -16,7 +14,6 @@ import io
 import logging
 import os
 import pathlib
-import threading
 import weakref
 
 import h5py
@@ -26,7 +23,7 @@ from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.cache_files import cache_root
 from grain_cells.storage import FileStat, LocalByteReader
-from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
+from grain_cells.storage.remote import Pieces, RemoteByteReader, is_url, version_of
 
 _log = logging.getLogger("grain_cells")
 
@@ -38,103 +35,26 @@ _range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _metadata = fork.ProcessCache()
 
 
+@atexit.register
 def _close_at_exit() -> None:
-    """Closes remote files still open while Python runs (not in HDF5's exit handler).
-
-    That handler runs after the interpreter is gone and calls h5py's file-object
-    driver, which takes the GIL.
-    """
+    # Not left to HDF5's exit handler: it runs after the interpreter is gone
+    # and calls h5py's file-object driver, which takes the GIL.
     for f in list(_range_files.keys()):
         with contextlib.suppress(Exception):  # exiting: nothing to report to
             f.close()
 
 
-atexit.register(_close_at_exit)
-
-
-def cache_dir() -> pathlib.Path:
-    """Where metadata of remote files is cached: `remote/` in the cache folder."""
-    return pathlib.Path(cache_root(xdg=False)) / "remote"
-
-
-class _Metadata:
-    """Bytes of one object version read by h5py, kept in memory and on disk."""
-
-    def __init__(self, url: str, stat: FileStat):
-        key = f"{url}\0{stat.etag}\0{stat.size}\0{stat.mtime_ns}\0{stat.content}"
-        digest = hashlib.sha256(key.encode())
-        self.path = cache_dir() / f"{digest.hexdigest()[:32]}.npz"
-        self.starts: list[int] = []
-        self.pieces: list[bytes] = []
-        self.dirty = False
-        self.lock = threading.Lock()
-        try:
-            with np.load(self.path) as saved:
-                offsets, sizes, data = saved["offsets"], saved["sizes"], saved["data"]
-            ends = np.cumsum(sizes)
-            for o, s, e in zip(
-                offsets.tolist(), sizes.tolist(), ends.tolist(), strict=True
-            ):
-                self.starts.append(o)
-                self.pieces.append(data[e - s : e].tobytes())
-        except FileNotFoundError:
-            pass
-        except Exception as e:  # a damaged cache file: read the object again
-            _log.warning("%s: ignoring the metadata cache %s (%s)", url, self.path, e)
-
-    def find(self, off: int, n: int):
-        with self.lock:
-            k = bisect.bisect_right(self.starts, off) - 1
-            if k >= 0 and off + n <= self.starts[k] + len(self.pieces[k]):
-                lo = off - self.starts[k]
-                return memoryview(self.pieces[k])[lo : lo + n]
-        return None
-
-    def add(self, off: int, data: bytes) -> None:
-        # Kept unmerged until `save` (merging at every add is quadratic); a
-        # read spanning two pieces misses here and hits the block cache.
-        with self.lock:
-            k = bisect.bisect_right(self.starts, off)
-            self.starts.insert(k, off)
-            self.pieces.insert(k, bytes(data))
-            self.dirty = True
-
-    def _merge(self) -> None:
-        """Joins overlapping or touching pieces (sorted by start), in one pass."""
-        starts, pieces = [], []
-        run: list[bytes] = []
-        run_start = run_end = 0
-        for s, p in zip(self.starts, self.pieces, strict=True):
-            if run and s <= run_end:
-                if s + len(p) > run_end:
-                    run.append(p[run_end - s :])
-                    run_end = s + len(p)
-                continue
-            if run:
-                starts.append(run_start)
-                pieces.append(b"".join(run))
-            run, run_start, run_end = [p], s, s + len(p)
-        if run:
-            starts.append(run_start)
-            pieces.append(b"".join(run))
-        self.starts, self.pieces = starts, pieces
-
-    def save(self) -> None:
-        with self.lock:
-            if not self.dirty:
-                return
-            self._merge()
-            offsets = np.array(self.starts, np.int64)
-            sizes = np.array([len(p) for p in self.pieces], np.int64)
-            data = np.frombuffer(b"".join(self.pieces), np.uint8)
-            self.dirty = False
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
-            os.replace(tmp, self.path)
-        except OSError as e:
-            _log.warning("cannot write the metadata cache %s (%s)", self.path, e)
+def _load_metadata(url: str, key: tuple) -> Pieces:
+    """HDF5's reads of one object version, as saved in the cache (else none)."""
+    digest = hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()
+    meta = Pieces(pathlib.Path(cache_root(xdg=False)) / "remote" / f"{digest[:32]}.npz")
+    try:
+        meta.load()
+    except FileNotFoundError:
+        pass
+    except Exception as e:  # a damaged cache file: read the object again
+        _log.warning("%s: ignoring the metadata cache %s (%s)", url, meta.path, e)
+    return meta
 
 
 def _bare(e: Exception) -> Exception:
@@ -145,11 +65,6 @@ def _bare(e: Exception) -> Exception:
     except Exception:
         copy = OSError(f"{type(e).__name__}: {e}")
     return copy
-
-
-def _metadata_of(url: str, stat: FileStat) -> _Metadata:
-    key = (url, stat.etag, stat.size, stat.mtime_ns, stat.content)
-    return _metadata.get_or_make(key, lambda: _Metadata(url, stat))
 
 
 class RangeFile(io.RawIOBase):
@@ -166,22 +81,14 @@ class RangeFile(io.RawIOBase):
         self.stat = stat
         self.recording = True
         self._bytes = RemoteByteReader(url, storage_options, stat)
-        self._meta = _metadata_of(url, stat)
+        key = (url, stat.etag, stat.size, stat.mtime_ns, stat.content)
+        self._meta = _metadata.get_or_make(key, lambda: _load_metadata(url, key))
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pos = 0
         self.failure: Exception | None = None
 
     def __repr__(self) -> str:  # h5py names the file by it, in ASCII
         return self.url.encode("ascii", "backslashreplace").decode()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
@@ -213,52 +120,40 @@ class RangeFile(io.RawIOBase):
         return n
 
     def _read(self, off: int, n: int):
-        hit = self._meta.find(off, n)
-        if hit is not None:
-            return hit
+        """Bytes `[off, off + n)`: from the metadata, else whole blocks (LRU)."""
+        data = self._meta.find(off, n)
+        if data is not None:
+            return data
         if n >= BLOCK_BYTES:
-            out = np.empty(n, np.uint8)
-            self._bytes.read_into(out, [off], [n], [0])
-            data = out.tobytes()
+            data = self._get(off, n)
         else:
             first, last = off // BLOCK_BYTES, (off + n - 1) // BLOCK_BYTES
-            data = b"".join(self._block(k) for k in range(first, last + 1))
-            lo = off - first * BLOCK_BYTES
-            data = data[lo : lo + n]
+            blocks = []
+            for k in range(first, last + 1):
+                if k not in self._blocks:
+                    self._blocks[k] = self._get(k * BLOCK_BYTES, BLOCK_BYTES)
+                    while len(self._blocks) > CACHE_BLOCKS:
+                        self._blocks.popitem(last=False)
+                self._blocks.move_to_end(k)
+                blocks.append(self._blocks[k])
+            data = b"".join(blocks)[off - first * BLOCK_BYTES :][:n]
         if self.recording:
             self._meta.add(off, data)
         return data
 
-    def _block(self, k: int) -> bytes:
-        block = self._blocks.get(k)
-        if block is not None:
-            self._blocks.move_to_end(k)
-            return block
-        start = k * BLOCK_BYTES
-        n = min(BLOCK_BYTES, self.stat.size - start)
+    def _get(self, off: int, n: int) -> bytes:
+        n = min(n, self.stat.size - off)
         out = np.empty(n, np.uint8)
-        self._bytes.read_into(out, [start], [n], [0])
-        block = self._blocks[k] = out.tobytes()
-        while len(self._blocks) > CACHE_BLOCKS:
-            self._blocks.popitem(last=False)
-        return block
-
-    def save_metadata(self) -> None:
-        """Writes what was recorded to the disk cache and stops recording."""
-        self.recording = False
-        self._meta.save()
+        self._bytes.read_into(out, [off], [n], [0])
+        return out.tobytes()
 
 
 def open_remote(
     url: str, storage_options: dict | None = None, stat: FileStat | None = None
 ) -> h5py.File:
-    """Opens an HDF5 object read-only through `RangeFile` (no AnnData check).
+    """The object version `stat` (None: one HEAD now) opened by h5py read-only.
 
-    `stat`: the version to read (None: one HEAD now).
-
-    Raises:
-        FileNotFoundError: No such object.
-        errors.AnnDataFormatError: HDF5 cannot open it.
+    Raises `FileNotFoundError` or `AnnDataFormatError` (HDF5 cannot open it).
     """
     if stat is None:
         stat = version_of(url, storage_options)
@@ -287,10 +182,14 @@ def open_remote(
 
 
 def opened(f: h5py.File) -> None:
-    """Marks the end of opening `f`: saves remote metadata read so far."""
+    """Marks the end of opening `f`: saves the metadata HDF5 read, stops recording."""
     rf = _range_files.get(f)
     if rf is not None:
-        rf.save_metadata()
+        rf.recording = False
+        try:
+            rf._meta.save()
+        except OSError as e:
+            _log.warning("cannot write the metadata cache %s (%s)", rf._meta.path, e)
 
 
 def file_name(f: h5py.File) -> str:
@@ -300,15 +199,10 @@ def file_name(f: h5py.File) -> str:
 
 
 def stat_of(f: h5py.File, path: str) -> FileStat:
-    """The stat of an open file (for a URL: the version it reads, no request)."""
+    """The stat of an open file (a URL's: the version read) or else of `path`."""
     rf = _range_files.get(f)
     if rf is not None:
         return rf.stat
-    return stat_of_h5(f, path)
-
-
-def stat_of_h5(f: h5py.File, path: str) -> FileStat:
-    """The stat of the descriptor behind an open h5py file (else of `path`)."""
     try:
         fd = f.id.get_vfd_handle()
     except Exception:  # a driver without a POSIX descriptor

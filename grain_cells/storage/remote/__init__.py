@@ -1,6 +1,6 @@
 """Object stores (S3, GCS, Azure, HTTP) through obstore (private)."""
 
-from grain_cells.storage.remote._reader import RemoteByteReader
+from grain_cells.storage.remote._reader import Pieces, RemoteByteReader
 from grain_cells.storage.remote._store import (
     check_not_forked_after_use,
     count_request,
@@ -22,6 +22,7 @@ from grain_cells.storage.remote._writes import (
 )
 
 __all__ = [
+    "Pieces",
     "RemoteByteReader",
     "check_not_forked_after_use",
     "count_request",

@@ -8,39 +8,27 @@ from __future__ import annotations
 import os
 import pathlib
 
-# Keys of `storage_options` that give S3 credentials or ask for none.
-_EXPLICIT = ("access_key_id", "aws_access_key_id", "skip_signature")
-
-
-def shared_files() -> list[pathlib.Path]:
-    """The AWS shared credentials and config files that exist."""
-    home = pathlib.Path.home()
-    files = [
-        os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials",
-        os.environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config",
-    ]
-    return [pathlib.Path(f) for f in files if pathlib.Path(f).is_file()]
-
 
 def cache_key() -> tuple:
     """What of the environment decides the profile route (for store caches)."""
-    names = (
-        "AWS_PROFILE",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SHARED_CREDENTIALS_FILE",
-        "AWS_CONFIG_FILE",
-    )
-    return (str(pathlib.Path.home()), *(os.environ.get(n) for n in names))
+    names = "AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SHARED_CREDENTIALS_FILE AWS_CONFIG_FILE"
+    return (str(pathlib.Path.home()), *map(os.environ.get, names.split(" ")))
+
+
+def _shared_files() -> str:
+    """The AWS shared credentials and config files that exist, comma-separated."""
+    aws = pathlib.Path.home() / ".aws"
+    env = os.environ.get
+    files = [env("AWS_SHARED_CREDENTIALS_FILE") or aws / "credentials"]
+    files = map(pathlib.Path, [*files, env("AWS_CONFIG_FILE") or aws / "config"])
+    return ", ".join(str(f) for f in files if f.is_file())
 
 
 def apply_profile(root: str, options: dict):
-    """The credential provider of the profile route, or None (obstore's chain).
-
-    Pops `profile` from `options` and adds the profile's `region` and
-    `endpoint` where neither `options` nor the environment gives them.
-    """
+    """A profile's credential provider, or None; sets its region and endpoint."""
     profile = options.pop("profile", None)
-    explicit = [k for k in _EXPLICIT if options.get(k)]
+    keys = ("access_key_id", "aws_access_key_id", "skip_signature")  # or none
+    explicit = [k for k in keys if options.get(k)]
     if explicit:
         if profile is not None:
             raise ValueError(
@@ -48,13 +36,12 @@ def apply_profile(root: str, options: dict):
                 f"{explicit}; give one or the other"
             )
         return None
-    env_profile = os.environ.get("AWS_PROFILE")
-    if profile is None:
-        if os.environ.get("AWS_ACCESS_KEY_ID"):
-            return None  # the environment's keys come first, as in every AWS SDK
-        if not env_profile and not shared_files():
-            return None
-    named = profile or env_profile
+    named = profile or os.environ.get("AWS_PROFILE")
+    # The environment's keys come first, as in every AWS SDK.
+    if profile is None and (
+        os.environ.get("AWS_ACCESS_KEY_ID") or not (named or _shared_files())
+    ):
+        return None
     try:
         import botocore.exceptions
         import botocore.session
@@ -73,16 +60,16 @@ def apply_profile(root: str, options: dict):
         credentials = session.get_credentials()
         scoped = session.get_scoped_config()
     except botocore.exceptions.ProfileNotFound:
-        files = ", ".join(map(str, shared_files())) or "no shared file exists"
         raise ValueError(
-            f"{root}: AWS profile {named!r} is not in the shared files ({files}). "
-            "Name an existing profile (storage_options['profile'] or "
-            "AWS_PROFILE), or add it with `aws configure --profile NAME`."
+            f"{root}: AWS profile {named!r} is not in the shared files "
+            f"({_shared_files() or 'no shared file exists'}). Name an existing "
+            "profile (storage_options['profile'] or AWS_PROFILE), or add it with "
+            "`aws configure --profile NAME`."
         ) from None
     except botocore.exceptions.BotoCoreError as e:
         raise PermissionError(
             f"{root}: AWS profile {named or 'default'!r} cannot give credentials "
-            f"({e}). Fix the profile in {', '.join(map(str, shared_files()))}."
+            f"({e}). Fix the profile in {_shared_files()}."
         ) from None
     if credentials is None:
         if named is None:
@@ -92,15 +79,16 @@ def apply_profile(root: str, options: dict):
             "aws_access_key_id/aws_secret_access_key (or sso_*, role_arn, "
             "credential_process) to it."
         )
-    if not options.get("region") and not (
-        os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    ):
-        region = session.get_config_variable("region")
-        if region:
-            options["region"] = region
+    env_region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = (
+        None
+        if options.get("region") or env_region
+        else session.get_config_variable("region")
+    )
+    if region:
+        options["region"] = region
     if not (options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL")):
         s3_section = scoped.get("s3") if isinstance(scoped.get("s3"), dict) else {}
-        endpoint = s3_section.get("endpoint_url") or scoped.get("endpoint_url")
-        if endpoint:
+        if endpoint := s3_section.get("endpoint_url") or scoped.get("endpoint_url"):
             options["endpoint"] = endpoint
     return Boto3CredentialProvider(session)

@@ -1,12 +1,16 @@
-"""`RemoteByteReader`: range GETs of one object version, merged and concurrent.
+"""`RemoteByteReader`: range GETs of one object version, merged, concurrent, ahead.
 
-Design notes: docs/reference/design.md#storage-remote-reader.
+Hints (`advise`) never change what is read, only when; `pin` keeps pieces in a
+`Pieces` table. Design notes: docs/reference/design.md#storage-remote-reader.
 """
 
 from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import dataclasses
+import os
+import pathlib
 import threading
 import time
 
@@ -17,8 +21,7 @@ from grain_cells._util import fork
 from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import ShortReadError
 from grain_cells.storage.remote import _range_gets, _versions
-from grain_cells.storage.remote._read_ahead import ReadAhead
-from grain_cells.storage.remote._store import ObjectStat, max_in_flight, store_for
+from grain_cells.storage.remote._store import max_in_flight, store_for
 
 MERGE_GAP = 64 << 10
 # `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
@@ -30,7 +33,6 @@ BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
-
 
 # A forked child starts its own threads: the pools' belong to the parent.
 _pools = fork.ProcessCache()
@@ -45,13 +47,70 @@ def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
     )
 
 
+class Pieces:
+    """Bytes of one object version by offset, sorted; saved to `path` if given."""
+
+    def __init__(self, path: pathlib.Path | None = None):
+        self.path, self.starts, self.datas = path, [], []
+        self.nbytes, self.dirty = 0, False
+        self.lock = threading.Lock()
+
+    def find(self, off: int, n: int) -> memoryview | None:
+        """Bytes `[off, off + n)` if one piece holds them all."""
+        with self.lock:
+            k = bisect.bisect_right(self.starts, off) - 1
+            if k >= 0 and off + n <= self.starts[k] + len(self.datas[k]):
+                return memoryview(self.datas[k])[off - self.starts[k] :][:n]
+        return None
+
+    def add(self, off: int, data) -> None:
+        """Keeps a copy of `data` at `off` (merged only by `save`: else quadratic)."""
+        with self.lock:
+            k = bisect.bisect_right(self.starts, off)
+            self.starts.insert(k, off)
+            self.datas.insert(k, bytes(data))
+            self.nbytes += len(data)
+            self.dirty = True
+
+    def load(self) -> None:
+        """Reads the pieces saved at `path` (raises as `np.load`)."""
+        with np.load(self.path) as saved:
+            offsets, sizes, data = saved["offsets"], saved["sizes"], saved["data"]
+        ends = np.cumsum(sizes).tolist()
+        self.starts = offsets.tolist()
+        self.datas = [
+            data[e - s : e].tobytes() for s, e in zip(sizes.tolist(), ends, strict=True)
+        ]
+        self.nbytes = sum(sizes.tolist())
+
+    def save(self) -> None:
+        """Writes the pieces, overlapping or touching ones joined, to `path`."""
+        with self.lock:
+            if not self.dirty:
+                return
+            starts, datas, end = [], [], -1
+            for s, p in zip(self.starts, self.datas, strict=True):
+                if s > end:
+                    starts.append(s)
+                    datas.append([p])
+                elif s + len(p) > end:
+                    datas[-1].append(p[end - s :])
+                end = max(end, s + len(p))
+            self.starts, self.datas = starts, [b"".join(run) for run in datas]
+            offsets = np.array(self.starts, np.int64)
+            sizes = np.array([len(p) for p in self.datas], np.int64)
+            data = np.frombuffer(b"".join(self.datas), np.uint8)
+            self.dirty = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
+        os.replace(tmp, self.path)
+
+
 def plan_requests(
     offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
 ) -> list[tuple[int, int, int, int]]:
-    """Pieces sorted by offset grouped into `(start, end, first piece, stop piece)`.
-
-    A piece joins a request it starts within `gap` bytes of, up to `MAX_REQUEST_BYTES`.
-    """
+    """Sorted pieces as requests `(start, end, first, stop piece)` over `gap`."""
     requests = []
     if offsets.size == 0:
         return requests
@@ -68,6 +127,18 @@ def plan_requests(
     return requests
 
 
+@dataclasses.dataclass
+class _Ahead:
+    """A request read ahead: its buffer is `future.result()[index]`."""
+
+    start: int
+    end: int
+    future: concurrent.futures.Future | None
+    index: int
+    needed: int  # hinted bytes inside [start, end)
+    taken: int = 0
+
+
 class RemoteByteReader:
     """Range GETs of one object version (ETag), merged and concurrent."""
 
@@ -78,9 +149,7 @@ class RemoteByteReader:
         self.name = url
         self._options = storage_options
         self._stat = stat
-        self._pinned_starts: list[int] = []
-        self._pinned: list[tuple[int, bytes]] = []
-        self._pinned_bytes = 0
+        self._pinned = Pieces()
         self._lock = threading.Lock()
         in_flight = max_in_flight(storage_options)
         # Below PARALLEL, a call's size is what bounds its GETs in flight.
@@ -88,109 +157,62 @@ class RemoteByteReader:
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
         self._object_store = None
-        # `verify_reads`: digests of every block of the version read (taken
-        # when this process opened the object), else None.
-        self._table = None
-        if stat.content:
-            self._table = _versions.block_table(url, storage_options, stat)
+        # `verify_reads`: digests of every block of the version, else None.
+        self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
         self._check_s = _versions.content_check_s(storage_options)
         self._next_check = time.monotonic() + self._check_s
         fork.in_child_of(self, RemoteByteReader._forget_store)
-        self._ahead = ReadAhead(
-            self._get_many,
-            lambda: _pool(f"ahead{self._threads}", self._threads),
-            READAHEAD_BYTES,
-            batch=self._batch,
-        )
+        # Read-ahead requests by start (oldest first), their bytes held or due.
+        self._ahead: dict[int, _Ahead] = {}
+        self._ahead_starts: list[int] = []
+        self._ahead_held = 0
 
     def _store(self):
-        """This process's store for the object (a forked child builds its own)."""
-        store = self._object_store
-        if store is None:
-            store = self._object_store = store_for(self.name, self._options)
-        return store
+        if self._object_store is None:  # (a forked child builds its own)
+            self._object_store = store_for(self.name, self._options)
+        return self._object_store
 
     def _forget_store(self) -> None:
         self._object_store = None
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
+        """One buffer per `(start, end)`; `verify_reads` checks whole blocks."""
+        size, table = self._stat.size, self._table
         end = max(e for _, e in ranges)
-        if end > self._stat.size:
-            raise ShortReadError(self._stat.size, end)
-        if self._table is not None:
-            return self._get_checked(ranges)
-        return self._get_unchecked(ranges)
-
-    def _get_checked(self, ranges: list[tuple[int, int]]) -> list:
-        """`verify_reads`: whole blocks read, each checked, then cut to size."""
-        size = self._stat.size
-        wide = [_versions.widen(a, b, size) for a, b in ranges]
+        if end > size:
+            raise ShortReadError(size, end)
+        wide = ranges if table is None else _versions.widen(ranges, size)
+        one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
-            datas = self._get_unchecked(wide)
+            datas = _range_gets.get_ranges(
+                self.name, self._options, wide, self._stat, self._store(), one
+            )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
+            if table is None:
+                raise
             raise errors.SourceChangedError(
                 f"{e} (Seen by verify_reads, before any block was checked: "
                 "no byte of the new version was returned.)"
             ) from None
-        out = []
-        for (a, b), (wa, _), data in zip(ranges, wide, datas, strict=True):
-            _versions.check_blocks(self.name, self._table, wa, data)
-            out.append(memoryview(data)[a - wa : b - wa])
-        return out
-
-    def _get_unchecked(self, ranges: list[tuple[int, int]]) -> list:
-        if len(ranges) == 1:  # one round trip: a GET with If-Match, no HEAD
-            (start, end), store = ranges[0], self._store()
-            etag = self._stat.etag
-            return [
-                _range_gets.get_range(self.name, self._options, start, end, etag, store)
-            ]
-        version = ObjectStat(self._stat.size, self._stat.etag, self._stat.mtime_ns)
-        return _range_gets.get_ranges(
-            self.name, self._options, ranges, version, self._store()
-        )
-
-    def _from_pinned(self, off: int, n: int):
-        k = bisect.bisect_right(self._pinned_starts, off) - 1
-        if k < 0:
-            return None
-        start, data = self._pinned[k]
-        if off + n <= start + len(data):
-            return memoryview(data)[off - start : off - start + n]
-        return None
+        if table is None:
+            return datas
+        return _versions.check_blocks(self.name, table, ranges, wide, datas)
 
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
         """See `ByteReader.read_into`: pinned pieces from memory, others by GET."""
         dest = memoryview(dest)
-        offsets = np.asarray(offsets, np.int64).reshape(-1)
-        nbytes = np.asarray(nbytes, np.int64).reshape(-1)
-        dest_starts = np.asarray(dest_starts, np.int64).reshape(-1)
-        if self._pinned or self._ahead.held_bytes:
-            keep = np.ones(offsets.size, bool)
-            pieces = zip(
-                offsets.tolist(), nbytes.tolist(), dest_starts.tolist(), strict=True
-            )
-            for i, (off, n, d) in enumerate(pieces):
-                piece = self._from_pinned(off, n)
-                if piece is not None:
-                    dest[d : d + n] = piece
-                    keep[i] = False
-                elif self._ahead.held_bytes and self._ahead.take(off, n, dest, d):
-                    keep[i] = False
-            offsets, nbytes, dest_starts = (
-                offsets[keep],
-                nbytes[keep],
-                dest_starts[keep],
-            )
-        if offsets.size == 0:
+        args = (offsets, nbytes, dest_starts)
+        pieces = np.array([np.asarray(a, np.int64).reshape(-1) for a in args])
+        if self._pinned.starts or self._ahead_held:
+            keep = [not self._take(o, n, dest, d) for o, n, d in pieces.T.tolist()]
+            pieces = pieces[:, keep]
+        if pieces.shape[1] == 0:
             return
-        order = np.argsort(offsets, kind="stable")
-        offsets, nbytes, dest_starts = offsets[order], nbytes[order], dest_starts[order]
-        requests = plan_requests(offsets, nbytes)
-        offsets, nbytes = offsets.tolist(), nbytes.tolist()
-        dest_starts = dest_starts.tolist()
+        pieces = pieces[:, np.argsort(pieces[0], kind="stable")]
+        requests = plan_requests(pieces[0], pieces[1])
+        offsets, nbytes, dest_starts = pieces.tolist()
 
         def run(batch) -> None:
             datas = self._get_many([(start, end) for start, end, _, _ in batch])
@@ -209,52 +231,116 @@ class RemoteByteReader:
             run(batches[0])
             return
         pool = _pool(f"get{self._threads}", self._threads)
-        futures = [pool.submit(run, b) for b in batches]
-        for f in futures:
+        for f in [pool.submit(run, b) for b in batches]:
             f.result()
 
     def advise(self, offsets, nbytes) -> None:
-        """Starts GETs of these pieces in the background (see `read_ahead`)."""
+        """Starts GETs of these pieces in the background, within `READAHEAD_BYTES`."""
         try:
             offsets = np.asarray(offsets, np.int64).reshape(-1)
             nbytes = np.asarray(nbytes, np.int64).reshape(-1)
             order = np.argsort(offsets, kind="stable")
             offsets, nbytes = offsets[order], nbytes[order]
-            sums = np.concatenate([[0], np.cumsum(nbytes)])
-            self._ahead.hint(
-                [
-                    (start, end, int(sums[b] - sums[a]))
-                    for start, end, a, b in plan_requests(offsets, nbytes)
-                ]
-            )
+            sums = np.concatenate([[0], np.cumsum(nbytes)]).tolist()
+            with self._lock:
+                batch: list[_Ahead] = []
+                for start, end, a, b in plan_requests(offsets, nbytes):
+                    k = bisect.bisect_right(self._ahead_starts, start) - 1
+                    if k >= 0 and self._ahead[self._ahead_starts[k]].end >= end:
+                        continue  # covered
+                    size = end - start
+                    self._evict(size)
+                    if (
+                        self._ahead_held + size > READAHEAD_BYTES
+                        or start in self._ahead
+                    ):
+                        continue
+                    request = _Ahead(start, end, None, len(batch), sums[b] - sums[a])
+                    batch.append(request)
+                    self._ahead[start] = request
+                    bisect.insort(self._ahead_starts, start)
+                    self._ahead_held += size
+                    if len(batch) == self._batch:
+                        self._send(batch)
+                        batch = []
+                if batch:
+                    self._send(batch)
         except Exception:  # a hint must never fail the pipeline
             return
+
+    def _send(self, batch: list[_Ahead]) -> None:
+        pool = _pool(f"ahead{self._threads}", self._threads)
+        future = pool.submit(self._get_many, [(r.start, r.end) for r in batch])
+        for r in batch:
+            r.future = future
+
+    def _evict(self, size: int) -> None:
+        if self._ahead_held + size <= READAHEAD_BYTES:
+            return  # (listing the held requests per hint cost ~7% of a reader)
+        for start in list(self._ahead):
+            if self._ahead_held + size <= READAHEAD_BYTES:
+                return
+            if (future := self._ahead[start].future) is not None and future.done():
+                self._drop(start)
+
+    def _drop(self, start: int) -> None:
+        request = self._ahead.pop(start)
+        self._ahead_starts.pop(bisect.bisect_left(self._ahead_starts, start))
+        self._ahead_held -= request.end - request.start
+
+    def _take(self, off: int, n: int, dest: memoryview, d: int) -> bool:
+        """Copies bytes `[off, off + n)` pinned or read ahead to `dest[d:]`, if held."""
+        piece = self._pinned.find(off, n) if self._pinned.starts else None
+        if piece is not None:
+            dest[d : d + n] = piece
+            return True
+        if not self._ahead_held:
+            return False
+        parts = []
+        with self._lock:
+            pos, end = off, off + n
+            while pos < end:
+                k = bisect.bisect_right(self._ahead_starts, pos) - 1
+                request = self._ahead[self._ahead_starts[k]] if k >= 0 else None
+                if request is None or request.end <= pos:
+                    return False
+                parts.append(request)
+                pos = request.end
+        pos = off
+        for request in parts:
+            try:
+                data = request.future.result()[request.index]
+            except Exception:  # the read's own GET reports it
+                return False
+            stop = min(off + n, request.end)
+            view = np.frombuffer(data, np.uint8)
+            dest[d + pos - off : d + stop - off] = view[
+                pos - request.start : stop - request.start
+            ]
+            with self._lock:
+                request.taken += stop - pos
+                held = self._ahead.get(request.start) is request
+                if held and request.taken >= request.needed:
+                    self._drop(request.start)
+            pos = stop
+        return True
 
     def pin(self, offsets, nbytes) -> None:
         """Fetches the pieces into memory (within `PIN_BYTES` per reader)."""
         try:
             for off, n in zip(offsets, nbytes, strict=True):
                 off, n = int(off), int(n)
-                with self._lock:
-                    if self._pinned_bytes + n > PIN_BYTES:
-                        return
-                    if self._from_pinned(off, n) is not None:
-                        continue
-                buf = bytearray(n)
-                self.read_into(np.frombuffer(buf, np.uint8), [off], [n], [0])
-                with self._lock:
-                    k = bisect.bisect_right(self._pinned_starts, off)
-                    self._pinned_starts.insert(k, off)
-                    self._pinned.insert(k, (off, bytes(buf)))
-                    self._pinned_bytes += n
+                if self._pinned.nbytes + n > PIN_BYTES:
+                    return
+                if self._pinned.find(off, n) is None:
+                    buf = np.empty(n, np.uint8)
+                    self.read_into(buf, [off], [n], [0])
+                    self._pinned.add(off, buf)
         except Exception:  # a hint: the read itself reports failures
             return
 
     def stat(self) -> FileStat:
-        """The version read, or (ETag not following content) the version now.
-
-        The latter at most every `content_check_s` seconds (`_versions.version_of`).
-        """
+        """The version read, or (an ETag not following content) the version now."""
         if not self._stat.content or self._table is not None:
             return self._stat  # every read is checked (ETag; `verify_reads`)
         now = time.monotonic()
@@ -265,9 +351,11 @@ class RemoteByteReader:
         return _versions.version_of(self.name, self._options, self._store())
 
     def close(self) -> None:
-        """Drops the pinned and read-ahead pieces."""
-        self._ahead.clear()
+        """Drops the pinned and read-ahead pieces (cancels GETs not started)."""
+        self._pinned = Pieces()
         with self._lock:
-            self._pinned_starts.clear()
-            self._pinned.clear()
-            self._pinned_bytes = 0
+            for request in self._ahead.values():
+                request.future.cancel()
+            self._ahead.clear()
+            self._ahead_starts.clear()
+            self._ahead_held = 0

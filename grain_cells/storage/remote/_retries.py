@@ -32,11 +32,7 @@ POLICY_KEYS = ("retry_config", "client_options")
 
 
 def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The `retry_config` for obstore: the defaults, overridden key by key.
-
-    Raises:
-      ValueError: `retry_config` is not a mapping, or has an unknown key.
-    """
+    """The `retry_config` for obstore: defaults overridden by key (`ValueError`)."""
     given = _mapping(storage_options, "retry_config")
     unknown = set(given) - set(DEFAULT_RETRY)
     if unknown:
@@ -49,42 +45,25 @@ def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, 
     return out
 
 
-def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The `client_options` for obstore: defaults < the environment's < given."""
-    return {
-        **DEFAULT_CLIENT,
-        **_client_options_from_env(),
-        **_mapping(storage_options, "client_options"),
-    }
-
-
 # obstore's ClientConfig keys that its stores also read from the environment
 # (`AWS_ALLOW_HTTP`, ...). Passing `client_options` replaces what obstore took
 # from there, so they are read here and kept (below explicit options).
-_ENV_CLIENT_KEYS = (
-    "allow_http",
-    "allow_invalid_certificates",
-    "connect_timeout",
-    "pool_idle_timeout",
-    "pool_max_idle_per_host",
-    "proxy_url",
-    "proxy_ca_certificate",
-    "proxy_excludes",
-    "timeout",
-    "user_agent",
+_ENV_CLIENT_KEYS = re.compile(
+    "ALLOW_HTTP|ALLOW_INVALID_CERTIFICATES|CONNECT_TIMEOUT|POOL_IDLE_TIMEOUT|"
+    "POOL_MAX_IDLE_PER_HOST|PROXY_URL|PROXY_CA_CERTIFICATE|PROXY_EXCLUDES|"
+    "TIMEOUT|USER_AGENT"
 )
-_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
 
 
-def _client_options_from_env() -> dict[str, str]:
-    out = {}
-    for key in _ENV_CLIENT_KEYS:
-        for prefix in _ENV_PREFIXES:
-            value = os.environ.get(prefix + key.upper())
-            if value is not None:
-                out[key] = value
-                break
-    return out
+def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `client_options` for obstore: defaults < the environment's < given."""
+    out = dict(DEFAULT_CLIENT)
+    for prefix in ("AZURE_", "GOOGLE_", "AWS_"):  # the last set wins
+        for name, value in os.environ.items():
+            key = name[len(prefix) :]
+            if name.startswith(prefix) and _ENV_CLIENT_KEYS.fullmatch(key):
+                out[key.lower()] = value
+    return {**out, **_mapping(storage_options, "client_options")}
 
 
 def _mapping(storage_options, key: str) -> dict[str, Any]:
@@ -107,15 +86,9 @@ _RETRIES = re.compile(r"after (\d+) retries")
 _STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>")
 # What hyper/reqwest say (in obstore's debug text) of a connection cut short.
-_DROPPED = (
-    "IncompleteMessage",
-    "IncompleteBody",
-    "UnexpectedEof",
-    "ConnectionReset",
-    "ConnectionAborted",
-    "BrokenPipe",
-    "body error",
-    "error sending request",
+_DROPPED = re.compile(
+    "IncompleteMessage|IncompleteBody|UnexpectedEof|ConnectionReset|"
+    "ConnectionAborted|BrokenPipe|body error|error sending request"
 )
 
 
@@ -133,40 +106,27 @@ def describe(error: BaseException) -> tuple[int | None, str, int | None]:
             cause += f" ({code.group(1)})"
     elif "TimedOut" in text or "kind: Timeout" in text:
         cause = f"timed out ({what})"
-    elif any(mark in text for mark in _DROPPED):
+    elif _DROPPED.search(text):
         cause = f"connection dropped ({what})"
     else:
         cause = what
-    return (
-        int(status.group(1)) if status else None,
-        cause,
-        int(retries.group(1)) if retries else None,
-    )
+    n = int(retries.group(1)) if retries else None
+    return (int(status.group(1)) if status else None), cause, n
 
 
 def named_error(
-    error: BaseException,
-    *,
-    url: str,
-    ranges: list[tuple[int, int]],
-    retry: Mapping[str, Any],
-    elapsed_s: float,
+    error, url: str, storage_options, ranges, elapsed_s
 ) -> ObjectStoreError:
-    """The `ObjectStoreError` of a range read that failed for good."""
+    """The `ObjectStoreError` of range reads `[(start, end)]` that failed for good."""
     status, cause, retries = describe(error)
-    limit = retry.get("max_retries", DEFAULT_RETRY["max_retries"])
-    attempts = retries + 1 if retries is not None else None
-    said = (
-        f"{attempts} attempts"
-        if attempts is not None
-        else f"up to {limit + 1} attempts (obstore did not say how many)"
-    )
-    lo = min(start for start, _ in ranges)
-    hi = max(stop for _, stop in ranges)
-    where = f"bytes {lo}-{hi - 1}" + (
-        f" ({len(ranges)} ranges)" if len(ranges) > 1 else ""
-    )
-    timeout = retry.get("retry_timeout", DEFAULT_RETRY["retry_timeout"])
+    retry = retry_config(storage_options)
+    limit, timeout = retry["max_retries"], retry["retry_timeout"]
+    n = retries + 1 if retries is not None else None
+    said = f"{n} attempts" if n is not None else f"up to {limit + 1} attempts"
+    if n is None:
+        said += " (obstore did not say how many)"
+    lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+    where = f"bytes {lo}-{hi - 1}" + (f" ({len(ranges)} ranges)" * (len(ranges) > 1))
     message = (
         f"{url}: range read of {where} failed after {said} in {elapsed_s:.1f} s: "
         f"{cause}. Retries allow {limit} retries within {timeout}; if the "
@@ -174,10 +134,5 @@ def named_error(
         "(max_retries, retry_timeout) or ['client_options'] (timeout)."
     )
     return ObjectStoreError(
-        message,
-        url=url,
-        byte_range=(lo, hi),
-        status=status,
-        cause=cause,
-        attempts=attempts,
+        message, url=url, byte_range=(lo, hi), status=status, cause=cause, attempts=n
     )

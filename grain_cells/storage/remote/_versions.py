@@ -5,6 +5,8 @@ Design notes: docs/reference/design.md#storage-remote-versions.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -16,7 +18,6 @@ from grain_cells.storage.remote import _range_gets, _store
 
 CONTENT_WINDOWS = 32
 CONTENT_WINDOW = 4 << 10  # bytes: 128 KiB read per check in all
-DEFAULT_CONTENT_CHECK_S = 60.0
 DIGEST_BLOCK = 64 << 10  # bytes per digest of `verify_reads`
 _DIGEST_BYTES = 8
 _BLOCKS_PREFIX = "blocks:"
@@ -27,12 +28,8 @@ _tables = fork.ProcessCache()
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
 
-def tag_follows_content(url: str, stat: _store.ObjectStat) -> bool:
-    """Whether `stat.etag` changes whenever the object's bytes do.
-
-    Not over `http(s)://`, for a missing or weak ETag, or a hex one holding the
-    size (nginx, Apache; `endpoint_url` may point `s3://` at such a server).
-    """
+def tag_follows_content(url: str, stat: FileStat) -> bool:
+    """Whether the ETag follows the bytes: not over HTTP, weak, or holding the size."""
     if url.split("://", 1)[0].lower() in ("http", "https"):
         return False
     etag = stat.etag.strip()
@@ -47,71 +44,48 @@ def content_windows(size: int) -> list[tuple[int, int]]:
     if size <= CONTENT_WINDOWS * CONTENT_WINDOW:
         return [(0, size)] if size else []
     last = size - CONTENT_WINDOW
-    starts = sorted(
-        {math.floor(k * last / (CONTENT_WINDOWS - 1)) for k in range(CONTENT_WINDOWS)}
-    )
-    return [(s, s + CONTENT_WINDOW) for s in starts]
-
-
-def content_digest(
-    url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
-) -> str:
-    """SHA-256 of the object's sampled windows (one batch of range GETs)."""
-    windows = content_windows(stat.size)
-    digest = hashlib.sha256(f"{stat.size}".encode())
-    if windows:
-        datas = _range_gets.get_ranges(url, storage_options, windows, stat, store)
-        for data in datas:
-            digest.update(memoryview(data))
-    return "sha256:" + digest.hexdigest()[:32]
+    starts = {
+        math.floor(k * last / (CONTENT_WINDOWS - 1)) for k in range(CONTENT_WINDOWS)
+    }
+    return [(s, s + CONTENT_WINDOW) for s in sorted(starts)]
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
     """The object's version now: one HEAD, and a content digest where needed.
 
-    Raises:
-        FileNotFoundError: No such object.
-        PermissionError: Credentials are missing or refused.
-        errors.SourceChangedError: It changed between the HEAD and the GETs.
+    Raises as `head`, or `SourceChangedError` if it changes while digested.
     """
     stat = _store.head(url, storage_options)
     content = ""
     if verify_reads(storage_options):
-        table = block_digests(url, storage_options, stat, store)
+        table = _block_digests(url, storage_options, stat, store)
         content = _BLOCKS_PREFIX + hashlib.sha256(table).hexdigest()[:32]
         _tables.get_or_make((url, content), lambda: table)
     elif not tag_follows_content(url, stat):
-        content = content_digest(url, storage_options, stat, store)
-    return FileStat(0, 0, stat.size, stat.last_modified_ns, 0, stat.etag, content)
+        digest = hashlib.sha256(f"{stat.size}".encode())
+        if windows := content_windows(stat.size):
+            for data in _range_gets.get_ranges(
+                url, storage_options, windows, stat, store
+            ):
+                digest.update(memoryview(data))
+        content = "sha256:" + digest.hexdigest()[:32]
+    return dataclasses.replace(stat, content=content)
 
 
-def verify_reads(storage_options: dict | None) -> bool:
-    """The `verify_reads` storage option (default False)."""
-    return _store.option(
-        storage_options,
-        "verify_reads",
-        False,
-        lambda v: isinstance(v, bool),
-        "True or False (check every byte read against block digests of the "
-        "whole object, read when each process opens it)",
-    )
+verify_reads = functools.partial(_store.option, name="verify_reads")
+content_check_s = functools.partial(_store.option, name="content_check_s")
 
 
-def block_digests(
-    url: str, storage_options: dict | None, stat: _store.ObjectStat, store=None
-) -> bytes:
+def _block_digests(url, storage_options, stat: FileStat, store) -> bytes:
     """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes (one streamed GET)."""
     import obstore
     from obstore import exceptions as ox
 
-    if store is None:
-        store = _store.store_for(url, storage_options)
+    store = _store.store_for(url, storage_options) if store is None else store
     _, key = _store.split_url(url)
     options = {"if_match": stat.etag} if stat.etag else {}
     _store.count_request("get")
-    table = bytearray()
-    pending = bytearray()
-    total = 0
+    table, pending, total = bytearray(), bytearray(), 0
     try:
         for chunk in obstore.get(store, key, options=options).stream(4 << 20):
             pending += memoryview(chunk)
@@ -141,40 +115,36 @@ def _digest(data) -> bytes:
     return hashlib.blake2b(data, digest_size=_DIGEST_BYTES).digest()
 
 
-def block_table(url: str, storage_options: dict | None, stat: FileStat, store=None):
-    """The `verify_reads` table of the version `stat` names (None: not verified).
-
-    Digests the object now in a process that has not yet (`SourceChangedError`
-    when it no longer matches).
-    """
+def block_table(url: str, storage_options: dict | None, stat: FileStat):
+    """The `verify_reads` table of `stat` (None: unverified); digests once a process."""
     if not stat.content.startswith(_BLOCKS_PREFIX):
         return None
     table = _tables.get((url, stat.content))
     if table is None:
-        now = version_of(url, storage_options, store)
-        if now.content != stat.content:
+        if version_of(url, storage_options).content != stat.content:
             raise _differ(url, 0, stat.size)
         table = _tables[(url, stat.content)]
     return table
 
 
-def widen(start: int, end: int, size: int) -> tuple[int, int]:
-    """`[start, end)` widened to whole `DIGEST_BLOCK` blocks (within `size`)."""
-    return (
-        start - start % DIGEST_BLOCK,
-        min(size, -(-end // DIGEST_BLOCK) * DIGEST_BLOCK),
-    )
+def widen(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """Each `[start, end)` widened to whole `DIGEST_BLOCK` blocks (within `size`)."""
+    block = DIGEST_BLOCK
+    return [(a - a % block, min(size, -(-b // block) * block)) for a, b in ranges]
 
 
-def check_blocks(url: str, table: bytes, start: int, data) -> None:
-    """Checks whole blocks read from `start` against `table` (`SourceChangedError`)."""
-    view = memoryview(data)
-    first = start // DIGEST_BLOCK
-    for i, off in enumerate(range(0, len(view), DIGEST_BLOCK)):
-        k = (first + i) * _DIGEST_BYTES
-        if _digest(view[off : off + DIGEST_BLOCK]) != table[k : k + _DIGEST_BYTES]:
-            a = start + off
-            raise _differ(url, a, a + min(DIGEST_BLOCK, len(view) - off))
+def check_blocks(url: str, table: bytes, ranges, wide, datas) -> list:
+    """The bytes of `ranges` cut from the blocks `wide` read (`SourceChangedError`)."""
+    out = []
+    for (a, b), (start, _), data in zip(ranges, wide, datas, strict=True):
+        view = memoryview(data)
+        for i, off in enumerate(range(0, len(view), DIGEST_BLOCK)):
+            k = (start // DIGEST_BLOCK + i) * _DIGEST_BYTES
+            if _digest(view[off : off + DIGEST_BLOCK]) != table[k : k + _DIGEST_BYTES]:
+                end = start + off + min(DIGEST_BLOCK, len(view) - off)
+                raise _differ(url, start + off, end)
+        out.append(view[a - start : b - start])
+    return out
 
 
 def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
@@ -186,18 +156,4 @@ def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
         "which HTTP's headers cannot show. No byte of the new version was "
         "returned. Build a new source (and do not restore iterator state "
         "saved for the old data)."
-    )
-
-
-def content_check_s(storage_options: dict | None) -> float:
-    """The `content_check_s` storage option (default `DEFAULT_CONTENT_CHECK_S`)."""
-    return float(
-        _store.option(
-            storage_options,
-            "content_check_s",
-            DEFAULT_CONTENT_CHECK_S,
-            lambda v: _store.is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
-            "a number of seconds >= 0 (how often each process re-reads the "
-            "sampled bytes of an object whose ETag does not follow its content)",
-        )
     )
