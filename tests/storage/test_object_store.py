@@ -321,3 +321,38 @@ def test_anonymous_and_http_urls(rich, s3):
         grain_cells.AnnDataSource(http),
     ):
         np.testing.assert_array_equal(_dense(source.read(np.arange(10)).X), want)
+
+
+def _gets_settle(before: dict) -> dict:
+    """Request counts since `before`, once the background GETs have stopped."""
+    seen, deadline = _counts_since(before), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = _counts_since(before)
+        if now == seen:
+            break
+        seen = now
+    return seen
+
+
+def test_a_hint_larger_than_the_budget_still_reads_ahead(tmp_path, s3, monkeypatch):
+    # A hint that overflows the read-ahead budget is cut to what fits: its
+    # requests go out, and later hints keep working (a hint's own unsent
+    # requests once stopped eviction and stayed held, never sent).
+    from grain_cells.storage.remote import _reader
+
+    n, genes = 6_000, 200  # blocks of 4 rows: ~3 KB pieces, 240 KB apart
+    x = np.arange(n, dtype=np.float32)[:, None] * 1000 + np.arange(genes) + 1
+    path = str(tmp_path / "wide.h5ad")
+    anndata.AnnData(sp.csr_matrix(x)).write_h5ad(path)
+    url = s3.upload(path, "budget/wide.h5ad")
+    monkeypatch.setattr(_reader, "READAHEAD_BYTES", 20_000)  # a few requests
+    source = grain_cells.AnnDataSource(url, block_size=4, storage_options=s3.options)
+    keys = np.random.default_rng(3).permutation(len(source))
+    source.read_blocks(keys[:1])  # opens the file (indptr pinned)
+    for hint in (keys[1:21], keys[21:41]):
+        before = object_store.request_counts()
+        source.advise(hint)
+        assert _gets_settle(before).get("get", 0) >= 1
+        rows = (hint[:, None] * 4 + np.arange(4)).ravel()
+        np.testing.assert_array_equal(_dense(source.read_blocks(hint).X), x[rows])
