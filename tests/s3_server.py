@@ -117,14 +117,21 @@ def moto_endpoint(tmp_path_factory, name: str, env: dict | None = None):
         import portpicker
     except ImportError as e:
         pytest.skip(f"moto[server] is not installed ({e}): pip install 'moto[server]'")
-    port = portpicker.pick_unused_port()
     with pytest.MonkeyPatch.context() as patch:
         for key, value in (env or {}).items():
             patch.setenv(key, value)
-        try:
-            server = start_moto(port, tmp_path_factory.mktemp(name) / "server.log")
-        except (OSError, RuntimeError) as e:  # e.g. a sandbox without loopback
-            pytest.skip(f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}")
+        # A port picked free can be taken before moto binds it (another test
+        # process starting its own server): a new port, up to three times.
+        for attempt in range(3):
+            port = portpicker.pick_unused_port()
+            try:
+                server = start_moto(port, tmp_path_factory.mktemp(name) / "server.log")
+                break
+            except (OSError, RuntimeError) as e:  # e.g. a sandbox without loopback
+                if attempt == 2 or "Address already in use" not in str(e):
+                    pytest.skip(
+                        f"the moto S3 server cannot start on 127.0.0.1:{port}: {e}"
+                    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
