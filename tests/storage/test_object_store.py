@@ -273,14 +273,8 @@ def test_read_ahead_serves_hinted_blocks(parts, s3):
     source.read_blocks(keys[:1])  # opens the files (indptr pinned)
     before = object_store.request_counts()
     source.advise(keys)  # returns at once; the GETs run in the background
-    hinted, deadline = _counts_since(before), time.monotonic() + 10
-    while time.monotonic() < deadline:  # until they have all been sent
-        time.sleep(0.5)
-        now = _counts_since(before)
-        if now == hinted and now["get"]:
-            break
-        hinted = now
-    assert hinted["get"] >= 1
+    hinted = _gets_settle(before, poll_s=0.5)  # until they have all been sent
+    assert hinted.get("get", 0) >= 1
     got = source.read_blocks(keys)
     assert _counts_since(before) == hinted  # every piece came from read-ahead
     np.testing.assert_array_equal(_dense(got.X), _dense(local.read_blocks(keys).X))
@@ -323,11 +317,11 @@ def test_anonymous_and_http_urls(rich, s3):
         np.testing.assert_array_equal(_dense(source.read(np.arange(10)).X), want)
 
 
-def _gets_settle(before: dict) -> dict:
+def _gets_settle(before: dict, poll_s: float = 0.1) -> dict:
     """Request counts since `before`, once background GETs were sent and stopped."""
     seen, deadline = _counts_since(before), time.monotonic() + 10
     while time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(poll_s)
         now = _counts_since(before)
         if now == seen and now.get("get"):
             break
