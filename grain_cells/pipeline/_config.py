@@ -186,11 +186,43 @@ def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     return PipelineOptions(**{**defaults, **taken}), others
 
 
-def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
-    """Warns when `remainder="drop"` leaves (almost) no minibatch per pass."""
+# Most bytes a reading process (a worker, or the trainer's without workers)
+# may hold for one fetch before `make_split` warns: see "A fetch's memory" in
+# docs/guides/performance.md.
+FETCH_MEMORY_BUDGET = 1 << 30
+
+
+def fetch_bytes(source: AnnDataSource, cells: float) -> int:
+    """Bytes a process holds for a fetch of `cells` cells: its decoded rows
+    (mean stored values per cell, from file metadata, times a value's bytes
+    and a 4-byte index if sparse) and as much again for its formatted minibatches.
+    """  # noqa: D205
+    infos = source.files.infos
+    values = sum(i.nnz if i.nnz is not None else i.n_obs * i.n_vars for i in infos)
+    per_value = source.dtype.itemsize + (4 if source.is_sparse else 0)
+    return int(2 * cells * values / max(1, sum(i.n_obs for i in infos)) * per_value)
+
+
+def _warn_about_fetches(source: AnnDataSource, config: FetchConfig) -> None:
+    """Warns when a fetch passes `FETCH_MEMORY_BUDGET`, or when
+    `remainder="drop"` leaves (almost) no minibatch per pass.
+    """  # noqa: D205
     selected, blocks = source.num_selected_cells, len(source)
     per_fetch = min(config.blocks_per_fetch, blocks) * selected / blocks
-    if per_fetch >= config.batch_size:
+    size, factor = fetch_bytes(source, per_fetch), config.fetch_factor
+    if size > FETCH_MEMORY_BUDGET:
+        while factor > 1 and size * factor > FETCH_MEMORY_BUDGET * config.fetch_factor:
+            factor //= 2
+        warnings.warn(
+            f"batch_size={config.batch_size}, fetch_factor={config.fetch_factor}: "
+            f"each worker (or this process, without workers) holds about "
+            f"{size / 2**30:.2f} GiB for a fetch of about {per_fetch:.0f} cells "
+            f"(its decoded rows and its formatted minibatches), over the "
+            f"{FETCH_MEMORY_BUDGET / 2**30:g} GiB budget per worker. Pass a "
+            f"smaller fetch_factor (e.g. fetch_factor={factor}).",
+            stacklevel=4,
+        )
+    if config.remainder != "drop" or per_fetch >= config.batch_size:
         return
     how = "no" if selected < config.batch_size else "almost no"
     warnings.warn(
@@ -265,8 +297,7 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
         # Chunk-grid blocks hold varying cells: a fetch takes enough blocks
         # for the cells asked, its last minibatch padded or dropped.
         config = dataclasses.replace(config, cover=True)
-    if o.remainder == "drop":
-        _warn_if_nothing_left(source, config)
+    _warn_about_fetches(source, config)
     return SplitFetch(source, config, o.extra)
 
 
