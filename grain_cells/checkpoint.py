@@ -15,7 +15,7 @@ count that saved it. What they add is restoring on another count Q:
   `grain_cells` states of the same pipeline (stamp), at the same step and
   epoch and with the same plan (origin, shard count, pieces). Then any one of them
   tells where every old process stood, and `iterator.set_state` hands the
-  rest of the stream over to this process's shard (`grain_cells.pipeline._resume`):
+  rest of the stream over to this process's shard (`grain_cells.pipeline._stage`):
   every remaining cell exactly once. Anything else is refused with
   `CheckpointMismatchError` naming the folder and what differs. States of
   other iterators (a plain `grain.DataLoader`) restore on P processes only.

@@ -12,8 +12,8 @@ from grain_cells._util import arguments, cores
 from grain_cells.pipeline import _state_checks
 from grain_cells.pipeline._fetch import SplitFetch
 from grain_cells.pipeline._iterator import CellIterator
-from grain_cells.pipeline._resume import Position
 from grain_cells.pipeline._stage import (
+    Position,
     advances_epochs,
     check_countable,
     plan_minibatches,

@@ -15,8 +15,12 @@ import grain
 from grain_cells import transport
 from grain_cells.errors import IteratorClosedError
 from grain_cells.pipeline import _state_checks
-from grain_cells.pipeline._resume import Position
-from grain_cells.pipeline._stage import ReadFetch, check_countable, plan_minibatches
+from grain_cells.pipeline._stage import (
+    Position,
+    ReadFetch,
+    check_countable,
+    plan_minibatches,
+)
 
 # Records are fetch numbers that cost nothing to read: no reader threads.
 READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)

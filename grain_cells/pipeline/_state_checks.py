@@ -10,8 +10,12 @@ import re
 
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import files_entry, source_identity
-from grain_cells.pipeline._resume import Position, hand_over
-from grain_cells.pipeline._stage import advances_epochs, count_minibatches
+from grain_cells.pipeline._stage import (
+    Position,
+    advances_epochs,
+    count_minibatches,
+    hand_over,
+)
 from grain_cells.sampling import BlockStream
 
 STAMP = "grain_cells"
