@@ -1,7 +1,4 @@
-"""The pipeline's keywords, declared once: `PipelineOptions`.
-
-`keywords` declares which of them an entry point takes, `options_of` checks
-them, `make_split` and `make_sampler` bind them to a source.
+"""The pipeline's keywords, declared once (`PipelineOptions`), and bound to a source.
 
 Design notes: docs/reference/design.md#pipeline-config.
 """
@@ -137,11 +134,9 @@ ALL = tuple(_FIELDS)
 
 
 def keywords(names: tuple, more: str = "", **defaults):
-    """Declares that an entry point takes the `PipelineOptions` fields `names`.
-
-    Sets its `__signature__` (what `help()` shows), `defaults` overriding the
-    dataclass's; `more` names a `**` parameter for the entry point's own.
-    """
+    """Declares that an entry point takes the fields `names` (its `__signature__`);
+    `more` names a `**` parameter for the entry point's own keywords.
+    """  # noqa: D205
 
     def declare(entry):
         sig = inspect.signature(entry)
@@ -166,10 +161,7 @@ def keywords(names: tuple, more: str = "", **defaults):
 def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     """The `PipelineOptions` an entry point was given, and its other keywords.
 
-    Raises:
-        TypeError: A keyword the entry point does not take (without `more`),
-            or `batch_size` is missing.
-        ValueError: A value is out of range (named, as in `PipelineOptions`).
+    Raises `TypeError` (a keyword it does not take, no `batch_size`) or `ValueError`.
     """
     names, defaults, more = entry._keywords
     others = {k: v for k, v in given.items() if k not in names}
@@ -254,22 +246,17 @@ def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
 
 
 def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
-    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks.
-
-    (A compressed source built without `block_size` has chunk-grid blocks.)
-    """
+    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks."""
     if source.fetch_blocks is None:
         return 16
     return chunk_fetch_factor(batch_size, source.block_size, source.fetch_blocks)
 
 
 def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
-    """The fetch transform of `options` over `source`.
+    """The fetch transform of `options` over `source`; warns of large fetches.
 
-    Raises:
-        TypeError: `source` is not an `AnnDataSource`.
-        ValueError: `condition` is no obs column of the source, or a fetch's
-            cells are not a whole number of minibatches.
+    Raises `TypeError` (not a source) or `ValueError` (`condition` is no obs
+    column, or a fetch is not a whole number of minibatches).
     """
     arguments.check_source(source, AnnDataSource)
     o = options

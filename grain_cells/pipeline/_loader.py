@@ -268,11 +268,7 @@ class DataLoader:
 
 
 class CheckedIterator:
-    """A `DataLoader`'s iterator: a `CellIterator` whose states are JSON bytes.
-
-    (What orbax's Grain handler writes for a loader iterator.) Everything else
-    (`close`, `epoch`, `start_prefetch`, ...) is the `CellIterator`'s.
-    """
+    """A `DataLoader`'s iterator: a `CellIterator` whose states are JSON bytes."""
 
     def __init__(self, iterator: CellIterator):
         self._it = iterator
