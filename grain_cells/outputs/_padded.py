@@ -171,11 +171,9 @@ def fit_width(source, quantile: float, read=None) -> int:
 
 
 class TruncationReport:
-    """Warns once per loader, in the trainer, about cells the padded `outputs` cut.
-
-    `outputs`: key prefix -> output. A user's width warns at the first truncated
-    cell; a fitted width only past twice `1 - quantile` of cells plus `_MARGIN_CELLS`.
-    """
+    """Warns once per loader about cells the padded `outputs` (by key prefix) cut:
+    a fitted width only past twice its quantile's share plus `_MARGIN_CELLS`.
+    """  # noqa: D205
 
     def __init__(self, outputs: dict[str, object]):
         self._outputs = {

@@ -27,7 +27,6 @@ class GroupBlocks:
         return "GroupBlocks()"
 
 
-# Where a script's unguarded top level started workers, once seen.
 _UNGUARDED_SITE: tuple[str, int] | None = None
 
 
