@@ -62,7 +62,8 @@ class PipelineOptions:
             cut into minibatches, the last one short and padded). Pair with
             `grain_cells.ConditionBlockSampler(..., worker_count=0)`.
         num_epochs: Sampler epochs per `iter()` (a loader epoch), or None
-            for an endless stream (see "Epochs" in `CellDataset`).
+            for an endless stream (see "Epochs and iterators" in the loading
+            guide).
         shard_options: This process's shard (e.g.
             `grain.sharding.ShardByJaxProcess()`).
         sampler: A sampler over the source's blocks (e.g. a

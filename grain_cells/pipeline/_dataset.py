@@ -145,7 +145,7 @@ class CellIterator(grain.DatasetIterator):
 
     @property
     def epoch(self) -> int:
-        """The epoch this iterator walks (see "Epochs" in `CellDataset`)."""
+        """The epoch this iterator walks."""
         return self._position.epoch
 
     def start_prefetch(self) -> None:
@@ -233,32 +233,8 @@ class CellIterator(grain.DatasetIterator):
 class CellDataset(grain.IterDataset):
     """Shuffled minibatches of a source; `cell_dataset(...)` builds one.
 
-    **Epochs**, the same for `cell_dataset`, `grain_cells.DataLoader` and
-    `grain_cells.loader` (which wrap this dataset). With a finite stream (a
-    grain_cells sampler with `num_epochs=E`, 1 by default) each `iter()` starts
-    the next epoch, as a torch `DataLoader` does, in a new order: epoch `e`
-    walks the sampler's stream from position `e * len(sampler)` on, i.e. the
-    sampler's epochs `e*E .. e*E + E - 1`, a pure function of (seed, epoch);
-    the in-fetch shuffle follows the blocks. `epoch` is the epoch the next
-    `iter()` starts, `set_epoch(e)` sets it (as torch's
-    `DistributedSampler.set_epoch`: make every epoch explicit with it when a
-    loop may start iterators it does not finish). The epoch is part of the
-    iterator's state: restoring a state resumes in its epoch, and the next
-    `iter()` starts the epoch after it. `len()` is the minibatches of the
-    epoch the next `iter()` starts, on this shard (with `remainder="drop"`,
-    less the dropped ones); a `TypeError` for an endless stream or with a
-    `condition`. An endless stream (`num_epochs=None`) reshuffles each
-    sampler epoch inside one iterator, and every `iter()` starts at its
-    beginning; so does a sampler that is not grain_cells' (a plain Grain
-    sampler). A plain `grain.DataLoader(sampler=BlockSampler(...),
-    operations=fetch_operations(...))` is Grain's own loader: each `iter()`
-    starts over at the sampler's first position (the same order), and its
-    epochs are the sampler's `num_epochs` within one iterator.
-
-    **Closing.** `close()` (or leaving a `with` block) stops the workers and
-    frees their shared memory at once; `next()` then raises
-    `errors.IteratorClosedError` (as does `set_state`); `get_state()` still
-    tells where it stopped.
+    Epochs, `len()` and `close()` are every spelling's: "Epochs and iterators"
+    in docs/guides/loading.md.
     """
 
     def __init__(
@@ -326,11 +302,11 @@ class CellDataset(grain.IterDataset):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next `iter()` starts (see "Epochs" above)."""
+        """The epoch the next `iter()` starts."""
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next `iter()` start epoch `epoch` (see "Epochs" above).
+        """Makes the next `iter()` start epoch `epoch`.
 
         Raises:
             ValueError: `epoch` is negative, or not 0 where every `iter()`

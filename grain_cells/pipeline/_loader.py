@@ -37,9 +37,8 @@ def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
             (`batch_size` required); `worker_buffer_size` counts fetches.
 
     Returns:
-        A `CellDataset` (an `IterDataset`) of minibatch dicts (see
-        `grain_cells.outputs`; epochs and `len()` as in "Epochs" of
-        `grain_cells.pipeline.CellDataset`). Pass `worker_count` rather than
+        A `CellDataset` (an `IterDataset`) of minibatch dicts (epochs and
+        `len()` as for every spelling). Pass `worker_count` rather than
         adding `.mp_prefetch`.
 
     Raises:
@@ -226,7 +225,7 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next `iter()` starts (see `CellDataset`'s "Epochs")."""
+        """The epoch the next `iter()` starts (see "Epochs and iterators")."""
         return self._dataset.epoch
 
     def set_epoch(self, epoch: int) -> None:
