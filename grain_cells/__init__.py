@@ -34,7 +34,7 @@ re-exported here; `io`, `hdf5`, `storage`, `transport` are internal.
 
 Every spelling gives the same minibatches for any worker count, resumable
 and restorable under another worker or shard count. Epochs, `len()` and
-`close()` are explained once, in `grain_cells.pipeline.CellDataset`.
+`close()`: "Epochs and iterators" in docs/guides/loading.md.
 """
 
 from importlib import metadata as _metadata

@@ -2,23 +2,13 @@
 
 `IteratorSave(iterator)` / `IteratorRestore(iterator)` take the place of
 `grain.checkpoint.CheckpointSave` / `CheckpointRestore` inside
-`ocp.args.Composite(...)`. They write what Grain's handler writes (each JAX
-process its iterator's state as `process_<i>-of-<P>.json`, the same content),
-so a checkpoint written by either restores with the other on the process
-count that saved it. What they add is restoring on another count Q:
-
-* Q == P: process `i` reads `process_<i>-of-<P>.json`, as Grain's handler
-  does (any iterator: `grain.DataLoader`'s, `grain_cells.DataLoader`'s, a
-  Grain dataset iterator's).
-* Q != P: every process reads all P files and checks that they are one
-  lock-step save of one grain_cells pipeline: all present, all
-  `grain_cells` states of the same pipeline (stamp), at the same step and
-  epoch and with the same plan (origin, shard count, pieces). Then any one of them
-  tells where every old process stood, and `iterator.set_state` hands the
-  rest of the stream over to this process's shard (`grain_cells.pipeline._resume`):
-  every remaining cell exactly once. Anything else is refused with
-  `CheckpointMismatchError` naming the folder and what differs. States of
-  other iterators (a plain `grain.DataLoader`) restore on P processes only.
+`ocp.args.Composite(...)` and write what Grain's handler writes (each JAX process
+its state as `process_<i>-of-<P>.json`). On P processes, process `i` reads its own
+file (any iterator). On Q != P, every process checks that all P files are one
+lock-step save of one grain_cells pipeline (same stamp, step, epoch and plan) and
+hands the rest of the stream over to its shard: every remaining cell exactly
+once; anything else raises `CheckpointMismatchError` naming the folder and what
+differs. See docs/guides/checkpoints.md.
 
 Example:
     >>> import orbax.checkpoint as ocp

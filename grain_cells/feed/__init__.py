@@ -1,11 +1,8 @@
 """Minibatches on the accelerator: `device_iterator(loader_iterator, ...)`.
 
-The last stage of the data path, in the trainer's process: a loader's NumPy
-minibatches become `jax.Array`s, one transfer ahead of the step, as one global array
-over every JAX process, with static shapes, optionally equal step counts on every
-process and densified expression. Its state is the loader's, so orbax checkpoints
-resume exactly. JAX is imported only when `device_iterator` is first used (Grain's
-workers import grain_cells and must not pay for JAX).
+A loader's NumPy minibatches become global `jax.Array`s over every JAX process,
+one copy ahead of the step, with static shapes; resumable as the loader is. JAX is
+imported on first use (Grain's workers never need it).
 
 Example:
     >>> batches = device_iterator(iter(loader), keys=("values", "indices", "mask"))

@@ -24,28 +24,20 @@ _CSR_KEYS = ("data", "indptr")  # CsrOutput's entries change shape every minibat
 
 
 class DeviceIterator:
-    """Minibatches as `jax.Array`s, `prefetch` transfers ahead of the step.
+    """Minibatches as global `jax.Array`s, `prefetch` copies ahead of the step.
 
-    Made by `device_iterator` (see there for the arguments). Yields dicts of global
-    `jax.Array`s, each entry's leading axis split by the sharding over every device of
-    every JAX process, in the first minibatch's shapes.
-
-    **Double buffering.** `next()` starts the copy of the next host minibatch before
-    it returns the one copied at the previous call, so minibatch `i + 1` is on its
-    way while the step runs on `i` (`prefetch=1`).
+    Made by `device_iterator`. `next()` starts the copy of the next minibatch
+    before it returns the one copied earlier (double buffering at `prefetch=1`).
 
     **State.** `get_state()` is the loader's state after the last minibatch
-    *returned* (not the prefetched ones), as JSON bytes (what orbax's Grain handler
-    and `grain_cells.checkpoint` write); `set_state()` drops the prefetched
-    minibatches and sets the loader. So
-    `grain_cells.checkpoint.IteratorSave(device_iterator)` resumes exactly.
+    *returned* (not the prefetched ones), as JSON bytes; `set_state()` drops the
+    prefetched ones, so `grain_cells.checkpoint.IteratorSave(device_iterator)`
+    resumes exactly.
 
     **Equal steps.** With `equal_steps=True` on several JAX processes, a process
     whose loader has run out yields *padding minibatches* (`mask` False, `row_ids`
-    -1, every other entry 0) until every loader has, so all stop together and a step
-    with collectives never waits for a process that has left. The processes agree
-    through one tiny collective per minibatch; `padding_steps` counts this process's
-    padding minibatches.
+    -1, every other entry 0) until every loader has, agreeing through one tiny
+    collective per minibatch; `padding_steps` counts this process's.
 
     Closable (`close()` or a `with` block): closes the loader's iterator.
 
@@ -58,13 +50,13 @@ class DeviceIterator:
     def __init__(self, source, sharding, keys, densify, pinned, prefetch, equal_steps):
         self._source = source
         self._sharding, self._keys, self._densify = sharding, keys, densify
-        self._pinned = pinned  # the pinned-host sharding copies stage through
+        self._pinned = pinned  # a pinned-host sharding to stage copies through
         self._spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         self._depth = prefetch + 1
         self._multi = jax.process_count() > 1
         self._agree = equal_steps and self._multi
-        self._flags = None  # `_any_process`' shardings and reduction
-        # (device arrays, state after them, any process has data, padding)
+        self._flags = None  # `_any_process`' sharding and reduction
+        # (device arrays, state after them, has any process data, padding)
         self._queue: collections.deque[tuple] = collections.deque()
         self._tracks_state = callable(getattr(source, "get_state", None))
         self._state = None  # the source's state after the last returned item

@@ -197,10 +197,7 @@ class DenseOutput(Output):
 
 
 def _all_distinct(flat: np.ndarray) -> bool:
-    """Whether no position repeats (cheap when rows store sorted columns).
-
-    Assignment is about 5x faster than `np.add.at` at minibatch sizes.
-    """
+    """Whether no position repeats (then assignment, 5x faster than `np.add.at`)."""
     if flat.size < 2 or (flat[1:] > flat[:-1]).all():
         return True
     ordered = np.sort(flat)

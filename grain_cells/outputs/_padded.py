@@ -1,22 +1,26 @@
 """`PaddedSparseOutput`: fixed-width sparse rows for `jax.jit` (static shapes).
 
-What its arrays hold: docs/reference/design.md#outputs-formats.
+What its arrays hold, and how its width is fitted from a sample of cells:
+docs/reference/design.md#outputs-formats and #outputs-width.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import arguments, stack
-from grain_cells.outputs import _width
+from grain_cells.io import RowBuffer
 from grain_cells.outputs._formats import Fetch, Output, dtype_name, zeros
 
 TRUNCATE = ("largest", "first", "error")
 _MARGIN_CELLS = 10  # cells a fitted width may cut beyond twice its quantile's share
+SAMPLE_CELLS = 4096  # cells a width is fitted on, in evenly spaced blocks
+WIDTH_MULTIPLE = 128  # a fitted width's multiple (lanes of a vector unit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +32,7 @@ class PaddedSparseOutput(Output):
             source when the pipeline is built: the `quantile` of stored
             values per cell over a deterministic sample of up to 4,096
             cells, rounded up to a multiple of 128 (see
-            `grain_cells.outputs._width`). `fit_to_source(source)` returns
+            `grain_cells.outputs._padded`). `fit_to_source(source)` returns
             the fitted output, e.g. to read its width.
         truncate: For a cell with more than `width` stored values:
             `"largest"` keeps its `width` largest values (ties: lower column
@@ -73,7 +77,7 @@ class PaddedSparseOutput(Output):
         """
         if self.width is not None:
             return self
-        width = _width.fit_width(source, self.quantile, read)
+        width = fit_width(source, self.quantile, read)
         fitted = dataclasses.replace(self, width=width)
         object.__setattr__(fitted, "_fitted", True)  # not a field: same fingerprint
         return fitted
@@ -142,12 +146,34 @@ class PaddedSparseOutput(Output):
         return fp
 
 
-class TruncationReport:
-    """Warns once per loader, in the trainer, about cells the padded `outputs` cut.
+def sample_ranges(source) -> tuple[np.ndarray, np.ndarray]:
+    """Global row ranges `(starts, stops)` of the sample's blocks, sorted by start."""
+    n_blocks = len(source)
+    k = min(n_blocks, max(1, math.ceil(SAMPLE_CELLS / source.block_size)))
+    keys = np.unique(np.rint(np.linspace(0, n_blocks - 1, k)).astype(np.int64))
+    _, starts, stops = source.block_ranges(keys)
+    order = np.argsort(starts, kind="stable")
+    return starts[order], stops[order]
 
-    `outputs`: key prefix -> output. A user's width warns at the first truncated
-    cell; a fitted width only past twice `1 - quantile` of cells plus `_MARGIN_CELLS`.
-    """
+
+def fit_width(source, quantile: float, read=None) -> int:
+    """The width fitted to `source`'s sample; `read` reads another matrix than X."""
+    if len(source) == 0:
+        return WIDTH_MULTIPLE
+    starts, stops = sample_ranges(source)
+    rows = (read or source.fetch_ranges)(starts, stops, RowBuffer())
+    if rows.csr is not None:
+        counts = np.diff(rows.csr.indptr)
+    else:
+        counts = np.count_nonzero(rows.dense, axis=1)
+    top = int(np.quantile(counts, quantile, method="higher")) if counts.size else 0
+    return max(WIDTH_MULTIPLE, -(-top // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+
+
+class TruncationReport:
+    """Warns once per loader about cells the padded `outputs` (by key prefix) cut:
+    a fitted width only past twice its quantile's share plus `_MARGIN_CELLS`.
+    """  # noqa: D205
 
     def __init__(self, outputs: dict[str, object]):
         self._outputs = {

@@ -1,13 +1,17 @@
 """The one pipeline: fetches read in workers, minibatches in order, resumable."""
 
-from grain_cells.pipeline._build import cell_dataset, loader
 from grain_cells.pipeline._config import PipelineOptions
-from grain_cells.pipeline._dataset import CellDataset
+from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
 from grain_cells.pipeline._extra import Layer, Obsm
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
-from grain_cells.pipeline._iterator import READ_OPTIONS, CellIterator
-from grain_cells.pipeline._loader import CheckedIterator, DataLoader, obs_frame
+from grain_cells.pipeline._loader import (
+    CheckedIterator,
+    DataLoader,
+    cell_dataset,
+    loader,
+    obs_frame,
+)
 from grain_cells.pipeline._state_checks import STAMP
 
 __all__ = [

@@ -1,7 +1,4 @@
-"""The pipeline's keywords, declared once: `PipelineOptions`.
-
-`keywords` declares which of them an entry point takes, `options_of` checks
-them, `make_split` and `make_sampler` bind them to a source.
+"""The pipeline's keywords, declared once (`PipelineOptions`), and bound to a source.
 
 Design notes: docs/reference/design.md#pipeline-config.
 """
@@ -65,7 +62,8 @@ class PipelineOptions:
             cut into minibatches, the last one short and padded). Pair with
             `grain_cells.ConditionBlockSampler(..., worker_count=0)`.
         num_epochs: Sampler epochs per `iter()` (a loader epoch), or None
-            for an endless stream (see "Epochs" in `CellDataset`).
+            for an endless stream (see "Epochs and iterators" in the loading
+            guide).
         shard_options: This process's shard (e.g.
             `grain.sharding.ShardByJaxProcess()`).
         sampler: A sampler over the source's blocks (e.g. a
@@ -137,11 +135,9 @@ ALL = tuple(_FIELDS)
 
 
 def keywords(names: tuple, more: str = "", **defaults):
-    """Declares that an entry point takes the `PipelineOptions` fields `names`.
-
-    Sets its `__signature__` (what `help()` shows), `defaults` overriding the
-    dataclass's; `more` names a `**` parameter for the entry point's own.
-    """
+    """Declares that an entry point takes the fields `names` (its `__signature__`);
+    `more` names a `**` parameter for the entry point's own keywords.
+    """  # noqa: D205
 
     def declare(entry):
         sig = inspect.signature(entry)
@@ -166,10 +162,7 @@ def keywords(names: tuple, more: str = "", **defaults):
 def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     """The `PipelineOptions` an entry point was given, and its other keywords.
 
-    Raises:
-        TypeError: A keyword the entry point does not take (without `more`),
-            or `batch_size` is missing.
-        ValueError: A value is out of range (named, as in `PipelineOptions`).
+    Raises `TypeError` (a keyword it does not take, no `batch_size`) or `ValueError`.
     """
     names, defaults, more = entry._keywords
     others = {k: v for k, v in given.items() if k not in names}
@@ -186,11 +179,43 @@ def options_of(entry, given: dict) -> tuple[PipelineOptions, dict]:
     return PipelineOptions(**{**defaults, **taken}), others
 
 
-def _warn_if_nothing_left(source: AnnDataSource, config: FetchConfig) -> None:
-    """Warns when `remainder="drop"` leaves (almost) no minibatch per pass."""
+# Most bytes a reading process (a worker, or the trainer's without workers)
+# may hold for one fetch before `make_split` warns: see "A fetch's memory" in
+# docs/guides/performance.md.
+FETCH_MEMORY_BUDGET = 1 << 30
+
+
+def fetch_bytes(source: AnnDataSource, cells: float) -> int:
+    """Bytes a process holds for a fetch of `cells` cells: its decoded rows
+    (mean stored values per cell, from file metadata, times a value's bytes
+    and a 4-byte index if sparse) and as much again for its formatted minibatches.
+    """  # noqa: D205
+    infos = source.files.infos
+    values = sum(i.nnz if i.nnz is not None else i.n_obs * i.n_vars for i in infos)
+    per_value = source.dtype.itemsize + (4 if source.is_sparse else 0)
+    return int(2 * cells * values / max(1, sum(i.n_obs for i in infos)) * per_value)
+
+
+def _warn_about_fetches(source: AnnDataSource, config: FetchConfig) -> None:
+    """Warns when a fetch passes `FETCH_MEMORY_BUDGET`, or when
+    `remainder="drop"` leaves (almost) no minibatch per pass.
+    """  # noqa: D205
     selected, blocks = source.num_selected_cells, len(source)
     per_fetch = min(config.blocks_per_fetch, blocks) * selected / blocks
-    if per_fetch >= config.batch_size:
+    size, factor = fetch_bytes(source, per_fetch), config.fetch_factor
+    if size > FETCH_MEMORY_BUDGET:
+        while factor > 1 and size * factor > FETCH_MEMORY_BUDGET * config.fetch_factor:
+            factor //= 2
+        warnings.warn(
+            f"batch_size={config.batch_size}, fetch_factor={config.fetch_factor}: "
+            f"each worker (or this process, without workers) holds about "
+            f"{size / 2**30:.2f} GiB for a fetch of about {per_fetch:.0f} cells "
+            f"(its decoded rows and its formatted minibatches), over the "
+            f"{FETCH_MEMORY_BUDGET / 2**30:g} GiB budget per worker. Pass a "
+            f"smaller fetch_factor (e.g. fetch_factor={factor}).",
+            stacklevel=4,
+        )
+    if config.remainder != "drop" or per_fetch >= config.batch_size:
         return
     how = "no" if selected < config.batch_size else "almost no"
     warnings.warn(
@@ -222,22 +247,17 @@ def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
 
 
 def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
-    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks.
-
-    (A compressed source built without `block_size` has chunk-grid blocks.)
-    """
+    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks."""
     if source.fetch_blocks is None:
         return 16
     return chunk_fetch_factor(batch_size, source.block_size, source.fetch_blocks)
 
 
 def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
-    """The fetch transform of `options` over `source`.
+    """The fetch transform of `options` over `source`; warns of large fetches.
 
-    Raises:
-        TypeError: `source` is not an `AnnDataSource`.
-        ValueError: `condition` is no obs column of the source, or a fetch's
-            cells are not a whole number of minibatches.
+    Raises `TypeError` (not a source) or `ValueError` (`condition` is no obs
+    column, or a fetch is not a whole number of minibatches).
     """
     arguments.check_source(source, AnnDataSource)
     o = options
@@ -265,8 +285,7 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
         # Chunk-grid blocks hold varying cells: a fetch takes enough blocks
         # for the cells asked, its last minibatch padded or dropped.
         config = dataclasses.replace(config, cover=True)
-    if o.remainder == "drop":
-        _warn_if_nothing_left(source, config)
+    _warn_about_fetches(source, config)
     return SplitFetch(source, config, o.extra)
 
 

@@ -78,9 +78,7 @@ class Obsm:
 class ElementReader:
     """Reads a `Layer` or an `Obsm` array of a source's cells (picklable).
 
-    Raises (on read): errors.MissingColumnError (a file lacks it),
-    errors.AnnDataFormatError (an obsm array is not 2-D dense, one row per
-    cell, of one width in every file), errors.SourceChangedError.
+    Reads raise `MissingColumnError`, `AnnDataFormatError` or `SourceChangedError`.
     """
 
     def __init__(self, source: AnnDataSource, spec: Layer | Obsm):
@@ -98,9 +96,7 @@ class ElementReader:
             self.spec = dataclasses.replace(spec, output=fit)
 
     def fetch(self, starts, stops, buffer: RowBuffer | None, key: int):
-        """Rows of sorted global ranges (X's, in X's buffer order): a layer's
-        as a `Fetch`, an obsm array's as a new dense array of its dtype.
-        """  # noqa: D205
+        """Rows of sorted global ranges: a layer's `Fetch`, or an obsm array."""
         rows = fetch_ranges(
             self._handles,
             self.cell_offsets,
@@ -117,7 +113,6 @@ class ElementReader:
         return self.fetch(starts, stops, None, 0)
 
     def close(self) -> None:
-        """Closes this process's file handles; they reopen on next use."""
         self._handles.close()
 
     def __repr__(self) -> str:
@@ -125,11 +120,7 @@ class ElementReader:
 
 
 def check_output(output, name: str = "output") -> None:
-    """Refuses what is not an output format (`"csr"`, a class, None).
-
-    Raises:
-        TypeError: `output` has no `format(fetch, rows, batch_size)`.
-    """
+    """`TypeError` unless `output` has `format(fetch, rows, batch_size)`."""
     if isinstance(output, (str, bytes, type)) or not callable(
         getattr(output, "format", None)
     ):
@@ -142,11 +133,7 @@ def check_output(output, name: str = "output") -> None:
 
 
 def readers(source: AnnDataSource, extra: dict | None) -> dict:
-    """Readers of the extra matrices, by output key.
-
-    Raises:
-        TypeError: `extra` is not a dict of `Layer` and `Obsm`.
-    """
+    """Readers of the extra matrices by key (`TypeError`: not `Layer`/`Obsm`)."""
     arguments.check_mapping("extra", extra)
     for key, spec in (extra or {}).items():
         if not isinstance(spec, Layer | Obsm):

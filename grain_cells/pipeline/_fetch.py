@@ -22,15 +22,10 @@ from grain_cells.source import AnnDataSource
 
 @dataclasses.dataclass(frozen=True)
 class FetchConfig:
-    """How a fetch is formed and split; `fingerprint()` identifies it.
+    """The fetch keywords of `PipelineOptions`, resolved for one source.
 
-    The fetch keywords of `PipelineOptions` (documented there), resolved for one
-    source by `make_split`, plus:
-
-    Attributes:
-        block_size: Cells per block (from the source).
-        cover: Blocks vary in size (a chunk grid): a fetch takes enough blocks
-            for `batch_size * fetch_factor` cells (rounding up).
+    `cover`: blocks vary in size (a chunk grid), so a fetch takes enough blocks
+    for `batch_size * fetch_factor` cells.
     """
 
     batch_size: int
@@ -46,7 +41,6 @@ class FetchConfig:
 
     @property
     def blocks_per_fetch(self) -> int:
-        """Blocks read together (`G`)."""
         cells = self.batch_size * self.fetch_factor
         if self.cover:
             return max(1, -(-cells // self.block_size))
@@ -54,39 +48,28 @@ class FetchConfig:
 
     @property
     def max_minibatches(self) -> int:
-        """Most minibatches one fetch yields.
-
-        With a condition, each block may start a condition of its own, whose
-        last minibatch is short.
-        """
+        """Most minibatches one fetch yields (a condition may start per block)."""
         n = math.ceil(self.blocks_per_fetch * self.block_size / self.batch_size)
         return n + self.blocks_per_fetch if self.condition else n
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records of the fetch (not the output, which has
-        its own, nor `cover`, which follows from the source).
-        """  # noqa: D205
+        """What a checkpoint records (not the output nor `cover`)."""
         names = [f.name for f in dataclasses.fields(self)]
         return {k: getattr(self, k) for k in names if k not in ("output", "cover")}
 
 
 class SplitFetch:
-    """Reads one fetch of blocks and splits it into shuffled minibatches.
+    """Reads one fetch of blocks into its shuffled `Minibatches` (no transport).
 
-    Knows nothing of processes or transport: `read(blocks)` returns the fetch's
-    `Minibatches`, each formatted with the allocator it is given.
+    Data-fitted outputs are fitted once, here.
     """
 
-    def __init__(
-        self, source: AnnDataSource, config: FetchConfig, extra: dict | None = None
-    ):
-        """Binds the transform to its source; fits data-fitted outputs here, once."""
+    def __init__(self, source: AnnDataSource, config: FetchConfig, extra=None):
         self.source = source
         output = declared(config.output).fit_to_source(source)
         self.config = dataclasses.replace(config, output=output)
         self.extra = _extra.readers(source, extra)
-        # Read buffers and their fetches (weak: a buffer is reused once its
-        # fetch is gone; two iterators may be alive at once).
+        # [buffer, weakref to its fetch]: reused once the fetch is gone.
         self._buffers: list = []
 
     def __repr__(self) -> str:
@@ -98,9 +81,7 @@ class SplitFetch:
         return state
 
     def fingerprint(self) -> dict:
-        """What a checkpoint records: the config's and output's fingerprints,
-        and each extra matrix's spec, by key (not the `repr`).
-        """  # noqa: D205
+        """What a checkpoint records: config, output and extra matrices."""
         return {
             "fetch": self.config.fingerprint(),
             "output": self.config.output.fingerprint(),
@@ -108,7 +89,7 @@ class SplitFetch:
         }
 
     def truncation_report(self) -> TruncationReport:
-        """A report on the padded outputs: X's and its extra layers'."""
+        """A report on the padded outputs of X and its extra layers."""
         outputs = {"": self.config.output}
         for name, reader in self.extra.items():
             if isinstance(reader.spec, _extra.Layer):
@@ -116,11 +97,9 @@ class SplitFetch:
         return TruncationReport(outputs)
 
     def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
-        """Positions into `row_ids` (sorted) of the fetch's cells, shuffled.
-
-        A block twice in one fetch (an endless stream's epoch boundary)
-        contributes its cells twice.
-        """
+        """Positions into `row_ids` (sorted) of the fetch's cells, shuffled
+        (a block twice in a fetch gives its cells twice).
+        """  # noqa: D205
         starts, stops = blocks[:, 2], blocks[:, 3]
         positions = np.searchsorted(row_ids, expand_ranges(starts, stops - starts))
         if self.config.shuffle:
@@ -163,9 +142,8 @@ class SplitFetch:
         return batches
 
     def _by_condition(self, order: np.ndarray, values: np.ndarray):
-        """`(order, bounds)`: the shuffled cells grouped by condition (order
-        kept within each); minibatch `i` is `order[bounds[i]:bounds[i + 1]]`,
-        at most `batch_size` cells of one condition.
+        """`(order, bounds)`: cells grouped by condition, minibatch `i` being
+        `order[bounds[i]:bounds[i + 1]]` (at most `batch_size` of one condition).
         """  # noqa: D205
         m = self.config.batch_size
         order = order[np.argsort(values[order], kind="stable")]
@@ -199,10 +177,8 @@ class SplitFetch:
 class Minibatches(collections.abc.Sequence):
     """The minibatches of one fetch, each formatted when asked for.
 
-    `format(i, empty)` builds minibatch `i` with arrays from `empty` (a worker's
-    allocates in its shared-memory slot); the fetch buffer stays alive meanwhile.
-    `report` (a `TruncationReport`) sees each formatted minibatch; with `send`,
-    item `i` is `send(format, i)` (a worker's handle of its slot).
+    `report` sees each formatted minibatch; with `send`, item `i` is
+    `send(format, i)` (a worker's handle of its slot).
     """
 
     report: TruncationReport | None = None
@@ -231,9 +207,7 @@ class Minibatches(collections.abc.Sequence):
         return self.format(i) if self.send is None else self.send(self.format, i)
 
     def format(self, i: int, empty=np.empty) -> dict:
-        """Minibatch `i` (in range), every array allocated with `empty`
-        (`np.empty`'s signature; in a worker, its slot's `slot_writer`).
-        """  # noqa: D205
+        """Minibatch `i`, its arrays made by `empty` (`np.empty`'s signature)."""
         split = self._split
         cfg = split.config
         rows = self._order[self._bounds[i] : self._bounds[i + 1]]
@@ -273,9 +247,5 @@ class Minibatches(collections.abc.Sequence):
 
 
 def fetch_key(seed: int, block_ids: np.ndarray) -> int:
-    """The 64-bit key of a fetch: a hash of the seed and its blocks in order.
-
-    Outputs draw from `(key, row id, ...)`: the same on restore, new for a cell
-    seen again in another fetch.
-    """
+    """The 64-bit key of a fetch: a hash of the seed and its blocks in order."""
     return counter_rng.hash64_int(int(seed), *(int(b) for b in block_ids))

@@ -27,7 +27,6 @@ class GroupBlocks:
         return "GroupBlocks()"
 
 
-# Where a script's unguarded top level started workers, once seen.
 _UNGUARDED_SITE: tuple[str, int] | None = None
 
 
@@ -140,13 +139,8 @@ def fetch_operations(source: AnnDataSource, **options) -> list:
 
 
 def fetch_of(operations) -> tuple[SplitFetch, tuple]:
-    """The fetch transform `fetch_operations` put in `operations`, and the
-    per-minibatch `Map`s after it (what `grain_cells.DataLoader` runs).
-
-    Raises:
-        TypeError: `operations` is not a list or tuple.
-        ValueError: It holds no `fetch_operations(...)`, or other operations
-            than `Map`s after it.
+    """The `SplitFetch` of `fetch_operations(...)` in `operations`, and the
+    `Map`s after it; `TypeError`/`ValueError` for anything else.
     """  # noqa: D205
     if not isinstance(operations, (list, tuple)):
         raise ArgumentTypeError(

@@ -1,13 +1,15 @@
 """The fetch stage: fetch `n` of a process -> its blocks -> its minibatches.
 
 A fetch is a pure function of its number, so the minibatch sequence does not
-depend on the worker count.
+depend on the worker count; a `Position` in that stream is an iterator's
+state, and `hand_over` resumes it under another shard count.
 
-Design notes: docs/reference/design.md#pipeline-stage.
+Design notes: docs/reference/design.md#pipeline-stage and #pipeline-resume.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import grain
@@ -21,27 +23,17 @@ MAX_AHEAD_FETCHES = 64
 
 
 class FetchPlan:
-    """Which sampler positions each fetch of one shard holds (picklable).
+    """Which sampler positions each fetch of shard `index` of `count` holds.
 
-    Args:
-        sampler: The stream of blocks (a `BlockSampler` or any Grain sampler
-            over the source's blocks); positions are global (all shards).
-        blocks_per_fetch: Blocks per fetch (`G`).
-        count: Shards.
-        index: This shard.
-        origin: First sampler position of the plan.
-        pieces: Every shard's pieces before the plan (a restore under another
-            shard count): `(positions, skip)` pairs, piece `k` to shard
-            `k % count`; `skip` minibatches of it were already emitted.
-        epoch: The loader's epoch: positions are read `epoch * len(sampler)`
-            further down the sampler's stream (its next pass; needs a
-            grain_cells sampler, whose stream goes on past its length).
+    From `origin` on, after `pieces` (a restore under another shard count:
+    `(positions, skip)`, piece `k` to shard `k % count`, `skip` minibatches
+    already emitted); `epoch` reads `epoch * len(sampler)` further down the stream.
     """
 
     def __init__(
         self,
         sampler,
-        blocks_per_fetch: int,
+        blocks_per_fetch,
         *,
         count=1,
         index=0,
@@ -61,7 +53,6 @@ class FetchPlan:
 
     @property
     def own_pieces(self) -> int:
-        """Pieces this shard emits before the plan's fetches."""
         return len(self._own)
 
     def num_fetches(self) -> int:
@@ -93,11 +84,7 @@ class FetchPlan:
 
 
 def advances_epochs(sampler) -> bool:
-    """Whether each `iter()` over `sampler` starts a new epoch.
-
-    True for grain_cells' finite streams (they go on past `len(sampler)`); an
-    endless stream, or a user's sampler, starts at its beginning every time.
-    """
+    """Whether each `iter()` starts a new epoch (grain_cells' finite streams)."""
     return isinstance(sampler, BlockStream) and sampler.num_epochs is not None
 
 
@@ -117,11 +104,7 @@ def _minibatches(config, cells):
 
 
 def count_minibatches(config, source, keys: np.ndarray) -> int:
-    """Minibatches a fetch of these blocks yields, without reading it.
-
-    Raises:
-        ValueError: With a condition the count depends on the cells' values.
-    """
+    """Minibatches a fetch of these blocks yields, unread (no condition)."""
     cells = 0
     if keys.size:
         _, starts, stops = source.block_ranges(keys)
@@ -147,11 +130,7 @@ def check_countable(sampler, config) -> None:
 def plan_minibatches(config, source, plan: FetchPlan) -> int:
     """Minibatches a plan without pieces yields (a loader's `len`), unread.
 
-    Arithmetic for blocks of equal length; else one vectorised walk of the
-    plan's block keys (about 0.5 µs per block for a shuffled `BlockSampler`).
-
-    Raises:
-        ValueError: With a condition the count depends on the cells' values.
+    One vectorised walk of the block keys where blocks differ in length.
     """
     _minibatches(config, 0)  # refuses a condition
     per_fetch = plan.blocks_per_fetch
@@ -172,34 +151,23 @@ def plan_minibatches(config, source, plan: FetchPlan) -> int:
 
 
 class ReadFetch(grain.transforms.Map):
-    """Fetch number -> that fetch's minibatches (Grain `Map`, picklable).
-
-    In the building process: the lazy `Minibatches`. In a worker: every
-    minibatch formatted into a slot of its ring, sent as one list of handles.
-    """
+    """Fetch number -> its lazy `Minibatches`, or in a worker a list of slot
+    handles (Grain `Map`). `stride`: fetches between this process's own.
+    """  # noqa: D205
 
     def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
-        """Binds the stage to a `SplitFetch`, a plan, and the stride to read ahead.
-
-        `stride`: fetches between this process's consecutive ones (the worker
-        count, at least 1); `readahead_cells` 0 turns read-ahead off.
-        """
         self.split = split
         self.plan = plan
         self.stride = max(1, int(stride))
         block = split.config.block_size
         per_fetch = plan.blocks_per_fetch * block
         ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
-        # Keys of the fetches ahead are computed when they are hinted: a
-        # window of many tiny fetches made every new iterator (a restore, an
-        # epoch) compute thousands of block positions before its first
-        # minibatch. Fetches of 256 cells or more are not capped.
+        # Capped: many tiny fetches' keys delayed every iterator's first batch.
         self.ahead = min(ahead, MAX_AHEAD_FETCHES)
         self._hinted = -1
         self._keys: dict[int, np.ndarray] = {}  # of fetches hinted, not yet read
 
     def _keys_of(self, n: int) -> np.ndarray:
-        """Fetch `n`'s block keys (computed once: read-ahead, then the read)."""
         keys = self._keys.pop(n, None)
         if keys is None:
             keys = self.plan.keys(self.plan.positions(n))
@@ -209,7 +177,6 @@ class ReadFetch(grain.transforms.Map):
         return f"ReadFetch({self.split!r})"
 
     def map(self, n):
-        """Reads fetch `n`; returns its minibatches (slot handles in a worker)."""
         n = int(n)
         fetch_starting()
         batches = self.split.read(fetch_blocks(self.split.source, self._keys_of(n)))
@@ -220,13 +187,10 @@ class ReadFetch(grain.transforms.Map):
         return send_all(batches.format, len(batches))
 
     def _read_ahead(self, n: int) -> None:
-        # A source whose reads find the page cache warm hints nothing: its
-        # fetches' keys are not worked out for it (5-9% of a fetch's CPU).
+        # A warm source hints nothing: no keys worked out (5-9% of a fetch).
         if not self.ahead or not self.split.source.hints_wanted:
             return
-        # The window is `ahead` fetches of the whole stream (all workers'),
-        # of which this process hints its own: every worker together holds
-        # about `readahead_cells`, whatever the worker count.
+        # `ahead` fetches of the whole stream, this process hinting its own.
         window = max(self.ahead, self.stride)
         last = min(n + window, self.plan.num_fetches() - 1)
         first = max(n + self.stride, self._hinted + self.stride)
@@ -241,3 +205,83 @@ class ReadFetch(grain.transforms.Map):
         if keys:
             self.split.source.advise(np.concatenate(keys))
             self._hinted = wanted[-1]
+
+
+@dataclasses.dataclass
+class Position:
+    """An iterator's position (its state, less the stamp)."""
+
+    origin: int = 0
+    count: int = 1
+    index: int = 0
+    pieces: list = dataclasses.field(default_factory=list)
+    fetch: int = 0
+    minibatch: int = 0
+    step: int = 0
+    epoch: int = 0
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["pieces"] = [[list(map(int, p)), int(k)] for p, k in self.pieces]
+        return d
+
+    def plan(self, sampler, blocks_per_fetch: int) -> FetchPlan:
+        where = {k: getattr(self, k) for k in ("count", "index", "origin", "pieces")}
+        return FetchPlan(sampler, blocks_per_fetch, epoch=self.epoch, **where)
+
+
+def _cursor(plan: FetchPlan, counts, step: int) -> tuple[int, int]:
+    """(fetch, minibatch) of `plan`'s shard after `step` minibatches."""
+    n, left, total = 0, step, plan.num_fetches()
+    while n < total:
+        emitted = counts(plan.positions(n)) - plan.skip(n)
+        if left < emitted:
+            return n, plan.skip(n) + left
+        left -= emitted
+        n += 1
+    return total, 0
+
+
+def hand_over(
+    saved: Position, sampler, source, config, new_count: int, new_index: int
+) -> Position:
+    """The position of shard `new_index` of `new_count` that resumes `saved`
+    (taken at the same step as every other shard's), at its plan's start.
+    """  # noqa: D205
+    g = config.blocks_per_fetch
+
+    def counts(positions):
+        plan = saved.plan(sampler, g)
+        return count_minibatches(config, source, plan.keys(positions))
+
+    old = [
+        dataclasses.replace(saved, index=r).plan(sampler, g) for r in range(saved.count)
+    ]
+    cursors = [_cursor(plan, counts, saved.step) for plan in old]
+    # The furthest plan fetch any old shard has begun (-1: none); one at the
+    # start of fetch n has begun only n - 1 (no piece at fetch boundaries).
+    furthest = max(
+        n - plan.own_pieces - (j <= plan.skip(n))
+        for plan, (n, j) in zip(old, cursors, strict=True)
+    )
+    furthest = max(furthest, -1)
+    left_pieces, plan_pieces = [], []
+    for r, (plan, (n, j)) in enumerate(zip(old, cursors, strict=True)):
+        total = plan.num_fetches()
+        last = min(total - 1, plan.own_pieces + furthest)
+        for m in range(n, last + 1):
+            positions = plan.positions(m)
+            skip = j if m == n else plan.skip(m)
+            if positions.size == 0 or skip >= counts(positions):
+                continue
+            piece = (positions.tolist(), int(skip))
+            if m < plan.own_pieces:
+                left_pieces.append(piece)
+            else:
+                plan_pieces.append((m - plan.own_pieces, r, piece))
+    plan_pieces.sort(key=lambda t: t[:2])
+    pieces = left_pieces + [p for *_, p in plan_pieces]
+    origin = saved.origin + (furthest + 1) * g * saved.count
+    position = Position(origin, new_count, new_index, pieces, 0, 0, 0, saved.epoch)
+    position.minibatch = position.plan(sampler, g).skip(0)
+    return position

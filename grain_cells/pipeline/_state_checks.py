@@ -1,4 +1,4 @@
-"""What a restored iterator state must match, and validation field by field.
+"""What a restored iterator state must match, checked field by field.
 
 Design notes: docs/reference/design.md#pipeline-state-checks.
 """
@@ -10,8 +10,12 @@ import re
 
 from grain_cells.errors import CheckpointMismatchError
 from grain_cells.io import files_entry, source_identity
-from grain_cells.pipeline._resume import Position, hand_over
-from grain_cells.pipeline._stage import advances_epochs, count_minibatches
+from grain_cells.pipeline._stage import (
+    Position,
+    advances_epochs,
+    count_minibatches,
+    hand_over,
+)
 from grain_cells.sampling import BlockStream
 
 STAMP = "grain_cells"
@@ -105,9 +109,7 @@ def _repr_items(text: str, prefix: str = "") -> dict[str, str]:
 
 
 def _diff(then, now) -> str:
-    """How a saved stamp entry differs from the current one (a user's sampler
-    stamped by its `repr`: the differing `name=value` items of the texts).
-    """  # noqa: D205
+    """How a saved stamp entry differs from the current one."""
     parts = []
     if isinstance(then, dict) and isinstance(now, dict):
         parts = _dict_diffs(then, now)
@@ -117,7 +119,7 @@ def _diff(then, now) -> str:
 
 
 def _older_kind(saved: dict, current: dict) -> str | None:
-    """What an older grain_cells's stamp recorded that this one does not, else None."""
+    """What an older grain_cells's stamp recorded that this one does not."""
     if isinstance(saved.get("operations"), list | str):
         return "the sampler and fetch transform as repr texts"
     then, now = saved.get("data_source"), current["data_source"]
@@ -139,7 +141,7 @@ def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
 
 
 def _int(value, field: str, low: int, high: int | None = None) -> int:
-    """`value` checked to be an int in `[low, high]` (`high` None: no cap)."""
+    """`value`, checked to be an int in `[low, high]` (None: no cap)."""
     valid = f"an int in [{low}, {'inf' if high is None else high}]"
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise _fail(field, value, valid)
@@ -208,12 +210,8 @@ def _weights_note(saved, current: dict) -> str:
 def restored(state, ds) -> Position:
     """The position a state restores on this shard of `ds` (handed over).
 
-    Raises:
-        CheckpointMismatchError: The stamp differs from `ds.stamp` (saying
-            what) or is of an older grain_cells (saying so), a field is
-            missing, of the wrong type or out of range (naming it), or the
-            shard count changed under a `condition`.
-        errors.SourceChangedError: A file changed since the source was built.
+    Raises `CheckpointMismatchError` naming what differs or which field is bad,
+    or `errors.SourceChangedError`.
     """
     sampler, source, config = ds.sampler, ds.source, ds.split.config
     _check_stamp(state, ds.stamp)

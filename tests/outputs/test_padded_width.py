@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells import PaddedSparseOutput, errors
-from grain_cells.outputs import _width
+from grain_cells.outputs import _padded
 
 N_GENES = 2000
 
@@ -160,11 +160,11 @@ def test_sample_is_evenly_spaced_blocks(tmp_path):
     counts = np.full(9000, 2)
     path = write_cells(tmp_path / "many.h5ad", counts)
     source = grain_cells.AnnDataSource(path, block_size=16)  # 563 blocks
-    starts, stops = _width.sample_ranges(source)
-    assert starts.size == _width.SAMPLE_CELLS // 16 == 256
+    starts, stops = _padded.sample_ranges(source)
+    assert starts.size == _padded.SAMPLE_CELLS // 16 == 256
     assert starts[0] == 0 and stops[-1] == 9000  # first and last blocks
     assert (np.diff(starts) >= 16).all()  # no block twice
-    again = _width.sample_ranges(grain_cells.AnnDataSource(path, block_size=16))
+    again = _padded.sample_ranges(grain_cells.AnnDataSource(path, block_size=16))
     np.testing.assert_array_equal(starts, again[0])  # deterministic
 
 

@@ -357,7 +357,7 @@ def test_nothing_leaks_after_1000_iterators_dropped_mid_epoch(csr_paths):
     import tracemalloc
 
     import grain_cells
-    from grain_cells.pipeline import _iterator
+    from grain_cells.pipeline import _dataset
 
     source = grain_cells.AnnDataSource(csr_paths, block_size=5, obs_columns=["idx"])
     ops = grain_cells.fetch_operations(source, batch_size=4, fetch_factor=5)
@@ -387,7 +387,7 @@ def test_nothing_leaks_after_1000_iterators_dropped_mid_epoch(csr_paths):
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    assert not _iterator._RUNNING
+    assert not _dataset._RUNNING
     assert _fds() <= fds + 2, _fd_targets() - targets
     assert grown < 2 << 20, f"{grown} bytes still held after 900 iterators"
 
