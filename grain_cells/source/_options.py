@@ -144,10 +144,7 @@ class SourceDescription:
         return self._files.genes.genes_from
 
     def file_column_map(self, i: int) -> np.ndarray | None:
-        """Output column of each column file `i` stores (-1: not output).
-
-        None when the file's columns are the output columns (no remapping).
-        """
+        """Output column of each column file `i` stores (-1: none; None: as stored)."""
         column_map = self._files.genes.maps[i]
         return None if column_map is None else column_map.out.copy()
 

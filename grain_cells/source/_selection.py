@@ -198,11 +198,8 @@ def describe_condition(x) -> str:
         kind = "mask" if x.dtype == bool else "row ids"
         return f"<{kind} of {x.size}>"
     if isinstance(x, Mapping):
-        return (
-            "{"
-            + ", ".join(f"{k!r}: {describe_condition(v)}" for k, v in x.items())
-            + "}"
-        )
+        items = (f"{k!r}: {describe_condition(v)}" for k, v in x.items())
+        return "{" + ", ".join(items) + "}"
     if callable(x):
         return "<predicate>"
     text = repr(x)
