@@ -62,14 +62,6 @@ class PositionHints:
         self.window = max(2, -(-int(readahead_cells) // source.block_size))
         self._reset()
 
-    @classmethod
-    def for_source(cls, source, readahead_cells: int) -> PositionHints | None:
-        """Hints for `source`; None when it is not a source or cells is 0."""
-        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
-        if not isinstance(source, AnnDataSource) or readahead_cells == 0:
-            return None
-        return cls(source, readahead_cells)
-
     def _reset(self) -> None:
         self._last: int | None = None  # the furthest position seen
         self._stride = 0  # gcd of the steps forward (0: none yet)
@@ -155,7 +147,9 @@ class BlockStream:
         `source` (an `AnnDataSource`, else no read-ahead) is hinted
         `readahead_cells` ahead; with `fit_shards`, `num_blocks` >= shards.
         """
-        self._hints = PositionHints.for_source(source, readahead_cells)
+        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
+        hinted = isinstance(source, AnnDataSource) and readahead_cells > 0
+        self._hints = PositionHints(source, readahead_cells) if hinted else None
         if num_epochs is not None:
             arguments.check_int("num_epochs", num_epochs, minimum=1)
         arguments.check_seed(seed)

@@ -81,14 +81,10 @@ def _load(path: str, size: int, digest: str) -> np.ndarray:
 class WeightedBlockSampler(BlockStream):
     """Draws blocks with replacement, with probability proportional to their weight.
 
-    Weighted and class-balanced sampling, as a Grain `Sampler` like `BlockSampler`: each
-    draw is a pure function of `(seed, epoch, position)` (a counter-based uniform into
-    the cumulative weights), so a restored position repeats the stream exactly. An epoch
-    is `epoch_blocks` draws (or `epoch_cells` over the expected cells per draw; default
-    `num_blocks`), rounded up to a multiple of the shard count. Weights come from
-    `grain_cells.block_weights` or `balanced_block_weights`; blocks repeat, and a fetch
-    may hold a block twice (its cells then come out twice). Design notes:
-    docs/reference/design.md#sampling-weighted.
+    A Grain `Sampler` like `BlockSampler`: the block at a position is a pure
+    function of `(seed, epoch, position)`, so a restored position repeats the
+    stream. Blocks repeat, and a fetch may hold one twice (its cells then come
+    out twice). Design notes: docs/reference/design.md#sampling-weighted.
 
     Example:
         >>> weights = grain_cells.balanced_block_weights(source, "cell_type")
@@ -119,7 +115,8 @@ class WeightedBlockSampler(BlockStream):
                 `epoch_cells`).
             weights: One non-negative finite weight per block, not all 0
                 (normalised internally).
-            epoch_blocks: Draws per epoch.
+            epoch_blocks: Draws per epoch (default `num_blocks`), rounded up to
+                a multiple of the shard count.
             epoch_cells: Cells per epoch, in expectation: `epoch_cells`
                 divided by the expected cells per draw (exact when all blocks
                 are full), rounded up. Exclusive with `epoch_blocks`.

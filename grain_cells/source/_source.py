@@ -167,11 +167,12 @@ class AnnDataSource(SourceDescription):
         """Holds these values; this process's handles open on first use."""
         SourceDescription.__init__(self, files, table, options)
         self._handles = OpenFiles(files, options.read_threads, options.max_open_files)
+        self._block = table.block  # per record: no property in between
         self._at = (self._handles, table.cell_offsets)  # the io reads' first two
         self._checks = {"check_indices": options.check_indices}
 
     def __reduce__(self):  # pickles as its values: no handle, buffer or thread
-        return _unpickle, (self._files, self._table, self._options)
+        return _unpickle, (self.files, self.block_table, self.options)
 
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
@@ -184,7 +185,7 @@ class AnnDataSource(SourceDescription):
             ValueError: `table` is not over this source's files and block size.
         """
         if table.block_size != self.block_size or not np.array_equal(
-            table.cell_offsets, self._table.cell_offsets
+            table.cell_offsets, self.block_table.cell_offsets
         ):
             raise ValueError(
                 f"the block table is over {table.num_cells} cells in blocks of "
@@ -192,10 +193,10 @@ class AnnDataSource(SourceDescription):
                 f"blocks of {self.block_size} (build the table from "
                 "source.block_table)"
             )
-        if table.fragmented and not self._table.fragmented:  # once, not per split
+        if table.fragmented and not self.block_table.fragmented:  # once, not per split
             note = fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
-        return _unpickle(self._files, table, self._options)
+        return _unpickle(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:
         """A view of this source over the cells that match.
@@ -236,7 +237,7 @@ class AnnDataSource(SourceDescription):
             ValueError: No range, or ranges out of order, overlapping, empty,
                 longer than `block_size` or straddling two files.
         """
-        return self.view(self._table.with_blocks(starts, stops))
+        return self.view(self.block_table.with_blocks(starts, stops))
 
     def close(self) -> None:
         """Closes this process's file handles; the source reopens on next use."""
@@ -247,11 +248,11 @@ class AnnDataSource(SourceDescription):
         return self._handles.file(i)
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self.block_table)
 
     def __getitem__(self, record_key: int) -> Block:
         """Returns the descriptor of block `record_key` (no I/O)."""
-        return self._table.block(record_key, self.source_id)
+        return self._block(record_key, self.source_id)
 
     @functools.cached_property
     def source_id(self) -> int:
@@ -262,17 +263,17 @@ class AnnDataSource(SourceDescription):
     def __repr__(self) -> str:
         files = ", ".join(
             f"{p!r} ({i.n_obs} cells)"
-            for p, i in zip(self._files.paths, self._files.infos, strict=True)
+            for p, i in zip(self.files.paths, self.files.infos, strict=True)
         )
-        table = self._table  # a view adds its block table's identity
+        table = self.block_table  # a view adds its block table's identity
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""
         if table.blocks_id and table.fragmented:
             blocks += " (fragmented)"
         return (
-            f"AnnDataSource(files=[{files}], layer={self._options.layer!r}, "
+            f"AnnDataSource(files=[{files}], layer={self.options.layer!r}, "
             f"block_size={self.block_size}, obs_columns={list(self.obs_columns)}, "
-            f"obs_missing={self._options.obs_missing!r}, "
-            f"{self._files.genes.describe()}{blocks})"
+            f"obs_missing={self.options.obs_missing!r}, "
+            f"{self.files.genes.describe()}{blocks})"
         )
 
     def obs_values(self, column: str) -> np.ndarray:
@@ -284,15 +285,15 @@ class AnnDataSource(SourceDescription):
         Raises:
             errors.MissingColumnError: `column` is not one of `obs_columns`.
         """
-        if column not in self._files.obs_names:
+        if column not in self.files.obs_names:
             raise errors.MissingColumnError(
                 f"obs column {column!r} was not requested; this source has "
-                f"obs_columns={list(self._files.obs_names)}"
+                f"obs_columns={list(self.files.obs_names)}"
             )
-        if len(self._files.paths) == 1:
+        if len(self.files.paths) == 1:
             with self._handles.pinned([0]) as (f,):
                 return own_map(f.obs[column])
-        return own_map(joined_column(self._files, column))
+        return own_map(joined_column(self.files, column))
 
     def chunk_starts(self) -> np.ndarray:
         """Global rows where a chunk of the matrix begins (each file's first row too).
@@ -301,20 +302,20 @@ class AnnDataSource(SourceDescription):
         value; a contiguous matrix contributes only its first row. Opens every
         file unless the user's cache holds its starts.
         """
-        offsets = self._table.cell_offsets
+        offsets = self.block_table.cell_offsets
         return np.unique(
             np.concatenate(
                 [
-                    _chunk_grid.file_chunk_starts(self._files, self._handles, i)
+                    _chunk_grid.file_chunk_starts(self.files, self._handles, i)
                     + offsets[i]
-                    for i in range(len(self._files.paths))
+                    for i in range(len(self.files.paths))
                 ]
             )
         )
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
-        return self._table.ranges(keys)
+        return self.block_table.ranges(keys)
 
     @property
     def hints_wanted(self) -> bool:
@@ -328,7 +329,7 @@ class AnnDataSource(SourceDescription):
         range GETs start in the background.
         """
         try:
-            files, starts, stops = self._table.ranges(np.unique(keys))
+            files, starts, stops = self.block_table.ranges(np.unique(keys))
             _advise(*self._at, files, starts, stops)
         except Exception:  # a hint must never fail the pipeline
             return
@@ -364,7 +365,7 @@ class AnnDataSource(SourceDescription):
 
     def read_blocks(self, keys) -> Cells:
         """Reads whole blocks (records), in the order given."""
-        blocks = [self._table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
+        blocks = [self.block_table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
         return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
 
 
