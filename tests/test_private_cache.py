@@ -27,7 +27,7 @@ def test_cache_folders_follow_the_environment_as_before(monkeypatch, tmp_path):
     # one place: chunk starts and corpus statistics honour XDG_CACHE_HOME,
     # obs codes and synthetic files never did.
     from grain_cells.io import _obs_cache
-    from grain_cells.source import _chunk_cache
+    from grain_cells.source import _chunk_grid
     from grain_cells.tokens import _corpus_stats
 
     home = tmp_path / "home"
@@ -35,11 +35,11 @@ def test_cache_folders_follow_the_environment_as_before(monkeypatch, tmp_path):
     monkeypatch.delenv("GRAIN_CELLS_CACHE", raising=False)
     monkeypatch.delenv("GRAIN_CELLS_OBS_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _chunk_cache.cache_dir() == str(tmp_path / "xdg/grain_cells/chunk-starts")
+    assert _chunk_grid.cache_dir() == str(tmp_path / "xdg/grain_cells/chunk-starts")
     assert _corpus_stats.cache_dir() == str(tmp_path / "xdg/grain_cells")
     assert _obs_cache.cache_folder() == home / ".cache/grain_cells/obs"
     monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "own"))
-    assert _chunk_cache.cache_dir() == str(tmp_path / "own/chunk-starts")
+    assert _chunk_grid.cache_dir() == str(tmp_path / "own/chunk-starts")
     assert _corpus_stats.cache_dir() == str(tmp_path / "own")
     assert _obs_cache.cache_folder() == tmp_path / "own/obs"
 

@@ -34,8 +34,8 @@ class Pairs(NamedTuple):
 def pieces(codes, ranges, num_blocks: int, longest: int, width: int):
     """Yields `(first block, class index per cell, cells per block)` per piece.
 
-    `codes`: one per global row (-1: missing, class 0); `ranges(a, b)`: `(starts,
-    stops)` of blocks `[a, b)`; `longest`: most cells in a block; `width`: classes.
+    `codes`: one per global row (-1: missing, class 0); `ranges(a, b)`: blocks'
+    `(starts, stops)`.
     """
     step = max(1, _PIECE_CELLS // max(1, longest))
     if _dense(width, longest):
@@ -58,10 +58,7 @@ def entries(codes, ranges, num_blocks: int, longest: int, width: int):
 
 
 def class_sums(codes, ranges, num_blocks: int, longest: int, width: int, weights=None):
-    """Per class: the sum of `weights[block] * count` (None: `count`).
-
-    Bit for bit one `np.bincount` over all entries: running totals lead each piece's.
-    """
+    """Per class: the sum of `weights[block] * count` (None: `count`), exact."""
     total = np.zeros(width)
     head = np.arange(width)
     for a, block, klass, count in entries(codes, ranges, num_blocks, longest, width):

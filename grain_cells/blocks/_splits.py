@@ -1,7 +1,8 @@
-"""Deterministic train/validation/test splits, as views of a source.
+"""Views of a source: deterministic splits, and blocks along the chunk grid.
 
-Pure functions of the source, the arguments and the seed (never of worker or shard
-counts), disjoint, together the source. Design: docs/reference/design.md#blocks-splits.
+Splits are pure functions of the source, the arguments and the seed (never of
+worker or shard counts), disjoint, together the source. Design:
+docs/reference/design.md#blocks-splits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from grain_cells._util import arguments, counter_rng
 from grain_cells.source import (
     AnnDataSource,
     blocks_of_mask,
+    chunk_aligned_blocks,
     describe_condition,
     selected_blocks,
     where_mask,
@@ -289,8 +291,38 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
     return group_of_row.reshape(-1), keys
 
 
+def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:
+    """A view of `source` whose blocks follow the matrix's chunk grid.
+
+    Keeps the cells the source holds; cuts at every `chunks_per_block`-th chunk
+    start of each file, at gaps, at file boundaries and every `block_size` cells
+    (give the source a `block_size` of at least `n` times `mean_cells_per_chunk`
+    plus a margin). A block of `n` chunks decodes about `n + 1`.
+
+    Args:
+        source: An `AnnDataSource` (or a view of one).
+        chunks_per_block: Chunks of the matrix per block (at least 1).
+
+    Returns:
+        A new `AnnDataSource` view (its own file handles); its `repr` names
+        a hash of its block table, so checkpoints bind to the alignment.
+    """
+    arguments.check_source(source, AnnDataSource)
+    n = arguments.check_int("chunks_per_block", chunks_per_block, minimum=1)
+    table = source.block_table
+    return source.view(chunk_aligned_blocks(table, source.chunk_starts(), n))
+
+
+def mean_cells_per_chunk(source: AnnDataSource) -> float:
+    """Average cells per chunk of the matrix over all files (for sizing)."""
+    starts = np.union1d(source.block_table.cell_offsets[:-1], source.chunk_starts())
+    return source.num_cells / max(1, starts.size)
+
+
 __all__ = [
+    "chunk_aligned",
     "fraction_split_blocks",
+    "mean_cells_per_chunk",
     "obs_split_blocks",
     "split_by_fraction",
     "split_by_obs",

@@ -170,11 +170,9 @@ def balanced_block_weights(
 ) -> np.ndarray:
     """Block weights giving each class of `column` its target share of cells.
 
-    Class `k`'s cells weigh `m_k` each and a block weighs the mean over its
-    cells (cells with a missing label weigh 0). The multipliers start at
-    `share[k] / count[k]`, exact when every block holds one class, and are
-    refined (`m_k *= share[k] / expected[k]`) until every class's expected
-    share of the emitted cells is within `tolerance` of its target.
+    A block weighs the mean of its cells' class multipliers (a missing label
+    weighs 0), refined until each class's expected share of the emitted cells
+    is within `tolerance` of its target (docs/reference/design.md#blocks-weighting).
 
     Example:
         >>> equal = balanced_block_weights(source, "cell_type")

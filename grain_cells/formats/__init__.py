@@ -6,10 +6,10 @@ array (`RangeReader`), says what locates an array's bytes and stats a file;
 (docs/reference/design.md, "Formats").
 """
 
-from grain_cells.formats._chunk_cache import ChunkCache
 from grain_cells.formats._positional import (
     LAYOUT_OVERHEAD_BYTES,
     ByteLayout,
+    ChunkCache,
     PositionalReader,
 )
 from grain_cells.formats._protocol import (
@@ -17,12 +17,16 @@ from grain_cells.formats._protocol import (
     Format,
     RangeReader,
     checked_ranges,
+    for_path,
     missing_path,
+    of,
+    register,
+    registered,
     run_parts,
+    unregister,
     value_dtype,
     wait_all,
 )
-from grain_cells.formats._registry import for_path, of, register, registered, unregister
 
 __all__ = [
     "LAYOUT_OVERHEAD_BYTES",

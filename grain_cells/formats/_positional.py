@@ -1,14 +1,18 @@
-"""Positional reads of an array whose bytes lie at known file offsets.
+"""Reads that format readers share: positional reads, and decoded chunks cached.
 
-`ByteLayout` says where (pure data, valid across a reopen of the same bytes);
-`PositionalReader` reads ranges there through a `storage.ByteReader`.
-Design notes: docs/reference/design.md#formats-positional.
+`ByteLayout` says where an array's bytes lie (valid across a reopen of the same
+bytes); `PositionalReader` reads ranges there through a `storage.ByteReader`;
+`ChunkCache` is the LRU of decoded chunks. Design notes:
+docs/reference/design.md#formats-positional.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import math
+import threading
 
 import numpy as np
 
@@ -60,14 +64,8 @@ class PositionalReader:
         self.row_shape = layout.shape[1:]
         self._row_bytes = math.prod(self.row_shape) * self.dtype.itemsize
         self._fd = fd
-
-    @property
-    def remote(self) -> bool:
-        return bool(getattr(self._fd, "remote", False))
-
-    @property
-    def chunk_length(self) -> int | None:
-        return self.layout.chunk_length
+        self.remote = bool(getattr(fd, "remote", False))
+        self.chunk_length = layout.chunk_length
 
     def pin(self) -> None:
         length = min(self.layout.chunk_rows, max(self.shape[0], 1)) * self._row_bytes
@@ -146,4 +144,39 @@ class PositionalReader:
             ) from None
 
 
-__all__ = ["ByteLayout", "PositionalReader"]
+class ChunkCache:
+    """Decoded chunks keyed by (reader token, chunk), least recently used evicted."""
+
+    def __init__(self):
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self.nbytes = 0  # decoded bytes held
+        self._lock = threading.Lock()
+        self.token = itertools.count().__next__  # a key prefix per reader
+
+    def get(self, token: int, k: int) -> np.ndarray | None:
+        """Chunk `k` of reader `token`, or None; marks it recently used."""
+        with self._lock:
+            chunk = self._entries.get((token, k))
+            if chunk is not None:
+                self._entries.move_to_end((token, k))
+            return chunk
+
+    def put(self, token: int, k: int, chunk: np.ndarray, budget: int) -> None:
+        """Keeps `chunk`, evicting the least recently used past `budget` bytes."""
+        if chunk.nbytes > budget:
+            return
+        with self._lock:
+            old = self._entries.pop((token, k), None)
+            self.nbytes += chunk.nbytes - (0 if old is None else old.nbytes)
+            self._entries[(token, k)] = chunk
+            while self.nbytes > budget:
+                self.nbytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def drop(self, token: int) -> None:
+        """Forgets every chunk of reader `token` (it was closed)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == token]:
+                self.nbytes -= self._entries.pop(key).nbytes
+
+
+__all__ = ["ByteLayout", "ChunkCache", "PositionalReader"]

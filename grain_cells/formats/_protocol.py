@@ -1,9 +1,9 @@
-"""What a storage format gives the AnnData schema layer (`grain_cells.io`).
+"""What a storage format gives the AnnData schema layer, and the formats known.
 
-AnnData writes one tree of groups and arrays with attributes (`encoding-type`,
-`shape`, `_index`, ...) to several on-disk formats. The schema layer reads that
-tree and nothing else; a `Format` opens it and answers what only the format
-knows. Design notes: docs/reference/design.md#formats-protocol.
+AnnData writes one tree of groups and arrays with attributes to several on-disk
+formats; a `Format` opens it and answers what only the format knows. The newest
+registered format whose `can_open` accepts a path opens it; `fallback` formats
+are asked last. Design notes: docs/reference/design.md#formats-protocol.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import abc
 import concurrent.futures
 import itertools
 import os
+import threading
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -22,7 +23,7 @@ from grain_cells.storage import FileStat
 
 
 class ChunkDecodeError(Exception):
-    """A chunk's bytes do not decode; its reader raises `errors.CorruptChunkError`."""
+    """A chunk's bytes do not decode (its reader raises `errors.CorruptChunkError`)."""
 
 
 def value_dtype(dtype: np.dtype) -> np.dtype:
@@ -52,9 +53,8 @@ def run_parts(
 ) -> list[tuple[int, int]]:
     """Splits `task(a, b)` over `[0, n)` into at most `max_tasks` parts run in `pool`.
 
-    Parts of equal count, or of equal `sizes` (bytes per item, `min_bytes` each at
-    least); futures go to `pending` (the caller waits) or are waited for here. Returns
-    what the caller runs itself: `[(0, n)]` without a pool or work enough, else `[]`.
+    Parts of equal count, or of equal `sizes` (`min_bytes` each at least); futures go
+    to `pending` or are waited for here. Returns what the caller runs itself.
     """
     total = 0 if sizes is None else int(sizes.sum())
     n_tasks = (
@@ -103,30 +103,15 @@ def missing_path(path: str) -> FileNotFoundError:
 
 @runtime_checkable
 class RangeReader(Protocol):
-    """Reads sorted, disjoint ranges of one array's first axis, batched.
+    """Reads sorted, disjoint ranges of one array's first axis, batched; thread-safe.
 
-    The one read of the fetch path (one `read` per array per fetch). Thread-safe;
-    made in the process that reads (`Format.range_reader`), never pickled.
-
-    Attributes:
-        name: The array's path inside the file; `path`: the file's path or URL.
-        dtype: What values are read into (`value_dtype` of the stored one).
-        shape: The array's shape; `row_shape`: `shape[1:]`.
-        direct: Reads bypass the format's library (positional, or decoded here).
-        remote: Each read is a round trip to an object store.
-        chunk_length: Rows per stored chunk; None when not chunked.
-        decoded: Compressed chunks are decoded here, in threads.
-
-    `pin()` keeps an array every fetch touches (`indptr`) at hand, once, within the
-    reader's bounds. `advise(starts, stops)` hints ranges read soon: returns at once,
-    never raises, never changes what is read. `read(starts, stops, out, pool=None,
-    pending=None)` reads rows `[starts[i], stops[i])` (sorted, disjoint, int64),
-    concatenated, into `out` (contiguous, at least `sum(stops - starts)` rows); with
-    a `pool` it may read and decode in threads, and with `pending` hand the futures
-    still decoding to the caller, who waits (`wait_all`; `out` is complete only
-    then). `read` raises `errors.CorruptDataError` for rows outside the array or a
-    file ending early, `errors.CorruptChunkError` (file, array, chunk, rows) for a
-    chunk that is missing, truncated, fails its checksum or does not decode.
+    Made in the process that reads, never pickled. `direct`: reads bypass the
+    format's library; `remote`: each read is a round trip; `decoded`: chunks are
+    decoded here. `pin()` keeps an array every fetch touches at hand; `advise`
+    hints ranges (never raises). `read` fills `out` with the ranges concatenated;
+    with `pending` it hands still-decoding futures to the caller (`wait_all`). It
+    raises `errors.CorruptDataError` (rows outside, file short) or
+    `errors.CorruptChunkError` (file, array, chunk, rows).
     """
 
     name: str
@@ -156,27 +141,12 @@ class RangeReader(Protocol):
 class Format(abc.ABC):
     """A storage format of AnnData's tree: `.h5ad` (HDF5), zarr, ... .
 
-    Implementations are stateless singletons registered once (`formats.register`),
-    found by the paths they open (`can_open`) and the nodes they own (`owns`). Every
-    method is thread-safe and callable from any process; nothing is pickled (a
-    `FileSet` pickles paths and each process asks the registry again). What a format
-    opens (files, nodes, readers) belongs to the process that opened it. Missing
-    paths raise `FileNotFoundError`; files that are not this format after all, or
-    malformed, raise `errors.AnnDataFormatError` naming the path and why; chunks that
-    do not decode raise `errors.CorruptChunkError` naming file, array and chunk.
-    Each member's one line says its contract; defaults suit h5py-like libraries.
-
-    Attributes:
-        name: Short name (`"hdf5"`, `"zarr"`), for messages and repr.
-        description: What an open file is, in a message ("HDF5", "a zarr store").
-        fallback: Asked after every other format (claims what no other does).
-
-    Example (a format of one's own; `tests/io/toy_format.py` is a whole one):
-        >>> class MyFormat(Format):
-        ...     name = description = "mine"
-        ...     def can_open(self, path): return path.endswith(".mine")
-        ...     ...
-        >>> grain_cells.formats.register(MyFormat())
+    A stateless, thread-safe singleton, registered once and found by the paths it
+    opens (`can_open`) and the nodes it owns (`owns`); never pickled. Missing paths
+    raise `FileNotFoundError`, malformed files `errors.AnnDataFormatError` naming
+    path and why. Defaults suit h5py-like libraries; `tests/io/toy_format.py` is a
+    whole one. `name` is for messages, `description` says what an open file is,
+    and a `fallback` format is asked after every other.
     """
 
     name: str = ""
@@ -282,8 +252,7 @@ class Format(abc.ABC):
     ) -> RangeReader:
         """The `RangeReader` of an array (`fd`: what `open_bytes` returned).
 
-        `cache_bytes`: decoded bytes to cache; `fill_missing`: which never-written
-        chunks read as the fill value (`True`, `"leading"`, `False`).
+        `fill_missing`: which never-written chunks read as the fill value.
         """
 
     def byte_layout(self, array, path: str, fd):
@@ -296,7 +265,60 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def array_layout(self, array) -> list[Any]:
-        """Plain values that change with the array's storage, for the layout digest.
+        """Plain values that change with the array's storage (the layout digest).
 
         Stable across library versions for the same file: saved states compare it.
         """
+
+
+_lock = threading.Lock()
+_asked: tuple[Format, ...] = ()  # newest first, fallbacks last
+
+
+def _set(newest_first: list[Format]) -> None:
+    global _asked
+    fallbacks = [f for f in newest_first if f.fallback]
+    _asked = (*(f for f in newest_first if not f.fallback), *fallbacks)
+
+
+def register(fmt: Format) -> Format:
+    """Adds `fmt` (or moves it) to the formats asked first; returns it."""
+    if not isinstance(fmt, Format):
+        raise TypeError(
+            f"register expects a grain_cells.formats.Format, got {type(fmt).__name__}"
+        )
+    with _lock:
+        _set([fmt, *(f for f in _asked if f.name != fmt.name)])
+    return fmt
+
+
+def unregister(fmt: Format) -> None:
+    """Removes `fmt` (tests register a format for their own duration)."""
+    with _lock:
+        _set([f for f in _asked if f is not fmt])
+
+
+def registered() -> tuple[Format, ...]:
+    """The formats, in the order they are asked (newest first, fallbacks last)."""
+    return _asked
+
+
+def for_path(path: str | os.PathLike) -> Format:
+    """The format that opens `path` (a local path or URL); ValueError if none."""
+    path = os.fspath(path)
+    for fmt in _asked:
+        if fmt.can_open(path):
+            return fmt
+    raise ValueError(
+        f"{path}: no registered format opens it (formats: "
+        f"{[f.name for f in _asked]}); import grain_cells to register "
+        "the built-in ones"
+    )
+
+
+def of(node) -> Format | None:
+    """The format that owns `node` (a group, an array, an open file), or None."""
+    for fmt in _asked:
+        if fmt.owns(node):
+            return fmt
+    return None

@@ -13,7 +13,7 @@ from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.sampling._stream import BlockStream, PositionHints, check_stream_args
+from grain_cells.sampling._stream import BlockStream
 
 if TYPE_CHECKING:
     from grain_cells.source import BlockTable
@@ -99,18 +99,24 @@ class ConditionBlockSampler(BlockStream):
             ValueError: An argument is out of range, or no weight is positive.
         """
         num_blocks = len(source)
-        shard_options = check_stream_args(num_epochs, seed, shard_options, num_blocks)
+        super().__init__(
+            source,
+            num_blocks,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            readahead_cells=readahead_cells,
+        )
         if blocks_per_fetch < 1 or worker_count < 0:
             raise ValueError(
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
                 f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
             )
-        hints = PositionHints.for_source(source, readahead_cells)
         self._column = column
         self._g = int(blocks_per_fetch)
-        self._lanes = shard_options.shard_count * max(1, int(worker_count))
+        count = self.shard_options.shard_count
+        self._lanes = count * max(1, int(worker_count))
         self._worker_count = int(worker_count)
-        count = shard_options.shard_count
         _, starts, _ = source.block_ranges(np.arange(num_blocks))
         codes = source.obs_values(column)[starts]
         labels = source.categories[column]
@@ -119,7 +125,7 @@ class ConditionBlockSampler(BlockStream):
             self._conditions if labels is None else np.asarray(labels)[self._conditions]
         )
         self._weights = None
-        epoch_length = num_blocks - num_blocks % count
+        self.epoch_length = num_blocks - num_blocks % count
         if weights is not None:
             w = np.array(
                 [float(weights.get(n, weights.get(str(n), 0.0))) for n in self._names]
@@ -135,15 +141,7 @@ class ConditionBlockSampler(BlockStream):
             first = np.array([self._block_condition[g[0]] for g in self._static])
             self._by_condition = [np.flatnonzero(first == c) for c in range(w.size)]
             slots = epoch_groups or len(self._static)
-            epoch_length = -(-slots * self._g // count) * count
-        super().__init__(
-            num_blocks=num_blocks,
-            epoch_length=epoch_length,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            hints=hints,
-        )
+            self.epoch_length = -(-slots * self._g // count) * count
         self._memo: tuple[int, np.ndarray] | None = None
 
     def __getstate__(self):

@@ -1,9 +1,8 @@
-"""The base of grain_cells' block samplers (`BlockStream`), its checks, read-ahead.
+"""The base of the block samplers (`BlockStream`), its checks, and read-ahead.
 
-A sampler built on a source and driven by a plain `grain.DataLoader` hints its
-own next positions' blocks (`PositionHints`, `AnnDataSource.advise`), reading
-the stride from consecutive calls; `grain_cells.DataLoader` reads ahead in its
-fetch stage instead. Design notes: docs/reference/design.md#sampling-readahead.
+A sampler on a source under a plain `grain.DataLoader` hints its own next
+positions' blocks (`PositionHints`). Design notes:
+docs/reference/design.md#sampling-readahead.
 """
 
 from __future__ import annotations
@@ -21,43 +20,10 @@ from grain_cells._util import arguments
 from grain_cells.source import AnnDataSource
 
 
-def check_stream_args(
-    num_epochs, seed, shard_options, num_blocks: int | None = None
-) -> sharding.ShardOptions:
-    """Validates what every sampler takes (with `num_blocks`: >= shards); the shard."""
-    if num_epochs is not None:
-        arguments.check_int("num_epochs", num_epochs, minimum=1)
-    arguments.check_seed(seed)
-    if shard_options is not None and not isinstance(
-        shard_options, sharding.ShardOptions
-    ):
-        raise arguments.ArgumentTypeError(
-            "shard_options must be a grain.sharding.ShardOptions (e.g. "
-            f"ShardByJaxProcess()) or None, got shard_options={shard_options!r}"
-        )
-    shard_options = shard_options or sharding.NoSharding()
-    count = shard_options.shard_count
-    if not 0 <= shard_options.shard_index < count:
-        raise ValueError(
-            f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
-        )
-    if num_blocks is not None and num_blocks < count:
-        raise ValueError(
-            f"{num_blocks} blocks cannot be split over {count} shards; use a "
-            "smaller block_size or fewer shards"
-        )
-    return shard_options
-
-
 def check_sampler_fits(sampler, data_source) -> None:
-    """Refuses a sampler over another number of blocks than `data_source` has.
+    """Refuses a sampler that is no sampler, or over another number of blocks.
 
-    (Grain takes record keys modulo `len(data_source)`: blocks would silently
-    repeat, or only the first be read.)
-
-    Raises:
-        TypeError: `sampler` has no `__getitem__` and `__len__`.
-        ValueError: `sampler.num_blocks != len(data_source)`.
+    (Grain takes record keys modulo `len(data_source)`: blocks would repeat.)
     """
     if not (hasattr(sampler, "__getitem__") and hasattr(sampler, "__len__")):
         raise arguments.ArgumentTypeError(
@@ -95,14 +61,6 @@ class PositionHints:
         self.source = source
         self.window = max(2, -(-int(readahead_cells) // source.block_size))
         self._reset()
-
-    @classmethod
-    def for_source(cls, source, readahead_cells: int) -> PositionHints | None:
-        """Hints for `source`; None when it is not a source or cells is 0."""
-        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
-        if not isinstance(source, AnnDataSource) or readahead_cells == 0:
-            return None
-        return cls(source, readahead_cells)
 
     def _reset(self) -> None:
         self._last: int | None = None  # the furthest position seen
@@ -161,8 +119,7 @@ class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
     A subclass passes its checked sizes to `__init__` and defines `block_at`,
-    `blocks_at` and `fingerprint`; Grain's `__getitem__` and `__len__` and a
-    `repr` of the fingerprint and shard are shared.
+    `blocks_at` and `fingerprint`.
     """
 
     num_blocks: int
@@ -176,20 +133,48 @@ class BlockStream:
 
     def __init__(
         self,
-        *,
+        source,
         num_blocks: int,
-        epoch_length: int,
-        seed: int,
-        num_epochs: int | None,
-        shard_options: sharding.ShardOptions,
-        hints: PositionHints | None = None,
+        *,
+        seed,
+        num_epochs,
+        shard_options,
+        readahead_cells: int = 0,
+        fit_shards: bool = True,
     ):
+        """Checks what every sampler takes; the subclass sets `epoch_length` next.
+
+        `source` (an `AnnDataSource`, else no read-ahead) is hinted
+        `readahead_cells` ahead; with `fit_shards`, `num_blocks` >= shards.
+        """
+        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
+        hinted = isinstance(source, AnnDataSource) and readahead_cells > 0
+        self._hints = PositionHints(source, readahead_cells) if hinted else None
+        if num_epochs is not None:
+            arguments.check_int("num_epochs", num_epochs, minimum=1)
+        arguments.check_seed(seed)
+        if shard_options is not None and not isinstance(
+            shard_options, sharding.ShardOptions
+        ):
+            raise arguments.ArgumentTypeError(
+                "shard_options must be a grain.sharding.ShardOptions (e.g. "
+                f"ShardByJaxProcess()) or None, got shard_options={shard_options!r}"
+            )
+        shard_options = shard_options or sharding.NoSharding()
+        count = shard_options.shard_count
+        if not 0 <= shard_options.shard_index < count:
+            raise ValueError(
+                f"shard_index must lie in [0, {count}), got {shard_options.shard_index}"
+            )
+        if fit_shards and num_blocks < count:
+            raise ValueError(
+                f"{num_blocks} blocks cannot be split over {count} shards; use a "
+                "smaller block_size or fewer shards"
+            )
         self.num_blocks = int(num_blocks)
-        self.epoch_length = int(epoch_length)
         self.seed = int(seed)
         self.num_epochs = None if num_epochs is None else int(num_epochs)
         self._shard_options = shard_options  # where a grain.DataLoader looks
-        self._hints = hints
 
     @property
     def shard_options(self) -> sharding.ShardOptions:

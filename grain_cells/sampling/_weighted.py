@@ -1,31 +1,90 @@
-"""`WeightedBlockSampler`: weighted and class-balanced draws of blocks."""
+"""`WeightedBlockSampler`: weighted and class-balanced draws of blocks.
+
+Cumulative weights of `SHARED_MIN_BYTES` or more are written once under
+`$GRAIN_CELLS_CACHE/weights/` (named by their digest, which also ends the file)
+and mapped read-only by each worker instead of pickled into each.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
+import pathlib
 
 import numpy as np
 from grain import sharding
 
 from grain_cells._util import counter_rng
 from grain_cells._util.arguments import check_int
-from grain_cells.sampling import _shared_table
-from grain_cells.sampling._stream import BlockStream, PositionHints, check_stream_args
+from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells.sampling._stream import BlockStream
 from grain_cells.source import AnnDataSource
+
+SHARED_MIN_BYTES = 1 << 20  # smaller tables travel in the pickle
+_STAMP = 40  # hex digits of the name, also written after the values
+
+
+def _shared(path, size: int, stamp: str) -> tuple[np.ndarray | None, str]:
+    """The entry mapped read-only if whole and named `stamp`, else what is wrong."""
+    try:
+        values = np.load(path, mmap_mode="r")
+        with open(path, "rb") as fh:
+            length = os.fstat(fh.fileno()).st_size
+            fh.seek(max(length - _STAMP, 0))
+            found = fh.read(_STAMP).decode("ascii", "replace")
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable ({e})"
+    whole = length == values.offset + values.nbytes + _STAMP and found == stamp
+    if values.shape != (size,) or values.dtype != np.dtype("<f8") or not whole:
+        return None, (
+            f"shape {values.shape}, dtype {values.dtype}, {length} bytes ending in "
+            f"{found!r}; expected ({size},) float64 and the stamp {stamp!r}"
+        )
+    return values, ""
+
+
+def _share(values: np.ndarray, digest: str) -> str | None:
+    """The path of a cache entry of 1-D float64 `values` (None: cannot write one)."""
+    stamp = digest[:_STAMP]
+    path = pathlib.Path(cache_root(xdg=False)).expanduser() / "weights" / f"{stamp}.npy"
+    if _shared(path, values.size, stamp)[0] is not None:
+        return str(path)
+
+    def write(fh) -> None:
+        np.save(fh, np.ascontiguousarray(values, "<f8"))
+        fh.write(stamp.encode())
+
+    try:
+        write_atomic(path, write)
+    except OSError:
+        return None
+    return str(path)
+
+
+def _load(path: str, size: int, digest: str) -> np.ndarray:
+    """The entry at `path`, mapped read-only; FileNotFoundError if not whole."""
+    values, problem = _shared(path, size, digest[:_STAMP])
+    if values is None:
+        raise FileNotFoundError(
+            f"{path}: the weighted sampler's shared table (cumulative weights, "
+            f"{size} blocks) is not whole: {problem}. It is written when the "
+            "sampler is pickled for workers; the cache folder was emptied while "
+            "workers started. Start the loader again, and leave the folder "
+            "(weights/ under $GRAIN_CELLS_CACHE) alone while loaders start"
+        )
+    return values
 
 
 class WeightedBlockSampler(BlockStream):
     """Draws blocks with replacement, with probability proportional to their weight.
 
-    Weighted and class-balanced sampling, as a Grain `Sampler` like `BlockSampler`: each
-    draw is a pure function of `(seed, epoch, position)` (a counter-based uniform into
-    the cumulative weights), so a restored position repeats the stream exactly. An epoch
-    is `epoch_blocks` draws (or `epoch_cells` over the expected cells per draw; default
-    `num_blocks`), rounded up to a multiple of the shard count. Weights come from
-    `grain_cells.block_weights` or `balanced_block_weights`; blocks repeat, and a fetch
-    may hold a block twice (its cells then come out twice). Design notes:
-    docs/reference/design.md#sampling-weighted.
+    A Grain `Sampler` like `BlockSampler`: the block at a position is a pure
+    function of `(seed, epoch, position)`, so a restored position repeats the
+    stream. Blocks repeat, and a fetch may hold one twice (its cells then come
+    out twice). Design notes: docs/reference/design.md#sampling-weighted.
 
     Example:
         >>> weights = grain_cells.balanced_block_weights(source, "cell_type")
@@ -56,7 +115,8 @@ class WeightedBlockSampler(BlockStream):
                 `epoch_cells`).
             weights: One non-negative finite weight per block, not all 0
                 (normalised internally).
-            epoch_blocks: Draws per epoch.
+            epoch_blocks: Draws per epoch (default `num_blocks`), rounded up to
+                a multiple of the shard count.
             epoch_cells: Cells per epoch, in expectation: `epoch_cells`
                 divided by the expected cells per draw (exact when all blocks
                 are full), rounded up. Exclusive with `epoch_blocks`.
@@ -72,7 +132,6 @@ class WeightedBlockSampler(BlockStream):
                 length, negative, non-finite or all 0; both or a non-positive
                 epoch length; a bad seed, epoch count or shard.
         """
-        hints = PositionHints.for_source(source, readahead_cells)
         is_count = isinstance(source, (int, np.integer))
         num_blocks = int(source) if is_count else len(source)
         w = np.asarray(weights, np.float64)
@@ -87,8 +146,15 @@ class WeightedBlockSampler(BlockStream):
             )
         if not (w > 0).any():
             raise ValueError("weights are all 0: no block can be drawn")
-        shard_options = check_stream_args(num_epochs, seed, shard_options)
-        count = shard_options.shard_count
+        super().__init__(
+            source,
+            num_blocks,
+            seed=seed,
+            num_epochs=num_epochs,
+            shard_options=shard_options,
+            readahead_cells=readahead_cells,
+            fit_shards=False,
+        )
         if epoch_blocks is not None and epoch_cells is not None:
             raise ValueError(
                 f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
@@ -113,14 +179,8 @@ class WeightedBlockSampler(BlockStream):
             draws = math.ceil(epoch_cells / per_draw)
         else:
             draws = num_blocks if epoch_blocks is None else int(epoch_blocks)
-        super().__init__(
-            num_blocks=num_blocks,
-            epoch_length=-(-draws // count) * count,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            hints=hints,
-        )
+        count = self.shard_options.shard_count
+        self.epoch_length = -(-draws // count) * count
         digest = hashlib.sha256(np.ascontiguousarray(w, "<f8")).hexdigest()
         self._weights_id = digest[:16]
         self._cdf_name = hashlib.sha256(f"cdf {digest}".encode()).hexdigest()
@@ -129,8 +189,8 @@ class WeightedBlockSampler(BlockStream):
         state = dict(self.__dict__)
         if state.get("_runs") is not None:
             del state["_cdf"]  # rebuilt from the runs, bit for bit
-        elif self._cdf.nbytes >= _shared_table.MIN_BYTES:
-            path = _shared_table.share(self._cdf, self._cdf_name)
+        elif self._cdf.nbytes >= SHARED_MIN_BYTES:
+            path = _share(self._cdf, self._cdf_name)
             if path is not None:  # mapped by each worker, not pickled
                 del state["_cdf"]
                 state["_cdf_file"] = path
@@ -142,7 +202,7 @@ class WeightedBlockSampler(BlockStream):
             return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
-            self._cdf = _shared_table.load(shared, self.num_blocks, self._cdf_name)
+            self._cdf = _load(shared, self.num_blocks, self._cdf_name)
         else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))

@@ -1,10 +1,8 @@
 """`AnnDataSource`: one or many AnnData files as a Grain random-access source.
 
-Each record is a *block*: `block_size` contiguous cells of one file
-(`source[k]` is a `Block`, a descriptor); the batched-fetch transform
-(`grain_cells.pipeline._fetch`) reads a fetch's blocks in one pass. To read
-data directly, use `read(rows)`, `read_ranges(starts, stops)` or
-`read_blocks(keys)`. Why a record is a block: docs/reference/design.md
+Each record is a *block*: `block_size` contiguous cells of one file (`source[k]`
+is a `Block` descriptor); read data with `read(rows)`, `read_ranges(starts,
+stops)` or `read_blocks(keys)`. Why a record is a block: docs/reference/design.md
 ("A record is a block").
 """
 

@@ -1,50 +1,45 @@
 """Blocks along a compressed matrix's chunk grid, and the defaults built on it.
 
-In a compressed file the unit of decoding is an HDF5 chunk, not a cell. A
-random block of 16 cells decodes one or two whole chunks (of `data` and of
-`indices`) to use a fraction of each, so the grid of 16-cell blocks that
-suits uncompressed files wastes most of the decoding on compressed ones.
-
-Design notes: docs/reference/design.md#source-chunk-grid.
+In a compressed file the unit of decoding is a chunk, not a cell: blocks that
+follow the chunk grid decode no chunk for a fraction of its cells. Each file's
+chunk starts are cached by file identity. Design notes:
+docs/reference/design.md#source-chunk-grid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import math
+import os
 
 import numpy as np
 
+from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells.io import FileSet, OpenFiles
 from grain_cells.source import _selection
 from grain_cells.source._table import BlockTable
 
-# Blocks per fetch of the compressed defaults (the uncompressed defaults'
-# 16 x 16 / 16 at batch 64).
-DEFAULT_BLOCKS_PER_FETCH = 64
-# Most decoded bytes (values and indices) of one fetch's blocks under the
-# compressed defaults, per process: 4 chunks per block at anndata's largest
-# chunks (1 MiB of values + 1 MiB of indices: 2 chunks per block).
+DEFAULT_BLOCKS_PER_FETCH = 64  # the uncompressed defaults: 16 x 16 / 16 at batch 64
+# Most decoded bytes of one default fetch per process (4 chunks per block at
+# anndata's largest chunks: 1 MiB of values + 1 MiB of indices).
 FETCH_BUDGET_BYTES = 256 << 20
-# Most cells of such a fetch: a worker formats a whole fetch into its ring of
-# at most 128 shared-memory slots before the trainer can take any, and each
-# minibatch past the ring waits 2 s for a slot (`transport._ring`).
+# Most cells of a default fetch: a worker formats a whole fetch into its ring
+# of at most 128 shared-memory slots before the trainer can take any.
 MAX_FETCH_CELLS = 120 * 64
-# Most cells of a default block: a multiple of 64 (a minibatch) so that a
-# fetch of whole blocks and whole minibatches stays within MAX_FETCH_CELLS.
-MAX_BLOCK_CELLS = 1024
+MAX_BLOCK_CELLS = 1024  # a multiple of 64 (a minibatch)
 _CHUNKS_PER_BLOCK = (4, 2, 1)  # tried in this order
 _MARGIN = 1.25  # block_size over the cells of n average chunks
+_CACHE_VERSION = "chunk-starts-v1"
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkDefaults:
-    """The blocks a source uses when no `block_size` is given.
+    """The blocks of a source given no `block_size`.
 
-    Attributes:
-        chunks_per_block: Chunks per block (`n`).
-        block_size: Most cells per block.
-        cells_per_chunk: Average cells per chunk over the files.
-        chunk_bytes: Decoded bytes of one chunk of values and its indices.
+    `chunks_per_block` chunks of `cells_per_chunk` cells on average (at most
+    `block_size` cells), `chunk_bytes` decoded per chunk (values and indices).
     """
 
     chunks_per_block: int
@@ -54,13 +49,7 @@ class ChunkDefaults:
 
     @property
     def fetch_blocks(self) -> int:
-        """Blocks per default fetch: 64, fewer if 64 would pass MAX_FETCH_CELLS.
-
-        Fewer only where even one chunk per block is too large (chunks of
-        more than 120 cells): a fetch is formatted into a worker's ring of
-        shared-memory slots before the trainer takes any minibatch of it,
-        and thousands of minibatches per fetch would stall there.
-        """
+        """Blocks per default fetch: 64, fewer if 64 would pass MAX_FETCH_CELLS."""
         cells = min(self.chunks_per_block * self.cells_per_chunk, self.block_size)
         fits = int(MAX_FETCH_CELLS // max(cells, 1.0))
         return max(1, min(DEFAULT_BLOCKS_PER_FETCH, fits))
@@ -74,11 +63,9 @@ class ChunkDefaults:
 def compressed_defaults(
     n_cells: int, chunk_starts: np.ndarray, chunk_bytes: int
 ) -> ChunkDefaults:
-    """The defaults of the design notes for a matrix of this chunking.
+    """The defaults for a matrix whose chunks begin at global rows `chunk_starts`.
 
-    `chunk_starts`: global rows where a chunk begins (each file's first row
-    included); `chunk_bytes`: decoded bytes of one chunk of values plus one
-    of indices (the largest over the files).
+    `chunk_bytes`: decoded bytes of one chunk of values plus one of indices.
     """
     per_chunk = n_cells / max(1, np.asarray(chunk_starts).size)
     n = next(
@@ -98,11 +85,7 @@ def compressed_defaults(
 def default_fetch_factor(
     batch_size: int, block_size: int, blocks: int = DEFAULT_BLOCKS_PER_FETCH
 ) -> int:
-    """The least fetch factor whose fetch holds at least `blocks` blocks.
-
-    A fetch holds `batch_size * fetch_factor / block_size` blocks, which must
-    be a whole number.
-    """
+    """The least fetch factor whose fetch holds a whole number >= `blocks` of blocks."""
     step = block_size // math.gcd(block_size, batch_size)  # keeps it whole
     per_step = batch_size * step // block_size  # blocks per `step`
     return step * max(1, -(-blocks // per_step))
@@ -111,22 +94,16 @@ def default_fetch_factor(
 def chunk_aligned_blocks(
     table: BlockTable, chunk_starts: np.ndarray, chunks_per_block: int = 1
 ) -> BlockTable:
-    """Blocks of `chunks_per_block` chunks each: a pure function of its inputs.
+    """Blocks of `table`'s cells that follow the chunk grid.
 
-    Keeps the table's cells; cuts at every `chunks_per_block`-th chunk start
-    of each file, at gaps in the selection, at file boundaries and every
-    `table.block_size` cells.
-
-    `chunk_starts`: sorted global rows (`source.chunk_starts()`);
-    `chunks_per_block` at least 1.
+    Cut at every `chunks_per_block`-th chunk start of each file, at gaps, at file
+    boundaries and every `table.block_size` cells.
     """
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
     )
     if table.run_starts is None and table.num_cells > 0:
-        # Every cell: the runs are the stretches between cuts (what
-        # `blocks_over_runs` finds in an all-True mask, without the mask's
-        # passes over every cell: 0.35 CPU-s at 100M cells).
+        # Every cell: the runs are the stretches between cuts (no mask).
         starts, stops = _selection.blocks_over_ranges(
             cuts[:-1], cuts[1:], table.block_size
         )
@@ -148,13 +125,87 @@ def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarra
     return starts[rank % n == 0]
 
 
+def default_blocks(files: FileSet, options):
+    """`(table, options)` of a source built without a `block_size`.
+
+    Opens compressed files once more to find their chunk starts, unless cached.
+    """
+    sizes = [info.chunk_bytes for info in files.infos]
+    if all(size is None for size in sizes):
+        return BlockTable.grid(files.n_obs, 16), options
+    offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
+    # Only the matrix is scanned: an open that reads no obs column.
+    handles = OpenFiles(
+        dataclasses.replace(files, obs_names=(), obs={}), 0, options.max_open_files
+    )
+    try:
+        starts = [
+            file_chunk_starts(files, handles, i) + offsets[i]
+            if size is not None
+            else offsets[i : i + 1]
+            for i, size in enumerate(sizes)
+        ]
+    finally:
+        handles.close()
+    compressed = [i for i, size in enumerate(sizes) if size is not None]
+    chosen = compressed_defaults(
+        sum(files.n_obs[i] for i in compressed),
+        np.concatenate([starts[i] for i in compressed]),
+        max(sizes[i] for i in compressed),
+    )
+    grid = BlockTable.grid(files.n_obs, chosen.block_size)
+    table = chunk_aligned_blocks(
+        grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
+    )
+    return table, dataclasses.replace(options, fetch_blocks=chosen.fetch_blocks)
+
+
+def cache_dir() -> str:
+    """The folder of cached chunk starts (under the user's cache, never the data's)."""
+    return os.path.join(cache_root(), "chunk-starts")
+
+
+def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
+    """Local rows where file `i`'s matrix chunks begin: cached, else scanned and kept.
+
+    A sorted int64 array starting at 0, kept in `cache_dir()` by file identity.
+    """
+    identity, n_obs = files.identities[i], int(files.n_obs[i])
+    key = [_CACHE_VERSION, identity.path, identity.element]
+    key += [dataclasses.astuple(identity.stat), identity.layout, identity.sample]
+    key.append(identity.format)
+    name = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+    path = os.path.join(cache_dir(), name + ".npy")
+    try:
+        starts = np.load(path, allow_pickle=False)
+        if (
+            starts.dtype == np.int64
+            and starts.ndim == 1
+            and starts.size > 0
+            and starts[0] == 0
+            and starts[-1] < max(n_obs, 1)
+            and (starts.size == 1 or (np.diff(starts) > 0).all())
+        ):
+            return starts
+    except (OSError, ValueError):
+        pass
+    with handles.pinned([i]) as (f,):  # not evicted while it is scanned
+        starts = np.asarray(f.reader.chunk_starts(), np.int64)
+    with contextlib.suppress(OSError):  # a read-only or full cache: scan again
+        write_atomic(path, lambda out: np.save(out, starts, allow_pickle=False))
+    return starts
+
+
 __all__ = [
     "DEFAULT_BLOCKS_PER_FETCH",
     "FETCH_BUDGET_BYTES",
     "MAX_BLOCK_CELLS",
     "MAX_FETCH_CELLS",
     "ChunkDefaults",
+    "cache_dir",
     "chunk_aligned_blocks",
     "compressed_defaults",
+    "default_blocks",
     "default_fetch_factor",
+    "file_chunk_starts",
 ]

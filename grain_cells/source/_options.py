@@ -1,11 +1,9 @@
-"""A source's arguments, checked, and the values they build.
+"""The three values a source holds, what they describe, and their `build`.
 
-`build` turns `AnnDataSource(...)`'s arguments into the three values a
-source holds: its `FileSet` (every file opened once, checked and closed),
-its `BlockTable` and its `SourceOptions` (how it reads). A view of the
-source holds the same files and options and another table.
-
-Design notes: docs/reference/design.md#source-options.
+`build` turns `AnnDataSource(...)`'s arguments into its `FileSet` (every file
+opened once, checked and closed), its `BlockTable` and its `SourceOptions`;
+`SourceDescription` answers what they say without reading cells. Design notes:
+docs/reference/design.md#source-options.
 """
 
 from __future__ import annotations
@@ -20,30 +18,22 @@ from grain_cells._util import arguments
 from grain_cells.io import (
     JOINS,
     OBS_MISSING,
+    FileIdentity,
     FileSet,
-    OpenFiles,
+    MatrixInfo,
     check_max_open,
     matrix_element,
     resolve_paths,
 )
-from grain_cells.source import _chunk_cache, _chunk_grid
+from grain_cells.source import _chunk_grid
 from grain_cells.source._table import BlockTable
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceOptions:
-    """How a source reads its files, beyond what its `FileSet` records.
+    """How a source reads its files beyond its `FileSet` (see `AnnDataSource`).
 
-    Attributes:
-        layer: The matrix asked for: None (`X`), `"raw"` or a layer's name.
-        obs_missing: What files lacking an obs column give: `"error"`, `"fill"`.
-        check_indices: Check at every read that column indices are in range.
-        read_threads: Read (and decode) threads per process: a count (0
-            reads inline) or `"auto"` (`grain_cells._util.cores`).
-        fetch_blocks: Blocks per fetch when a loader is given no
-            `fetch_factor` (compressed defaults); None: fetch factor 16.
-        max_open_files: Files each process keeps open at once, or `"auto"`
-            (`grain_cells.io._file_lru.default_max_open`).
+    `fetch_blocks`: blocks per fetch of loaders given no `fetch_factor` (None: 16).
     """
 
     layer: str | None
@@ -54,30 +44,168 @@ class SourceOptions:
     max_open_files: int | str = "auto"
 
 
-def build(
-    paths: str | os.PathLike | Sequence[str | os.PathLike],
-    *,
-    block_size: int | None = None,
-    layer: str | None = None,
-    obs_columns: Sequence[str] = (),
-    genes: Sequence[str] | np.ndarray | None = None,
-    join: str = "exact",
-    genes_from: str | None = None,
-    obs_missing: str = "error",
-    check_indices: bool = True,
-    read_threads: int | str = "auto",
-    storage_options: dict | None = None,
-    max_open_files: int | str = "auto",
-) -> tuple[FileSet, BlockTable, SourceOptions]:
-    """Checks `AnnDataSource`'s arguments and inspects its files.
+class SourceDescription:
+    """What a source describes without reading cells (base of `AnnDataSource`).
 
-    Arguments and errors as in `AnnDataSource`.
-
-    Returns:
-        `(files, table, options)`: the file set, its blocks (the grid of
-        `block_size` cells, or the defaults of the design notes) and the
-        read options.
+    Holds three immutable values: `files`, `block_table` and `options`.
     """
+
+    def __init__(self, files: FileSet, table: BlockTable, options: SourceOptions):
+        self._files, self._table, self._options = files, table, options
+
+    @property
+    def files(self) -> FileSet:
+        """The files as checked at build (immutable): paths, matrices, genes, obs."""
+        return self._files
+
+    @property
+    def block_table(self) -> BlockTable:
+        """Which blocks this source has and the rows each holds (immutable)."""
+        return self._table
+
+    @property
+    def options(self) -> SourceOptions:
+        """How the source reads its files: layer, obs_missing, reads (immutable)."""
+        return self._options
+
+    @property
+    def read_threads(self) -> int | str:
+        """Threads per process that issue reads on large batches (0: inline)."""
+        return self._options.read_threads
+
+    @property
+    def fetch_blocks(self) -> int | None:
+        """Blocks per fetch of loaders given no `fetch_factor` (None: factor 16)."""
+        return self._options.fetch_blocks
+
+    @property
+    def check_indices(self) -> bool:
+        """Whether every read checks that column indices lie in the matrix."""
+        return self._options.check_indices
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files, in concatenation order."""
+        return self._files.paths
+
+    @property
+    def block_size(self) -> int:
+        """Cells per block (record)."""
+        return self._table.block_size
+
+    @property
+    def num_cells(self) -> int:
+        """Cells over all files (a view's row ids still range over these)."""
+        return self._table.num_cells
+
+    @property
+    def num_selected_cells(self) -> int:
+        """Cells the blocks hold: `num_cells`, or fewer for a view."""
+        return self._table.num_selected_cells
+
+    @property
+    def blocks_id(self) -> str:
+        """A view's block table, summarised and hashed; "" for the full grid."""
+        return self._table.blocks_id
+
+    @property
+    def cell_offsets(self) -> np.ndarray:
+        """Global row id of each file's first cell, plus the total at the end."""
+        return self._table.cell_offsets.copy()
+
+    @property
+    def block_offsets(self) -> np.ndarray:
+        """Index of each file's first block, plus the block count at the end."""
+        return self._table.block_offsets.copy()
+
+    @property
+    def num_genes(self) -> int:
+        """Columns of the output (aligned genes, after the `genes` selection)."""
+        return self._files.num_genes
+
+    @property
+    def num_genes_stored(self) -> int:
+        """Aligned genes before the `genes` selection (with `"exact"`: stored)."""
+        return self._files.genes.num_aligned
+
+    @property
+    def var_names(self) -> np.ndarray:
+        """Gene ids of the output columns, in output order (keys: `genes_from`)."""
+        return self._files.genes.var_names
+
+    @property
+    def join(self) -> str:
+        """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
+        return self._files.genes.join
+
+    @property
+    def genes_from(self) -> str | None:
+        """The var column that keys genes over files, or None: var names."""
+        return self._files.genes.genes_from
+
+    def file_column_map(self, i: int) -> np.ndarray | None:
+        """Output column of each column file `i` stores (-1: none; None: as stored)."""
+        column_map = self._files.genes.maps[i]
+        return None if column_map is None else column_map.out.copy()
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the matrix is stored as CSR (else dense)."""
+        return self._files.sparse
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Dtype of values read: the files' common type (native, float16 as float32)."""
+        return self._files.dtype
+
+    @property
+    def obs_columns(self) -> tuple[str, ...]:
+        """The obs columns returned with each cell."""
+        return self._files.obs_names
+
+    @property
+    def obs_missing(self) -> str:
+        """What files lacking an obs column give: `"error"` or `"fill"`."""
+        return self._options.obs_missing
+
+    @property
+    def categories(self) -> dict[str, np.ndarray | None]:
+        """Per obs column, the labels that codes index (None for numeric)."""
+        return {c: spec.categories for c, spec in self._files.obs.items()}
+
+    def file_info(self, i: int) -> MatrixInfo:
+        """What file `i`'s matrix holds."""
+        return self._files.infos[i]
+
+    def file_identity(self, i: int) -> FileIdentity:
+        """File `i`'s identity, taken when the source was built."""
+        return self._files.identities[i]
+
+    def verify_files(self, when: str = "on request") -> None:
+        """Checks with one `stat` per file that every file is still the one built on.
+
+        Raises:
+            errors.SourceChangedError: A file was written, replaced or removed.
+        """
+        self._files.verify(when)
+
+
+def build(
+    paths,
+    *,
+    block_size,
+    layer,
+    obs_columns,
+    genes,
+    join,
+    genes_from,
+    obs_missing,
+    check_indices,
+    read_threads,
+    storage_options,
+    max_open_files,
+) -> tuple[FileSet, BlockTable, SourceOptions]:
+    """Checks `AnnDataSource`'s arguments (its errors) and inspects the files."""
     if block_size is not None:
         block_size = arguments.check_int("block_size", block_size, minimum=1)
     if not isinstance(read_threads, str):
@@ -94,13 +222,8 @@ def build(
     genes_from = arguments.check_name("genes_from", genes_from, optional=True)
     check_indices = arguments.check_bool("check_indices", check_indices)
     storage_options = arguments.check_mapping("storage_options", storage_options)
-    if join not in JOINS:
-        raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
-    if obs_missing not in OBS_MISSING:
-        raise ValueError(
-            f"obs_missing must be one of {list(OBS_MISSING)}, got "
-            f"obs_missing={obs_missing!r}"
-        )
+    arguments.check_choice("join", join, JOINS)
+    arguments.check_choice("obs_missing", obs_missing, OBS_MISSING)
     resolved = resolve_paths(paths)
     element = matrix_element(layer)
     obs_names = arguments.check_names("obs_columns", obs_columns)
@@ -117,24 +240,17 @@ def build(
         genes_from=genes_from,
     )
     options = SourceOptions(
-        layer,
-        obs_missing,
-        bool(check_indices),
-        read_threads,
-        max_open_files=max_open_files,
+        layer, obs_missing, check_indices, read_threads, None, max_open_files
     )
-    if block_size is not None:
-        return files, BlockTable.grid(files.n_obs, block_size), options
-    return (files, *default_blocks(files, options))
+    if block_size is None:
+        table, options = _chunk_grid.default_blocks(files, options)
+    else:
+        table = BlockTable.grid(files.n_obs, block_size)
+    return files, table, options
 
 
 def _check_paths(paths):
-    """`paths`: a path or a non-empty sequence of paths (str or PathLike).
-
-    Raises:
-        arguments.ArgumentTypeError: `paths` (or one of them) is not a path.
-        ValueError: `paths` is empty.
-    """
+    """`paths`: a path or a non-empty sequence of paths (str or PathLike)."""
     if isinstance(paths, (str, os.PathLike)):
         return paths
     if not isinstance(paths, Sequence):
@@ -159,58 +275,4 @@ def _check_paths(paths):
     return paths
 
 
-def default_blocks(
-    files: FileSet, options: SourceOptions
-) -> tuple[BlockTable, SourceOptions]:
-    """The table and options of a source built without a `block_size`.
-
-    Opens nothing for uncompressed files; opens compressed ones once more to
-    find their chunk starts (scanning a CSR matrix's `indptr`) unless the
-    user's cache holds them (`_chunk_cache`).
-    """
-    sizes = [info.chunk_bytes for info in files.infos]
-    if all(size is None for size in sizes):
-        return BlockTable.grid(files.n_obs, 16), options
-    offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
-    # Only the matrix is scanned: an open that reads no obs column.
-    handles = OpenFiles(
-        dataclasses.replace(files, obs_names=(), obs={}), 0, options.max_open_files
-    )
-    try:
-        starts = [
-            file_chunk_starts(files, handles, i) + offsets[i]
-            if size is not None
-            else offsets[i : i + 1]
-            for i, size in enumerate(sizes)
-        ]
-    finally:
-        handles.close()
-    compressed = [i for i, size in enumerate(sizes) if size is not None]
-    chosen = _chunk_grid.compressed_defaults(
-        sum(files.n_obs[i] for i in compressed),
-        np.concatenate([starts[i] for i in compressed]),
-        max(sizes[i] for i in compressed),
-    )
-    grid = BlockTable.grid(files.n_obs, chosen.block_size)
-    table = _chunk_grid.chunk_aligned_blocks(
-        grid, np.unique(np.concatenate(starts)), chosen.chunks_per_block
-    )
-    options = dataclasses.replace(options, fetch_blocks=chosen.fetch_blocks)
-    return table, options
-
-
-def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
-    """Local rows where file `i`'s matrix chunks begin, cached per file."""
-    return _chunk_cache.cached_chunk_starts(
-        files.identities[i],
-        int(files.n_obs[i]),
-        lambda: _scan_chunk_starts(handles, i),
-    )
-
-
-def _scan_chunk_starts(handles: OpenFiles, i: int) -> np.ndarray:
-    with handles.pinned([i]) as (f,):  # not evicted while it is scanned
-        return f.reader.chunk_starts()
-
-
-__all__ = ["SourceOptions", "build", "default_blocks", "file_chunk_starts"]
+__all__ = ["SourceDescription", "SourceOptions", "build"]

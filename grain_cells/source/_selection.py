@@ -1,20 +1,12 @@
 """Cell selection: views over the runs of selected cells, as block tables.
 
-**Selection.** `AnnDataSource.select(cells, where=...)` keeps the cells that
-match a boolean mask, a list of row ids and/or obs predicates, and returns a
-*view*: an `AnnDataSource` over the same files whose records are blocks over
-the *runs* of selected cells (`blocks_over_runs`). A block never straddles a
-file nor a gap in the selection, so every read stays one contiguous slice; a
-run shorter than `block_size` (or a run's tail) makes a short block, and a
-selection of scattered cells makes many short blocks, each a separate read.
-
-Design notes: docs/reference/design.md#source-selection.
+A block never straddles a file nor a gap in the selection, so every read stays
+one contiguous slice; scattered cells make many short blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -25,40 +17,11 @@ _LOOKUP_CELLS = 1 << 20
 _RUN_WINDOW = 1 << 22  # rows per window of runs_of_mask
 
 
-class Selectable(Protocol):
-    """What a selection reads of a source (an `AnnDataSource` or a view)."""
-
-    block_table: BlockTable
-    obs_columns: tuple[str, ...]
-    categories: dict
-    num_cells: int
-    num_selected_cells: int
-
-    def obs_values(self, column: str) -> np.ndarray:
-        """The column's values (codes of categorical ones) over all cells."""
-
-
-# -- blocks over runs ---------------------------------------------------------
-
-
 def blocks_over_runs(
     mask: np.ndarray, cell_offsets: np.ndarray, block_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks of up to `block_size` cells over the runs of True in `mask`.
-
-    A run is a maximal stretch of consecutive selected rows within one file.
-    Each run is cut into blocks of `block_size` rows from its start; its last
-    block may be short.
-
-    Example:
-        >>> blocks_over_runs(np.array([1, 1, 1, 0, 1], bool), np.array([0, 5]), 2)
-        (array([0, 2, 4]), array([2, 3, 5]))
-
-    `mask` has one bool per global row; `cell_offsets` is each file's first
-    global row plus the total. Returns sorted int64 `(starts, stops)`.
-    """
-    run_starts, run_stops = runs_of_mask(mask, cell_offsets)
-    return blocks_over_ranges(run_starts, run_stops, block_size)
+    """`(starts, stops)` of blocks of `block_size` rows over each run of `mask`."""
+    return blocks_over_ranges(*runs_of_mask(mask, cell_offsets), block_size)
 
 
 def blocks_over_ranges(
@@ -81,19 +44,12 @@ def blocks_over_ranges(
 def runs_of_mask(
     mask: np.ndarray, cell_offsets: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The runs of True in `mask`, cut at file boundaries, as `(starts, stops)`.
-
-    Example:
-        >>> runs_of_mask(np.array([1, 1, 1, 0, 1], bool), np.array([0, 2, 5]))
-        (array([0, 2, 4]), array([2, 3, 5]))
-    """
+    """The runs of True in `mask`, cut at file boundaries, as `(starts, stops)`."""
     mask = np.asarray(mask, bool)
     n = mask.size
     inner = np.asarray(cell_offsets[1:-1], np.int64)
     inner = inner[(inner > 0) & (inner < n)]
-    # A run starts where a selected row follows an unselected one or a file
-    # boundary, and stops likewise: found a window at a time (no mask-sized
-    # temporaries).
+    # A window at a time: no mask-sized temporaries.
     starts, stops = [], []
     for a in range(0, n, _RUN_WINDOW):
         b = min(n, a + _RUN_WINDOW)
@@ -118,57 +74,25 @@ def runs_of_mask(
     )
 
 
-def cell_mask(source: Selectable) -> np.ndarray:
-    """One bool per global row: whether one of the source's blocks holds it."""
-    return source.block_table.cell_mask()
-
-
-def selected_blocks(source: Selectable, cells=None, where=None) -> BlockTable:
-    """The block table of `source.select(cells, where=where)`.
-
-    A pure function of the source's cells, obs columns and the arguments:
-    blocks over the runs of matching cells (`blocks_over_runs`). Arguments
-    and errors: `selection_mask`'s.
-    """
-    mask = selection_mask(source, cells, where)
-    return blocks_of_mask(source.block_table, mask)
+def selected_blocks(source, cells=None, where=None) -> BlockTable:
+    """The block table of `source.select(cells, where=where)`."""
+    return blocks_of_mask(source.block_table, selection_mask(source, cells, where))
 
 
 def blocks_of_mask(table: BlockTable, mask: np.ndarray) -> BlockTable:
-    """A view of `table`'s files: blocks over the runs of True in `mask`.
-
-    `table.with_runs` of the runs: the blocks of `blocks_over_runs`, stored as
-    runs and never listed one by one.
-    """
+    """A view of `table`'s files: blocks over the runs of True in `mask`."""
     return table.with_runs(*runs_of_mask(mask, table.cell_offsets))
 
 
-# -- selection -----------------------------------------------------------------
-
-
 def where_mask(
-    source: Selectable,
+    source,
     column: str,
     condition: Sequence | np.ndarray | Callable[[np.ndarray], np.ndarray],
 ) -> np.ndarray:
-    """One bool per global row: whether its value in `column` matches.
+    """One bool per global row: whether its value in `column` meets `condition`.
 
-    Args:
-        source: The source whose obs column is read (`obs_values`).
-        column: One of `source.obs_columns`.
-        condition: The labels (categorical columns) or values (numeric ones)
-            to keep, or an elementwise predicate returning one bool per value.
-            For a categorical column the predicate is called once, on the
-            array of category labels (`source.categories[column]`), and cells
-            with a missing label (code -1) never match.
-
-    Returns:
-        A bool array of `source.num_cells`.
-
-    Raises:
-        errors.MissingColumnError: `column` is not one of `obs_columns`.
-        ValueError: A label is not a category of `column`, or the predicate
-            does not return one bool per value.
+    `condition`: labels or values to keep, or an elementwise predicate (on the
+    category labels of a categorical column; a missing label never matches).
     """
     if column not in source.obs_columns:
         raise errors.MissingColumnError(
@@ -225,20 +149,10 @@ def _predicate(fn, values: np.ndarray, column: str, what: str) -> np.ndarray:
     return out
 
 
-def selection_mask(source: Selectable, cells=None, where=None) -> np.ndarray:
-    """One bool per global row: the source's cells that match every condition.
-
-    A view selects only among its own cells. `cells`: a boolean mask over
-    `num_cells`, global row ids, or None; `where`: obs column to condition
-    (`where_mask`).
-
-    Raises:
-        ValueError: The result is empty, or `cells` has the wrong length or
-            rows out of range.
-        TypeError: `cells` is neither bool nor integer.
-    """
+def selection_mask(source, cells=None, where=None) -> np.ndarray:
+    """One bool per global row: the source's own cells that match every condition."""
     n = source.num_cells
-    mask = cell_mask(source)
+    mask = source.block_table.cell_mask()
     if cells is not None:
         cells = np.asarray(cells)
         if cells.dtype == bool:
@@ -284,11 +198,8 @@ def describe_condition(x) -> str:
         kind = "mask" if x.dtype == bool else "row ids"
         return f"<{kind} of {x.size}>"
     if isinstance(x, Mapping):
-        return (
-            "{"
-            + ", ".join(f"{k!r}: {describe_condition(v)}" for k, v in x.items())
-            + "}"
-        )
+        items = (f"{k!r}: {describe_condition(v)}" for k, v in x.items())
+        return "{" + ", ".join(items) + "}"
     if callable(x):
         return "<predicate>"
     text = repr(x)
@@ -299,7 +210,6 @@ __all__ = [
     "blocks_of_mask",
     "blocks_over_ranges",
     "blocks_over_runs",
-    "cell_mask",
     "describe_condition",
     "runs_of_mask",
     "selected_blocks",

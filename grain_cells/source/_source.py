@@ -1,11 +1,9 @@
 """`AnnDataSource`: `.h5ad` files and zarr stores as a Grain random-access source.
 
-A source binds three values to Grain's protocol: its `FileSet` (`files`:
-the files as checked at build, `grain_cells.io._file_set`), its `BlockTable`
-(`block_table`: which rows each block holds, `grain_cells.source._table`)
-and its `SourceOptions` (`grain_cells.source._options`). Each process opens
-its own handles (`OpenFiles`); reads are `grain_cells.io._range_reads`. A
-view is a new source of the same files and options and another table.
+A source holds three immutable values: its `FileSet` (the files as checked at
+build), its `BlockTable` (which rows each block holds) and its `SourceOptions`;
+each process opens its own handles (`OpenFiles`) on first use. A view is a new
+source of the same files and options and another table.
 """
 
 from __future__ import annotations
@@ -18,13 +16,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grain_cells import errors
 from grain_cells._util import absl_flags
-from grain_cells.io import Cells, FetchedRows, FileSet, OpenFile, RowBuffer
-from grain_cells.source import _fragments, _options, _selection
-from grain_cells.source._description import SourceDescription
-from grain_cells.source._options import SourceOptions
-from grain_cells.source._reads import FileReads
-from grain_cells.source._table import Block, BlockTable
+from grain_cells.io import (
+    Cells,
+    FetchedRows,
+    FileSet,
+    OpenFile,
+    OpenFiles,
+    RowBuffer,
+    joined_column,
+    own_map,
+)
+from grain_cells.io import advise as _advise
+from grain_cells.io import fetch_ranges as _fetch_ranges
+from grain_cells.io import read_ranges as _read_ranges
+from grain_cells.io import read_rows as _read_rows
+from grain_cells.source import _chunk_grid, _selection
+from grain_cells.source._options import SourceDescription, SourceOptions, build
+from grain_cells.source._table import Block, BlockTable, fragment_note
 from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
@@ -34,7 +44,8 @@ class AnnDataSource(SourceDescription):
     """Cells of one or many `.h5ad` files or zarr stores, concatenated, as blocks.
 
     Implements Grain's `RandomAccessDataSource` protocol over *blocks* of
-    `block_size` contiguous cells (see the module docstring for why). It is
+    `block_size` contiguous cells of one file (`source[k]` is a `Block`
+    descriptor; the fetch transform reads a fetch's blocks in one pass). It is
     thread-safe, picklable without open handles, and its `repr` is stable
     (Grain compares it when restoring a checkpoint).
 
@@ -49,29 +60,12 @@ class AnnDataSource(SourceDescription):
         >>> AnnDataSource(["atlas.h5ad", "more.zarr"], join="outer")
         >>> AnnDataSource(census_parts, genes_from="feature_id", join="inner")
 
-    **zarr stores** (what anndata's `write_zarr` writes: zarr v2 or v3,
-    sharded or not, a directory, a `.zarr.zip` or a URL ending in `.zarr`)
-    open wherever `.h5ad` files do, alone or in one list with them: every
-    matrix, obs and var encoding anndata writes to zarr reads as from
-    `.h5ad` (CSC refused by name). A store's identity is a digest of its
-    keys, sizes and modification times (see `grain_cells.io._identity`),
-    so a store rewritten under a source is detected when a process opens it
-    and by `verify_files()`.
-
-    **Views over a subset of cells.** `select(cells, where=...)`, the splits
-    (`grain_cells.blocks`), `with_blocks(starts, stops)` and `view(table)`
-    return a source over some cells only: the same files and options, another
-    block table (runs of blocks, `grain_cells.source._table`), a `repr`
-    naming a hash of it; row ids stay global. See `grain_cells.source._selection`.
-
-    Memory per process: the handles (about a megabyte each) and chosen obs
-    columns of the open files, at most `max_open_files` (one value per cell
-    and column, in the smallest integer type that holds the codes; mapped
-    from a cache file every process shares for files of 65,536 cells or
-    more, `grain_cells.io._obs_cache`), the
-    column maps of files whose genes differ from the output (4 bytes per
-    stored gene, shared by files with equal var names), plus the read
-    buffers (about 2x the largest batch read).
+    zarr stores (v2 or v3, sharded or not, a directory, a `.zarr.zip` or a URL
+    ending in `.zarr`) open wherever `.h5ad` files do, alone or mixed with them.
+    A file rewritten under a source is detected when a process opens it and by
+    `verify_files()`. Views (`select`, the splits, `with_blocks`, `view`) hold
+    the same files and options and another block table; row ids stay global.
+    Memory per process: docs/guides/loading.md.
     """
 
     def __init__(
@@ -99,7 +93,7 @@ class AnnDataSource(SourceDescription):
             block_size: Cells per record (block). Blocks never straddle files.
                 None: 16, or on a compressed matrix blocks along its chunk
                 grid and loaders reading 64 blocks per fetch when given no
-                `fetch_factor` (`grain_cells.source._chunk_grid`).
+                `fetch_factor`.
             layer: The matrix to read: None for `X`, `"raw"` for `raw/X`, any
                 other name for `layers/<name>`.
             obs_columns: obs columns returned with every cell. Categorical,
@@ -111,8 +105,7 @@ class AnnDataSource(SourceDescription):
                 mask or integer positions over the aligned genes.
             join: `"exact"` (the same var names in the same order), `"inner"`
                 or `"outer"`: how genes of files with different var names are
-                aligned (see `grain_cells.io._file_set`; categorical obs codes
-                index one category list shared by all files).
+                aligned.
             genes_from: None to key genes by var names, or a var column
                 whose values key them in every file: `join` and `genes` then
                 work on those keys, and `var_names` are keys. For atlases whose
@@ -120,30 +113,21 @@ class AnnDataSource(SourceDescription):
                 `genes_from="feature_id"`, the Ensembl ids). Its values must be
                 unique in each file (strings, categoricals or integers).
             obs_missing: `"error"` or `"fill"`: what a file that lacks one of
-                `obs_columns` gives (see `grain_cells.io._file_set`).
+                `obs_columns` gives.
             check_indices: Check at every read that column indices are inside
                 the matrix (one pass over the indices, a few percent of a read).
             read_threads: Threads per process that read and decode large
                 batches concurrently; 0 reads inline; `"auto"`: sized from
-                the cores and worker count (`grain_cells._util.cores`).
+                the cores and worker count.
             storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
-                configuration (credentials, `endpoint_url`, `anon`, ...); see
-                `grain_cells.storage.remote._store`. Pickled with the source.
-                `content_check_s` (seconds, default 60; 0: at every read): how
-                often, per process and object, iteration re-reads the
-                sampled content digest of an object whose ETag cannot tell a
-                rewrite (`grain_cells.storage.remote._versions`).
-                `verify_reads=True`: every block read checked against
-                digests of the whole object, read at each process's open
-                (for `.h5ad` on HTTP servers that keep ETags across
-                rewrites). `user_project`: the project billed by a GCS
-                requester-pays bucket.
+                configuration (credentials, `endpoint_url`, `anon`, ...), and
+                `content_check_s`, `verify_reads`, `user_project`
+                (docs/guides/buckets.md). Pickled with the source.
             max_open_files: Files each process keeps open at once (two
                 descriptors and HDF5's caches each); opening another closes
                 the least recently used one, which reopens (checked again)
                 when next read. `"auto"`: 128, or an eighth of the
-                process's descriptor limit if less
-                (`grain_cells.io._file_lru`).
+                process's descriptor limit if less.
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
@@ -159,7 +143,7 @@ class AnnDataSource(SourceDescription):
                 `"inner"` or `"outer"`, a file repeats a var name; a
                 `genes_from` column repeats a value or misses one.
         """
-        files, table, options = _options.build(
+        files, table, options = build(
             paths,
             block_size=block_size,
             layer=layer,
@@ -174,28 +158,21 @@ class AnnDataSource(SourceDescription):
             max_open_files=max_open_files,
         )
         self._bind(files, table, options)
-        # Grain reads an absl flag when a grain.DataLoader starts workers.
-        absl_flags.allow_unparsed()
+        absl_flags.allow_unparsed()  # Grain reads a flag when its workers start
         for i, path in enumerate(files.paths):  # objects' metadata once
             if is_url(path):
-                self._reads.file(i)
+                self._file(i)
 
     def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):
         """Holds these values; this process's handles open on first use."""
         SourceDescription.__init__(self, files, table, options)
-        self._reads = FileReads(files, options)
-
-    @classmethod
-    def _of(
-        cls, files: FileSet, table: BlockTable, options: SourceOptions
-    ) -> AnnDataSource:
-        """A source of these values (files already checked by `build`)."""
-        source = cls.__new__(cls)
-        source._bind(files, table, options)
-        return source
+        self._handles = OpenFiles(files, options.read_threads, options.max_open_files)
+        self._block = table.block  # per record: no property in between
+        self._at = (self._handles, table.cell_offsets)  # the io reads' first two
+        self._checks = {"check_indices": options.check_indices}
 
     def __reduce__(self):  # pickles as its values: no handle, buffer or thread
-        return AnnDataSource._of, (self.files, self.block_table, self.options)
+        return _unpickle, (self.files, self.block_table, self.options)
 
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
@@ -217,9 +194,9 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = _fragments.fragment_note(table.mean_block_cells, table.block_size)
+            note = fragment_note(table.mean_block_cells, table.block_size)
             _log.warning("%s: %s", table.blocks_id, note)
-        return AnnDataSource._of(self.files, table, self.options)
+        return _unpickle(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:
         """A view of this source over the cells that match.
@@ -236,8 +213,8 @@ class AnnDataSource(SourceDescription):
         Args:
             cells: A boolean mask over `num_cells`, or global row ids, or None.
             where: obs column name (one of `obs_columns`) to the labels to
-                keep, or to an elementwise predicate
-                (`grain_cells.source._selection.where_mask`).
+                keep (values of a numeric column), or to an elementwise
+                predicate (called once on the labels of a categorical column).
 
         Raises:
             ValueError: The selection is empty or malformed.
@@ -248,9 +225,8 @@ class AnnDataSource(SourceDescription):
     def with_blocks(self, starts, stops) -> AnnDataSource:
         """A view whose record `k` is global rows `[starts[k], stops[k])`.
 
-        `view(block_table.with_blocks(starts, stops))`: the view's table
-        holds its runs of consecutive blocks (24 bytes per run, at most 16 per
-        block), pickled to every worker with the source.
+        The view's table holds its runs of consecutive blocks (24 bytes per
+        run, at most 16 per block), pickled to every worker with the source.
 
         Args:
             starts: Global first rows, strictly increasing.
@@ -265,28 +241,22 @@ class AnnDataSource(SourceDescription):
 
     def close(self) -> None:
         """Closes this process's file handles; the source reopens on next use."""
-        self._reads.close()
+        self._handles.close()
 
     def _file(self, i: int) -> OpenFile:
-        """File `i`'s handles in this process (for tests of the readers)."""
-        return self._reads.file(i)
-
-    # -- Grain's RandomAccessDataSource protocol ---------------------------
+        """File `i`'s handles in this process, opened on first use."""
+        return self._handles.file(i)
 
     def __len__(self) -> int:
         return len(self.block_table)
 
     def __getitem__(self, record_key: int) -> Block:
         """Returns the descriptor of block `record_key` (no I/O)."""
-        return self.block_table.block(record_key, self.source_id)
+        return self._block(record_key, self.source_id)
 
     @functools.cached_property
     def source_id(self) -> int:
-        """A 56-bit id of this source or view: a hash of its `repr`.
-
-        Equal for sources built alike on the same files, different for
-        another view (split, selection) or other files.
-        """
+        """A 56-bit hash of the `repr` (equal for sources built alike on a file)."""
         digest = hashlib.blake2b(repr(self).encode(), digest_size=7).digest()
         return int.from_bytes(digest, "little")
 
@@ -295,8 +265,7 @@ class AnnDataSource(SourceDescription):
             f"{p!r} ({i.n_obs} cells)"
             for p, i in zip(self.files.paths, self.files.infos, strict=True)
         )
-        # A view adds its block table's identity, the full source does not.
-        table = self.block_table
+        table = self.block_table  # a view adds its block table's identity
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""
         if table.blocks_id and table.fragmented:
             blocks += " (fragmented)"
@@ -310,22 +279,39 @@ class AnnDataSource(SourceDescription):
     def obs_values(self, column: str) -> np.ndarray:
         """One obs column (one of `obs_columns`) for every cell, in row-id order.
 
-        Categorical columns come back as codes into `categories[column]`; see
-        `FileReads.obs_values`.
+        Read-only; categorical columns come back as codes into
+        `categories[column]`. Mapped from the obs cache where there is one.
 
         Raises:
             errors.MissingColumnError: `column` is not one of `obs_columns`.
         """
-        return self._reads.obs_values(column)
+        if column not in self.files.obs_names:
+            raise errors.MissingColumnError(
+                f"obs column {column!r} was not requested; this source has "
+                f"obs_columns={list(self.files.obs_names)}"
+            )
+        if len(self.files.paths) == 1:
+            with self._handles.pinned([0]) as (f,):
+                return own_map(f.obs[column])
+        return own_map(joined_column(self.files, column))
 
     def chunk_starts(self) -> np.ndarray:
-        """Global rows where an HDF5 chunk of the matrix begins, per file.
+        """Global rows where a chunk of the matrix begins (each file's first row too).
 
-        See `FileReads.chunk_starts`.
+        For CSR, a row belongs to the chunk of `data` that holds its first
+        value; a contiguous matrix contributes only its first row. Opens every
+        file unless the user's cache holds its starts.
         """
-        return self._reads.chunk_starts()
-
-    # -- reads (documented on `FileReads`) -------------------------------------
+        offsets = self.block_table.cell_offsets
+        return np.unique(
+            np.concatenate(
+                [
+                    _chunk_grid.file_chunk_starts(self.files, self._handles, i)
+                    + offsets[i]
+                    for i in range(len(self.files.paths))
+                ]
+            )
+        )
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
@@ -333,52 +319,61 @@ class AnnDataSource(SourceDescription):
 
     @property
     def hints_wanted(self) -> bool:
-        """Whether `advise` would hint anything now (`FileReads.hints_wanted`)."""
-        return self._reads.hints_wanted
+        """Whether `advise` would hint anything now (no: reads find the cache warm)."""
+        return not self._handles.cache_warm
 
     def advise(self, keys) -> None:
         """Hints that these blocks will be read soon; never raises.
 
         Local files: `posix_fadvise(WILLNEED)`; objects in a bucket: their
-        range GETs start in the background (`grain_cells.storage.remote`).
+        range GETs start in the background.
         """
         try:
-            ranges = self.block_table.ranges(np.unique(keys))
+            files, starts, stops = self.block_table.ranges(np.unique(keys))
+            _advise(*self._at, files, starts, stops)
         except Exception:  # a hint must never fail the pipeline
             return
-        self._reads.advise(*ranges)
 
     def fetch_ranges(
         self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None
     ) -> FetchedRows:
-        """Reads global row ranges, in file order, into this thread's buffer.
+        """Reads global row ranges into this thread's reused buffer, in file order.
 
-        The lowest-level read (`FileReads.fetch_ranges`): the rows are views
-        that the calling thread's next read overwrites.
+        The lowest-level read: rows come in *file order* (`row_ids` says
+        which is where) as views that the calling thread's next read
+        overwrites. Ranges must not overlap; one outside the source or
+        straddling two files raises `IndexError`.
         """
-        return self._reads.fetch_ranges(starts, stops, buffer)
+        return _fetch_ranges(*self._at, starts, stops, buffer, **self._checks)
 
     def read_ranges(self, starts, stops) -> Cells:
         """Reads global row ranges `[starts[i], stops[i])`, in the order given.
 
-        Returns fresh arrays (`FileReads.read_ranges`).
+        Ranges must not overlap or straddle files; returns fresh arrays.
         """
-        return self._reads.read_ranges(starts, stops)
+        return _read_ranges(*self._at, starts, stops, **self._checks)
 
     def read(self, rows) -> Cells:
         """Reads rows by global id, in the order given (repeats allowed).
 
-        Returns fresh arrays (`FileReads.read_rows`).
+        Returns fresh arrays.
 
         Raises:
             IndexError: A row is outside `[0, num_cells)`.
         """
-        return self._reads.read_rows(rows)
+        return _read_rows(*self._at, rows, **self._checks)
 
     def read_blocks(self, keys) -> Cells:
         """Reads whole blocks (records), in the order given."""
         blocks = [self.block_table.block(int(k)) for k in np.asarray(keys).reshape(-1)]
         return self.read_ranges([b.start for b in blocks], [b.stop for b in blocks])
+
+
+def _unpickle(files: FileSet, table: BlockTable, options: SourceOptions):
+    """A source of these values (files already checked)."""
+    source = AnnDataSource.__new__(AnnDataSource)
+    source._bind(files, table, options)
+    return source
 
 
 __all__ = ["AnnDataSource", "Block", "FetchedRows", "SourceOptions"]

@@ -1,13 +1,8 @@
 """`BlockTable`: which blocks (records) a source has and which rows each holds.
 
-A block is up to `block_size` contiguous cells of one file; the table maps a
-record key to its global rows `[start, stop)`. The *grid* table cuts each file
-into blocks of `block_size` cells from its first row and stores nothing per
-block; a *view* table (`with_blocks`, `with_runs`: pure functions of the
-table and the ranges) is stored as runs of consecutive blocks. Equal blocks
-give an equal `blocks_id` however they were given.
-
-Design notes: docs/reference/design.md#source-table.
+The *grid* cuts each file into blocks of `block_size` cells and stores nothing
+per block; a *view* (`with_blocks`, `with_runs`) is stored as runs of
+consecutive blocks. Equal blocks give an equal `blocks_id` however they were given.
 """
 
 from __future__ import annotations
@@ -21,20 +16,35 @@ from typing import NamedTuple
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.source._fragments import fragmented
+
+
+def fragmented(lengths, block_size: int) -> bool:
+    """Whether blocks (`lengths`, or their mean) hold under half of `block_size`."""
+    return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
+
+
+def fragment_note(lengths, block_size: int) -> str:
+    """What fragmented blocks (`lengths`, or their mean) cost, and what to do."""
+    mean = float(np.mean(lengths))
+    return (
+        f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
+        f"average, of block_size={block_size}, so each read is "
+        f"{block_size / mean:.1f}x shorter than the block size allows and "
+        "fetches hold fewer cells. When you select by an obs column whose "
+        "labels are interleaved in the files (cell types within donors), write "
+        "a copy grouped by it once, grain_cells.preshuffle(paths, out_dir, "
+        "group_by=[column, ...]) (add the columns you split on, e.g. "
+        "['cell_type', 'donor']): each label's cells are then one contiguous "
+        "run (a plain shuffled copy scatters them further). Splits of this "
+        "view are fragmented too and do not warn again."
+    )
 
 
 class Block(NamedTuple):
-    """One record of an `AnnDataSource`: cells `[start, stop)` of the source.
+    """One record of an `AnnDataSource`: global rows `[start, stop)` of `file`.
 
-    Attributes:
-        index: The block's record key.
-        file: Index of the file that holds it.
-        start: First global row id (over the concatenated files).
-        stop: One past the last global row id.
-        source_id: Which source (or view) it belongs to
-            (`AnnDataSource.source_id`); 0 when unknown. The fetch transform
-            refuses records of a source other than its own.
+    `index` is its record key; `source_id` its source's (0: unknown), checked by
+    the fetch transform.
     """
 
     index: int
@@ -44,13 +54,7 @@ class Block(NamedTuple):
     source_id: int = 0
 
     def __getitem__(self, key):
-        """A field by position, as a tuple's; a key such as `"X"` raises.
-
-        Raises:
-            errors.NotAMinibatchError: `key` is not an integer or a slice: a
-                block reached code that expects a minibatch (a loader's
-                operations lack `grain_cells.fetch_operations`).
-        """
+        """A field by position; any other key raises `errors.NotAMinibatchError`."""
         if isinstance(key, (int, slice, np.integer)):
             return tuple.__getitem__(self, key)
         raise errors.NotAMinibatchError(
@@ -69,18 +73,10 @@ _HASH_BLOCKS = 1 << 20  # blocks expanded at a time for `blocks_id`
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockTable:
-    """The blocks of a source: a regular grid per file, or runs of blocks.
+    """The blocks of a source: a regular grid per file, or a view's runs of blocks.
 
-    Attributes:
-        cell_offsets: Global row of each file's first cell, plus the total.
-        block_size: Most cells per block.
-        block_offsets: Index of each file's first block, plus the block count.
-        run_starts: A view's first row per run; None for the grid.
-        run_stops: A view's exclusive end per run; None for the grid.
-        run_blocks: A view's first block per run, plus the block count; None
-            for the grid, or when every run is one block (then block `k` is
-            run `k`).
-        blocks_id: A view's blocks summarised and hashed; "" for the grid.
+    Offsets end with the total; `run_*` are None for the grid, `run_blocks` (first
+    block per run, plus the count) also when every run is one block.
     """
 
     cell_offsets: np.ndarray
@@ -148,12 +144,12 @@ class BlockTable:
 
     @property
     def starts(self) -> np.ndarray | None:
-        """A view's first row per block (computed from the runs); None for the grid."""
+        """A view's first row per block; None for the grid."""
         return None if self.run_starts is None else self.block_lengths()[1]
 
     @property
     def stops(self) -> np.ndarray | None:
-        """A view's exclusive end per block (computed); None for the grid."""
+        """A view's exclusive end per block; None for the grid."""
         if self.run_starts is None:
             return None
         lengths, starts = self.block_lengths()
@@ -225,21 +221,9 @@ class BlockTable:
         return files, starts, stops
 
     def with_blocks(self, starts, stops) -> BlockTable:
-        """A view table whose block `k` is global rows `[starts[k], stops[k])`.
+        """A view table of these files whose block `k` is rows `[starts[k], stops[k])`.
 
-        Only the files (`cell_offsets`) and `block_size` of this table matter:
-        the ranges may be any blocks of these files. Stored as runs (see the
-        module docstring).
-
-        Args:
-            starts: Global first rows, strictly increasing.
-            stops: Exclusive ends; each range holds 1 to `block_size` rows of
-                one file, and ranges do not overlap.
-
-        Raises:
-            TypeError: Starts or stops are not integers.
-            ValueError: No range, or ranges out of order, overlapping, empty,
-                longer than `block_size` or straddling two files.
+        Raises `TypeError` (not integers) or `ValueError` as `_checked` says.
         """
         starts, stops = self._checked(starts, stops, "block", self.block_size)
         # A block continues its predecessor's run when that one is full and
@@ -260,22 +244,7 @@ class BlockTable:
         return self._view(starts[first], stops[last], np.append(first, n))
 
     def with_runs(self, run_starts, run_stops) -> BlockTable:
-        """A view table over runs: each run `[start, stop)` of one file, cut
-        into blocks of `block_size` cells from its start.
-
-        The table of `with_blocks` of those blocks (same `blocks_id`), built
-        without listing them.
-
-        Args:
-            run_starts: Global first rows, strictly increasing.
-            run_stops: Exclusive ends; runs are non-empty, do not overlap and
-                each lies in one file.
-
-        Raises:
-            TypeError: Starts or stops are not integers.
-            ValueError: No run, or runs out of order, overlapping, empty or
-                straddling two files.
-        """  # noqa: D205
+        """`with_blocks` of the runs cut into `block_size` cells (same `blocks_id`)."""
         starts, stops = self._checked(run_starts, run_stops, "run", None)
         per_run = -(-(stops - starts) // self.block_size)
         first = np.concatenate([[0], np.cumsum(per_run)])

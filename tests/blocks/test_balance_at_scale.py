@@ -178,6 +178,6 @@ def test_a_removed_or_damaged_entry(tmp_path, monkeypatch):
     np.testing.assert_array_equal(
         pickle.loads(data).blocks_at(positions), sampler.blocks_at(positions)
     )
-    from grain_cells.sampling import _shared_table
+    from grain_cells.sampling import _weighted
 
-    assert _shared_table.MIN_BYTES <= 8 * BIG
+    assert _weighted.SHARED_MIN_BYTES <= 8 * BIG

@@ -324,7 +324,7 @@ def test_on_a_split(source, helpers):
     weights = grain_cells.balanced_block_weights(train, "label")
     sampler = WeightedBlockSampler(train, weights, epoch_cells=2000, seed=1)
     rows = real(helpers.run(loader_for(train, sampler)))
-    val_rows = grain_cells.source._selection.cell_mask(splits["val"])
+    val_rows = splits["val"].block_table.cell_mask()
     assert not val_rows[rows].any()
 
 

@@ -81,7 +81,7 @@ def test_known_closed_files_are_read_without_a_reopen(paths, reopens):
     source = grain_cells.AnnDataSource(
         paths, block_size=4, obs_columns=["idx"], max_open_files=2
     )
-    handles = source._reads._handles
+    handles = source._handles
     for f in range(N_FILES):  # every file opened (and checked) once
         source.read([f * CELLS])
     rng = np.random.default_rng(0)
@@ -128,7 +128,7 @@ def test_hints_of_known_closed_files_take_a_bare_descriptor(
     paths, reopens, monkeypatch
 ):
     source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
-    handles = source._reads._handles
+    handles = source._handles
     for f in range(N_FILES):
         source.read([f * CELLS])
     source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known

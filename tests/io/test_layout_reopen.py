@@ -83,7 +83,7 @@ def test_reopens_from_layouts_open_no_hdf5_and_read_the_same(paths, opens):
             cells = source.read(rows)
             np.testing.assert_array_equal(_dense(cells.X), truth[rows])
             np.testing.assert_array_equal(cells.obs["idx"], rows)
-    assert source._reads._handles.open_count <= 2
+    assert source._handles.open_count <= 2
     assert sorted(opens) == sorted(paths)  # once per file, though 20 reads
     source.close()
 
@@ -137,7 +137,7 @@ def test_a_file_rewritten_while_evicted_is_refused_at_its_layout_reopen(paths, o
 
 def test_read_ahead_hints_open_no_file_through_hdf5(paths, opens, monkeypatch):
     source = grain_cells.AnnDataSource(paths, block_size=3, max_open_files=1)
-    handles = source._reads._handles
+    handles = source._handles
     every = np.arange(len(source))
     source.advise(every)  # nothing opened yet: nothing hinted, nothing opened
     assert opens == [] and handles.open_count == 0

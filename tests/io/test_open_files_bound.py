@@ -207,7 +207,7 @@ def test_threads_never_see_a_handle_closed_under_them(few_paths, files):
     for t in threads:
         t.join()
     assert not failures, failures[0]
-    assert source._reads._handles.open_count <= 2
+    assert source._handles.open_count <= 2
 
 
 class _Handle:
@@ -287,7 +287,7 @@ def test_the_option_is_checked_and_travels_to_workers(few_paths):
     source = grain_cells.AnnDataSource(few_paths[:3], max_open_files=1)
     copy = pickle.loads(pickle.dumps(source))
     copy.read(np.arange(3 * CELLS))
-    assert copy._reads._handles.open_count == 1
+    assert copy._handles.open_count == 1
 
 
 def test_the_default_budget_follows_a_low_descriptor_limit(monkeypatch):

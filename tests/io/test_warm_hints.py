@@ -91,7 +91,7 @@ def test_hints_stop_once_reads_find_the_page_cache_warm(written, hints):
     hints.clear()
     source.advise(keys)
     assert hints == []  # a few thousand pieces read, all in memory
-    assert source._reads._handles.cache_warm
+    assert source._handles.cache_warm
     assert not source.hints_wanted  # the fetch stage works none out
     rows = np.sort(rng.choice(source.num_cells, 50, replace=False))
     got = source.read(rows)
@@ -105,7 +105,7 @@ def test_hints_start_again_when_reads_miss(written, hints, monkeypatch):
     rng = np.random.default_rng(1)
     source.fetch_ranges(np.array([0]), np.array([CELLS]))
     _read_much(source, rng)
-    handles = source._reads._handles
+    handles = source._handles
     assert handles.cache_warm
     real = os.preadv
 
@@ -166,7 +166,7 @@ def test_reads_that_would_block_are_read_waiting(written, monkeypatch, how):
         assert missed == pieces == 0
     else:  # one piece asked per read call: it misses, the rest wait
         assert missed == len(asked) == pieces > 0
-    assert not source._reads._handles.cache_warm
+    assert not source._handles.cache_warm
     source.close()
 
 
@@ -208,7 +208,7 @@ def test_reads_that_missed_never_ask_again(written, monkeypatch):
     source = grain_cells.AnnDataSource(paths, block_size=16)
     rng = np.random.default_rng(4)
     _read_much(source, rng)  # unjudged: every fetch asks, and misses
-    assert asked and source._reads._handles.cache_warm is False
+    assert asked and source._handles.cache_warm is False
     asked.clear()
 
     def warm(fd, buffers, offset, flags=0):  # all in memory now
@@ -221,5 +221,5 @@ def test_reads_that_missed_never_ask_again(written, monkeypatch):
         rows = np.sort(rng.choice(source.num_cells, 100, replace=False))
         got = source.read(rows)
         np.testing.assert_array_equal(got.X.toarray(), _expected(adatas, rows))
-    assert asked == [] and source._reads._handles.cache_warm is False
+    assert asked == [] and source._handles.cache_warm is False
     source.close()

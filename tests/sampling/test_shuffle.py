@@ -1,4 +1,4 @@
-"""Grain's `index_shuffle` computed with NumPy (`grain_cells.sampling._shuffle`).
+"""Grain's `index_shuffle` computed with NumPy (`grain_cells.sampling._samplers`).
 
 Equal to Grain's own function position by position (permutation sizes around
 the cipher's block-size steps, 32-bit seeds at the edges); a `BlockSampler`'s
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import grain_cells
-from grain_cells.sampling import _samplers, _shuffle
+from grain_cells.sampling import _samplers
 
 # A permutation of 2-4 positions still uses the cipher's smallest block (16
 # bits): each position cycle-walks about 2**15 times, one NumPy pass each, so
@@ -38,11 +38,11 @@ SEEDS = [0, 1, 12_345, 2**31 - 1, 2**32 - 1]
 @pytest.mark.parametrize("max_index", SIZES)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_equals_grain_position_by_position(max_index, seed, monkeypatch):
-    if max_index < _shuffle._CHECKS:
+    if max_index < _samplers._CHECKS:
         # `shuffle` would first compare this whole permutation with Grain's
         # (`_agrees` probes every position of one under 16), then compute it
         # again: the assertion below is that same comparison, made once.
-        monkeypatch.setattr(_shuffle, "_agrees", lambda *args: True)
+        monkeypatch.setattr(_samplers, "_agrees", lambda *args: True)
     rng = np.random.default_rng(max_index ^ seed)
     offsets = np.unique(
         np.concatenate([rng.integers(0, max_index + 1, 300), [0, max_index]])
@@ -51,11 +51,11 @@ def test_equals_grain_position_by_position(max_index, seed, monkeypatch):
         grain.experimental.index_shuffle(int(o), max_index, seed, 4)
         for o in offsets.tolist()
     ]
-    assert _shuffle.shuffle(offsets, max_index, seed, 4).tolist() == want
+    assert _samplers.numpy_index_shuffle(offsets, max_index, seed, 4).tolist() == want
 
 
 def test_a_whole_permutation():
-    got = _shuffle.shuffle(np.arange(70_001), 70_000, 7, 4)
+    got = _samplers.numpy_index_shuffle(np.arange(70_001), 70_000, 7, 4)
     np.testing.assert_array_equal(np.sort(got), np.arange(70_001))
 
 
@@ -67,7 +67,7 @@ def _grain_order(sampler, epoch):
 @pytest.mark.parametrize("disagree", [False, True], ids=["numpy", "grain"])
 def test_block_sampler_epoch_order_is_grains(monkeypatch, disagree):
     if disagree:  # a Grain whose cipher changed: the copy is not used
-        monkeypatch.setattr(_shuffle, "_agrees", lambda *args: False)
+        monkeypatch.setattr(_samplers, "_agrees", lambda *args: False)
     sampler = grain_cells.BlockSampler(9_000, seed=3, num_epochs=3)
     assert sampler.epoch_length >= _samplers._VECTOR_POSITIONS
     for epoch in range(3):

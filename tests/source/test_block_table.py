@@ -158,8 +158,8 @@ def test_a_view_is_a_new_source_of_the_same_values(csr_paths):
 
 
 def test_chunk_aligned_and_condition_tables_are_pure(csr_paths):
-    from grain_cells.blocks._chunk_aligned import chunk_aligned_blocks
     from grain_cells.sampling._conditions import condition_table
+    from grain_cells.source import chunk_aligned_blocks
 
     source = grain_cells.AnnDataSource(csr_paths, block_size=16, obs_columns=["plate"])
     try:

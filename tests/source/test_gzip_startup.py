@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import grain_cells
 from grain_cells.hdf5._chunks import ChunkedReader
 from grain_cells.io import _chunk_rows, _matrix
-from grain_cells.source import _chunk_cache
+from grain_cells.source import _chunk_grid
 from grain_cells.synthetic import write_thin_atlas
 from grain_cells.synthetic._thin import thin_rows
 
@@ -191,7 +191,7 @@ def test_a_bad_or_unwritable_cache_falls_back(thin_gz, own_cache, monkeypatch):
     monkeypatch.setenv("GRAIN_CELLS_CACHE", str(blocker))
     third = grain_cells.AnnDataSource(thin_gz)
     np.testing.assert_array_equal(_blocks(third), _blocks(first))
-    assert _chunk_cache.cache_dir().startswith(str(blocker))
+    assert _chunk_grid.cache_dir().startswith(str(blocker))
 
 
 def test_blocks_of_every_cell_are_those_over_an_all_true_mask():

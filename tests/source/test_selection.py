@@ -10,7 +10,7 @@ import pytest
 from grain import sharding
 
 import grain_cells
-from grain_cells.source._selection import blocks_over_runs, cell_mask
+from grain_cells.source._selection import blocks_over_runs
 
 OBS = ("plate", "cell_type", "idx")
 
@@ -137,7 +137,7 @@ def test_select_where(source, helpers, csr_paths, where, expected):
 def test_mask_row_ids_and_where_agree(source):
     where = {"cell_type": ["NK"]}
     by_where = source.select(where=where)
-    mask = cell_mask(by_where)
+    mask = by_where.block_table.cell_mask()
     by_mask = source.select(mask)
     by_rows = source.select(np.flatnonzero(mask)[::-1])  # any order
     assert repr(by_mask) == repr(by_where) == repr(by_rows)
@@ -149,7 +149,10 @@ def test_mask_row_ids_and_where_agree(source):
 def test_select_on_a_view_intersects(source):
     view = source.select(where={"plate": ["plate0", "plate1", "plate2"]})
     inner = view.select(where={"cell_type": ["B"]})
-    want = cell_mask(view) & cell_mask(source.select(where={"cell_type": ["B"]}))
+    want = (
+        view.block_table.cell_mask()
+        & source.select(where={"cell_type": ["B"]}).block_table.cell_mask()
+    )
     check_blocks(inner, want)
     assert repr(inner) == repr(source.select(want))
 
@@ -165,7 +168,9 @@ def test_loader_over_a_view_visits_the_selection_once(source, helpers, csr_paths
     )
     batches = helpers.run(loader)
     rows = np.concatenate([b["row_ids"][b["mask"]] for b in batches])
-    np.testing.assert_array_equal(np.sort(rows), np.flatnonzero(cell_mask(view)))
+    np.testing.assert_array_equal(
+        np.sort(rows), np.flatnonzero(view.block_table.cell_mask())
+    )
     truth = helpers.Truth(source, csr_paths)
     for b in batches[:5]:
         real = b["row_ids"][b["mask"]]
@@ -177,7 +182,9 @@ def test_cell_dataset_over_a_view(source):
     view = source.select(where={"plate": ["plate1", "plate4"]})
     ds = grain_cells.cell_dataset(view, batch_size=5, fetch_factor=2, seed=0)
     rows = np.concatenate([b["row_ids"][b["mask"]] for b in ds])
-    np.testing.assert_array_equal(np.sort(rows), np.flatnonzero(cell_mask(view)))
+    np.testing.assert_array_equal(
+        np.sort(rows), np.flatnonzero(view.block_table.cell_mask())
+    )
 
 
 def test_repr_identifies_the_selection(source):
@@ -255,9 +262,9 @@ def test_with_blocks_errors(source, starts, stops, message):
 
 
 def check_partition(splits, parent):
-    masks = [cell_mask(v) for v in splits.values()]
+    masks = [v.block_table.cell_mask() for v in splits.values()]
     total = np.sum(masks, axis=0)
-    np.testing.assert_array_equal(total, cell_mask(parent).astype(int))
+    np.testing.assert_array_equal(total, parent.block_table.cell_mask().astype(int))
 
 
 FRACTIONS = {"train": 0.7, "val": 0.2, "test": 0.1}
@@ -276,7 +283,7 @@ def test_split_by_fraction_partitions(source, kwargs):
     assert list(splits) == list(FRACTIONS)
     check_partition(splits, source)
     for v in splits.values():
-        check_blocks(v, cell_mask(v))
+        check_blocks(v, v.block_table.cell_mask())
     # Deterministic: rebuilt, same; another seed, another split.
     again = grain_cells.split_by_fraction(source, FRACTIONS, seed=3, **kwargs)
     assert [repr(v) for v in again.values()] == [repr(v) for v in splits.values()]
@@ -302,7 +309,7 @@ def test_grid_units_do_not_depend_on_block_size(csr_paths):
     for block_size in (2, 4, 7):
         s = grain_cells.AnnDataSource(csr_paths, block_size=block_size)
         splits = grain_cells.split_by_fraction(s, FRACTIONS, seed=5, unit_cells=8)
-        by_size.append([cell_mask(v) for v in splits.values()])
+        by_size.append([v.block_table.cell_mask() for v in splits.values()])
         s.close()
     for other in by_size[1:]:
         for a, b in zip(by_size[0], other, strict=True):
@@ -315,7 +322,8 @@ def test_groups_stay_whole(source, helpers, csr_paths):
     )
     truth = helpers.Truth(source, csr_paths)
     seen = [
-        set(truth.obs(np.flatnonzero(cell_mask(v)), "plate")) for v in splits.values()
+        set(truth.obs(np.flatnonzero(v.block_table.cell_mask()), "plate"))
+        for v in splits.values()
     ]
     assert not seen[0] & seen[1]
     assert seen[0] | seen[1] == {f"plate{i}" for i in range(8)}
@@ -348,7 +356,7 @@ def test_splits_do_not_depend_on_sharding(source, helpers):
         )
     rows = np.concatenate(seen)
     assert np.unique(rows).size == rows.size
-    assert np.isin(rows, np.flatnonzero(cell_mask(val))).all()
+    assert np.isin(rows, np.flatnonzero(val.block_table.cell_mask())).all()
     # All blocks but the remainder of an odd block count over two shards.
     assert rows.size >= val.num_selected_cells - val.block_size
 
@@ -361,7 +369,7 @@ def test_split_by_obs(source, helpers, csr_paths):
     check_partition(splits, source)
     truth = helpers.Truth(source, csr_paths)
     plates = {
-        k: set(truth.obs(np.flatnonzero(cell_mask(v)), "plate"))
+        k: set(truth.obs(np.flatnonzero(v.block_table.cell_mask()), "plate"))
         for k, v in splits.items()
     }
     assert plates["val"] == {"plate3"}

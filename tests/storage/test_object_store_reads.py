@@ -175,12 +175,9 @@ class _Stream(BlockStream):
 
     def __init__(self):
         super().__init__(
-            num_blocks=400,
-            epoch_length=400,
-            seed=0,
-            num_epochs=1,
-            shard_options=sharding.NoSharding(),
+            None, 400, seed=0, num_epochs=1, shard_options=sharding.NoSharding()
         )
+        self.epoch_length = 400
 
     def __len__(self) -> int:
         return 400
