@@ -21,7 +21,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells.io import _frames
-from grain_cells.io._column_maps import ColumnMap
+from grain_cells.io._cells import ColumnMap
 from grain_cells.io._nodes import file_name
 
 if TYPE_CHECKING:

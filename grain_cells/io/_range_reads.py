@@ -19,8 +19,7 @@ import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _direct_csr, _h5ad
-from grain_cells.io._cells import Cells, take_csr
-from grain_cells.io._column_maps import gather_dense, remap_csr
+from grain_cells.io._cells import Cells, gather_dense, remap_csr, take_csr
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 
