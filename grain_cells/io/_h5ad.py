@@ -28,12 +28,7 @@ from grain_cells.io._frames import (
     var_group_name,
 )
 from grain_cells.io._nodes import file_name
-from grain_cells.io._obs_columns import (
-    ObsColumn,
-    obs_column_kind,
-    obs_column_kinds,
-    read_obs_column,
-)
+from grain_cells.io._obs import ObsColumn, obs_column_kinds, read_obs_column
 from grain_cells.io._open import check_anndata, open_file, resolve_paths
 
 __all__ = [
@@ -45,7 +40,6 @@ __all__ = [
     "check_anndata",
     "inspect_matrix",
     "matrix_element",
-    "obs_column_kind",
     "obs_column_kinds",
     "obs_columns",
     "open_file",
