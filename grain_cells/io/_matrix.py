@@ -285,26 +285,25 @@ class CsrReader:
 
 
 class DenseReader:
-    """Reads row ranges of one file's dense 2-D matrix."""
+    """Reads row ranges of one file's dense 2-D matrix (array `KEY` of `arrays`)."""
+
+    KEY = "x"
+    FILL = True  # an unwritten all-zero chunk reads as zeros (as anndata does)
 
     def __init__(self, dataset, info: MatrixInfo, fd):
-        """The array's range reader; `fd`: the file's `ByteReader` or None."""
         self.info = info
-        # An unwritten all-zero chunk reads as zeros (as anndata does).
-        self._x = range_reader(dataset, info.path, fd, fill_missing=True)
+        self._x = range_reader(dataset, info.path, fd, fill_missing=self.FILL)
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> DenseReader:
-        """A reader over a range reader made elsewhere (`arrays["x"]`)."""
-        del fd  # read through the range reader's own
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
+        """A reader over a range reader made elsewhere (`fd`: unused)."""
         self = cls.__new__(cls)
-        self.info, self._x = info, arrays["x"]
+        self.info, self._x = info, arrays[cls.KEY]
         return self
 
     @property
     def arrays(self) -> dict:
-        """The range reader, as `{"x": reader}` (`of_arrays` takes it back)."""
-        return {"x": self._x}
+        return {self.KEY: self._x}
 
     @property
     def direct(self) -> bool:
@@ -319,7 +318,6 @@ class DenseReader:
         return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
-        """Hints the OS to start reading these rows."""
         self._x.advise(starts, stops)
 
     def read(
