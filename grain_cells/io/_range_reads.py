@@ -1,13 +1,8 @@
 """Reads of global row ranges over a file set: the data path's only reads.
 
-`fetch_ranges` is the lowest level: ranges are grouped by file and sorted,
-read with one batched call per file and dataset (positional reads, on the
-read threads for large batches), aligned to the output columns and returned
-in *file order* as views into a reused buffer, with each row's obs values.
-`read_ranges` and `read_rows` build on it and return fresh `Cells` in the
-order asked; `advise` asks the OS to prefetch ranges into the page cache.
-
-Design notes: docs/reference/design.md#io-range-reads.
+`fetch_ranges` returns rows in file order as views into a reused buffer, in
+output columns; `read_ranges`/`read_rows` return fresh `Cells` in the order
+asked; `advise` hints the OS. Design notes: docs/reference/design.md#io-range-reads.
 """
 
 from __future__ import annotations
@@ -29,17 +24,7 @@ HINT_FILES = 32
 
 @dataclasses.dataclass
 class FetchedRows:
-    """Rows of several ranges read into a reused buffer (unordered).
-
-    Views stay valid until the same thread reads again. The rows are in
-    output columns: genes aligned over files and the gene selection applied.
-
-    Attributes:
-        csr: The rows when the files are sparse, else None.
-        dense: The rows when the files are dense, else None.
-        row_ids: Global row id of each buffered row.
-        obs: obs column name to one value per buffered row.
-    """
+    """Rows in output columns, views into a buffer valid until the next read."""
 
     csr: CsrRows | None
     dense: np.ndarray | None
@@ -58,11 +43,7 @@ def fetch_ranges(
 ) -> FetchedRows:
     """Reads global row ranges into a reused buffer, in file order.
 
-    See `AnnDataSource.fetch_ranges`.
-
-    Raises:
-        IndexError: A range is outside the files or straddles two files.
-        ValueError: Ranges overlap.
+    See `AnnDataSource.fetch_ranges` (IndexError, ValueError: bad ranges).
     """
     files_ = handles.files
     starts = np.asarray(starts, np.int64).reshape(-1)
@@ -89,10 +70,7 @@ def fetch_ranges(
     local_starts, local_stops = starts - at, stops - at
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
-        with (
-            handles.pinned_flats(file_of) as direct,
-            handles.counting_reads(),
-        ):
+        with handles.pinned_flats(file_of) as direct, handles.counting_reads():
             if direct is not None:
                 flats, fds, file_obs = direct
                 obs = _obs_for(names, file_obs, group, local_starts, local_stops)
@@ -108,8 +86,7 @@ def fetch_ranges(
                 )
                 if got is not None:
                     return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
-    # File by file (or again so, to name what the direct read found wrong).
-    # The files stay open (pinned) until every read of them is done.
+    # File by file (or again, to name what the direct read found wrong).
     with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
         obs = _obs_for(names, [f.obs for f in opened], group, local_starts, local_stops)
         # Readers of files reopened from byte layouts are built only here.
@@ -208,12 +185,7 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
 
 
 def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
-    """Checks sorted ranges: inside the files, disjoint, each within one file.
-
-    Raises:
-        IndexError: A range is out of range or straddles two files.
-        ValueError: Ranges overlap.
-    """
+    """Sorted ranges must lie in one file each (IndexError), disjoint (ValueError)."""
     n = int(cell_offsets[-1])
     if starts.size and (starts.min() < 0 or stops.max() > n or (stops < starts).any()):
         bad = int(np.flatnonzero((starts < 0) | (stops > n) | (stops < starts))[0])
@@ -234,13 +206,10 @@ def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
 
 
 def _obs_for(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
-    """Each obs column's value for every fetched row, ranges in file order.
+    """Each obs column's value for every fetched row (range j: file `group[j]`).
 
-    `file_obs[k]`: the k-th fetched file's obs values by column; range `j`
-    is rows `[starts[j], stops[j])` of file `group[j]` (local rows). Many
-    files with a range or two each: one slice per range and column, joined
-    once (a gather per file and column cost 4x as much at 63 files of a
-    fetch); few files with many ranges: one gather per file and column.
+    A range or two per file: one slice per range (4x cheaper at 63 files than
+    a gather per file); many ranges per file: one gather per file and column.
     """
     if not names:
         return {}
@@ -280,12 +249,7 @@ def read_rows(
 ) -> Cells:
     """Rows by global id as fresh `Cells`, in the order given (repeats allowed).
 
-    Rows are coalesced into runs of consecutive ids within a file and read
-    with `fetch_ranges`, then gathered into the order asked.
-
-    Raises:
-        TypeError: `rows` are not integers.
-        IndexError: A row is outside the files.
+    Raises TypeError (not integers) or IndexError (outside the files).
     """
     rows = np.asarray(rows).reshape(-1)
     if rows.size == 0:
@@ -330,14 +294,8 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     """Asks the OS to start reading ranges into the page cache (may raise).
 
-    Only files open in this process or whose byte layouts it holds are
-    hinted: a hint never opens a file through its format (an HDF5 open
-    costs more than the hint saves). CSR files whose pieces are known are
-    hinted all at once over bare descriptors (`OpenFiles.hint_flats`,
-    `_direct_csr.advise`), others file by file (`OpenFiles.for_hints`).
-    Nothing is hinted while recent reads found (nearly) every piece in the
-    page cache (`OpenFiles.cache_warm`): a hint would cost a descriptor and
-    a system call per piece, and save nothing.
+    Hints only files open or with known byte layouts (never opens one through
+    its format), and nothing while recent reads found the page cache warm.
     """
     if handles.cache_warm:
         return
