@@ -1,14 +1,8 @@
-"""The AnnData schema on disk (any format): what is where, and is it sane.
+"""The AnnData schema on disk (any format): where the matrix is, and is it sane.
 
-This module locates the matrix to read (`X`, `layers/<name>` or
-`raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
-cheaply, and reads metadata; opening files is `grain_cells.io._open`' job
-(re-exported here). Dataframes (var names, obs columns) are
-`grain_cells.io._frames`' job, storage a format could get wrong (HDF5:
-links, virtual datasets, missing filters) the format's
-(`Format.check_array`, `Format.element_problem`), and reading rows of the
-matrix `grain_cells.io._matrix`'s. `grain_cells.io._nodes` asks each node's
-format what it is, so every format's elements are checked the same way.
+Locates the matrix (`X`, `layers/<name>`, `raw/X`; `raw.X` before anndata
+0.7) and checks its encoding and storage from metadata; the format checks what
+only it can (`Format.check_array`, `Format.element_problem`).
 """
 
 from __future__ import annotations
@@ -28,21 +22,16 @@ from grain_cells.io._frames import (
     var_group_name,
 )
 from grain_cells.io._nodes import file_name
-from grain_cells.io._obs import ObsColumn, obs_column_kinds, read_obs_column
-from grain_cells.io._open import check_anndata, open_file, resolve_paths
+from grain_cells.io._obs import read_obs_column
+from grain_cells.io._open import resolve_paths
 
-__all__ = [
+__all__ = [  # and re-exported for io's modules
     "CSR",
     "DENSE",
     "MatrixInfo",
-    "ObsColumn",
-    "available_matrices",
-    "check_anndata",
     "inspect_matrix",
     "matrix_element",
-    "obs_column_kinds",
     "obs_columns",
-    "open_file",
     "read_obs_column",
     "read_var_names",
     "resolve_paths",
@@ -55,11 +44,7 @@ DENSE = "array"
 
 
 def matrix_element(layer: str | None) -> str:
-    """The element path of the matrix to read for `layer`.
-
-    None for `X`, `"raw"` (or `"raw/X"`) for `raw/X`, any other name for
-    `layers/<name>`.
-    """
+    """The element of `layer`: `X` (None), `raw/X` (`"raw"`), or `layers/<name>`."""
     if layer is None or layer == "X":
         return "X"
     if layer in ("raw", "raw/X"):
@@ -71,19 +56,8 @@ def matrix_element(layer: str | None) -> str:
 class MatrixInfo:
     """Where a file's matrix lives and what it holds.
 
-    Attributes:
-        path: The file.
-        element: HDF5 path of the matrix (`X`, `layers/counts`, `raw/X`,
-            or `raw.X` in files from anndata < 0.7).
-        encoding: `"csr_matrix"` or `"array"` (dense).
-        n_obs: Rows (cells).
-        n_vars: Columns (genes).
-        dtype: dtype of the stored values (see `value_dtype` for the dtype
-            they are read into).
-        nnz: Stored values of a sparse matrix; None for dense.
-        chunk_bytes: For a compressed (filtered, chunked) matrix, the decoded
-            bytes of one chunk (of `data` plus one of `indices` for CSR);
-            None otherwise.
+    `encoding`: `CSR` or `DENSE`; `dtype`: stored values'; `nnz`: None if dense;
+    `chunk_bytes`: decoded bytes of a compressed chunk (CSR: data + indices).
     """
 
     path: str
@@ -104,16 +78,6 @@ class MatrixInfo:
         )
 
 
-_get = _nodes.get
-
-
-def _locate(f, element: str) -> str:
-    """The element to read: `raw.X` stands in for `raw/X` in anndata < 0.7."""
-    if element == "raw/X" and "raw" not in f and "raw.X" in f:
-        return "raw.X"
-    return element
-
-
 def _sparse_encoding(obj) -> tuple[str | None, object]:
     """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
     enc = encoding_of(obj)
@@ -125,24 +89,16 @@ def _sparse_encoding(obj) -> tuple[str | None, object]:
 
 
 def inspect_matrix(f, element: str) -> MatrixInfo:
-    """Locates and checks the matrix at `element`.
+    """Locates and checks the matrix at `element` from metadata and two `indptr` values.
 
-    Reads only attributes, shapes, storage properties and two `indptr` values.
-
-    Raises:
-        errors.MissingColumnError: There is no such element; the message lists
-            the matrices the file does have.
-        errors.UnsupportedLayoutError: The matrix is CSC (row reads would touch
-            every column), an encoding this reader does not handle, or
-            compressed with a filter that is not available.
-        errors.CorruptDataError: A virtual dataset's source is missing, or
-            `indptr`'s ends contradict `data`.
-        errors.AnnDataFormatError: The element contradicts the format, or a
-            link on its path is dangling.
+    Raises MissingColumnError (none: lists the file's matrices),
+    UnsupportedLayoutError (CSC, other encodings, missing filters),
+    CorruptDataError or AnnDataFormatError.
     """
     path = file_name(f)
-    element = _locate(f, element)
-    obj = _get(f, element)
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    obj = _nodes.get(f, element)
     if obj is None:
         problem = _nodes.element_problem(f, element)
         if problem is not None:
@@ -169,11 +125,10 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
-        _check_storage(path, obj)
+        _nodes.check_storage(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
-        info = MatrixInfo(
-            path, element, DENSE, n_obs, n_vars, obj.dtype, None, _chunk_bytes(obj)
-        )
+        chunk = _nodes.chunk_bytes(obj)
+        info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
     else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
@@ -205,7 +160,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element} is a group with encoding-type {enc!r}; expected "
             "'csr_matrix' (sparse) or a dense 2-D dataset"
         )
-    arrays = {name: _get(obj, name) for name in ("data", "indices", "indptr")}
+    arrays = {name: _nodes.get(obj, name) for name in ("data", "indices", "indptr")}
     for name, node in arrays.items():
         if not _nodes.is_array(node):
             problem = _nodes.element_problem(obj, f"{element}/{name}")
@@ -247,7 +202,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
         )
     for dataset in (indptr, indices, data):
-        _check_storage(path, dataset)
+        _nodes.check_storage(path, dataset)
     try:
         # Both ends in one read (the format's point selection).
         at = np.array([0, n_obs] if n_obs else [0], np.int64)
@@ -264,22 +219,9 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/indptr runs from {int(ends[0])} to "
             f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
         )
-    sizes = (_chunk_bytes(data), _chunk_bytes(indices))
+    sizes = (_nodes.chunk_bytes(data), _nodes.chunk_bytes(indices))
     chunk_bytes = None if None in sizes else sum(sizes)
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
-
-
-def _check_storage(path: str, dataset) -> None:
-    """The format's storage checks of an array (HDF5: links, filters)."""
-    _nodes.check_storage(path, dataset)
-
-
-def _chunk_bytes(dataset) -> int | None:
-    """Decoded bytes of one chunk of a compressed dataset; None otherwise.
-
-    A sharded array's chunk is its inner chunk (the unit decoded).
-    """
-    return _nodes.chunk_bytes(dataset)
 
 
 def available_matrices(f) -> list[str]:
