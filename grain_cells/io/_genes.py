@@ -1,11 +1,4 @@
-"""Gene alignment: one output gene space over files whose var names differ.
-
-`align_genes` decides the genes a source outputs from each file's var names
-and the source's `join` and `genes` options, and gives each file a *column
-map* (`grain_cells.io._column_maps.ColumnMap`): the output column of every column
-the file stores, -1 where that gene is not output. `column_maps.remap_csr` and
-`column_maps.gather_dense` apply the maps to rows right after they are read,
-so every later step (gathers, output formats) sees output columns only.
+"""Gene alignment: one output gene space and a `ColumnMap` per file.
 
 Design notes: docs/reference/design.md#io-genes.
 """
@@ -32,17 +25,10 @@ JOINS = ("exact", "inner", "outer")
 
 @dataclasses.dataclass(frozen=True)
 class GeneAlignment:
-    """The output genes of a source and each file's column map.
+    """The output genes of a source and each file's `ColumnMap` (None: as stored).
 
-    Attributes:
-        join: `"exact"`, `"inner"` or `"outer"`.
-        var_names: Output gene names, in output order.
-        num_aligned: Genes of the aligned space, before the `genes` selection.
-        maps: Per file, its `ColumnMap`, or None when its stored columns are
-            the output columns (nothing to do).
-        selected: Positions of the output genes in the aligned space, or None
-            when `genes` was not given.
-        genes_from: The var column genes are keyed by, or None for var names.
+    `num_aligned`: genes before the `genes` selection; `selected`: the output
+    genes' positions among them (None: all); `genes_from`: the key column.
     """
 
     join: str
@@ -58,11 +44,7 @@ class GeneAlignment:
         return any(m is not None and not m.increasing for m in self.maps)
 
     def describe(self) -> str:
-        """A stable summary for `repr`: join, output genes (hashed), key column.
-
-        The `"exact"` form is unchanged from sources without alignment, so
-        their reprs (and the checkpoints that compare them) stay valid.
-        """
+        """A stable summary for `repr` (checkpoints compare it): join, genes, key."""
         keyed = "" if self.genes_from is None else f", genes_from={self.genes_from!r}"
         if self.join == "exact":
             if self.selected is None:
@@ -79,15 +61,8 @@ class GeneAlignment:
 def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
-    `element`: the matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
-
-    Raises:
-        errors.MissingColumnError: var has no column `genes_from`.
-        errors.UnsupportedLayoutError: The column holds floats, booleans or
-            other values that do not name genes.
-        errors.GeneMismatchError: Some genes have no key (missing values).
-        errors.AnnDataFormatError: The column cannot be read, or its length
-            is not var's.
+    Raises MissingColumnError, UnsupportedLayoutError (not strings or
+    integers), GeneMismatchError (missing keys) or AnnDataFormatError.
     """
     if genes_from is None:  # read-only, shared by files of one gene list
         return _frames.var_names(f, element)
@@ -122,11 +97,7 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
 
 
 def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
-    """`keys`, or an equal array met before: files of one gene list share it.
-
-    `seen`: the arrays met so far, by digest (start with `{}`; the caller
-    keeps it over the files).
-    """
+    """`keys`, or an equal array met before (`seen`, by digest: start with `{}`)."""
     if seen.get(id(keys)) is keys:  # the very array (cached metadata): no hash
         return keys
     keys = np.ascontiguousarray(keys)
@@ -139,35 +110,13 @@ def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
 
 
 def align_genes(
-    paths: Sequence[str],
-    names: Sequence[np.ndarray],
-    join: str,
-    genes,
-    genes_from: str | None = None,
+    paths: Sequence[str], names: Sequence[np.ndarray], join: str, genes, genes_from=None
 ) -> GeneAlignment:
-    """Decides the output genes and each file's column map.
+    """The output genes and each file's map, from each file's gene keys.
 
-    Args:
-        paths: The files, for error messages.
-        names: Each file's gene keys (str arrays): var names, or the var
-            column `genes_from` (`read_gene_keys`).
-        join: `"exact"`, `"inner"` or `"outer"` (see the design notes).
-        genes: None for all aligned genes, or a selection within them: names
-            (output in this order), a boolean mask or integer positions over
-            the aligned genes.
-        genes_from: The var column `names` come from, or None (var names).
-
-    Returns:
-        The alignment.
-
-    Raises:
-        ValueError: `join` is unknown, or `genes` is malformed.
-        IndexError: A position in `genes` is outside the aligned genes.
-        errors.GeneMismatchError: With `"exact"`, var names differ between
-            files; with `"inner"` or `"outer"` (or any join with
-            `genes_from`), a file repeats a key, or (`"inner"`) no gene is in
-            every file.
-        errors.MissingColumnError: A gene named in `genes` is not aligned.
+    `genes`: None, names, a mask or positions over the aligned genes. Raises
+    ValueError or IndexError (bad `join` or `genes`), GeneMismatchError (files
+    differ, repeat keys or share none) or MissingColumnError.
     """
     if join not in JOINS:
         raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
@@ -306,7 +255,6 @@ def _missing_genes_error(paths, names, join, missing) -> errors.MissingColumnErr
             f"{_files(paths)}: {len(absent)} of the requested genes are in no "
             f"file's var, e.g. {absent[:5]}"
         )
-    # Every missing gene is in some file, so some file lacks one.
     for path, file_names in zip(paths, names, strict=True):
         have = set(file_names.tolist())
         lacking = [g for g in missing if g not in have]
