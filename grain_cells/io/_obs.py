@@ -34,15 +34,7 @@ OBS_MISSING = ("error", "fill")
 
 @dataclasses.dataclass(frozen=True)
 class ObsColumn:
-    """One obs column as arrays a model can use.
-
-    Attributes:
-        values: Integer codes for categorical, string and boolean columns
-            (-1 where missing), otherwise the numeric values in their stored
-            dtype (nullable integers become float64 with NaN where missing).
-        categories: The category labels codes index into, or None for numeric
-            columns.
-    """
+    """Codes (-1: missing) and `categories`, or numbers (nullable ints: float64)."""
 
     values: np.ndarray
     categories: np.ndarray | None
@@ -53,12 +45,13 @@ def read_obs_column(f, name: str) -> ObsColumn:
 
     Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
-    path = file_name(f)
-    group = f["obs"]
-    _check_column(f, name)
-    column = None if is_legacy_frame(group) else _plain_column(group[name])
+    path, group = file_name(f), f["obs"]
+    legacy = is_legacy_frame(group)
+    column = None
+    if not legacy and name in obs_columns(f) and not name.startswith("__"):
+        column = _plain_column(_nodes.checked(group[name], path))
     if column is None:
-        column = _to_column(path, name, _obs_values(f, name))
+        column = _to_column(path, name, read_obs_values(f, name))
     shape = column.values.shape
     if len(shape) != 1:
         raise errors.AnnDataFormatError(
@@ -76,25 +69,15 @@ def read_obs_column(f, name: str) -> ObsColumn:
 
 def read_obs_values(f, name: str):
     """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values)."""
-    _check_column(f, name)
-    return _obs_values(f, name)
-
-
-def _check_column(f, name: str) -> None:
-    """Raises unless the column exists and its arrays agree with their metadata."""
-    if name not in obs_columns(f) or name.startswith("__"):
+    path, group, have = file_name(f), f["obs"], obs_columns(f)
+    if name not in have or name.startswith("__"):
         raise errors.MissingColumnError(
-            f"{file_name(f)}: obs has no column {name!r}; it has {obs_columns(f)}"
+            f"{path}: obs has no column {name!r}; it has {have}"
         )
-    if not is_legacy_frame(f["obs"]):
-        _nodes.checked(f["obs"][name], file_name(f))
-
-
-def _obs_values(f, name: str):
-    group = f["obs"]
     if is_legacy_frame(group):
-        return legacy_column(f, legacy_table(file_name(f), group), name)
-    return read_column(file_name(f), group, name)
+        return legacy_column(f, legacy_table(path, group), name)
+    _nodes.checked(group[name], path)
+    return read_column(path, group, name)
 
 
 def obs_column_kinds(
@@ -235,17 +218,9 @@ class ColumnKind:
 
 @dataclasses.dataclass(frozen=True)
 class HarmonisedColumn:
-    """One obs column, harmonised over the files of a source.
+    """One obs column over the files: shared `categories` or `dtype`, and per file.
 
-    Attributes:
-        name: The column.
-        categories: The shared category labels, or None for numeric columns.
-        dtype: For numeric columns, the dtype every file's values are cast
-            to; None for categorical ones.
-        code_maps: Per file, the shared code of each of its codes, or None
-            when its codes are already the shared ones (or it lacks the
-            column).
-        present: Per file, whether it has the column.
+    `code_maps[i]`: shared code of each of file i's codes (None: the same).
     """
 
     name: str
