@@ -50,12 +50,7 @@ class Flat:
 
     def over(self, fd) -> Flat:
         """The same pieces in another `ByteReader` of the same file (a reopen)."""
-        return self.at(fd.fd)
-
-    def at(self, fd: int) -> Flat:
-        return Flat(
-            fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
-        )
+        return dataclasses.replace(self, fd=fd.fd)
 
 
 _NAMES = ("indptr", "data", "indices")
@@ -64,9 +59,9 @@ _NAMES = ("indptr", "data", "indices")
 def flat_of(reader, fd) -> Flat | None:
     """`reader`'s arrays as byte pieces of `fd`, or None."""
     arrays = getattr(reader, "arrays", None)
-    if arrays is None:
-        return None
-    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
+    if arrays is None or not all(
+        isinstance(a, PositionalReader) for a in arrays.values()
+    ):
         return None
     return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
 
@@ -74,21 +69,14 @@ def flat_of(reader, fd) -> Flat | None:
 def flat_from(layouts: dict, info, fd) -> Flat | None:
     """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
     raw = getattr(fd, "fd", None)
-    if not isinstance(raw, int) or getattr(fd, "remote", True):
-        return None
-    if set(layouts) != set(_NAMES):
+    remote = getattr(fd, "remote", True)
+    if not isinstance(raw, int) or remote or set(layouts) != set(_NAMES):
         return None
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):
         return None
-    return Flat(
-        raw,
-        tuple(x.offsets for x in ordered),
-        tuple(x.chunk_rows for x in ordered),
-        tuple(x.dtype for x in ordered),
-        info.nnz,
-        info.n_vars,
-    )
+    arrays = zip(*((x.offsets, x.chunk_rows, x.dtype) for x in ordered), strict=True)
+    return Flat(raw, *arrays, info.nnz, info.n_vars)
 
 
 class _Array:
