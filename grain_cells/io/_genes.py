@@ -71,16 +71,11 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     path = file_name(f)
     what = f"var column {genes_from!r}"
     values = pd.Series(_frames.read_var_column(f, element, genes_from))
-    dtype = values.dtype
+    dtype, kinds = values.dtype, pd.api.types
     if isinstance(dtype, pd.CategoricalDtype):
         dtype = dtype.categories.dtype
-    if not (
-        pd.api.types.is_string_dtype(dtype)
-        or (
-            pd.api.types.is_integer_dtype(dtype)
-            and not pd.api.types.is_bool_dtype(dtype)
-        )
-    ):
+    integers = kinds.is_integer_dtype(dtype) and not kinds.is_bool_dtype(dtype)
+    if not (kinds.is_string_dtype(dtype) or integers):
         raise errors.UnsupportedLayoutError(
             f"{path}: {what} holds {dtype} values; gene keys must be strings "
             "(or integers, such as Entrez ids). Pick a column of gene ids, such "
@@ -176,9 +171,7 @@ def _file_map(index: pd.Index, file_names: np.ndarray) -> ColumnMap | None:
 
 def _join(paths, names, join: str) -> np.ndarray:
     if join == "inner":
-        common = set(names[0].tolist())
-        for file_names in names[1:]:
-            common.intersection_update(file_names.tolist())
+        common = set(names[0].tolist()).intersection(*(n.tolist() for n in names[1:]))
         aligned = [g for g in names[0].tolist() if g in common]
         if not aligned:
             examples = "; ".join(
@@ -191,9 +184,7 @@ def _join(paths, names, join: str) -> np.ndarray:
                 "ids), or use join='outer'."
             )
         return np.asarray(aligned, dtype=str)
-    union = dict.fromkeys(names[0].tolist())
-    for file_names in names[1:]:
-        union.update(dict.fromkeys(file_names.tolist()))
+    union = dict.fromkeys(g for file_names in names for g in file_names.tolist())
     return np.asarray(list(union), dtype=str)
 
 
@@ -246,9 +237,7 @@ def _missing_genes_error(paths, names, join, missing) -> errors.MissingColumnErr
             f"{paths[0]}: {len(missing)} of the requested genes are not in var, "
             f"e.g. {missing[:5]}"
         )
-    nowhere = set(missing)
-    for file_names in names:
-        nowhere.difference_update(file_names.tolist())
+    nowhere = set(missing).difference(*(file_names.tolist() for file_names in names))
     if nowhere or join == "outer":
         absent = [g for g in missing if g in nowhere]
         return errors.MissingColumnError(
