@@ -290,6 +290,3 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
         if b > a
     ]
     wait_all(futures)  # none still writes into `dest` once this returns
-
-
-__all__ = ["Flat", "advise", "flat_from", "flat_of", "read"]

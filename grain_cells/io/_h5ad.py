@@ -12,31 +12,14 @@ import dataclasses
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.formats import value_dtype
+from grain_cells.formats import value_dtype as value_dtype
 from grain_cells.io import _nodes
-from grain_cells.io._frames import (
-    encoding_of,
-    n_rows,
-    obs_columns,
-    read_var_names,
-    var_group_name,
-)
+from grain_cells.io._frames import encoding_of, n_rows, var_group_name
+from grain_cells.io._frames import obs_columns as obs_columns
+from grain_cells.io._frames import read_var_names as read_var_names
 from grain_cells.io._nodes import file_name
-from grain_cells.io._obs import read_obs_column
-from grain_cells.io._open import resolve_paths
-
-__all__ = [  # and re-exported for io's modules
-    "CSR",
-    "DENSE",
-    "MatrixInfo",
-    "inspect_matrix",
-    "matrix_element",
-    "obs_columns",
-    "read_obs_column",
-    "read_var_names",
-    "resolve_paths",
-    "value_dtype",
-]
+from grain_cells.io._obs import read_obs_column as read_obs_column
+from grain_cells.io._open import resolve_paths as resolve_paths
 
 CSR = "csr_matrix"
 CSC = "csc_matrix"

@@ -126,13 +126,3 @@ def element_reader(
     if info.encoding == _h5ad.CSR:
         return CsrReader(element, info, fd)
     return DenseReader(element, info, fd)
-
-
-__all__ = [
-    "OBSM",
-    "FieldReader",
-    "element_reader",
-    "inspect_element",
-    "inspect_obsm",
-    "obsm_element",
-]

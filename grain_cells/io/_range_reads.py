@@ -50,7 +50,7 @@ def fetch_ranges(
     stops = np.asarray(stops, np.int64).reshape(-1)
     order = np.argsort(starts, kind="stable")
     starts, stops = starts[order], stops[order]
-    check_ranges(starts, stops, cell_offsets, files_.paths)
+    _check_ranges(starts, stops, cell_offsets, files_.paths)
     files = np.searchsorted(cell_offsets, starts, side="right") - 1
     buf = buffer if buffer is not None else handles.buffer()
     pool = handles.thread_pool()
@@ -184,7 +184,7 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
     return FetchedRows(csr, None, row_ids, obs)
 
 
-def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
+def _check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
     """Sorted ranges must lie in one file each (IndexError), disjoint (ValueError)."""
     n = int(cell_offsets[-1])
     if starts.size and (starts.min() < 0 or stops.max() > n or (stops < starts).any()):
@@ -241,7 +241,7 @@ def read_ranges(
         handles, cell_offsets, starts, stops, check_indices=check_indices
     )
     wanted = expand_ranges(starts, stops - starts)
-    return take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
+    return _take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
 
 
 def read_rows(
@@ -268,10 +268,10 @@ def read_rows(
     fetched = fetch_ranges(
         handles, cell_offsets, run_starts, run_stops, check_indices=check_indices
     )
-    return take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
+    return _take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
 
 
-def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
+def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
     """Fetched rows at `positions` as fresh `Cells` of the files' dtype."""
     files = handles.files
     obs = {c: v[positions] for c, v in fetched.obs.items()}
@@ -370,14 +370,3 @@ def _advise_one(handles, i: int, starts, stops, a: int, b: int, buf) -> None:
             f.reader.advise(s, e, buf)
         else:
             _direct_csr.advise(flat, [flat[0].fd], np.zeros(b - a, np.int64), s, e, buf)
-
-
-__all__ = [
-    "FetchedRows",
-    "advise",
-    "check_ranges",
-    "fetch_ranges",
-    "read_ranges",
-    "read_rows",
-    "take",
-]
