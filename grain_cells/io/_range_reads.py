@@ -99,21 +99,6 @@ def fetch_ranges(
         )
 
 
-def _flats(opened) -> list | None:
-    """Each file's `_direct_csr.Flat` if all have one, of one dtype; else None."""
-    out = []
-    for f in opened:
-        flat = f.flat
-        if flat is False:
-            flat = f.flat = _direct_csr.flat_of(f.reader, f.fd)
-        if flat is None:
-            return None
-        out.append(flat)
-    if len({f.dtypes for f in out}) != 1:
-        return None
-    return out
-
-
 def _csr_rows(files_, file_of, buf, row_ids, obs, data, indices, indptr, per_file):
     """`FetchedRows` of `_direct_csr.read`'s rows, in output columns."""
     maps = [files_.genes.maps[i] for i in file_of]
@@ -317,56 +302,40 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
 def _advise_some(handles, files, starts, stops, bounds, at, buf) -> None:
     """`advise` of local ranges of files in runs `bounds` (offset by `at`)."""
     indices = [int(files[a - at]) for a in bounds[:-1]]
+    spans = [slice(a - at, b - at) for a, b in itertools.pairwise(bounds)]
     if not handles.files.sparse:
-        for k, i in enumerate(indices):
-            _advise_one(
-                handles, i, starts, stops, bounds[k] - at, bounds[k + 1] - at, buf
-            )
+        for i, span in zip(indices, spans, strict=True):
+            _advise_one(handles, i, starts[span], stops[span], buf)
         return
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
-            _advise_one(
-                handles,
-                indices[k],
-                starts,
-                stops,
-                bounds[k] - at,
-                bounds[k + 1] - at,
-                buf,
-            )
-        counts = np.diff(bounds)
-        group = np.repeat(np.arange(len(indices)), counts)
+            _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
+        group = np.repeat(np.arange(len(indices)), np.diff(bounds))
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
             if flat is not None:
                 by_dtypes.setdefault(flat.dtypes, []).append(k)
         for ks in by_dtypes.values():
-            if len(ks) == len(indices):
-                sel, g = slice(None), group
-            else:
-                local = np.full(len(indices), -1, np.int64)
-                local[ks] = np.arange(len(ks))
-                g = local[group]
-                sel = g >= 0
-                g = g[sel]
-            _direct_csr.advise(
-                [flats[k] for k in ks],
-                [fds[k] for k in ks],
-                g,
-                starts[sel],
-                stops[sel],
-                buf,
-            )
+            local = np.full(len(indices), -1, np.int64)
+            local[ks] = np.arange(len(ks))
+            g = local[group]
+            sel = g >= 0
+            flats_, fds_ = [flats[k] for k in ks], [fds[k] for k in ks]
+            _direct_csr.advise(flats_, fds_, g[sel], starts[sel], stops[sel], buf)
 
 
-def _advise_one(handles, i: int, starts, stops, a: int, b: int, buf) -> None:
-    """`advise` of file `i`'s local ranges `[a, b)`, through `for_hints`."""
+def _advise_one(handles, i: int, starts, stops, buf) -> None:
+    """`advise` of file `i`'s local ranges, through `for_hints`."""
     with handles.for_hints(i) as f:
         if f is None:
             return
-        s, e = starts[a:b], stops[a:b]
-        flat = _flats([f]) if handles.files.sparse else None
+        flat = None
+        if handles.files.sparse:
+            if f.flat is False:
+                f.flat = _direct_csr.flat_of(f.reader, f.fd)
+            flat = f.flat
         if flat is None:
-            f.reader.advise(s, e, buf)
+            f.reader.advise(starts, stops, buf)
         else:
-            _direct_csr.advise(flat, [flat[0].fd], np.zeros(b - a, np.int64), s, e, buf)
+            group = np.zeros(starts.size, np.int64)
+            _direct_csr.advise([flat], [flat.fd], group, starts, stops, buf)
