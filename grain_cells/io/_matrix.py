@@ -33,10 +33,6 @@ class CsrRows:
     indptr: np.ndarray
     n_vars: int
 
-    @property
-    def n_rows(self) -> int:
-        return self.indptr.shape[0] - 1
-
 
 @dataclasses.dataclass
 class CsrPlan:
@@ -72,10 +68,6 @@ class RowBuffer:
             arr = np.empty(max(n, 2 * (arr.size if arr is not None else 0)), np.uint8)
             self._arrays[name] = arr
         return arr[:n].view(dtype).reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.size for a in self._arrays.values())
 
 
 class CsrReader:
@@ -238,16 +230,6 @@ class CsrReader:
             f"{int(indices[bad])} in row {row}; columns must lie in "
             f"[0, {info.n_vars})"
         )
-
-    def read(
-        self, starts, stops, buf: RowBuffer, pool=None, check_indices: bool = True
-    ) -> CsrRows:
-        """Sorted, disjoint row ranges concatenated, as views into `buf`."""
-        plan = self.plan(starts, stops, buf)
-        data = buf.get("data", (plan.nnz,), self._data.dtype)
-        indices = buf.get("indices", (plan.nnz,), self._indices.dtype)
-        self.read_values(plan, data, indices, pool, check_indices)
-        return CsrRows(data, indices, plan.indptr, self.info.n_vars)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to read these rows' `data` and `indices` spans."""
