@@ -64,17 +64,6 @@ def var_group_name(element: str) -> str:
     return "var"
 
 
-def _element_length(obj) -> int | None:
-    """Entries of a 1-D array element (dataset or encoded group), unread, or None."""
-    if _nodes.is_array(obj):
-        return int(obj.shape[0]) if obj.ndim else None
-    for key in ("values", "codes"):  # nullable-* arrays, categoricals
-        part = _nodes.get(obj, key)
-        if part is not None and _nodes.is_array(part):
-            return int(part.shape[0])
-    return None
-
-
 def n_rows(frame) -> int | None:
     """Rows of an obs/var dataframe, without reading it (None: unknown)."""
     if is_legacy_frame(frame):
@@ -83,7 +72,15 @@ def n_rows(frame) -> int | None:
         return None
     index = _nodes.attr_str(frame, "_index")
     node = None if index is None else _nodes.get(frame, index)
-    return None if node is None else _element_length(node)
+    if node is None:
+        return None
+    if _nodes.is_array(node):
+        return int(node.shape[0]) if node.ndim else None
+    for key in ("values", "codes"):  # nullable-* arrays, categoricals
+        part = _nodes.get(node, key)
+        if part is not None and _nodes.is_array(part):
+            return int(part.shape[0])
+    return None
 
 
 def legacy_table(path: str, frame) -> np.ndarray:
@@ -110,26 +107,22 @@ def _frame_index(f, name: str) -> np.ndarray:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = _nodes.checked(_nodes.at(frame, key), path)
-    names = _plain_strings(index)
-    if names is not None:
-        return names
-    return np.asarray(read_elem(index))
-
-
-def _plain_strings(index) -> np.ndarray | None:
-    """A plain string index read by its format (no 0.7 s anndata import), or None."""
+    node = index = _nodes.checked(_nodes.at(frame, key), path)
+    # Plain strings are read by the format: anndata costs 0.7 s to import.
     encoding = encoding_of(index)
     if encoding == "nullable-string-array" and _nodes.is_group(index):
         mask = _nodes.get(index, "mask")
-        if not _nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
-            return None
-        index = _nodes.get(index, "values")
+        plain = _nodes.is_array(mask) and mask.ndim == 1
+        node = (
+            _nodes.get(index, "values")
+            if plain and not np.asarray(mask[...]).any()
+            else None
+        )
     elif encoding not in ("string-array", None):
-        return None
-    if _nodes.is_array(index) and index.ndim == 1 and _nodes.is_string_array(index):
-        return _nodes.strings(index)
-    return None
+        node = None
+    if _nodes.is_array(node) and node.ndim == 1 and _nodes.is_string_array(node):
+        return _nodes.strings(node)
+    return np.asarray(read_elem(index))
 
 
 def read_var_names(f, element: str) -> np.ndarray:

@@ -61,16 +61,6 @@ class MatrixInfo:
         )
 
 
-def _sparse_encoding(obj) -> tuple[str | None, object]:
-    """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
-    enc = encoding_of(obj)
-    if enc is None and "h5sparse_format" in obj.attrs:
-        fmt = obj.attrs["h5sparse_format"]
-        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-        return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
-    return enc, _nodes.attr(obj, "shape")
-
-
 def inspect_matrix(f, element: str) -> MatrixInfo:
     """Locates and checks the matrix at `element` from metadata and two `indptr` values.
 
@@ -130,7 +120,14 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
 
 
 def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
-    enc, shape = _sparse_encoding(obj)
+    enc, shape = encoding_of(obj), _nodes.attr(obj, "shape")
+    if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
+        fmt = obj.attrs["h5sparse_format"]
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        enc, shape = (
+            {"csr": CSR, "csc": CSC}.get(fmt, fmt),
+            obj.attrs.get("h5sparse_shape"),
+        )
     if enc == CSC:
         raise errors.UnsupportedLayoutError(
             f"{path}: {element} is stored as csc_matrix; row reads would touch "

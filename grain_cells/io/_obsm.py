@@ -21,28 +21,6 @@ def obsm_element(name: str) -> str:
     return OBSM + name
 
 
-def _keys(obsm) -> list[str]:
-    """Keys of an `obsm` group or compound dataset (for messages)."""
-    if _nodes.is_array(obsm):
-        return list(obsm.dtype.names or ())
-    return sorted(obsm.keys())
-
-
-def _field_shape(path: str, name: str, ds) -> tuple[int, np.dtype]:
-    """Width and stored dtype of field `name` of a compound `obsm` dataset."""
-    sub, _ = ds.dtype.fields[name]
-    shape = sub.shape
-    if ds.ndim != 1 or len(shape) > 1 or sub.base.kind not in "biuf":
-        raise errors.AnnDataFormatError(
-            f"{path}: obsm is a compound dataset (anndata < 0.7) whose field "
-            f"{name!r} holds {sub.base} values of shape {shape} per cell "
-            f"(dataset shape {ds.shape}); expected one row per cell of numbers "
-            "(shape () or (k,)). Rewrite the file with a current anndata "
-            "(`anndata.read_h5ad(path).write_h5ad(new_path)`) and read that."
-        )
-    return (int(shape[0]) if shape else 1), sub.base
-
-
 def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
     """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
 
@@ -52,19 +30,27 @@ def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
-    legacy = _nodes.is_array(obsm)
-    present = obsm is not None and (
-        name in (obsm.dtype.names or ()) if legacy else name in obsm
-    )
-    if not present:
-        have = [] if obsm is None else _keys(obsm)
+    legacy = _nodes.is_array(obsm)  # a compound dataset (anndata < 0.7)
+    have = [] if obsm is None else list(obsm.dtype.names or ()) if legacy else obsm
+    if name not in have:
+        have = have if legacy or obsm is None else sorted(obsm.keys())
         raise errors.MissingColumnError(
             f"{path}: obsm has no array {name!r}; it has {have}"
         )
     obs_rows = n_rows(f["obs"])
     if legacy:
-        width, dtype = _field_shape(path, name, obsm)
-        n_obs = int(obsm.shape[0])
+        sub, _ = obsm.dtype.fields[name]
+        shape, dtype, n_obs = sub.shape, sub.base, int(obsm.shape[0])
+        if obsm.ndim != 1 or len(shape) > 1 or dtype.kind not in "biuf":
+            raise errors.AnnDataFormatError(
+                f"{path}: obsm is a compound dataset (anndata < 0.7) whose field "
+                f"{name!r} holds {dtype} values of shape {shape} per cell "
+                f"(dataset shape {obsm.shape}); expected one row per cell of "
+                "numbers (shape () or (k,)). Rewrite the file with a current "
+                "anndata (`anndata.read_h5ad(path).write_h5ad(new_path)`) and "
+                "read that."
+            )
+        width = int(shape[0]) if shape else 1
         _nodes.check_storage(path, obsm)
     else:
         ds = obsm[name]
