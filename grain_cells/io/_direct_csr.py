@@ -175,9 +175,11 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
         return None
     per_file = np.bincount(group, weights=spans, minlength=len(flats))
     per_file = per_file.astype(np.int64)
-    if check_indices and total:
+    if check_indices and total:  # negative indices viewed unsigned exceed n_vars
+        unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
         n_vars = np.array([f.n_vars for f in flats], np.int64)
-        if not _indices_inside(indices, np.repeat(n_vars, per_file)):
+        top = int(unsigned.max())
+        if top >= n_vars.min() and not (unsigned < np.repeat(n_vars, per_file)).all():
             return None
     # Row pointers relative to the values read: drop each range's head.
     body = np.ones(ptr.size, bool)
@@ -250,15 +252,6 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     for k in (1, 2):
         f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)
         advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
-
-
-def _indices_inside(indices: np.ndarray, n_vars: np.ndarray) -> bool:
-    if indices.dtype.kind == "i":  # negative ones exceed any n_vars unsigned
-        indices = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-    top = int(n_vars.min())
-    if int(indices.max()) < top:
-        return True
-    return bool((indices < n_vars).all())
 
 
 def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:

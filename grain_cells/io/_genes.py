@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,9 +15,6 @@ from grain_cells import errors
 from grain_cells.io import _frames
 from grain_cells.io._cells import ColumnMap
 from grain_cells.io._nodes import file_name
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 JOINS = ("exact", "inner", "outer")
 
@@ -156,17 +152,12 @@ def align_genes(
         for file_names in names:
             key = file_names.dtype.str.encode() + file_names.tobytes()
             if key not in by_names:  # files with the same genes share a map
-                by_names[key] = _file_map(index, file_names)
+                out = index.get_indexer(file_names).astype(np.int32)
+                same = out.size == len(index) and np.array_equal(out, range(out.size))
+                by_names[key] = None if same else ColumnMap.from_out(out)
             built.append(by_names[key])
         maps = tuple(built)
     return GeneAlignment(join, out_names, len(aligned), maps, selected, genes_from)
-
-
-def _file_map(index: pd.Index, file_names: np.ndarray) -> ColumnMap | None:
-    out = index.get_indexer(file_names).astype(np.int32)
-    if out.size == len(index) and np.array_equal(out, np.arange(out.size)):
-        return None
-    return ColumnMap.from_out(out)
 
 
 def _join(paths, names, join: str) -> np.ndarray:

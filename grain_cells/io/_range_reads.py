@@ -67,48 +67,33 @@ def fetch_ranges(
     else:  # nothing asked: an empty read of the first file
         file_of, bounds, group = [0], [0, 0], np.zeros(0, np.int64)
     at = cell_offsets[files]
-    local_starts, local_stops = starts - at, stops - at
+    starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
         with handles.pinned_flats(file_of) as direct, handles.counting_reads():
             if direct is not None:
                 flats, fds, file_obs = direct
-                obs = _obs_for(names, file_obs, group, local_starts, local_stops)
+                obs = _obs_for(names, file_obs, group, starts, stops)
                 got = _direct_csr.read(
-                    flats,
-                    fds,
-                    group,
-                    local_starts,
-                    local_stops,
-                    buf,
-                    pool,
-                    check_indices,
+                    flats, fds, group, starts, stops, buf, pool, check_indices
                 )
-                if got is not None:
-                    return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
+                if got is not None:  # in output columns
+                    *csr, per_file = got
+                    ends = np.cumsum(per_file).tolist()
+                    maps = [files_.genes.maps[i] for i in file_of]
+                    spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
+                    csr = remap_csr(*csr, spans, buf)
+                    csr = CsrRows(*csr, files_.num_genes)
+                    return FetchedRows(csr, None, row_ids, obs)
     # File by file (or again, to name what the direct read found wrong).
     with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
-        obs = _obs_for(names, [f.obs for f in opened], group, local_starts, local_stops)
+        obs = _obs_for(names, [f.obs for f in opened], group, starts, stops)
         # Readers of files reopened from byte layouts are built only here.
         readers = [f.reader for f in opened]
-        local = [
-            (local_starts[a:b], local_stops[a:b]) for a, b in itertools.pairwise(bounds)
-        ]
+        local = [(starts[a:b], stops[a:b]) for a, b in itertools.pairwise(bounds)]
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
-
-
-def _csr_rows(files_, file_of, buf, row_ids, obs, data, indices, indptr, per_file):
-    """`FetchedRows` of `_direct_csr.read`'s rows, in output columns."""
-    maps = [files_.genes.maps[i] for i in file_of]
-    if any(m is not None for m in maps):
-        ends = np.cumsum(per_file).tolist()
-        starts = [0, *ends[:-1]]
-        spans = list(zip(starts, ends, maps, strict=True))
-        data, indices, indptr = remap_csr(data, indices, indptr, spans, buf)
-    csr = CsrRows(data, indices, indptr, files_.num_genes)
-    return FetchedRows(csr, None, row_ids, obs)
 
 
 def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices):
