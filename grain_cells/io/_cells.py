@@ -56,13 +56,6 @@ class ColumnMap:
         kept = out[out >= 0]
         return cls(out, bool(kept.size != out.size), bool(np.all(kept[1:] > kept[:-1])))
 
-    def sources(self, n_out: int) -> np.ndarray:
-        """Stored column of each output column, -1 where the file lacks it."""
-        src = np.full(n_out, -1, np.int64)
-        kept = np.flatnonzero(self.out >= 0)
-        src[self.out[kept]] = kept
-        return src
-
 
 def remap_csr(
     data: np.ndarray,
@@ -121,7 +114,9 @@ def gather_dense(part: np.ndarray, column_map: ColumnMap | None, out) -> None:
     if column_map is None:
         out[...] = part
         return
-    src = column_map.sources(out.shape[1])
+    src = np.full(out.shape[1], -1, np.int64)  # stored column of each output one
+    kept = np.flatnonzero(column_map.out >= 0)
+    src[column_map.out[kept]] = kept
     present = src >= 0
     if present.all():
         if part.dtype == out.dtype:

@@ -160,8 +160,22 @@ class CsrReader:
                 self._indices.read(plan.firsts, plan.lasts, indices, pool, pending)
             finally:
                 wait_all(pending)
-        except errors.CorruptChunkError as e:
-            raise self._with_cells(e) from None
+        except errors.CorruptChunkError as e:  # name the cells the chunk holds
+            try:
+                lo, hi = (
+                    self._row_of_value(e.rows[0]),
+                    self._row_of_value(e.rows[1] - 1),
+                )
+            except errors.AnnDataFormatError:
+                raise e from None
+            raise errors.CorruptChunkError(
+                f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
+                f"{self.info.element}.",
+                path=e.path,
+                dataset=e.dataset,
+                byte_offset=e.byte_offset,
+                rows=(lo, hi + 1),
+            ) from None
         check_filled_indices(self._indices, plan, indices, self.info)
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
@@ -178,23 +192,6 @@ class CsrReader:
             self._group["indptr"], self.info.path, self._fd, fill_missing="leading"
         )
         return scan_chunk_starts(reader, n, length)
-
-    def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
-        """The same error, naming the cells whose values the chunk holds."""
-        first, stop = e.rows
-        try:
-            lo = self._row_of_value(first)
-            hi = self._row_of_value(stop - 1)
-        except errors.AnnDataFormatError:
-            return e
-        return errors.CorruptChunkError(
-            f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
-            f"{self.info.element}.",
-            path=e.path,
-            dataset=e.dataset,
-            byte_offset=e.byte_offset,
-            rows=(lo, hi + 1),
-        )
 
     def _row_of_value(self, k: int) -> int:
         """The row whose values include value `k` (binary search on indptr)."""

@@ -287,17 +287,10 @@ def harmonise(
         # Files mostly repeat a few category lists (often the very same
         # array): each distinct list is merged and mapped once.
         labels, slot_of = _distinct_lists(per_file)
-        merged: list = []
-        seen: dict = {}
-        for t in labels:  # in order of first appearance, as file by file
-            for v in t:
-                if v not in seen:
-                    seen[v] = len(merged)
-                    merged.append(v)
-        slot_maps = []
-        for t in labels:
-            m = np.array([seen[v] for v in t], np.int64)
-            slot_maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        merged = list(dict.fromkeys(v for t in labels for v in t))  # first seen
+        seen = {v: i for i, v in enumerate(merged)}
+        slot_maps = [np.array([seen[v] for v in t], np.int64) for t in labels]
+        slot_maps = [None if np.array_equal(m, range(m.size)) else m for m in slot_maps]
         maps = [None if i is None else slot_maps[i] for i in slot_of]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
