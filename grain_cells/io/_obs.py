@@ -100,11 +100,9 @@ def obs_column_kinds(
             raise errors.MissingColumnError(
                 f"{path}: obs has no column {name!r}; it has {have}"
             )
-        kind = (
-            None
-            if legacy
-            else _plain_kind(_nodes.checked(_nodes.at(group, name), path))
-        )
+        kind = None
+        if not legacy:
+            kind = _plain_kind(_nodes.checked(_nodes.at(group, name), path))
         if kind is not None:
             categories, dtype, length, values = kind
             if nodes is not None:
@@ -286,7 +284,17 @@ def harmonise(
             continue
         # Files mostly repeat a few category lists (often the very same
         # array): each distinct list is merged and mapped once.
-        labels, slot_of = _distinct_lists(per_file)
+        slots: dict = {}  # each distinct list (a tuple) -> its position
+        by_id: dict = {}  # id(categories) -> (categories, position)
+        slot_of: list = []  # each file's list's position (None: no column)
+        for k in per_file:
+            a = None if k is None else k.categories
+            hit = by_id.get(id(a))
+            if a is not None and (hit is None or hit[0] is not a):
+                slot = slots.setdefault(tuple(a.tolist()), len(slots))
+                hit = by_id[id(a)] = (a, slot)
+            slot_of.append(None if a is None else hit[1])
+        labels = list(slots)
         merged = list(dict.fromkeys(v for t in labels for v in t))  # first seen
         seen = {v: i for i, v in enumerate(merged)}
         slot_maps = [np.array([seen[v] for v in t], np.int64) for t in labels]
@@ -294,25 +302,3 @@ def harmonise(
         maps = [None if i is None else slot_maps[i] for i in slot_of]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
-
-
-def _distinct_lists(per_file) -> tuple[list[tuple], list[int | None]]:
-    """The distinct category lists (as tuples) and each file's, by position."""
-    labels: list[tuple] = []
-    slots: dict = {}  # list -> its position in `labels`
-    by_id: dict = {}  # id(categories) -> (categories, position)
-    slot_of: list[int | None] = []
-    for k in per_file:
-        if k is None:
-            slot_of.append(None)
-            continue
-        a = k.categories
-        hit = by_id.get(id(a))
-        if hit is None or hit[0] is not a:
-            t = tuple(a.tolist())
-            slot = slots.setdefault(t, len(labels))
-            if slot == len(labels):
-                labels.append(t)
-            hit = by_id[id(a)] = (a, slot)
-        slot_of.append(hit[1])
-    return labels, slot_of
