@@ -76,7 +76,12 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         problem = _nodes.element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
-        have = available_matrices(f)
+        have = ["X"] if "X" in f else []  # the file's matrices
+        if "layers" in f and _nodes.is_group(f["layers"]):
+            have += [f"layers/{k}" for k in sorted(f["layers"].keys())]
+        if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
+            have.append("raw/X")
+        have += ["raw.X"] if "raw.X" in f else []
         hint = ""
         if element == "X":
             hint = (
@@ -202,17 +207,3 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     sizes = (_nodes.chunk_bytes(data), _nodes.chunk_bytes(indices))
     chunk_bytes = None if None in sizes else sum(sizes)
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
-
-
-def available_matrices(f) -> list[str]:
-    """Matrix element paths present in the file (for error messages)."""
-    found = []
-    if "X" in f:
-        found.append("X")
-    if "layers" in f and _nodes.is_group(f["layers"]):
-        found += [f"layers/{k}" for k in sorted(f["layers"].keys())]
-    if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
-        found.append("raw/X")
-    if "raw.X" in f:
-        found.append("raw.X")
-    return found

@@ -133,8 +133,7 @@ class CsrReader:
         self._indptr.read(starts, stops + 1, ptr)
         ptr = ptr.astype(np.int64, copy=False)
         heads = np.cumsum(lengths + 1) - (lengths + 1)
-        firsts = ptr[heads]
-        lasts = ptr[heads + lengths]
+        firsts, lasts = ptr[heads], ptr[heads + lengths]
         self._check_indptr(ptr, heads, lengths, starts)
         spans = lasts - firsts
         # Row pointers relative to the values read: drop each range's head.
@@ -162,10 +161,8 @@ class CsrReader:
                 wait_all(pending)
         except errors.CorruptChunkError as e:  # name the cells the chunk holds
             try:
-                lo, hi = (
-                    self._row_of_value(e.rows[0]),
-                    self._row_of_value(e.rows[1] - 1),
-                )
+                lo = self._row_of_value(e.rows[0])
+                hi = self._row_of_value(e.rows[1] - 1)
             except errors.AnnDataFormatError:
                 raise e from None
             raise errors.CorruptChunkError(
@@ -200,19 +197,13 @@ class CsrReader:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             self._indptr.read(np.array([mid]), np.array([mid + 1]), one)
-            if int(one[0]) <= k:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (mid, hi) if int(one[0]) <= k else (lo, mid)
         return lo
 
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
         # One pass: negative indices viewed as unsigned exceed any n_vars.
-        if indices.dtype.kind == "i":
-            unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-        else:
-            unsigned = indices
+        unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
         if int(unsigned.max()) < info.n_vars:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
