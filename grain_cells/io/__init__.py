@@ -51,9 +51,8 @@ from grain_cells.io._nodes import (
     is_group,
     is_string_array,
 )
-from grain_cells.io._obs import OBS_MISSING
+from grain_cells.io._obs import OBS_MISSING, read_obs_values
 from grain_cells.io._obs_cache import joined_column, own_map
-from grain_cells.io._obs_columns import read_obs_values
 from grain_cells.io._obsm import obsm_element
 from grain_cells.io._open import open_file
 from grain_cells.io._range_reads import (

@@ -1,21 +1,20 @@
-"""Cells read from a source, and the vectorised gathers that produce them.
+"""Rows in output columns: column maps applied after a read, gathers, `Cells`.
 
-`Cells` is what `AnnDataSource.read` returns: the expression rows (a SciPy CSR
-matrix or a dense array), the chosen obs columns and each row's global id.
-`take_csr` picks rows out of a CSR read buffer in any order; it is shared by
-the source's public reads and the output formats. Read buffers are already
-in output columns (genes aligned and selected per file as they are read, see
-`grain_cells.io._genes`), so dense rows need only `buffer[rows]`.
+A file's `ColumnMap` (from `_genes.align_genes`) gives each stored column's
+output column (-1: not output); None when the stored columns are the output's.
+`remap_csr`/`gather_dense` apply the maps right after a read, so every later
+step (`take_csr`, output formats) sees output columns only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grain_cells.io._matrix import CsrRows
+from grain_cells.io._matrix import CsrRows, RowBuffer
 
 if TYPE_CHECKING:  # workers never build a csr_matrix: no scipy at their start
     import scipy.sparse as sp
@@ -40,23 +39,102 @@ class Cells:
         return int(self.row_ids.shape[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class ColumnMap:
+    """One file's stored columns in output columns (`out`: int32, -1 dropped).
+
+    `drops`: some column is dropped; `increasing`: kept columns keep their order.
+    """
+
+    out: np.ndarray
+    drops: bool
+    increasing: bool
+
+    @classmethod
+    def from_out(cls, out: np.ndarray) -> ColumnMap:
+        out = np.asarray(out, np.int32)
+        kept = out[out >= 0]
+        return cls(out, bool(kept.size != out.size), bool(np.all(kept[1:] > kept[:-1])))
+
+
+def remap_csr(
+    data: np.ndarray,
+    indices: np.ndarray,
+    indptr: np.ndarray,
+    parts: Sequence[tuple[int, int, ColumnMap | None]],
+    buf: RowBuffer,
+    checked: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR rows of several files in output columns (views into `buf`).
+
+    `parts`: per file, its span of values and its map; no map at all returns
+    the inputs. `checked`: indices are known in range (else `IndexError`).
+    """
+    if all(m is None for _, _, m in parts):
+        return data, indices, indptr
+    nnz = indices.shape[0]
+    mapped = buf.get("aligned_indices", (nnz,), np.int32)
+    drops = False
+    for first, end, column_map in parts:
+        if column_map is None:
+            mapped[first:end] = indices[first:end]
+            continue
+        np.take(
+            column_map.out,
+            indices[first:end],
+            out=mapped[first:end],
+            mode="clip" if checked else "raise",
+        )
+        drops |= column_map.drops
+    if not drops:
+        return data, mapped, indptr
+    # Kept values per row (reduceat beats a cumsum over every value); the
+    # trailing False lets the last row's span end inside the array.
+    keep = buf.get("aligned_keep", (nnz + 1,), bool)
+    keep[nnz] = False
+    np.greater_equal(mapped, 0, out=keep[:nnz])
+    starts = indptr[:-1]
+    new_indptr = buf.get("aligned_indptr", indptr.shape, np.int64)
+    new_indptr[0] = 0
+    if starts.size:
+        counts = np.add.reduceat(keep, starts, dtype=np.int64)
+        counts[starts == indptr[1:]] = 0  # reduceat gives empty rows one value
+        np.cumsum(counts, out=new_indptr[1:])
+    n_kept = int(new_indptr[-1])
+    keep = keep[:nnz]
+    new_data = buf.get("aligned_data", (n_kept,), data.dtype)
+    np.compress(keep, data, out=new_data)
+    new_indices = buf.get("aligned_kept_indices", (n_kept,), np.int32)
+    np.compress(keep, mapped, out=new_indices)
+    return new_data, new_indices, new_indptr
+
+
+def gather_dense(part: np.ndarray, column_map: ColumnMap | None, out) -> None:
+    """Writes one file's dense rows into `out` in output columns (absent: 0)."""
+    if column_map is None:
+        out[...] = part
+        return
+    src = np.full(out.shape[1], -1, np.int64)  # stored column of each output one
+    kept = np.flatnonzero(column_map.out >= 0)
+    src[column_map.out[kept]] = kept
+    present = src >= 0
+    if present.all():
+        if part.dtype == out.dtype:
+            np.take(part, src, axis=1, out=out, mode="clip")
+        else:
+            out[...] = part[:, src]
+        return
+    out[:, ~present] = 0
+    out[:, present] = part[:, src[present]]
+
+
 def take_csr(
     rows_buf: CsrRows, rows: np.ndarray, *, dtype=None, n_rows=None, empty=np.empty
 ):
-    """Gathers `rows` of a CSR buffer into fresh arrays.
+    """Rows `rows` (repeats allowed) of a buffer as fresh `(data, indices, indptr)`.
 
-    Args:
-        rows_buf: Rows read into a buffer.
-        rows: Positions within the buffer, in output order (repeats allowed).
-        dtype: dtype of `data` (cast while copying); None keeps the buffer's.
-        n_rows: Rows of the result (at least `rows.size`): empty rows pad
-            the end. None: `rows.size`.
-        empty: Allocates the results (`np.empty`'s signature; see
-            `grain_cells.transport._slot_writer`).
-
-    Returns:
-        `(data, indices, indptr)`: fresh arrays; indices are int32, indptr
-        int64.
+    `dtype`: of `data` (None: the buffer's); `n_rows`: rows of the result,
+    empty ones padding the end; `empty`: allocates (`np.empty`'s signature).
     """
     rows = np.asarray(rows, np.int64)
     n = rows.size

@@ -1,18 +1,9 @@
-"""CSR rows of many files read at once, when every array is read positionally.
+"""CSR rows of many local, uncompressed files read at once, by byte pieces.
 
-`grain_cells.io._range_reads.fetch_ranges` reads a fetch's ranges file by
-file: a plan (`indptr`) and two reads per file, each a few NumPy calls and
-checks, about 200 µs of Python per file. A collection's fetch touches tens
-of files, so that per-file cost, not the bytes, set its speed. When every
-file's `data`, `indices` and `indptr` are read positionally (uncompressed)
-and local (anndata's default `.h5ad` layout: contiguous or uncompressed
-chunks), each array of each file is a list of byte pieces (`Flat`), and
-the whole fetch is three vectorised offset computations and three loops of
-positional reads over all files (`storage.pread_pieces`). Anything
-unusual (other layouts, mixed dtypes, a value that fails a check, a short
-read) returns None and the caller reads file by file, which names the
-problem.
-
+Each array of each file is a list of byte pieces (`Flat`), so a fetch over
+tens of files is three vectorised offset computations and three loops of
+positional reads, not ~200 µs of Python per file. Anything unusual returns
+None and the caller reads file by file, which names the problem.
 Design notes: docs/reference/design.md#io-direct-csr.
 """
 
@@ -40,11 +31,7 @@ _SLICE_ROWS = 512
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Flat:
-    """One file's CSR arrays as byte pieces of a local descriptor.
-
-    Per array (`indptr`, `data`, `indices`): `chunk_rows[k]` elements at
-    each of `offsets[k]` (one piece when contiguous).
-    """
+    """One file's CSR arrays (`_NAMES`) as pieces of `chunk_rows` at `offsets`."""
 
     fd: int
     offsets: tuple  # (indptr, data, indices): int64 arrays
@@ -55,22 +42,16 @@ class Flat:
 
     @functools.cached_property
     def pieces(self) -> np.ndarray:
-        """The offsets of all three arrays' pieces, one after another."""
         return np.concatenate(self.offsets)
 
     @functools.cached_property
     def counts(self) -> tuple:
-        """Pieces of each array."""
         return tuple(o.size for o in self.offsets)
 
     def over(self, fd) -> Flat:
-        """The same pieces in another descriptor of the same file (a reopen)."""
-        return self.at(fd.fd)
-
-    def at(self, fd: int) -> Flat:
-        """The same pieces in raw descriptor `fd` of the same file."""
-        return Flat(
-            fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
+        """The same pieces in another `ByteReader` of the same file (a reopen)."""
+        return Flat(  # (a third of dataclasses.replace's cost: once per reopen)
+            fd.fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
         )
 
 
@@ -78,11 +59,11 @@ _NAMES = ("indptr", "data", "indices")
 
 
 def flat_of(reader, fd) -> Flat | None:
-    """`reader`'s arrays as byte pieces of `fd`, or None (see the module)."""
+    """`reader`'s arrays as byte pieces of `fd`, or None."""
     arrays = getattr(reader, "arrays", None)
-    if arrays is None:
-        return None
-    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
+    if arrays is None or not all(
+        isinstance(a, PositionalReader) for a in arrays.values()
+    ):
         return None
     return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
 
@@ -90,25 +71,18 @@ def flat_of(reader, fd) -> Flat | None:
 def flat_from(layouts: dict, info, fd) -> Flat | None:
     """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
     raw = getattr(fd, "fd", None)
-    if not isinstance(raw, int) or getattr(fd, "remote", True):
-        return None
-    if set(layouts) != set(_NAMES):
+    remote = getattr(fd, "remote", True)
+    if not isinstance(raw, int) or remote or set(layouts) != set(_NAMES):
         return None
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):
         return None
-    return Flat(
-        raw,
-        tuple(x.offsets for x in ordered),
-        tuple(x.chunk_rows for x in ordered),
-        tuple(x.dtype for x in ordered),
-        info.nnz,
-        info.n_vars,
-    )
+    arrays = zip(*((x.offsets, x.chunk_rows, x.dtype) for x in ordered), strict=True)
+    return Flat(raw, *arrays, info.nnz, info.n_vars)
 
 
 class _Array:
-    """One array (`k` of `_NAMES`) of the files of a fetch, for `_pieces`."""
+    """One array of the files of a fetch, for `_pieces`."""
 
     def __init__(self, offsets, base, rows, itemsize: int):
         self.offsets = offsets
@@ -118,11 +92,7 @@ class _Array:
 
 
 class _Files:
-    """Where a fetch's files' arrays lie: each array's `_Array` for `_pieces`.
-
-    Every piece of every file, all three arrays, in one table (built from
-    each `Flat`'s own, kept with it), so a fetch joins one list per file.
-    """
+    """Every piece of every file of a fetch, all three arrays, in one table."""
 
     def __init__(self, flats: list[Flat]):
         self.offsets = np.concatenate([f.pieces for f in flats])
@@ -162,22 +132,10 @@ def _pieces(arr: _Array, fds, starts, stops):
 
 
 def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices):
-    """The rows of ranges over files `flats` as one CSR, or None.
+    """The rows of ranges over files `flats` as one CSR in `buf`, or None.
 
-    Args:
-        flats: Per file read, its `Flat` (same dtypes in all).
-        fds: Per file read, the descriptor to read its pieces from (its
-            flat's `fd` or another of the same file).
-        group: Index into `flats` of each range (non-decreasing).
-        starts: Local first row of each range, sorted within a file.
-        stops: Matching ends.
-        buf: The reading thread's `RowBuffer`.
-        pool: Read threads, or None.
-        check_indices: Check column indices lie inside each file's matrix.
-
-    Returns:
-        `(data, indices, indptr, nnz_per_file)` views into `buf`, or None
-        when a check fails or a file is short (read file by file then).
+    Range j: local rows of file `group[j]`, read from `fds[j]`. Returns
+    `(data, indices, indptr, nnz_per_file)`, None if a check fails or a read is short.
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]
@@ -219,9 +177,11 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
         return None
     per_file = np.bincount(group, weights=spans, minlength=len(flats))
     per_file = per_file.astype(np.int64)
-    if check_indices and total:
+    if check_indices and total:  # negative indices viewed unsigned exceed n_vars
+        unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
         n_vars = np.array([f.n_vars for f in flats], np.int64)
-        if not _indices_inside(indices, np.repeat(n_vars, per_file)):
+        top = int(unsigned.max())
+        if top >= n_vars.min() and not (unsigned < np.repeat(n_vars, per_file)).all():
             return None
     # Row pointers relative to the values read: drop each range's head.
     body = np.ones(ptr.size, bool)
@@ -236,13 +196,8 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
 def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
-    Reads each range's two `indptr` ends (one positional read for a range
-    of at most `_SLICE_ROWS` rows: its whole slice; two otherwise): those
-    in the page cache at once (`storage.pread_cached`), the others hinted
-    all together and then read (one wait for them all, not one per piece),
-    then advises the `data` and `indices` pieces. `fds[k]`: a descriptor of
-    `flats[k]`'s file. A hint only: bad pointers or a short file hint
-    nothing more (the read reports them).
+    Reads each range's `indptr` ends (cached ones at once, the others hinted
+    together, then read), then advises the `data` and `indices` pieces.
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]
@@ -273,8 +228,6 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     table = _Files(flats)
     f, at, nbytes = _pieces(table.array(0, p_group), p_fds, p_starts, p_stops)
     at_byte = np.cumsum(nbytes) - nbytes
-    # Pointers in memory are read at once; the others are hinted all
-    # together first and then read: one wait for them all, not one each.
     ends_bytes = ends.reshape(-1).view(np.uint8)
     ok = pread_cached(
         f.tolist(), ends_bytes, at.tolist(), nbytes.tolist(), at_byte.tolist()
@@ -301,16 +254,6 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     for k in (1, 2):
         f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)
         advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
-
-
-def _indices_inside(indices: np.ndarray, n_vars: np.ndarray) -> bool:
-    """Whether every column index lies in `[0, n_vars)` of its file."""
-    if indices.dtype.kind == "i":  # negative ones exceed any n_vars unsigned
-        indices = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-    top = int(n_vars.min())
-    if int(indices.max()) < top:
-        return True
-    return bool((indices < n_vars).all())
 
 
 def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
@@ -342,6 +285,3 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
         if b > a
     ]
     wait_all(futures)  # none still writes into `dest` once this returns
-
-
-__all__ = ["Flat", "advise", "flat_from", "flat_of", "read"]

@@ -1,19 +1,9 @@
 """obs and var dataframes on disk: their index, their columns, their length.
 
-Dataframes go through anndata's own element reader (`anndata.io.read_elem`),
-which knows every encoding anndata has written since 0.7, including the
-`nullable-string-array` groups that anndata >= 0.11 writes for string
-indexes and columns (the default under pandas 3). Two layouts it does not
-read element by element are handled here:
-
-* **anndata < 0.7** stored obs and var as one compound (structured) HDF5
-  dataset whose first field is the index, categorical columns as integer
-  codes with their labels in `uns/<column>_categories`, and `raw` as the
-  root elements `raw.X` and `raw.var`. `read_elem` decodes the compound
-  dataset; the index and categories are applied as `anndata.read_h5ad` does
-  (codes become a categorical only when every code indexes the labels).
-* A categorical column group **without `encoding-type` attributes** (written
-  by hand-rolled writers) is read from its `codes` and `categories`.
+Read with anndata's element reader (imported on first use: Grain workers
+never need it), plus two layouts it does not read element by element:
+anndata < 0.7 compound frames (labels in `uns/<column>_categories`, `raw.X`
+and `raw.var`) and categorical groups without `encoding-type` attributes.
 """
 
 from __future__ import annotations
@@ -26,14 +16,8 @@ from grain_cells import errors
 from grain_cells.io import _nodes
 from grain_cells.io._nodes import file_name
 
-# anndata and pandas (0.7 s to import) are imported only where they are
-# needed (uncommon index and obs encodings), not with the package: every
-# Grain worker imports the package and opens the files again
-# (`tests/test_worker_imports.py::test_csr_workers_import_none_and_read_every_cell`).
-
 
 def _anndata_io():
-    """The module of anndata's element readers and writers, imported on first use."""
     try:  # anndata >= 0.11
         import anndata.io as elements
     except ImportError:  # pragma: no cover - anndata 0.10
@@ -42,7 +26,7 @@ def _anndata_io():
 
 
 def read_elem(elem):
-    """`anndata.io.read_elem` of an HDF5 element (anndata imported on first use)."""
+    """`anndata.io.read_elem` (anndata imported on first use)."""
     return _anndata_io().read_elem(elem)
 
 
@@ -51,7 +35,7 @@ def write_elem(store, key: str, value) -> None:
     _anndata_io().write_elem(store, key, value)
 
 
-def quiet_old_format() -> None:
+def _quiet_old_format() -> None:
     """Silences anndata's OldFormatWarning in the enclosing catch_warnings."""
     import anndata
 
@@ -64,9 +48,6 @@ def encoding_of(obj) -> str | None:
     if isinstance(value, bytes):
         value = value.decode()
     return value
-
-
-_attr_str = _nodes.attr_str
 
 
 def is_legacy_frame(obj) -> bool:
@@ -83,32 +64,29 @@ def var_group_name(element: str) -> str:
     return "var"
 
 
-def _element_length(obj) -> int | None:
-    """Entries of a 1-D array element (dataset or encoded group), unread."""
-    if _nodes.is_array(obj):
-        return int(obj.shape[0]) if obj.ndim else None
-    for key in ("values", "codes"):  # nullable-* arrays, categoricals
-        part = _nodes.get(obj, key)
-        if part is not None and _nodes.is_array(part):
-            return int(part.shape[0])
-    return None
-
-
 def n_rows(frame) -> int | None:
     """Rows of an obs/var dataframe, without reading it (None: unknown)."""
     if is_legacy_frame(frame):
         return int(frame.shape[0])
     if not _nodes.is_group(frame):
         return None
-    index = _attr_str(frame, "_index")
+    index = _nodes.attr_str(frame, "_index")
     node = None if index is None else _nodes.get(frame, index)
-    return None if node is None else _element_length(node)
+    if node is None:
+        return None
+    if _nodes.is_array(node):
+        return int(node.shape[0]) if node.ndim else None
+    for key in ("values", "codes"):  # nullable-* arrays, categoricals
+        part = _nodes.get(node, key)
+        if part is not None and _nodes.is_array(part):
+            return int(part.shape[0])
+    return None
 
 
 def legacy_table(path: str, frame) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            quiet_old_format()
+            _quiet_old_format()
             return read_elem(frame)
     except Exception as e:  # anndata and the formats raise many types here
         raise errors.AnnDataFormatError(
@@ -124,37 +102,27 @@ def _frame_index(f, name: str) -> np.ndarray:
     if is_legacy_frame(frame):
         table = legacy_table(path, frame)
         return np.asarray(table[table.dtype.names[0]], dtype=str)
-    key = _attr_str(frame, "_index", "_index")
+    key = _nodes.attr_str(frame, "_index", "_index")
     if not _nodes.is_group(frame) or _nodes.get(frame, key) is None:
         raise errors.AnnDataFormatError(
             f"{path}: {frame.name} has no index element {key!r}"
         )
-    index = _nodes.checked(_nodes.at(frame, key), path)
-    names = _plain_strings(index)
-    if names is not None:
-        return names
-    return np.asarray(read_elem(index))
-
-
-def _plain_strings(index) -> np.ndarray | None:
-    """An index's strings read through its format, or None for anndata to read.
-
-    What anndata reads from a `string-array` (anndata < 0.11, and later
-    under pandas 2) and from a `nullable-string-array` without missing
-    entries (anndata >= 0.11 under pandas 3), without importing anndata and
-    pandas: about 0.7 s, most of a fresh process's first minibatch.
-    """
+    node = index = _nodes.checked(_nodes.at(frame, key), path)
+    # Plain strings are read by the format: anndata costs 0.7 s to import.
     encoding = encoding_of(index)
     if encoding == "nullable-string-array" and _nodes.is_group(index):
         mask = _nodes.get(index, "mask")
-        if not _nodes.is_array(mask) or mask.ndim != 1 or np.asarray(mask[...]).any():
-            return None
-        index = _nodes.get(index, "values")
+        plain = _nodes.is_array(mask) and mask.ndim == 1
+        node = (
+            _nodes.get(index, "values")
+            if plain and not np.asarray(mask[...]).any()
+            else None
+        )
     elif encoding not in ("string-array", None):
-        return None
-    if _nodes.is_array(index) and index.ndim == 1 and _nodes.is_string_array(index):
-        return _nodes.strings(index)
-    return None
+        node = None
+    if _nodes.is_array(node) and node.ndim == 1 and _nodes.is_string_array(node):
+        return _nodes.strings(node)
+    return np.asarray(read_elem(index))
 
 
 def read_var_names(f, element: str) -> np.ndarray:
@@ -163,9 +131,8 @@ def read_var_names(f, element: str) -> np.ndarray:
     return names if names.flags.writeable else names.copy()
 
 
-# The str array of a shared, read-only list of strings (`Format.strings`), by
-# the list's identity: files of one gene list then give one array, which
-# `_genes.shared_keys` and the metadata cache recognise without hashing it.
+# Shared read-only string lists (`Format.strings`) as one str array each, by
+# identity: `_genes.shared_keys` then knows them without hashing.
 _AS_STR: dict = {}
 
 
@@ -195,15 +162,7 @@ def _var_frame(f, element: str) -> str:
 def read_var_column(f, element: str, column: str):
     """One var column of the matrix at `element`, as `anndata.read_h5ad` gives it.
 
-    Read with anndata's reader (every encoding, anndata < 0.7 compound
-    frames included); `grain_cells.io._genes.read_gene_keys` makes gene keys
-    of it.
-
-    Raises:
-        errors.MissingColumnError: var has no such column (the message lists
-            the columns it has and the fix).
-        errors.AnnDataFormatError: The column cannot be read, or its length
-            is not var's.
+    Raises MissingColumnError (no such column) or AnnDataFormatError.
     """
     path, name = file_name(f), _var_frame(f, element)
     group = f[name]
@@ -245,7 +204,7 @@ def frame_columns(group) -> list[str]:
         return list(group.dtype.names[1:])
     if not _nodes.is_group(group):
         return []
-    index = _attr_str(group, "_index", "_index")
+    index = _nodes.attr_str(group, "_index", "_index")
     order = _nodes.attr(group, "column-order")
     if order is not None and len(order):
         return [c.decode() if isinstance(c, bytes) else str(c) for c in order]
@@ -260,12 +219,11 @@ def legacy_column(f, table: np.ndarray, name: str):
     cats_name = f"uns/{name}_categories"
     if cats_name in f and _nodes.is_array(f[cats_name]):
         with warnings.catch_warnings():
-            quiet_old_format()
+            _quiet_old_format()
             cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
         if cats.dtype.kind == "S":
             cats = cats.astype(str)
-        # anndata's rule (`_clean_uns`): codes become a categorical only when
-        # they all index the labels.
+        # anndata's rule (`_clean_uns`): only when every code indexes a label.
         if values.dtype.kind in "iu" and np.all(values < len(cats)):
             return pd.Categorical.from_codes(values, cats)
     return values
@@ -277,13 +235,10 @@ def read_column(path: str, group, name: str):
     elem = group[name]
     try:
         with warnings.catch_warnings():
-            # Legacy files are expected input; anndata's warning is not
-            # actionable at every read.
-            quiet_old_format()
+            _quiet_old_format()  # legacy files are expected input
             if _nodes.is_array(elem) and "categories" in elem.attrs:
-                # anndata < 0.8 stored codes here and categories under
-                # obs/__categories; only the whole-dataframe reader resolves
-                # that reference.
+                # anndata < 0.8: categories under obs/__categories, which
+                # only the whole-dataframe reader resolves.
                 return read_elem(group)[name]
             if (
                 _nodes.is_group(elem)

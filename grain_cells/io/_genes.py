@@ -1,11 +1,4 @@
-"""Gene alignment: one output gene space over files whose var names differ.
-
-`align_genes` decides the genes a source outputs from each file's var names
-and the source's `join` and `genes` options, and gives each file a *column
-map* (`grain_cells.io._column_maps.ColumnMap`): the output column of every column
-the file stores, -1 where that gene is not output. `column_maps.remap_csr` and
-`column_maps.gather_dense` apply the maps to rows right after they are read,
-so every later step (gathers, output formats) sees output columns only.
+"""Gene alignment: one output gene space and a `ColumnMap` per file.
 
 Design notes: docs/reference/design.md#io-genes.
 """
@@ -15,34 +8,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from grain_cells import errors
 from grain_cells.io import _frames
-from grain_cells.io._column_maps import ColumnMap
+from grain_cells.io._cells import ColumnMap
 from grain_cells.io._nodes import file_name
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 JOINS = ("exact", "inner", "outer")
 
 
 @dataclasses.dataclass(frozen=True)
 class GeneAlignment:
-    """The output genes of a source and each file's column map.
+    """The output genes of a source and each file's `ColumnMap` (None: as stored).
 
-    Attributes:
-        join: `"exact"`, `"inner"` or `"outer"`.
-        var_names: Output gene names, in output order.
-        num_aligned: Genes of the aligned space, before the `genes` selection.
-        maps: Per file, its `ColumnMap`, or None when its stored columns are
-            the output columns (nothing to do).
-        selected: Positions of the output genes in the aligned space, or None
-            when `genes` was not given.
-        genes_from: The var column genes are keyed by, or None for var names.
+    `num_aligned`: genes before the `genes` selection; `selected`: the output
+    genes' positions among them (None: all); `genes_from`: the key column.
     """
 
     join: str
@@ -58,11 +40,7 @@ class GeneAlignment:
         return any(m is not None and not m.increasing for m in self.maps)
 
     def describe(self) -> str:
-        """A stable summary for `repr`: join, output genes (hashed), key column.
-
-        The `"exact"` form is unchanged from sources without alignment, so
-        their reprs (and the checkpoints that compare them) stay valid.
-        """
+        """A stable summary for `repr` (checkpoints compare it): join, genes, key."""
         keyed = "" if self.genes_from is None else f", genes_from={self.genes_from!r}"
         if self.join == "exact":
             if self.selected is None:
@@ -79,15 +57,8 @@ class GeneAlignment:
 def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
-    `element`: the matrix whose var is read (`X`, `raw/X`, `layers/<name>`).
-
-    Raises:
-        errors.MissingColumnError: var has no column `genes_from`.
-        errors.UnsupportedLayoutError: The column holds floats, booleans or
-            other values that do not name genes.
-        errors.GeneMismatchError: Some genes have no key (missing values).
-        errors.AnnDataFormatError: The column cannot be read, or its length
-            is not var's.
+    Raises MissingColumnError, UnsupportedLayoutError (not strings or
+    integers), GeneMismatchError (missing keys) or AnnDataFormatError.
     """
     if genes_from is None:  # read-only, shared by files of one gene list
         return _frames.var_names(f, element)
@@ -96,16 +67,11 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     path = file_name(f)
     what = f"var column {genes_from!r}"
     values = pd.Series(_frames.read_var_column(f, element, genes_from))
-    dtype = values.dtype
+    dtype, kinds = values.dtype, pd.api.types
     if isinstance(dtype, pd.CategoricalDtype):
         dtype = dtype.categories.dtype
-    if not (
-        pd.api.types.is_string_dtype(dtype)
-        or (
-            pd.api.types.is_integer_dtype(dtype)
-            and not pd.api.types.is_bool_dtype(dtype)
-        )
-    ):
+    integers = kinds.is_integer_dtype(dtype) and not kinds.is_bool_dtype(dtype)
+    if not (kinds.is_string_dtype(dtype) or integers):
         raise errors.UnsupportedLayoutError(
             f"{path}: {what} holds {dtype} values; gene keys must be strings "
             "(or integers, such as Entrez ids). Pick a column of gene ids, such "
@@ -122,11 +88,7 @@ def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
 
 
 def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
-    """`keys`, or an equal array met before: files of one gene list share it.
-
-    `seen`: the arrays met so far, by digest (start with `{}`; the caller
-    keeps it over the files).
-    """
+    """`keys`, or an equal array met before (`seen`, by digest: start with `{}`)."""
     if seen.get(id(keys)) is keys:  # the very array (cached metadata): no hash
         return keys
     keys = np.ascontiguousarray(keys)
@@ -139,35 +101,13 @@ def shared_keys(keys: np.ndarray, seen: dict) -> np.ndarray:
 
 
 def align_genes(
-    paths: Sequence[str],
-    names: Sequence[np.ndarray],
-    join: str,
-    genes,
-    genes_from: str | None = None,
+    paths: Sequence[str], names: Sequence[np.ndarray], join: str, genes, genes_from=None
 ) -> GeneAlignment:
-    """Decides the output genes and each file's column map.
+    """The output genes and each file's map, from each file's gene keys.
 
-    Args:
-        paths: The files, for error messages.
-        names: Each file's gene keys (str arrays): var names, or the var
-            column `genes_from` (`read_gene_keys`).
-        join: `"exact"`, `"inner"` or `"outer"` (see the design notes).
-        genes: None for all aligned genes, or a selection within them: names
-            (output in this order), a boolean mask or integer positions over
-            the aligned genes.
-        genes_from: The var column `names` come from, or None (var names).
-
-    Returns:
-        The alignment.
-
-    Raises:
-        ValueError: `join` is unknown, or `genes` is malformed.
-        IndexError: A position in `genes` is outside the aligned genes.
-        errors.GeneMismatchError: With `"exact"`, var names differ between
-            files; with `"inner"` or `"outer"` (or any join with
-            `genes_from`), a file repeats a key, or (`"inner"`) no gene is in
-            every file.
-        errors.MissingColumnError: A gene named in `genes` is not aligned.
+    `genes`: None, names, a mask or positions over the aligned genes. Raises
+    ValueError or IndexError (bad `join` or `genes`), GeneMismatchError (files
+    differ, repeat keys or share none) or MissingColumnError.
     """
     if join not in JOINS:
         raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
@@ -212,24 +152,17 @@ def align_genes(
         for file_names in names:
             key = file_names.dtype.str.encode() + file_names.tobytes()
             if key not in by_names:  # files with the same genes share a map
-                by_names[key] = _file_map(index, file_names)
+                out = index.get_indexer(file_names).astype(np.int32)
+                same = out.size == len(index) and np.array_equal(out, range(out.size))
+                by_names[key] = None if same else ColumnMap.from_out(out)
             built.append(by_names[key])
         maps = tuple(built)
     return GeneAlignment(join, out_names, len(aligned), maps, selected, genes_from)
 
 
-def _file_map(index: pd.Index, file_names: np.ndarray) -> ColumnMap | None:
-    out = index.get_indexer(file_names).astype(np.int32)
-    if out.size == len(index) and np.array_equal(out, np.arange(out.size)):
-        return None
-    return ColumnMap.from_out(out)
-
-
 def _join(paths, names, join: str) -> np.ndarray:
     if join == "inner":
-        common = set(names[0].tolist())
-        for file_names in names[1:]:
-            common.intersection_update(file_names.tolist())
+        common = set(names[0].tolist()).intersection(*(n.tolist() for n in names[1:]))
         aligned = [g for g in names[0].tolist() if g in common]
         if not aligned:
             examples = "; ".join(
@@ -242,9 +175,7 @@ def _join(paths, names, join: str) -> np.ndarray:
                 "ids), or use join='outer'."
             )
         return np.asarray(aligned, dtype=str)
-    union = dict.fromkeys(names[0].tolist())
-    for file_names in names[1:]:
-        union.update(dict.fromkeys(file_names.tolist()))
+    union = dict.fromkeys(g for file_names in names for g in file_names.tolist())
     return np.asarray(list(union), dtype=str)
 
 
@@ -297,16 +228,13 @@ def _missing_genes_error(paths, names, join, missing) -> errors.MissingColumnErr
             f"{paths[0]}: {len(missing)} of the requested genes are not in var, "
             f"e.g. {missing[:5]}"
         )
-    nowhere = set(missing)
-    for file_names in names:
-        nowhere.difference_update(file_names.tolist())
+    nowhere = set(missing).difference(*(file_names.tolist() for file_names in names))
     if nowhere or join == "outer":
         absent = [g for g in missing if g in nowhere]
         return errors.MissingColumnError(
             f"{_files(paths)}: {len(absent)} of the requested genes are in no "
             f"file's var, e.g. {absent[:5]}"
         )
-    # Every missing gene is in some file, so some file lacks one.
     for path, file_names in zip(paths, names, strict=True):
         have = set(file_names.tolist())
         lacking = [g for g in missing if g not in have]

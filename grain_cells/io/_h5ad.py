@@ -1,14 +1,8 @@
-"""The AnnData schema on disk (any format): what is where, and is it sane.
+"""The AnnData schema on disk (any format): where the matrix is, and is it sane.
 
-This module locates the matrix to read (`X`, `layers/<name>` or
-`raw/X`; `raw.X` in files from anndata < 0.7), checks its encoding and storage
-cheaply, and reads metadata; opening files is `grain_cells.io._open`' job
-(re-exported here). Dataframes (var names, obs columns) are
-`grain_cells.io._frames`' job, storage a format could get wrong (HDF5:
-links, virtual datasets, missing filters) the format's
-(`Format.check_array`, `Format.element_problem`), and reading rows of the
-matrix `grain_cells.io._matrix`'s. `grain_cells.io._nodes` asks each node's
-format what it is, so every format's elements are checked the same way.
+Locates the matrix (`X`, `layers/<name>`, `raw/X`; `raw.X` before anndata
+0.7) and checks its encoding and storage from metadata; the format checks what
+only it can (`Format.check_array`, `Format.element_problem`).
 """
 
 from __future__ import annotations
@@ -18,42 +12,14 @@ import dataclasses
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.formats import value_dtype
+from grain_cells.formats import value_dtype as value_dtype
 from grain_cells.io import _nodes
-from grain_cells.io._frames import (
-    encoding_of,
-    n_rows,
-    obs_columns,
-    read_var_names,
-    var_group_name,
-)
+from grain_cells.io._frames import encoding_of, n_rows, var_group_name
+from grain_cells.io._frames import obs_columns as obs_columns
+from grain_cells.io._frames import read_var_names as read_var_names
 from grain_cells.io._nodes import file_name
-from grain_cells.io._obs_columns import (
-    ObsColumn,
-    obs_column_kind,
-    obs_column_kinds,
-    read_obs_column,
-)
-from grain_cells.io._open import check_anndata, open_file, resolve_paths
-
-__all__ = [
-    "CSR",
-    "DENSE",
-    "MatrixInfo",
-    "ObsColumn",
-    "available_matrices",
-    "check_anndata",
-    "inspect_matrix",
-    "matrix_element",
-    "obs_column_kind",
-    "obs_column_kinds",
-    "obs_columns",
-    "open_file",
-    "read_obs_column",
-    "read_var_names",
-    "resolve_paths",
-    "value_dtype",
-]
+from grain_cells.io._obs import read_obs_column as read_obs_column
+from grain_cells.io._open import resolve_paths as resolve_paths
 
 CSR = "csr_matrix"
 CSC = "csc_matrix"
@@ -61,11 +27,7 @@ DENSE = "array"
 
 
 def matrix_element(layer: str | None) -> str:
-    """The element path of the matrix to read for `layer`.
-
-    None for `X`, `"raw"` (or `"raw/X"`) for `raw/X`, any other name for
-    `layers/<name>`.
-    """
+    """The element of `layer`: `X` (None), `raw/X` (`"raw"`), or `layers/<name>`."""
     if layer is None or layer == "X":
         return "X"
     if layer in ("raw", "raw/X"):
@@ -77,19 +39,8 @@ def matrix_element(layer: str | None) -> str:
 class MatrixInfo:
     """Where a file's matrix lives and what it holds.
 
-    Attributes:
-        path: The file.
-        element: HDF5 path of the matrix (`X`, `layers/counts`, `raw/X`,
-            or `raw.X` in files from anndata < 0.7).
-        encoding: `"csr_matrix"` or `"array"` (dense).
-        n_obs: Rows (cells).
-        n_vars: Columns (genes).
-        dtype: dtype of the stored values (see `value_dtype` for the dtype
-            they are read into).
-        nnz: Stored values of a sparse matrix; None for dense.
-        chunk_bytes: For a compressed (filtered, chunked) matrix, the decoded
-            bytes of one chunk (of `data` plus one of `indices` for CSR);
-            None otherwise.
+    `encoding`: `CSR` or `DENSE`; `dtype`: stored values'; `nnz`: None if dense;
+    `chunk_bytes`: decoded bytes of a compressed chunk (CSR: data + indices).
     """
 
     path: str
@@ -110,50 +61,27 @@ class MatrixInfo:
         )
 
 
-_get = _nodes.get
-
-
-def _locate(f, element: str) -> str:
-    """The element to read: `raw.X` stands in for `raw/X` in anndata < 0.7."""
-    if element == "raw/X" and "raw" not in f and "raw.X" in f:
-        return "raw.X"
-    return element
-
-
-def _sparse_encoding(obj) -> tuple[str | None, object]:
-    """`(encoding, shape attribute)`; anndata < 0.7 wrote `h5sparse_*` attrs."""
-    enc = encoding_of(obj)
-    if enc is None and "h5sparse_format" in obj.attrs:
-        fmt = obj.attrs["h5sparse_format"]
-        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-        return {"csr": CSR, "csc": CSC}.get(fmt, fmt), obj.attrs.get("h5sparse_shape")
-    return enc, _nodes.attr(obj, "shape")
-
-
 def inspect_matrix(f, element: str) -> MatrixInfo:
-    """Locates and checks the matrix at `element`.
+    """Locates and checks the matrix at `element` from metadata and two `indptr` values.
 
-    Reads only attributes, shapes, storage properties and two `indptr` values.
-
-    Raises:
-        errors.MissingColumnError: There is no such element; the message lists
-            the matrices the file does have.
-        errors.UnsupportedLayoutError: The matrix is CSC (row reads would touch
-            every column), an encoding this reader does not handle, or
-            compressed with a filter that is not available.
-        errors.CorruptDataError: A virtual dataset's source is missing, or
-            `indptr`'s ends contradict `data`.
-        errors.AnnDataFormatError: The element contradicts the format, or a
-            link on its path is dangling.
+    Raises MissingColumnError (none: lists the file's matrices),
+    UnsupportedLayoutError (CSC, other encodings, missing filters),
+    CorruptDataError or AnnDataFormatError.
     """
     path = file_name(f)
-    element = _locate(f, element)
-    obj = _get(f, element)
+    if element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    obj = _nodes.get(f, element)
     if obj is None:
         problem = _nodes.element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
-        have = available_matrices(f)
+        have = ["X"] if "X" in f else []  # the file's matrices
+        if "layers" in f and _nodes.is_group(f["layers"]):
+            have += [f"layers/{k}" for k in sorted(f["layers"].keys())]
+        if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
+            have.append("raw/X")
+        have += ["raw.X"] if "raw.X" in f else []
         hint = ""
         if element == "X":
             hint = (
@@ -175,11 +103,10 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
-        _check_storage(path, obj)
+        _nodes.check_storage(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
-        info = MatrixInfo(
-            path, element, DENSE, n_obs, n_vars, obj.dtype, None, _chunk_bytes(obj)
-        )
+        chunk = _nodes.chunk_bytes(obj)
+        info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
     else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
 
@@ -198,7 +125,14 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
 
 
 def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
-    enc, shape = _sparse_encoding(obj)
+    enc, shape = encoding_of(obj), _nodes.attr(obj, "shape")
+    if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
+        fmt = obj.attrs["h5sparse_format"]
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        enc, shape = (
+            {"csr": CSR, "csc": CSC}.get(fmt, fmt),
+            obj.attrs.get("h5sparse_shape"),
+        )
     if enc == CSC:
         raise errors.UnsupportedLayoutError(
             f"{path}: {element} is stored as csc_matrix; row reads would touch "
@@ -211,7 +145,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element} is a group with encoding-type {enc!r}; expected "
             "'csr_matrix' (sparse) or a dense 2-D dataset"
         )
-    arrays = {name: _get(obj, name) for name in ("data", "indices", "indptr")}
+    arrays = {name: _nodes.get(obj, name) for name in ("data", "indices", "indptr")}
     for name, node in arrays.items():
         if not _nodes.is_array(node):
             problem = _nodes.element_problem(obj, f"{element}/{name}")
@@ -253,7 +187,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
         )
     for dataset in (indptr, indices, data):
-        _check_storage(path, dataset)
+        _nodes.check_storage(path, dataset)
     try:
         # Both ends in one read (the format's point selection).
         at = np.array([0, n_obs] if n_obs else [0], np.int64)
@@ -270,33 +204,6 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/indptr runs from {int(ends[0])} to "
             f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
         )
-    sizes = (_chunk_bytes(data), _chunk_bytes(indices))
+    sizes = (_nodes.chunk_bytes(data), _nodes.chunk_bytes(indices))
     chunk_bytes = None if None in sizes else sum(sizes)
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
-
-
-def _check_storage(path: str, dataset) -> None:
-    """The format's storage checks of an array (HDF5: links, filters)."""
-    _nodes.check_storage(path, dataset)
-
-
-def _chunk_bytes(dataset) -> int | None:
-    """Decoded bytes of one chunk of a compressed dataset; None otherwise.
-
-    A sharded array's chunk is its inner chunk (the unit decoded).
-    """
-    return _nodes.chunk_bytes(dataset)
-
-
-def available_matrices(f) -> list[str]:
-    """Matrix element paths present in the file (for error messages)."""
-    found = []
-    if "X" in f:
-        found.append("X")
-    if "layers" in f and _nodes.is_group(f["layers"]):
-        found += [f"layers/{k}" for k in sorted(f["layers"].keys())]
-    if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
-        found.append("raw/X")
-    if "raw.X" in f:
-        found.append("raw.X")
-    return found

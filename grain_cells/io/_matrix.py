@@ -1,10 +1,8 @@
-"""Reading row ranges of one file's matrix (CSR or dense) into reused buffers.
+"""Row ranges of one file's matrix (CSR or dense) read into reused buffers.
 
-`CsrReader.read` takes sorted, disjoint row ranges and fills a `RowBuffer`
-with their rows concatenated: first every range's `indptr` slice (one batched
-read), then the `data` and `indices` spans they point to (one batched read
-each). Stored values are checked on the way: `indptr` must not decrease and
-column indices must lie inside the matrix; a violation names the file and row.
+A CSR read is two phases: every range's `indptr` (one batched read), then the
+`data` and `indices` spans (one each). `indptr` must not decrease and columns
+must lie inside the matrix; a violation names the file and row.
 """
 
 from __future__ import annotations
@@ -16,16 +14,14 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.formats import wait_all
-from grain_cells.io._chunk_rows import scan_chunk_starts
-from grain_cells.io._fills import check_filled_indices
 from grain_cells.io._h5ad import CSR, MatrixInfo
 from grain_cells.io._nodes import range_reader
 
-# Decoded `indptr` chunks kept when `indptr` is compressed: every fetch reads
-# a few entries per block, which would otherwise decode a whole chunk each.
-# 64 MiB (the pointers of 8 million cells) per process, for all files
-# together (the `.h5ad` reader's one LRU; a file's chunks leave with it).
+# Decoded `indptr` chunks kept per process, all files together (compressed
+# `indptr`: a fetch reads a few entries per block).
 INDPTR_CACHE_BYTES = 64 << 20
+# `indptr` entries per read of `scan_chunk_starts` (8 MiB of int64).
+SCAN_ROWS = 1 << 20
 
 
 @dataclasses.dataclass
@@ -37,19 +33,10 @@ class CsrRows:
     indptr: np.ndarray
     n_vars: int
 
-    @property
-    def n_rows(self) -> int:
-        return self.indptr.shape[0] - 1
-
 
 @dataclasses.dataclass
 class CsrPlan:
-    """Row ranges of one file whose `indptr` has been read and checked.
-
-    `starts`/`lengths`: the merged ranges (local rows); `firsts`/`lasts`:
-    each range's span of `data`; `indptr`: the planned rows' int64 pointers
-    from 0.
-    """
+    """Merged ranges with checked `indptr`: `data` spans and int64 row pointers."""
 
     starts: np.ndarray
     lengths: np.ndarray
@@ -67,10 +54,7 @@ class CsrPlan:
 
 
 class RowBuffer:
-    """Growable arrays reused across reads, so steady state allocates nothing.
-
-    A buffer is not thread-safe: give each thread its own.
-    """
+    """Growable arrays reused across reads (one per thread: not thread-safe)."""
 
     def __init__(self):
         self._arrays: dict[str, np.ndarray] = {}
@@ -85,10 +69,6 @@ class RowBuffer:
             self._arrays[name] = arr
         return arr[:n].view(dtype).reshape(shape)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.size for a in self._arrays.values())
-
 
 class CsrReader:
     """Reads row ranges of one file's CSR matrix."""
@@ -101,12 +81,10 @@ class CsrReader:
         self._group = group
         self._fd = fd
         path = info.path
-        # A format may leave all-fill chunks unwritten: values all in column
-        # 0, or stored zeros, read as the fill value (checked: `_fills`).
+        # All-fill chunks may be unwritten (checked: `check_filled_indices`).
         self._data = range_reader(group["data"], path, fd, fill_missing="zero")
         self._indices = range_reader(group["indices"], path, fd, fill_missing="zero")
-        # Leading empty rows' pointers are all-zero chunks a format may
-        # leave unwritten; a missing chunk elsewhere is an error.
+        # Only leading empty rows' all-zero chunks may be unwritten.
         self._indptr = range_reader(
             group["indptr"],
             path,
@@ -118,11 +96,7 @@ class CsrReader:
 
     @classmethod
     def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> CsrReader:
-        """A reader over range readers made elsewhere (`arrays`' keys).
-
-        Used to reopen a file from its remembered byte layouts
-        (`grain_cells.io._layouts`): nothing is pinned again.
-        """
+        """A reader over range readers made elsewhere (a reopen from byte layouts)."""
         self = cls.__new__(cls)
         self.info, self._group, self._fd = info, None, fd
         self._data = arrays["data"]
@@ -148,11 +122,7 @@ class CsrReader:
     def plan(
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
     ) -> CsrPlan:
-        """Phase one of a read: reads and checks sorted, disjoint ranges' `indptr`.
-
-        `key` names `buf`'s scratch entry, distinct per live plan; a
-        decreasing or out-of-`data` `indptr` raises `CorruptDataError`.
-        """
+        """Phase one: reads and checks ranges' `indptr` (scratch: `buf[key]`)."""
         starts, stops = merge_touching(
             np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         )
@@ -163,8 +133,7 @@ class CsrReader:
         self._indptr.read(starts, stops + 1, ptr)
         ptr = ptr.astype(np.int64, copy=False)
         heads = np.cumsum(lengths + 1) - (lengths + 1)
-        firsts = ptr[heads]
-        lasts = ptr[heads + lengths]
+        firsts, lasts = ptr[heads], ptr[heads + lengths]
         self._check_indptr(ptr, heads, lengths, starts)
         spans = lasts - firsts
         # Row pointers relative to the values read: drop each range's head.
@@ -177,42 +146,39 @@ class CsrReader:
         return CsrPlan(starts, lengths, firsts, lasts, indptr)
 
     def read_values(
-        self,
-        plan: CsrPlan,
-        data: np.ndarray,
-        indices: np.ndarray,
-        pool=None,
-        check_indices: bool = True,
+        self, plan: CsrPlan, data, indices, pool=None, check_indices: bool = True
     ) -> None:
-        """Phase two: reads the planned rows' `plan.nnz` values (file dtypes).
-
-        With `check_indices`, a column outside `[0, n_vars)` raises
-        `CorruptDataError` naming the file and row.
-        """
+        """Phase two: reads the planned values (file dtypes), checks columns."""
         if plan.nnz and self._indices.remote:  # both datasets' GETs at once
             self._indices.advise(plan.firsts, plan.lasts)
         try:
-            # Compressed: both datasets' chunks decode in one wave of tasks
-            # (no idle threads between them); other reads finish in `read`.
+            # Compressed: both datasets' chunks decode in one wave of tasks.
             pending: list = []
             try:
                 self._data.read(plan.firsts, plan.lasts, data, pool, pending)
                 self._indices.read(plan.firsts, plan.lasts, indices, pool, pending)
             finally:
                 wait_all(pending)
-        except errors.CorruptChunkError as e:
-            raise self._with_cells(e) from None
+        except errors.CorruptChunkError as e:  # name the cells the chunk holds
+            try:
+                lo = self._row_of_value(e.rows[0])
+                hi = self._row_of_value(e.rows[1] - 1)
+            except errors.AnnDataFormatError:
+                raise e from None
+            raise errors.CorruptChunkError(
+                f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
+                f"{self.info.element}.",
+                path=e.path,
+                dataset=e.dataset,
+                byte_offset=e.byte_offset,
+                rows=(lo, hi + 1),
+            ) from None
         check_filled_indices(self._indices, plan, indices, self.info)
         if check_indices and plan.nnz:
             self._check_indices(plan, indices)
 
     def chunk_starts(self) -> np.ndarray:
-        """Local rows where a chunk of `data` begins (`[0]` if contiguous).
-
-        Row r belongs to the chunk that holds its first value. Scans
-        `indptr` a few chunks at a time (`_chunk_rows.scan_chunk_starts`:
-        bounded memory), through a reader that bypasses the fetches' cache.
-        """
+        """Local rows where a chunk of `data` begins (`[0]` if contiguous)."""
         length = self._data.chunk_length
         n = self.info.n_obs
         if length is None or n == 0:
@@ -224,23 +190,6 @@ class CsrReader:
         )
         return scan_chunk_starts(reader, n, length)
 
-    def _with_cells(self, e: errors.CorruptChunkError) -> errors.CorruptChunkError:
-        """The same error, naming the cells whose values the chunk holds."""
-        first, stop = e.rows
-        try:
-            lo = self._row_of_value(first)
-            hi = self._row_of_value(stop - 1)
-        except errors.AnnDataFormatError:
-            return e
-        return errors.CorruptChunkError(
-            f"{e} Those are values of cells (rows) [{lo}, {hi + 1}) of "
-            f"{self.info.element}.",
-            path=e.path,
-            dataset=e.dataset,
-            byte_offset=e.byte_offset,
-            rows=(lo, hi + 1),
-        )
-
     def _row_of_value(self, k: int) -> int:
         """The row whose values include value `k` (binary search on indptr)."""
         lo, hi = 0, self.info.n_obs  # indptr[lo] <= k < indptr[hi]
@@ -248,19 +197,13 @@ class CsrReader:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             self._indptr.read(np.array([mid]), np.array([mid + 1]), one)
-            if int(one[0]) <= k:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (mid, hi) if int(one[0]) <= k else (lo, mid)
         return lo
 
     def _check_indices(self, plan: CsrPlan, indices: np.ndarray) -> None:
         info = self.info
         # One pass: negative indices viewed as unsigned exceed any n_vars.
-        if indices.dtype.kind == "i":
-            unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-        else:
-            unsigned = indices
+        unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
         if int(unsigned.max()) < info.n_vars:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
@@ -276,31 +219,8 @@ class CsrReader:
             f"[0, {info.n_vars})"
         )
 
-    def read(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        buf: RowBuffer,
-        pool=None,
-        check_indices: bool = True,
-    ) -> CsrRows:
-        """Reads sorted, disjoint rows `[starts[i], stops[i])`, concatenated.
-
-        The views point into `buf`, valid until its next use. Raises
-        `CorruptDataError` (`plan`, `read_values`) naming the file and row.
-        """
-        plan = self.plan(starts, stops, buf)
-        data = buf.get("data", (plan.nnz,), self._data.dtype)
-        indices = buf.get("indices", (plan.nnz,), self._indices.dtype)
-        self.read_values(plan, data, indices, pool, check_indices)
-        return CsrRows(data, indices, plan.indptr, self.info.n_vars)
-
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
-        """Hints the OS to start reading these rows (sorted, disjoint).
-
-        Reads the ranges' `indptr` ends (cached: `indptr` is read ahead when
-        the file opens) and advises the `data` and `indices` spans.
-        """
+        """Hints the OS to read these rows' `data` and `indices` spans."""
         starts, stops = merge_touching(
             np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         )
@@ -335,27 +255,25 @@ class CsrReader:
 
 
 class DenseReader:
-    """Reads row ranges of one file's dense 2-D matrix."""
+    """Reads row ranges of one file's dense 2-D matrix (array `KEY` of `arrays`)."""
+
+    KEY = "x"
+    FILL = True  # an unwritten all-zero chunk reads as zeros (as anndata does)
 
     def __init__(self, dataset, info: MatrixInfo, fd):
-        """The array's range reader; `fd`: the file's `ByteReader` or None."""
         self.info = info
-        # A format may leave all-fill chunks unwritten: a dense block of
-        # zeros is legitimately missing (anndata reads it as zeros too).
-        self._x = range_reader(dataset, info.path, fd, fill_missing=True)
+        self._x = range_reader(dataset, info.path, fd, fill_missing=self.FILL)
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> DenseReader:
-        """A reader over a range reader made elsewhere (`arrays["x"]`)."""
-        del fd  # read through the range reader's own
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
+        """A reader over a range reader made elsewhere (`fd`: unused)."""
         self = cls.__new__(cls)
-        self.info, self._x = info, arrays["x"]
+        self.info, self._x = info, arrays[cls.KEY]
         return self
 
     @property
     def arrays(self) -> dict:
-        """The range reader, as `{"x": reader}` (`of_arrays` takes it back)."""
-        return {"x": self._x}
+        return {self.KEY: self._x}
 
     @property
     def direct(self) -> bool:
@@ -370,7 +288,6 @@ class DenseReader:
         return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
-        """Hints the OS to start reading these rows."""
         self._x.advise(starts, stops)
 
     def read(
@@ -383,3 +300,87 @@ class DenseReader:
         out = buf.get("dense", (n_rows, self.info.n_vars), self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
+
+
+def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
+    """Local rows where a chunk of values begins: sorted, unique, from row 0.
+
+    Row r belongs to the chunk holding its first value; `reader` reads
+    `indptr` (best uncached: the scan reads every chunk once).
+    """
+    n = int(n_rows)
+    ptr_chunk = reader.chunk_length or SCAN_ROWS
+    piece = max(1, SCAN_ROWS // ptr_chunk) * ptr_chunk
+    last = np.empty(1, reader.dtype)
+    reader.read(np.array([n]), np.array([n + 1]), last)
+    n_chunks = max(1, -(-int(last[0]) // values_per_chunk))
+    targets = np.arange(n_chunks, dtype=np.int64) * values_per_chunk
+    starts = np.full(n_chunks, n, np.int64)  # "no row reaches it" until found
+    buf = np.empty(min(piece, n), reader.dtype)
+    done = 0
+    for a in range(0, n, piece):
+        if done == n_chunks:
+            break
+        b = min(a + piece, n)
+        ptr = buf[: b - a]
+        reader.read(np.array([a]), np.array([b]), ptr)
+        ptr = ptr.astype(np.int64, copy=False)
+        # Targets up to this piece's last pointer are passed inside it.
+        upto = int(np.searchsorted(targets, ptr[-1], side="right"))
+        if upto > done:
+            found = np.searchsorted(ptr, targets[done:upto], side="left")
+            starts[done:upto] = a + found
+            done = upto
+    starts = np.unique(starts)
+    # A last chunk that holds only the tail of the last row starts none.
+    return starts[starts < n]
+
+
+def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
+    """Raises if a row holds a never-written chunk's column 0 twice: a lost chunk.
+
+    See docs/reference/design.md ("Missing chunks").
+    """
+    filled = getattr(reader, "filled_ranges", None)
+    ranges = filled() if filled is not None and plan.nnz else []
+    if not ranges:
+        return
+    spans = plan.lasts - plan.firsts
+    offsets = np.cumsum(spans) - spans  # where each range's values begin
+    from_fill = np.zeros(plan.nnz, bool)
+    for a, b, _ in ranges:
+        lo = np.maximum(plan.firsts, a) - plan.firsts + offsets
+        hi = np.minimum(plan.lasts, b) - plan.firsts + offsets
+        for x, y in zip(lo.tolist(), hi.tolist(), strict=True):
+            if y > x:
+                from_fill[x:y] = True
+    ptr = plan.indptr
+
+    def per_row(mask):
+        total = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        return total[ptr[1:]] - total[ptr[:-1]]
+
+    zeros = per_row(indices == 0)
+    bad = np.flatnonzero((per_row(from_fill) > 0) & (zeros > 1))
+    if bad.size == 0:
+        return
+    r = int(bad[0])
+    lengths = plan.lengths
+    at = int(np.searchsorted(np.cumsum(lengths), r, side="right"))
+    row = int(plan.starts[at] + r - (np.cumsum(lengths)[at] - lengths[at]))
+    p = int(ptr[r] + np.flatnonzero(from_fill[ptr[r] : ptr[r + 1]])[0])
+    i = int(np.searchsorted(offsets, p, side="right")) - 1
+    value = int(plan.firsts[i] + p - offsets[i])
+    a, b, key = next(x for x in ranges if x[0] <= value < x[1])
+    raise errors.CorruptChunkError(
+        f"{info.path}: {info.element}/indices chunk key {key!r} was never "
+        f"written, so it reads as the fill value (column 0) for values "
+        f"[{a}, {b}); but then row {row} stores column 0 {int(zeros[r])} "
+        "times, which anndata never writes. The chunk was lost (an "
+        "interrupted write or copy): the store is damaged; rewrite or "
+        "re-copy it.",
+        path=info.path,
+        dataset=f"/{info.element}/indices",
+        rows=(row, row + 1),
+        chunk_key=key,
+    )

@@ -1,13 +1,11 @@
-"""obs columns over the files of a source: one code space and one dtype each.
+"""obs columns: one file's as codes and labels or values; one code space over files.
 
-**Categorical** columns (and string and boolean ones, which `grain_cells.io._h5ad`
-factorises) get one category list over all files: the first file's categories
-in order, then each later file's new ones in order of first appearance. Each
-file's codes are remapped into that list when the file opens, so a label has
-the same code in every file, whatever order each file lists its categories
-in. Code -1 means missing, as in pandas.
-
-Design notes: docs/reference/design.md#io-obs.
+A column is read as `anndata.read_h5ad` would, through the format alone for
+numeric arrays and string categoricals (Grain workers need not import anndata
+or pandas). Categorical (and string and boolean) columns get one category list
+over all files: the first file's categories, then each later file's new ones in
+order of first appearance; each file's codes are remapped when it opens. Code
+-1 means missing, as in pandas. Design notes: docs/reference/design.md#io-obs.
 """
 
 from __future__ import annotations
@@ -18,64 +16,209 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.io._h5ad import ObsColumn, obs_column_kinds, read_obs_column
+from grain_cells.io import _nodes
+from grain_cells.io._frames import (
+    encoding_of,
+    frame_columns,
+    is_legacy_frame,
+    legacy_column,
+    legacy_table,
+    n_rows,
+    obs_columns,
+    read_column,
+)
+from grain_cells.io._nodes import file_name
 
 OBS_MISSING = ("error", "fill")
 
 
 @dataclasses.dataclass(frozen=True)
-class ColumnKind:
-    """What one file stores for one obs column (its values are not kept).
+class ObsColumn:
+    """Codes (-1: missing) and `categories`, or numbers (nullable ints: float64)."""
 
-    Attributes:
-        categories: Category labels of a categorical column, None if numeric.
-        dtype: dtype of the stored values (codes for categorical columns).
+    values: np.ndarray
+    categories: np.ndarray | None
+
+
+def read_obs_column(f, name: str) -> ObsColumn:
+    """Reads one obs column as `anndata.read_h5ad` would, as codes or values.
+
+    Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
+    path, group = file_name(f), f["obs"]
+    legacy = is_legacy_frame(group)
+    column = None
+    if not legacy and name in obs_columns(f) and not name.startswith("__"):
+        column = _plain_column(_nodes.checked(group[name], path))
+    if column is None:
+        column = _to_column(path, name, read_obs_values(f, name))
+    shape = column.values.shape
+    if len(shape) != 1:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has shape {shape}; expected one value "
+            "per cell (1-D)"
+        )
+    rows = n_rows(group)
+    if rows is not None and shape[0] != rows:
+        raise errors.AnnDataFormatError(
+            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
+            f"has {rows} cells"
+        )
+    return column
+
+
+def read_obs_values(f, name: str):
+    """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values)."""
+    path, group, have = file_name(f), f["obs"], obs_columns(f)
+    if name not in have or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: obs has no column {name!r}; it has {have}"
+        )
+    if is_legacy_frame(group):
+        return legacy_column(f, legacy_table(path, group), name)
+    _nodes.checked(group[name], path)
+    return read_column(path, group, name)
+
+
+def obs_column_kinds(
+    f, names, have: list[str] | None = None, nodes: dict | None = None
+) -> dict:
+    """Per column `(categories, dtype)` from metadata alone, None where it must read.
+
+    Reads a categorical's categories, never its codes (checked at their first
+    read). `have`: `obs_columns(f)` if known; `nodes`: filled with each plain
+    column's values array (a categorical's codes).
+    """
+    group, path = _nodes.at(f, "obs"), file_name(f)
+    if have is None:
+        have = frame_columns(group)
+    legacy = is_legacy_frame(group)
+    rows = None if legacy else n_rows(group)
+    out = {}
+    for name in names:
+        if name not in have or name.startswith("__"):
+            raise errors.MissingColumnError(
+                f"{path}: obs has no column {name!r}; it has {have}"
+            )
+        kind = None
+        if not legacy:
+            kind = _plain_kind(_nodes.checked(_nodes.at(group, name), path))
+        if kind is not None:
+            categories, dtype, length, values = kind
+            if nodes is not None:
+                nodes[name] = values
+            if rows is not None and length != rows:
+                raise errors.AnnDataFormatError(
+                    f"{path}: obs column {name!r} has {length} values; obs's "
+                    f"index has {rows} cells"
+                )
+            kind = categories, dtype
+        out[name] = kind
+    return out
+
+
+def _plain_kind(elem):
+    """`(categories, dtype, length, values array)` of a plain column, else None."""
+    encoding = encoding_of(elem)
+    if encoding == "array" and _nodes.is_array(elem):
+        if elem.ndim != 1 or elem.dtype.kind not in "iuf":
+            return None
+        return None, np.dtype(elem.dtype).newbyteorder("="), elem.shape[0], elem
+    if encoding != "categorical" or not _nodes.is_group(elem):
+        return None
+    codes, categories = _nodes.get(elem, "codes"), _nodes.get(elem, "categories")
+    if not (
+        _nodes.is_array(codes)
+        and _nodes.is_array(categories)
+        and len(codes.shape) == 1
+        and len(categories.shape) == 1
+        and codes.dtype.kind in "iu"
+        and _nodes.is_string_array(categories)
+    ):
+        return None
+    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0], codes
+
+
+def _plain_column(elem) -> ObsColumn | None:
+    """A numeric array or string categorical read by its format alone, else None.
+
+    Equal to `_to_column` of `anndata.io.read_elem`'s result (a test compares).
+    """
+    kind = _plain_kind(elem)
+    if kind is None:
+        return None
+    labels, dtype, _, array = kind
+    if labels is None:
+        return ObsColumn(np.asarray(array[...]).astype(dtype, copy=False), None)
+    values = np.asarray(array[...])
+    if values.size and (values.max() >= labels.size or values.min() < -1):
+        return None  # let anndata's reader report it
+    return ObsColumn(values, labels)
+
+
+def _to_column(path: str, name: str, values) -> ObsColumn:
+    import pandas as pd
+
+    if isinstance(values, pd.Series):
+        values = values.array
+    if isinstance(values, pd.Categorical):
+        codes = np.asarray(values.codes)
+        return ObsColumn(codes, np.asarray(values.categories))
+    if isinstance(values, pd.api.extensions.ExtensionArray):
+        dtype = values.dtype
+        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+            return _factorize(values)
+        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
+            return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
+        raise errors.UnsupportedLayoutError(
+            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
+            "string, boolean or numeric"
+        )
+    arr = np.asarray(values)
+    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
+        return _factorize(arr)
+    if arr.dtype.kind in "iuf":
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        return ObsColumn(arr, None)
+    raise errors.UnsupportedLayoutError(
+        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
+        "categorical, string, boolean or numeric"
+    )
+
+
+def _factorize(values) -> ObsColumn:
+    import pandas as pd
+
+    codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
+    return ObsColumn(codes.astype(np.int32), np.asarray(uniques))
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnKind:
+    """One file's column: its categories (None: numeric) and stored dtype."""
 
     categories: np.ndarray | None
     dtype: np.dtype
 
     @classmethod
-    def of(cls, column: ObsColumn) -> ColumnKind:
-        """The kind of a column read by `h5ad.read_obs_column`."""
-        return cls(column.categories, column.values.dtype)
-
-    @classmethod
-    def read(
-        cls,
-        f,
-        names: Sequence[str],
-        have: list[str] | None = None,
-        nodes: dict | None = None,
-    ) -> dict[str, ColumnKind]:
-        """The kinds of obs columns `names` of open file `f`, from metadata.
-
-        Reads only a categorical column's categories where the encoding
-        says the rest (`h5ad.obs_column_kinds`), otherwise the whole column.
-        Codes outside the categories are then refused at the first read of
-        the codes, not here. `have`: `obs_columns(f)`, when the caller has it;
-        `nodes`: filled as `obs_column_kinds` fills it.
-        """
+    def read(cls, f, names, have=None, nodes=None) -> dict[str, ColumnKind]:
+        """`obs_column_kinds`, reading the columns whose metadata cannot tell."""
         kinds = obs_column_kinds(f, names, have, nodes)
-        return {
-            c: cls.of(read_obs_column(f, c)) if k is None else cls(*k)
-            for c, k in kinds.items()
-        }
+        out = {}
+        for c, k in kinds.items():
+            if k is None:
+                column = read_obs_column(f, c)
+                k = column.categories, column.values.dtype
+            out[c] = cls(*k)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
 class HarmonisedColumn:
-    """One obs column, harmonised over the files of a source.
+    """One obs column over the files: shared `categories` or `dtype`, and per file.
 
-    Attributes:
-        name: The column.
-        categories: The shared category labels, or None for numeric columns.
-        dtype: For numeric columns, the dtype every file's values are cast
-            to; None for categorical ones.
-        code_maps: Per file, the shared code of each of its codes, or None
-            when its codes are already the shared ones (or it lacks the
-            column).
-        present: Per file, whether it has the column.
+    `code_maps[i]`: shared code of each of file i's codes (None: the same).
     """
 
     name: str
@@ -85,11 +228,7 @@ class HarmonisedColumn:
     present: tuple[bool, ...]
 
     def file_values(self, i: int, column: ObsColumn | None, n_obs: int) -> np.ndarray:
-        """File `i`'s values (one per cell) in the shared codes or dtype.
-
-        For a file that lacks the column (`column` None), a read-only
-        broadcast of the missing value (no memory).
-        """
+        """File `i`'s values in the shared codes or dtype (no column: missing)."""
         if column is None:
             if self.categories is None:
                 fill = np.array(np.nan, self.dtype)
@@ -114,20 +253,8 @@ def harmonise(
 ) -> dict[str, HarmonisedColumn]:
     """One category list (or dtype) per column over all files.
 
-    Args:
-        paths: The files, for error messages.
-        names: The obs columns.
-        kinds: Per file, each column's kind, or None where the file lacks it.
-        obs_missing: `"error"` or `"fill"`; with `"error"`, files that lack a
-            column must have been refused before.
-
-    Returns:
-        Column name to its harmonised description.
-
-    Raises:
-        errors.MissingColumnError: No file has a column.
-        errors.AnnDataFormatError: A column is categorical in some files and
-            numeric in others.
+    `kinds`: per file, each column's kind or None. Raises MissingColumnError
+    (in no file) or AnnDataFormatError (categorical here, numeric there).
     """
     out = {}
     for c in names:
@@ -157,40 +284,21 @@ def harmonise(
             continue
         # Files mostly repeat a few category lists (often the very same
         # array): each distinct list is merged and mapped once.
-        labels, slot_of = _distinct_lists(per_file)
-        merged: list = []
-        seen: dict = {}
-        for t in labels:  # in order of first appearance, as file by file
-            for v in t:
-                if v not in seen:
-                    seen[v] = len(merged)
-                    merged.append(v)
-        slot_maps = []
-        for t in labels:
-            m = np.array([seen[v] for v in t], np.int64)
-            slot_maps.append(None if np.array_equal(m, np.arange(m.size)) else m)
+        slots: dict = {}  # each distinct list (a tuple) -> its position
+        by_id: dict = {}  # id(categories) -> (categories, position)
+        slot_of: list = []  # each file's list's position (None: no column)
+        for k in per_file:
+            a = None if k is None else k.categories
+            hit = by_id.get(id(a))
+            if a is not None and (hit is None or hit[0] is not a):
+                slot = slots.setdefault(tuple(a.tolist()), len(slots))
+                hit = by_id[id(a)] = (a, slot)
+            slot_of.append(None if a is None else hit[1])
+        labels = list(slots)
+        merged = list(dict.fromkeys(v for t in labels for v in t))  # first seen
+        seen = {v: i for i, v in enumerate(merged)}
+        slot_maps = [np.array([seen[v] for v in t], np.int64) for t in labels]
+        slot_maps = [None if np.array_equal(m, range(m.size)) else m for m in slot_maps]
         maps = [None if i is None else slot_maps[i] for i in slot_of]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
-
-
-def _distinct_lists(per_file) -> tuple[list[tuple], list[int | None]]:
-    """The distinct category lists (as tuples) and each file's, by position."""
-    labels: list[tuple] = []
-    slots: dict = {}  # list -> its position in `labels`
-    by_id: dict = {}  # id(categories) -> (categories, position)
-    slot_of: list[int | None] = []
-    for k in per_file:
-        if k is None:
-            slot_of.append(None)
-            continue
-        a = k.categories
-        hit = by_id.get(id(a))
-        if hit is None or hit[0] is not a:
-            t = tuple(a.tolist())
-            slot = slots.setdefault(t, len(labels))
-            if slot == len(labels):
-                labels.append(t)
-            hit = by_id[id(a)] = (a, slot)
-        slot_of.append(hit[1])
-    return labels, slot_of

@@ -1,12 +1,4 @@
-"""`obsm` arrays as matrices of a file set: located, checked, read by row ranges.
-
-An `obsm` array (`obsm/X_pca`, `[n_obs, k]`) is read like a dense matrix of
-`k` columns: `inspect_element` describes it as a `MatrixInfo` (element
-`obsm/<name>`, encoding `array`) and `element_reader` returns the reader of
-its row ranges, so `grain_cells.io._file_set.OpenFiles` and
-`grain_cells.io._range_reads.fetch_ranges` read it with their batched,
-identity-checked reads (one call per file and fetch). Any other element goes
-to `h5ad.inspect_matrix`.
+"""`obsm` arrays (`obsm/<name>`, `[n_obs, k]`) read as dense matrices of k columns.
 
 Design notes: docs/reference/design.md#io-obsm.
 """
@@ -26,60 +18,39 @@ OBSM = "obsm/"
 
 
 def obsm_element(name: str) -> str:
-    """The element path of `obsm` key `name` (`obsm/<name>`)."""
     return OBSM + name
 
 
-def _keys(obsm) -> list[str]:
-    """Keys of an `obsm` group or compound dataset (for messages)."""
-    if _nodes.is_array(obsm):
-        return list(obsm.dtype.names or ())
-    return sorted(obsm.keys())
-
-
-def _field_shape(path: str, name: str, ds) -> tuple[int, np.dtype]:
-    """Width and stored dtype of field `name` of a compound `obsm` dataset."""
-    sub, _ = ds.dtype.fields[name]
-    shape = sub.shape
-    if ds.ndim != 1 or len(shape) > 1 or sub.base.kind not in "biuf":
-        raise errors.AnnDataFormatError(
-            f"{path}: obsm is a compound dataset (anndata < 0.7) whose field "
-            f"{name!r} holds {sub.base} values of shape {shape} per cell "
-            f"(dataset shape {ds.shape}); expected one row per cell of numbers "
-            "(shape () or (k,)). Rewrite the file with a current anndata "
-            "(`anndata.read_h5ad(path).write_h5ad(new_path)`) and read that."
-        )
-    return (int(shape[0]) if shape else 1), sub.base
-
-
 def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
-    """Locates and checks the `obsm` array at `element` (`obsm/<name>`).
+    """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
 
-    Reads only attributes, shapes and dtypes.
-
-    Raises:
-        errors.MissingColumnError: `obsm` has no such key; the message lists
-            the keys it has.
-        errors.AnnDataFormatError: The array is not a dense 2-D numeric array
-            with one row per cell (a dataframe, a sparse matrix, 1-D).
-        errors.UnsupportedLayoutError: Its HDF5 filter is not available.
+    Raises MissingColumnError (no such key), AnnDataFormatError (not a dense
+    2-D numeric array of one row per cell) or UnsupportedLayoutError.
     """
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
-    legacy = _nodes.is_array(obsm)
-    present = obsm is not None and (
-        name in (obsm.dtype.names or ()) if legacy else name in obsm
-    )
-    if not present:
-        have = [] if obsm is None else _keys(obsm)
+    legacy = _nodes.is_array(obsm)  # a compound dataset (anndata < 0.7)
+    have = [] if obsm is None else list(obsm.dtype.names or ()) if legacy else obsm
+    if name not in have:
+        have = have if legacy or obsm is None else sorted(obsm.keys())
         raise errors.MissingColumnError(
             f"{path}: obsm has no array {name!r}; it has {have}"
         )
     obs_rows = n_rows(f["obs"])
     if legacy:
-        width, dtype = _field_shape(path, name, obsm)
-        n_obs = int(obsm.shape[0])
+        sub, _ = obsm.dtype.fields[name]
+        shape, dtype, n_obs = sub.shape, sub.base, int(obsm.shape[0])
+        if obsm.ndim != 1 or len(shape) > 1 or dtype.kind not in "biuf":
+            raise errors.AnnDataFormatError(
+                f"{path}: obsm is a compound dataset (anndata < 0.7) whose field "
+                f"{name!r} holds {dtype} values of shape {shape} per cell "
+                f"(dataset shape {obsm.shape}); expected one row per cell of "
+                "numbers (shape () or (k,)). Rewrite the file with a current "
+                "anndata (`anndata.read_h5ad(path).write_h5ad(new_path)`) and "
+                "read that."
+            )
+        width = int(shape[0]) if shape else 1
         _nodes.check_storage(path, obsm)
     else:
         ds = obsm[name]
@@ -111,60 +82,23 @@ def inspect_element(f, element: str) -> _h5ad.MatrixInfo:
     return _h5ad.inspect_matrix(f, element)
 
 
-class FieldReader:
-    """Reads row ranges of one field of a compound (anndata < 0.7) `obsm`.
+class FieldReader(DenseReader):
+    """Reads row ranges of one field of a compound (anndata < 0.7) `obsm`."""
 
-    Every range is read as whole records (one batched read per call, see
-    `RangeReader`), then the field is copied out in its value dtype.
-    """
-
-    def __init__(self, dataset, info: _h5ad.MatrixInfo, fd):
-        self.info = info
-        self._field = info.element[len(OBSM) :]
-        self._records = _nodes.range_reader(dataset, info.path, fd)
-        self.dtype = value_dtype(info.dtype)
-
-    @classmethod
-    def of_arrays(cls, info: _h5ad.MatrixInfo, arrays: dict, fd) -> FieldReader:
-        """A reader over a range reader made elsewhere (`arrays["records"]`)."""
-        del fd  # read through the range reader's own
-        self = cls.__new__(cls)
-        self.info, self._field = info, info.element[len(OBSM) :]
-        self._records, self.dtype = arrays["records"], value_dtype(info.dtype)
-        return self
-
-    @property
-    def arrays(self) -> dict:
-        """The range reader, as `{"records": reader}`."""
-        return {"records": self._records}
-
-    @property
-    def direct(self) -> bool:
-        """Whether records are read without the format's library."""
-        return self._records.direct
-
-    def chunk_starts(self) -> np.ndarray:
-        """Local rows where a chunk of records begins (`[0]` when contiguous)."""
-        length = self._records.chunk_length
-        if length is None:
-            return np.zeros(1, np.int64)
-        return np.arange(0, max(self.info.n_obs, 1), length, dtype=np.int64)
-
-    def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
-        """Hints the OS to start reading these rows."""
-        self._records.advise(starts, stops)
+    KEY = "records"
+    FILL = False
 
     def read(
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
-        """Reads rows `[starts[i], stops[i])` into a `(rows, k)` view of `buf`."""
+        """Reads whole records, then copies the field out in its value dtype."""
         starts = np.asarray(starts, np.int64)
         stops = np.asarray(stops, np.int64)
         n = int((stops - starts).sum())
-        records = buf.get("records", (n,), self._records.dtype)
-        self._records.read(starts, stops, records, pool)
-        out = buf.get("dense", (n, self.info.n_vars), self.dtype)
-        out[...] = records[self._field].reshape(n, self.info.n_vars)
+        records = buf.get("records", (n,), self._x.dtype)
+        self._x.read(starts, stops, records, pool)
+        out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
+        out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)
         return out
 
 
@@ -178,13 +112,3 @@ def element_reader(
     if info.encoding == _h5ad.CSR:
         return CsrReader(element, info, fd)
     return DenseReader(element, info, fd)
-
-
-__all__ = [
-    "OBSM",
-    "FieldReader",
-    "element_reader",
-    "inspect_element",
-    "inspect_obsm",
-    "obsm_element",
-]

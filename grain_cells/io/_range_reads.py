@@ -1,13 +1,8 @@
 """Reads of global row ranges over a file set: the data path's only reads.
 
-`fetch_ranges` is the lowest level: ranges are grouped by file and sorted,
-read with one batched call per file and dataset (positional reads, on the
-read threads for large batches), aligned to the output columns and returned
-in *file order* as views into a reused buffer, with each row's obs values.
-`read_ranges` and `read_rows` build on it and return fresh `Cells` in the
-order asked; `advise` asks the OS to prefetch ranges into the page cache.
-
-Design notes: docs/reference/design.md#io-range-reads.
+`fetch_ranges` returns rows in file order as views into a reused buffer, in
+output columns; `read_ranges`/`read_rows` return fresh `Cells` in the order
+asked; `advise` hints the OS. Design notes: docs/reference/design.md#io-range-reads.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ import numpy as np
 
 from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _direct_csr, _h5ad
-from grain_cells.io._cells import Cells, take_csr
-from grain_cells.io._column_maps import gather_dense, remap_csr
+from grain_cells.io._cells import Cells, gather_dense, remap_csr, take_csr
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 
@@ -30,17 +24,7 @@ HINT_FILES = 32
 
 @dataclasses.dataclass
 class FetchedRows:
-    """Rows of several ranges read into a reused buffer (unordered).
-
-    Views stay valid until the same thread reads again. The rows are in
-    output columns: genes aligned over files and the gene selection applied.
-
-    Attributes:
-        csr: The rows when the files are sparse, else None.
-        dense: The rows when the files are dense, else None.
-        row_ids: Global row id of each buffered row.
-        obs: obs column name to one value per buffered row.
-    """
+    """Rows in output columns, views into a buffer valid until the next read."""
 
     csr: CsrRows | None
     dense: np.ndarray | None
@@ -59,18 +43,14 @@ def fetch_ranges(
 ) -> FetchedRows:
     """Reads global row ranges into a reused buffer, in file order.
 
-    See `AnnDataSource.fetch_ranges`.
-
-    Raises:
-        IndexError: A range is outside the files or straddles two files.
-        ValueError: Ranges overlap.
+    See `AnnDataSource.fetch_ranges` (IndexError, ValueError: bad ranges).
     """
     files_ = handles.files
     starts = np.asarray(starts, np.int64).reshape(-1)
     stops = np.asarray(stops, np.int64).reshape(-1)
     order = np.argsort(starts, kind="stable")
     starts, stops = starts[order], stops[order]
-    check_ranges(starts, stops, cell_offsets, files_.paths)
+    _check_ranges(starts, stops, cell_offsets, files_.paths)
     files = np.searchsorted(cell_offsets, starts, side="right") - 1
     buf = buffer if buffer is not None else handles.buffer()
     pool = handles.thread_pool()
@@ -87,67 +67,33 @@ def fetch_ranges(
     else:  # nothing asked: an empty read of the first file
         file_of, bounds, group = [0], [0, 0], np.zeros(0, np.int64)
     at = cell_offsets[files]
-    local_starts, local_stops = starts - at, stops - at
+    starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
-        with (
-            handles.pinned_flats(file_of) as direct,
-            handles.counting_reads(),
-        ):
+        with handles.pinned_flats(file_of) as direct, handles.counting_reads():
             if direct is not None:
                 flats, fds, file_obs = direct
-                obs = _obs_for(names, file_obs, group, local_starts, local_stops)
+                obs = _obs_for(names, file_obs, group, starts, stops)
                 got = _direct_csr.read(
-                    flats,
-                    fds,
-                    group,
-                    local_starts,
-                    local_stops,
-                    buf,
-                    pool,
-                    check_indices,
+                    flats, fds, group, starts, stops, buf, pool, check_indices
                 )
-                if got is not None:
-                    return _csr_rows(files_, file_of, buf, row_ids, obs, *got)
-    # File by file (or again so, to name what the direct read found wrong).
-    # The files stay open (pinned) until every read of them is done.
+                if got is not None:  # in output columns
+                    *csr, per_file = got
+                    ends = np.cumsum(per_file).tolist()
+                    maps = [files_.genes.maps[i] for i in file_of]
+                    spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
+                    csr = remap_csr(*csr, spans, buf)
+                    csr = CsrRows(*csr, files_.num_genes)
+                    return FetchedRows(csr, None, row_ids, obs)
+    # File by file (or again, to name what the direct read found wrong).
     with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
-        obs = _obs_for(names, [f.obs for f in opened], group, local_starts, local_stops)
+        obs = _obs_for(names, [f.obs for f in opened], group, starts, stops)
         # Readers of files reopened from byte layouts are built only here.
         readers = [f.reader for f in opened]
-        local = [
-            (local_starts[a:b], local_stops[a:b]) for a, b in itertools.pairwise(bounds)
-        ]
+        local = [(starts[a:b], stops[a:b]) for a, b in itertools.pairwise(bounds)]
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
-
-
-def _flats(opened) -> list | None:
-    """Each file's `_direct_csr.Flat` if all have one, of one dtype; else None."""
-    out = []
-    for f in opened:
-        flat = f.flat
-        if flat is False:
-            flat = f.flat = _direct_csr.flat_of(f.reader, f.fd)
-        if flat is None:
-            return None
-        out.append(flat)
-    if len({f.dtypes for f in out}) != 1:
-        return None
-    return out
-
-
-def _csr_rows(files_, file_of, buf, row_ids, obs, data, indices, indptr, per_file):
-    """`FetchedRows` of `_direct_csr.read`'s rows, in output columns."""
-    maps = [files_.genes.maps[i] for i in file_of]
-    if any(m is not None for m in maps):
-        ends = np.cumsum(per_file).tolist()
-        starts = [0, *ends[:-1]]
-        spans = list(zip(starts, ends, maps, strict=True))
-        data, indices, indptr = remap_csr(data, indices, indptr, spans, buf)
-    csr = CsrRows(data, indices, indptr, files_.num_genes)
-    return FetchedRows(csr, None, row_ids, obs)
 
 
 def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices):
@@ -208,13 +154,8 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
     return FetchedRows(csr, None, row_ids, obs)
 
 
-def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
-    """Checks sorted ranges: inside the files, disjoint, each within one file.
-
-    Raises:
-        IndexError: A range is out of range or straddles two files.
-        ValueError: Ranges overlap.
-    """
+def _check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
+    """Sorted ranges must lie in one file each (IndexError), disjoint (ValueError)."""
     n = int(cell_offsets[-1])
     if starts.size and (starts.min() < 0 or stops.max() > n or (stops < starts).any()):
         bad = int(np.flatnonzero((starts < 0) | (stops > n) | (stops < starts))[0])
@@ -235,13 +176,10 @@ def check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
 
 
 def _obs_for(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
-    """Each obs column's value for every fetched row, ranges in file order.
+    """Each obs column's value for every fetched row (range j: file `group[j]`).
 
-    `file_obs[k]`: the k-th fetched file's obs values by column; range `j`
-    is rows `[starts[j], stops[j])` of file `group[j]` (local rows). Many
-    files with a range or two each: one slice per range and column, joined
-    once (a gather per file and column cost 4x as much at 63 files of a
-    fetch); few files with many ranges: one gather per file and column.
+    A range or two per file: one slice per range (4x cheaper at 63 files than
+    a gather per file); many ranges per file: one gather per file and column.
     """
     if not names:
         return {}
@@ -273,7 +211,7 @@ def read_ranges(
         handles, cell_offsets, starts, stops, check_indices=check_indices
     )
     wanted = expand_ranges(starts, stops - starts)
-    return take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
+    return _take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
 
 
 def read_rows(
@@ -281,12 +219,7 @@ def read_rows(
 ) -> Cells:
     """Rows by global id as fresh `Cells`, in the order given (repeats allowed).
 
-    Rows are coalesced into runs of consecutive ids within a file and read
-    with `fetch_ranges`, then gathered into the order asked.
-
-    Raises:
-        TypeError: `rows` are not integers.
-        IndexError: A row is outside the files.
+    Raises TypeError (not integers) or IndexError (outside the files).
     """
     rows = np.asarray(rows).reshape(-1)
     if rows.size == 0:
@@ -305,10 +238,10 @@ def read_rows(
     fetched = fetch_ranges(
         handles, cell_offsets, run_starts, run_stops, check_indices=check_indices
     )
-    return take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
+    return _take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
 
 
-def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
+def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
     """Fetched rows at `positions` as fresh `Cells` of the files' dtype."""
     files = handles.files
     obs = {c: v[positions] for c, v in fetched.obs.items()}
@@ -331,14 +264,8 @@ def take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cel
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     """Asks the OS to start reading ranges into the page cache (may raise).
 
-    Only files open in this process or whose byte layouts it holds are
-    hinted: a hint never opens a file through its format (an HDF5 open
-    costs more than the hint saves). CSR files whose pieces are known are
-    hinted all at once over bare descriptors (`OpenFiles.hint_flats`,
-    `_direct_csr.advise`), others file by file (`OpenFiles.for_hints`).
-    Nothing is hinted while recent reads found (nearly) every piece in the
-    page cache (`OpenFiles.cache_warm`): a hint would cost a descriptor and
-    a system call per piece, and save nothing.
+    Hints only files open or with known byte layouts (never opens one through
+    its format), and nothing while recent reads found the page cache warm.
     """
     if handles.cache_warm:
         return
@@ -360,67 +287,40 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
 def _advise_some(handles, files, starts, stops, bounds, at, buf) -> None:
     """`advise` of local ranges of files in runs `bounds` (offset by `at`)."""
     indices = [int(files[a - at]) for a in bounds[:-1]]
+    spans = [slice(a - at, b - at) for a, b in itertools.pairwise(bounds)]
     if not handles.files.sparse:
-        for k, i in enumerate(indices):
-            _advise_one(
-                handles, i, starts, stops, bounds[k] - at, bounds[k + 1] - at, buf
-            )
+        for i, span in zip(indices, spans, strict=True):
+            _advise_one(handles, i, starts[span], stops[span], buf)
         return
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
-            _advise_one(
-                handles,
-                indices[k],
-                starts,
-                stops,
-                bounds[k] - at,
-                bounds[k + 1] - at,
-                buf,
-            )
-        counts = np.diff(bounds)
-        group = np.repeat(np.arange(len(indices)), counts)
+            _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
+        group = np.repeat(np.arange(len(indices)), np.diff(bounds))
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
             if flat is not None:
                 by_dtypes.setdefault(flat.dtypes, []).append(k)
         for ks in by_dtypes.values():
-            if len(ks) == len(indices):
-                sel, g = slice(None), group
-            else:
-                local = np.full(len(indices), -1, np.int64)
-                local[ks] = np.arange(len(ks))
-                g = local[group]
-                sel = g >= 0
-                g = g[sel]
-            _direct_csr.advise(
-                [flats[k] for k in ks],
-                [fds[k] for k in ks],
-                g,
-                starts[sel],
-                stops[sel],
-                buf,
-            )
+            local = np.full(len(indices), -1, np.int64)
+            local[ks] = np.arange(len(ks))
+            g = local[group]
+            sel = g >= 0
+            flats_, fds_ = [flats[k] for k in ks], [fds[k] for k in ks]
+            _direct_csr.advise(flats_, fds_, g[sel], starts[sel], stops[sel], buf)
 
 
-def _advise_one(handles, i: int, starts, stops, a: int, b: int, buf) -> None:
-    """`advise` of file `i`'s local ranges `[a, b)`, through `for_hints`."""
+def _advise_one(handles, i: int, starts, stops, buf) -> None:
+    """`advise` of file `i`'s local ranges, through `for_hints`."""
     with handles.for_hints(i) as f:
         if f is None:
             return
-        s, e = starts[a:b], stops[a:b]
-        flat = _flats([f]) if handles.files.sparse else None
+        flat = None
+        if handles.files.sparse:
+            if f.flat is False:
+                f.flat = _direct_csr.flat_of(f.reader, f.fd)
+            flat = f.flat
         if flat is None:
-            f.reader.advise(s, e, buf)
+            f.reader.advise(starts, stops, buf)
         else:
-            _direct_csr.advise(flat, [flat[0].fd], np.zeros(b - a, np.int64), s, e, buf)
-
-
-__all__ = [
-    "FetchedRows",
-    "advise",
-    "check_ranges",
-    "fetch_ranges",
-    "read_ranges",
-    "read_rows",
-    "take",
-]
+            group = np.zeros(starts.size, np.int64)
+            _direct_csr.advise([flat], [flat.fd], group, starts, stops, buf)

@@ -30,7 +30,7 @@ import grain_cells
 from grain_cells import synthetic
 from grain_cells.io import _obs_cache as obs_cache
 from grain_cells.io._file_set import FileSet, OpenFiles
-from grain_cells.io._obs_columns import read_obs_column
+from grain_cells.io._obs import read_obs_column
 from grain_cells.io._open import open_file
 
 SIZES = (obs_cache.MIN_CELLS + 5, obs_cache.MIN_CELLS + 11)

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.hdf5._chunks import ChunkedReader
-from grain_cells.io import _chunk_rows, _matrix
+from grain_cells.io import _matrix
 from grain_cells.source import _chunk_grid
 from grain_cells.synthetic import write_thin_atlas
 from grain_cells.synthetic._thin import thin_rows
@@ -86,7 +86,7 @@ def _blocks(source):
 def test_scan_in_pieces_finds_the_whole_indptr_starts(
     thin_gz, sparse_gz, scan_rows, monkeypatch
 ):
-    monkeypatch.setattr(_chunk_rows, "SCAN_ROWS", scan_rows)
+    monkeypatch.setattr(_matrix, "SCAN_ROWS", scan_rows)
     for path in (thin_gz, sparse_gz):
         got = grain_cells.AnnDataSource(path, block_size=16).chunk_starts()
         np.testing.assert_array_equal(got, _reference(path))
@@ -94,7 +94,7 @@ def test_scan_in_pieces_finds_the_whole_indptr_starts(
 
 def test_construction_never_reads_indptr_whole(thin_gz, monkeypatch):
     """Counted through a hook: each read of indptr is a few chunks at most."""
-    monkeypatch.setattr(_chunk_rows, "SCAN_ROWS", 2 * CHUNK)
+    monkeypatch.setattr(_matrix, "SCAN_ROWS", 2 * CHUNK)
     reads, decodes = [], []
     read, decode = ChunkedReader.read, ChunkedReader._decode
 

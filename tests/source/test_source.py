@@ -241,7 +241,7 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     import h5py
 
     from grain_cells.io import _frames as frames
-    from grain_cells.io import _obs_columns as obs_columns
+    from grain_cells.io import _obs as obs_columns
 
     n = 300
     rng = np.random.default_rng(0)
@@ -269,7 +269,7 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path):
     with h5py.File(path) as f:
         for name in obs.columns:
             plain = obs_columns._plain_column(f["obs"][name])
-            kind = obs_columns.obs_column_kind(f, name)  # metadata alone
+            kind = obs_columns.obs_column_kinds(f, [name])[name]  # metadata alone
             if name in fallback:
                 assert plain is None and kind is None, name
                 continue
