@@ -13,12 +13,11 @@ import h5py
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.synthetic import _model
+from grain_cells.synthetic import _tahoe
 
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
 _STRING = h5py.string_dtype()
-_COMPRESSIONS = (None, "gzip", "lzf")
 
 
 def thin_rows(start: int, stop: int, n_genes: int):
@@ -99,7 +98,7 @@ def write_thin_atlas(
     n_cell_types: int = 50,
     n_batches: int = 100,
     compression: str | None = None,
-    chunks: int | str = _model.ATLAS_CHUNKS,
+    chunks: int | str = _tahoe.ATLAS_CHUNKS,
     seed: int = 0,
     first_cell: int = 0,
     total_cells: int | None = None,
@@ -138,11 +137,7 @@ def write_thin_atlas(
     sizes["batch"] = n_batches
     for key, n in sizes.items():
         arguments.check_int(f"n_{key}s", n, minimum=1)
-    if compression not in _COMPRESSIONS:
-        raise ValueError(
-            "compression must be None, 'gzip' or 'lzf', "
-            f"got compression={compression!r}"
-        )
+    _tahoe.check_compression(compression)
     total = first_cell + n_cells if total_cells is None else int(total_cells)
     if total < first_cell + n_cells:
         raise ValueError(
@@ -151,7 +146,7 @@ def write_thin_atlas(
         )
     path = pathlib.Path(path)
     nnz_total = _nnz_before(first_cell + n_cells) - _nnz_before(first_cell)
-    length = _model.csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
+    length = _tahoe.csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
     with h5py.File(path, "w") as f:
         _element(f, "anndata", "0.1.0")
         for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
@@ -168,7 +163,7 @@ def write_thin_atlas(
             opts = {"chunks": (min(n_cells, 1 << 18),), "maxshape": (None,)}
             codes[key] = g.create_dataset("codes", (n_cells,), dtype, **opts)
             _element(codes[key], "array")
-        x = _model.XWriter(f, n_cells, n_genes, compression, length)
+        x = _tahoe.XWriter(f, n_cells, n_genes, compression, length)
         for lo in range(0, n_cells, chunk_cells):
             hi = min(lo + chunk_cells, n_cells)
             cells = np.arange(first_cell + lo, first_cell + hi, dtype=np.int64)
