@@ -301,8 +301,11 @@ class TokenOutput(Output):
             checked = not (self._all_in_vocabulary and positive)
             indices = np.ascontiguousarray(csr.indices)
             indptr = np.ascontiguousarray(csr.indptr, np.int64)
-            jit_csr = fetch.cache["jit_csr", id(self)] = data, indices, indptr, checked
-        data, indices, indptr, checked = jit_csr
+            jit_csr = fetch.cache["jit_csr", id(self)] = (
+                (data, indices, indptr),
+                checked,
+            )
+        csr, checked = jit_csr
         shape = (n_out, self.length)
         arrays = {"gene_ids": np.empty(shape, np.int32)}
         if self.n_bins is None:
@@ -315,12 +318,11 @@ class TokenOutput(Output):
             arrays["values"] = np.empty(shape, np.int32)
         arrays["attention_mask"] = np.empty(shape, bool)
 
+        ends = (self.cls_id, self.slots, self.pad_id, *after)
+
         def call(part, a, b):
             parts = [array[a:b] for array in arrays.values()]
-            ends = (self.cls_id, self.slots, self.pad_id, *after)
-            return kernel(
-                data, indices, indptr, part, self.column_tokens, *before, *parts, *ends
-            )
+            return kernel(csr, part, self.column_tokens, *before, *parts, ends)
 
         n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
         counts = self._dropped(fetch, rows, n_out, dropped)

@@ -155,26 +155,15 @@ def _scratch(indptr, rows):
 
 
 @_njit
-def rank_value_rows(
-    data,
-    indices,
-    indptr,
-    rows,
-    tokens,
-    medians,
-    checked,
-    ids,
-    mask,
-    cls_id,
-    slots,
-    pad_id,
-    eos_id,
-):
+def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
     """Rank-value sequences of `rows` into `ids`, `mask`; returns per-row counts.
 
+    `csr`: `(data, indices, indptr)`; `ends`: `(cls_id, slots, pad_id, eos_id)`.
     Output rows past `rows.size` are padding; `checked` False: every value kept.
     Returns int32 `(n_expressed, n_dropped, n_genes)` per output row.
     """
+    data, indices, indptr = csr
+    cls_id, slots, pad_id, eos_id = ends
     keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
@@ -240,26 +229,14 @@ def _fill_mask(mask_row, used):
 
 
 @_njit
-def value_bin_rows(
-    data,
-    indices,
-    indptr,
-    rows,
-    tokens,
-    checked,
-    q,
-    ids,
-    values,
-    mask,
-    cls_id,
-    slots,
-    pad_id,
-    pad_value,
-):
+def value_bin_rows(csr, rows, tokens, checked, q, ids, values, mask, ends):
     """Value-bin sequences (top genes) of `rows`, as `rank_value_rows`, plus bins.
 
-    `q` is `np.linspace(0, 1, n_bins - 1)`; `values` gets int32 bins.
+    `q` is `np.linspace(0, 1, n_bins - 1)`; `values` gets int32 bins; the last of
+    `ends` is the bin value of padding.
     """
+    data, indices, indptr = csr
+    cls_id, slots, pad_id, pad_value = ends
     keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)

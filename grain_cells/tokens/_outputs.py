@@ -102,8 +102,8 @@ class RankValueTokens(TokenOutput):
             cls_token: Start with `<cls>`.
             eos_token: End with `<eos>`.
             mlm_probability: Share of gene positions replaced by `<mask>`.
-            kernels: `"auto"`, `"numba"` or `"numpy"` (see `__init__`).
-            threads: Threads per minibatch (see `__init__`).
+            kernels: As for `__init__`.
+            threads: As for `__init__`.
         """
         genes = source.var_names
         return RankValueTokens(
