@@ -48,18 +48,10 @@ class TokenOutput(Output):
     pad_value = 0
 
     def __init__(
-        self,
-        column_tokens: np.ndarray,
-        *,
-        length: int,
-        pad_id: int,
-        cls_id: int,
-        eos_id: int,
-        mask_id: int,
-        mlm_probability: float,
-        kernels: str = "auto",
-        threads: int | str = "auto",
+        self, column_tokens, specials, length, mlm_probability, kernels, threads
     ):
+        """`specials`: the ids `(pad, cls, eos, mask)`, -1 for none."""
+        pad_id, cls_id, eos_id, mask_id = specials
         column_tokens = column_token_array(column_tokens)
         if kernels not in ("auto", "numba", "numpy"):
             raise ValueError(

@@ -64,16 +64,9 @@ class RankValueTokens(TokenOutput):
         self._no_median = (column_tokens >= 0) & ~usable
         self.num_without_median = int(self._no_median.sum())
         column_tokens[~usable] = -1
+        specials = (pad_id, cls_id, eos_id, mask_id)
         super().__init__(
-            column_tokens,
-            length=length,
-            pad_id=pad_id,
-            cls_id=cls_id,
-            eos_id=eos_id,
-            mask_id=mask_id,
-            mlm_probability=mlm_probability,
-            kernels=kernels,
-            threads=threads,
+            column_tokens, specials, length, mlm_probability, kernels, threads
         )
         self.column_medians = np.where(usable, medians, np.float32(1))
 
@@ -197,16 +190,10 @@ class ValueBinTokens(TokenOutput):
             raise ValueError(
                 f"selection must be 'top' or 'random', got selection={selection!r}"
             )
+        mask_id = max(mask_id, 0) if mlm_probability > 0 else mask_id
+        specials = (pad_id, cls_id, -1, mask_id)
         super().__init__(
-            column_tokens,
-            length=length,
-            pad_id=pad_id,
-            cls_id=cls_id,
-            eos_id=-1,
-            mask_id=max(mask_id, 0) if mlm_probability > 0 else mask_id,
-            mlm_probability=mlm_probability,
-            kernels=kernels,
-            threads=threads,
+            column_tokens, specials, length, mlm_probability, kernels, threads
         )
         self.n_bins = int(n_bins)
         self.selection = selection
