@@ -29,7 +29,6 @@ from grain_cells.io import (
     read_obs_values,
     write_elem,
 )
-from grain_cells.preshuffle import _carry
 from grain_cells.preshuffle._plan import Plan
 
 STRINGS = np.dtypes.StringDType()
@@ -174,16 +173,22 @@ class Frames:
         # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
         self.names = Names.read(paths, plan.source.cell_offsets, options)
         self.obs = read_obs(paths, plan.obs_columns, options)
-        var = _read_var(paths[0], plan.element, options)
+        var = _read_frame(
+            paths[0], "raw/var" if plan.element == "raw/X" else "var", options
+        )
         self.var = _aligned(var, plan.column_map_first, plan.source.var_names)
         self.obsm = {}
         for key in plan.carry.obsm_frames:
-            parts = [_carry.read_obsm_frame(p, key, options) for p in paths]
+            fix = "leave it out with keep=[...]"
+            parts = [
+                _read_frame(p, f"obsm/{key}", options, f"obsm/{key}", fix)
+                for p in paths
+            ]
             self.obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
         self.raw_var = None
         for m in plan.matrices:
             if m.name == "raw/X":
-                var = _read_var(paths[0], "raw/X", options)
+                var = _read_frame(paths[0], "raw/var", options)
                 self.raw_var = _aligned(var, m.column_map(0), m.files.genes.var_names)
 
     def nbytes(self, n: int) -> int:
@@ -298,15 +303,16 @@ def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
     return pd.concat(parts, ignore_index=True).array
 
 
-def _read_var(path: str, element: str, storage_options: dict) -> pd.DataFrame:
-    with open_file(path, storage_options) as f:
-        group = f["raw/var"] if element == "raw/X" else f["var"]
+def _read_frame(path, element, options, name=None, fix="the file may be corrupt"):
+    """An input's dataframe `element`; `AnnDataFormatError` naming it (`name`)."""
+    with open_file(path, options) as f:
+        group = f[element]
         try:
             return read_elem(group)
         except Exception as e:
             raise errors.AnnDataFormatError(
-                f"{path}: {group.name} cannot be read as an anndata dataframe "
-                f"({type(e).__name__}: {e}); the file may be corrupt"
+                f"{path}: {name or group.name} cannot be read as an anndata dataframe "
+                f"({type(e).__name__}: {e}); {fix}"
             ) from e
 
 
