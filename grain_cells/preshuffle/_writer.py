@@ -29,18 +29,12 @@ _LOOP_VALUES_PER_ROW = 64  # rows this long are copied by slices, one per row
 _CSR_CELL_BYTES = 44
 
 
-class Slot:
-    """Arrays of one window, allocated once at the largest window's size."""
-
-    def __init__(self):
-        self._arrays: dict[str, np.ndarray] = {}
-
-    def array(self, name: str, size: int, dtype) -> np.ndarray:
-        """The slot's array `name` with at least `size` elements of `dtype`."""
-        arr = self._arrays.get(name)
-        if arr is None or arr.size < size or arr.dtype != dtype:
-            arr = self._arrays[name] = np.empty(size, dtype)
-        return arr
+def slot_array(slot: dict, name: str, size: int, dtype) -> np.ndarray:
+    """A window's array `name` of at least `size` elements, kept in `slot` for reuse."""
+    arr = slot.get(name)
+    if arr is None or arr.size < size or arr.dtype != dtype:
+        arr = slot[name] = np.empty(size, dtype)
+    return arr
 
 
 class WritePipeline:
@@ -50,13 +44,13 @@ class WritePipeline:
     """
 
     def __init__(self, slots: int):
-        self._slots = collections.deque((Slot(), None) for _ in range(slots))
+        self._slots = collections.deque(({}, None) for _ in range(slots))
         self._error: BaseException | None = None
         self._thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_preshuffle_write"
         )
 
-    def free_slot(self) -> Slot:
+    def free_slot(self) -> dict:
         """Waits for a slot whose window was written, or a failed write."""
         slot, job = self._slots.popleft()  # jobs run in order: the first ends first
         if job is not None:
@@ -64,7 +58,7 @@ class WritePipeline:
         self._raise_if_failed()
         return slot
 
-    def submit(self, slot: Slot, write, done) -> None:
+    def submit(self, slot: dict, write, done) -> None:
         """Queues `write()` (then `done()`) for the background thread."""
         self._raise_if_failed()
         self._slots.append((slot, self._thread.submit(self._run, write, done)))
@@ -240,11 +234,11 @@ class Writer:
         most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
-        def assemble(slot: Slot, a: int, b: int):
+        def assemble(slot: dict, a: int, b: int):
             lo, hi = start_of[a], start_of[b]
-            out_data = slot.array("data", most, m.dtype)[: hi - lo]
-            out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
-            out_ptr = slot.array("indptr", most_cells + 1, np.int64)[: b - a + 1]
+            out_data = slot_array(slot, "data", most, m.dtype)[: hi - lo]
+            out_indices = slot_array(slot, "indices", most, m.index_dtype)[: hi - lo]
+            out_ptr = slot_array(slot, "indptr", most_cells + 1, np.int64)[: b - a + 1]
             out_ptr[0] = 0
             np.cumsum(m.lengths[rows[a:b]], dtype=np.int64, out=out_ptr[1:])
             for got, dest in self._reads(m, rows[a:b]):
@@ -271,8 +265,8 @@ class Writer:
         bounds = cuts(through, self._slot_bytes())
         most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
-        def assemble(slot: Slot, a: int, b: int):
-            out = slot.array("X", most * m.n_vars, m.dtype)
+        def assemble(slot: dict, a: int, b: int):
+            out = slot_array(slot, "X", most * m.n_vars, m.dtype)
             out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
             for got, dest in self._reads(m, rows[a:b]):
                 out[dest] = got.dense[: dest.size]
