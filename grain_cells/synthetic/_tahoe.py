@@ -1,4 +1,4 @@
-"""Synthetic, Tahoe-100M-shaped `.h5ad` files: the generation model and X's writer.
+"""Synthetic, Tahoe-100M-shaped `.h5ad` files and their generation model.
 
 Design notes: docs/reference/design.md#synthetic-tahoe.
 """
@@ -21,8 +21,13 @@ import tqdm
 
 from grain_cells._util import arguments
 from grain_cells._util.cache_files import cache_root
+from grain_cells.synthetic._thin import (
+    ATLAS_CHUNKS,
+    XWriter,
+    check_compression,
+    csr_chunk_length,
+)
 
-COMPRESSIONS = (None, "gzip", "lzf")
 # Independent random streams, all derived from the user's seed.
 STREAM_OBS = 0  # per-cell metadata and per-cell molecule counts
 STREAM_LAYOUT = 1  # gene-rank permutation, category frequency permutations
@@ -32,12 +37,6 @@ _NNZ_SIGMA = 0.5  # lognormal spread of genes detected per cell
 _MIN_NNZ = 50
 _MAX_MOLECULES = 2**24  # per cell; keeps n_counts exact in float32
 _MAX_MOLECULES_PER_GENE = 8  # and at most this many per gene, plus 64
-_CSR_CHUNK = 2**18  # HDF5 chunk (elements) for data/indices, uncompressed
-_CSR_CHUNK_COMPRESSED = 2**16  # same, when a compression filter is set
-_DENSE_CHUNK_BYTES = 2**20  # target HDF5 chunk size of a compressed dense X
-_DENSE_BLOCK_BYTES = 2**26  # densify at most this much of a chunk at a time
-# `chunks="atlas"`: HDF5 chunks as anndata writes them for a file this size.
-ATLAS_CHUNKS = "atlas"
 
 
 def write_tahoe_like(
@@ -260,15 +259,6 @@ def _cache_name(n_cells: int, args: dict) -> str:
     return "-".join(parts) + ".h5ad"
 
 
-def check_compression(compression) -> None:
-    """Raises `ValueError` unless `compression` is one h5py writes."""
-    if compression not in COMPRESSIONS:
-        raise ValueError(
-            f"compression must be None, 'gzip' or 'lzf', got compression="
-            f"{compression!r}"
-        )
-
-
 def molecules_per_cell(
     rng: np.random.Generator, n_cells: int, n_genes: int, mean_nnz: float
 ) -> np.ndarray:
@@ -363,70 +353,3 @@ def make_var(n_genes: int) -> pd.DataFrame:
     return pd.DataFrame(
         {"gene_symbol": np.char.mod("GENE%d", ids).astype(object)}, index=index
     )
-
-
-def csr_chunk_length(chunks, compression, n_cells: int, mean_nnz: float) -> int:
-    """HDF5 chunk length of X's CSR datasets for `chunks` (None, "atlas" or an int)."""
-    if chunks is None:
-        return _CSR_CHUNK if compression is None else _CSR_CHUNK_COMPRESSED
-    if chunks != ATLAS_CHUNKS:
-        return int(chunks)
-    # h5py's own guess (what anndata gets) for a float32 dataset of the full
-    # expected length, in a throwaway in-memory file (chunks are lazy).
-    length = max(1, round(n_cells * mean_nnz))
-    name = f"atlas-chunks-{os.getpid()}"
-    with h5py.File(name, "w", driver="core", backing_store=False) as mem:
-        probe = mem.create_dataset(
-            "probe", (length,), np.float32, maxshape=(None,), chunks=True
-        )
-        return int(probe.chunks[0])
-
-
-class XWriter:
-    """Appends blocks of CSR rows to ``X``: anndata's csr_matrix, or dense float32.
-
-    `chunk`: the CSR datasets' chunk length; None writes X dense.
-    """
-
-    def __init__(self, f: h5py.File, n_cells: int, n_genes: int, compression, chunk):
-        self.n_genes, self.nnz, self.rows = n_genes, 0, 0
-        if chunk is None:
-            rows = max(1, min(1024, n_cells, _DENSE_CHUNK_BYTES // (4 * n_genes)))
-            chunks = None if compression is None else (rows, n_genes)
-            shape, opts = (n_cells, n_genes), {"compression": compression}
-            self.x = f.create_dataset("X", shape, np.float32, chunks=chunks, **opts)
-            self.x.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
-            return
-        self.x = None
-        group = f.create_group("X")
-        shape = np.array([n_cells, n_genes], dtype=np.int64)
-        group.attrs.update(
-            {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": shape}
-        )
-        opts = {"maxshape": (None,), "chunks": (chunk,), "compression": compression}
-        self.data = group.create_dataset("data", (0,), np.float32, **opts)
-        self.indices = group.create_dataset("indices", (0,), np.int32, **opts)
-        self.indptr = group.create_dataset("indptr", (1,), np.int64, **opts)
-        self.indptr[0] = 0
-
-    def append(self, indptr, indices, data) -> None:
-        """Appends CSR rows (`indptr` starting at 0)."""
-        n_rows = indptr.size - 1
-        if self.x is not None:  # densified a block of rows at a time
-            step = max(1, _DENSE_BLOCK_BYTES // (4 * self.n_genes))
-            for r0 in range(0, n_rows, step):
-                r1 = min(r0 + step, n_rows)
-                lo, hi = indptr[r0], indptr[r1]
-                block = np.zeros((r1 - r0, self.n_genes), dtype=np.float32)
-                rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0 : r1 + 1]))
-                block[rows, indices[lo:hi]] = data[lo:hi]
-                self.x[self.rows + r0 : self.rows + r1] = block
-            self.rows += n_rows
-            return
-        nnz, rows = self.nnz + data.size, self.rows + n_rows
-        for dataset, values in ((self.data, data), (self.indices, indices)):
-            dataset.resize((nnz,))
-            dataset[self.nnz :] = values
-        self.indptr.resize((rows + 1,))
-        self.indptr[self.rows + 1 :] = indptr[1:] + self.nnz
-        self.nnz, self.rows = nnz, rows
