@@ -36,11 +36,11 @@ def test_cache_folders_follow_the_environment_as_before(monkeypatch, tmp_path):
     monkeypatch.delenv("GRAIN_CELLS_OBS_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert _chunk_grid.cache_dir() == str(tmp_path / "xdg/grain_cells/chunk-starts")
-    assert _corpus_stats.cache_dir() == str(tmp_path / "xdg/grain_cells")
+    assert _corpus_stats.cache_root() == str(tmp_path / "xdg/grain_cells")
     assert _obs_cache.cache_folder() == home / ".cache/grain_cells/obs"
     monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "own"))
     assert _chunk_grid.cache_dir() == str(tmp_path / "own/chunk-starts")
-    assert _corpus_stats.cache_dir() == str(tmp_path / "own")
+    assert _corpus_stats.cache_root() == str(tmp_path / "own")
     assert _obs_cache.cache_folder() == tmp_path / "own/obs"
 
 

@@ -85,6 +85,3 @@ def file_lock(path: str | os.PathLike | None):
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-__all__ = ["cache_root", "file_lock", "write_atomic"]

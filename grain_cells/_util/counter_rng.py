@@ -47,12 +47,9 @@ def hash64_int(*words: int) -> int:
 
 
 def permutation(n: int, *words: int) -> np.ndarray:
-    """A permutation of `range(n)` (int64), a pure function of `(n, words)`.
-
-    The argsort of `hash64(hash64_int(*words), arange(n))`: no ties, any platform.
-    """
-    key = hash64_int(*words)
-    return np.argsort(hash64(_U64(key), np.arange(n, dtype=_U64)), kind="stable")
+    """Permutation of `range(n)`: argsort of `hash64(hash64_int(*words), arange(n))`."""
+    key = _U64(hash64_int(*words))
+    return np.argsort(hash64(key, np.arange(n, dtype=_U64)), kind="stable")
 
 
 def uniform(*words) -> np.ndarray:

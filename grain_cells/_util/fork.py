@@ -69,5 +69,3 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-__all__ = ["ProcessCache", "in_child", "in_child_of"]

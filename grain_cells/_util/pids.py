@@ -33,13 +33,12 @@ def gone(pid: int, start: int | None = None) -> bool:
     except PermissionError:
         pass  # exists, another user's
     fields = _stat(pid)
-    if fields is None:
-        return False  # no /proc: the pid alone says it lives
-    if fields[0] == b"Z":
-        return True
-    return start is not None and len(fields) > 19 and int(fields[19]) != start
+    if fields is None:  # no /proc: the pid alone says it lives
+        return False
+    started = int(fields[19]) if len(fields) > 19 else start
+    return fields[0] == b"Z" or (start is not None and started != start)
 
 
 def alive(pid: int) -> bool:
-    """Whether a process with this pid exists (zombies count as gone)."""
+    """Whether a process with this pid exists (not a zombie)."""
     return not gone(pid)

@@ -7,21 +7,14 @@ import numpy as np
 
 def expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Every id of ranges `[starts[i], starts[i] + lengths[i])`, in order (int64)."""
-    starts = np.asarray(starts, np.int64)
-    lengths = np.asarray(lengths, np.int64)
-    total = int(lengths.sum())
-    out = np.arange(total, dtype=np.int64)
+    starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    out = np.arange(int(lengths.sum()), dtype=np.int64)
     out += np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     return out
 
 
-def runs(
-    sorted_ids: np.ndarray, cuts: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive ids in sorted, distinct ids, as `(starts, stops)` ranges.
-
-    `cuts`: ids where a run must start anyway (file boundaries, chunk starts).
-    """
+def runs(sorted_ids: np.ndarray, cuts: np.ndarray | None = None):
+    """`(starts, stops)` of runs of consecutive sorted ids, also cut at `cuts`."""
     ids = np.asarray(sorted_ids, np.int64).reshape(-1)
     if ids.size == 0:
         return ids.copy(), ids.copy()
@@ -34,9 +27,7 @@ def runs(
     return starts, stops
 
 
-def merge_touching(
-    starts: np.ndarray, stops: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def merge_touching(starts: np.ndarray, stops: np.ndarray):
     """Merges sorted, disjoint ranges where one stops at the next one's start."""
     if starts.size <= 1:
         return starts, stops
@@ -48,8 +39,7 @@ def merge_touching(
 
 def nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
     """Ranges `[starts[i], stops[i])` as int64 arrays, without the empty ones."""
-    starts = np.asarray(starts, np.int64)
-    stops = np.asarray(stops, np.int64)
+    starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
     keep = stops > starts
     if not keep.all():
         starts, stops = starts[keep], stops[keep]
@@ -58,8 +48,7 @@ def nonempty(starts, stops) -> tuple[np.ndarray, np.ndarray]:
 
 def chunk_pieces(starts, stops, chunk_len: int):
     """`(chunk, start, stop)` of non-empty ranges cut at multiples of `chunk_len`."""
-    starts = np.asarray(starts, np.int64)
-    stops = np.asarray(stops, np.int64)
+    starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
     first = starts // chunk_len
     n_pieces = (stops - 1) // chunk_len - first + 1
     if int(n_pieces.sum()) == starts.size:  # no range crosses a chunk boundary
@@ -75,13 +64,3 @@ def chunks_touched(starts: np.ndarray, stops: np.ndarray, chunk_len: int) -> np.
     first = np.asarray(starts, np.int64) // chunk_len
     last = (np.asarray(stops, np.int64) - 1) // chunk_len
     return np.unique(expand_ranges(first, last - first + 1))
-
-
-__all__ = [
-    "chunk_pieces",
-    "chunks_touched",
-    "expand_ranges",
-    "merge_touching",
-    "nonempty",
-    "runs",
-]

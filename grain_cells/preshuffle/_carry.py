@@ -17,7 +17,6 @@ from grain_cells.io import (
     is_group,
     matrix_element,
     open_file,
-    read_elem,
 )
 
 KINDS = ("layers", "raw", "obsm", "varm", "varp", "uns")
@@ -184,15 +183,3 @@ def choose(paths: list[str], storage_options: dict, *, keep, layer, genes_change
                 f"obsp/{key} (pairs of cells: a shuffled part cannot keep them)"
             )
     return carry
-
-
-def read_obsm_frame(path: str, key: str, storage_options: dict):
-    """An input's `obsm/<key>` dataframe (pandas), with a clear error."""
-    with open_file(path, storage_options) as f:
-        try:
-            return read_elem(f["obsm"][key])
-        except Exception as e:
-            raise errors.AnnDataFormatError(
-                f"{path}: obsm/{key} cannot be read as an anndata dataframe "
-                f"({type(e).__name__}: {e}); leave it out with keep=[...]"
-            ) from e

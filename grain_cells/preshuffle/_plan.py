@@ -73,11 +73,7 @@ class Plan:
         for name in ("cells_per_file", "seed", "chunk_cells", "memory_budget_bytes"):
             if args[name] is not None or name in ("seed", "memory_budget_bytes"):
                 arguments.check_int(name, args[name], minimum=int(name != "seed"))
-        self.format = args["format"]
-        if not isinstance(self.format, str) or self.format not in FORMATS:
-            raise ValueError(
-                f"format must be one of {list(FORMATS)}, got format={self.format!r}"
-            )
+        self.format = arguments.check_choice("format", args["format"], list(FORMATS))
         self.zarr_format = FORMATS[self.format]
         allowed = COMPRESSIONS if self.zarr_format is None else ZARR_COMPRESSIONS
         if args["compression"] not in allowed:
@@ -87,15 +83,11 @@ class Plan:
             )
         self.storage_options = dict(args["storage_options"] or {})
         # Checks every input: AnnData, aligned genes, a usable matrix.
-        self.source = source = AnnDataSource(
-            paths,
-            block_size=1,
-            layer=args["layer"],
-            join=args["join"],
-            genes=args["genes"],
-            read_threads=0,
-            storage_options=self.storage_options,
+        options = {k: args[k] for k in ("layer", "join", "genes")}
+        options.update(
+            block_size=1, read_threads=0, storage_options=self.storage_options
         )
+        self.source = source = AnnDataSource(paths, **options)
         self.paths = list(source.paths)
         self.element = matrix_element(args["layer"])
         self.obs_columns, self.group_by = self._columns(args)

@@ -2,25 +2,48 @@
 
 Contiguous blocks of a shuffled copy are random samples, so a loader can read
 large blocks at the diversity of random sampling. Algorithm, memory bound and
-layout: docs/reference/design.md#preshuffle-preshuffle.
+layout: docs/reference/design.md#preshuffle-preshuffle; a bucket output is staged
+in `grain-cells-preshuffle-<pid>-<start>-<random>` (#preshuffle-staging).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import pathlib
+import re
+import secrets
+import shutil
+import sys
+import tempfile
 from collections.abc import Sequence
 
 import numpy as np
+import tqdm
 
+from grain_cells._util.pids import gone, start_time
+from grain_cells.io import open_file
 from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
-from grain_cells.preshuffle._output import BucketOutput
 from grain_cells.preshuffle._plan import Plan
-from grain_cells.preshuffle._windows import progress_bar
-from grain_cells.storage.remote import is_url
+from grain_cells.storage.remote import (
+    delete,
+    head,
+    is_url,
+    join,
+    list_names,
+    part_names,
+    put_bytes,
+    put_file,
+    split_url,
+)
 
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
+
+PREFIX = "grain-cells-preshuffle-"
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+")
+PROGRESS_EVERY_S = 0.5
 
 
 def preshuffle(
@@ -155,8 +178,8 @@ def preshuffle(
             staging_dir,
         )
     try:
-        if bucket is not None:
-            bucket.check_bucket()
+        if bucket is not None:  # one listing first: no bucket, no rights
+            list_names(bucket.url, bucket.storage_options)
         plan = Plan(inputs, output_dir if bucket is None else bucket.staging, args)
         n_parts = len(plan.part_paths)
         if bucket is not None:
@@ -194,3 +217,140 @@ def preshuffle(
     finally:
         if bucket is not None:
             bucket.close()
+
+
+def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
+    """A tqdm bar (stderr) of cells written times matrices; says what was complete."""
+    total = len(plan.matrices) * sum(
+        plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
+    )
+    skipped = len(plan.part_paths) - len(todo)
+    if enabled and skipped:
+        print(
+            f"preshuffle: {skipped} of {len(plan.part_paths)} part(s) already "
+            f"complete in {plan.output_dir}",
+            file=sys.stderr,
+        )
+    return tqdm.tqdm(
+        total=total,
+        desc="preshuffle",
+        unit="cells",
+        unit_scale=True,
+        mininterval=PROGRESS_EVERY_S,
+        disable=not enabled or not total,
+        file=sys.stderr,
+    )
+
+
+def make_staging(parent: str | os.PathLike | None) -> pathlib.Path:
+    """Creates this process's staging folder under `parent` (None: `TMPDIR`)."""
+    parent = pathlib.Path(tempfile.gettempdir() if parent is None else parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid()
+    start = start_time(pid) or 0
+    while True:
+        path = parent / f"{PREFIX}{pid}-{start}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+
+
+def remove_stale_staging(parent: str | os.PathLike | None) -> list[pathlib.Path]:
+    """Removes the staging folders under `parent` whose owner is dead; returns them."""
+    parent = pathlib.Path(tempfile.gettempdir() if parent is None else parent)
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _NAME.fullmatch(path.name)
+        if match is None or not path.is_dir() or path.is_symlink():
+            continue
+        pid, start = int(match[1]), int(match[2])
+        if pid != os.getpid() and gone(pid, start or None):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class BucketOutput:
+    """Parts in a bucket (`url/part-00000.h5ad`, ...), each staged, then uploaded."""
+
+    def __init__(self, url: str, storage_options: dict | None, staging_dir=None):
+        split_url(join(url, "x"))  # a bucket is named
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        remove_stale_staging(staging_dir)  # runs that died left theirs
+        self.staging = make_staging(staging_dir)
+        self._uploads = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="grain_cells_upload"
+        )
+        self._pending: concurrent.futures.Future | None = None
+
+    def part_url(self, plan: Plan, index: int) -> str:
+        return join(self.url, plan.part_paths[index].name)
+
+    def check_inputs(self, plan: Plan) -> None:
+        """Raises `ValueError` if an input is one of the output URLs."""
+        outputs = {self.part_url(plan, i) for i in range(len(plan.part_paths))}
+        for path in set(plan.paths) & outputs:
+            raise ValueError(
+                f"{path}: is an input and also an output part of {self.url}; "
+                "write the parts to another prefix"
+            )
+
+    def completed_marker(self, plan: Plan, index: int) -> dict | None:
+        """The marker of part `index` if the bucket holds it complete, else None."""
+        url = self.part_url(plan, index)
+        try:
+            head(url, self.storage_options)
+        except FileNotFoundError:
+            return None
+        return _files.completed_marker(plan, index, url, self.storage_options)
+
+    def publish(self, plan: Plan, index: int) -> None:
+        """Uploads part `index` in the background; raises the previous one's error."""
+        self.wait()
+        self._pending = self._uploads.submit(self._upload, plan, index)
+
+    def _upload(self, plan: Plan, index: int) -> None:
+        local = plan.part_paths[index]
+        try:
+            put_file(self.part_url(plan, index), local, self.storage_options)
+        finally:
+            local.unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        """Returns when no upload is running; raises the last one's error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def remove_stale_parts(self, plan: Plan) -> None:
+        """Deletes parts of an earlier run into this prefix beyond this run's count."""
+        keep = {p.name for p in plan.part_paths}
+        for name in part_names(list_names(self.url, self.storage_options)):
+            url = join(self.url, name)
+            if name not in keep and self._ours(url):
+                delete(url, self.storage_options)
+
+    def _ours(self, url: str) -> bool:
+        try:
+            with open_file(url, self.storage_options) as f:
+                return MARKER_ATTR in f.attrs
+        except Exception:  # not HDF5, or gone: not ours to delete
+            return False
+
+    def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
+        """Uploads `preshuffle.json` (the parts and their statistics)."""
+        text = json.dumps(_files.manifest_of(plan, markers), indent=1).encode()
+        put_bytes(join(self.url, MANIFEST), text, self.storage_options)
+
+    def close(self) -> None:
+        """Lets a running upload end (error unraised); removes the staging folder."""
+        self._pending = None
+        self._uploads.shutdown(wait=True)
+        shutil.rmtree(self.staging, ignore_errors=True)

@@ -6,6 +6,8 @@ background thread.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import itertools
 import time
 
@@ -15,14 +17,8 @@ from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
 from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
 from grain_cells.preshuffle._plan import Matrix, Plan
-from grain_cells.preshuffle._windows import (
-    Slot,
-    WritePipeline,
-    csr_cuts,
-    cuts,
-    write_indptr,
-)
 
+PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
 _WINDOW_SHARE = 0.7  # of the budget: the arrays of the windows in flight
 _SLOTS = 2  # windows in flight: one assembled while the other is written
 _READ_SHARE = 0.1  # of the budget: one read (its buffer may double on growth)
@@ -31,6 +27,126 @@ _LOOP_VALUES_PER_ROW = 64  # rows this long are copied by slices, one per row
 # Bytes per cell of a CSR window besides its values: its row pointers (8),
 # the gathered row lengths (4) and the sorted reads' tables (`_reads`: 32).
 _CSR_CELL_BYTES = 44
+
+
+def slot_array(slot: dict, name: str, size: int, dtype) -> np.ndarray:
+    """A window's array `name` of at least `size` elements, kept in `slot` for reuse."""
+    arr = slot.get(name)
+    if arr is None or arr.size < size or arr.dtype != dtype:
+        arr = slot[name] = np.empty(size, dtype)
+    return arr
+
+
+class WritePipeline:
+    """Runs write jobs in one background thread, `slots` windows at a time.
+
+    A failed write is raised in the caller at its next call; later jobs are skipped.
+    """
+
+    def __init__(self, slots: int):
+        self._slots = collections.deque(({}, None) for _ in range(slots))
+        self._error: BaseException | None = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="grain_cells_preshuffle_write"
+        )
+
+    def free_slot(self) -> dict:
+        """Waits for a slot whose window was written, or a failed write."""
+        slot, job = self._slots.popleft()  # jobs run in order: the first ends first
+        if job is not None:
+            concurrent.futures.wait([job])
+        self._raise_if_failed()
+        return slot
+
+    def submit(self, slot: dict, write, done) -> None:
+        """Queues `write()` (then `done()`) for the background thread."""
+        self._raise_if_failed()
+        self._slots.append((slot, self._thread.submit(self._run, write, done)))
+
+    def __enter__(self) -> WritePipeline:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._thread.shutdown(wait=True)
+        if exc_type is None:
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self, write, done) -> None:
+        if self._error is None:
+            try:
+                write()
+                done()
+            except BaseException as e:  # re-raised in the caller's thread
+                self._error = e
+
+
+def cuts(through: np.ndarray, cap: int) -> list[int]:
+    """Boundaries `[0, ..., len(through)]` of groups of at most `cap` bytes.
+
+    `through`: cumulative bytes through each item; a larger item is a group alone.
+    """
+    n = int(through.size)
+    bounds = [0]
+    while bounds[-1] < n:
+        a = bounds[-1]
+        base = int(through[a - 1]) if a else 0
+        b = int(np.searchsorted(through, base + cap, side="right"))
+        bounds.append(max(b, a + 1))
+    return bounds
+
+
+def csr_cuts(
+    lengths: np.ndarray, rows: np.ndarray, value_bytes: int, cell_bytes: int, cap: int
+) -> tuple[list[int], list[int]]:
+    """`(bounds, nnz_at)`: `cuts` of a CSR part's cells, and the values before each.
+
+    A cell's bytes are its values times `value_bytes` plus `cell_bytes`.
+    """
+    n = int(rows.size)
+    bounds, nnz_at = [0], [0]
+    base = 0  # bytes through the cell before the last boundary
+    last_through = last_nnz = 0  # through the cell before the current piece
+    for p in range(0, n, PIECE):
+        q = min(p + PIECE, n)
+        nnz = np.cumsum(lengths[rows[p:q]], dtype=np.int64)
+        nnz += last_nnz
+        through = nnz * value_bytes
+        through += np.arange(p + 1, q + 1, dtype=np.int64) * cell_bytes
+        while True:
+            j = int(np.searchsorted(through, base + cap, side="right"))
+            if j == q - p:
+                break
+            b = max(p + j, bounds[-1] + 1)
+            k = b - 1 - p  # the cell before the boundary, in this piece
+            base, at = (
+                (int(through[k]), int(nnz[k])) if k >= 0 else (last_through, last_nnz)
+            )
+            bounds.append(b)
+            nnz_at.append(at)
+        last_through, last_nnz = int(through[-1]), int(nnz[-1])
+    if bounds[-1] < n:
+        bounds.append(n)
+        nnz_at.append(last_nnz)
+    return bounds, nnz_at
+
+
+def write_indptr(out, lengths: np.ndarray, rows: np.ndarray) -> None:
+    """Writes a part's `n + 1` row pointers into `out`, `PIECE` cells at a time."""
+    n = int(rows.size)
+    before = 0
+    for p in range(0, n, PIECE):
+        q = min(p + PIECE, n)
+        ptr = np.empty(q - p + 1, np.int64)
+        ptr[0] = before
+        np.cumsum(lengths[rows[p:q]], dtype=np.int64, out=ptr[1:])
+        ptr[1:] += before
+        before = int(ptr[-1])
+        out[p:q] = ptr[:-1]
+    out[n : n + 1] = np.array([before], np.int64)
 
 
 class Writer:
@@ -118,11 +234,11 @@ class Writer:
         most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
-        def assemble(slot: Slot, a: int, b: int):
+        def assemble(slot: dict, a: int, b: int):
             lo, hi = start_of[a], start_of[b]
-            out_data = slot.array("data", most, m.dtype)[: hi - lo]
-            out_indices = slot.array("indices", most, m.index_dtype)[: hi - lo]
-            out_ptr = slot.array("indptr", most_cells + 1, np.int64)[: b - a + 1]
+            out_data = slot_array(slot, "data", most, m.dtype)[: hi - lo]
+            out_indices = slot_array(slot, "indices", most, m.index_dtype)[: hi - lo]
+            out_ptr = slot_array(slot, "indptr", most_cells + 1, np.int64)[: b - a + 1]
             out_ptr[0] = 0
             np.cumsum(m.lengths[rows[a:b]], dtype=np.int64, out=out_ptr[1:])
             for got, dest in self._reads(m, rows[a:b]):
@@ -149,8 +265,8 @@ class Writer:
         bounds = cuts(through, self._slot_bytes())
         most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
 
-        def assemble(slot: Slot, a: int, b: int):
-            out = slot.array("X", most * m.n_vars, m.dtype)
+        def assemble(slot: dict, a: int, b: int):
+            out = slot_array(slot, "X", most * m.n_vars, m.dtype)
             out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
             for got, dest in self._reads(m, rows[a:b]):
                 out[dest] = got.dense[: dest.size]

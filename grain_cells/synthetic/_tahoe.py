@@ -1,4 +1,4 @@
-"""Synthetic, Tahoe-100M-shaped `.h5ad` files for tests, benchmarks and demos.
+"""Synthetic, Tahoe-100M-shaped `.h5ad` files and their generation model.
 
 Design notes: docs/reference/design.md#synthetic-tahoe.
 """
@@ -16,14 +16,27 @@ import tempfile
 
 import h5py
 import numpy as np
+import pandas as pd
 import tqdm
 
 from grain_cells._util import arguments
 from grain_cells._util.cache_files import cache_root
-from grain_cells.synthetic import _model
-from grain_cells.synthetic._model import ATLAS_CHUNKS
+from grain_cells.synthetic._thin import (
+    ATLAS_CHUNKS,
+    XWriter,
+    check_compression,
+    csr_chunk_length,
+)
 
-_COMPRESSIONS = (None, "gzip", "lzf")
+# Independent random streams, all derived from the user's seed.
+STREAM_OBS = 0  # per-cell metadata and per-cell molecule counts
+STREAM_LAYOUT = 1  # gene-rank permutation, category frequency permutations
+STREAM_MOLECULES = 2  # gene draws, one sub-stream per write step (chunk)
+_ZIPF_OFFSET = 5.0  # flattens the head of the gene-rank distribution
+_NNZ_SIGMA = 0.5  # lognormal spread of genes detected per cell
+_MIN_NNZ = 50
+_MAX_MOLECULES = 2**24  # per cell; keeps n_counts exact in float32
+_MAX_MOLECULES_PER_GENE = 8  # and at most this many per gene, plus 64
 
 
 def write_tahoe_like(
@@ -107,11 +120,7 @@ def write_tahoe_like(
             f"mean_nnz must be a finite number in (0, n_genes={n_genes}], "
             f"got mean_nnz={mean_nnz!r}"
         )
-    if compression not in _COMPRESSIONS:
-        raise ValueError(
-            f"compression must be None, 'gzip' or 'lzf', "
-            f"got compression={compression!r}"
-        )
+    check_compression(compression)
     for name, value in (("dense", dense), ("progress", progress)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {name}={value!r}")
@@ -123,44 +132,37 @@ def write_tahoe_like(
         raise ValueError(
             f"path must be a str or os.PathLike, got path={path!r}"
         ) from None
-
     n_cells, n_genes, seed = int(n_cells), int(n_genes), int(seed)
-    layout_rng = np.random.default_rng([seed, _model.STREAM_LAYOUT])
+    layout_rng = np.random.default_rng([seed, STREAM_LAYOUT])
     gene_of_rank = layout_rng.permutation(n_genes).astype(np.uint32)
     line_perm = layout_rng.permutation(n_cell_lines)
     drug_perm = layout_rng.permutation(n_drugs)
-    obs_rng = np.random.default_rng([seed, _model.STREAM_OBS])
-    molecules = _model.molecules_per_cell(obs_rng, n_cells, n_genes, float(mean_nnz))
-    obs = _model.make_obs(obs_rng, n_cells, n_plates, line_perm, drug_perm)
+    obs_rng = np.random.default_rng([seed, STREAM_OBS])
+    molecules = molecules_per_cell(obs_rng, n_cells, n_genes, float(mean_nnz))
+    obs = make_obs(obs_rng, n_cells, n_plates, line_perm, drug_perm)
     obs["n_counts"] = molecules.astype(np.float32)
     import anndata  # heavy, and only needed to write obs/var
 
-    anndata.AnnData(obs=obs, var=_model.make_var(n_genes)).write_h5ad(path)
+    anndata.AnnData(obs=obs, var=make_var(n_genes)).write_h5ad(path)
     del obs
     length = None
     if not dense:
-        length = _model.csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+        length = csr_chunk_length(chunks, compression, n_cells, mean_nnz)
     bar = progress_bar(n_cells, f"write_tahoe_like {path.name}", "cells", progress)
     with bar, h5py.File(path, "a") as f:
-        out = _model.XWriter(f, n_cells, n_genes, compression, length)
+        out = XWriter(f, n_cells, n_genes, compression, length)
         for chunk_index, start in enumerate(range(0, n_cells, chunk_cells)):
             stop = min(start + chunk_cells, n_cells)
-            rng = np.random.default_rng([seed, _model.STREAM_MOLECULES, chunk_index])
-            out.append(*_model.generate_chunk(rng, molecules[start:stop], gene_of_rank))
+            rng = np.random.default_rng([seed, STREAM_MOLECULES, chunk_index])
+            out.append(*generate_chunk(rng, molecules[start:stop], gene_of_rank))
             bar.update(stop - start)
     return path
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> tqdm.tqdm:
     """A tqdm bar on stderr (shown only when `enabled`)."""
-    return tqdm.tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        unit_scale=True,
-        disable=not enabled,
-        file=sys.stderr,
-    )
+    options = {"unit_scale": True, "disable": not enabled, "file": sys.stderr}
+    return tqdm.tqdm(total=total, desc=desc, unit=unit, **options)
 
 
 # Keyword arguments of write_tahoe_like and their defaults (cache names).
@@ -250,14 +252,104 @@ def made_once(final: pathlib.Path, make, announce: str | None, folder=False):
 def _cache_name(n_cells: int, args: dict) -> str:
     parts = ["tahoe_like", f"n{n_cells}", f"g{args['n_genes']}", f"s{args['seed']}"]
     parts.append(str(args["compression"]).lower())
-    tags = {
-        "mean_nnz": lambda v: f"nnz{float(v)!r}",
-        "n_plates": lambda v: f"p{v}",
-        "n_cell_lines": lambda v: f"l{v}",
-        "n_drugs": lambda v: f"d{v}",
-        "dense": lambda v: "dense",
-        "chunk_cells": lambda v: f"c{v}",
-        "chunks": lambda v: f"k{v}",
-    }
-    parts += [tag(args[k]) for k, tag in tags.items() if args[k] != _DEFAULTS[k]]
+    shown = {**args, "mean_nnz": repr(float(args["mean_nnz"])), "dense": ""}
+    tags = dict(mean_nnz="nnz", n_plates="p", n_cell_lines="l", n_drugs="d")
+    tags.update(dense="dense", chunk_cells="c", chunks="k")
+    parts += [f"{t}{shown[k]}" for k, t in tags.items() if args[k] != _DEFAULTS[k]]
     return "-".join(parts) + ".h5ad"
+
+
+def molecules_per_cell(
+    rng: np.random.Generator, n_cells: int, n_genes: int, mean_nnz: float
+) -> np.ndarray:
+    """Per-cell molecule counts whose expected distinct genes are lognormal.
+
+    A target `t` maps to the `m` with `sum_k 1 - (1 - p_k)^m = t` (interpolated).
+    """
+    edges = np.log1p(np.arange(n_genes + 1, dtype=np.float64) / _ZIPF_OFFSET)
+    p = np.diff(edges) / edges[-1]  # of each gene rank, as drawn by `generate_chunk`
+    log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
+    most = min(_MAX_MOLECULES, _MAX_MOLECULES_PER_GENE * n_genes + 64)
+    grid = np.unique(np.rint(np.geomspace(1, most, 600)))
+    expected = np.empty(grid.size)
+    step = max(1, 2**22 // n_genes)
+    for i in range(0, grid.size, step):
+        block = grid[i : i + step, None] * log_miss[None, :]
+        expected[i : i + step] = -np.expm1(block).sum(axis=1)
+    expected = np.maximum.accumulate(expected)  # guard against rounding
+    sigma = _NNZ_SIGMA
+    target = rng.lognormal(math.log(mean_nnz) - sigma**2 / 2, sigma, n_cells)
+    np.clip(target, min(_MIN_NNZ, mean_nnz / 2), n_genes, out=target)
+    np.minimum(target, expected[-1], out=target)
+    molecules = np.rint(np.interp(target, expected, grid))
+    return np.maximum(molecules, 1).astype(np.int64)
+
+
+def generate_chunk(
+    rng: np.random.Generator, molecules: np.ndarray, gene_of_rank: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CSR rows `(indptr from 0, indices, data)` of one chunk of cells."""
+    n_rows = molecules.size
+    n_genes = gene_of_rank.size
+    total = int(molecules.sum())
+    key_dtype = np.uint32 if n_rows * n_genes <= 2**32 else np.uint64
+    keys = np.repeat(np.arange(n_rows, dtype=key_dtype) * key_dtype(n_genes), molecules)
+    # Gene ranks `x0 * e^(u L) - x0` (`L = ln(1 + n_genes / x0)`, u uniform).
+    u = rng.random(total, dtype=np.float32)
+    u *= np.float32(math.log1p(n_genes / _ZIPF_OFFSET))
+    np.exp(u, out=u)
+    u -= np.float32(1.0)
+    u *= np.float32(_ZIPF_OFFSET)
+    ranks = u.astype(np.int32)  # truncation == floor, u >= 0
+    del u
+    np.minimum(ranks, n_genes - 1, out=ranks)
+    keys += gene_of_rank[ranks].astype(key_dtype, copy=False)
+    del ranks
+    keys.sort()  # rows occupy disjoint key ranges: sorts by (row, gene)
+    first = np.empty(total, dtype=bool)
+    first[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    del first
+    data = np.empty(starts.size, dtype=np.float32)
+    np.subtract(starts[1:], starts[:-1], out=data[:-1], casting="unsafe")
+    data[-1:] = total - starts[-1:]
+    unique = keys[starts]
+    del keys
+    indices = (unique % key_dtype(n_genes)).astype(np.int32)
+    del unique
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    indptr[1:] = np.searchsorted(starts, np.cumsum(molecules), side="left")
+    return indptr, indices, data
+
+
+def make_obs(
+    rng: np.random.Generator, n_cells: int, n_plates: int, line_perm, drug_perm
+) -> pd.DataFrame:
+    """Obs of `n_cells` plate-sorted cells: plate, cell_line and drug labels.
+
+    Cell lines and drugs are Zipf-like over their permuted codes (`*_perm`).
+    """
+    bounds = np.arange(n_plates + 1, dtype=np.int64) * n_cells // n_plates
+    columns = {"plate": (np.repeat(np.arange(n_plates), np.diff(bounds)), n_plates)}
+    for name, perm, power in (("cell_line", line_perm, 0.7), ("drug", drug_perm, 0.6)):
+        w = 1.0 / np.arange(1, perm.size + 1) ** power
+        columns[name] = (perm[rng.choice(perm.size, n_cells, p=w / w.sum())], perm.size)
+    frame = {}
+    for (name, (codes, n)), (prefix, width) in zip(
+        columns.items(), (("plate_", 2), ("CVCL_", 4), ("drug_", 3)), strict=True
+    ):
+        width = max(width, len(str(n)))
+        names = [f"{prefix}{i:0{width}d}" for i in range(1, n + 1)]
+        frame[name] = pd.Categorical.from_codes(codes, categories=names)
+    index = np.char.mod("cell_%09d", np.arange(n_cells)).astype(object)
+    return pd.DataFrame(frame, index=pd.Index(index, dtype=object))
+
+
+def make_var(n_genes: int) -> pd.DataFrame:
+    """Var indexed by ENSG-style ids, with a gene_symbol column."""
+    ids = np.arange(1, n_genes + 1)
+    index = pd.Index(np.char.mod("ENSG%011d", ids).astype(object), dtype=object)
+    return pd.DataFrame(
+        {"gene_symbol": np.char.mod("GENE%d", ids).astype(object)}, index=index
+    )

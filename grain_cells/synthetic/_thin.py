@@ -1,4 +1,4 @@
-"""Thin atlas-shaped `.h5ad` files for scale tests: many cells, few values.
+"""Thin atlas-shaped `.h5ad` files for scale tests, and X's writer for both kinds.
 
 Written with h5py in anndata's layout, `chunk_cells` cells at a time. Design notes:
 docs/reference/design.md#synthetic-thin.
@@ -13,12 +13,93 @@ import h5py
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.synthetic import _model
 
+COMPRESSIONS = (None, "gzip", "lzf")
+_CSR_CHUNK = 2**18  # HDF5 chunk (elements) for data/indices, uncompressed
+_CSR_CHUNK_COMPRESSED = 2**16  # same, when a compression filter is set
+_DENSE_CHUNK_BYTES = 2**20  # target HDF5 chunk size of a compressed dense X
+_DENSE_BLOCK_BYTES = 2**26  # densify at most this much of a chunk at a time
+# `chunks="atlas"`: HDF5 chunks as anndata writes them for a file this size.
+ATLAS_CHUNKS = "atlas"
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
 _STRING = h5py.string_dtype()
-_COMPRESSIONS = (None, "gzip", "lzf")
+
+
+def check_compression(compression) -> None:
+    """Raises `ValueError` unless `compression` is one h5py writes."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(
+            f"compression must be None, 'gzip' or 'lzf', got compression="
+            f"{compression!r}"
+        )
+
+
+def csr_chunk_length(chunks, compression, n_cells: int, mean_nnz: float) -> int:
+    """HDF5 chunk length of X's CSR datasets for `chunks` (None, "atlas" or an int)."""
+    if chunks is None:
+        return _CSR_CHUNK if compression is None else _CSR_CHUNK_COMPRESSED
+    if chunks != ATLAS_CHUNKS:
+        return int(chunks)
+    # h5py's own guess (what anndata gets) for a float32 dataset of the full
+    # expected length, in a throwaway in-memory file (chunks are lazy).
+    length = max(1, round(n_cells * mean_nnz))
+    name = f"atlas-chunks-{os.getpid()}"
+    with h5py.File(name, "w", driver="core", backing_store=False) as mem:
+        probe = mem.create_dataset(
+            "probe", (length,), np.float32, maxshape=(None,), chunks=True
+        )
+        return int(probe.chunks[0])
+
+
+class XWriter:
+    """Appends blocks of CSR rows to ``X``: anndata's csr_matrix, or dense float32.
+
+    `chunk`: the CSR datasets' chunk length; None writes X dense.
+    """
+
+    def __init__(self, f: h5py.File, n_cells: int, n_genes: int, compression, chunk):
+        self.n_genes, self.nnz, self.rows = n_genes, 0, 0
+        if chunk is None:
+            rows = max(1, min(1024, n_cells, _DENSE_CHUNK_BYTES // (4 * n_genes)))
+            chunks = None if compression is None else (rows, n_genes)
+            shape, opts = (n_cells, n_genes), {"compression": compression}
+            self.x = f.create_dataset("X", shape, np.float32, chunks=chunks, **opts)
+            self.x.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+            return
+        self.x = None
+        group = f.create_group("X")
+        shape = np.array([n_cells, n_genes], dtype=np.int64)
+        group.attrs.update(
+            {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": shape}
+        )
+        opts = {"maxshape": (None,), "chunks": (chunk,), "compression": compression}
+        self.data = group.create_dataset("data", (0,), np.float32, **opts)
+        self.indices = group.create_dataset("indices", (0,), np.int32, **opts)
+        self.indptr = group.create_dataset("indptr", (1,), np.int64, **opts)
+        self.indptr[0] = 0
+
+    def append(self, indptr, indices, data) -> None:
+        """Appends CSR rows (`indptr` starting at 0)."""
+        n_rows = indptr.size - 1
+        if self.x is not None:  # densified a block of rows at a time
+            step = max(1, _DENSE_BLOCK_BYTES // (4 * self.n_genes))
+            for r0 in range(0, n_rows, step):
+                r1 = min(r0 + step, n_rows)
+                lo, hi = indptr[r0], indptr[r1]
+                block = np.zeros((r1 - r0, self.n_genes), dtype=np.float32)
+                rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0 : r1 + 1]))
+                block[rows, indices[lo:hi]] = data[lo:hi]
+                self.x[self.rows + r0 : self.rows + r1] = block
+            self.rows += n_rows
+            return
+        nnz, rows = self.nnz + data.size, self.rows + n_rows
+        for dataset, values in ((self.data, data), (self.indices, indices)):
+            dataset.resize((nnz,))
+            dataset[self.nnz :] = values
+        self.indptr.resize((rows + 1,))
+        self.indptr[self.rows + 1 :] = indptr[1:] + self.nnz
+        self.nnz, self.rows = nnz, rows
 
 
 def thin_rows(start: int, stop: int, n_genes: int):
@@ -99,7 +180,7 @@ def write_thin_atlas(
     n_cell_types: int = 50,
     n_batches: int = 100,
     compression: str | None = None,
-    chunks: int | str = _model.ATLAS_CHUNKS,
+    chunks: int | str = ATLAS_CHUNKS,
     seed: int = 0,
     first_cell: int = 0,
     total_cells: int | None = None,
@@ -138,11 +219,7 @@ def write_thin_atlas(
     sizes["batch"] = n_batches
     for key, n in sizes.items():
         arguments.check_int(f"n_{key}s", n, minimum=1)
-    if compression not in _COMPRESSIONS:
-        raise ValueError(
-            "compression must be None, 'gzip' or 'lzf', "
-            f"got compression={compression!r}"
-        )
+    check_compression(compression)
     total = first_cell + n_cells if total_cells is None else int(total_cells)
     if total < first_cell + n_cells:
         raise ValueError(
@@ -151,7 +228,7 @@ def write_thin_atlas(
         )
     path = pathlib.Path(path)
     nnz_total = _nnz_before(first_cell + n_cells) - _nnz_before(first_cell)
-    length = _model.csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
+    length = csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
     with h5py.File(path, "w") as f:
         _element(f, "anndata", "0.1.0")
         for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
@@ -168,7 +245,7 @@ def write_thin_atlas(
             opts = {"chunks": (min(n_cells, 1 << 18),), "maxshape": (None,)}
             codes[key] = g.create_dataset("codes", (n_cells,), dtype, **opts)
             _element(codes[key], "array")
-        x = _model.XWriter(f, n_cells, n_genes, compression, length)
+        x = XWriter(f, n_cells, n_genes, compression, length)
         for lo in range(0, n_cells, chunk_cells):
             hi = min(lo + chunk_cells, n_cells)
             cells = np.arange(first_cell + lo, first_cell + hi, dtype=np.int64)

@@ -89,23 +89,11 @@ def cached_tahoe_like_zarr(
 
     Made once from ``cached_tahoe_like(n_cells, **kwargs)`` (made first if missing, and
     kept), named after it plus the layout and ``default`` or ``raw``
-    (``tahoe_like-n400000-g62710-s0-none-v3-sharded-default.zarr``).
-
-    Args:
-        n_cells: Number of cells.
-        layout: As for ``write_tahoe_like_zarr``.
-        compressed: As for ``write_tahoe_like_zarr``.
-        cache_dir: Folder of the cache (``$GRAIN_CELLS_CACHE`` or else
-            ``~/.cache/grain_cells``).
-        progress: Announce a store that must be made and show progress bars.
-        **kwargs: As for ``write_tahoe_like_zarr``.
-
-    Returns:
-        The path of the cached store.
-
-    Raises:
-        TypeError: ``kwargs`` holds an unknown argument.
-        ValueError: An argument is invalid.
+    (``tahoe_like-n400000-g62710-s0-none-v3-sharded-default.zarr``). ``n_cells``,
+    ``layout``, ``compressed`` and ``**kwargs`` as for ``write_tahoe_like_zarr``,
+    ``cache_dir`` as for ``cached_tahoe_like``; with ``progress`` a store that must
+    be made is announced. Raises ``TypeError`` for an unknown argument and
+    ``ValueError`` for an invalid one.
     """
     _check(n_cells, layout, compressed, kwargs)
     h5ad = _tahoe.cached_tahoe_like(
@@ -148,8 +136,7 @@ def cached_tahoe_like_annbatch(
         **kwargs: As for ``write_tahoe_like_zarr``.
 
     Returns:
-        The collection's folder; ``grain_cells.annbatch_stores`` lists its
-        stores.
+        The collection's folder (``grain_cells.annbatch_stores`` lists its stores).
 
     Raises:
         ImportError: annbatch is not installed.

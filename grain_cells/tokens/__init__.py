@@ -1,8 +1,7 @@
 """Cells as token sequences for transformers (Geneformer, scGPT), static shapes."""
 
 from grain_cells.tokens._corpus_stats import CorpusStats, corpus_stats
-from grain_cells.tokens._rank_value import RankValueTokens
-from grain_cells.tokens._value_bins import ValueBinTokens
+from grain_cells.tokens._outputs import RankValueTokens, ValueBinTokens
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
 __all__ = [

@@ -48,18 +48,10 @@ class TokenOutput(Output):
     pad_value = 0
 
     def __init__(
-        self,
-        column_tokens: np.ndarray,
-        *,
-        length: int,
-        pad_id: int,
-        cls_id: int,
-        eos_id: int,
-        mask_id: int,
-        mlm_probability: float,
-        kernels: str = "auto",
-        threads: int | str = "auto",
+        self, column_tokens, specials, length, mlm_probability, kernels, threads
     ):
+        """`specials`: the ids `(pad, cls, eos, mask)`, -1 for none."""
+        pad_id, cls_id, eos_id, mask_id = specials
         column_tokens = column_token_array(column_tokens)
         if kernels not in ("auto", "numba", "numpy"):
             raise ValueError(
@@ -301,8 +293,11 @@ class TokenOutput(Output):
             checked = not (self._all_in_vocabulary and positive)
             indices = np.ascontiguousarray(csr.indices)
             indptr = np.ascontiguousarray(csr.indptr, np.int64)
-            jit_csr = fetch.cache["jit_csr", id(self)] = data, indices, indptr, checked
-        data, indices, indptr, checked = jit_csr
+            jit_csr = fetch.cache["jit_csr", id(self)] = (
+                (data, indices, indptr),
+                checked,
+            )
+        csr, checked = jit_csr
         shape = (n_out, self.length)
         arrays = {"gene_ids": np.empty(shape, np.int32)}
         if self.n_bins is None:
@@ -315,12 +310,11 @@ class TokenOutput(Output):
             arrays["values"] = np.empty(shape, np.int32)
         arrays["attention_mask"] = np.empty(shape, bool)
 
+        ends = (self.cls_id, self.slots, self.pad_id, *after)
+
         def call(part, a, b):
             parts = [array[a:b] for array in arrays.values()]
-            ends = (self.cls_id, self.slots, self.pad_id, *after)
-            return kernel(
-                data, indices, indptr, part, self.column_tokens, *before, *parts, *ends
-            )
+            return kernel(csr, part, self.column_tokens, *before, *parts, ends)
 
         n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
         counts = self._dropped(fetch, rows, n_out, dropped)

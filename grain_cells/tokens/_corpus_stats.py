@@ -130,11 +130,6 @@ def data_identity(source) -> dict:
     return {"files": files, **digests}
 
 
-def cache_dir() -> str:
-    """The statistics' folder (honours `$XDG_CACHE_HOME`)."""
-    return cache_root()
-
-
 def corpus_stats(
     source,
     *,
@@ -198,7 +193,7 @@ def corpus_stats(
     identity = {"data": data_identity(source), "options": options}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     key = key[:24]
-    path = os.path.join(cache_dir(), f"grain_cells-corpus-stats-{key}.npz")
+    path = os.path.join(cache_root(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
         if stats.key == key:

@@ -636,7 +636,7 @@ def test_disk_full_in_a_subprocess_exits_normally(tmp_path, tiny_disk):
 def test_names_disk_bound_holds_for_any_utf8(tmp_path, alphabet):
     """A part's reservation counts obs names once; the bound must hold for
     names of up to 4 UTF-8 bytes per character, as h5py stores them."""
-    from grain_cells.preshuffle import _names
+    from grain_cells.preshuffle import _frames as _names
 
     rng = np.random.default_rng(0)
     n = 20_000

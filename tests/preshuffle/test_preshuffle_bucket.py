@@ -23,8 +23,7 @@ import scipy.sparse as sp
 from conftest import OBS, run, write_files
 
 import grain_cells
-from grain_cells.preshuffle import _output as preshuffle_output
-from grain_cells.preshuffle import _staging as staging_lib
+from grain_cells.preshuffle import _preshuffle as preshuffle_output
 from grain_cells.preshuffle import _writer as preshuffle_writer
 from grain_cells.storage.remote import _writes as object_writes
 
@@ -262,7 +261,7 @@ def test_a_failed_upload_stops_the_run(inputs, s3, tmp_path, monkeypatch):
 _KILLED_RUN = """
 import json, os, signal, sys
 import grain_cells
-from grain_cells.preshuffle import _output as preshuffle_output
+from grain_cells.preshuffle import _preshuffle as preshuffle_output
 
 def killed(*args, **kwargs):  # the part is staged: die as the OOM killer would
     os.kill(os.getpid(), signal.SIGKILL)
@@ -308,20 +307,20 @@ def test_only_staging_of_dead_owners_is_removed(tmp_path):
     )
     dead = int(exited.stdout)
     parent = os.getppid()
-    start = staging_lib.start_time(parent)
-    mine = staging_lib.start_time(os.getpid())
+    start = preshuffle_output.start_time(parent)
+    mine = preshuffle_output.start_time(os.getpid())
     folders = {
-        "dead": f"{staging_lib.PREFIX}{dead}-{mine}-ab12",
-        "reused": f"{staging_lib.PREFIX}{parent}-{start + 1}-cd34",
-        "alive": f"{staging_lib.PREFIX}{parent}-{start}-ef56",
-        "older": f"{staging_lib.PREFIX}k2j4h5",  # earlier versions: owner unknown
+        "dead": f"{preshuffle_output.PREFIX}{dead}-{mine}-ab12",
+        "reused": f"{preshuffle_output.PREFIX}{parent}-{start + 1}-cd34",
+        "alive": f"{preshuffle_output.PREFIX}{parent}-{start}-ef56",
+        "older": f"{preshuffle_output.PREFIX}k2j4h5",  # earlier versions: owner unknown
         "other": "someone-elses",
     }
     for name in folders.values():
         (tmp_path / name).mkdir()
         (tmp_path / name / "part.h5ad").write_bytes(b"x")
-    made = staging_lib.make(tmp_path)
-    removed = staging_lib.remove_stale(tmp_path)
+    made = preshuffle_output.make_staging(tmp_path)
+    removed = preshuffle_output.remove_stale_staging(tmp_path)
     assert sorted(p.name for p in removed) == sorted(
         [folders["dead"], folders["reused"]]
     )

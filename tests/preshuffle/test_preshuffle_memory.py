@@ -18,8 +18,8 @@ import pytest
 import scipy.sparse as sp
 
 import grain_cells
-from grain_cells.preshuffle import _names
-from grain_cells.preshuffle import _windows as windows
+from grain_cells.preshuffle import _frames as _names
+from grain_cells.preshuffle import _writer as windows
 from grain_cells.synthetic import write_thin_atlas
 
 

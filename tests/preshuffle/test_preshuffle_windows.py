@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from grain_cells.preshuffle._windows import WritePipeline
+from grain_cells.preshuffle._writer import WritePipeline
 
 
 def test_jobs_run_in_order_and_slots_come_back():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from grain_cells.tokens import _compile
+from grain_cells.tokens import _threads as _compile
 
 
 class _FakeKernel:

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 import grain_cells
 from grain_cells._util import counter_rng
 from grain_cells.outputs import Fetch
-from grain_cells.tokens._rank_value import IGNORE
+from grain_cells.tokens._base import IGNORE
 
 N_GENES = 40
 SIZES = (150, 90)
