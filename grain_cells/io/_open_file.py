@@ -15,8 +15,8 @@ from grain_cells.io import (
     _direct_csr,
     _file_lru,
     _h5ad,
-    _layout_cache,
     _layouts,
+    _meta_cache,
     _obs_cache,
 )
 from grain_cells.io._matrix import CsrReader, DenseReader
@@ -149,11 +149,12 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
 
 
 def _first_open(files, i: int, checked: _file_lru.Checked):
-    """File `i`'s record from its cached byte layouts (`_layout_cache`), or None."""
-    found = _layout_cache.first_open(files, i)
+    """File `i`'s record from its cached byte layouts (`_meta_cache`), or None."""
+    found = _meta_cache.first_open(files, i)
     if found is None:
         return None
-    checked.put(i, files.infos[i], found.obs, found.layouts, found.format)
+    fmt, layouts, obs = found
+    checked.put(i, files.infos[i], obs, layouts, fmt)
     return checked.get(i)
 
 

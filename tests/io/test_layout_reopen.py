@@ -249,7 +249,7 @@ def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
 
 
 # A process's first open of a file (issue 33): the trainer's build caches each
-# file's byte layouts (`grain_cells.io._layout_cache`), so another process
+# file's byte layouts (`grain_cells.io._meta_cache`), so another process
 # opens an unchanged file with a descriptor and positional reads, no h5py.
 
 
