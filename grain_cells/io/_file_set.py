@@ -22,13 +22,19 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad, _nodes
-from grain_cells.io._direct_open import hint_flats, pinned_flats
 from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._open_file import OpenFile, open_member, reopen, weight_of
+from grain_cells.io._open_file import (
+    OpenFile,
+    hint_flats,
+    open_member,
+    pinned_flats,
+    reopen,
+    weight_of,
+)
 from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 

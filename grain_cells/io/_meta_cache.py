@@ -27,7 +27,7 @@ import numpy as np
 from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.formats import ByteLayout, PositionalReader
-from grain_cells.io import _h5ad, _layouts, _nodes
+from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import MatrixInfo
 from grain_cells.io._identity import FileIdentity, matrix_nodes
@@ -265,7 +265,7 @@ def _take_layouts(f, path, info, stat, kinds, matrix, columns) -> dict | None:
             return None
         arrays = matrix[1]
         if info.element.startswith(OBSM) or set(arrays) not in _PLAIN_MATRIX:
-            found = _layouts.layouts_of(element_reader(f, info, fd), fd)
+            found = layouts_of(element_reader(f, info, fd), fd)
         else:
             found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in arrays.items()}
         if found is None or None in found.values():
@@ -282,6 +282,14 @@ def _take_layouts(f, path, info, stat, kinds, matrix, columns) -> dict | None:
         fd.close()
     values = [*out["matrix"].values(), *(v[0] for v in out["obs"].values())]
     return None if None in values else out
+
+
+def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
+    """A reader's arrays' byte layouts when all are positional over a local `fd`."""
+    if fd is None or getattr(fd, "remote", True):
+        return None
+    out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
+    return None if None in out.values() else out
 
 
 def first_open(files, i: int):
@@ -394,4 +402,11 @@ def _write(folder: str, name: str, data: bytes) -> None:
     write_atomic(os.path.join(folder, name), lambda out: out.write(data))
 
 
-__all__ = ["FileMeta", "MetaCache", "cache_dir", "entry_name", "first_open"]
+__all__ = [
+    "FileMeta",
+    "MetaCache",
+    "cache_dir",
+    "entry_name",
+    "first_open",
+    "layouts_of",
+]

@@ -3,7 +3,7 @@
 A collection read in random order closes and reopens files all the time.
 A file whose arrays are all uncompressed is read positionally, so once a
 process has opened it through h5py it keeps the arrays' byte layouts
-(`grain_cells.io._layouts`) and reopens it with one descriptor, no h5py;
+(`grain_cells.io._open_file.reopen`) and reopens it with one descriptor, no h5py;
 read-ahead hints open no file through h5py at all.
 
 Files are written by anndata; the value at (global row r, gene j) is
