@@ -62,26 +62,12 @@ def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
 
 
 def file_obs(
-    f,
-    identity: FileIdentity,
-    columns: dict[str, HarmonisedColumn],
-    i: int,
-    n_obs: int,
+    f, identity: FileIdentity, columns: dict[str, HarmonisedColumn], i: int, n_obs: int
 ) -> dict[str, np.ndarray]:
-    """File `i`'s obs columns, mapped from the cache where it can.
+    """File `i`'s obs columns by name, each mapped from its cache entry.
 
-    Args:
-        f: The open file's root (`Format.open`).
-        identity: The file's identity, taken when the source was built.
-        columns: The source's harmonised obs columns, by name.
-        i: The file's index in the source.
-        n_obs: The file's cells.
-
-    Returns:
-        Per column, one value per cell: a read-only array over a memory map
-        of the cache entry (its `base` is an `np.memmap`), or, for small
-        files, a switched-off or unwritable cache, the values in memory as
-        `HarmonisedColumn.file_values` gives them.
+    A mapped column is a read-only view whose `base` is an `np.memmap`; small
+    files, or no writable cache, get `HarmonisedColumn.file_values` in memory.
     """
     folder = cache_folder() if n_obs >= MIN_CELLS else None
     out = {}
@@ -90,31 +76,32 @@ def file_obs(
             out[name] = column.file_values(i, None, n_obs)
             continue
         path = None if folder is None else folder / entry_name(identity, column, i)
-        mapped = None if path is None else _load(path, column, n_obs, quiet=True)
-        if mapped is None:
-            with _writer_lock(path):
-                # Another process may have written it while this one waited.
-                mapped = None if path is None else _load(path, column, n_obs)
-                if mapped is None:
-                    values = column.file_values(
-                        i, _h5ad.read_obs_column(f, name), n_obs
-                    )
-                    if path is not None:
-                        mapped = _store(path, values, column, n_obs)
-                    if mapped is None:
-                        mapped = values
-        out[name] = mapped
+
+        def read(column=column, name=name):
+            return column.file_values(i, _h5ad.read_obs_column(f, name), n_obs)
+
+        out[name] = _cached(path, column, n_obs, read)
     return out
 
 
-def _writer_lock(path: pathlib.Path | None):
-    """Holds `<entry>.lock` (flock): one process of many racing reads the column.
+def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
+    """The entry at `path` mapped, else `read()` stored there and mapped.
 
-    The others wait, then map what it wrote, instead of each reading the
-    whole column into its own memory. No lock (an unwritable folder) is
-    not an error: the entry is then not written either.
+    One process of many racing reads it (a flock on `<entry>.lock`); the
+    others wait, then map what it wrote. No folder: `read()` in memory.
     """
-    return file_lock(None if path is None else path.with_suffix(".lock"))
+    mapped = None if path is None else _load(path, column, n_obs, quiet=True)
+    if mapped is not None:
+        return mapped
+    with file_lock(None if path is None else path.with_suffix(".lock")):
+        mapped = None if path is None else _load(path, column, n_obs)
+        if mapped is None:
+            values = read()
+            if path is not None:
+                mapped = _store(path, values, column, n_obs)
+            if mapped is None:
+                mapped = values
+    return mapped
 
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
@@ -211,11 +198,8 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
 def joined_column(files, name: str) -> np.ndarray:
     """Obs column `name` over every file of `files` (a `FileSet`), joined.
 
-    Mapped from one cache entry for the whole collection (keyed by every
-    file's identity), so that a split or class weights on 10^5 files open
-    none of them after the first time. On a miss each file is opened only
-    to read the column (a stat check, no matrix inspection) and the joined
-    values are written once.
+    One cache entry for the collection (keyed by every file's identity); on
+    a miss each file is opened for the column alone.
 
     Raises:
         errors.SourceChangedError: A file differs from when `files` was built.
@@ -230,21 +214,14 @@ def joined_column(files, name: str) -> np.ndarray:
         for i, identity in enumerate(files.identities):
             key.update(entry_name(identity, column, i).encode())
         path = folder / f"{key.hexdigest()[:_STAMP]}.npy"
-    mapped = None if path is None else _load(path, column, total, quiet=True)
-    if mapped is not None:
-        return mapped
-    with _writer_lock(path):
-        mapped = None if path is None else _load(path, column, total)
-        if mapped is None:
-            values = np.concatenate(
-                [_member_column(files, i, column, n) for i, n in enumerate(counts)]
-            )
-            if path is not None:
-                mapped = _store(path, values, column, total)
-            if mapped is None:
-                values.flags.writeable = False
-                mapped = values
-    return mapped
+
+    def read():
+        parts = [_member_column(files, i, column, n) for i, n in enumerate(counts)]
+        values = np.concatenate(parts)
+        values.flags.writeable = False
+        return values
+
+    return _cached(path, column, total, read)
 
 
 def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
