@@ -16,9 +16,8 @@ file set.
 """
 
 from grain_cells.io._cells import Cells, take_csr
-from grain_cells.io._element_files import element_files
 from grain_cells.io._file_lru import check_max_open
-from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles
+from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles, element_files
 from grain_cells.io._frames import (
     encoding_of,
     is_legacy_frame,
