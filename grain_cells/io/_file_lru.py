@@ -117,22 +117,7 @@ class FileLru:
                     opened.append(new)
             yield [e.handle for e in entries]
         finally:
-            self._release(entries)
-
-    @contextlib.contextmanager
-    def pinned_if_open(self, key: int) -> Iterator[Any]:
-        """File `key`'s handle if open now (pinned, not marked used), else None."""
-        with self._lock:
-            entry = self._open.get(int(key))
-            if entry is not None:
-                entry.pins += 1
-        if entry is None:
-            yield None
-            return
-        try:
-            yield entry.handle
-        finally:
-            self._release([entry])
+            self.release(entries)
 
     def pin_if_open(
         self, keys: Sequence[int], *, touch: bool = True
@@ -156,10 +141,6 @@ class FileLru:
             doomed = self._evict(n)
         _close(doomed)
 
-    def release(self, entries: list[_Entry]) -> None:
-        """Unpins entries of `pin_if_open`."""
-        self._release(entries)
-
     def _acquire(self, key: int) -> tuple[_Entry, bool]:
         with self._lock:
             entry = self._open.get(key)
@@ -176,10 +157,13 @@ class FileLru:
         _close(doomed)
         return entry, new
 
-    def _release(self, entries: list[_Entry]) -> None:
+    def release(self, entries: list[_Entry | None]) -> None:
+        """Unpins entries (of `pin_if_open`: None skipped)."""
         doomed = []
         with self._lock:
             for entry in entries:
+                if entry is None:
+                    continue
                 entry.pins -= 1
                 if entry.retired and entry.pins == 0:
                     doomed.append(entry)

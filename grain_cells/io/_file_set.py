@@ -292,10 +292,13 @@ class OpenFiles:
         An open file as it is; a closed one with known byte layouts reopened
         for the hint; any other None.
         """
-        with self._lru.pinned_if_open(i) as handle:
-            if handle is not None:
-                yield handle
-                return
+        (entry,) = self._lru.pin_if_open([i], touch=False)
+        if entry is not None:
+            try:
+                yield entry.handle
+            finally:
+                self._lru.release([entry])
+            return
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
             yield None

@@ -21,6 +21,7 @@ import json
 import os
 import stat as stat_mod
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -333,16 +334,8 @@ def first_open(files, i: int):
     return fmt, layouts, obs
 
 
-class _Values:
-    """What `HarmonisedColumn.file_values` reads of a column (`values`)."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, values):
-        self.values = values
-
-
-def _read_column(d: list, info, fd) -> _Values | None:
+def _read_column(d: list, info, fd) -> SimpleNamespace | None:
+    """A column as `HarmonisedColumn.file_values` reads it (`.values`), or None."""
     layout = _layout(d[0])
     n = layout.shape[0]
     if n != info.n_obs:
@@ -351,10 +344,10 @@ def _read_column(d: list, info, fd) -> _Values | None:
     if n:
         PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
     if d[2] is None:
-        return _Values(out.astype(np.dtype(d[1]), copy=False))
+        return SimpleNamespace(values=out.astype(np.dtype(d[1]), copy=False))
     if n and (int(out.max()) >= d[2] or int(out.min()) < -1):
         return None  # the format's reader reports it
-    return _Values(out)
+    return SimpleNamespace(values=out)
 
 
 def _read_entry(path, element, genes_from, stat) -> dict | None:
@@ -402,11 +395,4 @@ def _write(folder: str, name: str, data: bytes) -> None:
     write_atomic(os.path.join(folder, name), lambda out: out.write(data))
 
 
-__all__ = [
-    "FileMeta",
-    "MetaCache",
-    "cache_dir",
-    "entry_name",
-    "first_open",
-    "layouts_of",
-]
+__all__ = ["FileMeta", "MetaCache", "first_open", "inspect_file", "layouts_of"]

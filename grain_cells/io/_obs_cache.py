@@ -1,10 +1,8 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
 The first process that opens a file writes each obs column's harmonised
-values (`HarmonisedColumn.file_values`) once to a cache file, and every
-process maps it read-only (`np.memmap`): the pages are the page cache,
-shared by every process, instead of a copy of each column per process.
-A collection's whole column is one more entry (`joined_column`).
+values once, and every process maps them read-only (the page cache's pages,
+not a copy per process); a collection's whole column is one more entry.
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """
@@ -105,11 +103,7 @@ def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
 
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
-    """The entry mapped read-only, or None when absent or not valid.
-
-    A damaged entry is logged (unless `quiet`: the check is then repeated
-    under the writer's lock, and logged there).
-    """
+    """The entry mapped read-only, or None (a damaged one logged unless `quiet`)."""
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -149,13 +143,10 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False)
 
 
 def own_map(values: np.ndarray) -> np.ndarray:
-    """`values` (a column `file_obs` gave) in a map of the caller's own.
+    """`values` (a column `file_obs` gave) in a map of the caller's own, read-only.
 
-    A column mapped from the cache is mapped again: the same pages of the
-    page cache, but a mapping that ends when the caller drops the array, so
-    a pass over a whole column (a split, class weights) leaves no pages
-    mapped in the process after it. Any other column is returned as a
-    read-only view.
+    The mapping ends when the caller drops it: a pass over a whole column
+    leaves no pages mapped after it.
     """
     base = values.base
     if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
@@ -196,10 +187,7 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
 
 
 def joined_column(files, name: str) -> np.ndarray:
-    """Obs column `name` over every file of `files` (a `FileSet`), joined.
-
-    One cache entry for the collection (keyed by every file's identity); on
-    a miss each file is opened for the column alone.
+    """Obs column `name` over every file of `files`, joined (one cache entry).
 
     Raises:
         errors.SourceChangedError: A file differs from when `files` was built.

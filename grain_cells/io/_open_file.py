@@ -241,7 +241,7 @@ def pinned_flats(
             os.close(fd)
         for reader in readers:
             reader.close()
-        lru.release([e for e in entries if e is not None])
+        lru.release(entries)
 
 
 @contextlib.contextmanager
@@ -285,7 +285,7 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
     finally:
         for fd in own:
             os.close(fd)
-        lru.release([e for e in entries if e is not None])
+        lru.release(entries)
 
 
 def _learn_flat(files, i: int, record):
