@@ -103,11 +103,7 @@ class FileLru:
     def pinned(
         self, keys: Sequence[int], opened: list[bool] | None = None
     ) -> Iterator[list]:
-        """The handles of `keys` (repeats allowed), open until the block ends.
-
-        `opened` gets, per key, whether this call opened it. Raises what
-        `opener` raises (files pinned before are released).
-        """
+        """The handles of `keys`, open until the block ends (`opened`: new ones)."""
         entries: list[_Entry] = []
         try:
             for key in keys:

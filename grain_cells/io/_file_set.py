@@ -41,7 +41,6 @@ from grain_cells.io._open_file import (
     open_member,
     pinned_flats,
     reopen,
-    weight_of,
 )
 from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
@@ -85,10 +84,7 @@ class FileSet:
         storage_options: dict | None = None,
         genes_from: str | None = None,
     ) -> FileSet:
-        """Opens every file once (or takes its `_meta_cache` entry) to check it.
-
-        Arguments and errors are `AnnDataSource`'s, resolved.
-        """
+        """Opens every file once (or takes its cached entry) to check it."""
         paths = tuple(paths)
         storage_options = dict(storage_options or {})
         infos: list[_h5ad.MatrixInfo] = []
@@ -141,11 +137,7 @@ class FileSet:
         return len(self.genes.var_names)
 
     def verify(self, when: str) -> None:
-        """Checks with one `stat` per file that every file is unchanged.
-
-        Raises:
-            errors.SourceChangedError: A file was written, replaced or removed.
-        """
+        """Raises `SourceChangedError` unless every file's `stat` is unchanged."""
         for identity in self.identities:
             try:
                 now = _nodes.stat_path(identity.path, self.storage_options)
@@ -160,15 +152,9 @@ class FileSet:
 def element_files(files: FileSet, element: str) -> FileSet:
     """The file set of the same files that reads `element` (no obs columns).
 
-    Opens every file once, as the version its identity names.
-
-    Raises:
-        errors.SourceChangedError: A file changed since `files` was built.
-        errors.MissingColumnError: A file has no such element.
-        errors.AnnDataFormatError: The element has other rows than the file's
-            cells, or an obsm array has other widths in other files.
-        errors.UnsupportedLayoutError: The element is CSC, or sparse in some
-            files and dense in others.
+    Opens every file once, as its identity names it. Raises `SourceChangedError`,
+    `MissingColumnError`, `AnnDataFormatError` (other rows or obsm widths) or
+    `UnsupportedLayoutError` (CSC, or sparse in some files only).
     """
     infos: list[_h5ad.MatrixInfo] = []
     var_names: list[np.ndarray] = []
@@ -230,6 +216,10 @@ def _kind(element: str, infos: list, must: str) -> dict:
     }
 
 
+def _weight(handle: OpenFile) -> int:
+    return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
+
+
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
@@ -258,7 +248,7 @@ class OpenFiles:
         self._checked = _file_lru.Checked()
         max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
         opener = functools.partial(open_member, self.files, checked=self._checked)
-        self._lru = _file_lru.FileLru(opener, max_open, max_weight, weight_of)
+        self._lru = _file_lru.FileLru(opener, max_open, max_weight, _weight)
         self._local = threading.local()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
@@ -273,10 +263,7 @@ class OpenFiles:
     def pinned(
         self, indices: Sequence[int], *, at_read: bool = False
     ) -> Iterator[list[OpenFile]]:
-        """Files `indices`' handles (repeats allowed), open until the block ends.
-
-        `at_read`: each not opened by this call is checked first (`check_at_read`).
-        """
+        """Files `indices`' handles, open until the block ends (`at_read`: checked)."""
         opened: list[bool] = []
         with self._lru.pinned(indices, opened) as handles:
             if at_read:
@@ -287,11 +274,7 @@ class OpenFiles:
 
     @contextlib.contextmanager
     def for_hints(self, i: int) -> Iterator[OpenFile | None]:
-        """File `i`'s handles for a read-ahead hint, or None: never a format open.
-
-        An open file as it is; a closed one with known byte layouts reopened
-        for the hint; any other None.
-        """
+        """File `i`'s handles for a hint (open, or reopened from layouts), or None."""
         (entry,) = self._lru.pin_if_open([i], touch=False)
         if entry is not None:
             try:
@@ -331,10 +314,7 @@ class OpenFiles:
 
     @contextlib.contextmanager
     def counting_reads(self) -> Iterator[None]:
-        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
-
-        Only while warm or unjudged; other threads' reads count too.
-        """
+        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`."""
         if self._warm is False:
             yield
             return
@@ -358,11 +338,7 @@ class OpenFiles:
 
     @property
     def cache_warm(self) -> bool:
-        """Whether the page cache holds the reads (hints would be wasted).
-
-        True once `WARM_PIECES` counted pieces had at most `WARM_MISSES`
-        misses, until more miss (then False for good); never for URLs.
-        """
+        """Whether the page cache held the recent reads (never again once not)."""
         return self._all_local and self._warm is True
 
     @property
@@ -379,11 +355,7 @@ class OpenFiles:
         return buf
 
     def thread_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
-        """The read threads (started on first use; `threads` their count), or None.
-
-        `"auto"` is sized in the reading process (`_util.cores`); one thread
-        reads inline.
-        """
+        """The read threads (started on first use; `.threads`), or None: inline."""
         if self._pool is None:
             threads = cores.read_threads(self.read_threads)
             if threads == 0 or (threads == 1 and self.read_threads == "auto"):

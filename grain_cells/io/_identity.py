@@ -49,10 +49,7 @@ class FileIdentity:
     def take(
         cls, f, path: str, element: str, stat: FileStat | None = None, nodes=None
     ) -> FileIdentity:
-        """The identity of an open file's matrix at `element`.
-
-        `stat`: the open file's unless given; `nodes`: `matrix_nodes`'s.
-        """
+        """The identity of an open file's matrix (`stat`: the file's unless given)."""
         if nodes is None:
             nodes = matrix_nodes(f, element)  # looked up once for both digests
         return cls(
@@ -110,11 +107,7 @@ def matrix_nodes(f, element: str) -> tuple:
 
 
 def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
-    """SHA-256 (hex) of what locates the matrix at `element`.
-
-    Its arrays' `Format.array_layout`, its `shape` and encoding attributes,
-    and evenly spaced `indptr` entries for CSR: a few hundred bytes read.
-    """
+    """SHA-256 (hex) of what locates the matrix at `element` (a few hundred bytes)."""
     obj, arrays = matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
     group = "" not in arrays
@@ -134,10 +127,7 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
 
 
 def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
-    """SHA-256 (hex) of evenly spaced windows of the stored values.
-
-    CSR: of `data` and `indices`; dense: the first columns of spaced rows.
-    """
+    """SHA-256 (hex) of evenly spaced windows of the matrix's stored values."""
     arrays = (matrix_nodes(f, element) if nodes is None else nodes)[1]
     digest = hashlib.sha256(element.encode())
     path = _nodes.file_name(f)
@@ -195,10 +185,7 @@ def file_entries(source) -> list[dict]:
 
 
 def files_entry(entries: list) -> list | dict:
-    """What a checkpoint records of the files: the entries, or their digest.
-
-    Past `LISTED_FILES` files: their count, cells, bytes and SHA-256.
-    """
+    """What a checkpoint records of the files: the entries, or their digest."""
     if not isinstance(entries, list) or len(entries) <= LISTED_FILES:
         return entries
     text = json.dumps(entries, sort_keys=True, separators=(",", ":"))

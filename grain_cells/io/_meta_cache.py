@@ -230,11 +230,7 @@ def inspect_file(
 
 
 def _read_ahead(path: str) -> None:
-    """Asks the page cache for all of a small local file at once (async).
-
-    A cold inspection's hundred scattered small reads cost more CPU than a
-    few large ones (issue 33).
-    """
+    """Asks the page cache for all of a small local file at once (async)."""
     if "://" in path:
         return
     try:
@@ -252,11 +248,7 @@ def _read_ahead(path: str) -> None:
 
 
 def _take_layouts(f, path, info, stat, kinds, matrix, columns) -> dict | None:
-    """`{"matrix", "obs"}` byte layouts as JSON, or None when not all positional.
-
-    `matrix`: `matrix_nodes`'s; `columns`: each plain obs column's array
-    (`obs_column_kinds`).
-    """
+    """The matrix's and obs columns' byte layouts as JSON; None if not positional."""
     fmt = formats.for_path(path)
     fd = fmt.open_bytes(f, path, {}, stat)
     if fd is None:
@@ -294,11 +286,7 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
 
 
 def first_open(files, i: int):
-    """`(format, layouts, obs)` of file `i` of `files` from its entry, or None.
-
-    Its descriptor's `fstat` is checked against the identity taken at build
-    (`SourceChangedError`); its obs columns are read positionally through it.
-    """
+    """`(format, layouts, obs)` of file `i` from its entry (`fstat` checked) or None."""
     identity, info = files.identities[i], files.infos[i]
     stat = identity.stat
     if stat.etag or stat.content or stat.store or "://" in identity.path:

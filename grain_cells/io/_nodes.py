@@ -52,11 +52,7 @@ _ABSENT = object()
 
 @contextlib.contextmanager
 def remembered():
-    """Within it, this thread's `get`, `at` and `attr` answer repeats from memory.
-
-    For one read-only file's inspection at build, which asks for the same
-    nodes several times; answers are kept by the identity of the node asked.
-    """
+    """Within it, this thread's `get`, `at` and `attr` answer repeats from memory."""
     outer = getattr(_LOCAL, "memo", None)
     _LOCAL.memo = {}
     try:

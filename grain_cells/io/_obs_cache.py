@@ -62,11 +62,7 @@ def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
 def file_obs(
     f, identity: FileIdentity, columns: dict[str, HarmonisedColumn], i: int, n_obs: int
 ) -> dict[str, np.ndarray]:
-    """File `i`'s obs columns by name, each mapped from its cache entry.
-
-    A mapped column is a read-only view whose `base` is an `np.memmap`; small
-    files, or no writable cache, get `HarmonisedColumn.file_values` in memory.
-    """
+    """File `i`'s obs columns by name: read-only maps of cache entries, or in memory."""
     folder = cache_folder() if n_obs >= MIN_CELLS else None
     out = {}
     for name, column in columns.items():
@@ -83,11 +79,7 @@ def file_obs(
 
 
 def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
-    """The entry at `path` mapped, else `read()` stored there and mapped.
-
-    One process of many racing reads it (a flock on `<entry>.lock`); the
-    others wait, then map what it wrote. No folder: `read()` in memory.
-    """
+    """The entry at `path` mapped, else `read()` stored there (one process, flock)."""
     mapped = None if path is None else _load(path, column, n_obs, quiet=True)
     if mapped is not None:
         return mapped
@@ -143,11 +135,7 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False)
 
 
 def own_map(values: np.ndarray) -> np.ndarray:
-    """`values` (a column `file_obs` gave) in a map of the caller's own, read-only.
-
-    The mapping ends when the caller drops it: a pass over a whole column
-    leaves no pages mapped after it.
-    """
+    """`values` (a column of `file_obs`) read-only, in a map the caller's drop ends."""
     base = values.base
     if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
         again = np.memmap(base.filename, values.dtype, "r", base.offset, values.shape)

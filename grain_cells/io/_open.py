@@ -23,13 +23,8 @@ def open_file(
 ):
     """Opens an AnnData file or store read-only; close the root it returns.
 
-    `stat`: the version expected (a store's format may take it anew).
-
-    Raises:
-        FileNotFoundError: The path does not exist (or is a dangling symlink).
-        errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
-            by a writer, is a symlink loop or a MuData file, or has no
-            `obs`/`var` (not AnnData).
+    `stat`: the version expected. Raises `FileNotFoundError`, or
+    `AnnDataFormatError` for what is not AnnData (not HDF5, truncated, MuData...).
     """
     path = os.fspath(path)
     f = formats.for_path(path).open(path, storage_options, stat)
@@ -38,12 +33,7 @@ def open_file(
 
 
 def check_anndata(f, path: str) -> None:
-    """Closes `f` and raises unless it is an AnnData file (not MuData).
-
-    Raises:
-        errors.UnsupportedLayoutError: A MuData file.
-        errors.AnnDataFormatError: No `obs`/`var` at the root.
-    """
+    """Closes `f` and raises unless it is AnnData: MuData, no `obs`/`var`."""
     mod = _nodes.get(f, "mod")
     if encoding_of(f) == "MuData" or _nodes.is_group(mod):
         modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []

@@ -29,13 +29,10 @@ from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
 @dataclasses.dataclass
 class OpenFile:
-    """A file's handles in one process.
+    """A file's handles in one process: `h5` (None once `fd` alone reads), `fd`, `obs`.
 
-    `h5` is the format's open root (None once reads go through `fd` alone),
-    `fd` its `ByteReader` (None for formats that read their own store), `obs`
-    its obs columns in shared codes, `flat` its `_direct_csr.Flat` (None: not
-    so; False: not asked yet). Reopened from `layouts`, the reader is built
-    on first use.
+    `flat`: its `_direct_csr.Flat` (None: not so; False: not asked yet); reopened
+    from `layouts`, the reader is built on first use.
     """
 
     h5: object | None
@@ -65,13 +62,9 @@ class OpenFile:
 
 
 def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> OpenFile:
-    """Opens file `i` of `files` in this process, checking it is unchanged.
+    """Opens file `i` of `files` in this process, checked (`SourceChangedError`).
 
-    A file with a `checked` record (or a cached entry: `_meta_cache.first_open`)
-    is not inspected again; with byte layouts it opens as one descriptor.
-
-    Raises:
-        errors.SourceChangedError: The file differs from when `files` was built.
+    A file with a `checked` record or cached entry is not inspected again.
     """
     known = None if checked is None else checked.get(i)
     if known is None and checked is not None:
@@ -164,11 +157,6 @@ def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     return CsrReader.of_arrays(info, arrays, fd)
 
 
-def weight_of(handle: OpenFile) -> int:
-    """A handle's weight in the `"auto"` bound (`_file_lru.DEFAULT_BUDGET`)."""
-    return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
-
-
 def _flat(handle: OpenFile):
     if handle.flat is False:
         handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
@@ -181,12 +169,8 @@ def pinned_flats(
 ) -> Iterator[tuple | None]:
     """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
 
-    Open files as they are; closed ones with known pieces through a
-    descriptor of the fetch's own (room made in the bound); others through
-    the bound. None when a file is not read positionally.
-
-    Raises:
-        errors.SourceChangedError: A file differs from when the source was built.
+    Closed files with known pieces through descriptors of the fetch's own (room
+    made in the bound), others through the bound; None if one is not positional.
     """
     files = handles.files
     entries = lru.pin_if_open(indices)
@@ -248,10 +232,8 @@ def pinned_flats(
 def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
     """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
 
-    `flats[k]`/`fds[k]`: a file's `Flat` and a descriptor open until the
-    block ends (closed files: a bare `os.open`; the read checks them), or
-    None/-1. `rest`: positions to hint one by one (`OpenFiles.for_hints`).
-    Files with nothing known are in neither (hinting them costs an open).
+    Closed files with known pieces through bare descriptors (None, -1: not
+    hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
     """
     entries = lru.pin_if_open(indices, touch=False)
     n = len(indices)
