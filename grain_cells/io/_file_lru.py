@@ -225,12 +225,8 @@ class Checked:
         self._bytes = 0
 
     def get(self, key: int) -> _Record | None:
-        """File `key`'s record (`info`, `obs`), or None."""
-        with self._lock:
-            record = self._records.get(key)
-            if record is not None:
-                self._records.move_to_end(key)
-            return record
+        """File `key`'s record (marked used), or None."""
+        return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
         """`get` of each key, under one lock (a fetch's closed files)."""
@@ -284,14 +280,4 @@ def _touch_many(table, keys: Sequence[int]) -> list:
     return out
 
 
-__all__ = [
-    "DEFAULT_MAX_OPEN",
-    "RECORDS_MAX_BYTES",
-    "RECORD_OVERHEAD_BYTES",
-    "Checked",
-    "FileLru",
-    "check_max_open",
-    "default_budget",
-    "default_max_open",
-    "resolve_max_open",
-]
+__all__ = ["Checked", "FileLru", "check_max_open", "default_budget", "resolve_max_open"]

@@ -164,27 +164,3 @@ def range_reader(
     return format_of(node).range_reader(
         node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing
     )
-
-
-__all__ = [
-    "at",
-    "attr",
-    "attr_str",
-    "check_storage",
-    "checked",
-    "chunk_bytes",
-    "description",
-    "element_problem",
-    "file_name",
-    "format_of",
-    "get",
-    "is_array",
-    "is_group",
-    "is_string_array",
-    "range_reader",
-    "read",
-    "remembered",
-    "stat_of",
-    "stat_path",
-    "strings",
-]
