@@ -1,7 +1,8 @@
-"""A bounded set of one process's open files, least recently used closed first.
+"""One process's open files and what it learnt of each, bounded, least recent out.
 
-`FileLru` keeps at most `max_open` files open: opening one more closes the
-least recently used file that no read is using.
+`FileLru` keeps at most `max_open` files open (unpinned ones closed first);
+`Checked` keeps each file's record from its first full open, so a reopen
+skips the inspection.
 
 Design notes: docs/reference/design.md#io-file-lru.
 """
@@ -18,50 +19,27 @@ from typing import Any
 
 from grain_cells._util import arguments
 
-# Files held through their format (HDF5: two descriptors and its
-# caches each) kept open per process by default (see `default_max_open`).
+# Files held through their format kept open per process by default.
 DEFAULT_MAX_OPEN = 128
-# `max_open_files="auto"` bounds a weighted count (`FileLru.weight`): a
-# file read through its descriptor alone (`grain_cells.io._layouts`)
-# weighs 1, one held through its format `FORMAT_WEIGHT` (so that about
-# `DEFAULT_MAX_OPEN` of those fit, as before). At most `DEFAULT_BUDGET`,
-# so a process stays under 512 descriptors.
+# `max_open_files="auto"` bounds a weight: a file read through its
+# descriptor alone weighs 1, one held through its format `FORMAT_WEIGHT`;
+# at most `DEFAULT_BUDGET`, so a process stays under 512 descriptors.
 DEFAULT_BUDGET = 384
 FORMAT_WEIGHT = 3
-# What a `Checked` record holds beyond its arrays' bytes and its layouts'
-# `nbytes`, counted in its bound: the record, its dicts, the obs arrays'
-# headers, the layouts' Python objects and the CSR byte spans made at a
-# reopen (`_direct_csr.Flat`): 1.5-2.0 KB measured (tracemalloc) for
-# records of three CSR layouts and four obs columns, counted as 3 KiB so
-# that `max_bytes` bounds what the records take, however small the files
-# (tests/io/test_checked_bound.py).
+# A `Checked` record's Python objects beyond its arrays and layouts
+# (1.5-2.0 KB measured with tracemalloc), counted in its bound.
 RECORD_OVERHEAD_BYTES = 3072
-# `Checked`'s bound per process, objects included: 96 MiB holds the records
-# of 10,000 thin files (four obs columns of 1,000 cells: 9.4 KB counted,
-# about 7 KB taken), as 64 MiB of arrays alone did before the objects counted;
-# fewer would send a third of a 10,000-file epoch's reopens back to the
-# layout cache's JSON (0.19 against 0.03 CPU-ms per open, random order).
+# `Checked`'s bound per process: the records of 10,000 thin files.
 RECORDS_MAX_BYTES = 96 << 20
 
 
 def default_max_open() -> int:
-    """Files held through their format that `"auto"` keeps open at most.
-
-    `default_budget() // FORMAT_WEIGHT`: 128, or 21 under `ulimit -n 256`.
-    """
+    """Files held through their format that `"auto"` keeps open at most."""
     return max(1, default_budget() // FORMAT_WEIGHT)
 
 
 def default_budget() -> int:
-    """`DEFAULT_BUDGET`, or half the soft `RLIMIT_NOFILE` less 64 if less.
-
-    Descriptor-only files weigh 1 (one descriptor each), others
-    `FORMAT_WEIGHT` (two): `ulimit -n 256` gives 64 (as the 32 files of
-    two descriptors before), `ulimit -n 1024` and above 384, so that each
-    process (15 workers under `ulimit -n 1024` included) stays under 512
-    with a fetch's files pinned beyond the bound and read-ahead's own
-    descriptors (`io._range_reads.HINT_FILES`).
-    """
+    """`DEFAULT_BUDGET`, or half the soft `RLIMIT_NOFILE` less 64 if less."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return DEFAULT_BUDGET
@@ -69,12 +47,7 @@ def default_budget() -> int:
 
 
 def check_max_open(value: int | str) -> int | str:
-    """A `max_open_files` argument: an int >= 1 or `"auto"`.
-
-    Raises:
-        ValueError: Out of range, or a string other than `"auto"`.
-        arguments.ArgumentTypeError: Neither an int nor a string.
-    """
+    """A `max_open_files` argument: an int >= 1 or `"auto"` (ValueError, TypeError)."""
     if isinstance(value, str):
         if value != "auto":
             raise ValueError(
@@ -86,10 +59,7 @@ def check_max_open(value: int | str) -> int | str:
 
 
 def resolve_max_open(value: int | str) -> tuple[int, int | None]:
-    """`(max_open, max_weight)` of `FileLru` for a `max_open_files` argument.
-
-    An int bounds files; `"auto"` bounds their weight (`default_budget`).
-    """
+    """`(max_open, max_weight)` of `FileLru`: an int bounds files, "auto" weight."""
     if value == "auto":
         budget = default_budget()
         return budget, budget
@@ -105,10 +75,7 @@ class _Entry:
 
 
 class FileLru:
-    """At most `max_open` open files, opened by `opener(key)` on first use.
-
-    Thread-safe. Handles must have a `close()`.
-    """
+    """At most `max_open` files (`max_weight` weight) open, by `opener(key)`."""
 
     def __init__(
         self,
@@ -117,12 +84,6 @@ class FileLru:
         max_weight: int | None = None,
         weight: Callable[[Any], int] | None = None,
     ):
-        """Opens nothing yet.
-
-        `opener(key)` may raise (nothing is then kept); `max_open` files stay
-        open when no read pins more, and at most `max_weight` (None: no
-        bound) of their total `weight` (default 1 each).
-        """
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open}")
         self.max_open = max_open
@@ -142,14 +103,7 @@ class FileLru:
     def pinned(
         self, keys: Sequence[int], opened: list[bool] | None = None
     ) -> Iterator[list]:
-        """The handles of `keys` (repeats allowed), open until the block ends.
-
-        `opened`: gets, per key, whether its handle was opened by this call
-        (the opener's checks ran just now).
-
-        Raises:
-            Whatever `opener` raises; files pinned before it are released.
-        """
+        """The handles of `keys`, open until the block ends (`opened`: new ones)."""
         entries: list[_Entry] = []
         try:
             for key in keys:
@@ -159,34 +113,12 @@ class FileLru:
                     opened.append(new)
             yield [e.handle for e in entries]
         finally:
-            self._release(entries)
-
-    @contextlib.contextmanager
-    def pinned_if_open(self, key: int) -> Iterator[Any]:
-        """File `key`'s handle if it is open now (pinned, not marked used), else None.
-
-        Opens nothing (read-ahead hints ask so).
-        """
-        with self._lock:
-            entry = self._open.get(int(key))
-            if entry is not None:
-                entry.pins += 1
-        if entry is None:
-            yield None
-            return
-        try:
-            yield entry.handle
-        finally:
-            self._release([entry])
+            self.release(entries)
 
     def pin_if_open(
         self, keys: Sequence[int], *, touch: bool = True
     ) -> list[_Entry | None]:
-        """Each key's entry if open now (pinned; marked used if `touch`), else None.
-
-        Opens nothing; `release` the entries (a many-file fetch's files
-        that are open: `grain_cells.io._direct_open`; a hint's, untouched).
-        """
+        """Each key's entry if open now (pinned; marked used if `touch`), else None."""
         with self._lock:
             if touch:
                 out = _touch_many(self._open, keys)
@@ -198,20 +130,12 @@ class FileLru:
         return out
 
     def reserve(self, n: int) -> None:
-        """Closes unpinned files, oldest first, until `n` more fit the bound.
-
-        For descriptors opened beside the bound (a fetch's own:
-        `grain_cells.io._direct_open`), so that the process stays within it.
-        """
+        """Closes unpinned files, oldest first, until `n` more fit the bound."""
         if n <= 0:
             return
         with self._lock:
             doomed = self._evict(n)
         _close(doomed)
-
-    def release(self, entries: list[_Entry]) -> None:
-        """Unpins entries of `pin_if_open`."""
-        self._release(entries)
 
     def _acquire(self, key: int) -> tuple[_Entry, bool]:
         with self._lock:
@@ -229,10 +153,13 @@ class FileLru:
         _close(doomed)
         return entry, new
 
-    def _release(self, entries: list[_Entry]) -> None:
+    def release(self, entries: list[_Entry | None]) -> None:
+        """Unpins entries (of `pin_if_open`: None skipped)."""
         doomed = []
         with self._lock:
             for entry in entries:
+                if entry is None:
+                    continue
                 entry.pins -= 1
                 if entry.retired and entry.pins == 0:
                     doomed.append(entry)
@@ -240,10 +167,7 @@ class FileLru:
         _close(doomed)
 
     def _evict(self, room: int = 0) -> list[_Entry]:
-        """Takes unpinned files out, oldest first, down to the bound (locked).
-
-        `room`: down to that many files (and weight) below the bound.
-        """
+        """Takes unpinned files out, oldest first, `room` below the bound (locked)."""
         max_open = self.max_open - room
         max_weight = None if self.max_weight is None else self.max_weight - room
         excess = len(self._open) - max_open
@@ -280,27 +204,17 @@ class _Record:
     info: Any
     obs: dict
     nbytes: int
-    layouts: dict | None = None  # `grain_cells.io._layouts`: reopen without the format
-    format: Any = None  # the file's `formats.Format` (with `layouts`)
+    layouts: dict | None = None  # to reopen without the format, with `format`
+    format: Any = None
     flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
 
 
 class Checked:
-    """What one process learnt of each file at its first full open, bounded.
+    """What a process learnt of each file at its first full open, for reopens.
 
-    `open_member` checks a file in full when a process first opens it
-    (matrix summary, `stat`, layout digest) and reads its obs values; a
-    file evicted by `FileLru` and opened again whose `stat` is unchanged
-    since is the same file, so its reopen takes the matrix summary and obs
-    values kept here and opens only the handles (a full open of a small
-    `.h5ad` file costs about 11 CPU-ms, over half of it the obs columns);
-    when the record holds the matrix's byte layouts (`_layouts`: all its
-    arrays uncompressed, local), only a descriptor. At most `max_bytes` of
-    obs values and layouts and `max_files` records are kept, least
-    recently used dropped first. Each record counts its arrays' bytes, its
-    layouts' `nbytes` and `RECORD_OVERHEAD_BYTES` (its Python objects), so
-    `max_bytes` bounds the memory the records take, not only their arrays:
-    with many small files the objects are most of it. Thread-safe.
+    A file's matrix summary, obs values and byte layouts; at most `max_bytes`
+    (arrays, layouts and `RECORD_OVERHEAD_BYTES` each) and `max_files`
+    records, least recently used dropped. Thread-safe.
     """
 
     def __init__(self, max_bytes: int = RECORDS_MAX_BYTES, max_files: int = 16_384):
@@ -311,12 +225,8 @@ class Checked:
         self._bytes = 0
 
     def get(self, key: int) -> _Record | None:
-        """File `key`'s record (`info`, `obs`), or None."""
-        with self._lock:
-            record = self._records.get(key)
-            if record is not None:
-                self._records.move_to_end(key)
-            return record
+        """File `key`'s record (marked used), or None."""
+        return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
         """`get` of each key, under one lock (a fetch's closed files)."""
@@ -326,11 +236,7 @@ class Checked:
     def put(
         self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
     ) -> None:
-        """Keeps file `key`'s record, dropping the oldest past the bounds.
-
-        `layouts`: array name to `formats.ByteLayout` (their `nbytes`
-        count), and `fmt` the file's format, to reopen it from them.
-        """
+        """Keeps file `key`'s record, dropping the oldest past the bounds."""
         nbytes = RECORD_OVERHEAD_BYTES
         nbytes += sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
         nbytes += sum(v.nbytes for v in (layouts or {}).values())
@@ -374,14 +280,4 @@ def _touch_many(table, keys: Sequence[int]) -> list:
     return out
 
 
-__all__ = [
-    "DEFAULT_MAX_OPEN",
-    "RECORDS_MAX_BYTES",
-    "RECORD_OVERHEAD_BYTES",
-    "Checked",
-    "FileLru",
-    "check_max_open",
-    "default_budget",
-    "default_max_open",
-    "resolve_max_open",
-]
+__all__ = ["Checked", "FileLru", "check_max_open", "default_budget", "resolve_max_open"]

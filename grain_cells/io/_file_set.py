@@ -1,11 +1,11 @@
-"""The files of a source: what was checked when it was built, and open handles.
+"""The files of a source as checked when it was built, and a process's handles.
 
-`FileSet` is an immutable value: the files' paths, matrix metadata,
-identities (`grain_cells.io._identity`), gene alignment and harmonised obs
-columns, taken by `FileSet.inspect` when an `AnnDataSource` is built (every
-file is opened once, checked and closed). It pickles to workers as is.
+`FileSet` is an immutable value (paths, matrix metadata, identities, gene
+alignment, harmonised obs columns) that pickles to workers; `element_files`
+derives the set of another element of the same files; `OpenFiles` holds one
+process's open files, read buffers and read threads.
 
-Design notes: docs/reference/design.md#io-file-set.
+Design notes: docs/reference/design.md#io-file-set, #io-element-files.
 """
 
 from __future__ import annotations
@@ -22,42 +22,42 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad, _nodes
-from grain_cells.io._direct_open import hint_flats, pinned_flats
-from grain_cells.io._genes import GeneAlignment, align_genes, shared_keys
+from grain_cells.io._frames import var_group_name
+from grain_cells.io._genes import (
+    GeneAlignment,
+    align_genes,
+    read_gene_keys,
+    shared_keys,
+)
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._open_file import OpenFile, open_member, reopen, weight_of
+from grain_cells.io._obsm import OBSM, inspect_element
+from grain_cells.io._open import open_file
+from grain_cells.io._open_file import (
+    OpenFile,
+    hint_flats,
+    open_member,
+    pinned_flats,
+    reopen,
+)
 from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
-# pieces of a source's local reads missed the page cache
-# (`OpenFiles.cache_warm`; why a miss is for good: design.md#io-direct-open).
+# pieces of a source's local reads missed the page cache (`cache_warm`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
 
 
-class ReadPool(concurrent.futures.ThreadPoolExecutor):
-    """A process's read threads, with their count public (`threads`)."""
-
-    def __init__(self, threads: int, **kwargs):
-        super().__init__(threads, **kwargs)
-        self.threads = threads
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class FileSet:
-    """One or many AnnData files or stores along cells, checked at build.
+    """AnnData files or stores (formats may mix) along cells, checked at build.
 
-    A list may mix formats. `paths` are resolved, in concatenation order;
-    `element` is the matrix read (`X`, `raw/X`, `layers/<name>`; beside a
-    source, `obsm/<name>`: `grain_cells.io._element_files`); `genes` maps
-    each file's genes (an obsm array's columns) to the output columns; `obs`
-    holds each column's harmonised categories and per-file presence; `dtype`
-    is the files' common value type; `storage_options` (for URLs) pickle
-    with the set, so each worker builds its own client.
+    `element` is the matrix read; `genes` maps each file's genes to the
+    output columns; `storage_options` pickle with the set (each worker
+    builds its own client).
     """
 
     paths: tuple[str, ...]
@@ -84,13 +84,7 @@ class FileSet:
         storage_options: dict | None = None,
         genes_from: str | None = None,
     ) -> FileSet:
-        """Opens every file once to check it and read its metadata.
-
-        A file unchanged since a build over it is not opened: its entry in
-        the metadata cache stands in (`grain_cells.io._meta_cache`).
-        Arguments and errors are `AnnDataSource`'s, resolved (`element`:
-        `_h5ad.matrix_element(layer)`; `genes`: `arguments.check_genes`'s).
-        """
+        """Opens every file once (or takes its cached entry) to check it."""
         paths = tuple(paths)
         storage_options = dict(storage_options or {})
         infos: list[_h5ad.MatrixInfo] = []
@@ -119,23 +113,16 @@ class FileSet:
                 {c: None if c in missing else meta.kinds[c] for c in obs_names}
             )
             infos.append(meta.info)
-        encodings = {i.encoding for i in infos}
-        if len(encodings) > 1:
-            raise errors.UnsupportedLayoutError(
-                f"{element} is sparse in some files and dense in others "
-                f"({', '.join(f'{i.path}: {i.encoding}' for i in infos)}); "
-                "all files of one source must share an encoding"
-            )
+        kind = _kind(element, infos, "of one source must share an encoding")
         return cls(
-            paths=paths,
-            element=element,
-            infos=tuple(infos),
-            identities=tuple(identities),
-            genes=align_genes(paths, var_names, join, genes, genes_from),
-            obs_names=obs_names,
-            obs=harmonise(paths, obs_names, obs_kinds, obs_missing),
-            sparse=infos[0].encoding == _h5ad.CSR,
-            dtype=np.result_type(*(_h5ad.value_dtype(i.dtype) for i in infos)),
+            paths,
+            element,
+            tuple(infos),
+            tuple(identities),
+            align_genes(paths, var_names, join, genes, genes_from),
+            obs_names,
+            harmonise(paths, obs_names, obs_kinds, obs_missing),
+            **kind,
             storage_options=storage_options,
         )
 
@@ -150,11 +137,7 @@ class FileSet:
         return len(self.genes.var_names)
 
     def verify(self, when: str) -> None:
-        """Checks with one `stat` per file that every file is unchanged.
-
-        Raises:
-            errors.SourceChangedError: A file was written, replaced or removed.
-        """
+        """Raises `SourceChangedError` unless every file's `stat` is unchanged."""
         for identity in self.identities:
             try:
                 now = _nodes.stat_path(identity.path, self.storage_options)
@@ -166,15 +149,83 @@ class FileSet:
             identity.check_stat(now, when)
 
 
+def element_files(files: FileSet, element: str) -> FileSet:
+    """The file set of the same files that reads `element` (no obs columns).
+
+    Opens every file once, as its identity names it. Raises `SourceChangedError`,
+    `MissingColumnError`, `AnnDataFormatError` (other rows or obsm widths) or
+    `UnsupportedLayoutError` (CSC, or sparse in some files only).
+    """
+    infos: list[_h5ad.MatrixInfo] = []
+    var_names: list[np.ndarray] = []
+    seen_keys: dict = {}
+    obsm = element.startswith(OBSM)
+    own_var = not obsm and var_group_name(element) != var_group_name(files.element)
+    for identity, expected in zip(files.identities, files.infos, strict=True):
+        path = identity.path
+        with open_file(path, files.storage_options, identity.stat) as f:
+            identity.check_stat(
+                _nodes.stat_of(f, path), f"when {element} was opened beside it"
+            )
+            info = inspect_element(f, element)
+            if own_var:
+                keys = read_gene_keys(f, element, files.genes.genes_from)
+                var_names.append(shared_keys(keys, seen_keys))
+        if info.n_obs != expected.n_obs:
+            raise errors.AnnDataFormatError(
+                f"{path}: {info.element} has {info.n_obs} rows but "
+                f"{expected.element} has {expected.n_obs}; expected one row per "
+                "cell"
+            )
+        infos.append(info)
+    kind = _kind(element, infos, "must share an encoding to read it")
+    genes = files.genes
+    if obsm:
+        widths = [i.n_vars for i in infos]
+        if len(set(widths)) > 1:
+            raise errors.AnnDataFormatError(
+                f"{infos[0].element} has {widths} columns in files "
+                f"{[i.path for i in infos]}; every file must have the same width"
+            )
+        names = np.arange(widths[0]).astype(str)
+        genes = GeneAlignment("exact", names, widths[0], (None,) * len(infos), None)
+    elif own_var:
+        genes = align_genes(files.paths, var_names, genes.join, None, genes.genes_from)
+    return dataclasses.replace(
+        files,
+        element=element,
+        infos=tuple(infos),
+        genes=genes,
+        obs_names=(),
+        obs={},
+        **kind,
+    )
+
+
+def _kind(element: str, infos: list, must: str) -> dict:
+    """`sparse` and `dtype` of files that must share one encoding."""
+    if len({i.encoding for i in infos}) > 1:
+        raise errors.UnsupportedLayoutError(
+            f"{element} is sparse in some files and dense in others "
+            f"({', '.join(f'{i.path}: {i.encoding}' for i in infos)}); "
+            f"all files {must}"
+        )
+    return {
+        "sparse": infos[0].encoding == _h5ad.CSR,
+        "dtype": np.result_type(*(_h5ad.value_dtype(i.dtype) for i in infos)),
+    }
+
+
+def _weight(handle: OpenFile) -> int:
+    return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
+
+
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
-    At most `max_open_files` files stay open (`grain_cells.io._file_lru`):
-    a read pins the files it uses (`pinned`), and opening another closes
-    the least recently used unpinned file; it reopens, checked again by
-    `open_member`, on next use. Thread-safe. Pickles without any handle
-    (as its file set and options); a forked child drops its parent's
-    handles at the fork and opens its own on first use.
+    At most `max_open_files` files stay open (`_file_lru`): a read pins its
+    files, and an evicted file reopens, checked again, on next use.
+    Thread-safe; pickles without handles; a forked child opens its own.
     """
 
     def __init__(
@@ -183,14 +234,7 @@ class OpenFiles:
         read_threads: int | str,
         max_open_files: int | str = "auto",
     ):
-        """Opens nothing yet.
-
-        `read_threads`: threads that read and decode large batches; 0 reads
-        inline; `"auto"` is sized per process (`grain_cells._util.cores`).
-        `max_open_files="auto"`: up to `_file_lru.default_budget()` files
-        read through one descriptor, a third as many held through their
-        format.
-        """
+        """Opens nothing yet; `read_threads=0` reads inline."""
         self.files = files
         self.read_threads = (
             read_threads if read_threads == "auto" else int(read_threads)
@@ -203,14 +247,10 @@ class OpenFiles:
         self._lock = threading.Lock()
         self._checked = _file_lru.Checked()
         max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
-        self._lru = _file_lru.FileLru(
-            functools.partial(open_member, self.files, checked=self._checked),
-            max_open,
-            max_weight,
-            weight_of,
-        )
+        opener = functools.partial(open_member, self.files, checked=self._checked)
+        self._lru = _file_lru.FileLru(opener, max_open, max_weight, _weight)
         self._local = threading.local()
-        self._pool: ReadPool | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
         self._window = [0, 0]
         self._warm: bool | None = None  # no verdict yet; False for good
@@ -223,11 +263,7 @@ class OpenFiles:
     def pinned(
         self, indices: Sequence[int], *, at_read: bool = False
     ) -> Iterator[list[OpenFile]]:
-        """Files `indices`' handles (repeats allowed), open until the block ends.
-
-        `at_read`: each is checked unchanged first (`check_at_read`), but
-        for files opened by this call: their open checked them just now.
-        """
+        """Files `indices`' handles, open until the block ends (`at_read`: checked)."""
         opened: list[bool] = []
         with self._lru.pinned(indices, opened) as handles:
             if at_read:
@@ -238,19 +274,14 @@ class OpenFiles:
 
     @contextlib.contextmanager
     def for_hints(self, i: int) -> Iterator[OpenFile | None]:
-        """File `i`'s handles for a read-ahead hint, or None: never a format open.
-
-        An open file as it is (pinned, its place in the bound unchanged); a
-        closed one whose byte layouts this process holds (`_layouts`)
-        reopened from them for the hint's duration; any other file None
-        (hinting it would cost an HDF5 open: its reads are hinted once it is
-        open). CSR files whose pieces are known are hinted all at once
-        (`hint_flats`) instead.
-        """
-        with self._lru.pinned_if_open(i) as handle:
-            if handle is not None:
-                yield handle
-                return
+        """File `i`'s handles for a hint (open, or reopened from layouts), or None."""
+        (entry,) = self._lru.pin_if_open([i], touch=False)
+        if entry is not None:
+            try:
+                yield entry.handle
+            finally:
+                self._lru.release([entry])
+            return
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
             yield None
@@ -262,28 +293,20 @@ class OpenFiles:
             handle.close()
 
     def pinned_flats(self, indices: Sequence[int]):
-        """A many-file fetch's files for one vectorised read (`_direct_open`)."""
+        """A many-file fetch's files for one vectorised read (`pinned_flats`)."""
         return pinned_flats(self, self._lru, self._checked, indices)
 
     def hint_flats(self, indices: Sequence[int]):
-        """A hint's files' `Flat`s over descriptors (`_direct_open.hint_flats`)."""
+        """A hint's files' `Flat`s over descriptors (`hint_flats`)."""
         return hint_flats(self._lru, self._checked, self.files, indices)
 
     def file(self, i: int) -> OpenFile:
-        """File `i`'s handles, not pinned: for one thread (tests, a build).
-
-        Beside other readers they may close at any time; reads use `pinned`.
-        """
+        """File `i`'s handles, not pinned (one thread: tests, a build)."""
         with self.pinned([i]) as (handle,):
             return handle
 
     def check_at_read(self, i: int, handle: OpenFile) -> None:
-        """Checks file `i` is unchanged: one `fstat` of its descriptor.
-
-        A file without a byte reader: its format's `check_unchanged` (a
-        local store: its root metadata files' `stat`s, which anndata
-        rewrites whenever it writes a store).
-        """
+        """Checks file `i` is unchanged: its descriptor's `fstat`, else its format's."""
         if handle.fd is not None:
             self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
         else:
@@ -291,12 +314,7 @@ class OpenFiles:
 
     @contextlib.contextmanager
     def counting_reads(self) -> Iterator[None]:
-        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
-
-        Blocks ask while the reads are warm or unjudged; once they missed,
-        never again (see `WARM_MISSES`). Reads of other threads during the
-        block count too (a heuristic).
-        """
+        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`."""
         if self._warm is False:
             yield
             return
@@ -320,13 +338,7 @@ class OpenFiles:
 
     @property
     def cache_warm(self) -> bool:
-        """Whether read-ahead hints would be wasted: the page cache holds the reads.
-
-        True once `WARM_PIECES` pieces read (`counting_reads`) had at most
-        `WARM_MISSES` not in memory, until more than that many miss (then
-        False for good); a source with an object in a bucket, or whose reads
-        are not counted (a store's, a format library's own), is never warm.
-        """
+        """Whether the page cache held the recent reads (never again once not)."""
         return self._all_local and self._warm is True
 
     @property
@@ -342,22 +354,19 @@ class OpenFiles:
             setattr(self._local, name, buf)
         return buf
 
-    def thread_pool(self) -> ReadPool | None:
-        """The read threads (started on first use), or None to read inline.
-
-        `read_threads="auto"` is sized here, in the process that reads, from
-        its cores and worker count (`grain_cells._util.cores`); one thread
-        reads inline.
-        """
+    def thread_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        """The read threads (started on first use; `.threads`), or None: inline."""
         if self._pool is None:
             threads = cores.read_threads(self.read_threads)
             if threads == 0 or (threads == 1 and self.read_threads == "auto"):
                 return None
             with self._lock:
                 if self._pool is None:
-                    self._pool = ReadPool(
+                    pool = concurrent.futures.ThreadPoolExecutor(
                         threads, thread_name_prefix="grain_cells_read"
                     )
+                    pool.threads = threads
+                    self._pool = pool
         return self._pool
 
     def close(self) -> None:
@@ -373,4 +382,4 @@ class OpenFiles:
             self.close()
 
 
-__all__ = ["FileSet", "OpenFile", "OpenFiles", "ReadPool", "open_member"]
+__all__ = ["FileSet", "OpenFile", "OpenFiles", "element_files"]

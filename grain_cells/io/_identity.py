@@ -1,21 +1,10 @@
 """File identity: is this still the file a source (or a checkpoint) was made from?
 
-An `AnnDataSource` reads files in place, from several processes, for days.
-A file rewritten or replaced meanwhile would silently yield other cells, so
-every file gets a `FileIdentity` when the source is built, made of two parts:
-
-* **Where it is** (`FileStat`): device, inode, size, modification and status
-  change times in nanoseconds. Cheap (one `fstat`, about a microsecond), so it
-  is compared at every fetch, whenever a process opens the file and when an
-  iterator state is restored. It only means something on this machine and
-  this path, so checkpoints do not record it.
-* **What it holds** (`layout` and `sample`, two SHA-256 digests): the
-  metadata that locates the matrix (HDF5 object addresses, shapes, dtypes,
-  storage layout, filters, the byte offset of contiguous data or of sampled
-  chunks, and for CSR a sample of `indptr`), and a sample of the stored values
-  (a few short windows of `data`/`indices`, or of dense rows). A byte-for-byte
-  copy has the same digests wherever it lies, so checkpoints and preshuffle
-  markers record these (with the size), not paths or times.
+A `FileIdentity` has two parts: where the file is (`FileStat`: device,
+inode, size, times; compared at every fetch, open and restore, never
+recorded) and what it holds (`layout` and `sample`: SHA-256 digests of the
+metadata that locates the matrix and of sampled stored values; a copy has
+the same, so checkpoints and preshuffle markers record these).
 
 Design notes: docs/reference/design.md#io-identity.
 """
@@ -34,29 +23,19 @@ from grain_cells import errors
 from grain_cells.io import _nodes
 from grain_cells.storage import FileStat
 
-# Evenly spaced samples: indptr entries and value windows (chunks located:
-# the format's, `Format.array_layout`).
+# Evenly spaced samples: indptr entries and value windows.
 _INDPTR_SAMPLES = 65
 _VALUE_WINDOWS = 8
 _WINDOW = 64  # elements (or columns of a dense row) per value window
-# An uncompressed 1-D array up to this size is read whole for its windows
-# (one read, not eight: a thin file's `data` and `indices`, issue 33); a
-# compressed one is not (its other chunks would be decoded, or refused).
-_WHOLE_BYTES = 256 * 1024
+_WHOLE_BYTES = 256 * 1024  # an uncompressed 1-D array up to this: one read
 
 
 @dataclasses.dataclass(frozen=True)
 class FileIdentity:
     """A file's identity: where it is (`stat`) and what it holds (digests).
 
-    Attributes:
-        path: The file.
-        element: HDF5 path of the matrix the digests describe.
-        stat: Device, inode, size and times when the identity was taken.
-        layout: SHA-256 (hex) of the metadata that locates the matrix.
-        sample: SHA-256 (hex) of sampled stored values.
-        format: What checkpoints record as the file's format
-            (`Format.recorded_format`; None for `.h5ad` files).
+    `layout` and `sample` describe the matrix at `element` (hex SHA-256);
+    `format` is what checkpoints record (None for `.h5ad`).
     """
 
     path: str
@@ -68,20 +47,9 @@ class FileIdentity:
 
     @classmethod
     def take(
-        cls,
-        f,
-        path: str,
-        element: str,
-        stat: FileStat | None = None,
-        nodes: tuple | None = None,
+        cls, f, path: str, element: str, stat: FileStat | None = None, nodes=None
     ) -> FileIdentity:
-        """The identity of an open file's matrix at `element`.
-
-        The `stat` comes from the open file (`Format.stat_of`: the descriptor
-        HDF5 opened) unless given (an object's ETag, size and time), so it
-        describes the very file the digests were computed from. `nodes`:
-        `matrix_nodes(f, element)`, when the caller has them.
-        """
+        """The identity of an open file's matrix (`stat`: the file's unless given)."""
         if nodes is None:
             nodes = matrix_nodes(f, element)  # looked up once for both digests
         return cls(
@@ -105,10 +73,7 @@ class FileIdentity:
         }
 
     def check_stat(self, now: FileStat, when: str) -> None:
-        """Raises `SourceChangedError` if `now` differs from `stat`.
-
-        `when`: what was being done, for the message (e.g. "at a fetch").
-        """
+        """Raises `SourceChangedError` if `now` differs (`when`: e.g. "at a fetch")."""
         changes = self.stat.changes(now)
         if changes:
             raise errors.SourceChangedError(
@@ -142,15 +107,7 @@ def matrix_nodes(f, element: str) -> tuple:
 
 
 def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
-    """SHA-256 (hex) of what locates the matrix at `element`.
-
-    Covers what locates each of its arrays' bytes (`Format.array_layout`;
-    HDF5: addresses, shapes, dtypes, storage layout and filters, the byte
-    offsets of contiguous data or of evenly spaced chunks), the element's
-    `shape` attribute, and evenly spaced `indptr` entries for CSR. Reads a
-    few hundred bytes. `nodes`: `matrix_nodes(f, element)`, when the caller
-    has them.
-    """
+    """SHA-256 (hex) of what locates the matrix at `element` (a few hundred bytes)."""
     obj, arrays = matrix_nodes(f, element) if nodes is None else nodes
     parts: list = [element]
     group = "" not in arrays
@@ -170,12 +127,7 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
 
 
 def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
-    """SHA-256 (hex) of a few evenly spaced windows of the stored values.
-
-    CSR: `_VALUE_WINDOWS` windows of `_WINDOW` elements of `data` and of
-    `indices`; dense: the first `_WINDOW` columns of evenly spaced rows.
-    `nodes` as in `layout_digest`.
-    """
+    """SHA-256 (hex) of evenly spaced windows of the matrix's stored values."""
     arrays = (matrix_nodes(f, element) if nodes is None else nodes)[1]
     digest = hashlib.sha256(element.encode())
     path = _nodes.file_name(f)
@@ -206,10 +158,7 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _spaced(stop: int, num: int) -> np.ndarray:
-    """`num` evenly spaced integers from 0 to `stop`, distinct (read-only).
-
-    Remembered: a collection's files mostly repeat their sizes (issue 33).
-    """
+    """`num` evenly spaced distinct integers from 0 to `stop` (read-only)."""
     out = np.unique(np.linspace(0, stop, num).astype(np.int64))
     out.flags.writeable = False
     return out
@@ -236,16 +185,7 @@ def file_entries(source) -> list[dict]:
 
 
 def files_entry(entries: list) -> list | dict:
-    """What a checkpoint records of the files: the entries, or their digest.
-
-    Up to `LISTED_FILES` files, the entries themselves (a mismatch names
-    the file). Past it, a fixed-size summary, so that a state's size and
-    `get_state`'s cost do not grow with the files (issue 33: 1.45 MB at
-    10,000 files): the count, total cells and bytes, and a SHA-256 of the
-    entries as JSON (sorted keys). A state that lists more files than
-    that was saved by an older grain_cells and is refused by name
-    (`grain_cells.pipeline._state_checks`).
-    """
+    """What a checkpoint records of the files: the entries, or their digest."""
     if not isinstance(entries, list) or len(entries) <= LISTED_FILES:
         return entries
     text = json.dumps(entries, sort_keys=True, separators=(",", ":"))
@@ -260,12 +200,8 @@ def files_entry(entries: list) -> list | dict:
 def source_identity(source) -> dict:
     """What a checkpoint records about an `AnnDataSource`: content, not paths.
 
-    The files (in order) by cell count, matrix element, size and digests
-    (`FileIdentity.content`; past `LISTED_FILES` files, by one digest of
-    those: `files_entry`), the output genes and obs categories by digest,
-    and the configuration by value. A copy of the files in another folder
-    gives the same identity; other data or another configuration does not.
-    A JSON-serialisable dict, of an `AnnDataSource` or a view of one.
+    A JSON dict of its files (`files_entry`), genes and categories by
+    digest, and configuration by value; a copy elsewhere gives the same.
     """
     return {
         "files": files_entry(file_entries(source)),

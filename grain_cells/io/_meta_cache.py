@@ -1,13 +1,12 @@
-"""What a source takes of each file when it is built, cached by the file's stat.
+"""What a build takes of each file, cached by the file's stat: one JSON per file.
 
-`MetaCache` keeps each file's matrix summary, identity, gene keys, obs
-column names and obs column kinds in `$GRAIN_CELLS_CACHE/file-meta/` (else
-`$XDG_CACHE_HOME/grain_cells` or `~/.cache/grain_cells`): a build over
-unchanged files takes one `stat` and one small read per file instead of an
-open (`inspect_file`). An entry's name digests the path, element, gene key
-column and the file's whole `stat`, so a stale entry is never read; only
-local files with a plain `stat` identity, quiet for `QUIET_NS`, are
-cached. Anything unreadable is a miss. Delete the folder any time.
+An entry holds a file's matrix summary, identity, gene keys, obs column
+kinds and, when all are uncompressed and local, the byte layouts of its
+matrix and obs columns, so a later build takes one `stat` and one small read
+per file and a process's first open needs no format library (`first_open`).
+Entries live in `$GRAIN_CELLS_CACHE/file-meta/` (or the XDG cache), named by
+a digest of the version, path, element, gene key column and whole `stat`;
+anything unreadable or stale is a miss. Delete the folder any time.
 
 Design notes: docs/reference/design.md#io-meta-cache.
 """
@@ -15,73 +14,76 @@ Design notes: docs/reference/design.md#io-meta-cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import stat as stat_mod
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from grain_cells import formats
-from grain_cells._util.cache_files import write_atomic
-from grain_cells.io import _h5ad, _layout_cache, _nodes
-from grain_cells.io._entries import STAT_FIELDS as _STAT
-from grain_cells.io._entries import VERSION as _VERSION
-from grain_cells.io._entries import cache_dir, entry_name
+from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells.formats import ByteLayout, PositionalReader
+from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import MatrixInfo
 from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._obs import ColumnKind
+from grain_cells.io._obs_cache import MIN_CELLS
+from grain_cells.io._obsm import OBSM, element_reader
 from grain_cells.io._open import open_file
 from grain_cells.storage import FileStat, LocalByteReader
 
-# A file changed less than this long ago is not cached (see "Key").
+# v4: one entry format, layouts inside it as lists (no version of their own).
+VERSION = "file-meta-v4"
+STAT_FIELDS = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+# A file changed less than this long ago is not cached (a write within the
+# same tick would not change its stat).
 QUIET_NS = 2_000_000_000
 # A local file up to this size is asked ahead whole before it is inspected.
 READ_AHEAD_BYTES = 2 << 20
+_PLAIN_MATRIX = ({""}, {"data", "indices", "indptr"})
+_ERRORS = (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError)
 
 
+def cache_dir() -> str:
+    """The folder of entries: never the folder of the data."""
+    return os.path.join(cache_root(), "file-meta")
+
+
+def entry_name(path: str, element: str, genes_from, stat: FileStat) -> str:
+    """The entry's file name: a digest of the version, file, element, key, stat."""
+    parts = [VERSION, path, element, genes_from, _stat_list(stat)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:40] + ".json"
+
+
+@dataclasses.dataclass(slots=True)
 class FileMeta:
-    """What `FileSet.inspect` takes of one file (see the module docstring)."""
+    """What `FileSet.inspect` takes of one file; `kinds`: the present columns read."""
 
-    __slots__ = ("have", "identity", "info", "keys", "kinds", "layouts")
-
-    def __init__(self, info, identity, keys, have, kinds, layouts=None):
-        self.info: MatrixInfo = info
-        self.identity: FileIdentity = identity
-        self.keys: np.ndarray = keys
-        self.have: list[str] = have
-        self.kinds: dict[str, ColumnKind] = kinds  # columns read (present ones)
-        # Byte layouts for a first open without the format (`_layout_cache`).
-        self.layouts: dict | None = layouts
-
-
-def _local_stat(path: str) -> FileStat | None:
-    """A local regular file's stat, or None (URLs, stores, missing files)."""
-    if "://" in path:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return FileStat.of(st) if stat_mod.S_ISREG(st.st_mode) else None
+    info: MatrixInfo
+    identity: FileIdentity
+    keys: np.ndarray
+    have: list[str]
+    kinds: dict[str, ColumnKind]
+    layouts: dict | None = None  # JSON of the matrix's and obs's byte layouts
 
 
 class MetaCache:
-    """Entries of one build: arrays read once per build (`_arrays`)."""
+    """Entries of one build; arrays (gene keys, categories) read and written once."""
 
     def __init__(self, element: str, genes_from: str | None):
         self.element = element
         self.genes_from = genes_from
         self.folder = cache_dir()
         self._arrays: dict[str, np.ndarray] = {}
-        # Names of arrays stored by this build, by content (`_save_array`):
-        # a collection's files mostly share one gene list and categories.
+        # Names of arrays this build stored, by content and by the identity
+        # of read-only arrays met before (files mostly share their genes).
         self._names: dict[tuple, str | None] = {}
-        # The same, by the identity of a read-only array met before: files of
-        # one gene list share one array (`_frames.var_names`), unhashed here.
         self._by_id: dict[int, tuple] = {}
 
     def lookup(self, path: str, obs_names) -> FileMeta | None:
@@ -89,50 +91,23 @@ class MetaCache:
         stat = _local_stat(path)
         if stat is None:
             return None
-        name = entry_name(path, self.element, self.genes_from, stat)
         try:
-            with open(os.path.join(self.folder, name), "rb") as f:
-                entry = json.loads(f.read())
-            meta = self._parse(entry, path, stat)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            e = _read_entry(path, self.element, self.genes_from, stat)
+            if e is None or e["identity"][1] != _stat_list(stat):
+                return None
+            i, d = e["info"], e["identity"]
+            info = MatrixInfo(path, *i[:4], np.dtype(i[4]), *i[5:7])
+            identity = FileIdentity(path, d[0], stat, *d[2:5])
+            kinds = {}
+            for c, (cats, dtype) in e["kinds"].items():
+                cats = None if cats is None else self._array(cats)
+                kinds[c] = ColumnKind(cats, np.dtype(dtype))
+            meta = FileMeta(info, identity, self._array(e["keys"]), e["have"], kinds)
+        except _ERRORS:
             return None
-        if meta is None or any(
-            c in meta.have and c not in meta.kinds for c in obs_names
-        ):
+        if any(c in meta.have and c not in meta.kinds for c in obs_names):
             return None
         return meta
-
-    def _parse(self, entry: dict, path: str, stat: FileStat) -> FileMeta | None:
-        if entry.get("version") != _VERSION or entry.get("path") != path:
-            return None
-        i, d = entry["info"], entry["identity"]
-        if FileStat(*d["stat"]) != stat:
-            return None
-        info = MatrixInfo(
-            path,
-            str(i["element"]),
-            str(i["encoding"]),
-            int(i["n_obs"]),
-            int(i["n_vars"]),
-            np.dtype(i["dtype"]),
-            None if i["nnz"] is None else int(i["nnz"]),
-            None if i["chunk_bytes"] is None else int(i["chunk_bytes"]),
-        )
-        identity = FileIdentity(
-            path,
-            str(d["element"]),
-            stat,
-            str(d["layout"]),
-            str(d["sample"]),
-            d["format"],
-        )
-        keys = self._array(entry["keys"])
-        kinds = {}
-        for c, k in entry["kinds"].items():
-            cats = None if k["categories"] is None else self._array(k["categories"])
-            kinds[c] = ColumnKind(cats, np.dtype(k["dtype"]))
-        have = [str(c) for c in entry["have"]]
-        return FileMeta(info, identity, keys, have, kinds)
 
     def _array(self, name: str) -> np.ndarray:
         held = self._arrays.get(name)
@@ -154,62 +129,42 @@ class MetaCache:
         return a
 
     def store(self, meta: FileMeta) -> None:
-        """Writes the file's entry, if its identity is a local `stat`."""
-        stat = meta.identity.stat
-        path = meta.info.path
-        if stat.etag or stat.content or stat.store or _local_stat(path) != stat:
+        """Writes the file's entry, if its identity is a quiet local `stat`."""
+        stat, info = meta.identity.stat, meta.info
+        if stat.etag or stat.content or stat.store or _local_stat(info.path) != stat:
             return
         if time.time_ns() - max(stat.mtime_ns, stat.ctime_ns) < QUIET_NS:
             return  # changed just now: a write within the same tick would hide
+        dtypes = [info.dtype, *(k.dtype for k in meta.kinds.values())]
+        if not all(map(_plain_dtype, dtypes)):
+            return
         try:
-            entry = self._entry(meta)
-            if entry is None:
+            keys = self._save_array(meta.keys)
+            kinds = {}
+            for c, k in meta.kinds.items():
+                cats = None if k.categories is None else self._save_array(k.categories)
+                if keys is None or (cats is None and k.categories is not None):
+                    return
+                kinds[c] = [cats, k.dtype.str]
+            if keys is None:
                 return
-            # The first opens' layouts in the same file: one write per file.
-            entry["layouts"] = meta.layouts
-            name = entry_name(path, self.element, self.genes_from, stat)
+            d = meta.identity
+            i = [info.element, info.encoding, info.n_obs, info.n_vars]
+            i += [info.dtype.str, info.nnz, info.chunk_bytes]
+            entry = {
+                "version": VERSION,
+                "path": info.path,
+                "info": i,
+                "identity": [d.element, _stat_list(stat), d.layout, d.sample, d.format],
+                "keys": keys,
+                "have": list(meta.have),
+                "kinds": kinds,
+                "layouts": meta.layouts,
+            }
+            name = entry_name(info.path, self.element, self.genes_from, stat)
             _write(self.folder, name, json.dumps(entry).encode())
         except OSError:  # a read-only or full cache: open the file next time
             return
-
-    def _entry(self, meta: FileMeta) -> dict | None:
-        info, identity = meta.info, meta.identity
-        if not all(_plain_dtype(d) for d in (info.dtype, *_kind_dtypes(meta))):
-            return None
-        keys = self._save_array(meta.keys)
-        kinds = {}
-        for c, k in meta.kinds.items():
-            cats = None
-            if k.categories is not None:
-                cats = self._save_array(k.categories)
-                if cats is None:
-                    return None
-            kinds[c] = {"categories": cats, "dtype": k.dtype.str}
-        if keys is None:
-            return None
-        return {
-            "version": _VERSION,
-            "path": info.path,
-            "info": {
-                "element": info.element,
-                "encoding": info.encoding,
-                "n_obs": info.n_obs,
-                "n_vars": info.n_vars,
-                "dtype": info.dtype.str,
-                "nnz": info.nnz,
-                "chunk_bytes": info.chunk_bytes,
-            },
-            "identity": {
-                "element": identity.element,
-                "stat": [getattr(identity.stat, f) for f in _STAT],
-                "layout": identity.layout,
-                "sample": identity.sample,
-                "format": identity.format,
-            },
-            "keys": keys,
-            "have": list(meta.have),
-            "kinds": kinds,
-        }
 
     def _save_array(self, a: np.ndarray) -> str | None:
         """The array's name, written if new; None if it cannot round-trip."""
@@ -257,32 +212,25 @@ def inspect_file(
 ) -> FileMeta:
     """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
     _read_ahead(path)
-    # Nodes and attributes asked for again come from memory (`remembered`),
-    # from the open's own checks (`check_anndata`) on.
+    # Nodes and attributes asked for again come from memory.
     with _nodes.remembered(), open_file(path, storage_options) as f:
         info = _h5ad.inspect_matrix(f, element)
         stat = _nodes.stat_of(f, path)
-        # Each node is looked up once for the identity and the layouts.
-        matrix = matrix_nodes(f, info.element)
+        matrix = matrix_nodes(f, info.element)  # once for identity and layouts
         identity = FileIdentity.take(f, path, info.element, stat, matrix)
         keys = read_gene_keys(f, element, genes_from)
         have = _h5ad.obs_columns(f)
         columns: dict = {}
         kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have, columns)
-        layouts = _layout_cache.take(
-            f, formats.for_path(path), path, info, stat, kinds, (matrix, columns)
-        )
+        layouts = None
+        if not ("://" in path or stat.etag or stat.content or stat.store):
+            with contextlib.suppress(Exception):  # only a shortcut
+                layouts = _take_layouts(f, path, info, stat, kinds, matrix, columns)
     return FileMeta(info, identity, keys, list(have), kinds, layouts)
 
 
 def _read_ahead(path: str) -> None:
-    """Asks the page cache for all of a small local file at once (async).
-
-    Its inspection reads metadata spread over the file: from a cold cache,
-    about a hundred small reads that each wait for their own disk request
-    cost more CPU than reading the file in a few large ones (a 684 KB thin
-    file, issue 33). Larger files and URLs are left to their reads.
-    """
+    """Asks the page cache for all of a small local file at once (async)."""
     if "://" in path:
         return
     try:
@@ -299,8 +247,131 @@ def _read_ahead(path: str) -> None:
         reader.close()
 
 
-def _kind_dtypes(meta: FileMeta):
-    return [k.dtype for k in meta.kinds.values()]
+def _take_layouts(f, path, info, stat, kinds, matrix, columns) -> dict | None:
+    """The matrix's and obs columns' byte layouts as JSON; None if not positional."""
+    fmt = formats.for_path(path)
+    fd = fmt.open_bytes(f, path, {}, stat)
+    if fd is None:
+        return None
+    try:
+        if getattr(fd, "remote", True):
+            return None
+        arrays = matrix[1]
+        if info.element.startswith(OBSM) or set(arrays) not in _PLAIN_MATRIX:
+            found = layouts_of(element_reader(f, info, fd), fd)
+        else:
+            found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in arrays.items()}
+        if found is None or None in found.values():
+            return None
+        out = {"matrix": {k: _layout_json(v) for k, v in found.items()}, "obs": {}}
+        for c, kind in kinds.items():
+            array = columns.get(c)  # None: read whole, only its format reads it
+            layout = None if array is None else fmt.byte_layout(array, path, fd)
+            if layout is None or len(layout.shape) != 1:
+                return None
+            n_cat = None if kind.categories is None else len(kind.categories)
+            out["obs"][c] = [_layout_json(layout), np.dtype(kind.dtype).str, n_cat]
+    finally:
+        fd.close()
+    values = [*out["matrix"].values(), *(v[0] for v in out["obs"].values())]
+    return None if None in values else out
+
+
+def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
+    """A reader's arrays' byte layouts when all are positional over a local `fd`."""
+    if fd is None or getattr(fd, "remote", True):
+        return None
+    out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
+    return None if None in out.values() else out
+
+
+def first_open(files, i: int):
+    """`(format, layouts, obs)` of file `i` from its entry (`fstat` checked) or None."""
+    identity, info = files.identities[i], files.infos[i]
+    stat = identity.stat
+    if stat.etag or stat.content or stat.store or "://" in identity.path:
+        return None
+    if files.obs_names and info.n_obs >= MIN_CELLS:
+        return None  # its obs columns are mapped from the shared cache
+    fmt = formats.for_path(identity.path)
+    fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
+    if fd is None:
+        return None
+    try:
+        now = fd.stat()
+        identity.check_stat(now, "when a process opened it")
+    except BaseException:
+        fd.close()
+        raise
+    try:
+        e = _read_entry(info.path, files.element, files.genes.genes_from, now)
+        layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
+        obs = {}
+        for c in files.obs_names:
+            column = files.obs[c]
+            values = None
+            if column.present[i]:
+                values = _read_column(e["layouts"]["obs"][c], info, fd)
+                if values is None:
+                    return None
+            obs[c] = column.file_values(i, values, info.n_obs)
+    except _ERRORS:
+        return None
+    finally:
+        fd.close()
+    return fmt, layouts, obs
+
+
+def _read_column(d: list, info, fd) -> SimpleNamespace | None:
+    """A column as `HarmonisedColumn.file_values` reads it (`.values`), or None."""
+    layout = _layout(d[0])
+    n = layout.shape[0]
+    if n != info.n_obs:
+        return None
+    out = np.empty(n, layout.dtype)
+    if n:
+        PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
+    if d[2] is None:
+        return SimpleNamespace(values=out.astype(np.dtype(d[1]), copy=False))
+    if n and (int(out.max()) >= d[2] or int(out.min()) < -1):
+        return None  # the format's reader reports it
+    return SimpleNamespace(values=out)
+
+
+def _read_entry(path, element, genes_from, stat) -> dict | None:
+    name = entry_name(path, element, genes_from, stat)
+    with open(os.path.join(cache_dir(), name), "rb") as f:
+        entry = json.loads(f.read())
+    ok = entry.get("version") == VERSION and entry.get("path") == path
+    return entry if ok else None
+
+
+def _layout_json(layout: ByteLayout) -> list | None:
+    if not _plain_dtype(layout.dtype):
+        return None
+    out = [layout.name, layout.dtype.str, list(layout.shape), int(layout.chunk_rows)]
+    return [*out, layout.offsets.tolist(), layout.chunk_length]
+
+
+def _layout(d: list) -> ByteLayout:
+    name, dtype, shape, rows, offsets, length = d
+    offsets = np.array(offsets, np.int64)
+    return ByteLayout(name, np.dtype(dtype), tuple(shape), rows, offsets, length)
+
+
+def _local_stat(path: str) -> FileStat | None:
+    """A local regular file's stat, or None (URLs, stores, missing files)."""
+    if "://" in path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileStat.of(st) if stat_mod.S_ISREG(st.st_mode) else None
+
+
+def _stat_list(stat: FileStat) -> list:
+    return [getattr(stat, f) for f in STAT_FIELDS]
 
 
 def _plain_dtype(d: np.dtype) -> bool:
@@ -312,4 +383,4 @@ def _write(folder: str, name: str, data: bytes) -> None:
     write_atomic(os.path.join(folder, name), lambda out: out.write(data))
 
 
-__all__ = ["FileMeta", "MetaCache", "cache_dir", "inspect_file"]
+__all__ = ["FileMeta", "MetaCache", "first_open", "inspect_file", "layouts_of"]

@@ -1,12 +1,8 @@
 """Format-neutral access to AnnData elements: asks each node's `Format`.
 
-AnnData writes the same tree to every format (`.h5ad`, stores, ...).
-The io layer asks this module, never a format's library, what a node is
-(`is_group`, `is_array`), for its attributes (`attr_str`), for its strings
-(`is_string_array`, `strings`), and for a reader of its row ranges
-(`range_reader`, a `grain_cells.formats.RangeReader`). Each question goes to
-the `grain_cells.formats.Format` that owns the node (`formats.of`), or, for
-an unopened path, to the one that opens it (`formats.for_path`).
+The io layer asks this module, never a format's library, what a node is,
+for its attributes, strings and a reader of its row ranges; each question
+goes to the format that owns the node (`formats.of`) or opens the path.
 """
 
 from __future__ import annotations
@@ -22,11 +18,7 @@ from grain_cells.storage import FileStat
 
 
 def format_of(node) -> formats.Format:
-    """The format that owns `node` (a group, an array or an open file).
-
-    Raises:
-        TypeError: No registered format owns it.
-    """
+    """The format that owns `node` (a group, array or open file); else TypeError."""
     fmt = formats.of(node)
     if fmt is None:
         raise TypeError(
@@ -49,12 +41,7 @@ def is_array(node) -> bool:
 
 
 def checked(node, path: str):
-    """`node`, checked against its format's own metadata (`Format.checked`).
-
-    Raises:
-        errors.AnnDataFormatError: The metadata contradicts itself, naming
-            the file, the array and the fields.
-    """
+    """`node`, checked against its format's own metadata (`Format.checked`)."""
     fmt = formats.of(node)
     return node if fmt is None else fmt.checked(node, path)
 
@@ -65,14 +52,7 @@ _ABSENT = object()
 
 @contextlib.contextmanager
 def remembered():
-    """Within it, this thread's `get`, `at` and `attr` answer repeats from memory.
-
-    For one file's inspection at build (issue 33), whose checks ask for the
-    same nodes and attributes several times (`obs`, its `_index`, the
-    matrix's arrays): each is looked up or read once. Only for a file
-    nothing writes meanwhile (opened read-only); answers are kept by the
-    identity of the node asked, which the memory holds until it ends.
-    """
+    """Within it, this thread's `get`, `at` and `attr` answer repeats from memory."""
     outer = getattr(_LOCAL, "memo", None)
     _LOCAL.memo = {}
     try:
@@ -158,11 +138,7 @@ def element_problem(node, element: str) -> str | None:
 
 
 def check_storage(path: str, array) -> None:
-    """The format's checks that `array`'s true values can be read.
-
-    Raises:
-        errors.UnsupportedLayoutError: A filter or codec is unavailable.
-    """
+    """Raises `UnsupportedLayoutError` if `array`'s filters or codecs are missing."""
     format_of(array).check_array(path, array)
 
 
@@ -172,11 +148,7 @@ def chunk_bytes(array) -> int | None:
 
 
 def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The `FileStat` of a file, object or store now (`Format.stat_path`).
-
-    Raises:
-        FileNotFoundError: No such file, object or store.
-    """
+    """The `FileStat` of a file, object or store now (FileNotFoundError if none)."""
     return formats.for_path(os.fspath(path)).stat_path(path, storage_options)
 
 
@@ -188,38 +160,7 @@ def stat_of(f, path: str) -> FileStat:
 def range_reader(
     node, path: str, fd, *, cache_bytes: int = 0, fill_missing: bool | str = False
 ) -> formats.RangeReader:
-    """The reader of element ranges of one array, for its format.
-
-    `fd`: the file's `ByteReader` (`Format.open_bytes`; None for formats
-    that read through their own store); `cache_bytes`: decoded bytes to
-    cache (small arrays read every batch); `fill_missing`: which
-    never-written chunks read as the fill value (formats without such
-    chunks ignore it).
-    """
+    """The reader of element ranges of one array (`Format.range_reader`)."""
     return format_of(node).range_reader(
         node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing
     )
-
-
-__all__ = [
-    "at",
-    "attr",
-    "attr_str",
-    "check_storage",
-    "checked",
-    "chunk_bytes",
-    "description",
-    "element_problem",
-    "file_name",
-    "format_of",
-    "get",
-    "is_array",
-    "is_group",
-    "is_string_array",
-    "range_reader",
-    "read",
-    "remembered",
-    "stat_of",
-    "stat_path",
-    "strings",
-]

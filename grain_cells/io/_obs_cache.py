@@ -1,10 +1,8 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
 The first process that opens a file writes each obs column's harmonised
-values (`HarmonisedColumn.file_values`) once to a cache file, and every
-process maps it read-only (`np.memmap`): the pages are the page cache,
-shared by every process, instead of a copy of each column per process.
-A collection's whole column is one more entry (`joined_column`).
+values once, and every process maps them read-only (the page cache's pages,
+not a copy per process); a collection's whole column is one more entry.
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """
@@ -62,27 +60,9 @@ def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
 
 
 def file_obs(
-    f,
-    identity: FileIdentity,
-    columns: dict[str, HarmonisedColumn],
-    i: int,
-    n_obs: int,
+    f, identity: FileIdentity, columns: dict[str, HarmonisedColumn], i: int, n_obs: int
 ) -> dict[str, np.ndarray]:
-    """File `i`'s obs columns, mapped from the cache where it can.
-
-    Args:
-        f: The open file's root (`Format.open`).
-        identity: The file's identity, taken when the source was built.
-        columns: The source's harmonised obs columns, by name.
-        i: The file's index in the source.
-        n_obs: The file's cells.
-
-    Returns:
-        Per column, one value per cell: a read-only array over a memory map
-        of the cache entry (its `base` is an `np.memmap`), or, for small
-        files, a switched-off or unwritable cache, the values in memory as
-        `HarmonisedColumn.file_values` gives them.
-    """
+    """File `i`'s obs columns by name: read-only maps of cache entries, or in memory."""
     folder = cache_folder() if n_obs >= MIN_CELLS else None
     out = {}
     for name, column in columns.items():
@@ -90,39 +70,32 @@ def file_obs(
             out[name] = column.file_values(i, None, n_obs)
             continue
         path = None if folder is None else folder / entry_name(identity, column, i)
-        mapped = None if path is None else _load(path, column, n_obs, quiet=True)
-        if mapped is None:
-            with _writer_lock(path):
-                # Another process may have written it while this one waited.
-                mapped = None if path is None else _load(path, column, n_obs)
-                if mapped is None:
-                    values = column.file_values(
-                        i, _h5ad.read_obs_column(f, name), n_obs
-                    )
-                    if path is not None:
-                        mapped = _store(path, values, column, n_obs)
-                    if mapped is None:
-                        mapped = values
-        out[name] = mapped
+
+        def read(column=column, name=name):
+            return column.file_values(i, _h5ad.read_obs_column(f, name), n_obs)
+
+        out[name] = _cached(path, column, n_obs, read)
     return out
 
 
-def _writer_lock(path: pathlib.Path | None):
-    """Holds `<entry>.lock` (flock): one process of many racing reads the column.
-
-    The others wait, then map what it wrote, instead of each reading the
-    whole column into its own memory. No lock (an unwritable folder) is
-    not an error: the entry is then not written either.
-    """
-    return file_lock(None if path is None else path.with_suffix(".lock"))
+def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
+    """The entry at `path` mapped, else `read()` stored there (one process, flock)."""
+    mapped = None if path is None else _load(path, column, n_obs, quiet=True)
+    if mapped is not None:
+        return mapped
+    with file_lock(None if path is None else path.with_suffix(".lock")):
+        mapped = None if path is None else _load(path, column, n_obs)
+        if mapped is None:
+            values = read()
+            if path is not None:
+                mapped = _store(path, values, column, n_obs)
+            if mapped is None:
+                mapped = values
+    return mapped
 
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
-    """The entry mapped read-only, or None when absent or not valid.
-
-    A damaged entry is logged (unless `quiet`: the check is then repeated
-    under the writer's lock, and logged there).
-    """
+    """The entry mapped read-only, or None (a damaged one logged unless `quiet`)."""
     try:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -162,14 +135,7 @@ def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False)
 
 
 def own_map(values: np.ndarray) -> np.ndarray:
-    """`values` (a column `file_obs` gave) in a map of the caller's own.
-
-    A column mapped from the cache is mapped again: the same pages of the
-    page cache, but a mapping that ends when the caller drops the array, so
-    a pass over a whole column (a split, class weights) leaves no pages
-    mapped in the process after it. Any other column is returned as a
-    read-only view.
-    """
+    """`values` (a column of `file_obs`) read-only, in a map the caller's drop ends."""
     base = values.base
     if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
         again = np.memmap(base.filename, values.dtype, "r", base.offset, values.shape)
@@ -209,13 +175,7 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
 
 
 def joined_column(files, name: str) -> np.ndarray:
-    """Obs column `name` over every file of `files` (a `FileSet`), joined.
-
-    Mapped from one cache entry for the whole collection (keyed by every
-    file's identity), so that a split or class weights on 10^5 files open
-    none of them after the first time. On a miss each file is opened only
-    to read the column (a stat check, no matrix inspection) and the joined
-    values are written once.
+    """Obs column `name` over every file of `files`, joined (one cache entry).
 
     Raises:
         errors.SourceChangedError: A file differs from when `files` was built.
@@ -230,21 +190,14 @@ def joined_column(files, name: str) -> np.ndarray:
         for i, identity in enumerate(files.identities):
             key.update(entry_name(identity, column, i).encode())
         path = folder / f"{key.hexdigest()[:_STAMP]}.npy"
-    mapped = None if path is None else _load(path, column, total, quiet=True)
-    if mapped is not None:
-        return mapped
-    with _writer_lock(path):
-        mapped = None if path is None else _load(path, column, total)
-        if mapped is None:
-            values = np.concatenate(
-                [_member_column(files, i, column, n) for i, n in enumerate(counts)]
-            )
-            if path is not None:
-                mapped = _store(path, values, column, total)
-            if mapped is None:
-                values.flags.writeable = False
-                mapped = values
-    return mapped
+
+    def read():
+        parts = [_member_column(files, i, column, n) for i, n in enumerate(counts)]
+        values = np.concatenate(parts)
+        values.flags.writeable = False
+        return values
+
+    return _cached(path, column, total, read)
 
 
 def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):

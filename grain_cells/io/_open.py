@@ -1,12 +1,7 @@
 """Opening AnnData files and stores, local or in a bucket, naming the file.
 
-`open_file` refuses what is not AnnData before anything reads it: the
-format that opens the path (`grain_cells.formats.for_path`; each format's
-`can_open` says what it opens) refuses missing paths and
-dangling links, directories that are not stores, files it cannot open (not
-HDF5, held by a writer, truncated); `check_anndata` then refuses MuData and
-files without `obs`/`var`. `grain_cells.io._h5ad` re-exports these
-functions.
+The format that opens a path refuses what it cannot open; `check_anndata`
+then refuses MuData and files without `obs`/`var`.
 """
 
 from __future__ import annotations
@@ -26,21 +21,10 @@ def open_file(
     storage_options: dict | None = None,
     stat: FileStat | None = None,
 ):
-    """Opens an AnnData file or store read-only, errors naming the file.
+    """Opens an AnnData file or store read-only; close the root it returns.
 
-    The format that opens `path` (`grain_cells.formats.for_path`) opens it;
-    a URL with `storage_options` (None: from the environment).
-
-    `stat`: the object version expected (a `FileStat` taken before); a
-    format may take it anew as it opens (a store's digest), so comparing it
-    with an identity's detects a rewritten store. Close the root group
-    returned (or use `with`).
-
-    Raises:
-        FileNotFoundError: The path does not exist (or is a dangling symlink).
-        errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
-            by a writer, is a symlink loop or a MuData file, or has no
-            `obs`/`var` (not AnnData).
+    `stat`: the version expected. Raises `FileNotFoundError`, or
+    `AnnDataFormatError` for what is not AnnData (not HDF5, truncated, MuData...).
     """
     path = os.fspath(path)
     f = formats.for_path(path).open(path, storage_options, stat)
@@ -49,12 +33,7 @@ def open_file(
 
 
 def check_anndata(f, path: str) -> None:
-    """Closes `f` and raises unless it is an AnnData file (not MuData).
-
-    Raises:
-        errors.UnsupportedLayoutError: A MuData file.
-        errors.AnnDataFormatError: No `obs`/`var` at the root.
-    """
+    """Closes `f` and raises unless it is AnnData: MuData, no `obs`/`var`."""
     mod = _nodes.get(f, "mod")
     if encoding_of(f) == "MuData" or _nodes.is_group(mod):
         modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []
@@ -79,11 +58,7 @@ def check_anndata(f, path: str) -> None:
 
 
 def resolve_paths(paths) -> list[str]:
-    """Normalises one path or a sequence of paths to a list of str.
-
-    Raises:
-        ValueError: The list is empty.
-    """
+    """One path or a sequence of paths as a list of str (ValueError if empty)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     # URLs of objects stay as they are; file:// URLs become local paths.

@@ -1,46 +1,38 @@
-"""One file's handles in one process: its descriptor, its reader, its obs values.
+"""One file's handles in one process, and a fetch's or hint's files opened directly.
 
-`open_member` makes them (checked against the file's identity); `OpenFiles`
-keeps at most `max_open_files` of them per process (`grain_cells.io._file_lru`).
+`open_member` opens a file checked against its identity; a file whose arrays
+are all read positionally keeps only its descriptor, and reopens from its
+byte layouts (`reopen`: one `open`, no format library). `pinned_flats` and
+`hint_flats` give a many-file fetch or a read-ahead hint its files' CSR byte
+pieces (`_direct_csr.Flat`), closed files through descriptors of their own.
+
+Design notes: docs/reference/design.md#io-layouts, #io-direct-open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from grain_cells import errors, formats
-from grain_cells.io import (
-    _direct_csr,
-    _file_lru,
-    _h5ad,
-    _layout_cache,
-    _layouts,
-    _obs_cache,
-)
+from grain_cells.formats import PositionalReader
+from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
 from grain_cells.io._matrix import CsrReader, DenseReader
 from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
 from grain_cells.io._open import open_file
-from grain_cells.storage import ByteReader
+from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
 
 @dataclasses.dataclass
 class OpenFile:
-    """A file's handles in one process.
+    """A file's handles in one process: `h5` (None once `fd` alone reads), `fd`, `obs`.
 
-    Attributes:
-        h5: The open file's root (`Format.open`); None once the reader
-            reads only through `fd` (`grain_cells.io._layouts`): the
-            format's handle is closed right after the first open.
-        fd: The file's `ByteReader` (`Format.open_bytes`); None for formats
-            that read through their own store.
-        reader: The matrix's row reader (a property; made on first use
-            for a file reopened from its byte layouts).
-        obs: The obs columns read with every cell, in shared codes.
-        format: The file's format (checks at each read).
-        flat: Its CSR arrays as byte spans (`_direct_csr.flat_of`), None
-            if not so, False until a fetch first asks.
+    `flat`: its `_direct_csr.Flat` (None: not so; False: not asked yet); reopened
+    from `layouts`, the reader is built on first use.
     """
 
     h5: object | None
@@ -49,8 +41,6 @@ class OpenFile:
     obs: dict[str, np.ndarray]
     format: formats.Format
     flat: object = False
-    # Reopened from byte layouts: the reader is built on first use (a
-    # fetch over positional CSR files needs only `flat`).
     layouts: dict | None = None
     info: _h5ad.MatrixInfo | None = None
 
@@ -58,7 +48,7 @@ class OpenFile:
     def reader(self) -> CsrReader | DenseReader | FieldReader:
         """The matrix's row reader."""
         if self._reader is None:
-            self._reader = _layouts.reader_of(self.info, self.layouts, self.fd)
+            self._reader = reader_of(self.info, self.layouts, self.fd)
         return self._reader
 
     def close(self) -> None:
@@ -72,39 +62,33 @@ class OpenFile:
 
 
 def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> OpenFile:
-    """Opens file `i` of `files` in this process, checking it is unchanged.
+    """Opens file `i` of `files` in this process, checked (`SourceChangedError`).
 
-    With `checked`: a file this process checked in full before (its record
-    there) and whose `stat` is unchanged since is not inspected again; its
-    matrix summary and obs values are taken from the record, and when the
-    record holds its byte layouts (`_layouts`) the file is not opened
-    through its format at all: one descriptor, checked by its `fstat`.
-    A local file whose arrays are all read positionally keeps only that
-    descriptor open (its format's handle closes once inspected).
-
-    Raises:
-        errors.SourceChangedError: The file differs from when `files` was built.
+    A file with a `checked` record or cached entry is not inspected again.
     """
     known = None if checked is None else checked.get(i)
     if known is None and checked is not None:
-        known = _first_open(files, i, checked)
+        found = _meta_cache.first_open(files, i)
+        if found is not None:
+            fmt, layouts, obs = found
+            checked.put(i, files.infos[i], obs, layouts, fmt)
+            known = checked.get(i)
     if known is not None and known.layouts is not None:
         return reopen(files, i, known)
     expected = files.infos[i]
     path = expected.path
     identity = files.identities[i]
     fmt = formats.for_path(path)
+    when = "when a process opened it"
     if identity.stat.content:
-        # An object whose ETag does not follow its content (an HTTP server):
-        # its sampled bytes now, before the format trusts metadata cached
-        # for it.
-        now = fmt.stat_path(path, files.storage_options)
-        identity.check_stat(now, "when a process opened it")
+        # An object whose ETag does not follow its content: check its sampled
+        # bytes before the format trusts metadata cached for it.
+        identity.check_stat(fmt.stat_path(path, files.storage_options), when)
     # A store's format takes its stat (a digest) anew as it opens.
     f = open_file(path, files.storage_options, identity.stat)
     try:
         if known is not None:  # unchanged since this process checked it
-            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
+            identity.check_stat(fmt.stat_of(f, path), when)
             info = known.info
         else:
             info = inspect_element(f, files.element)
@@ -115,30 +99,29 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
                     "a new source (and do not restore iterator state saved "
                     "for the old one)."
                 )
-            identity.check_stat(fmt.stat_of(f, path), "when a process opened it")
-            identity.check_layout(f, "when a process opened it")
+            identity.check_stat(fmt.stat_of(f, path), when)
+            identity.check_layout(f, when)
         fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
     except BaseException:
         f.close()
         raise
     try:
         if fd is not None:
-            identity.check_stat(fd.stat(), "when a process opened it")
+            identity.check_stat(fd.stat(), when)
         reader = element_reader(f, info, fd)
-        # Mapped from a cache file that every process shares (`_obs_cache`).
         if known is not None:
             obs = known.obs
-        else:
+        else:  # mapped from a cache file that every process shares
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-        layouts = _layouts.layouts_of(reader, fd)
+        layouts = _meta_cache.layouts_of(reader, fd)
         if checked is not None:
             checked.put(i, info, obs, layouts, fmt)
         fmt.opened(f)
         if layouts is None:
             return OpenFile(f, fd, reader, obs, fmt)
         # Read through the descriptor alone: the format's handle goes now.
-        reader = _layouts.reader_of(info, layouts, fd)
+        reader = reader_of(info, layouts, fd)
         f.close()
         return OpenFile(None, fd, reader, obs, fmt)
     except BaseException:
@@ -148,26 +131,11 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         raise
 
 
-def _first_open(files, i: int, checked: _file_lru.Checked):
-    """File `i`'s record from its cached byte layouts (`_layout_cache`), or None."""
-    found = _layout_cache.first_open(files, i)
-    if found is None:
-        return None
-    checked.put(i, files.infos[i], found.obs, found.layouts, found.format)
-    return checked.get(i)
-
-
 def reopen(files, i: int, known) -> OpenFile:
-    """`open_member` of a file whose byte layouts this process holds.
-
-    One descriptor, checked (`fstat`) against the file's identity as every
-    open is; the reader is rebuilt from the layouts on first use, with no
-    format library.
-    """
-    path = files.infos[i].path
+    """`open_member` of a file whose byte layouts this process holds: one descriptor."""
     identity = files.identities[i]
     fmt = known.format
-    fd = fmt.open_bytes(None, path, files.storage_options, identity.stat)
+    fd = fmt.open_bytes(None, files.infos[i].path, files.storage_options, identity.stat)
     try:
         identity.check_stat(fd.stat(), "when a process opened it")
         if known.flat is False:  # computed once per record, then reused
@@ -179,9 +147,167 @@ def reopen(files, i: int, known) -> OpenFile:
     return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
 
 
-def weight_of(handle: OpenFile) -> int:
-    """A handle's weight in the `"auto"` bound (`_file_lru.DEFAULT_BUDGET`)."""
-    return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
+def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
+    """The matrix reader of `info` over `fd`, from `layouts_of`'s layouts."""
+    arrays = {k: PositionalReader(v, info.path, fd) for k, v in layouts.items()}
+    if "records" in arrays:
+        return FieldReader.of_arrays(info, arrays, fd)
+    if "x" in arrays:
+        return DenseReader.of_arrays(info, arrays, fd)
+    return CsrReader.of_arrays(info, arrays, fd)
 
 
-__all__ = ["OpenFile", "open_member", "reopen", "weight_of"]
+def _flat(handle: OpenFile):
+    if handle.flat is False:
+        handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
+    return handle.flat
+
+
+@contextlib.contextmanager
+def pinned_flats(
+    handles, lru, checked, indices: Sequence[int]
+) -> Iterator[tuple | None]:
+    """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
+
+    Closed files with known pieces through descriptors of the fetch's own (room
+    made in the bound), others through the bound; None if one is not positional.
+    """
+    files = handles.files
+    entries = lru.pin_if_open(indices)
+    closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
+    lru.reserve(len(closed))  # the fetch's own descriptors fit within the bound
+    records = iter(checked.get_many(closed))
+    own: list[int] = []  # descriptors opened here
+    readers: list = []  # byte readers opened to learn a record's pieces
+    slow: list[int] = []  # positions of files opened through the bound
+    n = len(indices)
+    flats: list = [None] * n
+    fds = [-1] * n
+    obs: list = [None] * n
+    try:
+        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
+            if entry is not None:
+                handle = entry.handle
+                reader = handle.fd
+                if not (
+                    isinstance(reader, LocalByteReader)
+                    and files.identities[i].stat.matches(os.fstat(reader.fd))
+                ):
+                    handles.check_at_read(i, handle)
+                flats[k], obs[k] = _flat(handle), handle.obs
+                continue
+            record = next(records)
+            if record is not None and record.flat is False and record.layouts:
+                # Its pieces, once, through a descriptor its format opens.
+                readers.append(_learn_flat(files, i, record))
+                if isinstance(record.flat, _direct_csr.Flat):
+                    flats[k], obs[k] = record.flat, record.obs
+                    continue
+            flat = None if record is None else record.flat
+            if not isinstance(flat, _direct_csr.Flat):  # unknown yet: the bound
+                slow.append(k)
+                continue
+            fd = open_checked(files.identities[i], files.infos[i].path)
+            if fd is None:  # gone or changed: the bound's open says how
+                slow.append(k)
+                continue
+            own.append(fd)
+            flats[k], fds[k], obs[k] = flat, fd, record.obs
+        if not slow:
+            yield _valid(flats, fds, obs)
+            return
+        with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
+            for k, handle in zip(slow, opened, strict=True):
+                flats[k], obs[k] = _flat(handle), handle.obs
+            yield _valid(flats, fds, obs)
+    finally:
+        for fd in own:
+            os.close(fd)
+        for reader in readers:
+            reader.close()
+        lru.release(entries)
+
+
+@contextlib.contextmanager
+def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
+    """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
+
+    Closed files with known pieces through bare descriptors (None, -1: not
+    hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
+    """
+    entries = lru.pin_if_open(indices, touch=False)
+    n = len(indices)
+    flats: list = [None] * n
+    fds = [-1] * n
+    rest: list[int] = []
+    own: list[int] = []
+    try:
+        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
+            if entry is not None:
+                flat = _flat(entry.handle)
+                if flat is None:
+                    rest.append(k)
+                else:
+                    flats[k], fds[k] = flat, flat.fd
+                continue
+            record = checked.peek(i)  # not marked used: a hint
+            if record is None or record.layouts is None:
+                continue
+            if not isinstance(record.flat, _direct_csr.Flat):
+                if record.flat is False:  # pieces not known yet: reopen once
+                    rest.append(k)
+                continue
+            try:
+                fd = os.open(files.infos[i].path, os.O_RDONLY)
+            except OSError:  # gone: the read reports it
+                continue
+            own.append(fd)
+            flats[k], fds[k] = record.flat, fd
+        yield flats, fds, rest
+    finally:
+        for fd in own:
+            os.close(fd)
+        lru.release(entries)
+
+
+def _learn_flat(files, i: int, record):
+    """File `i`'s `ByteReader` as its format opens it; sets `record.flat`."""
+    identity = files.identities[i]
+    path = files.infos[i].path
+    reader = record.format.open_bytes(None, path, files.storage_options, identity.stat)
+    try:
+        identity.check_stat(reader.stat(), "when a process opened it")
+        record.flat = _direct_csr.flat_from(record.layouts, record.info, reader)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def _valid(flats: list, fds: list, obs: list) -> tuple | None:
+    """`(flats, fds, obs)` when every file has a `Flat`, all of one dtype."""
+    if any(f is None for f in flats) or len({f.dtypes for f in flats}) != 1:
+        return None
+    fds = [f.fd if d < 0 else d for f, d in zip(flats, fds, strict=True)]
+    return flats, fds, obs
+
+
+def open_checked(identity, path: str) -> int | None:
+    """A descriptor of `path` whose `fstat` matches `identity`, or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if not identity.stat.matches(st):
+        os.close(fd)
+        identity.check_stat(FileStat.of(st), "when a process opened it")
+        return None  # changed in nothing a read depends on: through the bound
+    return fd
+
+
+__all__ = ["OpenFile", "hint_flats", "open_member", "pinned_flats", "reopen"]

@@ -3,7 +3,7 @@
 A collection read in random order closes and reopens files all the time.
 A file whose arrays are all uncompressed is read positionally, so once a
 process has opened it through h5py it keeps the arrays' byte layouts
-(`grain_cells.io._layouts`) and reopens it with one descriptor, no h5py;
+(`grain_cells.io._open_file.reopen`) and reopens it with one descriptor, no h5py;
 read-ahead hints open no file through h5py at all.
 
 Files are written by anndata; the value at (global row r, gene j) is
@@ -249,7 +249,7 @@ def test_a_fetch_split_over_read_threads_reads_the_same(paths, monkeypatch):
 
 
 # A process's first open of a file (issue 33): the trainer's build caches each
-# file's byte layouts (`grain_cells.io._layout_cache`), so another process
+# file's byte layouts (`grain_cells.io._meta_cache`), so another process
 # opens an unchanged file with a descriptor and positional reads, no h5py.
 
 

@@ -166,15 +166,13 @@ def test_a_build_writes_one_entry_per_file_and_first_opens_read_it(
     files, cache, monkeypatch
 ):
     """Layouts for first opens live inside the metadata entry: one file per file."""
-    from grain_cells.io import _layout_cache
-
     _source(files)
     entries = list((cache / "file-meta").glob("*.json"))
     assert len(entries) == 3
     assert not (cache / "file-meta" / "layouts").exists()
     # A fresh process's first open of each file comes from its entry.
     source = _source(files)
-    found = [_layout_cache.first_open(source.files, i) for i in range(len(files))]
+    found = [meta_cache.first_open(source.files, i) for i in range(len(files))]
     assert all(f is not None for f in found)
     _check_against_anndata(source, files)
 

@@ -156,10 +156,10 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, files, workers):
         source.close()
     assert (seen == 1).all()
     # One descriptor per open file once it was opened through h5py (its
-    # reopens: from its byte layouts, `io._layouts`); a fetch's files and a
+    # reopens: from its byte layouts, `io._open_file.reopen`); a fetch's files and a
     # read-ahead hint's may be pinned beyond the bound for a moment, and a
     # first open holds h5py's descriptor too while it inspects the file. A
-    # process's first opens come from cached byte layouts (`io._layout_cache`)
+    # process's first opens come from cached byte layouts (`io._meta_cache`)
     # once the build cached them, so hints reach files soon: up to
     # `HINT_FILES` descriptors of their own.
     limit = bound + HINT_FILES + 3

@@ -16,7 +16,7 @@ import zarr
 from zarr_stores import make_adata, write_store, zarr_format
 
 from grain_cells import AnnDataSource
-from grain_cells.io._element_files import element_files
+from grain_cells.io._file_set import element_files
 
 
 def test_directory_that_is_not_a_store(tmp_path):

@@ -29,8 +29,7 @@ from zarr_stores import (
 )
 
 from grain_cells import AnnDataSource
-from grain_cells.io._element_files import element_files
-from grain_cells.io._file_set import OpenFiles
+from grain_cells.io._file_set import OpenFiles, element_files
 from grain_cells.io._range_reads import read_rows
 
 
