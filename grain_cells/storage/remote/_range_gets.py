@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from grain_cells import errors
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage._readers import FileStat
 from grain_cells.storage.remote import _retries, _store
 
 _REBUILD = (

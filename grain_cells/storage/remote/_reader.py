@@ -18,8 +18,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage._readers import ShortReadError
+from grain_cells.storage._readers import FileStat, ShortReadError
 from grain_cells.storage.remote import _range_gets, _versions
 from grain_cells.storage.remote._store import max_in_flight, store_for
 

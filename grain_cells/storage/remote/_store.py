@@ -14,7 +14,7 @@ import urllib.parse
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage._readers import FileStat
 from grain_cells.storage.remote import _aws, _retries
 from grain_cells.storage.remote._retries import first_line
 

@@ -13,7 +13,7 @@ import re
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage._readers import FileStat
 from grain_cells.storage.remote import _range_gets, _store
 
 CONTENT_WINDOWS = 32
