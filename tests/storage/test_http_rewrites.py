@@ -29,7 +29,7 @@ from conftest import close_iterator
 
 import grain_cells
 from grain_cells import errors
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
 from grain_cells.storage.remote import _versions as versions
 from grain_cells.testing import NginxFolder, nginx_folder
 
@@ -80,13 +80,13 @@ def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
     the old object or the new one, never `cp`'s truncated file or a new mtime
     (CI, leg 2: "0 bytes now" instead of "bytes differ").
     """
-    before = object_store.head(url)
+    before = versions.head(url)
     st = os.stat(path)
     staged = pathlib.Path(path).with_name(pathlib.Path(path).name + ".new")
     shutil.copyfile(new, staged)
     os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(staged, path)
-    after = object_store.head(url)
+    after = versions.head(url)
     assert after == before  # every header nginx sends is unchanged
 
 
@@ -352,7 +352,7 @@ def _change_one_byte_outside_the_windows(url, path):
     source = grain_cells.AnnDataSource(
         url, block_size=10, storage_options={"verify_reads": True}
     )
-    stat, sampled = object_store.head(url), versions.version_of(url).content
+    stat, sampled = versions.head(url), versions.version_of(url).content
     data = bytearray(path.read_bytes())
     windows = versions.content_windows(len(data))
     at = next(
@@ -364,7 +364,7 @@ def _change_one_byte_outside_the_windows(url, path):
     data[at] ^= 0xFF
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert object_store.head(url) == stat
+    assert versions.head(url) == stat
     assert versions.version_of(url).content == sampled  # the default checks pass
     with pytest.raises(errors.SourceChangedError, match="verify_reads"):
         source.read(np.arange(source.num_cells))
@@ -414,7 +414,7 @@ def test_unchanged_object_passes_every_check(served):
     ],
 )
 def test_which_etags_follow_content(url, etag, size, follows):
-    stat = object_store.ObjectStat(size, etag, 0)
+    stat = FileStat(0, 0, size, 0, 0, etag)
     assert versions.tag_follows_content(url, stat) is follows
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage._readers import FileStat, ShortReadError
-from grain_cells.storage.remote import _range_gets, _versions
+from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight, store_for
 
 MERGE_GAP = 64 << 10
@@ -185,7 +185,7 @@ class RemoteByteReader:
         wide = ranges if table is None else _versions.widen(ranges, size)
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
-            datas = _range_gets.get_ranges(
+            datas = _versions.get_ranges(
                 self.name, self._options, wide, self._stat, self._store(), one
             )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
