@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells import errors, formats
-from grain_cells.hdf5 import _codecs as codecs
+from grain_cells.hdf5 import _chunks as codecs
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 
 N_OBS, N_VARS = 203, 40

@@ -200,17 +200,17 @@ _OPEN_DURING_A_REWRITE = """
 import faulthandler, os, shutil, sys
 faulthandler.enable()
 import anndata
-from grain_cells.hdf5 import _remote
+from grain_cells.hdf5 import _open as hdf5_open
 
 url, path, old, new, cache, *hows = sys.argv[1:]
 options = {"verify_reads": True}
-real_read = _remote.RangeFile._read
+real_read = hdf5_open.RangeFile._read
 for how, k in [(how, k) for how in hows for k in range(1, 13)]:
     shutil.copyfile(old, path)
     st = os.stat(path)
-    stat = _remote.stat_path(url, options)
+    stat = hdf5_open.stat_path(url, options)
     os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, how, str(k))
-    _remote._metadata.clear()  # HDF5's reads go to the server
+    hdf5_open._metadata.clear()  # HDF5's reads go to the server
     calls = [0]
 
     def _read(self, off, n, k=k, st=st):
@@ -223,9 +223,9 @@ for how, k in [(how, k) for how in hows for k in range(1, 13)]:
                 os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         return real_read(self, off, n)
 
-    _remote.RangeFile._read = _read
+    hdf5_open.RangeFile._read = _read
     try:
-        with _remote.open_remote(url, options, stat) as f:
+        with hdf5_open.open_remote(url, options, stat) as f:
             x = anndata.io.read_elem(f["X"])
         print(how, k, "old" if (x.data > 0).all() else "NEW VALUES", flush=True)
     except Exception as e:
@@ -297,24 +297,24 @@ def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch)
     import gc
     import weakref
 
-    from grain_cells.hdf5 import _remote
+    from grain_cells.hdf5 import _open as hdf5_open
 
     url, path, _ = served
     made = []
-    init = _remote.RangeFile.__init__
+    init = hdf5_open.RangeFile.__init__
 
     def record(self, *args):
         init(self, *args)
         made.append(weakref.ref(self))
 
-    monkeypatch.setattr(_remote.RangeFile, "__init__", record)
-    stat = _remote.stat_path(url, {"verify_reads": True})
+    monkeypatch.setattr(hdf5_open.RangeFile, "__init__", record)
+    stat = hdf5_open.stat_path(url, {"verify_reads": True})
     os.truncate(path, 1000)  # caught at HDF5's first read
     gc.disable()
     try:  # not pytest.raises: its record of the error would keep the file
         message = held = None
         try:
-            _remote.open_remote(url, {"verify_reads": True}, stat)
+            hdf5_open.open_remote(url, {"verify_reads": True}, stat)
         except errors.SourceChangedError as e:
             # (Not this frame: reading its locals would keep `e`.)
             message, held = str(e), _buffers_held(e.__traceback__.tb_next)
