@@ -9,12 +9,17 @@ docs/reference/design.md#hdf5-format.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import h5py
 import numpy as np
 
 from grain_cells import formats
 from grain_cells.hdf5 import _layout, _open
 from grain_cells.hdf5._reads import RangeReader, byte_layout, read_positional
+from grain_cells.storage import FileStat, LocalByteReader
+from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
 _CHUNK_SAMPLES = 17
@@ -39,14 +44,27 @@ class Hdf5Format(formats.Format):
     def open(self, path, storage_options=None, stat=None) -> h5py.File:
         return _open.open_h5(path, storage_options, stat)
 
-    def stat_path(self, path, storage_options=None):
-        return _open.stat_path(path, storage_options)
+    def stat_path(self, path, storage_options=None) -> FileStat:
+        if is_url(path):
+            return version_of(path, storage_options)
+        return FileStat.of(os.stat(path))
 
-    def stat_of(self, f, path):
-        return _open.stat_of(f, path)
+    def stat_of(self, f, path) -> FileStat:
+        """An object's version read; else `fstat` of HDF5's descriptor."""
+        if (rf := _open.range_files.get(f)) is not None:
+            return rf.stat
+        try:
+            fd = f.id.get_vfd_handle()
+        except Exception:  # a driver without a POSIX descriptor
+            fd = None
+        if isinstance(fd, int) and fd >= 0:
+            with contextlib.suppress(OSError):
+                return FileStat.of(os.fstat(fd))
+        return FileStat.of(os.stat(path))
 
     def file_name(self, f) -> str:
-        return _open.file_name(f)
+        rf = _open.range_files.get(f)  # h5py's `filename` is ASCII-squeezed
+        return rf.url if rf is not None else f.filename
 
     def owns(self, node) -> bool:
         return isinstance(node, (h5py.Group, h5py.Dataset))
@@ -178,10 +196,13 @@ class Hdf5Format(formats.Format):
         return int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
 
     def open_bytes(self, f, path, storage_options, stat):
-        return _open.open_bytes(path, storage_options, stat)
+        if is_url(path):
+            return RemoteByteReader(path, storage_options, stat)
+        return LocalByteReader.open(path)
 
     def opened(self, f) -> None:
-        _open.opened(f)
+        if (rf := _open.range_files.get(f)) is not None:
+            rf.opened()
 
     def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
         del fill_missing  # HDF5 has no unwritten chunks here

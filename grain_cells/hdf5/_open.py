@@ -29,7 +29,7 @@ from grain_cells._util import fork
 from grain_cells._util.cache_files import cache_root
 from grain_cells.formats import missing_path
 from grain_cells.hdf5 import _layout
-from grain_cells.storage import FileStat, LocalByteReader
+from grain_cells.storage import FileStat
 from grain_cells.storage.remote import Pieces, RemoteByteReader, is_url, version_of
 
 _log = logging.getLogger("grain_cells")
@@ -37,7 +37,8 @@ _log = logging.getLogger("grain_cells")
 BLOCK_BYTES = 64 << 10
 CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 
-_range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The `RangeFile` of each remote file open.
+range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # A forked child loads its own metadata caches (their locks are the parent's).
 _metadata = fork.ProcessCache()
 
@@ -116,7 +117,7 @@ def _open_failure(e: OSError) -> str:
 def _close_at_exit() -> None:
     # Not left to HDF5's exit handler: it runs after the interpreter is gone
     # and calls h5py's file-object driver, which takes the GIL.
-    for f in list(_range_files.keys()):
+    for f in list(range_files.keys()):
         with contextlib.suppress(Exception):  # exiting: nothing to report to
             f.close()
 
@@ -218,6 +219,14 @@ class RangeFile(io.RawIOBase):
             self._meta.add(off, data)
         return data
 
+    def opened(self) -> None:
+        """The open is done: saves the metadata HDF5 read, stops recording."""
+        self.recording = False
+        try:
+            self._meta.save()
+        except OSError as e:
+            _log.warning("cannot write the metadata cache %s (%s)", self._meta.path, e)
+
     def _get(self, off: int, n: int) -> bytes:
         n = min(n, self.stat.size - off)
         out = np.empty(n, np.uint8)
@@ -249,51 +258,5 @@ def open_remote(url: str, storage_options: dict | None, stat: FileStat | None):
         if f is not None:
             f.close()
         raise _bare(rf.failure)
-    _range_files[f] = rf
+    range_files[f] = rf
     return f
-
-
-def opened(f: h5py.File) -> None:
-    """Marks the end of opening `f`: saves the metadata HDF5 read, stops recording."""
-    rf = _range_files.get(f)
-    if rf is not None:
-        rf.recording = False
-        try:
-            rf._meta.save()
-        except OSError as e:
-            _log.warning("cannot write the metadata cache %s (%s)", rf._meta.path, e)
-
-
-def file_name(f: h5py.File) -> str:
-    """The path or URL `f` was opened from (h5py's `filename` is ASCII-squeezed)."""
-    rf = _range_files.get(f)
-    return rf.url if rf is not None else f.filename
-
-
-def stat_of(f: h5py.File, path: str) -> FileStat:
-    """The stat of an open file (a URL's: the version read) or else of `path`."""
-    rf = _range_files.get(f)
-    if rf is not None:
-        return rf.stat
-    try:
-        fd = f.id.get_vfd_handle()
-    except Exception:  # a driver without a POSIX descriptor
-        fd = None
-    if isinstance(fd, int) and fd >= 0:
-        with contextlib.suppress(OSError):
-            return FileStat.of(os.fstat(fd))
-    return FileStat.of(os.stat(path))
-
-
-def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The stat of a path (`os.stat`) or of an object now (one HEAD)."""
-    if is_url(path):
-        return version_of(path, storage_options)
-    return FileStat.of(os.stat(path))
-
-
-def open_bytes(path: str, storage_options: dict | None, stat: FileStat):
-    """A `ByteReader` of the file, or of the object version `stat` names."""
-    if is_url(path):
-        return RemoteByteReader(path, storage_options, stat)
-    return LocalByteReader.open(path)

@@ -201,6 +201,7 @@ import faulthandler, os, shutil, sys
 faulthandler.enable()
 import anndata
 from grain_cells.hdf5 import _open as hdf5_open
+from grain_cells.storage.remote import version_of
 
 url, path, old, new, cache, *hows = sys.argv[1:]
 options = {"verify_reads": True}
@@ -208,7 +209,7 @@ real_read = hdf5_open.RangeFile._read
 for how, k in [(how, k) for how in hows for k in range(1, 13)]:
     shutil.copyfile(old, path)
     st = os.stat(path)
-    stat = hdf5_open.stat_path(url, options)
+    stat = version_of(url, options)
     os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, how, str(k))
     hdf5_open._metadata.clear()  # HDF5's reads go to the server
     calls = [0]
@@ -298,6 +299,7 @@ def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch)
     import weakref
 
     from grain_cells.hdf5 import _open as hdf5_open
+    from grain_cells.storage.remote import version_of
 
     url, path, _ = served
     made = []
@@ -308,7 +310,7 @@ def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch)
         made.append(weakref.ref(self))
 
     monkeypatch.setattr(hdf5_open.RangeFile, "__init__", record)
-    stat = hdf5_open.stat_path(url, {"verify_reads": True})
+    stat = version_of(url, {"verify_reads": True})
     os.truncate(path, 1000)  # caught at HDF5's first read
     gc.disable()
     try:  # not pytest.raises: its record of the error would keep the file
