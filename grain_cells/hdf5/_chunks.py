@@ -138,11 +138,16 @@ class Pipeline:
                 except _deflate.DeflateError as e:
                     raise ChunkDecodeError(f"bad deflate stream ({e})") from None
                 fresh = True
-            elif f.id == FILTER_SHUFFLE:
-                itemsize = f.cd_values[0] if f.cd_values else 1
-                shuffled = buf
-                buf = unshuffle(buf, itemsize)
-                fresh = fresh or buf is not shuffled
+            elif f.id == FILTER_SHUFFLE:  # a trailing partial element is as stored
+                size = f.cd_values[0] if f.cd_values else 1
+                arr = np.frombuffer(buf, np.uint8)
+                n = arr.size // size
+                if size > 1 and n > 1:
+                    out = np.empty_like(arr)
+                    body = n * size
+                    out[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
+                    out[body:] = arr[body:]
+                    buf, fresh = out, True
             elif f.id == FILTER_FLETCHER32:
                 buf = verify_fletcher32(buf)
             elif f.id == FILTER_LZF:
@@ -162,19 +167,6 @@ class Pipeline:
 
 
 _NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
-
-
-def unshuffle(buf, itemsize: int) -> np.ndarray:
-    """Undoes HDF5's byte shuffle (a trailing partial element is as stored)."""
-    arr = np.frombuffer(buf, np.uint8)
-    n = arr.size // itemsize
-    if itemsize <= 1 or n <= 1:
-        return buf
-    out = np.empty_like(arr)
-    body = n * itemsize
-    out[:body].reshape(n, itemsize)[...] = arr[:body].reshape(itemsize, n).T
-    out[body:] = arr[body:]
-    return out
 
 
 def fletcher32(buf) -> int:

@@ -11,6 +11,7 @@ Design notes: docs/reference/design.md#hdf5-layout and #hdf5-handles.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -125,7 +126,7 @@ def link_problem(f: h5py.File, element: str) -> str | None:
                 else f"{target} (relative to {os.path.dirname(f.filename) or '.'} "
                 "or the working directory)"
             )
-            if not _external_exists(f.filename, target):
+            if _find(f.filename, target) is None:
                 return (
                     f"{name} is an external link to {link.path} in {where}, and "
                     "that file does not exist. Restore it, or rewrite the link "
@@ -152,11 +153,11 @@ def link_problem(f: h5py.File, element: str) -> str | None:
     return None
 
 
-def _external_exists(linking_file: str, target: str) -> bool:
-    if os.path.isabs(target):
-        return os.path.exists(target)
+def _find(linking_file: str, name: str) -> str | None:
+    """The file a link names: beside the linking file, else as given."""
     base = os.path.dirname(os.path.abspath(linking_file))
-    return os.path.exists(os.path.join(base, target)) or os.path.exists(target)
+    candidates = [name] if os.path.isabs(name) else [os.path.join(base, name), name]
+    return next((c for c in candidates if os.path.exists(c)), None)
 
 
 def check_dataset(path: str, dataset: h5py.Dataset) -> None:
@@ -166,36 +167,26 @@ def check_dataset(path: str, dataset: h5py.Dataset) -> None:
         errors.CorruptDataError: A virtual dataset's source is missing.
         errors.UnsupportedLayoutError: A filter is not available.
     """
-    if dataset.is_virtual:
-        base = os.path.dirname(os.path.abspath(dataset.file.filename))
-        for source in dataset.virtual_sources():
-            name, inner = source.file_name, source.dset_name
-            if name == ".":
-                ok = inner in dataset.file
-                where = f"dataset {inner} of the same file"
-            else:
-                candidates = (
-                    [name] if os.path.isabs(name) else [os.path.join(base, name), name]
-                )
-                found = next((c for c in candidates if os.path.exists(c)), None)
-                ok = found is not None and _has_dataset(found, inner)
-                where = f"dataset {inner} of {name}"
-            if not ok:
-                raise errors.CorruptDataError(
-                    f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose "
-                    f"source ({where}) is missing; HDF5 would read that part as "
-                    "fill values (zeros). Restore the source file, or rebuild the "
-                    "file with its data copied in."
-                )
+    for source in dataset.virtual_sources() if dataset.is_virtual else ():
+        name, inner = source.file_name, source.dset_name
+        if name == ".":
+            ok = inner in dataset.file
+            where = f"dataset {inner} of the same file"
+        else:
+            found, ok = _find(dataset.file.filename, name), False
+            with contextlib.suppress(OSError):
+                if found is not None:
+                    with h5py.File(found, "r") as g:
+                        ok = isinstance(g.get(inner), h5py.Dataset)
+            where = f"dataset {inner} of {name}"
+        if not ok:
+            raise errors.CorruptDataError(
+                f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose "
+                f"source ({where}) is missing; HDF5 would read that part as "
+                "fill values (zeros). Restore the source file, or rebuild the "
+                "file with its data copied in."
+            )
     check_filters(path, dataset)
-
-
-def _has_dataset(file_name: str, inner: str) -> bool:
-    try:
-        with h5py.File(file_name, "r") as g:
-            return isinstance(g.get(inner), h5py.Dataset)
-    except OSError:
-        return False
 
 
 def check_filters(path: str, dataset: h5py.Dataset) -> None:

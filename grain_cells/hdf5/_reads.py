@@ -7,6 +7,7 @@ small reads. Design notes: docs/reference/design.md#hdf5-reads.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import h5py
@@ -103,12 +104,10 @@ class RangeReader:
             return
         if self._positional is not None:
             self._positional.read_merged(starts, stops, out, pool)
-        elif self._chunked is not None:
+            return
+        if self._chunked is not None:
             self._chunked.read(starts, stops, out, pool, pending)
-        else:
-            self._read_h5py(starts, stops, out)
-
-    def _read_h5py(self, starts, stops, out) -> None:
+            return
         ds = self._dataset
         row_items = self._row_items
         flat = out.reshape(-1)
@@ -196,8 +195,9 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
         start, stop, step = index.indices(n)
         if step != 1:
             return None
-        spans = _spans(layout, start, max(stop, start))
-        points = None
+        rows, points = layout.chunk_rows, None
+        cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
+        spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
     elif (
         isinstance(index, np.ndarray)
         and index.ndim == 1
@@ -233,18 +233,6 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
     which = np.searchsorted(starts, points, side="right") - 1
     return out[firsts[which] + points - starts[which]]
-
-
-def _spans(layout: ByteLayout, start: int, stop: int) -> list[tuple[int, int]]:
-    """`[start, stop)` cut where chunks end (each span lies in one chunk)."""
-    rows = layout.chunk_rows
-    out = []
-    a = start
-    while a < stop:
-        b = min(stop, (a // rows + 1) * rows)
-        out.append((a, b))
-        a = b
-    return out
 
 
 def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:

@@ -11,8 +11,6 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-
 
 @dataclasses.dataclass(frozen=True)
 class FileStat:
@@ -105,34 +103,25 @@ class ByteReader(Protocol):
     """Reads pieces of one file or object (`name`, for messages); thread-safe.
 
     `remote`: each read is a round trip to a store (callers `advise` first).
+    `read_into` reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`
+    (`ShortReadError` where the file ends first); `advise` hints pieces read
+    soon (never raises); `pin` keeps pieces at hand (the page cache; remote:
+    in memory, within `PIN_BYTES`); `stat` is the file's stat now (local) or
+    as the source was built (remote); `close` releases what it owns.
     """
 
     name: str
     remote: bool
 
-    def read_into(
-        self,
-        dest: np.ndarray,
-        offsets: Sequence[int],
-        nbytes: Sequence[int],
-        dest_starts: Sequence[int],
-    ) -> None:
-        """Reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`.
+    def read_into(self, dest, offsets, nbytes, dest_starts) -> None: ...
 
-        Raises `ShortReadError` where the file ends before a piece.
-        """
+    def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None: ...
 
-    def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Hints that these pieces will be read soon (never raises)."""
+    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None: ...
 
-    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Keeps these pieces at hand (page cache; remote: in memory, `PIN_BYTES`)."""
+    def stat(self) -> FileStat: ...
 
-    def stat(self) -> FileStat:
-        """The file's stat now (local) or as the source was built (remote)."""
-
-    def close(self) -> None:
-        """Releases the descriptor (if owned)."""
+    def close(self) -> None: ...
 
 
 # `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).

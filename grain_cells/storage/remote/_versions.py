@@ -213,12 +213,6 @@ def block_table(url: str, storage_options: dict | None, stat: FileStat):
     return table
 
 
-def widen(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """Each `[start, end)` widened to whole `DIGEST_BLOCK` blocks (within `size`)."""
-    block = DIGEST_BLOCK
-    return [(a - a % block, min(size, -(-b // block) * block)) for a, b in ranges]
-
-
 def check_blocks(url: str, table: bytes, ranges, wide, datas) -> list:
     """The bytes of `ranges` cut from the blocks `wide` read (`SourceChangedError`)."""
     out = []
