@@ -1,10 +1,7 @@
 """Rows of a compressed, chunked HDF5 dataset, decoded outside HDF5 in threads.
 
-`Pipeline` undoes a dataset's filters (deflate, shuffle, fletcher32, lzf) with
-the GIL released; `ChunkedReader` takes every chunk's offset, size and filter
-mask from HDF5 once, then reads and decodes the chunks a batch touches. Memory
-per thread: one merged run of stored bytes (at most `MAX_RUN_BYTES`) and a
-decoded chunk or two; hot chunks go to `SHARED`. Design notes:
+`Pipeline` undoes a dataset's filters, GIL released; `ChunkedReader` reads and
+decodes the chunks a batch touches, hot ones kept in `SHARED`. Design notes:
 docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
 """
 
@@ -21,7 +18,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunk_pieces, chunks_touched
-from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
+from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts, value_dtype
 from grain_cells.storage import ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
@@ -251,11 +248,12 @@ class ChunkedReader:
         """A reader for `dataset` (`cache_bytes` of decoded chunks in `SHARED`).
 
         None (read it through h5py) unless chunked in whole rows, filtered by a
-        `Pipeline`, of a native numeric dtype, with every chunk written.
+        `Pipeline`, of a dtype read as stored, with every chunk written.
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
-        if not dataset.dtype.isnative or dataset.dtype.hasobject:
+        dtype = dataset.dtype  # float16 and big-endian: h5py converts them
+        if value_dtype(dtype) != dtype or dtype.hasobject:
             return None
         if tuple(dataset.chunks[1:]) != tuple(dataset.shape[1:]):
             return None
