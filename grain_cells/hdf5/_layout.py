@@ -1,12 +1,10 @@
 """What HDF5 says of a dataset's storage, asked once per open node.
 
-Checks that HDF5 can return a dataset's true values (links, virtual
-sources, filters), and records per open node, kept by the identity of its
-id object (a weak reference tells it from a later one; no file kept open):
-its creation property list, and for files `open_h5` opened read-only from
-a local path, that path and HDF5's descriptor (h5py asks an `h5py.File`
-whether a dataset is read-only at every open, half of `Group.get`).
-Design notes: docs/reference/design.md#hdf5-layout and #hdf5-handles.
+Checks that HDF5 can return a dataset's true values (links, virtual sources,
+filters); records per open node (by its id object, weakly): its creation
+property list, its byte layout, and for files `open_h5` opened from a local
+path, that path and HDF5's descriptor. Design notes:
+docs/reference/design.md#hdf5-layout and #hdf5-handles.
 """
 
 from __future__ import annotations
@@ -161,11 +159,9 @@ def _find(linking_file: str, name: str) -> str | None:
 
 
 def check_dataset(path: str, dataset: h5py.Dataset) -> None:
-    """Refuses a dataset HDF5 would read wrong or cannot decode (`path`: for messages).
+    """Refuses a virtual dataset missing a source (`CorruptDataError`), or a filter.
 
-    Raises:
-        errors.CorruptDataError: A virtual dataset's source is missing.
-        errors.UnsupportedLayoutError: A filter is not available.
+    `path`: the file that refers to the dataset, for messages.
     """
     for source in dataset.virtual_sources() if dataset.is_virtual else ():
         name, inner = source.file_name, source.dset_name

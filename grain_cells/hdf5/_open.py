@@ -1,10 +1,7 @@
-"""HDF5 files opened read-only by path or URL, stat'ed, read as bytes.
+"""HDF5 files opened read-only by path or URL, failures named.
 
-A local path is refused by name when missing, a symlink loop, not HDF5 or
-refused by HDF5 (held by a writer, truncated). A URL opens on a `RangeFile`,
-whose HDF5 metadata is read once per object version. Whether the file is
-AnnData is `grain_cells.io`'s to say. Design notes:
-docs/reference/design.md#hdf5-open and #hdf5-remote.
+A URL opens on a `RangeFile`, whose HDF5 metadata is read once per object
+version. Design notes: docs/reference/design.md#hdf5-open and #hdf5-remote.
 """
 
 from __future__ import annotations
@@ -48,10 +45,7 @@ def open_h5(
 ) -> h5py.File:
     """Opens an HDF5 file, or the object version `stat` (None: HEAD now), read-only.
 
-    Raises:
-        FileNotFoundError: The path does not exist (or is a dangling symlink).
-        errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
-            by a writer, or is a symlink loop.
+    Raises `FileNotFoundError` or `errors.AnnDataFormatError` naming the cause.
     """
     if is_url(path):
         return open_remote(path, storage_options, stat)
@@ -148,9 +142,8 @@ def _bare(e: Exception) -> Exception:
 class RangeFile(io.RawIOBase):
     """A read-only file-like view of one object version, for h5py.
 
-    Reads: the metadata cache, an LRU of blocks, then range GETs. Once a read
-    finds the version gone, every later read fails with that `failure` (HDF5's
-    error paths read on), and `open_remote` raises it rather than HDF5's.
+    Reads the metadata cache, an LRU of blocks, then range GETs. Once a read
+    finds the version gone, every read fails with that `failure`.
     """
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):

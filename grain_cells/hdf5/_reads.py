@@ -138,10 +138,9 @@ class RangeReader:
 
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
-    """Where a dataset's bytes lie in `path` if positional reads can read them.
+    """Where a dataset's bytes lie in `path`, once per open dataset, or None.
 
-    None unless uncompressed, contiguous or in whole-row chunks, all written,
-    and stored as read. Once per open dataset (a build asks several times).
+    None unless uncompressed, contiguous or in whole-row chunks, all written.
     """
     return _layout.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 

@@ -143,10 +143,7 @@ def content_windows(size: int) -> list[tuple[int, int]]:
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now: one HEAD, and a content digest where needed.
-
-    Raises as `head`, or `SourceChangedError` if it changes while digested.
-    """
+    """The object's version now: one HEAD, and a content digest where needed."""
     stat = head(url, storage_options)
     content = ""
     if verify_reads(storage_options):

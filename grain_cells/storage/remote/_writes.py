@@ -1,7 +1,6 @@
 """Writing, listing and deleting objects: what `preshuffle` does to a bucket.
 
-Each raises `FileNotFoundError` (no bucket), `PermissionError` (the credentials
-may not) or `OSError` (failed after retries). Design notes:
+Errors are `_versions.store_error`'s. Design notes:
 docs/reference/design.md#storage-remote-writes.
 """
 
