@@ -13,23 +13,25 @@ import weakref
 import zlib
 from typing import NamedTuple
 
+import deflate as _deflate  # a core dependency
 import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunk_pieces, chunks_touched
-from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts, value_dtype
+from grain_cells._util.ranges import chunk_pieces, chunks_touched, nonempty
+from grain_cells.formats import (
+    ChunkCache,
+    ChunkDecodeError,
+    checked_ranges,
+    run_parts,
+    value_dtype,
+)
 from grain_cells.storage import ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
 # Decoded chunks of every reader of the process, each trimming it to its own
 # `cache_bytes` (design notes, formats-chunk-cache).
 SHARED = ChunkCache()
-
-try:
-    import deflate as _deflate
-except ImportError:  # pragma: no cover - a core dependency
-    _deflate = None
 
 try:
     import lzf as _lzf
@@ -78,11 +80,9 @@ class Pipeline:
     @staticmethod
     def supports(f: Filter) -> bool:
         """Whether this module decodes filter `f` (in this environment)."""
-        if f.id == FILTER_DEFLATE:
-            return _deflate is not None
         if f.id == FILTER_LZF:
             return _lzf is not None
-        return f.id in (FILTER_SHUFFLE, FILTER_FLETCHER32)
+        return f.id in (FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32)
 
     @classmethod
     def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
@@ -228,12 +228,15 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
 
 
 class ChunkedReader:
-    """Reads sorted, disjoint ranges of a compressed dataset (built by `create`)."""
+    """`formats.RangeReader` of a compressed dataset (built by `create`)."""
+
+    direct, decoded, byte_layout = False, True, None
 
     def __init__(self, dataset, path, fd, pipeline, table, cache_bytes):
         self.name, self.path, self.pipeline = dataset.name, path, pipeline
         self.dtype, self.shape = dataset.dtype, dataset.shape
-        self.chunk_len = int(dataset.chunks[0])
+        self.row_shape = dataset.shape[1:]
+        self.chunk_len = self.chunk_length = int(dataset.chunks[0])
         self._row_bytes = math.prod(dataset.shape[1:]) * self.dtype.itemsize
         self._fd = as_byte_reader(fd, path)
         self._offsets, self._sizes, self._masks = table
@@ -265,8 +268,15 @@ class ChunkedReader:
             return None
         return cls(dataset, path, fd, pipeline, table, cache_bytes)
 
+    @property
+    def remote(self) -> bool:
+        return self._fd.remote
+
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
+        starts, stops = nonempty(starts, stops)
+        if not starts.size:
+            return
         chunks = chunks_touched(starts, stops, self.chunk_len)
         self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
@@ -275,7 +285,9 @@ class ChunkedReader:
         self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
-        """`formats.RangeReader.read`, for non-empty ranges within the dataset."""
+        starts, stops = checked_ranges(self, starts, stops)
+        if not starts.size:
+            return
         c = self.chunk_len
         rb = self._row_bytes
         chunk, p_start, p_stop = chunk_pieces(starts, stops, c)

@@ -17,7 +17,7 @@ import numpy as np
 
 from grain_cells import formats
 from grain_cells.hdf5 import _layout, _open
-from grain_cells.hdf5._reads import RangeReader, byte_layout, read_positional
+from grain_cells.hdf5._reads import byte_layout, range_reader, read_positional
 from grain_cells.storage import FileStat, LocalByteReader
 from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
@@ -206,7 +206,7 @@ class Hdf5Format(formats.Format):
 
     def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
         del fill_missing  # HDF5 has no unwritten chunks here
-        return RangeReader(array, path, fd, cache_bytes=cache_bytes)
+        return range_reader(array, path, fd, cache_bytes=cache_bytes)
 
     def byte_layout(self, array, path, fd):
         return byte_layout(array, path) if fd is not None else None

@@ -1,4 +1,4 @@
-"""Batched reads of sorted row ranges of one HDF5 dataset (`RangeReader`).
+"""Batched reads of sorted row ranges of one HDF5 dataset (`range_reader`).
 
 Positional reads for uncompressed data, `ChunkedReader` for the filters
 `_chunks` decodes, h5py for anything else; `read_positional` for a build's
@@ -14,7 +14,6 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import nonempty
 from grain_cells.formats import (
     ByteLayout,
     PositionalReader,
@@ -33,83 +32,55 @@ _SPAN_BYTES = 64 * 1024
 _LAYOUTS: dict[int, tuple] = {}
 
 
-class RangeReader:
-    """`formats.RangeReader` of a dataset: positional, chunk-decoding or h5py reads.
+def range_reader(dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
+    """`formats.RangeReader` of a dataset: positional, chunk-decoding, else h5py.
 
     `fd`: a descriptor or `ByteReader` of the file `path` (None: h5py only).
     Raises `errors.UnsupportedLayoutError` for a filter this HDF5 lacks.
     """
+    _layout.check_filters(path, dataset)
+    fd = as_byte_reader(fd, path)
+    if fd is not None and (layout := byte_layout(dataset, path)) is not None:
+        return Positional(layout, path, fd)
+    if fd is not None:
+        chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
+        if chunked is not None:
+            return chunked
+    return H5pyReader(dataset, path, fd)
 
-    def __init__(self, dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
-        self.name = dataset.name
-        self.path = path
-        # Values are read in native byte order and float16 as float32; a
-        # dataset stored otherwise goes through h5py, which converts.
+
+class Positional(PositionalReader):
+    """A `formats.PositionalReader` that names its `byte_layout` (layout cache)."""
+
+    @property
+    def byte_layout(self) -> ByteLayout:
+        return self.layout
+
+
+class H5pyReader:
+    """`formats.RangeReader` through h5py, which converts what it stores otherwise."""
+
+    direct = decoded = False
+    byte_layout = None
+
+    def __init__(self, dataset: h5py.Dataset, path: str, fd):
+        self.name, self.path, self._dataset = dataset.name, path, dataset
         self.dtype = value_dtype(dataset.dtype)
-        self.shape = dataset.shape
-        self.row_shape = dataset.shape[1:]
-        self._row_items = int(np.prod(self.row_shape, dtype=np.int64))
-        self._dataset = dataset
-        self._fd = fd = as_byte_reader(fd, path)
-        self._positional: PositionalReader | None = None
-        self._chunked: ChunkedReader | None = None
-        _layout.check_filters(path, dataset)
-        if fd is not None:
-            layout = self._map_bytes()
-            if layout is not None:
-                self._positional = PositionalReader(layout, path, fd)
-            else:
-                self._chunked = ChunkedReader.create(
-                    dataset, path, fd, cache_bytes=cache_bytes
-                )
-
-    @property
-    def direct(self) -> bool:
-        return self._positional is not None
-
-    @property
-    def byte_layout(self) -> ByteLayout | None:
-        """Where the bytes lie when reads are positional, else None."""
-        return None if self._positional is None else self._positional.layout
-
-    @property
-    def remote(self) -> bool:
-        return bool(getattr(self._fd, "remote", False))
-
-    @property
-    def chunk_length(self) -> int | None:
-        chunks = self._dataset.chunks
-        return None if chunks is None else int(chunks[0])
-
-    @property
-    def decoded(self) -> bool:
-        return self._chunked is not None
-
-    def _map_bytes(self) -> ByteLayout | None:
-        return byte_layout(self._dataset, self.path)
+        self.shape, self.row_shape = dataset.shape, dataset.shape[1:]
+        self.remote = bool(getattr(fd, "remote", False))
+        chunks = dataset.chunks
+        self.chunk_length = None if chunks is None else int(chunks[0])
 
     def pin(self) -> None:
-        if (direct := self._positional or self._chunked) is not None:
-            direct.pin()
+        pass
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        starts, stops = nonempty(starts, stops)
-        direct = self._positional or self._chunked
-        if starts.size and direct is not None:
-            direct.advise(starts, stops)
+        pass
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        if starts.size == 0:
-            return
-        if self._positional is not None:
-            self._positional.read_merged(starts, stops, out, pool)
-            return
-        if self._chunked is not None:
-            self._chunked.read(starts, stops, out, pool, pending)
-            return
+        row_items = math.prod(self.row_shape)
         ds = self._dataset
-        row_items = self._row_items
         flat = out.reshape(-1)
         pos = 0
         try:
