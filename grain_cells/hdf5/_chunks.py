@@ -53,7 +53,6 @@ class Filter(NamedTuple):
     """One stage of a dataset's filter pipeline, as HDF5 lists it."""
 
     id: int
-    name: str
     cd_values: tuple[int, ...]
 
 
@@ -62,10 +61,8 @@ def dataset_filters(dataset: h5py.Dataset) -> tuple[Filter, ...]:
     dcpl = dataset.id.get_create_plist()
     out = []
     for i in range(dcpl.get_nfilters()):
-        code, _flags, values, name = dcpl.get_filter(i)
-        if isinstance(name, bytes):
-            name = name.decode("ascii", "replace")
-        out.append(Filter(int(code), str(name), tuple(int(v) for v in values)))
+        code, _flags, values, _name = dcpl.get_filter(i)
+        out.append(Filter(int(code), tuple(int(v) for v in values)))
     return tuple(out)
 
 
@@ -102,8 +99,7 @@ class Pipeline:
     def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
         """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
 
-        Only its first `need` bytes (or more) when deflate alone is active and
-        `need` is at most `PREFIX_FRACTION` of it. Raises `ChunkDecodeError`.
+        At least its first `need` bytes when that is at most `PREFIX_FRACTION`.
         """
         if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
             active = [
@@ -248,10 +244,9 @@ class ChunkedReader:
 
     @classmethod
     def create(cls, dataset, path: str, fd, *, cache_bytes: int = 0):
-        """A reader for `dataset` (`cache_bytes` of decoded chunks in `SHARED`).
+        """A reader (`cache_bytes`: decoded chunks kept in `SHARED`), or None for h5py.
 
-        None (read it through h5py) unless chunked in whole rows, filtered by a
-        `Pipeline`, of a dtype read as stored, with every chunk written.
+        None unless in whole-row chunks, all written, a `Pipeline`, read as stored.
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None

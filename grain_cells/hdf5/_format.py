@@ -76,10 +76,7 @@ class Hdf5Format(formats.Format):
         return isinstance(node, h5py.Dataset)
 
     def child(self, group, name: str):
-        """`group.get(name)`, a dataset's read-only flag taken from its parent.
-
-        h5py makes an `h5py.File` of the node's file to ask it, half its cost.
-        """
+        """`group.get(name)`; read-only from the parent, not an `h5py.File` of it."""
         try:
             oid = h5py.h5o.open(group.id, name.encode("utf-8"))
         except KeyError:
@@ -133,10 +130,7 @@ class Hdf5Format(formats.Format):
         return node.attrs.get(name, default)
 
     def strings(self, node) -> np.ndarray:
-        """Read-only; a list equal to one read before in this process is that array.
-
-        (A collection's files mostly repeat one gene list and its categories.)
-        """
+        """Read-only: a list equal to one read before in the process is that array."""
         dtype = node.dtype
         info = h5py.check_string_dtype(dtype)
         shape = node.shape

@@ -159,10 +159,7 @@ def _find(linking_file: str, name: str) -> str | None:
 
 
 def check_dataset(path: str, dataset: h5py.Dataset) -> None:
-    """Refuses a virtual dataset missing a source (`CorruptDataError`), or a filter.
-
-    `path`: the file that refers to the dataset, for messages.
-    """
+    """Refuses a virtual dataset missing a source (`CorruptDataError`), or a filter."""
     for source in dataset.virtual_sources() if dataset.is_virtual else ():
         name, inner = source.file_name, source.dset_name
         if name == ".":

@@ -140,10 +140,9 @@ def _bare(e: Exception) -> Exception:
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only file-like view of one object version, for h5py.
+    """A read-only file of one object version for h5py: metadata, blocks, GETs.
 
-    Reads the metadata cache, an LRU of blocks, then range GETs. Once a read
-    finds the version gone, every read fails with that `failure`.
+    Once a read finds the version gone, every read fails with that `failure`.
     """
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):

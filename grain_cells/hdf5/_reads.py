@@ -71,11 +71,10 @@ class H5pyReader:
         chunks = dataset.chunks
         self.chunk_length = None if chunks is None else int(chunks[0])
 
-    def pin(self) -> None:
-        pass
+    def advise(self, starts=None, stops=None) -> None:
+        """h5py reads on demand: nothing to hint."""
 
-    def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        pass
+    pin = advise
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
@@ -109,10 +108,7 @@ class H5pyReader:
 
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
-    """Where a dataset's bytes lie in `path`, once per open dataset, or None.
-
-    None unless uncompressed, contiguous or in whole-row chunks, all written.
-    """
+    """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
     return _layout.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 
 
