@@ -1,8 +1,4 @@
-"""Bytes: local files and object stores read by position (private).
-
-`_readers`: a fetch's bytes (`ByteReader`) and where a file is (`FileStat`);
-`remote/`: all that talks to an object store.
-"""
+"""Bytes of local files (`_readers`) and objects (`remote/`) by position (private)."""
 
 from grain_cells.storage._readers import (
     ByteReader,

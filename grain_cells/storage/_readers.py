@@ -16,9 +16,7 @@ from typing import Protocol
 class FileStat:
     """Where a file is and when it last changed (`os.stat` fields).
 
-    `etag`: an object's ETag (dev, ino and ctime 0); `content`: a digest of
-    sampled bytes where the ETag does not follow content; `store`: a zarr
-    store's digest of its keys (the other fields 0).
+    Objects: `etag` and `content` digest; zarr stores: `store`, a digest of keys.
     """
 
     dev: int
@@ -129,10 +127,9 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class ReadCounts:
-    """Local pieces read (`pieces`) and those not in the page cache (`missed`).
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
 
-    Counted while `probe` is set: the first piece of each read is asked with
-    `RWF_NOWAIT`. `supported` turns False where that flag is refused.
+    `supported` turns False where `RWF_NOWAIT` is refused.
     """
 
     def __init__(self):
@@ -184,10 +181,9 @@ def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
 
 
 def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
-    """`pread_pieces` of the pieces the page cache holds, never waiting.
+    """`pread_pieces` of the pieces the page cache holds (True), the others hinted.
 
-    A piece not whole in memory (or past the end) is hinted instead and its
-    entry is False; where `RWF_NOWAIT` is refused, pieces are read waiting.
+    Where `RWF_NOWAIT` is refused, pieces are read waiting.
     """
     view = memoryview(dest)
     preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0

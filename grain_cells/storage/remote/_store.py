@@ -204,10 +204,7 @@ def _mapping(storage_options, key: str) -> dict[str, Any]:
 
 
 def store_for(url: str, storage_options: dict | None = None, at: bool = False):
-    """This process's obstore store for `url`'s bucket or host (`at`: rooted at `url`).
-
-    Raises `ValueError` naming a bad option, or as `check_not_forked_after_use`.
-    """
+    """This process's obstore store for `url`'s bucket or host (`at`: at `url`)."""
     check_not_forked_after_use(url)
     root, _ = split_url(url)  # names a bad URL
     if at:

@@ -62,11 +62,10 @@ def head(url: str, storage_options: dict | None = None) -> FileStat:
 def get_ranges(
     url, storage_options, ranges, stat: FileStat, store=None, if_match=False
 ):
-    """Bytes of each `[start, end)` of the version `stat`.
+    """Bytes of each `[start, end)` of the version `stat` (`SourceChangedError`).
 
-    `if_match` (one range): one GET with `If-Match`; else one obstore call, then
-    a HEAD that checks `stat`. Raises `SourceChangedError` (changed, removed),
-    `CorruptDataError` (too short) or `ObjectStoreError` (retries ran out).
+    `if_match` (one range): one GET with `If-Match`; else one obstore call and
+    a HEAD that checks `stat`.
     """
     import obstore
     from obstore import exceptions as ox
