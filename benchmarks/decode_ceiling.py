@@ -8,7 +8,7 @@ For a CSR file whose `data` and `indices` are compressed, this binary
    lie in, each once per fetch, and reads their stored bytes into memory
    (not timed);
 3. times `--threads` threads (default: every core) decoding exactly those
-   chunks with `grain_cells.hdf5._codecs.Pipeline` (libdeflate, the fastest codec
+   chunks with `grain_cells.hdf5._chunks.Pipeline` (libdeflate, the fastest codec
    measured here; only a prefix, with zlib, where the fetch uses at most a
    quarter of a chunk from its start, as the loader does) and reports
    cells/s: the fetches' cells over the wall time.
@@ -40,7 +40,7 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from grain_cells.hdf5 import _codecs as codecs
+from grain_cells.hdf5 import _chunks as codecs
 from grain_cells.io import _h5ad as h5ad
 
 _DATA = flags.DEFINE_string("data", None, "A compressed CSR .h5ad file.")

@@ -37,8 +37,8 @@ import bench_util
 from absl import app, flags
 
 from grain_cells.preshuffle import _preshuffle as preshuffle_lib
-from grain_cells.storage.remote import _range_gets as range_gets
 from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage.remote import _versions as object_versions
 from grain_cells.storage.remote import _writes as object_writes
 
 _DATA = flags.DEFINE_list(
@@ -199,7 +199,7 @@ def main(argv):
 def size_of(path, options: dict) -> int:
     """Bytes of a local file, a local folder's files (a zarr part) or an object."""
     if object_store.is_url(os.fspath(path)):
-        return object_store.head(os.fspath(path), options).size
+        return object_versions.head(os.fspath(path), options).size
     if os.path.isdir(path):
         return sum(
             p.stat().st_size for p in pathlib.Path(path).rglob("*") if p.is_file()
@@ -212,8 +212,9 @@ def read_bytes(folder, name: str, options: dict) -> bytes:
     if not object_store.is_url(os.fspath(folder)):
         return (pathlib.Path(folder) / name).read_bytes()
     url = object_writes.join(os.fspath(folder), name)
-    size = object_store.head(url, options).size
-    return bytes(range_gets.get_range(url, options, 0, size, ""))
+    stat = object_versions.head(url, options)
+    ranges = [(0, stat.size)]
+    return bytes(object_versions.get_ranges(url, options, ranges, stat, None, True)[0])
 
 
 if __name__ == "__main__":

@@ -1,33 +1,208 @@
-"""Rows of a compressed, chunked HDF5 dataset, its chunks decoded in threads.
+"""Rows of a compressed, chunked HDF5 dataset, decoded outside HDF5 in threads.
 
-`ChunkedReader` is the compressed counterpart of the positional path
-(`grain_cells.hdf5._reads`): it takes every chunk's offset, size and filter
-mask from HDF5 once, then reads and decodes the chunks a batch touches.
-Memory per thread: one merged run of stored bytes (at most `MAX_RUN_BYTES`)
-and a decoded chunk or two; hot chunks go to `SHARED`.
-
-Design notes: docs/reference/design.md#hdf5-chunks.
+`Pipeline` undoes a dataset's filters, GIL released; `ChunkedReader` reads and
+decodes the chunks a batch touches, hot ones kept in `SHARED`. Design notes:
+docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import math
 import threading
 import weakref
+import zlib
+from typing import NamedTuple
 
+import deflate as _deflate  # a core dependency
 import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunk_pieces, chunks_touched
-from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
-from grain_cells.hdf5._codecs import Pipeline
-from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader
+from grain_cells._util.ranges import chunk_pieces, chunks_touched, nonempty
+from grain_cells.formats import (
+    ChunkCache,
+    ChunkDecodeError,
+    checked_ranges,
+    run_parts,
+    value_dtype,
+)
+from grain_cells.storage import ShortReadError, as_byte_reader
 
 MAX_RUN_BYTES = 4 << 20
 # Decoded chunks of every reader of the process, each trimming it to its own
 # `cache_bytes` (design notes, formats-chunk-cache).
 SHARED = ChunkCache()
+
+try:
+    import lzf as _lzf
+except ImportError:
+    _lzf = None
+
+FILTER_DEFLATE = 1
+FILTER_SHUFFLE = 2
+FILTER_FLETCHER32 = 3
+FILTER_LZF = 32000
+
+# Decode only a chunk's prefix (zlib, unchecked adler32) when a read uses at
+# most this share of it; 0: off, so no input yields silent wrong data
+# (design notes, hdf5-codecs).
+PREFIX_FRACTION = 0.0
+
+
+class Filter(NamedTuple):
+    """One stage of a dataset's filter pipeline, as HDF5 lists it."""
+
+    id: int
+    cd_values: tuple[int, ...]
+
+
+def dataset_filters(dataset: h5py.Dataset) -> tuple[Filter, ...]:
+    """The filters of a dataset, in the order they were applied on write."""
+    dcpl = dataset.id.get_create_plist()
+    out = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, values, _name = dcpl.get_filter(i)
+        out.append(Filter(int(code), tuple(int(v) for v in values)))
+    return tuple(out)
+
+
+class Pipeline:
+    """Decodes a dataset's stored chunks into their element bytes. Thread-safe."""
+
+    def __init__(self, filters: tuple[Filter, ...], chunk_nbytes: int):
+        """`filters` in write order (each one `supports`); `chunk_nbytes` decoded."""
+        self.filters = filters
+        self.chunk_nbytes = int(chunk_nbytes)
+
+    @staticmethod
+    def supports(f: Filter) -> bool:
+        """Whether this module decodes filter `f` (in this environment)."""
+        if f.id == FILTER_LZF:
+            return _lzf is not None
+        return f.id in (FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32)
+
+    @classmethod
+    def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
+        """The pipeline of a chunked dataset whose filters it decodes, else None."""
+        if dataset.chunks is None:
+            return None
+        filters = dataset_filters(dataset)
+        if not filters or not all(cls.supports(f) for f in filters):
+            return None
+        nbytes = int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
+        return cls(filters, nbytes)
+
+    def describe(self) -> str:
+        """The pipeline in write order, e.g. `shuffle+deflate`."""
+        return "+".join(_NAMES.get(f.id, str(f.id)) for f in self.filters)
+
+    def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
+        """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
+
+        At least its first `need` bytes when that is at most `PREFIX_FRACTION`.
+        """
+        if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
+            active = [
+                f.id for i, f in enumerate(self.filters) if not filter_mask & (1 << i)
+            ]
+            if active == [FILTER_DEFLATE]:  # zlib stops after `need` bytes
+                try:
+                    out = zlib.decompressobj().decompress(raw, need)
+                except zlib.error as e:
+                    raise ChunkDecodeError(f"bad deflate stream ({e})") from None
+                if len(out) < need:
+                    raise ChunkDecodeError(
+                        f"deflate stream ends after {len(out)} bytes, a chunk holds "
+                        f"{self.chunk_nbytes}"
+                    )
+                return np.frombuffer(out, np.uint8)
+        buf = raw
+        fresh = False  # whether buf is new memory rather than a view of raw
+        # The last filter applied on write is undone first.
+        for i in range(len(self.filters) - 1, -1, -1):
+            if filter_mask & (1 << i):
+                continue
+            f = self.filters[i]
+            if f.id == FILTER_DEFLATE:
+                # Stages above deflate may have grown the chunk (fletcher32);
+                # the size check below catches a wrong final size.
+                try:
+                    buf = _deflate.zlib_decompress(buf, self.chunk_nbytes + 64)
+                except _deflate.DeflateError as e:
+                    raise ChunkDecodeError(f"bad deflate stream ({e})") from None
+                fresh = True
+            elif f.id == FILTER_SHUFFLE:  # a trailing partial element is as stored
+                size = f.cd_values[0] if f.cd_values else 1
+                arr = np.frombuffer(buf, np.uint8)
+                n = arr.size // size
+                if size > 1 and n > 1:
+                    out = np.empty_like(arr)
+                    body = n * size
+                    out[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
+                    out[body:] = arr[body:]
+                    buf, fresh = out, True
+            elif f.id == FILTER_FLETCHER32:
+                buf = verify_fletcher32(buf)
+            elif f.id == FILTER_LZF:
+                out = _lzf.decompress(bytes(buf), self.chunk_nbytes + 64)
+                if out is None:
+                    raise ChunkDecodeError("bad lzf stream")
+                buf = out
+                fresh = True
+        arr = np.frombuffer(buf, np.uint8)
+        if not fresh:  # only checks or skipped filters: do not alias `raw`
+            arr = arr.copy()
+        if arr.size != self.chunk_nbytes:
+            raise ChunkDecodeError(
+                f"decoded to {arr.size} bytes, a chunk holds {self.chunk_nbytes}"
+            )
+        return arr
+
+
+_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+
+
+def fletcher32(buf) -> int:
+    """HDF5's Fletcher-32 of a buffer (compare with `_same_fletcher`: mod 65535)."""
+    arr = np.frombuffer(buf, np.uint8)
+    if arr.size % 2:
+        arr = np.concatenate([arr, np.zeros(1, np.uint8)])
+    words = arr.view(">u2").astype(np.uint64)
+    n = words.size
+    s1 = int(words.sum()) % 65535
+    # sum2 = sum over k of (n - k) * w_k, in pieces that cannot overflow.
+    s2 = 0
+    step = 1 << 20
+    for lo in range(0, n, step):
+        w = words[lo : lo + step]
+        weights = np.arange(n - lo, n - lo - w.size, -1, dtype=np.uint64)
+        s2 = (s2 + int(np.dot(w, weights) % np.uint64(65535))) % 65535
+    return (s2 << 16) | s1
+
+
+def _same_fletcher(a: int, b: int) -> bool:
+    return all(
+        ((a >> s) & 0xFFFF) % 65535 == ((b >> s) & 0xFFFF) % 65535 for s in (0, 16)
+    )
+
+
+def verify_fletcher32(buf) -> np.ndarray:
+    """The chunk without its trailing Fletcher-32, checked (`ChunkDecodeError`)."""
+    arr = np.frombuffer(buf, np.uint8)
+    if arr.size < 4:
+        raise ChunkDecodeError("chunk shorter than its fletcher32 checksum")
+    body = arr[:-4]
+    stored = int.from_bytes(arr[-4:].tobytes(), "little")
+    computed = fletcher32(body)
+    # HDF5 before 1.6.3 stored it with the bytes of each half swapped; HDF5
+    # still accepts that form.
+    swapped = ((stored & 0x00FF00FF) << 8) | ((stored >> 8) & 0x00FF00FF)
+    if not (_same_fletcher(stored, computed) or _same_fletcher(swapped, computed)):
+        raise ChunkDecodeError(
+            f"fletcher32 checksum mismatch (stored {stored:#010x}, computed "
+            f"{computed:#010x})"
+        )
+    return body
 
 
 def chunk_table(dsid, chunk_len: int, n_rows: int):
@@ -49,34 +224,18 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
 
 
 class ChunkedReader:
-    """Reads sorted, disjoint ranges of a compressed dataset (built by `create`)."""
+    """`formats.RangeReader` of a compressed dataset (built by `create`)."""
 
-    def __init__(
-        self,
-        dataset: h5py.Dataset,
-        path: str,
-        fd: int | ByteReader,
-        pipeline: Pipeline,
-        offsets: np.ndarray,
-        sizes: np.ndarray,
-        masks: np.ndarray,
-        *,
-        cache_bytes: int = 0,
-    ):
-        """Binds a dataset's chunk table; prefer `create`."""
-        self.name = dataset.name
-        self.path = path
-        self.dtype = dataset.dtype
-        self.shape = dataset.shape
-        self.pipeline = pipeline
-        self.chunk_len = int(dataset.chunks[0])
-        self._row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64)) * (
-            self.dtype.itemsize
-        )
+    direct, decoded, byte_layout = False, True, None
+
+    def __init__(self, dataset, path, fd, pipeline, table, cache_bytes):
+        self.name, self.path, self.pipeline = dataset.name, path, pipeline
+        self.dtype, self.shape = dataset.dtype, dataset.shape
+        self.row_shape = dataset.shape[1:]
+        self.chunk_len = self.chunk_length = int(dataset.chunks[0])
+        self._row_bytes = math.prod(dataset.shape[1:]) * self.dtype.itemsize
         self._fd = as_byte_reader(fd, path)
-        self._offsets = offsets
-        self._sizes = sizes
-        self._masks = masks
+        self._offsets, self._sizes, self._masks = table
         self._local = threading.local()
         self._cache_bytes = int(cache_bytes)
         self._token = SHARED.token()
@@ -84,23 +243,15 @@ class ChunkedReader:
             weakref.finalize(self, SHARED.drop, self._token)
 
     @classmethod
-    def create(
-        cls,
-        dataset: h5py.Dataset,
-        path: str,
-        fd: int | ByteReader,
-        *,
-        cache_bytes: int = 0,
-    ) -> ChunkedReader | None:
-        """A reader for `dataset`, or None if it must be read through h5py.
+    def create(cls, dataset, path: str, fd, *, cache_bytes: int = 0):
+        """A reader (`cache_bytes`: decoded chunks kept in `SHARED`), or None for h5py.
 
-        None unless chunked in whole rows, filtered by a `Pipeline` this
-        module decodes, of a native numeric dtype, with every chunk written.
-        `cache_bytes`: decoded chunks kept in `SHARED` (0: none).
+        None unless in whole-row chunks, all written, a `Pipeline`, read as stored.
         """
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
-        if not dataset.dtype.isnative or dataset.dtype.hasobject:
+        dtype = dataset.dtype  # float16 and big-endian: h5py converts them
+        if value_dtype(dtype) != dtype or dtype.hasobject:
             return None
         if tuple(dataset.chunks[1:]) != tuple(dataset.shape[1:]):
             return None
@@ -110,10 +261,17 @@ class ChunkedReader:
         table = chunk_table(dataset.id, int(dataset.chunks[0]), dataset.shape[0])
         if (table[0] < 0).any():
             return None
-        return cls(dataset, path, fd, pipeline, *table, cache_bytes=cache_bytes)
+        return cls(dataset, path, fd, pipeline, table, cache_bytes)
+
+    @property
+    def remote(self) -> bool:
+        return self._fd.remote
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
+        starts, stops = nonempty(starts, stops)
+        if not starts.size:
+            return
         chunks = chunks_touched(starts, stops, self.chunk_len)
         self._fd.advise(self._offsets[chunks].tolist(), self._sizes[chunks].tolist())
 
@@ -121,15 +279,10 @@ class ChunkedReader:
         """Asks the OS to read every stored chunk of the dataset (async)."""
         self._fd.pin(self._offsets.tolist(), self._sizes.tolist())
 
-    def read(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        out: np.ndarray,
-        pool: concurrent.futures.Executor | None = None,
-        pending: list[concurrent.futures.Future] | None = None,
-    ) -> None:
-        """`formats.RangeReader.read`, for non-empty ranges within the dataset."""
+    def read(self, starts, stops, out, pool=None, pending=None) -> None:
+        starts, stops = checked_ranges(self, starts, stops)
+        if not starts.size:
+            return
         c = self.chunk_len
         rb = self._row_bytes
         chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
@@ -147,7 +300,11 @@ class ChunkedReader:
         piece_hi = np.append(piece_lo[1:], chunk.size)
         runs = self._runs(uniq)
         if self._fd.remote and not self._cache_bytes and len(runs) > 1:
-            self._hint_runs(uniq, runs)  # every run's GET in flight at once
+            first = uniq[[a for a, _ in runs]]  # every run's GET in flight at once
+            last = uniq[[b - 1 for _, b in runs]]
+            begin = self._offsets[first]
+            ends = self._offsets[last] + self._sizes[last]
+            self._fd.advise(begin.tolist(), (ends - begin).tolist())
         pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
         work = (uniq, piece_lo, piece_hi, pieces, dest)
 
@@ -179,47 +336,37 @@ class ChunkedReader:
             runs.append((a, uniq.size))
         return runs
 
-    def _hint_runs(self, uniq: np.ndarray, runs: list[tuple[int, int]]) -> None:
-        first = np.array([a for a, _ in runs])
-        last = np.array([b - 1 for _, b in runs])
-        starts = self._offsets[uniq[first]]
-        ends = self._offsets[uniq[last]] + self._sizes[uniq[last]]
-        self._fd.advise(starts.tolist(), (ends - starts).tolist())
-
-    def _scratch(self, nbytes: int) -> memoryview:
-        buf = getattr(self._local, "raw", None)
-        if buf is None or buf.size < nbytes:
-            buf = np.empty(max(nbytes, 1 << 20), np.uint8)
-            self._local.raw = buf
-        return memoryview(buf)[:nbytes]
-
     def _read_runs(self, runs, work) -> None:
         uniq, piece_lo, piece_hi, (src, dst, nbytes), dest = work
+        offsets, sizes, keep = self._offsets, self._sizes, self._cache_bytes
         for a, b in runs:
-            cached = [self._cached(int(k)) for k in uniq[a:b]]
-            raw = None
+            cached = [
+                SHARED.get(self._token, int(k)) if keep else None for k in uniq[a:b]
+            ]
             if any(x is None for x in cached):
-                first_off = int(self._offsets[uniq[a]])
-                end = int(self._offsets[uniq[b - 1]] + self._sizes[uniq[b - 1]])
+                first_off = int(offsets[uniq[a]])
+                end = int(offsets[uniq[b - 1]] + sizes[uniq[b - 1]])
                 raw = self._pread(first_off, end - first_off, int(uniq[a]))
             for j in range(a, b):
                 k = int(uniq[j])
                 chunk = cached[j - a]
                 p_lo, p_hi = int(piece_lo[j]), int(piece_hi[j])
                 if chunk is None:
-                    lo = int(self._offsets[k]) - first_off
+                    lo = int(offsets[k]) - first_off
                     # Pieces of a chunk are in order: the last ends furthest.
-                    need = (
-                        None if self._cache_bytes else src[p_hi - 1] + nbytes[p_hi - 1]
-                    )
-                    chunk = self._decode(k, raw[lo : lo + int(self._sizes[k])], need)
-                    self._remember(k, chunk)
+                    need = None if keep else src[p_hi - 1] + nbytes[p_hi - 1]
+                    chunk = self._decode(k, raw[lo : lo + int(sizes[k])], need)
+                    if keep:
+                        SHARED.put(self._token, k, chunk, keep)
                 for p in range(p_lo, p_hi):
                     s, d, n = src[p], dst[p], nbytes[p]
                     dest[d : d + n] = chunk[s : s + n]
 
     def _pread(self, offset: int, nbytes: int, chunk: int) -> memoryview:
-        view = self._scratch(nbytes)
+        buf = getattr(self._local, "raw", None)
+        if buf is None or buf.size < nbytes:  # one scratch buffer per thread
+            buf = self._local.raw = np.empty(max(nbytes, 1 << 20), np.uint8)
+        view = memoryview(buf)[:nbytes]
         try:
             self._fd.read_into(view, [offset], [nbytes], [0])
         except ShortReadError as e:
@@ -246,12 +393,3 @@ class ChunkedReader:
                 byte_offset=int(self._offsets[k]),
                 rows=(first, stop),
             ) from None
-
-    def _cached(self, k: int) -> np.ndarray | None:
-        if not self._cache_bytes:
-            return None
-        return SHARED.get(self._token, k)
-
-    def _remember(self, k: int, chunk: np.ndarray) -> None:
-        if self._cache_bytes:
-            SHARED.put(self._token, k, chunk, self._cache_bytes)

@@ -1,40 +1,54 @@
-"""Opening an HDF5 file read-only by path or URL, naming the file on failure.
+"""HDF5 files opened read-only by path or URL, failures named.
 
-Refuses missing paths, dangling links and symlink loops, files without an
-HDF5 signature and files HDF5 cannot open (held by a writer, truncated),
-each by name. A URL opens through `grain_cells.hdf5._remote.open_remote`.
-Whether the file is AnnData is `grain_cells.io._open.check_anndata`'s to say.
-
-Design notes: docs/reference/design.md#hdf5-open.
+A URL opens on a `RangeFile`, whose HDF5 metadata is read once per object
+version. Design notes: docs/reference/design.md#hdf5-open and #hdf5-remote.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
+import contextlib
 import errno
+import hashlib
+import io
+import logging
 import os
+import pathlib
 import re
+import weakref
 
 import h5py
+import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import fork
+from grain_cells._util.cache_files import cache_root
 from grain_cells.formats import missing_path
-from grain_cells.hdf5 import _handles, _remote
+from grain_cells.hdf5 import _layout
 from grain_cells.storage import FileStat
-from grain_cells.storage.remote import is_url
+from grain_cells.storage.remote import Pieces, RemoteByteReader, is_url, version_of
+
+_log = logging.getLogger("grain_cells")
+
+BLOCK_BYTES = 64 << 10
+CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
+
+# The `RangeFile` of each remote file open.
+range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A forked child loads its own metadata caches (their locks are the parent's).
+_metadata = fork.ProcessCache()
 
 
 def open_h5(
     path: str, storage_options: dict | None = None, stat: FileStat | None = None
 ) -> h5py.File:
-    """Opens an HDF5 file or object read-only (see `open_file` in io).
+    """Opens an HDF5 file, or the object version `stat` (None: HEAD now), read-only.
 
-    Raises:
-        FileNotFoundError: The path does not exist (or is a dangling symlink).
-        errors.AnnDataFormatError: The file is not HDF5, is truncated, is held
-            by a writer, or is a symlink loop.
+    Raises `FileNotFoundError` or `errors.AnnDataFormatError` naming the cause.
     """
     if is_url(path):
-        return _remote.open_remote(path, storage_options, stat)
+        return open_remote(path, storage_options, stat)
     try:
         os.stat(path)
     except FileNotFoundError:
@@ -56,7 +70,7 @@ def open_h5(
                 "file written by anndata"
             ) from None
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
-    _handles.opened(f, path)
+    _layout.opened(f, path)
     return f
 
 
@@ -69,10 +83,8 @@ _LOCKED = re.compile(r"\block(ed|ing)?\b|unable to lock", re.IGNORECASE)
 def _open_failure(e: OSError) -> str:
     """Why HDF5 refused to open a file that has an HDF5 signature."""
     message = str(e)
-    # HDF5 compares the file's size with the end-of-file address its
-    # superblock records; checked first, as "sblock" would match "lock".
-    cut = _TRUNCATED.search(message)
-    if cut:
+    # Checked first: "sblock" would match "lock".
+    if cut := _TRUNCATED.search(message):
         found, base, stored = (int(g) for g in cut.groups())
         return (
             f"the file is truncated: its superblock records {base + stored:,} "
@@ -95,4 +107,148 @@ def _open_failure(e: OSError) -> str:
     return f"HDF5 cannot open it ({message}); the file is probably truncated or corrupt"
 
 
-__all__ = ["open_h5"]
+@atexit.register
+def _close_at_exit() -> None:
+    # Not left to HDF5's exit handler: it runs after the interpreter is gone
+    # and calls h5py's file-object driver, which takes the GIL.
+    for f in list(range_files.keys()):
+        with contextlib.suppress(Exception):  # exiting: nothing to report to
+            f.close()
+
+
+def _load_metadata(url: str, key: tuple) -> Pieces:
+    """HDF5's reads of one object version, as saved in the cache (else none)."""
+    digest = hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()
+    meta = Pieces(pathlib.Path(cache_root(xdg=False)) / "remote" / f"{digest[:32]}.npz")
+    try:
+        meta.load()
+    except FileNotFoundError:
+        pass
+    except Exception as e:  # a damaged cache file: read the object again
+        _log.warning("%s: ignoring the metadata cache %s (%s)", url, meta.path, e)
+    return meta
+
+
+def _bare(e: Exception) -> Exception:
+    """A copy of `e` without traceback, cause or context (else an OSError)."""
+    try:
+        copy = type(e)(*e.args)
+        copy.__dict__.update(getattr(e, "__dict__", {}))
+    except Exception:
+        copy = OSError(f"{type(e).__name__}: {e}")
+    return copy
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only file of one object version for h5py: metadata, blocks, GETs.
+
+    Once a read finds the version gone, every read fails with that `failure`.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
+        super().__init__()
+        self.url = url
+        self.stat = stat
+        self.recording = True
+        self._bytes = RemoteByteReader(url, storage_options, stat)
+        key = (url, stat.etag, stat.size, stat.mtime_ns, stat.content)
+        self._meta = _metadata.get_or_make(key, lambda: _load_metadata(url, key))
+        self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._pos = 0
+        self.failure: Exception | None = None
+
+    def __repr__(self) -> str:  # h5py names the file by it, in ASCII
+        return self.url.encode("ascii", "backslashreplace").decode()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.stat.size}
+        self._pos = base[whence] + int(offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        """Reads at the position into `b` (HDF5's buffer, from C)."""
+        n = max(0, min(len(b), self.stat.size - self._pos))
+        if not n:
+            return 0
+        if self.failure is None:
+            try:
+                data = self._read(self._pos, n)
+            except errors.SourceChangedError as e:
+                self.failure = _bare(e)
+            except Exception as e:  # e.g. a request that failed: not kept
+                del b
+                raise _bare(e) from None
+        if self.failure is not None:
+            # A copy each time, and `b` dropped first: an error kept by this
+            # file (or a frame of ours holding HDF5's buffer) in a traceback
+            # made a cycle freed only at exit, where the process died of
+            # SIGSEGV (tests/storage/test_http_rewrites.py, mid-open rewrite).
+            del b
+            raise _bare(self.failure)
+        memoryview(b).cast("B")[:n] = data
+        self._pos += n
+        return n
+
+    def _read(self, off: int, n: int):
+        """Bytes `[off, off + n)`: from the metadata, else whole blocks (LRU)."""
+        data = self._meta.find(off, n)
+        if data is not None:
+            return data
+        if n >= BLOCK_BYTES:
+            data = self._get(off, n)
+        else:
+            first, last = off // BLOCK_BYTES, (off + n - 1) // BLOCK_BYTES
+            blocks = []
+            for k in range(first, last + 1):
+                if k not in self._blocks:
+                    self._blocks[k] = self._get(k * BLOCK_BYTES, BLOCK_BYTES)
+                    while len(self._blocks) > CACHE_BLOCKS:
+                        self._blocks.popitem(last=False)
+                self._blocks.move_to_end(k)
+                blocks.append(self._blocks[k])
+            data = b"".join(blocks)[off - first * BLOCK_BYTES :][:n]
+        if self.recording:
+            self._meta.add(off, data)
+        return data
+
+    def opened(self) -> None:
+        """The open is done: saves the metadata HDF5 read, stops recording."""
+        self.recording = False
+        try:
+            self._meta.save()
+        except OSError as e:
+            _log.warning("cannot write the metadata cache %s (%s)", self._meta.path, e)
+
+    def _get(self, off: int, n: int) -> bytes:
+        n = min(n, self.stat.size - off)
+        out = np.empty(n, np.uint8)
+        self._bytes.read_into(out, [off], [n], [0])
+        return out.tobytes()
+
+
+def open_remote(url: str, storage_options: dict | None, stat: FileStat | None):
+    """`open_h5` of a URL: `FileNotFoundError`, `AnnDataFormatError` (not HDF5)."""
+    if stat is None:
+        stat = version_of(url, storage_options)
+    rf = RangeFile(url, storage_options, stat)
+    f = None
+    try:
+        f = h5py.File(rf, "r")
+    except OSError as e:
+        if rf.failure is None:
+            raise errors.AnnDataFormatError(
+                f"{url}: HDF5 cannot open it ({e}); the object is probably "
+                "truncated or not HDF5"
+            ) from e
+    except Exception:
+        if rf.failure is None:
+            raise
+    if rf.failure is not None:
+        # A read found the version gone: its error, not HDF5's, raised out
+        # of the except clause (whose frame, kept by the error, would hold
+        # HDF5's error in a cycle).
+        if f is not None:
+            f.close()
+        raise _bare(rf.failure)
+    range_files[f] = rf
+    return f

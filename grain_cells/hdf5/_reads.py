@@ -1,155 +1,85 @@
-"""Batched reads of sorted row ranges of one HDF5 dataset (`RangeReader`).
+"""Batched reads of sorted row ranges of one HDF5 dataset (`range_reader`).
 
 Positional reads for uncompressed data, `ChunkedReader` for the filters
-`_codecs` decodes, h5py for anything else.
-
-Design notes: docs/reference/design.md#hdf5-reads.
+`_chunks` decodes, h5py for anything else; `read_positional` for a build's
+small reads. Design notes: docs/reference/design.md#hdf5-reads.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import itertools
 import math
-import os
-import weakref
 
 import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import nonempty
 from grain_cells.formats import (
     ByteLayout,
     PositionalReader,
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5 import _handles
+from grain_cells.hdf5 import _layout
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
-from grain_cells.hdf5._layout import check_filters, create_plist, stored_in
-from grain_cells.storage import ByteReader, ShortReadError, as_byte_reader, pread_pieces
+from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
 _MAX_HYPERSLABS_PER_READ = 1024
+# A sorted index's elements in one chunk are read as one span up to this size.
+_SPAN_BYTES = 64 * 1024
+_LAYOUTS: dict[int, tuple] = {}
 
 
-class RangeReader:
-    """Reads sorted, disjoint ranges of a dataset's first axis. Thread-safe.
+def range_reader(dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
+    """`formats.RangeReader` of a dataset: positional, chunk-decoding, else h5py.
 
-    Example:
-        >>> reader = RangeReader(h5file["X/data"], "/data/a.h5ad", fd)
-        >>> out = np.empty(30, reader.dtype)
-        >>> reader.read(np.array([0, 100]), np.array([10, 120]), out)
+    `fd`: a descriptor or `ByteReader` of the file `path` (None: h5py only).
+    Raises `errors.UnsupportedLayoutError` for a filter this HDF5 lacks.
     """
+    _layout.check_filters(path, dataset)
+    fd = as_byte_reader(fd, path)
+    if fd is not None and (layout := byte_layout(dataset, path)) is not None:
+        return Positional(layout, path, fd)
+    if fd is not None:
+        chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
+        if chunked is not None:
+            return chunked
+    return H5pyReader(dataset, path, fd)
 
-    def __init__(
-        self,
-        dataset: h5py.Dataset,
-        path: str,
-        fd: int | ByteReader | None,
-        *,
-        cache_bytes: int = 0,
-    ):
-        """Inspects the dataset's storage once.
 
-        `fd`: a descriptor or `ByteReader` of the file `path` (used only for
-        bytes stored in it, not behind an external link), or None to always
-        read through h5py. `cache_bytes`: decoded chunks kept (`ChunkedReader`).
+class Positional(PositionalReader):
+    """A `formats.PositionalReader` that names its `byte_layout` (layout cache)."""
 
-        Raises:
-            errors.UnsupportedLayoutError: A filter this HDF5 cannot apply.
-        """
-        self.name = dataset.name
-        self.path = path
-        # Values are read in native byte order and float16 as float32; a
-        # dataset stored otherwise goes through h5py, which converts.
+    @property
+    def byte_layout(self) -> ByteLayout:
+        return self.layout
+
+
+class H5pyReader:
+    """`formats.RangeReader` through h5py, which converts what it stores otherwise."""
+
+    direct = decoded = False
+    byte_layout = None
+
+    def __init__(self, dataset: h5py.Dataset, path: str, fd):
+        self.name, self.path, self._dataset = dataset.name, path, dataset
         self.dtype = value_dtype(dataset.dtype)
-        self.shape = dataset.shape
-        self.row_shape = dataset.shape[1:]
-        self._row_items = int(np.prod(self.row_shape, dtype=np.int64))
-        self._row_bytes = self._row_items * self.dtype.itemsize
-        self._dataset = dataset
-        self._fd = fd = as_byte_reader(fd, path)
-        # The positional path (`formats.PositionalReader`), when the bytes'
-        # offsets are known: uncompressed, contiguous or whole-row chunks.
-        self._positional: PositionalReader | None = None
-        self._chunked: ChunkedReader | None = None
-        check_filters(path, dataset)
-        if fd is not None:
-            layout = self._map_bytes()
-            if layout is not None:
-                self._positional = PositionalReader(layout, path, fd)
-            else:
-                self._chunked = ChunkedReader.create(
-                    dataset, path, fd, cache_bytes=cache_bytes
-                )
+        self.shape, self.row_shape = dataset.shape, dataset.shape[1:]
+        self.remote = bool(getattr(fd, "remote", False))
+        chunks = dataset.chunks
+        self.chunk_length = None if chunks is None else int(chunks[0])
 
-    @property
-    def direct(self) -> bool:
-        """Whether reads bypass h5py with positional reads."""
-        return self._positional is not None
+    def advise(self, starts=None, stops=None) -> None:
+        """h5py reads on demand: nothing to hint."""
 
-    @property
-    def byte_layout(self) -> ByteLayout | None:
-        """Where the bytes lie when reads are positional (pure data), else None."""
-        return None if self._positional is None else self._positional.layout
+    pin = advise
 
-    @property
-    def remote(self) -> bool:
-        """Whether bytes come from an object store (each read a round trip)."""
-        return bool(getattr(self._fd, "remote", False))
-
-    @property
-    def chunk_length(self) -> int | None:
-        """Rows (first-axis elements) per HDF5 chunk; None when contiguous."""
-        chunks = self._dataset.chunks
-        return None if chunks is None else int(chunks[0])
-
-    @property
-    def decoded(self) -> bool:
-        """Whether compressed chunks are decoded here, in threads (not h5py)."""
-        return self._chunked is not None
-
-    def _map_bytes(self) -> ByteLayout | None:
-        """The dataset's byte layout if positional reads can read it."""
-        return byte_layout(self._dataset, self.path)
-
-    def pin(self) -> None:
-        """Asks the storage to read the whole dataset ahead (async; for `indptr`)."""
-        direct = self._positional or self._chunked
-        if direct is not None:
-            direct.pin()
-
-    def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Hints the storage to start reading these ranges (async; h5py: no-op)."""
-        starts, stops = nonempty(starts, stops)
-        direct = self._positional or self._chunked
-        if starts.size and direct is not None:
-            direct.advise(starts, stops)
-
-    def read(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        out: np.ndarray,
-        pool: concurrent.futures.Executor | None = None,
-        pending: list[concurrent.futures.Future] | None = None,
-    ) -> None:
-        """`formats.RangeReader.read`: positional, chunk-decoding or h5py reads."""
+    def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        if starts.size == 0:
-            return
-        if self._positional is not None:
-            self._positional.read_merged(starts, stops, out, pool)
-        elif self._chunked is not None:
-            self._chunked.read(starts, stops, out, pool, pending)
-        else:
-            self._read_h5py(starts, stops, out)
-
-    def _read_h5py(self, starts, stops, out) -> None:
+        row_items = math.prod(self.row_shape)
         ds = self._dataset
-        row_items = self._row_items
         flat = out.reshape(-1)
         pos = 0
         try:
@@ -177,28 +107,9 @@ class RangeReader:
             ) from e
 
 
-# Byte layouts by dataset id (a weak reference tells a dataset from a later
-# one): a build asks each array's for its reads, its identity and the layout
-# cache (issue 33); a dataset's storage cannot change while it is open.
-_LAYOUTS: dict[int, tuple] = {}
-
-
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
-    """Where a dataset's bytes lie in `path`, if positional reads can read them.
-
-    None unless uncompressed, contiguous or in whole-row chunks, all written,
-    and stored as read. One low-level call each (every array of every file),
-    once per open dataset.
-    """
-    dsid = ds.id
-    held = _LAYOUTS.get(id(dsid))
-    if held is not None and held[0]() is dsid and held[1] == path:
-        return held[2]
-    layout = _byte_layout(ds, path)
-    if len(_LAYOUTS) >= 64:
-        _LAYOUTS.clear()
-    _LAYOUTS[id(dsid)] = (weakref.ref(dsid), path, layout)
-    return layout
+    """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
+    return _layout.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 
 
 def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
@@ -206,9 +117,9 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
     dsid = ds.id
-    if not _stored_in(dsid, path):  # behind an external link
+    if not _layout.stored_in(ds, path):  # behind an external link
         return None
-    plist = create_plist(dsid)
+    plist = _layout.create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
     shape = ds.shape  # h5py keeps a read-only dataset's shape
@@ -230,34 +141,16 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)
 
 
-def _stored_in(dsid, path: str) -> bool:
-    """`_layout.stored_in`; a path HDF5 names as given is the file, no `stat`."""
-    if "://" not in path and h5py.h5f.get_name(dsid) == os.fsencode(path):
-        return True
-    return stored_in(h5py.Dataset(dsid), path)
-
-
-# A sorted index's elements in one chunk are read as one span up to this size
-# (else one by one).
-_SPAN_BYTES = 64 * 1024
-
-
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
-    """`ds[index]` read from the file's own bytes, or None where h5py reads it.
+    """`ds[index]` by `pread` through HDF5's own descriptor, or None for h5py.
 
-    For a 1-D dataset of a file `open_h5` opened from the local `path`
-    whose bytes lie as read (`byte_layout`): `index` a slice of step 1, or
-    sorted distinct integers in range. `pread` through HDF5's own
-    descriptor, no chunk lookups or selections (a build reads `indptr`'s
-    ends and samples and the value windows of every file, issue 33). The
-    values are the stored bytes in the stored dtype, as h5py reads them.
-
-    Raises:
-        OSError: The file ends before the bytes do (truncated).
+    For a 1-D dataset of a file `open_h5` opened from the local `path` whose
+    bytes lie as read (`byte_layout`); `index` a slice of step 1, or sorted
+    distinct integers in range. Raises `OSError` for a truncated file.
     """
     if len(ds.shape) != 1:
         return None
-    fd = _handles.local_fd(ds, path)
+    fd = _layout.local_fd(ds, path)
     if fd is None:
         return None
     layout = byte_layout(ds, path)
@@ -268,8 +161,9 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
         start, stop, step = index.indices(n)
         if step != 1:
             return None
-        spans = _spans(layout, start, max(stop, start))
-        points = None
+        rows, points = layout.chunk_rows, None
+        cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
+        spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
     elif (
         isinstance(index, np.ndarray)
         and index.ndim == 1
@@ -305,18 +199,6 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
     which = np.searchsorted(starts, points, side="right") - 1
     return out[firsts[which] + points - starts[which]]
-
-
-def _spans(layout: ByteLayout, start: int, stop: int) -> list[tuple[int, int]]:
-    """`[start, stop)` cut where chunks end (each span lies in one chunk)."""
-    rows = layout.chunk_rows
-    out = []
-    a = start
-    while a < stop:
-        b = min(stop, (a // rows + 1) * rows)
-        out.append((a, b))
-        a = b
-    return out
 
 
 def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:

@@ -1,13 +1,8 @@
-"""Bytes: local files and object stores read by position (private).
+"""Bytes of local files (`_readers`) and objects (`remote/`) by position (private)."""
 
-`_readers`: a fetch's bytes (`ByteReader`); `_identity`: whether a file is
-still the one a source was built from; `remote/`: all that talks to an
-object store.
-"""
-
-from grain_cells.storage._identity import FileStat
 from grain_cells.storage._readers import (
     ByteReader,
+    FileStat,
     LocalByteReader,
     ShortReadError,
     advise_pieces,

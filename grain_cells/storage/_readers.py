@@ -1,27 +1,95 @@
-"""Byte readers: where the positional reads of a fetch get their bytes.
+"""Bytes of local files and objects by position: `ByteReader`, `FileStat`.
 
-`LocalByteReader` (`os.preadv`) and `RemoteByteReader` (batched range GETs).
-
+`LocalByteReader` (`os.preadv`) here; `remote.RemoteByteReader` (range GETs).
 Design notes: docs/reference/design.md#storage-readers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
 
-from grain_cells.storage._identity import FileStat
+@dataclasses.dataclass(frozen=True)
+class FileStat:
+    """Where a file is and when it last changed (`os.stat` fields).
+
+    Objects: `etag` and `content` digest; zarr stores: `store`, a digest of keys.
+    """
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    etag: str = ""
+    content: str = ""
+    store: str = ""
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        """The fields of a `stat` result."""
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether a local file's `stat` result is this (no `FileStat` built)."""
+        return not (
+            st.st_ino != self.ino
+            or st.st_dev != self.dev
+            or st.st_size != self.size
+            or st.st_mtime_ns != self.mtime_ns
+            or st.st_ctime_ns != self.ctime_ns
+            or self.etag
+            or self.content
+            or self.store
+        )
+
+    def changes(self, now: FileStat) -> list[str]:
+        """What differs between this (then) and `now`, in words."""
+        out = []
+        if self.store != now.store:
+            return [
+                "the zarr store's keys, sizes or modification times differ "
+                f"(store digest {self.store[:16] or 'none'} then, "
+                f"{now.store[:16] or 'none'} now): a chunk or metadata file was "
+                "written, added or removed"
+            ]
+        if self.etag != now.etag:
+            out.append(f"ETag {self.etag or 'none'} then, {now.etag or 'none'} now")
+        if (self.dev, self.ino) != (now.dev, now.ino):
+            out.append(
+                f"the path now names another file (inode {self.ino} on device "
+                f"{self.dev} then, {now.ino} on {now.dev} now)"
+            )
+        if self.size != now.size:
+            out.append(f"size {self.size} bytes then, {now.size} now")
+        if self.mtime_ns != now.mtime_ns:
+            out.append(f"modified (mtime {self.mtime_ns} ns then, {now.mtime_ns} now)")
+        if self.content != now.content and not out:
+            what = (  # "blocks:" digests cover every byte (verify_reads)
+                "digest of every block (verify_reads)"
+                if (self.content or "").startswith("blocks:")
+                else "digest of sampled bytes"
+            )
+            out.append(
+                f"its bytes differ ({what} {self.content or 'none'} "
+                f"then, {now.content or 'none'} now) while its size, ETag and "
+                "Last-Modified are unchanged: rewritten in place with its "
+                "modification time kept (rsync -t, cp -p) on a server whose ETag "
+                "follows size and modification time, not content (nginx, Apache)"
+            )
+        if self.ctime_ns != now.ctime_ns and not out:
+            out.append(
+                f"inode changed (ctime {self.ctime_ns} ns then, {now.ctime_ns} "
+                "now): written with its mtime restored, or its permissions changed"
+            )
+        return out
 
 
 class ShortReadError(EOFError):
-    """A read came back short: the file ends (`end_of_file`) before a piece (`needed`).
-
-    Callers name the element. Not `errors.TruncationError` (a cell wider than a
-    fixed-width output).
-    """
+    """The file ends (`end_of_file`) before a piece does (`needed`)."""
 
     def __init__(self, end_of_file: int, needed: int):
         super().__init__(f"file ends at byte {end_of_file}, data up to {needed}")
@@ -30,45 +98,28 @@ class ShortReadError(EOFError):
 
 
 class ByteReader(Protocol):
-    """Reads pieces of one file or object; thread-safe.
+    """Reads pieces of one file or object (`name`, for messages); thread-safe.
 
-    Attributes:
-        name: The path or URL, for messages.
-        remote: Whether each read is a round trip to a store (callers then
-            `advise` what they will read next before reading).
+    `remote`: each read is a round trip to a store (callers `advise` first).
+    `read_into` reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`
+    (`ShortReadError` where the file ends first); `advise` hints pieces read
+    soon (never raises); `pin` keeps pieces at hand (the page cache; remote:
+    in memory, within `PIN_BYTES`); `stat` is the file's stat now (local) or
+    as the source was built (remote); `close` releases what it owns.
     """
 
     name: str
     remote: bool
 
-    def read_into(
-        self,
-        dest: np.ndarray,
-        offsets: Sequence[int],
-        nbytes: Sequence[int],
-        dest_starts: Sequence[int],
-    ) -> None:
-        """Reads `nbytes[i]` bytes at `offsets[i]` into `dest[dest_starts[i]:]`.
+    def read_into(self, dest, offsets, nbytes, dest_starts) -> None: ...
 
-        Raises:
-            ShortReadError: The file ends before a piece does.
-        """
+    def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None: ...
 
-    def advise(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Hints that these pieces will be read soon (never raises)."""
+    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None: ...
 
-    def pin(self, offsets: Sequence[int], nbytes: Sequence[int]) -> None:
-        """Keeps these pieces at hand: every fetch reads them (e.g. `indptr`).
+    def stat(self) -> FileStat: ...
 
-        Locally the page cache holds them (the same as `advise`); a remote
-        reader holds their bytes in memory, within `PIN_BYTES`.
-        """
-
-    def stat(self) -> FileStat:
-        """The file's stat now (local) or as the source was built (remote)."""
-
-    def close(self) -> None:
-        """Releases the descriptor (if owned)."""
+    def close(self) -> None: ...
 
 
 # `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
@@ -76,25 +127,13 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class ReadCounts:
-    """Local pieces read in this process, and how many missed the page cache.
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
 
-    While `probe` is set (by a reader, for the reads it counts:
-    `grain_cells.io._file_set.OpenFiles.counting_reads`), each local
-    positional read asks first without waiting (`preadv` with
-    `RWF_NOWAIT`): a piece the kernel cannot hand over from memory comes
-    back short (or `EAGAIN`), is read on waiting, and counts as `missed`;
-    the rest of that call's pieces are read waiting, uncounted. A reader
-    that finds every piece cached needs no read-ahead hints
-    (`grain_cells.io._range_reads.advise`); a reader whose reads missed
-    stops asking (`OpenFiles.counting_reads`). Both counts only grow;
-    threads may race an increment (a heuristic, never a check). Where
-    `RWF_NOWAIT` is refused (another OS, a file system without it)
-    nothing is counted again (`supported`): hints are kept.
+    `supported` turns False where `RWF_NOWAIT` is refused.
     """
 
     def __init__(self):
-        self.pieces = 0
-        self.missed = 0
+        self.pieces = self.missed = 0
         self.supported = bool(_NOWAIT)
         self.probe = False
 
@@ -106,21 +145,10 @@ class ReadCounts:
 read_counts = ReadCounts()
 
 
-def pread_pieces(
-    fds: Sequence[int],
-    dest: np.ndarray,
-    offsets: Sequence[int],
-    nbytes: Sequence[int],
-    dest_starts: Sequence[int],
-) -> None:
-    """Reads `nbytes[i]` bytes at `offsets[i]` of local descriptor `fds[i]`.
+def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
+    """`LocalByteReader.read_into` of many files' pieces (descriptor `fds[i]`).
 
-    Into `dest[dest_starts[i]:]` (a uint8 array): many files' pieces in one
-    loop (`LocalByteReader.read_into` for each piece's descriptor). Counted
-    in `read_counts` while it probes.
-
-    Raises:
-        ShortReadError: A file ends before its piece does.
+    Counted in `read_counts` while it probes. Raises `ShortReadError`.
     """
     view = memoryview(dest)
     preadv = os.preadv
@@ -152,22 +180,10 @@ def pread_pieces(
     counts.missed += missed
 
 
-def pread_cached(
-    fds: Sequence[int],
-    dest: np.ndarray,
-    offsets: Sequence[int],
-    nbytes: Sequence[int],
-    dest_starts: Sequence[int],
-) -> list[bool]:
-    """`pread_pieces` of the pieces the page cache holds, never waiting.
+def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
+    """`pread_pieces` of the pieces the page cache holds (True), the others hinted.
 
-    Each piece is asked with `RWF_NOWAIT`; one the kernel cannot hand over
-    whole from memory (or that the file ends before) is not read but
-    hinted (`posix_fadvise(WILLNEED)`), and its entry is False. For a
-    read-ahead hint: the pieces missing are fetched together, not waited
-    for one by one. Where
-    `RWF_NOWAIT` is refused, pieces are read waiting (True; a short file
-    False). Never raises for a piece.
+    Where `RWF_NOWAIT` is refused, pieces are read waiting.
     """
     view = memoryview(dest)
     preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0
@@ -191,9 +207,7 @@ def pread_cached(
     return out
 
 
-def advise_pieces(
-    fds: Sequence[int], offsets: Sequence[int], nbytes: Sequence[int]
-) -> None:
+def advise_pieces(fds, offsets, nbytes) -> None:
     """`posix_fadvise(WILLNEED)` of many local files' pieces (never raises)."""
     if not hasattr(os, "posix_fadvise"):
         return
@@ -213,15 +227,12 @@ def as_byte_reader(fd, name: str) -> ByteReader | None:
 
 
 class LocalByteReader:
-    """Positional reads (`os.preadv`) of a local file."""
+    """Positional reads (`os.preadv`) of a local file; closes it if `owned`."""
 
     remote = False
 
     def __init__(self, fd: int, name: str, *, owned: bool = True):
-        """Wraps an open descriptor; closes it on `close` if `owned`."""
-        self.fd = fd
-        self.name = name
-        self._owned = owned
+        self.fd, self.name, self._owned = fd, name, owned
 
     @classmethod
     def open(cls, path: str) -> LocalByteReader:
@@ -229,24 +240,17 @@ class LocalByteReader:
         return cls(os.open(path, os.O_RDONLY), path)
 
     def read_into(self, dest, offsets, nbytes, dest_starts) -> None:
-        """See `ByteReader.read_into` (counted in `read_counts`)."""
         pread_pieces([self.fd] * len(offsets), dest, offsets, nbytes, dest_starts)
 
     def advise(self, offsets, nbytes) -> None:
-        """`posix_fadvise(WILLNEED)` of each piece (asynchronous)."""
-        if not hasattr(os, "posix_fadvise"):
-            return
-        for off, n in zip(offsets, nbytes, strict=True):
-            os.posix_fadvise(self.fd, off, n, os.POSIX_FADV_WILLNEED)
+        advise_pieces([self.fd] * len(offsets), offsets, nbytes)
 
     pin = advise  # the page cache is where a local file's pieces stay at hand
 
     def stat(self) -> FileStat:
-        """`fstat` of the descriptor."""
         return FileStat.of(os.fstat(self.fd))
 
     def close(self) -> None:
-        """Closes the descriptor if this reader opened it."""
         if self._owned and self.fd is not None:
             os.close(self.fd)
             self.fd = None

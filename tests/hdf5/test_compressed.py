@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells import errors, formats
-from grain_cells.hdf5 import _codecs as codecs
+from grain_cells.hdf5 import _chunks as codecs
 from grain_cells.outputs import CsrOutput, DenseOutput, PaddedSparseOutput
 
 N_OBS, N_VARS = 203, 40
@@ -288,6 +288,34 @@ def test_filter_not_decoded_here_goes_through_h5py(tmp_path):
     np.testing.assert_array_equal(
         _dense(source.read(rows).X), _expected(path, None, rows)
     )
+
+
+@pytest.mark.parametrize("dtype", ["<f2", ">f2", ">f4"])
+@pytest.mark.parametrize("dense", [False, True], ids=["csr", "dense"])
+def test_compressed_half_precision_and_big_endian_read_as_stored(
+    tmp_path, dtype, dense
+):
+    """Chunks whose values are not read as stored (float16, big-endian) go
+    through h5py, which converts them: the chunk decoder would copy their
+    stored bytes into float32 rows."""
+    kwargs = {"chunks": (37, N_VARS) if dense else (37,), "compression": "gzip"}
+    path = write_compressed(tmp_path / "h.h5ad", kwargs, dense=dense)
+    key = "X" if dense else "X/data"
+    with h5py.File(path, "r+") as f:
+        ds = f[key]
+        values, attrs = (ds[()] / 8).astype(dtype), dict(ds.attrs)
+        del f[key]
+        f.create_dataset(key, data=values, chunks=ds.chunks, compression="gzip")
+        f[key].attrs.update(attrs)
+        if not dense:
+            indices, indptr = f["X/indices"][()], f["X/indptr"][()]
+    expected = values.astype(np.float32)  # as stored, through h5py
+    if not dense:
+        shape = (N_OBS, N_VARS)
+        expected = sp.csr_matrix((expected, indices, indptr), shape).toarray()
+    got = _dense(grain_cells.AnnDataSource(path).read(np.arange(N_OBS)).X)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_fletcher32_matches_hdf5(tmp_path):

@@ -1,6 +1,6 @@
 """A failed threaded read returns only once every thread stopped writing.
 
-`hdf5._reads.RangeReader` (through `formats.PositionalReader`) splits a
+`hdf5._reads.range_reader` (a `formats.PositionalReader`) splits a
 large direct read over the read pool's threads, each writing into the
 caller's destination (a per-thread buffer the caller reuses). When one
 part fails, the others must have finished before the error reaches the
@@ -49,7 +49,7 @@ def test_a_failed_part_waits_for_the_others(tmp_path, monkeypatch):
     fd = os.open(path, os.O_RDONLY)
     try:
         with h5py.File(path, "r") as f, _Pool(4) as pool:
-            reader = hdf5_reads.RangeReader(f["v"], str(path), fd)
+            reader = hdf5_reads.range_reader(f["v"], str(path), fd)
             assert reader.direct
             starts = np.arange(0, n, n // 64, dtype=np.int64)
             stops = starts + n // 128

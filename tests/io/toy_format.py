@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from grain_cells import formats
-from grain_cells.storage._identity import FileStat
+from grain_cells.storage import FileStat
 
 SUFFIX = ".npycells"
 

@@ -29,7 +29,7 @@ from conftest import close_iterator
 
 import grain_cells
 from grain_cells import errors
-from grain_cells.storage.remote import _store as object_store
+from grain_cells.storage import FileStat
 from grain_cells.storage.remote import _versions as versions
 from grain_cells.testing import NginxFolder, nginx_folder
 
@@ -80,13 +80,13 @@ def _rewrite_keeping_mtime(path, new: str, url: str) -> None:
     the old object or the new one, never `cp`'s truncated file or a new mtime
     (CI, leg 2: "0 bytes now" instead of "bytes differ").
     """
-    before = object_store.head(url)
+    before = versions.head(url)
     st = os.stat(path)
     staged = pathlib.Path(path).with_name(pathlib.Path(path).name + ".new")
     shutil.copyfile(new, staged)
     os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(staged, path)
-    after = object_store.head(url)
+    after = versions.head(url)
     assert after == before  # every header nginx sends is unchanged
 
 
@@ -200,17 +200,18 @@ _OPEN_DURING_A_REWRITE = """
 import faulthandler, os, shutil, sys
 faulthandler.enable()
 import anndata
-from grain_cells.hdf5 import _remote
+from grain_cells.hdf5 import _open as hdf5_open
+from grain_cells.storage.remote import version_of
 
 url, path, old, new, cache, *hows = sys.argv[1:]
 options = {"verify_reads": True}
-real_read = _remote.RangeFile._read
+real_read = hdf5_open.RangeFile._read
 for how, k in [(how, k) for how in hows for k in range(1, 13)]:
     shutil.copyfile(old, path)
     st = os.stat(path)
-    stat = _remote.stat_path(url, options)
+    stat = version_of(url, options)
     os.environ["GRAIN_CELLS_CACHE"] = os.path.join(cache, how, str(k))
-    _remote._metadata.clear()  # HDF5's reads go to the server
+    hdf5_open._metadata.clear()  # HDF5's reads go to the server
     calls = [0]
 
     def _read(self, off, n, k=k, st=st):
@@ -223,9 +224,9 @@ for how, k in [(how, k) for how in hows for k in range(1, 13)]:
                 os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         return real_read(self, off, n)
 
-    _remote.RangeFile._read = _read
+    hdf5_open.RangeFile._read = _read
     try:
-        with _remote.open_remote(url, options, stat) as f:
+        with hdf5_open.open_remote(url, options, stat) as f:
             x = anndata.io.read_elem(f["X"])
         print(how, k, "old" if (x.data > 0).all() else "NEW VALUES", flush=True)
     except Exception as e:
@@ -297,24 +298,25 @@ def test_a_failed_open_keeps_no_buffer_of_hdf5_and_no_cycle(served, monkeypatch)
     import gc
     import weakref
 
-    from grain_cells.hdf5 import _remote
+    from grain_cells.hdf5 import _open as hdf5_open
+    from grain_cells.storage.remote import version_of
 
     url, path, _ = served
     made = []
-    init = _remote.RangeFile.__init__
+    init = hdf5_open.RangeFile.__init__
 
     def record(self, *args):
         init(self, *args)
         made.append(weakref.ref(self))
 
-    monkeypatch.setattr(_remote.RangeFile, "__init__", record)
-    stat = _remote.stat_path(url, {"verify_reads": True})
+    monkeypatch.setattr(hdf5_open.RangeFile, "__init__", record)
+    stat = version_of(url, {"verify_reads": True})
     os.truncate(path, 1000)  # caught at HDF5's first read
     gc.disable()
     try:  # not pytest.raises: its record of the error would keep the file
         message = held = None
         try:
-            _remote.open_remote(url, {"verify_reads": True}, stat)
+            hdf5_open.open_remote(url, {"verify_reads": True}, stat)
         except errors.SourceChangedError as e:
             # (Not this frame: reading its locals would keep `e`.)
             message, held = str(e), _buffers_held(e.__traceback__.tb_next)
@@ -352,7 +354,7 @@ def _change_one_byte_outside_the_windows(url, path):
     source = grain_cells.AnnDataSource(
         url, block_size=10, storage_options={"verify_reads": True}
     )
-    stat, sampled = object_store.head(url), versions.version_of(url).content
+    stat, sampled = versions.head(url), versions.version_of(url).content
     data = bytearray(path.read_bytes())
     windows = versions.content_windows(len(data))
     at = next(
@@ -364,7 +366,7 @@ def _change_one_byte_outside_the_windows(url, path):
     data[at] ^= 0xFF
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert object_store.head(url) == stat
+    assert versions.head(url) == stat
     assert versions.version_of(url).content == sampled  # the default checks pass
     with pytest.raises(errors.SourceChangedError, match="verify_reads"):
         source.read(np.arange(source.num_cells))
@@ -414,7 +416,7 @@ def test_unchanged_object_passes_every_check(served):
     ],
 )
 def test_which_etags_follow_content(url, etag, size, follows):
-    stat = object_store.ObjectStat(size, etag, 0)
+    stat = FileStat(0, 0, size, 0, 0, etag)
     assert versions.tag_follows_content(url, stat) is follows
 
 

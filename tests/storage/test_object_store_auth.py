@@ -5,7 +5,7 @@ with unknown keys, or by a user without permission, is refused (403). So a
 read that works proves the credentials reached the request. Routes: the
 `AWS_*` environment, `AWS_PROFILE` and the `default` profile of a temporary
 `~/.aws` (HOME monkeypatched; obstore does not read profiles, see
-`grain_cells.storage.remote._aws`), `storage_options={"profile": ...}`, explicit
+`grain_cells.storage.remote._store`), `storage_options={"profile": ...}`, explicit
 keys. Errors: missing bucket, missing object, refused credentials, each
 naming the URL and the fix.
 """

@@ -25,7 +25,7 @@ obstore = pytest.importorskip(
 )
 
 import grain_cells  # noqa: E402
-from grain_cells.storage.remote import _retries as store_retries  # noqa: E402
+from grain_cells.storage.remote import _store as store_retries  # noqa: E402
 from grain_cells.testing import Fault, ServedFolder, always, every  # noqa: E402
 
 BUCKET = "cells"

@@ -4,14 +4,13 @@ from grain_cells.storage.remote._reader import Pieces, RemoteByteReader
 from grain_cells.storage.remote._store import (
     check_not_forked_after_use,
     count_request,
-    head,
     is_url,
     local_path,
     mark_obstore_used,
     split_url,
     store_at,
 )
-from grain_cells.storage.remote._versions import version_of
+from grain_cells.storage.remote._versions import head, version_of
 from grain_cells.storage.remote._writes import (
     delete,
     join,

@@ -18,9 +18,8 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage._readers import ShortReadError
-from grain_cells.storage.remote import _range_gets, _versions
+from grain_cells.storage._readers import FileStat, ShortReadError
+from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight, store_for
 
 MERGE_GAP = 64 << 10
@@ -183,10 +182,15 @@ class RemoteByteReader:
         end = max(e for _, e in ranges)
         if end > size:
             raise ShortReadError(size, end)
-        wide = ranges if table is None else _versions.widen(ranges, size)
+        wide = ranges  # `verify_reads`: whole blocks
+        if table is not None:
+            block = _versions.DIGEST_BLOCK
+            wide = [
+                (a - a % block, min(size, -(-b // block) * block)) for a, b in ranges
+            ]
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
-            datas = _range_gets.get_ranges(
+            datas = _versions.get_ranges(
                 self.name, self._options, wide, self._stat, self._store(), one
             )
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so

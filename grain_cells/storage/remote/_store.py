@@ -1,32 +1,32 @@
-"""Objects in S3, GCS, Azure or on HTTP servers (obstore): stores, HEADs, errors.
+"""Object stores (obstore) by URL: options, credentials, retries, request counts.
 
-Design notes: docs/reference/design.md#storage-remote-store.
+Design notes: docs/reference/design.md#storage-remote-store (AWS profiles:
+#storage-remote-aws; retries: #storage-remote-retries).
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 import math
 import os
+import pathlib
+import re
 import threading
 import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _aws, _retries
-from grain_cells.storage.remote._retries import first_line
 
 # Schemes read through obstore; `file://` URLs are plain local paths.
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "azure", "http", "https")
 
-# Chosen by measurement (benchmarks/RESULTS.md, issue 13, round 6): at 20 ms
-# round trip, with a version check (HEAD) after each batch of GETs, 256 per
-# process and kind reach 26-29k cells/s at 0 workers, 64 only 11k, 512 no more.
+# 256 range GETs in flight per process (benchmarks/RESULTS.md, issue 13, round 6).
 DEFAULT_MAX_IN_FLIGHT = 256
 MAX_IN_FLIGHT_LIMIT = 1024
-DEFAULT_CONTENT_CHECK_S = 60.0
 # Keys of `storage_options` that tune grain_cells' reader, not the store:
 # (default, valid(value), what a value must be).
 READER_OPTIONS = {
@@ -37,7 +37,7 @@ READER_OPTIONS = {
         "process)",
     ),
     "content_check_s": (
-        DEFAULT_CONTENT_CHECK_S,
+        60.0,
         lambda v: _is_number(v, (int, float)) and math.isfinite(v) and v >= 0,
         "a number of seconds >= 0 (how often each process re-reads the "
         "sampled bytes of an object whose ETag does not follow its content)",
@@ -49,11 +49,31 @@ READER_OPTIONS = {
         "whole object, read when each process opens it)",
     ),
 }
+DEFAULT_RETRY: dict[str, Any] = {
+    "max_retries": 10,
+    "backoff": {
+        "init_backoff": datetime.timedelta(milliseconds=100),
+        "max_backoff": datetime.timedelta(seconds=5),
+        "base": 2,
+    },
+    "retry_timeout": datetime.timedelta(seconds=60),
+}
+DEFAULT_CLIENT: dict[str, Any] = {
+    "connect_timeout": datetime.timedelta(seconds=5),
+    "timeout": datetime.timedelta(seconds=30),
+}
+# obstore's ClientConfig keys its stores also read from the environment
+# (`AWS_ALLOW_HTTP`, ...): given `client_options` replace those, so they are
+# read here and kept (below explicit options).
+_ENV_CLIENT_KEYS = re.compile(
+    "ALLOW_HTTP|ALLOW_INVALID_CERTIFICATES|CONNECT_TIMEOUT|POOL_IDLE_TIMEOUT|"
+    "POOL_MAX_IDLE_PER_HOST|PROXY_URL|PROXY_CA_CERTIFICATE|PROXY_EXCLUDES|"
+    "TIMEOUT|USER_AGENT"
+)
 
 # A forked child builds its own clients: the stores' belong to the parent.
 _stores = fork.ProcessCache()
-
-# Requests made by this process, by kind ("head": a source's HEADs, "get",
+# Requests sent by this process, by kind ("head": a source's HEADs, "get",
 # "check": the HEAD after each batch of GETs), for tests and benchmarks.
 _counts: collections.Counter = collections.Counter()
 _counts_lock = threading.Lock()
@@ -148,21 +168,55 @@ def _is_number(value, kinds) -> bool:
 max_in_flight = functools.partial(option, name="max_in_flight")
 
 
-def store_for(url: str, storage_options: dict | None = None, at: bool = False):
-    """This process's obstore store for `url`'s bucket or host (`at`: rooted at `url`).
+def retry_config(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `retry_config` for obstore: defaults overridden by key (`ValueError`)."""
+    given = _mapping(storage_options, "retry_config")
+    unknown = set(given) - set(DEFAULT_RETRY)
+    if unknown:
+        raise ValueError(
+            f"storage_options['retry_config'] has unknown keys {sorted(unknown)}; "
+            f"expected some of {sorted(DEFAULT_RETRY)} (obstore's RetryConfig)"
+        )
+    out = {**DEFAULT_RETRY, **given}
+    out["backoff"] = {**DEFAULT_RETRY["backoff"], **dict(given.get("backoff", {}))}
+    return out
 
-    Raises `ValueError` naming a bad option, or as `check_not_forked_after_use`.
-    """
+
+def client_options(storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `client_options` for obstore: defaults < the environment's < given."""
+    out = dict(DEFAULT_CLIENT)
+    for prefix in ("AZURE_", "GOOGLE_", "AWS_"):  # the last set wins
+        for name, value in os.environ.items():
+            key = name[len(prefix) :]
+            if name.startswith(prefix) and _ENV_CLIENT_KEYS.fullmatch(key):
+                out[key.lower()] = value
+    return {**out, **_mapping(storage_options, "client_options")}
+
+
+def _mapping(storage_options, key: str) -> dict[str, Any]:
+    value = (storage_options or {}).get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"storage_options[{key!r}] must be a dict of obstore settings, "
+            f"got {type(value).__name__}"
+        )
+    return dict(value)
+
+
+def store_for(url: str, storage_options: dict | None = None, at: bool = False):
+    """This process's obstore store for `url`'s bucket or host (`at`: at `url`)."""
     check_not_forked_after_use(url)
     root, _ = split_url(url)  # names a bad URL
     if at:
         root = url.rstrip("/")
-    options = dict(storage_options or {})
-    for name in READER_OPTIONS:
-        options.pop(name, None)
+    options = {
+        k: v for k, v in (storage_options or {}).items() if k not in READER_OPTIONS
+    }
     # The environment's profile settings are part of the key: a process that
     # changes AWS_PROFILE gets a store with that profile's credentials.
-    key = (at, root, repr(sorted(options.items())), _aws.cache_key())
+    names = "AWS_PROFILE AWS_ACCESS_KEY_ID AWS_SHARED_CREDENTIALS_FILE AWS_CONFIG_FILE"
+    env = (str(pathlib.Path.home()), *map(os.environ.get, names.split()))
+    key = (at, root, repr(sorted(options.items())), env)
     return _stores.get_or_make(key, lambda: _build_store(root, options))
 
 
@@ -179,7 +233,7 @@ def _build_store(root: str, options: dict):
             "pip install 'grain_cells[cloud]'"
         ) from None
 
-    client, retry = _retries.client_options(options), _retries.retry_config(options)
+    client, retry = client_options(options), retry_config(options)
     scheme = root.split("://", 1)[0].lower()
     if "user_project" in options:  # requester-pays GCS buckets (issue 33)
         project = options.pop("user_project")
@@ -197,14 +251,14 @@ def _build_store(root: str, options: dict):
             )
         headers = dict(client.get("default_headers") or {})
         client["default_headers"] = {**headers, "x-goog-user-project": project.strip()}
-    for key in _retries.POLICY_KEYS:
-        options.pop(key, None)
+    options.pop("retry_config", None)
+    options.pop("client_options", None)
     if "endpoint_url" in options:
         options["endpoint"] = options.pop("endpoint_url")
     if options.pop("anon", False) and scheme not in ("http", "https"):
         options["skip_signature"] = True
     is_s3 = scheme in ("s3", "s3a")
-    if is_s3 and (provider := _aws.apply_profile(root, options)) is not None:
+    if is_s3 and (provider := _aws_profile(root, options)) is not None:
         options["credential_provider"] = provider
     elif "profile" in options:
         raise ValueError(
@@ -215,9 +269,8 @@ def _build_store(root: str, options: dict):
     # plain HTTP is wanted; obstore would refuse it without allow_http.
     endpoint = str(options.get("endpoint") or "")
     if is_s3 and not endpoint:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
-            "AWS_ENDPOINT", ""
-        )
+        env = os.environ.get
+        endpoint = env("AWS_ENDPOINT_URL") or env("AWS_ENDPOINT", "")
     if endpoint.startswith("http://") or scheme == "http":
         client.setdefault("allow_http", True)
     try:
@@ -232,114 +285,76 @@ def _build_store(root: str, options: dict):
         ) from None
 
 
-def ObjectStat(size: int, etag: str, last_modified_ns: int) -> FileStat:
-    """The `FileStat` of one object version (`etag` with its quotes; "": none)."""
-    return FileStat(0, 0, size, last_modified_ns, 0, etag)
+def _aws_files() -> str:
+    """The AWS shared credentials and config files that exist, comma-separated."""
+    aws = pathlib.Path.home() / ".aws"
+    env = os.environ.get
+    files = [env("AWS_SHARED_CREDENTIALS_FILE") or aws / "credentials"]
+    files = map(pathlib.Path, [*files, env("AWS_CONFIG_FILE") or aws / "config"])
+    return ", ".join(str(f) for f in files if f.is_file())
 
 
-def stat_of(meta) -> FileStat:
-    """The `FileStat` of obstore's `ObjectMeta`."""
-    modified = meta.get("last_modified")
-    ns = int(modified.timestamp() * 1e9) if modified is not None else 0
-    return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or ""), ns)
-
-
-def head(url: str, storage_options: dict | None = None) -> FileStat:
-    """The object's size, ETag and last-modified (one HEAD); raises as `named_error`."""
-    import obstore
-
-    store = store_for(url, storage_options)
-    _, key = split_url(url)
-    count_request("head")
+def _aws_profile(root: str, options: dict):
+    """A profile's credential provider (boto3), or None; sets region, endpoint."""
+    profile = options.pop("profile", None)
+    keys = ("access_key_id", "aws_access_key_id", "skip_signature")  # or none
+    explicit = [k for k in keys if options.get(k)]
+    if explicit:
+        if profile is not None:
+            raise ValueError(
+                f"{root}: storage_options names profile={profile!r} and also "
+                f"{explicit}; give one or the other"
+            )
+        return None
+    named = profile or os.environ.get("AWS_PROFILE")
+    # The environment's keys come first, as in every AWS SDK.
+    if profile is None and (
+        os.environ.get("AWS_ACCESS_KEY_ID") or not (named or _aws_files())
+    ):
+        return None
     try:
-        return stat_of(obstore.head(store, key))
-    except Exception as e:
-        raise named_error(e, url, storage_options) from None
-
-
-def named_error(e: Exception, url: str, storage_options, what: str = "read"):
-    """The error to raise for obstore's `e` at a `what` (read: a HEAD; upload, ...)."""
-    from obstore import exceptions as ox
-
-    if not isinstance(e, (ox.BaseError, OSError)):
-        return e
-    status, _, _ = _retries.describe(e)
-    write, text = what != "read", str(e)
-    if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
-        write and status in (401, 403)
-    ):
-        return PermissionError(
-            f"{url}: {what} refused ({first_line(e)}). The credentials in use may "
-            "not do that there: pass others in storage_options (or "
-            "output_storage_options), set AWS_PROFILE or the AWS_* variables, or "
-            "ask for write access to the bucket."
-            if write
-            else f"{url}: access refused ({first_line(e)}). The credentials in use "
-            "(storage_options, else the AWS_*/GOOGLE_* environment, AWS_PROFILE "
-            "or ~/.aws profiles, instance roles) may not read it: pass others "
-            "(e.g. storage_options={'profile': NAME}), ask for read access, or "
-            "use anon=True for a public bucket."
-        )
-    if isinstance(e, (ox.NotFoundError, FileNotFoundError)) or (
-        write and (status == 404 or "NoSuchBucket" in text)
-    ):
-        return missing_bucket_or_object(url, storage_options, e, what)
-    if write:
-        return OSError(f"{url}: {what} failed: {first_line(e)}")
-    if (  # a requester-pays GCS bucket's 400 to a request naming no project
-        isinstance(e, ox.GenericError)
-        and url.split("://", 1)[0].lower() in ("gs", "gcs")
-        and "user_project" not in (storage_options or {})
-        and ("400 Bad Request" in text or "UserProjectMissing" in text)
-    ):
-        return PermissionError(
-            f"{url}: the bucket answered 400 Bad Request ({first_line(e)}), "
-            "which is how a GCS requester-pays bucket refuses requests that name "
-            "no project to bill. Pass the Google Cloud project to bill: "
-            "storage_options={'user_project': 'my-billing-project'} (the "
-            "credentials need serviceusage.services.use on it)."
-        )
-    return e
-
-
-def missing_bucket_or_object(
-    url: str, storage_options: dict | None, error: BaseException, what: str = "read"
-) -> FileNotFoundError:
-    """The error of a 404: no bucket, or the keys beside a missing key (a LIST)."""
-    import obstore
-
-    root, key = split_url(url)
-    scheme, _, bucket = root.partition("://")
-    if scheme.lower() in ("http", "https"):
-        return FileNotFoundError(f"{url}: no such object (HTTP 404); check the URL")
-    folder = key.rpartition("/")[0]
+        import botocore.exceptions
+        import botocore.session
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        if named is None:
+            return None  # only files without a named profile: obstore's chain
+        raise ImportError(
+            f"{root}: reading credentials of AWS profile {named!r} needs boto3 "
+            "(obstore does not read ~/.aws profiles): pip install "
+            "'grain_cells[aws]', or export the profile's keys: "
+            'eval "$(aws configure export-credentials --format env)"'
+        ) from None
     try:
-        store = store_for(url, storage_options)
-        listed = obstore.list_with_delimiter(store, folder or None)
-    except Exception as e:  # any failure: say what we know
-        if "NoSuchBucket" not in str(e) + str(error):
-            return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
-        options = storage_options or {}
-        endpoint = (
-            options.get("endpoint_url")
-            or options.get("endpoint")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or "the provider's default endpoint"
+        session = botocore.session.Session(profile=profile)
+        credentials = session.get_credentials()
+        scoped = session.get_scoped_config()
+    except botocore.exceptions.ProfileNotFound:
+        raise ValueError(
+            f"{root}: AWS profile {named!r} is not in the shared files "
+            f"({_aws_files() or 'no shared file exists'}). Name an existing "
+            "profile (storage_options['profile'] or AWS_PROFILE), or add it with "
+            "`aws configure --profile NAME`."
+        ) from None
+    except botocore.exceptions.BotoCoreError as e:
+        raise PermissionError(
+            f"{root}: AWS profile {named or 'default'!r} cannot give credentials "
+            f"({e}). Fix the profile in {_aws_files()}."
+        ) from None
+    if credentials is None:
+        if named is None:
+            return None  # nothing in the files: obstore's chain (instance roles)
+        raise PermissionError(
+            f"{root}: AWS profile {named!r} gives no credentials; add "
+            "aws_access_key_id/aws_secret_access_key (or sso_*, role_arn, "
+            "credential_process) to it."
         )
-        return FileNotFoundError(
-            f"{url}: bucket {bucket!r} does not exist at {endpoint} "
-            f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
-            "S3-compatible stores endpoint_url and region in storage_options "
-            "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
-            "write to it."
-        )
-    names = [m["path"].rpartition("/")[2] for m in listed["objects"]]
-    beside = f"{len(names)} object(s) there: {', '.join(names[:5])}" + (
-        ", ..." if len(names) > 5 else ""
-    )
-    where = f"{root}/{folder}/" if folder else f"{root}/"
-    return FileNotFoundError(
-        f"{url}: no such object: bucket {bucket!r} has no key {key!r} ({what} "
-        f"failed; objects under {where}: {beside if names else 'none there'}). "
-        "Check the key (keys are case-sensitive)."
-    )
+    env = os.environ.get
+    given = options.get("region") or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+    if not given and (region := session.get_config_variable("region")):
+        options["region"] = region
+    if not (options.get("endpoint") or env("AWS_ENDPOINT_URL")):
+        s3_section = scoped.get("s3") if isinstance(scoped.get("s3"), dict) else {}
+        if endpoint := s3_section.get("endpoint_url") or scoped.get("endpoint_url"):
+            options["endpoint"] = endpoint
+    return Boto3CredentialProvider(session)

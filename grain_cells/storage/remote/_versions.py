@@ -1,6 +1,9 @@
-"""Which version of an object a source reads, and what its ETag can vouch for.
+"""Requests for one object version: HEAD, range GETs, digests, named errors.
 
-Design notes: docs/reference/design.md#storage-remote-versions.
+Which version a source reads and what its ETag vouches for (a digest of
+sampled bytes, or of every block with `verify_reads`). Design notes:
+docs/reference/design.md#storage-remote-versions (range GETs:
+#storage-remote-range-gets; retries: #storage-remote-retries).
 """
 
 from __future__ import annotations
@@ -9,23 +12,112 @@ import dataclasses
 import functools
 import hashlib
 import math
+import os
 import re
+import time
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._identity import FileStat
-from grain_cells.storage.remote import _range_gets, _store
+from grain_cells.storage._readers import FileStat
+from grain_cells.storage.remote import _store
 
 CONTENT_WINDOWS = 32
 CONTENT_WINDOW = 4 << 10  # bytes: 128 KiB read per check in all
 DIGEST_BLOCK = 64 << 10  # bytes per digest of `verify_reads`
 _DIGEST_BYTES = 8
 _BLOCKS_PREFIX = "blocks:"
+_REBUILD = (
+    "Build a new source (and do not restore iterator state saved for the old data)."
+)
 
 # `verify_reads` tables of this process, by (URL, content digest).
 _tables = fork.ProcessCache()
 
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
+
+verify_reads = functools.partial(_store.option, name="verify_reads")
+content_check_s = functools.partial(_store.option, name="content_check_s")
+
+
+def stat_of(meta) -> FileStat:
+    """The `FileStat` of obstore's `ObjectMeta` (ETag with its quotes)."""
+    modified = meta.get("last_modified")
+    ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return FileStat(0, 0, int(meta["size"]), ns, 0, str(meta.get("e_tag") or ""))
+
+
+def head(url: str, storage_options: dict | None = None) -> FileStat:
+    """The object's size, ETag and last-modified (one HEAD); raises as `store_error`."""
+    import obstore
+
+    store = _store.store_for(url, storage_options)
+    _, key = _store.split_url(url)
+    _store.count_request("head")
+    try:
+        return stat_of(obstore.head(store, key))
+    except Exception as e:
+        raise store_error(e, url, storage_options) from None
+
+
+def get_ranges(
+    url, storage_options, ranges, stat: FileStat, store=None, if_match=False
+):
+    """Bytes of each `[start, end)` of the version `stat` (`SourceChangedError`).
+
+    `if_match` (one range): one GET with `If-Match`; else one obstore call and
+    a HEAD that checks `stat`.
+    """
+    import obstore
+    from obstore import exceptions as ox
+
+    store = _store.store_for(url, storage_options) if store is None else store
+    _, key = _store.split_url(url)
+    starts, ends = [int(a) for a, _ in ranges], [int(b) for _, b in ranges]
+    _store.count_request("get", len(ranges))
+    if not if_match:
+        _store.count_request("check")  # the HEAD after the batch
+    where = f"bytes [{min(starts)}, {max(ends)})"
+    began = time.monotonic()
+    try:
+        if if_match:
+            options = {"range": (starts[0], ends[0])}
+            if stat.etag:
+                options["if_match"] = stat.etag
+            datas = [obstore.get(store, key, options=options).bytes()]
+        else:
+            datas = obstore.get_ranges(store, key, starts=starts, ends=ends, coalesce=0)
+            now = stat_of(obstore.head(store, key))
+    except ox.PreconditionError:
+        raise errors.SourceChangedError(
+            f"{url}: changed since the AnnDataSource was built: its ETag is no "
+            f"longer {stat.etag} (detected at a read of {where}). {_REBUILD}"
+        ) from None
+    except (ox.BaseError, OSError) as e:
+        if isinstance(e, (ox.NotFoundError, FileNotFoundError)):
+            if len(starts) > 1:
+                where = f"{len(starts)} ranges in {where}"
+            raise errors.SourceChangedError(
+                f"{url}: removed since the AnnDataSource was built (detected at a "
+                f"read of {where}). Build a new source."
+            ) from None
+        elapsed = time.monotonic() - began
+        raise read_error(e, url, storage_options, ranges, elapsed) from None
+    if not if_match and (
+        (now.etag, now.size) != (stat.etag, stat.size)
+        or (stat.mtime_ns and now.mtime_ns != stat.mtime_ns)
+    ):
+        raise errors.SourceChangedError(
+            f"{url}: changed since the AnnDataSource was built (ETag "
+            f"{stat.etag or 'none'}, {stat.size} bytes then; {now.etag or 'none'}, "
+            f"{now.size} bytes now; detected after a read of {where}). {_REBUILD}"
+        )
+    for data, a, b in zip(datas, starts, ends, strict=True):
+        if len(data) != b - a:
+            raise errors.CorruptDataError(
+                f"{url}: asked for bytes [{a}, {b}), got {len(data)} bytes: the "
+                "object ends before HDF5 says its data does (truncated upload?)"
+            )
+    return datas
 
 
 def tag_follows_content(url: str, stat: FileStat) -> bool:
@@ -44,18 +136,14 @@ def content_windows(size: int) -> list[tuple[int, int]]:
     if size <= CONTENT_WINDOWS * CONTENT_WINDOW:
         return [(0, size)] if size else []
     last = size - CONTENT_WINDOW
-    starts = {
-        math.floor(k * last / (CONTENT_WINDOWS - 1)) for k in range(CONTENT_WINDOWS)
-    }
+    n = CONTENT_WINDOWS - 1
+    starts = {math.floor(k * last / n) for k in range(CONTENT_WINDOWS)}
     return [(s, s + CONTENT_WINDOW) for s in sorted(starts)]
 
 
 def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
-    """The object's version now: one HEAD, and a content digest where needed.
-
-    Raises as `head`, or `SourceChangedError` if it changes while digested.
-    """
-    stat = _store.head(url, storage_options)
+    """The object's version now: one HEAD, and a content digest where needed."""
+    stat = head(url, storage_options)
     content = ""
     if verify_reads(storage_options):
         table = _block_digests(url, storage_options, stat, store)
@@ -64,16 +152,10 @@ def version_of(url: str, storage_options: dict | None = None, store=None) -> Fil
     elif not tag_follows_content(url, stat):
         digest = hashlib.sha256(f"{stat.size}".encode())
         if windows := content_windows(stat.size):
-            for data in _range_gets.get_ranges(
-                url, storage_options, windows, stat, store
-            ):
+            for data in get_ranges(url, storage_options, windows, stat, store):
                 digest.update(memoryview(data))
         content = "sha256:" + digest.hexdigest()[:32]
     return dataclasses.replace(stat, content=content)
-
-
-verify_reads = functools.partial(_store.option, name="verify_reads")
-content_check_s = functools.partial(_store.option, name="content_check_s")
 
 
 def _block_digests(url, storage_options, stat: FileStat, store) -> bytes:
@@ -127,12 +209,6 @@ def block_table(url: str, storage_options: dict | None, stat: FileStat):
     return table
 
 
-def widen(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """Each `[start, end)` widened to whole `DIGEST_BLOCK` blocks (within `size`)."""
-    block = DIGEST_BLOCK
-    return [(a - a % block, min(size, -(-b // block) * block)) for a, b in ranges]
-
-
 def check_blocks(url: str, table: bytes, ranges, wide, datas) -> list:
     """The bytes of `ranges` cut from the blocks `wide` read (`SourceChangedError`)."""
     out = []
@@ -154,6 +230,153 @@ def _differ(url: str, a: int, b: int) -> errors.SourceChangedError:
         "ETag, size and Last-Modified are unchanged: the object was rewritten "
         "in place with its size and modification time kept (rsync -t, cp -p), "
         "which HTTP's headers cannot show. No byte of the new version was "
-        "returned. Build a new source (and do not restore iterator state "
-        "saved for the old data)."
+        f"returned. {_REBUILD}"
+    )
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (obstore's run to many lines)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+_RETRIES = re.compile(r"after (\d+) retries")
+_STATUS = re.compile(r"status code: (\d{3})(?: ([^:\n]*))?")
+_CODE = re.compile(r"<Code>([^<]+)</Code>")
+# What hyper/reqwest say (in obstore's debug text) of a connection cut short.
+_DROPPED = re.compile(
+    "IncompleteMessage|IncompleteBody|UnexpectedEof|ConnectionReset|"
+    "ConnectionAborted|BrokenPipe|body error|error sending request"
+)
+
+
+def describe(error: BaseException) -> tuple[int | None, str, int | None]:
+    """`(HTTP status, one-line cause, retries)` of an obstore error (None: unsaid)."""
+    text = str(error)
+    # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
+    what = first_line(error).split("  - ", 1)[-1].strip()
+    retries = _RETRIES.search(text)
+    status = _STATUS.search(text)
+    code = _CODE.search(text)
+    if status:
+        cause = f"HTTP {status.group(1)} {(status.group(2) or '').strip()}".strip()
+        if code:
+            cause += f" ({code.group(1)})"
+    elif "TimedOut" in text or "kind: Timeout" in text:
+        cause = f"timed out ({what})"
+    elif _DROPPED.search(text):
+        cause = f"connection dropped ({what})"
+    else:
+        cause = what
+    n = int(retries.group(1)) if retries else None
+    return (int(status.group(1)) if status else None), cause, n
+
+
+def read_error(
+    error, url, storage_options, ranges, elapsed_s
+) -> errors.ObjectStoreError:
+    """The `ObjectStoreError` of range reads `[(start, end)]` that failed for good."""
+    status, cause, retries = describe(error)
+    retry = _store.retry_config(storage_options)
+    limit, timeout = retry["max_retries"], retry["retry_timeout"]
+    n = retries + 1 if retries is not None else None
+    said = f"{n} attempts" if n is not None else f"up to {limit + 1} attempts"
+    if n is None:
+        said += " (obstore did not say how many)"
+    lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+    where = f"bytes {lo}-{hi - 1}" + (f" ({len(ranges)} ranges)" * (len(ranges) > 1))
+    message = (
+        f"{url}: range read of {where} failed after {said} in {elapsed_s:.1f} s: "
+        f"{cause}. Retries allow {limit} retries within {timeout}; if the "
+        "store is throttling or slow, raise storage_options['retry_config'] "
+        "(max_retries, retry_timeout) or ['client_options'] (timeout)."
+    )
+    return errors.ObjectStoreError(
+        message, url=url, byte_range=(lo, hi), status=status, cause=cause, attempts=n
+    )
+
+
+def store_error(e: Exception, url: str, storage_options, what: str = "read"):
+    """The error to raise for obstore's `e` at a `what` (read: a HEAD; upload, ...)."""
+    from obstore import exceptions as ox
+
+    if not isinstance(e, (ox.BaseError, OSError)):
+        return e
+    status, _, _ = describe(e)
+    write, text = what != "read", str(e)
+    if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
+        write and status in (401, 403)
+    ):
+        return PermissionError(
+            f"{url}: {what} refused ({first_line(e)}). The credentials in use may "
+            "not do that there: pass others in storage_options (or "
+            "output_storage_options), set AWS_PROFILE or the AWS_* variables, or "
+            "ask for write access to the bucket."
+            if write
+            else f"{url}: access refused ({first_line(e)}). The credentials in use "
+            "(storage_options, else the AWS_*/GOOGLE_* environment, AWS_PROFILE "
+            "or ~/.aws profiles, instance roles) may not read it: pass others "
+            "(e.g. storage_options={'profile': NAME}), ask for read access, or "
+            "use anon=True for a public bucket."
+        )
+    if isinstance(e, (ox.NotFoundError, FileNotFoundError)) or (
+        write and (status == 404 or "NoSuchBucket" in text)
+    ):
+        return _missing(url, storage_options, e, what)
+    if write:
+        return OSError(f"{url}: {what} failed: {first_line(e)}")
+    if (  # a requester-pays GCS bucket's 400 to a request naming no project
+        isinstance(e, ox.GenericError)
+        and url.split("://", 1)[0].lower() in ("gs", "gcs")
+        and "user_project" not in (storage_options or {})
+        and ("400 Bad Request" in text or "UserProjectMissing" in text)
+    ):
+        return PermissionError(
+            f"{url}: the bucket answered 400 Bad Request ({first_line(e)}), "
+            "which is how a GCS requester-pays bucket refuses requests that name "
+            "no project to bill. Pass the Google Cloud project to bill: "
+            "storage_options={'user_project': 'my-billing-project'} (the "
+            "credentials need serviceusage.services.use on it)."
+        )
+    return e
+
+
+def _missing(url: str, storage_options, error: BaseException, what: str):
+    """The `FileNotFoundError` of a 404: no bucket, or the keys beside (a LIST)."""
+    import obstore
+
+    root, key = _store.split_url(url)
+    scheme, _, bucket = root.partition("://")
+    if scheme.lower() in ("http", "https"):
+        return FileNotFoundError(f"{url}: no such object (HTTP 404); check the URL")
+    folder = key.rpartition("/")[0]
+    try:
+        store = _store.store_for(url, storage_options)
+        listed = obstore.list_with_delimiter(store, folder or None)
+    except Exception as e:  # any failure: say what we know
+        if "NoSuchBucket" not in str(e) + str(error):
+            return FileNotFoundError(f"{url}: no such object ({first_line(error)})")
+        options = storage_options or {}
+        endpoint = (
+            options.get("endpoint_url")
+            or options.get("endpoint")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "the provider's default endpoint"
+        )
+        return FileNotFoundError(
+            f"{url}: bucket {bucket!r} does not exist at {endpoint} "
+            f"(NoSuchBucket; {what} failed). Check the bucket's name, and for "
+            "S3-compatible stores endpoint_url and region in storage_options "
+            "(or AWS_ENDPOINT_URL, AWS_REGION); create the bucket first to "
+            "write to it."
+        )
+    names = [m["path"].rpartition("/")[2] for m in listed["objects"]]
+    beside = f"{len(names)} object(s) there: {', '.join(names[:5])}" + (
+        ", ..." if len(names) > 5 else ""
+    )
+    where = f"{root}/{folder}/" if folder else f"{root}/"
+    return FileNotFoundError(
+        f"{url}: no such object: bucket {bucket!r} has no key {key!r} ({what} "
+        f"failed; objects under {where}: {beside if names else 'none there'}). "
+        "Check the key (keys are case-sensitive)."
     )

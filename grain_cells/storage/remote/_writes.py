@@ -1,7 +1,6 @@
 """Writing, listing and deleting objects: what `preshuffle` does to a bucket.
 
-Each raises `FileNotFoundError` (no bucket), `PermissionError` (the credentials
-may not) or `OSError` (failed after retries). Design notes:
+Errors are `_versions.store_error`'s. Design notes:
 docs/reference/design.md#storage-remote-writes.
 """
 
@@ -10,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from grain_cells.storage.remote import _store
+from grain_cells.storage.remote import _store, _versions
 
 UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
 _MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
@@ -64,4 +63,4 @@ def _call(url: str, storage_options, what: str, function: str, *args, **kwargs):
     try:
         return getattr(obstore, function)(store, key, *args, **kwargs)
     except Exception as e:
-        raise _store.named_error(e, url, storage_options, what) from None
+        raise _versions.store_error(e, url, storage_options, what) from None
