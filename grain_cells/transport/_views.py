@@ -21,7 +21,7 @@ from functools import partial
 import numpy as np
 
 from grain_cells._util import fork
-from grain_cells.transport import _segments, _shm_names
+from grain_cells.transport import _shm
 
 _log = logging.getLogger(__name__)
 # Ring name -> _RingView. Rings of dead workers are pruned.
@@ -75,7 +75,7 @@ class _RingView:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
             self.close()
-        self.slots: dict[int, tuple[str, _segments.Segment]] = {}
+        self.slots: dict[int, tuple[str, _shm.Segment]] = {}
         # Slots whose arrays the user may hold, and the weak reference that
         # hands each back when they die.
         self.leased: dict[int, object] = {}
@@ -89,8 +89,8 @@ class _RingView:
         """A minibatch's arrays: leased within the budget, else copied out."""
         held = self.slots.get(slot)
         if held is None or held[0] != segment:
-            held = self.slots[slot] = (segment, _segments.open_segment(segment, size))
-            _shm_names.unlink(segment)
+            held = self.slots[slot] = (segment, _shm.open_segment(segment, size))
+            _shm.unlink(segment)
         mm = held[1]
         self.group = max(1, min(_GROUP, leases // 4))
         if self.unsent or len(self.pending) >= self.group:
@@ -99,7 +99,7 @@ class _RingView:
         if len(self.leased) + len(self.pending) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
             return out
-        out = _segments.read(mm, layout)
+        out = _shm.read(mm, layout)
         self.hand_back(slot)
         return out
 
@@ -179,9 +179,9 @@ def release_dead_rings() -> None:
     hung_up = _hung_up([view.sock for _, view in views])
     for name, view in views:
         gone = view.sock is None or view.sock in hung_up
-        if (gone or not _shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
+        if (gone or not _shm.alive(view.pid)) and RINGS.pop(name, None) is view:
             view.release()
-            _shm_names.unlink_prefix(view.prefix)
+            _shm.unlink_prefix(view.prefix)
 
 
 def _hung_up(socks) -> set:
@@ -268,7 +268,7 @@ def _privatise_leases() -> None:
         for held in list(_LEASED.values()):
             if (raw := held()) is not None:
                 try:
-                    _segments.privatise(raw.ctypes.data, raw.nbytes)
+                    _shm.privatise(raw.ctypes.data, raw.nbytes)
                 except OSError:
                     _log.exception("grain_cells: a forked child shares a leased slot")
     finally:
