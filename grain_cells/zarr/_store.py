@@ -24,7 +24,7 @@ from grain_cells.storage.remote import (
     mark_obstore_used,
     store_at,
 )
-from grain_cells.zarr import _versions
+from grain_cells.zarr import _keys
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -52,9 +52,9 @@ def zarr_store(path: str, storage_options: dict | None = None):
         mark_obstore_used()  # zarr reads the metadata through it
         store = store_at(p, storage_options)
         # The ETags of the listing that gave this open its digest (see
-        # grain_cells.zarr._versions): chunk reads are conditional on them.
-        versions = _versions.take(store)
-        return _versions.VersionedObjectStore(
+        # grain_cells.zarr._keys): chunk reads are conditional on them.
+        versions = _keys.take(store)
+        return _keys.VersionedObjectStore(
             store, read_only=True, url=p.rstrip("/"), versions=versions
         )
     if not os.path.exists(p):
@@ -172,7 +172,7 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     else:
         # This listing's ETags are what the next open of the store in this
         # thread reads with (`zarr_store`): digest and reads agree.
-        _versions.remember(store, _versions.KeyVersions.of_metas(metas))
+        _keys.remember(store, _keys.KeyVersions.of_metas(metas))
     metas.sort(key=lambda m: m["path"])
     for m in metas:
         h.update(f"{m['path']}\0{m['size']}\0{m.get('e_tag') or ''}\n".encode())
