@@ -36,9 +36,7 @@ class SlotRing:
         self._prefix = _shm.new_prefix()
         self.name = self._prefix + "_ring"
         self._names: list[str] = []
-        # Names are created under this lock and `close` takes it too: the
-        # exit-with-parent thread closes the ring while the worker's thread
-        # may be making a segment, which must not appear after the unlinks.
+        # `close` (the exit-with-parent thread) and name creation: one at a time.
         self._names_lock = threading.Lock()
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -143,9 +141,7 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def put(
-        self, arrays: Mapping[str, np.ndarray], wait=True, avoid=None
-    ) -> SlotHandle:
+    def put(self, arrays: Mapping, wait=True, avoid=None) -> SlotHandle:
         """`arrays` written in a free slot (not `avoid`), else a one-off segment."""
         layout, nbytes = _shm.layout(arrays)
         self._largest = max(self._largest, nbytes)
@@ -221,21 +217,16 @@ class ExpiredBatch(dict):
 def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
     """A minibatch out of shared memory: leased, or copied and handed back."""
     try:
-        return _receive_or_raise(ring, slot, segment, size, layout, pid, leases)
+        if ring is None:
+            mm = _shm.open_segment(segment, size)
+            _shm.unlink(segment)
+            return _shm.read(mm, layout)  # unmapped when `mm` goes
+        if _local_ring is not None and ring == _local_ring.name:
+            _local_ring._busy[slot] = False  # Grain drains a worker's own queue
+            return {}
+        return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
     except FileNotFoundError:
         return ExpiredBatch()
-
-
-def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
-    if ring is None:
-        mm = _shm.open_segment(segment, size)
-        _shm.unlink(segment)
-        return _shm.read(mm, layout)  # unmapped when `mm` goes
-    if _local_ring is not None and ring == _local_ring.name:
-        # Unpickled by the worker itself (Grain drains its own queue on stop).
-        _local_ring._busy[slot] = False
-        return {}
-    return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None
