@@ -37,10 +37,7 @@ def pieces(starts, stops, c: int):
 
 
 class Chunks:
-    """Locates, fetches, decodes and caches one array's chunks. Thread-safe.
-
-    `fill_missing` as `RangeReader`'s (True or `"leading"`, normalised).
-    """
+    """Locates, fetches, decodes and caches one array's chunks. Thread-safe."""
 
     def __init__(self, array, path, codec, keys, cache_bytes=0, fill_missing=False):
         self.path, self.name = path, "/" + array.path.lstrip("/")
@@ -120,20 +117,13 @@ class Chunks:
             with self._lock:
                 self._shard_index[s] = index
 
-    def shard_index(self, s: tuple[int, ...]) -> np.ndarray | None:
-        """A loaded shard's index (`load_shard_indices`); None: no such shard."""
-        return self._shard_index.get(s)
-
     def rows(self, k: int, per: int | None = None) -> tuple[int, int]:
         """`[first, stop)` rows of row chunk (or shard, `per` rows each) `k`."""
         per = self._codec.chunk_shape[0] if per is None else per
         return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
-        """`(key, start, stop, offset in the shard)` of a unit's stored bytes.
-
-        `start` None: the whole key; -1: the shard's index marks it empty; -2: no shard.
-        """
+        """`(key, start, stop, offset)`; start None: all, -1: empty, -2: no shard."""
         if self._codec.shard is None:
             return self.key(unit), None, None, None
         s, i = self.shard_of(unit)
@@ -173,10 +163,7 @@ class Chunks:
         }
 
     def prefetch(self, row_chunks: list[int]) -> None:
-        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`).
-
-        A failed or dropped prefetch leaves the read to fetch (and report).
-        """
+        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`)."""
         units = [
             u
             for k in row_chunks
@@ -201,7 +188,7 @@ class Chunks:
             if self._codec.shard is not None:
                 self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
             got = self._get_units([(u, self.request(u)) for u in units])
-        except Exception:  # the read fetches again and reports
+        except Exception:  # the read fetches again (and reports)
             got = {}
         with self._lock:
             for u in units:

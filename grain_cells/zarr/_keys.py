@@ -26,9 +26,7 @@ from grain_cells.storage.remote import (
     mark_obstore_used,
 )
 
-# Keys fetched at once by one read of a remote store (threads blocked in
-# obstore's GIL-free calls), per process.
-FETCH_THREADS = 32
+FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
 _fetch_threads = fork.ProcessCache()
 
 
@@ -96,9 +94,7 @@ class ZipKeys(KeyReader):
 
     def __init__(self, path: str):
         self.path = path
-        # One archive per process, read under a lock: members opened from
-        # one ZipFile in several threads race on its shared file position
-        # (seen as zstd errors and EOFError on CPython 3.12.1).
+        # One archive per process, read under a lock: threads race on its position.
         self._forget()
         fork.in_child_of(self, ZipKeys._forget)
 
@@ -123,11 +119,7 @@ class ZipKeys(KeyReader):
 
 
 class ObjectKeys(KeyReader):
-    """Keys of an obstore store (rooted at the zarr store): range GETs.
-
-    With `versions` (ETags when the store was opened) an unlisted key reads as
-    missing and every read is conditional on its ETag (`SourceChangedError`).
-    """
+    """Keys by range GETs; with `versions`, each conditional on the key's ETag."""
 
     remote = True
 
@@ -228,11 +220,7 @@ def _key_hash(key: str) -> int:
 
 
 class KeyVersions:
-    """The ETag of each key of a store, from one listing. Immutable, picklable.
-
-    Keys are 64-bit hashes: a collision (about 1 in 10^9 at 100,000 keys) only
-    makes a read refuse with `SourceChangedError`.
-    """
+    """A listing's ETag per key, by 64-bit key hash (a collision: a read refuses)."""
 
     def __init__(self, listing):  # (key, etag) pairs; an etag "" is unknown
         pairs = sorted((_key_hash(k), (e or "").encode()) for k, e in listing)
@@ -258,16 +246,13 @@ class KeyVersions:
         return cls((m["path"], m.get("e_tag") or "") for m in metas)
 
 
-# Listings taken by `store_digest`, by (thread, obstore store), waiting for the
-# `zarr_store` call that opens the same store in the same thread.
+# `store_digest`'s listings by (thread, store), for that thread's `zarr_store`.
 _waiting: dict = {}
 _waiting_lock = threading.Lock()
 
 
 @fork.in_child
-def _after_fork() -> None:
-    # A parent's thread may have held the lock at the fork; its listings
-    # belong to threads the child does not have.
+def _after_fork() -> None:  # the parent's threads, lock holders, are gone
     global _waiting_lock
     _waiting_lock = threading.Lock()
     _waiting.clear()

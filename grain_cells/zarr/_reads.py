@@ -221,7 +221,7 @@ class RawReads:
             names = [self._chunks.key((s,)) for s in shards.tolist()]
             for i, s in enumerate(shards.tolist()):
                 sel = key_id == i
-                index = self._chunks.shard_index((s,))
+                index = self._chunks._shard_index.get((s,))
                 if index is None:
                     missing[sel] = True
                     continue

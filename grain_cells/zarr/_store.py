@@ -51,12 +51,9 @@ def zarr_store(path: str, storage_options: dict | None = None):
         check_not_forked_after_use(p)
         mark_obstore_used()  # zarr reads the metadata through it
         store = store_at(p, storage_options)
-        # The ETags of the listing that gave this open its digest (see
-        # grain_cells.zarr._keys): chunk reads are conditional on them.
-        versions = _keys.take(store)
-        return _keys.VersionedObjectStore(
-            store, read_only=True, url=p.rstrip("/"), versions=versions
-        )
+        versions = _keys.take(store)  # of the listing that gave the digest
+        url = p.rstrip("/")
+        return _keys.VersionedObjectStore(store, url=url, versions=versions)
     if not os.path.exists(p):
         raise FileNotFoundError(f"{p}: no such file or directory")
     if os.path.isfile(p):
