@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import zipfile
 
 import numpy as np
 import zarr
@@ -62,19 +63,37 @@ def zarr_store(path: str, storage_options: dict | None = None):
 
 
 def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
-    """The root group, read-only; `AnnDataFormatError` or `ContainsArrayError`."""
+    """The root group, read-only (`AnnDataFormatError`: not a group, or damaged)."""
     p = local_path(os.fspath(path))
+    root_array = errors.AnnDataFormatError(
+        f"{p}: a zarr array at its root, not a group; expected an AnnData "
+        "store (a group holding obs, var and X) written by anndata's write_zarr"
+    )
+    has = [os.path.isfile(os.path.join(p, n)) for n in (".zgroup", "zarr.json")]
+    if os.path.isdir(p) and not any(has):
+        if os.path.isfile(os.path.join(p, ".zarray")):
+            raise root_array
+        raise errors.AnnDataFormatError(
+            f"{p}: is a directory but not a zarr store (no zarr.json or "
+            f".zgroup at its root; it holds {sorted(os.listdir(p))[:8]}); expected "
+            "an .h5ad file or a zarr store written by anndata's write_zarr"
+        )
+    if os.path.isfile(p) and not zipfile.is_zipfile(p):
+        raise errors.AnnDataFormatError(
+            f"{p}: a file that is neither a zip archive (.zarr.zip) nor a "
+            "zarr store directory; expected a store written by anndata's "
+            "write_zarr (or an .h5ad file, named .h5ad)"
+        )
     store = zarr_store(p, storage_options)
     try:
         return zarr.open_group(store, mode="r")
-    except zarr.errors.ContainsArrayError:
-        raise  # an array at the root: the io layer names it (not AnnData)
+    except zarr.errors.ContainsArrayError as e:
+        raise root_array from e
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as e:
         raise errors.AnnDataFormatError(
             f"{p}: not a zarr store: no zarr group metadata (zarr.json or "
-            f".zgroup) at its root ({type(e).__name__}: {e}); found "
-            f"{_what_is_there(p)}. Expected a store written by anndata's "
-            "write_zarr (or annbatch); pass its root folder."
+            f".zgroup) at its root ({type(e).__name__}: {e}). Expected a store "
+            "written by anndata's write_zarr (or annbatch); pass its root folder."
         ) from e
     except (ValueError, json.JSONDecodeError, zarr.errors.MetadataValidationError) as e:
         raise errors.AnnDataFormatError(
@@ -180,15 +199,6 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
             count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
             h.update(hashlib.sha256(data).digest())
-
-
-def _what_is_there(p: str) -> str:
-    if is_url(p):
-        return "no readable group document at that prefix"
-    if os.path.isdir(p):
-        names = sorted(os.listdir(p))
-        return f"a directory holding {names[:5]}" + (" ..." if len(names) > 5 else "")
-    return "a file that is not a zip archive" if os.path.isfile(p) else "nothing"
 
 
 _ENCODING = "annbatch-preshuffled"
