@@ -19,14 +19,10 @@ from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader
 
-# Stored bytes fetched ahead of reads, per array, at most.
-AHEAD_BYTES = 256 << 20
-# One thread per process runs read-ahead jobs (each sends its GETs at once).
-_ahead_threads = fork.ProcessCache()
-_WHY_MISSING = {
-    -1: " (its shard's index marks it empty)",
-    -2: " (the shard holding it is missing)",
-}
+AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
+_ahead_threads = fork.ProcessCache()  # one read-ahead thread per process
+_WHY_MISSING = {-1: " (its shard's index marks it empty)"}
+_WHY_MISSING[-2] = " (the shard holding it is missing)"
 
 
 def pieces(starts, stops, c: int):
@@ -44,7 +40,7 @@ class Chunks:
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
         self.fill_missing = fill_missing
-        self._codec: Codec = codec
+        self.codec: Codec = codec
         self.keys: KeyReader = keys
         self._first_stored: int | None = None
         self.filled: dict[int, str] = {}  # row chunks read as the fill value: keys
@@ -57,9 +53,7 @@ class Chunks:
             self._cols = range(max(1, -(-self.shape[1] // codec.chunk_shape[1])))
         self._cache_bytes = int(cache_bytes)
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
-        self._forget_ahead()
-        # A forked child gets fresh locks (a parent's thread may hold one at
-        # the fork) and none of the parent's read-ahead.
+        self._forget_ahead()  # and in a forked child: fresh locks, no read-ahead
         fork.in_child_of(self, Chunks._forget_ahead)
 
     def _forget_ahead(self) -> None:
@@ -67,10 +61,6 @@ class Chunks:
         self._ahead: dict[tuple[int, ...], bytes | None] = {}
         self._ahead_bytes = 0
         self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
-
-    @property
-    def codec(self) -> Codec:
-        return self._codec
 
     def units(self, k: int) -> list[tuple[int, ...]]:
         return [(k,)] if self._cols is None else [(k, j) for j in self._cols]
@@ -81,7 +71,7 @@ class Chunks:
 
     def shard_of(self, unit) -> tuple[tuple[int, ...], int]:
         """`(shard coords, the unit's position in the shard's index)`."""
-        per = self._codec.shard.per_shard
+        per = self.codec.shard.per_shard
         if len(unit) == 1:
             return (unit[0] // per[0],), unit[0] % per[0]
         k, j = unit
@@ -91,7 +81,7 @@ class Chunks:
         return sorted({self.shard_of(u)[0] for k in row_chunks for u in self.units(k)})
 
     def load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
-        layout = self._codec.shard
+        layout = self.codec.shard
         todo = [s for s in shards if s not in self._shard_index]
         if not todo:
             return
@@ -119,12 +109,12 @@ class Chunks:
 
     def rows(self, k: int, per: int | None = None) -> tuple[int, int]:
         """`[first, stop)` rows of row chunk (or shard, `per` rows each) `k`."""
-        per = self._codec.chunk_shape[0] if per is None else per
+        per = self.codec.chunk_shape[0] if per is None else per
         return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
         """`(key, start, stop, offset)`; start None: all, -1: empty, -2: no shard."""
-        if self._codec.shard is None:
+        if self.codec.shard is None:
             return self.key(unit), None, None, None
         s, i = self.shard_of(unit)
         key = self.key(s)
@@ -139,10 +129,10 @@ class Chunks:
     def first_stored(self) -> int:
         """The first row chunk with a stored chunk (once; scans from 0)."""
         if self._first_stored is None:
-            n = max(1, -(-self.shape[0] // self._codec.chunk_shape[0]))
+            n = max(1, -(-self.shape[0] // self.codec.chunk_shape[0]))
             first = n
             for k in range(n):
-                if self._codec.shard is not None:
+                if self.codec.shard is not None:
                     self.load_shard_indices(self.shards_of([k]))
                 asks = [self.request(u)[:2] for u in self.units(k)]
                 if any(
@@ -164,12 +154,8 @@ class Chunks:
 
     def prefetch(self, row_chunks: list[int]) -> None:
         """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`)."""
-        units = [
-            u
-            for k in row_chunks
-            for u in self.units(k)
-            if u not in self._ahead and self._cached(u) is None
-        ]
+        units = [u for k in row_chunks for u in self.units(k) if u not in self._ahead]
+        units = [u for u in units if self._cached(u) is None]
         with self._lock:
             units = [u for u in units if u not in self._inflight]
             if not units or self._ahead_bytes >= AHEAD_BYTES:
@@ -185,7 +171,7 @@ class Chunks:
 
     def _prefetch(self, units) -> None:
         try:
-            if self._codec.shard is not None:
+            if self.codec.shard is not None:
                 self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
             got = self._get_units([(u, self.request(u)) for u in units])
         except Exception:  # the read fetches again (and reports)
@@ -206,7 +192,7 @@ class Chunks:
 
     def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
         """Reads sorted, disjoint, non-empty ranges, concatenated, into `dest`."""
-        chunk, src, dst, n = pieces(starts, stops, int(self._codec.chunk_shape[0]))
+        chunk, src, dst, n = pieces(starts, stops, int(self.codec.chunk_shape[0]))
         uniq, lo = np.unique(chunk, return_index=True)
         hi, uniq = np.append(lo[1:], chunk.size).tolist(), uniq.tolist()
         lo, src, dst, n = lo.tolist(), src.tolist(), dst.tolist(), n.tolist()
@@ -214,7 +200,7 @@ class Chunks:
         raw = None
         if self.keys.remote:  # read-ahead of these chunks (indices included) first
             self.wait_prefetch(uniq)
-        if self._codec.shard is not None:
+        if self.codec.shard is not None:
             self.load_shard_indices(self.shards_of(uniq))
         if self.keys.remote:  # every chunk's bytes at once: read ahead, or GET
             with self._lock:
@@ -222,22 +208,19 @@ class Chunks:
                 self._ahead_bytes -= sum(len(data or b"") for data in raw.values())
             todo = [u for u in units if u not in raw and self._cached(u) is None]
             raw.update(self._get_units([(u, self.request(u)) for u in todo]))
-        cc = self._codec.chunk_shape[1] if self._cols is not None else 0
+        cc = self.codec.chunk_shape[1] if self._cols is not None else 0
 
         def task(a: int, b: int) -> None:
             for x in range(a, b):
                 for unit in self.units(uniq[x]):
-                    chunk = self.chunk(unit, raw)
-                    if cc:
+                    chunk, into, cut = self.chunk(unit, raw), ..., ...
+                    if cc:  # a 2-D chunk: its columns
                         c0 = unit[1] * cc
                         width = min(cc, self.shape[1] - c0)
-                        for p in range(lo[x], hi[x]):
-                            s, d, m = src[p], dst[p], n[p]
-                            dest[d : d + m, c0 : c0 + width] = chunk[s : s + m, :width]
-                    else:
-                        for p in range(lo[x], hi[x]):
-                            s, d, m = src[p], dst[p], n[p]
-                            dest[d : d + m] = chunk[s : s + m]
+                        into, cut = slice(c0, c0 + width), slice(0, width)
+                    for p in range(lo[x], hi[x]):
+                        s, d, m = src[p], dst[p], n[p]
+                        dest[d : d + m, into] = chunk[s : s + m, cut]
 
         for a, b in run_parts(pool, len(uniq), task, pending):
             task(a, b)
@@ -259,7 +242,7 @@ class Chunks:
                 self.fill_missing == "leading" and unit[0] < self.first_stored()
             ):
                 self.filled[unit[0]] = key
-                return np.full(self._codec.chunk_shape, self._fill, self.dtype)
+                return np.full(self.codec.chunk_shape, self._fill, self.dtype)
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} {where} is missing: key {key!r} was "
                 f"never written{_WHY_MISSING.get(a, '')}"
@@ -277,11 +260,11 @@ class Chunks:
                     f"the shard index places it at bytes [{a}, {b}) but the "
                     f"shard ends {b - a - len(data)} bytes early (truncated)"
                 )
-            chunk = self._codec.decode(data)
+            chunk = self.codec.decode(data)
         except ChunkDecodeError as e:
             raise errors.CorruptChunkError(
                 f"{self.path}: {self.name} {where}, key {key!r} "
-                f"({self._codec.describe()}) is corrupt: {e}. It holds rows "
+                f"({self.codec.describe()}) is corrupt: {e}. It holds rows "
                 f"[{rows[0]}, {rows[1]}) of {self.name}; the store is damaged: "
                 "rewrite or re-copy it.",
                 path=self.path,
