@@ -17,10 +17,9 @@ from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
-from grain_cells.zarr._keys import KeyReader
+from grain_cells.zarr._keys import KeyReader, thread_pool
 
 AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
-_ahead_threads = fork.ProcessCache()  # one read-ahead thread per process
 _WHY_MISSING = {-1: " (its shard's index marks it empty)"}
 _WHY_MISSING[-2] = " (the shard holding it is missing)"
 
@@ -96,13 +95,10 @@ class Chunks:
                     index = layout.parse_index(raw)
                 except ChunkDecodeError as e:
                     rows = self.rows(s[0], layout.shard_shape[0])
-                    raise errors.CorruptChunkError(
-                        f"{self.path}: {self.name} shard {key!r} has a corrupt "
-                        f"index: {e}. It holds rows {rows} of "
-                        f"{self.name}; the store is damaged: rewrite it.",
-                        path=self.path,
-                        dataset=self.name,
-                        rows=rows,
+                    raise self.corrupt(
+                        f"shard {key!r} has a corrupt index: {e}. It holds rows "
+                        f"{rows} of {self.name}; the store is damaged: rewrite it.",
+                        rows,
                     ) from None
             with self._lock:
                 self._shard_index[s] = index
@@ -160,12 +156,8 @@ class Chunks:
             units = [u for u in units if u not in self._inflight]
             if not units or self._ahead_bytes >= AHEAD_BYTES:
                 return
-            future = _ahead_threads.get_or_make(
-                "pool",
-                lambda: concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="grain_cells-zarr-ahead"
-                ),
-            ).submit(self._prefetch, units)
+            pool = thread_pool("grain_cells-zarr-ahead", 1)  # one per process
+            future = pool.submit(self._prefetch, units)
             for u in units:
                 self._inflight[u] = future
 
@@ -243,16 +235,13 @@ class Chunks:
             ):
                 self.filled[unit[0]] = key
                 return np.full(self.codec.chunk_shape, self._fill, self.dtype)
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where} is missing: key {key!r} was "
-                f"never written{_WHY_MISSING.get(a, '')}"
-                f". It holds rows [{rows[0]}, {rows[1]}) of {self.name}; zarr would "
-                "read it as the fill value. The store is incomplete (an interrupted "
-                "write or copy): rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                rows=rows,
-                chunk_key=key,
+            raise self.corrupt(
+                f"{where} is missing: key {key!r} was never written"
+                f"{_WHY_MISSING.get(a, '')}. It holds rows [{rows[0]}, {rows[1]}) of "
+                f"{self.name}; zarr would read it as the fill value. The store is "
+                "incomplete (an interrupted write or copy): rewrite or re-copy it.",
+                rows,
+                key,
             )
         try:
             if a is not None and len(data) != b - a:
@@ -262,20 +251,28 @@ class Chunks:
                 )
             chunk = self.codec.decode(data)
         except ChunkDecodeError as e:
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where}, key {key!r} "
-                f"({self.codec.describe()}) is corrupt: {e}. It holds rows "
-                f"[{rows[0]}, {rows[1]}) of {self.name}; the store is damaged: "
-                "rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                byte_offset=off,
-                rows=rows,
-                chunk_key=key,
+            raise self.corrupt(
+                f"{where}, key {key!r} ({self.codec.describe()}) is corrupt: {e}. It "
+                f"holds rows [{rows[0]}, {rows[1]}) of {self.name}; the store is "
+                "damaged: rewrite or re-copy it.",
+                rows,
+                key,
+                off,
             ) from None
         if self._cache_bytes:
             self._cache.put(0, unit, chunk, self._cache_bytes)
         return chunk
+
+    def corrupt(self, what: str, rows, key=None, offset=None):
+        """`CorruptChunkError`: "<path>: <array> " + `what`, its fields set."""
+        return errors.CorruptChunkError(
+            f"{self.path}: {self.name} {what}",
+            path=self.path,
+            dataset=self.name,
+            byte_offset=offset,
+            rows=rows,
+            chunk_key=key,
+        )
 
     def _cached(self, unit) -> np.ndarray | None:
         return self._cache.get(0, unit) if self._cache_bytes else None

@@ -27,7 +27,13 @@ from grain_cells.storage.remote import (
 )
 
 FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
-_fetch_threads = fork.ProcessCache()
+_pools = fork.ProcessCache()
+
+
+def thread_pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool `name` of `threads` threads (made on first use)."""
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pools.get_or_make(name, lambda: make(threads, thread_name_prefix=name))
 
 
 def key_reader(store) -> KeyReader | None:
@@ -155,12 +161,7 @@ class ObjectKeys(KeyReader):
         if len(groups) == 1:
             fetch(*groups[0])
             return results
-        pool = _fetch_threads.get_or_make(
-            "pool",
-            lambda: concurrent.futures.ThreadPoolExecutor(
-                FETCH_THREADS, thread_name_prefix="grain_cells-zarr-get"
-            ),
-        )
+        pool = thread_pool("grain_cells-zarr-get", FETCH_THREADS)
         wait_all([pool.submit(fetch, key, which) for key, which in groups])
         return results
 

@@ -331,16 +331,12 @@ class RawReads:
 
     def _corrupt(self, k, key, offset, found: str):
         rows = self._chunks.rows(k)
-        held = f" It holds rows [{rows[0]}, {rows[1]})."
-        raise errors.CorruptChunkError(
-            f"{self._chunks.path}: {self._chunks.name} chunk key {key!r} "
-            f"(uncompressed) is corrupt: {found}, an uncompressed chunk of "
-            f"{self._codec.chunk_items} x {self._item}-byte values is "
-            f"{self._chunk_bytes}.{held} The store is damaged (truncated or "
-            "rewritten during a copy): rewrite or re-copy it.",
-            path=self._chunks.path,
-            dataset=self._chunks.name,
-            byte_offset=offset,
-            rows=rows,
-            chunk_key=key,
+        raise self._chunks.corrupt(
+            f"chunk key {key!r} (uncompressed) is corrupt: {found}, an uncompressed "
+            f"chunk of {self._codec.chunk_items} x {self._item}-byte values is "
+            f"{self._chunk_bytes}. It holds rows [{rows[0]}, {rows[1]}). The store is "
+            "damaged (truncated or rewritten during a copy): rewrite or re-copy it.",
+            rows,
+            key,
+            offset,
         )
