@@ -221,10 +221,12 @@ def _key_hash(key: str) -> int:
 
 
 class KeyVersions:
-    """A listing's ETag per key, by 64-bit key hash (a collision: a read refuses)."""
+    """A LIST's ETag per key, by 64-bit key hash (a collision: a read refuses)."""
 
-    def __init__(self, listing):  # (key, etag) pairs; an etag "" is unknown
-        pairs = sorted((_key_hash(k), (e or "").encode()) for k, e in listing)
+    def __init__(self, metas):  # obstore's `ObjectMeta`s, paths relative to the store
+        pairs = sorted(
+            (_key_hash(m["path"]), (m.get("e_tag") or "").encode()) for m in metas
+        )
         self._hashes = np.fromiter((h for h, _ in pairs), np.uint64, len(pairs))
         width = max((len(e) for _, e in pairs), default=1) or 1
         self._etags = np.array([e for _, e in pairs], dtype=f"S{width}")
@@ -240,11 +242,6 @@ class KeyVersions:
         if i == self._hashes.size or self._hashes[i] != h:
             return None
         return self._etags[i].decode()
-
-    @classmethod
-    def of_metas(cls, metas) -> KeyVersions:
-        """From obstore's `ObjectMeta`s of a LIST (paths relative to the store)."""
-        return cls((m["path"], m.get("e_tag") or "") for m in metas)
 
 
 # `store_digest`'s listings by (thread, store), for that thread's `zarr_store`.

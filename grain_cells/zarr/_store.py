@@ -137,8 +137,7 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
 
 def store_digest(path: str, storage_options: dict | None = None) -> str:
     """A digest that changes when the store's arrays or metadata change."""
-    # Keys, sizes, mtimes (ns) or ETags, metadata documents' content; a
-    # `.zarr.zip`: its size and mtime; plain HTTP: the root's documents.
+    # Keys, sizes, mtimes or ETags, metadata contents; a zip: size and mtime.
     p = local_path(os.fspath(path))
     h = hashlib.sha256()
     if is_url(p):
@@ -175,9 +174,7 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     except Exception:
         if not url.lower().startswith(("http://", "https://")):
             raise
-        # A plain HTTP server lists nothing: the metadata documents at the
-        # root (consolidated ones name every array) are what can be covered.
-        metas = []
+        metas = []  # plain HTTP lists nothing: the root's documents are covered
         for key in METADATA_KEYS:
             try:
                 meta = obstore.head(store, key)
@@ -186,15 +183,12 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
             count_request("head")
             metas.append({**meta, "path": key})
     else:
-        # This listing's ETags are what the next open of the store in this
-        # thread reads with (`zarr_store`): digest and reads agree.
-        _keys.remember(store, _keys.KeyVersions.of_metas(metas))
+        # The next open of the store in this thread (`zarr_store`) reads with these.
+        _keys.remember(store, _keys.KeyVersions(metas))
     metas.sort(key=lambda m: m["path"])
     for m in metas:
         h.update(f"{m['path']}\0{m['size']}\0{m.get('e_tag') or ''}\n".encode())
-    # An ETag changes with every PUT on S3, GCS and Azure; HTTP servers may
-    # send none for some objects: then a metadata document's content counts.
-    for m in metas:
+    for m in metas:  # a metadata document without ETag (HTTP): its content
         if not m.get("e_tag") and m["path"].rpartition("/")[2] in METADATA_KEYS:
             count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
