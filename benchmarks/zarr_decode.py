@@ -136,9 +136,7 @@ def decode_ceiling(path: str, threads: int) -> dict:
             reader.pin()
         for u in units:
             key, a, b, _ = chunks.request(u)
-            raw = (
-                chunks.keys.get(key) if a is None else chunks.keys.get_range(key, a, b)
-            )
+            raw = chunks.keys.get(key, a, b)
             jobs.append((chunks.codec, raw))
     t0, c0 = time.perf_counter(), bench_util.cpu_seconds()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

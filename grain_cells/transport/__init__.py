@@ -4,23 +4,19 @@ Module notes: docs/reference/design.md#transport-ring and the sections after it.
 """
 
 from grain_cells._util.absl_flags import allow_unparsed as allow_unparsed_flags
-from grain_cells.transport._children import WorkerWatch, death_error
-from grain_cells.transport._main_guard import (
+from grain_cells.transport._processes import (
+    WorkerWatch,
     check_main_guard,
+    death_error,
+    fetch_starting,
+    in_child_process,
+    in_worker,
     main_guard_error,
     main_thread_site,
-)
-from grain_cells.transport._ring import release_dead_rings
-from grain_cells.transport._shm_names import remove_stale
-from grain_cells.transport._slot_writer import (
-    fetch_starting,
-    in_worker,
-    ring_for,
-    send,
-    send_all,
     worker_init,
 )
-from grain_cells.transport._worker import in_child_process
+from grain_cells.transport._ring import release_dead_rings, ring_for, send, send_all
+from grain_cells.transport._shm import remove_stale
 
 __all__ = [
     "WorkerWatch",

@@ -1,7 +1,7 @@
-"""A worker's shared-memory slot ring, and the handles minibatches travel as.
+"""A worker's slot ring, the handles minibatches travel as, and `SlotWriter`.
 
-`SlotWriter` (`_slot_writer`) formats a minibatch straight into a slot.
-Design notes: docs/reference/design.md#transport-ring.
+Design notes: docs/reference/design.md#transport-ring, #transport-slot-writer,
+#transport-send.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from grain_cells.transport import _segments, _shm_names, _views, _worker
+from grain_cells.transport import _processes, _shm, _views
 
 _WAIT_S = 2.0
 # Trainer side: ring name -> its view (`_views`), the same dict.
@@ -30,15 +30,13 @@ class SlotRing:
     """A worker's reusable shared-memory slots (one ring per worker)."""
 
     def __init__(self, max_slots: int = 8, leases: int = 0):
-        _shm_names.remove_stale()
+        _shm.remove_stale()
         self._max_slots = min(max_slots, _views.MAX_SLOTS)  # grown by reserve()
         self._leases = min(leases, self._max_slots)
-        self._prefix = _shm_names.new_prefix()
+        self._prefix = _shm.new_prefix()
         self.name = self._prefix + "_ring"
         self._names: list[str] = []
-        # Names are created under this lock and `close` takes it too: the
-        # exit-with-parent thread closes the ring while the worker's thread
-        # may be making a segment, which must not appear after the unlinks.
+        # `close` (the exit-with-parent thread) and name creation: one at a time.
         self._names_lock = threading.Lock()
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,13 +45,13 @@ class SlotRing:
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
         self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
-        self._slots: list[tuple[str, _segments.Segment, int]] = []  # name, map, size
+        self._slots: list[tuple[str, _shm.Segment, int]] = []  # name, map, size
         self._busy: list[bool] = []
         self._serial = 0
         self._largest = 0  # bytes of the largest minibatch sent
         self._starved = False  # a wait for a slot timed out; none handed back since
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
-        _worker.on_orphaned(self.close)
+        _processes.on_orphaned(self.close)
 
     def reserve(self, n: int, leases: int = 0) -> None:
         """Lets the ring grow to `n` slots in flight plus `leases` lent (capped)."""
@@ -67,20 +65,20 @@ class SlotRing:
             self._closed = True
             names, self._names = self._names, []
             for name in names:
-                _shm_names.unlink(name)
+                _shm.unlink(name)
             peers, self._peers = self._peers, []
             for sock in [self._listener, *peers]:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-    def _create_named(self, size: int) -> tuple[str, _segments.Segment]:
+    def _create_named(self, size: int) -> tuple[str, _shm.Segment]:
         with self._names_lock:
             if self._closed:
                 raise RuntimeError(f"{self.name}: closed (the worker is exiting)")
             self._serial += 1
             name = f"{self._prefix}_{self._serial}"
             self._names.append(name)
-            return name, _segments.create(name, size)
+            return name, _shm.create(name, size)
 
     def _collect(self, timeout: float) -> None:
         """Marks the slots handed back free, waiting up to `timeout` for one."""
@@ -143,11 +141,9 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def put(
-        self, arrays: Mapping[str, np.ndarray], wait=True, avoid=None
-    ) -> SlotHandle:
+    def put(self, arrays: Mapping, wait=True, avoid=None) -> SlotHandle:
         """`arrays` written in a free slot (not `avoid`), else a one-off segment."""
-        layout, nbytes = _segments.layout(arrays)
+        layout, nbytes = _shm.layout(arrays)
         self._largest = max(self._largest, nbytes)
         if avoid is not None:
             self._busy[avoid] = True
@@ -159,13 +155,13 @@ class SlotRing:
                 self._busy[avoid] = False
         if slot is None:  # every slot busy: a one-off segment
             name, mm = self._create_named(nbytes)
-            _segments.write(mm, layout, arrays)
+            _shm.write(mm, layout, arrays)
             del mm  # unmapped (no descriptor was kept)
             return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
-        _segments.write(self._slots[slot][1], layout, arrays)
+        _shm.write(self._slots[slot][1], layout, arrays)
         return self.send_slot(slot, layout, nbytes)
 
-    def slot_to_write(self) -> tuple[int | None, _segments.Segment | None, bool]:
+    def slot_to_write(self) -> tuple[int | None, _shm.Segment | None, bool]:
         """`(slot, mapping, wait)` for `SlotWriter` (no slot: `(None, None, wait)`)."""
         if not self._largest:
             return None, None, True
@@ -221,21 +217,16 @@ class ExpiredBatch(dict):
 def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
     """A minibatch out of shared memory: leased, or copied and handed back."""
     try:
-        return _receive_or_raise(ring, slot, segment, size, layout, pid, leases)
+        if ring is None:
+            mm = _shm.open_segment(segment, size)
+            _shm.unlink(segment)
+            return _shm.read(mm, layout)  # unmapped when `mm` goes
+        if _local_ring is not None and ring == _local_ring.name:
+            _local_ring._busy[slot] = False  # Grain drains a worker's own queue
+            return {}
+        return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
     except FileNotFoundError:
         return ExpiredBatch()
-
-
-def _receive_or_raise(ring, slot, segment, size, layout, pid, leases):
-    if ring is None:
-        mm = _segments.open_segment(segment, size)
-        _shm_names.unlink(segment)
-        return _segments.read(mm, layout)  # unmapped when `mm` goes
-    if _local_ring is not None and ring == _local_ring.name:
-        # Unpickled by the worker itself (Grain drains its own queue on stop).
-        _local_ring._busy[slot] = False
-        return {}
-    return _views.view_of(ring, pid).open(slot, segment, size, layout, leases)
 
 
 _local_ring: SlotRing | None = None
@@ -248,3 +239,80 @@ def worker_ring(min_slots: int, leases: int = 0) -> SlotRing:
         _local_ring = SlotRing()
     _local_ring.reserve(min_slots, leases)
     return _local_ring
+
+
+# A fetch's minibatches are formatted as `format(i, empty) -> dict`.
+Formatter = Callable[[int, Callable[..., np.ndarray]], dict]
+
+
+def ring_for(minibatches_per_fetch: int) -> SlotRing:
+    """This worker's ring: about four fetches in flight, three fetches and 8 leases."""
+    n = int(minibatches_per_fetch)
+    return worker_ring(max(4 * n + 8, 2 * n + 24), leases=3 * n + 8)
+
+
+def send(format_minibatch: Formatter, i: int, ring: SlotRing) -> SlotHandle:
+    """Minibatch `i` formatted straight into a slot of `ring`; its handle."""
+    writer = SlotWriter(ring)
+    return writer.send(format_minibatch(i, writer.empty))
+
+
+def send_all(format_minibatch: Formatter, count: int) -> list[SlotHandle]:
+    """A fetch's `count` minibatches, each written into a slot as formatted."""
+    ring = ring_for(count)
+    return [send(format_minibatch, i, ring) for i in range(count)]
+
+
+class SlotWriter:
+    """One minibatch formatted in a free slot of `ring` if one fits (no copy after).
+
+    `empty` hands out arrays inside the slot (private memory once it is full);
+    `send` copies in only the others. Arrays must not be used after `send`.
+    """
+
+    def __init__(self, ring: SlotRing):
+        self._ring = ring
+        self._slot, segment, self._wait = ring.slot_to_write()
+        self._used = self._size = self._base = 0
+        if self._slot is not None:
+            self._buf = np.frombuffer(segment, np.uint8)
+            self._size = self._buf.size
+            self._base = self._buf.__array_interface__["data"][0]
+
+    def _take(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` more bytes of the slot, if they fit."""
+        offset = -(-self._used // _shm.ALIGN) * _shm.ALIGN
+        if self._slot is None or offset + nbytes > self._size:
+            return None
+        self._used = offset + nbytes
+        return offset
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        """An uninitialised array inside the slot (private when full)."""
+        dtype = np.dtype(dtype)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        offset = None if dtype.hasobject else self._take(nbytes)
+        if offset is None:
+            return np.empty(shape, dtype)
+        return self._buf[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def send(self, arrays: Mapping[str, np.ndarray]) -> SlotHandle:
+        """The handle of the minibatch `arrays` (written in the slot if not yet)."""
+        layout = []
+        for key, arr in arrays.items():
+            arr = np.asarray(arr)
+            offset = None
+            if self._slot is not None and arr.flags.c_contiguous:  # in the slot?
+                offset = arr.__array_interface__["data"][0] - self._base
+                if offset < 0 or offset + arr.nbytes > self._used:
+                    offset = None
+            if offset is None:
+                offset = self._take(arr.nbytes)
+                if offset is None:  # full: everything into a slot that fits
+                    return self._ring.put(arrays, wait=self._wait, avoid=self._slot)
+                if arr.nbytes:
+                    dst = self._buf[offset : offset + arr.nbytes].view(arr.dtype)
+                    dst[:] = arr.reshape(-1)
+            layout.append((key, offset, arr.dtype.str, arr.shape))
+        return self._ring.send_slot(self._slot, layout, self._used)

@@ -21,21 +21,17 @@ from functools import partial
 import numpy as np
 
 from grain_cells._util import fork
-from grain_cells.transport import _segments, _shm_names
+from grain_cells.transport import _shm
 
 _log = logging.getLogger(__name__)
-# Ring name -> _RingView. Rings of dead workers are pruned.
-RINGS: dict[str, _RingView] = {}
+RINGS: dict[str, _RingView] = {}  # ring name -> view; dead workers' are pruned
 _RINGS_LOCK = threading.Lock()  # Grain may unpickle in several threads
 _PRUNE_EVERY = 256
 _opened = 0
 _at_exit = None
-# A send to a worker that has exited must raise, not raise SIGPIPE.
-_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
-# Slots a ring may hold: numbers travel as two-byte unsigned integers.
-MAX_SLOTS = 65535
-# Most slots of ended leases held back to go in one send.
-_GROUP = 16
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a dead worker: raise, no SIGPIPE
+MAX_SLOTS = 65535  # slot numbers travel as two-byte unsigned integers
+_GROUP = 16  # most slots of ended leases held back to go in one send
 
 
 def address(ring: str) -> str:
@@ -68,17 +64,13 @@ class _RingView:
         self.pid = pid  # the worker's
         self.trainer = os.getpid()  # a forked child must hand nothing back
         self.prefix = ring[: -len("_ring")]
-        self.sock: socket.socket | None = socket.socket(
-            socket.AF_UNIX, socket.SOCK_STREAM
-        )
+        self.sock: socket.socket | None = socket.socket(socket.AF_UNIX)
         try:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
             self.close()
-        self.slots: dict[int, tuple[str, _segments.Segment]] = {}
-        # Slots whose arrays the user may hold, and the weak reference that
-        # hands each back when they die.
-        self.leased: dict[int, object] = {}
+        self.slots: dict[int, tuple[str, _shm.Segment]] = {}
+        self.leased: dict[int, object] = {}  # slot -> weakref handing it back
         self.pending: collections.deque[int] = collections.deque()  # to hand back
         self.group = 1  # ended leases sent together (a quarter of the budget)
         self.unsent = b""  # the tail of a send the socket took only part of
@@ -89,8 +81,8 @@ class _RingView:
         """A minibatch's arrays: leased within the budget, else copied out."""
         held = self.slots.get(slot)
         if held is None or held[0] != segment:
-            held = self.slots[slot] = (segment, _segments.open_segment(segment, size))
-            _shm_names.unlink(segment)
+            held = self.slots[slot] = (segment, _shm.open_segment(segment, size))
+            _shm.unlink(segment)
         mm = held[1]
         self.group = max(1, min(_GROUP, leases // 4))
         if self.unsent or len(self.pending) >= self.group:
@@ -99,7 +91,7 @@ class _RingView:
         if len(self.leased) + len(self.pending) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
             return out
-        out = _segments.read(mm, layout)
+        out = _shm.read(mm, layout)
         self.hand_back(slot)
         return out
 
@@ -118,12 +110,8 @@ class _RingView:
             return
         if slot is not None:
             self.pending.append(slot)
-        # A number is two bytes and a send may take one: a sender finishes
-        # what it began before anything else goes. Another sender (another
-        # thread, or a finalizer run inside this call) leaves its slot
-        # pending and raises `wanted`; the sender, once it lets go, sends
-        # again for it (else a slot that ended just as a send finished would
-        # wait for the next minibatch).
+        # One sender at a time finishes what it began (a send may split a number);
+        # another leaves its slot pending and raises `wanted`: the sender resends.
         while True:
             self.wanted = True
             if not self.sending.acquire(blocking=False):
@@ -161,9 +149,9 @@ class _RingView:
                 return
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
 
     def release(self) -> None:  # leases keep their own mappings
         self.close()
@@ -179,9 +167,9 @@ def release_dead_rings() -> None:
     hung_up = _hung_up([view.sock for _, view in views])
     for name, view in views:
         gone = view.sock is None or view.sock in hung_up
-        if (gone or not _shm_names.alive(view.pid)) and RINGS.pop(name, None) is view:
+        if (gone or not _shm.alive(view.pid)) and RINGS.pop(name, None) is view:
             view.release()
-            _shm_names.unlink_prefix(view.prefix)
+            _shm.unlink_prefix(view.prefix)
 
 
 def _hung_up(socks) -> set:
@@ -209,17 +197,12 @@ def _close_views() -> None:
         view.close()
 
 
-# id -> weak reference to the array a lease's views are cut from, while any
-# view lives (NumPy arrays are not hashable: no WeakSet).
+# id -> weakref to the array a lease's views are cut from (arrays: no WeakSet).
 _LEASED: dict[int, weakref.ref] = {}
 
 
 def lease(mm, places, on_release) -> tuple[dict, object]:
-    """The arrays at `places` of `mm` as views, and the weak reference to keep.
-
-    `on_release()` runs once, in whichever thread drops the last array, while
-    the caller keeps the returned reference alive.
-    """
+    """Views of `mm` at `places`; keep the weakref: it calls `on_release()` once."""
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, lambda ref: _LEASED.pop(id(ref), None))
     _LEASED[id(held)] = held
@@ -227,11 +210,8 @@ def lease(mm, places, on_release) -> tuple[dict, object]:
     return out, weakref.ref(raw, lambda _: on_release())
 
 
-# The parent waits, right after a fork, until the child has made its leases
-# private: until then the parent must not hand a slot back (the worker would
-# rewrite it under the child's copy). A pipe made just before the fork: the
-# child writes one byte once done; an exec closes its end (os.pipe is
-# close-on-exec), a dead child's end closes at its exit: no wait for ever.
+# After a fork the parent waits (on a pipe the child writes, closes on exec or
+# exit) until the child has made its leases private before handing slots back.
 _fork_pipe: tuple[int, int] | None = None
 _FORK_WAIT_S = 30.0
 
@@ -268,7 +248,7 @@ def _privatise_leases() -> None:
         for held in list(_LEASED.values()):
             if (raw := held()) is not None:
                 try:
-                    _segments.privatise(raw.ctypes.data, raw.nbytes)
+                    _shm.privatise(raw.ctypes.data, raw.nbytes)
                 except OSError:
                     _log.exception("grain_cells: a forked child shares a leased slot")
     finally:

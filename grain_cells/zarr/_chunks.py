@@ -17,16 +17,11 @@ from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
-from grain_cells.zarr._keys import KeyReader
+from grain_cells.zarr._keys import KeyReader, thread_pool
 
-# Stored bytes fetched ahead of reads, per array, at most.
-AHEAD_BYTES = 256 << 20
-# One thread per process runs read-ahead jobs (each sends its GETs at once).
-_ahead_threads = fork.ProcessCache()
-_WHY_MISSING = {
-    -1: " (its shard's index marks it empty)",
-    -2: " (the shard holding it is missing)",
-}
+AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
+_WHY_MISSING = {-1: " (its shard's index marks it empty)"}
+_WHY_MISSING[-2] = " (the shard holding it is missing)"
 
 
 def pieces(starts, stops, c: int):
@@ -37,17 +32,14 @@ def pieces(starts, stops, c: int):
 
 
 class Chunks:
-    """Locates, fetches, decodes and caches one array's chunks. Thread-safe.
-
-    `fill_missing` as `RangeReader`'s (True or `"leading"`, normalised).
-    """
+    """Locates, fetches, decodes and caches one array's chunks. Thread-safe."""
 
     def __init__(self, array, path, codec, keys, cache_bytes=0, fill_missing=False):
         self.path, self.name = path, "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
         self.fill_missing = fill_missing
-        self._codec: Codec = codec
+        self.codec: Codec = codec
         self.keys: KeyReader = keys
         self._first_stored: int | None = None
         self.filled: dict[int, str] = {}  # row chunks read as the fill value: keys
@@ -60,9 +52,7 @@ class Chunks:
             self._cols = range(max(1, -(-self.shape[1] // codec.chunk_shape[1])))
         self._cache_bytes = int(cache_bytes)
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
-        self._forget_ahead()
-        # A forked child gets fresh locks (a parent's thread may hold one at
-        # the fork) and none of the parent's read-ahead.
+        self._forget_ahead()  # and in a forked child: fresh locks, no read-ahead
         fork.in_child_of(self, Chunks._forget_ahead)
 
     def _forget_ahead(self) -> None:
@@ -70,10 +60,6 @@ class Chunks:
         self._ahead: dict[tuple[int, ...], bytes | None] = {}
         self._ahead_bytes = 0
         self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
-
-    @property
-    def codec(self) -> Codec:
-        return self._codec
 
     def units(self, k: int) -> list[tuple[int, ...]]:
         return [(k,)] if self._cols is None else [(k, j) for j in self._cols]
@@ -84,7 +70,7 @@ class Chunks:
 
     def shard_of(self, unit) -> tuple[tuple[int, ...], int]:
         """`(shard coords, the unit's position in the shard's index)`."""
-        per = self._codec.shard.per_shard
+        per = self.codec.shard.per_shard
         if len(unit) == 1:
             return (unit[0] // per[0],), unit[0] % per[0]
         k, j = unit
@@ -94,7 +80,7 @@ class Chunks:
         return sorted({self.shard_of(u)[0] for k in row_chunks for u in self.units(k)})
 
     def load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
-        layout = self._codec.shard
+        layout = self.codec.shard
         todo = [s for s in shards if s not in self._shard_index]
         if not todo:
             return
@@ -109,32 +95,22 @@ class Chunks:
                     index = layout.parse_index(raw)
                 except ChunkDecodeError as e:
                     rows = self.rows(s[0], layout.shard_shape[0])
-                    raise errors.CorruptChunkError(
-                        f"{self.path}: {self.name} shard {key!r} has a corrupt "
-                        f"index: {e}. It holds rows {rows} of "
-                        f"{self.name}; the store is damaged: rewrite it.",
-                        path=self.path,
-                        dataset=self.name,
-                        rows=rows,
+                    raise self.corrupt(
+                        f"shard {key!r} has a corrupt index: {e}. It holds rows "
+                        f"{rows} of {self.name}; the store is damaged: rewrite it.",
+                        rows,
                     ) from None
             with self._lock:
                 self._shard_index[s] = index
 
-    def shard_index(self, s: tuple[int, ...]) -> np.ndarray | None:
-        """A loaded shard's index (`load_shard_indices`); None: no such shard."""
-        return self._shard_index.get(s)
-
     def rows(self, k: int, per: int | None = None) -> tuple[int, int]:
         """`[first, stop)` rows of row chunk (or shard, `per` rows each) `k`."""
-        per = self._codec.chunk_shape[0] if per is None else per
+        per = self.codec.chunk_shape[0] if per is None else per
         return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
-        """`(key, start, stop, offset in the shard)` of a unit's stored bytes.
-
-        `start` None: the whole key; -1: the shard's index marks it empty; -2: no shard.
-        """
-        if self._codec.shard is None:
+        """`(key, start, stop, offset)`; start None: all, -1: empty, -2: no shard."""
+        if self.codec.shard is None:
             return self.key(unit), None, None, None
         s, i = self.shard_of(unit)
         key = self.key(s)
@@ -149,10 +125,10 @@ class Chunks:
     def first_stored(self) -> int:
         """The first row chunk with a stored chunk (once; scans from 0)."""
         if self._first_stored is None:
-            n = max(1, -(-self.shape[0] // self._codec.chunk_shape[0]))
+            n = max(1, -(-self.shape[0] // self.codec.chunk_shape[0]))
             first = n
             for k in range(n):
-                if self._codec.shard is not None:
+                if self.codec.shard is not None:
                     self.load_shard_indices(self.shards_of([k]))
                 asks = [self.request(u)[:2] for u in self.units(k)]
                 if any(
@@ -173,35 +149,24 @@ class Chunks:
         }
 
     def prefetch(self, row_chunks: list[int]) -> None:
-        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`).
-
-        A failed or dropped prefetch leaves the read to fetch (and report).
-        """
-        units = [
-            u
-            for k in row_chunks
-            for u in self.units(k)
-            if u not in self._ahead and self._cached(u) is None
-        ]
+        """Starts fetching these row chunks' bytes (held up to `AHEAD_BYTES`)."""
+        units = [u for k in row_chunks for u in self.units(k) if u not in self._ahead]
+        units = [u for u in units if self._cached(u) is None]
         with self._lock:
             units = [u for u in units if u not in self._inflight]
             if not units or self._ahead_bytes >= AHEAD_BYTES:
                 return
-            future = _ahead_threads.get_or_make(
-                "pool",
-                lambda: concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="grain_cells-zarr-ahead"
-                ),
-            ).submit(self._prefetch, units)
+            pool = thread_pool("grain_cells-zarr-ahead", 1)  # one per process
+            future = pool.submit(self._prefetch, units)
             for u in units:
                 self._inflight[u] = future
 
     def _prefetch(self, units) -> None:
         try:
-            if self._codec.shard is not None:
+            if self.codec.shard is not None:
                 self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
             got = self._get_units([(u, self.request(u)) for u in units])
-        except Exception:  # the read fetches again and reports
+        except Exception:  # the read fetches again (and reports)
             got = {}
         with self._lock:
             for u in units:
@@ -219,7 +184,7 @@ class Chunks:
 
     def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
         """Reads sorted, disjoint, non-empty ranges, concatenated, into `dest`."""
-        chunk, src, dst, n = pieces(starts, stops, int(self._codec.chunk_shape[0]))
+        chunk, src, dst, n = pieces(starts, stops, int(self.codec.chunk_shape[0]))
         uniq, lo = np.unique(chunk, return_index=True)
         hi, uniq = np.append(lo[1:], chunk.size).tolist(), uniq.tolist()
         lo, src, dst, n = lo.tolist(), src.tolist(), dst.tolist(), n.tolist()
@@ -227,7 +192,7 @@ class Chunks:
         raw = None
         if self.keys.remote:  # read-ahead of these chunks (indices included) first
             self.wait_prefetch(uniq)
-        if self._codec.shard is not None:
+        if self.codec.shard is not None:
             self.load_shard_indices(self.shards_of(uniq))
         if self.keys.remote:  # every chunk's bytes at once: read ahead, or GET
             with self._lock:
@@ -235,22 +200,19 @@ class Chunks:
                 self._ahead_bytes -= sum(len(data or b"") for data in raw.values())
             todo = [u for u in units if u not in raw and self._cached(u) is None]
             raw.update(self._get_units([(u, self.request(u)) for u in todo]))
-        cc = self._codec.chunk_shape[1] if self._cols is not None else 0
+        cc = self.codec.chunk_shape[1] if self._cols is not None else 0
 
         def task(a: int, b: int) -> None:
             for x in range(a, b):
                 for unit in self.units(uniq[x]):
-                    chunk = self.chunk(unit, raw)
-                    if cc:
+                    chunk, into, cut = self.chunk(unit, raw), ..., ...
+                    if cc:  # a 2-D chunk: its columns
                         c0 = unit[1] * cc
                         width = min(cc, self.shape[1] - c0)
-                        for p in range(lo[x], hi[x]):
-                            s, d, m = src[p], dst[p], n[p]
-                            dest[d : d + m, c0 : c0 + width] = chunk[s : s + m, :width]
-                    else:
-                        for p in range(lo[x], hi[x]):
-                            s, d, m = src[p], dst[p], n[p]
-                            dest[d : d + m] = chunk[s : s + m]
+                        into, cut = slice(c0, c0 + width), slice(0, width)
+                    for p in range(lo[x], hi[x]):
+                        s, d, m = src[p], dst[p], n[p]
+                        dest[d : d + m, into] = chunk[s : s + m, cut]
 
         for a, b in run_parts(pool, len(uniq), task, pending):
             task(a, b)
@@ -272,17 +234,14 @@ class Chunks:
                 self.fill_missing == "leading" and unit[0] < self.first_stored()
             ):
                 self.filled[unit[0]] = key
-                return np.full(self._codec.chunk_shape, self._fill, self.dtype)
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where} is missing: key {key!r} was "
-                f"never written{_WHY_MISSING.get(a, '')}"
-                f". It holds rows [{rows[0]}, {rows[1]}) of {self.name}; zarr would "
-                "read it as the fill value. The store is incomplete (an interrupted "
-                "write or copy): rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                rows=rows,
-                chunk_key=key,
+                return np.full(self.codec.chunk_shape, self._fill, self.dtype)
+            raise self.corrupt(
+                f"{where} is missing: key {key!r} was never written"
+                f"{_WHY_MISSING.get(a, '')}. It holds rows [{rows[0]}, {rows[1]}) of "
+                f"{self.name}; zarr would read it as the fill value. The store is "
+                "incomplete (an interrupted write or copy): rewrite or re-copy it.",
+                rows,
+                key,
             )
         try:
             if a is not None and len(data) != b - a:
@@ -290,22 +249,30 @@ class Chunks:
                     f"the shard index places it at bytes [{a}, {b}) but the "
                     f"shard ends {b - a - len(data)} bytes early (truncated)"
                 )
-            chunk = self._codec.decode(data)
+            chunk = self.codec.decode(data)
         except ChunkDecodeError as e:
-            raise errors.CorruptChunkError(
-                f"{self.path}: {self.name} {where}, key {key!r} "
-                f"({self._codec.describe()}) is corrupt: {e}. It holds rows "
-                f"[{rows[0]}, {rows[1]}) of {self.name}; the store is damaged: "
-                "rewrite or re-copy it.",
-                path=self.path,
-                dataset=self.name,
-                byte_offset=off,
-                rows=rows,
-                chunk_key=key,
+            raise self.corrupt(
+                f"{where}, key {key!r} ({self.codec.describe()}) is corrupt: {e}. It "
+                f"holds rows [{rows[0]}, {rows[1]}) of {self.name}; the store is "
+                "damaged: rewrite or re-copy it.",
+                rows,
+                key,
+                off,
             ) from None
         if self._cache_bytes:
             self._cache.put(0, unit, chunk, self._cache_bytes)
         return chunk
+
+    def corrupt(self, what: str, rows, key=None, offset=None):
+        """`CorruptChunkError`: "<path>: <array> " + `what`, its fields set."""
+        return errors.CorruptChunkError(
+            f"{self.path}: {self.name} {what}",
+            path=self.path,
+            dataset=self.name,
+            byte_offset=offset,
+            rows=rows,
+            chunk_key=key,
+        )
 
     def _cached(self, unit) -> np.ndarray | None:
         return self._cache.get(0, unit) if self._cache_bytes else None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import zipfile
 
 import numpy as np
 
@@ -20,13 +19,6 @@ READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
 # A store's root metadata: anndata's `write_zarr` rewrites these (the group
 # and its consolidated metadata) whenever it writes a store.
 _ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
-
-
-def _root_array(path: str) -> errors.AnnDataFormatError:
-    return errors.AnnDataFormatError(
-        f"{path}: a zarr array at its root, not a group; expected an AnnData "
-        "store (a group holding obs, var and X) written by anndata's write_zarr"
-    )
 
 
 def read_error(
@@ -102,9 +94,6 @@ class StoreFile:
     def __getitem__(self, key: str):
         return self.group[key]
 
-    def get(self, key: str, default=None):
-        return self.group.get(key, default)
-
     def __contains__(self, key: str) -> bool:
         return key in self.group
 
@@ -113,6 +102,9 @@ class StoreFile:
 
     def __iter__(self):
         return iter(self.keys())
+
+    def get(self, key: str, default=None):
+        return self.group.get(key, default)
 
     @property
     def attrs(self):
@@ -146,38 +138,12 @@ class ZarrFormat(formats.Format):
 
     def open(self, path, storage_options=None, stat=None) -> StoreFile:
         """The store's root, read-only (no AnnData check); its `stat` taken anew."""
-        local = not is_url(path)
-        if local and not os.path.exists(path):
+        if not is_url(path) and not os.path.exists(path):
             raise formats.missing_path(path)
-        if (
-            local
-            and os.path.isdir(path)
-            and not any(os.path.isfile(os.path.join(path, n)) for n in _ROOT_KEYS[:2])
-        ):
-            if os.path.isfile(os.path.join(path, ".zarray")):
-                raise _root_array(path)
-            found = sorted(os.listdir(path))[:8]
-            raise errors.AnnDataFormatError(
-                f"{path}: is a directory but not a zarr store (no zarr.json or "
-                f".zgroup at its root; it holds {found}); expected an .h5ad file "
-                "or a zarr store written by anndata's write_zarr"
-            )
-        if local and os.path.isfile(path) and not zipfile.is_zipfile(path):
-            raise errors.AnnDataFormatError(
-                f"{path}: a file that is neither a zip archive (.zarr.zip) nor a "
-                "zarr store directory; expected a store written by anndata's "
-                "write_zarr (or an .h5ad file, named .h5ad)"
-            )
         stat = self.stat_path(path, storage_options)  # a store's version: its digest
-        import zarr
-
         from grain_cells.zarr import _store
 
-        try:
-            group = _store.open_group(path, storage_options)
-        except zarr.errors.ContainsArrayError as e:
-            raise _root_array(path) from e
-        return StoreFile(group, path, stat)
+        return StoreFile(_store.open_group(path, storage_options), path, stat)
 
     def stat_path(self, path, storage_options=None) -> FileStat:
         """The store's `store_digest` now (`FileNotFoundError`: no such store)."""

@@ -1,16 +1,20 @@
 """The stored bytes of a zarr store's keys: files, zip members or range GETs.
 
-Design notes: docs/reference/design.md#zarr-keys.
+In a bucket, reads are conditional on each key's version (ETag) as the process
+opened the store: a re-upload raises `SourceChangedError`, never mixes versions.
+Design notes: docs/reference/design.md#zarr-keys, #zarr-versions.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import os
 import pickle
 import threading
 import zipfile
 
+import numpy as np
 import zarr
 
 from grain_cells import errors
@@ -22,10 +26,14 @@ from grain_cells.storage.remote import (
     mark_obstore_used,
 )
 
-# Keys fetched at once by one read of a remote store (threads blocked in
-# obstore's GIL-free calls), per process.
-FETCH_THREADS = 32
-_fetch_threads = fork.ProcessCache()
+FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
+_pools = fork.ProcessCache()
+
+
+def thread_pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool `name` of `threads` threads (made on first use)."""
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pools.get_or_make(name, lambda: make(threads, thread_name_prefix=name))
 
 
 def key_reader(store) -> KeyReader | None:
@@ -48,8 +56,6 @@ class KeyReader:
     def get(self, key: str, start=None, stop=None) -> bytes | None:
         """Bytes `[start, stop)` of `key` (None: all; fewer at its end), or None."""
         return self.get_many([(key, start, stop)])[0]
-
-    get_range = get  # benchmarks/zarr_decode.py's name
 
     def get_many(self, requests: list[tuple[str, int | None, int | None]]) -> list:
         """`get` of each `(key, start, stop)` (start < 0: a suffix), remote at once."""
@@ -94,9 +100,7 @@ class ZipKeys(KeyReader):
 
     def __init__(self, path: str):
         self.path = path
-        # One archive per process, read under a lock: members opened from
-        # one ZipFile in several threads race on its shared file position
-        # (seen as zstd errors and EOFError on CPython 3.12.1).
+        # One archive per process, read under a lock: threads race on its position.
         self._forget()
         fork.in_child_of(self, ZipKeys._forget)
 
@@ -121,11 +125,7 @@ class ZipKeys(KeyReader):
 
 
 class ObjectKeys(KeyReader):
-    """Keys of an obstore store (rooted at the zarr store): range GETs.
-
-    With `versions` (ETags when the store was opened) an unlisted key reads as
-    missing and every read is conditional on its ETag (`SourceChangedError`).
-    """
+    """Keys by range GETs; with `versions`, each conditional on the key's ETag."""
 
     remote = True
 
@@ -161,12 +161,7 @@ class ObjectKeys(KeyReader):
         if len(groups) == 1:
             fetch(*groups[0])
             return results
-        pool = _fetch_threads.get_or_make(
-            "pool",
-            lambda: concurrent.futures.ThreadPoolExecutor(
-                FETCH_THREADS, thread_name_prefix="grain_cells-zarr-get"
-            ),
-        )
+        pool = thread_pool("grain_cells-zarr-get", FETCH_THREADS)
         wait_all([pool.submit(fetch, key, which) for key, which in groups])
         return results
 
@@ -216,4 +211,71 @@ class ObjectKeys(KeyReader):
             "source over the store (and do not restore iterator state saved "
             "for the old data); upload a new version under a new prefix to "
             "keep a running loader's version readable."
+        )
+
+
+def _key_hash(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"
+    )
+
+
+class KeyVersions:
+    """A LIST's ETag per key, by 64-bit key hash (a collision: a read refuses)."""
+
+    def __init__(self, metas):  # obstore's `ObjectMeta`s, paths relative to the store
+        pairs = sorted(
+            (_key_hash(m["path"]), (m.get("e_tag") or "").encode()) for m in metas
+        )
+        self._hashes = np.fromiter((h for h, _ in pairs), np.uint64, len(pairs))
+        width = max((len(e) for _, e in pairs), default=1) or 1
+        self._etags = np.array([e for _, e in pairs], dtype=f"S{width}")
+        self.nbytes = int(self._hashes.nbytes + self._etags.nbytes)
+
+    def __len__(self) -> int:
+        return int(self._hashes.size)
+
+    def etag(self, key: str) -> str | None:
+        """The key's ETag when listed ("" if the store sent none); None: not listed."""
+        h = np.uint64(_key_hash(key))
+        i = int(np.searchsorted(self._hashes, h))
+        if i == self._hashes.size or self._hashes[i] != h:
+            return None
+        return self._etags[i].decode()
+
+
+# `store_digest`'s listings by (thread, store), for that thread's `zarr_store`.
+_waiting: dict = {}
+_waiting_lock = threading.Lock()
+
+
+@fork.in_child
+def _after_fork() -> None:  # the parent's threads, lock holders, are gone
+    global _waiting_lock
+    _waiting_lock = threading.Lock()
+    _waiting.clear()
+
+
+def remember(store, versions: KeyVersions) -> None:
+    """Keeps this thread's latest listing of `store` (`storage.remote.store_at`)."""
+    with _waiting_lock:
+        _waiting[threading.get_ident(), id(store)] = versions
+
+
+def take(store) -> KeyVersions | None:
+    """This thread's latest listing of `store` (removed), or None."""
+    with _waiting_lock:
+        return _waiting.pop((threading.get_ident(), id(store)), None)
+
+
+class VersionedObjectStore(zarr.storage.ObjectStore):
+    """zarr's `ObjectStore` with its URL and `KeyVersions` (None: not listed)."""
+
+    def __init__(self, store, *, read_only: bool = True, url: str = "", versions=None):
+        super().__init__(store, read_only=read_only)
+        self.url, self.versions = url, versions
+
+    def with_read_only(self, read_only: bool = False) -> VersionedObjectStore:
+        return type(self)(
+            self.store, read_only=read_only, url=self.url, versions=self.versions
         )

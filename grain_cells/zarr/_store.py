@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import zipfile
 
 import numpy as np
 import zarr
@@ -24,7 +25,7 @@ from grain_cells.storage.remote import (
     mark_obstore_used,
     store_at,
 )
-from grain_cells.zarr import _versions
+from grain_cells.zarr import _keys
 
 # Metadata documents: their content (not just size/mtime) enters the digest.
 METADATA_KEYS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
@@ -51,12 +52,9 @@ def zarr_store(path: str, storage_options: dict | None = None):
         check_not_forked_after_use(p)
         mark_obstore_used()  # zarr reads the metadata through it
         store = store_at(p, storage_options)
-        # The ETags of the listing that gave this open its digest (see
-        # grain_cells.zarr._versions): chunk reads are conditional on them.
-        versions = _versions.take(store)
-        return _versions.VersionedObjectStore(
-            store, read_only=True, url=p.rstrip("/"), versions=versions
-        )
+        versions = _keys.take(store)  # of the listing that gave the digest
+        url = p.rstrip("/")
+        return _keys.VersionedObjectStore(store, url=url, versions=versions)
     if not os.path.exists(p):
         raise FileNotFoundError(f"{p}: no such file or directory")
     if os.path.isfile(p):
@@ -65,19 +63,37 @@ def zarr_store(path: str, storage_options: dict | None = None):
 
 
 def open_group(path: str, storage_options: dict | None = None) -> zarr.Group:
-    """The root group, read-only; `AnnDataFormatError` or `ContainsArrayError`."""
+    """The root group, read-only (`AnnDataFormatError`: not a group, or damaged)."""
     p = local_path(os.fspath(path))
+    root_array = errors.AnnDataFormatError(
+        f"{p}: a zarr array at its root, not a group; expected an AnnData "
+        "store (a group holding obs, var and X) written by anndata's write_zarr"
+    )
+    has = [os.path.isfile(os.path.join(p, n)) for n in (".zgroup", "zarr.json")]
+    if os.path.isdir(p) and not any(has):
+        if os.path.isfile(os.path.join(p, ".zarray")):
+            raise root_array
+        raise errors.AnnDataFormatError(
+            f"{p}: is a directory but not a zarr store (no zarr.json or "
+            f".zgroup at its root; it holds {sorted(os.listdir(p))[:8]}); expected "
+            "an .h5ad file or a zarr store written by anndata's write_zarr"
+        )
+    if os.path.isfile(p) and not zipfile.is_zipfile(p):
+        raise errors.AnnDataFormatError(
+            f"{p}: a file that is neither a zip archive (.zarr.zip) nor a "
+            "zarr store directory; expected a store written by anndata's "
+            "write_zarr (or an .h5ad file, named .h5ad)"
+        )
     store = zarr_store(p, storage_options)
     try:
         return zarr.open_group(store, mode="r")
-    except zarr.errors.ContainsArrayError:
-        raise  # an array at the root: the io layer names it (not AnnData)
+    except zarr.errors.ContainsArrayError as e:
+        raise root_array from e
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError) as e:
         raise errors.AnnDataFormatError(
             f"{p}: not a zarr store: no zarr group metadata (zarr.json or "
-            f".zgroup) at its root ({type(e).__name__}: {e}); found "
-            f"{_what_is_there(p)}. Expected a store written by anndata's "
-            "write_zarr (or annbatch); pass its root folder."
+            f".zgroup) at its root ({type(e).__name__}: {e}). Expected a store "
+            "written by anndata's write_zarr (or annbatch); pass its root folder."
         ) from e
     except (ValueError, json.JSONDecodeError, zarr.errors.MetadataValidationError) as e:
         raise errors.AnnDataFormatError(
@@ -121,8 +137,7 @@ def check_array(array: zarr.Array, path: str) -> zarr.Array:
 
 def store_digest(path: str, storage_options: dict | None = None) -> str:
     """A digest that changes when the store's arrays or metadata change."""
-    # Keys, sizes, mtimes (ns) or ETags, metadata documents' content; a
-    # `.zarr.zip`: its size and mtime; plain HTTP: the root's documents.
+    # Keys, sizes, mtimes or ETags, metadata contents; a zip: size and mtime.
     p = local_path(os.fspath(path))
     h = hashlib.sha256()
     if is_url(p):
@@ -159,9 +174,7 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     except Exception:
         if not url.lower().startswith(("http://", "https://")):
             raise
-        # A plain HTTP server lists nothing: the metadata documents at the
-        # root (consolidated ones name every array) are what can be covered.
-        metas = []
+        metas = []  # plain HTTP lists nothing: the root's documents are covered
         for key in METADATA_KEYS:
             try:
                 meta = obstore.head(store, key)
@@ -170,28 +183,16 @@ def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
             count_request("head")
             metas.append({**meta, "path": key})
     else:
-        # This listing's ETags are what the next open of the store in this
-        # thread reads with (`zarr_store`): digest and reads agree.
-        _versions.remember(store, _versions.KeyVersions.of_metas(metas))
+        # The next open of the store in this thread (`zarr_store`) reads with these.
+        _keys.remember(store, _keys.KeyVersions(metas))
     metas.sort(key=lambda m: m["path"])
     for m in metas:
         h.update(f"{m['path']}\0{m['size']}\0{m.get('e_tag') or ''}\n".encode())
-    # An ETag changes with every PUT on S3, GCS and Azure; HTTP servers may
-    # send none for some objects: then a metadata document's content counts.
-    for m in metas:
+    for m in metas:  # a metadata document without ETag (HTTP): its content
         if not m.get("e_tag") and m["path"].rpartition("/")[2] in METADATA_KEYS:
             count_request("get")
             data = bytes(obstore.get(store, m["path"]).bytes())
             h.update(hashlib.sha256(data).digest())
-
-
-def _what_is_there(p: str) -> str:
-    if is_url(p):
-        return "no readable group document at that prefix"
-    if os.path.isdir(p):
-        names = sorted(os.listdir(p))
-        return f"a directory holding {names[:5]}" + (" ..." if len(names) > 5 else "")
-    return "a file that is not a zip archive" if os.path.isfile(p) else "nothing"
 
 
 _ENCODING = "annbatch-preshuffled"

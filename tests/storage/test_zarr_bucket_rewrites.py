@@ -119,9 +119,9 @@ def test_unchanged_store_reads_every_cell(s3, local_stores):
 
 
 def test_key_versions_table():
-    from grain_cells.zarr._versions import KeyVersions
+    from grain_cells.zarr._keys import KeyVersions
 
-    versions = KeyVersions.of_metas(
+    versions = KeyVersions(
         [{"path": f"X/data/{i}", "e_tag": f'"{i:032x}"'} for i in range(1000)]
         + [{"path": "obs/.zattrs", "e_tag": None}]
     )

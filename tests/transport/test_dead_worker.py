@@ -19,7 +19,7 @@ import signal
 import pytest
 from processes import run_trainer, trainer_script
 
-from grain_cells.transport._children import WorkerWatch, death_error
+from grain_cells.transport._processes import WorkerWatch, death_error
 
 TRAINER = """
 def kill_one_and_go_on(paths):

@@ -19,7 +19,7 @@ import pytest
 import scipy.sparse as sp
 
 from grain_cells.transport import _ring as transport
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _shm as shm_names
 
 
 def batch(i: int) -> dict[str, np.ndarray]:

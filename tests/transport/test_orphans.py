@@ -17,7 +17,7 @@ import time
 import pytest
 from processes import alive, start_trainer, trainer_script, wait_until
 
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _shm as shm_names
 
 TRAINER = """
 def main():
@@ -125,11 +125,11 @@ def _objects_frozen_by_fetches(n: int) -> int:
     """
     import gc
 
-    from grain_cells.transport import _worker as worker_process
+    from grain_cells.transport import _processes
 
     before = gc.get_freeze_count()
     for _ in range(n):
-        worker_process.fetch_starting()
+        _processes._fetch_started()
     return gc.get_freeze_count() - before
 
 

@@ -28,8 +28,8 @@ from conftest import N_CELLS
 import grain_cells
 from grain_cells import errors
 from grain_cells.testing import SharedMemoryLimit
-from grain_cells.transport import _segments as segments
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _shm as segments
+from grain_cells.transport import _shm as shm_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

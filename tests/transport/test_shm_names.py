@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from grain_cells.transport import _shm_names as shm_names
+from grain_cells.transport import _shm as shm_names
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ import scipy.sparse as sp
 
 import grain_cells
 from grain_cells.transport import _ring as transport
-from grain_cells.transport import _segments as segments
-from grain_cells.transport import _shm_names as shm_names
-from grain_cells.transport._slot_writer import writer_for
+from grain_cells.transport import _shm as segments
+from grain_cells.transport import _shm as shm_names
+from grain_cells.transport._ring import SlotWriter as writer_for
 
 N_BATCHES = 400
 ROWS = 4096  # 4096 x 8 float64 + 4096 int64: ~300 KB per minibatch

@@ -1,4 +1,4 @@
-"""Uncompressed zarr chunks read by byte range (`grain_cells.zarr._raw`).
+"""Uncompressed zarr chunks read by byte range (`grain_cells.zarr._reads.RawReads`).
 
 Values encode their position; ranges straddle chunks and shards; the same
 ranges read whole-chunk (through a decoded-chunk cache, which turns the
@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import zarr
 
 from grain_cells import errors
-from grain_cells.zarr import _raw
+from grain_cells.zarr import _reads
 from grain_cells.zarr._reads import RangeReader
 from grain_cells.zarr._store import open_group
 
@@ -59,7 +59,7 @@ def test_byte_ranges_equal_whole_chunk_reads_and_the_values(
     whole = RangeReader(array, str(store), cache_bytes=1 << 20)
     assert raw._raw is not None and whole._raw is None
     # Split reads over the pool's threads even at this size.
-    monkeypatch.setattr(_raw, "_MIN_BYTES_PER_TASK", 64)
+    monkeypatch.setattr(_reads, "_MIN_BYTES_PER_TASK", 64)
     rng = np.random.default_rng(0)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for trial in range(6):

@@ -1,6 +1,9 @@
-"""Shared-memory segments in `/dev/shm`, mapped without a descriptor each.
+"""Shared-memory segments in `/dev/shm`: their names, mappings, and contents.
 
-Design notes: docs/reference/design.md#transport-segments, #transport-mapping.
+Names are `gcells_<pid>_t<start>_<token>_<what>`: the creator's pid and start
+time tell which outlived it (`remove_stale`). Segments are mapped without a
+descriptor each. Design notes: docs/reference/design.md#transport-shm-names,
+#transport-segments, #transport-mapping.
 """
 
 from __future__ import annotations
@@ -11,15 +14,20 @@ import errno
 import math
 import mmap
 import os
+import secrets
 import weakref
 from collections.abc import Mapping
 
 import numpy as np
 
 from grain_cells import errors
-from grain_cells.transport import _shm_names
+from grain_cells._util.pids import alive as alive
+from grain_cells._util.pids import gone, start_time
 
-ALIGN = 64  # bytes: where each array of a slot starts (slot_writer too)
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory names
+STEM = "gcells_"
+ALIGN = 64  # bytes: where each array of a slot starts
+_own_start: tuple[int, int | None] | None = None  # (pid, start) of this process
 _libc = ctypes.CDLL(None, use_errno=True)
 _mmap, _munmap = _libc.mmap, _libc.munmap
 _mmap.restype = ctypes.c_void_p
@@ -30,8 +38,77 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10  # the same on every Linux architecture; not in `mmap`
 _CHUNK = 1 << 20  # bytes copied at a time by `privatise` (bounded extra memory)
 _RW = mmap.PROT_READ | mmap.PROT_WRITE
-# A mapped segment: a `ctypes` array of bytes (`map_shared`).
-Segment = ctypes.Array
+Segment = ctypes.Array  # a mapped segment: a `ctypes` array of bytes
+
+
+def new_prefix() -> str:
+    """A fresh name prefix owned by this process: `/gcells_<pid>_t<start>_<token>`."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start is None or _own_start[0] != pid:  # a forked child: its own
+        _own_start = (pid, start_time(pid))
+    start = _own_start[1]
+    stamp = "" if start is None else f"t{start}_"
+    return f"/{STEM}{pid}_{stamp}{secrets.token_hex(4)}"
+
+
+def owner(name: str) -> tuple[int, int | None] | None:
+    """(pid, start time or None) of a `gcells_...` name, or None."""
+    name = name.lstrip("/")
+    if not name.startswith(STEM):
+        return None
+    parts = name[len(STEM) :].split("_", 2)
+    if not parts[0].isdigit():
+        return None
+    start = None
+    if len(parts) > 1 and parts[1][:1] == "t" and parts[1][1:].isdigit():
+        start = int(parts[1][1:])
+    return int(parts[0]), start
+
+
+def owner_pid(name: str) -> int | None:
+    """The pid in a `gcells_<pid>_...` name (with or without its `/`)."""
+    found = owner(name)
+    return None if found is None else found[0]
+
+
+def path_of(name: str) -> str:
+    """The file in `SHM_DIR` that `shm_open(name)` opens (Linux)."""
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def unlink(name: str) -> None:
+    """Unlinks a shared-memory name; a name already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path_of(name))
+
+
+def unlink_prefix(prefix: str) -> None:
+    """Unlinks every name that starts with `prefix` + `_`."""
+    stem = prefix.lstrip("/") + "_"
+    for entry in _entries():
+        if entry.startswith(stem):
+            unlink("/" + entry)
+
+
+def remove_stale() -> list[str]:
+    """Removes the names of gone grain_cells processes; returns them (no `/`)."""
+    removed, verdict = [], {}
+    for entry in _entries():
+        if (made_by := owner(entry)) is None:
+            continue
+        if made_by not in verdict:
+            verdict[made_by] = gone(*made_by)
+        if verdict[made_by]:
+            unlink("/" + entry)
+            removed.append(entry)
+    return removed
+
+
+def _entries() -> list[str]:
+    if not os.path.isdir(SHM_DIR):
+        return []
+    return [e for e in os.listdir(SHM_DIR) if e.startswith(STEM)]
 
 
 def map_shared(fd: int, size: int) -> Segment:
@@ -63,7 +140,7 @@ def privatise(addr: int, size: int) -> None:
 
 def create(name: str, size: int) -> Segment:
     """A new segment `name`, its pages reserved (`SharedMemoryFullError`)."""
-    path = _shm_names.path_of(name)
+    path = path_of(name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -117,7 +194,7 @@ def _size(n: int) -> str:
 
 def open_segment(name: str, size: int) -> Segment:
     """The first `size` bytes of the segment `name` (`FileNotFoundError`: gone)."""
-    fd = os.open(_shm_names.path_of(name), os.O_RDWR)
+    fd = os.open(path_of(name), os.O_RDWR)
     try:
         return map_shared(fd, size)
     finally:
