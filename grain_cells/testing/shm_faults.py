@@ -1,7 +1,7 @@
 """A full `/dev/shm` in Grain's worker processes, without root.
 
 A worker reserves every shared-memory slot it sends minibatches through
-(`os.posix_fallocate`, see `grain_cells.transport._segments`); on a full
+(`os.posix_fallocate`, see `grain_cells.transport._shm`); on a full
 `/dev/shm` that reservation fails with ENOSPC and the trainer gets
 `errors.SharedMemoryFullError`. Shrinking `/dev/shm` needs root (a mount),
 so tests put `SharedMemoryLimit(limit_bytes)` first in a `grain.DataLoader`'s
