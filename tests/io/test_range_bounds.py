@@ -28,8 +28,7 @@ def _reader(path, positional: bool, bare: bool = False):
     fmt = formats.of(f)
     fd = fmt.open_bytes(f, str(path), None, fmt.stat_of(f, str(path)))
     reader = fmt.range_reader(f["X/indices"], str(path), fd if positional else None)
-    if bare:  # the `formats.PositionalReader` an `.h5ad` reader reads through
-        reader = reader._positional
+    if bare:  # an uncompressed `.h5ad` array is read by a `formats.PositionalReader`
         assert isinstance(reader, formats.PositionalReader)
     return f, reader
 
