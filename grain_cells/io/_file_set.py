@@ -165,7 +165,8 @@ def element_files(files: FileSet, element: str) -> FileSet:
         path = identity.path
         with open_file(path, files.storage_options, identity.stat) as f:
             identity.check_stat(
-                _nodes.stat_of(f, path), f"when {element} was opened beside it"
+                _nodes.format_of(f).stat_of(f, path),
+                f"when {element} was opened beside it",
             )
             info = inspect_element(f, element)
             if own_var:

@@ -73,7 +73,7 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         element = "raw.X"  # anndata < 0.7
     obj = _nodes.get(f, element)
     if obj is None:
-        problem = _nodes.element_problem(f, element)
+        problem = _nodes.format_of(f).element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = ["X"] if "X" in f else []  # the file's matrices
@@ -103,9 +103,9 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
-        _nodes.check_storage(path, obj)
+        _nodes.format_of(obj).check_array(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
-        chunk = _nodes.chunk_bytes(obj)
+        chunk = _nodes.format_of(obj).chunk_bytes(obj)
         info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
     else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
@@ -148,7 +148,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     arrays = {name: _nodes.get(obj, name) for name in ("data", "indices", "indptr")}
     for name, node in arrays.items():
         if not _nodes.is_array(node):
-            problem = _nodes.element_problem(obj, f"{element}/{name}")
+            problem = _nodes.format_of(obj).element_problem(obj, f"{element}/{name}")
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
             raise errors.AnnDataFormatError(
@@ -187,11 +187,11 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
         )
     for dataset in (indptr, indices, data):
-        _nodes.check_storage(path, dataset)
+        _nodes.format_of(dataset).check_array(path, dataset)
     try:
         # Both ends in one read (the format's point selection).
         at = np.array([0, n_obs] if n_obs else [0], np.int64)
-        ends = _nodes.read(indptr, at, path, (0, n_obs + 1)).tolist()
+        ends = _nodes.format_of(indptr).read(indptr, at, path, (0, n_obs + 1)).tolist()
     except errors.CorruptChunkError:  # the format named the damaged chunk
         raise
     except (OSError, ValueError) as e:
@@ -204,6 +204,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/indptr runs from {int(ends[0])} to "
             f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
         )
-    sizes = (_nodes.chunk_bytes(data), _nodes.chunk_bytes(indices))
+    fmt = _nodes.format_of(data)
+    sizes = (fmt.chunk_bytes(data), fmt.chunk_bytes(indices))
     chunk_bytes = None if None in sizes else sum(sizes)
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)

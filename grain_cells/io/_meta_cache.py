@@ -215,7 +215,7 @@ def inspect_file(
     # Nodes and attributes asked for again come from memory.
     with _nodes.remembered(), open_file(path, storage_options) as f:
         info = _h5ad.inspect_matrix(f, element)
-        stat = _nodes.stat_of(f, path)
+        stat = _nodes.format_of(f).stat_of(f, path)
         matrix = matrix_nodes(f, info.element)  # once for identity and layouts
         identity = FileIdentity.take(f, path, info.element, stat, matrix)
         keys = read_gene_keys(f, element, genes_from)

@@ -212,7 +212,9 @@ def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
         identity.check_stat(now, "reading obs")
     f = open_file(identity.path, files.storage_options, identity.stat)
     try:
-        identity.check_stat(_nodes.stat_of(f, identity.path), "reading obs")
+        identity.check_stat(
+            _nodes.format_of(f).stat_of(f, identity.path), "reading obs"
+        )
         return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
     finally:
         f.close()

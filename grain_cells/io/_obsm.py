@@ -51,7 +51,7 @@ def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
                 "read that."
             )
         width = int(shape[0]) if shape else 1
-        _nodes.check_storage(path, obsm)
+        _nodes.format_of(obsm).check_array(path, obsm)
     else:
         ds = obsm[name]
         if not _nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
@@ -65,7 +65,7 @@ def inspect_obsm(f, element: str) -> _h5ad.MatrixInfo:
                 f"{path}: obsm/{name} is {found}; expected a dense 2-D numeric "
                 "array of one row per cell and k columns"
             )
-        _nodes.check_storage(path, ds)
+        _nodes.format_of(ds).check_array(path, ds)
         n_obs, width, dtype = int(ds.shape[0]), int(ds.shape[1]), ds.dtype
     if obs_rows is not None and n_obs != obs_rows:
         raise errors.AnnDataFormatError(

@@ -50,7 +50,7 @@ def check_anndata(f, path: str) -> None:
     if missing:
         found = sorted(f.keys())
         f.close()
-        kind = _nodes.description(f)
+        kind = _nodes.format_of(f).description
         raise errors.AnnDataFormatError(
             f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
