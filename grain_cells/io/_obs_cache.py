@@ -19,9 +19,9 @@ import numpy as np
 from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
 from grain_cells.io import _h5ad, _nodes
+from grain_cells.io._h5ad import open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
-from grain_cells.io._open import open_file
 
 _log = logging.getLogger("grain_cells")
 
