@@ -29,12 +29,11 @@ from grain_cells.io._genes import (
     read_gene_keys,
     shared_keys,
 )
-from grain_cells.io._h5ad import open_file
+from grain_cells.io._h5ad import OBSM, inspect_element, open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._obsm import OBSM, inspect_element
 from grain_cells.io._open_file import (
     OpenFile,
     hint_flats,

@@ -13,9 +13,9 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
-from grain_cells.formats import wait_all
-from grain_cells.io._h5ad import CSR, MatrixInfo
-from grain_cells.io._nodes import format_of
+from grain_cells.formats import value_dtype, wait_all
+from grain_cells.io._h5ad import CSR, OBSM, MatrixInfo
+from grain_cells.io._nodes import format_of, is_array
 
 # Decoded `indptr` chunks kept per process, all files together (compressed
 # `indptr`: a fetch reads a few entries per block).
@@ -387,3 +387,33 @@ def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
         rows=(row, row + 1),
         chunk_key=key,
     )
+
+
+class FieldReader(DenseReader):
+    """Reads row ranges of one field of a compound (anndata < 0.7) `obsm`."""
+
+    KEY = "records"
+    FILL = False
+
+    def read(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
+    ) -> np.ndarray:
+        """Reads whole records, then copies the field out in its value dtype."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        n = int((stops - starts).sum())
+        records = buf.get("records", (n,), self._x.dtype)
+        self._x.read(starts, stops, records, pool)
+        out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
+        out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)
+        return out
+
+
+def element_reader(f, info: MatrixInfo, fd) -> CsrReader | DenseReader | FieldReader:
+    """The reader of row ranges of the element `info` describes, in `f`."""
+    if info.element.startswith(OBSM) and is_array(f["obsm"]):
+        return FieldReader(f["obsm"], info, fd)
+    element = f[info.element]
+    if info.encoding == CSR:
+        return CsrReader(element, info, fd)
+    return DenseReader(element, info, fd)
