@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from grain_cells import errors
+from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad, _nodes
 from grain_cells.io._frames import var_group_name
@@ -139,7 +139,8 @@ class FileSet:
         """Raises `SourceChangedError` unless every file's `stat` is unchanged."""
         for identity in self.identities:
             try:
-                now = _nodes.stat_path(identity.path, self.storage_options)
+                path, options = identity.path, self.storage_options
+                now = formats.for_path(path).stat_path(path, options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "

@@ -2,17 +2,15 @@
 
 The io layer asks this module, never a format's library, what a node is,
 for its attributes, strings and a reader of its row ranges; each question
-goes to the format that owns the node (`formats.of`) or opens the path.
+goes to the format that owns the node (`formats.of`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
 from grain_cells import formats
-from grain_cells.storage import FileStat
 
 
 def format_of(node) -> formats.Format:
@@ -113,8 +111,3 @@ def is_string_array(node) -> bool:
 def file_name(f) -> str:
     """The path or URL an open file was opened from."""
     return format_of(f).file_name(f)
-
-
-def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The `FileStat` of a file, object or store now (FileNotFoundError if none)."""
-    return formats.for_path(os.fspath(path)).stat_path(path, storage_options)
