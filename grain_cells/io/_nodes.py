@@ -1,8 +1,8 @@
 """Format-neutral access to AnnData elements: asks each node's `Format`.
 
-The io layer asks this module, never a format's library, what a node is,
-for its attributes, strings and a reader of its row ranges; each question
-goes to the format that owns the node (`formats.of`).
+The io layer asks this module, never a format's library, what a node is and
+for its children and attributes (`formats.of`); anything else it asks the
+node's format, `format_of(node)`, directly.
 """
 
 from __future__ import annotations
