@@ -67,11 +67,11 @@ def test_public_api_is_small_and_every_name_resolves():
 # Messages that tell a user how to fix their file may name a format's tool.
 FORMAT_NAMES_IN_MESSAGES = {
     (
-        "grain_cells/io/_open.py",
+        "grain_cells/io/_h5ad.py",
         '"its own .h5ad once, e.g. with anndata alone: `with h5py.File(path) "',
     ),
     (
-        "grain_cells/io/_open.py",
+        "grain_cells/io/_h5ad.py",
         '"paths is empty: expected one or more .h5ad files or zarr stores"',
     ),
 }

@@ -22,6 +22,8 @@ from grain_cells.io._h5ad import (
     inspect_matrix,
     matrix_element,
     obs_columns,
+    obsm_element,
+    open_file,
     read_var_names,
     resolve_paths,
 )
@@ -41,8 +43,6 @@ from grain_cells.io._nodes import (
 )
 from grain_cells.io._obs import OBS_MISSING, read_obs_values
 from grain_cells.io._obs_cache import joined_column, own_map
-from grain_cells.io._obsm import obsm_element
-from grain_cells.io._open import open_file
 from grain_cells.io._range_reads import (
     FetchedRows,
     advise,

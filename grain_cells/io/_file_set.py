@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from grain_cells import errors
+from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad, _nodes
 from grain_cells.io._frames import var_group_name
@@ -29,12 +29,11 @@ from grain_cells.io._genes import (
     read_gene_keys,
     shared_keys,
 )
+from grain_cells.io._h5ad import OBSM, inspect_element, open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
-from grain_cells.io._obsm import OBSM, inspect_element
-from grain_cells.io._open import open_file
 from grain_cells.io._open_file import (
     OpenFile,
     hint_flats,
@@ -140,7 +139,8 @@ class FileSet:
         """Raises `SourceChangedError` unless every file's `stat` is unchanged."""
         for identity in self.identities:
             try:
-                now = _nodes.stat_path(identity.path, self.storage_options)
+                path, options = identity.path, self.storage_options
+                now = formats.for_path(path).stat_path(path, options)
             except FileNotFoundError:
                 raise errors.SourceChangedError(
                     f"{identity.path}: removed since the AnnDataSource was built "
@@ -165,7 +165,8 @@ def element_files(files: FileSet, element: str) -> FileSet:
         path = identity.path
         with open_file(path, files.storage_options, identity.stat) as f:
             identity.check_stat(
-                _nodes.stat_of(f, path), f"when {element} was opened beside it"
+                _nodes.format_of(f).stat_of(f, path),
+                f"when {element} was opened beside it",
             )
             info = inspect_element(f, element)
             if own_var:

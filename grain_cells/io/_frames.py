@@ -121,7 +121,7 @@ def _frame_index(f, name: str) -> np.ndarray:
     elif encoding not in ("string-array", None):
         node = None
     if _nodes.is_array(node) and node.ndim == 1 and _nodes.is_string_array(node):
-        return _nodes.strings(node)
+        return _nodes.format_of(node).strings(node)
     return np.asarray(read_elem(index))
 
 

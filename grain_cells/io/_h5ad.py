@@ -1,17 +1,21 @@
-"""The AnnData schema on disk (any format): where the matrix is, and is it sane.
+"""The AnnData schema on disk (any format): opening it, where the matrix is, is it sane.
 
-Locates the matrix (`X`, `layers/<name>`, `raw/X`; `raw.X` before anndata
-0.7) and checks its encoding and storage from metadata; the format checks what
-only it can (`Format.check_array`, `Format.element_problem`).
+`open_file` opens a path with the format that claims it, then refuses MuData
+and files without `obs`/`var`. Locates the matrix (`X`, `layers/<name>`,
+`raw/X`; `raw.X` before anndata 0.7) and checks its encoding and storage from
+metadata; the format checks what only it can (`Format.check_array`,
+`Format.element_problem`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 
 import numpy as np
 
-from grain_cells import errors
+from grain_cells import errors, formats
 from grain_cells.formats import value_dtype as value_dtype
 from grain_cells.io import _nodes
 from grain_cells.io._frames import encoding_of, n_rows, var_group_name
@@ -19,11 +23,13 @@ from grain_cells.io._frames import obs_columns as obs_columns
 from grain_cells.io._frames import read_var_names as read_var_names
 from grain_cells.io._nodes import file_name
 from grain_cells.io._obs import read_obs_column as read_obs_column
-from grain_cells.io._open import resolve_paths as resolve_paths
+from grain_cells.storage import FileStat
+from grain_cells.storage.remote import is_url, local_path
 
 CSR = "csr_matrix"
 CSC = "csc_matrix"
 DENSE = "array"
+OBSM = "obsm/"
 
 
 def matrix_element(layer: str | None) -> str:
@@ -73,7 +79,7 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         element = "raw.X"  # anndata < 0.7
     obj = _nodes.get(f, element)
     if obj is None:
-        problem = _nodes.element_problem(f, element)
+        problem = _nodes.format_of(f).element_problem(f, element)
         if problem is not None:
             raise errors.AnnDataFormatError(f"{path}: {problem}")
         have = ["X"] if "X" in f else []  # the file's matrices
@@ -103,9 +109,9 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} has dtype {obj.dtype}; expected numeric"
             )
-        _nodes.check_storage(path, obj)
+        _nodes.format_of(obj).check_array(path, obj)
         n_obs, n_vars = (int(s) for s in obj.shape)
-        chunk = _nodes.chunk_bytes(obj)
+        chunk = _nodes.format_of(obj).chunk_bytes(obj)
         info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
     else:  # pragma: no cover - formats only have groups and arrays
         raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
@@ -148,7 +154,7 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     arrays = {name: _nodes.get(obj, name) for name in ("data", "indices", "indptr")}
     for name, node in arrays.items():
         if not _nodes.is_array(node):
-            problem = _nodes.element_problem(obj, f"{element}/{name}")
+            problem = _nodes.format_of(obj).element_problem(obj, f"{element}/{name}")
             if problem is not None:
                 raise errors.AnnDataFormatError(f"{path}: {problem}")
             raise errors.AnnDataFormatError(
@@ -187,11 +193,11 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/data has dtype {data.dtype}; expected a numeric dtype"
         )
     for dataset in (indptr, indices, data):
-        _nodes.check_storage(path, dataset)
+        _nodes.format_of(dataset).check_array(path, dataset)
     try:
         # Both ends in one read (the format's point selection).
         at = np.array([0, n_obs] if n_obs else [0], np.int64)
-        ends = _nodes.read(indptr, at, path, (0, n_obs + 1)).tolist()
+        ends = _nodes.format_of(indptr).read(indptr, at, path, (0, n_obs + 1)).tolist()
     except errors.CorruptChunkError:  # the format named the damaged chunk
         raise
     except (OSError, ValueError) as e:
@@ -204,6 +210,126 @@ def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
             f"{path}: {element}/indptr runs from {int(ends[0])} to "
             f"{int(ends[-1])}; expected 0 to {nnz} (the length of data)"
         )
-    sizes = (_nodes.chunk_bytes(data), _nodes.chunk_bytes(indices))
+    fmt = _nodes.format_of(data)
+    sizes = (fmt.chunk_bytes(data), fmt.chunk_bytes(indices))
     chunk_bytes = None if None in sizes else sum(sizes)
     return MatrixInfo(path, element, CSR, n_obs, n_vars, data.dtype, nnz, chunk_bytes)
+
+
+def open_file(
+    path: str | os.PathLike,
+    storage_options: dict | None = None,
+    stat: FileStat | None = None,
+):
+    """Opens an AnnData file or store read-only; close the root it returns.
+
+    `stat`: the version expected. Raises `FileNotFoundError`, or
+    `AnnDataFormatError` for what is not AnnData (not HDF5, truncated, MuData...).
+    """
+    path = os.fspath(path)
+    f = formats.for_path(path).open(path, storage_options, stat)
+    check_anndata(f, path)
+    return f
+
+
+def check_anndata(f, path: str) -> None:
+    """Closes `f` and raises unless it is AnnData: MuData, no `obs`/`var`."""
+    mod = _nodes.get(f, "mod")
+    if encoding_of(f) == "MuData" or _nodes.is_group(mod):
+        modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []
+        f.close()
+        first = modalities[0] if modalities else "rna"
+        raise errors.UnsupportedLayoutError(
+            f"{path}: a MuData (.h5mu) file with modalities {modalities}; "
+            "grain_cells reads AnnData (.h5ad). Write the modality you want as "
+            "its own .h5ad once, e.g. with anndata alone: `with h5py.File(path) "
+            f"as f: anndata.io.read_elem(f['mod/{first}']).write_h5ad("
+            f"'{first}.h5ad')` (or mudata.read_h5mu(path)['{first}'])."
+        )
+    missing = [k for k in ("obs", "var") if _nodes.get(f, k) is None]
+    if missing:
+        found = sorted(f.keys())
+        f.close()
+        kind = _nodes.format_of(f).description
+        raise errors.AnnDataFormatError(
+            f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
+            f"the root, found {found}"
+        )
+
+
+def resolve_paths(paths) -> list[str]:
+    """One path or a sequence of paths as a list of str (ValueError if empty)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    # URLs of objects stay as they are; file:// URLs become local paths.
+    out = [p if is_url(p) else os.fspath(pathlib.Path(local_path(p))) for p in paths]
+    if not out:
+        raise ValueError(
+            "paths is empty: expected one or more .h5ad files or zarr stores"
+        )
+    return out
+
+
+def obsm_element(name: str) -> str:
+    return OBSM + name
+
+
+def inspect_obsm(f, element: str) -> MatrixInfo:
+    """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
+
+    Raises MissingColumnError (no such key), AnnDataFormatError (not a dense
+    2-D numeric array of one row per cell) or UnsupportedLayoutError.
+    """
+    path = file_name(f)
+    name = element[len(OBSM) :]
+    obsm = f.get("obsm")
+    legacy = _nodes.is_array(obsm)  # a compound dataset (anndata < 0.7)
+    have = [] if obsm is None else list(obsm.dtype.names or ()) if legacy else obsm
+    if name not in have:
+        have = have if legacy or obsm is None else sorted(obsm.keys())
+        raise errors.MissingColumnError(
+            f"{path}: obsm has no array {name!r}; it has {have}"
+        )
+    obs_rows = n_rows(f["obs"])
+    if legacy:
+        sub, _ = obsm.dtype.fields[name]
+        shape, dtype, n_obs = sub.shape, sub.base, int(obsm.shape[0])
+        if obsm.ndim != 1 or len(shape) > 1 or dtype.kind not in "biuf":
+            raise errors.AnnDataFormatError(
+                f"{path}: obsm is a compound dataset (anndata < 0.7) whose field "
+                f"{name!r} holds {dtype} values of shape {shape} per cell "
+                f"(dataset shape {obsm.shape}); expected one row per cell of "
+                "numbers (shape () or (k,)). Rewrite the file with a current "
+                "anndata (`anndata.read_h5ad(path).write_h5ad(new_path)`) and "
+                "read that."
+            )
+        width = int(shape[0]) if shape else 1
+        _nodes.format_of(obsm).check_array(path, obsm)
+    else:
+        ds = obsm[name]
+        if not _nodes.is_array(ds) or ds.ndim != 2 or ds.dtype.kind not in "biuf":
+            found = (
+                f"a {ds.ndim}-D {ds.dtype} dataset of shape {ds.shape}"
+                if _nodes.is_array(ds)
+                else f"a group (encoding {encoding_of(ds)!r}: a dataframe "
+                "or sparse matrix)"
+            )
+            raise errors.AnnDataFormatError(
+                f"{path}: obsm/{name} is {found}; expected a dense 2-D numeric "
+                "array of one row per cell and k columns"
+            )
+        _nodes.format_of(ds).check_array(path, ds)
+        n_obs, width, dtype = int(ds.shape[0]), int(ds.shape[1]), ds.dtype
+    if obs_rows is not None and n_obs != obs_rows:
+        raise errors.AnnDataFormatError(
+            f"{path}: obsm/{name} has {n_obs} rows but obs has {obs_rows}; "
+            "expected one row per cell"
+        )
+    return MatrixInfo(path, element, DENSE, n_obs, width, dtype, None)
+
+
+def inspect_element(f, element: str) -> MatrixInfo:
+    """`inspect_obsm` for `obsm/<name>`, else `h5ad.inspect_matrix`."""
+    if element.startswith(OBSM):
+        return inspect_obsm(f, element)
+    return inspect_matrix(f, element)

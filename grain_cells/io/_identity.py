@@ -55,7 +55,7 @@ class FileIdentity:
         return cls(
             os.fspath(path),
             element,
-            _nodes.stat_of(f, path) if stat is None else stat,
+            _nodes.format_of(f).stat_of(f, path) if stat is None else stat,
             layout_digest(f, element, nodes),
             sample_digest(f, element, nodes),
             _nodes.format_of(f).recorded_format(),
@@ -121,7 +121,9 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
         n = ptr.shape[0]
         if n:
             at = _spaced(n - 1, _INDPTR_SAMPLES)
-            picked = _nodes.read(ptr, at, _nodes.file_name(f), (int(at[0]), n))
+            picked = _nodes.format_of(ptr).read(
+                ptr, at, _nodes.file_name(f), (int(at[0]), n)
+            )
             parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -141,7 +143,7 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
         if (
             len(shape) == 1
             and n * ds.dtype.itemsize <= _WHOLE_BYTES
-            and _nodes.chunk_bytes(ds) is None
+            and _nodes.format_of(ds).chunk_bytes(ds) is None
         ):  # small and stored plain: one read, its windows cut from it (same bytes)
             whole = np.ascontiguousarray(read(ds, np.s_[0:n], path, (0, n)))
             for a in starts.tolist():

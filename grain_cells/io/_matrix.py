@@ -13,9 +13,9 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
-from grain_cells.formats import wait_all
-from grain_cells.io._h5ad import CSR, MatrixInfo
-from grain_cells.io._nodes import range_reader
+from grain_cells.formats import value_dtype, wait_all
+from grain_cells.io._h5ad import CSR, OBSM, MatrixInfo
+from grain_cells.io._nodes import format_of, is_array
 
 # Decoded `indptr` chunks kept per process, all files together (compressed
 # `indptr`: a fetch reads a few entries per block).
@@ -82,10 +82,11 @@ class CsrReader:
         self._fd = fd
         path = info.path
         # All-fill chunks may be unwritten (checked: `check_filled_indices`).
-        self._data = range_reader(group["data"], path, fd, fill_missing="zero")
-        self._indices = range_reader(group["indices"], path, fd, fill_missing="zero")
+        reader = format_of(group).range_reader
+        self._data = reader(group["data"], path, fd, fill_missing="zero")
+        self._indices = reader(group["indices"], path, fd, fill_missing="zero")
         # Only leading empty rows' all-zero chunks may be unwritten.
-        self._indptr = range_reader(
+        self._indptr = reader(
             group["indptr"],
             path,
             fd,
@@ -185,7 +186,7 @@ class CsrReader:
             return np.zeros(1, np.int64)
         if self._group is None:  # reopened from byte layouts: nothing cached
             return scan_chunk_starts(self._indptr, n, length)
-        reader = range_reader(
+        reader = format_of(self._group).range_reader(
             self._group["indptr"], self.info.path, self._fd, fill_missing="leading"
         )
         return scan_chunk_starts(reader, n, length)
@@ -262,7 +263,9 @@ class DenseReader:
 
     def __init__(self, dataset, info: MatrixInfo, fd):
         self.info = info
-        self._x = range_reader(dataset, info.path, fd, fill_missing=self.FILL)
+        self._x = format_of(dataset).range_reader(
+            dataset, info.path, fd, fill_missing=self.FILL
+        )
 
     @classmethod
     def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
@@ -384,3 +387,33 @@ def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
         rows=(row, row + 1),
         chunk_key=key,
     )
+
+
+class FieldReader(DenseReader):
+    """Reads row ranges of one field of a compound (anndata < 0.7) `obsm`."""
+
+    KEY = "records"
+    FILL = False
+
+    def read(
+        self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
+    ) -> np.ndarray:
+        """Reads whole records, then copies the field out in its value dtype."""
+        starts = np.asarray(starts, np.int64)
+        stops = np.asarray(stops, np.int64)
+        n = int((stops - starts).sum())
+        records = buf.get("records", (n,), self._x.dtype)
+        self._x.read(starts, stops, records, pool)
+        out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
+        out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)
+        return out
+
+
+def element_reader(f, info: MatrixInfo, fd) -> CsrReader | DenseReader | FieldReader:
+    """The reader of row ranges of the element `info` describes, in `f`."""
+    if info.element.startswith(OBSM) and is_array(f["obsm"]):
+        return FieldReader(f["obsm"], info, fd)
+    element = f[info.element]
+    if info.encoding == CSR:
+        return CsrReader(element, info, fd)
+    return DenseReader(element, info, fd)

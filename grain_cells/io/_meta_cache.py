@@ -30,12 +30,11 @@ from grain_cells._util.cache_files import cache_root, write_atomic
 from grain_cells.formats import ByteLayout, PositionalReader
 from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._genes import read_gene_keys
-from grain_cells.io._h5ad import MatrixInfo
+from grain_cells.io._h5ad import OBSM, MatrixInfo, open_file
 from grain_cells.io._identity import FileIdentity, matrix_nodes
+from grain_cells.io._matrix import element_reader
 from grain_cells.io._obs import ColumnKind
 from grain_cells.io._obs_cache import MIN_CELLS
-from grain_cells.io._obsm import OBSM, element_reader
-from grain_cells.io._open import open_file
 from grain_cells.storage import FileStat, LocalByteReader
 
 # v4: one entry format, layouts inside it as lists (no version of their own).
@@ -215,7 +214,7 @@ def inspect_file(
     # Nodes and attributes asked for again come from memory.
     with _nodes.remembered(), open_file(path, storage_options) as f:
         info = _h5ad.inspect_matrix(f, element)
-        stat = _nodes.stat_of(f, path)
+        stat = _nodes.format_of(f).stat_of(f, path)
         matrix = matrix_nodes(f, info.element)  # once for identity and layouts
         identity = FileIdentity.take(f, path, info.element, stat, matrix)
         keys = read_gene_keys(f, element, genes_from)

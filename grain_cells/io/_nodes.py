@@ -1,20 +1,16 @@
 """Format-neutral access to AnnData elements: asks each node's `Format`.
 
-The io layer asks this module, never a format's library, what a node is,
-for its attributes, strings and a reader of its row ranges; each question
-goes to the format that owns the node (`formats.of`) or opens the path.
+The io layer asks this module, never a format's library, what a node is and
+for its children and attributes (`formats.of`); anything else it asks the
+node's format, `format_of(node)`, directly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
-import numpy as np
-
 from grain_cells import formats
-from grain_cells.storage import FileStat
 
 
 def format_of(node) -> formats.Format:
@@ -112,55 +108,6 @@ def is_string_array(node) -> bool:
     return fmt is not None and fmt.is_array(node) and fmt.is_string_array(node)
 
 
-def strings(node) -> np.ndarray:
-    """All of a string array as an object array of `str`."""
-    return format_of(node).strings(node)
-
-
-def read(array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-    """`array[index]` (rows `[start, stop)`), damaged bytes named (`Format.read`)."""
-    return format_of(array).read(array, index, path, rows)
-
-
 def file_name(f) -> str:
     """The path or URL an open file was opened from."""
     return format_of(f).file_name(f)
-
-
-def description(f) -> str:
-    """What an open file is, for messages (`Format.description`)."""
-    return format_of(f).description
-
-
-def element_problem(node, element: str) -> str | None:
-    """Why `element` (from the root of `node`'s file) is absent although named."""
-    return format_of(node).element_problem(node, element)
-
-
-def check_storage(path: str, array) -> None:
-    """Raises `UnsupportedLayoutError` if `array`'s filters or codecs are missing."""
-    format_of(array).check_array(path, array)
-
-
-def chunk_bytes(array) -> int | None:
-    """Decoded bytes of one compressed chunk of `array`; None otherwise."""
-    return format_of(array).chunk_bytes(array)
-
-
-def stat_path(path: str, storage_options: dict | None = None) -> FileStat:
-    """The `FileStat` of a file, object or store now (FileNotFoundError if none)."""
-    return formats.for_path(os.fspath(path)).stat_path(path, storage_options)
-
-
-def stat_of(f, path: str) -> FileStat:
-    """The stat of an open file (a store's: taken when it was opened)."""
-    return format_of(f).stat_of(f, path)
-
-
-def range_reader(
-    node, path: str, fd, *, cache_bytes: int = 0, fill_missing: bool | str = False
-) -> formats.RangeReader:
-    """The reader of element ranges of one array (`Format.range_reader`)."""
-    return format_of(node).range_reader(
-        node, path, fd, cache_bytes=cache_bytes, fill_missing=fill_missing
-    )

@@ -136,7 +136,8 @@ def _plain_kind(elem):
         and _nodes.is_string_array(categories)
     ):
         return None
-    return _nodes.strings(categories), np.dtype(codes.dtype), codes.shape[0], codes
+    names = _nodes.format_of(categories).strings(categories)
+    return names, np.dtype(codes.dtype), codes.shape[0], codes
 
 
 def _plain_column(elem) -> ObsColumn | None:

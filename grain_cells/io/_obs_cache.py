@@ -19,9 +19,9 @@ import numpy as np
 from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
 from grain_cells.io import _h5ad, _nodes
+from grain_cells.io._h5ad import open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
-from grain_cells.io._open import open_file
 
 _log = logging.getLogger("grain_cells")
 
@@ -212,7 +212,9 @@ def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
         identity.check_stat(now, "reading obs")
     f = open_file(identity.path, files.storage_options, identity.stat)
     try:
-        identity.check_stat(_nodes.stat_of(f, identity.path), "reading obs")
+        identity.check_stat(
+            _nodes.format_of(f).stat_of(f, identity.path), "reading obs"
+        )
         return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
     finally:
         f.close()

@@ -21,9 +21,8 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
-from grain_cells.io._matrix import CsrReader, DenseReader
-from grain_cells.io._obsm import FieldReader, element_reader, inspect_element
-from grain_cells.io._open import open_file
+from grain_cells.io._h5ad import inspect_element, open_file
+from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
 

@@ -90,7 +90,7 @@ def test_a_repeated_string_list_is_one_read_only_array(tmp_path):
         _write(p)
     with h5py.File(paths[0], "r") as a, h5py.File(paths[1], "r") as b:
         first, second = (
-            _nodes.strings(_index_strings(f["var/_index"])) for f in (a, b)
+            _nodes.format_of(f).strings(_index_strings(f["var/_index"])) for f in (a, b)
         )
         assert first is second
         assert not first.flags.writeable

@@ -30,8 +30,8 @@ import grain_cells
 from grain_cells import synthetic
 from grain_cells.io import _obs_cache as obs_cache
 from grain_cells.io._file_set import FileSet, OpenFiles
+from grain_cells.io._h5ad import open_file
 from grain_cells.io._obs import read_obs_column
-from grain_cells.io._open import open_file
 
 SIZES = (obs_cache.MIN_CELLS + 5, obs_cache.MIN_CELLS + 11)
 COLUMNS = ("cell_type", "donor", "idx", "score")

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from grain_cells import formats
 from grain_cells.errors import CorruptDataError
-from grain_cells.io._open import open_file
+from grain_cells.io._h5ad import open_file
 
 N_CELLS = 40
 

@@ -15,7 +15,7 @@ import toy_format
 
 import grain_cells
 from grain_cells import formats
-from grain_cells.io._open import open_file
+from grain_cells.io._h5ad import open_file
 
 N_CELLS, N_GENES = 200, 30
 
