@@ -220,3 +220,22 @@ def test_an_http_store_reads_and_has_an_identity(tmp_path):
         meta = path / "zarr.json"
         meta.write_text(meta.read_text() + " ")
         assert store_digest(url) != digest
+
+
+def test_annbatch_stores_names_what_is_not_a_store(tmp_path):
+    """A plain file and a folder without zarr metadata are refused by name,
+    with AnnDataSource's message, not a zip or zarr library error."""
+    import grain_cells
+
+    plain = tmp_path / "notes.zarr"
+    plain.write_text("not a store")
+    with pytest.raises(errors.AnnDataFormatError, match="neither a zip archive"):
+        grain_cells.annbatch_stores(plain)
+    folder = tmp_path / "empty.zarr"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("x")
+    with pytest.raises(errors.AnnDataFormatError, match=r"empty\.zarr") as e:
+        grain_cells.annbatch_stores(folder)
+    with pytest.raises(errors.AnnDataFormatError) as again:
+        grain_cells.AnnDataSource(folder)
+    assert str(e.value).split(";")[0] == str(again.value).split(";")[0]
