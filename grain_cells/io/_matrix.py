@@ -297,10 +297,14 @@ class DenseReader:
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
+        return self._read(starts, stops, buf, "dense", (self.info.n_vars,), pool)
+
+    def _read(self, starts, stops, buf: RowBuffer, name: str, row_shape, pool):
+        """Stored rows into `buf`'s array `name` of `(rows, *row_shape)`."""
         starts = np.asarray(starts, np.int64)
         stops = np.asarray(stops, np.int64)
         n_rows = int((stops - starts).sum())
-        out = buf.get("dense", (n_rows, self.info.n_vars), self._x.dtype)
+        out = buf.get(name, (n_rows, *row_shape), self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
 
@@ -399,11 +403,8 @@ class FieldReader(DenseReader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads whole records, then copies the field out in its value dtype."""
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        n = int((stops - starts).sum())
-        records = buf.get("records", (n,), self._x.dtype)
-        self._x.read(starts, stops, records, pool)
+        records = self._read(starts, stops, buf, "records", (), pool)
+        n = records.shape[0]
         out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
         out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)
         return out
