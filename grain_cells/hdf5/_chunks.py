@@ -11,7 +11,6 @@ import math
 import threading
 import weakref
 import zlib
-from typing import NamedTuple
 
 import deflate as _deflate  # a core dependency
 import h5py
@@ -38,10 +37,7 @@ try:
 except ImportError:
     _lzf = None
 
-FILTER_DEFLATE = 1
-FILTER_SHUFFLE = 2
-FILTER_FLETCHER32 = 3
-FILTER_LZF = 32000
+FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32, FILTER_LZF = 1, 2, 3, 32000
 
 # Decode only a chunk's prefix (zlib, unchecked adler32) when a read uses at
 # most this share of it; 0: off, so no input yields silent wrong data
@@ -49,52 +45,35 @@ FILTER_LZF = 32000
 PREFIX_FRACTION = 0.0
 
 
-class Filter(NamedTuple):
-    """One stage of a dataset's filter pipeline, as HDF5 lists it."""
-
-    id: int
-    cd_values: tuple[int, ...]
-
-
-def dataset_filters(dataset: h5py.Dataset) -> tuple[Filter, ...]:
-    """The filters of a dataset, in the order they were applied on write."""
+def dataset_filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """`(filter id, cd_values)` of each filter of a dataset, in write order."""
     dcpl = dataset.id.get_create_plist()
-    out = []
-    for i in range(dcpl.get_nfilters()):
-        code, _flags, values, _name = dcpl.get_filter(i)
-        out.append(Filter(int(code), tuple(int(v) for v in values)))
-    return tuple(out)
+    filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
+    return tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in filters)
+
+
+_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+_DECODES = {1, 2, 3} | ({FILTER_LZF} if _lzf is not None else set())
 
 
 class Pipeline:
-    """Decodes a dataset's stored chunks into their element bytes. Thread-safe."""
+    """Decodes a dataset's stored chunks (`chunk_nbytes` decoded). Thread-safe."""
 
-    def __init__(self, filters: tuple[Filter, ...], chunk_nbytes: int):
-        """`filters` in write order (each one `supports`); `chunk_nbytes` decoded."""
-        self.filters = filters
-        self.chunk_nbytes = int(chunk_nbytes)
-
-    @staticmethod
-    def supports(f: Filter) -> bool:
-        """Whether this module decodes filter `f` (in this environment)."""
-        if f.id == FILTER_LZF:
-            return _lzf is not None
-        return f.id in (FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32)
+    def __init__(self, filters: tuple[tuple[int, tuple[int, ...]], ...], nbytes: int):
+        self.filters, self.chunk_nbytes = filters, int(nbytes)
 
     @classmethod
     def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
         """The pipeline of a chunked dataset whose filters it decodes, else None."""
-        if dataset.chunks is None:
-            return None
-        filters = dataset_filters(dataset)
-        if not filters or not all(cls.supports(f) for f in filters):
+        filters = () if dataset.chunks is None else dataset_filters(dataset)
+        if not filters or any(f[0] not in _DECODES for f in filters):
             return None
         nbytes = int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
         return cls(filters, nbytes)
 
     def describe(self) -> str:
         """The pipeline in write order, e.g. `shuffle+deflate`."""
-        return "+".join(_NAMES.get(f.id, str(f.id)) for f in self.filters)
+        return "+".join(_NAMES.get(f, str(f)) for f, _ in self.filters)
 
     def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
         """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
@@ -103,7 +82,7 @@ class Pipeline:
         """
         if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
             active = [
-                f.id for i, f in enumerate(self.filters) if not filter_mask & (1 << i)
+                f for i, (f, _) in enumerate(self.filters) if not filter_mask >> i & 1
             ]
             if active == [FILTER_DEFLATE]:  # zlib stops after `need` bytes
                 try:
@@ -122,8 +101,8 @@ class Pipeline:
         for i in range(len(self.filters) - 1, -1, -1):
             if filter_mask & (1 << i):
                 continue
-            f = self.filters[i]
-            if f.id == FILTER_DEFLATE:
+            f, values = self.filters[i]
+            if f == FILTER_DEFLATE:
                 # Stages above deflate may have grown the chunk (fletcher32);
                 # the size check below catches a wrong final size.
                 try:
@@ -131,8 +110,8 @@ class Pipeline:
                 except _deflate.DeflateError as e:
                     raise ChunkDecodeError(f"bad deflate stream ({e})") from None
                 fresh = True
-            elif f.id == FILTER_SHUFFLE:  # a trailing partial element is as stored
-                size = f.cd_values[0] if f.cd_values else 1
+            elif f == FILTER_SHUFFLE:  # a trailing partial element is as stored
+                size = values[0] if values else 1
                 arr = np.frombuffer(buf, np.uint8)
                 n = arr.size // size
                 if size > 1 and n > 1:
@@ -141,9 +120,9 @@ class Pipeline:
                     out[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
                     out[body:] = arr[body:]
                     buf, fresh = out, True
-            elif f.id == FILTER_FLETCHER32:
+            elif f == FILTER_FLETCHER32:
                 buf = verify_fletcher32(buf)
-            elif f.id == FILTER_LZF:
+            elif f == FILTER_LZF:
                 out = _lzf.decompress(bytes(buf), self.chunk_nbytes + 64)
                 if out is None:
                     raise ChunkDecodeError("bad lzf stream")
@@ -157,9 +136,6 @@ class Pipeline:
                 f"decoded to {arr.size} bytes, a chunk holds {self.chunk_nbytes}"
             )
         return arr
-
-
-_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 
 
 def fletcher32(buf) -> int:
@@ -244,10 +220,7 @@ class ChunkedReader:
 
     @classmethod
     def create(cls, dataset, path: str, fd, *, cache_bytes: int = 0):
-        """A reader (`cache_bytes`: decoded chunks kept in `SHARED`), or None for h5py.
-
-        None unless in whole-row chunks, all written, a `Pipeline`, read as stored.
-        """
+        """A reader of whole-row chunks all written, read as stored; else None."""
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
         dtype = dataset.dtype  # float16 and big-endian: h5py converts them
