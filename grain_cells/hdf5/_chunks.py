@@ -1,8 +1,6 @@
 """Rows of a compressed, chunked HDF5 dataset, decoded outside HDF5 in threads.
 
-`Pipeline` undoes a dataset's filters, GIL released; `ChunkedReader` reads and
-decodes the chunks a batch touches, hot ones kept in `SHARED`. Design notes:
-docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
+Design notes: docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
 """
 
 from __future__ import annotations
@@ -76,10 +74,7 @@ class Pipeline:
         return "+".join(_NAMES.get(f, str(f)) for f, _ in self.filters)
 
     def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
-        """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
-
-        At least its first `need` bytes when that is at most `PREFIX_FRACTION`.
-        """
+        """A chunk as `chunk_nbytes` uint8 (or its first `need`: `PREFIX_FRACTION`)."""
         if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
             active = [
                 f for i, (f, _) in enumerate(self.filters) if not filter_mask >> i & 1
@@ -202,7 +197,7 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
 class ChunkedReader:
     """`formats.RangeReader` of a compressed dataset (built by `create`)."""
 
-    direct, decoded, byte_layout = False, True, None
+    direct, decoded = False, True
 
     def __init__(self, dataset, path, fd, pipeline, table, cache_bytes):
         self.name, self.path, self.pipeline = dataset.name, path, pipeline

@@ -1,8 +1,6 @@
-"""Batched reads of sorted row ranges of one HDF5 dataset (`range_reader`).
+"""Row ranges of an HDF5 dataset: positional, `_chunks` decoding, else h5py.
 
-Positional reads for uncompressed data, `ChunkedReader` for the filters
-`_chunks` decodes, h5py for anything else; `read_positional` for a build's
-small reads. Design notes: docs/reference/design.md#hdf5-reads.
+Design notes: docs/reference/design.md#hdf5-reads.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5 import _layout
+from grain_cells.hdf5 import _open
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
 
@@ -33,35 +31,20 @@ _LAYOUTS: dict[int, tuple] = {}
 
 
 def range_reader(dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
-    """`formats.RangeReader` of a dataset: positional, chunk-decoding, else h5py.
-
-    `fd`: a descriptor or `ByteReader` of the file `path` (None: h5py only).
-    Raises `errors.UnsupportedLayoutError` for a filter this HDF5 lacks.
-    """
-    _layout.check_filters(path, dataset)
+    """The `RangeReader` of a dataset (`fd`: descriptor, `ByteReader` or None)."""
     fd = as_byte_reader(fd, path)
-    if fd is not None and (layout := byte_layout(dataset, path)) is not None:
-        return Positional(layout, path, fd)
-    if fd is not None:
-        chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
-        if chunked is not None:
-            return chunked
-    return H5pyReader(dataset, path, fd)
-
-
-class Positional(PositionalReader):
-    """A `formats.PositionalReader` that names its `byte_layout` (layout cache)."""
-
-    @property
-    def byte_layout(self) -> ByteLayout:
-        return self.layout
+    if fd is None:
+        return H5pyReader(dataset, path, fd)
+    if (layout := byte_layout(dataset, path)) is not None:
+        return PositionalReader(layout, path, fd)
+    chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
+    return chunked or H5pyReader(dataset, path, fd)
 
 
 class H5pyReader:
     """`formats.RangeReader` through h5py, which converts what it stores otherwise."""
 
     direct = decoded = False
-    byte_layout = None
 
     def __init__(self, dataset: h5py.Dataset, path: str, fd):
         self.name, self.path, self._dataset = dataset.name, path, dataset
@@ -78,10 +61,9 @@ class H5pyReader:
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        row_items = math.prod(self.row_shape)
-        ds = self._dataset
-        flat = out.reshape(-1)
-        pos = 0
+        ds, flat, pos = self._dataset, out.reshape(-1), 0
+        tail = tuple(self.row_shape)
+        zeros, row_items = (0,) * len(tail), math.prod(tail)
         try:
             for lo in range(0, starts.size, _MAX_HYPERSLABS_PER_READ):
                 s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ]
@@ -89,8 +71,6 @@ class H5pyReader:
                 n_rows = int((e - s).sum())
                 fspace = ds.id.get_space()
                 fspace.select_none()
-                tail = tuple(self.row_shape)
-                zeros = (0,) * len(tail)
                 for a, b in zip(s.tolist(), e.tolist(), strict=True):
                     fspace.select_hyperslab(
                         (a, *zeros), (b - a, *tail), op=h5py.h5s.SELECT_OR
@@ -109,7 +89,7 @@ class H5pyReader:
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
-    return _layout.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
+    return _open.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 
 
 def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
@@ -117,9 +97,9 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
     dsid = ds.id
-    if not _layout.stored_in(ds, path):  # behind an external link
+    if not _open.stored_in(ds, path):  # behind an external link
         return None
-    plist = _layout.create_plist(dsid)
+    plist = _open.create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
     shape = ds.shape  # h5py keeps a read-only dataset's shape
@@ -142,15 +122,10 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
 
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
-    """`ds[index]` by `pread` through HDF5's own descriptor, or None for h5py.
-
-    For a 1-D dataset of a file `open_h5` opened from the local `path` whose
-    bytes lie as read (`byte_layout`); `index` a slice of step 1, or sorted
-    distinct integers in range. Raises `OSError` for a truncated file.
-    """
+    """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
     if len(ds.shape) != 1:
         return None
-    fd = _layout.local_fd(ds, path)
+    fd = _open.local_fd(ds, path)
     if fd is None:
         return None
     layout = byte_layout(ds, path)
