@@ -1,7 +1,6 @@
 """`RemoteByteReader`: range GETs of one object version, merged, concurrent, ahead.
 
-Hints (`advise`) never change what is read, only when; `pin` keeps pieces in a
-`Pieces` table. Design notes: docs/reference/design.md#storage-remote-reader.
+Design notes: docs/reference/design.md#storage-remote-reader.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells.storage._readers import FileStat, ShortReadError
 from grain_cells.storage.remote import _versions
-from grain_cells.storage.remote._store import max_in_flight, store_for
+from grain_cells.storage.remote._store import max_in_flight
 
 MERGE_GAP = 64 << 10
 # `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
@@ -155,30 +154,21 @@ class RemoteByteReader:
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
-        self._object_store = None
         # `verify_reads`: digests of every block of the version, else None.
         self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
         self._check_s = _versions.content_check_s(storage_options)
         self._next_check = time.monotonic() + self._check_s
-        fork.in_child_of(self, RemoteByteReader._forget_store)
         # Read-ahead requests by start (oldest first), their bytes held or due.
         self._ahead: dict[int, _Ahead] = {}
         self._ahead_starts: list[int] = []
         self._ahead_held = 0
 
-    def _store(self):
-        if self._object_store is None:  # (a forked child builds its own)
-            self._object_store = store_for(self.name, self._options)
-        return self._object_store
-
-    def _forget_store(self) -> None:
-        self._object_store = None
-
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         """One buffer per `(start, end)`; `verify_reads` checks whole blocks."""
-        size, table = self._stat.size, self._table
+        stat, table = self._stat, self._table
+        size = stat.size
         end = max(e for _, e in ranges)
         if end > size:
             raise ShortReadError(size, end)
@@ -190,9 +180,7 @@ class RemoteByteReader:
             ]
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
-            datas = _versions.get_ranges(
-                self.name, self._options, wide, self._stat, self._store(), one
-            )
+            datas = _versions.get_ranges(self.name, self._options, wide, stat, one)
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
             if table is None:
                 raise
@@ -352,7 +340,7 @@ class RemoteByteReader:
             if now < self._next_check:
                 return self._stat
             self._next_check = now + self._check_s
-        return _versions.version_of(self.name, self._options, self._store())
+        return _versions.version_of(self.name, self._options)
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces (cancels GETs not started)."""
