@@ -1,9 +1,6 @@
-"""The seam between AnnData's schema (`grain_cells.io`) and the formats storing it.
+"""The seam between AnnData's schema (`io`) and the formats storing it.
 
-A `Format` opens a path or URL into AnnData's tree, reads row ranges of an
-array (`RangeReader`), says what locates an array's bytes and stats a file;
-`grain_cells.hdf5` and `grain_cells.zarr` implement and `register` one
-(docs/reference/design.md, "Formats").
+`hdf5` and `zarr` each `register` a `Format` (docs/reference/design.md, "Formats").
 """
 
 from grain_cells.formats._positional import (

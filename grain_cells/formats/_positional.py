@@ -1,9 +1,6 @@
-"""Reads that format readers share: positional reads, and decoded chunks cached.
+"""What format readers share: positional reads at a `ByteLayout`, a chunk LRU.
 
-`ByteLayout` says where an array's bytes lie (valid across a reopen of the same
-bytes); `PositionalReader` reads ranges there through a `storage.ByteReader`;
-`ChunkCache` is the LRU of decoded chunks. Design notes:
-docs/reference/design.md#formats-positional.
+Design notes: docs/reference/design.md#formats-positional.
 """
 
 from __future__ import annotations
@@ -28,10 +25,7 @@ LAYOUT_OVERHEAD_BYTES = 512
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ByteLayout:
-    """Where an array's bytes lie: `chunk_rows` rows at each of `offsets`.
-
-    Contiguous: one piece of all rows, `chunk_length` None. `dtype` is read as is.
-    """
+    """`chunk_rows` rows at each of `offsets` (contiguous: `chunk_length` None)."""
 
     name: str
     dtype: np.dtype
@@ -47,10 +41,7 @@ class ByteLayout:
 
 
 class PositionalReader:
-    """A thread-safe `formats.RangeReader` of positional reads at a `ByteLayout`.
-
-    `fd` is the file's `ByteReader`; its owner closes it.
-    """
+    """A `RangeReader` of positional reads at a `ByteLayout` (`fd` not owned)."""
 
     decoded = False
     direct = True
@@ -99,11 +90,7 @@ class PositionalReader:
         return offsets, nbytes
 
     def read_merged(self, starts, stops, out, pool) -> None:
-        """Reads checked, merged ranges into `out` (threads for large reads).
-
-        Raises:
-            errors.CorruptDataError: The file is truncated.
-        """
+        """Reads checked, merged ranges into `out`; `CorruptDataError` if truncated."""
         offsets, nbytes = self.pieces(starts, stops)
         dest = out.reshape(-1).view(np.uint8)
         total = int(nbytes.sum())

@@ -48,11 +48,7 @@ def run_parts(
     sizes: np.ndarray | None = None,
     min_bytes: int = 1,
 ) -> list[tuple[int, int]]:
-    """Splits `task(a, b)` over `[0, n)` into at most `max_tasks` parts run in `pool`.
-
-    Parts of equal count, or of equal `sizes` (`min_bytes` each at least); futures go
-    to `pending` or are waited for here. Returns what the caller runs itself.
-    """
+    """Runs `task(a, b)` over `[0, n)` in parts in `pool`; returns the caller's part."""
     total = 0 if sizes is None else int(sizes.sum())
     n_tasks = min(n, max_tasks, n if sizes is None else total // min_bytes)
     if pool is None or n_tasks < 2:

@@ -1,6 +1,5 @@
-"""Bytes of local files and objects by position: `ByteReader`, `FileStat`.
+"""`ByteReader`s of files by position (`os.preadv`) and `FileStat`.
 
-`LocalByteReader` (`os.preadv`) here; `remote.RemoteByteReader` (range GETs).
 Design notes: docs/reference/design.md#storage-readers.
 """
 
@@ -14,10 +13,7 @@ from typing import Protocol
 
 @dataclasses.dataclass(frozen=True)
 class FileStat:
-    """Where a file is and when it last changed (`os.stat` fields).
-
-    Objects: `etag` and `content` digest; zarr stores: `store`, a digest of keys.
-    """
+    """`os.stat` fields; objects add `etag` and `content`, zarr stores `store`."""
 
     dev: int
     ino: int
@@ -98,14 +94,10 @@ class ShortReadError(EOFError):
 
 
 class ByteReader(Protocol):
-    """Reads pieces of one file or object (`name`, for messages); thread-safe.
+    """Reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`; thread-safe.
 
-    `remote`: each read is a round trip to a store (callers `advise` first).
-    `read_into` reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`
-    (`ShortReadError` where the file ends first); `advise` hints pieces read
-    soon (never raises); `pin` keeps pieces at hand (the page cache; remote:
-    in memory, within `PIN_BYTES`); `stat` is the file's stat now (local) or
-    as the source was built (remote); `close` releases what it owns.
+    Raises `ShortReadError`. `remote`: a read is a round trip; `advise` (never
+    raises) and `pin` are hints; `stat` is the file's now (remote: as built).
     """
 
     name: str
@@ -127,15 +119,11 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class ReadCounts:
-    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set."""
 
-    `supported` turns False where `RWF_NOWAIT` is refused.
-    """
-
-    def __init__(self):
-        self.pieces = self.missed = 0
-        self.supported = bool(_NOWAIT)
-        self.probe = False
+    pieces = missed = 0
+    supported = bool(_NOWAIT)  # False once `RWF_NOWAIT` is refused
+    probe = False
 
     def snapshot(self) -> tuple[int, int]:
         """`(pieces, missed)` now."""
@@ -146,10 +134,7 @@ read_counts = ReadCounts()
 
 
 def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
-    """`LocalByteReader.read_into` of many files' pieces (descriptor `fds[i]`).
-
-    Counted in `read_counts` while it probes. Raises `ShortReadError`.
-    """
+    """`LocalByteReader.read_into` of pieces of `fds[i]`, counted while probing."""
     view = memoryview(dest)
     preadv = os.preadv
     counts = read_counts
@@ -181,10 +166,7 @@ def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
 
 
 def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
-    """`pread_pieces` of the pieces the page cache holds (True), the others hinted.
-
-    Where `RWF_NOWAIT` is refused, pieces are read waiting.
-    """
+    """`pread_pieces` of the pieces the page cache holds (True), the others hinted."""
     view = memoryview(dest)
     preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0
     out = []

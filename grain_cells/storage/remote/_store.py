@@ -1,7 +1,6 @@
 """Object stores (obstore) by URL: options, credentials, retries, request counts.
 
-Design notes: docs/reference/design.md#storage-remote-store (AWS profiles:
-#storage-remote-aws; retries: #storage-remote-retries).
+Design notes: docs/reference/design.md#storage-remote-store.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Writing, listing and deleting objects: what `preshuffle` does to a bucket.
-
-Errors are `_versions.store_error`'s. Design notes:
-docs/reference/design.md#storage-remote-writes.
-"""
+"""Writing, listing and deleting objects (`preshuffle`); errors `store_error`'s."""
 
 from __future__ import annotations
 
