@@ -8,6 +8,8 @@ from grain_cells.formats._positional import (
     ByteLayout,
     ChunkCache,
     PositionalReader,
+    dest_bytes,
+    truncated,
 )
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
@@ -34,12 +36,14 @@ __all__ = [
     "PositionalReader",
     "RangeReader",
     "checked_ranges",
+    "dest_bytes",
     "for_path",
     "missing_path",
     "of",
     "register",
     "registered",
     "run_parts",
+    "truncated",
     "unregister",
     "value_dtype",
     "wait_all",

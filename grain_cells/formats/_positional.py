@@ -70,10 +70,25 @@ class PositionalReader:
             self._fd.advise(offsets.tolist(), nbytes.tolist())
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
-        del pending  # every read completes before returning
         starts, stops = checked_ranges(self, starts, stops)
-        if starts.size:
-            self.read_merged(starts, stops, out, pool)
+        if not starts.size:
+            return  # (every read completes before returning: no `pending`)
+        offsets, nbytes = self.pieces(starts, stops)
+        dest = dest_bytes(out, nbytes)
+        dest_starts = np.cumsum(nbytes) - nbytes
+
+        def task(a, b):
+            parts = (offsets[a:b], nbytes[a:b], dest_starts[a:b])
+            self._pread_all(dest, *(part.tolist() for part in parts))
+
+        # A remote reader runs its own GETs concurrently: pool threads would
+        # only add GIL hand-offs.
+        pool = None if self._fd.remote else pool
+        threads, least = getattr(pool, "threads", 4), _MIN_BYTES_PER_THREAD
+        for a, b in run_parts(
+            pool, nbytes.size, task, sizes=nbytes, max_tasks=threads, min_bytes=least
+        ):
+            task(a, b)
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):
         """Ranges cut at chunk boundaries, adjacent pieces merged: (offsets, nbytes)."""
@@ -89,46 +104,30 @@ class PositionalReader:
                 offsets = offsets[heads]
         return offsets, nbytes
 
-    def read_merged(self, starts, stops, out, pool) -> None:
-        """Reads checked, merged ranges into `out`; `CorruptDataError` if truncated."""
-        offsets, nbytes = self.pieces(starts, stops)
-        dest = out.reshape(-1).view(np.uint8)
-        total = int(nbytes.sum())
-        if total > dest.size:
-            raise ValueError(
-                f"destination holds {dest.size} bytes, the ranges need {total}"
-            )
-        dest_starts = np.cumsum(nbytes) - nbytes
-
-        def task(a, b):
-            self._pread_all(
-                dest,
-                offsets[a:b].tolist(),
-                nbytes[a:b].tolist(),
-                dest_starts[a:b].tolist(),
-            )
-
-        # A remote reader runs its own GETs concurrently: pool threads would
-        # only add GIL hand-offs.
-        for a, b in run_parts(
-            None if self._fd.remote else pool,
-            nbytes.size,
-            task,
-            max_tasks=getattr(pool, "threads", 4),
-            sizes=nbytes,
-            min_bytes=_MIN_BYTES_PER_THREAD,
-        ):
-            task(a, b)
-
     def _pread_all(self, dest, offsets, nbytes, dest_starts) -> None:
         try:
             self._fd.read_into(dest, offsets, nbytes, dest_starts)
         except ShortReadError as e:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
-                f"file but HDF5 places data up to byte {e.needed}: the file is "
-                "truncated."
-            ) from None
+            raise truncated(self, e) from None
+
+
+def dest_bytes(out: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """`out` as bytes, checked to hold `nbytes` (`ValueError`)."""
+    dest, total = out.reshape(-1).view(np.uint8), int(nbytes.sum())
+    if total > dest.size:
+        raise ValueError(
+            f"destination holds {dest.size} bytes, the ranges need {total}"
+        )
+    return dest
+
+
+def truncated(reader, e: ShortReadError, what: str = "data") -> errors.CorruptDataError:
+    """The error of a read past the end of `reader`'s file."""
+    return errors.CorruptDataError(
+        f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
+        f"file but HDF5 places {what} up to byte {e.needed}: the file is "
+        "truncated."
+    )
 
 
 class ChunkCache:
@@ -166,4 +165,4 @@ class ChunkCache:
                 self.nbytes -= self._entries.pop(key).nbytes
 
 
-__all__ = ["ByteLayout", "ChunkCache", "PositionalReader"]
+__all__ = ["ByteLayout", "ChunkCache", "PositionalReader", "dest_bytes", "truncated"]

@@ -20,10 +20,12 @@ from grain_cells.formats import (
     ChunkCache,
     ChunkDecodeError,
     checked_ranges,
+    dest_bytes,
     run_parts,
+    truncated,
     value_dtype,
 )
-from grain_cells.storage import ShortReadError, as_byte_reader
+from grain_cells.storage import ShortReadError, as_byte_reader, plan_requests
 
 MAX_RUN_BYTES = 4 << 20
 # Decoded chunks of every reader of the process, each trimming it to its own
@@ -257,12 +259,7 @@ class ChunkedReader:
         nbytes = (p_stop - p_start) * rb
         src = (p_start - chunk * c) * rb
         dst = np.cumsum(nbytes) - nbytes
-        total = int(nbytes.sum())
-        dest = out.reshape(-1).view(np.uint8)
-        if total > dest.size:
-            raise ValueError(
-                f"destination holds {dest.size} bytes, the ranges need {total}"
-            )
+        dest = dest_bytes(out, nbytes)
         # Pieces are sorted by chunk: each chunk's pieces are one slice.
         uniq, piece_lo = np.unique(chunk, return_index=True)
         piece_hi = np.append(piece_lo[1:], chunk.size)
@@ -284,25 +281,12 @@ class ChunkedReader:
 
     def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Positions `[a, b)` into `uniq` of chunks read with one pread each."""
-        offsets = self._offsets[uniq]
-        sizes = self._sizes[uniq]
-        order_ok = uniq.size < 2 or bool((offsets[1:] > offsets[:-1]).all())
-        if not order_ok:  # chunks stored out of order: one read per chunk
+        offsets, sizes = self._offsets[uniq], self._sizes[uniq]
+        if uniq.size > 1 and not (offsets[1:] > offsets[:-1]).all():  # out of order
             return [(i, i + 1) for i in range(uniq.size)]
-        touching = offsets[1:] == offsets[:-1] + sizes[:-1]
-        runs = []
-        a = 0
-        run_bytes = int(sizes[0]) if uniq.size else 0
-        for i in range(1, uniq.size):
-            size = int(sizes[i])
-            if touching[i - 1] and run_bytes + size <= MAX_RUN_BYTES:
-                run_bytes += size
-                continue
-            runs.append((a, i))
-            a, run_bytes = i, size
-        if uniq.size:
-            runs.append((a, uniq.size))
-        return runs
+        return [
+            (a, b) for _, _, a, b in plan_requests(offsets, sizes, 0, MAX_RUN_BYTES)
+        ]
 
     def _read_runs(self, runs, work) -> None:
         uniq, piece_lo, piece_hi, (src, dst, nbytes), dest = work
@@ -338,11 +322,7 @@ class ChunkedReader:
         try:
             self._fd.read_into(view, [offset], [nbytes], [0])
         except ShortReadError as e:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
-                f"file but HDF5 places chunk {chunk} up to byte "
-                f"{offset + nbytes}: the file is truncated."
-            ) from None
+            raise truncated(self, e, f"chunk {chunk}") from None
         return view
 
     def _decode(self, k: int, raw, need: int | None = None) -> np.ndarray:

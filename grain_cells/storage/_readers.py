@@ -201,6 +201,24 @@ def advise_pieces(fds, offsets, nbytes) -> None:
             continue
 
 
+def plan_requests(offsets, nbytes, gap: int, max_bytes: int) -> list[tuple]:
+    """Sorted pieces `gap` apart as requests `(start, end, first, stop piece)`."""
+    requests = []
+    if offsets.size == 0:
+        return requests
+    ends = offsets + nbytes
+    start, end, first = int(offsets[0]), int(ends[0]), 0
+    for i in range(1, offsets.size):
+        o, e = int(offsets[i]), int(ends[i])
+        if o <= end + gap and max(end, e) - start <= max_bytes:
+            end = max(end, e)
+            continue
+        requests.append((start, end, first, i))
+        start, end, first = o, e, i
+    requests.append((start, end, first, int(offsets.size)))
+    return requests
+
+
 def as_byte_reader(fd, name: str) -> ByteReader | None:
     """`fd` as a `ByteReader`: an int descriptor is wrapped, not owned."""
     if fd is None or not isinstance(fd, int):

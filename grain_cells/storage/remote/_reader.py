@@ -8,6 +8,8 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import functools
+import itertools
 import os
 import pathlib
 import threading
@@ -17,7 +19,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._readers import FileStat, ShortReadError
+from grain_cells.storage._readers import FileStat, ShortReadError, plan_requests
 from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight
 
@@ -31,18 +33,15 @@ BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
+_plan = functools.partial(plan_requests, gap=MERGE_GAP, max_bytes=MAX_REQUEST_BYTES)
 
 # A forked child starts its own threads: the pools' belong to the parent.
 _pools = fork.ProcessCache()
 
 
 def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    return _pools.get_or_make(
-        name,
-        lambda: concurrent.futures.ThreadPoolExecutor(
-            threads, thread_name_prefix=f"grain_cells_{name}"
-        ),
-    )
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pools.get_or_make(name, lambda: make(threads, f"grain_cells_{name}"))
 
 
 class Pieces:
@@ -74,12 +73,9 @@ class Pieces:
         """Reads the pieces saved at `path` (raises as `np.load`)."""
         with np.load(self.path) as saved:
             offsets, sizes, data = saved["offsets"], saved["sizes"], saved["data"]
-        ends = np.cumsum(sizes).tolist()
-        self.starts = offsets.tolist()
-        self.datas = [
-            data[e - s : e].tobytes() for s, e in zip(sizes.tolist(), ends, strict=True)
-        ]
-        self.nbytes = sum(sizes.tolist())
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self.starts, self.nbytes = offsets.tolist(), bounds[-1]
+        self.datas = [data[a:b].tobytes() for a, b in itertools.pairwise(bounds)]
 
     def save(self) -> None:
         """Writes the pieces, overlapping or touching ones joined, to `path`."""
@@ -103,26 +99,6 @@ class Pieces:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
         os.replace(tmp, self.path)
-
-
-def plan_requests(
-    offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
-) -> list[tuple[int, int, int, int]]:
-    """Sorted pieces as requests `(start, end, first, stop piece)` over `gap`."""
-    requests = []
-    if offsets.size == 0:
-        return requests
-    ends = offsets + nbytes
-    start, end, first = int(offsets[0]), int(ends[0]), 0
-    for i in range(1, offsets.size):
-        o, e = int(offsets[i]), int(ends[i])
-        if o <= end + gap and max(end, e) - start <= MAX_REQUEST_BYTES:
-            end = max(end, e)
-            continue
-        requests.append((start, end, first, i))
-        start, end, first = o, e, i
-    requests.append((start, end, first, int(offsets.size)))
-    return requests
 
 
 @dataclasses.dataclass
@@ -203,7 +179,7 @@ class RemoteByteReader:
         if pieces.shape[1] == 0:
             return
         pieces = pieces[:, np.argsort(pieces[0], kind="stable")]
-        requests = plan_requests(pieces[0], pieces[1])
+        requests = _plan(pieces[0], pieces[1])
         offsets, nbytes, dest_starts = pieces.tolist()
 
         def run(batch) -> None:
@@ -236,7 +212,7 @@ class RemoteByteReader:
             sums = np.concatenate([[0], np.cumsum(nbytes)]).tolist()
             with self._lock:
                 batch: list[_Ahead] = []
-                for start, end, a, b in plan_requests(offsets, nbytes):
+                for start, end, a, b in _plan(offsets, nbytes):
                     k = bisect.bisect_right(self._ahead_starts, start) - 1
                     if k >= 0 and self._ahead[self._ahead_starts[k]].end >= end:
                         continue  # covered
