@@ -163,6 +163,3 @@ class ChunkCache:
         with self._lock:
             for key in [key for key in self._entries if key[0] == token]:
                 self.nbytes -= self._entries.pop(key).nbytes
-
-
-__all__ = ["ByteLayout", "ChunkCache", "PositionalReader", "dest_bytes", "truncated"]

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 
 from grain_cells import errors, formats
-from grain_cells.hdf5 import _open
+from grain_cells.hdf5 import _open, _reads
 from grain_cells.hdf5._reads import byte_layout, range_reader, read_positional
 from grain_cells.storage import FileStat, LocalByteReader
 from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
@@ -155,23 +155,14 @@ class Hdf5Format(formats.Format):
         out = read_positional(array, index, path)
         if out is not None:
             return out
-        shape = array.shape
-        if (  # h5py selects an index array's points one call at a time
-            isinstance(index, np.ndarray)
-            and index.ndim == 1
-            and index.size
-            and index.dtype.kind in "iu"
-            and shape is not None
-            and len(shape) == 1
-            and array.dtype.kind in "biuf"
-        ):
-            points = index.astype(np.int64, copy=False)
-            if points[0] >= 0 and points[-1] < shape[0] and (np.diff(points) > 0).all():
-                space = array.id.get_space()
-                space.select_elements(points.astype(np.uint64).reshape(-1, 1))
-                out = np.empty(points.size, dtype=array.dtype)
-                array.id.read(h5py.h5s.create_simple((points.size,)), space, out)
-                return out
+        shape = array.shape  # h5py selects an index array's points one at a time
+        one_d = shape is not None and len(shape) == 1 and array.dtype.kind in "biuf"
+        if one_d and (points := _reads.sorted_points(index, shape[0])) is not None:
+            space = array.id.get_space()
+            space.select_elements(points.astype(np.uint64).reshape(-1, 1))
+            out = np.empty(points.size, dtype=array.dtype)
+            array.id.read(h5py.h5s.create_simple((points.size,)), space, out)
+            return out
         return np.asarray(array[index])
 
     def element_problem(self, node, element: str) -> str | None:
@@ -376,5 +367,3 @@ def check_filters(path: str, dataset: h5py.Dataset) -> None:
 
 
 HDF5 = formats.register(Hdf5Format())
-
-__all__ = ["HDF5", "Hdf5Format"]

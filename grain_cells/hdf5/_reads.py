@@ -139,15 +139,7 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
         rows, points = layout.chunk_rows, None
         cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
         spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
-    elif (
-        isinstance(index, np.ndarray)
-        and index.ndim == 1
-        and index.size
-        and index.dtype.kind in "iu"
-    ):
-        points = index.astype(np.int64, copy=False)
-        if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
-            return None
+    elif (points := sorted_points(index, n)) is not None:
         spans = _point_spans(layout, points)
     else:
         return None
@@ -174,6 +166,18 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
     which = np.searchsorted(starts, points, side="right") - 1
     return out[firsts[which] + points - starts[which]]
+
+
+def sorted_points(index, n: int) -> np.ndarray | None:
+    """`index` as int64 if it is 1-D sorted distinct integers in `[0, n)`, else None."""
+    if not isinstance(index, np.ndarray) or index.ndim != 1 or not index.size:
+        return None
+    if index.dtype.kind not in "iu":
+        return None
+    points = index.astype(np.int64, copy=False)
+    if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
+        return None
+    return points
 
 
 def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:
