@@ -84,14 +84,14 @@ class Hdf5Format(formats.Format):
         if kind == h5py.h5i.GROUP:
             node = h5py.Group(oid)
         elif kind == h5py.h5i.DATASET:
-            read_only = _open.handle(group) is not None  # `open_h5` opens "r"
+            read_only = _reads.handle(group) is not None  # `open_h5` opens "r"
             if not read_only:
                 fid = h5py.h5i.get_file_id(oid)
                 read_only = fid.get_intent() == h5py.h5f.ACC_RDONLY
             node = h5py.Dataset(oid, readonly=read_only)
         else:
             return group.get(name)
-        _open.inherit(group, node)
+        _reads.inherit(group, node)
         return node
 
     def is_string_array(self, node) -> bool:
@@ -175,7 +175,7 @@ class Hdf5Format(formats.Format):
         check_dataset(path, array)
 
     def chunk_bytes(self, array) -> int | None:
-        if array.chunks is None or _open.create_plist(array.id).get_nfilters() == 0:
+        if array.chunks is None or _reads.create_plist(array.id).get_nfilters() == 0:
             return None
         return int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
 
@@ -201,7 +201,7 @@ class Hdf5Format(formats.Format):
 
     def array_layout(self, ds) -> list:
         """HDF5 address, shape, dtype, layout, filters and sampled chunk offsets."""
-        plist = _open.create_plist(ds.id)
+        plist = _reads.create_plist(ds.id)
         layout = plist.get_layout()
         filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
         chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None
@@ -334,7 +334,7 @@ def check_dataset(path: str, dataset: h5py.Dataset) -> None:
 
 def check_filters(path: str, dataset: h5py.Dataset) -> None:
     """`UnsupportedLayoutError` for a filter HDF5 lacks (after importing hdf5plugin)."""
-    plist = _open.create_plist(dataset.id)
+    plist = _reads.create_plist(dataset.id)
     for i in range(plist.get_nfilters()):
         code, _, _, name = plist.get_filter(i)
         if h5py.h5z.filter_avail(code):

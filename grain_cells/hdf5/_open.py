@@ -1,7 +1,7 @@
-"""HDF5 files opened read-only by path or URL, failures named; per-node records.
+"""HDF5 files opened read-only by path or URL, failures named.
 
 A URL opens on a `RangeFile` (HDF5 metadata read once per object version).
-Design notes: docs/reference/design.md#hdf5-open, #hdf5-remote, #hdf5-handles.
+Design notes: docs/reference/design.md#hdf5-open and #hdf5-remote.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import atexit
 import collections
 import contextlib
 import errno
-import functools
 import hashlib
 import io
 import logging
@@ -26,6 +25,7 @@ from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.cache_files import cache_root
 from grain_cells.formats import missing_path
+from grain_cells.hdf5 import _reads
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import Pieces, RemoteByteReader, is_url, version_of
 
@@ -67,7 +67,7 @@ def open_h5(
                 "file written by anndata"
             ) from None
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
-    opened(f, path)
+    _reads.opened(f, path)
     return f
 
 
@@ -246,74 +246,3 @@ def open_remote(url: str, storage_options: dict | None, stat: FileStat | None):
         raise _bare(rf.failure)
     range_files[f] = rf
     return f
-
-
-def held(table: dict, oid, key, make, limit: int = 64):
-    """`make()`, kept in `table` for the open node `oid` and `key`."""
-    entry = table.get(id(oid))
-    if entry is not None and entry[0]() is oid and entry[1] == key:
-        return entry[2]
-    value = make()
-    if len(table) >= limit:
-        table.clear()
-    table[id(oid)] = (weakref.ref(oid), key, value)
-    return value
-
-
-_PLISTS: dict[int, tuple] = {}
-_HANDLES: dict[int, tuple] = {}  # a build's one open file has about thirty nodes
-
-
-def create_plist(dsid):
-    """`dsid.get_create_plist()`, once per dataset (its storage cannot change)."""
-    return held(_PLISTS, dsid, None, dsid.get_create_plist)
-
-
-def opened(f: h5py.File, path: str) -> None:
-    """Records a file `open_h5` just opened read-only from the local `path`."""
-    fd = f.id.get_vfd_handle() if _default_driver_is_posix() else None
-    if not isinstance(fd, int) or fd < 0:
-        fd = None
-    held(_HANDLES, f.id, None, lambda: (path, fd), 256)
-
-
-def inherit(parent, child) -> None:
-    """`child` (opened from the group `parent`) shares its parent's record."""
-    if (record := handle(parent)) is not None:
-        held(_HANDLES, child.id, None, lambda: record, 256)
-
-
-def handle(node) -> tuple[str, int | None] | None:
-    """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
-    entry = _HANDLES.get(id(node.id))
-    return entry[2] if entry is not None and entry[0]() is node.id else None
-
-
-def local_fd(node, path: str) -> int | None:
-    """HDF5's descriptor of `path` while the open `node` lies in it, else None."""
-    record = handle(node)
-    if record is None or record[1] is None or record[0] != path:
-        return None
-    return record[1] if node.id.valid else None
-
-
-@functools.lru_cache(maxsize=1)
-def _default_driver_is_posix() -> bool:
-    """Whether `h5py.File(path)` reads through HDF5's POSIX driver (`HDF5_DRIVER`)."""
-    try:
-        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-        return fapl.get_driver() == h5py.h5fd.SEC2 and os.name == "posix"
-    except Exception:  # an HDF5 that cannot say: read through h5py
-        return False
-
-
-def stored_in(dataset: h5py.Dataset, path: str) -> bool:
-    """Whether the dataset's bytes live in the file `path` (not behind a link)."""
-    if "://" not in path and h5py.h5f.get_name(dataset.id) == os.fsencode(path):
-        return True  # HDF5 names the file as given: no `stat`
-    if "://" in path:  # an object: h5py names its file-like by the URL
-        return dataset.file.filename == path
-    try:
-        return os.path.samefile(dataset.file.filename, path)
-    except OSError:
-        return False

@@ -1,12 +1,16 @@
 """Row ranges of an HDF5 dataset: positional, `_chunks` decoding, else h5py.
 
-Design notes: docs/reference/design.md#hdf5-reads.
+Records per open node (plist, layout, descriptor). Design notes:
+docs/reference/design.md#hdf5-reads and #hdf5-handles.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import os
+import weakref
 
 import h5py
 import numpy as np
@@ -18,7 +22,6 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5 import _open
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
 
@@ -89,7 +92,7 @@ class H5pyReader:
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
-    return _open.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
+    return held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 
 
 def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
@@ -97,9 +100,9 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
     dsid = ds.id
-    if not _open.stored_in(ds, path):  # behind an external link
+    if not stored_in(ds, path):  # behind an external link
         return None
-    plist = _open.create_plist(dsid)
+    plist = create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
     shape = ds.shape  # h5py keeps a read-only dataset's shape
@@ -125,7 +128,7 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
     if len(ds.shape) != 1:
         return None
-    fd = _open.local_fd(ds, path)
+    fd = local_fd(ds, path)
     if fd is None:
         return None
     layout = byte_layout(ds, path)
@@ -197,3 +200,74 @@ def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]
             out.extend((v, v + 1) for v in values[i : j + 1])
         i = j + 1
     return out
+
+
+def held(table: dict, oid, key, make, limit: int = 64):
+    """`make()`, kept in `table` for the open node `oid` and `key`."""
+    entry = table.get(id(oid))
+    if entry is not None and entry[0]() is oid and entry[1] == key:
+        return entry[2]
+    value = make()
+    if len(table) >= limit:
+        table.clear()
+    table[id(oid)] = (weakref.ref(oid), key, value)
+    return value
+
+
+_PLISTS: dict[int, tuple] = {}
+_HANDLES: dict[int, tuple] = {}  # a build's one open file has about thirty nodes
+
+
+def create_plist(dsid):
+    """`dsid.get_create_plist()`, once per dataset (its storage cannot change)."""
+    return held(_PLISTS, dsid, None, dsid.get_create_plist)
+
+
+def opened(f: h5py.File, path: str) -> None:
+    """Records a file `open_h5` just opened read-only from the local `path`."""
+    fd = f.id.get_vfd_handle() if _default_driver_is_posix() else None
+    if not isinstance(fd, int) or fd < 0:
+        fd = None
+    held(_HANDLES, f.id, None, lambda: (path, fd), 256)
+
+
+def inherit(parent, child) -> None:
+    """`child` (opened from the group `parent`) shares its parent's record."""
+    if (record := handle(parent)) is not None:
+        held(_HANDLES, child.id, None, lambda: record, 256)
+
+
+def handle(node) -> tuple[str, int | None] | None:
+    """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
+    entry = _HANDLES.get(id(node.id))
+    return entry[2] if entry is not None and entry[0]() is node.id else None
+
+
+def local_fd(node, path: str) -> int | None:
+    """HDF5's descriptor of `path` while the open `node` lies in it, else None."""
+    record = handle(node)
+    if record is None or record[1] is None or record[0] != path:
+        return None
+    return record[1] if node.id.valid else None
+
+
+@functools.lru_cache(maxsize=1)
+def _default_driver_is_posix() -> bool:
+    """Whether `h5py.File(path)` reads through HDF5's POSIX driver (`HDF5_DRIVER`)."""
+    try:
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        return fapl.get_driver() == h5py.h5fd.SEC2 and os.name == "posix"
+    except Exception:  # an HDF5 that cannot say: read through h5py
+        return False
+
+
+def stored_in(dataset: h5py.Dataset, path: str) -> bool:
+    """Whether the dataset's bytes live in the file `path` (not behind a link)."""
+    if "://" not in path and h5py.h5f.get_name(dataset.id) == os.fsencode(path):
+        return True  # HDF5 names the file as given: no `stat`
+    if "://" in path:  # an object: h5py names its file-like by the URL
+        return dataset.file.filename == path
+    try:
+        return os.path.samefile(dataset.file.filename, path)
+    except OSError:
+        return False
