@@ -47,7 +47,7 @@ class PositionalReader:
     direct = True
 
     def __init__(self, layout: ByteLayout, path: str, fd: ByteReader):
-        self.layout = layout
+        self.layout = self.byte_layout = layout  # what the layout cache keeps
         self.name = layout.name
         self.path = path
         self.dtype = layout.dtype
