@@ -31,16 +31,9 @@ class FileStat:
 
     def matches(self, st: os.stat_result) -> bool:
         """Whether a local file's `stat` result is this (no `FileStat` built)."""
-        return not (
-            st.st_ino != self.ino
-            or st.st_dev != self.dev
-            or st.st_size != self.size
-            or st.st_mtime_ns != self.mtime_ns
-            or st.st_ctime_ns != self.ctime_ns
-            or self.etag
-            or self.content
-            or self.store
-        )
+        now = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        then = (self.ino, self.dev, self.size, self.mtime_ns, self.ctime_ns)
+        return now == then and not (self.etag or self.content or self.store)
 
     def changes(self, now: FileStat) -> list[str]:
         """What differs between this (then) and `now`, in words."""

@@ -120,11 +120,8 @@ class RemoteByteReader:
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
         """Binds the object version `stat` at `url`; sends no request."""
-        self.name = url
-        self._options = storage_options
-        self._stat = stat
-        self._pinned = Pieces()
-        self._lock = threading.Lock()
+        self.name, self._options, self._stat = url, storage_options, stat
+        self._pinned, self._lock = Pieces(), threading.Lock()
         in_flight = max_in_flight(storage_options)
         # Below PARALLEL, a call's size is what bounds its GETs in flight.
         self._small = in_flight < PARALLEL
