@@ -48,15 +48,7 @@ def stat_of(meta) -> FileStat:
 
 def head(url: str, storage_options: dict | None = None) -> FileStat:
     """The object's size, ETag and last-modified (one HEAD); raises as `store_error`."""
-    import obstore
-
-    store = _store.store_for(url, storage_options)
-    _, key = _store.split_url(url)
-    _store.count_request("head")
-    try:
-        return stat_of(obstore.head(store, key))
-    except Exception as e:
-        raise store_error(e, url, storage_options) from None
+    return stat_of(_call(url, storage_options, "read", "head", count="head"))
 
 
 def get_ranges(url, storage_options, ranges, stat: FileStat, if_match=False):
@@ -397,8 +389,8 @@ def delete(url: str, storage_options: dict | None) -> None:
     _call(url, storage_options, "delete", "delete")
 
 
-def _call(url: str, storage_options, what: str, function: str, *args, **kwargs):
-    """`obstore.<function>(store, key, ...)`; its errors named (see above)."""
+def _call(url, storage_options, what: str, function: str, *args, count="", **kwargs):
+    """`obstore.<function>(store, key, ...)` (a `count`ed request); errors named."""
     import obstore
 
     store = _store.store_for(url, storage_options)
@@ -406,6 +398,8 @@ def _call(url: str, storage_options, what: str, function: str, *args, **kwargs):
         key = _store.split_url(join(url, "x"))[1].rpartition("/")[0] or None
     else:
         key = _store.split_url(url)[1]
+    if count:
+        _store.count_request(count)
     try:
         return getattr(obstore, function)(store, key, *args, **kwargs)
     except Exception as e:
