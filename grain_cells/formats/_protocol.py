@@ -257,8 +257,9 @@ def registered() -> tuple[Format, ...]:
 def for_path(path: str | os.PathLike) -> Format:
     """The format that opens `path` (a local path or URL); ValueError if none."""
     path = os.fspath(path)
-    if fmt := next((f for f in _asked if f.can_open(path)), None):
-        return fmt
+    for fmt in _asked:
+        if fmt.can_open(path):
+            return fmt
     raise ValueError(
         f"{path}: no registered format opens it (formats: "
         f"{[f.name for f in _asked]}); import grain_cells to register "
@@ -268,4 +269,7 @@ def for_path(path: str | os.PathLike) -> Format:
 
 def of(node) -> Format | None:
     """The format that owns `node` (a group, an array, an open file), or None."""
-    return next((f for f in _asked if f.owns(node)), None)
+    for fmt in _asked:  # (a loop: no generator to make per node asked)
+        if fmt.owns(node):
+            return fmt
+    return None
