@@ -76,10 +76,10 @@ class PositionalReader:
         offsets, nbytes = self.pieces(starts, stops)
         dest = dest_bytes(out, nbytes)
         dest_starts = np.cumsum(nbytes) - nbytes
+        o, n, d = offsets.tolist(), nbytes.tolist(), dest_starts.tolist()
 
         def task(a, b):
-            parts = (offsets[a:b], nbytes[a:b], dest_starts[a:b])
-            self._pread_all(dest, *(part.tolist() for part in parts))
+            self._pread_all(dest, o[a:b], n[a:b], d[a:b])
 
         # A remote reader runs its own GETs concurrently: pool threads would
         # only add GIL hand-offs.
