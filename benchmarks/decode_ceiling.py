@@ -198,7 +198,7 @@ def codec_table(data: _Dataset, indices: _Dataset, n_chunks: int = 200) -> dict:
         pass
     out = {}
     for name, ds in (("data", data), ("indices", indices)):
-        filters = [f.id for f in ds.pipeline.filters]
+        filters = [f for f, _ in ds.pipeline.filters]
         if filters != [codecs.FILTER_DEFLATE]:
             print(f"--codecs: {name} is {ds.pipeline.describe()}, not plain deflate")
             continue

@@ -39,7 +39,7 @@ from absl import app, flags
 from grain_cells.preshuffle import _preshuffle as preshuffle_lib
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _versions as object_versions
-from grain_cells.storage.remote import _writes as object_writes
+from grain_cells.storage.remote import _versions as object_writes
 
 _DATA = flags.DEFINE_list(
     "data", None, "Comma-separated .h5ad files; default: a synthetic Tahoe-shaped file."

@@ -1,9 +1,6 @@
-"""The seam between AnnData's schema (`grain_cells.io`) and the formats storing it.
+"""The seam between AnnData's schema (`io`) and the formats storing it.
 
-A `Format` opens a path or URL into AnnData's tree, reads row ranges of an
-array (`RangeReader`), says what locates an array's bytes and stats a file;
-`grain_cells.hdf5` and `grain_cells.zarr` implement and `register` one
-(docs/reference/design.md, "Formats").
+`hdf5` and `zarr` each `register` a `Format` (docs/reference/design.md, "Formats").
 """
 
 from grain_cells.formats._positional import (
@@ -11,6 +8,8 @@ from grain_cells.formats._positional import (
     ByteLayout,
     ChunkCache,
     PositionalReader,
+    dest_bytes,
+    truncated,
 )
 from grain_cells.formats._protocol import (
     ChunkDecodeError,
@@ -37,12 +36,14 @@ __all__ = [
     "PositionalReader",
     "RangeReader",
     "checked_ranges",
+    "dest_bytes",
     "for_path",
     "missing_path",
     "of",
     "register",
     "registered",
     "run_parts",
+    "truncated",
     "unregister",
     "value_dtype",
     "wait_all",

@@ -1,9 +1,6 @@
-"""Reads that format readers share: positional reads, and decoded chunks cached.
+"""What format readers share: positional reads at a `ByteLayout`, a chunk LRU.
 
-`ByteLayout` says where an array's bytes lie (valid across a reopen of the same
-bytes); `PositionalReader` reads ranges there through a `storage.ByteReader`;
-`ChunkCache` is the LRU of decoded chunks. Design notes:
-docs/reference/design.md#formats-positional.
+Design notes: docs/reference/design.md#formats-positional.
 """
 
 from __future__ import annotations
@@ -28,10 +25,7 @@ LAYOUT_OVERHEAD_BYTES = 512
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ByteLayout:
-    """Where an array's bytes lie: `chunk_rows` rows at each of `offsets`.
-
-    Contiguous: one piece of all rows, `chunk_length` None. `dtype` is read as is.
-    """
+    """`chunk_rows` rows at each of `offsets` (contiguous: `chunk_length` None)."""
 
     name: str
     dtype: np.dtype
@@ -47,16 +41,13 @@ class ByteLayout:
 
 
 class PositionalReader:
-    """A thread-safe `formats.RangeReader` of positional reads at a `ByteLayout`.
-
-    `fd` is the file's `ByteReader`; its owner closes it.
-    """
+    """A `RangeReader` of positional reads at a `ByteLayout` (`fd` not owned)."""
 
     decoded = False
     direct = True
 
     def __init__(self, layout: ByteLayout, path: str, fd: ByteReader):
-        self.layout = layout
+        self.layout = self.byte_layout = layout  # what the layout cache keeps
         self.name = layout.name
         self.path = path
         self.dtype = layout.dtype
@@ -79,10 +70,25 @@ class PositionalReader:
             self._fd.advise(offsets.tolist(), nbytes.tolist())
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
-        del pending  # every read completes before returning
         starts, stops = checked_ranges(self, starts, stops)
-        if starts.size:
-            self.read_merged(starts, stops, out, pool)
+        if not starts.size:
+            return  # (every read completes before returning: no `pending`)
+        offsets, nbytes = self.pieces(starts, stops)
+        dest = dest_bytes(out, nbytes)
+        dest_starts = np.cumsum(nbytes) - nbytes
+        o, n, d = offsets.tolist(), nbytes.tolist(), dest_starts.tolist()
+
+        def task(a, b):
+            self._pread_all(dest, o[a:b], n[a:b], d[a:b])
+
+        # A remote reader runs its own GETs concurrently: pool threads would
+        # only add GIL hand-offs.
+        pool = None if self._fd.remote else pool
+        threads, least = getattr(pool, "threads", 4), _MIN_BYTES_PER_THREAD
+        for a, b in run_parts(
+            pool, nbytes.size, task, sizes=nbytes, max_tasks=threads, min_bytes=least
+        ):
+            task(a, b)
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):
         """Ranges cut at chunk boundaries, adjacent pieces merged: (offsets, nbytes)."""
@@ -98,50 +104,30 @@ class PositionalReader:
                 offsets = offsets[heads]
         return offsets, nbytes
 
-    def read_merged(self, starts, stops, out, pool) -> None:
-        """Reads checked, merged ranges into `out` (threads for large reads).
-
-        Raises:
-            errors.CorruptDataError: The file is truncated.
-        """
-        offsets, nbytes = self.pieces(starts, stops)
-        dest = out.reshape(-1).view(np.uint8)
-        total = int(nbytes.sum())
-        if total > dest.size:
-            raise ValueError(
-                f"destination holds {dest.size} bytes, the ranges need {total}"
-            )
-        dest_starts = np.cumsum(nbytes) - nbytes
-
-        def task(a, b):
-            self._pread_all(
-                dest,
-                offsets[a:b].tolist(),
-                nbytes[a:b].tolist(),
-                dest_starts[a:b].tolist(),
-            )
-
-        # A remote reader runs its own GETs concurrently: pool threads would
-        # only add GIL hand-offs.
-        for a, b in run_parts(
-            None if self._fd.remote else pool,
-            nbytes.size,
-            task,
-            max_tasks=getattr(pool, "threads", 4),
-            sizes=nbytes,
-            min_bytes=_MIN_BYTES_PER_THREAD,
-        ):
-            task(a, b)
-
     def _pread_all(self, dest, offsets, nbytes, dest_starts) -> None:
         try:
             self._fd.read_into(dest, offsets, nbytes, dest_starts)
         except ShortReadError as e:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
-                f"file but HDF5 places data up to byte {e.needed}: the file is "
-                "truncated."
-            ) from None
+            raise truncated(self, e) from None
+
+
+def dest_bytes(out: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """`out` as bytes, checked to hold `nbytes` (`ValueError`)."""
+    dest, total = out.reshape(-1).view(np.uint8), int(nbytes.sum())
+    if total > dest.size:
+        raise ValueError(
+            f"destination holds {dest.size} bytes, the ranges need {total}"
+        )
+    return dest
+
+
+def truncated(reader, e: ShortReadError, what: str = "data") -> errors.CorruptDataError:
+    """The error of a read past the end of `reader`'s file."""
+    return errors.CorruptDataError(
+        f"{reader.path}: {reader.name} ends at byte {e.end_of_file} of the "
+        f"file but HDF5 places {what} up to byte {e.needed}: the file is "
+        "truncated."
+    )
 
 
 class ChunkCache:
@@ -177,6 +163,3 @@ class ChunkCache:
         with self._lock:
             for key in [key for key in self._entries if key[0] == token]:
                 self.nbytes -= self._entries.pop(key).nbytes
-
-
-__all__ = ["ByteLayout", "ChunkCache", "PositionalReader"]

@@ -1,9 +1,6 @@
-"""What a storage format gives the AnnData schema layer, and the formats known.
+"""`Format`: what a storage format gives the AnnData schema layer; the registry.
 
-AnnData writes one tree of groups and arrays with attributes to several on-disk
-formats; a `Format` opens it and answers what only the format knows. The newest
-registered format whose `can_open` accepts a path opens it; `fallback` formats
-are asked last. Design notes: docs/reference/design.md#formats-protocol.
+Design notes: docs/reference/design.md#formats-protocol.
 """
 
 from __future__ import annotations
@@ -51,15 +48,9 @@ def run_parts(
     sizes: np.ndarray | None = None,
     min_bytes: int = 1,
 ) -> list[tuple[int, int]]:
-    """Splits `task(a, b)` over `[0, n)` into at most `max_tasks` parts run in `pool`.
-
-    Parts of equal count, or of equal `sizes` (`min_bytes` each at least); futures go
-    to `pending` or are waited for here. Returns what the caller runs itself.
-    """
+    """Runs `task(a, b)` over `[0, n)` in parts in `pool`; returns the caller's part."""
     total = 0 if sizes is None else int(sizes.sum())
-    n_tasks = (
-        min(n, max_tasks) if sizes is None else min(max_tasks, n, total // min_bytes)
-    )
+    n_tasks = min(n, max_tasks, n if sizes is None else total // min_bytes)
     if pool is None or n_tasks < 2:
         return [(0, n)] if n else []
     if sizes is None:
@@ -76,11 +67,7 @@ def run_parts(
 
 
 def checked_ranges(reader, starts, stops) -> tuple[np.ndarray, np.ndarray]:
-    """`reader`'s non-empty ranges, touching ones merged (empty arrays: none left).
-
-    Raises:
-        errors.CorruptDataError: A range reaches outside `reader.shape[0]`.
-    """
+    """Non-empty ranges, touching ones merged; `CorruptDataError` past `shape[0]`."""
     starts, stops = nonempty(starts, stops)
     if starts.size == 0:
         return starts, stops
@@ -103,15 +90,12 @@ def missing_path(path: str) -> FileNotFoundError:
 
 @runtime_checkable
 class RangeReader(Protocol):
-    """Reads sorted, disjoint ranges of one array's first axis, batched; thread-safe.
+    """Reads sorted, disjoint ranges of one array's first axis into `out`; thread-safe.
 
-    Made in the process that reads, never pickled. `direct`: reads bypass the
-    format's library; `remote`: each read is a round trip; `decoded`: chunks are
-    decoded here. `pin()` keeps an array every fetch touches at hand; `advise`
-    hints ranges (never raises). `read` fills `out` with the ranges concatenated;
-    with `pending` it hands still-decoding futures to the caller (`wait_all`). It
-    raises `errors.CorruptDataError` (rows outside, file short) or
-    `errors.CorruptChunkError` (file, array, chunk, rows).
+    Never pickled. `direct`: bypasses the format's library; `remote`: a read is a
+    round trip; `decoded`: chunks decoded here. `advise` never raises; with
+    `pending`, `read` hands still-decoding futures to the caller (`wait_all`).
+    Raises `errors.CorruptDataError` or `errors.CorruptChunkError`.
     """
 
     name: str
@@ -128,34 +112,24 @@ class RangeReader(Protocol):
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None: ...
 
-    def read(
-        self,
-        starts: np.ndarray,
-        stops: np.ndarray,
-        out: np.ndarray,
-        pool: concurrent.futures.Executor | None = None,
-        pending: list[concurrent.futures.Future] | None = None,
-    ) -> None: ...
+    def read(self, starts, stops, out, pool=None, pending=None) -> None: ...
 
 
 class Format(abc.ABC):
-    """A storage format of AnnData's tree: `.h5ad` (HDF5), zarr, ... .
+    """A storage format of AnnData's tree: a stateless, thread-safe singleton.
 
-    A stateless, thread-safe singleton, registered once and found by the paths it
-    opens (`can_open`) and the nodes it owns (`owns`); never pickled. Missing paths
-    raise `FileNotFoundError`, malformed files `errors.AnnDataFormatError` naming
-    path and why. Defaults suit h5py-like libraries; `tests/io/toy_format.py` is a
-    whole one. `name` is for messages, `description` says what an open file is,
-    and a `fallback` format is asked after every other.
+    Found by the paths it opens (`can_open`) and the nodes it `owns`. Missing
+    paths raise `FileNotFoundError`, malformed files `errors.AnnDataFormatError`.
+    Defaults suit h5py-like libraries; `tests/io/toy_format.py` is a whole one.
     """
 
-    name: str = ""
-    description: str = ""
-    fallback: bool = False
+    name: str = ""  # for messages
+    description: str = ""  # what an open file is
+    fallback: bool = False  # asked after every other format
 
     @abc.abstractmethod
     def can_open(self, path: str) -> bool:
-        """Whether `path` (unopened) is this format's: cheap, no network round trip."""
+        """Whether `path` is this format's (cheap, no round trip)."""
 
     @abc.abstractmethod
     def open(self, path: str, storage_options: dict | None, stat: FileStat | None):
@@ -163,38 +137,33 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def stat_path(self, path: str, storage_options: dict | None = None) -> FileStat:
-        """The `FileStat` of `path` now (one `stat`, HEAD or store listing)."""
+        """The `FileStat` of `path` now."""
 
     @abc.abstractmethod
     def stat_of(self, f, path: str) -> FileStat:
-        """The `FileStat` of an open file (of the very bytes it reads)."""
+        """The `FileStat` of the very bytes an open file reads."""
 
     def file_name(self, f) -> str:
-        """The path or URL an open file was opened from."""
         return f.filename
 
     @abc.abstractmethod
     def owns(self, node) -> bool:
-        """Whether `node` (a group, an array or an open file) is this format's."""
+        """Whether `node` (group, array or open file) is this format's."""
 
     @abc.abstractmethod
-    def is_group(self, node) -> bool:
-        """Whether a node this format owns is a group (an open file is one)."""
+    def is_group(self, node) -> bool: ...
 
     @abc.abstractmethod
-    def is_array(self, node) -> bool:
-        """Whether a node this format owns is an array."""
+    def is_array(self, node) -> bool: ...
 
     def child(self, group, name: str):
-        """`group[name]` or None when absent (`KeyError`/`OSError`: a dangling link)."""
+        """`group[name]`, or None when absent."""
         return group.get(name)
 
     def is_string_array(self, node) -> bool:
-        """Whether an array holds strings."""
         return np.dtype(node.dtype).kind in "OUST"
 
     def attr(self, node, name: str, default=None):
-        """The attribute `name` of `node` as its library gives it, or `default`."""
         return node.attrs.get(name, default)
 
     def strings(self, node) -> np.ndarray:
@@ -206,11 +175,10 @@ class Format(abc.ABC):
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
         """`array[index]` outside the batched path (`rows`: first-axis rows touched)."""
-        del path, rows  # default: the array's own errors say enough
         return np.asarray(array[index])
 
     def checked(self, node, path: str):
-        """`node`, checked against the format's own metadata (default: as is)."""
+        """`node`, checked against the format's own metadata."""
         return node
 
     def element_problem(self, f, element: str) -> str | None:
@@ -219,66 +187,50 @@ class Format(abc.ABC):
 
     def check_array(self, path: str, array) -> None:
         """Raises `errors.UnsupportedLayoutError` if a filter or codec is missing."""
-        del path, array
+        return None
 
     def chunk_bytes(self, array) -> int | None:
         """Decoded bytes of one compressed chunk; None when not compressed."""
         return None
 
     def open_bytes(self, f, path: str, storage_options: dict | None, stat: FileStat):
-        """The `storage.ByteReader` of an open file, or None (then `check_unchanged`).
-
-        `f` is None when a process reopens a file whose readers gave `byte_layout`s.
-        """
+        """The file's `storage.ByteReader` (`f` None on a reopen), or None."""
         return None
 
     def opened(self, f) -> None:
-        """Called once a process has opened and inspected `f` (caches)."""
-        del f
+        """Called once a process has opened and inspected `f`."""
+        return None
 
     def check_unchanged(self, f, when: str) -> None:
         """Raises `errors.SourceChangedError` (naming `when`) if `f` was rewritten."""
-        del f, when
+        return None
 
     @abc.abstractmethod
     def range_reader(
-        self,
-        array,
-        path: str,
-        fd,
-        *,
-        cache_bytes: int = 0,
-        fill_missing: bool | str = False,
+        self, array, path: str, fd, *, cache_bytes: int = 0, fill_missing=False
     ) -> RangeReader:
-        """The `RangeReader` of an array (`fd`: what `open_bytes` returned).
-
-        `fill_missing`: which never-written chunks read as the fill value.
-        """
+        """The `RangeReader` of an array (`fd`: what `open_bytes` returned)."""
 
     def byte_layout(self, array, path: str, fd):
-        """Where `array`'s bytes lie (a `ByteLayout`, positional reads), or None."""
+        """Where `array`'s bytes lie (a `ByteLayout`), or None."""
         return getattr(self.range_reader(array, path, fd), "byte_layout", None)
 
     def recorded_format(self) -> str | None:
-        """What checkpoints record as a file's format; never change it once saved."""
+        """What checkpoints record as a file's format (never changed once saved)."""
         return self.name
 
     @abc.abstractmethod
     def array_layout(self, array) -> list[Any]:
-        """Plain values that change with the array's storage (the layout digest).
-
-        Stable across library versions for the same file: saved states compare it.
-        """
+        """Plain values, stable across library versions, that change with storage."""
 
 
 _lock = threading.Lock()
 _asked: tuple[Format, ...] = ()  # newest first, fallbacks last
 
 
-def _set(newest_first: list[Format]) -> None:
+def _set(formats) -> None:
     global _asked
-    fallbacks = [f for f in newest_first if f.fallback]
-    _asked = (*(f for f in newest_first if not f.fallback), *fallbacks)
+    _asked = tuple(sorted(formats, key=lambda f: f.fallback))  # stable
 
 
 def register(fmt: Format) -> Format:
@@ -293,13 +245,12 @@ def register(fmt: Format) -> Format:
 
 
 def unregister(fmt: Format) -> None:
-    """Removes `fmt` (tests register a format for their own duration)."""
     with _lock:
         _set([f for f in _asked if f is not fmt])
 
 
 def registered() -> tuple[Format, ...]:
-    """The formats, in the order they are asked (newest first, fallbacks last)."""
+    """The formats in the order they are asked (newest first, fallbacks last)."""
     return _asked
 
 
@@ -318,7 +269,7 @@ def for_path(path: str | os.PathLike) -> Format:
 
 def of(node) -> Format | None:
     """The format that owns `node` (a group, an array, an open file), or None."""
-    for fmt in _asked:
+    for fmt in _asked:  # (a loop: no generator to make per node asked)
         if fmt.owns(node):
             return fmt
     return None

@@ -1,8 +1,6 @@
 """Rows of a compressed, chunked HDF5 dataset, decoded outside HDF5 in threads.
 
-`Pipeline` undoes a dataset's filters, GIL released; `ChunkedReader` reads and
-decodes the chunks a batch touches, hot ones kept in `SHARED`. Design notes:
-docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
+Design notes: docs/reference/design.md#hdf5-chunks and #hdf5-codecs.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ import math
 import threading
 import weakref
 import zlib
-from typing import NamedTuple
 
 import deflate as _deflate  # a core dependency
 import h5py
@@ -23,10 +20,12 @@ from grain_cells.formats import (
     ChunkCache,
     ChunkDecodeError,
     checked_ranges,
+    dest_bytes,
     run_parts,
+    truncated,
     value_dtype,
 )
-from grain_cells.storage import ShortReadError, as_byte_reader
+from grain_cells.storage import ShortReadError, as_byte_reader, plan_requests
 
 MAX_RUN_BYTES = 4 << 20
 # Decoded chunks of every reader of the process, each trimming it to its own
@@ -38,10 +37,7 @@ try:
 except ImportError:
     _lzf = None
 
-FILTER_DEFLATE = 1
-FILTER_SHUFFLE = 2
-FILTER_FLETCHER32 = 3
-FILTER_LZF = 32000
+FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32, FILTER_LZF = 1, 2, 3, 32000
 
 # Decode only a chunk's prefix (zlib, unchecked adler32) when a read uses at
 # most this share of it; 0: off, so no input yields silent wrong data
@@ -49,61 +45,41 @@ FILTER_LZF = 32000
 PREFIX_FRACTION = 0.0
 
 
-class Filter(NamedTuple):
-    """One stage of a dataset's filter pipeline, as HDF5 lists it."""
-
-    id: int
-    cd_values: tuple[int, ...]
-
-
-def dataset_filters(dataset: h5py.Dataset) -> tuple[Filter, ...]:
-    """The filters of a dataset, in the order they were applied on write."""
+def dataset_filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """`(filter id, cd_values)` of each filter of a dataset, in write order."""
     dcpl = dataset.id.get_create_plist()
-    out = []
-    for i in range(dcpl.get_nfilters()):
-        code, _flags, values, _name = dcpl.get_filter(i)
-        out.append(Filter(int(code), tuple(int(v) for v in values)))
-    return tuple(out)
+    filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
+    return tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in filters)
+
+
+_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+_DECODES = {1, 2, 3} | ({FILTER_LZF} if _lzf is not None else set())
 
 
 class Pipeline:
-    """Decodes a dataset's stored chunks into their element bytes. Thread-safe."""
+    """Decodes a dataset's stored chunks (`chunk_nbytes` decoded). Thread-safe."""
 
-    def __init__(self, filters: tuple[Filter, ...], chunk_nbytes: int):
-        """`filters` in write order (each one `supports`); `chunk_nbytes` decoded."""
-        self.filters = filters
-        self.chunk_nbytes = int(chunk_nbytes)
-
-    @staticmethod
-    def supports(f: Filter) -> bool:
-        """Whether this module decodes filter `f` (in this environment)."""
-        if f.id == FILTER_LZF:
-            return _lzf is not None
-        return f.id in (FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32)
+    def __init__(self, filters: tuple[tuple[int, tuple[int, ...]], ...], nbytes: int):
+        self.filters, self.chunk_nbytes = filters, int(nbytes)
 
     @classmethod
     def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
         """The pipeline of a chunked dataset whose filters it decodes, else None."""
-        if dataset.chunks is None:
-            return None
-        filters = dataset_filters(dataset)
-        if not filters or not all(cls.supports(f) for f in filters):
+        filters = () if dataset.chunks is None else dataset_filters(dataset)
+        if not filters or any(f[0] not in _DECODES for f in filters):
             return None
         nbytes = int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
         return cls(filters, nbytes)
 
     def describe(self) -> str:
         """The pipeline in write order, e.g. `shuffle+deflate`."""
-        return "+".join(_NAMES.get(f.id, str(f.id)) for f in self.filters)
+        return "+".join(_NAMES.get(f, str(f)) for f, _ in self.filters)
 
     def decode(self, raw, filter_mask: int = 0, need: int | None = None) -> np.ndarray:
-        """One stored chunk as `chunk_nbytes` uint8 (bit `i` of `filter_mask`: skipped).
-
-        At least its first `need` bytes when that is at most `PREFIX_FRACTION`.
-        """
+        """A chunk as `chunk_nbytes` uint8 (or its first `need`: `PREFIX_FRACTION`)."""
         if need is not None and need <= self.chunk_nbytes * PREFIX_FRACTION:
             active = [
-                f.id for i, f in enumerate(self.filters) if not filter_mask & (1 << i)
+                f for i, (f, _) in enumerate(self.filters) if not filter_mask >> i & 1
             ]
             if active == [FILTER_DEFLATE]:  # zlib stops after `need` bytes
                 try:
@@ -122,8 +98,8 @@ class Pipeline:
         for i in range(len(self.filters) - 1, -1, -1):
             if filter_mask & (1 << i):
                 continue
-            f = self.filters[i]
-            if f.id == FILTER_DEFLATE:
+            f, values = self.filters[i]
+            if f == FILTER_DEFLATE:
                 # Stages above deflate may have grown the chunk (fletcher32);
                 # the size check below catches a wrong final size.
                 try:
@@ -131,8 +107,8 @@ class Pipeline:
                 except _deflate.DeflateError as e:
                     raise ChunkDecodeError(f"bad deflate stream ({e})") from None
                 fresh = True
-            elif f.id == FILTER_SHUFFLE:  # a trailing partial element is as stored
-                size = f.cd_values[0] if f.cd_values else 1
+            elif f == FILTER_SHUFFLE:  # a trailing partial element is as stored
+                size = values[0] if values else 1
                 arr = np.frombuffer(buf, np.uint8)
                 n = arr.size // size
                 if size > 1 and n > 1:
@@ -141,9 +117,9 @@ class Pipeline:
                     out[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
                     out[body:] = arr[body:]
                     buf, fresh = out, True
-            elif f.id == FILTER_FLETCHER32:
+            elif f == FILTER_FLETCHER32:
                 buf = verify_fletcher32(buf)
-            elif f.id == FILTER_LZF:
+            elif f == FILTER_LZF:
                 out = _lzf.decompress(bytes(buf), self.chunk_nbytes + 64)
                 if out is None:
                     raise ChunkDecodeError("bad lzf stream")
@@ -157,9 +133,6 @@ class Pipeline:
                 f"decoded to {arr.size} bytes, a chunk holds {self.chunk_nbytes}"
             )
         return arr
-
-
-_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 
 
 def fletcher32(buf) -> int:
@@ -226,7 +199,7 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
 class ChunkedReader:
     """`formats.RangeReader` of a compressed dataset (built by `create`)."""
 
-    direct, decoded, byte_layout = False, True, None
+    direct, decoded = False, True
 
     def __init__(self, dataset, path, fd, pipeline, table, cache_bytes):
         self.name, self.path, self.pipeline = dataset.name, path, pipeline
@@ -244,10 +217,7 @@ class ChunkedReader:
 
     @classmethod
     def create(cls, dataset, path: str, fd, *, cache_bytes: int = 0):
-        """A reader (`cache_bytes`: decoded chunks kept in `SHARED`), or None for h5py.
-
-        None unless in whole-row chunks, all written, a `Pipeline`, read as stored.
-        """
+        """A reader of whole-row chunks all written, read as stored; else None."""
         if dataset.chunks is None or dataset.ndim not in (1, 2):
             return None
         dtype = dataset.dtype  # float16 and big-endian: h5py converts them
@@ -289,12 +259,7 @@ class ChunkedReader:
         nbytes = (p_stop - p_start) * rb
         src = (p_start - chunk * c) * rb
         dst = np.cumsum(nbytes) - nbytes
-        total = int(nbytes.sum())
-        dest = out.reshape(-1).view(np.uint8)
-        if total > dest.size:
-            raise ValueError(
-                f"destination holds {dest.size} bytes, the ranges need {total}"
-            )
+        dest = dest_bytes(out, nbytes)
         # Pieces are sorted by chunk: each chunk's pieces are one slice.
         uniq, piece_lo = np.unique(chunk, return_index=True)
         piece_hi = np.append(piece_lo[1:], chunk.size)
@@ -316,25 +281,12 @@ class ChunkedReader:
 
     def _runs(self, uniq: np.ndarray) -> list[tuple[int, int]]:
         """Positions `[a, b)` into `uniq` of chunks read with one pread each."""
-        offsets = self._offsets[uniq]
-        sizes = self._sizes[uniq]
-        order_ok = uniq.size < 2 or bool((offsets[1:] > offsets[:-1]).all())
-        if not order_ok:  # chunks stored out of order: one read per chunk
+        offsets, sizes = self._offsets[uniq], self._sizes[uniq]
+        if uniq.size > 1 and not (offsets[1:] > offsets[:-1]).all():  # out of order
             return [(i, i + 1) for i in range(uniq.size)]
-        touching = offsets[1:] == offsets[:-1] + sizes[:-1]
-        runs = []
-        a = 0
-        run_bytes = int(sizes[0]) if uniq.size else 0
-        for i in range(1, uniq.size):
-            size = int(sizes[i])
-            if touching[i - 1] and run_bytes + size <= MAX_RUN_BYTES:
-                run_bytes += size
-                continue
-            runs.append((a, i))
-            a, run_bytes = i, size
-        if uniq.size:
-            runs.append((a, uniq.size))
-        return runs
+        return [
+            (a, b) for _, _, a, b in plan_requests(offsets, sizes, 0, MAX_RUN_BYTES)
+        ]
 
     def _read_runs(self, runs, work) -> None:
         uniq, piece_lo, piece_hi, (src, dst, nbytes), dest = work
@@ -370,11 +322,7 @@ class ChunkedReader:
         try:
             self._fd.read_into(view, [offset], [nbytes], [0])
         except ShortReadError as e:
-            raise errors.CorruptDataError(
-                f"{self.path}: {self.name} ends at byte {e.end_of_file} of the "
-                f"file but HDF5 places chunk {chunk} up to byte "
-                f"{offset + nbytes}: the file is truncated."
-            ) from None
+            raise truncated(self, e, f"chunk {chunk}") from None
         return view
 
     def _decode(self, k: int, raw, need: int | None = None) -> np.ndarray:

@@ -1,22 +1,21 @@
-"""`.h5ad` files as a `grain_cells.formats.Format` (HDF5 through h5py).
+"""`.h5ad` files as a `formats.Format`: h5py's nodes, HDF5's low-level calls.
 
-Registered on import of `grain_cells.hdf5`, asked last: it claims every path
-no other format claims and refuses what is not HDF5 by name. Nodes are h5py's
-own, looked up and read through HDF5's low-level calls where h5py's wrapping
-costs most of a build's time (issue 33). Design notes:
-docs/reference/design.md#hdf5-format.
+Asked last: it claims every path no other format claims. Checks that HDF5
+returns a dataset's true values (links, virtual sources, filters). Design
+notes: docs/reference/design.md#hdf5-format, #hdf5-layout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 
 import h5py
 import numpy as np
 
-from grain_cells import formats
-from grain_cells.hdf5 import _layout, _open
+from grain_cells import errors, formats
+from grain_cells.hdf5 import _open, _reads
 from grain_cells.hdf5._reads import byte_layout, range_reader, read_positional
 from grain_cells.storage import FileStat, LocalByteReader
 from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
@@ -85,14 +84,14 @@ class Hdf5Format(formats.Format):
         if kind == h5py.h5i.GROUP:
             node = h5py.Group(oid)
         elif kind == h5py.h5i.DATASET:
-            read_only = _layout.handle(group) is not None  # `open_h5` opens "r"
+            read_only = _reads.handle(group) is not None  # `open_h5` opens "r"
             if not read_only:
                 fid = h5py.h5i.get_file_id(oid)
                 read_only = fid.get_intent() == h5py.h5f.ACC_RDONLY
             node = h5py.Dataset(oid, readonly=read_only)
         else:
             return group.get(name)
-        _layout.inherit(group, node)
+        _reads.inherit(group, node)
         return node
 
     def is_string_array(self, node) -> bool:
@@ -156,36 +155,27 @@ class Hdf5Format(formats.Format):
         out = read_positional(array, index, path)
         if out is not None:
             return out
-        shape = array.shape
-        if (  # h5py selects an index array's points one call at a time
-            isinstance(index, np.ndarray)
-            and index.ndim == 1
-            and index.size
-            and index.dtype.kind in "iu"
-            and shape is not None
-            and len(shape) == 1
-            and array.dtype.kind in "biuf"
-        ):
-            points = index.astype(np.int64, copy=False)
-            if points[0] >= 0 and points[-1] < shape[0] and (np.diff(points) > 0).all():
-                space = array.id.get_space()
-                space.select_elements(points.astype(np.uint64).reshape(-1, 1))
-                out = np.empty(points.size, dtype=array.dtype)
-                array.id.read(h5py.h5s.create_simple((points.size,)), space, out)
-                return out
+        shape = array.shape  # h5py selects an index array's points one at a time
+        one_d = shape is not None and len(shape) == 1 and array.dtype.kind in "biuf"
+        if one_d and (points := _reads.sorted_points(index, shape[0])) is not None:
+            space = array.id.get_space()
+            space.select_elements(points.astype(np.uint64).reshape(-1, 1))
+            out = np.empty(points.size, dtype=array.dtype)
+            array.id.read(h5py.h5s.create_simple((points.size,)), space, out)
+            return out
         return np.asarray(array[index])
 
     def element_problem(self, node, element: str) -> str | None:
         if not isinstance(node, h5py.Group):
             return None
         f = node if isinstance(node, h5py.File) else node.file
-        return _layout.link_problem(f, element)
+        return link_problem(f, element)
 
     def check_array(self, path: str, array) -> None:
-        _layout.check_dataset(path, array)
+        check_dataset(path, array)
 
     def chunk_bytes(self, array) -> int | None:
-        if array.chunks is None or _layout.create_plist(array.id).get_nfilters() == 0:
+        if array.chunks is None or _reads.create_plist(array.id).get_nfilters() == 0:
             return None
         return int(np.prod(array.chunks, dtype=np.int64)) * array.dtype.itemsize
 
@@ -200,6 +190,7 @@ class Hdf5Format(formats.Format):
 
     def range_reader(self, array, path, fd, *, cache_bytes=0, fill_missing=False):
         del fill_missing  # HDF5 has no unwritten chunks here
+        check_filters(path, array)
         return range_reader(array, path, fd, cache_bytes=cache_bytes)
 
     def byte_layout(self, array, path, fd):
@@ -210,7 +201,7 @@ class Hdf5Format(formats.Format):
 
     def array_layout(self, ds) -> list:
         """HDF5 address, shape, dtype, layout, filters and sampled chunk offsets."""
-        plist = _layout.create_plist(ds.id)
+        plist = _reads.create_plist(ds.id)
         layout = plist.get_layout()
         filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
         chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None
@@ -253,6 +244,126 @@ class Hdf5Format(formats.Format):
         return out
 
 
-HDF5 = formats.register(Hdf5Format())
+# Registered HDF5 filter ids (https://github.com/HDFGroup/hdf5_plugins) that
+# hdf5plugin provides, for error messages.
+_PLUGIN_FILTERS = {
+    307: "bzip2",
+    32001: "blosc",
+    32004: "lz4",
+    32008: "bitshuffle",
+    32013: "zfp",
+    32015: "zstd",
+    32017: "sz",
+    32018: "fcidecomp",
+    32024: "sz3",
+    32026: "blosc2",
+}
 
-__all__ = ["HDF5", "Hdf5Format"]
+
+def link_problem(f: h5py.File, element: str) -> str | None:
+    """Why `element` does not resolve when a link on its path dangles, else None."""
+    node = f
+    parts = [p for p in element.split("/") if p]
+    for depth, part in enumerate(parts):
+        name = "/".join(parts[: depth + 1])
+        # A link can exist while what it points to does not: ask for the link.
+        link = node.get(part, getlink=True) if isinstance(node, h5py.Group) else None
+        if link is None:
+            return None
+        if isinstance(link, h5py.ExternalLink):
+            target = link.filename
+            where = (
+                target
+                if os.path.isabs(target)
+                else f"{target} (relative to {os.path.dirname(f.filename) or '.'} "
+                "or the working directory)"
+            )
+            if _find(f.filename, target) is None:
+                return (
+                    f"{name} is an external link to {link.path} in {where}, and "
+                    "that file does not exist. Restore it, or rewrite the link "
+                    "(h5py: `del f[name]; f[name] = h5py.ExternalLink(file, path)`)"
+                )
+        try:
+            node = node[part]
+        except (KeyError, OSError, RuntimeError) as e:
+            if isinstance(link, h5py.ExternalLink):
+                return (
+                    f"{name} is an external link to {link.path} in {where}, which "
+                    f"cannot be opened there ({e})"
+                )
+            if not isinstance(link, h5py.SoftLink):
+                raise
+            return (
+                f"{name} is a soft link to {link.path}, which does not exist "
+                "in this file (or the links form a loop)"
+            )
+    return None
+
+
+def _find(linking_file: str, name: str) -> str | None:
+    """The file a link names: beside the linking file, else as given."""
+    base = os.path.dirname(os.path.abspath(linking_file))
+    candidates = [name] if os.path.isabs(name) else [os.path.join(base, name), name]
+    return next((c for c in candidates if os.path.exists(c)), None)
+
+
+def check_dataset(path: str, dataset: h5py.Dataset) -> None:
+    """Refuses a virtual dataset missing a source (`CorruptDataError`), or a filter."""
+    for source in dataset.virtual_sources() if dataset.is_virtual else ():
+        name, inner = source.file_name, source.dset_name
+        if name == ".":
+            ok = inner in dataset.file
+            where = f"dataset {inner} of the same file"
+        else:
+            found, ok = _find(dataset.file.filename, name), False
+            with contextlib.suppress(OSError):
+                if found is not None:
+                    with h5py.File(found, "r") as g:
+                        ok = isinstance(g.get(inner), h5py.Dataset)
+            where = f"dataset {inner} of {name}"
+        if not ok:
+            raise errors.CorruptDataError(
+                f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose "
+                f"source ({where}) is missing; HDF5 would read that part as "
+                "fill values (zeros). Restore the source file, or rebuild the "
+                "file with its data copied in."
+            )
+    check_filters(path, dataset)
+
+
+def check_filters(path: str, dataset: h5py.Dataset) -> None:
+    """`UnsupportedLayoutError` for a filter HDF5 lacks (after importing hdf5plugin)."""
+    plist = _reads.create_plist(dataset.id)
+    for i in range(plist.get_nfilters()):
+        code, _, _, name = plist.get_filter(i)
+        if h5py.h5z.filter_avail(code):
+            continue
+        try:
+            plugin = importlib.import_module("hdf5plugin")
+        except ImportError:
+            plugin = None
+        if h5py.h5z.filter_avail(code):
+            continue
+        label = _PLUGIN_FILTERS.get(code) or (
+            name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        )
+        if plugin is None and code in _PLUGIN_FILTERS:
+            fix = "Install hdf5plugin (`pip install hdf5plugin`), which provides it."
+        elif plugin is None:
+            fix = (
+                "Install the HDF5 plugin that provides it (hdf5plugin covers the "
+                "common ones: `pip install hdf5plugin`)."
+            )
+        else:
+            fix = (
+                f"hdf5plugin {plugin.version} is installed but does not provide "
+                "it; install an HDF5 plugin that does (HDF5_PLUGIN_PATH)."
+            )
+        raise errors.UnsupportedLayoutError(
+            f"{path}: {dataset.name.lstrip('/')} is compressed with HDF5 filter {code} "
+            f"({label}), which is not available to this HDF5. {fix}"
+        )
+
+
+HDF5 = formats.register(Hdf5Format())

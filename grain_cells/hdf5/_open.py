@@ -1,7 +1,7 @@
 """HDF5 files opened read-only by path or URL, failures named.
 
-A URL opens on a `RangeFile`, whose HDF5 metadata is read once per object
-version. Design notes: docs/reference/design.md#hdf5-open and #hdf5-remote.
+A URL opens on a `RangeFile` (HDF5 metadata read once per object version).
+Design notes: docs/reference/design.md#hdf5-open and #hdf5-remote.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.cache_files import cache_root
 from grain_cells.formats import missing_path
-from grain_cells.hdf5 import _layout
+from grain_cells.hdf5 import _reads
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import Pieces, RemoteByteReader, is_url, version_of
 
@@ -43,10 +43,7 @@ _metadata = fork.ProcessCache()
 def open_h5(
     path: str, storage_options: dict | None = None, stat: FileStat | None = None
 ) -> h5py.File:
-    """Opens an HDF5 file, or the object version `stat` (None: HEAD now), read-only.
-
-    Raises `FileNotFoundError` or `errors.AnnDataFormatError` naming the cause.
-    """
+    """An HDF5 file, or object version `stat` (None: now), read-only; errors named."""
     if is_url(path):
         return open_remote(path, storage_options, stat)
     try:
@@ -70,7 +67,7 @@ def open_h5(
                 "file written by anndata"
             ) from None
         raise errors.AnnDataFormatError(f"{path}: {_open_failure(e)}") from e
-    _layout.opened(f, path)
+    _reads.opened(f, path)
     return f
 
 
@@ -140,10 +137,7 @@ def _bare(e: Exception) -> Exception:
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only file of one object version for h5py: metadata, blocks, GETs.
-
-    Once a read finds the version gone, every read fails with that `failure`.
-    """
+    """One object version as a file for h5py; once gone, every read raises `failure`."""
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
         super().__init__()

@@ -1,14 +1,16 @@
-"""Batched reads of sorted row ranges of one HDF5 dataset (`range_reader`).
+"""Row ranges of an HDF5 dataset: positional, `_chunks` decoding, else h5py.
 
-Positional reads for uncompressed data, `ChunkedReader` for the filters
-`_chunks` decodes, h5py for anything else; `read_positional` for a build's
-small reads. Design notes: docs/reference/design.md#hdf5-reads.
+Records per open node (plist, layout, descriptor). Design notes:
+docs/reference/design.md#hdf5-reads and #hdf5-handles.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import os
+import weakref
 
 import h5py
 import numpy as np
@@ -20,7 +22,6 @@ from grain_cells.formats import (
     checked_ranges,
     value_dtype,
 )
-from grain_cells.hdf5 import _layout
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
 from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
 
@@ -33,35 +34,20 @@ _LAYOUTS: dict[int, tuple] = {}
 
 
 def range_reader(dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
-    """`formats.RangeReader` of a dataset: positional, chunk-decoding, else h5py.
-
-    `fd`: a descriptor or `ByteReader` of the file `path` (None: h5py only).
-    Raises `errors.UnsupportedLayoutError` for a filter this HDF5 lacks.
-    """
-    _layout.check_filters(path, dataset)
+    """The `RangeReader` of a dataset (`fd`: descriptor, `ByteReader` or None)."""
     fd = as_byte_reader(fd, path)
-    if fd is not None and (layout := byte_layout(dataset, path)) is not None:
-        return Positional(layout, path, fd)
-    if fd is not None:
-        chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
-        if chunked is not None:
-            return chunked
-    return H5pyReader(dataset, path, fd)
-
-
-class Positional(PositionalReader):
-    """A `formats.PositionalReader` that names its `byte_layout` (layout cache)."""
-
-    @property
-    def byte_layout(self) -> ByteLayout:
-        return self.layout
+    if fd is None:
+        return H5pyReader(dataset, path, fd)
+    if (layout := byte_layout(dataset, path)) is not None:
+        return PositionalReader(layout, path, fd)
+    chunked = ChunkedReader.create(dataset, path, fd, cache_bytes=cache_bytes)
+    return chunked or H5pyReader(dataset, path, fd)
 
 
 class H5pyReader:
     """`formats.RangeReader` through h5py, which converts what it stores otherwise."""
 
     direct = decoded = False
-    byte_layout = None
 
     def __init__(self, dataset: h5py.Dataset, path: str, fd):
         self.name, self.path, self._dataset = dataset.name, path, dataset
@@ -78,10 +64,9 @@ class H5pyReader:
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        row_items = math.prod(self.row_shape)
-        ds = self._dataset
-        flat = out.reshape(-1)
-        pos = 0
+        ds, flat, pos = self._dataset, out.reshape(-1), 0
+        tail = tuple(self.row_shape)
+        zeros, row_items = (0,) * len(tail), math.prod(tail)
         try:
             for lo in range(0, starts.size, _MAX_HYPERSLABS_PER_READ):
                 s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ]
@@ -89,8 +74,6 @@ class H5pyReader:
                 n_rows = int((e - s).sum())
                 fspace = ds.id.get_space()
                 fspace.select_none()
-                tail = tuple(self.row_shape)
-                zeros = (0,) * len(tail)
                 for a, b in zip(s.tolist(), e.tolist(), strict=True):
                     fspace.select_hyperslab(
                         (a, *zeros), (b - a, *tail), op=h5py.h5s.SELECT_OR
@@ -109,7 +92,7 @@ class H5pyReader:
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
-    return _layout.held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
+    return held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
 
 
 def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
@@ -117,9 +100,9 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
     dsid = ds.id
-    if not _layout.stored_in(ds, path):  # behind an external link
+    if not stored_in(ds, path):  # behind an external link
         return None
-    plist = _layout.create_plist(dsid)
+    plist = create_plist(dsid)
     if plist.get_nfilters() != 0:
         return None
     shape = ds.shape  # h5py keeps a read-only dataset's shape
@@ -142,15 +125,10 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
 
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
-    """`ds[index]` by `pread` through HDF5's own descriptor, or None for h5py.
-
-    For a 1-D dataset of a file `open_h5` opened from the local `path` whose
-    bytes lie as read (`byte_layout`); `index` a slice of step 1, or sorted
-    distinct integers in range. Raises `OSError` for a truncated file.
-    """
+    """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
     if len(ds.shape) != 1:
         return None
-    fd = _layout.local_fd(ds, path)
+    fd = local_fd(ds, path)
     if fd is None:
         return None
     layout = byte_layout(ds, path)
@@ -164,15 +142,7 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
         rows, points = layout.chunk_rows, None
         cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
         spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
-    elif (
-        isinstance(index, np.ndarray)
-        and index.ndim == 1
-        and index.size
-        and index.dtype.kind in "iu"
-    ):
-        points = index.astype(np.int64, copy=False)
-        if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
-            return None
+    elif (points := sorted_points(index, n)) is not None:
         spans = _point_spans(layout, points)
     else:
         return None
@@ -201,6 +171,18 @@ def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     return out[firsts[which] + points - starts[which]]
 
 
+def sorted_points(index, n: int) -> np.ndarray | None:
+    """`index` as int64 if it is 1-D sorted distinct integers in `[0, n)`, else None."""
+    if not isinstance(index, np.ndarray) or index.ndim != 1 or not index.size:
+        return None
+    if index.dtype.kind not in "iu":
+        return None
+    points = index.astype(np.int64, copy=False)
+    if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
+        return None
+    return points
+
+
 def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:
     """Spans that cover sorted `points`: one per chunk, or one per point."""
     rows, item = layout.chunk_rows, layout.dtype.itemsize
@@ -218,3 +200,74 @@ def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]
             out.extend((v, v + 1) for v in values[i : j + 1])
         i = j + 1
     return out
+
+
+def held(table: dict, oid, key, make, limit: int = 64):
+    """`make()`, kept in `table` for the open node `oid` and `key`."""
+    entry = table.get(id(oid))
+    if entry is not None and entry[0]() is oid and entry[1] == key:
+        return entry[2]
+    value = make()
+    if len(table) >= limit:
+        table.clear()
+    table[id(oid)] = (weakref.ref(oid), key, value)
+    return value
+
+
+_PLISTS: dict[int, tuple] = {}
+_HANDLES: dict[int, tuple] = {}  # a build's one open file has about thirty nodes
+
+
+def create_plist(dsid):
+    """`dsid.get_create_plist()`, once per dataset (its storage cannot change)."""
+    return held(_PLISTS, dsid, None, dsid.get_create_plist)
+
+
+def opened(f: h5py.File, path: str) -> None:
+    """Records a file `open_h5` just opened read-only from the local `path`."""
+    fd = f.id.get_vfd_handle() if _default_driver_is_posix() else None
+    if not isinstance(fd, int) or fd < 0:
+        fd = None
+    held(_HANDLES, f.id, None, lambda: (path, fd), 256)
+
+
+def inherit(parent, child) -> None:
+    """`child` (opened from the group `parent`) shares its parent's record."""
+    if (record := handle(parent)) is not None:
+        held(_HANDLES, child.id, None, lambda: record, 256)
+
+
+def handle(node) -> tuple[str, int | None] | None:
+    """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
+    entry = _HANDLES.get(id(node.id))
+    return entry[2] if entry is not None and entry[0]() is node.id else None
+
+
+def local_fd(node, path: str) -> int | None:
+    """HDF5's descriptor of `path` while the open `node` lies in it, else None."""
+    record = handle(node)
+    if record is None or record[1] is None or record[0] != path:
+        return None
+    return record[1] if node.id.valid else None
+
+
+@functools.lru_cache(maxsize=1)
+def _default_driver_is_posix() -> bool:
+    """Whether `h5py.File(path)` reads through HDF5's POSIX driver (`HDF5_DRIVER`)."""
+    try:
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        return fapl.get_driver() == h5py.h5fd.SEC2 and os.name == "posix"
+    except Exception:  # an HDF5 that cannot say: read through h5py
+        return False
+
+
+def stored_in(dataset: h5py.Dataset, path: str) -> bool:
+    """Whether the dataset's bytes live in the file `path` (not behind a link)."""
+    if "://" not in path and h5py.h5f.get_name(dataset.id) == os.fsencode(path):
+        return True  # HDF5 names the file as given: no `stat`
+    if "://" in path:  # an object: h5py names its file-like by the URL
+        return dataset.file.filename == path
+    try:
+        return os.path.samefile(dataset.file.filename, path)
+    except OSError:
+        return False

@@ -1,6 +1,5 @@
-"""Bytes of local files and objects by position: `ByteReader`, `FileStat`.
+"""`ByteReader`s of files by position (`os.preadv`) and `FileStat`.
 
-`LocalByteReader` (`os.preadv`) here; `remote.RemoteByteReader` (range GETs).
 Design notes: docs/reference/design.md#storage-readers.
 """
 
@@ -14,10 +13,7 @@ from typing import Protocol
 
 @dataclasses.dataclass(frozen=True)
 class FileStat:
-    """Where a file is and when it last changed (`os.stat` fields).
-
-    Objects: `etag` and `content` digest; zarr stores: `store`, a digest of keys.
-    """
+    """`os.stat` fields; objects add `etag` and `content`, zarr stores `store`."""
 
     dev: int
     ino: int
@@ -35,16 +31,9 @@ class FileStat:
 
     def matches(self, st: os.stat_result) -> bool:
         """Whether a local file's `stat` result is this (no `FileStat` built)."""
-        return not (
-            st.st_ino != self.ino
-            or st.st_dev != self.dev
-            or st.st_size != self.size
-            or st.st_mtime_ns != self.mtime_ns
-            or st.st_ctime_ns != self.ctime_ns
-            or self.etag
-            or self.content
-            or self.store
-        )
+        now = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        then = (self.ino, self.dev, self.size, self.mtime_ns, self.ctime_ns)
+        return now == then and not (self.etag or self.content or self.store)
 
     def changes(self, now: FileStat) -> list[str]:
         """What differs between this (then) and `now`, in words."""
@@ -98,14 +87,10 @@ class ShortReadError(EOFError):
 
 
 class ByteReader(Protocol):
-    """Reads pieces of one file or object (`name`, for messages); thread-safe.
+    """Reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`; thread-safe.
 
-    `remote`: each read is a round trip to a store (callers `advise` first).
-    `read_into` reads `nbytes[i]` at `offsets[i]` into `dest[dest_starts[i]:]`
-    (`ShortReadError` where the file ends first); `advise` hints pieces read
-    soon (never raises); `pin` keeps pieces at hand (the page cache; remote:
-    in memory, within `PIN_BYTES`); `stat` is the file's stat now (local) or
-    as the source was built (remote); `close` releases what it owns.
+    Raises `ShortReadError`. `remote`: a read is a round trip; `advise` (never
+    raises) and `pin` are hints; `stat` is the file's now (remote: as built).
     """
 
     name: str
@@ -127,15 +112,11 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class ReadCounts:
-    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set."""
 
-    `supported` turns False where `RWF_NOWAIT` is refused.
-    """
-
-    def __init__(self):
-        self.pieces = self.missed = 0
-        self.supported = bool(_NOWAIT)
-        self.probe = False
+    pieces = missed = 0
+    supported = bool(_NOWAIT)  # False once `RWF_NOWAIT` is refused
+    probe = False
 
     def snapshot(self) -> tuple[int, int]:
         """`(pieces, missed)` now."""
@@ -146,10 +127,7 @@ read_counts = ReadCounts()
 
 
 def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
-    """`LocalByteReader.read_into` of many files' pieces (descriptor `fds[i]`).
-
-    Counted in `read_counts` while it probes. Raises `ShortReadError`.
-    """
+    """`LocalByteReader.read_into` of pieces of `fds[i]`, counted while probing."""
     view = memoryview(dest)
     preadv = os.preadv
     counts = read_counts
@@ -181,10 +159,7 @@ def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
 
 
 def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
-    """`pread_pieces` of the pieces the page cache holds (True), the others hinted.
-
-    Where `RWF_NOWAIT` is refused, pieces are read waiting.
-    """
+    """`pread_pieces` of the pieces the page cache holds (True), the others hinted."""
     view = memoryview(dest)
     preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0
     out = []
@@ -217,6 +192,24 @@ def advise_pieces(fds, offsets, nbytes) -> None:
             fadvise(fd, off, n, willneed)
         except OSError:  # a hint only
             continue
+
+
+def plan_requests(offsets, nbytes, gap: int, max_bytes: int) -> list[tuple]:
+    """Sorted pieces `gap` apart as requests `(start, end, first, stop piece)`."""
+    requests = []
+    if offsets.size == 0:
+        return requests
+    ends = offsets + nbytes
+    start, end, first = int(offsets[0]), int(ends[0]), 0
+    for i in range(1, offsets.size):
+        o, e = int(offsets[i]), int(ends[i])
+        if o <= end + gap and max(end, e) - start <= max_bytes:
+            end = max(end, e)
+            continue
+        requests.append((start, end, first, i))
+        start, end, first = o, e, i
+    requests.append((start, end, first, int(offsets.size)))
+    return requests
 
 
 def as_byte_reader(fd, name: str) -> ByteReader | None:

@@ -25,7 +25,7 @@ from conftest import OBS, run, write_files
 import grain_cells
 from grain_cells.preshuffle import _preshuffle as preshuffle_output
 from grain_cells.preshuffle import _writer as preshuffle_writer
-from grain_cells.storage.remote import _writes as object_writes
+from grain_cells.storage.remote import _versions as object_writes
 
 pytest.importorskip("obstore", reason="obstore is not installed")
 

@@ -10,14 +10,15 @@ from grain_cells.storage.remote._store import (
     split_url,
     store_at,
 )
-from grain_cells.storage.remote._versions import head, version_of
-from grain_cells.storage.remote._writes import (
+from grain_cells.storage.remote._versions import (
     delete,
+    head,
     join,
     list_names,
     part_names,
     put_bytes,
     put_file,
+    version_of,
 )
 
 __all__ = [

@@ -1,7 +1,6 @@
 """`RemoteByteReader`: range GETs of one object version, merged, concurrent, ahead.
 
-Hints (`advise`) never change what is read, only when; `pin` keeps pieces in a
-`Pieces` table. Design notes: docs/reference/design.md#storage-remote-reader.
+Design notes: docs/reference/design.md#storage-remote-reader.
 """
 
 from __future__ import annotations
@@ -9,6 +8,8 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import functools
+import itertools
 import os
 import pathlib
 import threading
@@ -18,9 +19,9 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.storage._readers import FileStat, ShortReadError
+from grain_cells.storage._readers import FileStat, ShortReadError, plan_requests
 from grain_cells.storage.remote import _versions
-from grain_cells.storage.remote._store import max_in_flight, store_for
+from grain_cells.storage.remote._store import max_in_flight
 
 MERGE_GAP = 64 << 10
 # `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
@@ -32,18 +33,15 @@ BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
+_plan = functools.partial(plan_requests, gap=MERGE_GAP, max_bytes=MAX_REQUEST_BYTES)
 
 # A forked child starts its own threads: the pools' belong to the parent.
 _pools = fork.ProcessCache()
 
 
 def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    return _pools.get_or_make(
-        name,
-        lambda: concurrent.futures.ThreadPoolExecutor(
-            threads, thread_name_prefix=f"grain_cells_{name}"
-        ),
-    )
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pools.get_or_make(name, lambda: make(threads, f"grain_cells_{name}"))
 
 
 class Pieces:
@@ -75,12 +73,9 @@ class Pieces:
         """Reads the pieces saved at `path` (raises as `np.load`)."""
         with np.load(self.path) as saved:
             offsets, sizes, data = saved["offsets"], saved["sizes"], saved["data"]
-        ends = np.cumsum(sizes).tolist()
-        self.starts = offsets.tolist()
-        self.datas = [
-            data[e - s : e].tobytes() for s, e in zip(sizes.tolist(), ends, strict=True)
-        ]
-        self.nbytes = sum(sizes.tolist())
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self.starts, self.nbytes = offsets.tolist(), bounds[-1]
+        self.datas = [data[a:b].tobytes() for a, b in itertools.pairwise(bounds)]
 
     def save(self) -> None:
         """Writes the pieces, overlapping or touching ones joined, to `path`."""
@@ -106,26 +101,6 @@ class Pieces:
         os.replace(tmp, self.path)
 
 
-def plan_requests(
-    offsets: np.ndarray, nbytes: np.ndarray, gap: int = MERGE_GAP
-) -> list[tuple[int, int, int, int]]:
-    """Sorted pieces as requests `(start, end, first, stop piece)` over `gap`."""
-    requests = []
-    if offsets.size == 0:
-        return requests
-    ends = offsets + nbytes
-    start, end, first = int(offsets[0]), int(ends[0]), 0
-    for i in range(1, offsets.size):
-        o, e = int(offsets[i]), int(ends[i])
-        if o <= end + gap and max(end, e) - start <= MAX_REQUEST_BYTES:
-            end = max(end, e)
-            continue
-        requests.append((start, end, first, i))
-        start, end, first = o, e, i
-    requests.append((start, end, first, int(offsets.size)))
-    return requests
-
-
 @dataclasses.dataclass
 class _Ahead:
     """A request read ahead: its buffer is `future.result()[index]`."""
@@ -145,40 +120,28 @@ class RemoteByteReader:
 
     def __init__(self, url: str, storage_options: dict | None, stat: FileStat):
         """Binds the object version `stat` at `url`; sends no request."""
-        self.name = url
-        self._options = storage_options
-        self._stat = stat
-        self._pinned = Pieces()
-        self._lock = threading.Lock()
+        self.name, self._options, self._stat = url, storage_options, stat
+        self._pinned, self._lock = Pieces(), threading.Lock()
         in_flight = max_in_flight(storage_options)
         # Below PARALLEL, a call's size is what bounds its GETs in flight.
         self._small = in_flight < PARALLEL
         self._batch = in_flight if self._small else BATCH
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
-        self._object_store = None
         # `verify_reads`: digests of every block of the version, else None.
         self._table = _versions.block_table(url, storage_options, stat)
         # Objects whose ETag does not follow their content: when `stat`
         # next re-reads their sampled bytes.
         self._check_s = _versions.content_check_s(storage_options)
         self._next_check = time.monotonic() + self._check_s
-        fork.in_child_of(self, RemoteByteReader._forget_store)
         # Read-ahead requests by start (oldest first), their bytes held or due.
         self._ahead: dict[int, _Ahead] = {}
         self._ahead_starts: list[int] = []
         self._ahead_held = 0
 
-    def _store(self):
-        if self._object_store is None:  # (a forked child builds its own)
-            self._object_store = store_for(self.name, self._options)
-        return self._object_store
-
-    def _forget_store(self) -> None:
-        self._object_store = None
-
     def _get_many(self, ranges: list[tuple[int, int]]) -> list:
         """One buffer per `(start, end)`; `verify_reads` checks whole blocks."""
-        size, table = self._stat.size, self._table
+        stat, table = self._stat, self._table
+        size = stat.size
         end = max(e for _, e in ranges)
         if end > size:
             raise ShortReadError(size, end)
@@ -190,9 +153,7 @@ class RemoteByteReader:
             ]
         one = len(wide) == 1  # one round trip: a GET with If-Match (no HEAD)
         try:
-            datas = _versions.get_ranges(
-                self.name, self._options, wide, self._stat, self._store(), one
-            )
+            datas = _versions.get_ranges(self.name, self._options, wide, stat, one)
         except errors.SourceChangedError as e:  # caught mid-rewrite: say so
             if table is None:
                 raise
@@ -215,7 +176,7 @@ class RemoteByteReader:
         if pieces.shape[1] == 0:
             return
         pieces = pieces[:, np.argsort(pieces[0], kind="stable")]
-        requests = plan_requests(pieces[0], pieces[1])
+        requests = _plan(pieces[0], pieces[1])
         offsets, nbytes, dest_starts = pieces.tolist()
 
         def run(batch) -> None:
@@ -248,7 +209,7 @@ class RemoteByteReader:
             sums = np.concatenate([[0], np.cumsum(nbytes)]).tolist()
             with self._lock:
                 batch: list[_Ahead] = []
-                for start, end, a, b in plan_requests(offsets, nbytes):
+                for start, end, a, b in _plan(offsets, nbytes):
                     k = bisect.bisect_right(self._ahead_starts, start) - 1
                     if k >= 0 and self._ahead[self._ahead_starts[k]].end >= end:
                         continue  # covered
@@ -352,7 +313,7 @@ class RemoteByteReader:
             if now < self._next_check:
                 return self._stat
             self._next_check = now + self._check_s
-        return _versions.version_of(self.name, self._options, self._store())
+        return _versions.version_of(self.name, self._options)
 
     def close(self) -> None:
         """Drops the pinned and read-ahead pieces (cancels GETs not started)."""

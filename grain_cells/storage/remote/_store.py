@@ -1,7 +1,6 @@
 """Object stores (obstore) by URL: options, credentials, retries, request counts.
 
-Design notes: docs/reference/design.md#storage-remote-store (AWS profiles:
-#storage-remote-aws; retries: #storage-remote-retries).
+Design notes: docs/reference/design.md#storage-remote-store.
 """
 
 from __future__ import annotations
@@ -83,9 +82,8 @@ _used = {"here": False, "inherited": False}
 
 def is_url(path) -> bool:
     """Whether `path` is a URL read through an object store (not `file://`)."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    return path.split("://", 1)[0].lower() in SCHEMES
+    scheme = path.split("://", 1)[0] if isinstance(path, str) and "://" in path else ""
+    return scheme.lower() in SCHEMES
 
 
 def local_path(path: str) -> str:

@@ -1,9 +1,6 @@
-"""Requests for one object version: HEAD, range GETs, digests, named errors.
+"""Requests for objects: HEAD, range GETs, digests, writes (`preshuffle`), errors.
 
-Which version a source reads and what its ETag vouches for (a digest of
-sampled bytes, or of every block with `verify_reads`). Design notes:
-docs/reference/design.md#storage-remote-versions (range GETs:
-#storage-remote-range-gets; retries: #storage-remote-retries).
+Design notes: docs/reference/design.md#storage-remote-versions.
 """
 
 from __future__ import annotations
@@ -33,6 +30,9 @@ _REBUILD = (
 # `verify_reads` tables of this process, by (URL, content digest).
 _tables = fork.ProcessCache()
 
+UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
+_MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
+_PART_NAME = re.compile(r"^part-\d{5}\.h5ad$")
 _HEX_PARTS = re.compile(r'^"?([0-9a-fA-F]+(?:-[0-9a-fA-F]+)+)"?$')
 
 verify_reads = functools.partial(_store.option, name="verify_reads")
@@ -48,29 +48,15 @@ def stat_of(meta) -> FileStat:
 
 def head(url: str, storage_options: dict | None = None) -> FileStat:
     """The object's size, ETag and last-modified (one HEAD); raises as `store_error`."""
-    import obstore
-
-    store = _store.store_for(url, storage_options)
-    _, key = _store.split_url(url)
-    _store.count_request("head")
-    try:
-        return stat_of(obstore.head(store, key))
-    except Exception as e:
-        raise store_error(e, url, storage_options) from None
+    return stat_of(_call(url, storage_options, "read", "head", count="head"))
 
 
-def get_ranges(
-    url, storage_options, ranges, stat: FileStat, store=None, if_match=False
-):
-    """Bytes of each `[start, end)` of the version `stat` (`SourceChangedError`).
-
-    `if_match` (one range): one GET with `If-Match`; else one obstore call and
-    a HEAD that checks `stat`.
-    """
+def get_ranges(url, storage_options, ranges, stat: FileStat, if_match=False):
+    """Bytes of each `[start, end)` of version `stat` (else `SourceChangedError`)."""
     import obstore
     from obstore import exceptions as ox
 
-    store = _store.store_for(url, storage_options) if store is None else store
+    store = _store.store_for(url, storage_options)
     _, key = _store.split_url(url)
     starts, ends = [int(a) for a, _ in ranges], [int(b) for _, b in ranges]
     _store.count_request("get", len(ranges))
@@ -92,14 +78,13 @@ def get_ranges(
             f"{url}: changed since the AnnDataSource was built: its ETag is no "
             f"longer {stat.etag} (detected at a read of {where}). {_REBUILD}"
         ) from None
+    except (ox.NotFoundError, FileNotFoundError):
+        where = f"{len(starts)} ranges in {where}" if len(starts) > 1 else where
+        raise errors.SourceChangedError(
+            f"{url}: removed since the AnnDataSource was built (detected at a "
+            f"read of {where}). Build a new source."
+        ) from None
     except (ox.BaseError, OSError) as e:
-        if isinstance(e, (ox.NotFoundError, FileNotFoundError)):
-            if len(starts) > 1:
-                where = f"{len(starts)} ranges in {where}"
-            raise errors.SourceChangedError(
-                f"{url}: removed since the AnnDataSource was built (detected at a "
-                f"read of {where}). Build a new source."
-            ) from None
         elapsed = time.monotonic() - began
         raise read_error(e, url, storage_options, ranges, elapsed) from None
     if not if_match and (
@@ -141,29 +126,29 @@ def content_windows(size: int) -> list[tuple[int, int]]:
     return [(s, s + CONTENT_WINDOW) for s in sorted(starts)]
 
 
-def version_of(url: str, storage_options: dict | None = None, store=None) -> FileStat:
+def version_of(url: str, storage_options: dict | None = None) -> FileStat:
     """The object's version now: one HEAD, and a content digest where needed."""
     stat = head(url, storage_options)
     content = ""
     if verify_reads(storage_options):
-        table = _block_digests(url, storage_options, stat, store)
+        table = _block_digests(url, storage_options, stat)
         content = _BLOCKS_PREFIX + hashlib.sha256(table).hexdigest()[:32]
         _tables.get_or_make((url, content), lambda: table)
     elif not tag_follows_content(url, stat):
         digest = hashlib.sha256(f"{stat.size}".encode())
         if windows := content_windows(stat.size):
-            for data in get_ranges(url, storage_options, windows, stat, store):
+            for data in get_ranges(url, storage_options, windows, stat):
                 digest.update(memoryview(data))
         content = "sha256:" + digest.hexdigest()[:32]
     return dataclasses.replace(stat, content=content)
 
 
-def _block_digests(url, storage_options, stat: FileStat, store) -> bytes:
+def _block_digests(url, storage_options, stat: FileStat) -> bytes:
     """8-byte BLAKE2b digests of each `DIGEST_BLOCK` bytes (one streamed GET)."""
     import obstore
     from obstore import exceptions as ox
 
-    store = _store.store_for(url, storage_options) if store is None else store
+    store = _store.store_for(url, storage_options)
     _, key = _store.split_url(url)
     options = {"if_match": stat.etag} if stat.etag else {}
     _store.count_request("get")
@@ -250,36 +235,22 @@ _DROPPED = re.compile(
 )
 
 
-def describe(error: BaseException) -> tuple[int | None, str, int | None]:
-    """`(HTTP status, one-line cause, retries)` of an obstore error (None: unsaid)."""
+def read_error(error, url, storage_options, ranges, elapsed_s):
+    """The `ObjectStoreError` of range reads `[(start, end)]` that failed for good."""
     text = str(error)
     # "Error performing GET <url> in 37ms, after 2 retries, ...  - <what>"
     what = first_line(error).split("  - ", 1)[-1].strip()
-    retries = _RETRIES.search(text)
-    status = _STATUS.search(text)
-    code = _CODE.search(text)
+    status, code = _STATUS.search(text), _CODE.search(text)
     if status:
         cause = f"HTTP {status.group(1)} {(status.group(2) or '').strip()}".strip()
-        if code:
-            cause += f" ({code.group(1)})"
+        cause += f" ({code.group(1)})" if code else ""
     elif "TimedOut" in text or "kind: Timeout" in text:
         cause = f"timed out ({what})"
-    elif _DROPPED.search(text):
-        cause = f"connection dropped ({what})"
     else:
-        cause = what
-    n = int(retries.group(1)) if retries else None
-    return (int(status.group(1)) if status else None), cause, n
-
-
-def read_error(
-    error, url, storage_options, ranges, elapsed_s
-) -> errors.ObjectStoreError:
-    """The `ObjectStoreError` of range reads `[(start, end)]` that failed for good."""
-    status, cause, retries = describe(error)
+        cause = f"connection dropped ({what})" if _DROPPED.search(text) else what
     retry = _store.retry_config(storage_options)
     limit, timeout = retry["max_retries"], retry["retry_timeout"]
-    n = retries + 1 if retries is not None else None
+    n = int(retries.group(1)) + 1 if (retries := _RETRIES.search(text)) else None
     said = f"{n} attempts" if n is not None else f"up to {limit + 1} attempts"
     if n is None:
         said += " (obstore did not say how many)"
@@ -291,6 +262,7 @@ def read_error(
         "store is throttling or slow, raise storage_options['retry_config'] "
         "(max_retries, retry_timeout) or ['client_options'] (timeout)."
     )
+    status = int(status.group(1)) if status else None
     return errors.ObjectStoreError(
         message, url=url, byte_range=(lo, hi), status=status, cause=cause, attempts=n
     )
@@ -302,8 +274,8 @@ def store_error(e: Exception, url: str, storage_options, what: str = "read"):
 
     if not isinstance(e, (ox.BaseError, OSError)):
         return e
-    status, _, _ = describe(e)
     write, text = what != "read", str(e)
+    status = int(m.group(1)) if (m := _STATUS.search(text)) else None
     if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or (
         write and status in (401, 403)
     ):
@@ -380,3 +352,55 @@ def _missing(url: str, storage_options, error: BaseException, what: str):
         f"failed; objects under {where}: {beside if names else 'none there'}). "
         "Check the key (keys are case-sensitive)."
     )
+
+
+def join(url: str, name: str) -> str:
+    """`url` (a folder-like prefix) and a name below it, with one slash."""
+    return f"{url.rstrip('/')}/{name}"
+
+
+def part_names(names: list[str]) -> list[str]:
+    """The names among `names` that `preshuffle` gives its parts."""
+    return sorted(n for n in names if _PART_NAME.match(n))
+
+
+def put_file(url: str, path: str | os.PathLike, storage_options: dict | None) -> None:
+    """Uploads the local file at `path` as the object `url` (multipart if large)."""
+    part = max(UPLOAD_PART_BYTES, -(-os.path.getsize(path) // _MAX_PARTS))
+    with open(path, "rb") as f:
+        _call(
+            url, storage_options, "upload", "put", f, chunk_size=part, max_concurrency=8
+        )
+
+
+def put_bytes(url: str, data: bytes, storage_options: dict | None) -> None:
+    """Writes `data` as the object `url` (one PUT)."""
+    _call(url, storage_options, "upload", "put", data)
+
+
+def list_names(url: str, storage_options: dict | None) -> list[str]:
+    """Names of the objects directly below the prefix `url`."""
+    found = _call(url, storage_options, "list", "list_with_delimiter")
+    return [m["path"].rpartition("/")[2] for m in found["objects"]]
+
+
+def delete(url: str, storage_options: dict | None) -> None:
+    """Deletes the object `url` (no error if it is gone)."""
+    _call(url, storage_options, "delete", "delete")
+
+
+def _call(url, storage_options, what: str, function: str, *args, count="", **kwargs):
+    """`obstore.<function>(store, key, ...)` (a `count`ed request); errors named."""
+    import obstore
+
+    store = _store.store_for(url, storage_options)
+    if what == "list":  # the objects below the prefix `url`
+        key = _store.split_url(join(url, "x"))[1].rpartition("/")[0] or None
+    else:
+        key = _store.split_url(url)[1]
+    if count:
+        _store.count_request(count)
+    try:
+        return getattr(obstore, function)(store, key, *args, **kwargs)
+    except Exception as e:
+        raise store_error(e, url, storage_options, what) from None
