@@ -1,8 +1,7 @@
 """One process's open files and what it learnt of each, bounded, least recent out.
 
 `FileLru` keeps at most `max_open` files open (unpinned ones closed first);
-`Checked` keeps each file's record from its first full open, so a reopen
-skips the inspection.
+`Checked`, one too, keeps each file's record from its first full open.
 
 Design notes: docs/reference/design.md#io-file-lru.
 """
@@ -199,64 +198,44 @@ class FileLru:
         _close(doomed)
 
 
-@dataclasses.dataclass(eq=False)
-class _Record:
-    info: Any
-    obs: dict
-    nbytes: int
-    layouts: dict | None = None  # to reopen without the format, with `format`
-    format: Any = None
-    flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
+class Checked(FileLru):
+    """Each file's record (an `OpenFile` without handles) from its first full open.
 
-
-class Checked:
-    """What a process learnt of each file at its first full open, for reopens.
-
-    A file's matrix summary, obs values and byte layouts; at most `max_bytes`
-    (arrays, layouts and `RECORD_OVERHEAD_BYTES` each) and `max_files`
-    records, least recently used dropped. Thread-safe.
+    At most `max_bytes` (`OpenFile.nbytes`) and `max_files` records, least
+    recently used dropped; a reopen skips the inspection. Thread-safe.
     """
 
     def __init__(self, max_bytes: int = RECORDS_MAX_BYTES, max_files: int = 16_384):
+        super().__init__(None, max_files, max_bytes, lambda record: record.nbytes)
         self.max_bytes = max_bytes
-        self.max_files = max_files
-        self._lock = threading.Lock()
-        self._records: collections.OrderedDict[int, _Record] = collections.OrderedDict()
-        self._bytes = 0
 
-    def get(self, key: int) -> _Record | None:
+    def get(self, key: int):
         """File `key`'s record (marked used), or None."""
         return self.get_many([key])[0]
 
-    def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
+    def get_many(self, keys: Sequence[int]) -> list:
         """`get` of each key, under one lock (a fetch's closed files)."""
         with self._lock:
-            return _touch_many(self._records, keys)
+            return [e and e.handle for e in _touch_many(self._open, keys)]
 
-    def put(
-        self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
-    ) -> None:
+    def peek(self, key: int):
+        """File `key`'s record without marking it used (hints), or None."""
+        entry = self._open.get(key)
+        return entry and entry.handle
+
+    def put(self, key: int, record) -> None:
         """Keeps file `key`'s record, dropping the oldest past the bounds."""
-        nbytes = RECORD_OVERHEAD_BYTES
-        nbytes += sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
-        nbytes += sum(v.nbytes for v in (layouts or {}).values())
-        if nbytes > self.max_bytes:
+        entry = _Entry(record, record.nbytes)
+        if entry.weight > self.max_bytes:
             return
         with self._lock:
-            old = self._records.pop(key, None)
-            self._bytes -= old.nbytes if old is not None else 0
-            self._records[key] = _Record(info, obs, nbytes, layouts, fmt)
-            self._bytes += nbytes
-            while self._bytes > self.max_bytes or len(self._records) > self.max_files:
-                _, dropped = self._records.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-    def peek(self, key: int) -> _Record | None:
-        """File `key`'s record without marking it used (hints), or None."""
-        return self._records.get(key)
+            old = self._open.pop(key, None)
+            self._weight += entry.weight - (0 if old is None else old.weight)
+            self._open[key] = entry
+            self._evict()  # records hold no handle to close
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._open)
 
 
 def _close(entries: list[_Entry]) -> None:

@@ -26,22 +26,23 @@ from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class OpenFile:
-    """A file's handles in one process: `h5` (None once `fd` alone reads), `fd`, `obs`.
+    """A file in one process: what its first full open learnt, and its handles.
 
-    `flat`: its `_direct_csr.Flat` (None: not so; False: not asked yet); reopened
-    from `layouts`, the reader is built on first use.
+    `h5`: the format's handle (None once `fd` alone reads); `flat`: its
+    `_direct_csr.Flat` (None: not so; False: not asked yet). A `Checked` record
+    has no handles; a reopen from `layouts` builds its reader on first use.
     """
 
-    h5: object | None
-    fd: ByteReader | None
-    _reader: CsrReader | DenseReader | FieldReader | None
+    info: _h5ad.MatrixInfo
     obs: dict[str, np.ndarray]
     format: formats.Format
-    flat: object = False
     layouts: dict | None = None
-    info: _h5ad.MatrixInfo | None = None
+    h5: object | None = None
+    fd: ByteReader | None = None
+    _reader: CsrReader | DenseReader | FieldReader | None = None
+    flat: object = False
 
     @property
     def reader(self) -> CsrReader | DenseReader | FieldReader:
@@ -49,6 +50,13 @@ class OpenFile:
         if self._reader is None:
             self._reader = reader_of(self.info, self.layouts, self.fd)
         return self._reader
+
+    @property
+    def nbytes(self) -> int:
+        """A record's weight in `Checked`: its arrays, layouts and objects."""
+        arrays = [*self.obs.values(), *(self.layouts or {}).values()]
+        total = sum(int(getattr(a, "nbytes", 0)) for a in arrays)
+        return _file_lru.RECORD_OVERHEAD_BYTES + total
 
     def close(self) -> None:
         """Closes the descriptor and the file."""
@@ -70,7 +78,7 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         found = _meta_cache.first_open(files, i)
         if found is not None:
             fmt, layouts, obs = found
-            checked.put(i, files.infos[i], obs, layouts, fmt)
+            checked.put(i, OpenFile(files.infos[i], obs, fmt, layouts))
             known = checked.get(i)
     if known is not None and known.layouts is not None:
         return reopen(files, i, known)
@@ -115,14 +123,13 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         layouts = _meta_cache.layouts_of(reader, fd)
         if checked is not None:
-            checked.put(i, info, obs, layouts, fmt)
+            checked.put(i, OpenFile(info, obs, fmt, layouts))
         fmt.opened(f)
         if layouts is None:
-            return OpenFile(f, fd, reader, obs, fmt)
+            return OpenFile(info, obs, fmt, None, f, fd, reader)
         # Read through the descriptor alone: the format's handle goes now.
-        reader = reader_of(info, layouts, fd)
         f.close()
-        return OpenFile(None, fd, reader, obs, fmt)
+        return OpenFile(info, obs, fmt, layouts, None, fd, reader_of(info, layouts, fd))
     except BaseException:
         if fd is not None:
             fd.close()
@@ -130,20 +137,28 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         raise
 
 
-def reopen(files, i: int, known) -> OpenFile:
+def reopen(files, i: int, known: OpenFile) -> OpenFile:
     """`open_member` of a file whose byte layouts this process holds: one descriptor."""
+    fd = _open_bytes(files, i, known)
+    flat = None if known.flat is None else known.flat.over(fd)
+    return OpenFile(
+        known.info, known.obs, known.format, known.layouts, None, fd, None, flat
+    )
+
+
+def _open_bytes(files, i: int, record: OpenFile) -> ByteReader:
+    """File `i`'s `ByteReader` as its format opens it, checked; learns `record.flat`."""
     identity = files.identities[i]
-    fmt = known.format
-    fd = fmt.open_bytes(None, files.infos[i].path, files.storage_options, identity.stat)
+    path, options = files.infos[i].path, files.storage_options
+    fd = record.format.open_bytes(None, path, options, identity.stat)
     try:
         identity.check_stat(fd.stat(), "when a process opened it")
-        if known.flat is False:  # computed once per record, then reused
-            known.flat = _direct_csr.flat_from(known.layouts, known.info, fd)
-        flat = None if known.flat is None else known.flat.over(fd)
+        if record.flat is False:  # computed once per record, then reused
+            record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
     except BaseException:
         fd.close()
         raise
-    return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
+    return fd
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
@@ -198,7 +213,7 @@ def pinned_flats(
             record = next(records)
             if record is not None and record.flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
-                readers.append(_learn_flat(files, i, record))
+                readers.append(_open_bytes(files, i, record))
                 if isinstance(record.flat, _direct_csr.Flat):
                     flats[k], obs[k] = record.flat, record.obs
                     continue
@@ -267,20 +282,6 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
         for fd in own:
             os.close(fd)
         lru.release(entries)
-
-
-def _learn_flat(files, i: int, record):
-    """File `i`'s `ByteReader` as its format opens it; sets `record.flat`."""
-    identity = files.identities[i]
-    path = files.infos[i].path
-    reader = record.format.open_bytes(None, path, files.storage_options, identity.stat)
-    try:
-        identity.check_stat(reader.stat(), "when a process opened it")
-        record.flat = _direct_csr.flat_from(record.layouts, record.info, reader)
-    except BaseException:
-        reader.close()
-        raise
-    return reader
 
 
 def _valid(flats: list, fds: list, obs: list) -> tuple | None:
