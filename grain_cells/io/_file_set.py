@@ -293,13 +293,8 @@ class OpenFiles:
         finally:
             handle.close()
 
-    def pinned_flats(self, indices: Sequence[int]):
-        """A many-file fetch's files for one vectorised read (`pinned_flats`)."""
-        return pinned_flats(self, self._lru, self._checked, indices)
-
-    def hint_flats(self, indices: Sequence[int]):
-        """A hint's files' `Flat`s over descriptors (`hint_flats`)."""
-        return hint_flats(self._lru, self._checked, self.files, indices)
+    pinned_flats = pinned_flats  # a many-file fetch's files for one vectorised read
+    hint_flats = hint_flats  # a hint's files' `Flat`s over descriptors
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned (one thread: tests, a build)."""

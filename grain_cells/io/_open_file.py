@@ -178,15 +178,13 @@ def _flat(handle: OpenFile):
 
 
 @contextlib.contextmanager
-def pinned_flats(
-    handles, lru, checked, indices: Sequence[int]
-) -> Iterator[tuple | None]:
+def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
     """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
 
     Closed files with known pieces through descriptors of the fetch's own (room
     made in the bound), others through the bound; None if one is not positional.
     """
-    files = handles.files
+    files, lru, checked = handles.files, handles._lru, handles._checked
     entries = lru.pin_if_open(indices)
     closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
     lru.reserve(len(closed))  # the fetch's own descriptors fit within the bound
@@ -243,12 +241,13 @@ def pinned_flats(
 
 
 @contextlib.contextmanager
-def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
+def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
 
     Closed files with known pieces through bare descriptors (None, -1: not
     hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
     """
+    files, lru, checked = handles.files, handles._lru, handles._checked
     entries = lru.pin_if_open(indices, touch=False)
     n = len(indices)
     flats: list = [None] * n
