@@ -96,42 +96,33 @@ def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
     """The entry mapped read-only, or None (a damaged one logged unless `quiet`)."""
+    kind = "i" if column.categories is not None else column.dtype.kind
     try:
+        mapped = np.load(path, "r", allow_pickle=False)
         with open(path, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-            else:
-                raise ValueError(f"npy version {version}")
-            offset = fh.tell()
-            size = os.fstat(fh.fileno()).st_size
+            size = fh.seek(0, os.SEEK_END)
             fh.seek(max(size - _STAMP, 0))
-            stamp = fh.read(_STAMP)
+            stamp = fh.read()
+        problem = None
+        if mapped.shape != (n_obs,):
+            problem = f"shape {mapped.shape}, expected ({n_obs},)"
+        elif mapped.dtype.kind != kind or mapped.dtype.hasobject:
+            problem = f"dtype {mapped.dtype}, expected kind {kind!r}"
+        elif column.categories is None and mapped.dtype != column.dtype:
+            problem = f"dtype {mapped.dtype}, expected {column.dtype}"
+        elif size != mapped.offset + mapped.nbytes + _STAMP:
+            problem = f"{size} bytes, expected {mapped.offset + mapped.nbytes + _STAMP}"
+        elif stamp != path.stem.encode():
+            problem = "another entry's values (its digest differs)"
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        if not quiet:
-            _log.warning("obs cache: rebuilding %s (%s)", path, e)
-        return None
-    expected_kind = "i" if column.categories is not None else column.dtype.kind
-    problem = None
-    if shape != (n_obs,) or fortran:
-        problem = f"shape {shape}, expected ({n_obs},)"
-    elif dtype.kind != expected_kind or dtype.hasobject:
-        problem = f"dtype {dtype}, expected kind {expected_kind!r}"
-    elif column.categories is None and dtype != column.dtype:
-        problem = f"dtype {dtype}, expected {column.dtype}"
-    elif size != offset + n_obs * dtype.itemsize + _STAMP:
-        problem = f"{size} bytes, expected {offset + n_obs * dtype.itemsize + _STAMP}"
-    elif stamp != path.stem.encode():
-        problem = "another entry's values (its digest differs)"
-    if problem is not None:
-        if not quiet:
-            _log.warning("obs cache: rebuilding %s (%s)", path, problem)
-        return None
-    return _as_array(np.memmap(path, dtype, "r", offset, (n_obs,)))
+    except (OSError, ValueError, EOFError) as e:
+        problem = e
+    if problem is None:
+        return mapped.view(np.ndarray)  # slices stay ndarrays; the base is the map
+    if not quiet:
+        _log.warning("obs cache: rebuilding %s (%s)", path, problem)
+    return None
 
 
 def own_map(values: np.ndarray) -> np.ndarray:
@@ -139,15 +130,10 @@ def own_map(values: np.ndarray) -> np.ndarray:
     base = values.base
     if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
         again = np.memmap(base.filename, values.dtype, "r", base.offset, values.shape)
-        return _as_array(again)
+        return again.view(np.ndarray)
     out = values.view()
     out.flags.writeable = False
     return out
-
-
-def _as_array(mapped: np.memmap) -> np.ndarray:
-    """A plain ndarray view (slices stay ndarrays); its base is the map."""
-    return mapped.view(np.ndarray)
 
 
 def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
