@@ -33,7 +33,7 @@ from grain_cells.io._h5ad import OBSM, inspect_element, open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
-from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
+from grain_cells.io._obs import HarmonisedColumn, harmonise
 from grain_cells.io._open_file import (
     OpenFile,
     hint_flats,
@@ -84,20 +84,13 @@ class FileSet:
         genes_from: str | None = None,
     ) -> FileSet:
         """Opens every file once (or takes its cached entry) to check it."""
-        paths = tuple(paths)
-        storage_options = dict(storage_options or {})
-        infos: list[_h5ad.MatrixInfo] = []
-        var_names: list[np.ndarray] = []
-        seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
-        obs_kinds: list[dict[str, ColumnKind | None]] = []
-        identities: list[FileIdentity] = []
+        paths, options = tuple(paths), dict(storage_options or {})
+        metas = []
         cache = MetaCache(element, genes_from)
         for path in paths:
             meta = cache.lookup(path, obs_names)
             if meta is None:
-                meta = inspect_file(
-                    path, element, obs_names, genes_from, storage_options
-                )
+                meta = inspect_file(path, element, obs_names, genes_from, options)
                 cache.store(meta)
             missing = [c for c in obs_names if c not in meta.have]
             if missing and obs_missing == "error":
@@ -106,23 +99,22 @@ class FileSet:
                     "Pass obs_missing='fill' to read them as missing in "
                     "files that lack them."
                 )
-            identities.append(meta.identity)
-            var_names.append(shared_keys(meta.keys, seen_keys))
-            obs_kinds.append(
-                {c: None if c in missing else meta.kinds[c] for c in obs_names}
-            )
-            infos.append(meta.info)
+            metas.append(meta)
+        infos = tuple(m.info for m in metas)
         kind = _kind(element, infos, "of one source must share an encoding")
+        seen: dict = {}  # one array per distinct gene list (shared_keys)
+        keys = [shared_keys(m.keys, seen) for m in metas]
+        kinds = [{c: m.kinds.get(c) for c in obs_names} for m in metas]
         return cls(
             paths,
             element,
-            tuple(infos),
-            tuple(identities),
-            align_genes(paths, var_names, join, genes, genes_from),
+            infos,
+            tuple(m.identity for m in metas),
+            align_genes(paths, keys, join, genes, genes_from),
             obs_names,
-            harmonise(paths, obs_names, obs_kinds, obs_missing),
+            harmonise(paths, obs_names, kinds, obs_missing),
             **kind,
-            storage_options=storage_options,
+            storage_options=options,
         )
 
     @property

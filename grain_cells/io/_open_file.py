@@ -1,10 +1,8 @@
 """One file's handles in one process, and a fetch's or hint's files opened directly.
 
-`open_member` opens a file checked against its identity; a file whose arrays
-are all read positionally keeps only its descriptor, and reopens from its
-byte layouts (`reopen`: one `open`, no format library). `pinned_flats` and
-`hint_flats` give a many-file fetch or a read-ahead hint its files' CSR byte
-pieces (`_direct_csr.Flat`), closed files through descriptors of their own.
+`open_member` opens a file checked against its identity; one read positionally
+keeps only its descriptor and reopens from its byte layouts (`reopen`).
+`pinned_flats`/`hint_flats` give a fetch or hint its files' CSR byte pieces.
 
 Design notes: docs/reference/design.md#io-layouts, #io-direct-open.
 """
@@ -127,9 +125,8 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         fmt.opened(f)
         if layouts is None:
             return OpenFile(info, obs, fmt, None, f, fd, reader)
-        # Read through the descriptor alone: the format's handle goes now.
-        f.close()
-        return OpenFile(info, obs, fmt, layouts, None, fd, reader_of(info, layouts, fd))
+        f.close()  # read through the descriptor alone: the format's handle goes
+        return OpenFile(info, obs, fmt, layouts, None, fd)
     except BaseException:
         if fd is not None:
             fd.close()
