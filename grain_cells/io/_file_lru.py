@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import resource
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -86,7 +87,7 @@ class FileLru:
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open}")
         self.max_open = max_open
-        self.max_weight = max_weight
+        self.max_weight = math.inf if max_weight is None else max_weight
         self._weight_of = weight or (lambda _: 1)
         self._weight = 0
         self._opener = opener
@@ -167,24 +168,16 @@ class FileLru:
 
     def _evict(self, room: int = 0) -> list[_Entry]:
         """Takes unpinned files out, oldest first, `room` below the bound (locked)."""
-        max_open = self.max_open - room
-        max_weight = None if self.max_weight is None else self.max_weight - room
-        excess = len(self._open) - max_open
-        heavy = max_weight is not None and self._weight > max_weight
-        if excess <= 0 and not heavy:
-            return []
-        doomed, weight, count = [], self._weight, len(self._open)
+        doomed, count, weight = [], len(self._open), self._weight
         for key, entry in self._open.items():
-            if count <= max_open and (max_weight is None or weight <= max_weight):
+            if count <= self.max_open - room and weight <= self.max_weight - room:
                 break
             if entry.pins == 0:
-                doomed.append((key, entry))
+                doomed.append(key)
                 count -= 1
                 weight -= entry.weight
-        for key, _ in doomed:
-            del self._open[key]
         self._weight = weight
-        return [e for _, e in doomed]
+        return [self._open.pop(key) for key in doomed]
 
     def close_all(self) -> None:
         """Closes every file: now if unpinned, else when its last read ends."""
