@@ -192,11 +192,7 @@ class FileLru:
 
 
 class Checked(FileLru):
-    """Each file's record (an `OpenFile` without handles) from its first full open.
-
-    At most `max_bytes` (`OpenFile.nbytes`) and `max_files` records, least
-    recently used dropped; a reopen skips the inspection. Thread-safe.
-    """
+    """Files' records (`OpenFile`s without handles) from first opens; thread-safe."""
 
     def __init__(self, max_bytes: int = RECORDS_MAX_BYTES, max_files: int = 16_384):
         super().__init__(None, max_files, max_bytes, lambda record: record.nbytes)

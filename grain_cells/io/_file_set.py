@@ -1,9 +1,7 @@
 """The files of a source as checked when it was built, and a process's handles.
 
-`FileSet` is an immutable value (paths, matrix metadata, identities, gene
-alignment, harmonised obs columns) that pickles to workers; `element_files`
-derives the set of another element of the same files; `OpenFiles` holds one
-process's open files, read buffers and read threads.
+`FileSet`: an immutable value that pickles to workers (`element_files`: of
+another element); `OpenFiles`: one process's open files, buffers and threads.
 
 Design notes: docs/reference/design.md#io-file-set, #io-element-files.
 """
@@ -54,9 +52,7 @@ WARM_MISSES = 10
 class FileSet:
     """AnnData files or stores (formats may mix) along cells, checked at build.
 
-    `element` is the matrix read; `genes` maps each file's genes to the
-    output columns; `storage_options` pickle with the set (each worker
-    builds its own client).
+    `element`: the matrix read; `genes`: each file's genes in output columns.
     """
 
     paths: tuple[str, ...]
@@ -144,9 +140,8 @@ class FileSet:
 def element_files(files: FileSet, element: str) -> FileSet:
     """The file set of the same files that reads `element` (no obs columns).
 
-    Opens every file once, as its identity names it. Raises `SourceChangedError`,
-    `MissingColumnError`, `AnnDataFormatError` (other rows or obsm widths) or
-    `UnsupportedLayoutError` (CSC, or sparse in some files only).
+    Raises `SourceChangedError`, `MissingColumnError`, `AnnDataFormatError`
+    (other rows or obsm widths) or `UnsupportedLayoutError`.
     """
     infos: list[_h5ad.MatrixInfo] = []
     var_names: list[np.ndarray] = []
@@ -216,8 +211,6 @@ def _weight(handle: OpenFile) -> int:
 class OpenFiles:
     """One process's open files of a `FileSet`, read buffers and read threads.
 
-    At most `max_open_files` files stay open (`_file_lru`): a read pins its
-    files, and an evicted file reopens, checked again, on next use.
     Thread-safe; pickles without handles; a forked child opens its own.
     """
 

@@ -192,11 +192,7 @@ def files_entry(entries: list) -> list | dict:
 
 
 def source_identity(source) -> dict:
-    """What a checkpoint records about an `AnnDataSource`: content, not paths.
-
-    A JSON dict of its files (`files_entry`), genes and categories by
-    digest, and configuration by value; a copy elsewhere gives the same.
-    """
+    """What a checkpoint records of an `AnnDataSource`: content, not paths (JSON)."""
     return {
         "files": files_entry(file_entries(source)),
         "block_size": source.block_size,

@@ -1,8 +1,7 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
-The first process that opens a file writes each obs column's harmonised
-values once, and every process maps them read-only (the page cache's pages,
-not a copy per process); a collection's whole column is one more entry.
+The first process that opens a file writes each harmonised column once; every
+process maps it read-only. A collection's whole column is one more entry.
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """
@@ -161,11 +160,7 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
 
 
 def joined_column(files, name: str) -> np.ndarray:
-    """Obs column `name` over every file of `files`, joined (one cache entry).
-
-    Raises:
-        errors.SourceChangedError: A file differs from when `files` was built.
-    """
+    """Obs column `name` over all `files`, joined (one entry; `SourceChangedError`)."""
     column = files.obs[name]
     counts = [int(info.n_obs) for info in files.infos]
     total = sum(counts)

@@ -67,10 +67,7 @@ class OpenFile:
 
 
 def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> OpenFile:
-    """Opens file `i` of `files` in this process, checked (`SourceChangedError`).
-
-    A file with a `checked` record or cached entry is not inspected again.
-    """
+    """Opens file `i` of `files`, checked; one known (record, entry): not inspected."""
     known = None if checked is None else checked.get(i)
     if known is None and checked is not None:
         found = _meta_cache.first_open(files, i)
