@@ -100,17 +100,15 @@ class FileLru:
         return len(self._open)
 
     @contextlib.contextmanager
-    def pinned(
-        self, keys: Sequence[int], opened: list[bool] | None = None
-    ) -> Iterator[list]:
-        """The handles of `keys`, open until the block ends (`opened`: new ones)."""
+    def pinned(self, keys: Sequence[int], check=None) -> Iterator[list]:
+        """The handles of `keys`, open until the block ends (`check`: open ones)."""
         entries: list[_Entry] = []
         try:
             for key in keys:
                 entry, new = self._acquire(int(key))
                 entries.append(entry)
-                if opened is not None:
-                    opened.append(new)
+                if check is not None and not new:
+                    check(int(key), entry.handle)
             yield [e.handle for e in entries]
         finally:
             self.release(entries)

@@ -208,7 +208,7 @@ def _weight(handle: OpenFile) -> int:
     return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
 
 
-class OpenFiles:
+class OpenFiles(_file_lru.FileLru):
     """One process's open files of a `FileSet`, read buffers and read threads.
 
     Thread-safe; pickles without handles; a forked child opens its own.
@@ -230,11 +230,11 @@ class OpenFiles:
         fork.in_child_of(self, OpenFiles._reset)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
         self._checked = _file_lru.Checked()
         max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
         opener = functools.partial(open_member, self.files, checked=self._checked)
-        self._lru = _file_lru.FileLru(opener, max_open, max_weight, _weight)
+        super().__init__(opener, max_open, max_weight, _weight)
+        self._pool_lock = threading.Lock()
         self._local = threading.local()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
@@ -245,28 +245,19 @@ class OpenFiles:
     def __reduce__(self):
         return OpenFiles, (self.files, self.read_threads, self.max_open_files)
 
-    @contextlib.contextmanager
-    def pinned(
-        self, indices: Sequence[int], *, at_read: bool = False
-    ) -> Iterator[list[OpenFile]]:
+    def pinned(self, indices: Sequence[int], *, at_read: bool = False):
         """Files `indices`' handles, open until the block ends (`at_read`: checked)."""
-        opened: list[bool] = []
-        with self._lru.pinned(indices, opened) as handles:
-            if at_read:
-                for i, handle, new in zip(indices, handles, opened, strict=True):
-                    if not new:
-                        self.check_at_read(int(i), handle)
-            yield handles
+        return super().pinned(indices, self.check_at_read if at_read else None)
 
     @contextlib.contextmanager
     def for_hints(self, i: int) -> Iterator[OpenFile | None]:
         """File `i`'s handles for a hint (open, or reopened from layouts), or None."""
-        (entry,) = self._lru.pin_if_open([i], touch=False)
+        (entry,) = self.pin_if_open([i], touch=False)
         if entry is not None:
             try:
                 yield entry.handle
             finally:
-                self._lru.release([entry])
+                self.release([entry])
             return
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
@@ -322,11 +313,6 @@ class OpenFiles:
         """Whether the page cache held the recent reads (never again once not)."""
         return self._all_local and self._warm is True
 
-    @property
-    def open_count(self) -> int:
-        """Files open in this process now."""
-        return self._lru.open_count
-
     def buffer(self, name: str = "buf") -> RowBuffer:
         """The calling thread's reused buffer `name` (a read's, a hint's)."""
         buf = getattr(self._local, name, None)
@@ -341,7 +327,7 @@ class OpenFiles:
             threads = cores.read_threads(self.read_threads)
             if threads == 0 or (threads == 1 and self.read_threads == "auto"):
                 return None
-            with self._lock:
+            with self._pool_lock:
                 if self._pool is None:
                     pool = concurrent.futures.ThreadPoolExecutor(
                         threads, thread_name_prefix="grain_cells_read"
@@ -352,8 +338,8 @@ class OpenFiles:
 
     def close(self) -> None:
         """Closes this process's handles (a pinned one as its read ends)."""
-        self._lru.close_all()
-        with self._lock:
+        self.close_all()
+        with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None

@@ -178,10 +178,10 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
     Closed files with known pieces through descriptors of the fetch's own (room
     made in the bound), others through the bound; None if one is not positional.
     """
-    files, lru, checked = handles.files, handles._lru, handles._checked
-    entries = lru.pin_if_open(indices)
+    files, checked = handles.files, handles._checked
+    entries = handles.pin_if_open(indices)
     closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
-    lru.reserve(len(closed))  # the fetch's own descriptors fit within the bound
+    handles.reserve(len(closed))  # the fetch's own descriptors fit within the bound
     records = iter(checked.get_many(closed))
     own: list[int] = []  # descriptors opened here
     readers: list = []  # byte readers opened to learn a record's pieces
@@ -231,7 +231,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             os.close(fd)
         for reader in readers:
             reader.close()
-        lru.release(entries)
+        handles.release(entries)
 
 
 @contextlib.contextmanager
@@ -241,8 +241,8 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     Closed files with known pieces through bare descriptors (None, -1: not
     hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
     """
-    files, lru, checked = handles.files, handles._lru, handles._checked
-    entries = lru.pin_if_open(indices, touch=False)
+    files, checked = handles.files, handles._checked
+    entries = handles.pin_if_open(indices, touch=False)
     n = len(indices)
     flats: list = [None] * n
     fds = [-1] * n
@@ -274,7 +274,7 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     finally:
         for fd in own:
             os.close(fd)
-        lru.release(entries)
+        handles.release(entries)
 
 
 def _valid(flats: list, fds: list, obs: list) -> tuple | None:
