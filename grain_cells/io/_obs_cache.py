@@ -43,19 +43,12 @@ def cache_folder() -> pathlib.Path | None:
 def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
     """The entry's file name: a digest of everything its values depend on."""
     code_map = column.code_maps[i]
-    parts = [
-        _VERSION,
-        identity.path,
-        repr(identity.stat),
-        identity.element,
-        identity.layout,
-        identity.sample,
-        column.name,
-        "categorical" if column.categories is not None else f"numeric {column.dtype}",
-        "identity" if code_map is None else code_map.astype("<i8").tobytes().hex(),
-    ]
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:_STAMP]
-    return f"{digest}.npy"
+    kind = "categorical" if column.categories is not None else f"numeric {column.dtype}"
+    codes = "identity" if code_map is None else code_map.astype("<i8").tobytes().hex()
+    where = [_VERSION, identity.path, repr(identity.stat), identity.element]
+    parts = [*where, identity.layout, identity.sample, column.name, kind, codes]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return f"{digest[:_STAMP]}.npy"
 
 
 def file_obs(
@@ -149,11 +142,9 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
         if folder not in _warned:
             _warned.add(folder)
             _log.warning(
-                "obs cache: cannot write %s (%s); obs columns stay in each "
+                f"obs cache: cannot write {folder} ({e}); obs columns stay in each "
                 "process's memory. Set GRAIN_CELLS_OBS_CACHE to a writable "
-                "folder, or to 'off'.",
-                folder,
-                e,
+                "folder, or to 'off'."
             )
         return None
     return _load(path, column, n_obs)
@@ -167,10 +158,10 @@ def joined_column(files, name: str) -> np.ndarray:
     folder = cache_folder() if total >= MIN_CELLS else None
     path = None
     if folder is not None:
-        key = hashlib.sha256()
-        for i, identity in enumerate(files.identities):
-            key.update(entry_name(identity, column, i).encode())
-        path = folder / f"{key.hexdigest()[:_STAMP]}.npy"
+        names = "".join(
+            entry_name(d, column, i) for i, d in enumerate(files.identities)
+        )
+        path = folder / f"{hashlib.sha256(names.encode()).hexdigest()[:_STAMP]}.npy"
 
     def read():
         parts = [_member_column(files, i, column, n) for i, n in enumerate(counts)]
@@ -186,16 +177,14 @@ def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
     if not column.present[i]:
         return column.file_values(i, None, n_obs)
     identity = files.identities[i]
+    path, options = identity.path, files.storage_options
     if identity.stat.content:  # an object whose ETag does not follow its content
-        now = formats.for_path(identity.path).stat_path(
-            identity.path, files.storage_options
-        )
-        identity.check_stat(now, "reading obs")
-    f = open_file(identity.path, files.storage_options, identity.stat)
-    try:
         identity.check_stat(
-            _nodes.format_of(f).stat_of(f, identity.path), "reading obs"
+            formats.for_path(path).stat_path(path, options), "reading obs"
         )
+    f = open_file(path, options, identity.stat)
+    try:
+        identity.check_stat(_nodes.format_of(f).stat_of(f, path), "reading obs")
         return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
     finally:
         f.close()
