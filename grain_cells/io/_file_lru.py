@@ -118,10 +118,9 @@ class FileLru:
     ) -> list[_Entry | None]:
         """Each key's entry if open now (pinned; marked used if `touch`), else None."""
         with self._lock:
-            if touch:
-                out = _touch_many(self._open, keys)
-            else:
-                out = list(map(self._open.get, keys))
+            out = (
+                _touch_many(self._open, keys) if touch else [*map(self._open.get, keys)]
+            )
             for entry in out:
                 if entry is not None:
                     entry.pins += 1
