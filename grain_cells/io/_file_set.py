@@ -81,8 +81,9 @@ class FileSet:
     ) -> FileSet:
         """Opens every file once (or takes its cached entry) to check it."""
         paths, options = tuple(paths), dict(storage_options or {})
-        metas = []
         cache = MetaCache(element, genes_from)
+        seen: dict = {}  # one array per distinct gene list (shared_keys)
+        infos, identities, keys, kinds = [], [], [], []
         for path in paths:
             meta = cache.lookup(path, obs_names)
             if meta is None:
@@ -95,17 +96,16 @@ class FileSet:
                     "Pass obs_missing='fill' to read them as missing in "
                     "files that lack them."
                 )
-            metas.append(meta)
-        infos = tuple(m.info for m in metas)
+            infos.append(meta.info)  # (the rest of `meta` goes: a build's peak)
+            identities.append(meta.identity)
+            keys.append(shared_keys(meta.keys, seen))
+            kinds.append({c: meta.kinds.get(c) for c in obs_names})
         kind = _kind(element, infos, "of one source must share an encoding")
-        seen: dict = {}  # one array per distinct gene list (shared_keys)
-        keys = [shared_keys(m.keys, seen) for m in metas]
-        kinds = [{c: m.kinds.get(c) for c in obs_names} for m in metas]
         return cls(
             paths,
             element,
-            infos,
-            tuple(m.identity for m in metas),
+            tuple(infos),
+            tuple(identities),
             align_genes(paths, keys, join, genes, genes_from),
             obs_names,
             harmonise(paths, obs_names, kinds, obs_missing),
