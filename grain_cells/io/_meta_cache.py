@@ -287,8 +287,8 @@ def first_open(files, i: int):
     stat = identity.stat
     if stat.etag or stat.content or stat.store or "://" in identity.path:
         return None
-    if files.obs_names and info.n_obs >= MIN_CELLS:
-        return None  # its obs columns are mapped from the shared cache
+    if files.obs_names and info.n_obs >= MIN_CELLS:  # obs: mapped from the obs cache
+        return None
     fmt = formats.for_path(identity.path)
     fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
     if fd is None:
@@ -304,12 +304,8 @@ def first_open(files, i: int):
         layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
         obs = {}
         for c in files.obs_names:
-            column = files.obs[c]
-            values = None
-            if column.present[i]:
-                values = _read_column(e["layouts"]["obs"][c], info, fd)
-                if values is None:
-                    return None
+            column, d = files.obs[c], e["layouts"]["obs"].get(c)
+            values = _read_column(d, info, fd) if column.present[i] else None
             obs[c] = column.file_values(i, values, info.n_obs)
     except _ERRORS:
         return None
@@ -318,19 +314,19 @@ def first_open(files, i: int):
     return fmt, layouts, obs
 
 
-def _read_column(d: list, info, fd) -> SimpleNamespace | None:
-    """A column as `HarmonisedColumn.file_values` reads it (`.values`), or None."""
+def _read_column(d: list, info, fd) -> SimpleNamespace:
+    """A column as `HarmonisedColumn.file_values` reads it (`.values`; ValueError)."""
     layout = _layout(d[0])
     n = layout.shape[0]
     if n != info.n_obs:
-        return None
+        raise ValueError(f"{n} obs values, expected {info.n_obs}")
     out = np.empty(n, layout.dtype)
     if n:
         PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
     if d[2] is None:
         return SimpleNamespace(values=out.astype(np.dtype(d[1]), copy=False))
     if n and (int(out.max()) >= d[2] or int(out.min()) < -1):
-        return None  # the format's reader reports it
+        raise ValueError("codes out of range")  # the format's reader reports them
     return SimpleNamespace(values=out)
 
 

@@ -258,11 +258,10 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
                     flats[k], fds[k] = flat, flat.fd
                 continue
             record = checked.peek(i)  # not marked used: a hint
-            if record is None or record.layouts is None:
-                continue
-            if not isinstance(record.flat, _direct_csr.Flat):
-                if record.flat is False:  # pieces not known yet: reopen once
-                    rest.append(k)
+            flat = None if record is None or record.layouts is None else record.flat
+            if flat is False:  # pieces not known yet: reopen once
+                rest.append(k)
+            if not isinstance(flat, _direct_csr.Flat):
                 continue
             try:
                 fd = os.open(files.infos[i].path, os.O_RDONLY)
