@@ -19,8 +19,6 @@ from typing import Any
 
 from grain_cells._util import arguments
 
-# Files held through their format kept open per process by default.
-DEFAULT_MAX_OPEN = 128
 # `max_open_files="auto"` bounds a weight: a file read through its
 # descriptor alone weighs 1, one held through its format `FORMAT_WEIGHT`;
 # at most `DEFAULT_BUDGET`, so a process stays under 512 descriptors.

@@ -282,7 +282,7 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
 
 
 def first_open(files, i: int):
-    """`(format, layouts, obs)` of file `i` from its entry (`fstat` checked) or None."""
+    """`(obs, format, layouts)` of file `i` from its entry (`fstat` checked) or None."""
     identity, info = files.identities[i], files.infos[i]
     stat = identity.stat
     if stat.etag or stat.content or stat.store or "://" in identity.path:
@@ -311,7 +311,7 @@ def first_open(files, i: int):
         return None
     finally:
         fd.close()
-    return fmt, layouts, obs
+    return obs, fmt, layouts
 
 
 def _read_column(d: list, info, fd) -> SimpleNamespace:

@@ -72,9 +72,8 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
     if known is None and checked is not None:
         found = _meta_cache.first_open(files, i)
         if found is not None:
-            fmt, layouts, obs = found
-            checked.put(i, OpenFile(files.infos[i], obs, fmt, layouts))
-            known = checked.get(i)
+            known = OpenFile(files.infos[i], *found)
+            checked.put(i, known)
     if known is not None and known.layouts is not None:
         return reopen(files, i, known)
     expected = files.infos[i]
