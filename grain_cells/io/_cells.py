@@ -1,9 +1,7 @@
 """Rows in output columns: column maps applied after a read, gathers, `Cells`.
 
-A file's `ColumnMap` (from `_genes.align_genes`) gives each stored column's
-output column (-1: not output); None when the stored columns are the output's.
-`remap_csr`/`gather_dense` apply the maps right after a read, so every later
-step (`take_csr`, output formats) sees output columns only.
+`remap_csr`/`gather_dense` apply a file's `ColumnMap` right after a read, so
+every later step (`take_csr`, output formats) sees output columns only.
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ if TYPE_CHECKING:  # workers never build a csr_matrix: no scipy at their start
 class Cells:
     """Rows of a source in the order they were asked for.
 
-    Attributes:
-        X: `scipy.sparse.csr_matrix` for sparse files, `np.ndarray` for dense.
-        obs: obs column name to one value per row (integer codes for
-            categorical columns; see `AnnDataSource.categories`).
-        row_ids: Global row id (0-based over the concatenated files) per row.
+    `X`: CSR if sparse, else ndarray; `obs`: one value per row (codes for
+    categorical columns, see `AnnDataSource.categories`); `row_ids`: global rows.
     """
 
     X: sp.csr_matrix | np.ndarray
@@ -41,10 +36,7 @@ class Cells:
 
 @dataclasses.dataclass(frozen=True)
 class ColumnMap:
-    """One file's stored columns in output columns (`out`: int32, -1 dropped).
-
-    `drops`: some column is dropped; `increasing`: kept columns keep their order.
-    """
+    """A file's stored columns in output columns (`out`: int32, -1 dropped)."""
 
     out: np.ndarray
     drops: bool

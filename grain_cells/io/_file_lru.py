@@ -1,8 +1,7 @@
 """One process's open files and what it learnt of each, bounded, least recent out.
 
 `FileLru` keeps at most `max_open` files open (unpinned ones closed first);
-`Checked` keeps each file's record from its first full open, so a reopen
-skips the inspection.
+`Checked`, one too, keeps each file's record from its first full open.
 
 Design notes: docs/reference/design.md#io-file-lru.
 """
@@ -12,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import resource
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -19,8 +19,6 @@ from typing import Any
 
 from grain_cells._util import arguments
 
-# Files held through their format kept open per process by default.
-DEFAULT_MAX_OPEN = 128
 # `max_open_files="auto"` bounds a weight: a file read through its
 # descriptor alone weighs 1, one held through its format `FORMAT_WEIGHT`;
 # at most `DEFAULT_BUDGET`, so a process stays under 512 descriptors.
@@ -87,7 +85,7 @@ class FileLru:
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open}")
         self.max_open = max_open
-        self.max_weight = max_weight
+        self.max_weight = math.inf if max_weight is None else max_weight
         self._weight_of = weight or (lambda _: 1)
         self._weight = 0
         self._opener = opener
@@ -100,17 +98,15 @@ class FileLru:
         return len(self._open)
 
     @contextlib.contextmanager
-    def pinned(
-        self, keys: Sequence[int], opened: list[bool] | None = None
-    ) -> Iterator[list]:
-        """The handles of `keys`, open until the block ends (`opened`: new ones)."""
+    def pinned(self, keys: Sequence[int], check=None) -> Iterator[list]:
+        """The handles of `keys`, open until the block ends (`check`: open ones)."""
         entries: list[_Entry] = []
         try:
             for key in keys:
                 entry, new = self._acquire(int(key))
                 entries.append(entry)
-                if opened is not None:
-                    opened.append(new)
+                if check is not None and not new:
+                    check(int(key), entry.handle)
             yield [e.handle for e in entries]
         finally:
             self.release(entries)
@@ -120,10 +116,9 @@ class FileLru:
     ) -> list[_Entry | None]:
         """Each key's entry if open now (pinned; marked used if `touch`), else None."""
         with self._lock:
-            if touch:
-                out = _touch_many(self._open, keys)
-            else:
-                out = list(map(self._open.get, keys))
+            out = (
+                _touch_many(self._open, keys) if touch else [*map(self._open.get, keys)]
+            )
             for entry in out:
                 if entry is not None:
                     entry.pins += 1
@@ -168,24 +163,16 @@ class FileLru:
 
     def _evict(self, room: int = 0) -> list[_Entry]:
         """Takes unpinned files out, oldest first, `room` below the bound (locked)."""
-        max_open = self.max_open - room
-        max_weight = None if self.max_weight is None else self.max_weight - room
-        excess = len(self._open) - max_open
-        heavy = max_weight is not None and self._weight > max_weight
-        if excess <= 0 and not heavy:
-            return []
-        doomed, weight, count = [], self._weight, len(self._open)
+        doomed, count, weight = [], len(self._open), self._weight
         for key, entry in self._open.items():
-            if count <= max_open and (max_weight is None or weight <= max_weight):
+            if count <= self.max_open - room and weight <= self.max_weight - room:
                 break
             if entry.pins == 0:
-                doomed.append((key, entry))
+                doomed.append(key)
                 count -= 1
                 weight -= entry.weight
-        for key, _ in doomed:
-            del self._open[key]
         self._weight = weight
-        return [e for _, e in doomed]
+        return [self._open.pop(key) for key in doomed]
 
     def close_all(self) -> None:
         """Closes every file: now if unpinned, else when its last read ends."""
@@ -199,64 +186,40 @@ class FileLru:
         _close(doomed)
 
 
-@dataclasses.dataclass(eq=False)
-class _Record:
-    info: Any
-    obs: dict
-    nbytes: int
-    layouts: dict | None = None  # to reopen without the format, with `format`
-    format: Any = None
-    flat: Any = False  # `_direct_csr.Flat` of the layouts (any descriptor)
-
-
-class Checked:
-    """What a process learnt of each file at its first full open, for reopens.
-
-    A file's matrix summary, obs values and byte layouts; at most `max_bytes`
-    (arrays, layouts and `RECORD_OVERHEAD_BYTES` each) and `max_files`
-    records, least recently used dropped. Thread-safe.
-    """
+class Checked(FileLru):
+    """Files' records (`OpenFile`s without handles) from first opens; thread-safe."""
 
     def __init__(self, max_bytes: int = RECORDS_MAX_BYTES, max_files: int = 16_384):
+        super().__init__(None, max_files, max_bytes, lambda record: record.nbytes)
         self.max_bytes = max_bytes
-        self.max_files = max_files
-        self._lock = threading.Lock()
-        self._records: collections.OrderedDict[int, _Record] = collections.OrderedDict()
-        self._bytes = 0
 
-    def get(self, key: int) -> _Record | None:
+    def get(self, key: int):
         """File `key`'s record (marked used), or None."""
         return self.get_many([key])[0]
 
-    def get_many(self, keys: Sequence[int]) -> list[_Record | None]:
+    def get_many(self, keys: Sequence[int]) -> list:
         """`get` of each key, under one lock (a fetch's closed files)."""
         with self._lock:
-            return _touch_many(self._records, keys)
+            return [e and e.handle for e in _touch_many(self._open, keys)]
 
-    def put(
-        self, key: int, info, obs: dict, layouts: dict | None = None, fmt=None
-    ) -> None:
+    def peek(self, key: int):
+        """File `key`'s record without marking it used (hints), or None."""
+        entry = self._open.get(key)
+        return entry and entry.handle
+
+    def put(self, key: int, record) -> None:
         """Keeps file `key`'s record, dropping the oldest past the bounds."""
-        nbytes = RECORD_OVERHEAD_BYTES
-        nbytes += sum(int(getattr(v, "nbytes", 0)) for v in obs.values())
-        nbytes += sum(v.nbytes for v in (layouts or {}).values())
-        if nbytes > self.max_bytes:
+        entry = _Entry(record, record.nbytes)
+        if entry.weight > self.max_bytes:
             return
         with self._lock:
-            old = self._records.pop(key, None)
-            self._bytes -= old.nbytes if old is not None else 0
-            self._records[key] = _Record(info, obs, nbytes, layouts, fmt)
-            self._bytes += nbytes
-            while self._bytes > self.max_bytes or len(self._records) > self.max_files:
-                _, dropped = self._records.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-    def peek(self, key: int) -> _Record | None:
-        """File `key`'s record without marking it used (hints), or None."""
-        return self._records.get(key)
+            old = self._open.pop(key, None)
+            self._weight += entry.weight - (0 if old is None else old.weight)
+            self._open[key] = entry
+            self._evict()  # records hold no handle to close
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._open)
 
 
 def _close(entries: list[_Entry]) -> None:

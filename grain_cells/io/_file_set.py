@@ -1,9 +1,7 @@
 """The files of a source as checked when it was built, and a process's handles.
 
-`FileSet` is an immutable value (paths, matrix metadata, identities, gene
-alignment, harmonised obs columns) that pickles to workers; `element_files`
-derives the set of another element of the same files; `OpenFiles` holds one
-process's open files, read buffers and read threads.
+`FileSet`: an immutable value that pickles to workers (`element_files`: of
+another element); `OpenFiles`: one process's open files, buffers and threads.
 
 Design notes: docs/reference/design.md#io-file-set, #io-element-files.
 """
@@ -33,7 +31,7 @@ from grain_cells.io._h5ad import OBSM, inspect_element, open_file
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
-from grain_cells.io._obs import ColumnKind, HarmonisedColumn, harmonise
+from grain_cells.io._obs import HarmonisedColumn, harmonise
 from grain_cells.io._open_file import (
     OpenFile,
     hint_flats,
@@ -54,9 +52,7 @@ WARM_MISSES = 10
 class FileSet:
     """AnnData files or stores (formats may mix) along cells, checked at build.
 
-    `element` is the matrix read; `genes` maps each file's genes to the
-    output columns; `storage_options` pickle with the set (each worker
-    builds its own client).
+    `element`: the matrix read; `genes`: each file's genes in output columns.
     """
 
     paths: tuple[str, ...]
@@ -84,20 +80,14 @@ class FileSet:
         genes_from: str | None = None,
     ) -> FileSet:
         """Opens every file once (or takes its cached entry) to check it."""
-        paths = tuple(paths)
-        storage_options = dict(storage_options or {})
-        infos: list[_h5ad.MatrixInfo] = []
-        var_names: list[np.ndarray] = []
-        seen_keys: dict = {}  # one array per distinct gene list (shared_keys)
-        obs_kinds: list[dict[str, ColumnKind | None]] = []
-        identities: list[FileIdentity] = []
+        paths, options = tuple(paths), dict(storage_options or {})
         cache = MetaCache(element, genes_from)
+        seen: dict = {}  # one array per distinct gene list (shared_keys)
+        infos, identities, keys, kinds = [], [], [], []
         for path in paths:
             meta = cache.lookup(path, obs_names)
             if meta is None:
-                meta = inspect_file(
-                    path, element, obs_names, genes_from, storage_options
-                )
+                meta = inspect_file(path, element, obs_names, genes_from, options)
                 cache.store(meta)
             missing = [c for c in obs_names if c not in meta.have]
             if missing and obs_missing == "error":
@@ -106,23 +96,21 @@ class FileSet:
                     "Pass obs_missing='fill' to read them as missing in "
                     "files that lack them."
                 )
+            infos.append(meta.info)  # (the rest of `meta` goes: a build's peak)
             identities.append(meta.identity)
-            var_names.append(shared_keys(meta.keys, seen_keys))
-            obs_kinds.append(
-                {c: None if c in missing else meta.kinds[c] for c in obs_names}
-            )
-            infos.append(meta.info)
+            keys.append(shared_keys(meta.keys, seen))
+            kinds.append({c: meta.kinds.get(c) for c in obs_names})
         kind = _kind(element, infos, "of one source must share an encoding")
         return cls(
             paths,
             element,
             tuple(infos),
             tuple(identities),
-            align_genes(paths, var_names, join, genes, genes_from),
+            align_genes(paths, keys, join, genes, genes_from),
             obs_names,
-            harmonise(paths, obs_names, obs_kinds, obs_missing),
+            harmonise(paths, obs_names, kinds, obs_missing),
             **kind,
-            storage_options=storage_options,
+            storage_options=options,
         )
 
     @property
@@ -152,9 +140,8 @@ class FileSet:
 def element_files(files: FileSet, element: str) -> FileSet:
     """The file set of the same files that reads `element` (no obs columns).
 
-    Opens every file once, as its identity names it. Raises `SourceChangedError`,
-    `MissingColumnError`, `AnnDataFormatError` (other rows or obsm widths) or
-    `UnsupportedLayoutError` (CSC, or sparse in some files only).
+    Raises `SourceChangedError`, `MissingColumnError`, `AnnDataFormatError`
+    (other rows or obsm widths) or `UnsupportedLayoutError`.
     """
     infos: list[_h5ad.MatrixInfo] = []
     var_names: list[np.ndarray] = []
@@ -221,11 +208,9 @@ def _weight(handle: OpenFile) -> int:
     return 1 if handle.h5 is None else _file_lru.FORMAT_WEIGHT
 
 
-class OpenFiles:
+class OpenFiles(_file_lru.FileLru):
     """One process's open files of a `FileSet`, read buffers and read threads.
 
-    At most `max_open_files` files stay open (`_file_lru`): a read pins its
-    files, and an evicted file reopens, checked again, on next use.
     Thread-safe; pickles without handles; a forked child opens its own.
     """
 
@@ -245,11 +230,11 @@ class OpenFiles:
         fork.in_child_of(self, OpenFiles._reset)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
         self._checked = _file_lru.Checked()
         max_open, max_weight = _file_lru.resolve_max_open(self.max_open_files)
         opener = functools.partial(open_member, self.files, checked=self._checked)
-        self._lru = _file_lru.FileLru(opener, max_open, max_weight, _weight)
+        super().__init__(opener, max_open, max_weight, _weight)
+        self._pool_lock = threading.Lock()
         self._local = threading.local()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
@@ -260,28 +245,19 @@ class OpenFiles:
     def __reduce__(self):
         return OpenFiles, (self.files, self.read_threads, self.max_open_files)
 
-    @contextlib.contextmanager
-    def pinned(
-        self, indices: Sequence[int], *, at_read: bool = False
-    ) -> Iterator[list[OpenFile]]:
+    def pinned(self, indices: Sequence[int], *, at_read: bool = False):
         """Files `indices`' handles, open until the block ends (`at_read`: checked)."""
-        opened: list[bool] = []
-        with self._lru.pinned(indices, opened) as handles:
-            if at_read:
-                for i, handle, new in zip(indices, handles, opened, strict=True):
-                    if not new:
-                        self.check_at_read(int(i), handle)
-            yield handles
+        return super().pinned(indices, self.check_at_read if at_read else None)
 
     @contextlib.contextmanager
     def for_hints(self, i: int) -> Iterator[OpenFile | None]:
         """File `i`'s handles for a hint (open, or reopened from layouts), or None."""
-        (entry,) = self._lru.pin_if_open([i], touch=False)
+        (entry,) = self.pin_if_open([i], touch=False)
         if entry is not None:
             try:
                 yield entry.handle
             finally:
-                self._lru.release([entry])
+                self.release([entry])
             return
         known = self._checked.peek(i)
         if known is None or known.layouts is None:
@@ -293,13 +269,8 @@ class OpenFiles:
         finally:
             handle.close()
 
-    def pinned_flats(self, indices: Sequence[int]):
-        """A many-file fetch's files for one vectorised read (`pinned_flats`)."""
-        return pinned_flats(self, self._lru, self._checked, indices)
-
-    def hint_flats(self, indices: Sequence[int]):
-        """A hint's files' `Flat`s over descriptors (`hint_flats`)."""
-        return hint_flats(self._lru, self._checked, self.files, indices)
+    pinned_flats = pinned_flats  # a many-file fetch's files for one vectorised read
+    hint_flats = hint_flats  # a hint's files' `Flat`s over descriptors
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned (one thread: tests, a build)."""
@@ -342,11 +313,6 @@ class OpenFiles:
         """Whether the page cache held the recent reads (never again once not)."""
         return self._all_local and self._warm is True
 
-    @property
-    def open_count(self) -> int:
-        """Files open in this process now."""
-        return self._lru.open_count
-
     def buffer(self, name: str = "buf") -> RowBuffer:
         """The calling thread's reused buffer `name` (a read's, a hint's)."""
         buf = getattr(self._local, name, None)
@@ -361,7 +327,7 @@ class OpenFiles:
             threads = cores.read_threads(self.read_threads)
             if threads == 0 or (threads == 1 and self.read_threads == "auto"):
                 return None
-            with self._lock:
+            with self._pool_lock:
                 if self._pool is None:
                     pool = concurrent.futures.ThreadPoolExecutor(
                         threads, thread_name_prefix="grain_cells_read"
@@ -372,8 +338,8 @@ class OpenFiles:
 
     def close(self) -> None:
         """Closes this process's handles (a pinned one as its read ends)."""
-        self._lru.close_all()
-        with self._lock:
+        self.close_all()
+        with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None

@@ -1,10 +1,8 @@
 """File identity: is this still the file a source (or a checkpoint) was made from?
 
-A `FileIdentity` has two parts: where the file is (`FileStat`: device,
-inode, size, times; compared at every fetch, open and restore, never
-recorded) and what it holds (`layout` and `sample`: SHA-256 digests of the
-metadata that locates the matrix and of sampled stored values; a copy has
-the same, so checkpoints and preshuffle markers record these).
+Where the file is (`FileStat`: compared at every fetch, open and restore,
+never recorded) and what it holds (SHA-256 of the matrix's layout and of
+sampled values: a copy has the same, so checkpoints record these).
 
 Design notes: docs/reference/design.md#io-identity.
 """
@@ -32,11 +30,7 @@ _WHOLE_BYTES = 256 * 1024  # an uncompressed 1-D array up to this: one read
 
 @dataclasses.dataclass(frozen=True)
 class FileIdentity:
-    """A file's identity: where it is (`stat`) and what it holds (digests).
-
-    `layout` and `sample` describe the matrix at `element` (hex SHA-256);
-    `format` is what checkpoints record (None for `.h5ad`).
-    """
+    """A file's `stat` and its matrix's digests; `format`: recorded (None: `.h5ad`)."""
 
     path: str
     element: str
@@ -50,16 +44,11 @@ class FileIdentity:
         cls, f, path: str, element: str, stat: FileStat | None = None, nodes=None
     ) -> FileIdentity:
         """The identity of an open file's matrix (`stat`: the file's unless given)."""
-        if nodes is None:
-            nodes = matrix_nodes(f, element)  # looked up once for both digests
-        return cls(
-            os.fspath(path),
-            element,
-            _nodes.format_of(f).stat_of(f, path) if stat is None else stat,
-            layout_digest(f, element, nodes),
-            sample_digest(f, element, nodes),
-            _nodes.format_of(f).recorded_format(),
-        )
+        nodes = nodes or matrix_nodes(f, element)  # once for both digests
+        fmt = _nodes.format_of(f)
+        stat = fmt.stat_of(f, path) if stat is None else stat
+        digests = layout_digest(f, element, nodes), sample_digest(f, element, nodes)
+        return cls(os.fspath(path), element, stat, *digests, fmt.recorded_format())
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
@@ -76,25 +65,28 @@ class FileIdentity:
         """Raises `SourceChangedError` if `now` differs (`when`: e.g. "at a fetch")."""
         changes = self.stat.changes(now)
         if changes:
-            raise errors.SourceChangedError(
-                f"{self.path}: changed since the AnnDataSource was built "
-                f"(detected {when}): {'; '.join(changes)}. The cells read now "
-                "would not be the cells the source describes. Build a new "
-                "source (and do not restore iterator state saved for the old "
-                "data)."
+            raise self._changed(
+                when,
+                f"{'; '.join(changes)}. The cells read now would not be the "
+                "cells the source describes",
             )
 
     def check_layout(self, f, when: str) -> None:
         """Raises `SourceChangedError` if the open file's layout differs."""
         now = layout_digest(f, self.element)
         if now != self.layout:
-            raise errors.SourceChangedError(
-                f"{self.path}: changed since the AnnDataSource was built "
-                f"(detected {when}): the storage of {self.element} moved or "
-                f"changed (layout digest {self.layout[:16]} then, {now[:16]} "
-                "now). Build a new source (and do not restore iterator state "
-                "saved for the old data)."
+            raise self._changed(
+                when,
+                f"the storage of {self.element} moved or changed (layout digest "
+                f"{self.layout[:16]} then, {now[:16]} now)",
             )
+
+    def _changed(self, when: str, what: str) -> errors.SourceChangedError:
+        return errors.SourceChangedError(
+            f"{self.path}: changed since the AnnDataSource was built (detected "
+            f"{when}): {what}. Build a new source (and do not restore iterator "
+            "state saved for the old data)."
+        )
 
 
 def matrix_nodes(f, element: str) -> tuple:
@@ -200,11 +192,7 @@ def files_entry(entries: list) -> list | dict:
 
 
 def source_identity(source) -> dict:
-    """What a checkpoint records about an `AnnDataSource`: content, not paths.
-
-    A JSON dict of its files (`files_entry`), genes and categories by
-    digest, and configuration by value; a copy elsewhere gives the same.
-    """
+    """What a checkpoint records of an `AnnDataSource`: content, not paths (JSON)."""
     return {
         "files": files_entry(file_entries(source)),
         "block_size": source.block_size,

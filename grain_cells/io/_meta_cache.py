@@ -1,11 +1,8 @@
 """What a build takes of each file, cached by the file's stat: one JSON per file.
 
-An entry holds a file's matrix summary, identity, gene keys, obs column
-kinds and, when all are uncompressed and local, the byte layouts of its
-matrix and obs columns, so a later build takes one `stat` and one small read
-per file and a process's first open needs no format library (`first_open`).
-Entries live in `$GRAIN_CELLS_CACHE/file-meta/` (or the XDG cache), named by
-a digest of the version, path, element, gene key column and whole `stat`;
+An entry holds a file's matrix summary, identity, gene keys, obs kinds and
+(local, uncompressed) byte layouts: a later build takes one `stat` and one small
+read per file, a first open no format library. In `$GRAIN_CELLS_CACHE/file-meta/`;
 anything unreadable or stale is a miss. Delete the folder any time.
 
 Design notes: docs/reference/design.md#io-meta-cache.
@@ -138,39 +135,35 @@ class MetaCache:
         if not all(map(_plain_dtype, dtypes)):
             return
         try:
-            keys = self._save_array(meta.keys)
             kinds = {}
             for c, k in meta.kinds.items():
                 cats = None if k.categories is None else self._save_array(k.categories)
-                if keys is None or (cats is None and k.categories is not None):
-                    return
                 kinds[c] = [cats, k.dtype.str]
-            if keys is None:
-                return
             d = meta.identity
-            i = [info.element, info.encoding, info.n_obs, info.n_vars]
-            i += [info.dtype.str, info.nnz, info.chunk_bytes]
+            i = [*dataclasses.astuple(info)[1:]]
+            i[4] = info.dtype.str
             entry = {
                 "version": VERSION,
                 "path": info.path,
                 "info": i,
                 "identity": [d.element, _stat_list(stat), d.layout, d.sample, d.format],
-                "keys": keys,
+                "keys": self._save_array(meta.keys),
                 "have": list(meta.have),
                 "kinds": kinds,
                 "layouts": meta.layouts,
             }
             name = entry_name(info.path, self.element, self.genes_from, stat)
-            _write(self.folder, name, json.dumps(entry).encode())
-        except OSError:  # a read-only or full cache: open the file next time
-            return
+            data = json.dumps(entry).encode()
+            write_atomic(os.path.join(self.folder, name), lambda out: out.write(data))
+        except (OSError, ValueError):  # a read-only or full cache, or arrays that
+            return  # do not round-trip: open the file next time
 
-    def _save_array(self, a: np.ndarray) -> str | None:
-        """The array's name, written if new; None if it cannot round-trip."""
+    def _save_array(self, a: np.ndarray) -> str:
+        """The array's name, written if new; ValueError if it cannot round-trip."""
         a = np.asarray(a)
         hit = self._by_id.get(id(a))
-        if hit is not None and hit[0] is a:
-            return hit[1]
+        if hit is not None and hit[0] is a and hit[1] is not None:
+            return hit[1]  # (None: raised below again)
         if a.dtype == object:
             values = a.tolist()  # equal values of other types are not one array
             content = (a.shape, tuple(values), frozenset(map(type, values)))
@@ -178,9 +171,12 @@ class MetaCache:
             content = (a.dtype.str, a.shape, a.tobytes())
         if content not in self._names:
             self._names[content] = self._save_new(a)
+        name = self._names[content]
         if not a.flags.writeable:  # its content cannot change under this id
-            self._by_id[id(a)] = (a, self._names[content])
-        return self._names[content]
+            self._by_id[id(a)] = (a, name)
+        if name is None:
+            raise ValueError("an array that does not round-trip through .npy")
+        return name
 
     def _save_new(self, a: np.ndarray) -> str | None:
         if a.dtype == object:
@@ -201,7 +197,8 @@ class MetaCache:
             try:
                 self._array(name)  # there and whole (a damaged one is removed)
             except (OSError, ValueError):
-                _write(os.path.join(self.folder, "arrays"), name + ".npy", data)
+                where = os.path.join(self.folder, "arrays", name + ".npy")
+                write_atomic(where, lambda out: out.write(data))
                 self._arrays[name] = a
         return name
 
@@ -285,13 +282,13 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
 
 
 def first_open(files, i: int):
-    """`(format, layouts, obs)` of file `i` from its entry (`fstat` checked) or None."""
+    """`(obs, format, layouts)` of file `i` from its entry (`fstat` checked) or None."""
     identity, info = files.identities[i], files.infos[i]
     stat = identity.stat
     if stat.etag or stat.content or stat.store or "://" in identity.path:
         return None
-    if files.obs_names and info.n_obs >= MIN_CELLS:
-        return None  # its obs columns are mapped from the shared cache
+    if files.obs_names and info.n_obs >= MIN_CELLS:  # obs: mapped from the obs cache
+        return None
     fmt = formats.for_path(identity.path)
     fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
     if fd is None:
@@ -307,33 +304,29 @@ def first_open(files, i: int):
         layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
         obs = {}
         for c in files.obs_names:
-            column = files.obs[c]
-            values = None
-            if column.present[i]:
-                values = _read_column(e["layouts"]["obs"][c], info, fd)
-                if values is None:
-                    return None
+            column, d = files.obs[c], e["layouts"]["obs"].get(c)
+            values = _read_column(d, info, fd) if column.present[i] else None
             obs[c] = column.file_values(i, values, info.n_obs)
     except _ERRORS:
         return None
     finally:
         fd.close()
-    return fmt, layouts, obs
+    return obs, fmt, layouts
 
 
-def _read_column(d: list, info, fd) -> SimpleNamespace | None:
-    """A column as `HarmonisedColumn.file_values` reads it (`.values`), or None."""
+def _read_column(d: list, info, fd) -> SimpleNamespace:
+    """A column as `HarmonisedColumn.file_values` reads it (`.values`; ValueError)."""
     layout = _layout(d[0])
     n = layout.shape[0]
     if n != info.n_obs:
-        return None
+        raise ValueError(f"{n} obs values, expected {info.n_obs}")
     out = np.empty(n, layout.dtype)
     if n:
         PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
     if d[2] is None:
         return SimpleNamespace(values=out.astype(np.dtype(d[1]), copy=False))
     if n and (int(out.max()) >= d[2] or int(out.min()) < -1):
-        return None  # the format's reader reports it
+        raise ValueError("codes out of range")  # the format's reader reports them
     return SimpleNamespace(values=out)
 
 
@@ -376,10 +369,6 @@ def _stat_list(stat: FileStat) -> list:
 def _plain_dtype(d: np.dtype) -> bool:
     """A dtype that its `.str` names exactly (no objects, fields or metadata)."""
     return not d.hasobject and d.fields is None and np.dtype(d.str) == d
-
-
-def _write(folder: str, name: str, data: bytes) -> None:
-    write_atomic(os.path.join(folder, name), lambda out: out.write(data))
 
 
 __all__ = ["FileMeta", "MetaCache", "first_open", "inspect_file", "layouts_of"]

@@ -1,8 +1,7 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
-The first process that opens a file writes each obs column's harmonised
-values once, and every process maps them read-only (the page cache's pages,
-not a copy per process); a collection's whole column is one more entry.
+The first process that opens a file writes each harmonised column once; every
+process maps it read-only. A collection's whole column is one more entry.
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """
@@ -44,19 +43,12 @@ def cache_folder() -> pathlib.Path | None:
 def entry_name(identity: FileIdentity, column: HarmonisedColumn, i: int) -> str:
     """The entry's file name: a digest of everything its values depend on."""
     code_map = column.code_maps[i]
-    parts = [
-        _VERSION,
-        identity.path,
-        repr(identity.stat),
-        identity.element,
-        identity.layout,
-        identity.sample,
-        column.name,
-        "categorical" if column.categories is not None else f"numeric {column.dtype}",
-        "identity" if code_map is None else code_map.astype("<i8").tobytes().hex(),
-    ]
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:_STAMP]
-    return f"{digest}.npy"
+    kind = "categorical" if column.categories is not None else f"numeric {column.dtype}"
+    codes = "identity" if code_map is None else code_map.astype("<i8").tobytes().hex()
+    where = [_VERSION, identity.path, repr(identity.stat), identity.element]
+    parts = [*where, identity.layout, identity.sample, column.name, kind, codes]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return f"{digest[:_STAMP]}.npy"
 
 
 def file_obs(
@@ -96,42 +88,33 @@ def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
 
 def _load(path: pathlib.Path, column: HarmonisedColumn, n_obs: int, quiet=False):
     """The entry mapped read-only, or None (a damaged one logged unless `quiet`)."""
+    kind = "i" if column.categories is not None else column.dtype.kind
     try:
+        mapped = np.load(path, "r", allow_pickle=False)
         with open(path, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-            else:
-                raise ValueError(f"npy version {version}")
-            offset = fh.tell()
-            size = os.fstat(fh.fileno()).st_size
+            size = fh.seek(0, os.SEEK_END)
             fh.seek(max(size - _STAMP, 0))
-            stamp = fh.read(_STAMP)
+            stamp = fh.read()
+        problem = None
+        if mapped.shape != (n_obs,):
+            problem = f"shape {mapped.shape}, expected ({n_obs},)"
+        elif mapped.dtype.kind != kind or mapped.dtype.hasobject:
+            problem = f"dtype {mapped.dtype}, expected kind {kind!r}"
+        elif column.categories is None and mapped.dtype != column.dtype:
+            problem = f"dtype {mapped.dtype}, expected {column.dtype}"
+        elif size != mapped.offset + mapped.nbytes + _STAMP:
+            problem = f"{size} bytes, expected {mapped.offset + mapped.nbytes + _STAMP}"
+        elif stamp != path.stem.encode():
+            problem = "another entry's values (its digest differs)"
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        if not quiet:
-            _log.warning("obs cache: rebuilding %s (%s)", path, e)
-        return None
-    expected_kind = "i" if column.categories is not None else column.dtype.kind
-    problem = None
-    if shape != (n_obs,) or fortran:
-        problem = f"shape {shape}, expected ({n_obs},)"
-    elif dtype.kind != expected_kind or dtype.hasobject:
-        problem = f"dtype {dtype}, expected kind {expected_kind!r}"
-    elif column.categories is None and dtype != column.dtype:
-        problem = f"dtype {dtype}, expected {column.dtype}"
-    elif size != offset + n_obs * dtype.itemsize + _STAMP:
-        problem = f"{size} bytes, expected {offset + n_obs * dtype.itemsize + _STAMP}"
-    elif stamp != path.stem.encode():
-        problem = "another entry's values (its digest differs)"
-    if problem is not None:
-        if not quiet:
-            _log.warning("obs cache: rebuilding %s (%s)", path, problem)
-        return None
-    return _as_array(np.memmap(path, dtype, "r", offset, (n_obs,)))
+    except (OSError, ValueError, EOFError) as e:
+        problem = e
+    if problem is None:
+        return mapped.view(np.ndarray)  # slices stay ndarrays; the base is the map
+    if not quiet:
+        _log.warning("obs cache: rebuilding %s (%s)", path, problem)
+    return None
 
 
 def own_map(values: np.ndarray) -> np.ndarray:
@@ -139,15 +122,10 @@ def own_map(values: np.ndarray) -> np.ndarray:
     base = values.base
     if isinstance(base, np.memmap) and base.filename and values.ndim == 1:
         again = np.memmap(base.filename, values.dtype, "r", base.offset, values.shape)
-        return _as_array(again)
+        return again.view(np.ndarray)
     out = values.view()
     out.flags.writeable = False
     return out
-
-
-def _as_array(mapped: np.memmap) -> np.ndarray:
-    """A plain ndarray view (slices stay ndarrays); its base is the map."""
-    return mapped.view(np.ndarray)
 
 
 def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
@@ -164,32 +142,26 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
         if folder not in _warned:
             _warned.add(folder)
             _log.warning(
-                "obs cache: cannot write %s (%s); obs columns stay in each "
+                f"obs cache: cannot write {folder} ({e}); obs columns stay in each "
                 "process's memory. Set GRAIN_CELLS_OBS_CACHE to a writable "
-                "folder, or to 'off'.",
-                folder,
-                e,
+                "folder, or to 'off'."
             )
         return None
     return _load(path, column, n_obs)
 
 
 def joined_column(files, name: str) -> np.ndarray:
-    """Obs column `name` over every file of `files`, joined (one cache entry).
-
-    Raises:
-        errors.SourceChangedError: A file differs from when `files` was built.
-    """
+    """Obs column `name` over all `files`, joined (one entry; `SourceChangedError`)."""
     column = files.obs[name]
     counts = [int(info.n_obs) for info in files.infos]
     total = sum(counts)
     folder = cache_folder() if total >= MIN_CELLS else None
     path = None
     if folder is not None:
-        key = hashlib.sha256()
-        for i, identity in enumerate(files.identities):
-            key.update(entry_name(identity, column, i).encode())
-        path = folder / f"{key.hexdigest()[:_STAMP]}.npy"
+        names = "".join(
+            entry_name(d, column, i) for i, d in enumerate(files.identities)
+        )
+        path = folder / f"{hashlib.sha256(names.encode()).hexdigest()[:_STAMP]}.npy"
 
     def read():
         parts = [_member_column(files, i, column, n) for i, n in enumerate(counts)]
@@ -205,16 +177,14 @@ def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
     if not column.present[i]:
         return column.file_values(i, None, n_obs)
     identity = files.identities[i]
+    path, options = identity.path, files.storage_options
     if identity.stat.content:  # an object whose ETag does not follow its content
-        now = formats.for_path(identity.path).stat_path(
-            identity.path, files.storage_options
-        )
-        identity.check_stat(now, "reading obs")
-    f = open_file(identity.path, files.storage_options, identity.stat)
-    try:
         identity.check_stat(
-            _nodes.format_of(f).stat_of(f, identity.path), "reading obs"
+            formats.for_path(path).stat_path(path, options), "reading obs"
         )
+    f = open_file(path, options, identity.stat)
+    try:
+        identity.check_stat(_nodes.format_of(f).stat_of(f, path), "reading obs")
         return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
     finally:
         f.close()

@@ -1,10 +1,8 @@
 """One file's handles in one process, and a fetch's or hint's files opened directly.
 
-`open_member` opens a file checked against its identity; a file whose arrays
-are all read positionally keeps only its descriptor, and reopens from its
-byte layouts (`reopen`: one `open`, no format library). `pinned_flats` and
-`hint_flats` give a many-file fetch or a read-ahead hint its files' CSR byte
-pieces (`_direct_csr.Flat`), closed files through descriptors of their own.
+`open_member` opens a file checked against its identity; one read positionally
+keeps only its descriptor and reopens from its byte layouts (`reopen`).
+`pinned_flats`/`hint_flats` give a fetch or hint its files' CSR byte pieces.
 
 Design notes: docs/reference/design.md#io-layouts, #io-direct-open.
 """
@@ -26,22 +24,23 @@ from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class OpenFile:
-    """A file's handles in one process: `h5` (None once `fd` alone reads), `fd`, `obs`.
+    """A file in one process: what its first full open learnt, and its handles.
 
-    `flat`: its `_direct_csr.Flat` (None: not so; False: not asked yet); reopened
-    from `layouts`, the reader is built on first use.
+    `h5`: the format's handle (None once `fd` alone reads); `flat`: its
+    `_direct_csr.Flat` (None: not so; False: not asked yet). A `Checked` record
+    has no handles; a reopen from `layouts` builds its reader on first use.
     """
 
-    h5: object | None
-    fd: ByteReader | None
-    _reader: CsrReader | DenseReader | FieldReader | None
+    info: _h5ad.MatrixInfo
     obs: dict[str, np.ndarray]
     format: formats.Format
-    flat: object = False
     layouts: dict | None = None
-    info: _h5ad.MatrixInfo | None = None
+    h5: object | None = None
+    fd: ByteReader | None = None
+    _reader: CsrReader | DenseReader | FieldReader | None = None
+    flat: object = False
 
     @property
     def reader(self) -> CsrReader | DenseReader | FieldReader:
@@ -49,6 +48,13 @@ class OpenFile:
         if self._reader is None:
             self._reader = reader_of(self.info, self.layouts, self.fd)
         return self._reader
+
+    @property
+    def nbytes(self) -> int:
+        """A record's weight in `Checked`: its arrays, layouts and objects."""
+        arrays = [*self.obs.values(), *(self.layouts or {}).values()]
+        total = sum(int(getattr(a, "nbytes", 0)) for a in arrays)
+        return _file_lru.RECORD_OVERHEAD_BYTES + total
 
     def close(self) -> None:
         """Closes the descriptor and the file."""
@@ -61,17 +67,13 @@ class OpenFile:
 
 
 def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> OpenFile:
-    """Opens file `i` of `files` in this process, checked (`SourceChangedError`).
-
-    A file with a `checked` record or cached entry is not inspected again.
-    """
+    """Opens file `i` of `files`, checked; one known (record, entry): not inspected."""
     known = None if checked is None else checked.get(i)
     if known is None and checked is not None:
         found = _meta_cache.first_open(files, i)
         if found is not None:
-            fmt, layouts, obs = found
-            checked.put(i, files.infos[i], obs, layouts, fmt)
-            known = checked.get(i)
+            known = OpenFile(files.infos[i], *found)
+            checked.put(i, known)
     if known is not None and known.layouts is not None:
         return reopen(files, i, known)
     expected = files.infos[i]
@@ -115,14 +117,12 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         layouts = _meta_cache.layouts_of(reader, fd)
         if checked is not None:
-            checked.put(i, info, obs, layouts, fmt)
+            checked.put(i, OpenFile(info, obs, fmt, layouts))
         fmt.opened(f)
         if layouts is None:
-            return OpenFile(f, fd, reader, obs, fmt)
-        # Read through the descriptor alone: the format's handle goes now.
-        reader = reader_of(info, layouts, fd)
-        f.close()
-        return OpenFile(None, fd, reader, obs, fmt)
+            return OpenFile(info, obs, fmt, None, f, fd, reader)
+        f.close()  # read through the descriptor alone: the format's handle goes
+        return OpenFile(info, obs, fmt, layouts, None, fd)
     except BaseException:
         if fd is not None:
             fd.close()
@@ -130,20 +130,28 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         raise
 
 
-def reopen(files, i: int, known) -> OpenFile:
+def reopen(files, i: int, known: OpenFile) -> OpenFile:
     """`open_member` of a file whose byte layouts this process holds: one descriptor."""
+    fd = _open_bytes(files, i, known)
+    flat = None if known.flat is None else known.flat.over(fd)
+    return OpenFile(
+        known.info, known.obs, known.format, known.layouts, None, fd, None, flat
+    )
+
+
+def _open_bytes(files, i: int, record: OpenFile) -> ByteReader:
+    """File `i`'s `ByteReader` as its format opens it, checked; learns `record.flat`."""
     identity = files.identities[i]
-    fmt = known.format
-    fd = fmt.open_bytes(None, files.infos[i].path, files.storage_options, identity.stat)
+    path, options = files.infos[i].path, files.storage_options
+    fd = record.format.open_bytes(None, path, options, identity.stat)
     try:
         identity.check_stat(fd.stat(), "when a process opened it")
-        if known.flat is False:  # computed once per record, then reused
-            known.flat = _direct_csr.flat_from(known.layouts, known.info, fd)
-        flat = None if known.flat is None else known.flat.over(fd)
+        if record.flat is False:  # computed once per record, then reused
+            record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
     except BaseException:
         fd.close()
         raise
-    return OpenFile(None, fd, None, known.obs, fmt, flat, known.layouts, known.info)
+    return fd
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
@@ -163,18 +171,16 @@ def _flat(handle: OpenFile):
 
 
 @contextlib.contextmanager
-def pinned_flats(
-    handles, lru, checked, indices: Sequence[int]
-) -> Iterator[tuple | None]:
+def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
     """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
 
     Closed files with known pieces through descriptors of the fetch's own (room
     made in the bound), others through the bound; None if one is not positional.
     """
-    files = handles.files
-    entries = lru.pin_if_open(indices)
+    files, checked = handles.files, handles._checked
+    entries = handles.pin_if_open(indices)
     closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
-    lru.reserve(len(closed))  # the fetch's own descriptors fit within the bound
+    handles.reserve(len(closed))  # the fetch's own descriptors fit within the bound
     records = iter(checked.get_many(closed))
     own: list[int] = []  # descriptors opened here
     readers: list = []  # byte readers opened to learn a record's pieces
@@ -198,7 +204,7 @@ def pinned_flats(
             record = next(records)
             if record is not None and record.flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
-                readers.append(_learn_flat(files, i, record))
+                readers.append(_open_bytes(files, i, record))
                 if isinstance(record.flat, _direct_csr.Flat):
                     flats[k], obs[k] = record.flat, record.obs
                     continue
@@ -224,17 +230,18 @@ def pinned_flats(
             os.close(fd)
         for reader in readers:
             reader.close()
-        lru.release(entries)
+        handles.release(entries)
 
 
 @contextlib.contextmanager
-def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
+def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
 
     Closed files with known pieces through bare descriptors (None, -1: not
     hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
     """
-    entries = lru.pin_if_open(indices, touch=False)
+    files, checked = handles.files, handles._checked
+    entries = handles.pin_if_open(indices, touch=False)
     n = len(indices)
     flats: list = [None] * n
     fds = [-1] * n
@@ -250,11 +257,10 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
                     flats[k], fds[k] = flat, flat.fd
                 continue
             record = checked.peek(i)  # not marked used: a hint
-            if record is None or record.layouts is None:
-                continue
-            if not isinstance(record.flat, _direct_csr.Flat):
-                if record.flat is False:  # pieces not known yet: reopen once
-                    rest.append(k)
+            flat = None if record is None or record.layouts is None else record.flat
+            if flat is False:  # pieces not known yet: reopen once
+                rest.append(k)
+            if not isinstance(flat, _direct_csr.Flat):
                 continue
             try:
                 fd = os.open(files.infos[i].path, os.O_RDONLY)
@@ -266,21 +272,7 @@ def hint_flats(lru, checked, files, indices: Sequence[int]) -> Iterator[tuple]:
     finally:
         for fd in own:
             os.close(fd)
-        lru.release(entries)
-
-
-def _learn_flat(files, i: int, record):
-    """File `i`'s `ByteReader` as its format opens it; sets `record.flat`."""
-    identity = files.identities[i]
-    path = files.infos[i].path
-    reader = record.format.open_bytes(None, path, files.storage_options, identity.stat)
-    try:
-        identity.check_stat(reader.stat(), "when a process opened it")
-        record.flat = _direct_csr.flat_from(record.layouts, record.info, reader)
-    except BaseException:
-        reader.close()
-        raise
-    return reader
+        handles.release(entries)
 
 
 def _valid(flats: list, fds: list, obs: list) -> tuple | None:

@@ -71,13 +71,9 @@ def test_records_of_many_small_files_stay_within_the_byte_bound(tmp_path):
     try:
         before = tracemalloc.get_traced_memory()[0]
         for k in range(2_000):  # as many files, each with records of its own
-            checked.put(
-                k,
-                copy.deepcopy(record.info),
-                copy.deepcopy(record.obs),
-                copy.deepcopy(record.layouts),
-                record.format,
-            )
+            info, obs = copy.deepcopy(record.info), copy.deepcopy(record.obs)
+            layouts = copy.deepcopy(record.layouts)
+            checked.put(k, _open_file.OpenFile(info, obs, record.format, layouts))
             # A reopen adds the CSR byte spans to the record (`reopen`).
             _open_file.reopen(files, 0, checked.get(k)).close()
         gc.collect()
@@ -95,7 +91,7 @@ def test_records_of_many_small_files_stay_within_the_byte_bound(tmp_path):
 def test_a_record_counts_its_objects_beside_its_arrays(tmp_path):
     _, record = _record(tmp_path)
     checked = _file_lru.Checked()
-    checked.put(0, record.info, record.obs, record.layouts, record.format)
+    checked.put(0, record)
     arrays = sum(v.nbytes for v in record.obs.values())
     arrays += sum(v.nbytes for v in record.layouts.values())
     assert checked.get(0).nbytes == arrays + _file_lru.RECORD_OVERHEAD_BYTES

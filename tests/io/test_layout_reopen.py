@@ -219,6 +219,7 @@ def test_a_bad_index_in_one_file_of_a_fetch_is_named(tmp_path):
 def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
     from grain_cells.formats import LAYOUT_OVERHEAD_BYTES, ByteLayout
     from grain_cells.io._file_lru import RECORD_OVERHEAD_BYTES, Checked
+    from grain_cells.io._open_file import OpenFile
 
     def layouts(chunks: int) -> dict:
         offsets = np.arange(chunks, dtype=np.int64) * 4096
@@ -230,10 +231,10 @@ def test_remembered_layouts_count_in_the_bound_of_what_a_process_keeps():
     per_file = 100 * 8 + LAYOUT_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES
     kept = Checked(max_bytes=3 * per_file)
     for key in range(5):
-        kept.put(key, None, {}, layouts(100), fmt=None)
+        kept.put(key, OpenFile(None, {}, None, layouts(100)))
     assert len(kept) == 3  # the oldest two dropped: layouts count as bytes
     assert kept.get(0) is None and kept.get(4).layouts is not None
-    kept.put(9, None, {}, layouts(10_000), fmt=None)  # alone over the bound
+    kept.put(9, OpenFile(None, {}, None, layouts(10_000)))  # alone over the bound
     assert kept.get(9) is None
 
 
