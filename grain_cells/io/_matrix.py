@@ -14,6 +14,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.formats import value_dtype, wait_all
+from grain_cells.io._direct_csr import split_indptr
 from grain_cells.io._h5ad import CSR, OBSM, MatrixInfo
 from grain_cells.io._nodes import format_of, is_array
 
@@ -133,18 +134,11 @@ class CsrReader:
         ptr = buf.get(key, (n_rows + starts.size,), self._indptr.dtype)
         self._indptr.read(starts, stops + 1, ptr)
         ptr = ptr.astype(np.int64, copy=False)
-        heads = np.cumsum(lengths + 1) - (lengths + 1)
-        firsts, lasts = ptr[heads], ptr[heads + lengths]
-        self._check_indptr(ptr, heads, lengths, starts)
-        spans = lasts - firsts
-        # Row pointers relative to the values read: drop each range's head.
-        body = np.ones(ptr.size, bool)
-        body[heads] = False
-        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
         indptr = np.empty(n_rows + 1, np.int64)
-        indptr[0] = 0
-        np.subtract(ptr[body], shift, out=indptr[1:])
-        return CsrPlan(starts, lengths, firsts, lasts, indptr)
+        ends = split_indptr(ptr, lengths, self.info.nnz, indptr)
+        if ends is None:
+            self._raise_indptr(ptr, lengths, starts)
+        return CsrPlan(starts, lengths, *ends, indptr)
 
     def read_values(
         self, plan: CsrPlan, data, indices, pool=None, check_indices: bool = True
@@ -209,15 +203,10 @@ class CsrReader:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
         pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1
-        lengths = plan.lengths
-        row = int(
-            np.repeat(plan.starts, lengths)[pos]
-            + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
-        )
         raise errors.CorruptDataError(
             f"{info.path}: {info.element}/indices holds column "
-            f"{int(indices[bad])} in row {row}; columns must lie in "
-            f"[0, {info.n_vars})"
+            f"{int(indices[bad])} in row {_stored_row(plan, pos)}; columns must "
+            f"lie in [0, {info.n_vars})"
         )
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
@@ -236,23 +225,27 @@ class CsrReader:
         self._data.advise(first, last)
         self._indices.advise(first, last)
 
-    def _check_indptr(self, ptr, heads, lengths, starts) -> None:
-        info = self.info
-        step = np.diff(ptr)
+    def _raise_indptr(self, ptr, lengths, starts) -> None:
+        """Raises CorruptDataError naming the first row whose `indptr` is wrong."""
+        nnz, heads = self.info.nnz, np.cumsum(lengths + 1) - (lengths + 1)
+        step = np.diff(ptr, append=ptr[-1])
         step[heads[1:] - 1] = 0  # the step from one range into the next
-        bad_step = step < 0
-        out_of_data = (ptr < 0) | (ptr > info.nnz)
-        if not (bad_step.any() or out_of_data.any()):
-            return
-        pos = int(np.flatnonzero(np.concatenate([bad_step, [False]]) | out_of_data)[0])
+        pos = int(np.flatnonzero((step < 0) | (ptr < 0) | (ptr > nnz))[0])
         rng = int(np.searchsorted(heads, pos, side="right")) - 1
         row = int(starts[rng] + (pos - heads[rng]))
         raise errors.CorruptDataError(
-            f"{info.path}: {info.element}/indptr is corrupt at row {row}: "
+            f"{self.info.path}: {self.info.element}/indptr is corrupt at row {row}: "
             f"indptr[{row}]={int(ptr[pos])}, indptr[{row + 1}]="
             f"{int(ptr[min(pos + 1, ptr.size - 1)])}; entries must not decrease "
-            f"and must lie in [0, {info.nnz}]"
+            f"and must lie in [0, {nnz}]"
         )
+
+
+def _stored_row(plan: CsrPlan, pos: int) -> int:
+    """The file's row of the plan's `pos`-th row read."""
+    ends = np.cumsum(plan.lengths)
+    at = int(np.searchsorted(ends, pos, side="right"))
+    return int(plan.starts[at] + pos - (ends[at] - plan.lengths[at]))
 
 
 class DenseReader:
@@ -372,9 +365,7 @@ def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
     if bad.size == 0:
         return
     r = int(bad[0])
-    lengths = plan.lengths
-    at = int(np.searchsorted(np.cumsum(lengths), r, side="right"))
-    row = int(plan.starts[at] + r - (np.cumsum(lengths)[at] - lengths[at]))
+    row = _stored_row(plan, r)
     p = int(ptr[r] + np.flatnonzero(from_fill[ptr[r] : ptr[r + 1]])[0])
     i = int(np.searchsorted(offsets, p, side="right")) - 1
     value = int(plan.firsts[i] + p - offsets[i])
