@@ -1,11 +1,11 @@
 """obs columns: one file's as codes and labels or values; one code space over files.
 
-A column is read as `anndata.read_h5ad` would, through the format alone for
+A column reads as `anndata.read_h5ad` gives it, through the format alone for
 numeric arrays and string categoricals (Grain workers need not import anndata
-or pandas). Categorical (and string and boolean) columns get one category list
-over all files: the first file's categories, then each later file's new ones in
-order of first appearance; each file's codes are remapped when it opens. Code
--1 means missing, as in pandas. Design notes: docs/reference/design.md#io-obs.
+or pandas). Categorical, string and boolean columns share one category list
+over all files: the first file's, then each later file's new ones in order of
+first appearance. Code -1 means missing, as in pandas.
+Design notes: docs/reference/design.md#io-obs.
 """
 
 from __future__ import annotations
@@ -41,28 +41,31 @@ class ObsColumn:
 
 
 def read_obs_column(f, name: str) -> ObsColumn:
-    """Reads one obs column as `anndata.read_h5ad` would, as codes or values.
+    """One obs column as `anndata.read_h5ad` reads it, as codes or values.
 
     Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
-    path, group = file_name(f), f["obs"]
-    legacy = is_legacy_frame(group)
-    column = None
-    if not legacy and name in obs_columns(f) and not name.startswith("__"):
-        column = _plain_column(_nodes.checked(group[name], path))
+    nodes: dict = {}
+    kind, column = obs_column_kinds(f, [name], nodes=nodes)[name], None
+    if kind is not None:  # a numeric array or string categorical: the format reads it
+        labels, dtype = kind
+        values = np.asarray(nodes[name][...])
+        if labels is None:
+            column = ObsColumn(values.astype(dtype, copy=False), None)
+        elif not values.size or (values.max() < labels.size and values.min() >= -1):
+            column = ObsColumn(values, labels)  # else anndata's reader reports it
     if column is None:
-        column = _to_column(path, name, read_obs_values(f, name))
-    shape = column.values.shape
+        column = _to_column(file_name(f), name, read_obs_values(f, name))
+    shape, rows = column.values.shape, n_rows(f["obs"])
     if len(shape) != 1:
         raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has shape {shape}; expected one value "
-            "per cell (1-D)"
+            f"{file_name(f)}: obs column {name!r} has shape {shape}; expected one "
+            "value per cell (1-D)"
         )
-    rows = n_rows(group)
     if rows is not None and shape[0] != rows:
         raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
-            f"has {rows} cells"
+            f"{file_name(f)}: obs column {name!r} has {shape[0]} values; obs's "
+            f"index has {rows} cells"
         )
     return column
 
@@ -85,13 +88,11 @@ def obs_column_kinds(
 ) -> dict:
     """Per column `(categories, dtype)` from metadata alone, None where it must read.
 
-    Reads a categorical's categories, never its codes (checked at their first
-    read). `have`: `obs_columns(f)` if known; `nodes`: filled with each plain
-    column's values array (a categorical's codes).
+    `have`: `obs_columns(f)` if known; `nodes` gets each plain column's values
+    array (a categorical's codes, checked at their first read).
     """
     group, path = _nodes.at(f, "obs"), file_name(f)
-    if have is None:
-        have = frame_columns(group)
+    have = frame_columns(group) if have is None else have
     legacy = is_legacy_frame(group)
     rows = None if legacy else n_rows(group)
     out = {}
@@ -140,51 +141,29 @@ def _plain_kind(elem):
     return names, np.dtype(codes.dtype), codes.shape[0], codes
 
 
-def _plain_column(elem) -> ObsColumn | None:
-    """A numeric array or string categorical read by its format alone, else None.
-
-    Equal to `_to_column` of `anndata.io.read_elem`'s result (a test compares).
-    """
-    kind = _plain_kind(elem)
-    if kind is None:
-        return None
-    labels, dtype, _, array = kind
-    if labels is None:
-        return ObsColumn(np.asarray(array[...]).astype(dtype, copy=False), None)
-    values = np.asarray(array[...])
-    if values.size and (values.max() >= labels.size or values.min() < -1):
-        return None  # let anndata's reader report it
-    return ObsColumn(values, labels)
-
-
 def _to_column(path: str, name: str, values) -> ObsColumn:
     import pandas as pd
 
-    if isinstance(values, pd.Series):
-        values = values.array
+    types = pd.api.types
+    values = values.array if isinstance(values, pd.Series) else values
     if isinstance(values, pd.Categorical):
-        codes = np.asarray(values.codes)
-        return ObsColumn(codes, np.asarray(values.categories))
+        return ObsColumn(np.asarray(values.codes), np.asarray(values.categories))
     if isinstance(values, pd.api.extensions.ExtensionArray):
         dtype = values.dtype
-        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+        if types.is_bool_dtype(dtype) or types.is_string_dtype(dtype):
             return _factorize(values)
-        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
+        if types.is_integer_dtype(dtype) or types.is_float_dtype(dtype):
             return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
-        raise errors.UnsupportedLayoutError(
-            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
-            "string, boolean or numeric"
-        )
-    arr = np.asarray(values)
-    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
-        return _factorize(arr)
-    if arr.dtype.kind in "iuf":
-        if not arr.dtype.isnative:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
-        return ObsColumn(arr, None)
+    else:
+        arr = np.asarray(values)
+        dtype = arr.dtype
+        if dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
+            return _factorize(arr)
+        if dtype.kind in "iuf":
+            return ObsColumn(arr.astype(dtype.newbyteorder("="), copy=False), None)
     raise errors.UnsupportedLayoutError(
-        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
-        "categorical, string, boolean or numeric"
+        f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
+        "string, boolean or numeric"
     )
 
 
@@ -206,13 +185,12 @@ class ColumnKind:
     def read(cls, f, names, have=None, nodes=None) -> dict[str, ColumnKind]:
         """`obs_column_kinds`, reading the columns whose metadata cannot tell."""
         kinds = obs_column_kinds(f, names, have, nodes)
-        out = {}
         for c, k in kinds.items():
             if k is None:
                 column = read_obs_column(f, c)
                 k = column.categories, column.values.dtype
-            out[c] = cls(*k)
-        return out
+            kinds[c] = cls(*k)
+        return kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +209,10 @@ class HarmonisedColumn:
     def file_values(self, i: int, column: ObsColumn | None, n_obs: int) -> np.ndarray:
         """File `i`'s values in the shared codes or dtype (no column: missing)."""
         if column is None:
-            if self.categories is None:
-                fill = np.array(np.nan, self.dtype)
-            else:
-                fill = np.array(-1, np.int8)
+            numeric = self.categories is None
+            fill = np.array(
+                np.nan if numeric else -1, self.dtype if numeric else np.int8
+            )
             return np.broadcast_to(fill, (n_obs,))
         if self.categories is None:
             return column.values.astype(self.dtype, copy=False)
