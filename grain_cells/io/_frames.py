@@ -164,27 +164,40 @@ def read_var_column(f, element: str, column: str):
 
     Raises MissingColumnError (no such column) or AnnDataFormatError.
     """
-    path, name = file_name(f), _var_frame(f, element)
-    group = f[name]
-    have = frame_columns(group)
-    if column not in have or column.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: {name} has no column {column!r} to take gene keys from "
-            f"(genes_from={column!r}); it has {have}. Pass genes_from= one of "
-            "those that every file has, or genes_from=None to align on var names."
-        )
-    if is_legacy_frame(group):
-        values = legacy_column(f, legacy_table(path, group), column)
-    else:
-        _nodes.checked(group[column], path)
-        values = read_column(path, group, column)
-    rows = n_rows(group)
+    name = _var_frame(f, element)
+    values = frame_column(
+        f,
+        name,
+        column,
+        f" to take gene keys from (genes_from={column!r})",
+        ". Pass genes_from= one of those that every file has, or genes_from=None "
+        "to align on var names.",
+    )
+    rows = n_rows(f[name])
     if rows is not None and len(values) != rows:
         raise errors.AnnDataFormatError(
-            f"{path}: {name} column {column!r} has {len(values)} values; "
+            f"{file_name(f)}: {name} column {column!r} has {len(values)} values; "
             f"{name}'s index has {rows} genes"
         )
     return values
+
+
+def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
+    """Column `name` of the dataframe `frame` as `anndata.read_h5ad` gives it.
+
+    Raises MissingColumnError (its message: `why` and `fix` added) or
+    AnnDataFormatError.
+    """
+    path, group = file_name(f), f[frame]
+    have = frame_columns(group)
+    if name not in have or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: {frame} has no column {name!r}{why}; it has {have}{fix}"
+        )
+    if is_legacy_frame(group):
+        return legacy_column(f, legacy_table(path, group), name)
+    _nodes.checked(group[name], path)
+    return read_column(path, group, name)
 
 
 def read_obs_names(f) -> np.ndarray:

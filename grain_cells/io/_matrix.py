@@ -71,45 +71,44 @@ class RowBuffer:
         return arr[:n].view(dtype).reshape(shape)
 
 
-class CsrReader:
-    """Reads row ranges of one file's CSR matrix."""
+class _Reader:
+    """Row ranges of one file's matrix, through a range reader per array (`arrays`).
 
-    def __init__(self, group, info: MatrixInfo, fd):
-        """One range reader per array; `fd`: the file's `ByteReader` or None."""
-        if info.encoding != CSR:
-            raise ValueError(f"{info.path}: {info.element} is not CSR")
-        self.info = info
-        self._group = group
-        self._fd = fd
-        path = info.path
-        # All-fill chunks may be unwritten (checked: `check_filled_indices`).
-        reader = format_of(group).range_reader
-        self._data = reader(group["data"], path, fd, fill_missing="zero")
-        self._indices = reader(group["indices"], path, fd, fill_missing="zero")
-        # Only leading empty rows' all-zero chunks may be unwritten.
-        self._indptr = reader(
-            group["indptr"],
-            path,
-            fd,
-            cache_bytes=INDPTR_CACHE_BYTES,
-            fill_missing="leading",
-        )
-        self._indptr.pin()
+    `group`: the element the readers were made from (None: from byte layouts).
+    """
+
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        self.info, self.arrays, self._fd, self._group = info, arrays, fd, group
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> CsrReader:
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
         """A reader over range readers made elsewhere (a reopen from byte layouts)."""
-        self = cls.__new__(cls)
-        self.info, self._group, self._fd = info, None, fd
-        self._data = arrays["data"]
-        self._indices = arrays["indices"]
-        self._indptr = arrays["indptr"]
-        return self
+        return cls(info, arrays, fd)
 
-    @property
-    def arrays(self) -> dict:
-        """The range readers, by array name (`of_arrays` takes them back)."""
-        return {"data": self._data, "indices": self._indices, "indptr": self._indptr}
+
+class CsrReader(_Reader):
+    """Reads row ranges of one file's CSR matrix."""
+
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        super().__init__(info, arrays, fd, group)
+        self._data, self._indices = arrays["data"], arrays["indices"]
+        self._indptr = arrays["indptr"]
+
+    @classmethod
+    def open(cls, group, info: MatrixInfo, fd) -> CsrReader:
+        """Range readers over `group`'s arrays (`fd`: a `ByteReader` or None)."""
+        if info.encoding != CSR:
+            raise ValueError(f"{info.path}: {info.element} is not CSR")
+        # All-fill chunks may be unwritten (checked: `check_filled_indices`), in
+        # `indptr` only leading empty rows' all-zero ones.
+        fill = {"data": "zero", "indices": "zero", "indptr": "leading"}
+        read, c = format_of(group).range_reader, {"indptr": INDPTR_CACHE_BYTES}
+        arrays = {
+            k: read(group[k], info.path, fd, cache_bytes=c.get(k, 0), fill_missing=f)
+            for k, f in fill.items()
+        }
+        arrays["indptr"].pin()
+        return cls(info, arrays, fd, group)
 
     @property
     def direct(self) -> bool:
@@ -248,28 +247,23 @@ def _stored_row(plan: CsrPlan, pos: int) -> int:
     return int(plan.starts[at] + pos - (ends[at] - plan.lengths[at]))
 
 
-class DenseReader:
+class DenseReader(_Reader):
     """Reads row ranges of one file's dense 2-D matrix (array `KEY` of `arrays`)."""
 
     KEY = "x"
     FILL = True  # an unwritten all-zero chunk reads as zeros (as anndata does)
 
-    def __init__(self, dataset, info: MatrixInfo, fd):
-        self.info = info
-        self._x = format_of(dataset).range_reader(
-            dataset, info.path, fd, fill_missing=self.FILL
-        )
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        super().__init__(info, arrays, fd, group)
+        self._x = arrays[self.KEY]
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
-        """A reader over a range reader made elsewhere (`fd`: unused)."""
-        self = cls.__new__(cls)
-        self.info, self._x = info, arrays[cls.KEY]
-        return self
-
-    @property
-    def arrays(self) -> dict:
-        return {self.KEY: self._x}
+    def open(cls, dataset, info: MatrixInfo, fd):
+        """A range reader over `dataset`."""
+        x = format_of(dataset).range_reader(
+            dataset, info.path, fd, fill_missing=cls.FILL
+        )
+        return cls(info, {cls.KEY: x}, fd, dataset)
 
     @property
     def direct(self) -> bool:
@@ -294,19 +288,16 @@ class DenseReader:
 
     def _read(self, starts, stops, buf: RowBuffer, name: str, row_shape, pool):
         """Stored rows into `buf`'s array `name` of `(rows, *row_shape)`."""
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        n_rows = int((stops - starts).sum())
-        out = buf.get(name, (n_rows, *row_shape), self._x.dtype)
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        out = buf.get(name, (int((stops - starts).sum()), *row_shape), self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
 
 
 def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
-    """Local rows where a chunk of values begins: sorted, unique, from row 0.
+    """Local rows where a chunk of values begins (a row: its first value's chunk).
 
-    Row r belongs to the chunk holding its first value; `reader` reads
-    `indptr` (best uncached: the scan reads every chunk once).
+    `reader` reads `indptr` (best uncached: the scan reads every chunk once).
     """
     n = int(n_rows)
     ptr_chunk = reader.chunk_length or SCAN_ROWS
@@ -337,10 +328,7 @@ def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
 
 
 def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
-    """Raises if a row holds a never-written chunk's column 0 twice: a lost chunk.
-
-    See docs/reference/design.md ("Missing chunks").
-    """
+    """Raises if a row holds a never-written chunk's column 0 twice (design.md)."""
     filled = getattr(reader, "filled_ranges", None)
     ranges = filled() if filled is not None and plan.nnz else []
     if not ranges:
@@ -404,8 +392,6 @@ class FieldReader(DenseReader):
 def element_reader(f, info: MatrixInfo, fd) -> CsrReader | DenseReader | FieldReader:
     """The reader of row ranges of the element `info` describes, in `f`."""
     if info.element.startswith(OBSM) and is_array(f["obsm"]):
-        return FieldReader(f["obsm"], info, fd)
-    element = f[info.element]
-    if info.encoding == CSR:
-        return CsrReader(element, info, fd)
-    return DenseReader(element, info, fd)
+        return FieldReader.open(f["obsm"], info, fd)
+    cls = CsrReader if info.encoding == CSR else DenseReader
+    return cls.open(f[info.element], info, fd)

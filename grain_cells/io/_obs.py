@@ -19,13 +19,10 @@ from grain_cells import errors
 from grain_cells.io import _nodes
 from grain_cells.io._frames import (
     encoding_of,
+    frame_column,
     frame_columns,
     is_legacy_frame,
-    legacy_column,
-    legacy_table,
     n_rows,
-    obs_columns,
-    read_column,
 )
 from grain_cells.io._nodes import file_name
 
@@ -72,15 +69,7 @@ def read_obs_column(f, name: str) -> ObsColumn:
 
 def read_obs_values(f, name: str):
     """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values)."""
-    path, group, have = file_name(f), f["obs"], obs_columns(f)
-    if name not in have or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: obs has no column {name!r}; it has {have}"
-        )
-    if is_legacy_frame(group):
-        return legacy_column(f, legacy_table(path, group), name)
-    _nodes.checked(group[name], path)
-    return read_column(path, group, name)
+    return frame_column(f, "obs", name)
 
 
 def obs_column_kinds(
