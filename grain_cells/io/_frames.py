@@ -44,10 +44,7 @@ def _quiet_old_format() -> None:
 
 def encoding_of(obj) -> str | None:
     """The `encoding-type` attribute of an element, or None."""
-    value = _nodes.attr(obj, "encoding-type")
-    if isinstance(value, bytes):
-        value = value.decode()
-    return value
+    return _nodes.attr_str(obj, "encoding-type")
 
 
 def is_legacy_frame(obj) -> bool:
@@ -57,11 +54,7 @@ def is_legacy_frame(obj) -> bool:
 
 def var_group_name(element: str) -> str:
     """The var dataframe that describes the columns of the matrix `element`."""
-    if element == "raw/X":
-        return "raw/var"
-    if element == "raw.X":  # anndata < 0.7
-        return "raw.var"
-    return "var"
+    return {"raw/X": "raw/var", "raw.X": "raw.var"}.get(element, "var")  # raw.X: < 0.7
 
 
 def n_rows(frame) -> int | None:
@@ -182,24 +175,6 @@ def read_var_column(f, element: str, column: str):
     return values
 
 
-def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
-    """Column `name` of the dataframe `frame` as `anndata.read_h5ad` gives it.
-
-    Raises MissingColumnError (its message: `why` and `fix` added) or
-    AnnDataFormatError.
-    """
-    path, group = file_name(f), f[frame]
-    have = frame_columns(group)
-    if name not in have or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: {frame} has no column {name!r}{why}; it has {have}{fix}"
-        )
-    if is_legacy_frame(group):
-        return legacy_column(f, legacy_table(path, group), name)
-    _nodes.checked(group[name], path)
-    return read_column(path, group, name)
-
-
 def read_obs_names(f) -> np.ndarray:
     """Obs names (cell ids) as an object array of the stored strings."""
     names = np.asarray(_frame_index(f, "obs"), dtype=object)
@@ -224,28 +199,33 @@ def frame_columns(group) -> list[str]:
     return [k for k in group if k != index and not k.startswith("__")]
 
 
-def legacy_column(f, table: np.ndarray, name: str):
-    """A column of an anndata < 0.7 compound obs, categories applied."""
+def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
+    """Column `name` of the dataframe `frame` as `anndata.read_h5ad` gives it.
+
+    Raises MissingColumnError (`why` and `fix` added) or AnnDataFormatError.
+    """
     import pandas as pd
 
-    values = table[name]
-    cats_name = f"uns/{name}_categories"
-    if cats_name in f and _nodes.is_array(f[cats_name]):
+    path, group = file_name(f), f[frame]
+    have = frame_columns(group)
+    if name not in have or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: {frame} has no column {name!r}{why}; it has {have}{fix}"
+        )
+    if is_legacy_frame(group):  # anndata < 0.7: labels in uns/<name>_categories
+        values = legacy_table(path, group)[name]
+        cats = _nodes.get(f, f"uns/{name}_categories")
+        if not _nodes.is_array(cats):
+            return values
         with warnings.catch_warnings():
             _quiet_old_format()
-            cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
-        if cats.dtype.kind == "S":
-            cats = cats.astype(str)
+            cats = np.asarray(read_elem(cats)).reshape(-1)
+        cats = cats.astype(str) if cats.dtype.kind == "S" else cats
         # anndata's rule (`_clean_uns`): only when every code indexes a label.
         if values.dtype.kind in "iu" and np.all(values < len(cats)):
             return pd.Categorical.from_codes(values, cats)
-    return values
-
-
-def read_column(path: str, group, name: str):
-    import pandas as pd
-
-    elem = group[name]
+        return values
+    elem = _nodes.checked(group[name], path)
     try:
         with warnings.catch_warnings():
             _quiet_old_format()  # legacy files are expected input

@@ -23,8 +23,7 @@ JOINS = ("exact", "inner", "outer")
 class GeneAlignment:
     """The output genes of a source and each file's `ColumnMap` (None: as stored).
 
-    `num_aligned`: genes before the `genes` selection; `selected`: the output
-    genes' positions among them (None: all); `genes_from`: the key column.
+    `selected`: the output genes' positions among the `num_aligned` (None: all).
     """
 
     join: str
@@ -57,8 +56,8 @@ class GeneAlignment:
 def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
-    Raises MissingColumnError, UnsupportedLayoutError (not strings or
-    integers), GeneMismatchError (missing keys) or AnnDataFormatError.
+    Raises MissingColumnError, UnsupportedLayoutError, GeneMismatchError or
+    AnnDataFormatError.
     """
     if genes_from is None:  # read-only, shared by files of one gene list
         return _frames.var_names(f, element)
@@ -105,9 +104,8 @@ def align_genes(
 ) -> GeneAlignment:
     """The output genes and each file's map, from each file's gene keys.
 
-    `genes`: None, names, a mask or positions over the aligned genes. Raises
-    ValueError or IndexError (bad `join` or `genes`), GeneMismatchError (files
-    differ, repeat keys or share none) or MissingColumnError.
+    Raises ValueError or IndexError (bad `join` or `genes`), GeneMismatchError
+    or MissingColumnError.
     """
     if join not in JOINS:
         raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")

@@ -1,10 +1,8 @@
 """The AnnData schema on disk (any format): opening it, where the matrix is, is it sane.
 
-`open_file` opens a path with the format that claims it, then refuses MuData
-and files without `obs`/`var`. Locates the matrix (`X`, `layers/<name>`,
-`raw/X`; `raw.X` before anndata 0.7) and checks its encoding and storage from
-metadata; the format checks what only it can (`Format.check_array`,
-`Format.element_problem`).
+`open_file` opens a path with the format that claims it and refuses what is not
+AnnData; `inspect_*` locate a matrix (`X`, `layers/<name>`, `raw/X`, `obsm/<name>`)
+and check it from metadata, asking the format what only it knows.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ def matrix_element(layer: str | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MatrixInfo:
-    """Where a file's matrix lives and what it holds.
+    """Where a file's matrix lives and what it holds (`nnz`: None if dense).
 
-    `encoding`: `CSR` or `DENSE`; `dtype`: stored values'; `nnz`: None if dense;
     `chunk_bytes`: decoded bytes of a compressed chunk (CSR: data + indices).
     """
 
@@ -70,9 +67,8 @@ class MatrixInfo:
 def inspect_matrix(f, element: str) -> MatrixInfo:
     """Locates and checks the matrix at `element` from metadata and two `indptr` values.
 
-    Raises MissingColumnError (none: lists the file's matrices),
-    UnsupportedLayoutError (CSC, other encodings, missing filters),
-    CorruptDataError or AnnDataFormatError.
+    Raises MissingColumnError, UnsupportedLayoutError, CorruptDataError or
+    AnnDataFormatError.
     """
     path = file_name(f)
     if element == "raw/X" and "raw" not in f and "raw.X" in f:
@@ -88,12 +84,11 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
             have.append("raw/X")
         have += ["raw.X"] if "raw.X" in f else []
-        hint = ""
-        if element == "X":
-            hint = (
-                " anndata writes files without X when the AnnData had none "
-                "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
-            )
+        hint = (
+            " anndata writes files without X when the AnnData had none "
+            "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
+        )
+        hint = hint if element == "X" else ""
         raise errors.MissingColumnError(
             f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
@@ -133,12 +128,9 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
 def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     enc, shape = encoding_of(obj), _nodes.attr(obj, "shape")
     if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
-        fmt = obj.attrs["h5sparse_format"]
-        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-        enc, shape = (
-            {"csr": CSR, "csc": CSC}.get(fmt, fmt),
-            obj.attrs.get("h5sparse_shape"),
-        )
+        fmt = str(_nodes.attr_str(obj, "h5sparse_format"))
+        enc = {"csr": CSR, "csc": CSC}.get(fmt, fmt)
+        shape = obj.attrs.get("h5sparse_shape")
     if enc == CSC:
         raise errors.UnsupportedLayoutError(
             f"{path}: {element} is stored as csc_matrix; row reads would touch "
@@ -221,10 +213,9 @@ def open_file(
     storage_options: dict | None = None,
     stat: FileStat | None = None,
 ):
-    """Opens an AnnData file or store read-only; close the root it returns.
+    """Opens an AnnData file or store read-only (`stat`: the version expected).
 
-    `stat`: the version expected. Raises `FileNotFoundError`, or
-    `AnnDataFormatError` for what is not AnnData (not HDF5, truncated, MuData...).
+    Raises `FileNotFoundError`, or `AnnDataFormatError` for what is not AnnData.
     """
     path = os.fspath(path)
     f = formats.for_path(path).open(path, storage_options, stat)
@@ -277,8 +268,7 @@ def obsm_element(name: str) -> str:
 def inspect_obsm(f, element: str) -> MatrixInfo:
     """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
 
-    Raises MissingColumnError (no such key), AnnDataFormatError (not a dense
-    2-D numeric array of one row per cell) or UnsupportedLayoutError.
+    Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
     path = file_name(f)
     name = element[len(OBSM) :]

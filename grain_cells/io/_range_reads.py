@@ -57,15 +57,10 @@ def fetch_ranges(
     lengths = stops - starts
     row_ids = expand_ranges(starts, lengths)
     # Ranges are in file order: each file's are one run (`group`: its index).
-    heads = np.flatnonzero(np.diff(files)) + 1
-    if starts.size:
-        file_of = files[np.concatenate([[0], heads])].tolist()
-        bounds = [0, *heads.tolist(), starts.size]
-        group = np.zeros(starts.size, np.int64)
-        group[heads] = 1
-        np.cumsum(group, out=group)
-    else:  # nothing asked: an empty read of the first file
-        file_of, bounds, group = [0], [0, 0], np.zeros(0, np.int64)
+    bounds = [0, *(np.flatnonzero(np.diff(files)) + 1).tolist(), starts.size]
+    group = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    # (nothing asked: an empty read of the first file)
+    file_of = files[bounds[:-1]].tolist() if starts.size else [0]
     at = cell_offsets[files]
     starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
@@ -121,14 +116,11 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
         r.plan(a, b, buf, key=f"ptr{k}")
         for k, (r, (a, b)) in enumerate(zip(readers, local, strict=True))
     ]
-    dtypes = {r.dtypes for r in readers}
     nnz = sum(p.nnz for p in plans)
     n_rows = sum(p.n_rows for p in plans)
-    if len(dtypes) == 1:
-        data_dtype, index_dtype = dtypes.pop()
-    else:  # files store different dtypes: read each as is, then cast
-        data_dtype = np.result_type(*(d for d, _ in dtypes))
-        index_dtype = np.result_type(*(i for _, i in dtypes))
+    # Files of different dtypes: each is read as stored, then cast.
+    pairs = zip(*{r.dtypes for r in readers}, strict=True)
+    dtypes = data_dtype, index_dtype = tuple(np.result_type(*x) for x in pairs)
     data = buf.get("data", (nnz,), data_dtype)
     indices = buf.get("indices", (nnz,), index_dtype)
     indptr = buf.get("indptr", (n_rows + 1,), np.int64)
@@ -138,14 +130,12 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
     for reader, plan, column_map in zip(readers, plans, maps, strict=True):
         span = slice(v, v + plan.nnz)
         spans.append((v, v + plan.nnz, column_map))
-        if reader.dtypes == (data_dtype, index_dtype):
-            reader.read_values(plan, data[span], indices[span], pool, check_indices)
-        else:
-            d = np.empty(plan.nnz, reader.dtypes[0])
-            i = np.empty(plan.nnz, reader.dtypes[1])
-            reader.read_values(plan, d, i, pool, check_indices)
-            data[span] = d
-            indices[span] = i
+        d, i = data[span], indices[span]
+        if reader.dtypes != dtypes:  # read as stored, then cast
+            d, i = (np.empty(plan.nnz, t) for t in reader.dtypes)
+        reader.read_values(plan, d, i, pool, check_indices)
+        if reader.dtypes != dtypes:
+            data[span], indices[span] = d, i
         indptr[r_ + 1 : r_ + 1 + plan.n_rows] = plan.indptr[1:] + v
         v += plan.nnz
         r_ += plan.n_rows
@@ -314,13 +304,10 @@ def _advise_one(handles, i: int, starts, stops, buf) -> None:
     with handles.for_hints(i) as f:
         if f is None:
             return
-        flat = None
-        if handles.files.sparse:
-            if f.flat is False:
-                f.flat = _direct_csr.flat_of(f.reader, f.fd)
-            flat = f.flat
-        if flat is None:
+        if handles.files.sparse and f.flat is False:
+            f.flat = _direct_csr.flat_of(f.reader, f.fd)
+        if not handles.files.sparse or f.flat is None:
             f.reader.advise(starts, stops, buf)
         else:
             group = np.zeros(starts.size, np.int64)
-            _direct_csr.advise([flat], [flat.fd], group, starts, stops, buf)
+            _direct_csr.advise([f.flat], [f.flat.fd], group, starts, stops, buf)

@@ -280,7 +280,7 @@ def test_plain_obs_columns_read_as_anndata_reads_them(tmp_path, monkeypatch):
                 m.setattr(obs_columns, "read_obs_values", through_anndata)
                 plain = obs_columns.read_obs_column(f, name)
             want = obs_columns._to_column(
-                str(path), name, frames.read_column(str(path), f["obs"], name)
+                str(path), name, frames.frame_column(f, "obs", name)
             )
             assert plain.values.dtype == want.values.dtype, name
             np.testing.assert_array_equal(plain.values, want.values, err_msg=name)
