@@ -60,10 +60,8 @@ _NAMES = ("indptr", "data", "indices")
 
 def flat_of(reader, fd) -> Flat | None:
     """`reader`'s arrays as byte pieces of `fd`, or None."""
-    arrays = getattr(reader, "arrays", None)
-    if arrays is None or not all(
-        isinstance(a, PositionalReader) for a in arrays.values()
-    ):
+    arrays = reader.arrays
+    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
         return None
     return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
 

@@ -52,9 +52,11 @@ def is_legacy_frame(obj) -> bool:
     return _nodes.is_array(obj) and np.dtype(obj.dtype).names is not None
 
 
-def var_group_name(element: str) -> str:
-    """The var dataframe that describes the columns of the matrix `element`."""
-    return {"raw/X": "raw/var", "raw.X": "raw.var"}.get(element, "var")  # raw.X: < 0.7
+def var_group_name(element: str, f=None) -> str:
+    """The var dataframe that describes the columns of the matrix `element` (in `f`)."""
+    if f is not None and element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    return {"raw/X": "raw/var", "raw.X": "raw.var"}.get(element, "var")
 
 
 def n_rows(frame) -> int | None:
@@ -106,11 +108,8 @@ def _frame_index(f, name: str) -> np.ndarray:
     if encoding == "nullable-string-array" and _nodes.is_group(index):
         mask = _nodes.get(index, "mask")
         plain = _nodes.is_array(mask) and mask.ndim == 1
-        node = (
-            _nodes.get(index, "values")
-            if plain and not np.asarray(mask[...]).any()
-            else None
-        )
+        plain = plain and not np.asarray(mask[...]).any()
+        node = _nodes.get(index, "values") if plain else None
     elif encoding not in ("string-array", None):
         node = None
     if _nodes.is_array(node) and node.ndim == 1 and _nodes.is_string_array(node):
@@ -131,7 +130,7 @@ _AS_STR: dict = {}
 
 def var_names(f, element: str) -> np.ndarray:
     """`read_var_names`, read-only and shared by equal lists where it can be."""
-    names = _frame_index(f, _var_frame(f, element))
+    names = _frame_index(f, var_group_name(element, f))
     if not (isinstance(names, np.ndarray) and names.dtype == object):
         return np.asarray(names, dtype=str)
     if names.flags.writeable:
@@ -146,18 +145,12 @@ def var_names(f, element: str) -> np.ndarray:
     return held[1]
 
 
-def _var_frame(f, element: str) -> str:
-    if element == "raw/X" and "raw" not in f and "raw.X" in f:
-        element = "raw.X"  # anndata < 0.7
-    return var_group_name(element)
-
-
 def read_var_column(f, element: str, column: str):
     """One var column of the matrix at `element`, as `anndata.read_h5ad` gives it.
 
     Raises MissingColumnError (no such column) or AnnDataFormatError.
     """
-    name = _var_frame(f, element)
+    name = var_group_name(element, f)
     values = frame_column(
         f,
         name,

@@ -120,7 +120,22 @@ def align_genes(
     else:
         for path, file_names in zip(paths, names, strict=True):
             _check_unique(path, file_names, join, genes_from)
-        aligned = _join(paths, names, join)
+        if join == "inner":
+            common = set(names[0].tolist()).intersection(*(n.tolist() for n in names))
+            aligned = [g for g in names[0].tolist() if g in common]
+            if not aligned:
+                examples = "; ".join(
+                    f"{p}: {n[:3].tolist()}" for p, n in zip(paths, names, strict=True)
+                )
+                raise errors.GeneMismatchError(
+                    f"{_files(paths)}: no gene is in every file's var, so "
+                    f"join='inner' leaves no gene (first var names: {examples}). "
+                    "Check that the files name genes the same way (e.g. all "
+                    "Ensembl ids), or use join='outer'."
+                )
+        else:
+            aligned = list(dict.fromkeys(g for n in names for g in n.tolist()))
+        aligned = np.asarray(aligned, dtype=str)
     selected, missing = _select(
         genes, aligned, paths[0] if join == "exact" else _files(paths)
     )
@@ -156,25 +171,6 @@ def align_genes(
             built.append(by_names[key])
         maps = tuple(built)
     return GeneAlignment(join, out_names, len(aligned), maps, selected, genes_from)
-
-
-def _join(paths, names, join: str) -> np.ndarray:
-    if join == "inner":
-        common = set(names[0].tolist()).intersection(*(n.tolist() for n in names[1:]))
-        aligned = [g for g in names[0].tolist() if g in common]
-        if not aligned:
-            examples = "; ".join(
-                f"{p}: {n[:3].tolist()}" for p, n in zip(paths, names, strict=True)
-            )
-            raise errors.GeneMismatchError(
-                f"{_files(paths)}: no gene is in every file's var, so "
-                f"join='inner' leaves no gene (first var names: {examples}). "
-                "Check that the files name genes the same way (e.g. all Ensembl "
-                "ids), or use join='outer'."
-            )
-        return np.asarray(aligned, dtype=str)
-    union = dict.fromkeys(g for file_names in names for g in file_names.tolist())
-    return np.asarray(list(union), dtype=str)
 
 
 def _select(genes, aligned: np.ndarray, where: str) -> tuple[np.ndarray | None, list]:

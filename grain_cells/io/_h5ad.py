@@ -219,12 +219,6 @@ def open_file(
     """
     path = os.fspath(path)
     f = formats.for_path(path).open(path, storage_options, stat)
-    check_anndata(f, path)
-    return f
-
-
-def check_anndata(f, path: str) -> None:
-    """Closes `f` and raises unless it is AnnData: MuData, no `obs`/`var`."""
     mod = _nodes.get(f, "mod")
     if encoding_of(f) == "MuData" or _nodes.is_group(mod):
         modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []
@@ -246,6 +240,7 @@ def check_anndata(f, path: str) -> None:
             f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
         )
+    return f
 
 
 def resolve_paths(paths) -> list[str]:

@@ -97,8 +97,6 @@ class CsrReader(_Reader):
     @classmethod
     def open(cls, group, info: MatrixInfo, fd) -> CsrReader:
         """Range readers over `group`'s arrays (`fd`: a `ByteReader` or None)."""
-        if info.encoding != CSR:
-            raise ValueError(f"{info.path}: {info.element} is not CSR")
         # All-fill chunks may be unwritten (checked: `check_filled_indices`), in
         # `indptr` only leading empty rows' all-zero ones.
         fill = {"data": "zero", "indices": "zero", "indptr": "leading"}

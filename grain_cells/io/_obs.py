@@ -117,14 +117,11 @@ def _plain_kind(elem):
     if encoding != "categorical" or not _nodes.is_group(elem):
         return None
     codes, categories = _nodes.get(elem, "codes"), _nodes.get(elem, "categories")
-    if not (
-        _nodes.is_array(codes)
-        and _nodes.is_array(categories)
-        and len(codes.shape) == 1
-        and len(categories.shape) == 1
-        and codes.dtype.kind in "iu"
-        and _nodes.is_string_array(categories)
-    ):
+    if not (_nodes.is_array(codes) and _nodes.is_array(categories)):
+        return None
+    if len(codes.shape) != 1 or len(categories.shape) != 1:
+        return None
+    if codes.dtype.kind not in "iu" or not _nodes.is_string_array(categories):
         return None
     names = _nodes.format_of(categories).strings(categories)
     return names, np.dtype(codes.dtype), codes.shape[0], codes

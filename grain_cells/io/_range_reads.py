@@ -265,27 +265,27 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     files = files[order]
     starts = np.asarray(starts, np.int64).reshape(-1)[order] - cell_offsets[files]
     stops = np.asarray(stops, np.int64).reshape(-1)[order] - cell_offsets[files]
-    heads = np.flatnonzero(np.diff(files)) + 1
-    bounds = [0, *heads.tolist(), files.size]
+    bounds = [0, *(np.flatnonzero(np.diff(files)) + 1).tolist(), files.size]
     # At most `HINT_FILES` files (descriptors of their own) at a time.
     for k in range(0, len(bounds) - 1, HINT_FILES):
         part = bounds[k : k + HINT_FILES + 1]
-        a, b = part[0], part[-1]
-        _advise_some(handles, files[a:b], starts[a:b], stops[a:b], part, a, buf)
+        indices = files[part[:-1]].tolist()
+        spans = [slice(a, b) for a, b in itertools.pairwise(part)]
+        if not handles.files.sparse:
+            for i, span in zip(indices, spans, strict=True):
+                _advise_one(handles, i, starts[span], stops[span], buf)
+        else:
+            _advise_flats(handles, indices, spans, starts, stops, buf)
 
 
-def _advise_some(handles, files, starts, stops, bounds, at, buf) -> None:
-    """`advise` of local ranges of files in runs `bounds` (offset by `at`)."""
-    indices = [int(files[a - at]) for a in bounds[:-1]]
-    spans = [slice(a - at, b - at) for a, b in itertools.pairwise(bounds)]
-    if not handles.files.sparse:
-        for i, span in zip(indices, spans, strict=True):
-            _advise_one(handles, i, starts[span], stops[span], buf)
-        return
+def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
+    """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
             _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
-        group = np.repeat(np.arange(len(indices)), np.diff(bounds))
+        span = slice(spans[0].start, spans[-1].stop)
+        group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
+        starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
             if flat is not None:
