@@ -1,10 +1,7 @@
-"""CSR rows of many local, uncompressed files read at once, by byte pieces.
+"""CSR rows of many local, uncompressed files read at once, by byte pieces (`Flat`).
 
-Each array of each file is a list of byte pieces (`Flat`), so a fetch over
-tens of files is three vectorised offset computations and three loops of
-positional reads, not ~200 µs of Python per file. Anything unusual returns
-None and the caller reads file by file, which names the problem.
-Design notes: docs/reference/design.md#io-direct-csr.
+Anything unusual returns None: the caller reads file by file, which names the
+problem. Design notes: docs/reference/design.md#io-direct-csr.
 """
 
 from __future__ import annotations
@@ -188,8 +185,7 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
 def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
-    Reads each range's `indptr` ends (cached ones at once, the others hinted
-    together, then read), then advises the `data` and `indices` pieces.
+    Reads the ranges' `indptr` ends, then advises the `data` and `indices` pieces.
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]

@@ -94,7 +94,7 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         )
     if _nodes.is_group(obj):
         info = _inspect_sparse(path, element, obj)
-    elif _nodes.is_array(obj):
+    else:  # an array (formats have only groups and arrays)
         if obj.ndim != 2:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} is a {obj.ndim}-D dataset; expected a 2-D "
@@ -108,9 +108,6 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         n_obs, n_vars = (int(s) for s in obj.shape)
         chunk = _nodes.format_of(obj).chunk_bytes(obj)
         info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
-    else:  # pragma: no cover - formats only have groups and arrays
-        raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
-
     var_rows = n_rows(_nodes.at(f, var_group_name(element)))
     obs_rows = n_rows(_nodes.at(f, "obs"))
     if obs_rows is not None and obs_rows != info.n_obs:
@@ -260,11 +257,13 @@ def obsm_element(name: str) -> str:
     return OBSM + name
 
 
-def inspect_obsm(f, element: str) -> MatrixInfo:
-    """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
+def inspect_element(f, element: str) -> MatrixInfo:
+    """`inspect_matrix`, or for `obsm/<name>` its `MatrixInfo` from metadata alone.
 
     Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
+    if not element.startswith(OBSM):
+        return inspect_matrix(f, element)
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
@@ -311,10 +310,3 @@ def inspect_obsm(f, element: str) -> MatrixInfo:
             "expected one row per cell"
         )
     return MatrixInfo(path, element, DENSE, n_obs, width, dtype, None)
-
-
-def inspect_element(f, element: str) -> MatrixInfo:
-    """`inspect_obsm` for `obsm/<name>`, else `h5ad.inspect_matrix`."""
-    if element.startswith(OBSM):
-        return inspect_obsm(f, element)
-    return inspect_matrix(f, element)

@@ -77,8 +77,7 @@ def obs_column_kinds(
 ) -> dict:
     """Per column `(categories, dtype)` from metadata alone, None where it must read.
 
-    `have`: `obs_columns(f)` if known; `nodes` gets each plain column's values
-    array (a categorical's codes, checked at their first read).
+    `nodes` gets each plain column's values array (a categorical's codes).
     """
     group, path = _nodes.at(f, "obs"), file_name(f)
     have = frame_columns(group) if have is None else have
@@ -216,10 +215,9 @@ def harmonise(
     kinds: Sequence[dict[str, ColumnKind | None]],
     obs_missing: str,
 ) -> dict[str, HarmonisedColumn]:
-    """One category list (or dtype) per column over all files.
+    """One category list (or dtype) per column over all files (`kinds`: per file).
 
-    `kinds`: per file, each column's kind or None. Raises MissingColumnError
-    (in no file) or AnnDataFormatError (categorical here, numeric there).
+    Raises MissingColumnError or AnnDataFormatError (categorical here, numeric there).
     """
     out = {}
     for c in names:

@@ -168,8 +168,7 @@ def _check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
 def _obs_for(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
     """Each obs column's value for every fetched row (range j: file `group[j]`).
 
-    A range or two per file: one slice per range (4x cheaper at 63 files than
-    a gather per file); many ranges per file: one gather per file and column.
+    A range or two per file: a slice each (4x cheaper at 63 files than a gather).
     """
     if not names:
         return {}
@@ -254,8 +253,7 @@ def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Ce
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     """Asks the OS to start reading ranges into the page cache (may raise).
 
-    Hints only files open or with known byte layouts (never opens one through
-    its format), and nothing while recent reads found the page cache warm.
+    Only files open or of known byte layouts; nothing while the cache is warm.
     """
     if handles.cache_warm:
         return
