@@ -245,23 +245,16 @@ def harmonise(
                 dtype = np.result_type(dtype, np.float32)  # to hold NaN
             out[c] = HarmonisedColumn(c, None, dtype, (None,) * len(per_file), present)
             continue
-        # Files mostly repeat a few category lists (often the very same
-        # array): each distinct list is merged and mapped once.
-        slots: dict = {}  # each distinct list (a tuple) -> its position
-        by_id: dict = {}  # id(categories) -> (categories, position)
-        slot_of: list = []  # each file's list's position (None: no column)
-        for k in per_file:
-            a = None if k is None else k.categories
-            hit = by_id.get(id(a))
-            if a is not None and (hit is None or hit[0] is not a):
-                slot = slots.setdefault(tuple(a.tolist()), len(slots))
-                hit = by_id[id(a)] = (a, slot)
-            slot_of.append(None if a is None else hit[1])
-        labels = list(slots)
-        merged = list(dict.fromkeys(v for t in labels for v in t))  # first seen
-        seen = {v: i for i, v in enumerate(merged)}
-        slot_maps = [np.array([seen[v] for v in t], np.int64) for t in labels]
-        slot_maps = [None if np.array_equal(m, range(m.size)) else m for m in slot_maps]
-        maps = [None if i is None else slot_maps[i] for i in slot_of]
+        # Files mostly repeat a few category lists (often the very same array,
+        # alive in `kinds`, so its id names it): each list is mapped once.
+        lists = {id(k.categories): k.categories for k in per_file if k is not None}
+        labels = {i: tuple(a.tolist()) for i, a in lists.items()}
+        merged = list(dict.fromkeys(v for t in labels.values() for v in t))
+        seen, by_list = {v: i for i, v in enumerate(merged)}, {}
+        for t in labels.values():
+            if t not in by_list:
+                m = np.array([seen[v] for v in t], np.int64)
+                by_list[t] = None if np.array_equal(m, range(m.size)) else m
+        maps = [k and by_list[labels[id(k.categories)]] for k in per_file]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out
