@@ -77,7 +77,7 @@ def fetch_ranges(
                     ends = np.cumsum(per_file).tolist()
                     maps = [files_.genes.maps[i] for i in file_of]
                     spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
-                    csr = remap_csr(*csr, spans, buf)
+                    csr = remap_csr(*csr, spans, buf, check_indices)
                     csr = CsrRows(*csr, files_.num_genes)
                     return FetchedRows(csr, None, row_ids, obs)
     # File by file (or again, to name what the direct read found wrong).
