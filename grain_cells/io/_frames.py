@@ -131,9 +131,8 @@ _AS_STR: dict = {}
 def var_names(f, element: str) -> np.ndarray:
     """`read_var_names`, read-only and shared by equal lists where it can be."""
     names = _frame_index(f, var_group_name(element, f))
-    if not (isinstance(names, np.ndarray) and names.dtype == object):
-        return np.asarray(names, dtype=str)
-    if names.flags.writeable:
+    shared = isinstance(names, np.ndarray) and names.dtype == object
+    if not shared or names.flags.writeable:  # not a shared read-only list
         return np.asarray(names, dtype=str)
     held = _AS_STR.get(id(names))
     if held is None or held[0] is not names:
