@@ -1,10 +1,7 @@
-"""CSR rows of many local, uncompressed files read at once, by byte pieces.
+"""CSR rows of many local, uncompressed files read at once, by byte pieces (`Flat`).
 
-Each array of each file is a list of byte pieces (`Flat`), so a fetch over
-tens of files is three vectorised offset computations and three loops of
-positional reads, not ~200 µs of Python per file. Anything unusual returns
-None and the caller reads file by file, which names the problem.
-Design notes: docs/reference/design.md#io-direct-csr.
+Anything unusual returns None: the caller reads file by file, which names the
+problem. Design notes: docs/reference/design.md#io-direct-csr.
 """
 
 from __future__ import annotations
@@ -60,10 +57,8 @@ _NAMES = ("indptr", "data", "indices")
 
 def flat_of(reader, fd) -> Flat | None:
     """`reader`'s arrays as byte pieces of `fd`, or None."""
-    arrays = getattr(reader, "arrays", None)
-    if arrays is None or not all(
-        isinstance(a, PositionalReader) for a in arrays.values()
-    ):
+    arrays = reader.arrays
+    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
         return None
     return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
 
@@ -81,16 +76,6 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
     return Flat(raw, *arrays, info.nnz, info.n_vars)
 
 
-class _Array:
-    """One array of the files of a fetch, for `_pieces`."""
-
-    def __init__(self, offsets, base, rows, itemsize: int):
-        self.offsets = offsets
-        self.base = base
-        self.rows = rows
-        self.itemsize = itemsize
-
-
 class _Files:
     """Every piece of every file of a fetch, all three arrays, in one table."""
 
@@ -103,32 +88,47 @@ class _Files:
         self.rows = np.array([f.chunk_rows for f in flats], np.int64)
         self.itemsizes = [d.itemsize for d in flats[0].dtypes]
 
-    def array(self, k: int, group: np.ndarray) -> _Array:
-        """Array `k` (of `_NAMES`) of the files, for ranges of files `group`."""
-        return _Array(
-            self.offsets, self.bases[group, k], self.rows[group, k], self.itemsizes[k]
-        )
+    def pieces(self, k: int, group, fds, starts, stops):
+        """Array `k`'s ranges (files `group`) split at chunks: fds, offsets, nbytes."""
+        c = self.rows[group, k]
+        first = starts // c
+        n_pieces = (stops - 1) // c - first + 1
+        if int(n_pieces.sum()) == starts.size:
+            chunk, p_start, p_stop, owner = first, starts, stops, slice(None)
+        else:
+            owner = np.repeat(np.arange(starts.size), n_pieces)
+            within = np.arange(owner.size) - np.repeat(
+                np.cumsum(n_pieces) - n_pieces, n_pieces
+            )
+            chunk = first[owner] + within
+            c = c[owner]
+            p_start = np.maximum(starts[owner], chunk * c)
+            p_stop = np.minimum(stops[owner], (chunk + 1) * c)
+        size = self.itemsizes[k]
+        base = self.bases[group, k][owner]
+        at = self.offsets[base + chunk] + (p_start - chunk * c) * size
+        return fds[owner], at, (p_stop - p_start) * size
 
 
-def _pieces(arr: _Array, fds, starts, stops):
-    """Ranges `[starts, stops)` split at chunk bounds: fds, offsets, nbytes."""
-    c = arr.rows
-    first = starts // c
-    n_pieces = (stops - 1) // c - first + 1
-    if int(n_pieces.sum()) == starts.size:
-        chunk, p_start, p_stop, owner = first, starts, stops, slice(None)
-    else:
-        owner = np.repeat(np.arange(starts.size), n_pieces)
-        within = np.arange(owner.size) - np.repeat(
-            np.cumsum(n_pieces) - n_pieces, n_pieces
-        )
-        chunk = first[owner] + within
-        c = c[owner]
-        p_start = np.maximum(starts[owner], chunk * c)
-        p_stop = np.minimum(stops[owner], (chunk + 1) * c)
-    size = arr.itemsize
-    at = arr.offsets[arr.base[owner] + chunk] + (p_start - chunk * c) * size
-    return fds[owner], at, (p_stop - p_start) * size
+def split_indptr(ptr: np.ndarray, lengths, nnz, out: np.ndarray):
+    """`(firsts, lasts)` of ranges' `indptr` slices `ptr`; rows' pointers into `out`.
+
+    None if a slice decreases or leaves `[0, nnz]`.
+    """
+    heads = np.cumsum(lengths + 1) - (lengths + 1)
+    firsts, lasts = ptr[heads], ptr[heads + lengths]
+    step = np.diff(ptr)
+    step[heads[1:] - 1] = 0  # the step from one range into the next
+    if (step < 0).any() or (firsts < 0).any() or (lasts > nnz).any():
+        return None
+    spans = lasts - firsts
+    # Row pointers relative to the values read: drop each range's head.
+    body = np.ones(ptr.size, bool)
+    body[heads] = False
+    shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
+    out[0] = 0
+    np.subtract(ptr[body], shift, out=out[1:])
+    return firsts, lasts
 
 
 def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices):
@@ -151,53 +151,41 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     n_rows = int(lengths.sum())
     # Every range's indptr slice: one entry more than its rows.
     ptr = buf.get("ptr", (n_rows + starts.size,), ptr_t)
-    heads = np.cumsum(lengths + 1) - (lengths + 1)
     table = _Files(flats)
     try:
-        _pread(None, ptr, *_pieces(table.array(0, group), fds, starts, stops + 1))
+        _pread(None, ptr, *table.pieces(0, group, fds, starts, stops + 1))
     except ShortReadError:
         return None
-    ptr = ptr.astype(np.int64, copy=False)
-    firsts, lasts = ptr[heads], ptr[heads + lengths]
     nnz = np.array([f.nnz for f in flats], np.int64)[group]
-    step = np.diff(ptr)
-    step[heads[1:] - 1] = 0  # the step from one range into the next
-    if (step < 0).any() or (firsts < 0).any() or (lasts > nnz).any():
+    indptr = buf.get("indptr", (n_rows + 1,), np.int64)
+    ends = split_indptr(ptr.astype(np.int64, copy=False), lengths, nnz, indptr)
+    if ends is None:
         return None
-    spans = lasts - firsts
+    spans = ends[1] - ends[0]
     total = int(spans.sum())
     data = buf.get("data", (total,), data_t)
     indices = buf.get("indices", (total,), index_t)
     some = spans > 0
-    g, a, b = group[some], firsts[some], lasts[some]
+    g, a, b = group[some], ends[0][some], ends[1][some]
     try:
         for k, out in ((1, data), (2, indices)):
-            _pread(pool, out, *_pieces(table.array(k, g), fds[some], a, b))
+            _pread(pool, out, *table.pieces(k, g, fds[some], a, b))
     except ShortReadError:
         return None
-    per_file = np.bincount(group, weights=spans, minlength=len(flats))
-    per_file = per_file.astype(np.int64)
+    per_file = np.bincount(group, spans, len(flats)).astype(np.int64)
     if check_indices and total:  # negative indices viewed unsigned exceed n_vars
         unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
         n_vars = np.array([f.n_vars for f in flats], np.int64)
         top = int(unsigned.max())
         if top >= n_vars.min() and not (unsigned < np.repeat(n_vars, per_file)).all():
             return None
-    # Row pointers relative to the values read: drop each range's head.
-    body = np.ones(ptr.size, bool)
-    body[heads] = False
-    shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
-    indptr = buf.get("indptr", (n_rows + 1,), np.int64)
-    indptr[0] = 0
-    np.subtract(ptr[body], shift, out=indptr[1:])
     return data, indices, indptr, per_file
 
 
 def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
-    Reads each range's `indptr` ends (cached ones at once, the others hinted
-    together, then read), then advises the `data` and `indices` pieces.
+    Reads the ranges' `indptr` ends, then advises the `data` and `indices` pieces.
     """
     keep = stops > starts
     group, starts, stops = group[keep], starts[keep], stops[keep]
@@ -209,13 +197,9 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     n, n_long = starts.size, int(long.sum())
     if n_long:  # short ranges first, then long ones
         order = np.argsort(long, kind="stable")
-        group, fds, starts, stops = (
-            group[order],
-            fds[order],
-            starts[order],
-            stops[order],
+        group, fds, starts, stops, lengths, long = (
+            x[order] for x in (group, fds, starts, stops, lengths, long)
         )
-        lengths, long = lengths[order], long[order]
     # Pieces: each range's slice (a long one: its first entry), then the
     # last entries of long ranges.
     p_starts = np.concatenate([starts, stops[n - n_long :]])
@@ -226,22 +210,15 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     heads = np.cumsum(sizes) - sizes
     ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), flats[0].dtypes[0])
     table = _Files(flats)
-    f, at, nbytes = _pieces(table.array(0, p_group), p_fds, p_starts, p_stops)
-    at_byte = np.cumsum(nbytes) - nbytes
-    ends_bytes = ends.reshape(-1).view(np.uint8)
-    ok = pread_cached(
-        f.tolist(), ends_bytes, at.tolist(), nbytes.tolist(), at_byte.tolist()
-    )
-    if not all(ok):
-        miss = ~np.array(ok, bool)
+    f, at, nbytes = table.pieces(0, p_group, p_fds, p_starts, p_stops)
+    pieces = (f, at, nbytes, np.cumsum(nbytes) - nbytes)
+    view = ends.reshape(-1).view(np.uint8)
+    fd_, at_, n_, to_ = (x.tolist() for x in pieces)
+    ok = np.array(pread_cached(fd_, view, at_, n_, to_), bool)
+    if not ok.all():
+        fd_, at_, n_, to_ = (x[~ok].tolist() for x in pieces)
         try:
-            pread_pieces(
-                f[miss].tolist(),
-                ends_bytes,
-                at[miss].tolist(),
-                nbytes[miss].tolist(),
-                at_byte[miss].tolist(),
-            )
+            pread_pieces(fd_, view, at_, n_, to_)
         except (ShortReadError, OSError):
             return
     last_at = heads[:n] + lengths
@@ -252,7 +229,7 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
-        f, at, nbytes = _pieces(table.array(k, g), fds[some], a, b)
+        f, at, nbytes = table.pieces(k, g, fds[some], a, b)
         advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
 
 
@@ -262,26 +239,18 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
     ends = np.cumsum(nbytes)
     total = int(ends[-1]) if ends.size else 0
     starts = ends - nbytes
-    if pool is None or total < 2 * _MIN_BYTES_PER_THREAD or nbytes.size < 2:
-        pread_pieces(
-            fds.tolist(), dest, offsets.tolist(), nbytes.tolist(), starts.tolist()
+    jobs = 1
+    if pool is not None:
+        jobs = min(
+            getattr(pool, "threads", 4), nbytes.size, total // _MIN_BYTES_PER_THREAD
         )
-        return
-    n_jobs = min(
-        getattr(pool, "threads", 4), nbytes.size, total // _MIN_BYTES_PER_THREAD
-    )
-    cuts = np.searchsorted(ends, np.linspace(0, total, n_jobs + 1)[1:-1])
-    bounds = [0, *cuts.tolist(), nbytes.size]
-    futures = [
-        pool.submit(
-            pread_pieces,
-            fds[a:b].tolist(),
-            dest,
-            offsets[a:b].tolist(),
-            nbytes[a:b].tolist(),
-            starts[a:b].tolist(),
-        )
-        for a, b in itertools.pairwise(bounds)
+    cuts = np.searchsorted(ends, np.linspace(0, total, jobs + 1)[1:-1]).tolist()
+    parts = [
+        (fds[a:b].tolist(), dest, *(x[a:b].tolist() for x in (offsets, nbytes, starts)))
+        for a, b in itertools.pairwise([0, *cuts, nbytes.size])
         if b > a
     ]
-    wait_all(futures)  # none still writes into `dest` once this returns
+    if len(parts) == 1:
+        pread_pieces(*parts[0])
+    else:  # none still writes into `dest` once this returns
+        wait_all([pool.submit(pread_pieces, *p) for p in parts])

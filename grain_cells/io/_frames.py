@@ -44,10 +44,7 @@ def _quiet_old_format() -> None:
 
 def encoding_of(obj) -> str | None:
     """The `encoding-type` attribute of an element, or None."""
-    value = _nodes.attr(obj, "encoding-type")
-    if isinstance(value, bytes):
-        value = value.decode()
-    return value
+    return _nodes.attr_str(obj, "encoding-type")
 
 
 def is_legacy_frame(obj) -> bool:
@@ -55,13 +52,11 @@ def is_legacy_frame(obj) -> bool:
     return _nodes.is_array(obj) and np.dtype(obj.dtype).names is not None
 
 
-def var_group_name(element: str) -> str:
-    """The var dataframe that describes the columns of the matrix `element`."""
-    if element == "raw/X":
-        return "raw/var"
-    if element == "raw.X":  # anndata < 0.7
-        return "raw.var"
-    return "var"
+def var_group_name(element: str, f=None) -> str:
+    """The var dataframe that describes the columns of the matrix `element` (in `f`)."""
+    if f is not None and element == "raw/X" and "raw" not in f and "raw.X" in f:
+        element = "raw.X"  # anndata < 0.7
+    return {"raw/X": "raw/var", "raw.X": "raw.var"}.get(element, "var")
 
 
 def n_rows(frame) -> int | None:
@@ -113,11 +108,8 @@ def _frame_index(f, name: str) -> np.ndarray:
     if encoding == "nullable-string-array" and _nodes.is_group(index):
         mask = _nodes.get(index, "mask")
         plain = _nodes.is_array(mask) and mask.ndim == 1
-        node = (
-            _nodes.get(index, "values")
-            if plain and not np.asarray(mask[...]).any()
-            else None
-        )
+        plain = plain and not np.asarray(mask[...]).any()
+        node = _nodes.get(index, "values") if plain else None
     elif encoding not in ("string-array", None):
         node = None
     if _nodes.is_array(node) and node.ndim == 1 and _nodes.is_string_array(node):
@@ -138,10 +130,9 @@ _AS_STR: dict = {}
 
 def var_names(f, element: str) -> np.ndarray:
     """`read_var_names`, read-only and shared by equal lists where it can be."""
-    names = _frame_index(f, _var_frame(f, element))
-    if not (isinstance(names, np.ndarray) and names.dtype == object):
-        return np.asarray(names, dtype=str)
-    if names.flags.writeable:
+    names = _frame_index(f, var_group_name(element, f))
+    shared = isinstance(names, np.ndarray) and names.dtype == object
+    if not shared or names.flags.writeable:  # not a shared read-only list
         return np.asarray(names, dtype=str)
     held = _AS_STR.get(id(names))
     if held is None or held[0] is not names:
@@ -153,35 +144,24 @@ def var_names(f, element: str) -> np.ndarray:
     return held[1]
 
 
-def _var_frame(f, element: str) -> str:
-    if element == "raw/X" and "raw" not in f and "raw.X" in f:
-        element = "raw.X"  # anndata < 0.7
-    return var_group_name(element)
-
-
 def read_var_column(f, element: str, column: str):
     """One var column of the matrix at `element`, as `anndata.read_h5ad` gives it.
 
     Raises MissingColumnError (no such column) or AnnDataFormatError.
     """
-    path, name = file_name(f), _var_frame(f, element)
-    group = f[name]
-    have = frame_columns(group)
-    if column not in have or column.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: {name} has no column {column!r} to take gene keys from "
-            f"(genes_from={column!r}); it has {have}. Pass genes_from= one of "
-            "those that every file has, or genes_from=None to align on var names."
-        )
-    if is_legacy_frame(group):
-        values = legacy_column(f, legacy_table(path, group), column)
-    else:
-        _nodes.checked(group[column], path)
-        values = read_column(path, group, column)
-    rows = n_rows(group)
+    name = var_group_name(element, f)
+    values = frame_column(
+        f,
+        name,
+        column,
+        f" to take gene keys from (genes_from={column!r})",
+        ". Pass genes_from= one of those that every file has, or genes_from=None "
+        "to align on var names.",
+    )
+    rows = n_rows(f[name])
     if rows is not None and len(values) != rows:
         raise errors.AnnDataFormatError(
-            f"{path}: {name} column {column!r} has {len(values)} values; "
+            f"{file_name(f)}: {name} column {column!r} has {len(values)} values; "
             f"{name}'s index has {rows} genes"
         )
     return values
@@ -211,28 +191,33 @@ def frame_columns(group) -> list[str]:
     return [k for k in group if k != index and not k.startswith("__")]
 
 
-def legacy_column(f, table: np.ndarray, name: str):
-    """A column of an anndata < 0.7 compound obs, categories applied."""
+def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
+    """Column `name` of the dataframe `frame` as `anndata.read_h5ad` gives it.
+
+    Raises MissingColumnError (`why` and `fix` added) or AnnDataFormatError.
+    """
     import pandas as pd
 
-    values = table[name]
-    cats_name = f"uns/{name}_categories"
-    if cats_name in f and _nodes.is_array(f[cats_name]):
+    path, group = file_name(f), f[frame]
+    have = frame_columns(group)
+    if name not in have or name.startswith("__"):
+        raise errors.MissingColumnError(
+            f"{path}: {frame} has no column {name!r}{why}; it has {have}{fix}"
+        )
+    if is_legacy_frame(group):  # anndata < 0.7: labels in uns/<name>_categories
+        values = legacy_table(path, group)[name]
+        cats = _nodes.get(f, f"uns/{name}_categories")
+        if not _nodes.is_array(cats):
+            return values
         with warnings.catch_warnings():
             _quiet_old_format()
-            cats = np.asarray(read_elem(f[cats_name])).reshape(-1)
-        if cats.dtype.kind == "S":
-            cats = cats.astype(str)
+            cats = np.asarray(read_elem(cats)).reshape(-1)
+        cats = cats.astype(str) if cats.dtype.kind == "S" else cats
         # anndata's rule (`_clean_uns`): only when every code indexes a label.
         if values.dtype.kind in "iu" and np.all(values < len(cats)):
             return pd.Categorical.from_codes(values, cats)
-    return values
-
-
-def read_column(path: str, group, name: str):
-    import pandas as pd
-
-    elem = group[name]
+        return values
+    elem = _nodes.checked(group[name], path)
     try:
         with warnings.catch_warnings():
             _quiet_old_format()  # legacy files are expected input

@@ -23,8 +23,7 @@ JOINS = ("exact", "inner", "outer")
 class GeneAlignment:
     """The output genes of a source and each file's `ColumnMap` (None: as stored).
 
-    `num_aligned`: genes before the `genes` selection; `selected`: the output
-    genes' positions among them (None: all); `genes_from`: the key column.
+    `selected`: the output genes' positions among the `num_aligned` (None: all).
     """
 
     join: str
@@ -57,8 +56,8 @@ class GeneAlignment:
 def read_gene_keys(f, element: str, genes_from: str | None) -> np.ndarray:
     """One file's gene keys (str array): var names, or the var column `genes_from`.
 
-    Raises MissingColumnError, UnsupportedLayoutError (not strings or
-    integers), GeneMismatchError (missing keys) or AnnDataFormatError.
+    Raises MissingColumnError, UnsupportedLayoutError, GeneMismatchError or
+    AnnDataFormatError.
     """
     if genes_from is None:  # read-only, shared by files of one gene list
         return _frames.var_names(f, element)
@@ -105,9 +104,8 @@ def align_genes(
 ) -> GeneAlignment:
     """The output genes and each file's map, from each file's gene keys.
 
-    `genes`: None, names, a mask or positions over the aligned genes. Raises
-    ValueError or IndexError (bad `join` or `genes`), GeneMismatchError (files
-    differ, repeat keys or share none) or MissingColumnError.
+    Raises ValueError or IndexError (bad `join` or `genes`), GeneMismatchError
+    or MissingColumnError.
     """
     if join not in JOINS:
         raise ValueError(f"join must be one of {list(JOINS)}, got join={join!r}")
@@ -122,7 +120,22 @@ def align_genes(
     else:
         for path, file_names in zip(paths, names, strict=True):
             _check_unique(path, file_names, join, genes_from)
-        aligned = _join(paths, names, join)
+        if join == "inner":
+            common = set(names[0].tolist()).intersection(*(n.tolist() for n in names))
+            aligned = [g for g in names[0].tolist() if g in common]
+            if not aligned:
+                examples = "; ".join(
+                    f"{p}: {n[:3].tolist()}" for p, n in zip(paths, names, strict=True)
+                )
+                raise errors.GeneMismatchError(
+                    f"{_files(paths)}: no gene is in every file's var, so "
+                    f"join='inner' leaves no gene (first var names: {examples}). "
+                    "Check that the files name genes the same way (e.g. all "
+                    "Ensembl ids), or use join='outer'."
+                )
+        else:
+            aligned = list(dict.fromkeys(g for n in names for g in n.tolist()))
+        aligned = np.asarray(aligned, dtype=str)
     selected, missing = _select(
         genes, aligned, paths[0] if join == "exact" else _files(paths)
     )
@@ -158,25 +171,6 @@ def align_genes(
             built.append(by_names[key])
         maps = tuple(built)
     return GeneAlignment(join, out_names, len(aligned), maps, selected, genes_from)
-
-
-def _join(paths, names, join: str) -> np.ndarray:
-    if join == "inner":
-        common = set(names[0].tolist()).intersection(*(n.tolist() for n in names[1:]))
-        aligned = [g for g in names[0].tolist() if g in common]
-        if not aligned:
-            examples = "; ".join(
-                f"{p}: {n[:3].tolist()}" for p, n in zip(paths, names, strict=True)
-            )
-            raise errors.GeneMismatchError(
-                f"{_files(paths)}: no gene is in every file's var, so "
-                f"join='inner' leaves no gene (first var names: {examples}). "
-                "Check that the files name genes the same way (e.g. all Ensembl "
-                "ids), or use join='outer'."
-            )
-        return np.asarray(aligned, dtype=str)
-    union = dict.fromkeys(g for file_names in names for g in file_names.tolist())
-    return np.asarray(list(union), dtype=str)
 
 
 def _select(genes, aligned: np.ndarray, where: str) -> tuple[np.ndarray | None, list]:

@@ -1,10 +1,8 @@
 """The AnnData schema on disk (any format): opening it, where the matrix is, is it sane.
 
-`open_file` opens a path with the format that claims it, then refuses MuData
-and files without `obs`/`var`. Locates the matrix (`X`, `layers/<name>`,
-`raw/X`; `raw.X` before anndata 0.7) and checks its encoding and storage from
-metadata; the format checks what only it can (`Format.check_array`,
-`Format.element_problem`).
+`open_file` opens a path with the format that claims it and refuses what is not
+AnnData; `inspect_*` locate a matrix (`X`, `layers/<name>`, `raw/X`, `obsm/<name>`)
+and check it from metadata, asking the format what only it knows.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ def matrix_element(layer: str | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MatrixInfo:
-    """Where a file's matrix lives and what it holds.
+    """Where a file's matrix lives and what it holds (`nnz`: None if dense).
 
-    `encoding`: `CSR` or `DENSE`; `dtype`: stored values'; `nnz`: None if dense;
     `chunk_bytes`: decoded bytes of a compressed chunk (CSR: data + indices).
     """
 
@@ -70,9 +67,8 @@ class MatrixInfo:
 def inspect_matrix(f, element: str) -> MatrixInfo:
     """Locates and checks the matrix at `element` from metadata and two `indptr` values.
 
-    Raises MissingColumnError (none: lists the file's matrices),
-    UnsupportedLayoutError (CSC, other encodings, missing filters),
-    CorruptDataError or AnnDataFormatError.
+    Raises MissingColumnError, UnsupportedLayoutError, CorruptDataError or
+    AnnDataFormatError.
     """
     path = file_name(f)
     if element == "raw/X" and "raw" not in f and "raw.X" in f:
@@ -88,18 +84,17 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         if "raw" in f and _nodes.is_group(f["raw"]) and "X" in f["raw"]:
             have.append("raw/X")
         have += ["raw.X"] if "raw.X" in f else []
-        hint = ""
-        if element == "X":
-            hint = (
-                " anndata writes files without X when the AnnData had none "
-                "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
-            )
+        hint = (
+            " anndata writes files without X when the AnnData had none "
+            "(e.g. AnnData(shape=...)); read a layer instead with layer=..."
+        )
+        hint = hint if element == "X" else ""
         raise errors.MissingColumnError(
             f"{path}: has no {element}.{hint} Matrices in this file: {have or 'none'}"
         )
     if _nodes.is_group(obj):
         info = _inspect_sparse(path, element, obj)
-    elif _nodes.is_array(obj):
+    else:  # an array (formats have only groups and arrays)
         if obj.ndim != 2:
             raise errors.UnsupportedLayoutError(
                 f"{path}: {element} is a {obj.ndim}-D dataset; expected a 2-D "
@@ -113,9 +108,6 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
         n_obs, n_vars = (int(s) for s in obj.shape)
         chunk = _nodes.format_of(obj).chunk_bytes(obj)
         info = MatrixInfo(path, element, DENSE, n_obs, n_vars, obj.dtype, None, chunk)
-    else:  # pragma: no cover - formats only have groups and arrays
-        raise errors.AnnDataFormatError(f"{path}: {element} is not readable")
-
     var_rows = n_rows(_nodes.at(f, var_group_name(element)))
     obs_rows = n_rows(_nodes.at(f, "obs"))
     if obs_rows is not None and obs_rows != info.n_obs:
@@ -133,12 +125,9 @@ def inspect_matrix(f, element: str) -> MatrixInfo:
 def _inspect_sparse(path: str, element: str, obj) -> MatrixInfo:
     enc, shape = encoding_of(obj), _nodes.attr(obj, "shape")
     if enc is None and "h5sparse_format" in obj.attrs:  # anndata < 0.7
-        fmt = obj.attrs["h5sparse_format"]
-        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-        enc, shape = (
-            {"csr": CSR, "csc": CSC}.get(fmt, fmt),
-            obj.attrs.get("h5sparse_shape"),
-        )
+        fmt = str(_nodes.attr_str(obj, "h5sparse_format"))
+        enc = {"csr": CSR, "csc": CSC}.get(fmt, fmt)
+        shape = obj.attrs.get("h5sparse_shape")
     if enc == CSC:
         raise errors.UnsupportedLayoutError(
             f"{path}: {element} is stored as csc_matrix; row reads would touch "
@@ -221,19 +210,12 @@ def open_file(
     storage_options: dict | None = None,
     stat: FileStat | None = None,
 ):
-    """Opens an AnnData file or store read-only; close the root it returns.
+    """Opens an AnnData file or store read-only (`stat`: the version expected).
 
-    `stat`: the version expected. Raises `FileNotFoundError`, or
-    `AnnDataFormatError` for what is not AnnData (not HDF5, truncated, MuData...).
+    Raises `FileNotFoundError`, or `AnnDataFormatError` for what is not AnnData.
     """
     path = os.fspath(path)
     f = formats.for_path(path).open(path, storage_options, stat)
-    check_anndata(f, path)
-    return f
-
-
-def check_anndata(f, path: str) -> None:
-    """Closes `f` and raises unless it is AnnData: MuData, no `obs`/`var`."""
     mod = _nodes.get(f, "mod")
     if encoding_of(f) == "MuData" or _nodes.is_group(mod):
         modalities = sorted(mod.keys()) if _nodes.is_group(mod) else []
@@ -255,6 +237,7 @@ def check_anndata(f, path: str) -> None:
             f"{path}: {kind} but not AnnData: expected groups 'obs' and 'var' at "
             f"the root, found {found}"
         )
+    return f
 
 
 def resolve_paths(paths) -> list[str]:
@@ -274,12 +257,13 @@ def obsm_element(name: str) -> str:
     return OBSM + name
 
 
-def inspect_obsm(f, element: str) -> MatrixInfo:
-    """The `MatrixInfo` of `obsm/<name>` from its metadata alone.
+def inspect_element(f, element: str) -> MatrixInfo:
+    """`inspect_matrix`, or for `obsm/<name>` its `MatrixInfo` from metadata alone.
 
-    Raises MissingColumnError (no such key), AnnDataFormatError (not a dense
-    2-D numeric array of one row per cell) or UnsupportedLayoutError.
+    Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
+    if not element.startswith(OBSM):
+        return inspect_matrix(f, element)
     path = file_name(f)
     name = element[len(OBSM) :]
     obsm = f.get("obsm")
@@ -326,10 +310,3 @@ def inspect_obsm(f, element: str) -> MatrixInfo:
             "expected one row per cell"
         )
     return MatrixInfo(path, element, DENSE, n_obs, width, dtype, None)
-
-
-def inspect_element(f, element: str) -> MatrixInfo:
-    """`inspect_obsm` for `obsm/<name>`, else `h5ad.inspect_matrix`."""
-    if element.startswith(OBSM):
-        return inspect_obsm(f, element)
-    return inspect_matrix(f, element)

@@ -14,6 +14,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util.ranges import merge_touching
 from grain_cells.formats import value_dtype, wait_all
+from grain_cells.io._direct_csr import split_indptr
 from grain_cells.io._h5ad import CSR, OBSM, MatrixInfo
 from grain_cells.io._nodes import format_of, is_array
 
@@ -70,45 +71,42 @@ class RowBuffer:
         return arr[:n].view(dtype).reshape(shape)
 
 
-class CsrReader:
-    """Reads row ranges of one file's CSR matrix."""
+class _Reader:
+    """Row ranges of one file's matrix, through a range reader per array (`arrays`).
 
-    def __init__(self, group, info: MatrixInfo, fd):
-        """One range reader per array; `fd`: the file's `ByteReader` or None."""
-        if info.encoding != CSR:
-            raise ValueError(f"{info.path}: {info.element} is not CSR")
-        self.info = info
-        self._group = group
-        self._fd = fd
-        path = info.path
-        # All-fill chunks may be unwritten (checked: `check_filled_indices`).
-        reader = format_of(group).range_reader
-        self._data = reader(group["data"], path, fd, fill_missing="zero")
-        self._indices = reader(group["indices"], path, fd, fill_missing="zero")
-        # Only leading empty rows' all-zero chunks may be unwritten.
-        self._indptr = reader(
-            group["indptr"],
-            path,
-            fd,
-            cache_bytes=INDPTR_CACHE_BYTES,
-            fill_missing="leading",
-        )
-        self._indptr.pin()
+    `group`: the element the readers were made from (None: from byte layouts).
+    """
+
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        self.info, self.arrays, self._fd, self._group = info, arrays, fd, group
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd) -> CsrReader:
+    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
         """A reader over range readers made elsewhere (a reopen from byte layouts)."""
-        self = cls.__new__(cls)
-        self.info, self._group, self._fd = info, None, fd
-        self._data = arrays["data"]
-        self._indices = arrays["indices"]
-        self._indptr = arrays["indptr"]
-        return self
+        return cls(info, arrays, fd)
 
-    @property
-    def arrays(self) -> dict:
-        """The range readers, by array name (`of_arrays` takes them back)."""
-        return {"data": self._data, "indices": self._indices, "indptr": self._indptr}
+
+class CsrReader(_Reader):
+    """Reads row ranges of one file's CSR matrix."""
+
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        super().__init__(info, arrays, fd, group)
+        self._data, self._indices = arrays["data"], arrays["indices"]
+        self._indptr = arrays["indptr"]
+
+    @classmethod
+    def open(cls, group, info: MatrixInfo, fd) -> CsrReader:
+        """Range readers over `group`'s arrays (`fd`: a `ByteReader` or None)."""
+        # All-fill chunks may be unwritten (checked: `check_filled_indices`), in
+        # `indptr` only leading empty rows' all-zero ones.
+        fill = {"data": "zero", "indices": "zero", "indptr": "leading"}
+        read, c = format_of(group).range_reader, {"indptr": INDPTR_CACHE_BYTES}
+        arrays = {
+            k: read(group[k], info.path, fd, cache_bytes=c.get(k, 0), fill_missing=f)
+            for k, f in fill.items()
+        }
+        arrays["indptr"].pin()
+        return cls(info, arrays, fd, group)
 
     @property
     def direct(self) -> bool:
@@ -133,18 +131,11 @@ class CsrReader:
         ptr = buf.get(key, (n_rows + starts.size,), self._indptr.dtype)
         self._indptr.read(starts, stops + 1, ptr)
         ptr = ptr.astype(np.int64, copy=False)
-        heads = np.cumsum(lengths + 1) - (lengths + 1)
-        firsts, lasts = ptr[heads], ptr[heads + lengths]
-        self._check_indptr(ptr, heads, lengths, starts)
-        spans = lasts - firsts
-        # Row pointers relative to the values read: drop each range's head.
-        body = np.ones(ptr.size, bool)
-        body[heads] = False
-        shift = np.repeat(firsts - (np.cumsum(spans) - spans), lengths)
         indptr = np.empty(n_rows + 1, np.int64)
-        indptr[0] = 0
-        np.subtract(ptr[body], shift, out=indptr[1:])
-        return CsrPlan(starts, lengths, firsts, lasts, indptr)
+        ends = split_indptr(ptr, lengths, self.info.nnz, indptr)
+        if ends is None:
+            self._raise_indptr(ptr, lengths, starts)
+        return CsrPlan(starts, lengths, *ends, indptr)
 
     def read_values(
         self, plan: CsrPlan, data, indices, pool=None, check_indices: bool = True
@@ -209,15 +200,10 @@ class CsrReader:
             return
         bad = np.flatnonzero((indices < 0) | (indices >= info.n_vars))[0]
         pos = int(np.searchsorted(plan.indptr, bad, side="right")) - 1
-        lengths = plan.lengths
-        row = int(
-            np.repeat(plan.starts, lengths)[pos]
-            + (pos - np.repeat(np.cumsum(lengths) - lengths, lengths)[pos])
-        )
         raise errors.CorruptDataError(
             f"{info.path}: {info.element}/indices holds column "
-            f"{int(indices[bad])} in row {row}; columns must lie in "
-            f"[0, {info.n_vars})"
+            f"{int(indices[bad])} in row {_stored_row(plan, pos)}; columns must "
+            f"lie in [0, {info.n_vars})"
         )
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
@@ -236,47 +222,46 @@ class CsrReader:
         self._data.advise(first, last)
         self._indices.advise(first, last)
 
-    def _check_indptr(self, ptr, heads, lengths, starts) -> None:
-        info = self.info
-        step = np.diff(ptr)
+    def _raise_indptr(self, ptr, lengths, starts) -> None:
+        """Raises CorruptDataError naming the first row whose `indptr` is wrong."""
+        nnz, heads = self.info.nnz, np.cumsum(lengths + 1) - (lengths + 1)
+        step = np.diff(ptr, append=ptr[-1])
         step[heads[1:] - 1] = 0  # the step from one range into the next
-        bad_step = step < 0
-        out_of_data = (ptr < 0) | (ptr > info.nnz)
-        if not (bad_step.any() or out_of_data.any()):
-            return
-        pos = int(np.flatnonzero(np.concatenate([bad_step, [False]]) | out_of_data)[0])
+        pos = int(np.flatnonzero((step < 0) | (ptr < 0) | (ptr > nnz))[0])
         rng = int(np.searchsorted(heads, pos, side="right")) - 1
         row = int(starts[rng] + (pos - heads[rng]))
         raise errors.CorruptDataError(
-            f"{info.path}: {info.element}/indptr is corrupt at row {row}: "
+            f"{self.info.path}: {self.info.element}/indptr is corrupt at row {row}: "
             f"indptr[{row}]={int(ptr[pos])}, indptr[{row + 1}]="
             f"{int(ptr[min(pos + 1, ptr.size - 1)])}; entries must not decrease "
-            f"and must lie in [0, {info.nnz}]"
+            f"and must lie in [0, {nnz}]"
         )
 
 
-class DenseReader:
+def _stored_row(plan: CsrPlan, pos: int) -> int:
+    """The file's row of the plan's `pos`-th row read."""
+    ends = np.cumsum(plan.lengths)
+    at = int(np.searchsorted(ends, pos, side="right"))
+    return int(plan.starts[at] + pos - (ends[at] - plan.lengths[at]))
+
+
+class DenseReader(_Reader):
     """Reads row ranges of one file's dense 2-D matrix (array `KEY` of `arrays`)."""
 
     KEY = "x"
     FILL = True  # an unwritten all-zero chunk reads as zeros (as anndata does)
 
-    def __init__(self, dataset, info: MatrixInfo, fd):
-        self.info = info
-        self._x = format_of(dataset).range_reader(
-            dataset, info.path, fd, fill_missing=self.FILL
-        )
+    def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
+        super().__init__(info, arrays, fd, group)
+        self._x = arrays[self.KEY]
 
     @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
-        """A reader over a range reader made elsewhere (`fd`: unused)."""
-        self = cls.__new__(cls)
-        self.info, self._x = info, arrays[cls.KEY]
-        return self
-
-    @property
-    def arrays(self) -> dict:
-        return {self.KEY: self._x}
+    def open(cls, dataset, info: MatrixInfo, fd):
+        """A range reader over `dataset`."""
+        x = format_of(dataset).range_reader(
+            dataset, info.path, fd, fill_missing=cls.FILL
+        )
+        return cls(info, {cls.KEY: x}, fd, dataset)
 
     @property
     def direct(self) -> bool:
@@ -301,19 +286,16 @@ class DenseReader:
 
     def _read(self, starts, stops, buf: RowBuffer, name: str, row_shape, pool):
         """Stored rows into `buf`'s array `name` of `(rows, *row_shape)`."""
-        starts = np.asarray(starts, np.int64)
-        stops = np.asarray(stops, np.int64)
-        n_rows = int((stops - starts).sum())
-        out = buf.get(name, (n_rows, *row_shape), self._x.dtype)
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        out = buf.get(name, (int((stops - starts).sum()), *row_shape), self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
 
 
 def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
-    """Local rows where a chunk of values begins: sorted, unique, from row 0.
+    """Local rows where a chunk of values begins (a row: its first value's chunk).
 
-    Row r belongs to the chunk holding its first value; `reader` reads
-    `indptr` (best uncached: the scan reads every chunk once).
+    `reader` reads `indptr` (best uncached: the scan reads every chunk once).
     """
     n = int(n_rows)
     ptr_chunk = reader.chunk_length or SCAN_ROWS
@@ -344,10 +326,7 @@ def scan_chunk_starts(reader, n_rows: int, values_per_chunk: int) -> np.ndarray:
 
 
 def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
-    """Raises if a row holds a never-written chunk's column 0 twice: a lost chunk.
-
-    See docs/reference/design.md ("Missing chunks").
-    """
+    """Raises if a row holds a never-written chunk's column 0 twice (design.md)."""
     filled = getattr(reader, "filled_ranges", None)
     ranges = filled() if filled is not None and plan.nnz else []
     if not ranges:
@@ -372,9 +351,7 @@ def check_filled_indices(reader, plan, indices: np.ndarray, info) -> None:
     if bad.size == 0:
         return
     r = int(bad[0])
-    lengths = plan.lengths
-    at = int(np.searchsorted(np.cumsum(lengths), r, side="right"))
-    row = int(plan.starts[at] + r - (np.cumsum(lengths)[at] - lengths[at]))
+    row = _stored_row(plan, r)
     p = int(ptr[r] + np.flatnonzero(from_fill[ptr[r] : ptr[r + 1]])[0])
     i = int(np.searchsorted(offsets, p, side="right")) - 1
     value = int(plan.firsts[i] + p - offsets[i])
@@ -413,8 +390,6 @@ class FieldReader(DenseReader):
 def element_reader(f, info: MatrixInfo, fd) -> CsrReader | DenseReader | FieldReader:
     """The reader of row ranges of the element `info` describes, in `f`."""
     if info.element.startswith(OBSM) and is_array(f["obsm"]):
-        return FieldReader(f["obsm"], info, fd)
-    element = f[info.element]
-    if info.encoding == CSR:
-        return CsrReader(element, info, fd)
-    return DenseReader(element, info, fd)
+        return FieldReader.open(f["obsm"], info, fd)
+    cls = CsrReader if info.encoding == CSR else DenseReader
+    return cls.open(f[info.element], info, fd)

@@ -1,11 +1,11 @@
 """obs columns: one file's as codes and labels or values; one code space over files.
 
-A column is read as `anndata.read_h5ad` would, through the format alone for
+A column reads as `anndata.read_h5ad` gives it, through the format alone for
 numeric arrays and string categoricals (Grain workers need not import anndata
-or pandas). Categorical (and string and boolean) columns get one category list
-over all files: the first file's categories, then each later file's new ones in
-order of first appearance; each file's codes are remapped when it opens. Code
--1 means missing, as in pandas. Design notes: docs/reference/design.md#io-obs.
+or pandas). Categorical, string and boolean columns share one category list
+over all files: the first file's, then each later file's new ones in order of
+first appearance. Code -1 means missing, as in pandas.
+Design notes: docs/reference/design.md#io-obs.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from grain_cells import errors
 from grain_cells.io import _nodes
 from grain_cells.io._frames import (
     encoding_of,
+    frame_column,
     frame_columns,
     is_legacy_frame,
-    legacy_column,
-    legacy_table,
     n_rows,
-    obs_columns,
-    read_column,
 )
 from grain_cells.io._nodes import file_name
 
@@ -41,43 +38,38 @@ class ObsColumn:
 
 
 def read_obs_column(f, name: str) -> ObsColumn:
-    """Reads one obs column as `anndata.read_h5ad` would, as codes or values.
+    """One obs column as `anndata.read_h5ad` reads it, as codes or values.
 
     Raises MissingColumnError, AnnDataFormatError or UnsupportedLayoutError.
     """
-    path, group = file_name(f), f["obs"]
-    legacy = is_legacy_frame(group)
-    column = None
-    if not legacy and name in obs_columns(f) and not name.startswith("__"):
-        column = _plain_column(_nodes.checked(group[name], path))
+    nodes: dict = {}
+    kind, column = obs_column_kinds(f, [name], nodes=nodes)[name], None
+    if kind is not None:  # a numeric array or string categorical: the format reads it
+        labels, dtype = kind
+        values = np.asarray(nodes[name][...])
+        if labels is None:
+            column = ObsColumn(values.astype(dtype, copy=False), None)
+        elif not values.size or (values.max() < labels.size and values.min() >= -1):
+            column = ObsColumn(values, labels)  # else anndata's reader reports it
     if column is None:
-        column = _to_column(path, name, read_obs_values(f, name))
-    shape = column.values.shape
+        column = _to_column(file_name(f), name, read_obs_values(f, name))
+    shape, rows = column.values.shape, n_rows(f["obs"])
     if len(shape) != 1:
         raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has shape {shape}; expected one value "
-            "per cell (1-D)"
+            f"{file_name(f)}: obs column {name!r} has shape {shape}; expected one "
+            "value per cell (1-D)"
         )
-    rows = n_rows(group)
     if rows is not None and shape[0] != rows:
         raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} has {shape[0]} values; obs's index "
-            f"has {rows} cells"
+            f"{file_name(f)}: obs column {name!r} has {shape[0]} values; obs's "
+            f"index has {rows} cells"
         )
     return column
 
 
 def read_obs_values(f, name: str):
     """One obs column as `anndata.read_h5ad` gives it (pandas or NumPy values)."""
-    path, group, have = file_name(f), f["obs"], obs_columns(f)
-    if name not in have or name.startswith("__"):
-        raise errors.MissingColumnError(
-            f"{path}: obs has no column {name!r}; it has {have}"
-        )
-    if is_legacy_frame(group):
-        return legacy_column(f, legacy_table(path, group), name)
-    _nodes.checked(group[name], path)
-    return read_column(path, group, name)
+    return frame_column(f, "obs", name)
 
 
 def obs_column_kinds(
@@ -85,13 +77,10 @@ def obs_column_kinds(
 ) -> dict:
     """Per column `(categories, dtype)` from metadata alone, None where it must read.
 
-    Reads a categorical's categories, never its codes (checked at their first
-    read). `have`: `obs_columns(f)` if known; `nodes`: filled with each plain
-    column's values array (a categorical's codes).
+    `nodes` gets each plain column's values array (a categorical's codes).
     """
     group, path = _nodes.at(f, "obs"), file_name(f)
-    if have is None:
-        have = frame_columns(group)
+    have = frame_columns(group) if have is None else have
     legacy = is_legacy_frame(group)
     rows = None if legacy else n_rows(group)
     out = {}
@@ -127,64 +116,39 @@ def _plain_kind(elem):
     if encoding != "categorical" or not _nodes.is_group(elem):
         return None
     codes, categories = _nodes.get(elem, "codes"), _nodes.get(elem, "categories")
-    if not (
-        _nodes.is_array(codes)
-        and _nodes.is_array(categories)
-        and len(codes.shape) == 1
-        and len(categories.shape) == 1
-        and codes.dtype.kind in "iu"
-        and _nodes.is_string_array(categories)
-    ):
+    if not (_nodes.is_array(codes) and _nodes.is_array(categories)):
+        return None
+    if len(codes.shape) != 1 or len(categories.shape) != 1:
+        return None
+    if codes.dtype.kind not in "iu" or not _nodes.is_string_array(categories):
         return None
     names = _nodes.format_of(categories).strings(categories)
     return names, np.dtype(codes.dtype), codes.shape[0], codes
 
 
-def _plain_column(elem) -> ObsColumn | None:
-    """A numeric array or string categorical read by its format alone, else None.
-
-    Equal to `_to_column` of `anndata.io.read_elem`'s result (a test compares).
-    """
-    kind = _plain_kind(elem)
-    if kind is None:
-        return None
-    labels, dtype, _, array = kind
-    if labels is None:
-        return ObsColumn(np.asarray(array[...]).astype(dtype, copy=False), None)
-    values = np.asarray(array[...])
-    if values.size and (values.max() >= labels.size or values.min() < -1):
-        return None  # let anndata's reader report it
-    return ObsColumn(values, labels)
-
-
 def _to_column(path: str, name: str, values) -> ObsColumn:
     import pandas as pd
 
-    if isinstance(values, pd.Series):
-        values = values.array
+    types = pd.api.types
+    values = values.array if isinstance(values, pd.Series) else values
     if isinstance(values, pd.Categorical):
-        codes = np.asarray(values.codes)
-        return ObsColumn(codes, np.asarray(values.categories))
+        return ObsColumn(np.asarray(values.codes), np.asarray(values.categories))
     if isinstance(values, pd.api.extensions.ExtensionArray):
         dtype = values.dtype
-        if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+        if types.is_bool_dtype(dtype) or types.is_string_dtype(dtype):
             return _factorize(values)
-        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype):
+        if types.is_integer_dtype(dtype) or types.is_float_dtype(dtype):
             return ObsColumn(values.to_numpy(dtype=np.float64, na_value=np.nan), None)
-        raise errors.UnsupportedLayoutError(
-            f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
-            "string, boolean or numeric"
-        )
-    arr = np.asarray(values)
-    if arr.dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
-        return _factorize(arr)
-    if arr.dtype.kind in "iuf":
-        if not arr.dtype.isnative:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
-        return ObsColumn(arr, None)
+    else:
+        arr = np.asarray(values)
+        dtype = arr.dtype
+        if dtype.kind in "OUSTb":  # T: NumPy's StringDType (v3 stores)
+            return _factorize(arr)
+        if dtype.kind in "iuf":
+            return ObsColumn(arr.astype(dtype.newbyteorder("="), copy=False), None)
     raise errors.UnsupportedLayoutError(
-        f"{path}: obs column {name!r} has dtype {arr.dtype}; expected "
-        "categorical, string, boolean or numeric"
+        f"{path}: obs column {name!r} has dtype {dtype}; expected categorical, "
+        "string, boolean or numeric"
     )
 
 
@@ -206,13 +170,12 @@ class ColumnKind:
     def read(cls, f, names, have=None, nodes=None) -> dict[str, ColumnKind]:
         """`obs_column_kinds`, reading the columns whose metadata cannot tell."""
         kinds = obs_column_kinds(f, names, have, nodes)
-        out = {}
         for c, k in kinds.items():
             if k is None:
                 column = read_obs_column(f, c)
                 k = column.categories, column.values.dtype
-            out[c] = cls(*k)
-        return out
+            kinds[c] = cls(*k)
+        return kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +194,10 @@ class HarmonisedColumn:
     def file_values(self, i: int, column: ObsColumn | None, n_obs: int) -> np.ndarray:
         """File `i`'s values in the shared codes or dtype (no column: missing)."""
         if column is None:
-            if self.categories is None:
-                fill = np.array(np.nan, self.dtype)
-            else:
-                fill = np.array(-1, np.int8)
+            numeric = self.categories is None
+            fill = np.array(
+                np.nan if numeric else -1, self.dtype if numeric else np.int8
+            )
             return np.broadcast_to(fill, (n_obs,))
         if self.categories is None:
             return column.values.astype(self.dtype, copy=False)
@@ -252,10 +215,9 @@ def harmonise(
     kinds: Sequence[dict[str, ColumnKind | None]],
     obs_missing: str,
 ) -> dict[str, HarmonisedColumn]:
-    """One category list (or dtype) per column over all files.
+    """One category list (or dtype) per column over all files (`kinds`: per file).
 
-    `kinds`: per file, each column's kind or None. Raises MissingColumnError
-    (in no file) or AnnDataFormatError (categorical here, numeric there).
+    Raises MissingColumnError or AnnDataFormatError (categorical here, numeric there).
     """
     out = {}
     for c in names:
@@ -283,23 +245,16 @@ def harmonise(
                 dtype = np.result_type(dtype, np.float32)  # to hold NaN
             out[c] = HarmonisedColumn(c, None, dtype, (None,) * len(per_file), present)
             continue
-        # Files mostly repeat a few category lists (often the very same
-        # array): each distinct list is merged and mapped once.
-        slots: dict = {}  # each distinct list (a tuple) -> its position
-        by_id: dict = {}  # id(categories) -> (categories, position)
-        slot_of: list = []  # each file's list's position (None: no column)
-        for k in per_file:
-            a = None if k is None else k.categories
-            hit = by_id.get(id(a))
-            if a is not None and (hit is None or hit[0] is not a):
-                slot = slots.setdefault(tuple(a.tolist()), len(slots))
-                hit = by_id[id(a)] = (a, slot)
-            slot_of.append(None if a is None else hit[1])
-        labels = list(slots)
-        merged = list(dict.fromkeys(v for t in labels for v in t))  # first seen
-        seen = {v: i for i, v in enumerate(merged)}
-        slot_maps = [np.array([seen[v] for v in t], np.int64) for t in labels]
-        slot_maps = [None if np.array_equal(m, range(m.size)) else m for m in slot_maps]
-        maps = [None if i is None else slot_maps[i] for i in slot_of]
+        # Files mostly repeat a few category lists (often the very same array,
+        # alive in `kinds`, so its id names it): each list is mapped once.
+        lists = {id(k.categories): k.categories for k in per_file if k is not None}
+        labels = {i: tuple(a.tolist()) for i, a in lists.items()}
+        merged = list(dict.fromkeys(v for t in labels.values() for v in t))
+        seen, by_list = {v: i for i, v in enumerate(merged)}, {}
+        for t in labels.values():
+            if t not in by_list:
+                m = np.array([seen[v] for v in t], np.int64)
+                by_list[t] = None if np.array_equal(m, range(m.size)) else m
+        maps = [k and by_list[labels[id(k.categories)]] for k in per_file]
         out[c] = HarmonisedColumn(c, np.asarray(merged), None, tuple(maps), present)
     return out

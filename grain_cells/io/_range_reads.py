@@ -57,15 +57,10 @@ def fetch_ranges(
     lengths = stops - starts
     row_ids = expand_ranges(starts, lengths)
     # Ranges are in file order: each file's are one run (`group`: its index).
-    heads = np.flatnonzero(np.diff(files)) + 1
-    if starts.size:
-        file_of = files[np.concatenate([[0], heads])].tolist()
-        bounds = [0, *heads.tolist(), starts.size]
-        group = np.zeros(starts.size, np.int64)
-        group[heads] = 1
-        np.cumsum(group, out=group)
-    else:  # nothing asked: an empty read of the first file
-        file_of, bounds, group = [0], [0, 0], np.zeros(0, np.int64)
+    bounds = [0, *(np.flatnonzero(np.diff(files)) + 1).tolist(), starts.size]
+    group = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    # (nothing asked: an empty read of the first file)
+    file_of = files[bounds[:-1]].tolist() if starts.size else [0]
     at = cell_offsets[files]
     starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
@@ -82,7 +77,7 @@ def fetch_ranges(
                     ends = np.cumsum(per_file).tolist()
                     maps = [files_.genes.maps[i] for i in file_of]
                     spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
-                    csr = remap_csr(*csr, spans, buf)
+                    csr = remap_csr(*csr, spans, buf, check_indices)
                     csr = CsrRows(*csr, files_.num_genes)
                     return FetchedRows(csr, None, row_ids, obs)
     # File by file (or again, to name what the direct read found wrong).
@@ -121,14 +116,11 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
         r.plan(a, b, buf, key=f"ptr{k}")
         for k, (r, (a, b)) in enumerate(zip(readers, local, strict=True))
     ]
-    dtypes = {r.dtypes for r in readers}
     nnz = sum(p.nnz for p in plans)
     n_rows = sum(p.n_rows for p in plans)
-    if len(dtypes) == 1:
-        data_dtype, index_dtype = dtypes.pop()
-    else:  # files store different dtypes: read each as is, then cast
-        data_dtype = np.result_type(*(d for d, _ in dtypes))
-        index_dtype = np.result_type(*(i for _, i in dtypes))
+    # Files of different dtypes: each is read as stored, then cast.
+    pairs = zip(*{r.dtypes for r in readers}, strict=True)
+    dtypes = data_dtype, index_dtype = tuple(np.result_type(*x) for x in pairs)
     data = buf.get("data", (nnz,), data_dtype)
     indices = buf.get("indices", (nnz,), index_dtype)
     indptr = buf.get("indptr", (n_rows + 1,), np.int64)
@@ -138,14 +130,12 @@ def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indice
     for reader, plan, column_map in zip(readers, plans, maps, strict=True):
         span = slice(v, v + plan.nnz)
         spans.append((v, v + plan.nnz, column_map))
-        if reader.dtypes == (data_dtype, index_dtype):
-            reader.read_values(plan, data[span], indices[span], pool, check_indices)
-        else:
-            d = np.empty(plan.nnz, reader.dtypes[0])
-            i = np.empty(plan.nnz, reader.dtypes[1])
-            reader.read_values(plan, d, i, pool, check_indices)
-            data[span] = d
-            indices[span] = i
+        d, i = data[span], indices[span]
+        if reader.dtypes != dtypes:  # read as stored, then cast
+            d, i = (np.empty(plan.nnz, t) for t in reader.dtypes)
+        reader.read_values(plan, d, i, pool, check_indices)
+        if reader.dtypes != dtypes:
+            data[span], indices[span] = d, i
         indptr[r_ + 1 : r_ + 1 + plan.n_rows] = plan.indptr[1:] + v
         v += plan.nnz
         r_ += plan.n_rows
@@ -178,8 +168,7 @@ def _check_ranges(starts, stops, cell_offsets: np.ndarray, paths) -> None:
 def _obs_for(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
     """Each obs column's value for every fetched row (range j: file `group[j]`).
 
-    A range or two per file: one slice per range (4x cheaper at 63 files than
-    a gather per file); many ranges per file: one gather per file and column.
+    A range or two per file: a slice each (4x cheaper at 63 files than a gather).
     """
     if not names:
         return {}
@@ -264,8 +253,7 @@ def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Ce
 def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     """Asks the OS to start reading ranges into the page cache (may raise).
 
-    Hints only files open or with known byte layouts (never opens one through
-    its format), and nothing while recent reads found the page cache warm.
+    Only files open or of known byte layouts; nothing while the cache is warm.
     """
     if handles.cache_warm:
         return
@@ -275,27 +263,27 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     files = files[order]
     starts = np.asarray(starts, np.int64).reshape(-1)[order] - cell_offsets[files]
     stops = np.asarray(stops, np.int64).reshape(-1)[order] - cell_offsets[files]
-    heads = np.flatnonzero(np.diff(files)) + 1
-    bounds = [0, *heads.tolist(), files.size]
+    bounds = [0, *(np.flatnonzero(np.diff(files)) + 1).tolist(), files.size]
     # At most `HINT_FILES` files (descriptors of their own) at a time.
     for k in range(0, len(bounds) - 1, HINT_FILES):
         part = bounds[k : k + HINT_FILES + 1]
-        a, b = part[0], part[-1]
-        _advise_some(handles, files[a:b], starts[a:b], stops[a:b], part, a, buf)
+        indices = files[part[:-1]].tolist()
+        spans = [slice(a, b) for a, b in itertools.pairwise(part)]
+        if not handles.files.sparse:
+            for i, span in zip(indices, spans, strict=True):
+                _advise_one(handles, i, starts[span], stops[span], buf)
+        else:
+            _advise_flats(handles, indices, spans, starts, stops, buf)
 
 
-def _advise_some(handles, files, starts, stops, bounds, at, buf) -> None:
-    """`advise` of local ranges of files in runs `bounds` (offset by `at`)."""
-    indices = [int(files[a - at]) for a in bounds[:-1]]
-    spans = [slice(a - at, b - at) for a, b in itertools.pairwise(bounds)]
-    if not handles.files.sparse:
-        for i, span in zip(indices, spans, strict=True):
-            _advise_one(handles, i, starts[span], stops[span], buf)
-        return
+def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
+    """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
             _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
-        group = np.repeat(np.arange(len(indices)), np.diff(bounds))
+        span = slice(spans[0].start, spans[-1].stop)
+        group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
+        starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
             if flat is not None:
@@ -314,13 +302,10 @@ def _advise_one(handles, i: int, starts, stops, buf) -> None:
     with handles.for_hints(i) as f:
         if f is None:
             return
-        flat = None
-        if handles.files.sparse:
-            if f.flat is False:
-                f.flat = _direct_csr.flat_of(f.reader, f.fd)
-            flat = f.flat
-        if flat is None:
+        if handles.files.sparse and f.flat is False:
+            f.flat = _direct_csr.flat_of(f.reader, f.fd)
+        if not handles.files.sparse or f.flat is None:
             f.reader.advise(starts, stops, buf)
         else:
             group = np.zeros(starts.size, np.int64)
-            _direct_csr.advise([flat], [flat.fd], group, starts, stops, buf)
+            _direct_csr.advise([f.flat], [f.flat.fd], group, starts, stops, buf)
