@@ -64,7 +64,9 @@ class _RingView:
         self.pid = pid  # the worker's
         self.trainer = os.getpid()  # a forked child must hand nothing back
         self.prefix = ring[: -len("_ring")]
-        self.sock: socket.socket | None = socket.socket(socket.AF_UNIX)
+        self.sock: socket.socket | None = socket.socket(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET
+        )
         try:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
@@ -73,9 +75,6 @@ class _RingView:
         self.leased: dict[int, object] = {}  # slot -> weakref handing it back
         self.pending: collections.deque[int] = collections.deque()  # to hand back
         self.group = 1  # ended leases sent together (a quarter of the budget)
-        self.unsent = b""  # the tail of a send the socket took only part of
-        self.sending = threading.Lock()  # one sender at a time (unsent's order)
-        self.wanted = False  # a hand-back came while another thread sent
 
     def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
         """A minibatch's arrays: leased within the budget, else copied out."""
@@ -85,8 +84,8 @@ class _RingView:
             _shm.unlink(segment)
         mm = held[1]
         self.group = max(1, min(_GROUP, leases // 4))
-        if self.unsent or len(self.pending) >= self.group:
-            self.hand_back()  # what the socket could not take at once, or a group
+        if len(self.pending) >= self.group:
+            self.hand_back()  # a group, or what a full socket did not take
         # Slots waiting to go back are the trainer's too: within the budget.
         if len(self.leased) + len(self.pending) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
@@ -110,43 +109,19 @@ class _RingView:
             return
         if slot is not None:
             self.pending.append(slot)
-        # One sender at a time finishes what it began (a send may split a number);
-        # another leaves its slot pending and raises `wanted`: the sender resends.
-        while True:
-            self.wanted = True
-            if not self.sending.acquire(blocking=False):
-                return
-            try:
-                self.wanted = False
-                self._send_pending()
-            finally:
-                self.sending.release()
-            if not self.wanted or self.unsent or self.sock is None:
-                return
-
-    def _send_pending(self) -> None:
-        while True:
-            sock = self.sock  # another thread may close the view meanwhile
-            if sock is None:
-                self.pending.clear()
-                return
-            freed = array.array("H")
-            with contextlib.suppress(IndexError):  # popleft is atomic
-                while True:
-                    freed.append(self.pending.popleft())
-            data = self.unsent + freed.tobytes()
-            if not data:
-                return
-            try:
-                sent = sock.send(data, _NO_SIGNAL | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError:  # the worker has exited, or closed its ring
-                self.close()
-                return
-            self.unsent = data[sent:]
-            if self.unsent or not self.pending:
-                return
+        freed = array.array("H")
+        with contextlib.suppress(IndexError):  # popleft is atomic
+            while True:
+                freed.append(self.pending.popleft())
+        sock = self.sock  # another thread may close the view meanwhile
+        if not freed or sock is None:
+            return
+        try:  # one message: all of it or, the socket full, none (sent later)
+            sock.send(freed.tobytes(), _NO_SIGNAL | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self.pending.extend(freed)
+        except OSError:  # the worker has exited, or closed its ring
+            self.close()
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -158,7 +133,6 @@ class _RingView:
         self.slots.clear()
         self.leased.clear()
         self.pending.clear()
-        self.unsent = b""
 
 
 def release_dead_rings() -> None:
