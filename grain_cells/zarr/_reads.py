@@ -18,6 +18,7 @@ from grain_cells._util.ranges import chunks_touched, merge_touching
 from grain_cells.formats import checked_ranges, run_parts
 from grain_cells.zarr._chunks import Chunks, pieces
 from grain_cells.zarr._codecs import MAX_UINT_64
+from grain_cells.zarr._format import ZARR
 from grain_cells.zarr._keys import LocalKeys
 from grain_cells.zarr._store import check_array
 
@@ -162,18 +163,10 @@ class RangeReader(Chunks):
                 dataset=self.name,
             )
         at = 0
-        try:
-            for a, b in zip(starts.tolist(), stops.tolist(), strict=False):
-                dest[at : at + b - a] = self._array[a:b]
-                at += b - a
-        except (ValueError, RuntimeError, OSError) as e:
-            raise errors.CorruptChunkError(
-                f"{self.path}: reading rows [{a}, {b}) of {self.name} failed "
-                f"({type(e).__name__}: {e}); the store is damaged: rewrite it.",
-                path=self.path,
-                dataset=self.name,
-                rows=(a, b),
-            ) from e
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=False):
+            rows = ZARR.read(self._array, slice(a, b), self.path, (a, b))  # named error
+            dest[at : at + b - a] = rows
+            at += b - a
 
     def _plan_raw(self, starts: np.ndarray, stops: np.ndarray):
         """Keys; per piece: key index, chunk, offset+bytes in key and dest, missing."""
