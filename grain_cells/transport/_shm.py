@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import math
 import mmap
 import os
 import secrets
@@ -211,18 +210,20 @@ def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
     return places, max(total, 1)
 
 
+def views(mm, places) -> dict[str, np.ndarray]:
+    """The arrays at `places` (`layout`'s) inside `mm`, a segment or uint8 array."""
+    raw = mm if isinstance(mm, np.ndarray) else np.frombuffer(mm, np.uint8)
+    return {
+        key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places
+    }
+
+
 def write(mm: Segment, places, arrays: Mapping[str, np.ndarray]) -> None:
     """Copies `arrays` into `mm` at their `layout` places."""
-    for (_, offset, dtype, shape), arr in zip(places, arrays.values(), strict=True):
-        if count := math.prod(shape):
-            np.frombuffer(mm, dtype, count, offset)[:] = arr.reshape(-1)
+    for dst, arr in zip(views(mm, places).values(), arrays.values(), strict=True):
+        dst[...] = arr
 
 
 def read(mm: Segment, places) -> dict[str, np.ndarray]:
     """Copies the arrays at `places` out of `mm` into new private arrays."""
-    out = {}
-    for key, offset, dtype, shape in places:
-        out[key] = arr = np.empty(shape, dtype)
-        if count := math.prod(shape):
-            arr.reshape(-1)[:] = np.frombuffer(mm, dtype, count, offset)
-    return out
+    return {key: view.copy() for key, view in views(mm, places).items()}

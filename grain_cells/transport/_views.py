@@ -130,31 +130,22 @@ class _RingView:
 
     def release(self) -> None:  # leases keep their own mappings
         self.close()
-        self.slots.clear()
-        self.leased.clear()
-        self.pending.clear()
+        for held in (self.slots, self.leased, self.pending):
+            held.clear()
 
 
 def release_dead_rings() -> None:
     """Drops the views (each maps an fd) and names of workers that have exited."""
-    views = list(RINGS.items())
-    hung_up = _hung_up([view.sock for _, view in views])
+    views, poller = list(RINGS.items()), select.poll()
+    for _, view in views:  # readable: the worker's end closed (it never writes)
+        with contextlib.suppress(TypeError, ValueError, OSError):  # closed meanwhile
+            poller.register(view.sock, select.POLLIN)
+    hung_up = {fd for fd, _ in poller.poll(0)}
     for name, view in views:
-        gone = view.sock is None or view.sock in hung_up
+        gone = (sock := view.sock) is None or sock.fileno() in hung_up
         if (gone or not _shm.alive(view.pid)) and RINGS.pop(name, None) is view:
             view.release()
             _shm.unlink_prefix(view.prefix)
-
-
-def _hung_up(socks) -> set:
-    """The sockets whose worker end is closed (the worker never writes)."""
-    poller = select.poll()
-    for sock in socks:
-        if sock is not None:
-            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                poller.register(sock, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(0)}
-    return {sock for sock in socks if sock is not None and sock.fileno() in ready}
 
 
 @fork.in_child
@@ -180,8 +171,7 @@ def lease(mm, places, on_release) -> tuple[dict, object]:
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, lambda ref: _LEASED.pop(id(ref), None))
     _LEASED[id(held)] = held
-    out = {key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places}
-    return out, weakref.ref(raw, lambda _: on_release())
+    return _shm.views(raw, places), weakref.ref(raw, lambda _: on_release())
 
 
 # After a fork the parent waits (on a pipe the child writes, closes on exec or
@@ -199,20 +189,17 @@ def _after_fork_in_parent() -> None:
     global _fork_pipe
     if _fork_pipe is None:
         return
-    r, w = _fork_pipe
-    _fork_pipe = None
+    (r, w), _fork_pipe = _fork_pipe, None
     os.close(w)
-    try:
-        poller = select.poll()
-        poller.register(r, select.POLLIN | select.POLLHUP)
-        if not poller.poll(_FORK_WAIT_S * 1000):
-            _log.warning(
-                "grain_cells: a forked child did not copy its leased minibatches "
-                "within %.0f s; the parent reads on",
-                _FORK_WAIT_S,
-            )
-    finally:
-        os.close(r)
+    poller = select.poll()
+    poller.register(r, select.POLLIN)  # the child's end closed: POLLHUP
+    if not poller.poll(_FORK_WAIT_S * 1000):
+        _log.warning(
+            "grain_cells: a forked child did not copy its leased minibatches "
+            "within %.0f s; the parent reads on",
+            _FORK_WAIT_S,
+        )
+    os.close(r)
 
 
 def _privatise_leases() -> None:
@@ -226,14 +213,10 @@ def _privatise_leases() -> None:
                 except OSError:
                     _log.exception("grain_cells: a forked child shares a leased slot")
     finally:
-        if _fork_pipe is not None:
-            r, w = _fork_pipe
-            _fork_pipe = None
+        if _fork_pipe is not None:  # done: the parent reads on
+            (r, w), _fork_pipe = _fork_pipe, None
             os.close(r)
-            try:
-                os.write(w, b"x")
-            finally:
-                os.close(w)
+            os.close(w)
 
 
 os.register_at_fork(
