@@ -265,7 +265,7 @@ class RangeReader(Chunks):
             ps = list(group)
             key = names[kid]
             fd = self.keys.open(key)
-            if fd is None:  # no chunk file (or no shard): Chunks' rule applies
+            if fd is None:  # no chunk file (or no shard): `chunk`'s rule applies
                 for p in ps:
                     self._fill_piece(view, ks[p], offsets[p], nbytes[p], dests[p])
                 continue
