@@ -18,9 +18,8 @@ from grain_cells._util.ranges import chunks_touched, merge_touching
 from grain_cells.formats import checked_ranges, run_parts
 from grain_cells.zarr._chunks import Chunks, pieces
 from grain_cells.zarr._codecs import MAX_UINT_64
-from grain_cells.zarr._format import ZARR
 from grain_cells.zarr._keys import LocalKeys
-from grain_cells.zarr._store import check_array
+from grain_cells.zarr._store import check_array, read
 
 # Below this many bytes a raw read is not split over the pool's threads.
 _MIN_BYTES_PER_TASK = 1 << 20
@@ -164,7 +163,7 @@ class RangeReader(Chunks):
             )
         at = 0
         for a, b in zip(starts.tolist(), stops.tolist(), strict=False):
-            rows = ZARR.read(self._array, slice(a, b), self.path, (a, b))  # named error
+            rows = read(self._array, slice(a, b), self.path, (a, b))  # named error
             dest[at : at + b - a] = rows
             at += b - a
 

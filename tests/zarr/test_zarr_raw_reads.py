@@ -1,4 +1,4 @@
-"""Uncompressed zarr chunks read by byte range (`grain_cells.zarr._reads.RangeReader._read_raw`).
+"""Uncompressed zarr chunks read by byte range (`zarr._reads.RangeReader._read_raw`).
 
 Values encode their position; ranges straddle chunks and shards; the same
 ranges read whole-chunk (through a decoded-chunk cache, which turns the
