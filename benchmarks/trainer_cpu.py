@@ -179,7 +179,7 @@ def _breakdown() -> dict:
     spent: dict[str, float] = {}
     _timed(multiprocessing.queues.Queue, "get", "queue_get_us", spent)
     _timed(_ring, "_receive", "receive_us", spent)
-    _timed(_views._RingView, "_send_pending", "hand_back_send_us", spent)
+    _timed(_views._RingView, "hand_back", "hand_back_send_us", spent)
     return spent
 
 

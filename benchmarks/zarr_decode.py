@@ -127,8 +127,8 @@ def decode_ceiling(path: str, threads: int) -> dict:
     jobs = []
     for name in ("data", "indices"):
         reader = RangeReader(group[f"X/{name}"], path)
-        chunks = reader._chunks
-        if chunks is None:
+        chunks = reader
+        if not reader.direct:
             return {"ceiling": "codecs not decoded here"}
         n_chunks = -(-reader.shape[0] // reader.chunk_length)
         units = [(k,) for k in range(n_chunks)]

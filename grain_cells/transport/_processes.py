@@ -86,26 +86,23 @@ def on_orphaned(cleanup: Callable[[], None]) -> None:
 def exit_with_parent() -> None:
     """In a `multiprocessing` child: exit as soon as the parent is gone (idempotent)."""
     global _watcher
-    parent = multiprocessing.parent_process()
-    if parent is None:
+    if (parent := multiprocessing.parent_process()) is None:
         return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        with _lock:
+            cleanups = list(_cleanups)
+        for cleanup in cleanups:
+            with contextlib.suppress(Exception):  # exiting anyway: free what we can
+                cleanup()
+        os._exit(ORPHAN_EXIT_CODE)
+
     with _lock:
         if _watcher is None or not _watcher.is_alive():
             name = "grain_cells-exit-with-parent"
-            _watcher = threading.Thread(
-                target=_watch, args=(parent.sentinel,), name=name, daemon=True
-            )
+            _watcher = threading.Thread(target=watch, name=name, daemon=True)
             _watcher.start()
-
-
-def _watch(sentinel) -> None:
-    multiprocessing.connection.wait([sentinel])
-    with _lock:
-        cleanups = list(_cleanups)
-    for cleanup in cleanups:
-        with contextlib.suppress(Exception):  # exiting anyway: free what we can
-            cleanup()
-    os._exit(ORPHAN_EXIT_CODE)
 
 
 class WorkerWatch:
@@ -157,11 +154,8 @@ class WorkerWatch:
 def _how_it_ended(code: int) -> str:
     if code >= 0:
         return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"was killed by {name} (exit code {code})"
+    names = {-s.value: s.name for s in signal.Signals}
+    return f"was killed by {names.get(code, f'signal {-code}')} (exit code {code})"
 
 
 def death_error(dead: list, worker_count: int, where: str) -> WorkerDiedError:
@@ -271,12 +265,10 @@ _guarded_lines.cache_clear = _parsed.clear  # as functools.cache's, for tests
 def _tests_main(test: ast.expr) -> bool:
     """Whether an `if` test compares `__name__` with `"__main__"`."""
     for node in ast.walk(test):
-        if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            if any(
-                isinstance(p, ast.Name) and p.id == "__name__" for p in parts
-            ) and any(
-                isinstance(p, ast.Constant) and p.value == "__main__" for p in parts
-            ):
-                return True
+        parts = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        ids = {p.id for p in parts if isinstance(p, ast.Name)}
+        if "__name__" in ids and any(
+            getattr(p, "value", 0) == "__main__" for p in parts
+        ):
+            return True
     return False

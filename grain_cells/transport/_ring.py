@@ -39,12 +39,11 @@ class SlotRing:
         # `close` (the exit-with-parent thread) and name creation: one at a time.
         self._names_lock = threading.Lock()
         self._closed = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(_views.address(self.name))
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._peers: list[socket.socket] = []
-        self._odd: dict[socket.socket, bytes] = {}  # half a slot number, per peer
         self._slots: list[tuple[str, _shm.Segment, int]] = []  # name, map, size
         self._busy: list[bool] = []
         self._serial = 0
@@ -94,23 +93,18 @@ class SlotRing:
                     peer.setblocking(False)
                     self._peers.append(peer)
                 continue
-            while True:
+            while True:  # each message: whole two-byte slot numbers
                 try:
-                    freed = sock.recv(8192)
+                    freed = sock.recv(2 * _views.MAX_SLOTS)
                 except BlockingIOError:
                     break
                 except OSError:
                     freed = b""
                 if not freed:  # the trainer closed its end
                     self._peers.remove(sock)
-                    self._odd.pop(sock, None)
                     sock.close()
                     break
-                freed = self._odd.pop(sock, b"") + freed
-                whole = len(freed) & ~1  # a stream may split a number
-                if whole < len(freed):
-                    self._odd[sock] = freed[whole:]
-                for slot in memoryview(freed[:whole]).cast("H"):
+                for slot in memoryview(freed).cast("H"):
                     self._busy[slot] = False
                 self._starved = False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import math
+import functools
 import mmap
 import os
 import secrets
@@ -111,18 +111,6 @@ def _entries() -> list[str]:
     return [e for e in os.listdir(SHM_DIR) if e.startswith(STEM)]
 
 
-def map_shared(fd: int, size: int) -> Segment:
-    """`size` bytes of `fd` mapped shared, unmapped when unreferenced (`OSError`)."""
-    addr = _mmap(None, size, _RW, mmap.MAP_SHARED, fd, 0)
-    if addr is None or addr == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
-    buf = (ctypes.c_ubyte * size).from_address(addr)
-    # Not at exit: a thread may still read it while the interpreter exits.
-    weakref.finalize(buf, _munmap, addr, size).atexit = False
-    return buf
-
-
 def privatise(addr: int, size: int) -> None:
     """Makes the mapping at `addr` private memory with the same bytes (`OSError`)."""
     if addr % mmap.PAGESIZE:
@@ -138,13 +126,18 @@ def privatise(addr: int, size: int) -> None:
         ctypes.memmove(start, held, n)
 
 
-def create(name: str, size: int) -> Segment:
-    """A new segment `name`, its pages reserved (`SharedMemoryFullError`)."""
+def open_segment(name: str, size: int, new: bool = False) -> Segment:
+    """`size` bytes of segment `name` mapped shared, unmapped when unreferenced.
+
+    `new`: made here, its pages reserved (`SharedMemoryFullError`); else
+    `FileNotFoundError` if gone.
+    """
     path = path_of(name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR if new else os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, size)
-        if hasattr(os, "posix_fallocate"):  # not on macOS
+        if new:
+            os.ftruncate(fd, size)
+        if new and hasattr(os, "posix_fallocate"):  # not on macOS
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as e:
@@ -152,13 +145,23 @@ def create(name: str, size: int) -> Segment:
                     raise full_error(os.path.dirname(path), size) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise  # else no fallocate here: pages come when written
-        return map_shared(fd, size)
+        addr = _mmap(None, size, _RW, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
+        buf = (ctypes.c_ubyte * size).from_address(addr)
+        # Not at exit: a thread may still read it while the interpreter exits.
+        weakref.finalize(buf, _munmap, addr, size).atexit = False
+        return buf
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        if new:
+            unlink(name)
         raise
     finally:
         os.close(fd)
+
+
+create = functools.partial(open_segment, new=True)
 
 
 def full_error(folder: str, requested: int) -> errors.SharedMemoryFullError:
@@ -192,15 +195,6 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def open_segment(name: str, size: int) -> Segment:
-    """The first `size` bytes of the segment `name` (`FileNotFoundError`: gone)."""
-    fd = os.open(path_of(name), os.O_RDWR)
-    try:
-        return map_shared(fd, size)
-    finally:
-        os.close(fd)
-
-
 def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
     """`(key, offset, dtype, shape)` of each array, and the bytes they need."""
     places, total = [], 0
@@ -211,18 +205,20 @@ def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
     return places, max(total, 1)
 
 
+def views(mm, places) -> dict[str, np.ndarray]:
+    """The arrays at `places` (`layout`'s) inside `mm`, a segment or uint8 array."""
+    raw = mm if isinstance(mm, np.ndarray) else np.frombuffer(mm, np.uint8)
+    return {
+        key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places
+    }
+
+
 def write(mm: Segment, places, arrays: Mapping[str, np.ndarray]) -> None:
     """Copies `arrays` into `mm` at their `layout` places."""
-    for (_, offset, dtype, shape), arr in zip(places, arrays.values(), strict=True):
-        if count := math.prod(shape):
-            np.frombuffer(mm, dtype, count, offset)[:] = arr.reshape(-1)
+    for dst, arr in zip(views(mm, places).values(), arrays.values(), strict=True):
+        dst[...] = arr
 
 
 def read(mm: Segment, places) -> dict[str, np.ndarray]:
     """Copies the arrays at `places` out of `mm` into new private arrays."""
-    out = {}
-    for key, offset, dtype, shape in places:
-        out[key] = arr = np.empty(shape, dtype)
-        if count := math.prod(shape):
-            arr.reshape(-1)[:] = np.frombuffer(mm, dtype, count, offset)
-    return out
+    return {key: view.copy() for key, view in views(mm, places).items()}

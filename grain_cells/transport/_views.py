@@ -64,7 +64,9 @@ class _RingView:
         self.pid = pid  # the worker's
         self.trainer = os.getpid()  # a forked child must hand nothing back
         self.prefix = ring[: -len("_ring")]
-        self.sock: socket.socket | None = socket.socket(socket.AF_UNIX)
+        self.sock: socket.socket | None = socket.socket(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET
+        )
         try:
             self.sock.connect(address(ring))
         except OSError:  # the worker (and its socket) is gone
@@ -73,9 +75,6 @@ class _RingView:
         self.leased: dict[int, object] = {}  # slot -> weakref handing it back
         self.pending: collections.deque[int] = collections.deque()  # to hand back
         self.group = 1  # ended leases sent together (a quarter of the budget)
-        self.unsent = b""  # the tail of a send the socket took only part of
-        self.sending = threading.Lock()  # one sender at a time (unsent's order)
-        self.wanted = False  # a hand-back came while another thread sent
 
     def open(self, slot: int, segment: str, size: int, layout, leases: int) -> dict:
         """A minibatch's arrays: leased within the budget, else copied out."""
@@ -85,8 +84,8 @@ class _RingView:
             _shm.unlink(segment)
         mm = held[1]
         self.group = max(1, min(_GROUP, leases // 4))
-        if self.unsent or len(self.pending) >= self.group:
-            self.hand_back()  # what the socket could not take at once, or a group
+        if len(self.pending) >= self.group:
+            self.hand_back()  # a group, or what a full socket did not take
         # Slots waiting to go back are the trainer's too: within the budget.
         if len(self.leased) + len(self.pending) < leases:
             out, self.leased[slot] = lease(mm, layout, partial(self.lease_ended, slot))
@@ -110,43 +109,19 @@ class _RingView:
             return
         if slot is not None:
             self.pending.append(slot)
-        # One sender at a time finishes what it began (a send may split a number);
-        # another leaves its slot pending and raises `wanted`: the sender resends.
-        while True:
-            self.wanted = True
-            if not self.sending.acquire(blocking=False):
-                return
-            try:
-                self.wanted = False
-                self._send_pending()
-            finally:
-                self.sending.release()
-            if not self.wanted or self.unsent or self.sock is None:
-                return
-
-    def _send_pending(self) -> None:
-        while True:
-            sock = self.sock  # another thread may close the view meanwhile
-            if sock is None:
-                self.pending.clear()
-                return
-            freed = array.array("H")
-            with contextlib.suppress(IndexError):  # popleft is atomic
-                while True:
-                    freed.append(self.pending.popleft())
-            data = self.unsent + freed.tobytes()
-            if not data:
-                return
-            try:
-                sent = sock.send(data, _NO_SIGNAL | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError:  # the worker has exited, or closed its ring
-                self.close()
-                return
-            self.unsent = data[sent:]
-            if self.unsent or not self.pending:
-                return
+        freed = array.array("H")
+        with contextlib.suppress(IndexError):  # popleft is atomic
+            while True:
+                freed.append(self.pending.popleft())
+        sock = self.sock  # another thread may close the view meanwhile
+        if not freed or sock is None:
+            return
+        try:  # one message: all of it or, the socket full, none (sent later)
+            sock.send(freed.tobytes(), _NO_SIGNAL | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self.pending.extend(freed)
+        except OSError:  # the worker has exited, or closed its ring
+            self.close()
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -155,32 +130,22 @@ class _RingView:
 
     def release(self) -> None:  # leases keep their own mappings
         self.close()
-        self.slots.clear()
-        self.leased.clear()
-        self.pending.clear()
-        self.unsent = b""
+        for held in (self.slots, self.leased, self.pending):
+            held.clear()
 
 
 def release_dead_rings() -> None:
     """Drops the views (each maps an fd) and names of workers that have exited."""
-    views = list(RINGS.items())
-    hung_up = _hung_up([view.sock for _, view in views])
+    views, poller = list(RINGS.items()), select.poll()
+    for _, view in views:  # readable: the worker's end closed (it never writes)
+        with contextlib.suppress(TypeError, ValueError, OSError):  # closed meanwhile
+            poller.register(view.sock, select.POLLIN)
+    hung_up = {fd for fd, _ in poller.poll(0)}
     for name, view in views:
-        gone = view.sock is None or view.sock in hung_up
+        gone = (sock := view.sock) is None or sock.fileno() in hung_up
         if (gone or not _shm.alive(view.pid)) and RINGS.pop(name, None) is view:
             view.release()
             _shm.unlink_prefix(view.prefix)
-
-
-def _hung_up(socks) -> set:
-    """The sockets whose worker end is closed (the worker never writes)."""
-    poller = select.poll()
-    for sock in socks:
-        if sock is not None:
-            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                poller.register(sock, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(0)}
-    return {sock for sock in socks if sock is not None and sock.fileno() in ready}
 
 
 @fork.in_child
@@ -206,8 +171,7 @@ def lease(mm, places, on_release) -> tuple[dict, object]:
     raw = np.frombuffer(mm, np.uint8)
     held = weakref.ref(raw, lambda ref: _LEASED.pop(id(ref), None))
     _LEASED[id(held)] = held
-    out = {key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places}
-    return out, weakref.ref(raw, lambda _: on_release())
+    return _shm.views(raw, places), weakref.ref(raw, lambda _: on_release())
 
 
 # After a fork the parent waits (on a pipe the child writes, closes on exec or
@@ -225,20 +189,17 @@ def _after_fork_in_parent() -> None:
     global _fork_pipe
     if _fork_pipe is None:
         return
-    r, w = _fork_pipe
-    _fork_pipe = None
+    (r, w), _fork_pipe = _fork_pipe, None
     os.close(w)
-    try:
-        poller = select.poll()
-        poller.register(r, select.POLLIN | select.POLLHUP)
-        if not poller.poll(_FORK_WAIT_S * 1000):
-            _log.warning(
-                "grain_cells: a forked child did not copy its leased minibatches "
-                "within %.0f s; the parent reads on",
-                _FORK_WAIT_S,
-            )
-    finally:
-        os.close(r)
+    poller = select.poll()
+    poller.register(r, select.POLLIN)  # the child's end closed: POLLHUP
+    if not poller.poll(_FORK_WAIT_S * 1000):
+        _log.warning(
+            "grain_cells: a forked child did not copy its leased minibatches "
+            "within %.0f s; the parent reads on",
+            _FORK_WAIT_S,
+        )
+    os.close(r)
 
 
 def _privatise_leases() -> None:
@@ -252,14 +213,10 @@ def _privatise_leases() -> None:
                 except OSError:
                     _log.exception("grain_cells: a forked child shares a leased slot")
     finally:
-        if _fork_pipe is not None:
-            r, w = _fork_pipe
-            _fork_pipe = None
+        if _fork_pipe is not None:  # done: the parent reads on
+            (r, w), _fork_pipe = _fork_pipe, None
             os.close(r)
-            try:
-                os.write(w, b"x")
-            finally:
-                os.close(w)
+            os.close(w)
 
 
 os.register_at_fork(

@@ -17,7 +17,7 @@ from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
-from grain_cells.zarr._keys import KeyReader, thread_pool
+from grain_cells.zarr._keys import KeyReader, key_reader, thread_pool
 
 AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
 _WHY_MISSING = {-1: " (its shard's index marks it empty)"}
@@ -32,31 +32,32 @@ def pieces(starts, stops, c: int):
 
 
 class Chunks:
-    """Locates, fetches, decodes and caches one array's chunks. Thread-safe."""
+    """One array's chunks: located, fetched, decoded, cached (`RangeReader`'s base).
 
-    def __init__(self, array, path, codec, keys, cache_bytes=0, fill_missing=False):
+    `codec` is None where this array's codecs or store are not handled here.
+    """
+
+    def __init__(self, array, path: str, cache_bytes: int, fill_missing):
         self.path, self.name = path, "/" + array.path.lstrip("/")
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype).newbyteorder("=")
-        self.fill_missing = fill_missing
-        self.codec: Codec = codec
-        self.keys: KeyReader = keys
-        self._first_stored: int | None = None
+        self.fill_missing, self._cache_bytes = fill_missing, int(cache_bytes)
+        codec = Codec.for_array(array) if array.ndim in (1, 2) else None
+        self.keys: KeyReader | None = key_reader(array.store) if codec else None
+        self.codec: Codec | None = codec if self.keys is not None else None
         self.filled: dict[int, str] = {}  # row chunks read as the fill value: keys
-        self._meta = array.metadata
-        self._prefix = array.path.strip("/")
-        fill = self._meta.fill_value
-        self._fill = np.asarray(0 if fill is None else fill, self.dtype)
+        self._first_stored: int | None = None
+        self._meta, self._prefix = array.metadata, array.path.strip("/")
         self._cols = None  # column chunks of a 2-D array
-        if len(self.shape) > 1:
+        if len(self.shape) > 1 and self.codec is not None:
             self._cols = range(max(1, -(-self.shape[1] // codec.chunk_shape[1])))
-        self._cache_bytes = int(cache_bytes)
         self._shard_index: dict[tuple[int, ...], np.ndarray | None] = {}
-        self._forget_ahead()  # and in a forked child: fresh locks, no read-ahead
-        fork.in_child_of(self, Chunks._forget_ahead)
+        self._after_fork()  # and in a forked child: fresh locks, no read-ahead
+        fork.in_child_of(self, Chunks._after_fork)
 
-    def _forget_ahead(self) -> None:
-        self._lock, self._cache = threading.Lock(), ChunkCache()
+    def _after_fork(self) -> None:
+        self._lock, self._check_lock = threading.Lock(), threading.Lock()
+        self._cache = ChunkCache()
         self._ahead: dict[tuple[int, ...], bytes | None] = {}
         self._ahead_bytes = 0
         self._inflight: dict[tuple[int, ...], concurrent.futures.Future] = {}
@@ -182,7 +183,7 @@ class Chunks:
             futures = {self._inflight[u] for u in units if u in self._inflight}
         concurrent.futures.wait(futures)
 
-    def read(self, starts, stops, dest: np.ndarray, pool=None, pending=None) -> None:
+    def _read_chunks(self, starts, stops, dest, pool=None, pending=None) -> None:
         """Reads sorted, disjoint, non-empty ranges, concatenated, into `dest`."""
         chunk, src, dst, n = pieces(starts, stops, int(self.codec.chunk_shape[0]))
         uniq, lo = np.unique(chunk, return_index=True)
@@ -234,7 +235,8 @@ class Chunks:
                 self.fill_missing == "leading" and unit[0] < self.first_stored()
             ):
                 self.filled[unit[0]] = key
-                return np.full(self.codec.chunk_shape, self._fill, self.dtype)
+                fill = np.asarray(self._meta.fill_value or 0, self.dtype)
+                return np.full(self.codec.chunk_shape, fill, self.dtype)
             raise self.corrupt(
                 f"{where} is missing: key {key!r} was never written"
                 f"{_WHY_MISSING.get(a, '')}. It holds rows [{rows[0]}, {rows[1]}) of "

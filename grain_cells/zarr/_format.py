@@ -14,41 +14,9 @@ from grain_cells import errors, formats
 from grain_cells.storage import FileStat
 from grain_cells.storage.remote import is_url
 
-# What zarr-python and its codecs raise on bytes that do not decode.
-READ_ERRORS = (ValueError, RuntimeError, OSError, EOFError)
 # A store's root metadata: anndata's `write_zarr` rewrites these (the group
 # and its consolidated metadata) whenever it writes a store.
 _ROOT_KEYS = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
-
-
-def read_error(
-    array, path: str, start: int, stop: int, exc: BaseException
-) -> errors.CorruptChunkError:
-    """The named error of a zarr-python read (`exc`) of rows `[start, stop)`."""
-    name = "/" + array.path.lstrip("/")
-    shards = getattr(array, "shards", None)
-    size = int(shards[0] if shards else array.chunks[0])
-    kind = "shard" if shards else "chunk"
-    first, last = start // size, max(start, stop - 1) // size
-    tail = (0,) * (array.ndim - 1)
-    prefix = array.path.strip("/")
-
-    def key(k: int) -> str:
-        return f"{prefix}/{array.metadata.encode_chunk_key((k, *tail))}".lstrip("/")
-
-    keys = repr(key(first)) + (f" (to {key(last)!r})" if last > first else "")
-    rows = (first * size, min((last + 1) * size, int(array.shape[0])))
-    what = "its index or a chunk in it" if shards else "its bytes"
-    return errors.CorruptChunkError(
-        f"{path}: {name} {kind} {keys}, which holds rows [{rows[0]}, {rows[1]}) "
-        f"of {name}, cannot be read ({type(exc).__name__}: {exc}): {what} "
-        "is cut short or has flipped bytes. The store is damaged: rewrite it, "
-        "or copy it again from its source.",
-        path=path,
-        dataset=name,
-        rows=rows,
-        chunk_key=key(first),
-    )
 
 
 class StoreFile:
@@ -173,13 +141,9 @@ class ZarrFormat(formats.Format):
         return np.dtype(node.dtype).kind in "OUT"  # StringDType, object, unicode
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-        try:
-            if isinstance(index, np.ndarray):
-                return np.asarray(array.vindex[index])
-            return np.asarray(array[index])
-        except READ_ERRORS as e:
-            stop = min(rows[1], int(array.shape[0]))
-            raise read_error(array, path, rows[0], stop, e) from e
+        from grain_cells.zarr._store import read
+
+        return read(array, index, path, rows)
 
     def checked(self, node, path: str):
         """`node`, its arrays (one level down) checked against their own metadata."""

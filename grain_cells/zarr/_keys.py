@@ -244,28 +244,19 @@ class KeyVersions:
         return self._etags[i].decode()
 
 
-# `store_digest`'s listings by (thread, store), for that thread's `zarr_store`.
-_waiting: dict = {}
-_waiting_lock = threading.Lock()
-
-
-@fork.in_child
-def _after_fork() -> None:  # the parent's threads, lock holders, are gone
-    global _waiting_lock
-    _waiting_lock = threading.Lock()
-    _waiting.clear()
+# `store_digest`'s listings by store, for this thread's next `zarr_store`.
+_listed = threading.local()
+fork.in_child(lambda: vars(_listed).clear())  # the parent's are not the child's
 
 
 def remember(store, versions: KeyVersions) -> None:
     """Keeps this thread's latest listing of `store` (`storage.remote.store_at`)."""
-    with _waiting_lock:
-        _waiting[threading.get_ident(), id(store)] = versions
+    vars(_listed)[id(store)] = versions
 
 
 def take(store) -> KeyVersions | None:
     """This thread's latest listing of `store` (removed), or None."""
-    with _waiting_lock:
-        return _waiting.pop((threading.get_ident(), id(store)), None)
+    return vars(_listed).pop(id(store), None)
 
 
 class VersionedObjectStore(zarr.storage.ObjectStore):

@@ -122,7 +122,7 @@ def _codecs(name):
             {"compressors": [zc.ZstdCodec(level=3), zc.Crc32cCodec()]},
         ),
         "v3-uncompressed": ("zarr-v3", {"compressors": None}),
-        # Read by byte range (grain_cells/zarr/_reads.py, RawReads), not whole chunks.
+        # Read by byte range (zarr/_reads.py, RangeReader._read_raw), not whole chunks.
         "v2-uncompressed": ("zarr-v2", {"compressors": None}),
         "v3-sharded-uncompressed": ("zarr-v3-sharded", {"compressors": None}),
     }[name]

@@ -198,9 +198,8 @@ def test_ended_leases_go_back_in_groups_within_the_budget():
 
 
 def test_a_lease_ending_as_another_thread_ends_its_send_is_not_left_pending():
-    """Thread B's lease ends after thread A's send loop found nothing more to
-    send but before A let go of the sender lock: B cannot send, and A must
-    send B's slot before it returns (it used to wait for the next minibatch,
+    """Thread B's lease ends just as thread A's hand-back has sent: B's slot
+    is sent too, not left pending (it used to wait for the next minibatch,
     and a worker short of slots waited with it)."""
     import threading
 
@@ -211,16 +210,16 @@ def test_a_lease_ending_as_another_thread_ends_its_send_is_not_left_pending():
         assert leased(first) and leased(second[0])
         view = transport._RINGS[ring.name]
         assert view.group == 1
-        send_pending = view._send_pending
+        hand_back = view.hand_back
 
-        def send_then_b_ends():
-            send_pending()
+        def send_then_b_ends(slot=None):
+            hand_back(slot)
             if second:  # once: B drops the second minibatch meanwhile
                 b = threading.Thread(target=second.clear)
                 b.start()
                 b.join()
 
-        view._send_pending = send_then_b_ends
+        view.hand_back = send_then_b_ends
         del first  # A: its lease ends, A sends
         assert not second
         assert not view.pending, "B's slot was left pending"

@@ -70,7 +70,7 @@ def test_all_fill_chunks_of_a_valid_store_are_read_as_anndata_reads_them(
     tmp_path, layout, codecs
 ):
     """Compressed chunks are decoded whole; uncompressed ones are read by
-    byte range (`grain_cells.zarr._reads.RawReads`): both paths fill."""
+    byte range (`grain_cells.zarr._reads.RangeReader._read_raw`): both paths fill."""
     x = _matrix()
     path = write_store(
         anndata.AnnData(X=x), tmp_path / "a.zarr", layout, chunk=16, **codecs

@@ -241,9 +241,9 @@ def test_a_decoder_that_disagrees_with_zarr_falls_back_with_a_warning(tmp_path):
     zarr.create_array(store, name="x", data=values, chunks=(128,))
     reader = RangeReader(open_group(str(store))["x"], str(store))
     wrong = dataclasses.replace(
-        reader._codec, stored_dtype=reader._codec.stored_dtype.newbyteorder(">")
+        reader.codec, stored_dtype=reader.codec.stored_dtype.newbyteorder(">")
     )
-    reader._codec = reader._chunks.codec = wrong
+    reader.codec = wrong
     starts, stops = _ranges(np.random.default_rng(7), N)
     out = np.empty(int((stops - starts).sum()), reader.dtype)
     with pytest.warns(RuntimeWarning, match="differs from zarr-python"):

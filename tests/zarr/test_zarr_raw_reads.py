@@ -1,4 +1,4 @@
-"""Uncompressed zarr chunks read by byte range (`grain_cells.zarr._reads.RawReads`).
+"""Uncompressed zarr chunks read by byte range (`zarr._reads.RangeReader._read_raw`).
 
 Values encode their position; ranges straddle chunks and shards; the same
 ranges read whole-chunk (through a decoded-chunk cache, which turns the
@@ -57,7 +57,7 @@ def test_byte_ranges_equal_whole_chunk_reads_and_the_values(
     array = open_group(str(store))["x"]
     raw = RangeReader(array, str(store))
     whole = RangeReader(array, str(store), cache_bytes=1 << 20)
-    assert raw._raw is not None and whole._raw is None
+    assert raw._raw and not whole._raw
     # Split reads over the pool's threads even at this size.
     monkeypatch.setattr(_reads, "_MIN_BYTES_PER_TASK", 64)
     rng = np.random.default_rng(0)
@@ -99,7 +99,7 @@ def test_anndata_raw_store_equals_read_zarr(tmp_path, shard):
         anndata.io.write_elem(g_, "X", ad.X, dataset_kwargs=kwargs)
     array = open_group(str(path))["X/data"]
     reader = RangeReader(array, str(path))
-    assert reader._raw is not None
+    assert reader._raw
     starts = np.array([3, 500, 1201], np.int64)
     stops = np.array([90, 777, 1300], np.int64)
     got = np.empty(int((stops - starts).sum()), np.float32)
@@ -125,10 +125,10 @@ def test_a_short_inner_chunk_in_a_shard_is_refused(tmp_path):
     store = _write(tmp_path, 3, {"shards": (400,)}, values)
     reader = RangeReader(open_group(str(store))["x"], str(store))
     reader.read(np.array([0]), np.array([5]), np.empty(5, np.float32))
-    reader._chunks.load_shard_indices([(1,)])
-    index = reader._chunks._shard_index[(1,)].copy()
+    reader.load_shard_indices([(1,)])
+    index = reader._shard_index[(1,)].copy()
     index[1, 1] -= 8  # the index gives inner chunk 5 eight bytes too few
-    reader._chunks._shard_index[(1,)] = index
+    reader._shard_index[(1,)] = index
     with pytest.raises(errors.CorruptChunkError, match="gives it 392 bytes"):
         reader.read(np.array([510]), np.array([520]), np.empty(10, np.float32))
 

@@ -134,7 +134,7 @@ def test_advise_fetches_ahead_from_a_bucket(tmp_path, s3):  # noqa: F811
     out = np.empty((int((STOPS - STARTS).sum()), 3), np.int32)
     reader.read(STARTS[:1], STOPS[:1], out)  # (the first read's check with zarr)
     reader.advise(STARTS, STOPS)
-    reader._chunks.wait_prefetch(range(15))  # the background GETs are done
+    reader.wait_prefetch(range(15))  # the background GETs are done
     for shard in ("0", "2"):  # rows [0, 500) and [1000, 1500)
         s3.client.delete_object(Bucket=s3.bucket, Key=f"ahead/a.zarr/X/c/{shard}/0")
     reader.read(STARTS, STOPS, out)
