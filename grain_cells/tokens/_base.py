@@ -39,7 +39,6 @@ class TokenOutput(Output):
     The class attributes below are the defaults of the parameters only one has.
     """
 
-    _cache_name = "tokens"
     _FINGERPRINT: tuple[str, ...] = ()  # recorded between length and mlm_probability
     column_medians: np.ndarray | None = None
     n_bins: int | None = None
@@ -126,15 +125,16 @@ class TokenOutput(Output):
     ) -> dict[str, np.ndarray]:
         """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
-        Compiled kernels encode the rows; NumPy ones the whole fetch once (cached).
+        Compiled kernels encode the minibatch's rows in one thread, or the whole
+        fetch once in several; the NumPy kernels encode the whole fetch once.
         """
-        if self.selection == "top" and not self.pad_zeros and self._compiled():
+        per_minibatch = fetch.order is None or self.threads < 2
+        if self._compiled_top() and not self.pad_zeros and per_minibatch:
             rows = np.asarray(rows, np.int64)
-            whole = self._from_whole_fetch(fetch, rows, batch_size)
-            out, n_genes = whole or self._encode(fetch, rows, batch_size)
+            out, n_genes = self._encode(fetch, rows, batch_size)
             self._mask_genes(fetch, rows, out, n_genes)
             return out
-        key = (self._cache_name, id(self))
+        key = ("whole_fetch", id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
             arrays = fetch.cache[key] = self.tokenize(fetch)
@@ -153,54 +153,58 @@ class TokenOutput(Output):
         out["attention_mask"] = np.arange(self.length)[None, :] < used[:, None]
         return out
 
-    def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
-        """A full minibatch sliced from the whole fetch encoded once, or None."""
-        order = fetch.order
-        if order is None or rows.size != batch_size or self.threads < 2:
-            return None
-        key = ("whole_fetch", id(self))
-        whole = fetch.cache.get(key)
-        if whole is None:
-            out, n_genes = self._encode(fetch, order, order.size)
-            position = np.full(fetch.row_ids.size, -1, np.int64)
-            position[order] = np.arange(order.size)
-            whole = fetch.cache[key] = (out, n_genes, position)
-        out, n_genes, position = whole
-        a = int(position[rows[0]])
-        b = a + rows.size
-        if a < 0 or b > order.size or not np.array_equal(order[a:b], rows):
-            return None
-        copied = ("gene_ids", "values") if self.mlm_probability > 0 else ()
-        return {
-            name: array[a:b].copy() if name in copied else array[a:b]
-            for name, array in out.items()
-        }, n_genes[a:b]
-
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
-        n_rows = fetch.row_ids.size
-        if self.selection == "top" and self._compiled():
-            rows = np.arange(n_rows, dtype=np.int64)
-            out, n_genes = self._encode(fetch, rows, n_rows)
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        if self._compiled_top():
+            out, n_genes = self._encode(fetch, rows, rows.size)
             del out["attention_mask"]
-            if self.pad_zeros and self.vocab_columns.size:
-                genes = slice(self.cls_id >= 0, (self.cls_id >= 0) + self.slots)
-                n_genes = self._add_zero_genes(
-                    fetch,
-                    out["gene_ids"][:, genes],
-                    out["values"][:, genes],
-                    n_genes.astype(np.int64),
-                    out["n_expressed"].astype(np.int64),
-                )
-            specials = (self.cls_id >= 0) + (self.eos_id >= 0)
-            out["_used"] = n_genes.astype(np.int64) + specials
         else:
-            out, n_genes = self._tokenize_numpy(fetch)
-        self._mask_genes(fetch, np.arange(n_rows), out, n_genes)
+            out, n_genes = self._encode_numpy(fetch)
+        n_genes = n_genes.astype(np.int64)
+        if self.pad_zeros and self.vocab_columns.size:
+            at = slice(self.cls_id >= 0, (self.cls_id >= 0) + self.slots)
+            n_expr = out["n_expressed"].astype(np.int64)
+            genes, bins = out["gene_ids"][:, at], out["values"][:, at]
+            n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
+        out["_used"] = n_genes + (self.cls_id >= 0) + (self.eos_id >= 0)
+        self._mask_genes(fetch, rows, out, n_genes)
         return out
 
-    def _tokenize_numpy(self, fetch: Fetch):
-        """`tokenize` on the NumPy kernels, unmasked: `(arrays, n_genes)`."""
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
+        from grain_cells.tokens import _jit
+
+        key = ("jit_csr", id(self))
+        if key not in fetch.cache:  # `checked` False: every value is kept
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            indptr = np.ascontiguousarray(csr.indptr, np.int64)
+            arrays = (data, np.ascontiguousarray(csr.indices), indptr)
+            fetch.cache[key] = arrays, not (self._all_in_vocabulary and positive)
+        csr, checked = fetch.cache[key]
+        binned = self.n_bins is not None
+        shape = (n_out, self.length)
+        ids, mask = np.empty(shape, np.int32), np.empty(shape, bool)
+        values = np.empty(shape if binned else (n_out, 0), np.int32)
+        if binned:
+            medians, q = np.ones(1, np.float32), np.linspace(0, 1, self.n_bins - 1)
+        else:
+            medians, q = self.column_medians, np.empty(0)
+        ends = (self.cls_id, self.slots, self.pad_id, self.eos_id, self.pad_value)
+
+        def call(part, a, b):
+            args = (medians, checked, q, ids[a:b], values[a:b], mask[a:b], ends)
+            return _jit.encode_rows(csr, part, self.column_tokens, *args)
+
+        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
+        out = {"gene_ids": ids, "values": values} if binned else {"gene_ids": ids}
+        out |= {"attention_mask": mask, "n_expressed": n_expr}
+        return out | self._dropped(fetch, rows, n_out, dropped), n_genes
+
+    def _encode_numpy(self, fetch: Fetch):
+        """NumPy encoding of every row, unmasked, no zero genes: `(arrays, n_genes)`."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
@@ -219,9 +223,7 @@ class TokenOutput(Output):
         n_rows = lengths.size
         binned = self.n_bins is not None
         genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        bins = (
-            np.full((n_rows, self.slots), self.pad_value, np.int32) if binned else None
-        )
+        bins = np.full_like(genes, self.pad_value) if binned else None
         n_expr = np.zeros(n_rows, np.int64)
         for chunk, at in _kernels.length_chunks(csr.indptr):
             kept = None if keep is None else keep[at]
@@ -252,20 +254,15 @@ class TokenOutput(Output):
         # The last chunk's keys (up to 64 MB) go before the outputs are allocated.
         rows = row_genes = row_bins = kept = at = None
         n_genes = np.minimum(n_expr, self.slots)
-        if self.pad_zeros and self.vocab_columns.size:
-            n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
-        offset = 1 if self.cls_id >= 0 else 0
         out = {"gene_ids": self._framed(genes, self.pad_id, self.cls_id)}
         if binned:  # `pad_value` past each row's genes already
             out["values"] = self._framed(bins, self.pad_value, 0)
-        used = offset + n_genes
         if self.eos_id >= 0:
-            out["gene_ids"][np.arange(n_rows), used] = self.eos_id
-            used = used + 1
+            out["gene_ids"][np.arange(n_rows), (self.cls_id >= 0) + n_genes] = (
+                self.eos_id
+            )
         out["n_expressed"] = n_expr.astype(np.int32)
-        out.update(self._dropped(fetch, np.arange(n_rows), n_rows, dropped))
-        out["_used"] = used
-        return out, n_genes
+        return out | self._dropped(fetch, np.arange(n_rows), n_rows, dropped), n_genes
 
     def _framed(self, genes: np.ndarray, pad, cls) -> np.ndarray:
         """`[n_rows, length]` int32: `cls` (with `<cls>`), the genes' slots, `pad`."""
@@ -280,45 +277,6 @@ class TokenOutput(Output):
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
         """The per-row counts of values not tokenised (rank-value splits them)."""
         return {"n_dropped": np.asarray(not_tokenised, np.int32)}
-
-    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
-        from grain_cells.tokens import _jit
-
-        jit_csr = fetch.cache.get(("jit_csr", id(self)))
-        if jit_csr is None:  # `checked` False: every value is kept
-            csr = fetch.csr
-            data = np.ascontiguousarray(csr.data, np.float32)
-            positive = not data.size or data.min() > 0
-            checked = not (self._all_in_vocabulary and positive)
-            indices = np.ascontiguousarray(csr.indices)
-            indptr = np.ascontiguousarray(csr.indptr, np.int64)
-            jit_csr = fetch.cache["jit_csr", id(self)] = (
-                (data, indices, indptr),
-                checked,
-            )
-        csr, checked = jit_csr
-        shape = (n_out, self.length)
-        arrays = {"gene_ids": np.empty(shape, np.int32)}
-        if self.n_bins is None:
-            kernel = _jit.rank_value_rows
-            before, after = (self.column_medians, checked), (self.eos_id,)
-        else:
-            kernel = _jit.value_bin_rows
-            before = (checked, np.linspace(0, 1, self.n_bins - 1))
-            after = (self.pad_value,)
-            arrays["values"] = np.empty(shape, np.int32)
-        arrays["attention_mask"] = np.empty(shape, bool)
-
-        ends = (self.cls_id, self.slots, self.pad_id, *after)
-
-        def call(part, a, b):
-            parts = [array[a:b] for array in arrays.values()]
-            return kernel(csr, part, self.column_tokens, *before, *parts, ends)
-
-        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
-        counts = self._dropped(fetch, rows, n_out, dropped)
-        return {**arrays, "n_expressed": n_expr, **counts}, n_genes
 
     def _add_zero_genes(self, fetch: Fetch, genes, bins, n_genes, n_expr):
         """Writes sampled non-expressed genes after each row's expressed ones."""
@@ -374,6 +332,9 @@ class TokenOutput(Output):
 
     def _compiled(self) -> bool:
         return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
+
+    def _compiled_top(self) -> bool:
+        return self.selection == "top" and self._compiled()
 
 
 def column_token_array(column_tokens) -> np.ndarray:

@@ -155,20 +155,24 @@ def _scratch(indptr, rows):
 
 
 @_njit
-def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
-    """Rank-value sequences of `rows` into `ids`, `mask`; returns per-row counts.
+def encode_rows(csr, rows, tokens, medians, checked, q, ids, values, mask, ends):
+    """Token sequences of `rows` into `ids`, `values` (bins), `mask`; per-row counts.
 
-    `csr`: `(data, indices, indptr)`; `ends`: `(cls_id, slots, pad_id, eos_id)`.
-    Output rows past `rows.size` are padding; `checked` False: every value kept.
-    Returns int32 `(n_expressed, n_dropped, n_genes)` per output row.
+    `csr`: `(data, indices, indptr)`; `ends`: `(cls_id, slots, pad_id, eos_id,
+    pad_value)`. `q` empty: rank-value (values divided by `medians`, `values`
+    untouched); else value-bin with `q = np.linspace(0, 1, n_bins - 1)`. Output rows
+    past `rows.size` are padding; `checked` False: every value kept. Returns int32
+    `(n_expressed, n_dropped, n_genes)` per output row.
     """
     data, indices, indptr = csr
-    cls_id, slots, pad_id, eos_id = ends
-    keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
+    cls_id, slots, pad_id, eos_id, pad_value = ends
+    binned = q.size > 0
+    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
     n_genes = np.zeros(n_out, np.int32)
+    edges = np.empty(q.size, np.float32)
     offset = 1 if cls_id >= 0 else 0
     for i in range(n_out):
         row = ids[i]
@@ -177,14 +181,29 @@ def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
             r = rows[i]
             a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data, indices, a, b, tokens, medians, True, checked, keys, quot
+                data, indices, a, b, tokens, medians, not binned, checked, keys, quot
             )
-            _sort_keys(keys, m, lo, hi, out, counts, bucket)
+            if binned:
+                _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
+            else:
+                _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
             if offset:
                 row[0] = cls_id
             for g in range(n):
                 row[offset + g] = np.int32(out[g] & _U32)
+            if binned:
+                vrow = values[i]
+                if offset:
+                    vrow[0] = 0
+                if m > 0:
+                    _edges(out, m, q, edges)
+                k = q.size
+                for g in range(n):
+                    x = _value_at(out, g)
+                    while k > 0 and edges[k - 1] > x:
+                        k -= 1
+                    vrow[offset + g] = k
             p = offset + n
             if eos_id >= 0:
                 row[p] = eos_id
@@ -194,16 +213,17 @@ def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
             n_genes[i] = n
         for g in range(p, length):
             row[g] = pad_id
-        _fill_mask(mask[i], p)
+        if binned:
+            for g in range(p, length):
+                values[i, g] = pad_value
+        for g in range(length):
+            mask[i, g] = g < p
     return n_expr, n_drop, n_genes
 
 
 @_njit
 def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """`rank_value_rows`' key pass (and sort) over every row; returns the keys made.
-
-    For `benchmarks/token_steps.py`.
-    """
+    """`encode_rows`' rank-value key pass (and sort) over every row: keys made."""
     keys, out, counts, bucket, quot, _ = _scratch(
         indptr, np.arange(indptr.size - 1, dtype=np.int64)
     )
@@ -217,68 +237,6 @@ def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
             _sort_keys(keys, m, lo, hi, out, counts, bucket)
         total += m
     return total
-
-
-@_njit
-def _fill_mask(mask_row, used):
-    """True on the first `used` positions, False after."""
-    for g in range(used):
-        mask_row[g] = True
-    for g in range(used, mask_row.size):
-        mask_row[g] = False
-
-
-@_njit
-def value_bin_rows(csr, rows, tokens, checked, q, ids, values, mask, ends):
-    """Value-bin sequences (top genes) of `rows`, as `rank_value_rows`, plus bins.
-
-    `q` is `np.linspace(0, 1, n_bins - 1)`; `values` gets int32 bins; the last of
-    `ends` is the bin value of padding.
-    """
-    data, indices, indptr = csr
-    cls_id, slots, pad_id, pad_value = ends
-    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
-    n_out, length = ids.shape
-    n_expr = np.zeros(n_out, np.int32)
-    n_drop = np.zeros(n_out, np.int32)
-    n_genes = np.zeros(n_out, np.int32)
-    edges = np.empty(q.size, np.float32)
-    dummy = np.empty(1, np.float32)
-    offset = 1 if cls_id >= 0 else 0
-    for i in range(n_out):
-        row = ids[i]
-        vrow = values[i]
-        p = 0
-        if i < rows.size:
-            r = rows[i]
-            a, b = indptr[r], indptr[r + 1]
-            m, lo, hi, dropped = _row_keys(
-                data, indices, a, b, tokens, dummy, False, checked, keys, quot
-            )
-            _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
-            n = min(m, slots)
-            if offset:
-                row[0] = cls_id
-                vrow[0] = 0
-            if m > 0:
-                _edges(out, m, q, edges)
-            k = q.size
-            for g in range(n):
-                key = out[g]
-                row[offset + g] = np.int32(key & _U32)
-                x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
-                while k > 0 and edges[k - 1] > x:
-                    k -= 1
-                vrow[offset + g] = k
-            p = offset + n
-            n_expr[i] = m
-            n_drop[i] = dropped
-            n_genes[i] = n
-        for g in range(p, length):
-            row[g] = pad_id
-            vrow[g] = pad_value
-        _fill_mask(mask[i], p)
-    return n_expr, n_drop, n_genes
 
 
 @_njit
@@ -318,6 +276,4 @@ def _edges(out, m, q, edges):
         edges[k] = c
 
 
-# The outputs' entry points: their first compile is announced and locked.
-rank_value_rows = announced(rank_value_rows)
-value_bin_rows = announced(value_bin_rows)
+encode_rows = announced(encode_rows)  # the first compile announced and locked

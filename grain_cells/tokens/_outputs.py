@@ -18,7 +18,6 @@ class RankValueTokens(TokenOutput):
     Build it with `RankValueTokens.for_source(source, vocabulary, stats)`.
     """
 
-    _cache_name = "rank_value"
     _FINGERPRINT = ("pad_id", "cls_id", "eos_id", "mask_id")
 
     def __init__(
@@ -135,7 +134,6 @@ class ValueBinTokens(TokenOutput):
     Build it with `ValueBinTokens.for_source(source, vocabulary)`.
     """
 
-    _cache_name = "value_bin"
     _FINGERPRINT = (
         "n_bins",
         "selection",
