@@ -109,17 +109,12 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, 
         if use_medians:
             for j in range(n):
                 quot[j] = values[j] / medians[columns[j]]
-            for j in range(n):
-                w = np.uint64(np.float32(quot[j]).view(np.uint32)) ^ _U32
-                lo = min(lo, w)
-                hi = max(hi, w)
-                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
-        else:
-            for j in range(n):
-                w = np.uint64(np.float32(values[j]).view(np.uint32)) ^ _U32
-                lo = min(lo, w)
-                hi = max(hi, w)
-                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
+            values = quot
+        for j in range(n):
+            w = np.uint64(np.float32(values[j]).view(np.uint32)) ^ _U32
+            lo = min(lo, w)
+            hi = max(hi, w)
+            keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
         return b - a, lo, hi, 0
     for j in range(a, b):
         v = data[j]
