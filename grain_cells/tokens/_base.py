@@ -16,7 +16,6 @@ import numpy as np
 from grain_cells._util import arguments, counter_rng
 from grain_cells.outputs import Fetch, Output
 from grain_cells.tokens import _kernels, _threads
-from grain_cells.tokens._vocabulary import GeneVocabulary
 
 IGNORE = -100  # `labels` where nothing is masked
 ZERO_STREAM = 1 << 40  # counter offset of the zero-gene stream
@@ -26,11 +25,6 @@ _MLM_WORD = 7
 @functools.cache
 def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
-
-
-def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
-    """Id of a special token, or -1 when not wanted."""
-    return vocab.special(role) if wanted else -1
 
 
 class TokenOutput(Output):
@@ -101,11 +95,9 @@ class TokenOutput(Output):
 
     def __repr__(self) -> str:
         fp = self.fingerprint()
-        short = {"mlm_probability": "mlm"}
+        names = {k: k.removesuffix("_id") for k in fp} | {"mlm_probability": "mlm"}
         items = [
-            f"{short.get(k, k.removesuffix('_id'))}={v!r}"
-            for k, v in fp.items()
-            if k not in ("class", "columns")
+            f"{names[k]}={v!r}" for k, v in fp.items() if k not in ("class", "columns")
         ]
         return f"{fp['class']}({', '.join(items)}, columns={fp['columns']})"
 
@@ -163,10 +155,7 @@ class TokenOutput(Output):
             out, n_genes = self._encode_numpy(fetch)
         n_genes = n_genes.astype(np.int64)
         if self.pad_zeros and self.vocab_columns.size:
-            at = slice(self.cls_id >= 0, (self.cls_id >= 0) + self.slots)
-            n_expr = out["n_expressed"].astype(np.int64)
-            genes, bins = out["gene_ids"][:, at], out["values"][:, at]
-            n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
+            n_genes = self._add_zero_genes(fetch, out, n_genes)
         out["_used"] = n_genes + (self.cls_id >= 0) + (self.eos_id >= 0)
         self._mask_genes(fetch, rows, out, n_genes)
         return out
@@ -275,10 +264,22 @@ class TokenOutput(Output):
         return out
 
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
-        """The per-row counts of values not tokenised (rank-value splits them)."""
-        return {"n_dropped": np.asarray(not_tokenised, np.int32)}
+        """`n_dropped` of `rows`; rank-value: `n_no_median` (no median) apart."""
+        dropped = np.asarray(not_tokenised, np.int32)
+        if self.column_medians is None:
+            return {"n_dropped": dropped}
+        no_median = np.zeros(n_out, np.int32)
+        if self.num_without_median:
+            key = ("no_median", id(self))
+            if key not in fetch.cache:
+                csr = fetch.csr
+                hit = self._no_median[csr.indices] & (csr.data > 0)
+                total = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
+                fetch.cache[key] = total[csr.indptr[1:]] - total[csr.indptr[:-1]]
+            no_median[: len(rows)] = fetch.cache[key][rows]
+        return {"n_dropped": dropped - no_median, "n_no_median": no_median}
 
-    def _add_zero_genes(self, fetch: Fetch, genes, bins, n_genes, n_expr):
+    def _add_zero_genes(self, fetch: Fetch, out: dict, n_genes) -> np.ndarray:
         """Writes sampled non-expressed genes after each row's expressed ones."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices].astype(np.int64)
@@ -287,15 +288,17 @@ class TokenOutput(Output):
         rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
         expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
         vocab_tokens = self.column_tokens[self.vocab_columns].astype(np.int64)
-        need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
-        need = np.maximum(need, 0)
+        n_expr = out["n_expressed"].astype(np.int64)
+        need = np.maximum(
+            np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr), 0
+        )
         zr, zt = _kernels.zero_genes(
             fetch.key, fetch.row_ids, need, vocab_tokens, expressed, ZERO_STREAM
         )
         starts = np.searchsorted(zr, np.arange(need.size))
-        at = n_genes[zr] + np.arange(zr.size) - starts[zr]
-        genes[zr, at] = zt
-        bins[zr, at] = 0
+        at = (self.cls_id >= 0) + n_genes[zr] + np.arange(zr.size) - starts[zr]
+        out["gene_ids"][zr, at] = zt
+        out["values"][zr, at] = 0
         return n_genes + need
 
     def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
@@ -308,10 +311,10 @@ class TokenOutput(Output):
         ids = out["gene_ids"]
         row_ids = np.zeros(ids.shape[0], np.int64)
         row_ids[: rows.size] = fetch.row_ids[rows]
-        offset = 1 if self.cls_id >= 0 else 0
         genes = np.zeros((n_genes.size, self.length), bool)
+        offset = 1 if self.cls_id >= 0 else 0
         genes[:, offset : offset + self.slots] = (
-            np.arange(self.slots)[None, :] < n_genes[:, None]
+            np.arange(self.slots) < n_genes[:, None]
         )
         r, c = np.nonzero(genes)
         u = counter_rng.uniform(
