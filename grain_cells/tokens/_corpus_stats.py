@@ -51,12 +51,10 @@ class CorpusStats:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the statistics as an `.npz` file (no pickle)."""
-        meta = {
-            k: getattr(self, k) for k in ("num_cells", "method", "target_sum", "key")
-        }
-        arrays = {k: getattr(self, k) for k in _ARRAYS}
+        meta = {k: getattr(self, k) for k in ("num_cells", "method", "target_sum")}
+        meta |= {"key": self.key, "version": _VERSION}
+        arrays = {k: getattr(self, k) for k in _ARRAYS} | {"meta": json.dumps(meta)}
         arrays["var_names"] = np.asarray(self.var_names).astype(str)
-        arrays["meta"] = np.array(json.dumps({**meta, "version": _VERSION}))
         write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
@@ -64,13 +62,8 @@ class CorpusStats:
         """Reads statistics written by `save`."""
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            return cls(
-                *(z[k] for k in _ARRAYS),
-                int(meta["num_cells"]),
-                meta["method"],
-                meta["target_sum"],
-                meta["key"],
-            )
+            fields = int(meta["num_cells"]), meta["method"], meta["target_sum"]
+            return cls(*(z[k] for k in _ARRAYS), *fields, meta["key"])
 
     def medians_for(self, genes) -> np.ndarray:
         """Non-zero medians of `genes` (names), NaN for genes not in the stats.
@@ -191,8 +184,7 @@ def corpus_stats(
         "version": _VERSION,
     }
     identity = {"data": data_identity(source), "options": options}
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    key = key[:24]
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     path = os.path.join(cache_root(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
@@ -210,27 +202,22 @@ def corpus_stats(
 
 def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
     n_genes = source.num_genes
-    count = np.zeros(n_genes, np.int64)
-    total = np.zeros(n_genes, np.float64)
+    count, total = np.zeros(n_genes, np.int64), np.zeros(n_genes, np.float64)
     bpo, lo, hi = grid
     n_bins = (hi - lo) * bpo
     hist = np.zeros(n_genes * n_bins, np.uint32) if method == "histogram" else None
     kept_genes, kept_values = [], []
     _, starts, stops = source.block_ranges(np.arange(len(source)))
     per_chunk = max(1, chunk_cells // source.block_size)
-    num_cells = 0
-    total_cells = int((stops - starts).sum())
+    num_cells, total_cells = 0, int((stops - starts).sum())
     desc = "corpus statistics"
-    with tqdm.tqdm(
-        total=total_cells, unit="cells", desc=desc, disable=not progress
-    ) as bar:
+    bar = tqdm.tqdm(total=total_cells, unit="cells", desc=desc, disable=not progress)
+    with bar:
         for a in range(0, starts.size, per_chunk):
-            rows = source.fetch_ranges(
-                starts[a : a + per_chunk], stops[a : a + per_chunk]
-            )
+            ends = starts[a : a + per_chunk], stops[a : a + per_chunk]
+            rows = source.fetch_ranges(*ends)
             csr = Fetch(rows.dense, rows.row_ids, n_genes, _csr=rows.csr).csr
-            data = csr.data.astype(np.float64)
-            genes = csr.indices.astype(np.int64)
+            data, genes = csr.data.astype(np.float64), csr.indices.astype(np.int64)
             lengths = np.diff(csr.indptr)
             keep = data != 0
             values = normalise(data, lengths, target_sum)

@@ -32,17 +32,10 @@ def key_tokens(keys: np.ndarray, width: int) -> np.ndarray:
     return keys[:, :width].view(np.uint32)[:, 0::2].view(np.int32)
 
 
-def sorted_rows(
-    lengths: np.ndarray,
-    keep: np.ndarray | None,
-    inv: np.ndarray,
-    tokens: np.ndarray,
-    pad: int,
-) -> tuple[np.ndarray, np.ndarray]:
+def sorted_rows(lengths, keep, inv, tokens, pad: int) -> tuple[np.ndarray, np.ndarray]:
     """`(sorted keys [n_rows, width], n_kept)`: each row's kept `(inv, token)` keys.
 
-    `keep` None: all; a kept `inv` must be below `2**32 - 1`, the sentinel's high
-    word (its token `pad`), which fills each row past its `n_kept` keys.
+    `keep` None: all. Past `n_kept` a row holds the sentinel `(2**32 - 1, pad)`.
     """
     n_rows = lengths.size
     width = max(1, int(lengths.max(initial=0)))
@@ -68,10 +61,7 @@ def sorted_rows(
 
 
 def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
-    """Yields `(rows, value positions)`: chunks of rows of similar length.
-
-    At most `rows_per_chunk` rows and `MAX_CELLS_PER_CHUNK_VALUES` padded values.
-    """
+    """Yields `(rows, value positions)`: chunks of rows of similar length (bounded)."""
     lengths = np.diff(indptr)
     order = np.argsort(lengths, kind="stable")
     a = 0
@@ -113,23 +103,19 @@ def bins_of_sorted(
     edges = a.astype(np.float64) + d64 * gamma
     hi = gamma >= 0.5
     edges[hi] = (b.astype(np.float64) - d64 * (1 - gamma))[hi]
-    # x >= e  <=>  x >= c, c the smallest float32 >= e (x is a float32).
+    # x >= e  <=>  x >= c, c the smallest float32 >= e.
     c = edges.astype(np.float32)
     up = c.astype(np.float64) < edges
     c[up] = np.nextafter(c[up], np.float32(np.inf))
-    # A row's values sit at columns [0, n), descending; the value at column p
-    # counts edge k when p < end_k, the first column whose value is below
-    # c_k. Find every end_k by one binary search over all rows: the order
-    # words with the row number above them sort one row after another.
+    # end_k: a row's first column whose value is below c_k, found by one binary
+    # search over all rows (order words with the row number above them).
     flat = keys >> _SHIFT
     flat |= np.arange(n_rows, dtype=np.uint64)[:, None] << _SHIFT
     cut = inverted(c).astype(np.uint64) | (nz.astype(np.uint64)[:, None] << _SHIFT)
     ends = np.searchsorted(flat.reshape(-1), cut.reshape(-1), side="right")
     ends = ends.reshape(cut.shape) - rows * width
-    # Ends shrink as k grows (edges grow, values descend): columns
-    # [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
-    # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
-    # that last run is the padding.
+    # Columns [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
+    # [end_0 = n, width) the padding.
     bounds = np.concatenate(
         [np.zeros((nz.size, 1), np.int64), ends[:, ::-1], np.full((nz.size, 1), width)],
         axis=1,
@@ -146,14 +132,7 @@ def bins_of_sorted(
     return bins
 
 
-def zero_genes(
-    key: int,
-    row_ids: np.ndarray,
-    need: np.ndarray,
-    vocab_tokens: np.ndarray,
-    expressed: np.ndarray,
-    stream_offset: int,
-) -> tuple[np.ndarray, np.ndarray]:
+def zero_genes(key, row_ids, need, vocab_tokens, expressed, stream_offset: int):
     """`(rows, tokens)`: sampled non-expressed genes per row, in stream order.
 
     Row `i` gets the first `need[i]` distinct tokens of

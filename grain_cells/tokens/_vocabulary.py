@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,10 +21,7 @@ DEFAULT_SPECIALS = ("<pad>", "<cls>", "<eos>", "<mask>")
 
 @dataclasses.dataclass(frozen=True)
 class VocabularyMap:
-    """A vocabulary applied to a source's columns.
-
-    `tokens` int32 per column (-1: none); `dropped` the first 20 names without one.
-    """
+    """`tokens` int32 per column (-1: none); `dropped`: first 20 names without one."""
 
     tokens: np.ndarray
     num_dropped: int
@@ -92,8 +90,7 @@ class GeneVocabulary:
             ValueError: The file is malformed or lacks a special token.
         """
         path = os.fspath(path)
-        with open(path) as f:
-            text = f.read()
+        text = pathlib.Path(path).read_text()
         if path.endswith(".json"):
             try:
                 tokens = json.loads(text)
