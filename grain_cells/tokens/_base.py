@@ -209,21 +209,19 @@ class TokenOutput(Output):
             out_of_vocab = np.zeros(values.size + 1, np.int32)
             np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
             dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        n_rows = lengths.size
-        binned = self.n_bins is not None
-        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        bins = np.full_like(genes, self.pad_value) if binned else None
+        n_rows, offset = lengths.size, int(self.cls_id >= 0)
+        ids = np.full((n_rows, self.length), self.pad_id, np.int32)
+        bins = np.full_like(ids, self.pad_value) if self.n_bins is not None else None
         n_expr = np.zeros(n_rows, np.int64)
         for chunk, at in _kernels.length_chunks(csr.indptr):
             kept = None if keep is None else keep[at]
             rows, n_kept = _kernels.sorted_rows(
                 lengths[chunk], kept, inv[at], tokens[at], self.pad_id
-            )
+            )  # past `n_kept`: `pad_id`, and `pad_value` bins
             n_expr[chunk] = n_kept
             width = rows.shape[1]
-            w = min(width, self.slots)
             row_genes = _kernels.key_tokens(rows, width)
-            if binned:
+            if bins is not None:
                 row_bins = _kernels.bins_of_sorted(
                     rows, n_kept, self.n_bins, self.pad_value
                 )
@@ -237,31 +235,21 @@ class TokenOutput(Output):
                 order = np.argsort(h, axis=1, kind="stable")
                 row_genes = np.take_along_axis(row_genes, order, axis=1)
                 row_bins = np.take_along_axis(row_bins, order, axis=1)
-            genes[chunk, :w] = row_genes[:, :w]
-            if binned:
-                bins[chunk, :w] = row_bins[:, :w]
-        # The last chunk's keys (up to 64 MB) go before the outputs are allocated.
-        rows = row_genes = row_bins = kept = at = None
+            w = min(width, self.slots)
+            ids[chunk, offset : offset + w] = row_genes[:, :w]
+            if bins is not None:
+                bins[chunk, offset : offset + w] = row_bins[:, :w]
         n_genes = np.minimum(n_expr, self.slots)
-        out = {"gene_ids": self._framed(genes, self.pad_id, self.cls_id)}
-        if binned:  # `pad_value` past each row's genes already
-            out["values"] = self._framed(bins, self.pad_value, 0)
+        if offset:
+            ids[:, 0] = self.cls_id
         if self.eos_id >= 0:
-            out["gene_ids"][np.arange(n_rows), (self.cls_id >= 0) + n_genes] = (
-                self.eos_id
-            )
+            ids[np.arange(n_rows), offset + n_genes] = self.eos_id
+        out = {"gene_ids": ids}
+        if bins is not None:
+            bins[:, :offset] = 0
+            out["values"] = bins
         out["n_expressed"] = n_expr.astype(np.int32)
         return out | self._dropped(fetch, np.arange(n_rows), n_rows, dropped), n_genes
-
-    def _framed(self, genes: np.ndarray, pad, cls) -> np.ndarray:
-        """`[n_rows, length]` int32: `cls` (with `<cls>`), the genes' slots, `pad`."""
-        offset = 1 if self.cls_id >= 0 else 0
-        out = np.empty((genes.shape[0], self.length), np.int32)
-        out[:, offset : offset + self.slots] = genes
-        out[:, offset + self.slots :] = pad
-        if offset:
-            out[:, 0] = cls
-        return out
 
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
         """`n_dropped` of `rows`; rank-value: `n_no_median` (no median) apart."""
