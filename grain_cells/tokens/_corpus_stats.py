@@ -5,6 +5,7 @@ Design notes: docs/reference/design.md#tokens-corpus-stats.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -177,12 +178,8 @@ def corpus_stats(
         nnz = nnz * source.num_selected_cells / max(1, source.num_cells)
         method = "exact" if int(nnz) * 12 < exact_bytes else "histogram"
     grid = (bins_per_octave, min_octave, max_octave)
-    options = {
-        "target_sum": target_sum,
-        "method": method,
-        "grid": list(grid) if method == "histogram" else None,
-        "version": _VERSION,
-    }
+    options = {"target_sum": target_sum, "method": method, "version": _VERSION}
+    options["grid"] = list(grid) if method == "histogram" else None
     identity = {"data": data_identity(source), "options": options}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     path = os.path.join(cache_root(), f"grain_cells-corpus-stats-{key}.npz")
@@ -192,11 +189,9 @@ def corpus_stats(
             return stats
     stats = _compute(source, target_sum, method, grid, chunk_cells, progress, key)
     if cache:
-        try:
+        with contextlib.suppress(OSError):  # a read-only cache folder: still a result
             os.makedirs(os.path.dirname(path), exist_ok=True)
             stats.save(path)
-        except OSError:  # a read-only cache folder: the result still stands
-            pass
     return stats
 
 
