@@ -214,8 +214,12 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
             csr = Fetch(rows.dense, rows.row_ids, n_genes, _csr=rows.csr).csr
             data, genes = csr.data.astype(np.float64), csr.indices.astype(np.int64)
             lengths = np.diff(csr.indptr)
+            values = data
+            if target_sum is not None:  # x / cell total * target_sum
+                row_of = np.repeat(np.arange(lengths.size), lengths)
+                totals = np.bincount(row_of, weights=data, minlength=lengths.size)
+                values = data / totals[row_of] * target_sum
             keep = data != 0
-            values = normalise(data, lengths, target_sum)
             data, genes, values = data[keep], genes[keep], values[keep]
             count += np.bincount(genes, minlength=n_genes)
             total += np.bincount(genes, weights=data, minlength=n_genes)
@@ -226,7 +230,8 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
                 with np.errstate(divide="ignore"):
                     b = np.floor(np.log2(np.abs(values)) * bpo).astype(np.int64)
                 b = np.clip(b - lo * bpo, 0, n_bins - 1)
-                _count_into(hist, genes * n_bins + b)
+                at, counts = np.unique(genes * n_bins + b, return_counts=True)
+                hist[at] += counts.astype(hist.dtype)  # memory walked in order
             num_cells += lengths.size
             bar.update(lengths.size)
     if hist is None:
@@ -235,26 +240,6 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
         medians = _histogram_medians(hist.reshape(n_genes, n_bins), count, grid)
     names = np.asarray(source.var_names).astype(str)
     return CorpusStats(names, medians, count, total, num_cells, method, target_sum, key)
-
-
-def _count_into(hist: np.ndarray, keys: np.ndarray) -> None:
-    """`np.add.at(hist, keys, 1)`, sorted first: memory is walked in order."""
-    if not keys.size:
-        return
-    keys.sort()
-    heads = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-    counts = np.diff(np.concatenate([heads, [keys.size]]))
-    hist[keys[heads]] += counts.astype(hist.dtype)
-
-
-def normalise(data: np.ndarray, lengths: np.ndarray, target_sum) -> np.ndarray:
-    """`x / cell_total * target_sum` over CSR values (float64), or `x`."""
-    data = np.asarray(data, np.float64)
-    if target_sum is None:
-        return data
-    row_of = np.repeat(np.arange(lengths.size), lengths)
-    totals = np.bincount(row_of, weights=data, minlength=lengths.size)
-    return data / totals[row_of] * target_sum
 
 
 def _exact_medians(kept_genes, kept_values, n_genes) -> np.ndarray:
