@@ -132,17 +132,10 @@ class TokenOutput(Output):
             arrays = fetch.cache[key] = self.tokenize(fetch)
         out = {}
         for name, a in arrays.items():
-            if name.startswith("_"):
-                continue
-            if rows.size == batch_size:
-                out[name] = a[rows]
-                continue
-            b = np.full((batch_size, *a.shape[1:]), self.pad_fill(name), a.dtype)
-            b[: rows.size] = a[rows]
-            out[name] = b
-        used = np.zeros(batch_size, np.int64)
-        used[: rows.size] = arrays["_used"][rows]
-        out["attention_mask"] = np.arange(self.length)[None, :] < used[:, None]
+            b = out[name] = np.empty((batch_size, *a.shape[1:]), a.dtype)
+            np.take(a, rows, axis=0, out=b[: rows.size], mode="clip")
+            b[rows.size :] = self.pad_fill(name)
+        out["attention_mask"] = np.arange(self.length) < out.pop("_used")[:, None]
         return out
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
