@@ -118,15 +118,8 @@ class ValueBinTokens(TokenOutput):
     Build it with `ValueBinTokens.for_source(source, vocabulary)`.
     """
 
-    _FINGERPRINT = (
-        "n_bins",
-        "selection",
-        "pad_zeros",
-        "pad_id",
-        "cls_id",
-        "pad_value",
-        "mask_value",
-    )
+    _FINGERPRINT = ("n_bins", "selection", "pad_zeros", "pad_id", "cls_id")
+    _FINGERPRINT += ("pad_value", "mask_value")
 
     def __init__(
         self,
