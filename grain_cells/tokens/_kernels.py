@@ -139,48 +139,30 @@ def zero_genes(key, row_ids, need, vocab_tokens, expressed, stream_offset: int):
     `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`, j = 0, 1, ...,
     not in its `expressed` set (sorted `row * 2**32 + token`).
     """
-    n_vocab = vocab_tokens.size
     got_r, got_t = [], []
     todo = np.flatnonzero(need > 0)
-    first = 0
-    span = max(16, 2 * int(need.max(initial=0)))
-    have = np.zeros(need.size, np.int64)
-    while todo.size:
-        j = np.arange(first, first + span, dtype=np.uint64)
-        h = counter_rng.hash64(
-            np.uint64(key),
-            row_ids[todo].astype(np.uint64)[:, None],
-            np.uint64(stream_offset) + j[None, :],
-        )
+    drawn, span = 0, max(16, 2 * int(need.max(initial=0)))
+    rr = tt = np.zeros(0, np.int64)
+    while todo.size:  # draws of the rows still short, spans doubling
+        j = np.uint64(stream_offset) + np.arange(drawn, drawn + span, dtype=np.uint64)
+        rows = row_ids[todo].astype(np.uint64)[:, None]
+        h = counter_rng.hash64(np.uint64(key), rows, j[None, :])
         got_r.append(np.repeat(todo, span))
-        got_t.append(
-            vocab_tokens[(h % np.uint64(n_vocab)).astype(np.int64)].reshape(-1)
-        )
-        first += span
-        span *= 2
-        pair = _distinct_new(got_r, got_t, expressed)[2]
-        have = np.bincount(pair >> 32, minlength=need.size)
-        todo = np.flatnonzero(have < need)
-    if not got_r:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rr, tt, _ = _distinct_new(got_r, got_t, expressed)
+        pick = (h % np.uint64(vocab_tokens.size)).astype(np.int64).reshape(-1)
+        got_t.append(vocab_tokens[pick])
+        drawn, span = drawn + span, span * 2
+        rr = np.concatenate(got_r)
+        order = np.argsort(rr, kind="stable")  # rows ascending, draws in order
+        rr = rr[order]
+        tt = np.concatenate(got_t).astype(np.int64)[order]
+        pair = rr * (1 << 32) + tt
+        pos = np.searchsorted(expressed, pair)
+        new = pos >= expressed.size
+        new[~new] = expressed[pos[~new]] != pair[~new]
+        _, first = np.unique(pair[new], return_index=True)
+        first.sort()
+        rr, tt = rr[new][first], tt[new][first]
+        todo = np.flatnonzero(np.bincount(rr, minlength=need.size) < need)
     starts = np.searchsorted(rr, np.arange(need.size))
-    rank = np.arange(rr.size) - starts[rr]
-    sel = rank < need[rr]
+    sel = np.arange(rr.size) - starts[rr] < need[rr]
     return rr[sel], tt[sel]
-
-
-def _distinct_new(got_r, got_t, expressed):
-    """First occurrences of not-expressed (row, token) pairs, stream order."""
-    rr = np.concatenate(got_r)
-    tt = np.concatenate(got_t).astype(np.int64)
-    order = np.argsort(rr, kind="stable")  # rows ascending, draws in order
-    rr, tt = rr[order], tt[order]
-    pair = rr * (1 << 32) + tt
-    pos = np.searchsorted(expressed, pair)
-    hit = pos < expressed.size
-    hit[hit] = expressed[pos[hit]] == pair[hit]
-    rr, tt, pair = rr[~hit], tt[~hit], pair[~hit]
-    _, first = np.unique(pair, return_index=True)
-    first.sort()
-    return rr[first], tt[first], pair[first]
