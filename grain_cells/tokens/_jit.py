@@ -28,8 +28,7 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
     while (span >> shift) >= limit:
         shift += np.uint64(1)
     nb = int(span >> shift) + 1
-    for b in range(nb + 1):
-        counts[b] = 0
+    counts[: nb + 1] = 0
     base = np.uint64(lo)
     for i in range(m):
         b = int(((keys[i] >> np.uint64(32)) - base) >> shift)
@@ -252,19 +251,11 @@ def _edges(out, m, q, edges):
         prev_f = np.floor(virtual)
         gamma = virtual - prev_f
         prev = int(prev_f)
-        if virtual >= last:
-            prev = last
-            nxt = last
-        else:
-            nxt = min(prev + 1, last)
+        prev, nxt = (last, last) if virtual >= last else (prev, min(prev + 1, last))
         a = _value_at(out, last - prev)
         b = _value_at(out, last - nxt)
-        diff = np.float32(b - a)
-        d64 = np.float64(diff)
-        if gamma >= 0.5:
-            e = np.float64(b) - d64 * (1 - gamma)
-        else:
-            e = np.float64(a) + d64 * gamma
+        d64 = np.float64(np.float32(b - a))  # the difference in float32, as NumPy
+        e = np.float64(b) - d64 * (1 - gamma) if gamma >= 0.5 else a + d64 * gamma
         c = np.float32(e)
         if np.float64(c) < e:
             c = np.nextafter(c, np.float32(np.inf))
