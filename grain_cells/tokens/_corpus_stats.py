@@ -234,39 +234,25 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
                 hist[at] += counts.astype(hist.dtype)  # memory walked in order
             num_cells += lengths.size
             bar.update(lengths.size)
-    if hist is None:
-        medians = _exact_medians(kept_genes, kept_values, n_genes)
-    else:
-        medians = _histogram_medians(hist.reshape(n_genes, n_bins), count, grid)
+    medians = np.full(n_genes, np.nan)
+    if hist is None:  # each gene's middle values, sorted by gene then value
+        genes = np.concatenate([np.zeros(0, np.int32), *kept_genes])
+        values = np.concatenate([np.zeros(0), *kept_values])
+        values = values[np.lexsort((values, genes))]
+        has = count > 0
+        first = (np.cumsum(count) - count)[has]
+        middle = values[first + (count[has] - 1) // 2] + values[first + count[has] // 2]
+        medians[has] = middle / 2
+    else:  # the mean of the centres of the middle values' bins
+        hist = hist.reshape(n_genes, n_bins)
+        for a in range(0, n_genes, 4096):  # bounded memory for the cumsum
+            cum = np.cumsum(hist[a : a + 4096], axis=1, dtype=np.int64)
+            c = count[a : a + 4096]
+            centres = []
+            for rank in ((c - 1) // 2, c // 2):
+                b = (cum <= rank[:, None]).sum(axis=1)  # first bin with cumsum > rank
+                centres.append(2.0 ** ((b + lo * bpo + 0.5) / bpo))
+            centre = (centres[0] + centres[1]) / 2
+            medians[a : a + 4096] = np.where(c > 0, centre, np.nan)
     names = np.asarray(source.var_names).astype(str)
     return CorpusStats(names, medians, count, total, num_cells, method, target_sum, key)
-
-
-def _exact_medians(kept_genes, kept_values, n_genes) -> np.ndarray:
-    genes = np.concatenate(kept_genes) if kept_genes else np.zeros(0, np.int32)
-    values = np.concatenate(kept_values) if kept_values else np.zeros(0)
-    order = np.lexsort((values, genes))
-    values = values[order]
-    counts = np.bincount(genes, minlength=n_genes)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    medians = np.full(n_genes, np.nan)
-    has = counts > 0
-    lo = starts[has] + (counts[has] - 1) // 2
-    hi = starts[has] + counts[has] // 2
-    medians[has] = (values[lo] + values[hi]) / 2
-    return medians
-
-
-def _histogram_medians(hist, count, grid) -> np.ndarray:
-    """Median estimates: the mean of the centres of the middle values' bins."""
-    bpo, lo, _ = grid
-    medians = np.full(count.size, np.nan)
-    for a in range(0, count.size, 4096):  # bounded memory for the cumsum
-        cum = np.cumsum(hist[a : a + 4096], axis=1, dtype=np.int64)
-        c = count[a : a + 4096]
-        centres = []
-        for rank in ((c - 1) // 2, c // 2):
-            b = (cum <= rank[:, None]).sum(axis=1)  # first bin with cumsum > rank
-            centres.append(2.0 ** ((b + lo * bpo + 0.5) / bpo))
-        medians[a : a + 4096] = np.where(c > 0, (centres[0] + centres[1]) / 2, np.nan)
-    return medians
