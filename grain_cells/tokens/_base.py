@@ -44,7 +44,7 @@ class TokenOutput(Output):
         self, column_tokens, specials, length, mlm_probability, kernels, threads
     ):
         """`specials`: the ids `(pad, cls, eos, mask)`, -1 for none."""
-        pad_id, cls_id, eos_id, mask_id = specials
+        _, cls_id, eos_id, mask_id = specials
         column_tokens = column_token_array(column_tokens)
         if kernels not in ("auto", "numba", "numpy"):
             raise ValueError(
@@ -66,8 +66,7 @@ class TokenOutput(Output):
             )
         self.column_tokens = column_tokens
         self.length = int(length)
-        self.pad_id, self.cls_id, self.eos_id = int(pad_id), int(cls_id), int(eos_id)
-        self.mask_id = int(mask_id)
+        self.pad_id, self.cls_id, self.eos_id, self.mask_id = map(int, specials)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
         _threads.resolve_threads(threads)  # refuses a bad value now
@@ -202,7 +201,7 @@ class TokenOutput(Output):
             out_of_vocab = np.zeros(values.size + 1, np.int32)
             np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
             dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        n_rows, offset = lengths.size, int(self.cls_id >= 0)
+        n_rows, offset, key = lengths.size, int(self.cls_id >= 0), np.uint64(fetch.key)
         ids = np.full((n_rows, self.length), self.pad_id, np.int32)
         bins = np.full_like(ids, self.pad_value) if self.n_bins is not None else None
         n_expr = np.zeros(n_rows, np.int64)
@@ -219,11 +218,9 @@ class TokenOutput(Output):
                     rows, n_kept, self.n_bins, self.pad_value
                 )
             if self.selection == "random":
-                h = counter_rng.hash64(
-                    np.uint64(fetch.key),
-                    fetch.row_ids[chunk].astype(np.uint64)[:, None],
-                    row_genes.astype(np.uint64),
-                ) >> np.uint64(16)
+                row_ids = fetch.row_ids[chunk].astype(np.uint64)[:, None]
+                h = counter_rng.hash64(key, row_ids, row_genes.astype(np.uint64))
+                h >>= np.uint64(16)
                 h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
                 order = np.argsort(h, axis=1, kind="stable")
                 row_genes = np.take_along_axis(row_genes, order, axis=1)
@@ -289,8 +286,8 @@ class TokenOutput(Output):
         """
         if self.mlm_probability <= 0:
             return
-        ids = out["gene_ids"]
-        row_ids = np.zeros(ids.shape[0], np.int64)
+        ids, key = out["gene_ids"], np.uint64(fetch.key)
+        row_ids = np.zeros(ids.shape[0], np.uint64)
         row_ids[: rows.size] = fetch.row_ids[rows]
         genes = np.zeros((n_genes.size, self.length), bool)
         offset = 1 if self.cls_id >= 0 else 0
@@ -298,12 +295,7 @@ class TokenOutput(Output):
             np.arange(self.slots) < n_genes[:, None]
         )
         r, c = np.nonzero(genes)
-        u = counter_rng.uniform(
-            np.uint64(fetch.key),
-            row_ids[r].astype(np.uint64),
-            ids[r, c].astype(np.uint64),
-            _MLM_WORD,
-        )
+        u = counter_rng.uniform(key, row_ids[r], ids[r, c].astype(np.uint64), _MLM_WORD)
         hit = u < self.mlm_probability
         masked = np.zeros(ids.shape, bool)
         masked[r[hit], c[hit]] = True

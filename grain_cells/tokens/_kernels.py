@@ -116,10 +116,7 @@ def bins_of_sorted(
     ends = ends.reshape(cut.shape) - rows * width
     # Columns [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
     # [end_0 = n, width) the padding.
-    bounds = np.concatenate(
-        [np.zeros((nz.size, 1), np.int64), ends[:, ::-1], np.full((nz.size, 1), width)],
-        axis=1,
-    )
+    bounds = np.pad(ends[:, ::-1], ((0, 0), (1, 1)), constant_values=(0, width))
     runs = np.diff(bounds, axis=1).reshape(-1)
     steps = np.arange(n_bins - 1, -1, -1, dtype=np.int32)
     steps[-1] = pad_value
