@@ -28,10 +28,7 @@ def numba_available() -> bool:
 
 
 class TokenOutput(Output):
-    """The encoder of `RankValueTokens` and `ValueBinTokens`.
-
-    The class attributes below are the defaults of the parameters only one has.
-    """
+    """The encoder of both outputs; class attributes: defaults of one's parameters."""
 
     _FINGERPRINT: tuple[str, ...] = ()  # recorded between length and mlm_probability
     column_medians: np.ndarray | None = None
@@ -280,7 +277,7 @@ class TokenOutput(Output):
         return n_genes + need
 
     def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
-        """Masks `out` in place where `uniform(key, row id, token, 7) < p` on genes.
+        """Masks `out`'s genes where `uniform(key, row id, token, 7) < p`.
 
         Writes `labels` (the ids; value-bin: the bins) and `<mask>` (`mask_value`).
         """

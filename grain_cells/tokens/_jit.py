@@ -57,10 +57,7 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
 
 @_njit
 def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
-    """`_sort_keys`, with the keys of the row's smallest value set apart (in `tail`).
-
-    Scrambles `keys[:m]`.
-    """
+    """`_sort_keys`, the keys of the row's smallest value set apart; scrambles keys."""
     if m < 64:
         _sort_keys(keys, m, lo, hi, out, counts, bucket)
         return
@@ -94,8 +91,7 @@ def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
 def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
-    With `checked` False (every value kept) the tests go and the divisions run in a
-    loop of their own (into `quot`) that the compiler vectorises.
+    `checked` False (every value kept): no tests, and a vectorised division loop.
     """
     m = 0
     dropped = 0
@@ -241,10 +237,7 @@ def _value_at(out, i):
 
 @_njit
 def _edges(out, m, q, edges):
-    """`np.quantile(out[:m] values, q)` (NumPy's lerp), rounded up to float32.
-
-    The smallest float32 `c >= e` keeps `x >= e <=> x >= c`.
-    """
+    """`np.quantile(out[:m] values, q)`, each up to the smallest float32 `c >= e`."""
     last = m - 1
     for k in range(q.size):
         virtual = last * q[k]

@@ -78,8 +78,7 @@ def bins_of_sorted(
 ) -> np.ndarray:
     """int32 bins (scGPT's) of rows sorted by value descending, `pad_value` after.
 
-    A value's bin is `np.digitize(value, np.quantile(values, np.linspace(0, 1,
-    n_bins - 1)))`, NumPy's interpolation reproduced bit for bit.
+    Bit for bit `np.digitize(x, np.quantile(values, np.linspace(0, 1, n_bins - 1)))`.
     """
     n_rows, width = keys.shape
     nz = np.flatnonzero(n_kept)
