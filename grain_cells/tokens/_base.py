@@ -113,16 +113,15 @@ class TokenOutput(Output):
     ) -> dict[str, np.ndarray]:
         """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
-        Compiled kernels encode the minibatch's rows in one thread, or the whole
-        fetch once in several; the NumPy kernels encode the whole fetch once.
+        Compiled kernels encode the rows (with several threads, the whole fetch
+        once); NumPy ones the whole fetch once (cached).
         """
-        per_minibatch = fetch.order is None or self.threads < 2
-        if self._compiled_top() and not self.pad_zeros and per_minibatch:
+        if self._compiled_top() and not self.pad_zeros:
             rows = np.asarray(rows, np.int64)
-            out, n_genes = self._encode(fetch, rows, batch_size)
+            out, n_genes = self._compiled_minibatch(fetch, rows, batch_size)
             self._mask_genes(fetch, rows, out, n_genes)
             return out
-        key = ("whole_fetch", id(self))
+        key = ("tokens", id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
             arrays = fetch.cache[key] = self.tokenize(fetch)
@@ -133,6 +132,23 @@ class TokenOutput(Output):
             b[rows.size :] = self.pad_fill(name)
         out["attention_mask"] = np.arange(self.length) < out.pop("_used")[:, None]
         return out
+
+    def _compiled_minibatch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
+        """`(arrays, n_genes)` of `rows`: a slice of the fetch encoded once in order."""
+        order, key = fetch.order, ("whole_fetch", id(self))
+        if order is None or rows.size != batch_size or self.threads < 2:
+            return self._encode(fetch, rows, batch_size)
+        if key not in fetch.cache:
+            position = np.full(fetch.row_ids.size, -1, np.int64)
+            position[order] = np.arange(order.size)
+            fetch.cache[key] = (*self._encode(fetch, order, order.size), position)
+        out, n_genes, position = fetch.cache[key]
+        a, b = int(position[rows[0]]), int(position[rows[0]]) + rows.size
+        if a < 0 or not np.array_equal(order[a:b], rows):
+            return self._encode(fetch, rows, batch_size)
+        copied = ("gene_ids", "values") if self.mlm_probability > 0 else ()
+        out = {k: v[a:b].copy() if k in copied else v[a:b] for k, v in out.items()}
+        return out, n_genes[a:b]
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
