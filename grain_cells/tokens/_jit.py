@@ -63,11 +63,8 @@ def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
         return
     # Branch-free: a row's 1s and others interleave at random, and a
     # mispredicted branch per key cost more than the two stores.
-    c = 0
-    t = 0
-    top = np.uint64(0)
-    prev = np.uint64(0)
-    disorder = 0
+    c = t = disorder = 0
+    top = prev = np.uint64(0)
     for j in range(m):
         k = keys[j]
         w = k >> np.uint64(32)
@@ -93,10 +90,8 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, 
 
     `checked` False (every value kept): no tests, and a vectorised division loop.
     """
-    m = 0
-    dropped = 0
-    lo = _U32
-    hi = np.uint64(0)
+    m = dropped = 0
+    lo, hi = _U32, np.uint64(0)
     if not checked:
         n = b - a
         values = data[a:b]
@@ -135,13 +130,9 @@ def _scratch(indptr, rows):
     longest = 0
     for r in rows:
         longest = max(longest, indptr[r + 1] - indptr[r])
-    keys = np.empty(longest, np.uint64)
-    out = np.empty(longest, np.uint64)
-    counts = np.empty(longest + 18, np.int32)
-    bucket = np.empty(longest, np.int32)
-    quot = np.empty(longest, np.float32)
-    tail = np.empty(longest, np.uint64)
-    return keys, out, counts, bucket, quot, tail
+    u64 = np.empty((3, longest), np.uint64)
+    counts, bucket = np.empty(longest + 18, np.int32), np.empty(longest, np.int32)
+    return u64[0], u64[1], counts, bucket, np.empty(longest, np.float32), u64[2]
 
 
 @_njit
