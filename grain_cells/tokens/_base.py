@@ -91,11 +91,10 @@ class TokenOutput(Output):
 
     def __repr__(self) -> str:
         fp = self.fingerprint()
-        names = {k: k.removesuffix("_id") for k in fp} | {"mlm_probability": "mlm"}
-        items = [
-            f"{names[k]}={v!r}" for k, v in fp.items() if k not in ("class", "columns")
-        ]
-        return f"{fp['class']}({', '.join(items)}, columns={fp['columns']})"
+        name, columns = fp.pop("class"), fp.pop("columns")
+        short = {k: k.removesuffix("_id") for k in fp} | {"mlm_probability": "mlm"}
+        items = ", ".join(f"{short[k]}={v!r}" for k, v in fp.items())
+        return f"{name}({items}, columns={columns})"
 
     def _digest(self) -> str:
         h = hashlib.sha256(self.column_tokens.tobytes())

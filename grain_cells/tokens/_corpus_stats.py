@@ -117,9 +117,7 @@ def data_identity(source) -> dict:
         files.append(f"{info.describe()} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
     _, starts, stops = source.block_ranges(np.arange(len(source)))
-    blocks = hashlib.sha256(
-        starts.astype("<i8").tobytes() + stops.astype("<i8").tobytes()
-    )
+    blocks = hashlib.sha256(np.concatenate([starts, stops]).astype("<i8").tobytes())
     digests = {"genes": genes.hexdigest()[:16], "blocks": blocks.hexdigest()[:16]}
     return {"files": files, **digests}
 
@@ -170,11 +168,9 @@ def corpus_stats(
         raise ValueError(
             f"target_sum must be positive or None, got target_sum={target_sum!r}"
         )
-    if method == "auto":
-        nnz = 0
-        for i in range(len(source.paths)):
-            info = source.file_info(i)
-            nnz += info.nnz if info.nnz is not None else info.n_obs * info.n_vars
+    if method == "auto":  # 12 bytes per kept value
+        infos = [source.file_info(i) for i in range(len(source.paths))]
+        nnz = sum(f.n_obs * f.n_vars if f.nnz is None else f.nnz for f in infos)
         nnz = nnz * source.num_selected_cells / max(1, source.num_cells)
         method = "exact" if int(nnz) * 12 < exact_bytes else "histogram"
     grid = (bins_per_octave, min_octave, max_octave)
