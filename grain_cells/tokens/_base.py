@@ -16,7 +16,6 @@ import numpy as np
 from grain_cells._util import arguments, counter_rng
 from grain_cells.outputs import Fetch, Output
 from grain_cells.tokens import _kernels, _threads
-from grain_cells.tokens._vocabulary import GeneVocabulary
 
 IGNORE = -100  # `labels` where nothing is masked
 ZERO_STREAM = 1 << 40  # counter offset of the zero-gene stream
@@ -28,18 +27,9 @@ def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def special_id(vocab: GeneVocabulary, role: str, wanted: bool) -> int:
-    """Id of a special token, or -1 when not wanted."""
-    return vocab.special(role) if wanted else -1
-
-
 class TokenOutput(Output):
-    """The encoder of `RankValueTokens` and `ValueBinTokens`.
+    """The encoder of both outputs; class attributes: defaults of one's parameters."""
 
-    The class attributes below are the defaults of the parameters only one has.
-    """
-
-    _cache_name = "tokens"
     _FINGERPRINT: tuple[str, ...] = ()  # recorded between length and mlm_probability
     column_medians: np.ndarray | None = None
     n_bins: int | None = None
@@ -51,7 +41,7 @@ class TokenOutput(Output):
         self, column_tokens, specials, length, mlm_probability, kernels, threads
     ):
         """`specials`: the ids `(pad, cls, eos, mask)`, -1 for none."""
-        pad_id, cls_id, eos_id, mask_id = specials
+        _, cls_id, eos_id, mask_id = specials
         column_tokens = column_token_array(column_tokens)
         if kernels not in ("auto", "numba", "numpy"):
             raise ValueError(
@@ -73,8 +63,7 @@ class TokenOutput(Output):
             )
         self.column_tokens = column_tokens
         self.length = int(length)
-        self.pad_id, self.cls_id, self.eos_id = int(pad_id), int(cls_id), int(eos_id)
-        self.mask_id = int(mask_id)
+        self.pad_id, self.cls_id, self.eos_id, self.mask_id = map(int, specials)
         self.mlm_probability = float(mlm_probability)
         self.kernels = kernels
         _threads.resolve_threads(threads)  # refuses a bad value now
@@ -102,13 +91,10 @@ class TokenOutput(Output):
 
     def __repr__(self) -> str:
         fp = self.fingerprint()
-        short = {"mlm_probability": "mlm"}
-        items = [
-            f"{short.get(k, k.removesuffix('_id'))}={v!r}"
-            for k, v in fp.items()
-            if k not in ("class", "columns")
-        ]
-        return f"{fp['class']}({', '.join(items)}, columns={fp['columns']})"
+        name, columns = fp.pop("class"), fp.pop("columns")
+        short = {k: k.removesuffix("_id") for k in fp} | {"mlm_probability": "mlm"}
+        items = ", ".join(f"{short[k]}={v!r}" for k, v in fp.items())
+        return f"{name}({items}, columns={columns})"
 
     def _digest(self) -> str:
         h = hashlib.sha256(self.column_tokens.tobytes())
@@ -126,81 +112,92 @@ class TokenOutput(Output):
     ) -> dict[str, np.ndarray]:
         """One minibatch: the fetch's `rows` as token arrays (`empty` unused).
 
-        Compiled kernels encode the rows; NumPy ones the whole fetch once (cached).
+        Compiled kernels encode the rows (with several threads, the whole fetch
+        once); NumPy ones the whole fetch once (cached).
         """
-        if self.selection == "top" and not self.pad_zeros and self._compiled():
+        if self._compiled_top() and not self.pad_zeros:
             rows = np.asarray(rows, np.int64)
-            whole = self._from_whole_fetch(fetch, rows, batch_size)
-            out, n_genes = whole or self._encode(fetch, rows, batch_size)
+            out, n_genes = self._compiled_minibatch(fetch, rows, batch_size)
             self._mask_genes(fetch, rows, out, n_genes)
             return out
-        key = (self._cache_name, id(self))
+        key = ("tokens", id(self))
         arrays = fetch.cache.get(key)
         if arrays is None:
             arrays = fetch.cache[key] = self.tokenize(fetch)
         out = {}
         for name, a in arrays.items():
-            if name.startswith("_"):
-                continue
-            if rows.size == batch_size:
-                out[name] = a[rows]
-                continue
-            b = np.full((batch_size, *a.shape[1:]), self.pad_fill(name), a.dtype)
-            b[: rows.size] = a[rows]
-            out[name] = b
-        used = np.zeros(batch_size, np.int64)
-        used[: rows.size] = arrays["_used"][rows]
-        out["attention_mask"] = np.arange(self.length)[None, :] < used[:, None]
+            b = out[name] = np.empty((batch_size, *a.shape[1:]), a.dtype)
+            np.take(a, rows, axis=0, out=b[: rows.size], mode="clip")
+            b[rows.size :] = self.pad_fill(name)
+        out["attention_mask"] = np.arange(self.length) < out.pop("_used")[:, None]
         return out
 
-    def _from_whole_fetch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
-        """A full minibatch sliced from the whole fetch encoded once, or None."""
-        order = fetch.order
+    def _compiled_minibatch(self, fetch: Fetch, rows: np.ndarray, batch_size: int):
+        """`(arrays, n_genes)` of `rows`: a slice of the fetch encoded once in order."""
+        order, key = fetch.order, ("whole_fetch", id(self))
         if order is None or rows.size != batch_size or self.threads < 2:
-            return None
-        key = ("whole_fetch", id(self))
-        whole = fetch.cache.get(key)
-        if whole is None:
-            out, n_genes = self._encode(fetch, order, order.size)
+            return self._encode(fetch, rows, batch_size)
+        if key not in fetch.cache:
             position = np.full(fetch.row_ids.size, -1, np.int64)
             position[order] = np.arange(order.size)
-            whole = fetch.cache[key] = (out, n_genes, position)
-        out, n_genes, position = whole
-        a = int(position[rows[0]])
-        b = a + rows.size
-        if a < 0 or b > order.size or not np.array_equal(order[a:b], rows):
-            return None
+            fetch.cache[key] = (*self._encode(fetch, order, order.size), position)
+        out, n_genes, position = fetch.cache[key]
+        a, b = int(position[rows[0]]), int(position[rows[0]]) + rows.size
+        if a < 0 or not np.array_equal(order[a:b], rows):
+            return self._encode(fetch, rows, batch_size)
         copied = ("gene_ids", "values") if self.mlm_probability > 0 else ()
-        return {
-            name: array[a:b].copy() if name in copied else array[a:b]
-            for name, array in out.items()
-        }, n_genes[a:b]
+        out = {k: v[a:b].copy() if k in copied else v[a:b] for k, v in out.items()}
+        return out, n_genes[a:b]
 
     def tokenize(self, fetch: Fetch) -> dict[str, np.ndarray]:
         """Token arrays of every row of the fetch."""
-        n_rows = fetch.row_ids.size
-        if self.selection == "top" and self._compiled():
-            rows = np.arange(n_rows, dtype=np.int64)
-            out, n_genes = self._encode(fetch, rows, n_rows)
+        rows = np.arange(fetch.row_ids.size, dtype=np.int64)
+        if self._compiled_top():
+            out, n_genes = self._encode(fetch, rows, rows.size)
             del out["attention_mask"]
-            if self.pad_zeros and self.vocab_columns.size:
-                genes = slice(self.cls_id >= 0, (self.cls_id >= 0) + self.slots)
-                n_genes = self._add_zero_genes(
-                    fetch,
-                    out["gene_ids"][:, genes],
-                    out["values"][:, genes],
-                    n_genes.astype(np.int64),
-                    out["n_expressed"].astype(np.int64),
-                )
-            specials = (self.cls_id >= 0) + (self.eos_id >= 0)
-            out["_used"] = n_genes.astype(np.int64) + specials
         else:
-            out, n_genes = self._tokenize_numpy(fetch)
-        self._mask_genes(fetch, np.arange(n_rows), out, n_genes)
+            out, n_genes = self._encode_numpy(fetch)
+        n_genes = n_genes.astype(np.int64)
+        if self.pad_zeros and self.vocab_columns.size:
+            n_genes = self._add_zero_genes(fetch, out, n_genes)
+        out["_used"] = n_genes + (self.cls_id >= 0) + (self.eos_id >= 0)
+        self._mask_genes(fetch, rows, out, n_genes)
         return out
 
-    def _tokenize_numpy(self, fetch: Fetch):
-        """`tokenize` on the NumPy kernels, unmasked: `(arrays, n_genes)`."""
+    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
+        """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
+        from grain_cells.tokens import _jit
+
+        key = ("jit_csr", id(self))
+        if key not in fetch.cache:  # `checked` False: every value is kept
+            csr = fetch.csr
+            data = np.ascontiguousarray(csr.data, np.float32)
+            positive = not data.size or data.min() > 0
+            indptr = np.ascontiguousarray(csr.indptr, np.int64)
+            arrays = (data, np.ascontiguousarray(csr.indices), indptr)
+            fetch.cache[key] = arrays, not (self._all_in_vocabulary and positive)
+        csr, checked = fetch.cache[key]
+        binned = self.n_bins is not None
+        shape = (n_out, self.length)
+        ids, mask = np.empty(shape, np.int32), np.empty(shape, bool)
+        values = np.empty(shape if binned else (n_out, 0), np.int32)
+        if binned:
+            medians, q = np.ones(1, np.float32), np.linspace(0, 1, self.n_bins - 1)
+        else:
+            medians, q = self.column_medians, np.empty(0)
+        ends = (self.cls_id, self.slots, self.pad_id, self.eos_id, self.pad_value)
+
+        def call(part, a, b):
+            args = (medians, checked, q, ids[a:b], values[a:b], mask[a:b], ends)
+            return _jit.encode_rows(csr, part, self.column_tokens, *args)
+
+        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
+        out = {"gene_ids": ids, "values": values} if binned else {"gene_ids": ids}
+        out |= {"attention_mask": mask, "n_expressed": n_expr}
+        return out | self._dropped(fetch, rows, n_out, dropped), n_genes
+
+    def _encode_numpy(self, fetch: Fetch):
+        """NumPy encoding of every row, unmasked, no zero genes: `(arrays, n_genes)`."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
@@ -216,111 +213,63 @@ class TokenOutput(Output):
             out_of_vocab = np.zeros(values.size + 1, np.int32)
             np.cumsum(positive & (tokens < 0), out=out_of_vocab[1:])
             dropped = out_of_vocab[csr.indptr[1:]] - out_of_vocab[csr.indptr[:-1]]
-        n_rows = lengths.size
-        binned = self.n_bins is not None
-        genes = np.full((n_rows, self.slots), self.pad_id, np.int32)
-        bins = (
-            np.full((n_rows, self.slots), self.pad_value, np.int32) if binned else None
-        )
+        n_rows, offset, key = lengths.size, int(self.cls_id >= 0), np.uint64(fetch.key)
+        ids = np.full((n_rows, self.length), self.pad_id, np.int32)
+        bins = np.full_like(ids, self.pad_value) if self.n_bins is not None else None
         n_expr = np.zeros(n_rows, np.int64)
         for chunk, at in _kernels.length_chunks(csr.indptr):
             kept = None if keep is None else keep[at]
             rows, n_kept = _kernels.sorted_rows(
                 lengths[chunk], kept, inv[at], tokens[at], self.pad_id
-            )
+            )  # past `n_kept`: `pad_id`, and `pad_value` bins
             n_expr[chunk] = n_kept
             width = rows.shape[1]
-            w = min(width, self.slots)
             row_genes = _kernels.key_tokens(rows, width)
-            if binned:
+            if bins is not None:
                 row_bins = _kernels.bins_of_sorted(
                     rows, n_kept, self.n_bins, self.pad_value
                 )
             if self.selection == "random":
-                h = counter_rng.hash64(
-                    np.uint64(fetch.key),
-                    fetch.row_ids[chunk].astype(np.uint64)[:, None],
-                    row_genes.astype(np.uint64),
-                ) >> np.uint64(16)
+                row_ids = fetch.row_ids[chunk].astype(np.uint64)[:, None]
+                h = counter_rng.hash64(key, row_ids, row_genes.astype(np.uint64))
+                h >>= np.uint64(16)
                 h[np.arange(width)[None, :] >= n_kept[:, None]] = ~np.uint64(0)
                 order = np.argsort(h, axis=1, kind="stable")
                 row_genes = np.take_along_axis(row_genes, order, axis=1)
                 row_bins = np.take_along_axis(row_bins, order, axis=1)
-            genes[chunk, :w] = row_genes[:, :w]
-            if binned:
-                bins[chunk, :w] = row_bins[:, :w]
-        # The last chunk's keys (up to 64 MB) go before the outputs are allocated.
-        rows = row_genes = row_bins = kept = at = None
+            w = min(width, self.slots)
+            ids[chunk, offset : offset + w] = row_genes[:, :w]
+            if bins is not None:
+                bins[chunk, offset : offset + w] = row_bins[:, :w]
         n_genes = np.minimum(n_expr, self.slots)
-        if self.pad_zeros and self.vocab_columns.size:
-            n_genes = self._add_zero_genes(fetch, genes, bins, n_genes, n_expr)
-        offset = 1 if self.cls_id >= 0 else 0
-        out = {"gene_ids": self._framed(genes, self.pad_id, self.cls_id)}
-        if binned:  # `pad_value` past each row's genes already
-            out["values"] = self._framed(bins, self.pad_value, 0)
-        used = offset + n_genes
-        if self.eos_id >= 0:
-            out["gene_ids"][np.arange(n_rows), used] = self.eos_id
-            used = used + 1
-        out["n_expressed"] = n_expr.astype(np.int32)
-        out.update(self._dropped(fetch, np.arange(n_rows), n_rows, dropped))
-        out["_used"] = used
-        return out, n_genes
-
-    def _framed(self, genes: np.ndarray, pad, cls) -> np.ndarray:
-        """`[n_rows, length]` int32: `cls` (with `<cls>`), the genes' slots, `pad`."""
-        offset = 1 if self.cls_id >= 0 else 0
-        out = np.empty((genes.shape[0], self.length), np.int32)
-        out[:, offset : offset + self.slots] = genes
-        out[:, offset + self.slots :] = pad
         if offset:
-            out[:, 0] = cls
-        return out
+            ids[:, 0] = self.cls_id
+        if self.eos_id >= 0:
+            ids[np.arange(n_rows), offset + n_genes] = self.eos_id
+        out = {"gene_ids": ids}
+        if bins is not None:
+            bins[:, :offset] = 0
+            out["values"] = bins
+        out["n_expressed"] = n_expr.astype(np.int32)
+        return out | self._dropped(fetch, np.arange(n_rows), n_rows, dropped), n_genes
 
     def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
-        """The per-row counts of values not tokenised (rank-value splits them)."""
-        return {"n_dropped": np.asarray(not_tokenised, np.int32)}
+        """`n_dropped` of `rows`; rank-value: `n_no_median` (no median) apart."""
+        dropped = np.asarray(not_tokenised, np.int32)
+        if self.column_medians is None:
+            return {"n_dropped": dropped}
+        no_median = np.zeros(n_out, np.int32)
+        if self.num_without_median:
+            key = ("no_median", id(self))
+            if key not in fetch.cache:
+                csr = fetch.csr
+                hit = self._no_median[csr.indices] & (csr.data > 0)
+                total = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
+                fetch.cache[key] = total[csr.indptr[1:]] - total[csr.indptr[:-1]]
+            no_median[: len(rows)] = fetch.cache[key][rows]
+        return {"n_dropped": dropped - no_median, "n_no_median": no_median}
 
-    def _encode(self, fetch: Fetch, rows: np.ndarray, n_out: int):
-        """Compiled encoding of `rows` into `n_out` rows: `(arrays, n_genes)`."""
-        from grain_cells.tokens import _jit
-
-        jit_csr = fetch.cache.get(("jit_csr", id(self)))
-        if jit_csr is None:  # `checked` False: every value is kept
-            csr = fetch.csr
-            data = np.ascontiguousarray(csr.data, np.float32)
-            positive = not data.size or data.min() > 0
-            checked = not (self._all_in_vocabulary and positive)
-            indices = np.ascontiguousarray(csr.indices)
-            indptr = np.ascontiguousarray(csr.indptr, np.int64)
-            jit_csr = fetch.cache["jit_csr", id(self)] = (
-                (data, indices, indptr),
-                checked,
-            )
-        csr, checked = jit_csr
-        shape = (n_out, self.length)
-        arrays = {"gene_ids": np.empty(shape, np.int32)}
-        if self.n_bins is None:
-            kernel = _jit.rank_value_rows
-            before, after = (self.column_medians, checked), (self.eos_id,)
-        else:
-            kernel = _jit.value_bin_rows
-            before = (checked, np.linspace(0, 1, self.n_bins - 1))
-            after = (self.pad_value,)
-            arrays["values"] = np.empty(shape, np.int32)
-        arrays["attention_mask"] = np.empty(shape, bool)
-
-        ends = (self.cls_id, self.slots, self.pad_id, *after)
-
-        def call(part, a, b):
-            parts = [array[a:b] for array in arrays.values()]
-            return kernel(csr, part, self.column_tokens, *before, *parts, ends)
-
-        n_expr, dropped, n_genes = _threads.encode_rows(call, rows, n_out, self.threads)
-        counts = self._dropped(fetch, rows, n_out, dropped)
-        return {**arrays, "n_expressed": n_expr, **counts}, n_genes
-
-    def _add_zero_genes(self, fetch: Fetch, genes, bins, n_genes, n_expr):
+    def _add_zero_genes(self, fetch: Fetch, out: dict, n_genes) -> np.ndarray:
         """Writes sampled non-expressed genes after each row's expressed ones."""
         csr = fetch.csr
         tokens = self.column_tokens[csr.indices].astype(np.int64)
@@ -329,39 +278,36 @@ class TokenOutput(Output):
         rows = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
         expressed = np.sort(rows[keep] * (1 << 32) + tokens[keep])
         vocab_tokens = self.column_tokens[self.vocab_columns].astype(np.int64)
-        need = np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr)
-        need = np.maximum(need, 0)
+        n_expr = out["n_expressed"].astype(np.int64)
+        need = np.maximum(
+            np.minimum(self.slots - n_genes, vocab_tokens.size - n_expr), 0
+        )
         zr, zt = _kernels.zero_genes(
             fetch.key, fetch.row_ids, need, vocab_tokens, expressed, ZERO_STREAM
         )
         starts = np.searchsorted(zr, np.arange(need.size))
-        at = n_genes[zr] + np.arange(zr.size) - starts[zr]
-        genes[zr, at] = zt
-        bins[zr, at] = 0
+        at = (self.cls_id >= 0) + n_genes[zr] + np.arange(zr.size) - starts[zr]
+        out["gene_ids"][zr, at] = zt
+        out["values"][zr, at] = 0
         return n_genes + need
 
     def _mask_genes(self, fetch: Fetch, rows, out: dict, n_genes) -> None:
-        """Masks `out` in place where `uniform(key, row id, token, 7) < p` on genes.
+        """Masks `out`'s genes where `uniform(key, row id, token, 7) < p`.
 
         Writes `labels` (the ids; value-bin: the bins) and `<mask>` (`mask_value`).
         """
         if self.mlm_probability <= 0:
             return
-        ids = out["gene_ids"]
-        row_ids = np.zeros(ids.shape[0], np.int64)
+        ids, key = out["gene_ids"], np.uint64(fetch.key)
+        row_ids = np.zeros(ids.shape[0], np.uint64)
         row_ids[: rows.size] = fetch.row_ids[rows]
-        offset = 1 if self.cls_id >= 0 else 0
         genes = np.zeros((n_genes.size, self.length), bool)
+        offset = 1 if self.cls_id >= 0 else 0
         genes[:, offset : offset + self.slots] = (
-            np.arange(self.slots)[None, :] < n_genes[:, None]
+            np.arange(self.slots) < n_genes[:, None]
         )
         r, c = np.nonzero(genes)
-        u = counter_rng.uniform(
-            np.uint64(fetch.key),
-            row_ids[r].astype(np.uint64),
-            ids[r, c].astype(np.uint64),
-            _MLM_WORD,
-        )
+        u = counter_rng.uniform(key, row_ids[r], ids[r, c].astype(np.uint64), _MLM_WORD)
         hit = u < self.mlm_probability
         masked = np.zeros(ids.shape, bool)
         masked[r[hit], c[hit]] = True
@@ -374,6 +320,9 @@ class TokenOutput(Output):
 
     def _compiled(self) -> bool:
         return self.kernels == "numba" or (self.kernels == "auto" and numba_available())
+
+    def _compiled_top(self) -> bool:
+        return self.selection == "top" and self._compiled()
 
 
 def column_token_array(column_tokens) -> np.ndarray:

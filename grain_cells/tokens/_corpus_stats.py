@@ -5,6 +5,7 @@ Design notes: docs/reference/design.md#tokens-corpus-stats.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -51,12 +52,10 @@ class CorpusStats:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the statistics as an `.npz` file (no pickle)."""
-        meta = {
-            k: getattr(self, k) for k in ("num_cells", "method", "target_sum", "key")
-        }
-        arrays = {k: getattr(self, k) for k in _ARRAYS}
+        meta = {k: getattr(self, k) for k in ("num_cells", "method", "target_sum")}
+        meta |= {"key": self.key, "version": _VERSION}
+        arrays = {k: getattr(self, k) for k in _ARRAYS} | {"meta": json.dumps(meta)}
         arrays["var_names"] = np.asarray(self.var_names).astype(str)
-        arrays["meta"] = np.array(json.dumps({**meta, "version": _VERSION}))
         write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
     @classmethod
@@ -64,13 +63,8 @@ class CorpusStats:
         """Reads statistics written by `save`."""
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            return cls(
-                *(z[k] for k in _ARRAYS),
-                int(meta["num_cells"]),
-                meta["method"],
-                meta["target_sum"],
-                meta["key"],
-            )
+            fields = int(meta["num_cells"]), meta["method"], meta["target_sum"]
+            return cls(*(z[k] for k in _ARRAYS), *fields, meta["key"])
 
     def medians_for(self, genes) -> np.ndarray:
         """Non-zero medians of `genes` (names), NaN for genes not in the stats.
@@ -123,9 +117,7 @@ def data_identity(source) -> dict:
         files.append(f"{info.describe()} sha256:{digest.hexdigest()[:16]}")
     genes = hashlib.sha256(np.asarray(source.var_names).astype(str).tobytes())
     _, starts, stops = source.block_ranges(np.arange(len(source)))
-    blocks = hashlib.sha256(
-        starts.astype("<i8").tobytes() + stops.astype("<i8").tobytes()
-    )
+    blocks = hashlib.sha256(np.concatenate([starts, stops]).astype("<i8").tobytes())
     digests = {"genes": genes.hexdigest()[:16], "blocks": blocks.hexdigest()[:16]}
     return {"files": files, **digests}
 
@@ -176,23 +168,16 @@ def corpus_stats(
         raise ValueError(
             f"target_sum must be positive or None, got target_sum={target_sum!r}"
         )
-    if method == "auto":
-        nnz = 0
-        for i in range(len(source.paths)):
-            info = source.file_info(i)
-            nnz += info.nnz if info.nnz is not None else info.n_obs * info.n_vars
+    if method == "auto":  # 12 bytes per kept value
+        infos = [source.file_info(i) for i in range(len(source.paths))]
+        nnz = sum(f.n_obs * f.n_vars if f.nnz is None else f.nnz for f in infos)
         nnz = nnz * source.num_selected_cells / max(1, source.num_cells)
         method = "exact" if int(nnz) * 12 < exact_bytes else "histogram"
     grid = (bins_per_octave, min_octave, max_octave)
-    options = {
-        "target_sum": target_sum,
-        "method": method,
-        "grid": list(grid) if method == "histogram" else None,
-        "version": _VERSION,
-    }
+    options = {"target_sum": target_sum, "method": method, "version": _VERSION}
+    options["grid"] = list(grid) if method == "histogram" else None
     identity = {"data": data_identity(source), "options": options}
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    key = key[:24]
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     path = os.path.join(cache_root(), f"grain_cells-corpus-stats-{key}.npz")
     if cache and os.path.exists(path):
         stats = CorpusStats.load(path)
@@ -200,40 +185,37 @@ def corpus_stats(
             return stats
     stats = _compute(source, target_sum, method, grid, chunk_cells, progress, key)
     if cache:
-        try:
+        with contextlib.suppress(OSError):  # a read-only cache folder: still a result
             os.makedirs(os.path.dirname(path), exist_ok=True)
             stats.save(path)
-        except OSError:  # a read-only cache folder: the result still stands
-            pass
     return stats
 
 
 def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
     n_genes = source.num_genes
-    count = np.zeros(n_genes, np.int64)
-    total = np.zeros(n_genes, np.float64)
+    count, total = np.zeros(n_genes, np.int64), np.zeros(n_genes, np.float64)
     bpo, lo, hi = grid
     n_bins = (hi - lo) * bpo
     hist = np.zeros(n_genes * n_bins, np.uint32) if method == "histogram" else None
     kept_genes, kept_values = [], []
     _, starts, stops = source.block_ranges(np.arange(len(source)))
     per_chunk = max(1, chunk_cells // source.block_size)
-    num_cells = 0
-    total_cells = int((stops - starts).sum())
+    num_cells, total_cells = 0, int((stops - starts).sum())
     desc = "corpus statistics"
-    with tqdm.tqdm(
-        total=total_cells, unit="cells", desc=desc, disable=not progress
-    ) as bar:
+    bar = tqdm.tqdm(total=total_cells, unit="cells", desc=desc, disable=not progress)
+    with bar:
         for a in range(0, starts.size, per_chunk):
-            rows = source.fetch_ranges(
-                starts[a : a + per_chunk], stops[a : a + per_chunk]
-            )
+            ends = starts[a : a + per_chunk], stops[a : a + per_chunk]
+            rows = source.fetch_ranges(*ends)
             csr = Fetch(rows.dense, rows.row_ids, n_genes, _csr=rows.csr).csr
-            data = csr.data.astype(np.float64)
-            genes = csr.indices.astype(np.int64)
+            data, genes = csr.data.astype(np.float64), csr.indices.astype(np.int64)
             lengths = np.diff(csr.indptr)
+            values = data
+            if target_sum is not None:  # x / cell total * target_sum
+                row_of = np.repeat(np.arange(lengths.size), lengths)
+                totals = np.bincount(row_of, weights=data, minlength=lengths.size)
+                values = data / totals[row_of] * target_sum
             keep = data != 0
-            values = normalise(data, lengths, target_sum)
             data, genes, values = data[keep], genes[keep], values[keep]
             count += np.bincount(genes, minlength=n_genes)
             total += np.bincount(genes, weights=data, minlength=n_genes)
@@ -244,62 +226,29 @@ def _compute(source, target_sum, method, grid, chunk_cells, progress, key):
                 with np.errstate(divide="ignore"):
                     b = np.floor(np.log2(np.abs(values)) * bpo).astype(np.int64)
                 b = np.clip(b - lo * bpo, 0, n_bins - 1)
-                _count_into(hist, genes * n_bins + b)
+                at, counts = np.unique(genes * n_bins + b, return_counts=True)
+                hist[at] += counts.astype(hist.dtype)  # memory walked in order
             num_cells += lengths.size
             bar.update(lengths.size)
-    if hist is None:
-        medians = _exact_medians(kept_genes, kept_values, n_genes)
-    else:
-        medians = _histogram_medians(hist.reshape(n_genes, n_bins), count, grid)
+    medians = np.full(n_genes, np.nan)
+    if hist is None:  # each gene's middle values, sorted by gene then value
+        genes = np.concatenate([np.zeros(0, np.int32), *kept_genes])
+        values = np.concatenate([np.zeros(0), *kept_values])
+        values = values[np.lexsort((values, genes))]
+        has = count > 0
+        first = (np.cumsum(count) - count)[has]
+        middle = values[first + (count[has] - 1) // 2] + values[first + count[has] // 2]
+        medians[has] = middle / 2
+    else:  # the mean of the centres of the middle values' bins
+        hist = hist.reshape(n_genes, n_bins)
+        for a in range(0, n_genes, 4096):  # bounded memory for the cumsum
+            cum = np.cumsum(hist[a : a + 4096], axis=1, dtype=np.int64)
+            c = count[a : a + 4096]
+            centres = []
+            for rank in ((c - 1) // 2, c // 2):
+                b = (cum <= rank[:, None]).sum(axis=1)  # first bin with cumsum > rank
+                centres.append(2.0 ** ((b + lo * bpo + 0.5) / bpo))
+            centre = (centres[0] + centres[1]) / 2
+            medians[a : a + 4096] = np.where(c > 0, centre, np.nan)
     names = np.asarray(source.var_names).astype(str)
     return CorpusStats(names, medians, count, total, num_cells, method, target_sum, key)
-
-
-def _count_into(hist: np.ndarray, keys: np.ndarray) -> None:
-    """`np.add.at(hist, keys, 1)`, sorted first: memory is walked in order."""
-    if not keys.size:
-        return
-    keys.sort()
-    heads = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-    counts = np.diff(np.concatenate([heads, [keys.size]]))
-    hist[keys[heads]] += counts.astype(hist.dtype)
-
-
-def normalise(data: np.ndarray, lengths: np.ndarray, target_sum) -> np.ndarray:
-    """`x / cell_total * target_sum` over CSR values (float64), or `x`."""
-    data = np.asarray(data, np.float64)
-    if target_sum is None:
-        return data
-    row_of = np.repeat(np.arange(lengths.size), lengths)
-    totals = np.bincount(row_of, weights=data, minlength=lengths.size)
-    return data / totals[row_of] * target_sum
-
-
-def _exact_medians(kept_genes, kept_values, n_genes) -> np.ndarray:
-    genes = np.concatenate(kept_genes) if kept_genes else np.zeros(0, np.int32)
-    values = np.concatenate(kept_values) if kept_values else np.zeros(0)
-    order = np.lexsort((values, genes))
-    values = values[order]
-    counts = np.bincount(genes, minlength=n_genes)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    medians = np.full(n_genes, np.nan)
-    has = counts > 0
-    lo = starts[has] + (counts[has] - 1) // 2
-    hi = starts[has] + counts[has] // 2
-    medians[has] = (values[lo] + values[hi]) / 2
-    return medians
-
-
-def _histogram_medians(hist, count, grid) -> np.ndarray:
-    """Median estimates: the mean of the centres of the middle values' bins."""
-    bpo, lo, _ = grid
-    medians = np.full(count.size, np.nan)
-    for a in range(0, count.size, 4096):  # bounded memory for the cumsum
-        cum = np.cumsum(hist[a : a + 4096], axis=1, dtype=np.int64)
-        c = count[a : a + 4096]
-        centres = []
-        for rank in ((c - 1) // 2, c // 2):
-            b = (cum <= rank[:, None]).sum(axis=1)  # first bin with cumsum > rank
-            centres.append(2.0 ** ((b + lo * bpo + 0.5) / bpo))
-        medians[a : a + 4096] = np.where(c > 0, (centres[0] + centres[1]) / 2, np.nan)
-    return medians

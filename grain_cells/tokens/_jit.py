@@ -28,8 +28,7 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
     while (span >> shift) >= limit:
         shift += np.uint64(1)
     nb = int(span >> shift) + 1
-    for b in range(nb + 1):
-        counts[b] = 0
+    counts[: nb + 1] = 0
     base = np.uint64(lo)
     for i in range(m):
         b = int(((keys[i] >> np.uint64(32)) - base) >> shift)
@@ -58,20 +57,14 @@ def _sort_keys(keys, m, lo, hi, out, counts, bucket):
 
 @_njit
 def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
-    """`_sort_keys`, with the keys of the row's smallest value set apart (in `tail`).
-
-    Scrambles `keys[:m]`.
-    """
+    """`_sort_keys`, the keys of the row's smallest value set apart; scrambles keys."""
     if m < 64:
         _sort_keys(keys, m, lo, hi, out, counts, bucket)
         return
     # Branch-free: a row's 1s and others interleave at random, and a
     # mispredicted branch per key cost more than the two stores.
-    c = 0
-    t = 0
-    top = np.uint64(0)
-    prev = np.uint64(0)
-    disorder = 0
+    c = t = disorder = 0
+    top = prev = np.uint64(0)
     for j in range(m):
         k = keys[j]
         w = k >> np.uint64(32)
@@ -95,13 +88,10 @@ def _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail):
 def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, quot):
     """Keys of one row's expressed values; returns (m, lo, hi, dropped).
 
-    With `checked` False (every value kept) the tests go and the divisions run in a
-    loop of their own (into `quot`) that the compiler vectorises.
+    `checked` False (every value kept): no tests, and a vectorised division loop.
     """
-    m = 0
-    dropped = 0
-    lo = _U32
-    hi = np.uint64(0)
+    m = dropped = 0
+    lo, hi = _U32, np.uint64(0)
     if not checked:
         n = b - a
         values = data[a:b]
@@ -109,17 +99,12 @@ def _row_keys(data, indices, a, b, tokens, medians, use_medians, checked, keys, 
         if use_medians:
             for j in range(n):
                 quot[j] = values[j] / medians[columns[j]]
-            for j in range(n):
-                w = np.uint64(np.float32(quot[j]).view(np.uint32)) ^ _U32
-                lo = min(lo, w)
-                hi = max(hi, w)
-                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
-        else:
-            for j in range(n):
-                w = np.uint64(np.float32(values[j]).view(np.uint32)) ^ _U32
-                lo = min(lo, w)
-                hi = max(hi, w)
-                keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
+            values = quot
+        for j in range(n):
+            w = np.uint64(np.float32(values[j]).view(np.uint32)) ^ _U32
+            lo = min(lo, w)
+            hi = max(hi, w)
+            keys[j] = (w << np.uint64(32)) | np.uint64(tokens[columns[j]])
         return b - a, lo, hi, 0
     for j in range(a, b):
         v = data[j]
@@ -145,30 +130,30 @@ def _scratch(indptr, rows):
     longest = 0
     for r in rows:
         longest = max(longest, indptr[r + 1] - indptr[r])
-    keys = np.empty(longest, np.uint64)
-    out = np.empty(longest, np.uint64)
-    counts = np.empty(longest + 18, np.int32)
-    bucket = np.empty(longest, np.int32)
-    quot = np.empty(longest, np.float32)
-    tail = np.empty(longest, np.uint64)
-    return keys, out, counts, bucket, quot, tail
+    u64 = np.empty((3, longest), np.uint64)
+    counts, bucket = np.empty(longest + 18, np.int32), np.empty(longest, np.int32)
+    return u64[0], u64[1], counts, bucket, np.empty(longest, np.float32), u64[2]
 
 
 @_njit
-def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
-    """Rank-value sequences of `rows` into `ids`, `mask`; returns per-row counts.
+def encode_rows(csr, rows, tokens, medians, checked, q, ids, values, mask, ends):
+    """Token sequences of `rows` into `ids`, `values` (bins), `mask`; per-row counts.
 
-    `csr`: `(data, indices, indptr)`; `ends`: `(cls_id, slots, pad_id, eos_id)`.
-    Output rows past `rows.size` are padding; `checked` False: every value kept.
-    Returns int32 `(n_expressed, n_dropped, n_genes)` per output row.
+    `csr`: `(data, indices, indptr)`; `ends`: `(cls_id, slots, pad_id, eos_id,
+    pad_value)`. `q` empty: rank-value (values divided by `medians`, `values`
+    untouched); else value-bin with `q = np.linspace(0, 1, n_bins - 1)`. Output rows
+    past `rows.size` are padding; `checked` False: every value kept. Returns int32
+    `(n_expressed, n_dropped, n_genes)` per output row.
     """
     data, indices, indptr = csr
-    cls_id, slots, pad_id, eos_id = ends
-    keys, out, counts, bucket, quot, _ = _scratch(indptr, rows)
+    cls_id, slots, pad_id, eos_id, pad_value = ends
+    binned = q.size > 0
+    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
     n_out, length = ids.shape
     n_expr = np.zeros(n_out, np.int32)
     n_drop = np.zeros(n_out, np.int32)
     n_genes = np.zeros(n_out, np.int32)
+    edges = np.empty(q.size, np.float32)
     offset = 1 if cls_id >= 0 else 0
     for i in range(n_out):
         row = ids[i]
@@ -177,14 +162,29 @@ def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
             r = rows[i]
             a, b = indptr[r], indptr[r + 1]
             m, lo, hi, dropped = _row_keys(
-                data, indices, a, b, tokens, medians, True, checked, keys, quot
+                data, indices, a, b, tokens, medians, not binned, checked, keys, quot
             )
-            _sort_keys(keys, m, lo, hi, out, counts, bucket)
+            if binned:
+                _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
+            else:
+                _sort_keys(keys, m, lo, hi, out, counts, bucket)
             n = min(m, slots)
             if offset:
                 row[0] = cls_id
             for g in range(n):
                 row[offset + g] = np.int32(out[g] & _U32)
+            if binned:
+                vrow = values[i]
+                if offset:
+                    vrow[0] = 0
+                if m > 0:
+                    _edges(out, m, q, edges)
+                k = q.size
+                for g in range(n):
+                    x = _value_at(out, g)
+                    while k > 0 and edges[k - 1] > x:
+                        k -= 1
+                    vrow[offset + g] = k
             p = offset + n
             if eos_id >= 0:
                 row[p] = eos_id
@@ -194,16 +194,17 @@ def rank_value_rows(csr, rows, tokens, medians, checked, ids, mask, ends):
             n_genes[i] = n
         for g in range(p, length):
             row[g] = pad_id
-        _fill_mask(mask[i], p)
+        if binned:
+            for g in range(p, length):
+                values[i, g] = pad_value
+        for g in range(length):
+            mask[i, g] = g < p
     return n_expr, n_drop, n_genes
 
 
 @_njit
 def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """`rank_value_rows`' key pass (and sort) over every row; returns the keys made.
-
-    For `benchmarks/token_steps.py`.
-    """
+    """`encode_rows`' rank-value key pass (and sort) over every row: keys made."""
     keys, out, counts, bucket, quot, _ = _scratch(
         indptr, np.arange(indptr.size - 1, dtype=np.int64)
     )
@@ -220,68 +221,6 @@ def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
 
 
 @_njit
-def _fill_mask(mask_row, used):
-    """True on the first `used` positions, False after."""
-    for g in range(used):
-        mask_row[g] = True
-    for g in range(used, mask_row.size):
-        mask_row[g] = False
-
-
-@_njit
-def value_bin_rows(csr, rows, tokens, checked, q, ids, values, mask, ends):
-    """Value-bin sequences (top genes) of `rows`, as `rank_value_rows`, plus bins.
-
-    `q` is `np.linspace(0, 1, n_bins - 1)`; `values` gets int32 bins; the last of
-    `ends` is the bin value of padding.
-    """
-    data, indices, indptr = csr
-    cls_id, slots, pad_id, pad_value = ends
-    keys, out, counts, bucket, quot, tail = _scratch(indptr, rows)
-    n_out, length = ids.shape
-    n_expr = np.zeros(n_out, np.int32)
-    n_drop = np.zeros(n_out, np.int32)
-    n_genes = np.zeros(n_out, np.int32)
-    edges = np.empty(q.size, np.float32)
-    dummy = np.empty(1, np.float32)
-    offset = 1 if cls_id >= 0 else 0
-    for i in range(n_out):
-        row = ids[i]
-        vrow = values[i]
-        p = 0
-        if i < rows.size:
-            r = rows[i]
-            a, b = indptr[r], indptr[r + 1]
-            m, lo, hi, dropped = _row_keys(
-                data, indices, a, b, tokens, dummy, False, checked, keys, quot
-            )
-            _sort_keys_min_last(keys, m, lo, hi, out, counts, bucket, tail)
-            n = min(m, slots)
-            if offset:
-                row[0] = cls_id
-                vrow[0] = 0
-            if m > 0:
-                _edges(out, m, q, edges)
-            k = q.size
-            for g in range(n):
-                key = out[g]
-                row[offset + g] = np.int32(key & _U32)
-                x = np.uint32((key >> np.uint64(32)) ^ _U32).view(np.float32)
-                while k > 0 and edges[k - 1] > x:
-                    k -= 1
-                vrow[offset + g] = k
-            p = offset + n
-            n_expr[i] = m
-            n_drop[i] = dropped
-            n_genes[i] = n
-        for g in range(p, length):
-            row[g] = pad_id
-            vrow[g] = pad_value
-        _fill_mask(mask[i], p)
-    return n_expr, n_drop, n_genes
-
-
-@_njit
 def _value_at(out, i):
     """float32 value of sorted key `i` (descending order)."""
     return np.uint32((out[i] >> np.uint64(32)) ^ _U32).view(np.float32)
@@ -289,35 +228,22 @@ def _value_at(out, i):
 
 @_njit
 def _edges(out, m, q, edges):
-    """`np.quantile(out[:m] values, q)` (NumPy's lerp), rounded up to float32.
-
-    The smallest float32 `c >= e` keeps `x >= e <=> x >= c`.
-    """
+    """`np.quantile(out[:m] values, q)`, each up to the smallest float32 `c >= e`."""
     last = m - 1
     for k in range(q.size):
         virtual = last * q[k]
         prev_f = np.floor(virtual)
         gamma = virtual - prev_f
         prev = int(prev_f)
-        if virtual >= last:
-            prev = last
-            nxt = last
-        else:
-            nxt = min(prev + 1, last)
+        prev, nxt = (last, last) if virtual >= last else (prev, min(prev + 1, last))
         a = _value_at(out, last - prev)
         b = _value_at(out, last - nxt)
-        diff = np.float32(b - a)
-        d64 = np.float64(diff)
-        if gamma >= 0.5:
-            e = np.float64(b) - d64 * (1 - gamma)
-        else:
-            e = np.float64(a) + d64 * gamma
+        d64 = np.float64(np.float32(b - a))  # the difference in float32, as NumPy
+        e = np.float64(b) - d64 * (1 - gamma) if gamma >= 0.5 else a + d64 * gamma
         c = np.float32(e)
         if np.float64(c) < e:
             c = np.nextafter(c, np.float32(np.inf))
         edges[k] = c
 
 
-# The outputs' entry points: their first compile is announced and locked.
-rank_value_rows = announced(rank_value_rows)
-value_bin_rows = announced(value_bin_rows)
+encode_rows = announced(encode_rows)  # the first compile announced and locked

@@ -32,17 +32,10 @@ def key_tokens(keys: np.ndarray, width: int) -> np.ndarray:
     return keys[:, :width].view(np.uint32)[:, 0::2].view(np.int32)
 
 
-def sorted_rows(
-    lengths: np.ndarray,
-    keep: np.ndarray | None,
-    inv: np.ndarray,
-    tokens: np.ndarray,
-    pad: int,
-) -> tuple[np.ndarray, np.ndarray]:
+def sorted_rows(lengths, keep, inv, tokens, pad: int) -> tuple[np.ndarray, np.ndarray]:
     """`(sorted keys [n_rows, width], n_kept)`: each row's kept `(inv, token)` keys.
 
-    `keep` None: all; a kept `inv` must be below `2**32 - 1`, the sentinel's high
-    word (its token `pad`), which fills each row past its `n_kept` keys.
+    `keep` None: all. Past `n_kept` a row holds the sentinel `(2**32 - 1, pad)`.
     """
     n_rows = lengths.size
     width = max(1, int(lengths.max(initial=0)))
@@ -68,10 +61,7 @@ def sorted_rows(
 
 
 def length_chunks(indptr: np.ndarray, rows_per_chunk: int = 128):
-    """Yields `(rows, value positions)`: chunks of rows of similar length.
-
-    At most `rows_per_chunk` rows and `MAX_CELLS_PER_CHUNK_VALUES` padded values.
-    """
+    """Yields `(rows, value positions)`: chunks of rows of similar length (bounded)."""
     lengths = np.diff(indptr)
     order = np.argsort(lengths, kind="stable")
     a = 0
@@ -88,8 +78,7 @@ def bins_of_sorted(
 ) -> np.ndarray:
     """int32 bins (scGPT's) of rows sorted by value descending, `pad_value` after.
 
-    A value's bin is `np.digitize(value, np.quantile(values, np.linspace(0, 1,
-    n_bins - 1)))`, NumPy's interpolation reproduced bit for bit.
+    Bit for bit `np.digitize(x, np.quantile(values, np.linspace(0, 1, n_bins - 1)))`.
     """
     n_rows, width = keys.shape
     nz = np.flatnonzero(n_kept)
@@ -113,27 +102,20 @@ def bins_of_sorted(
     edges = a.astype(np.float64) + d64 * gamma
     hi = gamma >= 0.5
     edges[hi] = (b.astype(np.float64) - d64 * (1 - gamma))[hi]
-    # x >= e  <=>  x >= c, c the smallest float32 >= e (x is a float32).
+    # x >= e  <=>  x >= c, c the smallest float32 >= e.
     c = edges.astype(np.float32)
     up = c.astype(np.float64) < edges
     c[up] = np.nextafter(c[up], np.float32(np.inf))
-    # A row's values sit at columns [0, n), descending; the value at column p
-    # counts edge k when p < end_k, the first column whose value is below
-    # c_k. Find every end_k by one binary search over all rows: the order
-    # words with the row number above them sort one row after another.
+    # end_k: a row's first column whose value is below c_k, found by one binary
+    # search over all rows (order words with the row number above them).
     flat = keys >> _SHIFT
     flat |= np.arange(n_rows, dtype=np.uint64)[:, None] << _SHIFT
     cut = inverted(c).astype(np.uint64) | (nz.astype(np.uint64)[:, None] << _SHIFT)
     ends = np.searchsorted(flat.reshape(-1), cut.reshape(-1), side="right")
     ends = ends.reshape(cut.shape) - rows * width
-    # Ends shrink as k grows (edges grow, values descend): columns
-    # [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
-    # [end_0, width) 0; end_0 = n (the smallest value is the first edge), so
-    # that last run is the padding.
-    bounds = np.concatenate(
-        [np.zeros((nz.size, 1), np.int64), ends[:, ::-1], np.full((nz.size, 1), width)],
-        axis=1,
-    )
+    # Columns [0, end_{B-2}) get bin B - 1, [end_{B-2}, end_{B-3}) B - 2, ...,
+    # [end_0 = n, width) the padding.
+    bounds = np.pad(ends[:, ::-1], ((0, 0), (1, 1)), constant_values=(0, width))
     runs = np.diff(bounds, axis=1).reshape(-1)
     steps = np.arange(n_bins - 1, -1, -1, dtype=np.int32)
     steps[-1] = pad_value
@@ -146,62 +128,37 @@ def bins_of_sorted(
     return bins
 
 
-def zero_genes(
-    key: int,
-    row_ids: np.ndarray,
-    need: np.ndarray,
-    vocab_tokens: np.ndarray,
-    expressed: np.ndarray,
-    stream_offset: int,
-) -> tuple[np.ndarray, np.ndarray]:
+def zero_genes(key, row_ids, need, vocab_tokens, expressed, stream_offset: int):
     """`(rows, tokens)`: sampled non-expressed genes per row, in stream order.
 
     Row `i` gets the first `need[i]` distinct tokens of
     `vocab_tokens[hash64(key, row_ids[i], stream_offset + j) % len]`, j = 0, 1, ...,
     not in its `expressed` set (sorted `row * 2**32 + token`).
     """
-    n_vocab = vocab_tokens.size
     got_r, got_t = [], []
     todo = np.flatnonzero(need > 0)
-    first = 0
-    span = max(16, 2 * int(need.max(initial=0)))
-    have = np.zeros(need.size, np.int64)
-    while todo.size:
-        j = np.arange(first, first + span, dtype=np.uint64)
-        h = counter_rng.hash64(
-            np.uint64(key),
-            row_ids[todo].astype(np.uint64)[:, None],
-            np.uint64(stream_offset) + j[None, :],
-        )
+    drawn, span = 0, max(16, 2 * int(need.max(initial=0)))
+    rr = tt = np.zeros(0, np.int64)
+    while todo.size:  # draws of the rows still short, spans doubling
+        j = np.uint64(stream_offset) + np.arange(drawn, drawn + span, dtype=np.uint64)
+        rows = row_ids[todo].astype(np.uint64)[:, None]
+        h = counter_rng.hash64(np.uint64(key), rows, j[None, :])
         got_r.append(np.repeat(todo, span))
-        got_t.append(
-            vocab_tokens[(h % np.uint64(n_vocab)).astype(np.int64)].reshape(-1)
-        )
-        first += span
-        span *= 2
-        pair = _distinct_new(got_r, got_t, expressed)[2]
-        have = np.bincount(pair >> 32, minlength=need.size)
-        todo = np.flatnonzero(have < need)
-    if not got_r:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rr, tt, _ = _distinct_new(got_r, got_t, expressed)
+        pick = (h % np.uint64(vocab_tokens.size)).astype(np.int64).reshape(-1)
+        got_t.append(vocab_tokens[pick])
+        drawn, span = drawn + span, span * 2
+        rr = np.concatenate(got_r)
+        order = np.argsort(rr, kind="stable")  # rows ascending, draws in order
+        rr = rr[order]
+        tt = np.concatenate(got_t).astype(np.int64)[order]
+        pair = rr * (1 << 32) + tt
+        pos = np.searchsorted(expressed, pair)
+        new = pos >= expressed.size
+        new[~new] = expressed[pos[~new]] != pair[~new]
+        _, first = np.unique(pair[new], return_index=True)
+        first.sort()
+        rr, tt = rr[new][first], tt[new][first]
+        todo = np.flatnonzero(np.bincount(rr, minlength=need.size) < need)
     starts = np.searchsorted(rr, np.arange(need.size))
-    rank = np.arange(rr.size) - starts[rr]
-    sel = rank < need[rr]
+    sel = np.arange(rr.size) - starts[rr] < need[rr]
     return rr[sel], tt[sel]
-
-
-def _distinct_new(got_r, got_t, expressed):
-    """First occurrences of not-expressed (row, token) pairs, stream order."""
-    rr = np.concatenate(got_r)
-    tt = np.concatenate(got_t).astype(np.int64)
-    order = np.argsort(rr, kind="stable")  # rows ascending, draws in order
-    rr, tt = rr[order], tt[order]
-    pair = rr * (1 << 32) + tt
-    pos = np.searchsorted(expressed, pair)
-    hit = pos < expressed.size
-    hit[hit] = expressed[pos[hit]] == pair[hit]
-    rr, tt, pair = rr[~hit], tt[~hit], pair[~hit]
-    _, first = np.unique(pair, return_index=True)
-    first.sort()
-    return rr[first], tt[first], pair[first]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grain_cells.outputs import Fetch
-from grain_cells.tokens._base import TokenOutput, column_token_array, special_id
+from grain_cells.tokens._base import TokenOutput, column_token_array
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
 
@@ -18,7 +17,6 @@ class RankValueTokens(TokenOutput):
     Build it with `RankValueTokens.for_source(source, vocabulary, stats)`.
     """
 
-    _cache_name = "rank_value"
     _FINGERPRINT = ("pad_id", "cls_id", "eos_id", "mask_id")
 
     def __init__(
@@ -99,34 +97,19 @@ class RankValueTokens(TokenOutput):
             threads: As for `__init__`.
         """
         genes = source.var_names
+        mask_id = vocabulary.special("mask") if vocabulary.has_special("mask") else -1
         return RankValueTokens(
             vocabulary.map_genes(genes).tokens,
             stats.medians_for(genes),
             length=length,
             pad_id=vocabulary.special("pad"),
-            cls_id=special_id(vocabulary, "cls", cls_token),
-            eos_id=special_id(vocabulary, "eos", eos_token),
-            mask_id=special_id(vocabulary, "mask", vocabulary.has_special("mask")),
+            cls_id=vocabulary.special("cls") if cls_token else -1,
+            eos_id=vocabulary.special("eos") if eos_token else -1,
+            mask_id=mask_id,
             mlm_probability=mlm_probability,
             kernels=kernels,
             threads=threads,
         )
-
-    def _dropped(self, fetch: Fetch, rows, n_out: int, not_tokenised) -> dict:
-        """`n_dropped`, `n_no_median` (vocabulary genes without a median) of `rows`."""
-        no_median = np.zeros(n_out, np.int32)
-        if self.num_without_median:
-            key = ("no_median", id(self))
-            per_row = fetch.cache.get(key)
-            if per_row is None:
-                csr = fetch.csr
-                hit = self._no_median[csr.indices] & (csr.data > 0)
-                total = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
-                per_row = total[csr.indptr[1:]] - total[csr.indptr[:-1]]
-                fetch.cache[key] = per_row
-            no_median[: len(rows)] = per_row[rows]
-        dropped = np.asarray(not_tokenised, np.int32) - no_median
-        return {"n_dropped": dropped, "n_no_median": no_median}
 
 
 class ValueBinTokens(TokenOutput):
@@ -135,16 +118,8 @@ class ValueBinTokens(TokenOutput):
     Build it with `ValueBinTokens.for_source(source, vocabulary)`.
     """
 
-    _cache_name = "value_bin"
-    _FINGERPRINT = (
-        "n_bins",
-        "selection",
-        "pad_zeros",
-        "pad_id",
-        "cls_id",
-        "pad_value",
-        "mask_value",
-    )
+    _FINGERPRINT = ("n_bins", "selection", "pad_zeros", "pad_id", "cls_id")
+    _FINGERPRINT += ("pad_value", "mask_value")
 
     def __init__(
         self,
@@ -231,7 +206,7 @@ class ValueBinTokens(TokenOutput):
             selection=selection,
             pad_zeros=pad_zeros,
             pad_id=vocabulary.special("pad"),
-            cls_id=special_id(vocabulary, "cls", cls_token),
+            cls_id=vocabulary.special("cls") if cls_token else -1,
             pad_value=pad_value,
             mask_value=mask_value,
             mlm_probability=mlm_probability,

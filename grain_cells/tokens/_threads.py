@@ -6,6 +6,7 @@ Design notes: docs/reference/design.md#tokens-threads and #tokens-compile.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import glob
 import itertools
@@ -47,24 +48,14 @@ def resolve_threads(threads: int | str) -> int:
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    return _pool.get_or_make(
-        "tokens",
-        lambda: concurrent.futures.ThreadPoolExecutor(
-            max_workers=64, thread_name_prefix="grain_cells-tokens"
-        ),
-    )
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pool.get_or_make("tokens", lambda: make(64, "grain_cells-tokens"))
 
 
-def encode_rows(
-    call: Callable[[np.ndarray, int, int], tuple],
-    rows: np.ndarray,
-    n_out: int,
-    threads: int,
-) -> tuple:
-    """`call(rows_part, a, b)` over slices of the `n_out` output rows, in threads.
+def encode_rows(call: Callable, rows: np.ndarray, n_out: int, threads: int) -> tuple:
+    """`call(rows_part, a, b)` per slice `[a, b)` of the output rows, in threads.
 
-    `call` encodes `rows_part` into output rows `[a, b)` and returns per-row arrays;
-    returns them concatenated.
+    `call` encodes `rows_part` into output rows `[a, b)`; its arrays concatenated.
     """
     n = min(threads, n_out // MIN_ROWS)
     if n <= 1:
@@ -100,28 +91,19 @@ def announced(kernel):
     return call
 
 
-def cache_folder(kernel) -> str | None:
-    stats = getattr(kernel, "stats", None)
-    return getattr(stats, "cache_path", None)
-
-
 def is_cached(kernel) -> bool:
     """Whether numba's cache folder holds an index of `kernel`."""
-    folder = cache_folder(kernel)
-    if not folder:
-        return False
-    name = kernel.py_func.__name__
-    return bool(glob.glob(os.path.join(glob.escape(folder), f"*.{name}-*.nbi")))
+    folder = getattr(getattr(kernel, "stats", None), "cache_path", None)
+    name = glob.escape(folder or "") + f"/*.{kernel.py_func.__name__}-*.nbi"
+    return bool(folder and glob.glob(name))
 
 
 def _first_call(kernel, args):
-    if is_cached(kernel):
-        return kernel(*args)  # loads from the cache (or compiles a new type)
-    folder = cache_folder(kernel)
+    folder = getattr(getattr(kernel, "stats", None), "cache_path", None)
     lock = os.path.join(folder, _LOCK_NAME) if folder else None
-    with file_lock(lock):  # waits while another process compiles
-        if is_cached(kernel):
-            return kernel(*args)  # it did: load its code
+    with contextlib.nullcontext() if is_cached(kernel) else file_lock(lock):
+        if is_cached(kernel):  # loads it (or compiles a new type), or another did
+            return kernel(*args)
         _log.warning(
             "compiling token kernels (once: about 10 s; cached in %s for later "
             "runs and processes)",

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,10 +21,7 @@ DEFAULT_SPECIALS = ("<pad>", "<cls>", "<eos>", "<mask>")
 
 @dataclasses.dataclass(frozen=True)
 class VocabularyMap:
-    """A vocabulary applied to a source's columns.
-
-    `tokens` int32 per column (-1: none); `dropped` the first 20 names without one.
-    """
+    """`tokens` int32 per column (-1: none); `dropped`: first 20 names without one."""
 
     tokens: np.ndarray
     num_dropped: int
@@ -92,8 +90,7 @@ class GeneVocabulary:
             ValueError: The file is malformed or lacks a special token.
         """
         path = os.fspath(path)
-        with open(path) as f:
-            text = f.read()
+        text = pathlib.Path(path).read_text()
         if path.endswith(".json"):
             try:
                 tokens = json.loads(text)
@@ -161,7 +158,22 @@ class GeneVocabulary:
             [-1 if g in specials else self._tokens.get(g, -1) for g in genes.tolist()],
             np.int32,
         )
-        check_one_column_per_token(genes, ids)
+        values, counts = np.unique(ids[ids >= 0], return_counts=True)
+        shared = values[counts > 1]
+        if shared.size:
+            parts = []
+            for token in shared[:5].tolist():
+                where = np.flatnonzero(ids == token)
+                names = sorted(set(genes[where].tolist()))
+                parts.append(f"{names} at columns {where.tolist()} (token {token})")
+            more = f" and {shared.size - 5} more" if shared.size > 5 else ""
+            raise errors.GeneMismatchError(
+                f"{shared.size} token(s) would stand for more than one gene column: "
+                f"{'; '.join(parts)}{more}. A cell's sequence would list such a "
+                "token twice. Keep one column per gene: make var names unique "
+                "(adata.var_names_make_unique() before writing) or select genes "
+                "with AnnDataSource(..., genes=[...])."
+            )
         missing = np.flatnonzero(ids < 0)
         names = tuple(genes[missing[:20]].tolist())
         return VocabularyMap(ids, int(missing.size), names)
@@ -171,25 +183,3 @@ def _roles(specials: Sequence[str]) -> dict[str, str]:
     """Role to name, for pad, cls, eos, mask in order; an empty name leaves it out."""
     roles = zip(("pad", "cls", "eos", "mask"), specials, strict=False)
     return {r: n for r, n in roles if n}
-
-
-def check_one_column_per_token(genes: np.ndarray, ids: np.ndarray) -> None:
-    """Refuses gene columns that share a token (`errors.GeneMismatchError`)."""
-    mapped = ids[ids >= 0]
-    values, counts = np.unique(mapped, return_counts=True)
-    shared = values[counts > 1]
-    if not shared.size:
-        return
-    parts = []
-    for token in shared[:5].tolist():
-        where = np.flatnonzero(ids == token)
-        names = sorted(set(genes[where].tolist()))
-        parts.append(f"{names} at columns {where.tolist()} (token {token})")
-    more = f" and {shared.size - 5} more" if shared.size > 5 else ""
-    raise errors.GeneMismatchError(
-        f"{shared.size} token(s) would stand for more than one gene column: "
-        f"{'; '.join(parts)}{more}. A cell's sequence would list such a token "
-        "twice. Keep one column per gene: make var names unique "
-        "(adata.var_names_make_unique() before writing) or select genes with "
-        "AnnDataSource(..., genes=[...])."
-    )

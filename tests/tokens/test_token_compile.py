@@ -85,7 +85,7 @@ def test_real_kernels_are_wrapped():
     pytest.importorskip("numba")
     from grain_cells.tokens import _jit as token_jit
 
-    for kernel in (token_jit.rank_value_rows, token_jit.value_bin_rows):
+    for kernel in (token_jit.encode_rows,):
         assert kernel.dispatcher.stats.cache_path  # numba's folder is known
 
 
