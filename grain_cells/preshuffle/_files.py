@@ -1,12 +1,10 @@
-"""The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
+"""The files `preshuffle` leaves: parts' markers, temporaries, manifest; full disks.
 
-An `.h5ad` part is written here (`H5adPart`); a zarr part in `_zarr_part`. Design
-notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
+Design notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -15,11 +13,10 @@ import secrets
 import shutil
 
 import h5py
-import numpy as np
 
 from grain_cells._util.cache_files import write_atomic
-from grain_cells.io import CSR, DENSE, inspect_matrix, open_file
-from grain_cells.preshuffle._plan import FORMAT, Matrix, Plan
+from grain_cells.io import inspect_matrix, open_file
+from grain_cells.preshuffle._plan import FORMAT, Plan
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""
@@ -27,10 +24,7 @@ MANIFEST = "preshuffle.json"
 MARKER_ATTR = "grain_cells_preshuffle"
 """Root attribute of a complete output part (JSON: what it was made from)."""
 
-INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
-_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_ABANDONED: list = []  # HDF5 files that failed mid-write: never released
 
 
 def completed_marker(
@@ -219,83 +213,3 @@ def is_disk_full(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-class H5adPart:
-    """Part `index` of a plan in a temporary HDF5 file (removed on error); `commit`."""
-
-    frames_settings = contextlib.nullcontext  # anndata's settings for obs, var, ...
-
-    def __init__(self, plan: Plan, index: int, nbytes: int):
-        self.plan = plan
-        self.final = plan.part_paths[index]
-        fd, self.tmp = create_temporary(plan.output_dir, self.final.name)
-        os.close(fd)
-        try:
-            h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
-            reserve_space(self.tmp, nbytes, f"part {self.final.name}")
-            self.root = h5py.File(self.tmp, "a")
-        except BaseException:
-            self.tmp.unlink(missing_ok=True)
-            raise
-
-    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
-        group = self.root.require_group(m.name)
-        group.attrs.update({"encoding-type": CSR, "encoding-version": "0.1.0"})
-        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
-        opts = {"maxshape": (None,), **filter_options(self.plan.compression)}
-        ptr_opts = {"maxshape": (None,), "chunks": (min(INDPTR_CHUNK, n + 1),)}
-        return (
-            group.create_dataset("data", (nnz,), m.dtype, chunks=(chunk,), **opts),
-            group.create_dataset(
-                "indices", (nnz,), m.index_dtype, chunks=(chunk,), **opts
-            ),
-            group.create_dataset("indptr", (n + 1,), np.int64, **ptr_opts),
-        )
-
-    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
-        chunked = n and m.n_vars
-        x = self.root.create_dataset(
-            m.name,
-            (n, m.n_vars),
-            m.dtype,
-            chunks=(chunk_rows, m.n_vars) if chunked else None,
-            **(filter_options(self.plan.compression) if chunked else {}),
-        )
-        x.attrs.update({"encoding-type": DENSE, "encoding-version": "0.2.0"})
-        return x
-
-    def commit(self, marker: dict) -> None:
-        """Marks the part complete, flushes it and renames it into place."""
-        self.root.attrs[MARKER_ATTR] = json.dumps(marker)
-        self.root.close()  # truncates the file to what HDF5 used
-        publish(self.tmp, self.final)
-
-    def __enter__(self) -> H5adPart:
-        return self
-
-    def __exit__(self, exc_type, e, tb) -> None:
-        try:
-            if e is not None and not is_disk_full(e):
-                with contextlib.suppress(Exception):
-                    self.root.close()
-            elif e is not None:
-                # HDF5 cannot close a file after a failed write (its close, or
-                # the release of any of its objects, crashes the interpreter):
-                # the file is truncated, its handle kept for the process's life.
-                _ABANDONED.append(self.root)
-                with contextlib.suppress(OSError):
-                    os.truncate(self.tmp, 0)
-                raise disk_filled(self.plan, self.final, e) from e
-        finally:
-            self.tmp.unlink(missing_ok=True)
-
-
-def filter_options(compression: str | None) -> dict:
-    """h5py's options for `preshuffle`'s `compression`."""
-    if compression is None:
-        return {}
-    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
-    return {"compression": compression, **level, "shuffle": True}

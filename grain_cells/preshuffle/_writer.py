@@ -15,7 +15,7 @@ import numpy as np
 
 from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
-from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
+from grain_cells.preshuffle._parts import INDPTR_CHUNK, H5adPart, ZarrPart
 from grain_cells.preshuffle._plan import Matrix, Plan
 
 PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
@@ -174,12 +174,8 @@ class Writer:
         start, stop = plan.part_bounds[index]
         rows = self.perm[start:stop]
         t0 = time.perf_counter()
-        if plan.zarr_format is None:
-            part = H5adPart(plan, index, self._part_bytes(rows))
-        else:
-            from grain_cells.preshuffle._zarr_part import ZarrPart  # imports zarr
-
-            part = ZarrPart(plan, index, self._part_bytes(rows))
+        kind = H5adPart if plan.zarr_format is None else ZarrPart
+        part = kind(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
                 self.frames.write(part.root, rows)

@@ -29,7 +29,7 @@ import zarr
 import grain_cells
 from grain_cells.preshuffle import _files as preshuffle_files
 from grain_cells.preshuffle import _writer as preshuffle_writer
-from grain_cells.preshuffle import _zarr_part as zarr_part
+from grain_cells.preshuffle import _parts as zarr_part
 from grain_cells.preshuffle import preshuffle
 
 KEEP = ["layers", "raw", "obsm", "varm", "uns"]
