@@ -117,30 +117,17 @@ def cached_tahoe_like_annbatch(
     progress: bool = False,
     **kwargs,
 ) -> pathlib.Path:
-    """Returns annbatch's pre-shuffled collection of the cached cells.
+    """Returns annbatch's pre-shuffled collection of ``cached_tahoe_like``'s cells.
 
-    Written by annbatch at its defaults (``DatasetCollection(path).add_adatas([h5ad],
-    rng=...)``: lz4 blosc, 64-cell chunks, 1 GB shards, 20 GB datasets) from
-    ``cached_tahoe_like(n_cells, **kwargs)``; made once, named ``...-annbatch-r0.zarr``
-    (``r`` the shuffle seed; ``-ds2GB`` for another ``dataset_size``). Needs annbatch
-    (Python >= 3.12, the ``bench`` extra).
-
-    Args:
-        n_cells: Number of cells.
-        shuffle_seed: Seed of annbatch's shuffle (``rng``).
-        dataset_size: annbatch's ``dataset_size``: uncompressed bytes of
-            cells shuffled in memory together and written as one
-            ``dataset_N`` (memory use is about twice that).
-        cache_dir: Folder of the cache, as for ``cached_tahoe_like``.
-        progress: Announce a collection that must be made.
-        **kwargs: As for ``write_tahoe_like_zarr``.
-
-    Returns:
-        The collection's folder (``grain_cells.annbatch_stores`` lists its stores).
-
-    Raises:
-        ImportError: annbatch is not installed.
-        ValueError: An argument is invalid.
+    Written once by annbatch at its defaults (``DatasetCollection(path).add_adatas(
+    [h5ad], rng=...)``: lz4 blosc, 64-cell chunks, 1 GB shards) from
+    ``cached_tahoe_like(n_cells, cache_dir=cache_dir, **kwargs)``, named
+    ``...-annbatch-r0.zarr`` (``r`` the ``shuffle_seed``; ``-ds2GB`` for another
+    ``dataset_size``: uncompressed bytes of cells shuffled in memory together and
+    written as one ``dataset_N``, memory use about twice that). With ``progress`` a
+    collection that must be made is announced. ``grain_cells.annbatch_stores`` lists
+    its stores. Raises ``ImportError`` without annbatch (Python >= 3.12, the
+    ``bench`` extra) and ``ValueError`` for an invalid argument.
     """
     _check(n_cells, "v3-sharded", True, kwargs)
     arguments.check_int("shuffle_seed", shuffle_seed, minimum=0)
