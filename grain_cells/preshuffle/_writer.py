@@ -225,14 +225,14 @@ class Writer:
                 m.lengths, rows, m.value_bytes, _CSR_CELL_BYTES, cap
             )
             nnz = nnz_at[-1]
-            data, indices, indptr = part.create_csr(m, n, nnz, _csr_chunk(plan, m, nnz))
+            data, indices, indptr = part.create_csr(m, n, nnz, m.chunk(plan, nnz))
             write_indptr(indptr, m.lengths, rows)
             start_of = dict(zip(bounds, nnz_at, strict=True))
             most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
             largest = most * m.value_bytes
         else:
             nnz, row_bytes = None, max(m.n_vars * m.dtype.itemsize, 1)
-            chunk_rows = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
+            chunk_rows = m.chunk(plan, n)
             x = part.create_dense(m, n, chunk_rows)
             bounds = cuts(np.arange(1, n + 1, dtype=np.int64) * row_bytes, cap)
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
@@ -338,11 +338,6 @@ def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices
             out_indices[o : o + s1 - s0] = indices[s0:s1]
 
 
-def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
-    """Elements per chunk of `data`/`indices`, no larger than the part needs."""
-    return max(1, min(m.chunk(plan.compression, plan.chunk_cells), nnz))
-
-
 def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, int]:
     """`(bytes, chunks, bytes per chunk)` of one matrix of a part, uncompressed."""
     n = int(rows.size)
@@ -351,14 +346,14 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
             int(m.lengths[rows[a : a + (1 << 22)]].sum(dtype=np.int64))
             for a in range(0, n, 1 << 22)
         )
-        chunk = _csr_chunk(plan, m, nnz)
+        chunk = m.chunk(plan, nnz)
         n_chunks = -(-nnz // chunk)
         total = n_chunks * chunk * m.value_bytes
         indptr_chunk = min(INDPTR_CHUNK, n + 1)
         total += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
         n_chunks += -(-(n + 1) // indptr_chunk)
         return total, n_chunks, chunk * m.value_bytes
-    rows_per_chunk = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
+    rows_per_chunk = m.chunk(plan, n)
     n_chunks = -(-n // rows_per_chunk)
     chunk_bytes = rows_per_chunk * m.n_vars * m.dtype.itemsize
     return n_chunks * chunk_bytes, n_chunks, chunk_bytes
