@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import re
-import secrets
 import shutil
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from grain_cells.storage.remote import (
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
 
 PREFIX = "grain-cells-preshuffle-"
-_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+")
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-\w+")
 PROGRESS_EVERY_S = 0.5
 
 
@@ -221,9 +220,8 @@ def preshuffle(
 
 def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
     """A tqdm bar (stderr) of cells written times matrices; says what was complete."""
-    total = len(plan.matrices) * sum(
-        plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
-    )
+    cells = sum(plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo)
+    total = len(plan.matrices) * cells
     skipped = len(plan.part_paths) - len(todo)
     if enabled and skipped:
         print(
@@ -231,30 +229,17 @@ def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
             f"complete in {plan.output_dir}",
             file=sys.stderr,
         )
-    return tqdm.tqdm(
-        total=total,
-        desc="preshuffle",
-        unit="cells",
-        unit_scale=True,
-        mininterval=PROGRESS_EVERY_S,
-        disable=not enabled or not total,
-        file=sys.stderr,
-    )
+    options = {"mininterval": PROGRESS_EVERY_S, "disable": not enabled or not total}
+    options.update(file=sys.stderr, unit_scale=True)
+    return tqdm.tqdm(total=total, desc="preshuffle", unit="cells", **options)
 
 
 def make_staging(parent: str | os.PathLike | None) -> pathlib.Path:
     """Creates this process's staging folder under `parent` (None: `TMPDIR`)."""
     parent = pathlib.Path(tempfile.gettempdir() if parent is None else parent)
     parent.mkdir(parents=True, exist_ok=True)
-    pid = os.getpid()
-    start = start_time(pid) or 0
-    while True:
-        path = parent / f"{PREFIX}{pid}-{start}-{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
+    prefix = f"{PREFIX}{os.getpid()}-{start_time(os.getpid()) or 0}-"
+    return pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def remove_stale_staging(parent: str | os.PathLike | None) -> list[pathlib.Path]:
