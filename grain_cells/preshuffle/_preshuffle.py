@@ -141,21 +141,19 @@ def preshuffle(
         The paths of the parts, in order (their URLs for a URL `output_dir`).
 
     Raises:
-        ValueError: `inputs` is empty, an argument is out of range, an
-            input would be overwritten by an output part, or a zarr `format`
-            names a URL `output_dir`.
+        ValueError: `inputs` is empty, an argument is out of range, an input
+            would be overwritten by a part, or a zarr `format` names a URL.
         NotADirectoryError: `output_dir` exists and is not a folder.
         FileNotFoundError: An input does not exist.
+        OSError: The output's disk lacks the space for a part (the message
+            names the folder, the bytes needed and free), or an upload failed.
+        PermissionError: The credentials may not read an input or write the
+            output (names the URL and the fix).
+        TypeError: `group_by` or `keep` is of the wrong type.
         errors.GeneMismatchError: With `join="exact"`, the inputs list
             different var names (and see `AnnDataSource` for the others).
-        OSError: The output folder's disk lacks the space for a part (the
-            message names the folder, the bytes needed and free), or an
-            upload failed after retries.
-        PermissionError: The credentials may not read an input or write
-            the output (names the URL and the fix).
-        errors.MissingColumnError: An obs column (`obs_columns`,
-            `group_by`), layer, X or an element named in `keep` is missing.
-        TypeError: `group_by` or `keep` is of the wrong type.
+        errors.MissingColumnError: An obs column, layer, X or an element named
+            in `keep` is missing.
         errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
             inputs and dense in others.
         errors.AnnDataFormatError: An input is not readable AnnData, or an obs

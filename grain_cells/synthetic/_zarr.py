@@ -34,29 +34,17 @@ def write_tahoe_like_zarr(
     progress: bool = False,
     **kwargs,
 ) -> pathlib.Path:
-    """Writes synthetic Tahoe-like cells as an AnnData zarr store.
+    """Writes synthetic Tahoe-like cells as an AnnData zarr store at ``path``.
 
-    The cells of ``write_tahoe_like(..., n_cells, **kwargs)`` (CSR X, uncompressed),
-    written beside ``path`` under a temporary name, copied into the store and removed.
-
-    Args:
-        path: Destination directory (``.zarr`` by convention); replaced if
-            it exists. Its parent folder must exist.
-        n_cells: Number of cells, > 0.
-        layout: ``"v3-sharded"`` (anndata 0.13's default), ``"v3"`` or
-            ``"v2"`` (see the design notes).
-        compressed: Keep zarr's default codec (anndata's); else raw chunks.
-        progress: Show progress bars (tqdm, on stderr).
-        **kwargs: Arguments of ``write_tahoe_like`` that shape the cells
-            (``n_genes``, ``mean_nnz``, ``n_plates``, ``n_cell_lines``,
-            ``n_drugs``, ``seed``, ``chunk_cells``).
-
-    Returns:
-        The store's path, as a ``pathlib.Path``.
-
-    Raises:
-        ValueError: An argument is out of range, or one that only shapes the
-            ``.h5ad`` file (``compression``, ``dense``, ``chunks``) is given.
+    The cells of ``write_tahoe_like(..., n_cells, **kwargs)`` (CSR X, uncompressed;
+    ``kwargs`` among ``n_genes``, ``mean_nnz``, ``n_plates``, ``n_cell_lines``,
+    ``n_drugs``, ``seed``, ``chunk_cells``), written beside ``path`` under a
+    temporary name, copied into the store (replaced if it exists; its parent folder
+    must exist) and removed. ``layout``: ``"v3-sharded"`` (anndata 0.13's default),
+    ``"v3"`` or ``"v2"``; ``compressed`` keeps zarr's default codec (anndata's),
+    else raw chunks; ``progress`` shows tqdm bars on stderr. Returns the store's path
+    as a ``pathlib.Path``; raises ``ValueError`` for an argument out of range, or one
+    that only shapes the ``.h5ad`` file (``compression``, ``dense``, ``chunks``).
 
     Example:
         >>> import anndata
