@@ -153,10 +153,15 @@ def publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
 
 
 def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
-    """Extends `path` by `nbytes` of allocated disk space, or raises `OSError`.
+    """Allocates `nbytes` at the end of file `path` (a folder: checks its free space).
 
-    The message names the folder, the bytes needed and the bytes free.
+    Raises `OSError` naming the folder, the bytes needed and the bytes free.
     """
+    if path.is_dir():
+        if shutil.disk_usage(path).free < nbytes:
+            e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise _no_space(path / what, nbytes, what, e)
+        return
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
@@ -172,13 +177,6 @@ def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
                 raise _no_space(path, nbytes, what, e) from e
     finally:
         os.close(fd)
-
-
-def check_free_space(directory: pathlib.Path, nbytes: int, what: str) -> None:
-    """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free."""
-    if shutil.disk_usage(directory).free < nbytes:
-        e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        raise _no_space(directory / what, nbytes, what, e)
 
 
 def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError:

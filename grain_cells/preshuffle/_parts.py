@@ -117,7 +117,7 @@ class ZarrPart(H5adPart):
         self.plan = plan
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
-        _files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
+        _files.reserve_space(plan.output_dir, nbytes, f"part {self.final.name}")
         self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
         self._appenders: list[_Appender] = []
         # Cells per chunk: `chunk_cells`, else the default with a floor in bytes.
