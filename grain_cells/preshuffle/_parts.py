@@ -109,7 +109,7 @@ def filter_options(compression: str | None) -> dict:
 
 
 class ZarrPart(H5adPart):
-    """Part `index` of a plan in a temporary zarr store; arrays written in order."""
+    """Part `index` of a plan in a temporary zarr store (`H5adPart`'s contract)."""
 
     def __init__(self, plan: Plan, index: int, nbytes: int):
         import zarr

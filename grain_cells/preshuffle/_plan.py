@@ -184,15 +184,10 @@ class Plan:
 
 
 class Matrix:
-    """One row-aligned element of the inputs (`name` in the part), as gathered.
-
-    `lengths`: stored values per output row (CSR, set by `count_rows`).
-    """
+    """One row-aligned element of the inputs (`name` in the part); `lengths`: CSR's."""
 
     def __init__(self, name: str, files: FileSet, check_indices: bool = True):
-        self.name = name
-        self.files = files
-        self.check_indices = check_indices
+        self.name, self.files, self.check_indices = name, files, check_indices
         self.sparse = files.sparse
         self.dtype = np.dtype(files.dtype)
         self.n_vars = files.num_genes
@@ -204,9 +199,8 @@ class Matrix:
         self.reorders_genes = any(
             m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
         )
-        self.lengths: np.ndarray | None = None
-        self.buffer = RowBuffer()
-        self._handles: OpenFiles | None = None
+        self.lengths: np.ndarray | None = None  # values per output row (`count_rows`)
+        self.buffer, self._handles = RowBuffer(), None
 
     def column_map(self, i: int) -> np.ndarray | None:
         """Output column of each column file `i` stores (-1: not output), or None."""
@@ -222,14 +216,8 @@ class Matrix:
         """Reads sorted global row ranges of one file into this matrix's buffer."""
         if self._handles is None:
             self._handles = OpenFiles(self.files, 0)
-        return fetch_ranges(
-            self._handles,
-            self.cell_offsets,
-            starts,
-            stops,
-            self.buffer,
-            check_indices=self.check_indices,
-        )
+        where = (self._handles, self.cell_offsets, starts, stops, self.buffer)
+        return fetch_ranges(*where, check_indices=self.check_indices)
 
     def close(self) -> None:
         """Closes the inputs' handles (they reopen on the next read)."""
