@@ -145,9 +145,7 @@ def write_tahoe_like(
 
     anndata.AnnData(obs=obs, var=make_var(n_genes)).write_h5ad(path)
     del obs
-    length = None
-    if not dense:
-        length = csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+    length = None if dense else csr_chunk_length(chunks, compression, n_cells, mean_nnz)
     bar = progress_bar(n_cells, f"write_tahoe_like {path.name}", "cells", progress)
     with bar, h5py.File(path, "a") as f:
         out = XWriter(f, n_cells, n_genes, compression, length)

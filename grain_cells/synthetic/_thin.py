@@ -198,8 +198,9 @@ def write_thin_atlas(
     arguments.check_int("n_genes", n_genes, minimum=_MAX_NNZ + 2, maximum=2**31 - 1)
     arguments.check_int("first_cell", first_cell, minimum=0)
     arguments.check_int("chunk_cells", chunk_cells, minimum=1)
-    sizes = {"plate": n_plates, "donor": n_donors, "cell_type": n_cell_types}
-    sizes["batch"] = n_batches
+    sizes = dict(
+        plate=n_plates, donor=n_donors, cell_type=n_cell_types, batch=n_batches
+    )
     for key, n in sizes.items():
         arguments.check_int(f"n_{key}s", n, minimum=1)
     check_compression(compression)
