@@ -12,10 +12,8 @@ import pathlib
 import secrets
 import shutil
 
-import h5py
-
 from grain_cells._util.cache_files import write_atomic
-from grain_cells.io import inspect_matrix, open_file
+from grain_cells.io import inspect_matrix, is_group, open_file
 from grain_cells.preshuffle._plan import FORMAT, Plan
 
 MANIFEST = "preshuffle.json"
@@ -36,34 +34,18 @@ def completed_marker(
     if url is None and not (path.is_dir() if zarr_part else path.is_file()):
         return None
     try:
-        if zarr_part:
-            import zarr
-
-            root = open_zarr(path)
-            marker, x = json.loads(root.attrs[MARKER_ATTR]), root["X"]
-            dense = isinstance(x, zarr.Array)
-            arrays = [x] if dense else [x[k] for k in x]
+        with open_file(path, storage_options) as f:
+            marker, x = json.loads(f.attrs[MARKER_ATTR]), f["X"]
+            arrays = ([x[k] for k in x] if is_group(x) else [x]) if zarr_part else []
             if any(a.nchunks_initialized < a.nchunks for a in arrays):
-                return None  # a chunk (or shard) is missing
-            cells = x.shape[0] if dense else x.attrs["shape"][0]
-            found = (cells, None if dense else x["data"].shape[0])
-        else:
-            with open_file(path, storage_options) as f:
-                marker = json.loads(f.attrs[MARKER_ATTR])
-                info = inspect_matrix(f, "X")
-                found = (info.n_obs, info.nnz)
+                return None  # a zarr chunk (or shard) is missing
+            info = inspect_matrix(f, "X")
+            found = (info.n_obs, info.nnz)
     except Exception:  # unreadable, truncated, damaged, foreign: not complete
         return None
     want = (plan.fingerprint, index, len(plan.part_paths), *found)
     got = tuple(marker.get(k) for k in ("fingerprint", "part", "parts", "cells", "nnz"))
     return marker if got == want else None
-
-
-def open_zarr(path):
-    """A zarr part's root group, read-only."""
-    import zarr
-
-    return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
 
 
 def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
@@ -100,17 +82,18 @@ def remove_stale_parts(plan: Plan) -> None:
     """Deletes parts (with a marker) of earlier runs beyond this run's count."""
     keep = {p.name for p in plan.part_paths}
     for path in plan.output_dir.glob("part-*"):
-        if path.name not in keep and path.suffix in (".h5ad", ".zarr") and _ours(path):
+        stale = path.name not in keep and path.suffix in (".h5ad", ".zarr")
+        linked = path.suffix == ".zarr" and path.is_symlink()  # not ours to empty
+        if stale and not linked and is_ours(path):
             _remove(path)
 
 
-def _ours(path: pathlib.Path) -> bool:
+def is_ours(path, storage_options=None) -> bool:
+    """Whether `path` (a file, store or URL) is a part of some run (has the marker)."""
     try:
-        if path.suffix == ".zarr":
-            return not path.is_symlink() and MARKER_ATTR in open_zarr(path).attrs
-        with h5py.File(path, "r") as f:
+        with open_file(path, storage_options) as f:
             return MARKER_ATTR in f.attrs
-    except Exception:  # unreadable, foreign: not ours to delete
+    except Exception:  # unreadable, foreign, gone: not ours to delete
         return False
 
 

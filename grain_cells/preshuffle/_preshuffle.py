@@ -22,7 +22,6 @@ import numpy as np
 import tqdm
 
 from grain_cells._util.pids import gone, start_time
-from grain_cells.io import open_file
 from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle._plan import Plan
@@ -317,15 +316,8 @@ class BucketOutput:
         keep = {p.name for p in plan.part_paths}
         for name in part_names(list_names(self.url, self.storage_options)):
             url = join(self.url, name)
-            if name not in keep and self._ours(url):
+            if name not in keep and _files.is_ours(url, self.storage_options):
                 delete(url, self.storage_options)
-
-    def _ours(self, url: str) -> bool:
-        try:
-            with open_file(url, self.storage_options) as f:
-                return MARKER_ATTR in f.attrs
-        except Exception:  # not HDF5, or gone: not ours to delete
-            return False
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
