@@ -76,13 +76,13 @@ def _read_file(f, out: np.ndarray) -> int:
     source = _plain_index(f)
     if source is None:  # another encoding than a plain string array: anndata's
         source = np.asarray(read_obs_names(f), dtype=str)
-    elif isinstance(source, h5py.Dataset):
-        source = source.astype(STRINGS)
-    n, got = out.size, len(source)
+    n, got = out.size, int(source.shape[0])
     if got != n:
         raise errors.AnnDataFormatError(
             f"{file_name(f)}: obs has {got} names but X has {n} rows"
         )
+    if isinstance(source, h5py.Dataset):
+        source = source.astype(STRINGS)
     chars = 0
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
