@@ -97,18 +97,19 @@ def is_ours(path, storage_options=None) -> bool:
         return False
 
 
-def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
-    """The manifest's content: the run's fingerprint, the parts and their statistics."""
+def manifest_of(plan: Plan, markers: dict[int, dict]) -> bytes:
+    """The manifest (JSON): the run's fingerprint, the parts and their statistics."""
     parts = [
         {"file": p.name, **markers[i]["stats"]} for i, p in enumerate(plan.part_paths)
     ]
     manifest = {"format": FORMAT, "fingerprint": plan.fingerprint}
-    return {**manifest, "cells": plan.n_cells, "parts": parts}
+    manifest.update(cells=plan.n_cells, parts=parts)
+    return json.dumps(manifest, indent=1).encode()
 
 
 def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
     """Writes `MANIFEST` (the parts and their statistics), atomically."""
-    text = json.dumps(manifest_of(plan, markers), indent=1).encode()
+    text = manifest_of(plan, markers)
     write_atomic(plan.output_dir / MANIFEST, lambda f: f.write(text), fsync=True)
 
 

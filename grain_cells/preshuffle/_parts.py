@@ -146,10 +146,7 @@ class ZarrPart(H5adPart):
         return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
 
     def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: in-order writers of `data`, `indices`, `indptr`.
-
-        `chunk` (the HDF5 writer's) is not used: see the design notes.
-        """
+        """Matrix `m`'s CSR group: in-order writers of its arrays (`chunk` unused)."""
         elements = math.ceil(self._cells * max(m.nnz / max(m.n_cells, 1), 1.0))
         elements = max(1, min(max(elements, self._min_bytes // m.dtype.itemsize), nnz))
         parent, name = _parent(self.root, m.name)

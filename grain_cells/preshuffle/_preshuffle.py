@@ -9,7 +9,6 @@ in `grain-cells-preshuffle-<pid>-<start>-<random>` (#preshuffle-staging).
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import pathlib
 import re
@@ -321,7 +320,7 @@ class BucketOutput:
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        text = json.dumps(_files.manifest_of(plan, markers), indent=1).encode()
+        text = _files.manifest_of(plan, markers)
         put_bytes(join(self.url, MANIFEST), text, self.storage_options)
 
     def close(self) -> None:
