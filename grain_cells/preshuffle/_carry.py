@@ -102,7 +102,7 @@ def _parse(keep) -> set[str]:
     return out
 
 
-def choose(paths: list[str], storage_options: dict, *, keep, layer, genes_changed):
+def choose(paths: list[str], storage_options: dict, keep, layer, genes_changed):
     """The `Carry` for `preshuffle`'s `keep` and `layer` (see the design notes).
 
     `genes_changed`: gene alignment changes the output's genes from the first var.

@@ -1,12 +1,10 @@
-"""The files `preshuffle` leaves: parts, their markers, temporaries, manifest.
+"""The files `preshuffle` leaves: parts' markers, temporaries, manifest; full disks.
 
-An `.h5ad` part is written here (`H5adPart`); a zarr part in `_zarr_part`. Design
-notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
+Design notes: docs/reference/design.md#preshuffle-preshuffle ("Full disk").
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -14,12 +12,9 @@ import pathlib
 import secrets
 import shutil
 
-import h5py
-import numpy as np
-
 from grain_cells._util.cache_files import write_atomic
-from grain_cells.io import CSR, DENSE, inspect_matrix, open_file
-from grain_cells.preshuffle._plan import FORMAT, Matrix, Plan
+from grain_cells.io import inspect_matrix, is_group, open_file
+from grain_cells.preshuffle._plan import FORMAT, Plan
 
 MANIFEST = "preshuffle.json"
 """Name of the manifest written last into the output folder."""
@@ -27,10 +22,7 @@ MANIFEST = "preshuffle.json"
 MARKER_ATTR = "grain_cells_preshuffle"
 """Root attribute of a complete output part (JSON: what it was made from)."""
 
-INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
-_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_ABANDONED: list = []  # HDF5 files that failed mid-write: never released
 
 
 def completed_marker(
@@ -42,34 +34,18 @@ def completed_marker(
     if url is None and not (path.is_dir() if zarr_part else path.is_file()):
         return None
     try:
-        if zarr_part:
-            import zarr
-
-            root = open_zarr(path)
-            marker, x = json.loads(root.attrs[MARKER_ATTR]), root["X"]
-            dense = isinstance(x, zarr.Array)
-            arrays = [x] if dense else [x[k] for k in x]
+        with open_file(path, storage_options) as f:
+            marker, x = json.loads(f.attrs[MARKER_ATTR]), f["X"]
+            arrays = ([x[k] for k in x] if is_group(x) else [x]) if zarr_part else []
             if any(a.nchunks_initialized < a.nchunks for a in arrays):
-                return None  # a chunk (or shard) is missing
-            cells = x.shape[0] if dense else x.attrs["shape"][0]
-            found = (cells, None if dense else x["data"].shape[0])
-        else:
-            with open_file(path, storage_options) as f:
-                marker = json.loads(f.attrs[MARKER_ATTR])
-                info = inspect_matrix(f, "X")
-                found = (info.n_obs, info.nnz)
+                return None  # a zarr chunk (or shard) is missing
+            info = inspect_matrix(f, "X")
+            found = (info.n_obs, info.nnz)
     except Exception:  # unreadable, truncated, damaged, foreign: not complete
         return None
     want = (plan.fingerprint, index, len(plan.part_paths), *found)
     got = tuple(marker.get(k) for k in ("fingerprint", "part", "parts", "cells", "nnz"))
     return marker if got == want else None
-
-
-def open_zarr(path):
-    """A zarr part's root group, read-only."""
-    import zarr
-
-    return zarr.open_group(zarr.storage.LocalStore(path, read_only=True), mode="r")
 
 
 def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
@@ -106,32 +82,34 @@ def remove_stale_parts(plan: Plan) -> None:
     """Deletes parts (with a marker) of earlier runs beyond this run's count."""
     keep = {p.name for p in plan.part_paths}
     for path in plan.output_dir.glob("part-*"):
-        if path.name not in keep and path.suffix in (".h5ad", ".zarr") and _ours(path):
+        stale = path.name not in keep and path.suffix in (".h5ad", ".zarr")
+        linked = path.suffix == ".zarr" and path.is_symlink()  # not ours to empty
+        if stale and not linked and is_ours(path):
             _remove(path)
 
 
-def _ours(path: pathlib.Path) -> bool:
+def is_ours(path, storage_options=None) -> bool:
+    """Whether `path` (a file, store or URL) is a part of some run (has the marker)."""
     try:
-        if path.suffix == ".zarr":
-            return not path.is_symlink() and MARKER_ATTR in open_zarr(path).attrs
-        with h5py.File(path, "r") as f:
+        with open_file(path, storage_options) as f:
             return MARKER_ATTR in f.attrs
-    except Exception:  # unreadable, foreign: not ours to delete
+    except Exception:  # unreadable, foreign, gone: not ours to delete
         return False
 
 
-def manifest_of(plan: Plan, markers: dict[int, dict]) -> dict:
-    """The manifest's content: the run's fingerprint, the parts and their statistics."""
+def manifest_of(plan: Plan, markers: dict[int, dict]) -> bytes:
+    """The manifest (JSON): the run's fingerprint, the parts and their statistics."""
     parts = [
         {"file": p.name, **markers[i]["stats"]} for i, p in enumerate(plan.part_paths)
     ]
     manifest = {"format": FORMAT, "fingerprint": plan.fingerprint}
-    return {**manifest, "cells": plan.n_cells, "parts": parts}
+    manifest.update(cells=plan.n_cells, parts=parts)
+    return json.dumps(manifest, indent=1).encode()
 
 
 def write_manifest(plan: Plan, markers: dict[int, dict]) -> None:
     """Writes `MANIFEST` (the parts and their statistics), atomically."""
-    text = json.dumps(manifest_of(plan, markers), indent=1).encode()
+    text = manifest_of(plan, markers)
     write_atomic(plan.output_dir / MANIFEST, lambda f: f.write(text), fsync=True)
 
 
@@ -159,10 +137,15 @@ def publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
 
 
 def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
-    """Extends `path` by `nbytes` of allocated disk space, or raises `OSError`.
+    """Allocates `nbytes` at the end of file `path` (a folder: checks its free space).
 
-    The message names the folder, the bytes needed and the bytes free.
+    Raises `OSError` naming the folder, the bytes needed and the bytes free.
     """
+    if path.is_dir():
+        if shutil.disk_usage(path).free < nbytes:
+            e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise _no_space(path / what, nbytes, what, e)
+        return
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
@@ -178,13 +161,6 @@ def reserve_space(path: pathlib.Path, nbytes: int, what: str) -> None:
                 raise _no_space(path, nbytes, what, e) from e
     finally:
         os.close(fd)
-
-
-def check_free_space(directory: pathlib.Path, nbytes: int, what: str) -> None:
-    """Raises `OSError` (ENOSPC) unless `directory`'s disk has `nbytes` free."""
-    if shutil.disk_usage(directory).free < nbytes:
-        e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        raise _no_space(directory / what, nbytes, what, e)
 
 
 def _no_space(path: pathlib.Path, nbytes: int, what: str, e: OSError) -> OSError:
@@ -219,83 +195,3 @@ def is_disk_full(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-class H5adPart:
-    """Part `index` of a plan in a temporary HDF5 file (removed on error); `commit`."""
-
-    frames_settings = contextlib.nullcontext  # anndata's settings for obs, var, ...
-
-    def __init__(self, plan: Plan, index: int, nbytes: int):
-        self.plan = plan
-        self.final = plan.part_paths[index]
-        fd, self.tmp = create_temporary(plan.output_dir, self.final.name)
-        os.close(fd)
-        try:
-            h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
-            reserve_space(self.tmp, nbytes, f"part {self.final.name}")
-            self.root = h5py.File(self.tmp, "a")
-        except BaseException:
-            self.tmp.unlink(missing_ok=True)
-            raise
-
-    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
-        group = self.root.require_group(m.name)
-        group.attrs.update({"encoding-type": CSR, "encoding-version": "0.1.0"})
-        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
-        opts = {"maxshape": (None,), **filter_options(self.plan.compression)}
-        ptr_opts = {"maxshape": (None,), "chunks": (min(INDPTR_CHUNK, n + 1),)}
-        return (
-            group.create_dataset("data", (nnz,), m.dtype, chunks=(chunk,), **opts),
-            group.create_dataset(
-                "indices", (nnz,), m.index_dtype, chunks=(chunk,), **opts
-            ),
-            group.create_dataset("indptr", (n + 1,), np.int64, **ptr_opts),
-        )
-
-    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
-        chunked = n and m.n_vars
-        x = self.root.create_dataset(
-            m.name,
-            (n, m.n_vars),
-            m.dtype,
-            chunks=(chunk_rows, m.n_vars) if chunked else None,
-            **(filter_options(self.plan.compression) if chunked else {}),
-        )
-        x.attrs.update({"encoding-type": DENSE, "encoding-version": "0.2.0"})
-        return x
-
-    def commit(self, marker: dict) -> None:
-        """Marks the part complete, flushes it and renames it into place."""
-        self.root.attrs[MARKER_ATTR] = json.dumps(marker)
-        self.root.close()  # truncates the file to what HDF5 used
-        publish(self.tmp, self.final)
-
-    def __enter__(self) -> H5adPart:
-        return self
-
-    def __exit__(self, exc_type, e, tb) -> None:
-        try:
-            if e is not None and not is_disk_full(e):
-                with contextlib.suppress(Exception):
-                    self.root.close()
-            elif e is not None:
-                # HDF5 cannot close a file after a failed write (its close, or
-                # the release of any of its objects, crashes the interpreter):
-                # the file is truncated, its handle kept for the process's life.
-                _ABANDONED.append(self.root)
-                with contextlib.suppress(OSError):
-                    os.truncate(self.tmp, 0)
-                raise disk_filled(self.plan, self.final, e) from e
-        finally:
-            self.tmp.unlink(missing_ok=True)
-
-
-def filter_options(compression: str | None) -> dict:
-    """h5py's options for `preshuffle`'s `compression`."""
-    if compression is None:
-        return {}
-    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
-    return {"compression": compression, **level, "shuffle": True}

@@ -73,18 +73,16 @@ class Names:
 
 def _read_file(f, out: np.ndarray) -> int:
     """Fills `out` with the obs names of the open file `f`; returns their chars."""
-    index = _plain_index(f)
-    # Another encoding than a plain string array: through anndata (objects).
-    source = read_obs_names(f) if index is None else index
-    n, got = out.size, len(source) if index is None else int(index.shape[0])
+    source = _plain_index(f)
+    if source is None:  # another encoding than a plain string array: anndata's
+        source = np.asarray(read_obs_names(f), dtype=str)
+    n, got = out.size, int(source.shape[0])
     if got != n:
         raise errors.AnnDataFormatError(
             f"{file_name(f)}: obs has {got} names but X has {n} rows"
         )
-    if index is None:
-        source = np.asarray(source, dtype=str)
-    elif isinstance(index, h5py.Dataset):
-        source = index.astype(STRINGS)
+    if isinstance(source, h5py.Dataset):
+        source = source.astype(STRINGS)
     chars = 0
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
@@ -123,10 +121,8 @@ def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> Non
     if "obs" in root:  # the skeleton's empty obs
         del root["obs"]
     group = root.create_group("obs")
-    group.attrs["encoding-type"] = "dataframe"
-    group.attrs["encoding-version"] = "0.2.0"
-    group.attrs["_index"] = "_index"
-    group.attrs["column-order"] = list(order)
+    attrs = {"encoding-type": "dataframe", "encoding-version": "0.2.0"}
+    group.attrs.update({**attrs, "_index": "_index", "column-order": list(order)})
     n = int(rows.size)
     index = _string_array(group, "_index", n)
     for a in range(0, n, WINDOW):
@@ -173,20 +169,16 @@ class Frames:
         # pandas object index they cost ~80 bytes per cell (12 GB at 100M).
         self.names = Names.read(paths, plan.source.cell_offsets, options)
         self.obs = read_obs(paths, plan.obs_columns, options)
-        var = _read_frame(
-            paths[0], "raw/var" if plan.element == "raw/X" else "var", options
-        )
+        var = "raw/var" if plan.element == "raw/X" else "var"
+        var = _read_frame(paths[0], var, options)
         self.var = _aligned(var, plan.column_map_first, plan.source.var_names)
         self.obsm = {}
         for key in plan.carry.obsm_frames:
-            fix = "leave it out with keep=[...]"
-            parts = [
-                _read_frame(p, f"obsm/{key}", options, f"obsm/{key}", fix)
-                for p in paths
-            ]
+            name, fix = f"obsm/{key}", "leave it out with keep=[...]"
+            parts = [_read_frame(p, name, options, name, fix) for p in paths]
             self.obsm[key] = parts[0] if len(parts) == 1 else pd.concat(parts)
         self.raw_var = None
-        for m in plan.matrices:
+        for m in plan.matrices[1:]:  # raw/X carried: `raw/var` too
             if m.name == "raw/X":
                 var = _read_frame(paths[0], "raw/var", options)
                 self.raw_var = _aligned(var, m.column_map(0), m.files.genes.var_names)

@@ -84,10 +84,8 @@ class Plan:
         self.storage_options = dict(args["storage_options"] or {})
         # Checks every input: AnnData, aligned genes, a usable matrix.
         options = {k: args[k] for k in ("layer", "join", "genes")}
-        options.update(
-            block_size=1, read_threads=0, storage_options=self.storage_options
-        )
-        self.source = source = AnnDataSource(paths, **options)
+        options.update(storage_options=self.storage_options, read_threads=0)
+        self.source = source = AnnDataSource(paths, block_size=1, **options)
         self.paths = list(source.paths)
         self.element = matrix_element(args["layer"])
         self.obs_columns, self.group_by = self._columns(args)
@@ -97,11 +95,7 @@ class Plan:
         self.x = Matrix("X", source.files, source.check_indices)
         keep = args["keep"]
         self.carry = _carry.choose(
-            self.paths,
-            self.storage_options,
-            keep=keep,
-            layer=args["layer"],
-            genes_changed=maps[0] is not None,
+            self.paths, self.storage_options, keep, args["layer"], maps[0] is not None
         )
         self.matrices = [self.x]
         for element in list(self.carry.matrices):
@@ -115,16 +109,14 @@ class Plan:
                 continue
             self.matrices.append(Matrix(element, files, source.check_indices))
         if self.carry.left:
+            left = "; ".join(self.carry.left)
             warnings.warn(
-                f"preshuffle leaves out {'; '.join(self.carry.left)}. Pass keep=[...] "
-                "to name what to carry (keep=() for X, obs and var only); this "
-                "warning then goes away.",
-                UserWarning,
+                f"preshuffle leaves out {left}. Pass keep=[...] to name what to carry "
+                "(keep=() for X, obs and var only); this warning then goes away.",
                 stacklevel=3,
             )
         self.seed = args["seed"] = int(args["seed"])
-        self.compression = args["compression"]
-        self.chunk_cells = args["chunk_cells"]
+        self.compression, self.chunk_cells = args["compression"], args["chunk_cells"]
         self.budget = int(args["memory_budget_bytes"])
         size = args["cells_per_file"] or max(self.n_cells, 1)
         n_parts = max(1, -(-self.n_cells // size))
@@ -156,19 +148,16 @@ class Plan:
 
     def _columns(self, args: dict) -> tuple[list[str], list[str] | None]:
         """`(obs_columns, group_by)` as lists, checked against every input's obs."""
-        obs_columns, group_by = args["obs_columns"], args["group_by"]
+        obs_columns, given = args["obs_columns"], args["group_by"]
         have = {}
         for path in self.paths:
             with open_file(path, self.storage_options) as f:
                 have[path] = file_obs_columns(f)
-        if isinstance(obs_columns, str):
-            obs_columns = [obs_columns]
-        if obs_columns is None:
-            obs_columns = have[self.paths[0]]
+        obs_columns = have[self.paths[0]] if obs_columns is None else obs_columns
+        obs_columns = [obs_columns] if isinstance(obs_columns, str) else obs_columns
         obs_columns = [str(c) for c in obs_columns]
+        group_by = [given] if isinstance(given, str) else given
         if group_by is not None:
-            given = group_by
-            group_by = [group_by] if isinstance(group_by, str) else group_by
             if (
                 not isinstance(group_by, (list, tuple))
                 or not group_by
@@ -195,15 +184,10 @@ class Plan:
 
 
 class Matrix:
-    """One row-aligned element of the inputs (`name` in the part), as gathered.
-
-    `lengths`: stored values per output row (CSR, set by `count_rows`).
-    """
+    """One row-aligned element of the inputs (`name` in the part); `lengths`: CSR's."""
 
     def __init__(self, name: str, files: FileSet, check_indices: bool = True):
-        self.name = name
-        self.files = files
-        self.check_indices = check_indices
+        self.name, self.files, self.check_indices = name, files, check_indices
         self.sparse = files.sparse
         self.dtype = np.dtype(files.dtype)
         self.n_vars = files.num_genes
@@ -215,9 +199,8 @@ class Matrix:
         self.reorders_genes = any(
             m is not None and (np.diff(m[m >= 0]) < 0).any() for m in maps
         )
-        self.lengths: np.ndarray | None = None
-        self.buffer = RowBuffer()
-        self._handles: OpenFiles | None = None
+        self.lengths: np.ndarray | None = None  # values per output row (`count_rows`)
+        self.buffer, self._handles = RowBuffer(), None
 
     def column_map(self, i: int) -> np.ndarray | None:
         """Output column of each column file `i` stores (-1: not output), or None."""
@@ -233,14 +216,8 @@ class Matrix:
         """Reads sorted global row ranges of one file into this matrix's buffer."""
         if self._handles is None:
             self._handles = OpenFiles(self.files, 0)
-        return fetch_ranges(
-            self._handles,
-            self.cell_offsets,
-            starts,
-            stops,
-            self.buffer,
-            check_indices=self.check_indices,
-        )
+        where = (self._handles, self.cell_offsets, starts, stops, self.buffer)
+        return fetch_ranges(*where, check_indices=self.check_indices)
 
     def close(self) -> None:
         """Closes the inputs' handles (they reopen on the next read)."""
@@ -248,8 +225,9 @@ class Matrix:
             self._handles.close()
             self._handles = None
 
-    def chunk(self, compression, chunk_cells) -> int:
-        """Elements per HDF5 chunk of `data`/`indices` (CSR), or rows (dense)."""
+    def chunk(self, plan: Plan, size: int) -> int:
+        """Elements per chunk of `data`/`indices` (CSR) or rows (dense), <= `size`."""
+        compression, chunk_cells = plan.compression, plan.chunk_cells
         unit = max(self.dtype.itemsize * (1 if self.sparse else self.n_vars), 1)
         if chunk_cells is None:
             n = (CHUNK_BYTES if compression is None else CHUNK_BYTES_COMPRESSED) // unit
@@ -258,7 +236,7 @@ class Matrix:
         else:
             n = chunk_cells
         most = MAX_CHUNK_BYTES // 8 if self.sparse else MAX_CHUNK_BYTES // unit
-        return int(min(max(n, 1), max(most, 1)))
+        return max(1, min(max(n, 1), max(most, 1), int(size)))
 
     def count_rows(self) -> None:
         """Sets `lengths` (int32) from each `indptr`, or aligned rows if genes drop."""

@@ -9,11 +9,9 @@ in `grain-cells-preshuffle-<pid>-<start>-<random>` (#preshuffle-staging).
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import pathlib
 import re
-import secrets
 import shutil
 import sys
 import tempfile
@@ -23,7 +21,6 @@ import numpy as np
 import tqdm
 
 from grain_cells._util.pids import gone, start_time
-from grain_cells.io import open_file
 from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._files import MANIFEST, MARKER_ATTR
 from grain_cells.preshuffle._plan import Plan
@@ -42,7 +39,7 @@ from grain_cells.storage.remote import (
 __all__ = ["MANIFEST", "MARKER_ATTR", "preshuffle"]
 
 PREFIX = "grain-cells-preshuffle-"
-_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+")
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-\w+")
 PROGRESS_EVERY_S = 0.5
 
 
@@ -142,21 +139,19 @@ def preshuffle(
         The paths of the parts, in order (their URLs for a URL `output_dir`).
 
     Raises:
-        ValueError: `inputs` is empty, an argument is out of range, an
-            input would be overwritten by an output part, or a zarr `format`
-            names a URL `output_dir`.
+        ValueError: `inputs` is empty, an argument is out of range, an input
+            would be overwritten by a part, or a zarr `format` names a URL.
         NotADirectoryError: `output_dir` exists and is not a folder.
         FileNotFoundError: An input does not exist.
+        OSError: The output's disk lacks the space for a part (the message
+            names the folder, the bytes needed and free), or an upload failed.
+        PermissionError: The credentials may not read an input or write the
+            output (names the URL and the fix).
+        TypeError: `group_by` or `keep` is of the wrong type.
         errors.GeneMismatchError: With `join="exact"`, the inputs list
             different var names (and see `AnnDataSource` for the others).
-        OSError: The output folder's disk lacks the space for a part (the
-            message names the folder, the bytes needed and free), or an
-            upload failed after retries.
-        PermissionError: The credentials may not read an input or write
-            the output (names the URL and the fix).
-        errors.MissingColumnError: An obs column (`obs_columns`,
-            `group_by`), layer, X or an element named in `keep` is missing.
-        TypeError: `group_by` or `keep` is of the wrong type.
+        errors.MissingColumnError: An obs column, layer, X or an element named
+            in `keep` is missing.
         errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
             inputs and dense in others.
         errors.AnnDataFormatError: An input is not readable AnnData, or an obs
@@ -221,9 +216,8 @@ def preshuffle(
 
 def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
     """A tqdm bar (stderr) of cells written times matrices; says what was complete."""
-    total = len(plan.matrices) * sum(
-        plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo
-    )
+    cells = sum(plan.part_bounds[i][1] - plan.part_bounds[i][0] for i in todo)
+    total = len(plan.matrices) * cells
     skipped = len(plan.part_paths) - len(todo)
     if enabled and skipped:
         print(
@@ -231,30 +225,17 @@ def progress_bar(plan: Plan, todo: list[int], enabled: bool) -> tqdm.tqdm:
             f"complete in {plan.output_dir}",
             file=sys.stderr,
         )
-    return tqdm.tqdm(
-        total=total,
-        desc="preshuffle",
-        unit="cells",
-        unit_scale=True,
-        mininterval=PROGRESS_EVERY_S,
-        disable=not enabled or not total,
-        file=sys.stderr,
-    )
+    options = {"mininterval": PROGRESS_EVERY_S, "disable": not enabled or not total}
+    options.update(file=sys.stderr, unit_scale=True)
+    return tqdm.tqdm(total=total, desc="preshuffle", unit="cells", **options)
 
 
 def make_staging(parent: str | os.PathLike | None) -> pathlib.Path:
     """Creates this process's staging folder under `parent` (None: `TMPDIR`)."""
     parent = pathlib.Path(tempfile.gettempdir() if parent is None else parent)
     parent.mkdir(parents=True, exist_ok=True)
-    pid = os.getpid()
-    start = start_time(pid) or 0
-    while True:
-        path = parent / f"{PREFIX}{pid}-{start}-{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
+    prefix = f"{PREFIX}{os.getpid()}-{start_time(os.getpid()) or 0}-"
+    return pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def remove_stale_staging(parent: str | os.PathLike | None) -> list[pathlib.Path]:
@@ -334,19 +315,12 @@ class BucketOutput:
         keep = {p.name for p in plan.part_paths}
         for name in part_names(list_names(self.url, self.storage_options)):
             url = join(self.url, name)
-            if name not in keep and self._ours(url):
+            if name not in keep and _files.is_ours(url, self.storage_options):
                 delete(url, self.storage_options)
-
-    def _ours(self, url: str) -> bool:
-        try:
-            with open_file(url, self.storage_options) as f:
-                return MARKER_ATTR in f.attrs
-        except Exception:  # not HDF5, or gone: not ours to delete
-            return False
 
     def write_manifest(self, plan: Plan, markers: dict[int, dict]) -> None:
         """Uploads `preshuffle.json` (the parts and their statistics)."""
-        text = json.dumps(_files.manifest_of(plan, markers), indent=1).encode()
+        text = _files.manifest_of(plan, markers)
         put_bytes(join(self.url, MANIFEST), text, self.storage_options)
 
     def close(self) -> None:

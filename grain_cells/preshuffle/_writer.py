@@ -15,7 +15,7 @@ import numpy as np
 
 from grain_cells._util.ranges import runs
 from grain_cells.preshuffle import _frames
-from grain_cells.preshuffle._files import INDPTR_CHUNK, H5adPart
+from grain_cells.preshuffle._parts import INDPTR_CHUNK, H5adPart, ZarrPart
 from grain_cells.preshuffle._plan import Matrix, Plan
 
 PIECE = 1 << 22  # cells of a part whose row pointers are computed at once
@@ -38,7 +38,7 @@ def slot_array(slot: dict, name: str, size: int, dtype) -> np.ndarray:
 
 
 class WritePipeline:
-    """Runs write jobs in one background thread, `slots` windows at a time.
+    """Runs write jobs in order in one background thread, `slots` windows at a time.
 
     A failed write is raised in the caller at its next call; later jobs are skipped.
     """
@@ -51,16 +51,15 @@ class WritePipeline:
         )
 
     def free_slot(self) -> dict:
-        """Waits for a slot whose window was written, or a failed write."""
-        slot, job = self._slots.popleft()  # jobs run in order: the first ends first
+        """Waits for the oldest slot's write (jobs end in order), or a failed write."""
+        slot, job = self._slots.popleft()
         if job is not None:
             concurrent.futures.wait([job])
-        self._raise_if_failed()
-        return slot
+        return self._checked(slot)
 
     def submit(self, slot: dict, write, done) -> None:
         """Queues `write()` (then `done()`) for the background thread."""
-        self._raise_if_failed()
+        self._checked(None)
         self._slots.append((slot, self._thread.submit(self._run, write, done)))
 
     def __enter__(self) -> WritePipeline:
@@ -69,11 +68,12 @@ class WritePipeline:
     def __exit__(self, exc_type, exc, tb) -> None:
         self._thread.shutdown(wait=True)
         if exc_type is None:
-            self._raise_if_failed()
+            self._checked(None)
 
-    def _raise_if_failed(self) -> None:
+    def _checked(self, value):
         if self._error is not None:
             raise self._error
+        return value
 
     def _run(self, write, done) -> None:
         if self._error is None:
@@ -174,12 +174,8 @@ class Writer:
         start, stop = plan.part_bounds[index]
         rows = self.perm[start:stop]
         t0 = time.perf_counter()
-        if plan.zarr_format is None:
-            part = H5adPart(plan, index, self._part_bytes(rows))
-        else:
-            from grain_cells.preshuffle._zarr_part import ZarrPart  # imports zarr
-
-            part = ZarrPart(plan, index, self._part_bytes(rows))
+        kind = H5adPart if plan.zarr_format is None else ZarrPart
+        part = kind(plan, index, self._part_bytes(rows))
         with part:
             with part.frames_settings():
                 self.frames.write(part.root, rows)
@@ -187,8 +183,7 @@ class Writer:
                 self.frames = None
             nnz, windows, largest = None, 0, 0
             for matrix in plan.matrices:
-                write = self._write_csr if matrix.sparse else self._write_dense
-                got, n_windows, most = write(part, matrix, rows, report)
+                got, n_windows, most = self._write(part, matrix, rows, report)
                 if matrix is plan.x:
                     nnz = got
                 windows += n_windows
@@ -219,22 +214,39 @@ class Writer:
         names = frames.names.disk_bytes(n)
         return int(1.01 * (matrix + 2 * frames.nbytes(n) + names) + overhead)
 
-    def _write_csr(self, part, m: Matrix, rows: np.ndarray, report):
-        plan = self.plan
-        n = rows.size
-        # No part-long tables: the windows and the row pointers are computed
-        # piece by piece, and each window's pointers when it is assembled.
-        bounds, nnz_at = csr_cuts(
-            m.lengths, rows, m.value_bytes, _CSR_CELL_BYTES, self._slot_bytes()
-        )
-        nnz = nnz_at[-1]
-        start_of = dict(zip(bounds, nnz_at, strict=True))
-        data, indices, indptr = part.create_csr(m, n, nnz, _csr_chunk(plan, m, nnz))
-        write_indptr(indptr, m.lengths, rows)
-        most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
+    def _write(self, part, m: Matrix, rows: np.ndarray, report):
+        """Writes `m` at `rows`, a window assembled while the last one is written.
+
+        Returns `(nnz or None, windows, largest window's bytes)`.
+        """
+        plan, n, cap = self.plan, rows.size, self._slot_bytes()
+        if m.sparse:  # windows and row pointers piece by piece: no part-long tables
+            bounds, nnz_at = csr_cuts(
+                m.lengths, rows, m.value_bytes, _CSR_CELL_BYTES, cap
+            )
+            nnz = nnz_at[-1]
+            data, indices, indptr = part.create_csr(m, n, nnz, m.chunk(plan, nnz))
+            write_indptr(indptr, m.lengths, rows)
+            start_of = dict(zip(bounds, nnz_at, strict=True))
+            most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
+            largest = most * m.value_bytes
+        else:
+            nnz, row_bytes = None, max(m.n_vars * m.dtype.itemsize, 1)
+            chunk_rows = m.chunk(plan, n)
+            x = part.create_dense(m, n, chunk_rows)
+            bounds = cuts(np.arange(1, n + 1, dtype=np.int64) * row_bytes, cap)
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
+        if not m.sparse:
+            largest = most_cells * row_bytes
 
         def assemble(slot: dict, a: int, b: int):
+            """Gathers window `[a, b)` into `slot`'s arrays; returns its write."""
+            if not m.sparse:
+                out = slot_array(slot, "X", most_cells * m.n_vars, m.dtype)
+                out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
+                for got, dest in self._reads(m, rows[a:b]):
+                    out[dest] = got.dense[: dest.size]
+                return lambda: x.__setitem__(slice(a, b), out)
             lo, hi = start_of[a], start_of[b]
             out_data = slot_array(slot, "data", most, m.dtype)[: hi - lo]
             out_indices = slot_array(slot, "indices", most, m.index_dtype)[: hi - lo]
@@ -252,44 +264,15 @@ class Writer:
 
             return write
 
-        self._run_windows(bounds, assemble, report)
-        return nnz, len(bounds) - 1, most * m.value_bytes
-
-    def _write_dense(self, part, m: Matrix, rows: np.ndarray, report):
-        plan = self.plan
-        n = rows.size
-        chunk_rows = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
-        x = part.create_dense(m, n, chunk_rows)
-        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
-        through = np.arange(1, n + 1, dtype=np.int64) * row_bytes
-        bounds = cuts(through, self._slot_bytes())
-        most = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
-
-        def assemble(slot: dict, a: int, b: int):
-            out = slot_array(slot, "X", most * m.n_vars, m.dtype)
-            out = out[: (b - a) * m.n_vars].reshape(b - a, m.n_vars)
-            for got, dest in self._reads(m, rows[a:b]):
-                out[dest] = got.dense[: dest.size]
-
-            def write():
-                x[a:b] = out
-
-            return write
-
-        self._run_windows(bounds, assemble, report)
-        return None, len(bounds) - 1, most * row_bytes
-
-    def _slot_bytes(self) -> int:
-        return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
-
-    def _run_windows(self, bounds: list[int], assemble, report) -> None:
-        """Assembles window after window while a second thread writes the last one."""
         with WritePipeline(_SLOTS) as pipeline:
             for a, b in itertools.pairwise(bounds):
                 slot = pipeline.free_slot()
-                pipeline.submit(
-                    slot, assemble(slot, a, b), lambda n=b - a: report.update(n)
-                )
+                done = lambda n=b - a: report.update(n)  # noqa: E731
+                pipeline.submit(slot, assemble(slot, a, b), done)
+        return nnz, len(bounds) - 1, largest
+
+    def _slot_bytes(self) -> int:
+        return int(self.plan.budget * _WINDOW_SHARE / _SLOTS)
 
     def _reads(self, m: Matrix, window_rows: np.ndarray):
         """Yields `(fetched rows, window positions)`: sorted batches, one file each."""
@@ -355,11 +338,6 @@ def _copy_rows(src, dest: np.ndarray, out_ptr: np.ndarray, out_data, out_indices
             out_indices[o : o + s1 - s0] = indices[s0:s1]
 
 
-def _csr_chunk(plan: Plan, m: Matrix, nnz: int) -> int:
-    """Elements per chunk of `data`/`indices`, no larger than the part needs."""
-    return max(1, min(m.chunk(plan.compression, plan.chunk_cells), nnz))
-
-
 def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, int]:
     """`(bytes, chunks, bytes per chunk)` of one matrix of a part, uncompressed."""
     n = int(rows.size)
@@ -368,14 +346,14 @@ def _matrix_bytes(plan: Plan, m: Matrix, rows: np.ndarray) -> tuple[int, int, in
             int(m.lengths[rows[a : a + (1 << 22)]].sum(dtype=np.int64))
             for a in range(0, n, 1 << 22)
         )
-        chunk = _csr_chunk(plan, m, nnz)
+        chunk = m.chunk(plan, nnz)
         n_chunks = -(-nnz // chunk)
         total = n_chunks * chunk * m.value_bytes
         indptr_chunk = min(INDPTR_CHUNK, n + 1)
         total += -(-(n + 1) // indptr_chunk) * indptr_chunk * 8
         n_chunks += -(-(n + 1) // indptr_chunk)
         return total, n_chunks, chunk * m.value_bytes
-    rows_per_chunk = min(m.chunk(plan.compression, plan.chunk_cells), max(n, 1))
+    rows_per_chunk = m.chunk(plan, n)
     n_chunks = -(-n // rows_per_chunk)
     chunk_bytes = rows_per_chunk * m.n_vars * m.dtype.itemsize
     return n_chunks * chunk_bytes, n_chunks, chunk_bytes

@@ -145,9 +145,7 @@ def write_tahoe_like(
 
     anndata.AnnData(obs=obs, var=make_var(n_genes)).write_h5ad(path)
     del obs
-    length = None
-    if not dense:
-        length = csr_chunk_length(chunks, compression, n_cells, mean_nnz)
+    length = None if dense else csr_chunk_length(chunks, compression, n_cells, mean_nnz)
     bar = progress_bar(n_cells, f"write_tahoe_like {path.name}", "cells", progress)
     with bar, h5py.File(path, "a") as f:
         out = XWriter(f, n_cells, n_genes, compression, length)
@@ -176,32 +174,16 @@ _DEFAULTS = {
 def cached_tahoe_like(
     n_cells: int, *, cache_dir: str | os.PathLike | None = None, **kwargs
 ) -> pathlib.Path:
-    """Returns a file made by ``write_tahoe_like`` with these arguments.
+    """Returns a file made by ``write_tahoe_like(path, n_cells, **kwargs)``, made once.
 
-    Made once per argument set, under a temporary name renamed when complete, and
-    reused. The name encodes ``n_cells``, ``n_genes``, ``seed``, the compression
-    (``tahoe_like-n400000-g62710-s0-none.h5ad`` at the defaults) and a tag per other
-    argument off its default (``-nnz300.0``, ``-dense``, ``-c4096``); no generator
-    version: clear the cache after changing the generator. With ``progress=True`` a file
-    that must be made is announced on stderr.
-
-    Args:
-        n_cells: Number of cells, as for ``write_tahoe_like``.
-        cache_dir: Folder of the cache, created if missing. Defaults to
-            ``$GRAIN_CELLS_CACHE`` or else ``~/.cache/grain_cells``.
-        **kwargs: Any keyword argument of ``write_tahoe_like``.
-
-    Returns:
-        The path of the cached file.
-
-    Raises:
-        TypeError: If ``kwargs`` holds an unknown argument.
-        ValueError: If an argument is invalid (see ``write_tahoe_like``).
-
-    Example:
-        >>> p = cached_tahoe_like(10_000, n_genes=5_000, mean_nnz=300)
-        >>> p.name
-        'tahoe_like-n10000-g5000-s0-none-nnz300.0.h5ad'
+    Made under a temporary name renamed when complete, and reused. The name encodes
+    ``n_cells``, ``n_genes``, ``seed``, the compression and a tag per other argument
+    off its default (``tahoe_like-n10000-g5000-s0-none-nnz300.0.h5ad``; ``-dense``,
+    ``-c4096``); no generator version: clear the cache after changing the generator.
+    ``cache_dir`` (created if missing) defaults to ``$GRAIN_CELLS_CACHE`` or else
+    ``~/.cache/grain_cells``. With ``progress=True`` a file that must be made is
+    announced on stderr. Raises ``TypeError`` for an unknown argument and
+    ``ValueError`` for an invalid one (see ``write_tahoe_like``).
     """
     unknown = sorted(set(kwargs) - set(_DEFAULTS))
     if unknown:
@@ -222,10 +204,7 @@ def cached_tahoe_like(
 
 
 def made_once(final: pathlib.Path, make, announce: str | None, folder=False):
-    """`final` (a file, or a `folder`), made once by `make(tmp)` beside it, renamed.
-
-    `announce` is printed on stderr first when it must be made.
-    """
+    """`final` (a file or `folder`) made once by `make(tmp)` beside it, `announce`d."""
     if final.is_dir() if folder else final.is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

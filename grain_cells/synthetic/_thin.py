@@ -53,10 +53,7 @@ def csr_chunk_length(chunks, compression, n_cells: int, mean_nnz: float) -> int:
 
 
 class XWriter:
-    """Appends blocks of CSR rows to ``X``: anndata's csr_matrix, or dense float32.
-
-    `chunk`: the CSR datasets' chunk length; None writes X dense.
-    """
+    """Appends CSR rows to ``X``: a csr_matrix, or dense float32 if `chunk` is None."""
 
     def __init__(self, f: h5py.File, n_cells: int, n_genes: int, compression, chunk):
         self.n_genes, self.nnz, self.rows = n_genes, 0, 0
@@ -154,9 +151,7 @@ def _strings(group, name: str, values=None, n: int = 0, chunk: int | None = None
     """A `string-array` of `values` (or `n` empty ones, resizable by `chunk`)."""
     n = n if values is None else len(values)
     opts = {"chunks": (chunk,), "maxshape": (None,)} if chunk else {}
-    d = _element(
-        group.create_dataset(name, (n,), dtype=_STRING, **opts), "string-array"
-    )
+    d = _element(group.create_dataset(name, (n,), _STRING, **opts), "string-array")
     if values is not None:
         d[...] = np.asarray(values, dtype=object)
     return d
@@ -186,37 +181,26 @@ def write_thin_atlas(
     total_cells: int | None = None,
     chunk_cells: int = 1 << 20,
 ) -> pathlib.Path:
-    """Writes cells ``[first_cell, first_cell + n_cells)`` of a thin atlas.
+    """Writes cells ``[first_cell, first_cell + n_cells)`` of a thin atlas to ``path``.
 
-    Args:
-        path: Destination ``.h5ad`` (overwritten); its folder must exist.
-        n_cells: Cells of this file, > 0.
-        n_genes: Genes, >= 8; var is indexed ``ENSG00000000000``, ...
-        n_plates: Categories of ``plate`` (runs over the atlas), > 0.
-        n_donors: Categories of ``donor`` (runs nested in plates), > 0.
-        n_cell_types: Categories of ``cell_type`` (per cell), > 0.
-        n_batches: Categories of ``batch`` (per 4,096-cell run), > 0.
-        compression: None, ``"gzip"`` or ``"lzf"`` for X's datasets.
-        chunks: HDF5 chunk length of X's datasets, or ``"atlas"``: h5py's
-            guess for this file's full length (what anndata writes).
-        seed: Seed of the cell types.
-        first_cell: Atlas index of this file's first cell (collections).
-        total_cells: Cells of the whole atlas (default: this file's end);
-            plates and donors are runs over the atlas.
-        chunk_cells: Cells generated and written per step (bounds memory).
-
-    Returns:
-        The path written, as a ``pathlib.Path``.
-
-    Raises:
-        ValueError: If an argument is out of range.
+    ``path`` is overwritten (its folder must exist). Each cell stores 2-6 values;
+    obs holds the categoricals ``plate`` and ``donor`` (runs over the atlas of
+    ``total_cells``, default this file's end), ``cell_type`` (per cell, from
+    ``seed``) and ``batch`` (per 4,096-cell run), each with ``n_<name>s``
+    categories; var is indexed ``ENSG00000000000``, ... (``n_genes`` >= 8).
+    ``compression`` (None, ``"gzip"``, ``"lzf"``) and ``chunks`` (an HDF5 chunk
+    length, or ``"atlas"``: h5py's guess for the full length, what anndata writes)
+    apply to X's datasets; ``chunk_cells`` cells are made and written per step
+    (bounds memory). Returns the path as a ``pathlib.Path``; raises ``ValueError``
+    for an argument out of range.
     """
     arguments.check_int("n_cells", n_cells, minimum=1)
     arguments.check_int("n_genes", n_genes, minimum=_MAX_NNZ + 2, maximum=2**31 - 1)
     arguments.check_int("first_cell", first_cell, minimum=0)
     arguments.check_int("chunk_cells", chunk_cells, minimum=1)
-    sizes = {"plate": n_plates, "donor": n_donors, "cell_type": n_cell_types}
-    sizes["batch"] = n_batches
+    sizes = dict(
+        plate=n_plates, donor=n_donors, cell_type=n_cell_types, batch=n_batches
+    )
     for key, n in sizes.items():
         arguments.check_int(f"n_{key}s", n, minimum=1)
     check_compression(compression)
@@ -261,18 +245,11 @@ def write_thin_collection(
 ) -> list[pathlib.Path]:
     """Writes a thin atlas of ``n_files * cells_per_file`` cells as many files.
 
-    File ``k`` (``thin-00000.h5ad``, ...) holds atlas cells ``[k * n, (k + 1) * n)``:
-    the concatenation equals one ``write_thin_atlas`` file of all the cells.
-
-    Args:
-        folder: Created if missing.
-        n_files: Files, > 0.
-        cells_per_file: Cells of each file, > 0.
-        **kwargs: Keyword arguments of `write_thin_atlas` (not ``first_cell``
-            or ``total_cells``).
-
-    Returns:
-        The paths, in atlas order.
+    File ``k`` (``thin-00000.h5ad``, ... in ``folder``, created if missing) holds
+    atlas cells ``[k * n, (k + 1) * n)``: the concatenation equals one
+    ``write_thin_atlas`` file of all the cells. ``**kwargs`` are those of
+    ``write_thin_atlas`` but ``first_cell`` and ``total_cells``. Returns the paths,
+    in atlas order.
     """
     arguments.check_int("n_files", n_files, minimum=1)
     arguments.check_int("cells_per_file", cells_per_file, minimum=1)

@@ -34,29 +34,17 @@ def write_tahoe_like_zarr(
     progress: bool = False,
     **kwargs,
 ) -> pathlib.Path:
-    """Writes synthetic Tahoe-like cells as an AnnData zarr store.
+    """Writes synthetic Tahoe-like cells as an AnnData zarr store at ``path``.
 
-    The cells of ``write_tahoe_like(..., n_cells, **kwargs)`` (CSR X, uncompressed),
-    written beside ``path`` under a temporary name, copied into the store and removed.
-
-    Args:
-        path: Destination directory (``.zarr`` by convention); replaced if
-            it exists. Its parent folder must exist.
-        n_cells: Number of cells, > 0.
-        layout: ``"v3-sharded"`` (anndata 0.13's default), ``"v3"`` or
-            ``"v2"`` (see the design notes).
-        compressed: Keep zarr's default codec (anndata's); else raw chunks.
-        progress: Show progress bars (tqdm, on stderr).
-        **kwargs: Arguments of ``write_tahoe_like`` that shape the cells
-            (``n_genes``, ``mean_nnz``, ``n_plates``, ``n_cell_lines``,
-            ``n_drugs``, ``seed``, ``chunk_cells``).
-
-    Returns:
-        The store's path, as a ``pathlib.Path``.
-
-    Raises:
-        ValueError: An argument is out of range, or one that only shapes the
-            ``.h5ad`` file (``compression``, ``dense``, ``chunks``) is given.
+    The cells of ``write_tahoe_like(..., n_cells, **kwargs)`` (CSR X, uncompressed;
+    ``kwargs`` among ``n_genes``, ``mean_nnz``, ``n_plates``, ``n_cell_lines``,
+    ``n_drugs``, ``seed``, ``chunk_cells``), written beside ``path`` under a
+    temporary name, copied into the store (replaced if it exists; its parent folder
+    must exist) and removed. ``layout``: ``"v3-sharded"`` (anndata 0.13's default),
+    ``"v3"`` or ``"v2"``; ``compressed`` keeps zarr's default codec (anndata's),
+    else raw chunks; ``progress`` shows tqdm bars on stderr. Returns the store's path
+    as a ``pathlib.Path``; raises ``ValueError`` for an argument out of range, or one
+    that only shapes the ``.h5ad`` file (``compression``, ``dense``, ``chunks``).
 
     Example:
         >>> import anndata
@@ -117,30 +105,17 @@ def cached_tahoe_like_annbatch(
     progress: bool = False,
     **kwargs,
 ) -> pathlib.Path:
-    """Returns annbatch's pre-shuffled collection of the cached cells.
+    """Returns annbatch's pre-shuffled collection of ``cached_tahoe_like``'s cells.
 
-    Written by annbatch at its defaults (``DatasetCollection(path).add_adatas([h5ad],
-    rng=...)``: lz4 blosc, 64-cell chunks, 1 GB shards, 20 GB datasets) from
-    ``cached_tahoe_like(n_cells, **kwargs)``; made once, named ``...-annbatch-r0.zarr``
-    (``r`` the shuffle seed; ``-ds2GB`` for another ``dataset_size``). Needs annbatch
-    (Python >= 3.12, the ``bench`` extra).
-
-    Args:
-        n_cells: Number of cells.
-        shuffle_seed: Seed of annbatch's shuffle (``rng``).
-        dataset_size: annbatch's ``dataset_size``: uncompressed bytes of
-            cells shuffled in memory together and written as one
-            ``dataset_N`` (memory use is about twice that).
-        cache_dir: Folder of the cache, as for ``cached_tahoe_like``.
-        progress: Announce a collection that must be made.
-        **kwargs: As for ``write_tahoe_like_zarr``.
-
-    Returns:
-        The collection's folder (``grain_cells.annbatch_stores`` lists its stores).
-
-    Raises:
-        ImportError: annbatch is not installed.
-        ValueError: An argument is invalid.
+    Written once by annbatch at its defaults (``DatasetCollection(path).add_adatas(
+    [h5ad], rng=...)``: lz4 blosc, 64-cell chunks, 1 GB shards) from
+    ``cached_tahoe_like(n_cells, cache_dir=cache_dir, **kwargs)``, named
+    ``...-annbatch-r0.zarr`` (``r`` the ``shuffle_seed``; ``-ds2GB`` for another
+    ``dataset_size``: uncompressed bytes of cells shuffled in memory together and
+    written as one ``dataset_N``, memory use about twice that). With ``progress`` a
+    collection that must be made is announced. ``grain_cells.annbatch_stores`` lists
+    its stores. Raises ``ImportError`` without annbatch (Python >= 3.12, the
+    ``bench`` extra) and ``ValueError`` for an invalid argument.
     """
     _check(n_cells, "v3-sharded", True, kwargs)
     arguments.check_int("shuffle_seed", shuffle_seed, minimum=0)

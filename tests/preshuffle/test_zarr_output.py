@@ -28,8 +28,8 @@ import zarr
 
 import grain_cells
 from grain_cells.preshuffle import _files as preshuffle_files
+from grain_cells.preshuffle import _parts as zarr_part
 from grain_cells.preshuffle import _writer as preshuffle_writer
-from grain_cells.preshuffle import _zarr_part as zarr_part
 from grain_cells.preshuffle import preshuffle
 
 KEEP = ["layers", "raw", "obsm", "varm", "uns"]
@@ -332,7 +332,7 @@ def test_full_disk_is_refused_before_writing(three_inputs, tmp_path, monkeypatch
 @pytest.mark.slow  # the not-slow subset keeps one smoke test per capability
 def test_disk_full_mid_write_removes_the_temporary(tmp_path, tiny_disk, monkeypatch):
     """The free-space check bypassed: zarr meets the full disk itself."""
-    monkeypatch.setattr(preshuffle_files, "check_free_space", lambda *a: None)
+    monkeypatch.setattr(preshuffle_files, "reserve_space", lambda *a: None)
     paths = test_preshuffle.write_big_inputs(tmp_path / "in")
     out = tiny_disk / "out"
     with pytest.raises(OSError) as e:

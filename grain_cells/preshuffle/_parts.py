@@ -1,37 +1,123 @@
-"""One zarr part being written (`preshuffle(..., format="zarr")`).
+"""A part being written: an `.h5ad` file (`H5adPart`) or a zarr store (`ZarrPart`).
 
-Design notes: docs/reference/design.md#preshuffle-zarr-part.
+Both write under a temporary name (removed on error) and `commit` renames it into
+place. Design notes: docs/reference/design.md#preshuffle-zarr-part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 
-import anndata
+import h5py
 import numpy as np
-import zarr
 
+from grain_cells.io import CSR, DENSE
 from grain_cells.preshuffle import _files
 from grain_cells.preshuffle._plan import Matrix, Plan
 
-CHUNK_CELLS = {3: 32, 2: 256}
-"""Cells per chunk of a matrix by default, per zarr format."""
+INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
+_GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
+_ABANDONED: list = []  # HDF5 files that failed mid-write: never released
+CHUNK_CELLS = {3: 32, 2: 256}  # zarr: cells per chunk by default, per format
 MIN_CHUNK_BYTES = {3: 64 << 10, 2: 1 << 20}
 SHARD_BYTES = 32 << 20  # uncompressed bytes per shard (v3)
-INDPTR_CHUNK = 1 << 16
 WRITE_BYTES = 64 << 20  # uncompressed bytes per zarr write call, at most
 
 
-class ZarrPart:
-    """Part `index` of a plan, written into a temporary zarr store (as `H5adPart`)."""
+class H5adPart:
+    """Part `index` of a plan in a temporary HDF5 file, its space reserved."""
+
+    frames_settings = contextlib.nullcontext  # anndata's settings for obs, var, ...
 
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan
+        self.final = plan.part_paths[index]
+        fd, self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
+        os.close(fd)
+        try:
+            h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
+            _files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
+            self.root = h5py.File(self.tmp, "a")
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
+        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
+        group = self.root.require_group(m.name)
+        group.attrs.update({"encoding-type": CSR, "encoding-version": "0.1.0"})
+        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
+        opts = {"maxshape": (None,), **filter_options(self.plan.compression)}
+        ptr_opts = {"maxshape": (None,), "chunks": (min(INDPTR_CHUNK, n + 1),)}
+        return (
+            group.create_dataset("data", (nnz,), m.dtype, chunks=(chunk,), **opts),
+            group.create_dataset(
+                "indices", (nnz,), m.index_dtype, chunks=(chunk,), **opts
+            ),
+            group.create_dataset("indptr", (n + 1,), np.int64, **ptr_opts),
+        )
+
+    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
+        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
+        chunked = n and m.n_vars
+        x = self.root.create_dataset(
+            m.name,
+            (n, m.n_vars),
+            m.dtype,
+            chunks=(chunk_rows, m.n_vars) if chunked else None,
+            **(filter_options(self.plan.compression) if chunked else {}),
+        )
+        x.attrs.update({"encoding-type": DENSE, "encoding-version": "0.2.0"})
+        return x
+
+    def commit(self, marker: dict) -> None:
+        """Marks the part complete, flushes it and renames it into place."""
+        self.root.attrs[_files.MARKER_ATTR] = json.dumps(marker)
+        self.root.close()  # truncates the file to what HDF5 used
+        _files.publish(self.tmp, self.final)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, e, tb) -> None:
+        try:
+            if e is not None and not _files.is_disk_full(e):
+                with contextlib.suppress(Exception):
+                    self.root.close()
+            elif e is not None:
+                # HDF5 cannot close a file after a failed write (its close, or
+                # the release of any of its objects, crashes the interpreter):
+                # the file is truncated, its handle kept for the process's life.
+                _ABANDONED.append(self.root)
+                with contextlib.suppress(OSError):
+                    os.truncate(self.tmp, 0)
+                raise _files.disk_filled(self.plan, self.final, e) from e
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def filter_options(compression: str | None) -> dict:
+    """h5py's options for `preshuffle`'s `compression`."""
+    if compression is None:
+        return {}
+    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
+    return {"compression": compression, **level, "shuffle": True}
+
+
+class ZarrPart(H5adPart):
+    """Part `index` of a plan in a temporary zarr store (`H5adPart`'s contract)."""
+
+    def __init__(self, plan: Plan, index: int, nbytes: int):
+        import zarr
+
+        self.plan = plan
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
-        _files.check_free_space(plan.output_dir, nbytes, f"part {self.final.name}")
+        _files.reserve_space(plan.output_dir, nbytes, f"part {self.final.name}")
         self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
         self._appenders: list[_Appender] = []
         # Cells per chunk: `chunk_cells`, else the default with a floor in bytes.
@@ -54,14 +140,13 @@ class ZarrPart:
 
     def frames_settings(self):
         """The anndata settings under which anndata writes obs, var and the rest."""
+        import anndata
+
         shard = anndata.settings.auto_shard_zarr_v3
         return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
 
     def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: in-order writers of `data`, `indices`, `indptr`.
-
-        `chunk` (the HDF5 writer's) is not used: see the design notes.
-        """
+        """Matrix `m`'s CSR group: in-order writers of its arrays (`chunk` unused)."""
         elements = math.ceil(self._cells * max(m.nnz / max(m.n_cells, 1), 1.0))
         elements = max(1, min(max(elements, self._min_bytes // m.dtype.itemsize), nnz))
         parent, name = _parent(self.root, m.name)
@@ -119,9 +204,6 @@ class ZarrPart:
             appender.check_complete()
         self.root.attrs[_files.MARKER_ATTR] = json.dumps(marker)
         _files.publish(self.tmp, self.final)
-
-    def __enter__(self) -> ZarrPart:
-        return self
 
     def __exit__(self, exc_type, e, tb) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
