@@ -608,7 +608,7 @@ def break_early_del(loader, helpers, seen):
 def many_iterators(loader, helpers, seen):
     # With workers, 2 iterators (4 worker starts, ~1.5 s each; 5 took 10):
     # rings that piled up would still be 4 > `workers` mappings. The
-    # 1,000-iterator run (no workers) is tests/transport/test_leases.py's.
+    # 400-iterator run (no workers) is tests/transport/test_leases.py's.
     for _ in range(2 if loader.dataset.worker_count else 50):
         iterator = iter(loader)
         next(iterator)
