@@ -180,7 +180,8 @@ class DataLoader:
 
         Args:
             data_source: An `AnnDataSource` (or view).
-            sampler: A sampler over its blocks (`BlockSampler`, ...).
+            sampler: A sampler over its blocks (`BlockSampler`, ...); its
+                `readahead_cells` is how far ahead the fetch stage hints.
             operations: `fetch_operations(...)`, optionally followed by
                 `grain.transforms.Map`s applied to each minibatch.
             worker_count: As in `grain_cells.pipeline.PipelineOptions`.
@@ -203,6 +204,7 @@ class DataLoader:
             worker_count=worker_count,
             worker_buffer_size=buffer_fetches(worker_buffer_size, split.config),
             shard_options=shard_options,
+            readahead_cells=getattr(sampler, "readahead_cells", 16384),
             after=after,
         )
 
