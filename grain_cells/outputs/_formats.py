@@ -124,6 +124,14 @@ def zeros(empty, shape: tuple, dtype) -> np.ndarray:
     return out
 
 
+def padded(empty, values: np.ndarray, rows: int, dtype=None, fill=0) -> np.ndarray:
+    """`values` (as `dtype`), then `fill`, in a new `[rows, ...]` array by `empty`."""
+    out = empty((rows, *values.shape[1:]), values.dtype if dtype is None else dtype)
+    out[: len(values)] = values
+    out[len(values) :] = fill
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class CsrOutput(Output):
     """CSR pieces per minibatch (`data`, `indices`, `indptr`).

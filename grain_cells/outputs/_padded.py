@@ -15,7 +15,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, stack
 from grain_cells.io import RowBuffer
-from grain_cells.outputs._formats import Fetch, Output, dtype_name, zeros
+from grain_cells.outputs._formats import Fetch, Output, dtype_name, padded, zeros
 
 TRUNCATE = ("largest", "first", "error")
 _MARGIN_CELLS = 10  # cells a fitted width may cut beyond twice its quantile's share
@@ -127,10 +127,8 @@ class PaddedSparseOutput(Output):
             else:
                 values[r] = data[a : a + w]
                 cols[r] = indices[a : a + w]
-        nnz = zeros(empty, (batch_size,), np.int32)
-        nnz[: lengths.size] = lengths
-        truncated = zeros(empty, (batch_size,), bool)
-        truncated[: lengths.size] = over
+        nnz = padded(empty, lengths, batch_size, np.int32)
+        truncated = padded(empty, over, batch_size)
         return {"values": values, "indices": cols, "nnz": nnz, "truncated": truncated}
 
     def fingerprint(self) -> dict:

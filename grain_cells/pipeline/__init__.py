@@ -2,8 +2,7 @@
 
 from grain_cells.pipeline._config import PipelineOptions
 from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
-from grain_cells.pipeline._extra import Layer, Obsm
-from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.pipeline._fetch import FetchConfig, Layer, Obsm, SplitFetch
 from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
 from grain_cells.pipeline._loader import (
     CheckedIterator,

@@ -17,8 +17,7 @@ from grain.sharding import ShardOptions
 
 from grain_cells._util import arguments
 from grain_cells.outputs import CsrOutput, Output
-from grain_cells.pipeline._extra import check_output
-from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
+from grain_cells.pipeline._fetch import FetchConfig, SplitFetch, check_output
 from grain_cells.sampling import BlockSampler, WeightedBlockSampler
 from grain_cells.source import AnnDataSource
 from grain_cells.source import default_fetch_factor as chunk_fetch_factor
@@ -53,7 +52,7 @@ class PipelineOptions:
             `"drop"`, for a fetch's short last minibatch.
         extra: More matrices of the same cells per minibatch, by output key:
             `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
-            or `grain_cells.Obsm(name)` (see `grain_cells.pipeline._extra`).
+            or `grain_cells.Obsm(name)` (see docs/reference/design.md#pipeline-extra).
         numeric_obs: `"native"` (numeric obs columns keep a float dtype,
             integers come as int32) or `"float32"` (every numeric column as
             float32, beside the int32 codes of categorical ones).
