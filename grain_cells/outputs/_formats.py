@@ -102,8 +102,19 @@ class _Declared(Output):
         return repr(self.output)
 
 
-def declared(output) -> Output:
-    """`output` as an `Output`: itself, or a user's object given the defaults."""
+def declared(output, name: str = "output") -> Output:
+    """`output` as an `Output`: itself, or a user's object given the defaults;
+    `TypeError` unless it has `format(fetch, rows, batch_size)`.
+    """  # noqa: D205
+    if isinstance(output, (str, bytes, type)) or not callable(
+        getattr(output, "format", None)
+    ):
+        raise arguments.ArgumentTypeError(
+            f"{name} must be an output format (CsrOutput(), "
+            "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "
+            "ValueBinTokens or any object with format(fetch, rows, "
+            f"batch_size)), got {name}={output!r}"
+        )
     return output if isinstance(output, Output) else _Declared(output)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from grain.sharding import ShardOptions
 
 from grain_cells._util import arguments
-from grain_cells.outputs import CsrOutput, Output
-from grain_cells.pipeline._fetch import FetchConfig, SplitFetch, check_output
+from grain_cells.outputs import CsrOutput, Output, declared
+from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.sampling import BlockSampler, WeightedBlockSampler
 from grain_cells.source import AnnDataSource
 from grain_cells.source import default_fetch_factor as chunk_fetch_factor
@@ -108,7 +108,7 @@ class PipelineOptions:
             elif name == "seed":
                 value = arguments.check_seed(value, name)
             elif name == "output":
-                check_output(value, name)
+                value = declared(value, name)
             elif name == "extra":
                 arguments.check_mapping(name, value)
             object.__setattr__(self, name, value)

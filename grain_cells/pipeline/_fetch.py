@@ -88,7 +88,6 @@ class Layer:
 
     def __post_init__(self):
         arguments.check_name("name", self.name)
-        check_output(self.output)
         object.__setattr__(self, "output", declared(self.output))
 
     def fingerprint(self) -> dict:
@@ -161,19 +160,6 @@ class ElementReader:
 
     def __repr__(self) -> str:
         return f"{self.spec!r}"
-
-
-def check_output(output, name: str = "output") -> None:
-    """`TypeError` unless `output` has `format(fetch, rows, batch_size)`."""
-    if isinstance(output, (str, bytes, type)) or not callable(
-        getattr(output, "format", None)
-    ):
-        raise arguments.ArgumentTypeError(
-            f"{name} must be an output format (CsrOutput(), "
-            "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "
-            "ValueBinTokens or any object with format(fetch, rows, "
-            f"batch_size)), got {name}={output!r}"
-        )
 
 
 def readers(source: AnnDataSource, extra: dict | None) -> dict:
