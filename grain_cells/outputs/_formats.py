@@ -187,8 +187,8 @@ class DenseOutput(Output):
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Scatters `rows` into a zeroed `[batch_size, n_genes]` array."""
-        if fetch.dense is not None:
-            return self.format_dense(fetch.dense, rows, batch_size, empty)
+        if fetch.dense is not None:  # already in output columns
+            return {"X": padded(empty, fetch.dense[rows], batch_size, self.dtype)}
         data, indices, indptr = take_csr(fetch.csr, rows)
         n_genes = fetch.n_genes
         X = zeros(empty, (batch_size, n_genes), self.dtype)
@@ -201,15 +201,6 @@ class DenseOutput(Output):
             out[flat] = values
         else:  # a row stores a column twice: sum, as SciPy and anndata do
             np.add.at(out, flat, values)
-        return {"X": X}
-
-    def format_dense(
-        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, empty=np.empty
-    ) -> dict[str, np.ndarray]:
-        """Gathers `rows` of a dense buffer (already in output columns)."""
-        X = empty((batch_size, dense.shape[1]), self.dtype)
-        X[: rows.size] = dense[rows]
-        X[rows.size :] = 0
         return {"X": X}
 
     fingerprint = CsrOutput.fingerprint
