@@ -65,13 +65,12 @@ class IteratorHandler(ocp.CheckpointHandler):
                 "IteratorHandler takes process_index and process_count together, "
                 f"got process_index={process_index}, process_count={process_count}"
             )
+        if process_count is not None and not 0 <= process_index < process_count:
+            raise ValueError(
+                f"process_index must lie in [0, {process_count}), got {process_index}"
+            )
         self._process = None
         if process_count is not None:
-            if not 0 <= process_index < process_count:
-                raise ValueError(
-                    f"process_index must lie in [0, {process_count}), got "
-                    f"{process_index}"
-                )
             self._process = (int(process_index), int(process_count))
 
     def process(self) -> tuple[int, int]:
@@ -85,11 +84,8 @@ class IteratorHandler(ocp.CheckpointHandler):
     def save(self, directory, item=None, args: IteratorSave | None = None) -> None:
         """Writes this process's iterator state into `directory`."""
         item = item if item is not None else args.item
-        state = item.get_state()
-        if isinstance(item, grain.DatasetIterator):
-            text = json.dumps(state, indent=4)
-        else:
-            text = state.decode()
+        state, as_dict = item.get_state(), isinstance(item, grain.DatasetIterator)
+        text = json.dumps(state, indent=4) if as_dict else state.decode()
         (epath.Path(directory) / file_name(*self.process())).write_text(text)
 
     def restore(self, directory, item=None, args: IteratorRestore | None = None):
@@ -106,13 +102,9 @@ class IteratorHandler(ocp.CheckpointHandler):
         own = directory / file_name(index, count)
         # The same process count reads its own file, as Grain's handler does.
         text = own.read_text() if own.exists() else _hand_over_text(directory, count)
-        if isinstance(item, grain.DatasetIterator):
-            item.set_state(json.loads(text))
-        else:
-            item.set_state(text.encode())
-        start = getattr(item, "start_prefetch", None)
-        if start is not None:
-            start()
+        as_dict = isinstance(item, grain.DatasetIterator)
+        item.set_state(json.loads(text) if as_dict else text.encode())
+        getattr(item, "start_prefetch", lambda: None)()  # workers start now
         return item
 
     def structure(self, directory) -> None:

@@ -22,7 +22,29 @@ class CorruptDataError(AnnDataFormatError):
     """Stored values contradict the format (e.g. `indptr` decreasing)."""
 
 
-class CorruptChunkError(CorruptDataError):
+class _Fields:
+    """Keyword attributes `_fields` (None when not given) that cross worker
+    processes intact; `str()` is the message.
+    """  # noqa: D205
+
+    _fields: tuple[str, ...] = ()
+    _errno: int | None = None  # an OSError's code, its first argument
+
+    def __init__(self, message: str, **fields):
+        if unknown := set(fields).difference(self._fields):
+            raise TypeError(f"{type(self).__name__} takes no {sorted(unknown)}")
+        super().__init__(*(() if self._errno is None else (self._errno,)), message)
+        for name in self._fields:
+            setattr(self, name, fields.get(name))
+
+    def __str__(self) -> str:
+        return str(self.args[-1]) if self.args else ""
+
+    def __reduce__(self):
+        return (type(self), self.args[-1:], self.__dict__)
+
+
+class CorruptChunkError(_Fields, CorruptDataError):
     """A compressed chunk fails to decode or fails its checksum.
 
     Attributes:
@@ -34,26 +56,7 @@ class CorruptChunkError(CorruptDataError):
         chunk_key: For a zarr store, the key of the chunk (or its shard).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        dataset: str | None = None,
-        byte_offset: int | None = None,
-        rows: tuple[int, int] | None = None,
-        chunk_key: str | None = None,
-    ):
-        super().__init__(message)
-        self.path = path
-        self.dataset = dataset
-        self.byte_offset = byte_offset
-        self.rows = rows
-        self.chunk_key = chunk_key
-
-    def __reduce__(self):
-        # Crosses worker processes intact (attributes are keyword-only).
-        return (type(self), self.args, self.__dict__)
+    _fields = ("path", "dataset", "byte_offset", "rows", "chunk_key")
 
 
 class SourceChangedError(AnnDataFormatError):
@@ -80,7 +83,7 @@ class CheckpointMismatchError(ValueError):
     """
 
 
-class ObjectStoreError(OSError):
+class ObjectStoreError(_Fields, OSError):
     """A range read from an object store failed and its retries ran out.
 
     Attributes:
@@ -93,33 +96,10 @@ class ObjectStoreError(OSError):
             say).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        url: str | None = None,
-        byte_range: tuple[int, int] | None = None,
-        status: int | None = None,
-        cause: str | None = None,
-        attempts: int | None = None,
-    ):
-        super().__init__(message)
-        self.url = url
-        self.byte_range = byte_range
-        self.status = status
-        self.cause = cause
-        self.attempts = attempts
-
-    def __str__(self) -> str:
-        # OSError's str() of one argument is that argument.
-        return str(self.args[0]) if self.args else ""
-
-    def __reduce__(self):
-        # Crosses worker processes intact (attributes are keyword-only).
-        return (type(self), self.args, self.__dict__)
+    _fields = ("url", "byte_range", "status", "cause", "attempts")
 
 
-class SharedMemoryFullError(OSError):
+class SharedMemoryFullError(_Fields, OSError):
     """Shared memory (`/dev/shm`) has no room for a worker's minibatch slot.
 
     Raised in the worker that could not reserve the slot and re-raised in the
@@ -132,25 +112,8 @@ class SharedMemoryFullError(OSError):
         free: Bytes free in it when the reservation failed.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        requested: int | None = None,
-        size: int | None = None,
-        free: int | None = None,
-    ):
-        super().__init__(errno.ENOSPC, message)
-        self.requested = requested
-        self.size = size
-        self.free = free
-
-    def __str__(self) -> str:
-        return str(self.args[1]) if len(self.args) > 1 else ""
-
-    def __reduce__(self):
-        # Crosses worker processes intact (attributes are keyword-only).
-        return (type(self), (self.args[1],), self.__dict__)
+    _fields = ("requested", "size", "free")
+    _errno = errno.ENOSPC
 
 
 class MainGuardError(RuntimeError):

@@ -93,15 +93,11 @@ class DeviceIterator:
         """Takes one minibatch (or a padding one) and starts its copy."""
         if self._tracks_state and not self._queue and self._state is None:
             self._state = self._source.get_state()  # before anything is taken
-        batch = None
-        if not self._exhausted:
-            try:
-                batch = next(self._source)
-            except StopIteration:
-                self._exhausted = True
-        if batch is None:
-            if not self._agree:
-                return False
+        batch = None if self._exhausted else next(self._source, None)
+        self._exhausted = padding = batch is None
+        if padding and not self._agree:
+            return False
+        if padding:
             if self._spec is None:
                 raise ValueError(
                     f"process {jax.process_index()} of {jax.process_count()}: its "
@@ -110,20 +106,17 @@ class DeviceIterator:
                     "give every process at least one minibatch (a smaller batch "
                     "or fewer processes)"
                 )
-            padding = {
+            batch = {
                 key: np.full(shape, -1 if key == "row_ids" else 0, dtype)
                 for key, (shape, dtype) in self._spec.items()
             }
-            state = self._pulled_state if self._tracks_state else None
-            item = (self._put(padding), state, self._any_process(False), True)
-            self._queue.append(item)
-            return True
-        self._check(batch)
+        else:
+            self._check(batch)
         device = self._put(batch)
-        if self._tracks_state:
+        if self._tracks_state and not padding:
             self._pulled_state = self._source.get_state()
-        agreed = self._any_process(True) if self._agree else None
-        self._queue.append((device, self._pulled_state, agreed, False))
+        agreed = self._any_process(not padding) if self._agree else None
+        self._queue.append((device, self._pulled_state, agreed, padding))
         return True
 
     def _check(self, batch: Mapping[str, np.ndarray]) -> None:
@@ -212,13 +205,10 @@ class DeviceIterator:
                 "wrap a loader's iterator (grain_cells.DataLoader, "
                 "grain.DataLoader, a Grain dataset iterator) to checkpoint it"
             )
-        state = self._state
-        if state is None:  # nothing taken since the start or set_state
-            state = self._source.get_state()
-        if isinstance(state, bytes):
-            return state
-        if isinstance(state, str):
-            return state.encode()
+        state = self._state  # None: nothing taken since the start or set_state
+        state = self._source.get_state() if state is None else state
+        if isinstance(state, str | bytes):
+            return state.encode() if isinstance(state, str) else state
         return json.dumps(state, indent=1).encode()
 
     def set_state(self, state: bytes | str | Mapping) -> None:
@@ -233,8 +223,7 @@ class DeviceIterator:
                 f"the wrapped {type(self._source).__name__} has no set_state()"
             )
         if isinstance(self._source, grain.DatasetIterator):
-            if isinstance(state, (bytes, str)):
-                state = json.loads(state)
+            state = json.loads(state) if isinstance(state, bytes | str) else state
         elif isinstance(state, Mapping):
             state = json.dumps(state, indent=1).encode()
         elif isinstance(state, str):

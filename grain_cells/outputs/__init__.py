@@ -7,6 +7,7 @@ from grain_cells.outputs._formats import (
     Output,
     declared,
     dtype_name,
+    padded,
     zeros,
 )
 from grain_cells.outputs._padded import PaddedSparseOutput, TruncationReport
@@ -21,6 +22,7 @@ __all__ = [
     "declared",
     "densify",
     "dtype_name",
+    "padded",
     "zeros",
 ]
 

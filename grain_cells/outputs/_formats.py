@@ -102,8 +102,19 @@ class _Declared(Output):
         return repr(self.output)
 
 
-def declared(output) -> Output:
-    """`output` as an `Output`: itself, or a user's object given the defaults."""
+def declared(output, name: str = "output") -> Output:
+    """`output` as an `Output`: itself, or a user's object given the defaults;
+    `TypeError` unless it has `format(fetch, rows, batch_size)`.
+    """  # noqa: D205
+    if isinstance(output, (str, bytes, type)) or not callable(
+        getattr(output, "format", None)
+    ):
+        raise arguments.ArgumentTypeError(
+            f"{name} must be an output format (CsrOutput(), "
+            "PaddedSparseOutput(), DenseOutput(), RankValueTokens, "
+            "ValueBinTokens or any object with format(fetch, rows, "
+            f"batch_size)), got {name}={output!r}"
+        )
     return output if isinstance(output, Output) else _Declared(output)
 
 
@@ -121,6 +132,14 @@ def zeros(empty, shape: tuple, dtype) -> np.ndarray:
     """`np.zeros` through an allocator with `np.empty`'s signature."""
     out = empty(shape, dtype)
     out[...] = 0
+    return out
+
+
+def padded(empty, values: np.ndarray, rows: int, dtype=None, fill=0) -> np.ndarray:
+    """`values` (as `dtype`), then `fill`, in a new `[rows, ...]` array by `empty`."""
+    out = empty((rows, *values.shape[1:]), values.dtype if dtype is None else dtype)
+    out[: len(values)] = values
+    out[len(values) :] = fill
     return out
 
 
@@ -168,8 +187,8 @@ class DenseOutput(Output):
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
         """Scatters `rows` into a zeroed `[batch_size, n_genes]` array."""
-        if fetch.dense is not None:
-            return self.format_dense(fetch.dense, rows, batch_size, empty)
+        if fetch.dense is not None:  # already in output columns
+            return {"X": padded(empty, fetch.dense[rows], batch_size, self.dtype)}
         data, indices, indptr = take_csr(fetch.csr, rows)
         n_genes = fetch.n_genes
         X = zeros(empty, (batch_size, n_genes), self.dtype)
@@ -182,15 +201,6 @@ class DenseOutput(Output):
             out[flat] = values
         else:  # a row stores a column twice: sum, as SciPy and anndata do
             np.add.at(out, flat, values)
-        return {"X": X}
-
-    def format_dense(
-        self, dense: np.ndarray, rows: np.ndarray, batch_size: int, empty=np.empty
-    ) -> dict[str, np.ndarray]:
-        """Gathers `rows` of a dense buffer (already in output columns)."""
-        X = empty((batch_size, dense.shape[1]), self.dtype)
-        X[: rows.size] = dense[rows]
-        X[rows.size :] = 0
         return {"X": X}
 
     fingerprint = CsrOutput.fingerprint

@@ -15,7 +15,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import arguments, stack
 from grain_cells.io import RowBuffer
-from grain_cells.outputs._formats import Fetch, Output, dtype_name, zeros
+from grain_cells.outputs._formats import Fetch, Output, dtype_name, padded, zeros
 
 TRUNCATE = ("largest", "first", "error")
 _MARGIN_CELLS = 10  # cells a fitted width may cut beyond twice its quantile's share
@@ -127,10 +127,8 @@ class PaddedSparseOutput(Output):
             else:
                 values[r] = data[a : a + w]
                 cols[r] = indices[a : a + w]
-        nnz = zeros(empty, (batch_size,), np.int32)
-        nnz[: lengths.size] = lengths
-        truncated = zeros(empty, (batch_size,), bool)
-        truncated[: lengths.size] = over
+        nnz = padded(empty, lengths, batch_size, np.int32)
+        truncated = padded(empty, over, batch_size)
         return {"values": values, "indices": cols, "nnz": nnz, "truncated": truncated}
 
     def fingerprint(self) -> dict:
@@ -190,40 +188,34 @@ class TruncationReport:
 
     def observe(self, batch: dict) -> None:
         """Counts the minibatch's cells and truncated cells; warns once."""
-        if self._warned:
-            return
-        mask = batch.get("mask")
-        cells = None
+        mask, cells = batch.get("mask"), None
         for prefix, output in self._outputs.items():
             flags = batch.get(prefix + "truncated")
-            if flags is None:
+            if self._warned or flags is None:
                 continue
             if cells is None:
                 cells = int(np.count_nonzero(mask)) if mask is not None else len(flags)
                 self._cells += cells
             over = np.asarray(flags)
-            if not over.any():
-                continue
             self._truncated[prefix] += int(np.count_nonzero(over))
             allowed = 0
             if output.fitted:
                 allowed = 2 * (1 - output.quantile) * self._cells + _MARGIN_CELLS
-            if self._truncated[prefix] > allowed:
+            if over.any() and self._truncated[prefix] > allowed:
                 self._warned = True
                 self._warn(prefix, output, batch, over, cells)
-                return
 
     def _warn(self, prefix, output, batch, over, cells) -> None:
         lengths = np.asarray(batch[prefix + "nnz"])
         row_ids = np.asarray(batch.get("row_ids", np.arange(lengths.size)))
         widest = int(np.argmax(np.where(over, lengths, -1)))
-        w = output.width
+        w, q = output.width, output.quantile
         kept = "largest" if output.truncate == "largest" else "first (column order)"
         which = f" (extra matrix {prefix[:-1]!r})" if prefix else ""
         fitted = (
-            f" The width was fitted to the data at quantile={output.quantile}, "
-            f"which leaves out about {1 - output.quantile:.2%} of cells; this "
-            f"loader has cut {self._truncated[prefix]} of {self._cells} so far."
+            f" The width was fitted to the data at quantile={q}, which leaves out "
+            f"about {1 - q:.2%} of cells; this loader has cut "
+            f"{self._truncated[prefix]} of {self._cells} so far."
             if output.fitted
             else ""
         )

@@ -1,16 +1,14 @@
 """The one pipeline: fetches read in workers, minibatches in order, resumable."""
 
 from grain_cells.pipeline._config import PipelineOptions
-from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset, CellIterator
-from grain_cells.pipeline._extra import Layer, Obsm
-from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
-from grain_cells.pipeline._grain_ops import GrainFetch, fetch_operations
+from grain_cells.pipeline._dataset import READ_OPTIONS, CellDataset
+from grain_cells.pipeline._fetch import FetchConfig, Layer, Obsm, SplitFetch
+from grain_cells.pipeline._grain_ops import fetch_operations
 from grain_cells.pipeline._loader import (
     CheckedIterator,
     DataLoader,
     cell_dataset,
     loader,
-    obs_frame,
 )
 from grain_cells.pipeline._state_checks import STAMP
 
@@ -18,11 +16,9 @@ __all__ = [
     "READ_OPTIONS",
     "STAMP",
     "CellDataset",
-    "CellIterator",
     "CheckedIterator",
     "DataLoader",
     "FetchConfig",
-    "GrainFetch",
     "Layer",
     "Obsm",
     "PipelineOptions",
@@ -30,5 +26,4 @@ __all__ = [
     "cell_dataset",
     "fetch_operations",
     "loader",
-    "obs_frame",
 ]

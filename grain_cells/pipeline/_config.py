@@ -16,8 +16,7 @@ from typing import Any
 from grain.sharding import ShardOptions
 
 from grain_cells._util import arguments
-from grain_cells.outputs import CsrOutput, Output
-from grain_cells.pipeline._extra import check_output
+from grain_cells.outputs import CsrOutput, Output, declared
 from grain_cells.pipeline._fetch import FetchConfig, SplitFetch
 from grain_cells.sampling import BlockSampler, WeightedBlockSampler
 from grain_cells.source import AnnDataSource
@@ -28,56 +27,49 @@ from grain_cells.source import default_fetch_factor as chunk_fetch_factor
 class PipelineOptions:
     """The keywords of `loader`, `cell_dataset` and `fetch_operations`.
 
-    Documented here once. `fetch_operations` takes the fetch keywords
-    (`batch_size` to `condition`); `cell_dataset` and `loader` take them all
-    (`loader` also takes the source's arguments). Each is checked when given,
-    by name: `batch_size=0` raises `ValueError: batch_size must be a positive
-    int, got batch_size=0`.
+    `fetch_operations` takes the fetch keywords (`batch_size` to `condition`);
+    `cell_dataset` and `loader` take them all (`loader` also the source's).
+    Each is checked when given, by name: `batch_size=0` raises `ValueError:
+    batch_size must be a positive int, got batch_size=0`.
 
     Attributes:
         batch_size: Cells per minibatch (`m`; required).
-        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size`
-            blocks are read together and their cells shuffled in memory (on
-            blocks along a chunk grid, of varying size: enough blocks for
-            `m * f` cells). None: 16, or enough for `source.fetch_blocks`
-            blocks (a compressed source built without a `block_size`).
+        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
+            are read together and their cells shuffled in memory (chunk-grid
+            blocks, of varying size: enough blocks for `m * f` cells). None:
+            16, or enough for `source.fetch_blocks` blocks.
         output: `CsrOutput()` (None: the default), `PaddedSparseOutput(width)`,
             `DenseOutput()`, a token output (`grain_cells.tokens`), or any
             `grain_cells.Output`.
-        shuffle: Shuffle blocks per epoch and cells inside each fetch (a
-            plain `grain.DataLoader`: the fetch only; turn the sampler's
-            off too for a sequential pass).
-        seed: Seed of the block order and of the in-fetch shuffle, in
-            `[0, 2**63)` (with `fetch_operations`: use the sampler's).
-        remainder: `"pad"` (padded to `m` rows with `mask=False`) or
-            `"drop"`, for a fetch's short last minibatch.
+        shuffle: Shuffle blocks per epoch and cells inside each fetch (a plain
+            `grain.DataLoader`: the fetch only; turn the sampler's off too).
+        seed: Seed of the block order and the in-fetch shuffle, in `[0, 2**63)`
+            (with `fetch_operations`: use the sampler's).
+        remainder: `"pad"` (padded to `m` rows, `mask=False`) or `"drop"`, for
+            a fetch's short last minibatch.
         extra: More matrices of the same cells per minibatch, by output key:
-            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`)
-            or `grain_cells.Obsm(name)` (see `grain_cells.pipeline._extra`).
+            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`) or
+            `grain_cells.Obsm(name)`.
         numeric_obs: `"native"` (numeric obs columns keep a float dtype,
-            integers come as int32) or `"float32"` (every numeric column as
-            float32, beside the int32 codes of categorical ones).
-        condition: An obs column of the source: every minibatch then holds
-            cells of one value of it (each condition's cells of a fetch are
-            cut into minibatches, the last one short and padded). Pair with
-            `grain_cells.ConditionBlockSampler(..., worker_count=0)`.
-        num_epochs: Sampler epochs per `iter()` (a loader epoch), or None
-            for an endless stream (see "Epochs and iterators" in the loading
-            guide).
+            integers come as int32) or `"float32"` (every numeric column).
+        condition: An obs column: every minibatch then holds cells of one value
+            of it (the last of each value's minibatches in a fetch short and
+            padded). Pair with `grain_cells.ConditionBlockSampler(...,
+            worker_count=0)`.
+        num_epochs: Sampler epochs per `iter()` (a loader epoch), or None for
+            an endless stream.
         shard_options: This process's shard (e.g.
             `grain.sharding.ShardByJaxProcess()`).
-        sampler: A sampler over the source's blocks (e.g. a
-            `WeightedBlockSampler`), or a function of the source (the view
-            `split` selects) that returns one, instead of the shuffled
-            `BlockSampler`; `shuffle` (of the blocks), `seed` (of the block
-            order), `num_epochs` and `shard_options` then come from it.
-        weights: One weight per block of the source (the view `split`
-            selects), or a function of it that returns them (e.g. `lambda s:
-            grain_cells.balanced_block_weights(s, "cell_type")`): blocks are
-            drawn with replacement by a `WeightedBlockSampler(source,
-            weights, seed=seed, num_epochs=num_epochs, ...)`.
-        worker_count: Worker processes that read and format fetches (0: in
-            this process). The minibatches are the same for every count.
+        sampler: A sampler over the source's blocks (or a function of the
+            source, or of the view `split` selects, returning one) instead of
+            the shuffled `BlockSampler`; `shuffle` (of blocks), `seed` (of the
+            block order), `num_epochs` and `shard_options` then come from it.
+        weights: One weight per block of the source (or view), or a function of
+            it returning them (e.g. `lambda s: grain_cells.balanced_block_weights(
+            s, "cell_type")`): blocks are drawn with replacement by a
+            `WeightedBlockSampler(source, weights, seed=seed, ...)`.
+        worker_count: Worker processes that read and format fetches (0: in this
+            process). The minibatches are the same for every count.
         worker_buffer_size: What each worker may hold ahead: minibatches for
             `loader` and `grain_cells.DataLoader` (default 16, rounded up to
             whole fetches), fetches for `cell_dataset` (default 1).
@@ -116,7 +108,7 @@ class PipelineOptions:
             elif name == "seed":
                 value = arguments.check_seed(value, name)
             elif name == "output":
-                check_output(value, name)
+                value = declared(value, name)
             elif name == "extra":
                 arguments.check_mapping(name, value)
             object.__setattr__(self, name, value)
@@ -232,8 +224,7 @@ def _warn_about_fetches(source: AnnDataSource, config: FetchConfig) -> None:
 def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
     """Why blocks of `block_size` cells make no fetch of whole minibatches."""
     step = block_size // math.gcd(block_size, batch_size)  # whole fetches
-    lower = fetch_factor // step * step
-    upper = lower + step
+    lower, upper = fetch_factor // step * step, fetch_factor // step * step + step
     values = f"fetch_factor={lower} or {upper}" if lower else f"fetch_factor={upper}"
     blocks = -(-batch_size * fetch_factor // block_size)
     return (
@@ -246,13 +237,6 @@ def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
     )
 
 
-def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
-    """The fetch factor given none: 16, or enough for `source.fetch_blocks` blocks."""
-    if source.fetch_blocks is None:
-        return 16
-    return chunk_fetch_factor(batch_size, source.block_size, source.fetch_blocks)
-
-
 def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
     """The fetch transform of `options` over `source`; warns of large fetches.
 
@@ -260,28 +244,26 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
     column, or a fetch is not a whole number of minibatches).
     """
     arguments.check_source(source, AnnDataSource)
-    o = options
-    fetch_factor = o.fetch_factor or default_fetch_factor(source, o.batch_size)
+    o, size, chunks = options, source.block_size, source.fetch_blocks
+    factor = o.fetch_factor or (
+        16 if chunks is None else chunk_fetch_factor(o.batch_size, size, chunks)
+    )
     if o.condition is not None and o.condition not in source.obs_columns:
         raise ValueError(
             f"condition={o.condition!r} is not one of the source's obs_columns "
             f"{list(source.obs_columns)}; add it there"
         )
-    output = CsrOutput() if o.output is None else o.output
+    same = ("batch_size", "seed", "remainder", "numeric_obs", "condition")
     config = FetchConfig(
-        o.batch_size,
-        fetch_factor,
-        source.block_size,
-        bool(o.shuffle),
-        o.seed,
-        o.remainder,
-        output,
-        o.numeric_obs,
-        o.condition,
+        **{k: getattr(o, k) for k in same},
+        shuffle=bool(o.shuffle),
+        fetch_factor=factor,
+        block_size=size,
+        output=CsrOutput() if o.output is None else o.output,
     )
-    if config.blocks_per_fetch * source.block_size % o.batch_size:
-        if source.fetch_blocks is None:  # blocks of the user's block_size
-            raise ValueError(_not_whole(source.block_size, o.batch_size, fetch_factor))
+    if config.blocks_per_fetch * size % o.batch_size:
+        if chunks is None:  # blocks of the user's block_size
+            raise ValueError(_not_whole(size, o.batch_size, factor))
         # Chunk-grid blocks hold varying cells: a fetch takes enough blocks
         # for the cells asked, its last minibatch padded or dropped.
         config = dataclasses.replace(config, cover=True)
@@ -291,22 +273,16 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
 
 def make_sampler(source: AnnDataSource, options: PipelineOptions):
     """The sampler of `options`: given, weighted, or a shuffled `BlockSampler`."""
-    chosen = options.sampler
+    chosen, weights, o = options.sampler, options.weights, options
     if callable(chosen) and not hasattr(chosen, "__getitem__"):
         chosen = chosen(source)
     if chosen is not None:
         return chosen
-    stream = {
-        "seed": options.seed,
-        "num_epochs": options.num_epochs,
-        "shard_options": options.shard_options,
-        "readahead_cells": 0,  # the fetch stage reads ahead
-    }
-    weights = options.weights
+    stream = dict(seed=o.seed, num_epochs=o.num_epochs, shard_options=o.shard_options)
+    stream["readahead_cells"] = 0  # the fetch stage reads ahead
     if weights is None:
-        return BlockSampler(len(source), shuffle=options.shuffle, **stream)
-    if callable(weights):
-        weights = weights(source)
+        return BlockSampler(len(source), shuffle=o.shuffle, **stream)
+    weights = weights(source) if callable(weights) else weights
     return WeightedBlockSampler(source, weights, **stream)
 
 

@@ -57,7 +57,6 @@ class CellIterator(grain.DatasetIterator):
         self._taken = False
         self._failure: BaseException | None = None
         self._watch: transport.WorkerWatch | None = None  # its workers, once started
-        self._total: tuple | None = None  # (plan, its minibatches) for len()
         transport.remove_stale()  # names of killed trainers and workers
 
     def _start(self) -> None:
@@ -128,17 +127,13 @@ class CellIterator(grain.DatasetIterator):
 
     def __len__(self) -> int:
         """Minibatches this iterator has yet to yield, on this shard."""
-        ds = self._ds
-        check_countable(ds.sampler, ds.split.config)
         if self._position.pieces:
+            check_countable(self._ds.sampler, self._ds.split.config)
             raise TypeError(
                 "this iterator resumes a state saved under another shard count; "
                 "it has no len() until its next epoch (iter(loader))"
             )
-        if self._total is None or self._total[0] is not self._plan:
-            count = plan_minibatches(ds.split.config, ds.source, self._plan)
-            self._total = (self._plan, count)
-        return max(0, self._total[1] - self._position.step)
+        return max(0, self._ds.count(self._plan) - self._position.step)
 
     def __bool__(self) -> bool:
         return True  # an iterator, not a container (`len` may raise)
@@ -289,7 +284,7 @@ class CellDataset(grain.IterDataset):
         self.stamp = _state_checks.stamp(source, sampler, split)
         self.truncation = split.truncation_report()  # warns once per loader
         self._epoch = 0
-        self._length = (-1, 0)  # (epoch, its len())
+        self._length = (None, 0)  # (a plan's key, its minibatches)
 
     def __str__(self) -> str:
         return f"CellDataset({self.split!r}, workers={self.worker_count})"
@@ -328,13 +323,17 @@ class CellDataset(grain.IterDataset):
 
     def __len__(self) -> int:
         """Minibatches of the epoch the next `iter()` starts, on this shard."""
+        g = self.split.config.blocks_per_fetch
+        return self.count(self.start(self._epoch).plan(self.sampler, g))
+
+    def count(self, plan) -> int:
+        """Minibatches a plan without pieces yields, unread (the last one's cached);
+        `TypeError` where no count exists before reading.
+        """  # noqa: D205
         check_countable(self.sampler, self.split.config)
-        if self._length[0] != self._epoch:
-            plan = self.start(self._epoch).plan(
-                self.sampler, self.split.config.blocks_per_fetch
-            )
-            count = plan_minibatches(self.split.config, self.source, plan)
-            self._length = (self._epoch, count)
+        key = (plan.origin, plan.count, plan.index, plan.shift)
+        if self._length[0] != key:
+            self._length = (key, plan_minibatches(self.split.config, self.source, plan))
         return self._length[1]
 
     def start(self, epoch: int) -> Position:

@@ -1,7 +1,8 @@
-"""Batched fetching (scDataset): read a fetch of blocks, split it into minibatches.
+"""Batched fetching (scDataset): read a fetch of blocks (X and the extra matrices
+beside it), split it into minibatches.
 
-Design notes: docs/reference/design.md#pipeline-fetch.
-"""
+Design notes: docs/reference/design.md#pipeline-fetch and #pipeline-extra.
+"""  # noqa: D205
 
 from __future__ import annotations
 
@@ -12,11 +13,25 @@ import weakref
 
 import numpy as np
 
-from grain_cells._util import counter_rng
+from grain_cells._util import arguments, counter_rng
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.io import RowBuffer
-from grain_cells.outputs import Fetch, Output, TruncationReport, declared, zeros
-from grain_cells.pipeline import _extra
+from grain_cells.io import (
+    OpenFiles,
+    RowBuffer,
+    element_files,
+    fetch_ranges,
+    matrix_element,
+    obsm_element,
+)
+from grain_cells.outputs import (
+    CsrOutput,
+    Fetch,
+    Output,
+    TruncationReport,
+    declared,
+    dtype_name,
+    padded,
+)
 from grain_cells.source import AnnDataSource
 
 
@@ -58,6 +73,107 @@ class FetchConfig:
         return {k: getattr(self, k) for k in names if k not in ("output", "cover")}
 
 
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A matrix of the cells read beside X: `layers/<name>`, or `raw`.
+
+    Attributes:
+        name: The layer's name; `"raw"` for `raw/X`, `"X"` for X itself (e.g.
+            X in a second output format).
+        output: Its output format (any `grain_cells.Output`).
+    """
+
+    name: str
+    output: Output = dataclasses.field(default_factory=CsrOutput)
+
+    def __post_init__(self):
+        arguments.check_name("name", self.name)
+        object.__setattr__(self, "output", declared(self.output))
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this matrix: its name and output."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "output": self.output.fingerprint(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Obsm:
+    """An `obsm` array read beside X, as a dense `[batch, k]` array.
+
+    Attributes:
+        name: The key in `obsm` (e.g. `"X_pca"`).
+        dtype: dtype of the output.
+    """
+
+    name: str
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        arguments.check_name("name", self.name)
+        arguments.check_dtype("dtype", self.dtype)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of this array: its key and dtype."""
+        return {
+            "class": type(self).__name__,
+            "name": self.name,
+            "dtype": dtype_name(self.dtype),
+        }
+
+
+class ElementReader:
+    """Reads a `Layer` or an `Obsm` array of a source's cells (picklable); raises
+    `MissingColumnError`, `AnnDataFormatError` or `SourceChangedError`.
+    """  # noqa: D205
+
+    def __init__(self, source: AnnDataSource, spec: Layer | Obsm):
+        layer = isinstance(spec, Layer)
+        element = (matrix_element if layer else obsm_element)(spec.name)
+        self.spec = spec
+        self.files = element_files(source.files, element)
+        self.cell_offsets = source.cell_offsets
+        self.check_indices = source.check_indices
+        self._handles = OpenFiles(self.files, source.read_threads)
+        if layer:  # e.g. PaddedSparseOutput(width=None), fitted on this layer
+            fit = spec.output.fit_to_source(source, self.fetch)
+            self.spec = dataclasses.replace(spec, output=fit)
+
+    def fetch(self, starts, stops, buffer: RowBuffer | None = None, key: int = 0):
+        """Rows of sorted global ranges: a layer's `Fetch`, or an obsm array."""
+        rows = fetch_ranges(
+            self._handles,
+            self.cell_offsets,
+            starts,
+            stops,
+            buffer,
+            check_indices=self.check_indices,
+        )
+        if isinstance(self.spec, Obsm):
+            return rows.dense.astype(self.spec.dtype)
+        return Fetch(rows.dense, rows.row_ids, self.files.num_genes, key, _csr=rows.csr)
+
+    def close(self) -> None:
+        self._handles.close()
+
+    def __repr__(self) -> str:
+        return f"{self.spec!r}"
+
+
+def readers(source: AnnDataSource, extra: dict | None) -> dict:
+    """Readers of the extra matrices by key (`TypeError`: not `Layer`/`Obsm`)."""
+    arguments.check_mapping("extra", extra)
+    for key, spec in (extra or {}).items():
+        if not isinstance(spec, Layer | Obsm):
+            raise TypeError(
+                f"extra[{key!r}] must be grain_cells.Layer or grain_cells.Obsm, "
+                f"got {spec!r}"
+            )
+    return {key: ElementReader(source, spec) for key, spec in (extra or {}).items()}
+
+
 class SplitFetch:
     """Reads one fetch of blocks into its shuffled `Minibatches` (no transport).
 
@@ -68,7 +184,7 @@ class SplitFetch:
         self.source = source
         output = declared(config.output).fit_to_source(source)
         self.config = dataclasses.replace(config, output=output)
-        self.extra = _extra.readers(source, extra)
+        self.extra = readers(source, extra)
         # [buffer, weakref to its fetch]: reused once the fetch is gone.
         self._buffers: list = []
 
@@ -92,7 +208,7 @@ class SplitFetch:
         """A report on the padded outputs of X and its extra layers."""
         outputs = {"": self.config.output}
         for name, reader in self.extra.items():
-            if isinstance(reader.spec, _extra.Layer):
+            if isinstance(reader.spec, Layer):
                 outputs[f"{name}/"] = reader.spec.output
         return TruncationReport(outputs)
 
@@ -213,14 +329,8 @@ class Minibatches(collections.abc.Sequence):
         rows = self._order[self._bounds[i] : self._bounds[i + 1]]
         m, n_real = cfg.batch_size, rows.size
         batch = cfg.output.format(self._fetch, rows, m, empty=empty)
-        row_ids = empty((m,), np.int64)
-        row_ids[:n_real] = self._fetch.row_ids[rows]
-        row_ids[n_real:] = -1
-        batch["row_ids"] = row_ids
-        mask = empty((m,), bool)
-        mask[:n_real] = True
-        mask[n_real:] = False
-        batch["mask"] = mask
+        batch["row_ids"] = padded(empty, self._fetch.row_ids[rows], m, fill=-1)
+        batch["mask"] = padded(empty, np.ones(n_real, bool), m)
         categories = split.source.categories
         for name, values in self._obs.items():
             if categories[name] is not None:
@@ -229,14 +339,10 @@ class Minibatches(collections.abc.Sequence):
                 dtype = np.float32
             else:
                 dtype = values.dtype  # numeric columns keep theirs (int64 stays)
-            col = zeros(empty, (m,), dtype)
-            col[:n_real] = values[rows]
-            batch[f"obs/{name}"] = col
+            batch[f"obs/{name}"] = padded(empty, values[rows], m, dtype)
         for name, part in self._extra.items():
             if isinstance(part, np.ndarray):  # an obsm array
-                values = zeros(empty, (m, part.shape[1]), part.dtype)
-                values[:n_real] = part[rows]
-                batch[name] = values
+                batch[name] = padded(empty, part[rows], m)
                 continue
             formatted = split.extra[name].spec.output.format(part, rows, m, empty=empty)
             for k, v in formatted.items():

@@ -180,7 +180,8 @@ class DataLoader:
 
         Args:
             data_source: An `AnnDataSource` (or view).
-            sampler: A sampler over its blocks (`BlockSampler`, ...).
+            sampler: A sampler over its blocks (`BlockSampler`, ...); its
+                `readahead_cells` is how far ahead the fetch stage hints.
             operations: `fetch_operations(...)`, optionally followed by
                 `grain.transforms.Map`s applied to each minibatch.
             worker_count: As in `grain_cells.pipeline.PipelineOptions`.
@@ -203,6 +204,7 @@ class DataLoader:
             worker_count=worker_count,
             worker_buffer_size=buffer_fetches(worker_buffer_size, split.config),
             shard_options=shard_options,
+            readahead_cells=getattr(sampler, "readahead_cells", 16384),
             after=after,
         )
 
@@ -257,7 +259,23 @@ class DataLoader:
             >>> frame = loader.obs_frame(batch)
             >>> frame["cell_type"].value_counts()
         """
-        return obs_frame(self._dataset.source, batch)
+        import pandas as pd  # only where labels are asked for
+
+        mask = np.asarray(batch["mask"], bool) if "mask" in batch else None
+        columns = {}
+        for column, labels in self._dataset.source.categories.items():
+            values = batch.get(f"obs/{column}")
+            if values is None:
+                continue
+            values = np.asarray(values) if mask is None else np.asarray(values)[mask]
+            if labels is not None:
+                values = pd.Categorical.from_codes(values.astype(np.int64), labels)
+            columns[column] = values
+        index = batch.get("row_ids")
+        if index is not None:
+            index = np.asarray(index) if mask is None else np.asarray(index)[mask]
+            index = pd.Index(index, name="row_id")
+        return pd.DataFrame(columns, index=index)
 
     def __iter__(self) -> CheckedIterator:
         workers = self._dataset.worker_count
@@ -305,24 +323,3 @@ class CheckedIterator:
 
     def __exit__(self, *exc) -> None:
         self._it.close()
-
-
-def obs_frame(source, batch: dict):
-    """`DataLoader.obs_frame` of a minibatch of `source` (an `AnnDataSource`)."""
-    import pandas as pd  # only where labels are asked for
-
-    mask = np.asarray(batch["mask"], bool) if "mask" in batch else None
-    columns = {}
-    for column, labels in source.categories.items():
-        values = batch.get(f"obs/{column}")
-        if values is None:
-            continue
-        values = np.asarray(values) if mask is None else np.asarray(values)[mask]
-        if labels is not None:
-            values = pd.Categorical.from_codes(values.astype(np.int64), labels)
-        columns[column] = values
-    index = batch.get("row_ids")
-    if index is not None:
-        index = np.asarray(index) if mask is None else np.asarray(index)[mask]
-        index = pd.Index(index, name="row_id")
-    return pd.DataFrame(columns, index=index)

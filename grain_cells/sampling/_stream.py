@@ -130,6 +130,8 @@ class BlockStream:
     """Seed of the stream's randomness."""
     num_epochs: int | None
     """Epochs in the stream (None: endless)."""
+    readahead_cells: int
+    """Cells hinted ahead of the stream (0: none); a pipeline's fetch stage too."""
 
     def __init__(
         self,
@@ -147,7 +149,9 @@ class BlockStream:
         `source` (an `AnnDataSource`, else no read-ahead) is hinted
         `readahead_cells` ahead; with `fit_shards`, `num_blocks` >= shards.
         """
-        arguments.check_int("readahead_cells", readahead_cells, minimum=0)
+        self.readahead_cells = arguments.check_int(
+            "readahead_cells", readahead_cells, minimum=0
+        )
         hinted = isinstance(source, AnnDataSource) and readahead_cells > 0
         self._hints = PositionHints(source, readahead_cells) if hinted else None
         if num_epochs is not None:

@@ -20,7 +20,7 @@ pytest.importorskip("obstore", reason="obstore is not installed")
 pytest.importorskip("boto3", reason="boto3 is not installed")
 
 import grain_cells
-from grain_cells.pipeline._extra import readers
+from grain_cells.pipeline._fetch import readers
 
 _AWS_ENV = (
     "AWS_ACCESS_KEY_ID",
@@ -123,7 +123,7 @@ def test_overwritten_object_raises_in_extra_readers(tmp_path, s3_auth, bare_env)
     with pytest.raises(
         grain_cells.errors.SourceChangedError, match=r"changing/1\.h5ad"
     ):
-        extra["pca"].read(starts, stops)
+        extra["pca"].fetch(starts, stops)
     with pytest.raises(
         grain_cells.errors.SourceChangedError, match=r"changing/1\.h5ad"
     ):

@@ -337,7 +337,7 @@ def test_file_changed_before_extra_matrices_are_opened(tmp_path, spec):
 
 def test_file_changed_under_extra_matrix_readers(tmp_path):
     """Readers built on the old file refuse to read the new one."""
-    from grain_cells.pipeline._extra import readers
+    from grain_cells.pipeline._fetch import readers
 
     paths = _write(tmp_path)
     source = grain_cells.AnnDataSource(paths, block_size=4)
@@ -350,7 +350,7 @@ def test_file_changed_under_extra_matrix_readers(tmp_path):
     with pytest.raises(grain_cells.errors.SourceChangedError, match=r"m1\.h5ad"):
         extra["counts"].fetch(starts, stops, None, 0)
     with pytest.raises(grain_cells.errors.SourceChangedError, match=r"m1\.h5ad"):
-        extra["pca"].read(starts, stops)
+        extra["pca"].fetch(starts, stops)
 
 
 def test_compound_obsm_fields_read_or_refused_by_name(tmp_path):
