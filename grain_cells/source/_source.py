@@ -143,20 +143,8 @@ class AnnDataSource(SourceDescription):
                 `"inner"` or `"outer"`, a file repeats a var name; a
                 `genes_from` column repeats a value or misses one.
         """
-        files, table, options = build(
-            paths,
-            block_size=block_size,
-            layer=layer,
-            obs_columns=obs_columns,
-            genes=genes,
-            join=join,
-            genes_from=genes_from,
-            obs_missing=obs_missing,
-            check_indices=check_indices,
-            read_threads=read_threads,
-            storage_options=storage_options,
-            max_open_files=max_open_files,
-        )
+        arguments = {k: v for k, v in locals().items() if k != "self"}
+        files, table, options = build(**arguments)  # checked there, with its errors
         self._bind(files, table, options)
         absl_flags.allow_unparsed()  # Grain reads a flag when its workers start
         for i, path in enumerate(files.paths):  # objects' metadata once
