@@ -34,7 +34,7 @@ from grain_cells.io import read_ranges as _read_ranges
 from grain_cells.io import read_rows as _read_rows
 from grain_cells.source import _chunk_grid, _selection
 from grain_cells.source._options import SourceDescription, SourceOptions, build
-from grain_cells.source._table import Block, BlockTable, fragment_note
+from grain_cells.source._table import Block, BlockTable
 from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
@@ -182,8 +182,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = fragment_note(table.mean_block_cells, table.block_size)
-            _log.warning("%s: %s", table.blocks_id, note)
+            _log.warning("%s: %s", table.blocks_id, table.fragment_note())
         return _unpickle(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:

@@ -18,28 +18,6 @@ import numpy as np
 from grain_cells import errors
 
 
-def fragmented(lengths, block_size: int) -> bool:
-    """Whether blocks (`lengths`, or their mean) hold under half of `block_size`."""
-    return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
-
-
-def fragment_note(lengths, block_size: int) -> str:
-    """What fragmented blocks (`lengths`, or their mean) cost, and what to do."""
-    mean = float(np.mean(lengths))
-    return (
-        f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
-        f"average, of block_size={block_size}, so each read is "
-        f"{block_size / mean:.1f}x shorter than the block size allows and "
-        "fetches hold fewer cells. When you select by an obs column whose "
-        "labels are interleaved in the files (cell types within donors), write "
-        "a copy grouped by it once, grain_cells.preshuffle(paths, out_dir, "
-        "group_by=[column, ...]) (add the columns you split on, e.g. "
-        "['cell_type', 'donor']): each label's cells are then one contiguous "
-        "run (a plain shuffled copy scatters them further). Splits of this "
-        "view are fragmented too and do not warn again."
-    )
-
-
 class Block(NamedTuple):
     """One record of an `AnnDataSource`: global rows `[start, stop)` of `file`.
 
@@ -138,27 +116,24 @@ class BlockTable:
     @property
     def fragmented(self) -> bool:
         """Whether a view's blocks hold less than half of `block_size` on average."""
-        return self.run_starts is not None and fragmented(
-            self.mean_block_cells, self.block_size
+        size = self.block_size
+        return self.is_view and size > 1 and 2 * self.mean_block_cells < size
+
+    def fragment_note(self) -> str:
+        """What this table's fragmented blocks cost, and what to do."""
+        mean, block_size = self.mean_block_cells, self.block_size
+        return (
+            f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
+            f"average, of block_size={block_size}, so each read is "
+            f"{block_size / mean:.1f}x shorter than the block size allows and "
+            "fetches hold fewer cells. When you select by an obs column whose "
+            "labels are interleaved in the files (cell types within donors), write "
+            "a copy grouped by it once, grain_cells.preshuffle(paths, out_dir, "
+            "group_by=[column, ...]) (add the columns you split on, e.g. "
+            "['cell_type', 'donor']): each label's cells are then one contiguous "
+            "run (a plain shuffled copy scatters them further). Splits of this "
+            "view are fragmented too and do not warn again."
         )
-
-    @property
-    def starts(self) -> np.ndarray | None:
-        """A view's first row per block; None for the grid."""
-        return None if self.run_starts is None else self.block_lengths()[1]
-
-    @property
-    def stops(self) -> np.ndarray | None:
-        """A view's exclusive end per block; None for the grid."""
-        if self.run_starts is None:
-            return None
-        lengths, starts = self.block_lengths()
-        return starts + lengths
-
-    def block_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """`(lengths, starts)` of every block, int64 (8 bytes per block each)."""
-        _, starts, stops = self.ranges(np.arange(len(self)))
-        return stops - starts, starts
 
     def _locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`(starts, stops)` of a view's blocks `keys` (checked)."""
@@ -251,9 +226,8 @@ class BlockTable:
         if (per_run == 1).all():
             return self._view(starts, stops, None)
         if 3 * starts.size >= 2 * int(first[-1]):  # list the blocks instead
-            table = self._view(starts, stops, first)
-            lengths, block_starts = table.block_lengths()
-            return self._view(block_starts, block_starts + lengths, None)
+            blocks = self._view(starts, stops, first).ranges(np.arange(first[-1]))
+            return self._view(blocks[1], blocks[2], None)
         return self._view(starts, stops, first)
 
     def _checked(self, starts, stops, what: str, longest: int | None):
