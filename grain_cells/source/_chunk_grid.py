@@ -102,16 +102,9 @@ def chunk_aligned_blocks(
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
     )
-    if table.run_starts is None and table.num_cells > 0:
-        # Every cell: the runs are the stretches between cuts (no mask).
-        starts, stops = _selection.blocks_over_ranges(
-            cuts[:-1], cuts[1:], table.block_size
-        )
-    else:
-        starts, stops = _selection.blocks_over_runs(
-            table.cell_mask(), cuts, table.block_size
-        )
-    return table.with_blocks(starts, stops)
+    if table.run_starts is None:  # every cell: the runs lie between cuts (no mask)
+        return table.with_runs(cuts[:-1], cuts[1:])
+    return table.with_runs(*_selection.runs_of_mask(table.cell_mask(), cuts))
 
 
 def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarray:

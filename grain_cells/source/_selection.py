@@ -17,30 +17,6 @@ _LOOKUP_CELLS = 1 << 20
 _RUN_WINDOW = 1 << 22  # rows per window of runs_of_mask
 
 
-def blocks_over_runs(
-    mask: np.ndarray, cell_offsets: np.ndarray, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`(starts, stops)` of blocks of `block_size` rows over each run of `mask`."""
-    return blocks_over_ranges(*runs_of_mask(mask, cell_offsets), block_size)
-
-
-def blocks_over_ranges(
-    run_starts: np.ndarray, run_stops: np.ndarray, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`blocks_over_runs` of given runs (non-empty, sorted row ranges)."""
-    run_starts = np.asarray(run_starts, np.int64)
-    run_stops = np.asarray(run_stops, np.int64)
-    lengths = run_stops - run_starts
-    per_run = -(-lengths // block_size)
-    # Block j of run r starts at run_starts[r] + j * block_size.
-    run_of_block = np.repeat(np.arange(run_starts.size), per_run)
-    first_block = np.cumsum(per_run) - per_run
-    j = np.arange(run_of_block.size, dtype=np.int64) - first_block[run_of_block]
-    starts = run_starts[run_of_block] + j * block_size
-    stops = np.minimum(starts + block_size, run_stops[run_of_block])
-    return starts.astype(np.int64), stops.astype(np.int64)
-
-
 def runs_of_mask(
     mask: np.ndarray, cell_offsets: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -208,8 +184,6 @@ def describe_condition(x) -> str:
 
 __all__ = [
     "blocks_of_mask",
-    "blocks_over_ranges",
-    "blocks_over_runs",
     "describe_condition",
     "runs_of_mask",
     "selected_blocks",
