@@ -111,14 +111,7 @@ def split_by_obs(
     return {name: source.view(table) for name, table in tables.items()}
 
 
-def fraction_split_blocks(
-    source: AnnDataSource,
-    fractions: Mapping[str, float],
-    *,
-    seed: int = 0,
-    unit_cells: int | None = None,
-    by: str | None = None,
-) -> dict[str, BlockTable]:
+def fraction_split_blocks(source, fractions, *, seed=0, unit_cells=None, by=None):
     """`split_by_fraction`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     names, bounds = _fraction_bounds(fractions)
@@ -166,13 +159,7 @@ def fraction_split_blocks(
     }
 
 
-def obs_split_blocks(
-    source: AnnDataSource,
-    column: str,
-    holdout: Mapping[str, Sequence | Callable[[np.ndarray], np.ndarray]],
-    *,
-    rest: str | None = "train",
-) -> dict[str, BlockTable]:
+def obs_split_blocks(source, column, holdout, *, rest="train") -> dict[str, BlockTable]:
     """`split_by_obs`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     if not isinstance(holdout, Mapping) or not holdout:
@@ -317,13 +304,3 @@ def mean_cells_per_chunk(source: AnnDataSource) -> float:
     """Average cells per chunk of the matrix over all files (for sizing)."""
     starts = np.union1d(source.block_table.cell_offsets[:-1], source.chunk_starts())
     return source.num_cells / max(1, starts.size)
-
-
-__all__ = [
-    "chunk_aligned",
-    "fraction_split_blocks",
-    "mean_cells_per_chunk",
-    "obs_split_blocks",
-    "split_by_fraction",
-    "split_by_obs",
-]

@@ -219,11 +219,9 @@ def balanced_block_weights(
 def balance(
     table: Pairs, target: np.ndarray, max_iterations: int, tolerance: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The fixed-point iteration of `balanced_block_weights` on class sums.
+    """`balanced_block_weights`' fixed-point iteration: `(multiplier, shares, gap)`.
 
-    Returns:
-        `(multiplier per class index, expected shares per class index, largest
-        gap)`: the block weights are `block_sums` of the multiplier.
+    Per class index; the block weights are `block_sums` of the multiplier.
     """
     width = target.size
     count = table.counts

@@ -187,18 +187,3 @@ def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
     with contextlib.suppress(OSError):  # a read-only or full cache: scan again
         write_atomic(path, lambda out: np.save(out, starts, allow_pickle=False))
     return starts
-
-
-__all__ = [
-    "DEFAULT_BLOCKS_PER_FETCH",
-    "FETCH_BUDGET_BYTES",
-    "MAX_BLOCK_CELLS",
-    "MAX_FETCH_CELLS",
-    "ChunkDefaults",
-    "cache_dir",
-    "chunk_aligned_blocks",
-    "compressed_defaults",
-    "default_blocks",
-    "default_fetch_factor",
-    "file_chunk_starts",
-]

@@ -220,6 +220,3 @@ def _check_paths(paths):
             f"({type(bad[0]).__name__}) in paths"
         )
     return paths
-
-
-__all__ = ["SourceDescription", "SourceOptions", "build"]

@@ -180,13 +180,3 @@ def describe_condition(x) -> str:
         return "<predicate>"
     text = repr(x)
     return text if len(text) < 80 else text[:77] + "..."
-
-
-__all__ = [
-    "blocks_of_mask",
-    "describe_condition",
-    "runs_of_mask",
-    "selected_blocks",
-    "selection_mask",
-    "where_mask",
-]

@@ -289,16 +289,12 @@ class AnnDataSource(SourceDescription):
         value; a contiguous matrix contributes only its first row. Opens every
         file unless the user's cache holds its starts.
         """
-        offsets = self.block_table.cell_offsets
-        return np.unique(
-            np.concatenate(
-                [
-                    _chunk_grid.file_chunk_starts(self.files, self._handles, i)
-                    + offsets[i]
-                    for i in range(len(self.files.paths))
-                ]
-            )
-        )
+        at = self.block_table.cell_offsets
+        scan = _chunk_grid.file_chunk_starts
+        starts = [
+            scan(self.files, self._handles, i) + at[i] for i in range(len(at) - 1)
+        ]
+        return np.unique(np.concatenate(starts))
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
@@ -361,6 +357,3 @@ def _unpickle(files: FileSet, table: BlockTable, options: SourceOptions):
     source = AnnDataSource.__new__(AnnDataSource)
     source._bind(files, table, options)
     return source
-
-
-__all__ = ["AnnDataSource", "Block", "FetchedRows", "SourceOptions"]

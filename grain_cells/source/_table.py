@@ -310,6 +310,3 @@ class BlockTable:
         edges[self.run_starts] = 1
         edges[self.run_stops] -= 1  # a stop may be the next run's start: 1 - 1 = 0
         return np.cumsum(edges[:-1], dtype=np.int8).view(bool)
-
-
-__all__ = ["Block", "BlockTable"]
