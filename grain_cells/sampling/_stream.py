@@ -21,10 +21,7 @@ from grain_cells.source import AnnDataSource
 
 
 def check_sampler_fits(sampler, data_source) -> None:
-    """Refuses a sampler that is no sampler, or over another number of blocks.
-
-    (Grain takes record keys modulo `len(data_source)`: blocks would repeat.)
-    """
+    """Refuses a sampler that is no sampler, or over another number of blocks."""
     if not (hasattr(sampler, "__getitem__") and hasattr(sampler, "__len__")):
         raise arguments.ArgumentTypeError(
             "sampler must be a Grain sampler over the source's blocks (e.g. "

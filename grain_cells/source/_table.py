@@ -144,11 +144,7 @@ class BlockTable:
         return starts, np.minimum(starts + self.block_size, self.run_stops[run])
 
     def block(self, record_key: int, source_id: int = 0) -> Block:
-        """The rows of block `record_key` (a record of source `source_id`).
-
-        Raises:
-            IndexError: No such block.
-        """
+        """The rows of block `record_key` (of source `source_id`); IndexError: none."""
         k = int(record_key)
         n = len(self)
         if not 0 <= k < n:
@@ -174,11 +170,7 @@ class BlockTable:
         return Block(k, f, start, stop, source_id)
 
     def ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectorised `block`: `(files, starts, stops)` of many blocks.
-
-        Raises:
-            IndexError: A key is outside `[0, len(self))`.
-        """
+        """Vectorised `block`: `(files, starts, stops)`; IndexError off the table."""
         keys = np.asarray(keys, np.int64).reshape(-1)
         if keys.size and (keys.min() < 0 or keys.max() >= len(self)):
             raise IndexError(
