@@ -1,8 +1,7 @@
-"""The three values a source holds, what they describe, and their `build`.
+"""The values a source holds besides its files and table, and what they describe.
 
-`build` turns `AnnDataSource(...)`'s arguments into its `FileSet` (every file
-opened once, checked and closed), its `BlockTable` and its `SourceOptions`;
-`SourceDescription` answers what they say without reading cells. Design notes:
+`SourceDescription` answers what a source's `FileSet`, `BlockTable` and
+`SourceOptions` say without reading cells. Design notes:
 docs/reference/design.md#source-options.
 """
 
@@ -16,17 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io import (
-    JOINS,
-    OBS_MISSING,
-    FileIdentity,
-    FileSet,
-    MatrixInfo,
-    check_max_open,
-    matrix_element,
-    resolve_paths,
-)
-from grain_cells.source import _chunk_grid
+from grain_cells.io import FileIdentity, FileSet, MatrixInfo
 from grain_cells.source._table import BlockTable
 
 
@@ -137,66 +126,7 @@ class SourceDescription:
         self._files.verify(when)
 
 
-def build(
-    paths,
-    *,
-    block_size,
-    layer,
-    obs_columns,
-    genes,
-    join,
-    genes_from,
-    obs_missing,
-    check_indices,
-    read_threads,
-    storage_options,
-    max_open_files,
-) -> tuple[FileSet, BlockTable, SourceOptions]:
-    """Checks `AnnDataSource`'s arguments (its errors) and inspects the files."""
-    if block_size is not None:
-        block_size = arguments.check_int("block_size", block_size, minimum=1)
-    if not isinstance(read_threads, str):
-        read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
-    elif read_threads != "auto":
-        raise ValueError(
-            "read_threads must be a non-negative int or 'auto', got "
-            f"read_threads={read_threads!r}"
-        )
-    max_open_files = check_max_open(max_open_files)
-    genes = arguments.check_genes(genes)
-    paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
-    layer = arguments.check_name("layer", layer, optional=True)
-    genes_from = arguments.check_name("genes_from", genes_from, optional=True)
-    check_indices = arguments.check_bool("check_indices", check_indices)
-    storage_options = arguments.check_mapping("storage_options", storage_options)
-    arguments.check_choice("join", join, JOINS)
-    arguments.check_choice("obs_missing", obs_missing, OBS_MISSING)
-    resolved = resolve_paths(paths)
-    element = matrix_element(layer)
-    obs_names = arguments.check_names("obs_columns", obs_columns)
-    if len(set(obs_names)) != len(obs_names):
-        raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
-    files = FileSet.inspect(
-        resolved,
-        element=element,
-        obs_names=obs_names,
-        genes=genes,
-        join=join,
-        obs_missing=obs_missing,
-        storage_options=storage_options,
-        genes_from=genes_from,
-    )
-    options = SourceOptions(
-        layer, obs_missing, check_indices, read_threads, None, max_open_files
-    )
-    if block_size is None:
-        table, options = _chunk_grid.default_blocks(files, options)
-    else:
-        table = BlockTable.grid(files.n_obs, block_size)
-    return files, table, options
-
-
-def _check_paths(paths):
+def check_paths(paths):
     """`paths`: a path or a non-empty sequence of paths (str or PathLike)."""
     if isinstance(paths, (str, os.PathLike)):
         return paths

@@ -17,23 +17,28 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util import absl_flags
+from grain_cells._util import absl_flags, arguments
 from grain_cells.io import (
+    JOINS,
+    OBS_MISSING,
     Cells,
     FetchedRows,
     FileSet,
     OpenFile,
     OpenFiles,
     RowBuffer,
+    check_max_open,
     joined_column,
+    matrix_element,
     own_map,
+    resolve_paths,
 )
 from grain_cells.io import advise as _advise
 from grain_cells.io import fetch_ranges as _fetch_ranges
 from grain_cells.io import read_ranges as _read_ranges
 from grain_cells.io import read_rows as _read_rows
 from grain_cells.source import _chunk_grid, _selection
-from grain_cells.source._options import SourceDescription, SourceOptions, build
+from grain_cells.source._options import SourceDescription, SourceOptions, check_paths
 from grain_cells.source._table import Block, BlockTable
 from grain_cells.storage.remote import is_url
 
@@ -143,8 +148,44 @@ class AnnDataSource(SourceDescription):
                 `"inner"` or `"outer"`, a file repeats a var name; a
                 `genes_from` column repeats a value or misses one.
         """
-        arguments = {k: v for k, v in locals().items() if k != "self"}
-        files, table, options = build(**arguments)  # checked there, with its errors
+        if block_size is not None:
+            block_size = arguments.check_int("block_size", block_size, minimum=1)
+        if not isinstance(read_threads, str):
+            read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+        elif read_threads != "auto":
+            raise ValueError(
+                "read_threads must be a non-negative int or 'auto', got "
+                f"read_threads={read_threads!r}"
+            )
+        max_open_files = check_max_open(max_open_files)
+        genes = arguments.check_genes(genes)
+        paths = check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
+        layer = arguments.check_name("layer", layer, optional=True)
+        genes_from = arguments.check_name("genes_from", genes_from, optional=True)
+        check_indices = arguments.check_bool("check_indices", check_indices)
+        storage_options = arguments.check_mapping("storage_options", storage_options)
+        arguments.check_choice("join", join, JOINS)
+        arguments.check_choice("obs_missing", obs_missing, OBS_MISSING)
+        obs_names = arguments.check_names("obs_columns", obs_columns)
+        if len(set(obs_names)) != len(obs_names):
+            raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
+        files = FileSet.inspect(
+            resolve_paths(paths),
+            element=matrix_element(layer),
+            obs_names=obs_names,
+            genes=genes,
+            join=join,
+            obs_missing=obs_missing,
+            storage_options=storage_options,
+            genes_from=genes_from,
+        )
+        options = SourceOptions(
+            layer, obs_missing, check_indices, read_threads, None, max_open_files
+        )
+        if block_size is None:
+            table, options = _chunk_grid.default_blocks(files, options)
+        else:
+            table = BlockTable.grid(files.n_obs, block_size)
         self._bind(files, table, options)
         absl_flags.allow_unparsed()  # Grain reads a flag when its workers start
         for i, path in enumerate(files.paths):  # objects' metadata once
