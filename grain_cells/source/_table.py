@@ -76,13 +76,6 @@ class BlockTable:
             block_offsets=np.concatenate([[0], np.cumsum(n_blocks)]),
         )
 
-    def __getstate__(self) -> dict:
-        # The fields only: values cached in this process stay here.
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def __len__(self) -> int:
         return int(self.block_offsets[-1])
 
