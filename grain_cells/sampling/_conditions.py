@@ -221,6 +221,7 @@ class ConditionBlockSampler(BlockStream):
         return self._static[ids[int(v * ids.size)]]
 
     def fingerprint(self) -> dict:
+        """What a checkpoint records: what decides the order, never the shard."""
         weights = epoch_length = None
         if self._weights is not None:
             digest = hashlib.sha256(self._weights.tobytes()).hexdigest()[:16]

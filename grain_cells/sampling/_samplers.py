@@ -134,6 +134,7 @@ class BlockSampler(BlockStream):
         return np.flatnonzero(~visited)
 
     def fingerprint(self) -> dict:
+        """What a checkpoint records: what decides the order, never the shard."""
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,

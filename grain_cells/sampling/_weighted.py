@@ -209,6 +209,7 @@ class WeightedBlockSampler(BlockStream):
         return np.minimum(k, self._last_drawable).astype(np.int64)
 
     def fingerprint(self) -> dict:
+        """What a checkpoint records: what decides the order, never the shard."""
         return {
             "class": type(self).__name__,
             "num_blocks": self.num_blocks,
