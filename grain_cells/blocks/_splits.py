@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grain_cells import errors
 from grain_cells._util import arguments, counter_rng
 from grain_cells.source import (
     AnnDataSource,
     blocks_of_mask,
     chunk_aligned_blocks,
     describe_condition,
+    obs_column,
     selected_blocks,
     where_mask,
 )
@@ -259,14 +259,7 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
 
     Categorical: the categories plus "missing" (group 0); numeric: distinct values.
     """
-    if column not in source.obs_columns:
-        raise errors.MissingColumnError(
-            f"by={column!r} is not one of the source's obs_columns "
-            f"{list(source.obs_columns)}; build the AnnDataSource with "
-            "obs_columns including it"
-        )
-    values = source.obs_values(column)
-    categories = source.categories[column]
+    values, categories = obs_column(source, column, "by=")
     if categories is None:
         labels, group_of_row = np.unique(values, return_inverse=True)
         texts = [repr(float(v)) for v in labels]

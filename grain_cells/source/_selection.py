@@ -60,6 +60,17 @@ def blocks_of_mask(table: BlockTable, mask: np.ndarray) -> BlockTable:
     return table.with_runs(*runs_of_mask(mask, table.cell_offsets))
 
 
+def obs_column(source, column: str, named: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(values, categories)` of an obs column; MissingColumnError names `named`."""
+    if column not in source.obs_columns:
+        raise errors.MissingColumnError(
+            f"{named}{column!r} is not one of the source's obs_columns "
+            f"{list(source.obs_columns)}; build the AnnDataSource with "
+            "obs_columns including it"
+        )
+    return source.obs_values(column), source.categories[column]
+
+
 def where_mask(
     source,
     column: str,
@@ -70,14 +81,7 @@ def where_mask(
     `condition`: labels or values to keep, or an elementwise predicate (on the
     category labels of a categorical column; a missing label never matches).
     """
-    if column not in source.obs_columns:
-        raise errors.MissingColumnError(
-            f"where={{{column!r}: ...}}: {column!r} is not one of the source's "
-            f"obs_columns {list(source.obs_columns)}; build the AnnDataSource "
-            "with obs_columns including it"
-        )
-    categories = source.categories[column]
-    values = source.obs_values(column)
+    values, categories = obs_column(source, column, f"where={{{column!r}: ...}}: ")
     if categories is None:  # numeric
         if callable(condition):
             return _predicate(condition, values, column, "values")
