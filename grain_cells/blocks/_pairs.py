@@ -157,6 +157,3 @@ def block_sums(
             sums = np.bincount(block, values, minlength=n.size)
         out[a : a + n.size] = sums / n
     return out
-
-
-__all__ = ["Pairs", "block_sums", "class_sums", "entries", "pairs", "pieces"]

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grain_cells import errors
 from grain_cells._util import arguments, counter_rng
 from grain_cells.source import (
     AnnDataSource,
     blocks_of_mask,
     chunk_aligned_blocks,
     describe_condition,
+    obs_column,
     selected_blocks,
     where_mask,
 )
@@ -111,14 +111,7 @@ def split_by_obs(
     return {name: source.view(table) for name, table in tables.items()}
 
 
-def fraction_split_blocks(
-    source: AnnDataSource,
-    fractions: Mapping[str, float],
-    *,
-    seed: int = 0,
-    unit_cells: int | None = None,
-    by: str | None = None,
-) -> dict[str, BlockTable]:
+def fraction_split_blocks(source, fractions, *, seed=0, unit_cells=None, by=None):
     """`split_by_fraction`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     names, bounds = _fraction_bounds(fractions)
@@ -166,13 +159,7 @@ def fraction_split_blocks(
     }
 
 
-def obs_split_blocks(
-    source: AnnDataSource,
-    column: str,
-    holdout: Mapping[str, Sequence | Callable[[np.ndarray], np.ndarray]],
-    *,
-    rest: str | None = "train",
-) -> dict[str, BlockTable]:
+def obs_split_blocks(source, column, holdout, *, rest="train") -> dict[str, BlockTable]:
     """`split_by_obs`'s `BlockTable`s, before `source.view` binds them."""
     arguments.check_source(source, AnnDataSource)
     if not isinstance(holdout, Mapping) or not holdout:
@@ -272,14 +259,7 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
 
     Categorical: the categories plus "missing" (group 0); numeric: distinct values.
     """
-    if column not in source.obs_columns:
-        raise errors.MissingColumnError(
-            f"by={column!r} is not one of the source's obs_columns "
-            f"{list(source.obs_columns)}; build the AnnDataSource with "
-            "obs_columns including it"
-        )
-    values = source.obs_values(column)
-    categories = source.categories[column]
+    values, categories = obs_column(source, column, "by=")
     if categories is None:
         labels, group_of_row = np.unique(values, return_inverse=True)
         texts = [repr(float(v)) for v in labels]
@@ -317,13 +297,3 @@ def mean_cells_per_chunk(source: AnnDataSource) -> float:
     """Average cells per chunk of the matrix over all files (for sizing)."""
     starts = np.union1d(source.block_table.cell_offsets[:-1], source.chunk_starts())
     return source.num_cells / max(1, starts.size)
-
-
-__all__ = [
-    "chunk_aligned",
-    "fraction_split_blocks",
-    "mean_cells_per_chunk",
-    "obs_split_blocks",
-    "split_by_fraction",
-    "split_by_obs",
-]

@@ -11,10 +11,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from grain_cells import errors
 from grain_cells._util.arguments import check_int
 from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
-from grain_cells.source import AnnDataSource
+from grain_cells.source import AnnDataSource, obs_column
 
 MISS_POINTS = 0.03  # a share this far from its target suggests a grouped copy
 
@@ -106,13 +105,7 @@ def _codes(source: AnnDataSource, column: str, function: str):
             f"(a str), got {type(column).__name__}"
             + (f" of shape {np.shape(column)}" if np.ndim(column) else f" {column!r}")
         )
-    if column not in source.obs_columns:
-        raise errors.MissingColumnError(
-            f"column={column!r} is not one of the source's obs_columns "
-            f"{list(source.obs_columns)}; build the AnnDataSource with "
-            "obs_columns including it"
-        )
-    categories = source.categories[column]
+    codes, categories = obs_column(source, column, "column=")
     if categories is None:
         raise ValueError(
             f"column={column!r} is numeric; class balance needs a categorical "
@@ -122,7 +115,7 @@ def _codes(source: AnnDataSource, column: str, function: str):
     def ranges(a, b):
         return source.block_ranges(np.arange(a, b))[1:]
 
-    return source.obs_values(column), ranges, categories
+    return codes, ranges, categories
 
 
 def _targets(counts: np.ndarray, categories, column: str, shares) -> np.ndarray:
@@ -219,11 +212,9 @@ def balanced_block_weights(
 def balance(
     table: Pairs, target: np.ndarray, max_iterations: int, tolerance: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The fixed-point iteration of `balanced_block_weights` on class sums.
+    """`balanced_block_weights`' fixed-point iteration: `(multiplier, shares, gap)`.
 
-    Returns:
-        `(multiplier per class index, expected shares per class index, largest
-        gap)`: the block weights are `block_sums` of the multiplier.
+    Per class index; the block weights are `block_sums` of the multiplier.
     """
     width = target.size
     count = table.counts

@@ -98,15 +98,8 @@ class ConditionBlockSampler(BlockStream):
         Raises:
             ValueError: An argument is out of range, or no weight is positive.
         """
-        num_blocks = len(source)
-        super().__init__(
-            source,
-            num_blocks,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            readahead_cells=readahead_cells,
-        )
+        super().__init__(source, seed, num_epochs, shard_options, readahead_cells)
+        num_blocks = self.num_blocks
         if blocks_per_fetch < 1 or worker_count < 0:
             raise ValueError(
                 f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
@@ -209,9 +202,7 @@ class ConditionBlockSampler(BlockStream):
         lane, k = o % self._lanes, o // self._lanes
         return base * chunk + lane * self._g + k  # the lane's fetch in this chunk
 
-    def block_at(self, position: int) -> int:
-        """The block at a stream position."""
-        epoch, offset = divmod(int(position), self.epoch_length)
+    def _block(self, epoch: int, offset: int) -> int:
         slot = self._slot_position(offset)
         if self._weights is None:
             return int(self.epoch_order(epoch)[slot])
@@ -228,10 +219,6 @@ class ConditionBlockSampler(BlockStream):
         ids = self._by_condition[c]
         v = counter_rng.uniform_int(self.seed, epoch, 2 * _DRAW_WORD + slot)
         return self._static[ids[int(v * ids.size)]]
-
-    def blocks_at(self, positions) -> np.ndarray:
-        """`block_at` of many positions."""
-        return np.array([self.block_at(p) for p in positions], np.int64)
 
     def fingerprint(self) -> dict:
         """What a checkpoint records: what decides the order, never the shard."""
@@ -252,13 +239,6 @@ class ConditionBlockSampler(BlockStream):
         }
 
     def __repr__(self) -> str:
-        items = self.fingerprint()
-        tail = {k: items.pop(k) for k in ("class", "weights", "epoch_length")}
-        so = self.shard_options
-        items.update(column=repr(self._column), shard_index=so.shard_index)
-        items["shard_count"] = so.shard_count
-        if tail["weights"] is not None:
-            items.update(weights=tail["weights"], epoch_length=tail["epoch_length"])
-        return (
-            f"{tail['class']}(" + ", ".join(f"{k}={v}" for k, v in items.items()) + ")"
-        )
+        items = {**self.fingerprint(), "column": repr(self._column)}
+        tail = {k: items.pop(k) for k in ("weights", "epoch_length")}
+        return self._repr(items, tail if tail["weights"] is not None else None)

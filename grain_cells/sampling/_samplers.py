@@ -16,7 +16,6 @@ import grain
 import numpy as np
 from grain import sharding
 
-from grain_cells._util import arguments
 from grain_cells.sampling._stream import BlockStream
 
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
@@ -69,19 +68,9 @@ class BlockSampler(BlockStream):
             ValueError: An argument is out of range, or there are fewer blocks
                 than shards.
         """
-        source = num_blocks
-        if hasattr(source, "__len__") and not isinstance(source, str):
-            num_blocks = len(source)  # a source: its blocks
-        num_blocks = arguments.check_int("num_blocks", num_blocks, minimum=1)
-        super().__init__(
-            source,
-            num_blocks,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            readahead_cells=readahead_cells,
-        )
-        self.epoch_length = num_blocks - num_blocks % self.shard_options.shard_count
+        super().__init__(num_blocks, seed, num_epochs, shard_options, readahead_cells)
+        count = self.shard_options.shard_count
+        self.epoch_length = self.num_blocks - self.num_blocks % count
         self._shuffle = bool(shuffle)
 
     @property
@@ -89,9 +78,7 @@ class BlockSampler(BlockStream):
         """Whether epochs are shuffled."""
         return self._shuffle
 
-    def block_at(self, position: int) -> int:
-        """The block at a stream position (no bounds check on epochs)."""
-        epoch, offset = divmod(int(position), self.epoch_length)
+    def _block(self, epoch: int, offset: int) -> int:
         if not self._shuffle or self.num_blocks == 1:
             return offset
         return grain.experimental.index_shuffle(
@@ -101,13 +88,11 @@ class BlockSampler(BlockStream):
             rounds=_SHUFFLE_ROUNDS,
         )
 
-    def blocks_at(self, positions) -> np.ndarray:
-        """`block_at` of many (vectorised from 4,096 of an epoch)."""
-        positions = np.asarray(positions, np.int64).reshape(-1)
-        epochs, offsets = np.divmod(positions, self.epoch_length)
-        if not self._shuffle or self.num_blocks == 1 or positions.size == 0:
+    def _blocks(self, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Vectorised from 4,096 positions of an epoch."""
+        if not self._shuffle or self.num_blocks == 1 or offsets.size == 0:
             return offsets
-        out = np.empty(positions.size, np.int64)
+        out = np.empty(offsets.size, np.int64)
         last = self.num_blocks - 1
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)

@@ -21,10 +21,7 @@ from grain_cells.source import AnnDataSource
 
 
 def check_sampler_fits(sampler, data_source) -> None:
-    """Refuses a sampler that is no sampler, or over another number of blocks.
-
-    (Grain takes record keys modulo `len(data_source)`: blocks would repeat.)
-    """
+    """Refuses a sampler that is no sampler, or over another number of blocks."""
     if not (hasattr(sampler, "__getitem__") and hasattr(sampler, "__len__")):
         raise arguments.ArgumentTypeError(
             "sampler must be a Grain sampler over the source's blocks (e.g. "
@@ -118,8 +115,8 @@ class PositionHints:
 class BlockStream:
     """The shared part of block samplers: sizes, seed, sharding, read-ahead.
 
-    A subclass passes its checked sizes to `__init__` and defines `block_at`,
-    `blocks_at` and `fingerprint`.
+    A subclass sets `epoch_length` and defines `fingerprint` and the blocks at
+    `(epoch, offset)`: `_block` for one, `_blocks` for arrays of them.
     """
 
     num_blocks: int
@@ -134,21 +131,17 @@ class BlockStream:
     """Cells hinted ahead of the stream (0: none); a pipeline's fetch stage too."""
 
     def __init__(
-        self,
-        source,
-        num_blocks: int,
-        *,
-        seed,
-        num_epochs,
-        shard_options,
-        readahead_cells: int = 0,
-        fit_shards: bool = True,
+        self, source, seed, num_epochs, shard_options, readahead_cells, fit_shards=True
     ):
         """Checks what every sampler takes; the subclass sets `epoch_length` next.
 
-        `source` (an `AnnDataSource`, else no read-ahead) is hinted
-        `readahead_cells` ahead; with `fit_shards`, `num_blocks` >= shards.
+        `source`: an `AnnDataSource` (hinted `readahead_cells` ahead) or a number
+        of blocks; with `fit_shards`, at least as many blocks as shards.
         """
+        num_blocks = source
+        if hasattr(source, "__len__") and not isinstance(source, str):
+            num_blocks = len(source)  # a source: its blocks
+        num_blocks = arguments.check_int("num_blocks", num_blocks, minimum=1)
         self.readahead_cells = arguments.check_int(
             "readahead_cells", readahead_cells, minimum=0
         )
@@ -175,7 +168,7 @@ class BlockStream:
                 f"{num_blocks} blocks cannot be split over {count} shards; use a "
                 "smaller block_size or fewer shards"
             )
-        self.num_blocks = int(num_blocks)
+        self.num_blocks = num_blocks
         self.seed = int(seed)
         self.num_epochs = None if num_epochs is None else int(num_epochs)
         self._shard_options = shard_options  # where a grain.DataLoader looks
@@ -199,28 +192,41 @@ class BlockStream:
             )
         if self._hints is not None:
             self._hints.seen(index, self)
-        return grain.RecordMetadata(index=index, record_key=self.block_at(index))
+        block = self._block(*divmod(index, self.epoch_length))
+        return grain.RecordMetadata(index=index, record_key=block)
 
     def block_at(self, position: int) -> int:
         """The block at a stream position (no bounds check on epochs)."""
-        raise NotImplementedError
+        return self._block(*divmod(int(position), self.epoch_length))
+
+    def blocks_at(self, positions) -> np.ndarray:
+        """The blocks at many stream positions (no bounds check on epochs)."""
+        positions = np.asarray(positions, np.int64).reshape(-1)
+        return self._blocks(*np.divmod(positions, self.epoch_length))
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The blocks of epoch `epoch`, in stream order (all shards)."""
         start = int(epoch) * self.epoch_length
         return self.blocks_at(np.arange(start, start + self.epoch_length))
 
-    def blocks_at(self, positions) -> np.ndarray:
-        """The blocks at many stream positions (no bounds check on epochs)."""
+    def _block(self, epoch: int, offset: int) -> int:
         raise NotImplementedError
+
+    def _blocks(self, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        pairs = zip(epochs.tolist(), offsets.tolist(), strict=True)
+        return np.array([self._block(e, o) for e, o in pairs], np.int64)
 
     def fingerprint(self) -> dict:
         """What a checkpoint records (JSON): the class and its order, not the shard."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
+        return self._repr(self.fingerprint())
+
+    def _repr(self, items: dict, tail: dict | None = None) -> str:
+        """`Class(items..., shard_index=, shard_count=, tail...)`."""
         so = self.shard_options
-        items = {**self.fingerprint(), "shard_index": so.shard_index}
-        items["shard_count"] = so.shard_count
+        items = {**items, "shard_index": so.shard_index, "shard_count": so.shard_count}
         name = items.pop("class")
+        items.update(tail or {})
         return f"{name}(" + ", ".join(f"{k}={v}" for k, v in items.items()) + ")"

@@ -7,6 +7,7 @@ and mapped read-only by each worker instead of pickled into each.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -25,8 +26,8 @@ SHARED_MIN_BYTES = 1 << 20  # smaller tables travel in the pickle
 _STAMP = 40  # hex digits of the name, also written after the values
 
 
-def _shared(path, size: int, stamp: str) -> tuple[np.ndarray | None, str]:
-    """The entry mapped read-only if whole and named `stamp`, else what is wrong."""
+def _mapped(path, size: int, stamp: str) -> np.ndarray:
+    """The whole entry named `stamp`, mapped read-only; else FileNotFoundError."""
     try:
         values = np.load(path, mmap_mode="r")
         with open(path, "rb") as fh:
@@ -34,23 +35,31 @@ def _shared(path, size: int, stamp: str) -> tuple[np.ndarray | None, str]:
             fh.seek(max(length - _STAMP, 0))
             found = fh.read(_STAMP).decode("ascii", "replace")
     except FileNotFoundError:
-        return None, "no such file"
+        problem = "no such file"
     except (OSError, ValueError) as e:
-        return None, f"unreadable ({e})"
-    whole = length == values.offset + values.nbytes + _STAMP and found == stamp
-    if values.shape != (size,) or values.dtype != np.dtype("<f8") or not whole:
-        return None, (
+        problem = f"unreadable ({e})"
+    else:
+        whole = length == values.offset + values.nbytes + _STAMP and found == stamp
+        if values.shape == (size,) and values.dtype == np.dtype("<f8") and whole:
+            return values
+        problem = (
             f"shape {values.shape}, dtype {values.dtype}, {length} bytes ending in "
             f"{found!r}; expected ({size},) float64 and the stamp {stamp!r}"
         )
-    return values, ""
+    raise FileNotFoundError(
+        f"{path}: the weighted sampler's shared table (cumulative weights, "
+        f"{size} blocks) is not whole: {problem}. It is written when the "
+        "sampler is pickled for workers; the cache folder was emptied while "
+        "workers started. Start the loader again, and leave the folder "
+        "(weights/ under $GRAIN_CELLS_CACHE) alone while loaders start"
+    )
 
 
-def _share(values: np.ndarray, digest: str) -> str | None:
+def _share(values: np.ndarray, stamp: str) -> str | None:
     """The path of a cache entry of 1-D float64 `values` (None: cannot write one)."""
-    stamp = digest[:_STAMP]
     path = pathlib.Path(cache_root(xdg=False)).expanduser() / "weights" / f"{stamp}.npy"
-    if _shared(path, values.size, stamp)[0] is not None:
+    with contextlib.suppress(FileNotFoundError):
+        _mapped(path, values.size, stamp)
         return str(path)
 
     def write(fh) -> None:
@@ -62,20 +71,6 @@ def _share(values: np.ndarray, digest: str) -> str | None:
     except OSError:
         return None
     return str(path)
-
-
-def _load(path: str, size: int, digest: str) -> np.ndarray:
-    """The entry at `path`, mapped read-only; FileNotFoundError if not whole."""
-    values, problem = _shared(path, size, digest[:_STAMP])
-    if values is None:
-        raise FileNotFoundError(
-            f"{path}: the weighted sampler's shared table (cumulative weights, "
-            f"{size} blocks) is not whole: {problem}. It is written when the "
-            "sampler is pickled for workers; the cache folder was emptied while "
-            "workers started. Start the loader again, and leave the folder "
-            "(weights/ under $GRAIN_CELLS_CACHE) alone while loaders start"
-        )
-    return values
 
 
 class WeightedBlockSampler(BlockStream):
@@ -122,18 +117,18 @@ class WeightedBlockSampler(BlockStream):
                 are full), rounded up. Exclusive with `epoch_blocks`.
             seed: Seed of the draws, in `[0, 2**63)`.
             num_epochs: Epochs in the stream, or None for an endless stream.
-            shard_options: `grain.sharding.NoSharding()` (default),
-                `ShardOptions(index, count)` or `ShardByJaxProcess()`.
-            readahead_cells: With a source, hint the OS this many cells ahead
-                of the stream; 0 turns read-ahead off.
+            shard_options: As in `BlockSampler`.
+            readahead_cells: As in `BlockSampler`.
 
         Raises:
             ValueError: An argument is out of range: weights of the wrong
                 length, negative, non-finite or all 0; both or a non-positive
                 epoch length; a bad seed, epoch count or shard.
         """
-        is_count = isinstance(source, (int, np.integer))
-        num_blocks = int(source) if is_count else len(source)
+        super().__init__(
+            source, seed, num_epochs, shard_options, readahead_cells, False
+        )
+        num_blocks = self.num_blocks
         w = np.asarray(weights, np.float64)
         if w.shape != (num_blocks,):
             raise ValueError(
@@ -146,15 +141,6 @@ class WeightedBlockSampler(BlockStream):
             )
         if not (w > 0).any():
             raise ValueError("weights are all 0: no block can be drawn")
-        super().__init__(
-            source,
-            num_blocks,
-            seed=seed,
-            num_epochs=num_epochs,
-            shard_options=shard_options,
-            readahead_cells=readahead_cells,
-            fit_shards=False,
-        )
         if epoch_blocks is not None and epoch_cells is not None:
             raise ValueError(
                 f"pass epoch_blocks or epoch_cells, not both (got epoch_blocks="
@@ -190,7 +176,7 @@ class WeightedBlockSampler(BlockStream):
         if state.get("_runs") is not None:
             del state["_cdf"]  # rebuilt from the runs, bit for bit
         elif self._cdf.nbytes >= SHARED_MIN_BYTES:
-            path = _share(self._cdf, self._cdf_name)
+            path = _share(self._cdf, self._cdf_name[:_STAMP])
             if path is not None:  # mapped by each worker, not pickled
                 del state["_cdf"]
                 state["_cdf_file"] = path
@@ -202,7 +188,7 @@ class WeightedBlockSampler(BlockStream):
             return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
-            self._cdf = _load(shared, self.num_blocks, self._cdf_name)
+            self._cdf = _mapped(shared, self.num_blocks, self._cdf_name[:_STAMP])
         else:
             values, counts = self._runs
             self._cdf = np.cumsum(np.repeat(values, counts))
@@ -212,17 +198,12 @@ class WeightedBlockSampler(BlockStream):
         """Probability of each block per draw."""
         return np.diff(self._cdf, prepend=0.0) / self._total
 
-    def block_at(self, position: int) -> int:
-        """The block drawn at a stream position (no bounds check on epochs)."""
-        epoch, offset = divmod(int(position), self.epoch_length)
+    def _block(self, epoch: int, offset: int) -> int:
         u = counter_rng.uniform_int(self.seed, epoch, offset)
         k = int(np.searchsorted(self._cdf, u * self._total, side="right"))
         return min(k, self._last_drawable)
 
-    def blocks_at(self, positions) -> np.ndarray:
-        """`block_at` of many positions, vectorised."""
-        positions = np.asarray(positions, np.int64).reshape(-1)
-        epochs, offsets = np.divmod(positions, self.epoch_length)
+    def _blocks(self, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         u = counter_rng.uniform(self.seed, epochs, offsets)
         k = np.searchsorted(self._cdf, u * self._total, side="right")
         return np.minimum(k, self._last_drawable).astype(np.int64)

@@ -10,6 +10,7 @@ from grain_cells.source._chunk_grid import chunk_aligned_blocks, default_fetch_f
 from grain_cells.source._selection import (
     blocks_of_mask,
     describe_condition,
+    obs_column,
     selected_blocks,
     where_mask,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "chunk_aligned_blocks",
     "default_fetch_factor",
     "describe_condition",
+    "obs_column",
     "selected_blocks",
     "where_mask",
 ]

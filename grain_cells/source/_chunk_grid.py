@@ -102,16 +102,9 @@ def chunk_aligned_blocks(
     cuts = np.union1d(
         table.cell_offsets, _every_nth_chunk(chunk_starts, table, chunks_per_block)
     )
-    if table.run_starts is None and table.num_cells > 0:
-        # Every cell: the runs are the stretches between cuts (no mask).
-        starts, stops = _selection.blocks_over_ranges(
-            cuts[:-1], cuts[1:], table.block_size
-        )
-    else:
-        starts, stops = _selection.blocks_over_runs(
-            table.cell_mask(), cuts, table.block_size
-        )
-    return table.with_blocks(starts, stops)
+    if table.run_starts is None:  # every cell: the runs lie between cuts (no mask)
+        return table.with_runs(cuts[:-1], cuts[1:])
+    return table.with_runs(*_selection.runs_of_mask(table.cell_mask(), cuts))
 
 
 def _every_nth_chunk(starts: np.ndarray, table: BlockTable, n: int) -> np.ndarray:
@@ -194,18 +187,3 @@ def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
     with contextlib.suppress(OSError):  # a read-only or full cache: scan again
         write_atomic(path, lambda out: np.save(out, starts, allow_pickle=False))
     return starts
-
-
-__all__ = [
-    "DEFAULT_BLOCKS_PER_FETCH",
-    "FETCH_BUDGET_BYTES",
-    "MAX_BLOCK_CELLS",
-    "MAX_FETCH_CELLS",
-    "ChunkDefaults",
-    "cache_dir",
-    "chunk_aligned_blocks",
-    "compressed_defaults",
-    "default_blocks",
-    "default_fetch_factor",
-    "file_chunk_starts",
-]

@@ -1,31 +1,21 @@
-"""The three values a source holds, what they describe, and their `build`.
+"""The values a source holds besides its files and table, and what they describe.
 
-`build` turns `AnnDataSource(...)`'s arguments into its `FileSet` (every file
-opened once, checked and closed), its `BlockTable` and its `SourceOptions`;
-`SourceDescription` answers what they say without reading cells. Design notes:
+`SourceDescription` answers what a source's `FileSet`, `BlockTable` and
+`SourceOptions` say without reading cells. Design notes:
 docs/reference/design.md#source-options.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from grain_cells._util import arguments
-from grain_cells.io import (
-    JOINS,
-    OBS_MISSING,
-    FileIdentity,
-    FileSet,
-    MatrixInfo,
-    check_max_open,
-    matrix_element,
-    resolve_paths,
-)
-from grain_cells.source import _chunk_grid
+from grain_cells.io import FileIdentity, FileSet, MatrixInfo
 from grain_cells.source._table import BlockTable
 
 
@@ -44,6 +34,11 @@ class SourceOptions:
     max_open_files: int | str = "auto"
 
 
+def _get(path: str) -> property:
+    """A read-only property: `self.<path>` (dotted)."""
+    return property(operator.attrgetter(path))
+
+
 class SourceDescription:
     """What a source describes without reading cells (base of `AnnDataSource`).
 
@@ -53,60 +48,46 @@ class SourceDescription:
     def __init__(self, files: FileSet, table: BlockTable, options: SourceOptions):
         self._files, self._table, self._options = files, table, options
 
-    @property
-    def files(self) -> FileSet:
-        """The files as checked at build (immutable): paths, matrices, genes, obs."""
-        return self._files
-
-    @property
-    def block_table(self) -> BlockTable:
-        """Which blocks this source has and the rows each holds (immutable)."""
-        return self._table
-
-    @property
-    def options(self) -> SourceOptions:
-        """How the source reads its files: layer, obs_missing, reads (immutable)."""
-        return self._options
-
-    @property
-    def read_threads(self) -> int | str:
-        """Threads per process that issue reads on large batches (0: inline)."""
-        return self._options.read_threads
-
-    @property
-    def fetch_blocks(self) -> int | None:
-        """Blocks per fetch of loaders given no `fetch_factor` (None: factor 16)."""
-        return self._options.fetch_blocks
-
-    @property
-    def check_indices(self) -> bool:
-        """Whether every read checks that column indices lie in the matrix."""
-        return self._options.check_indices
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        """The files, in concatenation order."""
-        return self._files.paths
-
-    @property
-    def block_size(self) -> int:
-        """Cells per block (record)."""
-        return self._table.block_size
-
-    @property
-    def num_cells(self) -> int:
-        """Cells over all files (a view's row ids still range over these)."""
-        return self._table.num_cells
-
-    @property
-    def num_selected_cells(self) -> int:
-        """Cells the blocks hold: `num_cells`, or fewer for a view."""
-        return self._table.num_selected_cells
-
-    @property
-    def blocks_id(self) -> str:
-        """A view's block table, summarised and hashed; "" for the full grid."""
-        return self._table.blocks_id
+    files = _get("_files")
+    """The files as checked at build (immutable): paths, matrices, genes, obs."""
+    block_table = _get("_table")
+    """Which blocks this source has and the rows each holds (immutable)."""
+    options = _get("_options")
+    """How the source reads its files: layer, obs_missing, reads (immutable)."""
+    read_threads = _get("_options.read_threads")
+    """Threads per process that issue reads on large batches (0: inline)."""
+    fetch_blocks = _get("_options.fetch_blocks")
+    """Blocks per fetch of loaders given no `fetch_factor` (None: factor 16)."""
+    check_indices = _get("_options.check_indices")
+    """Whether every read checks that column indices lie in the matrix."""
+    obs_missing = _get("_options.obs_missing")
+    """What files lacking an obs column give: `"error"` or `"fill"`."""
+    paths = _get("_files.paths")
+    """The files, in concatenation order."""
+    block_size = _get("_table.block_size")
+    """Cells per block (record)."""
+    num_cells = _get("_table.num_cells")
+    """Cells over all files (a view's row ids still range over these)."""
+    num_selected_cells = _get("_table.num_selected_cells")
+    """Cells the blocks hold: `num_cells`, or fewer for a view."""
+    blocks_id = _get("_table.blocks_id")
+    """A view's block table, summarised and hashed; "" for the full grid."""
+    num_genes = _get("_files.num_genes")
+    """Columns of the output (aligned genes, after the `genes` selection)."""
+    num_genes_stored = _get("_files.genes.num_aligned")
+    """Aligned genes before the `genes` selection (with `"exact"`: stored)."""
+    var_names = _get("_files.genes.var_names")
+    """Gene ids of the output columns, in output order (keys: `genes_from`)."""
+    join = _get("_files.genes.join")
+    """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
+    genes_from = _get("_files.genes.genes_from")
+    """The var column that keys genes over files, or None: var names."""
+    is_sparse = _get("_files.sparse")
+    """Whether the matrix is stored as CSR (else dense)."""
+    dtype = _get("_files.dtype")
+    """Dtype of values read: the files' common type (native, float16 as float32)."""
+    obs_columns = _get("_files.obs_names")
+    """The obs columns returned with each cell."""
 
     @property
     def cell_offsets(self) -> np.ndarray:
@@ -118,55 +99,10 @@ class SourceDescription:
         """Index of each file's first block, plus the block count at the end."""
         return self._table.block_offsets.copy()
 
-    @property
-    def num_genes(self) -> int:
-        """Columns of the output (aligned genes, after the `genes` selection)."""
-        return self._files.num_genes
-
-    @property
-    def num_genes_stored(self) -> int:
-        """Aligned genes before the `genes` selection (with `"exact"`: stored)."""
-        return self._files.genes.num_aligned
-
-    @property
-    def var_names(self) -> np.ndarray:
-        """Gene ids of the output columns, in output order (keys: `genes_from`)."""
-        return self._files.genes.var_names
-
-    @property
-    def join(self) -> str:
-        """How genes are aligned over files: `"exact"`, `"inner"`, `"outer"`."""
-        return self._files.genes.join
-
-    @property
-    def genes_from(self) -> str | None:
-        """The var column that keys genes over files, or None: var names."""
-        return self._files.genes.genes_from
-
     def file_column_map(self, i: int) -> np.ndarray | None:
         """Output column of each column file `i` stores (-1: none; None: as stored)."""
         column_map = self._files.genes.maps[i]
         return None if column_map is None else column_map.out.copy()
-
-    @property
-    def is_sparse(self) -> bool:
-        """Whether the matrix is stored as CSR (else dense)."""
-        return self._files.sparse
-
-    @property
-    def dtype(self) -> np.dtype:
-        """Dtype of values read: the files' common type (native, float16 as float32)."""
-        return self._files.dtype
-
-    @property
-    def obs_columns(self) -> tuple[str, ...]:
-        """The obs columns returned with each cell."""
-        return self._files.obs_names
-
-    @property
-    def obs_missing(self) -> str:
-        """What files lacking an obs column give: `"error"` or `"fill"`."""
-        return self._options.obs_missing
 
     @property
     def categories(self) -> dict[str, np.ndarray | None]:
@@ -190,66 +126,7 @@ class SourceDescription:
         self._files.verify(when)
 
 
-def build(
-    paths,
-    *,
-    block_size,
-    layer,
-    obs_columns,
-    genes,
-    join,
-    genes_from,
-    obs_missing,
-    check_indices,
-    read_threads,
-    storage_options,
-    max_open_files,
-) -> tuple[FileSet, BlockTable, SourceOptions]:
-    """Checks `AnnDataSource`'s arguments (its errors) and inspects the files."""
-    if block_size is not None:
-        block_size = arguments.check_int("block_size", block_size, minimum=1)
-    if not isinstance(read_threads, str):
-        read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
-    elif read_threads != "auto":
-        raise ValueError(
-            "read_threads must be a non-negative int or 'auto', got "
-            f"read_threads={read_threads!r}"
-        )
-    max_open_files = check_max_open(max_open_files)
-    genes = arguments.check_genes(genes)
-    paths = _check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
-    layer = arguments.check_name("layer", layer, optional=True)
-    genes_from = arguments.check_name("genes_from", genes_from, optional=True)
-    check_indices = arguments.check_bool("check_indices", check_indices)
-    storage_options = arguments.check_mapping("storage_options", storage_options)
-    arguments.check_choice("join", join, JOINS)
-    arguments.check_choice("obs_missing", obs_missing, OBS_MISSING)
-    resolved = resolve_paths(paths)
-    element = matrix_element(layer)
-    obs_names = arguments.check_names("obs_columns", obs_columns)
-    if len(set(obs_names)) != len(obs_names):
-        raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
-    files = FileSet.inspect(
-        resolved,
-        element=element,
-        obs_names=obs_names,
-        genes=genes,
-        join=join,
-        obs_missing=obs_missing,
-        storage_options=storage_options,
-        genes_from=genes_from,
-    )
-    options = SourceOptions(
-        layer, obs_missing, check_indices, read_threads, None, max_open_files
-    )
-    if block_size is None:
-        table, options = _chunk_grid.default_blocks(files, options)
-    else:
-        table = BlockTable.grid(files.n_obs, block_size)
-    return files, table, options
-
-
-def _check_paths(paths):
+def check_paths(paths):
     """`paths`: a path or a non-empty sequence of paths (str or PathLike)."""
     if isinstance(paths, (str, os.PathLike)):
         return paths
@@ -273,6 +150,3 @@ def _check_paths(paths):
             f"({type(bad[0]).__name__}) in paths"
         )
     return paths
-
-
-__all__ = ["SourceDescription", "SourceOptions", "build"]

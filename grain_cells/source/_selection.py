@@ -17,30 +17,6 @@ _LOOKUP_CELLS = 1 << 20
 _RUN_WINDOW = 1 << 22  # rows per window of runs_of_mask
 
 
-def blocks_over_runs(
-    mask: np.ndarray, cell_offsets: np.ndarray, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`(starts, stops)` of blocks of `block_size` rows over each run of `mask`."""
-    return blocks_over_ranges(*runs_of_mask(mask, cell_offsets), block_size)
-
-
-def blocks_over_ranges(
-    run_starts: np.ndarray, run_stops: np.ndarray, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`blocks_over_runs` of given runs (non-empty, sorted row ranges)."""
-    run_starts = np.asarray(run_starts, np.int64)
-    run_stops = np.asarray(run_stops, np.int64)
-    lengths = run_stops - run_starts
-    per_run = -(-lengths // block_size)
-    # Block j of run r starts at run_starts[r] + j * block_size.
-    run_of_block = np.repeat(np.arange(run_starts.size), per_run)
-    first_block = np.cumsum(per_run) - per_run
-    j = np.arange(run_of_block.size, dtype=np.int64) - first_block[run_of_block]
-    starts = run_starts[run_of_block] + j * block_size
-    stops = np.minimum(starts + block_size, run_stops[run_of_block])
-    return starts.astype(np.int64), stops.astype(np.int64)
-
-
 def runs_of_mask(
     mask: np.ndarray, cell_offsets: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -84,6 +60,17 @@ def blocks_of_mask(table: BlockTable, mask: np.ndarray) -> BlockTable:
     return table.with_runs(*runs_of_mask(mask, table.cell_offsets))
 
 
+def obs_column(source, column: str, named: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(values, categories)` of an obs column; MissingColumnError names `named`."""
+    if column not in source.obs_columns:
+        raise errors.MissingColumnError(
+            f"{named}{column!r} is not one of the source's obs_columns "
+            f"{list(source.obs_columns)}; build the AnnDataSource with "
+            "obs_columns including it"
+        )
+    return source.obs_values(column), source.categories[column]
+
+
 def where_mask(
     source,
     column: str,
@@ -94,14 +81,7 @@ def where_mask(
     `condition`: labels or values to keep, or an elementwise predicate (on the
     category labels of a categorical column; a missing label never matches).
     """
-    if column not in source.obs_columns:
-        raise errors.MissingColumnError(
-            f"where={{{column!r}: ...}}: {column!r} is not one of the source's "
-            f"obs_columns {list(source.obs_columns)}; build the AnnDataSource "
-            "with obs_columns including it"
-        )
-    categories = source.categories[column]
-    values = source.obs_values(column)
+    values, categories = obs_column(source, column, f"where={{{column!r}: ...}}: ")
     if categories is None:  # numeric
         if callable(condition):
             return _predicate(condition, values, column, "values")
@@ -204,15 +184,3 @@ def describe_condition(x) -> str:
         return "<predicate>"
     text = repr(x)
     return text if len(text) < 80 else text[:77] + "..."
-
-
-__all__ = [
-    "blocks_of_mask",
-    "blocks_over_ranges",
-    "blocks_over_runs",
-    "describe_condition",
-    "runs_of_mask",
-    "selected_blocks",
-    "selection_mask",
-    "where_mask",
-]

@@ -17,24 +17,29 @@ from collections.abc import Sequence
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util import absl_flags
+from grain_cells._util import absl_flags, arguments
 from grain_cells.io import (
+    JOINS,
+    OBS_MISSING,
     Cells,
     FetchedRows,
     FileSet,
     OpenFile,
     OpenFiles,
     RowBuffer,
+    check_max_open,
     joined_column,
+    matrix_element,
     own_map,
+    resolve_paths,
 )
 from grain_cells.io import advise as _advise
 from grain_cells.io import fetch_ranges as _fetch_ranges
 from grain_cells.io import read_ranges as _read_ranges
 from grain_cells.io import read_rows as _read_rows
 from grain_cells.source import _chunk_grid, _selection
-from grain_cells.source._options import SourceDescription, SourceOptions, build
-from grain_cells.source._table import Block, BlockTable, fragment_note
+from grain_cells.source._options import SourceDescription, SourceOptions, check_paths
+from grain_cells.source._table import Block, BlockTable
 from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
@@ -143,20 +148,44 @@ class AnnDataSource(SourceDescription):
                 `"inner"` or `"outer"`, a file repeats a var name; a
                 `genes_from` column repeats a value or misses one.
         """
-        files, table, options = build(
-            paths,
-            block_size=block_size,
-            layer=layer,
-            obs_columns=obs_columns,
+        if block_size is not None:
+            block_size = arguments.check_int("block_size", block_size, minimum=1)
+        if not isinstance(read_threads, str):
+            read_threads = arguments.check_int("read_threads", read_threads, minimum=0)
+        elif read_threads != "auto":
+            raise ValueError(
+                "read_threads must be a non-negative int or 'auto', got "
+                f"read_threads={read_threads!r}"
+            )
+        max_open_files = check_max_open(max_open_files)
+        genes = arguments.check_genes(genes)
+        paths = check_paths(arguments.paths_of(paths))  # a backed AnnData: its file
+        layer = arguments.check_name("layer", layer, optional=True)
+        genes_from = arguments.check_name("genes_from", genes_from, optional=True)
+        check_indices = arguments.check_bool("check_indices", check_indices)
+        storage_options = arguments.check_mapping("storage_options", storage_options)
+        arguments.check_choice("join", join, JOINS)
+        arguments.check_choice("obs_missing", obs_missing, OBS_MISSING)
+        obs_names = arguments.check_names("obs_columns", obs_columns)
+        if len(set(obs_names)) != len(obs_names):
+            raise ValueError(f"obs_columns has duplicates: {list(obs_columns)}")
+        files = FileSet.inspect(
+            resolve_paths(paths),
+            element=matrix_element(layer),
+            obs_names=obs_names,
             genes=genes,
             join=join,
-            genes_from=genes_from,
             obs_missing=obs_missing,
-            check_indices=check_indices,
-            read_threads=read_threads,
             storage_options=storage_options,
-            max_open_files=max_open_files,
+            genes_from=genes_from,
         )
+        options = SourceOptions(
+            layer, obs_missing, check_indices, read_threads, None, max_open_files
+        )
+        if block_size is None:
+            table, options = _chunk_grid.default_blocks(files, options)
+        else:
+            table = BlockTable.grid(files.n_obs, block_size)
         self._bind(files, table, options)
         absl_flags.allow_unparsed()  # Grain reads a flag when its workers start
         for i, path in enumerate(files.paths):  # objects' metadata once
@@ -194,8 +223,7 @@ class AnnDataSource(SourceDescription):
                 "source.block_table)"
             )
         if table.fragmented and not self.block_table.fragmented:  # once, not per split
-            note = fragment_note(table.mean_block_cells, table.block_size)
-            _log.warning("%s: %s", table.blocks_id, note)
+            _log.warning("%s: %s", table.blocks_id, table.fragment_note())
         return _unpickle(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:
@@ -302,16 +330,12 @@ class AnnDataSource(SourceDescription):
         value; a contiguous matrix contributes only its first row. Opens every
         file unless the user's cache holds its starts.
         """
-        offsets = self.block_table.cell_offsets
-        return np.unique(
-            np.concatenate(
-                [
-                    _chunk_grid.file_chunk_starts(self.files, self._handles, i)
-                    + offsets[i]
-                    for i in range(len(self.files.paths))
-                ]
-            )
-        )
+        at = self.block_table.cell_offsets
+        scan = _chunk_grid.file_chunk_starts
+        starts = [
+            scan(self.files, self._handles, i) + at[i] for i in range(len(at) - 1)
+        ]
+        return np.unique(np.concatenate(starts))
 
     def block_ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `source[k]`: `(files, starts, stops)` of many blocks."""
@@ -374,6 +398,3 @@ def _unpickle(files: FileSet, table: BlockTable, options: SourceOptions):
     source = AnnDataSource.__new__(AnnDataSource)
     source._bind(files, table, options)
     return source
-
-
-__all__ = ["AnnDataSource", "Block", "FetchedRows", "SourceOptions"]

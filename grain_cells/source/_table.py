@@ -18,28 +18,6 @@ import numpy as np
 from grain_cells import errors
 
 
-def fragmented(lengths, block_size: int) -> bool:
-    """Whether blocks (`lengths`, or their mean) hold under half of `block_size`."""
-    return block_size > 1 and 2 * float(np.mean(lengths)) < block_size
-
-
-def fragment_note(lengths, block_size: int) -> str:
-    """What fragmented blocks (`lengths`, or their mean) cost, and what to do."""
-    mean = float(np.mean(lengths))
-    return (
-        f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
-        f"average, of block_size={block_size}, so each read is "
-        f"{block_size / mean:.1f}x shorter than the block size allows and "
-        "fetches hold fewer cells. When you select by an obs column whose "
-        "labels are interleaved in the files (cell types within donors), write "
-        "a copy grouped by it once, grain_cells.preshuffle(paths, out_dir, "
-        "group_by=[column, ...]) (add the columns you split on, e.g. "
-        "['cell_type', 'donor']): each label's cells are then one contiguous "
-        "run (a plain shuffled copy scatters them further). Splits of this "
-        "view are fragmented too and do not warn again."
-    )
-
-
 class Block(NamedTuple):
     """One record of an `AnnDataSource`: global rows `[start, stop)` of `file`.
 
@@ -98,13 +76,6 @@ class BlockTable:
             block_offsets=np.concatenate([[0], np.cumsum(n_blocks)]),
         )
 
-    def __getstate__(self) -> dict:
-        # The fields only: values cached in this process stay here.
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def __len__(self) -> int:
         return int(self.block_offsets[-1])
 
@@ -138,27 +109,24 @@ class BlockTable:
     @property
     def fragmented(self) -> bool:
         """Whether a view's blocks hold less than half of `block_size` on average."""
-        return self.run_starts is not None and fragmented(
-            self.mean_block_cells, self.block_size
+        size = self.block_size
+        return self.is_view and size > 1 and 2 * self.mean_block_cells < size
+
+    def fragment_note(self) -> str:
+        """What this table's fragmented blocks cost, and what to do."""
+        mean, block_size = self.mean_block_cells, self.block_size
+        return (
+            f"the selection is fragmented: its blocks hold {mean:.1f} cells on "
+            f"average, of block_size={block_size}, so each read is "
+            f"{block_size / mean:.1f}x shorter than the block size allows and "
+            "fetches hold fewer cells. When you select by an obs column whose "
+            "labels are interleaved in the files (cell types within donors), write "
+            "a copy grouped by it once, grain_cells.preshuffle(paths, out_dir, "
+            "group_by=[column, ...]) (add the columns you split on, e.g. "
+            "['cell_type', 'donor']): each label's cells are then one contiguous "
+            "run (a plain shuffled copy scatters them further). Splits of this "
+            "view are fragmented too and do not warn again."
         )
-
-    @property
-    def starts(self) -> np.ndarray | None:
-        """A view's first row per block; None for the grid."""
-        return None if self.run_starts is None else self.block_lengths()[1]
-
-    @property
-    def stops(self) -> np.ndarray | None:
-        """A view's exclusive end per block; None for the grid."""
-        if self.run_starts is None:
-            return None
-        lengths, starts = self.block_lengths()
-        return starts + lengths
-
-    def block_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """`(lengths, starts)` of every block, int64 (8 bytes per block each)."""
-        _, starts, stops = self.ranges(np.arange(len(self)))
-        return stops - starts, starts
 
     def _locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`(starts, stops)` of a view's blocks `keys` (checked)."""
@@ -169,11 +137,7 @@ class BlockTable:
         return starts, np.minimum(starts + self.block_size, self.run_stops[run])
 
     def block(self, record_key: int, source_id: int = 0) -> Block:
-        """The rows of block `record_key` (a record of source `source_id`).
-
-        Raises:
-            IndexError: No such block.
-        """
+        """The rows of block `record_key` (of source `source_id`); IndexError: none."""
         k = int(record_key)
         n = len(self)
         if not 0 <= k < n:
@@ -199,11 +163,7 @@ class BlockTable:
         return Block(k, f, start, stop, source_id)
 
     def ranges(self, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectorised `block`: `(files, starts, stops)` of many blocks.
-
-        Raises:
-            IndexError: A key is outside `[0, len(self))`.
-        """
+        """Vectorised `block`: `(files, starts, stops)`; IndexError off the table."""
         keys = np.asarray(keys, np.int64).reshape(-1)
         if keys.size and (keys.min() < 0 or keys.max() >= len(self)):
             raise IndexError(
@@ -251,9 +211,8 @@ class BlockTable:
         if (per_run == 1).all():
             return self._view(starts, stops, None)
         if 3 * starts.size >= 2 * int(first[-1]):  # list the blocks instead
-            table = self._view(starts, stops, first)
-            lengths, block_starts = table.block_lengths()
-            return self._view(block_starts, block_starts + lengths, None)
+            blocks = self._view(starts, stops, first).ranges(np.arange(first[-1]))
+            return self._view(blocks[1], blocks[2], None)
         return self._view(starts, stops, first)
 
     def _checked(self, starts, stops, what: str, longest: int | None):
@@ -336,6 +295,3 @@ class BlockTable:
         edges[self.run_starts] = 1
         edges[self.run_stops] -= 1  # a stop may be the next run's start: 1 - 1 = 0
         return np.cumsum(edges[:-1], dtype=np.int8).view(bool)
-
-
-__all__ = ["Block", "BlockTable"]

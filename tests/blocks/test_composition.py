@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from listed_blocks import blocks_over_runs
 
 from grain_cells.blocks import _pairs, _weighting
 from grain_cells.source import BlockTable
-from grain_cells.source._selection import blocks_over_runs
 
 
 def _reference_table(codes, starts, stops, width):

@@ -13,9 +13,9 @@ import pickle
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from listed_blocks import blocks_over_runs
 
-from grain_cells.source import BlockTable
-from grain_cells.source._selection import blocks_of_mask, blocks_over_runs
+from grain_cells.source import BlockTable, blocks_of_mask
 
 
 def _reference(table: BlockTable, starts, stops) -> dict:

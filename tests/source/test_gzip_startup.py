@@ -197,7 +197,9 @@ def test_a_bad_or_unwritable_cache_falls_back(thin_gz, own_cache, monkeypatch):
 def test_blocks_of_every_cell_are_those_over_an_all_true_mask():
     # Without a selection, chunk-grid blocks come from the cuts alone (no
     # mask over every cell); they must be the blocks the mask gave.
-    from grain_cells.source import BlockTable, _chunk_grid, _selection
+    from listed_blocks import blocks_over_runs
+
+    from grain_cells.source import BlockTable, _chunk_grid
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -213,7 +215,7 @@ def test_blocks_of_every_cell_are_those_over_an_all_true_mask():
         cuts = np.union1d(
             table.cell_offsets, _chunk_grid._every_nth_chunk(starts, table, per_block)
         )
-        want = _selection.blocks_over_runs(np.ones(n, bool), cuts, table.block_size)
+        want = blocks_over_runs(np.ones(n, bool), cuts, table.block_size)
         _, got_starts, got_stops = got.ranges(np.arange(len(got)))
         np.testing.assert_array_equal(got_starts, want[0])
         np.testing.assert_array_equal(got_stops, want[1])

@@ -10,7 +10,7 @@ import pytest
 from grain import sharding
 
 import grain_cells
-from grain_cells.source._selection import blocks_over_runs
+from grain_cells.source import BlockTable, blocks_of_mask
 
 OBS = ("plate", "cell_type", "idx")
 
@@ -71,10 +71,16 @@ def check_blocks(view, selected: np.ndarray):
 )
 def test_blocks_over_runs(mask, offsets, size, starts, stops):
     m = np.array([c == "1" for c in mask])
-    got = blocks_over_runs(m, np.array(offsets), size)
-    np.testing.assert_array_equal(got[0], starts)
-    np.testing.assert_array_equal(got[1], stops)
-    assert got[0].dtype == got[1].dtype == np.int64
+    table = BlockTable.grid(np.diff(offsets), size)
+    if not m.any():
+        with pytest.raises(ValueError, match="at least one"):
+            blocks_of_mask(table, m)
+        return
+    view = blocks_of_mask(table, m)
+    _, got_starts, got_stops = view.ranges(np.arange(len(view)))
+    np.testing.assert_array_equal(got_starts, starts)
+    np.testing.assert_array_equal(got_stops, stops)
+    assert got_starts.dtype == got_stops.dtype == np.int64
 
 
 # -- selection -----------------------------------------------------------------

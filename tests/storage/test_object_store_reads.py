@@ -174,9 +174,7 @@ class _Stream(BlockStream):
     """A sampler whose position p holds block p."""
 
     def __init__(self):
-        super().__init__(
-            None, 400, seed=0, num_epochs=1, shard_options=sharding.NoSharding()
-        )
+        super().__init__(400, 0, 1, sharding.NoSharding(), readahead_cells=0)
         self.epoch_length = 400
 
     def __len__(self) -> int:
