@@ -221,6 +221,13 @@ def _warn_about_fetches(source: AnnDataSource, config: FetchConfig) -> None:
     )
 
 
+def default_fetch_factor(source: AnnDataSource, batch_size: int) -> int:
+    """The fetch factor when none is given: 16, or the chunk grid's."""
+    if source.fetch_blocks is None:
+        return 16
+    return chunk_fetch_factor(batch_size, source.block_size, source.fetch_blocks)
+
+
 def _not_whole(block_size: int, batch_size: int, fetch_factor: int) -> str:
     """Why blocks of `block_size` cells make no fetch of whole minibatches."""
     step = block_size // math.gcd(block_size, batch_size)  # whole fetches
@@ -244,10 +251,8 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
     column, or a fetch is not a whole number of minibatches).
     """
     arguments.check_source(source, AnnDataSource)
-    o, size, chunks = options, source.block_size, source.fetch_blocks
-    factor = o.fetch_factor or (
-        16 if chunks is None else chunk_fetch_factor(o.batch_size, size, chunks)
-    )
+    o, size = options, source.block_size
+    factor = o.fetch_factor or default_fetch_factor(source, o.batch_size)
     if o.condition is not None and o.condition not in source.obs_columns:
         raise ValueError(
             f"condition={o.condition!r} is not one of the source's obs_columns "
@@ -262,7 +267,7 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
         output=CsrOutput() if o.output is None else o.output,
     )
     if config.blocks_per_fetch * size % o.batch_size:
-        if chunks is None:  # blocks of the user's block_size
+        if source.fetch_blocks is None:  # blocks of the user's block_size
             raise ValueError(_not_whole(size, o.batch_size, factor))
         # Chunk-grid blocks hold varying cells: a fetch takes enough blocks
         # for the cells asked, its last minibatch padded or dropped.
