@@ -214,7 +214,9 @@ def read_bytes(folder, name: str, options: dict) -> bytes:
     url = object_writes.join(os.fspath(folder), name)
     stat = object_versions.head(url, options)
     ranges = [(0, stat.size)]
-    return bytes(object_versions.get_ranges(url, options, ranges, stat, None, True)[0])
+    return bytes(
+        object_versions.get_ranges(url, options, ranges, stat, if_match=True)[0]
+    )
 
 
 if __name__ == "__main__":
