@@ -72,3 +72,56 @@ def test_block_sampler_epoch_order_is_grains(monkeypatch, disagree):
     assert sampler.epoch_length >= _samplers._VECTOR_POSITIONS
     for epoch in range(3):
         assert sampler.epoch_order(epoch).tolist() == _grain_order(sampler, epoch)
+
+
+# Epochs of up to 4,096 blocks are computed whole, once (`_small_epoch`): the
+# sizes around the cipher's smallest block and the 4,096 edge.
+SMALL = [2, 3, 16, 17, 74, 625, 4_095, 4_096]
+
+
+@pytest.fixture
+def fresh_memo():
+    _samplers._small_epoch.cache_clear()
+    _samplers._agrees_small.cache_clear()
+    yield
+    _samplers._small_epoch.cache_clear()
+    _samplers._agrees_small.cache_clear()
+
+
+def _grains(num_blocks, seed, offsets):
+    last = num_blocks - 1
+    return [grain.experimental.index_shuffle(o, last, seed, 4) for o in offsets]
+
+
+@pytest.mark.parametrize("num_blocks", SMALL)
+@pytest.mark.parametrize("seed", [0, 2**31 - 1])
+def test_a_small_epoch_equals_grain_at_every_offset(num_blocks, seed):
+    got = _samplers._whole(num_blocks - 1, seed, 4)
+    assert got.tolist() == _grains(num_blocks, seed, range(num_blocks))
+
+
+@pytest.mark.parametrize("disagree", [False, True], ids=["numpy", "grain"])
+@pytest.mark.parametrize("num_blocks", [17, 625])
+def test_small_epochs_of_a_block_sampler_are_grains(
+    monkeypatch, fresh_memo, disagree, num_blocks
+):
+    if disagree:  # a Grain whose cipher changed: the NumPy copy is not used
+        whole = _samplers._whole
+        monkeypatch.setattr(_samplers, "_whole", lambda *a: whole(*a)[::-1].copy())
+    sampler = grain_cells.BlockSampler(num_blocks, seed=5, num_epochs=None)
+    for epoch in range(6):  # more epochs than are kept
+        want = _grains(num_blocks, sampler._epoch_seed(epoch), range(num_blocks))
+        start = epoch * num_blocks
+        assert sampler.epoch_order(epoch).tolist() == want
+        assert [sampler[start + o].record_key for o in (0, 7, num_blocks - 1)] == [
+            want[0],
+            want[7],
+            want[-1],
+        ]
+    positions = np.arange(3 * num_blocks - 40, 3 * num_blocks + 40)  # two epochs
+    epochs, offsets = np.divmod(positions, num_blocks)
+    seeds = [sampler._epoch_seed(int(e)) for e in epochs]
+    want = [
+        _grains(num_blocks, s, [int(o)])[0] for s, o in zip(seeds, offsets, strict=True)
+    ]
+    assert sampler.blocks_at(positions).tolist() == want
