@@ -2,7 +2,7 @@
 
 Each minibatch's leading axis is sharded over the devices of every JAX process, and
 every minibatch must repeat the first one's shapes and dtypes, so a jitted step never
-compiles again.
+compiles again. Design notes: docs/reference/design.md#feed-device.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A source holds three immutable values: its `FileSet` (the files as checked at
 build), its `BlockTable` (which rows each block holds) and its `SourceOptions`;
 each process opens its own handles (`OpenFiles`) on first use. A view is a new
-source of the same files and options and another table.
+source of the same files and options and another table. Design notes:
+docs/reference/design.md#source-reads.
 """
 
 from __future__ import annotations
