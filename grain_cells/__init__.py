@@ -3,38 +3,21 @@
 Public API::
 
     loader = grain_cells.loader(       # files to minibatches in one call
-        paths, batch_size=64, obs_columns=["cell_type"],
-        split=("train", {"train": 0.9, "val": 0.1}), worker_count=2, seed=0)
-    for epoch in range(3):             # each iter() a new epoch, new order
-        for batch in loader: ...       # len(loader) minibatches per epoch
-    labels = loader.obs_frame(batch)   # obs codes -> labels (a DataFrame)
+        paths, batch_size=64, obs_columns=["cell_type"], worker_count=2)
+    for batch in loader: ...           # each iter() a new epoch, new order
 
-    source = grain_cells.AnnDataSource(paths, block_size=16, obs_columns=[...])
-    cells = source.read(rows)          # batched read, rows in the order asked
-    loader = grain_cells.DataLoader(   # grain.DataLoader's arguments;
-        data_source=source,
-        sampler=grain_cells.BlockSampler(len(source), seed=0),
-        operations=grain_cells.fetch_operations(source, batch_size=64),
-        worker_count=2)                # what grain_cells.loader builds
+    source = grain_cells.AnnDataSource(paths, obs_columns=["cell_type"])
     view = source.select(where={"cell_type": ["B", "T"]})   # a source too
-    splits = grain_cells.split_by_fraction(source, {"train": 0.9, "val": 0.1})
-    sampler = grain_cells.WeightedBlockSampler(        # class-balanced draws
-        source, grain_cells.balanced_block_weights(source, "cell_type"))
-    aligned = grain_cells.chunk_aligned(source)   # blocks follow X's chunks
-    stores = grain_cells.annbatch_stores(folder)  # annbatch's collection
+    loader = grain_cells.DataLoader(   # grain.DataLoader's arguments
+        data_source=view,
+        sampler=grain_cells.BlockSampler(len(view), seed=0),
+        operations=grain_cells.fetch_operations(view, batch_size=64))
 
-Sub-packages a user imports by name: `grain_cells.errors` (every error
-raised for bad input), `grain_cells.tokens` (token outputs for transformers),
-`grain_cells.checkpoint` (orbax handlers that restore on another process
-count), `grain_cells.feed` (`device_iterator`: minibatches to the
-accelerator one copy ahead, equal steps on every process),
-`grain_cells.synthetic` (Tahoe-shaped test data). The rest
-(`pipeline`, `sampling`, `blocks`, `outputs`, `source`, `preshuffle`) are
-re-exported here; `io`, `hdf5`, `storage`, `transport` are internal.
-
-Every spelling gives the same minibatches for any worker count, resumable
-and restorable under another worker or shard count. Epochs, `len()` and
-`close()`: "Epochs and iterators" in docs/guides/loading.md.
+Sub-packages imported by name: `errors`, `tokens` (token outputs),
+`checkpoint` (orbax handlers), `feed` (`device_iterator`), `synthetic` (test
+data). `pipeline`, `sampling`, `blocks`, `outputs`, `source` and
+`preshuffle` are re-exported here; `io`, `hdf5`, `storage`, `transport` are
+internal. Every spelling gives the same minibatches for any worker count.
 """
 
 from importlib import metadata as _metadata

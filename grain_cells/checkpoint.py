@@ -1,14 +1,10 @@
 """Orbax checkpoints of a data iterator that restore on another process count.
 
-`IteratorSave(iterator)` / `IteratorRestore(iterator)` take the place of
-`grain.checkpoint.CheckpointSave` / `CheckpointRestore` inside
-`ocp.args.Composite(...)` and write what Grain's handler writes (each JAX process
-its state as `process_<i>-of-<P>.json`). On P processes, process `i` reads its own
-file (any iterator). On Q != P, every process checks that all P files are one
-lock-step save of one grain_cells pipeline (same stamp, step, epoch and plan) and
-hands the rest of the stream over to its shard: every remaining cell exactly
-once; anything else raises `CheckpointMismatchError` naming the folder and what
-differs. See docs/guides/checkpoints.md.
+`IteratorSave(iterator)` / `IteratorRestore(iterator)` take the place of Grain's
+`CheckpointSave` / `CheckpointRestore` inside `ocp.args.Composite(...)` and write
+the same `process_<i>-of-<P>.json` files. Restored on another process count, a
+grain_cells pipeline's states are checked to be one lock-step save and handed
+over: every remaining cell exactly once (docs/guides/checkpoints.md).
 
 Example:
     >>> import orbax.checkpoint as ocp

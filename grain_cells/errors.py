@@ -76,11 +76,9 @@ class MissingColumnError(KeyError):
 
 
 class CheckpointMismatchError(ValueError):
-    """An iterator state does not fit the loader restoring it.
-
-    It was saved under another pipeline (data, sampler, operations, worker
-    count), or one of its fields is out of range.
-    """
+    """An iterator state does not fit the loader restoring it (another
+    pipeline: data, sampler, operations), or one of its fields is out of range.
+    """  # noqa: D205
 
 
 class ObjectStoreError(_Fields, OSError):
@@ -102,9 +100,7 @@ class ObjectStoreError(_Fields, OSError):
 class SharedMemoryFullError(_Fields, OSError):
     """Shared memory (`/dev/shm`) has no room for a worker's minibatch slot.
 
-    Raised in the worker that could not reserve the slot and re-raised in the
-    trainer's process by Grain, instead of the worker dying of SIGBUS when it
-    writes into memory the file system cannot back.
+    Raised in the worker, re-raised in the trainer (instead of a SIGBUS).
 
     Attributes:
         requested: Bytes the worker asked for.
@@ -120,23 +116,16 @@ class MainGuardError(RuntimeError):
     """Worker processes were started from a script's unguarded top level."""
 
     def add_note(self, note: str) -> None:
-        """Adds `note`, except Grain's note that a dataset "cannot be pickled".
-
-        The operations refuse to be pickled with this error, which says why
-        itself; Grain's note would blame pickling instead.
-        """
+        """Adds `note`, except Grain's "cannot be pickled" (this error says why)."""
         if not note.endswith("cannot be pickled!"):
             super().add_note(note)
 
 
 class NotAMinibatchError(TypeError):
-    """A block record of an `AnnDataSource` was used as a minibatch.
-
-    A plain `grain.DataLoader` over an `AnnDataSource` whose `operations`
-    lack `grain_cells.fetch_operations(source, batch_size=...)` yields the
-    source's records, `Block` descriptors (which cells a record holds), not
-    minibatches; raised when one is indexed by a key such as `"X"`.
-    """
+    """A block record of an `AnnDataSource` was used as a minibatch: a plain
+    `grain.DataLoader` without `grain_cells.fetch_operations(...)` yields
+    `Block` descriptors; raised when one is indexed by a key such as `"X"`.
+    """  # noqa: D205
 
 
 class TruncationError(ValueError):
@@ -152,25 +141,18 @@ class TruncationWarning(UserWarning):
 
 
 class WorkerCountWarning(UserWarning):
-    """More worker processes were asked for than this process has cores.
-
-    Shown once per loader; the message names the cores found
-    (`os.sched_getaffinity`) and the `worker_count` asked for.
-    """
+    """More worker processes were asked for than this process has cores (once
+    per loader; the message names both).
+    """  # noqa: D205
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process of a data iterator died (killed, or out of memory).
 
-    The message names the worker (pid), how it ended (signal or exit code)
-    and what to do; the iterator cannot go on without the fetch that worker
-    held: restore its last saved state into a new iterator.
+    The message names the worker (pid) and how it ended; restore the last
+    saved state into a new iterator.
     """
 
 
 class IteratorClosedError(RuntimeError):
-    """A data iterator was used after `close()` (or the end of its `with`).
-
-    Its workers and shared memory are gone; start a new iterator with
-    `iter(loader)`, or restore a saved state into one.
-    """
+    """A data iterator was used after `close()` (or the end of its `with`)."""

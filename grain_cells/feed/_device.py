@@ -2,7 +2,7 @@
 
 Each minibatch's leading axis is sharded over the devices of every JAX process, and
 every minibatch must repeat the first one's shapes and dtypes, so a jitted step never
-compiles again.
+compiles again. Design notes: docs/reference/design.md#feed-device.
 """
 
 from __future__ import annotations
@@ -26,20 +26,11 @@ _CSR_KEYS = ("data", "indptr")  # CsrOutput's entries change shape every minibat
 class DeviceIterator:
     """Minibatches as global `jax.Array`s, `prefetch` copies ahead of the step.
 
-    Made by `device_iterator`. `next()` starts the copy of the next minibatch
-    before it returns the one copied earlier (double buffering at `prefetch=1`).
-
-    **State.** `get_state()` is the loader's state after the last minibatch
-    *returned* (not the prefetched ones), as JSON bytes; `set_state()` drops the
-    prefetched ones, so `grain_cells.checkpoint.IteratorSave(device_iterator)`
-    resumes exactly.
-
-    **Equal steps.** With `equal_steps=True` on several JAX processes, a process
-    whose loader has run out yields *padding minibatches* (`mask` False, `row_ids`
-    -1, every other entry 0) until every loader has, agreeing through one tiny
-    collective per minibatch; `padding_steps` counts this process's.
-
-    Closable (`close()` or a `with` block): closes the loader's iterator.
+    Made by `device_iterator`; closable. Its state is the loader's after the
+    last minibatch *returned* (JSON bytes), so `grain_cells.checkpoint.
+    IteratorSave(device_iterator)` resumes exactly. With `equal_steps=True`, a
+    process whose loader ran out yields padding minibatches (`mask` False,
+    `row_ids` -1, else 0) until all have; `padding_steps` counts them.
 
     Example:
         >>> with device_iterator(iter(loader), equal_steps=True) as batches:
@@ -267,27 +258,20 @@ def device_iterator(
     """Feeds a loader's minibatches to the devices, one copy ahead of the step.
 
     Args:
-        batches: The loader's iterator (`iter(loader)`) or the loader itself;
-            its `get_state`/`set_state`/`start_prefetch`/`close` are passed
-            through.
-        sharding: Where each entry goes, splitting only the leading (batch)
-            axis; the global batch is the processes' minibatches in process
-            order. Default: the batch over every device of every process
-            (`NamedSharding(Mesh(jax.devices(), ("data",)), P("data"))`).
-        keys: The entries to send (e.g. `("values", "indices", "mask",
-            "obs/cell_type")`); default every entry of the first minibatch.
-            Entries stay NumPy dtypes, except that without `jax_enable_x64`
-            JAX stores 64-bit ones (`row_ids`) as 32-bit.
+        batches: The loader's iterator (`iter(loader)`) or the loader; its
+            `get_state`/`set_state`/`start_prefetch`/`close` pass through.
+        sharding: Where each entry goes, splitting the leading (batch) axis.
+            Default: over every device of every process (in process order).
+        keys: The entries to send (e.g. `("values", "indices", "mask")`);
+            default every entry of the first minibatch.
         prefetch: Minibatches copied ahead of the one returned (1: double
             buffering; 0: copy at `next()`).
-        equal_steps: On several JAX processes, give those whose loader ends
-            first padding minibatches until all have ended (see
-            `DeviceIterator`): for unequal shards and a step with collectives.
+        equal_steps: Pad processes whose loader ends first until all have
+            ended (see `DeviceIterator`): for unequal shards and collectives.
         densify: The number of genes: replace `values` and `indices`
-            (`PaddedSparseOutput`) by dense `X` `[batch, densify]`, built on
-            the devices (`grain_cells.densify`) right after the copy.
-        pinned_staging: Copy through page-locked host memory first (whether
-            that is faster is measured per host: `benchmarks/gpu_host/run.sh`).
+            (`PaddedSparseOutput`) by dense `X` `[batch, densify]`, on device.
+        pinned_staging: Copy through page-locked host memory first
+            (`benchmarks/gpu_host/run.sh` measures whether that is faster).
 
     Returns:
         A `DeviceIterator` (nothing is read before the first `next()`).

@@ -11,13 +11,11 @@ from grain_cells._util import arguments
 def densify(values: jax.Array, indices: jax.Array, num_genes: int) -> jax.Array:
     """Turns a padded-sparse batch into a dense `[batch, num_genes]` array.
 
-    Works inside `jax.jit` (`num_genes` must be static). Padding slots hold
-    value 0 at index 0, so scatter-adding them changes nothing; indices at or
-    past `num_genes` are dropped.
+    Works inside `jax.jit` (`num_genes` static); indices at or past
+    `num_genes` are dropped.
 
     Args:
-        values: `[batch, width]` stored values (`PaddedSparseOutput`'s
-            `values`).
+        values: `[batch, width]` stored values (`PaddedSparseOutput`'s).
         indices: `[batch, width]` int32 gene indices.
         num_genes: Width of the dense output.
 

@@ -69,11 +69,9 @@ class Output:
         raise NotImplementedError
 
     def fit_to_source(self, source, read=None) -> Output:
-        """The output a pipeline over `source` uses; by default this one.
+        """The output a pipeline over `source` uses (and checkpoints); this one.
 
-        Called once when the pipeline is built, in the building process; the
-        pipeline uses (and checkpoints) what it returns
-        (`PaddedSparseOutput(width=None)` fits its width so).
+        Called once, when the pipeline is built (a fitted width, say).
 
         Args:
             source: The `AnnDataSource` (or view) the pipeline reads.

@@ -28,23 +28,17 @@ class PaddedSparseOutput(Output):
     """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`, `truncated`.
 
     Attributes:
-        width: Stored values kept per cell; None (default) fits it to the
-            source when the pipeline is built: the `quantile` of stored
-            values per cell over a deterministic sample of up to 4,096
-            cells, rounded up to a multiple of 128 (see
-            `grain_cells.outputs._padded`). `fit_to_source(source)` returns
-            the fitted output, e.g. to read its width.
+        width: Stored values kept per cell; None fits it to the source when
+            the pipeline is built (the `quantile` of stored values per cell
+            over up to 4,096 sampled cells, a multiple of 128).
         truncate: For a cell with more than `width` stored values:
-            `"largest"` keeps its `width` largest values (ties: lower column
-            first), `"first"` its first `width` in column order; both set
-            its `truncated` flag, and the loader warns once, in the trainer
-            (`errors.TruncationWarning`, with the figures; see
-            `TruncationReport`). `"error"` raises `errors.TruncationError`
-            naming the cell, its count and the width.
+            `"largest"` keeps its `width` largest values, `"first"` its first
+            in column order (both set its `truncated` flag, and the loader
+            warns once: `errors.TruncationWarning`); `"error"` raises
+            `errors.TruncationError`.
         dtype: dtype of `values`.
-        quantile: Which quantile of the sampled counts a fitted width
-            covers (used only when `width` is None); 1.0 takes the widest
-            sampled cell.
+        quantile: The quantile of the sampled counts a fitted width covers;
+            1.0 takes the widest sampled cell.
 
     Example:
         >>> output = PaddedSparseOutput().fit_to_source(source)  # as a pipeline

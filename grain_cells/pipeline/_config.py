@@ -27,52 +27,40 @@ from grain_cells.source import default_fetch_factor as chunk_fetch_factor
 class PipelineOptions:
     """The keywords of `loader`, `cell_dataset` and `fetch_operations`.
 
-    `fetch_operations` takes the fetch keywords (`batch_size` to `condition`);
-    `cell_dataset` and `loader` take them all (`loader` also the source's).
-    Each is checked when given, by name: `batch_size=0` raises `ValueError:
-    batch_size must be a positive int, got batch_size=0`.
+    `fetch_operations` takes `batch_size` to `condition`; the others take all.
+    Each is checked by name (`batch_size=0`: `ValueError`).
 
     Attributes:
         batch_size: Cells per minibatch (`m`; required).
-        fetch_factor: Minibatches per fetch (`f`): `m * f / block_size` blocks
-            are read together and their cells shuffled in memory (chunk-grid
-            blocks, of varying size: enough blocks for `m * f` cells). None:
-            16, or enough for `source.fetch_blocks` blocks.
-        output: `CsrOutput()` (None: the default), `PaddedSparseOutput(width)`,
-            `DenseOutput()`, a token output (`grain_cells.tokens`), or any
-            `grain_cells.Output`.
+        fetch_factor: Minibatches per fetch (`f`): about `m * f` cells are
+            read together and shuffled in memory. None: 16, or the chunk grid's.
+        output: `CsrOutput()` (None), `PaddedSparseOutput(width)`,
+            `DenseOutput()`, a token output, or any `grain_cells.Output`.
         shuffle: Shuffle blocks per epoch and cells inside each fetch (a plain
             `grain.DataLoader`: the fetch only; turn the sampler's off too).
         seed: Seed of the block order and the in-fetch shuffle, in `[0, 2**63)`
             (with `fetch_operations`: use the sampler's).
-        remainder: `"pad"` (padded to `m` rows, `mask=False`) or `"drop"`, for
-            a fetch's short last minibatch.
-        extra: More matrices of the same cells per minibatch, by output key:
-            `grain_cells.Layer(name, output)` (a layer, `"raw"` for `raw/X`) or
-            `grain_cells.Obsm(name)`.
-        numeric_obs: `"native"` (numeric obs columns keep a float dtype,
-            integers come as int32) or `"float32"` (every numeric column).
-        condition: An obs column: every minibatch then holds cells of one value
-            of it (the last of each value's minibatches in a fetch short and
-            padded). Pair with `grain_cells.ConditionBlockSampler(...,
-            worker_count=0)`.
-        num_epochs: Sampler epochs per `iter()` (a loader epoch), or None for
-            an endless stream.
-        shard_options: This process's shard (e.g.
-            `grain.sharding.ShardByJaxProcess()`).
+        remainder: `"pad"` (to `m` rows, `mask=False`) or `"drop"`, for a
+            fetch's short last minibatch.
+        extra: More matrices of the same cells, by output key:
+            `grain_cells.Layer(name, output)` or `grain_cells.Obsm(name)`.
+        numeric_obs: `"native"` (numeric obs keep a float dtype, integers
+            come as int32) or `"float32"`.
+        condition: An obs column: every minibatch holds cells of one value of
+            it. Pair with `grain_cells.ConditionBlockSampler(..., worker_count=0)`.
+        num_epochs: Sampler epochs per `iter()`, or None for an endless stream.
+        shard_options: This process's shard (`grain.sharding.ShardByJaxProcess()`).
         sampler: A sampler over the source's blocks (or a function of the
-            source, or of the view `split` selects, returning one) instead of
-            the shuffled `BlockSampler`; `shuffle` (of blocks), `seed` (of the
-            block order), `num_epochs` and `shard_options` then come from it.
-        weights: One weight per block of the source (or view), or a function of
-            it returning them (e.g. `lambda s: grain_cells.balanced_block_weights(
-            s, "cell_type")`): blocks are drawn with replacement by a
-            `WeightedBlockSampler(source, weights, seed=seed, ...)`.
+            source returning one) instead of the shuffled `BlockSampler`;
+            `shuffle`, `seed`, `num_epochs` and `shard_options` then its own.
+        weights: One weight per block (or a function of the source returning
+            them, e.g. `lambda s: grain_cells.balanced_block_weights(s, "cell_type")`):
+            blocks are drawn with replacement by a `WeightedBlockSampler`.
         worker_count: Worker processes that read and format fetches (0: in this
             process). The minibatches are the same for every count.
-        worker_buffer_size: What each worker may hold ahead: minibatches for
-            `loader` and `grain_cells.DataLoader` (default 16, rounded up to
-            whole fetches), fetches for `cell_dataset` (default 1).
+        worker_buffer_size: What each worker holds ahead: minibatches for
+            `loader`/`DataLoader` (16, rounded up to whole fetches), fetches
+            for `cell_dataset` (1).
         readahead_cells: How far ahead the fetch stage asks the OS (or the
             object store) for blocks; 0 turns read-ahead off.
     """

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import sys
 import weakref
 
@@ -49,9 +50,7 @@ class CellIterator(grain.DatasetIterator):
     def __init__(self, ds, epoch: int = 0):
         super().__init__()
         self._ds = ds
-        self._g = ds.split.config.blocks_per_fetch
         self._position = ds.start(epoch)
-        self._plan = self._position.plan(ds.sampler, self._g)
         self._inner = None
         self._batches = None
         self._taken = False
@@ -60,9 +59,9 @@ class CellIterator(grain.DatasetIterator):
         transport.remove_stale()  # names of killed trainers and workers
 
     def _start(self) -> None:
-        ds, n = self._ds, self._position.fetch
-        read = ReadFetch(ds.split, self._plan, ds.worker_count, ds.readahead_cells)
-        chain = grain.MapDataset.range(n, max(n, self._plan.num_fetches()))
+        ds, pos = self._ds, self._position
+        read = ReadFetch(ds.split, pos, ds.worker_count, ds.readahead_cells)
+        chain = grain.MapDataset.range(pos.fetch, max(pos.fetch, pos.num_fetches()))
         chain = chain.map(read).to_iter_dataset(READ_OPTIONS)
         if ds.worker_count:
             transport.check_main_guard(
@@ -89,7 +88,7 @@ class CellIterator(grain.DatasetIterator):
             pos = self._position
             while True:
                 if self._batches is None:
-                    if pos.fetch >= self._plan.num_fetches():
+                    if pos.fetch >= pos.num_fetches():
                         raise StopIteration
                     if self._inner is None:
                         self._start()
@@ -110,7 +109,7 @@ class CellIterator(grain.DatasetIterator):
                     return batch
                 self._batches = None
                 pos.fetch += 1
-                pos.minibatch = self._plan.skip(pos.fetch)
+                pos.minibatch = pos.skip(pos.fetch)
         except StopIteration:
             raise
         except Exception as e:
@@ -133,7 +132,7 @@ class CellIterator(grain.DatasetIterator):
                 "this iterator resumes a state saved under another shard count; "
                 "it has no len() until its next epoch (iter(loader))"
             )
-        return max(0, self._ds.count(self._plan) - self._position.step)
+        return max(0, self._ds.count(self._position) - self._position.step)
 
     def __bool__(self) -> bool:
         return True  # an iterator, not a container (`len` may raise)
@@ -147,7 +146,8 @@ class CellIterator(grain.DatasetIterator):
         """Starts the workers now (orbax calls this after a restore)."""
         if self._failure is _CLOSED:
             raise self._refusal()
-        if self._inner is None and self._position.fetch < self._plan.num_fetches():
+        pos = self._position
+        if self._inner is None and pos.fetch < pos.num_fetches():
             self._start()
 
     def _refusal(self) -> RuntimeError:
@@ -201,10 +201,10 @@ class CellIterator(grain.DatasetIterator):
 
     def _settled(self) -> Position:
         """A copy of the position (past a fetch's end: the next one's start)."""
-        pos = Position(**vars(self._position))
+        pos = dataclasses.replace(self._position)
         if self._batches is not None and pos.minibatch >= len(self._batches):
             pos.fetch += 1
-            pos.minibatch = self._plan.skip(pos.fetch)
+            pos.minibatch = pos.skip(pos.fetch)
         return pos
 
     def get_state(self) -> dict:
@@ -219,7 +219,6 @@ class CellIterator(grain.DatasetIterator):
         saved = _state_checks.restored(state, self._ds)
         self._stop()
         self._position = saved
-        self._plan = saved.plan(self._ds.sampler, self._g)
         self._batches = None
         self._failure = None
         self._ds._resumed(saved.epoch)  # the dataset's own iterator
@@ -323,8 +322,7 @@ class CellDataset(grain.IterDataset):
 
     def __len__(self) -> int:
         """Minibatches of the epoch the next `iter()` starts, on this shard."""
-        g = self.split.config.blocks_per_fetch
-        return self.count(self.start(self._epoch).plan(self.sampler, g))
+        return self.count(self.start(self._epoch))
 
     def count(self, plan) -> int:
         """Minibatches a plan without pieces yields, unread (the last one's cached);
@@ -338,8 +336,9 @@ class CellDataset(grain.IterDataset):
 
     def start(self, epoch: int) -> Position:
         """The position at the start of this shard's epoch `epoch`."""
-        shard = self.shard
-        return Position(count=shard.shard_count, index=shard.shard_index, epoch=epoch)
+        g, shard = self.split.config.blocks_per_fetch, self.shard
+        where = dict(count=shard.shard_count, index=shard.shard_index, epoch=epoch)
+        return Position(self.sampler, g, **where)
 
     def mp_prefetch(self, options=None, worker_init_fn=None, sequential_slice=False):
         """A copy with `options`' workers and buffer (in fetches)."""

@@ -40,10 +40,6 @@ class GrainFetch(grain.experimental.FlatMapTransform):
         self._report = None  # this process's TruncationReport, made on first use
 
     @property
-    def source(self) -> AnnDataSource:
-        return self.split.source
-
-    @property
     def config(self):
         return self.split.config
 

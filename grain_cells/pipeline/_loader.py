@@ -37,9 +37,8 @@ def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
             (`batch_size` required); `worker_buffer_size` counts fetches.
 
     Returns:
-        A `CellDataset` (an `IterDataset`) of minibatch dicts (epochs and
-        `len()` as for every spelling). Pass `worker_count` rather than
-        adding `.mp_prefetch`.
+        A `CellDataset` (an `IterDataset`) of minibatch dicts; pass
+        `worker_count` rather than adding `.mp_prefetch`.
 
     Raises:
         TypeError: A keyword it does not take, or one of the wrong type.
@@ -65,29 +64,21 @@ def loader(
 ) -> DataLoader:
     """Files to shuffled minibatches in one call: a `grain_cells.DataLoader`.
 
-    The minibatches, states and checkpoints are those of the explicit
-    spelling with the same arguments (`AnnDataSource`, `BlockSampler`,
-    `fetch_operations`).
+    Minibatches, states and checkpoints are those of the explicit spelling
+    (`AnnDataSource`, `BlockSampler`, `fetch_operations`) with these arguments.
 
     Args:
         paths_or_source: One `.h5ad` path or URL, a sequence of them, or an
-            `AnnDataSource` (or view, e.g. of `split_by_obs`).
-        obs_columns: obs columns returned with every cell (`obs/<column>`,
-            categorical ones as codes: `DataLoader.obs_frame(batch)` gives
-            labels). With a source, its own columns are used (others are
-            refused).
+            `AnnDataSource` (or view).
+        obs_columns: obs columns returned with every cell (categorical ones
+            as codes: `DataLoader.obs_frame(batch)` gives labels); with paths.
         split: `(name, fractions)`, e.g. `("train", {"train": 0.9, "val":
             0.1})`: that split of `split_by_fraction(source, fractions)`
-            (seed 0 whatever `seed`: a run's seed never moves cells between
-            splits). For other splits pass the view as `paths_or_source`.
-        block_size: Cells per block (contiguous read); with paths only.
-            None: what `AnnDataSource(paths)` chooses (16 cells, or the
-            chunk grid of compressed files and zarr stores).
+            (seed 0 whatever `seed`).
+        block_size: Cells per block, with paths only (None: the source's choice).
         **options: The keywords of `grain_cells.pipeline.PipelineOptions`
-            (`batch_size` required; `sampler` or `weights` choose the
-            sampler); any other keyword is an `AnnDataSource` argument
-            (`layer`, `genes`, `join`, `genes_from`, `obs_missing`,
-            `storage_options`, ...), with paths only.
+            (`batch_size` required); any other keyword is an `AnnDataSource`
+            argument (`layer`, `genes`, `join`, ...), with paths only.
 
     Returns:
         A `grain_cells.DataLoader`.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Any
 
 import grain
 import numpy as np
@@ -22,65 +23,69 @@ from grain_cells.transport import fetch_starting, in_worker, send_all
 MAX_AHEAD_FETCHES = 64
 
 
-class FetchPlan:
-    """Which sampler positions each fetch of shard `index` of `count` holds.
+@dataclasses.dataclass(eq=False)
+class Position:
+    """Where an iterator is in the fetch stream of shard `index` of `count`.
 
-    From `origin` on, after `pieces` (a restore under another shard count:
-    `(positions, skip)`, piece `k` to shard `k % count`, `skip` minibatches
-    already emitted); `epoch` reads `epoch * len(sampler)` further down the stream.
+    Its fetches hold sampler positions from `origin` on, after `pieces` (a
+    restore under another shard count: `(positions, skip)`, piece `k` to shard
+    `k % count`, `skip` minibatches already emitted); `epoch` reads `epoch *
+    len(sampler)` further down the stream. `fetch`, `minibatch` and `step`
+    (minibatches yielded) move as it yields; `to_json()` is the saved state.
     """
 
-    def __init__(
-        self,
-        sampler,
-        blocks_per_fetch,
-        *,
-        count=1,
-        index=0,
-        origin=0,
-        pieces=(),
-        epoch=0,
-    ):
-        self.sampler = sampler
-        self.blocks_per_fetch = int(blocks_per_fetch)
-        self.count = int(count)
-        self.index = int(index)
-        self.origin = int(origin)
-        self.pieces = tuple((tuple(int(p) for p in pos), int(k)) for pos, k in pieces)
-        self.length = len(sampler)
-        self.shift = int(epoch) * self.length if epoch else 0
-        self._own = self.pieces[self.index :: self.count]
+    sampler: Any
+    blocks_per_fetch: int
+    origin: int = 0
+    count: int = 1
+    index: int = 0
+    pieces: Any = ()
+    fetch: int = 0
+    minibatch: int = 0
+    step: int = 0
+    epoch: int = 0
 
-    @property
-    def own_pieces(self) -> int:
-        return len(self._own)
+    def __post_init__(self):
+        self.pieces = tuple((tuple(map(int, p)), int(k)) for p, k in self.pieces)
+        self.length = len(self.sampler)
+        self.shift = self.epoch * self.length if self.epoch else 0
+        self.own = self.pieces[self.index :: self.count]
+
+    def to_json(self) -> dict:
+        """The saved fields, JSON-ready."""
+        d = {k: getattr(self, k) for k in _SAVED}
+        d["pieces"] = [[list(p), k] for p, k in self.pieces]
+        return d
 
     def num_fetches(self) -> int:
         """Fetches of this shard (huge for an endless stream)."""
         positions = -(-(self.length - self.origin - self.index) // self.count)
-        return len(self._own) + -(-max(0, positions) // self.blocks_per_fetch)
+        return len(self.own) + -(-max(0, positions) // self.blocks_per_fetch)
 
     def positions(self, n: int) -> np.ndarray:
         """Sampler positions of this shard's fetch `n`."""
-        if n < len(self._own):
-            return np.asarray(self._own[n][0], np.int64)
-        g = n - len(self._own)
+        if n < len(self.own):
+            return np.asarray(self.own[n][0], np.int64)
+        g = n - len(self.own)
         i = np.arange(g * self.blocks_per_fetch, (g + 1) * self.blocks_per_fetch)
         p = self.origin + i * self.count + self.index
         return p[p < self.length]
 
     def skip(self, n: int) -> int:
         """Minibatches of fetch `n` emitted before (by the shard it came from)."""
-        return self._own[n][1] if n < len(self._own) else 0
+        return self.own[n][1] if n < len(self.own) else 0
 
     def keys(self, positions: np.ndarray) -> np.ndarray:
-        """Record keys (block ids) at sampler positions (of the plan's epoch)."""
+        """Record keys (block ids) at sampler positions (of this epoch)."""
         if isinstance(self.sampler, BlockStream):  # vectorised
             positions = np.asarray(positions, np.int64) + self.shift
             return np.asarray(self.sampler.blocks_at(positions), np.int64).reshape(-1)
         return np.array(
             [self.sampler[int(p) + self.shift].record_key for p in positions], np.int64
         )
+
+
+_SAVED = ("origin", "count", "index", "pieces", "fetch", "minibatch", "step", "epoch")
 
 
 def advances_epochs(sampler) -> bool:
@@ -127,7 +132,7 @@ def check_countable(sampler, config) -> None:
         )
 
 
-def plan_minibatches(config, source, plan: FetchPlan) -> int:
+def plan_minibatches(config, source, plan: Position) -> int:
     """Minibatches a plan without pieces yields (a loader's `len`), unread.
 
     One vectorised walk of the block keys where blocks differ in length.
@@ -155,7 +160,7 @@ class ReadFetch(grain.transforms.Map):
     handles (Grain `Map`). `stride`: fetches between this process's own.
     """  # noqa: D205
 
-    def __init__(self, split, plan: FetchPlan, stride: int = 1, readahead_cells=0):
+    def __init__(self, split, plan: Position, stride: int = 1, readahead_cells=0):
         self.split = split
         self.plan = plan
         self.stride = max(1, int(stride))
@@ -207,30 +212,7 @@ class ReadFetch(grain.transforms.Map):
             self._hinted = wanted[-1]
 
 
-@dataclasses.dataclass
-class Position:
-    """An iterator's position (its state, less the stamp)."""
-
-    origin: int = 0
-    count: int = 1
-    index: int = 0
-    pieces: list = dataclasses.field(default_factory=list)
-    fetch: int = 0
-    minibatch: int = 0
-    step: int = 0
-    epoch: int = 0
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["pieces"] = [[list(map(int, p)), int(k)] for p, k in self.pieces]
-        return d
-
-    def plan(self, sampler, blocks_per_fetch: int) -> FetchPlan:
-        where = {k: getattr(self, k) for k in ("count", "index", "origin", "pieces")}
-        return FetchPlan(sampler, blocks_per_fetch, epoch=self.epoch, **where)
-
-
-def _cursor(plan: FetchPlan, counts, step: int) -> tuple[int, int]:
+def _cursor(plan: Position, counts, step: int) -> tuple[int, int]:
     """(fetch, minibatch) of `plan`'s shard after `step` minibatches."""
     n, left, total = 0, step, plan.num_fetches()
     while n < total:
@@ -242,46 +224,40 @@ def _cursor(plan: FetchPlan, counts, step: int) -> tuple[int, int]:
     return total, 0
 
 
-def hand_over(
-    saved: Position, sampler, source, config, new_count: int, new_index: int
-) -> Position:
+def hand_over(saved: Position, source, config, new_count: int, new_index: int):
     """The position of shard `new_index` of `new_count` that resumes `saved`
     (taken at the same step as every other shard's), at its plan's start.
     """  # noqa: D205
-    g = config.blocks_per_fetch
 
     def counts(positions):
-        plan = saved.plan(sampler, g)
-        return count_minibatches(config, source, plan.keys(positions))
+        return count_minibatches(config, source, saved.keys(positions))
 
-    old = [
-        dataclasses.replace(saved, index=r).plan(sampler, g) for r in range(saved.count)
-    ]
+    old = [dataclasses.replace(saved, index=r) for r in range(saved.count)]
     cursors = [_cursor(plan, counts, saved.step) for plan in old]
     # The furthest plan fetch any old shard has begun (-1: none); one at the
     # start of fetch n has begun only n - 1 (no piece at fetch boundaries).
     furthest = max(
-        n - plan.own_pieces - (j <= plan.skip(n))
+        n - len(plan.own) - (j <= plan.skip(n))
         for plan, (n, j) in zip(old, cursors, strict=True)
     )
     furthest = max(furthest, -1)
     left_pieces, plan_pieces = [], []
     for r, (plan, (n, j)) in enumerate(zip(old, cursors, strict=True)):
-        total = plan.num_fetches()
-        last = min(total - 1, plan.own_pieces + furthest)
-        for m in range(n, last + 1):
+        total, own = plan.num_fetches(), len(plan.own)
+        for m in range(n, min(total - 1, own + furthest) + 1):
             positions = plan.positions(m)
             skip = j if m == n else plan.skip(m)
             if positions.size == 0 or skip >= counts(positions):
                 continue
             piece = (positions.tolist(), int(skip))
-            if m < plan.own_pieces:
+            if m < own:
                 left_pieces.append(piece)
             else:
-                plan_pieces.append((m - plan.own_pieces, r, piece))
+                plan_pieces.append((m - own, r, piece))
     plan_pieces.sort(key=lambda t: t[:2])
     pieces = left_pieces + [p for *_, p in plan_pieces]
-    origin = saved.origin + (furthest + 1) * g * saved.count
-    position = Position(origin, new_count, new_index, pieces, 0, 0, 0, saved.epoch)
-    position.minibatch = position.plan(sampler, g).skip(0)
+    origin = saved.origin + (furthest + 1) * saved.blocks_per_fetch * saved.count
+    shard = dict(count=new_count, index=new_index, pieces=pieces, fetch=0, step=0)
+    position = dataclasses.replace(saved, origin=origin, **shard)
+    position.minibatch = position.skip(0)
     return position

@@ -236,18 +236,18 @@ def restored(state, ds) -> Position:
         _int(piece[1], f"{field}[1]", 0)
     most = None if advances_epochs(sampler) else 0
     epoch = _int(pos.get("epoch", 0), "position.epoch", 0, most)
-    saved = Position(origin, count, index, [(p, k) for p, k in pieces], epoch=epoch)
-    plan = saved.plan(sampler, config.blocks_per_fetch)
-    saved.fetch = _int(pos.get("fetch"), "position.fetch", 0, plan.num_fetches())
+    where = dict(origin=origin, count=count, index=index, pieces=pieces)
+    saved = Position(sampler, config.blocks_per_fetch, **where, epoch=epoch)
+    saved.fetch = _int(pos.get("fetch"), "position.fetch", 0, saved.num_fetches())
     saved.step = _int(pos.get("step"), "position.step", 0)
     high = None
-    if saved.fetch < plan.num_fetches():
-        keys = plan.keys(plan.positions(saved.fetch))
+    if saved.fetch < saved.num_fetches():
+        keys = saved.keys(saved.positions(saved.fetch))
         if config.condition is None:
             high = count_minibatches(config, source, keys)
         else:
             high = config.max_minibatches
-    low = plan.skip(saved.fetch)
+    low = saved.skip(saved.fetch)
     saved.minibatch = _int(pos.get("minibatch"), "position.minibatch", low, high)
     source.verify_files("when an iterator state was restored")
     shard = ds.shard
@@ -261,6 +261,4 @@ def restored(state, ds) -> Position:
             "positions are unknown. Restore under the same shard count and "
             "index."
         )
-    return hand_over(
-        saved, sampler, source, config, shard.shard_count, shard.shard_index
-    )
+    return hand_over(saved, source, config, shard.shard_count, shard.shard_index)

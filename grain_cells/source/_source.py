@@ -3,7 +3,8 @@
 A source holds three immutable values: its `FileSet` (the files as checked at
 build), its `BlockTable` (which rows each block holds) and its `SourceOptions`;
 each process opens its own handles (`OpenFiles`) on first use. A view is a new
-source of the same files and options and another table.
+source of the same files and options and another table. Design notes:
+docs/reference/design.md#source-reads.
 """
 
 from __future__ import annotations
@@ -48,29 +49,17 @@ _log = logging.getLogger("grain_cells")
 class AnnDataSource(SourceDescription):
     """Cells of one or many `.h5ad` files or zarr stores, concatenated, as blocks.
 
-    Implements Grain's `RandomAccessDataSource` protocol over *blocks* of
-    `block_size` contiguous cells of one file (`source[k]` is a `Block`
-    descriptor; the fetch transform reads a fetch's blocks in one pass). It is
-    thread-safe, picklable without open handles, and its `repr` is stable
-    (Grain compares it when restoring a checkpoint).
+    Grain's `RandomAccessDataSource` over *blocks* of `block_size` contiguous
+    cells of one file (`source[k]` is a `Block` descriptor). Thread-safe,
+    picklable without open handles, with a stable `repr`. Views (`select`,
+    the splits, `with_blocks`) are sources too; row ids stay global.
 
     Example:
-        >>> source = AnnDataSource(["plate1.h5ad", "plate2.h5ad"],
-        ...                        obs_columns=["cell_line"], block_size=16)
-        >>> len(source)                      # blocks
+        >>> source = AnnDataSource(["plate1.h5ad", "more.zarr"],
+        ...                        obs_columns=["cell_line"], join="outer")
         >>> cells = source.read([5, 3, 1000])  # any rows, in this order
-        >>> cells.X                            # scipy.sparse.csr_matrix
-        >>> cells.obs["cell_line"]             # integer codes
-        >>> source.categories["cell_line"]     # their labels
-        >>> AnnDataSource(["atlas.h5ad", "more.zarr"], join="outer")
-        >>> AnnDataSource(census_parts, genes_from="feature_id", join="inner")
-
-    zarr stores (v2 or v3, sharded or not, a directory, a `.zarr.zip` or a URL
-    ending in `.zarr`) open wherever `.h5ad` files do, alone or mixed with them.
-    A file rewritten under a source is detected when a process opens it and by
-    `verify_files()`. Views (`select`, the splits, `with_blocks`, `view`) hold
-    the same files and options and another block table; row ids stay global.
-    Memory per process: docs/guides/loading.md.
+        >>> cells.X, cells.obs["cell_line"]    # CSR matrix, integer codes
+        >>> source.categories["cell_line"]     # the codes' labels
     """
 
     def __init__(
@@ -93,46 +82,30 @@ class AnnDataSource(SourceDescription):
 
         Args:
             paths: One path or a sequence of paths (`.h5ad` files, zarr
-                stores, or URLs of either), concatenated along cells in this
-                order.
-            block_size: Cells per record (block). Blocks never straddle files.
-                None: 16, or on a compressed matrix blocks along its chunk
-                grid and loaders reading 64 blocks per fetch when given no
-                `fetch_factor`.
-            layer: The matrix to read: None for `X`, `"raw"` for `raw/X`, any
-                other name for `layers/<name>`.
-            obs_columns: obs columns returned with every cell. Categorical,
-                string and boolean columns come back as integer codes into
-                `categories[name]` (shared by all files); numeric columns as
-                numbers.
-            genes: Optional gene selection applied at read time, within the
-                genes `join` aligns: names (output in this order), a boolean
-                mask or integer positions over the aligned genes.
+                stores, or URLs of either), concatenated in this order.
+            block_size: Cells per record (block); blocks never straddle
+                files. None: 16, or blocks along a compressed matrix's chunks.
+            layer: The matrix: None for `X`, `"raw"` for `raw/X`, any other
+                name for `layers/<name>`.
+            obs_columns: obs columns returned with every cell; categorical,
+                string and boolean ones as codes into `categories[name]`.
+            genes: Genes to read, within those `join` aligns: names (in this
+                order), a boolean mask or integer positions.
             join: `"exact"` (the same var names in the same order), `"inner"`
-                or `"outer"`: how genes of files with different var names are
-                aligned.
-            genes_from: None to key genes by var names, or a var column
-                whose values key them in every file: `join` and `genes` then
-                work on those keys, and `var_names` are keys. For atlases whose
-                var names repeat or differ between files (CELLxGENE Census:
-                `genes_from="feature_id"`, the Ensembl ids). Its values must be
-                unique in each file (strings, categoricals or integers).
+                or `"outer"`: how genes of the files are aligned.
+            genes_from: A var column keying genes in every file instead of
+                var names (CELLxGENE Census: `"feature_id"`); unique per file.
             obs_missing: `"error"` or `"fill"`: what a file that lacks one of
                 `obs_columns` gives.
             check_indices: Check at every read that column indices are inside
-                the matrix (one pass over the indices, a few percent of a read).
-            read_threads: Threads per process that read and decode large
-                batches concurrently; 0 reads inline; `"auto"`: sized from
-                the cores and worker count.
-            storage_options: For URLs (`s3://`, `gs://`, `https://`): obstore
-                configuration (credentials, `endpoint_url`, `anon`, ...), and
+                the matrix (a few percent of a read).
+            read_threads: Threads per process that read large batches; 0
+                reads inline; `"auto"`: from the cores and worker count.
+            storage_options: For URLs: obstore configuration and
                 `content_check_s`, `verify_reads`, `user_project`
                 (docs/guides/buckets.md). Pickled with the source.
-            max_open_files: Files each process keeps open at once (two
-                descriptors and HDF5's caches each); opening another closes
-                the least recently used one, which reopens (checked again)
-                when next read. `"auto"`: 128, or an eighth of the
-                process's descriptor limit if less.
+            max_open_files: Files each process keeps open (the least recently
+                used one closes); `"auto"`: 128, or less under a low limit.
 
         Raises:
             ValueError: `paths` is empty or an argument is out of range.
@@ -206,9 +179,8 @@ class AnnDataSource(SourceDescription):
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
 
-        The constructor behind `select`, `with_blocks` and the splits; the
-        view has its own file handles. Logs a warning when the table is
-        fragmented (blocks under half of `block_size`) and this source is not.
+        Behind `select`, `with_blocks` and the splits; logs a warning when the
+        table is fragmented (blocks under half of `block_size`).
 
         Raises:
             ValueError: `table` is not over this source's files and block size.
@@ -227,16 +199,11 @@ class AnnDataSource(SourceDescription):
         return _unpickle(self.files, table, self.options)
 
     def select(self, cells=None, *, where=None) -> AnnDataSource:
-        """A view of this source over the cells that match.
-
-        Its records are blocks over *runs* of selected cells (never across a
-        file or a gap; a run's tail makes a short block). Row ids stay global.
-        On a view, only cells already in it can be selected.
+        """A view over the cells that match: blocks over runs of them.
 
         Example:
             >>> immune = source.select(where={"cell_type": ["B", "T"]})
             >>> fresh = source.select(where={"n_genes": lambda v: v > 200})
-            >>> some = source.select(row_ids)          # or a boolean mask
 
         Args:
             cells: A boolean mask over `num_cells`, or global row ids, or None.
@@ -252,9 +219,6 @@ class AnnDataSource(SourceDescription):
 
     def with_blocks(self, starts, stops) -> AnnDataSource:
         """A view whose record `k` is global rows `[starts[k], stops[k])`.
-
-        The view's table holds its runs of consecutive blocks (24 bytes per
-        run, at most 16 per block), pickled to every worker with the source.
 
         Args:
             starts: Global first rows, strictly increasing.
@@ -324,11 +288,9 @@ class AnnDataSource(SourceDescription):
         return own_map(joined_column(self.files, column))
 
     def chunk_starts(self) -> np.ndarray:
-        """Global rows where a chunk of the matrix begins (each file's first row too).
+        """Global rows where a chunk of the matrix begins (and each file's first).
 
-        For CSR, a row belongs to the chunk of `data` that holds its first
-        value; a contiguous matrix contributes only its first row. Opens every
-        file unless the user's cache holds its starts.
+        A CSR row belongs to the chunk of `data` that holds its first value.
         """
         at = self.block_table.cell_offsets
         scan = _chunk_grid.file_chunk_starts
@@ -347,11 +309,9 @@ class AnnDataSource(SourceDescription):
         return not self._handles.cache_warm
 
     def advise(self, keys) -> None:
-        """Hints that these blocks will be read soon; never raises.
-
-        Local files: `posix_fadvise(WILLNEED)`; objects in a bucket: their
-        range GETs start in the background.
-        """
+        """Hints that these blocks will be read soon (fadvise, or range GETs
+        started in the background); never raises.
+        """  # noqa: D205
         try:
             files, starts, stops = self.block_table.ranges(np.unique(keys))
             _advise(*self._at, files, starts, stops)
@@ -361,12 +321,10 @@ class AnnDataSource(SourceDescription):
     def fetch_ranges(
         self, starts: np.ndarray, stops: np.ndarray, buffer: RowBuffer | None = None
     ) -> FetchedRows:
-        """Reads global row ranges into this thread's reused buffer, in file order.
+        """Reads global row ranges, in file order (`row_ids` says which is where).
 
-        The lowest-level read: rows come in *file order* (`row_ids` says
-        which is where) as views that the calling thread's next read
-        overwrites. Ranges must not overlap; one outside the source or
-        straddling two files raises `IndexError`.
+        Rows are views of this thread's buffer, which its next read overwrites.
+        Ranges must not overlap; one outside or straddling files: `IndexError`.
         """
         return _fetch_ranges(*self._at, starts, stops, buffer, **self._checks)
 
@@ -378,9 +336,7 @@ class AnnDataSource(SourceDescription):
         return _read_ranges(*self._at, starts, stops, **self._checks)
 
     def read(self, rows) -> Cells:
-        """Reads rows by global id, in the order given (repeats allowed).
-
-        Returns fresh arrays.
+        """Reads rows by global id (fresh arrays), in the order given.
 
         Raises:
             IndexError: A row is outside `[0, num_cells)`.

@@ -147,15 +147,8 @@ class BlockTable:
             )
         f = int(np.searchsorted(self.block_offsets, k, side="right")) - 1
         if self.run_starts is not None:
-            if self.run_blocks is None:
-                start, stop = int(self.run_starts[k]), int(self.run_stops[k])
-            else:
-                r = int(np.searchsorted(self.run_blocks, k, side="right")) - 1
-                start = int(self.run_starts[r]) + (k - int(self.run_blocks[r])) * (
-                    self.block_size
-                )
-                stop = min(start + self.block_size, int(self.run_stops[r]))
-            return Block(k, f, start, stop, source_id)
+            (start,), (stop,) = self._locate(np.array([k]))
+            return Block(k, f, int(start), int(stop), source_id)
         start = int(self.cell_offsets[f]) + (k - int(self.block_offsets[f])) * (
             self.block_size
         )

@@ -21,7 +21,7 @@ from conftest import close_iterator, take
 from grain import sharding
 
 import grain_cells
-from grain_cells.pipeline._stage import FetchPlan, ReadFetch
+from grain_cells.pipeline._stage import Position, ReadFetch
 from grain_cells.sampling._stream import BlockStream
 from grain_cells.storage.remote import _store as object_store
 from grain_cells.testing import ServedFolder
@@ -190,7 +190,7 @@ def test_fetch_stage_hints_own_fetches_within_the_window(stride):
     split = types.SimpleNamespace(
         config=types.SimpleNamespace(block_size=4), source=source, read=lambda b: []
     )
-    plan = FetchPlan(_Stream(), 4)  # fetch f holds blocks 4f .. 4f + 3
+    plan = Position(_Stream(), 4)  # fetch f holds blocks 4f .. 4f + 3
     read = ReadFetch(split, plan, stride, readahead_cells=6 * 16)  # 6 fetches
     worker = stride - 1  # the last worker: fetches worker, worker + stride, ...
     for n in range(worker, 60, stride):
@@ -214,15 +214,15 @@ def test_fetch_stage_works_out_no_hints_while_the_source_wants_none(monkeypatch)
     split = types.SimpleNamespace(
         config=types.SimpleNamespace(block_size=4), source=source, read=lambda b: []
     )
-    plan = FetchPlan(_Stream(), 4)
+    plan = Position(_Stream(), 4)
     computed: list[int] = []
-    real = FetchPlan.keys
+    real = Position.keys
 
     def keys(self, positions):
         computed.append(len(positions))
         return real(self, positions)
 
-    monkeypatch.setattr(FetchPlan, "keys", keys)
+    monkeypatch.setattr(Position, "keys", keys)
     read = ReadFetch(split, plan, 1, readahead_cells=6 * 16)
     for n in range(10):
         read.map(n)
