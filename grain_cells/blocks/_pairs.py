@@ -115,6 +115,16 @@ def _piece_counts(klass: np.ndarray, n: np.ndarray, width: int, dense: bool):
 
 def pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
     """Class counts and `M` of the blocks, in one pass."""
+    from threadpoolctl import threadpool_limits  # here: workers never need it
+
+    # One BLAS thread: products of width x width over a piece gain nothing
+    # from more, and OpenBLAS's idle threads spin (at 100M cells on 2 busy
+    # cores: 20 CPU-s with its default threads, 3 with one).
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _pairs(codes, ranges, num_blocks, longest, width)
+
+
+def _pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
     dense = _dense(width, longest)
     counts = np.zeros(width, np.int64)
     by_length: dict[int, np.ndarray] = {}

@@ -116,3 +116,24 @@ def test_weights_match_the_straightforward_computation(chunk_cells, dense_cost, 
     block, klass, count, _ = table
     emitted = np.bincount(klass, drawn[block] * count, width)
     assert shares.tobytes() == emitted.tobytes()
+
+
+def test_pairs_multiply_with_one_blas_thread(monkeypatch):
+    """OpenBLAS's idle threads spin: on busy cores they cost 6x the CPU."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = []
+    piece_counts = _pairs._piece_counts
+
+    def counting(*args):
+        seen.extend(
+            i["num_threads"]
+            for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"
+        )
+        return piece_counts(*args)
+
+    monkeypatch.setattr(_pairs, "_piece_counts", counting)
+    codes = np.arange(64) % 5
+    starts, stops = np.arange(0, 64, 16), np.arange(16, 65, 16)
+    _pairs.pairs(codes, lambda a, b: (starts[a:b], stops[a:b]), 4, 16, 6)
+    assert seen and set(seen) == {1}
