@@ -7,7 +7,6 @@ Design notes: docs/reference/design.md#zarr-keys, #zarr-versions.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import pickle
@@ -27,13 +26,6 @@ from grain_cells.storage.remote import (
 )
 
 FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
-_pools = fork.ProcessCache()
-
-
-def thread_pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """This process's pool `name` of `threads` threads (made on first use)."""
-    make = concurrent.futures.ThreadPoolExecutor
-    return _pools.get_or_make(name, lambda: make(threads, thread_name_prefix=name))
 
 
 def key_reader(store) -> KeyReader | None:
@@ -161,7 +153,7 @@ class ObjectKeys(KeyReader):
         if len(groups) == 1:
             fetch(*groups[0])
             return results
-        pool = thread_pool("grain_cells-zarr-get", FETCH_THREADS)
+        pool = fork.thread_pool("grain_cells-zarr-get", FETCH_THREADS)
         wait_all([pool.submit(fetch, key, which) for key, which in groups])
         return results
 

@@ -35,14 +35,6 @@ PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
 _plan = functools.partial(plan_requests, gap=MERGE_GAP, max_bytes=MAX_REQUEST_BYTES)
 
-# A forked child starts its own threads: the pools' belong to the parent.
-_pools = fork.ProcessCache()
-
-
-def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    make = concurrent.futures.ThreadPoolExecutor
-    return _pools.get_or_make(name, lambda: make(threads, f"grain_cells_{name}"))
-
 
 class Pieces:
     """Bytes of one object version by offset, sorted; saved to `path` if given."""
@@ -195,7 +187,7 @@ class RemoteByteReader:
         if len(batches) == 1:
             run(batches[0])
             return
-        pool = _pool(f"get{self._threads}", self._threads)
+        pool = fork.thread_pool(f"grain_cells_get{self._threads}", self._threads)
         for f in [pool.submit(run, b) for b in batches]:
             f.result()
 
@@ -234,7 +226,7 @@ class RemoteByteReader:
             return
 
     def _send(self, batch: list[_Ahead]) -> None:
-        pool = _pool(f"ahead{self._threads}", self._threads)
+        pool = fork.thread_pool(f"grain_cells_ahead{self._threads}", self._threads)
         future = pool.submit(self._get_many, [(r.start, r.end) for r in batch])
         for r in batch:
             r.future = future
