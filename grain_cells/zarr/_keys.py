@@ -22,7 +22,6 @@ from grain_cells.formats import wait_all
 from grain_cells.storage.remote import (
     check_not_forked_after_use,
     count_request,
-    mark_obstore_used,
 )
 
 FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
@@ -138,7 +137,6 @@ class ObjectKeys(KeyReader):
 
     def get_many(self, requests):  # one call per key, in threads
         check_not_forked_after_use(self._url)
-        mark_obstore_used()
         by_key: dict[str, list[int]] = {}
         for i, (key, _, _) in enumerate(requests):
             by_key.setdefault(key, []).append(i)

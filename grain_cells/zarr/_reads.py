@@ -205,19 +205,11 @@ class RangeReader(Chunks):
 
     def _read_raw(self, starts, stops, dest, pool=None, pending=None) -> None:
         """`_read_chunks` by byte range: uncompressed 1-D chunks of a local store."""
-        names, key_id, ks, offsets, nbytes, dests, missing = self._plan_raw(
-            starts, stops
-        )
+        names, *planned, missing = self._plan_raw(starts, stops)
         view = memoryview(dest.reshape(-1).view(np.uint8))
         for p in np.flatnonzero(missing).tolist():  # fill value or an error
-            self._fill_piece(
-                view, int(ks[p]), int(offsets[p]), int(nbytes[p]), int(dests[p])
-            )
-        if missing.any():
-            keep = ~missing
-            key_id, ks, offsets, nbytes, dests = (
-                a[keep] for a in (key_id, ks, offsets, nbytes, dests)
-            )
+            self._fill_piece(view, *(int(a[p]) for a in planned[1:]))
+        key_id, ks, offsets, nbytes, dests = (a[~missing] for a in planned)
         if not ks.size:
             return
         lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
@@ -225,17 +217,8 @@ class RangeReader(Chunks):
         def task(a, b):
             self._read_pieces(view, names, *(x[a:b] for x in lists))
 
-        sizes, least = nbytes, _MIN_BYTES_PER_TASK
-        parts = run_parts(
-            pool,
-            ks.size,
-            task,
-            pending,
-            max_tasks=_MAX_TASKS,
-            sizes=sizes,
-            min_bytes=least,
-        )
-        for a, b in parts:
+        least = {"max_tasks": _MAX_TASKS, "min_bytes": _MIN_BYTES_PER_TASK}
+        for a, b in run_parts(pool, ks.size, task, pending, sizes=nbytes, **least):
             task(a, b)
 
     def _advise_raw(self, starts: np.ndarray, stops: np.ndarray) -> None:
