@@ -66,12 +66,6 @@ def owner(name: str) -> tuple[int, int | None] | None:
     return int(parts[0]), start
 
 
-def owner_pid(name: str) -> int | None:
-    """The pid in a `gcells_<pid>_...` name (with or without its `/`)."""
-    found = owner(name)
-    return None if found is None else found[0]
-
-
 def path_of(name: str) -> str:
     """The file in `SHM_DIR` that `shm_open(name)` opens (Linux)."""
     return os.path.join(SHM_DIR, name.lstrip("/"))
