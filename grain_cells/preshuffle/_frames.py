@@ -249,12 +249,7 @@ def obs_part(obs: pd.DataFrame, rows: np.ndarray):
             )
             continue
         values = values.take(rows)
-        # A plain NumPy column (object strings, numbers) goes back as its
-        # ndarray; extension arrays (pandas 3's `str`, nullable strings and
-        # integers) stay as they are, as anndata's dataframe writer gets
-        # them: `pd.arrays.StringArray` subclasses `NumpyExtensionArray`,
-        # so the test is on the exact type.
-        if type(values) is pd.arrays.NumpyExtensionArray:
+        if type(values) is pd.arrays.NumpyExtensionArray:  # not its subclasses
             values = values.to_numpy()
         yield name, values
 

@@ -157,8 +157,7 @@ class Writer:
         self.plan = plan
         self._last = (parts or range(len(plan.part_paths)))[-1]
         n = plan.n_cells
-        # Generator.permutation(n) is arange(n) shuffled; shuffling int32 in
-        # place gives the same order with half the memory.
+        # `default_rng(seed).permutation(n)`'s order, in int32 where it fits.
         self.perm = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
         np.random.default_rng(plan.seed).shuffle(self.perm)
         if plan.group_by is not None:

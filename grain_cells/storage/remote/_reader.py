@@ -24,10 +24,7 @@ from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight
 
 MERGE_GAP = 64 << 10
-# `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
-# read-ahead call sends up to BATCH (one version check per BATCH GETs; 64
-# measured 23-25k cells per reader CPU second against 19-20k for 8, and 128
-# or more waits on round trips: benchmarks/RESULTS.md, round 6).
+# GETs in flight per `obstore.get_ranges` call; per read-ahead call (design notes).
 PARALLEL = 10
 BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
