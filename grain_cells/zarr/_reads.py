@@ -16,6 +16,7 @@ import zarr
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched, merge_touching
 from grain_cells.formats import checked_ranges, run_parts
+from grain_cells.storage import advise_pieces
 from grain_cells.zarr._chunks import Chunks, pieces
 from grain_cells.zarr._codecs import MAX_UINT_64
 from grain_cells.zarr._keys import LocalKeys
@@ -223,24 +224,17 @@ class RangeReader(Chunks):
 
     def _advise_raw(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
-        if not hasattr(os, "posix_fadvise"):  # pragma: no cover - not Linux
-            return
         names, key_id, _, offsets, nbytes, _, missing = self._plan_raw(starts, stops)
         keep = ~missing
         key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
         bounds = np.flatnonzero(np.diff(key_id)) + 1
         for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
             fd = self.keys.open(names[int(key_id[lo])])
-            if fd is None:
-                continue
-            offs, nbs = offsets[lo:hi].tolist(), nbytes[lo:hi].tolist()
-            try:
-                for off, nb in zip(offs, nbs, strict=True):
-                    os.posix_fadvise(fd, off, nb, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if fd is not None:
+                try:
+                    advise_pieces([fd] * (hi - lo), offsets[lo:hi], nbytes[lo:hi])
+                finally:
+                    os.close(fd)
 
     def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
         for kid, group in itertools.groupby(range(len(key_id)), key_id.__getitem__):
