@@ -23,8 +23,6 @@ from conftest import FILE_SIZES
 from grain_cells._util import fork
 from grain_cells.io import _range_reads as range_reads
 from grain_cells.io._file_set import FileSet, OpenFiles
-from grain_cells.storage.remote import _reader as readers
-from grain_cells.tokens import _threads as token_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 CHILD_TIMEOUT_S = 30
@@ -117,18 +115,18 @@ def test_a_forked_child_reads_with_its_own_handles(csr_paths):
 
 
 def test_module_pools_are_the_childs_own():
-    parent_pool = readers._pool("test", 1)
-    parent_tokens = token_threads._executor()
+    parent_pool = fork.thread_pool("test", 1)
+    parent_tokens = fork.thread_pool("grain_cells-tokens", 64)
 
     def child():
         return (
-            readers._pool("test", 1) is parent_pool,
-            token_threads._executor() is parent_tokens,
-            readers._pool("test", 1).submit(lambda: 7).result(),
+            fork.thread_pool("test", 1) is parent_pool,
+            fork.thread_pool("grain_cells-tokens", 64) is parent_tokens,
+            fork.thread_pool("test", 1).submit(lambda: 7).result(),
         )
 
     assert in_fork(child) == (False, False, 7)
-    assert readers._pool("test", 1) is parent_pool
+    assert fork.thread_pool("test", 1) is parent_pool
 
 
 def test_a_process_cache_makes_each_value_once_per_process():

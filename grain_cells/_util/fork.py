@@ -5,6 +5,7 @@ Design notes: docs/reference/design.md#util-fork.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import os
@@ -69,3 +70,12 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# A forked child starts its own threads: the pools' belong to the parent.
+_pools = ProcessCache()
+
+
+def thread_pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool `name` of `threads` threads (made on first use)."""
+    make = concurrent.futures.ThreadPoolExecutor
+    return _pools.get_or_make(name, lambda: make(threads, thread_name_prefix=name))

@@ -7,6 +7,7 @@ written in windows (docs/reference/design.md#preshuffle-preshuffle, "Memory").
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 
 import anndata
@@ -33,6 +34,8 @@ from grain_cells.preshuffle._plan import Plan
 
 STRINGS = np.dtypes.StringDType()
 WINDOW = 1 << 18  # names per slice read or written (h5py makes objects of a slice)
+_CORRUPT = "the file may be corrupt"
+_AS_FRAME = " cannot be read as an anndata dataframe"
 
 
 class Names:
@@ -51,16 +54,11 @@ class Names:
         chars = 0
         for i, path in enumerate(paths):
             start, stop = int(offsets[i]), int(offsets[i + 1])
-            with open_file(path, storage_options) as f:
-                try:
-                    chars += _read_file(f, out[start:stop])
-                except errors.AnnDataFormatError:
-                    raise
-                except Exception as e:
-                    raise errors.AnnDataFormatError(
-                        f"{path}: obs names cannot be read ({type(e).__name__}: "
-                        f"{e}); the file may be corrupt"
-                    ) from e
+            with (
+                open_file(path, storage_options) as f,
+                _named(path, "obs names cannot be read"),
+            ):
+                chars += _read_file(f, out[start:stop])
         return cls(out, chars / max(out.size, 1))
 
     def disk_bytes(self, n: int) -> int:
@@ -231,20 +229,12 @@ def read_obs(
     """The chosen obs columns of all inputs, concatenated (a `RangeIndex`, no names)."""
     per_column = {c: [] for c in columns}
     for path in paths:
-        with open_file(path, storage_options) as f:
-            try:
-                for c in columns:
-                    values = read_obs_values(f, c)
-                    if isinstance(values, pd.Series):
-                        values = values.array
-                    per_column[c].append(pd.Series(values))
-            except (errors.AnnDataFormatError, errors.MissingColumnError):
-                raise
-            except Exception as e:
-                raise errors.AnnDataFormatError(
-                    f"{path}: obs cannot be read as an anndata dataframe "
-                    f"({type(e).__name__}: {e}); the file may be corrupt"
-                ) from e
+        with open_file(path, storage_options) as f, _named(path, "obs" + _AS_FRAME):
+            for c in columns:
+                values = read_obs_values(f, c)
+                if isinstance(values, pd.Series):
+                    values = values.array
+                per_column[c].append(pd.Series(values))
     return pd.DataFrame({c: _concat_column(c, per_column[c], paths) for c in columns})
 
 
@@ -259,12 +249,7 @@ def obs_part(obs: pd.DataFrame, rows: np.ndarray):
             )
             continue
         values = values.take(rows)
-        # A plain NumPy column (object strings, numbers) goes back as its
-        # ndarray; extension arrays (pandas 3's `str`, nullable strings and
-        # integers) stay as they are, as anndata's dataframe writer gets
-        # them: `pd.arrays.StringArray` subclasses `NumpyExtensionArray`,
-        # so the test is on the exact type.
-        if type(values) is pd.arrays.NumpyExtensionArray:
+        if type(values) is pd.arrays.NumpyExtensionArray:  # not its subclasses
             values = values.to_numpy()
         yield name, values
 
@@ -295,17 +280,25 @@ def _concat_column(name: str, parts: list[pd.Series], paths: list[str]):
     return pd.concat(parts, ignore_index=True).array
 
 
-def _read_frame(path, element, options, name=None, fix="the file may be corrupt"):
+def _read_frame(path, element, options, name=None, fix=_CORRUPT):
     """An input's dataframe `element`; `AnnDataFormatError` naming it (`name`)."""
     with open_file(path, options) as f:
         group = f[element]
-        try:
+        with _named(path, (name or group.name) + _AS_FRAME, fix):
             return read_elem(group)
-        except Exception as e:
-            raise errors.AnnDataFormatError(
-                f"{path}: {name or group.name} cannot be read as an anndata dataframe "
-                f"({type(e).__name__}: {e}); {fix}"
-            ) from e
+
+
+@contextlib.contextmanager
+def _named(path: str, what: str, fix: str = _CORRUPT):
+    """Raises the block's unexpected errors as `AnnDataFormatError`s naming `what`."""
+    try:
+        yield
+    except (errors.AnnDataFormatError, errors.MissingColumnError):
+        raise
+    except Exception as e:
+        raise errors.AnnDataFormatError(
+            f"{path}: {what} ({type(e).__name__}: {e}); {fix}"
+        ) from e
 
 
 def _aligned(var: pd.DataFrame, column_map, var_names) -> pd.DataFrame:
@@ -344,16 +337,13 @@ def grouped(perm: np.ndarray, plan: Plan) -> np.ndarray:
 
 def _group_bytes(path: str, element: str, storage_options: dict) -> int:
     """Bytes of the datasets under an element of an input."""
+
+    def sizes(node) -> list[int]:
+        if is_array(node):
+            return [int(node.size * node.dtype.itemsize)]
+        return [n for key in node for n in sizes(node[key])]
+
     with open_file(path, storage_options) as f:
-        obj = f[element]
-        if is_array(obj):
-            return int(obj.size * obj.dtype.itemsize)
-        arrays = []
-        if isinstance(obj, h5py.Group):
-            obj.visititems(
-                lambda _, o: arrays.append(o) if isinstance(o, h5py.Dataset) else None
-            )
-        else:  # a zarr group
-            arrays = [m for _, m in obj.members(max_depth=None) if is_array(m)]
-        sizes = [a.size * a.dtype.itemsize for a in arrays]
-    return int(sum(sizes)) + 4096 * (len(sizes) + 1)
+        node = f[element]
+        got = sizes(node)
+        return got[0] if is_array(node) else sum(got) + 4096 * (len(got) + 1)

@@ -88,10 +88,7 @@ class H5adPart:
             if e is not None and not _files.is_disk_full(e):
                 with contextlib.suppress(Exception):
                     self.root.close()
-            elif e is not None:
-                # HDF5 cannot close a file after a failed write (its close, or
-                # the release of any of its objects, crashes the interpreter):
-                # the file is truncated, its handle kept for the process's life.
+            elif e is not None:  # HDF5 cannot close it: truncated, handle kept
                 _ABANDONED.append(self.root)
                 with contextlib.suppress(OSError):
                     os.truncate(self.tmp, 0)
@@ -253,10 +250,7 @@ class _Appender:
             self.buffered = len(rest) - full
             self.buffer[: self.buffered] = rest[full:]
 
-    def _write(self, values: np.ndarray) -> None:
-        # A few shards per call: zarr encodes the shards of one call at once,
-        # each copied (chunks, then the shard), so a whole window per call
-        # would cost several times the window in memory.
+    def _write(self, values: np.ndarray) -> None:  # a few shards per call
         for a in range(0, len(values), self.piece):
             piece = values[a : a + self.piece]
             self.array[self.written : self.written + len(piece)] = piece

@@ -158,8 +158,6 @@ def tahoe_like_to_zarr(h5ad, path, layout, compressed, progress) -> pathlib.Path
         if path.exists():
             shutil.rmtree(path)
         root = zarr.open_group(path, mode="w", zarr_format=2 if layout == "v2" else 3)
-        # anndata's write_zarr, given the format as a group rather than by
-        # anndata.settings.zarr_write_format (deprecated in 0.13).
         with anndata.settings.override(auto_shard_zarr_v3=layout == "v3-sharded"):
             anndata.io.write_elem(root, "/", anndata.AnnData(obs=obs, var=var))
         del obs, var
@@ -176,8 +174,6 @@ def tahoe_like_to_zarr(h5ad, path, layout, compressed, progress) -> pathlib.Path
                 warnings.catch_warnings(),
                 zarr.config.set({"array.target_shard_size_bytes": _SHARD_TARGET_BYTES}),
             ):
-                # anndata asks for automatic shards itself and silences the same
-                # warning when sharding is on (anndata.settings.auto_shard_zarr_v3).
                 warnings.filterwarnings("ignore", "Automatic shard shape", UserWarning)
                 array = group.create_array(
                     name, shape=source.shape, dtype=source.dtype, **kwargs

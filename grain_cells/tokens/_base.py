@@ -102,11 +102,6 @@ class TokenOutput(Output):
             h.update(np.ascontiguousarray(self.column_medians).tobytes())
         return f"sha256:{h.hexdigest()[:16]}"
 
-    def pad_fill(self, name: str):
-        """Value of padding rows in array `name`."""
-        fills = {"gene_ids": self.pad_id, "labels": IGNORE, "values": self.pad_value}
-        return fills.get(name, 0)
-
     def format(
         self, fetch: Fetch, rows: np.ndarray, batch_size: int, empty=np.empty
     ) -> dict[str, np.ndarray]:
@@ -124,11 +119,12 @@ class TokenOutput(Output):
         arrays = fetch.cache.get(key)
         if arrays is None:
             arrays = fetch.cache[key] = self.tokenize(fetch)
-        out = {}
+        out = {}  # padding rows: these values, 0 in the other arrays
+        fills = {"gene_ids": self.pad_id, "labels": IGNORE, "values": self.pad_value}
         for name, a in arrays.items():
             b = out[name] = np.empty((batch_size, *a.shape[1:]), a.dtype)
             np.take(a, rows, axis=0, out=b[: rows.size], mode="clip")
-            b[rows.size :] = self.pad_fill(name)
+            b[rows.size :] = fills.get(name, 0)
         out["attention_mask"] = np.arange(self.length) < out.pop("_used")[:, None]
         return out
 

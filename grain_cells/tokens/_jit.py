@@ -203,24 +203,6 @@ def encode_rows(csr, rows, tokens, medians, checked, q, ids, values, mask, ends)
 
 
 @_njit
-def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """`encode_rows`' rank-value key pass (and sort) over every row: keys made."""
-    keys, out, counts, bucket, quot, _ = _scratch(
-        indptr, np.arange(indptr.size - 1, dtype=np.int64)
-    )
-    total = 0
-    for r in range(indptr.size - 1):
-        a, b = indptr[r], indptr[r + 1]
-        m, lo, hi, _ = _row_keys(
-            data, indices, a, b, tokens, medians, True, checked, keys, quot
-        )
-        if sort:
-            _sort_keys(keys, m, lo, hi, out, counts, bucket)
-        total += m
-    return total
-
-
-@_njit
 def _value_at(out, i):
     """float32 value of sorted key `i` (descending order)."""
     return np.uint32((out[i] >> np.uint64(32)) ^ _U32).view(np.float32)

@@ -25,8 +25,6 @@ from grain_cells._util.cache_files import file_lock
 MAX_AUTO = 4  # threads that `"auto"` uses at most
 MIN_ROWS = 16  # rows per thread below which a hand-off costs more than it saves
 
-# A forked child starts its own threads: the pool's belong to the parent.
-_pool = fork.ProcessCache()
 _log = logging.getLogger("grain_cells")
 _LOCK_NAME = "grain_cells_token_kernels.lock"
 _first_use = threading.Lock()
@@ -47,11 +45,6 @@ def resolve_threads(threads: int | str) -> int:
     return int(threads)
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    make = concurrent.futures.ThreadPoolExecutor
-    return _pool.get_or_make("tokens", lambda: make(64, "grain_cells-tokens"))
-
-
 def encode_rows(call: Callable, rows: np.ndarray, n_out: int, threads: int) -> tuple:
     """`call(rows_part, a, b)` per slice `[a, b)` of the output rows, in threads.
 
@@ -62,7 +55,7 @@ def encode_rows(call: Callable, rows: np.ndarray, n_out: int, threads: int) -> t
         return call(rows, 0, n_out)
     bounds = [n_out * k // n for k in range(n + 1)]
     parts = [(rows[a : min(b, rows.size)], a, b) for a, b in itertools.pairwise(bounds)]
-    pool = _executor()
+    pool = fork.thread_pool("grain_cells-tokens", 64)
     futures = [pool.submit(call, *part) for part in parts[1:]]
     try:
         results = [call(*parts[0])]

@@ -59,15 +59,9 @@ def in_worker() -> bool:
 
 
 def fetch_starting() -> None:
-    """Called as a worker starts a fetch (freezes the GC after the first)."""
-    if _in_worker:
-        _fetch_started()
-
-
-def _fetch_started() -> None:
-    """In a child process, freezes the GC's old objects once, at the second fetch."""
+    """Called as a worker starts a fetch: freezes the GC's old objects at the second."""
     global _fetches_seen
-    if not in_child_process():
+    if not (_in_worker and in_child_process()):
         return
     with _lock:
         _fetches_seen += 1

@@ -108,13 +108,13 @@ class SlotRing:
                     self._busy[slot] = False
                 self._starved = False
 
-    def _free_slot(self, nbytes: int, wait_s: float = _WAIT_S) -> int | None:
+    def _free_slot(self, nbytes: int, wait_s: float, avoid=None) -> int | None:
         self._collect(0)
         if self._starved:
             wait_s = 0.0  # waited in vain once: no more until a slot comes back
         deadline = None
         while True:
-            free = [i for i, busy in enumerate(self._busy) if not busy]
+            free = [i for i, busy in enumerate(self._busy) if not busy and i != avoid]
             fits = [i for i in free if self._slots[i][2] >= nbytes]
             if fits:
                 return fits[0]
@@ -135,38 +135,32 @@ class SlotRing:
                 return None
             self._collect(left)
 
-    def put(self, arrays: Mapping, wait=True, avoid=None) -> SlotHandle:
-        """`arrays` written in a free slot (not `avoid`), else a one-off segment."""
-        layout, nbytes = _shm.layout(arrays)
-        self._largest = max(self._largest, nbytes)
-        if avoid is not None:
-            self._busy[avoid] = True
-        try:
-            wait_s = _WAIT_S if avoid is None else 0.0
-            slot = self._free_slot(nbytes, wait_s) if wait else None
-        finally:
-            if avoid is not None:
-                self._busy[avoid] = False
-        if slot is None:  # every slot busy: a one-off segment
-            name, mm = self._create_named(nbytes)
-            _shm.write(mm, layout, arrays)
-            del mm  # unmapped (no descriptor was kept)
-            return SlotHandle(None, -1, name, nbytes, layout, os.getpid(), 0)
-        _shm.write(self._slots[slot][1], layout, arrays)
-        return self.send_slot(slot, layout, nbytes)
+    def room(self, nbytes: int = 0, wait_s: float | None = None, avoid=None):
+        """`(slot, segment, one_off)` to write a minibatch of `nbytes` in.
 
-    def slot_to_write(self) -> tuple[int | None, _shm.Segment | None, bool]:
-        """`(slot, mapping, wait)` for `SlotWriter` (no slot: `(None, None, wait)`)."""
-        if not self._largest:
-            return None, None, True
-        slot = self._free_slot(self._largest)
-        if slot is None:  # every slot busy for _WAIT_S: a one-off segment
-            return None, None, False
-        return slot, self._slots[slot][1], True
+        A free slot (not `avoid`; `nbytes` 0: the largest minibatch's size) within
+        `wait_s`; else, `nbytes` given, a segment `one_off = (name, nbytes)` for
+        this minibatch alone; else `(None, None, None)`.
+        """
+        wait_s = _WAIT_S if wait_s is None else wait_s
+        size = nbytes or self._largest
+        slot = self._free_slot(size, wait_s, avoid) if size else None
+        if slot is not None:
+            return slot, self._slots[slot][1], None
+        if not nbytes:
+            return None, None, None
+        name, segment = self._create_named(nbytes)
+        return None, segment, (name, nbytes)
 
-    def send_slot(self, slot: int, layout, nbytes: int) -> SlotHandle:
-        """The handle of a minibatch written in `slot` at `layout`."""
+    def put(self, arrays: Mapping, wait_s=None, avoid=None) -> SlotHandle:
+        """`arrays` in a free slot (not `avoid`), else in a one-off segment."""
+        return SlotWriter(self, _shm.nbytes(arrays), wait_s, avoid).send(arrays)
+
+    def handle(self, slot, layout, nbytes: int, one_off=None) -> SlotHandle:
+        """The handle of a minibatch written at `layout` in `slot` (or `one_off`)."""
         self._largest = max(self._largest, nbytes)
+        if one_off is not None:
+            return SlotHandle(None, -1, *one_off, layout, os.getpid(), 0)
         name, _, size = self._slots[slot]
         self._busy[slot] = True
         return SlotHandle(
@@ -262,13 +256,14 @@ class SlotWriter:
 
     `empty` hands out arrays inside the slot (private memory once it is full);
     `send` copies in only the others. Arrays must not be used after `send`.
+    `nbytes`: the minibatch's, known (`SlotRing.put`); else the largest sent.
     """
 
-    def __init__(self, ring: SlotRing):
+    def __init__(self, ring: SlotRing, nbytes=0, wait_s=None, avoid=None):
         self._ring = ring
-        self._slot, segment, self._wait = ring.slot_to_write()
+        self._slot, segment, self._one_off = ring.room(nbytes, wait_s, avoid)
         self._used = self._size = self._base = 0
-        if self._slot is not None:
+        if segment is not None:
             self._buf = np.frombuffer(segment, np.uint8)
             self._size = self._buf.size
             self._base = self._buf.__array_interface__["data"][0]
@@ -276,7 +271,7 @@ class SlotWriter:
     def _take(self, nbytes: int) -> int | None:
         """The offset of `nbytes` more bytes of the slot, if they fit."""
         offset = -(-self._used // _shm.ALIGN) * _shm.ALIGN
-        if self._slot is None or offset + nbytes > self._size:
+        if not self._size or offset + nbytes > self._size:
             return None
         self._used = offset + nbytes
         return offset
@@ -297,16 +292,17 @@ class SlotWriter:
         for key, arr in arrays.items():
             arr = np.asarray(arr)
             offset = None
-            if self._slot is not None and arr.flags.c_contiguous:  # in the slot?
+            if self._size and arr.flags.c_contiguous:  # in the slot?
                 offset = arr.__array_interface__["data"][0] - self._base
                 if offset < 0 or offset + arr.nbytes > self._used:
                     offset = None
             if offset is None:
                 offset = self._take(arr.nbytes)
                 if offset is None:  # full: everything into a slot that fits
-                    return self._ring.put(arrays, wait=self._wait, avoid=self._slot)
+                    wait_s = None if self._slot is None else 0.0
+                    return self._ring.put(arrays, wait_s, avoid=self._slot)
                 if arr.nbytes:
                     dst = self._buf[offset : offset + arr.nbytes].view(arr.dtype)
                     dst[:] = arr.reshape(-1)
             layout.append((key, offset, arr.dtype.str, arr.shape))
-        return self._ring.send_slot(self._slot, layout, self._used)
+        return self._ring.handle(self._slot, layout, self._used, self._one_off)

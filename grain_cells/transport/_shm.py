@@ -66,12 +66,6 @@ def owner(name: str) -> tuple[int, int | None] | None:
     return int(parts[0]), start
 
 
-def owner_pid(name: str) -> int | None:
-    """The pid in a `gcells_<pid>_...` name (with or without its `/`)."""
-    found = owner(name)
-    return None if found is None else found[0]
-
-
 def path_of(name: str) -> str:
     """The file in `SHM_DIR` that `shm_open(name)` opens (Linux)."""
     return os.path.join(SHM_DIR, name.lstrip("/"))
@@ -195,28 +189,20 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def layout(arrays: Mapping[str, np.ndarray]) -> tuple[list, int]:
-    """`(key, offset, dtype, shape)` of each array, and the bytes they need."""
-    places, total = [], 0
-    for key, arr in arrays.items():
-        offset = -(-total // ALIGN) * ALIGN
-        places.append((key, offset, arr.dtype.str, arr.shape))
-        total = offset + arr.nbytes
-    return places, max(total, 1)
+def nbytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """The bytes `arrays` need in a slot, each at an `ALIGN`ed offset (at least 1)."""
+    total = 0
+    for arr in arrays.values():
+        total = -(-total // ALIGN) * ALIGN + arr.nbytes
+    return max(total, 1)
 
 
 def views(mm, places) -> dict[str, np.ndarray]:
-    """The arrays at `places` (`layout`'s) inside `mm`, a segment or uint8 array."""
+    """The arrays at `places` (`(key, offset, dtype, shape)`) inside `mm` (or uint8)."""
     raw = mm if isinstance(mm, np.ndarray) else np.frombuffer(mm, np.uint8)
     return {
         key: np.ndarray(shape, dtype, raw, off) for key, off, dtype, shape in places
     }
-
-
-def write(mm: Segment, places, arrays: Mapping[str, np.ndarray]) -> None:
-    """Copies `arrays` into `mm` at their `layout` places."""
-    for dst, arr in zip(views(mm, places).values(), arrays.values(), strict=True):
-        dst[...] = arr
 
 
 def read(mm: Segment, places) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces
 from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
-from grain_cells.zarr._keys import KeyReader, key_reader, thread_pool
+from grain_cells.zarr._keys import KeyReader, key_reader
 
 AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
 _WHY_MISSING = {-1: " (its shard's index marks it empty)"}
@@ -157,7 +157,7 @@ class Chunks:
             units = [u for u in units if u not in self._inflight]
             if not units or self._ahead_bytes >= AHEAD_BYTES:
                 return
-            pool = thread_pool("grain_cells-zarr-ahead", 1)  # one per process
+            pool = fork.thread_pool("grain_cells-zarr-ahead", 1)  # one per process
             future = pool.submit(self._prefetch, units)
             for u in units:
                 self._inflight[u] = future

@@ -38,11 +38,10 @@ class StoreFile:
         for name in names:
             try:
                 st = os.stat(name)
-                out.append(
-                    (name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                )
             except FileNotFoundError:
                 out.append((name, None))
+                continue
+            out.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return tuple(out)
 
     def check_root(self, when: str) -> None:

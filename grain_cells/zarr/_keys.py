@@ -7,7 +7,6 @@ Design notes: docs/reference/design.md#zarr-keys, #zarr-versions.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import pickle
@@ -23,17 +22,9 @@ from grain_cells.formats import wait_all
 from grain_cells.storage.remote import (
     check_not_forked_after_use,
     count_request,
-    mark_obstore_used,
 )
 
 FETCH_THREADS = 32  # keys one read of a remote store fetches at once, per process
-_pools = fork.ProcessCache()
-
-
-def thread_pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """This process's pool `name` of `threads` threads (made on first use)."""
-    make = concurrent.futures.ThreadPoolExecutor
-    return _pools.get_or_make(name, lambda: make(threads, thread_name_prefix=name))
 
 
 def key_reader(store) -> KeyReader | None:
@@ -146,7 +137,6 @@ class ObjectKeys(KeyReader):
 
     def get_many(self, requests):  # one call per key, in threads
         check_not_forked_after_use(self._url)
-        mark_obstore_used()
         by_key: dict[str, list[int]] = {}
         for i, (key, _, _) in enumerate(requests):
             by_key.setdefault(key, []).append(i)
@@ -161,7 +151,7 @@ class ObjectKeys(KeyReader):
         if len(groups) == 1:
             fetch(*groups[0])
             return results
-        pool = thread_pool("grain_cells-zarr-get", FETCH_THREADS)
+        pool = fork.thread_pool("grain_cells-zarr-get", FETCH_THREADS)
         wait_all([pool.submit(fetch, key, which) for key, which in groups])
         return results
 

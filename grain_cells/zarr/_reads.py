@@ -16,6 +16,7 @@ import zarr
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched, merge_touching
 from grain_cells.formats import checked_ranges, run_parts
+from grain_cells.storage import advise_pieces
 from grain_cells.zarr._chunks import Chunks, pieces
 from grain_cells.zarr._codecs import MAX_UINT_64
 from grain_cells.zarr._keys import LocalKeys
@@ -205,19 +206,11 @@ class RangeReader(Chunks):
 
     def _read_raw(self, starts, stops, dest, pool=None, pending=None) -> None:
         """`_read_chunks` by byte range: uncompressed 1-D chunks of a local store."""
-        names, key_id, ks, offsets, nbytes, dests, missing = self._plan_raw(
-            starts, stops
-        )
+        names, *planned, missing = self._plan_raw(starts, stops)
         view = memoryview(dest.reshape(-1).view(np.uint8))
         for p in np.flatnonzero(missing).tolist():  # fill value or an error
-            self._fill_piece(
-                view, int(ks[p]), int(offsets[p]), int(nbytes[p]), int(dests[p])
-            )
-        if missing.any():
-            keep = ~missing
-            key_id, ks, offsets, nbytes, dests = (
-                a[keep] for a in (key_id, ks, offsets, nbytes, dests)
-            )
+            self._fill_piece(view, *(int(a[p]) for a in planned[1:]))
+        key_id, ks, offsets, nbytes, dests = (a[~missing] for a in planned)
         if not ks.size:
             return
         lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
@@ -225,39 +218,23 @@ class RangeReader(Chunks):
         def task(a, b):
             self._read_pieces(view, names, *(x[a:b] for x in lists))
 
-        sizes, least = nbytes, _MIN_BYTES_PER_TASK
-        parts = run_parts(
-            pool,
-            ks.size,
-            task,
-            pending,
-            max_tasks=_MAX_TASKS,
-            sizes=sizes,
-            min_bytes=least,
-        )
-        for a, b in parts:
+        least = {"max_tasks": _MAX_TASKS, "min_bytes": _MIN_BYTES_PER_TASK}
+        for a, b in run_parts(pool, ks.size, task, pending, sizes=nbytes, **least):
             task(a, b)
 
     def _advise_raw(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
-        if not hasattr(os, "posix_fadvise"):  # pragma: no cover - not Linux
-            return
         names, key_id, _, offsets, nbytes, _, missing = self._plan_raw(starts, stops)
         keep = ~missing
         key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
         bounds = np.flatnonzero(np.diff(key_id)) + 1
         for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
             fd = self.keys.open(names[int(key_id[lo])])
-            if fd is None:
-                continue
-            offs, nbs = offsets[lo:hi].tolist(), nbytes[lo:hi].tolist()
-            try:
-                for off, nb in zip(offs, nbs, strict=True):
-                    os.posix_fadvise(fd, off, nb, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if fd is not None:
+                try:
+                    advise_pieces([fd] * (hi - lo), offsets[lo:hi], nbytes[lo:hi])
+                finally:
+                    os.close(fd)
 
     def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
         for kid, group in itertools.groupby(range(len(key_id)), key_id.__getitem__):

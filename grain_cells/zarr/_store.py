@@ -18,11 +18,9 @@ import zarr
 
 from grain_cells import errors
 from grain_cells.storage.remote import (
-    check_not_forked_after_use,
     count_request,
     is_url,
     local_path,
-    mark_obstore_used,
     store_at,
 )
 from grain_cells.zarr import _keys
@@ -49,9 +47,7 @@ def zarr_store(path: str, storage_options: dict | None = None):
                 "place. Copy the store to a bucket or a local disk, or drop "
                 "verify_reads for it."
             )
-        check_not_forked_after_use(p)
-        mark_obstore_used()  # zarr reads the metadata through it
-        store = store_at(p, storage_options)
+        store = store_at(p, storage_options)  # refused in a child forked after use
         versions = _keys.take(store)  # of the listing that gave the digest
         url = p.rstrip("/")
         return _keys.VersionedObjectStore(store, url=url, versions=versions)
@@ -204,8 +200,6 @@ def store_digest(path: str, storage_options: dict | None = None) -> str:
 def _digest_bucket(url: str, storage_options: dict | None, h) -> None:
     import obstore
 
-    check_not_forked_after_use(url)
-    mark_obstore_used()
     store = store_at(url, storage_options)
     metas = []
     try:

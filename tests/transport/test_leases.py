@@ -342,7 +342,7 @@ def _worker_names(pids) -> list[str]:
     return [
         n
         for n in os.listdir(shm_names.SHM_DIR)
-        if n.startswith(shm_names.STEM) and shm_names.owner_pid(n) in pids
+        if (found := shm_names.owner(n)) is not None and found[0] in pids
     ]
 
 

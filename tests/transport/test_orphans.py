@@ -33,7 +33,7 @@ def names_of(pids) -> list[str]:
     return sorted(
         n
         for n in os.listdir(shm_names.SHM_DIR)
-        if n.startswith(shm_names.STEM) and shm_names.owner_pid(n) in pids
+        if (found := shm_names.owner(n)) is not None and found[0] in pids
     )
 
 
@@ -128,8 +128,12 @@ def _objects_frozen_by_fetches(n: int) -> int:
     from grain_cells.transport import _processes
 
     before = gc.get_freeze_count()
-    for _ in range(n):
-        _processes._fetch_started()
+    was, _processes._in_worker = _processes._in_worker, True  # as worker_init sets
+    try:
+        for _ in range(n):
+            _processes.fetch_starting()
+    finally:
+        _processes._in_worker = was
     return gc.get_freeze_count() - before
 
 

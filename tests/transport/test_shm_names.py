@@ -36,7 +36,7 @@ def test_a_prefix_names_this_process_and_its_start():
     prefix = shm_names.new_prefix()
     assert prefix.startswith(f"/gcells_{pid}_t{start}_")
     assert shm_names.owner(prefix + "_ring") == (pid, start)
-    assert shm_names.owner_pid(prefix + "_3") == pid
+    assert shm_names.owner(prefix + "_3")[0] == pid
     assert shm_names.owner("/gcells_12_deadbeef_1") == (12, None)  # older form
     assert shm_names.owner("/gcells_12_12345678_1") == (12, None)  # a hex token
     assert shm_names.owner("/other_12_t5_x") is None

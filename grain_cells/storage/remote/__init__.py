@@ -6,7 +6,6 @@ from grain_cells.storage.remote._store import (
     count_request,
     is_url,
     local_path,
-    mark_obstore_used,
     split_url,
     store_at,
 )
@@ -32,7 +31,6 @@ __all__ = [
     "join",
     "list_names",
     "local_path",
-    "mark_obstore_used",
     "part_names",
     "put_bytes",
     "put_file",

@@ -24,24 +24,13 @@ from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight
 
 MERGE_GAP = 64 << 10
-# `obstore.get_ranges` sends up to PARALLEL requests of a call at once; a
-# read-ahead call sends up to BATCH (one version check per BATCH GETs; 64
-# measured 23-25k cells per reader CPU second against 19-20k for 8, and 128
-# or more waits on round trips: benchmarks/RESULTS.md, round 6).
+# GETs in flight per `obstore.get_ranges` call; per read-ahead call (design notes).
 PARALLEL = 10
 BATCH = 64
 MAX_REQUEST_BYTES = 16 << 20
 PIN_BYTES = 64 << 20
 READAHEAD_BYTES = 256 << 20
 _plan = functools.partial(plan_requests, gap=MERGE_GAP, max_bytes=MAX_REQUEST_BYTES)
-
-# A forked child starts its own threads: the pools' belong to the parent.
-_pools = fork.ProcessCache()
-
-
-def _pool(name: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    make = concurrent.futures.ThreadPoolExecutor
-    return _pools.get_or_make(name, lambda: make(threads, f"grain_cells_{name}"))
 
 
 class Pieces:
@@ -195,7 +184,7 @@ class RemoteByteReader:
         if len(batches) == 1:
             run(batches[0])
             return
-        pool = _pool(f"get{self._threads}", self._threads)
+        pool = fork.thread_pool(f"grain_cells_get{self._threads}", self._threads)
         for f in [pool.submit(run, b) for b in batches]:
             f.result()
 
@@ -234,7 +223,7 @@ class RemoteByteReader:
             return
 
     def _send(self, batch: list[_Ahead]) -> None:
-        pool = _pool(f"ahead{self._threads}", self._threads)
+        pool = fork.thread_pool(f"grain_cells_ahead{self._threads}", self._threads)
         future = pool.submit(self._get_many, [(r.start, r.end) for r in batch])
         for r in batch:
             r.future = future

@@ -118,26 +118,22 @@ def request_counts() -> dict[str, int]:
 
 def count_request(kind: str, n: int = 1) -> None:
     """Counts `n` requests of `kind` (see `request_counts`)."""
-    _used["here"] = True
     with _counts_lock:
         _counts[kind] += n
 
 
-def mark_obstore_used() -> None:
-    """Notes that this process has sent requests through obstore."""
-    _used["here"] = True
-
-
 @fork.in_child
 def _after_fork() -> None:
-    # No lock here (a parent's thread may hold `_counts_lock` at the fork):
-    # every counted request has set `here` (`count_request`).
     _used["inherited"] = _used["here"] or _used["inherited"]
     _used["here"] = False
 
 
 def check_not_forked_after_use(where: str) -> None:
-    """Raises `ObjectStoreError` in a child forked after obstore was used (it hangs)."""
+    """Notes that this process uses obstore (a store is made, or its client used).
+
+    Raises `ObjectStoreError` in a child forked after obstore was used (it hangs).
+    """
+    _used["here"] = True
     if _used["inherited"]:
         raise errors.ObjectStoreError(
             f"{where}: this process was forked from one that had already read "
