@@ -221,7 +221,14 @@ class Hdf5Format(formats.Format):
             n_chunks = -(-ds.shape[0] // chunks[0])
             picks = np.linspace(0, n_chunks - 1, _CHUNK_SAMPLES).astype(int)
             written: dict = {}  # few chunks: one walk of the index, not a lookup each
-            if n_chunks <= 4 * _CHUNK_SAMPLES:
+            few = n_chunks <= 4 * _CHUNK_SAMPLES
+            if few and tuple(chunks[1:]) == tuple(ds.shape[1:]):  # `byte_layout`'s
+                table = _reads.row_chunks(ds.id, chunks[0], ds.shape[0])
+                for k in np.unique(picks).tolist():
+                    at = [int(a[k]) for a in table]
+                    out.append(None if at[0] < 0 else tuple(at))
+                return out
+            if few:
                 ds.id.chunk_iter(
                     lambda i: written.__setitem__(tuple(i.chunk_offset), i)
                 )
