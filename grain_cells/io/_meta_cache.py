@@ -31,7 +31,6 @@ from grain_cells.io._h5ad import OBSM, MatrixInfo, open_file
 from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._matrix import element_reader
 from grain_cells.io._obs import ColumnKind
-from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.storage import FileStat, LocalByteReader
 
 # v4: one entry format, layouts inside it as lists (no version of their own).
@@ -276,26 +275,11 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
     return None if None in out.values() else out
 
 
-def first_open(files, i: int):
-    """`(obs, format, layouts)` of file `i` from its entry (`fstat` checked) or None."""
-    identity, info = files.identities[i], files.infos[i]
-    stat = identity.stat
-    if stat.etag or stat.content or stat.store or "://" in identity.path:
-        return None
-    if files.obs_names and info.n_obs >= MIN_CELLS:  # obs: mapped from the obs cache
-        return None
-    fmt = formats.for_path(identity.path)
-    fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
-    if fd is None:
-        return None
+def entry_of(files, i: int, fd) -> tuple[dict, dict] | None:
+    """`(obs, layouts)` of file `i` from its entry over its checked `fd`, or None."""
+    info = files.infos[i]
     try:
-        now = fd.stat()
-        identity.check_stat(now, "when a process opened it")
-    except BaseException:
-        fd.close()
-        raise
-    try:
-        e = _read_entry(info.path, files.element, files.genes.genes_from, now)
+        e = _read_entry(info.path, files.element, files.genes.genes_from, fd.stat())
         layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
         obs = {}
         for c in files.obs_names:
@@ -304,9 +288,7 @@ def first_open(files, i: int):
             obs[c] = column.file_values(i, values, info.n_obs)
     except _ERRORS:
         return None
-    finally:
-        fd.close()
-    return obs, fmt, layouts
+    return obs, layouts
 
 
 def _read_column(d: list, info, fd) -> SimpleNamespace:
@@ -366,4 +348,4 @@ def _plain_dtype(d: np.dtype) -> bool:
     return not d.hasobject and d.fields is None and np.dtype(d.str) == d
 
 
-__all__ = ["FileMeta", "MetaCache", "first_open", "inspect_file", "layouts_of"]
+__all__ = ["FileMeta", "MetaCache", "entry_of", "inspect_file", "layouts_of"]
