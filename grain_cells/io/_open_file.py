@@ -19,7 +19,7 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
-from grain_cells.io._h5ad import inspect_element, open_file
+from grain_cells.io._h5ad import inspect_element, open_unchanged
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
@@ -79,15 +79,11 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
     identity = files.identities[i]
     fmt = formats.for_path(path)
     when = "when a process opened it"
-    if identity.stat.content:
-        # An object whose ETag does not follow its content: check its sampled
-        # bytes before the format trusts metadata cached for it.
-        identity.check_stat(fmt.stat_path(path, files.storage_options), when)
-    # A store's format takes its stat (a digest) anew as it opens.
-    f = open_file(path, files.storage_options, identity.stat)
+    # Its stat checked (an object's sampled bytes, where its ETag does not
+    # follow its content) before the format trusts metadata cached for it.
+    f = open_unchanged(identity, files.storage_options, when)
     try:
         if known is not None:  # unchanged since this process checked it
-            identity.check_stat(fmt.stat_of(f, path), when)
             info = known.info
         else:
             info = inspect_element(f, files.element)
@@ -98,7 +94,6 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
                     "a new source (and do not restore iterator state saved "
                     "for the old one)."
                 )
-            identity.check_stat(fmt.stat_of(f, path), when)
             identity.check_layout(f, when)
         fd = _open_bytes(files, i, fmt, f)
     except BaseException:
