@@ -47,20 +47,22 @@ def open_h5(
     if is_url(path):
         return open_remote(path, storage_options, stat)
     try:
-        os.stat(path)
-    except FileNotFoundError:
-        raise missing_path(path) from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise errors.AnnDataFormatError(
-                f"{path}: a loop of symbolic links ({path} -> "
-                f"{os.readlink(path)} -> ...); point it at the real file"
-            ) from e
-        raise errors.AnnDataFormatError(f"{path}: cannot be opened ({e})") from e
-    try:
         f = h5py.File(path, "r")
     except OSError as e:
-        # Asked only now: a file that opens has the signature (one open less).
+        # Asked only now: a file that opens is there and has the signature.
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            raise missing_path(path) from None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise errors.AnnDataFormatError(
+                    f"{path}: a loop of symbolic links ({path} -> "
+                    f"{os.readlink(path)} -> ...); point it at the real file"
+                ) from err
+            raise errors.AnnDataFormatError(
+                f"{path}: cannot be opened ({err})"
+            ) from err
         if not h5py.is_hdf5(path):
             raise errors.AnnDataFormatError(
                 f"{path}: not an HDF5 file (no HDF5 signature), expected an .h5ad "

@@ -31,6 +31,7 @@ _MAX_HYPERSLABS_PER_READ = 1024
 # A sorted index's elements in one chunk are read as one span up to this size.
 _SPAN_BYTES = 64 * 1024
 _LAYOUTS: dict[int, tuple] = {}
+_TABLES: dict[int, tuple] = {}
 
 
 def range_reader(dataset: h5py.Dataset, path: str, fd, *, cache_bytes: int = 0):
@@ -117,11 +118,17 @@ def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     if tuple(chunks[1:]) != tuple(shape[1:]):
         return None  # chunks split rows: a row is not contiguous in the file
     chunk_len = int(chunks[0])
-    offsets, sizes, masks = chunk_table(dsid, chunk_len, n)
+    offsets, sizes, masks = row_chunks(dsid, chunk_len, n)
     chunk_bytes = chunk_len * math.prod(shape[1:]) * dtype.itemsize
     if (offsets < 0).any() or (sizes != chunk_bytes).any() or masks.any():
         return None
     return ByteLayout(ds.name, dtype, shape, chunk_len, offsets, chunk_len)
+
+
+def row_chunks(dsid, chunk_len: int, n_rows: int):
+    """`chunk_table` of an open dataset, walked once (its layout digest's too)."""
+    key = (chunk_len, n_rows)
+    return held(_TABLES, dsid, key, lambda: chunk_table(dsid, chunk_len, n_rows))
 
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:

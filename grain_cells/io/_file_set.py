@@ -19,7 +19,7 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
-from grain_cells.io import _file_lru, _h5ad, _nodes
+from grain_cells.io import _file_lru, _h5ad
 from grain_cells.io._frames import var_group_name
 from grain_cells.io._genes import (
     GeneAlignment,
@@ -27,7 +27,7 @@ from grain_cells.io._genes import (
     read_gene_keys,
     shared_keys,
 )
-from grain_cells.io._h5ad import OBSM, inspect_element, open_file
+from grain_cells.io._h5ad import OBSM, inspect_element
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
@@ -150,11 +150,8 @@ def element_files(files: FileSet, element: str) -> FileSet:
     own_var = not obsm and var_group_name(element) != var_group_name(files.element)
     for identity, expected in zip(files.identities, files.infos, strict=True):
         path = identity.path
-        with open_file(path, files.storage_options, identity.stat) as f:
-            identity.check_stat(
-                _nodes.format_of(f).stat_of(f, path),
-                f"when {element} was opened beside it",
-            )
+        when = f"when {element} was opened beside it"
+        with _h5ad.open_unchanged(identity, files.storage_options, when) as f:
             info = inspect_element(f, element)
             if own_var:
                 keys = read_gene_keys(f, element, files.genes.genes_from)

@@ -310,3 +310,18 @@ def inspect_element(f, element: str) -> MatrixInfo:
             "expected one row per cell"
         )
     return MatrixInfo(path, element, DENSE, n_obs, width, dtype, None)
+
+
+def open_unchanged(identity, storage_options: dict | None, when: str):
+    """`identity`'s file opened as `open_file` does, checked: `SourceChangedError`."""
+    path = identity.path
+    if identity.stat.content:  # an object whose ETag does not follow its content
+        now = formats.for_path(path).stat_path(path, storage_options)
+        identity.check_stat(now, when)
+    f = open_file(path, storage_options, identity.stat)
+    try:
+        identity.check_stat(_nodes.format_of(f).stat_of(f, path), when)
+    except BaseException:
+        f.close()
+        raise
+    return f

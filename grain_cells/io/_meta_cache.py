@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from grain_cells import formats
-from grain_cells._util.cache_files import cache_root, write_atomic
+from grain_cells._util.cache_files import cache_root, write_atomic, write_new
 from grain_cells.formats import ByteLayout, PositionalReader
 from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._genes import read_gene_keys
@@ -31,7 +31,6 @@ from grain_cells.io._h5ad import OBSM, MatrixInfo, open_file
 from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._matrix import element_reader
 from grain_cells.io._obs import ColumnKind
-from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.storage import FileStat, LocalByteReader
 
 # v4: one entry format, layouts inside it as lists (no version of their own).
@@ -140,8 +139,8 @@ class MetaCache:
                 cats = None if k.categories is None else self._save_array(k.categories)
                 kinds[c] = [cats, k.dtype.str]
             d = meta.identity
-            i = [*dataclasses.astuple(info)[1:]]
-            i[4] = info.dtype.str
+            i = [info.element, info.encoding, info.n_obs, info.n_vars]
+            i += [info.dtype.str, info.nnz, info.chunk_bytes]
             entry = {
                 "version": VERSION,
                 "path": info.path,
@@ -154,7 +153,7 @@ class MetaCache:
             }
             name = entry_name(info.path, self.element, self.genes_from, stat)
             data = json.dumps(entry).encode()
-            write_atomic(os.path.join(self.folder, name), lambda out: out.write(data))
+            write_new(os.path.join(self.folder, name), data)
         except (OSError, ValueError):  # a read-only or full cache, or arrays that
             return  # do not round-trip: open the file next time
 
@@ -207,68 +206,63 @@ def inspect_file(
     path: str, element: str, obs_names, genes_from, storage_options
 ) -> FileMeta:
     """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
-    _read_ahead(path)
-    # Nodes and attributes asked for again come from memory.
-    with _nodes.remembered(), open_file(path, storage_options) as f:
-        info = _h5ad.inspect_matrix(f, element)
-        stat = _nodes.format_of(f).stat_of(f, path)
-        matrix = matrix_nodes(f, info.element)  # once for identity and layouts
-        identity = FileIdentity.take(f, path, info.element, stat, matrix)
-        keys = read_gene_keys(f, element, genes_from)
-        have = _h5ad.obs_columns(f)
-        columns: dict = {}
-        kinds = ColumnKind.read(f, [c for c in obs_names if c in have], have, columns)
-        layouts = None
-        if not ("://" in path or stat.etag or stat.content or stat.store):
-            with contextlib.suppress(Exception):  # only a shortcut
-                layouts = _take_layouts(f, path, info, stat, kinds, matrix, columns)
+    fd = _read_ahead(path, storage_options)  # byte layouts are taken on it too
+    try:
+        # Nodes and attributes asked for again come from memory.
+        with _nodes.remembered(), open_file(path, storage_options) as f:
+            info = _h5ad.inspect_matrix(f, element)
+            stat = _nodes.format_of(f).stat_of(f, path)
+            matrix = matrix_nodes(f, info.element)  # once for identity and layouts
+            identity = FileIdentity.take(f, path, info.element, stat, matrix)
+            keys = read_gene_keys(f, element, genes_from)
+            have = _h5ad.obs_columns(f)
+            columns: dict = {}
+            kinds = ColumnKind.read(
+                f, [c for c in obs_names if c in have], have, columns
+            )
+            layouts = None
+            if fd is not None and not (stat.etag or stat.content or stat.store):
+                with contextlib.suppress(Exception):  # only a shortcut
+                    layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
+    finally:
+        if fd is not None:
+            fd.close()
     return FileMeta(info, identity, keys, list(have), kinds, layouts)
 
 
-def _read_ahead(path: str) -> None:
-    """Asks the page cache for all of a small local file at once (async)."""
+def _read_ahead(path: str, storage_options) -> LocalByteReader | None:
+    """A local file's `ByteReader` (a small file asked ahead whole, async), or None."""
     if "://" in path:
-        return
-    try:
-        reader = LocalByteReader.open(path)
-    except OSError:  # the format's open says why
-        return
-    try:
-        size = os.fstat(reader.fd).st_size
-        if 0 < size <= READ_AHEAD_BYTES:
-            reader.advise([0], [size])
-    except OSError:
-        pass
-    finally:
-        reader.close()
-
-
-def _take_layouts(f, path, info, stat, kinds, matrix, columns) -> dict | None:
-    """The matrix's and obs columns' byte layouts as JSON; None if not positional."""
-    fmt = formats.for_path(path)
-    fd = fmt.open_bytes(f, path, {}, stat)
-    if fd is None:
         return None
     try:
-        if getattr(fd, "remote", True):
+        reader = formats.for_path(path).open_bytes(None, path, storage_options, None)
+        if isinstance(reader, LocalByteReader):
+            size = os.fstat(reader.fd).st_size
+            if 0 < size <= READ_AHEAD_BYTES:
+                reader.advise([0], [size])
+    except OSError:  # the format's open says why
+        return None
+    return reader
+
+
+def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
+    """The matrix's and obs columns' byte layouts as JSON; None if not positional."""
+    fmt, path = _nodes.format_of(f), info.path
+    arrays = matrix[1]
+    if info.element.startswith(OBSM) or set(arrays) not in _PLAIN_MATRIX:
+        found = layouts_of(element_reader(f, info, fd), fd)
+    else:
+        found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in arrays.items()}
+    if found is None or None in found.values():
+        return None
+    out = {"matrix": {k: _layout_json(v) for k, v in found.items()}, "obs": {}}
+    for c, kind in kinds.items():
+        array = columns.get(c)  # None: read whole, only its format reads it
+        layout = None if array is None else fmt.byte_layout(array, path, fd)
+        if layout is None or len(layout.shape) != 1:
             return None
-        arrays = matrix[1]
-        if info.element.startswith(OBSM) or set(arrays) not in _PLAIN_MATRIX:
-            found = layouts_of(element_reader(f, info, fd), fd)
-        else:
-            found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in arrays.items()}
-        if found is None or None in found.values():
-            return None
-        out = {"matrix": {k: _layout_json(v) for k, v in found.items()}, "obs": {}}
-        for c, kind in kinds.items():
-            array = columns.get(c)  # None: read whole, only its format reads it
-            layout = None if array is None else fmt.byte_layout(array, path, fd)
-            if layout is None or len(layout.shape) != 1:
-                return None
-            n_cat = None if kind.categories is None else len(kind.categories)
-            out["obs"][c] = [_layout_json(layout), np.dtype(kind.dtype).str, n_cat]
-    finally:
-        fd.close()
+        n_cat = None if kind.categories is None else len(kind.categories)
+        out["obs"][c] = [_layout_json(layout), np.dtype(kind.dtype).str, n_cat]
     values = [*out["matrix"].values(), *(v[0] for v in out["obs"].values())]
     return None if None in values else out
 
@@ -281,26 +275,11 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
     return None if None in out.values() else out
 
 
-def first_open(files, i: int):
-    """`(obs, format, layouts)` of file `i` from its entry (`fstat` checked) or None."""
-    identity, info = files.identities[i], files.infos[i]
-    stat = identity.stat
-    if stat.etag or stat.content or stat.store or "://" in identity.path:
-        return None
-    if files.obs_names and info.n_obs >= MIN_CELLS:  # obs: mapped from the obs cache
-        return None
-    fmt = formats.for_path(identity.path)
-    fd = fmt.open_bytes(None, identity.path, files.storage_options, stat)
-    if fd is None:
-        return None
+def entry_of(files, i: int, fd) -> tuple[dict, dict] | None:
+    """`(obs, layouts)` of file `i` from its entry over its checked `fd`, or None."""
+    info = files.infos[i]
     try:
-        now = fd.stat()
-        identity.check_stat(now, "when a process opened it")
-    except BaseException:
-        fd.close()
-        raise
-    try:
-        e = _read_entry(info.path, files.element, files.genes.genes_from, now)
+        e = _read_entry(info.path, files.element, files.genes.genes_from, fd.stat())
         layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
         obs = {}
         for c in files.obs_names:
@@ -309,9 +288,7 @@ def first_open(files, i: int):
             obs[c] = column.file_values(i, values, info.n_obs)
     except _ERRORS:
         return None
-    finally:
-        fd.close()
-    return obs, fmt, layouts
+    return obs, layouts
 
 
 def _read_column(d: list, info, fd) -> SimpleNamespace:
@@ -371,4 +348,4 @@ def _plain_dtype(d: np.dtype) -> bool:
     return not d.hasobject and d.fields is None and np.dtype(d.str) == d
 
 
-__all__ = ["FileMeta", "MetaCache", "first_open", "inspect_file", "layouts_of"]
+__all__ = ["FileMeta", "MetaCache", "entry_of", "inspect_file", "layouts_of"]

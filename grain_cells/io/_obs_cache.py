@@ -15,10 +15,8 @@ import pathlib
 
 import numpy as np
 
-from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, file_lock, write_atomic
-from grain_cells.io import _h5ad, _nodes
-from grain_cells.io._h5ad import open_file
+from grain_cells.io import _h5ad
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._obs import HarmonisedColumn
 
@@ -176,15 +174,8 @@ def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
     """File `i`'s values of `column`, the file opened for them alone."""
     if not column.present[i]:
         return column.file_values(i, None, n_obs)
-    identity = files.identities[i]
-    path, options = identity.path, files.storage_options
-    if identity.stat.content:  # an object whose ETag does not follow its content
-        identity.check_stat(
-            formats.for_path(path).stat_path(path, options), "reading obs"
-        )
-    f = open_file(path, options, identity.stat)
+    f = _h5ad.open_unchanged(files.identities[i], files.storage_options, "reading obs")
     try:
-        identity.check_stat(_nodes.format_of(f).stat_of(f, path), "reading obs")
         return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
     finally:
         f.close()

@@ -19,7 +19,7 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
-from grain_cells.io._h5ad import inspect_element, open_file
+from grain_cells.io._h5ad import inspect_element, open_unchanged
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
 
@@ -69,11 +69,9 @@ class OpenFile:
 def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> OpenFile:
     """Opens file `i` of `files`, checked; one known (record, entry): not inspected."""
     known = None if checked is None else checked.get(i)
-    if known is None and checked is not None:
-        found = _meta_cache.first_open(files, i)
-        if found is not None:
-            known = OpenFile(files.infos[i], *found)
-            checked.put(i, known)
+    if known is None and checked is not None and (found := first_open(files, i)):
+        checked.put(i, found[0])
+        return reopen(files, i, *found)
     if known is not None and known.layouts is not None:
         return reopen(files, i, known)
     expected = files.infos[i]
@@ -81,15 +79,11 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
     identity = files.identities[i]
     fmt = formats.for_path(path)
     when = "when a process opened it"
-    if identity.stat.content:
-        # An object whose ETag does not follow its content: check its sampled
-        # bytes before the format trusts metadata cached for it.
-        identity.check_stat(fmt.stat_path(path, files.storage_options), when)
-    # A store's format takes its stat (a digest) anew as it opens.
-    f = open_file(path, files.storage_options, identity.stat)
+    # Its stat checked (an object's sampled bytes, where its ETag does not
+    # follow its content) before the format trusts metadata cached for it.
+    f = open_unchanged(identity, files.storage_options, when)
     try:
         if known is not None:  # unchanged since this process checked it
-            identity.check_stat(fmt.stat_of(f, path), when)
             info = known.info
         else:
             info = inspect_element(f, files.element)
@@ -100,15 +94,12 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
                     "a new source (and do not restore iterator state saved "
                     "for the old one)."
                 )
-            identity.check_stat(fmt.stat_of(f, path), when)
             identity.check_layout(f, when)
-        fd = fmt.open_bytes(f, path, files.storage_options, identity.stat)
+        fd = _open_bytes(files, i, fmt, f)
     except BaseException:
         f.close()
         raise
     try:
-        if fd is not None:
-            identity.check_stat(fd.stat(), when)
         reader = element_reader(f, info, fd)
         if known is not None:
             obs = known.obs
@@ -130,28 +121,63 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         raise
 
 
-def reopen(files, i: int, known: OpenFile) -> OpenFile:
-    """`open_member` of a file whose byte layouts this process holds: one descriptor."""
-    fd = _open_bytes(files, i, known)
+def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
+    """A process's first open of file `i` from its metadata entry, or None.
+
+    None for what has no entry to read: remote files, stores, and files whose
+    obs columns come from the shared obs cache (`_obs_cache.MIN_CELLS`).
+    """
+    info, stat = files.infos[i], files.identities[i].stat
+    if stat.etag or stat.content or stat.store or "://" in info.path:
+        return None
+    if files.obs_names and info.n_obs >= _obs_cache.MIN_CELLS:
+        return None
+    fmt = formats.for_path(info.path)
+    fd = _open_bytes(files, i, fmt)
+    found = None if fd is None else _meta_cache.entry_of(files, i, fd)
+    if found is None:
+        if fd is not None:
+            fd.close()
+        return None
+    return OpenFile(info, found[0], fmt, found[1]), fd
+
+
+def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> OpenFile:
+    """`open_member` of a file whose byte layouts this process holds: one descriptor.
+
+    `fd`: its descriptor, opened and checked already (else opened here).
+    """
+    if fd is None:
+        fd = _open_bytes(files, i, known.format)
+    try:
+        _learn_flat(known, fd)
+    except BaseException:
+        fd.close()
+        raise
     flat = None if known.flat is None else known.flat.over(fd)
     return OpenFile(
         known.info, known.obs, known.format, known.layouts, None, fd, None, flat
     )
 
 
-def _open_bytes(files, i: int, record: OpenFile) -> ByteReader:
-    """File `i`'s `ByteReader` as its format opens it, checked; learns `record.flat`."""
+def _open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
+    """File `i`'s `ByteReader` as `fmt` opens it (None: none), its `fstat` checked."""
     identity = files.identities[i]
     path, options = files.infos[i].path, files.storage_options
-    fd = record.format.open_bytes(None, path, options, identity.stat)
-    try:
-        identity.check_stat(fd.stat(), "when a process opened it")
-        if record.flat is False:  # computed once per record, then reused
-            record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
-    except BaseException:
-        fd.close()
-        raise
+    fd = fmt.open_bytes(f, path, options, identity.stat)
+    if fd is not None:
+        try:
+            identity.check_stat(fd.stat(), "when a process opened it")
+        except BaseException:
+            fd.close()
+            raise
     return fd
+
+
+def _learn_flat(record: OpenFile, fd) -> None:
+    """`record.flat` from its layouts over `fd`, computed once per record."""
+    if record.flat is False:
+        record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
@@ -204,7 +230,8 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             record = next(records)
             if record is not None and record.flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
-                readers.append(_open_bytes(files, i, record))
+                readers.append(_open_bytes(files, i, record.format))
+                _learn_flat(record, readers[-1])
                 if isinstance(record.flat, _direct_csr.Flat):
                     flats[k], obs[k] = record.flat, record.obs
                     continue

@@ -56,9 +56,9 @@ def reopens(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = open_file_mod.reopen
 
-    def counting(files, i, known):
+    def counting(files, i, known, fd=None):
         calls.append(i)
-        return real(files, i, known)
+        return real(files, i, known, fd)
 
     monkeypatch.setattr(open_file_mod, "reopen", counting)
     monkeypatch.setattr(file_set, "reopen", counting)

@@ -27,8 +27,7 @@ from processes import calls_to
 import grain_cells
 from grain_cells.errors import SourceChangedError
 from grain_cells.io import _file_set as file_set
-from grain_cells.io import _meta_cache
-from grain_cells.io import _open_file as open_file_mod
+from grain_cells.io import _h5ad, _meta_cache
 
 N_FILES = 5
 CELLS = 12
@@ -57,8 +56,12 @@ def paths(request, tmp_path) -> list[str]:
 
 @pytest.fixture
 def opens(monkeypatch) -> list[str]:
-    """Every open of a file through its format (h5py) in this process."""
-    return calls_to(monkeypatch, open_file_mod, "open_file")
+    """Every open of a file through its format (h5py) to read it, in this process.
+
+    (`_h5ad.open_unchanged` opens for `open_member`; the build's own opens
+    take `open_file` by name and are not counted.)
+    """
+    return calls_to(monkeypatch, _h5ad, "open_file")
 
 
 def _truth(paths) -> np.ndarray:

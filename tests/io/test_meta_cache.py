@@ -15,7 +15,9 @@ import scipy.sparse as sp
 from processes import calls_to
 
 import grain_cells
+from grain_cells._util.cache_files import write_new
 from grain_cells.io import _meta_cache as meta_cache
+from grain_cells.io import _open_file
 
 OBS = ["kind", "n"]
 
@@ -146,6 +148,21 @@ def test_a_damaged_entry_is_rebuilt(files, cache, opens):
     assert opens == []  # written again
 
 
+def test_an_entry_is_created_in_place_and_a_taken_name_replaced_whole(tmp_path):
+    """Entries are created where they belong (no rename); a name already taken
+    (a whole entry, or one a crash cut short) is replaced atomically."""
+    path = tmp_path / "file-meta" / "e.json"
+    write_new(path, b'{"a": 1}')  # no folder yet: made
+    assert path.read_bytes() == b'{"a": 1}'
+    path.write_bytes(b'{"a"')  # cut short
+    write_new(path, b'{"a": 2}')
+    assert path.read_bytes() == b'{"a": 2}'
+    write_new(tmp_path / "file-meta" / "f.json", b"{}")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["e.json", "f.json"]
+    for p in path.parent.iterdir():
+        assert p.stat().st_mode & 0o777 == 0o644
+
+
 def test_another_obs_column_opens_the_files(files, cache, opens):
     _source(files, obs=["kind"])
     del opens[:]
@@ -172,8 +189,10 @@ def test_a_build_writes_one_entry_per_file_and_first_opens_read_it(
     assert not (cache / "file-meta" / "layouts").exists()
     # A fresh process's first open of each file comes from its entry.
     source = _source(files)
-    found = [meta_cache.first_open(source.files, i) for i in range(len(files))]
+    found = [_open_file.first_open(source.files, i) for i in range(len(files))]
     assert all(f is not None for f in found)
+    for _, fd in found:  # the descriptor a first open keeps for its reads
+        fd.close()
     _check_against_anndata(source, files)
 
 
