@@ -32,15 +32,15 @@ import sys
 import time
 
 import bench_util
-import numba
 import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from token_kernels import rank_value_key_steps
+
 import grain_cells
 from grain_cells.io._matrix import CsrRows
 from grain_cells.outputs import Fetch
-from grain_cells.tokens import _jit as token_jit
 
 _DATA = flags.DEFINE_list("data", None, "Comma-separated .h5ad files.")
 _N_CELLS = flags.DEFINE_integer("n_cells", 400_000, "Synthetic file without --data.")
@@ -55,23 +55,6 @@ _STRIDE = flags.DEFINE_integer("stats_stride", 8, "Corpus stats over 1 in N runs
 _JSON = flags.DEFINE_string("json", None, "Also write the figures here.")
 
 BLOCK, FETCH, BATCH = 16, 16, 64
-
-
-@numba.njit(nogil=True)  # not cached: numba would import this script again
-def rank_value_key_steps(data, indices, indptr, tokens, medians, checked, sort):
-    """`encode_rows`' rank-value key pass (and sort) over every row: keys made."""
-    rows = np.arange(indptr.size - 1, dtype=np.int64)
-    keys, out, counts, bucket, quot, _ = token_jit._scratch(indptr, rows)
-    total = 0
-    for r in range(indptr.size - 1):
-        a, b = indptr[r], indptr[r + 1]
-        m, lo, hi, _ = token_jit._row_keys(
-            data, indices, a, b, tokens, medians, True, checked, keys, quot
-        )
-        if sort:
-            token_jit._sort_keys(keys, m, lo, hi, out, counts, bucket)
-        total += m
-    return total
 
 
 def _format_all(output, row_ids, csr, order) -> None:

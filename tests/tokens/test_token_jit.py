@@ -342,9 +342,9 @@ def test_whole_fetch_encoding_gives_the_minibatches_of_one_thread(mlm):
 @pytest.mark.parametrize("kind", ["counts", "continuous", "positive"])
 @pytest.mark.parametrize("sort", [False, True], ids=["keys", "keys+sort"])
 def test_key_steps_make_a_key_per_expressed_gene(kind, sort):
-    """`rank_value_key_steps` (benchmarks/token_steps.py) does the kernel's work."""
+    """`rank_value_key_steps` (benchmarks/token_kernels.py) does the kernel's work."""
     sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-    from token_steps import rank_value_key_steps
+    from token_kernels import rank_value_key_steps
 
     fetch = _fetch(3, kind=kind)
     csr = fetch.csr
