@@ -109,6 +109,8 @@ class ByteReader(Protocol):
 
 # `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+# A read-ahead hint asks for at most this many bytes of a piece first.
+PROBE_BYTES = 1 << 16
 
 
 class ReadCounts:
@@ -180,6 +182,31 @@ def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
             advise_pieces([fd], [off], [n])
         out.append(got >= n)
     return out
+
+
+def advise_uncached(fds, offsets, nbytes) -> None:
+    """`advise_pieces` of the pieces whose first `PROBE_BYTES` are not in memory.
+
+    Each is asked without waiting (`RWF_NOWAIT`), counted while probing:
+    a read-ahead hint that finds its pages cached is evidence that hints
+    are not needed (`OpenFiles.counting_reads`). Never raises.
+    """
+    counts, nowait = read_counts, _NOWAIT if read_counts.supported else 0
+    if not nowait:
+        return advise_pieces(fds, offsets, nbytes)
+    view = memoryview(bytearray(min(max(nbytes, default=0), PROBE_BYTES)))
+    preadv, cold = os.preadv, []
+    for j, (fd, off, n) in enumerate(zip(fds, offsets, nbytes, strict=True)):
+        k = min(n, PROBE_BYTES)
+        try:
+            if preadv(fd, [view[:k]], off, nowait) < k:
+                cold.append(j)
+        except OSError:  # not in memory (EAGAIN), or not asked here
+            cold.append(j)
+    if counts.probe:
+        counts.pieces += len(fds)
+        counts.missed += len(cold)
+    advise_pieces(*([x[j] for j in cold] for x in (fds, offsets, nbytes)))
 
 
 def advise_pieces(fds, offsets, nbytes) -> None:
