@@ -109,8 +109,10 @@ class ByteReader(Protocol):
 
 # `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
-# A read-ahead hint asks for at most this many bytes of a piece first.
+# A read-ahead hint asks for at most this many bytes of a piece first, and
+# stops asking in a call after this many missed (then cold: hinted unasked).
 PROBE_BYTES = 1 << 16
+PROBE_MISSES = 4
 
 
 class ReadCounts:
@@ -187,26 +189,30 @@ def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
 def advise_uncached(fds, offsets, nbytes) -> None:
     """`advise_pieces` of the pieces whose first `PROBE_BYTES` are not in memory.
 
-    Each is asked without waiting (`RWF_NOWAIT`), counted while probing:
-    a read-ahead hint that finds its pages cached is evidence that hints
-    are not needed (`OpenFiles.counting_reads`). Never raises.
+    Each is asked first without waiting (`RWF_NOWAIT`), counted while
+    probing, until `PROBE_MISSES` missed: the rest are advised unasked. A
+    hint that finds its pages cached is evidence that hints are not needed
+    (`OpenFiles.counting_reads`). Never raises.
     """
-    counts, nowait = read_counts, _NOWAIT if read_counts.supported else 0
-    if not nowait:
+    if not read_counts.supported or not fds:
         return advise_pieces(fds, offsets, nbytes)
-    view = memoryview(bytearray(min(max(nbytes, default=0), PROBE_BYTES)))
+    view = memoryview(bytearray(min(max(nbytes), PROBE_BYTES)))
     preadv, cold = os.preadv, []
     for j, (fd, off, n) in enumerate(zip(fds, offsets, nbytes, strict=True)):
         k = min(n, PROBE_BYTES)
         try:
-            if preadv(fd, [view[:k]], off, nowait) < k:
-                cold.append(j)
+            if preadv(fd, [view[:k]], off, _NOWAIT) >= k:
+                continue
         except OSError:  # not in memory (EAGAIN), or not asked here
-            cold.append(j)
-    if counts.probe:
-        counts.pieces += len(fds)
-        counts.missed += len(cold)
-    advise_pieces(*([x[j] for j in cold] for x in (fds, offsets, nbytes)))
+            pass
+        cold.append(j)
+        if len(cold) == PROBE_MISSES:
+            break
+    if read_counts.probe:
+        read_counts.pieces += j + 1
+        read_counts.missed += len(cold)
+    cold += range(j + 1, len(fds))
+    advise_pieces(*([x[i] for i in cold] for x in (fds, offsets, nbytes)))
 
 
 def advise_pieces(fds, offsets, nbytes) -> None:
