@@ -43,7 +43,8 @@ from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
-# pieces of a source's local reads missed the page cache (`cache_warm`).
+# pieces of a source's local reads (once cold: hints' asks) missed the page
+# cache (`cache_warm`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
 
@@ -288,19 +289,19 @@ class OpenFiles(_file_lru.FileLru):
     def counting_reads(self, *, hints: bool = False) -> Iterator[None]:
         """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
 
-        A fetch's reads are judged until they miss; then only hints' (`hints`),
-        which ask for pages before advising them, so hints stop once cached.
+        A fetch's reads are judged until they miss; then only hints' asks
+        (`hints`), made before advising pages, so hints stop once cached.
         """
         if hints != (self._warm is False):
             yield
             return
-        pieces, missed = read_counts.snapshot()
-        read_counts.probe = True
+        pieces, missed = read_counts.snapshot(hints)
+        read_counts.probe = not hints
         try:
             yield
         finally:
             read_counts.probe = False
-        now_pieces, now_missed = read_counts.snapshot()
+        now_pieces, now_missed = read_counts.snapshot(hints)
         window = self._window
         window[0] += now_pieces - pieces
         window[1] += now_missed - missed

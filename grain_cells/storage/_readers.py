@@ -116,14 +116,19 @@ PROBE_MISSES = 4
 
 
 class ReadCounts:
-    """Local pieces read and `missed` (not in the page cache) while `probe` is set."""
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
 
-    pieces = missed = 0
+    `hinted`, `hinted_missed`: the same of read-ahead hints' asks (always).
+    """
+
+    pieces = missed = hinted = hinted_missed = 0
     supported = bool(_NOWAIT)  # False once `RWF_NOWAIT` is refused
     probe = False
 
-    def snapshot(self) -> tuple[int, int]:
-        """`(pieces, missed)` now."""
+    def snapshot(self, hints: bool = False) -> tuple[int, int]:
+        """`(pieces, missed)` now (`hints`: of hints' asks)."""
+        if hints:
+            return self.hinted, self.hinted_missed
         return self.pieces, self.missed
 
 
@@ -189,10 +194,10 @@ def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
 def advise_uncached(fds, offsets, nbytes) -> None:
     """`advise_pieces` of the pieces whose first `PROBE_BYTES` are not in memory.
 
-    Each is asked first without waiting (`RWF_NOWAIT`), counted while
-    probing, until `PROBE_MISSES` missed: the rest are advised unasked. A
-    hint that finds its pages cached is evidence that hints are not needed
-    (`OpenFiles.counting_reads`). Never raises.
+    Each is asked first without waiting (`RWF_NOWAIT`, counted in
+    `read_counts.hinted`) until `PROBE_MISSES` missed; the rest are advised
+    unasked. A hint that finds its pages cached is evidence that hints are
+    not needed (`OpenFiles.counting_reads`). Never raises.
     """
     if not read_counts.supported or not fds:
         return advise_pieces(fds, offsets, nbytes)
@@ -208,9 +213,8 @@ def advise_uncached(fds, offsets, nbytes) -> None:
         cold.append(j)
         if len(cold) == PROBE_MISSES:
             break
-    if read_counts.probe:
-        read_counts.pieces += j + 1
-        read_counts.missed += len(cold)
+    read_counts.hinted += j + 1
+    read_counts.hinted_missed += len(cold)
     cold += range(j + 1, len(fds))
     advise_pieces(*([x[i] for i in cold] for x in (fds, offsets, nbytes)))
 
