@@ -15,7 +15,7 @@ import numpy as np
 from grain_cells.formats import PositionalReader, wait_all
 from grain_cells.storage import (
     ShortReadError,
-    advise_pieces,
+    advise_uncached,
     pread_cached,
     pread_pieces,
 )
@@ -230,7 +230,7 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
         f, at, nbytes = table.pieces(k, g, fds[some], a, b)
-        advise_pieces(f.tolist(), at.tolist(), nbytes.tolist())
+        advise_uncached(f.tolist(), at.tolist(), nbytes.tolist())
 
 
 def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:

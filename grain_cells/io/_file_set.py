@@ -43,7 +43,8 @@ from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 
 # Read-ahead hints stop while at most `WARM_MISSES` of each `WARM_PIECES`
-# pieces of a source's local reads missed the page cache (`cache_warm`).
+# pieces of a source's local reads (once cold: hints' asks) missed the page
+# cache (`cache_warm`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
 
@@ -236,7 +237,7 @@ class OpenFiles(_file_lru.FileLru):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Pieces read and missed since the last verdict (`counting_reads`).
         self._window = [0, 0]
-        self._warm: bool | None = None  # no verdict yet; False for good
+        self._warm: bool | None = None  # no verdict yet
         self._all_local = not any(is_url(p) for p in self.files.paths)
 
     def __reduce__(self):
@@ -282,22 +283,26 @@ class OpenFiles(_file_lru.FileLru):
             handle.format.check_unchanged(handle.h5, "at a read")
 
     @contextlib.contextmanager
-    def counting_reads(self) -> Iterator[None]:
-        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`."""
-        if self._warm is False:
+    def counting_reads(self, *, hints: bool = False) -> Iterator[None]:
+        """Counts the block's local reads (`storage.read_counts`) for `cache_warm`.
+
+        A fetch's reads are judged until they miss; then only hints' asks
+        (`hints`), made before advising pages, so hints stop once cached.
+        """
+        if hints != (self._warm is False):
             yield
             return
-        pieces, missed = read_counts.snapshot()
-        read_counts.probe = True
+        pieces, missed = read_counts.snapshot(hints)
+        read_counts.probe = not hints
         try:
             yield
         finally:
             read_counts.probe = False
-        now_pieces, now_missed = read_counts.snapshot()
+        now_pieces, now_missed = read_counts.snapshot(hints)
         window = self._window
         window[0] += now_pieces - pieces
         window[1] += now_missed - missed
-        if window[1] > WARM_MISSES:  # cold: hint from the next window on, for good
+        if window[1] > WARM_MISSES:  # cold: hint from the next window on
             self._warm = False
         elif window[0] >= WARM_PIECES:
             self._warm = True
@@ -307,7 +312,7 @@ class OpenFiles(_file_lru.FileLru):
 
     @property
     def cache_warm(self) -> bool:
-        """Whether the page cache held the recent reads (never again once not)."""
+        """Whether the page cache held the recent reads (or, once not, hints)."""
         return self._all_local and self._warm is True
 
     def buffer(self, name: str = "buf") -> RowBuffer:

@@ -265,15 +265,16 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
     stops = np.asarray(stops, np.int64).reshape(-1)[order] - cell_offsets[files]
     bounds = [0, *(np.flatnonzero(np.diff(files)) + 1).tolist(), files.size]
     # At most `HINT_FILES` files (descriptors of their own) at a time.
-    for k in range(0, len(bounds) - 1, HINT_FILES):
-        part = bounds[k : k + HINT_FILES + 1]
-        indices = files[part[:-1]].tolist()
-        spans = [slice(a, b) for a, b in itertools.pairwise(part)]
-        if not handles.files.sparse:
-            for i, span in zip(indices, spans, strict=True):
-                _advise_one(handles, i, starts[span], stops[span], buf)
-        else:
-            _advise_flats(handles, indices, spans, starts, stops, buf)
+    with handles.counting_reads(hints=True):
+        for k in range(0, len(bounds) - 1, HINT_FILES):
+            part = bounds[k : k + HINT_FILES + 1]
+            indices = files[part[:-1]].tolist()
+            spans = [slice(a, b) for a, b in itertools.pairwise(part)]
+            if not handles.files.sparse:
+                for i, span in zip(indices, spans, strict=True):
+                    _advise_one(handles, i, starts[span], stops[span], buf)
+            else:
+                _advise_flats(handles, indices, spans, starts, stops, buf)
 
 
 def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:

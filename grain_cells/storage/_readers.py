@@ -109,17 +109,26 @@ class ByteReader(Protocol):
 
 # `preadv` flag: hand over only bytes already in memory (Linux >= 4.14).
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+# A read-ahead hint asks for at most this many bytes of a piece first, and
+# stops asking in a call after this many missed (then cold: hinted unasked).
+PROBE_BYTES = 1 << 16
+PROBE_MISSES = 4
 
 
 class ReadCounts:
-    """Local pieces read and `missed` (not in the page cache) while `probe` is set."""
+    """Local pieces read and `missed` (not in the page cache) while `probe` is set.
 
-    pieces = missed = 0
+    `hinted`, `hinted_missed`: the same of read-ahead hints' asks (always).
+    """
+
+    pieces = missed = hinted = hinted_missed = 0
     supported = bool(_NOWAIT)  # False once `RWF_NOWAIT` is refused
     probe = False
 
-    def snapshot(self) -> tuple[int, int]:
-        """`(pieces, missed)` now."""
+    def snapshot(self, hints: bool = False) -> tuple[int, int]:
+        """`(pieces, missed)` now (`hints`: of hints' asks)."""
+        if hints:
+            return self.hinted, self.hinted_missed
         return self.pieces, self.missed
 
 
@@ -180,6 +189,34 @@ def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
             advise_pieces([fd], [off], [n])
         out.append(got >= n)
     return out
+
+
+def advise_uncached(fds, offsets, nbytes) -> None:
+    """`advise_pieces` of the pieces whose first `PROBE_BYTES` are not in memory.
+
+    Each is asked first without waiting (`RWF_NOWAIT`, counted in
+    `read_counts.hinted`) until `PROBE_MISSES` missed; the rest are advised
+    unasked. A hint that finds its pages cached is evidence that hints are
+    not needed (`OpenFiles.counting_reads`). Never raises.
+    """
+    if not read_counts.supported or not fds:
+        return advise_pieces(fds, offsets, nbytes)
+    view = memoryview(bytearray(min(max(nbytes), PROBE_BYTES)))
+    preadv, cold = os.preadv, []
+    for j, (fd, off, n) in enumerate(zip(fds, offsets, nbytes, strict=True)):
+        k = min(n, PROBE_BYTES)
+        try:
+            if preadv(fd, [view[:k]], off, _NOWAIT) >= k:
+                continue
+        except OSError:  # not in memory (EAGAIN), or not asked here
+            pass
+        cold.append(j)
+        if len(cold) == PROBE_MISSES:
+            break
+    read_counts.hinted += j + 1
+    read_counts.hinted_missed += len(cold)
+    cold += range(j + 1, len(fds))
+    advise_pieces(*([x[i] for i in cold] for x in (fds, offsets, nbytes)))
 
 
 def advise_pieces(fds, offsets, nbytes) -> None:

@@ -25,6 +25,7 @@ import grain_cells
 from grain_cells.errors import SourceChangedError
 from grain_cells.io import _file_set as file_set
 from grain_cells.io import _open_file as open_file_mod
+from grain_cells.storage import _readers
 
 N_FILES = 6
 CELLS = 40
@@ -132,14 +133,20 @@ def test_hints_of_known_closed_files_take_a_bare_descriptor(
     for f in range(N_FILES):
         source.read([f * CELLS])
     source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
-    hinted: list[int] = []
-    real = os.posix_fadvise
+    hinted: list[int] = []  # descriptors advised, or asked first (RWF_NOWAIT)
+    real, real_preadv = os.posix_fadvise, os.preadv
 
     def fadvise(fd, offset, length, advice):
         hinted.append(fd)
         return real(fd, offset, length, advice)
 
+    def preadv(fd, buffers, offset, flags=0):
+        if flags & getattr(os, "RWF_NOWAIT", 0):
+            hinted.append(fd)
+        return real_preadv(fd, buffers, offset, flags)
+
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    monkeypatch.setattr(os, "preadv", preadv)
     reopens.clear()
     fds = _fds()
     source.advise(np.arange(len(source)))
@@ -187,9 +194,19 @@ def test_a_fetchs_own_descriptors_stay_within_the_bound(paths, monkeypatch):
     not os.path.isdir("/proc/self/fd") or not hasattr(os, "posix_fadvise"),
     reason="Linux /proc and page-cache hints",
 )
-def test_a_hint_reads_each_short_ranges_pointers_in_one_read(paths, monkeypatch):
+@pytest.mark.parametrize("nowait", [False, True], ids=["advised", "asked_first"])
+def test_a_hint_reads_each_short_ranges_pointers_in_one_read(
+    paths, monkeypatch, nowait
+):
     """A hint of known files reads one `indptr` piece per range (its slice),
-    not its two ends apart, and hints the same values' pages as before."""
+    not its two ends apart, and hints the same values' pages as before.
+
+    `asked_first`: where `RWF_NOWAIT` works, each value piece is asked for
+    first (one more read each) and, all in memory here, not advised.
+    """
+    if nowait and not getattr(os, "RWF_NOWAIT", 0):
+        pytest.skip("RWF_NOWAIT")
+    monkeypatch.setattr(_readers.read_counts, "supported", nowait)
     source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=2)
     source.read(np.arange(N_FILES) * CELLS)  # every file's pieces known
     pieces: list[int] = []
@@ -208,8 +225,11 @@ def test_a_hint_reads_each_short_ranges_pointers_in_one_read(paths, monkeypatch)
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
     blocks = np.arange(0, len(source), 3)  # blocks of 4 rows, none touching
     source.advise(blocks)
-    assert len(pieces) == blocks.size  # one read per range (was two)
-    assert len(hinted) == 2 * blocks.size  # its data and its indices
+    if nowait:  # its slice, then its data and indices asked: all cached
+        assert len(pieces) == 3 * blocks.size and hinted == []
+    else:
+        assert len(pieces) == blocks.size  # one read per range (was two)
+        assert len(hinted) == 2 * blocks.size  # its data and its indices
     source.close()
 
 

@@ -5,7 +5,9 @@ Every local positional read asks first without waiting (`preadv` with
 memory (`storage.read_counts`). A source whose recent reads missed at most
 `WARM_MISSES` of `WARM_PIECES` pieces sends no `posix_fadvise` hints (on
 2,000 files each hint reopened a closed file); as soon as more miss, hints
-start again. The bytes read never depend on any of it.
+start again, and they stop again once the hints themselves, which ask for
+each piece without waiting before advising it, find the pages in memory.
+The bytes read never depend on any of it.
 
 Files are written by anndata; values are checked against anndata's rows.
 """
@@ -222,4 +224,44 @@ def test_reads_that_missed_never_ask_again(written, monkeypatch):
         got = source.read(rows)
         np.testing.assert_array_equal(got.X.toarray(), _expected(adatas, rows))
     assert asked == [] and source._handles.cache_warm is False
+    source.close()
+
+
+def test_hints_that_find_their_pages_cached_stop_again(written, hints, monkeypatch):
+    """A source judged cold turns warm again when its hints find pages cached.
+
+    (A page cache emptied for a while, then filled again: the hints' own
+    asks, made before anything is advised, are the evidence; the reads'
+    are not, since earlier hints fetched their pages.)
+    """
+    paths, adatas = written
+    monkeypatch.setattr(_readers.read_counts, "supported", True)
+    real, evicted = os.preadv, [True]
+
+    def preadv(fd, buffers, offset, flags=0):
+        if flags & os.RWF_NOWAIT and evicted[0]:
+            raise BlockingIOError(errno.EAGAIN, "would block")
+        return real(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    source = grain_cells.AnnDataSource(paths, block_size=16)
+    rng = np.random.default_rng(5)
+    _read_much(source, rng)
+    keys = np.arange(len(source))
+    for _ in range(3):  # every piece missing: hinted, still cold
+        hints.clear()
+        source.advise(keys)
+        assert hints and source.hints_wanted
+    evicted[0] = False  # every page in memory again
+    source.fetch_ranges(np.array([0]), np.array([CELLS]))
+    for _ in range(8):
+        hints.clear()
+        source.advise(keys)
+        assert hints == []  # cached pieces are not advised
+        if not source.hints_wanted:
+            break
+    assert source._handles.cache_warm
+    rows = np.sort(rng.choice(source.num_cells, 50, replace=False))
+    got = source.read(rows)
+    np.testing.assert_array_equal(got.X.toarray(), _expected(adatas, rows))
     source.close()
