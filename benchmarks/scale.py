@@ -4,7 +4,9 @@ Writes thin atlas-shaped files (`grain_cells.synthetic.write_thin_atlas`:
 ~4 values per cell over 2,000 genes, categorical obs `plate`, `donor`,
 `cell_type`, `batch` sorted like plate files, in anndata's layout) and
 measures, each measure in a fresh process (this file run again with
-`--probe=...`) so that every memory figure is its own:
+`--probe=...`) so that every memory figure is its own (`--smoke` runs a
+point's measures in one process, one after the other: its figures only show
+that each measure runs):
 
 * `construct`: `AnnDataSource(paths, obs_columns=[the four])`: wall and
   CPU-s, peak RSS growth and anonymous-memory growth, CPU-ms per file;
@@ -63,6 +65,7 @@ import tempfile
 import time
 
 import bench_util
+import scale_probes
 from absl import app, flags
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,30 +122,20 @@ _SMOKE = flags.DEFINE_bool(
     "smoke", False, "Tiny sizes (a test of the binary); flags given still win."
 )
 _JSON = flags.DEFINE_string("json", None, "Write the points and figures here.")
-_PROBE = flags.DEFINE_string("probe", None, "Internal: run one measure, print JSON.")
+_ONE_PROCESS = flags.DEFINE_bool(
+    "one_process",
+    False,
+    "Run a point's measures one after the other in one fresh process (each "
+    "measure's figures then include what the earlier ones left); --smoke's "
+    "default, since the process starts were most of its time.",
+)
+_PROBE = flags.DEFINE_list(
+    "probe", None, "Internal: run these measures, print their figures as JSON."
+)
 _PATHS = flags.DEFINE_string(
     "paths", None, "Internal: a file listing the probe's files."
 )
 _OBS = ["plate", "donor", "cell_type", "batch"]
-_FLAG_NAMES = (
-    "cells",
-    "files",
-    "collection_cells",
-    "compression",
-    "measures",
-    "workers",
-    "fd_workers",
-    "minibatches",
-    "throughput_minibatches",
-    "batch_size",
-    "label",
-    "split_column",
-    "n_donors",
-    "cache",
-    "timeout_s",
-    "max_rss_gb",
-    "smoke",
-)
 
 
 def parse_count(text: str) -> int:
@@ -277,12 +270,16 @@ def _error_line(stderr: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
-def _spawn(measure: str, paths_file: str) -> dict:
-    """One measure in a fresh process, guarded by time and memory."""
+def _spawn(measures: list[str], paths_file: str) -> dict:
+    """Measures, one after the other, in a fresh process guarded by time and memory.
+
+    Returns `{measure: figures}` of those done and of the one that failed
+    (`error`), if any; the rest did not run.
+    """
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
-        f"--probe={measure}",
+        f"--probe={','.join(measures)}",
         f"--paths={paths_file}",
     ] + [
         f"--{n}={','.join(map(str, v)) if isinstance(v, list) else v}"
@@ -325,22 +322,46 @@ def _spawn(measure: str, paths_file: str) -> dict:
     stdout, stderr = out.read(), err.read()
     out.close()
     err.close()
-    wall = round(time.perf_counter() - t0, 1)
-    if killed or proc.returncode != 0:
-        return {
-            "error": killed or _error_line(stderr),
-            "returncode": proc.returncode,
-            "process_s": wall,
-            "tree_peak_pss_mb": round(peak, 1),
-            "tree_peak_rss_mb": round(peak_rss, 1),
-            "stderr_tail": stderr[-2000:],
-        }
-    record = json.loads(stdout.strip().splitlines()[-1])
-    return record | {
-        "process_s": wall,
+    process = {
+        "process_s": round(time.perf_counter() - t0, 1),
         "tree_peak_pss_mb": round(peak, 1),
         "tree_peak_rss_mb": round(peak_rss, 1),
     }
+    done = {}  # the probe prints one line `{measure: figures}` per measure
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            done |= {m: r for m, r in json.loads(line).items() if m in measures}
+    records = {m: done[m] | process for m in measures if m in done}
+    if killed or proc.returncode != 0:
+        failed = next(m for m in measures if m not in done)
+        records[failed] = {
+            "error": killed or _error_line(stderr),
+            "returncode": proc.returncode,
+            **process,
+            "stderr_tail": stderr[-2000:],
+        }
+    return records
+
+
+def _measure(point: dict, paths: list[str], list_file: str) -> None:
+    """The point's measures, each in a fresh process.
+
+    With `--one_process`, all in one (a failed measure's successors in the next).
+    """
+    todo = list(_MEASURES.value)
+    while todo:
+        if _CACHE.value == "cold":
+            bench_util.evict_page_cache(paths)
+        else:
+            bench_util.warm_page_cache(paths)
+        load = {"load_avg": round(os.getloadavg()[0], 2)}
+        group = todo if _ONE_PROCESS.value else todo[:1]
+        records = _spawn(group, list_file)
+        for m, record in records.items():
+            point["measures"][m] = load | record
+            line = json.dumps(point["measures"][m])[:400]
+            print(f"{point['point']} {m}: {line}", flush=True)
+        todo = todo[len(records) :]
 
 
 def _derive(points: list[dict]) -> None:
@@ -376,6 +397,16 @@ def _derive(points: list[dict]) -> None:
         p["vs_one_file"] = cmp
 
 
+def _flag_values() -> dict:
+    """This binary's flags that shape the figures (not where files go)."""
+    internal = ("data_dir", "json", "probe", "paths")
+    return {
+        f.name: f.value
+        for f in flags.FLAGS.get_flags_for_module(sys.argv[0])
+        if f.name not in internal
+    }
+
+
 def _commit() -> str | None:
     done = subprocess.run(
         ["git", "-C", _HERE, "describe", "--always", "--dirty"],
@@ -408,13 +439,13 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _PROBE.value:
-        import scale_probes
-
         flags.FLAGS.mark_as_parsed()
         with open(_PATHS.value) as f:
             paths = f.read().split("\n")
-        fn = scale_probes.MEASURES[_PROBE.value]
-        print(json.dumps(fn(paths, _opts(_DATA_DIR.value or tempfile.gettempdir()))))
+        opts = _opts(_DATA_DIR.value or tempfile.gettempdir())
+        for m in _PROBE.value:  # a line each, printed as soon as it is done
+            figures = scale_probes.MEASURES[m](paths, opts)
+            print(json.dumps({m: figures}), flush=True)
         return
     if _SMOKE.value:
         for name, value in (
@@ -427,24 +458,11 @@ def main(argv) -> None:
             ("workers", 1),
             ("n_donors", 20),
             ("timeout_s", 120),
+            ("one_process", True),
         ):
             if not flags.FLAGS[name].present:  # flags given win
                 flags.FLAGS[name].value = value
-    unknown = set(_MEASURES.value) - set(
-        (
-            "construct",
-            "first_batch",
-            "throughput",
-            "epoch",
-            "workers",
-            "fds",
-            "get_state",
-            "splits",
-            "weights",
-            "len",
-            "preshuffle",
-        )
-    )
+    unknown = set(_MEASURES.value) - set(scale_probes.MEASURES)
     if unknown:
         raise app.UsageError(f"--measures: unknown {sorted(unknown)}")
     data_dir = _DATA_DIR.value or tempfile.mkdtemp(prefix="grain_cells_scale-")
@@ -459,18 +477,7 @@ def main(argv) -> None:
             with open(list_file, "w") as f:
                 f.write("\n".join(paths))
             p["measures"] = {}
-            for m in _MEASURES.value:
-                if _CACHE.value == "cold":
-                    bench_util.evict_page_cache(paths)
-                else:
-                    bench_util.warm_page_cache(paths)
-                p["measures"][m] = {"load_avg": round(os.getloadavg()[0], 2)} | _spawn(
-                    m, list_file
-                )
-                print(
-                    f"{p['point']} {m}: {json.dumps(p['measures'][m])[:400]}",
-                    flush=True,
-                )
+            _measure(p, paths, list_file)
             del p["where"]
             print(_summary(p), flush=True)
         _derive(points)
@@ -478,7 +485,7 @@ def main(argv) -> None:
             with open(_JSON.value, "w") as f:
                 json.dump(
                     {
-                        "flags": {n: flags.FLAGS[n].value for n in _FLAG_NAMES},
+                        "flags": _flag_values(),
                         "machine": {
                             "cpus": os.cpu_count(),
                             "python": sys.version.split()[0],

@@ -91,7 +91,11 @@ def test_reopens_from_layouts_open_no_hdf5_and_read_the_same(paths, opens):
     source.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+# Worker starts (~1.5 s each) are the slow loop's (BUILD.md, "Tests").
+WORKERS = [0, pytest.param(2, marks=pytest.mark.slow, id="2")]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
 def test_an_epoch_through_two_open_files_equals_anndata(paths, workers):
     truth = _truth(paths)
     source = grain_cells.AnnDataSource(
@@ -294,7 +298,7 @@ def test_a_file_changed_after_its_cache_entry_is_refused(quiet_paths, opens):
     built.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", WORKERS)
 def test_an_epoch_from_cached_layouts_equals_anndata(quiet_paths, workers):
     grain_cells.AnnDataSource(quiet_paths, obs_columns=["idx"])  # writes entries
     test_an_epoch_through_two_open_files_equals_anndata(quiet_paths, workers)

@@ -295,13 +295,14 @@ def test_exhausted_retries_through_the_loader(proxy, csr_paths, workers):
         worker_count=workers,
     )
     proxy.set_rule(always(Fault.slow_down()))
-    start = time.monotonic()
     with pytest.raises(grain_cells.errors.ObjectStoreError, match="SlowDown") as info:
         for _ in loader:
             pass
-    assert time.monotonic() - start < HANG_GUARD_S
     # Intact across worker processes: the attributes, not only the text.
     assert info.value.url in paths and info.value.status == 503
+    # The retries ran out as configured, in the workers too (no wall-clock
+    # bound here: two worker starts alone took over 20 s on a loaded machine).
+    assert info.value.attempts == 2
 
 
 def test_object_replaced_mid_run_raises(served, proxy, csr_paths, tmp_path):
