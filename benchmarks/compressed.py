@@ -67,6 +67,12 @@ _MAX_WINDOW = flags.DEFINE_float(
     "Seconds after which the warm-up and the window are each cut short.",
 )
 _PEERS = flags.DEFINE_string("peers", "scdataset", "Peers on the compressed file.")
+_CEILING_FETCHES = flags.DEFINE_integer(
+    "ceiling_fetches", 30, "decode_ceiling.py's --fetches (its sample)."
+)
+_CEILING_REPEATS = flags.DEFINE_integer(
+    "ceiling_repeats", 3, "decode_ceiling.py's --repeats (the best is kept)."
+)
 _BASELINE = flags.DEFINE_string(
     "baseline_checkout",
     None,
@@ -124,6 +130,8 @@ def main(argv):
             f"--block_size={_BLOCK.value}",
             f"--fetch_factor={_FETCH.value}",
             "--codecs",
+            f"--fetches={_CEILING_FETCHES.value}",
+            f"--repeats={_CEILING_REPEATS.value}",
             f"--json={ceiling_json}",
         ],
         check=True,

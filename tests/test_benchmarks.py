@@ -556,6 +556,8 @@ def test_compressed_suite(workdir):
         "--max_window_s=0.2",  # warm-up and window of each point
         "--peers=",
         "--aligned=2/64/32",
+        "--ceiling_fetches=3",  # the ceiling's own test samples more
+        "--ceiling_repeats=1",
         f"--output_dir={out}",
     )
     points = json.loads((out / "compressed.json").read_text())["points"]
