@@ -148,7 +148,10 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def owns(self, node) -> bool:
-        """Whether `node` (group, array or open file) is this format's."""
+        """Whether `node` (group, array or open file) is this format's.
+
+        Decided by the node's type alone: `of` remembers the answer per type.
+        """
 
     @abc.abstractmethod
     def is_group(self, node) -> bool: ...
@@ -226,11 +229,13 @@ class Format(abc.ABC):
 
 _lock = threading.Lock()
 _asked: tuple[Format, ...] = ()  # newest first, fallbacks last
+_owners: dict[type, Format] = {}  # `of`'s answers, by node type
 
 
 def _set(formats) -> None:
-    global _asked
+    global _asked, _owners
     _asked = tuple(sorted(formats, key=lambda f: f.fallback))  # stable
+    _owners = {}
 
 
 def register(fmt: Format) -> Format:
@@ -268,8 +273,17 @@ def for_path(path: str | os.PathLike) -> Format:
 
 
 def of(node) -> Format | None:
-    """The format that owns `node` (a group, an array, an open file), or None."""
+    """The format that owns `node` (a group, an array, an open file), or None.
+
+    Remembered by the node's type until the registered formats change (a
+    build asks ~100 times a file).
+    """
+    owners = _owners
+    fmt = owners.get(type(node))
+    if fmt is not None:
+        return fmt
     for fmt in _asked:  # (a loop: no generator to make per node asked)
         if fmt.owns(node):
+            owners[type(node)] = fmt
             return fmt
     return None

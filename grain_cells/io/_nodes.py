@@ -12,24 +12,10 @@ import threading
 
 from grain_cells import formats
 
-_OWNERS: dict = {}  # type -> its format, while the registered formats stay
-
-
-def _of(node) -> formats.Format | None:
-    """`formats.of(node)`, remembered by type (a build asks ~100 times a file)."""
-    key = type(node)
-    held = _OWNERS.get(key)
-    if held is not None and held[0] is formats.registered():
-        return held[1]
-    fmt = formats.of(node)
-    if fmt is not None:
-        _OWNERS[key] = (formats.registered(), fmt)
-    return fmt
-
 
 def format_of(node) -> formats.Format:
     """The format that owns `node` (a group, array or open file); else TypeError."""
-    fmt = _of(node)
+    fmt = formats.of(node)
     if fmt is None:
         raise TypeError(
             f"{type(node).__name__} is not a node of any registered format "
@@ -40,19 +26,19 @@ def format_of(node) -> formats.Format:
 
 def is_group(node) -> bool:
     """Whether `node` is a group (an open file's root too)."""
-    fmt = _of(node)
+    fmt = formats.of(node)
     return fmt is not None and fmt.is_group(node)
 
 
 def is_array(node) -> bool:
     """Whether `node` is an array."""
-    fmt = _of(node)
+    fmt = formats.of(node)
     return fmt is not None and fmt.is_array(node)
 
 
 def checked(node, path: str):
     """`node`, checked against its format's own metadata (`Format.checked`)."""
-    fmt = _of(node)
+    fmt = formats.of(node)
     return node if fmt is None else fmt.checked(node, path)
 
 
@@ -78,7 +64,7 @@ def get(group, name: str):
         held = memo.get((id(group), name))
         if held is not None:
             return held[1]
-    fmt = _of(group)
+    fmt = formats.of(group)
     try:
         node = group.get(name) if fmt is None else fmt.child(group, name)
     except (KeyError, OSError):  # a dangling external link "is in" the group
@@ -101,7 +87,7 @@ def attr(node, name: str, default=None):
         held = memo.get((id(node), "", name))
         if held is not None:
             return default if held[1] is _ABSENT else held[1]
-    fmt = _of(node)
+    fmt = formats.of(node)
     value = (
         node.attrs.get(name, _ABSENT) if fmt is None else fmt.attr(node, name, _ABSENT)
     )
@@ -118,7 +104,7 @@ def attr_str(node, name: str, default=None):
 
 def is_string_array(node) -> bool:
     """Whether `node` is an array of strings."""
-    fmt = _of(node)
+    fmt = formats.of(node)
     return fmt is not None and fmt.is_array(node) and fmt.is_string_array(node)
 
 
