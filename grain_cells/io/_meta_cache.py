@@ -221,7 +221,9 @@ def inspect_file(
                 f, [c for c in obs_names if c in have], have, columns
             )
             layouts = None
-            if fd is not None and not (stat.etag or stat.content or stat.store):
+            # The layouts are taken over `fd`: only when it reads this very file.
+            same = fd is not None and not stat.changes(fd.stat())
+            if same and not (stat.etag or stat.content or stat.store):
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
     finally:
