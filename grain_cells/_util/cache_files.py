@@ -88,7 +88,8 @@ def write_new(path: str | os.PathLike, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):  # not a newer one
+                os.unlink(path)
         raise
     finally:
         os.close(fd)
