@@ -24,6 +24,7 @@ from grain_cells.sampling._stream import BlockStream
 _SHUFFLE_ROUNDS = 4
 _LIST_POSITIONS = 1 << 16
 _VECTOR_POSITIONS = 1 << 12  # from here, `numpy_index_shuffle`
+_SMALL_EPOCH = 1 << 12  # blocks; up to here, an epoch's order whole (`_small_epoch`)
 
 
 class BlockSampler(BlockStream):
@@ -83,7 +84,7 @@ class BlockSampler(BlockStream):
     def _block(self, epoch: int, offset: int) -> int:
         if not self._shuffle or self.num_blocks == 1:
             return offset
-        if self.num_blocks <= _VECTOR_POSITIONS:
+        if self.num_blocks <= _SMALL_EPOCH:
             return int(_small_epoch(self.num_blocks, self._epoch_seed(epoch))[offset])
         return grain.experimental.index_shuffle(
             offset,
@@ -101,7 +102,7 @@ class BlockSampler(BlockStream):
         for epoch in np.unique(epochs).tolist():
             at = np.flatnonzero(epochs == epoch)
             seed = self._epoch_seed(epoch)
-            if self.num_blocks <= _VECTOR_POSITIONS:
+            if self.num_blocks <= _SMALL_EPOCH:
                 out[at] = _small_epoch(self.num_blocks, seed)[offsets[at]]
                 continue
             if at.size >= _VECTOR_POSITIONS:  # Grain's shuffle, with NumPy
