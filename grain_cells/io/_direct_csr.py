@@ -42,8 +42,10 @@ class Flat:
         return np.concatenate(self.offsets)
 
     @functools.cached_property
-    def counts(self) -> tuple:
-        return tuple(o.size for o in self.offsets)
+    def meta(self) -> np.ndarray:
+        """Pieces per array (3), rows per piece (3), nnz, n_vars: a `_Files` row."""
+        counts = [o.size for o in self.offsets]
+        return np.array([*counts, *self.chunk_rows, self.nnz, self.n_vars], np.int64)
 
     def over(self, fd) -> Flat:
         """The same pieces in another `ByteReader` of the same file (a reopen)."""
@@ -53,6 +55,7 @@ class Flat:
 
 
 _NAMES = ("indptr", "data", "indices")
+_DTYPES: dict = {}
 
 
 def flat_of(reader, fd) -> Flat | None:
@@ -72,8 +75,11 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):
         return None
-    arrays = zip(*((x.offsets, x.chunk_rows, x.dtype) for x in ordered), strict=True)
-    return Flat(raw, *arrays, info.nnz, info.n_vars)
+    offsets, rows, dtypes = zip(
+        *((x.offsets, x.chunk_rows, x.dtype) for x in ordered), strict=True
+    )
+    dtypes = _DTYPES.setdefault(dtypes, dtypes)  # files compare them by identity
+    return Flat(raw, offsets, rows, dtypes, info.nnz, info.n_vars)
 
 
 class _Files:
@@ -81,11 +87,12 @@ class _Files:
 
     def __init__(self, flats: list[Flat]):
         self.offsets = np.concatenate([f.pieces for f in flats])
-        counts = np.array([f.counts for f in flats], np.int64)  # (files, 3)
+        meta = np.concatenate([f.meta for f in flats]).reshape(len(flats), -1)
+        counts, self.rows = meta[:, :3], meta[:, 3:6]  # (files, 3) each
+        self.nnz, self.n_vars = meta[:, 6], meta[:, 7]
         totals = counts.sum(axis=1)
         first = np.cumsum(totals) - totals
         self.bases = first[:, None] + (np.cumsum(counts, axis=1) - counts)
-        self.rows = np.array([f.chunk_rows for f in flats], np.int64)
         self.itemsizes = [d.itemsize for d in flats[0].dtypes]
 
     def pieces(self, k: int, group, fds, starts, stops):
@@ -156,7 +163,7 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
         _pread(None, ptr, *table.pieces(0, group, fds, starts, stops + 1))
     except ShortReadError:
         return None
-    nnz = np.array([f.nnz for f in flats], np.int64)[group]
+    nnz = table.nnz[group]
     indptr = buf.get("indptr", (n_rows + 1,), np.int64)
     ends = split_indptr(ptr.astype(np.int64, copy=False), lengths, nnz, indptr)
     if ends is None:
@@ -175,7 +182,7 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     per_file = np.bincount(group, spans, len(flats)).astype(np.int64)
     if check_indices and total:  # negative indices viewed unsigned exceed n_vars
         unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-        n_vars = np.array([f.n_vars for f in flats], np.int64)
+        n_vars = table.n_vars
         top = int(unsigned.max())
         if top >= n_vars.min() and not (unsigned < np.repeat(n_vars, per_file)).all():
             return None
@@ -225,7 +232,7 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     last_at[n - n_long :] = heads[n:]
     firsts = ends[heads[:n]].astype(np.int64)
     lasts = ends[last_at].astype(np.int64)
-    nnz = np.array([f.nnz for f in flats], np.int64)[group]
+    nnz = table.nnz[group]
     some = (firsts < lasts) & (firsts >= 0) & (lasts <= nnz)
     g, a, b = group[some], firsts[some], lasts[some]
     for k in (1, 2):
@@ -244,7 +251,9 @@ def _pread(pool, out: np.ndarray, fds, offsets, nbytes) -> None:
         jobs = min(
             getattr(pool, "threads", 4), nbytes.size, total // _MIN_BYTES_PER_THREAD
         )
-    cuts = np.searchsorted(ends, np.linspace(0, total, jobs + 1)[1:-1]).tolist()
+    cuts = []
+    if jobs > 1:
+        cuts = np.searchsorted(ends, np.linspace(0, total, jobs + 1)[1:-1]).tolist()
     parts = [
         (fds[a:b].tolist(), dest, *(x[a:b].tolist() for x in (offsets, nbytes, starts)))
         for a, b in itertools.pairwise([0, *cuts, nbytes.size])

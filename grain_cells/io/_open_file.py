@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 from collections.abc import Iterator, Sequence
 
@@ -21,7 +22,10 @@ from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
 from grain_cells.io._h5ad import inspect_element, open_unchanged
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
+from grain_cells.io._obs_rows import stacked
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
+
+_DTYPES_OF = operator.attrgetter("dtypes")
 
 
 @dataclasses.dataclass(eq=False)
@@ -41,6 +45,10 @@ class OpenFile:
     fd: ByteReader | None = None
     _reader: CsrReader | DenseReader | FieldReader | None = None
     flat: object = False
+    want: tuple | None = None  # (path, stat fields) a fetch's own open checks
+
+    def __post_init__(self):
+        self.obs = stacked(self.obs)  # one slice per file in a fetch
 
     @property
     def reader(self) -> CsrReader | DenseReader | FieldReader:
@@ -54,6 +62,7 @@ class OpenFile:
         """A record's weight in `Checked`: its arrays, layouts and objects."""
         arrays = [*self.obs.values(), *(self.layouts or {}).values()]
         total = sum(int(getattr(a, "nbytes", 0)) for a in arrays)
+        total += getattr(self.obs, "OVERHEAD_BYTES", 0)  # stacked: its views
         return _file_lru.RECORD_OVERHEAD_BYTES + total
 
     def close(self) -> None:
@@ -205,41 +214,43 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
     """
     files, checked = handles.files, handles._checked
     entries = handles.pin_if_open(indices)
-    closed = [i for i, e in zip(indices, entries, strict=True) if e is None]
-    handles.reserve(len(closed))  # the fetch's own descriptors fit within the bound
-    records = iter(checked.get_many(closed))
-    own: list[int] = []  # descriptors opened here
-    readers: list = []  # byte readers opened to learn a record's pieces
-    slow: list[int] = []  # positions of files opened through the bound
     n = len(indices)
     flats: list = [None] * n
     fds = [-1] * n
     obs: list = [None] * n
+    closed: list[int] = []  # positions of files not open in the bound
+    own: list[int] = []  # descriptors opened here
+    readers: list = []  # byte readers opened to learn a record's pieces
+    slow: list[int] = []  # positions of files opened through the bound
     try:
-        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
-            if entry is not None:
-                handle = entry.handle
-                reader = handle.fd
-                if not (
-                    isinstance(reader, LocalByteReader)
-                    and files.identities[i].stat.matches(os.fstat(reader.fd))
-                ):
-                    handles.check_at_read(i, handle)
-                flats[k], obs[k] = _flat(handle), handle.obs
+        for k, entry in enumerate(entries):
+            if entry is None:
+                closed.append(k)
                 continue
-            record = next(records)
-            if record is not None and record.flat is False and record.layouts:
+            i, handle = indices[k], entry.handle
+            reader = handle.fd
+            if not (
+                isinstance(reader, LocalByteReader)
+                and files.identities[i].stat.matches(os.fstat(reader.fd))
+            ):
+                handles.check_at_read(i, handle)
+            flats[k], obs[k] = _flat(handle), handle.obs
+        handles.reserve(len(closed))  # the fetch's own descriptors fit the bound
+        records = checked.get_many([indices[k] for k in closed])
+        for k, record in zip(closed, records, strict=True):
+            flat = None if record is None else record.flat
+            if flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
-                readers.append(_open_bytes(files, i, record.format))
+                readers.append(_open_bytes(files, indices[k], record.format))
                 _learn_flat(record, readers[-1])
                 if isinstance(record.flat, _direct_csr.Flat):
                     flats[k], obs[k] = record.flat, record.obs
                     continue
-            flat = None if record is None else record.flat
-            if not isinstance(flat, _direct_csr.Flat):  # unknown yet: the bound
+                flat = record.flat
+            if flat.__class__ is not _direct_csr.Flat:  # unknown yet: the bound
                 slow.append(k)
                 continue
-            fd = open_checked(files.identities[i], files.infos[i].path)
+            fd = _open_known(files, indices[k], record)
             if fd is None:  # gone or changed: the bound's open says how
                 slow.append(k)
                 continue
@@ -304,10 +315,40 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
 
 def _valid(flats: list, fds: list, obs: list) -> tuple | None:
     """`(flats, fds, obs)` when every file has a `Flat`, all of one dtype."""
-    if any(f is None for f in flats) or len({f.dtypes for f in flats}) != 1:
+    if None in flats:
+        return None
+    dtypes = flats[0].dtypes  # interned: one object per dtype triple
+    if len(set(map(id, map(_DTYPES_OF, flats)))) != 1 and any(
+        f.dtypes != dtypes for f in flats
+    ):
         return None
     fds = [f.fd if d < 0 else d for f, d in zip(flats, fds, strict=True)]
     return flats, fds, obs
+
+
+def _open_known(files, i: int, record: OpenFile) -> int | None:
+    """`open_checked` of a file with a record: its path and stat kept on it."""
+    want = record.want
+    if want is None:
+        stat = files.identities[i].stat
+        if stat.etag or stat.content or stat.store:
+            return open_checked(files.identities[i], files.infos[i].path)
+        then = (stat.ino, stat.dev, stat.size, stat.mtime_ns, stat.ctime_ns)
+        want = record.want = (files.infos[i].path, then)
+    try:
+        fd = os.open(want[0], os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want[1]:
+        os.close(fd)
+        files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
+        return None  # changed in nothing a read depends on: through the bound
+    return fd
 
 
 def open_checked(identity, path: str) -> int | None:

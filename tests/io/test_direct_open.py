@@ -110,6 +110,25 @@ def test_a_file_changed_while_closed_is_refused_at_a_fetch(paths):
     source.close()
 
 
+@pytest.mark.parametrize("change", ["touched", "replaced"])
+def test_a_file_changed_after_its_pieces_are_known_is_refused(paths, change):
+    source = grain_cells.AnnDataSource(
+        paths, block_size=4, obs_columns=["idx"], max_open_files=1
+    )
+    for f in range(N_FILES):
+        source.read([f * CELLS])
+    source.read([0, 2 * CELLS])  # file 0's pieces learnt; it stays closed
+    np.testing.assert_array_equal(source.read([0, CELLS]).obs["idx"], [0, CELLS])
+    if change == "touched":
+        os.utime(paths[0], ns=(1, 1))
+    else:  # another file of the same size under the name
+        _write(paths[0] + ".new", 0)
+        os.replace(paths[0] + ".new", paths[0])
+    with pytest.raises(SourceChangedError, match=r"part0\.h5ad"):
+        source.read([0, CELLS])
+    source.close()
+
+
 def test_a_file_removed_while_closed_is_refused_at_a_fetch(paths):
     source = grain_cells.AnnDataSource(paths, block_size=4, max_open_files=1)
     for f in range(N_FILES):
