@@ -200,7 +200,11 @@ class Checked(FileLru):
     def get_many(self, keys: Sequence[int]) -> list:
         """`get` of each key, under one lock (a fetch's closed files)."""
         with self._lock:
-            return [e and e.handle for e in _touch_many(self._open, keys)]
+            table = self._open
+            if 2 * len(table) < self.max_open and 2 * self._weight < self.max_weight:
+                # Far from the bounds nothing is dropped: no recency to keep.
+                return [e and e.handle for e in map(table.get, keys)]
+            return [e and e.handle for e in _touch_many(table, keys)]
 
     def peek(self, key: int):
         """File `key`'s record without marking it used (hints), or None."""

@@ -75,10 +75,11 @@ def fetch_ranges(
                 )
                 if got is not None:  # in output columns
                     *csr, per_file = got
-                    ends = np.cumsum(per_file).tolist()
-                    maps = [files_.genes.maps[i] for i in file_of]
-                    spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
-                    csr = remap_csr(*csr, spans, buf, check_indices)
+                    maps = list(map(files_.genes.maps.__getitem__, file_of))
+                    if maps.count(None) < len(maps):  # a file's genes mapped
+                        ends = np.cumsum(per_file).tolist()
+                        spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
+                        csr = remap_csr(*csr, spans, buf, check_indices)
                     csr = CsrRows(*csr, files_.num_genes)
                     return FetchedRows(csr, None, row_ids, obs)
     # File by file (or again, to name what the direct read found wrong).

@@ -96,3 +96,14 @@ def test_a_record_counts_its_objects_beside_its_arrays(tmp_path):
     arrays += sum(v.nbytes for v in record.layouts.values())
     arrays += getattr(record.obs, "OVERHEAD_BYTES", 0)  # stacked columns' views
     assert checked.get(0).nbytes == arrays + _file_lru.RECORD_OVERHEAD_BYTES
+
+
+def test_records_near_the_bound_drop_the_least_recently_used(tmp_path):
+    _, record = _record(tmp_path)
+    checked = _file_lru.Checked(max_files=4)
+    for k in range(4):
+        checked.put(k, record)
+    assert checked.get_many([0])[0] is record  # 0 used again: 1 is oldest now
+    checked.put(4, record)
+    assert checked.peek(1) is None
+    assert checked.peek(0) is record and checked.peek(4) is record
