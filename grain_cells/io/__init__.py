@@ -10,8 +10,10 @@ from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles, element_files
 from grain_cells.io._frames import (
     encoding_of,
     is_legacy_frame,
+    obs_columns,
     read_elem,
     read_obs_names,
+    read_var_names,
     write_elem,
 )
 from grain_cells.io._genes import JOINS
@@ -21,10 +23,8 @@ from grain_cells.io._h5ad import (
     MatrixInfo,
     inspect_matrix,
     matrix_element,
-    obs_columns,
     obsm_element,
     open_file,
-    read_var_names,
     resolve_paths,
 )
 from grain_cells.io._identity import (

@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 
+from grain_cells._util.ranges import expand_ranges
 from grain_cells.formats import PositionalReader, wait_all
 from grain_cells.storage import (
     ShortReadError,
@@ -104,10 +105,7 @@ class _Files:
             chunk, p_start, p_stop, owner = first, starts, stops, slice(None)
         else:
             owner = np.repeat(np.arange(starts.size), n_pieces)
-            within = np.arange(owner.size) - np.repeat(
-                np.cumsum(n_pieces) - n_pieces, n_pieces
-            )
-            chunk = first[owner] + within
+            chunk = expand_ranges(first, n_pieces)
             c = c[owner]
             p_start = np.maximum(starts[owner], chunk * c)
             p_stop = np.minimum(stops[owner], (chunk + 1) * c)

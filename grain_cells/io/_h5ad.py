@@ -17,8 +17,6 @@ from grain_cells import errors, formats
 from grain_cells.formats import value_dtype as value_dtype
 from grain_cells.io import _nodes
 from grain_cells.io._frames import encoding_of, n_rows, var_group_name
-from grain_cells.io._frames import obs_columns as obs_columns
-from grain_cells.io._frames import read_var_names as read_var_names
 from grain_cells.io._nodes import file_name
 from grain_cells.io._obs import read_obs_column as read_obs_column
 from grain_cells.storage import FileStat

@@ -132,17 +132,17 @@ def sample_digest(f, element: str, nodes: tuple | None = None) -> str:
         read = _nodes.format_of(ds).read
         n = shape[0]
         starts = _spaced(max(n - _WINDOW, 0), _VALUE_WINDOWS)
+        whole = None
         if (
             len(shape) == 1
             and n * ds.dtype.itemsize <= _WHOLE_BYTES
             and _nodes.format_of(ds).chunk_bytes(ds) is None
         ):  # small and stored plain: one read, its windows cut from it (same bytes)
-            whole = np.ascontiguousarray(read(ds, np.s_[0:n], path, (0, n)))
-            for a in starts.tolist():
-                digest.update(whole[a : a + _WINDOW].tobytes())
-            continue
+            whole = read(ds, np.s_[0:n], path, (0, n))
         for a in starts.tolist():
-            if len(shape) == 1:
+            if whole is not None:
+                window = whole[a : a + _WINDOW]
+            elif len(shape) == 1:
                 window = read(ds, np.s_[a : a + _WINDOW], path, (a, a + _WINDOW))
             else:
                 window = read(ds, np.s_[a, :_WINDOW], path, (a, a + 1))

@@ -18,7 +18,6 @@ import json
 import os
 import stat as stat_mod
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -26,11 +25,12 @@ from grain_cells import formats
 from grain_cells._util.cache_files import cache_root, write_atomic, write_new
 from grain_cells.formats import ByteLayout, PositionalReader
 from grain_cells.io import _h5ad, _nodes
+from grain_cells.io._frames import obs_columns
 from grain_cells.io._genes import read_gene_keys
 from grain_cells.io._h5ad import OBSM, MatrixInfo, open_file
 from grain_cells.io._identity import FileIdentity, matrix_nodes
 from grain_cells.io._matrix import element_reader
-from grain_cells.io._obs import ColumnKind
+from grain_cells.io._obs import ColumnKind, ObsColumn
 from grain_cells.storage import FileStat, LocalByteReader
 
 # v4: one entry format, layouts inside it as lists (no version of their own).
@@ -215,7 +215,7 @@ def inspect_file(
             matrix = matrix_nodes(f, info.element)  # once for identity and layouts
             identity = FileIdentity.take(f, path, info.element, stat, matrix)
             keys = read_gene_keys(f, element, genes_from)
-            have = _h5ad.obs_columns(f)
+            have = obs_columns(f)
             columns: dict = {}
             kinds = ColumnKind.read(
                 f, [c for c in obs_names if c in have], have, columns
@@ -293,8 +293,8 @@ def entry_of(files, i: int, fd) -> tuple[dict, dict] | None:
     return obs, layouts
 
 
-def _read_column(d: list, info, fd) -> SimpleNamespace:
-    """A column as `HarmonisedColumn.file_values` reads it (`.values`; ValueError)."""
+def _read_column(d: list, info, fd) -> ObsColumn:
+    """A column for `HarmonisedColumn.file_values` (its codes or values; ValueError)."""
     layout = _layout(d[0])
     n = layout.shape[0]
     if n != info.n_obs:
@@ -303,10 +303,10 @@ def _read_column(d: list, info, fd) -> SimpleNamespace:
     if n:
         PositionalReader(layout, info.path, fd).read(np.array([0]), np.array([n]), out)
     if d[2] is None:
-        return SimpleNamespace(values=out.astype(np.dtype(d[1]), copy=False))
+        return ObsColumn(out.astype(np.dtype(d[1]), copy=False), None)
     if n and (int(out.max()) >= d[2] or int(out.min()) < -1):
         raise ValueError("codes out of range")  # the format's reader reports them
-    return SimpleNamespace(values=out)
+    return ObsColumn(out, None)
 
 
 def _read_entry(path, element, genes_from, stat) -> dict | None:

@@ -135,31 +135,36 @@ class ReadCounts:
 read_counts = ReadCounts()
 
 
+def _nowait(fd: int, buf, off: int) -> int | None:
+    """Bytes read into `buf` from the page cache alone (0: none of it held).
+
+    None where `RWF_NOWAIT` is refused: then it is never asked again.
+    """
+    try:
+        return os.preadv(fd, [buf], off, _NOWAIT)
+    except BlockingIOError:  # nothing of it in memory
+        return 0
+    except OSError:
+        read_counts.supported = False
+        return None
+
+
 def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
     """`LocalByteReader.read_into` of pieces of `fds[i]`, counted while probing."""
     view = memoryview(dest)
-    preadv = os.preadv
     counts = read_counts
     probing = counts.probe and counts.supported
     pieces = missed = 0
     for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
-        got = 0
-        if probing:  # asked without waiting: counted
-            try:
-                got = preadv(fd, [view[d : d + n]], off, _NOWAIT)
-            except BlockingIOError:  # nothing of it in memory
-                got = -1
-            except OSError:  # RWF_NOWAIT refused here: never asked again
-                counts.supported = probing = False
-                got = 0
-            if probing:
-                pieces += 1
-                if got < n:  # the rest of this call waits, uncounted
-                    missed += 1
-                    probing = False
-                    got = max(got, 0)
+        got = _nowait(fd, view[d : d + n], off) if probing else 0
+        if got is None:
+            got, probing = 0, False
+        elif probing:  # asked without waiting: counted
+            pieces += 1
+            missed += got < n
+            probing = got >= n  # else the rest of this call waits, uncounted
         while got < n:  # short reads are legal; zero means end of file
-            more = preadv(fd, [view[d + got : d + n]], off + got)
+            more = os.preadv(fd, [view[d + got : d + n]], off + got)
             if more == 0:
                 raise ShortReadError(off + got, off + n)
             got += more
@@ -170,16 +175,10 @@ def pread_pieces(fds, dest, offsets, nbytes, dest_starts) -> None:
 def pread_cached(fds, dest, offsets, nbytes, dest_starts) -> list[bool]:
     """`pread_pieces` of the pieces the page cache holds (True), the others hinted."""
     view = memoryview(dest)
-    preadv, nowait = os.preadv, _NOWAIT if read_counts.supported else 0
     out = []
     for fd, off, n, d in zip(fds, offsets, nbytes, dest_starts, strict=True):
-        try:
-            got = preadv(fd, [view[d : d + n]], off, nowait) if nowait else -1
-        except BlockingIOError:  # nothing of it in memory
-            got = 0
-        except OSError:  # RWF_NOWAIT refused here: the rest read waiting
-            got, nowait = -1, 0
-        if got < 0:
+        got = _nowait(fd, view[d : d + n], off) if read_counts.supported else None
+        if got is None:  # no asking here: read waiting
             try:
                 pread_pieces([fd], dest, [off], [n], [d])
                 got = n
@@ -202,14 +201,11 @@ def advise_uncached(fds, offsets, nbytes) -> None:
     if not read_counts.supported or not fds:
         return advise_pieces(fds, offsets, nbytes)
     view = memoryview(bytearray(min(max(nbytes), PROBE_BYTES)))
-    preadv, cold = os.preadv, []
+    cold = []
     for j, (fd, off, n) in enumerate(zip(fds, offsets, nbytes, strict=True)):
         k = min(n, PROBE_BYTES)
-        try:
-            if preadv(fd, [view[:k]], off, _NOWAIT) >= k:
-                continue
-        except OSError:  # not in memory (EAGAIN), or not asked here
-            pass
+        if (_nowait(fd, view[:k], off) or 0) >= k:
+            continue
         cold.append(j)
         if len(cold) == PROBE_MISSES:
             break

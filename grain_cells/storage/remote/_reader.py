@@ -199,8 +199,7 @@ class RemoteByteReader:
             with self._lock:
                 batch: list[_Ahead] = []
                 for start, end, a, b in _plan(offsets, nbytes):
-                    k = bisect.bisect_right(self._ahead_starts, start) - 1
-                    if k >= 0 and self._ahead[self._ahead_starts[k]].end >= end:
+                    if (held := self._ahead_at(start)) and held.end >= end:
                         continue  # covered
                     size = end - start
                     self._evict(size)
@@ -237,6 +236,11 @@ class RemoteByteReader:
             if (future := self._ahead[start].future) is not None and future.done():
                 self._drop(start)
 
+    def _ahead_at(self, pos: int) -> _Ahead | None:
+        """The held request that starts last at or before `pos` (locked)."""
+        k = bisect.bisect_right(self._ahead_starts, pos) - 1
+        return self._ahead[self._ahead_starts[k]] if k >= 0 else None
+
     def _drop(self, start: int) -> None:
         request = self._ahead.pop(start)
         self._ahead_starts.pop(bisect.bisect_left(self._ahead_starts, start))
@@ -254,8 +258,7 @@ class RemoteByteReader:
         with self._lock:
             pos, end = off, off + n
             while pos < end:
-                k = bisect.bisect_right(self._ahead_starts, pos) - 1
-                request = self._ahead[self._ahead_starts[k]] if k >= 0 else None
+                request = self._ahead_at(pos)
                 if request is None or request.end <= pos:
                     return False
                 parts.append(request)
@@ -267,10 +270,8 @@ class RemoteByteReader:
             except Exception:  # the read's own GET reports it
                 return False
             stop = min(off + n, request.end)
-            view = np.frombuffer(data, np.uint8)
-            dest[d + pos - off : d + stop - off] = view[
-                pos - request.start : stop - request.start
-            ]
+            data = memoryview(data)[pos - request.start : stop - request.start]
+            dest[d + pos - off : d + stop - off] = data
             with self._lock:
                 request.taken += stop - pos
                 held = self._ahead.get(request.start) is request
