@@ -7,7 +7,6 @@ docs/reference/design.md#hdf5-reads and #hdf5-handles.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 import weakref
@@ -23,7 +22,7 @@ from grain_cells.formats import (
     value_dtype,
 )
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
-from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
+from grain_cells.storage import as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -133,49 +132,27 @@ def row_chunks(dsid, chunk_len: int, n_rows: int):
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
-    if len(ds.shape) != 1:
+    if len(ds.shape) != 1 or (fd := local_fd(ds, path)) is None:
         return None
-    fd = local_fd(ds, path)
-    if fd is None:
+    if (layout := byte_layout(ds, path)) is None:
         return None
-    layout = byte_layout(ds, path)
-    if layout is None:
-        return None
-    n = layout.shape[0]
+    n, points = layout.shape[0], None
     if isinstance(index, slice):
         start, stop, step = index.indices(n)
         if step != 1:
             return None
-        rows, points = layout.chunk_rows, None
-        cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
-        spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
+        starts, stops = np.array([start]), np.array([max(start, stop)])
     elif (points := sorted_points(index, n)) is not None:
-        spans = _point_spans(layout, points)
+        starts, stops = _point_spans(layout, points)
     else:
         return None
-    item = layout.dtype.itemsize
-    total = sum(b - a for a, b in spans)
-    out = np.empty(total, layout.dtype)
-    if total:
-        rows, offsets = layout.chunk_rows, layout.offsets
-        at, file_at, nbytes = [], [], []
-        pos = 0
-        for a, b in spans:
-            k = a // rows
-            file_at.append(int(offsets[k]) + (a - k * rows) * item)
-            nbytes.append((b - a) * item)
-            at.append(pos * item)
-            pos += b - a
-        try:
-            pread_pieces([fd] * len(spans), out.view(np.uint8), file_at, nbytes, at)
-        except ShortReadError as e:
-            raise OSError(f"{path}: {ds.name} ends early ({e})") from e
+    lengths = stops - starts
+    out = np.empty(int(lengths.sum()), layout.dtype)
+    PositionalReader(layout, path, as_byte_reader(fd, path)).read(starts, stops, out)
     if points is None:
         return out
-    starts = np.array([a for a, _ in spans], np.int64)
-    firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
     which = np.searchsorted(starts, points, side="right") - 1
-    return out[firsts[which] + points - starts[which]]
+    return out[(np.cumsum(lengths) - lengths)[which] + points - starts[which]]
 
 
 def sorted_points(index, n: int) -> np.ndarray | None:
@@ -190,23 +167,15 @@ def sorted_points(index, n: int) -> np.ndarray | None:
     return points
 
 
-def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:
-    """Spans that cover sorted `points`: one per chunk, or one per point."""
-    rows, item = layout.chunk_rows, layout.dtype.itemsize
-    chunk = (points // rows).tolist()
-    values = points.tolist()
-    out: list[tuple[int, int]] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and chunk[j + 1] == chunk[i]:
-            j += 1
-        if (values[j] + 1 - values[i]) * item <= _SPAN_BYTES:
-            out.append((values[i], values[j] + 1))
-        else:
-            out.extend((v, v + 1) for v in values[i : j + 1])
-        i = j + 1
-    return out
+def _point_spans(layout: ByteLayout, points: np.ndarray):
+    """`(starts, stops)` covering sorted `points`: one per chunk, or one per point."""
+    head = np.diff(points // layout.chunk_rows, prepend=-1) != 0  # a chunk's first
+    first = np.flatnonzero(head)
+    last = np.append(first[1:], points.size) - 1
+    wide = (points[last] + 1 - points[first]) * layout.dtype.itemsize > _SPAN_BYTES
+    new = head | wide[np.cumsum(head) - 1]
+    ends = np.append(np.flatnonzero(new)[1:], points.size) - 1
+    return points[new], points[ends] + 1
 
 
 def held(table: dict, oid, key, make, limit: int = 64):
