@@ -14,21 +14,13 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells._util.ranges import chunk_pieces
-from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
+from grain_cells.formats import ChunkCache, ChunkDecodeError, pieces, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader, key_reader
 
 AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
 _WHY_MISSING = {-1: " (its shard's index marks it empty)"}
 _WHY_MISSING[-2] = " (the shard holding it is missing)"
-
-
-def pieces(starts, stops, c: int):
-    """`(chunk, first row in it, in the destination, rows)` of each `c`-row piece."""
-    chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
-    n = p_stop - p_start
-    return chunk, p_start - chunk * c, np.cumsum(n) - n, n
 
 
 class Chunks:
@@ -127,19 +119,17 @@ class Chunks:
         """The first row chunk with a stored chunk (once; scans from 0)."""
         if self._first_stored is None:
             n = max(1, -(-self.shape[0] // self.codec.chunk_shape[0]))
-            first = n
-            for k in range(n):
-                if self.codec.shard is not None:
-                    self.load_shard_indices(self.shards_of([k]))
-                asks = [self.request(u)[:2] for u in self.units(k)]
-                if any(
-                    a >= 0 if a is not None else self.keys.get(key) is not None
-                    for key, a in asks
-                ):
-                    first = k
-                    break
-            self._first_stored = first
+            self._first_stored = next((k for k in range(n) if self._stored(k)), n)
         return self._first_stored
+
+    def _stored(self, k: int) -> bool:
+        if self.codec.shard is not None:
+            self.load_shard_indices(self.shards_of([k]))
+        asks = [self.request(u)[:2] for u in self.units(k)]
+        return any(
+            a >= 0 if a is not None else self.keys.get(key) is not None
+            for key, a in asks
+        )
 
     def _get_units(self, todo) -> dict:
         asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]

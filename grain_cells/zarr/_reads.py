@@ -14,10 +14,10 @@ import numpy as np
 import zarr
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunks_touched, merge_touching
-from grain_cells.formats import checked_ranges, run_parts
+from grain_cells._util.ranges import chunks_touched
+from grain_cells.formats import checked_ranges, pieces, run_parts
 from grain_cells.storage import advise_pieces
-from grain_cells.zarr._chunks import Chunks, pieces
+from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._keys import LocalKeys
 from grain_cells.zarr._store import check_array, read
 
@@ -85,14 +85,21 @@ class RangeReader(Chunks):
             return
         starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
-        if not keep.any():
+        starts, stops = starts[keep], stops[keep]
+        if not self._raw or not self._checked:
+            self.prefetch(chunks_touched(starts, stops, self.chunk_length).tolist())
             return
-        if self._raw and self._checked:
-            order = np.argsort(starts[keep], kind="stable")
-            self._advise_raw(*merge_touching(starts[keep][order], stops[keep][order]))
-            return
-        touched = chunks_touched(starts[keep], stops[keep], self.chunk_length)
-        self.prefetch(touched.tolist())
+        order = np.argsort(starts, kind="stable")  # `POSIX_FADV_WILLNEED` by key
+        keys, _, at, _, n, _ = self._plan_raw(starts[order], stops[order])
+        for key, group in itertools.groupby(range(len(keys)), keys.__getitem__):
+            ps = list(group)
+            if key is not None and (fd := self.keys.open(key)) is not None:
+                try:
+                    advise_pieces(
+                        [fd] * len(ps), [at[p] for p in ps], [n[p] for p in ps]
+                    )
+                finally:
+                    os.close(fd)
 
     def read(self, starts, stops, out: np.ndarray, pool=None, pending=None) -> None:
         """`formats.RangeReader.read`, from the store's chunks."""
@@ -218,19 +225,6 @@ class RangeReader(Chunks):
         sizes = np.array(nbytes, np.int64)
         for lo, hi in run_parts(pool, len(ks), task, pending, sizes=sizes, **least):
             task(lo, hi)
-
-    def _advise_raw(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
-        keys, _, at, _, nbytes, _ = self._plan_raw(starts, stops)
-        for key, group in itertools.groupby(range(len(keys)), keys.__getitem__):
-            ps = list(group)
-            if key is not None and (fd := self.keys.open(key)) is not None:
-                try:
-                    advise_pieces(
-                        [fd] * len(ps), [at[p] for p in ps], [nbytes[p] for p in ps]
-                    )
-                finally:
-                    os.close(fd)
 
     def _raw_corrupt(self, k, key, offset, found: str):
         rows = self.rows(k)
