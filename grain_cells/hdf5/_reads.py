@@ -132,8 +132,12 @@ def row_chunks(dsid, chunk_len: int, n_rows: int):
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
-    if len(ds.shape) != 1 or (fd := local_fd(ds, path)) is None:
+    record = handle(ds)  # HDF5's descriptor of `path` while `ds` is open in it
+    if len(ds.shape) != 1 or record is None or record[1] is None:
         return None
+    if record[0] != path or not ds.id.valid:
+        return None
+    fd = record[1]
     if (layout := byte_layout(ds, path)) is None:
         return None
     n, points = layout.shape[0], None
@@ -217,14 +221,6 @@ def handle(node) -> tuple[str, int | None] | None:
     """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
     entry = _HANDLES.get(id(node.id))
     return entry[2] if entry is not None and entry[0]() is node.id else None
-
-
-def local_fd(node, path: str) -> int | None:
-    """HDF5's descriptor of `path` while the open `node` lies in it, else None."""
-    record = handle(node)
-    if record is None or record[1] is None or record[0] != path:
-        return None
-    return record[1] if node.id.valid else None
 
 
 @functools.lru_cache(maxsize=1)
