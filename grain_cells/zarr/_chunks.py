@@ -69,8 +69,11 @@ class Chunks:
         k, j = unit
         return (k // per[0], j // per[1]), (k % per[0]) * per[1] + j % per[1]
 
-    def shards_of(self, row_chunks) -> list[tuple[int, ...]]:
-        return sorted({self.shard_of(u)[0] for k in row_chunks for u in self.units(k)})
+    def load_indices(self, row_chunks) -> None:
+        """`load_shard_indices` of these row chunks' shards (none if not sharded)."""
+        if self.codec.shard is not None:
+            units = (u for k in row_chunks for u in self.units(k))
+            self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
 
     def load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
         layout = self.codec.shard
@@ -123,8 +126,7 @@ class Chunks:
         return self._first_stored
 
     def _stored(self, k: int) -> bool:
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of([k]))
+        self.load_indices([k])
         asks = [self.request(u)[:2] for u in self.units(k)]
         return any(
             a >= 0 if a is not None else self.keys.get(key) is not None
@@ -183,8 +185,7 @@ class Chunks:
         raw = None
         if self.keys.remote:  # read-ahead of these chunks (indices included) first
             self.wait_prefetch(uniq)
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of(uniq))
+        self.load_indices(uniq)
         if self.keys.remote:  # every chunk's bytes at once: read ahead, or GET
             with self._lock:
                 raw = {u: self._ahead.pop(u) for u in units if u in self._ahead}

@@ -15,7 +15,7 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
-from grain_cells.formats import checked_ranges, pieces, run_parts
+from grain_cells.formats import checked_ranges, dest_bytes, pieces, run_parts
 from grain_cells.storage import advise_pieces
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._keys import LocalKeys
@@ -72,8 +72,7 @@ class RangeReader(Chunks):
         if self.codec is None:
             return
         n = -(-self.shape[0] // self.chunk_length)
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of(range(n)))
+        self.load_indices(range(n))
         row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
         if self.shape[0] > 0 and n * self.chunk_length * row_bytes <= self._cache_bytes:
             out = np.empty((self.shape[0], *self.row_shape), self.dtype)
@@ -108,11 +107,8 @@ class RangeReader(Chunks):
             return
         total = int((stops - starts).sum())
         need = total * int(np.prod(self.row_shape, dtype=np.int64))
-        if (flat := out.reshape(-1)).size < need:
-            raise ValueError(
-                f"destination holds {flat.size} values, the ranges need {need}"
-            )
-        dest = flat[:need].reshape((total, *self.row_shape))
+        dest_bytes(out, np.array([need * out.itemsize]))  # ValueError: too small
+        dest = out.reshape(-1)[:need].reshape((total, *self.row_shape))
         if self.codec is not None and not self._checked:
             self._check_against_zarr()  # may fall back to zarr-python
         if self.codec is None:
@@ -172,8 +168,7 @@ class RangeReader(Chunks):
         ks, src, dests, nbytes = (
             a.tolist() for a in pieces(starts, stops, self.chunk_length)
         )
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of(sorted(set(ks))))
+        self.load_indices(sorted(set(ks)))
         where = {}
         for k in dict.fromkeys(ks):  # each chunk once
             key, a, b, _ = self.request((k,))
