@@ -105,18 +105,18 @@ class Chunks:
         return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
-        """`(key, start, stop, offset)`; start None: all, -1: empty, -2: no shard."""
+        """`(key, start, stop)`; start None: all, -1: empty, -2: no shard."""
         if self.codec.shard is None:
-            return self.key(unit), None, None, None
+            return self.key(unit), None, None
         s, i = self.shard_of(unit)
         key = self.key(s)
         index = self._shard_index.get(s)
         if index is None:  # no shard at all
-            return key, -2, None, None
+            return key, -2, None
         off, n = int(index[i, 0]), int(index[i, 1])
         if off == MAX_UINT_64 and n == MAX_UINT_64:
-            return key, -1, None, None
-        return key, off, off + n, off
+            return key, -1, None
+        return key, off, off + n
 
     def first_stored(self) -> int:
         """The first row chunk with a stored chunk (once; scans from 0)."""
@@ -134,11 +134,11 @@ class Chunks:
         )
 
     def _get_units(self, todo) -> dict:
-        asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]
+        """`{unit: its stored bytes or None}` of `(unit, request)` pairs, at once."""
+        asks = [r for _, r in todo if r[1] is None or r[1] >= 0]
         got = iter(self.keys.get_many(asks))
         return {
-            u: (None if (a is not None and a < 0) else next(got))
-            for u, (_, a, _, _) in todo
+            u: None if r[1] is not None and r[1] < 0 else next(got) for u, r in todo
         }
 
     def prefetch(self, row_chunks: list[int]) -> None:
@@ -214,7 +214,7 @@ class Chunks:
         chunk = self._cached(unit)
         if chunk is not None:
             return chunk
-        key, a, b, off = self.request(unit)
+        key, a, b = self.request(unit)
         if raw is not None and unit in raw:
             data = raw[unit]
         else:
@@ -250,7 +250,7 @@ class Chunks:
                 "damaged: rewrite or re-copy it.",
                 rows,
                 key,
-                off,
+                a,
             ) from None
         if self._cache_bytes:
             self._cache.put(0, unit, chunk, self._cache_bytes)

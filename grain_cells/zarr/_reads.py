@@ -171,7 +171,7 @@ class RangeReader(Chunks):
         self.load_indices(sorted(set(ks)))
         where = {}
         for k in dict.fromkeys(ks):  # each chunk once
-            key, a, b, _ = self.request((k,))
+            key, a, b = self.request((k,))
             if a is not None and a >= 0 and b - a != self._chunk_bytes:
                 self._raw_corrupt(
                     k, key, a, f"its shard's index gives it {b - a} bytes"
