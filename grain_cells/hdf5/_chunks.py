@@ -193,6 +193,7 @@ class ChunkedReader:
         self.chunk_len = self.chunk_length = int(dataset.chunks[0])
         self._row_bytes = math.prod(dataset.shape[1:]) * self.dtype.itemsize
         self._fd = as_byte_reader(fd, path)
+        self.remote = bool(getattr(self._fd, "remote", False))
         self._offsets, self._sizes, self._masks = table
         self._local = threading.local()
         self._cache_bytes = int(cache_bytes)
@@ -217,10 +218,6 @@ class ChunkedReader:
         if (table[0] < 0).any():
             return None
         return cls(dataset, path, fd, pipeline, table, cache_bytes)
-
-    @property
-    def remote(self) -> bool:
-        return self._fd.remote
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
