@@ -64,25 +64,23 @@ class H5pyReader:
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        ds, flat, pos = self._dataset, out.reshape(-1), 0
-        tail = tuple(self.row_shape)
-        zeros, row_items = (0,) * len(tail), math.prod(tail)
+        ds, tail, pos = self._dataset, tuple(self.row_shape), 0
+        rows = out.reshape(-1)[: int((stops - starts).sum()) * math.prod(tail)]
+        rows, zeros = rows.reshape(-1, *tail), (0,) * len(tail)
         try:
             for lo in range(0, starts.size, _MAX_HYPERSLABS_PER_READ):
-                s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ]
-                e = stops[lo : lo + _MAX_HYPERSLABS_PER_READ]
-                n_rows = int((e - s).sum())
+                s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ].tolist()
+                e = stops[lo : lo + _MAX_HYPERSLABS_PER_READ].tolist()
                 fspace = ds.id.get_space()
                 fspace.select_none()
-                for a, b in zip(s.tolist(), e.tolist(), strict=True):
+                for a, b in zip(s, e, strict=True):
                     fspace.select_hyperslab(
                         (a, *zeros), (b - a, *tail), op=h5py.h5s.SELECT_OR
                     )
-                mshape = (n_rows, *tail)
-                mspace = h5py.h5s.create_simple(mshape)
-                chunk = flat[pos : pos + n_rows * row_items].reshape(mshape)
-                ds.id.read(mspace, fspace, chunk)
-                pos += n_rows * row_items
+                n = sum(e) - sum(s)
+                mspace = h5py.h5s.create_simple((n, *tail))
+                ds.id.read(mspace, fspace, rows[pos : pos + n])
+                pos += n
         except (OSError, RuntimeError) as e:
             raise errors.AnnDataFormatError(
                 f"{self.path}: reading {self.name} failed ({e}). The file may be "

@@ -198,10 +198,9 @@ class Chunks:
             for x in range(a, b):
                 for unit in self.units(uniq[x]):
                     chunk, into, cut = self.chunk(unit, raw), ..., ...
-                    if cc:  # a 2-D chunk: its columns
-                        c0 = unit[1] * cc
-                        width = min(cc, self.shape[1] - c0)
-                        into, cut = slice(c0, c0 + width), slice(0, width)
+                    if cc:  # a 2-D chunk: its columns (the last one cut short)
+                        into = slice(unit[1] * cc, (unit[1] + 1) * cc)
+                        cut = slice(0, self.shape[1] - unit[1] * cc)
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m, into] = chunk[s : s + m, cut]

@@ -52,8 +52,7 @@ class RangeReader(Chunks):
             self._raw = not codec.stages and local and array.ndim == 1
             self._raw &= not cache_bytes and (dtype.isnative or dtype.itemsize == 1)
         if self._raw:
-            self._item = dtype.itemsize
-            self._chunk_bytes = codec.chunk_items * self._item
+            self._chunk_bytes = codec.chunk_items * dtype.itemsize
 
     @property
     def direct(self) -> bool:
@@ -177,7 +176,7 @@ class RangeReader(Chunks):
                     k, key, a, f"its shard's index gives it {b - a} bytes"
                 )
             where[k] = (key, 0) if a is None else (key if a >= 0 else None, a)
-        item = self._item
+        item = self.dtype.itemsize
         keys = [where[k][0] for k in ks]
         at = [where[k][1] + s * item for k, s in zip(ks, src, strict=True)]
         src, nbytes, dests = ([x * item for x in a] for a in (src, nbytes, dests))
@@ -225,7 +224,7 @@ class RangeReader(Chunks):
         rows = self.rows(k)
         raise self.corrupt(
             f"chunk key {key!r} (uncompressed) is corrupt: {found}, an uncompressed "
-            f"chunk of {self.codec.chunk_items} x {self._item}-byte values is "
+            f"chunk of {self.codec.chunk_items} x {self.dtype.itemsize}-byte values is "
             f"{self._chunk_bytes}. It holds rows [{rows[0]}, {rows[1]}). The store is "
             "damaged (truncated or rewritten during a copy): rewrite or re-copy it.",
             rows,
