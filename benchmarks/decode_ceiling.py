@@ -79,7 +79,7 @@ class _Dataset:
         if self.pipeline is None:
             raise app.UsageError(
                 f"{ds.name} is not compressed with filters grain_cells decodes "
-                f"({codecs.dataset_filters(ds)})"
+                f"(compression {ds.compression!r}, {ds.compression_opts!r})"
             )
         self.chunk_len = ds.chunks[0]
         n = -(-ds.shape[0] // self.chunk_len)

@@ -135,7 +135,7 @@ def decode_ceiling(path: str, threads: int) -> dict:
         if chunks.codec.shard is not None:
             reader.pin()
         for u in units:
-            key, a, b, _ = chunks.request(u)
+            key, a, b = chunks.request(u)
             raw = chunks.keys.get(key, a, b)
             jobs.append((chunks.codec, raw))
     t0, c0 = time.perf_counter(), bench_util.cpu_seconds()

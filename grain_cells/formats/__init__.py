@@ -9,6 +9,7 @@ from grain_cells.formats._positional import (
     ChunkCache,
     PositionalReader,
     dest_bytes,
+    pieces,
     truncated,
 )
 from grain_cells.formats._protocol import (
@@ -40,6 +41,7 @@ __all__ = [
     "for_path",
     "missing_path",
     "of",
+    "pieces",
     "register",
     "registered",
     "run_parts",

@@ -92,10 +92,9 @@ class PositionalReader:
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):
         """Ranges cut at chunk boundaries, adjacent pieces merged: (offsets, nbytes)."""
-        c = self.layout.chunk_rows
-        chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
-        offsets = self.layout.offsets[chunk] + (p_start - chunk * c) * self._row_bytes
-        nbytes = (p_stop - p_start) * self._row_bytes
+        chunk, src, _, rows = pieces(starts, stops, self.layout.chunk_rows)
+        offsets = self.layout.offsets[chunk] + src * self._row_bytes
+        nbytes = rows * self._row_bytes
         if offsets.size > 1:
             joins = offsets[1:] == offsets[:-1] + nbytes[:-1]
             if joins.any():
@@ -109,6 +108,13 @@ class PositionalReader:
             self._fd.read_into(dest, offsets, nbytes, dest_starts)
         except ShortReadError as e:
             raise truncated(self, e) from None
+
+
+def pieces(starts, stops, c: int):
+    """`(chunk, first row in it, in the destination, rows)` of each `c`-row piece."""
+    chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
+    n = p_stop - p_start
+    return chunk, p_start - chunk * c, np.cumsum(n) - n, n
 
 
 def dest_bytes(out: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

@@ -15,12 +15,13 @@ import h5py
 import numpy as np
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunk_pieces, chunks_touched, nonempty
+from grain_cells._util.ranges import chunks_touched, nonempty
 from grain_cells.formats import (
     ChunkCache,
     ChunkDecodeError,
     checked_ranges,
     dest_bytes,
+    pieces,
     run_parts,
     truncated,
     value_dtype,
@@ -45,13 +46,6 @@ FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32, FILTER_LZF = 1, 2, 3, 32000
 PREFIX_FRACTION = 0.0
 
 
-def dataset_filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """`(filter id, cd_values)` of each filter of a dataset, in write order."""
-    dcpl = dataset.id.get_create_plist()
-    filters = (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
-    return tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in filters)
-
-
 _NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 _DECODES = {1, 2, 3} | ({FILTER_LZF} if _lzf is not None else set())
 
@@ -65,7 +59,9 @@ class Pipeline:
     @classmethod
     def for_dataset(cls, dataset: h5py.Dataset) -> Pipeline | None:
         """The pipeline of a chunked dataset whose filters it decodes, else None."""
-        filters = () if dataset.chunks is None else dataset_filters(dataset)
+        dcpl = dataset.id.get_create_plist()  # `(filter id, cd_values)`, write order
+        filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+        filters = tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in filters)
         if not filters or any(f[0] not in _DECODES for f in filters):
             return None
         nbytes = int(np.prod(dataset.chunks, dtype=np.int64)) * dataset.dtype.itemsize
@@ -93,40 +89,29 @@ class Pipeline:
                     )
                 return np.frombuffer(out, np.uint8)
         buf = raw
-        fresh = False  # whether buf is new memory rather than a view of raw
-        # The last filter applied on write is undone first.
-        for i in range(len(self.filters) - 1, -1, -1):
+        for i in reversed(range(len(self.filters))):  # the last one written first
             if filter_mask & (1 << i):
                 continue
             f, values = self.filters[i]
-            if f == FILTER_DEFLATE:
-                # Stages above deflate may have grown the chunk (fletcher32);
-                # the size check below catches a wrong final size.
+            if f == FILTER_DEFLATE:  # (grown by fletcher32: the size check says)
                 try:
                     buf = _deflate.zlib_decompress(buf, self.chunk_nbytes + 64)
                 except _deflate.DeflateError as e:
                     raise ChunkDecodeError(f"bad deflate stream ({e})") from None
-                fresh = True
             elif f == FILTER_SHUFFLE:  # a trailing partial element is as stored
                 size = values[0] if values else 1
                 arr = np.frombuffer(buf, np.uint8)
                 n = arr.size // size
                 if size > 1 and n > 1:
-                    out = np.empty_like(arr)
-                    body = n * size
-                    out[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
-                    out[body:] = arr[body:]
-                    buf, fresh = out, True
+                    buf, body = np.empty_like(arr), n * size
+                    buf[:body].reshape(n, size)[...] = arr[:body].reshape(size, n).T
+                    buf[body:] = arr[body:]
             elif f == FILTER_FLETCHER32:
                 buf = verify_fletcher32(buf)
-            elif f == FILTER_LZF:
-                out = _lzf.decompress(bytes(buf), self.chunk_nbytes + 64)
-                if out is None:
-                    raise ChunkDecodeError("bad lzf stream")
-                buf = out
-                fresh = True
+            elif (buf := _lzf.decompress(bytes(buf), self.chunk_nbytes + 64)) is None:
+                raise ChunkDecodeError("bad lzf stream")
         arr = np.frombuffer(buf, np.uint8)
-        if not fresh:  # only checks or skipped filters: do not alias `raw`
+        if np.may_share_memory(arr, np.frombuffer(raw, np.uint8)):  # a copy, not `raw`
             arr = arr.copy()
         if arr.size != self.chunk_nbytes:
             raise ChunkDecodeError(
@@ -185,9 +170,9 @@ def chunk_table(dsid, chunk_len: int, n_rows: int):
     sizes = np.zeros(n_chunks, np.int64)
     masks = np.zeros(n_chunks, np.uint32)
 
-    def visit(info):
+    def visit(info):  # (of chunks split across: the first column's)
         k = info.chunk_offset[0] // chunk_len
-        if k < n_chunks:
+        if k < n_chunks and not any(info.chunk_offset[1:]):
             offsets[k], sizes[k] = info.byte_offset, info.size
             masks[k] = info.filter_mask
 
@@ -208,6 +193,7 @@ class ChunkedReader:
         self.chunk_len = self.chunk_length = int(dataset.chunks[0])
         self._row_bytes = math.prod(dataset.shape[1:]) * self.dtype.itemsize
         self._fd = as_byte_reader(fd, path)
+        self.remote = bool(getattr(self._fd, "remote", False))
         self._offsets, self._sizes, self._masks = table
         self._local = threading.local()
         self._cache_bytes = int(cache_bytes)
@@ -233,10 +219,6 @@ class ChunkedReader:
             return None
         return cls(dataset, path, fd, pipeline, table, cache_bytes)
 
-    @property
-    def remote(self) -> bool:
-        return self._fd.remote
-
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Asks the OS to read the stored chunks these ranges touch (async)."""
         starts, stops = nonempty(starts, stops)
@@ -253,12 +235,8 @@ class ChunkedReader:
         starts, stops = checked_ranges(self, starts, stops)
         if not starts.size:
             return
-        c = self.chunk_len
-        rb = self._row_bytes
-        chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
-        nbytes = (p_stop - p_start) * rb
-        src = (p_start - chunk * c) * rb
-        dst = np.cumsum(nbytes) - nbytes
+        chunk, *rows = pieces(starts, stops, self.chunk_len)
+        src, dst, nbytes = (a * self._row_bytes for a in rows)
         dest = dest_bytes(out, nbytes)
         # Pieces are sorted by chunk: each chunk's pieces are one slice.
         uniq, piece_lo = np.unique(chunk, return_index=True)
@@ -270,8 +248,8 @@ class ChunkedReader:
             begin = self._offsets[first]
             ends = self._offsets[last] + self._sizes[last]
             self._fd.advise(begin.tolist(), (ends - begin).tolist())
-        pieces = (src.tolist(), dst.tolist(), nbytes.tolist())
-        work = (uniq, piece_lo, piece_hi, pieces, dest)
+        parts = (src.tolist(), dst.tolist(), nbytes.tolist())
+        work = (uniq, piece_lo, piece_hi, parts, dest)
 
         def task(a, b):
             self._read_runs(runs[a:b], work)

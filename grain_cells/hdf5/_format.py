@@ -22,8 +22,6 @@ from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
 # Chunks located (evenly spaced) for a chunked dataset's layout digest.
 _CHUNK_SAMPLES = 17
-_TEXT = h5py.string_dtype("utf-8")
-_TEXT_TYPE = h5py.h5t.py_create(_TEXT)
 _MTYPES: dict = {}  # memory types (`_mtype`): ~17 us each to make
 # Decoded string lists by their bytes (`strings`): decoding costs half as much
 # as reading them.
@@ -112,14 +110,12 @@ class Hdf5Format(formats.Format):
         tid = attr.get_type()
         cls = tid.get_class()
         if cls == h5py.h5t.STRING and tid.is_variable_str():
-            if kind == h5py.h5s.SCALAR:
-                out = np.zeros((), dtype=_TEXT)
-                attr.read(out, mtype=_TEXT_TYPE)
-                return out[()].decode("utf-8", "surrogateescape")
-            dtype = tid.dtype  # an array (`column-order`): h5py's own decoding
+            dtype = tid.dtype  # read as bytes, decoded as h5py decodes them
             out = np.zeros(space.get_simple_extent_dims(), dtype=dtype)
             attr.read(out, mtype=_mtype(dtype))
             text = [b.decode("utf-8", "surrogateescape") for b in out.flat]
+            if kind == h5py.h5s.SCALAR:
+                return text[0]
             return np.array(text, dtype=dtype).reshape(out.shape)
         if cls in (h5py.h5t.INTEGER, h5py.h5t.FLOAT):
             dtype = tid.dtype
@@ -172,8 +168,28 @@ class Hdf5Format(formats.Format):
         f = node if isinstance(node, h5py.File) else node.file
         return link_problem(f, element)
 
-    def check_array(self, path: str, array) -> None:
-        check_dataset(path, array)
+    def check_array(self, path: str, dataset) -> None:
+        """Refuses a virtual dataset missing a source (`CorruptDataError`), a filter."""
+        for source in dataset.virtual_sources() if dataset.is_virtual else ():
+            name, inner = source.file_name, source.dset_name
+            if name == ".":
+                ok = inner in dataset.file
+                where = f"dataset {inner} of the same file"
+            else:
+                found, ok = _find(dataset.file.filename, name), False
+                with contextlib.suppress(OSError):
+                    if found is not None:
+                        with h5py.File(found, "r") as g:
+                            ok = isinstance(g.get(inner), h5py.Dataset)
+                where = f"dataset {inner} of {name}"
+            if not ok:
+                raise errors.CorruptDataError(
+                    f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose "
+                    f"source ({where}) is missing; HDF5 would read that part as "
+                    "fill values (zeros). Restore the source file, or rebuild the "
+                    "file with its data copied in."
+                )
+        check_filters(path, dataset)
 
     def chunk_bytes(self, array) -> int | None:
         if array.chunks is None or _reads.create_plist(array.id).get_nfilters() == 0:
@@ -221,26 +237,17 @@ class Hdf5Format(formats.Format):
         elif layout == h5py.h5d.CHUNKED and ds.shape and ds.shape[0]:
             n_chunks = -(-ds.shape[0] // chunks[0])
             picks = np.linspace(0, n_chunks - 1, _CHUNK_SAMPLES).astype(int)
-            written: dict = {}  # few chunks: one walk of the index, not a lookup each
-            few = n_chunks <= 4 * _CHUNK_SAMPLES
-            if few and tuple(chunks[1:]) == tuple(ds.shape[1:]):  # `byte_layout`'s
+            if n_chunks <= 4 * _CHUNK_SAMPLES:  # one walk of the index, `byte_layout`'s
                 table = _reads.row_chunks(ds.id, chunks[0], ds.shape[0])
-                for k in np.unique(picks).tolist():
-                    at = [int(a[k]) for a in table]
-                    out.append(None if at[0] < 0 else tuple(at))
+                at = [tuple(int(a[k]) for a in table) for k in np.unique(picks)]
+                out += [None if t[0] < 0 else t for t in at]
                 return out
-            if few:
-                ds.id.chunk_iter(
-                    lambda i: written.__setitem__(tuple(i.chunk_offset), i)
-                )
             for k in np.unique(picks).tolist():
                 coord = (k * chunks[0],) + (0,) * (len(ds.shape) - 1)
-                info = written.get(coord)
-                if info is None:  # many chunks, or one never written: HDF5 says
-                    try:
-                        info = ds.id.get_chunk_info_by_coord(coord)
-                    except Exception:  # a chunk never written
-                        info = None
+                try:
+                    info = ds.id.get_chunk_info_by_coord(coord)
+                except Exception:  # a chunk never written
+                    info = None
                 # An unwritten chunk's StoreInfo has no offset and an
                 # uninitialised filter mask (differs between processes).
                 unwritten = info is None or info.byte_offset is None
@@ -323,30 +330,6 @@ def _find(linking_file: str, name: str) -> str | None:
     base = os.path.dirname(os.path.abspath(linking_file))
     candidates = [name] if os.path.isabs(name) else [os.path.join(base, name), name]
     return next((c for c in candidates if os.path.exists(c)), None)
-
-
-def check_dataset(path: str, dataset: h5py.Dataset) -> None:
-    """Refuses a virtual dataset missing a source (`CorruptDataError`), or a filter."""
-    for source in dataset.virtual_sources() if dataset.is_virtual else ():
-        name, inner = source.file_name, source.dset_name
-        if name == ".":
-            ok = inner in dataset.file
-            where = f"dataset {inner} of the same file"
-        else:
-            found, ok = _find(dataset.file.filename, name), False
-            with contextlib.suppress(OSError):
-                if found is not None:
-                    with h5py.File(found, "r") as g:
-                        ok = isinstance(g.get(inner), h5py.Dataset)
-            where = f"dataset {inner} of {name}"
-        if not ok:
-            raise errors.CorruptDataError(
-                f"{path}: {dataset.name.lstrip('/')} is a virtual dataset whose "
-                f"source ({where}) is missing; HDF5 would read that part as "
-                "fill values (zeros). Restore the source file, or rebuild the "
-                "file with its data copied in."
-            )
-    check_filters(path, dataset)
 
 
 def check_filters(path: str, dataset: h5py.Dataset) -> None:

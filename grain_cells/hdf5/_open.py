@@ -107,9 +107,7 @@ def _open_failure(e: OSError) -> str:
 
 
 @atexit.register
-def _close_at_exit() -> None:
-    # Not left to HDF5's exit handler: it runs after the interpreter is gone
-    # and calls h5py's file-object driver, which takes the GIL.
+def _close_at_exit() -> None:  # before HDF5's own (design notes, hdf5-remote)
     for f in list(range_files.keys()):
         with contextlib.suppress(Exception):  # exiting: nothing to report to
             f.close()
@@ -174,11 +172,7 @@ class RangeFile(io.RawIOBase):
             except Exception as e:  # e.g. a request that failed: not kept
                 del b
                 raise _bare(e) from None
-        if self.failure is not None:
-            # A copy each time, and `b` dropped first: an error kept by this
-            # file (or a frame of ours holding HDF5's buffer) in a traceback
-            # made a cycle freed only at exit, where the process died of
-            # SIGSEGV (tests/storage/test_http_rewrites.py, mid-open rewrite).
+        if self.failure is not None:  # a copy, `b` dropped (design notes, hdf5-remote)
             del b
             raise _bare(self.failure)
         memoryview(b).cast("B")[:n] = data
@@ -239,10 +233,7 @@ def open_remote(url: str, storage_options: dict | None, stat: FileStat | None):
     except Exception:
         if rf.failure is None:
             raise
-    if rf.failure is not None:
-        # A read found the version gone: its error, not HDF5's, raised out
-        # of the except clause (whose frame, kept by the error, would hold
-        # HDF5's error in a cycle).
+    if rf.failure is not None:  # the version is gone: its error, outside `except`
         if f is not None:
             f.close()
         raise _bare(rf.failure)

@@ -7,7 +7,6 @@ docs/reference/design.md#hdf5-reads and #hdf5-handles.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 import weakref
@@ -23,7 +22,7 @@ from grain_cells.formats import (
     value_dtype,
 )
 from grain_cells.hdf5._chunks import ChunkedReader, chunk_table
-from grain_cells.storage import ShortReadError, as_byte_reader, pread_pieces
+from grain_cells.storage import as_byte_reader
 
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
@@ -65,25 +64,23 @@ class H5pyReader:
 
     def read(self, starts, stops, out, pool=None, pending=None) -> None:
         starts, stops = checked_ranges(self, starts, stops)
-        ds, flat, pos = self._dataset, out.reshape(-1), 0
-        tail = tuple(self.row_shape)
-        zeros, row_items = (0,) * len(tail), math.prod(tail)
+        ds, tail, pos = self._dataset, tuple(self.row_shape), 0
+        rows = out.reshape(-1)[: int((stops - starts).sum()) * math.prod(tail)]
+        rows, zeros = rows.reshape(-1, *tail), (0,) * len(tail)
         try:
             for lo in range(0, starts.size, _MAX_HYPERSLABS_PER_READ):
-                s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ]
-                e = stops[lo : lo + _MAX_HYPERSLABS_PER_READ]
-                n_rows = int((e - s).sum())
+                s = starts[lo : lo + _MAX_HYPERSLABS_PER_READ].tolist()
+                e = stops[lo : lo + _MAX_HYPERSLABS_PER_READ].tolist()
                 fspace = ds.id.get_space()
                 fspace.select_none()
-                for a, b in zip(s.tolist(), e.tolist(), strict=True):
+                for a, b in zip(s, e, strict=True):
                     fspace.select_hyperslab(
                         (a, *zeros), (b - a, *tail), op=h5py.h5s.SELECT_OR
                     )
-                mshape = (n_rows, *tail)
-                mspace = h5py.h5s.create_simple(mshape)
-                chunk = flat[pos : pos + n_rows * row_items].reshape(mshape)
-                ds.id.read(mspace, fspace, chunk)
-                pos += n_rows * row_items
+                n = sum(e) - sum(s)
+                mspace = h5py.h5s.create_simple((n, *tail))
+                ds.id.read(mspace, fspace, rows[pos : pos + n])
+                pos += n
         except (OSError, RuntimeError) as e:
             raise errors.AnnDataFormatError(
                 f"{self.path}: reading {self.name} failed ({e}). The file may be "
@@ -133,49 +130,31 @@ def row_chunks(dsid, chunk_len: int, n_rows: int):
 
 def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
     """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
-    if len(ds.shape) != 1:
+    record = handle(ds)  # HDF5's descriptor of `path` while `ds` is open in it
+    if len(ds.shape) != 1 or record is None or record[1] is None:
         return None
-    fd = local_fd(ds, path)
-    if fd is None:
+    if record[0] != path or not ds.id.valid:
         return None
-    layout = byte_layout(ds, path)
-    if layout is None:
+    fd = record[1]
+    if (layout := byte_layout(ds, path)) is None:
         return None
-    n = layout.shape[0]
+    n, points = layout.shape[0], None
     if isinstance(index, slice):
         start, stop, step = index.indices(n)
         if step != 1:
             return None
-        rows, points = layout.chunk_rows, None
-        cuts = [start, *range((start // rows + 1) * rows, stop, rows), stop]
-        spans = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]  # by chunk
+        starts, stops = np.array([start]), np.array([max(start, stop)])
     elif (points := sorted_points(index, n)) is not None:
-        spans = _point_spans(layout, points)
+        starts, stops = _point_spans(layout, points)
     else:
         return None
-    item = layout.dtype.itemsize
-    total = sum(b - a for a, b in spans)
-    out = np.empty(total, layout.dtype)
-    if total:
-        rows, offsets = layout.chunk_rows, layout.offsets
-        at, file_at, nbytes = [], [], []
-        pos = 0
-        for a, b in spans:
-            k = a // rows
-            file_at.append(int(offsets[k]) + (a - k * rows) * item)
-            nbytes.append((b - a) * item)
-            at.append(pos * item)
-            pos += b - a
-        try:
-            pread_pieces([fd] * len(spans), out.view(np.uint8), file_at, nbytes, at)
-        except ShortReadError as e:
-            raise OSError(f"{path}: {ds.name} ends early ({e})") from e
+    lengths = stops - starts
+    out = np.empty(int(lengths.sum()), layout.dtype)
+    PositionalReader(layout, path, as_byte_reader(fd, path)).read(starts, stops, out)
     if points is None:
         return out
-    starts = np.array([a for a, _ in spans], np.int64)
-    firsts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
     which = np.searchsorted(starts, points, side="right") - 1
-    return out[firsts[which] + points - starts[which]]
+    return out[(np.cumsum(lengths) - lengths)[which] + points - starts[which]]
 
 
 def sorted_points(index, n: int) -> np.ndarray | None:
@@ -190,23 +169,15 @@ def sorted_points(index, n: int) -> np.ndarray | None:
     return points
 
 
-def _point_spans(layout: ByteLayout, points: np.ndarray) -> list[tuple[int, int]]:
-    """Spans that cover sorted `points`: one per chunk, or one per point."""
-    rows, item = layout.chunk_rows, layout.dtype.itemsize
-    chunk = (points // rows).tolist()
-    values = points.tolist()
-    out: list[tuple[int, int]] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and chunk[j + 1] == chunk[i]:
-            j += 1
-        if (values[j] + 1 - values[i]) * item <= _SPAN_BYTES:
-            out.append((values[i], values[j] + 1))
-        else:
-            out.extend((v, v + 1) for v in values[i : j + 1])
-        i = j + 1
-    return out
+def _point_spans(layout: ByteLayout, points: np.ndarray):
+    """`(starts, stops)` covering sorted `points`: one per chunk, or one per point."""
+    head = np.diff(points // layout.chunk_rows, prepend=-1) != 0  # a chunk's first
+    first = np.flatnonzero(head)
+    last = np.append(first[1:], points.size) - 1
+    wide = (points[last] + 1 - points[first]) * layout.dtype.itemsize > _SPAN_BYTES
+    new = head | wide[np.cumsum(head) - 1]
+    ends = np.append(np.flatnonzero(new)[1:], points.size) - 1
+    return points[new], points[ends] + 1
 
 
 def held(table: dict, oid, key, make, limit: int = 64):
@@ -248,14 +219,6 @@ def handle(node) -> tuple[str, int | None] | None:
     """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
     entry = _HANDLES.get(id(node.id))
     return entry[2] if entry is not None and entry[0]() is node.id else None
-
-
-def local_fd(node, path: str) -> int | None:
-    """HDF5's descriptor of `path` while the open `node` lies in it, else None."""
-    record = handle(node)
-    if record is None or record[1] is None or record[0] != path:
-        return None
-    return record[1] if node.id.valid else None
 
 
 @functools.lru_cache(maxsize=1)

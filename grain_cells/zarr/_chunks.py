@@ -14,21 +14,13 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells._util.ranges import chunk_pieces
-from grain_cells.formats import ChunkCache, ChunkDecodeError, run_parts
+from grain_cells.formats import ChunkCache, ChunkDecodeError, pieces, run_parts
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader, key_reader
 
 AHEAD_BYTES = 256 << 20  # stored bytes fetched ahead of reads, per array, at most
 _WHY_MISSING = {-1: " (its shard's index marks it empty)"}
 _WHY_MISSING[-2] = " (the shard holding it is missing)"
-
-
-def pieces(starts, stops, c: int):
-    """`(chunk, first row in it, in the destination, rows)` of each `c`-row piece."""
-    chunk, p_start, p_stop = chunk_pieces(starts, stops, c)
-    n = p_stop - p_start
-    return chunk, p_start - chunk * c, np.cumsum(n) - n, n
 
 
 class Chunks:
@@ -77,8 +69,11 @@ class Chunks:
         k, j = unit
         return (k // per[0], j // per[1]), (k % per[0]) * per[1] + j % per[1]
 
-    def shards_of(self, row_chunks) -> list[tuple[int, ...]]:
-        return sorted({self.shard_of(u)[0] for k in row_chunks for u in self.units(k)})
+    def load_indices(self, row_chunks) -> None:
+        """`load_shard_indices` of these row chunks' shards (none if not sharded)."""
+        if self.codec.shard is not None:
+            units = (u for k in row_chunks for u in self.units(k))
+            self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
 
     def load_shard_indices(self, shards: list[tuple[int, ...]]) -> None:
         layout = self.codec.shard
@@ -110,43 +105,40 @@ class Chunks:
         return (k * per, min((k + 1) * per, self.shape[0]))
 
     def request(self, unit):
-        """`(key, start, stop, offset)`; start None: all, -1: empty, -2: no shard."""
+        """`(key, start, stop)`; start None: all, -1: empty, -2: no shard."""
         if self.codec.shard is None:
-            return self.key(unit), None, None, None
+            return self.key(unit), None, None
         s, i = self.shard_of(unit)
         key = self.key(s)
         index = self._shard_index.get(s)
         if index is None:  # no shard at all
-            return key, -2, None, None
+            return key, -2, None
         off, n = int(index[i, 0]), int(index[i, 1])
         if off == MAX_UINT_64 and n == MAX_UINT_64:
-            return key, -1, None, None
-        return key, off, off + n, off
+            return key, -1, None
+        return key, off, off + n
 
     def first_stored(self) -> int:
         """The first row chunk with a stored chunk (once; scans from 0)."""
         if self._first_stored is None:
             n = max(1, -(-self.shape[0] // self.codec.chunk_shape[0]))
-            first = n
-            for k in range(n):
-                if self.codec.shard is not None:
-                    self.load_shard_indices(self.shards_of([k]))
-                asks = [self.request(u)[:2] for u in self.units(k)]
-                if any(
-                    a >= 0 if a is not None else self.keys.get(key) is not None
-                    for key, a in asks
-                ):
-                    first = k
-                    break
-            self._first_stored = first
+            self._first_stored = next((k for k in range(n) if self._stored(k)), n)
         return self._first_stored
 
+    def _stored(self, k: int) -> bool:
+        self.load_indices([k])
+        asks = [self.request(u)[:2] for u in self.units(k)]
+        return any(
+            a >= 0 if a is not None else self.keys.get(key) is not None
+            for key, a in asks
+        )
+
     def _get_units(self, todo) -> dict:
-        asks = [(key, a, b) for _, (key, a, b, _) in todo if a is None or a >= 0]
+        """`{unit: its stored bytes or None}` of `(unit, request)` pairs, at once."""
+        asks = [r for _, r in todo if r[1] is None or r[1] >= 0]
         got = iter(self.keys.get_many(asks))
         return {
-            u: (None if (a is not None and a < 0) else next(got))
-            for u, (_, a, _, _) in todo
+            u: None if r[1] is not None and r[1] < 0 else next(got) for u, r in todo
         }
 
     def prefetch(self, row_chunks: list[int]) -> None:
@@ -193,8 +185,7 @@ class Chunks:
         raw = None
         if self.keys.remote:  # read-ahead of these chunks (indices included) first
             self.wait_prefetch(uniq)
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of(uniq))
+        self.load_indices(uniq)
         if self.keys.remote:  # every chunk's bytes at once: read ahead, or GET
             with self._lock:
                 raw = {u: self._ahead.pop(u) for u in units if u in self._ahead}
@@ -207,10 +198,9 @@ class Chunks:
             for x in range(a, b):
                 for unit in self.units(uniq[x]):
                     chunk, into, cut = self.chunk(unit, raw), ..., ...
-                    if cc:  # a 2-D chunk: its columns
-                        c0 = unit[1] * cc
-                        width = min(cc, self.shape[1] - c0)
-                        into, cut = slice(c0, c0 + width), slice(0, width)
+                    if cc:  # a 2-D chunk: its columns (the last one cut short)
+                        into = slice(unit[1] * cc, (unit[1] + 1) * cc)
+                        cut = slice(0, self.shape[1] - unit[1] * cc)
                     for p in range(lo[x], hi[x]):
                         s, d, m = src[p], dst[p], n[p]
                         dest[d : d + m, into] = chunk[s : s + m, cut]
@@ -223,7 +213,7 @@ class Chunks:
         chunk = self._cached(unit)
         if chunk is not None:
             return chunk
-        key, a, b, off = self.request(unit)
+        key, a, b = self.request(unit)
         if raw is not None and unit in raw:
             data = raw[unit]
         else:
@@ -259,7 +249,7 @@ class Chunks:
                 "damaged: rewrite or re-copy it.",
                 rows,
                 key,
-                off,
+                a,
             ) from None
         if self._cache_bytes:
             self._cache.put(0, unit, chunk, self._cache_bytes)

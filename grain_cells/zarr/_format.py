@@ -105,8 +105,6 @@ class ZarrFormat(formats.Format):
 
     def open(self, path, storage_options=None, stat=None) -> StoreFile:
         """The store's root, read-only (no AnnData check); its `stat` taken anew."""
-        if not is_url(path) and not os.path.exists(path):
-            raise formats.missing_path(path)
         stat = self.stat_path(path, storage_options)  # a store's version: its digest
         from grain_cells.zarr import _store
 
@@ -117,7 +115,7 @@ class ZarrFormat(formats.Format):
         from grain_cells.zarr import _store
 
         if not is_url(path) and not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no such zarr store")
+            raise formats.missing_path(path)
         return FileStat(0, 0, 0, 0, 0, store=_store.store_digest(path, storage_options))
 
     def stat_of(self, f, path) -> FileStat:

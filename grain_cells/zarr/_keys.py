@@ -70,20 +70,13 @@ class LocalKeys(KeyReader):
         fd = self.open(key)
         if fd is None:
             return None
-        try:
-            if start is None or start < 0:
-                size = os.fstat(fd).st_size
-                start, stop = (0 if start is None else max(0, size + start)), size
-            parts = []
-            while stop > start:  # short reads are legal; zero means the end
-                got = os.pread(fd, stop - start, start)
-                if not got:
-                    break
-                parts.append(got)
-                start += len(got)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        finally:
-            os.close(fd)
+        with open(fd, "rb") as f:  # `read` stops early only at the end
+            if start is None:
+                return f.read()
+            if start < 0:
+                start, stop = max(0, os.fstat(fd).st_size + start), None
+            f.seek(start)
+            return f.read(None if stop is None else max(0, stop - start))
 
 
 class ZipKeys(KeyReader):

@@ -14,11 +14,10 @@ import numpy as np
 import zarr
 
 from grain_cells import errors
-from grain_cells._util.ranges import chunks_touched, merge_touching
-from grain_cells.formats import checked_ranges, run_parts
+from grain_cells._util.ranges import chunks_touched
+from grain_cells.formats import checked_ranges, dest_bytes, pieces, run_parts
 from grain_cells.storage import advise_pieces
-from grain_cells.zarr._chunks import Chunks, pieces
-from grain_cells.zarr._codecs import MAX_UINT_64
+from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._keys import LocalKeys
 from grain_cells.zarr._store import check_array, read
 
@@ -53,15 +52,7 @@ class RangeReader(Chunks):
             self._raw = not codec.stages and local and array.ndim == 1
             self._raw &= not cache_bytes and (dtype.isnative or dtype.itemsize == 1)
         if self._raw:
-            self._item = dtype.itemsize
-            self._chunk_bytes = codec.chunk_items * self._item
-            # A 1-D chunk's key is its number inside a fixed text (zarr's key
-            # encoding: "x/12", "x/c/12", "x.12"): formatted, not re-encoded.
-            probe, self._raw_key = self.key((987654321,)), None
-            if probe.count("987654321") == 1 and not {"{", "}"} & set(probe):
-                template = probe.replace("987654321", "{}")
-                if template.format(0) == self.key((0,)):
-                    self._raw_key = template.format
+            self._chunk_bytes = codec.chunk_items * dtype.itemsize
 
     @property
     def direct(self) -> bool:
@@ -80,8 +71,7 @@ class RangeReader(Chunks):
         if self.codec is None:
             return
         n = -(-self.shape[0] // self.chunk_length)
-        if self.codec.shard is not None:
-            self.load_shard_indices(self.shards_of(range(n)))
+        self.load_indices(range(n))
         row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
         if self.shape[0] > 0 and n * self.chunk_length * row_bytes <= self._cache_bytes:
             out = np.empty((self.shape[0], *self.row_shape), self.dtype)
@@ -93,14 +83,21 @@ class RangeReader(Chunks):
             return
         starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
-        if not keep.any():
+        starts, stops = starts[keep], stops[keep]
+        if not self._raw or not self._checked:
+            self.prefetch(chunks_touched(starts, stops, self.chunk_length).tolist())
             return
-        if self._raw and self._checked:
-            order = np.argsort(starts[keep], kind="stable")
-            self._advise_raw(*merge_touching(starts[keep][order], stops[keep][order]))
-            return
-        touched = chunks_touched(starts[keep], stops[keep], self.chunk_length)
-        self.prefetch(touched.tolist())
+        order = np.argsort(starts, kind="stable")  # `POSIX_FADV_WILLNEED` by key
+        keys, _, at, _, n, _ = self._plan_raw(starts[order], stops[order])
+        for key, group in itertools.groupby(range(len(keys)), keys.__getitem__):
+            ps = list(group)
+            if key is not None and (fd := self.keys.open(key)) is not None:
+                try:
+                    advise_pieces(
+                        [fd] * len(ps), [at[p] for p in ps], [n[p] for p in ps]
+                    )
+                finally:
+                    os.close(fd)
 
     def read(self, starts, stops, out: np.ndarray, pool=None, pending=None) -> None:
         """`formats.RangeReader.read`, from the store's chunks."""
@@ -109,11 +106,8 @@ class RangeReader(Chunks):
             return
         total = int((stops - starts).sum())
         need = total * int(np.prod(self.row_shape, dtype=np.int64))
-        if (flat := out.reshape(-1)).size < need:
-            raise ValueError(
-                f"destination holds {flat.size} values, the ranges need {need}"
-            )
-        dest = flat[:need].reshape((total, *self.row_shape))
+        dest_bytes(out, np.array([need * out.itemsize]))  # ValueError: too small
+        dest = out.reshape(-1)[:need].reshape((total, *self.row_shape))
         if self.codec is not None and not self._checked:
             self._check_against_zarr()  # may fall back to zarr-python
         if self.codec is None:
@@ -169,116 +163,68 @@ class RangeReader(Chunks):
             at += b - a
 
     def _plan_raw(self, starts: np.ndarray, stops: np.ndarray):
-        """Keys; per piece: key index, chunk, offset+bytes in key and dest, missing."""
-        ks, src, dests, nbytes = pieces(starts, stops, self.chunk_length)
-        item = self._item
-        dests, nbytes = dests * item, nbytes * item
-        missing, base = np.zeros(ks.size, bool), np.zeros(ks.size, np.int64)
-        if self.codec.shard is None:
-            uniq, key_id = np.unique(ks, return_inverse=True)
-            key = self._raw_key or (lambda k: self.key((k,)))
-            names = [key(k) for k in uniq.tolist()]
-        else:
-            per = int(self.codec.shard.per_shard[0])
-            shard_id = ks // per
-            shards = np.unique(shard_id)
-            self.load_shard_indices([(s,) for s in shards.tolist()])
-            key_id = np.searchsorted(shards, shard_id)
-            names = [self.key((s,)) for s in shards.tolist()]
-            for i, s in enumerate(shards.tolist()):
-                sel = key_id == i
-                index = self._shard_index.get((s,))
-                if index is None:
-                    missing[sel] = True
-                    continue
-                entry = index[ks[sel] % per]
-                empty = (entry[:, 0] == MAX_UINT_64) & (entry[:, 1] == MAX_UINT_64)
-                missing[np.flatnonzero(sel)[empty]] = True
-                wrong = ~empty & (entry[:, 1] != self._chunk_bytes)
-                if wrong.any():
-                    j = int(np.flatnonzero(wrong)[0])
-                    found = f"its shard's index gives it {int(entry[j, 1])} bytes"
-                    self._raw_corrupt(
-                        int(ks[sel][j]), names[i], int(entry[j, 0]), found
-                    )
-                base[sel] = np.where(empty, 0, entry[:, 0].astype(np.int64))
-        return names, key_id, ks, base + src * item, nbytes, dests, missing
+        """Per piece: key (None: not stored), chunk, byte offsets, bytes, dest."""
+        ks, src, dests, nbytes = (
+            a.tolist() for a in pieces(starts, stops, self.chunk_length)
+        )
+        self.load_indices(sorted(set(ks)))
+        where = {}
+        for k in dict.fromkeys(ks):  # each chunk once
+            key, a, b = self.request((k,))
+            if a is not None and a >= 0 and b - a != self._chunk_bytes:
+                self._raw_corrupt(
+                    k, key, a, f"its shard's index gives it {b - a} bytes"
+                )
+            where[k] = (key, 0) if a is None else (key if a >= 0 else None, a)
+        item = self.dtype.itemsize
+        keys = [where[k][0] for k in ks]
+        at = [where[k][1] + s * item for k, s in zip(ks, src, strict=True)]
+        src, nbytes, dests = ([x * item for x in a] for a in (src, nbytes, dests))
+        return keys, ks, at, src, nbytes, dests
 
     def _read_raw(self, starts, stops, dest, pool=None, pending=None) -> None:
         """`_read_chunks` by byte range: uncompressed 1-D chunks of a local store."""
-        names, *planned, missing = self._plan_raw(starts, stops)
+        keys, ks, at, src, nbytes, dests = self._plan_raw(starts, stops)
         view = memoryview(dest.reshape(-1).view(np.uint8))
-        for p in np.flatnonzero(missing).tolist():  # fill value or an error
-            self._fill_piece(view, *(int(a[p]) for a in planned[1:]))
-        key_id, ks, offsets, nbytes, dests = (a[~missing] for a in planned)
-        if not ks.size:
-            return
-        lists = [a.tolist() for a in (key_id, ks, offsets, nbytes, dests)]
 
-        def task(a, b):
-            self._read_pieces(view, names, *(x[a:b] for x in lists))
-
-        least = {"max_tasks": _MAX_TASKS, "min_bytes": _MIN_BYTES_PER_TASK}
-        for a, b in run_parts(pool, ks.size, task, pending, sizes=nbytes, **least):
-            task(a, b)
-
-    def _advise_raw(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Asks the OS to start reading these ranges (`POSIX_FADV_WILLNEED`)."""
-        names, key_id, _, offsets, nbytes, _, missing = self._plan_raw(starts, stops)
-        keep = ~missing
-        key_id, offsets, nbytes = key_id[keep], offsets[keep], nbytes[keep]
-        bounds = np.flatnonzero(np.diff(key_id)) + 1
-        for lo, hi in itertools.pairwise([0, *bounds.tolist(), key_id.size]):
-            fd = self.keys.open(names[int(key_id[lo])])
-            if fd is not None:
+        def task(lo: int, hi: int) -> None:
+            for key, group in itertools.groupby(range(lo, hi), keys.__getitem__):
+                ps = list(group)
+                fd = None if key is None else self.keys.open(key)
+                if fd is None:  # no chunk file (or no shard): `chunk`'s rule applies
+                    for p in ps:
+                        chunk = np.ascontiguousarray(self.chunk((ks[p],), None))
+                        flat = chunk.reshape(-1).view(np.uint8)
+                        d, s, n = dests[p], src[p], nbytes[p]
+                        view[d : d + n] = flat[s : s + n]
+                    continue
                 try:
-                    advise_pieces([fd] * (hi - lo), offsets[lo:hi], nbytes[lo:hi])
+                    size = None if self.codec.shard else os.fstat(fd).st_size
+                    if size is not None and size != self._chunk_bytes:
+                        found = f"its file holds {size} bytes"
+                        self._raw_corrupt(ks[ps[0]], key, None, found)
+                    for p in ps:
+                        off, n, d = at[p], nbytes[p], dests[p]
+                        got = 0
+                        while got < n:  # short reads are legal; zero means the end
+                            more = os.preadv(fd, [view[d + got : d + n]], off + got)
+                            if more == 0:
+                                found = f"its file ends at byte {off + got}"
+                                self._raw_corrupt(ks[p], key, off, found)
+                            got += more
                 finally:
                     os.close(fd)
 
-    def _read_pieces(self, view, names, key_id, ks, offsets, nbytes, dests) -> None:
-        for kid, group in itertools.groupby(range(len(key_id)), key_id.__getitem__):
-            ps = list(group)
-            key = names[kid]
-            fd = self.keys.open(key)
-            if fd is None:  # no chunk file (or no shard): `chunk`'s rule applies
-                for p in ps:
-                    self._fill_piece(view, ks[p], offsets[p], nbytes[p], dests[p])
-                continue
-            try:
-                size = None if self.codec.shard else os.fstat(fd).st_size
-                if size is not None and size != self._chunk_bytes:
-                    self._raw_corrupt(
-                        ks[ps[0]], key, None, f"its file holds {size} bytes"
-                    )
-                for p in ps:
-                    off, nb, d = offsets[p], nbytes[p], dests[p]
-                    got = os.preadv(fd, [view[d : d + nb]], off)
-                    while got < nb:  # short reads are legal; zero means the end
-                        more = os.preadv(fd, [view[d + got : d + nb]], off + got)
-                        if more == 0:
-                            self._raw_corrupt(
-                                ks[p], key, off, f"its file ends at byte {off + got}"
-                            )
-                        got += more
-            finally:
-                os.close(fd)
-
-    def _fill_piece(self, view, k: int, off: int, nb: int, d: int) -> None:
-        """A piece of a chunk with no stored bytes: `chunk` fills or raises."""
-        chunk = self.chunk((k,), None)
-        flat = memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
-        base = 0
-        if self.codec.shard is not None:
-            _, a, _, _ = self.request((k,))
-            base = a if a is not None and a >= 0 else 0
-        view[d : d + nb] = flat[off - base : off - base + nb]
+        least = {"max_tasks": _MAX_TASKS, "min_bytes": _MIN_BYTES_PER_TASK}
+        sizes = np.array(nbytes, np.int64)
+        for lo, hi in run_parts(pool, len(ks), task, pending, sizes=sizes, **least):
+            task(lo, hi)
 
     def _raw_corrupt(self, k, key, offset, found: str):
         rows = self.rows(k)
         raise self.corrupt(
             f"chunk key {key!r} (uncompressed) is corrupt: {found}, an uncompressed "
-            f"chunk of {self.codec.chunk_items} x {self._item}-byte values is "
+            f"chunk of {self.codec.chunk_items} x {self.dtype.itemsize}-byte values is "
             f"{self._chunk_bytes}. It holds rows [{rows[0]}, {rows[1]}). The store is "
             "damaged (truncated or rewritten during a copy): rewrite or re-copy it.",
             rows,

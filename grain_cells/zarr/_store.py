@@ -106,29 +106,23 @@ def read(array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
             return np.asarray(array.vindex[index])
         return np.asarray(array[index])
     except (ValueError, RuntimeError, OSError, EOFError) as e:  # zarr's, codecs'
-        stop = min(rows[1], int(array.shape[0]))
-        raise _read_error(array, path, rows[0], stop, e) from e
-
-
-def _read_error(
-    array, path: str, start: int, stop: int, exc: BaseException
-) -> errors.CorruptChunkError:
-    """The named error of a zarr-python read (`exc`) of rows `[start, stop)`."""
+        exc = e
     name = "/" + array.path.lstrip("/")
     shards = getattr(array, "shards", None)
     size = int(shards[0] if shards else array.chunks[0])
-    kind = "shard" if shards else "chunk"
+    start, stop = rows[0], min(rows[1], int(array.shape[0]))
     first, last = start // size, max(start, stop - 1) // size
     tail = (0,) * (array.ndim - 1)
-    prefix = array.path.strip("/")
 
     def key(k: int) -> str:
-        return f"{prefix}/{array.metadata.encode_chunk_key((k, *tail))}".lstrip("/")
+        encoded = array.metadata.encode_chunk_key((k, *tail))
+        return f"{array.path.strip('/')}/{encoded}".lstrip("/")
 
     keys = repr(key(first)) + (f" (to {key(last)!r})" if last > first else "")
     rows = (first * size, min((last + 1) * size, int(array.shape[0])))
+    kind = "shard" if shards else "chunk"
     what = "its index or a chunk in it" if shards else "its bytes"
-    return errors.CorruptChunkError(
+    raise errors.CorruptChunkError(
         f"{path}: {name} {kind} {keys}, which holds rows [{rows[0]}, {rows[1]}) "
         f"of {name}, cannot be read ({type(exc).__name__}: {exc}): {what} "
         "is cut short or has flipped bytes. The store is damaged: rewrite it, "
@@ -137,7 +131,7 @@ def _read_error(
         dataset=name,
         rows=rows,
         chunk_key=key(first),
-    )
+    ) from exc
 
 
 def check_array(array: zarr.Array, path: str) -> zarr.Array:
