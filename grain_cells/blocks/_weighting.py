@@ -163,9 +163,8 @@ def balanced_block_weights(
 ) -> np.ndarray:
     """Block weights giving each class of `column` its target share of cells.
 
-    A block weighs the mean of its cells' class multipliers (a missing label
-    weighs 0), refined until each class's expected share of the emitted cells
-    is within `tolerance` of its target (docs/reference/design.md#blocks-weighting).
+    Per-class multipliers, averaged per block (a missing label weighs 0), are
+    refined until each expected share is within `tolerance` of its target.
 
     Example:
         >>> equal = balanced_block_weights(source, "cell_type")
@@ -191,9 +190,8 @@ def balanced_block_weights(
         errors.MissingColumnError: `column` is not one of `obs_columns`.
 
     Warns:
-        UserWarning: The targets were not reached (blocks mix classes too
-            much): lists the shares against the targets and, past 3
-            percentage points, suggests `preshuffle(..., group_by=column)`.
+        UserWarning: The targets were not reached (blocks mix classes): the
+            shares against the targets, and what would help.
     """
     codes, ranges, categories = _codes(source, column, "balanced_block_weights")
     check_int("max_iterations", max_iterations, minimum=1)
@@ -265,9 +263,6 @@ def _miss_note(categories, column, got, target, gap, block_size) -> str:
 def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """Each label's expected share of the cells a weighted sampler emits.
 
-    The earlier order `expected_shares(source, column, weights)` still works
-    (a str in the second place is the column).
-
     Example:
         >>> weights = balanced_block_weights(source, "cell_type")
         >>> expected_shares(source, weights, "cell_type")
@@ -279,8 +274,7 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
         column: A categorical obs column (one of `obs_columns`).
 
     Returns:
-        Label to share, for the labels present in the source; a missing label
-        shows as key None.
+        Label to share, for the labels present (a missing label: key None).
 
     Raises:
         TypeError: `source` is not an `AnnDataSource`, `column` not a str or
@@ -289,7 +283,7 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
         errors.MissingColumnError: `column` is not one of `obs_columns`.
     """
     if isinstance(weights, str) and not isinstance(column, str):
-        weights, column = column, weights  # the earlier order
+        weights, column = column, weights  # the earlier order (column, weights)
     codes, ranges, categories = _codes(source, column, "expected_shares")
     weights = _numbers(weights, "weights", "expected_shares")
     if weights.shape != (len(source),):
