@@ -11,19 +11,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from grain_cells._util.arguments import check_int
+from grain_cells._util.arguments import check_choice, check_int, check_source
 from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
 from grain_cells.source import AnnDataSource, obs_column
 
 MISS_POINTS = 0.03  # a share this far from its target suggests a grouped copy
-
-
-def _check_source(source, function: str) -> None:
-    if not isinstance(source, AnnDataSource):
-        raise TypeError(
-            f"{function}: source must be a grain_cells.AnnDataSource (or a view "
-            f"of one), got {type(source).__name__}"
-        )
 
 
 def _numbers(value, name: str, function: str, hint: str = "") -> np.ndarray:
@@ -62,11 +54,8 @@ def block_weights(
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
-    _check_source(source, "block_weights")
-    if reduce not in ("mean", "sum"):
-        raise ValueError(
-            f"reduce must be one of ['mean', 'sum'], got reduce={reduce!r}"
-        )
+    check_source(source, AnnDataSource)
+    check_choice("reduce", reduce, ("mean", "sum"))
     hint = (
         f"; for class balance over an obs column use balanced_block_weights("
         f"source, {cell_weights!r})"
@@ -98,7 +87,7 @@ def block_weights(
 
 def _codes(source: AnnDataSource, column: str, function: str):
     """`(codes, ranges, categories)` of a categorical column of `source`."""
-    _check_source(source, function)
+    check_source(source, AnnDataSource)
     if not isinstance(column, str):
         raise TypeError(
             f"{function}: column must be the name of a categorical obs column "
