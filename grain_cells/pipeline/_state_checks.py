@@ -24,6 +24,7 @@ STAMP = "grain_cells"
 _PIPELINE_VERSION = 2
 _MISSING = object()
 _SHARD_IN_REPR = re.compile(r", shard_index=\d+, shard_count=\d+")
+_OBJECT_IN_REPR = re.compile(r"<[^<>]*>")  # `<function f at 0x...>`: a string
 
 
 def _plain(value):  # JSON of NumPy scalars, else the repr
@@ -68,13 +69,12 @@ def _dict_diffs(then: dict, now: dict, prefix: str = "", show=repr) -> list[str]
 
 def _repr_items(text: str) -> dict[str, str]:
     """`"A(x=1, b=B(y=2))"` as `{"class": "A", "x": "1", "b": "B", "b.y": "2"}`."""
+    code = _OBJECT_IN_REPR.sub(lambda m: repr(m[0]), text.strip())
     try:
-        call = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+        call = ast.parse(code, mode="eval").body
+    except Exception:  # not Python (null bytes, too deep...): shown whole
         call = None
-    if not _is_call(call):
-        return {"value": text}
-    return _call_items(call, text.strip(), "")
+    return _call_items(call, code, "") if _is_call(call) else {"value": text}
 
 
 def _is_call(node) -> bool:
