@@ -218,18 +218,25 @@ def _receive(ring, slot, segment, size, layout, pid, leases=0) -> dict:
 
 
 _local_ring: SlotRing | None = None
+
+
+def worker_ring(min_slots: int, leases: int = 0) -> SlotRing:
+    """This process's ring, with room for `min_slots` plus `leases` lent slots."""
+    global _local_ring
+    if _local_ring is None:
+        _local_ring = SlotRing()
+    _local_ring.reserve(min_slots, leases)
+    return _local_ring
+
+
 # A fetch's minibatches are formatted as `format(i, empty) -> dict`.
 Formatter = Callable[[int, Callable[..., np.ndarray]], dict]
 
 
 def ring_for(minibatches_per_fetch: int) -> SlotRing:
     """This worker's ring: about four fetches in flight, three fetches and 8 leases."""
-    global _local_ring
     n = int(minibatches_per_fetch)
-    if _local_ring is None:
-        _local_ring = SlotRing()
-    _local_ring.reserve(max(4 * n + 8, 2 * n + 24), leases=3 * n + 8)
-    return _local_ring
+    return worker_ring(max(4 * n + 8, 2 * n + 24), leases=3 * n + 8)
 
 
 def send(format_minibatch: Formatter, i: int, ring: SlotRing) -> SlotHandle:
