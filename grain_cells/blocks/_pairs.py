@@ -121,26 +121,19 @@ def pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
     # from more, and OpenBLAS's idle threads spin (at 100M cells on 2 busy
     # cores: 20 CPU-s with its default threads, 3 with one).
     with threadpool_limits(limits=1, user_api="blas"):
-        return _pairs(codes, ranges, num_blocks, longest, width)
-
-
-def _pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
-    dense = _dense(width, longest)
-    counts = np.zeros(width, np.int64)
-    by_length: dict[int, np.ndarray] = {}
-    for _, klass, n in pieces(codes, ranges, num_blocks, longest, width):
-        counts += np.bincount(klass, minlength=width)
-        table = _piece_counts(klass, n, width, dense)
-        lengths = np.unique(n)
-        for length in lengths.tolist():
-            rows = table if lengths.size == 1 else table[n == length]
-            product = rows.T @ rows
-            if not dense:
-                product = product.toarray()
-            if length in by_length:
-                by_length[length] += product
-            else:
-                by_length[length] = np.asarray(product, np.float64)
+        dense = _dense(width, longest)
+        counts = np.zeros(width, np.int64)
+        by_length: dict[int, np.ndarray] = {}
+        for _, klass, n in pieces(codes, ranges, num_blocks, longest, width):
+            counts += np.bincount(klass, minlength=width)
+            table = _piece_counts(klass, n, width, dense)
+            lengths = np.unique(n)
+            for length in lengths.tolist():
+                rows = table if lengths.size == 1 else table[n == length]
+                product = rows.T @ rows
+                if not dense:
+                    product = product.toarray()
+                by_length[length] = by_length.get(length, 0) + product
     matrix = np.zeros((width, width))
     for length in sorted(by_length):
         matrix += by_length[length] / length

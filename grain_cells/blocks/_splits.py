@@ -38,12 +38,7 @@ def split_by_fraction(
     unit_cells: int | None = None,
     by: str | None = None,
 ) -> dict[str, AnnDataSource]:
-    """Splits a source's cells into views by fraction of cells.
-
-    Units (blocks, a grid of rows, or obs groups) are ordered by
-    `hash64(seed, unit key)` (key: first global row, or the label's hash) and
-    the order is cut at the fractions of cells: a unit goes to the split
-    holding its midpoint. Depends only on the source, arguments and `seed`.
+    """Splits a source's cells into views by fraction of cells (design notes).
 
     Example:
         >>> splits = split_by_fraction(source, {"train": 0.8, "val": 0.2})
@@ -55,13 +50,10 @@ def split_by_fraction(
         fractions: Split name to its fraction of cells; all positive, summing
             to 1. The result keeps this order.
         seed: Seed of the assignment, a non-negative int.
-        unit_cells: None (default) to assign the source's blocks, or a number
-            of rows: the grid of `unit_cells` rows from each file's start
-            (intersected with the selection), so that the split does not
-            depend on `block_size`.
-        by: An obs column (one of `obs_columns`) whose groups are the units:
-            all cells of a label go to one split (cells with a missing label
-            form one group). Exclusive with `unit_cells`.
+        unit_cells: None (default) to assign the source's blocks, or a grid
+            of `unit_cells` rows per file (independent of `block_size`).
+        by: An obs column whose labels are the units (a missing label is
+            one); exclusive with `unit_cells`.
 
     Returns:
         Split name to an `AnnDataSource` view of its cells.
@@ -93,14 +85,11 @@ def split_by_obs(
         source: The source or view to split.
         column: One of `source.obs_columns`.
         holdout: Split name to the labels (or values, or an elementwise
-            predicate, as in `where_mask`) of its cells. Splits must not share
-            a cell.
-        rest: Name of the split holding every other cell, or None to leave
-            those cells out.
+            predicate) of its cells; splits share no cell.
+        rest: Name of the split of every other cell (None: left out).
 
     Returns:
-        Split name to an `AnnDataSource` view: the holdout splits in order,
-        then `rest`.
+        Split name to an `AnnDataSource` view: holdout splits, then `rest`.
 
     Raises:
         ValueError: Two splits share cells, a split would be empty (`rest`
@@ -272,12 +261,10 @@ def _groups(source: AnnDataSource, column: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def chunk_aligned(source: AnnDataSource, chunks_per_block: int = 1) -> AnnDataSource:
-    """A view of `source` whose blocks follow the matrix's chunk grid.
+    """A view of `source` whose blocks follow the matrix's chunk grid (design notes).
 
-    Keeps the cells the source holds; cuts at every `chunks_per_block`-th chunk
-    start of each file, at gaps, at file boundaries and every `block_size` cells
-    (give the source a `block_size` of at least `n` times `mean_cells_per_chunk`
-    plus a margin). A block of `n` chunks decodes about `n + 1`.
+    Give the source a `block_size` of at least `chunks_per_block` times
+    `mean_cells_per_chunk`, plus a margin.
 
     Args:
         source: An `AnnDataSource` (or a view of one).

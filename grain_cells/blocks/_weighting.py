@@ -11,19 +11,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from grain_cells._util.arguments import check_int
+from grain_cells._util.arguments import check_choice, check_int, check_source
 from grain_cells.blocks._pairs import Pairs, block_sums, class_sums, pairs
 from grain_cells.source import AnnDataSource, obs_column
 
 MISS_POINTS = 0.03  # a share this far from its target suggests a grouped copy
-
-
-def _check_source(source, function: str) -> None:
-    if not isinstance(source, AnnDataSource):
-        raise TypeError(
-            f"{function}: source must be a grain_cells.AnnDataSource (or a view "
-            f"of one), got {type(source).__name__}"
-        )
 
 
 def _numbers(value, name: str, function: str, hint: str = "") -> np.ndarray:
@@ -62,11 +54,8 @@ def block_weights(
         ValueError: Wrong shape, negative or non-finite weights, every block
             weighing 0, or an unknown `reduce`.
     """
-    _check_source(source, "block_weights")
-    if reduce not in ("mean", "sum"):
-        raise ValueError(
-            f"reduce must be one of ['mean', 'sum'], got reduce={reduce!r}"
-        )
+    check_source(source, AnnDataSource)
+    check_choice("reduce", reduce, ("mean", "sum"))
     hint = (
         f"; for class balance over an obs column use balanced_block_weights("
         f"source, {cell_weights!r})"
@@ -98,7 +87,7 @@ def block_weights(
 
 def _codes(source: AnnDataSource, column: str, function: str):
     """`(codes, ranges, categories)` of a categorical column of `source`."""
-    _check_source(source, function)
+    check_source(source, AnnDataSource)
     if not isinstance(column, str):
         raise TypeError(
             f"{function}: column must be the name of a categorical obs column "
@@ -163,9 +152,8 @@ def balanced_block_weights(
 ) -> np.ndarray:
     """Block weights giving each class of `column` its target share of cells.
 
-    A block weighs the mean of its cells' class multipliers (a missing label
-    weighs 0), refined until each class's expected share of the emitted cells
-    is within `tolerance` of its target (docs/reference/design.md#blocks-weighting).
+    Per-class multipliers, averaged per block (a missing label weighs 0), are
+    refined until each expected share is within `tolerance` of its target.
 
     Example:
         >>> equal = balanced_block_weights(source, "cell_type")
@@ -191,9 +179,8 @@ def balanced_block_weights(
         errors.MissingColumnError: `column` is not one of `obs_columns`.
 
     Warns:
-        UserWarning: The targets were not reached (blocks mix classes too
-            much): lists the shares against the targets and, past 3
-            percentage points, suggests `preshuffle(..., group_by=column)`.
+        UserWarning: The targets were not reached (blocks mix classes): the
+            shares against the targets, and what would help.
     """
     codes, ranges, categories = _codes(source, column, "balanced_block_weights")
     check_int("max_iterations", max_iterations, minimum=1)
@@ -265,9 +252,6 @@ def _miss_note(categories, column, got, target, gap, block_size) -> str:
 def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
     """Each label's expected share of the cells a weighted sampler emits.
 
-    The earlier order `expected_shares(source, column, weights)` still works
-    (a str in the second place is the column).
-
     Example:
         >>> weights = balanced_block_weights(source, "cell_type")
         >>> expected_shares(source, weights, "cell_type")
@@ -279,8 +263,7 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
         column: A categorical obs column (one of `obs_columns`).
 
     Returns:
-        Label to share, for the labels present in the source; a missing label
-        shows as key None.
+        Label to share, for the labels present (a missing label: key None).
 
     Raises:
         TypeError: `source` is not an `AnnDataSource`, `column` not a str or
@@ -289,7 +272,7 @@ def expected_shares(source: AnnDataSource, weights, column: str) -> dict:
         errors.MissingColumnError: `column` is not one of `obs_columns`.
     """
     if isinstance(weights, str) and not isinstance(column, str):
-        weights, column = column, weights  # the earlier order
+        weights, column = column, weights  # the earlier order (column, weights)
     codes, ranges, categories = _codes(source, column, "expected_shares")
     weights = _numbers(weights, "weights", "expected_shares")
     if weights.shape != (len(source),):

@@ -26,11 +26,10 @@ _CSR_KEYS = ("data", "indptr")  # CsrOutput's entries change shape every minibat
 class DeviceIterator:
     """Minibatches as global `jax.Array`s, `prefetch` copies ahead of the step.
 
-    Made by `device_iterator`; closable. Its state is the loader's after the
-    last minibatch *returned* (JSON bytes), so `grain_cells.checkpoint.
-    IteratorSave(device_iterator)` resumes exactly. With `equal_steps=True`, a
-    process whose loader ran out yields padding minibatches (`mask` False,
-    `row_ids` -1, else 0) until all have; `padding_steps` counts them.
+    Made by `device_iterator`; closable; its state (JSON bytes) resumes after
+    the last minibatch *returned*. With `equal_steps=True`, a process whose
+    loader ran out yields padding minibatches (`mask` False, `row_ids` -1,
+    else 0) until all have; `padding_steps` counts them.
 
     Example:
         >>> with device_iterator(iter(loader), equal_steps=True) as batches:

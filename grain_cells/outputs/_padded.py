@@ -28,14 +28,12 @@ class PaddedSparseOutput(Output):
     """Fixed-width sparse rows for `jax.jit`: `values`, `indices`, `nnz`, `truncated`.
 
     Attributes:
-        width: Stored values kept per cell; None fits it to the source when
-            the pipeline is built (the `quantile` of stored values per cell
-            over up to 4,096 sampled cells, a multiple of 128).
+        width: Stored values kept per cell; None: the `quantile` of a sample
+            of the source, fitted when the pipeline is built (design notes).
         truncate: For a cell with more than `width` stored values:
             `"largest"` keeps its `width` largest values, `"first"` its first
-            in column order (both set its `truncated` flag, and the loader
-            warns once: `errors.TruncationWarning`); `"error"` raises
-            `errors.TruncationError`.
+            (both flag it in `truncated`; the loader warns once); `"error"`
+            raises `errors.TruncationError`.
         dtype: dtype of `values`.
         quantile: The quantile of the sampled counts a fitted width covers;
             1.0 takes the widest sampled cell.

@@ -92,11 +92,7 @@ class Layer:
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this matrix: its name and output."""
-        return {
-            "class": type(self).__name__,
-            "name": self.name,
-            "output": self.output.fingerprint(),
-        }
+        return _named(self, output=self.output.fingerprint())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +113,11 @@ class Obsm:
 
     def fingerprint(self) -> dict:
         """What a checkpoint records of this array: its key and dtype."""
-        return {
-            "class": type(self).__name__,
-            "name": self.name,
-            "dtype": dtype_name(self.dtype),
-        }
+        return _named(self, dtype=dtype_name(self.dtype))
+
+
+def _named(spec, **fields) -> dict:
+    return {"class": type(spec).__name__, "name": spec.name, **fields}
 
 
 class ElementReader:
@@ -143,14 +139,8 @@ class ElementReader:
 
     def fetch(self, starts, stops, buffer: RowBuffer | None = None, key: int = 0):
         """Rows of sorted global ranges: a layer's `Fetch`, or an obsm array."""
-        rows = fetch_ranges(
-            self._handles,
-            self.cell_offsets,
-            starts,
-            stops,
-            buffer,
-            check_indices=self.check_indices,
-        )
+        at, check = (self._handles, self.cell_offsets), self.check_indices
+        rows = fetch_ranges(*at, starts, stops, buffer, check_indices=check)
         if isinstance(self.spec, Obsm):
             return rows.dense.astype(self.spec.dtype)
         return Fetch(rows.dense, rows.row_ids, self.files.num_genes, key, _csr=rows.csr)
@@ -279,8 +269,6 @@ class SplitFetch:
 
     def _read_extra(self, read: np.ndarray, key: int, row_ids: np.ndarray) -> dict:
         """The extra matrices' rows, in the order of X's fetch buffer."""
-        if not self.extra:
-            return {}
         read = read[np.argsort(read[:, 2], kind="stable")]
         out = {}
         for name, reader in self.extra.items():

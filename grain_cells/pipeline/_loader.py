@@ -167,24 +167,17 @@ class DataLoader:
         read_options=None,
         enable_profiling=False,
     ):
-        """Same arguments as `grain.DataLoader`.
+        """Same arguments as `grain.DataLoader` (`read_options` and
+        `enable_profiling` accepted, unused).
 
-        Args:
-            data_source: An `AnnDataSource` (or view).
-            sampler: A sampler over its blocks (`BlockSampler`, ...); its
-                `readahead_cells` is how far ahead the fetch stage hints.
-            operations: `fetch_operations(...)`, optionally followed by
-                `grain.transforms.Map`s applied to each minibatch.
-            worker_count: As in `grain_cells.pipeline.PipelineOptions`.
-            worker_buffer_size: As in `grain_cells.pipeline.PipelineOptions`.
-            shard_options: The shard; default: the sampler's.
-            read_options: Accepted for compatibility; unused.
-            enable_profiling: Accepted for compatibility; unused.
-
-        Raises:
-            ValueError: `operations` is not `fetch_operations(...)`, or the
-                sampler walks more blocks than the source has.
-        """
+        `data_source` is an `AnnDataSource` (or view), `sampler` walks its
+        blocks (its `readahead_cells`: how far ahead the fetch stage hints),
+        `operations` is `fetch_operations(...)` then optionally
+        `grain.transforms.Map`s per minibatch; `worker_count` and
+        `worker_buffer_size` as in `PipelineOptions`; `shard_options`
+        defaults to the sampler's. `ValueError`: other `operations`, or a
+        sampler over more blocks than the source has.
+        """  # noqa: D205
         del read_options, enable_profiling
         check_source(data_source, AnnDataSource, "data_source")
         split, after = fetch_of(operations)
@@ -252,20 +245,18 @@ class DataLoader:
         """
         import pandas as pd  # only where labels are asked for
 
-        mask = np.asarray(batch["mask"], bool) if "mask" in batch else None
+        mask = np.asarray(batch["mask"], bool) if "mask" in batch else slice(None)
         columns = {}
         for column, labels in self._dataset.source.categories.items():
-            values = batch.get(f"obs/{column}")
-            if values is None:
+            if f"obs/{column}" not in batch:
                 continue
-            values = np.asarray(values) if mask is None else np.asarray(values)[mask]
+            values = np.asarray(batch[f"obs/{column}"])[mask]
             if labels is not None:
                 values = pd.Categorical.from_codes(values.astype(np.int64), labels)
             columns[column] = values
         index = batch.get("row_ids")
         if index is not None:
-            index = np.asarray(index) if mask is None else np.asarray(index)[mask]
-            index = pd.Index(index, name="row_id")
+            index = pd.Index(np.asarray(index)[mask], name="row_id")
         return pd.DataFrame(columns, index=index)
 
     def __iter__(self) -> CheckedIterator:

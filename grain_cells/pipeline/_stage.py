@@ -164,8 +164,7 @@ class ReadFetch(grain.transforms.Map):
         self.split = split
         self.plan = plan
         self.stride = max(1, int(stride))
-        block = split.config.block_size
-        per_fetch = plan.blocks_per_fetch * block
+        per_fetch = plan.blocks_per_fetch * split.config.block_size
         ahead = -(-int(readahead_cells) // per_fetch) if readahead_cells else 0
         # Capped: many tiny fetches' keys delayed every iterator's first batch.
         self.ahead = min(ahead, MAX_AHEAD_FETCHES)

@@ -5,6 +5,7 @@ Design notes: docs/reference/design.md#pipeline-state-checks.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -23,8 +24,7 @@ STAMP = "grain_cells"
 _PIPELINE_VERSION = 2
 _MISSING = object()
 _SHARD_IN_REPR = re.compile(r", shard_index=\d+, shard_count=\d+")
-_CALL = re.compile(r"(\w+)\((.*)\)", re.S)
-_ITEM = re.compile(r"(\w+)=(.*)", re.S)
+_OBJECT_IN_REPR = re.compile(r"<[^<>]*>")  # `<function f at 0x...>`: a string
 
 
 def _plain(value):  # JSON of NumPy scalars, else the repr
@@ -67,44 +67,34 @@ def _dict_diffs(then: dict, now: dict, prefix: str = "", show=repr) -> list[str]
     return parts
 
 
-def _split_top(text: str) -> list[str]:
-    """`text` split at its commas outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, None, 0
-    for i, c in enumerate(text):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-def _repr_items(text: str, prefix: str = "") -> dict[str, str]:
+def _repr_items(text: str) -> dict[str, str]:
     """`"A(x=1, b=B(y=2))"` as `{"class": "A", "x": "1", "b": "B", "b.y": "2"}`."""
-    call = _CALL.fullmatch(text.strip())
-    if call is None:
-        return {prefix.rstrip(".") or "value": text}
-    out = {f"{prefix}class": call.group(1)}
-    for i, part in enumerate(_split_top(call.group(2))):
-        item = _ITEM.fullmatch(part)
-        inner = _CALL.fullmatch(item.group(2) if item else part)
-        if item:
-            name, value = item.group(1), item.group(2)
-        else:  # a positional argument: named by its class, else its place
-            name, value = (inner.group(1) if inner else f"#{i}"), part
-        if inner is not None:
-            out[prefix + name] = inner.group(1)
-            out.update(_repr_items(value, f"{prefix}{name}."))
-            out.pop(f"{prefix}{name}.class")
-        else:
-            out[prefix + name] = value
+    code = _OBJECT_IN_REPR.sub(lambda m: repr(m[0]), text.strip())
+    try:
+        call = ast.parse(code, mode="eval").body
+    except Exception:  # not Python (null bytes, too deep...): shown whole
+        call = None
+    return _call_items(call, code, "") if _is_call(call) else {"value": text}
+
+
+def _is_call(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+
+
+def _call_items(call: ast.Call, text: str, prefix: str) -> dict[str, str]:
+    """A call's class and arguments; positional ones named by class, else place."""
+    out = {f"{prefix}class": call.func.id}
+    named = [(f"#{i}", node) for i, node in enumerate(call.args)]
+    named += [(k.arg or f"**{i}", k.value) for i, k in enumerate(call.keywords)]
+    for name, node in named:
+        if not _is_call(node):
+            out[prefix + name] = ast.get_source_segment(text, node)
+            continue
+        name = node.func.id if name.startswith("#") else name
+        out[prefix + name] = node.func.id
+        inner = _call_items(node, text, f"{prefix}{name}.")
+        del inner[f"{prefix}{name}.class"]
+        out.update(inner)
     return out
 
 
@@ -142,11 +132,9 @@ def _fail(field: str, value, valid: str) -> CheckpointMismatchError:
 
 def _int(value, field: str, low: int, high: int | None = None) -> int:
     """`value`, checked to be an int in `[low, high]` (None: no cap)."""
-    valid = f"an int in [{low}, {'inf' if high is None else high}]"
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _fail(field, value, valid)
-    if high is not None and value > high:
-        raise _fail(field, value, valid)
+    top = float("inf") if high is None else high
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
+        raise _fail(field, value, f"an int in [{low}, {top}]")
     return value
 
 

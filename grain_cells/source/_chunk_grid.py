@@ -171,14 +171,9 @@ def file_chunk_starts(files: FileSet, handles: OpenFiles, i: int) -> np.ndarray:
     path = os.path.join(cache_dir(), name + ".npy")
     try:
         starts = np.load(path, allow_pickle=False)
-        if (
-            starts.dtype == np.int64
-            and starts.ndim == 1
-            and starts.size > 0
-            and starts[0] == 0
-            and starts[-1] < max(n_obs, 1)
-            and (starts.size == 1 or (np.diff(starts) > 0).all())
-        ):
+        ok = starts.dtype == np.int64 and starts.ndim == 1 and starts.size > 0
+        ok = ok and starts[0] == 0 and starts[-1] < max(n_obs, 1)
+        if ok and (np.diff(starts) > 0).all():
             return starts
     except (OSError, ValueError):
         pass

@@ -23,31 +23,18 @@ def runs_of_mask(
     """The runs of True in `mask`, cut at file boundaries, as `(starts, stops)`."""
     mask = np.asarray(mask, bool)
     n = mask.size
-    inner = np.asarray(cell_offsets[1:-1], np.int64)
-    inner = inner[(inner > 0) & (inner < n)]
-    # A window at a time: no mask-sized temporaries.
     starts, stops = [], []
-    for a in range(0, n, _RUN_WINDOW):
+    for a in range(0, n, _RUN_WINDOW):  # a window at a time: no mask-sized temporaries
         b = min(n, a + _RUN_WINDOW)
-        here = mask[a:b]
-        before = np.empty(b - a, bool)  # the row before each row is selected
-        before[0] = a > 0 and mask[a - 1]
-        before[1:] = here[:-1]
-        after = np.empty(b - a, bool)  # the row after each row is selected
-        after[-1] = b < n and mask[b]
-        after[:-1] = here[1:]
-        cut = inner[(inner >= a) & (inner < b)] - a
-        before[cut] = False
-        cut = inner[(inner > a) & (inner <= b)] - a - 1
-        after[cut] = False
-        starts.append(np.flatnonzero(here & ~before) + a)
-        stops.append(np.flatnonzero(here & ~after) + a + 1)
-    if not starts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return (
-        np.concatenate(starts).astype(np.int64),
-        np.concatenate(stops).astype(np.int64),
-    )
+        edges = (a > 0 and mask[a - 1], b < n and mask[b])
+        step = np.diff(mask[a:b].astype(np.int8), prepend=edges[0], append=edges[1])
+        starts.append(np.flatnonzero(step[:-1] == 1) + a)
+        stops.append(np.flatnonzero(step[1:] == -1) + a + 1)
+    inner = np.unique(np.asarray(cell_offsets[1:-1], np.int64))
+    inner = inner[(inner > 0) & (inner < n)]
+    cut = inner[mask[inner - 1] & mask[inner]]  # a run across two files: two runs
+    starts, stops = np.concatenate([*starts, cut]), np.concatenate([*stops, cut])
+    return np.sort(starts).astype(np.int64), np.sort(stops).astype(np.int64)
 
 
 def selected_blocks(source, cells=None, where=None) -> BlockTable:

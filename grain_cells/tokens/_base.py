@@ -43,10 +43,7 @@ class TokenOutput(Output):
         """`specials`: the ids `(pad, cls, eos, mask)`, -1 for none."""
         _, cls_id, eos_id, mask_id = specials
         column_tokens = column_token_array(column_tokens)
-        if kernels not in ("auto", "numba", "numpy"):
-            raise ValueError(
-                f"kernels must be 'auto', 'numba' or 'numpy', got kernels={kernels!r}"
-            )
+        arguments.check_choice("kernels", kernels, ("auto", "numba", "numpy"))
         if kernels == "numba" and not numba_available():
             raise ImportError(
                 "kernels='numba' needs numba: pip install 'grain_cells[tokens]'"
@@ -198,10 +195,8 @@ class TokenOutput(Output):
         tokens = self.column_tokens[csr.indices]
         values = csr.data.astype(np.float32, copy=False)
         lengths = np.diff(csr.indptr)
-        if self.column_medians is None:
-            inv = _kernels.inverted(values)
-        else:
-            inv = _kernels.inverted(values / self.column_medians[csr.indices])
+        scaled = values if self.n_bins else values / self.column_medians[csr.indices]
+        inv = _kernels.inverted(scaled)
         keep, dropped = None, np.zeros(lengths.size, np.int32)
         if not (self._all_in_vocabulary and (not values.size or values.min() > 0)):
             positive = values > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from grain_cells._util import arguments
 from grain_cells.tokens._base import TokenOutput, column_token_array
 from grain_cells.tokens._vocabulary import GeneVocabulary
 
@@ -82,19 +83,12 @@ class RankValueTokens(TokenOutput):
         kernels: str = "auto",
         threads: int | str = "auto",
     ) -> RankValueTokens:
-        """Rank-value tokens for `source`'s genes.
+        """Rank-value tokens for `source`'s genes (its `var_names`).
 
-        Args:
-            source: The `AnnDataSource` (its `var_names` are looked up).
-            vocabulary: Token ids of genes and specials.
-            stats: `grain_cells.tokens.CorpusStats` with the genes' medians (matched
-                by name).
-            length: Tokens per cell, special tokens included.
-            cls_token: Start with `<cls>`.
-            eos_token: End with `<eos>`.
-            mlm_probability: Share of gene positions replaced by `<mask>`.
-            kernels: As for `__init__`.
-            threads: As for `__init__`.
+        `vocabulary` gives the genes' and specials' ids, `stats` (a
+        `grain_cells.tokens.CorpusStats`) the genes' medians by name;
+        `cls_token`/`eos_token` start/end each sequence with `<cls>`/`<eos>`.
+        Other arguments as `__init__`.
         """
         genes = source.var_names
         mask_id = vocabulary.special("mask") if vocabulary.has_special("mask") else -1
@@ -150,21 +144,16 @@ class ValueBinTokens(TokenOutput):
             pad_zeros: Fill free slots with sampled non-expressed genes.
             pad_id: Id of `<pad>`.
             cls_id: Id of `<cls>` (-1: none).
-            mask_id: Unused by value masking; kept for symmetry.
+            mask_id: Unused by value masking.
             pad_value: Bin value of `<pad>` positions.
             mask_value: Bin value of masked positions.
             mlm_probability: Share of gene positions whose value is masked.
-            kernels: `"numba"` (used for `selection="top"`), `"numpy"` or
-                `"auto"` (numba when installed); the same arrays, bit for bit.
-            threads: Threads that encode a minibatch with the compiled kernels:
-                `"auto"` is one in a Grain worker, else one per core up to 4.
+            kernels: As `RankValueTokens` (numba is used for `selection="top"`).
+            threads: As `RankValueTokens`.
         """
         if n_bins < 3:
             raise ValueError(f"n_bins must be at least 3, got n_bins={n_bins}")
-        if selection not in ("top", "random"):
-            raise ValueError(
-                f"selection must be 'top' or 'random', got selection={selection!r}"
-            )
+        arguments.check_choice("selection", selection, ("top", "random"))
         mask_id = max(mask_id, 0) if mlm_probability > 0 else mask_id
         specials = (pad_id, cls_id, -1, mask_id)
         super().__init__(

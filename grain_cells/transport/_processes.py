@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import gc
 import inspect
 import multiprocessing
@@ -229,31 +230,25 @@ def main_guard_error(what: str, site: tuple[str, int]) -> MainGuardError:
 
 
 # `ast.parse` is not thread-safe on CPython 3.11 and Grain pickles operations
-# from several threads: each script is parsed once per process, under a lock.
+# from several threads: scripts are parsed under a lock, each once per process.
 _parse_lock = threading.Lock()
-_parsed: dict[str, frozenset[int] | None] = {}
 
 
+@functools.cache
 def _guarded_lines(path: str) -> frozenset[int] | None:
     """Lines of a script inside top-level `__main__` guards; None: cannot tell."""
-    with _parse_lock:
-        if path not in _parsed:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    tree = ast.parse(f.read(), path)
-                _parsed[path] = frozenset(
-                    line
-                    for node in tree.body
-                    if isinstance(node, ast.If) and _tests_main(node.test)
-                    # to the body's end, not the `else:`
-                    for line in range(node.lineno, node.body[-1].end_lineno + 1)
-                )
-            except Exception:  # a check that fails cannot tell
-                _parsed[path] = None
-        return _parsed[path]
-
-
-_guarded_lines.cache_clear = _parsed.clear  # as functools.cache's, for tests
+    try:
+        with open(path, encoding="utf-8") as f, _parse_lock:
+            tree = ast.parse(f.read(), path)
+    except Exception:  # a check that fails cannot tell
+        return None
+    return frozenset(
+        line
+        for node in tree.body
+        if isinstance(node, ast.If) and _tests_main(node.test)
+        # to the body's end, not the `else:`
+        for line in range(node.lineno, node.body[-1].end_lineno + 1)
+    )
 
 
 def _tests_main(test: ast.expr) -> bool:

@@ -14,6 +14,7 @@ import errno
 import functools
 import mmap
 import os
+import re
 import secrets
 import weakref
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from grain_cells._util.pids import gone, start_time
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory names
 STEM = "gcells_"
 ALIGN = 64  # bytes: where each array of a slot starts
+_OWNER = re.compile(rf"/*{STEM}(\d+)(?=_|$)(?:_t(\d+)(?=_|$))?", re.ASCII)
 _own_start: tuple[int, int | None] | None = None  # (pid, start) of this process
 _libc = ctypes.CDLL(None, use_errno=True)
 _mmap, _munmap = _libc.mmap, _libc.munmap
@@ -54,16 +56,10 @@ def new_prefix() -> str:
 
 def owner(name: str) -> tuple[int, int | None] | None:
     """(pid, start time or None) of a `gcells_...` name, or None."""
-    name = name.lstrip("/")
-    if not name.startswith(STEM):
+    found = _OWNER.match(name)
+    if found is None:
         return None
-    parts = name[len(STEM) :].split("_", 2)
-    if not parts[0].isdigit():
-        return None
-    start = None
-    if len(parts) > 1 and parts[1][:1] == "t" and parts[1][1:].isdigit():
-        start = int(parts[1][1:])
-    return int(parts[0]), start
+    return int(found[1]), None if found[2] is None else int(found[2])
 
 
 def path_of(name: str) -> str:
