@@ -229,14 +229,12 @@ class Writer:
             start_of = dict(zip(bounds, nnz_at, strict=True))
             most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
             largest = most * m.value_bytes
-        else:
+        else:  # windows of equal rows
             nnz, row_bytes = None, max(m.n_vars * m.dtype.itemsize, 1)
-            chunk_rows = m.chunk(plan, n)
-            x = part.create_dense(m, n, chunk_rows)
-            bounds = cuts(np.arange(1, n + 1, dtype=np.int64) * row_bytes, cap)
+            x = part.create_dense(m, n, m.chunk(plan, n))
+            step = max(cap // row_bytes, 1)
+            bounds, largest = [*range(0, n, step), n], min(step, n) * row_bytes
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
-        if not m.sparse:
-            largest = most_cells * row_bytes
 
         def assemble(slot: dict, a: int, b: int):
             """Gathers window `[a, b)` into `slot`'s arrays; returns its write."""
