@@ -193,23 +193,17 @@ def write_thin_atlas(
     import anndata  # heavy, and only needed to lay out obs and var
 
     var = pd.DataFrame(index=[f"ENSG{i:011d}" for i in range(n_genes)])
-    obs = pd.DataFrame(
-        {
-            key: pd.Categorical.from_codes(
-                [], [f"{key}_{i:0{len(str(n))}d}" for i in range(n)]
-            )
-            for key, n in sizes.items()
-        },
-        index=pd.Index([], dtype=object),
-    )
+    obs = pd.DataFrame(index=pd.Index([], dtype=object))
+    for key, n in sizes.items():
+        labels = [f"{key}_{i:0{len(str(n))}d}" for i in range(n)]
+        obs[key] = pd.Categorical.from_codes([], labels)
     with h5py.File(path, "w") as f:
         # anndata's skeleton; obs empty and resizable, grown a step at a time.
         anndata.io.write_elem(f, "/", anndata.AnnData(var=var))
         del f["obs"]
         growing = {"maxshape": (None,), "chunks": (min(n_cells, 1 << 16),)}
         anndata.io.write_elem(f, "obs", obs, dataset_kwargs=growing)
-        index = f["obs/_index"]
-        codes = {key: f[f"obs/{key}/codes"] for key in sizes}
+        index, codes = f["obs/_index"], {k: f[f"obs/{k}/codes"] for k in sizes}
         for dataset in (index, *codes.values()):
             dataset.resize((n_cells,))
         x = XWriter(f, n_cells, n_genes, compression, length)
