@@ -138,22 +138,9 @@ def _string_array(group, name: str, n: int):
     """An empty `string-array` of `n` entries, as anndata writes it."""
     if isinstance(group, h5py.Group):
         array = group.create_dataset(name, (n,), dtype=h5py.string_dtype())
-    else:  # zarr, as anndata's `write_vlen_string_array_zarr`
-        from zarr.core.dtype import VariableLengthUTF8  # imports zarr
-
-        v2 = group.metadata.zarr_format == 2
-        if v2:
-            from numcodecs import VLenUTF8
-
-        array = group.create_array(
-            name,
-            shape=(n,),
-            dtype=VariableLengthUTF8(),
-            filters=[VLenUTF8()] if v2 else None,
-            fill_value="" if v2 else None,
-        )
-    array.attrs["encoding-type"] = "string-array"
-    array.attrs["encoding-version"] = "0.2.0"
+    else:  # zarr: vlen UTF-8 (v2: its filter and "" fill), as anndata's
+        array = group.create_array(name, shape=(n,), dtype=str)
+    array.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
     return array
 
 
