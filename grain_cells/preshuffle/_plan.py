@@ -228,7 +228,10 @@ class Matrix:
             self._handles = None
 
     def chunk(self, plan: Plan, size: int) -> int:
-        """Elements per chunk of `data`/`indices` (CSR) or rows (dense), <= `size`."""
+        """Elements per chunk of `data`/`indices` (CSR) or rows (dense), <= `size`.
+
+        `chunk_cells` cells, else HDF5's bytes or zarr's cells (with a floor in bytes).
+        """
         compression, chunk_cells = plan.compression, plan.chunk_cells
         unit = max(self.dtype.itemsize * (1 if self.sparse else self.n_vars), 1)
         fmt = plan.zarr_format
