@@ -34,8 +34,7 @@ class H5adPart:
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan
         self.final = plan.part_paths[index]
-        fd, self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
-        os.close(fd)
+        self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
         try:
             h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
             _files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
@@ -114,7 +113,7 @@ class ZarrPart(H5adPart):
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
         _files.reserve_space(plan.output_dir, nbytes, f"part {self.final.name}")
-        self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
+        self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)
         self._appenders: list[_Appender] = []
         self._compressors = None
         if plan.compression is not None:
