@@ -65,7 +65,10 @@ class H5adPart:
 
     def _array(self, path: str, shape, dtype, chunks, compress: bool = True):
         """A new dataset (1-D ones resizable, as anndata writes them)."""
-        opts = filter_options(self.plan.compression) if compress else {}
+        codec, opts = self.plan.compression, {}
+        if compress and codec is not None:  # h5py filters, shuffle first
+            level = {"compression_opts": _GZIP_LEVEL} if codec == "gzip" else {}
+            opts = {"compression": codec, **level, "shuffle": True}
         if len(shape) == 1:
             opts["maxshape"] = (None,)
         elif not all(shape):  # an empty dense matrix: contiguous
@@ -93,14 +96,6 @@ class H5adPart:
                 raise _files.disk_filled(self.plan, self.final, e) from e
         finally:
             self.tmp.unlink(missing_ok=True)
-
-
-def filter_options(compression: str | None) -> dict:
-    """h5py's options for `preshuffle`'s `compression`."""
-    if compression is None:
-        return {}
-    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
-    return {"compression": compression, **level, "shuffle": True}
 
 
 class ZarrPart(H5adPart):
