@@ -49,7 +49,7 @@ def completed_marker(
 
 
 def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
-    """Creates `.<name>.<random>.tmp` in `directory`: `(fd, path)`, or a folder.
+    """Creates an empty file (or a `folder`) `.<name>.<random>.tmp` in `directory`.
 
     A file gets 0666 less the umask (not `mkstemp`'s 0600): the output keeps it.
     """
@@ -58,8 +58,9 @@ def create_temporary(directory: pathlib.Path, name: str, folder: bool = False):
         try:
             if folder:
                 path.mkdir()
-                return None, path
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), path
+            else:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666))
+            return path
         except FileExistsError:
             continue
 
@@ -128,7 +129,7 @@ def publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
         fsync_path(path)
     aside = None
     if tmp.is_dir() and os.path.lexists(final):  # an incomplete or foreign part
-        aside = create_temporary(final.parent, final.name, True)[1]
+        aside = create_temporary(final.parent, final.name, True)
         os.replace(final, aside / "old")
     os.replace(tmp, final)
     fsync_path(final.parent)

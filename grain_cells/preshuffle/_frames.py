@@ -122,7 +122,11 @@ def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> Non
     attrs = {"encoding-type": "dataframe", "encoding-version": "0.2.0"}
     group.attrs.update({**attrs, "_index": "_index", "column-order": list(order)})
     n = int(rows.size)
-    index = _string_array(group, "_index", n)
+    if isinstance(group, h5py.Group):  # a `string-array`, as anndata writes it
+        index = group.create_dataset("_index", (n,), dtype=h5py.string_dtype())
+    else:  # zarr: vlen UTF-8 (v2: its filter and "" fill), as anndata's
+        index = group.create_array("_index", shape=(n,), dtype=str)
+    index.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
     for a in range(0, n, WINDOW):
         b = min(a + WINDOW, n)
         index[a:b] = names.values[rows[a:b]]
@@ -132,29 +136,6 @@ def write_obs(root, order: list, columns, rows: np.ndarray, names: Names) -> Non
     with anndata.settings.override(allow_write_nullable_strings=True):
         for name, values in columns:
             write_elem(group, name, values)
-
-
-def _string_array(group, name: str, n: int):
-    """An empty `string-array` of `n` entries, as anndata writes it."""
-    if isinstance(group, h5py.Group):
-        array = group.create_dataset(name, (n,), dtype=h5py.string_dtype())
-    else:  # zarr, as anndata's `write_vlen_string_array_zarr`
-        from zarr.core.dtype import VariableLengthUTF8  # imports zarr
-
-        v2 = group.metadata.zarr_format == 2
-        if v2:
-            from numcodecs import VLenUTF8
-
-        array = group.create_array(
-            name,
-            shape=(n,),
-            dtype=VariableLengthUTF8(),
-            filters=[VLenUTF8()] if v2 else None,
-            fill_value="" if v2 else None,
-        )
-    array.attrs["encoding-type"] = "string-array"
-    array.attrs["encoding-version"] = "0.2.0"
-    return array
 
 
 class Frames:

@@ -22,8 +22,6 @@ from grain_cells.preshuffle._plan import Matrix, Plan
 INDPTR_CHUNK = 1 << 16  # elements per chunk of indptr (512 KiB)
 _GZIP_LEVEL = 1  # "light": most of gzip's gain at a fraction of its cost
 _ABANDONED: list = []  # HDF5 files that failed mid-write: never released
-CHUNK_CELLS = {3: 32, 2: 256}  # zarr: cells per chunk by default, per format
-MIN_CHUNK_BYTES = {3: 64 << 10, 2: 1 << 20}
 SHARD_BYTES = 32 << 20  # uncompressed bytes per shard (v3)
 WRITE_BYTES = 64 << 20  # uncompressed bytes per zarr write call, at most
 
@@ -36,8 +34,7 @@ class H5adPart:
     def __init__(self, plan: Plan, index: int, nbytes: int):
         self.plan = plan
         self.final = plan.part_paths[index]
-        fd, self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
-        os.close(fd)
+        self.tmp = _files.create_temporary(plan.output_dir, self.final.name)
         try:
             h5py.File(self.tmp, "w").close()  # an empty HDF5 file, given its space
             _files.reserve_space(self.tmp, nbytes, f"part {self.final.name}")
@@ -47,32 +44,36 @@ class H5adPart:
             raise
 
     def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group of `n` rows: `(data, indices, indptr)` datasets."""
-        group = self.root.require_group(m.name)
-        group.attrs.update({"encoding-type": CSR, "encoding-version": "0.1.0"})
-        group.attrs["shape"] = np.array([n, m.n_vars], np.int64)
-        opts = {"maxshape": (None,), **filter_options(self.plan.compression)}
-        ptr_opts = {"maxshape": (None,), "chunks": (min(INDPTR_CHUNK, n + 1),)}
+        """Matrix `m`'s CSR group of `n` rows: writers of `(data, indices, indptr)`."""
+        parent, name = _parent(self.root, m.name)
+        shape = [int(n), int(m.n_vars)]
+        attrs = {"encoding-type": CSR, "encoding-version": "0.1.0", "shape": shape}
+        parent.require_group(name).attrs.update(attrs)
+        ptr = ((n + 1,), np.dtype(np.int64), (min(INDPTR_CHUNK, n + 1),))
         return (
-            group.create_dataset("data", (nnz,), m.dtype, chunks=(chunk,), **opts),
-            group.create_dataset(
-                "indices", (nnz,), m.index_dtype, chunks=(chunk,), **opts
-            ),
-            group.create_dataset("indptr", (n + 1,), np.int64, **ptr_opts),
+            self._array(f"{m.name}/data", (nnz,), m.dtype, (chunk,)),
+            self._array(f"{m.name}/indices", (nnz,), m.index_dtype, (chunk,)),
+            self._array(f"{m.name}/indptr", *ptr, compress=False),
         )
 
     def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows, chunked by `chunk_rows`."""
-        chunked = n and m.n_vars
-        x = self.root.create_dataset(
-            m.name,
-            (n, m.n_vars),
-            m.dtype,
-            chunks=(chunk_rows, m.n_vars) if chunked else None,
-            **(filter_options(self.plan.compression) if chunked else {}),
-        )
+        """Matrix `m`'s writer as a dense array of `n` rows, chunked by `chunk_rows`."""
+        chunks = (chunk_rows, max(m.n_vars, 1))
+        x = self._array(m.name, (n, m.n_vars), m.dtype, chunks)
         x.attrs.update({"encoding-type": DENSE, "encoding-version": "0.2.0"})
         return x
+
+    def _array(self, path: str, shape, dtype, chunks, compress: bool = True):
+        """A new dataset (1-D ones resizable, as anndata writes them)."""
+        codec, opts = self.plan.compression, {}
+        if compress and codec is not None:  # h5py filters, shuffle first
+            level = {"compression_opts": _GZIP_LEVEL} if codec == "gzip" else {}
+            opts = {"compression": codec, **level, "shuffle": True}
+        if len(shape) == 1:
+            opts["maxshape"] = (None,)
+        elif not all(shape):  # an empty dense matrix: contiguous
+            chunks, opts = None, {}
+        return self.root.create_dataset(path, shape, dtype, chunks=chunks, **opts)
 
     def commit(self, marker: dict) -> None:
         """Marks the part complete, flushes it and renames it into place."""
@@ -97,14 +98,6 @@ class H5adPart:
             self.tmp.unlink(missing_ok=True)
 
 
-def filter_options(compression: str | None) -> dict:
-    """h5py's options for `preshuffle`'s `compression`."""
-    if compression is None:
-        return {}
-    level = {"compression_opts": _GZIP_LEVEL} if compression == "gzip" else {}
-    return {"compression": compression, **level, "shuffle": True}
-
-
 class ZarrPart(H5adPart):
     """Part `index` of a plan in a temporary zarr store (`H5adPart`'s contract)."""
 
@@ -115,11 +108,8 @@ class ZarrPart(H5adPart):
         self.zarr_format = plan.zarr_format
         self.final = plan.part_paths[index]
         _files.reserve_space(plan.output_dir, nbytes, f"part {self.final.name}")
-        self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)[1]
+        self.tmp = _files.create_temporary(plan.output_dir, self.final.name, True)
         self._appenders: list[_Appender] = []
-        # Cells per chunk: `chunk_cells`, else the default with a floor in bytes.
-        self._cells = plan.chunk_cells or CHUNK_CELLS[self.zarr_format]
-        self._min_bytes = 0 if plan.chunk_cells else MIN_CHUNK_BYTES[self.zarr_format]
         self._compressors = None
         if plan.compression is not None:
             import numcodecs
@@ -142,41 +132,14 @@ class ZarrPart(H5adPart):
         shard = anndata.settings.auto_shard_zarr_v3
         return anndata.settings.override(auto_shard_zarr_v3=bool(shard))
 
-    def create_csr(self, m: Matrix, n: int, nnz: int, chunk: int):
-        """Matrix `m`'s CSR group: in-order writers of its arrays (`chunk` unused)."""
-        elements = math.ceil(self._cells * max(m.nnz / max(m.n_cells, 1), 1.0))
-        elements = max(1, min(max(elements, self._min_bytes // m.dtype.itemsize), nnz))
-        parent, name = _parent(self.root, m.name)
-        parent.require_group(name).attrs.update(
-            {
-                "encoding-type": "csr_matrix",
-                "encoding-version": "0.1.0",
-                "shape": [int(n), int(m.n_vars)],
-            }
-        )
-        specs = (
-            ("data", m.dtype, nnz, elements),
-            ("indices", m.index_dtype, nnz, elements),
-            ("indptr", np.dtype(np.int64), n + 1, max(1, min(INDPTR_CHUNK, n + 1))),
-        )
-        return tuple(
-            self._appender(f"{m.name}/{key}", (size,), dtype, (rows,), dtype.itemsize)
-            for key, dtype, size, rows in specs
-        )
+    def _array(self, path: str, shape, dtype, chunks, compress: bool = True):
+        """A new array's in-order writer, a shard (v3) or chunk of rows at a time.
 
-    def create_dense(self, m: Matrix, n: int, chunk_rows: int):
-        """Matrix `m` as a dense array of `n` rows (`chunk_rows`: the HDF5 writer's)."""
-        row_bytes = max(m.n_vars * m.dtype.itemsize, 1)
-        rows = max(1, min(max(self._cells, -(-self._min_bytes // row_bytes)), n))
-        chunks = (rows, max(m.n_vars, 1))
-        out = self._appender(m.name, (n, m.n_vars), m.dtype, chunks, row_bytes)
-        out.array.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
-        return out
-
-    def _appender(self, path: str, shape, dtype, chunks, unit_bytes: int) -> _Appender:
-        """A new array's in-order writer, a shard (v3) or chunk of rows at a time."""
+        Every array gets the codec (`compress` is the HDF5 writer's).
+        """
         rows, shards = chunks[0], None
         if self.zarr_format == 3:
+            unit_bytes = np.dtype(dtype).itemsize * math.prod(shape[1:])
             per = max(1, SHARD_BYTES // max(rows * unit_bytes, 1))
             rows *= min(per, max(1, -(-shape[0] // rows)))
             shards = (rows, *chunks[1:])
@@ -220,6 +183,10 @@ class _Appender:
         self.written = 0
         self.buffered = 0
         self.buffer: np.ndarray | None = None
+
+    @property
+    def attrs(self):
+        return self.array.attrs
 
     def __setitem__(self, key: slice, values: np.ndarray) -> None:
         lo, hi = key.start, key.stop

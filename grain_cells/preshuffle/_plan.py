@@ -34,6 +34,8 @@ from grain_cells.storage.remote import is_url
 
 CHUNK_BYTES = 4 << 20  # default chunk of data/indices, uncompressed
 CHUNK_BYTES_COMPRESSED = 256 << 10  # same, compressed
+ZARR_CHUNK_CELLS = {3: 32, 2: 256}  # zarr's default cells per chunk, per format
+ZARR_MIN_CHUNK_BYTES = {3: 64 << 10, 2: 1 << 20}  # and its floor
 MAX_CHUNK_BYTES = (1 << 31) - 1  # HDF5 caps a chunk below 4 GiB; stay well under
 _ALIGNED_PASS_VALUES = 1 << 24  # stored values per read when counting aligned rows
 _INDPTR_STEP = 1 << 22  # indptr entries per read when counting rows
@@ -226,15 +228,21 @@ class Matrix:
             self._handles = None
 
     def chunk(self, plan: Plan, size: int) -> int:
-        """Elements per chunk of `data`/`indices` (CSR) or rows (dense), <= `size`."""
+        """Elements per chunk of `data`/`indices` (CSR) or rows (dense), <= `size`.
+
+        `chunk_cells` cells, else HDF5's bytes or zarr's cells (with a floor in bytes).
+        """
         compression, chunk_cells = plan.compression, plan.chunk_cells
         unit = max(self.dtype.itemsize * (1 if self.sparse else self.n_vars), 1)
-        if chunk_cells is None:
+        fmt = plan.zarr_format
+        if chunk_cells is None and fmt is None:
             n = (CHUNK_BYTES if compression is None else CHUNK_BYTES_COMPRESSED) // unit
-        elif self.sparse:
-            n = math.ceil(chunk_cells * max(self.nnz / max(self.n_cells, 1), 1.0))
         else:
-            n = chunk_cells
+            cells = chunk_cells or ZARR_CHUNK_CELLS[fmt]
+            per_cell = max(self.nnz / max(self.n_cells, 1), 1.0) if self.sparse else 1
+            n = math.ceil(cells * per_cell)
+            if chunk_cells is None:
+                n = max(n, -(-ZARR_MIN_CHUNK_BYTES[fmt] // unit))
         most = MAX_CHUNK_BYTES // 8 if self.sparse else MAX_CHUNK_BYTES // unit
         return max(1, min(max(n, 1), max(most, 1), int(size)))
 

@@ -40,26 +40,26 @@ def slot_array(slot: dict, name: str, size: int, dtype) -> np.ndarray:
 class WritePipeline:
     """Runs write jobs in order in one background thread, `slots` windows at a time.
 
-    A failed write is raised in the caller at its next call; later jobs are skipped.
+    A failed write is raised in the caller when it waits for that job's slot, or
+    on exit; later jobs are skipped.
     """
 
     def __init__(self, slots: int):
         self._slots = collections.deque(({}, None) for _ in range(slots))
-        self._error: BaseException | None = None
+        self._failed = False
         self._thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="grain_cells_preshuffle_write"
         )
 
     def free_slot(self) -> dict:
-        """Waits for the oldest slot's write (jobs end in order), or a failed write."""
+        """Waits for the oldest slot's write (jobs end in order); raises its error."""
         slot, job = self._slots.popleft()
         if job is not None:
-            concurrent.futures.wait([job])
-        return self._checked(slot)
+            job.result()
+        return slot
 
     def submit(self, slot: dict, write, done) -> None:
         """Queues `write()` (then `done()`) for the background thread."""
-        self._checked(None)
         self._slots.append((slot, self._thread.submit(self._run, write, done)))
 
     def __enter__(self) -> WritePipeline:
@@ -67,21 +67,19 @@ class WritePipeline:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._thread.shutdown(wait=True)
-        if exc_type is None:
-            self._checked(None)
-
-    def _checked(self, value):
-        if self._error is not None:
-            raise self._error
-        return value
+        if exc_type is None:  # raises a failed write not yet raised
+            for _, job in self._slots:
+                if job is not None:
+                    job.result()
 
     def _run(self, write, done) -> None:
-        if self._error is None:
+        if not self._failed:
             try:
                 write()
                 done()
-            except BaseException as e:  # re-raised in the caller's thread
-                self._error = e
+            except BaseException:  # raised in the caller's thread by `result()`
+                self._failed = True
+                raise
 
 
 def cuts(through: np.ndarray, cap: int) -> list[int]:
@@ -229,14 +227,12 @@ class Writer:
             start_of = dict(zip(bounds, nnz_at, strict=True))
             most = max((b - a for a, b in itertools.pairwise(nnz_at)), default=0)
             largest = most * m.value_bytes
-        else:
+        else:  # windows of equal rows
             nnz, row_bytes = None, max(m.n_vars * m.dtype.itemsize, 1)
-            chunk_rows = m.chunk(plan, n)
-            x = part.create_dense(m, n, chunk_rows)
-            bounds = cuts(np.arange(1, n + 1, dtype=np.int64) * row_bytes, cap)
+            x = part.create_dense(m, n, m.chunk(plan, n))
+            step = max(cap // row_bytes, 1)
+            bounds, largest = [*range(0, n, step), n], min(step, n) * row_bytes
         most_cells = max((b - a for a, b in itertools.pairwise(bounds)), default=0)
-        if not m.sparse:
-            largest = most_cells * row_bytes
 
         def assemble(slot: dict, a: int, b: int):
             """Gathers window `[a, b)` into `slot`'s arrays; returns its write."""

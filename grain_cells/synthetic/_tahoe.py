@@ -121,9 +121,8 @@ def write_tahoe_like(
             f"got mean_nnz={mean_nnz!r}"
         )
     check_compression(compression)
-    for name, value in (("dense", dense), ("progress", progress)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be a bool, got {name}={value!r}")
+    arguments.check_bool("dense", dense)
+    arguments.check_bool("progress", progress)
     if chunks is not None and chunks != ATLAS_CHUNKS:
         arguments.check_int("chunks", chunks, minimum=1)
     try:

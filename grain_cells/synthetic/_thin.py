@@ -1,7 +1,7 @@
 """Thin atlas-shaped `.h5ad` files for scale tests, and X's writer for both kinds.
 
-Written with h5py in anndata's layout, `chunk_cells` cells at a time. Design notes:
-docs/reference/design.md#synthetic-thin.
+anndata lays out empty obs and var; h5py fills them `chunk_cells` cells at a time.
+Design notes: docs/reference/design.md#synthetic-thin.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pathlib
 
 import h5py
 import numpy as np
+import pandas as pd
 
 from grain_cells._util import arguments
 
@@ -23,7 +24,6 @@ _DENSE_BLOCK_BYTES = 2**26  # densify at most this much of a chunk at a time
 ATLAS_CHUNKS = "atlas"
 _MAX_NNZ = 6
 _BATCH_RUN = 4_096
-_STRING = h5py.string_dtype()
 
 
 def check_compression(compression) -> None:
@@ -142,29 +142,6 @@ def _obs_codes(cells: np.ndarray, total: int, sizes: dict, seed: int) -> dict:
     return out
 
 
-def _element(obj, kind: str, version: str = "0.2.0", **attrs):
-    obj.attrs.update({"encoding-type": kind, "encoding-version": version, **attrs})
-    return obj
-
-
-def _strings(group, name: str, values=None, n: int = 0, chunk: int | None = None):
-    """A `string-array` of `values` (or `n` empty ones, resizable by `chunk`)."""
-    n = n if values is None else len(values)
-    opts = {"chunks": (chunk,), "maxshape": (None,)} if chunk else {}
-    d = _element(group.create_dataset(name, (n,), _STRING, **opts), "string-array")
-    if values is not None:
-        d[...] = np.asarray(values, dtype=object)
-    return d
-
-
-def _dataframe(f: h5py.File, name: str, columns: list[str]):
-    # anndata writes an empty column order as an empty float array.
-    order = np.array(columns, dtype=_STRING) if columns else np.array([], dtype=float)
-    return _element(
-        f.create_group(name), "dataframe", _index="_index", **{"column-order": order}
-    )
-
-
 def write_thin_atlas(
     path: str | os.PathLike,
     n_cells: int,
@@ -213,22 +190,22 @@ def write_thin_atlas(
     path = pathlib.Path(path)
     nnz_total = _nnz_before(first_cell + n_cells) - _nnz_before(first_cell)
     length = csr_chunk_length(chunks, compression, n_cells, nnz_total / n_cells)
+    import anndata  # heavy, and only needed to lay out obs and var
+
+    var = pd.DataFrame(index=[f"ENSG{i:011d}" for i in range(n_genes)])
+    obs = pd.DataFrame(index=pd.Index([], dtype=object))
+    for key, n in sizes.items():
+        labels = [f"{key}_{i:0{len(str(n))}d}" for i in range(n)]
+        obs[key] = pd.Categorical.from_codes([], labels)
     with h5py.File(path, "w") as f:
-        _element(f, "anndata", "0.1.0")
-        for name in ("layers", "obsm", "obsp", "uns", "varm", "varp"):
-            _element(f.create_group(name), "dict", "0.1.0")
-        genes = [f"ENSG{i:011d}" for i in range(n_genes)]
-        _strings(_dataframe(f, "var", []), "_index", genes)
-        obs = _dataframe(f, "obs", list(sizes))
-        index = _strings(obs, "_index", n=n_cells, chunk=min(n_cells, 1 << 16))
-        codes = {}
-        for key, n in sizes.items():
-            g = _element(obs.create_group(key), "categorical", ordered=False)
-            _strings(g, "categories", [f"{key}_{i:0{len(str(n))}d}" for i in range(n)])
-            dtype = np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
-            opts = {"chunks": (min(n_cells, 1 << 18),), "maxshape": (None,)}
-            codes[key] = g.create_dataset("codes", (n_cells,), dtype, **opts)
-            _element(codes[key], "array")
+        # anndata's skeleton; obs empty and resizable, grown a step at a time.
+        anndata.io.write_elem(f, "/", anndata.AnnData(var=var))
+        del f["obs"]
+        growing = {"maxshape": (None,), "chunks": (min(n_cells, 1 << 16),)}
+        anndata.io.write_elem(f, "obs", obs, dataset_kwargs=growing)
+        index, codes = f["obs/_index"], {k: f[f"obs/{k}/codes"] for k in sizes}
+        for dataset in (index, *codes.values()):
+            dataset.resize((n_cells,))
         x = XWriter(f, n_cells, n_genes, compression, length)
         for lo in range(0, n_cells, chunk_cells):
             hi = min(lo + chunk_cells, n_cells)

@@ -84,16 +84,12 @@ def cached_tahoe_like_zarr(
     ``ValueError`` for an invalid one.
     """
     _check(n_cells, layout, compressed, kwargs)
-    h5ad = _tahoe.cached_tahoe_like(
-        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
-    )
-    final = h5ad.with_name(f"{h5ad.stem}-{layout}-{_KIND[compressed]}.zarr")
-    return _tahoe.made_once(
-        final,
-        lambda tmp: tahoe_like_to_zarr(h5ad, tmp, layout, compressed, progress),
-        f"making {final} from {h5ad.name} (once)" if progress else None,
-        folder=True,
-    )
+
+    def make(h5ad: pathlib.Path, tmp: pathlib.Path) -> None:
+        tahoe_like_to_zarr(h5ad, tmp, layout, compressed, progress)
+
+    name = f"{layout}-{_KIND[compressed]}"
+    return _made_from_cached(n_cells, cache_dir, progress, kwargs, name, make)
 
 
 def cached_tahoe_like_annbatch(
@@ -126,20 +122,26 @@ def cached_tahoe_like_annbatch(
             "cached_tahoe_like_annbatch needs annbatch (Python >= 3.12): "
             'pip install annbatch, or pip install -e ".[bench]"'
         ) from e
-    h5ad = _tahoe.cached_tahoe_like(
-        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
-    )
-    tag = "" if dataset_size == "20GB" else f"-ds{dataset_size}"
-    final = h5ad.with_name(f"{h5ad.stem}-annbatch-r{int(shuffle_seed)}{tag}.zarr")
 
-    def make(tmp: pathlib.Path) -> None:
+    def make(h5ad: pathlib.Path, tmp: pathlib.Path) -> None:
         shutil.rmtree(tmp)  # annbatch makes the group itself
         rng = np.random.default_rng(int(shuffle_seed))
         collection = annbatch.DatasetCollection(str(tmp))
         collection.add_adatas([str(h5ad)], rng=rng, dataset_size=dataset_size)
 
-    announce = f"making {final} with annbatch (once)" if progress else None
-    return _tahoe.made_once(final, make, announce, folder=True)
+    tag = "" if dataset_size == "20GB" else f"-ds{dataset_size}"
+    name = f"annbatch-r{int(shuffle_seed)}{tag}"
+    return _made_from_cached(n_cells, cache_dir, progress, kwargs, name, make)
+
+
+def _made_from_cached(n_cells, cache_dir, progress, kwargs, name, make):
+    """`cached_tahoe_like`'s file's `-<name>.zarr` beside it, made once by `make`."""
+    h5ad = _tahoe.cached_tahoe_like(
+        n_cells, cache_dir=cache_dir, progress=progress, **kwargs
+    )
+    final = h5ad.with_name(f"{h5ad.stem}-{name}.zarr")
+    announce = f"making {final} from {h5ad.name} (once)" if progress else None
+    return _tahoe.made_once(final, lambda tmp: make(h5ad, tmp), announce, folder=True)
 
 
 def tahoe_like_to_zarr(h5ad, path, layout, compressed, progress) -> pathlib.Path:
