@@ -6,6 +6,7 @@ cost more than its reads. Design notes: docs/reference/design.md#io-obs-rows.
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import operator
 
@@ -13,23 +14,38 @@ import numpy as np
 
 from grain_cells._util.ranges import expand_ranges
 
-_KEYS: dict = {}  # one object per layout: files compare by identity
+_LAYOUTS: dict = {}  # one (key, places) per layout: files compare by identity
 _KEY = operator.attrgetter("key")
 
 
-class StackedObs(dict):
-    """Obs columns by name, row views of one `(columns, cells)` array per dtype."""
+class StackedObs(collections.abc.Mapping):
+    """Obs columns by name: rows of one `(columns, cells)` array per dtype.
 
-    groups: tuple  # ((names, array), ...)
-    key: tuple  # ((dtype, names), ...), interned
-    # Its views and blocks beyond the values (~0.9 KB with tracemalloc, 4 columns).
-    OVERHEAD_BYTES = 1024
+    Lighter than a dict of arrays (no array per column is kept), so a record
+    counts only its values.
+    """
+
+    __slots__ = ("_places", "groups", "key")
+
+    def __init__(self, groups: tuple, layout: tuple):
+        self.groups = groups  # a `(columns, cells)` array per dtype
+        self.key, self._places = layout  # key: ((dtype, names), ...)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        group, row = self._places[name]
+        return self.groups[group][row]
+
+    def __iter__(self):
+        return iter(self._places)
+
+    def __len__(self) -> int:
+        return len(self._places)
 
     def __reduce__(self):  # a copy stacks copies of the values again
         return stacked, ({n: v.copy() for n, v in self.items()},)
 
 
-def stacked(obs: dict) -> dict:
+def stacked(obs):
     """`obs` with its columns stacked, or as given (mapped, broadcast or stacked)."""
     if isinstance(obs, StackedObs) or not obs:
         return obs
@@ -38,15 +54,13 @@ def stacked(obs: dict) -> dict:
     by_dtype: dict = {}
     for name, values in obs.items():
         by_dtype.setdefault(values.dtype, []).append(name)
-    groups = tuple(
-        (tuple(names), np.stack([obs[n] for n in names])) for names in by_dtype.values()
-    )
-    out = StackedObs()
-    views = {n: block[j] for names, block in groups for j, n in enumerate(names)}
-    out.update((n, views[n]) for n in obs)
-    key = tuple((block.dtype, names) for names, block in groups)
-    out.groups, out.key = groups, _KEYS.setdefault(key, key)
-    return out
+    names = list(by_dtype.values())
+    key = (tuple(obs), tuple((d, tuple(n)) for d, n in by_dtype.items()))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        places = {n: (g, j) for g, ns in enumerate(names) for j, n in enumerate(ns)}
+        layout = _LAYOUTS[key] = (key, {n: places[n] for n in obs})
+    return StackedObs(tuple(np.stack([obs[n] for n in ns]) for ns in names), layout)
 
 
 def obs_rows(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
@@ -60,8 +74,8 @@ def obs_rows(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
     if not same:
         return _by_column(names, file_obs, group, starts, stops)
     out = {}
-    for j, (_, block_names) in enumerate(file_obs[0].key):
-        blocks = [o.groups[j][1] for o in file_obs]
+    for j, (_, block_names) in enumerate(file_obs[0].key[1]):
+        blocks = [o.groups[j] for o in file_obs]
         rows = _rows(blocks, group, starts, stops)
         out.update(zip(block_names, rows, strict=True))
     return {n: out[n] for n in names}

@@ -62,7 +62,6 @@ class OpenFile:
         """A record's weight in `Checked`: its arrays, layouts and objects."""
         arrays = [*self.obs.values(), *(self.layouts or {}).values()]
         total = sum(int(getattr(a, "nbytes", 0)) for a in arrays)
-        total += getattr(self.obs, "OVERHEAD_BYTES", 0)  # stacked: its views
         return _file_lru.RECORD_OVERHEAD_BYTES + total
 
     def close(self) -> None:

@@ -94,7 +94,6 @@ def test_a_record_counts_its_objects_beside_its_arrays(tmp_path):
     checked.put(0, record)
     arrays = sum(v.nbytes for v in record.obs.values())
     arrays += sum(v.nbytes for v in record.layouts.values())
-    arrays += getattr(record.obs, "OVERHEAD_BYTES", 0)  # stacked columns' views
     assert checked.get(0).nbytes == arrays + _file_lru.RECORD_OVERHEAD_BYTES
 
 
