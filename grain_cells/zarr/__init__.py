@@ -4,6 +4,6 @@
 """
 
 from grain_cells.zarr import _format as _format  # registers the format
-from grain_cells.zarr._store import annbatch_stores
+from grain_cells.zarr._annbatch import annbatch_stores
 
 __all__ = ["annbatch_stores"]
