@@ -67,40 +67,43 @@ def obs_rows(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
     """Each obs column's value for every fetched row (range j: file `group[j]`)."""
     if not names:
         return {}
+    take = _taker(len(file_obs), group, starts, stops)
     try:  # one stacked layout: its key is one object
         same = len(set(map(id, map(_KEY, file_obs)))) == 1
     except AttributeError:  # a file's columns are not stacked
         same = False
     if not same:
-        return _by_column(names, file_obs, group, starts, stops)
+        return {c: take([obs[c] for obs in file_obs]) for c in names}
     out = {}
     for j, (_, block_names) in enumerate(file_obs[0].key[1]):
-        blocks = [o.groups[j] for o in file_obs]
-        rows = _rows(blocks, group, starts, stops)
+        rows = take([o.groups[j] for o in file_obs])
         out.update(zip(block_names, rows, strict=True))
     return {n: out[n] for n in names}
 
 
-def _by_column(names, file_obs, group, starts, stops) -> dict[str, np.ndarray]:
-    out = {}
-    for c in names:
-        out[c] = _rows([obs[c] for obs in file_obs], group, starts, stops)
-    return out
-
-
-def _rows(arrays: list, group, starts, stops) -> np.ndarray:
-    """Rows (last axis) of `arrays[group[j]]` in ranges j, in order.
+def _taker(n_files: int, group, starts, stops):
+    """A function of one array per file: its rows (last axis) in ranges j of
+    file `group[j]`, in order; worked out once for every column of a fetch.
 
     A range or two per file: a slice each (4x cheaper at 63 files than a gather).
-    """
-    if group.size <= 2 * len(arrays):
-        g, a, b = group.tolist(), starts.tolist(), stops.tolist()
-        parts = [arrays[k][..., s:e] for k, s, e in zip(g, a, b, strict=True)]
-        if not parts:
-            return arrays[0][..., :0].copy()
-        return np.concatenate(parts, axis=-1)
+    """  # noqa: D205
+    if group.size <= 2 * n_files:
+        spans = list(map(slice, starts.tolist(), stops.tolist()))
+        keys = list(zip(group.tolist(), spans, strict=True))
+
+        def sliced(arrays: list) -> np.ndarray:
+            parts = [arrays[k][..., s] for k, s in keys]
+            if not parts:
+                return arrays[0][..., :0].copy()
+            return np.concatenate(parts, axis=-1)
+
+        return sliced
     local = expand_ranges(starts, stops - starts)
-    ends = np.cumsum(np.bincount(group, stops - starts, len(arrays))).astype(int)
-    bounds = itertools.pairwise([0, *ends.tolist()])
-    parts = [x[..., local[a:b]] for x, (a, b) in zip(arrays, bounds, strict=True)]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    ends = np.cumsum(np.bincount(group, stops - starts, n_files)).astype(int)
+    bounds = list(itertools.pairwise([0, *ends.tolist()]))
+
+    def gathered(arrays: list) -> np.ndarray:
+        parts = [x[..., local[a:b]] for x, (a, b) in zip(arrays, bounds, strict=True)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+
+    return gathered

@@ -114,6 +114,7 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         else:  # mapped from a cache file that every process shares
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
+        obs = stacked(obs)  # once: the record and the handle share it
         layouts = _meta_cache.layouts_of(reader, fd)
         if checked is not None:
             checked.put(i, OpenFile(info, obs, fmt, layouts))
@@ -326,12 +327,16 @@ def _valid(flats: list, fds: list, obs: list) -> tuple | None:
 
 
 def _open_known(files, i: int, record: OpenFile) -> int | None:
-    """`open_checked` of a file with a record: its path and stat kept on it."""
+    """A descriptor of file `i` whose `fstat` matches its identity, or None.
+
+    The path and stat fields are kept on its record; None also for a file
+    whose identity is not a local stat (its open through the bound checks it).
+    """
     want = record.want
     if want is None:
         stat = files.identities[i].stat
         if stat.etag or stat.content or stat.store:
-            return open_checked(files.identities[i], files.infos[i].path)
+            return None
         then = (stat.ino, stat.dev, stat.size, stat.mtime_ns, stat.ctime_ns)
         want = record.want = (files.infos[i].path, then)
     try:
@@ -346,24 +351,6 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     if (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want[1]:
         os.close(fd)
         files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
-        return None  # changed in nothing a read depends on: through the bound
-    return fd
-
-
-def open_checked(identity, path: str) -> int | None:
-    """A descriptor of `path` whose `fstat` matches `identity`, or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        return None
-    if not identity.stat.matches(st):
-        os.close(fd)
-        identity.check_stat(FileStat.of(st), "when a process opened it")
         return None  # changed in nothing a read depends on: through the bound
     return fd
 
