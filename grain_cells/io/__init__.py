@@ -5,6 +5,7 @@ opens its files and answers for its nodes (`_nodes`).
 """
 
 from grain_cells.io._cells import Cells, take_csr
+from grain_cells.io._collection import joined_column
 from grain_cells.io._file_lru import check_max_open
 from grain_cells.io._file_set import FileSet, OpenFile, OpenFiles, element_files
 from grain_cells.io._frames import (
@@ -42,7 +43,7 @@ from grain_cells.io._nodes import (
     is_string_array,
 )
 from grain_cells.io._obs import OBS_MISSING, read_obs_values
-from grain_cells.io._obs_cache import joined_column, own_map
+from grain_cells.io._obs_cache import own_map
 from grain_cells.io._range_reads import (
     FetchedRows,
     advise,

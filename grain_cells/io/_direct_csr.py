@@ -44,7 +44,7 @@ class Flat:
 
     @functools.cached_property
     def meta(self) -> np.ndarray:
-        """Pieces per array (3), rows per piece (3), nnz, n_vars: a `_Files` row."""
+        """Pieces per array (3), rows per piece (3), nnz, n_vars: a `Pieces` row."""
         counts = [o.size for o in self.offsets]
         return np.array([*counts, *self.chunk_rows, self.nnz, self.n_vars], np.int64)
 
@@ -83,22 +83,30 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
     return Flat(raw, offsets, rows, dtypes, info.nnz, info.n_vars)
 
 
-class _Files:
-    """Every piece of every file of a fetch, all three arrays, in one table."""
+class Pieces:
+    """Every piece of every file's three arrays in one table, a row per file."""
 
-    def __init__(self, flats: list[Flat]):
-        self.offsets = np.concatenate([f.pieces for f in flats])
-        meta = np.concatenate([f.meta for f in flats]).reshape(len(flats), -1)
-        counts, self.rows = meta[:, :3], meta[:, 3:6]  # (files, 3) each
-        self.nnz, self.n_vars = meta[:, 6], meta[:, 7]
+    def __init__(self, offsets, counts, rows, nnz, n_vars, dtypes: tuple):
+        self.offsets = offsets  # int64: file after file, arrays in `_NAMES` order
+        self.rows, self.nnz, self.n_vars = rows, nnz, n_vars  # rows: (files, 3)
         totals = counts.sum(axis=1)
         first = np.cumsum(totals) - totals
         self.bases = first[:, None] + (np.cumsum(counts, axis=1) - counts)
-        self.itemsizes = [d.itemsize for d in flats[0].dtypes]
+        self.dtypes = dtypes
+        self.itemsizes = [d.itemsize for d in dtypes]
 
-    def pieces(self, k: int, group, fds, starts, stops):
-        """Array `k`'s ranges (files `group`) split at chunks: fds, offsets, nbytes."""
-        c = self.rows[group, k]
+    @classmethod
+    def of(cls, flats: list[Flat]) -> Pieces:
+        """The table of a fetch's `Flat`s (one dtype triple), row k: `flats[k]`."""
+        offsets = np.concatenate([f.pieces for f in flats])
+        meta = np.concatenate([f.meta for f in flats]).reshape(len(flats), -1)
+        return cls(
+            offsets, meta[:, :3], meta[:, 3:6], meta[:, 6], meta[:, 7], flats[0].dtypes
+        )
+
+    def pieces(self, k: int, ids, fds, starts, stops):
+        """Array `k`'s ranges (of rows `ids`) split at chunks: fds, offsets, nbytes."""
+        c = self.rows[ids, k]
         first = starts // c
         n_pieces = (stops - 1) // c - first + 1
         if int(n_pieces.sum()) == starts.size:
@@ -110,7 +118,7 @@ class _Files:
             p_start = np.maximum(starts[owner], chunk * c)
             p_stop = np.minimum(stops[owner], (chunk + 1) * c)
         size = self.itemsizes[k]
-        base = self.bases[group, k][owner]
+        base = self.bases[ids, k][owner]
         at = self.offsets[base + chunk] + (p_start - chunk * c) * size
         return fds[owner], at, (p_stop - p_start) * size
 
@@ -136,10 +144,11 @@ def split_indptr(ptr: np.ndarray, lengths, nnz, out: np.ndarray):
     return firsts, lasts
 
 
-def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices):
-    """The rows of ranges over files `flats` as one CSR in `buf`, or None.
+def read(table: Pieces, which, fds, group, starts, stops, buf, pool, check_indices):
+    """The rows of ranges over a fetch's files as one CSR in `buf`, or None.
 
-    Range j: local rows of file `group[j]`, read from `fds[j]`. Returns
+    Range j: local rows of file `group[j]`, row `which[group[j]]` of `table`
+    (`which` None: row `group[j]`), read from `fds[group[j]]`. Returns
     `(data, indices, indptr, nnz_per_file)`, None if a check fails or a read is short.
     """
     keep = stops > starts
@@ -150,18 +159,19 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
             heads = np.concatenate([[0], np.flatnonzero(~joins) + 1])
             tails = np.concatenate([heads[1:] - 1, [starts.size - 1]])
             group, starts, stops = group[heads], starts[heads], stops[tails]
-    ptr_t, data_t, index_t = flats[0].dtypes
+    ptr_t, data_t, index_t = table.dtypes
+    n_files = len(fds)
     fds = np.asarray(fds, np.int64)[group]
+    ids = group if which is None else which[group]
     lengths = stops - starts
     n_rows = int(lengths.sum())
     # Every range's indptr slice: one entry more than its rows.
     ptr = buf.get("ptr", (n_rows + starts.size,), ptr_t)
-    table = _Files(flats)
     try:
-        _pread(None, ptr, *table.pieces(0, group, fds, starts, stops + 1))
+        _pread(None, ptr, *table.pieces(0, ids, fds, starts, stops + 1))
     except ShortReadError:
         return None
-    nnz = table.nnz[group]
+    nnz = table.nnz[ids]
     indptr = buf.get("indptr", (n_rows + 1,), np.int64)
     ends = split_indptr(ptr.astype(np.int64, copy=False), lengths, nnz, indptr)
     if ends is None:
@@ -171,23 +181,23 @@ def read(flats: list[Flat], fds, group, starts, stops, buf, pool, check_indices)
     data = buf.get("data", (total,), data_t)
     indices = buf.get("indices", (total,), index_t)
     some = spans > 0
-    g, a, b = group[some], ends[0][some], ends[1][some]
+    g, a, b = ids[some], ends[0][some], ends[1][some]
     try:
         for k, out in ((1, data), (2, indices)):
             _pread(pool, out, *table.pieces(k, g, fds[some], a, b))
     except ShortReadError:
         return None
-    per_file = np.bincount(group, spans, len(flats)).astype(np.int64)
+    per_file = np.bincount(group, spans, n_files).astype(np.int64)
     if check_indices and total:  # negative indices viewed unsigned exceed n_vars
         unsigned = indices.view(np.dtype(f"u{indices.dtype.itemsize}"))
-        n_vars = table.n_vars
+        n_vars = table.n_vars if which is None else table.n_vars[which]
         top = int(unsigned.max())
         if top >= n_vars.min() and not (unsigned < np.repeat(n_vars, per_file)).all():
             return None
     return data, indices, indptr, per_file
 
 
-def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
+def advise(table: Pieces, which, fds, group, starts, stops, buf) -> None:
     """Hints the OS to read these rows' values: `read`'s hint, all files at once.
 
     Reads the ranges' `indptr` ends, then advises the `data` and `indices` pieces.
@@ -197,6 +207,8 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     if starts.size == 0:
         return
     fds = np.asarray(fds, np.int64)[group]
+    if which is not None:
+        group = which[group]  # rows of `table` from here on
     lengths = stops - starts
     long = lengths > _SLICE_ROWS
     n, n_long = starts.size, int(long.sum())
@@ -213,8 +225,7 @@ def advise(flats: list[Flat], fds, group, starts, stops, buf) -> None:
     p_fds = np.concatenate([fds, fds[n - n_long :]])
     sizes = p_stops - p_starts
     heads = np.cumsum(sizes) - sizes
-    ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), flats[0].dtypes[0])
-    table = _Files(flats)
+    ends = buf.get("advise_ptr", (int(sizes[-1] + heads[-1]),), table.dtypes[0])
     f, at, nbytes = table.pieces(0, p_group, p_fds, p_starts, p_stops)
     pieces = (f, at, nbytes, np.cumsum(nbytes) - nbytes)
     view = ends.reshape(-1).view(np.uint8)

@@ -20,6 +20,7 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad
+from grain_cells.io._collection import LayoutTable, joined_columns
 from grain_cells.io._frames import var_group_name
 from grain_cells.io._genes import (
     GeneAlignment,
@@ -32,6 +33,7 @@ from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache, inspect_file
 from grain_cells.io._obs import HarmonisedColumn, harmonise
+from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.io._open_file import (
     OpenFile,
     hint_flats,
@@ -66,6 +68,7 @@ class FileSet:
     sparse: bool
     dtype: np.dtype
     storage_options: dict = dataclasses.field(default_factory=dict)
+    layouts: LayoutTable | None = None  # a many-file fetch's byte pieces
 
     @classmethod
     def inspect(
@@ -84,7 +87,7 @@ class FileSet:
         paths, options = tuple(paths), dict(storage_options or {})
         cache = MetaCache(element, genes_from)
         seen: dict = {}  # one array per distinct gene list (shared_keys)
-        infos, identities, keys, kinds = [], [], [], []
+        infos, identities, keys, kinds, matrices = [], [], [], [], []
         for path in paths:
             meta = cache.lookup(path, obs_names)
             if meta is None:
@@ -101,7 +104,11 @@ class FileSet:
             identities.append(meta.identity)
             keys.append(shared_keys(meta.keys, seen))
             kinds.append({c: meta.kinds.get(c) for c in obs_names})
+            matrices.append((meta.layouts or {}).get("matrix"))
         kind = _kind(element, infos, "of one source must share an encoding")
+        table = None
+        if len(paths) > 1:
+            table = LayoutTable.build(infos, identities, matrices)
         return cls(
             paths,
             element,
@@ -112,6 +119,7 @@ class FileSet:
             harmonise(paths, obs_names, kinds, obs_missing),
             **kind,
             storage_options=options,
+            layouts=table,
         )
 
     @property
@@ -185,6 +193,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
         obs_names=(),
         obs={},
         **kind,
+        layouts=None,  # another element's pieces: through each file's record
     )
 
 
@@ -239,6 +248,7 @@ class OpenFiles(_file_lru.FileLru):
         self._window = [0, 0]
         self._warm: bool | None = None  # no verdict yet
         self._all_local = not any(is_url(p) for p in self.files.paths)
+        self._joined: dict | bool | None = None  # `joined_obs`: not asked yet
 
     def __reduce__(self):
         return OpenFiles, (self.files, self.read_threads, self.max_open_files)
@@ -266,6 +276,20 @@ class OpenFiles(_file_lru.FileLru):
             yield handle
         finally:
             handle.close()
+
+    def joined_obs(self) -> dict[str, np.ndarray] | None:
+        """The obs columns over all files (shared maps), built or mapped once; None
+        where each process would hold a large source's own copy (obs cache off).
+        """  # noqa: D205
+        if self._joined is None:
+            with self._pool_lock:
+                if self._joined is None:
+                    files = self.files
+                    joined = joined_columns(files, files.obs_names)
+                    small = int(files.n_obs.sum()) < MIN_CELLS
+                    mapped = (isinstance(v.base, np.memmap) for v in joined.values())
+                    self._joined = joined if small or all(mapped) else False
+        return None if self._joined is False else self._joined
 
     pinned_flats = pinned_flats  # a many-file fetch's files for one vectorised read
     hint_flats = hint_flats  # a hint's files' `Flat`s over descriptors

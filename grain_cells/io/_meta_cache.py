@@ -97,7 +97,8 @@ class MetaCache:
             for c, (cats, dtype) in e["kinds"].items():
                 cats = None if cats is None else self._array(cats)
                 kinds[c] = ColumnKind(cats, np.dtype(dtype))
-            meta = FileMeta(info, identity, self._array(e["keys"]), e["have"], kinds)
+            keys = self._array(e["keys"])
+            meta = FileMeta(info, identity, keys, e["have"], kinds, e["layouts"])
         except _ERRORS:
             return None
         if any(c in meta.have and c not in meta.kinds for c in obs_names):

@@ -1,7 +1,8 @@
 """obs codes shared between processes: one `.npy` per (file, column) on disk.
 
 The first process that opens a file writes each harmonised column once; every
-process maps it read-only. A collection's whole column is one more entry.
+process maps it read-only. A collection's whole column is one more entry
+(`_collection.joined_columns`).
 
 Design notes: docs/reference/design.md#io-obs-cache.
 """
@@ -64,11 +65,11 @@ def file_obs(
         def read(column=column, name=name):
             return column.file_values(i, _h5ad.read_obs_column(f, name), n_obs)
 
-        out[name] = _cached(path, column, n_obs, read)
+        out[name] = cached(path, column, n_obs, read)
     return out
 
 
-def _cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
+def cached(path: pathlib.Path | None, column, n_obs: int, read) -> np.ndarray:
     """The entry at `path` mapped, else `read()` stored there (one process, flock)."""
     mapped = None if path is None else _load(path, column, n_obs, quiet=True)
     if mapped is not None:
@@ -148,37 +149,4 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
     return _load(path, column, n_obs)
 
 
-def joined_column(files, name: str) -> np.ndarray:
-    """Obs column `name` over all `files`, joined (one entry; `SourceChangedError`)."""
-    column = files.obs[name]
-    counts = [int(info.n_obs) for info in files.infos]
-    total = sum(counts)
-    folder = cache_folder() if total >= MIN_CELLS else None
-    path = None
-    if folder is not None:
-        names = "".join(
-            entry_name(d, column, i) for i, d in enumerate(files.identities)
-        )
-        path = folder / f"{hashlib.sha256(names.encode()).hexdigest()[:_STAMP]}.npy"
-
-    def read():
-        parts = [_member_column(files, i, column, n) for i, n in enumerate(counts)]
-        values = np.concatenate(parts)
-        values.flags.writeable = False
-        return values
-
-    return _cached(path, column, total, read)
-
-
-def _member_column(files, i: int, column: HarmonisedColumn, n_obs: int):
-    """File `i`'s values of `column`, the file opened for them alone."""
-    if not column.present[i]:
-        return column.file_values(i, None, n_obs)
-    f = _h5ad.open_unchanged(files.identities[i], files.storage_options, "reading obs")
-    try:
-        return column.file_values(i, _h5ad.read_obs_column(f, column.name), n_obs)
-    finally:
-        f.close()
-
-
-__all__ = ["MIN_CELLS", "cache_folder", "entry_name", "file_obs", "joined_column"]
+__all__ = ["MIN_CELLS", "cache_folder", "cached", "entry_name", "file_obs"]

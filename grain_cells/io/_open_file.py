@@ -103,7 +103,7 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
                     "for the old one)."
                 )
             identity.check_layout(f, when)
-        fd = _open_bytes(files, i, fmt, f)
+        fd = open_bytes(files, i, fmt, f)
     except BaseException:
         f.close()
         raise
@@ -142,7 +142,7 @@ def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
     if files.obs_names and info.n_obs >= _obs_cache.MIN_CELLS:
         return None
     fmt = formats.for_path(info.path)
-    fd = _open_bytes(files, i, fmt)
+    fd = open_bytes(files, i, fmt)
     found = None if fd is None else _meta_cache.entry_of(files, i, fd)
     if found is None:
         if fd is not None:
@@ -157,7 +157,7 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     `fd`: its descriptor, opened and checked already (else opened here).
     """
     if fd is None:
-        fd = _open_bytes(files, i, known.format)
+        fd = open_bytes(files, i, known.format)
     try:
         _learn_flat(known, fd)
     except BaseException:
@@ -169,7 +169,7 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     )
 
 
-def _open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
+def open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
     """File `i`'s `ByteReader` as `fmt` opens it (None: none), its `fstat` checked."""
     identity = files.identities[i]
     path, options = files.infos[i].path, files.storage_options
@@ -241,7 +241,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             flat = None if record is None else record.flat
             if flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
-                readers.append(_open_bytes(files, indices[k], record.format))
+                readers.append(open_bytes(files, indices[k], record.format))
                 _learn_flat(record, readers[-1])
                 if isinstance(record.flat, _direct_csr.Flat):
                     flats[k], obs[k] = record.flat, record.obs
@@ -355,4 +355,11 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     return fd
 
 
-__all__ = ["OpenFile", "hint_flats", "open_member", "pinned_flats", "reopen"]
+__all__ = [
+    "OpenFile",
+    "hint_flats",
+    "open_bytes",
+    "open_member",
+    "pinned_flats",
+    "reopen",
+]

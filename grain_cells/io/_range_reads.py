@@ -15,6 +15,7 @@ import numpy as np
 from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _direct_csr, _h5ad
 from grain_cells.io._cells import Cells, gather_dense, remap_csr, take_csr
+from grain_cells.io._collection import table_fds
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
@@ -66,21 +67,25 @@ def fetch_ranges(
     starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
+        got = _read_table(
+            handles, file_of, group, starts, stops, buf, pool, check_indices
+        )
+        if got is not None:
+            joined = handles.joined_obs()
+            obs = {c: joined[c][row_ids] for c in names}
+            return FetchedRows(
+                _output(files_, file_of, got, buf, check_indices), None, row_ids, obs
+            )
         with handles.pinned_flats(file_of) as direct, handles.counting_reads():
             if direct is not None:
                 flats, fds, file_obs = direct
                 obs = obs_rows(names, file_obs, group, starts, stops)
+                table = _direct_csr.Pieces.of(flats)
                 got = _direct_csr.read(
-                    flats, fds, group, starts, stops, buf, pool, check_indices
+                    table, None, fds, group, starts, stops, buf, pool, check_indices
                 )
                 if got is not None:  # in output columns
-                    *csr, per_file = got
-                    maps = list(map(files_.genes.maps.__getitem__, file_of))
-                    if maps.count(None) < len(maps):  # a file's genes mapped
-                        ends = np.cumsum(per_file).tolist()
-                        spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
-                        csr = remap_csr(*csr, spans, buf, check_indices)
-                    csr = CsrRows(*csr, files_.num_genes)
+                    csr = _output(files_, file_of, got, buf, check_indices)
                     return FetchedRows(csr, None, row_ids, obs)
     # File by file (or again, to name what the direct read found wrong).
     with handles.pinned(file_of, at_read=True) as opened, handles.counting_reads():
@@ -91,6 +96,34 @@ def fetch_ranges(
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
+
+
+def _read_table(handles, file_of, group, starts, stops, buf, pool, check_indices):
+    """`_direct_csr.read` of files `file_of` through the source's `LayoutTable`, or
+    None (a file not in it, gone or changed; the obs cache off for a large source).
+    """  # noqa: D205
+    files_ = handles.files
+    if files_.layouts is None or handles.joined_obs() is None:
+        return None
+    with table_fds(handles, file_of) as found, handles.counting_reads():
+        if found is None:
+            return None
+        which, fds = found
+        table = files_.layouts.pieces
+        return _direct_csr.read(
+            table, which, fds, group, starts, stops, buf, pool, check_indices
+        )
+
+
+def _output(files_, file_of, got, buf, check_indices) -> CsrRows:
+    """A many-file read's `(data, indices, indptr, per_file)` in output columns."""
+    *csr, per_file = got
+    maps = list(map(files_.genes.maps.__getitem__, file_of))
+    if maps.count(None) < len(maps):  # a file's genes mapped
+        ends = np.cumsum(per_file).tolist()
+        spans = list(zip([0, *ends[:-1]], ends, maps, strict=True))
+        csr = remap_csr(*csr, spans, buf, check_indices)
+    return CsrRows(*csr, files_.num_genes)
 
 
 def _read(files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices):
@@ -256,6 +289,14 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
 
 def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
     """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
+    with table_fds(handles, indices) as found:
+        if found is not None:  # every file through the source's table
+            span = slice(spans[0].start, spans[-1].stop)
+            sizes = [s.stop - s.start for s in spans]
+            group = np.repeat(np.arange(len(indices)), sizes)
+            table, (which, fds) = handles.files.layouts.pieces, found
+            _direct_csr.advise(table, which, fds, group, starts[span], stops[span], buf)
+            return
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
             _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
@@ -272,7 +313,8 @@ def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
             g = local[group]
             sel = g >= 0
             flats_, fds_ = [flats[k] for k in ks], [fds[k] for k in ks]
-            _direct_csr.advise(flats_, fds_, g[sel], starts[sel], stops[sel], buf)
+            table = _direct_csr.Pieces.of(flats_)
+            _direct_csr.advise(table, None, fds_, g[sel], starts[sel], stops[sel], buf)
 
 
 def _advise_one(handles, i: int, starts, stops, buf) -> None:
@@ -286,4 +328,5 @@ def _advise_one(handles, i: int, starts, stops, buf) -> None:
             f.reader.advise(starts, stops, buf)
         else:
             group = np.zeros(starts.size, np.int64)
-            _direct_csr.advise([f.flat], [f.flat.fd], group, starts, stops, buf)
+            table = _direct_csr.Pieces.of([f.flat])
+            _direct_csr.advise(table, None, [f.flat.fd], group, starts, stops, buf)

@@ -95,7 +95,9 @@ def test_known_closed_files_are_read_without_a_reopen(paths, reopens):
         np.testing.assert_array_equal(cells.obs["idx"], rows)
     assert reopens == []
     assert handles.open_count <= 2
-    assert _fds() == fds  # each fetch's own descriptors closed after it
+    # Each fetch's own descriptors closed after it (the bound's files too:
+    # room is made for them).
+    assert _fds() <= fds
     source.close()
 
 

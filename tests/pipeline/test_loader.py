@@ -620,10 +620,13 @@ def many_iterators(loader, helpers, seen):
 @pytest.mark.slow  # ~4 s; tests/transport/test_leases.py keeps the quick checks
 @pytest.mark.parametrize("workers", [0, 2])
 def test_no_leaks(csr_paths, helpers, workers):
-    *_, loader = helpers.build(csr_paths, worker_count=workers, **CONFIG)
-    # Warm up: the source's files opened here (without workers); the resource
+    source, *_, loader = helpers.build(csr_paths, worker_count=workers, **CONFIG)
+    # Warm up: the source's files opened here (without workers; a fetch of
+    # several files opens none in the bound, a fetch of one does); the resource
     # tracker, multiprocessing's heap and the async unlink pool started (with).
     helpers.run(loader, 2)
+    for start in source.cell_offsets[:-1].tolist():
+        source.read([start])
     gc.collect()
     assert wait_until(lambda: not (worker_pids()))
     shm_before, fds_before, rings_before = shm_files(), open_fds(), mapped_rings()
