@@ -23,7 +23,11 @@ Spellings (`--spellings`):
 * `card_inline`: `card` with `read_options=grain.ReadOptions(num_threads=0,
   prefetch_buffer_size=0)`: block records are cheap (ids, no I/O), and
   Grain's default read-ahead of 500 records scans its buffer of futures on
-  every record it hands out.
+  every record it hands out;
+* `card_buffered`: `card` with `worker_buffer_size=--fetch_factor`: Grain
+  then lets each worker queue a fetch's minibatches instead of one, so its
+  reader threads and the main thread take them in runs instead of sleeping
+  and waking once per minibatch.
 
 `--baseline_tree=/path/to/checkout` runs every point a second time with that
 checkout's `grain_cells` (`PYTHONPATH`), interleaved with this one's, so a
@@ -83,7 +87,8 @@ _SPELLINGS = flags.DEFINE_list(
     "spellings",
     ["loader"],
     "loader (grain_cells.DataLoader), card (grain.DataLoader with the same "
-    "objects), card_inline (card reading records without Grain's thread pool).",
+    "objects), card_inline (card reading records without Grain's thread pool), "
+    "card_buffered (card with worker_buffer_size=--fetch_factor).",
 )
 _CACHE = flags.DEFINE_list(
     "cache",
@@ -147,6 +152,8 @@ def _loader(spelling: str, path: str, workers: int):
     more = {}
     if spelling == "card_inline":
         more["read_options"] = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    if spelling == "card_buffered":
+        more["worker_buffer_size"] = _FETCH.value
     return grain.DataLoader(
         data_source=source,
         sampler=sampler,

@@ -186,7 +186,8 @@ def test_checkpoint_guide_saves_and_restores_in_a_new_process(tmp_path):
 @pytest.mark.slow
 def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
     """Loading: "The plain grain.DataLoader works too", in a program that never
-    parsed absl flags."""
+    parsed absl flags; with the recommended `worker_buffer_size=fetch_factor`
+    it yields the same minibatches in the same order."""
     write_plates(tmp_path)
     code = textwrap.dedent(
         """
@@ -198,20 +199,22 @@ def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
             assert not flags.FLAGS.is_parsed()
             source = grain_cells.AnnDataSource(
                 ["plate1.h5ad", "plate2.h5ad"], block_size=8)
-            loader = grain.DataLoader(
-                data_source=source,
-                sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
-                operations=grain_cells.fetch_operations(source, batch_size=16),
-                worker_count=2,
-                read_options=grain_cells.pipeline.READ_OPTIONS,
-            )
-            for batch in loader:
-                x = batch["data"].reshape(-1)
-                ids = batch["row_ids"][batch["mask"]]
-                # every stored value of row r lies in (r * 100, r * 100 + 13)
-                rows = np.repeat(ids, np.diff(batch["indptr"])[: ids.size])
-                assert ((x > rows * 100) & (x < rows * 100 + 13)).all()
-                print("ROWS", *ids)
+            for buffer in (1, 16):  # Grain's default; the fetch factor
+                loader = grain.DataLoader(
+                    data_source=source,
+                    sampler=grain_cells.BlockSampler(source, seed=0, num_epochs=1),
+                    operations=grain_cells.fetch_operations(source, batch_size=16),
+                    worker_count=2,
+                    worker_buffer_size=buffer,
+                    read_options=grain_cells.pipeline.READ_OPTIONS,
+                )
+                for batch in loader:
+                    x = batch["data"].reshape(-1)
+                    ids = batch["row_ids"][batch["mask"]]
+                    # every stored value of row r lies in (r * 100, r * 100 + 13)
+                    rows = np.repeat(ids, np.diff(batch["indptr"])[: ids.size])
+                    assert ((x > rows * 100) & (x < rows * 100 + 13)).all()
+                    print("ROWS", buffer, *ids)
 
         import numpy as np
 
@@ -221,10 +224,10 @@ def test_plain_grain_dataloader_with_workers_and_unparsed_flags(tmp_path):
     )
     done, _ = run_script(tmp_path, "plain.py", code)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [
-        int(r)
-        for line in done.stdout.splitlines()
-        if line.startswith("ROWS")
-        for r in line.split()[1:]
-    ]
-    assert sorted(rows) == list(range(sum(SIZES.values())))
+    rows = {1: [], 16: []}
+    for line in done.stdout.splitlines():
+        if line.startswith("ROWS"):
+            buffer, *ids = map(int, line.split()[1:])
+            rows[buffer].append(ids)
+    assert sorted(r for ids in rows[1] for r in ids) == list(range(sum(SIZES.values())))
+    assert rows[16] == rows[1]

@@ -1,4 +1,4 @@
-"""benchmarks/trainer_cpu.py runs on a tiny file, both spellings, with a baseline.
+"""benchmarks/trainer_cpu.py runs on a tiny file, three spellings, with a baseline.
 
 As tests/test_benchmarks.py does for the other binaries: a subprocess, as a
 person runs it, checking its exit status, its lines and its JSON.
@@ -28,7 +28,7 @@ def test_trainer_cpu(tmp_path, forked_runs):
             str(ROOT / "benchmarks" / "trainer_cpu.py"),
             f"--data={data}",
             "--worker_counts=0",
-            "--spellings=loader,card",
+            "--spellings=loader,card,card_buffered",
             "--warmup=2",
             "--minibatches=10",
             f"--baseline_tree={ROOT}",
@@ -45,7 +45,7 @@ def test_trainer_cpu(tmp_path, forked_runs):
     assert {(r["tree"], r["spelling"]) for r in records} == {
         (tree, spelling)
         for tree in ("this", "baseline")
-        for spelling in ("loader", "card")
+        for spelling in ("loader", "card", "card_buffered")
     }
     for r in records:
         assert r["trainer_cpu_us_per_minibatch"] > 0
