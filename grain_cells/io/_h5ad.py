@@ -37,7 +37,7 @@ def matrix_element(layer: str | None) -> str:
     return f"layers/{layer}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class MatrixInfo:
     """Where a file's matrix lives and what it holds (`nnz`: None if dense).
 

@@ -28,7 +28,7 @@ _WINDOW = 64  # elements (or columns of a dense row) per value window
 _WHOLE_BYTES = 256 * 1024  # an uncompressed 1-D array up to this: one read
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class FileIdentity:
     """A file's `stat` and its matrix's digests; `format`: recorded (None: `.h5ad`)."""
 

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import stat as stat_mod
+import sys
 import time
 
 import numpy as np
@@ -91,8 +92,11 @@ class MetaCache:
             if e is None or e["identity"][1] != _stat_list(stat):
                 return None
             i, d = e["info"], e["identity"]
-            info = MatrixInfo(path, *i[:4], np.dtype(i[4]), *i[5:7])
-            identity = FileIdentity(path, d[0], stat, *d[2:5])
+            # Names every file repeats: one object each (in memory and pickles).
+            element, encoding = sys.intern(i[0]), sys.intern(i[1])
+            info = MatrixInfo(path, element, encoding, *i[2:4], np.dtype(i[4]), *i[5:7])
+            fmt = d[4] if d[4] is None else sys.intern(d[4])
+            identity = FileIdentity(path, element, stat, d[2], d[3], fmt)
             kinds = {}
             for c, (cats, dtype) in e["kinds"].items():
                 cats = None if cats is None else self._array(cats)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class FileStat:
     """`os.stat` fields; objects add `etag` and `content`, zarr stores `store`."""
 
