@@ -210,20 +210,13 @@ def made_once(final: pathlib.Path, make, announce: str | None, folder=False):
     if announce:
         print(announce, file=sys.stderr, flush=True)
     names = {"dir": final.parent, "prefix": f".{final.name}.", "suffix": ".tmp"}
-    if folder:
-        tmp = pathlib.Path(tempfile.mkdtemp(**names))
-    else:
-        fd, tmp = tempfile.mkstemp(**names)
-        os.close(fd)
-        tmp = pathlib.Path(tmp)
+    work = pathlib.Path(tempfile.mkdtemp(**names))  # a file is made inside it
     try:
+        tmp = work if folder else work / final.name
         make(tmp)
         os.replace(tmp, final)
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
     return final
 
 

@@ -55,13 +55,10 @@ def write_tahoe_like_zarr(
     """
     _check(n_cells, layout, compressed, kwargs)
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".h5ad")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
+        tmp = pathlib.Path(work, "cells.h5ad")
         _tahoe.write_tahoe_like(tmp, n_cells, progress=progress, **kwargs)
         return tahoe_like_to_zarr(tmp, path, layout, compressed, progress)
-    finally:
-        pathlib.Path(tmp).unlink(missing_ok=True)
 
 
 def cached_tahoe_like_zarr(

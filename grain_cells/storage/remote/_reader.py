@@ -10,7 +10,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import itertools
-import os
 import pathlib
 import threading
 import time
@@ -19,6 +18,7 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
+from grain_cells._util.cache_files import write_atomic
 from grain_cells.storage._readers import FileStat, ShortReadError, plan_requests
 from grain_cells.storage.remote import _versions
 from grain_cells.storage.remote._store import max_in_flight
@@ -84,10 +84,8 @@ class Pieces:
             sizes = np.array([len(p) for p in self.datas], np.int64)
             data = np.frombuffer(b"".join(self.datas), np.uint8)
             self.dirty = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, offsets=offsets, sizes=sizes, data=data)
-        os.replace(tmp, self.path)
+        arrays = {"offsets": offsets, "sizes": sizes, "data": data}
+        write_atomic(self.path, lambda f: np.savez(f, **arrays))
 
 
 @dataclasses.dataclass
