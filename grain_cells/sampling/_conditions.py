@@ -113,10 +113,8 @@ class ConditionBlockSampler(BlockStream):
         _, starts, _ = source.block_ranges(np.arange(num_blocks))
         codes = source.obs_values(column)[starts]
         labels = source.categories[column]
-        self._conditions, self._block_condition = np.unique(codes, return_inverse=True)
-        self._names = (
-            self._conditions if labels is None else np.asarray(labels)[self._conditions]
-        )
+        conditions, self._block_condition = np.unique(codes, return_inverse=True)
+        self._names = conditions if labels is None else np.asarray(labels)[conditions]
         self._weights = None
         self.epoch_length = num_blocks - num_blocks % count
         if weights is not None:

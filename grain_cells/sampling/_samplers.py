@@ -84,14 +84,10 @@ class BlockSampler(BlockStream):
     def _block(self, epoch: int, offset: int) -> int:
         if not self._shuffle or self.num_blocks == 1:
             return offset
+        seed = self._epoch_seed(epoch)
         if self.num_blocks <= _SMALL_EPOCH:
-            return int(_small_epoch(self.num_blocks, self._epoch_seed(epoch))[offset])
-        return grain.experimental.index_shuffle(
-            offset,
-            max_index=self.num_blocks - 1,
-            seed=self._epoch_seed(epoch),
-            rounds=_SHUFFLE_ROUNDS,
-        )
+            return int(_small_epoch(self.num_blocks, seed)[offset])
+        return _grain_shuffle(offset, self.num_blocks - 1, seed)
 
     def _blocks(self, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Vectorised from 4,096 positions of an epoch."""
@@ -230,13 +226,15 @@ def _raw(offsets: np.ndarray, max_index: int, seed: int, rounds: int) -> np.ndar
 
 
 @functools.lru_cache(maxsize=256)
-def _agrees(max_index: int, seed: int, rounds: int) -> bool:
-    """Whether `_raw` gives Grain's answers on a few offsets of this permutation."""
+def _agrees(max_index: int, seed: int, rounds: int, whole: bool = False) -> bool:
+    """Whether `_raw` (or `_whole`) gives Grain's answers on `_CHECKS` offsets."""
     probe = np.unique(np.linspace(0, max_index, _CHECKS).astype(np.int64))
     want = [
         grain.experimental.index_shuffle(int(o), max_index, seed, rounds)
         for o in probe.tolist()
     ]
+    if whole:
+        return _whole(max_index, seed, rounds)[probe].tolist() == want
     return _raw(probe, max_index, seed, rounds).tolist() == want
 
 
@@ -251,23 +249,14 @@ def _small_epoch(num_blocks: int, seed: int) -> np.ndarray:
     """
     last = num_blocks - 1
     out = None
-    if _agrees_small(last):  # and on this seed's first and last offsets:
+    if _agrees(last, 0, _SHUFFLE_ROUNDS, whole=True):
         out = _whole(last, seed, _SHUFFLE_ROUNDS)
-        want = [_grain_shuffle(0, last, seed), _grain_shuffle(last, last, seed)]
-        out = out if [out[0], out[last]] == want else None
-    if out is None:
+    ends = [_grain_shuffle(0, last, seed), _grain_shuffle(last, last, seed)]
+    if out is None or [out[0], out[last]] != ends:
         out = [_grain_shuffle(o, last, seed) for o in range(num_blocks)]
         out = np.array(out, np.int64)
     out.setflags(write=False)
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _agrees_small(max_index: int) -> bool:
-    """Whether `_whole` gave Grain's answers on `_CHECKS` offsets of seed 0."""
-    probe = np.unique(np.linspace(0, max_index, _CHECKS).astype(np.int64))
-    want = [_grain_shuffle(o, max_index, 0) for o in probe.tolist()]
-    return _whole(max_index, 0, _SHUFFLE_ROUNDS)[probe].tolist() == want
 
 
 def _grain_shuffle(offset: int, max_index: int, seed: int) -> int:
