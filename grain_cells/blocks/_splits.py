@@ -158,13 +158,12 @@ def obs_split_blocks(source, column, holdout, *, rest="train") -> dict[str, Bloc
     if rest is not None and rest in holdout:
         raise ValueError(f"rest={rest!r} is also a holdout split; rename one")
     table = source.block_table
-    mask = table.cell_mask() if table.is_view else None
+    mask = table.cell_mask() if table.is_view else True  # True: every row
     taken = None
     out = {}
     for name, condition in holdout.items():
         split = where_mask(source, column, condition)
-        if mask is not None:
-            split &= mask
+        split &= mask
         if not split.any():
             raise ValueError(
                 f"holdout[{name!r}]: no cell of the source has {column!r} in "
@@ -176,15 +175,11 @@ def obs_split_blocks(source, column, holdout, *, rest="train") -> dict[str, Bloc
                 f"{column!r} values overlap"
             )
         out[name] = blocks_of_mask(table, split)
-        if taken is None:
-            taken = split
-        else:
-            taken |= split
-            del split
+        taken = split if taken is None else np.logical_or(taken, split, out=taken)
+        del split
     if rest is not None:
         left = np.logical_not(taken, out=taken)
-        if mask is not None:
-            left &= mask
+        left &= mask
         if not left.any():
             raise ValueError(
                 f"split_by_obs(..., rest={rest!r}): the holdout splits "

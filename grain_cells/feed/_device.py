@@ -225,17 +225,13 @@ class DeviceIterator:
 
     def start_prefetch(self) -> None:
         """Starts the loader's workers now (orbax calls this after a restore)."""
-        start = getattr(self._source, "start_prefetch", None)
-        if start is not None:
-            start()
+        getattr(self._source, "start_prefetch", lambda: None)()
 
     def close(self) -> None:
         """Drops the prefetched minibatches and closes the loader's iterator."""
         self._closed = True
         self._queue.clear()
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
+        getattr(self._source, "close", lambda: None)()
 
     def __enter__(self) -> DeviceIterator:
         return self

@@ -14,6 +14,7 @@ from grain_cells import transport
 from grain_cells._util.arguments import ArgumentTypeError
 from grain_cells.pipeline._config import FETCH, keywords, make_split, options_of
 from grain_cells.pipeline._fetch import Minibatches, SplitFetch
+from grain_cells.pipeline._stage import fetch_blocks
 from grain_cells.source import AnnDataSource
 
 
@@ -89,10 +90,9 @@ class GrainFetch(grain.experimental.FlatMapTransform):
             found = f"block {int(keys.max())}, past its {len(source)} blocks"
         elif blocks.shape[1] > 4 and np.any(blocks[:, 4] != source.source_id):
             found = "records of another source (Block.source_id differs)"
+        elif np.array_equal(fetch_blocks(source, keys), blocks[:, :4]):
+            return
         else:
-            files, starts, stops = source.block_ranges(keys)
-            if np.array_equal(np.stack([files, starts, stops], 1), blocks[:, 1:4]):
-                return
             found = "blocks whose rows differ from its own"
         raise ValueError(
             f"fetch_operations(...) was built on {source!r}, but the loader's "

@@ -100,9 +100,7 @@ def fetch_blocks(source, keys: np.ndarray) -> np.ndarray:
 
 
 def _minibatches(config, cells):
-    """Minibatches of fetches of `cells` cells (an int or an array of them)."""
-    if config.condition is not None:
-        raise ValueError("with a condition, a fetch's minibatch count needs its data")
+    """Minibatches of fetches of `cells` cells (an int or an array; no condition)."""
     if config.remainder == "drop":
         return cells // config.batch_size
     return -(-cells // config.batch_size)
@@ -137,7 +135,6 @@ def plan_minibatches(config, source, plan: Position) -> int:
 
     One vectorised walk of the block keys where blocks differ in length.
     """
-    _minibatches(config, 0)  # refuses a condition
     per_fetch = plan.blocks_per_fetch
     positions = -(-(plan.length - plan.origin - plan.index) // plan.count)
     _, starts, stops = source.block_ranges(np.arange(len(source)))

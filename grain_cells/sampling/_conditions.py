@@ -12,6 +12,7 @@ import numpy as np
 from grain import sharding
 
 from grain_cells._util import counter_rng
+from grain_cells._util.arguments import check_int
 from grain_cells._util.ranges import expand_ranges
 from grain_cells.sampling._stream import BlockStream
 
@@ -100,23 +101,16 @@ class ConditionBlockSampler(BlockStream):
         """
         super().__init__(source, seed, num_epochs, shard_options, readahead_cells)
         num_blocks = self.num_blocks
-        if blocks_per_fetch < 1 or worker_count < 0:
-            raise ValueError(
-                f"need blocks_per_fetch >= 1 and worker_count >= 0, got "
-                f"blocks_per_fetch={blocks_per_fetch}, worker_count={worker_count}"
-            )
         self._column = column
-        self._g = int(blocks_per_fetch)
+        self._g = check_int("blocks_per_fetch", blocks_per_fetch, minimum=1)
+        self._worker_count = check_int("worker_count", worker_count, minimum=0)
         count = self.shard_options.shard_count
-        self._lanes = count * max(1, int(worker_count))
-        self._worker_count = int(worker_count)
+        self._lanes = count * max(1, self._worker_count)
         _, starts, _ = source.block_ranges(np.arange(num_blocks))
         codes = source.obs_values(column)[starts]
         labels = source.categories[column]
-        self._conditions, self._block_condition = np.unique(codes, return_inverse=True)
-        self._names = (
-            self._conditions if labels is None else np.asarray(labels)[self._conditions]
-        )
+        conditions, self._block_condition = np.unique(codes, return_inverse=True)
+        self._names = conditions if labels is None else np.asarray(labels)[conditions]
         self._weights = None
         self.epoch_length = num_blocks - num_blocks % count
         if weights is not None:

@@ -1,11 +1,7 @@
 """`BlockSampler`: every block once per epoch, shuffled (scDataset's block sampling).
 
-Grain's `index_shuffle` costs a Python call per position (3 µs, and up to
-1.4 ms on epochs of a few blocks, whose cipher walks long cycles): from 4,096
-positions of an epoch it is computed with NumPy (`numpy_index_shuffle`), and an
-epoch of fewer than 4,096 blocks is computed whole once and kept
-(`_small_epoch`); both are checked against Grain's own function on positions of
-each permutation. Design notes: docs/reference/design.md#sampling-shuffle.
+Grain's `index_shuffle`, with NumPy from 4,096 positions and whole for small
+epochs, checked against Grain: docs/reference/design.md#sampling-shuffle.
 """
 
 from __future__ import annotations
@@ -84,14 +80,10 @@ class BlockSampler(BlockStream):
     def _block(self, epoch: int, offset: int) -> int:
         if not self._shuffle or self.num_blocks == 1:
             return offset
+        seed = self._epoch_seed(epoch)
         if self.num_blocks <= _SMALL_EPOCH:
-            return int(_small_epoch(self.num_blocks, self._epoch_seed(epoch))[offset])
-        return grain.experimental.index_shuffle(
-            offset,
-            max_index=self.num_blocks - 1,
-            seed=self._epoch_seed(epoch),
-            rounds=_SHUFFLE_ROUNDS,
-        )
+            return int(_small_epoch(self.num_blocks, seed)[offset])
+        return _grain_shuffle(offset, self.num_blocks - 1, seed)
 
     def _blocks(self, epochs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Vectorised from 4,096 positions of an epoch."""
@@ -230,44 +222,33 @@ def _raw(offsets: np.ndarray, max_index: int, seed: int, rounds: int) -> np.ndar
 
 
 @functools.lru_cache(maxsize=256)
-def _agrees(max_index: int, seed: int, rounds: int) -> bool:
-    """Whether `_raw` gives Grain's answers on a few offsets of this permutation."""
+def _agrees(max_index: int, seed: int, rounds: int, whole: bool = False) -> bool:
+    """Whether `_raw` (or `_whole`) gives Grain's answers on `_CHECKS` offsets."""
     probe = np.unique(np.linspace(0, max_index, _CHECKS).astype(np.int64))
     want = [
         grain.experimental.index_shuffle(int(o), max_index, seed, rounds)
         for o in probe.tolist()
     ]
+    if whole:
+        return _whole(max_index, seed, rounds)[probe].tolist() == want
     return _raw(probe, max_index, seed, rounds).tolist() == want
 
 
 @functools.lru_cache(maxsize=4)
 def _small_epoch(num_blocks: int, seed: int) -> np.ndarray:
-    """`index_shuffle` of every offset of a small epoch, computed once.
-
-    With NumPy (`_whole`) when it agrees with Grain's function (on
-    `_CHECKS` offsets of the first permutation of this size, then on each
-    seed's first and last), else through Grain's function offset by offset.
-    The last four epochs asked are kept: at most 32 KiB each.
-    """
+    """`index_shuffle` of every offset of a small epoch (the last four kept):
+    `_whole` where it agrees with Grain's function, else that function.
+    """  # noqa: D205
     last = num_blocks - 1
     out = None
-    if _agrees_small(last):  # and on this seed's first and last offsets:
+    if _agrees(last, 0, _SHUFFLE_ROUNDS, whole=True):
         out = _whole(last, seed, _SHUFFLE_ROUNDS)
-        want = [_grain_shuffle(0, last, seed), _grain_shuffle(last, last, seed)]
-        out = out if [out[0], out[last]] == want else None
-    if out is None:
+    ends = [_grain_shuffle(0, last, seed), _grain_shuffle(last, last, seed)]
+    if out is None or [out[0], out[last]] != ends:
         out = [_grain_shuffle(o, last, seed) for o in range(num_blocks)]
         out = np.array(out, np.int64)
     out.setflags(write=False)
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _agrees_small(max_index: int) -> bool:
-    """Whether `_whole` gave Grain's answers on `_CHECKS` offsets of seed 0."""
-    probe = np.unique(np.linspace(0, max_index, _CHECKS).astype(np.int64))
-    want = [_grain_shuffle(o, max_index, 0) for o in probe.tolist()]
-    return _whole(max_index, 0, _SHUFFLE_ROUNDS)[probe].tolist() == want
 
 
 def _grain_shuffle(offset: int, max_index: int, seed: int) -> int:
@@ -275,14 +256,9 @@ def _grain_shuffle(offset: int, max_index: int, seed: int) -> int:
 
 
 def _whole(max_index: int, seed: int, rounds: int) -> np.ndarray:
-    """`_raw` of every offset in `[0, max_index]`, for a cipher word of 8 bits.
-
-    The cipher permutes all `2**16` values; cycle walking from `x` ends at the
-    first value at most `max_index` along `x`'s cycle. Pointer doubling finds
-    it for every value at once: after round `r`, `jump[y]` is that value among
-    `y`'s next `2**r` successors, or the `2**r`-th successor when none is; 16
-    rounds cover any cycle.
-    """
+    """`_raw` of every offset in `[0, max_index]` (a cipher word of 8 bits), by
+    pointer doubling along the cipher's cycles (design notes).
+    """  # noqa: D205
     keys = _round_keys(seed, rounds)
     word = 8
     if not 1 <= max_index < 1 << 2 * word:

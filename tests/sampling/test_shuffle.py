@@ -82,10 +82,10 @@ SMALL = [2, 3, 16, 17, 74, 625, 4_095, 4_096]
 @pytest.fixture
 def fresh_memo():
     _samplers._small_epoch.cache_clear()
-    _samplers._agrees_small.cache_clear()
+    _samplers._agrees.cache_clear()
     yield
     _samplers._small_epoch.cache_clear()
-    _samplers._agrees_small.cache_clear()
+    _samplers._agrees.cache_clear()
 
 
 def _grains(num_blocks, seed, offsets):
