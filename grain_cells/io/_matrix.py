@@ -80,11 +80,6 @@ class _Reader:
     def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
         self.info, self.arrays, self._fd, self._group = info, arrays, fd, group
 
-    @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
-        """A reader over range readers made elsewhere (a reopen from byte layouts)."""
-        return cls(info, arrays, fd)
-
 
 class CsrReader(_Reader):
     """Reads row ranges of one file's CSR matrix."""

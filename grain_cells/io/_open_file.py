@@ -21,6 +21,7 @@ from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
 from grain_cells.io._h5ad import inspect_element, open_unchanged
+from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.io._obs_rows import stacked
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
@@ -133,22 +134,32 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
 def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
     """A process's first open of file `i` from its metadata entry, or None.
 
-    None for what has no entry to read: remote files, stores, and files whose
+    None for what has no entry to read (`entry_open`) and for files whose
     obs columns come from the shared obs cache (`_obs_cache.MIN_CELLS`).
     """
-    info, stat = files.infos[i], files.identities[i].stat
-    if stat.etag or stat.content or stat.store or "://" in info.path:
-        return None
+    info = files.infos[i]
     if files.obs_names and info.n_obs >= _obs_cache.MIN_CELLS:
         return None
     fmt = formats.for_path(info.path)
+    found = entry_open(files, i, fmt)
+    if found is None:
+        return None
+    (obs, layouts), fd = found
+    return OpenFile(info, obs, fmt, layouts), fd
+
+
+def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
+    """`(entry_of's (obs, layouts), fd)` of file `i` over its checked `fd`, or None.
+
+    None for what has no entry to read: remote files, stores, files not cached.
+    """
+    if not files.identities[i].local:
+        return None
     fd = open_bytes(files, i, fmt)
     found = None if fd is None else _meta_cache.entry_of(files, i, fd)
-    if found is None:
-        if fd is not None:
-            fd.close()
-        return None
-    return OpenFile(info, found[0], fmt, found[1]), fd
+    if found is None and fd is not None:
+        fd.close()
+    return None if found is None else (found, fd)
 
 
 def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> OpenFile:
@@ -192,11 +203,9 @@ def _learn_flat(record: OpenFile, fd) -> None:
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     """The matrix reader of `info` over `fd`, from `layouts_of`'s layouts."""
     arrays = {k: PositionalReader(v, info.path, fd) for k, v in layouts.items()}
-    if "records" in arrays:
-        return FieldReader.of_arrays(info, arrays, fd)
-    if "x" in arrays:
-        return DenseReader.of_arrays(info, arrays, fd)
-    return CsrReader.of_arrays(info, arrays, fd)
+    kinds = {FieldReader.KEY: FieldReader, DenseReader.KEY: DenseReader}
+    cls = next((kinds[k] for k in arrays if k in kinds), CsrReader)
+    return cls(info, arrays, fd)
 
 
 def _flat(handle: OpenFile):
@@ -334,11 +343,10 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     """
     want = record.want
     if want is None:
-        stat = files.identities[i].stat
-        if stat.etag or stat.content or stat.store:
+        identity = files.identities[i]
+        if not identity.local:
             return None
-        then = (stat.ino, stat.dev, stat.size, stat.mtime_ns, stat.ctime_ns)
-        want = record.want = (files.infos[i].path, then)
+        want = record.want = (files.infos[i].path, stat_key(identity.stat))
     try:
         fd = os.open(want[0], os.O_RDONLY)
     except OSError:
@@ -348,7 +356,7 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     except OSError:
         os.close(fd)
         return None
-    if (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want[1]:
+    if fstat_key(st) != want[1]:
         os.close(fd)
         files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
         return None  # changed in nothing a read depends on: through the bound
