@@ -181,6 +181,3 @@ def _entry_obs(files, i: int) -> dict | None:
         return None
     found[1].close()
     return found[0][0]
-
-
-__all__ = ["LayoutTable", "joined_column", "joined_columns", "table_fds"]

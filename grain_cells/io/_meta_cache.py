@@ -353,6 +353,3 @@ def _stat_list(stat: FileStat) -> list:
 def _plain_dtype(d: np.dtype) -> bool:
     """A dtype that its `.str` names exactly (no objects, fields or metadata)."""
     return not d.hasobject and d.fields is None and np.dtype(d.str) == d
-
-
-__all__ = ["FileMeta", "MetaCache", "entry_of", "inspect_file", "layouts_of"]

@@ -361,13 +361,3 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
         files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
         return None  # changed in nothing a read depends on: through the bound
     return fd
-
-
-__all__ = [
-    "OpenFile",
-    "hint_flats",
-    "open_bytes",
-    "open_member",
-    "pinned_flats",
-    "reopen",
-]

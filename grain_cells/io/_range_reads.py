@@ -289,19 +289,16 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
 
 def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
     """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
+    span = slice(spans[0].start, spans[-1].stop)
+    group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
     with table_fds(handles, indices) as found:
         if found is not None:  # every file through the source's table
-            span = slice(spans[0].start, spans[-1].stop)
-            sizes = [s.stop - s.start for s in spans]
-            group = np.repeat(np.arange(len(indices)), sizes)
             table, (which, fds) = handles.files.layouts.pieces, found
             _direct_csr.advise(table, which, fds, group, starts[span], stops[span], buf)
             return
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
             _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
-        span = slice(spans[0].start, spans[-1].stop)
-        group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
         starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
