@@ -117,9 +117,7 @@ class CsrReader(_Reader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
     ) -> CsrPlan:
         """Phase one: reads and checks ranges' `indptr` (scratch: `buf[key]`)."""
-        starts, stops = merge_touching(
-            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        )
+        starts, stops = merge_touching(starts, stops)
         lengths = stops - starts
         n_rows = int(lengths.sum())
         # Every range's indptr slice has one entry more than it has rows.
@@ -203,9 +201,7 @@ class CsrReader(_Reader):
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to read these rows' `data` and `indices` spans."""
-        starts, stops = merge_touching(
-            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        )
+        starts, stops = merge_touching(starts, stops)
         if starts.size == 0:
             return
         points = np.unique(np.concatenate([starts, stops]))

@@ -252,15 +252,14 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
                 # Its pieces, once, through a descriptor its format opens.
                 readers.append(open_bytes(files, indices[k], record.format))
                 _learn_flat(record, readers[-1])
-                if isinstance(record.flat, _direct_csr.Flat):
-                    flats[k], obs[k] = record.flat, record.obs
-                    continue
                 flat = record.flat
-            if flat.__class__ is not _direct_csr.Flat:  # unknown yet: the bound
-                slow.append(k)
-                continue
-            fd = _open_known(files, indices[k], record)
-            if fd is None:  # gone or changed: the bound's open says how
+                if isinstance(flat, _direct_csr.Flat):  # read over that one
+                    flats[k], obs[k] = flat, record.obs
+                    continue
+            # Unknown pieces, or gone or changed: the bound's open says how.
+            known = flat.__class__ is _direct_csr.Flat
+            fd = _open_known(files, indices[k], record) if known else None
+            if fd is None:
                 slow.append(k)
                 continue
             own.append(fd)

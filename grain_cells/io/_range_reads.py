@@ -206,11 +206,8 @@ def read_ranges(
     """Global row ranges as fresh `Cells`, range after range in the order given."""
     starts = np.asarray(starts, np.int64).reshape(-1)
     stops = np.asarray(stops, np.int64).reshape(-1)
-    fetched = fetch_ranges(
-        handles, cell_offsets, starts, stops, check_indices=check_indices
-    )
     wanted = expand_ranges(starts, stops - starts)
-    return _take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
+    return _take(handles, cell_offsets, starts, stops, wanted, check_indices)
 
 
 def read_rows(
@@ -234,14 +231,15 @@ def read_rows(
             f"({', '.join(handles.files.paths)})"
         )
     run_starts, run_stops = runs(np.unique(rows), cuts=cell_offsets[1:-1])
+    return _take(handles, cell_offsets, run_starts, run_stops, rows, check_indices)
+
+
+def _take(handles, cell_offsets, starts, stops, rows, check_indices) -> Cells:
+    """Global rows `rows` of the ranges fetched, as fresh `Cells` (files' dtype)."""
     fetched = fetch_ranges(
-        handles, cell_offsets, run_starts, run_stops, check_indices=check_indices
+        handles, cell_offsets, starts, stops, check_indices=check_indices
     )
-    return _take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
-
-
-def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
-    """Fetched rows at `positions` as fresh `Cells` of the files' dtype."""
+    positions = np.searchsorted(fetched.row_ids, rows)
     files = handles.files
     obs = {c: v[positions] for c, v in fetched.obs.items()}
     row_ids = fetched.row_ids[positions]
