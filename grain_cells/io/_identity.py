@@ -121,14 +121,12 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     for ds in arrays.values():
         parts.append(_nodes.format_of(ds).array_layout(ds))
     ptr = arrays.get("indptr")
-    if ptr is not None:
+    if ptr is not None and ptr.shape[0]:
         n = ptr.shape[0]
-        if n:
-            at = _spaced(n - 1, _INDPTR_SAMPLES)
-            picked = _nodes.format_of(ptr).read(
-                ptr, at, _nodes.file_name(f), (int(at[0]), n)
-            )
-            parts.append(np.asarray(picked).astype(np.int64).tolist())
+        at = _spaced(n - 1, _INDPTR_SAMPLES)
+        path = _nodes.file_name(f)
+        picked = _nodes.format_of(ptr).read(ptr, at, path, (int(at[0]), n))
+        parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

@@ -273,12 +273,9 @@ class DenseReader(_Reader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
-        return self._read(starts, stops, buf, "dense", (self.info.n_vars,), pool)
-
-    def _read(self, starts, stops, buf: RowBuffer, name: str, row_shape, pool):
-        """Stored rows into `buf`'s array `name` of `(rows, *row_shape)`."""
         starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        out = buf.get(name, (int((stops - starts).sum()), *row_shape), self._x.dtype)
+        shape = (int((stops - starts).sum()), *self._x.row_shape)
+        out = buf.get(self.KEY, shape, self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
 
@@ -371,7 +368,7 @@ class FieldReader(DenseReader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads whole records, then copies the field out in its value dtype."""
-        records = self._read(starts, stops, buf, "records", (), pool)
+        records = super().read(starts, stops, buf, pool)
         n = records.shape[0]
         out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
         out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)
