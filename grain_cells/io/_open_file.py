@@ -170,7 +170,7 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     if fd is None:
         fd = open_bytes(files, i, known.format)
     try:
-        _learn_flat(known, fd)
+        learn_flat(known, fd)
     except BaseException:
         fd.close()
         raise
@@ -194,10 +194,14 @@ def open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
     return fd
 
 
-def _learn_flat(record: OpenFile, fd) -> None:
-    """`record.flat` from its layouts over `fd`, computed once per record."""
-    if record.flat is False:
+def learn_flat(record: OpenFile, fd=None):
+    """`record.flat` from its layouts over `fd` (a handle's own), once per record."""
+    if record.flat is False and record.layouts is None:
+        record.flat = None  # some array is not positional over a local descriptor
+    elif record.flat is False:
+        fd = record.fd if fd is None else fd
         record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
+    return record.flat
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
@@ -206,12 +210,6 @@ def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     kinds = {FieldReader.KEY: FieldReader, DenseReader.KEY: DenseReader}
     cls = next((kinds[k] for k in arrays if k in kinds), CsrReader)
     return cls(info, arrays, fd)
-
-
-def _flat(handle: OpenFile):
-    if handle.flat is False:
-        handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
-    return handle.flat
 
 
 @contextlib.contextmanager
@@ -243,7 +241,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
                 and files.identities[i].stat.matches(os.fstat(reader.fd))
             ):
                 handles.check_at_read(i, handle)
-            flats[k], obs[k] = _flat(handle), handle.obs
+            flats[k], obs[k] = learn_flat(handle), handle.obs
         handles.reserve(len(closed))  # the fetch's own descriptors fit the bound
         records = checked.get_many([indices[k] for k in closed])
         for k, record in zip(closed, records, strict=True):
@@ -251,7 +249,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             if flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
                 readers.append(open_bytes(files, indices[k], record.format))
-                _learn_flat(record, readers[-1])
+                learn_flat(record, readers[-1])
                 flat = record.flat
                 if isinstance(flat, _direct_csr.Flat):  # read over that one
                     flats[k], obs[k] = flat, record.obs
@@ -269,7 +267,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             return
         with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
             for k, handle in zip(slow, opened, strict=True):
-                flats[k], obs[k] = _flat(handle), handle.obs
+                flats[k], obs[k] = learn_flat(handle), handle.obs
             yield _valid(flats, fds, obs)
     finally:
         for fd in own:
@@ -296,7 +294,7 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     try:
         for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
             if entry is not None:
-                flat = _flat(entry.handle)
+                flat = learn_flat(entry.handle)
                 if flat is None:
                     rest.append(k)
                 else:

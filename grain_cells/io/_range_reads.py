@@ -19,6 +19,7 @@ from grain_cells.io._collection import table_fds
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
+from grain_cells.io._open_file import learn_flat
 
 # Files one read-ahead hint holds at once (closed ones: a descriptor each).
 HINT_FILES = 32
@@ -317,9 +318,7 @@ def _advise_one(handles, i: int, starts, stops, buf) -> None:
     with handles.for_hints(i) as f:
         if f is None:
             return
-        if handles.files.sparse and f.flat is False:
-            f.flat = _direct_csr.flat_of(f.reader, f.fd)
-        if not handles.files.sparse or f.flat is None:
+        if not handles.files.sparse or learn_flat(f) is None:
             f.reader.advise(starts, stops, buf)
         else:
             group = np.zeros(starts.size, np.int64)
