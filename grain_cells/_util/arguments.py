@@ -27,6 +27,15 @@ def _got(name: str, value) -> str:
     return f"got {name}={_short(value)} ({type(value).__name__})"
 
 
+def _not_one_string(name: str, value, kind: str, one: str) -> None:
+    """Raises for a bare string where a sequence of `kind` is expected."""
+    if isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(
+            f"{name} must be {kind}, got the string {name}={value!r}; for {one} "
+            f"pass {name}=[{value!r}]"
+        )
+
+
 def check_int(
     name: str, value, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
@@ -57,12 +66,8 @@ def check_genes(genes):
     """A gene selection: None (all) or a non-empty sequence or mask; not one string."""
     if genes is None:
         return None
-    if isinstance(genes, (str, bytes)):
-        raise ArgumentTypeError(
-            f"genes must be a sequence of gene names, a boolean mask or integer "
-            f"positions, got the string genes={genes!r}; for one gene pass "
-            f"genes=[{genes!r}]"
-        )
+    kind = "a sequence of gene names, a boolean mask or integer positions"
+    _not_one_string("genes", genes, kind, "one gene")
     array = np.asarray(genes)
     if array.size == 0 or (array.dtype == bool and not array.any()):
         raise ValueError(
@@ -132,11 +137,7 @@ def check_name(name: str, value, *, optional: bool = False) -> str | None:
 
 def check_names(name: str, value) -> tuple[str, ...]:
     """A sequence of names (obs columns): never one bare string."""
-    if isinstance(value, (str, bytes)):
-        raise ArgumentTypeError(
-            f"{name} must be a list of names, got the string {name}={value!r}; "
-            f"for one name pass {name}=[{value!r}]"
-        )
+    _not_one_string(name, value, "a list of names", "one name")
     try:
         value = list(value)
     except TypeError:

@@ -70,10 +70,7 @@ def write_atomic(
 def write_new(path: str | os.PathLike, data: bytes) -> None:
     """Writes `data` to `path` (mode 0644), created in place when it is new.
 
-    One file created instead of a temporary one renamed (half the directory
-    work). For entries that a reader takes as a miss unless whole (a partial
-    file: being written, or left by a crash); one that exists is replaced
-    atomically.
+    Only for entries a reader takes as a miss unless whole (design.md).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:

@@ -27,8 +27,9 @@ def runs(sorted_ids: np.ndarray, cuts: np.ndarray | None = None):
     return starts, stops
 
 
-def merge_touching(starts: np.ndarray, stops: np.ndarray):
-    """Merges sorted, disjoint ranges where one stops at the next one's start."""
+def merge_touching(starts, stops) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint ranges (int64), merged where one stops at the next's start."""
+    starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
     if starts.size <= 1:
         return starts, stops
     breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1

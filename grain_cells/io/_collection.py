@@ -19,10 +19,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from grain_cells import formats
-from grain_cells.io import _h5ad, _meta_cache
+from grain_cells.io import _h5ad
 from grain_cells.io._direct_csr import Pieces
+from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._obs_cache import MIN_CELLS, cache_folder, cached, entry_name
-from grain_cells.io._open_file import open_bytes
+from grain_cells.io._open_file import entry_open
 
 _NAMES = ("indptr", "data", "indices")
 
@@ -53,30 +54,22 @@ class LayoutTable:
         for i, (info, identity, matrix) in enumerate(
             zip(infos, identities, matrices, strict=True)
         ):
-            matrix, stat = matrix or {}, identity.stat
-            if (
-                info.encoding != _h5ad.CSR
-                or set(matrix) != set(_NAMES)
-                or stat.etag
-                or stat.content
-                or stat.store
-                or "://" in info.path
-            ):
+            matrix = matrix or {}
+            local_csr = info.encoding == _h5ad.CSR and identity.local
+            if not local_csr or set(matrix) != set(_NAMES):
                 continue
-            arrays = [
-                matrix[k] for k in _NAMES
-            ]  # [name, dtype, shape, rows, offsets, _]
+            # Each: [name, dtype, shape, rows, offsets, chunk length].
+            arrays = [matrix[k] for k in _NAMES]
             own = tuple(np.dtype(a[1]) for a in arrays)
-            if any(len(a[2]) != 1 or a[3] < 1 for a in arrays) or own != (
-                dtypes or own
-            ):
+            flat = all(len(a[2]) == 1 and a[3] >= 1 for a in arrays)
+            if not flat or own != (dtypes or own):
                 continue
             dtypes = own
             member[i] = True
             counts[i] = [len(a[4]) for a in arrays]
             rows[i] = [a[3] for a in arrays]
             nnz[i], n_vars[i] = info.nnz, info.n_vars
-            stats[i] = [stat.ino, stat.dev, stat.size, stat.mtime_ns, stat.ctime_ns]
+            stats[i] = stat_key(identity.stat)
             offsets += (o for a in arrays for o in a[4])
         if member.sum() < 2:
             return None
@@ -106,14 +99,7 @@ def table_fds(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             except OSError:
                 break
             fds.append(fd)
-            st = os.fstat(fd)
-            if [
-                st.st_ino,
-                st.st_dev,
-                st.st_size,
-                st.st_mtime_ns,
-                st.st_ctime_ns,
-            ] != then:
+            if list(fstat_key(os.fstat(fd))) != then:
                 break
         else:
             yield which, fds
@@ -187,20 +173,11 @@ def _member_columns(files, i: int, names, n_obs: int) -> dict[str, np.ndarray]:
 
 def _entry_obs(files, i: int) -> dict | None:
     """File `i`'s obs columns read by its metadata entry's byte layouts, or None."""
-    stat, path = files.identities[i].stat, files.infos[i].path
-    if stat.etag or stat.content or stat.store or "://" in path:
-        return None
     try:
-        fd = open_bytes(files, i, formats.for_path(path))
+        found = entry_open(files, i, formats.for_path(files.infos[i].path))
     except Exception:  # the open below says why
         return None
-    if fd is None:
+    if found is None:
         return None
-    try:
-        found = _meta_cache.entry_of(files, i, fd)
-    finally:
-        fd.close()
-    return None if found is None else found[0]
-
-
-__all__ = ["LayoutTable", "joined_column", "joined_columns", "table_fds"]
+    found[1].close()
+    return found[0][0]

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from grain_cells._util.ranges import expand_ranges
-from grain_cells.formats import PositionalReader, wait_all
+from grain_cells.formats import wait_all
 from grain_cells.storage import (
     ShortReadError,
     advise_uncached,
@@ -57,14 +57,6 @@ class Flat:
 
 _NAMES = ("indptr", "data", "indices")
 _DTYPES: dict = {}
-
-
-def flat_of(reader, fd) -> Flat | None:
-    """`reader`'s arrays as byte pieces of `fd`, or None."""
-    arrays = reader.arrays
-    if not all(isinstance(a, PositionalReader) for a in arrays.values()):
-        return None
-    return flat_from({k: a.layout for k, a in arrays.items()}, reader.info, fd)
 
 
 def flat_from(layouts: dict, info, fd) -> Flat | None:

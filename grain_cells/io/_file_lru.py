@@ -246,6 +246,3 @@ def _touch_many(table, keys: Sequence[int]) -> list:
         if value is not None:
             table.move_to_end(key)
     return out
-
-
-__all__ = ["Checked", "FileLru", "check_max_open", "default_budget", "resolve_max_open"]

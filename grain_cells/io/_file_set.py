@@ -373,6 +373,3 @@ class OpenFiles(_file_lru.FileLru):
     def __del__(self):
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
-
-
-__all__ = ["FileSet", "OpenFile", "OpenFiles", "element_files"]

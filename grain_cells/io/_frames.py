@@ -8,6 +8,7 @@ and `raw.var`) and categorical groups without `encoding-type` attributes.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -35,11 +36,24 @@ def write_elem(store, key: str, value) -> None:
     _anndata_io().write_elem(store, key, value)
 
 
-def _quiet_old_format() -> None:
-    """Silences anndata's OldFormatWarning in the enclosing catch_warnings."""
+@contextlib.contextmanager
+def _reading(what: str | None = None):
+    """Silences anndata's OldFormatWarning (legacy files are expected input).
+
+    `what`: the element read; a failure then raises AnnDataFormatError naming it.
+    """
     import anndata
 
-    warnings.simplefilter("ignore", anndata.OldFormatWarning)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", anndata.OldFormatWarning)
+            yield
+    except Exception as e:  # anndata and the formats raise many types here
+        if what is None:
+            raise
+        raise errors.AnnDataFormatError(
+            f"{what} ({type(e).__name__}: {e}); the file may be corrupt"
+        ) from e
 
 
 def encoding_of(obj) -> str | None:
@@ -79,15 +93,9 @@ def n_rows(frame) -> int | None:
 
 
 def legacy_table(path: str, frame) -> np.ndarray:
-    try:
-        with warnings.catch_warnings():
-            _quiet_old_format()
-            return read_elem(frame)
-    except Exception as e:  # anndata and the formats raise many types here
-        raise errors.AnnDataFormatError(
-            f"{path}: {frame.name} is an anndata < 0.7 compound dataframe that "
-            f"cannot be read ({type(e).__name__}: {e}); the file may be corrupt"
-        ) from e
+    what = f"{path}: {frame.name} is an anndata < 0.7 compound dataframe"
+    with _reading(f"{what} that cannot be read"):
+        return read_elem(frame)
 
 
 def _frame_index(f, name: str) -> np.ndarray:
@@ -209,8 +217,7 @@ def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
         cats = _nodes.get(f, f"uns/{name}_categories")
         if not _nodes.is_array(cats):
             return values
-        with warnings.catch_warnings():
-            _quiet_old_format()
+        with _reading():
             cats = np.asarray(read_elem(cats)).reshape(-1)
         cats = cats.astype(str) if cats.dtype.kind == "S" else cats
         # anndata's rule (`_clean_uns`): only when every code indexes a label.
@@ -218,27 +225,21 @@ def frame_column(f, frame: str, name: str, why: str = "", fix: str = ""):
             return pd.Categorical.from_codes(values, cats)
         return values
     elem = _nodes.checked(group[name], path)
-    try:
-        with warnings.catch_warnings():
-            _quiet_old_format()  # legacy files are expected input
-            if _nodes.is_array(elem) and "categories" in elem.attrs:
-                # anndata < 0.8: categories under obs/__categories, which
-                # only the whole-dataframe reader resolves.
-                return read_elem(group)[name]
-            if (
-                _nodes.is_group(elem)
-                and encoding_of(elem) is None
-                and {"codes", "categories"} <= set(elem)
-            ):
-                # A categorical written without encoding attributes.
-                return pd.Categorical.from_codes(
-                    np.asarray(read_elem(elem["codes"])),
-                    pd.Index(read_elem(elem["categories"])),
-                    ordered=bool(elem.attrs.get("ordered", False)),
-                )
-            return read_elem(elem)
-    except Exception as e:  # anndata and the formats raise many types here
-        raise errors.AnnDataFormatError(
-            f"{path}: obs column {name!r} cannot be read as an anndata element "
-            f"({type(e).__name__}: {e}); the file may be corrupt"
-        ) from e
+    what = f"{path}: obs column {name!r} cannot be read as an anndata element"
+    with _reading(what):
+        if _nodes.is_array(elem) and "categories" in elem.attrs:
+            # anndata < 0.8: categories under obs/__categories, which
+            # only the whole-dataframe reader resolves.
+            return read_elem(group)[name]
+        if (
+            _nodes.is_group(elem)
+            and encoding_of(elem) is None
+            and {"codes", "categories"} <= set(elem)
+        ):
+            # A categorical written without encoding attributes.
+            return pd.Categorical.from_codes(
+                np.asarray(read_elem(elem["codes"])),
+                pd.Index(read_elem(elem["categories"])),
+                ordered=bool(elem.attrs.get("ordered", False)),
+            )
+        return read_elem(elem)

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import operator
 import os
 
 import numpy as np
@@ -26,6 +27,11 @@ _INDPTR_SAMPLES = 65
 _VALUE_WINDOWS = 8
 _WINDOW = 64  # elements (or columns of a dense row) per value window
 _WHOLE_BYTES = 256 * 1024  # an uncompressed 1-D array up to this: one read
+# What a fetch compares of a local file's `FileStat` and of its `os.fstat`.
+stat_key = operator.attrgetter("ino", "dev", "size", "mtime_ns", "ctime_ns")
+fstat_key = operator.attrgetter(
+    "st_ino", "st_dev", "st_size", "st_mtime_ns", "st_ctime_ns"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +55,12 @@ class FileIdentity:
         stat = fmt.stat_of(f, path) if stat is None else stat
         digests = layout_digest(f, element, nodes), sample_digest(f, element, nodes)
         return cls(os.fspath(path), element, stat, *digests, fmt.recorded_format())
+
+    @property
+    def local(self) -> bool:
+        """Whether the file is local and its `stat` alone identifies it."""
+        stat = self.stat
+        return not (stat.etag or stat.content or stat.store or "://" in self.path)
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
@@ -109,14 +121,12 @@ def layout_digest(f, element: str, nodes: tuple | None = None) -> str:
     for ds in arrays.values():
         parts.append(_nodes.format_of(ds).array_layout(ds))
     ptr = arrays.get("indptr")
-    if ptr is not None:
+    if ptr is not None and ptr.shape[0]:
         n = ptr.shape[0]
-        if n:
-            at = _spaced(n - 1, _INDPTR_SAMPLES)
-            picked = _nodes.format_of(ptr).read(
-                ptr, at, _nodes.file_name(f), (int(at[0]), n)
-            )
-            parts.append(np.asarray(picked).astype(np.int64).tolist())
+        at = _spaced(n - 1, _INDPTR_SAMPLES)
+        path = _nodes.file_name(f)
+        picked = _nodes.format_of(ptr).read(ptr, at, path, (int(at[0]), n))
+        parts.append(np.asarray(picked).astype(np.int64).tolist())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

@@ -80,11 +80,6 @@ class _Reader:
     def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
         self.info, self.arrays, self._fd, self._group = info, arrays, fd, group
 
-    @classmethod
-    def of_arrays(cls, info: MatrixInfo, arrays: dict, fd):
-        """A reader over range readers made elsewhere (a reopen from byte layouts)."""
-        return cls(info, arrays, fd)
-
 
 class CsrReader(_Reader):
     """Reads row ranges of one file's CSR matrix."""
@@ -122,9 +117,7 @@ class CsrReader(_Reader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, key: str = "ptr"
     ) -> CsrPlan:
         """Phase one: reads and checks ranges' `indptr` (scratch: `buf[key]`)."""
-        starts, stops = merge_touching(
-            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        )
+        starts, stops = merge_touching(starts, stops)
         lengths = stops - starts
         n_rows = int(lengths.sum())
         # Every range's indptr slice has one entry more than it has rows.
@@ -208,9 +201,7 @@ class CsrReader(_Reader):
 
     def advise(self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer) -> None:
         """Hints the OS to read these rows' `data` and `indices` spans."""
-        starts, stops = merge_touching(
-            np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        )
+        starts, stops = merge_touching(starts, stops)
         if starts.size == 0:
             return
         points = np.unique(np.concatenate([starts, stops]))
@@ -282,12 +273,9 @@ class DenseReader(_Reader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads rows `[starts[i], stops[i])` into a `(rows, n_vars)` view."""
-        return self._read(starts, stops, buf, "dense", (self.info.n_vars,), pool)
-
-    def _read(self, starts, stops, buf: RowBuffer, name: str, row_shape, pool):
-        """Stored rows into `buf`'s array `name` of `(rows, *row_shape)`."""
         starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        out = buf.get(name, (int((stops - starts).sum()), *row_shape), self._x.dtype)
+        shape = (int((stops - starts).sum()), *self._x.row_shape)
+        out = buf.get(self.KEY, shape, self._x.dtype)
         self._x.read(starts, stops, out, pool)
         return out
 
@@ -380,7 +368,7 @@ class FieldReader(DenseReader):
         self, starts: np.ndarray, stops: np.ndarray, buf: RowBuffer, pool=None
     ) -> np.ndarray:
         """Reads whole records, then copies the field out in its value dtype."""
-        records = self._read(starts, stops, buf, "records", (), pool)
+        records = super().read(starts, stops, buf, pool)
         n = records.shape[0]
         out = buf.get("dense", (n, self.info.n_vars), value_dtype(self.info.dtype))
         out[...] = records[self.info.element[len(OBSM) :]].reshape(n, self.info.n_vars)

@@ -131,7 +131,7 @@ class MetaCache:
     def store(self, meta: FileMeta) -> None:
         """Writes the file's entry, if its identity is a quiet local `stat`."""
         stat, info = meta.identity.stat, meta.info
-        if stat.etag or stat.content or stat.store or _local_stat(info.path) != stat:
+        if not meta.identity.local or _local_stat(info.path) != stat:
             return
         if time.time_ns() - max(stat.mtime_ns, stat.ctime_ns) < QUIET_NS:
             return  # changed just now: a write within the same tick would hide
@@ -228,7 +228,7 @@ def inspect_file(
             layouts = None
             # The layouts are taken over `fd`: only when it reads this very file.
             same = fd is not None and not stat.changes(fd.stat())
-            if same and not (stat.etag or stat.content or stat.store):
+            if same and identity.local:
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
     finally:
@@ -353,6 +353,3 @@ def _stat_list(stat: FileStat) -> list:
 def _plain_dtype(d: np.dtype) -> bool:
     """A dtype that its `.str` names exactly (no objects, fields or metadata)."""
     return not d.hasobject and d.fields is None and np.dtype(d.str) == d
-
-
-__all__ = ["FileMeta", "MetaCache", "entry_of", "inspect_file", "layouts_of"]

@@ -147,6 +147,3 @@ def _store(path: pathlib.Path, values: np.ndarray, column, n_obs: int):
             )
         return None
     return _load(path, column, n_obs)
-
-
-__all__ = ["MIN_CELLS", "cache_folder", "cached", "entry_name", "file_obs"]

@@ -21,6 +21,7 @@ from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
 from grain_cells.io._h5ad import inspect_element, open_unchanged
+from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.io._obs_rows import stacked
 from grain_cells.storage import ByteReader, FileStat, LocalByteReader
@@ -133,22 +134,32 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
 def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
     """A process's first open of file `i` from its metadata entry, or None.
 
-    None for what has no entry to read: remote files, stores, and files whose
+    None for what has no entry to read (`entry_open`) and for files whose
     obs columns come from the shared obs cache (`_obs_cache.MIN_CELLS`).
     """
-    info, stat = files.infos[i], files.identities[i].stat
-    if stat.etag or stat.content or stat.store or "://" in info.path:
-        return None
+    info = files.infos[i]
     if files.obs_names and info.n_obs >= _obs_cache.MIN_CELLS:
         return None
     fmt = formats.for_path(info.path)
+    found = entry_open(files, i, fmt)
+    if found is None:
+        return None
+    (obs, layouts), fd = found
+    return OpenFile(info, obs, fmt, layouts), fd
+
+
+def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
+    """`(entry_of's (obs, layouts), fd)` of file `i` over its checked `fd`, or None.
+
+    None for what has no entry to read: remote files, stores, files not cached.
+    """
+    if not files.identities[i].local:
+        return None
     fd = open_bytes(files, i, fmt)
     found = None if fd is None else _meta_cache.entry_of(files, i, fd)
-    if found is None:
-        if fd is not None:
-            fd.close()
-        return None
-    return OpenFile(info, found[0], fmt, found[1]), fd
+    if found is None and fd is not None:
+        fd.close()
+    return None if found is None else (found, fd)
 
 
 def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> OpenFile:
@@ -159,7 +170,7 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     if fd is None:
         fd = open_bytes(files, i, known.format)
     try:
-        _learn_flat(known, fd)
+        learn_flat(known, fd)
     except BaseException:
         fd.close()
         raise
@@ -183,26 +194,22 @@ def open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
     return fd
 
 
-def _learn_flat(record: OpenFile, fd) -> None:
-    """`record.flat` from its layouts over `fd`, computed once per record."""
-    if record.flat is False:
+def learn_flat(record: OpenFile, fd=None):
+    """`record.flat` from its layouts over `fd` (a handle's own), once per record."""
+    if record.flat is False and record.layouts is None:
+        record.flat = None  # some array is not positional over a local descriptor
+    elif record.flat is False:
+        fd = record.fd if fd is None else fd
         record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
+    return record.flat
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     """The matrix reader of `info` over `fd`, from `layouts_of`'s layouts."""
     arrays = {k: PositionalReader(v, info.path, fd) for k, v in layouts.items()}
-    if "records" in arrays:
-        return FieldReader.of_arrays(info, arrays, fd)
-    if "x" in arrays:
-        return DenseReader.of_arrays(info, arrays, fd)
-    return CsrReader.of_arrays(info, arrays, fd)
-
-
-def _flat(handle: OpenFile):
-    if handle.flat is False:
-        handle.flat = _direct_csr.flat_of(handle.reader, handle.fd)
-    return handle.flat
+    kinds = {FieldReader.KEY: FieldReader, DenseReader.KEY: DenseReader}
+    cls = next((kinds[k] for k in arrays if k in kinds), CsrReader)
+    return cls(info, arrays, fd)
 
 
 @contextlib.contextmanager
@@ -234,7 +241,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
                 and files.identities[i].stat.matches(os.fstat(reader.fd))
             ):
                 handles.check_at_read(i, handle)
-            flats[k], obs[k] = _flat(handle), handle.obs
+            flats[k], obs[k] = learn_flat(handle), handle.obs
         handles.reserve(len(closed))  # the fetch's own descriptors fit the bound
         records = checked.get_many([indices[k] for k in closed])
         for k, record in zip(closed, records, strict=True):
@@ -242,16 +249,15 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             if flat is False and record.layouts:
                 # Its pieces, once, through a descriptor its format opens.
                 readers.append(open_bytes(files, indices[k], record.format))
-                _learn_flat(record, readers[-1])
-                if isinstance(record.flat, _direct_csr.Flat):
-                    flats[k], obs[k] = record.flat, record.obs
-                    continue
+                learn_flat(record, readers[-1])
                 flat = record.flat
-            if flat.__class__ is not _direct_csr.Flat:  # unknown yet: the bound
-                slow.append(k)
-                continue
-            fd = _open_known(files, indices[k], record)
-            if fd is None:  # gone or changed: the bound's open says how
+                if isinstance(flat, _direct_csr.Flat):  # read over that one
+                    flats[k], obs[k] = flat, record.obs
+                    continue
+            # Unknown pieces, or gone or changed: the bound's open says how.
+            known = flat.__class__ is _direct_csr.Flat
+            fd = _open_known(files, indices[k], record) if known else None
+            if fd is None:
                 slow.append(k)
                 continue
             own.append(fd)
@@ -261,7 +267,7 @@ def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
             return
         with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
             for k, handle in zip(slow, opened, strict=True):
-                flats[k], obs[k] = _flat(handle), handle.obs
+                flats[k], obs[k] = learn_flat(handle), handle.obs
             yield _valid(flats, fds, obs)
     finally:
         for fd in own:
@@ -288,7 +294,7 @@ def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
     try:
         for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
             if entry is not None:
-                flat = _flat(entry.handle)
+                flat = learn_flat(entry.handle)
                 if flat is None:
                     rest.append(k)
                 else:
@@ -334,11 +340,10 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     """
     want = record.want
     if want is None:
-        stat = files.identities[i].stat
-        if stat.etag or stat.content or stat.store:
+        identity = files.identities[i]
+        if not identity.local:
             return None
-        then = (stat.ino, stat.dev, stat.size, stat.mtime_ns, stat.ctime_ns)
-        want = record.want = (files.infos[i].path, then)
+        want = record.want = (files.infos[i].path, stat_key(identity.stat))
     try:
         fd = os.open(want[0], os.O_RDONLY)
     except OSError:
@@ -348,18 +353,8 @@ def _open_known(files, i: int, record: OpenFile) -> int | None:
     except OSError:
         os.close(fd)
         return None
-    if (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != want[1]:
+    if fstat_key(st) != want[1]:
         os.close(fd)
         files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
         return None  # changed in nothing a read depends on: through the bound
     return fd
-
-
-__all__ = [
-    "OpenFile",
-    "hint_flats",
-    "open_bytes",
-    "open_member",
-    "pinned_flats",
-    "reopen",
-]

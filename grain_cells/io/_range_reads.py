@@ -19,6 +19,7 @@ from grain_cells.io._collection import table_fds
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
+from grain_cells.io._open_file import learn_flat
 
 # Files one read-ahead hint holds at once (closed ones: a descriptor each).
 HINT_FILES = 32
@@ -206,11 +207,8 @@ def read_ranges(
     """Global row ranges as fresh `Cells`, range after range in the order given."""
     starts = np.asarray(starts, np.int64).reshape(-1)
     stops = np.asarray(stops, np.int64).reshape(-1)
-    fetched = fetch_ranges(
-        handles, cell_offsets, starts, stops, check_indices=check_indices
-    )
     wanted = expand_ranges(starts, stops - starts)
-    return _take(handles, fetched, np.searchsorted(fetched.row_ids, wanted))
+    return _take(handles, cell_offsets, starts, stops, wanted, check_indices)
 
 
 def read_rows(
@@ -234,14 +232,15 @@ def read_rows(
             f"({', '.join(handles.files.paths)})"
         )
     run_starts, run_stops = runs(np.unique(rows), cuts=cell_offsets[1:-1])
+    return _take(handles, cell_offsets, run_starts, run_stops, rows, check_indices)
+
+
+def _take(handles, cell_offsets, starts, stops, rows, check_indices) -> Cells:
+    """Global rows `rows` of the ranges fetched, as fresh `Cells` (files' dtype)."""
     fetched = fetch_ranges(
-        handles, cell_offsets, run_starts, run_stops, check_indices=check_indices
+        handles, cell_offsets, starts, stops, check_indices=check_indices
     )
-    return _take(handles, fetched, np.searchsorted(fetched.row_ids, rows))
-
-
-def _take(handles: OpenFiles, fetched: FetchedRows, positions: np.ndarray) -> Cells:
-    """Fetched rows at `positions` as fresh `Cells` of the files' dtype."""
+    positions = np.searchsorted(fetched.row_ids, rows)
     files = handles.files
     obs = {c: v[positions] for c, v in fetched.obs.items()}
     row_ids = fetched.row_ids[positions]
@@ -289,19 +288,16 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
 
 def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
     """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
+    span = slice(spans[0].start, spans[-1].stop)
+    group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
     with table_fds(handles, indices) as found:
         if found is not None:  # every file through the source's table
-            span = slice(spans[0].start, spans[-1].stop)
-            sizes = [s.stop - s.start for s in spans]
-            group = np.repeat(np.arange(len(indices)), sizes)
             table, (which, fds) = handles.files.layouts.pieces, found
             _direct_csr.advise(table, which, fds, group, starts[span], stops[span], buf)
             return
     with handles.hint_flats(indices) as (flats, fds, rest):
         for k in rest:
             _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
-        span = slice(spans[0].start, spans[-1].stop)
-        group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
         starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
@@ -322,9 +318,7 @@ def _advise_one(handles, i: int, starts, stops, buf) -> None:
     with handles.for_hints(i) as f:
         if f is None:
             return
-        if handles.files.sparse and f.flat is False:
-            f.flat = _direct_csr.flat_of(f.reader, f.fd)
-        if not handles.files.sparse or f.flat is None:
+        if not handles.files.sparse or learn_flat(f) is None:
             f.reader.advise(starts, stops, buf)
         else:
             group = np.zeros(starts.size, np.int64)
