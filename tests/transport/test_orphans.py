@@ -57,6 +57,10 @@ def test_sigkilled_trainer_takes_its_workers_and_memory(csr_paths, helpers, tmp_
         )
         assert time.monotonic() - start < 10
         assert not names_of([survivor]), "the surviving worker left its names"
+        # SIGKILL is delivered at once but a process may take a moment to exit
+        # (unmapping its segments): the sweep below removes the names of
+        # processes that have exited, so wait for the victim to have.
+        assert wait_until(lambda: not alive(victim), 10), "the victim still runs"
         # A stale name of the dead trainer, as a crash mid-create would leave.
         stale = f"/{shm_names.STEM}{trainer.pid}_0badf00d_1"
         fd = os.open(shm_names.SHM_DIR + stale, os.O_CREAT | os.O_RDWR, 0o600)
