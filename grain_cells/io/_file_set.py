@@ -371,5 +371,7 @@ class OpenFiles(_file_lru.FileLru):
                 self._pool = None
 
     def __del__(self):
-        with contextlib.suppress(Exception):  # interpreter shutdown
+        try:  # noqa: SIM105 (`contextlib` may be gone at interpreter shutdown)
             self.close()
+        except Exception:
+            pass

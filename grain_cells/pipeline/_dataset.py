@@ -190,8 +190,10 @@ class CellIterator(grain.DatasetIterator):
         _RUNNING.discard(self)
 
     def __del__(self):
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105 (`contextlib` may be gone at interpreter shutdown)
             self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> CellIterator:
         return self

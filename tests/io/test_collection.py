@@ -153,3 +153,22 @@ def test_an_epoch_through_the_table_equals_anndata(paths, helpers, workers):
         np.testing.assert_array_equal(np.asarray(b["obs/idx"])[mask], ids[mask])
         seen[ids[mask]] += 1
     assert (seen == 1).all()
+
+
+def test_a_source_alive_at_interpreter_shutdown_closes_quietly(paths, tmp_path):
+    """`OpenFiles.__del__` may run after module globals are cleared."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "teardown.py"
+    script.write_text(
+        "import gc, grain_cells\n"
+        f"source = grain_cells.AnnDataSource({paths!r}, obs_columns=['idx'])\n"
+        "source.read([0, 41])\n"
+        "keep = gc.get_objects()  # freed only at interpreter teardown\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
