@@ -16,6 +16,7 @@ from grain_cells._util.ranges import expand_ranges, runs
 from grain_cells.io import _direct_csr, _h5ad
 from grain_cells.io._cells import Cells, gather_dense, remap_csr, take_csr
 from grain_cells.io._collection import table_fds
+from grain_cells.io._file_lru import default_budget
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
@@ -48,14 +49,56 @@ def fetch_ranges(
 
     See `AnnDataSource.fetch_ranges` (IndexError, ValueError: bad ranges).
     """
-    files_ = handles.files
     starts = np.asarray(starts, np.int64).reshape(-1)
     stops = np.asarray(stops, np.int64).reshape(-1)
     order = np.argsort(starts, kind="stable")
     starts, stops = starts[order], stops[order]
-    _check_ranges(starts, stops, cell_offsets, files_.paths)
+    _check_ranges(starts, stops, cell_offsets, handles.files.paths)
     files = np.searchsorted(cell_offsets, starts, side="right") - 1
     buf = buffer if buffer is not None else handles.buffer()
+    # A read holds a descriptor per file it touches: past the budget, in parts.
+    firsts = np.flatnonzero(np.diff(files, prepend=-1))
+    per = default_budget()
+    if firsts.size <= per:
+        return _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices)
+    cuts = [*firsts[per::per].tolist(), starts.size]
+    parts = [
+        _fetch(
+            handles,
+            cell_offsets,
+            starts[a:b],
+            stops[a:b],
+            files[a:b],
+            RowBuffer(),
+            check_indices,
+        )
+        for a, b in itertools.pairwise([0, *cuts])
+    ]
+    return _joined(parts, buf)
+
+
+def _joined(parts: list[FetchedRows], buf: RowBuffer) -> FetchedRows:
+    """Parts of one fetch (rows in file order) as one, in `buf`."""
+    row_ids = np.concatenate([p.row_ids for p in parts])
+    obs = {c: np.concatenate([p.obs[c] for p in parts]) for c in parts[0].obs}
+    if parts[0].csr is None:
+        dense = np.concatenate([p.dense for p in parts])
+        return FetchedRows(None, dense, row_ids, obs)
+    csrs = [p.csr for p in parts]
+    ends = np.cumsum([c.indptr[-1] for c in csrs])
+    indptr = np.concatenate(
+        [[0], *(c.indptr[1:] + v for c, v in zip(csrs, [0, *ends[:-1]], strict=True))]
+    )
+    data = np.concatenate([c.data for c in csrs])
+    indices = np.concatenate([c.indices for c in csrs])
+    return FetchedRows(
+        CsrRows(data, indices, indptr, csrs[0].n_vars), None, row_ids, obs
+    )
+
+
+def _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices):
+    """`fetch_ranges` of sorted, checked ranges in files `files`."""
+    files_ = handles.files
     pool = handles.thread_pool()
     lengths = stops - starts
     row_ids = expand_ranges(starts, lengths)

@@ -172,3 +172,62 @@ def test_a_source_alive_at_interpreter_shutdown_closes_quietly(paths, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["table", "file by file", "dense"])
+def test_a_fetch_of_more_files_than_the_budget_reads_in_parts(
+    tmp_path, paths, monkeypatch, kind
+):
+    """A read holds a descriptor per file it touches: past the budget, in parts."""
+    if kind != "table":  # file 2 not in the table: every file read by itself
+        _write(paths[2], 2, np.float64)
+    if kind == "dense":
+        for p in paths:
+            adata = anndata.read_h5ad(p)
+            adata.X = adata.X.toarray()
+            adata.write_h5ad(p)
+    monkeypatch.setattr("grain_cells.io._range_reads.default_budget", lambda: 2)
+    source = grain_cells.AnnDataSource(paths, obs_columns=OBS, max_open_files=1)
+    read = [anndata.read_h5ad(p).X for p in paths]
+    truth = np.concatenate([x.toarray() if sp.issparse(x) else x for x in read])
+    rng = np.random.default_rng(3)
+    for rows in [np.arange(1, N_FILES * CELLS, 3), rng.permutation(N_FILES * CELLS)]:
+        cells = source.read(rows)
+        X = cells.X.toarray() if sp.issparse(cells.X) else cells.X
+        np.testing.assert_array_equal(X, truth[rows])
+        np.testing.assert_array_equal(cells.obs["idx"], rows)
+    # Fetched rows come back in file order, one run of ranges per file.
+    fetched = source.fetch_ranges(
+        [5 * CELLS, 0, 3 * CELLS + 2], [5 * CELLS + 3, 4, 3 * CELLS + 9]
+    )
+    expect = np.r_[0:4, 3 * CELLS + 2 : 3 * CELLS + 9, 5 * CELLS : 5 * CELLS + 3]
+    np.testing.assert_array_equal(fetched.row_ids, expect)
+    source.close()
+
+
+def test_a_fetch_of_more_files_than_descriptors_allowed_does_not_fail(tmp_path):
+    """A soft `RLIMIT_NOFILE` under the files one fetch touches: read in parts."""
+    import subprocess
+    import sys
+
+    n = 48
+    for f in range(n):
+        _write(str(tmp_path / f"part{f}.h5ad"), f)
+    script = tmp_path / "few_fds.py"
+    script.write_text(
+        "import glob, resource, numpy as np, grain_cells\n"
+        f"paths = sorted(glob.glob({str(tmp_path)!r} + '/part*.h5ad'), "
+        "key=lambda p: int(p.rsplit('part', 1)[1][:-5]))\n"
+        "source = grain_cells.AnnDataSource(paths, obs_columns=['idx'])\n"
+        "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (40, hard))\n"
+        f"rows = np.arange(0, {n * CELLS}, {CELLS}) + 7\n"
+        "cells = source.read(rows)\n"
+        "assert (cells.obs['idx'] == rows).all(), cells.obs['idx']\n"
+        "expect = np.where((rows + 1) % 3 == 0, 0, rows * 10 + 2)\n"
+        "assert (cells.X.toarray()[:, 1] == expect).all()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
