@@ -150,6 +150,7 @@ class RangeFile(io.RawIOBase):
         self._blocks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._pos = 0
         self.failure: Exception | None = None
+        self.error: Exception | None = None  # the last failed read's (the open's)
 
     def __repr__(self) -> str:  # h5py names the file by it, in ASCII
         return self.url.encode("ascii", "backslashreplace").decode()
@@ -169,8 +170,9 @@ class RangeFile(io.RawIOBase):
                 data = self._read(self._pos, n)
             except errors.SourceChangedError as e:
                 self.failure = _bare(e)
-            except Exception as e:  # e.g. a request that failed: not kept
+            except Exception as e:  # e.g. a request that failed: not sticky
                 del b
+                self.error = _bare(e)
                 raise _bare(e) from None
         if self.failure is not None:  # a copy, `b` dropped (design notes, hdf5-remote)
             del b
@@ -225,17 +227,19 @@ def open_remote(url: str, storage_options: dict | None, stat: FileStat | None):
     try:
         f = h5py.File(rf, "r")
     except OSError as e:
-        if rf.failure is None:
+        if rf.failure is None and rf.error is None:
             raise errors.AnnDataFormatError(
                 f"{url}: HDF5 cannot open it ({e}); the object is probably "
                 "truncated or not HDF5"
             ) from e
     except Exception:
-        if rf.failure is None:
+        if rf.failure is None and rf.error is None:
             raise
-    if rf.failure is not None:  # the version is gone: its error, outside `except`
+    # The version gone, or a request failed (not the bytes): its error, outside
+    # `except`.
+    if rf.failure is not None or (f is None and rf.error is not None):
         if f is not None:
             f.close()
-        raise _bare(rf.failure)
+        raise _bare(rf.failure or rf.error)
     range_files[f] = rf
     return f

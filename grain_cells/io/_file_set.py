@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -49,6 +50,36 @@ from grain_cells.storage.remote import is_url
 # cache (`cache_warm`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
+# Objects' versions asked at once while a source is built, and per window.
+VERSION_THREADS = 32
+VERSION_WINDOW = 1024
+
+
+def remote_versions(paths: Sequence[str], options: dict) -> Iterator:
+    """Each path's version if a URL (else None), asked `VERSION_THREADS` at a time.
+
+    One request or so each (a HEAD; a listing for a zarr store): in threads,
+    as the round trips of thousands of objects would add up. A failure is
+    None: the file's open then names it.
+    """
+    if not any(map(is_url, paths)):
+        yield from itertools.repeat(None, len(paths))
+        return
+
+    def version(path):
+        if not is_url(path):
+            return None
+        try:
+            return formats.for_path(path).stat_path(path, options)
+        except Exception:
+            return None
+
+    pool = concurrent.futures.ThreadPoolExecutor(VERSION_THREADS)
+    try:
+        for k in range(0, len(paths), VERSION_WINDOW):
+            yield from pool.map(version, paths[k : k + VERSION_WINDOW])
+    finally:  # a build that stopped early does not wait for the window
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -88,10 +119,13 @@ class FileSet:
         cache = MetaCache(element, genes_from)
         seen: dict = {}  # one array per distinct gene list (shared_keys)
         infos, identities, keys, kinds, matrices = [], [], [], [], []
-        for path in paths:
-            meta = cache.lookup(path, obs_names)
+        versions = remote_versions(paths, options)
+        for path, version in zip(paths, versions, strict=True):
+            meta = cache.lookup(path, obs_names, version)
             if meta is None:
-                meta = inspect_file(path, element, obs_names, genes_from, options)
+                meta = inspect_file(
+                    path, element, obs_names, genes_from, options, version
+                )
                 cache.store(meta)
             missing = [c for c in obs_names if c not in meta.have]
             if missing and obs_missing == "error":

@@ -82,9 +82,12 @@ class MetaCache:
         self._names: dict[tuple, str | None] = {}
         self._by_id: dict[int, tuple] = {}
 
-    def lookup(self, path: str, obs_names) -> FileMeta | None:
-        """The file's entry if the file is unchanged and it has every column."""
-        stat = _local_stat(path)
+    def lookup(self, path: str, obs_names, stat=None) -> FileMeta | None:
+        """The file's entry if the file is unchanged and it has every column.
+
+        `stat`: an object's or store's version (`version_of`), asked by the caller.
+        """
+        stat = _local_stat(path) if stat is None else stat
         if stat is None:
             return None
         try:
@@ -129,11 +132,16 @@ class MetaCache:
         return a
 
     def store(self, meta: FileMeta) -> None:
-        """Writes the file's entry, if its identity is a quiet local `stat`."""
+        """Writes the file's entry, if its identity is a quiet local `stat` or a
+        remote version (an ETag, content digest or store listing).
+        """  # noqa: D205
         stat, info = meta.identity.stat, meta.info
-        if not meta.identity.local or _local_stat(info.path) != stat:
+        if "://" in info.path:
+            if not versioned(stat):
+                return
+        elif not meta.identity.local or _local_stat(info.path) != stat:
             return
-        if time.time_ns() - max(stat.mtime_ns, stat.ctime_ns) < QUIET_NS:
+        elif time.time_ns() - max(stat.mtime_ns, stat.ctime_ns) < QUIET_NS:
             return  # changed just now: a write within the same tick would hide
         dtypes = [info.dtype, *(k.dtype for k in meta.kinds.values())]
         if not all(map(_plain_dtype, dtypes)):
@@ -208,13 +216,16 @@ class MetaCache:
 
 
 def inspect_file(
-    path: str, element: str, obs_names, genes_from, storage_options
+    path: str, element: str, obs_names, genes_from, storage_options, stat=None
 ) -> FileMeta:
-    """Opens one file to take what a source needs of it (`FileSet.inspect`)."""
+    """Opens one file to take what a source needs of it (`FileSet.inspect`).
+
+    `stat`: the version to open (None: the one there now).
+    """
     fd = _read_ahead(path, storage_options)  # byte layouts are taken on it too
     try:
         # Nodes and attributes asked for again come from memory.
-        with _nodes.remembered(), open_file(path, storage_options) as f:
+        with _nodes.remembered(), open_file(path, storage_options, stat) as f:
             info = _h5ad.inspect_matrix(f, element)
             stat = _nodes.format_of(f).stat_of(f, path)
             matrix = matrix_nodes(f, info.element)  # once for identity and layouts
@@ -346,8 +357,14 @@ def _local_stat(path: str) -> FileStat | None:
     return FileStat.of(st) if stat_mod.S_ISREG(st.st_mode) else None
 
 
+def versioned(stat: FileStat) -> bool:
+    """Whether a remote `stat` names one version of the bytes (else: no entry)."""
+    return bool(stat.etag or stat.content or stat.store)
+
+
 def _stat_list(stat: FileStat) -> list:
-    return [getattr(stat, f) for f in STAT_FIELDS]
+    out = [getattr(stat, f) for f in STAT_FIELDS]
+    return [*out, stat.etag, stat.content, stat.store] if versioned(stat) else out
 
 
 def _plain_dtype(d: np.dtype) -> bool:

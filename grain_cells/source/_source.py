@@ -41,7 +41,6 @@ from grain_cells.io import read_rows as _read_rows
 from grain_cells.source import _chunk_grid, _selection
 from grain_cells.source._options import SourceDescription, SourceOptions, check_paths
 from grain_cells.source._table import Block, BlockTable
-from grain_cells.storage.remote import is_url
 
 _log = logging.getLogger("grain_cells")
 
@@ -161,9 +160,6 @@ class AnnDataSource(SourceDescription):
             table = BlockTable.grid(files.n_obs, block_size)
         self._bind(files, table, options)
         absl_flags.allow_unparsed()  # Grain reads a flag when its workers start
-        for i, path in enumerate(files.paths):  # objects' metadata once
-            if is_url(path):
-                self._file(i)
 
     def _bind(self, files: FileSet, table: BlockTable, options: SourceOptions):
         """Holds these values; this process's handles open on first use."""

@@ -203,13 +203,19 @@ def test_metadata_read_once(parts, s3):
     before = object_store.request_counts()
     grain_cells.AnnDataSource(urls, obs_columns=OBS, storage_options=s3.options)
     again = _counts_since(before)
-    # One HEAD per object; each object's indptr (one GET, with If-Match: no
-    # HEAD after a batch of one); no metadata GET.
-    assert again == {"head": len(urls), "get": len(urls), "check": 0}, again
+    # One HEAD per object (its version names its cached entry); no GET.
+    assert again == {"head": len(urls), "get": 0, "check": 0}, again
 
     worker = pickle.loads(pickle.dumps(first))  # what a worker process gets
     before = object_store.request_counts()
-    worker.read_blocks([0])  # opens one file: its indptr, then data+indices
+    # Opens one file: the 64 KiB block of HDF5 metadata and obs codes the
+    # build did not read (no open saved them yet), its indptr, data+indices.
+    worker.read_blocks([0])
+    started = _counts_since(before)
+    assert started["head"] == 0 and started["get"] <= 4, started
+    again = pickle.loads(pickle.dumps(first))  # the next worker: metadata saved
+    before = object_store.request_counts()
+    again.read_blocks([0])
     started = _counts_since(before)
     assert started["head"] == 0 and started["get"] <= 3, started
     assert started["check"] <= started["get"], started
@@ -227,6 +233,23 @@ def test_changed_object_raises(tmp_path, s3):
     fresh = pickle.loads(pickle.dumps(source))  # a worker opening it now
     with pytest.raises(errors.SourceChangedError, match=r"changing/a\.h5ad"):
         fresh.read([3, 4])
+
+
+def test_a_rewritten_object_is_inspected_again(tmp_path, s3):
+    """A build takes an object's saved entry only for the version it was made of."""
+    url = s3.upload(_write_rich(tmp_path / "a.h5ad"), "rewritten/a.h5ad")
+    grain_cells.AnnDataSource(url, storage_options=s3.options)  # saves its entry
+    before = object_store.request_counts()
+    grain_cells.AnnDataSource(url, storage_options=s3.options)
+    assert _counts_since(before) == {"head": 1, "get": 0, "check": 0}
+    dense = _write_rich(tmp_path / "b.h5ad", dense=True)
+    s3.upload(dense, "rewritten/a.h5ad")  # a new ETag
+    before = object_store.request_counts()
+    now = grain_cells.AnnDataSource(url, storage_options=s3.options)
+    assert _counts_since(before)["get"] > 0  # opened, not taken from the entry
+    assert not now.is_sparse
+    rows = np.arange(now.num_cells)
+    np.testing.assert_array_equal(now.read(rows).X, anndata.read_h5ad(dense).X)
 
 
 def test_checkpoint_restores_with_a_fresh_source(parts, s3):
@@ -270,7 +293,7 @@ def test_read_ahead_serves_hinted_blocks(parts, s3):
     source = grain_cells.AnnDataSource(urls, block_size=4, storage_options=s3.options)
     local = grain_cells.AnnDataSource(paths, block_size=4)
     keys = np.random.default_rng(2).permutation(len(source))[:20]
-    source.read_blocks(keys[:1])  # opens the files (indptr pinned)
+    source.read(source.cell_offsets[:-1])  # opens the files (indptr pinned)
     before = object_store.request_counts()
     source.advise(keys)  # returns at once; the GETs run in the background
     hinted = _gets_settle(before, poll_s=0.5)  # until they have all been sent

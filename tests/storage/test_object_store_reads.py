@@ -87,6 +87,7 @@ def test_max_in_flight_bounds_concurrent_gets(served):
             block_size=BLOCK,
             storage_options=_options(stack, f"k{k}", max_in_flight=k),
         )
+        source.read_blocks([1])  # opens the file (indptr pinned)
         stack.stats(reset=True)
         got = source.read_blocks(keys)
         stats = stack.stats()
