@@ -58,7 +58,7 @@ VERSION_WINDOW = 1024
 def remote_versions(paths: Sequence[str], options: dict) -> Iterator:
     """Each path's version if a URL (else None), asked `VERSION_THREADS` at a time.
 
-    One request or so each (a HEAD; a listing for a zarr store): in threads,
+    About one request each (the format's `stat_path`): in threads,
     as the round trips of thousands of objects would add up. A failure is
     None: the file's open then names it.
     """
