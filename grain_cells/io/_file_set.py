@@ -12,7 +12,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import itertools
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells._util import cores, fork
 from grain_cells.io import _file_lru, _h5ad
+from grain_cells.io._build import file_metas
 from grain_cells.io._collection import LayoutTable, joined_columns
 from grain_cells.io._frames import var_group_name
 from grain_cells.io._genes import (
@@ -32,7 +32,7 @@ from grain_cells.io._genes import (
 from grain_cells.io._h5ad import OBSM, inspect_element
 from grain_cells.io._identity import FileIdentity
 from grain_cells.io._matrix import RowBuffer
-from grain_cells.io._meta_cache import MetaCache, inspect_file
+from grain_cells.io._meta_cache import MetaCache
 from grain_cells.io._obs import HarmonisedColumn, harmonise
 from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.io._open_file import (
@@ -50,36 +50,6 @@ from grain_cells.storage.remote import is_url
 # cache (`cache_warm`).
 WARM_PIECES = 1024
 WARM_MISSES = 10
-# Objects' versions asked at once while a source is built, and per window.
-VERSION_THREADS = 32
-VERSION_WINDOW = 1024
-
-
-def remote_versions(paths: Sequence[str], options: dict) -> Iterator:
-    """Each path's version if a URL (else None), asked `VERSION_THREADS` at a time.
-
-    About one request each (the format's `stat_path`): in threads,
-    as the round trips of thousands of objects would add up. A failure is
-    None: the file's open then names it.
-    """
-    if not any(map(is_url, paths)):
-        yield from itertools.repeat(None, len(paths))
-        return
-
-    def version(path):
-        if not is_url(path):
-            return None
-        try:
-            return formats.for_path(path).stat_path(path, options)
-        except Exception:
-            return None
-
-    pool = concurrent.futures.ThreadPoolExecutor(VERSION_THREADS)
-    try:
-        for k in range(0, len(paths), VERSION_WINDOW):
-            yield from pool.map(version, paths[k : k + VERSION_WINDOW])
-    finally:  # a build that stopped early does not wait for the window
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -119,14 +89,8 @@ class FileSet:
         cache = MetaCache(element, genes_from)
         seen: dict = {}  # one array per distinct gene list (shared_keys)
         infos, identities, keys, kinds, matrices = [], [], [], [], []
-        versions = remote_versions(paths, options)
-        for path, version in zip(paths, versions, strict=True):
-            meta = cache.lookup(path, obs_names, version)
-            if meta is None:
-                meta = inspect_file(
-                    path, element, obs_names, genes_from, options, version
-                )
-                cache.store(meta)
+        metas = file_metas(paths, cache, obs_names, options)
+        for path, meta in zip(paths, metas, strict=True):
             missing = [c for c in obs_names if c not in meta.have]
             if missing and obs_missing == "error":
                 raise errors.MissingColumnError(

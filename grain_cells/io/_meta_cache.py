@@ -131,21 +131,21 @@ class MetaCache:
         self._arrays[name] = a
         return a
 
-    def store(self, meta: FileMeta) -> None:
+    def store(self, meta: FileMeta) -> bool:
         """Writes the file's entry, if its identity is a quiet local `stat` or a
-        remote version (an ETag, content digest or store listing).
+        remote version (an ETag, content digest or store listing); False if not.
         """  # noqa: D205
         stat, info = meta.identity.stat, meta.info
         if "://" in info.path:
             if not versioned(stat):
-                return
+                return False
         elif not meta.identity.local or _local_stat(info.path) != stat:
-            return
+            return False
         elif time.time_ns() - max(stat.mtime_ns, stat.ctime_ns) < QUIET_NS:
-            return  # changed just now: a write within the same tick would hide
+            return False  # changed just now: a write within the same tick would hide
         dtypes = [info.dtype, *(k.dtype for k in meta.kinds.values())]
         if not all(map(_plain_dtype, dtypes)):
-            return
+            return False
         try:
             kinds = {}
             for c, k in meta.kinds.items():
@@ -168,7 +168,8 @@ class MetaCache:
             data = json.dumps(entry).encode()
             write_new(os.path.join(self.folder, name), data)
         except (OSError, ValueError):  # a read-only or full cache, or arrays that
-            return  # do not round-trip: open the file next time
+            return False  # do not round-trip: open the file next time
+        return True
 
     def _save_array(self, a: np.ndarray) -> str:
         """The array's name, written if new; ValueError if it cannot round-trip."""

@@ -4,6 +4,7 @@ Module notes: docs/reference/design.md#transport-ring and the sections after it.
 """
 
 from grain_cells._util.absl_flags import allow_unparsed as allow_unparsed_flags
+from grain_cells._util.main_guard import main_thread_site
 from grain_cells.transport._processes import (
     WorkerWatch,
     check_main_guard,
@@ -12,7 +13,6 @@ from grain_cells.transport._processes import (
     in_child_process,
     in_worker,
     main_guard_error,
-    main_thread_site,
     worker_init,
 )
 from grain_cells.transport._ring import release_dead_rings, ring_for, send, send_all

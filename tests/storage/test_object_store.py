@@ -8,6 +8,7 @@ the local copy, and the same file read locally by `AnnDataSource`.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import time
 
@@ -250,6 +251,35 @@ def test_a_rewritten_object_is_inspected_again(tmp_path, s3):
     assert not now.is_sparse
     rows = np.arange(now.num_cells)
     np.testing.assert_array_equal(now.read(rows).X, anndata.read_h5ad(dense).X)
+
+
+def test_a_cold_build_opens_objects_in_processes(parts, s3, monkeypatch, tmp_path):
+    """Objects not in the cache are opened in spawned processes, 2+ at a time."""
+    from grain_cells.io import _build
+
+    paths, urls = parts
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cold"))
+    monkeypatch.setattr(_build, "MIN_PROCESS_OPENS", 2)
+    made = []
+    real = _build._pool
+    monkeypatch.setattr(_build, "_pool", lambda n: made.append(n) or real(n))
+    source = grain_cells.AnnDataSource(
+        urls, obs_columns=OBS, storage_options=s3.options
+    )
+    assert made == [len(urls)]
+    assert os.listdir(tmp_path / "cold" / "file-meta")  # stored by the processes
+    local = grain_cells.AnnDataSource(paths, obs_columns=OBS)
+    rows = np.random.default_rng(4).permutation(local.num_cells)
+    got, want = source.read(rows), local.read(rows)
+    np.testing.assert_array_equal(_dense(got.X), _dense(want.X))
+    for c in OBS:
+        np.testing.assert_array_equal(got.obs[c], want.obs[c])
+    # A bad object among them is named, from the process that opened it.
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cold-again"))
+    bad = s3.put_bytes("broken/bad.h5ad", b"not an hdf5 file" * 100)
+    with pytest.raises(errors.AnnDataFormatError, match=r"broken/bad\.h5ad"):
+        grain_cells.AnnDataSource([*urls, bad], storage_options=s3.options)
+    assert made == [len(urls), len(urls) + 1]
 
 
 def test_checkpoint_restores_with_a_fresh_source(parts, s3):

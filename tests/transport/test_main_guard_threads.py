@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from grain_cells.transport import _processes as main_guard
+from grain_cells._util import main_guard
 
 THREADS = 8
 ROUNDS = 12
