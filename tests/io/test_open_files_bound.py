@@ -144,6 +144,15 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, files, workers, monkey
     )
     seen = np.zeros(N_FILES * CELLS, int)
     pids: set[int] = set()
+    done = threading.Event()
+
+    def watch_workers():  # a fetch holds its files only while it reads them
+        while not done.wait(0.0005):
+            for pid in list(pids):
+                most["workers"] = max(most["workers"], _data_fds(pid, folder))
+
+    watcher = threading.Thread(target=watch_workers, daemon=True)
+    watcher.start()
     iterator = iter(loader)
     try:
         for b in iterator:
@@ -161,6 +170,8 @@ def test_an_epoch_over_300_files_keeps_8_open(many_paths, files, workers, monkey
                 for pid in pids:
                     most["workers"] = max(most["workers"], _data_fds(pid, folder))
     finally:
+        done.set()
+        watcher.join()
         getattr(iterator, "close", lambda: None)()
         source.close()
     assert (seen == 1).all()
