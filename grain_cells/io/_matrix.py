@@ -33,6 +33,10 @@ class CsrRows:
     indices: np.ndarray
     indptr: np.ndarray
     n_vars: int
+    # `take_csr`'s per-row offsets, made once for every gather of these rows.
+    spans: tuple | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
 
 @dataclasses.dataclass
