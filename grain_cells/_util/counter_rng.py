@@ -26,7 +26,7 @@ def hash64(*words) -> np.ndarray:
             raise TypeError(f"hash64 words must be integers, got dtype {w.dtype}")
         if w.dtype.kind == "i" and w.size and w.min() < 0:
             raise ValueError(f"hash64 words must be non-negative, got {w.min()}")
-    h = np.zeros(np.broadcast_shapes(*(w.shape for w in arrays)), _U64)
+    h = _U64(0)  # (broadcast by the words, arrays all)
     for w in arrays:
         h = _mix((h ^ w.astype(_U64)) + _U64(_GOLDEN))
     return h

@@ -319,7 +319,8 @@ class Minibatches(collections.abc.Sequence):
         m, n_real = cfg.batch_size, rows.size
         batch = cfg.output.format(self._fetch, rows, m, empty=empty)
         batch["row_ids"] = padded(empty, self._fetch.row_ids[rows], m, fill=-1)
-        batch["mask"] = padded(empty, np.ones(n_real, bool), m)
+        batch["mask"] = mask = empty((m,), bool)
+        mask[:n_real], mask[n_real:] = True, False
         categories = split.source.categories
         for name, values in self._obs.items():
             if categories[name] is not None:
