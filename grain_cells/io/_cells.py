@@ -134,7 +134,7 @@ def take_csr(
     n_rows = n if n_rows is None else int(n_rows)
     indptr = empty((n_rows + 1,), np.int64)
     indptr[0] = 0
-    np.cumsum(lengths[rows], out=indptr[1 : n + 1])
+    lengths[rows].cumsum(out=indptr[1 : n + 1])
     total = int(indptr[n])
     indptr[n + 1 :] = total
     data = empty((total,), rows_buf.data.dtype if dtype is None else dtype)
@@ -142,11 +142,15 @@ def take_csr(
     if n == 0:
         return data, indices, indptr
     follows = rows[1:] == rows[:-1] + 1
-    pairs = ((data, rows_buf.data), (indices, rows_buf.indices))
-    views = [_as_bytes(d, s) for d, s in pairs]
-    if lo is not None and all(views) and not follows.any():
+    if (
+        lo is not None  # (the buffer's arrays: 4-byte, contiguous, int32 indices)
+        and data.dtype == rows_buf.data.dtype
+        and data.flags.c_contiguous
+        and indices.flags.c_contiguous
+        and not np.count_nonzero(follows)
+    ):
         # Shuffled rows, as raw bytes: one slice each at the listed offsets.
-        d_data, d_idx = (memoryview(v[0]) for v in views)
+        d_data, d_idx = memoryview(data).cast("B"), memoryview(indices).cast("B")
         c = 0
         for r in rows.tolist():
             a, b = lo[r], hi[r]
@@ -155,6 +159,8 @@ def take_csr(
             d_idx[c:d] = s_idx[a:b]
             c = d
         return data, indices, indptr
+    pairs = ((data, rows_buf.data), (indices, rows_buf.indices))
+    views = [_as_bytes(d, s) for d, s in pairs]
     src = rows_buf.indptr
     begin, end = src[rows], src[rows + 1]
     if follows.any():
