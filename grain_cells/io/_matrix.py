@@ -85,11 +85,6 @@ class _Reader:
     def __init__(self, info: MatrixInfo, arrays: dict, fd, group=None):
         self.info, self.arrays, self._fd, self._group = info, arrays, fd, group
 
-    @property
-    def copies(self) -> bool:
-        """Whether its reads only copy stored bytes (no chunk decoded here)."""
-        return not any(a.decoded for a in self.arrays.values())
-
 
 class CsrReader(_Reader):
     """Reads row ranges of one file's CSR matrix."""

@@ -99,6 +99,7 @@ def _joined(parts: list[FetchedRows], buf: RowBuffer) -> FetchedRows:
 def _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices):
     """`fetch_ranges` of sorted, checked ranges in files `files`."""
     files_ = handles.files
+    pool = handles.thread_pool()
     lengths = stops - starts
     row_ids = expand_ranges(starts, lengths)
     # Ranges are in file order: each file's are one run (`group`: its index).
@@ -110,7 +111,6 @@ def _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices):
     starts, stops = starts - at, stops - at  # local rows
     names = files_.obs_names
     if files_.sparse and len(file_of) > 1:  # every file positional: all at once
-        pool = _pool(handles)  # (byte copies: nothing decoded)
         got = _read_table(
             handles, file_of, group, starts, stops, buf, pool, check_indices
         )
@@ -137,20 +137,9 @@ def _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices):
         # Readers of files reopened from byte layouts are built only here.
         readers = [f.reader for f in opened]
         local = [(starts[a:b], stops[a:b]) for a, b in itertools.pairwise(bounds)]
-        pool = _pool(handles, readers)
         return _read(
             files_, readers, local, file_of, buf, pool, row_ids, obs, check_indices
         )
-
-
-def _pool(handles: OpenFiles, readers=()):
-    """The read threads, or None (inline) while the page cache holds the reads
-    and `readers` decode nothing: copies of memory, a few KB per piece, gain
-    nothing from threads but GIL hand-offs (design.md#io-range-reads).
-    """  # noqa: D205
-    if handles.cache_warm and all(r.copies for r in readers):
-        return None
-    return handles.thread_pool()
 
 
 def _read_table(handles, file_of, group, starts, stops, buf, pool, check_indices):

@@ -99,8 +99,7 @@ class AnnDataSource(SourceDescription):
             check_indices: Check at every read that column indices are inside
                 the matrix (a few percent of a read).
             read_threads: Threads per process that read large batches; 0
-                reads inline (so does a warm read of uncompressed data);
-                `"auto"`: from the cores and worker count.
+                reads inline; `"auto"`: from the cores and worker count.
             storage_options: For URLs: obstore configuration and
                 `content_check_s`, `verify_reads`, `user_project`
                 (docs/guides/buckets.md). Pickled with the source.
