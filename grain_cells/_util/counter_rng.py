@@ -26,7 +26,7 @@ def hash64(*words) -> np.ndarray:
             raise TypeError(f"hash64 words must be integers, got dtype {w.dtype}")
         if w.dtype.kind == "i" and w.size and w.min() < 0:
             raise ValueError(f"hash64 words must be non-negative, got {w.min()}")
-    h = np.zeros(np.broadcast_shapes(*(w.shape for w in arrays)), _U64)
+    h = _U64(0)  # (broadcast by the words, arrays all)
     for w in arrays:
         h = _mix((h ^ w.astype(_U64)) + _U64(_GOLDEN))
     return h
@@ -46,10 +46,17 @@ def hash64_int(*words: int) -> int:
     return h
 
 
-def permutation(n: int, *words: int) -> np.ndarray:
-    """Permutation of `range(n)`: argsort of `hash64(hash64_int(*words), arange(n))`."""
-    key = _U64(hash64_int(*words))
-    return np.argsort(hash64(key, np.arange(n, dtype=_U64)), kind="stable")
+def permutation(n: int, *words: int, key: int | None = None) -> np.ndarray:
+    """Permutation of `range(n)`: argsort of `hash64(hash64_int(*words), arange(n))`.
+
+    `key`: `hash64_int(*words)`, when the caller has it.
+    """
+    key = hash64_int(*words) if key is None else key
+    # `hash64`'s two rounds, the first (on a constant) in Python ints.
+    z = np.arange(n, dtype=_U64)
+    z ^= _U64(hash64_int(key))
+    z += _U64(_GOLDEN)
+    return np.argsort(_mix(z), kind="stable")
 
 
 def uniform(*words) -> np.ndarray:

@@ -130,13 +130,11 @@ def take_csr(
     """
     rows = np.asarray(rows, np.int64)
     n = rows.size
-    src = rows_buf.indptr
-    begin = src[rows]
-    end = src[rows + 1]
+    lengths, lo, hi, s_data, s_idx = _spans(rows_buf)
     n_rows = n if n_rows is None else int(n_rows)
     indptr = empty((n_rows + 1,), np.int64)
     indptr[0] = 0
-    np.cumsum(end - begin, out=indptr[1 : n + 1])
+    lengths[rows].cumsum(out=indptr[1 : n + 1])
     total = int(indptr[n])
     indptr[n + 1 :] = total
     data = empty((total,), rows_buf.data.dtype if dtype is None else dtype)
@@ -144,6 +142,27 @@ def take_csr(
     if n == 0:
         return data, indices, indptr
     follows = rows[1:] == rows[:-1] + 1
+    if (
+        lo is not None  # (the buffer's arrays: 4-byte, contiguous, int32 indices)
+        and data.dtype == rows_buf.data.dtype
+        and data.flags.c_contiguous
+        and indices.flags.c_contiguous
+        and not np.count_nonzero(follows)
+    ):
+        # Shuffled rows, as raw bytes: one slice each at the listed offsets.
+        d_data, d_idx = memoryview(data).cast("B"), memoryview(indices).cast("B")
+        c = 0
+        for r in rows.tolist():
+            a, b = lo[r], hi[r]
+            d = c + b - a
+            d_data[c:d] = s_data[a:b]
+            d_idx[c:d] = s_idx[a:b]
+            c = d
+        return data, indices, indptr
+    pairs = ((data, rows_buf.data), (indices, rows_buf.indices))
+    views = [_as_bytes(d, s) for d, s in pairs]
+    src = rows_buf.indptr
+    begin, end = src[rows], src[rows + 1]
     if follows.any():
         # Runs of rows that follow each other in the buffer copy as one slice.
         breaks = np.flatnonzero(~follows) + 1
@@ -152,8 +171,6 @@ def take_csr(
         runs = (begin[heads], end[tails - 1], indptr[heads], indptr[tails])
     else:  # shuffled rows: one slice each
         runs = (begin, end, indptr[:n], indptr[1 : n + 1])
-    pairs = ((data, rows_buf.data), (indices, rows_buf.indices))
-    views = [_as_bytes(d, s) for d, s in pairs]
     if all(v is not None for v in views) and data.itemsize == indices.itemsize:
         # Both arrays as raw bytes in one loop, without a NumPy view per slice.
         k = data.itemsize
@@ -165,6 +182,24 @@ def take_csr(
         for dst, src_ in pairs:
             _copy_runs(dst, src_, *runs)
     return data, indices, indptr
+
+
+def _spans(rows_buf: CsrRows) -> tuple:
+    """`(lengths, lo, hi, data, indices)` of `rows_buf`, made on its first
+    gather (a fetch's minibatches share them): its row lengths, and where both
+    arrays are 4-byte, each row's first and end byte (lists) and the arrays as
+    bytes (else Nones).
+    """  # noqa: D205
+    if rows_buf.spans is None:
+        ptr, data, indices = rows_buf.indptr, rows_buf.data, rows_buf.indices
+        spans = (ptr[1:] - ptr[:-1], None, None, None, None)
+        views = [_as_bytes(a, a) for a in (data, indices)]
+        if data.itemsize == 4 and indices.dtype == np.int32 and all(views):
+            at = ptr * 4
+            bytes_ = (memoryview(v[0]) for v in views)
+            spans = (spans[0], at[:-1].tolist(), at[1:].tolist(), *bytes_)
+        rows_buf.spans = spans
+    return rows_buf.spans
 
 
 def _as_bytes(dst: np.ndarray, src: np.ndarray):

@@ -8,6 +8,7 @@ must lie inside the matrix; a violation names the file and row.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -33,6 +34,10 @@ class CsrRows:
     indices: np.ndarray
     indptr: np.ndarray
     n_vars: int
+    # `take_csr`'s per-row offsets, made once for every gather of these rows.
+    spans: tuple | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
 
 @dataclasses.dataclass
@@ -63,7 +68,7 @@ class RowBuffer:
     def get(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
         """Returns a C-contiguous view of `shape`, reallocating only to grow."""
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = int(math.prod(shape)) * dtype.itemsize
         arr = self._arrays.get(name)
         if arr is None or arr.size < n:
             arr = np.empty(max(n, 2 * (arr.size if arr is not None else 0)), np.uint8)

@@ -202,18 +202,19 @@ class SplitFetch:
                 outputs[f"{name}/"] = reader.spec.output
         return TruncationReport(outputs)
 
-    def cell_order(self, blocks: np.ndarray, row_ids: np.ndarray) -> np.ndarray:
+    def cell_order(
+        self, blocks: np.ndarray, row_ids: np.ndarray, key: int | None = None
+    ) -> np.ndarray:
         """Positions into `row_ids` (sorted) of the fetch's cells, shuffled
-        (a block twice in a fetch gives its cells twice).
+        (a block twice in a fetch gives its cells twice; `key`: `fetch_key`'s).
         """  # noqa: D205
         starts, stops = blocks[:, 2], blocks[:, 3]
         positions = np.searchsorted(row_ids, expand_ranges(starts, stops - starts))
         if self.config.shuffle:
             # Our own generator: no NumPy upgrade changes a resumed order.
-            order = counter_rng.permutation(
-                positions.size, self.config.seed, *blocks[:, 0].tolist()
-            )
-            positions = positions[order]
+            if key is None:
+                key = fetch_key(self.config.seed, blocks[:, 0])
+            positions = positions[counter_rng.permutation(positions.size, key=key)]
         return positions
 
     def read(self, blocks: np.ndarray) -> Minibatches:
@@ -232,7 +233,7 @@ class SplitFetch:
             rows.dense, rows.row_ids, self.source.num_genes, key, _csr=rows.csr
         )
         extra = self._read_extra(read, key, rows.row_ids)
-        order = self.cell_order(blocks, rows.row_ids)
+        order = self.cell_order(blocks, rows.row_ids, key)
         bounds = None
         if cfg.condition is not None:
             order, bounds = self._by_condition(order, rows.obs[cfg.condition])
@@ -318,7 +319,8 @@ class Minibatches(collections.abc.Sequence):
         m, n_real = cfg.batch_size, rows.size
         batch = cfg.output.format(self._fetch, rows, m, empty=empty)
         batch["row_ids"] = padded(empty, self._fetch.row_ids[rows], m, fill=-1)
-        batch["mask"] = padded(empty, np.ones(n_real, bool), m)
+        batch["mask"] = mask = empty((m,), bool)
+        mask[:n_real], mask[n_real:] = True, False
         categories = split.source.categories
         for name, values in self._obs.items():
             if categories[name] is not None:

@@ -60,3 +60,16 @@ def test_matches_scipy(data_dtype, index_dtype, out_dtype, pick):
     np.testing.assert_array_equal(indptr[n + 1 :], want.nnz)  # empty padding rows
     np.testing.assert_array_equal(indices, want.indices)
     np.testing.assert_array_equal(data, want.data.astype(data.dtype))
+
+
+def test_gathers_of_one_buffer_share_its_offsets():
+    """A fetch's minibatches are gathers of one buffer: offsets made once."""
+    m, buffer, rng = _buffer(np.float32, np.int32)
+    for _ in range(3):
+        rows = rng.permutation(200)[:64]
+        data, indices, indptr = take_csr(buffer, rows, dtype="float32")
+        want = m[rows]
+        np.testing.assert_array_equal(indptr, want.indptr)
+        np.testing.assert_array_equal(indices, want.indices)
+        np.testing.assert_array_equal(data, want.data)
+    assert buffer.spans is not None
