@@ -9,6 +9,7 @@ Design notes: docs/reference/design.md#io-build.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import multiprocessing
 from collections.abc import Iterator, Sequence
 
@@ -53,8 +54,17 @@ def file_metas(
             if len(opens) >= MIN_PROCESS_OPENS and (pool := pool or _pool(len(opens))):
                 todo = [(window[j], *args, versions[j]) for j in opens]
                 done = zip(opens, pool.map(_open_and_store, todo), strict=True)
-            for j, meta in done:  # a stored entry is read here: arrays once
-                found[j] = meta or cache.lookup(window[j], obs_names, versions[j])
+            try:
+                for j, meta in done:  # a stored entry is read here: arrays once
+                    found[j] = meta or cache.lookup(window[j], obs_names, versions[j])
+            except concurrent.futures.process.BrokenProcessPool as e:
+                names = ", ".join(window[j] for j in opens[:3])
+                raise RuntimeError(
+                    f"a process opening {len(opens)} objects for the build died "
+                    f"({e}); the objects began with {names}. Its exit is not "
+                    "an error of the file's: look for the kernel's out-of-memory "
+                    "killer, or build again."
+                ) from None
             for j, meta in enumerate(found):
                 if meta is None:
                     meta = inspect_file(window[j], *args, versions[j])
