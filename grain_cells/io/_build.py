@@ -22,10 +22,12 @@ from grain_cells.storage.remote import is_url
 # Objects' versions asked at once, and paths per window of the build.
 VERSION_THREADS = 32
 WINDOW = 1024
-# A window's uncached objects are opened in processes when there are at
-# least this many (each costs round trips, not CPU); at most this many
-# processes, and two per core.
+# A window's uncached files are opened in processes when there are at least
+# this many objects (each costs round trips) or local files (3-6 CPU-ms each,
+# against ~1.5 s of imports per process); at most this many processes, and
+# two per core.
 MIN_PROCESS_OPENS = 32
+MIN_LOCAL_OPENS = 512
 MAX_PROCESSES = 16
 
 
@@ -49,9 +51,10 @@ def file_metas(
                 cache.lookup(p, obs_names, v)
                 for p, v in zip(window, versions, strict=True)
             ]
-            opens = [j for j, m in enumerate(found) if m is None and is_url(window[j])]
+            opens = _to_open(window, found)
             done = iter(())
-            if len(opens) >= MIN_PROCESS_OPENS and (pool := pool or _pool(len(opens))):
+            remote = any(is_url(window[j]) for j in opens)
+            if opens and (pool := pool or _pool(len(opens), remote)):
                 todo = [(window[j], *args, versions[j]) for j in opens]
                 done = zip(opens, pool.map(_open_and_store, todo), strict=True)
             try:
@@ -60,8 +63,8 @@ def file_metas(
             except concurrent.futures.process.BrokenProcessPool as e:
                 names = ", ".join(window[j] for j in opens[:3])
                 raise RuntimeError(
-                    f"a process opening {len(opens)} objects for the build died "
-                    f"({e}); the objects began with {names}. Its exit is not "
+                    f"a process opening {len(opens)} files for the build died "
+                    f"({e}); the files began with {names}. Its exit is not "
                     "an error of the file's: look for the kernel's out-of-memory "
                     "killer, or build again."
                 ) from None
@@ -76,6 +79,18 @@ def file_metas(
                 executor.shutdown(wait=False, cancel_futures=True)
 
 
+def _to_open(window, found) -> list[int]:
+    """Which of a window's uncached files to open in processes (positions)."""
+    misses = [j for j, meta in enumerate(found) if meta is None]
+    remote = [j for j in misses if is_url(window[j])]
+    local = [j for j in misses if not is_url(window[j])]
+    many_local = len(local) >= MIN_LOCAL_OPENS and cores.available() >= 2
+    return sorted(
+        (remote if len(remote) >= MIN_PROCESS_OPENS else [])
+        + (local if many_local else [])
+    )
+
+
 def _version(path: str, options: dict):
     """An object's version now (None: not a URL, or the open will say why)."""
     if not is_url(path):
@@ -86,11 +101,13 @@ def _version(path: str, options: dict):
         return None
 
 
-def _pool(n: int) -> concurrent.futures.ProcessPoolExecutor | None:
-    """Spawned processes for `n` opens, or None (they would run a script again)."""
+def _pool(n: int, remote: bool) -> concurrent.futures.ProcessPoolExecutor | None:
+    """Spawned processes for `n` opens (`remote`: two per core, else one), or
+    None (they would run a script again).
+    """  # noqa: D205
     if multiprocessing.current_process().daemon or main_thread_site() is not None:
         return None
-    workers = min(MAX_PROCESSES, 2 * cores.available(), n)
+    workers = min(MAX_PROCESSES, (2 if remote else 1) * cores.available(), n)
     context = multiprocessing.get_context("spawn")
     return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
 

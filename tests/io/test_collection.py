@@ -231,3 +231,23 @@ def test_a_fetch_of_more_files_than_descriptors_allowed_does_not_fail(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_cold_build_of_many_local_files_opens_them_in_processes(
+    paths, monkeypatch, tmp_path
+):
+    """Files not in the cache, past `MIN_LOCAL_OPENS`, are opened in processes."""
+    from grain_cells.io import _build
+
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cold"))
+    monkeypatch.setattr(_build, "MIN_LOCAL_OPENS", 2)
+    monkeypatch.setattr(_build.cores, "available", lambda: 2)
+    made = []
+    real = _build._pool
+    monkeypatch.setattr(_build, "_pool", lambda n, r: made.append((n, r)) or real(n, r))
+    source = grain_cells.AnnDataSource(paths, obs_columns=OBS)
+    assert made == [(N_FILES, False)]
+    assert source._handles.files.layouts.member.all()
+    rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
+    _check(source, rows, source.read(rows))
+    source.close()

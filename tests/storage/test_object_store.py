@@ -262,7 +262,7 @@ def test_a_cold_build_opens_objects_in_processes(parts, s3, monkeypatch, tmp_pat
     monkeypatch.setattr(_build, "MIN_PROCESS_OPENS", 2)
     made = []
     real = _build._pool
-    monkeypatch.setattr(_build, "_pool", lambda n: made.append(n) or real(n))
+    monkeypatch.setattr(_build, "_pool", lambda n, r: made.append(n) or real(n, r))
     source = grain_cells.AnnDataSource(
         urls, obs_columns=OBS, storage_options=s3.options
     )
