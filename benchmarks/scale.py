@@ -31,7 +31,17 @@ that each measure runs):
 * `splits`: `split_by_obs(source, "donor", 10% of donors)`: the same, with
   the pickled size of each view;
 * `len`: `grain_cells.loader(split=("train", 90/10))`: construction, `len()`;
-* `preshuffle`: `grain_cells.preshuffle` of the files (under `--data_dir`).
+* `preshuffle`: `grain_cells.preshuffle` of the files (under `--data_dir`);
+* `construct_warm`: `construct` again, in a fresh process after the
+  earlier measures filled the metadata caches (name it after `construct`).
+
+`--s3` serves each point's files from a local S3 server
+(`grain_cells.testing.ServedFolder`, loopback, `--rtt_ms` added to every
+request) where they lie, and the measures read them as `s3://` URLs;
+`$GRAIN_CELLS_CACHE` is then a folder of the point's own, empty at its first
+measure (so the first `construct` is cold). The server's counters give
+`requests_per_minibatch` (and bytes) of the loader measures. With `--s3`
+nothing is written into `--data_dir` when the files are there already.
 
 Points: one file per `--cells` x `--compression` (`10M-none`, ...) and one
 collection per `--files` x `--compression` of `--collection_cells` cells in
@@ -52,6 +62,8 @@ Usage:
   python benchmarks/scale.py --cells=10M --compression=none,gzip --files= \
       --data_dir=/tmp/scale --json=scale-10M.json
   python benchmarks/scale.py --cells= --files=2000 --data_dir=/tmp/scale
+  python benchmarks/scale.py --cells= --files=2000 --data_dir=/tmp/scale --s3 \
+      --measures=construct,construct_warm,first_batch,throughput,workers
 """
 
 from __future__ import annotations
@@ -135,6 +147,30 @@ _PROBE = flags.DEFINE_list(
 _PATHS = flags.DEFINE_string(
     "paths", None, "Internal: a file listing the probe's files."
 )
+_S3 = flags.DEFINE_bool(
+    "s3", False, "Read the files as s3:// URLs from a local server (see above)."
+)
+_RTT_MS = flags.DEFINE_float("rtt_ms", 0.0, "With --s3: ms added to each request.")
+_OPAQUE_ETAGS = flags.DEFINE_bool(
+    "opaque_etags",
+    True,
+    "With --s3: ETags shaped like S3's and GCS's (32 hex digits); false: "
+    "ETags that show the size (nginx's shape), which readers check by "
+    "sampling the object's bytes at every open.",
+)
+_BLOCK_SIZE = flags.DEFINE_integer(
+    "block_size", None, "Cells per block of the source (default: its own choice)."
+)
+_FILE_LIST = flags.DEFINE_string(
+    "file_list",
+    None,
+    "Measure these existing files (one path a line) as the only point, "
+    "instead of the --cells and --files points; only the first --list_files.",
+)
+_LIST_FILES = flags.DEFINE_integer("list_files", None, "See --file_list.")
+_ENDPOINT = flags.DEFINE_string(
+    "endpoint", None, "Internal: the S3 endpoint of the probe's URLs."
+)
 _OBS = ["plate", "donor", "cell_type", "batch"]
 
 
@@ -153,8 +189,14 @@ def _label(n: int) -> str:
 
 
 def _opts(scratch: str) -> dict:
+    from grain_cells.testing.served_folder import loopback_storage_options
+
+    endpoint = _ENDPOINT.value
     return {
         "obs_columns": _OBS,
+        "block_size": _BLOCK_SIZE.value,
+        "storage_options": loopback_storage_options(endpoint) if endpoint else None,
+        "stats_url": endpoint + "/__proxy__/stats" if endpoint else None,
         "batch_size": _BATCH.value,
         "minibatches": _MINIBATCHES.value,
         "throughput_minibatches": _THROUGHPUT_MINIBATCHES.value,
@@ -168,6 +210,21 @@ def _opts(scratch: str) -> dict:
 
 
 def _points(data_dir: str) -> list[dict]:
+    if _FILE_LIST.value:
+        with open(_FILE_LIST.value) as f:
+            paths = [line.strip() for line in f if line.strip()]
+        paths = paths[: _LIST_FILES.value]
+        return [
+            {
+                "point": f"list{len(paths)}",
+                "kind": "collection",
+                "files": len(paths),
+                "cells": None,
+                "compression": None,
+                "where": os.path.splitext(_FILE_LIST.value)[0],
+                "paths": paths,
+            }
+        ]
     total = parse_count(_COLLECTION_CELLS.value)
     out = []
     for comp in _COMPRESSION.value:
@@ -204,6 +261,8 @@ def _write(point: dict) -> list[str]:
     """The point's files, written once (under a temporary name, then renamed)."""
     from grain_cells.synthetic import write_thin_atlas, write_thin_collection
 
+    if "paths" in point:  # --file_list: there already
+        return point.pop("paths")
     where = point["where"]
     kwargs = {
         "compression": None if point["compression"] == "none" else point["compression"],
@@ -293,6 +352,8 @@ def _spawn(measures: list[str], paths_file: str) -> dict:
             "split_column",
             "n_donors",
             "data_dir",
+            "block_size",
+            "endpoint",
         )
         if (v := flags.FLAGS[n].value) is not None
     ]
@@ -348,6 +409,9 @@ def _measure(point: dict, paths: list[str], list_file: str) -> None:
 
     With `--one_process`, all in one (a failed measure's successors in the next).
     """
+    if _S3.value:
+        _measure_s3(point, paths)
+        return
     todo = list(_MEASURES.value)
     while todo:
         if _CACHE.value == "cold":
@@ -362,6 +426,47 @@ def _measure(point: dict, paths: list[str], list_file: str) -> None:
             line = json.dumps(point["measures"][m])[:400]
             print(f"{point['point']} {m}: {line}", flush=True)
         todo = todo[len(records) :]
+
+
+def _measure_s3(point: dict, paths: list[str]) -> None:
+    """`_measure` of the files served as `s3://bench/<name>` (see `--s3`)."""
+    from grain_cells.testing import ServedFolder
+
+    scratch = tempfile.mkdtemp(prefix="grain_cells_scale_s3-")
+    os.makedirs(os.path.join(scratch, "empty"))
+    objects = {f"bench/{os.path.basename(p)}": p for p in paths}
+    if len(objects) != len(paths):
+        raise app.UsageError("--s3: the files' names must differ")
+    list_file = os.path.join(scratch, "urls")
+    with open(list_file, "w") as f:
+        f.write("\n".join(f"s3://{name}" for name in objects))
+    os.environ["GRAIN_CELLS_CACHE"] = os.path.join(scratch, "cache")  # probes'
+    served = ServedFolder(
+        os.path.join(scratch, "empty"),
+        rtt_s=_RTT_MS.value / 1e3,
+        via_proxy=False,
+        objects=objects,
+        opaque_etags=_OPAQUE_ETAGS.value,
+    )
+    try:
+        with served:
+            flags.FLAGS.endpoint = served.endpoint_url
+            point["s3"] = {"rtt_ms": _RTT_MS.value, "opaque_etags": _OPAQUE_ETAGS.value}
+            for m in _MEASURES.value:  # a fresh process each
+                if _CACHE.value == "cold":
+                    bench_util.evict_page_cache(paths)
+                else:
+                    bench_util.warm_page_cache(paths)
+                served.stats(reset=True)
+                records = _spawn([m], list_file)
+                record = records.get(m, {}) | {"server": served.stats()}
+                point["measures"][m] = {"load_avg": round(os.getloadavg()[0], 2)}
+                point["measures"][m] |= record
+                line = json.dumps(point["measures"][m])[:400]
+                print(f"{point['point']} {m}: {line}", flush=True)
+    finally:
+        flags.FLAGS.endpoint = None
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _derive(points: list[dict]) -> None:
@@ -399,7 +504,7 @@ def _derive(points: list[dict]) -> None:
 
 def _flag_values() -> dict:
     """This binary's flags that shape the figures (not where files go)."""
-    internal = ("data_dir", "json", "probe", "paths")
+    internal = ("data_dir", "json", "probe", "paths", "endpoint")
     return {
         f.name: f.value
         for f in flags.FLAGS.get_flags_for_module(sys.argv[0])
@@ -474,8 +579,11 @@ def main(argv) -> None:
             p["bytes"] = sum(os.path.getsize(q) for q in paths)
             p["file"] = bench_util.describe_file(paths[0])
             list_file = p["where"].rstrip("/") + ".paths"
-            with open(list_file, "w") as f:
-                f.write("\n".join(paths))
+            if _FILE_LIST.value:  # never beside the files of the list
+                list_file = os.path.join(data_dir, "file-list.paths")
+            if not _S3.value:  # --s3 writes its own list of URLs
+                with open(list_file, "w") as f:
+                    f.write("\n".join(paths))
             p["measures"] = {}
             _measure(p, paths, list_file)
             del p["where"]

@@ -108,7 +108,35 @@ class Step:
 def _source(paths, opts):
     import grain_cells
 
-    return grain_cells.AnnDataSource(paths, obs_columns=opts["obs_columns"])
+    return grain_cells.AnnDataSource(
+        paths,
+        obs_columns=opts["obs_columns"],
+        block_size=opts.get("block_size"),
+        storage_options=opts.get("storage_options"),
+    )
+
+
+def server_stats(opts, reset: bool = False) -> dict:
+    """The S3 server's counters (`--s3`), else {}."""
+    if not opts.get("stats_url"):
+        return {}
+    import json
+    import urllib.request
+
+    url = opts["stats_url"] + ("?reset=1" if reset else "")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def per_minibatch(before: dict, after: dict, n: int) -> dict:
+    """Requests and response KiB per minibatch between two `server_stats`."""
+    if not after:
+        return {}
+    got = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {
+        "requests_per_minibatch": round(got.get("requests", 0) / n, 2),
+        "response_kib_per_minibatch": round(got.get("response_bytes", 0) / n / 1024, 1),
+    }
 
 
 def _loader(source, opts, workers: int, num_epochs: int | None = None):
@@ -144,6 +172,11 @@ def construct(paths, opts) -> dict:
     }
 
 
+def construct_warm(paths, opts) -> dict:
+    """`construct` again: after the earlier measures filled the caches."""
+    return construct(paths, opts)
+
+
 def first_batch(paths, opts) -> dict:
     """0 workers: source to first minibatch, then cells/s and CPU per fetch."""
     source = _source(paths, opts)
@@ -152,12 +185,14 @@ def first_batch(paths, opts) -> dict:
     next(iterator)
     first = time.perf_counter() - t0
     n, cells = opts["minibatches"], 0
+    s0 = server_stats(opts)
     t1, c1 = time.perf_counter(), time.process_time()
     for _ in range(n):
         cells += int(next(iterator)["mask"].sum())
     wall, cpu = time.perf_counter() - t1, time.process_time() - c1
     _close(iterator)
     return {
+        **per_minibatch(s0, server_stats(opts), n),
         "first_batch_s": round(first, 3),
         "minibatches": n,
         "cells_per_s": round(cells / wall),
@@ -183,6 +218,7 @@ def throughput(paths, opts) -> dict:
     for _ in range(opts["minibatches"]):
         next(iterator)
     n, cells = opts["throughput_minibatches"], 0
+    s0 = server_stats(opts)
     t0, c0 = time.perf_counter(), time.process_time()
     rates, part_cells, part_c0 = [], 0, c0
     for k in range(n):
@@ -196,6 +232,7 @@ def throughput(paths, opts) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     _close(iterator)
     return {
+        **per_minibatch(s0, server_stats(opts), n),
         "minibatches": n,
         "cells_per_s": round(cells / wall),
         "cells_per_cpu_s": round(cells / max(cpu, 1e-9)),
@@ -214,12 +251,17 @@ def _run_workers(paths, opts, workers: int) -> dict:
     try:
         next(iterator)
         first = time.perf_counter() - t0
-        for _ in range(opts["minibatches"]):
-            next(iterator)
+        n, cells = opts["minibatches"], 0
+        s0, t1 = server_stats(opts), time.perf_counter()
+        for _ in range(n):
+            cells += int(next(iterator)["mask"].sum())
+        wall = time.perf_counter() - t1
         pids = worker_pids()
         return {
+            **per_minibatch(s0, server_stats(opts), n),
             "workers": workers,
             "first_batch_s": round(first, 3),
+            "cells_per_s": round(cells / wall),
             "trainer": proc_memory(),
             "worker": [proc_memory(pid) for pid in pids],
         }
@@ -408,6 +450,7 @@ def preshuffle(paths, opts) -> dict:
 
 MEASURES = {
     "construct": construct,
+    "construct_warm": construct_warm,
     "first_batch": first_batch,
     "throughput": throughput,
     "epoch": epoch,

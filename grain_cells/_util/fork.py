@@ -56,6 +56,18 @@ class ProcessCache(dict):
         self._lock = threading.Lock()
 
 
+class WeakProcessCache(weakref.WeakValueDictionary):
+    """A `ProcessCache` whose values leave once nothing else holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        in_child_of(self, WeakProcessCache._forget)
+
+    get_or_make = ProcessCache.get_or_make
+    _forget = ProcessCache._forget
+
+
 def _after_fork_in_child() -> None:
     """Runs the registered resets in the new child (its only thread)."""
     calls = [(f, ()) for f in _functions]

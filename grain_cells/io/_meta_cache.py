@@ -243,6 +243,9 @@ def inspect_file(
             if same and identity.local:
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
+            # An object's metadata read so far is saved for the next open: the
+            # process holds it only while a file of it is open.
+            _nodes.format_of(f).opened(f)
     finally:
         if fd is not None:
             fd.close()

@@ -21,7 +21,10 @@ reading the same file at the same time checks, see `grain_cells.io._identity`).
 Serving never writes to a served file or its metadata.
 
 The ETag of an object is derived from its inode, size and modification time,
-so replacing or rewriting the file changes it.
+so replacing or rewriting the file changes it. By default it shows them
+(`"ino-size-mtime"` in hex, as nginx's does), so a reader cannot take it for a
+digest of the content; with `opaque_etags` it is 32 hex digits (a digest of
+the same fields), shaped like the MD5 ETag of an S3 or GCS object.
 
 Example:
   >>> with S3FolderServer("/data/buckets") as server:  # doctest: +SKIP
@@ -31,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import json
 import os
 import re
@@ -57,9 +61,14 @@ _REASONS = {
 }
 
 
-def object_etag(stat: os.stat_result) -> str:
-    """The quoted ETag of a file with this `os.stat` result."""
-    return f'"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+def object_etag(stat: os.stat_result, opaque: bool = False) -> str:
+    """The quoted ETag of a file with this `os.stat` result (see the module)."""
+    fields = f"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}"
+    if opaque:
+        return (
+            '"' + hashlib.md5(fields.encode(), usedforsecurity=False).hexdigest() + '"'
+        )
+    return f'"{fields}"'
 
 
 class S3FolderServer(TcpServer):
@@ -81,6 +90,9 @@ class S3FolderServer(TcpServer):
         do (HTTP 400 `UserProjectMissing`), every request without a billing
         project (an `x-goog-user-project` header or a `userProject` query
         parameter). `user_projects` lists the projects requests named.
+      opaque_etags: ETags shaped like S3's and GCS's MD5 ETags (32 hex
+        digits), which readers take to follow the content, instead of ones
+        that show the file's size (see the module).
 
     Raises:
       ValueError: A name in `objects` is not `bucket/key`.
@@ -95,7 +107,9 @@ class S3FolderServer(TcpServer):
         latency_s: float = 0.0,
         objects: Mapping[str, str | os.PathLike] | None = None,
         requester_pays: tuple[str, ...] = (),
+        opaque_etags: bool = False,
     ):
+        self.opaque_etags = opaque_etags
         self.requester_pays = frozenset(requester_pays)
         self.user_projects: list[str] = []
         self.objects = {}
@@ -219,7 +233,7 @@ class S3FolderServer(TcpServer):
             # The ETag and the bytes come from the same open file: a file
             # replaced meanwhile is a new inode, never a mix.
             stat = os.fstat(f.fileno())
-            etag = object_etag(stat)
+            etag = object_etag(stat, self.opaque_etags)
             if_match = headers.get("if-match")
             if if_match and if_match not in ("*", etag):
                 _error(
@@ -267,7 +281,7 @@ class S3FolderServer(TcpServer):
         with os.fdopen(fd, "wb") as f:
             f.write(body)
         os.replace(tmp, path)
-        _send(conn, 200, {"ETag": object_etag(os.stat(path))}, b"")
+        _send(conn, 200, {"ETag": object_etag(os.stat(path), self.opaque_etags)}, b"")
 
     def _list(self, conn, target, bucket, query) -> None:
         folder = os.path.join(self.root, bucket)
@@ -295,7 +309,7 @@ class S3FolderServer(TcpServer):
         )
         contents = "".join(
             f"<Contents><Key>{escape(key)}</Key><Size>{st.st_size}</Size>"
-            f"<ETag>{escape(object_etag(st))}</ETag><LastModified>"
+            f"<ETag>{escape(object_etag(st, self.opaque_etags))}</ETag><LastModified>"
             f"{_iso(st.st_mtime)}</LastModified></Contents>"
             for key, st in entries
         )

@@ -23,10 +23,12 @@ import urllib.request
 from collections.abc import Mapping
 
 
-def _serve_folder(root: str, latency_s: float, objects: dict, conn) -> None:
+def _serve_folder(root: str, latency_s: float, objects: dict, opaque, conn) -> None:
     from grain_cells.testing.s3_folder_server import S3FolderServer
 
-    server = S3FolderServer(root, latency_s=latency_s, objects=objects).start()
+    server = S3FolderServer(
+        root, latency_s=latency_s, objects=objects, opaque_etags=opaque
+    ).start()
     conn.send(server.endpoint_url)
     conn.recv()  # until told to stop (or the parent's end closes)
     server.stop()
@@ -77,6 +79,7 @@ class ServedFolder:
       timeout_s: How long to wait for the children to start.
       objects: Files served from where they lie, `{"bucket/key": path}`
         (see `S3FolderServer`): no copy or link into `root`.
+      opaque_etags: S3-shaped ETags (see `S3FolderServer`).
     """
 
     def __init__(
@@ -87,7 +90,9 @@ class ServedFolder:
         via_proxy: bool = True,
         timeout_s: float = 30.0,
         objects: Mapping[str, str | os.PathLike] | None = None,
+        opaque_etags: bool = False,
     ):
+        self.opaque_etags = opaque_etags
         self.root = os.fspath(root)
         self.objects = {k: os.fspath(v) for k, v in (objects or {}).items()}
         self.rtt_s = rtt_s
@@ -122,7 +127,9 @@ class ServedFolder:
           RuntimeError: A child did not start in time.
         """
         latency = 0.0 if self.via_proxy else self.rtt_s
-        self.server_url = self._spawn(_serve_folder, self.root, latency, self.objects)
+        self.server_url = self._spawn(
+            _serve_folder, self.root, latency, self.objects, self.opaque_etags
+        )
         self.endpoint_url = self.server_url
         if self.via_proxy:
             host, port = urllib.parse.urlsplit(self.server_url).netloc.split(":")

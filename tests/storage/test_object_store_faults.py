@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import shutil
 import time
 
@@ -277,6 +278,29 @@ def test_exhausted_retries_raise_the_named_error(
         # The failed GET was sent 3 times; a read may send its indices and
         # data GETs at once, and the other one stops when the first fails.
         assert proxy.stats()["faults"] >= 3
+
+
+def test_a_failed_open_raises_before_the_next_object_is_tried(served, csr_paths):
+    """A fresh process's fetch over every object, the store failing every GET.
+
+    Opening an object pins its `indptr`; a pin that failed was ignored, so
+    the fetch opened the next object and spent its retries too (a worker's
+    fetch of 64 objects: 5-42 s before the error). The first failure ends it.
+    S3-shaped ETags: an open then sends no request before the pin.
+    """
+    root, _ = served
+    with ServedFolder(root, opaque_etags=True) as stack:
+        retry = {**FAST_RETRIES, "max_retries": 1}
+        source = grain_cells.AnnDataSource(
+            urls(csr_paths), block_size=5, storage_options=options(stack, retry)
+        )
+        fresh = pickle.loads(pickle.dumps(source))  # as a worker: none open
+        stack.stats(reset=True)
+        stack.set_rule(always(Fault.slow_down()))
+        with pytest.raises(grain_cells.errors.ObjectStoreError) as info:
+            fresh.read_blocks(range(len(fresh)))
+        assert info.value.url in urls(csr_paths) and info.value.attempts == 2
+        assert stack.stats()["faults"] == 2  # one GET, sent twice; no other's
 
 
 @pytest.mark.parametrize(
