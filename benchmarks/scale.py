@@ -171,6 +171,13 @@ _LIST_FILES = flags.DEFINE_integer("list_files", None, "See --file_list.")
 _ENDPOINT = flags.DEFINE_string(
     "endpoint", None, "Internal: the S3 endpoint of the probe's URLs."
 )
+_FRESH_META_CACHE = flags.DEFINE_bool(
+    "fresh_meta_cache",
+    False,
+    "Local points: an empty $GRAIN_CELLS_CACHE of the point's own, so its first "
+    "`construct` opens every file (a cold build); `construct_warm` then reads "
+    "the entries it stored.",
+)
 _OBS = ["plate", "donor", "cell_type", "batch"]
 
 
@@ -412,6 +419,9 @@ def _measure(point: dict, paths: list[str], list_file: str) -> None:
     if _S3.value:
         _measure_s3(point, paths)
         return
+    if _FRESH_META_CACHE.value:  # the first `construct` inspects every file
+        scratch = tempfile.mkdtemp(prefix="grain_cells_scale_meta-")
+        os.environ["GRAIN_CELLS_CACHE"] = scratch
     todo = list(_MEASURES.value)
     while todo:
         if _CACHE.value == "cold":
