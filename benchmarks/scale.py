@@ -167,7 +167,9 @@ _FILE_LIST = flags.DEFINE_string(
     "Measure these existing files (one path a line) as the only point, "
     "instead of the --cells and --files points; only the first --list_files.",
 )
-_LIST_FILES = flags.DEFINE_integer("list_files", None, "See --file_list.")
+_LIST_FILES = flags.DEFINE_integer(
+    "list_files", None, "With --file_list: measure only its first N files (all: unset)."
+)
 _ENDPOINT = flags.DEFINE_string(
     "endpoint", None, "Internal: the S3 endpoint of the probe's URLs."
 )
