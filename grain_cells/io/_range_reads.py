@@ -74,11 +74,11 @@ def fetch_ranges(
         )
         for a, b in itertools.pairwise([0, *cuts])
     ]
-    return _joined(parts, buf)
+    return _joined(parts)
 
 
-def _joined(parts: list[FetchedRows], buf: RowBuffer) -> FetchedRows:
-    """Parts of one fetch (rows in file order) as one, in `buf`."""
+def _joined(parts: list[FetchedRows]) -> FetchedRows:
+    """Parts of one fetch (rows in file order) as one, in fresh arrays."""
     row_ids = np.concatenate([p.row_ids for p in parts])
     obs = {c: np.concatenate([p.obs[c] for p in parts]) for c in parts[0].obs}
     if parts[0].csr is None:
