@@ -143,11 +143,13 @@ class ChunkCache:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self.nbytes = 0  # decoded bytes held
         self._lock = threading.Lock()
+        self._dropped: list[int] = []  # readers closed, their chunks not yet gone
         self.token = itertools.count().__next__  # a key prefix per reader
 
     def get(self, token: int, k: int) -> np.ndarray | None:
         """Chunk `k` of reader `token`, or None; marks it recently used."""
         with self._lock:
+            self._forget()
             chunk = self._entries.get((token, k))
             if chunk is not None:
                 self._entries.move_to_end((token, k))
@@ -158,6 +160,7 @@ class ChunkCache:
         if chunk.nbytes > budget:
             return
         with self._lock:
+            self._forget()
             old = self._entries.pop((token, k), None)
             self.nbytes += chunk.nbytes - (0 if old is None else old.nbytes)
             self._entries[(token, k)] = chunk
@@ -165,7 +168,22 @@ class ChunkCache:
                 self.nbytes -= self._entries.popitem(last=False)[1].nbytes
 
     def drop(self, token: int) -> None:
-        """Forgets every chunk of reader `token` (it was closed)."""
-        with self._lock:
+        """Forgets every chunk of reader `token` (it was closed).
+
+        A reader's finalizer calls it, and the garbage collector may run one
+        in a thread that holds the lock (inside `get`): taking it here would
+        deadlock, so a busy lock leaves the chunks to its holder's `_forget`.
+        """
+        self._dropped.append(token)  # atomic: needs no lock
+        if self._lock.acquire(blocking=False):
+            try:
+                self._forget()
+            finally:
+                self._lock.release()
+
+    def _forget(self) -> None:
+        """Removes the chunks of dropped readers (the lock held)."""
+        while self._dropped:
+            token = self._dropped.pop()
             for key in [key for key in self._entries if key[0] == token]:
                 self.nbytes -= self._entries.pop(key).nbytes

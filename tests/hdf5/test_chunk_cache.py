@@ -81,3 +81,24 @@ def test_uncached_readers_keep_nothing(gz_files, monkeypatch):
     finally:
         f.close()
         os.close(fd)
+
+
+def test_a_drop_while_the_lock_is_held_does_not_deadlock():
+    """A reader's finalizer may run inside `get` (the collector runs anywhere)."""
+    import threading
+
+    cache = ChunkCache()
+    cache.put(1, 0, np.zeros(10), budget=1 << 20)
+    cache.put(2, 0, np.ones(10), budget=1 << 20)
+    done = threading.Event()
+
+    def collected_inside_get():
+        with cache._lock:  # as `get` holds it when the finalizer runs
+            cache.drop(1)
+        done.set()
+
+    threading.Thread(target=collected_inside_get, daemon=True).start()
+    assert done.wait(10), "drop() waited on the lock its own thread held"
+    assert cache.get(1, 0) is None  # gone at the next use of the lock
+    assert cache.get(2, 0) is not None
+    assert cache.nbytes == 80
