@@ -251,3 +251,33 @@ def test_a_cold_build_of_many_local_files_opens_them_in_processes(
     rows = np.random.default_rng(5).permutation(N_FILES * CELLS)
     _check(source, rows, source.read(rows))
     source.close()
+
+
+def test_a_build_process_that_dies_is_named_not_a_hang(paths, monkeypatch, tmp_path):
+    """A process of the build that dies (the OOM killer, say) is reported with
+    the files it was opening, and the build does not wait for its pool.
+    """
+    import concurrent.futures
+    import multiprocessing
+
+    from grain_cells.io import _build
+
+    monkeypatch.setenv("GRAIN_CELLS_CACHE", str(tmp_path / "cold"))
+    monkeypatch.setattr(_build, "MIN_LOCAL_OPENS", 2)
+    monkeypatch.setattr(_build.cores, "available", lambda: 2)
+
+    def dying_pool(n, remote):  # each process exits as it starts
+        return concurrent.futures.ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=os._exit,
+            initargs=(9,),
+        )
+
+    monkeypatch.setattr(_build, "_pool", dying_pool)
+    with pytest.raises(RuntimeError, match="died") as raised:
+        grain_cells.AnnDataSource(paths, obs_columns=OBS)
+    message = str(raised.value)
+    assert f"opening {N_FILES} files" in message
+    assert paths[0] in message
+    assert "out-of-memory" in message
