@@ -151,7 +151,6 @@ class WeightedBlockSampler(BlockStream):
         if epoch_cells is not None:
             check_int("epoch_cells", epoch_cells, minimum=1)
         self._cdf = np.cumsum(w)
-        self._runs = _runs_of_equal(w)
         self._total = float(self._cdf[-1])
         self._last_drawable = int(np.flatnonzero(w > 0)[-1])
         if epoch_cells is not None:
@@ -173,9 +172,7 @@ class WeightedBlockSampler(BlockStream):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        if state.get("_runs") is not None:
-            del state["_cdf"]  # rebuilt from the runs, bit for bit
-        elif self._cdf.nbytes >= SHARED_MIN_BYTES:
+        if self._cdf.nbytes >= SHARED_MIN_BYTES:
             path = _share(self._cdf, self._cdf_name[:_STAMP])
             if path is not None:  # mapped by each worker, not pickled
                 del state["_cdf"]
@@ -184,14 +181,9 @@ class WeightedBlockSampler(BlockStream):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "_cdf" in state:
-            return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
             self._cdf = _mapped(shared, self.num_blocks, self._cdf_name[:_STAMP])
-        else:
-            values, counts = self._runs
-            self._cdf = np.cumsum(np.repeat(values, counts))
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -218,13 +210,3 @@ class WeightedBlockSampler(BlockStream):
             "seed": self.seed,
             "num_epochs": self.num_epochs,
         }
-
-
-def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`(values, counts)` of runs of bit-equal weights; None unless under w.size / 2."""
-    bits = w.view(np.int64)
-    heads = np.flatnonzero(bits[1:] != bits[:-1]) + 1
-    if 2 * (heads.size + 1) >= w.size:
-        return None
-    heads = np.concatenate([[0], heads])
-    return w[heads].copy(), np.diff(heads, append=w.size)
