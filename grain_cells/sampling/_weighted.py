@@ -1,8 +1,7 @@
 """`WeightedBlockSampler`: weighted and class-balanced draws of blocks.
 
-Cumulative weights of `SHARED_MIN_BYTES` or more are written once under
-`$GRAIN_CELLS_CACHE/weights/` (named by their digest, which also ends the file)
-and mapped read-only by each worker instead of pickled into each.
+Large cumulative weights reach workers as a mapped cache file. Design notes:
+docs/reference/design.md#sampling-shared-table.
 """
 
 from __future__ import annotations
@@ -121,9 +120,8 @@ class WeightedBlockSampler(BlockStream):
             readahead_cells: As in `BlockSampler`.
 
         Raises:
-            ValueError: An argument is out of range: weights of the wrong
-                length, negative, non-finite or all 0; both or a non-positive
-                epoch length; a bad seed, epoch count or shard.
+            ValueError: An argument is out of range (weights: one finite value
+                >= 0 per block, not all 0; one epoch length at most).
         """
         super().__init__(
             source, seed, num_epochs, shard_options, readahead_cells, False
