@@ -142,7 +142,7 @@ class Plan:
             # restored is redone; a copy of the inputs elsewhere is not.
             "inputs": file_entries(source),
             **{name: args[name] for name in _FINGERPRINTED},
-            "carry": self.carry.describe(),
+            "carry": {k: v for k, v in vars(self.carry).items() if k != "left"},
             # Only when not h5ad: h5ad parts of earlier versions stay valid.
             **({} if self.zarr_format is None else {"output": self.format}),
         }
