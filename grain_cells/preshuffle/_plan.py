@@ -92,12 +92,10 @@ class Plan:
         self.element = matrix_element(args["layer"])
         self.obs_columns, self.group_by = self._columns(args)
         self.n_cells = source.num_cells
-        maps = [source.file_column_map(i) for i in range(len(self.paths))]
-        self.column_map_first = maps[0]
         self.x = Matrix("X", source.files, source.check_indices)
-        keep = args["keep"]
+        keep, aligned = args["keep"], self.x.column_map(0) is not None
         self.carry = _carry.choose(
-            self.paths, self.storage_options, keep, args["layer"], maps[0] is not None
+            self.paths, self.storage_options, keep, args["layer"], aligned
         )
         self.matrices = [self.x]
         for element in list(self.carry.matrices):
