@@ -101,16 +101,15 @@ def _dense(width: int, longest: int) -> bool:
 
 def _piece_counts(klass: np.ndarray, n: np.ndarray, width: int, dense: bool):
     """The piece's blocks x classes counts: dense float64, or sparse CSR."""
-    block = np.repeat(np.arange(n.size), n)
     if dense:
+        block = np.repeat(np.arange(n.size), n)
         counts = np.bincount(block * width + klass, minlength=n.size * width)
         return counts.reshape(n.size, width).astype(np.float64)
-    ones = np.ones(klass.size, np.int64)
     import scipy.sparse as sp  # here: workers never import scipy
 
-    table = sp.csr_matrix((ones, (block, klass)), shape=(n.size, width))
-    table.sum_duplicates()
-    return table.astype(np.float64)
+    block, klass, count = _piece_entries(klass, n, width)  # sorted, unique
+    values = count.astype(np.float64)
+    return sp.csr_matrix((values, (block, klass)), shape=(n.size, width))
 
 
 def pairs(codes, ranges, num_blocks: int, longest: int, width: int) -> Pairs:
@@ -148,15 +147,13 @@ def block_sums(
     dense = _dense(width, longest)
     out = np.empty(num_blocks)
     for a, klass, n in pieces(codes, ranges, num_blocks, longest, width):
-        table = _piece_counts(klass, n, width, dense)
         if dense:
-            columns = np.ascontiguousarray(table.T)
+            columns = np.ascontiguousarray(_piece_counts(klass, n, width, True).T)
             sums = np.zeros(n.size)
             for k in np.flatnonzero(multiplier):
                 sums += multiplier[k] * columns[k]
         else:  # entries in (block, class) order, as np.bincount adds them
-            block = np.repeat(np.arange(n.size), np.diff(table.indptr))
-            values = multiplier[table.indices] * table.data
-            sums = np.bincount(block, values, minlength=n.size)
+            block, klass, count = _piece_entries(klass, n, width)
+            sums = np.bincount(block, multiplier[klass] * count, minlength=n.size)
         out[a : a + n.size] = sums / n
     return out

@@ -6,6 +6,7 @@ Design notes: docs/reference/design.md#preshuffle-carry.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import h5py
 
@@ -30,17 +31,6 @@ CARRY_ERRORS = (
     errors.UnsupportedLayoutError,
 )
 """What makes a default (`keep=None`) run leave a matrix out rather than fail."""
-
-
-class Carry:
-    """What a run carries: gathered `matrices`, `obsm_frames`, `copies`, and `left`."""
-
-    def __init__(self):
-        self.matrices, self.obsm_frames, self.copies, self.left = [], [], [], []
-
-    def describe(self) -> dict:
-        """For the run's fingerprint."""
-        return {k: getattr(self, k) for k in ("matrices", "obsm_frames", "copies")}
 
 
 def _kind(obj) -> str:
@@ -103,9 +93,10 @@ def _parse(keep) -> set[str]:
 
 
 def choose(paths: list[str], storage_options: dict, keep, layer, genes_changed):
-    """The `Carry` for `preshuffle`'s `keep` and `layer` (see the design notes).
+    """What a run carries for `keep` and `layer` (see the design notes).
 
-    `genes_changed`: gene alignment changes the output's genes from the first var.
+    Lists of names: `matrices` (gathered), `obsm_frames`, `copies`, and `left`
+    (with why). `genes_changed`: alignment changes the genes from the first var.
     """
     explicit = None if keep is None else _parse(keep)
     found = []
@@ -114,7 +105,7 @@ def choose(paths: list[str], storage_options: dict, keep, layer, genes_changed):
             found.append(_inventory(f))
     x_element = matrix_element(layer)
     x_is_raw = x_element == "raw/X"
-    carry = Carry()
+    carry = SimpleNamespace(matrices=[], obsm_frames=[], copies=[], left=[])
 
     def wanted(name: str) -> bool:  # `layers/a` is wanted by `layers` too
         return explicit is None or name in explicit or name.split("/")[0] in explicit

@@ -150,7 +150,7 @@ class Frames:
         self.obs = read_obs(paths, plan.obs_columns, options)
         var = "raw/var" if plan.element == "raw/X" else "var"
         var = _read_frame(paths[0], var, options)
-        self.var = _aligned(var, plan.column_map_first, plan.source.var_names)
+        self.var = _aligned(var, plan.x.column_map(0), plan.source.var_names)
         self.obsm = {}
         for key in plan.carry.obsm_frames:
             name, fix = f"obsm/{key}", "leave it out with keep=[...]"

@@ -92,12 +92,10 @@ class Plan:
         self.element = matrix_element(args["layer"])
         self.obs_columns, self.group_by = self._columns(args)
         self.n_cells = source.num_cells
-        maps = [source.file_column_map(i) for i in range(len(self.paths))]
-        self.column_map_first = maps[0]
         self.x = Matrix("X", source.files, source.check_indices)
-        keep = args["keep"]
+        keep, aligned = args["keep"], self.x.column_map(0) is not None
         self.carry = _carry.choose(
-            self.paths, self.storage_options, keep, args["layer"], maps[0] is not None
+            self.paths, self.storage_options, keep, args["layer"], aligned
         )
         self.matrices = [self.x]
         for element in list(self.carry.matrices):
@@ -142,7 +140,7 @@ class Plan:
             # restored is redone; a copy of the inputs elsewhere is not.
             "inputs": file_entries(source),
             **{name: args[name] for name in _FINGERPRINTED},
-            "carry": self.carry.describe(),
+            "carry": {k: v for k, v in vars(self.carry).items() if k != "left"},
             # Only when not h5ad: h5ad parts of earlier versions stay valid.
             **({} if self.zarr_format is None else {"output": self.format}),
         }

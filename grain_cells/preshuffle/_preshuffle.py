@@ -66,13 +66,12 @@ def preshuffle(
 ) -> list[pathlib.Path] | list[str]:
     """Writes the cells of `inputs` in a seeded random order as new `.h5ad` files.
 
-    The inputs are concatenated along cells and shuffled together into
-    `part-00000.h5ad`, ... in `output_dir`; a rerun keeps the parts already
-    complete. Each part holds `X` (the chosen matrix, CSR or dense as stored),
-    `obs` (categories merged over the inputs in order of first appearance),
-    `var` (the first input's; `raw/var` when `layer="raw"`) and what `keep`
-    carries: `layers`, `raw` and `obsm` with their rows in the part's order;
-    `uns`, `varm`, `varp` from the first input; never `obsp`.
+    The inputs are concatenated and shuffled together into `part-00000.h5ad`,
+    ... in `output_dir`; a rerun keeps the parts already complete. A part holds
+    `X` (CSR or dense as stored), `obs` (categories merged over the inputs),
+    `var` (the first input's; `raw/var` for `layer="raw"`) and what `keep`
+    carries: `layers`, `raw`, `obsm` in the part's row order; `uns`, `varm`,
+    `varp` from the first input; never `obsp`.
 
     Example:
         >>> parts = preshuffle(["plate1.h5ad", "plate2.h5ad"], "/data/shuffled",
@@ -84,78 +83,60 @@ def preshuffle(
     Args:
         inputs: One `.h5ad` path or URL or a sequence of them, concatenated
             in order.
-        output_dir: Folder for the parts, created if missing; or the URL of
-            a prefix in a bucket (the bucket must exist), where each part is
-            staged locally, then uploaded.
-        cells_per_file: Cells per output part (the last part holds the rest);
-            None writes one part.
-        seed: Seed of the permutation (an int >= 0). Same seed and inputs give
-            the same order.
-        layer: Matrix to copy as `X`: None for `X`, `"raw"` for `raw/X`, any
+        output_dir: Folder for the parts (created if missing), or the URL
+            of a prefix in an existing bucket (each part is staged locally,
+            then uploaded).
+        cells_per_file: Cells per part (the last holds the rest); None: one.
+        seed: Seed of the permutation (an int >= 0; same seed, same order).
+        layer: Matrix copied as `X`: None for `X`, `"raw"` for `raw/X`, any
             other name for `layers/<name>`.
-        obs_columns: obs columns to carry; None carries every column of the
-            first input (the others must have them too).
-        compression: None (default, enables the positional-read fast path),
-            `"gzip"` (level 1, with the shuffle filter) or `"lzf"`; for zarr
-            parts None, `"zstd"` (zarr's and anndata's default codec) or
-            `"gzip"` (level 1).
+        obs_columns: obs columns to carry; None: every column of the first
+            input (the others must have them too).
+        compression: None (default: positional reads), `"gzip"` (level 1,
+            shuffled) or `"lzf"`; for zarr None, `"zstd"` or `"gzip"`.
         chunk_cells: Cells per chunk of the output matrix. None: about 4 MiB
             of values per HDF5 chunk (256 KiB compressed); for zarr, 32 cells
             and at least 64 KiB (v2: 256 cells, 1 MiB).
-        memory_budget_bytes: Bytes of matrix values held at once: two windows
-            (one being assembled while the other is written) plus the read
-            buffer. A window holds at least one cell, whatever the budget.
+        memory_budget_bytes: Bytes of matrix values held at once (two
+            windows and the read buffer; a window holds at least one cell).
         progress: Show a progress bar (tqdm, on stderr) of the cells written.
-        join: How genes of inputs with different var names are aligned:
-            `"exact"` (default: all inputs list the same var names),
-            `"inner"` or `"outer"`, as in `AnnDataSource`.
-        genes: Optional output genes within those `join` aligns (names, a
-            boolean mask or positions), as in `AnnDataSource`.
-        storage_options: For URL inputs: obstore configuration and
-            credentials, as in `AnnDataSource` (None: from the environment).
-        output_storage_options: For a URL `output_dir`: the same for the
-            output store; None uses `storage_options`.
-        staging_dir: For a URL `output_dir`: local folder, with room for one
-            part, where each part is written before its upload (default
-            `TMPDIR`); folders of runs that died are removed at the next start.
-        group_by: An obs column (every input has it), or a list of them:
-            write each label's (each combination's, the first column
-            outermost; labels in category order, a missing label last)
-            cells contiguously, shuffled within it. Blocks are then pure
-            (for `balanced_block_weights`, `WeightedBlockSampler` or
-            `ConditionBlockSampler`), no longer random samples. None
-            (default): one shuffle of all cells.
-        keep: Elements to carry besides X, obs and var: None (default)
-            carries every one that fits and warns naming those it leaves;
-            a list names them: `"layers"`, `"layers/<name>"`, `"raw"`,
-            `"obsm"`, `"obsm/<name>"`, `"varm"`, `"varp"`, `"uns"`; `()`
-            carries none (the quickest copy).
-        format: `"h5ad"` (default, `part-00000.h5ad`), `"zarr"` (an AnnData
-            zarr v3 store with sharded matrices, `part-00000.zarr`) or
-            `"zarr-v2"` (no shards); zarr parts hold the cells of the h5ad
-            parts in the same order and are written to a local folder only.
+        join: As in `AnnDataSource`.
+        genes: As in `AnnDataSource`.
+        storage_options: As in `AnnDataSource` (for URL inputs).
+        output_storage_options: The `storage_options` of a URL `output_dir`
+            (None: `storage_options`).
+        staging_dir: For a URL `output_dir`: a local folder with room for
+            one part (default `TMPDIR`).
+        group_by: An obs column every input has, or a list of them: each
+            label's cells (a combination's, the first column outermost;
+            category order, a missing label last) are written contiguously,
+            shuffled within, so blocks are pure (for class-balanced or
+            condition sampling) rather than random samples.
+        keep: Elements to carry besides X, obs and var: None carries every
+            one that fits and warns naming those it leaves; or a list of
+            `"layers"`, `"layers/<name>"`, `"raw"`, `"obsm"`, `"obsm/<name>"`,
+            `"varm"`, `"varp"`, `"uns"`; `()` carries none (the quickest).
+        format: `"h5ad"` (default), `"zarr"` (zarr v3, sharded matrices,
+            `part-00000.zarr`) or `"zarr-v2"`; zarr parts hold the cells of
+            the h5ad parts in the same order, in a local folder only.
 
     Returns:
-        The paths of the parts, in order (their URLs for a URL `output_dir`).
+        The paths of the parts, in order (URLs for a URL `output_dir`).
 
     Raises:
         ValueError: `inputs` is empty, an argument is out of range, an input
             would be overwritten by a part, or a zarr `format` names a URL.
         NotADirectoryError: `output_dir` exists and is not a folder.
         FileNotFoundError: An input does not exist.
-        OSError: The output's disk lacks the space for a part (the message
-            names the folder, the bytes needed and free), or an upload failed.
         PermissionError: The credentials may not read an input or write the
             output (names the URL and the fix).
+        OSError: The disk lacks room for a part (names the folder, the bytes
+            needed and free), or an upload failed.
         TypeError: `group_by` or `keep` is of the wrong type.
-        errors.GeneMismatchError: With `join="exact"`, the inputs list
-            different var names (and see `AnnDataSource` for the others).
         errors.MissingColumnError: An obs column, layer, X or an element named
             in `keep` is missing.
-        errors.UnsupportedLayoutError: A matrix is CSC, or sparse in some
-            inputs and dense in others.
-        errors.AnnDataFormatError: An input is not readable AnnData, or an obs
-            column cannot be merged over the inputs.
+        errors.AnnDataFormatError: An input is not AnnData, or an obs column
+            cannot be merged over the inputs; and see `AnnDataSource`.
     """
     args = dict(locals())  # every argument by name, for Plan
     bucket = None

@@ -1,8 +1,7 @@
 """`WeightedBlockSampler`: weighted and class-balanced draws of blocks.
 
-Cumulative weights of `SHARED_MIN_BYTES` or more are written once under
-`$GRAIN_CELLS_CACHE/weights/` (named by their digest, which also ends the file)
-and mapped read-only by each worker instead of pickled into each.
+Large cumulative weights reach workers as a mapped cache file. Design notes:
+docs/reference/design.md#sampling-shared-table.
 """
 
 from __future__ import annotations
@@ -121,9 +120,8 @@ class WeightedBlockSampler(BlockStream):
             readahead_cells: As in `BlockSampler`.
 
         Raises:
-            ValueError: An argument is out of range: weights of the wrong
-                length, negative, non-finite or all 0; both or a non-positive
-                epoch length; a bad seed, epoch count or shard.
+            ValueError: An argument is out of range (weights: one finite value
+                >= 0 per block, not all 0; one epoch length at most).
         """
         super().__init__(
             source, seed, num_epochs, shard_options, readahead_cells, False
@@ -151,7 +149,6 @@ class WeightedBlockSampler(BlockStream):
         if epoch_cells is not None:
             check_int("epoch_cells", epoch_cells, minimum=1)
         self._cdf = np.cumsum(w)
-        self._runs = _runs_of_equal(w)
         self._total = float(self._cdf[-1])
         self._last_drawable = int(np.flatnonzero(w > 0)[-1])
         if epoch_cells is not None:
@@ -173,9 +170,7 @@ class WeightedBlockSampler(BlockStream):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        if state.get("_runs") is not None:
-            del state["_cdf"]  # rebuilt from the runs, bit for bit
-        elif self._cdf.nbytes >= SHARED_MIN_BYTES:
+        if self._cdf.nbytes >= SHARED_MIN_BYTES:
             path = _share(self._cdf, self._cdf_name[:_STAMP])
             if path is not None:  # mapped by each worker, not pickled
                 del state["_cdf"]
@@ -184,14 +179,9 @@ class WeightedBlockSampler(BlockStream):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "_cdf" in state:
-            return
         shared = self.__dict__.pop("_cdf_file", None)
         if shared is not None:
             self._cdf = _mapped(shared, self.num_blocks, self._cdf_name[:_STAMP])
-        else:
-            values, counts = self._runs
-            self._cdf = np.cumsum(np.repeat(values, counts))
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -218,13 +208,3 @@ class WeightedBlockSampler(BlockStream):
             "seed": self.seed,
             "num_epochs": self.num_epochs,
         }
-
-
-def _runs_of_equal(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`(values, counts)` of runs of bit-equal weights; None unless under w.size / 2."""
-    bits = w.view(np.int64)
-    heads = np.flatnonzero(bits[1:] != bits[:-1]) + 1
-    if 2 * (heads.size + 1) >= w.size:
-        return None
-    heads = np.concatenate([[0], heads])
-    return w[heads].copy(), np.diff(heads, append=w.size)

@@ -54,11 +54,6 @@ class ChunkDefaults:
         fits = int(MAX_FETCH_CELLS // max(cells, 1.0))
         return max(1, min(DEFAULT_BLOCKS_PER_FETCH, fits))
 
-    @property
-    def fetch_bytes(self) -> int:
-        """Decoded bytes of a fetch of `DEFAULT_BLOCKS_PER_FETCH` blocks."""
-        return DEFAULT_BLOCKS_PER_FETCH * self.chunks_per_block * self.chunk_bytes
-
 
 def compressed_defaults(
     n_cells: int, chunk_starts: np.ndarray, chunk_bytes: int

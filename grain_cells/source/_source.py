@@ -112,13 +112,12 @@ class AnnDataSource(SourceDescription):
             errors.AnnDataFormatError: A file is not AnnData or is malformed,
                 or an obs column is categorical in one file, numeric in another.
             errors.UnsupportedLayoutError: A matrix is CSC or otherwise
-                unusable, or the `genes_from` column holds floats or booleans.
+                unusable, or the `genes_from` column is not of ids.
             errors.MissingColumnError: An obs column, gene, layer or the
                 `genes_from` column is missing.
-            errors.GeneMismatchError: With `join="exact"`, files have different
-                var names; with `"inner"`, no gene is in every file; with
-                `"inner"` or `"outer"`, a file repeats a var name; a
-                `genes_from` column repeats a value or misses one.
+            errors.GeneMismatchError: The files' genes do not align under
+                `join` (other names; none shared; a name or `genes_from`
+                value repeated or missing).
         """
         if block_size is not None:
             block_size = arguments.check_int("block_size", block_size, minimum=1)
@@ -175,11 +174,8 @@ class AnnDataSource(SourceDescription):
     def view(self, table: BlockTable) -> AnnDataSource:
         """A source over the same files whose records are `table`'s blocks.
 
-        Behind `select`, `with_blocks` and the splits; logs a warning when the
-        table is fragmented (blocks under half of `block_size`).
-
-        Raises:
-            ValueError: `table` is not over this source's files and block size.
+        Behind `select`, `with_blocks` and the splits; warns (logging) when the
+        table is fragmented. ValueError: `table` is of other files or blocks.
         """
         if table.block_size != self.block_size or not np.array_equal(
             table.cell_offsets, self.block_table.cell_offsets
@@ -305,9 +301,7 @@ class AnnDataSource(SourceDescription):
         return not self._handles.cache_warm
 
     def advise(self, keys) -> None:
-        """Hints that these blocks will be read soon (fadvise, or range GETs
-        started in the background); never raises.
-        """  # noqa: D205
+        """Hints that these blocks will be read soon; never raises."""
         try:
             files, starts, stops = self.block_table.ranges(np.unique(keys))
             _advise(*self._at, files, starts, stops)

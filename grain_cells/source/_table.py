@@ -85,11 +85,6 @@ class BlockTable:
         return self.run_starts is not None
 
     @property
-    def num_runs(self) -> int:
-        """Runs of a view (its blocks for the grid)."""
-        return len(self) if self.run_starts is None else int(self.run_starts.size)
-
-    @property
     def num_cells(self) -> int:
         """Cells over all files (a view's row ids still range over these)."""
         return int(self.cell_offsets[-1])

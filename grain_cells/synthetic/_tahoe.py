@@ -58,20 +58,15 @@ def write_tahoe_like(
     """Writes a synthetic plate-sorted, Tahoe-100M-like dataset to ``.h5ad``.
 
     Plate ``i`` holds cells ``[i * n_cells // n_plates, (i + 1) * n_cells //
-    n_plates)``. ``obs`` has the categoricals ``plate`` (``plate_01``, ...),
+    n_plates)``. ``obs``: the categoricals ``plate`` (``plate_01``, ...),
     ``cell_line`` (``CVCL_0001``, ...; Zipf-like in every plate) and ``drug``
-    (``drug_001``, ...; skewed, per cell), the float32 ``n_counts`` (row sums of X) and
-    the index ``cell_000000000``, ...; ``var`` is indexed by ``ENSG00000000001``-style
-    ids with a ``gene_symbol`` column.
-
-    X holds integer-valued float32 counts, as anndata's ``csr_matrix`` (``indices``
-    int32, sorted within each row; ``indptr`` int64; resizable datasets), or with
-    ``dense=True`` as a 2-D float32 dataset of the same values (contiguous, or chunked
-    by whole rows, about 1 MiB each, when compressed).
-
-    The same arguments give identical ``X``, ``obs`` and ``var``; ``chunk_cells``
-    changes which genes each cell holds (one random stream per write step), not the
-    metadata or counts.
+    (``drug_001``, ...; skewed), the float32 ``n_counts`` (row sums of X), the
+    index ``cell_000000000``, ...; ``var``: ``ENSG00000000001``-style ids and a
+    ``gene_symbol`` column. X holds integer-valued float32 counts as anndata's
+    ``csr_matrix`` (int32 ``indices`` sorted per row, int64 ``indptr``), or
+    with ``dense=True`` a 2-D dataset (chunked by whole rows when compressed).
+    The same arguments give the same X, obs and var; ``chunk_cells`` changes which
+    genes each cell holds, not obs, var or the counts.
 
     Args:
         path: Destination file; overwritten if it exists. Its folder must

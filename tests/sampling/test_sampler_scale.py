@@ -1,9 +1,9 @@
 """Samplers at scale: compact pickles, vectorised `blocks_at`.
 
-`WeightedBlockSampler` pickles its weights run-length encoded.
+`WeightedBlockSampler` pickles large weights as the path of a shared table.
 
-A worker rebuilds the cumulative weights from the runs; they must be the
-very same floats (draws are `searchsorted` on them).
+A worker maps or unpickles the cumulative weights; they must be the very
+same floats (draws are `searchsorted` on them).
 """
 
 from __future__ import annotations

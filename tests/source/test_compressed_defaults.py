@@ -185,7 +185,8 @@ def test_chunks_per_block_within_budget(chunk_bytes, per_chunk, n, block_size):
     assert chosen.fetch_blocks == 64
     assert chosen.block_size >= 1.25 * n * per_chunk
     if n > 1:
-        assert chosen.fetch_bytes <= chunk_grid.FETCH_BUDGET_BYTES
+        fetch_bytes = chunk_grid.DEFAULT_BLOCKS_PER_FETCH * n * chosen.chunk_bytes
+        assert fetch_bytes <= chunk_grid.FETCH_BUDGET_BYTES
         assert 64 * n * per_chunk <= chunk_grid.MAX_FETCH_CELLS
 
 
