@@ -47,16 +47,12 @@ def hash64_int(*words: int) -> int:
 
 
 def permutation(n: int, *words: int, key: int | None = None) -> np.ndarray:
-    """Permutation of `range(n)`: argsort of `hash64(hash64_int(*words), arange(n))`.
+    """Permutation of `range(n)`: argsort of `hash64(key, arange(n))`.
 
     `key`: `hash64_int(*words)`, when the caller has it.
     """
     key = hash64_int(*words) if key is None else key
-    # `hash64`'s two rounds, the first (on a constant) in Python ints.
-    z = np.arange(n, dtype=_U64)
-    z ^= _U64(hash64_int(key))
-    z += _U64(_GOLDEN)
-    return np.argsort(_mix(z), kind="stable")
+    return np.argsort(hash64(key, np.arange(n, dtype=_U64)), kind="stable")
 
 
 def uniform(*words) -> np.ndarray:

@@ -168,12 +168,7 @@ class ChunkCache:
                 self.nbytes -= self._entries.popitem(last=False)[1].nbytes
 
     def drop(self, token: int) -> None:
-        """Forgets every chunk of reader `token` (it was closed).
-
-        A reader's finalizer calls it, and the garbage collector may run one
-        in a thread that holds the lock (inside `get`): taking it here would
-        deadlock, so a busy lock leaves the chunks to its holder's `_forget`.
-        """
+        """Forgets reader `token`'s chunks (closed); a busy lock leaves it to `get`."""
         self._dropped.append(token)  # atomic: needs no lock
         if self._lock.acquire(blocking=False):
             try:

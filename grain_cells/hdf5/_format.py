@@ -16,7 +16,7 @@ import numpy as np
 
 from grain_cells import errors, formats
 from grain_cells.hdf5 import _open, _reads
-from grain_cells.hdf5._reads import byte_layout, range_reader, read_positional
+from grain_cells.hdf5._reads import byte_layout, range_reader
 from grain_cells.storage import FileStat, LocalByteReader
 from grain_cells.storage.remote import RemoteByteReader, is_url, version_of
 
@@ -63,9 +63,6 @@ class Hdf5Format(formats.Format):
     def file_name(self, f) -> str:
         rf = _open.range_files.get(f)  # h5py's `filename` is ASCII-squeezed
         return rf.url if rf is not None else f.filename
-
-    def owns(self, node) -> bool:
-        return isinstance(node, (h5py.Group, h5py.Dataset))
 
     def is_group(self, node) -> bool:
         return isinstance(node, h5py.Group)
@@ -148,10 +145,7 @@ class Hdf5Format(formats.Format):
         return held
 
     def read(self, array, index, path: str, rows: tuple[int, int]) -> np.ndarray:
-        """Positional where it can; sorted distinct indices in one selection."""
-        out = read_positional(array, index, path)
-        if out is not None:
-            return out
+        """`array[index]`; sorted distinct indices in one selection."""
         shape = array.shape  # h5py selects an index array's points one at a time
         one_d = shape is not None and len(shape) == 1 and array.dtype.kind in "biuf"
         if one_d and (points := _reads.sorted_points(index, shape[0])) is not None:

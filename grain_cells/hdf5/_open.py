@@ -36,10 +36,7 @@ CACHE_BLOCKS = 256  # 16 MiB of blocks per open remote file
 
 # The `RangeFile` of each remote file open.
 range_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Each object version's metadata while a file of it is open (its files share
-# it; the next open loads it again from the disk cache): kept for every object
-# ever opened, it grew ~0.4 MiB per thin file. A forked child loads its own
-# (their locks are the parent's).
+# Each object version's metadata while a file of it is open (design notes).
 _metadata = fork.WeakProcessCache()
 
 

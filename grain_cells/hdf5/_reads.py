@@ -1,12 +1,11 @@
 """Row ranges of an HDF5 dataset: positional, `_chunks` decoding, else h5py.
 
-Records per open node (plist, layout, descriptor). Design notes:
+Records per open node (plist, chunk table, path). Design notes:
 docs/reference/design.md#hdf5-reads and #hdf5-handles.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import weakref
@@ -27,9 +26,6 @@ from grain_cells.storage import as_byte_reader
 # Ranges per H5Dread in the h5py path: HDF5's selection union grows
 # superlinearly in the number of blocks it holds.
 _MAX_HYPERSLABS_PER_READ = 1024
-# A sorted index's elements in one chunk are read as one span up to this size.
-_SPAN_BYTES = 64 * 1024
-_LAYOUTS: dict[int, tuple] = {}
 _TABLES: dict[int, tuple] = {}
 
 
@@ -90,10 +86,6 @@ class H5pyReader:
 
 def byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     """Where an uncompressed dataset's rows lie in `path` (row chunks), or None."""
-    return held(_LAYOUTS, ds.id, path, lambda: _byte_layout(ds, path))
-
-
-def _byte_layout(ds: h5py.Dataset, path: str) -> ByteLayout | None:
     dtype = ds.dtype
     if value_dtype(dtype) != dtype or dtype.hasobject:
         return None
@@ -128,35 +120,6 @@ def row_chunks(dsid, chunk_len: int, n_rows: int):
     return held(_TABLES, dsid, key, lambda: chunk_table(dsid, chunk_len, n_rows))
 
 
-def read_positional(ds: h5py.Dataset, index, path: str) -> np.ndarray | None:
-    """`ds[index]` by `pread` (1-D; a step-1 slice or sorted ints), or None."""
-    record = handle(ds)  # HDF5's descriptor of `path` while `ds` is open in it
-    if len(ds.shape) != 1 or record is None or record[1] is None:
-        return None
-    if record[0] != path or not ds.id.valid:
-        return None
-    fd = record[1]
-    if (layout := byte_layout(ds, path)) is None:
-        return None
-    n, points = layout.shape[0], None
-    if isinstance(index, slice):
-        start, stop, step = index.indices(n)
-        if step != 1:
-            return None
-        starts, stops = np.array([start]), np.array([max(start, stop)])
-    elif (points := sorted_points(index, n)) is not None:
-        starts, stops = _point_spans(layout, points)
-    else:
-        return None
-    lengths = stops - starts
-    out = np.empty(int(lengths.sum()), layout.dtype)
-    PositionalReader(layout, path, as_byte_reader(fd, path)).read(starts, stops, out)
-    if points is None:
-        return out
-    which = np.searchsorted(starts, points, side="right") - 1
-    return out[(np.cumsum(lengths) - lengths)[which] + points - starts[which]]
-
-
 def sorted_points(index, n: int) -> np.ndarray | None:
     """`index` as int64 if it is 1-D sorted distinct integers in `[0, n)`, else None."""
     if not isinstance(index, np.ndarray) or index.ndim != 1 or not index.size:
@@ -167,17 +130,6 @@ def sorted_points(index, n: int) -> np.ndarray | None:
     if points[0] < 0 or points[-1] >= n or (np.diff(points) <= 0).any():
         return None
     return points
-
-
-def _point_spans(layout: ByteLayout, points: np.ndarray):
-    """`(starts, stops)` covering sorted `points`: one per chunk, or one per point."""
-    head = np.diff(points // layout.chunk_rows, prepend=-1) != 0  # a chunk's first
-    first = np.flatnonzero(head)
-    last = np.append(first[1:], points.size) - 1
-    wide = (points[last] + 1 - points[first]) * layout.dtype.itemsize > _SPAN_BYTES
-    new = head | wide[np.cumsum(head) - 1]
-    ends = np.append(np.flatnonzero(new)[1:], points.size) - 1
-    return points[new], points[ends] + 1
 
 
 def held(table: dict, oid, key, make, limit: int = 64):
@@ -203,10 +155,7 @@ def create_plist(dsid):
 
 def opened(f: h5py.File, path: str) -> None:
     """Records a file `open_h5` just opened read-only from the local `path`."""
-    fd = f.id.get_vfd_handle() if _default_driver_is_posix() else None
-    if not isinstance(fd, int) or fd < 0:
-        fd = None
-    held(_HANDLES, f.id, None, lambda: (path, fd), 256)
+    held(_HANDLES, f.id, None, lambda: path, 256)
 
 
 def inherit(parent, child) -> None:
@@ -215,20 +164,10 @@ def inherit(parent, child) -> None:
         held(_HANDLES, child.id, None, lambda: record, 256)
 
 
-def handle(node) -> tuple[str, int | None] | None:
-    """`(path, HDF5's descriptor or None)` of a node of a file `open_h5` opened."""
+def handle(node) -> str | None:
+    """The path of a node of a file `open_h5` opened (read-only), or None."""
     entry = _HANDLES.get(id(node.id))
     return entry[2] if entry is not None and entry[0]() is node.id else None
-
-
-@functools.lru_cache(maxsize=1)
-def _default_driver_is_posix() -> bool:
-    """Whether `h5py.File(path)` reads through HDF5's POSIX driver (`HDF5_DRIVER`)."""
-    try:
-        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-        return fapl.get_driver() == h5py.h5fd.SEC2 and os.name == "posix"
-    except Exception:  # an HDF5 that cannot say: read through h5py
-        return False
 
 
 def stored_in(dataset: h5py.Dataset, path: str) -> bool:

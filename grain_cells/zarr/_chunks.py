@@ -156,8 +156,7 @@ class Chunks:
 
     def _prefetch(self, units) -> None:
         try:
-            if self.codec.shard is not None:
-                self.load_shard_indices(sorted({self.shard_of(u)[0] for u in units}))
+            self.load_indices({u[0] for u in units})
             got = self._get_units([(u, self.request(u)) for u in units])
         except Exception:  # the read fetches again (and reports)
             got = {}

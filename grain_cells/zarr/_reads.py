@@ -44,15 +44,13 @@ class RangeReader(Chunks):
         self.row_shape = self.shape[1:]
         self._array, self._all_written, self._checked = array, None, False
         self.remote = isinstance(array.store, zarr.storage.ObjectStore)
-        self.chunk_length = int(array.chunks[0])
-        self._raw = False
-        if (codec := self.codec) is not None:
-            self.remote, self.chunk_length = self.keys.remote, int(codec.chunk_shape[0])
-            dtype, local = codec.stored_dtype, isinstance(self.keys, LocalKeys)
-            self._raw = not codec.stages and local and array.ndim == 1
-            self._raw &= not cache_bytes and (dtype.isnative or dtype.itemsize == 1)
+        self.chunk_length = int(array.chunks[0])  # a shard's inner chunks
+        self._raw = isinstance(self.keys, LocalKeys) and array.ndim == 1  # a codec
+        self._raw = self._raw and not (self.codec.stages or cache_bytes)
         if self._raw:
-            self._chunk_bytes = codec.chunk_items * dtype.itemsize
+            stored = self.codec.stored_dtype
+            self._raw = stored.isnative or stored.itemsize == 1
+            self._chunk_bytes = self.codec.chunk_items * stored.itemsize
 
     @property
     def direct(self) -> bool:
@@ -78,13 +76,13 @@ class RangeReader(Chunks):
             self.read(np.array([0]), np.array([self.shape[0]]), out)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Starts reading these ranges' chunks ahead (remote or uncompressed only)."""
-        if self.codec is None or not (self.remote or self._raw):
-            return
+        """Starts reading these ranges' chunks ahead (remote, or local and raw)."""
+        if self.codec is None or not (self.remote or (self._raw and self._checked)):
+            return  # (a local store's prefetched bytes would never be taken)
         starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         keep = (stops > starts) & (starts >= 0) & (stops <= self.shape[0])
         starts, stops = starts[keep], stops[keep]
-        if not self._raw or not self._checked:
+        if self.remote:
             self.prefetch(chunks_touched(starts, stops, self.chunk_length).tolist())
             return
         order = np.argsort(starts, kind="stable")  # `POSIX_FADV_WILLNEED` by key
@@ -140,7 +138,6 @@ class RangeReader(Chunks):
                         stacklevel=4,
                     )
                     self.codec, self._raw = None, False
-                    self.chunk_length = int(self._array.chunks[0])
             self._checked = True
 
     def _read_zarr(self, starts, stops, dest) -> None:

@@ -1,8 +1,5 @@
 """A file the HDF5 format opened: its datasets know they are read-only from
-their parent, and the build's reads come from the file's own bytes (issue 33).
-
-`Hdf5Format.read` of a 1-D dataset whose bytes lie as read is positional
-(`_reads.read_positional`, through HDF5's descriptor); h5py is the oracle.
+their parent, and the build's reads (`Hdf5Format.read`) equal h5py's (issue 33).
 """
 
 import h5py
@@ -11,7 +8,6 @@ import pytest
 
 import grain_cells  # noqa: F401 (registers the formats)
 from grain_cells import formats
-from grain_cells.hdf5 import _reads
 
 
 def _write(path, *, chunks, compression=None, dtype="<i8", n=20_000):
@@ -38,7 +34,7 @@ def _indexes(n):
 
 @pytest.mark.parametrize("chunks", [None, (2500,), (9000,), (7,)])
 @pytest.mark.parametrize("dtype", ["<i8", "<f4", "u1"])
-def test_positional_reads_equal_h5py(tmp_path, chunks, dtype):
+def test_build_reads_equal_h5py(tmp_path, chunks, dtype):
     path = str(tmp_path / "a.h5")
     values = _write(path, chunks=chunks, dtype=dtype)
     fmt = formats.for_path(path)
@@ -46,17 +42,14 @@ def test_positional_reads_equal_h5py(tmp_path, chunks, dtype):
     try:
         node = fmt.child(f, "a")
         for index in _indexes(values.size):
-            got = _reads.read_positional(node, index, path)
-            assert got is not None, index  # the positional path took it
+            got = fmt.read(node, index, path, (0, values.size))
             want = node[index]
             assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
-            via = fmt.read(node, index, path, (0, values.size))
-            assert via.tobytes() == want.tobytes()
     finally:
         f.close()
 
 
-def test_what_is_not_positional_goes_to_h5py(tmp_path):
+def test_compressed_2d_and_strided_reads_equal_h5py(tmp_path):
     path = str(tmp_path / "a.h5")
     values = _write(path, chunks=(2500,), compression="gzip")
     fmt = formats.for_path(path)
@@ -64,26 +57,24 @@ def test_what_is_not_positional_goes_to_h5py(tmp_path):
     try:
         packed, matrix = fmt.child(f, "a"), fmt.child(f, "m")
         at = np.array([1, 5, 19_999])
-        assert _reads.read_positional(packed, at, path) is None  # compressed
         assert fmt.read(packed, at, path, (1, 20_000)).tolist() == values[at].tolist()
-        assert _reads.read_positional(matrix, np.s_[0:3], path) is None  # 2-D
-        assert _reads.read_positional(packed, np.array([3, 1]), path) is None
-        assert _reads.read_positional(packed, np.s_[0:10:2], path) is None
+        for node, index in [(matrix, np.s_[0:3]), (packed, np.s_[0:10:2])]:
+            want = node[index]
+            assert fmt.read(node, index, path, (0, 20)).tobytes() == want.tobytes()
     finally:
         f.close()
-    with h5py.File(path, "r") as g:  # not opened by the format: no descriptor
-        assert _reads.read_positional(g["m"], np.s_[0:1], path) is None
 
 
-def test_a_closed_file_is_not_read_through_its_old_descriptor(tmp_path):
+def test_a_closed_file_is_not_read(tmp_path):
     path = str(tmp_path / "a.h5")
-    _write(path, chunks=None)
+    values = _write(path, chunks=None)
     fmt = formats.for_path(path)
     f = fmt.open(path)
     node = fmt.child(f, "a")
-    assert _reads.read_positional(node, np.s_[0:4], path) is not None
+    assert fmt.read(node, np.s_[0:4], path, (0, 4)).tolist() == values[:4].tolist()
     f.close()
-    assert _reads.read_positional(node, np.s_[0:4], path) is None
+    with pytest.raises((OSError, ValueError)):
+        fmt.read(node, np.s_[0:4], path, (0, 4))
 
 
 def test_datasets_take_read_only_from_the_file_not_from_hdf5(tmp_path, monkeypatch):

@@ -63,12 +63,7 @@ class Pieces:
             self.dirty = True
 
     def load(self) -> None:
-        """Reads the pieces saved at `path` (`OSError`, `ValueError` if damaged).
-
-        One read, no copy per piece: a process holds an object's pieces only
-        while it has the object open, so every reopen loads them (an `.npz`
-        took ~0.9 ms for 430 KB, most of a reopen's CPU).
-        """
+        """Reads the pieces saved at `path` (`OSError`, `ValueError` if damaged)."""
         raw = np.fromfile(self.path, np.uint8)
         n = int(raw[8:16].view(np.int64)[0]) if raw[:8].tobytes() == _MAGIC else -1
         table = raw[16 : 16 + 16 * max(n, 0)].view(np.int64)
@@ -291,14 +286,7 @@ class RemoteByteReader:
         return True
 
     def pin(self, offsets, nbytes) -> None:
-        """Fetches the pieces into memory (within `PIN_BYTES` per reader).
-
-        In one read (merged, concurrent GETs): a piece at a time cost a round
-        trip each, at every open (3 for a 5,000-cell file's `indptr` chunks).
-        A read that fails after its retries raises: the read that would follow
-        fails alike, and a fetch opening 64 objects of a store that is down
-        spent every object's retries before its error (5-42 s with workers).
-        """
+        """Fetches the pieces into memory in one read (within `PIN_BYTES`); raises."""
         todo, held = [], self._pinned.nbytes
         for off, n in zip(offsets, nbytes, strict=True):
             off, n = int(off), int(n)
