@@ -1,8 +1,6 @@
-"""`device_iterator`: a loader's minibatches as device arrays, copied ahead.
+"""`device_iterator` (see `grain_cells.feed`).
 
-Each minibatch's leading axis is sharded over the devices of every JAX process, and
-every minibatch must repeat the first one's shapes and dtypes, so a jitted step never
-compiles again. Design notes: docs/reference/design.md#feed-device.
+Design notes: docs/reference/design.md#feed-device.
 """
 
 from __future__ import annotations
