@@ -6,6 +6,7 @@ Design notes: docs/reference/design.md#feed-device.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -57,11 +58,9 @@ class DeviceIterator:
     def __next__(self) -> dict[str, jax.Array]:
         if self._closed:
             raise RuntimeError("this DeviceIterator was closed; make a new one")
-        while len(self._queue) < self._depth:
-            pulled = next(self._pulls, None)
-            if pulled is None:
-                break
-            self._queue.append(pulled)
+        self._queue.extend(
+            itertools.islice(self._pulls, self._depth - len(self._queue))
+        )
         if not self._queue:
             raise StopIteration
         device, state, agreed, padding = self._queue.popleft()
