@@ -1,13 +1,12 @@
-"""`device_iterator`: a loader's minibatches as device arrays, copied ahead.
+"""`device_iterator` (see `grain_cells.feed`).
 
-Each minibatch's leading axis is sharded over the devices of every JAX process, and
-every minibatch must repeat the first one's shapes and dtypes, so a jitted step never
-compiles again. Design notes: docs/reference/design.md#feed-device.
+Design notes: docs/reference/design.md#feed-device.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -46,13 +45,10 @@ class DeviceIterator:
         self._multi = jax.process_count() > 1
         self._agree = equal_steps and self._multi
         self._flags = None  # `_any_process`' sharding and reduction
-        # (device arrays, state after them, has any process data, padding)
         self._queue: collections.deque[tuple] = collections.deque()
         self._tracks_state = callable(getattr(source, "get_state", None))
         self._state = None  # the source's state after the last returned item
-        self._pulled_state = None
-        self._exhausted = False
-        self._finished = False
+        self._pulls = self._pulled()
         self._closed = False
         self.padding_steps = 0
 
@@ -62,32 +58,32 @@ class DeviceIterator:
     def __next__(self) -> dict[str, jax.Array]:
         if self._closed:
             raise RuntimeError("this DeviceIterator was closed; make a new one")
-        if self._finished:
-            raise StopIteration
-        while len(self._queue) < self._depth and self._pull():
-            pass
+        self._queue.extend(
+            itertools.islice(self._pulls, self._depth - len(self._queue))
+        )
         if not self._queue:
-            self._finished = True
             raise StopIteration
         device, state, agreed, padding = self._queue.popleft()
         if agreed is not None and not bool(agreed):
             # Every process has run out: all stop at this same step.
             self._queue.clear()
-            self._finished = True
+            self._pulls = iter(())
             raise StopIteration
         self._state = state
         self.padding_steps += padding
         return device
 
-    def _pull(self) -> bool:
-        """Takes one minibatch (or a padding one) and starts its copy."""
-        if self._tracks_state and not self._queue and self._state is None:
-            self._state = self._source.get_state()  # before anything is taken
-        batch = None if self._exhausted else next(self._source, None)
-        self._exhausted = padding = batch is None
-        if padding and not self._agree:
-            return False
-        if padding:
+    def _pulled(self):
+        """(device arrays, state after them, has any process data, padding): each
+        minibatch (then padding ones, with `equal_steps`), its copy started.
+        """  # noqa: D205
+        state = self._state = self._state_now()  # before anything is taken
+        for batch in self._source:
+            self._check(batch)
+            device = self._put(batch)
+            state = self._state_now()
+            yield device, state, self._any_process(True) if self._agree else None, 0
+        while self._agree:
             if self._spec is None:
                 raise ValueError(
                     f"process {jax.process_index()} of {jax.process_count()}: its "
@@ -100,14 +96,10 @@ class DeviceIterator:
                 key: np.full(shape, -1 if key == "row_ids" else 0, dtype)
                 for key, (shape, dtype) in self._spec.items()
             }
-        else:
-            self._check(batch)
-        device = self._put(batch)
-        if self._tracks_state and not padding:
-            self._pulled_state = self._source.get_state()
-        agreed = self._any_process(not padding) if self._agree else None
-        self._queue.append((device, self._pulled_state, agreed, padding))
-        return True
+            yield self._put(batch), state, self._any_process(False), 1
+
+    def _state_now(self):
+        return self._source.get_state() if self._tracks_state else None
 
     def _check(self, batch: Mapping[str, np.ndarray]) -> None:
         """Learns the entries' shapes from the first minibatch; checks later ones."""
@@ -196,7 +188,7 @@ class DeviceIterator:
                 "grain.DataLoader, a Grain dataset iterator) to checkpoint it"
             )
         state = self._state  # None: nothing taken since the start or set_state
-        state = self._source.get_state() if state is None else state
+        state = self._state_now() if state is None else state
         if isinstance(state, str | bytes):
             return state.encode() if isinstance(state, str) else state
         return json.dumps(state, indent=1).encode()
@@ -220,8 +212,8 @@ class DeviceIterator:
             state = state.encode()
         self._queue.clear()
         self._source.set_state(state)
-        self._state = self._pulled_state = None
-        self._exhausted = self._finished = False
+        self._state = None
+        self._pulls = self._pulled()
 
     def start_prefetch(self) -> None:
         """Starts the loader's workers now (orbax calls this after a restore)."""

@@ -1,10 +1,6 @@
 """Output formats of a minibatch: the `Output` protocol, its `Fetch`, CSR, dense.
 
-`Output.format(fetch, rows, batch_size, empty)` makes one minibatch; besides the
-expression, every minibatch holds `row_ids`, `mask` and `obs/<column>`. Any object
-with `format(fetch, rows, batch_size)` works through `declared(output)`. A checkpoint
-restores only under an output of equal fingerprint. Design notes:
-docs/reference/design.md#outputs-protocol and #outputs-formats.
+Design notes: docs/reference/design.md#outputs-protocol and #outputs-formats.
 """
 
 from __future__ import annotations

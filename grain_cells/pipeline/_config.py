@@ -280,5 +280,6 @@ def make_sampler(source: AnnDataSource, options: PipelineOptions):
 
 
 def buffer_fetches(minibatches: int, config: FetchConfig) -> int:
-    """Whole fetches that hold `minibatches` minibatches (at least 1)."""
-    return max(1, -(-int(minibatches) // config.fetch_factor))
+    """Whole fetches that hold `minibatches` (`worker_buffer_size`) minibatches."""
+    minibatches = arguments.check_int("worker_buffer_size", minibatches, minimum=1)
+    return -(-minibatches // config.fetch_factor)

@@ -323,7 +323,12 @@ class CellDataset(grain.IterDataset):
             self._epoch = epoch + 1
 
     def __len__(self) -> int:
-        """Minibatches of the epoch the next `iter()` starts, on this shard."""
+        """Minibatches of the epoch the next `iter()` starts, on this shard.
+
+        Raises:
+            TypeError: The stream is endless (`num_epochs=None`), or a
+                `condition` makes the count depend on the data.
+        """
         return self.count(self.start(self._epoch))
 
     def count(self, plan) -> int:

@@ -154,7 +154,6 @@ class ElementReader:
 
 def readers(source: AnnDataSource, extra: dict | None) -> dict:
     """Readers of the extra matrices by key (`TypeError`: not `Layer`/`Obsm`)."""
-    arguments.check_mapping("extra", extra)
     for key, spec in (extra or {}).items():
         if not isinstance(spec, Layer | Obsm):
             raise TypeError(
@@ -172,7 +171,7 @@ class SplitFetch:
 
     def __init__(self, source: AnnDataSource, config: FetchConfig, extra=None):
         self.source = source
-        output = declared(config.output).fit_to_source(source)
+        output = config.output.fit_to_source(source)  # declared by PipelineOptions
         self.config = dataclasses.replace(config, output=output)
         self.extra = readers(source, extra)
         # [buffer, weakref to its fetch]: reused once the fetch is gone.

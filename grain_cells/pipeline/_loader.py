@@ -24,7 +24,6 @@ from grain_cells.pipeline._config import (
 from grain_cells.pipeline._dataset import CellDataset, CellIterator
 from grain_cells.pipeline._grain_ops import fetch_of
 from grain_cells.source import AnnDataSource
-from grain_cells.transport import check_main_guard
 
 
 @keywords(ALL, worker_buffer_size=1)
@@ -39,10 +38,6 @@ def cell_dataset(source: AnnDataSource, **options) -> CellDataset:
     Returns:
         A `CellDataset` (an `IterDataset`) of minibatch dicts; pass
         `worker_count` rather than adding `.mp_prefetch`.
-
-    Raises:
-        TypeError: A keyword it does not take, or one of the wrong type.
-        ValueError: An argument is out of range.
 
     Example:
         >>> ds = cell_dataset(source, batch_size=64, num_epochs=None,
@@ -84,9 +79,8 @@ def loader(
         A `grain_cells.DataLoader`.
 
     Raises:
-        ValueError: An argument is out of range, `split` is not
-            `(name, fractions)` or names no split of `fractions`, or source
-            arguments were given with a source.
+        ValueError: `split` is not `(name, fractions)` or names no split of
+            `fractions`, or source arguments were given with a source.
     """
     opts, source_options = options_of(loader, options)
     source = paths_or_source
@@ -215,20 +209,11 @@ class DataLoader:
         return self._dataset.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next `iter()` start epoch `epoch` (as torch's `set_epoch`).
-
-        Raises:
-            ValueError: `epoch` is negative, or not 0 for an endless stream.
-        """
+        """Makes the next `iter()` start epoch `epoch` (`CellDataset.set_epoch`)."""
         self._dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
-        """Minibatches of the epoch the next `iter()` starts, on this shard.
-
-        Raises:
-            TypeError: The stream is endless (`num_epochs=None`), or a
-                `condition` makes the count depend on the data.
-        """
+        """Minibatches of the next `iter()`'s epoch (`CellDataset.__len__`)."""
         return len(self._dataset)
 
     def obs_frame(self, batch: dict):
@@ -260,9 +245,6 @@ class DataLoader:
         return pd.DataFrame(columns, index=index)
 
     def __iter__(self) -> CheckedIterator:
-        workers = self._dataset.worker_count
-        if workers:
-            check_main_guard(f"grain_cells.DataLoader(worker_count={workers})")
         return CheckedIterator(iter(self._dataset))
 
 

@@ -1,9 +1,5 @@
 """The fetch stage: fetch `n` of a process -> its blocks -> its minibatches.
 
-A fetch is a pure function of its number, so the minibatch sequence does not
-depend on the worker count; a `Position` in that stream is an iterator's
-state, and `hand_over` resumes it under another shard count.
-
 Design notes: docs/reference/design.md#pipeline-stage and #pipeline-resume.
 """
 

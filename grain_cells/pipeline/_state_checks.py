@@ -230,11 +230,10 @@ def restored(state, ds) -> Position:
     saved.step = _int(pos.get("step"), "position.step", 0)
     high = None
     if saved.fetch < saved.num_fetches():
-        keys = saved.keys(saved.positions(saved.fetch))
+        high = config.max_minibatches  # a condition's count depends on the data
         if config.condition is None:
+            keys = saved.keys(saved.positions(saved.fetch))
             high = count_minibatches(config, source, keys)
-        else:
-            high = config.max_minibatches
     low = saved.skip(saved.fetch)
     saved.minibatch = _int(pos.get("minibatch"), "position.minibatch", low, high)
     source.verify_files("when an iterator state was restored")

@@ -94,16 +94,13 @@ class GeneVocabulary:
         if path.endswith(".json"):
             try:
                 tokens = json.loads(text)
+                if not isinstance(tokens, dict) or not all(
+                    isinstance(v, int) for v in tokens.values()
+                ):
+                    raise ValueError("expected a JSON object of token name to int id")
+                return cls(tokens, _roles(specials))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not JSON ({e})") from e
-            if not isinstance(tokens, dict) or not all(
-                isinstance(v, int) for v in tokens.values()
-            ):
-                raise ValueError(
-                    f"{path}: expected a JSON object of token name to int id"
-                )
-            try:
-                return cls(tokens, _roles(specials))
             except ValueError as e:
                 raise ValueError(f"{path}: {e}") from e
         genes = [line.strip() for line in text.splitlines() if line.strip()]
