@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 from grain_cells import errors
+from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces, nonempty
 from grain_cells.formats._protocol import checked_ranges, run_parts
 from grain_cells.storage import ByteReader, ShortReadError
@@ -145,6 +146,14 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._dropped: list[int] = []  # readers closed, their chunks not yet gone
         self.token = itertools.count().__next__  # a key prefix per reader
+        fork.in_child_of(self, ChunkCache._empty)
+
+    def _empty(self) -> None:
+        """A forked child's cache: empty, with a lock no parent thread holds."""
+        self._entries = collections.OrderedDict()
+        self.nbytes = 0
+        self._dropped = []
+        self._lock = threading.Lock()
 
     def get(self, token: int, k: int) -> np.ndarray | None:
         """Chunk `k` of reader `token`, or None; marks it recently used."""

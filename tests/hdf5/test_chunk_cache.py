@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import time
 
 import h5py
 import numpy as np
@@ -102,3 +104,29 @@ def test_a_drop_while_the_lock_is_held_does_not_deadlock():
     assert cache.get(1, 0) is None  # gone at the next use of the lock
     assert cache.get(2, 0) is not None
     assert cache.nbytes == 80
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_thread_holds_the_lock_reads_on():
+    """A fork while another thread is inside the cache (a reader thread of the
+    parent) gives the child an empty cache with a free lock, not a deadlock.
+    """
+    cache = ChunkCache()
+    cache.put(1, 0, np.arange(4), 1 << 20)
+    cache._lock.acquire()  # as a parent's reader thread inside get/put would
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: only its own thread, the lock copied held
+            chunk = cache.get(1, 0)
+            cache.put(1, 1, np.arange(4), 1 << 20)
+            os._exit(0 if chunk is None and cache.nbytes == 32 else 1)
+    finally:
+        cache._lock.release()
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child deadlocked on the cache's lock")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
