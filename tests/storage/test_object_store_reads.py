@@ -250,3 +250,38 @@ def test_reader_options_do_not_reach_the_store():
         {"endpoint_url": "http://127.0.0.1:1", "region": "us-east-1"},
     )
     assert object_store.max_in_flight(None) == object_store.DEFAULT_MAX_IN_FLIGHT
+
+
+def test_a_failed_batch_is_raised_after_the_others_stop_writing(monkeypatch):
+    """`read_into` raises a failed batch's error after every other batch of
+    the call has finished: none writes into the caller's buffer afterwards
+    (a buffer the caller reuses for its next fetch).
+    """
+    import threading
+    import time
+
+    from grain_cells.storage import FileStat
+    from grain_cells.storage.remote import RemoteByteReader
+
+    stat = FileStat(0, 0, 1 << 30, 0, 0, etag='"e"')
+    reader = RemoteByteReader(URL, {"max_in_flight": 40}, stat)
+    finished = []
+    lock = threading.Lock()
+
+    def get_many(ranges):
+        if ranges[0][0] == 0:
+            raise OSError("the first batch's GET failed")
+        time.sleep(0.3)
+        with lock:
+            finished.append(len(ranges))
+        return [bytes(end - start) for start, end in ranges]
+
+    monkeypatch.setattr(reader, "_get_many", get_many)
+    n = 400  # pieces 1 MiB apart: one request each, several batches
+    offsets = np.arange(n, dtype=np.int64) << 20
+    dest = np.zeros(n * 16, np.uint8)
+    with pytest.raises(OSError, match="first batch"):
+        reader.read_into(dest, offsets, np.full(n, 16), np.arange(n) * 16)
+    batches = len(finished)
+    time.sleep(0.5)
+    assert batches == len(finished) > 0  # all had finished before the raise

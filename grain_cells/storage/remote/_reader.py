@@ -190,7 +190,9 @@ class RemoteByteReader:
             run(batches[0])
             return
         pool = fork.thread_pool(f"grain_cells_get{self._threads}", self._threads)
-        for f in [pool.submit(run, b) for b in batches]:
+        futures = [pool.submit(run, b) for b in batches]
+        concurrent.futures.wait(futures)  # none still writing into `dest`
+        for f in futures:
             f.result()
 
     def advise(self, offsets, nbytes) -> None:
