@@ -95,3 +95,42 @@ def test_ci_runs_the_readme_test_command():
     command = "python -m pytest -q -p no:cacheprovider"
     assert f'pip install -e ".[test]" && {command}\n' in readme
     assert ci.count(f"\n{command}\n") == 2
+
+
+def _doc_texts():
+    """(name, text) of every docs page, BUILD.md and README.md (not the
+    CHANGELOG, whose entries name what was moved or removed).
+    """
+    names = ["BUILD.md", "README.md"] + [
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for d, _, files in os.walk(os.path.join(ROOT, "docs"))
+        for f in files
+        if f.endswith(".md")
+    ]
+    for name in names:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            yield name, f.read()
+
+
+def test_names_and_modules_the_docs_cite_exist():
+    """A dotted `grain_cells.x.y` name resolves (module, then attributes) and
+    a `grain_cells/....py` path is a file: notes that cite moved code rot.
+    """
+    stale = []
+    for name, text in _doc_texts():
+        for dotted in set(re.findall(r"`(grain_cells(?:\.\w+)+)", text)):
+            parts = dotted.split(".")
+            for k in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:k]))
+                    break
+                except ImportError:  # an attribute of the module above
+                    continue
+            for attr in parts[k:]:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                stale.append(f"{name}: {dotted}")
+        for path in set(re.findall(r"grain_cells/[\w/]+\.py", text)):
+            if not os.path.exists(os.path.join(ROOT, path)):
+                stale.append(f"{name}: {path}")
+    assert not stale, "docs cite what does not exist:\n" + "\n".join(sorted(stale))
