@@ -20,7 +20,6 @@ from grain_cells.io._file_lru import default_budget
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
-from grain_cells.io._open_file import learn_flat
 
 # Files one read-ahead hint holds at once (closed ones: a descriptor each).
 HINT_FILES = 32
@@ -356,13 +355,7 @@ def _advise_files(handles, indices, spans, starts, stops, buf) -> None:
 
 
 def _advise_one(handles, i: int, starts, stops, buf) -> None:
-    """`advise` of file `i`'s local ranges, through `for_hints` (open or reopened)."""
+    """`advise` of file `i`'s local ranges by its reader (open, or reopened)."""
     with handles.for_hints(i) as f:
-        if f is None:
-            return
-        if learn_flat(f) is None:
+        if f is not None:
             f.reader.advise(starts, stops, buf)
-        else:
-            group = np.zeros(starts.size, np.int64)
-            table = _direct_csr.Pieces.of([f.flat])
-            _direct_csr.advise(table, None, [f.fd.fd], group, starts, stops, buf)
