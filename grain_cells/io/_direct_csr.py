@@ -55,11 +55,9 @@ _NAMES = ("indptr", "data", "indices")
 _DTYPES: dict = {}
 
 
-def flat_from(layouts: dict, info, fd) -> Flat | None:
-    """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
-    raw = getattr(fd, "fd", None)
-    remote = getattr(fd, "remote", True)
-    if not isinstance(raw, int) or remote or set(layouts) != set(_NAMES):
+def flat_from(layouts: dict, info) -> Flat | None:
+    """A CSR matrix's `Flat` from its arrays' local `ByteLayout`s, or None."""
+    if set(layouts) != set(_NAMES):
         return None
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):

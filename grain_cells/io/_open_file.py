@@ -31,8 +31,8 @@ class OpenFile:
     """A file in one process: what its first full open learnt, and its handles.
 
     `h5`: the format's handle (None once `fd` alone reads); `flat`: its
-    `_direct_csr.Flat` (None: not so; False: not asked yet). A `Checked` record
-    has no handles; a reopen from `layouts` builds its reader on first use.
+    `_direct_csr.Flat` from `layouts` (None: not a plain CSR's). A `Checked`
+    record has no handles; a reopen from `layouts` builds its reader on first use.
     """
 
     info: _h5ad.MatrixInfo
@@ -42,10 +42,12 @@ class OpenFile:
     h5: object | None = None
     fd: ByteReader | None = None
     _reader: CsrReader | DenseReader | FieldReader | None = None
-    flat: object = False
+    flat: _direct_csr.Flat | None = None
 
     def __post_init__(self):
         self.obs = stacked(self.obs)  # one slice per file in a fetch
+        if self.flat is None and self.layouts is not None:
+            self.flat = _direct_csr.flat_from(self.layouts, self.info)
 
     @property
     def reader(self) -> CsrReader | DenseReader | FieldReader:
@@ -112,14 +114,14 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
         obs = stacked(obs)  # once: the record and the handle share it
-        layouts = _meta_cache.layouts_of(reader, fd)
+        record = OpenFile(info, obs, fmt, _meta_cache.layouts_of(reader, fd))
         if checked is not None:
-            checked.put(i, OpenFile(info, obs, fmt, layouts))
+            checked.put(i, record)
         fmt.opened(f)
-        if layouts is None:
+        if record.layouts is None:
             return OpenFile(info, obs, fmt, None, f, fd, reader)
         f.close()  # read through the descriptor alone: the format's handle goes
-        return OpenFile(info, obs, fmt, layouts, None, fd)
+        return reopen(files, i, record, fd)
     except BaseException:
         if fd is not None:
             fd.close()
@@ -165,11 +167,6 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     """
     if fd is None:
         fd = open_bytes(files, i, known.format)
-    try:
-        learn_flat(known, fd)
-    except BaseException:
-        fd.close()
-        raise
     return OpenFile(
         known.info, known.obs, known.format, known.layouts, None, fd, None, known.flat
     )
@@ -187,16 +184,6 @@ def open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
             fd.close()
             raise
     return fd
-
-
-def learn_flat(record: OpenFile, fd=None):
-    """`record.flat` from its layouts over `fd` (a handle's own), once per record."""
-    if record.flat is False and record.layouts is None:
-        record.flat = None  # some array is not positional over a local descriptor
-    elif record.flat is False:
-        fd = record.fd if fd is None else fd
-        record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
-    return record.flat
 
 
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
@@ -237,7 +224,7 @@ def pinned_flats(handles, indices: Sequence[int], *, hint=False) -> Iterator[tup
             records = handles._checked.get_many([indices[k] for k in closed])
         for k, record in zip(closed, records, strict=True):
             flat = None if record is None else record.flat
-            fd = _open_known(files, indices[k]) if flat else None
+            fd = None if flat is None else _open_known(files, indices[k])
             if fd is None:  # pieces not known yet, or gone or changed
                 slow.append(k)
                 continue
@@ -256,7 +243,7 @@ def pinned_flats(handles, indices: Sequence[int], *, hint=False) -> Iterator[tup
 
 def _of_handle(handle: OpenFile) -> tuple:
     """`(flat, fd, obs)` of an open file for `pinned_flats` (flat None: not so)."""
-    flat = learn_flat(handle)
+    flat = handle.flat
     return flat, -1 if flat is None else handle.fd.fd, handle.obs
 
 
