@@ -338,7 +338,9 @@ def _advise_files(handles, indices, spans, starts, stops, buf) -> None:
             return
     with handles.pinned_flats(indices, hint=True) as (flats, fds, _):
         for k in [k for k, flat in enumerate(flats) if flat is None]:
-            _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
+            with handles.for_hints(indices[k]) as f:  # by its reader, if any
+                if f is not None:
+                    f.reader.advise(starts[spans[k]], stops[spans[k]], buf)
         starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
@@ -352,10 +354,3 @@ def _advise_files(handles, indices, spans, starts, stops, buf) -> None:
             flats_, fds_ = [flats[k] for k in ks], [fds[k] for k in ks]
             table = _direct_csr.Pieces.of(flats_)
             _direct_csr.advise(table, None, fds_, g[sel], starts[sel], stops[sel], buf)
-
-
-def _advise_one(handles, i: int, starts, stops, buf) -> None:
-    """`advise` of file `i`'s local ranges by its reader (open, or reopened)."""
-    with handles.for_hints(i) as f:
-        if f is not None:
-            f.reader.advise(starts, stops, buf)
