@@ -113,13 +113,12 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         else:  # mapped from a cache file that every process shares
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-        obs = stacked(obs)  # once: the record and the handle share it
         record = OpenFile(info, obs, fmt, _meta_cache.layouts_of(reader, fd))
         if checked is not None:
             checked.put(i, record)
         fmt.opened(f)
-        if record.layouts is None:
-            return OpenFile(info, obs, fmt, None, f, fd, reader)
+        if record.layouts is None:  # (its obs stacked once, shared)
+            return OpenFile(info, record.obs, fmt, None, f, fd, reader)
         f.close()  # read through the descriptor alone: the format's handle goes
         return reopen(files, i, record, fd)
     except BaseException:
