@@ -29,9 +29,11 @@ _SLICE_ROWS = 512
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Flat:
-    """One file's CSR arrays (`_NAMES`) as pieces of `chunk_rows` at `offsets`."""
+    """One file's CSR arrays (`_NAMES`) as pieces of `chunk_rows` at `offsets`.
 
-    fd: int
+    Read over any local descriptor of the file (each reopen's).
+    """
+
     offsets: tuple  # (indptr, data, indices): int64 arrays
     chunk_rows: tuple
     dtypes: tuple
@@ -48,22 +50,14 @@ class Flat:
         counts = [o.size for o in self.offsets]
         return np.array([*counts, *self.chunk_rows, self.nnz, self.n_vars], np.int64)
 
-    def over(self, fd) -> Flat:
-        """The same pieces in another `ByteReader` of the same file (a reopen)."""
-        return Flat(  # (a third of dataclasses.replace's cost: once per reopen)
-            fd.fd, self.offsets, self.chunk_rows, self.dtypes, self.nnz, self.n_vars
-        )
-
 
 _NAMES = ("indptr", "data", "indices")
 _DTYPES: dict = {}
 
 
-def flat_from(layouts: dict, info, fd) -> Flat | None:
-    """A CSR matrix's `Flat` from its arrays' `ByteLayout`s, or None."""
-    raw = getattr(fd, "fd", None)
-    remote = getattr(fd, "remote", True)
-    if not isinstance(raw, int) or remote or set(layouts) != set(_NAMES):
+def flat_from(layouts: dict, info) -> Flat | None:
+    """A CSR matrix's `Flat` from its arrays' local `ByteLayout`s, or None."""
+    if set(layouts) != set(_NAMES):
         return None
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):
@@ -72,7 +66,7 @@ def flat_from(layouts: dict, info, fd) -> Flat | None:
         *((x.offsets, x.chunk_rows, x.dtype) for x in ordered), strict=True
     )
     dtypes = _DTYPES.setdefault(dtypes, dtypes)  # files compare them by identity
-    return Flat(raw, offsets, rows, dtypes, info.nnz, info.n_vars)
+    return Flat(offsets, rows, dtypes, info.nnz, info.n_vars)
 
 
 class Pieces:

@@ -200,12 +200,7 @@ class Checked(FileLru):
     def get_many(self, keys: Sequence[int]) -> list:
         """`get` of each key, under one lock (a fetch's closed files)."""
         with self._lock:
-            table, weight = self._open, 8 * self._weight
-            if 8 * len(table) < 7 * self.max_open and weight < 7 * self.max_weight:
-                # Short of the bounds' last eighth: no recency kept (drops
-                # start from insertion order; a used record moves up again).
-                return [e and e.handle for e in map(table.get, keys)]
-            return [e and e.handle for e in _touch_many(table, keys)]
+            return [e and e.handle for e in _touch_many(self._open, keys)]
 
     def peek(self, key: int):
         """File `key`'s record without marking it used (hints), or None."""

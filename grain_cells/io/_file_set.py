@@ -35,13 +35,7 @@ from grain_cells.io._matrix import RowBuffer
 from grain_cells.io._meta_cache import MetaCache
 from grain_cells.io._obs import HarmonisedColumn, harmonise
 from grain_cells.io._obs_cache import MIN_CELLS
-from grain_cells.io._open_file import (
-    OpenFile,
-    hint_flats,
-    open_member,
-    pinned_flats,
-    reopen,
-)
+from grain_cells.io._open_file import OpenFile, open_member, pinned_flats, reopen
 from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 
@@ -290,7 +284,6 @@ class OpenFiles(_file_lru.FileLru):
         return None if self._joined is False else self._joined
 
     pinned_flats = pinned_flats  # a many-file fetch's files for one vectorised read
-    hint_flats = hint_flats  # a hint's files' `Flat`s over descriptors
 
     def file(self, i: int) -> OpenFile:
         """File `i`'s handles, not pinned (one thread: tests, a build)."""

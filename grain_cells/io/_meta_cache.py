@@ -28,9 +28,8 @@ from grain_cells.formats import ByteLayout, PositionalReader
 from grain_cells.io import _h5ad, _nodes
 from grain_cells.io._frames import obs_columns
 from grain_cells.io._genes import read_gene_keys
-from grain_cells.io._h5ad import OBSM, MatrixInfo, open_file
+from grain_cells.io._h5ad import MatrixInfo, open_file
 from grain_cells.io._identity import FileIdentity, matrix_nodes
-from grain_cells.io._matrix import element_reader
 from grain_cells.io._obs import ColumnKind, ObsColumn
 from grain_cells.storage import FileStat, LocalByteReader
 
@@ -42,7 +41,6 @@ STAT_FIELDS = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
 QUIET_NS = 2_000_000_000
 # A local file up to this size is asked ahead whole before it is inspected.
 READ_AHEAD_BYTES = 2 << 20
-_PLAIN_MATRIX = ({""}, {"data", "indices", "indptr"})
 _ERRORS = (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError)
 
 
@@ -270,12 +268,9 @@ def _read_ahead(path: str, storage_options) -> LocalByteReader | None:
 def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
     """The matrix's and obs columns' byte layouts as JSON; None if not positional."""
     fmt, path = _nodes.format_of(f), info.path
-    arrays = matrix[1]
-    if info.element.startswith(OBSM) or set(arrays) not in _PLAIN_MATRIX:
-        found = layouts_of(element_reader(f, info, fd), fd)
-    else:
-        found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in arrays.items()}
-    if found is None or None in found.values():
+    # A source's matrix: a CSR's three arrays, or one dense array ("x").
+    found = {k or "x": fmt.byte_layout(a, path, fd) for k, a in matrix[1].items()}
+    if None in found.values():
         return None
     out = {"matrix": {k: _layout_json(v) for k, v in found.items()}, "obs": {}}
     for c, kind in kinds.items():

@@ -1,8 +1,8 @@
-"""One file's handles in one process, and a fetch's or hint's files opened directly.
+"""One file's handles in one process, and a fetch's files opened directly.
 
 `open_member` opens a file checked against its identity; one read positionally
 keeps only its descriptor and reopens from its byte layouts (`reopen`).
-`pinned_flats`/`hint_flats` give a fetch or hint its files' CSR byte pieces.
+`pinned_flats` gives a many-file fetch its files' CSR byte pieces.
 
 Design notes: docs/reference/design.md#io-layouts, #io-direct-open.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import operator
 import os
 from collections.abc import Iterator, Sequence
 
@@ -24,9 +23,7 @@ from grain_cells.io._h5ad import inspect_element, open_unchanged
 from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.io._obs_rows import stacked
-from grain_cells.storage import ByteReader, FileStat, LocalByteReader
-
-_DTYPES_OF = operator.attrgetter("dtypes")
+from grain_cells.storage import ByteReader, FileStat
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,8 +31,8 @@ class OpenFile:
     """A file in one process: what its first full open learnt, and its handles.
 
     `h5`: the format's handle (None once `fd` alone reads); `flat`: its
-    `_direct_csr.Flat` (None: not so; False: not asked yet). A `Checked` record
-    has no handles; a reopen from `layouts` builds its reader on first use.
+    `_direct_csr.Flat` from `layouts` (None: not a plain CSR's). A `Checked`
+    record has no handles; a reopen from `layouts` builds its reader on first use.
     """
 
     info: _h5ad.MatrixInfo
@@ -45,11 +42,12 @@ class OpenFile:
     h5: object | None = None
     fd: ByteReader | None = None
     _reader: CsrReader | DenseReader | FieldReader | None = None
-    flat: object = False
-    want: tuple | None = None  # (path, stat fields) a fetch's own open checks
+    flat: _direct_csr.Flat | None = None
 
     def __post_init__(self):
         self.obs = stacked(self.obs)  # one slice per file in a fetch
+        if self.flat is None and self.layouts is not None:
+            self.flat = _direct_csr.flat_from(self.layouts, self.info)
 
     @property
     def reader(self) -> CsrReader | DenseReader | FieldReader:
@@ -115,15 +113,14 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         else:  # mapped from a cache file that every process shares
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-        obs = stacked(obs)  # once: the record and the handle share it
-        layouts = _meta_cache.layouts_of(reader, fd)
+        record = OpenFile(info, obs, fmt, _meta_cache.layouts_of(reader, fd))
         if checked is not None:
-            checked.put(i, OpenFile(info, obs, fmt, layouts))
+            checked.put(i, record)
         fmt.opened(f)
-        if layouts is None:
-            return OpenFile(info, obs, fmt, None, f, fd, reader)
+        if record.layouts is None:  # (its obs stacked once, shared)
+            return OpenFile(info, record.obs, fmt, None, f, fd, reader)
         f.close()  # read through the descriptor alone: the format's handle goes
-        return OpenFile(info, obs, fmt, layouts, None, fd)
+        return reopen(files, i, record, fd)
     except BaseException:
         if fd is not None:
             fd.close()
@@ -169,14 +166,8 @@ def reopen(files, i: int, known: OpenFile, fd: ByteReader | None = None) -> Open
     """
     if fd is None:
         fd = open_bytes(files, i, known.format)
-    try:
-        learn_flat(known, fd)
-    except BaseException:
-        fd.close()
-        raise
-    flat = None if known.flat is None else known.flat.over(fd)
     return OpenFile(
-        known.info, known.obs, known.format, known.layouts, None, fd, None, flat
+        known.info, known.obs, known.format, known.layouts, None, fd, None, known.flat
     )
 
 
@@ -194,16 +185,6 @@ def open_bytes(files, i: int, fmt, f=None) -> ByteReader | None:
     return fd
 
 
-def learn_flat(record: OpenFile, fd=None):
-    """`record.flat` from its layouts over `fd` (a handle's own), once per record."""
-    if record.flat is False and record.layouts is None:
-        record.flat = None  # some array is not positional over a local descriptor
-    elif record.flat is False:
-        fd = record.fd if fd is None else fd
-        record.flat = _direct_csr.flat_from(record.layouts, record.info, fd)
-    return record.flat
-
-
 def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     """The matrix reader of `info` over `fd`, from `layouts_of`'s layouts."""
     arrays = {k: PositionalReader(v, info.path, fd) for k, v in layouts.items()}
@@ -213,148 +194,76 @@ def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
 
 
 @contextlib.contextmanager
-def pinned_flats(handles, indices: Sequence[int]) -> Iterator[tuple | None]:
-    """`(flats, fds, obs)` of files `indices` for `_direct_csr.read`, or None.
+def pinned_flats(handles, indices: Sequence[int], *, hint=False) -> Iterator[tuple]:
+    """`(flats, fds, obs)` of files `indices` for `_direct_csr` (flat None: not so).
 
-    Closed files with known pieces through descriptors of the fetch's own (room
-    made in the bound), others through the bound; None if one is not positional.
+    Closed files whose `Flat` their record holds through descriptors of the
+    call's own (a fetch makes room in the bound), other files of a fetch through
+    the bound (pinned, checked); a `hint` neither opens nor marks files used.
     """
-    files, checked = handles.files, handles._checked
-    entries = handles.pin_if_open(indices)
+    files = handles.files
+    entries = handles.pin_if_open(indices, touch=not hint)
     n = len(indices)
     flats: list = [None] * n
     fds = [-1] * n
     obs: list = [None] * n
-    closed: list[int] = []  # positions of files not open in the bound
+    closed = [k for k, entry in enumerate(entries) if entry is None]
     own: list[int] = []  # descriptors opened here
-    readers: list = []  # byte readers opened to learn a record's pieces
-    slow: list[int] = []  # positions of files opened through the bound
+    slow: list[int] = []  # positions of a fetch's files opened through the bound
     try:
         for k, entry in enumerate(entries):
-            if entry is None:
-                closed.append(k)
-                continue
-            i, handle = indices[k], entry.handle
-            reader = handle.fd
-            if not (
-                isinstance(reader, LocalByteReader)
-                and files.identities[i].stat.matches(os.fstat(reader.fd))
-            ):
-                handles.check_at_read(i, handle)
-            flats[k], obs[k] = learn_flat(handle), handle.obs
-        handles.reserve(len(closed))  # the fetch's own descriptors fit the bound
-        records = checked.get_many([indices[k] for k in closed])
+            if entry is not None:
+                if not hint:
+                    handles.check_at_read(indices[k], entry.handle)
+                flats[k], fds[k], obs[k] = _of_handle(entry.handle)
+        if hint:
+            records = [handles._checked.peek(indices[k]) for k in closed]
+        else:
+            handles.reserve(len(closed))  # the fetch's own descriptors fit the bound
+            records = handles._checked.get_many([indices[k] for k in closed])
         for k, record in zip(closed, records, strict=True):
             flat = None if record is None else record.flat
-            if flat is False and record.layouts:
-                # Its pieces, once, through a descriptor its format opens.
-                readers.append(open_bytes(files, indices[k], record.format))
-                learn_flat(record, readers[-1])
-                flat = record.flat
-                if isinstance(flat, _direct_csr.Flat):  # read over that one
-                    flats[k], obs[k] = flat, record.obs
-                    continue
-            # Unknown pieces, or gone or changed: the bound's open says how.
-            known = flat.__class__ is _direct_csr.Flat
-            fd = _open_known(files, indices[k], record) if known else None
-            if fd is None:
+            fd = None if flat is None else _open_known(files, indices[k])
+            if fd is None:  # pieces not known yet, or gone or changed
                 slow.append(k)
                 continue
             own.append(fd)
             flats[k], fds[k], obs[k] = flat, fd, record.obs
-        if not slow:
-            yield _valid(flats, fds, obs)
-            return
+        slow = [] if hint else slow
         with handles.pinned([indices[k] for k in slow], at_read=True) as opened:
             for k, handle in zip(slow, opened, strict=True):
-                flats[k], obs[k] = learn_flat(handle), handle.obs
-            yield _valid(flats, fds, obs)
-    finally:
-        for fd in own:
-            os.close(fd)
-        for reader in readers:
-            reader.close()
-        handles.release(entries)
-
-
-@contextlib.contextmanager
-def hint_flats(handles, indices: Sequence[int]) -> Iterator[tuple]:
-    """`(flats, fds, rest)` of files `indices` for one read-ahead hint.
-
-    Closed files with known pieces through bare descriptors (None, -1: not
-    hinted here); `rest`: positions to hint one by one (`OpenFiles.for_hints`).
-    """
-    files, checked = handles.files, handles._checked
-    entries = handles.pin_if_open(indices, touch=False)
-    n = len(indices)
-    flats: list = [None] * n
-    fds = [-1] * n
-    rest: list[int] = []
-    own: list[int] = []
-    try:
-        for k, (i, entry) in enumerate(zip(indices, entries, strict=True)):
-            if entry is not None:
-                flat = learn_flat(entry.handle)
-                if flat is None:
-                    rest.append(k)
-                else:
-                    flats[k], fds[k] = flat, flat.fd
-                continue
-            record = checked.peek(i)  # not marked used: a hint
-            flat = None if record is None or record.layouts is None else record.flat
-            if flat is False:  # pieces not known yet: reopen once
-                rest.append(k)
-            if not isinstance(flat, _direct_csr.Flat):
-                continue
-            try:
-                fd = os.open(files.infos[i].path, os.O_RDONLY)
-            except OSError:  # gone: the read reports it
-                continue
-            own.append(fd)
-            flats[k], fds[k] = record.flat, fd
-        yield flats, fds, rest
+                flats[k], fds[k], obs[k] = _of_handle(handle)
+            yield flats, fds, obs
     finally:
         for fd in own:
             os.close(fd)
         handles.release(entries)
 
 
-def _valid(flats: list, fds: list, obs: list) -> tuple | None:
-    """`(flats, fds, obs)` when every file has a `Flat`, all of one dtype."""
-    if None in flats:
-        return None
-    dtypes = flats[0].dtypes  # interned: one object per dtype triple
-    if len(set(map(id, map(_DTYPES_OF, flats)))) != 1 and any(
-        f.dtypes != dtypes for f in flats
-    ):
-        return None
-    fds = [f.fd if d < 0 else d for f, d in zip(flats, fds, strict=True)]
-    return flats, fds, obs
+def _of_handle(handle: OpenFile) -> tuple:
+    """`(flat, fd, obs)` of an open file for `pinned_flats` (flat None: not so)."""
+    flat = handle.flat
+    return flat, -1 if flat is None else handle.fd.fd, handle.obs
 
 
-def _open_known(files, i: int, record: OpenFile) -> int | None:
+def _open_known(files, i: int) -> int | None:
     """A descriptor of file `i` whose `fstat` matches its identity, or None.
 
-    The path and stat fields are kept on its record; None also for a file
-    whose identity is not a local stat (its open through the bound checks it).
+    Raises `SourceChangedError` if it changed; None if it changed in nothing a
+    read depends on, or is gone (its open through the bound says how).
     """
-    want = record.want
-    if want is None:
-        identity = files.identities[i]
-        if not identity.local:
-            return None
-        want = record.want = (files.infos[i].path, stat_key(identity.stat))
+    identity = files.identities[i]
     try:
-        fd = os.open(want[0], os.O_RDONLY)
+        fd = os.open(files.infos[i].path, os.O_RDONLY)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-    except OSError:
+        if fstat_key(st) == stat_key(identity.stat):
+            return fd
+        identity.check_stat(FileStat.of(st), "when a process opened it")
+    except BaseException:
         os.close(fd)
-        return None
-    if fstat_key(st) != want[1]:
-        os.close(fd)
-        files.identities[i].check_stat(FileStat.of(st), "when a process opened it")
-        return None  # changed in nothing a read depends on: through the bound
-    return fd
+        raise
+    os.close(fd)
+    return None

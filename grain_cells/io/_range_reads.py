@@ -20,7 +20,6 @@ from grain_cells.io._file_lru import default_budget
 from grain_cells.io._file_set import OpenFiles
 from grain_cells.io._matrix import CsrRows, RowBuffer
 from grain_cells.io._obs_rows import obs_rows
-from grain_cells.io._open_file import learn_flat
 
 # Files one read-ahead hint holds at once (closed ones: a descriptor each).
 HINT_FILES = 32
@@ -121,9 +120,9 @@ def _fetch(handles, cell_offsets, starts, stops, files, buf, check_indices):
                 _output(files_, file_of, got, buf, check_indices), None, row_ids, obs
             )
         with handles.pinned_flats(file_of) as direct, handles.counting_reads():
-            if direct is not None:
-                flats, fds, file_obs = direct
-                obs = obs_rows(names, file_obs, group, starts, stops)
+            flats, fds, file_obs = direct
+            if None not in flats and len({id(f.dtypes) for f in flats}) == 1:
+                obs = obs_rows(names, file_obs, group, starts, stops)  # (interned)
                 table = _direct_csr.Pieces.of(flats)
                 got = _direct_csr.read(
                     table, None, fds, group, starts, stops, buf, pool, check_indices
@@ -322,15 +321,14 @@ def advise(handles: OpenFiles, cell_offsets, files, starts, stops) -> None:
             part = bounds[k : k + HINT_FILES + 1]
             indices = files[part[:-1]].tolist()
             spans = [slice(a, b) for a, b in itertools.pairwise(part)]
-            if not handles.files.sparse:
-                for i, span in zip(indices, spans, strict=True):
-                    _advise_one(handles, i, starts[span], stops[span], buf)
-            else:
-                _advise_flats(handles, indices, spans, starts, stops, buf)
+            _advise_files(handles, indices, spans, starts, stops, buf)
 
 
-def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
-    """`advise` of files `indices`' ranges `spans`: known byte pieces at once."""
+def _advise_files(handles, indices, spans, starts, stops, buf) -> None:
+    """`advise` of files `indices`' ranges `spans`: CSR byte pieces at once.
+
+    Files open or of known byte layouts only (`OpenFiles.for_hints`).
+    """
     span = slice(spans[0].start, spans[-1].stop)
     group = np.repeat(np.arange(len(indices)), [s.stop - s.start for s in spans])
     with table_fds(handles, indices) as found:
@@ -338,9 +336,11 @@ def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
             table, (which, fds) = handles.files.layouts.pieces, found
             _direct_csr.advise(table, which, fds, group, starts[span], stops[span], buf)
             return
-    with handles.hint_flats(indices) as (flats, fds, rest):
-        for k in rest:
-            _advise_one(handles, indices[k], starts[spans[k]], stops[spans[k]], buf)
+    with handles.pinned_flats(indices, hint=True) as (flats, fds, _):
+        for k in [k for k, flat in enumerate(flats) if flat is None]:
+            with handles.for_hints(indices[k]) as f:  # by its reader, if any
+                if f is not None:
+                    f.reader.advise(starts[spans[k]], stops[spans[k]], buf)
         starts, stops = starts[span], stops[span]
         by_dtypes: dict = {}  # files of one dtype are hinted together
         for k, flat in enumerate(flats):
@@ -354,16 +354,3 @@ def _advise_flats(handles, indices, spans, starts, stops, buf) -> None:
             flats_, fds_ = [flats[k] for k in ks], [fds[k] for k in ks]
             table = _direct_csr.Pieces.of(flats_)
             _direct_csr.advise(table, None, fds_, g[sel], starts[sel], stops[sel], buf)
-
-
-def _advise_one(handles, i: int, starts, stops, buf) -> None:
-    """`advise` of file `i`'s local ranges, through `for_hints`."""
-    with handles.for_hints(i) as f:
-        if f is None:
-            return
-        if not handles.files.sparse or learn_flat(f) is None:
-            f.reader.advise(starts, stops, buf)
-        else:
-            group = np.zeros(starts.size, np.int64)
-            table = _direct_csr.Pieces.of([f.flat])
-            _direct_csr.advise(table, None, [f.flat.fd], group, starts, stops, buf)
