@@ -146,9 +146,12 @@ class Format(abc.ABC):
     def file_name(self, f) -> str:
         return f.filename
 
+    @abc.abstractmethod
     def owns(self, node) -> bool:
-        """Whether `node` is this format's, by its type alone (`of` remembers it)."""
-        return self.is_group(node) or self.is_array(node)
+        """Whether `node` (group, array or open file) is this format's.
+
+        Decided by the node's type alone: `of` remembers the answer per type.
+        """
 
     @abc.abstractmethod
     def is_group(self, node) -> bool: ...

@@ -64,6 +64,9 @@ class Hdf5Format(formats.Format):
         rf = _open.range_files.get(f)  # h5py's `filename` is ASCII-squeezed
         return rf.url if rf is not None else f.filename
 
+    def owns(self, node) -> bool:
+        return isinstance(node, (h5py.Group, h5py.Dataset))
+
     def is_group(self, node) -> bool:
         return isinstance(node, h5py.Group)
 

@@ -121,6 +121,9 @@ class ZarrFormat(formats.Format):
     def stat_of(self, f, path) -> FileStat:
         return f.stat  # taken when the store was opened
 
+    def owns(self, node) -> bool:
+        return self.is_group(node) or self.is_array(node)
+
     def is_group(self, node) -> bool:
         zarr = sys.modules.get("zarr")  # imported once a store opened
         return isinstance(node, StoreFile) or (
