@@ -294,8 +294,12 @@ def test_call_paths(workdir):
     for fmt in ("h5ad", "zarr"):
         for path in ("inspect", "fetch_cold", "fetch"):
             assert got[f"{fmt}/{path}"]["crossings"] > 0, (fmt, path)
-        # A warm fetch's calls only go down the layers (BUILD.md, "Call paths").
+        # A warm fetch's calls only go down the layers (BUILD.md, "Call paths");
+        # a first fetch and an inspection climb back up along at most 5 edges.
         assert got[f"{fmt}/fetch"]["climbs"] == 0, got[f"{fmt}/fetch"]["edges"]
+        for path in ("inspect", "fetch_cold"):
+            point = got[f"{fmt}/{path}"]
+            assert point["climbing_edges"] <= 5, (fmt, path, point["edges"])
     assert "climbing_edges=" in done.stdout
 
 
