@@ -6,6 +6,7 @@ Design notes: docs/reference/design.md#formats-positional.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -62,7 +63,19 @@ class PositionalReader:
     def pin(self) -> None:
         length = min(self.layout.chunk_rows, max(self.shape[0], 1)) * self._row_bytes
         offsets = self.layout.offsets.tolist()
-        self._fd.pin(offsets, [length] * len(offsets))
+        with self._naming():
+            self._fd.pin(offsets, [length] * len(offsets))
+
+    @contextlib.contextmanager
+    def _naming(self):
+        """A failed read (a GET's error names the object, not the array) says
+        which array of which file it was reading.
+        """  # noqa: D205
+        try:
+            yield
+        except OSError as e:
+            e.add_note(f"grain_cells: reading {self.name} of {self.path}")
+            raise
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         starts, stops = nonempty(starts, stops)
@@ -86,10 +99,16 @@ class PositionalReader:
         # only add GIL hand-offs.
         pool = None if self._fd.remote else pool
         threads, least = getattr(pool, "threads", 4), _MIN_BYTES_PER_THREAD
-        for a, b in run_parts(
-            pool, nbytes.size, task, sizes=nbytes, max_tasks=threads, min_bytes=least
-        ):
-            task(a, b)
+        with self._naming():
+            for a, b in run_parts(
+                pool,
+                nbytes.size,
+                task,
+                sizes=nbytes,
+                max_tasks=threads,
+                min_bytes=least,
+            ):
+                task(a, b)
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):
         """Ranges cut at chunk boundaries, adjacent pieces merged: (offsets, nbytes)."""

@@ -301,6 +301,9 @@ def test_a_failed_open_raises_before_the_next_object_is_tried(served, csr_paths)
             fresh.read_blocks(range(len(fresh)))
         assert info.value.url in urls(csr_paths) and info.value.attempts == 2
         assert stack.stats()["faults"] == 2  # one GET, sent twice; no other's
+        # The array is named too (the GET's error names only the object).
+        notes = getattr(info.value, "__notes__", [])
+        assert f"reading /X/indptr of {info.value.url}" in " ".join(notes), notes
 
 
 @pytest.mark.parametrize(
