@@ -277,8 +277,10 @@ def _check_unique(path, names: np.ndarray, join: str, genes_from=None) -> None:
         )
     raise errors.GeneMismatchError(
         f"{path}: var names are not unique ({dup.size} repeated, e.g. "
-        f"{dup[:5].tolist()}); join={join!r} aligns genes by name. Make them "
-        "unique (e.g. AnnData.var_names_make_unique()) or use join='exact'."
+        f"{dup[:5].tolist()}); join={join!r} aligns genes by name. Key genes "
+        "by a unique var column instead, such as the Ensembl ids (CELLxGENE "
+        "Census: genes_from='feature_id'), or use join='exact' (renaming "
+        "with var_names_make_unique() would pair different genes across files)."
     )
 
 

@@ -276,6 +276,7 @@ def test_repeated_var_names_refused_when_joining_by_name(tmp_path):
     with pytest.raises(GeneMismatchError, match=r"not unique.*\['g0'\]") as e:
         grain_cells.AnnDataSource(path, join="outer")
     assert str(e.value).startswith(path)
+    assert "genes_from=" in str(e.value)  # the fix: a unique column, not renaming
     assert grain_cells.AnnDataSource(path).num_genes == a.n_vars  # exact: by position
 
 
