@@ -239,6 +239,11 @@ def make_split(source: AnnDataSource, options: PipelineOptions) -> SplitFetch:
     column, or a fetch is not a whole number of minibatches).
     """
     arguments.check_source(source, AnnDataSource)
+    if len(source) == 0:  # (a selection of no cell is refused where it is made)
+        raise ValueError(
+            f"{source!r} holds no cells: its files have no rows, so there is "
+            "nothing to read. Check the paths (or the element read as X)."
+        )
     o, size = options, source.block_size
     factor = o.fetch_factor or default_fetch_factor(source, o.batch_size)
     if o.condition is not None and o.condition not in source.obs_columns:

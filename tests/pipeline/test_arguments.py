@@ -216,3 +216,24 @@ def test_every_loader_seed_takes_the_same_range(csr_paths, seed):
     )
     assert batches
     assert arguments.check_seed(np.uint64(seed)) == seed
+
+
+def test_a_source_of_empty_files_is_refused_by_every_entry_point(tmp_path):
+    """Files with no rows build a source (a collection may hold some), but a
+    pipeline over no cell at all names the files instead of dividing by zero.
+    """
+    import scipy.sparse as sp
+
+    path = str(tmp_path / "empty.h5ad")
+    anndata.AnnData(sp.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(path)
+    source = grain_cells.AnnDataSource(path)
+    assert source.num_cells == 0
+    calls = [
+        lambda: grain_cells.loader(source, batch_size=4),
+        lambda: grain_cells.cell_dataset(source, batch_size=4),
+        lambda: grain_cells.fetch_operations(source, batch_size=4),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="holds no cells") as e:
+            call()
+        assert path in str(e.value)
