@@ -85,7 +85,14 @@ def missing_path(path: str) -> FileNotFoundError:
         return FileNotFoundError(
             f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
         )
-    return FileNotFoundError(f"{path}: no such file")
+    hint = ""
+    if any(c in path for c in "*?["):
+        hint = f"; paths are not globs: pass sorted(glob.glob({path!r}))"
+    elif path.startswith("~"):
+        hint = f"; '~' is not expanded: pass os.path.expanduser({path!r})"
+    elif path != path.strip():
+        hint = " (it begins or ends with white space)"
+    return FileNotFoundError(f"{path}: no such file{hint}")
 
 
 @runtime_checkable

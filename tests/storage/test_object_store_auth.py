@@ -226,3 +226,24 @@ def test_https_with_headers(tmp_path, monkeypatch):
         )
     finally:
         served.stop()
+
+
+def test_no_credentials_anywhere_names_the_fix():
+    """obstore's last credential source is a cloud VM's metadata service; off
+    a VM it fails with a GenericError about 169.254.169.254, which says nothing
+    of credentials. The error names the URL and the ways to pass them.
+    """
+    from obstore import exceptions as ox
+
+    from grain_cells.storage.remote import _errors
+
+    raw = ox.GenericError(
+        "Generic S3 error: Error performing PUT "
+        "http://169.254.169.254/latest/api/token in 1ms - Server returned "
+        "non-2xx status code: 403 Forbidden"
+    )
+    e = _errors.store_error(raw, "s3://bucket/a.h5ad", None)
+    assert isinstance(e, PermissionError)
+    message = str(e)
+    assert message.startswith("s3://bucket/a.h5ad: no credentials found")
+    assert "'anon': True" in message and "AWS_PROFILE" in message

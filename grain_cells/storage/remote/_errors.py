@@ -90,6 +90,14 @@ def store_error(e: Exception, url: str, storage_options, what: str = "read"):
         return _missing(url, storage_options, e, what)
     if write:
         return OSError(f"{url}: {what} failed: {first_line(e)}")
+    if isinstance(e, ox.GenericError) and "169.254.169.254" in text:
+        return PermissionError(  # the last credential source: a cloud VM's
+            f"{url}: no credentials found: none in storage_options, the AWS_* "
+            "environment or ~/.aws profiles, and the instance metadata service "
+            f"gave none ({first_line(e)}). Pass storage_options={{'anon': True}} "
+            "for a public bucket, or credentials (storage_options={'profile': "
+            "NAME}, AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)."
+        )
     if (  # a requester-pays GCS bucket's 400 to a request naming no project
         isinstance(e, ox.GenericError)
         and url.split("://", 1)[0].lower() in ("gs", "gcs")
