@@ -668,3 +668,21 @@ def test_failed_open_is_retried_not_cached(tmp_path):
     fresh = AnnDataSource(path)
     assert_reads(fresh, np.arange(N_OBS), expected_x())
     fresh.close()
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("*.h5ad", "paths are not globs: pass sorted(glob.glob("),
+        ("part?.h5ad", "paths are not globs"),
+        ("a.h5ad ", "white space"),
+    ],
+)
+def test_a_missing_path_says_why_it_may_be_missing(tmp_path, name, hint):
+    with pytest.raises(FileNotFoundError, match=re.escape(hint)):
+        AnnDataSource(str(tmp_path / name))
+
+
+def test_a_missing_path_under_the_home_tilde_says_it_is_not_expanded():
+    with pytest.raises(FileNotFoundError, match="'~' is not expanded"):
+        AnnDataSource("~/no-such-grain-cells-file.h5ad")
