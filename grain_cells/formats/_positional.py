@@ -6,7 +6,6 @@ Design notes: docs/reference/design.md#formats-positional.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -17,7 +16,7 @@ import numpy as np
 from grain_cells import errors
 from grain_cells._util import fork
 from grain_cells._util.ranges import chunk_pieces, nonempty
-from grain_cells.formats._protocol import checked_ranges, run_parts
+from grain_cells.formats._protocol import checked_ranges, naming_errors, run_parts
 from grain_cells.storage import ByteReader, ShortReadError
 
 _MIN_BYTES_PER_THREAD = 1 << 20  # below, a thread pool costs more than it saves
@@ -63,19 +62,8 @@ class PositionalReader:
     def pin(self) -> None:
         length = min(self.layout.chunk_rows, max(self.shape[0], 1)) * self._row_bytes
         offsets = self.layout.offsets.tolist()
-        with self._naming():
+        with naming_errors(self):
             self._fd.pin(offsets, [length] * len(offsets))
-
-    @contextlib.contextmanager
-    def _naming(self):
-        """A failed read (a GET's error names the object, not the array) says
-        which array of which file it was reading.
-        """  # noqa: D205
-        try:
-            yield
-        except OSError as e:
-            e.add_note(f"grain_cells: reading {self.name} of {self.path}")
-            raise
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         starts, stops = nonempty(starts, stops)
@@ -98,16 +86,11 @@ class PositionalReader:
         # A remote reader runs its own GETs concurrently: pool threads would
         # only add GIL hand-offs.
         pool = None if self._fd.remote else pool
-        threads, least = getattr(pool, "threads", 4), _MIN_BYTES_PER_THREAD
-        with self._naming():
-            for a, b in run_parts(
-                pool,
-                nbytes.size,
-                task,
-                sizes=nbytes,
-                max_tasks=threads,
-                min_bytes=least,
-            ):
+        limits = dict(
+            max_tasks=getattr(pool, "threads", 4), min_bytes=_MIN_BYTES_PER_THREAD
+        )
+        with naming_errors(self):
+            for a, b in run_parts(pool, nbytes.size, task, sizes=nbytes, **limits):
                 task(a, b)
 
     def pieces(self, starts: np.ndarray, stops: np.ndarray):

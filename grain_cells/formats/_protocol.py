@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import threading
@@ -64,6 +65,18 @@ def run_parts(
     else:
         wait_all(futures)
     return []
+
+
+@contextlib.contextmanager
+def naming_errors(reader):
+    """A failed read or pin of `reader` (an `OSError`: a GET's names the object,
+    not the array) carries a note naming the array and file.
+    """  # noqa: D205
+    try:
+        yield
+    except OSError as e:
+        e.add_note(f"grain_cells: reading {reader.name} of {reader.path}")
+        raise
 
 
 def checked_ranges(reader, starts, stops) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,13 @@ import zarr
 
 from grain_cells import errors
 from grain_cells._util.ranges import chunks_touched
-from grain_cells.formats import checked_ranges, dest_bytes, pieces, run_parts
+from grain_cells.formats import (
+    checked_ranges,
+    dest_bytes,
+    naming_errors,
+    pieces,
+    run_parts,
+)
 from grain_cells.storage import advise_pieces
 from grain_cells.zarr._chunks import Chunks
 from grain_cells.zarr._keys import LocalKeys
@@ -69,7 +75,8 @@ class RangeReader(Chunks):
         if self.codec is None:
             return
         n = -(-self.shape[0] // self.chunk_length)
-        self.load_indices(range(n))
+        with naming_errors(self):
+            self.load_indices(range(n))
         row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
         if self.shape[0] > 0 and n * self.chunk_length * row_bytes <= self._cache_bytes:
             out = np.empty((self.shape[0], *self.row_shape), self.dtype)
@@ -106,13 +113,14 @@ class RangeReader(Chunks):
         need = total * int(np.prod(self.row_shape, dtype=np.int64))
         dest_bytes(out, np.array([need * out.itemsize]))  # ValueError: too small
         dest = out.reshape(-1)[:need].reshape((total, *self.row_shape))
-        if self.codec is not None and not self._checked:
-            self._check_against_zarr()  # may fall back to zarr-python
-        if self.codec is None:
-            self._read_zarr(starts, stops, dest)
-        else:
-            read = self._read_raw if self._raw else self._read_chunks
-            read(starts, stops, dest, pool, pending)
+        with naming_errors(self):
+            if self.codec is not None and not self._checked:
+                self._check_against_zarr()  # may fall back to zarr-python
+            if self.codec is None:
+                self._read_zarr(starts, stops, dest)
+            else:
+                read = self._read_raw if self._raw else self._read_chunks
+                read(starts, stops, dest, pool, pending)
 
     def _check_against_zarr(self) -> None:
         """Once: the first chunk decoded here must equal zarr-python's read."""
