@@ -14,7 +14,7 @@ import importlib.util
 import numpy as np
 
 from grain_cells._util import arguments, counter_rng
-from grain_cells.outputs import Fetch, Output, padded
+from grain_cells.outputs import Fetch, Output
 from grain_cells.tokens import _kernels, _threads
 
 IGNORE = -100  # `labels` where nothing is masked
@@ -116,11 +116,12 @@ class TokenOutput(Output):
         arrays = fetch.cache.get(key)
         if arrays is None:
             arrays = fetch.cache[key] = self.tokenize(fetch)
+        out = {}  # padding rows: these values, 0 in the other arrays
         fills = {"gene_ids": self.pad_id, "labels": IGNORE, "values": self.pad_value}
-        out = {  # padding rows: these values, 0 in the other arrays
-            name: padded(np.empty, a[rows], batch_size, fill=fills.get(name, 0))
-            for name, a in arrays.items()
-        }
+        for name, a in arrays.items():  # taken straight into the minibatch: one copy
+            b = out[name] = np.empty((batch_size, *a.shape[1:]), a.dtype)
+            np.take(a, rows, axis=0, out=b[: rows.size], mode="clip")
+            b[rows.size :] = fills.get(name, 0)
         out["attention_mask"] = np.arange(self.length) < out.pop("_used")[:, None]
         return out
 
