@@ -27,7 +27,10 @@ Spellings (`--spellings`):
 * `card_buffered`: `card` with `worker_buffer_size=--fetch_factor`: Grain
   then lets each worker queue a fetch's minibatches instead of one, so its
   reader threads and the main thread take them in runs instead of sleeping
-  and waking once per minibatch.
+  and waking once per minibatch;
+* `card_tuned`: `card` with both (`read_options=grain_cells.pipeline.
+  READ_OPTIONS`, `worker_buffer_size=--fetch_factor`), as the README and the
+  loading guide spell Grain's own loader.
 
 `--baseline_tree=/path/to/checkout` runs every point a second time with that
 checkout's `grain_cells` (`PYTHONPATH`), interleaved with this one's, so a
@@ -88,7 +91,8 @@ _SPELLINGS = flags.DEFINE_list(
     ["loader"],
     "loader (grain_cells.DataLoader), card (grain.DataLoader with the same "
     "objects), card_inline (card reading records without Grain's thread pool), "
-    "card_buffered (card with worker_buffer_size=--fetch_factor).",
+    "card_buffered (card with worker_buffer_size=--fetch_factor), card_tuned "
+    "(card with both, as the README spells it).",
 )
 _CACHE = flags.DEFINE_list(
     "cache",
@@ -150,9 +154,9 @@ def _loader(spelling: str, path: str, workers: int):
             data_source=source, sampler=sampler, operations=ops, worker_count=workers
         )
     more = {}
-    if spelling == "card_inline":
+    if spelling in ("card_inline", "card_tuned"):
         more["read_options"] = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-    if spelling == "card_buffered":
+    if spelling in ("card_buffered", "card_tuned"):
         more["worker_buffer_size"] = _FETCH.value
     return grain.DataLoader(
         data_source=source,
