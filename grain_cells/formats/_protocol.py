@@ -75,7 +75,9 @@ def naming_errors(reader):
     try:
         yield
     except OSError as e:
-        e.add_note(f"grain_cells: reading {reader.name} of {reader.path}")
+        note = f"grain_cells: reading {reader.name} of {reader.path}"
+        if note not in getattr(e, "__notes__", ()):  # (a task's, then the caller's)
+            e.add_note(note)
         raise
 
 

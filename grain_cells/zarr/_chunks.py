@@ -14,7 +14,13 @@ import numpy as np
 
 from grain_cells import errors
 from grain_cells._util import fork
-from grain_cells.formats import ChunkCache, ChunkDecodeError, pieces, run_parts
+from grain_cells.formats import (
+    ChunkCache,
+    ChunkDecodeError,
+    naming_errors,
+    pieces,
+    run_parts,
+)
 from grain_cells.zarr._codecs import MAX_UINT_64, Codec
 from grain_cells.zarr._keys import KeyReader, key_reader
 
@@ -194,6 +200,10 @@ class Chunks:
         cc = self.codec.chunk_shape[1] if self._cols is not None else 0
 
         def task(a: int, b: int) -> None:
+            with naming_errors(self):  # a pool's task raises outside `read`'s
+                _task(a, b)
+
+        def _task(a: int, b: int) -> None:
             for x in range(a, b):
                 for unit in self.units(uniq[x]):
                     chunk, into, cut = self.chunk(unit, raw), ..., ...

@@ -193,6 +193,10 @@ class RangeReader(Chunks):
         view = memoryview(dest.reshape(-1).view(np.uint8))
 
         def task(lo: int, hi: int) -> None:
+            with naming_errors(self):  # a pool's task raises outside `read`'s
+                _task(lo, hi)
+
+        def _task(lo: int, hi: int) -> None:
             for key, group in itertools.groupby(range(lo, hi), keys.__getitem__):
                 ps = list(group)
                 fd = None if key is None else self.keys.open(key)

@@ -7,6 +7,7 @@ flipped, garbage written, metadata changed after consolidation), and reads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import warnings
@@ -17,6 +18,7 @@ import zarr
 import zarr.codecs as zc
 
 from grain_cells import errors
+from grain_cells.formats import wait_all
 from grain_cells.zarr._reads import RangeReader
 from grain_cells.zarr._store import open_group
 
@@ -164,3 +166,35 @@ def test_arrays_read_through_zarr_python_refuse_missing_chunks_too(tmp_path):
         RangeReader(open_group(str(path))["x"], str(path)).read(
             np.array([0]), np.array([5]), out
         )
+
+
+@pytest.mark.parametrize("fmt, key", [(2, "x/3"), (3, "x/c/3")], ids=["v2", "v3"])
+def test_an_unreadable_chunk_names_its_file_and_the_array(tmp_path, fmt, key):
+    """A chunk that cannot be read (here a folder where its file should be)
+    raises the OS's error naming the chunk's file, with a note naming the
+    array and store (`formats.naming_errors`), not a bare descriptor number.
+    """  # noqa: D205
+    path = _store(tmp_path, fmt)
+    os.remove(path / key)
+    os.mkdir(path / key)
+    with pytest.raises(IsADirectoryError) as e:
+        _read_all(_reader(path))
+    assert e.value.filename == str(path / key)
+    assert f"grain_cells: reading /x of {path}" in getattr(e.value, "__notes__", [])
+
+
+def test_an_unreadable_chunk_read_by_a_pool_task_names_the_array(tmp_path):
+    """The same through read threads whose tasks the caller waits for later
+    (`pending`): the note comes from the task, once.
+    """  # noqa: D205
+    path = _store(tmp_path, 3, compressors=[zc.ZstdCodec()])
+    os.remove(path / "x/c/3")
+    os.mkdir(path / "x/c/3")
+    reader, pending = _reader(path), []
+    out = np.empty(N, reader.dtype)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pool.threads = 2
+        reader.read(np.array([0]), np.array([N]), out, pool, pending)
+        with pytest.raises(IsADirectoryError) as e:
+            wait_all(pending)
+    assert e.value.__notes__ == [f"grain_cells: reading /x of {path}"]
