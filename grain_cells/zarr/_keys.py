@@ -68,16 +68,15 @@ class LocalKeys(KeyReader):
 
     def _get(self, key, start, stop):
         try:  # by path: an error then names the chunk's file, not a descriptor
-            f = open(os.path.join(self.root, key), "rb")
+            with open(os.path.join(self.root, key), "rb") as f:  # (reads all)
+                if start is None:
+                    return f.read()
+                if start < 0:
+                    start, stop = max(0, os.fstat(f.fileno()).st_size + start), None
+                f.seek(start)
+                return f.read(None if stop is None else max(0, stop - start))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        with f:  # `read` stops early only at the end
-            if start is None:
-                return f.read()
-            if start < 0:
-                start, stop = max(0, os.fstat(f.fileno()).st_size + start), None
-            f.seek(start)
-            return f.read(None if stop is None else max(0, stop - start))
 
 
 class ZipKeys(KeyReader):

@@ -173,7 +173,7 @@ def test_an_unreadable_chunk_names_its_file_and_the_array(tmp_path, fmt, key):
     """A chunk that cannot be read (here a folder where its file should be)
     raises the OS's error naming the chunk's file, with a note naming the
     array and store (`formats.naming_errors`), not a bare descriptor number.
-    """  # noqa: D205
+    """
     path = _store(tmp_path, fmt)
     os.remove(path / key)
     os.mkdir(path / key)
@@ -186,7 +186,7 @@ def test_an_unreadable_chunk_names_its_file_and_the_array(tmp_path, fmt, key):
 def test_an_unreadable_chunk_read_by_a_pool_task_names_the_array(tmp_path):
     """The same through read threads whose tasks the caller waits for later
     (`pending`): the note comes from the task, once.
-    """  # noqa: D205
+    """
     path = _store(tmp_path, 3, compressors=[zc.ZstdCodec()])
     os.remove(path / "x/c/3")
     os.mkdir(path / "x/c/3")
