@@ -19,7 +19,7 @@ from grain_cells.sampling._stream import BlockStream
 # Rounds of the Feistel network: Grain's own choice for its global shuffle.
 _SHUFFLE_ROUNDS = 4
 _LIST_POSITIONS = 1 << 16
-_VECTOR_POSITIONS = 1 << 12  # from here, `numpy_index_shuffle`
+_VECTOR_POSITIONS = 1 << 8  # from here, `numpy_index_shuffle` (equal at ~128)
 _SMALL_EPOCH = 1 << 12  # blocks; up to here, an epoch's order whole (`_small_epoch`)
 
 
