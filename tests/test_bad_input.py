@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 
 import anndata
 import h5py
@@ -686,3 +687,17 @@ def test_a_missing_path_says_why_it_may_be_missing(tmp_path, name, hint):
 def test_a_missing_path_under_the_home_tilde_says_it_is_not_expanded():
     with pytest.raises(FileNotFoundError, match="'~' is not expanded"):
         AnnDataSource("~/no-such-grain-cells-file.h5ad")
+
+
+def test_a_path_listed_twice_warns_that_its_cells_repeat(tmp_path):
+    a = write(tmp_path / "a.h5ad")
+    b = write(tmp_path / "b.h5ad")
+    with pytest.warns(
+        UserWarning, match=r"a\.h5ad is listed 2 times in paths \(at \[0, 2\]"
+    ):
+        source = AnnDataSource([a, b, str(a)])  # (a glob's list plus a path, say)
+    assert source.num_cells == 3 * N_OBS  # a warning, not a refusal: still read
+    source.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AnnDataSource([a, b]).close()

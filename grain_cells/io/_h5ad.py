@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
@@ -248,7 +249,28 @@ def resolve_paths(paths) -> list[str]:
         raise ValueError(
             "paths is empty: expected one or more .h5ad files or zarr stores"
         )
+    _warn_repeats(out)
     return out
+
+
+def _warn_repeats(paths: list[str]) -> None:
+    """Warns when a path is listed more than once: its cells would repeat."""
+    if len(set(paths)) == len(paths):
+        return
+    seen: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        seen.setdefault(p, []).append(i)
+    repeats = {p: at for p, at in seen.items() if len(at) > 1}
+    path, at = next(iter(repeats.items()))
+    warnings.warn(
+        f"{path} is listed {len(at)} times in paths (at {at}"
+        f"{f'; {len(repeats) - 1} more paths repeat too' if len(repeats) > 1 else ''})"
+        f": each listing is a file of the source, so its cells are read {len(at)} "
+        "times per epoch. Pass each file once (e.g. sorted(set(paths))); to "
+        "sample a file more often, weight its blocks (grain_cells.block_weights).",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def obsm_element(name: str) -> str:
