@@ -121,7 +121,7 @@ def joined_columns(files, names: Sequence[str]) -> dict[str, np.ndarray]:
     Mapped read-only when the source has `MIN_CELLS` cells or more and the obs
     cache is on; else in memory.
     """
-    counts = [int(info.n_obs) for info in files.infos]
+    counts = files.n_obs.tolist()
     total = sum(counts)
     folder = cache_folder() if total >= MIN_CELLS else None
     done: dict[str, np.ndarray] = {}
