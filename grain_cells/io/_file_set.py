@@ -98,13 +98,13 @@ class FileSet:
             kinds.append({c: meta.kinds.get(c) for c in obs_names})
             matrices.append((meta.layouts or {}).get("matrix"))
         kind = _kind(element, infos, "of one source must share an encoding")
-        table = None
+        records, table = FileRecords(paths, infos, identities), None
         if len(paths) > 1:
-            table = LayoutTable.build(infos, identities, matrices)
+            table = LayoutTable.build(infos, identities, matrices, records.stat_keys)
         return cls(
             paths,
             element,
-            FileRecords(paths, infos, identities),
+            records,
             align_genes(paths, keys, join, genes, genes_from),
             obs_names,
             harmonise(paths, obs_names, kinds, obs_missing),

@@ -9,16 +9,18 @@ Design notes: docs/reference/design.md#io-file-set.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import numpy as np
 
 from grain_cells.io._h5ad import MatrixInfo
-from grain_cells.io._identity import FileIdentity
+from grain_cells.io._identity import FileIdentity, stat_key
 from grain_cells.storage import FileStat
 
 _INFO = ("element", "encoding", "n_obs", "n_vars", "dtype", "nnz", "chunk_bytes")
-_STAT = ("dev", "ino", "size", "mtime_ns", "ctime_ns", "etag", "content", "store")
+_KEY = ("ino", "dev", "size", "mtime_ns", "ctime_ns")  # `stat_key`'s fields
+_TAGS = operator.attrgetter("etag", "content", "store")  # `FileStat`'s strings
 _IDENTITY = ("element", "layout", "sample", "format")
 
 
@@ -33,13 +35,11 @@ class _Column:
 
     def __init__(self, values: list):
         self.n = len(values)
-        distinct = dict.fromkeys(values)
+        keys = [(type(v), v) for v in values]  # (3 == np.int64(3): kept apart)
+        distinct = {key: k for k, key in enumerate(dict.fromkeys(keys))}
         if len(distinct) <= 1:
-            self.kind, self.values, self.codes = (
-                "same",
-                next(iter(distinct), None),
-                None,
-            )
+            self.kind, self.codes = "same", None
+            self.values = values[0] if values else None
         elif _ints(values):
             low = min(v for v in values if v is not None)
             top = max(v for v in values if v is not None) - low + 1
@@ -50,9 +50,8 @@ class _Column:
             raw = np.frombuffer(bytes.fromhex("".join(values)), np.uint8)
             self.kind, self.values, self.codes = "hex", None, raw.reshape(self.n, -1)
         else:
-            index = {v: k for k, v in enumerate(distinct)}
-            codes = [index[v] for v in values]
-            self.kind, self.values = "code", tuple(distinct)
+            codes = [distinct[key] for key in keys]
+            self.kind, self.values = "code", tuple(v for _, v in distinct)
             self.codes = np.array(codes, np.min_scalar_type(len(distinct)))
 
     def __getitem__(self, i: int):
@@ -99,15 +98,28 @@ class FileRecords:
     """Each file's `MatrixInfo` and `FileIdentity` fields as `_Column`s.
 
     `paths`: the file set's; records whose paths differ keep their own.
+    `stat_keys`: each file's `stat_key` (int64 unless a field is not an `int`
+    of int64: then objects), one row compared at every read (`check_stat`).
     """
 
-    __slots__ = ("identity", "identity_paths", "info", "info_paths", "paths")
+    __slots__ = (
+        "identity",
+        "identity_paths",
+        "info",
+        "info_paths",
+        "paths",
+        "stat_keys",
+    )
 
     def __init__(self, paths: tuple, infos: Sequence, identities: Sequence):
         self.paths = paths
         self.identity_paths = _own_paths(paths, [d.path for d in identities])
         self.identity = {n: _column(identities, n) for n in _IDENTITY}
-        self.identity |= {n: _column([d.stat for d in identities], n) for n in _STAT}
+        stats = [d.stat for d in identities]
+        self.identity["tags"] = _Column([_TAGS(s) for s in stats])
+        keys = [stat_key(s) for s in stats]
+        fits = all(type(v) is int and -(2**63) <= v < 2**63 for k in keys for v in k)
+        self.stat_keys = np.array(keys, np.int64 if fits else object).reshape(-1, 5)
         self._set_infos(infos)
 
     def _set_infos(self, infos: Sequence) -> None:
@@ -118,7 +130,7 @@ class FileRecords:
         """These identities beside other `infos` (another element's)."""
         out = object.__new__(FileRecords)
         out.paths, out.identity_paths = self.paths, self.identity_paths
-        out.identity = self.identity
+        out.identity, out.stat_keys = self.identity, self.stat_keys
         out._set_infos(infos)
         return out
 
@@ -148,7 +160,8 @@ class FileRecords:
 
     def stat_at(self, i: int) -> FileStat:
         """File `i`'s `FileIdentity.stat`."""
-        return FileStat(*(self.identity[n][i] for n in _STAT))
+        ino, dev, *rest = self.stat_keys[i].tolist()
+        return FileStat(dev, ino, *rest, *self.identity["tags"][i])
 
     def column(self, name: str) -> list:
         """Every file's `MatrixInfo` field `name` (`n_obs`, `nnz`, ...)."""
@@ -156,7 +169,8 @@ class FileRecords:
 
     def check_stat(self, i: int, now: FileStat, when: str) -> None:
         """`FileIdentity.check_stat` of file `i` (its record built only if changed)."""
-        if self.stat_at(i) != now:
+        tags = self.identity["tags"]
+        if list(stat_key(now)) != self.stat_keys[i].tolist() or _TAGS(now) != tags[i]:
             self.identity_at(i).check_stat(now, when)
 
 
