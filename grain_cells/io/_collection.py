@@ -21,7 +21,7 @@ import numpy as np
 from grain_cells import formats
 from grain_cells.io import _h5ad
 from grain_cells.io._direct_csr import Pieces
-from grain_cells.io._identity import fstat_key, stat_key
+from grain_cells.io._identity import fstat_key
 from grain_cells.io._obs_cache import MIN_CELLS, cache_folder, cached, entry_name
 from grain_cells.io._open_file import entry_open
 
@@ -41,14 +41,15 @@ class LayoutTable:
     stats: np.ndarray
 
     @classmethod
-    def build(cls, infos, identities, matrices: Sequence[dict | None]):
+    def build(cls, infos, identities, matrices: Sequence[dict | None], stats):
         """The table of files' matrix layouts (`FileMeta.layouts["matrix"]`), or
-        None (fewer than two files in it).
+        None (fewer than two files in it). `stats`: every file's `stat_key` (the
+        `FileRecords`' own array: one copy in a process).
         """  # noqa: D205
         n = len(infos)
         counts, rows = np.zeros((n, 3), np.int64), np.ones((n, 3), np.int64)
         nnz, n_vars = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        stats, member = np.zeros((n, 5), np.int64), np.zeros(n, bool)
+        member = np.zeros(n, bool)
         offsets: list = []
         dtypes = None
         for i, (info, identity, matrix) in enumerate(
@@ -69,7 +70,6 @@ class LayoutTable:
             counts[i] = [len(a[4]) for a in arrays]
             rows[i] = [a[3] for a in arrays]
             nnz[i], n_vars[i] = info.nnz, info.n_vars
-            stats[i] = stat_key(identity.stat)
             offsets += (o for a in arrays for o in a[4])
         if member.sum() < 2:
             return None
@@ -121,7 +121,7 @@ def joined_columns(files, names: Sequence[str]) -> dict[str, np.ndarray]:
     Mapped read-only when the source has `MIN_CELLS` cells or more and the obs
     cache is on; else in memory.
     """
-    counts = [int(info.n_obs) for info in files.infos]
+    counts = files.n_obs.tolist()
     total = sum(counts)
     folder = cache_folder() if total >= MIN_CELLS else None
     done: dict[str, np.ndarray] = {}

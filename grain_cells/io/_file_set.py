@@ -36,6 +36,7 @@ from grain_cells.io._meta_cache import MetaCache
 from grain_cells.io._obs import HarmonisedColumn, harmonise
 from grain_cells.io._obs_cache import MIN_CELLS
 from grain_cells.io._open_file import OpenFile, open_member, pinned_flats, reopen
+from grain_cells.io._records import FileRecords
 from grain_cells.storage import read_counts
 from grain_cells.storage.remote import is_url
 
@@ -55,8 +56,7 @@ class FileSet:
 
     paths: tuple[str, ...]
     element: str
-    infos: tuple[_h5ad.MatrixInfo, ...]
-    identities: tuple[FileIdentity, ...]
+    records: FileRecords  # each file's `infos` and `identities`, as columns
     genes: GeneAlignment
     obs_names: tuple[str, ...]
     obs: dict[str, HarmonisedColumn]
@@ -98,14 +98,13 @@ class FileSet:
             kinds.append({c: meta.kinds.get(c) for c in obs_names})
             matrices.append((meta.layouts or {}).get("matrix"))
         kind = _kind(element, infos, "of one source must share an encoding")
-        table = None
+        records, table = FileRecords(paths, infos, identities), None
         if len(paths) > 1:
-            table = LayoutTable.build(infos, identities, matrices)
+            table = LayoutTable.build(infos, identities, matrices, records.stat_keys)
         return cls(
             paths,
             element,
-            tuple(infos),
-            tuple(identities),
+            records,
             align_genes(paths, keys, join, genes, genes_from),
             obs_names,
             harmonise(paths, obs_names, kinds, obs_missing),
@@ -115,9 +114,19 @@ class FileSet:
         )
 
     @property
+    def infos(self) -> Sequence[_h5ad.MatrixInfo]:
+        """Each file's matrix as the build inspected it."""
+        return self.records.infos
+
+    @property
+    def identities(self) -> Sequence[FileIdentity]:
+        """Each file's identity, taken at build."""
+        return self.records.identities
+
+    @property
     def n_obs(self) -> np.ndarray:
         """Cells per file."""
-        return np.array([i.n_obs for i in self.infos], np.int64)
+        return np.array(self.records.column("n_obs"), np.int64)
 
     @property
     def num_genes(self) -> int:
@@ -180,7 +189,7 @@ def element_files(files: FileSet, element: str) -> FileSet:
     return dataclasses.replace(
         files,
         element=element,
-        infos=tuple(infos),
+        records=files.records.with_infos(infos),
         genes=genes,
         obs_names=(),
         obs={},
@@ -293,7 +302,7 @@ class OpenFiles(_file_lru.FileLru):
     def check_at_read(self, i: int, handle: OpenFile) -> None:
         """Checks file `i` is unchanged: its descriptor's `fstat`, else its format's."""
         if handle.fd is not None:
-            self.files.identities[i].check_stat(handle.fd.stat(), "at a read")
+            self.files.records.check_stat(i, handle.fd.stat(), "at a read")
         else:
             handle.format.check_unchanged(handle.h5, "at a read")
 

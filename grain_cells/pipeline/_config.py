@@ -170,10 +170,12 @@ def fetch_bytes(source: AnnDataSource, cells: float) -> int:
     (mean stored values per cell, from file metadata, times a value's bytes
     and a 4-byte index if sparse) and as much again for its formatted minibatches.
     """  # noqa: D205
-    infos = source.files.infos
-    values = sum(i.nnz if i.nnz is not None else i.n_obs * i.n_vars for i in infos)
+    column = source.files.records.column
+    rows = column("n_obs")
+    files = zip(rows, column("n_vars"), column("nnz"), strict=True)
+    values = sum(n * v if z is None else z for n, v, z in files)
     per_value = source.dtype.itemsize + (4 if source.is_sparse else 0)
-    return int(2 * cells * values / max(1, sum(i.n_obs for i in infos)) * per_value)
+    return int(2 * cells * values / max(1, sum(rows)) * per_value)
 
 
 def _warn_about_fetches(source: AnnDataSource, config: FetchConfig) -> None:

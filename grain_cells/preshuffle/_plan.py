@@ -192,7 +192,7 @@ class Matrix:
         self.dtype = np.dtype(files.dtype)
         self.n_vars = files.num_genes
         self.index_dtype = np.dtype(np.int32 if self.n_vars < 2**31 else np.int64)
-        self.nnz = sum(i.nnz for i in files.infos) if self.sparse else None
+        self.nnz = sum(files.records.column("nnz")) if self.sparse else None
         self.n_cells = int(files.n_obs.sum())
         self.cell_offsets = np.concatenate([[0], np.cumsum(files.n_obs)])
         maps = [self.column_map(i) for i in range(len(files.paths))]

@@ -118,7 +118,7 @@ def default_blocks(files: FileSet, options):
 
     Opens compressed files once more to find their chunk starts, unless cached.
     """
-    sizes = [info.chunk_bytes for info in files.infos]
+    sizes = files.records.column("chunk_bytes")
     if all(size is None for size in sizes):
         return BlockTable.grid(files.n_obs, 16), options
     offsets = np.concatenate([[0], np.cumsum(files.n_obs)])

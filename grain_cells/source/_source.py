@@ -246,8 +246,8 @@ class AnnDataSource(SourceDescription):
 
     def __repr__(self) -> str:
         files = ", ".join(
-            f"{p!r} ({i.n_obs} cells)"
-            for p, i in zip(self.files.paths, self.files.infos, strict=True)
+            f"{p!r} ({n} cells)"
+            for p, n in zip(self.files.paths, self.files.n_obs.tolist(), strict=True)
         )
         table = self.block_table  # a view adds its block table's identity
         blocks = f", blocks={table.blocks_id}" if table.blocks_id else ""

@@ -349,7 +349,7 @@ def test_files_is_the_file_set_the_source_reads(tmp_path):
         assert isinstance(files, FileSet)
         assert files.paths == source.paths and files.obs_names == ("idx",)
         assert files.num_genes == source.num_genes == N_VARS
-        assert files.infos[0] is source.file_info(0)
+        assert files.infos[0] == source.file_info(0)
         with pytest.raises(dataclasses.FrozenInstanceError):
             files.paths = ()
         # A view, and a pickled copy, read the same files.
