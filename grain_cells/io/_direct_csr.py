@@ -20,6 +20,7 @@ from grain_cells.storage import (
     pread_cached,
     pread_pieces,
 )
+from grain_cells.storage.remote import is_url
 
 # Below this many bytes a thread pool costs more than it saves.
 _MIN_BYTES_PER_THREAD = 1 << 20
@@ -56,8 +57,11 @@ _DTYPES: dict = {}
 
 
 def flat_from(layouts: dict, info) -> Flat | None:
-    """A CSR matrix's `Flat` from its arrays' local `ByteLayout`s, or None."""
-    if set(layouts) != set(_NAMES):
+    """A CSR matrix's `Flat` from its arrays' local `ByteLayout`s, or None.
+
+    None for an object's: a `Flat` is read through a descriptor.
+    """
+    if set(layouts) != set(_NAMES) or is_url(info.path):
         return None
     ordered = [layouts[k] for k in _NAMES]
     if any(len(x.shape) != 1 for x in ordered):

@@ -285,8 +285,12 @@ def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
 
 
 def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
-    """A reader's arrays' byte layouts when all are positional over a local `fd`."""
-    if fd is None or getattr(fd, "remote", True):
+    """A reader's arrays' byte layouts when all are positional over `fd`.
+
+    None for an object whose ETag does not follow its content: each reopen
+    samples its bytes (`open_unchanged`), which a reopen from layouts skips.
+    """
+    if fd is None or (getattr(fd, "remote", False) and fd.stat().content):
         return None
     out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
     return None if None in out.values() else out

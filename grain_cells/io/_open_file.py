@@ -190,6 +190,8 @@ def reader_of(info, layouts: dict, fd) -> CsrReader | DenseReader | FieldReader:
     arrays = {k: PositionalReader(v, info.path, fd) for k, v in layouts.items()}
     kinds = {FieldReader.KEY: FieldReader, DenseReader.KEY: DenseReader}
     cls = next((kinds[k] for k in arrays if k in kinds), CsrReader)
+    if fd.remote and "indptr" in arrays:  # one GET, as `CsrReader.open` pins it
+        arrays["indptr"].pin()
     return cls(info, arrays, fd)
 
 

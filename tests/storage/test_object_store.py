@@ -457,3 +457,39 @@ def test_a_hint_larger_than_the_budget_still_reads_ahead(tmp_path, s3, monkeypat
         assert _gets_settle(before).get("get", 0) >= 1
         rows = (hint[:, None] * 4 + np.arange(4)).ravel()
         np.testing.assert_array_equal(_dense(source.read_blocks(hint).X), x[rows])
+
+
+def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch):
+    """An object a process has opened is reopened from its byte layouts: no
+    HDF5 open, no HEAD (its reads are bound to the version by `If-Match`).
+
+    Each reopen was a whole HDF5 open (metadata from the disk cache, `indptr`
+    pinned) with the open-file bound closing objects in turn; a rewrite
+    between reopens is still refused at the read.
+    """
+    from grain_cells.io import _open_file
+
+    paths, _ = parts
+    urls = [s3.upload(p, f"reopen/{i}.h5ad") for i, p in enumerate(paths)]
+    source = grain_cells.AnnDataSource(
+        urls, storage_options=s3.options, max_open_files=1, block_size=5
+    )
+    first = source.read_blocks(range(len(source)))  # every object, one open at once
+    opens = []
+    unchanged = _open_file.open_unchanged
+    monkeypatch.setattr(
+        _open_file,
+        "open_unchanged",
+        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
+    )
+    before = object_store.request_counts()
+    again = source.read_blocks(range(len(source)))  # each object reopened
+    assert opens == [] and _counts_since(before)["head"] == 0
+    local = grain_cells.AnnDataSource(paths, block_size=5)
+    oracle = local.read_blocks(range(len(local))).X
+    np.testing.assert_array_equal(_dense(again.X), _dense(oracle))
+    np.testing.assert_array_equal(_dense(first.X), _dense(oracle))
+
+    s3.upload(_write_rich(paths[0] + ".other.h5ad"), "reopen/0.h5ad")
+    with pytest.raises(errors.SourceChangedError, match=r"reopen/0\.h5ad"):
+        source.read_blocks(range(len(source)))
