@@ -62,6 +62,14 @@ class FileIdentity:
         stat = self.stat
         return not (stat.etag or stat.content or stat.store or "://" in self.path)
 
+    @property
+    def etag_bound(self) -> bool:
+        """Whether it is an object whose ETag follows its content: each read is
+        of this version (an ETag checked per GET), with no bytes to sample.
+        """  # noqa: D205
+        stat = self.stat
+        return bool(stat.etag) and not (stat.content or stat.store)
+
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
         recorded = {"format": self.format} if self.format else {}

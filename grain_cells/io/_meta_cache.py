@@ -19,6 +19,7 @@ import os
 import stat as stat_mod
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -236,9 +237,12 @@ def inspect_file(
                 f, [c for c in obs_names if c in have], have, columns
             )
             layouts = None
-            # The layouts are taken over `fd`: only when it reads this very file.
+            # The layouts are taken over `fd`: only when it reads this very file
+            # (an object's reads are of the version inspected: `etag_bound`).
+            if identity.etag_bound:
+                fd = _nodes.format_of(f).open_bytes(f, path, storage_options, stat)
             same = fd is not None and not stat.changes(fd.stat())
-            if same and identity.local:
+            if same and (identity.local or identity.etag_bound):
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
             # An object's metadata read so far is saved for the next open: the
@@ -290,7 +294,7 @@ def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
     None for an object whose ETag does not follow its content: each reopen
     samples its bytes (`open_unchanged`), which a reopen from layouts skips.
     """
-    if fd is None or (getattr(fd, "remote", False) and fd.stat().content):
+    if fd is None or (fd.remote and fd.stat().content):
         return None
     out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
     return None if None in out.values() else out
@@ -302,14 +306,37 @@ def entry_of(files, i: int, fd) -> tuple[dict, dict] | None:
     try:
         e = _read_entry(info.path, files.element, files.genes.genes_from, fd.stat())
         layouts = {k: _layout(v) for k, v in e["layouts"]["matrix"].items()}
+        wanted = [c for c in files.obs_names if files.obs[c].present[i]]
+        pins = [
+            layouts.get("indptr"),
+            *(_layout(e["layouts"]["obs"][c][0]) for c in wanted),
+        ]
+    except _ERRORS:
+        return None
+    if fd.remote:  # in one batch of GETs; a failing store raises (not a miss)
+        _pin([p for p in pins if p is not None], info.path, fd)
+    try:
         obs = {}
         for c in files.obs_names:
             column, d = files.obs[c], e["layouts"]["obs"].get(c)
-            values = _read_column(d, info, fd) if column.present[i] else None
+            values = _read_column(d, info, fd) if c in wanted else None
             obs[c] = column.file_values(i, values, info.n_obs)
     except _ERRORS:
         return None
     return obs, layouts
+
+
+def _pin(layouts: list[ByteLayout], path: str, fd) -> None:
+    """Pins every chunk of these arrays through `fd` in one call (errors named)."""
+    offsets, nbytes = [], []
+    for layout in layouts:
+        row = layout.dtype.itemsize * int(np.prod(layout.shape[1:], dtype=np.int64))
+        rows = min(layout.chunk_rows, max(layout.shape[0], 1))
+        offsets += layout.offsets.tolist()
+        nbytes += [rows * row] * len(layout.offsets)
+    names = types.SimpleNamespace(name=", ".join(x.name for x in layouts), path=path)
+    with formats.naming_errors(names):
+        fd.pin(offsets, nbytes)
 
 
 def _read_column(d: list, info, fd) -> ObsColumn:

@@ -148,9 +148,11 @@ def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
 def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
     """`(entry_of's (obs, layouts), fd)` of file `i` over its checked `fd`, or None.
 
-    None for what has no entry to read: remote files, stores, files not cached.
+    None for what has no entry to read: stores, files not cached, and objects
+    whose ETag does not follow their content (their open samples their bytes).
     """
-    if not files.identities[i].local:
+    identity = files.identities[i]
+    if not (identity.local or identity.etag_bound):
         return None
     fd = open_bytes(files, i, fmt)
     found = None if fd is None else _meta_cache.entry_of(files, i, fd)

@@ -493,3 +493,34 @@ def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch)
     s3.upload(_write_rich(paths[0] + ".other.h5ad"), "reopen/0.h5ad")
     with pytest.raises(errors.SourceChangedError, match=r"reopen/0\.h5ad"):
         source.read_blocks(range(len(source)))
+
+
+def test_a_workers_first_open_reads_the_objects_entry_not_hdf5(parts, s3, monkeypatch):
+    """A process's first open of an object the build saved an entry for (its
+    byte layouts and obs columns' places) reads that entry: no HDF5 open;
+    `indptr` and the obs codes come in one batch of GETs.
+    """
+    from grain_cells.io import _open_file
+
+    paths, _ = parts
+    urls = [s3.upload(p, f"first/{i}.h5ad") for i, p in enumerate(paths)]
+    built = grain_cells.AnnDataSource(
+        urls, obs_columns=OBS, storage_options=s3.options, block_size=5
+    )
+    opens = []
+    unchanged = _open_file.open_unchanged
+    monkeypatch.setattr(
+        _open_file,
+        "open_unchanged",
+        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
+    )
+    worker = pickle.loads(pickle.dumps(built))  # what a worker process gets
+    before = object_store.request_counts()
+    got = worker.read_blocks(range(len(worker)))
+    counts = _counts_since(before)
+    assert opens == [] and counts["head"] == 0, (opens, counts)
+    local = grain_cells.AnnDataSource(paths, obs_columns=OBS, block_size=5)
+    want = local.read_blocks(range(len(local)))
+    np.testing.assert_array_equal(_dense(got.X), _dense(want.X))
+    for c in OBS:
+        np.testing.assert_array_equal(got.obs[c], want.obs[c])
