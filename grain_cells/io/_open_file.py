@@ -155,7 +155,11 @@ def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
     if not (identity.local or identity.etag_bound):
         return None
     fd = open_bytes(files, i, fmt)
-    found = None if fd is None else _meta_cache.entry_of(files, i, fd)
+    try:  # (an object's pins raise what a failing store says)
+        found = None if fd is None else _meta_cache.entry_of(files, i, fd)
+    except BaseException:
+        fd.close()
+        raise
     if found is None and fd is not None:
         fd.close()
     return None if found is None else (found, fd)
