@@ -136,12 +136,11 @@ def joined_columns(files, names: Sequence[str]) -> dict[str, np.ndarray]:
         return done
 
     out = {}
+    identities = list(files.identities) if folder is not None else []
     for name in names:
         column, path = files.obs[name], None
         if folder is not None:
-            keys = "".join(
-                entry_name(d, column, i) for i, d in enumerate(files.identities)
-            )
+            keys = "".join(entry_name(d, column, i) for i, d in enumerate(identities))
             path = folder / f"{hashlib.sha256(keys.encode()).hexdigest()[:40]}.npy"
         out[name] = cached(path, column, total, lambda name=name: read_all()[name])
     return out

@@ -190,9 +190,10 @@ LISTED_FILES = 16
 
 def file_entries(source) -> list[dict]:
     """Each file's content record, in order: cells and `FileIdentity.content`."""
+    files = source.files
     return [
-        {"cells": source.file_info(i).n_obs, **source.file_identity(i).content()}
-        for i in range(len(source.paths))
+        {"cells": info.n_obs, **identity.content()}
+        for info, identity in zip(files.infos, files.identities, strict=True)
     ]
 
 

@@ -9,8 +9,9 @@ Design notes: docs/reference/design.md#io-file-set.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -68,9 +69,15 @@ class _Column:
 
     def tolist(self) -> list:
         """Every file's value."""
-        if self.kind != "int":
-            return [self[i] for i in range(self.n)]
-        low, top = self.values
+        kind, values = self.kind, self.values
+        if kind == "same":
+            return [values] * self.n
+        if kind == "code":
+            return [values[c] for c in self.codes.tolist()]
+        if kind == "hex":
+            text, w = self.codes.tobytes().hex(), 2 * self.codes.shape[1]
+            return [text[k : k + w] for k in range(0, len(text), w)]
+        low, top = values
         return [None if c == top else low + c for c in self.codes.tolist()]
 
 
@@ -140,12 +147,31 @@ class FileRecords:
     @property
     def infos(self) -> Sequence[MatrixInfo]:
         """Each file's `MatrixInfo` (built on `[i]`)."""
-        return _Records(self, FileRecords.info_at)
+        return _Records(self, FileRecords.info_at, FileRecords._all_infos)
 
     @property
     def identities(self) -> Sequence[FileIdentity]:
         """Each file's `FileIdentity` (built on `[i]`)."""
-        return _Records(self, FileRecords.identity_at)
+        return _Records(self, FileRecords.identity_at, FileRecords._all_identities)
+
+    def _all_infos(self) -> Iterator[MatrixInfo]:
+        """Every `MatrixInfo`, column by column (a loop over `[i]` costs ~5x)."""
+        columns = [self.info[n].tolist() for n in _INFO]
+        paths = self.info_paths or self.paths
+        return itertools.starmap(MatrixInfo, zip(paths, *columns, strict=True))
+
+    def _all_identities(self) -> Iterator[FileIdentity]:
+        """Every `FileIdentity`, column by column."""
+        c = self.identity
+        keys, tags = self.stat_keys.tolist(), c["tags"].tolist()
+        stats = (
+            FileStat(dev, ino, *rest, *t)
+            for (ino, dev, *rest), t in zip(keys, tags, strict=True)
+        )
+        parts = [c[n].tolist() for n in _IDENTITY]
+        paths = self.identity_paths or self.paths
+        rows = zip(paths, parts[0], stats, *parts[1:], strict=True)
+        return itertools.starmap(FileIdentity, rows)
 
     def info_at(self, i: int) -> MatrixInfo:
         """File `i`'s `MatrixInfo`."""
@@ -186,10 +212,10 @@ def _own_paths(paths: tuple, own: list) -> tuple:
 class _Records(Sequence):
     """A read-only sequence of records built on `[i]` by `at(records, i)`."""
 
-    __slots__ = ("at", "records")
+    __slots__ = ("all", "at", "records")
 
-    def __init__(self, records: FileRecords, at):
-        self.records, self.at = records, at
+    def __init__(self, records: FileRecords, at, all_):
+        self.records, self.at, self.all = records, at, all_
 
     def __len__(self) -> int:
         return len(self.records)
@@ -203,8 +229,7 @@ class _Records(Sequence):
         return self.at(self.records, i % n)
 
     def __iter__(self):
-        at, records = self.at, self.records
-        return (at(records, i) for i in range(len(self)))
+        return self.all(self.records)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)
