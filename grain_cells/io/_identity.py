@@ -190,11 +190,7 @@ LISTED_FILES = 16
 
 def file_entries(source) -> list[dict]:
     """Each file's content record, in order: cells and `FileIdentity.content`."""
-    files = source.files
-    return [
-        {"cells": info.n_obs, **identity.content()}
-        for info, identity in zip(files.infos, files.identities, strict=True)
-    ]
+    return source.files.records.contents()  # (`FileIdentity.content`'s fields)
 
 
 def files_entry(entries: list) -> list | dict:

@@ -189,6 +189,23 @@ class FileRecords:
         ino, dev, *rest = self.stat_keys[i].tolist()
         return FileStat(dev, ino, *rest, *self.identity["tags"][i])
 
+    def contents(self) -> list[dict]:
+        """Each file's cells and `FileIdentity.content()`, column by column."""
+        c = self.identity
+        parts = [c[n].tolist() for n in ("format", "element", "layout", "sample")]
+        sizes, cells = self.stat_keys[:, 2].tolist(), self.info["n_obs"].tolist()
+        return [
+            {
+                "cells": n,
+                **({"format": f} if f else {}),
+                "element": e,
+                "bytes": size,
+                "layout": layout[:16],
+                "sample": sample[:16],
+            }
+            for n, f, e, layout, sample, size in zip(cells, *parts, sizes, strict=True)
+        ]
+
     def column(self, name: str) -> list:
         """Every file's `MatrixInfo` field `name` (`n_obs`, `nnz`, ...)."""
         return self.info[name].tolist()

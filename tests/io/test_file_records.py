@@ -149,3 +149,25 @@ def test_a_changed_stat_is_refused_with_the_identity_s_words():
         with pytest.raises(SourceChangedError) as found:
             records.check_stat(1, now, "at a read")
         assert str(found.value) == str(expected.value)
+
+
+def test_contents_are_each_identitys_content_and_cells(tmp_path):
+    """`FileRecords.contents` (a checkpoint's files, column by column) equals
+    what each file's records give, key order included.
+    """
+    from grain_cells.io import _identity
+
+    x = sp.random(30, 7, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    paths = []
+    for k in range(3):
+        path = str(tmp_path / f"f{k}.h5ad")
+        anndata.AnnData(X=x[k * 10 : k * 10 + 10 - k]).write_h5ad(path)
+        paths.append(path)
+    source = grain_cells.AnnDataSource(paths)
+    want = [
+        {"cells": source.file_info(i).n_obs, **source.file_identity(i).content()}
+        for i in range(len(paths))
+    ]
+    got = _identity.file_entries(source)
+    assert got == want and [list(d) for d in got] == [list(d) for d in want]
+    assert [d["cells"] for d in got] == [10, 9, 8]
