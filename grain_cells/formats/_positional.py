@@ -60,10 +60,14 @@ class PositionalReader:
         self.chunk_length = layout.chunk_length
 
     def pin(self) -> None:
+        with naming_errors(self):
+            self._fd.pin(*self.pin_pieces())
+
+    def pin_pieces(self) -> tuple[list[int], list[int]]:
+        """`(offsets, nbytes)` of every chunk: what `pin` reads."""
         length = min(self.layout.chunk_rows, max(self.shape[0], 1)) * self._row_bytes
         offsets = self.layout.offsets.tolist()
-        with naming_errors(self):
-            self._fd.pin(offsets, [length] * len(offsets))
+        return offsets, [length] * len(offsets)
 
     def advise(self, starts: np.ndarray, stops: np.ndarray) -> None:
         starts, stops = nonempty(starts, stops)

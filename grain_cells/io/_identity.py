@@ -72,14 +72,9 @@ class FileIdentity:
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""
-        recorded = {"format": self.format} if self.format else {}
-        return {
-            **recorded,
-            "element": self.element,
-            "bytes": self.stat.size,
-            "layout": self.layout[:16],
-            "sample": self.sample[:16],
-        }
+        return content_entry(
+            self.format, self.element, self.stat.size, self.layout, self.sample
+        )
 
     def check_stat(self, now: FileStat, when: str) -> None:
         """Raises `SourceChangedError` if `now` differs (`when`: e.g. "at a fetch")."""
@@ -182,6 +177,18 @@ def _digest(values) -> str:
         return "none"
     joined = "\0".join(str(v) for v in np.asarray(values).tolist())
     return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def content_entry(fmt, element: str, size: int, layout: str, sample: str) -> dict:
+    """`FileIdentity.content` from its fields (`FileRecords.contents`: columns)."""
+    recorded = {"format": fmt} if fmt else {}
+    return {
+        **recorded,
+        "element": element,
+        "bytes": size,
+        "layout": layout[:16],
+        "sample": sample[:16],
+    }
 
 
 # A source of more files than this records them by one digest (`files_entry`).

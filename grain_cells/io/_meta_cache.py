@@ -288,13 +288,13 @@ def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
     return None if None in values else out
 
 
-def layouts_of(reader, fd) -> dict[str, ByteLayout] | None:
+def layouts_of(reader, fd, identity) -> dict[str, ByteLayout] | None:
     """A reader's arrays' byte layouts when all are positional over `fd`.
 
-    None for an object whose ETag does not follow its content: each reopen
-    samples its bytes (`open_unchanged`), which a reopen from layouts skips.
+    None for an object not `etag_bound`: each reopen samples its bytes
+    (`open_unchanged`), which a reopen from layouts would skip.
     """
-    if fd is None or (fd.remote and fd.stat().content):
+    if fd is None or not (identity.local or identity.etag_bound):
         return None
     out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
     return None if None in out.values() else out
@@ -330,10 +330,8 @@ def _pin(layouts: list[ByteLayout], path: str, fd) -> None:
     """Pins every chunk of these arrays through `fd` in one call (errors named)."""
     offsets, nbytes = [], []
     for layout in layouts:
-        row = layout.dtype.itemsize * int(np.prod(layout.shape[1:], dtype=np.int64))
-        rows = min(layout.chunk_rows, max(layout.shape[0], 1))
-        offsets += layout.offsets.tolist()
-        nbytes += [rows * row] * len(layout.offsets)
+        o, n = PositionalReader(layout, path, fd).pin_pieces()
+        offsets, nbytes = offsets + o, nbytes + n
     names = types.SimpleNamespace(name=", ".join(x.name for x in layouts), path=path)
     with formats.naming_errors(names):
         fd.pin(offsets, nbytes)

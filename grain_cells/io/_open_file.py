@@ -113,7 +113,8 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         else:  # mapped from a cache file that every process shares
             specs = {c: files.obs[c] for c in files.obs_names}
             obs = _obs_cache.file_obs(f, identity, specs, i, info.n_obs)
-        record = OpenFile(info, obs, fmt, _meta_cache.layouts_of(reader, fd))
+        layouts = _meta_cache.layouts_of(reader, fd, identity)
+        record = OpenFile(info, obs, fmt, layouts)
         if checked is not None:
             checked.put(i, record)
         fmt.opened(f)

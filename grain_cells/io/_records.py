@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from grain_cells.io._h5ad import MatrixInfo
-from grain_cells.io._identity import FileIdentity, stat_key
+from grain_cells.io._identity import FileIdentity, content_entry, stat_key
 from grain_cells.storage import FileStat
 
 _INFO = ("element", "encoding", "n_obs", "n_vars", "dtype", "nnz", "chunk_bytes")
@@ -195,14 +195,7 @@ class FileRecords:
         parts = [c[n].tolist() for n in ("format", "element", "layout", "sample")]
         sizes, cells = self.stat_keys[:, 2].tolist(), self.info["n_obs"].tolist()
         return [
-            {
-                "cells": n,
-                **({"format": f} if f else {}),
-                "element": e,
-                "bytes": size,
-                "layout": layout[:16],
-                "sample": sample[:16],
-            }
+            {"cells": n, **content_entry(f, e, size, layout, sample)}
             for n, f, e, layout, sample, size in zip(cells, *parts, sizes, strict=True)
         ]
 

@@ -459,6 +459,20 @@ def test_a_hint_larger_than_the_budget_still_reads_ahead(tmp_path, s3, monkeypat
         np.testing.assert_array_equal(_dense(source.read_blocks(hint).X), x[rows])
 
 
+def _hdf5_opens(monkeypatch) -> list[str]:
+    """The URLs of the whole (HDF5) opens this process makes from now on."""
+    from grain_cells.io import _open_file
+
+    opens: list[str] = []
+    unchanged = _open_file.open_unchanged
+    monkeypatch.setattr(
+        _open_file,
+        "open_unchanged",
+        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
+    )
+    return opens
+
+
 def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch):
     """An object a process has opened is reopened from its byte layouts: no
     HDF5 open, no HEAD (its reads are bound to the version by `If-Match`).
@@ -467,21 +481,13 @@ def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch)
     pinned) with the open-file bound closing objects in turn; a rewrite
     between reopens is still refused at the read.
     """
-    from grain_cells.io import _open_file
-
     paths, _ = parts
     urls = [s3.upload(p, f"reopen/{i}.h5ad") for i, p in enumerate(paths)]
     source = grain_cells.AnnDataSource(
         urls, storage_options=s3.options, max_open_files=1, block_size=5
     )
     first = source.read_blocks(range(len(source)))  # every object, one open at once
-    opens = []
-    unchanged = _open_file.open_unchanged
-    monkeypatch.setattr(
-        _open_file,
-        "open_unchanged",
-        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
-    )
+    opens = _hdf5_opens(monkeypatch)
     before = object_store.request_counts()
     again = source.read_blocks(range(len(source)))  # each object reopened
     assert opens == [] and _counts_since(before)["head"] == 0
@@ -500,20 +506,12 @@ def test_a_workers_first_open_reads_the_objects_entry_not_hdf5(parts, s3, monkey
     byte layouts and obs columns' places) reads that entry: no HDF5 open;
     `indptr` and the obs codes come in one batch of GETs.
     """
-    from grain_cells.io import _open_file
-
     paths, _ = parts
     urls = [s3.upload(p, f"first/{i}.h5ad") for i, p in enumerate(paths)]
     built = grain_cells.AnnDataSource(
         urls, obs_columns=OBS, storage_options=s3.options, block_size=5
     )
-    opens = []
-    unchanged = _open_file.open_unchanged
-    monkeypatch.setattr(
-        _open_file,
-        "open_unchanged",
-        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
-    )
+    opens = _hdf5_opens(monkeypatch)
     worker = pickle.loads(pickle.dumps(built))  # what a worker process gets
     before = object_store.request_counts()
     got = worker.read_blocks(range(len(worker)))
