@@ -51,6 +51,14 @@ class ProcessCache(dict):
                 value = self[key] = make()
             return value
 
+    def put_newest(self, key, value, keep: int) -> None:
+        """Sets `key` as the newest entry; forgets the oldest past `keep` entries."""
+        with self._lock:
+            self.pop(key, None)
+            self[key] = value
+            if len(self) > keep:
+                del self[next(iter(self))]
+
     def _forget(self) -> None:
         self.clear()
         self._lock = threading.Lock()

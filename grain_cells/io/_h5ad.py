@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import time
 import warnings
 
 import numpy as np
@@ -21,7 +22,7 @@ from grain_cells.io._frames import encoding_of, n_rows, var_group_name
 from grain_cells.io._nodes import file_name
 from grain_cells.io._obs import read_obs_column as read_obs_column
 from grain_cells.storage import FileStat
-from grain_cells.storage.remote import is_url, local_path
+from grain_cells.storage.remote import content_due, is_url, local_path
 
 CSR = "csr_matrix"
 CSC = "csc_matrix"
@@ -334,8 +335,10 @@ def inspect_element(f, element: str) -> MatrixInfo:
 
 def open_unchanged(identity, storage_options: dict | None, when: str):
     """`identity`'s file opened as `open_file` does, checked: `SourceChangedError`."""
-    path = identity.path
-    if identity.stat.content:  # an object whose ETag does not follow its content
+    path, content = identity.path, identity.stat.content
+    # An object whose ETag does not follow its content: its bytes read again,
+    # unless this process did less than `content_check_s` ago (a reopen).
+    if content and content_due(path, content, storage_options) <= time.monotonic():
         now = formats.for_path(path).stat_path(path, storage_options)
         identity.check_stat(now, when)
     f = open_file(path, storage_options, identity.stat)

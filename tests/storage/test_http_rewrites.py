@@ -30,6 +30,7 @@ from conftest import close_iterator
 import grain_cells
 from grain_cells import errors
 from grain_cells.storage import FileStat
+from grain_cells.storage.remote import _store as object_store
 from grain_cells.storage.remote import _versions as versions
 from grain_cells.testing import NginxFolder, nginx_folder
 
@@ -372,6 +373,44 @@ def _change_one_byte_outside_the_windows(url, path):
         source.read(np.arange(source.num_cells))
     with pytest.raises(errors.SourceChangedError, match="bytes differ"):
         source.verify_files()
+
+
+def _heads_to_reopen(source) -> int:
+    """HEADs this process sends to reopen `source`'s object and read 3 cells."""
+    source.close()  # (the open-file bound closes objects the same way)
+    before = object_store.request_counts().get("head", 0)
+    source.read(np.arange(3))
+    return object_store.request_counts().get("head", 0) - before
+
+
+def test_a_reopen_reads_the_sampled_bytes_once_per_content_check_s(
+    served, versions_on_disk
+):
+    """A process reopening an object whose bytes it read less than
+    `content_check_s` ago does not read them again (a HEAD and 32 window
+    GETs per reopen, each time the open-file bound closed the object); the
+    periodic check that a reopen leaves due still sees a rewrite.
+    """
+    url, path, _ = served
+    want = anndata.read_h5ad(path).X[:3].toarray()
+    source = grain_cells.AnnDataSource(url, block_size=10)
+    np.testing.assert_array_equal(source.read(np.arange(3)).X.toarray(), want)
+    assert _heads_to_reopen(source) == 0
+    np.testing.assert_array_equal(source.read(np.arange(3)).X.toarray(), want)
+
+    every = grain_cells.AnnDataSource(
+        url, block_size=10, storage_options={"content_check_s": 0}
+    )
+    every.read(np.arange(3))
+    assert _heads_to_reopen(every) >= 1  # due at each open
+    _rewrite_keeping_mtime(path, versions_on_disk[1], url)
+    every.close()
+    with pytest.raises(errors.SourceChangedError, match="when a process opened it"):
+        every.read(np.arange(3))
+    # The other source's reader: its check is due once this process has
+    # found other bytes there (not `content_check_s` after its own last).
+    with pytest.raises(errors.SourceChangedError, match="bytes differ"):
+        source.read_blocks([0])
 
 
 def test_verify_reads_is_checked():

@@ -10,6 +10,7 @@ from grain_cells.storage.remote._store import (
     store_at,
 )
 from grain_cells.storage.remote._versions import (
+    content_due,
     delete,
     head,
     join,
@@ -24,6 +25,7 @@ __all__ = [
     "Pieces",
     "RemoteByteReader",
     "check_not_forked_after_use",
+    "content_due",
     "count_request",
     "delete",
     "head",

@@ -123,10 +123,7 @@ class RemoteByteReader:
         self._threads = max(1, in_flight // PARALLEL)  # calls at once
         # `verify_reads`: digests of every block of the version, else None.
         self._table = _versions.block_table(url, storage_options, stat)
-        # Objects whose ETag does not follow their content: when `stat`
-        # next re-reads their sampled bytes.
-        self._check_s = _versions.content_check_s(storage_options)
-        self._next_check = time.monotonic() + self._check_s
+        _versions.content_check_s(storage_options)  # (`stat` asks it: checked)
         # Read-ahead requests by start (oldest first), their bytes held or due.
         self._ahead: dict[int, _Ahead] = {}
         self._ahead_starts: list[int] = []
@@ -308,13 +305,15 @@ class RemoteByteReader:
 
     def stat(self) -> FileStat:
         """The version read, or (an ETag not following content) the version now."""
-        if not self._stat.content or self._table is not None:
-            return self._stat  # every read is checked (ETag; `verify_reads`)
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next_check:
-                return self._stat
-            self._next_check = now + self._check_s
+        stat = self._stat
+        if not stat.content or self._table is not None:
+            return stat  # every read is checked (ETag; `verify_reads`)
+        # Due `content_check_s` after this process last read the sampled
+        # bytes (any open or reader), or at once if it found others there.
+        if time.monotonic() < _versions.content_due(
+            self.name, stat.content, self._options
+        ):
+            return stat
         return _versions.version_of(self.name, self._options)
 
     def close(self) -> None:

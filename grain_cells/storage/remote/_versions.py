@@ -29,6 +29,10 @@ _REBUILD = (
 
 # `verify_reads` tables of this process, by (URL, content digest).
 _tables = fork.ProcessCache()
+# This process's last read of each object's `content` (windows or blocks):
+# URL -> (content found, `time.monotonic()`), the newest `_CONTENT_KEPT` URLs.
+_content_read = fork.ProcessCache()
+_CONTENT_KEPT = 16_384
 
 UPLOAD_PART_BYTES = 8 << 20  # S3 needs >= 5 MiB for every part but the last
 _MAX_PARTS = 9_000  # of S3's 10,000, with room to spare
@@ -140,7 +144,22 @@ def version_of(url: str, storage_options: dict | None = None) -> FileStat:
             for data in get_ranges(url, storage_options, windows, stat):
                 digest.update(memoryview(data))
         content = "sha256:" + digest.hexdigest()[:32]
+    if content:
+        _content_read.put_newest(url, (content, time.monotonic()), _CONTENT_KEPT)
     return dataclasses.replace(stat, content=content)
+
+
+def content_due(url: str, content: str, storage_options: dict | None) -> float:
+    """When `url`'s `content` is next due to be read again in this process.
+
+    A `time.monotonic()` time: `content_check_s` after this process last read
+    it (sampled windows, or `verify_reads` blocks) and found `content`; 0.0
+    (due already) where it has not, or found other bytes.
+    """
+    found = _content_read.get(url)
+    if found is None or found[0] != content:
+        return 0.0
+    return found[1] + content_check_s(storage_options)
 
 
 def _block_digests(url, storage_options, stat: FileStat) -> bytes:
