@@ -156,10 +156,16 @@ _OPAQUE_ETAGS = flags.DEFINE_bool(
     True,
     "With --s3: ETags shaped like S3's and GCS's (32 hex digits); false: "
     "ETags that show the size (nginx's shape), which readers check by "
-    "sampling the object's bytes at every open.",
+    "sampling the object's bytes at each process's open.",
 )
 _BLOCK_SIZE = flags.DEFINE_integer(
     "block_size", None, "Cells per block of the source (default: its own choice)."
+)
+_MAX_OPEN_FILES = flags.DEFINE_integer(
+    "max_open_files",
+    None,
+    "The source's open-file bound per process (default: its own); below the "
+    "file count, files are closed and reopened in turn.",
 )
 _FILE_LIST = flags.DEFINE_string(
     "file_list",
@@ -204,6 +210,7 @@ def _opts(scratch: str) -> dict:
     return {
         "obs_columns": _OBS,
         "block_size": _BLOCK_SIZE.value,
+        "max_open_files": _MAX_OPEN_FILES.value,
         "storage_options": loopback_storage_options(endpoint) if endpoint else None,
         "stats_url": endpoint + "/__proxy__/stats" if endpoint else None,
         "batch_size": _BATCH.value,
@@ -362,6 +369,7 @@ def _spawn(measures: list[str], paths_file: str) -> dict:
             "n_donors",
             "data_dir",
             "block_size",
+            "max_open_files",
             "endpoint",
         )
         if (v := flags.FLAGS[n].value) is not None

@@ -113,6 +113,7 @@ def _source(paths, opts):
         obs_columns=opts["obs_columns"],
         block_size=opts.get("block_size"),
         storage_options=opts.get("storage_options"),
+        **({"max_open_files": n} if (n := opts.get("max_open_files")) else {}),
     )
 
 
