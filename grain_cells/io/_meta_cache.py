@@ -291,10 +291,11 @@ def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
 def layouts_of(reader, fd, identity) -> dict[str, ByteLayout] | None:
     """A reader's arrays' byte layouts when all are positional over `fd`.
 
-    None for an object not `etag_bound`: each reopen samples its bytes
-    (`open_unchanged`), which a reopen from layouts would skip.
+    An object whose ETag does not follow its content is reopened from them
+    only while its sampled bytes are not due (`open_member`).
     """
-    if fd is None or not (identity.local or identity.etag_bound):
+    stat = identity.stat
+    if fd is None or not (identity.local or identity.etag_bound or stat.content):
         return None
     out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
     return None if None in out.values() else out

@@ -19,11 +19,12 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
-from grain_cells.io._h5ad import inspect_element, open_unchanged
+from grain_cells.io._h5ad import bytes_due, inspect_element, open_unchanged
 from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.io._obs_rows import stacked
 from grain_cells.storage import ByteReader, FileStat
+from grain_cells.storage.remote import is_url
 
 
 @dataclasses.dataclass(eq=False)
@@ -80,10 +81,15 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
         checked.put(i, found[0])
         return reopen(files, i, *found)
     if known is not None and known.layouts is not None:
-        return reopen(files, i, known)
+        # (an object's sampled bytes, once due, are read by the open below)
+        due = is_url(known.info.path) and bytes_due(
+            files.identities[i], files.storage_options
+        )
+        if not due:
+            return reopen(files, i, known)
+    identity = files.identities[i]
     expected = files.infos[i]
     path = expected.path
-    identity = files.identities[i]
     fmt = formats.for_path(path)
     when = "when a process opened it"
     # Its stat checked (an object's sampled bytes, where its ETag does not

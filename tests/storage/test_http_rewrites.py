@@ -413,6 +413,52 @@ def test_a_reopen_reads_the_sampled_bytes_once_per_content_check_s(
         source.read_blocks([0])
 
 
+def test_reopens_under_the_open_file_bound_read_the_saved_byte_layouts(
+    versions_on_disk, tmp_path, monkeypatch
+):
+    """Two objects with one open at a time: once a process has read an
+    object's sampled bytes, its reopens (until `content_check_s` has passed)
+    read through the byte layouts of its first open, not a whole HDF5 open
+    (which read HDF5's metadata again each time); once due, the next reopen
+    is a checked open again and sees a rewrite.
+    """
+    if nginx_folder.find_nginx() is None:
+        pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
+    from grain_cells.io import _open_file
+
+    paths = [tmp_path / "a.h5ad", tmp_path / "b.h5ad"]
+    for p in paths:
+        shutil.copyfile(versions_on_disk[0], p)
+    objects = {f"b/{p.name}": p for p in paths}
+    opens: list[str] = []
+    unchanged = _open_file.open_unchanged
+    monkeypatch.setattr(
+        _open_file,
+        "open_unchanged",
+        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
+    )
+    want = anndata.read_h5ad(paths[0]).X.toarray()
+    with NginxFolder(tmp_path / "root", objects=objects) as server:
+        urls = [f"{server.endpoint_url}/{name}" for name in objects]
+        for check_s in (60, 0):
+            opens.clear()
+            source = grain_cells.AnnDataSource(
+                urls,
+                block_size=10,
+                max_open_files=1,
+                storage_options={"content_check_s": check_s},
+            )
+            n = len(source) // 2  # blocks per object
+            for _ in range(4):  # each pass closes and reopens both objects
+                got = source.read_blocks([0, n]).X.toarray()
+                np.testing.assert_array_equal(got, np.vstack([want[:10]] * 2))
+            # 60: each object's first open only; 0: every open of the 8.
+            assert len(opens) == 2 if check_s else len(opens) >= 8, opens
+        _rewrite_keeping_mtime(paths[1], versions_on_disk[1], urls[1])
+        with pytest.raises(errors.SourceChangedError, match="bytes differ"):
+            source.read_blocks([0, n])  # (content_check_s=0: due at each read)
+
+
 def test_verify_reads_is_checked():
     with pytest.raises(ValueError, match="verify_reads"):
         versions.verify_reads({"verify_reads": "yes"})
