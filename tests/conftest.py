@@ -231,6 +231,20 @@ def build(
     return source, sampler, loader
 
 
+def hdf5_opens(monkeypatch) -> list[str]:
+    """The paths of the whole (HDF5) opens this process makes from now on."""
+    from grain_cells.io import _open_file
+
+    opens: list[str] = []
+    unchanged = _open_file.open_unchanged
+    monkeypatch.setattr(
+        _open_file,
+        "open_unchanged",
+        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
+    )
+    return opens
+
+
 def close_iterator(iterator) -> None:
     """Stops an iterator's worker processes now rather than at garbage collection."""
     close = getattr(iterator, "close", None)

@@ -25,7 +25,7 @@ import anndata
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import close_iterator
+from conftest import close_iterator, hdf5_opens
 
 import grain_cells
 from grain_cells import errors
@@ -424,19 +424,11 @@ def test_reopens_under_the_open_file_bound_read_the_saved_byte_layouts(
     """
     if nginx_folder.find_nginx() is None:
         pytest.skip(f"nginx is not installed: {nginx_folder.INSTALL_HINT}")
-    from grain_cells.io import _open_file
-
     paths = [tmp_path / "a.h5ad", tmp_path / "b.h5ad"]
     for p in paths:
         shutil.copyfile(versions_on_disk[0], p)
     objects = {f"b/{p.name}": p for p in paths}
-    opens: list[str] = []
-    unchanged = _open_file.open_unchanged
-    monkeypatch.setattr(
-        _open_file,
-        "open_unchanged",
-        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
-    )
+    opens = hdf5_opens(monkeypatch)
     want = anndata.read_h5ad(paths[0]).X.toarray()
     with NginxFolder(tmp_path / "root", objects=objects) as server:
         urls = [f"{server.endpoint_url}/{name}" for name in objects]

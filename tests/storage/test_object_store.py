@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
-from conftest import OBS, close_iterator, take, write_files
+from conftest import OBS, close_iterator, hdf5_opens, take, write_files
 
 import grain_cells
 from grain_cells import errors
@@ -459,20 +459,6 @@ def test_a_hint_larger_than_the_budget_still_reads_ahead(tmp_path, s3, monkeypat
         np.testing.assert_array_equal(_dense(source.read_blocks(hint).X), x[rows])
 
 
-def _hdf5_opens(monkeypatch) -> list[str]:
-    """The URLs of the whole (HDF5) opens this process makes from now on."""
-    from grain_cells.io import _open_file
-
-    opens: list[str] = []
-    unchanged = _open_file.open_unchanged
-    monkeypatch.setattr(
-        _open_file,
-        "open_unchanged",
-        lambda *a, **k: opens.append(a[0].path) or unchanged(*a, **k),
-    )
-    return opens
-
-
 def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch):
     """An object a process has opened is reopened from its byte layouts: no
     HDF5 open, no HEAD (its reads are bound to the version by `If-Match`).
@@ -487,7 +473,7 @@ def test_a_reopen_reads_through_the_objects_byte_layouts(parts, s3, monkeypatch)
         urls, storage_options=s3.options, max_open_files=1, block_size=5
     )
     first = source.read_blocks(range(len(source)))  # every object, one open at once
-    opens = _hdf5_opens(monkeypatch)
+    opens = hdf5_opens(monkeypatch)
     before = object_store.request_counts()
     again = source.read_blocks(range(len(source)))  # each object reopened
     assert opens == [] and _counts_since(before)["head"] == 0
@@ -511,7 +497,7 @@ def test_a_workers_first_open_reads_the_objects_entry_not_hdf5(parts, s3, monkey
     built = grain_cells.AnnDataSource(
         urls, obs_columns=OBS, storage_options=s3.options, block_size=5
     )
-    opens = _hdf5_opens(monkeypatch)
+    opens = hdf5_opens(monkeypatch)
     worker = pickle.loads(pickle.dumps(built))  # what a worker process gets
     before = object_store.request_counts()
     got = worker.read_blocks(range(len(worker)))
