@@ -333,22 +333,22 @@ def inspect_element(f, element: str) -> MatrixInfo:
     return MatrixInfo(path, element, DENSE, n_obs, width, dtype, None)
 
 
-def bytes_due(identity, storage_options: dict | None) -> bool:
-    """Whether an object whose ETag does not follow its content is due to have
-    its sampled bytes read again: not in this process for `content_check_s`.
-    """  # noqa: D205
-    content = identity.stat.content
-    if not content:
-        return False
-    return content_due(identity.path, content, storage_options) <= time.monotonic()
+def check_content(identity, storage_options: dict | None, when: str) -> None:
+    """Reads an object's sampled bytes again where due: `SourceChangedError`.
+
+    Due for an object whose ETag does not follow its content, unless this
+    process read them less than `content_check_s` ago (`content_due`).
+    """
+    path, content = identity.path, identity.stat.content
+    if content and content_due(path, content, storage_options) <= time.monotonic():
+        now = formats.for_path(path).stat_path(path, storage_options)
+        identity.check_stat(now, when)
 
 
 def open_unchanged(identity, storage_options: dict | None, when: str):
     """`identity`'s file opened as `open_file` does, checked: `SourceChangedError`."""
     path = identity.path
-    if bytes_due(identity, storage_options):
-        now = formats.for_path(path).stat_path(path, storage_options)
-        identity.check_stat(now, when)
+    check_content(identity, storage_options, when)
     f = open_file(path, storage_options, identity.stat)
     try:
         identity.check_stat(_nodes.format_of(f).stat_of(f, path), when)

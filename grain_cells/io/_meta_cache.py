@@ -238,11 +238,12 @@ def inspect_file(
             )
             layouts = None
             # The layouts are taken over `fd`: only when it reads this very file
-            # (an object's reads are of the version inspected: `etag_bound`).
-            if identity.etag_bound:
+            # (an object's reads are of the version `stat` inspected, as `f`'s).
+            remote = identity.etag_bound or bool(stat.content)
+            if remote:
                 fd = _nodes.format_of(f).open_bytes(f, path, storage_options, stat)
-            same = fd is not None and not stat.changes(fd.stat())
-            if same and (identity.local or identity.etag_bound):
+            same = fd is not None and (remote or not stat.changes(fd.stat()))
+            if same and (identity.local or remote):
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
             # An object's metadata read so far is saved for the next open: the
@@ -291,8 +292,8 @@ def _take_layouts(f, fd, info, kinds, matrix, columns) -> dict | None:
 def layouts_of(reader, fd, identity) -> dict[str, ByteLayout] | None:
     """A reader's arrays' byte layouts when all are positional over `fd`.
 
-    An object whose ETag does not follow its content is reopened from them
-    only while its sampled bytes are not due (`open_member`).
+    An object whose ETag does not follow its content has its sampled bytes
+    read again, where due, before each open from them (`check_content`).
     """
     stat = identity.stat
     if fd is None or not (identity.local or identity.etag_bound or stat.content):

@@ -19,7 +19,7 @@ import numpy as np
 from grain_cells import errors, formats
 from grain_cells.formats import PositionalReader
 from grain_cells.io import _direct_csr, _file_lru, _h5ad, _meta_cache, _obs_cache
-from grain_cells.io._h5ad import bytes_due, inspect_element, open_unchanged
+from grain_cells.io._h5ad import check_content, inspect_element, open_unchanged
 from grain_cells.io._identity import fstat_key, stat_key
 from grain_cells.io._matrix import CsrReader, DenseReader, FieldReader, element_reader
 from grain_cells.io._obs_rows import stacked
@@ -80,18 +80,15 @@ def open_member(files, i: int, checked: _file_lru.Checked | None = None) -> Open
     if known is None and checked is not None and (found := first_open(files, i)):
         checked.put(i, found[0])
         return reopen(files, i, *found)
+    when = "when a process opened it"
     if known is not None and known.layouts is not None:
-        # (an object's sampled bytes, once due, are read by the open below)
-        due = is_url(known.info.path) and bytes_due(
-            files.identities[i], files.storage_options
-        )
-        if not due:
-            return reopen(files, i, known)
+        if is_url(known.info.path):  # its sampled bytes read again where due
+            check_content(files.identities[i], files.storage_options, when)
+        return reopen(files, i, known)
     identity = files.identities[i]
     expected = files.infos[i]
     path = expected.path
     fmt = formats.for_path(path)
-    when = "when a process opened it"
     # Its stat checked (an object's sampled bytes, where its ETag does not
     # follow its content) before the format trusts metadata cached for it.
     f = open_unchanged(identity, files.storage_options, when)
@@ -155,12 +152,13 @@ def first_open(files, i: int) -> tuple[OpenFile, ByteReader] | None:
 def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
     """`(entry_of's (obs, layouts), fd)` of file `i` over its checked `fd`, or None.
 
-    None for what has no entry to read: stores, files not cached, and objects
-    whose ETag does not follow their content (their open samples their bytes).
+    None for what has no entry to read: stores and files not cached. An object
+    whose ETag does not follow its content has its sampled bytes read first.
     """
     identity = files.identities[i]
-    if not (identity.local or identity.etag_bound):
+    if not (identity.local or identity.etag_bound or identity.stat.content):
         return None
+    check_content(identity, files.storage_options, "when a process opened it")
     fd = open_bytes(files, i, fmt)
     try:  # (an object's pins raise what a failing store says)
         found = None if fd is None else _meta_cache.entry_of(files, i, fd)
