@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import time
 import warnings
 
 import numpy as np
@@ -340,7 +339,7 @@ def check_content(identity, storage_options: dict | None, when: str) -> None:
     process read them less than `content_check_s` ago (`content_due`).
     """
     path, content = identity.path, identity.stat.content
-    if content and content_due(path, content, storage_options) <= time.monotonic():
+    if content and content_due(path, content, storage_options):
         now = formats.for_path(path).stat_path(path, storage_options)
         identity.check_stat(now, when)
 

@@ -63,12 +63,12 @@ class FileIdentity:
         return not (stat.etag or stat.content or stat.store or "://" in self.path)
 
     @property
-    def etag_bound(self) -> bool:
-        """Whether it is an object whose ETag follows its content: each read is
-        of this version (an ETag checked per GET), with no bytes to sample.
+    def is_object(self) -> bool:
+        """Whether it is an object (a URL, not a store): each read is of this
+        version (its ETag checked per GET; its sampled bytes where due).
         """  # noqa: D205
         stat = self.stat
-        return bool(stat.etag) and not (stat.content or stat.store)
+        return bool(stat.etag or stat.content) and not stat.store
 
     def content(self) -> dict:
         """What a checkpoint records: location-free (a copy matches)."""

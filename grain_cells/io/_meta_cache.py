@@ -239,11 +239,12 @@ def inspect_file(
             layouts = None
             # The layouts are taken over `fd`: only when it reads this very file
             # (an object's reads are of the version `stat` inspected, as `f`'s).
-            remote = identity.etag_bound or bool(stat.content)
-            if remote:
+            if identity.is_object:
                 fd = _nodes.format_of(f).open_bytes(f, path, storage_options, stat)
-            same = fd is not None and (remote or not stat.changes(fd.stat()))
-            if same and (identity.local or remote):
+            same = fd is not None and (
+                identity.is_object or not stat.changes(fd.stat())
+            )
+            if same and (identity.local or identity.is_object):
                 with contextlib.suppress(Exception):  # only a shortcut
                     layouts = _take_layouts(f, fd, info, kinds, matrix, columns)
             # An object's metadata read so far is saved for the next open: the
@@ -295,8 +296,7 @@ def layouts_of(reader, fd, identity) -> dict[str, ByteLayout] | None:
     An object whose ETag does not follow its content has its sampled bytes
     read again, where due, before each open from them (`check_content`).
     """
-    stat = identity.stat
-    if fd is None or not (identity.local or identity.etag_bound or stat.content):
+    if fd is None or not (identity.local or identity.is_object):
         return None
     out = {k: getattr(a, "byte_layout", None) for k, a in reader.arrays.items()}
     return None if None in out.values() else out

@@ -156,7 +156,7 @@ def entry_open(files, i: int, fmt) -> tuple[tuple, ByteReader] | None:
     whose ETag does not follow its content has its sampled bytes read first.
     """
     identity = files.identities[i]
-    if not (identity.local or identity.etag_bound or identity.stat.content):
+    if not (identity.local or identity.is_object):
         return None
     check_content(identity, files.storage_options, "when a process opened it")
     fd = open_bytes(files, i, fmt)

@@ -12,7 +12,6 @@ import functools
 import itertools
 import pathlib
 import threading
-import time
 
 import numpy as np
 
@@ -310,9 +309,7 @@ class RemoteByteReader:
             return stat  # every read is checked (ETag; `verify_reads`)
         # Due `content_check_s` after this process last read the sampled
         # bytes (any open or reader), or at once if it found others there.
-        if time.monotonic() < _versions.content_due(
-            self.name, stat.content, self._options
-        ):
+        if not _versions.content_due(self.name, stat.content, self._options):
             return stat
         return _versions.version_of(self.name, self._options)
 

@@ -149,17 +149,17 @@ def version_of(url: str, storage_options: dict | None = None) -> FileStat:
     return dataclasses.replace(stat, content=content)
 
 
-def content_due(url: str, content: str, storage_options: dict | None) -> float:
-    """When `url`'s `content` is next due to be read again in this process.
+def content_due(url: str, content: str, storage_options: dict | None) -> bool:
+    """Whether `url`'s `content` is due to be read again in this process.
 
-    A `time.monotonic()` time: `content_check_s` after this process last read
-    it (sampled windows, or `verify_reads` blocks) and found `content`; 0.0
-    (due already) where it has not, or found other bytes.
+    Due `content_check_s` after this process last read it (sampled windows,
+    or `verify_reads` blocks) and found `content`; at once where it has not,
+    or found other bytes.
     """
     found = _content_read.get(url)
     if found is None or found[0] != content:
-        return 0.0
-    return found[1] + content_check_s(storage_options)
+        return True
+    return time.monotonic() >= found[1] + content_check_s(storage_options)
 
 
 def _block_digests(url, storage_options, stat: FileStat) -> bytes:
